@@ -1,0 +1,122 @@
+"""Array kinds (NumPy, CuPy, torch), DLPack bridging and dtype rules.
+
+A public call wraps its array arguments in a `Call`: it checks that they are of one kind, on one device, of
+one supported dtype, bridges torch tensors to NumPy/CuPy without a copy, picks the executor (the NumPy CPU
+path or a kernel Device) and wraps results back into the caller's kind.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy
+
+from . import _device
+
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _kind(a) -> str:
+    if isinstance(a, numpy.ndarray):
+        return "numpy"
+    module = type(a).__module__
+    if module.startswith("cupy"):
+        return "cupy"
+    if module.startswith("torch") and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
+        return "torch"
+    return "other"
+
+
+def _describe(a) -> str:
+    kind = _kind(a)
+    if kind == "numpy":
+        return "a numpy.ndarray"
+    if kind == "cupy":
+        return f"a cupy.ndarray on cuda:{a.device.id}"
+    if kind == "torch":
+        return f"a torch.Tensor on {a.device}"
+    return f"a {type(a).__module__}.{type(a).__qualname__}"
+
+
+def _device_of(a) -> str:
+    kind = _kind(a)
+    if kind == "cupy":
+        return f"cuda:{a.device.id}"
+    if kind == "torch":
+        return "cpu" if a.device.type == "cpu" else f"cuda:{a.device.index or 0}"
+    return "cpu"
+
+
+def _dtype_name(a) -> str:
+    dtype = a.dtype
+    return str(dtype).replace("torch.", "")
+
+
+def compute_dtype(dtype):
+    """The dtype arithmetic is carried out in: float32 for the half types, else the dtype itself."""
+    return numpy.dtype(numpy.float32) if numpy.dtype(dtype).itemsize == 2 else numpy.dtype(dtype)
+
+
+class Call:
+    """The array arguments of one public call, bridged to NumPy or CuPy.
+
+    Arrays are given by keyword (`None` for an absent optional one) and are afterwards available as attributes
+    of the same name, as NumPy or CuPy arrays.  `device` is None for the NumPy CPU path, or the kernel Device.
+    """
+
+    def __init__(self, op: str, **arrays):
+        self.op = op
+        present = {name: a for name, a in arrays.items() if a is not None}
+        first_name, first = next(iter(present.items()))
+        for name, a in present.items():
+            if _kind(a) == "other":
+                raise TypeError(f"{op}: {name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, "
+                                f"got {_describe(a)}")
+            if _kind(a) != _kind(first) or _device_of(a) != _device_of(first):
+                raise TypeError(f"{op}: {first_name} is {_describe(first)} but {name} is {_describe(a)}; "
+                                f"all arrays of one call must be of one kind on one device")
+        for name, a in present.items():
+            if _dtype_name(a) not in SUPPORTED_DTYPES:
+                raise TypeError(f"{op}: {name} has dtype {_dtype_name(a)}; supported dtypes are "
+                                f"{', '.join(SUPPORTED_DTYPES)}")
+            if _dtype_name(a) != _dtype_name(first):
+                raise TypeError(f"{op}: {first_name} has dtype {_dtype_name(first)} but {name} has dtype "
+                                f"{_dtype_name(a)}; all arrays of one call must have one dtype")
+        self.kind = _kind(first)
+        self._torch_dtype = first.dtype if self.kind == "torch" else None
+        for name, a in arrays.items():
+            setattr(self, name, None if a is None else self._import(a))
+        bridged = getattr(self, first_name)
+        self.xp = numpy if isinstance(bridged, numpy.ndarray) else sys.modules["cupy"]
+        self.dtype = bridged.dtype
+        self.device = _device.executor_for(self.xp)
+
+    def _import(self, a):
+        if self.kind != "torch":
+            return a
+        import torch
+        t = a.detach()
+        if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+            # NumPy has no bfloat16: compute from a float32 copy and round the result back in `wrap`.
+            t = t.float()
+        if t.device.type == "cpu":
+            return numpy.from_dlpack(t)
+        import cupy
+        return cupy.from_dlpack(t)
+
+    def wrap(self, result):
+        """Return result (an array, None, or a tuple of those) in the kind the caller passed in."""
+        if isinstance(result, tuple):
+            return tuple(self.wrap(r) for r in result)
+        if result is None or self.kind != "torch":
+            return result
+        import torch
+        out = torch.from_dlpack(result)
+        if out.dtype != self._torch_dtype:
+            out = out.to(self._torch_dtype)
+        return out
+
+    def require_kernel_path(self):
+        """The kernel Device, for ops whose GPU kernels are not written yet: raise a clear error."""
+        if self.device is not None:
+            raise NotImplementedError(f"{self.op}: there is no GPU kernel for this op yet; "
+                                      f"pass NumPy arrays (or CPU tensors) to use the CPU path")

@@ -1,0 +1,202 @@
+"""Argument normalisation, output shapes and shape validation for every op.
+
+Everything the ops need to know about the geometry of one call lives in a frozen `ConvSpec`, built once per
+call from the user's arguments.  Errors name the op, the argument and the shapes involved.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+Pair = tuple[int, int]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _pair(op: str, name: str, value, minimum: int) -> Pair:
+    """An int or a pair of ints, each >= minimum."""
+    if _is_int(value):
+        pair = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{op}: {name} must be >= {minimum} in both dimensions, got {value!r}")
+    return pair
+
+
+def _padding(op: str, padding, in_size: Pair, kernel: Pair, stride: Pair, dilation: Pair):
+    """Padding as ((top, bottom), (left, right)).
+
+    Accepts an int, a pair (symmetric per dimension), per-side ((top, bottom), (left, right)), 'valid', and
+    'same'.  'same' follows JAX for any stride: output = ceil(in / stride), with the odd pixel of padding at
+    the bottom/right (the same split torch uses for stride 1).
+    """
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode == "valid":
+            return ((0, 0), (0, 0))
+        if mode == "same":
+            sides = []
+            for n, k, s, d in zip(in_size, kernel, stride, dilation):
+                out = -(-n // s)
+                total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
+                sides.append((total // 2, total - total // 2))
+            return tuple(sides)
+        raise ValueError(f"{op}: padding must be an int, a pair, ((top, bottom), (left, right)), "
+                         f"'same' or 'valid', got {padding!r}")
+    if (isinstance(padding, (tuple, list)) and len(padding) == 2
+            and all(isinstance(p, (tuple, list)) for p in padding)):
+        sides = tuple(_pair(op, "padding", p, 0) for p in padding)
+        return sides
+    top_left = _pair(op, "padding", padding, 0)
+    return ((top_left[0], top_left[0]), (top_left[1], top_left[1]))
+
+
+def _shape(a) -> tuple[int, ...]:
+    return tuple(int(s) for s in a.shape)
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """Geometry of one 2-D sliding-window op over planes of size in_size.
+
+    `batch` is the leading shape (every dimension before C, H, W); the ops treat it as one flat batch.
+    """
+    op: str
+    batch: tuple[int, ...]
+    in_channels: int
+    out_channels: int
+    groups: int
+    in_size: Pair
+    kernel: Pair
+    stride: Pair
+    dilation: Pair
+    padding: tuple[Pair, Pair]
+    out_size: Pair
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.batch)
+
+    @property
+    def taps(self) -> int:
+        return self.kernel[0] * self.kernel[1]
+
+    @property
+    def out_pixels(self) -> int:
+        return self.out_size[0] * self.out_size[1]
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def outputs_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def padded_size(self) -> Pair:
+        (t, b), (l, r) = self.padding
+        return (self.in_size[0] + t + b, self.in_size[1] + l + r)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (*self.batch, self.in_channels, *self.in_size)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (*self.batch, self.out_channels, *self.out_size)
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        return (self.out_channels, self.channels_per_group, *self.kernel)
+
+    @staticmethod
+    def geometry(op: str, batch, in_channels: int, out_channels: int, groups: int, in_size: Pair,
+                 kernel_size, stride, padding, dilation) -> "ConvSpec":
+        """Normalise the window arguments and compute the output size; raises for an empty output."""
+        kernel = _pair(op, "kernel_size", kernel_size, 1)
+        stride = _pair(op, "stride", stride, 1)
+        dilation = _pair(op, "dilation", dilation, 1)
+        pad = _padding(op, padding, in_size, kernel, stride, dilation)
+        out = []
+        for n, (lo, hi), k, s, d in zip(in_size, pad, kernel, stride, dilation):
+            out.append((n + lo + hi - d * (k - 1) - 1) // s + 1)
+        if min(out) <= 0:
+            raise ValueError(
+                f"{op}: output size would be {out[0]}x{out[1]} (input {in_size[0]}x{in_size[1]}, "
+                f"kernel {kernel[0]}x{kernel[1]}, stride {stride}, padding {pad}, dilation {dilation}); "
+                f"it must be at least 1x1")
+        return ConvSpec(op, tuple(batch), in_channels, out_channels, groups, tuple(in_size), kernel,
+                        stride, dilation, pad, tuple(out))
+
+    @staticmethod
+    def for_conv(op: str, x, weight, bias, stride, padding, dilation, groups, *, min_ndim: int = 4,
+                 max_ndim: int | None = 4) -> "ConvSpec":
+        """Validate x (..., C, H, W), weight (D, C // groups, kH, kW) and bias (D,) for a convolution."""
+        xs, ws = _shape(x), _shape(weight)
+        if len(xs) < min_ndim or (max_ndim is not None and len(xs) > max_ndim):
+            want = f"{min_ndim}" if max_ndim == min_ndim else f"at least {min_ndim}"
+            layout = "(N, C, H, W)" if max_ndim == 4 else "(..., C, H, W)"
+            raise ValueError(f"{op}: x must have {want} dimensions {layout}, got shape {xs}")
+        if len(ws) != 4:
+            raise ValueError(f"{op}: weight must have 4 dimensions (D, C // groups, kH, kW), got shape {ws}")
+        if not _is_int(groups) or groups < 1:
+            raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+        c, d = xs[-3], ws[0]
+        if c % groups:
+            raise ValueError(f"{op}: groups={groups} does not divide the {c} input channels of x {xs}")
+        if d % groups:
+            raise ValueError(f"{op}: groups={groups} does not divide the {d} output channels of weight {ws}")
+        if ws[1] * groups != c:
+            raise ValueError(f"{op}: weight {ws} has {ws[1]} input channels per group but x {xs} has "
+                             f"{c} channels with groups={groups} (expected weight.shape[1] == {c // groups})")
+        if bias is not None and _shape(bias) != (d,):
+            raise ValueError(f"{op}: bias must have shape ({d},) to match weight {ws}, got {_shape(bias)}")
+        return ConvSpec.geometry(op, xs[:-3], c, d, int(groups), xs[-2:], ws[2:], stride, padding, dilation)
+
+    @staticmethod
+    def for_unfold(op: str, x, kernel_size, dilation, padding, stride) -> "ConvSpec":
+        xs = _shape(x)
+        if len(xs) < 3:
+            raise ValueError(f"{op}: x must have at least 3 dimensions (..., C, H, W), got shape {xs}")
+        c = xs[-3]
+        spec = ConvSpec.geometry(op, xs[:-3], c, c, 1, xs[-2:], kernel_size, stride, padding, dilation)
+        return spec
+
+    @staticmethod
+    def for_fold(op: str, cols, output_size, kernel_size, dilation, padding, stride) -> "ConvSpec":
+        """cols (..., C * kH * kW, L) folded into (..., C, H, W) with (H, W) = output_size."""
+        cs = _shape(cols)
+        if len(cs) < 2:
+            raise ValueError(f"{op}: cols must have at least 2 dimensions (..., C * kH * kW, L), got shape {cs}")
+        size = _pair(op, "output_size", output_size, 1)
+        kernel = _pair(op, "kernel_size", kernel_size, 1)
+        taps = kernel[0] * kernel[1]
+        if cs[-2] % taps:
+            raise ValueError(f"{op}: cols {cs} has {cs[-2]} rows, not a multiple of kernel_size "
+                             f"{kernel[0]}x{kernel[1]} = {taps}")
+        c = cs[-2] // taps
+        spec = ConvSpec.geometry(op, cs[:-2], c, c, 1, size, kernel, stride, padding, dilation)
+        if spec.out_pixels != cs[-1]:
+            raise ValueError(f"{op}: cols {cs} has {cs[-1]} blocks but output_size {size} with kernel_size "
+                             f"{kernel}, stride {spec.stride}, padding {spec.padding} and dilation "
+                             f"{spec.dilation} gives {spec.out_size[0]}x{spec.out_size[1]} = "
+                             f"{spec.out_pixels} blocks")
+        return spec
+
+    @staticmethod
+    def for_depthwise(op: str, x, weight, bias, stride, padding, dilation) -> "ConvSpec":
+        xs, ws = _shape(x), _shape(weight)
+        if len(xs) != 4:
+            raise ValueError(f"{op}: x must have 4 dimensions (N, C, H, W), got shape {xs}")
+        c = xs[1]
+        if len(ws) != 4 or ws[1] != 1 or ws[0] % max(c, 1) or ws[0] == 0:
+            raise ValueError(f"{op}: weight must have shape (C * m, 1, kH, kW) with C = {c} channels of "
+                             f"x {xs} and channel multiplier m >= 1, got {ws}")
+        return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c)

@@ -1,0 +1,116 @@
+"""unfold (im2col) and fold (col2im), torch semantics over (..., C, H, W), forward and backward.
+
+The CPU path's im2col is a strided view over the padded input and col2im a loop over the kernel taps (each
+tap one vectorised add); conv, depthwise and patch build on these two primitives.
+"""
+from __future__ import annotations
+
+import numpy
+from numpy.lib.stride_tricks import as_strided
+
+from .._arrays import Call, compute_dtype
+from .._spec import ConvSpec
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU primitives over a flat batch: x (n, C, H, W)
+
+
+def pad_cpu(x, spec: ConvSpec, dtype=None):
+    """x (n, C, H, W) zero-padded to (n, C, Hp, Wp), in `dtype` (default: x's)."""
+    (top, bottom), (left, right) = spec.padding
+    n, c, h, w = x.shape
+    out = numpy.zeros((n, c, h + top + bottom, w + left + right), dtype=dtype or x.dtype)
+    out[:, :, top:top + h, left:left + w] = x
+    return out
+
+
+def windows_cpu(padded, spec: ConvSpec):
+    """Read-only view (n, C, kH, kW, oH, oW) of a padded (n, C, Hp, Wp) array: the im2col matrix, uncopied."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    n, c = padded.shape[:2]
+    s = padded.strides
+    return as_strided(padded, (n, c, kh, kw, oh, ow),
+                      (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
+
+
+def col2im_cpu(cols, spec: ConvSpec, dtype):
+    """Sum cols (n, C, kH, kW, oH, oW) back onto the input positions they were read from: (n, C, H, W)."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    n, c = cols.shape[:2]
+    hp, wp = spec.padded_size
+    out = numpy.zeros((n, c, hp, wp), dtype=dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[:, :, i, j]
+    (top, _), (left, _) = spec.padding
+    h, w = spec.in_size
+    return out[:, :, top:top + h, left:left + w]
+
+
+def _flat(a, spec: ConvSpec, trailing: int):
+    """a with its leading batch dims flattened into one: (n, *a.shape[-trailing:])."""
+    return a.reshape((spec.n, *a.shape[a.ndim - trailing:]))
+
+
+def unfold_cpu(x, spec: ConvSpec):
+    win = windows_cpu(pad_cpu(_flat(x, spec, 3), spec), spec)
+    return win.reshape(*spec.batch, spec.in_channels * spec.taps, spec.out_pixels)
+
+
+def fold_cpu(cols, spec: ConvSpec):
+    c, (kh, kw), (oh, ow) = spec.in_channels, spec.kernel, spec.out_size
+    six = _flat(cols, spec, 2).reshape(spec.n, c, kh, kw, oh, ow)
+    out = col2im_cpu(six, spec, compute_dtype(cols.dtype))
+    return out.astype(cols.dtype, copy=False).reshape(*spec.batch, c, *spec.in_size)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel path
+
+
+def instantiations():
+    return []
+
+
+def _no_kernel(call: Call):
+    raise NotImplementedError(f"{call.op}: no GPU kernel yet; pass NumPy arrays or CPU tensors for the CPU path")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
+    """Extract sliding local blocks: x (..., C, H, W) -> (..., C * kH * kW, L), L = oH * oW.
+
+    Same semantics and row order (c, i, j) as `torch.nn.functional.unfold`, with any number of leading dims
+    and padding also given per side ((top, bottom), (left, right)), 'same' or 'valid'.
+    """
+    call = Call("unfold", x=x)
+    spec = ConvSpec.for_unfold("unfold", call.x, kernel_size, dilation, padding, stride)
+    if call.device is not None:
+        _no_kernel(call)
+    return call.wrap(unfold_cpu(call.x, spec))
+
+
+def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """Sum sliding local blocks back: cols (..., C * kH * kW, L) -> (..., C, H, W), (H, W) = output_size.
+
+    Same semantics as `torch.nn.functional.fold`: overlapping entries are summed.
+    """
+    call = Call("fold", cols=cols)
+    spec = ConvSpec.for_fold("fold", call.cols, output_size, kernel_size, dilation, padding, stride)
+    if call.device is not None:
+        _no_kernel(call)
+    return call.wrap(fold_cpu(call.cols, spec))
+
+
+def unfold_backward(grad_output, input_size, kernel_size, dilation=1, padding=0, stride=1):
+    """Gradient of unfold with respect to its input of spatial size input_size (H, W): a fold."""
+    return fold(grad_output, input_size, kernel_size, dilation=dilation, padding=padding, stride=stride)
+
+
+def fold_backward(grad_output, kernel_size, dilation=1, padding=0, stride=1):
+    """Gradient of fold with respect to its cols: an unfold of grad_output (..., C, H, W)."""
+    return unfold(grad_output, kernel_size, dilation=dilation, padding=padding, stride=stride)
