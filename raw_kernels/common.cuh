@@ -1,4 +1,36 @@
-// Shared by every kernel file: element types, accumulator types and load/store conversions.
+// Shared by every kernel file: element and accumulator types, conversions, index helpers.
+//
+// Conventions (every raw_kernels/*.cu follows them):
+// - kernels are templates on the element type T (float, double, __half, __nv_bfloat16) and on the index type
+//   I (int when every flat index of every buffer fits in 32 bits, long long otherwise), instantiated by name
+//   expression from Python, e.g. "unfold_im2col<float, int>"; names read <op>_<pass>[_<specialisation>];
+// - arithmetic is done in acc_t<T>: float for the half types, T otherwise; load with to_acc, store with
+//   from_acc<T>;
+// - scalar parameters are int (32-bit) or long long (64-bit) or float/double, never size_t or long, so the
+//   Python side can pass numpy.int32 / numpy.int64 / numpy.float32 / numpy.float64 exactly;
+// - elementwise kernels use grid-stride loops so any grid size is correct.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+
+template <typename T> struct AccType { typedef T type; };
+template <> struct AccType<__half> { typedef float type; };
+template <> struct AccType<__nv_bfloat16> { typedef float type; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// First flat index of this thread and the stride of a grid-stride loop, in index type I.
+template <typename I> __device__ __forceinline__ I grid_start() {
+  return (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
+}
+template <typename I> __device__ __forceinline__ I grid_stride() { return (I)gridDim.x * (I)blockDim.x; }
