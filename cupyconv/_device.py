@@ -64,6 +64,25 @@ def index_type(*extents: int) -> str:
     return "int" if max(extents, default=0) <= INT32_MAX else "long long"
 
 
+ELEMENTWISE_BLOCK = 256
+_MAX_GRID_BLOCKS = 65536  # enough blocks to fill any current GPU; grid-stride loops cover the rest
+
+
+def elementwise_launch(total: int, block: int = ELEMENTWISE_BLOCK):
+    """(grid, block) for a grid-stride kernel over `total` items (total > 0)."""
+    return (min(-(-total // block), _MAX_GRID_BLOCKS),), (block,)
+
+
+def element_strides(a) -> list[int]:
+    """Strides of a NumPy/CuPy array in elements (both libraries keep them in bytes)."""
+    return [s // a.itemsize for s in a.strides]
+
+
+def extent(a) -> int:
+    """One past the largest flat element offset any index of `a` can reach from its first element."""
+    return 1 + sum(abs(s) * (d - 1) for s, d in zip(element_strides(a), a.shape)) if a.size else 0
+
+
 def all_instantiations() -> list[tuple[str, str]]:
     """Every (source file, name expression) that some op can launch."""
     result = []
@@ -84,6 +103,13 @@ class Device:
         raise NotImplementedError
 
     def matmul(self, a, b, out=None):
+        """Batched matmul with broadcasting; float16/bfloat16 operands accumulate in float32 (like cuBLAS)."""
+        if a.dtype.itemsize == 2:
+            result = self.xp.matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(a.dtype)
+            if out is None:
+                return result
+            out[...] = result
+            return out
         return self.xp.matmul(a, b, out=out)
 
     def empty(self, shape, dtype):
@@ -98,6 +124,10 @@ class CudaDevice(Device):
     def __init__(self):
         import cupy
         self.xp = cupy
+
+    def matmul(self, a, b, out=None):
+        # cuBLAS accumulates float16/bfloat16 GEMMs in float32 itself (tensor cores where available).
+        return self.xp.matmul(a, b, out=out)
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = _cuda_function(source, name)

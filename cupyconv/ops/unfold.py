@@ -5,10 +5,13 @@ tap one vectorised add); conv, depthwise and patch build on these two primitives
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype
+from .._device import c_type, element_strides, elementwise_launch, extent, index_type
 from .._spec import ConvSpec
 
 
@@ -66,15 +69,57 @@ def fold_cpu(cols, spec: ConvSpec):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path
+# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
+
+KERNEL_FILE = "unfold.cu"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+INDEX_TYPES = ("int", "long long")
+
+
+def _kernel_name(kernel: str, dtype, index: str) -> str:
+    return f"{kernel}<{c_type(dtype)}, {index}>"
 
 
 def instantiations():
-    return []
+    return [(KERNEL_FILE, _kernel_name(k, d, i))
+            for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), DTYPES, INDEX_TYPES)]
 
 
-def _no_kernel(call: Call):
-    raise NotImplementedError(f"{call.op}: no GPU kernel yet; pass NumPy arrays or CPU tensors for the CPU path")
+def _geometry(spec: ConvSpec):
+    """The int geometry arguments shared by both kernels, in their C order."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    (top, _), (left, _) = spec.padding
+    return [numpy.int32(v) for v in (kh, kw, sh, sw, top, left, dh, dw, oh, ow)]
+
+
+def im2col_kernel(device, x, spec: ConvSpec):
+    """cols (n, C * kH * kW, L) of x (..., C, H, W) through the kernel; x is read in place via its strides."""
+    c, (h, w) = spec.in_channels, spec.in_size
+    x4 = x.reshape(spec.n, c, h, w)
+    cols = device.empty((spec.n, c * spec.taps, spec.out_pixels), x.dtype)
+    windows = spec.n * c * spec.out_pixels
+    if windows:
+        index = index_type(cols.size, extent(x4))
+        I = numpy.int32 if index == "int" else numpy.int64
+        grid, block = elementwise_launch(windows)
+        device.launch(KERNEL_FILE, _kernel_name("unfold_im2col", x.dtype, index), grid, block,
+                      [x4, cols, I(spec.n), *(I(s) for s in element_strides(x4)),
+                       numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
+    return cols
+
+
+def col2im_kernel(device, cols, spec: ConvSpec):
+    """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather."""
+    c, (h, w) = spec.in_channels, spec.in_size
+    cols = device.xp.ascontiguousarray(cols.reshape(spec.n, c * spec.taps, spec.out_pixels))
+    out = device.empty((spec.n, c, h, w), cols.dtype)
+    if out.size:
+        index = index_type(cols.size, out.size)
+        I = numpy.int32 if index == "int" else numpy.int64
+        grid, block = elementwise_launch(out.size)
+        device.launch(KERNEL_FILE, _kernel_name("fold_col2im", cols.dtype, index), grid, block,
+                      [cols, out, I(spec.n), numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -89,9 +134,10 @@ def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
     """
     call = Call("unfold", x=x)
     spec = ConvSpec.for_unfold("unfold", call.x, kernel_size, dilation, padding, stride)
-    if call.device is not None:
-        _no_kernel(call)
-    return call.wrap(unfold_cpu(call.x, spec))
+    if call.device is None:
+        return call.wrap(unfold_cpu(call.x, spec))
+    cols = im2col_kernel(call.device, call.x, spec)
+    return call.wrap(cols.reshape(*spec.batch, *cols.shape[1:]))
 
 
 def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
@@ -101,9 +147,10 @@ def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
     """
     call = Call("fold", cols=cols)
     spec = ConvSpec.for_fold("fold", call.cols, output_size, kernel_size, dilation, padding, stride)
-    if call.device is not None:
-        _no_kernel(call)
-    return call.wrap(fold_cpu(call.cols, spec))
+    if call.device is None:
+        return call.wrap(fold_cpu(call.cols, spec))
+    out = col2im_kernel(call.device, call.cols, spec)
+    return call.wrap(out.reshape(spec.input_shape))
 
 
 def unfold_backward(grad_output, input_size, kernel_size, dilation=1, padding=0, stride=1):
