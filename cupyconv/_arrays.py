@@ -14,6 +14,9 @@ from . import _device
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+#: The array arguments that may be None (absent); every other one given to a `Call` must be an array.
+OPTIONAL = frozenset({"bias"})
+
 
 def _kind(a) -> str:
     if isinstance(a, numpy.ndarray):
@@ -65,6 +68,9 @@ class Call:
 
     def __init__(self, op: str, **arrays):
         self.op = op
+        for name, a in arrays.items():
+            if a is None and name not in OPTIONAL:
+                raise TypeError(f"{op}: {name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, got None")
         present = {name: a for name, a in arrays.items() if a is not None}
         first_name, first = next(iter(present.items()))
         for name, a in present.items():

@@ -49,12 +49,20 @@ def _padding(op: str, padding, in_size: Pair, kernel: Pair, stride: Pair, dilati
             return tuple(sides)
         raise ValueError(f"{op}: padding must be an int, a pair, ((top, bottom), (left, right)), "
                          f"'same' or 'valid', got {padding!r}")
-    if (isinstance(padding, (tuple, list)) and len(padding) == 2
-            and all(isinstance(p, (tuple, list)) for p in padding)):
-        sides = tuple(_pair(op, "padding", p, 0) for p in padding)
+
+    def is_pair(value) -> bool:
+        return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value)
+
+    if _is_int(padding) or is_pair(padding):
+        top_left = _pair(op, "padding", padding, 0)
+        return ((top_left[0], top_left[0]), (top_left[1], top_left[1]))
+    if isinstance(padding, (tuple, list)) and len(padding) == 2 and all(is_pair(p) for p in padding):
+        sides = tuple((int(lo), int(hi)) for lo, hi in padding)
+        if min(min(side) for side in sides) < 0:
+            raise ValueError(f"{op}: padding must be >= 0 on every side, got {padding!r}")
         return sides
-    top_left = _pair(op, "padding", padding, 0)
-    return ((top_left[0], top_left[0]), (top_left[1], top_left[1]))
+    raise TypeError(f"{op}: padding must be an int, a pair, ((top, bottom), (left, right)), 'same' or 'valid', "
+                    f"got {padding!r}")
 
 
 def _shape(a) -> tuple[int, ...]:
@@ -146,7 +154,9 @@ class ConvSpec:
             raise ValueError(f"{op}: x must have {want} dimensions {layout}, got shape {xs}")
         if len(ws) != 4:
             raise ValueError(f"{op}: weight must have 4 dimensions (D, C // groups, kH, kW), got shape {ws}")
-        if not _is_int(groups) or groups < 1:
+        if not _is_int(groups):
+            raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+        if groups < 1:
             raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
         c, d = xs[-3], ws[0]
         if c % groups:
@@ -161,30 +171,36 @@ class ConvSpec:
         return ConvSpec.geometry(op, xs[:-3], c, d, int(groups), xs[-2:], ws[2:], stride, padding, dilation)
 
     @staticmethod
-    def for_unfold(op: str, x, kernel_size, dilation, padding, stride) -> "ConvSpec":
+    def for_unfold(op: str, x, kernel_size, dilation, padding, stride, *, name: str = "x") -> "ConvSpec":
+        """x (..., C, H, W); `name` is what the error messages call it (fold_backward: grad_output)."""
         xs = _shape(x)
         if len(xs) < 3:
-            raise ValueError(f"{op}: x must have at least 3 dimensions (..., C, H, W), got shape {xs}")
+            raise ValueError(f"{op}: {name} must have at least 3 dimensions (..., C, H, W), got shape {xs}")
         c = xs[-3]
         spec = ConvSpec.geometry(op, xs[:-3], c, c, 1, xs[-2:], kernel_size, stride, padding, dilation)
         return spec
 
     @staticmethod
-    def for_fold(op: str, cols, output_size, kernel_size, dilation, padding, stride) -> "ConvSpec":
-        """cols (..., C * kH * kW, L) folded into (..., C, H, W) with (H, W) = output_size."""
+    def for_fold(op: str, cols, output_size, kernel_size, dilation, padding, stride, *, name: str = "cols",
+                 size_name: str = "output_size") -> "ConvSpec":
+        """cols (..., C * kH * kW, L) folded into (..., C, H, W) with (H, W) = output_size.
+
+        `name` and `size_name` are what the error messages call cols and output_size (unfold_backward:
+        grad_output and input_size)."""
         cs = _shape(cols)
         if len(cs) < 2:
-            raise ValueError(f"{op}: cols must have at least 2 dimensions (..., C * kH * kW, L), got shape {cs}")
-        size = _pair(op, "output_size", output_size, 1)
+            raise ValueError(f"{op}: {name} must have at least 2 dimensions (..., C * kH * kW, L), "
+                             f"got shape {cs}")
+        size = _pair(op, size_name, output_size, 1)
         kernel = _pair(op, "kernel_size", kernel_size, 1)
         taps = kernel[0] * kernel[1]
         if cs[-2] % taps:
-            raise ValueError(f"{op}: cols {cs} has {cs[-2]} rows, not a multiple of kernel_size "
+            raise ValueError(f"{op}: {name} {cs} has {cs[-2]} rows, not a multiple of kernel_size "
                              f"{kernel[0]}x{kernel[1]} = {taps}")
         c = cs[-2] // taps
         spec = ConvSpec.geometry(op, cs[:-2], c, c, 1, size, kernel, stride, padding, dilation)
         if spec.out_pixels != cs[-1]:
-            raise ValueError(f"{op}: cols {cs} has {cs[-1]} blocks but output_size {size} with kernel_size "
+            raise ValueError(f"{op}: {name} {cs} has {cs[-1]} blocks but {size_name} {size} with kernel_size "
                              f"{kernel}, stride {spec.stride}, padding {spec.padding} and dilation "
                              f"{spec.dilation} gives {spec.out_size[0]}x{spec.out_size[1]} = "
                              f"{spec.out_pixels} blocks")

@@ -21,7 +21,7 @@ def check_needs(op: str, needs) -> frozenset:
     needs = frozenset(needs)
     unknown = needs - set(NEEDS)
     if unknown:
-        raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown)}")
+        raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown, key=repr)}")
     return needs
 
 

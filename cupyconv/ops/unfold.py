@@ -58,7 +58,10 @@ def _flat(a, spec: ConvSpec, trailing: int):
 
 def unfold_cpu(x, spec: ConvSpec):
     win = windows_cpu(pad_cpu(_flat(x, spec, 3), spec), spec)
-    return win.reshape(*spec.batch, spec.in_channels * spec.taps, spec.out_pixels)
+    cols = win.reshape(*spec.batch, spec.in_channels * spec.taps, spec.out_pixels)
+    # The reshape copies unless the windows are already laid out in order (1x1 kernel, or a single window),
+    # where it is a read-only view of the padded copy: hand the caller a writeable array either way.
+    return cols if cols.flags.writeable else cols.copy()
 
 
 def fold_cpu(cols, spec: ConvSpec):
@@ -126,18 +129,36 @@ def col2im_kernel(device, cols, spec: ConvSpec):
 # Public API
 
 
+def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
+    """unfold, with errors naming `op` and calling the array `name` (fold_backward: grad_output)."""
+    call = Call(op, **{name: x})
+    x = getattr(call, name)
+    spec = ConvSpec.for_unfold(op, x, kernel_size, dilation, padding, stride, name=name)
+    if call.device is None:
+        return call.wrap(unfold_cpu(x, spec))
+    cols = im2col_kernel(call.device, x, spec)
+    return call.wrap(cols.reshape(*spec.batch, *cols.shape[1:]))
+
+
+def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, dilation, padding, stride):
+    """fold, with errors naming `op` and calling its arguments `name` and `size_name`."""
+    call = Call(op, **{name: cols})
+    cols = getattr(call, name)
+    spec = ConvSpec.for_fold(op, cols, output_size, kernel_size, dilation, padding, stride, name=name,
+                             size_name=size_name)
+    if call.device is None:
+        return call.wrap(fold_cpu(cols, spec))
+    out = col2im_kernel(call.device, cols, spec)
+    return call.wrap(out.reshape(spec.input_shape))
+
+
 def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
     """Extract sliding local blocks: x (..., C, H, W) -> (..., C * kH * kW, L), L = oH * oW.
 
     Same semantics and row order (c, i, j) as `torch.nn.functional.unfold`, with any number of leading dims
     and padding also given per side ((top, bottom), (left, right)), 'same' or 'valid'.
     """
-    call = Call("unfold", x=x)
-    spec = ConvSpec.for_unfold("unfold", call.x, kernel_size, dilation, padding, stride)
-    if call.device is None:
-        return call.wrap(unfold_cpu(call.x, spec))
-    cols = im2col_kernel(call.device, call.x, spec)
-    return call.wrap(cols.reshape(*spec.batch, *cols.shape[1:]))
+    return _unfold("unfold", "x", x, kernel_size, dilation, padding, stride)
 
 
 def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
@@ -145,19 +166,15 @@ def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
 
     Same semantics as `torch.nn.functional.fold`: overlapping entries are summed.
     """
-    call = Call("fold", cols=cols)
-    spec = ConvSpec.for_fold("fold", call.cols, output_size, kernel_size, dilation, padding, stride)
-    if call.device is None:
-        return call.wrap(fold_cpu(call.cols, spec))
-    out = col2im_kernel(call.device, call.cols, spec)
-    return call.wrap(out.reshape(spec.input_shape))
+    return _fold("fold", "cols", "output_size", cols, output_size, kernel_size, dilation, padding, stride)
 
 
 def unfold_backward(grad_output, input_size, kernel_size, dilation=1, padding=0, stride=1):
     """Gradient of unfold with respect to its input of spatial size input_size (H, W): a fold."""
-    return fold(grad_output, input_size, kernel_size, dilation=dilation, padding=padding, stride=stride)
+    return _fold("unfold_backward", "grad_output", "input_size", grad_output, input_size, kernel_size, dilation,
+                 padding, stride)
 
 
 def fold_backward(grad_output, kernel_size, dilation=1, padding=0, stride=1):
     """Gradient of fold with respect to its cols: an unfold of grad_output (..., C, H, W)."""
-    return unfold(grad_output, kernel_size, dilation=dilation, padding=padding, stride=stride)
+    return _unfold("fold_backward", "grad_output", grad_output, kernel_size, dilation, padding, stride)

@@ -1,0 +1,271 @@
+"""Bad input: every op raises ValueError or TypeError, and the message names the op, the argument and (where
+there are shapes) the shapes.  The problems are declared as a table; each row is one bad call."""
+import re
+
+import numpy
+import pytest
+
+import cupyconv as cc
+
+rng = numpy.random.default_rng(0)
+X = rng.standard_normal((2, 4, 5, 6))                 # (N, C, H, W)
+W = rng.standard_normal((6, 2, 3, 3))                 # groups=2 weight
+W1 = rng.standard_normal((6, 4, 3, 3))                # groups=1 weight
+B = rng.standard_normal(6)
+GY = rng.standard_normal((2, 6, 3, 4))                # conv2d(X, W, groups=2) output
+DW = rng.standard_normal((8, 1, 3, 3))                # depthwise, multiplier 2
+DGY = rng.standard_normal((2, 8, 3, 4))
+P = rng.standard_normal((2, 3, 4, 5, 6))              # patches (B, N, C, H, W)
+PGY = rng.standard_normal((2, 3, 6, 3, 4))
+COLS = rng.standard_normal((2, 4 * 4, 12))            # unfold(X, 2): (N, C * 2 * 2, 4 * 3) for a 5x4 plane
+X5x4 = rng.standard_normal((2, 4, 5, 4))
+
+
+def s(shape) -> str:
+    """A shape as the messages print it, escaped for a regex."""
+    return re.escape(str(tuple(shape)))
+
+
+def bad(call, error, pattern, id):
+    return pytest.param(call, error, pattern, id=id)
+
+
+DTYPE_LIST = re.escape("float16, bfloat16, float32, float64")
+
+BAD_INPUT = [
+    # wrong number of dimensions
+    bad(lambda: cc.conv2d(X[0], W, groups=2), ValueError, rf"^conv2d: x must have 4 dimensions.*{s(X[0].shape)}",
+        "conv2d-x-3d"),
+    bad(lambda: cc.conv2d(P, W, groups=2), ValueError, rf"^conv2d: x must have 4 dimensions.*{s(P.shape)}",
+        "conv2d-x-5d"),
+    bad(lambda: cc.conv2d(X, W[0], groups=2), ValueError, rf"^conv2d: weight must have 4 dimensions.*{s(W[0].shape)}",
+        "conv2d-weight-3d"),
+    bad(lambda: cc.conv2d_backward(GY, X, W[None], groups=2), ValueError,
+        rf"^conv2d_backward: weight must have 4 dimensions.*{s((1, *W.shape))}", "conv2d_backward-weight-5d"),
+    bad(lambda: cc.depthwise_conv2d(X[0], DW), ValueError,
+        rf"^depthwise_conv2d: x must have 4 dimensions.*{s(X[0].shape)}", "depthwise-x-3d"),
+    bad(lambda: cc.patch_conv2d(X[0, 0], W1), ValueError,
+        rf"^patch_conv2d: x must have at least 3 dimensions.*{s(X[0, 0].shape)}", "patch-x-2d"),
+    bad(lambda: cc.patch_conv2d(P, W1[..., 0]), ValueError,
+        rf"^patch_conv2d: weight must have 4 dimensions.*{s(W1[..., 0].shape)}", "patch-weight-3d"),
+    bad(lambda: cc.unfold(X[0, 0], 2), ValueError, rf"^unfold: x must have at least 3 dimensions.*{s((5, 6))}",
+        "unfold-x-2d"),
+    bad(lambda: cc.fold(COLS[0, 0], (5, 4), 2), ValueError,
+        rf"^fold: cols must have at least 2 dimensions.*{s((12,))}", "fold-cols-1d"),
+    bad(lambda: cc.unfold_backward(COLS[0, 0], (5, 4), 2), ValueError,
+        rf"^unfold_backward: grad_output must have at least 2 dimensions.*{s((12,))}", "unfold_backward-1d"),
+    bad(lambda: cc.fold_backward(X[0, 0], 2), ValueError,
+        rf"^fold_backward: grad_output must have at least 3 dimensions.*{s((5, 6))}", "fold_backward-2d"),
+
+    # channels and groups
+    bad(lambda: cc.conv2d(X, W), ValueError,
+        rf"^conv2d: weight {s(W.shape)} has 2 input channels per group but x {s(X.shape)} has 4 channels "
+        rf"with groups=1", "conv2d-channel-mismatch"),
+    bad(lambda: cc.conv2d_backward(GY, X, W, groups=1), ValueError,
+        rf"^conv2d_backward: weight {s(W.shape)} has 2 input channels per group but x {s(X.shape)}",
+        "conv2d_backward-channel-mismatch"),
+    bad(lambda: cc.patch_conv2d(P, W1, groups=2), ValueError,
+        rf"^patch_conv2d: weight {s(W1.shape)} has 4 input channels per group but x {s(P.shape)} has 4 "
+        rf"channels with groups=2", "patch-channel-mismatch"),
+    bad(lambda: cc.conv2d(X, W, groups=3), ValueError,
+        rf"^conv2d: groups=3 does not divide the 4 input channels of x {s(X.shape)}", "groups-not-dividing-C"),
+    bad(lambda: cc.conv2d(X, W[:5], groups=2), ValueError,
+        rf"^conv2d: groups=2 does not divide the 5 output channels of weight {s(W[:5].shape)}",
+        "groups-not-dividing-D"),
+    bad(lambda: cc.patch_conv2d_backward(PGY, P, W[:5], groups=2), ValueError,
+        rf"^patch_conv2d_backward: groups=2 does not divide the 5 output channels of weight {s(W[:5].shape)}",
+        "patch_backward-groups-not-dividing-D"),
+    bad(lambda: cc.conv2d(X, W, groups=0), ValueError, r"^conv2d: groups must be a positive int, got 0",
+        "groups-zero"),
+    bad(lambda: cc.conv2d(X, W, groups=-2), ValueError, r"^conv2d: groups must be a positive int, got -2",
+        "groups-negative"),
+    bad(lambda: cc.conv2d(X, W, groups=2.0), TypeError, r"^conv2d: groups must be an int, got 2\.0",
+        "groups-float"),
+    bad(lambda: cc.conv2d(X, W1, groups=True), TypeError, r"^conv2d: groups must be an int, got True",
+        "groups-bool"),
+    bad(lambda: cc.patch_conv2d(P, W, groups="2"), TypeError, r"^patch_conv2d: groups must be an int, got '2'",
+        "groups-str"),
+    bad(lambda: cc.conv2d_backward(GY, X, W, groups=None), TypeError,
+        r"^conv2d_backward: groups must be an int, got None", "groups-none"),
+
+    # depthwise weight
+    bad(lambda: cc.depthwise_conv2d(X, W), ValueError,
+        rf"^depthwise_conv2d: weight must have shape \(C \* m, 1, kH, kW\) with C = 4 channels of x {s(X.shape)}"
+        rf".*got {s(W.shape)}", "depthwise-weight-not-1-channel"),
+    bad(lambda: cc.depthwise_conv2d(X, DW[:6]), ValueError,
+        rf"^depthwise_conv2d: weight must have shape \(C \* m, 1, kH, kW\).*{s(X.shape)}.*got {s(DW[:6].shape)}",
+        "depthwise-weight-not-multiple-of-C"),
+    bad(lambda: cc.depthwise_conv2d(X, DW[:, 0]), ValueError,
+        rf"^depthwise_conv2d: weight must have shape \(C \* m, 1, kH, kW\).*got {s(DW[:, 0].shape)}",
+        "depthwise-weight-3d"),
+    bad(lambda: cc.depthwise_conv2d_backward(DGY, X, DW[:0]), ValueError,
+        rf"^depthwise_conv2d_backward: weight must have shape \(C \* m, 1, kH, kW\).*got {s(DW[:0].shape)}",
+        "depthwise_backward-weight-empty"),
+
+    # stride, dilation, kernel_size
+    bad(lambda: cc.conv2d(X, W, stride=0, groups=2), ValueError, r"^conv2d: stride must be >= 1.*got 0",
+        "stride-zero"),
+    bad(lambda: cc.conv2d(X, W, stride=(1, -1), groups=2), ValueError,
+        r"^conv2d: stride must be >= 1.*got \(1, -1\)", "stride-negative"),
+    bad(lambda: cc.conv2d(X, W, stride=True, groups=2), TypeError,
+        r"^conv2d: stride must be an int or a pair of ints, got True", "stride-bool"),
+    bad(lambda: cc.depthwise_conv2d(X, DW, stride=1.5), TypeError,
+        r"^depthwise_conv2d: stride must be an int or a pair of ints, got 1\.5", "stride-float"),
+    bad(lambda: cc.unfold(X, 2, stride=(1, 2, 3)), TypeError,
+        r"^unfold: stride must be an int or a pair of ints, got \(1, 2, 3\)", "stride-triple"),
+    bad(lambda: cc.fold(COLS, (5, 4), 2, stride=0), ValueError, r"^fold: stride must be >= 1.*got 0",
+        "fold-stride-zero"),
+    bad(lambda: cc.conv2d(X, W, dilation=0, groups=2), ValueError, r"^conv2d: dilation must be >= 1.*got 0",
+        "dilation-zero"),
+    bad(lambda: cc.patch_conv2d(P, W1, dilation=(-1, 1)), ValueError,
+        r"^patch_conv2d: dilation must be >= 1.*got \(-1, 1\)", "dilation-negative"),
+    bad(lambda: cc.conv2d_backward(GY, X, W, dilation=(2, False), groups=2), TypeError,
+        r"^conv2d_backward: dilation must be an int or a pair of ints, got \(2, False\)", "dilation-bool"),
+    bad(lambda: cc.unfold(X, 2, dilation=1.0), TypeError, r"^unfold: dilation must be an int or a pair of ints",
+        "dilation-float"),
+    bad(lambda: cc.unfold(X, 0), ValueError, r"^unfold: kernel_size must be >= 1.*got 0", "kernel-zero"),
+    bad(lambda: cc.fold(COLS, (5, 4), (2, 2.0)), TypeError,
+        r"^fold: kernel_size must be an int or a pair of ints, got \(2, 2\.0\)", "kernel-float"),
+
+    # padding
+    bad(lambda: cc.conv2d(X, W, padding=-1, groups=2), ValueError, r"^conv2d: padding must be >= 0.*got -1",
+        "padding-negative"),
+    bad(lambda: cc.depthwise_conv2d(X, DW, padding=(1, -2)), ValueError,
+        r"^depthwise_conv2d: padding must be >= 0.*got \(1, -2\)", "padding-negative-pair"),
+    bad(lambda: cc.unfold(X, 2, padding=((0, -1), (0, 0))), ValueError,
+        r"^unfold: padding must be >= 0.*got \(\(0, -1\), \(0, 0\)\)", "padding-negative-side"),
+    bad(lambda: cc.conv2d(X, W, padding="full", groups=2), ValueError,
+        r"^conv2d: padding must be an int, a pair, \(\(top, bottom\), \(left, right\)\), 'same' or 'valid', "
+        r"got 'full'", "padding-string-full"),
+    bad(lambda: cc.fold(COLS, (5, 4), 2, padding=""), ValueError, r"^fold: padding must be .*'same' or 'valid', got ''",
+        "padding-string-empty"),
+    bad(lambda: cc.patch_conv2d(P, W1, padding="causal"), ValueError,
+        r"^patch_conv2d: padding must be .* got 'causal'", "padding-string-causal"),
+    bad(lambda: cc.conv2d(X, W, padding=(1, 2, 3), groups=2), TypeError,
+        r"^conv2d: padding must be an int, a pair, .* got \(1, 2, 3\)", "padding-triple"),
+    bad(lambda: cc.conv2d(X, W, padding=((1, 2), 3), groups=2), TypeError,
+        r"^conv2d: padding must be .* got \(\(1, 2\), 3\)", "padding-mixed"),
+    bad(lambda: cc.unfold(X, 2, padding=1.5), TypeError, r"^unfold: padding must be .* got 1\.5", "padding-float"),
+
+    # empty output
+    bad(lambda: cc.conv2d(X, rng.standard_normal((6, 2, 6, 3)), groups=2), ValueError,
+        r"^conv2d: output size would be 0x4 \(input 5x6, kernel 6x3.*it must be at least 1x1",
+        "conv2d-kernel-larger-than-input"),
+    bad(lambda: cc.depthwise_conv2d(X, DW, dilation=3), ValueError,
+        r"^depthwise_conv2d: output size would be -1x0 \(input 5x6, kernel 3x3.*dilation \(3, 3\)",
+        "depthwise-dilation-too-large"),
+    bad(lambda: cc.patch_conv2d(P[..., :1, :1], W1, padding=(0, 1)), ValueError,
+        r"^patch_conv2d: output size would be -1x1 \(input 1x1, kernel 3x3", "patch-empty-output"),
+    bad(lambda: cc.unfold(X, 7), ValueError, r"^unfold: output size would be -1x0 \(input 5x6, kernel 7x7",
+        "unfold-kernel-too-large"),
+    bad(lambda: cc.fold(COLS, (1, 1), 2), ValueError, r"^fold: output size would be 0x0 \(input 1x1, kernel 2x2",
+        "fold-output-smaller-than-kernel"),
+
+    # bias
+    bad(lambda: cc.conv2d(X, W, B[:5], groups=2), ValueError,
+        rf"^conv2d: bias must have shape \(6,\) to match weight {s(W.shape)}, got {s((5,))}", "bias-short"),
+    bad(lambda: cc.patch_conv2d(P, W1, B[:, None]), ValueError,
+        rf"^patch_conv2d: bias must have shape \(6,\) to match weight {s(W1.shape)}, got {s((6, 1))}",
+        "bias-2d"),
+    bad(lambda: cc.depthwise_conv2d(X, DW, B), ValueError,
+        rf"^depthwise_conv2d: bias must have shape \(8,\) to match weight {s(DW.shape)}, got {s((6,))}",
+        "depthwise-bias"),
+    bad(lambda: cc.conv2d(X, W1, numpy.float64(1.0)), TypeError,
+        r"^conv2d: bias must be a numpy\.ndarray, cupy\.ndarray or torch\.Tensor, got a numpy\.float64",
+        "bias-scalar"),
+
+    # grad_output of every backward
+    bad(lambda: cc.conv2d_backward(GY[:, :, :2], X, W, groups=2), ValueError,
+        rf"^conv2d_backward: grad_output has shape {s((2, 6, 2, 4))} but the forward output of x {s(X.shape)} "
+        rf"and weight {s(W.shape)} has shape {s(GY.shape)}", "conv2d_backward-grad_output"),
+    bad(lambda: cc.depthwise_conv2d_backward(GY, X, DW), ValueError,
+        rf"^depthwise_conv2d_backward: grad_output has shape {s(GY.shape)} but the forward output of x "
+        rf"{s(X.shape)} and weight {s(DW.shape)} has shape {s(DGY.shape)}", "depthwise_backward-grad_output"),
+    bad(lambda: cc.patch_conv2d_backward(PGY[:1], P, W, groups=2), ValueError,
+        rf"^patch_conv2d_backward: grad_output has shape {s(PGY[:1].shape)} but the forward output of x "
+        rf"{s(P.shape)} and weight {s(W.shape)} has shape {s(PGY.shape)}", "patch_backward-grad_output"),
+    bad(lambda: cc.unfold_backward(COLS[..., :11], (5, 4), 2), ValueError,
+        rf"^unfold_backward: grad_output {s((2, 16, 11))} has 11 blocks but input_size \(5, 4\).* gives "
+        rf"4x3 = 12 blocks", "unfold_backward-grad_output-blocks"),
+    bad(lambda: cc.unfold_backward(COLS[:, :15], (5, 4), 2), ValueError,
+        rf"^unfold_backward: grad_output {s((2, 15, 12))} has 15 rows, not a multiple of kernel_size 2x2 = 4",
+        "unfold_backward-grad_output-rows"),
+
+    # needs
+    bad(lambda: cc.conv2d_backward(GY, X, W, groups=2, needs=("input", "grad")), ValueError,
+        r"^conv2d_backward: needs may contain only \('input', 'weight', 'bias'\), got \['grad'\]",
+        "conv2d_backward-needs"),
+    bad(lambda: cc.depthwise_conv2d_backward(DGY, X, DW, needs="inputs"), ValueError,
+        r"^depthwise_conv2d_backward: needs may contain only .*got \['inputs'\]", "depthwise_backward-needs"),
+    bad(lambda: cc.patch_conv2d_backward(PGY, P, W, groups=2, needs=(5, "x")), ValueError,
+        r"^patch_conv2d_backward: needs may contain only .*got \['x', 5\]", "patch_backward-needs"),
+
+    # fold: cols against output_size
+    bad(lambda: cc.fold(COLS[..., :11], (5, 4), 2), ValueError,
+        rf"^fold: cols {s((2, 16, 11))} has 11 blocks but output_size \(5, 4\) with kernel_size \(2, 2\).* "
+        rf"gives 4x3 = 12 blocks", "fold-wrong-L"),
+    bad(lambda: cc.fold(COLS, (5, 5), 2), ValueError,
+        rf"^fold: cols {s(COLS.shape)} has 12 blocks but output_size \(5, 5\).*gives 4x4 = 16 blocks",
+        "fold-wrong-output_size"),
+    bad(lambda: cc.fold(COLS[:, :14], (5, 4), 2), ValueError,
+        rf"^fold: cols {s((2, 14, 12))} has 14 rows, not a multiple of kernel_size 2x2 = 4", "fold-rows"),
+    bad(lambda: cc.fold(COLS, (0, 4), 2), ValueError, r"^fold: output_size must be >= 1.*got \(0, 4\)",
+        "fold-output_size-zero"),
+    bad(lambda: cc.fold(COLS, (5.0, 4), 2), TypeError, r"^fold: output_size must be an int or a pair of ints",
+        "fold-output_size-float"),
+
+    # dtypes and array kinds
+    bad(lambda: cc.conv2d(X.astype(numpy.float32), W, groups=2), TypeError,
+        r"^conv2d: x has dtype float32 but weight has dtype float64; all arrays of one call must have one dtype",
+        "mixed-dtypes"),
+    bad(lambda: cc.conv2d(X, W, B.astype(numpy.float16), groups=2), TypeError,
+        r"^conv2d: x has dtype float64 but bias has dtype float16", "mixed-dtypes-bias"),
+    bad(lambda: cc.conv2d_backward(GY.astype(numpy.float32), X, W, groups=2), TypeError,
+        r"^conv2d_backward: grad_output has dtype float32 but x has dtype float64", "mixed-dtypes-grad"),
+    bad(lambda: cc.conv2d(X.astype(numpy.int64), W.astype(numpy.int64), groups=2), TypeError,
+        rf"^conv2d: x has dtype int64; supported dtypes are {DTYPE_LIST}", "int64"),
+    bad(lambda: cc.depthwise_conv2d(X.astype(numpy.complex64), DW.astype(numpy.complex64)), TypeError,
+        rf"^depthwise_conv2d: x has dtype complex64; supported dtypes are {DTYPE_LIST}", "complex64"),
+    bad(lambda: cc.unfold(X > 0, 2), TypeError, rf"^unfold: x has dtype bool; supported dtypes are {DTYPE_LIST}",
+        "bool"),
+    bad(lambda: cc.fold(COLS.astype(numpy.int32), (5, 4), 2), TypeError, r"^fold: cols has dtype int32; supported",
+        "fold-int32"),
+    bad(lambda: cc.patch_conv2d(P, W1.astype(numpy.uint8)), TypeError,
+        r"^patch_conv2d: weight has dtype uint8; supported", "uint8-weight"),
+    bad(lambda: cc.conv2d(X.tolist(), W, groups=2), TypeError,
+        r"^conv2d: x must be a numpy\.ndarray, cupy\.ndarray or torch\.Tensor, got a builtins\.list", "x-list"),
+    bad(lambda: cc.conv2d(X, None), TypeError, r"^conv2d: weight must be a numpy\.ndarray.*got None",
+        "weight-none"),
+    bad(lambda: cc.unfold(None, 2), TypeError, r"^unfold: x must be a numpy\.ndarray.*got None", "x-none"),
+]
+
+
+@pytest.mark.parametrize("call, error, pattern", BAD_INPUT)
+def test_bad_input_raises_with_a_message_naming_the_argument(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_good_calls_from_the_table_pass():
+    """The fixtures of the table are valid themselves, so each row fails for the one reason it names."""
+    assert cc.conv2d(X, W, B, groups=2).shape == GY.shape
+    assert cc.depthwise_conv2d(X, DW).shape == DGY.shape
+    assert cc.patch_conv2d(P, W, B, groups=2).shape == PGY.shape
+    assert cc.unfold(X5x4, 2).shape == COLS.shape
+    assert cc.fold(COLS, (5, 4), 2).shape == X5x4.shape
+    assert all(g is not None for g in cc.conv2d_backward(GY, X, W, groups=2))
+    assert all(g is not None for g in cc.depthwise_conv2d_backward(DGY, X, DW))
+    assert all(g is not None for g in cc.patch_conv2d_backward(PGY, P, W, groups=2))
+    assert cc.unfold_backward(COLS, (5, 4), 2).shape == X5x4.shape
+
+
+def test_mixed_dtypes_through_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(X).to(torch.bfloat16)
+    w = torch.from_numpy(W).float()
+    with pytest.raises(TypeError, match=r"^conv2d: x has dtype bfloat16 but weight has dtype float32"):
+        cc.conv2d(x, w, groups=2)
+    with pytest.raises(TypeError, match=r"^unfold: x has dtype int32; supported"):
+        cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.int32), 2)
+    with pytest.raises(TypeError, match=r"^unfold: x has dtype complex64; supported"):
+        cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.complex64), 2)

@@ -1,0 +1,196 @@
+"""unfold/fold kernels (raw_kernels/unfold.cu) through the CPU emulator and, with -m gpu, on a real GPU.
+
+The NumPy CPU path is the reference here; it is itself checked against torch and a naive loop in
+tests/test_unfold.py.
+"""
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device
+from cupyconv.ops import unfold as unfold_module
+from emulator import EmulatedDevice, assert_clean_under_asan, run_under_asan
+
+# (x shape, kernel_size, dilation, padding, stride): odd sizes, never multiples of the 256-thread block.
+CASES = [
+    ((2, 3, 7, 6), 3, 1, 1, 1),
+    ((1, 5, 9, 11), (2, 3), (1, 2), ((1, 0), (2, 1)), (2, 1)),
+    ((3, 2, 1, 4, 5), (3, 2), 2, (2, 1), (1, 2)),        # two leading dims, dilation larger than the plane
+    ((2, 2, 5, 3), (5, 4), 1, ((2, 2), (3, 0)), 2),      # kernel larger than the plane, per-side padding
+    ((1, 3, 8, 7), 3, 2, "same", 2),
+    ((0, 3, 5, 5), 3, 1, 1, 1),                           # empty batch
+]
+IDS = [f"case{i}" for i in range(len(CASES))]
+
+
+def _random(shape, dtype, seed=0):
+    values = numpy.random.default_rng(seed).standard_normal(shape)
+    return values.astype(dtype)
+
+
+def _both_paths(fn, device):
+    expected = fn()
+    with _device.use_device(device):
+        actual = fn()
+    return actual, expected
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_unfold_and_fold_match_cpu_path(case, order):
+    shape, kernel, dilation, padding, stride = case
+    x = _random(shape, numpy.float64)
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), EmulatedDevice(order=order))
+    assert cols.shape == cols_ref.shape
+    numpy.testing.assert_array_equal(cols, cols_ref)  # a pure copy: bit-identical
+    c = _random(cols_ref.shape, numpy.float64, seed=1)
+    out, out_ref = _both_paths(lambda: cupyconv.fold(c, shape[-2:], kernel, **kw), EmulatedDevice(order=order))
+    assert out.shape == out_ref.shape == shape
+    numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_every_dtype(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    shape, kernel, dilation, padding, stride = CASES[1]
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    x = _random(shape, dtype)
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), EmulatedDevice())
+    assert cols.dtype == x.dtype
+    numpy.testing.assert_array_equal(cols.astype(numpy.float64), cols_ref.astype(numpy.float64))
+    out, out_ref = _both_paths(lambda: cupyconv.fold(cols_ref, shape[-2:], kernel, **kw), EmulatedDevice())
+    assert out.dtype == x.dtype
+    # Both sum in float32 (half types) or the dtype itself, possibly in another order: one rounding apart.
+    tol = 1e-2 if numpy.dtype(dtype).itemsize == 2 else 1e-5
+    numpy.testing.assert_allclose(out.astype(numpy.float64), out_ref.astype(numpy.float64), rtol=tol, atol=tol)
+
+
+class RecordingDevice(EmulatedDevice):
+    """An EmulatedDevice that remembers the arguments of every launch."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.launches = []
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.append((name, list(args)))
+        super().launch(source, name, grid, block, args, shared_mem)
+
+
+@pytest.mark.parametrize("view", ["transposed", "negative_strides", "channel_slice"])
+def test_strided_input_is_read_in_place(view):
+    base = _random((3, 4, 6, 9), numpy.float32)
+    x = {"transposed": base.transpose(1, 0, 3, 2),
+         "negative_strides": base[:, ::-1, :, ::-2],
+         "channel_slice": base[:, 1:3]}[view]
+    device = RecordingDevice()
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, (2, 3), padding=1, stride=(1, 2))
+    numpy.testing.assert_array_equal(cols, cupyconv.unfold(numpy.ascontiguousarray(x), (2, 3), padding=1,
+                                                           stride=(1, 2)))
+    (name, args), = device.launches
+    assert name.startswith("unfold_im2col<float,")
+    assert numpy.shares_memory(args[0], base), "the kernel should read the strided view, not a copy"
+
+
+def test_fold_accepts_non_contiguous_cols():
+    shape, kernel, dilation, padding, stride = CASES[0]
+    cols = cupyconv.unfold(_random(shape, numpy.float64), kernel, dilation=dilation, padding=padding,
+                           stride=stride)
+    wide = numpy.concatenate([cols, cols], axis=-1)[..., ::2]  # same shape, every other element
+    expected = cupyconv.fold(numpy.ascontiguousarray(wide), shape[-2:], kernel, padding=padding)
+    with _device.use_device(EmulatedDevice()):
+        out = cupyconv.fold(wide, shape[-2:], kernel, padding=padding)
+    numpy.testing.assert_allclose(out, expected, rtol=1e-13, atol=1e-13)
+
+
+def test_64_bit_index_variants(monkeypatch):
+    """Force the `long long` instantiations (chosen by extents above 2^31) so the emulator executes them."""
+    monkeypatch.setattr(unfold_module, "index_type", lambda *extents: "long long")
+    device = RecordingDevice()
+    shape, kernel, dilation, padding, stride = CASES[2]
+    x = _random(shape, numpy.float64)
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, **kw)
+        out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
+    assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long>",
+                                                     "fold_col2im<double, long long>"]
+    numpy.testing.assert_array_equal(cols, cupyconv.unfold(x, kernel, **kw))
+    numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
+
+
+def test_index_type_switches_at_2_to_the_31():
+    assert _device.index_type(2**31 - 1) == "int"
+    assert _device.index_type(10, 2**31) == "long long"
+
+
+def test_backward_functions_are_the_adjoint_ops():
+    shape, kernel, dilation, padding, stride = CASES[1]
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    x = _random(shape, numpy.float64)
+    with _device.use_device(EmulatedDevice()):
+        cols = cupyconv.unfold(x, kernel, **kw)
+        c = _random(cols.shape, numpy.float64, seed=2)
+        grad_x = cupyconv.unfold_backward(c, shape[-2:], kernel, **kw)
+        grad_cols = cupyconv.fold_backward(x, kernel, **kw)
+    # <unfold(x), c> == <x, unfold_backward(c)> and fold_backward is unfold.
+    numpy.testing.assert_allclose(numpy.vdot(cols, c), numpy.vdot(x, grad_x), rtol=1e-12)
+    numpy.testing.assert_array_equal(grad_cols, cols)
+
+
+def test_kernels_are_clean_under_address_sanitizer():
+    """One shape per kernel with libasan preloaded: any out-of-bounds read or write aborts the child."""
+    process = run_under_asan(
+        "import numpy, cupyconv\n"
+        "from cupyconv import _device\n"
+        "from emulator import EmulatedDevice\n"
+        "x = numpy.random.default_rng(0).standard_normal((2, 3, 5, 7))[:, :, ::-1]\n"
+        "kw = dict(dilation=(2, 1), padding=((2, 0), (1, 3)), stride=(1, 2))\n"
+        "with _device.use_device(EmulatedDevice()):\n"
+        "    cols = cupyconv.unfold(x, (2, 3), **kw)\n"
+        "    out = cupyconv.fold(cols, (5, 7), (2, 3), **kw)\n"
+        "assert numpy.array_equal(cols, cupyconv.unfold(x, (2, 3), **kw))\n"
+        "assert numpy.allclose(out, cupyconv.fold(cols, (5, 7), (2, 3), **kw))\n"
+        "print('ok')\n")
+    assert_clean_under_asan(process)
+    assert "ok" in process.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same cases on a real GPU (pytest -m gpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gpu_matches_cpu_path(case, dtype):
+    cupy = pytest.importorskip("cupy")
+    shape, kernel, dilation, padding, stride = case
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    x = _random(shape, dtype)
+    cols = cupyconv.unfold(cupy.asarray(x), kernel, **kw)
+    assert isinstance(cols, cupy.ndarray)
+    numpy.testing.assert_array_equal(cols.get(), cupyconv.unfold(x, kernel, **kw))
+    c = _random(cols.shape, dtype, seed=1)
+    out = cupyconv.fold(cupy.asarray(c), shape[-2:], kernel, **kw)
+    tol = 1e-2 if numpy.dtype(dtype).itemsize == 2 else 1e-5
+    numpy.testing.assert_allclose(out.get().astype(numpy.float64),
+                                  cupyconv.fold(c, shape[-2:], kernel, **kw).astype(numpy.float64),
+                                  rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_gpu_reads_strided_views_and_torch_tensors():
+    cupy = pytest.importorskip("cupy")
+    base = cupy.asarray(_random((3, 4, 6, 9), numpy.float32))
+    x = base.transpose(1, 0, 3, 2)[:, :, ::-1]
+    numpy.testing.assert_array_equal(cupyconv.unfold(x, 3, padding=1).get(),
+                                     cupyconv.unfold(x.get(), 3, padding=1))
+    torch = pytest.importorskip("torch")
+    t = torch.randn(2, 3, 8, 8, device="cuda")
+    got = cupyconv.unfold(t, 3, padding=1)
+    assert isinstance(got, torch.Tensor) and got.device == t.device
+    torch.testing.assert_close(got, torch.nn.functional.unfold(t, 3, padding=1))
