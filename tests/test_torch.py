@@ -1,0 +1,508 @@
+"""cupyconv.torch: custom ops, autograd, modules, torch.compile, autocast, and (GPU) streams and memory.
+
+CPU tests run everywhere: gradcheck in float64 for every op, torch.library.opcheck of every custom op, module
+equivalence with torch.nn.Conv2d, one torch.compile(fullgraph=True) forward + backward (marked slow: a few
+seconds with inductor), autocast bfloat16 and float16.  The GPU tests (marked gpu) check stream ordering and memory accounting on a real device.
+"""
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import cupyconv  # noqa: E402
+import cupyconv.torch as cct  # noqa: E402
+import reference as ref  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+F64 = dict(dtype=torch.float64)
+
+
+def _rand(*shape, dtype=torch.float64, requires_grad=True, seed=None):
+    if seed is not None:
+        torch.manual_seed(seed)
+    return torch.randn(*shape, dtype=dtype).requires_grad_(requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Problems as data: (name, shapes, arguments)
+
+CONV_CASES = [
+    ref.ConvCase("groups2_per_side", (2, 4, 6, 5), (6, 2, 3, 2), stride=(1, 2), padding=((1, 0), (2, 1)),
+                 dilation=(1, 2), groups=2),
+    ref.ConvCase("same_stride2_no_bias", (1, 3, 7, 6), (4, 3, 3, 3), stride=2, padding="same", bias=False),
+    ref.ConvCase("groups_C_valid", (2, 3, 5, 5), (6, 1, 2, 3), padding="valid", groups=3),
+]
+DEPTHWISE_CASES = [
+    ref.ConvCase("multiplier2_same_stride2", (2, 3, 7, 6), (6, 1, 3, 3), stride=2, padding="same"),
+    ref.ConvCase("per_side_dilation2_no_bias", (1, 4, 6, 7), (4, 1, 3, 2), padding=((2, 0), (1, 1)), dilation=2,
+                 bias=False),
+]
+PATCH_CASES = [
+    ref.ConvCase("patches_b2p3", (2, 3, 4, 4, 4), (5, 4, 3, 3), padding=1),
+    ref.ConvCase("groups2_unbatched", (4, 5, 4), (6, 2, 2, 3), padding=((0, 1), (1, 1)), groups=2, bias=False),
+]
+UNFOLD_CASES = [  # (name, x shape, kernel_size, dilation, padding, stride)
+    ("per_side_stride", (2, 3, 6, 5), (2, 3), 1, ((1, 0), (0, 1)), (1, 2)),
+    ("leading_dims_dilation", (2, 1, 2, 5, 6), 2, 2, 1, 1),
+]
+
+
+def _conv_args(case):
+    torch.manual_seed(0)
+    x, w = _rand(*case.x), _rand(*case.weight)
+    b = _rand(case.weight[0]) if case.bias else None
+    return x, w, b
+
+
+def _window(case):
+    return (case.stride, case.padding, case.dilation)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gradcheck (float64, CPU) and agreement with torch for every op
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv2d_gradcheck_and_torch(case):
+    x, w, b = _conv_args(case)
+    inputs = (x, w) if b is None else (x, w, b)
+    fn = lambda x, w, b=None: cct.conv2d(x, w, b, *_window(case), case.groups)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+    torch.testing.assert_close(fn(*inputs), ref.torch_conv2d(x, w, b, *_window(case), case.groups))
+
+
+def test_conv2d_gradcheck_full_jacobian():
+    """One small case with the full (slow-mode) Jacobian, not only random projections of it."""
+    x, w, b = _rand(1, 2, 4, 3, seed=1), _rand(2, 1, 2, 2), _rand(2)
+    assert torch.autograd.gradcheck(lambda x, w, b: cct.conv2d(x, w, b, 1, ((1, 0), (0, 1)), 1, 2), (x, w, b))
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=str)
+def test_depthwise_gradcheck_and_torch(case):
+    x, w, b = _conv_args(case)
+    inputs = (x, w) if b is None else (x, w, b)
+    fn = lambda x, w, b=None: cct.depthwise_conv2d(x, w, b, *_window(case))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+    torch.testing.assert_close(fn(*inputs), ref.torch_conv2d(x, w, b, *_window(case), groups=case.x[1]))
+
+
+@pytest.mark.parametrize("case", PATCH_CASES, ids=str)
+def test_patch_gradcheck_and_torch(case):
+    x, w, b = _conv_args(case)
+    inputs = (x, w) if b is None else (x, w, b)
+    fn = lambda x, w, b=None: cct.patch_conv2d(x, w, b, *_window(case), case.groups)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+    torch.testing.assert_close(fn(*inputs), ref.torch_conv2d(x, w, b, *_window(case), case.groups))
+
+
+@pytest.mark.parametrize("case", UNFOLD_CASES, ids=lambda c: c[0])
+def test_unfold_fold_gradcheck_gradgradcheck_and_torch(case):
+    _, shape, kernel, dilation, padding, stride = case
+    x = _rand(*shape, seed=2)
+    unfold = lambda x: cct.unfold(x, kernel, dilation, padding, stride)  # noqa: E731
+    cols = unfold(x).detach().requires_grad_()
+    fold = lambda c: cct.fold(c, shape[-2:], kernel, dilation, padding, stride)  # noqa: E731
+    for fn, arg in ((unfold, x), (fold, cols)):
+        assert torch.autograd.gradcheck(fn, (arg,), fast_mode=True)
+        assert torch.autograd.gradgradcheck(fn, (arg,), fast_mode=True)
+    torch.testing.assert_close(unfold(x), ref.torch_unfold(x, kernel, dilation, padding, stride))
+    torch.testing.assert_close(fold(cols), ref.torch_fold(cols, shape[-2:], kernel, dilation, padding, stride))
+
+
+def test_functions_apply_matches_functional():
+    """The autograd.Function classes are usable directly and give the functional wrappers' gradients."""
+    x, w, b = _rand(2, 4, 5, 5, seed=3), _rand(4, 2, 3, 3), _rand(4)
+    args = ([1, 1], [1, 0, 0, 1], [1, 1], 2)
+    y = cct.Conv2dFunction.apply(x, w, b, *args)
+    grads = torch.autograd.grad(y.square().sum(), (x, w, b))
+    expected = torch.autograd.grad(cct.conv2d(x, w, b, 1, ((1, 0), (0, 1)), 1, 2).square().sum(), (x, w, b))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+    cols = cct.UnfoldFunction.apply(x, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1])
+    torch.testing.assert_close(cct.FoldFunction.apply(cols, [5, 5], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+                               F.fold(F.unfold(x, 3, padding=1), (5, 5), 3, padding=1))
+
+
+@pytest.mark.parametrize("op", ["conv2d", "depthwise_conv2d", "patch_conv2d"])
+def test_backward_computes_only_what_autograd_needs(op, monkeypatch):
+    """ctx.needs_input_grad reaches the manual backward as `needs`."""
+    seen = []
+    name = f"{op}_backward"
+    original = getattr(cupyconv, name)
+
+    def spy(*args, needs, **kwargs):
+        seen.append(tuple(needs))
+        return original(*args, needs=needs, **kwargs)
+
+    monkeypatch.setattr(cupyconv, name, spy)
+    fn = getattr(cct, op)
+    x, w, b = _rand(2, 3, 5, 5, seed=4), _rand(3, 1, 3, 3), _rand(3)
+    if op != "depthwise_conv2d":
+        w = _rand(3, 3, 3, 3)
+    x.requires_grad_(False)
+    fn(x, w, b, padding=1).sum().backward()
+    fn(x, w.detach(), b, padding=1).sum().backward()
+    x.requires_grad_(True)
+    fn(x, w.detach(), None, padding=1).sum().backward()
+    assert seen == [("weight", "bias"), ("bias",), ("input",)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The custom ops themselves: schema, fake implementations, autograd registration (torch.library.opcheck)
+
+
+def _opcheck_cases():
+    """(op name, arguments) for every custom op; backward ops get a grad_output of their forward's shape."""
+    torch.manual_seed(5)
+    x, w, b = torch.randn(2, 4, 6, 5), torch.randn(6, 2, 3, 2), torch.randn(6)
+    xd, wd = x[:, :3], torch.randn(6, 1, 3, 3)                          # xd: a non-contiguous view
+    xp, wp = torch.randn(2, 3, 4, 4, 4), torch.randn(5, 4, 3, 3)
+    pad, ops = [1, 0, 2, 1], torch.ops.cupyconv
+    conv = (x, w, b, [1, 2], pad, [1, 2], 2)
+    depthwise = (xd, wd, None, [2, 1], pad, [1, 1])
+    patch = (xp, wp, None, [1, 1], [1, 1, 1, 1], [1, 1], 1)
+    window = ([2, 3], [1, 1], pad, [1, 2])
+    cols = ops.unfold(x, *window)
+
+    def like(t):
+        return torch.randn(t.shape)
+
+    return [
+        ("conv2d", conv),
+        ("conv2d_backward", (like(ops.conv2d(*conv)), x, w, [1, 2], pad, [1, 2], 2, [True, True, False])),
+        ("depthwise_conv2d", depthwise),
+        ("depthwise_conv2d_backward", (like(ops.depthwise_conv2d(*depthwise)), xd, wd, [2, 1], pad, [1, 1],
+                                       [False, True, True])),
+        ("patch_conv2d", patch),
+        ("patch_conv2d_backward", (like(ops.patch_conv2d(*patch)), xp, wp, [1, 1], [1, 1, 1, 1], [1, 1], 1,
+                                   [True, False, True])),
+        ("unfold", (x, *window)),
+        ("unfold_backward", (like(cols), [6, 5], *window)),
+        ("fold", (like(cols), [6, 5], *window)),
+        ("fold_backward", (x, *window)),
+    ]
+
+
+OPCHECK_CASES = _opcheck_cases()
+
+
+@pytest.mark.parametrize("name,args", OPCHECK_CASES, ids=[name for name, _ in OPCHECK_CASES])
+def test_opcheck(name, args):
+    """Schema, fake implementation (shapes, strides, no aliasing) and autograd registration of each op.
+
+    Tracing with AOT autograd and dynamic shapes (the slow part) runs for the forward ops, with inputs that
+    require grad, so it traces their backward ops too."""
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if not name.endswith("_backward"):
+        utils += ("test_aot_dispatch_dynamic",)
+        args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     else a for a in args)
+    torch.library.opcheck(getattr(torch.ops.cupyconv, name).default, args, test_utils=utils)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Modules: drop-in equivalence with torch.nn.Conv2d
+
+
+class TorchSeparable(nn.Module):
+    """The torch layout DepthwiseSeparableConv2d's state_dict is documented to match."""
+
+    def __init__(self, c, out, k, stride=1, padding=0, dilation=1, bias=True, m=1, depthwise_bias=False):
+        super().__init__()
+        self.depthwise = nn.Conv2d(c, c * m, k, stride, padding, dilation, groups=c, bias=depthwise_bias)
+        self.pointwise = nn.Conv2d(c * m, out, 1, bias=bias)
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+
+MODULE_CASES = [  # (name, cupyconv constructor, torch constructor, input shape, how torch sees the input)
+    ("conv2d", lambda: cct.Conv2d(4, 6, 3, stride=2, padding=1, groups=2),
+     lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), (2, 4, 7, 6)),
+    ("conv2d_same_dilation_no_bias", lambda: cct.Conv2d(3, 4, (3, 2), padding="same", dilation=(2, 1), bias=False),
+     lambda: nn.Conv2d(3, 4, (3, 2), padding="same", dilation=(2, 1), bias=False), (1, 3, 6, 5)),
+    ("conv2d_reflect", lambda: cct.Conv2d(3, 4, 3, padding=(1, 2), padding_mode="reflect"),
+     lambda: nn.Conv2d(3, 4, 3, padding=(1, 2), padding_mode="reflect"), (2, 3, 5, 6)),
+    ("conv2d_circular_strided", lambda: cct.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="circular"),
+     lambda: nn.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="circular"), (1, 2, 6, 7)),
+    ("depthwise_multiplier2", lambda: cct.DepthwiseConv2d(3, 6, 3, padding=1),
+     lambda: nn.Conv2d(3, 6, 3, padding=1, groups=3), (2, 3, 6, 5)),
+    ("depthwise_stride2_replicate", lambda: cct.DepthwiseConv2d(4, 4, 3, 2, 1, groups=4, padding_mode="replicate"),
+     lambda: nn.Conv2d(4, 4, 3, 2, 1, groups=4, padding_mode="replicate"), (1, 4, 7, 7)),
+    ("patch", lambda: cct.PatchConv2d(3, 5, 3, padding=1), lambda: nn.Conv2d(3, 5, 3, padding=1), (2, 4, 3, 4, 4)),
+    ("patch_reflect_groups", lambda: cct.PatchConv2d(4, 2, 2, padding=1, groups=2, padding_mode="reflect"),
+     lambda: nn.Conv2d(4, 2, 2, padding=1, groups=2, padding_mode="reflect"), (3, 4, 4, 4)),
+    ("separable", lambda: cct.DepthwiseSeparableConv2d(3, 5, 3, stride=2, padding=1),
+     lambda: TorchSeparable(3, 5, 3, stride=2, padding=1), (2, 3, 7, 6)),
+    ("separable_multiplier_biases", lambda: cct.DepthwiseSeparableConv2d(2, 3, 3, padding="same",
+                                                                          depth_multiplier=2, depthwise_bias=True),
+     lambda: TorchSeparable(2, 3, 3, padding="same", m=2, depthwise_bias=True), (1, 2, 5, 5)),
+]
+
+
+def _torch_apply(module, x):
+    """torch's layer over any leading dims (patches rolled into the batch)."""
+    flat = module(x.reshape(-1, *x.shape[-3:]))
+    return flat.reshape(*x.shape[:-3], *flat.shape[1:])
+
+
+@pytest.mark.parametrize("case", MODULE_CASES, ids=lambda c: c[0])
+def test_module_equivalence(case):
+    name, make_ours, make_torch, shape = case
+    torch.manual_seed(7)
+    ours = make_ours()
+    torch.manual_seed(7)
+    theirs = make_torch()
+    # the same initialisation: same parameter names, shapes and random draws
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    for (key, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.equal(a, b), key
+    x = torch.randn(*shape, requires_grad=True)
+    y_ours, y_torch = ours(x), _torch_apply(theirs, x)
+    torch.testing.assert_close(y_ours, y_torch)
+    g = torch.randn_like(y_torch)
+    params_ours, params_torch = list(ours.parameters()), list(theirs.parameters())
+    grads_ours = torch.autograd.grad(y_ours, [x, *params_ours], g)
+    grads_torch = torch.autograd.grad(y_torch, [x, *params_torch], g)
+    for a, b in zip(grads_ours, grads_torch):
+        torch.testing.assert_close(a, b)
+    # state_dict round trip, both ways, strict
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.25)
+    ours.load_state_dict(theirs.state_dict())
+    torch.testing.assert_close(ours(x), _torch_apply(theirs, x))
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(-1.5)
+    theirs.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x), _torch_apply(theirs, x))
+
+
+def test_module_constructor_errors_name_the_layer():
+    with pytest.raises(ValueError, match="Conv2d: in_channels=3 must be divisible by groups=2"):
+        cct.Conv2d(3, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="padding_mode"):
+        cct.Conv2d(3, 4, 3, padding_mode="mirror")
+    with pytest.raises(ValueError, match="DepthwiseConv2d: out_channels=5 must be a multiple of in_channels=2"):
+        cct.DepthwiseConv2d(2, 5, 3)
+    with pytest.raises(ValueError, match="DepthwiseConv2d: groups must equal in_channels=4"):
+        cct.DepthwiseConv2d(4, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="padding"):
+        cct.Conv2d(3, 4, 3, padding="full")
+    with pytest.raises(ValueError, match=r"conv2d: weight .* has 3 input channels per group"):
+        cct.conv2d(torch.randn(1, 4, 5, 5), torch.randn(2, 3, 3, 3))
+
+
+def test_modules_accept_dtype_string_padding_and_strided_same():
+    layer = cct.Conv2d(3, 4, 3, stride=2, padding="same", dtype=torch.float64)
+    assert layer.weight.dtype == torch.float64
+    assert layer(torch.randn(1, 3, 7, 8, **F64)).shape == (1, 4, 4, 4)        # ceil(7 / 2), ceil(8 / 2)
+    assert "padding='same'" in repr(layer)
+    assert cct.DepthwiseConv2d(2, 2, (3, 5), padding="valid")(torch.randn(1, 2, 4, 6)).shape == (1, 2, 2, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autocast
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_cpu(dtype):
+    """Convolutions run in the autocast dtype (gradients reach the float32 leaves in float32); unfold keeps
+    its input dtype; float64 inputs are not cast."""
+    torch.manual_seed(8)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    conv = cct.Conv2d(4, 4, 3, padding=1)
+    depthwise = cct.DepthwiseConv2d(4, 8, 3, padding=1)
+    patch = cct.PatchConv2d(8, 2, 3, padding=1)
+    with torch.autocast("cpu", dtype=dtype):
+        h = depthwise(conv(x))
+        y = patch(h[:, None])                                       # (N, 1, 2, 6, 6): one patch each
+        cols = cct.unfold(x, 2)
+        y64 = cct.conv2d(x.double(), conv.weight.double())
+    assert (h.dtype, y.dtype, cols.dtype, y64.dtype) == (dtype, dtype, torch.float32, torch.float64)
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and conv.weight.grad.dtype == torch.float32
+    expected = patch(depthwise(conv(x))[:, None])
+    torch.testing.assert_close(y.float(), expected, rtol=5e-2, atol=5e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# torch.compile (slow: one compile, ~10 s on 2 cores; it covers every op, forward and backward)
+
+
+class _EveryOp(nn.Module):
+    """Only cupyconv ops and views: inductor then generates no C++ of its own, which keeps a cold compile to
+    seconds (one elementwise op in the graph costs ~30 s of g++ on 2 cores)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = cct.Conv2d(3, 4, 3, padding=((1, 0), (1, 1)))
+        self.separable = cct.DepthwiseSeparableConv2d(4, 6, 3, stride=2, padding="same")
+        self.patch = cct.PatchConv2d(6, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.separable(self.conv(x))                             # (N, 6, 4, 4)
+        p = self.patch(h.reshape(h.shape[0], 1, 6, 4, 4))            # one patch per sample
+        cols = cct.unfold(p.flatten(0, 1), 2, padding=1)
+        return cct.fold(cols, (4, 4), 2, padding=1)
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_forward_and_backward():
+    torch._dynamo.reset()
+    torch.manual_seed(9)
+    model = _EveryOp()
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    leaves = [x, *model.parameters()]
+    y = model(x)
+    g = torch.randn_like(y)
+    expected = torch.autograd.grad(y, leaves, g)
+    compiled = torch.compile(model, fullgraph=True)                  # raises on any graph break
+    y_compiled = compiled(x)
+    grads = torch.autograd.grad(y_compiled, leaves, g)
+    torch.testing.assert_close(y_compiled, y)
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Packaging: torch stays optional
+
+
+def test_import_cupyconv_does_not_import_torch():
+    code = "import sys, cupyconv; assert 'torch' not in sys.modules, 'cupyconv imported torch'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_cuda_context_is_a_no_op_on_cpu():
+    with cct.cuda_context(torch.device("cpu")):
+        pass
+    with cct.cuda_context(torch.zeros(1)):
+        pass
+
+
+def test_cuda_context_wiring_with_stand_ins(monkeypatch):
+    """Without a GPU: cuda_context enters the device, then the allocator and torch's stream (created with the
+    device current), and the allocator draws from torch's caching allocator on that stream."""
+    import types
+    events, torch_stream = [], types.SimpleNamespace(cuda_stream=0xABC, device_index=1)
+
+    class Context:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            events.append(f"enter {self.name}")
+
+        def __exit__(self, *exc):
+            events.append(f"exit {self.name}")
+
+    class Allocator:
+        def __init__(self, malloc, free):
+            self.malloc_func, self.free_func = malloc, free
+
+        def malloc(self, size):
+            ptr = self.malloc_func(size, 1)
+            self.free_func(ptr, 1)
+            return ptr
+
+    def using_allocator(malloc):
+        assert malloc(64) == 0x1000
+        return Context("allocator")
+
+    def from_external(obj):
+        assert events[0] == "enter device 1" and events[-1] == "enter allocator"
+        assert obj.__cuda_stream__() == (0, 0xABC)
+        return Context("stream")
+
+    cuda = types.SimpleNamespace(Device=lambda i: Context(f"device {i}"), using_allocator=using_allocator,
+                                 PythonFunctionAllocator=Allocator,
+                                 Stream=types.SimpleNamespace(from_external=from_external))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: torch_stream if index == 1 else None)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
+                        lambda size, device, stream: events.append(("alloc", size, device, stream)) or 0x1000)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda ptr: events.append(("delete", ptr)))
+    with cct.cuda_context(torch.device("cuda", 1)):
+        events.append("body")
+    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream), ("delete", 0x1000), "enter allocator",
+                      "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU: torch's stream and torch's allocator (skipped without CuPy and a CUDA device)
+
+GPU_OPS = [  # (name, call(x) on a (N, C, H, W) CUDA tensor, torch reference)
+    ("unfold", lambda x: cct.unfold(x, 3, padding=1, stride=2), lambda x: F.unfold(x, 3, padding=1, stride=2)),
+    ("conv2d", lambda x: cct.conv2d(x, _gpu_weight(x, 16, 16)), lambda x: F.conv2d(x, _gpu_weight(x, 16, 16))),
+    ("depthwise_conv2d", lambda x: cct.depthwise_conv2d(x, _gpu_weight(x, 16, 1), padding=1),
+     lambda x: F.conv2d(x, _gpu_weight(x, 16, 1), padding=1, groups=16)),
+    ("patch_conv2d", lambda x: cct.patch_conv2d(x[:, None], _gpu_weight(x, 16, 16), padding=1)[:, 0],
+     lambda x: F.conv2d(x, _gpu_weight(x, 16, 16), padding=1)),
+]
+
+
+def _gpu_weight(x, d, c):
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(d, c, 3, 3, generator=generator) / 12).to(x.device)
+
+
+def _run_or_skip(fn, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError as error:
+        pytest.skip(f"no GPU kernel yet: {error}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_OPS, ids=lambda c: c[0])
+def test_gpu_non_default_stream_without_synchronisation(case):
+    """Inputs produced on a side stream by a long kernel and consumed there at once: a kernel of ours on any
+    other stream would read them before they are written."""
+    _, ours, theirs = case
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        seed = torch.randn(64, 16, 64, 64, device="cuda")
+        x = seed
+        for _ in range(20):                                          # keep the stream busy
+            x = torch.tanh(x @ torch.eye(64, device="cuda"))
+        import cupy
+        with cct.cuda_context(x):
+            assert cupy.cuda.get_current_stream().ptr == side.cuda_stream
+        y = _run_or_skip(ours, x)
+        expected = theirs(x)
+        same = torch.allclose(y, expected, rtol=1e-4, atol=1e-4)     # ordered on `side` too
+    side.synchronize()
+    assert same
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_OPS, ids=lambda c: c[0])
+def test_gpu_memory_comes_from_and_returns_to_torch(case):
+    import cupy
+    _, ours, _ = case
+    x = torch.randn(8, 16, 32, 32, device="cuda", requires_grad=True)
+    _run_or_skip(ours, x.detach())                                   # compile and warm up outside the count
+    torch.cuda.synchronize()
+    gc.collect()
+    baseline = torch.cuda.memory_allocated()
+    pool_before = cupy.get_default_memory_pool().used_bytes()
+    y = ours(x)
+    assert torch.cuda.memory_allocated() >= baseline + y.numel() * y.element_size()   # the output is torch's
+    y.sum().backward()
+    del y
+    x.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == baseline
+    assert cupy.get_default_memory_pool().used_bytes() == pool_before  # nothing went through CuPy's pool
