@@ -4,9 +4,13 @@ CPU path: one vectorised multiply-add per kernel tap over the whole batch, no im
 """
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import numpy
 
 from .._arrays import Call, compute_dtype
+from .._device import c_type, elementwise_launch, index_type
 from .._spec import ConvSpec
 from .conv import NEEDS, check_grad_output, check_needs
 from .unfold import pad_cpu
@@ -65,24 +69,373 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path
+# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/depthwise.cu
+#
+# Algorithm selection (the kernels' comments say how each one works):
+#   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
+#                  other windows that overlap (extent > stride)                -> depthwise_fwd_generic
+#                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
+#   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
+#                  (depthwise_bwd_input<T, I, K> for square 3/5/7, dilation 1; else _generic);
+#                  other strides, or no overlap                       -> depthwise_bwd_input_strided
+#                  no fit                                             -> depthwise_bwd_input_gather
+#   weight grad    the forward's specialisations                      -> depthwise_bwd_weight<T, I, K, S>
+#                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
+#                  other overlapping windows                          -> depthwise_bwd_weight_generic
+#                  no overlap or no fit                               -> depthwise_bwd_weight_direct
+#                  then depthwise_bwd_reduce (fixed order), which also finishes the bias gradient; the bias
+#                  alone goes through depthwise_bwd_bias.
+# The tile planner (_tiling) picks the output tile and the images per block for every tiled kernel.
+
+KERNEL_FILE = "depthwise.cu"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+INDEX_TYPES = ("int", "long long")
+SPECIALISED_KERNELS = (3, 5, 7)
+SPECIALISED_STRIDES = (1, 2)
+GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_direct", "depthwise_bwd_input_generic",
+                   "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
+                   "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
+                   "depthwise_bwd_bias", "depthwise_bwd_reduce")
+
+_GENERIC_STRIP = 4      # GENERIC_STRIP in depthwise.cu
+_TAP_CHUNK = 16         # TAP_CHUNK in depthwise.cu
+_LARGE_RUN = 8          # LARGE_RUN in depthwise.cu
+_STRIDED_ROWS = 4       # STRIDED_ROWS in depthwise.cu
+_TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
+_BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
+_SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
+_SMEM_HARD = 48 * 1024  # the most a block may take without the opt-in attribute
+_STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
+                        # rows (hence the summation order and the bits) depend on the shapes alone.
+_REDUCE_BLOCK = 256     # depthwise_bwd_reduce and depthwise_bwd_bias assume 256 threads
+_MAX_GRID = 2**31 - 1   # every kernel loops over its units, so clipping the grid is always correct
+
+
+def _strip_rows(k: int) -> int:
+    """Output rows per thread item of the specialised kernels (StripRows<K> in depthwise.cu)."""
+    return 4 if k == 3 else 8
+
+
+def _kernel_name(kernel: str, dtype, index: str, *constants) -> str:
+    return f"{kernel}<{c_type(dtype)}, {index}{''.join(f', {v}' for v in constants)}>"
 
 
 def instantiations():
-    return []
+    names = []
+    for dtype, index in itertools.product(DTYPES, INDEX_TYPES):
+        for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES):
+            names.append(_kernel_name("depthwise_fwd", dtype, index, k, s))
+            names.append(_kernel_name("depthwise_bwd_weight", dtype, index, k, s))
+        names.extend(_kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        names.extend(_kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
+    return [(KERNEL_FILE, name) for name in names]
+
+
+def _specialised(spec: ConvSpec, stride_one: bool = False):
+    """K when the window has a specialised kernel (square K x K, dilation 1, stride S in both dims), else None."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.stride, spec.dilation
+    strides = (1,) if stride_one else SPECIALISED_STRIDES
+    if kh == kw and kh in SPECIALISED_KERNELS and sh == sw and sh in strides and dh == dw == 1:
+        return kh
+    return None
+
+
+def _extent(spec: ConvSpec):
+    """Rows and columns one window spans: (kH - 1) * dH + 1, (kW - 1) * dW + 1."""
+    return tuple((k - 1) * d + 1 for k, d in zip(spec.kernel, spec.dilation))
+
+
+def _overlaps(spec: ConvSpec) -> bool:
+    """Whether neighbouring windows share input pixels, i.e. staging a tile in shared memory saves reads."""
+    return any(e > s for e, s in zip(_extent(spec), spec.stride))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """One unit of a tiled kernel: an output tile of tile_h x tile_w for per_block images of one channel."""
+    tile_h: int
+    tile_w: int
+    tiles_y: int
+    tiles_x: int
+    per_block: int
+    threads: int
+    shared_mem: int
+
+    def args(self):
+        return [numpy.int32(v) for v in (self.tile_h, self.tile_w, self.tiles_x, self.tiles_y, self.per_block)]
+
+    def units(self, images: int) -> int:
+        """Units per channel."""
+        return -(-images // self.per_block) * self.tiles_y * self.tiles_x
+
+
+def _tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, align=(1, 1),
+            most=(_TILE_MAX, _TILE_MAX), extra_bytes=lambda threads: 0, threads: int | None = None):
+    """Plan a tiled kernel's units, or None when not even a one-column tile fits in shared memory.
+
+    out_size: the planes the kernel writes; staged(tile_h, tile_w): elements it stages per image; strip: output
+    rows per thread item; align: what tile_h and tile_w must be multiples of; most: the largest tile;
+    extra_bytes(threads): shared memory after the tiles (weights or reduction scratch); threads: a fixed block
+    size (default: one thread per item).  Large planes get most-sized tiles (balanced, so 112 = 4 x 28 wastes
+    no lanes); smaller planes are one tile, and then images of one channel are packed until a block has ~256
+    items.  Shared memory is kept under 24 KiB (occupancy) by halving the images, then the tile, and only if
+    that fails is up to 48 KiB allowed.
+    """
+    (oh, ow), (ah, aw) = out_size, align
+
+    def balanced(n, largest, multiple):
+        return _round_up(-(-n // -(-n // largest)), multiple)
+
+    def plan(th, tw, per):
+        block = threads or _round_up(per * (th // strip) * tw, 32)
+        smem = per * staged(th, tw) * acc_bytes + extra_bytes(block)
+        if block > 1024:  # a CUDA block's limit (only a huge stride can align a tile that large)
+            smem = _SMEM_HARD + 1
+        return _Tiling(th, tw, -(-oh // th), -(-ow // tw), per, block, smem)
+
+    tile_h, tile_w = balanced(oh, most[0], ah), balanced(ow, most[1], aw)
+    per_block = max(1, min(images, _BLOCK_ITEMS // (tile_h // strip * tile_w)))
+    for limit, narrowest in ((_SMEM_SOFT, min(tile_w, _round_up(8, aw))), (_SMEM_HARD, aw)):
+        th, tw, per = tile_h, tile_w, per_block
+        while True:
+            tiling = plan(th, tw, per)
+            if tiling.shared_mem <= limit:
+                return tiling
+            if per > 1:
+                per //= 2
+            elif th > ah:
+                th = _round_up(th // 2, ah)
+            elif tw > narrowest:
+                tw = max(narrowest, _round_up(tw // 2, aw))
+            else:
+                break
+    return None
+
+
+def _window_staging(extent, stride, planes: int = 1):
+    """staged() of the convolution-like kernels: `planes` tiles of (tile - 1) * stride + extent per image."""
+    return lambda th, tw: planes * ((th - 1) * stride[0] + extent[0]) * ((tw - 1) * stride[1] + extent[1])
+
+
+def _strided_staging(spec: ConvSpec):
+    """staged() of depthwise_bwd_input_strided (its first_y/in_h): the m grad_output tiles of the rows and
+    columns that a tile of input pixels reads."""
+    def side(t, pad, extent, stride):
+        first = -((extent - 1 - pad) // stride)  # ceil((pad - (extent - 1)) / stride)
+        return (t - 1 + pad) // stride - first + 1
+    (top, _), (left, _) = spec.padding
+    (eh, ew), (sh, sw) = _extent(spec), spec.stride
+    return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
+
+
+def _stage1_rows(units: int, channels: int):
+    """(rows, units per block) for a stage 1 over `units` per channel: ~_STAGE1_BLOCKS blocks in all, so even a
+    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small."""
+    rows = min(units, max(1, -(-_STAGE1_BLOCKS // channels)))
+    per_block = -(-units // rows)
+    return -(-units // per_block), per_block
+
+
+def _launch(device, name, grid_units: int, threads: int, args, shared_mem: int = 0):
+    device.launch(KERNEL_FILE, name, (min(grid_units, _MAX_GRID),), (threads,), args, shared_mem=shared_mem)
+
+
+def _index(*extents):
+    index = index_type(*extents)
+    return index, (numpy.int32 if index == "int" else numpy.int64)
+
+
+def _int32s(*values):
+    return [numpy.int32(v) for v in values]
+
+
+def _full_window(spec: ConvSpec):
+    """The window arguments of the runtime-geometry kernels: kH, kW, sH, sW, dH, dW, pad top, pad left."""
+    return _int32s(*spec.kernel, *spec.stride, *spec.dilation, spec.padding[0][0], spec.padding[1][0])
+
+
+def _forward_plan(spec: ConvSpec, acc: int):
+    """(kernel, template constants, window arguments, tiling or None for the untiled kernel) of the forward."""
+    (top, _), (left, _) = spec.padding
+    k = _specialised(spec)
+    if k:
+        tiling = _tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=_strip_rows(k),
+                         align=(_strip_rows(k), 1))
+        if tiling:
+            return "depthwise_fwd", (k, spec.stride[0]), _int32s(top, left), tiling
+    if _overlaps(spec):
+        tiling = _tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
+                         strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
+        if tiling:
+            return "depthwise_fwd_generic", (), _full_window(spec), tiling
+    return "depthwise_fwd_direct", (), _full_window(spec), None
+
+
+def _input_plan(spec: ConvSpec, acc: int):
+    """The same for the input gradient.  At stride 1 it is grad_output correlated with the flipped kernels: the
+    forward's tiling over the (H, W) planes it writes, the m grad_output tiles of a channel staged together.
+    Otherwise a gather from the staged grad_output region of a tile of input pixels, 4 per thread."""
+    (top, _), (left, _) = spec.padding
+    m = _multiplier(spec)
+
+    def weights(threads):
+        return m * spec.taps * acc
+
+    if spec.stride == (1, 1) and _overlaps(spec):
+        k = _specialised(spec, stride_one=True)
+        if k:
+            tiling = _tiling(spec.in_size, spec.n, _window_staging((k, k), (1, 1), m), acc, strip=_strip_rows(k),
+                             align=(_strip_rows(k), 1))
+            if tiling:
+                return "depthwise_bwd_input", (k,), _int32s(top, left), tiling
+        tiling = _tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
+                         strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1), extra_bytes=weights)
+        if tiling:
+            return "depthwise_bwd_input_generic", (), _int32s(*spec.kernel, *spec.dilation, top, left), tiling
+    tiling = _tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=_STRIDED_ROWS,
+                     align=(_STRIDED_ROWS * spec.stride[0], spec.stride[1]), extra_bytes=weights)
+    if tiling:
+        return "depthwise_bwd_input_strided", (), _full_window(spec), tiling
+    return "depthwise_bwd_input_gather", (), _full_window(spec), None
+
+
+def _forward_kernel(device, x, weight, bias, spec: ConvSpec):
+    xp = device.xp
+    y = device.empty(spec.output_shape, x.dtype)
+    if y.size == 0:
+        return y
+    x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
+    bias_arg = weight if bias is None else xp.ascontiguousarray(bias)  # never read without a bias
+    kernel, constants, window, tiling = _forward_plan(spec, compute_dtype(x.dtype).itemsize)
+    index, I = _index(x.size, y.size, weight.size)
+    name = _kernel_name(kernel, x.dtype, index, *constants)
+    head = [x, weight, bias_arg, y, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
+                                                         *spec.out_size)]
+    has_bias = numpy.int32(bias is not None)
+    if tiling:
+        _launch(device, name, spec.out_channels * tiling.units(spec.n), tiling.threads,
+                [*head, *window, *tiling.args(), has_bias], tiling.shared_mem)
+    else:
+        grid, block = elementwise_launch(y.size)
+        device.launch(KERNEL_FILE, name, grid, block, [*head, *window, has_bias])
+    return y
+
+
+def _input_grad_kernel(device, grad_output, weight, spec: ConvSpec):
+    grad_x = device.empty(spec.input_shape, grad_output.dtype)
+    if grad_x.size == 0:
+        return grad_x
+    kernel, constants, window, tiling = _input_plan(spec, compute_dtype(grad_output.dtype).itemsize)
+    index, I = _index(grad_output.size, grad_x.size, weight.size)
+    name = _kernel_name(kernel, grad_output.dtype, index, *constants)
+    head = [grad_output, weight, grad_x, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
+                                                             *spec.out_size)]
+    if tiling:
+        _launch(device, name, spec.in_channels * tiling.units(spec.n), tiling.threads,
+                [*head, *window, *tiling.args()], tiling.shared_mem)
+    else:
+        grid, block = elementwise_launch(grad_x.size)
+        device.launch(KERNEL_FILE, name, grid, block, [*head, *window])
+    return grad_x
+
+
+def _stage1_plan(spec: ConvSpec, need_weight: bool, acc: int):
+    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone."""
+    if not need_weight:
+        return "depthwise_bwd_bias", (), [], None
+    (top, _), (left, _) = spec.padding
+    k = _specialised(spec)
+    if k:
+        tiling = _tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=_strip_rows(k),
+                         align=(_strip_rows(k), 1), extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        if tiling:
+            return "depthwise_bwd_weight", (k, spec.stride[0]), _int32s(top, left), tiling
+    if _overlaps(spec):
+        tiling = None
+        tasks = spec.kernel[0] * -(-spec.kernel[1] // _LARGE_RUN)
+        if spec.taps > 2 * _TAP_CHUNK and tasks <= _BLOCK_ITEMS:
+            # Taps over the threads (depthwise_bwd_weight_large): blockDim // tasks slices of output rows, each
+            # with its own sums of every tap; the unit stages x and grad_output tiles.
+            window = _window_staging(_extent(spec), spec.stride)
+            tiling = _tiling(spec.out_size, spec.n, lambda th, tw: window(th, tw) + th * tw, acc,
+                             threads=_round_up(_BLOCK_ITEMS // tasks * tasks, 32),
+                             extra_bytes=lambda threads: threads // tasks * (spec.taps + 1) * acc)
+            kernel = "depthwise_bwd_weight_large"
+        if tiling is None:
+            tiling = _tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
+                             strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1),
+                             extra_bytes=lambda threads: threads // 32 * (_TAP_CHUNK + 1) * acc)
+            kernel = "depthwise_bwd_weight_generic"
+        if tiling:
+            return kernel, (), _full_window(spec), tiling
+    return "depthwise_bwd_weight_direct", (), _full_window(spec), None
+
+
+def _param_grads_kernel(device, grad_output, x, spec: ConvSpec, need_weight: bool, need_bias: bool):
+    """(grad_weight, grad_bias): stage 1 writes partial rows in the accumulation type, stage 2 sums them."""
+    n, cm, taps = spec.n, spec.out_channels, spec.taps
+    dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
+    length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
+    if n == 0:
+        out = device.xp.zeros((length,), dtype)
+    else:
+        kernel, constants, window, tiling = _stage1_plan(spec, need_weight, acc_dtype.itemsize)
+        if not need_weight:
+            rows, step = _stage1_rows(n, cm)  # step: images per block
+        elif tiling:
+            rows, step = _stage1_rows(tiling.units(n), cm)  # step: units per block
+        else:
+            rows, step = 1, 1
+        partial = device.empty((rows, length), acc_dtype)
+        index, I = _index(x.size, grad_output.size, partial.size)
+        name = _kernel_name(kernel, dtype, index, *constants)
+        head = [x, grad_output, partial, I(n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
+                                                       *spec.out_size)]
+        has_bias = numpy.int32(need_bias)
+        if not need_weight:
+            _launch(device, name, rows * cm, _REDUCE_BLOCK,
+                    [grad_output, partial, I(n), numpy.int32(cm), I(spec.out_pixels), I(step)])
+        elif tiling:
+            _launch(device, name, rows * cm, tiling.threads, [*head, *window, *tiling.args(), I(step), has_bias],
+                    tiling.shared_mem)
+        else:
+            grid, block = elementwise_launch(length)
+            device.launch(KERNEL_FILE, name, grid, block, [*head, *window, has_bias])
+        out = device.empty((length,), dtype)
+        _launch(device, _kernel_name("depthwise_bwd_reduce", dtype, index), -(-length // 32), _REDUCE_BLOCK,
+                [partial, out, I(rows), I(length)])
+    if not need_weight:
+        return None, out
+    grad_w = out[:cm * taps].reshape(spec.weight_shape)
+    return grad_w, (out[cm * taps:] if need_bias else None)
+
+
+def _backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset):
+    xp = device.xp
+    grad_output, x, weight = (xp.ascontiguousarray(a) for a in (grad_output, x, weight))
+    grad_x = grad_w = grad_b = None
+    if "input" in needs:
+        grad_x = _input_grad_kernel(device, grad_output, weight, spec)
+    if "weight" in needs or "bias" in needs:
+        grad_w, grad_b = _param_grads_kernel(device, grad_output, x, spec, "weight" in needs, "bias" in needs)
+    return grad_x, grad_w, grad_b
 
 
 def depthwise_forward(call: Call, spec: ConvSpec):
     """Forward for a validated call (also reached from conv2d with groups = C)."""
-    if call.device is not None:
-        raise NotImplementedError(f"{call.op}: no GPU depthwise kernel yet; pass NumPy arrays or CPU tensors")
-    return depthwise_cpu(call.x, call.weight, call.bias, spec)
+    if call.device is None:
+        return depthwise_cpu(call.x, call.weight, call.bias, spec)
+    return _forward_kernel(call.device, call.x, call.weight, call.bias, spec)
 
 
 def depthwise_backward(call: Call, spec: ConvSpec, needs: frozenset):
-    if call.device is not None:
-        raise NotImplementedError(f"{call.op}: no GPU depthwise kernel yet; pass NumPy arrays or CPU tensors")
-    return depthwise_backward_cpu(call.grad_output, call.x, call.weight, spec, needs)
+    if call.device is None:
+        return depthwise_backward_cpu(call.grad_output, call.x, call.weight, spec, needs)
+    return _backward_kernel(call.device, call.grad_output, call.x, call.weight, spec, needs)
 
 
 # ---------------------------------------------------------------------------------------------------------

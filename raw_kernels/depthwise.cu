@@ -1,0 +1,831 @@
+// Depthwise convolution (groups = C, channel multiplier m) over x (N, C, H, W) with weight (C * m, 1, kH, kW):
+// output channel co = c * m + k reads input channel c.  Forward, input gradient, weight and bias gradients.
+//
+// Everything here is memory-bound on a GPU (a 3x3 output costs 9 FMAs per 8 bytes of fp32 traffic), so the
+// kernels are built around reading each tensor from DRAM once and keeping every lane busy:
+//
+// * Tiled kernels: a block takes one "unit" at a time = one output tile (tile_h x tile_w) of one output plane
+//   for `per_block` consecutive images.  The input tile plus its halo, for those images, is staged in shared
+//   memory (16-byte loads where the rows are aligned, element loads otherwise) and converted to the
+//   accumulation type once.  Each thread owns one item: a column strip of V vertically consecutive outputs of
+//   one image, so neighbouring lanes read neighbouring shared-memory words (no bank conflicts at stride 1) and
+//   write neighbouring outputs (coalesced).  Small planes (7x7, 4x4) take the whole plane as the tile and pack
+//   many images of one channel per block, so a block still has ~256 busy threads and its weights are uniform
+//   (registers filled by broadcast loads).
+// * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1) keep the K x K weights in registers and
+//   slide a register window down the strip: each shared-memory row segment is read once and feeds up to
+//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.
+// * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
+//   memory and, when stride == dilation along H, slide a register window down each kernel column.
+// * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
+//   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
+//   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
+//   window range solved once per thread), or from global memory (depthwise_bwd_input_gather) when no tile
+//   fits.
+// * Weight and bias gradients are two-stage and deterministic.  Stage 1 (depthwise_bwd_weight[_generic],
+//   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
+//   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
+//   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
+//   maps the threads over taps instead).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
+//   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
+// * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
+//
+// Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
+// covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
+// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride); dynamic shared
+// memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
+#include "common.cuh"
+
+// Output rows per thread item (the height of the register sliding window).  Mirrored by the Python planner
+// (_strip_rows in cupyconv/ops/depthwise.py): 8 for 5x5 and 7x7, where a longer strip cuts the shared loads
+// per output from 10 to 7.5 (5x5) and 17.5 to 12.25 (7x7); 4 for 3x3, already at 4.5, where a shorter strip
+// wastes fewer lanes on planes whose height is not a multiple of it.
+template <int K> struct StripRows { static constexpr int value = K == 3 ? 4 : 8; };
+enum {
+  GENERIC_STRIP = 4,  // rows per thread item of the generic kernels (_GENERIC_STRIP in the planner)
+  // Taps accumulated in registers per pass of the generic weight-gradient kernel (_TAP_CHUNK in the planner):
+  // 16 covers 4x4 and smaller in one pass, so the tiny-plane case reads each tensor once.
+  TAP_CHUNK = 16,
+  // Consecutive taps of one kernel row per thread in depthwise_bwd_weight_large (_LARGE_RUN in the planner).
+  LARGE_RUN = 8,
+  // Pixels per thread of depthwise_bwd_input_strided (_STRIDED_ROWS in the planner): more work per unit.
+  STRIDED_ROWS = 4
+};
+
+extern __shared__ double depthwise_smem[];  // dynamic shared memory; double keeps it 8-byte aligned
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+// ---------------------------------------------------------------------------------------------------------
+// Shared pieces of the tiled kernels
+
+// Stage `planes` zero-padded tiles of in_h x in_w elements into shared memory: tile q holds rows
+// [y0, y0 + in_h) x columns [x0, x0 + in_w) of channel channel0 + q % planes_per_image of image
+// image0 + q / planes_per_image (zeros outside the plane and for images past the batch).  A row is read as
+// N-element slots aligned to N in global memory (N > 1: one 16-byte load per fully inside slot), lanes
+// running along the row and rows spread over the rest of the block, so the loads are coalesced.
+template <int N, typename T, typename I>
+__device__ void load_tiles_as(acc_t<T>* tile, const T* __restrict__ src, I images, I image0, int src_channels,
+                              int channel0, int planes_per_image, int planes, int in_h, int in_w, int y0, int x0,
+                              int height, int width) {
+  typedef acc_t<T> A;
+  const int shift = N == 1 ? 0 : ((x0 % N) + N) % N;  // x0 - shift is aligned to N
+  const int first = x0 - shift;
+  const int slots = (shift + in_w + N - 1) / N;
+  const int lanes = min(slots, (int)blockDim.x);
+  const int rows_per_pass = (int)blockDim.x / lanes;
+  if ((int)threadIdx.x >= rows_per_pass * lanes) return;
+  int q = 0, r = (int)threadIdx.x / lanes;
+  while (r >= in_h) { r -= in_h; ++q; }
+  while (q < planes) {
+    const I image = image0 + q / planes_per_image;
+    const int y = y0 + r;
+    const T* row = nullptr;
+    if (image < images && y >= 0 && y < height)
+      row = src + ((image * src_channels + channel0 + q % planes_per_image) * height + y) * (I)width;
+    A* dst = tile + (q * in_h + r) * in_w;
+    for (int s = (int)threadIdx.x % lanes; s < slots; s += lanes) {
+      const int g = first + s * N;
+      A v[N];
+      if (row == nullptr) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] = A(0);
+      } else if (N > 1 && g >= 0 && g + N <= width) {
+        const Pack<T, N> p = *reinterpret_cast<const Pack<T, N>*>(row + g);
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] = to_acc(p.v[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] = g + e >= 0 && g + e < width ? to_acc(row[g + e]) : A(0);
+      }
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const int col = s * N + e - shift;  // relative to x0
+        if (col >= 0 && col < in_w) dst[col] = v[e];
+      }
+    }
+    r += rows_per_pass;
+    while (r >= in_h) { r -= in_h; ++q; }
+  }
+}
+
+// load_tiles_as with 16-byte slots when every row start is 16-byte aligned (aligned base, width a multiple of
+// the slot), else element by element.  The check is done here, on the real pointer, so no caller can get it
+// wrong.
+template <typename T, typename I>
+__device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__ src, I images, I image0,
+                                           int src_channels, int channel0, int planes_per_image, int planes,
+                                           int in_h, int in_w, int y0, int x0, int height, int width) {
+  constexpr int PACK = 16 / sizeof(T);
+  if (width % PACK == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0)
+    load_tiles_as<PACK, T, I>(tile, src, images, image0, src_channels, channel0, planes_per_image, planes,
+                              in_h, in_w, y0, x0, height, width);
+  else
+    load_tiles_as<1, T, I>(tile, src, images, image0, src_channels, channel0, planes_per_image, planes, in_h,
+                           in_w, y0, x0, height, width);
+}
+
+// out[v] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + j] for a strip of V outputs, K and S known at
+// compile time: input row r is loaded into registers once and used by every output whose window covers it.
+template <typename A, int K, int S, int V>
+__device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V]) {
+#pragma unroll
+  for (int r = 0; r < (V - 1) * S + K; ++r) {
+    A row[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) row[j] = base[r * pitch + j];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = r - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) out[v] += w[i][j] * row[j];
+      }
+    }
+  }
+}
+
+// The same sum with runtime geometry; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
+// stride equals the vertical dilation, output v's tap i reads row (v + i) * stride: a window of V registers
+// then slides down each kernel column, one shared load (plus a broadcast weight) per V FMAs instead of V (the
+// 31x31 stride-1 case).
+template <typename A, int V>
+__device__ __forceinline__ void generic_fma(const A* base, int pitch, const A* w, int kernel_h, int kernel_w,
+                                            int stride_h, int dilation_h, int dilation_w, A (&out)[V]) {
+  const int step = stride_h * pitch;
+  for (int j = 0; j < kernel_w; ++j) {
+    const A* col = base + j * dilation_w;
+    if (stride_h == dilation_h) {
+      A win[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) win[v] = col[v * step];
+      for (int i = 0; i < kernel_h; ++i) {
+        const A wv = w[i * kernel_w + j];
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[v] += wv * win[v];
+        if (i + 1 < kernel_h) {
+#pragma unroll
+          for (int v = 0; v + 1 < V; ++v) win[v] = win[v + 1];
+          win[V - 1] = col[(V + i) * step];
+        }
+      }
+    } else {
+      for (int i = 0; i < kernel_h; ++i) {
+        const A wv = w[i * kernel_w + j];
+        const A* row = col + i * dilation_h * pitch;
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[v] += wv * row[v * step];
+      }
+    }
+  }
+}
+
+// Sum v[0..R) over the whole block in a fixed order (a shuffle tree inside each warp, then the warp totals in
+// warp order), so the result never depends on scheduling, and hand total i to store(i, total) (i spread over the
+// threads: R may exceed the block).  Every thread of the block must call it; scratch holds
+// (blockDim.x / 32) * R values and may be reused as soon as it returns.
+template <typename A, int R, typename Store>
+__device__ __forceinline__ void block_reduce(A (&v)[R], A* scratch, Store store) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v[i] += __shfl_down_sync(0xffffffffu, v[i], offset);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) scratch[warp * R + i] = v[i];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R; i += blockDim.x) {
+    A total = A(0);
+    for (int w = 0; w < warps; ++w) total += scratch[w * R + i];
+    store(i, total);
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Forward and stride-1 input gradient: one tiled convolution from `src` planes to `dst` planes.
+//
+// Forward (TRANSPOSED false): src = x (C channels), dst = y (C * m); a unit is one output channel co, whose
+// tile is staged from input channel co / m, bias fused.  (With m > 1 the m units of one input channel re-read
+// its tile, from L2 in practice as they are neighbours in the grid; looping over the m kernels inside a unit
+// instead would let the compiler hoist the whole window out of that loop, 150+ registers for 5x5.)
+// Input gradient at stride 1 (TRANSPOSED true): src = grad_out (C * m), dst = grad_x (C): grad_x is the
+// correlation of grad_out with the flipped kernels, summed over the m output channels of the input channel;
+// the unit stages those m tiles together.  pad_top/pad_left are those of the equivalent forward correlation
+// src -> dst.  K = 0: runtime geometry.
+template <typename T, typename I, int K, int S, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_tiled(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h,
+    int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left,
+    int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
+  if constexpr (K > 0) {  // constants the compiler can fold into the addressing
+    kernel_h = kernel_w = K;
+    stride_h = stride_w = S;
+    dilation_h = dilation_w = 1;
+  }
+  const int taps = kernel_h * kernel_w;
+  const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+  const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+  const int terms = TRANSPOSED ? multiplier : 1;  // kernels (and staged planes per image) summed into one output
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  A* wshared = tile + per_block * terms * in_h * in_w;  // generic only: the unit's `terms` kernels
+  const int src_channels = TRANSPOSED ? channels * multiplier : channels;
+  const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
+
+  // This thread's item: output column ox_l of strip s of image p of the unit.
+  const int strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % tile_w;
+  const int s = (int)threadIdx.x / tile_w % strips;
+  const int p = (int)threadIdx.x / (tile_w * strips);
+  const int tiles = tiles_x * tiles_y;
+  const I units = (images + per_block - 1) / per_block * dst_channels * tiles;
+
+  for (I unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int t = (int)(unit % tiles);
+    const int d = (int)(unit / tiles % dst_channels);  // the output plane's channel
+    const I image0 = unit / tiles / dst_channels * per_block;
+    const int oy0 = t / tiles_x * tile_h, ox0 = t % tiles_x * tile_w;
+    const int kernel0 = TRANSPOSED ? d * multiplier : d;  // its first kernel, and the first staged channel below
+    load_tiles<T, I>(tile, src, images, image0, src_channels, TRANSPOSED ? kernel0 : d / multiplier, terms,
+                     per_block * terms, in_h, in_w, oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,
+                     src_w);
+    if constexpr (K == 0) {
+      for (int e = threadIdx.x; e < terms * taps; e += blockDim.x) {
+        const int tap = e % taps;
+        wshared[e] = to_acc(weight[((I)kernel0 + e / taps) * taps + (TRANSPOSED ? taps - 1 - tap : tap)]);
+      }
+    }
+    __syncthreads();
+
+    const I n = image0 + p;
+    const int ox = ox0 + ox_l;
+    if (p < per_block && n < images && ox < dst_w) {
+      A acc[V];
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = init;
+      for (int k = 0; k < terms; ++k) {
+        const A* base = tile + ((p * terms + k) * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
+        if constexpr (K > 0) {
+          A w[K][K];
+          const T* wk = weight + ((I)kernel0 + k) * (K * K);
+#pragma unroll
+          for (int i = 0; i < K; ++i) {
+#pragma unroll
+            for (int j = 0; j < K; ++j) w[i][j] = to_acc(wk[TRANSPOSED ? K * K - 1 - (i * K + j) : i * K + j]);
+          }
+          window_fma<A, K, S, V>(base, in_w, w, acc);
+        } else {
+          generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
+                            acc);
+        }
+      }
+      T* out = dst + (n * dst_channels + d) * (I)dst_h * dst_w + ox;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int oy = oy0 + s * V + v;
+        if (oy < dst_h) out[(I)oy * dst_w] = from_acc<T>(acc[v]);
+      }
+    }
+    __syncthreads();  // the next unit overwrites the tiles
+  }
+}
+
+// Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding.
+template <typename T, typename I, int K, int S>
+__global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                              T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
+                              int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+  depthwise_tiled<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
+                                     tiles_y, per_block, has_bias);
+}
+
+// Forward, any geometry whose tile fits in shared memory.
+template <typename T, typename I>
+__global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restrict__ weight,
+                                      const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                      int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                      int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                                      int pad_top, int pad_left, int tile_h, int tile_w, int tiles_x,
+                                      int tiles_y, int per_block, int has_bias) {
+  depthwise_tiled<T, I, 0, 0, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+                                     out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
+                                     pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
+}
+
+// Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1.  pad_top/pad_left: the forward's.
+template <typename T, typename I, int K>
+__global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                    T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
+                                    int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
+                                    int tile_w, int tiles_x, int tiles_y, int per_block) {
+  depthwise_tiled<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                    out_w, height, width, K, K, 1, 1, 1, 1, K - 1 - pad_top, K - 1 - pad_left,
+                                    tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+}
+
+// Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                            int height, int width, int out_h, int out_w, int kernel_h,
+                                            int kernel_w, int dilation_h, int dilation_w, int pad_top,
+                                            int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
+                                            int per_block) {
+  depthwise_tiled<T, I, 0, 0, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                    out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
+                                    (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
+                                    tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+}
+
+// Input gradient at any stride (used for stride > 1): a gather from a staged grad_out region.  The unit stages
+// the grad_out rows and columns its tile of input pixels reads (the m planes of the channel) and the m kernels;
+// a pixel then sums exactly the windows that cover it.  A thread takes STRIDED_ROWS pixels of one column,
+// tile_h / STRIDED_ROWS rows apart, and tile_h / STRIDED_ROWS and tile_w are multiples of the strides: so the
+// staged rows each of its pixels reads, and the kernel tap of each, are the same in every unit up to a shift.
+// They are solved once per thread, leaving a few instructions per tap (no division at dilation 1) and no index
+// arithmetic per pixel.
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
+__device__ __forceinline__ int ceil_div(int a, int b) { return -floor_div(-a, b); }
+
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                            int height, int width, int out_h, int out_w, int kernel_h,
+                                            int kernel_w, int stride_h, int stride_w, int dilation_h,
+                                            int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                                            int tiles_x, int tiles_y, int per_block) {
+  typedef acc_t<T> A;
+  constexpr int Q = STRIDED_ROWS;
+  const int taps = kernel_h * kernel_w;
+  // Staged grad_out rows of tile (ty, tx): ty * tile_h / stride_h + first_y + [0, in_h); columns likewise.
+  // (The planner's _strided_staging computes the same sizes.)
+  const int first_y = ceil_div(pad_top - (kernel_h - 1) * dilation_h, stride_h);
+  const int first_x = ceil_div(pad_left - (kernel_w - 1) * dilation_w, stride_w);
+  const int in_h = floor_div(tile_h - 1 + pad_top, stride_h) - first_y + 1;
+  const int in_w = floor_div(tile_w - 1 + pad_left, stride_w) - first_x + 1;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  A* wshared = tile + per_block * multiplier * in_h * in_w;
+
+  // This thread's pixels: rows y_l + q * pitch_y (q < Q), column x_l, of image p.  For the first, the staged
+  // rows read are row_lo..row_hi, the first at kernel row offset dy_lo (tap row dy / dilation where divisible;
+  // dy falls by stride_h per row); pixel q reads the rows q * pitch_y / stride_h further down.  Columns alike.
+  const int pitch_y = tile_h / Q;
+  const int x_l = (int)threadIdx.x % tile_w;
+  const int y_l = (int)threadIdx.x / tile_w % pitch_y;
+  const int p = (int)threadIdx.x / (tile_w * pitch_y);
+  const int row_lo = ceil_div(y_l + pad_top - (kernel_h - 1) * dilation_h, stride_h) - first_y;
+  const int row_hi = floor_div(y_l + pad_top, stride_h) - first_y;
+  const int dy_lo = y_l + pad_top - (row_lo + first_y) * stride_h;
+  const int col_lo = ceil_div(x_l + pad_left - (kernel_w - 1) * dilation_w, stride_w) - first_x;
+  const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;
+  const int dx_lo = x_l + pad_left - (col_lo + first_x) * stride_w;
+
+  const int tiles = tiles_x * tiles_y;
+  const I units = (images + per_block - 1) / per_block * channels * tiles;
+  for (I unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int t = (int)(unit % tiles);
+    const int c = (int)(unit / tiles % channels);
+    const I image0 = unit / tiles / channels * per_block;
+    const int ty = t / tiles_x, tx = t % tiles_x;
+    load_tiles<T, I>(tile, grad_out, images, image0, channels * multiplier, c * multiplier, multiplier,
+                     per_block * multiplier, in_h, in_w, ty * (tile_h / stride_h) + first_y,
+                     tx * (tile_w / stride_w) + first_x, out_h, out_w);
+    for (int e = threadIdx.x; e < multiplier * taps; e += blockDim.x)
+      wshared[e] = to_acc(weight[(I)c * multiplier * taps + e]);
+    __syncthreads();
+
+    const I n = image0 + p;
+    const int x = tx * tile_w + x_l;
+    if (p < per_block && n < images && x < width) {
+      T* out = grad_x + (n * channels + c) * (I)height * width + x;
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const int y = ty * tile_h + y_l + q * pitch_y;
+        if (y >= height) break;
+        A acc = A(0);
+        for (int k = 0; k < multiplier; ++k) {
+          const A* plane = tile + ((p * multiplier + k) * in_h + q * (pitch_y / stride_h)) * in_w;
+          const A* wk = wshared + k * taps;
+          for (int r = row_lo, dy = dy_lo; r <= row_hi; ++r, dy -= stride_h) {
+            if (dilation_h > 1 && dy % dilation_h) continue;
+            const A* wrow = wk + (dilation_h == 1 ? dy : dy / dilation_h) * kernel_w;
+            for (int col = col_lo, dx = dx_lo; col <= col_hi; ++col, dx -= stride_w) {
+              if (dilation_w > 1 && dx % dilation_w) continue;
+              acc += wrow[dilation_w == 1 ? dx : dx / dilation_w] * plane[r * in_w + col];
+            }
+          }
+        }
+        out[(I)y * width] = from_acc<T>(acc);
+      }
+    }
+    __syncthreads();  // the next unit overwrites the tiles
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Weight (and bias) gradient, stage 1.  Block b handles output channel co = b % (C * m) over the units
+// [r * units_per_block, (r + 1) * units_per_block) of that channel, r = b / (C * m) (a unit: one output tile of
+// per_block images).  Threads are mapped over (image, strip, column) items, so even a 4x4 plane keeps every lane
+// busy; each accumulates its taps in registers over all the block's units, then the block reduces them in a
+// fixed order and writes partial row r: partial[r][co * taps + tap], and partial[r][C * m * taps + co] for the
+// bias when has_bias.  The specialised kernel slides the register window of the forward over the x tile; the
+// generic one takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner sends larger
+// kernels to depthwise_bwd_weight_large).
+template <typename T, typename I, int K, int S>
+__device__ __forceinline__ void depthwise_weight_tiled(
+    const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
+    int channels, int multiplier, int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
+    int tile_w, int tiles_x, int tiles_y, int per_block, I units_per_block, int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
+  constexpr int R = K > 0 ? K * K : TAP_CHUNK;  // taps per pass, accumulated in registers
+  if constexpr (K > 0) {
+    kernel_h = kernel_w = K;
+    stride_h = stride_w = S;
+    dilation_h = dilation_w = 1;
+  }
+  const int taps = kernel_h * kernel_w;
+  const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+  const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  A* scratch = tile + per_block * in_h * in_w;
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (taps + has_bias);
+
+  const int strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % tile_w;
+  const int s = (int)threadIdx.x / tile_w % strips;
+  const int p = (int)threadIdx.x / (tile_w * strips);
+  const int tiles = tiles_x * tiles_y;
+  const I units = (images + per_block - 1) / per_block * tiles;  // per output channel
+  const I rows = (units + units_per_block - 1) / units_per_block;
+
+  for (I b = blockIdx.x; b < rows * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels;
+    const I unit_end = min(units, (r + 1) * units_per_block);
+    for (int t0 = 0; t0 < taps; t0 += R) {
+      int offset[R];  // generic: shared-memory offset of tap t0 + t from the item's window origin
+      if constexpr (K == 0) {
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+          const int tap = min(t0 + t, taps - 1);
+          offset[t] = tap / kernel_w * dilation_h * in_w + tap % kernel_w * dilation_w;
+        }
+      }
+      A acc[R + 1];  // taps t0 .. t0 + R - 1, then the bias
+#pragma unroll
+      for (int t = 0; t <= R; ++t) acc[t] = A(0);
+      for (I unit = r * units_per_block; unit < unit_end; ++unit) {
+        const int t = (int)(unit % tiles);
+        const I image0 = unit / tiles * per_block;
+        const int oy0 = t / tiles_x * tile_h, ox0 = t % tiles_x * tile_w;
+        load_tiles<T, I>(tile, x, images, image0, channels, c, 1, per_block, in_h, in_w,
+                         oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, height, width);
+        __syncthreads();
+        const I n = image0 + p;
+        const int ox = ox0 + ox_l;
+        if (p < per_block && n < images && ox < out_w) {
+          const T* g_col = grad_out + (n * out_channels + co) * (I)out_h * out_w + ox;
+          A g[V];
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const int oy = oy0 + s * V + v;
+            g[v] = oy < out_h ? to_acc(g_col[(I)oy * out_w]) : A(0);
+          }
+          const A* base = tile + (p * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
+          if constexpr (K > 0) {
+#pragma unroll
+            for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
+              A row[K];
+#pragma unroll
+              for (int j = 0; j < K; ++j) row[j] = base[rr * in_w + j];
+#pragma unroll
+              for (int v = 0; v < V; ++v) {
+                const int i = rr - v * S;
+                if (i >= 0 && i < K) {
+#pragma unroll
+                  for (int j = 0; j < K; ++j) acc[i * K + j] += g[v] * row[j];
+                }
+              }
+            }
+          } else {
+            const int step = stride_h * in_w;
+#pragma unroll
+            for (int t = 0; t < R; ++t) {
+              if (t0 + t < taps) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[t] += g[v] * base[v * step + offset[t]];
+              }
+            }
+          }
+          if (t0 == 0) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[R] += g[v];
+          }
+        }
+        __syncthreads();  // the next unit overwrites the tiles
+      }
+      block_reduce(acc, scratch, [&](int t, A total) {
+        if (t < R && t0 + t < taps) partial[r * row_length + (I)co * taps + t0 + t] = total;
+        if (t == R && t0 == 0 && has_bias) partial[r * row_length + (I)out_channels * taps + co] = total;
+      });
+    }
+  }
+}
+
+template <typename T, typename I, int K, int S>
+__global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                     acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                     int height, int width, int out_h, int out_w, int pad_top, int pad_left,
+                                     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block,
+                                     I units_per_block, int has_bias) {
+  depthwise_weight_tiled<T, I, K, S>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
+                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
+                                     tiles_y, per_block, units_per_block, has_bias);
+}
+
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                             acc_t<T>* __restrict__ partial, I images, int channels,
+                                             int multiplier, int height, int width, int out_h, int out_w,
+                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                             int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
+                                             int tile_w, int tiles_x, int tiles_y, int per_block,
+                                             I units_per_block, int has_bias) {
+  depthwise_weight_tiled<T, I, 0, 0>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
+                                     out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
+                                     pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
+                                     units_per_block, has_bias);
+}
+
+// Weight (and bias) gradient, stage 1, for large kernels (31x31): the same blocks, units and partial rows as
+// above, but the taps are spread over the threads instead of the pixels, since a block then has more taps than
+// lanes and per-pixel accumulators would need one pass (and one block reduction) per TAP_CHUNK taps.  The unit
+// stages its x tiles and its grad_out tiles; thread (task, slice) owns the LARGE_RUN consecutive taps
+// (i, j0 .. j0 + LARGE_RUN - 1) of task = i * runs + j0 / LARGE_RUN and the staged output rows
+// slice, slice + slices, ...  Along an output row, when stride_w == dilation_w, tap j + 1 of output ox reads
+// what tap j of output ox + 1 does: the run's x values slide through registers, one shared load (plus one
+// broadcast grad_out load) per LARGE_RUN FMAs.  Each thread keeps its sums in registers over all the units;
+// the slices are added in slice order at the end.  Deterministic, no block reduction per tap.
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                           acc_t<T>* __restrict__ partial, I images, int channels,
+                                           int multiplier, int height, int width, int out_h, int out_w,
+                                           int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h,
+                                           int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                                           int tiles_x, int tiles_y, int per_block, I units_per_block,
+                                           int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int J = LARGE_RUN;
+  const int taps = kernel_h * kernel_w;
+  const int runs = (kernel_w + J - 1) / J;  // per kernel row
+  const int tasks = kernel_h * runs;
+  const int slices = blockDim.x / tasks;  // the planner launches at least `tasks` threads
+  const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+  const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+  A* xs = reinterpret_cast<A*>(depthwise_smem);
+  A* gs = xs + per_block * in_h * in_w;
+  A* sums = gs + per_block * tile_h * tile_w;  // slices x (taps + 1)
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (taps + has_bias);
+
+  const int task = (int)threadIdx.x % tasks, slice = (int)threadIdx.x / tasks;
+  const int i = task / runs, j0 = task % runs * J;
+  const int tiles = tiles_x * tiles_y;
+  const I units = (images + per_block - 1) / per_block * tiles;  // per output channel
+  const I rows = (units + units_per_block - 1) / units_per_block;
+
+  for (I b = blockIdx.x; b < rows * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels;
+    const I unit_end = min(units, (r + 1) * units_per_block);
+    A acc[J], bias_sum = A(0);
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) acc[jj] = A(0);
+    for (I unit = r * units_per_block; unit < unit_end; ++unit) {
+      const int t = (int)(unit % tiles);
+      const I image0 = unit / tiles * per_block;
+      const int oy0 = t / tiles_x * tile_h, ox0 = t % tiles_x * tile_w;
+      load_tiles<T, I>(xs, x, images, image0, channels, c, 1, per_block, in_h, in_w, oy0 * stride_h - pad_top,
+                       ox0 * stride_w - pad_left, height, width);
+      load_tiles<T, I>(gs, grad_out, images, image0, out_channels, co, 1, per_block, tile_h, tile_w, oy0, ox0,
+                       out_h, out_w);  // zeros past the plane: those outputs add nothing
+      __syncthreads();
+      if (slice < slices) {
+        for (int row = slice; row < per_block * tile_h; row += slices) {  // (image p, output row) of the unit
+          const int p = row / tile_h, oy_l = row % tile_h;
+          const A* g = gs + row * tile_w;
+          const A* xr = xs + (p * in_h + oy_l * stride_h + i * dilation_h) * in_w;
+          if (stride_w == dilation_w) {
+            // Column of tap j0 + jj of output ox: (ox + j0 + jj) * stride_w.  Columns past the tile only
+            // occur for taps past the kernel's edge, whose sums are never stored.
+            A win[J];
+#pragma unroll
+            for (int jj = 0; jj < J; ++jj) {
+              const int col = (j0 + jj) * stride_w;
+              win[jj] = col < in_w ? xr[col] : A(0);
+            }
+            for (int ox = 0; ox < tile_w; ++ox) {
+              const A gv = g[ox];
+#pragma unroll
+              for (int jj = 0; jj < J; ++jj) acc[jj] += gv * win[jj];
+#pragma unroll
+              for (int jj = 0; jj + 1 < J; ++jj) win[jj] = win[jj + 1];
+              const int col = (ox + 1 + j0 + J - 1) * stride_w;
+              win[J - 1] = col < in_w ? xr[col] : A(0);
+            }
+          } else {
+            for (int ox = 0; ox < tile_w; ++ox) {
+              const A gv = g[ox];
+#pragma unroll
+              for (int jj = 0; jj < J; ++jj) {
+                if (j0 + jj < kernel_w) acc[jj] += gv * xr[ox * stride_w + (j0 + jj) * dilation_w];
+              }
+            }
+          }
+          if (task == 0)
+            for (int ox = 0; ox < tile_w; ++ox) bias_sum += g[ox];
+        }
+      }
+      __syncthreads();  // the next unit overwrites the tiles
+    }
+    if (slice < slices) {
+#pragma unroll
+      for (int jj = 0; jj < J; ++jj) {
+        if (j0 + jj < kernel_w) sums[slice * (taps + 1) + i * kernel_w + j0 + jj] = acc[jj];
+      }
+      if (task == 0) sums[slice * (taps + 1) + taps] = bias_sum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < taps + has_bias; e += blockDim.x) {
+      A total = A(0);
+      for (int sl = 0; sl < slices; ++sl) total += sums[sl * (taps + 1) + e];
+      partial[r * row_length + (e < taps ? (I)co * taps + e : (I)out_channels * taps + co)] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// Bias gradient alone, stage 1: block b sums output channel co = b % (C * m) over the images
+// [r * images_per_block, (r + 1) * images_per_block), r = b / (C * m), into partial[r][co].
+template <typename T, typename I>
+__global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
+                                   int out_channels, I pixels, I images_per_block) {
+  typedef acc_t<T> A;
+  __shared__ A scratch[32];
+  const I rows = (images + images_per_block - 1) / images_per_block;
+  for (I b = blockIdx.x; b < rows * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels);
+    const I r = b / out_channels;
+    const I image0 = r * images_per_block;
+    const I count = (min(images, image0 + images_per_block) - image0) * pixels;
+    A acc[1] = {A(0)};
+    // Items (image, pixel) in flat order: consecutive lanes read consecutive pixels of one plane.
+    for (I e = threadIdx.x; e < count; e += blockDim.x)
+      acc[0] += to_acc(grad_out[((image0 + e / pixels) * out_channels + co) * pixels + e % pixels]);
+    block_reduce(acc, scratch, [&](int, A total) { partial[r * out_channels + co] = total; });
+  }
+}
+
+// Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (8 interleaved slices of rows, then the slices
+// in order).  32 consecutive elements per block iteration keep the reads coalesced.  blockDim.x == 256.
+template <typename T, typename I>
+__global__ void depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial, T* __restrict__ out, I rows,
+                                     I elements) {
+  typedef acc_t<T> A;
+  __shared__ A slice_sums[256];
+  const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
+  for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {
+    const I e = e0 + lane;
+    A sum = A(0);
+    if (e < elements)
+      for (I r = slice; r < rows; r += 8) sum += partial[r * elements + e];
+    slice_sums[threadIdx.x] = sum;
+    __syncthreads();
+    if (slice == 0 && e < elements) {
+      A total = A(0);
+      for (int k = 0; k < 8; ++k) total += slice_sums[k * 32 + lane];
+      out[e] = from_acc<T>(total);
+    }
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernels without shared memory, for geometries whose tile does not fit (huge dilated kernels) or whose windows
+// do not overlap (nothing to share).
+
+// Forward, one thread per output element, the window read straight from global memory.
+template <typename T, typename I>
+__global__ void depthwise_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
+                                     const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                     int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                                     int pad_top, int pad_left, int has_bias) {
+  const int out_channels = channels * multiplier;
+  const I total = images * out_channels * out_h * out_w;
+  for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
+    const int ox = (int)(index % out_w);
+    const int oy = (int)(index / out_w % out_h);
+    const I plane = index / out_w / out_h;  // image * C * m + co
+    const int co = (int)(plane % out_channels);
+    const T* src = x + (plane / out_channels * channels + co / multiplier) * (I)height * width;
+    const T* w = weight + (I)co * kernel_h * kernel_w;
+    acc_t<T> sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);
+    for (int i = 0; i < kernel_h; ++i) {
+      const int yy = oy * stride_h - pad_top + i * dilation_h;
+      if (yy < 0 || yy >= height) continue;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int xx = ox * stride_w - pad_left + j * dilation_w;
+        if (xx >= 0 && xx < width) sum += to_acc(w[i * kernel_w + j]) * to_acc(src[(I)yy * width + xx]);
+      }
+    }
+    y[index] = from_acc<T>(sum);
+  }
+}
+
+// Input gradient, any geometry, one thread per input pixel: it sums grad_out over exactly the windows that read
+// it (output rows oy with oy * stride = y + pad - i * dilation, i in [0, kH), solved for the range first, then
+// divisibility by the dilation), over the m output channels of its channel.  Gather form: no atomics.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_gather(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                           T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int kernel_h,
+                                           int kernel_w, int stride_h, int stride_w, int dilation_h,
+                                           int dilation_w, int pad_top, int pad_left) {
+  const int taps = kernel_h * kernel_w;
+  const I total = images * channels * height * width;
+  for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
+    const int ty = (int)(index / width % height) + pad_top;  // row in the padded input
+    const int tx = (int)(index % width) + pad_left;
+    const I plane = index / width / height;  // image * C + c
+    const int c = (int)(plane % channels);
+    const int low_y = ty - (kernel_h - 1) * dilation_h, low_x = tx - (kernel_w - 1) * dilation_w;
+    const int oy_first = low_y <= 0 ? 0 : (low_y + stride_h - 1) / stride_h;
+    const int ox_first = low_x <= 0 ? 0 : (low_x + stride_w - 1) / stride_w;
+    const int oy_last = min(out_h - 1, ty / stride_h), ox_last = min(out_w - 1, tx / stride_w);
+    acc_t<T> sum = 0;
+    for (int k = 0; k < multiplier; ++k) {
+      const int co = c * multiplier + k;
+      const T* g = grad_out + ((plane / channels * channels + c) * multiplier + k) * (I)out_h * out_w;
+      const T* w = weight + (I)co * taps;
+      for (int oy = oy_first; oy <= oy_last; ++oy) {
+        const int dy = ty - oy * stride_h;
+        if (dy % dilation_h) continue;
+        for (int ox = ox_first; ox <= ox_last; ++ox) {
+          const int dx = tx - ox * stride_w;
+          if (dx % dilation_w) continue;
+          sum += to_acc(w[dy / dilation_h * kernel_w + dx / dilation_w]) * to_acc(g[(I)oy * out_w + ox]);
+        }
+      }
+    }
+    grad_x[index] = from_acc<T>(sum);
+  }
+}
+
+// Weight (and bias) gradient, stage 1 without shared memory: one thread per weight element sums over every
+// (image, output pixel) in a fixed order and writes the single partial row (taps, then biases when has_bias).
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                            acc_t<T>* __restrict__ partial, I images, int channels,
+                                            int multiplier, int height, int width, int out_h, int out_w,
+                                            int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                            int dilation_h, int dilation_w, int pad_top, int pad_left,
+                                            int has_bias) {
+  const int taps = kernel_h * kernel_w, out_channels = channels * multiplier;
+  const I total = (I)out_channels * (taps + has_bias);
+  for (I e = grid_start<I>(); e < total; e += grid_stride<I>()) {
+    const bool is_bias = e >= (I)out_channels * taps;
+    const int co = (int)(is_bias ? e - (I)out_channels * taps : e / taps);
+    const int tap = is_bias ? 0 : (int)(e % taps);
+    const int dy = tap / kernel_w * dilation_h - pad_top, dx = tap % kernel_w * dilation_w - pad_left;
+    acc_t<T> sum = 0;
+    for (I n = 0; n < images; ++n) {
+      const T* g = grad_out + (n * out_channels + co) * (I)out_h * out_w;
+      const T* src = x + (n * channels + co / multiplier) * (I)height * width;
+      for (int oy = 0; oy < out_h; ++oy) {
+        const int yy = oy * stride_h + dy;
+        if (!is_bias && (yy < 0 || yy >= height)) continue;
+        for (int ox = 0; ox < out_w; ++ox) {
+          const int xx = ox * stride_w + dx;
+          if (is_bias)
+            sum += to_acc(g[(I)oy * out_w + ox]);
+          else if (xx >= 0 && xx < width)
+            sum += to_acc(g[(I)oy * out_w + ox]) * to_acc(src[(I)yy * width + xx]);
+        }
+      }
+    }
+    partial[e] = sum;
+  }
+}

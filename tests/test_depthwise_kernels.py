@@ -1,0 +1,418 @@
+"""Depthwise kernels (raw_kernels/depthwise.cu) through the CPU emulator and, with -m gpu, on a real GPU.
+
+The NumPy CPU path is the reference here; it is itself checked against torch and a naive loop in
+tests/test_depthwise.py.  Every case also names the kernels it must reach, so a planner change that silently
+sends a shape to a fallback fails here instead of going untested.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device
+from cupyconv._spec import ConvSpec
+from cupyconv.ops import depthwise as depthwise_module
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+
+NEEDS = ("input", "weight", "bias")
+NEEDS_SUBSETS = [("input",), ("weight",), ("bias",), ("weight", "bias"), ("input", "bias")]
+
+
+@dataclass(frozen=True)
+class Case:
+    """x (N, C, H, W), weight (C * m, 1, *kernel); `kernels`: (forward, input grad, weight grad) kernels it uses,
+    as name expressions without the element and index types."""
+    name: str
+    x: tuple
+    m: int
+    kernel: tuple
+    kernels: tuple
+    window: dict = field(default_factory=dict)
+    bias: bool = True
+
+
+def C(name, x, m, k, kernels, bias=True, **window):
+    return Case(name, x, m, (k, k) if isinstance(k, int) else k, kernels, window, bias)
+
+
+SPEC_3_1 = ("depthwise_fwd<3, 1>", "depthwise_bwd_input<3>", "depthwise_bwd_weight<3, 1>")
+GENERIC_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_generic")
+GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_bwd_weight_generic")
+LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
+DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
+
+# Odd sizes throughout (never multiples of a tile, a strip or a warp).
+CASES = [
+    # the specialisations, K x S
+    C("k3s1_packed_images", (3, 3, 9, 11), 1, 3, SPEC_3_1, padding=1),
+    C("k3s1_several_tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
+    C("k3s2", (2, 3, 11, 13), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_strided",
+                                      "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
+    C("k3s2_several_tiles", (1, 2, 37, 35), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_strided",
+                                                   "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
+    C("k5s1_multiplier2", (2, 2, 9, 10), 2, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
+                                                "depthwise_bwd_weight<5, 1>"), padding=2),
+    C("k5s2_per_side", (1, 3, 13, 11), 1, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_strided",
+                                              "depthwise_bwd_weight<5, 2>"), stride=2, padding=((2, 1), (0, 3))),
+    C("k7s1", (2, 2, 8, 9), 1, 7, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>", "depthwise_bwd_weight<7, 1>"),
+      padding=3),
+    C("k7s2_multiplier2", (1, 2, 15, 13), 2, 7, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_strided",
+                                                 "depthwise_bwd_weight<7, 2>"), stride=2, padding=3),
+    # planes smaller than the kernel, 1x1 and 4x4 planes
+    C("k7_same_on_4x4", (5, 2, 4, 4), 1, 7, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>",
+                                             "depthwise_bwd_weight<7, 1>"), padding="same"),
+    C("k3_plane_1x1", (3, 4, 1, 1), 1, 3, SPEC_3_1, padding=1),
+    C("k5_larger_than_plane", (2, 2, 3, 3), 1, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
+                                                   "depthwise_bwd_weight<5, 1>"), padding=1),
+    C("tiny_4x4_k4_same", (9, 3, 4, 4), 1, 4, GENERIC_1, padding="same"),
+    C("k9_on_4x4", (2, 2, 4, 4), 1, 9, LARGE_1, padding=4),
+    # the generic kernels: dilation, rectangles, strides, 'same', big kernels
+    C("dilation2_multiplier2", (2, 3, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
+    C("dilation2_stride2", (1, 2, 11, 9), 1, 3, GENERIC_S, stride=2, padding=2, dilation=2),
+    C("rect_per_side_stride21", (2, 2, 9, 10), 1, (3, 5), GENERIC_S, stride=(2, 1), padding=((1, 0), (2, 1))),
+    C("same_even_stride2", (2, 3, 10, 9), 1, 4, GENERIC_S, stride=2, padding="same"),
+    C("k31", (1, 2, 6, 7), 1, 31, LARGE_1, padding=15),
+    C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
+    C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
+                                                             "depthwise_bwd_weight_large"),
+      stride=2, padding=((4, 3), (7, 9)), dilation=2),
+    C("rect_stride1_multiplier3", (2, 2, 7, 6), 3, (2, 3), GENERIC_1, padding=((0, 1), (1, 1))),
+    # fallbacks: windows that do not overlap, tiles that cannot fit
+    C("k1_multiplier3", (2, 3, 5, 6), 3, 1, DIRECT),
+    C("k2_stride3", (1, 2, 10, 7), 1, 2, DIRECT, stride=3),
+    C("huge_dilation", (1, 2, 5, 5), 1, 3, ("depthwise_fwd_direct", "depthwise_bwd_input_gather",
+                                            "depthwise_bwd_weight_direct"), dilation=60, padding=60),
+    C("stride3_dilation2", (2, 2, 13, 11), 2, 3, GENERIC_S, stride=(3, 2), padding=((3, 1), (0, 2)),
+      dilation=(2, 3)),
+    # 16 columns: the 16-byte loads of every dtype; no bias
+    C("aligned_rows_no_bias", (2, 2, 6, 16), 1, 3, SPEC_3_1, bias=False, padding=1),
+    C("aligned_rows_stride2", (1, 2, 7, 16), 2, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_strided",
+                                                    "depthwise_bwd_weight<5, 2>"), stride=2, padding=2),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def short(name: str) -> str:
+    """'depthwise_fwd<float, int, 3, 1>' -> 'depthwise_fwd<3, 1>'; 'depthwise_fwd_generic<float, int>' ->
+    'depthwise_fwd_generic'."""
+    return re.sub(r"<[^,<>]+, [^,<>]+(, )?", "<", name).replace("<>", "")
+
+
+class Recorder(EmulatedDevice):
+    """An EmulatedDevice that remembers every launch (name expression and arguments)."""
+
+    def __init__(self, order="forward", **options):
+        super().__init__(order, **options)
+        self.launches = []
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.append((name, list(args)))
+        super().launch(source, name, grid, block, args, shared_mem)
+
+    def kernels(self):
+        return [short(name) for name, _ in self.launches]
+
+
+def _dtype(name):
+    return pytest.importorskip("ml_dtypes").bfloat16 if name == "bfloat16" else numpy.dtype(name)
+
+
+def make(case: Case, dtype="float64", seed=0):
+    """x, weight, bias, grad_output of a case (N(0, 1) data in dtype)."""
+    rng = numpy.random.default_rng(seed)
+    n, c, h, w = case.x
+    x = rng.standard_normal(case.x).astype(_dtype(dtype))
+    weight = rng.standard_normal((c * case.m, 1, *case.kernel)).astype(x.dtype)
+    bias = rng.standard_normal(c * case.m).astype(x.dtype) if case.bias else None
+    out_shape = cupyconv.depthwise_conv2d(x[:1], weight, **case.window).shape[1:]
+    grad_output = rng.standard_normal((n, *out_shape)).astype(x.dtype)
+    return x, weight, bias, grad_output
+
+
+# float64 at 1e-12 of the largest magnitude (the kernels sum in another order than NumPy); the half types are
+# computed in float32 on both paths and rounded once, so they are about one rounding of the result apart.
+TOLERANCE = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def assert_matches(actual, expected, dtype, what=""):
+    assert actual is not None and expected is not None, what
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+        f"{what}: {actual.shape} {actual.dtype} != {expected.shape} {expected.dtype}"
+    a, e = actual.astype(numpy.float64), expected.astype(numpy.float64)
+    scale = max(float(numpy.abs(e).max(initial=0.0)), 1.0)
+    tol = TOLERANCE[numpy.dtype(dtype).name if not isinstance(dtype, str) else dtype]
+    numpy.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+def run_case(device, case: Case, dtype="float64", needs=NEEDS):
+    """Forward and backward of `case` through `device` and through the CPU path; compares them."""
+    x, weight, bias, grad_output = make(case, dtype)
+    kw = case.window
+    expected = cupyconv.depthwise_conv2d(x, weight, bias, **kw)
+    grads_expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=needs, **kw)
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, **kw)
+        grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=needs, **kw)
+    assert_matches(out, expected, dtype, f"{case.name} forward")
+    for name, got, want in zip(NEEDS, grads, grads_expected):
+        if name in needs:
+            assert_matches(got, want, dtype, f"{case.name} grad {name}")
+        else:
+            assert got is None and want is None
+    return out, grads
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_cpu_path(case, order):
+    device = Recorder(order)
+    run_case(device, case)
+    used = device.kernels()
+    assert used[0] == case.kernels[0]
+    assert set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:])
+
+
+def test_every_specialisation_is_covered():
+    used = {k for case in CASES for k in case.kernels}
+    for k in depthwise_module.SPECIALISED_KERNELS:
+        assert f"depthwise_bwd_input<{k}>" in used
+        for s in depthwise_module.SPECIALISED_STRIDES:
+            assert {f"depthwise_fwd<{k}, {s}>", f"depthwise_bwd_weight<{k}, {s}>"} <= used
+    assert set(depthwise_module.GENERIC_KERNELS) - {"depthwise_bwd_bias", "depthwise_bwd_reduce"} <= used
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("name", ["k3s1_packed_images", "k5s2_per_side", "tiny_4x4_k4_same",
+                                  "aligned_rows_no_bias"])
+def test_dtypes(name, dtype):
+    out, grads = run_case(EmulatedDevice(), CASE_BY_NAME[name], dtype)
+    assert out.dtype == _dtype(dtype) and all(g.dtype == _dtype(dtype) for g in grads)
+
+
+@pytest.mark.parametrize("needs", NEEDS_SUBSETS, ids=["+".join(n) for n in NEEDS_SUBSETS])
+@pytest.mark.parametrize("name", ["k3s2", "tiny_4x4_k4_same", "k1_multiplier3"])
+def test_needs_subsets(name, needs):
+    device = Recorder()
+    run_case(device, CASE_BY_NAME[name], needs=needs)
+    used = set(device.kernels()[1:])
+    assert ("depthwise_bwd_input" in " ".join(used)) == ("input" in needs)
+    assert ("depthwise_bwd_weight" in " ".join(used)) == ("weight" in needs)
+    # The bias alone has its own stage 1; with the weight it rides along in the weight kernel.
+    assert ("depthwise_bwd_bias" in used) == (needs in (("bias",), ("input", "bias")))
+
+
+@pytest.mark.parametrize("case", [C("tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
+                                  C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1)], ids=["tiles", "tiny"])
+def test_weight_gradient_is_deterministic(case):
+    """Bits equal across runs and in reverse thread (and block) order; several partial rows and warps."""
+    x, weight, _, grad_output = make(case, "float32")
+    results = []
+    for order in ("forward", "forward", "reverse"):
+        device = Recorder(order)
+        with _device.use_device(device):
+            results.append(cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"),
+                                                              **case.window)[1:])
+        (reduce_args,) = [args for name, args in device.launches if short(name) == "depthwise_bwd_reduce"]
+        assert reduce_args[2] > 1, "the case should produce several partial rows"
+    for grad_w, grad_b in results[1:]:
+        assert grad_w.tobytes() == results[0][0].tobytes() and grad_b.tobytes() == results[0][1].tobytes()
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
+    assert_matches(results[0][0], expected[1], "float32")
+    assert_matches(results[0][1], expected[2], "float32")
+
+
+def test_tiny_plane_weight_gradient_spreads_over_blocks():
+    """N=2048 C=1024 4x4 k4 (the torch pathology): a block packs ~85 images of one channel (~256 busy lanes)
+    and every channel is split over several blocks, so no block walks the batch (planning only: no launch)."""
+    x = numpy.broadcast_to(numpy.float32(0), (2048, 1024, 4, 4))  # shapes without the memory
+    weight = numpy.broadcast_to(numpy.float32(0), (1024, 1, 4, 4))
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, 1, 1)
+    kernel, _, _, tiling = depthwise_module._stage1_plan(spec, True, 4)
+    assert kernel == "depthwise_bwd_weight_generic"
+    items = tiling.per_block * (tiling.tile_h // depthwise_module._GENERIC_STRIP) * tiling.tile_w
+    assert items >= 240 and tiling.threads == 256
+    rows, units_per_block = depthwise_module._stage1_rows(tiling.units(2048), 1024)
+    assert rows >= 4 and units_per_block * tiling.per_block <= 2048 // 3
+
+
+def test_conv2d_with_groups_c_runs_the_depthwise_kernels():
+    case = CASE_BY_NAME["k5s1_multiplier2"]
+    x, weight, bias, grad_output = make(case)
+    c = x.shape[1]
+    device = Recorder()
+    with _device.use_device(device):
+        out = cupyconv.conv2d(x, weight, bias, groups=c, **case.window)
+        grads = cupyconv.conv2d_backward(grad_output, x, weight, groups=c, **case.window)
+    assert_matches(out, cupyconv.conv2d(x, weight, bias, groups=c, **case.window), "float64")
+    for got, want in zip(grads, cupyconv.conv2d_backward(grad_output, x, weight, groups=c, **case.window)):
+        assert_matches(got, want, "float64")
+    assert device.kernels()[0] == "depthwise_fwd<5, 1>"
+
+
+def test_non_contiguous_arrays():
+    case = CASE_BY_NAME["k3s2"]
+    x, weight, bias, grad_output = make(case, "float32")
+    xs = numpy.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)  # same values, F-order planes
+    gs = numpy.ascontiguousarray(grad_output[:, :, ::-1])[:, :, ::-1]
+    ws = numpy.repeat(weight, 2, axis=-1)[..., ::2]
+    with _device.use_device(EmulatedDevice()):
+        out = cupyconv.depthwise_conv2d(xs, ws, bias, **case.window)
+        grads = cupyconv.depthwise_conv2d_backward(gs, xs, ws, **case.window)
+    assert_matches(out, cupyconv.depthwise_conv2d(x, weight, bias, **case.window), "float32")
+    for got, want in zip(grads, cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)):
+        assert_matches(got, want, "float32")
+
+
+def _misaligned(a, offset_bytes):
+    """A copy of `a` whose data pointer is `offset_bytes` past a 16-byte boundary."""
+    buffer = numpy.empty(a.nbytes + 32, numpy.uint8)
+    start = (-buffer.ctypes.data) % 16 + offset_bytes
+    out = buffer[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("padding", [1, ((1, 1), (0, 2))], ids=["pad1", "pad_left0"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_aligned_and_unaligned_rows(dtype, padding):
+    """Rows of 16 elements: 16-byte loads when the base is aligned, element loads when it is not; same values."""
+    case = CASE_BY_NAME["aligned_rows_no_bias"]
+    x, weight, _, grad_output = make(case, dtype)
+    expected = cupyconv.depthwise_conv2d(x, weight, padding=padding)
+    grad_expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    for offset in (0, x.itemsize):
+        xs, gs = _misaligned(x, offset), _misaligned(grad_output, offset)
+        assert (xs.ctypes.data % 16 == 0) == (offset == 0)
+        with _device.use_device(EmulatedDevice()):
+            out = cupyconv.depthwise_conv2d(xs, weight, padding=padding)
+            grad_x = cupyconv.depthwise_conv2d_backward(gs, xs, weight, padding=padding, needs="input")[0]
+        assert_matches(out, expected, dtype, f"offset {offset}")
+        assert_matches(grad_x, grad_expected, dtype, f"offset {offset}")
+
+
+def test_empty_batch():
+    x = numpy.zeros((0, 3, 5, 5))
+    weight = numpy.ones((6, 1, 3, 3))
+    with _device.use_device(EmulatedDevice()):
+        out = cupyconv.depthwise_conv2d(x, weight, numpy.ones(6), padding=1)
+        grad_x, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(numpy.zeros((0, 6, 5, 5)), x, weight,
+                                                                    padding=1)
+    assert out.shape == (0, 6, 5, 5) and grad_x.shape == x.shape
+    assert not grad_w.any() and grad_w.shape == weight.shape and not grad_b.any() and grad_b.shape == (6,)
+
+
+ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
+               "huge_dilation"]
+
+
+def run_every_kernel(device):
+    """Each depthwise.cu kernel family at least once (bias alone included); returns the kernels launched."""
+    for name in ONE_OF_EACH:
+        run_case(device, CASE_BY_NAME[name])
+    run_case(device, CASE_BY_NAME["k3s2"], needs=("bias",))
+    families = {short(name).split("<")[0] for name, _ in device.launches}
+    assert families == {"depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight",
+                        *depthwise_module.GENERIC_KERNELS}
+    return device
+
+
+def test_small_grids_loop_over_the_work(monkeypatch):
+    """One block for all the work (grids are clipped like this on huge tensors): it takes every unit, partial row
+    and element in turn."""
+    monkeypatch.setattr(depthwise_module, "_MAX_GRID", 1)
+    monkeypatch.setattr(depthwise_module, "elementwise_launch", lambda total, block=256: ((1,), (64,)))
+    run_every_kernel(Recorder("reverse"))
+
+
+def test_64_bit_index_variants(monkeypatch):
+    """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
+    monkeypatch.setattr(depthwise_module, "index_type", lambda *extents: "long long")
+    device = run_every_kernel(Recorder("reverse"))
+    assert all(", long long" in name for name, _ in device.launches)
+
+
+def test_every_kernel_once():
+    """Runs under AddressSanitizer through the test below (and on its own as one more comparison)."""
+    run_every_kernel(Recorder())
+
+
+def test_every_kernel_clean_under_asan():
+    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same comparisons on a real GPU (pytest -m gpu): CuPy arrays through CudaDevice vs the NumPy CPU path.
+
+
+def _gpu_run(case, dtype, needs=NEEDS):
+    cupy = pytest.importorskip("cupy")
+    x, weight, bias, grad_output = make(case, dtype)
+    kw = case.window
+    try:
+        on_gpu = [None if a is None else cupy.asarray(a) for a in (x, weight, bias, grad_output)]
+    except (TypeError, ValueError):
+        if dtype != "bfloat16":
+            raise
+        pytest.skip("this CuPy has no bfloat16 arrays")
+    out = cupyconv.depthwise_conv2d(*on_gpu[:3], **kw)
+    assert isinstance(out, cupy.ndarray)
+    assert_matches(out.get(), cupyconv.depthwise_conv2d(x, weight, bias, **kw), dtype, f"{case.name} forward")
+    grads = cupyconv.depthwise_conv2d_backward(on_gpu[3], on_gpu[0], on_gpu[1], needs=needs, **kw)
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=needs, **kw)
+    for name, got, want in zip(NEEDS, grads, expected):
+        if name in needs:
+            assert_matches(got.get(), want, dtype, f"{case.name} grad {name}")
+        else:
+            assert got is None
+    return grads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_gpu_matches_cpu_path(case, dtype):
+    _gpu_run(case, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("needs", NEEDS_SUBSETS, ids=["+".join(n) for n in NEEDS_SUBSETS])
+def test_gpu_needs_subsets(needs):
+    _gpu_run(CASE_BY_NAME["tiny_4x4_k4_same"], "float32", needs)
+
+
+@pytest.mark.gpu
+def test_gpu_64_bit_index_variants(monkeypatch):
+    monkeypatch.setattr(depthwise_module, "index_type", lambda *extents: "long long")
+    for name in ONE_OF_EACH:
+        _gpu_run(CASE_BY_NAME[name], "float32")
+    _gpu_run(CASE_BY_NAME["k3s2"], "float32", needs=("bias",))
+
+
+@pytest.mark.gpu
+def test_gpu_weight_gradient_is_deterministic():
+    case = C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1)
+    first = _gpu_run(case, "float32", ("weight", "bias"))
+    again = _gpu_run(case, "float32", ("weight", "bias"))
+    assert all(a.get().tobytes() == b.get().tobytes() for a, b in zip(first[1:], again[1:]))
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors_and_conv2d_groups():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 8, 15, 17, device="cuda")
+    weight = torch.randn(16, 1, 3, 3, device="cuda")
+    bias = torch.randn(16, device="cuda")
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # a strict fp32 reference
+    try:
+        expected = torch.nn.functional.conv2d(x, weight, bias, padding=1, groups=8)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    for got in (cupyconv.depthwise_conv2d(x, weight, bias, padding=1),
+                cupyconv.conv2d(x, weight, bias, padding=1, groups=8)):
+        assert isinstance(got, torch.Tensor) and got.device == x.device
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
