@@ -1,16 +1,24 @@
-"""conv2d with groups: im2col + GEMM, forward and backward.
+"""conv2d with groups: im2col + GEMM and a direct kernel, forward and backward.
 
 CPU path: the im2col matrix of a chunk of the batch (chunked to the workspace limit) is multiplied by the
 weight in one batched matmul over (sample, group); groups = C (depthwise) is routed to the depthwise op.
+Kernel path: see the comment at the top of its section below.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
+import time
+
 import numpy
 
+from .. import _workspace
 from .._arrays import Call, compute_dtype
+from .._device import c_type, element_strides, elementwise_launch, extent, index_type
 from .._spec import ConvSpec
 from .._workspace import batch_chunks
-from .unfold import col2im_cpu, pad_cpu, windows_cpu
+from .unfold import col2im_cpu, col2im_kernel, im2col_kernel, pad_cpu, windows_cpu
 
 NEEDS = ("input", "weight", "bias")
 
@@ -87,46 +95,471 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path
+# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/conv.cu, unfold.cu and GEMMs through
+# device.matmul.
+#
+# Algorithms (`algorithm=`):
+#   'im2col_gemm'  forward: per chunk of the batch (sized to the workspace budget) the unfold kernel writes
+#                  cols (n_chunk, G, K, L), K = C / G * kH * kW, L = oH * oW, and ONE batched GEMM
+#                  weight (G, D / G, K) @ cols -> (n_chunk, G, D / G, L) writes straight into the output, which is
+#                  already (N, D, oH, oW); a 1x1 stride-1 unpadded conv skips im2col (x is its own cols).  Bias is
+#                  one elementwise epilogue pass over the output (cupy.matmul has no beta/epilogue to fold it into).
+#   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
+#                  channels per thread in registers, fused bias; no workspace at all.
+#   'auto'         `choose_algorithm`: 'direct' when both channels per group are <= DIRECT_MAX_CHANNELS, else
+#                  'im2col_gemm' (or the measured winner when autotuning is on, see `set_autotune`).
+# Backward (both algorithms):
+#   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
+#                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
+#                cols = weight^T @ grad_output (one batched GEMM) and the deterministic gather col2im.
+#   grad_weight  per chunk ONE GEMM per group with the reduction over n_chunk * L:
+#                cols (G, K, n_chunk * L) @ grad_output^T (G, n_chunk * L, D / G) -> (G, K, D / G); conv_wgrad_im2col
+#                writes cols in that layout and grad_output^T is a transposed copy of the chunk (n_chunk * D * L
+#                elements).  Chunks are summed in order in the compute dtype: same bits on every run.  (Per-sample
+#                GEMMs would need n_chunk copies of grad_weight, Dg / L times the cols buffer -- 10x at 512@7x7 --
+#                and a reduction of only L per GEMM.)
+#   grad_bias    conv_bgrad: one block per channel, fixed-order tree reduction.
+# Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
+# (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
+
+KERNEL_FILE = "conv.cu"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+INDEX_TYPES = ("int", "long long")
+ALGORITHMS = ("auto", "im2col_gemm", "direct")
+DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
+DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
+_DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
+_SHARED_LIMIT = 48 * 1024          # what any block may use without opting in
+_DIRECT_THREADS = 256
+REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
+_MAX_BLOCKS = 65536             # block-stride / grid-stride loops cover the rest
+
+
+def _kernel_name(kernel: str, dtype, index: str, *extra) -> str:
+    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, extra)))}>"
 
 
 def instantiations():
-    return []
+    names = []
+    for dtype, index in itertools.product(DTYPES, INDEX_TYPES):
+        names += [_kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
+        names += [_kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_wgrad_im2col", "conv_bgrad")]
+    return [(KERNEL_FILE, name) for name in names]
 
 
 def _routes_to_depthwise(spec: ConvSpec) -> bool:
     return spec.groups == spec.in_channels and spec.groups > 1
 
 
+def _index_scalar(index: str):
+    return numpy.int32 if index == "int" else numpy.int64
+
+
+def _geometry(spec: ConvSpec):
+    """The int window arguments shared by conv.cu's kernels, in their C order (bottom/right pads are implied)."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    (top, _), (left, _) = spec.padding
+    return [numpy.int32(v) for v in (kh, kw, sh, sw, top, left, dh, dw, oh, ow)]
+
+
+def _chunk_spec(spec: ConvSpec, chunk: slice) -> ConvSpec:
+    return dataclasses.replace(spec, batch=(chunk.stop - chunk.start,))
+
+
+def _is_pointwise(spec: ConvSpec) -> bool:
+    """1x1, stride 1, no padding: im2col is the identity, x (n, C, H, W) is already cols (n, C, L)."""
+    return spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+
+
+# --- TF32 -------------------------------------------------------------------------------------------------
+
+_allow_tf32 = False
+
+
+def set_allow_tf32(enabled: bool) -> None:
+    """Let float32 conv GEMMs use TF32 tensor cores (Ampere and newer; about 10 mantissa bits per product).
+
+    Off by default: float32 is strict IEEE float32.  When on, cupyconv's own float32 GEMMs (and nothing else)
+    run with the cuBLAS math mode CUBLAS_TF32_TENSOR_OP_MATH on CuPy's cuBLAS handle, which is restored right
+    after each GEMM.  (CuPy 14's `cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)` and the CUPY_TF32
+    environment variable only reach its 2-D GEMM path, not the batched cupy.matmul used here, and they are
+    process-wide.)  The direct kernel computes in float32 either way.
+    """
+    global _allow_tf32
+    _allow_tf32 = bool(enabled)
+
+
+def get_allow_tf32() -> bool:
+    return _allow_tf32
+
+
+def _cublas():
+    """(CuPy's cuBLAS handle for the current device and thread, the cublas bindings)."""
+    from cupy.cuda import device as cuda_device
+    from cupy_backends.cuda.libs import cublas
+    return cuda_device.get_cublas_handle(), cublas
+
+
+@contextlib.contextmanager
+def _gemm_math(device, dtype):
+    """TF32 for the GEMMs inside the block when the user opted in, restoring the handle's math mode after."""
+    if not (_allow_tf32 and device.name == "cuda" and numpy.dtype(dtype) == numpy.float32):
+        yield
+        return
+    handle, cublas = _cublas()
+    previous = cublas.getMathMode(handle)
+    cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+    try:
+        yield
+    finally:
+        cublas.setMathMode(handle, previous)
+
+
+def _matmul(device, a, b, out=None):
+    """Every GEMM of this op: batched/broadcast matmul, float32 accumulation for the half types."""
+    with _gemm_math(device, a.dtype):
+        return device.matmul(a, b, out=out)
+
+
+# --- direct kernel ----------------------------------------------------------------------------------------
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(v - 1, 0).bit_length()
+
+
+def _direct_outputs(outputs_per_group: int) -> int:
+    return next((d for d in DIRECT_OUTPUTS if d >= outputs_per_group), DIRECT_OUTPUTS[-1])
+
+
+def _direct_plan(spec: ConvSpec, dtype):
+    """(block, slab, (tile_in_h, tile_in_w), shared bytes) of conv_fwd_direct for spec, or None if even one
+    input channel's tile does not fit in shared memory (huge kernel * dilation)."""
+    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel, spec.stride, spec.dilation
+    # Tile as wide as the output row (up to a warp) for coalesced stores; small outputs get small blocks.
+    bx = min(32, _pow2_at_least(ow))
+    by = min(_DIRECT_THREADS // bx, _pow2_at_least(oh))
+    tile_in = ((by - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
+    acc_bytes = 8 if numpy.dtype(dtype) == numpy.float64 else 4
+    per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
+    if per_channel > _SHARED_LIMIT:
+        return None
+    slab = max(1, min(spec.channels_per_group, _DIRECT_SHARED_TARGET // per_channel))
+    return (bx, by), slab, tile_in, slab * per_channel
+
+
+def _direct(device, x, weight, bias, spec: ConvSpec):
+    """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None."""
+    xp, dtype = device.xp, x.dtype
+    plan = _direct_plan(spec, dtype)
+    if plan is None:
+        raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel} kernel with dilation "
+                         f"{spec.dilation} and stride {spec.stride} in shared memory; use 'im2col_gemm'")
+    (bx, by), slab, (tile_h, tile_w), shared = plan
+    n, g, dg = spec.n, spec.groups, spec.outputs_per_group
+    out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
+    if out.size == 0:
+        return out
+    weight = xp.ascontiguousarray(weight)
+    bias = xp.zeros((spec.out_channels,), dtype) if bias is None else xp.ascontiguousarray(bias)
+    dpt = _direct_outputs(dg)
+    (oh, ow) = spec.out_size
+    items = n * g * -(-dg // dpt) * -(-oh // by) * -(-ow // bx)
+    index = index_type(out.size, extent(x), weight.size)
+    I = _index_scalar(index)
+    device.launch(KERNEL_FILE, _kernel_name("conv_fwd_direct", dtype, index, dpt), (min(items, _MAX_BLOCKS),),
+                  (bx, by), [x, weight, bias, out, I(n), *(I(s) for s in element_strides(x)),
+                             *(numpy.int32(v) for v in (g, spec.channels_per_group, dg, *spec.in_size)),
+                             *_geometry(spec), *(numpy.int32(v) for v in (slab, tile_h, tile_w))],
+                  shared_mem=shared)
+    return out
+
+
+def _transposed_spec(spec: ConvSpec) -> ConvSpec:
+    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
+    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel, spec.dilation, spec.in_size, spec.out_size
+    (top, _), (left, _) = spec.padding
+    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
+    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
+    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
+                    spec.kernel, (1, 1), spec.dilation, pad, spec.in_size)
+
+
+def _direct_grad_input(device, gy, weight, spec: ConvSpec):
+    """grad_input of a stride-1 conv with the direct kernel: weight flipped and transposed per group."""
+    g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel
+    wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
+    wt = device.xp.ascontiguousarray(wt).reshape(spec.in_channels, dg, kh, kw)
+    return _direct(device, gy, wt, None, _transposed_spec(spec))
+
+
+# --- im2col + GEMM ----------------------------------------------------------------------------------------
+
+def _cols_bytes(spec: ConvSpec, itemsize: int) -> int:
+    return spec.in_channels * spec.taps * spec.out_pixels * itemsize
+
+
+def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
+    n, g, dg, k = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps
+    out = device.empty((n, g, dg, spec.out_pixels), x.dtype)
+    w = weight.reshape(g, dg, k)
+    if _is_pointwise(spec) and x.flags.c_contiguous:
+        if out.size:
+            _matmul(device, w, x.reshape(n, g, k, spec.out_pixels), out=out)
+    else:
+        for chunk in batch_chunks(n, _cols_bytes(spec, x.dtype.itemsize)):
+            cols = im2col_kernel(device, x[chunk], _chunk_spec(spec, chunk))
+            _matmul(device, w, cols.reshape(-1, g, k, spec.out_pixels), out=out[chunk])
+    if bias is not None and out.size:
+        index = index_type(out.size)
+        I = _index_scalar(index)
+        grid, block = elementwise_launch(out.size)
+        device.launch(KERNEL_FILE, _kernel_name("conv_fwd_bias", x.dtype, index), grid, block,
+                      [out, device.xp.ascontiguousarray(bias), I(out.size), numpy.int32(spec.out_channels),
+                       I(spec.out_pixels)])
+    return out.reshape(n, spec.out_channels, *spec.out_size)
+
+
+def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
+    """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im."""
+    n, g, dg, k = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps
+    wt = device.xp.ascontiguousarray(weight.reshape(g, dg, k).transpose(0, 2, 1))
+    if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
+        grad_x = device.empty((n, g, k, spec.out_pixels), gy.dtype)
+        if grad_x.size:
+            _matmul(device, wt, gy, out=grad_x)
+        return grad_x.reshape(n, *spec.input_shape[1:])
+    per_sample = (_cols_bytes(spec, gy.itemsize)
+                  + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
+    chunks = batch_chunks(n, per_sample)
+    if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
+        return col2im_kernel(device, _matmul(device, wt, gy), spec)
+    grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
+    for chunk in chunks:
+        grad_x[chunk] = col2im_kernel(device, _matmul(device, wt, gy[chunk]), _chunk_spec(spec, chunk))
+    return grad_x
+
+
+def _wgrad_cols(device, x, spec: ConvSpec):
+    """cols (C * kH * kW, n, L) of x (n, C, H, W) for the weight-gradient GEMM."""
+    c, (h, w), n = spec.in_channels, spec.in_size, spec.n
+    cols = device.empty((c * spec.taps, n, spec.out_pixels), x.dtype)
+    windows = n * c * spec.out_pixels
+    if windows:
+        index = index_type(cols.size, extent(x))
+        I = _index_scalar(index)
+        grid, block = elementwise_launch(windows)
+        device.launch(KERNEL_FILE, _kernel_name("conv_wgrad_im2col", x.dtype, index), grid, block,
+                      [x, cols, I(n), *(I(s) for s in element_strides(x)),
+                       numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
+    return cols
+
+
+def _gemm_grad_weight(device, gy, x, spec: ConvSpec):
+    """grad_weight (D, C / G, kH, kW) in the compute dtype: per chunk one GEMM per group, chunks summed in order."""
+    n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
+    k = spec.channels_per_group * spec.taps
+    ct = compute_dtype(x.dtype)
+    acc = None
+    per_sample = _cols_bytes(spec, x.dtype.itemsize) + spec.out_channels * L * x.dtype.itemsize
+    for chunk in batch_chunks(n, per_sample):
+        m = chunk.stop - chunk.start
+        cols = _wgrad_cols(device, x[chunk], _chunk_spec(spec, chunk)).reshape(g, k, m * L)
+        gyt = device.xp.ascontiguousarray(gy[chunk].transpose(1, 0, 3, 2)).reshape(g, m * L, dg)
+        part = _matmul(device, cols, gyt)  # (G, K, D / G)
+        if acc is None:
+            acc = part.astype(ct)  # a copy: later chunks accumulate into it
+        else:
+            acc += part.astype(ct, copy=False)
+    if acc is None:
+        acc = device.xp.zeros((g, k, dg), ct)
+    return device.xp.ascontiguousarray(acc.transpose(0, 2, 1)).reshape(spec.weight_shape)
+
+
+def _grad_bias(device, gy, spec: ConvSpec):
+    """gy (n, D, L) contiguous -> (D,) by conv_bgrad's fixed-order reduction."""
+    d = spec.out_channels
+    grad_b = device.empty((d,), gy.dtype)
+    if d:
+        index = index_type(gy.size)
+        I = _index_scalar(index)
+        acc_bytes = 8 if gy.dtype == numpy.float64 else 4
+        device.launch(KERNEL_FILE, _kernel_name("conv_bgrad", gy.dtype, index), (d,), (REDUCE_BLOCK,),
+                      [gy, grad_b, I(spec.n), numpy.int32(d), I(spec.out_pixels)],
+                      shared_mem=REDUCE_BLOCK * acc_bytes)
+    return grad_b
+
+
+# --- algorithm choice and autotuning ----------------------------------------------------------------------
+
+def choose_algorithm(spec: ConvSpec, dtype) -> str:
+    """The 'auto' heuristic: 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
+    (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
+    input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
+    in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
+    if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
+            and _direct_plan(spec, dtype) is not None):
+        return "direct"
+    return "im2col_gemm"
+
+
+def _candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
+    return ("im2col_gemm", "direct") if _direct_plan(spec, dtype) is not None else ("im2col_gemm",)
+
+
+def _grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
+    """The direct kernel computes grad_input only for stride 1 (as a stride-1 transposed convolution)."""
+    if spec.stride == (1, 1) and _direct_plan(_transposed_spec(spec), dtype) is not None:
+        return ("im2col_gemm", "direct")
+    return ("im2col_gemm",)
+
+
+_autotune = False
+_autotune_cache: dict = {}
+
+
+def set_autotune(enabled: bool) -> None:
+    """Like cudnn.benchmark: with algorithm='auto', time every candidate algorithm on the first call of each
+    (pass, geometry, dtype, device) and use the fastest from then on.  Off by default: that first call runs
+    each candidate twice (once to compile and warm up, once timed)."""
+    global _autotune
+    _autotune = bool(enabled)
+
+
+def _device_key(device):
+    if device.name == "cuda":
+        import cupy
+        return ("cuda", cupy.cuda.Device().id)
+    return (device.name, id(device))
+
+
+def _timed(device, run):
+    """(seconds, result) of run() on device: CUDA events on the current stream, else the wall clock."""
+    if device.name == "cuda":
+        import cupy
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        result = run()
+        stop.record()
+        stop.synchronize()
+        return cupy.cuda.get_elapsed_time(start, stop) / 1e3, result
+    begin = time.perf_counter()
+    result = run()
+    return time.perf_counter() - begin, result
+
+
+def _resolve(device, key, algorithm: str, candidates, heuristic: str, run):
+    """run(algorithm), with 'auto' resolved by the heuristic or, when autotuning, by measurement."""
+    if algorithm != "auto":
+        return run(algorithm)
+    if not _autotune or len(candidates) == 1:
+        return run(heuristic if heuristic in candidates else candidates[0])
+    key = (*key, _device_key(device))
+    if key in _autotune_cache:
+        return run(_autotune_cache[key])
+    timings = {}
+    for candidate in candidates:
+        run(candidate)  # compile and warm up
+        timings[candidate] = _timed(device, lambda: run(candidate))
+    best = min(candidates, key=lambda c: timings[c][0])
+    _autotune_cache[key] = best
+    return timings[best][1]
+
+
+def _tune_key(name: str, spec: ConvSpec, dtype, *extra):
+    return (name, dataclasses.replace(spec, op=""), numpy.dtype(dtype).name, *extra)
+
+
+# --- orchestration ----------------------------------------------------------------------------------------
+
+def conv2d_kernel(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """Forward on the kernel path: x (N, C, H, W), weight (D, C / G, kH, kW), bias (D,) or None."""
+    def run(algo):
+        if algo == "direct":
+            return _direct(device, x, weight, bias, spec)
+        return _gemm_forward(device, x, weight, bias, spec)
+    return _resolve(device, _tune_key("forward", spec, x.dtype, bias is not None), algorithm,
+                    _candidates(spec, x.dtype), choose_algorithm(spec, x.dtype), run)
+
+
+def conv2d_backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
+                           algorithm: str = "auto"):
+    """Backward on the kernel path; 'direct' affects grad_input only (stride 1; else im2col + GEMM)."""
+    n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
+    gy = device.xp.ascontiguousarray(grad_output).reshape(n, g, dg, L)
+    grad_x = grad_w = grad_b = None
+    if "input" in needs:
+        candidates = _grad_input_candidates(spec, x.dtype)
+
+        def grad_input(algo):
+            if algo == "direct" and "direct" in candidates:
+                return _direct_grad_input(device, gy.reshape(n, spec.out_channels, *spec.out_size), weight, spec)
+            return _gemm_grad_input(device, gy, weight, spec)
+        grad_x = _resolve(device, _tune_key("grad_input", spec, x.dtype), algorithm, candidates,
+                          choose_algorithm(spec, x.dtype), grad_input)
+    if "weight" in needs:
+        grad_w = _gemm_grad_weight(device, gy, x, spec).astype(weight.dtype, copy=False)
+    if "bias" in needs:
+        grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
+    return grad_x, grad_w, grad_b
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Public API
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+def _check_algorithm(op: str, algorithm) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def _limit(nbytes):
+    """The per-call workspace budget, or the global/scoped one when nbytes is None."""
+    return contextlib.nullcontext() if nbytes is None else _workspace.workspace_limit(nbytes)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
+           workspace_limit=None):
     """2-D convolution (cross-correlation, like torch) of x (N, C, H, W) with weight (D, C // groups, kH, kW).
 
     bias: (D,) or None.  padding: int, (pH, pW), ((top, bottom), (left, right)), 'valid' or 'same' (any
     stride: output = ceil(in / stride)).  Returns (N, D, oH, oW) of the caller's array kind.
+
+    algorithm: 'auto' (see `choose_algorithm`; `set_autotune(True)` measures instead), 'im2col_gemm' or
+    'direct'; GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col buffer
+    may take for this call (default: the global budget, `cupyconv.set_workspace_limit`); the batch is processed
+    in chunks that fit.  float32 is strict float32 unless `set_allow_tf32(True)`; float16 and bfloat16
+    accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).
     """
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
-    if _routes_to_depthwise(spec):
-        from .depthwise import depthwise_forward
-        return call.wrap(depthwise_forward(call, spec))
-    if call.device is not None:
-        raise NotImplementedError("conv2d: no GPU kernel yet; pass NumPy arrays or CPU tensors for the CPU path")
-    return call.wrap(conv2d_cpu(call.x, call.weight, call.bias, spec))
+    _check_algorithm("conv2d", algorithm)
+    with _limit(workspace_limit):
+        if _routes_to_depthwise(spec):
+            from .depthwise import depthwise_forward
+            return call.wrap(depthwise_forward(call, spec))
+        if call.device is not None:
+            return call.wrap(conv2d_kernel(call.device, call.x, call.weight, call.bias, spec, algorithm))
+        return call.wrap(conv2d_cpu(call.x, call.weight, call.bias, spec))
 
 
-def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS):
-    """Gradients of conv2d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`."""
+def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
+                    algorithm="auto", workspace_limit=None):
+    """Gradients of conv2d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`.
+
+    grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).
+    algorithm and workspace_limit as for `conv2d`; 'direct' computes grad_x with the direct kernel when the
+    stride is 1 (im2col + GEMM + col2im otherwise); grad_weight is always one GEMM per group and chunk.
+    """
     call = Call("conv2d_backward", grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_conv("conv2d_backward", call.x, call.weight, None, stride, padding, dilation, groups)
     check_grad_output("conv2d_backward", call.grad_output, spec)
     needs = check_needs("conv2d_backward", needs)
-    if _routes_to_depthwise(spec):
-        from .depthwise import depthwise_backward
-        return call.wrap(depthwise_backward(call, spec, needs))
-    if call.device is not None:
-        raise NotImplementedError("conv2d_backward: no GPU kernel yet; pass NumPy arrays or CPU tensors")
-    return call.wrap(conv2d_backward_cpu(call.grad_output, call.x, call.weight, spec, needs))
+    _check_algorithm("conv2d_backward", algorithm)
+    with _limit(workspace_limit):
+        if _routes_to_depthwise(spec):
+            from .depthwise import depthwise_backward
+            return call.wrap(depthwise_backward(call, spec, needs))
+        if call.device is not None:
+            return call.wrap(conv2d_backward_kernel(call.device, call.grad_output, call.x, call.weight, spec,
+                                                    needs, algorithm))
+        return call.wrap(conv2d_backward_cpu(call.grad_output, call.x, call.weight, spec, needs))

@@ -1,0 +1,494 @@
+"""conv2d's kernel path (raw_kernels/conv.cu, the unfold kernels and the GEMMs) against the NumPy CPU path.
+
+Every algorithm runs through the CPU kernel emulator (tests/emulator) in both thread orders; the same matrix
+runs on CuPy arrays with `pytest -m gpu` on a machine with a GPU.  Problems are data (`CASES`); odd sizes
+throughout, so no tile or block size divides them.
+"""
+import ml_dtypes
+import numpy
+import pytest
+
+import cupyconv
+import reference as ref
+from cupyconv import _device
+from cupyconv.ops import conv as conv_op
+from cupyconv.ops import depthwise as depthwise_op
+from cupyconv.ops import unfold as unfold_op
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from reference import NEEDS, NEEDS_SUBSETS, ConvCase
+
+C = ConvCase
+ALGORITHMS = ("im2col_gemm", "direct")
+DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
+          "float64": numpy.float64}
+#: Largest |kernel path - CPU path| allowed, relative to the largest |CPU path| value of the array.  Both
+#: compute in float32 (float64) with different summation orders; the half types differ by a rounding or two.
+TOLERANCE = {"float64": 1e-12, "float32": 2e-6, "float16": 4e-3, "bfloat16": 3e-2}
+
+CASES = [
+    C("plain", (2, 3, 7, 6), (4, 3, 3, 3), padding=1),
+    C("groups2_stride2", (2, 4, 9, 7), (6, 2, 3, 3), stride=2, padding=1, groups=2),
+    C("groups3_dilation2_asymmetric", (1, 6, 8, 9), (3, 2, 3, 2), padding=((2, 0), (1, 3)), dilation=2,
+      groups=3),
+    C("same_stride2_even_kernel", (2, 3, 9, 8), (5, 3, 4, 3), stride=2, padding="same"),
+    C("same_stride1_dilated_no_bias", (1, 3, 9, 8), (5, 3, 4, 2), padding="same", dilation=(2, 1), bias=False),
+    C("pointwise", (2, 5, 4, 3), (3, 5, 1, 1)),
+    C("pointwise_stride2_groups2", (2, 6, 5, 5), (4, 3, 1, 1), stride=2, groups=2),
+    C("outputs_per_group_7", (1, 4, 6, 5), (14, 2, 3, 3), padding=1, groups=2),
+    C("wide_groups_over_16", (2, 18, 5, 6), (20, 18, 3, 3), padding=((3, 0), (0, 4)), dilation=(1, 2)),
+    C("kernel_larger_than_input", (1, 2, 3, 3), (2, 2, 5, 5), padding=1),
+    C("everything", (2, 6, 8, 9), (4, 3, 3, 2), stride=(2, 3), padding=((1, 0), (2, 1)), dilation=(1, 2),
+      groups=2),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+DTYPE_CASE = C("dtype_groups2", (2, 4, 7, 6), (6, 2, 3, 3), padding=1, groups=2)
+
+
+def assert_close(got, want, dtype, what=""):
+    got, want = numpy.asarray(got, numpy.float64), numpy.asarray(want, numpy.float64)
+    assert got.shape == want.shape, what
+    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
+    err = float(numpy.abs(got - want).max(initial=0.0))
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+class Recorder(EmulatedDevice):
+    """An EmulatedDevice that logs the kernels it launches (name expressions) and its GEMM calls."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches, self.gemms = [], 0
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.append(name)
+        super().launch(source, name, grid, block, args, shared_mem)
+
+    def matmul(self, a, b, out=None):
+        self.gemms += 1
+        return super().matmul(a, b, out=out)
+
+    def count(self, kernel: str) -> int:
+        return sum(name.startswith(kernel + "<") for name in self.launches)
+
+
+def kernel_path(device, fn, *args, **kwargs):
+    with _device.use_device(device):
+        return fn(*args, **kwargs)
+
+
+def check_case(device, case, algorithm, dtype="float64", seed=0, needs=NEEDS):
+    """Forward and backward on the kernel path (device) against the CPU path on the same inputs."""
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), DTYPES[dtype])
+    out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm=algorithm, **case.kwargs)
+    assert out.dtype == x.dtype
+    assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), dtype, f"{case.name}: forward")
+    grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=needs,
+                        algorithm=algorithm, **case.kwargs)
+    expected = cupyconv.conv2d_backward(grad_output, x, weight, needs=needs, **case.kwargs)
+    for name, got, want in zip(NEEDS, grads, expected):
+        if want is None:
+            assert got is None, name
+        else:
+            assert got.dtype == x.dtype, name
+            assert_close(got, want, dtype, f"{case.name}: grad {name}")
+    return out, grads
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every algorithm, every geometry, both thread orders
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_cpu_path(case, algorithm, order):
+    device = Recorder(order)
+    check_case(device, case, algorithm)
+    assert (device.count("conv_fwd_direct") > 0) == (algorithm == "direct")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_dtypes(dtype, algorithm):
+    check_case(EmulatedDevice("reverse"), DTYPE_CASE, algorithm, dtype)
+
+
+def test_half_accumulates_in_float32():
+    """Terms of half an ulp of the running sum vanish if the sum is kept in float16."""
+    x = numpy.full((1, 16, 3, 5), 2.0 ** -11, numpy.float16)
+    x[:, 0] = 1.0
+    weight = numpy.ones((2, 16, 1, 1), numpy.float16)
+    for algorithm in ALGORITHMS:
+        out = kernel_path(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm=algorithm)
+        numpy.testing.assert_array_equal(out, numpy.float16(1.0 + 15 * 2.0 ** -11), err_msg=algorithm)
+
+
+def test_non_contiguous_and_negative_strides():
+    """x is read in place through its strides (transposed, reversed); the other arrays are copied if needed."""
+    case = CASE_BY_NAME["everything"]
+    rng = numpy.random.default_rng(2)
+    n, c, h, w = case.x
+    x = ref.random(rng, (n, c, w, h)).transpose(0, 1, 3, 2)[:, ::-1]
+    weight = ref.random(rng, case.weight)[..., ::-1, :]
+    bias = ref.random(rng, (2 * case.weight[0],))[::-2]
+    grad_output = ref.random(rng, case.output_shape)[:, :, :, ::-1]
+    for algorithm in ALGORITHMS:
+        out = kernel_path(EmulatedDevice(), cupyconv.conv2d, x, weight, bias, algorithm=algorithm, **case.kwargs)
+        assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), "float64", algorithm)
+        grads = kernel_path(EmulatedDevice(), cupyconv.conv2d_backward, grad_output, x, weight,
+                            algorithm=algorithm, **case.kwargs)
+        for name, got, want in zip(NEEDS, grads, cupyconv.conv2d_backward(grad_output, x, weight, **case.kwargs)):
+            assert_close(got, want, "float64", f"{algorithm}: grad {name}")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_empty_batch(algorithm):
+    x = numpy.empty((0, 4, 6, 5))
+    weight = ref.random(numpy.random.default_rng(3), (6, 2, 3, 3))
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, numpy.ones(6), stride=2, padding=1, groups=2,
+                      algorithm=algorithm)
+    assert out.shape == (0, 6, 3, 3)
+    grad_x, grad_w, grad_b = kernel_path(device, cupyconv.conv2d_backward, numpy.empty((0, 6, 3, 3)), x, weight,
+                                         stride=2, padding=1, groups=2, algorithm=algorithm)
+    assert grad_x.shape == x.shape
+    numpy.testing.assert_array_equal(grad_w, numpy.zeros(weight.shape))
+    numpy.testing.assert_array_equal(grad_b, numpy.zeros(6))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The direct kernel's corners: several input slabs, several items per block, a tile that cannot fit
+
+
+def test_direct_slabs_and_block_loop(monkeypatch):
+    """One input channel per slab (the slab loop's barriers) and 3 blocks walking every item."""
+    monkeypatch.setattr(conv_op, "_DIRECT_SHARED_TARGET", 1)
+    monkeypatch.setattr(conv_op, "_MAX_BLOCKS", 3)
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], "direct")
+        check_case(device, CASE_BY_NAME["outputs_per_group_7"], "direct")
+
+
+def test_direct_that_cannot_fit_shared_memory():
+    case = C("huge_dilation", (1, 1, 205, 410), (1, 1, 3, 3), dilation=(100, 200))
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(4))
+    with pytest.raises(ValueError, match="algorithm='direct' cannot stage"):
+        kernel_path(EmulatedDevice(), cupyconv.conv2d, x, weight, bias, algorithm="direct", **case.kwargs)
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)  # auto: im2col + GEMM
+    assert device.count("unfold_im2col") == 1 and device.count("conv_fwd_direct") == 0
+    assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), "float64")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Algorithm choice, needs, determinism, workspace, index types
+
+
+@pytest.mark.parametrize("case, expected", [
+    (CASE_BY_NAME["plain"], "direct"),                       # 3 in, 4 out per group
+    (CASE_BY_NAME["outputs_per_group_7"], "direct"),
+    (CASE_BY_NAME["wide_groups_over_16"], "im2col_gemm"),    # 18 in, 20 out
+    (C("out_over_16", (1, 4, 5, 5), (17, 4, 3, 3)), "im2col_gemm"),
+    (C("resnext_like", (1, 64, 5, 5), (64, 4, 3, 3), groups=16), "direct"),
+], ids=str)
+def test_auto_heuristic(case, expected):
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(5))
+    spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, bias, case.stride, case.padding, case.dilation,
+                                     case.groups)
+    assert conv_op.choose_algorithm(spec, x.dtype) == expected
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)
+    assert (device.count("conv_fwd_direct") == 1) == (expected == "direct")
+    assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), "float64")
+
+
+def test_invalid_algorithm():
+    x, weight, _, grad_output = CASE_BY_NAME["plain"].inputs(numpy.random.default_rng(6))
+    for run in (lambda: cupyconv.conv2d(x, weight, algorithm="winograd"),
+                lambda: kernel_path(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="fft"),
+                lambda: cupyconv.conv2d_backward(grad_output[:, :, 1:-1, 1:-1], x, weight, algorithm="gemm")):
+        with pytest.raises(ValueError, match="algorithm must be one of"):
+            run()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("needs", NEEDS_SUBSETS, ids=repr)
+def test_needs_computes_only_what_is_asked(needs, algorithm):
+    case = CASE_BY_NAME["groups2_stride2"]  # stride 2: grad_input is GEMM + col2im for both algorithms
+    device = Recorder()
+    check_case(device, case, algorithm, needs=needs)
+    assert (device.count("fold_col2im") > 0) == ("input" in needs)
+    assert (device.count("conv_wgrad_im2col") > 0) == ("weight" in needs)
+    assert (device.count("conv_bgrad") > 0) == ("bias" in needs)
+    assert device.gemms == (algorithm == "im2col_gemm") + ("input" in needs) + ("weight" in needs)
+
+
+def test_grad_weight_and_bias_are_bit_deterministic():
+    """Same bits from run to run, thread order and block order included (no float atomics)."""
+    case = C("determinism", (3, 6, 9, 8), (6, 3, 3, 3), padding=1, groups=2)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(7), numpy.float32)
+    runs = []
+    for order in ("forward", "reverse", "forward"):
+        for limit in (None, 2000):  # one chunk, then three (the chunks are summed in order)
+            _, gw, gb = kernel_path(EmulatedDevice(order), cupyconv.conv2d_backward, grad_output, x, weight,
+                                    needs=("weight", "bias"), workspace_limit=limit, **case.kwargs)
+            runs.append((limit, gw.tobytes(), gb.tobytes()))
+    for limit in (None, 2000):
+        same = [r[1:] for r in runs if r[0] == limit]
+        assert all(r == same[0] for r in same), limit
+
+
+def test_workspace_budget_chunks_the_batch():
+    """A call whose full im2col exceeds the budget runs in chunks of the batch and gives the same result."""
+    case = C("chunked", (5, 3, 6, 7), (4, 3, 3, 3), padding=1)
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(8))
+    n, c, h, w = case.x
+    oh, ow = case.output_shape[2:]
+    cols = c * 9 * oh * ow * x.itemsize                     # forward: one sample's im2col
+    grad_input = cols + c * h * w * x.itemsize             # its GEMM output + its slice of col2im's output
+    grad_weight = cols + case.weight[0] * oh * ow * x.itemsize  # wgrad cols + transposed grad_output
+    full = kernel_path(Recorder(), cupyconv.conv2d, x, weight, bias, **case.kwargs)
+    full_grads = kernel_path(Recorder(), cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+
+    device = Recorder()
+    assert n * cols > 2 * cols
+    out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm",
+                      workspace_limit=2 * cols, **case.kwargs)
+    assert device.count("unfold_im2col") == 3 and device.gemms == 3   # samples (0, 1), (2, 3), (4,)
+    numpy.testing.assert_allclose(out, full, rtol=1e-13, atol=1e-13)
+
+    for limit, kernel, chunks in ((grad_input, "fold_col2im", 5), (2 * grad_weight + 1, "conv_wgrad_im2col", 3)):
+        device = Recorder()
+        with cupyconv.workspace_limit(limit):  # the scoped global budget
+            grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight,
+                                algorithm="im2col_gemm", **case.kwargs)
+        assert device.count(kernel) == chunks, kernel
+        for got, want in zip(grads, full_grads):
+            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_64_bit_index_variants(monkeypatch):
+    """Every kernel's `long long` instantiation runs (the buffers here are small; the choice is forced)."""
+    monkeypatch.setattr(conv_op, "index_type", lambda *extents: "long long")
+    monkeypatch.setattr(unfold_op, "index_type", lambda *extents: "long long")
+    device = Recorder("reverse")
+    for algorithm in ALGORITHMS:
+        check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], algorithm)
+        check_case(device, CASE_BY_NAME["groups2_stride2"], algorithm)
+    kernels = {name.split("<")[0] for name in device.launches}
+    assert kernels == {"conv_fwd_direct", "conv_fwd_bias", "conv_wgrad_im2col", "conv_bgrad", "unfold_im2col",
+                       "fold_col2im"}
+    assert all(name.endswith(("long long>", "long long, 4>", "long long, 8>", "long long, 16>"))
+               for name in device.launches)
+
+
+def test_every_kernel_once():
+    """Each conv.cu kernel (and both unfold kernels) at least once: the ASan run below executes this."""
+    device = Recorder("reverse")
+    check_case(device, CASE_BY_NAME["everything"], "im2col_gemm")
+    check_case(device, CASE_BY_NAME["outputs_per_group_7"], "direct")   # stride 1: direct grad_input too
+    assert {name.split("<")[0] for name in device.launches} == {
+        "conv_fwd_direct", "conv_fwd_bias", "conv_wgrad_im2col", "conv_bgrad", "unfold_im2col", "fold_col2im"}
+
+
+def test_every_kernel_clean_under_asan():
+    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+
+
+@pytest.mark.skipif(not depthwise_op.instantiations(), reason="the depthwise op has no GPU kernels yet")
+def test_groups_c_routes_to_depthwise():
+    case = C("depthwise_route", (2, 4, 7, 6), (8, 1, 3, 3), padding=1, groups=4)
+    check_case(EmulatedDevice(), case, "auto")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TF32 opt-in and autotuning (their CUDA halves are faked here; the GPU tests below run them for real)
+
+
+class FakeCublas:
+    CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+
+    def __init__(self):
+        self.mode, self.calls = 0, []
+
+    def getMathMode(self, handle):
+        return self.mode
+
+    def setMathMode(self, handle, mode):
+        self.calls.append(mode)
+        self.mode = mode
+
+
+class CudaLikeRecorder(Recorder):
+    """Named like CudaDevice, so the TF32 scope applies; checks the math mode during every GEMM."""
+
+    name = "cuda"
+
+    def __init__(self, cublas):
+        super().__init__()
+        self.cublas, self.modes = cublas, []
+
+    def matmul(self, a, b, out=None):
+        self.modes.append(self.cublas.mode)
+        return super().matmul(a, b, out=out)
+
+
+def test_tf32_is_opt_in_and_scoped(monkeypatch):
+    assert cupyconv.get_allow_tf32() is False
+    cublas = FakeCublas()
+    monkeypatch.setattr(conv_op, "_cublas", lambda: ("handle", cublas))
+    case = CASE_BY_NAME["groups2_stride2"]
+    for allow, dtype, tf32 in ((False, numpy.float32, False), (True, numpy.float32, True),
+                               (True, numpy.float64, False)):
+        monkeypatch.setattr(conv_op, "_allow_tf32", allow)
+        device = CudaLikeRecorder(cublas)
+        x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(9), dtype)
+        kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+        kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+        assert device.modes == [cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else 0] * 3, (allow, dtype)
+        assert cublas.mode == cublas.CUBLAS_DEFAULT_MATH   # restored after every GEMM
+    cupyconv.set_allow_tf32(True)
+    assert cupyconv.get_allow_tf32() is True
+    cupyconv.set_allow_tf32(False)
+
+
+def test_autotune_times_once_and_caches(monkeypatch):
+    monkeypatch.setattr(conv_op, "_autotune_cache", {})
+    monkeypatch.setattr(conv_op, "_autotune", False)
+    timed = []
+
+    def fake_timed(device, run):  # pretend im2col + GEMM is faster, against the heuristic's choice
+        result = run()
+        kind = "direct" if device.launches[-1].startswith("conv_fwd_direct") else "im2col_gemm"
+        timed.append(kind)
+        return (1.0 if kind == "direct" else 0.5), result
+
+    monkeypatch.setattr(conv_op, "_timed", fake_timed)
+    case = CASE_BY_NAME["plain"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(10))
+    device = Recorder()
+    kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)
+    assert timed == [] and device.count("conv_fwd_direct") == 1   # off by default: the heuristic
+
+    cupyconv.set_autotune(True)
+    try:
+        device = Recorder()
+        out = kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)
+        assert sorted(timed) == ["direct", "im2col_gemm"]
+        assert device.count("conv_fwd_direct") == 2 and device.count("unfold_im2col") == 2  # warm-up + timed
+        assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), "float64")
+        assert list(conv_op._autotune_cache.values()) == ["im2col_gemm"]
+        device.launches.clear()
+        kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)  # cached: no timing
+        assert len(timed) == 2 and device.count("conv_fwd_direct") == 0 and device.count("unfold_im2col") == 1
+    finally:
+        cupyconv.set_autotune(False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same matrix on a real GPU (CuPy arrays against the NumPy CPU path)
+
+
+def on_gpu(fn, *arrays, **kwargs):
+    """fn on CuPy copies of the NumPy arrays (None stays None); results back as NumPy arrays."""
+    import cupy
+    result = fn(*(None if a is None else cupy.asarray(a) for a in arrays), **kwargs)
+    if isinstance(result, tuple):
+        return tuple(None if r is None else cupy.asnumpy(r) for r in result)
+    return cupy.asnumpy(result)
+
+
+def check_case_gpu(case, algorithm, dtype="float64", seed=0, needs=NEEDS):
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), DTYPES[dtype])
+    out = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm=algorithm, **case.kwargs)
+    assert out.dtype == x.dtype
+    assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), dtype, f"{case.name}: forward")
+    grads = on_gpu(cupyconv.conv2d_backward, grad_output, x, weight, needs=needs, algorithm=algorithm,
+                   **case.kwargs)
+    for name, got, want in zip(NEEDS, grads, cupyconv.conv2d_backward(grad_output, x, weight, needs=needs,
+                                                                      **case.kwargs)):
+        if want is None:
+            assert got is None, name
+        else:
+            assert_close(got, want, dtype, f"{case.name}: grad {name}")
+    return grads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ALGORITHMS + ("auto",))
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_matches_cpu_path(case, algorithm):
+    check_case_gpu(case, algorithm)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_gpu_dtypes(dtype, algorithm):
+    check_case_gpu(DTYPE_CASE, algorithm, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("needs", NEEDS_SUBSETS, ids=repr)
+def test_gpu_needs(needs):
+    check_case_gpu(CASE_BY_NAME["groups2_stride2"], "auto", needs=needs)
+
+
+@pytest.mark.gpu
+def test_gpu_grad_weight_is_bit_deterministic():
+    case = C("determinism", (8, 32, 15, 13), (48, 16, 3, 3), padding=1, groups=2)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(7), numpy.float32)
+    runs = [on_gpu(cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"), **case.kwargs)
+            for _ in range(3)]
+    for _, gw, gb in runs[1:]:
+        assert gw.tobytes() == runs[0][1].tobytes() and gb.tobytes() == runs[0][2].tobytes()
+
+
+@pytest.mark.gpu
+def test_gpu_workspace_budget_chunks_the_batch():
+    case = C("chunked", (5, 3, 6, 7), (4, 3, 3, 3), padding=1)
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(8))
+    full = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+    chunked = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", workspace_limit=3000,
+                     **case.kwargs)
+    numpy.testing.assert_allclose(chunked, full, rtol=1e-13, atol=1e-13)
+    full_grads = on_gpu(cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+    chunked_grads = on_gpu(cupyconv.conv2d_backward, grad_output, x, weight, workspace_limit=3000, **case.kwargs)
+    for got, want in zip(chunked_grads, full_grads):
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_gpu_tf32_opt_in_restores_the_math_mode():
+    import cupy
+    handle, cublas = conv_op._cublas()
+    before = cublas.getMathMode(handle)
+    case = C("tf32", (4, 64, 17, 17), (64, 64, 3, 3), padding=1)
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), numpy.float32)
+    strict = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+    cupyconv.set_allow_tf32(True)
+    try:
+        out = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+    finally:
+        cupyconv.set_allow_tf32(False)
+    assert cublas.getMathMode(handle) == before
+    # TF32 keeps 10 mantissa bits of each factor: a relative error of about 1e-3 at most.
+    expected = cupyconv.conv2d(x, weight, bias, **case.kwargs)
+    assert_close(strict, expected, "float32", "strict float32")
+    assert float(numpy.abs(out - expected).max()) <= 5e-3 * float(numpy.abs(expected).max())
+    if int(cupy.cuda.Device().compute_capability) >= 80:  # TF32 tensor cores exist: the flag must change bits
+        assert not numpy.array_equal(out, strict), "set_allow_tf32(True) did not change the float32 GEMMs"
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    case = CASE_BY_NAME["groups2_stride2"]
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(12), numpy.float32)
+    t = [torch.from_numpy(a).cuda() for a in (x, weight, bias, grad_output)]
+    out = cupyconv.conv2d(t[0], t[1], t[2], **case.kwargs)
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    assert_close(out.cpu().numpy(), cupyconv.conv2d(x, weight, bias, **case.kwargs), "float32")
