@@ -2,29 +2,408 @@
 
 Padding is applied inside each patch; nothing is read across patches.  On the CPU this is conv2d over the
 flattened leading dims (each patch is its own image).
+
+The kernel path (raw_kernels/patch.cu) has two algorithms, chosen per pass by `algorithm=`:
+
+- 'fused' (what 'auto' picks for patches of at most FUSED_MAX_PIXELS pixels when the block fits in shared
+  memory): a block stages several whole patches with their zero halo and the weight tile in shared memory and
+  computes every output channel of their pixels from registers (an implicit GEMM, no column matrix).  Grad
+  input is the same kernel on grad_output with transposed, flipped weights; grad weight sums per block slice
+  and reduces the slices in a fixed order, so it gives the same bits on every run.
+- 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
+  budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
+  that writes the output straight into its (..., D, oH, oW) layout.
+
+The input is read in place through its strides: its leading dims collapse to at most two (outer, inner) with
+their own strides, so e.g. a (B, C, N, H, W) array transposed to (B, N, C, H, W) is not copied.  A batch
+whose leading dims need three or more strides is copied to a contiguous array first.
 """
 from __future__ import annotations
 
-from .._arrays import Call
+import dataclasses
+import itertools
+import math
+
+import numpy
+
+from .._arrays import Call, compute_dtype
+from .._device import c_type, element_strides, elementwise_launch, extent, index_type
 from .._spec import ConvSpec
-from .conv import NEEDS, check_grad_output, check_needs, conv2d_backward_cpu, conv2d_cpu
+from .._workspace import batch_chunks, get_workspace_limit
+# _matmul: conv2d's GEMM, which honours its TF32 opt-in (set_allow_tf32), so both ops follow one policy.
+from .conv import NEEDS, _matmul, check_grad_output, check_needs, conv2d_backward_cpu, conv2d_cpu
+from .unfold import col2im_kernel, im2col_kernel
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel path: raw_kernels/patch.cu
+
+KERNEL_FILE = "patch.cu"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+INDEX_TYPES = ("int", "long long")
+TILE_KERNELS = ("patch_fwd", "patch_bwd_input")  # templates on (H, W, kH, kW) as well as dtype and index
+# (H, W, kH, kW) compiled with constant sizes; GENERIC takes every size at run time.
+SPECIALISATIONS = ((4, 4, 3, 3), (8, 8, 3, 3))
+GENERIC = (0, 0, 0, 0)
+ALGORITHMS = ("auto", "fused", "im2col_gemm")
+
+FUSED_MAX_PIXELS = 256     # 'auto' runs the fused kernels on patches of at most this many pixels (H * W)
+SHARED_MEMORY = 48 * 1024  # per block, the most every CUDA GPU gives without an opt-in
+MAX_THREADS = 512          # PATCH_MAX_THREADS in patch.cu (its __launch_bounds__)
+TARGET_THREADS = 256       # threads per block the tile kernels aim for when the patches allow
+MIN_BLOCKS = 264           # fewer patches per block below this many blocks (2 per SM of a 132-SM H100)
+WEIGHT_MAX_THREADS = 256   # patch_bwd_weight: two blocks of 128-register threads per SM
+WEIGHT_BLOCKS = 512        # blocks patch_bwd_weight aims for (slices x weight tiles); fixed, so the slicing
+                           # and hence the bits of grad weight depend on the shape only, not on the GPU
+WEIGHT_PIXELS = 128        # output pixels per patch_bwd_weight batch, between two barriers
+MAX_GRID_Y = 65535         # CUDA's limit on gridDim.y (groups x output tiles)
+
+
+def _tiles(dtype) -> tuple[int, int, int, int]:
+    """(TM, TN, TK, TD) of PatchTile<T> in patch.cu: keep the two in sync."""
+    return (4, 8, 4, 8) if numpy.dtype(dtype) == numpy.float64 else (4, 16, 8, 8)
+
+
+def _kernel_name(kernel: str, dtype, index: str, sizes=None) -> str:
+    args = [c_type(dtype), index, *(str(s) for s in (sizes or ()))]
+    return f"{kernel}<{', '.join(args)}>"
 
 
 def instantiations():
-    return []
+    tile = [_kernel_name(k, d, i, s) for k, d, i, s in
+            itertools.product(TILE_KERNELS, DTYPES, INDEX_TYPES, (*SPECIALISATIONS, GENERIC))]
+    plain = [_kernel_name(k, d, i) for k, d, i in
+             itertools.product(("patch_bwd_weight", "patch_reduce"), DTYPES, INDEX_TYPES)]
+    return [(KERNEL_FILE, name) for name in tile + plain]
 
 
-def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """Convolve every patch of x (..., C, H, W) with weight (D, C // groups, kH, kW): (..., D, oH, oW)."""
+def _sizes(spec: ConvSpec) -> tuple[int, int, int, int]:
+    sizes = (*spec.in_size, *spec.kernel)
+    return sizes if sizes in SPECIALISATIONS else GENERIC
+
+
+def _batch_view(xp, a):
+    """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for patch q = (q // inner,
+    q % inner).  Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
+    a batch that still needs three or more strides is copied to a contiguous array."""
+    dims = []
+    for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    if len(dims) > 2:
+        a = xp.ascontiguousarray(a)
+        dims = dims[:1]
+    n = math.prod(a.shape[:-3])
+    outer = dims[0][0] if len(dims) == 2 else 1
+    return a.reshape(outer, n // outer, *a.shape[-3:])
+
+
+def _batch_args(view, I) -> list:
+    """The kernel arguments of a batch view: inner, then the element strides (outer, inner, X, Y, Z)."""
+    return [I(view.shape[1]), *(I(s) for s in element_strides(view))]
+
+
+def _geometry(spec: ConvSpec) -> list:
+    """The int geometry arguments every tile kernel takes, in their C order."""
+    (h, w), (oh, ow), (kh, kw) = spec.in_size, spec.out_size, spec.kernel
+    (sh, sw), (dh, dw), ((top, _), (left, _)) = spec.stride, spec.dilation, spec.padding
+    return [numpy.int32(v) for v in (spec.channels_per_group, spec.outputs_per_group, h, w, oh, ow, kh, kw,
+                                     sh, sw, top, left, dh, dw)]
+
+
+def _index(*extents: int):
+    """The kernel index type for buffers of these extents, and the NumPy scalar type of its arguments."""
+    index = index_type(*extents)
+    return index, numpy.int32 if index == "int" else numpy.int64
+
+
+def _bank_padded(size: int, lanes, itemsize: int) -> int:
+    """The smallest stride >= size between patches in shared memory at which the addresses lanes = [(patch,
+    offset), ...] of one warp's load meet the fewest bank conflicts (32 banks of 4 bytes)."""
+    def conflicts(stride):
+        banks = {}
+        for patch, offset in lanes:
+            address = patch * stride + offset
+            banks.setdefault(address * itemsize // 4 % 32, set()).add(address)
+        return max(len(addresses) for addresses in banks.values())
+    return min(range(size, size + 32), key=lambda stride: (conflicts(stride), stride))
+
+
+@dataclasses.dataclass(frozen=True)
+class _TilePlan:
+    """A launch of patch_fwd (transposed=False) or patch_bwd_input (transposed=True)."""
+    patches: int       # per block
+    out_tile: int      # output channels per block (a multiple of TN)
+    out_tiles: int     # blocks along the output channels of a group
+    chunk: int         # reduced channels staged per step
+    patch_stride: int  # shared-memory floats between two patches' tiles
+    threads: int
+    shared_mem: int
+
+
+def _tile_plan(spec: ConvSpec, dtype, transposed: bool) -> _TilePlan | None:
+    """The tile kernels' block shape for spec, or None when no block fits (then only im2col_gemm runs)."""
+    tm, tn, _, _ = _tiles(dtype)
+    (kh, kw), (dh, dw) = spec.kernel, spec.dilation
+    if transposed:
+        reduce, outs, (dst_h, dst_w), (step_y, step_x) = (spec.outputs_per_group, spec.channels_per_group,
+                                                          spec.in_size, (1, 1))
+    else:
+        reduce, outs, (dst_h, dst_w), (step_y, step_x) = (spec.channels_per_group, spec.outputs_per_group,
+                                                          spec.out_size, spec.stride)
+    tile_w = (dst_w - 1) * step_x + (kw - 1) * dw + 1
+    plane = ((dst_h - 1) * step_y + (kh - 1) * dh + 1) * tile_w
+    pixels, taps = dst_h * dst_w, kh * kw
+    pixel_groups = -(-pixels // tm)
+    if pixel_groups > MAX_THREADS:
+        return None
+    lanes = -(-max(outs, 1) // tn)
+    out_tiles = -(-lanes // (MAX_THREADS // pixel_groups))
+    lanes = -(-lanes // out_tiles)  # output-channel lanes per block, balanced over the out tiles
+    if spec.groups * out_tiles > MAX_GRID_Y:
+        return None
+    out_tile = lanes * tn
+    itemsize = compute_dtype(dtype).itemsize
+    budget = SHARED_MEMORY // itemsize
+    per_patch = pixel_groups * lanes  # threads
+    patches = min(TARGET_THREADS // per_patch, spec.n // MIN_BLOCKS)
+    whole_warps = 32 // math.gcd(32, per_patch)  # patches per block that make whole warps
+    patches = max(1, patches - patches % whole_warps if patches >= whole_warps else patches)
+    while True:  # the most channels per chunk that fit beside `patches` tiles; halve the patches if none does
+        chunk = (budget - patches * 31) // (taps * out_tile + patches * plane)
+        if chunk >= 1:
+            break
+        if patches == 1:
+            return None
+        patches //= 2
+    steps = -(-max(reduce, 1) // chunk)
+    chunk = -(-max(reduce, 1) // steps)  # as few steps as fit, as even as possible
+    warp = [(t // pixel_groups % patches, (t % pixel_groups) // dst_w * step_y * tile_w
+             + (t % pixel_groups) % dst_w * step_x) for t in range(min(32, per_patch * patches))]
+    patch_stride = _bank_padded(chunk * plane, warp, itemsize)
+    return _TilePlan(patches, out_tile, out_tiles, chunk, patch_stride, per_patch * patches,
+                     itemsize * (chunk * taps * out_tile + patches * patch_stride))
+
+
+@dataclasses.dataclass(frozen=True)
+class _WeightPlan:
+    """A launch of patch_bwd_weight."""
+    patches: int       # per batch
+    out_tile: int      # output channels per block (a multiple of TD)
+    k_tile: int        # weight entries (c, i, j) per block (a multiple of TK)
+    weight_tiles: int  # blocks along the weight of one group: d tiles x k tiles
+    slices: int        # blocks along the patches, each writing one partial sum
+    patch_stride: int
+    threads: int
+    shared_mem: int
+
+
+def _weight_plan(spec: ConvSpec, dtype) -> _WeightPlan | None:
+    _, _, tk, tn = _tiles(dtype)
+    (kh, kw), (dh, dw), (sh, sw), (oh, ow) = spec.kernel, spec.dilation, spec.stride, spec.out_size
+    taps, pixels = kh * kw, oh * ow
+    k = spec.channels_per_group * taps
+    k_all, d_all = -(-k // tk), -(-spec.outputs_per_group // tn)
+    d_lanes = min(d_all, max(1, WEIGHT_MAX_THREADS // k_all))
+    k_lanes = min(k_all, WEIGHT_MAX_THREADS // d_lanes)
+    k_tiles, d_tiles = -(-k_all // k_lanes), -(-d_all // d_lanes)
+    k_lanes, d_lanes = -(-k_all // k_tiles), -(-d_all // d_tiles)  # balanced over the tiles
+    k_tile, out_tile = k_lanes * tk, d_lanes * tn
+    channels = max((min(k, f + k_tile) - 1) // taps - f // taps + 1 for f in range(0, k, k_tile))
+    tile_w = (ow - 1) * sw + (kw - 1) * dw + 1
+    plane = ((oh - 1) * sh + (kh - 1) * dh + 1) * tile_w
+    itemsize = compute_dtype(dtype).itemsize
+    per_patch = pixels * (out_tile + 4) + channels * plane
+    patches = min(spec.n, max(1, WEIGHT_PIXELS // pixels), SHARED_MEMORY // itemsize // per_patch)
+    if patches < 1:
+        return None
+    weight_tiles = d_tiles * k_tiles
+    if spec.groups * weight_tiles > MAX_GRID_Y:
+        return None
+    d = spec.out_channels
+    slices = min(-(-spec.n // patches), max(1, WEIGHT_BLOCKS // (spec.groups * weight_tiles)),
+                 max(1, get_workspace_limit() // (d * k * itemsize)))
+    # A warp's loads all fall in one patch, so the patches need no bank padding.
+    return _WeightPlan(patches, out_tile, k_tile, weight_tiles, slices, channels * plane, k_lanes * d_lanes,
+                       itemsize * patches * (pixels * (out_tile + 4) + channels * plane))
+
+
+def _check_algorithm(op: str, algorithm) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
+    """Whether a pass runs the fused kernel: 'auto' picks it for small patches when a block fits."""
+    if algorithm == "auto":
+        return plan is not None and spec.in_size[0] * spec.in_size[1] <= FUSED_MAX_PIXELS
+    if algorithm == "fused" and plan is None:
+        raise ValueError(f"{op}: algorithm='fused' has no block that fits {SHARED_MEMORY} bytes of shared memory "
+                         f"for patches {spec.in_size[0]}x{spec.in_size[1]} with kernel "
+                         f"{spec.kernel[0]}x{spec.kernel[1]} and {spec.in_channels} -> {spec.out_channels} "
+                         f"channels; use algorithm='im2col_gemm' or 'auto'")
+    return algorithm == "fused"
+
+
+def _gemm_chunks(view, bytes_per_patch: int):
+    """(outer index, slice of inner) pieces of a batch view, each within the workspace budget."""
+    for o in range(view.shape[0]):
+        for part in batch_chunks(view.shape[1], bytes_per_patch):
+            yield o, part
+
+
+def _sub(spec: ConvSpec, part: slice) -> ConvSpec:
+    """spec for a flat batch of the patches in `part`."""
+    return dataclasses.replace(spec, batch=(part.stop - part.start,))
+
+
+def _forward_kernel(device, x, weight, bias, spec: ConvSpec, algorithm: str):
+    xp = device.xp
+    out = device.empty(spec.output_shape, x.dtype)
+    if out.size == 0:
+        return out
+    xv = _batch_view(xp, x)
+    weight = xp.ascontiguousarray(weight)
+    plan = _tile_plan(spec, x.dtype, transposed=False)
+    if not _use_fused("patch_conv2d", algorithm, spec, plan):
+        return _forward_gemm(device, xv, weight, bias, spec, out)
+    index, I = _index(extent(xv), out.size, weight.size)
+    device.launch(KERNEL_FILE, _kernel_name("patch_fwd", x.dtype, index, _sizes(spec)),
+                  (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
+                  [xv, weight, weight if bias is None else bias, out, I(spec.n), *_batch_args(xv, I),
+                   *_geometry(spec), *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk,
+                                                                 plan.patch_stride, bias is not None))],
+                  shared_mem=plan.shared_mem)
+    return out
+
+
+def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
+    """out (n, G, D / G, L) = weight (G, D / G, C / G * taps) @ cols (n, G, C / G * taps, L), chunk by chunk."""
+    g, pixels = spec.groups, spec.out_pixels
+    w = weight.reshape(g, spec.outputs_per_group, -1)
+    out5 = out.reshape(*xv.shape[:2], g, spec.outputs_per_group, pixels)
+    col_bytes = spec.in_channels * spec.taps * pixels * xv.itemsize
+    for o, part in _gemm_chunks(xv, col_bytes):
+        cols = im2col_kernel(device, xv[o, part], _sub(spec, part))
+        _matmul(device, w, cols.reshape(cols.shape[0], g, -1, pixels), out=out5[o, part])
+    if bias is not None:
+        out += bias.reshape(-1, 1, 1)
+    return out
+
+
+def _grad_input(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
+    out = device.empty(spec.input_shape, dtype)
+    if out.size == 0:
+        return out
+    plan = _tile_plan(spec, dtype, transposed=True)
+    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
+        return _grad_input_gemm(device, gv, weight, spec, out)
+    index, I = _index(extent(gv), out.size, weight.size)
+    device.launch(KERNEL_FILE, _kernel_name("patch_bwd_input", dtype, index, _sizes(spec)),
+                  (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
+                  [gv, weight, out, I(spec.n), *_batch_args(gv, I), *_geometry(spec),
+                   *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk, plan.patch_stride))],
+                  shared_mem=plan.shared_mem)
+    return out
+
+
+def _grad_input_gemm(device, gv, weight, spec: ConvSpec, out):
+    """cols = weight^T (G, C / G * taps, D / G) @ grad_output (n, G, D / G, L), then col2im (a gather)."""
+    g, pixels = spec.groups, spec.out_pixels
+    wt = device.xp.ascontiguousarray(weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1))
+    out5 = out.reshape(*gv.shape[:2], *spec.input_shape[-3:])
+    per_patch = (spec.in_channels * spec.taps * pixels + math.prod(spec.input_shape[-3:])) * gv.itemsize
+    for o, part in _gemm_chunks(gv, per_patch):
+        gy = gv[o, part]
+        cols = _matmul(device, wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels))
+        out5[o, part] = col2im_kernel(device, cols, _sub(spec, part))
+    return out
+
+
+def _grad_weight(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
+    xp, dtype = device.xp, weight.dtype
+    out = device.empty(spec.weight_shape, dtype)
+    if out.size == 0:
+        return out
+    plan = _weight_plan(spec, dtype)
+    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
+        return _grad_weight_gemm(device, xv, gy, spec, out)
+    gv = _batch_view(xp, gy)
+    size = out.size
+    partial = device.empty((plan.slices, size), compute_dtype(dtype))
+    index, I = _index(extent(xv), extent(gv), partial.size)
+    device.launch(KERNEL_FILE, _kernel_name("patch_bwd_weight", dtype, index),
+                  (plan.slices, spec.groups * plan.weight_tiles), (plan.threads,),
+                  [xv, gv, partial, I(spec.n), *_batch_args(xv, I), *_batch_args(gv, I), *_geometry(spec),
+                   *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.k_tile, plan.patch_stride))],
+                  shared_mem=plan.shared_mem)
+    grid, block = elementwise_launch(size)
+    device.launch(KERNEL_FILE, _kernel_name("patch_reduce", dtype, index), grid, block,
+                  [partial, out, I(plan.slices), I(size)])
+    return out
+
+
+def _grad_weight_gemm(device, xv, gy, spec: ConvSpec, out):
+    """The sum over patches of cols (G, C / G * taps, L) @ grad_output^T (G, L, D / G), chunk by chunk, the
+    chunks' sums added in order (deterministic); transposed to (D, C / G, kH, kW) at the end."""
+    xp, g, pixels = device.xp, spec.groups, spec.out_pixels
+    ct = compute_dtype(out.dtype)
+    gv = gy.reshape(*xv.shape[:2], *gy.shape[-3:])  # chunks index x and grad_output alike
+    acc = xp.zeros((g, spec.channels_per_group * spec.taps, spec.outputs_per_group), dtype=ct)
+    # columns, grad_output's transposed copy and the per-patch products
+    per_patch = (spec.in_channels * spec.taps * (pixels + spec.outputs_per_group)
+                 + spec.out_channels * pixels) * xv.itemsize
+    for o, part in _gemm_chunks(xv, per_patch):
+        cols = im2col_kernel(device, xv[o, part], _sub(spec, part))
+        count = cols.shape[0]
+        grad = gv[o, part].reshape(count, g, spec.outputs_per_group, pixels).transpose(0, 1, 3, 2)
+        acc += _matmul(device, cols.reshape(count, g, -1, pixels), grad).sum(axis=0, dtype=ct)
+    out[...] = acc.transpose(0, 2, 1).reshape(spec.weight_shape)
+    return out
+
+
+def _backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str):
+    xp = device.xp
+    weight = xp.ascontiguousarray(weight)
+    if spec.n == 0:
+        zeros = (xp.zeros(spec.input_shape, x.dtype), xp.zeros(spec.weight_shape, x.dtype),
+                 xp.zeros((spec.out_channels,), x.dtype))
+        return tuple(z if name in needs else None for name, z in zip(NEEDS, zeros))
+    gv = _batch_view(xp, grad_output)
+    grad_x = grad_w = grad_b = None
+    if "input" in needs:
+        grad_x = _grad_input(device, gv, weight, spec, x.dtype, algorithm)
+    if "weight" in needs:
+        grad_w = _grad_weight(device, _batch_view(xp, x), grad_output, weight, spec, algorithm)
+    if "bias" in needs:
+        grad_b = gv.sum(axis=(0, 1, 3, 4), dtype=compute_dtype(x.dtype)).astype(x.dtype)
+    return grad_x, grad_w, grad_b
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API
+
+
+def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto"):
+    """Convolve every patch of x (..., C, H, W) with weight (D, C // groups, kH, kW): (..., D, oH, oW).
+
+    padding (int, (pH, pW), ((top, bottom), (left, right)), 'same' or 'valid') is applied inside every patch.
+    algorithm picks the GPU kernels: 'auto', 'fused' (small patches) or 'im2col_gemm'; the CPU path ignores it.
+    """
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
                              min_ndim=3, max_ndim=None)
+    _check_algorithm("patch_conv2d", algorithm)
     if call.device is not None:
-        raise NotImplementedError("patch_conv2d: no GPU kernel yet; pass NumPy arrays or CPU tensors")
+        return call.wrap(_forward_kernel(call.device, call.x, call.weight, call.bias, spec, algorithm))
     return call.wrap(conv2d_cpu(call.x, call.weight, call.bias, spec))
 
 
-def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS):
+def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
+                          algorithm="auto"):
     """Gradients of patch_conv2d: (grad_x, grad_weight, grad_bias), None unless named in `needs`."""
     op = "patch_conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
@@ -32,6 +411,8 @@ def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilati
                              min_ndim=3, max_ndim=None)
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
+    _check_algorithm(op, algorithm)
     if call.device is not None:
-        raise NotImplementedError("patch_conv2d_backward: no GPU kernel yet; pass NumPy arrays or CPU tensors")
+        return call.wrap(_backward_kernel(call.device, call.grad_output, call.x, call.weight, spec, needs,
+                                          algorithm))
     return call.wrap(conv2d_backward_cpu(call.grad_output, call.x, call.weight, spec, needs))
