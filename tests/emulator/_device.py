@@ -1,0 +1,301 @@
+"""EmulatedDevice: the kernel path's Device on NumPy buffers, running raw_kernels/ compiled for the CPU."""
+from __future__ import annotations
+
+import ctypes
+import operator
+import os
+import threading
+from pathlib import Path
+
+import numpy
+
+from cupyconv import _device as cupyconv_device
+
+from ._asan import asan_preloaded
+from ._build import DYNAMIC_SHARED_CAPACITY, build
+
+STATIC_SHARED_LIMIT = 48 * 1024  # static + dynamic without opt-in (every architecture)
+OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block
+
+
+class EmulatorError(RuntimeError):
+    """Base class of the emulator's errors."""
+
+
+class KernelArgumentError(EmulatorError, TypeError):
+    """An argument does not match the kernel's C signature."""
+
+
+class LaunchConfigError(EmulatorError, ValueError):
+    """A grid, block or shared memory size that CUDA would refuse."""
+
+
+class KernelFailure(EmulatorError):
+    """The kernel misbehaved while running: divergent barrier, deadlock, misuse of a warp operation."""
+
+
+_C_NAMES = {"f2": "__half", "bf2": "__nv_bfloat16", "f4": "float", "f8": "double", "b1": "bool",
+            "i1": "signed char", "i2": "short", "i4": "int", "i8": "long long",
+            "u1": "unsigned char", "u2": "unsigned short", "u4": "unsigned int", "u8": "unsigned long long"}
+_NUMPY_NAMES = {"f2": "numpy.float16", "bf2": "bfloat16", "f4": "numpy.float32", "f8": "numpy.float64",
+                "b1": "numpy.bool_", "i1": "numpy.int8", "i2": "numpy.int16", "i4": "numpy.int32",
+                "i8": "numpy.int64", "u1": "numpy.uint8", "u2": "numpy.uint16", "u4": "numpy.uint32",
+                "u8": "numpy.uint64"}
+
+
+def _c_name(code: str) -> str:
+    if code.startswith("pc"):
+        return f"const {_c_name(code[2:])}*"
+    if code.startswith("p"):
+        return f"{_c_name(code[1:])}*"
+    return _C_NAMES.get(code, "<a type the emulator cannot pass>")
+
+
+def _dtype_code(dtype) -> str | None:
+    dtype = numpy.dtype(dtype)
+    if dtype.name == "bfloat16":  # ml_dtypes.bfloat16, as CuPy uses
+        return "bf2"
+    if dtype.kind == "b":
+        return "b1"
+    if dtype.kind in "fiu":
+        return f"{dtype.kind}{dtype.itemsize}"
+    return None
+
+
+def _element_matches(dtype, code: str) -> bool:
+    # NumPy has no bfloat16 of its own: a uint16 array of raw bits is accepted for __nv_bfloat16 (only).
+    actual = _dtype_code(dtype)
+    return actual == code or (code == "bf2" and numpy.dtype(dtype) == numpy.uint16)
+
+
+def _describe(value) -> str:
+    if isinstance(value, numpy.ndarray):
+        return f"a {value.dtype} array of shape {value.shape}"
+    if isinstance(value, numpy.generic):
+        return f"numpy.{type(value).__name__}"
+    return f"a Python {type(value).__name__}"
+
+
+def _span(a: numpy.ndarray) -> tuple[int, int]:
+    """Byte offsets, relative to a's data pointer, of the first and one past the last byte a can reach."""
+    if a.size == 0:
+        return 0, 0
+    low = high = 0
+    for n, s in zip(a.shape, a.strides):
+        if s < 0:
+            low += s * (n - 1)
+        else:
+            high += s * (n - 1)
+    return low, high + a.itemsize
+
+
+def _dims(value, what: str) -> tuple[int, int, int]:
+    dims = (value,) if not isinstance(value, (tuple, list)) else tuple(value)
+    try:
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise LaunchConfigError(f"{what} must be an int or a tuple of 1 to 3 ints, not {value!r}") from None
+    if not 1 <= len(dims) <= 3:
+        raise LaunchConfigError(f"{what} must have 1 to 3 dimensions, not {value!r}")
+    if min(dims) < 1:
+        raise LaunchConfigError(f"{what} {dims} has an empty dimension (CUDA: invalid configuration argument)")
+    return dims + (1,) * (3 - len(dims))
+
+
+def _check_config(grid, block) -> None:
+    threads = block[0] * block[1] * block[2]
+    if threads > 1024:
+        raise LaunchConfigError(f"block {block} has {threads} threads; CUDA allows at most 1024 per block")
+    for d, (size, limit) in zip("xyz", zip(block, (1024, 1024, 64))):
+        if size > limit:
+            raise LaunchConfigError(f"block.{d} = {size} exceeds CUDA's limit of {limit}")
+    for d, (size, limit) in zip("xyz", zip(grid, (2**31 - 1, 65535, 65535))):
+        if size > limit:
+            raise LaunchConfigError(f"grid.{d} = {size} exceeds CUDA's limit of {limit}")
+
+
+class _Kernel:
+    def __init__(self, library: "_Library", index: int, name: str):
+        lib = library.cdll
+        self.library = library
+        self.name = name
+        self.launch = getattr(lib, f"emu_launch_{index}")
+        self.launch.restype = ctypes.c_int
+        self.launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
+                                ctypes.c_void_p]
+        for fn in ("signature", "symbol"):
+            getattr(lib, f"emu_{fn}_{index}").restype = ctypes.c_char_p
+        text = getattr(lib, f"emu_signature_{index}")().decode()
+        self.codes = text.split(",")[:-1] if text else []
+        symbol = getattr(lib, f"emu_symbol_{index}")().decode()
+        # Static __shared__ variables declared in the kernel's body are its function-local statics, mangled
+        # _ZZ<kernel's encoding>E<name>; those declared in helper functions are not counted.
+        prefix = "_ZZ" + symbol[2:] + "E" if symbol.startswith("_Z") else None
+        self.static_shared = sum(size for sym, size in library.tls.items() if prefix and sym.startswith(prefix))
+
+
+class _Library:
+    def __init__(self, path: Path, meta: dict):
+        self.path = path
+        self.cdll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        self.cdll.emu_error.restype = ctypes.c_char_p
+        self.cdll.emu_set_order.argtypes = [ctypes.c_int]
+        self.names = list(meta["names"])
+        self.tls = meta["tls"]
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self._kernels = {}
+
+    def __contains__(self, name):
+        return name in self._index
+
+    def kernel(self, name: str) -> _Kernel:
+        if name not in self._kernels:
+            self._kernels[name] = _Kernel(self, self._index[name], name)
+        return self._kernels[name]
+
+
+_LIBRARIES: dict = {}  # (kernel dir, source, asan) -> _Library, shared by every EmulatedDevice of the process
+_LOCK = threading.RLock()  # the engine's state is global: one launch at a time
+
+
+class EmulatedDevice(cupyconv_device.Device):
+    """Runs the kernel path on NumPy arrays: the unmodified CUDA source, compiled by g++, on CPU fibers.
+
+    order:      "forward" or "reverse": the order in which the threads of a block (and the blocks of the grid)
+                take turns.  A kernel missing a __syncthreads() goes wrong in at least one of the two.
+    asan:       run the AddressSanitizer build (global and dynamic shared memory under ASan, static shared
+                arrays under -fsanitize=bounds).  Needs libasan preloaded: see run_under_asan/pytest_under_asan.
+                Default: on when the environment sets CUPYCONV_EMULATOR_ASAN=1 (those helpers do).
+    kernel_dir: another directory of kernels (the emulator's self-tests); default: cupyconv's raw_kernels/.
+    instantiations: (file, name expression) pairs to compile for kernel_dir, one library per file; default for
+                raw_kernels/: cupyconv._device.all_instantiations(), and launching any other name raises.
+    """
+
+    name = "emulated"
+    xp = numpy
+
+    def __init__(self, order: str = "forward", *, asan: bool | None = None, kernel_dir=None, instantiations=None):
+        if order not in ("forward", "reverse"):
+            raise ValueError(f"order must be 'forward' or 'reverse', not {order!r}")
+        self.order = order
+        self.asan = os.environ.get("CUPYCONV_EMULATOR_ASAN") == "1" if asan is None else bool(asan)
+        if self.asan and not asan_preloaded():
+            raise EmulatorError("the ASan emulator needs libasan preloaded into the interpreter: run the code "
+                                "through tests/emulator's run_under_asan() or pytest_under_asan()")
+        package_dir = cupyconv_device.kernel_dir().resolve()
+        self.kernel_dir = Path(kernel_dir).resolve() if kernel_dir is not None else package_dir
+        self._package = self.kernel_dir == package_dir
+        self._instantiations = None if instantiations is None else sorted(set(instantiations))
+
+    def __repr__(self):
+        return f"EmulatedDevice(order={self.order!r}, asan={self.asan}, kernel_dir='{self.kernel_dir}')"
+
+    # -- Device interface -------------------------------------------------------------------------------
+
+    def empty(self, shape, dtype):
+        """Uninitialised like cupy.empty, but poisoned: every byte 0xFF (NaN for every float type)."""
+        out = numpy.empty(shape, dtype=dtype)
+        out.reshape(-1).view(numpy.uint8)[...] = 0xFF
+        return out
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        grid, block = _dims(grid, "grid"), _dims(block, "block")
+        _check_config(grid, block)
+        shared_mem = operator.index(shared_mem)
+        if shared_mem < 0:
+            raise LaunchConfigError(f"shared_mem = {shared_mem} is negative")
+        kernel = self._kernel(source, name)
+        self._check_shared(source, kernel, shared_mem)
+        argv, extents, keep_alive = self._marshal(source, kernel, list(args))
+        grid_c = (ctypes.c_uint * 3)(*grid)
+        block_c = (ctypes.c_uint * 3)(*block)
+        with _LOCK:
+            library = kernel.library
+            library.cdll.emu_set_order(self.order == "reverse")
+            status = kernel.launch(grid_c, block_c, shared_mem, argv, extents)
+            message = library.cdll.emu_error().decode(errors="replace") if status else ""
+        del keep_alive
+        if status:
+            raise KernelFailure(f"{source}: {name}, grid {grid}, block {block}, {self.order} order: {message}")
+
+    # -- helpers --------------------------------------------------------------------------------------------
+
+    def library_path(self, source: str) -> Path:
+        """Where the compiled library for `source` is (compiling it if needed)."""
+        return self._library_for(source, required=None).path
+
+    def _names_for(self, source: str) -> list[str]:
+        pairs = cupyconv_device.all_instantiations() if self._instantiations is None else self._instantiations
+        return sorted({n for f, n in pairs if f == source})
+
+    def _library_for(self, source: str, required: str | None = None) -> _Library:
+        key = (str(self.kernel_dir), source, self.asan)
+        with _LOCK:
+            library = _LIBRARIES.get(key)
+            if library is not None and (required is None or required in library):
+                return library
+            names = self._names_for(source)
+            if required is not None and required not in names:
+                if self._package:
+                    raise EmulatorError(
+                        f"{source}: {required} is launched but missing from its op's instantiations(), so the "
+                        f"NVRTC check never compiles it; list it there (instantiations: {names})")
+                names = sorted(set(names) | set(library.names if library else ()) | {required})
+            if not names:
+                raise EmulatorError(f"{source}: no instantiations to compile")
+            path, meta = build(self.kernel_dir, source, names, self.asan)
+            library = _LIBRARIES[key] = _Library(path, meta)
+            return library
+
+    def _kernel(self, source: str, name: str) -> _Kernel:
+        return self._library_for(source, required=name).kernel(name)
+
+    def _check_shared(self, source, kernel: _Kernel, dynamic: int) -> None:
+        static = kernel.static_shared
+        total = static + dynamic
+        if static > STATIC_SHARED_LIMIT:
+            raise LaunchConfigError(f"{source}: {kernel.name} declares {static} bytes of static shared memory; "
+                                    f"CUDA allows {STATIC_SHARED_LIMIT}")
+        if total <= STATIC_SHARED_LIMIT:
+            return
+        # Beyond 48 KiB a kernel needs the opt-in attribute (CuPy: kernel.max_dynamic_shared_size_bytes); a
+        # launch asking for more than 48 KiB of dynamic memory is taken as having opted in.
+        if dynamic > STATIC_SHARED_LIMIT and total <= OPT_IN_SHARED_LIMIT:
+            return
+        raise LaunchConfigError(
+            f"{source}: {kernel.name} needs {static} bytes of static and {dynamic} bytes of dynamic shared memory "
+            f"({total} in all); CUDA allows {STATIC_SHARED_LIMIT} without opt-in and {OPT_IN_SHARED_LIMIT} with it")
+
+    def _marshal(self, source, kernel: _Kernel, args: list):
+        codes = kernel.codes
+        where = f"{source}: {kernel.name}"
+        if len(args) != len(codes):
+            raise KernelArgumentError(f"{where} takes {len(codes)} arguments "
+                                      f"({', '.join(_c_name(c) for c in codes)}), got {len(args)}")
+        slots, extents = [], []
+        for i, (value, code) in enumerate(zip(args, codes)):
+            what = f"{where}: argument {i} is {_describe(value)} but parameter {i} is `{_c_name(code)}`"
+            if "?" in code:
+                raise KernelArgumentError(f"{where}: parameter {i} has a type the emulator cannot pass")
+            if code.startswith("p"):
+                element = code[2:] if code.startswith("pc") else code[1:]
+                if not isinstance(value, numpy.ndarray):
+                    raise KernelArgumentError(f"{what}: pass an array")
+                if not _element_matches(value.dtype, element):
+                    raise KernelArgumentError(f"{what}: the element types differ")
+                if not code.startswith("pc") and not value.flags.writeable:
+                    raise KernelArgumentError(f"{what}: the kernel may write through it but the array is read-only")
+                slots.append(ctypes.c_void_p(value.ctypes.data))
+                extents += _span(value)
+            else:
+                if not isinstance(value, numpy.generic):
+                    raise KernelArgumentError(f"{what}: scalars must be NumPy scalars of the parameter's exact "
+                                              f"type ({_NUMPY_NAMES.get(code, '?')}), since CuPy passes whatever "
+                                              f"it gets without checking")
+                if _dtype_code(value.dtype) != code:
+                    raise KernelArgumentError(f"{what}: pass {_NUMPY_NAMES.get(code, '?')}")
+                slots.append(ctypes.create_string_buffer(value.tobytes(), 8))
+                extents += (0, 0)
+        argv = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])
+        extents_c = (ctypes.c_longlong * max(len(extents), 2))(*extents)
+        return argv, extents_c, slots

@@ -1,0 +1,573 @@
+// The emulator's execution engine, included by each generated launcher file after the kernel source.
+//
+// Blocks run one after another.  The threads of a block are ucontext fibers on the calling OS thread, switched
+// only at __syncthreads() and warp operations, in a fixed order (forward or reverse): runs are deterministic,
+// and a kernel that lacks a barrier reads another thread's data too early (or poison) in one of the orders.
+// After every pass over the runnable fibers the scheduler releases whatever can go on (complete warp groups,
+// then a barrier that every thread of the block reached at the same call) and reports anything else as a
+// divergent barrier or a deadlock.  What the engine detects (those, undefined behaviour caught by the
+// sanitizer checks) comes back to Python as a message, not as a crash.
+#pragma once
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+
+// Defined in the second translation unit (dyn_shared.cpp), with every `extern __shared__` name aliased to it.
+extern thread_local unsigned char emu_dynamic_shared[];
+
+namespace emu {
+
+constexpr size_t kStackBytes = 128 * 1024;  // per fiber; small so that 1024 fibers stay cheap (also under ASan)
+constexpr size_t kGuardBytes = 4096;        // PROT_NONE page below each stack: an overflow faults at once
+constexpr size_t kDynamicSharedCapacity = EMU_DYNAMIC_SHARED_CAPACITY;
+
+enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE, FAILED };
+
+struct Fiber {
+  ucontext_t context;
+  char* stack;
+  bool has_context;
+  uint3 tid;
+  int lane;
+  int state;
+  const char* file;  // where the fiber waits
+  int line;
+  int kind;  // warp operation: WARP_SYNC, WARP_SHFL, WARP_BALLOT
+  unsigned mask;
+  int src_lane;
+  unsigned long long value;
+  unsigned long long* result;
+  void* fake_stack;  // ASan's bookkeeping for this fiber's stack
+};
+
+struct Engine {
+  Fiber* fibers = nullptr;
+  int capacity = 0;  // fibers with a stack
+  Fiber* current = nullptr;
+  ucontext_t scheduler;
+  void (*body)(void*) = nullptr;  // runs the kernel in the current fiber
+  void* closure = nullptr;
+  bool reverse = false;
+  const void* scheduler_stack = nullptr;  // reported by ASan when a fiber starts
+  size_t scheduler_stack_bytes = 0;
+  char message[4096];
+};
+static Engine engine;
+
+static void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(engine.message, sizeof engine.message, format, args);
+  va_end(args);
+}
+
+static const char* where(const Fiber* f, char* text, size_t size) {
+  switch (f->state) {
+    case DONE: snprintf(text, size, "has exited"); break;
+    case AT_BARRIER: snprintf(text, size, "waits at __syncthreads() at %s:%d", f->file, f->line); break;
+    case AT_WARP: snprintf(text, size, "waits at a warp operation (mask 0x%08x) at %s:%d", f->mask, f->file, f->line); break;
+    default: snprintf(text, size, "is runnable"); break;
+  }
+  return text;
+}
+
+#define EMU_THREAD(f) (f)->tid.x, (f)->tid.y, (f)->tid.z
+
+// ---------------------------------------------------------------------------------------------------------
+// Fiber switching.  The sanitizer hooks tell ASan which stack is live, or it reports false stack errors.
+
+static void yield_to_scheduler(bool finished) {
+  Fiber* f = engine.current;
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f->fake_stack, engine.scheduler_stack,
+                                 engine.scheduler_stack_bytes);
+#else
+  (void)finished;
+#endif
+  swapcontext(&f->context, &engine.scheduler);
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_finish_switch_fiber(f->fake_stack, &engine.scheduler_stack, &engine.scheduler_stack_bytes);
+#endif
+}
+
+static void fiber_main() {
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_finish_switch_fiber(nullptr, &engine.scheduler_stack, &engine.scheduler_stack_bytes);
+#endif
+  engine.body(engine.closure);
+  engine.current->state = DONE;
+  yield_to_scheduler(true);
+  abort();  // a finished fiber is never resumed
+}
+
+static void resume(Fiber* f) {
+  engine.current = f;
+  threadIdx = f->tid;
+#ifdef __SANITIZE_ADDRESS__
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, f->stack, kStackBytes);
+#endif
+  swapcontext(&engine.scheduler, &f->context);
+#ifdef __SANITIZE_ADDRESS__
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+  engine.current = nullptr;
+}
+
+static bool reserve_fibers(int n) {
+  // Allocated once for the largest block: a ucontext_t points into itself (its saved FP state), so the array
+  // must never move.  Stacks are mapped as blocks need them and kept for later launches.
+  if (!engine.fibers) engine.fibers = (Fiber*)calloc(1024, sizeof(Fiber));
+  if (!engine.fibers || n > 1024) return false;
+  for (int i = engine.capacity; i < n; ++i) {
+    void* base = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (base == MAP_FAILED) return false;
+    mprotect(base, kGuardBytes, PROT_NONE);  // stacks grow down into the guard page
+    engine.fibers[i].stack = (char*)base + kGuardBytes;
+    engine.capacity = i + 1;
+  }
+  return true;
+}
+
+static void start_fiber(Fiber* f) {
+  if (!f->has_context) {  // getcontext costs a system call: once per fiber, then makecontext reuses it
+    getcontext(&f->context);
+    f->has_context = true;
+  }
+  f->context.uc_stack.ss_sp = f->stack;
+  f->context.uc_stack.ss_size = kStackBytes;
+  f->context.uc_link = nullptr;
+  makecontext(&f->context, fiber_main, 0);
+  // Without a recorded stack, ASan's swapcontext interceptor does not clear this stack's shadow on every
+  // switch (slow, and it would erase the redzones of the fiber's live frames).
+  f->context.uc_stack.ss_sp = nullptr;
+  f->context.uc_stack.ss_size = 0;
+  f->state = RUNNABLE;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Undefined behaviour.  Every build has -fsanitize=bounds,signed-integer-overflow, whose checks call the
+// handlers below (the emulator's own, bound inside the library, in place of libubsan's, which would print and
+// run on): they stop the faulty thread and fail the launch with the place and the values, so an index past a
+// fixed-size array (a static __shared__ tile, a local array) or an int index that overflows fails the test.
+
+struct UbsanLocation { const char* file; unsigned line, column; };
+struct UbsanType { unsigned short kind, info; char name[1]; };
+struct UbsanOutOfBounds { UbsanLocation location; const UbsanType* array_type; const UbsanType* index_type; };
+struct UbsanOverflow { UbsanLocation location; const UbsanType* type; };
+
+static long long ubsan_integer(const UbsanType* type, uintptr_t value) {
+  const unsigned bits = 1u << (type->info >> 1);  // integers of up to 64 bits are passed by value
+  if (!(type->info & 1) || bits >= 64) return (long long)value;
+  const unsigned long long sign = 1ull << (bits - 1);
+  const unsigned long long v = value & ((sign << 1) - 1);
+  return (long long)((v ^ sign) - sign);
+}
+
+static void undefined_behaviour(const UbsanLocation& at, const char* what) {
+  char text[sizeof engine.message];
+  if (engine.current)
+    snprintf(text, sizeof text, "thread (%u,%u,%u): %s at %s:%u", EMU_THREAD(engine.current), what, at.file,
+             at.line);
+  else
+    snprintf(text, sizeof text, "%s at %s:%u", what, at.file, at.line);
+  std::memcpy(engine.message, text, sizeof text);
+  if (!engine.current) return;
+  engine.current->state = FAILED;
+  yield_to_scheduler(false);  // never resumed: the block is abandoned
+  abort();
+}
+
+static void overflow(UbsanOverflow* data, const char* op, uintptr_t lhs, uintptr_t rhs) {
+  char what[512];
+  snprintf(what, sizeof what, "signed integer overflow: %lld %s %lld in type %s", ubsan_integer(data->type, lhs),
+           op, ubsan_integer(data->type, rhs), data->type->name);
+  undefined_behaviour(data->location, what);
+}
+
+}  // namespace emu
+
+#define EMU_UBSAN_HANDLER extern "C" __attribute__((visibility("hidden"))) void
+EMU_UBSAN_HANDLER __ubsan_handle_out_of_bounds(emu::UbsanOutOfBounds* data, uintptr_t index) {
+  char what[512];
+  snprintf(what, sizeof what, "index %lld out of bounds for type %s", emu::ubsan_integer(data->index_type, index),
+           data->array_type->name);
+  emu::undefined_behaviour(data->location, what);
+}
+EMU_UBSAN_HANDLER __ubsan_handle_add_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "+", a, b); }
+EMU_UBSAN_HANDLER __ubsan_handle_sub_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "-", a, b); }
+EMU_UBSAN_HANDLER __ubsan_handle_mul_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "*", a, b); }
+EMU_UBSAN_HANDLER __ubsan_handle_negate_overflow(emu::UbsanOverflow* d, uintptr_t a) { emu::overflow(d, "0 -", 0, a); }
+EMU_UBSAN_HANDLER __ubsan_handle_divrem_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "/", a, b); }
+
+namespace emu {
+
+// ---------------------------------------------------------------------------------------------------------
+// Synchronisation points (called from kernel code, i.e. inside a fiber).
+
+void syncthreads(const char* file, int line) {
+  Fiber* f = engine.current;
+  f->state = AT_BARRIER;
+  f->file = file;
+  f->line = line;
+  yield_to_scheduler(false);
+}
+
+void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned long long value, int src_lane,
+                   unsigned long long* result) {
+  Fiber* f = engine.current;
+  f->state = AT_WARP;
+  f->file = file;
+  f->line = line;
+  f->kind = kind;
+  f->mask = mask;
+  f->value = value;
+  f->src_lane = src_lane;
+  f->result = result;
+  yield_to_scheduler(false);
+}
+
+int lane_id() { return engine.current->lane; }
+
+static bool same_site(const Fiber* a, const Fiber* b) {
+  return a->line == b->line && (a->file == b->file || std::strcmp(a->file, b->file) == 0);
+}
+
+// Releases every warp group whose lanes (those named in the mask that exist in this block) all wait at the same
+// warp operation with the same mask.  Returns how many groups went on, or -1 after reporting a misuse.
+static int release_warps(int n) {
+  int released = 0;
+  for (int i = 0; i < n; ++i) {
+    Fiber* f = &engine.fibers[i];
+    if (f->state != AT_WARP) continue;
+    const int base = i - f->lane;
+    if (!(f->mask >> f->lane & 1u)) {
+      fail("thread (%u,%u,%u) calls a warp operation at %s:%d with mask 0x%08x, which does not include its own "
+           "lane %d", EMU_THREAD(f), f->file, f->line, f->mask, f->lane);
+      return -1;
+    }
+    bool ready = true;
+    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
+      const Fiber* g = &engine.fibers[base + lane];
+      if ((f->mask >> lane & 1u) && !(g->state == AT_WARP && same_site(f, g) && g->mask == f->mask)) ready = false;
+    }
+    if (!ready) continue;
+    unsigned long long ballot = 0;
+    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
+      const Fiber* g = &engine.fibers[base + lane];
+      if ((f->mask >> lane & 1u) && g->value) ballot |= 1ull << lane;
+    }
+    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
+      Fiber* g = &engine.fibers[base + lane];
+      if (!(f->mask >> lane & 1u)) continue;
+      if (g->kind == WARP_SHFL) {
+        const int src = g->src_lane;
+        const bool valid = src >= 0 && src < 32 && base + src < n && (f->mask >> src & 1u);
+        *g->result = valid ? engine.fibers[base + src].value : ~0ull;  // outside the group: poison bits
+      } else if (g->kind == WARP_BALLOT) {
+        *g->result = ballot;
+      }
+      g->state = RUNNABLE;
+    }
+    ++released;
+  }
+  return released;
+}
+
+// Runs the n fibers of the current block to completion; returns 0, or -1 with engine.message set.
+static int run_block(int n) {
+  for (int i = 0; i < n; ++i) {
+    Fiber* f = &engine.fibers[i];
+    f->tid = uint3{i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y)};
+    f->lane = i % 32;
+    start_fiber(f);
+  }
+  char a[256], b[256];
+  for (;;) {
+    for (int k = 0; k < n; ++k) {
+      Fiber* f = &engine.fibers[engine.reverse ? n - 1 - k : k];
+      if (f->state == RUNNABLE) resume(f);
+      if (f->state == FAILED) return -1;  // undefined behaviour, engine.message says where
+    }
+    const int released = release_warps(n);
+    if (released < 0) return -1;
+    if (released > 0) continue;
+    // Nothing can run: the block is finished, or every live thread waits at one __syncthreads(), or it is stuck.
+    const Fiber* exited = nullptr;
+    const Fiber* barrier = nullptr;
+    const Fiber* warp = nullptr;
+    int done = 0;
+    for (int i = 0; i < n; ++i) {
+      const Fiber* f = &engine.fibers[i];
+      if (f->state == DONE) { ++done; if (!exited) exited = f; }
+      if (f->state == AT_BARRIER && !barrier) barrier = f;
+      if (f->state == AT_WARP && !warp) warp = f;
+    }
+    if (done == n) return 0;
+    if (warp) {
+      const Fiber* other = nullptr;  // a lane of warp's group that is somewhere else
+      const int base = (int)(warp - engine.fibers) - warp->lane;
+      for (int lane = 0; lane < 32 && base + lane < n && !other; ++lane) {
+        const Fiber* g = &engine.fibers[base + lane];
+        if ((warp->mask >> lane & 1u) && !(g->state == AT_WARP && same_site(warp, g) && g->mask == warp->mask))
+          other = g;
+      }
+      fail("deadlock: thread (%u,%u,%u) %s, but thread (%u,%u,%u) of its warp %s", EMU_THREAD(warp),
+           where(warp, a, sizeof a), EMU_THREAD(other), where(other, b, sizeof b));
+      return -1;
+    }
+    if (exited) {
+      fail("divergent barrier: thread (%u,%u,%u) %s, but thread (%u,%u,%u) has exited (every thread of a block "
+           "must reach each __syncthreads(), or none)", EMU_THREAD(barrier), where(barrier, a, sizeof a),
+           EMU_THREAD(exited));
+      return -1;
+    }
+    for (int i = 0; i < n; ++i) {
+      const Fiber* f = &engine.fibers[i];
+      if (!same_site(f, barrier)) {
+        fail("divergent barrier: thread (%u,%u,%u) %s, but thread (%u,%u,%u) %s", EMU_THREAD(barrier),
+             where(barrier, a, sizeof a), EMU_THREAD(f), where(f, b, sizeof b));
+        return -1;
+      }
+    }
+    for (int i = 0; i < n; ++i) engine.fibers[i].state = RUNNABLE;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Shared memory: this library's whole TLS block (see __shared__ in prelude.h).
+
+struct TlsSearch { const void* code; unsigned char* begin; size_t size; };
+
+static int find_tls(struct dl_phdr_info* info, size_t, void* data) {
+  TlsSearch* search = (TlsSearch*)data;
+  bool ours = false;
+  const ElfW(Phdr)* tls = nullptr;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+    if (ph.p_type == PT_LOAD && (uintptr_t)search->code >= start && (uintptr_t)search->code < start + ph.p_memsz)
+      ours = true;
+    if (ph.p_type == PT_TLS) tls = &ph;
+  }
+  if (!ours) return 0;
+  if (tls && info->dlpi_tls_data) {
+    search->begin = (unsigned char*)info->dlpi_tls_data;
+    search->size = tls->p_memsz;
+  }
+  return 1;
+}
+
+struct SharedMemory {
+  unsigned char* begin;  // the TLS block: static __shared__ variables and the dynamic buffer
+  unsigned char* end;
+  unsigned char* dynamic;
+};
+
+static SharedMemory locate_shared() {
+  SharedMemory s;
+  s.dynamic = emu_dynamic_shared;  // also makes sure this thread's TLS block exists
+  TlsSearch search = {(const void*)&locate_shared, nullptr, 0};
+  dl_iterate_phdr(find_tls, &search);
+  s.begin = search.begin ? search.begin : s.dynamic;
+  s.end = search.begin ? search.begin + search.size : s.dynamic + kDynamicSharedCapacity;
+  return s;
+}
+
+// 0xFF everywhere a block may look (NaN for every float type), so reads of unwritten shared memory poison.
+static void poison_shared(const SharedMemory& s, size_t dynamic_bytes) {
+  const unsigned char* dynamic_end = s.dynamic + kDynamicSharedCapacity;
+  if (s.dynamic >= s.begin && dynamic_end <= s.end) {
+    std::memset(s.begin, 0xFF, s.dynamic - s.begin);
+    std::memset(s.dynamic + kDynamicSharedCapacity, 0xFF, s.end - dynamic_end);
+    std::memset(s.dynamic, 0xFF, dynamic_bytes);
+  } else {
+    std::memset(s.begin, 0xFF, s.end - s.begin);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Under ASan, pointer arguments are replaced by malloc'd copies of exactly the bytes the array spans (NumPy's
+// own buffers may be views into larger ones), so any access outside an argument hits a redzone.
+
+struct ArgumentCopy {
+  char* low;   // the original span
+  size_t bytes;
+  char* copy;
+  bool write_back;
+};
+
+static void copy_arguments(int n, const bool* is_pointer, const bool* is_const, void** args,
+                           const long long* extents, void** values, void** slots, ArgumentCopy* copies) {
+  for (int i = 0; i < n; ++i) {
+    copies[i].copy = nullptr;
+    if (!is_pointer[i]) continue;
+    char* data = *(char**)args[i];
+    char* low = data + extents[2 * i];
+    const size_t bytes = (size_t)(extents[2 * i + 1] - extents[2 * i]);
+    ArgumentCopy* same = nullptr;  // the same span passed twice stays one buffer
+    for (int j = 0; j < i; ++j)
+      if (copies[j].copy && copies[j].low == low && copies[j].bytes == bytes) same = &copies[j];
+    char* copy;
+    if (same) {
+      copy = same->copy;
+      same->write_back |= !is_const[i];
+    } else {
+      copy = (char*)malloc(bytes ? bytes : 1);
+      if (bytes) std::memcpy(copy, low, bytes);
+#ifdef __SANITIZE_ADDRESS__
+      if (!bytes) __asan_poison_memory_region(copy, 1);  // an empty array has no byte to touch
+#endif
+      copies[i] = ArgumentCopy{low, bytes, copy, !is_const[i]};
+    }
+    values[i] = copy + (data - low);
+    slots[i] = &values[i];
+  }
+}
+
+static void release_arguments(int n, ArgumentCopy* copies, bool write_back) {
+  for (int i = 0; i < n; ++i) {
+    if (!copies[i].copy) continue;
+    if (write_back && copies[i].write_back && copies[i].bytes) std::memcpy(copies[i].low, copies[i].copy, copies[i].bytes);
+#ifdef __SANITIZE_ADDRESS__
+    __asan_unpoison_memory_region(copies[i].copy, 1);
+#endif
+    free(copies[i].copy);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The grid.
+
+static int run_grid(const unsigned* grid, const unsigned* block, unsigned long long dynamic_bytes,
+                    void (*body)(void*), void* closure) {
+  const unsigned long long threads = (unsigned long long)block[0] * block[1] * block[2];
+  if (threads < 1 || threads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64 || grid[0] < 1 ||
+      grid[1] < 1 || grid[2] < 1 || grid[0] > 2147483647u || grid[1] > 65535 || grid[2] > 65535) {
+    fail("invalid launch configuration: grid (%u,%u,%u), block (%u,%u,%u)", grid[0], grid[1], grid[2], block[0],
+         block[1], block[2]);
+    return -1;
+  }
+  if (dynamic_bytes > kDynamicSharedCapacity) {
+    fail("%llu bytes of dynamic shared memory requested; the emulator has %zu", dynamic_bytes,
+         kDynamicSharedCapacity);
+    return -1;
+  }
+  const int n = (int)threads;
+  if (!reserve_fibers(n)) {
+    fail("out of memory for %d fiber stacks", n);
+    return -1;
+  }
+  engine.body = body;
+  engine.closure = closure;
+  gridDim = dim3(grid[0], grid[1], grid[2]);
+  blockDim = dim3(block[0], block[1], block[2]);
+  const SharedMemory shared = locate_shared();
+#ifdef __SANITIZE_ADDRESS__
+  __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
+#endif
+  const unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
+  int status = 0;
+  for (unsigned long long k = 0; k < blocks && status == 0; ++k) {
+    const unsigned long long b = engine.reverse ? blocks - 1 - k : k;
+    blockIdx = uint3{(unsigned)(b % grid[0]), (unsigned)(b / grid[0] % grid[1]), (unsigned)(b / grid[0] / grid[1])};
+    poison_shared(shared, dynamic_bytes);
+    status = run_block(n);
+    if (status != 0) {
+      char text[sizeof engine.message];
+      snprintf(text, sizeof text, "block (%u,%u,%u): %s", blockIdx.x, blockIdx.y, blockIdx.z, engine.message);
+      std::memcpy(engine.message, text, sizeof text);
+#ifdef __SANITIZE_ADDRESS__
+      // The abandoned fibers' frames stay poisoned; later fibers reuse these stacks.
+      for (int i = 0; i < n; ++i) __asan_unpoison_memory_region(engine.fibers[i].stack, kStackBytes);
+#endif
+    }
+  }
+#ifdef __SANITIZE_ADDRESS__
+  __asan_unpoison_memory_region(shared.dynamic, kDynamicSharedCapacity);
+#endif
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Per-kernel glue, instantiated by the generated launchers.
+
+// The type code of one kernel parameter, matched against NumPy dtypes in Python: f2 (__half), bf2
+// (__nv_bfloat16), f4, f8, i<bytes>, u<bytes>, b1; a pointer is "p", then "c" if it points to const, then the
+// element's code.  "?" marks a type the emulator cannot pass.
+template <typename T> void append_code(char* out) {
+  if constexpr (std::is_pointer<T>::value) {
+    typedef typename std::remove_pointer<T>::type E;
+    std::strcat(out, std::is_const<E>::value ? "pc" : "p");
+    append_code<typename std::remove_cv<E>::type>(out);
+  } else if constexpr (std::is_same<T, __half>::value) {
+    std::strcat(out, "f2");
+  } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    std::strcat(out, "bf2");
+  } else if constexpr (std::is_same<T, bool>::value) {
+    std::strcat(out, "b1");
+  } else if constexpr (std::is_integral<T>::value || std::is_floating_point<T>::value) {
+    char code[8];
+    snprintf(code, sizeof code, "%c%zu",
+             std::is_floating_point<T>::value ? 'f' : (std::is_signed<T>::value ? 'i' : 'u'), sizeof(T));
+    std::strcat(out, code);
+  } else {
+    std::strcat(out, "?");
+  }
+}
+
+template <typename... A> const char* signature(void (*)(A...)) {
+  static char text[16 * sizeof...(A) + 1];
+  if (!text[0]) ((append_code<A>(text), std::strcat(text, ",")), ...);
+  return text;
+}
+
+inline const char* symbol(void* function) {
+  Dl_info info;
+  return dladdr(function, &info) && info.dli_saddr == function && info.dli_sname ? info.dli_sname : "";
+}
+
+template <typename... A> struct Call {
+  void (*kernel)(A...);
+  void** slots;  // slots[i] points to the value of parameter i
+  template <size_t... I> void invoke(std::index_sequence<I...>) { kernel(*static_cast<A*>(slots[I])...); }
+  static void run(void* self) { static_cast<Call*>(self)->invoke(std::index_sequence_for<A...>{}); }
+};
+
+template <typename... A>
+int launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, unsigned long long shared_bytes,
+           void** args, const long long* extents) {
+  constexpr int n = (int)sizeof...(A);
+  void* slots[n + 1];
+  for (int i = 0; i < n; ++i) slots[i] = args[i];
+#ifdef __SANITIZE_ADDRESS__
+  const bool is_pointer[n + 1] = {std::is_pointer<A>::value..., false};
+  const bool is_const[n + 1] = {std::is_const<typename std::remove_pointer<A>::type>::value..., false};
+  void* values[n + 1];
+  ArgumentCopy copies[n + 1];
+  copy_arguments(n, is_pointer, is_const, args, extents, values, slots, copies);
+#else
+  (void)extents;
+#endif
+  Call<A...> call{kernel, slots};
+  const int status = run_grid(grid, block, shared_bytes, &Call<A...>::run, &call);
+#ifdef __SANITIZE_ADDRESS__
+  release_arguments(n, copies, status == 0);
+#endif
+  return status;
+}
+
+}  // namespace emu
+
+extern "C" {
+void emu_set_order(int reverse) { emu::engine.reverse = reverse != 0; }
+const char* emu_error() { return emu::engine.message; }
+int emu_sanitized() {
+#ifdef __SANITIZE_ADDRESS__
+  return 1;
+#else
+  return 0;
+#endif
+}
+}

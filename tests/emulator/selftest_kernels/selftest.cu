@@ -1,0 +1,201 @@
+// Kernels for the emulator's self-tests (tests/test_emulator.py).  Several are wrong on purpose: each one
+// shows that the emulator catches a class of bug.  Not shipped, never compiled by NVRTC.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// Every thread records its built-in variables: out[8 * flat thread id + ...].
+__global__ void record_indices(unsigned* out) {
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  unsigned* o = out + 10 * (block * blockDim.x * blockDim.y * blockDim.z + thread);
+  o[0] = threadIdx.x; o[1] = threadIdx.y; o[2] = threadIdx.z;
+  o[3] = blockIdx.x; o[4] = blockIdx.y; o[5] = blockIdx.z;
+  o[6] = blockDim.x * 10000 + blockDim.y * 100 + blockDim.z;
+  o[7] = gridDim.x * 10000 + gridDim.y * 100 + gridDim.z;
+  o[8] = 0;
+  o[9] = 0;
+}
+
+// The order in which threads run: each takes a ticket.
+__global__ void take_ticket(int* counter, int* ticket) {
+  ticket[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1);
+}
+
+// Tree sum of blockDim.x (a power of two, <= 256) values per block, in static shared memory.
+template <typename T>
+__global__ void block_sum(const T* in, T* out) {
+  __shared__ T partial[256];
+  const int tid = threadIdx.x;
+  partial[tid] = in[blockIdx.x * blockDim.x + tid];
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (tid < stride) partial[tid] += partial[tid + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = partial[0];
+}
+
+// BUG: no barrier inside the loop, so a thread may add a partial sum that is not complete yet.
+__global__ void block_sum_missing_loop_sync(const float* in, float* out) {
+  __shared__ float partial[256];
+  const int tid = threadIdx.x;
+  partial[tid] = in[blockIdx.x * blockDim.x + tid];
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (tid < stride) partial[tid] += partial[tid + stride];
+  }
+  __syncthreads();
+  if (tid == 0) out[blockIdx.x] = partial[0];
+}
+
+// BUG: reads a neighbour's shared slot without a barrier after the writes.
+__global__ void rotate_missing_sync(const float* in, float* out) {
+  __shared__ float tile[256];
+  const int tid = threadIdx.x;
+  tile[tid] = in[tid];
+  out[tid] = tile[(tid + 1) % blockDim.x];
+}
+
+// Reverses each block's slice through dynamic shared memory (blockDim.x floats).
+__global__ void reverse_dynamic(const float* in, float* out) {
+  extern __shared__ float buffer[];
+  const int tid = threadIdx.x;
+  buffer[tid] = in[blockIdx.x * blockDim.x + tid];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + tid] = buffer[blockDim.x - 1 - tid];
+}
+
+// Reads dynamic shared memory that no thread wrote: the result must show the poison.
+__global__ void read_unwritten_dynamic(float* out) {
+  extern __shared__ float buffer[];
+  out[threadIdx.x] = buffer[threadIdx.x];
+}
+
+// BUG: only part of the block reaches the barrier.
+__global__ void barrier_in_branch(float* out) {
+  if (threadIdx.x < 16) __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
+
+// BUG: the two halves of the block wait at different barriers.
+__global__ void barrier_per_branch(float* out) {
+  if (threadIdx.x % 2) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1.0f;
+}
+
+// BUG: threads past n exit early, the others then wait for them at a barrier.
+__global__ void exit_before_barrier(float* out, int n) {
+  if ((int)threadIdx.x >= n) return;
+  __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
+
+// BUG: lanes of one warp shuffle while the rest of the warp waits at a barrier.
+__global__ void shuffle_against_barrier(float* out) {
+  float v = (float)threadIdx.x;
+  if (threadIdx.x % 32 < 16) v = __shfl_down_sync(0xffffffffu, v, 1);
+  else __syncthreads();
+  out[threadIdx.x] = v;
+}
+
+// Warp collectives: a sum by __shfl_down_sync, an all-reduce by __shfl_xor_sync, a broadcast of lane 3 by
+// __shfl_sync, a ballot of odd values, any/all votes and a shift by __shfl_up_sync.
+__global__ void warp_ops(const int* in, int* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int v = in[i];
+  int sum = v;
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  int all = v;
+  for (int mask = 1; mask < 32; mask *= 2) all += __shfl_xor_sync(0xffffffffu, all, mask);
+  out[6 * i + 0] = sum;
+  out[6 * i + 1] = all;
+  out[6 * i + 2] = __shfl_sync(0xffffffffu, v, 3);
+  out[6 * i + 3] = (int)__ballot_sync(0xffffffffu, v & 1);
+  out[6 * i + 4] = __any_sync(0xffffffffu, v > 100) * 10 + __all_sync(0xffffffffu, v >= 0);
+  out[6 * i + 5] = __shfl_up_sync(0xffffffffu, v, 1);
+}
+
+// Every scalar kind arrives as passed.
+__global__ void scalars(int a, long long b, float c, double d, unsigned int e, double* out) {
+  out[0] = a;
+  out[1] = (double)b;
+  out[2] = c;
+  out[3] = d;
+  out[4] = e;
+}
+
+__global__ void scale_half(const __half* in, __half* out, float factor, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = __float2half_rn(__half2float(in[i]) * factor);
+}
+
+// Conversions both ways, as the kernels use them.
+__global__ void convert_16bit(const float* in, __half* half_out, __nv_bfloat16* bf16_out, float* half_back,
+                              float* bf16_back, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    half_out[i] = __float2half_rn(in[i]);
+    bf16_out[i] = __float2bfloat16_rn(in[i]);
+    half_back[i] = __half2float(half_out[i]);
+    bf16_back[i] = __bfloat162float(bf16_out[i]);
+  }
+}
+
+__global__ void atomics(int* counter, float* fsum, double* dsum, unsigned* usum) {
+  atomicAdd(counter, 1);
+  atomicAdd(fsum, 0.5f);
+  atomicAdd(dsum, 0.25);
+  atomicAdd(usum, 2u);
+}
+
+// BUG: writes one element past the end of out (n elements) from the last thread.
+__global__ void write_past_end(float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i <= n) out[i] = 1.0f;
+}
+
+// BUG: indexes a static shared array one past its end.
+__global__ void static_shared_past_end(float* out, int n) {
+  __shared__ float tile[32];
+  tile[threadIdx.x] = 1.0f;  // launched with 33 threads
+  __syncthreads();
+  out[threadIdx.x] = tile[threadIdx.x] + (float)n;
+}
+
+// BUG: uses more dynamic shared memory than the launch provides (blockDim.x floats, but reads one more).
+__global__ void dynamic_shared_past_end(float* out) {
+  extern __shared__ float buffer[];
+  buffer[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = buffer[threadIdx.x + 1];
+}
+
+// 40 KiB of static shared memory: with more than 8 KiB of dynamic memory it exceeds 48 KiB.
+__global__ void big_static_shared(float* out) {
+  __shared__ float big[10 * 1024];
+  big[threadIdx.x] = 2.0f;
+  __syncthreads();
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+// Reads through an element stride (negative included), as the shipped kernels read their inputs.
+__global__ void copy_strided(const float* in, long long stride, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i * stride];
+}
+
+// BUG: a 32-bit index that overflows (the kernel should have used a 64-bit index type).
+__global__ void int_index_overflow(float* out, int rows, int cols) {
+  const int last = rows * cols - 1;
+  out[last % 7] = 1.0f;
+}
+
+// BUG: a thread-local array indexed past its end.
+__global__ void local_array_past_end(float* out, int n) {
+  float taps[4];
+  for (int i = 0; i < n; ++i) taps[i] = (float)i;
+  out[threadIdx.x] = taps[0];
+}

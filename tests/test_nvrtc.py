@@ -1,0 +1,160 @@
+"""NVRTC compiles every kernel instantiation the package can launch, for sm_70, sm_80 and sm_90, cleanly.
+
+No GPU and no driver are needed: NVRTC is a library.  One program per kernel file holds all of that file's name
+expressions (as CuPy's RawModule does, from the same inlined source and options as CudaDevice), compiled to
+SASS so ptxas runs too.  Any error, any warning (a non-empty log) or a name expression that does not resolve
+fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.
+
+Needs the wheels (the test extra): nvidia-cuda-nvrtc>=13,<14 nvidia-cuda-runtime>=13,<14
+nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 (the runtime wheels carry cuda_fp16.h / cuda_bf16.h).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from cupyconv import _device
+
+ARCHES = {"sm_70": 12, "sm_80": 13, "sm_90": 13}  # architecture -> CUDA major release whose NVRTC compiles it
+# (library, include dir) inside site-packages, per CUDA major release, as the NVIDIA wheels lay them out.
+WHEEL_LAYOUT = {
+    12: ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cuda_runtime/include"),
+    13: ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/include"),
+}
+WHEELS = {12: "nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12",
+          13: "'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'"}
+
+
+class Nvrtc:
+    """The few NVRTC entry points a compile check needs, over ctypes (two CUDA releases in one process)."""
+
+    def __init__(self, library: Path, include: Path):
+        self.include = include
+        lib = self.lib = ctypes.CDLL(str(library), mode=ctypes.RTLD_LOCAL)
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
+        lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
+                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.nvrtcAddNameExpression.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.nvrtcGetProgramLog.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nvrtcGetLoweredName.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+        lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = (major.value, minor.value)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def compile(self, source: str, filename: str, names: list[str], options: list[str]) -> tuple[bool, str, dict]:
+        """(compiled, log, {name expression: lowered name}) for one program."""
+        lib = self.lib
+        program = ctypes.c_void_p()
+        self._check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), filename.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        try:
+            for name in names:
+                self._check(lib.nvrtcAddNameExpression(program, name.encode()), f"nvrtcAddNameExpression({name})")
+            argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            status = lib.nvrtcCompileProgram(program, len(options), argv)
+            size = ctypes.c_size_t()
+            self._check(lib.nvrtcGetProgramLogSize(program, ctypes.byref(size)), "nvrtcGetProgramLogSize")
+            buffer = ctypes.create_string_buffer(size.value + 1)
+            self._check(lib.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
+            log = buffer.value.decode(errors="replace").strip()
+            lowered = {}
+            if status == 0:
+                for name in names:
+                    result = ctypes.c_char_p()
+                    if lib.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(result)) == 0 and result.value:
+                        lowered[name] = result.value.decode()
+            return status == 0, log, lowered
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc(major: int) -> Nvrtc:
+    """NVRTC of CUDA `major` from the installed wheels; skips the test when they are missing."""
+    library, include = WHEEL_LAYOUT[major]
+    for entry in sys.path:
+        root = Path(entry or ".")
+        if (root / library).is_file() and (root / include / "cuda_fp16.h").is_file():
+            return Nvrtc(root / library, root / include)
+    pytest.skip(f"NVRTC of CUDA {major} not installed (pip install {WHEELS[major]})")
+
+
+def grouped_instantiations() -> dict[str, list[str]]:
+    groups = defaultdict(list)
+    for filename, name in _device.all_instantiations():
+        groups[filename].append(name)
+    return dict(sorted(groups.items()))
+
+
+# NVRTC 12 says this of sm_70 whatever the source, and has no option to silence it: the one line not ours.
+TOOLKIT_NOTICE = re.compile(r"^nvrtc: warning: Architectures prior to '<compute/sm>_75' are deprecated.*$\n?", re.M)
+
+
+def check_compiles(arch: str, filename: str, source: str, names: list[str]) -> None:
+    compiler = nvrtc(ARCHES[arch])
+    options = [*_device._cuda_compile_options(), f"--gpu-architecture={arch}", f"-I{compiler.include}"]
+    ok, log, lowered = compiler.compile(source, filename, names, options)
+    log = TOOLKIT_NOTICE.sub("", log).strip()
+    release = "%d.%d" % compiler.version
+    assert ok, f"NVRTC {release} failed on {filename} for {arch}:\n{log}"
+    assert not log, f"NVRTC {release} warns on {filename} for {arch} (warnings fail the build):\n{log}"
+    missing = [n for n in names if n not in lowered]
+    assert not missing, f"NVRTC {release}: name expressions of {filename} that do not resolve: {missing}"
+
+
+GROUPS = grouped_instantiations()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+@pytest.mark.parametrize("filename", sorted(GROUPS))
+def test_every_instantiation_compiles(filename, arch):
+    check_compiles(arch, filename, _device.kernel_source(filename), GROUPS[filename])
+
+
+# The common header with its helpers instantiated for every element type: also proves the toolchain works
+# before any kernel file lists an instantiation.
+COMMON_CHECK = """
+template <typename T> __global__ void nvrtc_check_common(T* data, long long n) {
+  for (long long i = grid_start<long long>(); i < n; i += grid_stride<long long>())
+    data[i] = from_acc<T>(to_acc(data[i]) + acc_t<T>(1));
+}
+"""
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_common_header_compiles(arch):
+    names = [f"nvrtc_check_common<{t}>" for t in ("__half", "__nv_bfloat16", "float", "double")]
+    check_compiles(arch, "common_check.cu", _device.kernel_source("common.cuh") + COMMON_CHECK, names)
+
+
+def test_instantiations_name_existing_files():
+    directory = _device.kernel_dir()
+    pairs = _device.all_instantiations()
+    assert all(isinstance(f, str) and isinstance(n, str) and n for f, n in pairs)
+    missing = sorted({f for f, _ in pairs if not (directory / f).is_file()})
+    assert not missing, f"instantiations() name kernel files that raw_kernels/ lacks: {missing}"
+
+
+@pytest.mark.parametrize("body, message", [
+    ("int unused = 1;", "warns"),  # EDG's "declared but never referenced"
+    ("undeclared_name = 1;", "failed"),
+], ids=["warning", "error"])
+def test_check_fails_on_warnings_and_errors(body, message):
+    source = "template <typename T> __global__ void probe(T* p) { %s p[0] = T(0); }\n" % body
+    with pytest.raises(AssertionError, match=message):
+        check_compiles("sm_80", "probe.cu", source, ["probe<float>"])
