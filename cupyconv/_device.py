@@ -24,6 +24,7 @@ OPS = ("unfold", "conv", "depthwise", "patch")
 
 _C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double"}
 INT32_MAX = 2**31 - 1
+DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 
 
 def kernel_dir() -> Path:
@@ -131,6 +132,9 @@ class CudaDevice(Device):
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = _cuda_function(source, name)
+        if shared_mem > DEFAULT_SHARED_LIMIT and kernel.max_dynamic_shared_size_bytes < shared_mem:
+            # Above 48 KiB a kernel must opt in to dynamic shared memory, or the launch fails.
+            kernel.max_dynamic_shared_size_bytes = shared_mem
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
 

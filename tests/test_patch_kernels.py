@@ -238,7 +238,7 @@ def test_small_blocks_tile_chunk_and_slice(monkeypatch):
     monkeypatch.setattr(patch, "MAX_THREADS", 8)
     monkeypatch.setattr(patch, "TARGET_THREADS", 8)
     monkeypatch.setattr(patch, "WEIGHT_MAX_THREADS", 8)
-    monkeypatch.setattr(patch, "SHARED_MEMORY", 4096)
+    monkeypatch.setattr(patch, "DEFAULT_SHARED_LIMIT", 4096)
     monkeypatch.setattr(patch, "WEIGHT_BLOCKS", 108)
     monkeypatch.setattr(patch, "WEIGHT_PIXELS", 16)
     case = Case("many_channels", (5, 40, 4, 4), (36, 20, 3, 3), padding=1, groups=2)
@@ -318,7 +318,7 @@ def test_algorithm_errors(monkeypatch):
         cupyconv.patch_conv2d(x, weight, algorithm="winograd")
     with pytest.raises(ValueError, match="algorithm must be one of"):
         emulated(cupyconv.patch_conv2d_backward, numpy.ones((2, 2, 2, 2)), x, weight, algorithm="")
-    monkeypatch.setattr(patch, "SHARED_MEMORY", 64)
+    monkeypatch.setattr(patch, "DEFAULT_SHARED_LIMIT", 64)
     with pytest.raises(ValueError, match="algorithm='fused' has no block that fits"):
         emulated(cupyconv.patch_conv2d, x, weight, algorithm="fused")
     out, device = emulated(cupyconv.patch_conv2d, x, weight)  # 'auto' falls back to im2col_gemm
@@ -341,12 +341,12 @@ def test_plans_of_the_benchmark_shapes(monkeypatch, n, size, dtype):
     for transposed in (False, True):
         plan = patch._tile_plan(spec, dtype, transposed)
         assert plan.threads % 32 == 0 and plan.threads <= patch.MAX_THREADS, plan
-        assert plan.shared_mem <= patch.SHARED_MEMORY, plan
+        assert plan.shared_mem <= patch.DEFAULT_SHARED_LIMIT, plan
         assert -(-n // plan.patches) * plan.out_tiles >= min(patch.MIN_BLOCKS, n), plan
     if (n, size, dtype) == (20480, 4, "float32"):  # the seed shape: 16 patches x 4 pixel groups x 4 lanes
         assert patch._tile_plan(spec, dtype, False) == patch._TilePlan(16, 64, 1, 8, 292, 256, 37120)
     wplan = patch._weight_plan(spec, dtype)
-    assert wplan.threads <= patch.WEIGHT_MAX_THREADS and wplan.shared_mem <= patch.SHARED_MEMORY, wplan
+    assert wplan.threads <= patch.WEIGHT_MAX_THREADS and wplan.shared_mem <= patch.DEFAULT_SHARED_LIMIT, wplan
     assert wplan.slices * wplan.weight_tiles >= min(patch.WEIGHT_BLOCKS // 2, n), wplan
 
 

@@ -15,7 +15,7 @@ import numpy
 
 from .. import _workspace
 from .._arrays import Call, compute_dtype
-from .._device import c_type, element_strides, elementwise_launch, extent, index_type
+from .._device import DEFAULT_SHARED_LIMIT, c_type, element_strides, elementwise_launch, extent, index_type
 from .._spec import ConvSpec
 from .._workspace import batch_chunks
 from .unfold import col2im_cpu, col2im_kernel, im2col_kernel, pad_cpu, windows_cpu
@@ -129,7 +129,6 @@ ALGORITHMS = ("auto", "im2col_gemm", "direct")
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
 _DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
-_SHARED_LIMIT = 48 * 1024          # what any block may use without opting in
 _DIRECT_THREADS = 256
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 _MAX_BLOCKS = 65536             # block-stride / grid-stride loops cover the rest
@@ -241,7 +240,7 @@ def _direct_plan(spec: ConvSpec, dtype):
     tile_in = ((by - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
     acc_bytes = 8 if numpy.dtype(dtype) == numpy.float64 else 4
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
-    if per_channel > _SHARED_LIMIT:
+    if per_channel > DEFAULT_SHARED_LIMIT:
         return None
     slab = max(1, min(spec.channels_per_group, _DIRECT_SHARED_TARGET // per_channel))
     return (bx, by), slab, tile_in, slab * per_channel

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy
 
 from .._arrays import Call, compute_dtype
-from .._device import c_type, elementwise_launch, index_type
+from .._device import DEFAULT_SHARED_LIMIT, c_type, elementwise_launch, index_type
 from .._spec import ConvSpec
 from .conv import NEEDS, check_grad_output, check_needs
 from .unfold import pad_cpu
@@ -104,7 +104,6 @@ _STRIDED_ROWS = 4       # STRIDED_ROWS in depthwise.cu
 _TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 _BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
 _SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
-_SMEM_HARD = 48 * 1024  # the most a block may take without the opt-in attribute
 _STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                         # rows (hence the summation order and the bits) depend on the shapes alone.
 _REDUCE_BLOCK = 256     # depthwise_bwd_reduce and depthwise_bwd_bias assume 256 threads
@@ -194,12 +193,12 @@ def _tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, al
         block = threads or _round_up(per * (th // strip) * tw, 32)
         smem = per * staged(th, tw) * acc_bytes + extra_bytes(block)
         if block > 1024:  # a CUDA block's limit (only a huge stride can align a tile that large)
-            smem = _SMEM_HARD + 1
+            smem = DEFAULT_SHARED_LIMIT + 1
         return _Tiling(th, tw, -(-oh // th), -(-ow // tw), per, block, smem)
 
     tile_h, tile_w = balanced(oh, most[0], ah), balanced(ow, most[1], aw)
     per_block = max(1, min(images, _BLOCK_ITEMS // (tile_h // strip * tile_w)))
-    for limit, narrowest in ((_SMEM_SOFT, min(tile_w, _round_up(8, aw))), (_SMEM_HARD, aw)):
+    for limit, narrowest in ((_SMEM_SOFT, min(tile_w, _round_up(8, aw))), (DEFAULT_SHARED_LIMIT, aw)):
         th, tw, per = tile_h, tile_w, per_block
         while True:
             tiling = plan(th, tw, per)

@@ -27,7 +27,7 @@ import math
 import numpy
 
 from .._arrays import Call, compute_dtype
-from .._device import c_type, element_strides, elementwise_launch, extent, index_type
+from .._device import DEFAULT_SHARED_LIMIT, c_type, element_strides, elementwise_launch, extent, index_type
 from .._spec import ConvSpec
 from .._workspace import batch_chunks, get_workspace_limit
 # _matmul: conv2d's GEMM, which honours its TF32 opt-in (set_allow_tf32), so both ops follow one policy.
@@ -47,7 +47,6 @@ GENERIC = (0, 0, 0, 0)
 ALGORITHMS = ("auto", "fused", "im2col_gemm")
 
 FUSED_MAX_PIXELS = 256     # 'auto' runs the fused kernels on patches of at most this many pixels (H * W)
-SHARED_MEMORY = 48 * 1024  # per block, the most every CUDA GPU gives without an opt-in
 MAX_THREADS = 512          # PATCH_MAX_THREADS in patch.cu (its __launch_bounds__)
 TARGET_THREADS = 256       # threads per block the tile kernels aim for when the patches allow
 MIN_BLOCKS = 264           # fewer patches per block below this many blocks (2 per SM of a 132-SM H100)
@@ -167,7 +166,7 @@ def _tile_plan(spec: ConvSpec, dtype, transposed: bool) -> _TilePlan | None:
         return None
     out_tile = lanes * tn
     itemsize = compute_dtype(dtype).itemsize
-    budget = SHARED_MEMORY // itemsize
+    budget = DEFAULT_SHARED_LIMIT // itemsize
     per_patch = pixel_groups * lanes  # threads
     patches = min(TARGET_THREADS // per_patch, spec.n // MIN_BLOCKS)
     whole_warps = 32 // math.gcd(32, per_patch)  # patches per block that make whole warps
@@ -217,7 +216,7 @@ def _weight_plan(spec: ConvSpec, dtype) -> _WeightPlan | None:
     plane = ((oh - 1) * sh + (kh - 1) * dh + 1) * tile_w
     itemsize = compute_dtype(dtype).itemsize
     per_patch = pixels * (out_tile + 4) + channels * plane
-    patches = min(spec.n, max(1, WEIGHT_PIXELS // pixels), SHARED_MEMORY // itemsize // per_patch)
+    patches = min(spec.n, max(1, WEIGHT_PIXELS // pixels), DEFAULT_SHARED_LIMIT // itemsize // per_patch)
     if patches < 1:
         return None
     weight_tiles = d_tiles * k_tiles
@@ -241,8 +240,8 @@ def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
     if algorithm == "auto":
         return plan is not None and spec.in_size[0] * spec.in_size[1] <= FUSED_MAX_PIXELS
     if algorithm == "fused" and plan is None:
-        raise ValueError(f"{op}: algorithm='fused' has no block that fits {SHARED_MEMORY} bytes of shared memory "
-                         f"for patches {spec.in_size[0]}x{spec.in_size[1]} with kernel "
+        raise ValueError(f"{op}: algorithm='fused' has no block that fits {DEFAULT_SHARED_LIMIT} bytes of shared "
+                         f"memory for patches {spec.in_size[0]}x{spec.in_size[1]} with kernel "
                          f"{spec.kernel[0]}x{spec.kernel[1]} and {spec.in_channels} -> {spec.out_channels} "
                          f"channels; use algorithm='im2col_gemm' or 'auto'")
     return algorithm == "fused"
