@@ -121,41 +121,6 @@ __global__ void conv_fwd_bias(T* __restrict__ out, const T* __restrict__ bias, I
   }
 }
 
-// im2col in the layout of the weight-gradient GEMM: cols (C * kH * kW, n, L), rows ordered (c, i, j), so that
-// each group's rows form one (C / G * kH * kW) x (n * L) matrix and grad_weight is a single GEMM with the
-// reduction over n * L.  One thread per (channel, image, output pixel) window; consecutive threads take
-// consecutive pixels, so every tap's store is coalesced.  x is read through element strides.
-template <typename T, typename I>
-__global__ void conv_wgrad_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
-                                  I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
-                                  int channels, int height, int width, int kernel_h, int kernel_w,
-                                  int stride_h, int stride_w, int pad_top, int pad_left,
-                                  int dilation_h, int dilation_w, int out_h, int out_w) {
-  const I pixels = (I)out_h * out_w;
-  const I windows = n * channels * pixels;
-  const I row_stride = n * pixels;  // distance between consecutive rows (c, i, j) of cols
-  for (I index = grid_start<I>(); index < windows; index += grid_stride<I>()) {
-    const int ox = (int)(index % out_w);
-    const int oy = (int)((index / out_w) % out_h);
-    const I image = (index / pixels) % n;
-    const int c = (int)(index / (n * pixels));
-    const T* src = x + image * x_stride_n + c * x_stride_c;
-    T* dst = cols + (I)c * kernel_h * kernel_w * row_stride + image * pixels + (I)oy * out_w + ox;
-    const int y0 = oy * stride_h - pad_top;
-    const int x0 = ox * stride_w - pad_left;
-    for (int i = 0; i < kernel_h; ++i) {
-      const int y = y0 + i * dilation_h;
-      const bool row_inside = y >= 0 && y < height;
-      for (int j = 0; j < kernel_w; ++j) {
-        const int xx = x0 + j * dilation_w;
-        T value = from_acc<T>(acc_t<T>(0));
-        if (row_inside && xx >= 0 && xx < width) value = src[y * x_stride_h + xx * x_stride_w];
-        dst[(I)(i * kernel_w + j) * row_stride] = value;
-      }
-    }
-  }
-}
-
 // grad_bias[d] = sum over (image, pixel) of grad_output (n, D, L).  One block per channel; each thread sums a
 // fixed subset (pixels threadIdx.x + k * blockDim.x of every image: coalesced) in order, then a fixed
 // shared-memory tree combines the threads: no atomics, so the bits are the same on every run.  blockDim.x

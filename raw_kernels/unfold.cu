@@ -1,6 +1,9 @@
 // unfold (im2col) and fold (col2im) over a flat batch of planes x (n, C, H, W).
 //
-// cols has torch's layout (n, C * kH * kW, L) with L = oH * oW and rows ordered (c, i, j).
+// cols holds rows ordered (c, i, j) of L = oH * oW pixels each.  fold reads torch's layout
+// (n, C * kH * kW, L); unfold writes any layout whose pixels are contiguous, given the distance between
+// images and between rows: torch's, or (C * kH * kW, n, L), where each group's rows form one matrix over
+// n * L for the weight-gradient GEMM.
 #include "common.cuh"
 
 // One thread per (image, channel, output pixel) window: it copies the window's kH * kW taps, so the index
@@ -9,6 +12,7 @@
 template <typename T, typename I>
 __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
                               I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
+                              I cols_stride_image, I cols_stride_row,
                               int channels, int height, int width, int kernel_h, int kernel_w,
                               int stride_h, int stride_w, int pad_top, int pad_left,
                               int dilation_h, int dilation_w, int out_h, int out_w) {
@@ -21,7 +25,7 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
     const int c = (int)(plane % channels);
     const I image = plane / channels;
     const T* src = x + image * x_stride_n + c * x_stride_c;
-    T* dst = cols + (plane * kernel_h * kernel_w) * pixels + (I)oy * out_w + ox;
+    T* dst = cols + image * cols_stride_image + (I)c * kernel_h * kernel_w * cols_stride_row + (I)oy * out_w + ox;
     const int y0 = oy * stride_h - pad_top;
     const int x0 = ox * stride_w - pad_left;
     for (int i = 0; i < kernel_h; ++i) {
@@ -31,7 +35,7 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
         const int xx = x0 + j * dilation_w;
         T value = from_acc<T>(acc_t<T>(0));
         if (row_inside && xx >= 0 && xx < width) value = src[y * x_stride_h + xx * x_stride_w];
-        dst[(I)(i * kernel_w + j) * pixels] = value;
+        dst[(I)(i * kernel_w + j) * cols_stride_row] = value;
       }
     }
   }

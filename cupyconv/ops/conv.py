@@ -113,7 +113,7 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
 #                cols = weight^T @ grad_output (one batched GEMM) and the deterministic gather col2im.
 #   grad_weight  per chunk ONE GEMM per group with the reduction over n_chunk * L:
-#                cols (G, K, n_chunk * L) @ grad_output^T (G, n_chunk * L, D / G) -> (G, K, D / G); conv_wgrad_im2col
+#                cols (G, K, n_chunk * L) @ grad_output^T (G, n_chunk * L, D / G) -> (G, K, D / G); im2col rows first
 #                writes cols in that layout and grad_output^T is a transposed copy of the chunk (n_chunk * D * L
 #                elements).  Chunks are summed in order in the compute dtype: same bits on every run.  (Per-sample
 #                GEMMs would need n_chunk copies of grad_weight, Dg / L times the cols buffer -- 10x at 512@7x7 --
@@ -142,7 +142,7 @@ def instantiations():
     names = []
     for dtype, index in itertools.product(DTYPES, INDEX_TYPES):
         names += [_kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
-        names += [_kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_wgrad_im2col", "conv_bgrad")]
+        names += [_kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
     return [(KERNEL_FILE, name) for name in names]
 
 
@@ -338,21 +338,6 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     return grad_x
 
 
-def _wgrad_cols(device, x, spec: ConvSpec):
-    """cols (C * kH * kW, n, L) of x (n, C, H, W) for the weight-gradient GEMM."""
-    c, (h, w), n = spec.in_channels, spec.in_size, spec.n
-    cols = device.empty((c * spec.taps, n, spec.out_pixels), x.dtype)
-    windows = n * c * spec.out_pixels
-    if windows:
-        index = index_type(cols.size, extent(x))
-        I = _index_scalar(index)
-        grid, block = elementwise_launch(windows)
-        device.launch(KERNEL_FILE, _kernel_name("conv_wgrad_im2col", x.dtype, index), grid, block,
-                      [x, cols, I(n), *(I(s) for s in element_strides(x)),
-                       numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
-    return cols
-
-
 def _gemm_grad_weight(device, gy, x, spec: ConvSpec):
     """grad_weight (D, C / G, kH, kW) in the compute dtype: per chunk one GEMM per group, chunks summed in order."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
@@ -362,7 +347,7 @@ def _gemm_grad_weight(device, gy, x, spec: ConvSpec):
     per_sample = _cols_bytes(spec, x.dtype.itemsize) + spec.out_channels * L * x.dtype.itemsize
     for chunk in batch_chunks(n, per_sample):
         m = chunk.stop - chunk.start
-        cols = _wgrad_cols(device, x[chunk], _chunk_spec(spec, chunk)).reshape(g, k, m * L)
+        cols = im2col_kernel(device, x[chunk], _chunk_spec(spec, chunk), rows_first=True).reshape(g, k, m * L)
         gyt = device.xp.ascontiguousarray(gy[chunk].transpose(1, 0, 3, 2)).reshape(g, m * L, dg)
         part = _matmul(device, cols, gyt)  # (G, K, D / G)
         if acc is None:

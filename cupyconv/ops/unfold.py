@@ -95,18 +95,28 @@ def _geometry(spec: ConvSpec):
     return [numpy.int32(v) for v in (kh, kw, sh, sw, top, left, dh, dw, oh, ow)]
 
 
-def im2col_kernel(device, x, spec: ConvSpec):
-    """cols (n, C * kH * kW, L) of x (..., C, H, W) through the kernel; x is read in place via its strides."""
-    c, (h, w) = spec.in_channels, spec.in_size
-    x4 = x.reshape(spec.n, c, h, w)
-    cols = device.empty((spec.n, c * spec.taps, spec.out_pixels), x.dtype)
-    windows = spec.n * c * spec.out_pixels
+def im2col_kernel(device, x, spec: ConvSpec, rows_first: bool = False):
+    """cols of x (..., C, H, W) through the kernel, reading x in place via its strides.
+
+    Layout (n, C * kH * kW, L) like torch, or with rows_first (C * kH * kW, n, L): then each group's rows are
+    one matrix over n * L, so a weight gradient is a single GEMM per group.
+    """
+    c, (h, w), n = spec.in_channels, spec.in_size, spec.n
+    x4 = x.reshape(n, c, h, w)
+    rows, pixels = c * spec.taps, spec.out_pixels
+    if rows_first:
+        cols = device.empty((rows, n, pixels), x.dtype)
+        image_stride, row_stride = pixels, n * pixels
+    else:
+        cols = device.empty((n, rows, pixels), x.dtype)
+        image_stride, row_stride = rows * pixels, pixels
+    windows = n * c * pixels
     if windows:
         index = index_type(cols.size, extent(x4))
         I = numpy.int32 if index == "int" else numpy.int64
         grid, block = elementwise_launch(windows)
         device.launch(KERNEL_FILE, _kernel_name("unfold_im2col", x.dtype, index), grid, block,
-                      [x4, cols, I(spec.n), *(I(s) for s in element_strides(x4)),
+                      [x4, cols, I(n), *(I(s) for s in element_strides(x4)), I(image_stride), I(row_stride),
                        numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
     return cols
 
