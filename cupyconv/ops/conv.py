@@ -43,11 +43,30 @@ def check_grad_output(op: str, grad_output, spec: ConvSpec) -> None:
 # CPU path over a flat batch: x (n, C, H, W), weight (D, C // G, kH, kW)
 
 
-def _columns(x, spec: ConvSpec, dtype):
-    """im2col of x (n, C, H, W) as a contiguous (n, G, C // G * kH * kW, L) array."""
-    n, g = x.shape[0], spec.groups
-    win = windows_cpu(pad_cpu(x, spec, dtype), spec)
-    return win.reshape(n, g, spec.channels_per_group * spec.taps, spec.out_pixels)
+BATCH_LAST_PIXELS = 1024
+
+
+def _batch_last(spec: ConvSpec) -> bool:
+    """Whether the CPU path lays the batch out innermost: for small planes, where a row of pixels is too short
+    for fast copies and a GEMM per image too small; then each group is one GEMM over (pixel, image)."""
+    return spec.out_pixels < BATCH_LAST_PIXELS and spec.n > 1
+
+
+def _columns(x, spec: ConvSpec, dtype, batch_last: bool):
+    """im2col of x (m, C, H, W): contiguous (m, G, K, L), or with batch_last (G, K, L * m); K = C // G * kH * kW."""
+    m, g, k = x.shape[0], spec.groups, spec.channels_per_group * spec.taps
+    win = windows_cpu(pad_cpu(x, spec, dtype, batch_last), spec)  # (m, C, kH, kW, oH, oW)
+    if batch_last:
+        return win.transpose(1, 2, 3, 4, 5, 0).reshape(g, k, spec.out_pixels * m)
+    return win.reshape(m, g, k, spec.out_pixels)
+
+
+def _grad_columns(gy, spec: ConvSpec, batch_last: bool):
+    """grad_output (m, G, Dg, L) in the layout of _columns: as it is, or with batch_last (G, Dg, L * m)."""
+    if batch_last:
+        m, g, dg, pixels = gy.shape
+        return gy.transpose(1, 2, 3, 0).reshape(g, dg, pixels * m)
+    return gy
 
 
 def _col_bytes(spec: ConvSpec, dtype) -> int:
@@ -56,12 +75,17 @@ def _col_bytes(spec: ConvSpec, dtype) -> int:
 
 def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
-    n, g = spec.n, spec.groups
+    n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
+    batch_last = _batch_last(spec)
     x = x.reshape(n, *spec.input_shape[-3:])
-    w = weight.reshape(g, spec.outputs_per_group, -1).astype(ct, copy=False)
-    out = numpy.empty((n, g, spec.outputs_per_group, spec.out_pixels), dtype=ct)
+    w = weight.reshape(g, dg, -1).astype(ct, copy=False)
+    out = numpy.empty((n, g, dg, pixels), dtype=ct)
     for chunk in batch_chunks(n, _col_bytes(spec, ct)):
-        numpy.matmul(w, _columns(x[chunk], spec, ct), out=out[chunk])
+        cols = _columns(x[chunk], spec, ct, batch_last)
+        if batch_last:
+            out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+        else:
+            numpy.matmul(w, cols, out=out[chunk])
     out = out.reshape(n, spec.out_channels, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -70,24 +94,33 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
 
 def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     ct = compute_dtype(x.dtype)
-    n, g, dg = spec.n, spec.groups, spec.outputs_per_group
-    gy = grad_output.reshape(n, g, dg, spec.out_pixels).astype(ct, copy=False)
-    grad_x = grad_w = grad_b = None
-    if "input" in needs:
-        w = weight.reshape(g, dg, -1).astype(ct, copy=False)
-        wt = numpy.ascontiguousarray(w.transpose(0, 2, 1))
-        grad_x = numpy.empty((n, *spec.input_shape[-3:]), dtype=ct)
-        for chunk in batch_chunks(n, _col_bytes(spec, ct)):
-            cols = numpy.matmul(wt, gy[chunk])
-            cols = cols.reshape(cols.shape[0], spec.in_channels, *spec.kernel, *spec.out_size)
-            grad_x[chunk] = col2im_cpu(cols, spec, ct)
+    n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
+    batch_last = _batch_last(spec)
+    x = x.reshape(n, *spec.input_shape[-3:])
+    gy = grad_output.reshape(n, g, dg, pixels).astype(ct, copy=False)
+    grad_x = numpy.empty(x.shape, dtype=ct) if "input" in needs else None
+    acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
+    wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
+    for chunk in batch_chunks(n, _col_bytes(spec, ct)) if needs & {"input", "weight"} else ():
+        m = chunk.stop - chunk.start
+        gyc = _grad_columns(gy[chunk], spec, batch_last)
+        if grad_x is not None:
+            cols = numpy.matmul(wt, gyc)
+            if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
+                cols = cols.reshape(spec.in_channels, *spec.kernel, *spec.out_size, m).transpose(5, 0, 1, 2, 3, 4)
+            else:
+                cols = cols.reshape(m, spec.in_channels, *spec.kernel, *spec.out_size)
+            grad_x[chunk] = col2im_cpu(cols, spec, ct, batch_last)
+        if acc is not None:
+            cols = _columns(x[chunk], spec, ct, batch_last)
+            if batch_last:
+                acc += numpy.matmul(gyc, cols.transpose(0, 2, 1))
+            else:
+                acc += numpy.matmul(gyc, cols.transpose(0, 1, 3, 2)).sum(axis=0)
+    grad_w = grad_b = None
+    if grad_x is not None:
         grad_x = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
-    if "weight" in needs:
-        xf = x.reshape(n, *spec.input_shape[-3:])
-        acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct)
-        for chunk in batch_chunks(n, _col_bytes(spec, ct)):
-            cols = _columns(xf[chunk], spec, ct)
-            acc += numpy.matmul(gy[chunk], cols.transpose(0, 1, 3, 2)).sum(axis=0)
+    if acc is not None:
         grad_w = acc.reshape(spec.weight_shape).astype(weight.dtype, copy=False)
     if "bias" in needs:
         grad_b = gy.sum(axis=(0, 3)).reshape(spec.out_channels).astype(x.dtype, copy=False)

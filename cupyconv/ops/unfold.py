@@ -19,11 +19,19 @@ from .._spec import ConvSpec
 # CPU primitives over a flat batch: x (n, C, H, W)
 
 
-def pad_cpu(x, spec: ConvSpec, dtype=None):
+def zeros_cpu(n, c, h, w, dtype, batch_last=False):
+    """A zeroed (n, C, h, w) array; with batch_last its memory order is (C, h, w, n), so that copies over tiny
+    planes run along the batch instead of along rows of a few pixels."""
+    if batch_last:
+        return numpy.zeros((c, h, w, n), dtype=dtype).transpose(3, 0, 1, 2)
+    return numpy.zeros((n, c, h, w), dtype=dtype)
+
+
+def pad_cpu(x, spec: ConvSpec, dtype=None, batch_last=False):
     """x (n, C, H, W) zero-padded to (n, C, Hp, Wp), in `dtype` (default: x's)."""
-    (top, bottom), (left, right) = spec.padding
+    (top, _), (left, _) = spec.padding
     n, c, h, w = x.shape
-    out = numpy.zeros((n, c, h + top + bottom, w + left + right), dtype=dtype or x.dtype)
+    out = zeros_cpu(n, c, *spec.padded_size, dtype or x.dtype, batch_last)
     out[:, :, top:top + h, left:left + w] = x
     return out
 
@@ -37,12 +45,11 @@ def windows_cpu(padded, spec: ConvSpec):
                       (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
 
 
-def col2im_cpu(cols, spec: ConvSpec, dtype):
+def col2im_cpu(cols, spec: ConvSpec, dtype, batch_last=False):
     """Sum cols (n, C, kH, kW, oH, oW) back onto the input positions they were read from: (n, C, H, W)."""
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
     n, c = cols.shape[:2]
-    hp, wp = spec.padded_size
-    out = numpy.zeros((n, c, hp, wp), dtype=dtype)
+    out = zeros_cpu(n, c, *spec.padded_size, dtype, batch_last)
     for i in range(kh):
         for j in range(kw):
             out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[:, :, i, j]
