@@ -31,10 +31,16 @@ def depthwise_cpu(x, weight, bias, spec: ConvSpec):
     n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
     padded = pad_cpu(x, spec, ct)
     w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel)
-    out = numpy.zeros((n, c, m, *spec.out_size), dtype=ct)
+    out = numpy.empty((n, c, m, *spec.out_size), dtype=ct)
+    product = numpy.empty_like(out)  # one buffer for every tap: a fresh temporary per tap costs page faults
     for i in range(spec.kernel[0]):
         for j in range(spec.kernel[1]):
-            out += _tap(padded, spec, i, j)[:, :, None] * w[:, :, i, j, None, None]
+            tap, w_tap = _tap(padded, spec, i, j)[:, :, None], w[:, :, i, j, None, None]
+            if i == j == 0:
+                numpy.multiply(tap, w_tap, out=out)
+            else:
+                numpy.multiply(tap, w_tap, out=product)
+                out += product
     out = out.reshape(n, c * m, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -50,9 +56,11 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
     if "input" in needs:
         w = weight.astype(ct, copy=False).reshape(c, m, kh, kw)
         padded = numpy.zeros((n, c, *spec.padded_size), dtype=ct)
+        product = numpy.empty_like(gy)
         for i in range(kh):
             for j in range(kw):
-                _tap(padded, spec, i, j)[...] += numpy.einsum("ncmhw,cm->nchw", gy, w[:, :, i, j])
+                numpy.multiply(gy, w[:, :, i, j, None, None], out=product)
+                _tap(padded, spec, i, j)[...] += product[:, :, 0] if m == 1 else product.sum(axis=2)
         (top, _), (left, _) = spec.padding
         h, wd = spec.in_size
         grad_x = padded[:, :, top:top + h, left:left + wd].astype(x.dtype)
