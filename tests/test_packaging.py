@@ -1,0 +1,151 @@
+"""The wheel ships raw_kernels/ and an installed cupyconv finds its kernel sources; README and CI agree.
+
+The wheel test builds from a copy of the checkout (so a stale build/ directory can never hide a missing file),
+installs the wheel into a fresh virtual environment and imports it from a directory outside the checkout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = sorted(p.name for p in (ROOT / "raw_kernels").iterdir() if p.suffix in (".cu", ".cuh"))
+
+
+def _run(cmd, **kwargs):
+    result = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {result.returncode}\n"
+                    f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}")
+    return result
+
+
+def _clean_env() -> dict:
+    """The environment without anything that would put the checkout on sys.path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _can_build_without_isolation() -> bool:
+    """setuptools >= 64 in this environment lets pip build the wheel offline, without a build environment."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return int(setuptools.__version__.split(".")[0]) >= 64
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("cupyconv", "raw_kernels"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    dist = tmp_path_factory.mktemp("dist")
+    cmd = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q", "-w", str(dist)]
+    if _can_build_without_isolation():
+        cmd.append("--no-build-isolation")
+    _run(cmd, env=_clean_env(), cwd=src)
+    wheels = list(dist.glob("cupyconv-0.1.0-*.whl"))
+    assert len(wheels) == 1, f"expected one cupyconv 0.1.0 wheel in {dist}, found {os.listdir(dist)}"
+    return wheels[0]
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_kernel_source(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "cupyconv/raw_kernels/common.cuh" in names
+    missing = [k for k in KERNELS if f"cupyconv/raw_kernels/{k}" not in names]
+    assert not missing, f"kernel sources missing from {wheel.name}: {missing}"
+    assert "cupyconv/ops/conv.py" in names and "cupyconv/_device.py" in names
+    stray = [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/", "raw_kernels/"))]
+    assert not stray, f"files outside the package in the wheel: {stray}"
+    metadata = zipfile.ZipFile(wheel).read("cupyconv-0.1.0.dist-info/METADATA").decode()
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    hard = [r for r in requires if "extra ==" not in r]
+    assert hard == ["Requires-Dist: numpy"], f"the only hard dependency must be numpy, got {hard}"
+
+
+@pytest.mark.slow
+def test_installed_wheel_finds_its_kernels(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    python = venv / "bin" / "python"
+    import numpy
+    # This environment's pip installs into the new one (pip >= 22.3); numpy comes from pip's cache or the index.
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", str(wheel),
+          f"numpy=={numpy.__version__}"], env=_clean_env())
+    probe = textwrap.dedent("""
+        import json, sysconfig
+        import numpy
+        import cupyconv, cupyconv._device as d
+        x = numpy.arange(2 * 3 * 5 * 4, dtype=numpy.float32).reshape(2, 3, 5, 4) / 10
+        w = numpy.linspace(-1, 1, 4 * 3 * 3 * 3, dtype=numpy.float32).reshape(4, 3, 3, 3)
+        y = cupyconv.conv2d(x, w, padding=1)
+        sources = {name: len(d.kernel_source(name)) for name in sorted(p.name for p in d.kernel_dir().iterdir()
+                                                                      if p.suffix in (".cu", ".cuh"))}
+        print(json.dumps({
+            "package": cupyconv.__file__,
+            "kernel_dir": str(d.kernel_dir()),
+            "purelib": sysconfig.get_paths()["purelib"],
+            "sources": sources,
+            "y_shape": list(y.shape),
+            "y_sum": float(y.astype(numpy.float64).sum()),
+        }))
+    """)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    info = json.loads(_run([str(python), "-c", probe], cwd=outside, env=_clean_env()).stdout)
+
+    site = Path(info["purelib"]).resolve()
+    assert Path(info["package"]).resolve().is_relative_to(site), info
+    kernel_dir = Path(info["kernel_dir"]).resolve()
+    assert kernel_dir == site / "cupyconv" / "raw_kernels", info
+    assert sorted(info["sources"]) == KERNELS
+    assert all(n > 0 for n in info["sources"].values()), info["sources"]
+    for name in KERNELS:
+        assert (kernel_dir / name).read_bytes() == (ROOT / "raw_kernels" / name).read_bytes(), name
+
+    # The tiny conv2d matches a float64 reference computed here.
+    x = numpy.arange(2 * 3 * 5 * 4, dtype=numpy.float64).reshape(2, 3, 5, 4) / 10
+    w = numpy.linspace(-1, 1, 4 * 3 * 3 * 3, dtype=numpy.float32).reshape(4, 3, 3, 3).astype(numpy.float64)
+    xp = numpy.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = sum(numpy.einsum("nchw,dc->ndhw", xp[:, :, i:i + 5, j:j + 4], w[:, :, i, j])
+              for i in range(3) for j in range(3))
+    assert info["y_shape"] == [2, 4, 5, 4]
+    assert info["y_sum"] == pytest.approx(float(ref.sum()), rel=1e-5, abs=1e-4)
+
+
+def _readme_commands() -> list[str]:
+    """The fenced shell code blocks of README.md, in order."""
+    text = (ROOT / "README.md").read_text()
+    return [b.strip() for b in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M)]
+
+
+def test_readme_starts_with_exactly_two_setup_commands():
+    text = (ROOT / "README.md").read_text()
+    first_api_heading = text.index("\n## ", text.index("```"))
+    head = text[:first_api_heading]
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", head, re.S | re.M)
+    assert len(blocks) == 2, f"README must open with exactly two set-up commands, found {blocks}"
+    example, tests = (b.strip() for b in blocks)
+    assert "\n" not in example and "\n" not in tests, "each set-up command is one line"
+    assert "pip install" in example and "examples/patch_convolution.py" in example
+    assert "pip install" in tests and ".[test" in tests and "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    result = _run(["bash", str(ROOT / ".ci" / "run"), "--print-test-command"], cwd=ROOT)
+    assert result.stdout.strip() == _readme_commands()[1]
