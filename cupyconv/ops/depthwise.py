@@ -16,31 +16,47 @@ from .conv import NEEDS, check_grad_output, check_needs
 from .unfold import pad_cpu
 
 
+CACHE_BLOCK_BYTES = 1 << 20
+
+
 def _tap(padded, spec: ConvSpec, i: int, j: int):
-    """The strided (n, C, oH, oW) view of a padded input read by kernel tap (i, j)."""
+    """The strided (..., oH, oW) view of padded planes (..., Hp, Wp) read by kernel tap (i, j)."""
     (sh, sw), (dh, dw), (oh, ow) = spec.stride, spec.dilation, spec.out_size
-    return padded[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+    return padded[..., i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
 
 
 def _multiplier(spec: ConvSpec) -> int:
     return spec.out_channels // spec.in_channels
 
 
+def _plane_blocks(spec: ConvSpec, n: int, itemsize: int):
+    """Blocks of the n * C (image, channel) planes, small enough that a block's padded input, output and
+    product stay in cache across all the kernel taps: yields (slice of planes, channel of each plane)."""
+    c, m = spec.in_channels, _multiplier(spec)
+    hp, wp = spec.padded_size
+    step = max(1, CACHE_BLOCK_BYTES // ((hp * wp + 2 * m * spec.out_pixels) * itemsize))
+    for start in range(0, n * c, step):
+        block = slice(start, min(start + step, n * c))
+        yield block, numpy.arange(block.start, block.stop) % c
+
+
 def depthwise_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
     n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
-    padded = pad_cpu(x, spec, ct)
+    padded = pad_cpu(x, spec, ct).reshape(n * c, *spec.padded_size)
     w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel)
-    out = numpy.empty((n, c, m, *spec.out_size), dtype=ct)
-    product = numpy.empty_like(out)  # one buffer for every tap: a fresh temporary per tap costs page faults
-    for i in range(spec.kernel[0]):
-        for j in range(spec.kernel[1]):
-            tap, w_tap = _tap(padded, spec, i, j)[:, :, None], w[:, :, i, j, None, None]
-            if i == j == 0:
-                numpy.multiply(tap, w_tap, out=out)
-            else:
-                numpy.multiply(tap, w_tap, out=product)
-                out += product
+    out = numpy.empty((n * c, m, *spec.out_size), dtype=ct)
+    product = numpy.empty_like(out)
+    for block, channels in _plane_blocks(spec, n, ct.itemsize):
+        o, p, w_block = out[block], product[block], w[channels]
+        for i in range(spec.kernel[0]):
+            for j in range(spec.kernel[1]):
+                tap, w_tap = _tap(padded[block], spec, i, j)[:, None], w_block[:, :, i, j, None, None]
+                if i == j == 0:
+                    numpy.multiply(tap, w_tap, out=o)
+                else:
+                    numpy.multiply(tap, w_tap, out=p)
+                    o += p
     out = out.reshape(n, c * m, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -55,15 +71,18 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         w = weight.astype(ct, copy=False).reshape(c, m, kh, kw)
-        padded = numpy.zeros((n, c, *spec.padded_size), dtype=ct)
-        product = numpy.empty_like(gy)
-        for i in range(kh):
-            for j in range(kw):
-                numpy.multiply(gy, w[:, :, i, j, None, None], out=product)
-                _tap(padded, spec, i, j)[...] += product[:, :, 0] if m == 1 else product.sum(axis=2)
+        gy_planes = gy.reshape(n * c, m, oh, ow)
+        padded = numpy.zeros((n * c, *spec.padded_size), dtype=ct)
+        product = numpy.empty(gy_planes.shape, dtype=ct)
+        for block, channels in _plane_blocks(spec, n, ct.itemsize):
+            p, w_block = product[block], w[channels]
+            for i in range(kh):
+                for j in range(kw):
+                    numpy.multiply(gy_planes[block], w_block[:, :, i, j, None, None], out=p)
+                    _tap(padded[block], spec, i, j)[...] += p[:, 0] if m == 1 else p.sum(axis=1)
         (top, _), (left, _) = spec.padding
         h, wd = spec.in_size
-        grad_x = padded[:, :, top:top + h, left:left + wd].astype(x.dtype)
+        grad_x = padded[:, top:top + h, left:left + wd].reshape(n, c, h, wd).astype(x.dtype)
     if "weight" in needs:
         padded = pad_cpu(x, spec, ct)
         grad_w = numpy.empty((c, m, kh, kw), dtype=ct)
