@@ -170,35 +170,66 @@ def _fill_missing(grads, like):
     return tuple(g if g is not None else _empty(like) for g in grads)
 
 
+def _conv_autograd(backward_op):
+    """(setup_context, backward) of a convolution's autograd.Function, as staticmethods.
+
+    The Function's inputs are (x, weight, bias, *geometry); x and weight are saved, and backward calls
+    `backward_op(grad_output, x, weight, *geometry, needs)` for only the gradients `ctx.needs_input_grad` asks
+    for (None for the geometry).  The same two functions are the autograd formula registered on the forward op.
+    """
+
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, *geometry = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.geometry = tuple(geometry)
+        ctx.has_bias = bias is not None
+
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        needs = _needs(ctx, ctx.has_bias)
+        grads = backward_op(grad_output.to(x.dtype), x, weight, *ctx.geometry, needs)
+        return (*_needed(grads, needs), *(None for _ in ctx.geometry))
+
+    return staticmethod(setup_context), staticmethod(backward)
+
+
 # ---------------------------------------------------------------------------------------------------------
-# Custom ops: conv2d
+# Custom ops: conv2d and patch_conv2d (one schema: patch_conv2d is conv2d over any leading dims of x)
 
 
-@torch.library.custom_op("cupyconv::conv2d", mutates_args=(), schema=(
-        "(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation, int groups) "
-        "-> Tensor"))
-def _conv2d_op(x, weight, bias, stride, padding, dilation, groups):
-    return _run(cupyconv.conv2d, x, x, weight, bias, tuple(stride), _per_side(padding), tuple(dilation), groups)
+def _grouped_conv_ops(name):
+    """Define the custom ops `cupyconv::<name>` and `cupyconv::<name>_backward` with their fake implementations,
+    for the cupyconv functions of that name (looked up on every call); returns (op, backward op)."""
+
+    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(), schema=(
+            "(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation, int groups) "
+            "-> Tensor"))
+    def op(x, weight, bias, stride, padding, dilation, groups):
+        return _run(getattr(cupyconv, name), x, x, weight, bias, tuple(stride), _per_side(padding),
+                    tuple(dilation), groups)
+
+    @op.register_fake
+    def _(x, weight, bias, stride, padding, dilation, groups):
+        out = _out_size(x.shape[-2:], weight.shape[-2:], stride, padding, dilation)
+        return x.new_empty((*x.shape[:-3], weight.shape[0], *out))
+
+    @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), schema=(
+            "(Tensor grad_output, Tensor x, Tensor weight, int[2] stride, int[4] padding, int[2] dilation, "
+            "int groups, bool[3] needs) -> (Tensor, Tensor, Tensor)"))
+    def backward_op(grad_output, x, weight, stride, padding, dilation, groups, needs):
+        grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, stride=tuple(stride),
+                     padding=_per_side(padding), dilation=tuple(dilation), groups=groups, needs=_names(needs))
+        return _fill_missing(grads, x)
+
+    @backward_op.register_fake
+    def _(grad_output, x, weight, stride, padding, dilation, groups, needs):
+        return _fake_conv_backward(grad_output, x, weight, needs)
+
+    return op, backward_op
 
 
-@_conv2d_op.register_fake
-def _(x, weight, bias, stride, padding, dilation, groups):
-    out = _out_size(x.shape[-2:], weight.shape[-2:], stride, padding, dilation)
-    return x.new_empty((*x.shape[:-3], weight.shape[0], *out))
-
-
-@torch.library.custom_op("cupyconv::conv2d_backward", mutates_args=(), schema=(
-        "(Tensor grad_output, Tensor x, Tensor weight, int[2] stride, int[4] padding, int[2] dilation, "
-        "int groups, bool[3] needs) -> (Tensor, Tensor, Tensor)"))
-def _conv2d_backward_op(grad_output, x, weight, stride, padding, dilation, groups, needs):
-    grads = _run(cupyconv.conv2d_backward, x, grad_output, x, weight, stride=tuple(stride),
-                 padding=_per_side(padding), dilation=tuple(dilation), groups=groups, needs=_names(needs))
-    return _fill_missing(grads, x)
-
-
-@_conv2d_backward_op.register_fake
-def _(grad_output, x, weight, stride, padding, dilation, groups, needs):
-    return _fake_conv_backward(grad_output, x, weight, needs)
+_conv2d_op, _conv2d_backward_op = _grouped_conv_ops("conv2d")
+_patch_op, _patch_backward_op = _grouped_conv_ops("patch_conv2d")
 
 
 class Conv2dFunction(torch.autograd.Function):
@@ -212,22 +243,21 @@ class Conv2dFunction(torch.autograd.Function):
     def forward(x, weight, bias, stride, padding, dilation, groups):
         return torch.ops.cupyconv.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, weight, bias, stride, padding, dilation, groups = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.geometry = (stride, padding, dilation, groups)
-        ctx.has_bias = bias is not None
+    setup_context, backward = _conv_autograd(torch.ops.cupyconv.conv2d_backward)
+
+
+class PatchConv2dFunction(torch.autograd.Function):
+    """cupyconv.patch_conv2d over x (..., C, H, W) with its manual backward (see `Conv2dFunction`)."""
 
     @staticmethod
-    def backward(ctx, grad_output):
-        x, weight = ctx.saved_tensors
-        needs = _needs(ctx, ctx.has_bias)
-        grads = torch.ops.cupyconv.conv2d_backward(grad_output.to(x.dtype), x, weight, *ctx.geometry, needs)
-        return (*_needed(grads, needs), None, None, None, None)
+    def forward(x, weight, bias, stride, padding, dilation, groups):
+        return torch.ops.cupyconv.patch_conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    setup_context, backward = _conv_autograd(torch.ops.cupyconv.patch_conv2d_backward)
 
 
 _conv2d_op.register_autograd(Conv2dFunction.backward, setup_context=Conv2dFunction.setup_context)
+_patch_op.register_autograd(PatchConv2dFunction.backward, setup_context=PatchConv2dFunction.setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -268,81 +298,11 @@ class DepthwiseConv2dFunction(torch.autograd.Function):
     def forward(x, weight, bias, stride, padding, dilation):
         return torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, stride, padding, dilation)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, weight, bias, stride, padding, dilation = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.geometry = (stride, padding, dilation)
-        ctx.has_bias = bias is not None
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x, weight = ctx.saved_tensors
-        needs = _needs(ctx, ctx.has_bias)
-        grads = torch.ops.cupyconv.depthwise_conv2d_backward(grad_output.to(x.dtype), x, weight, *ctx.geometry,
-                                                             needs)
-        return (*_needed(grads, needs), None, None, None)
+    setup_context, backward = _conv_autograd(torch.ops.cupyconv.depthwise_conv2d_backward)
 
 
 _depthwise_op.register_autograd(DepthwiseConv2dFunction.backward,
                                 setup_context=DepthwiseConv2dFunction.setup_context)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Custom ops: patch_conv2d
-
-
-@torch.library.custom_op("cupyconv::patch_conv2d", mutates_args=(), schema=(
-        "(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation, int groups) "
-        "-> Tensor"))
-def _patch_op(x, weight, bias, stride, padding, dilation, groups):
-    return _run(cupyconv.patch_conv2d, x, x, weight, bias, tuple(stride), _per_side(padding), tuple(dilation),
-                groups)
-
-
-@_patch_op.register_fake
-def _(x, weight, bias, stride, padding, dilation, groups):
-    out = _out_size(x.shape[-2:], weight.shape[-2:], stride, padding, dilation)
-    return x.new_empty((*x.shape[:-3], weight.shape[0], *out))
-
-
-@torch.library.custom_op("cupyconv::patch_conv2d_backward", mutates_args=(), schema=(
-        "(Tensor grad_output, Tensor x, Tensor weight, int[2] stride, int[4] padding, int[2] dilation, "
-        "int groups, bool[3] needs) -> (Tensor, Tensor, Tensor)"))
-def _patch_backward_op(grad_output, x, weight, stride, padding, dilation, groups, needs):
-    grads = _run(cupyconv.patch_conv2d_backward, x, grad_output, x, weight, stride=tuple(stride),
-                 padding=_per_side(padding), dilation=tuple(dilation), groups=groups, needs=_names(needs))
-    return _fill_missing(grads, x)
-
-
-@_patch_backward_op.register_fake
-def _(grad_output, x, weight, stride, padding, dilation, groups, needs):
-    return _fake_conv_backward(grad_output, x, weight, needs)
-
-
-class PatchConv2dFunction(torch.autograd.Function):
-    """cupyconv.patch_conv2d over x (..., C, H, W) with its manual backward (see `Conv2dFunction`)."""
-
-    @staticmethod
-    def forward(x, weight, bias, stride, padding, dilation, groups):
-        return torch.ops.cupyconv.patch_conv2d(x, weight, bias, stride, padding, dilation, groups)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, weight, bias, stride, padding, dilation, groups = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.geometry = (stride, padding, dilation, groups)
-        ctx.has_bias = bias is not None
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x, weight = ctx.saved_tensors
-        needs = _needs(ctx, ctx.has_bias)
-        grads = torch.ops.cupyconv.patch_conv2d_backward(grad_output.to(x.dtype), x, weight, *ctx.geometry, needs)
-        return (*_needed(grads, needs), None, None, None, None)
-
-
-_patch_op.register_autograd(PatchConv2dFunction.backward, setup_context=PatchConv2dFunction.setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------

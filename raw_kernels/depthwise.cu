@@ -205,6 +205,18 @@ __device__ __forceinline__ void block_reduce(A (&v)[R], A* scratch, Store store)
   __syncthreads();
 }
 
+// The geometry of a tiled kernel: K > 0 (K x K kernel, stride S, dilation 1) puts compile-time constants in
+// place of the runtime arguments, so the compiler can fold them into the addressing; K = 0 keeps those.
+template <int K, int S>
+__device__ __forceinline__ void fold_geometry(int& kernel_h, int& kernel_w, int& stride_h, int& stride_w,
+                                              int& dilation_h, int& dilation_w) {
+  if constexpr (K > 0) {
+    kernel_h = kernel_w = K;
+    stride_h = stride_w = S;
+    dilation_h = dilation_w = 1;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Forward and stride-1 input gradient: one tiled convolution from `src` planes to `dst` planes.
 //
@@ -224,11 +236,7 @@ __device__ __forceinline__ void depthwise_tiled(
     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
   constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
-  if constexpr (K > 0) {  // constants the compiler can fold into the addressing
-    kernel_h = kernel_w = K;
-    stride_h = stride_w = S;
-    dilation_h = dilation_w = 1;
-  }
+  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
@@ -449,11 +457,7 @@ __device__ __forceinline__ void depthwise_weight_tiled(
   typedef acc_t<T> A;
   constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
   constexpr int R = K > 0 ? K * K : TAP_CHUNK;  // taps per pass, accumulated in registers
-  if constexpr (K > 0) {
-    kernel_h = kernel_w = K;
-    stride_h = stride_w = S;
-    dilation_h = dilation_w = 1;
-  }
+  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;

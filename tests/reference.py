@@ -9,6 +9,8 @@ conventions as cupyconv.  torch has no per-side or strided 'same' padding, so th
 `F.pad` using `explicit_padding`, which is also computed here from first principles.
 
 Part 3 holds the small pieces every test module shares: random data, per-dtype tolerances, comparisons.
+Part 4 builds hypothesis strategies of random specs; Part 5 (`ConvChecks`) holds the checks test_conv,
+test_depthwise and test_patch run on their op.
 """
 from __future__ import annotations
 
@@ -322,6 +324,16 @@ def to_float64(a):
     return numpy.asarray(a, numpy.float64)
 
 
+def cuda_torch():
+    """torch, for a test that hands cupyconv CUDA tensors: the test is skipped where torch is missing or was built
+    without CUDA."""
+    import pytest
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch
+
+
 def numerical_gradient(f, x, eps=1e-6):
     """Central finite differences of the scalar f() with respect to every entry of the float64 array x (which
     f reads, and which is perturbed in place and restored)."""
@@ -445,3 +457,108 @@ def conv_cases(*, leading_dims=None, depthwise=False):
                         padding, dilation, groups, draw(st.booleans()))
 
     return build()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Part 5: the comparisons test_conv, test_depthwise and test_patch run on their op (pytest imported lazily)
+
+
+class ConvChecks:
+    """The checks of one convolution op (conv2d, depthwise_conv2d or patch_conv2d) against the oracles above.
+
+    Each check is a function of the op callables (`CHECKS.forward(conv2d, case, dtype)`, ...), so the same cases
+    can run through another executor, e.g. inside `cupyconv._device.use_device(...)`.  `reference` and
+    `reference_grads` are the op's float64 oracles (`conv2d` and `conv2d_grads`, ...), called with the op's own
+    arguments; the torch oracle is `torch_conv2d` with `case.kwargs` (groups included) for every op.
+    `groups=False` is for an op without a groups argument (depthwise: groups = C), which takes `case.window`.
+    """
+
+    def __init__(self, reference, reference_grads, groups=True):
+        self.reference, self.reference_grads, self.groups = reference, reference_grads, groups
+
+    def args(self, case) -> dict:
+        """The keyword arguments of the op (and of its float64 oracles) for case."""
+        return case.kwargs if self.groups else case.window
+
+    def forward(self, op, case, dtype="float64", seed=0):
+        """op on NumPy arrays of dtype against the float64 reference on the same (rounded) inputs."""
+        x, weight, bias, _ = case.inputs(numpy.random.default_rng(seed), dtype)
+        out = op(x, weight, bias, **self.args(case))
+        assert isinstance(out, numpy.ndarray)
+        assert out.dtype == numpy.dtype(dtype) and out.shape == case.output_shape
+        assert_close(out, self.reference(x, weight, bias, **self.args(case)), dtype, err_msg=case.name)
+
+    def backward(self, op_backward, case, dtype="float64", seed=0):
+        """Every gradient against the reference's, in dtype."""
+        x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
+        grads = op_backward(grad_output, x, weight, **self.args(case))
+        expected = self.reference_grads(grad_output, x, weight, **self.args(case))
+        shapes = (case.x, case.weight, case.weight[:1])
+        for name, got, want, shape in zip(NEEDS, grads, expected, shapes):
+            assert got.dtype == numpy.dtype(dtype) and got.shape == shape, name
+            assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
+
+    def against_torch(self, op, op_backward, case, dtype="float32", seed=0):
+        """Forward and every gradient against F.conv2d (leading dims rolled into the batch) and
+        torch.autograd.grad in the same dtype."""
+        import pytest
+        torch = pytest.importorskip("torch")
+        x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
+        t = {name: None if a is None else torch.from_numpy(a)
+             for name, a in dict(x=x, weight=weight, bias=bias, grad_output=grad_output).items()}
+        out = op(x, weight, bias, **self.args(case))
+        assert_close(out, torch_conv2d(t["x"], t["weight"], t["bias"], **case.kwargs), dtype, case.name)
+        grads = op_backward(grad_output, x, weight, **self.args(case))
+        expected = torch_conv2d_grads(t["grad_output"], t["x"], t["weight"], **case.kwargs)
+        for name, got, want in zip(NEEDS, grads, expected):
+            assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
+
+    def bfloat16(self, op, op_backward, case, seed=0):
+        """bfloat16 torch tensors in, bfloat16 out, against the float64 reference on the bfloat16 values."""
+        import pytest
+        torch = pytest.importorskip("torch")
+        arrays = case.inputs(numpy.random.default_rng(seed), numpy.float32)
+        x, weight, bias, grad_output = (None if a is None else torch.from_numpy(a).to(torch.bfloat16)
+                                        for a in arrays)
+        x64, w64, b64, gy64 = (None if a is None else to_float64(a) for a in (x, weight, bias, grad_output))
+        out = op(x, weight, bias, **self.args(case))
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+        assert_close(out, self.reference(x64, w64, b64, **self.args(case)), "bfloat16", case.name)
+        grads = op_backward(grad_output, x, weight, **self.args(case))
+        for name, got, want in zip(NEEDS, grads, self.reference_grads(gy64, x64, w64, **self.args(case))):
+            assert got.dtype == torch.bfloat16, name
+            assert_close(got, want, "bfloat16", err_msg=f"{case.name}: grad {name}")
+
+    def finite_differences(self, op, op_backward, case, seed=0):
+        """The manual backward against central differences of <op(x, w, b), r> in float64."""
+        x, weight, bias, r = case.inputs(numpy.random.default_rng(seed))
+        bias = bias if bias is not None else numpy.zeros(case.weight[0])
+
+        def loss():
+            return float(numpy.sum(op(x, weight, bias, **self.args(case)) * r))
+
+        grads = op_backward(r, x, weight, **self.args(case))
+        for name, got, wrt in zip(NEEDS, grads, (x, weight, bias)):
+            numpy.testing.assert_allclose(got, numerical_gradient(loss, wrt), rtol=1e-6, atol=1e-7,
+                                          err_msg=f"{case.name}: grad {name}")
+
+    def needs(self, op_backward, case, needs, seed=1):
+        """op_backward(..., needs=needs) returns exactly the full call's gradients that were requested (a name
+        or a tuple of names from NEEDS) and None for the others, always three."""
+        x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed))
+        full = op_backward(grad_output, x, weight, **self.args(case))
+        part = op_backward(grad_output, x, weight, needs=needs, **self.args(case))
+        requested = (needs,) if isinstance(needs, str) else needs
+        assert len(part) == 3
+        for name, got, want in zip(NEEDS, part, full):
+            if name in requested:
+                numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
+            else:
+                assert got is None, name
+
+    def matches_reference(self, op, op_backward, case, x, weight, bias, grad_output):
+        """op and op_backward on these very arrays (views of any strides) against the float64 reference."""
+        assert_close(op(x, weight, bias, **self.args(case)), self.reference(x, weight, bias, **self.args(case)))
+        grads = op_backward(grad_output, x, weight, **self.args(case))
+        for got, want in zip(grads, self.reference_grads(grad_output, x, weight, **self.args(case))):
+            assert_close(got, want)

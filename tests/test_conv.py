@@ -1,8 +1,8 @@
 """conv2d and conv2d_backward against the naive float64 reference, torch CPU and finite differences.
 
 The problems are declared as data (`CASES`, `HALF_CASES`, `FINITE_DIFFERENCE_CASES`) and every comparison is a
-function of the op callables (`check_forward(conv2d, case, dtype)`, ...), so the same cases can run through
-another executor, e.g. inside `cupyconv._device.use_device(...)`.
+function of the op callables (`CHECKS.forward(conv2d, case, dtype)`, ... from `reference.ConvChecks`), so the
+same cases can run through another executor, e.g. inside `cupyconv._device.use_device(...)`.
 """
 import numpy
 import pytest
@@ -52,72 +52,8 @@ FINITE_DIFFERENCE_CASES = [
     C("fd_depthwise_route", (1, 2, 4, 4), (4, 1, 3, 3), stride=2, padding="same", groups=2),
 ]
 
-
-# ---------------------------------------------------------------------------------------------------------
-# Comparisons, as functions of the op callables
-
-
-def check_forward(conv2d, case, dtype="float64", seed=0):
-    """conv2d on NumPy arrays of dtype against the float64 reference on the same (rounded) inputs."""
-    x, weight, bias, _ = case.inputs(numpy.random.default_rng(seed), dtype)
-    out = conv2d(x, weight, bias, **case.kwargs)
-    assert isinstance(out, numpy.ndarray)
-    assert out.dtype == numpy.dtype(dtype) and out.shape == case.output_shape
-    ref.assert_close(out, ref.conv2d(x, weight, bias, **case.kwargs), dtype, err_msg=case.name)
-
-
-def check_backward(conv2d_backward, case, dtype="float64", seed=0):
-    """Every gradient against the reference's, in dtype."""
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    grads = conv2d_backward(grad_output, x, weight, **case.kwargs)
-    expected = ref.conv2d_grads(grad_output, x, weight, **case.kwargs)
-    shapes = (case.x, case.weight, case.weight[:1])
-    for name, got, want, shape in zip(NEEDS, grads, expected, shapes):
-        assert got.dtype == numpy.dtype(dtype) and got.shape == shape, name
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_against_torch(conv2d, conv2d_backward, case, dtype="float32", seed=0):
-    """Forward and every gradient against F.conv2d and torch.autograd.grad in the same dtype."""
-    torch = pytest.importorskip("torch")
-    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    t = {name: None if a is None else torch.from_numpy(a)
-         for name, a in dict(x=x, weight=weight, bias=bias, grad_output=grad_output).items()}
-    out = conv2d(x, weight, bias, **case.kwargs)
-    ref.assert_close(out, ref.torch_conv2d(t["x"], t["weight"], t["bias"], **case.kwargs), dtype, case.name)
-    grads = conv2d_backward(grad_output, x, weight, **case.kwargs)
-    expected = ref.torch_conv2d_grads(t["grad_output"], t["x"], t["weight"], **case.kwargs)
-    for name, got, want in zip(NEEDS, grads, expected):
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_bfloat16(conv2d, conv2d_backward, case, seed=0):
-    """bfloat16 torch tensors in, bfloat16 out, against the float64 reference on the bfloat16 values."""
-    torch = pytest.importorskip("torch")
-    arrays = case.inputs(numpy.random.default_rng(seed), numpy.float32)
-    x, weight, bias, grad_output = (None if a is None else torch.from_numpy(a).to(torch.bfloat16) for a in arrays)
-    x64, w64, b64, gy64 = (None if a is None else ref.to_float64(a) for a in (x, weight, bias, grad_output))
-    out = conv2d(x, weight, bias, **case.kwargs)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
-    ref.assert_close(out, ref.conv2d(x64, w64, b64, **case.kwargs), "bfloat16", case.name)
-    grads = conv2d_backward(grad_output, x, weight, **case.kwargs)
-    for name, got, want in zip(NEEDS, grads, ref.conv2d_grads(gy64, x64, w64, **case.kwargs)):
-        assert got.dtype == torch.bfloat16, name
-        ref.assert_close(got, want, "bfloat16", err_msg=f"{case.name}: grad {name}")
-
-
-def check_finite_differences(conv2d, conv2d_backward, case, seed=0):
-    """The manual backward against central differences of <conv2d(x, w, b), r> in float64."""
-    x, weight, bias, r = case.inputs(numpy.random.default_rng(seed))
-    bias = bias if bias is not None else numpy.zeros(case.weight[0])
-
-    def loss():
-        return float(numpy.sum(conv2d(x, weight, bias, **case.kwargs) * r))
-
-    grads = conv2d_backward(r, x, weight, **case.kwargs)
-    for name, got, wrt in zip(NEEDS, grads, (x, weight, bias)):
-        numpy.testing.assert_allclose(got, ref.numerical_gradient(loss, wrt), rtol=1e-6, atol=1e-7,
-                                      err_msg=f"{case.name}: grad {name}")
+#: The comparisons, as functions of the op callables, against ref.conv2d and ref.conv2d_grads.
+CHECKS = ref.ConvChecks(ref.conv2d, ref.conv2d_grads)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -126,35 +62,35 @@ def check_finite_differences(conv2d, conv2d_backward, case, seed=0):
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forward_matches_reference(case):
-    check_forward(cupyconv.conv2d, case)
+    CHECKS.forward(cupyconv.conv2d, case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_matches_reference(case):
-    check_backward(cupyconv.conv2d_backward, case)
+    CHECKS.backward(cupyconv.conv2d_backward, case)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_torch(case, dtype):
-    check_against_torch(cupyconv.conv2d, cupyconv.conv2d_backward, case, dtype)
+    CHECKS.against_torch(cupyconv.conv2d, cupyconv.conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_low_precision_matches_reference(case, dtype):
-    check_forward(cupyconv.conv2d, case, dtype)
-    check_backward(cupyconv.conv2d_backward, case, dtype)
+    CHECKS.forward(cupyconv.conv2d, case, dtype)
+    CHECKS.backward(cupyconv.conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 def test_bfloat16_through_torch(case):
-    check_bfloat16(cupyconv.conv2d, cupyconv.conv2d_backward, case)
+    CHECKS.bfloat16(cupyconv.conv2d, cupyconv.conv2d_backward, case)
 
 
 @pytest.mark.parametrize("case", FINITE_DIFFERENCE_CASES, ids=str)
 def test_gradients_match_finite_differences(case):
-    check_finite_differences(cupyconv.conv2d, cupyconv.conv2d_backward, case)
+    CHECKS.finite_differences(cupyconv.conv2d, cupyconv.conv2d_backward, case)
 
 
 def test_half_accumulates_in_float32():
@@ -169,17 +105,7 @@ def test_half_accumulates_in_float32():
 
 @pytest.mark.parametrize("needs", NEEDS_SUBSETS + ["weight"], ids=repr)
 def test_needs_returns_none_for_what_was_not_requested(needs):
-    case = CASE_BY_NAME["groups2"]
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(1))
-    full = cupyconv.conv2d_backward(grad_output, x, weight, **case.kwargs)
-    part = cupyconv.conv2d_backward(grad_output, x, weight, needs=needs, **case.kwargs)
-    requested = (needs,) if isinstance(needs, str) else needs
-    assert len(part) == 3
-    for name, got, want in zip(NEEDS, part, full):
-        if name in requested:
-            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
-        else:
-            assert got is None, name
+    CHECKS.needs(cupyconv.conv2d_backward, CASE_BY_NAME["groups2"], needs)
 
 
 @pytest.mark.parametrize("case", [CASE_BY_NAME["everything"], CASE_BY_NAME["groups_C_routes_to_depthwise"]],
@@ -195,11 +121,7 @@ def test_non_contiguous_and_negative_strides(case):
     reversed_x = ref.random(rng, case.x)[..., ::-1]
     assert not x.flags.c_contiguous and min(weight.strides) < 0 and min(grad_output.strides) < 0
     for xin in (x, reversed_x):
-        out = cupyconv.conv2d(xin, weight, bias, **case.kwargs)
-        ref.assert_close(out, ref.conv2d(xin, weight, bias, **case.kwargs))
-        grads = cupyconv.conv2d_backward(grad_output, xin, weight, **case.kwargs)
-        for got, want in zip(grads, ref.conv2d_grads(grad_output, xin, weight, **case.kwargs)):
-            ref.assert_close(got, want)
+        CHECKS.matches_reference(cupyconv.conv2d, cupyconv.conv2d_backward, case, xin, weight, bias, grad_output)
 
 
 @pytest.mark.parametrize("groups", [1, 2, 4])
@@ -284,4 +206,4 @@ def test_reference_agrees_with_torch():
 @settings(**ref.PROPERTY_SETTINGS)
 @given(case=ref.conv_cases(), seed=st.integers(0, 2**32 - 1))
 def test_property_matches_torch(case, seed):
-    check_against_torch(cupyconv.conv2d, cupyconv.conv2d_backward, case, "float64", seed)
+    CHECKS.against_torch(cupyconv.conv2d, cupyconv.conv2d_backward, case, "float64", seed)

@@ -486,9 +486,7 @@ def test_gpu_tf32_opt_in_restores_the_math_mode():
 
 @pytest.mark.gpu
 def test_gpu_torch_tensors():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+    torch = ref.cuda_torch()
     case = CASE_BY_NAME["groups2_stride2"]
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(12), numpy.float32)
     t = [torch.from_numpy(a).cuda() for a in (x, weight, bias, grad_output)]

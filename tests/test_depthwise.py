@@ -2,7 +2,8 @@
 and finite differences, plus its agreement with conv2d(groups=C).
 
 Cases are data (`CASES`, ...): x (N, C, H, W), weight (C * m, 1, kH, kW), and `groups` = C is what the torch
-oracle and the reference are given.  The check functions take the op callables.
+oracle and the reference are given.  The checks (`CHECKS.forward(depthwise_conv2d, case, dtype)`, ... from
+`reference.ConvChecks`, and `check_same_as_grouped_conv2d`) take the op callables.
 """
 import numpy
 import pytest
@@ -45,62 +46,9 @@ FINITE_DIFFERENCE_CASES = [
 # ---------------------------------------------------------------------------------------------------------
 # Comparisons, as functions of the op callables
 
-
-def check_forward(depthwise_conv2d, case, dtype="float64", seed=0):
-    x, weight, bias, _ = case.inputs(numpy.random.default_rng(seed), dtype)
-    out = depthwise_conv2d(x, weight, bias, **case.window)
-    assert isinstance(out, numpy.ndarray)
-    assert out.dtype == numpy.dtype(dtype) and out.shape == case.output_shape
-    ref.assert_close(out, ref.depthwise_conv2d(x, weight, bias, **case.window), dtype, err_msg=case.name)
-
-
-def check_backward(depthwise_conv2d_backward, case, dtype="float64", seed=0):
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    grads = depthwise_conv2d_backward(grad_output, x, weight, **case.window)
-    expected = ref.depthwise_conv2d_grads(grad_output, x, weight, **case.window)
-    for name, got, want, shape in zip(NEEDS, grads, expected, (case.x, case.weight, case.weight[:1])):
-        assert got.dtype == numpy.dtype(dtype) and got.shape == shape, name
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_against_torch(depthwise_conv2d, depthwise_conv2d_backward, case, dtype="float32", seed=0):
-    """Against F.conv2d(groups=C) and its autograd gradients."""
-    torch = pytest.importorskip("torch")
-    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    t = {name: None if a is None else torch.from_numpy(a)
-         for name, a in dict(x=x, weight=weight, bias=bias, grad_output=grad_output).items()}
-    out = depthwise_conv2d(x, weight, bias, **case.window)
-    ref.assert_close(out, ref.torch_conv2d(t["x"], t["weight"], t["bias"], **case.kwargs), dtype, case.name)
-    grads = depthwise_conv2d_backward(grad_output, x, weight, **case.window)
-    expected = ref.torch_conv2d_grads(t["grad_output"], t["x"], t["weight"], **case.kwargs)
-    for name, got, want in zip(NEEDS, grads, expected):
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_bfloat16(depthwise_conv2d, depthwise_conv2d_backward, case, seed=0):
-    torch = pytest.importorskip("torch")
-    arrays = case.inputs(numpy.random.default_rng(seed), numpy.float32)
-    x, weight, bias, grad_output = (None if a is None else torch.from_numpy(a).to(torch.bfloat16) for a in arrays)
-    x64, w64, b64, gy64 = (None if a is None else ref.to_float64(a) for a in (x, weight, bias, grad_output))
-    out = depthwise_conv2d(x, weight, bias, **case.window)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
-    ref.assert_close(out, ref.depthwise_conv2d(x64, w64, b64, **case.window), "bfloat16", case.name)
-    grads = depthwise_conv2d_backward(grad_output, x, weight, **case.window)
-    for name, got, want in zip(NEEDS, grads, ref.depthwise_conv2d_grads(gy64, x64, w64, **case.window)):
-        assert got.dtype == torch.bfloat16, name
-        ref.assert_close(got, want, "bfloat16", err_msg=f"{case.name}: grad {name}")
-
-
-def check_finite_differences(depthwise_conv2d, depthwise_conv2d_backward, case, seed=0):
-    x, weight, bias, r = case.inputs(numpy.random.default_rng(seed))
-
-    def loss():
-        return float(numpy.sum(depthwise_conv2d(x, weight, bias, **case.window) * r))
-
-    grads = depthwise_conv2d_backward(r, x, weight, **case.window)
-    for name, got, wrt in zip(NEEDS, grads, (x, weight, bias)):
-        numpy.testing.assert_allclose(got, ref.numerical_gradient(loss, wrt), rtol=1e-6, atol=1e-7,
-                                      err_msg=f"{case.name}: grad {name}")
+#: Against ref.depthwise_conv2d and its gradients (which take case.window, as the op does), F.conv2d with
+#: groups = C (case.kwargs) and its autograd gradients, and finite differences.
+CHECKS = ref.ConvChecks(ref.depthwise_conv2d, ref.depthwise_conv2d_grads, groups=False)
 
 
 def check_same_as_grouped_conv2d(depthwise_conv2d, depthwise_conv2d_backward, conv2d, conv2d_backward, case,
@@ -119,18 +67,18 @@ def check_same_as_grouped_conv2d(depthwise_conv2d, depthwise_conv2d_backward, co
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forward_matches_reference(case):
-    check_forward(cupyconv.depthwise_conv2d, case)
+    CHECKS.forward(cupyconv.depthwise_conv2d, case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_matches_reference(case):
-    check_backward(cupyconv.depthwise_conv2d_backward, case)
+    CHECKS.backward(cupyconv.depthwise_conv2d_backward, case)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_torch_grouped_conv(case, dtype):
-    check_against_torch(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case, dtype)
+    CHECKS.against_torch(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -142,18 +90,18 @@ def test_same_as_conv2d_with_groups_C(case):
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_low_precision_matches_reference(case, dtype):
-    check_forward(cupyconv.depthwise_conv2d, case, dtype)
-    check_backward(cupyconv.depthwise_conv2d_backward, case, dtype)
+    CHECKS.forward(cupyconv.depthwise_conv2d, case, dtype)
+    CHECKS.backward(cupyconv.depthwise_conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 def test_bfloat16_through_torch(case):
-    check_bfloat16(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case)
+    CHECKS.bfloat16(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case)
 
 
 @pytest.mark.parametrize("case", FINITE_DIFFERENCE_CASES, ids=str)
 def test_gradients_match_finite_differences(case):
-    check_finite_differences(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case)
+    CHECKS.finite_differences(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case)
 
 
 def test_multiplier_order_is_channel_major():
@@ -167,17 +115,7 @@ def test_multiplier_order_is_channel_major():
 
 @pytest.mark.parametrize("needs", NEEDS_SUBSETS + ["input"], ids=repr)
 def test_needs_returns_none_for_what_was_not_requested(needs):
-    case = CASE_BY_NAME["multiplier2"]
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(1))
-    full = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
-    part = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=needs, **case.window)
-    requested = (needs,) if isinstance(needs, str) else needs
-    assert len(part) == 3
-    for name, got, want in zip(NEEDS, part, full):
-        if name in requested:
-            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
-        else:
-            assert got is None, name
+    CHECKS.needs(cupyconv.depthwise_conv2d_backward, CASE_BY_NAME["multiplier2"], needs)
 
 
 def test_non_contiguous_and_negative_strides():
@@ -190,11 +128,8 @@ def test_non_contiguous_and_negative_strides():
     grad_output = ref.random(rng, case.output_shape)[..., ::-1]
     for x in inputs:
         assert not x.flags.c_contiguous
-        ref.assert_close(cupyconv.depthwise_conv2d(x, weight, bias, **case.window),
-                         ref.depthwise_conv2d(x, weight, bias, **case.window))
-        grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
-        for got, want in zip(grads, ref.depthwise_conv2d_grads(grad_output, x, weight, **case.window)):
-            ref.assert_close(got, want)
+        CHECKS.matches_reference(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case, x, weight,
+                                 bias, grad_output)
 
 
 def test_empty_batch():
@@ -235,4 +170,4 @@ def test_nan_and_inf_propagate_like_torch():
 @settings(**ref.PROPERTY_SETTINGS)
 @given(case=ref.conv_cases(depthwise=True), seed=st.integers(0, 2**32 - 1))
 def test_property_matches_torch(case, seed):
-    check_against_torch(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case, "float64", seed)
+    CHECKS.against_torch(cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, case, "float64", seed)

@@ -2,7 +2,8 @@
 
 Against the naive reference applied patch by patch (a loop over the leading dims), torch CPU with the patches
 rolled into the batch, finite differences, and direct checks that nothing is ever read across patches.
-Cases are data (`CASES`, ...); the check functions take the op callables.
+Cases are data (`CASES`, ...); the checks (`CHECKS.forward(patch_conv2d, case, dtype)`, ... from
+`reference.ConvChecks`, and `check_patches_never_mix`) take the op callables.
 """
 import numpy
 import pytest
@@ -38,63 +39,9 @@ FINITE_DIFFERENCE_CASES = [
 # ---------------------------------------------------------------------------------------------------------
 # Comparisons, as functions of the op callables
 
-
-def check_forward(patch_conv2d, case, dtype="float64", seed=0):
-    """Against the reference run patch by patch."""
-    x, weight, bias, _ = case.inputs(numpy.random.default_rng(seed), dtype)
-    out = patch_conv2d(x, weight, bias, **case.kwargs)
-    assert isinstance(out, numpy.ndarray)
-    assert out.dtype == numpy.dtype(dtype) and out.shape == case.output_shape
-    ref.assert_close(out, ref.patch_conv2d(x, weight, bias, **case.kwargs), dtype, err_msg=case.name)
-
-
-def check_backward(patch_conv2d_backward, case, dtype="float64", seed=0):
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    grads = patch_conv2d_backward(grad_output, x, weight, **case.kwargs)
-    expected = ref.patch_conv2d_grads(grad_output, x, weight, **case.kwargs)
-    for name, got, want, shape in zip(NEEDS, grads, expected, (case.x, case.weight, case.weight[:1])):
-        assert got.dtype == numpy.dtype(dtype) and got.shape == shape, name
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_against_torch(patch_conv2d, patch_conv2d_backward, case, dtype="float32", seed=0):
-    """Against F.conv2d with the leading dims rolled into the batch, and its autograd gradients."""
-    torch = pytest.importorskip("torch")
-    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), dtype)
-    t = {name: None if a is None else torch.from_numpy(a)
-         for name, a in dict(x=x, weight=weight, bias=bias, grad_output=grad_output).items()}
-    out = patch_conv2d(x, weight, bias, **case.kwargs)
-    ref.assert_close(out, ref.torch_conv2d(t["x"], t["weight"], t["bias"], **case.kwargs), dtype, case.name)
-    grads = patch_conv2d_backward(grad_output, x, weight, **case.kwargs)
-    expected = ref.torch_conv2d_grads(t["grad_output"], t["x"], t["weight"], **case.kwargs)
-    for name, got, want in zip(NEEDS, grads, expected):
-        ref.assert_close(got, want, dtype, err_msg=f"{case.name}: grad {name}")
-
-
-def check_bfloat16(patch_conv2d, patch_conv2d_backward, case, seed=0):
-    torch = pytest.importorskip("torch")
-    arrays = case.inputs(numpy.random.default_rng(seed), numpy.float32)
-    x, weight, bias, grad_output = (None if a is None else torch.from_numpy(a).to(torch.bfloat16) for a in arrays)
-    x64, w64, b64, gy64 = (None if a is None else ref.to_float64(a) for a in (x, weight, bias, grad_output))
-    out = patch_conv2d(x, weight, bias, **case.kwargs)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
-    ref.assert_close(out, ref.patch_conv2d(x64, w64, b64, **case.kwargs), "bfloat16", case.name)
-    grads = patch_conv2d_backward(grad_output, x, weight, **case.kwargs)
-    for name, got, want in zip(NEEDS, grads, ref.patch_conv2d_grads(gy64, x64, w64, **case.kwargs)):
-        assert got.dtype == torch.bfloat16, name
-        ref.assert_close(got, want, "bfloat16", err_msg=f"{case.name}: grad {name}")
-
-
-def check_finite_differences(patch_conv2d, patch_conv2d_backward, case, seed=0):
-    x, weight, bias, r = case.inputs(numpy.random.default_rng(seed))
-
-    def loss():
-        return float(numpy.sum(patch_conv2d(x, weight, bias, **case.kwargs) * r))
-
-    grads = patch_conv2d_backward(r, x, weight, **case.kwargs)
-    for name, got, wrt in zip(NEEDS, grads, (x, weight, bias)):
-        numpy.testing.assert_allclose(got, ref.numerical_gradient(loss, wrt), rtol=1e-6, atol=1e-7,
-                                      err_msg=f"{case.name}: grad {name}")
+#: Against ref.patch_conv2d and its gradients (the naive reference run patch by patch), F.conv2d with the leading
+#: dims rolled into the batch and its autograd gradients, and finite differences.
+CHECKS = ref.ConvChecks(ref.patch_conv2d, ref.patch_conv2d_grads)
 
 
 def check_patches_never_mix(patch_conv2d, patch_conv2d_backward, case, seed=0):
@@ -131,35 +78,35 @@ def check_patches_never_mix(patch_conv2d, patch_conv2d_backward, case, seed=0):
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forward_matches_per_patch_reference(case):
-    check_forward(cupyconv.patch_conv2d, case)
+    CHECKS.forward(cupyconv.patch_conv2d, case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_matches_per_patch_reference(case):
-    check_backward(cupyconv.patch_conv2d_backward, case)
+    CHECKS.backward(cupyconv.patch_conv2d_backward, case)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_torch_rolled_into_batch(case, dtype):
-    check_against_torch(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case, dtype)
+    CHECKS.against_torch(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_low_precision_matches_reference(case, dtype):
-    check_forward(cupyconv.patch_conv2d, case, dtype)
-    check_backward(cupyconv.patch_conv2d_backward, case, dtype)
+    CHECKS.forward(cupyconv.patch_conv2d, case, dtype)
+    CHECKS.backward(cupyconv.patch_conv2d_backward, case, dtype)
 
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=str)
 def test_bfloat16_through_torch(case):
-    check_bfloat16(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case)
+    CHECKS.bfloat16(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case)
 
 
 @pytest.mark.parametrize("case", FINITE_DIFFERENCE_CASES, ids=str)
 def test_gradients_match_finite_differences(case):
-    check_finite_differences(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case)
+    CHECKS.finite_differences(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if len(c.x) > 4 or c.x[0] > 1], ids=str)
@@ -189,17 +136,7 @@ def test_same_as_conv2d_for_4d_input():
 
 @pytest.mark.parametrize("needs", NEEDS_SUBSETS + ["bias"], ids=repr)
 def test_needs_returns_none_for_what_was_not_requested(needs):
-    case = CASE_BY_NAME["groups2"]
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(1))
-    full = cupyconv.patch_conv2d_backward(grad_output, x, weight, **case.kwargs)
-    part = cupyconv.patch_conv2d_backward(grad_output, x, weight, needs=needs, **case.kwargs)
-    requested = (needs,) if isinstance(needs, str) else needs
-    assert len(part) == 3
-    for name, got, want in zip(NEEDS, part, full):
-        if name in requested:
-            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=name)
-        else:
-            assert got is None, name
+    CHECKS.needs(cupyconv.patch_conv2d_backward, CASE_BY_NAME["groups2"], needs)
 
 
 def test_non_contiguous_and_negative_strides():
@@ -213,11 +150,8 @@ def test_non_contiguous_and_negative_strides():
     grad_output = ref.random(rng, case.output_shape)[:, ::-1, :, ::-1]
     for x in inputs:
         assert not x.flags.c_contiguous
-        ref.assert_close(cupyconv.patch_conv2d(x, weight, bias, **case.kwargs),
-                         ref.patch_conv2d(x, weight, bias, **case.kwargs))
-        grads = cupyconv.patch_conv2d_backward(grad_output, x, weight, **case.kwargs)
-        for got, want in zip(grads, ref.patch_conv2d_grads(grad_output, x, weight, **case.kwargs)):
-            ref.assert_close(got, want)
+        CHECKS.matches_reference(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case, x, weight, bias,
+                                 grad_output)
 
 
 @pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3), (1, 0, 2)], ids=str)
@@ -258,4 +192,4 @@ def test_nan_and_inf_propagate_like_torch():
 @settings(**ref.PROPERTY_SETTINGS)
 @given(case=ref.conv_cases(leading_dims=3), seed=st.integers(0, 2**32 - 1))
 def test_property_matches_torch(case, seed):
-    check_against_torch(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case, "float64", seed)
+    CHECKS.against_torch(cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, case, "float64", seed)

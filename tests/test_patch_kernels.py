@@ -17,6 +17,7 @@ from cupyconv import _device
 from cupyconv.ops import patch
 from cupyconv.ops.conv import NEEDS
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from reference import ConvCase, cuda_torch
 
 ALGORITHMS = ("fused", "im2col_gemm")
 # Largest error allowed, relative to the largest magnitude of the expected result.  The half types are compared
@@ -26,27 +27,13 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-
 
 
 @dataclass(frozen=True)
-class Case:
-    """One problem.  x is the shape of the array drawn; `view` makes the array the op is called with from it:
-    "swap12" swaps axes 1 and 2 ((B, C, N, H, W) -> (B, N, C, H, W)), "strided3" takes every other index of
-    leading dims 1 and 2 (a batch of three leading dims that no two strides describe)."""
-    name: str
-    x: tuple
-    weight: tuple
-    stride: object = 1
-    padding: object = 0
-    dilation: object = 1
-    groups: int = 1
-    bias: bool = True
+class Case(ConvCase):
+    """One problem: a reference.ConvCase whose x is the shape of the array drawn; `view` makes the array the op
+    is called with from it: "swap12" swaps axes 1 and 2 ((B, C, N, H, W) -> (B, N, C, H, W)), "strided3" takes
+    every other index of leading dims 1 and 2 (a batch of three leading dims that no two strides describe).
+    `inputs` takes grad_output's shape from the op on the view (ConvCase.output_shape would read x)."""
     view: str | None = None
     sizes: tuple = patch.GENERIC  # the specialisation the fused kernels must pick
-
-    def __str__(self):
-        return self.name
-
-    @property
-    def kwargs(self):
-        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
 
     def make_view(self, a):
         if self.view == "swap12":
@@ -462,9 +449,7 @@ def test_gpu_seed_shape_and_determinism(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_torch_tensors_transposed_view():
     """torch CUDA tensors through DLPack, the (B, C, N, H, W) -> (B, N, C, H, W) view included."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+    torch = cuda_torch()
     case = CASE_BY_NAME["transposed_view"]
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(16), numpy.float32)
     xt = torch.from_numpy(x).cuda().transpose(1, 2)
