@@ -45,32 +45,27 @@ class CudaTimer:
         else:
             self._torch.cuda.synchronize()
 
-    def __call__(self, fn) -> dict:
-        self.synchronize()
+    def _events(self):
+        """A start and an end timing event, and a function giving the seconds between them once recorded."""
         if self.library == "cupy":
             cp = self._cupy
-            stream = cp.cuda.get_current_stream()
             start, end = cp.cuda.Event(), cp.cuda.Event()
-            t0 = time.perf_counter()
-            start.record(stream)
-            fn()
-            end.record(stream)
-            end.synchronize()
-            wall = time.perf_counter() - t0
-            self.synchronize()  # anything fn launched on another stream is finished before the next sample
-            return {"s": cp.cuda.get_elapsed_time(start, end) / 1e3, "wall_s": wall}
+            return start, end, lambda: cp.cuda.get_elapsed_time(start, end) / 1e3
         torch = self._torch
-        stream = torch.cuda.current_stream()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return start, end, lambda: start.elapsed_time(end) / 1e3
+
+    def __call__(self, fn) -> dict:
+        self.synchronize()
+        start, end, elapsed = self._events()
         t0 = time.perf_counter()
-        start.record(stream)
+        start.record()  # on the current stream (both libraries' default)
         fn()
-        end.record(stream)
+        end.record()
         end.synchronize()
         wall = time.perf_counter() - t0
-        self.synchronize()
-        return {"s": start.elapsed_time(end) / 1e3, "wall_s": wall}
+        self.synchronize()  # anything fn launched on another stream is finished before the next sample
+        return {"s": elapsed(), "wall_s": wall}
 
 
 @dataclass
