@@ -60,9 +60,25 @@ def c_type(dtype) -> str:
     return _C_TYPES[numpy.dtype(dtype).name if not isinstance(dtype, str) else dtype]
 
 
+KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")  # every kernel is instantiated for each
+INDEX_TYPES = ("int", "long long")
+
+
+def kernel_name(kernel: str, dtype, index: str, *constants) -> str:
+    """The name expression of one instantiation, kernel<T, I, constants...>: e.g. kernel_name("patch_fwd",
+    numpy.float32, "int", 4, 4, 3, 3) is "patch_fwd<float, int, 4, 4, 3, 3>"."""
+    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, constants)))}>"
+
+
 def index_type(*extents: int) -> str:
     """'int' when every flat index of every buffer fits in 32 bits, else 'long long' (64-bit)."""
     return "int" if max(extents, default=0) <= INT32_MAX else "long long"
+
+
+def index_types(*extents: int):
+    """The kernel index type for buffers of these extents, and the NumPy scalar type its arguments take."""
+    index = index_type(*extents)
+    return index, numpy.int32 if index == "int" else numpy.int64
 
 
 ELEMENTWISE_BLOCK = 256

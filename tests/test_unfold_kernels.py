@@ -8,7 +8,6 @@ import pytest
 
 import cupyconv
 from cupyconv import _device
-from cupyconv.ops import unfold as unfold_module
 from emulator import EmulatedDevice, assert_clean_under_asan, run_under_asan
 
 # (x shape, kernel_size, dilation, padding, stride): odd sizes, never multiples of the 256-thread block.
@@ -108,7 +107,7 @@ def test_fold_accepts_non_contiguous_cols():
 
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so the emulator executes them."""
-    monkeypatch.setattr(unfold_module, "index_type", lambda *extents: "long long")
+    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     device = RecordingDevice()
     shape, kernel, dilation, padding, stride = CASES[2]
     x = _random(shape, numpy.float64)

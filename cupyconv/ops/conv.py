@@ -15,7 +15,8 @@ import numpy
 
 from .. import _workspace
 from .._arrays import Call, compute_dtype
-from .._device import DEFAULT_SHARED_LIMIT, c_type, element_strides, elementwise_launch, extent, index_type
+from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch,
+                       extent, index_types, kernel_name)
 from .._spec import ConvSpec
 from .._workspace import batch_chunks
 from .unfold import col2im_cpu, col2im_kernel, im2col_kernel, pad_cpu, windows_cpu
@@ -156,8 +157,6 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
 KERNEL_FILE = "conv.cu"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-INDEX_TYPES = ("int", "long long")
 ALGORITHMS = ("auto", "im2col_gemm", "direct")
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
@@ -167,15 +166,11 @@ REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed r
 _MAX_BLOCKS = 65536             # block-stride / grid-stride loops cover the rest
 
 
-def _kernel_name(kernel: str, dtype, index: str, *extra) -> str:
-    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, extra)))}>"
-
-
 def instantiations():
     names = []
-    for dtype, index in itertools.product(DTYPES, INDEX_TYPES):
-        names += [_kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
-        names += [_kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
+    for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
+        names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
+        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
     return [(KERNEL_FILE, name) for name in names]
 
 
@@ -183,8 +178,7 @@ def _routes_to_depthwise(spec: ConvSpec) -> bool:
     return spec.groups == spec.in_channels and spec.groups > 1
 
 
-def _index_scalar(index: str):
-    return numpy.int32 if index == "int" else numpy.int64
+
 
 
 def _geometry(spec: ConvSpec):
@@ -296,9 +290,8 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
     items = n * g * -(-dg // dpt) * -(-oh // by) * -(-ow // bx)
-    index = index_type(out.size, extent(x), weight.size)
-    I = _index_scalar(index)
-    device.launch(KERNEL_FILE, _kernel_name("conv_fwd_direct", dtype, index, dpt), (min(items, _MAX_BLOCKS),),
+    index, I = index_types(out.size, extent(x), weight.size)
+    device.launch(KERNEL_FILE, kernel_name("conv_fwd_direct", dtype, index, dpt), (min(items, _MAX_BLOCKS),),
                   (bx, by), [x, weight, bias, out, I(n), *(I(s) for s in element_strides(x)),
                              *(numpy.int32(v) for v in (g, spec.channels_per_group, dg, *spec.in_size)),
                              *_geometry(spec), *(numpy.int32(v) for v in (slab, tile_h, tile_w))],
@@ -342,10 +335,9 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
             cols = im2col_kernel(device, x[chunk], _chunk_spec(spec, chunk))
             _matmul(device, w, cols.reshape(-1, g, k, spec.out_pixels), out=out[chunk])
     if bias is not None and out.size:
-        index = index_type(out.size)
-        I = _index_scalar(index)
+        index, I = index_types(out.size)
         grid, block = elementwise_launch(out.size)
-        device.launch(KERNEL_FILE, _kernel_name("conv_fwd_bias", x.dtype, index), grid, block,
+        device.launch(KERNEL_FILE, kernel_name("conv_fwd_bias", x.dtype, index), grid, block,
                       [out, device.xp.ascontiguousarray(bias), I(out.size), numpy.int32(spec.out_channels),
                        I(spec.out_pixels)])
     return out.reshape(n, spec.out_channels, *spec.out_size)
@@ -397,10 +389,9 @@ def _grad_bias(device, gy, spec: ConvSpec):
     d = spec.out_channels
     grad_b = device.empty((d,), gy.dtype)
     if d:
-        index = index_type(gy.size)
-        I = _index_scalar(index)
+        index, I = index_types(gy.size)
         acc_bytes = 8 if gy.dtype == numpy.float64 else 4
-        device.launch(KERNEL_FILE, _kernel_name("conv_bgrad", gy.dtype, index), (d,), (REDUCE_BLOCK,),
+        device.launch(KERNEL_FILE, kernel_name("conv_bgrad", gy.dtype, index), (d,), (REDUCE_BLOCK,),
                       [gy, grad_b, I(spec.n), numpy.int32(d), I(spec.out_pixels)],
                       shared_mem=REDUCE_BLOCK * acc_bytes)
     return grad_b

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy
 
 from .._arrays import Call, compute_dtype
-from .._device import DEFAULT_SHARED_LIMIT, c_type, elementwise_launch, index_type
+from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, elementwise_launch, index_types,
+                       kernel_name)
 from .._spec import ConvSpec
 from .conv import NEEDS, check_grad_output, check_needs
 from .unfold import pad_cpu
@@ -115,8 +116,6 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
 # The tile planner (_tiling) picks the output tile and the images per block for every tiled kernel.
 
 KERNEL_FILE = "depthwise.cu"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-INDEX_TYPES = ("int", "long long")
 SPECIALISED_KERNELS = (3, 5, 7)
 SPECIALISED_STRIDES = (1, 2)
 GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_direct", "depthwise_bwd_input_generic",
@@ -142,18 +141,14 @@ def _strip_rows(k: int) -> int:
     return 4 if k == 3 else 8
 
 
-def _kernel_name(kernel: str, dtype, index: str, *constants) -> str:
-    return f"{kernel}<{c_type(dtype)}, {index}{''.join(f', {v}' for v in constants)}>"
-
-
 def instantiations():
     names = []
-    for dtype, index in itertools.product(DTYPES, INDEX_TYPES):
+    for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES):
-            names.append(_kernel_name("depthwise_fwd", dtype, index, k, s))
-            names.append(_kernel_name("depthwise_bwd_weight", dtype, index, k, s))
-        names.extend(_kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
-        names.extend(_kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
+            names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
+            names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
+        names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
     return [(KERNEL_FILE, name) for name in names]
 
 
@@ -270,9 +265,7 @@ def _launch(device, name, grid_units: int, threads: int, args, shared_mem: int =
     device.launch(KERNEL_FILE, name, (min(grid_units, _MAX_GRID),), (threads,), args, shared_mem=shared_mem)
 
 
-def _index(*extents):
-    index = index_type(*extents)
-    return index, (numpy.int32 if index == "int" else numpy.int64)
+
 
 
 def _int32s(*values):
@@ -337,8 +330,8 @@ def _forward_kernel(device, x, weight, bias, spec: ConvSpec):
     x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
     bias_arg = weight if bias is None else xp.ascontiguousarray(bias)  # never read without a bias
     kernel, constants, window, tiling = _forward_plan(spec, compute_dtype(x.dtype).itemsize)
-    index, I = _index(x.size, y.size, weight.size)
-    name = _kernel_name(kernel, x.dtype, index, *constants)
+    index, I = index_types(x.size, y.size, weight.size)
+    name = kernel_name(kernel, x.dtype, index, *constants)
     head = [x, weight, bias_arg, y, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
                                                          *spec.out_size)]
     has_bias = numpy.int32(bias is not None)
@@ -356,8 +349,8 @@ def _input_grad_kernel(device, grad_output, weight, spec: ConvSpec):
     if grad_x.size == 0:
         return grad_x
     kernel, constants, window, tiling = _input_plan(spec, compute_dtype(grad_output.dtype).itemsize)
-    index, I = _index(grad_output.size, grad_x.size, weight.size)
-    name = _kernel_name(kernel, grad_output.dtype, index, *constants)
+    index, I = index_types(grad_output.size, grad_x.size, weight.size)
+    name = kernel_name(kernel, grad_output.dtype, index, *constants)
     head = [grad_output, weight, grad_x, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
                                                              *spec.out_size)]
     if tiling:
@@ -417,8 +410,8 @@ def _param_grads_kernel(device, grad_output, x, spec: ConvSpec, need_weight: boo
         else:
             rows, step = 1, 1
         partial = device.empty((rows, length), acc_dtype)
-        index, I = _index(x.size, grad_output.size, partial.size)
-        name = _kernel_name(kernel, dtype, index, *constants)
+        index, I = index_types(x.size, grad_output.size, partial.size)
+        name = kernel_name(kernel, dtype, index, *constants)
         head = [x, grad_output, partial, I(n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
                                                        *spec.out_size)]
         has_bias = numpy.int32(need_bias)
@@ -432,7 +425,7 @@ def _param_grads_kernel(device, grad_output, x, spec: ConvSpec, need_weight: boo
             grid, block = elementwise_launch(length)
             device.launch(KERNEL_FILE, name, grid, block, [*head, *window, has_bias])
         out = device.empty((length,), dtype)
-        _launch(device, _kernel_name("depthwise_bwd_reduce", dtype, index), -(-length // 32), _REDUCE_BLOCK,
+        _launch(device, kernel_name("depthwise_bwd_reduce", dtype, index), -(-length // 32), _REDUCE_BLOCK,
                 [partial, out, I(rows), I(length)])
     if not need_weight:
         return None, out

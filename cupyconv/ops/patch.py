@@ -27,7 +27,8 @@ import math
 import numpy
 
 from .._arrays import Call, compute_dtype
-from .._device import DEFAULT_SHARED_LIMIT, c_type, element_strides, elementwise_launch, extent, index_type
+from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch,
+                       extent, index_types, kernel_name)
 from .._spec import ConvSpec
 from .._workspace import batch_chunks, get_workspace_limit
 # _matmul: conv2d's GEMM, which honours its TF32 opt-in (set_allow_tf32), so both ops follow one policy.
@@ -38,8 +39,6 @@ from .unfold import col2im_kernel, im2col_kernel
 # Kernel path: raw_kernels/patch.cu
 
 KERNEL_FILE = "patch.cu"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-INDEX_TYPES = ("int", "long long")
 TILE_KERNELS = ("patch_fwd", "patch_bwd_input")  # templates on (H, W, kH, kW) as well as dtype and index
 # (H, W, kH, kW) compiled with constant sizes; GENERIC takes every size at run time.
 SPECIALISATIONS = ((4, 4, 3, 3), (8, 8, 3, 3))
@@ -62,16 +61,11 @@ def _tiles(dtype) -> tuple[int, int, int, int]:
     return (4, 8, 4, 8) if numpy.dtype(dtype) == numpy.float64 else (4, 16, 8, 8)
 
 
-def _kernel_name(kernel: str, dtype, index: str, sizes=None) -> str:
-    args = [c_type(dtype), index, *(str(s) for s in (sizes or ()))]
-    return f"{kernel}<{', '.join(args)}>"
-
-
 def instantiations():
-    tile = [_kernel_name(k, d, i, s) for k, d, i, s in
-            itertools.product(TILE_KERNELS, DTYPES, INDEX_TYPES, (*SPECIALISATIONS, GENERIC))]
-    plain = [_kernel_name(k, d, i) for k, d, i in
-             itertools.product(("patch_bwd_weight", "patch_reduce"), DTYPES, INDEX_TYPES)]
+    tile = [kernel_name(k, d, i, *s) for k, d, i, s in
+            itertools.product(TILE_KERNELS, KERNEL_DTYPES, INDEX_TYPES, (*SPECIALISATIONS, GENERIC))]
+    plain = [kernel_name(k, d, i) for k, d, i in
+             itertools.product(("patch_bwd_weight", "patch_reduce"), KERNEL_DTYPES, INDEX_TYPES)]
     return [(KERNEL_FILE, name) for name in tile + plain]
 
 
@@ -113,10 +107,7 @@ def _geometry(spec: ConvSpec) -> list:
                                      sh, sw, top, left, dh, dw)]
 
 
-def _index(*extents: int):
-    """The kernel index type for buffers of these extents, and the NumPy scalar type of its arguments."""
-    index = index_type(*extents)
-    return index, numpy.int32 if index == "int" else numpy.int64
+
 
 
 def _bank_padded(size: int, lanes, itemsize: int) -> int:
@@ -269,8 +260,8 @@ def _forward_kernel(device, x, weight, bias, spec: ConvSpec, algorithm: str):
     plan = _tile_plan(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan):
         return _forward_gemm(device, xv, weight, bias, spec, out)
-    index, I = _index(extent(xv), out.size, weight.size)
-    device.launch(KERNEL_FILE, _kernel_name("patch_fwd", x.dtype, index, _sizes(spec)),
+    index, I = index_types(extent(xv), out.size, weight.size)
+    device.launch(KERNEL_FILE, kernel_name("patch_fwd", x.dtype, index, *_sizes(spec)),
                   (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
                   [xv, weight, weight if bias is None else bias, out, I(spec.n), *_batch_args(xv, I),
                    *_geometry(spec), *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk,
@@ -300,8 +291,8 @@ def _grad_input(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
     plan = _tile_plan(spec, dtype, transposed=True)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _grad_input_gemm(device, gv, weight, spec, out)
-    index, I = _index(extent(gv), out.size, weight.size)
-    device.launch(KERNEL_FILE, _kernel_name("patch_bwd_input", dtype, index, _sizes(spec)),
+    index, I = index_types(extent(gv), out.size, weight.size)
+    device.launch(KERNEL_FILE, kernel_name("patch_bwd_input", dtype, index, *_sizes(spec)),
                   (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
                   [gv, weight, out, I(spec.n), *_batch_args(gv, I), *_geometry(spec),
                    *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk, plan.patch_stride))],
@@ -333,14 +324,14 @@ def _grad_weight(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     gv = _batch_view(xp, gy)
     size = out.size
     partial = device.empty((plan.slices, size), compute_dtype(dtype))
-    index, I = _index(extent(xv), extent(gv), partial.size)
-    device.launch(KERNEL_FILE, _kernel_name("patch_bwd_weight", dtype, index),
+    index, I = index_types(extent(xv), extent(gv), partial.size)
+    device.launch(KERNEL_FILE, kernel_name("patch_bwd_weight", dtype, index),
                   (plan.slices, spec.groups * plan.weight_tiles), (plan.threads,),
                   [xv, gv, partial, I(spec.n), *_batch_args(xv, I), *_batch_args(gv, I), *_geometry(spec),
                    *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.k_tile, plan.patch_stride))],
                   shared_mem=plan.shared_mem)
     grid, block = elementwise_launch(size)
-    device.launch(KERNEL_FILE, _kernel_name("patch_reduce", dtype, index), grid, block,
+    device.launch(KERNEL_FILE, kernel_name("patch_reduce", dtype, index), grid, block,
                   [partial, out, I(plan.slices), I(size)])
     return out
 

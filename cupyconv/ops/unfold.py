@@ -11,7 +11,7 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype
-from .._device import c_type, element_strides, elementwise_launch, extent, index_type
+from .._device import INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch, extent, index_types, kernel_name
 from .._spec import ConvSpec
 
 
@@ -82,17 +82,11 @@ def fold_cpu(cols, spec: ConvSpec):
 # Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
 
 KERNEL_FILE = "unfold.cu"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-INDEX_TYPES = ("int", "long long")
-
-
-def _kernel_name(kernel: str, dtype, index: str) -> str:
-    return f"{kernel}<{c_type(dtype)}, {index}>"
 
 
 def instantiations():
-    return [(KERNEL_FILE, _kernel_name(k, d, i))
-            for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), DTYPES, INDEX_TYPES)]
+    return [(KERNEL_FILE, kernel_name(k, d, i))
+            for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), KERNEL_DTYPES, INDEX_TYPES)]
 
 
 def _geometry(spec: ConvSpec):
@@ -119,10 +113,9 @@ def im2col_kernel(device, x, spec: ConvSpec, rows_first: bool = False):
         image_stride, row_stride = rows * pixels, pixels
     windows = n * c * pixels
     if windows:
-        index = index_type(cols.size, extent(x4))
-        I = numpy.int32 if index == "int" else numpy.int64
+        index, I = index_types(cols.size, extent(x4))
         grid, block = elementwise_launch(windows)
-        device.launch(KERNEL_FILE, _kernel_name("unfold_im2col", x.dtype, index), grid, block,
+        device.launch(KERNEL_FILE, kernel_name("unfold_im2col", x.dtype, index), grid, block,
                       [x4, cols, I(n), *(I(s) for s in element_strides(x4)), I(image_stride), I(row_stride),
                        numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
     return cols
@@ -134,10 +127,9 @@ def col2im_kernel(device, cols, spec: ConvSpec):
     cols = device.xp.ascontiguousarray(cols.reshape(spec.n, c * spec.taps, spec.out_pixels))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        index = index_type(cols.size, out.size)
-        I = numpy.int32 if index == "int" else numpy.int64
+        index, I = index_types(cols.size, out.size)
         grid, block = elementwise_launch(out.size)
-        device.launch(KERNEL_FILE, _kernel_name("fold_col2im", cols.dtype, index), grid, block,
+        device.launch(KERNEL_FILE, kernel_name("fold_col2im", cols.dtype, index), grid, block,
                       [cols, out, I(spec.n), numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
     return out
 
