@@ -120,9 +120,3 @@ class Call:
         if out.dtype != self._torch_dtype:
             out = out.to(self._torch_dtype)
         return out
-
-    def require_kernel_path(self):
-        """The kernel Device, for ops whose GPU kernels are not written yet: raise a clear error."""
-        if self.device is not None:
-            raise NotImplementedError(f"{self.op}: there is no GPU kernel for this op yet; "
-                                      f"pass NumPy arrays (or CPU tensors) to use the CPU path")

@@ -5,8 +5,7 @@
                    -> conv2d 1x1 (3 filters) -> mean over pixels -> softmax cross-entropy
 
 Every gradient comes from cupyconv's `*_backward` functions, asking (with `needs=`) only for what the step
-uses.  The same code runs on NumPy arrays: without CuPy or a GPU (or before cupyconv has GPU kernels for
-these ops) the script says so and runs on the CPU.
+uses.  The same code runs on NumPy arrays: without CuPy or a GPU it runs on the CPU.
 
     python examples/cupy_pipeline.py              # 40 steps, batch 64, 32x32 images
     python examples/cupy_pipeline.py --small      # 30 steps, batch 32, 16x16 images (CI)
@@ -111,17 +110,8 @@ def main(argv=None):
     cupy = _gpu_cupy() if args.device != "cpu" else None
     if args.device == "gpu" and cupy is None:
         sys.exit("--device gpu: CuPy is not installed or sees no CUDA device")
-    result = None
-    if cupy is not None:
-        try:
-            result, xp = train(cupy, steps, batch, size), cupy
-        except NotImplementedError as error:
-            if args.device == "gpu":
-                raise
-            print(f"note: {error}; running on the CPU with NumPy instead")
-    if result is None:
-        result, xp = train(numpy, steps, batch, size), numpy
-    losses, times = result
+    xp = numpy if cupy is None else cupy
+    losses, times = train(xp, steps, batch, size)
 
     where = "GPU, CuPy arrays" if xp is not numpy else "CPU, NumPy arrays"
     print(f"{steps} SGD steps, batch {batch}, {size}x{size} images ({where}, float32)")

@@ -139,16 +139,10 @@ def main(argv=None):
     n = batch[0] * batch[1]
     print(f"patch convolution: {n} patches (B={batch[0]}, P={batch[1]}) of {PATCH}x{PATCH}, C={C} -> D={D}, "
           f"kernel {KERNEL}x{KERNEL}, padding {PADDING} inside each patch, float32")
-    rows = None
     if cupy is not None:
         print(f"device: GPU {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} (CuPy {cupy.__version__})")
-        try:
-            rows = run(cupy, batch, repeat)
-        except NotImplementedError as error:
-            if args.device == "gpu":
-                raise
-            print(f"note: {error}; running on the CPU instead")
-    if rows is None:
+        rows = run(cupy, batch, repeat)
+    else:
         print(f"device: CPU (NumPy {numpy.__version__})")
         rows = run(numpy, batch, repeat)
 

@@ -12,7 +12,6 @@ import cupyconv
 import reference as ref
 from cupyconv import _device
 from cupyconv.ops import conv as conv_op
-from cupyconv.ops import depthwise as depthwise_op
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import NEEDS, NEEDS_SUBSETS, ConvCase
 
@@ -297,7 +296,6 @@ def test_every_kernel_clean_under_asan():
     assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
 
 
-@pytest.mark.skipif(not depthwise_op.instantiations(), reason="the depthwise op has no GPU kernels yet")
 def test_groups_c_routes_to_depthwise():
     case = C("depthwise_route", (2, 4, 7, 6), (8, 1, 3, 3), padding=1, groups=4)
     check_case(EmulatedDevice(), case, "auto")
