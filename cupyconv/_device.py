@@ -1,12 +1,13 @@
-"""Executors for the kernel path.
+"""Executors for the GPU path, and where kernel sources come from.
 
-Each op writes its kernel orchestration (grid sizes, workspace chunks, GEMMs, launches) once against the small
+Each op writes its GPU orchestration (plans, workspace chunks, GEMMs, launches) once against the small
 `Device` interface below.  `CudaDevice` runs it on a GPU with CuPy; the test suite's `EmulatedDevice`
 (tests/emulator) runs the very same `raw_kernels/` source on NumPy buffers.
 
 Kernels are named by (source file, name expression), e.g. ("unfold.cu", "unfold_im2col<float, int>").  Each
-op module exposes `instantiations()`, every (file, name expression) it can launch, built by the same function
-that names a kernel at launch; the NVRTC check in the tests compiles exactly that list.
+op module declares its kernel file (`KERNELS`, a `_kernels.KernelFile`) and lists in `instantiations()` every
+name expression it can launch; the NVRTC check in the tests compiles exactly that list, with the options of
+`compile_options()`, as CuPy does.
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import functools
 import importlib
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy
 
-OPS = ("unfold", "conv", "depthwise", "patch")
+from . import settings
 
-_C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double"}
-INT32_MAX = 2**31 - 1
+OPS = ("unfold", "conv", "depthwise", "patch")
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 
 
@@ -55,72 +56,53 @@ def kernel_source(filename: str) -> str:
     return expand(filename, set())
 
 
-def c_type(dtype) -> str:
-    """The CUDA C element type of a NumPy/CuPy dtype."""
-    return _C_TYPES[numpy.dtype(dtype).name if not isinstance(dtype, str) else dtype]
+def _op_modules():
+    return [importlib.import_module(f"cupyconv.ops.{op}") for op in OPS]
 
 
-KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")  # every kernel is instantiated for each
-INDEX_TYPES = ("int", "long long")
+def kernel_files() -> dict:
+    """{filename: KernelFile} of every op's kernel file."""
+    return {module.KERNELS.filename: module.KERNELS for module in _op_modules()}
 
 
-def kernel_name(kernel: str, dtype, index: str, *constants) -> str:
-    """The name expression of one instantiation, kernel<T, I, constants...>: e.g. kernel_name("patch_fwd",
-    numpy.float32, "int", 4, 4, 3, 3) is "patch_fwd<float, int, 4, 4, 3, 3>"."""
-    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, constants)))}>"
-
-
-def index_type(*extents: int) -> str:
-    """'int' when every flat index of every buffer fits in 32 bits, else 'long long' (64-bit)."""
-    return "int" if max(extents, default=0) <= INT32_MAX else "long long"
-
-
-def index_types(*extents: int):
-    """The kernel index type for buffers of these extents, and the NumPy scalar type its arguments take."""
-    index = index_type(*extents)
-    return index, numpy.int32 if index == "int" else numpy.int64
-
-
-ELEMENTWISE_BLOCK = 256
-_MAX_GRID_BLOCKS = 65536  # enough blocks to fill any current GPU; grid-stride loops cover the rest
-
-
-def elementwise_launch(total: int, block: int = ELEMENTWISE_BLOCK):
-    """(grid, block) for a grid-stride kernel over `total` items (total > 0)."""
-    return (min(-(-total // block), _MAX_GRID_BLOCKS),), (block,)
-
-
-def element_strides(a) -> list[int]:
-    """Strides of a NumPy/CuPy array in elements (both libraries keep them in bytes)."""
-    return [s // a.itemsize for s in a.strides]
-
-
-def extent(a) -> int:
-    """One past the largest flat element offset any index of `a` can reach from its first element."""
-    return 1 + sum(abs(s) * (d - 1) for s, d in zip(element_strides(a), a.shape)) if a.size else 0
+def compile_options(filename: str) -> tuple[str, ...]:
+    """The options every compiler of raw_kernels/<filename> gets (CuPy, the NVRTC check, the emulator): the
+    C++ standard and the file's shared constants (`KernelFile.defines`, as -D options)."""
+    kernels = kernel_files().get(filename)
+    fast_math = ("--use_fast_math",) if os.environ.get("CUPYCONV_FAST_MATH") else ()
+    return ("-std=c++17", *fast_math, *(kernels.options() if kernels else ()))
 
 
 def all_instantiations() -> list[tuple[str, str]]:
     """Every (source file, name expression) that some op can launch."""
     result = []
-    for op in OPS:
-        module = importlib.import_module(f"cupyconv.ops.{op}")
-        result.extend(module.instantiations())
+    for module in _op_modules():
+        result.extend((module.KERNELS.filename, name) for name in module.instantiations())
     return sorted(set(result))
 
 
 class Device:
-    """What an op's kernel path needs from an executor."""
+    """What an op's GPU path needs from an executor."""
 
     xp = numpy
     name = "abstract"
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
-        """Launch kernel `name` (a name expression) of raw_kernels/`source` on the current stream."""
+        """Launch kernel `name` (a name expression) of raw_kernels/`source` on the current stream; args are in
+        the C order, of the exact C types (`_kernels.KernelFile.arguments` builds them)."""
         raise NotImplementedError
 
     def matmul(self, a, b, out=None):
-        """Batched matmul with broadcasting; float16/bfloat16 operands accumulate in float32 (like cuBLAS)."""
+        """Every GEMM of every op: batched matmul with broadcasting, float16/bfloat16 accumulated in float32,
+        float32 on TF32 tensor cores only where `settings.get_allow_tf32()` and the device has them."""
+        with self.gemm_math(a.dtype):
+            return self.gemm(a, b, out)
+
+    def gemm_math(self, dtype):
+        """The math mode of the GEMMs inside the block (TF32 or not); nothing to choose off the GPU."""
+        return contextlib.nullcontext()
+
+    def gemm(self, a, b, out=None):
         if a.dtype.itemsize == 2:
             result = self.xp.matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(a.dtype)
             if out is None:
@@ -132,6 +114,23 @@ class Device:
     def empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype)
 
+    def timed(self, run):
+        """(seconds, result) of run(); the wall clock here, CUDA events on the current stream on a GPU."""
+        begin = time.perf_counter()
+        result = run()
+        return time.perf_counter() - begin, result
+
+    def key(self):
+        """What identifies this executor in the autotuning cache."""
+        return (self.name, id(self))
+
+
+def _cublas():
+    """(CuPy's cuBLAS handle for the current device and thread, the cublas bindings)."""
+    from cupy.cuda import device as cuda_device
+    from cupy_backends.cuda.libs import cublas
+    return cuda_device.get_cublas_handle(), cublas
+
 
 class CudaDevice(Device):
     """CuPy arrays, NVRTC-compiled RawModules (memoised per device), cuBLAS through cupy.matmul."""
@@ -142,9 +141,26 @@ class CudaDevice(Device):
         import cupy
         self.xp = cupy
 
-    def matmul(self, a, b, out=None):
+    def gemm(self, a, b, out=None):
         # cuBLAS accumulates float16/bfloat16 GEMMs in float32 itself (tensor cores where available).
         return self.xp.matmul(a, b, out=out)
+
+    @contextlib.contextmanager
+    def gemm_math(self, dtype):
+        """TF32 for float32 GEMMs when the user opted in: CUBLAS_TF32_TENSOR_OP_MATH on CuPy's cuBLAS handle,
+        restored right after.  (CuPy 14's `cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)` and the
+        CUPY_TF32 environment variable only reach its 2-D GEMM path, not the batched cupy.matmul used here, and
+        they are process-wide.)"""
+        if not (settings.get_allow_tf32() and numpy.dtype(dtype) == numpy.float32):
+            yield
+            return
+        handle, cublas = _cublas()
+        previous = cublas.getMathMode(handle)
+        cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+        try:
+            yield
+        finally:
+            cublas.setMathMode(handle, previous)
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = _cuda_function(source, name)
@@ -153,16 +169,22 @@ class CudaDevice(Device):
             kernel.max_dynamic_shared_size_bytes = shared_mem
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
+    def timed(self, run):
+        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
+        start.record()
+        result = run()
+        stop.record()
+        stop.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, stop) / 1e3, result
 
-def _cuda_compile_options() -> tuple[str, ...]:
-    return ("-std=c++17", "--use_fast_math") if os.environ.get("CUPYCONV_FAST_MATH") else ("-std=c++17",)
+    def key(self):
+        return ("cuda", self.xp.cuda.Device().id)
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_function_on(device_id: int, source: str, name: str):
     import cupy
-    module = cupy.RawModule(code=kernel_source(source), options=_cuda_compile_options(),
-                            name_expressions=(name,))
+    module = cupy.RawModule(code=kernel_source(source), options=compile_options(source), name_expressions=(name,))
     return module.get_function(name)
 
 
@@ -177,7 +199,7 @@ _forced_device: contextvars.ContextVar = contextvars.ContextVar("cupyconv_forced
 
 @contextlib.contextmanager
 def use_device(device: Device):
-    """Route NumPy arrays through `device`'s kernel path instead of the CPU path (used by the test emulator)."""
+    """Route NumPy arrays through `device`'s GPU path instead of the CPU path (used by the test emulator)."""
     token = _forced_device.set(device)
     try:
         yield device
@@ -186,7 +208,7 @@ def use_device(device: Device):
 
 
 def executor_for(xp):
-    """None for the NumPy CPU path, else the Device that runs the kernel path for arrays of module xp."""
+    """None for the NumPy CPU path, else the Device that runs the GPU path for arrays of module xp."""
     if xp is numpy:
         return _forced_device.get()
     return CudaDevice()

@@ -1,15 +1,32 @@
-"""Argument normalisation, output shapes and shape validation for every op.
+"""Argument normalisation, output shapes and the argument checks of every op.
 
 Everything the ops need to know about the geometry of one call lives in a frozen `ConvSpec`, built once per
-call from the user's arguments.  Errors name the op, the argument and the shapes involved.
+call from the user's arguments.  The checks every op shares (`needs`, `grad_output`, `algorithm`) are here too.
+Errors name the op, the argument and the shapes involved.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
 
+from . import settings
+
 Pair = tuple[int, int]
+
+#: What a `*_backward` may be asked for, in the order of the tuple it returns.
+NEEDS = ("input", "weight", "bias")
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for ints, b > 0."""
+    return -(-a // b)
+
+
+def round_up(a: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= a."""
+    return ceil_div(a, multiple) * multiple
 
 
 def _is_int(value) -> bool:
@@ -43,7 +60,7 @@ def _padding(op: str, padding, in_size: Pair, kernel: Pair, stride: Pair, dilati
         if mode == "same":
             sides = []
             for n, k, s, d in zip(in_size, kernel, stride, dilation):
-                out = -(-n // s)
+                out = ceil_div(n, s)
                 total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
                 sides.append((total // 2, total - total // 2))
             return tuple(sides)
@@ -81,7 +98,7 @@ class ConvSpec:
     out_channels: int
     groups: int
     in_size: Pair
-    kernel: Pair
+    kernel_size: Pair
     stride: Pair
     dilation: Pair
     padding: tuple[Pair, Pair]
@@ -93,7 +110,7 @@ class ConvSpec:
 
     @property
     def taps(self) -> int:
-        return self.kernel[0] * self.kernel[1]
+        return self.kernel_size[0] * self.kernel_size[1]
 
     @property
     def out_pixels(self) -> int:
@@ -106,6 +123,10 @@ class ConvSpec:
     @property
     def outputs_per_group(self) -> int:
         return self.out_channels // self.groups
+
+    def cols_bytes(self, itemsize: int) -> int:
+        """Bytes of one image's im2col matrix (C * kH * kW rows of oH * oW pixels): the workspace unit."""
+        return self.in_channels * self.taps * self.out_pixels * itemsize
 
     @property
     def padded_size(self) -> Pair:
@@ -122,7 +143,19 @@ class ConvSpec:
 
     @property
     def weight_shape(self) -> tuple[int, ...]:
-        return (self.out_channels, self.channels_per_group, *self.kernel)
+        return (self.out_channels, self.channels_per_group, *self.kernel_size)
+
+    def with_batch(self, n: int) -> "ConvSpec":
+        """The same geometry over a flat batch of n images (a chunk of this call's batch)."""
+        return dataclasses.replace(self, batch=(n,))
+
+    def window_args(self) -> dict:
+        """The window geometry under the parameter names every kernel uses for it (a kernel takes the ones
+        it declares); the bottom and right padding are implied by the sizes."""
+        (h, w), (oh, ow), (kh, kw) = self.in_size, self.out_size, self.kernel_size
+        (sh, sw), (dh, dw), ((top, _), (left, _)) = self.stride, self.dilation, self.padding
+        return dict(height=h, width=w, out_h=oh, out_w=ow, kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw,
+                    dilation_h=dh, dilation_w=dw, pad_top=top, pad_left=left)
 
     @staticmethod
     def geometry(op: str, batch, in_channels: int, out_channels: int, groups: int, in_size: Pair,
@@ -216,3 +249,33 @@ class ConvSpec:
             raise ValueError(f"{op}: weight must have shape (C * m, 1, kH, kW) with C = {c} channels of "
                              f"x {xs} and channel multiplier m >= 1, got {ws}")
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c)
+
+
+def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[slice]:
+    """Split range(n) into consecutive slices whose items take at most `limit` bytes of workspace (default:
+    `settings.get_workspace_limit()`), at least one item each; `ConvSpec.with_batch` gives a slice's spec."""
+    limit = settings.get_workspace_limit() if limit is None else limit
+    step = max(1, limit // max(bytes_per_item, 1))
+    return [slice(start, min(start + step, n)) for start in range(0, n, step)]
+
+
+def check_needs(op: str, needs) -> frozenset:
+    """`needs` of a `*_backward`: a name or an iterable of names from NEEDS."""
+    if isinstance(needs, str):
+        needs = (needs,)
+    needs = frozenset(needs)
+    unknown = needs - set(NEEDS)
+    if unknown:
+        raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown, key=repr)}")
+    return needs
+
+
+def check_grad_output(op: str, grad_output, spec: ConvSpec) -> None:
+    if tuple(grad_output.shape) != spec.output_shape:
+        raise ValueError(f"{op}: grad_output has shape {tuple(grad_output.shape)} but the forward output of "
+                         f"x {spec.input_shape} and weight {spec.weight_shape} has shape {spec.output_shape}")
+
+
+def check_algorithm(op: str, algorithm, algorithms: tuple[str, ...]) -> None:
+    if algorithm not in algorithms:
+        raise ValueError(f"{op}: algorithm must be one of {algorithms}, got {algorithm!r}")

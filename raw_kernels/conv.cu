@@ -18,7 +18,7 @@ template <typename T, typename I, int DPT>
 __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
                                 const T* __restrict__ bias, T* __restrict__ out, I n,
                                 I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
-                                int in_per_group, int out_per_group, int height, int width, int kernel_h,
+                                int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                                 int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left,
                                 int dilation_h, int dilation_w, int out_h, int out_w, int slab, int tile_in_h,
                                 int tile_in_w) {
@@ -35,7 +35,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   const int tid = ty * tile_w + tx;
   const int tiles_x = (out_w + tile_w - 1) / tile_w;
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
-  const int dblocks = (out_per_group + DPT - 1) / DPT;
+  const int dblocks = (outputs_per_group + DPT - 1) / DPT;
   const I items = n * groups * dblocks * tiles_y * tiles_x;
 
   // The item loop and the slab loop are uniform across the block, so every thread meets every barrier.
@@ -55,12 +55,12 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
     A sum[DPT];
 #pragma unroll
     for (int d = 0; d < DPT; ++d) {
-      sum[d] = d0 + d < out_per_group ? to_acc(bias[g * out_per_group + d0 + d]) : A(0);
+      sum[d] = d0 + d < outputs_per_group ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
     }
 
-    const T* x_image = x + image * x_stride_n + (I)(g * in_per_group) * x_stride_c;
-    for (int c0 = 0; c0 < in_per_group; c0 += slab) {
-      const int channels = min(slab, in_per_group - c0);
+    const T* x_image = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
+    for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
+      const int channels = min(slab, channels_per_group - c0);
       __syncthreads();  // the previous slab's readers are done with shared memory
       for (int e = tid; e < channels * tile_elems; e += threads) {
         const int c = e / tile_elems;
@@ -78,8 +78,8 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
         const int t = (e / DPT) % taps;
         const int c = e / (DPT * taps);
         A value = 0;
-        if (d0 + d < out_per_group) {
-          value = to_acc(weight[((I)(g * out_per_group + d0 + d) * in_per_group + c0 + c) * taps + t]);
+        if (d0 + d < outputs_per_group) {
+          value = to_acc(weight[((I)(g * outputs_per_group + d0 + d) * channels_per_group + c0 + c) * taps + t]);
         }
         wslab[e] = value;
       }
@@ -102,10 +102,10 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
 
     if (oy < out_h && ox < out_w) {
       const I pixel = (I)oy * out_w + ox;
-      const I channel0 = image * groups * out_per_group + g * out_per_group + d0;
+      const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
 #pragma unroll
       for (int d = 0; d < DPT; ++d) {
-        if (d0 + d < out_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[d]);
+        if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[d]);
       }
     }
   }

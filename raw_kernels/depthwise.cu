@@ -36,20 +36,21 @@
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
 
-// Output rows per thread item (the height of the register sliding window).  Mirrored by the Python planner
-// (_strip_rows in cupyconv/ops/depthwise.py): 8 for 5x5 and 7x7, where a longer strip cuts the shared loads
-// per output from 10 to 7.5 (5x5) and 17.5 to 12.25 (7x7); 4 for 3x3, already at 4.5, where a shorter strip
-// wastes fewer lanes on planes whose height is not a multiple of it.
-template <int K> struct StripRows { static constexpr int value = K == 3 ? 4 : 8; };
-enum {
-  GENERIC_STRIP = 4,  // rows per thread item of the generic kernels (_GENERIC_STRIP in the planner)
-  // Taps accumulated in registers per pass of the generic weight-gradient kernel (_TAP_CHUNK in the planner):
-  // 16 covers 4x4 and smaller in one pass, so the tiny-plane case reads each tensor once.
-  TAP_CHUNK = 16,
-  // Consecutive taps of one kernel row per thread in depthwise_bwd_weight_large (_LARGE_RUN in the planner).
-  LARGE_RUN = 8,
-  // Pixels per thread of depthwise_bwd_input_strided (_STRIDED_ROWS in the planner): more work per unit.
-  STRIDED_ROWS = 4
+// Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
+// compiler of this file gets them as -D options, so they exist once.
+//   STRIP_ROWS_3/5/7  output rows per thread item (the height of the register sliding window) of the 3x3, 5x5
+//                     and 7x7 specialisations;
+//   GENERIC_STRIP     the same for the generic kernels;
+//   TAP_CHUNK         taps accumulated in registers per pass of the generic weight-gradient kernel;
+//   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
+//   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
+//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32).
+#if !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || !defined(GENERIC_STRIP) || \
+    !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
+#error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
+#endif
+template <int K> struct StripRows {
+  static constexpr int value = K == 3 ? STRIP_ROWS_3 : K == 5 ? STRIP_ROWS_5 : STRIP_ROWS_7;
 };
 
 extern __shared__ double depthwise_smem[];  // dynamic shared memory; double keeps it 8-byte aligned
@@ -702,24 +703,26 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
   }
 }
 
-// Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (8 interleaved slices of rows, then the slices
-// in order).  32 consecutive elements per block iteration keep the reads coalesced.  blockDim.x == 256.
+// Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (REDUCE_THREADS / 32 interleaved slices of
+// rows, then the slices in order).  32 consecutive elements per block iteration keep the reads coalesced.
+// blockDim.x == REDUCE_THREADS.
 template <typename T, typename I>
-__global__ void depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial, T* __restrict__ out, I rows,
-                                     I elements) {
+__global__ void __launch_bounds__(REDUCE_THREADS) depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial,
+                                                                       T* __restrict__ out, I rows, I elements) {
   typedef acc_t<T> A;
-  __shared__ A slice_sums[256];
+  constexpr int SLICES = REDUCE_THREADS / 32;
+  __shared__ A slice_sums[REDUCE_THREADS];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {
     const I e = e0 + lane;
     A sum = A(0);
     if (e < elements)
-      for (I r = slice; r < rows; r += 8) sum += partial[r * elements + e];
+      for (I r = slice; r < rows; r += SLICES) sum += partial[r * elements + e];
     slice_sums[threadIdx.x] = sum;
     __syncthreads();
     if (slice == 0 && e < elements) {
       A total = A(0);
-      for (int k = 0; k < 8; ++k) total += slice_sums[k * 32 + lane];
+      for (int k = 0; k < SLICES; ++k) total += slice_sums[k * 32 + lane];
       out[e] = from_acc<T>(total);
     }
     __syncthreads();

@@ -28,14 +28,25 @@
 // memory each) the 1280 blocks of the seed shape run in under 5 waves on 132 SMs.
 #include "common.cuh"
 
-// Register tiles, mirrored by _tiles() in cupyconv/ops/patch.py (keep the two in sync): TM output pixels x TN
-// output channels per thread in the tile kernels, TK weight entries x TD output channels in patch_bwd_weight
-// (64 accumulators each).  double gets half: 64 doubles would not fit the 128 registers of 512-thread blocks.
-template <typename T> struct PatchTile { static constexpr int TM = 4, TN = 16, TK = 8, TD = 8; };
-template <> struct PatchTile<double> { static constexpr int TM = 4, TN = 8, TK = 4, TD = 8; };
-
-// The largest block the host launches; the bound lets the compiler budget 128 registers per thread.
-#define PATCH_MAX_THREADS 512
+// Constants shared with the planner: cupyconv/ops/patch.py defines them (KERNELS.defines) and every compiler
+// of this file gets them as -D options, so they exist once.
+//   PATCH_TM/TN/TK/TD_FLOAT, _DOUBLE  register tiles: TM output pixels x TN output channels per thread in the
+//                                     tile kernels, TK weight entries x TD output channels in patch_bwd_weight
+//                                     (float for every type but double, which gets half: 64 doubles would not
+//                                     fit the 128 registers of 512-thread blocks);
+//   PATCH_MAX_THREADS                 the largest block the host launches; the bound lets the compiler budget
+//                                     128 registers per thread.
+#if !defined(PATCH_TM_FLOAT) || !defined(PATCH_TN_FLOAT) || !defined(PATCH_TK_FLOAT) || !defined(PATCH_TD_FLOAT) || \
+    !defined(PATCH_TM_DOUBLE) || !defined(PATCH_TN_DOUBLE) || !defined(PATCH_TK_DOUBLE) ||                        \
+    !defined(PATCH_TD_DOUBLE) || !defined(PATCH_MAX_THREADS)
+#error "patch.cu needs the -D options of cupyconv._device.compile_options('patch.cu')"
+#endif
+template <typename T> struct PatchTile {
+  static constexpr int TM = PATCH_TM_FLOAT, TN = PATCH_TN_FLOAT, TK = PATCH_TK_FLOAT, TD = PATCH_TD_FLOAT;
+};
+template <> struct PatchTile<double> {
+  static constexpr int TM = PATCH_TM_DOUBLE, TN = PATCH_TN_DOUBLE, TK = PATCH_TK_DOUBLE, TD = PATCH_TD_DOUBLE;
+};
 
 // Four accumulators loaded together (one 16-byte shared load for float): weights and grad_out tiles keep
 // their channel dimension innermost and 4-aligned so a thread's TN channels are TN / 4 of these.
@@ -200,12 +211,12 @@ __device__ __forceinline__ void patch_tile_conv(
 template <typename T, typename I, int PH, int PW, int KH, int KW>
 __global__ void __launch_bounds__(PATCH_MAX_THREADS) patch_fwd(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out,
-    I n, I inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w,
+    I n, I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w,
     int channels_per_group, int outputs_per_group, int height, int width, int out_h, int out_w, int kernel_h,
     int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w,
     int patches, int out_tile, int chunk, int patch_stride, int has_bias) {
   patch_tile_conv<T, I, PH, PW, KH, KW, false>(
-      x, weight, bias, out, n, inner, x_stride_outer, x_stride_inner, x_stride_c, x_stride_h, x_stride_w,
+      x, weight, bias, out, n, x_inner, x_stride_outer, x_stride_inner, x_stride_c, x_stride_h, x_stride_w,
       channels_per_group, outputs_per_group, height, width, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w,
       pad_top, pad_left, dilation_h, dilation_w, patches, out_tile, chunk, patch_stride, has_bias);
 }
@@ -214,12 +225,12 @@ __global__ void __launch_bounds__(PATCH_MAX_THREADS) patch_fwd(
 template <typename T, typename I, int PH, int PW, int KH, int KW>
 __global__ void __launch_bounds__(PATCH_MAX_THREADS) patch_bwd_input(
     const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_x,
-    I n, I inner, I g_stride_outer, I g_stride_inner, I g_stride_c, I g_stride_h, I g_stride_w,
+    I n, I g_inner, I g_stride_outer, I g_stride_inner, I g_stride_c, I g_stride_h, I g_stride_w,
     int channels_per_group, int outputs_per_group, int height, int width, int out_h, int out_w, int kernel_h,
     int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w,
     int patches, int out_tile, int chunk, int patch_stride) {
   patch_tile_conv<T, I, PH, PW, KH, KW, true>(
-      grad_out, weight, nullptr, grad_x, n, inner, g_stride_outer, g_stride_inner, g_stride_c, g_stride_h,
+      grad_out, weight, nullptr, grad_x, n, g_inner, g_stride_outer, g_stride_inner, g_stride_c, g_stride_h,
       g_stride_w, channels_per_group, outputs_per_group, height, width, out_h, out_w, kernel_h, kernel_w,
       stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, patches, out_tile, chunk, patch_stride, 0);
 }

@@ -10,7 +10,7 @@ import pytest
 
 import cupyconv
 import reference as ref
-from cupyconv import _device
+from cupyconv import _autotune, _device, _kernels
 from cupyconv.ops import conv as conv_op
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import NEEDS, NEEDS_SUBSETS, ConvCase
@@ -160,8 +160,8 @@ def test_empty_batch(algorithm):
 
 def test_direct_slabs_and_block_loop(monkeypatch):
     """One input channel per slab (the slab loop's barriers) and 3 blocks walking every item."""
-    monkeypatch.setattr(conv_op, "_DIRECT_SHARED_TARGET", 1)
-    monkeypatch.setattr(conv_op, "_MAX_BLOCKS", 3)
+    monkeypatch.setattr(conv_op, "DIRECT_SHARED_TARGET", 1)
+    monkeypatch.setattr(_kernels, "GRID_CAP", 3)
     for order in ("forward", "reverse"):
         device = Recorder(order)
         check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], "direct")
@@ -271,7 +271,7 @@ def test_workspace_budget_chunks_the_batch():
 
 def test_64_bit_index_variants(monkeypatch):
     """Every kernel's `long long` instantiation runs (the buffers here are small; the choice is forced)."""
-    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     device = Recorder("reverse")
     for algorithm in ALGORITHMS:
         check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], algorithm)
@@ -320,31 +320,32 @@ class FakeCublas:
 
 
 class CudaLikeRecorder(Recorder):
-    """Named like CudaDevice, so the TF32 scope applies; checks the math mode during every GEMM."""
+    """CudaDevice's choice of the GEMM math mode on the emulator; records the math mode during every GEMM."""
 
     name = "cuda"
+    gemm_math = _device.CudaDevice.gemm_math
 
     def __init__(self, cublas):
         super().__init__()
         self.cublas, self.modes = cublas, []
 
-    def matmul(self, a, b, out=None):
+    def gemm(self, a, b, out=None):
         self.modes.append(self.cublas.mode)
-        return super().matmul(a, b, out=out)
+        return super().gemm(a, b, out=out)
 
 
 def test_tf32_is_opt_in_and_scoped(monkeypatch):
     assert cupyconv.get_allow_tf32() is False
     cublas = FakeCublas()
-    monkeypatch.setattr(conv_op, "_cublas", lambda: ("handle", cublas))
+    monkeypatch.setattr(_device, "_cublas", lambda: ("handle", cublas))
     case = CASE_BY_NAME["groups2_stride2"]
     for allow, dtype, tf32 in ((False, numpy.float32, False), (True, numpy.float32, True),
                                (True, numpy.float64, False)):
-        monkeypatch.setattr(conv_op, "_allow_tf32", allow)
         device = CudaLikeRecorder(cublas)
         x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(9), dtype)
-        kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
-        kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+        with cupyconv.settings.allow_tf32(allow):
+            kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+            kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
         assert device.modes == [cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else 0] * 3, (allow, dtype)
         assert cublas.mode == cublas.CUBLAS_DEFAULT_MATH   # restored after every GEMM
     cupyconv.set_allow_tf32(True)
@@ -353,8 +354,8 @@ def test_tf32_is_opt_in_and_scoped(monkeypatch):
 
 
 def test_autotune_times_once_and_caches(monkeypatch):
-    monkeypatch.setattr(conv_op, "_autotune_cache", {})
-    monkeypatch.setattr(conv_op, "_autotune", False)
+    monkeypatch.setattr(_autotune, "CACHE", {})
+    assert cupyconv.get_autotune() is False
     timed = []
 
     def fake_timed(device, run):  # pretend im2col + GEMM is faster, against the heuristic's choice
@@ -363,7 +364,7 @@ def test_autotune_times_once_and_caches(monkeypatch):
         timed.append(kind)
         return (1.0 if kind == "direct" else 0.5), result
 
-    monkeypatch.setattr(conv_op, "_timed", fake_timed)
+    monkeypatch.setattr(Recorder, "timed", fake_timed)
     case = CASE_BY_NAME["plain"]
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(10))
     device = Recorder()
@@ -377,7 +378,7 @@ def test_autotune_times_once_and_caches(monkeypatch):
         assert sorted(timed) == ["direct", "im2col_gemm"]
         assert device.count("conv_fwd_direct") == 2 and device.count("unfold_im2col") == 2  # warm-up + timed
         assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), "float64")
-        assert list(conv_op._autotune_cache.values()) == ["im2col_gemm"]
+        assert list(_autotune.CACHE.values()) == ["im2col_gemm"]
         device.launches.clear()
         kernel_path(device, cupyconv.conv2d, x, weight, bias, **case.kwargs)  # cached: no timing
         assert len(timed) == 2 and device.count("conv_fwd_direct") == 0 and device.count("unfold_im2col") == 1
@@ -461,7 +462,7 @@ def test_gpu_workspace_budget_chunks_the_batch():
 @pytest.mark.gpu
 def test_gpu_tf32_opt_in_restores_the_math_mode():
     import cupy
-    handle, cublas = conv_op._cublas()
+    handle, cublas = _device._cublas()
     before = cublas.getMathMode(handle)
     case = C("tf32", (4, 64, 17, 17), (64, 64, 3, 3), padding=1)
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), numpy.float32)

@@ -13,7 +13,7 @@ import numpy
 import pytest
 
 import cupyconv
-from cupyconv import _device
+from cupyconv import _device, _kernels
 from cupyconv._spec import ConvSpec
 from cupyconv.ops import depthwise as depthwise_module
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -231,11 +231,12 @@ def test_tiny_plane_weight_gradient_spreads_over_blocks():
     x = numpy.broadcast_to(numpy.float32(0), (2048, 1024, 4, 4))  # shapes without the memory
     weight = numpy.broadcast_to(numpy.float32(0), (1024, 1, 4, 4))
     spec = ConvSpec.for_depthwise("test", x, weight, None, 1, 1, 1)
-    kernel, _, _, tiling = depthwise_module._stage1_plan(spec, True, 4)
-    assert kernel == "depthwise_bwd_weight_generic"
-    items = tiling.per_block * (tiling.tile_h // depthwise_module._GENERIC_STRIP) * tiling.tile_w
+    plan = depthwise_module.plan_weight_grad(spec, True, 4)
+    tiling = plan.tiling
+    assert plan.kernel == "depthwise_bwd_weight_generic"
+    items = tiling.per_block * (tiling.tile_h // depthwise_module.GENERIC_STRIP) * tiling.tile_w
     assert items >= 240 and tiling.threads == 256
-    rows, units_per_block = depthwise_module._stage1_rows(tiling.units(2048), 1024)
+    rows, units_per_block = depthwise_module.stage1_rows(tiling.units(2048), 1024)
     assert rows >= 4 and units_per_block * tiling.per_block <= 2048 // 3
 
 
@@ -323,14 +324,14 @@ def run_every_kernel(device):
 def test_small_grids_loop_over_the_work(monkeypatch):
     """One block for all the work (grids are clipped like this on huge tensors): it takes every unit, partial row
     and element in turn."""
-    monkeypatch.setattr(depthwise_module, "_MAX_GRID", 1)
+    monkeypatch.setattr(_kernels, "GRID_CAP", 1)
     monkeypatch.setattr(depthwise_module, "elementwise_launch", lambda total, block=256: ((1,), (64,)))
     run_every_kernel(Recorder("reverse"))
 
 
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
-    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     device = run_every_kernel(Recorder("reverse"))
     assert all(", long long" in name for name, _ in device.launches)
 
@@ -386,7 +387,7 @@ def test_gpu_needs_subsets(needs):
 
 @pytest.mark.gpu
 def test_gpu_64_bit_index_variants(monkeypatch):
-    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     for name in ONE_OF_EACH:
         _gpu_run(CASE_BY_NAME[name], "float32")
     _gpu_run(CASE_BY_NAME["k3s2"], "float32", needs=("bias",))

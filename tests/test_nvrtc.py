@@ -106,7 +106,7 @@ TOOLKIT_NOTICE = re.compile(r"^nvrtc: warning: Architectures prior to '<compute/
 
 def check_compiles(arch: str, filename: str, source: str, names: list[str]) -> None:
     compiler = nvrtc(ARCHES[arch])
-    options = [*_device._cuda_compile_options(), f"--gpu-architecture={arch}", f"-I{compiler.include}"]
+    options = [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{compiler.include}"]
     ok, log, lowered = compiler.compile(source, filename, names, options)
     log = TOOLKIT_NOTICE.sub("", log).strip()
     release = "%d.%d" % compiler.version

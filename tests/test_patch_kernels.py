@@ -13,9 +13,9 @@ import numpy
 import pytest
 
 import cupyconv
-from cupyconv import _device
+from cupyconv import _device, _kernels
 from cupyconv.ops import patch
-from cupyconv.ops.conv import NEEDS
+from cupyconv._spec import NEEDS
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase, cuda_torch
 
@@ -123,7 +123,7 @@ def emulated(fn, *args, order="forward", instantiations=None, **kwargs):
 
 
 def _tile_name(kernel, dtype, sizes, index="int"):
-    return _device.kernel_name(kernel, dtype, index, *sizes)
+    return _kernels.kernel_name(kernel, dtype, index, *sizes)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_grad_weight_is_bit_deterministic(monkeypatch):
     monkeypatch.setattr(patch, "WEIGHT_BLOCKS", 3)
     case = CASE_BY_NAME["seed_like_4x4_k3_p1_odd_n"]
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(6), numpy.float32)
-    plan = patch._weight_plan(_spec(x.shape, weight.shape), numpy.float32)
+    plan = patch.plan_weight(_spec(x.shape, weight.shape), numpy.float32)
     assert plan.slices == 3 and plan.patches == 1
     runs = [emulated(cupyconv.patch_conv2d_backward, grad_output, x, weight, needs=("weight",), order=order,
                      **case.kwargs)[0][1] for order in ("forward", "forward", "reverse")]
@@ -232,9 +232,9 @@ def test_small_blocks_tile_chunk_and_slice(monkeypatch):
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(7), numpy.float64)
     spec = patch.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, 2, min_ndim=3, max_ndim=None)  # groups 2
     for transposed in (False, True):
-        plan = patch._tile_plan(spec, numpy.float64, transposed)
+        plan = patch.plan_tile(spec, numpy.float64, transposed)
         assert plan.out_tiles > 1 and plan.chunk < 18 and plan.threads <= 8, plan
-    wplan = patch._weight_plan(spec, numpy.float64)
+    wplan = patch.plan_weight(spec, numpy.float64)
     assert wplan.weight_tiles > 2 and wplan.slices == 3 and wplan.patches == 1, wplan
     out, _ = emulated(cupyconv.patch_conv2d, x, weight, bias, **case.kwargs)
     assert_matches(out, cupyconv.patch_conv2d(x, weight, bias, **case.kwargs), numpy.float64, "forward")
@@ -276,7 +276,7 @@ def test_dtypes(dtype, algorithm):
 
 
 def test_64_bit_index_variants(monkeypatch):
-    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     case = CASE_BY_NAME["transposed_view"]
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(10), numpy.float32)
     xv = case.make_view(x)
@@ -326,19 +326,19 @@ def test_plans_of_the_benchmark_shapes(monkeypatch, n, size, dtype):
     monkeypatch.undo()  # the real MIN_BLOCKS
     spec = _spec((1, n, 32, size, size), (64, 32, 3, 3))
     for transposed in (False, True):
-        plan = patch._tile_plan(spec, dtype, transposed)
+        plan = patch.plan_tile(spec, dtype, transposed)
         assert plan.threads % 32 == 0 and plan.threads <= patch.MAX_THREADS, plan
         assert plan.shared_mem <= patch.DEFAULT_SHARED_LIMIT, plan
         assert -(-n // plan.patches) * plan.out_tiles >= min(patch.MIN_BLOCKS, n), plan
     if (n, size, dtype) == (20480, 4, "float32"):  # the seed shape: 16 patches x 4 pixel groups x 4 lanes
-        assert patch._tile_plan(spec, dtype, False) == patch._TilePlan(16, 64, 1, 8, 292, 256, 37120)
-    wplan = patch._weight_plan(spec, dtype)
+        assert patch.plan_tile(spec, dtype, False) == patch.TilePlan(16, 64, 1, 8, 292, 256, 37120)
+    wplan = patch.plan_weight(spec, dtype)
     assert wplan.threads <= patch.WEIGHT_MAX_THREADS and wplan.shared_mem <= patch.DEFAULT_SHARED_LIMIT, wplan
     assert wplan.slices * wplan.weight_tiles >= min(patch.WEIGHT_BLOCKS // 2, n), wplan
 
 
 def test_every_instantiation_is_listed():
-    names = {name for _, name in patch.instantiations()}
+    names = set(patch.instantiations())
     for kernel in patch.TILE_KERNELS:
         for sizes in (*patch.SPECIALISATIONS, patch.GENERIC):
             assert _tile_name(kernel, numpy.float16, sizes, "long long") in names
@@ -352,7 +352,7 @@ def test_every_instantiation_is_listed():
 def test_kernels_once():
     """Runs under ASan through test_asan; on its own, one more emulated comparison.  Only the kernels it
     launches are compiled (an ASan build of every instantiation takes most of a minute)."""
-    kernels = [(patch.KERNEL_FILE, name) for name in ["patch_bwd_weight<float, int>", "patch_reduce<float, int>", *(
+    kernels = [(patch.KERNELS.filename, name) for name in ["patch_bwd_weight<float, int>", "patch_reduce<float, int>", *(
         _tile_name(k, numpy.float32, sizes) for k in patch.TILE_KERNELS for sizes in (SPEC4, patch.GENERIC))]]
     for case in (CASE_BY_NAME["transposed_view"], CASE_BY_NAME["stride2_odd"]):
         x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(11), numpy.float32)

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 import cupyconv
-from cupyconv import _device
+from cupyconv import _device, _kernels
 from emulator import EmulatedDevice, assert_clean_under_asan, run_under_asan
 
 # (x shape, kernel_size, dilation, padding, stride): odd sizes, never multiples of the 256-thread block.
@@ -107,7 +107,7 @@ def test_fold_accepts_non_contiguous_cols():
 
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so the emulator executes them."""
-    monkeypatch.setattr(_device, "INT32_MAX", -1)  # every extent "passes 2^31": long long
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
     device = RecordingDevice()
     shape, kernel, dilation, padding, stride = CASES[2]
     x = _random(shape, numpy.float64)
@@ -122,8 +122,8 @@ def test_64_bit_index_variants(monkeypatch):
 
 
 def test_index_type_switches_at_2_to_the_31():
-    assert _device.index_type(2**31 - 1) == "int"
-    assert _device.index_type(10, 2**31) == "long long"
+    assert _kernels.index_type(2**31 - 1) == "int"
+    assert _kernels.index_type(10, 2**31) == "long long"
 
 
 def test_backward_functions_are_the_adjoint_ops():

@@ -1,44 +1,26 @@
 """conv2d with groups: im2col + GEMM and a direct kernel, forward and backward.
 
 CPU path: the im2col matrix of a chunk of the batch (chunked to the workspace limit) is multiplied by the
-weight in one batched matmul over (sample, group); groups = C (depthwise) is routed to the depthwise op.
-Kernel path: see the comment at the top of its section below.
+weight in one batched matmul over (sample, group).
+GPU path: the algorithms are described at the top of its section below.
+groups = C (depthwise) is routed to the depthwise op on both paths.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-import time
 
 import numpy
 
-from .. import _workspace
+from .. import _autotune, settings
 from .._arrays import Call, compute_dtype
-from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch,
-                       extent, index_types, kernel_name)
-from .._spec import ConvSpec
-from .._workspace import batch_chunks
-from .unfold import col2im_cpu, col2im_kernel, im2col_kernel, pad_cpu, windows_cpu
-
-NEEDS = ("input", "weight", "bias")
-
-
-def check_needs(op: str, needs) -> frozenset:
-    if isinstance(needs, str):
-        needs = (needs,)
-    needs = frozenset(needs)
-    unknown = needs - set(NEEDS)
-    if unknown:
-        raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown, key=repr)}")
-    return needs
-
-
-def check_grad_output(op: str, grad_output, spec: ConvSpec) -> None:
-    if tuple(grad_output.shape) != spec.output_shape:
-        raise ValueError(f"{op}: grad_output has shape {tuple(grad_output.shape)} but the forward output of "
-                         f"x {spec.input_shape} and weight {spec.weight_shape} has shape {spec.output_shape}")
-
+from .._device import DEFAULT_SHARED_LIMIT
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, extent, index_type,
+                        kernel_name, stride_args)
+from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
+                        depthwise_conv2d_gpu)
+from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
 # ---------------------------------------------------------------------------------------------------------
 # CPU path over a flat batch: x (n, C, H, W), weight (D, C // G, kH, kW)
@@ -70,10 +52,6 @@ def _grad_columns(gy, spec: ConvSpec, batch_last: bool):
     return gy
 
 
-def _col_bytes(spec: ConvSpec, dtype) -> int:
-    return spec.in_channels * spec.taps * spec.out_pixels * numpy.dtype(dtype).itemsize
-
-
 def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
     n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
@@ -81,7 +59,7 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     x = x.reshape(n, *spec.input_shape[-3:])
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
-    for chunk in batch_chunks(n, _col_bytes(spec, ct)):
+    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
         cols = _columns(x[chunk], spec, ct, batch_last)
         if batch_last:
             out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
@@ -102,15 +80,15 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
     grad_x = numpy.empty(x.shape, dtype=ct) if "input" in needs else None
     acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
     wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
-    for chunk in batch_chunks(n, _col_bytes(spec, ct)) if needs & {"input", "weight"} else ():
+    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)) if needs & {"input", "weight"} else ():
         m = chunk.stop - chunk.start
         gyc = _grad_columns(gy[chunk], spec, batch_last)
         if grad_x is not None:
             cols = numpy.matmul(wt, gyc)
             if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
-                cols = cols.reshape(spec.in_channels, *spec.kernel, *spec.out_size, m).transpose(5, 0, 1, 2, 3, 4)
+                cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, m).transpose(5, 0, 1, 2, 3, 4)
             else:
-                cols = cols.reshape(m, spec.in_channels, *spec.kernel, *spec.out_size)
+                cols = cols.reshape(m, spec.in_channels, *spec.kernel_size, *spec.out_size)
             grad_x[chunk] = col2im_cpu(cols, spec, ct, batch_last)
         if acc is not None:
             cols = _columns(x[chunk], spec, ct, batch_last)
@@ -129,7 +107,7 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/conv.cu, unfold.cu and GEMMs through
+# GPU path (CuPy on a GPU, or the test emulator): raw_kernels/conv.cu, unfold.cu and GEMMs through
 # device.matmul.
 #
 # Algorithms (`algorithm=`):
@@ -141,7 +119,7 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
 #                  channels per thread in registers, fused bias; no workspace at all.
 #   'auto'         `choose_algorithm`: 'direct' when both channels per group are <= DIRECT_MAX_CHANNELS, else
-#                  'im2col_gemm' (or the measured winner when autotuning is on, see `set_autotune`).
+#                  'im2col_gemm' (or the measured winner when autotuning is on: `settings.set_autotune`).
 # Backward (both algorithms):
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
@@ -156,14 +134,13 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
-KERNEL_FILE = "conv.cu"
+KERNELS = KernelFile("conv.cu")
 ALGORITHMS = ("auto", "im2col_gemm", "direct")
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
-_DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
-_DIRECT_THREADS = 256
+DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
+DIRECT_THREADS = 256
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
-_MAX_BLOCKS = 65536             # block-stride / grid-stride loops cover the rest
 
 
 def instantiations():
@@ -171,83 +148,19 @@ def instantiations():
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
         names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
-    return [(KERNEL_FILE, name) for name in names]
+    return names
 
+
+# --- plans ------------------------------------------------------------------------------------------------
 
 def _routes_to_depthwise(spec: ConvSpec) -> bool:
     return spec.groups == spec.in_channels and spec.groups > 1
-
-
-
-
-
-def _geometry(spec: ConvSpec):
-    """The int window arguments shared by conv.cu's kernels, in their C order (bottom/right pads are implied)."""
-    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
-    (top, _), (left, _) = spec.padding
-    return [numpy.int32(v) for v in (kh, kw, sh, sw, top, left, dh, dw, oh, ow)]
-
-
-def _chunk_spec(spec: ConvSpec, chunk: slice) -> ConvSpec:
-    return dataclasses.replace(spec, batch=(chunk.stop - chunk.start,))
 
 
 def _is_pointwise(spec: ConvSpec) -> bool:
     """1x1, stride 1, no padding: im2col is the identity, x (n, C, H, W) is already cols (n, C, L)."""
     return spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
 
-
-# --- TF32 -------------------------------------------------------------------------------------------------
-
-_allow_tf32 = False
-
-
-def set_allow_tf32(enabled: bool) -> None:
-    """Let float32 conv GEMMs use TF32 tensor cores (Ampere and newer; about 10 mantissa bits per product).
-
-    Off by default: float32 is strict IEEE float32.  When on, cupyconv's own float32 GEMMs (and nothing else)
-    run with the cuBLAS math mode CUBLAS_TF32_TENSOR_OP_MATH on CuPy's cuBLAS handle, which is restored right
-    after each GEMM.  (CuPy 14's `cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)` and the CUPY_TF32
-    environment variable only reach its 2-D GEMM path, not the batched cupy.matmul used here, and they are
-    process-wide.)  The direct kernel computes in float32 either way.
-    """
-    global _allow_tf32
-    _allow_tf32 = bool(enabled)
-
-
-def get_allow_tf32() -> bool:
-    return _allow_tf32
-
-
-def _cublas():
-    """(CuPy's cuBLAS handle for the current device and thread, the cublas bindings)."""
-    from cupy.cuda import device as cuda_device
-    from cupy_backends.cuda.libs import cublas
-    return cuda_device.get_cublas_handle(), cublas
-
-
-@contextlib.contextmanager
-def _gemm_math(device, dtype):
-    """TF32 for the GEMMs inside the block when the user opted in, restoring the handle's math mode after."""
-    if not (_allow_tf32 and device.name == "cuda" and numpy.dtype(dtype) == numpy.float32):
-        yield
-        return
-    handle, cublas = _cublas()
-    previous = cublas.getMathMode(handle)
-    cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
-    try:
-        yield
-    finally:
-        cublas.setMathMode(handle, previous)
-
-
-def _matmul(device, a, b, out=None):
-    """Every GEMM of this op: batched/broadcast matmul, float32 accumulation for the half types."""
-    with _gemm_math(device, a.dtype):
-        return device.matmul(a, b, out=out)
-
-
-# --- direct kernel ----------------------------------------------------------------------------------------
 
 def _pow2_at_least(v: int) -> int:
     return 1 << max(v - 1, 0).bit_length()
@@ -257,28 +170,62 @@ def _direct_outputs(outputs_per_group: int) -> int:
     return next((d for d in DIRECT_OUTPUTS if d >= outputs_per_group), DIRECT_OUTPUTS[-1])
 
 
-def _direct_plan(spec: ConvSpec, dtype):
+def plan_direct(spec: ConvSpec, dtype):
     """(block, slab, (tile_in_h, tile_in_w), shared bytes) of conv_fwd_direct for spec, or None if even one
     input channel's tile does not fit in shared memory (huge kernel * dilation)."""
-    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel, spec.stride, spec.dilation
+    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     # Tile as wide as the output row (up to a warp) for coalesced stores; small outputs get small blocks.
     bx = min(32, _pow2_at_least(ow))
-    by = min(_DIRECT_THREADS // bx, _pow2_at_least(oh))
+    by = min(DIRECT_THREADS // bx, _pow2_at_least(oh))
     tile_in = ((by - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
-    acc_bytes = 8 if numpy.dtype(dtype) == numpy.float64 else 4
+    acc_bytes = compute_dtype(dtype).itemsize
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
         return None
-    slab = max(1, min(spec.channels_per_group, _DIRECT_SHARED_TARGET // per_channel))
+    slab = max(1, min(spec.channels_per_group, DIRECT_SHARED_TARGET // per_channel))
     return (bx, by), slab, tile_in, slab * per_channel
 
+
+def transposed_spec(spec: ConvSpec) -> ConvSpec:
+    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
+    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel_size, spec.dilation, spec.in_size, spec.out_size
+    (top, _), (left, _) = spec.padding
+    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
+    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
+    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
+                    spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
+
+
+def choose_algorithm(spec: ConvSpec, dtype) -> str:
+    """The 'auto' heuristic: 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
+    (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
+    input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
+    in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
+    if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
+            and plan_direct(spec, dtype) is not None):
+        return "direct"
+    return "im2col_gemm"
+
+
+def forward_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
+    return ("im2col_gemm", "direct") if plan_direct(spec, dtype) is not None else ("im2col_gemm",)
+
+
+def grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
+    """The direct kernel computes grad_input only for stride 1 (as a stride-1 transposed convolution)."""
+    if spec.stride == (1, 1) and plan_direct(transposed_spec(spec), dtype) is not None:
+        return ("im2col_gemm", "direct")
+    return ("im2col_gemm",)
+
+
+# --- launches ---------------------------------------------------------------------------------------------
 
 def _direct(device, x, weight, bias, spec: ConvSpec):
     """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None."""
     xp, dtype = device.xp, x.dtype
-    plan = _direct_plan(spec, dtype)
+    plan = plan_direct(spec, dtype)
     if plan is None:
-        raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel} kernel with dilation "
+        raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel_size} kernel with dilation "
                          f"{spec.dilation} and stride {spec.stride} in shared memory; use 'im2col_gemm'")
     (bx, by), slab, (tile_h, tile_w), shared = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
@@ -289,38 +236,21 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     bias = xp.zeros((spec.out_channels,), dtype) if bias is None else xp.ascontiguousarray(bias)
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
-    items = n * g * -(-dg // dpt) * -(-oh // by) * -(-ow // bx)
-    index, I = index_types(out.size, extent(x), weight.size)
-    device.launch(KERNEL_FILE, kernel_name("conv_fwd_direct", dtype, index, dpt), (min(items, _MAX_BLOCKS),),
-                  (bx, by), [x, weight, bias, out, I(n), *(I(s) for s in element_strides(x)),
-                             *(numpy.int32(v) for v in (g, spec.channels_per_group, dg, *spec.in_size)),
-                             *_geometry(spec), *(numpy.int32(v) for v in (slab, tile_h, tile_w))],
-                  shared_mem=shared)
+    items = n * g * ceil_div(dg, dpt) * ceil_div(oh, by) * ceil_div(ow, bx)
+    KERNELS.launch(device, "conv_fwd_direct", (dpt,), dtype=dtype, index=index_type(out.size, extent(x), weight.size),
+                   grid=capped_grid(items), block=(bx, by), shared_mem=shared, window=spec, x=x, weight=weight,
+                   bias=bias, out=out, n=n, **stride_args("x", x, "nchw"), groups=g,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=dg, slab=slab, tile_in_h=tile_h,
+                   tile_in_w=tile_w)
     return out
-
-
-def _transposed_spec(spec: ConvSpec) -> ConvSpec:
-    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
-    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel, spec.dilation, spec.in_size, spec.out_size
-    (top, _), (left, _) = spec.padding
-    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
-    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
-    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
-                    spec.kernel, (1, 1), spec.dilation, pad, spec.in_size)
 
 
 def _direct_grad_input(device, gy, weight, spec: ConvSpec):
     """grad_input of a stride-1 conv with the direct kernel: weight flipped and transposed per group."""
-    g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel
+    g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel_size
     wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
     wt = device.xp.ascontiguousarray(wt).reshape(spec.in_channels, dg, kh, kw)
-    return _direct(device, gy, wt, None, _transposed_spec(spec))
-
-
-# --- im2col + GEMM ----------------------------------------------------------------------------------------
-
-def _cols_bytes(spec: ConvSpec, itemsize: int) -> int:
-    return spec.in_channels * spec.taps * spec.out_pixels * itemsize
+    return _direct(device, gy, wt, None, transposed_spec(spec))
 
 
 def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
@@ -329,17 +259,16 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     w = weight.reshape(g, dg, k)
     if _is_pointwise(spec) and x.flags.c_contiguous:
         if out.size:
-            _matmul(device, w, x.reshape(n, g, k, spec.out_pixels), out=out)
+            device.matmul(w, x.reshape(n, g, k, spec.out_pixels), out=out)
     else:
-        for chunk in batch_chunks(n, _cols_bytes(spec, x.dtype.itemsize)):
-            cols = im2col_kernel(device, x[chunk], _chunk_spec(spec, chunk))
-            _matmul(device, w, cols.reshape(-1, g, k, spec.out_pixels), out=out[chunk])
+        for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
+            cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
+            device.matmul(w, cols.reshape(-1, g, k, spec.out_pixels), out=out[chunk])
     if bias is not None and out.size:
-        index, I = index_types(out.size)
         grid, block = elementwise_launch(out.size)
-        device.launch(KERNEL_FILE, kernel_name("conv_fwd_bias", x.dtype, index), grid, block,
-                      [out, device.xp.ascontiguousarray(bias), I(out.size), numpy.int32(spec.out_channels),
-                       I(spec.out_pixels)])
+        KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
+                       out=out, bias=device.xp.ascontiguousarray(bias), total=out.size,
+                       channels=spec.out_channels, pixels=spec.out_pixels)
     return out.reshape(n, spec.out_channels, *spec.out_size)
 
 
@@ -350,16 +279,16 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, spec.out_pixels), gy.dtype)
         if grad_x.size:
-            _matmul(device, wt, gy, out=grad_x)
+            device.matmul(wt, gy, out=grad_x)
         return grad_x.reshape(n, *spec.input_shape[1:])
-    per_sample = (_cols_bytes(spec, gy.itemsize)
+    per_sample = (spec.cols_bytes(gy.itemsize)
                   + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
     chunks = batch_chunks(n, per_sample)
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
-        return col2im_kernel(device, _matmul(device, wt, gy), spec)
+        return fold_gpu(device, device.matmul(wt, gy), spec)
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
-        grad_x[chunk] = col2im_kernel(device, _matmul(device, wt, gy[chunk]), _chunk_spec(spec, chunk))
+        grad_x[chunk] = fold_gpu(device, device.matmul(wt, gy[chunk]), spec.with_batch(chunk.stop - chunk.start))
     return grad_x
 
 
@@ -369,12 +298,12 @@ def _gemm_grad_weight(device, gy, x, spec: ConvSpec):
     k = spec.channels_per_group * spec.taps
     ct = compute_dtype(x.dtype)
     acc = None
-    per_sample = _cols_bytes(spec, x.dtype.itemsize) + spec.out_channels * L * x.dtype.itemsize
+    per_sample = spec.cols_bytes(x.dtype.itemsize) + spec.out_channels * L * x.dtype.itemsize
     for chunk in batch_chunks(n, per_sample):
         m = chunk.stop - chunk.start
-        cols = im2col_kernel(device, x[chunk], _chunk_spec(spec, chunk), rows_first=True).reshape(g, k, m * L)
+        cols = unfold_gpu(device, x[chunk], spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
         gyt = device.xp.ascontiguousarray(gy[chunk].transpose(1, 0, 3, 2)).reshape(g, m * L, dg)
-        part = _matmul(device, cols, gyt)  # (G, K, D / G)
+        part = device.matmul(cols, gyt)  # (G, K, D / G)
         if acc is None:
             acc = part.astype(ct)  # a copy: later chunks accumulate into it
         else:
@@ -389,121 +318,36 @@ def _grad_bias(device, gy, spec: ConvSpec):
     d = spec.out_channels
     grad_b = device.empty((d,), gy.dtype)
     if d:
-        index, I = index_types(gy.size)
-        acc_bytes = 8 if gy.dtype == numpy.float64 else 4
-        device.launch(KERNEL_FILE, kernel_name("conv_bgrad", gy.dtype, index), (d,), (REDUCE_BLOCK,),
-                      [gy, grad_b, I(spec.n), numpy.int32(d), I(spec.out_pixels)],
-                      shared_mem=REDUCE_BLOCK * acc_bytes)
+        KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
+                       shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
+                       n=spec.n, channels=d, pixels=spec.out_pixels)
     return grad_b
 
 
-# --- algorithm choice and autotuning ----------------------------------------------------------------------
-
-def choose_algorithm(spec: ConvSpec, dtype) -> str:
-    """The 'auto' heuristic: 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
-    (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
-    input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
-    if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
-            and _direct_plan(spec, dtype) is not None):
-        return "direct"
-    return "im2col_gemm"
-
-
-def _candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
-    return ("im2col_gemm", "direct") if _direct_plan(spec, dtype) is not None else ("im2col_gemm",)
-
-
-def _grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
-    """The direct kernel computes grad_input only for stride 1 (as a stride-1 transposed convolution)."""
-    if spec.stride == (1, 1) and _direct_plan(_transposed_spec(spec), dtype) is not None:
-        return ("im2col_gemm", "direct")
-    return ("im2col_gemm",)
-
-
-_autotune = False
-_autotune_cache: dict = {}
-
-
-def set_autotune(enabled: bool) -> None:
-    """Like cudnn.benchmark: with algorithm='auto', time every candidate algorithm on the first call of each
-    (pass, geometry, dtype, device) and use the fastest from then on.  Off by default: that first call runs
-    each candidate twice (once to compile and warm up, once timed)."""
-    global _autotune
-    _autotune = bool(enabled)
-
-
-def _device_key(device):
-    if device.name == "cuda":
-        import cupy
-        return ("cuda", cupy.cuda.Device().id)
-    return (device.name, id(device))
-
-
-def _timed(device, run):
-    """(seconds, result) of run() on device: CUDA events on the current stream, else the wall clock."""
-    if device.name == "cuda":
-        import cupy
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        result = run()
-        stop.record()
-        stop.synchronize()
-        return cupy.cuda.get_elapsed_time(start, stop) / 1e3, result
-    begin = time.perf_counter()
-    result = run()
-    return time.perf_counter() - begin, result
-
-
-def _resolve(device, key, algorithm: str, candidates, heuristic: str, run):
-    """run(algorithm), with 'auto' resolved by the heuristic or, when autotuning, by measurement."""
-    if algorithm != "auto":
-        return run(algorithm)
-    if not _autotune or len(candidates) == 1:
-        return run(heuristic if heuristic in candidates else candidates[0])
-    key = (*key, _device_key(device))
-    if key in _autotune_cache:
-        return run(_autotune_cache[key])
-    timings = {}
-    for candidate in candidates:
-        run(candidate)  # compile and warm up
-        timings[candidate] = _timed(device, lambda: run(candidate))
-    best = min(candidates, key=lambda c: timings[c][0])
-    _autotune_cache[key] = best
-    return timings[best][1]
-
-
-def _tune_key(name: str, spec: ConvSpec, dtype, *extra):
-    return (name, dataclasses.replace(spec, op=""), numpy.dtype(dtype).name, *extra)
-
-
-# --- orchestration ----------------------------------------------------------------------------------------
-
-def conv2d_kernel(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
-    """Forward on the kernel path: x (N, C, H, W), weight (D, C / G, kH, kW), bias (D,) or None."""
+def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """Forward on the GPU path: x (N, C, H, W), weight (D, C / G, kH, kW), bias (D,) or None."""
     def run(algo):
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)
-    return _resolve(device, _tune_key("forward", spec, x.dtype, bias is not None), algorithm,
-                    _candidates(spec, x.dtype), choose_algorithm(spec, x.dtype), run)
+    return _autotune.resolve(device, _autotune.tune_key("forward", spec, x.dtype, bias is not None), algorithm,
+                             forward_candidates(spec, x.dtype), choose_algorithm(spec, x.dtype), run)
 
 
-def conv2d_backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
-                           algorithm: str = "auto"):
-    """Backward on the kernel path; 'direct' affects grad_input only (stride 1; else im2col + GEMM)."""
+def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    """Backward on the GPU path; 'direct' affects grad_input only (stride 1; else im2col + GEMM)."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     gy = device.xp.ascontiguousarray(grad_output).reshape(n, g, dg, L)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
-        candidates = _grad_input_candidates(spec, x.dtype)
+        candidates = grad_input_candidates(spec, x.dtype)
 
         def grad_input(algo):
             if algo == "direct" and "direct" in candidates:
                 return _direct_grad_input(device, gy.reshape(n, spec.out_channels, *spec.out_size), weight, spec)
             return _gemm_grad_input(device, gy, weight, spec)
-        grad_x = _resolve(device, _tune_key("grad_input", spec, x.dtype), algorithm, candidates,
-                          choose_algorithm(spec, x.dtype), grad_input)
+        grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
+                                   choose_algorithm(spec, x.dtype), grad_input)
     if "weight" in needs:
         grad_w = _gemm_grad_weight(device, gy, x, spec).astype(weight.dtype, copy=False)
     if "bias" in needs:
@@ -515,14 +359,9 @@ def conv2d_backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs
 # Public API
 
 
-def _check_algorithm(op: str, algorithm) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-
-
-def _limit(nbytes):
+def _workspace(nbytes):
     """The per-call workspace budget, or the global/scoped one when nbytes is None."""
-    return contextlib.nullcontext() if nbytes is None else _workspace.workspace_limit(nbytes)
+    return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
@@ -532,22 +371,24 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     bias: (D,) or None.  padding: int, (pH, pW), ((top, bottom), (left, right)), 'valid' or 'same' (any
     stride: output = ceil(in / stride)).  Returns (N, D, oH, oW) of the caller's array kind.
 
-    algorithm: 'auto' (see `choose_algorithm`; `set_autotune(True)` measures instead), 'im2col_gemm' or
-    'direct'; GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col buffer
-    may take for this call (default: the global budget, `cupyconv.set_workspace_limit`); the batch is processed
-    in chunks that fit.  float32 is strict float32 unless `set_allow_tf32(True)`; float16 and bfloat16
+    algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm'
+    or 'direct'; GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col
+    buffer may take for this call (default: `settings.get_workspace_limit()`); the batch is processed in
+    chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
     accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).
     """
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
-    _check_algorithm("conv2d", algorithm)
-    with _limit(workspace_limit):
+    check_algorithm("conv2d", algorithm, ALGORITHMS)
+    arrays = (call.x, call.weight, call.bias, spec)
+    with _workspace(workspace_limit):
         if _routes_to_depthwise(spec):
-            from .depthwise import depthwise_forward
-            return call.wrap(depthwise_forward(call, spec))
-        if call.device is not None:
-            return call.wrap(conv2d_kernel(call.device, call.x, call.weight, call.bias, spec, algorithm))
-        return call.wrap(conv2d_cpu(call.x, call.weight, call.bias, spec))
+            if call.device is None:
+                return call.wrap(depthwise_conv2d_cpu(*arrays))
+            return call.wrap(depthwise_conv2d_gpu(call.device, *arrays))
+        if call.device is None:
+            return call.wrap(conv2d_cpu(*arrays))
+        return call.wrap(conv2d_gpu(call.device, *arrays, algorithm))
 
 
 def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -558,16 +399,18 @@ def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, 
     algorithm and workspace_limit as for `conv2d`; 'direct' computes grad_x with the direct kernel when the
     stride is 1 (im2col + GEMM + col2im otherwise); grad_weight is always one GEMM per group and chunk.
     """
-    call = Call("conv2d_backward", grad_output=grad_output, x=x, weight=weight)
-    spec = ConvSpec.for_conv("conv2d_backward", call.x, call.weight, None, stride, padding, dilation, groups)
-    check_grad_output("conv2d_backward", call.grad_output, spec)
-    needs = check_needs("conv2d_backward", needs)
-    _check_algorithm("conv2d_backward", algorithm)
-    with _limit(workspace_limit):
+    op = "conv2d_backward"
+    call = Call(op, grad_output=grad_output, x=x, weight=weight)
+    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups)
+    check_grad_output(op, call.grad_output, spec)
+    needs = check_needs(op, needs)
+    check_algorithm(op, algorithm, ALGORITHMS)
+    arrays = (call.grad_output, call.x, call.weight, spec, needs)
+    with _workspace(workspace_limit):
         if _routes_to_depthwise(spec):
-            from .depthwise import depthwise_backward
-            return call.wrap(depthwise_backward(call, spec, needs))
-        if call.device is not None:
-            return call.wrap(conv2d_backward_kernel(call.device, call.grad_output, call.x, call.weight, spec,
-                                                    needs, algorithm))
-        return call.wrap(conv2d_backward_cpu(call.grad_output, call.x, call.weight, spec, needs))
+            if call.device is None:
+                return call.wrap(depthwise_conv2d_backward_cpu(*arrays))
+            return call.wrap(depthwise_conv2d_backward_gpu(call.device, *arrays))
+        if call.device is None:
+            return call.wrap(conv2d_backward_cpu(*arrays))
+        return call.wrap(conv2d_backward_gpu(call.device, *arrays, algorithm))

@@ -1,6 +1,8 @@
 """Depthwise convolution (groups = C, channel multiplier m), forward and backward.
 
-CPU path: one vectorised multiply-add per kernel tap over the whole batch, no im2col matrix.
+CPU path: one vectorised multiply-add per kernel tap over cache-sized blocks of planes, no im2col matrix.
+GPU path: raw_kernels/depthwise.cu, tiled kernels planned per pass (`plan_forward`, `plan_input_grad`,
+`plan_weight_grad`); the table at the top of its section says which kernel serves which window.
 """
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from dataclasses import dataclass
 import numpy
 
 from .._arrays import Call, compute_dtype
-from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, elementwise_launch, index_types,
-                       kernel_name)
-from .._spec import ConvSpec
-from .conv import NEEDS, check_grad_output, check_needs
+from .._device import DEFAULT_SHARED_LIMIT
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, index_type,
+                        kernel_name)
+from .._spec import NEEDS, ConvSpec, ceil_div, check_grad_output, check_needs, round_up
 from .unfold import pad_cpu
 
+# ---------------------------------------------------------------------------------------------------------
+# CPU path over x (n, C, H, W)
 
 CACHE_BLOCK_BYTES = 1 << 20
 
@@ -41,17 +45,17 @@ def _plane_blocks(spec: ConvSpec, n: int, itemsize: int):
         yield block, numpy.arange(block.start, block.stop) % c
 
 
-def depthwise_cpu(x, weight, bias, spec: ConvSpec):
+def depthwise_conv2d_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
     n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
     padded = pad_cpu(x, spec, ct).reshape(n * c, *spec.padded_size)
-    w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel)
+    w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel_size)
     out = numpy.empty((n * c, m, *spec.out_size), dtype=ct)
     product = numpy.empty_like(out)
     for block, channels in _plane_blocks(spec, n, ct.itemsize):
         o, p, w_block = out[block], product[block], w[channels]
-        for i in range(spec.kernel[0]):
-            for j in range(spec.kernel[1]):
+        for i in range(spec.kernel_size[0]):
+            for j in range(spec.kernel_size[1]):
                 tap, w_tap = _tap(padded[block], spec, i, j)[:, None], w_block[:, :, i, j, None, None]
                 if i == j == 0:
                     numpy.multiply(tap, w_tap, out=o)
@@ -64,10 +68,10 @@ def depthwise_cpu(x, weight, bias, spec: ConvSpec):
     return out.astype(x.dtype, copy=False)
 
 
-def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
+def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     ct = compute_dtype(x.dtype)
     n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
-    (kh, kw), (oh, ow) = spec.kernel, spec.out_size
+    (kh, kw), (oh, ow) = spec.kernel_size, spec.out_size
     gy = grad_output.astype(ct, copy=False).reshape(n, c, m, oh, ow)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
@@ -97,7 +101,7 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/depthwise.cu
+# GPU path (CuPy on a GPU, or the test emulator): raw_kernels/depthwise.cu
 #
 # Algorithm selection (the kernels' comments say how each one works):
 #   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
@@ -113,9 +117,8 @@ def depthwise_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozen
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
 #                  then depthwise_bwd_reduce (fixed order), which also finishes the bias gradient; the bias
 #                  alone goes through depthwise_bwd_bias.
-# The tile planner (_tiling) picks the output tile and the images per block for every tiled kernel.
+# The tile planner (`plan_tiling`) picks the output tile and the images per block for every tiled kernel.
 
-KERNEL_FILE = "depthwise.cu"
 SPECIALISED_KERNELS = (3, 5, 7)
 SPECIALISED_STRIDES = (1, 2)
 GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_direct", "depthwise_bwd_input_generic",
@@ -123,22 +126,25 @@ GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_direct", "depthwise_b
                    "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
                    "depthwise_bwd_bias", "depthwise_bwd_reduce")
 
-_GENERIC_STRIP = 4      # GENERIC_STRIP in depthwise.cu
-_TAP_CHUNK = 16         # TAP_CHUNK in depthwise.cu
-_LARGE_RUN = 8          # LARGE_RUN in depthwise.cu
-_STRIDED_ROWS = 4       # STRIDED_ROWS in depthwise.cu
-_TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
-_BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
-_SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
-_STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
-                        # rows (hence the summation order and the bits) depend on the shapes alone.
-_REDUCE_BLOCK = 256     # depthwise_bwd_reduce and depthwise_bwd_bias assume 256 threads
-_MAX_GRID = 2**31 - 1   # every kernel loops over its units, so clipping the grid is always correct
+# Shared with depthwise.cu (compiled in through KERNELS.defines; the file says what each one does there).
+STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisations: 8 for 5x5 and 7x7, where
+                                 # a longer strip cuts the shared loads per output from 10 to 7.5 (5x5) and 17.5
+                                 # to 12.25 (7x7); 4 for 3x3, already at 4.5, where a shorter strip wastes fewer
+                                 # lanes on planes whose height is not a multiple of it
+GENERIC_STRIP = 4      # the same for the generic kernels
+TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic: 4x4 and smaller in one pass
+LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
+STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
+REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+KERNELS = KernelFile("depthwise.cu", defines={
+    **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "GENERIC_STRIP": GENERIC_STRIP,
+    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS})
 
-
-def _strip_rows(k: int) -> int:
-    """Output rows per thread item of the specialised kernels (StripRows<K> in depthwise.cu)."""
-    return 4 if k == 3 else 8
+TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
+BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
+SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
+STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
+                       # rows (hence the summation order and the bits) depend on the shapes alone.
 
 
 def instantiations():
@@ -149,12 +155,14 @@ def instantiations():
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
-    return [(KERNEL_FILE, name) for name in names]
+    return names
 
+
+# --- plans ------------------------------------------------------------------------------------------------
 
 def _specialised(spec: ConvSpec, stride_one: bool = False):
     """K when the window has a specialised kernel (square K x K, dilation 1, stride S in both dims), else None."""
-    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.stride, spec.dilation
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel_size, spec.stride, spec.dilation
     strides = (1,) if stride_one else SPECIALISED_STRIDES
     if kh == kw and kh in SPECIALISED_KERNELS and sh == sw and sh in strides and dh == dw == 1:
         return kh
@@ -163,7 +171,7 @@ def _specialised(spec: ConvSpec, stride_one: bool = False):
 
 def _extent(spec: ConvSpec):
     """Rows and columns one window spans: (kH - 1) * dH + 1, (kW - 1) * dW + 1."""
-    return tuple((k - 1) * d + 1 for k, d in zip(spec.kernel, spec.dilation))
+    return tuple((k - 1) * d + 1 for k, d in zip(spec.kernel_size, spec.dilation))
 
 
 def _overlaps(spec: ConvSpec) -> bool:
@@ -171,12 +179,8 @@ def _overlaps(spec: ConvSpec) -> bool:
     return any(e > s for e, s in zip(_extent(spec), spec.stride))
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 @dataclass(frozen=True)
-class _Tiling:
+class Tiling:
     """One unit of a tiled kernel: an output tile of tile_h x tile_w for per_block images of one channel."""
     tile_h: int
     tile_w: int
@@ -186,16 +190,26 @@ class _Tiling:
     threads: int
     shared_mem: int
 
-    def args(self):
-        return [numpy.int32(v) for v in (self.tile_h, self.tile_w, self.tiles_x, self.tiles_y, self.per_block)]
+    def args(self) -> dict:
+        """The tiled kernels' arguments that describe the unit."""
+        return dict(tile_h=self.tile_h, tile_w=self.tile_w, tiles_x=self.tiles_x, tiles_y=self.tiles_y,
+                    per_block=self.per_block)
 
     def units(self, images: int) -> int:
         """Units per channel."""
-        return -(-images // self.per_block) * self.tiles_y * self.tiles_x
+        return ceil_div(images, self.per_block) * self.tiles_y * self.tiles_x
 
 
-def _tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, align=(1, 1),
-            most=(_TILE_MAX, _TILE_MAX), extra_bytes=lambda threads: 0, threads: int | None = None):
+@dataclass(frozen=True)
+class Plan:
+    """A pass's kernel: its name, template constants beyond <T, I>, and its tiling (None: untiled)."""
+    kernel: str
+    constants: tuple = ()
+    tiling: Tiling | None = None
+
+
+def plan_tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, align=(1, 1),
+                most=(TILE_MAX, TILE_MAX), extra_bytes=lambda threads: 0, threads: int | None = None):
     """Plan a tiled kernel's units, or None when not even a one-column tile fits in shared memory.
 
     out_size: the planes the kernel writes; staged(tile_h, tile_w): elements it stages per image; strip: output
@@ -209,18 +223,18 @@ def _tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, al
     (oh, ow), (ah, aw) = out_size, align
 
     def balanced(n, largest, multiple):
-        return _round_up(-(-n // -(-n // largest)), multiple)
+        return round_up(ceil_div(n, ceil_div(n, largest)), multiple)
 
     def plan(th, tw, per):
-        block = threads or _round_up(per * (th // strip) * tw, 32)
+        block = threads or round_up(per * (th // strip) * tw, 32)
         smem = per * staged(th, tw) * acc_bytes + extra_bytes(block)
         if block > 1024:  # a CUDA block's limit (only a huge stride can align a tile that large)
             smem = DEFAULT_SHARED_LIMIT + 1
-        return _Tiling(th, tw, -(-oh // th), -(-ow // tw), per, block, smem)
+        return Tiling(th, tw, ceil_div(oh, th), ceil_div(ow, tw), per, block, smem)
 
     tile_h, tile_w = balanced(oh, most[0], ah), balanced(ow, most[1], aw)
-    per_block = max(1, min(images, _BLOCK_ITEMS // (tile_h // strip * tile_w)))
-    for limit, narrowest in ((_SMEM_SOFT, min(tile_w, _round_up(8, aw))), (DEFAULT_SHARED_LIMIT, aw)):
+    per_block = max(1, min(images, BLOCK_ITEMS // (tile_h // strip * tile_w)))
+    for limit, narrowest in ((SMEM_SOFT, min(tile_w, round_up(8, aw))), (DEFAULT_SHARED_LIMIT, aw)):
         th, tw, per = tile_h, tile_w, per_block
         while True:
             tiling = plan(th, tw, per)
@@ -229,9 +243,9 @@ def _tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, al
             if per > 1:
                 per //= 2
             elif th > ah:
-                th = _round_up(th // 2, ah)
+                th = round_up(th // 2, ah)
             elif tw > narrowest:
-                tw = max(narrowest, _round_up(tw // 2, aw))
+                tw = max(narrowest, round_up(tw // 2, aw))
             else:
                 break
     return None
@@ -253,52 +267,26 @@ def _strided_staging(spec: ConvSpec):
     return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
 
 
-def _stage1_rows(units: int, channels: int):
-    """(rows, units per block) for a stage 1 over `units` per channel: ~_STAGE1_BLOCKS blocks in all, so even a
-    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small."""
-    rows = min(units, max(1, -(-_STAGE1_BLOCKS // channels)))
-    per_block = -(-units // rows)
-    return -(-units // per_block), per_block
-
-
-def _launch(device, name, grid_units: int, threads: int, args, shared_mem: int = 0):
-    device.launch(KERNEL_FILE, name, (min(grid_units, _MAX_GRID),), (threads,), args, shared_mem=shared_mem)
-
-
-
-
-
-def _int32s(*values):
-    return [numpy.int32(v) for v in values]
-
-
-def _full_window(spec: ConvSpec):
-    """The window arguments of the runtime-geometry kernels: kH, kW, sH, sW, dH, dW, pad top, pad left."""
-    return _int32s(*spec.kernel, *spec.stride, *spec.dilation, spec.padding[0][0], spec.padding[1][0])
-
-
-def _forward_plan(spec: ConvSpec, acc: int):
-    """(kernel, template constants, window arguments, tiling or None for the untiled kernel) of the forward."""
-    (top, _), (left, _) = spec.padding
+def plan_forward(spec: ConvSpec, acc: int) -> Plan:
+    """The forward's kernel and tiling; acc: bytes of the accumulation type."""
     k = _specialised(spec)
     if k:
-        tiling = _tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=_strip_rows(k),
-                         align=(_strip_rows(k), 1))
+        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
+                             align=(STRIP_ROWS[k], 1))
         if tiling:
-            return "depthwise_fwd", (k, spec.stride[0]), _int32s(top, left), tiling
+            return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
-        tiling = _tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
-                         strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
+        tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
+                             strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
         if tiling:
-            return "depthwise_fwd_generic", (), _full_window(spec), tiling
-    return "depthwise_fwd_direct", (), _full_window(spec), None
+            return Plan("depthwise_fwd_generic", (), tiling)
+    return Plan("depthwise_fwd_direct")
 
 
-def _input_plan(spec: ConvSpec, acc: int):
+def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
     """The same for the input gradient.  At stride 1 it is grad_output correlated with the flipped kernels: the
     forward's tiling over the (H, W) planes it writes, the m grad_output tiles of a channel staged together.
     Otherwise a gather from the staged grad_output region of a tile of input pixels, 4 per thread."""
-    (top, _), (left, _) = spec.padding
     m = _multiplier(spec)
 
     def weights(threads):
@@ -307,94 +295,100 @@ def _input_plan(spec: ConvSpec, acc: int):
     if spec.stride == (1, 1) and _overlaps(spec):
         k = _specialised(spec, stride_one=True)
         if k:
-            tiling = _tiling(spec.in_size, spec.n, _window_staging((k, k), (1, 1), m), acc, strip=_strip_rows(k),
-                             align=(_strip_rows(k), 1))
+            tiling = plan_tiling(spec.in_size, spec.n, _window_staging((k, k), (1, 1), m), acc, strip=STRIP_ROWS[k],
+                                 align=(STRIP_ROWS[k], 1))
             if tiling:
-                return "depthwise_bwd_input", (k,), _int32s(top, left), tiling
-        tiling = _tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
-                         strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1), extra_bytes=weights)
+                return Plan("depthwise_bwd_input", (k,), tiling)
+        tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
+                             strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
-            return "depthwise_bwd_input_generic", (), _int32s(*spec.kernel, *spec.dilation, top, left), tiling
-    tiling = _tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=_STRIDED_ROWS,
-                     align=(_STRIDED_ROWS * spec.stride[0], spec.stride[1]), extra_bytes=weights)
+            return Plan("depthwise_bwd_input_generic", (), tiling)
+    tiling = plan_tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=STRIDED_ROWS,
+                         align=(STRIDED_ROWS * spec.stride[0], spec.stride[1]), extra_bytes=weights)
     if tiling:
-        return "depthwise_bwd_input_strided", (), _full_window(spec), tiling
-    return "depthwise_bwd_input_gather", (), _full_window(spec), None
+        return Plan("depthwise_bwd_input_strided", (), tiling)
+    return Plan("depthwise_bwd_input_gather")
 
 
-def _forward_kernel(device, x, weight, bias, spec: ConvSpec):
+def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
+    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone."""
+    if not need_weight:
+        return Plan("depthwise_bwd_bias")
+    k = _specialised(spec)
+    if k:
+        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
+                             align=(STRIP_ROWS[k], 1), extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        if tiling:
+            return Plan("depthwise_bwd_weight", (k, spec.stride[0]), tiling)
+    if _overlaps(spec):
+        tiling = None
+        tasks = spec.kernel_size[0] * ceil_div(spec.kernel_size[1], LARGE_RUN)
+        if spec.taps > 2 * TAP_CHUNK and tasks <= BLOCK_ITEMS:
+            # Taps over the threads (depthwise_bwd_weight_large): blockDim // tasks slices of output rows, each
+            # with its own sums of every tap; the unit stages x and grad_output tiles.
+            window = _window_staging(_extent(spec), spec.stride)
+            tiling = plan_tiling(spec.out_size, spec.n, lambda th, tw: window(th, tw) + th * tw, acc,
+                                 threads=round_up(BLOCK_ITEMS // tasks * tasks, 32),
+                                 extra_bytes=lambda threads: threads // tasks * (spec.taps + 1) * acc)
+            kernel = "depthwise_bwd_weight_large"
+        if tiling is None:
+            tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
+                                 strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1),
+                                 extra_bytes=lambda threads: threads // 32 * (TAP_CHUNK + 1) * acc)
+            kernel = "depthwise_bwd_weight_generic"
+        if tiling:
+            return Plan(kernel, (), tiling)
+    return Plan("depthwise_bwd_weight_direct")
+
+
+def stage1_rows(units: int, channels: int):
+    """(rows, units per block) for a stage 1 over `units` per channel: ~STAGE1_BLOCKS blocks in all, so even a
+    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small."""
+    rows = min(units, max(1, ceil_div(STAGE1_BLOCKS, channels)))
+    per_block = ceil_div(units, rows)
+    return ceil_div(units, per_block), per_block
+
+
+# --- launches ---------------------------------------------------------------------------------------------
+
+def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, **args):
+    """Launch a plan's kernel: tiled over `units` with its tiling, or untiled over `units` items."""
+    if plan.tiling:
+        grid, block = capped_grid(units), plan.tiling.threads
+        args.update(plan.tiling.args())
+    else:
+        (grid,), (block,) = elementwise_launch(units)
+    KERNELS.launch(device, plan.kernel, plan.constants, dtype=dtype, index=index, grid=grid, block=block,
+                   shared_mem=plan.tiling.shared_mem if plan.tiling else 0, window=spec, **args)
+
+
+def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     xp = device.xp
     y = device.empty(spec.output_shape, x.dtype)
     if y.size == 0:
         return y
     x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
-    bias_arg = weight if bias is None else xp.ascontiguousarray(bias)  # never read without a bias
-    kernel, constants, window, tiling = _forward_plan(spec, compute_dtype(x.dtype).itemsize)
-    index, I = index_types(x.size, y.size, weight.size)
-    name = kernel_name(kernel, x.dtype, index, *constants)
-    head = [x, weight, bias_arg, y, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
-                                                         *spec.out_size)]
-    has_bias = numpy.int32(bias is not None)
-    if tiling:
-        _launch(device, name, spec.out_channels * tiling.units(spec.n), tiling.threads,
-                [*head, *window, *tiling.args(), has_bias], tiling.shared_mem)
-    else:
-        grid, block = elementwise_launch(y.size)
-        device.launch(KERNEL_FILE, name, grid, block, [*head, *window, has_bias])
+    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
+    units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
+    _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, x=x, weight=weight,
+            bias=weight if bias is None else xp.ascontiguousarray(bias),  # never read without a bias
+            y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
     return y
 
 
-def _input_grad_kernel(device, grad_output, weight, spec: ConvSpec):
+def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
     if grad_x.size == 0:
         return grad_x
-    kernel, constants, window, tiling = _input_plan(spec, compute_dtype(grad_output.dtype).itemsize)
-    index, I = index_types(grad_output.size, grad_x.size, weight.size)
-    name = kernel_name(kernel, grad_output.dtype, index, *constants)
-    head = [grad_output, weight, grad_x, I(spec.n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
-                                                             *spec.out_size)]
-    if tiling:
-        _launch(device, name, spec.in_channels * tiling.units(spec.n), tiling.threads,
-                [*head, *window, *tiling.args()], tiling.shared_mem)
-    else:
-        grid, block = elementwise_launch(grad_x.size)
-        device.launch(KERNEL_FILE, name, grid, block, [*head, *window])
+    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
+    units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
+    _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
+            grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
+            multiplier=_multiplier(spec))
     return grad_x
 
 
-def _stage1_plan(spec: ConvSpec, need_weight: bool, acc: int):
-    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone."""
-    if not need_weight:
-        return "depthwise_bwd_bias", (), [], None
-    (top, _), (left, _) = spec.padding
-    k = _specialised(spec)
-    if k:
-        tiling = _tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=_strip_rows(k),
-                         align=(_strip_rows(k), 1), extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
-        if tiling:
-            return "depthwise_bwd_weight", (k, spec.stride[0]), _int32s(top, left), tiling
-    if _overlaps(spec):
-        tiling = None
-        tasks = spec.kernel[0] * -(-spec.kernel[1] // _LARGE_RUN)
-        if spec.taps > 2 * _TAP_CHUNK and tasks <= _BLOCK_ITEMS:
-            # Taps over the threads (depthwise_bwd_weight_large): blockDim // tasks slices of output rows, each
-            # with its own sums of every tap; the unit stages x and grad_output tiles.
-            window = _window_staging(_extent(spec), spec.stride)
-            tiling = _tiling(spec.out_size, spec.n, lambda th, tw: window(th, tw) + th * tw, acc,
-                             threads=_round_up(_BLOCK_ITEMS // tasks * tasks, 32),
-                             extra_bytes=lambda threads: threads // tasks * (spec.taps + 1) * acc)
-            kernel = "depthwise_bwd_weight_large"
-        if tiling is None:
-            tiling = _tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
-                             strip=_GENERIC_STRIP, align=(_GENERIC_STRIP, 1),
-                             extra_bytes=lambda threads: threads // 32 * (_TAP_CHUNK + 1) * acc)
-            kernel = "depthwise_bwd_weight_generic"
-        if tiling:
-            return kernel, (), _full_window(spec), tiling
-    return "depthwise_bwd_weight_direct", (), _full_window(spec), None
-
-
-def _param_grads_kernel(device, grad_output, x, spec: ConvSpec, need_weight: bool, need_bias: bool):
+def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, need_bias: bool):
     """(grad_weight, grad_bias): stage 1 writes partial rows in the accumulation type, stage 2 sums them."""
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
@@ -402,59 +396,42 @@ def _param_grads_kernel(device, grad_output, x, spec: ConvSpec, need_weight: boo
     if n == 0:
         out = device.xp.zeros((length,), dtype)
     else:
-        kernel, constants, window, tiling = _stage1_plan(spec, need_weight, acc_dtype.itemsize)
+        plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
         if not need_weight:
-            rows, step = _stage1_rows(n, cm)  # step: images per block
-        elif tiling:
-            rows, step = _stage1_rows(tiling.units(n), cm)  # step: units per block
+            rows, step = stage1_rows(n, cm)  # step: images per block
+        elif plan.tiling:
+            rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
         else:
             rows, step = 1, 1
         partial = device.empty((rows, length), acc_dtype)
-        index, I = index_types(x.size, grad_output.size, partial.size)
-        name = kernel_name(kernel, dtype, index, *constants)
-        head = [x, grad_output, partial, I(n), *_int32s(spec.in_channels, _multiplier(spec), *spec.in_size,
-                                                       *spec.out_size)]
-        has_bias = numpy.int32(need_bias)
+        index = index_type(x.size, grad_output.size, partial.size)
         if not need_weight:
-            _launch(device, name, rows * cm, _REDUCE_BLOCK,
-                    [grad_output, partial, I(n), numpy.int32(cm), I(spec.out_pixels), I(step)])
-        elif tiling:
-            _launch(device, name, rows * cm, tiling.threads, [*head, *window, *tiling.args(), I(step), has_bias],
-                    tiling.shared_mem)
+            KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
+                           block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
+                           pixels=spec.out_pixels, images_per_block=step)
         else:
-            grid, block = elementwise_launch(length)
-            device.launch(KERNEL_FILE, name, grid, block, [*head, *window, has_bias])
+            extra = dict(units_per_block=step) if plan.tiling else {}
+            _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
+                    grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
+                    multiplier=_multiplier(spec), has_bias=need_bias, **extra)
         out = device.empty((length,), dtype)
-        _launch(device, kernel_name("depthwise_bwd_reduce", dtype, index), -(-length // 32), _REDUCE_BLOCK,
-                [partial, out, I(rows), I(length)])
+        KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
+                       block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
     if not need_weight:
         return None, out
     grad_w = out[:cm * taps].reshape(spec.weight_shape)
     return grad_w, (out[cm * taps:] if need_bias else None)
 
 
-def _backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset):
+def depthwise_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     xp = device.xp
     grad_output, x, weight = (xp.ascontiguousarray(a) for a in (grad_output, x, weight))
     grad_x = grad_w = grad_b = None
     if "input" in needs:
-        grad_x = _input_grad_kernel(device, grad_output, weight, spec)
+        grad_x = _input_grad_gpu(device, grad_output, weight, spec)
     if "weight" in needs or "bias" in needs:
-        grad_w, grad_b = _param_grads_kernel(device, grad_output, x, spec, "weight" in needs, "bias" in needs)
+        grad_w, grad_b = _param_grads_gpu(device, grad_output, x, spec, "weight" in needs, "bias" in needs)
     return grad_x, grad_w, grad_b
-
-
-def depthwise_forward(call: Call, spec: ConvSpec):
-    """Forward for a validated call (also reached from conv2d with groups = C)."""
-    if call.device is None:
-        return depthwise_cpu(call.x, call.weight, call.bias, spec)
-    return _forward_kernel(call.device, call.x, call.weight, call.bias, spec)
-
-
-def depthwise_backward(call: Call, spec: ConvSpec, needs: frozenset):
-    if call.device is None:
-        return depthwise_backward_cpu(call.grad_output, call.x, call.weight, spec, needs)
-    return _backward_kernel(call.device, call.grad_output, call.x, call.weight, spec, needs)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -466,7 +443,9 @@ def depthwise_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):
     is input channel c convolved with filter c * m + k.  Returns (N, C * m, oH, oW)."""
     call = Call("depthwise_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", call.x, call.weight, call.bias, stride, padding, dilation)
-    return call.wrap(depthwise_forward(call, spec))
+    if call.device is None:
+        return call.wrap(depthwise_conv2d_cpu(call.x, call.weight, call.bias, spec))
+    return call.wrap(depthwise_conv2d_gpu(call.device, call.x, call.weight, call.bias, spec))
 
 
 def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
@@ -475,4 +454,7 @@ def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, di
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation)
     check_grad_output(op, call.grad_output, spec)
-    return call.wrap(depthwise_backward(call, spec, check_needs(op, needs)))
+    arrays = (call.grad_output, call.x, call.weight, spec, check_needs(op, needs))
+    if call.device is None:
+        return call.wrap(depthwise_conv2d_backward_cpu(*arrays))
+    return call.wrap(depthwise_conv2d_backward_gpu(call.device, *arrays))

@@ -1,9 +1,9 @@
 """Patch convolution: the same filters over many tiny patches x (..., C, H, W) -> (..., D, oH, oW).
 
-Padding is applied inside each patch; nothing is read across patches.  On the CPU this is conv2d over the
-flattened leading dims (each patch is its own image).
+Padding is applied inside each patch; nothing is read across patches.
 
-The kernel path (raw_kernels/patch.cu) has two algorithms, chosen per pass by `algorithm=`:
+CPU path: conv2d's (each patch is its own image).
+GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`:
 
 - 'fused' (what 'auto' picks for patches of at most FUSED_MAX_PIXELS pixels when the block fits in shared
   memory): a block stages several whole patches with their zero halo and the weight tile in shared memory and
@@ -24,41 +24,50 @@ import dataclasses
 import itertools
 import math
 
-import numpy
-
 from .._arrays import Call, compute_dtype
-from .._device import (DEFAULT_SHARED_LIMIT, INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch,
-                       extent, index_types, kernel_name)
-from .._spec import ConvSpec
-from .._workspace import batch_chunks, get_workspace_limit
-# _matmul: conv2d's GEMM, which honours its TF32 opt-in (set_allow_tf32), so both ops follow one policy.
-from .conv import NEEDS, _matmul, check_grad_output, check_needs, conv2d_backward_cpu, conv2d_cpu
-from .unfold import col2im_kernel, im2col_kernel
+from .._device import DEFAULT_SHARED_LIMIT
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, element_strides, elementwise_launch, extent,
+                        index_type, kernel_name, stride_args)
+from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .. import settings
+from .conv import conv2d_backward_cpu, conv2d_cpu
+from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path: raw_kernels/patch.cu
+# CPU path: conv2d's over the flattened leading dims (each patch is its own image)
 
-KERNEL_FILE = "patch.cu"
+patch_conv2d_cpu = conv2d_cpu
+patch_conv2d_backward_cpu = conv2d_backward_cpu
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU path (CuPy on a GPU, or the test emulator): raw_kernels/patch.cu
+
 TILE_KERNELS = ("patch_fwd", "patch_bwd_input")  # templates on (H, W, kH, kW) as well as dtype and index
 # (H, W, kH, kW) compiled with constant sizes; GENERIC takes every size at run time.
 SPECIALISATIONS = ((4, 4, 3, 3), (8, 8, 3, 3))
 GENERIC = (0, 0, 0, 0)
 ALGORITHMS = ("auto", "fused", "im2col_gemm")
 
+# Shared with patch.cu (compiled in through KERNELS.defines; the file says what each one does there).
+TILES = {"float": (4, 16, 8, 8), "double": (4, 8, 4, 8)}  # register tiles (TM, TN, TK, TD) of PatchTile<T>
+MAX_THREADS = 512          # the tile kernels' __launch_bounds__: no plan launches more
+KERNELS = KernelFile("patch.cu", defines={
+    **{f"PATCH_{name}_{t.upper()}": v for t, tile in TILES.items() for name, v in zip(("TM", "TN", "TK", "TD"), tile)},
+    "PATCH_MAX_THREADS": MAX_THREADS})
+
 FUSED_MAX_PIXELS = 256     # 'auto' runs the fused kernels on patches of at most this many pixels (H * W)
-MAX_THREADS = 512          # PATCH_MAX_THREADS in patch.cu (its __launch_bounds__)
 TARGET_THREADS = 256       # threads per block the tile kernels aim for when the patches allow
 MIN_BLOCKS = 264           # fewer patches per block below this many blocks (2 per SM of a 132-SM H100)
 WEIGHT_MAX_THREADS = 256   # patch_bwd_weight: two blocks of 128-register threads per SM
 WEIGHT_BLOCKS = 512        # blocks patch_bwd_weight aims for (slices x weight tiles); fixed, so the slicing
                            # and hence the bits of grad weight depend on the shape only, not on the GPU
 WEIGHT_PIXELS = 128        # output pixels per patch_bwd_weight batch, between two barriers
-MAX_GRID_Y = 65535         # CUDA's limit on gridDim.y (groups x output tiles)
 
 
 def _tiles(dtype) -> tuple[int, int, int, int]:
-    """(TM, TN, TK, TD) of PatchTile<T> in patch.cu: keep the two in sync."""
-    return (4, 8, 4, 8) if numpy.dtype(dtype) == numpy.float64 else (4, 16, 8, 8)
+    """(TM, TN, TK, TD) of PatchTile<T> for an element dtype."""
+    return TILES["double" if compute_dtype(dtype).itemsize == 8 else "float"]
 
 
 def instantiations():
@@ -66,11 +75,13 @@ def instantiations():
             itertools.product(TILE_KERNELS, KERNEL_DTYPES, INDEX_TYPES, (*SPECIALISATIONS, GENERIC))]
     plain = [kernel_name(k, d, i) for k, d, i in
              itertools.product(("patch_bwd_weight", "patch_reduce"), KERNEL_DTYPES, INDEX_TYPES)]
-    return [(KERNEL_FILE, name) for name in tile + plain]
+    return tile + plain
 
+
+# --- plans ------------------------------------------------------------------------------------------------
 
 def _sizes(spec: ConvSpec) -> tuple[int, int, int, int]:
-    sizes = (*spec.in_size, *spec.kernel)
+    sizes = (*spec.in_size, *spec.kernel_size)
     return sizes if sizes in SPECIALISATIONS else GENERIC
 
 
@@ -94,17 +105,13 @@ def _batch_view(xp, a):
     return a.reshape(outer, n // outer, *a.shape[-3:])
 
 
-def _batch_args(view, I) -> list:
-    """The kernel arguments of a batch view: inner, then the element strides (outer, inner, X, Y, Z)."""
-    return [I(view.shape[1]), *(I(s) for s in element_strides(view))]
+def _batch_args(prefix: str, view) -> dict:
+    """The kernel arguments of a batch view: <prefix>_inner and the element strides (outer, inner, c, h, w)."""
+    return {f"{prefix}_inner": view.shape[1], **stride_args(prefix, view, ("outer", "inner", "c", "h", "w"))}
 
 
-def _geometry(spec: ConvSpec) -> list:
-    """The int geometry arguments every tile kernel takes, in their C order."""
-    (h, w), (oh, ow), (kh, kw) = spec.in_size, spec.out_size, spec.kernel
-    (sh, sw), (dh, dw), ((top, _), (left, _)) = spec.stride, spec.dilation, spec.padding
-    return [numpy.int32(v) for v in (spec.channels_per_group, spec.outputs_per_group, h, w, oh, ow, kh, kw,
-                                     sh, sw, top, left, dh, dw)]
+def _group_args(spec: ConvSpec) -> dict:
+    return dict(channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group)
 
 
 
@@ -123,7 +130,7 @@ def _bank_padded(size: int, lanes, itemsize: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _TilePlan:
+class TilePlan:
     """A launch of patch_fwd (transposed=False) or patch_bwd_input (transposed=True)."""
     patches: int       # per block
     out_tile: int      # output channels per block (a multiple of TN)
@@ -133,11 +140,15 @@ class _TilePlan:
     threads: int
     shared_mem: int
 
+    def args(self) -> dict:
+        """The tile kernels' arguments that describe the block."""
+        return dict(patches=self.patches, out_tile=self.out_tile, chunk=self.chunk, patch_stride=self.patch_stride)
 
-def _tile_plan(spec: ConvSpec, dtype, transposed: bool) -> _TilePlan | None:
+
+def plan_tile(spec: ConvSpec, dtype, transposed: bool) -> TilePlan | None:
     """The tile kernels' block shape for spec, or None when no block fits (then only im2col_gemm runs)."""
     tm, tn, _, _ = _tiles(dtype)
-    (kh, kw), (dh, dw) = spec.kernel, spec.dilation
+    (kh, kw), (dh, dw) = spec.kernel_size, spec.dilation
     if transposed:
         reduce, outs, (dst_h, dst_w), (step_y, step_x) = (spec.outputs_per_group, spec.channels_per_group,
                                                           spec.in_size, (1, 1))
@@ -147,13 +158,13 @@ def _tile_plan(spec: ConvSpec, dtype, transposed: bool) -> _TilePlan | None:
     tile_w = (dst_w - 1) * step_x + (kw - 1) * dw + 1
     plane = ((dst_h - 1) * step_y + (kh - 1) * dh + 1) * tile_w
     pixels, taps = dst_h * dst_w, kh * kw
-    pixel_groups = -(-pixels // tm)
+    pixel_groups = ceil_div(pixels, tm)
     if pixel_groups > MAX_THREADS:
         return None
-    lanes = -(-max(outs, 1) // tn)
-    out_tiles = -(-lanes // (MAX_THREADS // pixel_groups))
-    lanes = -(-lanes // out_tiles)  # output-channel lanes per block, balanced over the out tiles
-    if spec.groups * out_tiles > MAX_GRID_Y:
+    lanes = ceil_div(max(outs, 1), tn)
+    out_tiles = ceil_div(lanes, (MAX_THREADS // pixel_groups))
+    lanes = ceil_div(lanes, out_tiles)  # output-channel lanes per block, balanced over the out tiles
+    if spec.groups * out_tiles > MAX_GRID[1]:
         return None
     out_tile = lanes * tn
     itemsize = compute_dtype(dtype).itemsize
@@ -169,17 +180,17 @@ def _tile_plan(spec: ConvSpec, dtype, transposed: bool) -> _TilePlan | None:
         if patches == 1:
             return None
         patches //= 2
-    steps = -(-max(reduce, 1) // chunk)
-    chunk = -(-max(reduce, 1) // steps)  # as few steps as fit, as even as possible
+    steps = ceil_div(max(reduce, 1), chunk)
+    chunk = ceil_div(max(reduce, 1), steps)  # as few steps as fit, as even as possible
     warp = [(t // pixel_groups % patches, (t % pixel_groups) // dst_w * step_y * tile_w
              + (t % pixel_groups) % dst_w * step_x) for t in range(min(32, per_patch * patches))]
     patch_stride = _bank_padded(chunk * plane, warp, itemsize)
-    return _TilePlan(patches, out_tile, out_tiles, chunk, patch_stride, per_patch * patches,
+    return TilePlan(patches, out_tile, out_tiles, chunk, patch_stride, per_patch * patches,
                      itemsize * (chunk * taps * out_tile + patches * patch_stride))
 
 
 @dataclasses.dataclass(frozen=True)
-class _WeightPlan:
+class WeightPlan:
     """A launch of patch_bwd_weight."""
     patches: int       # per batch
     out_tile: int      # output channels per block (a multiple of TD)
@@ -191,16 +202,16 @@ class _WeightPlan:
     shared_mem: int
 
 
-def _weight_plan(spec: ConvSpec, dtype) -> _WeightPlan | None:
+def plan_weight(spec: ConvSpec, dtype) -> WeightPlan | None:
     _, _, tk, tn = _tiles(dtype)
-    (kh, kw), (dh, dw), (sh, sw), (oh, ow) = spec.kernel, spec.dilation, spec.stride, spec.out_size
+    (kh, kw), (dh, dw), (sh, sw), (oh, ow) = spec.kernel_size, spec.dilation, spec.stride, spec.out_size
     taps, pixels = kh * kw, oh * ow
     k = spec.channels_per_group * taps
-    k_all, d_all = -(-k // tk), -(-spec.outputs_per_group // tn)
+    k_all, d_all = ceil_div(k, tk), ceil_div(spec.outputs_per_group, tn)
     d_lanes = min(d_all, max(1, WEIGHT_MAX_THREADS // k_all))
     k_lanes = min(k_all, WEIGHT_MAX_THREADS // d_lanes)
-    k_tiles, d_tiles = -(-k_all // k_lanes), -(-d_all // d_lanes)
-    k_lanes, d_lanes = -(-k_all // k_tiles), -(-d_all // d_tiles)  # balanced over the tiles
+    k_tiles, d_tiles = ceil_div(k_all, k_lanes), ceil_div(d_all, d_lanes)
+    k_lanes, d_lanes = ceil_div(k_all, k_tiles), ceil_div(d_all, d_tiles)  # balanced over the tiles
     k_tile, out_tile = k_lanes * tk, d_lanes * tn
     channels = max((min(k, f + k_tile) - 1) // taps - f // taps + 1 for f in range(0, k, k_tile))
     tile_w = (ow - 1) * sw + (kw - 1) * dw + 1
@@ -211,19 +222,14 @@ def _weight_plan(spec: ConvSpec, dtype) -> _WeightPlan | None:
     if patches < 1:
         return None
     weight_tiles = d_tiles * k_tiles
-    if spec.groups * weight_tiles > MAX_GRID_Y:
+    if spec.groups * weight_tiles > MAX_GRID[1]:
         return None
     d = spec.out_channels
-    slices = min(-(-spec.n // patches), max(1, WEIGHT_BLOCKS // (spec.groups * weight_tiles)),
-                 max(1, get_workspace_limit() // (d * k * itemsize)))
+    slices = min(ceil_div(spec.n, patches), max(1, WEIGHT_BLOCKS // (spec.groups * weight_tiles)),
+                 max(1, settings.get_workspace_limit() // (d * k * itemsize)))
     # A warp's loads all fall in one patch, so the patches need no bank padding.
-    return _WeightPlan(patches, out_tile, k_tile, weight_tiles, slices, channels * plane, k_lanes * d_lanes,
+    return WeightPlan(patches, out_tile, k_tile, weight_tiles, slices, channels * plane, k_lanes * d_lanes,
                        itemsize * patches * (pixels * (out_tile + 4) + channels * plane))
-
-
-def _check_algorithm(op: str, algorithm) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
 def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
@@ -233,10 +239,12 @@ def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
     if algorithm == "fused" and plan is None:
         raise ValueError(f"{op}: algorithm='fused' has no block that fits {DEFAULT_SHARED_LIMIT} bytes of shared "
                          f"memory for patches {spec.in_size[0]}x{spec.in_size[1]} with kernel "
-                         f"{spec.kernel[0]}x{spec.kernel[1]} and {spec.in_channels} -> {spec.out_channels} "
+                         f"{spec.kernel_size[0]}x{spec.kernel_size[1]} and {spec.in_channels} -> {spec.out_channels} "
                          f"channels; use algorithm='im2col_gemm' or 'auto'")
     return algorithm == "fused"
 
+
+# --- launches ---------------------------------------------------------------------------------------------
 
 def _gemm_chunks(view, bytes_per_patch: int):
     """(outer index, slice of inner) pieces of a batch view, each within the workspace budget."""
@@ -245,28 +253,21 @@ def _gemm_chunks(view, bytes_per_patch: int):
             yield o, part
 
 
-def _sub(spec: ConvSpec, part: slice) -> ConvSpec:
-    """spec for a flat batch of the patches in `part`."""
-    return dataclasses.replace(spec, batch=(part.stop - part.start,))
-
-
-def _forward_kernel(device, x, weight, bias, spec: ConvSpec, algorithm: str):
+def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     xp = device.xp
     out = device.empty(spec.output_shape, x.dtype)
     if out.size == 0:
         return out
     xv = _batch_view(xp, x)
     weight = xp.ascontiguousarray(weight)
-    plan = _tile_plan(spec, x.dtype, transposed=False)
+    plan = plan_tile(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan):
         return _forward_gemm(device, xv, weight, bias, spec, out)
-    index, I = index_types(extent(xv), out.size, weight.size)
-    device.launch(KERNEL_FILE, kernel_name("patch_fwd", x.dtype, index, *_sizes(spec)),
-                  (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
-                  [xv, weight, weight if bias is None else bias, out, I(spec.n), *_batch_args(xv, I),
-                   *_geometry(spec), *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk,
-                                                                 plan.patch_stride, bias is not None))],
-                  shared_mem=plan.shared_mem)
+    KERNELS.launch(device, "patch_fwd", _sizes(spec), dtype=x.dtype, index=index_type(extent(xv), out.size, weight.size),
+                   grid=(ceil_div(spec.n, plan.patches), spec.groups * plan.out_tiles), block=plan.threads,
+                   shared_mem=plan.shared_mem, window=spec, x=xv, weight=weight,
+                   bias=weight if bias is None else bias, out=out, n=spec.n, **_batch_args("x", xv),
+                   **_group_args(spec), **plan.args(), has_bias=bias is not None)
     return out
 
 
@@ -275,68 +276,66 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     g, pixels = spec.groups, spec.out_pixels
     w = weight.reshape(g, spec.outputs_per_group, -1)
     out5 = out.reshape(*xv.shape[:2], g, spec.outputs_per_group, pixels)
-    col_bytes = spec.in_channels * spec.taps * pixels * xv.itemsize
-    for o, part in _gemm_chunks(xv, col_bytes):
-        cols = im2col_kernel(device, xv[o, part], _sub(spec, part))
-        _matmul(device, w, cols.reshape(cols.shape[0], g, -1, pixels), out=out5[o, part])
+    for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
+        cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
+        device.matmul(w, cols.reshape(cols.shape[0], g, -1, pixels), out=out5[o, part])
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
     return out
 
 
-def _grad_input(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
+def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
     out = device.empty(spec.input_shape, dtype)
     if out.size == 0:
         return out
-    plan = _tile_plan(spec, dtype, transposed=True)
+    plan = plan_tile(spec, dtype, transposed=True)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
-        return _grad_input_gemm(device, gv, weight, spec, out)
-    index, I = index_types(extent(gv), out.size, weight.size)
-    device.launch(KERNEL_FILE, kernel_name("patch_bwd_input", dtype, index, *_sizes(spec)),
-                  (-(-spec.n // plan.patches), spec.groups * plan.out_tiles), (plan.threads,),
-                  [gv, weight, out, I(spec.n), *_batch_args(gv, I), *_geometry(spec),
-                   *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.chunk, plan.patch_stride))],
-                  shared_mem=plan.shared_mem)
+        return _input_grad_gemm(device, gv, weight, spec, out)
+    KERNELS.launch(device, "patch_bwd_input", _sizes(spec), dtype=dtype,
+                   index=index_type(extent(gv), out.size, weight.size),
+                   grid=(ceil_div(spec.n, plan.patches), spec.groups * plan.out_tiles), block=plan.threads,
+                   shared_mem=plan.shared_mem, window=spec, grad_out=gv, weight=weight, grad_x=out, n=spec.n,
+                   **_batch_args("g", gv), **_group_args(spec), **plan.args())
     return out
 
 
-def _grad_input_gemm(device, gv, weight, spec: ConvSpec, out):
+def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
     """cols = weight^T (G, C / G * taps, D / G) @ grad_output (n, G, D / G, L), then col2im (a gather)."""
     g, pixels = spec.groups, spec.out_pixels
     wt = device.xp.ascontiguousarray(weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1))
     out5 = out.reshape(*gv.shape[:2], *spec.input_shape[-3:])
-    per_patch = (spec.in_channels * spec.taps * pixels + math.prod(spec.input_shape[-3:])) * gv.itemsize
+    per_patch = spec.cols_bytes(gv.itemsize) + math.prod(spec.input_shape[-3:]) * gv.itemsize
     for o, part in _gemm_chunks(gv, per_patch):
         gy = gv[o, part]
-        cols = _matmul(device, wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels))
-        out5[o, part] = col2im_kernel(device, cols, _sub(spec, part))
+        cols = device.matmul(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels))
+        out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
     return out
 
 
-def _grad_weight(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
+def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     xp, dtype = device.xp, weight.dtype
     out = device.empty(spec.weight_shape, dtype)
     if out.size == 0:
         return out
-    plan = _weight_plan(spec, dtype)
+    plan = plan_weight(spec, dtype)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
-        return _grad_weight_gemm(device, xv, gy, spec, out)
+        return _weight_grad_gemm(device, xv, gy, spec, out)
     gv = _batch_view(xp, gy)
     size = out.size
     partial = device.empty((plan.slices, size), compute_dtype(dtype))
-    index, I = index_types(extent(xv), extent(gv), partial.size)
-    device.launch(KERNEL_FILE, kernel_name("patch_bwd_weight", dtype, index),
-                  (plan.slices, spec.groups * plan.weight_tiles), (plan.threads,),
-                  [xv, gv, partial, I(spec.n), *_batch_args(xv, I), *_batch_args(gv, I), *_geometry(spec),
-                   *(numpy.int32(v) for v in (plan.patches, plan.out_tile, plan.k_tile, plan.patch_stride))],
-                  shared_mem=plan.shared_mem)
+    index = index_type(extent(xv), extent(gv), partial.size)
+    KERNELS.launch(device, "patch_bwd_weight", dtype=dtype, index=index,
+                   grid=(plan.slices, spec.groups * plan.weight_tiles), block=plan.threads, shared_mem=plan.shared_mem,
+                   window=spec, x=xv, grad_out=gv, partial=partial, n=spec.n, **_batch_args("x", xv),
+                   **_batch_args("g", gv), **_group_args(spec), patches=plan.patches, out_tile=plan.out_tile,
+                   k_tile=plan.k_tile, patch_stride=plan.patch_stride)
     grid, block = elementwise_launch(size)
-    device.launch(KERNEL_FILE, kernel_name("patch_reduce", dtype, index), grid, block,
-                  [partial, out, I(plan.slices), I(size)])
+    KERNELS.launch(device, "patch_reduce", dtype=dtype, index=index, grid=grid, block=block, partial=partial,
+                   out=out, slices=plan.slices, size=size)
     return out
 
 
-def _grad_weight_gemm(device, xv, gy, spec: ConvSpec, out):
+def _weight_grad_gemm(device, xv, gy, spec: ConvSpec, out):
     """The sum over patches of cols (G, C / G * taps, L) @ grad_output^T (G, L, D / G), chunk by chunk, the
     chunks' sums added in order (deterministic); transposed to (D, C / G, kH, kW) at the end."""
     xp, g, pixels = device.xp, spec.groups, spec.out_pixels
@@ -347,15 +346,16 @@ def _grad_weight_gemm(device, xv, gy, spec: ConvSpec, out):
     per_patch = (spec.in_channels * spec.taps * (pixels + spec.outputs_per_group)
                  + spec.out_channels * pixels) * xv.itemsize
     for o, part in _gemm_chunks(xv, per_patch):
-        cols = im2col_kernel(device, xv[o, part], _sub(spec, part))
+        cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
         count = cols.shape[0]
         grad = gv[o, part].reshape(count, g, spec.outputs_per_group, pixels).transpose(0, 1, 3, 2)
-        acc += _matmul(device, cols.reshape(count, g, -1, pixels), grad).sum(axis=0, dtype=ct)
+        acc += device.matmul(cols.reshape(count, g, -1, pixels), grad).sum(axis=0, dtype=ct)
     out[...] = acc.transpose(0, 2, 1).reshape(spec.weight_shape)
     return out
 
 
-def _backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str):
+def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
+                              algorithm: str = "auto"):
     xp = device.xp
     weight = xp.ascontiguousarray(weight)
     if spec.n == 0:
@@ -365,9 +365,9 @@ def _backward_kernel(device, grad_output, x, weight, spec: ConvSpec, needs: froz
     gv = _batch_view(xp, grad_output)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
-        grad_x = _grad_input(device, gv, weight, spec, x.dtype, algorithm)
+        grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
     if "weight" in needs:
-        grad_w = _grad_weight(device, _batch_view(xp, x), grad_output, weight, spec, algorithm)
+        grad_w = _weight_grad_gpu(device, _batch_view(xp, x), grad_output, weight, spec, algorithm)
     if "bias" in needs:
         grad_b = gv.sum(axis=(0, 1, 3, 4), dtype=compute_dtype(x.dtype)).astype(x.dtype)
     return grad_x, grad_w, grad_b
@@ -386,10 +386,10 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
                              min_ndim=3, max_ndim=None)
-    _check_algorithm("patch_conv2d", algorithm)
-    if call.device is not None:
-        return call.wrap(_forward_kernel(call.device, call.x, call.weight, call.bias, spec, algorithm))
-    return call.wrap(conv2d_cpu(call.x, call.weight, call.bias, spec))
+    check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
+    if call.device is None:
+        return call.wrap(patch_conv2d_cpu(call.x, call.weight, call.bias, spec))
+    return call.wrap(patch_conv2d_gpu(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -401,8 +401,8 @@ def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilati
                              min_ndim=3, max_ndim=None)
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
-    _check_algorithm(op, algorithm)
-    if call.device is not None:
-        return call.wrap(_backward_kernel(call.device, call.grad_output, call.x, call.weight, spec, needs,
-                                          algorithm))
-    return call.wrap(conv2d_backward_cpu(call.grad_output, call.x, call.weight, spec, needs))
+    check_algorithm(op, algorithm, ALGORITHMS)
+    arrays = (call.grad_output, call.x, call.weight, spec, needs)
+    if call.device is None:
+        return call.wrap(patch_conv2d_backward_cpu(*arrays))
+    return call.wrap(patch_conv2d_backward_gpu(call.device, *arrays, algorithm))

@@ -1,7 +1,11 @@
 """unfold (im2col) and fold (col2im), torch semantics over (..., C, H, W), forward and backward.
 
-The CPU path's im2col is a strided view over the padded input and col2im a loop over the kernel taps (each
-tap one vectorised add); conv, depthwise and patch build on these two primitives.
+unfold's backward is a fold and fold's backward an unfold, so the module has two passes, not four.
+
+CPU path: im2col is a strided view over the padded input and col2im a loop over the kernel taps (each tap one
+vectorised add); conv, depthwise and patch build on these primitives.
+GPU path: raw_kernels/unfold.cu, one thread per window for im2col (`unfold_gpu`, also the column builder of
+conv and patch) and a deterministic gather for col2im (`fold_gpu`).
 """
 from __future__ import annotations
 
@@ -11,12 +15,12 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype
-from .._device import INDEX_TYPES, KERNEL_DTYPES, element_strides, elementwise_launch, extent, index_types, kernel_name
+from .._kernels import INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name, stride_args
 from .._spec import ConvSpec
 
 
 # ---------------------------------------------------------------------------------------------------------
-# CPU primitives over a flat batch: x (n, C, H, W)
+# CPU path; the primitives work over a flat batch x (n, C, H, W)
 
 
 def zeros_cpu(n, c, h, w, dtype, batch_last=False):
@@ -38,7 +42,7 @@ def pad_cpu(x, spec: ConvSpec, dtype=None, batch_last=False):
 
 def windows_cpu(padded, spec: ConvSpec):
     """Read-only view (n, C, kH, kW, oH, oW) of a padded (n, C, Hp, Wp) array: the im2col matrix, uncopied."""
-    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel_size, spec.stride, spec.dilation, spec.out_size
     n, c = padded.shape[:2]
     s = padded.strides
     return as_strided(padded, (n, c, kh, kw, oh, ow),
@@ -47,7 +51,7 @@ def windows_cpu(padded, spec: ConvSpec):
 
 def col2im_cpu(cols, spec: ConvSpec, dtype, batch_last=False):
     """Sum cols (n, C, kH, kW, oH, oW) back onto the input positions they were read from: (n, C, H, W)."""
-    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel_size, spec.stride, spec.dilation, spec.out_size
     n, c = cols.shape[:2]
     out = zeros_cpu(n, c, *spec.padded_size, dtype, batch_last)
     for i in range(kh):
@@ -72,31 +76,24 @@ def unfold_cpu(x, spec: ConvSpec):
 
 
 def fold_cpu(cols, spec: ConvSpec):
-    c, (kh, kw), (oh, ow) = spec.in_channels, spec.kernel, spec.out_size
+    c, (kh, kw), (oh, ow) = spec.in_channels, spec.kernel_size, spec.out_size
     six = _flat(cols, spec, 2).reshape(spec.n, c, kh, kw, oh, ow)
     out = col2im_cpu(six, spec, compute_dtype(cols.dtype))
     return out.astype(cols.dtype, copy=False).reshape(*spec.batch, c, *spec.in_size)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Kernel path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
+# GPU path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
 
-KERNEL_FILE = "unfold.cu"
+KERNELS = KernelFile("unfold.cu")
 
 
 def instantiations():
-    return [(KERNEL_FILE, kernel_name(k, d, i))
+    return [kernel_name(k, d, i)
             for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), KERNEL_DTYPES, INDEX_TYPES)]
 
 
-def _geometry(spec: ConvSpec):
-    """The int geometry arguments shared by both kernels, in their C order."""
-    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel, spec.stride, spec.dilation, spec.out_size
-    (top, _), (left, _) = spec.padding
-    return [numpy.int32(v) for v in (kh, kw, sh, sw, top, left, dh, dw, oh, ow)]
-
-
-def im2col_kernel(device, x, spec: ConvSpec, rows_first: bool = False):
+def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
     """cols of x (..., C, H, W) through the kernel, reading x in place via its strides.
 
     Layout (n, C * kH * kW, L) like torch, or with rows_first (C * kH * kW, n, L): then each group's rows are
@@ -113,24 +110,22 @@ def im2col_kernel(device, x, spec: ConvSpec, rows_first: bool = False):
         image_stride, row_stride = rows * pixels, pixels
     windows = n * c * pixels
     if windows:
-        index, I = index_types(cols.size, extent(x4))
         grid, block = elementwise_launch(windows)
-        device.launch(KERNEL_FILE, kernel_name("unfold_im2col", x.dtype, index), grid, block,
-                      [x4, cols, I(n), *(I(s) for s in element_strides(x4)), I(image_stride), I(row_stride),
-                       numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
+        KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index_type(cols.size, extent(x4)), grid=grid,
+                       block=block, window=spec, x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
+                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c)
     return cols
 
 
-def col2im_kernel(device, cols, spec: ConvSpec):
+def fold_gpu(device, cols, spec: ConvSpec):
     """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather."""
     c, (h, w) = spec.in_channels, spec.in_size
     cols = device.xp.ascontiguousarray(cols.reshape(spec.n, c * spec.taps, spec.out_pixels))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        index, I = index_types(cols.size, out.size)
         grid, block = elementwise_launch(out.size)
-        device.launch(KERNEL_FILE, kernel_name("fold_col2im", cols.dtype, index), grid, block,
-                      [cols, out, I(spec.n), numpy.int32(c), numpy.int32(h), numpy.int32(w), *_geometry(spec)])
+        KERNELS.launch(device, "fold_col2im", dtype=cols.dtype, index=index_type(cols.size, out.size), grid=grid,
+                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c)
     return out
 
 
@@ -145,7 +140,7 @@ def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
     spec = ConvSpec.for_unfold(op, x, kernel_size, dilation, padding, stride, name=name)
     if call.device is None:
         return call.wrap(unfold_cpu(x, spec))
-    cols = im2col_kernel(call.device, x, spec)
+    cols = unfold_gpu(call.device, x, spec)
     return call.wrap(cols.reshape(*spec.batch, *cols.shape[1:]))
 
 
@@ -157,7 +152,7 @@ def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, di
                              size_name=size_name)
     if call.device is None:
         return call.wrap(fold_cpu(cols, spec))
-    out = col2im_kernel(call.device, cols, spec)
+    out = fold_gpu(call.device, cols, spec)
     return call.wrap(out.reshape(spec.input_shape))
 
 

@@ -124,13 +124,14 @@ def _tls_symbol_sizes(library: Path) -> dict[str, int]:
     return sizes
 
 
-def build(kernel_dir: Path, source: str, names: list[str], asan: bool) -> tuple[Path, dict]:
-    """Path of the compiled library for `names` of kernel_dir/source and its metadata; compiles if needed."""
+def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=()) -> tuple[Path, dict]:
+    """Path of the compiled library for `names` of kernel_dir/source and its metadata; compiles if needed.
+    defines: the file's -D options (cupyconv._device.compile_options), part of the key like every flag."""
     kernel_dir = Path(kernel_dir).resolve()
     text = expand_source(kernel_dir, source)
     launcher = launcher_source(source, names)
     dynamic = dynamic_shared_source(dynamic_shared_names(text))
-    flags = list(BASE_FLAGS) + list(ASAN_FLAGS if asan else PLAIN_FLAGS)
+    flags = list(BASE_FLAGS) + list(ASAN_FLAGS if asan else PLAIN_FLAGS) + list(defines)
     digest = hashlib.sha256()
     for part in (FORMAT, str(kernel_dir), source, text, launcher, dynamic, " ".join(flags), compiler_version()):
         digest.update(part.encode() + b"\0")

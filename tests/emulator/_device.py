@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy
 
 from cupyconv import _device as cupyconv_device
+from cupyconv._kernels import argument_error
 
 from ._asan import asan_preloaded
 from ._build import DYNAMIC_SHARED_CAPACITY, build
@@ -37,11 +38,6 @@ class KernelFailure(EmulatorError):
 _C_NAMES = {"f2": "__half", "bf2": "__nv_bfloat16", "f4": "float", "f8": "double", "b1": "bool",
             "i1": "signed char", "i2": "short", "i4": "int", "i8": "long long",
             "u1": "unsigned char", "u2": "unsigned short", "u4": "unsigned int", "u8": "unsigned long long"}
-_NUMPY_NAMES = {"f2": "numpy.float16", "bf2": "bfloat16", "f4": "numpy.float32", "f8": "numpy.float64",
-                "b1": "numpy.bool_", "i1": "numpy.int8", "i2": "numpy.int16", "i4": "numpy.int32",
-                "i8": "numpy.int64", "u1": "numpy.uint8", "u2": "numpy.uint16", "u4": "numpy.uint32",
-                "u8": "numpy.uint64"}
-
 
 def _c_name(code: str) -> str:
     if code.startswith("pc"):
@@ -60,12 +56,6 @@ def _dtype_code(dtype) -> str | None:
     if dtype.kind in "fiu":
         return f"{dtype.kind}{dtype.itemsize}"
     return None
-
-
-def _element_matches(dtype, code: str) -> bool:
-    # NumPy has no bfloat16 of its own: a uint16 array of raw bits is accepted for __nv_bfloat16 (only).
-    actual = _dtype_code(dtype)
-    return actual == code or (code == "bf2" and numpy.dtype(dtype) == numpy.uint16)
 
 
 def _describe(value) -> str:
@@ -243,9 +233,14 @@ class EmulatedDevice(cupyconv_device.Device):
                 names = sorted(set(names) | set(library.names if library else ()) | {required})
             if not names:
                 raise EmulatorError(f"{source}: no instantiations to compile")
-            path, meta = build(self.kernel_dir, source, names, self.asan)
+            path, meta = build(self.kernel_dir, source, names, self.asan, self._defines(source))
             library = _LIBRARIES[key] = _Library(path, meta)
             return library
+
+    def _defines(self, source: str) -> tuple[str, ...]:
+        """The -D options of the file's shared constants (cupyconv's own kernels; none for the self-tests)."""
+        kernels = cupyconv_device.kernel_files().get(source) if self._package else None
+        return kernels.options() if kernels else ()
 
     def _kernel(self, source: str, name: str) -> _Kernel:
         return self._library_for(source, required=name).kernel(name)
@@ -274,26 +269,17 @@ class EmulatedDevice(cupyconv_device.Device):
                                       f"({', '.join(_c_name(c) for c in codes)}), got {len(args)}")
         slots, extents = [], []
         for i, (value, code) in enumerate(zip(args, codes)):
-            what = f"{where}: argument {i} is {_describe(value)} but parameter {i} is `{_c_name(code)}`"
             if "?" in code:
                 raise KernelArgumentError(f"{where}: parameter {i} has a type the emulator cannot pass")
+            # The same check as cupyconv's KernelFile.launch, here against the signature the compiler saw.
+            error = argument_error(_c_name(code), value)
+            if error:
+                raise KernelArgumentError(f"{where}: argument {i} is {_describe(value)} but parameter {i} is "
+                                          f"`{_c_name(code)}`: {error}")
             if code.startswith("p"):
-                element = code[2:] if code.startswith("pc") else code[1:]
-                if not isinstance(value, numpy.ndarray):
-                    raise KernelArgumentError(f"{what}: pass an array")
-                if not _element_matches(value.dtype, element):
-                    raise KernelArgumentError(f"{what}: the element types differ")
-                if not code.startswith("pc") and not value.flags.writeable:
-                    raise KernelArgumentError(f"{what}: the kernel may write through it but the array is read-only")
                 slots.append(ctypes.c_void_p(value.ctypes.data))
                 extents += _span(value)
             else:
-                if not isinstance(value, numpy.generic):
-                    raise KernelArgumentError(f"{what}: scalars must be NumPy scalars of the parameter's exact "
-                                              f"type ({_NUMPY_NAMES.get(code, '?')}), since CuPy passes whatever "
-                                              f"it gets without checking")
-                if _dtype_code(value.dtype) != code:
-                    raise KernelArgumentError(f"{what}: pass {_NUMPY_NAMES.get(code, '?')}")
                 slots.append(ctypes.create_string_buffer(value.tobytes(), 8))
                 extents += (0, 0)
         argv = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])

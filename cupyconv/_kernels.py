@@ -1,0 +1,237 @@
+"""From a planner's decisions to `Device.launch`: kernel files, their signatures, arguments and grid sizes.
+
+An op module declares its kernel file once::
+
+    KERNELS = KernelFile("depthwise.cu", defines={"GENERIC_STRIP": 4, ...})
+
+`defines` are the constants that Python planners and CUDA kernels must agree on.  They exist only here: every
+compiler of the file (CuPy's NVRTC, the NVRTC check in the tests, the CPU emulator) gets them as `-D` options
+from `compile_options()`, and the kernel file refuses to compile without them.
+
+Kernels are launched by name with named arguments::
+
+    KERNELS.launch(device, "depthwise_fwd", (k, s), dtype=x.dtype, index="int", grid=..., block=...,
+                   window=spec, x=x, weight=weight, ..., has_bias=True)
+
+The parameter list of each `__global__` template is read from the CUDA source itself, so the arguments are
+ordered and converted (Python ints to the exact NumPy scalar type of the C parameter, e.g. numpy.int32 for
+`int`) by the one declaration the compiler also sees.  Every argument is then checked by `argument_error`,
+the same function the emulator uses on the signature it reads from the compiled binary.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+import numpy
+
+from . import _device
+from ._arrays import compute_dtype
+from ._spec import ConvSpec, ceil_div
+
+INDEX_TYPES = ("int", "long long")
+KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")  # every kernel is instantiated for each
+INT32_MAX = 2**31 - 1
+
+# Grid sizes.  Kernels that loop over their units (grid-stride or block-stride loops) are launched with at
+# most GRID_CAP blocks, enough to fill any current GPU; CUDA's own limits are MAX_GRID.
+GRID_CAP = 65536
+MAX_GRID = (2**31 - 1, 65535, 65535)
+ELEMENTWISE_BLOCK = 256
+
+_C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double"}
+# C scalar type -> NumPy dtype name of the value a launch passes for it (CuPy passes scalars by their dtype).
+_SCALAR_DTYPES = {"__half": "float16", "__nv_bfloat16": "bfloat16", "float": "float32", "double": "float64",
+                  "bool": "bool", "signed char": "int8", "short": "int16", "int": "int32", "long long": "int64",
+                  "unsigned char": "uint8", "unsigned short": "uint16", "unsigned int": "uint32",
+                  "unsigned long long": "uint64"}
+
+
+def c_type(dtype) -> str:
+    """The CUDA C element type of a NumPy/CuPy dtype."""
+    return _C_TYPES[numpy.dtype(dtype).name if not isinstance(dtype, str) else dtype]
+
+
+def kernel_name(kernel: str, dtype, index: str, *constants) -> str:
+    """The name expression of one instantiation, kernel<T, I, constants...>: e.g. kernel_name("patch_fwd",
+    numpy.float32, "int", 4, 4, 3, 3) is "patch_fwd<float, int, 4, 4, 3, 3>"."""
+    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, constants)))}>"
+
+
+def index_type(*extents: int) -> str:
+    """'int' when every flat index of every buffer fits in 32 bits, else 'long long' (64-bit)."""
+    return "int" if max(extents, default=0) <= INT32_MAX else "long long"
+
+
+def element_strides(a) -> list[int]:
+    """Strides of a NumPy/CuPy array in elements (both libraries keep them in bytes)."""
+    return [s // a.itemsize for s in a.strides]
+
+
+def extent(a) -> int:
+    """One past the largest flat element offset any index of `a` can reach from its first element."""
+    return 1 + sum(abs(s) * (d - 1) for s, d in zip(element_strides(a), a.shape)) if a.size else 0
+
+
+def stride_args(prefix: str, a, dims) -> dict:
+    """{<prefix>_stride_<dim>: element stride} for the dims of `a`, named by `dims` ("nchw": one letter each)."""
+    return {f"{prefix}_stride_{d}": s for d, s in zip(dims, element_strides(a), strict=True)}
+
+
+def capped_grid(units: int) -> int:
+    """Blocks for a kernel that loops over `units` units: one each, at most GRID_CAP."""
+    return max(1, min(units, GRID_CAP))
+
+
+def elementwise_launch(total: int, block: int = ELEMENTWISE_BLOCK):
+    """(grid, block) for a grid-stride kernel over `total` items."""
+    return (capped_grid(ceil_div(total, block)),), (block,)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Signatures
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str  # as declared, normalised: "const T*", "I", "int", "acc_t<T>*"
+
+
+_KERNEL = re.compile(r"template\s*<[^{;]*?>\s*__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+                     r"(\w+)\s*\(([^)]*)\)\s*\{")
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+
+
+def parse_signatures(source: str) -> dict[str, tuple[Param, ...]]:
+    """{kernel: its parameters} for every `__global__` template of a CUDA source text."""
+    signatures = {}
+    for name, params in _KERNEL.findall(_strip_comments(source)):
+        parsed = []
+        for param in filter(None, (p.strip() for p in params.split(","))):
+            declaration = re.sub(r"\b__restrict__\b", " ", param)
+            match = re.fullmatch(r"(.*?)\s*\b(\w+)", declaration.strip(), flags=re.S)
+            type_ = re.sub(r"\s+", " ", match.group(1)).replace(" *", "*").strip()
+            parsed.append(Param(match.group(2), type_))
+        signatures[name] = tuple(parsed)
+    return signatures
+
+
+def resolve_type(declared: str, dtype, index: str) -> str:
+    """The C type of a parameter in the instantiation for element dtype and index type: T, acc_t<T> and I
+    replaced, e.g. "const T*" -> "const __half*", "acc_t<T>*" -> "float*", "I" -> "long long"."""
+    resolved = declared.replace("acc_t<T>", c_type(compute_dtype(dtype)))
+    resolved = re.sub(r"\bT\b", c_type(dtype), resolved)
+    return re.sub(r"\bI\b", index, resolved)
+
+
+def argument_error(c_type_: str, value) -> str | None:
+    """Why `value` cannot be passed for a parameter of C type `c_type_`, or None when it can.
+
+    Pointers take arrays (NumPy or CuPy) of exactly that element type (a uint16 array of raw bits for
+    __nv_bfloat16, which NumPy lacks), writeable unless the pointer is const; scalars take NumPy scalars of
+    exactly the matching type, since CuPy passes a scalar by its dtype without looking at the parameter.
+    Shared by `KernelFile.launch` and the CPU emulator's check of the compiled signature.
+    """
+    if c_type_.endswith("*"):
+        element = c_type_[:-1].removeprefix("const ").strip()
+        if not hasattr(value, "shape") or not hasattr(value, "dtype") or isinstance(value, numpy.generic):
+            return "pass an array"
+        dtype = numpy.dtype(value.dtype)
+        if dtype.name != _SCALAR_DTYPES.get(element) and not (element == "__nv_bfloat16" and dtype == numpy.uint16):
+            return "the element types differ"
+        flags = getattr(value, "flags", None)
+        if not c_type_.startswith("const ") and flags is not None and not flags.writeable:
+            return "the kernel may write through it but the array is read-only"
+        return None
+    expected = _SCALAR_DTYPES.get(c_type_)
+    if expected is None:
+        return "a type that cannot be passed"
+    name = "bfloat16" if expected == "bfloat16" else f"numpy.{numpy.dtype(expected).type.__name__}"
+    if not isinstance(value, numpy.generic):
+        return (f"scalars must be NumPy scalars of the parameter's exact type ({name}), since CuPy passes "
+                f"whatever it gets without checking")
+    if value.dtype.name != expected:
+        return f"pass {name}"
+    return None
+
+
+def _scalar(c_type_: str, value, where: str):
+    """value (a Python or NumPy number) as the NumPy scalar of C type c_type_, range-checked."""
+    dtype = numpy.dtype(_SCALAR_DTYPES[c_type_])
+    if dtype.kind in "iu":
+        if isinstance(value, (float, numpy.floating)) or int(value) != value:
+            raise TypeError(f"{where}: `{c_type_}` needs an integer, got {value!r}")
+        info = numpy.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise OverflowError(f"{where}: {int(value)} does not fit the `{c_type_}` parameter")
+        return dtype.type(int(value))
+    return dtype.type(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel files
+
+
+@dataclass(frozen=True)
+class KernelFile:
+    """One raw_kernels/ file: its name and the compile-time constants it shares with the Python planner."""
+    filename: str
+    defines: dict = field(default_factory=dict, hash=False)
+
+    def options(self) -> tuple[str, ...]:
+        """The -D options that define this file's shared constants (part of every compile of it)."""
+        return tuple(f"-D{name}={value}" for name, value in sorted(self.defines.items()))
+
+    @functools.cached_property
+    def signatures(self) -> dict[str, tuple[Param, ...]]:
+        return parse_signatures(_device.kernel_source(self.filename))
+
+    def name(self, kernel: str, dtype, index: str, *constants) -> str:
+        if kernel not in self.signatures:
+            raise KeyError(f"{self.filename} has no __global__ template named {kernel!r}")
+        return kernel_name(kernel, dtype, index, *constants)
+
+    def arguments(self, kernel: str, dtype, index: str, window: ConvSpec | None = None, **args) -> list:
+        """The positional arguments of `kernel` in the C order, from named ones.
+
+        `window`: a ConvSpec whose window geometry (`ConvSpec.window_args`) fills the parameters of those names
+        that `args` does not give.  Every parameter must be given, and every name in `args` must be one.
+        """
+        where = f"{self.filename}: {kernel}"
+        params = self.signatures[kernel]
+        known = {p.name for p in params}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise TypeError(f"{where} has no parameter {', '.join(unknown)} (parameters: {', '.join(known)})")
+        values = {**(window.window_args() if window is not None else {}), **args}
+        missing = [p.name for p in params if p.name not in values]
+        if missing:
+            raise TypeError(f"{where}: no value for parameter {', '.join(missing)}")
+        result = []
+        for p in params:
+            c_type_ = resolve_type(p.type, dtype, index)
+            value = values[p.name]
+            if not c_type_.endswith("*"):
+                value = _scalar(c_type_, value, f"{where}: parameter {p.name}")
+            error = argument_error(c_type_, value)
+            if error:
+                raise TypeError(f"{where}: parameter {p.name} is `{c_type_}`: {error}")
+            result.append(value)
+        return result
+
+    def launch(self, device, kernel: str, constants=(), *, dtype, index: str, grid, block, shared_mem: int = 0,
+               window: ConvSpec | None = None, **args) -> None:
+        """Launch kernel<dtype, index, *constants> with named arguments (see `arguments`)."""
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        for size, limit, axis in zip(grid, MAX_GRID, "xyz"):
+            if size > limit:
+                raise ValueError(f"{self.filename}: {kernel} needs a grid of {size} blocks along {axis}, more than "
+                                 f"CUDA's {limit}; the problem is too large for this kernel")
+        device.launch(self.filename, self.name(kernel, dtype, index, *constants), grid,
+                      tuple(block) if isinstance(block, (tuple, list)) else (block,),
+                      self.arguments(kernel, dtype, index, window, **args), shared_mem=shared_mem)

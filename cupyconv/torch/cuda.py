@@ -1,0 +1,70 @@
+"""CUDA tensors: CuPy's work on torch's current stream, with memory from torch's caching allocator."""
+import contextlib
+
+import torch
+
+
+class _StreamProtocol:
+    """A torch stream through the CUDA stream protocol, which `cupy.cuda.Stream.from_external` reads."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __cuda_stream__(self):
+        return (0, self.stream.cuda_stream)
+
+
+def _cupy_stream(cupy, stream):
+    """A CuPy stream object over torch `stream` (must be created with its device current)."""
+    if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
+        return cupy.cuda.Stream.from_external(_StreamProtocol(stream))
+    return cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
+
+
+def _torch_allocator(cupy, stream):
+    """A CuPy allocator drawing from torch's caching allocator, stream-ordered on `stream`."""
+
+    def malloc(size, device_id):
+        return torch.cuda.caching_allocator_alloc(size, device_id, stream)
+
+    def free(ptr, device_id):
+        torch.cuda.caching_allocator_delete(ptr)
+
+    return cupy.cuda.PythonFunctionAllocator(malloc, free).malloc
+
+
+@contextlib.contextmanager
+def cuda_context(device):
+    """Run the CuPy work inside on torch's terms for `device` (a torch.device, or a tensor on it).
+
+    For a CUDA device: that device is CuPy's current device, torch's current stream is CuPy's current stream
+    (so every kernel and cuBLAS call is ordered with torch's work, and DLPack hand-overs need no
+    synchronisation), and CuPy allocates from torch's caching allocator on that stream (so memory is reused
+    stream-safely and counted by `torch.cuda.memory_allocated`).  For any other device it does nothing.
+
+    Memory that outlives the block (results handed to torch) stays owned by the stream that was current when
+    it was allocated; use it on another stream only after synchronising, as for any torch tensor.
+    """
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield
+        return
+    import cupy
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index)
+    with cupy.cuda.Device(index), cupy.cuda.using_allocator(_torch_allocator(cupy, stream)), \
+            _cupy_stream(cupy, stream):
+        yield
+
+
+def _run(fn, like, *args, **kwargs):
+    """fn(*args, **kwargs) in `like`'s device context; tensor results made contiguous, as the fake ops promise."""
+    if like.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"cupyconv: tensors on {like.device} are not supported; use CPU or CUDA tensors")
+    with cuda_context(like.device):
+        result = fn(*args, **kwargs)
+        if isinstance(result, tuple):
+            return tuple(r if r is None else r.contiguous() for r in result)
+        return result.contiguous()
