@@ -126,10 +126,11 @@ __device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__
                            in_w, y0, x0, height, width);
 }
 
-// out[v] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + j] for a strip of V outputs, K and S known at
-// compile time: input row r is loaded into registers once and used by every output whose window covers it.
-template <typename A, int K, int S, int V>
-__device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V]) {
+// Calls f(v, i, j, base[(v * S + i) * pitch + j]) for every output v of a strip of V and every tap (i, j) of
+// its K x K window, K and S known at compile time: input row r is loaded into registers once and handed to
+// every output whose window covers it.  The forward and the weight gradient differ only in f.
+template <int K, int S, int V, typename A, typename F>
+__device__ __forceinline__ void for_each_strip_tap(const A* base, int pitch, F f) {
 #pragma unroll
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[K];
@@ -140,10 +141,16 @@ __device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w
       const int i = r - v * S;
       if (i >= 0 && i < K) {
 #pragma unroll
-        for (int j = 0; j < K; ++j) out[v] += w[i][j] * row[j];
+        for (int j = 0; j < K; ++j) f(v, i, j, row[j]);
       }
     }
   }
+}
+
+// out[v] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + j] for a strip of V outputs.
+template <typename A, int K, int S, int V>
+__device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V]) {
+  for_each_strip_tap<K, S, V>(base, pitch, [&](int v, int i, int j, A value) { out[v] += w[i][j] * value; });
 }
 
 // The same sum with runtime geometry; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
@@ -449,6 +456,17 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
 // bias when has_bias.  The specialised kernel slides the register window of the forward over the x tile; the
 // generic one takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner sends larger
 // kernels to depthwise_bwd_weight_large).
+// The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
+// grouped units_per_block to a row; row r covers the units [begin(r), end(r)) of its channel.
+template <typename I> struct WeightRows {
+  I units, per_row, count;
+  __device__ WeightRows(I images, int per_block, int tiles, I units_per_block)
+      : units((images + per_block - 1) / per_block * tiles), per_row(units_per_block),
+        count((units + units_per_block - 1) / units_per_block) {}
+  __device__ I begin(I r) const { return r * per_row; }
+  __device__ I end(I r) const { return min(units, (r + 1) * per_row); }
+};
+
 template <typename T, typename I, int K, int S>
 __device__ __forceinline__ void depthwise_weight_tiled(
     const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
@@ -472,13 +490,10 @@ __device__ __forceinline__ void depthwise_weight_tiled(
   const int s = (int)threadIdx.x / tile_w % strips;
   const int p = (int)threadIdx.x / (tile_w * strips);
   const int tiles = tiles_x * tiles_y;
-  const I units = (images + per_block - 1) / per_block * tiles;  // per output channel
-  const I rows = (units + units_per_block - 1) / units_per_block;
-
-  for (I b = blockIdx.x; b < rows * out_channels; b += gridDim.x) {
+  const WeightRows<I> rows(images, per_block, tiles, units_per_block);
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
     const int co = (int)(b % out_channels), c = co / multiplier;
-    const I r = b / out_channels;
-    const I unit_end = min(units, (r + 1) * units_per_block);
+    const I r = b / out_channels, unit_end = rows.end(r);
     for (int t0 = 0; t0 < taps; t0 += R) {
       int offset[R];  // generic: shared-memory offset of tap t0 + t from the item's window origin
       if constexpr (K == 0) {
@@ -491,7 +506,7 @@ __device__ __forceinline__ void depthwise_weight_tiled(
       A acc[R + 1];  // taps t0 .. t0 + R - 1, then the bias
 #pragma unroll
       for (int t = 0; t <= R; ++t) acc[t] = A(0);
-      for (I unit = r * units_per_block; unit < unit_end; ++unit) {
+      for (I unit = rows.begin(r); unit < unit_end; ++unit) {
         const int t = (int)(unit % tiles);
         const I image0 = unit / tiles * per_block;
         const int oy0 = t / tiles_x * tile_h, ox0 = t % tiles_x * tile_w;
@@ -510,20 +525,9 @@ __device__ __forceinline__ void depthwise_weight_tiled(
           }
           const A* base = tile + (p * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
           if constexpr (K > 0) {
-#pragma unroll
-            for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
-              A row[K];
-#pragma unroll
-              for (int j = 0; j < K; ++j) row[j] = base[rr * in_w + j];
-#pragma unroll
-              for (int v = 0; v < V; ++v) {
-                const int i = rr - v * S;
-                if (i >= 0 && i < K) {
-#pragma unroll
-                  for (int j = 0; j < K; ++j) acc[i * K + j] += g[v] * row[j];
-                }
-              }
-            }
+            for_each_strip_tap<K, S, V>(base, in_w, [&](int v, int i, int j, A value) {
+              acc[i * K + j] += g[v] * value;
+            });
           } else {
             const int step = stride_h * in_w;
 #pragma unroll
@@ -608,17 +612,14 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
   const int task = (int)threadIdx.x % tasks, slice = (int)threadIdx.x / tasks;
   const int i = task / runs, j0 = task % runs * J;
   const int tiles = tiles_x * tiles_y;
-  const I units = (images + per_block - 1) / per_block * tiles;  // per output channel
-  const I rows = (units + units_per_block - 1) / units_per_block;
-
-  for (I b = blockIdx.x; b < rows * out_channels; b += gridDim.x) {
+  const WeightRows<I> rows(images, per_block, tiles, units_per_block);
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
     const int co = (int)(b % out_channels), c = co / multiplier;
-    const I r = b / out_channels;
-    const I unit_end = min(units, (r + 1) * units_per_block);
+    const I r = b / out_channels, unit_end = rows.end(r);
     A acc[J], bias_sum = A(0);
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) acc[jj] = A(0);
-    for (I unit = r * units_per_block; unit < unit_end; ++unit) {
+    for (I unit = rows.begin(r); unit < unit_end; ++unit) {
       const int t = (int)(unit % tiles);
       const I image0 = unit / tiles * per_block;
       const int oy0 = t / tiles_x * tile_h, ox0 = t % tiles_x * tile_w;

@@ -70,6 +70,21 @@ __device__ __forceinline__ void load_channels(const A* p, A (&v)[TN]) {
   }
 }
 
+// One step of a register tile: acc[t][u] += rows[offsets[t]] * channels[u], the M gathered values times the N
+// channels loaded as Pack4 vectors (the inner loop of every kernel in this file).
+template <typename A, int M, int N>
+__device__ __forceinline__ void tile_fma(const A* rows, const int (&offsets)[M], const A* channels, A (&acc)[M][N]) {
+  A xv[M], cv[N];
+#pragma unroll
+  for (int t = 0; t < M; ++t) xv[t] = rows[offsets[t]];
+  load_channels<A, N>(channels, cv);
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) acc[t][u] += xv[t] * cv[u];
+  }
+}
+
 // The tile kernel behind patch_fwd and patch_bwd_input: an implicit GEMM, no column matrix in global memory.
 //
 // Forward: out[q, g*O + o, m] = bias + sum over (r, i, j) of w[g*O + o, r, i, j] * x[q, g*R + r, tap pixel], with
@@ -177,16 +192,7 @@ __device__ __forceinline__ void patch_tile_conv(
       for (int i = 0; i < kh; ++i) {
 #pragma unroll
         for (int j = 0; j < kw; ++j) {
-          const A* tt = tr + i * dilation_h * tile_w + j * dilation_w;
-          A xv[TM], wv[TN];
-#pragma unroll
-          for (int t = 0; t < TM; ++t) xv[t] = tt[pix[t]];
-          load_channels<A, TN>(wr + (i * kw + j) * out_tile, wv);
-#pragma unroll
-          for (int t = 0; t < TM; ++t) {
-#pragma unroll
-            for (int u = 0; u < TN; ++u) acc[t][u] += xv[t] * wv[u];
-          }
+          tile_fma(tr + i * dilation_h * tile_w + j * dilation_w, pix, wr + (i * kw + j) * out_tile, acc);
         }
       }
     }
@@ -326,16 +332,7 @@ __global__ void __launch_bounds__(PATCH_MAX_THREADS) patch_bwd_weight(
       const A* grow = gtile + q * pixels * row + d_lane;
       for (int oy = 0; oy < out_h; ++oy) {
         for (int ox = 0; ox < out_w; ++ox) {
-          const A* tt = tile + oy * stride_h * tile_w + ox * stride_w;
-          A xv[TK], gv[TD];
-#pragma unroll
-          for (int t = 0; t < TK; ++t) xv[t] = tt[koff[t]];
-          load_channels<A, TD>(grow + (oy * out_w + ox) * row, gv);
-#pragma unroll
-          for (int t = 0; t < TK; ++t) {
-#pragma unroll
-            for (int u = 0; u < TD; ++u) acc[t][u] += xv[t] * gv[u];
-          }
+          tile_fma(tile + oy * stride_h * tile_w + ox * stride_w, koff, grow + (oy * out_w + ox) * row, acc);
         }
       }
     }
