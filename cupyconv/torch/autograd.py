@@ -91,12 +91,9 @@ _depthwise_op.register_autograd(DepthwiseConv2dFunction.backward,
 # unfold and fold (linear, each other's adjoint: their backward ops have autograd too)
 
 
-class UnfoldFunction(torch.autograd.Function):
-    """cupyconv.unfold; backward is cupyconv.unfold_backward (a fold), itself differentiable."""
-
-    @staticmethod
-    def forward(x, kernel_size, dilation, padding, stride):
-        return torch.ops.cupyconv.unfold(x, kernel_size, dilation, padding, stride)
+class _UnfoldLike(torch.autograd.Function):
+    """An unfold of its first input (cupyconv.unfold, or fold_backward, which is the same map); its backward is
+    a fold onto that input's size, itself differentiable."""
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -111,29 +108,9 @@ class UnfoldFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-class UnfoldBackwardFunction(torch.autograd.Function):
-    """cupyconv.unfold_backward; its backward is an unfold."""
-
-    @staticmethod
-    def forward(grad_output, input_size, kernel_size, dilation, padding, stride):
-        return torch.ops.cupyconv.unfold_backward(grad_output, input_size, kernel_size, dilation, padding, stride)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, _, *geometry = inputs
-        ctx.geometry = geometry
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.ops.cupyconv.unfold(grad, *ctx.geometry), None, None, None, None, None
-
-
-class FoldFunction(torch.autograd.Function):
-    """cupyconv.fold; backward is cupyconv.fold_backward (an unfold), itself differentiable."""
-
-    @staticmethod
-    def forward(cols, output_size, kernel_size, dilation, padding, stride):
-        return torch.ops.cupyconv.fold(cols, output_size, kernel_size, dilation, padding, stride)
+class _FoldLike(torch.autograd.Function):
+    """A fold of its first input onto its second, a size (cupyconv.fold, or unfold_backward, which is the same
+    map); its backward is an unfold, itself differentiable."""
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -146,22 +123,36 @@ class FoldFunction(torch.autograd.Function):
         return torch.ops.cupyconv.fold_backward(grad_output.to(ctx.dtype), *ctx.geometry), None, None, None, None, None
 
 
-class FoldBackwardFunction(torch.autograd.Function):
-    """cupyconv.fold_backward; its backward is a fold onto the size of fold_backward's input."""
+class UnfoldFunction(_UnfoldLike):
+    """cupyconv.unfold; backward is cupyconv.unfold_backward (a fold)."""
+
+    @staticmethod
+    def forward(x, kernel_size, dilation, padding, stride):
+        return torch.ops.cupyconv.unfold(x, kernel_size, dilation, padding, stride)
+
+
+class UnfoldBackwardFunction(_FoldLike):
+    """cupyconv.unfold_backward (a fold); its backward is an unfold."""
+
+    @staticmethod
+    def forward(grad_output, input_size, kernel_size, dilation, padding, stride):
+        return torch.ops.cupyconv.unfold_backward(grad_output, input_size, kernel_size, dilation, padding, stride)
+
+
+class FoldFunction(_FoldLike):
+    """cupyconv.fold; backward is cupyconv.fold_backward (an unfold)."""
+
+    @staticmethod
+    def forward(cols, output_size, kernel_size, dilation, padding, stride):
+        return torch.ops.cupyconv.fold(cols, output_size, kernel_size, dilation, padding, stride)
+
+
+class FoldBackwardFunction(_UnfoldLike):
+    """cupyconv.fold_backward (an unfold); its backward is a fold onto the size of fold_backward's input."""
 
     @staticmethod
     def forward(grad_output, kernel_size, dilation, padding, stride):
         return torch.ops.cupyconv.fold_backward(grad_output, kernel_size, dilation, padding, stride)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        grad_output, *geometry = inputs
-        ctx.size = grad_output.shape[-2:]
-        ctx.geometry = geometry
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.ops.cupyconv.fold(grad, list(ctx.size), *ctx.geometry), None, None, None, None
 
 
 for _op, _function in ((_unfold_op, UnfoldFunction), (_unfold_backward_op, UnfoldBackwardFunction),
