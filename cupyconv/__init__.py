@@ -5,11 +5,11 @@ without a copy.  Every op has a hand-written backward (`*_backward`).
 """
 from . import settings
 from .ops.conv import conv2d, conv2d_backward
-from .settings import (DEFAULT_WORKSPACE_LIMIT, get_allow_tf32, get_autotune, get_deterministic, get_workspace_limit,
-                       set_allow_tf32, set_autotune, set_deterministic, set_workspace_limit, workspace_limit)
 from .ops.depthwise import depthwise_conv2d, depthwise_conv2d_backward
 from .ops.patch import patch_conv2d, patch_conv2d_backward
 from .ops.unfold import fold, fold_backward, unfold, unfold_backward
+from .settings import (DEFAULT_WORKSPACE_LIMIT, get_allow_tf32, get_autotune, get_deterministic, get_workspace_limit,
+                       set_allow_tf32, set_autotune, set_deterministic, set_workspace_limit, workspace_limit)
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ def _gpu_available() -> bool:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: runs the kernel path on a real CUDA GPU with CuPy (skipped without one)")
+    config.addinivalue_line("markers", "gpu: runs the GPU path on a real CUDA GPU with CuPy (skipped without one)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """Dispatch and bridging: NumPy in gives NumPy out (the CPU path); torch CPU tensors in give torch tensors out on
 the same device with the same dtype, bridged by DLPack without a copy; mixed kinds and dtypes and non-float
-dtypes raise TypeError naming what is wrong; CuPy arrays go to the kernel path (GPU only)."""
+dtypes raise TypeError naming what is wrong; CuPy arrays go to the GPU path (GPU only)."""
 import numpy
 import pytest
 
@@ -206,7 +206,7 @@ def test_non_arrays_raise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, op, shapes", OPS, ids=OP_IDS)
 def test_cupy_in_cupy_out(name, op, shapes):
-    """A CuPy array goes to the kernel path: CuPy out with the CPU path's values."""
+    """A CuPy array goes to the GPU path: CuPy out with the CPU path's values."""
     cupy = pytest.importorskip("cupy")
     arrays = numpy_inputs(shapes, "float32")
     out = results(op(*(cupy.asarray(a) for a in arrays)))

@@ -1,4 +1,4 @@
-"""conv2d's kernel path (raw_kernels/conv.cu, the unfold kernels and the GEMMs) against the NumPy CPU path.
+"""conv2d's GPU path (raw_kernels/conv.cu, the unfold kernels and the GEMMs) against the NumPy CPU path.
 
 Every algorithm runs through the CPU kernel emulator (tests/emulator) in both thread orders; the same matrix
 runs on CuPy arrays with `pytest -m gpu` on a machine with a GPU.  Problems are data (`CASES`); odd sizes
@@ -19,7 +19,7 @@ C = ConvCase
 ALGORITHMS = ("im2col_gemm", "direct")
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
           "float64": numpy.float64}
-#: Largest |kernel path - CPU path| allowed, relative to the largest |CPU path| value of the array.  Both
+#: Largest |GPU path - CPU path| allowed, relative to the largest |CPU path| value of the array.  Both
 #: compute in float32 (float64) with different summation orders; the half types differ by a rounding or two.
 TOLERANCE = {"float64": 1e-12, "float32": 2e-6, "float16": 4e-3, "bfloat16": 3e-2}
 
@@ -75,7 +75,7 @@ def kernel_path(device, fn, *args, **kwargs):
 
 
 def check_case(device, case, algorithm, dtype="float64", seed=0, needs=NEEDS):
-    """Forward and backward on the kernel path (device) against the CPU path on the same inputs."""
+    """Forward and backward on the GPU path (device) against the CPU path on the same inputs."""
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(seed), DTYPES[dtype])
     out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm=algorithm, **case.kwargs)
     assert out.dtype == x.dtype

@@ -158,3 +158,12 @@ def test_check_fails_on_warnings_and_errors(body, message):
     source = "template <typename T> __global__ void probe(T* p) { %s p[0] = T(0); }\n" % body
     with pytest.raises(AssertionError, match=message):
         check_compiles("sm_80", "probe.cu", source, ["probe<float>"])
+
+
+@pytest.mark.parametrize("filename", sorted(f for f, k in _device.kernel_files().items() if k.defines))
+def test_kernel_files_refuse_to_compile_without_their_shared_constants(filename):
+    """The constants an op module passes as -D options are not defaulted in CUDA: without them, an #error."""
+    compiler = nvrtc(13)
+    options = ["-std=c++17", "--gpu-architecture=sm_80", f"-I{compiler.include}"]
+    ok, log, _ = compiler.compile(_device.kernel_source(filename), filename, GROUPS[filename][:1], options)
+    assert not ok and "compile_options" in log, log

@@ -1,4 +1,4 @@
-"""patch_conv2d's kernel path (raw_kernels/patch.cu and its orchestration in cupyconv/ops/patch.py) against the
+"""patch_conv2d's GPU path (raw_kernels/patch.cu and its orchestration in cupyconv/ops/patch.py) against the
 NumPy CPU path: under the CPU emulator here, and the same matrix on a real GPU with CuPy under `pytest -m gpu`.
 
 Cases are data (CASES); every case runs forward and backward with both algorithms ('fused' and 'im2col_gemm'),
@@ -116,7 +116,7 @@ class Recorder(_device.Device):
 
 
 def emulated(fn, *args, order="forward", instantiations=None, **kwargs):
-    """fn on NumPy arrays through the emulated kernel path: (result, Recorder)."""
+    """fn on NumPy arrays through the emulated GPU path: (result, Recorder)."""
     device = Recorder(EmulatedDevice(order=order, instantiations=instantiations))
     with _device.use_device(device):
         return fn(*args, **kwargs), device

@@ -2,7 +2,7 @@
 
     from emulator import EmulatedDevice          # or: from tests.emulator import EmulatedDevice
     with cupyconv._device.use_device(EmulatedDevice(order="reverse")):
-        out = cupyconv.unfold(x, 3, padding=1)   # NumPy x: the kernel path, emulated
+        out = cupyconv.unfold(x, 3, padding=1)   # NumPy x: the GPU path, emulated
 
 See EmulatedDevice for the options and _asan.py for the AddressSanitizer mode.
 """

@@ -1,4 +1,4 @@
-"""EmulatedDevice: the kernel path's Device on NumPy buffers, running raw_kernels/ compiled for the CPU."""
+"""EmulatedDevice: the GPU path's Device on NumPy buffers, running raw_kernels/ compiled for the CPU."""
 from __future__ import annotations
 
 import ctypes
@@ -149,7 +149,7 @@ _LOCK = threading.RLock()  # the engine's state is global: one launch at a time
 
 
 class EmulatedDevice(cupyconv_device.Device):
-    """Runs the kernel path on NumPy arrays: the unmodified CUDA source, compiled by g++, on CPU fibers.
+    """Runs the GPU path on NumPy arrays: the unmodified CUDA source, compiled by g++, on CPU fibers.
 
     order:      "forward" or "reverse": the order in which the threads of a block (and the blocks of the grid)
                 take turns.  A kernel missing a __syncthreads() goes wrong in at least one of the two.
