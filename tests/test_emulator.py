@@ -17,7 +17,8 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "barrier_per_branch", "exit_before_barrier", "shuffle_against_barrier", "warp_ops", "scalars",
            "scale_half", "convert_16bit", "atomics", "write_past_end", "static_shared_past_end",
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
-           "local_array_past_end"]
+           "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
+           "mma_divergent"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -416,3 +417,58 @@ def test_asan_mode_needs_the_preloaded_runtime(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     with pytest.raises(EmulatorError, match="libasan preloaded"):
         device(asan=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tensor-core matrix operations (raw_kernels/mma.cuh): documented fragment layouts, hardware rounding, whole warps
+
+
+def _mma_inputs(rng, dtype, k):
+    a = rng.standard_normal((16, k)).astype(dtype)
+    bt = rng.standard_normal((8, k)).astype(dtype)  # B^T
+    c = rng.standard_normal((16, 8)).astype(numpy.float32)
+    return a, bt, c
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mma_m16n8k16_computes_a_times_b_plus_c(order, dtype):
+    import ml_dtypes
+    t = numpy.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    a, bt, c = _mma_inputs(numpy.random.default_rng(0), t, 16)
+    expected = (a.astype(numpy.float64) @ bt.astype(numpy.float64).T + c).astype(numpy.float32)
+    name = f"mma_16816<{'__half' if dtype == 'float16' else '__nv_bfloat16'}>"
+    for swap, exact in ((0, True), (1, False)):
+        d = device(order).empty((16, 8), numpy.float32)
+        launch(order, name, 1, 32, [a, bt, c, d, numpy.int32(swap)])
+        if exact:  # exact products, one rounding of the sum: equal to the float64 reference rounded once
+            numpy.testing.assert_array_equal(d, expected)
+        else:      # a fragment in the wrong register: a different product
+            assert numpy.abs(d - expected).max() > 1.0
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_mma_tf32_rounds_with_to_tf32_and_truncates_without(order):
+    rng = numpy.random.default_rng(1)
+    a, bt, c = _mma_inputs(rng, numpy.float32, 8)
+
+    def truncated(x):
+        return (x.view(numpy.uint32) & numpy.uint32(0xFFFFE000)).view(numpy.float32)
+
+    def rounded(x):  # to nearest, ties away from zero, on the 13 dropped bits
+        return ((x.view(numpy.uint32) + numpy.uint32(0x1000)) & numpy.uint32(0xFFFFE000)).view(numpy.float32)
+
+    for round_, convert in ((1, rounded), (0, truncated)):
+        d = device(order).empty((16, 8), numpy.float32)
+        launch(order, "mma_1688_tf32", 1, 32, [a, bt, c, d, numpy.int32(round_)])
+        expected = convert(a).astype(numpy.float64) @ convert(bt).astype(numpy.float64).T + c
+        numpy.testing.assert_array_equal(d, expected.astype(numpy.float32))
+    assert not numpy.array_equal(rounded(a), truncated(a))  # the two cases differ on these inputs
+
+
+def test_mma_needs_every_lane_of_the_warp():
+    d = device().empty((64,), numpy.float32)
+    with pytest.raises(KernelFailure, match=r"warp operation"):
+        launch("forward", "mma_divergent", 1, 64, [d, numpy.int32(16)])
+    with pytest.raises(KernelFailure, match=r"mma.sync .* in a warp of 16 threads; it needs all 32 lanes"):
+        launch("forward", "mma_divergent", 1, 16, [d, numpy.int32(32)])

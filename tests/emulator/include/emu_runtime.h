@@ -10,6 +10,7 @@
 #pragma once
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
+#include "emu_mma.h"
 
 // Defined in the second translation unit (dyn_shared.cpp), with every `extern __shared__` name aliased to it.
 extern thread_local unsigned char emu_dynamic_shared[];
@@ -31,7 +32,7 @@ struct Fiber {
   int state;
   const char* file;  // where the fiber waits
   int line;
-  int kind;  // warp operation: WARP_SYNC, WARP_SHFL, WARP_BALLOT
+  int kind;  // warp operation: WARP_SYNC, WARP_SHFL, WARP_BALLOT, WARP_MMA
   unsigned mask;
   int src_lane;
   unsigned long long value;
@@ -230,6 +231,87 @@ void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned
 
 int lane_id() { return engine.current->lane; }
 
+void warp_mma(const char* file, int line, const MmaOperands* operands) {
+  warp_exchange(file, line, WARP_MMA, 0xffffffffu, (unsigned long long)(uintptr_t)operands, lane_id(), nullptr);
+}
+
+// One mma.sync of the warp whose lane 0 is fiber `base`: A, B, C assembled from the 32 lanes' fragments in the
+// documented layouts (raw_kernels/mma.cuh), D = A * B + C handed back.  Returns false after reporting a misuse.
+static bool mma_collective(int base, int n) {
+  const Fiber* first = &engine.fibers[base];
+  if (base + 32 > n) {
+    fail("thread (%u,%u,%u) calls mma.sync at %s:%d in a warp of %d threads; it needs all 32 lanes",
+         EMU_THREAD(first), first->file, first->line, n - base);
+    return false;
+  }
+  const MmaOperands* op[32];
+  for (int lane = 0; lane < 32; ++lane) {
+    op[lane] = (const MmaOperands*)(uintptr_t)engine.fibers[base + lane].value;
+    if (op[lane]->shape != op[0]->shape) {
+      fail("mma.sync at %s:%d: lanes 0 and %d ask for different shapes or types", first->file, first->line, lane);
+      return false;
+    }
+  }
+  const int shape = op[0]->shape;
+  auto half_value = [shape](unsigned bits) -> double {
+    if (shape == MMA_M16N8K16_BF16) return (double)__ushort_as_bfloat16((unsigned short)bits);
+    return (double)__ushort_as_half((unsigned short)bits);
+  };
+  auto tf32_value = [](unsigned bits) -> double {
+    bits &= ~0x1fffu;  // the tensor cores read 10 mantissa bits
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  double A[16][16] = {}, B[16][8] = {}, C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, q = lane & 3;
+    const unsigned* a = op[lane]->a;
+    const unsigned* b = op[lane]->b;
+    if (shape == MMA_M16N8K8_TF32) {
+      A[g][q] = tf32_value(a[0]);
+      A[g + 8][q] = tf32_value(a[1]);
+      A[g][q + 4] = tf32_value(a[2]);
+      A[g + 8][q + 4] = tf32_value(a[3]);
+      B[q][g] = tf32_value(b[0]);
+      B[q + 4][g] = tf32_value(b[1]);
+    } else {
+      for (int r = 0; r < 4; ++r) {
+        const int row = g + 8 * (r & 1), col = 2 * q + 8 * (r >> 1);
+        A[row][col] = half_value(a[r] & 0xffffu);
+        A[row][col + 1] = half_value(a[r] >> 16);
+      }
+      for (int r = 0; r < 2; ++r) {
+        B[2 * q + 8 * r][g] = half_value(b[r] & 0xffffu);
+        B[2 * q + 8 * r + 1][g] = half_value(b[r] >> 16);
+      }
+    }
+    const float* d = op[lane]->d;
+    C[g][2 * q] = d[0];
+    C[g][2 * q + 1] = d[1];
+    C[g + 8][2 * q] = d[2];
+    C[g + 8][2 * q + 1] = d[3];
+  }
+  const int k_size = shape == MMA_M16N8K8_TF32 ? 8 : 16;
+  float D[16][8];
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      double sum = C[i][j];
+      for (int k = 0; k < k_size; ++k) sum += A[i][k] * B[k][j];
+      D[i][j] = (float)sum;
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, q = lane & 3;
+    float* d = op[lane]->d;
+    d[0] = D[g][2 * q];
+    d[1] = D[g][2 * q + 1];
+    d[2] = D[g + 8][2 * q];
+    d[3] = D[g + 8][2 * q + 1];
+  }
+  return true;
+}
+
 static bool same_site(const Fiber* a, const Fiber* b) {
   return a->line == b->line && (a->file == b->file || std::strcmp(a->file, b->file) == 0);
 }
@@ -253,6 +335,7 @@ static int release_warps(int n) {
       if ((f->mask >> lane & 1u) && !(g->state == AT_WARP && same_site(f, g) && g->mask == f->mask)) ready = false;
     }
     if (!ready) continue;
+    if (f->kind == WARP_MMA && !mma_collective(base, n)) return -1;
     unsigned long long ballot = 0;
     for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
       const Fiber* g = &engine.fibers[base + lane];

@@ -199,3 +199,59 @@ __global__ void local_array_past_end(float* out, int n) {
   for (int i = 0; i < n; ++i) taps[i] = (float)i;
   out[threadIdx.x] = taps[0];
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Tensor-core matrix operations (raw_kernels/mma.cuh's functions; emu_mma.h is what that header includes here).
+#include <emu_mma.h>
+
+// One m16n8k16 product per warp: D = A B + C with A (16 x 16, row-major), B given as B^T (8 x 16, so each column
+// of B is contiguous, as the .col operand wants), C and D (16 x 8, row-major); fragments in the documented
+// layout.  swap = 1 exchanges a[1] and a[2]: an undocumented layout, which must compute something else.
+template <typename T>
+__global__ void mma_16816(const T* A, const T* Bt, const float* C, float* D, int swap) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  unsigned a[4], b[2];
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r & 1), col = 2 * q + 8 * (r >> 1);
+    a[r] = pack2(A[row * 16 + col], A[row * 16 + col + 1]);
+  }
+  if (swap) {
+    const unsigned t = a[1];
+    a[1] = a[2];
+    a[2] = t;
+  }
+  for (int r = 0; r < 2; ++r) b[r] = pack2(Bt[g * 16 + 2 * q + 8 * r], Bt[g * 16 + 2 * q + 8 * r + 1]);
+  float d[4] = {C[g * 8 + 2 * q], C[g * 8 + 2 * q + 1], C[(g + 8) * 8 + 2 * q], C[(g + 8) * 8 + 2 * q + 1]};
+  mma_m16n8k16<T>(d, a, b);
+  D[g * 8 + 2 * q] = d[0];
+  D[g * 8 + 2 * q + 1] = d[1];
+  D[(g + 8) * 8 + 2 * q] = d[2];
+  D[(g + 8) * 8 + 2 * q + 1] = d[3];
+}
+
+// One m16n8k8 tf32 product: A (16 x 8), Bt (8 x 8, B^T), C and D as above; the operands rounded with to_tf32
+// when round = 1, else their float bits passed as they are (the hardware then ignores the 13 low bits).
+__global__ void mma_1688_tf32(const float* A, const float* Bt, const float* C, float* D, int round) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  auto bits = [round](float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    return round ? to_tf32(x) : u;
+  };
+  unsigned a[4] = {bits(A[g * 8 + q]), bits(A[(g + 8) * 8 + q]), bits(A[g * 8 + q + 4]), bits(A[(g + 8) * 8 + q + 4])};
+  unsigned b[2] = {bits(Bt[g * 8 + q]), bits(Bt[g * 8 + q + 4])};
+  float d[4] = {C[g * 8 + 2 * q], C[g * 8 + 2 * q + 1], C[(g + 8) * 8 + 2 * q], C[(g + 8) * 8 + 2 * q + 1]};
+  mma_m16n8k8_tf32(d, a, b);
+  D[g * 8 + 2 * q] = d[0];
+  D[g * 8 + 2 * q + 1] = d[1];
+  D[(g + 8) * 8 + 2 * q] = d[2];
+  D[(g + 8) * 8 + 2 * q + 1] = d[3];
+}
+
+// BUG: only the lanes below `lanes` reach the mma (mma.sync.aligned needs the whole warp).
+__global__ void mma_divergent(float* D, int lanes) {
+  unsigned a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float d[4] = {0, 0, 0, 0};
+  if ((int)(threadIdx.x % 32) < lanes) mma_m16n8k16<__half>(d, a, b);
+  D[threadIdx.x] = d[0];
+}
