@@ -86,6 +86,7 @@ class Device:
 
     xp = numpy
     name = "abstract"
+    tensor_cores = True  # whether mma.sync runs here (sm_80 and newer); the emulator executes it
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
         """Launch kernel `name` (a name expression) of raw_kernels/`source` on the current stream; args are in
@@ -140,6 +141,10 @@ class CudaDevice(Device):
     def __init__(self):
         import cupy
         self.xp = cupy
+
+    @property
+    def tensor_cores(self) -> bool:
+        return int(self.xp.cuda.Device().compute_capability) >= 80
 
     def gemm(self, a, b, out=None):
         # cuBLAS accumulates float16/bfloat16 GEMMs in float32 itself (tensor cores where available).

@@ -21,6 +21,7 @@ the same function the emulator uses on the signature it reads from the compiled 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -77,6 +78,31 @@ def extent(a) -> int:
 def stride_args(prefix: str, a, dims) -> dict:
     """{<prefix>_stride_<dim>: element stride} for the dims of `a`, named by `dims` ("nchw": one letter each)."""
     return {f"{prefix}_stride_{d}": s for d, s in zip(dims, element_strides(a), strict=True)}
+
+
+def batch_view(xp, a):
+    """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for image q = (q // inner,
+    q % inner): what the kernels that read a batch through two strides take (patch_offset in the .cu files).  Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
+    a batch that still needs three or more strides is copied to a contiguous array."""
+    dims = []
+    for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    if len(dims) > 2:
+        a = xp.ascontiguousarray(a)
+        dims = dims[:1]
+    n = math.prod(a.shape[:-3])
+    outer = dims[0][0] if len(dims) == 2 else 1
+    return a.reshape(outer, n // outer, *a.shape[-3:])
+
+
+def batch_args(prefix: str, view) -> dict:
+    """The kernel arguments of a batch view: <prefix>_inner and the element strides (outer, inner, c, h, w)."""
+    return {f"{prefix}_inner": view.shape[1], **stride_args(prefix, view, ("outer", "inner", "c", "h", "w"))}
 
 
 def capped_grid(units: int) -> int:

@@ -15,8 +15,8 @@ import numpy
 from .. import _autotune, settings
 from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, extent, index_type,
-                        kernel_name, stride_args)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
+                        extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
@@ -134,8 +134,12 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
-KERNELS = KernelFile("conv.cu")
-ALGORITHMS = ("auto", "im2col_gemm", "direct")
+TC_TILE = (64, 64)     # conv_fwd_tc's block tile: output pixels x output channels
+TC_THREADS = 128       # conv_fwd_tc's block (2 x 2 warps)
+KERNELS = KernelFile("conv.cu", defines={"TC_BM": TC_TILE[0], "TC_BN": TC_TILE[1], "TC_THREADS": TC_THREADS})
+ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
+TC_DTYPES = ("float16", "bfloat16", "float32")  # conv_fwd_tc instantiations; float32 runs as TF32, when allowed
+TC_MIN_CHANNELS = 16   # the tensor-core kernel needs this many channels per group (fewer: the direct kernel)
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
 DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
@@ -148,6 +152,7 @@ def instantiations():
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
         names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
+    names += [kernel_name("conv_fwd_tc", dtype, index) for dtype, index in itertools.product(TC_DTYPES, INDEX_TYPES)]
     return names
 
 
@@ -196,19 +201,37 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
                     spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
 
 
-def choose_algorithm(spec: ConvSpec, dtype) -> str:
-    """The 'auto' heuristic: 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
+def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
+    """Why the tensor-core implicit GEMM cannot run this forward, or None when it can."""
+    name = numpy.dtype(dtype).name
+    if name not in TC_DTYPES:
+        return f"the tensor cores take float16, bfloat16 and (as TF32) float32, not {name}"
+    if name == "float32" and not settings.get_allow_tf32():
+        return "float32 runs on the tensor cores only as TF32: cupyconv.settings.set_allow_tf32(True)"
+    if spec.channels_per_group < TC_MIN_CHANNELS:
+        return f"it needs at least {TC_MIN_CHANNELS} input channels per group, not {spec.channels_per_group}"
+    if not device.tensor_cores:
+        return "this GPU has no mma.sync (it needs compute capability 8.0 or newer)"
+    return None
+
+
+def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
+    """The 'auto' heuristic: the tensor-core implicit GEMM where it can run (device given: forward only);
+    else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
     in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
+    if device is not None and tensor_core_refusal(spec, dtype, device) is None:
+        return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
             and plan_direct(spec, dtype) is not None):
         return "direct"
     return "im2col_gemm"
 
 
-def forward_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
-    return ("im2col_gemm", "direct") if plan_direct(spec, dtype) is not None else ("im2col_gemm",)
+def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
+    candidates = ("im2col_gemm", "direct") if plan_direct(spec, dtype) is not None else ("im2col_gemm",)
+    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
 
 
 def grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
@@ -219,6 +242,24 @@ def grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
 
 
 # --- launches ---------------------------------------------------------------------------------------------
+
+def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
+    """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
+    (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
+    refusal = tensor_core_refusal(spec, xv.dtype, device)
+    if refusal:
+        raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run: {refusal}")
+    if out.size == 0:
+        return out
+    weight = device.xp.ascontiguousarray(weight)
+    grid = (ceil_div(spec.n * spec.out_pixels, TC_TILE[0]), spec.groups * ceil_div(spec.outputs_per_group, TC_TILE[1]))
+    KERNELS.launch(device, "conv_fwd_tc", dtype=xv.dtype, index=index_type(extent(xv), out.size, weight.size),
+                   grid=grid, block=TC_THREADS, window=spec, x=xv, weight=weight,
+                   bias=weight if bias is None else device.xp.ascontiguousarray(bias), out=out, n=spec.n,
+                   **batch_args("x", xv), groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, has_bias=bias is not None)
+    return out
+
 
 def _direct(device, x, weight, bias, spec: ConvSpec):
     """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None."""
@@ -327,15 +368,21 @@ def _grad_bias(device, gy, spec: ConvSpec):
 def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     """Forward on the GPU path: x (N, C, H, W), weight (D, C / G, kH, kW), bias (D,) or None."""
     def run(algo):
+        if algo == "implicit_gemm":
+            out = device.empty(spec.output_shape, x.dtype)
+            return implicit_gemm_gpu(device, batch_view(device.xp, x), weight, bias, spec, out)
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)
     return _autotune.resolve(device, _autotune.tune_key("forward", spec, x.dtype, bias is not None), algorithm,
-                             forward_candidates(spec, x.dtype), choose_algorithm(spec, x.dtype), run)
+                             forward_candidates(spec, x.dtype, device), choose_algorithm(spec, x.dtype, device), run)
 
 
 def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
-    """Backward on the GPU path; 'direct' affects grad_input only (stride 1; else im2col + GEMM)."""
+    """Backward on the GPU path; 'direct' affects grad_input only (stride 1; else im2col + GEMM).  The backward
+    has no tensor-core kernels yet: 'implicit_gemm' runs what 'auto' would."""
+    if algorithm == "implicit_gemm":
+        algorithm = "auto"
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     gy = device.xp.ascontiguousarray(grad_output).reshape(n, g, dg, L)
     grad_x = grad_w = grad_b = None
@@ -371,8 +418,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     bias: (D,) or None.  padding: int, (pH, pW), ((top, bottom), (left, right)), 'valid' or 'same' (any
     stride: output = ceil(in / stride)).  Returns (N, D, oH, oW) of the caller's array kind.
 
-    algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm'
-    or 'direct'; GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col
+    algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm',
+    'direct' or 'implicit_gemm' (tensor cores: float16/bfloat16, float32 as TF32 when allowed, at least 16
+    channels per group, forward only); GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col
     buffer may take for this call (default: `settings.get_workspace_limit()`); the batch is processed in
     chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
     accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).

@@ -10,6 +10,9 @@ GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`
   computes every output channel of their pixels from registers (an implicit GEMM, no column matrix).  Grad
   input is the same kernel on grad_output with transposed, flipped weights; grad weight sums per block slice
   and reduces the slices in a fixed order, so it gives the same bits on every run.
+- 'implicit_gemm' (what 'auto' picks for the forward in float16/bfloat16, and float32 with TF32 allowed, with at
+  least 16 channels per group, on sm_80+): conv2d's tensor-core kernel, which reads the patches through the same
+  batch view; the backward has no tensor-core kernels yet and runs what 'auto' picks otherwise.
 - 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
   budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
   that writes the output straight into its (..., D, oH, oW) layout.
@@ -26,11 +29,11 @@ import math
 
 from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, element_strides, elementwise_launch, extent,
-                        index_type, kernel_name, stride_args)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
+                        extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .. import settings
-from .conv import conv2d_backward_cpu, conv2d_cpu
+from .conv import conv2d_backward_cpu, conv2d_cpu, implicit_gemm_gpu, tensor_core_refusal
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -47,7 +50,7 @@ TILE_KERNELS = ("patch_fwd", "patch_bwd_input")  # templates on (H, W, kH, kW) a
 # (H, W, kH, kW) compiled with constant sizes; GENERIC takes every size at run time.
 SPECIALISATIONS = ((4, 4, 3, 3), (8, 8, 3, 3))
 GENERIC = (0, 0, 0, 0)
-ALGORITHMS = ("auto", "fused", "im2col_gemm")
+ALGORITHMS = ("auto", "fused", "im2col_gemm", "implicit_gemm")
 
 # Shared with patch.cu (compiled in through KERNELS.defines; the file says what each one does there).
 TILES = {"float": (4, 16, 8, 8), "double": (4, 8, 4, 8)}  # register tiles (TM, TN, TK, TD) of PatchTile<T>
@@ -83,31 +86,6 @@ def instantiations():
 def _sizes(spec: ConvSpec) -> tuple[int, int, int, int]:
     sizes = (*spec.in_size, *spec.kernel_size)
     return sizes if sizes in SPECIALISATIONS else GENERIC
-
-
-def _batch_view(xp, a):
-    """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for patch q = (q // inner,
-    q % inner).  Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
-    a batch that still needs three or more strides is copied to a contiguous array."""
-    dims = []
-    for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == stride * size:
-            dims[-1] = (dims[-1][0] * size, stride)
-        else:
-            dims.append((size, stride))
-    if len(dims) > 2:
-        a = xp.ascontiguousarray(a)
-        dims = dims[:1]
-    n = math.prod(a.shape[:-3])
-    outer = dims[0][0] if len(dims) == 2 else 1
-    return a.reshape(outer, n // outer, *a.shape[-3:])
-
-
-def _batch_args(prefix: str, view) -> dict:
-    """The kernel arguments of a batch view: <prefix>_inner and the element strides (outer, inner, c, h, w)."""
-    return {f"{prefix}_inner": view.shape[1], **stride_args(prefix, view, ("outer", "inner", "c", "h", "w"))}
 
 
 def _group_args(spec: ConvSpec) -> dict:
@@ -258,15 +236,17 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
     out = device.empty(spec.output_shape, x.dtype)
     if out.size == 0:
         return out
-    xv = _batch_view(xp, x)
+    xv = batch_view(xp, x)
     weight = xp.ascontiguousarray(weight)
+    if algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, x.dtype, device) is None):
+        return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan):
         return _forward_gemm(device, xv, weight, bias, spec, out)
     KERNELS.launch(device, "patch_fwd", _sizes(spec), dtype=x.dtype, index=index_type(extent(xv), out.size, weight.size),
                    grid=(ceil_div(spec.n, plan.patches), spec.groups * plan.out_tiles), block=plan.threads,
                    shared_mem=plan.shared_mem, window=spec, x=xv, weight=weight,
-                   bias=weight if bias is None else bias, out=out, n=spec.n, **_batch_args("x", xv),
+                   bias=weight if bias is None else bias, out=out, n=spec.n, **batch_args("x", xv),
                    **_group_args(spec), **plan.args(), has_bias=bias is not None)
     return out
 
@@ -295,7 +275,7 @@ def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
                    index=index_type(extent(gv), out.size, weight.size),
                    grid=(ceil_div(spec.n, plan.patches), spec.groups * plan.out_tiles), block=plan.threads,
                    shared_mem=plan.shared_mem, window=spec, grad_out=gv, weight=weight, grad_x=out, n=spec.n,
-                   **_batch_args("g", gv), **_group_args(spec), **plan.args())
+                   **batch_args("g", gv), **_group_args(spec), **plan.args())
     return out
 
 
@@ -320,14 +300,14 @@ def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     plan = plan_weight(spec, dtype)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _weight_grad_gemm(device, xv, gy, spec, out)
-    gv = _batch_view(xp, gy)
+    gv = batch_view(xp, gy)
     size = out.size
     partial = device.empty((plan.slices, size), compute_dtype(dtype))
     index = index_type(extent(xv), extent(gv), partial.size)
     KERNELS.launch(device, "patch_bwd_weight", dtype=dtype, index=index,
                    grid=(plan.slices, spec.groups * plan.weight_tiles), block=plan.threads, shared_mem=plan.shared_mem,
-                   window=spec, x=xv, grad_out=gv, partial=partial, n=spec.n, **_batch_args("x", xv),
-                   **_batch_args("g", gv), **_group_args(spec), patches=plan.patches, out_tile=plan.out_tile,
+                   window=spec, x=xv, grad_out=gv, partial=partial, n=spec.n, **batch_args("x", xv),
+                   **batch_args("g", gv), **_group_args(spec), patches=plan.patches, out_tile=plan.out_tile,
                    k_tile=plan.k_tile, patch_stride=plan.patch_stride)
     grid, block = elementwise_launch(size)
     KERNELS.launch(device, "patch_reduce", dtype=dtype, index=index, grid=grid, block=block, partial=partial,
@@ -358,16 +338,18 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
                               algorithm: str = "auto"):
     xp = device.xp
     weight = xp.ascontiguousarray(weight)
+    if algorithm == "implicit_gemm":  # no tensor-core backward kernels yet: what 'auto' runs
+        algorithm = "auto"
     if spec.n == 0:
         zeros = (xp.zeros(spec.input_shape, x.dtype), xp.zeros(spec.weight_shape, x.dtype),
                  xp.zeros((spec.out_channels,), x.dtype))
         return tuple(z if name in needs else None for name, z in zip(NEEDS, zeros))
-    gv = _batch_view(xp, grad_output)
+    gv = batch_view(xp, grad_output)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
     if "weight" in needs:
-        grad_w = _weight_grad_gpu(device, _batch_view(xp, x), grad_output, weight, spec, algorithm)
+        grad_w = _weight_grad_gpu(device, batch_view(xp, x), grad_output, weight, spec, algorithm)
     if "bias" in needs:
         grad_b = gv.sum(axis=(0, 1, 3, 4), dtype=compute_dtype(x.dtype)).astype(x.dtype)
     return grad_x, grad_w, grad_b
@@ -381,7 +363,8 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     """Convolve every patch of x (..., C, H, W) with weight (D, C // groups, kH, kW): (..., D, oH, oW).
 
     padding (int, (pH, pW), ((top, bottom), (left, right)), 'same' or 'valid') is applied inside every patch.
-    algorithm picks the GPU kernels: 'auto', 'fused' (small patches) or 'im2col_gemm'; the CPU path ignores it.
+    algorithm picks the GPU kernels: 'auto', 'fused' (small patches), 'im2col_gemm' or 'implicit_gemm' (tensor
+    cores, forward); the CPU path ignores it.
     """
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,

@@ -1,0 +1,214 @@
+"""The tensor-core implicit GEMM (raw_kernels/conv.cu conv_fwd_tc, mma.sync through raw_kernels/mma.cuh) against
+the CPU path: conv2d and patch_conv2d forward in float16, bfloat16 and float32 as TF32.
+
+The emulator runs mma.sync as a warp collective in the documented fragment layouts (tests/emulator), so a
+fragment in the wrong register, a missing barrier between the two stages, or an unmasked tile edge fails here.
+Problems are odd on purpose: pixels, output channels and K = C / G * kH * kW are never multiples of the
+64 x 64 x 32 block tile, and several blocks run along each of them.
+"""
+import ml_dtypes
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv.ops import conv as conv_op
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from reference import ConvCase
+
+C = ConvCase
+DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32}
+#: Largest |tensor cores - CPU path| relative to the largest |CPU path| value: one rounding of the float32 sum to
+#: the 16-bit output (float16, bfloat16), or TF32 operands (10 mantissa bits) for float32.
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}
+
+CASES = [
+    C("tc_plain", (2, 16, 9, 7), (20, 16, 3, 3), padding=1),                        # M 126, N 20, K 144
+    C("tc_groups2_stride2_asymmetric", (1, 32, 11, 10), (24, 16, 3, 2), stride=2, padding=((2, 0), (0, 3)),
+      dilation=(1, 2), groups=2),
+    C("tc_pointwise_many_tiles", (3, 16, 12, 11), (70, 16, 1, 1), bias=False),     # M 396, N 70 (two N tiles)
+    C("tc_long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),  # K 1000
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+class Recorder(EmulatedDevice):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches = []
+
+    def launch(self, source, name, *args, **kwargs):
+        self.launches.append(name)
+        super().launch(source, name, *args, **kwargs)
+
+    def count(self, kernel):
+        return sum(name.startswith(kernel + "<") for name in self.launches)
+
+
+def on_emulator(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(True):
+        return fn(*args, **kwargs)
+
+
+def expected_forward(x, weight, bias, **kwargs):
+    """The CPU path in float64 on the same (already rounded) inputs."""
+    as64 = [None if a is None else a.astype(numpy.float64) for a in (x, weight, bias)]
+    return cupyconv.conv2d(*as64, **kwargs)
+
+
+def assert_close(got, want, dtype, what=""):
+    got = numpy.asarray(got, numpy.float64)
+    scale = float(numpy.abs(want).max())
+    err = float(numpy.abs(got - want).max())
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_conv2d_forward_matches_cpu_path(case, dtype):
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(0), DTYPES[dtype])
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert out.dtype == x.dtype and out.shape == case.output_shape
+    assert device.count("conv_fwd_tc") == 1
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), dtype, case.name)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_both_thread_orders(order):
+    """A missing barrier between the stages reads the other stage's chunk (or poison) in one of the orders."""
+    case = CASE_BY_NAME["tc_long_k_last_row_and_column"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(1), numpy.float16)
+    out = on_emulator(EmulatedDevice(order), cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm",
+                      **case.kwargs)
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16")
+
+
+def test_accumulates_in_float32():
+    """One large term and 575 below half's resolution at that size: a half accumulator would lose them all."""
+    x = numpy.full((1, 64, 3, 3), 0.25, numpy.float16)
+    x[0, 0, 1, 1] = 1000.0
+    weight = numpy.ones((16, 64, 3, 3), numpy.float16)
+    out = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    # centre pixel: 1000 + 575 * 0.25 = 1143.75, which float16 rounds to 1144 (spacing 1 there)
+    assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]
+
+
+def test_float32_operands_are_rounded_to_tf32():
+    """Every operand 1 + 3 * 2^-12: its 13 dropped bits are above half, so rounding to tf32 (what cuBLAS's TF32
+    mode does) gives 1 + 2^-10, while operands passed unrounded are truncated to 1 by the tensor cores."""
+    value = numpy.float32(1 + 3 * 2.0**-12)
+    x = numpy.full((1, 16, 4, 4), value, numpy.float32)
+    weight = numpy.full((3, 16, 1, 1), value, numpy.float32)
+    out = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="implicit_gemm")
+    assert (out == numpy.float32(16 * (1 + 2.0**-10) ** 2)).all(), numpy.unique(out)
+
+
+def test_64_bit_index_variant(monkeypatch):
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = CASE_BY_NAME["tc_groups2_stride2_asymmetric"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(2), numpy.float16)
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert device.launches == ["conv_fwd_tc<__half, long long>"]
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16")
+
+
+def test_strided_input_is_read_in_place():
+    case = CASE_BY_NAME["tc_plain"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), numpy.float16)
+    wide = numpy.random.default_rng(4).standard_normal((2, 16, 9, 14)).astype(numpy.float16)
+    wide[..., ::2] = x
+    strided = wide[..., ::2]  # every other column: x_stride_w = 2
+    out = on_emulator(EmulatedDevice(), cupyconv.conv2d, strided, weight, bias, algorithm="implicit_gemm",
+                      **case.kwargs)
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16")
+
+
+def test_auto_picks_the_tensor_cores_where_they_apply():
+    x, weight, bias, _ = CASE_BY_NAME["tc_plain"].inputs(numpy.random.default_rng(5), numpy.float16)
+    for inputs, tf32, expected in (((x, weight, bias), False, True),
+                                   ((x.astype(numpy.float32), weight.astype(numpy.float32), None), False, False),
+                                   ((x.astype(numpy.float32), weight.astype(numpy.float32), None), True, True),
+                                   ((x.astype(numpy.float64), weight.astype(numpy.float64), None), True, False),
+                                   ((x[:, :8], weight[:, :8], None), False, False)):  # 8 channels: direct
+        device = Recorder()
+        with _device.use_device(device), settings.allow_tf32(tf32):
+            cupyconv.conv2d(*inputs, padding=1)
+        assert (device.count("conv_fwd_tc") == 1) == expected, (inputs[0].dtype, inputs[0].shape, tf32)
+
+
+@pytest.mark.parametrize("dtype, channels, tf32, message", [
+    (numpy.float64, 16, True, r"float16, bfloat16 and \(as TF32\) float32, not float64"),
+    (numpy.float32, 16, False, "only as TF32: cupyconv.settings.set_allow_tf32"),
+    (numpy.float16, 8, False, "at least 16 input channels per group, not 8"),
+])
+def test_refusals_name_the_reason(dtype, channels, tf32, message):
+    x = numpy.random.default_rng(6).standard_normal((1, channels, 5, 5)).astype(dtype)
+    weight = numpy.random.default_rng(7).standard_normal((4, channels, 3, 3)).astype(dtype)
+    with pytest.raises(ValueError, match=rf"conv2d: algorithm='implicit_gemm' cannot run: .*{message}"):
+        with _device.use_device(EmulatedDevice()), settings.allow_tf32(tf32):
+            cupyconv.conv2d(x, weight, algorithm="implicit_gemm")
+
+
+def test_backward_with_implicit_gemm_runs_the_auto_choice():
+    case = CASE_BY_NAME["tc_plain"]
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float32)
+    got = on_emulator(EmulatedDevice(), cupyconv.conv2d_backward, grad_output, x, weight,
+                      algorithm="implicit_gemm", **case.kwargs)
+    for g, w in zip(got, cupyconv.conv2d_backward(grad_output, x, weight, **case.kwargs)):
+        numpy.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(numpy.abs(w).max()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patch_conv2d_reads_transposed_patches_in_place(dtype):
+    """(B, N, C, H, W) patches given as a transposed (B, C, N, H, W) array: the batch view's two strides."""
+    rng = numpy.random.default_rng(9)
+    stored = rng.standard_normal((2, 16, 37, 4, 4)).astype(DTYPES[dtype])  # (B, C, N, H, W)
+    x = stored.transpose(0, 2, 1, 3, 4)                                      # (B, N, C, H, W), not a copy
+    weight = rng.standard_normal((24, 16, 3, 3)).astype(DTYPES[dtype])
+    bias = rng.standard_normal((24,)).astype(DTYPES[dtype])
+    device = Recorder()
+    out = on_emulator(device, cupyconv.patch_conv2d, x, weight, bias, padding=1)  # 'auto': the tensor cores
+    assert device.count("conv_fwd_tc") == 1 and out.shape == (2, 37, 24, 4, 4)
+    flat = x.reshape(-1, 16, 4, 4)
+    want = expected_forward(flat, weight, bias, padding=1).reshape(out.shape)
+    assert_close(out, want, dtype, "patch")
+
+
+def test_clean_under_asan():
+    """Reads past the weight, x or out (a tile edge not masked) abort the ASan build: the last output channel's
+    weight row ends the buffer, and the last group's channels end x."""
+    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_conv2d_forward_matches_cpu_path"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On a real GPU (sm_80+): the same kernels against the CPU path
+
+
+def on_gpu(fn, *arrays, **kwargs):
+    import cupy
+    result = fn(*(None if a is None else cupy.asarray(a) for a in arrays), **kwargs)
+    return cupy.asnumpy(result)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_conv2d_forward(case, dtype):
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(10), DTYPES[dtype])
+    with settings.allow_tf32(True):
+        out = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), dtype, case.name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_patch_conv2d_seed_like(dtype):
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal((1, 2048, 32, 4, 4)).astype(DTYPES[dtype])
+    weight = rng.standard_normal((64, 32, 3, 3)).astype(DTYPES[dtype])
+    with settings.allow_tf32(True):
+        out = on_gpu(cupyconv.patch_conv2d, x, weight, None, padding=1, algorithm="implicit_gemm")
+    want = expected_forward(x.reshape(-1, 32, 4, 4), weight, None, padding=1).reshape(out.shape)
+    assert_close(out, want, dtype, "patch seed-like")
