@@ -82,7 +82,8 @@ def stride_args(prefix: str, a, dims) -> dict:
 
 def batch_view(xp, a):
     """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for image q = (q // inner,
-    q % inner): what the kernels that read a batch through two strides take (patch_offset in the .cu files).  Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
+    q % inner): what the kernels that read a batch through two strides take (patch_offset in the .cu files).
+    Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
     a batch that still needs three or more strides is copied to a contiguous array."""
     dims = []
     for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):

@@ -195,7 +195,9 @@ __device__ __forceinline__ void tc_warp_step(const T* as, const T* bs, int k0, i
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) b[ni][r] = *reinterpret_cast<const unsigned*>(bs + (ni * 8 + g) * P + k0 + 2 * q + 8 * r);
+    for (int r = 0; r < 2; ++r) {
+      b[ni][r] = *reinterpret_cast<const unsigned*>(bs + (ni * 8 + g) * P + k0 + 2 * q + 8 * r);
+    }
   }
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {

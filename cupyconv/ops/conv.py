@@ -420,9 +420,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
 
     algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm',
     'direct' or 'implicit_gemm' (tensor cores: float16/bfloat16, float32 as TF32 when allowed, at least 16
-    channels per group, forward only); GPU arrays only (the CPU path is always im2col + GEMM).  workspace_limit: bytes the im2col
-    buffer may take for this call (default: `settings.get_workspace_limit()`); the batch is processed in
-    chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
+    channels per group, forward only); GPU arrays only (the CPU path is always im2col + GEMM).
+    workspace_limit: bytes the im2col buffer may take for this call (default: `settings.get_workspace_limit()`);
+    the batch is processed in chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
     accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).
     """
     call = Call("conv2d", x=x, weight=weight, bias=bias)

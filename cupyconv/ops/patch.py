@@ -243,7 +243,8 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
     plan = plan_tile(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan):
         return _forward_gemm(device, xv, weight, bias, spec, out)
-    KERNELS.launch(device, "patch_fwd", _sizes(spec), dtype=x.dtype, index=index_type(extent(xv), out.size, weight.size),
+    KERNELS.launch(device, "patch_fwd", _sizes(spec), dtype=x.dtype,
+                   index=index_type(extent(xv), out.size, weight.size),
                    grid=(ceil_div(spec.n, plan.patches), spec.groups * plan.out_tiles), block=plan.threads,
                    shared_mem=plan.shared_mem, window=spec, x=xv, weight=weight,
                    bias=weight if bias is None else bias, out=out, n=spec.n, **batch_args("x", xv),

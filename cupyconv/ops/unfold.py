@@ -15,7 +15,8 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype
-from .._kernels import INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name, stride_args
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
+                        stride_args)
 from .._spec import ConvSpec
 
 
