@@ -15,6 +15,8 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import itertools
+import operator
 import os
 import re
 import time
@@ -81,6 +83,139 @@ def all_instantiations() -> list[tuple[str, str]]:
     return sorted(set(result))
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The GEMM call: cuBLAS's cublasGemmStridedBatchedEx, column-major, checked the same way on every device
+
+INT_MAX = 2**31 - 1   # m, n, k, lda, ldb, ldc and batch are C `int`s in cuBLAS (and in CuPy's binding)
+GEMM_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def gemm_compute(dtype) -> tuple[str, numpy.dtype]:
+    """(cuBLAS compute type, dtype of the accumulation and of the host scalars alpha and beta) of a GEMM on
+    `dtype` inputs: float16/bfloat16/float32 accumulate in float32 (CUBLAS_COMPUTE_32F), float32 on TF32
+    tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) only while `settings.get_allow_tf32()`, float64 in float64
+    (CUBLAS_COMPUTE_64F).  The compute type alone selects TF32: the handle's math mode is left as it is."""
+    name = numpy.dtype(dtype).name
+    if name == "float64":
+        return "CUBLAS_COMPUTE_64F", numpy.dtype(numpy.float64)
+    if name == "float32" and settings.get_allow_tf32():
+        return "CUBLAS_COMPUTE_32F_FAST_TF32", numpy.dtype(numpy.float32)
+    return "CUBLAS_COMPUTE_32F", numpy.dtype(numpy.float32)
+
+
+def _address(array) -> int:
+    """The address of an array's first element: CuPy's `data.ptr` (a device pointer), NumPy's `ctypes.data`."""
+    return array.ctypes.data if isinstance(array, numpy.ndarray) else array.data.ptr
+
+
+def _elements_from_pointer(array) -> int:
+    """How many elements of its dtype the array reaches from its data pointer onwards."""
+    if array.size == 0:
+        return 0
+    high = sum(s * (n - 1) for n, s in zip(array.shape, array.strides) if s > 0)
+    return (high + array.itemsize) // array.itemsize
+
+
+def _last_element(rows: int, cols: int, ld: int, stride: int, batch: int) -> int:
+    """The largest element offset a column-major (rows x cols) batch with leading dimension ld touches."""
+    return (batch - 1) * stride + (cols - 1) * ld + rows - 1
+
+
+def _batch_overlaps(rows: int, cols: int, ld: int, stride: int, batch: int) -> bool:
+    """Whether two matrices of the batch share an element (element (r, c) of matrix i is at
+    i * stride + r + c * ld, ld >= rows)."""
+    span = (cols - 1) * ld + rows
+    for t in range(1, batch):
+        d = t * stride
+        if d >= span:
+            return False
+        q = d // ld   # matrices t apart collide iff d = dr + dc * ld with |dr| < rows, |dc| < cols
+        if d - q * ld < rows or (q + 1 < cols and (q + 1) * ld - d < rows):
+            return True
+    return False
+
+
+def gemm_arguments(transa, transb, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch):
+    """Check a `Device.gemm_strided_batched` call; ValueError naming the parameter for anything cuBLAS would
+    reject (CUBLAS_STATUS_INVALID_VALUE, an unsupported type combination, a value CuPy's `int` parameters cannot
+    take) or get wrong without an error (reads or writes outside the arrays passed, c overlapping a or b or
+    itself).  Returns (m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch) as Python ints."""
+    for name, op in (("transa", transa), ("transb", transb)):
+        if op not in ("N", "T"):
+            raise ValueError(f"gemm: {name} must be 'N' or 'T', not {op!r}")
+    ints = {}
+    for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch), ("lda", lda), ("ldb", ldb), ("ldc", ldc),
+                        ("stride_a", stride_a), ("stride_b", stride_b), ("stride_c", stride_c)):
+        if isinstance(value, bool):
+            raise ValueError(f"gemm: {name} must be an int, not {value!r}")
+        try:
+            ints[name] = value = operator.index(value)
+        except TypeError:
+            raise ValueError(f"gemm: {name} must be an int, not {value!r}") from None
+        if value < 0:
+            what = "reads before the array's data pointer" if name.startswith("stride") else "is negative"
+            raise ValueError(f"gemm: {name} = {value} {what}")
+        if value > (2**63 - 1 if name.startswith("stride") else INT_MAX):
+            raise ValueError(f"gemm: {name} = {value} does not fit cuBLAS's "
+                             f"{'long long' if name.startswith('stride') else 'int'}")
+    m, n, k, batch = ints["m"], ints["n"], ints["k"], ints["batch"]
+    rows_a, cols_a = (m, k) if transa == "N" else (k, m)   # A and B as stored, column-major
+    rows_b, cols_b = (k, n) if transb == "N" else (n, k)
+    for name, rows, op in (("lda", rows_a, f"transa = {transa!r}"), ("ldb", rows_b, f"transb = {transb!r}"),
+                           ("ldc", m, "C")):
+        if ints[name] < max(1, rows):
+            raise ValueError(f"gemm: {name} = {ints[name]} is less than max(1, {rows}), the rows of the stored "
+                             f"matrix ({op}, m = {m}, n = {n}, k = {k})")
+    dtypes = [numpy.dtype(x.dtype) for x in (a, b, c)]
+    if dtypes[0].name not in GEMM_DTYPES:
+        raise ValueError(f"gemm: a's dtype {dtypes[0]} is not one of {GEMM_DTYPES}")
+    if dtypes[1] != dtypes[0]:
+        raise ValueError(f"gemm: b's dtype {dtypes[1]} differs from a's {dtypes[0]}")
+    # cuBLAS's table for CUBLAS_COMPUTE_32F also takes 16-bit A and B with a float32 C (a float32 accumulator).
+    if dtypes[2] != dtypes[0] and not (dtypes[0].itemsize == 2 and dtypes[2] == numpy.float32):
+        raise ValueError(f"gemm: c's dtype {dtypes[2]} differs from a's and b's {dtypes[0]} (cuBLAS takes a float32 "
+                         f"c only for float16/bfloat16 inputs)")
+    if m and n and batch:
+        ranges = {}
+        for name, x, rows, cols, ld, stride, used in (
+                ("a", a, rows_a, cols_a, ints["lda"], ints["stride_a"], k > 0),
+                ("b", b, rows_b, cols_b, ints["ldb"], ints["stride_b"], k > 0),
+                ("c", c, m, n, ints["ldc"], ints["stride_c"], True)):
+            if not used:
+                continue
+            last = _last_element(rows, cols, ld, stride, batch)
+            available = _elements_from_pointer(x)
+            if last >= available:
+                raise ValueError(f"gemm: {name} holds {available} elements from its data pointer, but the call "
+                                 f"reaches element {last} ({rows}x{cols} matrices, ld{name} = {ld}, stride_{name} = "
+                                 f"{stride}, batch = {batch}): an out-of-bounds access on a GPU")
+            begin = _address(x)
+            ranges[name] = (begin, begin + (last + 1) * x.itemsize)
+        if batch > 1 and _batch_overlaps(m, n, ints["ldc"], ints["stride_c"], batch):
+            raise ValueError(f"gemm: stride_c = {ints['stride_c']} makes the batch's C matrices overlap "
+                             f"({m}x{n}, ldc = {ints['ldc']}): their results would race")
+        for name in ("a", "b"):
+            if name in ranges and ranges[name][0] < ranges["c"][1] and ranges["c"][0] < ranges[name][1]:
+                raise ValueError(f"gemm: c's memory overlaps {name}'s: c must not alias a or b")
+    return (m, n, k, ints["lda"], ints["stride_a"], ints["ldb"], ints["stride_b"], ints["ldc"], ints["stride_c"],
+            batch)
+
+
+def _row_major_layout(x):
+    """How cuBLAS reads the row-major matrix in x's last two dims (R, C), or None if it cannot in place:
+    ('N', ld) when rows are ld elements apart (memory is the column-major C x R matrix x^T), ('T', ld) when
+    columns are (memory is x itself, column-major R x C; cuBLAS transposes it)."""
+    rows, cols = x.shape[-2:]
+    if any(s < 0 or s % x.itemsize for s in x.strides):
+        return None
+    s_rows, s_cols = (s // x.itemsize for s in x.strides[-2:])
+    if (cols == 1 or s_cols == 1) and (rows == 1 or s_rows >= max(1, cols)):
+        return "N", (s_rows if rows > 1 else max(1, cols))
+    if (rows == 1 or s_rows == 1) and (cols == 1 or s_cols >= max(1, rows)):
+        return "T", (s_cols if cols > 1 else max(1, rows))
+    return None
+
+
 class Device:
     """What an op's GPU path needs from an executor."""
 
@@ -93,24 +228,88 @@ class Device:
         the C order, of the exact C types (`_kernels.KernelFile.arguments` builds them)."""
         raise NotImplementedError
 
-    def matmul(self, a, b, out=None):
-        """Every GEMM of every op: batched matmul with broadcasting, float16/bfloat16 accumulated in float32,
-        float32 on TF32 tensor cores only where `settings.get_allow_tf32()` and the device has them."""
-        with self.gemm_math(a.dtype):
-            return self.gemm(a, b, out)
+    def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                             ldc, stride_c, batch) -> None:
+        """cuBLAS's cublasGemmStridedBatchedEx, column-major: for i < batch,
 
-    def gemm_math(self, dtype):
-        """The math mode of the GEMMs inside the block (TF32 or not); nothing to choose off the GPU."""
-        return contextlib.nullcontext()
+            C_i = alpha * op(A_i) @ op(B_i) + beta * C_i        op(X) = X ('N') or X^T ('T'), op(A_i) m x k,
+                                                                op(B_i) k x n, C_i m x n
 
-    def gemm(self, a, b, out=None):
-        if a.dtype.itemsize == 2:
-            result = self.xp.matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(a.dtype)
-            if out is None:
-                return result
-            out[...] = result
+        where element (r, col) of X_i (X = A, B, C, stored column-major) is element i * stride_x + r + col * ldx
+        of the buffer that starts at array x's data pointer (x's shape and strides only bound that buffer).
+        Strides and leading dimensions are in elements; stride_a or stride_b 0 broadcasts one matrix over the
+        batch (a shared weight).  a and b have one dtype of GEMM_DTYPES; c has it too, or is float32 for
+        float16/bfloat16 inputs.  Accumulation and compute type as `gemm_compute`; alpha and beta are host
+        numbers; beta = 0 never reads C (it may hold NaN), beta = 1 accumulates into it.  C is written in place.
+
+        A row-major product out (M, N) = x (M, K) @ y (K, N) is the column-major out^T (N x M) = y^T @ x^T:
+        m = N, n = M, k = K, A = y's buffer, B = x's, ldc = out's row stride (`matmul_strided` does this).
+
+        Here: NumPy on the raw buffers (the emulator's GEMM), after the checks `CudaDevice` runs before cuBLAS
+        (`gemm_arguments`), so CI sees the very calls and rejections of the GPU.  TF32 is not emulated."""
+        m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch = gemm_arguments(
+            transa, transb, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch)
+        if not (m and n and batch):
+            return
+        acc = gemm_compute(a.dtype)[1]
+        strided = numpy.lib.stride_tricks.as_strided
+
+        def op(x, trans, rows, cols, ld, stride):  # op(X_i) for every i: (batch, rows, cols)
+            stored = (rows, cols) if trans == "N" else (cols, rows)
+            view = strided(x, (batch, *stored), (stride * x.itemsize, x.itemsize, ld * x.itemsize), writeable=False)
+            return (view if trans == "N" else view.transpose(0, 2, 1)).astype(acc)
+
+        result = acc.type(alpha) * numpy.matmul(op(a, transa, m, k, lda, stride_a), op(b, transb, k, n, ldb, stride_b))
+        out = strided(c, (batch, m, n), (stride_c * c.itemsize, c.itemsize, ldc * c.itemsize))
+        if beta != 0:
+            result += acc.type(beta) * out.astype(acc)
+        out[...] = result.astype(c.dtype)
+
+    def matmul_strided(self, a, b, out, *, beta=0.0):
+        """out = a @ b + beta * out, batched like numpy.matmul, through `gemm_strided_batched`; returns out.
+
+        a (..., M, K) and b (..., K, N): batch dims broadcast to out's (..., M, N) (a missing or size-1 dim is
+        read at stride 0, e.g. one weight for every sample); out needs unit stride along N.  Each row-major
+        product is cuBLAS's column-major out^T = b^T @ a^T (see `gemm_strided_batched`): an operand that is a
+        transposed view is read with 'T' instead of being copied; one with no unit stride in its last two dims
+        (or a negative stride) is copied first.  The largest batch dim is cuBLAS's batch, the others are looped
+        over (one call for each of their indices).  beta = 1 accumulates into out (out may have a wider dtype,
+        float32 for float16/bfloat16 operands)."""
+        xp = self.xp
+        if min(a.ndim, b.ndim, out.ndim) < 2 or a.shape[-2] != out.shape[-2] or b.shape[-1] != out.shape[-1] \
+                or a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"matmul_strided: a {a.shape} @ b {b.shape} does not give out {out.shape}")
+        *batch_shape, rows, cols = out.shape
+        inner = a.shape[-1]
+        if out.size == 0:
             return out
-        return self.xp.matmul(a, b, out=out)
+        if (_row_major_layout(out) or ("T",))[0] != "N":
+            raise ValueError(f"matmul_strided: out (strides {out.strides}) needs unit stride along its last dim "
+                             f"and no negative stride")
+        a, b = (x if _row_major_layout(x) else xp.ascontiguousarray(x) for x in (a, b))
+        a = xp.broadcast_to(a, (*batch_shape, rows, inner))
+        b = xp.broadcast_to(b, (*batch_shape, inner, cols))
+        if inner == 0:  # an empty sum: BLAS's C = beta * C, without a call
+            if beta == 0:
+                out[...] = 0
+            else:
+                out *= beta
+            return out
+        (trans_b, ld_b), (trans_a, ld_a), (_, ld_out) = (_row_major_layout(x) for x in (b, a, out))
+        dims = [d for d, size in enumerate(batch_shape) if size > 1]
+        batched = max(dims, key=lambda d: batch_shape[d], default=None)
+        count = 1 if batched is None else batch_shape[batched]
+
+        def batch_stride(x):
+            return 0 if batched is None else x.strides[batched] // x.itemsize
+
+        loops = [range(batch_shape[d]) if d in dims and d != batched else (0,) for d in range(len(batch_shape))]
+        for position in itertools.product(*loops):
+            index = tuple(slice(None) if d == batched else i for d, i in enumerate(position))
+            self.gemm_strided_batched(trans_b, trans_a, cols, rows, inner, 1.0, b[index], ld_b, batch_stride(b),
+                                      a[index], ld_a, batch_stride(a), beta, out[index], ld_out, batch_stride(out),
+                                      count)
+        return out
 
     def empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype)
@@ -133,8 +332,23 @@ def _cublas():
     return cuda_device.get_cublas_handle(), cublas
 
 
+def _tf32_capable() -> bool:
+    """Whether the current GPU has TF32 tensor cores: compute capability 8.0 or newer, CuPy's own test in
+    cupy/_core/_routines_linalg.pyx `set_compute_type` (v14.2.0), which falls back to the default compute type
+    below it."""
+    from cupy.cuda import device as cuda_device
+    return int(cuda_device.get_compute_capability()) >= 80
+
+
+def _cuda_runtime():
+    """CuPy's CUDA runtime bindings (the CUDA_R_* data types of cuBLAS's Ex functions)."""
+    from cupy_backends.cuda.api import runtime
+    return runtime
+
+
 class CudaDevice(Device):
-    """CuPy arrays, NVRTC-compiled RawModules (memoised per device), cuBLAS through cupy.matmul."""
+    """CuPy arrays, NVRTC-compiled RawModules (memoised per device), cuBLAS through CuPy's bindings
+    (`gemm_strided_batched`)."""
 
     name = "cuda"
 
@@ -146,26 +360,54 @@ class CudaDevice(Device):
     def tensor_cores(self) -> bool:
         return int(self.xp.cuda.Device().compute_capability) >= 80
 
-    def gemm(self, a, b, out=None):
-        # cuBLAS accumulates float16/bfloat16 GEMMs in float32 itself (tensor cores where available).
-        return self.xp.matmul(a, b, out=out)
-
-    @contextlib.contextmanager
-    def gemm_math(self, dtype):
-        """TF32 for float32 GEMMs when the user opted in: CUBLAS_TF32_TENSOR_OP_MATH on CuPy's cuBLAS handle,
-        restored right after.  (CuPy 14's `cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)` and the
-        CUPY_TF32 environment variable only reach its 2-D GEMM path, not the batched cupy.matmul used here, and
-        they are process-wide.)"""
-        if not (settings.get_allow_tf32() and numpy.dtype(dtype) == numpy.float32):
-            yield
-            return
+    def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                             ldc, stride_c, batch) -> None:
+        """`Device.gemm_strided_batched` as one cublasGemmStridedBatchedEx on CuPy's cuBLAS handle and current
+        stream, after the same checks (`gemm_arguments`).  Followed, in CuPy v14.2.0:
+          cupy_backends/cuda/libs/cublas.pyx, `cpdef gemmStridedBatchedEx(intptr_t handle, int transa,
+            int transb, int m, int n, int k, size_t alpha, size_t A, int Atype, int lda, long long strideA,
+            size_t B, int Btype, int ldb, long long strideB, size_t beta, size_t C, int Ctype, int ldc,
+            long long strideC, int batchCount, int computeType, int algo)`: its first statement, `_setStream(handle)`,
+            sets the handle's stream to CuPy's current stream (`stream_module.get_current_stream_ptr()`), as for
+            every binding cupy.matmul calls; a computeType >= CUBLAS_COMPUTE_16F goes to the cublasComputeType_t API.
+          cupy/_core/_routines_linalg.pyx, `tensordot_core_v11` (what cupy.matmul's 2-D path calls): handle from
+            `device.get_cublas_handle()` (per device and thread), alpha/beta as host scalars of the compute
+            type's scale type (float for CUBLAS_COMPUTE_32F*, double for CUBLAS_COMPUTE_64F), data types from
+            `runtime.CUDA_R_*` (`_dtype.to_cuda_dtype`: bfloat16 by dtype name).
+        Host pointer mode is what cuBLAS handles start in and what CuPy keeps outside its cupy.cublas helpers
+        (cupy/cublas.py restores the mode it changes); it is checked and restored here all the same.  The
+        algorithm is CUBLAS_GEMM_DEFAULT: the deprecated *_TENSOR_OP value would allow CUBLAS_COMPUTE_32F_FAST_16F
+        kernels for strict float32.  A strict float32 GEMM also relies on the handle's math mode not being
+        CUBLAS_TF32_TENSOR_OP_MATH (CuPy's default, which cupyconv never changes)."""
+        if not all(isinstance(x, self.xp.ndarray) for x in (a, b, c)):
+            raise TypeError(f"gemm: a, b and c must be {self.xp.__name__} arrays")
+        m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch = gemm_arguments(
+            transa, transb, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch)
+        if not (m and n and batch):
+            return   # nothing to write; cuBLAS would return at once
         handle, cublas = _cublas()
-        previous = cublas.getMathMode(handle)
-        cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+        runtime = _cuda_runtime()
+        cuda_type = {"float16": runtime.CUDA_R_16F, "bfloat16": runtime.CUDA_R_16BF, "float32": runtime.CUDA_R_32F,
+                     "float64": runtime.CUDA_R_64F}
+        compute, scale = gemm_compute(a.dtype)
+        if compute == "CUBLAS_COMPUTE_32F_FAST_TF32" and not _tf32_capable():
+            compute = "CUBLAS_COMPUTE_32F"   # as CuPy's set_compute_type does below compute capability 8.0
+        scalars = numpy.array([alpha, beta], dtype=scale)   # host memory, alive until the call returns
+        ops = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
+        mode = cublas.getPointerMode(handle)
+        if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         try:
-            yield
+            cublas.gemmStridedBatchedEx(
+                handle, ops[transa], ops[transb], m, n, k, scalars.ctypes.data,
+                _address(a), cuda_type[a.dtype.name], lda, stride_a,
+                _address(b), cuda_type[b.dtype.name], ldb, stride_b,
+                scalars.ctypes.data + scalars.itemsize,
+                _address(c), cuda_type[c.dtype.name], ldc, stride_c,
+                batch, getattr(cublas, compute), cublas.CUBLAS_GEMM_DEFAULT)
         finally:
-            cublas.setMathMode(handle, previous)
+            if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+                cublas.setPointerMode(handle, mode)
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = _cuda_function(source, name)

@@ -86,8 +86,9 @@ def get_allow_tf32() -> bool:
 def set_allow_tf32(enabled: bool) -> None:
     """Let float32 GEMMs use TF32 tensor cores (about 10 mantissa bits per product, float32 accumulation).
 
-    Off by default: float32 is strict IEEE float32.  Applied by the GPU device to cupyconv's own GEMMs only
-    (`cupyconv._device.CudaDevice.matmul`); the direct and fused kernels compute in float32 either way.
+    Off by default: float32 is strict IEEE float32.  Read by cupyconv's own GEMMs (the cuBLAS compute type,
+    `cupyconv._device.gemm_compute`) and by the tensor-core kernel (`algorithm='implicit_gemm'`, which float32
+    reaches only while this is on); the direct and fused kernels compute in float32 either way.
     """
     _ALLOW_TF32.set(enabled)
 

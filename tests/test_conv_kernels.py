@@ -13,6 +13,7 @@ import reference as ref
 from cupyconv import _autotune, _device, _kernels
 from cupyconv.ops import conv as conv_op
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from emulator._device import EmulatedCublas
 from reference import NEEDS, NEEDS_SUBSETS, ConvCase
 
 C = ConvCase
@@ -51,7 +52,8 @@ def assert_close(got, want, dtype, what=""):
 
 
 class Recorder(EmulatedDevice):
-    """An EmulatedDevice that logs the kernels it launches (name expressions) and its GEMM calls."""
+    """An EmulatedDevice that logs the kernels it launches (name expressions) and its GEMMs (`matmul_strided`
+    calls: one per batched product, however many cuBLAS calls it makes)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -61,9 +63,9 @@ class Recorder(EmulatedDevice):
         self.launches.append(name)
         super().launch(source, name, grid, block, args, shared_mem)
 
-    def matmul(self, a, b, out=None):
+    def matmul_strided(self, a, b, out, *, beta=0.0):
         self.gemms += 1
-        return super().matmul(a, b, out=out)
+        return super().matmul_strided(a, b, out, beta=beta)
 
     def count(self, kernel: str) -> int:
         return sum(name.startswith(kernel + "<") for name in self.launches)
@@ -305,49 +307,39 @@ def test_groups_c_routes_to_depthwise():
 # TF32 opt-in and autotuning (their CUDA halves are faked here; the GPU tests below run them for real)
 
 
-class FakeCublas:
-    CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
-
-    def __init__(self):
-        self.mode, self.calls = 0, []
-
-    def getMathMode(self, handle):
-        return self.mode
-
-    def setMathMode(self, handle, mode):
-        self.calls.append(mode)
-        self.mode = mode
-
-
 class CudaLikeRecorder(Recorder):
-    """CudaDevice's choice of the GEMM math mode on the emulator; records the math mode during every GEMM."""
+    """CudaDevice's GEMM on the emulator: its exact cuBLAS binding call, made to EmulatedCublas (host memory)."""
 
     name = "cuda"
-    gemm_math = _device.CudaDevice.gemm_math
-
-    def __init__(self, cublas):
-        super().__init__()
-        self.cublas, self.modes = cublas, []
-
-    def gemm(self, a, b, out=None):
-        self.modes.append(self.cublas.mode)
-        return super().gemm(a, b, out=out)
+    gemm_strided_batched = _device.CudaDevice.gemm_strided_batched
 
 
 def test_tf32_is_opt_in_and_scoped(monkeypatch):
+    """TF32 is chosen by the cuBLAS compute type of each GEMM: CUBLAS_COMPUTE_32F_FAST_TF32 for float32 under
+    allow_tf32 only, never for float64; the handle's math mode is never changed (nothing to restore or leak)."""
     assert cupyconv.get_allow_tf32() is False
-    cublas = FakeCublas()
+    cublas = EmulatedCublas()
     monkeypatch.setattr(_device, "_cublas", lambda: ("handle", cublas))
+    monkeypatch.setattr(_device, "_cuda_runtime", lambda: cublas)
+    monkeypatch.setattr(_device, "_tf32_capable", lambda: True)
     case = CASE_BY_NAME["groups2_stride2"]
-    for allow, dtype, tf32 in ((False, numpy.float32, False), (True, numpy.float32, True),
-                               (True, numpy.float64, False)):
-        device = CudaLikeRecorder(cublas)
+    for allow, dtype, compute in ((False, numpy.float32, cublas.CUBLAS_COMPUTE_32F),
+                                  (True, numpy.float32, cublas.CUBLAS_COMPUTE_32F_FAST_TF32),
+                                  (True, numpy.float64, cublas.CUBLAS_COMPUTE_64F)):
+        cublas.gemms.clear()
+        device = CudaLikeRecorder()
         x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(9), dtype)
         with cupyconv.settings.allow_tf32(allow):
-            kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
-            kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
-        assert device.modes == [cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else 0] * 3, (allow, dtype)
-        assert cublas.mode == cublas.CUBLAS_DEFAULT_MATH   # restored after every GEMM
+            out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+            grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+        assert device.gemms == 3   # forward, grad input, grad weight; each as cuBLAS calls per group or sample
+        assert [g["computeType"] for g in cublas.gemms] == [compute] * len(cublas.gemms) and cublas.gemms
+        assert all(g["math_mode"] == cublas.CUBLAS_DEFAULT_MATH for g in cublas.gemms)
+        assert cublas.mode == cublas.CUBLAS_DEFAULT_MATH and cublas.pointer_mode == cublas.CUBLAS_POINTER_MODE_HOST
+        # EmulatedCublas computes every compute type strictly: the binding's arguments gave the right results
+        assert_close(out, cupyconv.conv2d(x, weight, bias, **case.kwargs), numpy.dtype(dtype).name)
+        for got, want in zip(grads, cupyconv.conv2d_backward(grad_output, x, weight, **case.kwargs)):
+            assert_close(got, want, numpy.dtype(dtype).name)
     cupyconv.set_allow_tf32(True)
     assert cupyconv.get_allow_tf32() is True
     cupyconv.set_allow_tf32(False)

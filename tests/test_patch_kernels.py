@@ -108,9 +108,6 @@ class Recorder(_device.Device):
     def empty(self, shape, dtype):
         return self.inner.empty(shape, dtype)
 
-    def matmul(self, a, b, out=None):
-        return self.inner.matmul(a, b, out=out)
-
     def names(self):
         return [name for name, _ in self.launches]
 

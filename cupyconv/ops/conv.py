@@ -108,14 +108,16 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 
 # ---------------------------------------------------------------------------------------------------------
 # GPU path (CuPy on a GPU, or the test emulator): raw_kernels/conv.cu, unfold.cu and GEMMs through
-# device.matmul.
+# device.matmul_strided: cuBLAS strided-batched calls (`Device.gemm_strided_batched`), no pointer arrays; the
+# largest of the (sample, group) batch dims is cuBLAS's batch (the weight at batch stride 0 when it is the
+# samples), the other is looped over.
 #
 # Algorithms (`algorithm=`):
 #   'im2col_gemm'  forward: per chunk of the batch (sized to the workspace budget) the unfold kernel writes
-#                  cols (n_chunk, G, K, L), K = C / G * kH * kW, L = oH * oW, and ONE batched GEMM
+#                  cols (n_chunk, G, K, L), K = C / G * kH * kW, L = oH * oW, and the batched GEMM
 #                  weight (G, D / G, K) @ cols -> (n_chunk, G, D / G, L) writes straight into the output, which is
 #                  already (N, D, oH, oW); a 1x1 stride-1 unpadded conv skips im2col (x is its own cols).  Bias is
-#                  one elementwise epilogue pass over the output (cupy.matmul has no beta/epilogue to fold it into).
+#                  one elementwise epilogue pass over the output.
 #   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
 #                  channels per thread in registers, fused bias; no workspace at all.
 #   'auto'         `choose_algorithm`: 'direct' when both channels per group are <= DIRECT_MAX_CHANNELS, else
@@ -123,11 +125,13 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Backward (both algorithms):
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
-#                cols = weight^T @ grad_output (one batched GEMM) and the deterministic gather col2im.
-#   grad_weight  per chunk ONE GEMM per group with the reduction over n_chunk * L:
-#                cols (G, K, n_chunk * L) @ grad_output^T (G, n_chunk * L, D / G) -> (G, K, D / G); im2col rows first
-#                writes cols in that layout and grad_output^T is a transposed copy of the chunk (n_chunk * D * L
-#                elements).  Chunks are summed in order in the compute dtype: same bits on every run.  (Per-sample
+#                cols = weight^T @ grad_output (the batched GEMM reads weight^T in place) and the deterministic
+#                gather col2im.
+#   grad_weight  per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
+#                grad_output (G, D / G, n_chunk * L) @ cols^T (G, n_chunk * L, K) -> (G, D / G, K); im2col rows first
+#                writes cols as (G, K, n_chunk * L) (read transposed in place) and grad_output (G, D / G, n_chunk * L)
+#                is a transposed copy of the chunk (n_chunk * D * L elements).  Each chunk's GEMM adds its product
+#                to one float32/float64 accumulator (beta = 1), chunks in order: same bits on every run.  (Per-sample
 #                GEMMs would need n_chunk copies of grad_weight, Dg / L times the cols buffer -- 10x at 512@7x7 --
 #                and a reduction of only L per GEMM.)
 #   grad_bias    conv_bgrad: one block per channel, fixed-order tree reduction.
@@ -300,11 +304,11 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     w = weight.reshape(g, dg, k)
     if _is_pointwise(spec) and x.flags.c_contiguous:
         if out.size:
-            device.matmul(w, x.reshape(n, g, k, spec.out_pixels), out=out)
+            device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
     else:
         for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
             cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
-            device.matmul(w, cols.reshape(-1, g, k, spec.out_pixels), out=out[chunk])
+            device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
     if bias is not None and out.size:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
@@ -315,43 +319,49 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
 
 def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im."""
-    n, g, dg, k = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps
-    wt = device.xp.ascontiguousarray(weight.reshape(g, dg, k).transpose(0, 2, 1))
+    n, g, dg, k, L = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps, spec.out_pixels
+    wt = weight.reshape(g, dg, k).transpose(0, 2, 1)  # a view: the GEMM reads it transposed ('T'), no copy
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
-        grad_x = device.empty((n, g, k, spec.out_pixels), gy.dtype)
+        grad_x = device.empty((n, g, k, L), gy.dtype)
         if grad_x.size:
-            device.matmul(wt, gy, out=grad_x)
+            device.matmul_strided(wt, gy, grad_x)
         return grad_x.reshape(n, *spec.input_shape[1:])
     per_sample = (spec.cols_bytes(gy.itemsize)
                   + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
     chunks = batch_chunks(n, per_sample)
+    cols = device.empty((max((c.stop - c.start for c in chunks), default=0), g, k, L), gy.dtype)  # reused
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
-        return fold_gpu(device, device.matmul(wt, gy), spec)
+        return fold_gpu(device, device.matmul_strided(wt, gy, cols), spec)
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
-        grad_x[chunk] = fold_gpu(device, device.matmul(wt, gy[chunk]), spec.with_batch(chunk.stop - chunk.start))
+        m = chunk.stop - chunk.start
+        grad_x[chunk] = fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m))
     return grad_x
 
 
-def _gemm_grad_weight(device, gy, x, spec: ConvSpec):
-    """grad_weight (D, C / G, kH, kW) in the compute dtype: per chunk one GEMM per group, chunks summed in order."""
-    n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
+def weight_grad_bytes(spec: ConvSpec, itemsize: int) -> int:
+    """Workspace per image of `gemm_weight_grad`: its columns and its copy of grad_output."""
+    return spec.cols_bytes(itemsize) + spec.out_channels * spec.out_pixels * itemsize
+
+
+def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
+    """grad_weight (D, C / G, kH, kW) in the compute dtype of dtype, from pieces (x (m, C, H, W) any strides,
+    grad_output (m, G, D / G, L)) of the batch, each within the workspace budget (`weight_grad_bytes` per image):
+    per piece one GEMM batched over the groups with the reduction over m * L, accumulated by cuBLAS (beta = 1)
+    into one float32/float64 buffer in piece order, so the bits are the same on every run.  Also patch's."""
+    g, dg, L = spec.groups, spec.outputs_per_group, spec.out_pixels
     k = spec.channels_per_group * spec.taps
-    ct = compute_dtype(x.dtype)
-    acc = None
-    per_sample = spec.cols_bytes(x.dtype.itemsize) + spec.out_channels * L * x.dtype.itemsize
-    for chunk in batch_chunks(n, per_sample):
-        m = chunk.stop - chunk.start
-        cols = unfold_gpu(device, x[chunk], spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
-        gyt = device.xp.ascontiguousarray(gy[chunk].transpose(1, 0, 3, 2)).reshape(g, m * L, dg)
-        part = device.matmul(cols, gyt)  # (G, K, D / G)
-        if acc is None:
-            acc = part.astype(ct)  # a copy: later chunks accumulate into it
-        else:
-            acc += part.astype(ct, copy=False)
-    if acc is None:
-        acc = device.xp.zeros((g, k, dg), ct)
-    return device.xp.ascontiguousarray(acc.transpose(0, 2, 1)).reshape(spec.weight_shape)
+    acc = device.empty((g, dg, k), compute_dtype(dtype))  # the weight's layout: no transpose at the end
+    beta = 0.0  # the first piece overwrites acc, the others add to it
+    for x_part, gy_part in pieces:
+        m = x_part.shape[0]
+        cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
+        gyc = device.xp.ascontiguousarray(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
+        device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
+        beta = 1.0
+    if beta == 0.0:  # no piece at all
+        acc[...] = 0
+    return acc.reshape(spec.weight_shape)
 
 
 def _grad_bias(device, gy, spec: ConvSpec):
@@ -396,7 +406,8 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    choose_algorithm(spec, x.dtype), grad_input)
     if "weight" in needs:
-        grad_w = _gemm_grad_weight(device, gy, x, spec).astype(weight.dtype, copy=False)
+        pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
+        grad_w = gemm_weight_grad(device, pieces, spec, x.dtype).astype(weight.dtype, copy=False)
     if "bias" in needs:
         grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b

@@ -33,7 +33,8 @@ from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_
                         extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .. import settings
-from .conv import conv2d_backward_cpu, conv2d_cpu, implicit_gemm_gpu, tensor_core_refusal
+from .conv import (conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu, tensor_core_refusal,
+                   weight_grad_bytes)
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     out5 = out.reshape(*xv.shape[:2], g, spec.outputs_per_group, pixels)
     for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
         cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
-        device.matmul(w, cols.reshape(cols.shape[0], g, -1, pixels), out=out5[o, part])
+        device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
     return out
@@ -283,12 +284,13 @@ def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
 def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
     """cols = weight^T (G, C / G * taps, D / G) @ grad_output (n, G, D / G, L), then col2im (a gather)."""
     g, pixels = spec.groups, spec.out_pixels
-    wt = device.xp.ascontiguousarray(weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1))
+    wt = weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1)  # read transposed, not copied
     out5 = out.reshape(*gv.shape[:2], *spec.input_shape[-3:])
     per_patch = spec.cols_bytes(gv.itemsize) + math.prod(spec.input_shape[-3:]) * gv.itemsize
     for o, part in _gemm_chunks(gv, per_patch):
         gy = gv[o, part]
-        cols = device.matmul(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels))
+        cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
+        device.matmul_strided(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels), cols)
         out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
     return out
 
@@ -317,21 +319,11 @@ def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
 
 
 def _weight_grad_gemm(device, xv, gy, spec: ConvSpec, out):
-    """The sum over patches of cols (G, C / G * taps, L) @ grad_output^T (G, L, D / G), chunk by chunk, the
-    chunks' sums added in order (deterministic); transposed to (D, C / G, kH, kW) at the end."""
-    xp, g, pixels = device.xp, spec.groups, spec.out_pixels
-    ct = compute_dtype(out.dtype)
-    gv = gy.reshape(*xv.shape[:2], *gy.shape[-3:])  # chunks index x and grad_output alike
-    acc = xp.zeros((g, spec.channels_per_group * spec.taps, spec.outputs_per_group), dtype=ct)
-    # columns, grad_output's transposed copy and the per-patch products
-    per_patch = (spec.in_channels * spec.taps * (pixels + spec.outputs_per_group)
-                 + spec.out_channels * pixels) * xv.itemsize
-    for o, part in _gemm_chunks(xv, per_patch):
-        cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
-        count = cols.shape[0]
-        grad = gv[o, part].reshape(count, g, spec.outputs_per_group, pixels).transpose(0, 1, 3, 2)
-        acc += device.matmul(cols.reshape(count, g, -1, pixels), grad).sum(axis=0, dtype=ct)
-    out[...] = acc.transpose(0, 2, 1).reshape(spec.weight_shape)
+    """conv2d's GEMM weight gradient over the batch view's pieces (x and grad_output chunked alike)."""
+    gv = gy.reshape(*xv.shape[:2], *gy.shape[-3:])
+    grad = gv.reshape(*xv.shape[:2], spec.groups, spec.outputs_per_group, spec.out_pixels)
+    pieces = ((xv[o, part], grad[o, part]) for o, part in _gemm_chunks(xv, weight_grad_bytes(spec, xv.itemsize)))
+    out[...] = gemm_weight_grad(device, pieces, spec, out.dtype)
     return out
 
 

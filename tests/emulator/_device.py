@@ -285,3 +285,88 @@ class EmulatedDevice(cupyconv_device.Device):
         argv = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])
         extents_c = (ctypes.c_longlong * max(len(extents), 2))(*extents)
         return argv, extents_c, slots
+
+
+class EmulatedCublas:
+    """The part of CuPy's bindings that `CudaDevice.gemm_strided_batched` calls, on host memory, so that its
+    exact call runs in CI: monkeypatch `cupyconv._device._cublas` to return (handle, this) and
+    `_device._cuda_runtime` to return this too (it carries runtime's CUDA_R_* data types).
+
+    Names, constants and the positional signature are CuPy v14.2.0's (cupy_backends/cuda/libs/cublas.pxd and
+    .pyx, cupy_backends/cuda/api/_runtime_enum.pxd).  `gemmStridedBatchedEx` takes what the Cython wrapper takes
+    (Python ints; `int` parameters in the C int range, pointers as non-negative ints, here host addresses),
+    rejects a data/compute type combination outside cuBLAS's table, reads alpha and beta from host memory as
+    the compute type's scale type, computes with `Device.gemm_strided_batched` on the memory the pointers
+    address, and records every call in `gemms` (with the math and pointer modes at the time)."""
+
+    CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+    CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
+    CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 1, 3
+    CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
+    CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 68, 77, 70
+    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
+
+    _TYPES = {0: numpy.dtype(numpy.float32), 1: numpy.dtype(numpy.float64), 2: numpy.dtype(numpy.float16)}
+    # (compute type) -> (scale type, {A/B type: allowed C types}), from cuBLAS's cublasGemmEx table
+    _TABLE = {68: (numpy.float32, {0: {0}, 2: {2, 0}, 14: {14, 0}}), 77: (numpy.float32, {0: {0}}),
+              70: (numpy.float64, {1: {1}})}
+
+    def __init__(self):
+        self.mode, self.pointer_mode, self.gemms = 0, 0, []
+
+    def getMathMode(self, handle):
+        return self.mode
+
+    def setMathMode(self, handle, mode):
+        self.mode = mode
+
+    def getPointerMode(self, handle):
+        return self.pointer_mode
+
+    def setPointerMode(self, handle, mode):
+        self.pointer_mode = mode
+
+    @classmethod
+    def _dtype(cls, code):
+        if code == cls.CUDA_R_16BF:
+            import ml_dtypes
+            return numpy.dtype(ml_dtypes.bfloat16)
+        return cls._TYPES[code]
+
+    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        ints = dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, Btype=Btype, ldb=ldb,
+                    Ctype=Ctype, ldc=ldc, batchCount=batchCount, computeType=computeType, algo=algo)
+        for name, value in ints.items():
+            if type(value) is not int or not -2**31 <= value < 2**31:
+                raise TypeError(f"gemmStridedBatchedEx: {name} = {value!r} is not a C int")
+        for name, value in dict(strideA=strideA, strideB=strideB, strideC=strideC).items():
+            if type(value) is not int or not -2**63 <= value < 2**63:
+                raise TypeError(f"gemmStridedBatchedEx: {name} = {value!r} is not a long long")
+        for name, value in dict(alpha=alpha, A=A, beta=beta, B=B, C=C).items():
+            if type(value) is not int or not 0 < value < 2**64:
+                raise TypeError(f"gemmStridedBatchedEx: {name} = {value!r} is not a pointer")
+        if transa not in (0, 1) or transb not in (0, 1) or algo != self.CUBLAS_GEMM_DEFAULT:
+            raise ValueError(f"gemmStridedBatchedEx: transa {transa}, transb {transb}, algo {algo}")
+        if computeType not in self._TABLE or Atype != Btype or Ctype not in self._TABLE[computeType][1].get(Atype, ()):
+            raise ValueError(f"CUBLAS_STATUS_NOT_SUPPORTED: Atype {Atype}, Btype {Btype}, Ctype {Ctype} with "
+                             f"computeType {computeType}")
+        scale = numpy.dtype(self._TABLE[computeType][0])
+        read = lambda address: numpy.frombuffer((ctypes.c_char * scale.itemsize).from_address(address), scale)[0]
+        self.gemms.append(dict(computeType=computeType, math_mode=self.mode, pointer_mode=self.pointer_mode,
+                               alpha=read(alpha), beta=read(beta)))
+        if self.pointer_mode != self.CUBLAS_POINTER_MODE_HOST:
+            raise ValueError("alpha and beta are host pointers but the handle is in device pointer mode")
+        op = "NT"
+
+        def buffer(address, code, rows, cols, ld, stride):  # the memory the call may touch, as a 1-D array
+            dtype = self._dtype(code)
+            count = (batchCount - 1) * stride + (cols - 1) * ld + rows if rows and cols and batchCount else 1
+            return numpy.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(address), dtype)
+
+        a = buffer(A, Atype, *((m, k) if transa == 0 else (k, m)), lda, strideA)
+        b = buffer(B, Btype, *((k, n) if transb == 0 else (n, k)), ldb, strideB)
+        c = buffer(C, Ctype, m, n, ldc, strideC)
+        cupyconv_device.Device().gemm_strided_batched(op[transa], op[transb], m, n, k, float(read(alpha)), a, lda,
+                                                      strideA, b, ldb, strideB, float(read(beta)), c, ldc, strideC,
+                                                      batchCount)
