@@ -18,8 +18,9 @@ CACHE: dict = {}
 
 
 def tune_key(pass_name: str, spec: ConvSpec, dtype, *extra) -> tuple:
-    """What makes two calls the same problem for autotuning (the op name in error messages does not)."""
-    return (pass_name, dataclasses.replace(spec, op=""), numpy.dtype(dtype).name, *extra)
+    """What makes two calls the same problem for autotuning (the op name in error messages does not).  The TF32
+    setting is part of it: it changes the candidates (float32 on the tensor cores) and what they compute."""
+    return (pass_name, dataclasses.replace(spec, op=""), numpy.dtype(dtype).name, settings.get_allow_tf32(), *extra)
 
 
 def resolve(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heuristic: str, run):

@@ -117,6 +117,22 @@ def test_deterministic_wins_over_autotune(monkeypatch):
     assert device.timings == 2 and len(_autotune.CACHE) == 1  # both candidates timed once, then cached
 
 
+def test_autotuning_keeps_tf32_and_strict_float32_apart(monkeypatch):
+    """float32 with TF32 allowed has the tensor-core candidate; a choice made under TF32 must never be reused
+    for strict float32 (where that candidate cannot run), nor the other way round."""
+    monkeypatch.setattr(_autotune, "CACHE", {})
+    rng = numpy.random.default_rng(2)
+    x = rng.standard_normal((2, 16, 7, 6)).astype(numpy.float32)
+    weight = rng.standard_normal((16, 16, 3, 3)).astype(numpy.float32)
+    with _device.use_device(EmulatedDevice()), settings.autotune(True):
+        with settings.allow_tf32(True):
+            cupyconv.conv2d(x, weight, padding=1)
+        cupyconv.conv2d(x, weight, padding=1)
+    keys = list(_autotune.CACHE)
+    assert len(keys) == 2 and {k[3] for k in keys} == {True, False}
+    assert _autotune.CACHE[next(k for k in keys if not k[3])] != "implicit_gemm"
+
+
 def test_the_scoped_workspace_limit_chunks_the_im2col_buffer():
     """conv2d's GEMM path reads the limit through settings: one image's columns per chunk here."""
     rng = numpy.random.default_rng(1)
