@@ -1,6 +1,12 @@
 """Markdown tables from benchmark JSON files, for RESULTS.md.
 
     python -m benchmarks.report bench.json [more.json ...]
+
+Where the run measured a GEMM peak and copy bandwidth (GPU runs), each row also has the achieved TFLOP/s and the
+fraction of that peak (cupyconv, the baseline and every other alternative), the case's GFLOP and floor MB, and
+its floor time max(FLOPs / peak, bytes / bandwidth) with what bounds it (com: compute, mem: memory) and cupyconv's
+time as a multiple of it.  "ratio" is always against the baseline; the target column names the alternative the
+target was checked against where that is the fastest one rather than the baseline.
 """
 from __future__ import annotations
 
@@ -12,7 +18,56 @@ from pathlib import Path
 def _fmt_ms(entry: dict) -> str:
     if "median_ms" not in entry:
         return entry.get("status", "?")
-    return f"{entry['median_ms']:.2f} ({entry['iqr_pct']:.0f}%)"
+    ms = entry["median_ms"]
+    return f"{ms:.2f} ({entry['iqr_pct']:.0f}%)" if ms >= 1 else f"{ms:.4f} ({entry['iqr_pct']:.0f}%)"
+
+
+def _fmt_roof(entry: dict) -> str:
+    """Achieved TFLOP/s and the fraction of the same run's GEMM peak of one contender ("" in older JSON)."""
+    r = entry.get("roofline") or {}
+    if r.get("tflops") is None:
+        return ""
+    text = f"{r['tflops']:.1f}" if r["tflops"] >= 1 else f"{r['tflops']:.3f}"
+    if r.get("peak_fraction") is not None:
+        text += f" ({100 * r['peak_fraction']:.0f}%)"
+    return text
+
+
+def _fmt_floor(res: dict) -> str:
+    """The case's floor max(FLOPs / GEMM peak, bytes / copy bandwidth), what bounds it, and cupyconv's multiple."""
+    r = res.get("roofline") or {}
+    if r.get("floor_ms") is None:
+        return ""
+    ours = (res["contenders"].get("cupyconv", {}).get("roofline") or {}).get("x_floor")
+    return f"{r['floor_ms'] * 1e3:.1f} ({r['floor_bound'][:3]})" + (f", {ours:.1f}x" if ours is not None else "")
+
+
+def _fmt_work(res: dict) -> str:
+    r = res.get("roofline") or {}
+    return f"{r['flops'] / 1e9:.2f} / {r['bytes'] / 1e6:.1f}" if r else ""
+
+
+def _fmt_target(res: dict) -> str:
+    parts = []
+    t = res.get("target_check")
+    if t:
+        vs = f" vs {t['vs']}" if t.get("rule") == "best" else ""
+        parts.append(f"<= {t['target']:g}x{vs}: {'met' if t['met'] else '**missed**'} ({t['ratio']:.2f}x)"
+                     if vs else f"<= {t['target']:g}x: {'met' if t['met'] else '**missed**'}")
+    p = res.get("peak_check")
+    if p:
+        parts.append(f">= {100 * p['target']:g}% of peak: {'met' if p['met'] else '**missed**'}")
+    return "; ".join(parts)
+
+
+def _peaks_line(meta: dict) -> str:
+    peaks = meta.get("peaks")
+    if not peaks:
+        return ""
+    gemm = ", ".join(f"{k} {v['tflops']:.1f} TFLOP/s" for k, v in peaks.get("gemm", {}).items())
+    copy = peaks.get("copy")
+    return (f"Measured in the same process ({peaks.get('method')}): GEMM {gemm}"
+            + (f"; copy {copy['gbs']:.0f} GB/s (read + write)" if copy else "") + "  ")
 
 
 def report(path: Path) -> str:
@@ -26,29 +81,50 @@ def report(path: Path) -> str:
         f" ({meta.get('torch_threads')} threads), cupy {meta['cupy']}, cupyconv {meta['cupyconv']}"
         f" ({meta.get('git_commit')}); other processes used {meta.get('others_cpu_pct')}% of the CPUs"
         " during the run",
-        "",
-        "| case | pass | cupyconv ms (IQR) | baseline | baseline ms (IQR) | ratio | per-round ratio | target |"
-        " other alternative: ms (IQR), ratio | others' CPU |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    peaks = _peaks_line(meta)
+    if peaks:
+        lines.append(peaks)
+    roofline = any(res.get("roofline") for res in data["results"])
+    head = "| case | pass | cupyconv ms (IQR) |"
+    rule = "| --- | --- | --- |"
+    if roofline:
+        head += " cupyconv TFLOP/s (% peak) | GFLOP / floor MB | floor us (bound), cupyconv x floor |"
+        rule += " --- | --- | --- |"
+    head += " baseline | baseline ms (IQR) | ratio | per-round ratio | target |"
+    rule += " --- | --- | --- | --- | --- |"
+    if roofline:
+        head += " baseline TFLOP/s (% peak) |"
+        rule += " --- |"
+    tf32_column = any(res.get("tf32") for res in data["results"])
+    head += " other alternative: ms (IQR), ratio |" + (" TF32 |" if tf32_column else "") + " others' CPU |"
+    rule += " --- |" + (" --- |" if tf32_column else "") + " --- |"
+    lines += ["", head, rule]
     for res in data["results"]:
         ours = res["contenders"].get("cupyconv", {})
         base = res["contenders"].get(res["baseline"], {})
         ratio = res["ratios"].get("cupyconv", {}).get(res["baseline"])
-        t = res.get("target_check")
-        target = f"<= {t['target']:g}x: {'met' if t['met'] else '**missed**'}" if t else ""
         others = []
         for name, entry in res["contenders"].items():
             if entry.get("ours") or name == res["baseline"]:
                 continue
             r = res["ratios"].get("cupyconv", {}).get(name)
-            others.append(f"{name}: {_fmt_ms(entry)}" + (f", {r['ratio_of_medians']:.2f}x" if r else ""))
-        lines.append(
-            f"| ({res['case']}) {res['op']} | {res['pass']} | {_fmt_ms(ours)} | {res['baseline']} | "
-            f"{_fmt_ms(base)} | {ratio['ratio_of_medians']:.2f}x | {ratio['median_round_ratio']:.2f}x | {target} | "
-            f"{'; '.join(others)} | {res.get('others_cpu_pct')}% |" if ratio else
-            f"| ({res['case']}) {res['op']} | {res['pass']} | {_fmt_ms(ours)} | {res['baseline']} | "
-            f"{_fmt_ms(base)} | | | {target} | {'; '.join(others)} | {res.get('others_cpu_pct')}% |")
+            roof = _fmt_roof(entry)
+            others.append(f"{name}: {_fmt_ms(entry)}" + (f", {r['ratio_of_medians']:.2f}x" if r else "")
+                          + (f", {roof} TFLOP/s" if roof else ""))
+        tf32 = res.get("tf32")
+        tf32 = ("on" if all(tf32.values()) else "off" if not any(tf32.values()) else "mixed: " + ", ".join(
+            k for k, v in tf32.items() if v)) if tf32 and res.get("dtype") == "float32" else ""
+        row = f"| ({res['case']}) {res['op']} | {res['pass']} | {_fmt_ms(ours)} |"
+        if roofline:
+            row += f" {_fmt_roof(ours)} | {_fmt_work(res)} | {_fmt_floor(res)} |"
+        row += (f" {res['baseline']} | {_fmt_ms(base)} | "
+                + (f"{ratio['ratio_of_medians']:.2f}x | {ratio['median_round_ratio']:.2f}x |" if ratio else " | |")
+                + f" {_fmt_target(res)} |")
+        if roofline:
+            row += f" {_fmt_roof(base)} |"
+        row += f" {'; '.join(others)} |" + (f" {tf32} |" if tf32_column else "") + f" {res.get('others_cpu_pct')}% |"
+        lines.append(row)
     seen = {}
     for res in data["results"]:
         seen.setdefault(res["case"], res["name"])
