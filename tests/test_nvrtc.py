@@ -5,17 +5,25 @@ expressions (as CuPy's RawModule does, from the same inlined source and options 
 SASS so ptxas runs too.  Any error, any warning (a non-empty log) or a name expression that does not resolve
 fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.
 
+Each (kernel file, architecture) is compiled once per test session (`kernel_programs`) and the resulting cubin is
+kept: tests/test_sass.py reads the same binaries' resource use and instructions.
+
 Needs the wheels (the test extra): nvidia-cuda-nvrtc>=13,<14 nvidia-cuda-runtime>=13,<14
 nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 (the runtime wheels carry cuda_fp16.h / cuda_bf16.h).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import hashlib
+import os
+import pickle
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -29,6 +37,14 @@ WHEEL_LAYOUT = {
 }
 WHEELS = {12: "nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12",
           13: "'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'"}
+
+
+class Program(NamedTuple):
+    """What NVRTC made of one program."""
+    ok: bool
+    log: str
+    lowered: dict         # name expression -> its mangled (lowered) name
+    cubin: bytes | None   # the SASS binary (ELF) for the real architecture compiled; None when compiling failed
 
 
 class Nvrtc:
@@ -46,6 +62,8 @@ class Nvrtc:
         lib.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
         lib.nvrtcGetProgramLog.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nvrtcGetLoweredName.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+        lib.nvrtcGetCUBINSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.nvrtcGetCUBIN.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         major, minor = ctypes.c_int(), ctypes.c_int()
         self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
@@ -55,8 +73,9 @@ class Nvrtc:
         if status != 0:
             raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
 
-    def compile(self, source: str, filename: str, names: list[str], options: list[str]) -> tuple[bool, str, dict]:
-        """(compiled, log, {name expression: lowered name}) for one program."""
+    def compile(self, source: str, filename: str, names: list[str], options: list[str]) -> Program:
+        """One program: compiled or not, its log, {name expression: lowered name} and its cubin (options must
+        name a real architecture, --gpu-architecture=sm_XY, for there to be one)."""
         lib = self.lib
         program = ctypes.c_void_p()
         self._check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), filename.encode(), 0, None, None),
@@ -71,13 +90,17 @@ class Nvrtc:
             buffer = ctypes.create_string_buffer(size.value + 1)
             self._check(lib.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
             log = buffer.value.decode(errors="replace").strip()
-            lowered = {}
+            lowered, cubin = {}, None
             if status == 0:
                 for name in names:
                     result = ctypes.c_char_p()
                     if lib.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(result)) == 0 and result.value:
                         lowered[name] = result.value.decode()
-            return status == 0, log, lowered
+                if lib.nvrtcGetCUBINSize(program, ctypes.byref(size)) == 0 and size.value:
+                    buffer = ctypes.create_string_buffer(size.value)
+                    self._check(lib.nvrtcGetCUBIN(program, buffer), "nvrtcGetCUBIN")
+                    cubin = buffer.raw
+            return Program(status == 0, log, lowered, cubin)
         finally:
             lib.nvrtcDestroyProgram(ctypes.byref(program))
 
@@ -104,26 +127,86 @@ def grouped_instantiations() -> dict[str, list[str]]:
 TOOLKIT_NOTICE = re.compile(r"^nvrtc: warning: Architectures prior to '<compute/sm>_75' are deprecated.*$\n?", re.M)
 
 
-def check_compiles(arch: str, filename: str, source: str, names: list[str]) -> None:
-    compiler = nvrtc(ARCHES[arch])
-    options = [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{compiler.include}"]
-    ok, log, lowered = compiler.compile(source, filename, names, options)
-    log = TOOLKIT_NOTICE.sub("", log).strip()
-    release = "%d.%d" % compiler.version
-    assert ok, f"NVRTC {release} failed on {filename} for {arch}:\n{log}"
+def options_for(arch: str, filename: str) -> list[str]:
+    return [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{nvrtc(ARCHES[arch]).include}"]
+
+
+def check_program(program: Program, arch: str, filename: str, names: list[str]) -> None:
+    """Fail on an error, a warning or a name expression that does not resolve."""
+    release = "%d.%d" % nvrtc(ARCHES[arch]).version
+    log = TOOLKIT_NOTICE.sub("", program.log).strip()
+    assert program.ok, f"NVRTC {release} failed on {filename} for {arch}:\n{log}"
     assert not log, f"NVRTC {release} warns on {filename} for {arch} (warnings fail the build):\n{log}"
-    missing = [n for n in names if n not in lowered]
+    missing = [n for n in names if n not in program.lowered]
     assert not missing, f"NVRTC {release}: name expressions of {filename} that do not resolve: {missing}"
+
+
+def check_compiles(arch: str, filename: str, source: str, names: list[str]) -> Program:
+    program = nvrtc(ARCHES[arch]).compile(source, filename, names, options_for(arch, filename))
+    check_program(program, arch, filename, names)
+    return program
 
 
 GROUPS = grouped_instantiations()
 
 
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock on `path` between processes (pytest-xdist workers); none where fcntl is missing."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_file(filename: str, arch: str, shared_dir: str | None = None) -> Program:
+    """Every instantiation of raw_kernels/<filename> in one program for arch, as CuPy compiles it.
+
+    Memoised in the process; with shared_dir (pytest-xdist) also in a file there, under a lock, so that of the
+    workers needing the same program one compiles it and the others wait for it and read it.  The file name
+    hashes the source, the options and the NVRTC release, so an edited kernel is never read stale.
+    """
+    compiler = nvrtc(ARCHES[arch])
+    source, names, options = _device.kernel_source(filename), GROUPS[filename], options_for(arch, filename)
+    if shared_dir is None:
+        return compiler.compile(source, filename, names, options)
+    key = hashlib.sha256(repr((compiler.version, source, names, options)).encode()).hexdigest()[:20]
+    path = Path(shared_dir) / f"{filename}-{arch}-{key}.pickle"
+    with _file_lock(path.with_suffix(".lock")):
+        if path.is_file():
+            return Program(*pickle.loads(path.read_bytes()))
+        program = compiler.compile(source, filename, names, options)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(pickle.dumps(tuple(program)))
+        partial.replace(path)
+        return program
+
+
+@pytest.fixture(scope="session")
+def kernel_programs(tmp_path_factory):
+    """programs(filename, arch) -> Program: each kernel file compiled once per test session for each
+    architecture, shared by this module and tests/test_sass.py (and, under pytest-xdist, by all workers,
+    through the session's base temporary directory: whole-file compiles take up to a minute each)."""
+    shared = None
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "nvrtc-programs"
+        shared.mkdir(exist_ok=True)
+    return functools.partial(compile_file, shared_dir=None if shared is None else str(shared))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 @pytest.mark.parametrize("filename", sorted(GROUPS))
-def test_every_instantiation_compiles(filename, arch):
-    check_compiles(arch, filename, _device.kernel_source(filename), GROUPS[filename])
+def test_every_instantiation_compiles(filename, arch, kernel_programs):
+    check_program(kernel_programs(filename, arch), arch, filename, GROUPS[filename])
 
 
 # The common header with its helpers instantiated for every element type: also proves the toolchain works
@@ -165,5 +248,5 @@ def test_kernel_files_refuse_to_compile_without_their_shared_constants(filename)
     """The constants an op module passes as -D options are not defaulted in CUDA: without them, an #error."""
     compiler = nvrtc(13)
     options = ["-std=c++17", "--gpu-architecture=sm_80", f"-I{compiler.include}"]
-    ok, log, _ = compiler.compile(_device.kernel_source(filename), filename, GROUPS[filename][:1], options)
-    assert not ok and "compile_options" in log, log
+    program = compiler.compile(_device.kernel_source(filename), filename, GROUPS[filename][:1], options)
+    assert not program.ok and "compile_options" in program.log, program.log

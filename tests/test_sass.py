@@ -1,0 +1,505 @@
+"""The kernels' resource use, read from their SASS, against the launches the planners make; no GPU needed.
+
+Every instantiation is compiled by NVRTC (CUDA 13) to a cubin for sm_80 and sm_90 -- the very programs
+tests/test_nvrtc.py checks, compiled once per session (`kernel_programs`) -- and `cuobjdump -res-usage` reads each
+kernel's registers, static shared memory, stack frame and local memory.  The launches come from running the public
+ops on `RecordingDevice`, a Device that records every launch (kernel, block, dynamic shared memory) and executes
+nothing, over the GPU benchmark cases of benchmarks/cases.py and the emulator tests' cases, forward and
+backward, in every dtype, with every algorithm, for both index types.  Each launch must fit the hardware
+(`launch_problems`):
+
+- registers: warps x 32 x registers per thread, rounded up to the allocation unit, within the 64 Ki registers a
+  block may use;
+- shared memory: static + dynamic within 48 KiB, or, when the dynamic part alone is above 48 KiB (the launch then
+  opts in, as CudaDevice.launch does), within the architecture's opt-in limit;
+- no stack frame or local memory (register spills) in the float16, bfloat16 and float32 kernels, launched or
+  not (float64 kernels may spill).
+
+`opcodes_of` counts every kernel's SASS instructions (nvdisasm), for checks on what a kernel compiles to, e.g.
+that a tensor-core instantiation has matrix instructions:
+`opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int>"]["HMMA"] > 0`.
+
+Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm (all >=13,<14); skips without them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from reference import NEEDS, NEEDS_SUBSETS
+from test_nvrtc import GROUPS, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
+
+SASS_ARCHES = ("sm_80", "sm_90")
+TOOLS = "nvidia/cu13/bin"  # where the CUDA 13 wheels put cuobjdump and nvdisasm, inside site-packages
+TOOL_WHEELS = "'nvidia-cuda-cuobjdump>=13,<14' 'nvidia-cuda-nvdisasm>=13,<14'"
+
+# Per-block hardware limits of sm_80 and sm_90 (CUDA C Programming Guide, compute capabilities 8.0 and 9.0).
+MAX_THREADS = 1024
+REGISTERS_PER_BLOCK = 65536
+MAX_REGISTERS_PER_THREAD = 255
+# Registers are allocated per warp in units of 256: a thread's count rounded up to a multiple of 8, times 32
+# lanes, for every warp the block has (its threads rounded up to a multiple of 32).
+REGISTER_UNIT_PER_THREAD = 8
+SHARED_WITHOUT_OPT_IN = _device.DEFAULT_SHARED_LIMIT            # 48 KiB, static + dynamic
+SHARED_OPT_IN = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}     # cudaDevAttrMaxSharedMemoryPerBlockOptin
+# The 1 KiB of shared memory the system reserves per block (cudaDevAttrReservedSharedMemoryPerBlock) lies outside
+# those limits.  An sm_90 cubin places it in every kernel that uses shared memory (section .nv.shared.reserved.0,
+# symbol __nv_reservedSMEM_offset_0_alias at offset 0), so cuobjdump's SHARED counts it there, and not for sm_80;
+# `resource_usage` takes it off (test_resources_and_opcodes_of_a_probe checks this).
+RESERVED_SHARED_IN_CUBIN = {"sm_80": 0, "sm_90": 1024}
+SPILL_FREE_TYPES = ("__half", "__nv_bfloat16", "float")
+DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
+          "float64": numpy.float64}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The binaries: resource use and instructions per kernel
+
+
+@functools.lru_cache(maxsize=None)
+def tool(name: str) -> Path:
+    """cuobjdump or nvdisasm from the CUDA 13 wheels; skips the test when they are not installed."""
+    for entry in sys.path:
+        path = Path(entry or ".") / TOOLS / name
+        if path.is_file():
+            return path
+    pytest.skip(f"{name} not installed (pip install {TOOL_WHEELS})")
+
+
+def run_on_cubin(name: str, args: list[str], cubin: bytes) -> str:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "kernels.cubin"
+        path.write_bytes(cubin)
+        done = subprocess.run([str(tool(name)), *args, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stderr}"
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One kernel's resources, as cuobjdump -res-usage reports them (bytes, except registers)."""
+    registers: int
+    stack: int
+    shared: int   # static shared memory (without the system's reserved 1 KiB: see resource_usage)
+    local: int    # local memory: spills and local arrays
+
+
+_FUNCTION = re.compile(r"^\s*Function\s+(\S+?):\s*$")
+_FIELD = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
+
+
+def parse_res_usage(text: str) -> dict[str, Usage]:
+    """{mangled kernel name: Usage} from the output of `cuobjdump -res-usage`, whose kernels read
+
+        Function _Z13unfold_im2colIfiEvPKT_...:
+          REG:40 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:624 TEXTURE:0 SURFACE:0 SAMPLER:0
+    """
+    result, function = {}, None
+    for line in text.splitlines():
+        match = _FUNCTION.match(line)
+        if match:
+            function = match.group(1)
+            continue
+        fields = dict(_FIELD.findall(line))
+        if function and "REG" in fields:
+            result[function] = Usage(int(fields["REG"]), int(fields.get("STACK", 0)), int(fields.get("SHARED", 0)),
+                                     int(fields.get("LOCAL", 0)))
+            function = None
+    return result
+
+
+def by_name_expression(program, per_mangled: dict) -> dict:
+    """{name expression: value} from {mangled name: value}, through NVRTC's lowered names."""
+    return {name: per_mangled[mangled] for name, mangled in program.lowered.items() if mangled in per_mangled}
+
+
+def resource_usage(program, arch: str) -> dict[str, Usage]:
+    """{name expression: Usage} of a kernel file compiled for arch, static shared memory as a launch counts it:
+    without the reserved shared memory an sm_90 cubin adds to every kernel that uses any."""
+    reserved = RESERVED_SHARED_IN_CUBIN[arch]
+    usage = parse_res_usage(run_on_cubin("cuobjdump", ["-res-usage"], program.cubin))
+    for mangled, u in usage.items():
+        if u.shared:
+            assert u.shared >= reserved, f"{mangled}: SHARED {u.shared} on {arch}, less than the reserved {reserved}"
+            usage[mangled] = Usage(u.registers, u.stack, u.shared - reserved, u.local)
+    return by_name_expression(program, usage)
+
+
+def sass_opcodes(program, full: bool = False) -> dict[str, Counter]:
+    """{name expression: Counter of its SASS instructions} of a compiled kernel file, by mnemonic ("HMMA",
+    "FFMA", "LDS"), or with full=True by the whole opcode ("HMMA.16816.F32")."""
+    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
+    counts = {}
+    for function in listing[1]:
+        opcodes = (i["opcode"] for i in function.get("sass-instructions", ()))
+        counts[function["function-name"]] = Counter(o if full else o.split(".")[0] for o in opcodes)
+    return by_name_expression(program, counts)
+
+
+def element_type(name: str) -> str:
+    """'depthwise_fwd<__half, int, 3, 1>' -> '__half'."""
+    return name.split("<", 1)[1].split(",")[0].strip()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The launches the planners make
+
+
+@dataclass(frozen=True)
+class Launch:
+    source: str
+    name: str       # name expression
+    block: tuple
+    shared_mem: int  # dynamic shared memory, bytes
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.block)
+
+
+class RecordingDevice(_device.Device):
+    """Runs an op's GPU path on NumPy arrays without executing anything: every kernel launch is recorded
+    (with the case that made it), GEMMs return uninitialised results of the right shape."""
+
+    name = "recording"
+    xp = numpy
+    tensor_cores = True  # sm_80 and sm_90 both have mma.sync
+
+    def __init__(self):
+        self.launches: dict[Launch, str] = {}  # launch -> the first case that made it
+        self.case = ""
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.setdefault(Launch(source, name, tuple(int(b) for b in block), int(shared_mem)), self.case)
+
+    def matmul(self, a, b, out=None):
+        if out is not None:
+            return out
+        shape = (*numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        return numpy.empty(shape, a.dtype)
+
+    def gemm_strided_batched(self, *args, **kwargs):
+        """cuBLAS's strided batched GEMM (`Device.gemm_strided_batched`): not run either."""
+
+
+OPS = {  # op -> (forward, backward, its module's algorithms or None)
+    "conv2d": (cupyconv.conv2d, cupyconv.conv2d_backward, "conv"),
+    "patch": (cupyconv.patch_conv2d, cupyconv.patch_conv2d_backward, "patch"),
+    "depthwise": (cupyconv.depthwise_conv2d, cupyconv.depthwise_conv2d_backward, None),
+}
+
+
+def _algorithms(module: str | None) -> tuple:
+    if module is None:
+        return ("auto",)
+    return getattr(sys.modules[f"cupyconv.ops.{module}"], "ALGORITHMS", ("auto",))
+
+
+def run_conv(device, op: str, x, weight, bias, window: dict, grad_output=None, skip=(), needs=(NEEDS,)):
+    """Forward and backward (for each set of gradients in `needs`) of op on the recording device, with 'auto'
+    and with each algorithm the op offers but those in `skip` (an algorithm that refuses the problem is skipped
+    too)."""
+    forward, backward, module = OPS[op]
+    for algorithm in _algorithms(module):
+        if algorithm in skip:
+            continue
+        extra = {} if module is None else {"algorithm": algorithm}
+        try:
+            y = forward(x, weight, bias, **window, **extra)
+            gy = numpy.empty_like(y) if grad_output is None else grad_output
+            for subset in needs:
+                backward(gy, x, weight, **window, **extra, needs=subset)
+        except ValueError:
+            if algorithm == "auto":
+                raise
+
+
+# Not forced on the benchmark shapes ('auto' still runs it where it picks it): at these sizes im2col_gemm's NumPy
+# side (bias added to the output, sums over GEMM products) takes seconds here, and its kernels (unfold, fold: a
+# 256-thread elementwise block) launch alike at every size; the emulator cases force it.
+BENCHMARK_SKIPS = ("im2col_gemm",)
+
+
+def benchmark_calls():
+    """(label, function of (device, dtype)) for every GPU problem of benchmarks/cases.py."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
+        sys.path.append(root)
+    from benchmarks.cases import CASES
+
+    problems = {}
+    for case in CASES:
+        if case.device == "gpu":
+            problems.setdefault((case.op, tuple(sorted(case.dims.items()))), case.label.rsplit("-gpu", 1)[0])
+    for (op, dims), label in problems.items():
+        d = dict(dims)
+        k, g = d["k"], d.get("g", 1)
+        window = dict(stride=d.get("s", 1), padding=d["p"])
+
+        def call(device, dtype, op=op, d=d, k=k, g=g, window=window):
+            # Uninitialised arrays: nothing runs, and the big ones are never touched.
+            if op == "unfold":
+                x = numpy.empty((d["N"], d["C"], d["H"], d["W"]), dtype)
+                cols = cupyconv.unfold(x, k, **window)
+                cupyconv.unfold_backward(numpy.empty_like(cols), (d["H"], d["W"]), k, **window)
+                return
+            if op == "patch":
+                x, w = (d["B"], d["N"], d["C"], d["H"], d["W"]), (d["D"], d["C"] // g, k, k)
+            elif op == "depthwise":
+                cm = d["C"] * d.get("m", 1)
+                x, w = (d["N"], d["C"], d["H"], d["W"]), (cm, 1, k, k)
+            else:
+                x, w = (d["N"], d["C"], d["H"], d["W"]), (d["D"], d["C"] // g, k, k)
+            groups = {} if op == "depthwise" else {"groups": g}
+            run_conv(device, op, numpy.empty(x, dtype), numpy.empty(w, dtype), numpy.empty(w[:1], dtype),
+                     dict(window, **groups), skip=BENCHMARK_SKIPS)
+        yield f"benchmark {label}", call
+
+
+def emulator_test_calls():
+    """(label, function of (device, dtype)) for the cases of the emulator tests (tests/test_*_kernels.py)."""
+    import test_conv_kernels
+    import test_depthwise_kernels
+    import test_patch_kernels
+    import test_unfold_kernels
+    from cupyconv.ops import patch
+
+    rng = numpy.random.default_rng(0)
+    for case in test_conv_kernels.CASES:
+        def call(device, dtype, case=case):
+            x, w, b, gy = case.inputs(rng, dtype)
+            run_conv(device, "conv2d", x, w, b, case.kwargs, gy, needs=NEEDS_SUBSETS)
+        yield f"test_conv_kernels {case.name}", call
+    for case in test_patch_kernels.CASES:
+        def call(device, dtype, case=case):
+            x, w, b, gy = case.inputs(rng, dtype)
+            previous, patch.MIN_BLOCKS = patch.MIN_BLOCKS, 1  # as test_patch_kernels runs them
+            try:
+                run_conv(device, "patch", case.make_view(x), w, b, case.kwargs, gy, needs=NEEDS_SUBSETS)
+            finally:
+                patch.MIN_BLOCKS = previous
+        yield f"test_patch_kernels {case.name}", call
+    for case in test_depthwise_kernels.CASES:
+        def call(device, dtype, case=case):
+            c = case.x[1]
+            x = numpy.empty(case.x, dtype)
+            w = numpy.empty((c * case.m, 1, *case.kernel), dtype)
+            run_conv(device, "depthwise", x, w, numpy.empty((c * case.m,), dtype) if case.bias else None,
+                     case.window, needs=NEEDS_SUBSETS)
+        yield f"test_depthwise_kernels {case.name}", call
+    for shape, kernel, dilation, padding, stride in test_unfold_kernels.CASES:
+        def call(device, dtype, shape=shape, kernel=kernel, window=dict(dilation=dilation, padding=padding,
+                                                                         stride=stride)):
+            cols = cupyconv.unfold(numpy.empty(shape, dtype), kernel, **window)
+            cupyconv.unfold_backward(numpy.empty_like(cols), shape[-2:], kernel, **window)
+        yield f"test_unfold_kernels {shape}", call
+
+
+@contextlib.contextmanager
+def _index_type(index: str):
+    """Launch the 'long long' instantiations for every problem, as the emulator tests do."""
+    previous = _kernels.INT32_MAX
+    _kernels.INT32_MAX = -1 if index == "long long" else previous
+    try:
+        yield
+    finally:
+        _kernels.INT32_MAX = previous
+
+
+def record(calls, dtypes, indices=("int",)) -> dict[Launch, str]:
+    """{launch: the first problem that made it ("benchmark dw-256-56 float16")} of calls (label, call) in
+    every dtype of `dtypes` (float32 also with TF32 allowed) and index type."""
+    device = RecordingDevice()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_device.use_device(device))
+        stack.enter_context(settings.autotune(False))
+        stack.enter_context(numpy.errstate(all="ignore"))  # NumPy-side arithmetic on uninitialised arrays
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for label, call in calls:
+            for dtype_name, index in itertools.product(dtypes, indices):
+                for tf32 in (False, True) if dtype_name == "float32" else (False,):
+                    device.case = f"{label} {dtype_name}{' TF32' if tf32 else ''}{' 64-bit' if index != 'int' else ''}"
+                    with settings.allow_tf32(tf32), _index_type(index):
+                        call(device, DTYPES[dtype_name])
+    return device.launches
+
+
+def index_twin(launch: Launch) -> Launch:
+    """The same launch of the 'long long' instantiation: kernel<T, int, ...> -> kernel<T, long long, ...>."""
+    name = re.sub(r"^(\w+<[^,<>]+, )int\b", r"\1long long", launch.name)
+    assert name != launch.name, launch.name
+    return Launch(launch.source, name, launch.block, launch.shared_mem)
+
+
+@functools.lru_cache(maxsize=None)
+def recorded_launches() -> dict[Launch, str]:
+    """Every distinct launch of the emulator tests' cases in every dtype and of the GPU benchmark cases in
+    float16, bfloat16 and float32 (benchmarks/cases.py has no float64), with 32-bit indices, and the same launches
+    of the 'long long' instantiations (`index_twin`: nothing a planner decides depends on the index type, which
+    test_64bit_indices_change_no_plan checks; recording them would double this function's few seconds)."""
+    launches = {**record(benchmark_calls(), ("float16", "bfloat16", "float32")),
+                **record(emulator_test_calls(), DTYPES)}
+    return {**launches, **{index_twin(launch): f"{case} 64-bit" for launch, case in launches.items()}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The check
+
+
+def launch_problems(launch: Launch, usage: Usage, arch: str) -> list[str]:
+    """Why `launch` of a kernel with resources `usage` cannot run on arch (nothing: it can)."""
+    problems = []
+    warps = -(-launch.threads // 32)
+    registers = warps * 32 * -(-usage.registers // REGISTER_UNIT_PER_THREAD) * REGISTER_UNIT_PER_THREAD
+    if launch.threads > MAX_THREADS:
+        problems.append(f"{launch.threads} threads, more than {MAX_THREADS}")
+    if usage.registers > MAX_REGISTERS_PER_THREAD or registers > REGISTERS_PER_BLOCK:
+        problems.append(f"{usage.registers} registers x {launch.threads} threads = {registers} allocated, more "
+                        f"than {REGISTERS_PER_BLOCK}")
+    total = usage.shared + launch.shared_mem
+    opted_in = launch.shared_mem > SHARED_WITHOUT_OPT_IN
+    limit = SHARED_OPT_IN[arch] if opted_in else SHARED_WITHOUT_OPT_IN
+    if usage.shared > SHARED_WITHOUT_OPT_IN or total > limit:
+        problems.append(f"shared memory {usage.shared} static + {launch.shared_mem} dynamic = {total} bytes, more "
+                        f"than {limit}" + (" (the opt-in limit)" if opted_in else " (without opting in)"))
+    return problems
+
+
+def spill_problems(usage: dict[str, Usage]) -> list[str]:
+    """Kernels of the spill-free element types that use local memory.  ptxas puts register spills (and local
+    arrays it cannot keep in registers) in the stack frame: cuobjdump's STACK, not its LOCAL, shows them."""
+    return [f"{name}: {u.stack} bytes of stack frame (spills), {u.local} bytes of local memory, {u.registers} "
+            f"registers" for name, u in sorted(usage.items())
+            if element_type(name) in SPILL_FREE_TYPES and (u.local or u.stack)]
+
+
+@functools.lru_cache(maxsize=None)
+def _usage(filename: str, arch: str, programs) -> dict[str, Usage]:
+    program = programs(filename, arch)
+    assert program.ok and program.cubin, f"NVRTC could not compile {filename} for {arch}: tests/test_nvrtc.py says why"
+    return resource_usage(program, arch)
+
+
+@functools.lru_cache(maxsize=None)
+def opcodes_of(filename: str, arch: str, programs) -> dict[str, Counter]:
+    """{name expression: Counter of SASS mnemonics} of every instantiation of a kernel file (`sass_opcodes`);
+    programs: the `kernel_programs` fixture."""
+    program = programs(filename, arch)
+    assert program.ok and program.cubin, f"NVRTC could not compile {filename} for {arch}: tests/test_nvrtc.py says why"
+    return sass_opcodes(program)
+
+
+def test_recorded_launches_are_listed_instantiations():
+    launches = recorded_launches()
+    listed = set(_device.all_instantiations())
+    unlisted = sorted({(la.source, la.name) for la in launches} - listed)
+    assert not unlisted, f"launched but missing from instantiations(): {unlisted}"
+    assert {la.source for la in launches} == set(GROUPS), "every kernel file has a launch among the cases"
+
+
+def test_64bit_indices_change_no_plan():
+    """What recorded_launches assumes: with 64-bit indices the emulator cases launch the same blocks and shared
+    memory (of the 'long long' instantiations).  float32 only, to keep it quick."""
+    narrow = record(emulator_test_calls(), ("float32",))
+    wide = record(emulator_test_calls(), ("float32",), ("long long",))
+    assert set(wide) == {index_twin(launch) for launch in narrow}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", SASS_ARCHES)
+@pytest.mark.parametrize("filename", sorted(GROUPS))
+def test_resources_fit_every_planned_launch(filename, arch, kernel_programs):
+    usage = _usage(filename, arch, kernel_programs)
+    missing = sorted(set(GROUPS[filename]) - set(usage))
+    assert not missing, f"cuobjdump -res-usage lists no resources for {missing}"
+    problems = spill_problems(usage)
+    for launch, case in sorted(recorded_launches().items(), key=lambda item: (item[0].name, item[0].block)):
+        if launch.source == filename:
+            problems += [f"{launch.name}, block {launch.block}, {launch.shared_mem} bytes of dynamic shared memory "
+                         f"({case}): {p}" for p in launch_problems(launch, usage[launch.name], arch)]
+    assert not problems, f"{filename} on {arch}:\n" + "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", SASS_ARCHES)
+def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs):
+    """conv_fwd_tc runs on the tensor cores: HMMA in every instantiation (16 per K chunk of 32 for 16-bit inputs,
+    32 for TF32's k8 steps), and no other kernel pretends to (no FMA-only fallback hidden behind the name)."""
+    from cupyconv.ops import conv
+    opcodes = opcodes_of("conv.cu", arch, kernel_programs)
+    names = [n for n in GROUPS["conv.cu"] if n.startswith("conv_fwd_tc<")]
+    assert len(names) == len(conv.TC_DTYPES) * 2
+    for name in names:
+        expected = 32 if name.startswith("conv_fwd_tc<float,") else 16
+        assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
+    assert not [n for n in GROUPS["conv.cu"] if n not in names and opcodes[n]["HMMA"]]
+
+
+def test_check_flags_what_cannot_run():
+    float_kernel, double_kernel = "k<float, int>", "k<double, int>"
+    fits = Usage(registers=64, stack=0, shared=1024, local=0)
+    assert launch_problems(Launch("f.cu", float_kernel, (32, 32), 47 * 1024), fits, "sm_80") == []
+    # 64 registers x 1024 threads is exactly the register file; 65 round up to 72.
+    assert launch_problems(Launch("f.cu", float_kernel, (1024,), 0), Usage(65, 0, 0, 0), "sm_90")
+    assert launch_problems(Launch("f.cu", float_kernel, (1025,), 0), Usage(16, 0, 0, 0), "sm_90")
+    # static + dynamic above 48 KiB while the dynamic part alone is not: no opt-in, the launch fails
+    assert launch_problems(Launch("f.cu", float_kernel, (256,), 48 * 1024), fits, "sm_90")
+    # opting in: 200 KiB fit sm_90, not sm_80
+    opted = Launch("f.cu", float_kernel, (256,), 200 * 1024)
+    assert launch_problems(opted, fits, "sm_90") == [] and launch_problems(opted, fits, "sm_80")
+    spilling = Usage(registers=128, stack=16, shared=0, local=0)
+    assert spill_problems({float_kernel: spilling, double_kernel: spilling}) == [
+        f"{float_kernel}: 16 bytes of stack frame (spills), 0 bytes of local memory, 128 registers"]
+    assert parse_res_usage(" Function _Z1kPf:\n  REG:30 STACK:8 SHARED:64 LOCAL:4 CONSTANT[0]:360\n") == {
+        "_Z1kPf": Usage(30, 8, 64, 4)}
+
+
+PROBE = """
+template <typename T> __global__ void probe(T* p, int n) {
+  __shared__ T staged[256];
+  staged[threadIdx.x] = p[threadIdx.x];
+  __syncthreads();
+  p[threadIdx.x] = staged[255 - threadIdx.x] * T(3) + T(n);
+}
+__global__ void probe_dynamic(float* p) {
+  extern __shared__ float dynamic[];
+  dynamic[threadIdx.x] = p[threadIdx.x];
+  __syncthreads();
+  p[threadIdx.x] = dynamic[blockDim.x - 1 - threadIdx.x];
+}
+__global__ void probe_plain(float* p) { p[threadIdx.x] += 1.0f; }
+"""
+
+
+@pytest.mark.parametrize("arch", SASS_ARCHES)
+def test_resources_and_opcodes_of_a_probe(arch):
+    from test_nvrtc import check_compiles
+    names = ["probe<float>", "probe<double>", "probe_dynamic", "probe_plain"]
+    program = check_compiles(arch, "probe.cu", PROBE, names)
+    usage = resource_usage(program, arch)
+    assert {n: u.shared for n, u in usage.items()} == {"probe<float>": 1024, "probe<double>": 2048,
+                                                       "probe_dynamic": 0, "probe_plain": 0}
+    assert all(0 < u.registers <= 32 and u.local == 0 for u in usage.values())
+    opcodes = sass_opcodes(program)
+    assert opcodes["probe<float>"]["FFMA"] == 1 and opcodes["probe<double>"]["DFMA"] == 1
+    assert all(opcodes[n]["LDS"] and opcodes[n]["STS"] and opcodes[n]["BAR"] for n in names[:3])
+    assert not opcodes["probe_plain"]["LDS"] and opcodes["probe_plain"]["FADD"] == 1
