@@ -187,17 +187,26 @@ def argument_error(c_type_: str, value) -> str | None:
     return None
 
 
-def _scalar(c_type_: str, value, where: str):
-    """value (a Python or NumPy number) as the NumPy scalar of C type c_type_, range-checked."""
+@functools.lru_cache(maxsize=None)
+def _scalar_type(c_type_: str):
+    """(NumPy scalar type, (min, max) for an integer type or None) of a C scalar type."""
     dtype = numpy.dtype(_SCALAR_DTYPES[c_type_])
     if dtype.kind in "iu":
+        info = numpy.iinfo(dtype)
+        return dtype.type, (int(info.min), int(info.max))
+    return dtype.type, None
+
+
+def _scalar(c_type_: str, value, where: str):
+    """value (a Python or NumPy number) as the NumPy scalar of exactly C type c_type_, range-checked."""
+    scalar, bounds = _scalar_type(c_type_)
+    if bounds is not None:
         if isinstance(value, (float, numpy.floating)) or int(value) != value:
             raise TypeError(f"{where}: `{c_type_}` needs an integer, got {value!r}")
-        info = numpy.iinfo(dtype)
-        if not info.min <= int(value) <= info.max:
+        if not bounds[0] <= int(value) <= bounds[1]:
             raise OverflowError(f"{where}: {int(value)} does not fit the `{c_type_}` parameter")
-        return dtype.type(int(value))
-    return dtype.type(value)
+        return scalar(int(value))
+    return scalar(value)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -230,26 +239,31 @@ class KernelFile:
         that `args` does not give.  Every parameter must be given, and every name in `args` must be one.
         """
         where = f"{self.filename}: {kernel}"
-        params = self.signatures[kernel]
-        known = {p.name for p in params}
-        unknown = sorted(set(args) - known)
+        params = self._c_params(kernel, numpy.dtype(dtype).name, index)
+        unknown = sorted(set(args) - {name for name, _ in params})
         if unknown:
-            raise TypeError(f"{where} has no parameter {', '.join(unknown)} (parameters: {', '.join(known)})")
+            raise TypeError(f"{where} has no parameter {', '.join(unknown)} "
+                            f"(parameters: {', '.join(name for name, _ in params)})")
         values = {**(window.window_args() if window is not None else {}), **args}
-        missing = [p.name for p in params if p.name not in values]
+        missing = [name for name, _ in params if name not in values]
         if missing:
             raise TypeError(f"{where}: no value for parameter {', '.join(missing)}")
         result = []
-        for p in params:
-            c_type_ = resolve_type(p.type, dtype, index)
-            value = values[p.name]
-            if not c_type_.endswith("*"):
-                value = _scalar(c_type_, value, f"{where}: parameter {p.name}")
-            error = argument_error(c_type_, value)
-            if error:
-                raise TypeError(f"{where}: parameter {p.name} is `{c_type_}`: {error}")
+        for name, c_type_ in params:
+            value = values[name]
+            if c_type_.endswith("*"):
+                error = argument_error(c_type_, value)
+                if error:
+                    raise TypeError(f"{where}: parameter {name} is `{c_type_}`: {error}")
+            else:  # made the exact NumPy scalar type here, so argument_error could not object
+                value = _scalar(c_type_, value, f"{where}: parameter {name}")
             result.append(value)
         return result
+
+    @functools.lru_cache(maxsize=None)
+    def _c_params(self, kernel: str, dtype_name: str, index: str) -> tuple[tuple[str, str], ...]:
+        """(name, C type) of each parameter of one instantiation: resolved once, not on every launch."""
+        return tuple((p.name, resolve_type(p.type, dtype_name, index)) for p in self.signatures[kernel])
 
     def launch(self, device, kernel: str, constants=(), *, dtype, index: str, grid, block, shared_mem: int = 0,
                window: ConvSpec | None = None, **args) -> None:
