@@ -147,26 +147,34 @@ __global__ void conv_bgrad(const T* __restrict__ grad_output, T* __restrict__ gr
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Tensor-core implicit GEMM, forward: out (M x N) = A (M x K) * B (K x N) per group, with
-//   M = images * oH * oW output pixels, N = D / G output channels, K = C / G * kH * kW, k = (c * kH + i) * kW + j;
-//   A[m][k] = x[image, g * C/G + c, oy * stride_h - pad_top + i * dilation_h, ox * stride_w - ...] (0 outside),
-//   B[k][n] = weight[g * N + n][k] (the weight's own layout: each column of B is contiguous).
-// No column matrix exists anywhere: a block gathers its A tile straight from x.  x is read through a batch view
-// (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner, then c, h, w strides), so conv2d
-// and patch_conv2d (any leading dims, transposed included) share this kernel.  out is contiguous
-// (images, D, oH, oW); bias and the conversion to T are applied to the float accumulators (one rounding).
+// Tensor-core implicit GEMMs: the forward, input gradient and weight gradient of conv2d (and of patch_conv2d,
+// whose patches are the images of a batch view), for float16/bfloat16 inputs with float accumulators and
+// float inputs as TF32.  Each pass is one GEMM per group, C (M x N) = A (M x K) * B (K x N), whose operands are
+// gathered straight from the tensors (no column matrix exists anywhere); with tap = i * kW + j:
 //
-// Block tile TC_BM x TC_BN (pixels x channels), 4 warps in 2 x 2, each warp 32 x 32 = 2 x 4 mma tiles of
-// 16 x 8; the K dimension in chunks of TC_BK.  The A and B chunks are staged in shared memory as T (as float
-// for float inputs, rounded to tf32 when the fragments are read), rows TC_BK + pad apart so that the fragment
-// reads of a warp hit 32 different banks.  Two stages: the global loads of chunk t + 1 are issued into
-// registers before the tensor cores work on chunk t, and stored to the other stage after, one barrier per chunk.
-// Global loads: a warp reads 32 consecutive pixels of one (c, i, j) (one row of x: coalesced when oW >= 32).
-// TC_BM, TC_BN and TC_THREADS are shared with the planner (cupyconv/ops/conv.py passes them as -D options).
-#if !defined(TC_BM) || !defined(TC_BN) || !defined(TC_THREADS)
+//   pass           M (rows)                  N        K (reduction)           A[m][k]              B[k][n]
+//   forward        images * oH * oW pixels   D / G    (c, tap): C / G * taps  x at (m, c, tap)     weight[n][c][tap]
+//   input grad     images * H * W pixels     C / G    (d, tap): D / G * taps  grad_out (m, d, tap)* weight[d][n][tap]
+//   weight grad    (c, tap): C / G * taps    D / G    images * oH * oW pixels x at (k, c, tap)     grad_out[n][k]
+//
+//   * the output pixel ((y + pad_top - i * dilation_h) / stride_h, ...) when both divisions are exact and land
+//     inside the output, else 0 (the transposed convolution, as a gather: no atomics).
+//
+// x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
+// then c, h, w strides); grad_out is contiguous (images, D, oH, oW), like out and grad_x.  The forward adds bias
+// and converts to T once, from the float accumulators; the weight gradient writes float sums per split of its
+// reduction (grid.z), which the launcher adds up in a fixed order (the same bits on every run).
+//
+// A block computes a BM x BN tile of C with BM / 32 x BN / 32 warps, each warp 32 x 32 = 2 x 4 mma tiles of
+// 16 x 8, over K in chunks of TC_BK.  The chunks are staged in shared memory as T (as float for float inputs,
+// rounded to tf32 as the fragments are read), rows TC_BK + pad apart so that the fragment reads of a warp hit
+// 32 different banks.  Two stages: the global loads of chunk t + 1 are issued into registers before the tensor
+// cores work on chunk t and stored to the other stage after, one barrier per chunk.  Each operand is loaded
+// with the lanes of a warp either along its rows or along k, whichever runs along memory (`TcLoad`).
+// The planner (cupyconv/ops/conv.py `plan_tensor_cores`) picks BM x BN per problem from TC_TILES.
+#if !defined(TC_MAX_THREADS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
-static_assert(TC_BM == 64 && TC_BN == 64 && TC_THREADS == 128, "the warp layout below is 2 x 2 warps of 32 x 32");
 constexpr int TC_BK = 32;
 
 template <typename T> struct TcTile {  // 16-bit inputs: m16n8k16, rows padded by 8 elements (16 bytes)
@@ -178,7 +186,7 @@ template <> struct TcTile<float> {  // float inputs on TF32: m16n8k8, rows padde
   static constexpr int K_STEP = 8, PITCH = TC_BK + 4;
 };
 
-// One K step of one warp: acc[mi][ni] += A rows (warp_m + 16 mi ..) x B columns (warp_n + 8 ni ..).
+// One K step of one warp: acc[mi][ni] += A rows (16 mi ..) x B columns (8 ni ..) of the warp's stage slices.
 template <typename T>
 __device__ __forceinline__ void tc_warp_step(const T* as, const T* bs, int k0, int lane, float (&acc)[2][4][4]) {
   constexpr int P = TcTile<T>::PITCH;
@@ -233,82 +241,50 @@ __device__ __forceinline__ void tc_warp_step<float>(const float* as, const float
   }
 }
 
-template <typename T, typename I>
-__global__ void __launch_bounds__(TC_THREADS) conv_fwd_tc(
-    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
-    I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
-    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
-    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
+// Which elements of an R x TC_BK operand chunk a thread loads: COUNT of them, element e at (row(e), k(e)), the
+// same rows for every chunk.  LANES_ON_ROWS: a warp reads one k of 32 consecutive rows (neighbouring pixels);
+// otherwise a warp reads 32 consecutive k of one row (k runs along memory).
+template <int R, int THREADS, bool LANES_ON_ROWS> struct TcLoad {
+  static constexpr int WARPS = THREADS / 32, ROWS = R / 32, COUNT = ROWS * (TC_BK / WARPS);
+  static_assert(R % 32 == 0 && TC_BK % WARPS == 0, "rows in warps of 32, k in whole warps");
+  __device__ static int row(int e) { return (threadIdx.x & 31) + 32 * (e % ROWS); }
+  __device__ static int k(int e) { return (threadIdx.x >> 5) + WARPS * (e / ROWS); }
+};
+template <int R, int THREADS> struct TcLoad<R, THREADS, false> {
+  static constexpr int WARPS = THREADS / 32, COUNT = R / WARPS;
+  static_assert(R % WARPS == 0, "whole rows per warp");
+  __device__ static int row(int e) { return (threadIdx.x >> 5) + WARPS * e; }
+  __device__ static int k(int) { return threadIdx.x & 31; }
+};
+
+// The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of TC_BK).
+// `Gather` supplies the operands and takes the results:
+//   typedefs LoadA, LoadB (TcLoad layouts); M, N;
+//   S a(int e, int row, int k), S b(int e, int row, int k): element e of this thread's A or B load, at tile row
+//     `row` and GEMM column k (0 outside the problem: rows past M or N, k past K);
+//   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
+template <typename T, typename I, int BM, int BN, class Gather>
+__device__ __forceinline__ void tc_block(const Gather& gather, typename TcTile<T>::Stage* as,
+                                         typename TcTile<T>::Stage* bs, I m0, int n0, I k_begin, I k_end) {
   typedef typename TcTile<T>::Stage S;
+  typedef typename Gather::LoadA LA;
+  typedef typename Gather::LoadB LB;
   constexpr int P = TcTile<T>::PITCH;
-  constexpr int A_PER_THREAD = TC_BM * TC_BK / TC_THREADS, B_PER_THREAD = TC_BN * TC_BK / TC_THREADS;
-  // Static, so the planner needs no copy of the pitches: 20 KiB for 16-bit inputs, 36 KiB for float.
-  __shared__ __align__(16) S as[2 * TC_BM * P];  // [stage][pixel][k]
-  __shared__ __align__(16) S bs[2 * TC_BN * P];  // [stage][channel][k]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp / (BN / 32) * 32, warp_n = warp % (BN / 32) * 32;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int taps = kernel_h * kernel_w, K = channels_per_group * taps, N = outputs_per_group;
-  const I pixels = (I)out_h * out_w, M = n * pixels;
-  const int n_tiles = (N + TC_BN - 1) / TC_BN;
-  const int g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * TC_BN;
-  const I m0 = (I)blockIdx.x * TC_BM;
-
-  // A loads: this thread's rows m0 + lane and m0 + lane + 32, columns k = warp + 4 * e (e = 0..7) of a chunk.
-  I row_base[2];
-  int row_y[2], row_x[2];
+  S a_next[LA::COUNT], b_next[LB::COUNT];
+  auto load_chunk = [&](I k0) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const I m = m0 + lane + 32 * h;
-    row_y[h] = -(1 << 30);  // rows past M read nothing: every y is out of range
-    row_x[h] = 0;
-    row_base[h] = 0;
-    if (m < M) {
-      const I image = m / pixels;
-      const int p = (int)(m - image * pixels);
-      row_y[h] = p / out_w * stride_h - pad_top;
-      row_x[h] = p % out_w * stride_w - pad_left;
-      row_base[h] = (image / x_inner) * x_stride_outer + (image % x_inner) * x_stride_inner +
-                    (I)(g * channels_per_group) * x_stride_c;
-    }
-  }
-  // B loads: this thread's channel row n0 + tid / 2, columns (tid % 2) * 16 + e (e = 0..15) of a chunk.
-  const int b_row = tid >> 1, b_col = (tid & 1) * 16;
-  const bool b_valid = n0 + b_row < N;
-  const T* w_row = weight + (I)(g * N + n0 + b_row) * K;
-
-  S a_next[A_PER_THREAD], b_next[B_PER_THREAD];
-  auto load_chunk = [&](int k0) {
+    for (int e = 0; e < LA::COUNT; ++e) a_next[e] = gather.a(e, LA::row(e), k0 + LA::k(e));
 #pragma unroll
-    for (int e = 0; e < A_PER_THREAD / 2; ++e) {
-      const int k = k0 + warp + 4 * e;
-      const int c = k / taps, tap = k - c * taps;
-      const int dy = tap / kernel_w * dilation_h, dx = tap % kernel_w * dilation_w;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int y = row_y[h] + dy, xx = row_x[h] + dx;
-        S value = S(0.0f);
-        if (k < K && y >= 0 && y < height && xx >= 0 && xx < width) {
-          value = x[row_base[h] + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
-        }
-        a_next[2 * e + h] = value;
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < B_PER_THREAD; ++e) {
-      const int k = k0 + b_col + e;
-      b_next[e] = b_valid && k < K ? S(w_row[k]) : S(0.0f);
-    }
+    for (int e = 0; e < LB::COUNT; ++e) b_next[e] = gather.b(e, LB::row(e), k0 + LB::k(e));
   };
   auto store_chunk = [&](int stage) {
-    S* a_stage = as + stage * TC_BM * P;
-    S* b_stage = bs + stage * TC_BN * P;
 #pragma unroll
-    for (int e = 0; e < A_PER_THREAD / 2; ++e) {
+    for (int e = 0; e < LA::COUNT; ++e) as[(stage * BM + LA::row(e)) * P + LA::k(e)] = a_next[e];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) a_stage[(lane + 32 * h) * P + warp + 4 * e] = a_next[2 * e + h];
-    }
-#pragma unroll
-    for (int e = 0; e < B_PER_THREAD; ++e) b_stage[b_row * P + b_col + e] = b_next[e];
+    for (int e = 0; e < LB::COUNT; ++e) bs[(stage * BN + LB::row(e)) * P + LB::k(e)] = b_next[e];
   };
 
   float acc[2][4][4];
@@ -321,44 +297,250 @@ __global__ void __launch_bounds__(TC_THREADS) conv_fwd_tc(
     }
   }
 
-  const int warp_m = (warp >> 1) * 32, warp_n = (warp & 1) * 32;
-  const int chunks = (K + TC_BK - 1) / TC_BK;
-  load_chunk(0);
-  store_chunk(0);
+  const I chunks = k_end > k_begin ? (k_end - k_begin + TC_BK - 1) / TC_BK : 0;  // uniform across the block
+  if (chunks > 0) {
+    load_chunk(k_begin);
+    store_chunk(0);
+  }
   __syncthreads();
-  for (int t = 0; t < chunks; ++t) {
-    const int stage = t & 1;
-    if (t + 1 < chunks) load_chunk((t + 1) * TC_BK);  // in flight while the tensor cores work on chunk t
-    const S* a_stage = as + stage * TC_BM * P + warp_m * P;
-    const S* b_stage = bs + stage * TC_BN * P + warp_n * P;
+  for (I t = 0; t < chunks; ++t) {
+    const int stage = (int)(t & 1);
+    if (t + 1 < chunks) load_chunk(k_begin + (t + 1) * TC_BK);  // in flight while the tensor cores work on t
+    const S* a_stage = as + (stage * BM + warp_m) * P;
+    const S* b_stage = bs + (stage * BN + warp_n) * P;
 #pragma unroll
     for (int k0 = 0; k0 < TC_BK; k0 += TcTile<T>::K_STEP) tc_warp_step<S>(a_stage, b_stage, k0, lane, acc);
     if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
     __syncthreads();
   }
 
-  // Epilogue: accumulator (row g (+8), columns 2q, 2q+1) of each mma tile -> out, plus bias, one rounding.
+  // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) (+1)) of each mma tile, one rounding.
   const int gq = lane >> 2, q = lane & 3;
-  const I channel_stride = pixels;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const I m = m0 + warp_m + mi * 16 + gq + 8 * half;
-      if (m >= M) continue;
-      const I image = m / pixels;
-      T* dst = out + (image * groups + g) * (I)N * pixels + (m - image * pixels);
+      if (m >= gather.M) continue;
+      const I row = gather.out_row(m);
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int nn = n0 + warp_n + ni * 8 + 2 * q + j;
-          if (nn >= N) continue;
-          float value = acc[mi][ni][2 * half + j];
-          if (has_bias) value += to_acc(bias[g * N + nn]);
-          dst[(I)nn * channel_stride] = from_acc<T>(value);
+          const int n = n0 + warp_n + ni * 8 + 2 * q + j;
+          if (n < gather.N) gather.store(row, n, acc[mi][ni][2 * half + j]);
         }
       }
     }
   }
+}
+
+// Where image q of a batch view starts.
+template <typename I> struct BatchView {
+  I inner, stride_outer, stride_inner;
+  __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
+};
+
+// Forward: A = x gathered per output pixel (lanes on pixels), B = the weight rows (lanes on k).
+template <typename T, typename I, int BM, int BN> struct TcForward {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, true> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* x; const T* weight; const T* bias; T* out;
+  I M, pixels, x_stride_c, x_stride_h, x_stride_w;
+  int N, K, g, n0, taps, kernel_w, dilation_h, dilation_w, height, width, groups, has_bias;
+  I row_base[LoadA::ROWS];  // this thread's output pixels: where their image's group starts in x,
+  int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and the input position of their top-left tap
+
+  __device__ S a(int e, int, I k) const {
+    if (k >= K) return S(0.0f);
+    const int r = e % LoadA::ROWS, c = (int)k / taps, tap = (int)k - c * taps;
+    const int y = row_y[r] + tap / kernel_w * dilation_h, xx = row_x[r] + tap % kernel_w * dilation_w;
+    if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
+    return S(x[row_base[r] + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w]);
+  }
+  __device__ S b(int, int row, I k) const {
+    const int n = n0 + row;
+    return n < N && k < K ? S(weight[(I)(g * N + n) * K + k]) : S(0.0f);
+  }
+  __device__ I out_row(I m) const {
+    const I image = m / pixels;
+    return (image * groups + g) * (I)N * pixels + (m - image * pixels);
+  }
+  __device__ void store(I row, int n, float value) const {
+    if (has_bias) value += to_acc(bias[g * N + n]);
+    out[row + (I)n * pixels] = from_acc<T>(value);
+  }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
+  typedef typename TcTile<T>::Stage S;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];  // [stage][row][k]
+  __shared__ __align__(16) S bs[2 * BN * P];
+  TcForward<T, I, BM, BN> f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.weight = weight; f.bias = bias; f.out = out;
+  f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
+  f.taps = kernel_h * kernel_w; f.K = channels_per_group * f.taps; f.kernel_w = kernel_w;
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.groups = groups; f.has_bias = has_bias;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  const I m0 = (I)blockIdx.x * BM;
+  const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
+#pragma unroll
+  for (int r = 0; r < TcForward<T, I, BM, BN>::LoadA::ROWS; ++r) {
+    const I m = m0 + (threadIdx.x & 31) + 32 * r;
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range
+    f.row_x[r] = 0;
+    f.row_base[r] = 0;
+    if (m < f.M) {
+      const I image = m / f.pixels;
+      const int p = (int)(m - image * f.pixels);
+      f.row_y[r] = p / out_w * stride_h - pad_top;
+      f.row_x[r] = p % out_w * stride_w - pad_left;
+      f.row_base[r] = view.image(image) + (I)(f.g * channels_per_group) * x_stride_c;
+    }
+  }
+  tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+}
+
+// Input gradient: A = grad_out gathered per input pixel through the transposed window (lanes on pixels),
+// B = the weight read across its output channels (lanes on k = (d, tap)).
+template <typename T, typename I, int BM, int BN> struct TcInputGrad {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, true> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* grad_out; const T* weight; T* grad_x;
+  I M, pixels, out_pixels;
+  int N, K, g, n0, groups, outputs_per_group, taps, kernel_w, stride_h, stride_w, dilation_h, dilation_w;
+  int out_h, out_w;
+  I row_base[LoadA::ROWS];  // where this thread's input pixels' image and group start in grad_out,
+  int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and their position plus the padding
+
+  __device__ S a(int e, int, I k) const {
+    if (k >= K) return S(0.0f);
+    const int r = e % LoadA::ROWS, d = (int)k / taps, tap = (int)k - d * taps;
+    const int ty = row_y[r] - tap / kernel_w * dilation_h, tx = row_x[r] - tap % kernel_w * dilation_w;
+    if (ty < 0 || tx < 0) return S(0.0f);
+    const int oy = ty / stride_h, ox = tx / stride_w;
+    if (oy * stride_h != ty || ox * stride_w != tx || oy >= out_h || ox >= out_w) return S(0.0f);
+    return S(grad_out[row_base[r] + (I)d * out_pixels + oy * out_w + ox]);
+  }
+  __device__ S b(int, int row, I k) const {
+    const int c = n0 + row;
+    if (c >= N || k >= K) return S(0.0f);
+    const int d = (int)k / taps, tap = (int)k - d * taps;
+    return S(weight[((I)(g * outputs_per_group + d) * N + c) * taps + tap]);
+  }
+  __device__ I out_row(I m) const {
+    const I image = m / pixels;
+    return (image * groups + g) * (I)N * pixels + (m - image * pixels);
+  }
+  __device__ void store(I row, int n, float value) const { grad_x[row + (I)n * pixels] = from_acc<T>(value); }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
+    const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_x, I n, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w) {
+  typedef typename TcTile<T>::Stage S;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];
+  __shared__ __align__(16) S bs[2 * BN * P];
+  TcInputGrad<T, I, BM, BN> f;
+  const int n_tiles = (channels_per_group + BN - 1) / BN;
+  f.grad_out = grad_out; f.weight = weight; f.grad_x = grad_x;
+  f.pixels = (I)height * width; f.M = n * f.pixels; f.out_pixels = (I)out_h * out_w;
+  f.N = channels_per_group; f.taps = kernel_h * kernel_w; f.K = outputs_per_group * f.taps;
+  f.groups = groups; f.outputs_per_group = outputs_per_group; f.kernel_w = kernel_w;
+  f.stride_h = stride_h; f.stride_w = stride_w; f.dilation_h = dilation_h; f.dilation_w = dilation_w;
+  f.out_h = out_h; f.out_w = out_w;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  const I m0 = (I)blockIdx.x * BM;
+#pragma unroll
+  for (int r = 0; r < TcInputGrad<T, I, BM, BN>::LoadA::ROWS; ++r) {
+    const I m = m0 + (threadIdx.x & 31) + 32 * r;
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every ty is negative
+    f.row_x[r] = 0;
+    f.row_base[r] = 0;
+    if (m < f.M) {
+      const I image = m / f.pixels;
+      const int p = (int)(m - image * f.pixels);
+      f.row_y[r] = p / width + pad_top;
+      f.row_x[r] = p % width + pad_left;
+      f.row_base[r] = (image * groups + f.g) * (I)outputs_per_group * f.out_pixels;
+    }
+  }
+  tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+}
+
+// Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
+// pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
+// pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
+// TC_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
+template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, false> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* x; const T* grad_out; float* partial;
+  BatchView<I> view;
+  I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
+  int M, N, m0, n0, g, groups, channels_per_group, taps, kernel_w, stride_h, stride_w, pad_top, pad_left;
+  int dilation_h, dilation_w, height, width, out_w;
+
+  __device__ S a(int, int row, I k) const {
+    const int kk = m0 + row;
+    if (kk >= M || k >= K) return S(0.0f);
+    const I image = k / out_pixels;
+    const int p = (int)(k - image * out_pixels), c = kk / taps, tap = kk - c * taps;
+    const int y = p / out_w * stride_h - pad_top + tap / kernel_w * dilation_h;
+    const int xx = p % out_w * stride_w - pad_left + tap % kernel_w * dilation_w;
+    if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
+    return S(x[view.image(image) + (I)(g * channels_per_group + c) * x_stride_c + (I)y * x_stride_h +
+               (I)xx * x_stride_w]);
+  }
+  __device__ S b(int, int row, I k) const {
+    const int d = n0 + row;
+    if (d >= N || k >= K) return S(0.0f);
+    const I image = k / out_pixels;
+    return S(grad_out[((image * groups + g) * N + d) * out_pixels + (k - image * out_pixels)]);
+  }
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
+    const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial, I n, I x_inner,
+    I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    I chunks_per_split) {
+  typedef typename TcTile<T>::Stage S;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];
+  __shared__ __align__(16) S bs[2 * BN * P];
+  TcWeightGrad<T, I, BM, BN> f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.grad_out = grad_out; f.partial = partial;
+  f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
+  f.out_pixels = (I)out_h * out_w; f.K = n * f.out_pixels;
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  f.taps = kernel_h * kernel_w; f.M = channels_per_group * f.taps; f.N = outputs_per_group;
+  f.groups = groups; f.channels_per_group = channels_per_group; f.kernel_w = kernel_w;
+  f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
+  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width; f.out_w = out_w;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN; f.m0 = blockIdx.x * BM;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
+  const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;
+  const I k_end = k_begin + chunks_per_split * TC_BK < f.K ? k_begin + chunks_per_split * TC_BK : f.K;
+  tc_block<T, I, BM, BN>(f, as, bs, (I)f.m0, f.n0, k_begin, k_end);
 }

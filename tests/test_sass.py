@@ -17,7 +17,7 @@ backward, in every dtype, with every algorithm, for both index types.  Each laun
 
 `opcodes_of` counts every kernel's SASS instructions (nvdisasm), for checks on what a kernel compiles to, e.g.
 that a tensor-core instantiation has matrix instructions:
-`opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int>"]["HMMA"] > 0`.
+`opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
 
 Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm (all >=13,<14); skips without them.
@@ -442,14 +442,15 @@ def test_resources_fit_every_planned_launch(filename, arch, kernel_programs):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", SASS_ARCHES)
 def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs):
-    """conv_fwd_tc runs on the tensor cores: HMMA in every instantiation (16 per K chunk of 32 for 16-bit inputs,
-    32 for TF32's k8 steps), and no other kernel pretends to (no FMA-only fallback hidden behind the name)."""
+    """The three tensor-core passes run on the tensor cores: HMMA in every instantiation, every tile (16 per K
+    chunk of 32 in a warp's 32 x 32 tile for 16-bit inputs, 32 for TF32's k8 steps), and no other kernel pretends
+    to (no FMA-only fallback hidden behind the name)."""
     from cupyconv.ops import conv
     opcodes = opcodes_of("conv.cu", arch, kernel_programs)
-    names = [n for n in GROUPS["conv.cu"] if n.startswith("conv_fwd_tc<")]
-    assert len(names) == len(conv.TC_DTYPES) * 2
+    names = [n for n in GROUPS["conv.cu"] if n.split("<")[0] in conv.TC_PASSES.values()]
+    assert len(names) == len(conv.TC_PASSES) * 2 * sum(len(tiles) for tiles in conv.TC_TILES.values())
     for name in names:
-        expected = 32 if name.startswith("conv_fwd_tc<float,") else 16
+        expected = 32 if "<float," in name else 16
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
     assert not [n for n in GROUPS["conv.cu"] if n not in names and opcodes[n]["HMMA"]]
 

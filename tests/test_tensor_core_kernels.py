@@ -1,10 +1,11 @@
-"""The tensor-core implicit GEMM (raw_kernels/conv.cu conv_fwd_tc, mma.sync through raw_kernels/mma.cuh) against
-the CPU path: conv2d and patch_conv2d forward in float16, bfloat16 and float32 as TF32.
+"""The tensor-core implicit GEMMs (raw_kernels/conv.cu conv_fwd_tc, conv_bwd_input_tc and conv_bwd_weight_tc,
+mma.sync through raw_kernels/mma.cuh) against the CPU path: conv2d and patch_conv2d, forward and backward, in
+float16, bfloat16 and float32 as TF32.
 
 The emulator runs mma.sync as a warp collective in the documented fragment layouts (tests/emulator), so a
 fragment in the wrong register, a missing barrier between the two stages, or an unmasked tile edge fails here.
-Problems are odd on purpose: pixels, output channels and K = C / G * kH * kW are never multiples of the
-64 x 64 x 32 block tile, and several blocks run along each of them.
+Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles, several
+blocks run along each of them, and every tile of TC_TILES and the weight gradient's split reduction run.
 """
 import ml_dtypes
 import numpy
@@ -28,6 +29,9 @@ CASES = [
       dilation=(1, 2), groups=2),
     C("tc_pointwise_many_tiles", (3, 16, 12, 11), (70, 16, 1, 1), bias=False),     # M 396, N 70 (two N tiles)
     C("tc_long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),  # K 1000
+    # stride (2, 3): input rows and columns that no window reads (grad_input 0 there), taps that land between
+    # output pixels; 40 input channels: the input gradient's 64-column tile
+    C("tc_strided_uncovered_rows", (2, 40, 12, 13), (36, 40, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
@@ -54,6 +58,11 @@ def expected_forward(x, weight, bias, **kwargs):
     """The CPU path in float64 on the same (already rounded) inputs."""
     as64 = [None if a is None else a.astype(numpy.float64) for a in (x, weight, bias)]
     return cupyconv.conv2d(*as64, **kwargs)
+
+
+def expected_backward(grad_output, x, weight, **kwargs):
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    return cupyconv.conv2d_backward(*as64, **kwargs)
 
 
 def assert_close(got, want, dtype, what=""):
@@ -107,11 +116,17 @@ def test_float32_operands_are_rounded_to_tf32():
 def test_64_bit_index_variant(monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
     case = CASE_BY_NAME["tc_groups2_stride2_asymmetric"]
-    x, weight, bias, _ = case.inputs(numpy.random.default_rng(2), numpy.float16)
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(2), numpy.float16)
     device = Recorder()
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-    assert device.launches == ["conv_fwd_tc<__half, long long>"]
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      needs=("input", "weight"), **case.kwargs)
+    assert device.launches == [f"{k}<__half, long long, 64, 32>"
+                               for k in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")]
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16")
+    assert got[2] is None
+    for g, w in zip(got[:2], expected_backward(grad_output, x, weight, **case.kwargs)):
+        assert_close(g, w, "float16")
 
 
 def test_strided_input_is_read_in_place():
@@ -126,7 +141,7 @@ def test_strided_input_is_read_in_place():
 
 
 def test_auto_picks_the_tensor_cores_where_they_apply():
-    x, weight, bias, _ = CASE_BY_NAME["tc_plain"].inputs(numpy.random.default_rng(5), numpy.float16)
+    x, weight, bias, grad_output = CASE_BY_NAME["tc_plain"].inputs(numpy.random.default_rng(5), numpy.float16)
     for inputs, tf32, expected in (((x, weight, bias), False, True),
                                    ((x.astype(numpy.float32), weight.astype(numpy.float32), None), False, False),
                                    ((x.astype(numpy.float32), weight.astype(numpy.float32), None), True, True),
@@ -135,7 +150,9 @@ def test_auto_picks_the_tensor_cores_where_they_apply():
         device = Recorder()
         with _device.use_device(device), settings.allow_tf32(tf32):
             cupyconv.conv2d(*inputs, padding=1)
-        assert (device.count("conv_fwd_tc") == 1) == expected, (inputs[0].dtype, inputs[0].shape, tf32)
+            cupyconv.conv2d_backward(grad_output[:, :, :, :].astype(inputs[0].dtype), *inputs[:2], padding=1)
+        for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"):
+            assert (device.count(kernel) == 1) == expected, (kernel, inputs[0].dtype, inputs[0].shape, tf32)
 
 
 @pytest.mark.parametrize("dtype, channels, tf32, message", [
@@ -151,13 +168,75 @@ def test_refusals_name_the_reason(dtype, channels, tf32, message):
             cupyconv.conv2d(x, weight, algorithm="implicit_gemm")
 
 
-def test_backward_with_implicit_gemm_runs_the_auto_choice():
-    case = CASE_BY_NAME["tc_plain"]
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float32)
-    got = on_emulator(EmulatedDevice(), cupyconv.conv2d_backward, grad_output, x, weight,
-                      algorithm="implicit_gemm", **case.kwargs)
-    for g, w in zip(got, cupyconv.conv2d_backward(grad_output, x, weight, **case.kwargs)):
-        numpy.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(numpy.abs(w).max()))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_conv2d_backward_matches_cpu_path(case, dtype):
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), DTYPES[dtype])
+    device = Recorder()
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      **case.kwargs)
+    assert device.count("conv_bwd_input_tc") == 1 and device.count("conv_bwd_weight_tc") == 1, device.launches
+    want = expected_backward(grad_output, x, weight, **case.kwargs)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert g.dtype == x.dtype and g.shape == w.shape, name
+        assert_close(g, w, dtype, f"{case.name} {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_tile_and_split(dtype, monkeypatch):
+    """TC_WIDE_ROWS 1: a 16-bit pass with over 32 columns takes the 128-row tile (float32 keeps 64 rows: its
+    stages would not fit), one with at most 32 columns the 64 x 32 tile;
+    TC_SPLIT_BLOCKS large and TC_SPLIT_CHUNKS 1: the weight gradient splits its 5 chunks of pixels in 5."""
+    monkeypatch.setattr(conv_op, "TC_WIDE_ROWS", 1)
+    monkeypatch.setattr(conv_op, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(conv_op, "TC_SPLIT_CHUNKS", 1)
+    case = CASE_BY_NAME["tc_long_k_last_row_and_column"]   # 40 channels in and 9 out: 64- and 32-column tiles
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(12), DTYPES[dtype])
+    x, grad_output = numpy.concatenate([x] * 5), numpy.concatenate([grad_output] * 5)  # 150 pixels, 5 chunks
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      **case.kwargs)
+    rows = 64 if dtype == "float32" else 128
+    tiles = [name.split(", ", 2)[2] for name in device.launches if "_tc<" in name]
+    assert tiles == ["64, 32>", f"{rows}, 64>", "64, 32>"], device.launches
+    assert conv_op.plan_tensor_cores(conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs), x.dtype,
+                                     "weight").splits == 5
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), dtype, "forward")
+    for g, w in zip(got, expected_backward(grad_output, x, weight, **case.kwargs)):
+        assert_close(g, w, dtype, "backward")
+
+
+def test_weight_gradient_splits_within_the_workspace_limit():
+    spec = conv_op.ConvSpec.for_conv("t", numpy.empty((64, 32, 56, 56), numpy.float16),
+                                     numpy.empty((64, 32, 3, 3), numpy.float16), None, 1, 1, 1, 1)
+    plan = conv_op.plan_tensor_cores(spec, numpy.float16, "weight")
+    assert plan.splits > 1 and plan.splits * plan.chunks_per_split * conv_op.TC_CHUNK >= 64 * 56 * 56
+    with settings.workspace_limit(3 * 64 * 288 * 4):   # room for three float32 slices of grad_weight
+        assert conv_op.plan_tensor_cores(spec, numpy.float16, "weight").splits == 3
+
+
+def test_empty_batch_gives_zero_weight_gradient():
+    x = numpy.zeros((0, 16, 5, 5), numpy.float16)
+    weight = numpy.random.default_rng(13).standard_normal((20, 16, 3, 3)).astype(numpy.float16)
+    grad_x, grad_w, _ = on_emulator(EmulatedDevice(), cupyconv.conv2d_backward, numpy.zeros((0, 20, 3, 3),
+                                    numpy.float16), x, weight, algorithm="implicit_gemm")
+    assert grad_x.shape == x.shape and (grad_w == 0).all() and grad_w.shape == weight.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patch_conv2d_backward(dtype):
+    """(B, N, C, H, W) patches read in place through a transposed (B, C, N, H, W) array, as in the forward."""
+    rng = numpy.random.default_rng(14)
+    x = rng.standard_normal((2, 16, 37, 4, 4)).astype(DTYPES[dtype]).transpose(0, 2, 1, 3, 4)
+    weight = rng.standard_normal((24, 16, 3, 3)).astype(DTYPES[dtype])
+    grad_output = rng.standard_normal((2, 37, 24, 4, 4)).astype(DTYPES[dtype])
+    device = Recorder()
+    got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1)  # 'auto'
+    assert device.count("conv_bwd_input_tc") == 1 and device.count("conv_bwd_weight_tc") == 1, device.launches
+    want = expected_backward(grad_output.reshape(-1, 24, 4, 4), x.reshape(-1, 16, 4, 4), weight, padding=1)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert_close(g, w.reshape(g.shape), dtype, f"patch {name}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -212,3 +291,34 @@ def test_gpu_patch_conv2d_seed_like(dtype):
         out = on_gpu(cupyconv.patch_conv2d, x, weight, None, padding=1, algorithm="implicit_gemm")
     want = expected_forward(x.reshape(-1, 32, 4, 4), weight, None, padding=1).reshape(out.shape)
     assert_close(out, want, dtype, "patch seed-like")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_conv2d_backward(case, dtype):
+    import cupy
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(15), DTYPES[dtype])
+    with settings.allow_tf32(True):
+        got = cupyconv.conv2d_backward(*map(cupy.asarray, (grad_output, x, weight)), algorithm="implicit_gemm",
+                                       **case.kwargs)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got,
+                          expected_backward(grad_output, x, weight, **case.kwargs)):
+        assert_close(cupy.asnumpy(g), w, dtype, f"{case.name} {name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_patch_conv2d_backward_seed_like(dtype):
+    """Long reductions: the weight gradient sums 32768 pixels in splits."""
+    import cupy
+    rng = numpy.random.default_rng(16)
+    x = rng.standard_normal((1, 2048, 32, 4, 4)).astype(DTYPES[dtype])
+    weight = rng.standard_normal((64, 32, 3, 3)).astype(DTYPES[dtype])
+    grad_output = rng.standard_normal((1, 2048, 64, 4, 4)).astype(DTYPES[dtype])
+    with settings.allow_tf32(True):
+        got = cupyconv.patch_conv2d_backward(*map(cupy.asarray, (grad_output, x, weight)), padding=1,
+                                             algorithm="implicit_gemm")
+    want = expected_backward(grad_output.reshape(-1, 64, 4, 4), x.reshape(-1, 32, 4, 4), weight, padding=1)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert_close(cupy.asnumpy(g), w.reshape(g.shape), dtype, f"patch seed-like {name}")

@@ -8,6 +8,7 @@ groups = C (depthwise) is routed to the depthwise op on both paths.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 import numpy
@@ -15,7 +16,7 @@ import numpy
 from .. import _autotune, settings
 from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
@@ -120,9 +121,14 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  one elementwise epilogue pass over the output.
 #   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
 #                  channels per thread in registers, fused bias; no workspace at all.
-#   'auto'         `choose_algorithm`: 'direct' when both channels per group are <= DIRECT_MAX_CHANNELS, else
-#                  'im2col_gemm' (or the measured winner when autotuning is on: `settings.set_autotune`).
-# Backward (both algorithms):
+#   'implicit_gemm' the tensor cores (mma.sync, sm_80+): raw_kernels/conv.cu conv_fwd_tc, conv_bwd_input_tc and
+#                  conv_bwd_weight_tc, one implicit GEMM per pass (the table in conv.cu), tile and grid from
+#                  `plan_tensor_cores`; float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
+#                  channels per group.  No workspace but the weight gradient's float32 split sums.
+#   'auto'         `choose_algorithm`: 'implicit_gemm' where it can run, else 'direct' when both channels per group
+#                  are <= DIRECT_MAX_CHANNELS, else 'im2col_gemm' (or the measured winner when autotuning is on:
+#                  `settings.set_autotune`).
+# Backward of 'direct' and 'im2col_gemm':
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
 #                cols = weight^T @ grad_output (the batched GEMM reads weight^T in place) and the deterministic
@@ -138,12 +144,22 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
-TC_TILE = (64, 64)     # conv_fwd_tc's block tile: output pixels x output channels
-TC_THREADS = 128       # conv_fwd_tc's block (2 x 2 warps)
-KERNELS = KernelFile("conv.cu", defines={"TC_BM": TC_TILE[0], "TC_BN": TC_TILE[1], "TC_THREADS": TC_THREADS})
+# Tensor-core block tiles (rows x columns of C, warps of 32 x 32; conv.cu's tensor-core section): 64 x 64 in
+# general, 128 x 64 for 16-bit inputs with many rows (half the B traffic per row; its float stages would pass the
+# 48 KiB of static shared memory), 64 x 32 when a group has at most 32 columns (output channels, or input
+# channels for the input gradient), which 64 would half waste.
+TC_TILES = {"float16": ((64, 64), (128, 64), (64, 32)), "bfloat16": ((64, 64), (128, 64), (64, 32)),
+            "float32": ((64, 64), (64, 32))}  # the tensor-core instantiations; float32 runs as TF32, when allowed
+TC_MAX_THREADS = 256   # their __launch_bounds__: the largest tile's 8 warps
+TC_DTYPES = tuple(TC_TILES)
+TC_PASSES = {"forward": "conv_fwd_tc", "input": "conv_bwd_input_tc", "weight": "conv_bwd_weight_tc"}
+TC_CHUNK = 32          # conv.cu's TC_BK: the K (reduction) chunk
+TC_WIDE_ROWS = 64 * 1024   # rows (pixels) from which 16-bit problems take the 128-row tile: 512+ blocks per group
+TC_SPLIT_BLOCKS = 512  # the weight gradient splits its pixels until about this many blocks run (a fixed number,
+TC_SPLIT_CHUNKS = 8    # not the SM count, so the bits depend on the shapes only), each at least this many chunks
+KERNELS = KernelFile("conv.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
-TC_DTYPES = ("float16", "bfloat16", "float32")  # conv_fwd_tc instantiations; float32 runs as TF32, when allowed
-TC_MIN_CHANNELS = 16   # the tensor-core kernel needs this many channels per group (fewer: the direct kernel)
+TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per group (fewer: the direct kernel)
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
 DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
@@ -156,7 +172,8 @@ def instantiations():
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
         names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
-    names += [kernel_name("conv_fwd_tc", dtype, index) for dtype, index in itertools.product(TC_DTYPES, INDEX_TYPES)]
+    for kernel, (dtype, tiles), index in itertools.product(TC_PASSES.values(), TC_TILES.items(), INDEX_TYPES):
+        names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
     return names
 
 
@@ -206,7 +223,7 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
 
 
 def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
-    """Why the tensor-core implicit GEMM cannot run this forward, or None when it can."""
+    """Why the tensor-core implicit GEMMs cannot run this problem (any pass), or None when they can."""
     name = numpy.dtype(dtype).name
     if name not in TC_DTYPES:
         return f"the tensor cores take float16, bfloat16 and (as TF32) float32, not {name}"
@@ -219,8 +236,55 @@ def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorCorePlan:
+    """One tensor-core launch: the block tile (rows, columns of C), the grid (row tiles, groups x column tiles,
+    splits) and, for the weight gradient, the pixels of each split in chunks of TC_CHUNK."""
+    tile: tuple[int, int]
+    grid: tuple[int, int, int]
+    chunks_per_split: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.tile[0] * self.tile[1] // 32   # a warp per 32 x 32 of the tile
+
+    @property
+    def splits(self) -> int:
+        return self.grid[2]
+
+
+def tensor_core_gemm(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
+    """(rows M, columns N, reduction K) of one group's GEMM in a tensor-core pass (the table in conv.cu)."""
+    cg, dg, taps = spec.channels_per_group, spec.outputs_per_group, spec.taps
+    out_pixels, in_pixels = spec.n * spec.out_pixels, spec.n * spec.in_size[0] * spec.in_size[1]
+    return {"forward": (out_pixels, dg, cg * taps), "input": (in_pixels, cg, dg * taps),
+            "weight": (cg * taps, dg, out_pixels)}[pass_]
+
+
+def plan_tensor_cores(spec: ConvSpec, dtype, pass_: str) -> TensorCorePlan:
+    """The tile and grid of one tensor-core pass ('forward', 'input' or 'weight' gradient).  The weight
+    gradient's few output tiles share its long reduction in splits (each written to its own float32 slice of a
+    workspace within the workspace limit, added up in order afterwards) until about TC_SPLIT_BLOCKS blocks run."""
+    rows, cols, reduction = tensor_core_gemm(spec, pass_)
+    tiles = TC_TILES[numpy.dtype(dtype).name]
+    if cols <= 32:
+        tile = (64, 32)
+    elif (128, 64) in tiles and rows >= TC_WIDE_ROWS:
+        tile = (128, 64)
+    else:
+        tile = (64, 64)
+    blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
+    if pass_ != "weight":
+        return TensorCorePlan(tile, (*blocks, 1))
+    chunks = max(1, ceil_div(reduction, TC_CHUNK))
+    splits = min(ceil_div(TC_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // TC_SPLIT_CHUNKS),
+                 max(1, settings.get_workspace_limit() // (spec.out_channels * rows * 4)), MAX_GRID[2])
+    per_split = ceil_div(chunks, max(1, splits))
+    return TensorCorePlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+
+
 def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
-    """The 'auto' heuristic: the tensor-core implicit GEMM where it can run (device given: forward only);
+    """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
@@ -238,31 +302,72 @@ def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
 
 
-def grad_input_candidates(spec: ConvSpec, dtype) -> tuple[str, ...]:
+def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     """The direct kernel computes grad_input only for stride 1 (as a stride-1 transposed convolution)."""
+    candidates = ("im2col_gemm",)
     if spec.stride == (1, 1) and plan_direct(transposed_spec(spec), dtype) is not None:
-        return ("im2col_gemm", "direct")
-    return ("im2col_gemm",)
+        candidates += ("direct",)
+    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
+
+
+def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
+    return ("im2col_gemm", "implicit_gemm") if tensor_core_refusal(spec, dtype, device) is None else ("im2col_gemm",)
 
 
 # --- launches ---------------------------------------------------------------------------------------------
 
+def _check_tensor_cores(spec: ConvSpec, dtype, device):
+    refusal = tensor_core_refusal(spec, dtype, device)
+    if refusal:
+        raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run: {refusal}")
+
+
 def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
-    refusal = tensor_core_refusal(spec, xv.dtype, device)
-    if refusal:
-        raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run: {refusal}")
+    _check_tensor_cores(spec, xv.dtype, device)
     if out.size == 0:
         return out
+    plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.xp.ascontiguousarray(weight)
-    grid = (ceil_div(spec.n * spec.out_pixels, TC_TILE[0]), spec.groups * ceil_div(spec.outputs_per_group, TC_TILE[1]))
-    KERNELS.launch(device, "conv_fwd_tc", dtype=xv.dtype, index=index_type(extent(xv), out.size, weight.size),
-                   grid=grid, block=TC_THREADS, window=spec, x=xv, weight=weight,
-                   bias=weight if bias is None else device.xp.ascontiguousarray(bias), out=out, n=spec.n,
-                   **batch_args("x", xv), groups=spec.groups, channels_per_group=spec.channels_per_group,
-                   outputs_per_group=spec.outputs_per_group, has_bias=bias is not None)
+    KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), out.size, weight.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, weight=weight, bias=weight if bias is None else device.xp.ascontiguousarray(bias),
+                   out=out, n=spec.n, **batch_args("x", xv), groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   has_bias=bias is not None)
     return out
+
+
+def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
+    """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
+    (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's."""
+    _check_tensor_cores(spec, gy.dtype, device)
+    if out.size == 0:
+        return out
+    plan = plan_tensor_cores(spec, gy.dtype, "input")
+    KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
+                   index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
+                   window=spec, grad_out=gy, weight=weight, grad_x=out, n=spec.n, groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group)
+    return out
+
+
+def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
+    """conv_bwd_weight_tc: grad_weight (D, C / G, kH, kW) in x's dtype from xv, a batch view of x, and gy
+    (n, D, oH, oW) contiguous.  The splits' float32 sums are added in split order, then rounded once."""
+    _check_tensor_cores(spec, xv.dtype, device)
+    plan = plan_tensor_cores(spec, xv.dtype, "weight")
+    rows = spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
+    if partial.size:
+        KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
+                       index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
+                       window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
+                       groups=spec.groups, channels_per_group=spec.channels_per_group,
+                       outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
+    total = partial[0] if plan.splits == 1 else partial.sum(axis=0)
+    return total.astype(xv.dtype).reshape(spec.weight_shape)
 
 
 def _direct(device, x, weight, bias, spec: ConvSpec):
@@ -389,28 +494,38 @@ def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
 
 
 def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
-    """Backward on the GPU path; 'direct' affects grad_input only (stride 1; else im2col + GEMM).  The backward
-    has no tensor-core kernels yet: 'implicit_gemm' runs what 'auto' would."""
-    if algorithm == "implicit_gemm":
-        algorithm = "auto"
+    """Backward on the GPU path.  grad_input: any algorithm ('direct' for stride 1 only, else im2col + GEMM);
+    grad_weight: 'implicit_gemm' or im2col + GEMM (what 'direct' runs there too)."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     gy = device.xp.ascontiguousarray(grad_output).reshape(n, g, dg, L)
+    weight = device.xp.ascontiguousarray(weight)
+    heuristic = choose_algorithm(spec, x.dtype, device)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
-        candidates = grad_input_candidates(spec, x.dtype)
+        candidates = grad_input_candidates(spec, x.dtype, device)
 
         def grad_input(algo):
+            if algo == "implicit_gemm":
+                out = device.empty(spec.input_shape, x.dtype)
+                return implicit_gemm_grad_input(device, gy.reshape(n, spec.out_channels, L), weight, spec, out)
             if algo == "direct" and "direct" in candidates:
                 return _direct_grad_input(device, gy.reshape(n, spec.out_channels, *spec.out_size), weight, spec)
             return _gemm_grad_input(device, gy, weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
-                                   choose_algorithm(spec, x.dtype), grad_input)
+                                   heuristic, grad_input)
     if "weight" in needs:
-        pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
-        grad_w = gemm_weight_grad(device, pieces, spec, x.dtype).astype(weight.dtype, copy=False)
+        def grad_weight(algo):
+            if algo == "implicit_gemm":
+                gyv = gy.reshape(n, spec.out_channels, L)
+                return implicit_gemm_grad_weight(device, batch_view(device.xp, x), gyv, spec)
+            pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
+            return gemm_weight_grad(device, pieces, spec, x.dtype).astype(weight.dtype, copy=False)
+        grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
+                                   grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
     if "bias" in needs:
         grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b
+
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -431,7 +546,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
 
     algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm',
     'direct' or 'implicit_gemm' (tensor cores: float16/bfloat16, float32 as TF32 when allowed, at least 16
-    channels per group, forward only); GPU arrays only (the CPU path is always im2col + GEMM).
+    channels per group); GPU arrays only (the CPU path is always im2col + GEMM).
     workspace_limit: bytes the im2col buffer may take for this call (default: `settings.get_workspace_limit()`);
     the batch is processed in chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
     accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).
@@ -455,8 +570,10 @@ def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, 
     """Gradients of conv2d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`.
 
     grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).
-    algorithm and workspace_limit as for `conv2d`; 'direct' computes grad_x with the direct kernel when the
-    stride is 1 (im2col + GEMM + col2im otherwise); grad_weight is always one GEMM per group and chunk.
+    algorithm and workspace_limit as for `conv2d`: 'implicit_gemm' computes both on the tensor cores (grad_weight
+    in splits of the pixels, summed in a fixed order); 'direct' computes grad_x with the direct kernel when the
+    stride is 1 (im2col + GEMM + col2im otherwise) and grad_weight by one GEMM per group and chunk, as
+    'im2col_gemm' does.
     """
     op = "conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)

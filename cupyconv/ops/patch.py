@@ -10,9 +10,9 @@ GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`
   computes every output channel of their pixels from registers (an implicit GEMM, no column matrix).  Grad
   input is the same kernel on grad_output with transposed, flipped weights; grad weight sums per block slice
   and reduces the slices in a fixed order, so it gives the same bits on every run.
-- 'implicit_gemm' (what 'auto' picks for the forward in float16/bfloat16, and float32 with TF32 allowed, with at
-  least 16 channels per group, on sm_80+): conv2d's tensor-core kernel, which reads the patches through the same
-  batch view; the backward has no tensor-core kernels yet and runs what 'auto' picks otherwise.
+- 'implicit_gemm' (what 'auto' picks, forward and backward, in float16/bfloat16, and float32 with TF32 allowed,
+  with at least 16 channels per group, on sm_80+): conv2d's tensor-core kernels, which read the patches through
+  the same batch view (grad_output is made contiguous first).
 - 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
   budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
   that writes the output straight into its (..., D, oH, oW) layout.
@@ -33,8 +33,8 @@ from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_
                         extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .. import settings
-from .conv import (conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu, tensor_core_refusal,
-                   weight_grad_bytes)
+from .conv import (conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu, implicit_gemm_grad_input,
+                   implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -211,6 +211,11 @@ def plan_weight(spec: ConvSpec, dtype) -> WeightPlan | None:
                        itemsize * patches * (pixels * (out_tile + 4) + channels * plane))
 
 
+def _use_tensor_cores(device, spec: ConvSpec, dtype, algorithm: str) -> bool:
+    """Whether a pass runs conv2d's tensor-core kernels: 'auto' picks them wherever they can run."""
+    return algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, dtype, device) is None)
+
+
 def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
     """Whether a pass runs the fused kernel: 'auto' picks it for small patches when a block fits."""
     if algorithm == "auto":
@@ -239,7 +244,7 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
         return out
     xv = batch_view(xp, x)
     weight = xp.ascontiguousarray(weight)
-    if algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, x.dtype, device) is None):
+    if _use_tensor_cores(device, spec, x.dtype, algorithm):
         return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan):
@@ -331,18 +336,23 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
                               algorithm: str = "auto"):
     xp = device.xp
     weight = xp.ascontiguousarray(weight)
-    if algorithm == "implicit_gemm":  # no tensor-core backward kernels yet: what 'auto' runs
-        algorithm = "auto"
     if spec.n == 0:
         zeros = (xp.zeros(spec.input_shape, x.dtype), xp.zeros(spec.weight_shape, x.dtype),
                  xp.zeros((spec.out_channels,), x.dtype))
         return tuple(z if name in needs else None for name, z in zip(NEEDS, zeros))
     gv = batch_view(xp, grad_output)
     grad_x = grad_w = grad_b = None
-    if "input" in needs:
-        grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
-    if "weight" in needs:
-        grad_w = _weight_grad_gpu(device, batch_view(xp, x), grad_output, weight, spec, algorithm)
+    if _use_tensor_cores(device, spec, x.dtype, algorithm):
+        gy = xp.ascontiguousarray(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
+        if "input" in needs:
+            grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
+        if "weight" in needs:
+            grad_w = implicit_gemm_grad_weight(device, batch_view(xp, x), gy, spec)
+    else:
+        if "input" in needs:
+            grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
+        if "weight" in needs:
+            grad_w = _weight_grad_gpu(device, batch_view(xp, x), grad_output, weight, spec, algorithm)
     if "bias" in needs:
         grad_b = gv.sum(axis=(0, 1, 3, 4), dtype=compute_dtype(x.dtype)).astype(x.dtype)
     return grad_x, grad_w, grad_b
@@ -357,7 +367,7 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
 
     padding (int, (pH, pW), ((top, bottom), (left, right)), 'same' or 'valid') is applied inside every patch.
     algorithm picks the GPU kernels: 'auto', 'fused' (small patches), 'im2col_gemm' or 'implicit_gemm' (tensor
-    cores, forward); the CPU path ignores it.
+    cores); the CPU path ignores it.
     """
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
