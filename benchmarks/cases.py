@@ -204,9 +204,18 @@ def smoke_on_cpu(case: Case) -> Case:
                 "smoke: a GPU case's dtype and switches on the CPU, no target", tf32=case.tf32, tags=case.tags)
 
 
-def select(labels: set, devices: tuple) -> list[Case]:
-    """The cases on these devices whose label or one of whose tags is in labels (all of them when it is empty)."""
-    return [c for c in CASES if c.device in devices and (not labels or c.label in labels or labels & set(c.tags))]
+def select(labels, devices: tuple) -> list[Case]:
+    """The cases on these devices whose label or one of whose tags is in labels (all of them, in table order, when
+    it is empty), in the order of labels (a tag's cases in table order), each once."""
+    pool = [c for c in CASES if c.device in devices]
+    if not labels:
+        return pool
+    chosen = {}
+    for name in labels:
+        for c in pool:
+            if c.label == name or name in c.tags:
+                chosen.setdefault(c.label, c)
+    return list(chosen.values())
 
 
 def check_table() -> list[str]:

@@ -6,6 +6,7 @@
     python -m benchmarks.run --smoke                                 # tiny shapes: checks the harness runs
 
     python -m benchmarks.run --device gpu --cases issue11 --json x.json   # a tag: issue 11's tensor-core cases
+    python -m benchmarks.run --device gpu --quick --time-limit 300       # start no new case after 300 s
 
 For every case and pass (forward; forward + backward) each contender first runs once and its outputs are
 checked against the baseline's; then the contenders are timed in interleaved rounds (one call each per round,
@@ -665,7 +666,8 @@ def self_check() -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "gpu", "all"), default="cpu")
-    parser.add_argument("--cases", default="", help="comma-separated case labels or tags (i,ii,i-gpu16,issue11,...)")
+    parser.add_argument("--cases", default="", help="comma-separated case labels or tags (i,ii,i-gpu16,issue11,...), "
+                                                    "run in that order")
     parser.add_argument("--pass", dest="passes", choices=("fwd", "fwd+bwd", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, two samples: checks the harness runs")
@@ -673,11 +675,15 @@ def main(argv=None) -> int:
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each case and pass, wait up to SECONDS for other processes to use less than "
                              f"{QUIET_PCT:g}%% of the CPUs (a shared machine); the wait is recorded")
+    parser.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
+                        help="start no new case after SECONDS (a lease's time limit); the JSON lists the rest "
+                             "under 'not_run'")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for both libraries (sets OMP_NUM_THREADS and OPENBLAS_NUM_THREADS and "
                              "restarts; default: each library's own default)")
     args = parser.parse_args(argv)
+    t_start = time.perf_counter()
     if args.threads and os.environ.get("CUPYCONV_BENCH_THREADS") != str(args.threads):
         # Thread pools are sized when the libraries load: set the environment and start again.
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "CUPYCONV_BENCH_THREADS"):
@@ -685,7 +691,7 @@ def main(argv=None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]])
 
     devices = ("cpu", "gpu") if args.device == "all" else (args.device,)
-    wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
+    wanted = list(dict.fromkeys(c.strip() for c in args.cases.split(",") if c.strip()))
     selected = cases_mod.select(wanted, devices)
     if args.list:
         print(list_cases())
@@ -721,19 +727,24 @@ def main(argv=None) -> int:
     peak_target = cases_mod.PEAK_TARGET if mode != "smoke" else None
 
     passes = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[args.passes]
-    results = []
+    results, not_run = [], []
     run_load = _LoadMeter()
     settings = {d: SETTINGS[d][mode] for d in devices}
 
     def write_json(complete: bool) -> None:
         # Rewritten after every case and pass, so a run cut short (a time limit) keeps what it measured.
         payload = {"meta": meta, "mode": mode, "settings": settings, "complete": complete, "results": results}
+        if args.time_limit:
+            payload.update(time_limit_s=args.time_limit, not_run=not_run)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         partial = args.json.with_name(args.json.name + ".partial")
         partial.write_text(json.dumps(payload, indent=1, default=str) + "\n")
         partial.replace(args.json)
 
     for case in selected:
+        if args.time_limit and time.perf_counter() - t_start > args.time_limit:
+            not_run.extend(f"{case.label} {'fwd+bwd' if backward else 'fwd'}" for backward in passes)
+            continue
         print(f"\n({case.label}) {case.name}" + (f"  [{case.note}]" if case.note else ""))
         for backward in passes:
             waited = wait_for_quiet(args.wait_quiet) if args.wait_quiet else 0.0
@@ -746,6 +757,9 @@ def main(argv=None) -> int:
     meta["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     meta["others_cpu_pct"] = run_load.others_pct()
     print(summary_table(results))
+    if not_run:
+        print(f"time limit of {args.time_limit:g} s reached: {len(not_run)} case-passes not run "
+              f"({', '.join(not_run[:6])}{', ...' if len(not_run) > 6 else ''})")
     print(f"other processes used {meta['others_cpu_pct']}% of the CPUs during the run (0: quiet machine)")
 
     if args.json:

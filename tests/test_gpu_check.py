@@ -1,0 +1,61 @@
+"""benchmarks/gpu_check.py, the one command of a GPU lease, keeps working where no GPU is: its --dry-run collects
+the GPU tests and the sanitizer selection, runs the large-case checks on tiny shapes and the benchmark smoke, and
+writes the same files a GPU run writes, within what a device run can bring back (8 files, 2 folders deep)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gpu_check(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
+    from benchmarks.gpu_check import OUTPUT_FILES, SANITIZER_TESTS, STEPS
+    out = tmp_path / "check"
+    result = _gpu_check("--dry-run", "--out", out)
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-6000:]}\nstderr:\n{result.stderr[-3000:]}"
+
+    files = [p.relative_to(out) for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(f.parts) <= 2 for f in files), files
+    assert sorted(str(f) for f in files) == sorted(OUTPUT_FILES)
+
+    summary = (out / "summary.md").read_text()
+    assert result.stdout.endswith(summary), "the summary is printed last"
+    for step in STEPS:
+        assert f"| {step} | ok |" in summary, summary
+    assert "nothing ran on a GPU" in summary
+    assert f"Collected {len(SANITIZER_TESTS)} of the selection" in summary
+
+    large = json.loads((out / "large.json").read_text())
+    assert large["complete"] and {c["op"] for c in large["checks"]} == {"conv2d", "depthwise", "patch", "unfold"}
+    assert all(c["ok"] and c["samples"] > 0 and c["nonfinite"] == 0 for c in large["checks"]), large["checks"]
+    env = json.loads((out / "env.json").read_text())
+    assert env["dry_run"] and env["meta"]["numpy"]
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["mode"] == "smoke" and bench["results"]
+
+
+def test_bad_arguments_get_a_clear_error(tmp_path):
+    a_file = tmp_path / "results.json"
+    a_file.write_text("{}")
+    result = _gpu_check("--out", a_file)
+    assert result.returncode == 2 and "is a file" in result.stderr
+    (tmp_path / "notes.txt").write_text("mine")
+    result = _gpu_check("--dry-run", "--out", tmp_path)
+    assert result.returncode == 2 and "holds other files (notes.txt" in result.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    result = _gpu_check("--dry-run", "--out", tmp_path / "new", "--steps", "env,benchmarks")
+    assert result.returncode == 2 and "--steps: benchmarks" in result.stderr
+    result = _gpu_check("--out", tmp_path / "new", "--budget", "5")
+    assert result.returncode == 2 and "--budget 5" in result.stderr
+    assert not (tmp_path / "new").exists()
