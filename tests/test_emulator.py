@@ -18,7 +18,8 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "scale_half", "convert_16bit", "atomics", "write_past_end", "static_shared_past_end",
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
            "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
-           "mma_divergent"]
+           "mma_divergent", "vector_copy<float2>", "vector_copy<float4>", "vector_copy<int4>", "vector_copy<uint2>",
+           "half_pair_shared", "vector_dynamic_shared"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -247,6 +248,57 @@ def test_undefined_behaviour_fails_the_launch(kernel, args, message):
         launch("forward", kernel, 1, 33, args())
 
 
+def _aligned(n, dtype, alignment=16):
+    """n elements whose first one is `alignment`-byte aligned (cudaMalloc gives 256, NumPy only what malloc does)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    buffer = numpy.zeros(n + alignment // itemsize, dtype)
+    start = (-buffer.ctypes.data % alignment) // itemsize
+    return buffer[start:start + n]
+
+
+def _line(text: str) -> int:
+    """The line of selftest.cu that contains `text` (once)."""
+    lines = [i for i, line in enumerate((SELFTEST_KERNEL_DIR / SOURCE).read_text().splitlines(), 1) if text in line]
+    assert len(lines) == 1, (text, lines)
+    return lines[0]
+
+
+def _misaligned(type_name: str, alignment: int, line_text: str) -> str:
+    """The message of a misaligned access in thread (0,0,0): the type, its alignment, selftest.cu's line."""
+    return (rf"block \(0,0,0\): thread \(0,0,0\): misaligned address 0x[0-9a-f]+ for a [a-z ]+ type "
+            rf"'(const )?(struct )?{type_name}', which needs {alignment}-byte alignment .* at "
+            rf"\S*selftest.cu:{_line(line_text)}$")
+
+
+@pytest.mark.parametrize("vector, size", [("float2", 8), ("float4", 16), ("int4", 16), ("uint2", 8)])
+def test_misaligned_vector_access_to_global_memory_fails_the_launch(vector, size):
+    floats = size // 4
+    x = _aligned(33 * floats, numpy.float32)
+    x[:] = numpy.arange(x.size)
+    out = _aligned(33 * floats, numpy.float32)
+    launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(floats), numpy.int32(0)])  # aligned
+    numpy.testing.assert_array_equal(out[:32 * floats], x[floats:])
+    with pytest.raises(KernelFailure, match=_misaligned(vector, size, "const V v = reinterpret_cast")):
+        launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(1), numpy.int32(0)])
+    with pytest.raises(KernelFailure, match=_misaligned(vector, size, "reinterpret_cast<V*>(out")):
+        launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(0), numpy.int32(1)])
+
+
+def test_misaligned_vector_access_to_shared_memory_fails_the_launch():
+    halves = numpy.arange(64, dtype=numpy.float16)
+    out = device().empty(32, numpy.uint32)
+    launch("forward", "half_pair_shared", 1, 32, [halves, out, numpy.int32(2)])  # even: 4-byte aligned
+    numpy.testing.assert_array_equal(out, numpy.concatenate([halves[2:], numpy.zeros(2, numpy.float16)])
+                                     .view(numpy.uint32))
+    with pytest.raises(KernelFailure, match=_misaligned("unsigned int", 4, "out[threadIdx.x] = *reinterpret_cast")):
+        launch("forward", "half_pair_shared", 1, 32, [halves, out, numpy.int32(1)])
+    floats = device().empty(32, numpy.float32)
+    launch("forward", "vector_dynamic_shared", 1, 32, [floats, numpy.int32(4)], shared_mem=33 * 16)
+    assert (floats == 3).all()
+    with pytest.raises(KernelFailure, match=_misaligned("float4", 16, "reinterpret_cast<float4*>(buffer")):
+        launch("forward", "vector_dynamic_shared", 1, 32, [floats, numpy.int32(2)], shared_mem=33 * 16)
+
+
 def test_engine_is_usable_after_a_failure():
     with pytest.raises(KernelFailure):
         launch("forward", "barrier_in_branch", 1, 64, [device().empty(64, numpy.float32)])
@@ -386,6 +438,26 @@ for order in ("forward", "reverse"):
         assert "divergent barrier" in str(e)
     else:
         raise AssertionError("no error")
+print("clean")
+""")
+    assert_clean_under_asan(process)
+    assert "clean" in process.stdout
+
+
+@needs_asan
+def test_argument_copies_keep_their_alignment_under_asan():
+    process = run_under_asan(ASAN_SETUP + """
+buffer = numpy.zeros(200, numpy.float32)
+start = (-buffer.ctypes.data % 16) // 4
+x = buffer[start:start + 132]
+o = d.empty(132, numpy.float32)
+d.launch("selftest.cu", "vector_copy<float4>", 1, 32, [x, o, numpy.int32(0), numpy.int32(0)])
+try:
+    d.launch("selftest.cu", "vector_copy<float4>", 1, 32, [x[1:], o, numpy.int32(0), numpy.int32(0)])
+except Exception as e:
+    assert "misaligned address" in str(e), e
+else:
+    raise AssertionError("a view 4 bytes past a 16-byte boundary was copied to an aligned buffer")
 print("clean")
 """)
     assert_clean_under_asan(process)

@@ -29,9 +29,10 @@ CXX = os.environ.get("CXX", "g++")
 # 18 s under ASan), and the small launches of the tests run about as fast, since switching fibers dominates.
 # CUPYCONV_EMULATOR_OPT=-O1 (or -O2) to choose another level.
 OPT_LEVEL = os.environ.get("CUPYCONV_EMULATOR_OPT", "-O0")
-# Bounds of fixed-size arrays (static __shared__ ones included, which live in TLS where ASan puts no redzones)
-# and signed overflow are checked in every build; emu_runtime.h turns a failed check into a failed launch.
-UB_CHECKS = "bounds,signed-integer-overflow"
+# Bounds of fixed-size arrays (static __shared__ ones included, which live in TLS where ASan puts no redzones),
+# signed overflow and the alignment of every access through a typed pointer (x86 loads a misaligned float4, a
+# GPU faults) are checked in every build; emu_runtime.h turns a failed check into a failed launch.
+UB_CHECKS = "bounds,signed-integer-overflow,alignment"
 BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-shared", "-Wl,-z,defs",
               f"-DEMU_DYNAMIC_SHARED_CAPACITY={DYNAMIC_SHARED_CAPACITY}")
 PLAIN_FLAGS = (f"-fsanitize={UB_CHECKS}",)

@@ -200,6 +200,34 @@ __global__ void local_array_past_end(float* out, int n) {
   out[threadIdx.x] = taps[0];
 }
 
+// Copies through vector type V (float2, float4, int4, uint2...): each thread loads V at in + in_offset and stores
+// it at out + out_offset (offsets in floats).  BUG unless both offsets keep the pointers aligned to sizeof(V).
+template <typename V>
+__global__ void vector_copy(const float* in, float* out, int in_offset, int out_offset) {
+  const V v = reinterpret_cast<const V*>(in + in_offset)[threadIdx.x];
+  reinterpret_cast<V*>(out + out_offset)[threadIdx.x] = v;
+}
+
+// Two neighbouring halves read as one unsigned from static shared memory (as conv.cu's tensor-core fragments):
+// BUG unless offset (in halves) is even.
+__global__ void half_pair_shared(const __half* in, unsigned* out, int offset) {
+  __shared__ __align__(16) __half tile[2 * 32 + 2];
+  tile[2 * threadIdx.x] = in[2 * threadIdx.x];
+  tile[2 * threadIdx.x + 1] = in[2 * threadIdx.x + 1];
+  if (threadIdx.x < 2) tile[64 + threadIdx.x] = __half(0.0f);
+  __syncthreads();
+  out[threadIdx.x] = *reinterpret_cast<const unsigned*>(tile + offset + 2 * threadIdx.x);
+}
+
+// A float4 stored to dynamic shared memory and read back as floats: BUG unless offset (in floats) is a
+// multiple of 4.
+__global__ void vector_dynamic_shared(float* out, int offset) {
+  extern __shared__ float buffer[];
+  reinterpret_cast<float4*>(buffer + offset)[threadIdx.x] = make_float4(1.0f, 2.0f, 3.0f, 4.0f);
+  __syncthreads();
+  out[threadIdx.x] = buffer[offset + 4 * threadIdx.x + 2];
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Tensor-core matrix operations (raw_kernels/mma.cuh's functions; emu_mma.h is what that header includes here).
 #include <emu_mma.h>
