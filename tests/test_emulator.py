@@ -19,7 +19,7 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
            "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
            "mma_divergent", "vector_copy<float2>", "vector_copy<float4>", "vector_copy<int4>", "vector_copy<uint2>",
-           "half_pair_shared", "vector_dynamic_shared"]
+           "half_pair_shared", "vector_dynamic_shared", "bounded"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -371,6 +371,31 @@ def test_shared_memory_limits():
     launch("forward", "reverse_dynamic", 1, 64, [x, device().empty(64, numpy.float32)], shared_mem=100 * 1024)
     with pytest.raises(LaunchConfigError, match=r"232448 with it"):
         launch("forward", "reverse_dynamic", 1, 64, [x, x.copy()], shared_mem=228 * 1024)
+
+
+def test_launch_bounds_are_enforced():
+    out = device().empty(4 * 64, numpy.float32)
+    launch("forward", "bounded", 4, 64, [out])  # __launch_bounds__(SELFTEST_BOUND, 4): 64 threads
+    assert (out == 1).all()
+    launch("forward", "bounded", 4, (8, 4, 2), [out])
+    with pytest.raises(LaunchConfigError, match=r"selftest.cu: bounded is declared __launch_bounds__\(64\) but is "
+                                                r"launched with block \(65, 1, 1\), 65 threads"):
+        launch("forward", "bounded", 1, 65, [out])
+    with pytest.raises(LaunchConfigError, match=r"block \(8, 3, 3\), 72 threads"):
+        launch("forward", "bounded", 1, (8, 3, 3), [out])
+
+
+def test_launch_bounds_of_the_shipped_kernels_are_read_with_their_defines():
+    from cupyconv import _device as cupyconv_device
+    bounds = {}
+    for source, name in cupyconv_device.all_instantiations():
+        bounds.setdefault((source, name.split("<")[0]), EmulatedDevice()._kernel(source, name).launch_bound)
+    defines = {source: dict(o[2:].split("=") for o in kernels.options())
+               for source, kernels in cupyconv_device.kernel_files().items()}
+    assert bounds[("conv.cu", "conv_fwd_tc")] == int(defines["conv.cu"]["TC_THREADS"])
+    assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
+    assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
+    assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared
 
 
 def test_launching_an_unlisted_instantiation_of_a_shipped_kernel_raises():

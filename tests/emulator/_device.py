@@ -115,6 +115,9 @@ class _Kernel:
                                 ctypes.c_void_p]
         for fn in ("signature", "symbol"):
             getattr(lib, f"emu_{fn}_{index}").restype = ctypes.c_char_p
+        getattr(lib, f"emu_max_threads_{index}").restype = ctypes.c_longlong
+        # The kernel's __launch_bounds__ (0: none), as g++ evaluated it with the file's -D options.
+        self.launch_bound = getattr(lib, f"emu_max_threads_{index}")()
         text = getattr(lib, f"emu_signature_{index}")().decode()
         self.codes = text.split(",")[:-1] if text else []
         symbol = getattr(lib, f"emu_symbol_{index}")().decode()
@@ -195,6 +198,11 @@ class EmulatedDevice(cupyconv_device.Device):
         if shared_mem < 0:
             raise LaunchConfigError(f"shared_mem = {shared_mem} is negative")
         kernel = self._kernel(source, name)
+        threads = block[0] * block[1] * block[2]
+        if kernel.launch_bound and threads > kernel.launch_bound:
+            # The kernel was compiled for at most that many threads (registers); a GPU refuses the launch.
+            raise LaunchConfigError(f"{source}: {name} is declared __launch_bounds__({kernel.launch_bound}) but is "
+                                    f"launched with block {block}, {threads} threads")
         self._check_shared(source, kernel, shared_mem)
         argv, extents, keep_alive = self._marshal(source, kernel, list(args))
         grid_c = (ctypes.c_uint * 3)(*grid)

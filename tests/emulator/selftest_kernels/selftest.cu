@@ -228,6 +228,12 @@ __global__ void vector_dynamic_shared(float* out, int offset) {
   out[threadIdx.x] = buffer[offset + 4 * threadIdx.x + 2];
 }
 
+// Compiled for blocks of at most SELFTEST_BOUND threads (a macro, as the shipped kernels' -D constants).
+#define SELFTEST_BOUND 2 * 32
+__global__ void __launch_bounds__(SELFTEST_BOUND, 4) bounded(float* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Tensor-core matrix operations (raw_kernels/mma.cuh's functions; emu_mma.h is what that header includes here).
 #include <emu_mma.h>
