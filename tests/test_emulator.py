@@ -362,15 +362,42 @@ def test_launch_limits_raise(grid, block, message):
 
 def test_shared_memory_limits():
     out = device().empty(32, numpy.float32)
+    big = device().function(SOURCE, "big_static_shared")
+    assert big.shared_size_bytes == 40 * 1024
+    big.max_dynamic_shared_size_bytes = 8 * 1024  # as loaded (48 KiB less the static memory), even on a rerun
     launch("forward", "big_static_shared", 1, 32, [out], shared_mem=8 * 1024)  # 40 KiB static + 8 KiB: fits
     assert (out == 2).all()
-    with pytest.raises(LaunchConfigError, match=r"40960 bytes of static and 8196 bytes of dynamic"):
+    # 48 KiB + 4 in all, but not 48 KiB of dynamic memory: CudaDevice does not opt in, and a GPU fails the launch
+    with pytest.raises(LaunchConfigError, match=r"big_static_shared asks for 8196 bytes of dynamic shared memory "
+                                                r"beside its 40960 static bytes \(49156 in all\), more than its "
+                                                r"max_dynamic_shared_size_bytes of 8192"):
         launch("forward", "big_static_shared", 1, 32, [out], shared_mem=8 * 1024 + 4)
-    # more than 48 KiB of dynamic memory reads as an opt-in launch, allowed up to 227 KiB in all
+    # Past 48 KiB of dynamic memory the device opts in (cupyconv._device.opt_in_shared_memory), up to 227 KiB in all
+    launch("forward", "big_static_shared", 1, 32, [out], shared_mem=100 * 1024)
+    assert big.max_dynamic_shared_size_bytes == 100 * 1024  # the opt-in stays, as the attribute does on a GPU
+    with pytest.raises(LaunchConfigError, match=r"max_dynamic_shared_size_bytes = 192512 is refused: with its "
+                                                r"40960 bytes of static shared memory a block may have 232448"):
+        launch("forward", "big_static_shared", 1, 32, [out], shared_mem=188 * 1024)
     x = numpy.arange(64, dtype=numpy.float32)
-    launch("forward", "reverse_dynamic", 1, 64, [x, device().empty(64, numpy.float32)], shared_mem=100 * 1024)
-    with pytest.raises(LaunchConfigError, match=r"232448 with it"):
+    launch("forward", "reverse_dynamic", 1, 64, [x, device().empty(64, numpy.float32)], shared_mem=227 * 1024)
+    with pytest.raises(LaunchConfigError, match=r"= 233472 is refused"):
         launch("forward", "reverse_dynamic", 1, 64, [x, x.copy()], shared_mem=228 * 1024)
+
+
+def test_more_than_48_kib_of_dynamic_shared_memory_needs_the_opt_in(monkeypatch):
+    from cupyconv import _device as cupyconv_device
+    kernel = device().function(SOURCE, "reverse_dynamic")
+    kernel.max_dynamic_shared_size_bytes = 48 * 1024  # as loaded: 48 KiB less its (no) static memory
+    x, out = numpy.arange(64, dtype=numpy.float32), device().empty(64, numpy.float32)
+    launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024)
+    monkeypatch.setattr(cupyconv_device, "opt_in_shared_memory", lambda kernel, shared_mem: None)
+    with pytest.raises(LaunchConfigError, match=r"reverse_dynamic asks for 49153 bytes of dynamic shared memory "
+                                                r"beside its 0 static bytes .* after the opt-in"):
+        launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024 + 1)
+    monkeypatch.undo()  # the device's own step: the same launch runs
+    launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024 + 1)
+    numpy.testing.assert_array_equal(out, x[::-1])
+    assert kernel.max_dynamic_shared_size_bytes == 48 * 1024 + 1
 
 
 def test_launch_bounds_are_enforced():
@@ -389,7 +416,7 @@ def test_launch_bounds_of_the_shipped_kernels_are_read_with_their_defines():
     from cupyconv import _device as cupyconv_device
     bounds = {}
     for source, name in cupyconv_device.all_instantiations():
-        bounds.setdefault((source, name.split("<")[0]), EmulatedDevice()._kernel(source, name).launch_bound)
+        bounds.setdefault((source, name.split("<")[0]), EmulatedDevice().function(source, name).launch_bound)
     defines = {source: dict(o[2:].split("=") for o in kernels.options())
                for source, kernels in cupyconv_device.kernel_files().items()}
     assert bounds[("conv.cu", "conv_fwd_tc")] == int(defines["conv.cu"]["TC_THREADS"])
