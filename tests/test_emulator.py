@@ -19,7 +19,7 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
            "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
            "mma_divergent", "vector_copy<float2>", "vector_copy<float4>", "vector_copy<int4>", "vector_copy<uint2>",
-           "half_pair_shared", "vector_dynamic_shared", "bounded"]
+           "half_pair_shared", "vector_dynamic_shared", "bounded", "shared_in_helpers", "too_much_shared_in_helpers"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -384,6 +384,20 @@ def test_shared_memory_limits():
         launch("forward", "reverse_dynamic", 1, 64, [x, x.copy()], shared_mem=228 * 1024)
 
 
+def test_static_shared_memory_counts_what_helpers_declare():
+    # 8 KiB in the body, 16 KiB in a helper that is not inlined, 8 KiB in an inlined one, 4 KiB at file scope
+    assert device().function(SOURCE, "shared_in_helpers").shared_size_bytes == 36 * 1024
+    out = device().empty(32, numpy.float32)
+    launch("forward", "shared_in_helpers", 1, 32, [out], shared_mem=12 * 1024)  # 48 KiB in all
+    assert (out == 7.5).all()
+    with pytest.raises(LaunchConfigError, match=r"shared_in_helpers asks for 12292 bytes of dynamic shared memory "
+                                                r"beside its 36864 static bytes"):
+        launch("forward", "shared_in_helpers", 1, 32, [out], shared_mem=12 * 1024 + 4)
+    with pytest.raises(LaunchConfigError, match=r"too_much_shared_in_helpers declares 57344 bytes of static shared "
+                                                r"memory; CUDA allows 49152"):
+        launch("forward", "too_much_shared_in_helpers", 1, 32, [device().empty(32, numpy.float64)])
+
+
 def test_more_than_48_kib_of_dynamic_shared_memory_needs_the_opt_in(monkeypatch):
     from cupyconv import _device as cupyconv_device
     kernel = device().function(SOURCE, "reverse_dynamic")
@@ -412,17 +426,22 @@ def test_launch_bounds_are_enforced():
         launch("forward", "bounded", 1, (8, 3, 3), [out])
 
 
-def test_launch_bounds_of_the_shipped_kernels_are_read_with_their_defines():
+def test_shipped_kernels_launch_bounds_and_static_shared_memory():
     from cupyconv import _device as cupyconv_device
     bounds = {}
     for source, name in cupyconv_device.all_instantiations():
         bounds.setdefault((source, name.split("<")[0]), EmulatedDevice().function(source, name).launch_bound)
     defines = {source: dict(o[2:].split("=") for o in kernels.options())
                for source, kernels in cupyconv_device.kernel_files().items()}
+    # read with the files' -D options
     assert bounds[("conv.cu", "conv_fwd_tc")] == int(defines["conv.cu"]["TC_THREADS"])
     assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
     assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
     assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared
+    # two stages of 64 + 64 rows of 40 halves or 36 floats (conv.cu's TcTile); __half arrays' init guards not counted
+    tc = {t: EmulatedDevice().function("conv.cu", f"conv_fwd_tc<{t}, int>").shared_size_bytes
+          for t in ("__half", "float")}
+    assert tc == {"__half": 2 * 128 * 40 * 2, "float": 2 * 128 * 36 * 4}
 
 
 def test_launching_an_unlisted_instantiation_of_a_shipped_kernel_raises():

@@ -1,7 +1,7 @@
 """Compile one kernel source file for the CPU with g++, cached on disk by a hash of everything that goes in.
 
-One g++ call per (source file, mode) builds a shared library with, for each name expression, the extern "C"
-functions emu_launch_<i>, emu_signature_<i> and emu_symbol_<i> (see emu_runtime.h).  Libraries live in
+One g++ compile and link per (source file, mode) builds a shared library with, for each name expression, the extern "C"
+functions emu_launch_<i>, emu_signature_<i> and emu_max_threads_<i> (see emu_runtime.h).  Libraries live in
 $CUPYCONV_EMULATOR_CACHE (default ~/.cache/cupyconv-emulator), one directory per key, each written under a
 temporary name and renamed into place, with a lock file so that parallel pytest workers build a key once.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 DYNAMIC_SHARED_CAPACITY = 227 * 1024  # the largest opt-in shared memory of any GPU we target (sm_90)
 PRUNE_AFTER_S = 7 * 24 * 3600
-FORMAT = "1"  # bump when the generated code changes in a way the hashed inputs do not show
+FORMAT = "2"  # bump when the generated code or meta.json changes in a way the hashed inputs do not show
 
 CXX = os.environ.get("CXX", "g++")
 # -O0: a file of ~200 instantiations compiles in a third of -O1's time (4 s against 12 s of CPU; 9 s against
@@ -33,8 +33,10 @@ OPT_LEVEL = os.environ.get("CUPYCONV_EMULATOR_OPT", "-O0")
 # signed overflow and the alignment of every access through a typed pointer (x86 loads a misaligned float4, a
 # GPU faults) are checked in every build; emu_runtime.h turns a failed check into a failed launch.
 UB_CHECKS = "bounds,signed-integer-overflow,alignment"
-BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-shared", "-Wl,-z,defs",
-              f"-DEMU_DYNAMIC_SHARED_CAPACITY={DYNAMIC_SHARED_CAPACITY}")
+# -ffunction-sections: each function's code and relocations stand apart in the object file, which is how the
+# static shared memory of a kernel and of every helper it calls is found (static_shared_sizes).
+BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-ffunction-sections", "-shared",
+              "-Wl,-z,defs", f"-DEMU_DYNAMIC_SHARED_CAPACITY={DYNAMIC_SHARED_CAPACITY}")
 PLAIN_FLAGS = (f"-fsanitize={UB_CHECKS}",)
 # ASan for global memory (arguments copied to exact-size heap buffers) and dynamic shared memory (poisoned
 # past the launch's size); -g1 gives its reports file:line.
@@ -117,7 +119,6 @@ def launcher_source(source: str, names: list[str], bounds: dict[str, str]) -> st
             f"  return emu::launch({kernel}, grid, block, shared, args, extents);",
             "}",
             f'extern "C" const char* emu_signature_{i}() {{ return emu::signature({kernel}); }}',
-            f'extern "C" const char* emu_symbol_{i}() {{ return emu::symbol(reinterpret_cast<void*>({kernel})); }}',
             f'extern "C" long long emu_max_threads_{i}() {{ return (long long)({bound}); }}',
             "",
         ]
@@ -134,19 +135,57 @@ def dynamic_shared_source(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tls_symbol_sizes(library: Path) -> dict[str, int]:
-    """Sizes of the library's thread-local symbols: its static __shared__ variables, by mangled name."""
+def _readelf(*args: str) -> str | None:
     try:
-        out = subprocess.run(["readelf", "-W", "-s", str(library)], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return {}  # without binutils the static shared memory limit goes unchecked
-    sizes = {}
-    for line in out.splitlines():
+        return None
+
+
+def static_shared_sizes(obj: Path, count: int) -> dict[int, int]:
+    """{i: bytes of static __shared__ memory of the kernel launched by emu_launch_<i>} from an object file built
+    with -ffunction-sections.
+
+    On a GPU a block holds every __shared__ variable its kernel can reach: its own, those of the helper
+    functions it calls (inlined or not, at any depth) and those at file scope that any of them uses.  Here they
+    are thread_local variables (prelude.h), and a function's section has a relocation naming each one it uses
+    and each function it calls; following the calls from emu_launch_<i> (the engine, which uses none, and the
+    kernel) collects them.  Only code is followed: data sections hold no calls of device code, and .rodata
+    holds the jump tables of every function."""
+    symbols, sections = _readelf("-s", str(obj)), _readelf("-S", str(obj))
+    relocations = _readelf("-r", str(obj))
+    if symbols is None or sections is None or relocations is None:
+        return {}  # without binutils the static shared memory goes uncounted
+    section_names = dict(re.findall(r"^\s*\[\s*(\d+)\]\s+(\S+)", sections, flags=re.M))
+    section_of, tls_size = {}, {}  # symbol -> its section's name; TLS symbol -> size
+    for line in symbols.splitlines():
         parts = line.split()
-        if len(parts) >= 8 and parts[3] == "TLS":
-            size = int(parts[2], 16) if parts[2].lower().startswith("0x") else int(parts[2])
-            sizes[parts[7]] = size
-    return sizes
+        if len(parts) < 8 or not parts[6].isdigit():
+            continue  # a header, or an undefined symbol (libc, __tls_get_addr, `extern __shared__` names)
+        section_of[parts[7]] = section_names.get(parts[6])
+        if parts[3] == "TLS" and not parts[7].startswith("_ZGV"):  # not the guard of a class-type array's init
+            tls_size[parts[7]] = int(parts[2], 0) if parts[2].startswith("0x") else int(parts[2])
+    uses: dict[str, set] = {}  # code section -> the symbols (or section names) its relocations name
+    for block in relocations.split("Relocation section '.rela")[1:]:
+        target, _, body = block.partition("'")
+        uses[target] = set(re.findall(r"^\s*[0-9a-f]+\s+[0-9a-f]+\s+\S+\s+[0-9a-f]+\s+(\S+)", body, flags=re.M))
+    result = {}
+    for i in range(count):
+        todo, seen, shared = [f".text.emu_launch_{i}"], set(), set()
+        while todo:
+            section = todo.pop()
+            if section in seen:
+                continue
+            seen.add(section)
+            for symbol in uses.get(section, ()):
+                if symbol in tls_size:
+                    shared.add(symbol)
+                else:
+                    callee = section_of.get(symbol, symbol)  # a section symbol is named by its section
+                    if callee and callee.startswith(".text"):
+                        todo.append(callee)
+        result[i] = sum(tls_size[s] for s in shared)
+    return result
 
 
 def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=()) -> tuple[Path, dict]:
@@ -193,12 +232,15 @@ def _compile(kernel_dir, source, names, launcher, dynamic, flags, root: Path, fi
     try:
         (work / "launchers.cpp").write_text(launcher)
         (work / "dyn_shared.cpp").write_text(dynamic)
-        command = [CXX, *flags, "-I", str(INCLUDE_DIR), "-I", str(kernel_dir), "-include", "prelude.h",
-                   "-o", str(work / "lib.so"), str(work / "launchers.cpp"), str(work / "dyn_shared.cpp")]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BuildError(f"emulator: g++ failed on {kernel_dir / source}:\n{result.stderr[-20000:]}")
-        meta = {"source": source, "names": names, "tls": _tls_symbol_sizes(work / "lib.so")}
+        # Compiled, then linked: static_shared_sizes reads the object file.
+        for command in ([CXX, *flags, "-I", str(INCLUDE_DIR), "-I", str(kernel_dir), "-include", "prelude.h", "-c",
+                         "launchers.cpp", "dyn_shared.cpp"],
+                        [CXX, *flags, "-o", "lib.so", "launchers.o", "dyn_shared.o"]):
+            result = subprocess.run(command, capture_output=True, text=True, cwd=work)
+            if result.returncode != 0:
+                raise BuildError(f"emulator: g++ failed on {kernel_dir / source}:\n{result.stderr[-20000:]}")
+        shared = static_shared_sizes(work / "launchers.o", len(names))
+        meta = {"source": source, "names": names, "static_shared": {names[i]: n for i, n in shared.items()}}
         (work / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(work, final)  # atomic: readers see a complete directory or none

@@ -116,18 +116,14 @@ class _Kernel:
         self.launch.restype = ctypes.c_int
         self.launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
                                 ctypes.c_void_p]
-        for fn in ("signature", "symbol"):
-            getattr(lib, f"emu_{fn}_{index}").restype = ctypes.c_char_p
+        getattr(lib, f"emu_signature_{index}").restype = ctypes.c_char_p
         getattr(lib, f"emu_max_threads_{index}").restype = ctypes.c_longlong
         # The kernel's __launch_bounds__ (0: none), as g++ evaluated it with the file's -D options.
         self.launch_bound = getattr(lib, f"emu_max_threads_{index}")()
         text = getattr(lib, f"emu_signature_{index}")().decode()
         self.codes = text.split(",")[:-1] if text else []
-        symbol = getattr(lib, f"emu_symbol_{index}")().decode()
-        # Static __shared__ variables declared in the kernel's body are its function-local statics, mangled
-        # _ZZ<kernel's encoding>E<name>; those declared in helper functions are not counted.
-        prefix = "_ZZ" + symbol[2:] + "E" if symbol.startswith("_Z") else None
-        self.shared_size_bytes = sum(size for sym, size in library.tls.items() if prefix and sym.startswith(prefix))
+        # Every __shared__ variable the kernel reaches, its helpers' included (_build.static_shared_sizes).
+        self.shared_size_bytes = library.static_shared.get(name, 0)
         self.max_threads_per_block = self.launch_bound or 1024
         # cudaFuncAttributeMaxDynamicSharedMemorySize starts at what 48 KiB leave beside the static memory; a
         # launch that asks for more fails unless the device raised it (cupyconv._device.opt_in_shared_memory).
@@ -157,7 +153,7 @@ class _Library:
         self.cdll.emu_set_order.argtypes = [ctypes.c_int]
         self.names = list(meta["names"])
         self.source = meta["source"]
-        self.tls = meta["tls"]
+        self.static_shared = meta["static_shared"]
         self._index = {n: i for i, n in enumerate(self.names)}
         self._kernels = {}
 

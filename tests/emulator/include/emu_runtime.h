@@ -628,11 +628,6 @@ template <typename... A> const char* signature(void (*)(A...)) {
   return text;
 }
 
-inline const char* symbol(void* function) {
-  Dl_info info;
-  return dladdr(function, &info) && info.dli_saddr == function && info.dli_sname ? info.dli_sname : "";
-}
-
 template <typename... A> struct Call {
   void (*kernel)(A...);
   void** slots;  // slots[i] points to the value of parameter i

@@ -234,6 +234,42 @@ __global__ void __launch_bounds__(SELFTEST_BOUND, 4) bounded(float* out) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
 }
 
+// Static shared memory outside the kernel's body: 4 KiB at file scope, 16 KiB (float) in a helper that is not
+// inlined and uses the file-scope array, 8 KiB in an inlined helper, 8 KiB in the body: 36 KiB per block.
+__shared__ float file_scope_tile[1024];
+
+template <typename T>
+__device__ __noinline__ T helper_not_inlined(int i) {
+  __shared__ T staged[4096];
+  staged[i] = T(1);
+  __syncthreads();
+  return staged[i] + T(file_scope_tile[i]);
+}
+
+__device__ __forceinline__ float helper_inlined(int i) {
+  __shared__ float partial[2048];
+  partial[i] = 2.0f;
+  __syncthreads();
+  return partial[i];
+}
+
+__global__ void shared_in_helpers(float* out) {
+  __shared__ float own[2048];
+  own[threadIdx.x] = 4.0f;
+  file_scope_tile[threadIdx.x] = 0.5f;
+  __syncthreads();
+  out[threadIdx.x] = helper_not_inlined<float>(threadIdx.x) + helper_inlined(threadIdx.x) + own[threadIdx.x];
+}
+
+// Two calls deep: 32 KiB (double) + 4 KiB in helpers, 20 KiB in the body: 56 KiB, more than a block may declare.
+__device__ __noinline__ double outer_helper(int i) { return helper_not_inlined<double>(i); }
+
+__global__ void too_much_shared_in_helpers(double* out) {
+  __shared__ double own[2560];
+  own[threadIdx.x] = 1.0;
+  out[threadIdx.x] = outer_helper(threadIdx.x) + own[threadIdx.x];
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Tensor-core matrix operations (raw_kernels/mma.cuh's functions; emu_mma.h is what that header includes here).
 #include <emu_mma.h>
