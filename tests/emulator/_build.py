@@ -1,9 +1,9 @@
 """Compile one kernel source file for the CPU with g++, cached on disk by a hash of everything that goes in.
 
-One g++ compile and link per (source file, mode) builds a shared library with, for each name expression, the extern "C"
-functions emu_launch_<i>, emu_signature_<i> and emu_max_threads_<i> (see emu_runtime.h).  Libraries live in
-$CUPYCONV_EMULATOR_CACHE (default ~/.cache/cupyconv-emulator), one directory per key, each written under a
-temporary name and renamed into place, with a lock file so that parallel pytest workers build a key once.
+One g++ compile and link per (source file, mode) builds a shared library with, for each name expression, the
+extern "C" functions emu_launch_<i>, emu_signature_<i> and emu_max_threads_<i> (see emu_runtime.h).  Libraries
+live in $CUPYCONV_EMULATOR_CACHE (default ~/.cache/cupyconv-emulator), one directory per key, each written under
+a temporary name and renamed into place, with a lock file so that parallel pytest workers build a key once.
 """
 from __future__ import annotations
 
