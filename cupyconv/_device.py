@@ -340,6 +340,15 @@ def _tf32_capable() -> bool:
     return int(cuda_device.get_compute_capability()) >= 80
 
 
+def opt_in_shared_memory(kernel, shared_mem: int) -> None:
+    """Let `kernel` launch with `shared_mem` bytes of dynamic shared memory: above 48 KiB a launch fails unless
+    the kernel opted in first, by raising its cudaFuncAttributeMaxDynamicSharedMemorySize (CuPy's
+    `Function.max_dynamic_shared_size_bytes`).  `CudaDevice.launch` calls this before every launch, and so does
+    the test emulator on its model of that attribute, so CI runs this very step."""
+    if shared_mem > DEFAULT_SHARED_LIMIT and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
+
+
 def _cuda_runtime():
     """CuPy's CUDA runtime bindings (the CUDA_R_* data types of cuBLAS's Ex functions)."""
     from cupy_backends.cuda.api import runtime
@@ -411,9 +420,7 @@ class CudaDevice(Device):
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = _cuda_function(source, name)
-        if shared_mem > DEFAULT_SHARED_LIMIT and kernel.max_dynamic_shared_size_bytes < shared_mem:
-            # Above 48 KiB a kernel must opt in to dynamic shared memory, or the launch fails.
-            kernel.max_dynamic_shared_size_bytes = shared_mem
+        opt_in_shared_memory(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
     def timed(self, run):

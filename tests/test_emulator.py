@@ -18,7 +18,8 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "scale_half", "convert_16bit", "atomics", "write_past_end", "static_shared_past_end",
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
            "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
-           "mma_divergent"]
+           "mma_divergent", "vector_copy<float2>", "vector_copy<float4>", "vector_copy<int4>", "vector_copy<uint2>",
+           "half_pair_shared", "vector_dynamic_shared", "bounded", "shared_in_helpers", "too_much_shared_in_helpers"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -247,6 +248,57 @@ def test_undefined_behaviour_fails_the_launch(kernel, args, message):
         launch("forward", kernel, 1, 33, args())
 
 
+def _aligned(n, dtype, alignment=16):
+    """n elements whose first one is `alignment`-byte aligned (cudaMalloc gives 256, NumPy only what malloc does)."""
+    itemsize = numpy.dtype(dtype).itemsize
+    buffer = numpy.zeros(n + alignment // itemsize, dtype)
+    start = (-buffer.ctypes.data % alignment) // itemsize
+    return buffer[start:start + n]
+
+
+def _line(text: str) -> int:
+    """The line of selftest.cu that contains `text` (once)."""
+    lines = [i for i, line in enumerate((SELFTEST_KERNEL_DIR / SOURCE).read_text().splitlines(), 1) if text in line]
+    assert len(lines) == 1, (text, lines)
+    return lines[0]
+
+
+def _misaligned(type_name: str, alignment: int, line_text: str) -> str:
+    """The message of a misaligned access in thread (0,0,0): the type, its alignment, selftest.cu's line."""
+    return (rf"block \(0,0,0\): thread \(0,0,0\): misaligned address 0x[0-9a-f]+ for a [a-z ]+ type "
+            rf"'(const )?(struct )?{type_name}', which needs {alignment}-byte alignment .* at "
+            rf"\S*selftest.cu:{_line(line_text)}$")
+
+
+@pytest.mark.parametrize("vector, size", [("float2", 8), ("float4", 16), ("int4", 16), ("uint2", 8)])
+def test_misaligned_vector_access_to_global_memory_fails_the_launch(vector, size):
+    floats = size // 4
+    x = _aligned(33 * floats, numpy.float32)
+    x[:] = numpy.arange(x.size)
+    out = _aligned(33 * floats, numpy.float32)
+    launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(floats), numpy.int32(0)])  # aligned
+    numpy.testing.assert_array_equal(out[:32 * floats], x[floats:])
+    with pytest.raises(KernelFailure, match=_misaligned(vector, size, "const V v = reinterpret_cast")):
+        launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(1), numpy.int32(0)])
+    with pytest.raises(KernelFailure, match=_misaligned(vector, size, "reinterpret_cast<V*>(out")):
+        launch("forward", f"vector_copy<{vector}>", 1, 32, [x, out, numpy.int32(0), numpy.int32(1)])
+
+
+def test_misaligned_vector_access_to_shared_memory_fails_the_launch():
+    halves = numpy.arange(64, dtype=numpy.float16)
+    out = device().empty(32, numpy.uint32)
+    launch("forward", "half_pair_shared", 1, 32, [halves, out, numpy.int32(2)])  # even: 4-byte aligned
+    numpy.testing.assert_array_equal(out, numpy.concatenate([halves[2:], numpy.zeros(2, numpy.float16)])
+                                     .view(numpy.uint32))
+    with pytest.raises(KernelFailure, match=_misaligned("unsigned int", 4, "out[threadIdx.x] = *reinterpret_cast")):
+        launch("forward", "half_pair_shared", 1, 32, [halves, out, numpy.int32(1)])
+    floats = device().empty(32, numpy.float32)
+    launch("forward", "vector_dynamic_shared", 1, 32, [floats, numpy.int32(4)], shared_mem=33 * 16)
+    assert (floats == 3).all()
+    with pytest.raises(KernelFailure, match=_misaligned("float4", 16, "reinterpret_cast<float4*>(buffer")):
+        launch("forward", "vector_dynamic_shared", 1, 32, [floats, numpy.int32(2)], shared_mem=33 * 16)
+
+
 def test_engine_is_usable_after_a_failure():
     with pytest.raises(KernelFailure):
         launch("forward", "barrier_in_branch", 1, 64, [device().empty(64, numpy.float32)])
@@ -310,15 +362,86 @@ def test_launch_limits_raise(grid, block, message):
 
 def test_shared_memory_limits():
     out = device().empty(32, numpy.float32)
+    big = device().function(SOURCE, "big_static_shared")
+    assert big.shared_size_bytes == 40 * 1024
+    big.max_dynamic_shared_size_bytes = 8 * 1024  # as loaded (48 KiB less the static memory), even on a rerun
     launch("forward", "big_static_shared", 1, 32, [out], shared_mem=8 * 1024)  # 40 KiB static + 8 KiB: fits
     assert (out == 2).all()
-    with pytest.raises(LaunchConfigError, match=r"40960 bytes of static and 8196 bytes of dynamic"):
+    # 48 KiB + 4 in all, but not 48 KiB of dynamic memory: CudaDevice does not opt in, and a GPU fails the launch
+    with pytest.raises(LaunchConfigError, match=r"big_static_shared asks for 8196 bytes of dynamic shared memory "
+                                                r"beside its 40960 static bytes \(49156 in all\), more than its "
+                                                r"max_dynamic_shared_size_bytes of 8192"):
         launch("forward", "big_static_shared", 1, 32, [out], shared_mem=8 * 1024 + 4)
-    # more than 48 KiB of dynamic memory reads as an opt-in launch, allowed up to 227 KiB in all
+    # Past 48 KiB of dynamic memory the device opts in (cupyconv._device.opt_in_shared_memory), up to 227 KiB in all
+    launch("forward", "big_static_shared", 1, 32, [out], shared_mem=100 * 1024)
+    assert big.max_dynamic_shared_size_bytes == 100 * 1024  # the opt-in stays, as the attribute does on a GPU
+    with pytest.raises(LaunchConfigError, match=r"max_dynamic_shared_size_bytes = 192512 is refused: with its "
+                                                r"40960 bytes of static shared memory a block may have 232448"):
+        launch("forward", "big_static_shared", 1, 32, [out], shared_mem=188 * 1024)
     x = numpy.arange(64, dtype=numpy.float32)
-    launch("forward", "reverse_dynamic", 1, 64, [x, device().empty(64, numpy.float32)], shared_mem=100 * 1024)
-    with pytest.raises(LaunchConfigError, match=r"232448 with it"):
+    launch("forward", "reverse_dynamic", 1, 64, [x, device().empty(64, numpy.float32)], shared_mem=227 * 1024)
+    with pytest.raises(LaunchConfigError, match=r"= 233472 is refused"):
         launch("forward", "reverse_dynamic", 1, 64, [x, x.copy()], shared_mem=228 * 1024)
+
+
+def test_static_shared_memory_counts_what_helpers_declare():
+    # 8 KiB in the body, 16 KiB in a helper that is not inlined, 8 KiB in an inlined one, 4 KiB at file scope
+    assert device().function(SOURCE, "shared_in_helpers").shared_size_bytes == 36 * 1024
+    out = device().empty(32, numpy.float32)
+    launch("forward", "shared_in_helpers", 1, 32, [out], shared_mem=12 * 1024)  # 48 KiB in all
+    assert (out == 7.5).all()
+    with pytest.raises(LaunchConfigError, match=r"shared_in_helpers asks for 12292 bytes of dynamic shared memory "
+                                                r"beside its 36864 static bytes"):
+        launch("forward", "shared_in_helpers", 1, 32, [out], shared_mem=12 * 1024 + 4)
+    with pytest.raises(LaunchConfigError, match=r"too_much_shared_in_helpers declares 57344 bytes of static shared "
+                                                r"memory; CUDA allows 49152"):
+        launch("forward", "too_much_shared_in_helpers", 1, 32, [device().empty(32, numpy.float64)])
+
+
+def test_more_than_48_kib_of_dynamic_shared_memory_needs_the_opt_in(monkeypatch):
+    from cupyconv import _device as cupyconv_device
+    kernel = device().function(SOURCE, "reverse_dynamic")
+    kernel.max_dynamic_shared_size_bytes = 48 * 1024  # as loaded: 48 KiB less its (no) static memory
+    x, out = numpy.arange(64, dtype=numpy.float32), device().empty(64, numpy.float32)
+    launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024)
+    monkeypatch.setattr(cupyconv_device, "opt_in_shared_memory", lambda kernel, shared_mem: None)
+    with pytest.raises(LaunchConfigError, match=r"reverse_dynamic asks for 49153 bytes of dynamic shared memory "
+                                                r"beside its 0 static bytes .* after the opt-in"):
+        launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024 + 1)
+    monkeypatch.undo()  # the device's own step: the same launch runs
+    launch("forward", "reverse_dynamic", 1, 64, [x, out], shared_mem=48 * 1024 + 1)
+    numpy.testing.assert_array_equal(out, x[::-1])
+    assert kernel.max_dynamic_shared_size_bytes == 48 * 1024 + 1
+
+
+def test_launch_bounds_are_enforced():
+    out = device().empty(4 * 64, numpy.float32)
+    launch("forward", "bounded", 4, 64, [out])  # __launch_bounds__(SELFTEST_BOUND, 4): 64 threads
+    assert (out == 1).all()
+    launch("forward", "bounded", 4, (8, 4, 2), [out])
+    with pytest.raises(LaunchConfigError, match=r"selftest.cu: bounded is declared __launch_bounds__\(64\) but is "
+                                                r"launched with block \(65, 1, 1\), 65 threads"):
+        launch("forward", "bounded", 1, 65, [out])
+    with pytest.raises(LaunchConfigError, match=r"block \(8, 3, 3\), 72 threads"):
+        launch("forward", "bounded", 1, (8, 3, 3), [out])
+
+
+def test_shipped_kernels_launch_bounds_and_static_shared_memory():
+    from cupyconv import _device as cupyconv_device
+    bounds = {}
+    for source, name in cupyconv_device.all_instantiations():
+        bounds.setdefault((source, name.split("<")[0]), EmulatedDevice().function(source, name).launch_bound)
+    defines = {source: dict(o[2:].split("=") for o in kernels.options())
+               for source, kernels in cupyconv_device.kernel_files().items()}
+    # read with the files' -D options
+    assert bounds[("conv.cu", "conv_fwd_tc")] == int(defines["conv.cu"]["TC_THREADS"])
+    assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
+    assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
+    assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared
+    # two stages of 64 + 64 rows of 40 halves or 36 floats (conv.cu's TcTile); __half arrays' init guards not counted
+    tc = {t: EmulatedDevice().function("conv.cu", f"conv_fwd_tc<{t}, int>").shared_size_bytes
+          for t in ("__half", "float")}
+    assert tc == {"__half": 2 * 128 * 40 * 2, "float": 2 * 128 * 36 * 4}
 
 
 def test_launching_an_unlisted_instantiation_of_a_shipped_kernel_raises():
@@ -386,6 +509,26 @@ for order in ("forward", "reverse"):
         assert "divergent barrier" in str(e)
     else:
         raise AssertionError("no error")
+print("clean")
+""")
+    assert_clean_under_asan(process)
+    assert "clean" in process.stdout
+
+
+@needs_asan
+def test_argument_copies_keep_their_alignment_under_asan():
+    process = run_under_asan(ASAN_SETUP + """
+buffer = numpy.zeros(200, numpy.float32)
+start = (-buffer.ctypes.data % 16) // 4
+x = buffer[start:start + 132]
+o = d.empty(132, numpy.float32)
+d.launch("selftest.cu", "vector_copy<float4>", 1, 32, [x, o, numpy.int32(0), numpy.int32(0)])
+try:
+    d.launch("selftest.cu", "vector_copy<float4>", 1, 32, [x[1:], o, numpy.int32(0), numpy.int32(0)])
+except Exception as e:
+    assert "misaligned address" in str(e), e
+else:
+    raise AssertionError("a view 4 bytes past a 16-byte boundary was copied to an aligned buffer")
 print("clean")
 """)
     assert_clean_under_asan(process)

@@ -15,8 +15,8 @@ from cupyconv._kernels import argument_error
 from ._asan import asan_preloaded
 from ._build import DYNAMIC_SHARED_CAPACITY, build
 
-STATIC_SHARED_LIMIT = 48 * 1024  # static + dynamic without opt-in (every architecture)
-OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block
+STATIC_SHARED_LIMIT = cupyconv_device.DEFAULT_SHARED_LIMIT  # static + dynamic without opt-in (every architecture)
+OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block (sm_80: 163 KiB)
 
 
 class EmulatorError(RuntimeError):
@@ -105,6 +105,9 @@ def _check_config(grid, block) -> None:
 
 
 class _Kernel:
+    """One compiled kernel, with the attributes of CuPy's Function that launches depend on:
+    max_threads_per_block, shared_size_bytes (static shared memory) and max_dynamic_shared_size_bytes."""
+
     def __init__(self, library: "_Library", index: int, name: str):
         lib = library.cdll
         self.library = library
@@ -113,15 +116,33 @@ class _Kernel:
         self.launch.restype = ctypes.c_int
         self.launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
                                 ctypes.c_void_p]
-        for fn in ("signature", "symbol"):
-            getattr(lib, f"emu_{fn}_{index}").restype = ctypes.c_char_p
+        getattr(lib, f"emu_signature_{index}").restype = ctypes.c_char_p
+        getattr(lib, f"emu_max_threads_{index}").restype = ctypes.c_longlong
+        # The kernel's __launch_bounds__ (0: none), as g++ evaluated it with the file's -D options.
+        self.launch_bound = getattr(lib, f"emu_max_threads_{index}")()
         text = getattr(lib, f"emu_signature_{index}")().decode()
         self.codes = text.split(",")[:-1] if text else []
-        symbol = getattr(lib, f"emu_symbol_{index}")().decode()
-        # Static __shared__ variables declared in the kernel's body are its function-local statics, mangled
-        # _ZZ<kernel's encoding>E<name>; those declared in helper functions are not counted.
-        prefix = "_ZZ" + symbol[2:] + "E" if symbol.startswith("_Z") else None
-        self.static_shared = sum(size for sym, size in library.tls.items() if prefix and sym.startswith(prefix))
+        # Every __shared__ variable the kernel reaches, its helpers' included (_build.static_shared_sizes).
+        self.shared_size_bytes = library.static_shared.get(name, 0)
+        self.max_threads_per_block = self.launch_bound or 1024
+        # cudaFuncAttributeMaxDynamicSharedMemorySize starts at what 48 KiB leave beside the static memory; a
+        # launch that asks for more fails unless the device raised it (cupyconv._device.opt_in_shared_memory).
+        self._max_dynamic_shared = max(0, STATIC_SHARED_LIMIT - self.shared_size_bytes)
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max_dynamic_shared
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        # cudaFuncSetAttribute refuses a value that, with the static memory, exceeds the device's opt-in maximum.
+        value = operator.index(value)
+        if not 0 <= value <= OPT_IN_SHARED_LIMIT - self.shared_size_bytes:
+            raise LaunchConfigError(
+                f"{self.library.source}: {self.name}: max_dynamic_shared_size_bytes = {value} is refused: with its "
+                f"{self.shared_size_bytes} bytes of static shared memory a block may have {OPT_IN_SHARED_LIMIT} "
+                f"(cudaDevAttrMaxSharedMemoryPerBlockOptin of sm_90)")
+        self._max_dynamic_shared = value
 
 
 class _Library:
@@ -131,7 +152,8 @@ class _Library:
         self.cdll.emu_error.restype = ctypes.c_char_p
         self.cdll.emu_set_order.argtypes = [ctypes.c_int]
         self.names = list(meta["names"])
-        self.tls = meta["tls"]
+        self.source = meta["source"]
+        self.static_shared = meta["static_shared"]
         self._index = {n: i for i, n in enumerate(self.names)}
         self._kernels = {}
 
@@ -194,7 +216,15 @@ class EmulatedDevice(cupyconv_device.Device):
         shared_mem = operator.index(shared_mem)
         if shared_mem < 0:
             raise LaunchConfigError(f"shared_mem = {shared_mem} is negative")
-        kernel = self._kernel(source, name)
+        kernel = self.function(source, name)
+        threads = block[0] * block[1] * block[2]
+        if threads > kernel.max_threads_per_block:
+            # The kernel was compiled for at most that many threads (registers); a GPU refuses the launch.
+            raise LaunchConfigError(f"{source}: {name} is declared __launch_bounds__({kernel.launch_bound}) but is "
+                                    f"launched with block {block}, {threads} threads")
+        # The step CudaDevice.launch takes before every launch, on this kernel's model of the attribute; looked up
+        # in the module at each call, so that a test can take it away and see the launch fail.
+        cupyconv_device.opt_in_shared_memory(kernel, shared_mem)
         self._check_shared(source, kernel, shared_mem)
         argv, extents, keep_alive = self._marshal(source, kernel, list(args))
         grid_c = (ctypes.c_uint * 3)(*grid)
@@ -242,24 +272,22 @@ class EmulatedDevice(cupyconv_device.Device):
         kernels = cupyconv_device.kernel_files().get(source) if self._package else None
         return kernels.options() if kernels else ()
 
-    def _kernel(self, source: str, name: str) -> _Kernel:
+    def function(self, source: str, name: str) -> _Kernel:
+        """The compiled kernel `name` of `source`, as CuPy's RawModule.get_function gives it on a GPU: its
+        attributes persist between launches (an opt-in stays) and are shared by every EmulatedDevice."""
         return self._library_for(source, required=name).kernel(name)
 
     def _check_shared(self, source, kernel: _Kernel, dynamic: int) -> None:
-        static = kernel.static_shared
-        total = static + dynamic
-        if static > STATIC_SHARED_LIMIT:
+        static = kernel.shared_size_bytes
+        if static > STATIC_SHARED_LIMIT:  # ptxas refuses to compile it
             raise LaunchConfigError(f"{source}: {kernel.name} declares {static} bytes of static shared memory; "
                                     f"CUDA allows {STATIC_SHARED_LIMIT}")
-        if total <= STATIC_SHARED_LIMIT:
-            return
-        # Beyond 48 KiB a kernel needs the opt-in attribute (CuPy: kernel.max_dynamic_shared_size_bytes); a
-        # launch asking for more than 48 KiB of dynamic memory is taken as having opted in.
-        if dynamic > STATIC_SHARED_LIMIT and total <= OPT_IN_SHARED_LIMIT:
-            return
-        raise LaunchConfigError(
-            f"{source}: {kernel.name} needs {static} bytes of static and {dynamic} bytes of dynamic shared memory "
-            f"({total} in all); CUDA allows {STATIC_SHARED_LIMIT} without opt-in and {OPT_IN_SHARED_LIMIT} with it")
+        if dynamic > kernel.max_dynamic_shared_size_bytes:
+            raise LaunchConfigError(
+                f"{source}: {kernel.name} asks for {dynamic} bytes of dynamic shared memory beside its {static} "
+                f"static bytes ({static + dynamic} in all), more than its max_dynamic_shared_size_bytes of "
+                f"{kernel.max_dynamic_shared_size_bytes}: above {STATIC_SHARED_LIMIT} in all a GPU launches it only "
+                f"after the opt-in (cupyconv._device.opt_in_shared_memory), and never above {OPT_IN_SHARED_LIMIT}")
 
     def _marshal(self, source, kernel: _Kernel, args: list):
         codes = kernel.codes

@@ -148,15 +148,18 @@ static void start_fiber(Fiber* f) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Undefined behaviour.  Every build has -fsanitize=bounds,signed-integer-overflow, whose checks call the
-// handlers below (the emulator's own, bound inside the library, in place of libubsan's, which would print and
-// run on): they stop the faulty thread and fail the launch with the place and the values, so an index past a
-// fixed-size array (a static __shared__ tile, a local array) or an int index that overflows fails the test.
+// Undefined behaviour.  Every build has -fsanitize=bounds,signed-integer-overflow,alignment, whose checks call
+// the handlers below (the emulator's own, bound inside the library, in place of libubsan's, which would print
+// and run on): they stop the faulty thread and fail the launch with the place and the values, so an index past
+// a fixed-size array (a static __shared__ tile, a local array), an int index that overflows, or an access
+// through a pointer not aligned to its type (a float4 or a pair of halves read as one unsigned: x86 does it,
+// a GPU faults with "misaligned address") fails the test.
 
 struct UbsanLocation { const char* file; unsigned line, column; };
 struct UbsanType { unsigned short kind, info; char name[1]; };
 struct UbsanOutOfBounds { UbsanLocation location; const UbsanType* array_type; const UbsanType* index_type; };
 struct UbsanOverflow { UbsanLocation location; const UbsanType* type; };
+struct UbsanTypeMismatch { UbsanLocation location; const UbsanType* type; unsigned char log_alignment, kind; };
 
 static long long ubsan_integer(const UbsanType* type, uintptr_t value) {
   const unsigned bits = 1u << (type->info >> 1);  // integers of up to 64 bits are passed by value
@@ -201,6 +204,15 @@ EMU_UBSAN_HANDLER __ubsan_handle_sub_overflow(emu::UbsanOverflow* d, uintptr_t a
 EMU_UBSAN_HANDLER __ubsan_handle_mul_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "*", a, b); }
 EMU_UBSAN_HANDLER __ubsan_handle_negate_overflow(emu::UbsanOverflow* d, uintptr_t a) { emu::overflow(d, "0 -", 0, a); }
 EMU_UBSAN_HANDLER __ubsan_handle_divrem_overflow(emu::UbsanOverflow* d, uintptr_t a, uintptr_t b) { emu::overflow(d, "/", a, b); }
+// With alignment the only check of this family that is on, a call means a misaligned address.
+EMU_UBSAN_HANDLER __ubsan_handle_type_mismatch_v1(emu::UbsanTypeMismatch* data, uintptr_t pointer) {
+  static const char* const kinds[] = {"load of", "store to", "reference to", "member access in", "member call on"};
+  char what[512];
+  snprintf(what, sizeof what, "misaligned address 0x%llx for a %s type %s, which needs %u-byte alignment "
+           "(a GPU faults: misaligned address)", (unsigned long long)pointer,
+           data->kind < 5 ? kinds[data->kind] : "use of", data->type->name, 1u << data->log_alignment);
+  emu::undefined_behaviour(data->location, what);
+}
 
 namespace emu {
 
@@ -472,12 +484,18 @@ static void poison_shared(const SharedMemory& s, size_t dynamic_bytes) {
 
 // ---------------------------------------------------------------------------------------------------------
 // Under ASan, pointer arguments are replaced by malloc'd copies of exactly the bytes the array spans (NumPy's
-// own buffers may be views into larger ones), so any access outside an argument hits a redzone.
+// own buffers may be views into larger ones), so any access outside an argument hits a redzone.  A copy keeps
+// the original's address modulo 16, the widest vector access, so that a misaligned view stays misaligned (and
+// an aligned one aligned); the bytes in front of it are poisoned, whole 8-byte granules only (ASan's shadow
+// cannot mark the first bytes of a granule bad and the rest good).
+
+constexpr size_t kArgumentAlignment = 16;
 
 struct ArgumentCopy {
   char* low;   // the original span
   size_t bytes;
   char* copy;
+  void* block;  // what posix_memalign returned: copy minus the padding
   bool write_back;
 };
 
@@ -497,12 +515,16 @@ static void copy_arguments(int n, const bool* is_pointer, const bool* is_const, 
       copy = same->copy;
       same->write_back |= !is_const[i];
     } else {
-      copy = (char*)malloc(bytes ? bytes : 1);
+      const size_t pad = (uintptr_t)low % kArgumentAlignment;
+      void* block = nullptr;
+      if (posix_memalign(&block, kArgumentAlignment, pad + (bytes ? bytes : 1)) != 0) abort();
+      copy = (char*)block + pad;
       if (bytes) std::memcpy(copy, low, bytes);
 #ifdef __SANITIZE_ADDRESS__
+      __asan_poison_memory_region(block, pad);
       if (!bytes) __asan_poison_memory_region(copy, 1);  // an empty array has no byte to touch
 #endif
-      copies[i] = ArgumentCopy{low, bytes, copy, !is_const[i]};
+      copies[i] = ArgumentCopy{low, bytes, copy, block, !is_const[i]};
     }
     values[i] = copy + (data - low);
     slots[i] = &values[i];
@@ -514,9 +536,9 @@ static void release_arguments(int n, ArgumentCopy* copies, bool write_back) {
     if (!copies[i].copy) continue;
     if (write_back && copies[i].write_back && copies[i].bytes) std::memcpy(copies[i].low, copies[i].copy, copies[i].bytes);
 #ifdef __SANITIZE_ADDRESS__
-    __asan_unpoison_memory_region(copies[i].copy, 1);
+    __asan_unpoison_memory_region(copies[i].block, copies[i].copy + 1 - (char*)copies[i].block);
 #endif
-    free(copies[i].copy);
+    free(copies[i].block);
   }
 }
 
@@ -604,11 +626,6 @@ template <typename... A> const char* signature(void (*)(A...)) {
   static char text[16 * sizeof...(A) + 1];
   if (!text[0]) ((append_code<A>(text), std::strcat(text, ",")), ...);
   return text;
-}
-
-inline const char* symbol(void* function) {
-  Dl_info info;
-  return dladdr(function, &info) && info.dli_saddr == function && info.dli_sname ? info.dli_sname : "";
 }
 
 template <typename... A> struct Call {

@@ -200,6 +200,76 @@ __global__ void local_array_past_end(float* out, int n) {
   out[threadIdx.x] = taps[0];
 }
 
+// Copies through vector type V (float2, float4, int4, uint2...): each thread loads V at in + in_offset and stores
+// it at out + out_offset (offsets in floats).  BUG unless both offsets keep the pointers aligned to sizeof(V).
+template <typename V>
+__global__ void vector_copy(const float* in, float* out, int in_offset, int out_offset) {
+  const V v = reinterpret_cast<const V*>(in + in_offset)[threadIdx.x];
+  reinterpret_cast<V*>(out + out_offset)[threadIdx.x] = v;
+}
+
+// Two neighbouring halves read as one unsigned from static shared memory (as conv.cu's tensor-core fragments):
+// BUG unless offset (in halves) is even.
+__global__ void half_pair_shared(const __half* in, unsigned* out, int offset) {
+  __shared__ __align__(16) __half tile[2 * 32 + 2];
+  tile[2 * threadIdx.x] = in[2 * threadIdx.x];
+  tile[2 * threadIdx.x + 1] = in[2 * threadIdx.x + 1];
+  if (threadIdx.x < 2) tile[64 + threadIdx.x] = __half(0.0f);
+  __syncthreads();
+  out[threadIdx.x] = *reinterpret_cast<const unsigned*>(tile + offset + 2 * threadIdx.x);
+}
+
+// A float4 stored to dynamic shared memory and read back as floats: BUG unless offset (in floats) is a
+// multiple of 4.
+__global__ void vector_dynamic_shared(float* out, int offset) {
+  extern __shared__ float buffer[];
+  reinterpret_cast<float4*>(buffer + offset)[threadIdx.x] = make_float4(1.0f, 2.0f, 3.0f, 4.0f);
+  __syncthreads();
+  out[threadIdx.x] = buffer[offset + 4 * threadIdx.x + 2];
+}
+
+// Compiled for blocks of at most SELFTEST_BOUND threads (a macro, as the shipped kernels' -D constants).
+#define SELFTEST_BOUND 2 * 32
+__global__ void __launch_bounds__(SELFTEST_BOUND, 4) bounded(float* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
+}
+
+// Static shared memory outside the kernel's body: 4 KiB at file scope, 16 KiB (float) in a helper that is not
+// inlined and uses the file-scope array, 8 KiB in an inlined helper, 8 KiB in the body: 36 KiB per block.
+__shared__ float file_scope_tile[1024];
+
+template <typename T>
+__device__ __noinline__ T helper_not_inlined(int i) {
+  __shared__ T staged[4096];
+  staged[i] = T(1);
+  __syncthreads();
+  return staged[i] + T(file_scope_tile[i]);
+}
+
+__device__ __forceinline__ float helper_inlined(int i) {
+  __shared__ float partial[2048];
+  partial[i] = 2.0f;
+  __syncthreads();
+  return partial[i];
+}
+
+__global__ void shared_in_helpers(float* out) {
+  __shared__ float own[2048];
+  own[threadIdx.x] = 4.0f;
+  file_scope_tile[threadIdx.x] = 0.5f;
+  __syncthreads();
+  out[threadIdx.x] = helper_not_inlined<float>(threadIdx.x) + helper_inlined(threadIdx.x) + own[threadIdx.x];
+}
+
+// Two calls deep: 32 KiB (double) + 4 KiB in helpers, 20 KiB in the body: 56 KiB, more than a block may declare.
+__device__ __noinline__ double outer_helper(int i) { return helper_not_inlined<double>(i); }
+
+__global__ void too_much_shared_in_helpers(double* out) {
+  __shared__ double own[2560];
+  own[threadIdx.x] = 1.0;
+  out[threadIdx.x] = outer_helper(threadIdx.x) + own[threadIdx.x];
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Tensor-core matrix operations (raw_kernels/mma.cuh's functions; emu_mma.h is what that header includes here).
 #include <emu_mma.h>
