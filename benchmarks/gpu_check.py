@@ -71,11 +71,12 @@ SANITIZER_TESTS = (
     "tests/test_unfold_kernels.py::test_gpu_matches_cpu_path[case1-float32]",
     "tests/test_unfold_kernels.py::test_gpu_matches_cpu_path[case3-float16]",
     # conv.cu: conv_fwd_direct and the im2col path (conv_fwd_bias, conv_bgrad, with unfold.cu), forward and
-    # backward; conv_fwd_tc (mma.sync) in float16
+    # backward; the tensor-core passes (mma.sync) forward and backward in float16
     "tests/test_conv_kernels.py::test_gpu_matches_cpu_path[everything-direct]",
     "tests/test_conv_kernels.py::test_gpu_matches_cpu_path[everything-im2col_gemm]",
     "tests/test_conv_kernels.py::test_gpu_dtypes[float16-direct]",
     "tests/test_tensor_core_kernels.py::test_gpu_conv2d_forward[tc_groups2_stride2_asymmetric-float16]",
+    "tests/test_tensor_core_kernels.py::test_gpu_conv2d_backward[tc_groups2_stride2_asymmetric-float16]",
     # depthwise.cu: every kernel family once with 64-bit indices, and three 32-bit ones
     "tests/test_depthwise_kernels.py::test_gpu_64_bit_index_variants",
     "tests/test_depthwise_kernels.py::test_gpu_matches_cpu_path[k3s1_packed_images-float32]",
