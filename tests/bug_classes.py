@@ -237,7 +237,8 @@ class SparseDevice(EmulatedDevice):
 
 def assert_tail_written(out, expected, dtype, least: int, what=""):
     """The last len(expected) elements of out (flat) that were written (not NaN) match expected (float64, to the
-    dtype's rounding); the very last one and at least `least` of them were written."""
+    dtype's rounding); the very last one and at least `least` of them were written.  expected covers at most
+    the device's poisoned tail (elsewhere unwritten elements read 0, not NaN)."""
     got = numpy.asarray(out).reshape(-1)[-expected.size:].astype(numpy.float64)
     expected = numpy.asarray(expected, numpy.float64).reshape(-1)
     written = ~numpy.isnan(got)
