@@ -219,8 +219,8 @@ class SparseDevice(EmulatedDevice):
 
     SMALL = 1 << 22
 
-    def __init__(self, order: str = "forward", tail: int = 1024):
-        super().__init__(order, blocks=last_block)
+    def __init__(self, order: str = "forward", tail: int = 1024, **options):
+        super().__init__(order, blocks=last_block, **options)
         self.tail, self.launches = tail, []
 
     def empty(self, shape, dtype):

@@ -259,6 +259,29 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
 
 
+def test_64_bit_case_catches_an_int_product(monkeypatch):
+    """The proof that the cases above can fail: unfold.cu with one (I) cast taken out of its channel offset,
+    `c * kernel_h * kernel_w * cols_stride_row`, fails the launch on 2^29 channels with UBSan's report.  The copy
+    lives under the emulator's cache, one instantiation of it, so it compiles once per machine."""
+    from emulator import KernelFailure, cache_root
+    bug_classes.lift_grid_cap(monkeypatch)
+    mutant = cache_root() / "mutants" / "unfold-int-channel-offset"
+    mutant.mkdir(parents=True, exist_ok=True)
+    source = (_device.kernel_dir() / "unfold.cu").read_text()
+    cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
+    assert source.count(cast) == 1
+    for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
+                       ("unfold.cu", source.replace(cast, cast[3:]))):
+        if not (mutant / name).is_file() or (mutant / name).read_text() != text:
+            (mutant / name).write_text(text)
+    x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
+    device = bug_classes.SparseDevice(kernel_dir=mutant,
+                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long>")])
+    with pytest.raises(KernelFailure, match=r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"):
+        with _device.use_device(device):
+            cupyconv.unfold(x, 2, padding=((1, 0), (0, 1)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The same cases on a real GPU (pytest -m gpu)
 
