@@ -3,6 +3,10 @@ NumPy CPU path: under the CPU emulator here, and the same matrix on a real GPU w
 
 Cases are data (CASES); every case runs forward and backward with both algorithms ('fused' and 'im2col_gemm'),
 and the launches are recorded to check which kernel ran and that a strided view of the input is read in place.
+
+The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
+over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
+tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
 from __future__ import annotations
 
