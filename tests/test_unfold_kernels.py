@@ -281,7 +281,8 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
     device = bug_classes.SparseDevice(kernel_dir=mutant,
                                       instantiations=[("unfold.cu", "unfold_im2col<__half, long long>")])
-    with pytest.raises(KernelFailure, match=r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"):
+    overflow = r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"
+    with pytest.raises(KernelFailure, match=overflow):
         with _device.use_device(device):
             cupyconv.unfold(x, 2, padding=((1, 0), (0, 1)))
 
