@@ -16,6 +16,7 @@ import cupyconv
 from cupyconv import _device, _kernels
 from cupyconv._spec import ConvSpec
 from cupyconv.ops import depthwise as depthwise_module
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 
 NEEDS = ("input", "weight", "bias")
@@ -343,6 +344,122 @@ def test_every_kernel_once():
 
 def test_every_kernel_clean_under_asan():
     assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose, every kernel (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+S2 = ("depthwise_bwd_input_strided",)
+#: Every depthwise kernel path: (name, kernel, stride, dilation, multiplier, padding on each side, the kernels of
+#: its forward, input gradient and weight gradient).
+PATHS = [
+    ("k3s1", 3, 1, 1, 1, 1, SPEC_3_1),
+    ("k3s2", 3, 2, 1, 1, 1, ("depthwise_fwd<3, 2>", *S2, "depthwise_bwd_weight<3, 2>")),
+    ("k5s1", 5, 1, 1, 2, 2, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>", "depthwise_bwd_weight<5, 1>")),
+    ("k5s2", 5, 2, 1, 1, 2, ("depthwise_fwd<5, 2>", *S2, "depthwise_bwd_weight<5, 2>")),
+    ("k7s1", 7, 1, 1, 1, 3, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>", "depthwise_bwd_weight<7, 1>")),
+    ("k7s2", 7, 2, 1, 2, 3, ("depthwise_fwd<7, 2>", *S2, "depthwise_bwd_weight<7, 2>")),
+    ("generic_dilation2", 3, 1, 2, 2, 2, GENERIC_1),
+    ("generic_rect_stride2", (3, 4), 2, 1, 1, 1, GENERIC_S),
+    ("large", (6, 9), 1, 1, 1, 3, LARGE_1),
+    ("direct", 2, 3, 1, 2, 1, DIRECT),
+    ("gather", 3, 1, 30, 8, 30, ("depthwise_fwd_generic", "depthwise_bwd_input_gather",
+                                 "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
+]
+PATH_IDS = [p[0] for p in PATHS]
+
+
+def path_case(path, padding, low=(7, 6), images=2, channels=2, name=""):
+    """The path's Case on planes whose last window ends on the last padded row and column."""
+    label, k, s, d, m, _, kernels = path
+    kh, kw = (k, k) if isinstance(k, int) else k
+    size = (bug_classes.touching_size(low[0], kh, s, d, padding[0]), bug_classes.touching_size(low[1], kw, s, d,
+                                                                                            padding[1]))
+    return C(f"{label}_{name}", (images, channels, *size), m, (kh, kw), kernels, stride=s, dilation=d,
+             padding=padding)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_padding_per_side_and_last_row_and_column(path):
+    """Each side's padding differs alone (a kernel that reads pad_top for pad_left, or the bottom for the top,
+    fails one of the four); every case's last window ends on the last padded row and column, so windows read
+    the last input row and column and, where that side is padded, the zeros past them."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(path[5])):
+        case = path_case(path, padding, name=side)
+        device = Recorder("reverse" if k % 2 else "forward")
+        run_case(device, case)
+        used = device.kernels()
+        assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
+            (case.name, used)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_accumulates_in_float32(path):
+    """Forward, input gradient, weight and bias gradients (and the bias alone) in float16 and bfloat16 on data
+    whose float32 sums are exact: every result must be the float64 one rounded once (a 16-bit accumulator
+    misses it on about half the outputs)."""
+    case = path_case(path, ((path[5],) * 2,) * 2, low=(9, 8), images=3)
+    for dtype in ("float16", "bfloat16"):
+        rng = numpy.random.default_rng(20)
+        x = bug_classes.exact_terms(rng, case.x, dtype)
+        weight = bug_classes.exact_terms(rng, (case.x[1] * case.m, 1, *case.kernel), dtype)
+        bias = bug_classes.exact_terms(rng, (case.x[1] * case.m,), dtype)
+        grad_output = bug_classes.exact_terms(rng, cupyconv.depthwise_conv2d(x, weight, **case.window).shape, dtype)
+        as64 = [a.astype(numpy.float64) for a in (x, weight, bias, grad_output)]
+        device = Recorder()
+        with _device.use_device(device):
+            out = cupyconv.depthwise_conv2d(x, weight, bias, **case.window)
+            grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
+            (bias_alone,) = [g for g in cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs="bias",
+                                                                           **case.window) if g is not None]
+        assert device.kernels()[:3] == [case.kernels[0], case.kernels[1], case.kernels[2]], device.kernels()
+        assert "depthwise_bwd_bias" in device.kernels()
+        bug_classes.assert_rounded_once(out, cupyconv.depthwise_conv2d(*as64[:3], **case.window), dtype, "forward")
+        expected = cupyconv.depthwise_conv2d_backward(as64[3], *as64[:2], **case.window)
+        for name, got, want in zip(NEEDS, grads, expected):
+            bug_classes.assert_rounded_once(got, want, dtype, f"{dtype} grad {name}")
+        bug_classes.assert_rounded_once(bias_alone, expected[2], dtype, f"{dtype} grad bias alone")
+
+
+def test_bias_gradient_accumulates_in_float32():
+    """depthwise_bwd_bias alone over planes of 1600 pixels: each of its 256 threads sums 6 or 7 of a plane
+    (bug_classes.strided_sum_terms) before the block combines them."""
+    for dtype in ("float16", "bfloat16"):
+        x = numpy.zeros((1, 3, 40, 40), bug_classes.numpy_dtype(dtype))
+        weight = numpy.zeros((3, 1, 3, 3), x.dtype)
+        grad_output = numpy.stack([bug_classes.strided_sum_terms(1600, depthwise_module.REDUCE_THREADS, dtype)
+                                   .reshape(40, 40)] * 3)[None]
+        device = Recorder()
+        with _device.use_device(device):
+            _, _, got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1, needs="bias")
+        (name, args), _ = device.launches
+        assert short(name) == "depthwise_bwd_bias" and args[-1] == 1, "one image per block"
+        bug_classes.assert_rounded_once(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), dtype, dtype)
+
+
+#: Cases with more units than LOOP_CAP blocks in every kernel they reach (every kernel family).
+LOOP_CASES = [
+    path_case(PATHS[0], ((1, 1), (1, 1)), low=(9, 11), images=3, channels=11, name="loops"),
+    path_case(PATHS[3], ((2, 1), (0, 3)), low=(13, 11), channels=5, name="loops"),
+    path_case(PATHS[7], ((1, 0), (2, 1)), low=(9, 10), channels=8, name="loops"),
+    path_case(PATHS[8], ((3, 3), (4, 4)), low=(9, 8), channels=4, name="loops"),
+    path_case(PATHS[9], ((0, 0), (0, 0)), low=(5, 6), channels=10, name="loops"),
+    path_case(PATHS[10], ((30, 30), (30, 30)), low=(5, 5), channels=2, name="loops"),
+]
+
+
+def test_grid_loops_with_several_blocks(monkeypatch):
+    """Three blocks of every kernel, fewer than its units (elementwise: blocks of 32 threads, fewer than its
+    items): a loop that starts at threadIdx.x instead of the block's first unit or the global index, or that
+    does not stride, leaves outputs unwritten (NaN) or sums missing."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    device = loops.device(Recorder("reverse"))
+    for case in LOOP_CASES:
+        run_case(device, case)
+    run_case(device, LOOP_CASES[1], needs=("bias",))
+    assert loops.looped() == loops.capped(), loops.launches
+    assert {short(name).split("<")[0] for name, _ in device.launches} == {
+        "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", *depthwise_module.GENERIC_KERNELS}
 
 
 # ---------------------------------------------------------------------------------------------------------

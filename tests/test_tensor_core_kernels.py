@@ -14,6 +14,7 @@ import pytest
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
@@ -101,6 +102,44 @@ def test_accumulates_in_float32():
     out = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
     # centre pixel: 1000 + 575 * 0.25 = 1143.75, which float16 rounds to 1144 (spacing 1 there)
     assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_pass_accumulates_in_float32(dtype):
+    """Forward, input gradient and weight gradient (two splits) on data whose float32 sums are exact: each result
+    is the float64 one rounded once, which an accumulator rounded to 16 bits between mma steps misses
+    (K = 288 for the forward and the input gradient, 2 x 160 pixels for the weight gradient)."""
+    case = C("exact", (2, 32, 9, 9), (24, 16, 3, 3), padding=((1, 0), (0, 1)), groups=2)
+    rng = numpy.random.default_rng(40)
+    x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
+    grad_output = bug_classes.exact_terms(rng, case.output_shape, dtype)
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                        needs=("input", "weight"), **case.kwargs)
+    assert [name.split("<")[0] for name in device.launches] == ["conv_fwd_tc", "conv_bwd_input_tc",
+                                                                "conv_bwd_weight_tc"]
+    bug_classes.assert_rounded_once(out, expected_forward(x, weight, bias, **case.kwargs), dtype, "forward")
+    for name, got, want in zip(("input", "weight"), grads, expected_backward(grad_output, x, weight, **case.kwargs)):
+        bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_padding_per_side_and_last_row_and_column(stride):
+    """The three passes with each side's padding differing alone, the last window ending on the last padded row
+    and column: a pass that takes pad_left for pad_top (or reads past the last row) fails one of the four."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        size = tuple(bug_classes.touching_size(7, 3, stride, 1, pad) for pad in padding)
+        case = C(side, (2, 16, *size), (20, 16, 3, 3), stride=stride, padding=padding)
+        x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(41 + k), numpy.float16)
+        device = Recorder("reverse" if k % 2 else "forward")
+        out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                            needs=("input", "weight"), **case.kwargs)
+        assert len(device.launches) == 3 and all("_tc<" in name for name in device.launches), device.launches
+        assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16", f"{side} forward")
+        for name, g, w in zip(("input", "weight"), grads, expected_backward(grad_output, x, weight, **case.kwargs)):
+            assert_close(g, w, "float16", f"{side} grad {name}")
 
 
 def test_float32_operands_are_rounded_to_tf32():

@@ -8,6 +8,7 @@ import pytest
 
 import cupyconv
 from cupyconv import _device, _kernels
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, run_under_asan
 
 # (x shape, kernel_size, dilation, padding, stride): odd sizes, never multiples of the 256-thread block.
@@ -156,6 +157,61 @@ def test_kernels_are_clean_under_address_sanitizer():
         "print('ok')\n")
     assert_clean_under_asan(process)
     assert "ok" in process.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+#: (kernel, stride, dilation) of the windows tried with each side's padding alone.
+WINDOWS = [(3, 1, 1), ((2, 3), (2, 1), (1, 2)), (3, 2, 2)]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else v
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["k3", "k2x3_stride21_dilation12", "k3_stride2_dilation2"])
+def test_padding_per_side_and_last_row_and_column(window):
+    """unfold and fold with each side's padding differing alone, on planes whose last window ends on the last
+    padded row and column (it reads the last input row and column, and the padding past them where there is)."""
+    kernel, stride, dilation = (_pair(v) for v in window)
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        size = tuple(bug_classes.touching_size(5, *args) for args in zip(kernel, stride, dilation, padding))
+        x = _random((2, 3, *size), numpy.float64, seed=k)
+        kw = dict(dilation=dilation, padding=padding, stride=stride)
+        order = "reverse" if k % 2 else "forward"
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), EmulatedDevice(order))
+        numpy.testing.assert_array_equal(cols, cols_ref, err_msg=side)
+        c = _random(cols_ref.shape, numpy.float64, seed=10 + k)
+        out, out_ref = _both_paths(lambda: cupyconv.fold(c, size, kernel, **kw), EmulatedDevice(order))
+        numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13, err_msg=side)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fold_accumulates_in_float32(dtype):
+    """fold's sum of overlapping windows (up to 9 per pixel) on values a 16-bit running sum rounds: every pixel
+    must be the float64 sum rounded once."""
+    shape, kernel, kw = (2, 3, 7, 6), 3, dict(padding=((1, 0), (0, 1)))
+    cols_shape = cupyconv.unfold(numpy.zeros(shape), kernel, **kw).shape
+    cols = bug_classes.sum_terms(numpy.random.default_rng(3), cols_shape, dtype)
+    with _device.use_device(EmulatedDevice()):
+        out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
+    bug_classes.assert_rounded_once(out, cupyconv.fold(cols.astype(numpy.float64), shape[-2:], kernel, **kw), dtype)
+
+
+def test_grid_loops_with_several_blocks(monkeypatch):
+    """Three blocks of 32 threads for 8 or more blocks' worth of windows or pixels: a grid-stride loop that
+    starts at threadIdx.x, or does not stride, leaves columns or pixels unwritten (NaN)."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    shape, kernel, dilation, padding, stride = CASES[1]
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    x = _random(shape, numpy.float64)
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), loops.device(EmulatedDevice("reverse")))
+    numpy.testing.assert_array_equal(cols, cols_ref)
+    out, out_ref = _both_paths(lambda: cupyconv.fold(cols_ref, shape[-2:], kernel, **kw),
+                               loops.device(EmulatedDevice()))
+    numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
+    assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
 
 
 # ---------------------------------------------------------------------------------------------------------
