@@ -20,6 +20,7 @@ import numpy
 
 from cupyconv import _kernels
 from cupyconv._spec import ceil_div
+from emulator import EmulatedDevice, last_block
 
 # ---------------------------------------------------------------------------------------------------------
 # Asymmetric padding and windows on the last row and column
@@ -179,3 +180,70 @@ class GridLoops:
     def capped(self) -> set[str]:
         """The kernels launched on capped grids (those that loop over their units)."""
         return {name for name, _, units in self.launches if units is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 64-bit index instantiations on extents past 2^31
+
+#: Flag of a mapping whose pages need no swap reservation (Linux), so a mapping larger than memory is accepted.
+MAP_NORESERVE = getattr(__import__("mmap"), "MAP_NORESERVE", 0x4000)
+
+
+def sparse_zeros(shape, dtype):
+    """A zero array of any size that costs only what is written to it: a private anonymous mapping without swap
+    reservation, whose unwritten pages all read the kernel's one zero page.  A 2^31-element input with a few
+    rows of data in it, or an output of which one block writes a tile, takes megabytes."""
+    import mmap
+    dt = numpy_dtype(dtype)
+    count = math.prod(shape)
+    buffer = mmap.mmap(-1, max(1, count * dt.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    return numpy.frombuffer(buffer, dt, count=count).reshape(shape)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc), to check that a sparse case stayed sparse."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
+
+
+def lift_grid_cap(monkeypatch):
+    """Grids as large as CUDA allows, so that the last block of a looping kernel owns its last unit only."""
+    monkeypatch.setattr(_kernels, "GRID_CAP", _kernels.MAX_GRID[0])
+
+
+class SparseDevice(EmulatedDevice):
+    """The GPU path on problems past 2^31 elements, in moments and megabytes: only the last block of every
+    launch runs (the one with the highest indices, with lift_grid_cap), and outputs of more than SMALL elements
+    are `sparse_zeros` whose last `tail` elements are poisoned (0xFF: NaN), so that what that block writes
+    there shows.  `launches`: the name expressions launched."""
+
+    SMALL = 1 << 22
+
+    def __init__(self, order: str = "forward", tail: int = 1024):
+        super().__init__(order, blocks=last_block)
+        self.tail, self.launches = tail, []
+
+    def empty(self, shape, dtype):
+        if math.prod(shape) <= self.SMALL:
+            return super().empty(shape, dtype)
+        out = sparse_zeros(shape, dtype)
+        out.reshape(-1)[-self.tail:].view(numpy.uint8)[...] = 0xFF
+        return out
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.append(name)
+        super().launch(source, name, grid, block, args, shared_mem)
+
+
+def assert_tail_written(out, expected, dtype, least: int, what=""):
+    """The last len(expected) elements of out (flat) that were written (not NaN) match expected (float64, to the
+    dtype's rounding); the very last one and at least `least` of them were written.  expected covers at most
+    the device's poisoned tail (elsewhere unwritten elements read 0, not NaN)."""
+    got = numpy.asarray(out).reshape(-1)[-expected.size:].astype(numpy.float64)
+    expected = numpy.asarray(expected, numpy.float64).reshape(-1)
+    written = ~numpy.isnan(got)
+    assert written[-1] and written.sum() >= least, f"{what}: {int(written.sum())} of the last {got.size} written"
+    tolerance = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-5, "float64": 1e-12}[numpy_dtype(dtype).name]
+    scale = max(1.0, float(numpy.abs(expected).max()))
+    error = float(numpy.abs(got[written] - expected[written]).max())
+    assert error <= tolerance * scale, f"{what}: max error {error} (scale {scale})"

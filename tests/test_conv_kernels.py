@@ -379,6 +379,46 @@ def test_grid_loops_with_several_blocks(algorithm, monkeypatch):
     assert loops.looped() == loops.capped() == expected | {"unfold_im2col", "fold_col2im"}, loops.launches
 
 
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and 2^23 + 1 groups of 16 -> 16 channels, whose last
+#: weights start past 2^31 (((g * 16 + d) * 16 for the last group).
+HUGE_PLANE, HUGE_GROUPS = (40000, 60000), 2**23 + 1
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """The direct kernel's `long long` instantiations past 2^31 (sparse memory, only the last block of each launch
+    runs: bug_classes.SparseDevice): forward and transposed (grad_input) on a 2.4e9-pixel plane, and the forward
+    with a 2.1e9-element weight.  Every product of their index arithmetic passes 2^31 there, so one computed in
+    `int` overflows, which UBSan turns into a failed launch; what the last block writes matches a crop."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(12)
+    h, w = HUGE_PLANE
+    rows = 10
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -rows:, :] = rng.standard_normal((rows, w))
+    weight = rng.standard_normal((2, 1, 3, 3)).astype(numpy.float16)
+    device = bug_classes.SparseDevice()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, padding=1, algorithm="direct")
+    # a crop of the last rows with no padding above: its outputs are the last rows of the whole plane's
+    expected = cupyconv.conv2d(x[..., -rows:, :], weight, padding=((0, 1), (1, 1)))
+    bug_classes.assert_tail_written(out, expected[0, -1, -1, -1024:], numpy.float16, 32, "forward, plane")
+    grad_output = bug_classes.sparse_zeros((1, 2, h, w), numpy.float16)
+    grad_output[..., -rows:, :] = rng.standard_normal((2, rows, w))
+    (grad_x, _, _) = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1, needs="input",
+                                 algorithm="direct")
+    expected = cupyconv.conv2d_backward(grad_output[..., -rows:, :], x[..., -rows:, :], weight, padding=1,
+                                        needs="input")[0]
+    bug_classes.assert_tail_written(grad_x, expected[..., -1, -1024:], numpy.float16, 32, "grad_input, plane")
+
+    x = bug_classes.sparse_zeros((1, 16 * HUGE_GROUPS, 1, 1), numpy.float16)
+    x[:, -16:] = rng.standard_normal((1, 16, 1, 1))
+    weight = bug_classes.sparse_zeros((16 * HUGE_GROUPS, 16, 1, 1), numpy.float16)
+    weight[-16:] = rng.standard_normal((16, 16, 1, 1))
+    out = kernel_path(device, cupyconv.conv2d, x, weight, groups=HUGE_GROUPS, algorithm="direct")
+    bug_classes.assert_tail_written(out, cupyconv.conv2d(x[:, -16:], weight[-16:]), numpy.float16, 16,
+                                    "forward, weight")
+    assert device.launches == ["conv_fwd_direct<__half, long long, 4>"] * 2 + ["conv_fwd_direct<__half, long long, 16>"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # TF32 opt-in and autotuning (their CUDA halves are faked here; the GPU tests below run them for real)
 

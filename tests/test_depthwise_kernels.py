@@ -17,6 +17,7 @@ from cupyconv import _device, _kernels
 from cupyconv._spec import ConvSpec
 from cupyconv.ops import depthwise as depthwise_module
 import bug_classes
+import reference as ref
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 
 NEEDS = ("input", "weight", "bias")
@@ -460,6 +461,89 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     assert loops.looped() == loops.capped(), loops.launches
     assert {short(name).split("<")[0] for name, _ in device.launches} == {
         "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", *depthwise_module.GENERIC_KERNELS}
+
+
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31).
+HUGE_PLANE = (40000, 60000)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _huge_run(device, x, weight, bias, grad_output, window):
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, **window)
+        grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **window)
+    return out, grads
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_64_bit_indices_past_2_31(path, monkeypatch):
+    """Every kernel of the path in its `long long` instantiation past 2^31 (sparse memory; only the last block of
+    each launch runs: bug_classes.SparseDevice), on a 2.4e9-pixel plane (row offsets past 2^31) and on enough
+    channels that the last one's weights and partial sums start past 2^31 (c * m * taps).  An `int` product in
+    the index arithmetic overflows there, which UBSan turns into a failed launch.  The outputs and input
+    gradients the last block writes match the CPU path on a crop; on the channels, so does the last bias
+    gradient."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", 2**15)  # stage 1: ~70 units per block, not 600
+    label, k, s, d, m, base, _ = path
+    (kh, kw), rng = _pair(k), numpy.random.default_rng(60)
+    if label == "direct":
+        s = 3000  # windows apart, as on the small planes, but few outputs: the weight kernel walks all of them
+    taps = kh * kw
+    weight = (rng.standard_normal((m, 1, kh, kw)) / taps ** 0.5).astype(numpy.float16)
+    pad = ((base, base), (base, base))
+    window = dict(stride=s, dilation=d, padding=pad)
+    h, w = (bug_classes.touching_size(size, k_, s, d, (base, base)) for size, k_ in zip(HUGE_PLANE, (kh, kw)))
+    out_h, out_w = ref.output_size((h, w), (kh, kw), s, pad, d)
+    # Data only in a crop of the last rows and columns, whose windows are on the whole plane's output grid: the
+    # CPU path on the crop alone, with no padding above or left of it, gives the last outputs and input gradients.
+    extent = ((kh - 1) * d + 1, (kw - 1) * d + 1)
+    crop = [next(n for n in range(max(1, e - base, least), size + 1) if (size - n + base) % s == 0)
+            for size, e, least in zip((h, w), extent, (1, min(1024 * s + extent[1], w - s)))]
+    first_out = [(size - n + base) // s for size, n in zip((h, w), crop)]
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -crop[0]:, -crop[1]:] = rng.standard_normal(crop)
+    grad_output = bug_classes.sparse_zeros((1, m, out_h, out_w), numpy.float16)
+    grad_output[..., first_out[0]:, first_out[1]:] = rng.standard_normal((m, out_h - first_out[0],
+                                                                          out_w - first_out[1]))
+    device = bug_classes.SparseDevice()
+    out, (grad_x, _, _) = _huge_run(device, x, weight, weight[:, 0, 0, 0], grad_output, window)
+    on_crop = dict(window, padding=((0, base), (0, base)))
+    crop_x, crop_g = x[..., -crop[0]:, -crop[1]:], grad_output[..., first_out[0]:, first_out[1]:]
+    want = cupyconv.depthwise_conv2d(crop_x, weight, weight[:, 0, 0, 0], **on_crop)
+    bug_classes.assert_tail_written(out, want[0, -1, -1, -min(want.shape[-1], 1024):], numpy.float16, 1,
+                                    f"{label}: forward, plane")
+    want = cupyconv.depthwise_conv2d_backward(crop_g, crop_x, weight, needs="input", **on_crop)[0]
+    bug_classes.assert_tail_written(grad_x, want[0, 0, -1, -1024:], numpy.float16, 1, f"{label}: grad_input, plane")
+
+    pad = tuple((p, p) for p in (max(base, (e - 1 + 1) // 2) for e in extent))  # one-pixel planes, one output
+    window = dict(stride=s, dilation=d, padding=pad)
+    channels = -(-(2**31 // taps + 64) // m)  # (c * m - 1) * taps past 2^31 for the last channels
+    x = bug_classes.sparse_zeros((1, channels, 1, 1), numpy.float16)
+    x[:, -1] = rng.standard_normal(1)
+    weight = bug_classes.sparse_zeros((channels * m, 1, kh, kw), numpy.float16)
+    weight[-m:] = rng.standard_normal((m, 1, kh, kw))
+    bias = bug_classes.sparse_zeros((channels * m,), numpy.float16)
+    bias[-m:] = rng.standard_normal(m)
+    out_shape = (1, channels * m, *ref.output_size((1, 1), (kh, kw), s, pad, d))
+    grad_output = bug_classes.sparse_zeros(out_shape, numpy.float16)
+    grad_output[:, -m:] = rng.standard_normal((m, *out_shape[2:]))
+    out, (grad_x, _, grad_b) = _huge_run(device, x, weight, bias, grad_output, window)
+    last = (x[:, -1:], weight[-m:], grad_output[:, -m:])
+    bug_classes.assert_tail_written(out, cupyconv.depthwise_conv2d(last[0], last[1], bias[-m:], **window),
+                                    numpy.float16, 1, f"{label}: forward")
+    want = cupyconv.depthwise_conv2d_backward(last[2], last[0], last[1], **window)
+    bug_classes.assert_tail_written(grad_x, want[0], numpy.float16, 1, f"{label}: grad_input, channels")
+    bug_classes.assert_tail_written(grad_b, want[2][-1:], numpy.float16, 1, f"{label}: grad_bias, channels")
+    assert all(", long long" in name for name in device.launches), device.launches
+    # Not depthwise_bwd_bias: every term of its index arithmetic is 64-bit, and a problem that selects its
+    # `long long` instantiation has one of its blocks sum 2^31 elements (test_64_bit_index_variants forces it).
+    used = {short(name.replace(", long long", ", int")) for name in device.launches}
+    kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
+    assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -168,6 +168,80 @@ def test_64_bit_index_variant(monkeypatch):
         assert_close(g, w, "float16")
 
 
+#: 65535 groups (the most grid.y takes) of 64 -> 64 channels, 3 x 3: the last group's weights start past 2^31
+#: ((g * 64 + d) * 576 for the forward, ((g * 64 + d) * 64 + c) * 9 for the input gradient, g * 64 * 576 for the
+#: weight gradient's rows).
+HUGE_GROUPS = 65535
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """The three passes' `long long` instantiations with a 2.4e9-element weight (sparse memory; only the last
+    block of each launch runs: bug_classes.SparseDevice).  Every weight offset of the last group passes 2^31, so
+    an `int` product there overflows, which UBSan turns into a failed launch; what the last block writes matches
+    the CPU path on the last group alone."""
+    rng = numpy.random.default_rng(17)
+    g, c = HUGE_GROUPS, 64 * HUGE_GROUPS
+    x = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float16)
+    x[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    weight = bug_classes.sparse_zeros((c, 64, 3, 3), numpy.float16)
+    weight[-64:] = rng.standard_normal((64, 64, 3, 3)) / 8
+    grad_output = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float16)
+    grad_output[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    last = [a[:, -64:] for a in (x, grad_output)] + [weight[-64:]]
+    device = bug_classes.SparseDevice()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, groups=g, algorithm="implicit_gemm")
+    bug_classes.assert_tail_written(out, expected_forward(last[0], last[2], None, padding=1), numpy.float16, 64,
+                                    "forward")
+    (grad_x, _, _) = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1, groups=g,
+                                 needs="input", algorithm="implicit_gemm")
+    want = expected_backward(last[1], last[0], last[2], padding=1)
+    bug_classes.assert_tail_written(grad_x, want[0], numpy.float16, 64, "grad_input")
+    # The weight gradient's launch as implicit_gemm_grad_weight makes it, without the float32 sum of its splits
+    # and the rounding to float16 afterwards, which would read the whole 2.4e9-element buffer.
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
+    plan = conv_op.plan_tensor_cores(spec, x.dtype, "weight")
+    partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
+    xv = _kernels.batch_view(numpy, x)
+    with settings.allow_tf32(True):
+        conv_op.KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=x.dtype, index="long long",
+                               grid=plan.grid, block=plan.threads, window=spec, x=xv,
+                               grad_out=grad_output.reshape(1, c, 1), partial=partial, n=1,
+                               **_kernels.batch_args("x", xv), groups=g, channels_per_group=64, outputs_per_group=64,
+                               chunks_per_split=plan.chunks_per_split)
+    assert plan.splits == 1 and _kernels.index_type(partial.size) == "long long"
+    bug_classes.assert_tail_written(partial, want[1].reshape(-1)[-1024:], numpy.float16, 128, "grad_weight")
+    assert [name.split(", ")[:2] for name in device.launches] == [
+        [f"{kernel}<__half", "long long"] for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="conv.cu keeps a plane's pixel index in int (conv_fwd_tc and conv_bwd_input_tc: "
+                   "`const int p = (int)(m - image * f.pixels)`; TcWeightGrad::a likewise; TcInputGrad::a: "
+                   "`oy * out_w + ox`) and tensor_core_refusal() accepts planes of 2^31 pixels and more, which "
+                   "'auto' then sends to the tensor cores: silently wrong results")
+@pytest.mark.parametrize("pass_", ["forward", "input"])
+def test_planes_past_2_31_pixels(pass_, monkeypatch):
+    """A 46341 x 46341 plane (2^31 + 4634 pixels), 16 channels: what the last block writes (the last pixels) must
+    match the CPU path on a crop of the last rows.  Planes of 40000 x 40000 pass the same check."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    h = w = 46341
+    rng = numpy.random.default_rng(18)
+    x = bug_classes.sparse_zeros((1, 16, h, w), numpy.float16)
+    x[..., -4:, :] = rng.standard_normal((16, 4, w))
+    weight = (rng.standard_normal((16, 16, 3, 3)) / 4).astype(numpy.float16)
+    crop = x[..., -4:, :].astype(numpy.float64)
+    device = bug_classes.SparseDevice()
+    if pass_ == "forward":
+        want = cupyconv.conv2d(crop, weight.astype(numpy.float64), padding=((0, 1), (1, 1)))
+        got = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    else:
+        want = cupyconv.conv2d_backward(crop, crop, weight.astype(numpy.float64), padding=1, needs="input")[0]
+        got = on_emulator(device, cupyconv.conv2d_backward, x, x, weight, padding=1, needs="input",
+                          algorithm="implicit_gemm")[0]
+    assert device.launches[0].startswith(("conv_fwd_tc<__half, long long", "conv_bwd_input_tc<__half, long long"))
+    bug_classes.assert_tail_written(got, want[0, -1, -1, -1024:], numpy.float16, 16, pass_)
+
+
 def test_strided_input_is_read_in_place():
     case = CASE_BY_NAME["tc_plain"]
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), numpy.float16)

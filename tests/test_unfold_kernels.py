@@ -214,6 +214,51 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
 
 
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
+#: do (c * kH * kW past 2^31 for the 2 x 2 kernel).
+HUGE_PLANE, HUGE_CHANNELS = (40000, 60000), 2**29 + 256
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """unfold and fold take their `long long` instantiations on a 2.4e9-pixel plane and on 2^29 channels (sparse
+    memory; only the last block of each launch runs: bug_classes.SparseDevice).  Every product of their index
+    arithmetic passes 2^31 there, so one computed in `int` overflows, which the emulator's UBSan check turns
+    into a failed launch; the columns and pixels the last block writes match the CPU path on a crop."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(7)
+    kernel, kw, rows = 2, dict(padding=((1, 0), (0, 1))), 4
+    h, w = HUGE_PLANE
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -rows:, :] = _random((rows, w), numpy.float16)
+    device = bug_classes.SparseDevice(tail=1024)
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, **kw)  # (1, 4, H * W): the flat tail is the last tap's row
+    # output row oy reads input rows oy - 1 and oy: the crop's windows are the last ones of the whole plane
+    crop = dict(padding=((0, 0), (0, 1)))
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel, **crop)[0, -1, -1024:],
+                                    numpy.float16, 256, "unfold, plane")
+    cols = bug_classes.sparse_zeros((1, 4, h * w), numpy.float16)
+    cols[..., -rows * w:] = _random((4, rows * w), numpy.float16, seed=8)
+    with _device.use_device(device):
+        out = cupyconv.fold(cols, (h, w), kernel, **kw)
+    expected = cupyconv.fold(cols[..., -(rows - 1) * w:], (rows, w), kernel, **crop)  # windows of the last rows
+    bug_classes.assert_tail_written(out, expected[..., -1, -1024:], numpy.float16, 256, "fold, plane")
+
+    x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
+    x[:, -256:] = rng.standard_normal((1, 256, 1, 1))
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, **kw)  # (1, 4 C, 1)
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[:, -256:], kernel, **kw), numpy.float16, 256,
+                                    "unfold, channels")
+    cols = bug_classes.sparse_zeros((1, 4 * HUGE_CHANNELS, 1), numpy.float16)
+    cols[:, -1024:] = rng.standard_normal((1, 1024, 1))
+    with _device.use_device(device):
+        out = cupyconv.fold(cols, (1, 1), kernel, **kw)
+    bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
+                                    "fold, channels")
+    assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The same cases on a real GPU (pytest -m gpu)
 
