@@ -12,6 +12,7 @@ import cupyconv
 import reference as ref
 from cupyconv import _autotune, _device, _kernels
 from cupyconv.ops import conv as conv_op
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from emulator._device import EmulatedCublas
 from reference import NEEDS, NEEDS_SUBSETS, ConvCase
@@ -301,6 +302,121 @@ def test_every_kernel_clean_under_asan():
 def test_groups_c_routes_to_depthwise():
     case = C("depthwise_route", (2, 4, 7, 6), (8, 1, 3, 3), padding=1, groups=4)
     check_case(EmulatedDevice(), case, "auto")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+#: (weight shape, stride, dilation, groups): stride 1 (grad_input by the direct kernel for 'direct') and a strided,
+#: dilated, grouped window (grad_input by GEMM + col2im).
+PER_SIDE_WINDOWS = [((4, 3, 3, 3), 1, 1, 1), ((6, 2, 3, 2), (2, 3), (1, 2), 2)]
+
+
+def per_side_case(window, side, padding, low=(6, 7), n=2):
+    weight, stride, dilation, groups = window
+    stride, dilation = ref.as_pair(stride), ref.as_pair(dilation)
+    size = tuple(bug_classes.touching_size(lo, *args) for lo, args in zip(low, zip(weight[2:], stride, dilation,
+                                                                                        padding)))
+    return C(f"{side}", (n, weight[1] * groups, *size), weight, stride, padding, dilation, groups)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("window", PER_SIDE_WINDOWS, ids=["k3", "k3x2_stride23_dilation12_groups2"])
+def test_padding_per_side_and_last_row_and_column(window, algorithm):
+    """Forward and every gradient with each side's padding differing alone, the last window ending on the last
+    padded row and column (it reads the last input row and column, and the padding past them where there is)."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        device = Recorder("reverse" if k % 2 else "forward")
+        check_case(device, per_side_case(window, side, padding), algorithm)
+        if algorithm == "direct":
+            assert device.count("conv_fwd_direct") == 1 + (window[1] == 1), device.launches
+        else:
+            assert device.count("unfold_im2col") == 2 and device.count("fold_col2im") == 1, device.launches
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_accumulates_in_float32(dtype):
+    """The direct kernel (forward, and grad_input as the transposed convolution) on data whose float32 sums
+    are exact: every result is the float64 one rounded once, which a 16-bit accumulator misses (27 terms)."""
+    case = C("exact", (2, 6, 7, 6), (4, 3, 3, 3), padding=((1, 0), (2, 1)), groups=2)
+    rng = numpy.random.default_rng(30)
+    x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
+    grad_output = bug_classes.exact_terms(rng, case.output_shape, dtype)
+    as64 = [a.astype(numpy.float64) for a in (x, weight, bias, grad_output)]
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="direct", **case.kwargs)
+    grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="direct", **case.kwargs)
+    assert device.count("conv_fwd_direct") == 2 and device.count("conv_bgrad") == 1
+    bug_classes.assert_rounded_once(out, cupyconv.conv2d(*as64[:3], **case.kwargs), dtype, "forward")
+    for name, got, want in zip(NEEDS, grads, cupyconv.conv2d_backward(as64[3], *as64[:2], **case.kwargs)):
+        bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bias_gradient_accumulates_in_float32(dtype):
+    """conv_bgrad over 1600 pixels: each of its 256 threads sums 6 or 7 in a register before the tree
+    (bug_classes.strided_sum_terms); a 16-bit register loses every small term."""
+    values = bug_classes.strided_sum_terms(1600, conv_op.REDUCE_BLOCK, dtype).reshape(40, 40)
+    grad_output = numpy.stack([values, -values, values])[None]
+    x = numpy.zeros((1, 2, 40, 40), values.dtype)
+    weight = numpy.zeros((3, 2, 1, 1), values.dtype)
+    device = Recorder()
+    _, _, got = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs="bias")
+    assert device.launches == [f"conv_bgrad<{_kernels.c_type(values.dtype)}, int>"]
+    bug_classes.assert_rounded_once(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), dtype)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_grid_loops_with_several_blocks(algorithm, monkeypatch):
+    """Three blocks for every capped grid (the direct kernel's items; the elementwise bias epilogue, im2col and
+    col2im in blocks of 32 threads), each fewer than the work: a loop that starts at threadIdx.x or at item 0,
+    or does not stride, leaves outputs unwritten (NaN)."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    device = loops.device(Recorder("reverse"))
+    check_case(device, CASE_BY_NAME["everything"], algorithm)       # stride (2, 3): grad_input by col2im
+    check_case(device, CASE_BY_NAME["outputs_per_group_7"], algorithm)  # stride 1: 'direct' grad_input direct
+    expected = {"conv_fwd_direct"} if algorithm == "direct" else {"conv_fwd_bias"}
+    assert loops.looped() == loops.capped() == expected | {"unfold_im2col", "fold_col2im"}, loops.launches
+
+
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and 2^23 + 1 groups of 16 -> 16 channels, whose last
+#: weights start past 2^31 (((g * 16 + d) * 16 for the last group).
+HUGE_PLANE, HUGE_GROUPS = (40000, 60000), 2**23 + 1
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """The direct kernel's `long long` instantiations past 2^31 (sparse memory, only the last block of each launch
+    runs: bug_classes.SparseDevice): forward and transposed (grad_input) on a 2.4e9-pixel plane, and the forward
+    with a 2.1e9-element weight.  Every product of their index arithmetic passes 2^31 there, so one computed in
+    `int` overflows, which UBSan turns into a failed launch; what the last block writes matches a crop."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(12)
+    h, w = HUGE_PLANE
+    rows = 10
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -rows:, :] = rng.standard_normal((rows, w))
+    weight = rng.standard_normal((2, 1, 3, 3)).astype(numpy.float16)
+    device = bug_classes.SparseDevice()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, padding=1, algorithm="direct")
+    # a crop of the last rows with no padding above: its outputs are the last rows of the whole plane's
+    expected = cupyconv.conv2d(x[..., -rows:, :], weight, padding=((0, 1), (1, 1)))
+    bug_classes.assert_tail_written(out, expected[0, -1, -1, -1024:], numpy.float16, 32, "forward, plane")
+    grad_output = bug_classes.sparse_zeros((1, 2, h, w), numpy.float16)
+    grad_output[..., -rows:, :] = rng.standard_normal((2, rows, w))
+    (grad_x, _, _) = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1, needs="input",
+                                 algorithm="direct")
+    expected = cupyconv.conv2d_backward(grad_output[..., -rows:, :], x[..., -rows:, :], weight, padding=1,
+                                        needs="input")[0]
+    bug_classes.assert_tail_written(grad_x, expected[..., -1, -1024:], numpy.float16, 32, "grad_input, plane")
+
+    x = bug_classes.sparse_zeros((1, 16 * HUGE_GROUPS, 1, 1), numpy.float16)
+    x[:, -16:] = rng.standard_normal((1, 16, 1, 1))
+    weight = bug_classes.sparse_zeros((16 * HUGE_GROUPS, 16, 1, 1), numpy.float16)
+    weight[-16:] = rng.standard_normal((16, 16, 1, 1))
+    out = kernel_path(device, cupyconv.conv2d, x, weight, groups=HUGE_GROUPS, algorithm="direct")
+    bug_classes.assert_tail_written(out, cupyconv.conv2d(x[:, -16:], weight[-16:]), numpy.float16, 16,
+                                    "forward, weight")
+    assert device.launches == ["conv_fwd_direct<__half, long long, 4>"] * 2 + ["conv_fwd_direct<__half, long long, 16>"]
 
 
 # ---------------------------------------------------------------------------------------------------------

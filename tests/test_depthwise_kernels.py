@@ -16,6 +16,8 @@ import cupyconv
 from cupyconv import _device, _kernels
 from cupyconv._spec import ConvSpec
 from cupyconv.ops import depthwise as depthwise_module
+import bug_classes
+import reference as ref
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 
 NEEDS = ("input", "weight", "bias")
@@ -343,6 +345,205 @@ def test_every_kernel_once():
 
 def test_every_kernel_clean_under_asan():
     assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose, every kernel (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+S2 = ("depthwise_bwd_input_strided",)
+#: Every depthwise kernel path: (name, kernel, stride, dilation, multiplier, padding on each side, the kernels of
+#: its forward, input gradient and weight gradient).
+PATHS = [
+    ("k3s1", 3, 1, 1, 1, 1, SPEC_3_1),
+    ("k3s2", 3, 2, 1, 1, 1, ("depthwise_fwd<3, 2>", *S2, "depthwise_bwd_weight<3, 2>")),
+    ("k5s1", 5, 1, 1, 2, 2, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>", "depthwise_bwd_weight<5, 1>")),
+    ("k5s2", 5, 2, 1, 1, 2, ("depthwise_fwd<5, 2>", *S2, "depthwise_bwd_weight<5, 2>")),
+    ("k7s1", 7, 1, 1, 1, 3, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>", "depthwise_bwd_weight<7, 1>")),
+    ("k7s2", 7, 2, 1, 2, 3, ("depthwise_fwd<7, 2>", *S2, "depthwise_bwd_weight<7, 2>")),
+    ("generic_dilation2", 3, 1, 2, 2, 2, GENERIC_1),
+    ("generic_rect_stride2", (3, 4), 2, 1, 1, 1, GENERIC_S),
+    ("large", (6, 9), 1, 1, 1, 3, LARGE_1),
+    ("direct", 2, 3, 1, 2, 1, DIRECT),
+    ("gather", 3, 1, 30, 8, 30, ("depthwise_fwd_generic", "depthwise_bwd_input_gather",
+                                 "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
+]
+PATH_IDS = [p[0] for p in PATHS]
+
+
+def path_case(path, padding, low=(7, 6), images=2, channels=2, name=""):
+    """The path's Case on planes whose last window ends on the last padded row and column."""
+    label, k, s, d, m, _, kernels = path
+    kh, kw = (k, k) if isinstance(k, int) else k
+    size = (bug_classes.touching_size(low[0], kh, s, d, padding[0]), bug_classes.touching_size(low[1], kw, s, d,
+                                                                                            padding[1]))
+    return C(f"{label}_{name}", (images, channels, *size), m, (kh, kw), kernels, stride=s, dilation=d,
+             padding=padding)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_padding_per_side_and_last_row_and_column(path):
+    """Each side's padding differs alone (a kernel that reads pad_top for pad_left, or the bottom for the top,
+    fails one of the four); every case's last window ends on the last padded row and column, so windows read
+    the last input row and column and, where that side is padded, the zeros past them."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(path[5])):
+        case = path_case(path, padding, name=side)
+        device = Recorder("reverse" if k % 2 else "forward")
+        run_case(device, case)
+        used = device.kernels()
+        assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
+            (case.name, used)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_accumulates_in_float32(path):
+    """Forward, input gradient, weight and bias gradients (and the bias alone) in float16 and bfloat16 on data
+    whose float32 sums are exact: every result must be the float64 one rounded once (a 16-bit accumulator
+    misses it on about half the outputs)."""
+    case = path_case(path, ((path[5],) * 2,) * 2, low=(9, 8), images=3)
+    for dtype in ("float16", "bfloat16"):
+        rng = numpy.random.default_rng(20)
+        x = bug_classes.exact_terms(rng, case.x, dtype)
+        weight = bug_classes.exact_terms(rng, (case.x[1] * case.m, 1, *case.kernel), dtype)
+        bias = bug_classes.exact_terms(rng, (case.x[1] * case.m,), dtype)
+        grad_output = bug_classes.exact_terms(rng, cupyconv.depthwise_conv2d(x, weight, **case.window).shape, dtype)
+        as64 = [a.astype(numpy.float64) for a in (x, weight, bias, grad_output)]
+        device = Recorder()
+        with _device.use_device(device):
+            out = cupyconv.depthwise_conv2d(x, weight, bias, **case.window)
+            grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
+            (bias_alone,) = [g for g in cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs="bias",
+                                                                           **case.window) if g is not None]
+        assert device.kernels()[:3] == [case.kernels[0], case.kernels[1], case.kernels[2]], device.kernels()
+        assert "depthwise_bwd_bias" in device.kernels()
+        bug_classes.assert_rounded_once(out, cupyconv.depthwise_conv2d(*as64[:3], **case.window), dtype, "forward")
+        expected = cupyconv.depthwise_conv2d_backward(as64[3], *as64[:2], **case.window)
+        for name, got, want in zip(NEEDS, grads, expected):
+            bug_classes.assert_rounded_once(got, want, dtype, f"{dtype} grad {name}")
+        bug_classes.assert_rounded_once(bias_alone, expected[2], dtype, f"{dtype} grad bias alone")
+
+
+def test_bias_gradient_accumulates_in_float32():
+    """depthwise_bwd_bias alone over planes of 1600 pixels: each of its 256 threads sums 6 or 7 of a plane
+    (bug_classes.strided_sum_terms) before the block combines them."""
+    for dtype in ("float16", "bfloat16"):
+        x = numpy.zeros((1, 3, 40, 40), bug_classes.numpy_dtype(dtype))
+        weight = numpy.zeros((3, 1, 3, 3), x.dtype)
+        grad_output = numpy.stack([bug_classes.strided_sum_terms(1600, depthwise_module.REDUCE_THREADS, dtype)
+                                   .reshape(40, 40)] * 3)[None]
+        device = Recorder()
+        with _device.use_device(device):
+            _, _, got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1, needs="bias")
+        (name, args), _ = device.launches
+        assert short(name) == "depthwise_bwd_bias" and args[-1] == 1, "one image per block"
+        bug_classes.assert_rounded_once(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), dtype, dtype)
+
+
+#: Cases with more units than LOOP_CAP blocks in every kernel they reach (every kernel family).
+LOOP_CASES = [
+    path_case(PATHS[0], ((1, 1), (1, 1)), low=(9, 11), images=3, channels=11, name="loops"),
+    path_case(PATHS[3], ((2, 1), (0, 3)), low=(13, 11), channels=5, name="loops"),
+    path_case(PATHS[7], ((1, 0), (2, 1)), low=(9, 10), channels=8, name="loops"),
+    path_case(PATHS[8], ((3, 3), (4, 4)), low=(9, 8), channels=4, name="loops"),
+    path_case(PATHS[9], ((0, 0), (0, 0)), low=(5, 6), channels=10, name="loops"),
+    path_case(PATHS[10], ((30, 30), (30, 30)), low=(5, 5), channels=2, name="loops"),
+]
+
+
+def test_grid_loops_with_several_blocks(monkeypatch):
+    """Three blocks of every kernel, fewer than its units (elementwise: blocks of 32 threads, fewer than its
+    items): a loop that starts at threadIdx.x instead of the block's first unit or the global index, or that
+    does not stride, leaves outputs unwritten (NaN) or sums missing."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    device = loops.device(Recorder("reverse"))
+    for case in LOOP_CASES:
+        run_case(device, case)
+    run_case(device, LOOP_CASES[1], needs=("bias",))
+    assert loops.looped() == loops.capped(), loops.launches
+    assert {short(name).split("<")[0] for name, _ in device.launches} == {
+        "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", *depthwise_module.GENERIC_KERNELS}
+
+
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31).
+HUGE_PLANE = (40000, 60000)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _huge_run(device, x, weight, bias, grad_output, window):
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, **window)
+        grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **window)
+    return out, grads
+
+
+@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+def test_64_bit_indices_past_2_31(path, monkeypatch):
+    """Every kernel of the path in its `long long` instantiation past 2^31 (sparse memory; only the last block of
+    each launch runs: bug_classes.SparseDevice), on a 2.4e9-pixel plane (row offsets past 2^31) and on enough
+    channels that the last one's weights and partial sums start past 2^31 (c * m * taps).  An `int` product in
+    the index arithmetic overflows there, which UBSan turns into a failed launch.  The outputs and input
+    gradients the last block writes match the CPU path on a crop; on the channels, so does the last bias
+    gradient."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", 2**15)  # stage 1: ~70 units per block, not 600
+    label, k, s, d, m, base, _ = path
+    (kh, kw), rng = _pair(k), numpy.random.default_rng(60)
+    if label == "direct":
+        s = 3000  # windows apart, as on the small planes, but few outputs: the weight kernel walks all of them
+    taps = kh * kw
+    weight = (rng.standard_normal((m, 1, kh, kw)) / taps ** 0.5).astype(numpy.float16)
+    pad = ((base, base), (base, base))
+    window = dict(stride=s, dilation=d, padding=pad)
+    h, w = (bug_classes.touching_size(size, k_, s, d, (base, base)) for size, k_ in zip(HUGE_PLANE, (kh, kw)))
+    out_h, out_w = ref.output_size((h, w), (kh, kw), s, pad, d)
+    # Data only in a crop of the last rows and columns, whose windows are on the whole plane's output grid: the
+    # CPU path on the crop alone, with no padding above or left of it, gives the last outputs and input gradients.
+    extent = ((kh - 1) * d + 1, (kw - 1) * d + 1)
+    crop = [next(n for n in range(max(1, e - base, least), size + 1) if (size - n + base) % s == 0)
+            for size, e, least in zip((h, w), extent, (1, min(1024 * s + extent[1], w - s)))]
+    first_out = [(size - n + base) // s for size, n in zip((h, w), crop)]
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -crop[0]:, -crop[1]:] = rng.standard_normal(crop)
+    grad_output = bug_classes.sparse_zeros((1, m, out_h, out_w), numpy.float16)
+    grad_output[..., first_out[0]:, first_out[1]:] = rng.standard_normal((m, out_h - first_out[0],
+                                                                          out_w - first_out[1]))
+    device = bug_classes.SparseDevice()
+    out, (grad_x, _, _) = _huge_run(device, x, weight, weight[:, 0, 0, 0], grad_output, window)
+    on_crop = dict(window, padding=((0, base), (0, base)))
+    crop_x, crop_g = x[..., -crop[0]:, -crop[1]:], grad_output[..., first_out[0]:, first_out[1]:]
+    want = cupyconv.depthwise_conv2d(crop_x, weight, weight[:, 0, 0, 0], **on_crop)
+    bug_classes.assert_tail_written(out, want[0, -1, -1, -min(want.shape[-1], 1024):], numpy.float16, 1,
+                                    f"{label}: forward, plane")
+    want = cupyconv.depthwise_conv2d_backward(crop_g, crop_x, weight, needs="input", **on_crop)[0]
+    bug_classes.assert_tail_written(grad_x, want[0, 0, -1, -1024:], numpy.float16, 1, f"{label}: grad_input, plane")
+
+    pad = tuple((p, p) for p in (max(base, (e - 1 + 1) // 2) for e in extent))  # one-pixel planes, one output
+    window = dict(stride=s, dilation=d, padding=pad)
+    channels = -(-(2**31 // taps + 64) // m)  # (c * m - 1) * taps past 2^31 for the last channels
+    x = bug_classes.sparse_zeros((1, channels, 1, 1), numpy.float16)
+    x[:, -1] = rng.standard_normal(1)
+    weight = bug_classes.sparse_zeros((channels * m, 1, kh, kw), numpy.float16)
+    weight[-m:] = rng.standard_normal((m, 1, kh, kw))
+    bias = bug_classes.sparse_zeros((channels * m,), numpy.float16)
+    bias[-m:] = rng.standard_normal(m)
+    out_shape = (1, channels * m, *ref.output_size((1, 1), (kh, kw), s, pad, d))
+    grad_output = bug_classes.sparse_zeros(out_shape, numpy.float16)
+    grad_output[:, -m:] = rng.standard_normal((m, *out_shape[2:]))
+    out, (grad_x, _, grad_b) = _huge_run(device, x, weight, bias, grad_output, window)
+    last = (x[:, -1:], weight[-m:], grad_output[:, -m:])
+    bug_classes.assert_tail_written(out, cupyconv.depthwise_conv2d(last[0], last[1], bias[-m:], **window),
+                                    numpy.float16, 1, f"{label}: forward")
+    want = cupyconv.depthwise_conv2d_backward(last[2], last[0], last[1], **window)
+    bug_classes.assert_tail_written(grad_x, want[0], numpy.float16, 1, f"{label}: grad_input, channels")
+    bug_classes.assert_tail_written(grad_b, want[2][-1:], numpy.float16, 1, f"{label}: grad_bias, channels")
+    assert all(", long long" in name for name in device.launches), device.launches
+    # Not depthwise_bwd_bias: every term of its index arithmetic is 64-bit, and a problem that selects its
+    # `long long` instantiation has one of its blocks sum 2^31 elements (test_64_bit_index_variants forces it).
+    used = {short(name.replace(", long long", ", int")) for name in device.launches}
+    kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
+    assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 
 # ---------------------------------------------------------------------------------------------------------

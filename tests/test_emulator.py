@@ -49,6 +49,34 @@ def test_builtin_variables_on_3d_grids_and_blocks():
 
 
 @pytest.mark.parametrize("order", ORDERS)
+def test_only_the_chosen_blocks_run_in_the_whole_grid(order):
+    """blocks=: those blocks run, in their order (reversed in reverse order), with the grid's own gridDim; the
+    others leave the output untouched; a block outside the grid is refused; the next launch runs every block."""
+    grid, block = (2, 3, 2), (4, 2, 1)
+    chosen = [(1, 2, 1), (0, 0, 0), (1, 0, 1)]
+    out = device().empty((12, 8, 10), numpy.uint32)
+    sampled = device(order, blocks=lambda g: chosen if g == grid else pytest.fail(f"grid {g}"))
+    sampled.launch(SOURCE, "record_indices", grid, block, [out])
+    ran = [b for b in range(12) if (out[b, :, 6] != 0xFFFFFFFF).all()]
+    assert ran == sorted(x + 2 * (y + 3 * z) for x, y, z in chosen)
+    assert (out[[b for b in range(12) if b not in ran]] == 0xFFFFFFFF).all()
+    for x, y, z in chosen:
+        assert list(out[x + 2 * (y + 3 * z), 5, :8]) == [1, 1, 0, x, y, z, 40201, 20302]  # thread 5: (1, 1, 0)
+    counter, tickets = numpy.zeros(1, numpy.int32), device().empty(12, numpy.int32)
+    device(order, blocks=lambda g: [(2, 0, 0), (0, 0, 0)]).launch(SOURCE, "take_ticket", 3, 4, [counter, tickets])
+    if order == "forward":  # block 2 first, then block 0; threads in order
+        expected = [4, 5, 6, 7, -1, -1, -1, -1, 0, 1, 2, 3]
+    else:                   # the list backwards: block 0 first; threads in reverse
+        expected = [3, 2, 1, 0, -1, -1, -1, -1, 7, 6, 5, 4]
+    assert tickets.tolist() == expected
+    with pytest.raises(LaunchConfigError, match=r"block \(3, 0, 0\) is outside the grid \(3, 1, 1\)"):
+        device(order, blocks=lambda g: [(3, 0, 0)]).launch(SOURCE, "take_ticket", 3, 4, [counter, tickets])
+    out2 = device().empty((12, 8, 10), numpy.uint32)
+    launch(order, "record_indices", grid, block, [out2])
+    assert (out2[:, :, 6] == 40201).all()
+
+
+@pytest.mark.parametrize("order", ORDERS)
 def test_order_of_threads_and_blocks(order):
     counter, tickets = numpy.zeros(1, numpy.int32), device().empty(12, numpy.int32)
     launch(order, "take_ticket", 3, 4, [counter, tickets])

@@ -16,6 +16,7 @@ import cupyconv
 from cupyconv import _device, _kernels
 from cupyconv.ops import patch
 from cupyconv._spec import NEEDS
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase, cuda_torch
 
@@ -286,6 +287,88 @@ def test_64_bit_index_variants(monkeypatch):
     for name, got, want in zip(NEEDS, grads, cupyconv.patch_conv2d_backward(grad_output, xv, weight,
                                                                              **case.kwargs)):
         assert_matches(got, want, numpy.float32, name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+#: The fused tile kernels' specialisations and a generic geometry: (patch size, weight shape, stride, groups).
+FUSED_PATHS = [((4, 4), (6, 5, 3, 3), 1, 1), ((8, 8), (5, 4, 3, 3), 1, 1), ((5, 6), (6, 2, 3, 2), (2, 1), 2)]
+FUSED_IDS = ["4x4_k3", "8x8_k3", "generic_5x6_k3x2_stride21_groups2"]
+
+
+def fused_case(path, padding, name, n=5):
+    size, weight, stride, groups = path
+    strides = (stride, stride) if isinstance(stride, int) else stride
+    if size not in ((4, 4), (8, 8)):  # the specialisations keep their size; stride 1 ends on the last row anyway
+        size = tuple(bug_classes.touching_size(lo, k, s, 1, pad) for lo, k, s, pad in zip(size, weight[2:], strides,
+                                                                                          padding))
+    sizes = (*size, *weight[2:]) if (*size, *weight[2:]) in patch.SPECIALISATIONS else patch.GENERIC
+    return Case(name, (n, weight[1] * groups, *size), weight, stride=stride, padding=padding, groups=groups,
+                sizes=sizes)
+
+
+@pytest.mark.parametrize("path", FUSED_PATHS, ids=FUSED_IDS)
+def test_padding_per_side_and_last_row_and_column(path):
+    """The fused kernels (forward, input and weight gradients) with each side's padding differing alone; the last
+    window of every case ends on the last padded row and column."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        case = fused_case(path, padding, side)
+        x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(50 + k), numpy.float64)
+        order = "reverse" if k % 2 else "forward"
+        out, forward = emulated(cupyconv.patch_conv2d, x, weight, bias, algorithm="fused", order=order,
+                                **case.kwargs)
+        assert_matches(out, cupyconv.patch_conv2d(x, weight, bias, **case.kwargs), numpy.float64, f"{side} forward")
+        grads, backward = emulated(cupyconv.patch_conv2d_backward, grad_output, x, weight, algorithm="fused",
+                                   order=order, **case.kwargs)
+        for name, got, want in zip(NEEDS, grads, cupyconv.patch_conv2d_backward(grad_output, x, weight,
+                                                                                 **case.kwargs)):
+            assert_matches(got, want, numpy.float64, f"{side} grad {name}")
+        assert forward.names() + backward.names()[:1] == [_tile_name(kernel, numpy.float64, case.sizes)
+                                                          for kernel in patch.TILE_KERNELS]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("path", FUSED_PATHS, ids=FUSED_IDS)
+def test_accumulates_in_float32(path, dtype, monkeypatch):
+    """The fused kernels and patch_reduce (several slices) on data whose float32 sums are exact: every result is the
+    float64 one rounded once, which a 16-bit accumulator misses."""
+    monkeypatch.setattr(patch, "WEIGHT_BLOCKS", 4)
+    monkeypatch.setattr(patch, "WEIGHT_PIXELS", 16)
+    case = fused_case(path, ((1, 0), (0, 1)), "exact")
+    rng = numpy.random.default_rng(51)
+    x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
+    grad_output = bug_classes.exact_terms(rng, cupyconv.patch_conv2d(x, weight, **case.kwargs).shape, dtype)
+    as64 = [a.astype(numpy.float64) for a in (x, weight, bias, grad_output)]
+    out, forward = emulated(cupyconv.patch_conv2d, x, weight, bias, algorithm="fused", **case.kwargs)
+    grads, backward = emulated(cupyconv.patch_conv2d_backward, grad_output, x, weight, algorithm="fused",
+                               needs=("input", "weight"), **case.kwargs)
+    assert [name.split("<")[0] for name in forward.names() + backward.names()] == [
+        "patch_fwd", "patch_bwd_input", "patch_bwd_weight", "patch_reduce"]
+    assert backward.launches[1][1][2].shape[0] >= 2, "slices for patch_reduce to add"
+    bug_classes.assert_rounded_once(out, cupyconv.patch_conv2d(*as64[:3], **case.kwargs), dtype, "forward")
+    for name, got, want in zip(NEEDS, grads, cupyconv.patch_conv2d_backward(as64[3], *as64[:2], **case.kwargs)):
+        if got is not None:
+            bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
+
+
+def test_grid_loops_with_several_blocks(monkeypatch):
+    """patch_reduce's grid-stride loop on three blocks of 32 threads for 6 blocks' worth of weights, and
+    patch_bwd_weight's slices (blockIdx.x) walking 5 batches in 2 slices: a loop that starts at threadIdx.x or
+    at batch 0, or does not stride, loses or repeats sums."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    monkeypatch.setattr(patch, "WEIGHT_BLOCKS", 2)
+    monkeypatch.setattr(patch, "WEIGHT_PIXELS", 16)
+    case = fused_case(FUSED_PATHS[0], ((1, 1), (1, 1)), "loops")
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(52), numpy.float64)
+    plan = patch.plan_weight(_spec(x.shape, weight.shape), numpy.float64)
+    assert plan.slices == 2 and plan.patches == 1 and weight.size > 3 * 32, plan
+    device = Recorder(loops.device(EmulatedDevice("reverse")))
+    with _device.use_device(device):
+        got = cupyconv.patch_conv2d_backward(grad_output, x, weight, needs="weight", **case.kwargs)[1]
+    assert_matches(got, cupyconv.patch_conv2d_backward(grad_output, x, weight, needs="weight", **case.kwargs)[1],
+                   numpy.float64)
+    assert loops.looped() == loops.capped() == {"patch_reduce"}, loops.launches
 
 
 def test_empty_batch():

@@ -14,6 +14,7 @@ import pytest
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
@@ -103,6 +104,44 @@ def test_accumulates_in_float32():
     assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_pass_accumulates_in_float32(dtype):
+    """Forward, input gradient and weight gradient (two splits) on data whose float32 sums are exact: each result
+    is the float64 one rounded once, which an accumulator rounded to 16 bits between mma steps misses
+    (K = 288 for the forward and the input gradient, 2 x 160 pixels for the weight gradient)."""
+    case = C("exact", (2, 32, 9, 9), (24, 16, 3, 3), padding=((1, 0), (0, 1)), groups=2)
+    rng = numpy.random.default_rng(40)
+    x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
+    grad_output = bug_classes.exact_terms(rng, case.output_shape, dtype)
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                        needs=("input", "weight"), **case.kwargs)
+    assert [name.split("<")[0] for name in device.launches] == ["conv_fwd_tc", "conv_bwd_input_tc",
+                                                                "conv_bwd_weight_tc"]
+    bug_classes.assert_rounded_once(out, expected_forward(x, weight, bias, **case.kwargs), dtype, "forward")
+    for name, got, want in zip(("input", "weight"), grads, expected_backward(grad_output, x, weight, **case.kwargs)):
+        bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_padding_per_side_and_last_row_and_column(stride):
+    """The three passes with each side's padding differing alone, the last window ending on the last padded row
+    and column: a pass that takes pad_left for pad_top (or reads past the last row) fails one of the four."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        size = tuple(bug_classes.touching_size(7, 3, stride, 1, pad) for pad in padding)
+        case = C(side, (2, 16, *size), (20, 16, 3, 3), stride=stride, padding=padding)
+        x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(41 + k), numpy.float16)
+        device = Recorder("reverse" if k % 2 else "forward")
+        out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                            needs=("input", "weight"), **case.kwargs)
+        assert len(device.launches) == 3 and all("_tc<" in name for name in device.launches), device.launches
+        assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16", f"{side} forward")
+        for name, g, w in zip(("input", "weight"), grads, expected_backward(grad_output, x, weight, **case.kwargs)):
+            assert_close(g, w, "float16", f"{side} grad {name}")
+
+
 def test_float32_operands_are_rounded_to_tf32():
     """Every operand 1 + 3 * 2^-12: its 13 dropped bits are above half, so rounding to tf32 (what cuBLAS's TF32
     mode does) gives 1 + 2^-10, while operands passed unrounded are truncated to 1 by the tensor cores."""
@@ -127,6 +166,66 @@ def test_64_bit_index_variant(monkeypatch):
     assert got[2] is None
     for g, w in zip(got[:2], expected_backward(grad_output, x, weight, **case.kwargs)):
         assert_close(g, w, "float16")
+
+
+#: 65535 groups (the most grid.y takes) of 64 -> 64 channels, 3 x 3: the last group's weights start past 2^31
+#: ((g * 64 + d) * 576 for the forward, ((g * 64 + d) * 64 + c) * 9 for the input gradient, g * 64 * 576 for the
+#: weight gradient's rows).
+HUGE_GROUPS = 65535
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """The three passes' `long long` instantiations with a 2.4e9-element weight (sparse memory; only the last
+    block of each launch runs: bug_classes.SparseDevice).  Every weight offset of the last group passes 2^31, so
+    an `int` product there overflows, which UBSan turns into a failed launch; what the last block writes matches
+    the CPU path on the last group alone."""
+    rng = numpy.random.default_rng(17)
+    g, c = HUGE_GROUPS, 64 * HUGE_GROUPS
+    x = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float16)
+    x[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    weight = bug_classes.sparse_zeros((c, 64, 3, 3), numpy.float16)
+    weight[-64:] = rng.standard_normal((64, 64, 3, 3)) / 8
+    grad_output = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float16)
+    grad_output[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    last = [a[:, -64:] for a in (x, grad_output)] + [weight[-64:]]
+    device = bug_classes.SparseDevice()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, groups=g, algorithm="implicit_gemm")
+    bug_classes.assert_tail_written(out, expected_forward(last[0], last[2], None, padding=1), numpy.float16, 64,
+                                    "forward")
+    (grad_x, _, _) = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1, groups=g,
+                                 needs="input", algorithm="implicit_gemm")
+    want = expected_backward(last[1], last[0], last[2], padding=1)
+    bug_classes.assert_tail_written(grad_x, want[0], numpy.float16, 64, "grad_input")
+    # The weight gradient's launch as implicit_gemm_grad_weight makes it, without the float32 sum of its splits
+    # and the rounding to float16 afterwards, which would read the whole 2.4e9-element buffer.
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
+    plan = conv_op.plan_tensor_cores(spec, x.dtype, "weight")
+    partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
+    xv = _kernels.batch_view(numpy, x)
+    with settings.allow_tf32(True):
+        conv_op.KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=x.dtype, index="long long",
+                               grid=plan.grid, block=plan.threads, window=spec, x=xv,
+                               grad_out=grad_output.reshape(1, c, 1), partial=partial, n=1,
+                               **_kernels.batch_args("x", xv), groups=g, channels_per_group=64, outputs_per_group=64,
+                               chunks_per_split=plan.chunks_per_split)
+    assert plan.splits == 1 and _kernels.index_type(partial.size) == "long long"
+    bug_classes.assert_tail_written(partial, want[1].reshape(-1)[-1024:], numpy.float16, 128, "grad_weight")
+    assert [name.split(", ")[:2] for name in device.launches] == [
+        [f"{kernel}<__half", "long long"] for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")]
+
+
+def test_planes_of_2_31_pixels_are_refused():
+    """The kernels keep a plane's pixel index in int (`p` in conv_fwd_tc and conv_bwd_input_tc, TcWeightGrad::a,
+    TcInputGrad::a's `oy * out_w + ox`): a 46341 x 46341 plane (2^31 + 4634 pixels) would give wrong results
+    without an error, so the tensor cores refuse it and 'auto' picks another algorithm."""
+    x = bug_classes.sparse_zeros((1, 16, 46341, 46341), numpy.float16)
+    spec = conv_op.ConvSpec.for_conv("conv2d", x, numpy.empty((16, 16, 3, 3), numpy.float16), None, 1, 1, 1, 1)
+    refusal = conv_op.tensor_core_refusal(spec, numpy.float16, EmulatedDevice())
+    assert refusal and "2147488281" in refusal
+    assert conv_op.choose_algorithm(spec, numpy.float16, EmulatedDevice()) != "implicit_gemm"
+    with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run: .*32 bits"):
+        on_emulator(bug_classes.SparseDevice(), cupyconv.conv2d, x, numpy.ones((16, 16, 3, 3), numpy.float16),
+                    padding=1, algorithm="implicit_gemm")
 
 
 def test_strided_input_is_read_in_place():

@@ -8,6 +8,7 @@ import pytest
 
 import cupyconv
 from cupyconv import _device, _kernels
+import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, run_under_asan
 
 # (x shape, kernel_size, dilation, padding, stride): odd sizes, never multiples of the 256-thread block.
@@ -156,6 +157,106 @@ def test_kernels_are_clean_under_address_sanitizer():
         "print('ok')\n")
     assert_clean_under_asan(process)
     assert "ok" in process.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bug classes covered on purpose (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
+
+#: (kernel, stride, dilation) of the windows tried with each side's padding alone.
+WINDOWS = [(3, 1, 1), ((2, 3), (2, 1), (1, 2)), (3, 2, 2)]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else v
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["k3", "k2x3_stride21_dilation12", "k3_stride2_dilation2"])
+def test_padding_per_side_and_last_row_and_column(window):
+    """unfold and fold with each side's padding differing alone, on planes whose last window ends on the last
+    padded row and column (it reads the last input row and column, and the padding past them where there is)."""
+    kernel, stride, dilation = (_pair(v) for v in window)
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        size = tuple(bug_classes.touching_size(5, *args) for args in zip(kernel, stride, dilation, padding))
+        x = _random((2, 3, *size), numpy.float64, seed=k)
+        kw = dict(dilation=dilation, padding=padding, stride=stride)
+        order = "reverse" if k % 2 else "forward"
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), EmulatedDevice(order))
+        numpy.testing.assert_array_equal(cols, cols_ref, err_msg=side)
+        c = _random(cols_ref.shape, numpy.float64, seed=10 + k)
+        out, out_ref = _both_paths(lambda: cupyconv.fold(c, size, kernel, **kw), EmulatedDevice(order))
+        numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13, err_msg=side)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fold_accumulates_in_float32(dtype):
+    """fold's sum of overlapping windows (up to 9 per pixel) on values a 16-bit running sum rounds: every pixel
+    must be the float64 sum rounded once."""
+    shape, kernel, kw = (2, 3, 7, 6), 3, dict(padding=((1, 0), (0, 1)))
+    cols_shape = cupyconv.unfold(numpy.zeros(shape), kernel, **kw).shape
+    cols = bug_classes.sum_terms(numpy.random.default_rng(3), cols_shape, dtype)
+    with _device.use_device(EmulatedDevice()):
+        out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
+    bug_classes.assert_rounded_once(out, cupyconv.fold(cols.astype(numpy.float64), shape[-2:], kernel, **kw), dtype)
+
+
+def test_grid_loops_with_several_blocks(monkeypatch):
+    """Three blocks of 32 threads for 8 or more blocks' worth of windows or pixels: a grid-stride loop that
+    starts at threadIdx.x, or does not stride, leaves columns or pixels unwritten (NaN)."""
+    loops = bug_classes.GridLoops(monkeypatch, cap=3)
+    shape, kernel, dilation, padding, stride = CASES[1]
+    kw = dict(dilation=dilation, padding=padding, stride=stride)
+    x = _random(shape, numpy.float64)
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), loops.device(EmulatedDevice("reverse")))
+    numpy.testing.assert_array_equal(cols, cols_ref)
+    out, out_ref = _both_paths(lambda: cupyconv.fold(cols_ref, shape[-2:], kernel, **kw),
+                               loops.device(EmulatedDevice()))
+    numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
+    assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
+
+
+#: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
+#: do (c * kH * kW past 2^31 for the 2 x 2 kernel).
+HUGE_PLANE, HUGE_CHANNELS = (40000, 60000), 2**29 + 256
+
+
+def test_64_bit_indices_past_2_31(monkeypatch):
+    """unfold and fold take their `long long` instantiations on a 2.4e9-pixel plane and on 2^29 channels (sparse
+    memory; only the last block of each launch runs: bug_classes.SparseDevice).  Every product of their index
+    arithmetic passes 2^31 there, so one computed in `int` overflows, which the emulator's UBSan check turns
+    into a failed launch; the columns and pixels the last block writes match the CPU path on a crop."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(7)
+    kernel, kw, rows = 2, dict(padding=((1, 0), (0, 1))), 4
+    h, w = HUGE_PLANE
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float16)
+    x[..., -rows:, :] = _random((rows, w), numpy.float16)
+    device = bug_classes.SparseDevice(tail=1024)
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, **kw)  # (1, 4, H * W): the flat tail is the last tap's row
+    # output row oy reads input rows oy - 1 and oy: the crop's windows are the last ones of the whole plane
+    crop = dict(padding=((0, 0), (0, 1)))
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel, **crop)[0, -1, -1024:],
+                                    numpy.float16, 256, "unfold, plane")
+    cols = bug_classes.sparse_zeros((1, 4, h * w), numpy.float16)
+    cols[..., -rows * w:] = _random((4, rows * w), numpy.float16, seed=8)
+    with _device.use_device(device):
+        out = cupyconv.fold(cols, (h, w), kernel, **kw)
+    expected = cupyconv.fold(cols[..., -(rows - 1) * w:], (rows, w), kernel, **crop)  # windows of the last rows
+    bug_classes.assert_tail_written(out, expected[..., -1, -1024:], numpy.float16, 256, "fold, plane")
+
+    x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
+    x[:, -256:] = rng.standard_normal((1, 256, 1, 1))
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, **kw)  # (1, 4 C, 1)
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[:, -256:], kernel, **kw), numpy.float16, 256,
+                                    "unfold, channels")
+    cols = bug_classes.sparse_zeros((1, 4 * HUGE_CHANNELS, 1), numpy.float16)
+    cols[:, -1024:] = rng.standard_normal((1, 1024, 1))
+    with _device.use_device(device):
+        out = cupyconv.fold(cols, (1, 1), kernel, **kw)
+    bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
+                                    "fold, channels")
+    assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,11 +9,12 @@ See EmulatedDevice for the options and _asan.py for the AddressSanitizer mode.
 from ._asan import (asan_environment, asan_preloaded, assert_clean_under_asan, pytest_under_asan, run_under_asan,
                     sanitizer_report)
 from ._build import BuildError, cache_root
-from ._device import EmulatedDevice, EmulatorError, KernelArgumentError, KernelFailure, LaunchConfigError
+from ._device import (EmulatedDevice, EmulatorError, KernelArgumentError, KernelFailure, LaunchConfigError,
+                      last_block)
 from pathlib import Path as _Path
 
 SELFTEST_KERNEL_DIR = _Path(__file__).resolve().parent / "selftest_kernels"
 
 __all__ = ["EmulatedDevice", "EmulatorError", "KernelArgumentError", "KernelFailure", "LaunchConfigError",
            "BuildError", "cache_root", "asan_environment", "asan_preloaded", "assert_clean_under_asan",
-           "pytest_under_asan", "run_under_asan", "sanitizer_report", "SELFTEST_KERNEL_DIR"]
+           "pytest_under_asan", "run_under_asan", "sanitizer_report", "SELFTEST_KERNEL_DIR", "last_block"]

@@ -151,6 +151,7 @@ class _Library:
         self.cdll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         self.cdll.emu_error.restype = ctypes.c_char_p
         self.cdll.emu_set_order.argtypes = [ctypes.c_int]
+        self.cdll.emu_set_blocks.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
         self.names = list(meta["names"])
         self.source = meta["source"]
         self.static_shared = meta["static_shared"]
@@ -181,12 +182,16 @@ class EmulatedDevice(cupyconv_device.Device):
     kernel_dir: another directory of kernels (the emulator's self-tests); default: cupyconv's raw_kernels/.
     instantiations: (file, name expression) pairs to compile for kernel_dir, one library per file; default for
                 raw_kernels/: cupyconv._device.all_instantiations(), and launching any other name raises.
+    blocks:     None (every block), or a function of a launch's grid (x, y, z) that returns the blocks to run,
+                as (x, y, z) triples, e.g. `last_block`: gridDim stays the whole grid, so those blocks compute the
+                indices they would on a GPU, while the others are skipped (problems of 2^31 elements and more).
     """
 
     name = "emulated"
     xp = numpy
 
-    def __init__(self, order: str = "forward", *, asan: bool | None = None, kernel_dir=None, instantiations=None):
+    def __init__(self, order: str = "forward", *, asan: bool | None = None, kernel_dir=None, instantiations=None,
+                 blocks=None):
         if order not in ("forward", "reverse"):
             raise ValueError(f"order must be 'forward' or 'reverse', not {order!r}")
         self.order = order
@@ -198,6 +203,7 @@ class EmulatedDevice(cupyconv_device.Device):
         self.kernel_dir = Path(kernel_dir).resolve() if kernel_dir is not None else package_dir
         self._package = self.kernel_dir == package_dir
         self._instantiations = None if instantiations is None else sorted(set(instantiations))
+        self.blocks = blocks
 
     def __repr__(self):
         return f"EmulatedDevice(order={self.order!r}, asan={self.asan}, kernel_dir='{self.kernel_dir}')"
@@ -229,10 +235,24 @@ class EmulatedDevice(cupyconv_device.Device):
         argv, extents, keep_alive = self._marshal(source, kernel, list(args))
         grid_c = (ctypes.c_uint * 3)(*grid)
         block_c = (ctypes.c_uint * 3)(*block)
+        chosen = None
+        if self.blocks is not None:
+            linear = []
+            for x, y, z in self.blocks(grid):
+                if not (0 <= x < grid[0] and 0 <= y < grid[1] and 0 <= z < grid[2]):
+                    raise LaunchConfigError(f"block ({x}, {y}, {z}) is outside the grid {grid}")
+                linear.append(x + grid[0] * (y + grid[1] * z))
+            chosen = (ctypes.c_ulonglong * max(len(linear), 1))(*linear)
         with _LOCK:
             library = kernel.library
             library.cdll.emu_set_order(self.order == "reverse")
-            status = kernel.launch(grid_c, block_c, shared_mem, argv, extents)
+            if chosen is not None:
+                library.cdll.emu_set_blocks(ctypes.addressof(chosen), len(linear))
+            try:
+                status = kernel.launch(grid_c, block_c, shared_mem, argv, extents)
+            finally:
+                if chosen is not None:
+                    library.cdll.emu_set_blocks(None, -1)
             message = library.cdll.emu_error().decode(errors="replace") if status else ""
         del keep_alive
         if status:
@@ -313,6 +333,11 @@ class EmulatedDevice(cupyconv_device.Device):
         argv = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])
         extents_c = (ctypes.c_longlong * max(len(extents), 2))(*extents)
         return argv, extents_c, slots
+
+
+def last_block(grid):
+    """The `blocks` of an EmulatedDevice that runs only the last block of every grid (the highest indices)."""
+    return [(grid[0] - 1, grid[1] - 1, grid[2] - 1)]
 
 
 class EmulatedCublas:

@@ -48,6 +48,8 @@ struct Engine {
   void (*body)(void*) = nullptr;  // runs the kernel in the current fiber
   void* closure = nullptr;
   bool reverse = false;
+  const unsigned long long* only_blocks = nullptr;  // emu_set_blocks: run these blocks (linear indices) only
+  long long only_count = -1;                         // -1: every block of the grid
   const void* scheduler_stack = nullptr;  // reported by ASan when a fiber starts
   size_t scheduler_stack_bytes = 0;
   char message[4096];
@@ -573,9 +575,17 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
 #endif
   const unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
+  const bool sampled = engine.only_count >= 0;
+  const unsigned long long runs = sampled ? (unsigned long long)engine.only_count : blocks;
   int status = 0;
-  for (unsigned long long k = 0; k < blocks && status == 0; ++k) {
-    const unsigned long long b = engine.reverse ? blocks - 1 - k : k;
+  for (unsigned long long k = 0; k < runs && status == 0; ++k) {
+    const unsigned long long kk = engine.reverse ? runs - 1 - k : k;
+    const unsigned long long b = sampled ? engine.only_blocks[kk] : kk;
+    if (b >= blocks) {
+      fail("block %llu of a grid of %llu blocks was asked for", b, blocks);
+      status = -1;
+      break;
+    }
     blockIdx = uint3{(unsigned)(b % grid[0]), (unsigned)(b / grid[0] % grid[1]), (unsigned)(b / grid[0] / grid[1])};
     poison_shared(shared, dynamic_bytes);
     status = run_block(n);
@@ -662,6 +672,13 @@ int launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, un
 
 extern "C" {
 void emu_set_order(int reverse) { emu::engine.reverse = reverse != 0; }
+// Run only these blocks (linear indices x + gx * (y + gy * z), in this order) of the following launches;
+// count -1: every block again.  The grid keeps its size: gridDim, and every index computed from it, are those of
+// the whole launch.
+void emu_set_blocks(const unsigned long long* blocks, long long count) {
+  emu::engine.only_blocks = blocks;
+  emu::engine.only_count = count;
+}
 const char* emu_error() { return emu::engine.message; }
 int emu_sanitized() {
 #ifdef __SANITIZE_ADDRESS__
