@@ -34,3 +34,25 @@ template <typename I> __device__ __forceinline__ I grid_start() {
   return (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
 }
 template <typename I> __device__ __forceinline__ I grid_stride() { return (I)gridDim.x * (I)blockDim.x; }
+
+// q = n / d and r = n % d for 0 <= n < 2^31 by a multiply-high, for divisors fixed for a whole kernel (a kernel
+// size, a stride) that a kernel divides by in its inner loops, where a division by a run-time int costs ~20
+// instructions.  Granlund and Montgomery's round-up method: with l = ceil(log2 d) and
+// m = floor(2^32 (2^l - d) / d) + 1 (< 2^32), n / d = (umulhi(m, n) + n) >> l, exact for every n < 2^31 (the sum
+// fits 32 bits).  Built once per thread: its one 64-bit division is paid once, not per element.
+struct FastDivmod {
+  int d;
+  unsigned m;
+  unsigned l;
+  __device__ FastDivmod() : d(1), m(1), l(0) {}
+  __device__ explicit FastDivmod(int divisor) : d(divisor), l(0) {
+    while ((1u << l) < (unsigned)divisor) ++l;
+    m = (unsigned)((((1ull << l) - (unsigned)divisor) << 32) / (unsigned)divisor + 1);
+  }
+  __device__ __forceinline__ int div(int n) const { return (int)((__umulhi(m, (unsigned)n) + (unsigned)n) >> l); }
+  __device__ __forceinline__ int divmod(int n, int& r) const {
+    const int q = div(n);
+    r = n - q * d;
+    return q;
+  }
+};

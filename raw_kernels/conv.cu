@@ -348,14 +348,16 @@ template <typename T, typename I, int BM, int BN> struct TcForward {
   typedef TcLoad<BN, BM * BN / 32, false> LoadB;
   const T* x; const T* weight; const T* bias; T* out;
   I M, pixels, x_stride_c, x_stride_h, x_stride_w;
-  int N, K, g, n0, taps, kernel_w, dilation_h, dilation_w, height, width, groups, has_bias;
+  int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
+  FastDivmod taps, kernel_w;
   I row_base[LoadA::ROWS];  // this thread's output pixels: where their image's group starts in x,
   int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and the input position of their top-left tap
 
   __device__ S a(int e, int, I k) const {
     if (k >= K) return S(0.0f);
-    const int r = e % LoadA::ROWS, c = (int)k / taps, tap = (int)k - c * taps;
-    const int y = row_y[r] + tap / kernel_w * dilation_h, xx = row_x[r] + tap % kernel_w * dilation_w;
+    int tap, j;
+    const int r = e % LoadA::ROWS, c = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
+    const int y = row_y[r] + i * dilation_h, xx = row_x[r] + j * dilation_w;
     if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
     return S(x[row_base[r] + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w]);
   }
@@ -387,7 +389,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
   f.x = x; f.weight = weight; f.bias = bias; f.out = out;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
-  f.taps = kernel_h * kernel_w; f.K = channels_per_group * f.taps; f.kernel_w = kernel_w;
+  f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
+  f.kernel_w = FastDivmod(kernel_w);
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
   f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
   f.groups = groups; f.has_bias = has_bias;
@@ -419,25 +422,27 @@ template <typename T, typename I, int BM, int BN> struct TcInputGrad {
   typedef TcLoad<BN, BM * BN / 32, false> LoadB;
   const T* grad_out; const T* weight; T* grad_x;
   I M, pixels, out_pixels;
-  int N, K, g, n0, groups, outputs_per_group, taps, kernel_w, stride_h, stride_w, dilation_h, dilation_w;
-  int out_h, out_w;
+  int N, K, g, n0, groups, outputs_per_group, dilation_h, dilation_w, out_h, out_w;
+  FastDivmod taps, kernel_w, stride_h, stride_w;
   I row_base[LoadA::ROWS];  // where this thread's input pixels' image and group start in grad_out,
   int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and their position plus the padding
 
   __device__ S a(int e, int, I k) const {
     if (k >= K) return S(0.0f);
-    const int r = e % LoadA::ROWS, d = (int)k / taps, tap = (int)k - d * taps;
-    const int ty = row_y[r] - tap / kernel_w * dilation_h, tx = row_x[r] - tap % kernel_w * dilation_w;
+    int tap, j, ry, rx;
+    const int r = e % LoadA::ROWS, d = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
+    const int ty = row_y[r] - i * dilation_h, tx = row_x[r] - j * dilation_w;
     if (ty < 0 || tx < 0) return S(0.0f);
-    const int oy = ty / stride_h, ox = tx / stride_w;
-    if (oy * stride_h != ty || ox * stride_w != tx || oy >= out_h || ox >= out_w) return S(0.0f);
+    const int oy = stride_h.divmod(ty, ry), ox = stride_w.divmod(tx, rx);
+    if (ry != 0 || rx != 0 || oy >= out_h || ox >= out_w) return S(0.0f);
     return S(grad_out[row_base[r] + (I)d * out_pixels + oy * out_w + ox]);
   }
   __device__ S b(int, int row, I k) const {
     const int c = n0 + row;
     if (c >= N || k >= K) return S(0.0f);
-    const int d = (int)k / taps, tap = (int)k - d * taps;
-    return S(weight[((I)(g * outputs_per_group + d) * N + c) * taps + tap]);
+    int tap;
+    const int d = taps.divmod((int)k, tap);
+    return S(weight[((I)(g * outputs_per_group + d) * N + c) * taps.d + tap]);
   }
   __device__ I out_row(I m) const {
     const I image = m / pixels;
@@ -459,9 +464,9 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
   const int n_tiles = (channels_per_group + BN - 1) / BN;
   f.grad_out = grad_out; f.weight = weight; f.grad_x = grad_x;
   f.pixels = (I)height * width; f.M = n * f.pixels; f.out_pixels = (I)out_h * out_w;
-  f.N = channels_per_group; f.taps = kernel_h * kernel_w; f.K = outputs_per_group * f.taps;
-  f.groups = groups; f.outputs_per_group = outputs_per_group; f.kernel_w = kernel_w;
-  f.stride_h = stride_h; f.stride_w = stride_w; f.dilation_h = dilation_h; f.dilation_w = dilation_w;
+  f.N = channels_per_group; f.taps = FastDivmod(kernel_h * kernel_w); f.K = outputs_per_group * kernel_h * kernel_w;
+  f.groups = groups; f.outputs_per_group = outputs_per_group; f.kernel_w = FastDivmod(kernel_w);
+  f.stride_h = FastDivmod(stride_h); f.stride_w = FastDivmod(stride_w); f.dilation_h = dilation_h; f.dilation_w = dilation_w;
   f.out_h = out_h; f.out_w = out_w;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
@@ -493,16 +498,18 @@ template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
   const T* x; const T* grad_out; float* partial;
   BatchView<I> view;
   I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
-  int M, N, m0, n0, g, groups, channels_per_group, taps, kernel_w, stride_h, stride_w, pad_top, pad_left;
-  int dilation_h, dilation_w, height, width, out_w;
+  int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left;
+  int dilation_h, dilation_w, height, width;
+  FastDivmod taps, kernel_w, out_w;
 
   __device__ S a(int, int row, I k) const {
     const int kk = m0 + row;
     if (kk >= M || k >= K) return S(0.0f);
     const I image = k / out_pixels;
-    const int p = (int)(k - image * out_pixels), c = kk / taps, tap = kk - c * taps;
-    const int y = p / out_w * stride_h - pad_top + tap / kernel_w * dilation_h;
-    const int xx = p % out_w * stride_w - pad_left + tap % kernel_w * dilation_w;
+    int tap, j, ox;
+    const int c = taps.divmod(kk, tap), i = kernel_w.divmod(tap, j);
+    const int oy = out_w.divmod((int)(k - image * out_pixels), ox);
+    const int y = oy * stride_h - pad_top + i * dilation_h, xx = ox * stride_w - pad_left + j * dilation_w;
     if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
     return S(x[view.image(image) + (I)(g * channels_per_group + c) * x_stride_c + (I)y * x_stride_h +
                (I)xx * x_stride_w]);
@@ -534,10 +541,11 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
   f.out_pixels = (I)out_h * out_w; f.K = n * f.out_pixels;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
-  f.taps = kernel_h * kernel_w; f.M = channels_per_group * f.taps; f.N = outputs_per_group;
-  f.groups = groups; f.channels_per_group = channels_per_group; f.kernel_w = kernel_w;
+  f.taps = FastDivmod(kernel_h * kernel_w); f.M = channels_per_group * kernel_h * kernel_w; f.N = outputs_per_group;
+  f.groups = groups; f.channels_per_group = channels_per_group; f.kernel_w = FastDivmod(kernel_w);
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
-  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width; f.out_w = out_w;
+  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.out_w = FastDivmod(out_w);
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN; f.m0 = blockIdx.x * BM;
   f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
   const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;

@@ -155,3 +155,34 @@ def test_launch_refuses_a_grid_beyond_cuda_limits():
     with pytest.raises(ValueError, match=r"grid of 65536 blocks along y, more than CUDA's 65535"):
         kernels.launch(NoLaunch(), "scale", dtype=numpy.float32, index="int", grid=(1, 65536), block=32,
                        **scale_args())
+
+
+FAST_DIVMOD_KERNEL = """#include "common.cuh"
+__global__ void fast_divmod(const int* n, const int* d, int* q, int* r, int count) {
+  for (int i = threadIdx.x; i < count; i += blockDim.x) q[i] = FastDivmod(d[i]).divmod(n[i], r[i]);
+}
+"""
+
+
+def test_fast_divmod_is_exact_below_2_to_the_31(tmp_path):
+    """common.cuh's FastDivmod against Python's // and %: every divisor the kernels use (1 to 64: kernel sizes,
+    strides, widths), powers of two and their neighbours up to 2^31 - 1, each with numerators at 0, near
+    multiples of the divisor and near 2^31 - 1, where the multiply-high sum is closest to overflowing."""
+    (tmp_path / "common.cuh").write_text((_device.kernel_dir() / "common.cuh").read_text())
+    (tmp_path / "fastdiv.cu").write_text(FAST_DIVMOD_KERNEL)
+    rng = numpy.random.default_rng(0)
+    divisors = list(range(1, 65)) + [p + o for p in (2**k for k in range(6, 31)) for o in (-1, 0, 1)] + [2**31 - 1]
+    n, d = [], []
+    for divisor in divisors:
+        near = [0, 1, divisor - 1, divisor, divisor + 1, 2**31 - 1, 2**31 - 2, (2**31 - 1) // divisor * divisor,
+                (2**31 - 1) // divisor * divisor - 1]
+        for value in near + list(rng.integers(0, 2**31, 24)):
+            if 0 <= value < 2**31:
+                n.append(value)
+                d.append(divisor)
+    n, d = numpy.array(n, numpy.int32), numpy.array(d, numpy.int32)
+    device = EmulatedDevice(kernel_dir=tmp_path, instantiations=[("fastdiv.cu", "fast_divmod")])
+    q, r = device.empty(n.shape, numpy.int32), device.empty(n.shape, numpy.int32)
+    device.launch("fastdiv.cu", "fast_divmod", 1, 256, [n, d, q, r, numpy.int32(n.size)])
+    numpy.testing.assert_array_equal(q, n.astype(numpy.int64) // d)
+    numpy.testing.assert_array_equal(r, n.astype(numpy.int64) % d)

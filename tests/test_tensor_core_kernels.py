@@ -218,32 +218,18 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         [f"{kernel}<__half", "long long"] for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="conv.cu keeps a plane's pixel index in int (conv_fwd_tc and conv_bwd_input_tc: "
-                   "`const int p = (int)(m - image * f.pixels)`; TcWeightGrad::a likewise; TcInputGrad::a: "
-                   "`oy * out_w + ox`) and tensor_core_refusal() accepts planes of 2^31 pixels and more, which "
-                   "'auto' then sends to the tensor cores: silently wrong results")
-@pytest.mark.parametrize("pass_", ["forward", "input"])
-def test_planes_past_2_31_pixels(pass_, monkeypatch):
-    """A 46341 x 46341 plane (2^31 + 4634 pixels), 16 channels: what the last block writes (the last pixels) must
-    match the CPU path on a crop of the last rows.  Planes of 40000 x 40000 pass the same check."""
-    bug_classes.lift_grid_cap(monkeypatch)
-    h = w = 46341
-    rng = numpy.random.default_rng(18)
-    x = bug_classes.sparse_zeros((1, 16, h, w), numpy.float16)
-    x[..., -4:, -1100:] = rng.standard_normal((16, 4, 1100))
-    weight = (rng.standard_normal((16, 16, 3, 3)) / 4).astype(numpy.float16)
-    crop = x[..., -4:, -1100:].astype(numpy.float64)
-    device = bug_classes.SparseDevice()
-    if pass_ == "forward":
-        want = cupyconv.conv2d(crop, weight.astype(numpy.float64), padding=((0, 1), (0, 1)))
-        got = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
-    else:
-        want = cupyconv.conv2d_backward(crop, crop, weight.astype(numpy.float64), padding=1, needs="input")[0]
-        got = on_emulator(device, cupyconv.conv2d_backward, x, x, weight, padding=1, needs="input",
-                          algorithm="implicit_gemm")[0]
-    assert device.launches[0].startswith(("conv_fwd_tc<__half, long long", "conv_bwd_input_tc<__half, long long"))
-    bug_classes.assert_tail_written(got, want[0, -1, -1, -1024:], numpy.float16, 16, pass_)
+def test_planes_of_2_31_pixels_are_refused():
+    """The kernels keep a plane's pixel index in int (`p` in conv_fwd_tc and conv_bwd_input_tc, TcWeightGrad::a,
+    TcInputGrad::a's `oy * out_w + ox`): a 46341 x 46341 plane (2^31 + 4634 pixels) would give wrong results
+    without an error, so the tensor cores refuse it and 'auto' picks another algorithm."""
+    x = bug_classes.sparse_zeros((1, 16, 46341, 46341), numpy.float16)
+    spec = conv_op.ConvSpec.for_conv("conv2d", x, numpy.empty((16, 16, 3, 3), numpy.float16), None, 1, 1, 1, 1)
+    refusal = conv_op.tensor_core_refusal(spec, numpy.float16, EmulatedDevice())
+    assert refusal and "2147488281" in refusal
+    assert conv_op.choose_algorithm(spec, numpy.float16, EmulatedDevice()) != "implicit_gemm"
+    with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run: .*32 bits"):
+        on_emulator(bug_classes.SparseDevice(), cupyconv.conv2d, x, numpy.ones((16, 16, 3, 3), numpy.float16),
+                    padding=1, algorithm="implicit_gemm")
 
 
 def test_strided_input_is_read_in_place():

@@ -16,7 +16,7 @@ import numpy
 from .. import _autotune, settings
 from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
+from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
@@ -229,6 +229,9 @@ def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
         return f"the tensor cores take float16, bfloat16 and (as TF32) float32, not {name}"
     if name == "float32" and not settings.get_allow_tf32():
         return "float32 runs on the tensor cores only as TF32: cupyconv.settings.set_allow_tf32(True)"
+    plane = max(spec.in_size[0] * spec.in_size[1], spec.out_pixels)
+    if plane > INT32_MAX:
+        return f"they index a plane's pixels in 32 bits, and this plane has {plane}"
     if spec.channels_per_group < TC_MIN_CHANNELS:
         return f"it needs at least {TC_MIN_CHANNELS} input channels per group, not {spec.channels_per_group}"
     if not device.tensor_cores:

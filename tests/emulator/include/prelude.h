@@ -76,6 +76,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin
                        int line = __builtin_LINE()) {
   emu::warp_exchange(file, line, emu::WARP_SYNC, mask, 0, emu::lane_id(), nullptr);
 }
+// Integer intrinsics.
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 

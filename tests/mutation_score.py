@@ -1,0 +1,340 @@
+"""Mutation score of the kernel tests: how many deliberately broken kernels do they catch?
+
+    PYTHONPATH=. python tests/mutation_score.py [--only NAME ...] [--jobs N] [--list]
+
+Each mutation below replaces one exact snippet of one raw_kernels/ file.  A mutant is built in a scratch copy of
+the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir() finds the copy's raw_kernels/ next
+to the copy's package, so the emulator compiles the mutated source; the real files are never edited) and the
+mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived: every selected test passed.
+Not run: every selected test was skipped (the mma.cuh mutants: the emulator replaces mma.cuh's instructions by
+its own, tests/emulator/include/emu_mma.h, so only `-m gpu` on a GPU can run them).  The score is
+killed / (killed + survived).
+
+A snippet that no longer occurs exactly once is an error, not a silent skip: tests/test_mutation_list.py checks
+that in CI, so editing a kernel means updating the list.  Not a test module itself (pytest collects test_*.py
+only): the full run takes several minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import queue
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "raw_kernels"
+
+
+class Mutation(NamedTuple):
+    name: str
+    file: str         # in raw_kernels/
+    original: str     # must occur exactly once in the file
+    replacement: str
+    tests: str        # pytest arguments, run from the root of the copy
+    kind: str
+
+
+UNFOLD = "tests/test_unfold_kernels.py"
+CONV = "tests/test_conv_kernels.py"
+TC = "tests/test_tensor_core_kernels.py"
+DEPTHWISE = "tests/test_depthwise_kernels.py"
+PATCH = "tests/test_patch_kernels.py"
+GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
+M = Mutation
+
+MUTATIONS = [
+    # -- common.cuh ------------------------------------------------------------------------------------------
+    M("common-grid-start-thread-only", "common.cuh", "return (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;",
+      "return (I)threadIdx.x;", UNFOLD, "grid-stride"),
+
+    # -- unfold.cu -------------------------------------------------------------------------------------------
+    M("unfold-im2col-col-bound", "unfold.cu", "row_inside && xx >= 0 && xx < width",
+      "row_inside && xx >= 0 && xx <= width", UNFOLD, "off-by-one"),
+    M("fold-last-row-bound", "unfold.cu", "if (oy >= out_h) continue;", "if (oy > out_h) continue;", UNFOLD,
+      "off-by-one"),
+    M("unfold-im2col-stride-swap", "unfold.cu", "const int y0 = oy * stride_h - pad_top;",
+      "const int y0 = oy * stride_w - pad_top;", UNFOLD, "swapped stride"),
+    M("fold-stride-swap", "unfold.cu", "if (tx % stride_w) continue;", "if (tx % stride_h) continue;", UNFOLD,
+      "swapped stride"),
+    M("unfold-im2col-pad-side", "unfold.cu", "const int x0 = ox * stride_w - pad_left;",
+      "const int x0 = ox * stride_w - pad_top;", UNFOLD, "wrong-side padding"),
+    M("fold-pad-side", "unfold.cu", "const int y = (int)((index / width) % height) + pad_top;",
+      "const int y = (int)((index / width) % height) + pad_left;", UNFOLD, "wrong-side padding"),
+    M("fold-half-sum", "unfold.cu", "acc_t<T> sum = 0;", "T sum = 0;", UNFOLD, "half accumulation"),
+    M("unfold-int-pixels", "unfold.cu", "const I pixels = (I)out_h * out_w;\n  const I windows",
+      "const I pixels = out_h * out_w;\n  const I windows", UNFOLD, "32-bit index"),
+
+    # -- conv.cu: direct kernel, bias, bias gradient ----------------------------------------------------------
+    M("conv-direct-barrier-slab", "conv.cu", "__syncthreads();  // the previous slab's", "// the previous slab's",
+      CONV, "removed barrier"),
+    M("conv-direct-barrier-staged", "conv.cu", "__syncthreads();\n      if (oy < out_h && ox < out_w) {",
+      "if (oy < out_h && ox < out_w) {", CONV, "removed barrier"),
+    M("conv-bgrad-barrier", "conv.cu", "partial[threadIdx.x] = sum;\n  __syncthreads();",
+      "partial[threadIdx.x] = sum;", CONV, "removed barrier"),
+    M("conv-direct-col-bound", "conv.cu", "if (y >= 0 && y < height && xx >= 0 && xx < width) {",
+      "if (y >= 0 && y < height && xx >= 0 && xx <= width) {", CONV, "off-by-one"),
+    M("conv-direct-store-bound", "conv.cu", "if (oy < out_h && ox < out_w) {\n      const I pixel",
+      "if (oy < out_h && ox <= out_w) {\n      const I pixel", CONV, "off-by-one"),
+    M("conv-direct-stride-swap", "conv.cu", "const int ix0 = tile_x * tile_w * stride_w - pad_left;",
+      "const int ix0 = tile_x * tile_w * stride_h - pad_left;", CONV, "swapped stride"),
+    M("conv-direct-pad-side", "conv.cu", "const int iy0 = tile_y * tile_h * stride_h - pad_top;",
+      "const int iy0 = tile_y * tile_h * stride_h - pad_left;", CONV, "wrong-side padding"),
+    M("conv-direct-half-sum", "conv.cu", "A sum[DPT];", "T sum[DPT];", CONV, "half accumulation"),
+    M("conv-bgrad-half-sum", "conv.cu", "A sum = 0;\n  for (I image = 0;", "T sum = 0;\n  for (I image = 0;",
+      CONV, "half accumulation"),
+    M("conv-direct-int-pixel", "conv.cu", "const I pixel = (I)oy * out_w + ox;", "const I pixel = oy * out_w + ox;",
+      CONV, "32-bit index"),
+
+    # -- conv.cu: tensor-core implicit GEMMs (conv_fwd_tc, conv_bwd_input_tc, conv_bwd_weight_tc) ---------------
+    M("tc-barrier-chunk", "conv.cu", "if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read "
+      "before the previous barrier\n    __syncthreads();", "if (t + 1 < chunks) store_chunk(stage ^ 1);", TC,
+      "removed barrier"),
+    M("tc-chunks-floor", "conv.cu", "(k_end - k_begin + TC_BK - 1) / TC_BK : 0;", "(k_end - k_begin) / TC_BK : 0;",
+      TC, "off-by-one"),
+    M("tc-fwd-col-bound", "conv.cu", "if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);\n"
+      "    return S(x[row_base[r]", "if (y < 0 || y >= height || xx < 0 || xx > width) return S(0.0f);\n"
+      "    return S(x[row_base[r]", TC, "off-by-one"),
+    M("tc-bwd-input-last-row", "conv.cu", "oy >= out_h || ox >= out_w) return S(0.0f);",
+      "oy > out_h || ox >= out_w) return S(0.0f);", TC, "off-by-one"),
+    M("tc-fwd-stride-swap", "conv.cu", "f.row_x[r] = p % out_w * stride_w - pad_left;",
+      "f.row_x[r] = p % out_w * stride_h - pad_left;", TC, "swapped stride"),
+    M("tc-bwd-weight-stride-swap", "conv.cu", "xx = ox * stride_w - pad_left + j * dilation_w",
+      "xx = ox * stride_h - pad_left + j * dilation_w", TC, "swapped stride"),
+    M("tc-fwd-pad-side", "conv.cu", "f.row_y[r] = p / out_w * stride_h - pad_top;",
+      "f.row_y[r] = p / out_w * stride_h - pad_left;", TC, "wrong-side padding"),
+    M("tc-bwd-input-pad-side", "conv.cu", "f.row_x[r] = p % width + pad_left;", "f.row_x[r] = p % width + pad_top;",
+      TC, "wrong-side padding"),
+    M("tc-bwd-weight-pad-side", "conv.cu", "const int y = oy * stride_h - pad_top + i * dilation_h",
+      "const int y = oy * stride_h - pad_left + i * dilation_h", TC, "wrong-side padding"),
+    M("tc-bwd-weight-half-partial", "conv.cu", "partial[row + (I)n * M] = value;",
+      "partial[row + (I)n * M] = to_acc(from_acc<T>(value));", TC, "half accumulation"),
+    M("tc-fwd-int-pixels", "conv.cu", "f.pixels = (I)out_h * out_w; f.M", "f.pixels = out_h * out_w; f.M", TC,
+      "32-bit index"),
+    M("tc-pitch-odd", "conv.cu", "K_STEP = 16, PITCH = TC_BK + 8;", "K_STEP = 16, PITCH = TC_BK + 9;", TC,
+      "misaligned pack"),
+    M("tc-fragment-a-k-half", "conv.cu", "8 * (r & 1)) * P + k0 + 2 * q + 8 * (r >> 1);",
+      "8 * (r >> 1)) * P + k0 + 2 * q + 8 * (r & 1);", TC, "tc: fragment index"),
+    M("tc-fragment-tf32-a", "conv.cu", "a[mi][1] = to_tf32(p[8 * P]);\n    a[mi][2] = to_tf32(p[4]);",
+      "a[mi][1] = to_tf32(p[4]);\n    a[mi][2] = to_tf32(p[8 * P]);", TC, "tc: fragment index"),
+    M("tc-split-range", "conv.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;",
+      "const I k_begin = (I)blockIdx.z * chunks_per_split;", TC, "tc: split range"),
+    M("tc-transposed-divisibility", "conv.cu", "if (ry != 0 || rx != 0 ||",
+      "if (ry != 0 ||", TC, "tc: divisibility check"),
+    M("tc-epilogue-row", "conv.cu", "const I m = m0 + warp_m + mi * 16 + gq + 8 * half;",
+      "const I m = m0 + warp_m + mi * 16 + gq + half;", TC, "tc: epilogue row"),
+
+    # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
+    M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',
+      '"r"(a[0]), "r"(a[2]), "r"(a[1]), "r"(a[3])', GPU_TC, "mma: fragment registers"),
+    M("mma-b-registers-swapped", "mma.cuh", '"r"(b[0]), "r"(b[1])', '"r"(b[1]), "r"(b[0])', GPU_TC,
+      "mma: fragment registers"),
+
+    # -- depthwise.cu -----------------------------------------------------------------------------------------
+    M("dw-tiled-barrier-staged", "depthwise.cu", "__syncthreads();\n\n    const I n = image0 + p;\n    const int ox",
+      "\n    const I n = image0 + p;\n    const int ox", DEPTHWISE, "removed barrier"),
+    M("dw-reduce-barrier", "depthwise.cu", "slice_sums[threadIdx.x] = sum;\n    __syncthreads();",
+      "slice_sums[threadIdx.x] = sum;", DEPTHWISE, "removed barrier"),
+    M("dw-block-reduce-barrier", "depthwise.cu", "__syncthreads();\n  for (int i = threadIdx.x; i < R;",
+      "for (int i = threadIdx.x; i < R;", DEPTHWISE, "removed barrier"),
+    M("dw-tiled-store-bound", "depthwise.cu", "if (oy < dst_h) out[(I)oy * dst_w]", "if (oy <= dst_h) out[(I)oy * dst_w]",
+      DEPTHWISE, "off-by-one"),
+    M("dw-strided-last-row", "depthwise.cu", "if (y >= height) break;", "if (y > height) break;", DEPTHWISE,
+      "off-by-one"),
+    M("dw-direct-last-row", "depthwise.cu", "if (yy < 0 || yy >= height) continue;",
+      "if (yy < 0 || yy > height) continue;", DEPTHWISE, "off-by-one"),
+    M("dw-weight-direct-last-row", "depthwise.cu", "if (!is_bias && (yy < 0 || yy >= height)) continue;",
+      "if (!is_bias && (yy < 0 || yy > height)) continue;", DEPTHWISE, "off-by-one"),
+    M("dw-tiled-stride-swap", "depthwise.cu", "oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,",
+      "oy0 * stride_h - pad_top, ox0 * stride_h - pad_left, src_h,", DEPTHWISE, "swapped stride"),
+    M("dw-strided-stride-swap", "depthwise.cu", "const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;",
+      "const int col_hi = floor_div(x_l + pad_left, stride_h) - first_x;", DEPTHWISE, "swapped stride"),
+    M("dw-direct-stride-swap", "depthwise.cu", "const int xx = ox * stride_w - pad_left + j * dilation_w;",
+      "const int xx = ox * stride_h - pad_left + j * dilation_w;", DEPTHWISE, "swapped stride"),
+    M("dw-weight-large-stride-swap", "depthwise.cu", "(p * in_h + oy_l * stride_h + i * dilation_h) * in_w;",
+      "(p * in_h + oy_l * stride_w + i * dilation_h) * in_w;", DEPTHWISE, "swapped stride"),
+    M("dw-fwd-pad-side", "depthwise.cu", "oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,",
+      "oy0 * stride_h - pad_left, ox0 * stride_w - pad_left, src_h,", DEPTHWISE, "wrong-side padding"),
+    M("dw-bwd-input-spec-pad-side", "depthwise.cu", "K - 1 - pad_top, K - 1 - pad_left,",
+      "K - 1 - pad_left, K - 1 - pad_left,", DEPTHWISE, "wrong-side padding"),
+    M("dw-bwd-input-generic-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, (kernel_w",
+      "(kernel_h - 1) * dilation_h - pad_left, (kernel_w", DEPTHWISE, "wrong-side padding"),
+    M("dw-strided-pad-side", "depthwise.cu", "const int first_x = ceil_div(pad_left - ",
+      "const int first_x = ceil_div(pad_top - ", DEPTHWISE, "wrong-side padding"),
+    M("dw-direct-pad-side", "depthwise.cu", "const int yy = oy * stride_h - pad_top + i * dilation_h;",
+      "const int yy = oy * stride_h - pad_left + i * dilation_h;", DEPTHWISE, "wrong-side padding"),
+    M("dw-gather-pad-side", "depthwise.cu", "const int tx = (int)(index % width) + pad_left;",
+      "const int tx = (int)(index % width) + pad_top;", DEPTHWISE, "wrong-side padding"),
+    M("dw-weight-direct-pad-side", "depthwise.cu", "dx = tap % kernel_w * dilation_w - pad_left;",
+      "dx = tap % kernel_w * dilation_w - pad_top;", DEPTHWISE, "wrong-side padding"),
+    M("dw-strided-half-acc", "depthwise.cu", "A acc = A(0);", "T acc = A(0);", DEPTHWISE, "half accumulation"),
+    M("dw-direct-half-sum", "depthwise.cu", "acc_t<T> sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);",
+      "T sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);", DEPTHWISE, "half accumulation"),
+    M("dw-reduce-half-sum", "depthwise.cu", "A sum = A(0);\n    if (e < elements)",
+      "T sum = A(0);\n    if (e < elements)", DEPTHWISE, "half accumulation"),
+    M("dw-direct-int-pixel", "depthwise.cu", "to_acc(w[i * kernel_w + j]) * to_acc(src[(I)yy * width + xx])",
+      "to_acc(w[i * kernel_w + j]) * to_acc(src[yy * width + xx])",
+      DEPTHWISE, "32-bit index"),
+    M("dw-tiled-int-row", "depthwise.cu", "out[(I)oy * dst_w] =", "out[oy * dst_w] =", DEPTHWISE, "32-bit index"),
+    M("dw-pack-unaligned-slots", "depthwise.cu", "const int shift = N == 1 ? 0 : ((x0 % N) + N) % N;",
+      "const int shift = 0;", DEPTHWISE, "misaligned pack"),
+    M("dw-pack-pointer-unchecked", "depthwise.cu",
+      "if (width % PACK == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0)", "if (width % PACK == 0)",
+      DEPTHWISE, "misaligned pack"),
+    M("dw-direct-grid-start", "depthwise.cu", "for (I index = grid_start<I>(); index < total; index += "
+      "grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", "for (I index = threadIdx.x; index < total; "
+      "index += grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", DEPTHWISE, "grid-stride"),
+
+    # -- patch.cu ---------------------------------------------------------------------------------------------
+    M("patch-tile-barrier-chunk", "patch.cu", "__syncthreads();  // the previous chunk", "// the previous chunk", PATCH,
+      "removed barrier"),
+    M("patch-tile-barrier-staged", "patch.cu", "__syncthreads();\n\n    const A* tile = tiles + p * patch_stride;",
+      "\n    const A* tile = tiles + p * patch_stride;", PATCH, "removed barrier"),
+    M("patch-weight-barrier-staged", "patch.cu", "__syncthreads();\n\n    for (int q = 0; q < bp; ++q) {",
+      "\n    for (int q = 0; q < bp; ++q) {", PATCH, "removed barrier"),
+    M("patch-reduce-last-slice", "patch.cu", "for (I s = 0; s < slices; ++s)", "for (I s = 0; s < slices - 1; ++s)",
+      PATCH, "off-by-one"),
+    M("patch-tile-store-bound", "patch.cu", "if (m < pixels) dst[(I)oo * pixels + m]",
+      "if (m <= pixels) dst[(I)oo * pixels + m]", PATCH, "off-by-one"),
+    M("patch-fwd-stride-swap", "patch.cu", "step_x = TRANSPOSED ? 1 : stride_w;", "step_x = TRANSPOSED ? 1 : stride_h;",
+      PATCH, "swapped stride"),
+    M("patch-bwd-input-stride-swap", "patch.cu", "insert_x = TRANSPOSED ? stride_w : 1;",
+      "insert_x = TRANSPOSED ? stride_h : 1;", PATCH, "swapped stride"),
+    M("patch-weight-stride-swap", "patch.cu", "+ ox * stride_w, koff,", "+ ox * stride_h, koff,", PATCH,
+      "swapped stride"),
+    M("patch-fwd-pad-side", "patch.cu", "(kw - 1) * dilation_w - pad_left : pad_left;",
+      "(kw - 1) * dilation_w - pad_left : pad_top;", PATCH, "wrong-side padding"),
+    M("patch-bwd-input-pad-side", "patch.cu", "(kw - 1) * dilation_w - pad_left : pad_left;",
+      "(kw - 1) * dilation_w - pad_top : pad_left;", PATCH, "wrong-side padding"),
+    M("patch-weight-pad-side", "patch.cu", "b = xx + pad_left;", "b = xx + pad_top;", PATCH, "wrong-side padding"),
+    M("patch-reduce-half-sum", "patch.cu", "acc_t<T> sum = 0;\n    for (I s = 0;", "T sum = 0;\n    for (I s = 0;",
+      PATCH, "half accumulation"),
+    M("patch-weight-int-index", "patch.cu", "dst[(I)(g * O + dd) * K + k]", "dst[(g * O + dd) * K + k]", PATCH,
+      "32-bit index"),
+    M("patch-pack-odd-offset", "patch.cu", "A* wtile = reinterpret_cast<A*>(patch_shared);  // [chunk]",
+      "A* wtile = reinterpret_cast<A*>(patch_shared) + 1;  // [chunk]", PATCH, "misaligned pack"),
+]
+
+
+def problems(mutations=MUTATIONS, kernel_dir: Path = KERNELS) -> list[str]:
+    """Why each broken record cannot be applied: a snippet not found exactly once, a no-op, a repeated name."""
+    found, seen = [], set()
+    for m in mutations:
+        path = kernel_dir / m.file
+        count = path.read_text().count(m.original) if path.is_file() else 0
+        if count != 1:
+            found.append(f"{m.name}: the snippet occurs {count} times in {m.file} (must be exactly once): "
+                         f"{m.original!r}")
+        if m.original == m.replacement:
+            found.append(f"{m.name}: the replacement is the original")
+        if m.name in seen:
+            found.append(f"{m.name}: the name is used twice")
+        seen.add(m.name)
+    return found
+
+
+def make_copy(root: Path) -> Path:
+    """A copy of what the kernel tests need, with its own raw_kernels/."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for part in ("cupyconv", "tests", "raw_kernels"):
+        shutil.copytree(ROOT / part, root / part, ignore=ignore)
+    shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def run_one(m: Mutation, copy: Path, cache: Path, timeout: float) -> tuple[str, str]:
+    """(outcome, detail) of one mutant, built in `copy`."""
+    kernels = copy / "raw_kernels"
+    shutil.rmtree(kernels)
+    shutil.copytree(KERNELS, kernels)
+    path = kernels / m.file
+    path.write_text(path.read_text().replace(m.original, m.replacement, 1))
+    env = dict(os.environ, PYTHONPATH=str(copy), CUPYCONV_EMULATOR_CACHE=str(cache))
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *shlex.split(m.tests)]
+    try:
+        result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "killed", f"timed out after {timeout:.0f} s"
+    output = result.stdout + result.stderr
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    if "BuildError" in output or "g++ failed" in output:
+        return "error", "the mutant does not compile"
+    if result.returncode == 1:
+        failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, flags=re.M)
+        return "killed", failed.group(1) if failed else summary
+    if result.returncode < 0:  # the test process died (a wild write, most often): CI fails as well
+        return "killed", f"pytest crashed (signal {-result.returncode})"
+    if result.returncode == 0:
+        return ("survived" if re.search(r"\d+ passed", summary) else "not run"), summary
+    return "error", f"pytest exit {result.returncode}: {summary}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only these mutations (names or shell patterns, repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant (a hang counts as killed)")
+    parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    args = parser.parse_args(argv)
+
+    chosen = [m for m in MUTATIONS if not args.only or any(fnmatch.fnmatch(m.name, p) for p in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:34} {m.kind:24} {m.file:13} {m.tests}")
+        return 0
+    broken = problems()
+    for line in broken:
+        print(f"error: {line}")
+    bad_names = {line.split(":")[0] for line in broken}
+    chosen = [m for m in chosen if m.name not in bad_names]
+    if not chosen:
+        print("no mutation to run")
+        return 2
+
+    start, results, lock = time.monotonic(), {}, threading.Lock()
+    with tempfile.TemporaryDirectory(prefix="cupyconv-mutants-") as scratch:
+        scratch = Path(scratch)
+        copies = queue.Queue()
+        for i in range(max(1, args.jobs)):
+            copies.put(make_copy(scratch / f"copy{i}"))
+        cache = scratch / "emulator-cache"
+
+        def job(m: Mutation):
+            copy = copies.get()
+            try:
+                t0 = time.monotonic()
+                outcome, detail = run_one(m, copy, cache, args.timeout)
+            finally:
+                copies.put(copy)
+            with lock:
+                results[m.name] = outcome
+                print(f"{outcome:9} {m.name:34} {m.kind:24} {time.monotonic() - t0:6.1f} s  {detail}", flush=True)
+
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            list(pool.map(job, chosen))
+
+    counts = {k: sum(v == k for v in results.values()) for k in ("killed", "survived", "not run", "error")}
+    scored = counts["killed"] + counts["survived"]
+    print(f"\nkilled {counts['killed']}, survived {counts['survived']}, not run {counts['not run']}, "
+          f"errors {counts['error'] + len(broken)}; score {counts['killed']}/{scored}"
+          f" = {100 * counts['killed'] / max(scored, 1):.0f}% in {time.monotonic() - start:.0f} s")
+    for kind in ("survived", "not run", "error"):
+        names = [m.name for m in chosen if results.get(m.name) == kind]
+        if names:
+            print(f"{kind}: {', '.join(names)}")
+    return 1 if broken or counts["error"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
