@@ -109,11 +109,16 @@ def test_accumulates_in_float32():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_every_pass_accumulates_in_float32(dtype):
-    """Forward, input gradient and weight gradient (two splits) on data whose float32 sums are exact: each result
-    is the float64 one rounded once, which an accumulator rounded to 16 bits between mma steps misses
-    (K = 288 for the forward and the input gradient, 2 x 160 pixels for the weight gradient)."""
+def test_every_pass_accumulates_in_float32(dtype, monkeypatch):
+    """Forward, input gradient and weight gradient on data whose float32 sums are exact: each result is the
+    float64 one rounded once, which an accumulator rounded to 16 bits between mma steps misses (K = 144 for the
+    forward, 108 for the input gradient, 128 pixels for the weight gradient), and so does a weight gradient
+    whose float32 split sums (4 splits of a 32-pixel chunk each here) are rounded before they are added."""
+    monkeypatch.setattr(conv_op, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(conv_op, "TC_SPLIT_CHUNKS", 1)
     case = C("exact", (2, 32, 9, 9), (24, 16, 3, 3), padding=((1, 0), (0, 1)), groups=2)
+    spec = conv_op.ConvSpec.for_conv("t", numpy.empty(case.x), numpy.empty(case.weight), None, **case.kwargs)
+    assert conv_op.plan_tensor_cores(spec, numpy.float16, "weight").splits == 4
     rng = numpy.random.default_rng(40)
     x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
     grad_output = bug_classes.exact_terms(rng, case.output_shape, dtype)
