@@ -4,7 +4,8 @@
   one side from another passes wherever the sides are equal);
 - `touching_size`: an input size whose last window ends on the last padded row (or column), so that windows
   read the last input row and, with padding there, the row past it (bounds off by one);
-- `HALF_TERMS`, `half_sum`: equal terms whose running sum a 16-bit accumulator rounds away, in any order;
+- `exact_terms`, `sum_terms`, `strided_sum_terms`, `assert_rounded_once`: 16-bit data whose sums float32 holds
+  exactly while a 16-bit accumulator loses low bits, and the check that every result was rounded once;
 - `GridLoops`: a few blocks, fewer than the units of work, so that a grid-stride or unit loop that starts at
   threadIdx.x instead of the global index, or does not stride, leaves outputs unwritten;
 - `SparseDevice`, `sparse_zeros`: the `long long` instantiations on extents past 2^31 that touch little memory,
@@ -15,6 +16,7 @@ The table of which test covers which class for which kernel is in tests/emulator
 from __future__ import annotations
 
 import math
+import mmap
 
 import numpy
 
@@ -53,12 +55,6 @@ def touching_size(low: int, kernel: int, stride: int = 1, dilation: int = 1, pad
     while (size + sum(pad) - extent) % stride:
         size += 1
     return size
-
-
-def last_window_touches(size: int, kernel: int, stride: int, dilation: int, pad) -> bool:
-    """Whether the last output's window ends on the last padded row (see touching_size)."""
-    extent = dilation * (kernel - 1) + 1
-    return (size + sum(pad) - extent) % stride == 0 and size + sum(pad) >= extent
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,8 +97,8 @@ def strided_sum_terms(count: int, threads: int, dtype):
     between.  Float32 keeps every 0.25; a 16-bit register drops them all, and the +-1024 cancel, so the
     lost terms are the whole result."""
     values = numpy.full(count, 0.25)
-    first, last = numpy.arange(min(threads, count)), numpy.arange(min(threads, count))
-    last = last + (count - 1 - last) // threads * threads
+    first = numpy.arange(min(threads, count))
+    last = first + (count - 1 - first) // threads * threads
     values[first], values[last[last != first]] = 1024.0, -1024.0
     return values.astype(numpy_dtype(dtype))
 
@@ -120,7 +116,8 @@ def assert_rounded_once(got, want64, dtype, what=""):
 
 
 def numpy_dtype(dtype):
-    if str(getattr(dtype, "name", dtype)) == "bfloat16" or str(dtype) == "bfloat16":
+    """A NumPy dtype from a dtype, a type or a name, "bfloat16" (ml_dtypes) included."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
         import ml_dtypes
         return numpy.dtype(ml_dtypes.bfloat16)
     return numpy.dtype(dtype)
@@ -186,24 +183,21 @@ class GridLoops:
 # 64-bit index instantiations on extents past 2^31
 
 #: Flag of a mapping whose pages need no swap reservation (Linux), so a mapping larger than memory is accepted.
-MAP_NORESERVE = getattr(__import__("mmap"), "MAP_NORESERVE", 0x4000)
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 def sparse_zeros(shape, dtype):
     """A zero array of any size that costs only what is written to it: a private anonymous mapping without swap
     reservation, whose unwritten pages all read the kernel's one zero page.  A 2^31-element input with a few
     rows of data in it, or an output of which one block writes a tile, takes megabytes."""
-    import mmap
     dt = numpy_dtype(dtype)
     count = math.prod(shape)
-    buffer = mmap.mmap(-1, max(1, count * dt.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    try:
+        buffer = mmap.mmap(-1, max(1, count * dt.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    except OSError as exc:
+        raise OSError(f"sparse_zeros{tuple(shape)}: cannot map {count * dt.itemsize / 2**30:.1f} GiB of address "
+                      f"space ({exc}); the 64-bit cases need vm.overcommit_memory 0 or 1 and no `ulimit -v`") from exc
     return numpy.frombuffer(buffer, dt, count=count).reshape(shape)
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (Linux /proc), to check that a sparse case stayed sparse."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
 
 
 def lift_grid_cap(monkeypatch):
@@ -219,8 +213,8 @@ class SparseDevice(EmulatedDevice):
 
     SMALL = 1 << 22
 
-    def __init__(self, order: str = "forward", tail: int = 1024):
-        super().__init__(order, blocks=last_block)
+    def __init__(self, order: str = "forward", tail: int = 1024, **options):
+        super().__init__(order, blocks=last_block, **options)
         self.tail, self.launches = tail, []
 
     def empty(self, shape, dtype):

@@ -3,6 +3,10 @@
 Every algorithm runs through the CPU kernel emulator (tests/emulator) in both thread orders; the same matrix
 runs on CuPy arrays with `pytest -m gpu` on a machine with a GPU.  Problems are data (`CASES`); odd sizes
 throughout, so no tile or block size divides them.
+
+The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
+over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
+tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
 import ml_dtypes
 import numpy

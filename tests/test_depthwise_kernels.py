@@ -3,6 +3,10 @@
 The NumPy CPU path is the reference here; it is itself checked against torch and a naive loop in
 tests/test_depthwise.py.  Every case also names the kernels it must reach, so a planner change that silently
 sends a shape to a fallback fails here instead of going untested.
+
+The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
+over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
+tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@ NumPy CPU path: under the CPU emulator here, and the same matrix on a real GPU w
 
 Cases are data (CASES); every case runs forward and backward with both algorithms ('fused' and 'im2col_gemm'),
 and the launches are recorded to check which kernel ran and that a strided view of the input is read in place.
+
+The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
+over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
+tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
 from __future__ import annotations
 
@@ -369,6 +373,46 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     assert_matches(got, cupyconv.patch_conv2d_backward(grad_output, x, weight, needs="weight", **case.kwargs)[1],
                    numpy.float64)
     assert loops.looped() == loops.capped() == {"patch_reduce"}, loops.launches
+
+
+#: 65535 groups (the most grid.y takes) of 64 -> 64 channels (80 for kernels of fewer than 9 taps): the last
+#: group's weights start past 2^31 (((g * 64 + r) * 64 + o) * taps).
+HUGE_GROUPS = 65535
+
+
+@pytest.mark.parametrize("path", FUSED_PATHS, ids=FUSED_IDS)
+def test_64_bit_indices_past_2_31(path, monkeypatch):
+    """patch_fwd and patch_bwd_input, each specialisation, in their `long long` instantiations with a
+    2.4e9-element weight (sparse memory; only the last block of each launch runs: bug_classes.SparseDevice).
+    Every weight offset of the last group passes 2^31, so an `int` product there overflows, which UBSan turns
+    into a failed launch; what the last block writes matches the CPU path on the last group alone.
+    (patch_bwd_weight cannot get there: a weight of 2^31 elements needs more blocks along grid.y than CUDA's
+    65535, which its planner refuses.)"""
+    size, (_, _, kh, kw), stride, _ = path
+    case = fused_case(path, ((1, 1), (1, 0)), "huge", n=1)
+    q = 64 if kh * kw >= 9 else 80  # channels per group, in and out: q * q * taps * 65535 past 2^31
+    g, c = HUGE_GROUPS, q * HUGE_GROUPS
+    rng = numpy.random.default_rng(53)
+    x = bug_classes.sparse_zeros((1, c, *case.x[2:]), numpy.float16)
+    x[:, -q:] = rng.standard_normal((1, q, *case.x[2:]))
+    weight = bug_classes.sparse_zeros((c, q, kh, kw), numpy.float16)
+    weight[-q:] = rng.standard_normal((q, q, kh, kw)) / 8
+    kwargs = dict(stride=case.stride, padding=case.padding, groups=g)
+    last = dict(stride=case.stride, padding=case.padding)
+    out_shape = cupyconv.patch_conv2d(x[:, :q], weight[:q], **last).shape
+    grad_output = bug_classes.sparse_zeros((1, c, *out_shape[2:]), numpy.float16)
+    grad_output[:, -q:] = rng.standard_normal((1, q, *out_shape[2:]))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        out = cupyconv.patch_conv2d(x, weight, algorithm="fused", **kwargs)
+        grad_x = cupyconv.patch_conv2d_backward(grad_output, x, weight, needs="input", algorithm="fused",
+                                                **kwargs)[0]
+    want = cupyconv.patch_conv2d(x[:, -q:], weight[-q:], **last)
+    bug_classes.assert_tail_written(out, want.reshape(-1)[-1024:], numpy.float16, 64, "forward")
+    want = cupyconv.patch_conv2d_backward(grad_output[:, -q:], x[:, -q:], weight[-q:], needs="input", **last)[0]
+    bug_classes.assert_tail_written(grad_x, want.reshape(-1)[-1024:], numpy.float16, 64, "grad_input")
+    assert device.launches == [_tile_name(kernel, numpy.float16, case.sizes, "long long")
+                               for kernel in patch.TILE_KERNELS]
 
 
 def test_empty_batch():

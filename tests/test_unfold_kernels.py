@@ -2,6 +2,10 @@
 
 The NumPy CPU path is the reference here; it is itself checked against torch and a naive loop in
 tests/test_unfold.py.
+
+The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
+over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
+tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
 import numpy
 import pytest
@@ -257,6 +261,30 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
     assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
+
+
+def test_64_bit_case_catches_an_int_product(monkeypatch):
+    """The proof that the cases above can fail: unfold.cu with one (I) cast taken out of its channel offset,
+    `c * kernel_h * kernel_w * cols_stride_row`, fails the launch on 2^29 channels with UBSan's report.  The copy
+    lives under the emulator's cache, one instantiation of it, so it compiles once per machine."""
+    from emulator import KernelFailure, cache_root
+    bug_classes.lift_grid_cap(monkeypatch)
+    mutant = cache_root() / "mutants" / "unfold-int-channel-offset"
+    mutant.mkdir(parents=True, exist_ok=True)
+    source = (_device.kernel_dir() / "unfold.cu").read_text()
+    cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
+    assert source.count(cast) == 1
+    for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
+                       ("unfold.cu", source.replace(cast, cast[3:]))):
+        if not (mutant / name).is_file() or (mutant / name).read_text() != text:
+            (mutant / name).write_text(text)
+    x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
+    device = bug_classes.SparseDevice(kernel_dir=mutant,
+                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long>")])
+    overflow = r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"
+    with pytest.raises(KernelFailure, match=overflow):
+        with _device.use_device(device):
+            cupyconv.unfold(x, 2, padding=((1, 0), (0, 1)))
 
 
 # ---------------------------------------------------------------------------------------------------------
