@@ -34,8 +34,10 @@ What is read in place and what is copied
     Inputs are never copied by this module.  x, W, gy (and, in backward_data, the gradient x) are handed to
     cupyconv as they are for NCHW, and as transposed *views* for NHWC: (N, *spatial, C) becomes (N, C, *spatial)
     by swapping strides, no bytes move.  Non-contiguous inputs (a flipped filter, the real part of a complex
-    array) are accepted and passed on as views too.  cupyconv's GPU kernels read these views through their
-    strides where they can (what they cannot, they stage themselves); the CPU path lets NumPy do the same.
+    array) are accepted and passed on as views too.  Inside cupyconv, the GPU kernels read the data input x
+    through its strides where they can (the direct and tensor-core kernels, 1-D and 2-D); what they cannot
+    read that way (the weight, the output gradients, the depth windows of a 3-D input) cupyconv stages itself,
+    as it does for any caller.  The CPU path reads the views through NumPy.
     The outputs y and gW must be C-contiguous arrays of exactly the right shape and dtype, and are overwritten
     (never accumulated into).  cupyconv computes each result into a fresh NCHW array, which is then copied
     once into y or gW; for NHWC that one copy is also the transposition back to channels-last.  A bias b of any
