@@ -403,3 +403,35 @@ def test_gpu_matches_cpu_path(case, dtype):
     tolerance = 1e-12 if dtype == numpy.float64 else 2e-6
     for algorithm in (None,) if case in TRANSPOSE_CASES else ("auto", "im2col_gemm"):
         check_kernel_path(None, case, dtype, algorithm, tolerance, to_device=cupy.asarray, back=cupy.asnumpy)
+
+
+class ArgumentRecorder(EmulatedDevice):
+    """Keeps the arrays each kernel launch receives, to see which inputs the kernels read in place."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.arrays = []
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.arrays += [(name, a) for a in args if isinstance(a, numpy.ndarray)]
+        super().launch(source, name, grid, block, args, shared_mem)
+
+    def reads_in_place(self, x) -> bool:
+        return any(numpy.shares_memory(a, x) for _, a in self.arrays)
+
+
+@pytest.mark.parametrize("algorithm", ["im2col_gemm", "direct", "implicit_gemm"])
+@pytest.mark.parametrize("nd", [1, 2])
+def test_channels_last_inputs_are_read_in_place(nd, algorithm):
+    """A channels-last x (an (N, *spatial, C) array viewed as (N, C, *spatial)) reaches conv's kernels uncopied,
+    in 1-D (the unit-height view) and 2-D; the result matches the contiguous input's."""
+    rng = numpy.random.default_rng(20)
+    size = (9,) if nd == 1 else (7, 6)
+    dtype = numpy.float16 if algorithm == "implicit_gemm" else numpy.float64
+    x = ref.random(rng, (2, *size, 16), dtype)
+    view = numpy.moveaxis(x, -1, 1)
+    w = ref.random(rng, (16, 16, *(3,) * nd), dtype)
+    device = ArgumentRecorder()
+    got = kernel_path(device, cupyconv.conv_nd, view, w, padding=1, algorithm=algorithm)
+    assert device.reads_in_place(x), [name for name, _ in device.arrays]
+    ref.assert_close(got, cupyconv.conv_nd(numpy.ascontiguousarray(view), w, padding=1), numpy.dtype(dtype).name)

@@ -535,7 +535,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
 # Public API
 
 
-def _workspace(nbytes):
+def workspace_scope(nbytes):
     """The per-call workspace budget, or the global/scoped one when nbytes is None."""
     return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
@@ -581,7 +581,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
     check_algorithm("conv2d", algorithm, ALGORITHMS)
-    with _workspace(workspace_limit):
+    with workspace_scope(workspace_limit):
         return call.wrap(conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
@@ -601,6 +601,6 @@ def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, 
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with _workspace(workspace_limit):
+    with workspace_scope(workspace_limit):
         return call.wrap(conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
                                              algorithm))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .._arrays import Call
 from .._spec import KERNEL_LAYOUTS, NEEDS, ConvSpec, check_algorithm, check_grad_output, check_needs
 from . import lift
-from .conv import ALGORITHMS, _workspace, conv2d_backward_run, conv2d_run
+from .conv import ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
 from .depthwise import depthwise_conv2d_backward_run, depthwise_conv2d_run
 from .patch import ALGORITHMS as PATCH_ALGORITHMS, patch_conv2d_backward_run, patch_conv2d_run
 
@@ -29,7 +29,7 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm,
     nd = nd or spatial_dims_of_weight(op, call.weight)
     spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with _workspace(workspace_limit):
+    with workspace_scope(workspace_limit):
         return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
@@ -41,7 +41,7 @@ def _conv_backward(op, nd, grad_output, x, weight, stride, padding, dilation, gr
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with _workspace(workspace_limit):
+    with workspace_scope(workspace_limit):
         return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
                                        needs, algorithm))
 
