@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from . import settings
 
 Pair = tuple[int, int]
+Sizes = tuple[int, ...]   # one int per spatial dim (1, 2 or 3 of them)
+
+#: The layout of x named in error messages, by the number of spatial dims.
+LAYOUTS = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
+KERNEL_LAYOUTS = {1: "k", 2: "kH, kW", 3: "kD, kH, kW"}
+SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 
 #: What a `*_backward` may be asked for, in the order of the tuple it returns.
 NEEDS = ("input", "weight", "bias")
@@ -33,30 +39,43 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _pair(op: str, name: str, value, minimum: int) -> Pair:
-    """An int or a pair of ints, each >= minimum."""
+def _tuple(op: str, name: str, value, minimum: int, nd: int = 2) -> Sizes:
+    """An int or a tuple of nd ints (a pair for 2-D), each >= minimum."""
     if _is_int(value):
-        pair = (int(value), int(value))
-    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value):
-        pair = (int(value[0]), int(value[1]))
+        sizes = (int(value),) * nd
+    elif isinstance(value, (tuple, list)) and len(value) == nd and all(_is_int(v) for v in value):
+        sizes = tuple(int(v) for v in value)
     else:
-        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ValueError(f"{op}: {name} must be >= {minimum} in both dimensions, got {value!r}")
-    return pair
+        what = "a pair of ints" if nd == 2 else f"a tuple of {nd} int{'s' if nd > 1 else ''}"
+        raise TypeError(f"{op}: {name} must be an int or {what}, got {value!r}")
+    if min(sizes) < minimum:
+        raise ValueError(f"{op}: {name} must be >= {minimum} in {'both dimensions' if nd == 2 else 'every dimension'}"
+                         f", got {value!r}")
+    return sizes
 
 
-def _padding(op: str, padding, in_size: Pair, kernel: Pair, stride: Pair, dilation: Pair):
-    """Padding as ((top, bottom), (left, right)).
+def _pair(op: str, name: str, value, minimum: int) -> Pair:
+    return _tuple(op, name, value, minimum, 2)
 
-    Accepts an int, a pair (symmetric per dimension), per-side ((top, bottom), (left, right)), 'valid', and
-    'same'.  'same' follows JAX for any stride: output = ceil(in / stride), with the odd pixel of padding at
-    the bottom/right (the same split torch uses for stride 1).
+
+def _padding_forms(nd: int) -> str:
+    if nd == 2:
+        return "an int, a pair, ((top, bottom), (left, right)), 'same' or 'valid'"
+    return f"an int, a tuple of {nd} ints, a tuple of {nd} (low, high) pairs, 'same' or 'valid'"
+
+
+def _padding(op: str, padding, in_size: Sizes, kernel: Sizes, stride: Sizes, dilation: Sizes):
+    """Padding as one (low, high) pair per spatial dim: ((top, bottom), (left, right)) in 2-D.
+
+    Accepts an int, one int per dim (symmetric), per side (one (low, high) pair per dim), 'valid', and 'same'.
+    'same' follows JAX for any stride: output = ceil(in / stride), with the odd pixel of padding at the high
+    end (bottom/right; the same split torch uses for stride 1).
     """
+    nd = len(in_size)
     if isinstance(padding, str):
         mode = padding.lower()
         if mode == "valid":
-            return ((0, 0), (0, 0))
+            return ((0, 0),) * nd
         if mode == "same":
             sides = []
             for n, k, s, d in zip(in_size, kernel, stride, dilation):
@@ -64,22 +83,31 @@ def _padding(op: str, padding, in_size: Pair, kernel: Pair, stride: Pair, dilati
                 total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
                 sides.append((total // 2, total - total // 2))
             return tuple(sides)
-        raise ValueError(f"{op}: padding must be an int, a pair, ((top, bottom), (left, right)), "
-                         f"'same' or 'valid', got {padding!r}")
+        raise ValueError(f"{op}: padding must be {_padding_forms(nd)}, got {padding!r}")
 
     def is_pair(value) -> bool:
         return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value)
 
-    if _is_int(padding) or is_pair(padding):
-        top_left = _pair(op, "padding", padding, 0)
-        return ((top_left[0], top_left[0]), (top_left[1], top_left[1]))
-    if isinstance(padding, (tuple, list)) and len(padding) == 2 and all(is_pair(p) for p in padding):
+    per_dim = isinstance(padding, (tuple, list)) and len(padding) == nd and all(_is_int(v) for v in padding)
+    if _is_int(padding) or per_dim:
+        low = _tuple(op, "padding", padding, 0, nd)
+        return tuple((p, p) for p in low)
+    if isinstance(padding, (tuple, list)) and len(padding) == nd and all(is_pair(p) for p in padding):
         sides = tuple((int(lo), int(hi)) for lo, hi in padding)
         if min(min(side) for side in sides) < 0:
             raise ValueError(f"{op}: padding must be >= 0 on every side, got {padding!r}")
         return sides
-    raise TypeError(f"{op}: padding must be an int, a pair, ((top, bottom), (left, right)), 'same' or 'valid', "
-                    f"got {padding!r}")
+    raise TypeError(f"{op}: padding must be {_padding_forms(nd)}, got {padding!r}")
+
+
+def spatial_dims(op: str, kernel_size, *, name: str = "kernel_size") -> int:
+    """The number of spatial dims a window op works over, read from its kernel_size: an int is 2-D (as torch's
+    unfold), a tuple has one entry per dim (1, 2 or 3)."""
+    if isinstance(kernel_size, (tuple, list)):
+        if len(kernel_size) not in (1, 2, 3):
+            raise TypeError(f"{op}: {name} must be an int or a tuple of 1, 2 or 3 ints, got {kernel_size!r}")
+        return len(kernel_size)
+    return 2
 
 
 def _shape(a) -> tuple[int, ...]:
@@ -88,21 +116,26 @@ def _shape(a) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """Geometry of one 2-D sliding-window op over planes of size in_size.
+    """Geometry of one sliding-window op over 1, 2 or 3 spatial dims (`nd`): planes of size in_size.
 
-    `batch` is the leading shape (every dimension before C, H, W); the ops treat it as one flat batch.
+    `batch` is the leading shape (every dimension before C and the spatial dims); the ops treat it as one flat
+    batch.  The kernels are 2-D: ops/nd.py maps 1-D and 3-D specs onto 2-D ones.
     """
     op: str
     batch: tuple[int, ...]
     in_channels: int
     out_channels: int
     groups: int
-    in_size: Pair
-    kernel_size: Pair
-    stride: Pair
-    dilation: Pair
-    padding: tuple[Pair, Pair]
-    out_size: Pair
+    in_size: Sizes
+    kernel_size: Sizes
+    stride: Sizes
+    dilation: Sizes
+    padding: tuple[Pair, ...]
+    out_size: Sizes
+
+    @property
+    def nd(self) -> int:
+        return len(self.in_size)
 
     @property
     def n(self) -> int:
@@ -110,11 +143,11 @@ class ConvSpec:
 
     @property
     def taps(self) -> int:
-        return self.kernel_size[0] * self.kernel_size[1]
+        return math.prod(self.kernel_size)
 
     @property
     def out_pixels(self) -> int:
-        return self.out_size[0] * self.out_size[1]
+        return math.prod(self.out_size)
 
     @property
     def channels_per_group(self) -> int:
@@ -125,13 +158,12 @@ class ConvSpec:
         return self.out_channels // self.groups
 
     def cols_bytes(self, itemsize: int) -> int:
-        """Bytes of one image's im2col matrix (C * kH * kW rows of oH * oW pixels): the workspace unit."""
+        """Bytes of one image's im2col matrix (C * taps rows of out_pixels pixels): the workspace unit."""
         return self.in_channels * self.taps * self.out_pixels * itemsize
 
     @property
-    def padded_size(self) -> Pair:
-        (t, b), (l, r) = self.padding
-        return (self.in_size[0] + t + b, self.in_size[1] + l + r)
+    def padded_size(self) -> Sizes:
+        return tuple(n + lo + hi for n, (lo, hi) in zip(self.in_size, self.padding))
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -151,47 +183,52 @@ class ConvSpec:
 
     def window_args(self) -> dict:
         """The window geometry under the parameter names every kernel uses for it (a kernel takes the ones
-        it declares); the bottom and right padding are implied by the sizes."""
+        it declares); the bottom and right padding are implied by the sizes.  2-D specs only."""
+        assert self.nd == 2, "the kernels are 2-D: map the spec with ops/nd.py first"
         (h, w), (oh, ow), (kh, kw) = self.in_size, self.out_size, self.kernel_size
         (sh, sw), (dh, dw), ((top, _), (left, _)) = self.stride, self.dilation, self.padding
         return dict(height=h, width=w, out_h=oh, out_w=ow, kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw,
                     dilation_h=dh, dilation_w=dw, pad_top=top, pad_left=left)
 
     @staticmethod
-    def geometry(op: str, batch, in_channels: int, out_channels: int, groups: int, in_size: Pair,
+    def geometry(op: str, batch, in_channels: int, out_channels: int, groups: int, in_size: Sizes,
                  kernel_size, stride, padding, dilation) -> "ConvSpec":
         """Normalise the window arguments and compute the output size; raises for an empty output."""
-        kernel = _pair(op, "kernel_size", kernel_size, 1)
-        stride = _pair(op, "stride", stride, 1)
-        dilation = _pair(op, "dilation", dilation, 1)
+        nd = len(in_size)
+        kernel = _tuple(op, "kernel_size", kernel_size, 1, nd)
+        stride = _tuple(op, "stride", stride, 1, nd)
+        dilation = _tuple(op, "dilation", dilation, 1, nd)
         pad = _padding(op, padding, in_size, kernel, stride, dilation)
         out = []
         for n, (lo, hi), k, s, d in zip(in_size, pad, kernel, stride, dilation):
             out.append((n + lo + hi - d * (k - 1) - 1) // s + 1)
         if min(out) <= 0:
+            x = "x".join
             raise ValueError(
-                f"{op}: output size would be {out[0]}x{out[1]} (input {in_size[0]}x{in_size[1]}, "
-                f"kernel {kernel[0]}x{kernel[1]}, stride {stride}, padding {pad}, dilation {dilation}); "
-                f"it must be at least 1x1")
+                f"{op}: output size would be {x(map(str, out))} (input {x(map(str, in_size))}, "
+                f"kernel {x(map(str, kernel))}, stride {stride}, padding {pad}, dilation {dilation}); "
+                f"it must be at least {x(['1'] * nd)}")
         return ConvSpec(op, tuple(batch), in_channels, out_channels, groups, tuple(in_size), kernel,
                         stride, dilation, pad, tuple(out))
 
     @staticmethod
-    def for_conv(op: str, x, weight, bias, stride, padding, dilation, groups, *, min_ndim: int = 4,
-                 max_ndim: int | None = 4) -> "ConvSpec":
-        """Validate x (..., C, H, W), weight (D, C // groups, kH, kW) and bias (D,) for a convolution."""
+    def for_conv(op: str, x, weight, bias, stride, padding, dilation, groups, *, nd: int = 2,
+                 leading_dims: bool = False) -> "ConvSpec":
+        """Validate x (N, C, *spatial), weight (D, C // groups, *k) and bias (D,) for a convolution over nd
+        spatial dims; with leading_dims x may have any number of leading dims (..., C, *spatial)."""
         xs, ws = _shape(x), _shape(weight)
-        if len(xs) < min_ndim or (max_ndim is not None and len(xs) > max_ndim):
-            want = f"{min_ndim}" if max_ndim == min_ndim else f"at least {min_ndim}"
-            layout = "(N, C, H, W)" if max_ndim == 4 else "(..., C, H, W)"
+        if len(xs) < nd + 1 or (not leading_dims and len(xs) != nd + 2):
+            want = f"at least {nd + 1}" if leading_dims else f"{nd + 2}"
+            layout = f"(..., C, {SPATIAL[nd]})" if leading_dims else LAYOUTS[nd]
             raise ValueError(f"{op}: x must have {want} dimensions {layout}, got shape {xs}")
-        if len(ws) != 4:
-            raise ValueError(f"{op}: weight must have 4 dimensions (D, C // groups, kH, kW), got shape {ws}")
+        if len(ws) != nd + 2:
+            raise ValueError(f"{op}: weight must have {nd + 2} dimensions (D, C // groups, {KERNEL_LAYOUTS[nd]}), "
+                             f"got shape {ws}")
         if not _is_int(groups):
             raise TypeError(f"{op}: groups must be an int, got {groups!r}")
         if groups < 1:
             raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
-        c, d = xs[-3], ws[0]
+        c, d = xs[-nd - 1], ws[0]
         if c % groups:
             raise ValueError(f"{op}: groups={groups} does not divide the {c} input channels of x {xs}")
         if d % groups:
@@ -201,22 +238,25 @@ class ConvSpec:
                              f"{c} channels with groups={groups} (expected weight.shape[1] == {c // groups})")
         if bias is not None and _shape(bias) != (d,):
             raise ValueError(f"{op}: bias must have shape ({d},) to match weight {ws}, got {_shape(bias)}")
-        return ConvSpec.geometry(op, xs[:-3], c, d, int(groups), xs[-2:], ws[2:], stride, padding, dilation)
+        return ConvSpec.geometry(op, xs[:-nd - 1], c, d, int(groups), xs[-nd:], ws[2:], stride, padding, dilation)
 
     @staticmethod
     def for_unfold(op: str, x, kernel_size, dilation, padding, stride, *, name: str = "x") -> "ConvSpec":
-        """x (..., C, H, W); `name` is what the error messages call it (fold_backward: grad_output)."""
+        """x (..., C, *spatial), spatial dims as many as kernel_size has entries (an int: 2);
+        `name` is what the error messages call it (fold_backward: grad_output)."""
+        nd = spatial_dims(op, kernel_size)
         xs = _shape(x)
-        if len(xs) < 3:
-            raise ValueError(f"{op}: {name} must have at least 3 dimensions (..., C, H, W), got shape {xs}")
-        c = xs[-3]
-        spec = ConvSpec.geometry(op, xs[:-3], c, c, 1, xs[-2:], kernel_size, stride, padding, dilation)
-        return spec
+        if len(xs) < nd + 1:
+            raise ValueError(f"{op}: {name} must have at least {nd + 1} dimensions (..., C, {SPATIAL[nd]}), "
+                             f"got shape {xs}")
+        c = xs[-nd - 1]
+        return ConvSpec.geometry(op, xs[:-nd - 1], c, c, 1, xs[-nd:], kernel_size, stride, padding, dilation)
 
     @staticmethod
     def for_fold(op: str, cols, output_size, kernel_size, dilation, padding, stride, *, name: str = "cols",
                  size_name: str = "output_size") -> "ConvSpec":
-        """cols (..., C * kH * kW, L) folded into (..., C, H, W) with (H, W) = output_size.
+        """cols (..., C * taps, L) folded into (..., C, *output_size); the spatial dims are as many as
+        kernel_size has entries (an int: as many as output_size has, 2 for an int).
 
         `name` and `size_name` are what the error messages call cols and output_size (unfold_backward:
         grad_output and input_size)."""
@@ -224,31 +264,35 @@ class ConvSpec:
         if len(cs) < 2:
             raise ValueError(f"{op}: {name} must have at least 2 dimensions (..., C * kH * kW, L), "
                              f"got shape {cs}")
-        size = _pair(op, size_name, output_size, 1)
-        kernel = _pair(op, "kernel_size", kernel_size, 1)
-        taps = kernel[0] * kernel[1]
+        if isinstance(kernel_size, (tuple, list)) or not isinstance(output_size, (tuple, list)):
+            nd = spatial_dims(op, kernel_size)
+        else:
+            nd = spatial_dims(op, output_size, name=size_name)
+        size = _tuple(op, size_name, output_size, 1, nd)
+        kernel = _tuple(op, "kernel_size", kernel_size, 1, nd)
+        taps = math.prod(kernel)
         if cs[-2] % taps:
             raise ValueError(f"{op}: {name} {cs} has {cs[-2]} rows, not a multiple of kernel_size "
-                             f"{kernel[0]}x{kernel[1]} = {taps}")
+                             f"{'x'.join(map(str, kernel))} = {taps}")
         c = cs[-2] // taps
         spec = ConvSpec.geometry(op, cs[:-2], c, c, 1, size, kernel, stride, padding, dilation)
         if spec.out_pixels != cs[-1]:
             raise ValueError(f"{op}: {name} {cs} has {cs[-1]} blocks but {size_name} {size} with kernel_size "
                              f"{kernel}, stride {spec.stride}, padding {spec.padding} and dilation "
-                             f"{spec.dilation} gives {spec.out_size[0]}x{spec.out_size[1]} = "
+                             f"{spec.dilation} gives {'x'.join(map(str, spec.out_size))} = "
                              f"{spec.out_pixels} blocks")
         return spec
 
     @staticmethod
-    def for_depthwise(op: str, x, weight, bias, stride, padding, dilation) -> "ConvSpec":
+    def for_depthwise(op: str, x, weight, bias, stride, padding, dilation, *, nd: int = 2) -> "ConvSpec":
         xs, ws = _shape(x), _shape(weight)
-        if len(xs) != 4:
-            raise ValueError(f"{op}: x must have 4 dimensions (N, C, H, W), got shape {xs}")
+        if len(xs) != nd + 2:
+            raise ValueError(f"{op}: x must have {nd + 2} dimensions {LAYOUTS[nd]}, got shape {xs}")
         c = xs[1]
-        if len(ws) != 4 or ws[1] != 1 or ws[0] % max(c, 1) or ws[0] == 0:
-            raise ValueError(f"{op}: weight must have shape (C * m, 1, kH, kW) with C = {c} channels of "
-                             f"x {xs} and channel multiplier m >= 1, got {ws}")
-        return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c)
+        if len(ws) != nd + 2 or ws[1] != 1 or ws[0] % max(c, 1) or ws[0] == 0:
+            raise ValueError(f"{op}: weight must have shape (C * m, 1, {KERNEL_LAYOUTS[nd]}) with C = {c} channels "
+                             f"of x {xs} and channel multiplier m >= 1, got {ws}")
+        return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
 
 
 def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[slice]:

@@ -540,6 +540,30 @@ def _workspace(nbytes):
     return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
 
+def conv2d_run(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """conv2d of a checked 2-D spec on the CPU path (device None) or the kernels; groups = C goes to the
+    depthwise op (algorithm is ignored there).  The N-d ops (ops/lift.py) run this too."""
+    if _routes_to_depthwise(spec):
+        if device is None:
+            return depthwise_conv2d_cpu(x, weight, bias, spec)
+        return depthwise_conv2d_gpu(device, x, weight, bias, spec)
+    if device is None:
+        return conv2d_cpu(x, weight, bias, spec)
+    return conv2d_gpu(device, x, weight, bias, spec, algorithm)
+
+
+def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    """The gradients of `conv2d_run`."""
+    arrays = (grad_output, x, weight, spec, needs)
+    if _routes_to_depthwise(spec):
+        if device is None:
+            return depthwise_conv2d_backward_cpu(*arrays)
+        return depthwise_conv2d_backward_gpu(device, *arrays)
+    if device is None:
+        return conv2d_backward_cpu(*arrays)
+    return conv2d_backward_gpu(device, *arrays, algorithm)
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
            workspace_limit=None):
     """2-D convolution (cross-correlation, like torch) of x (N, C, H, W) with weight (D, C // groups, kH, kW).
@@ -557,15 +581,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
     check_algorithm("conv2d", algorithm, ALGORITHMS)
-    arrays = (call.x, call.weight, call.bias, spec)
     with _workspace(workspace_limit):
-        if _routes_to_depthwise(spec):
-            if call.device is None:
-                return call.wrap(depthwise_conv2d_cpu(*arrays))
-            return call.wrap(depthwise_conv2d_gpu(call.device, *arrays))
-        if call.device is None:
-            return call.wrap(conv2d_cpu(*arrays))
-        return call.wrap(conv2d_gpu(call.device, *arrays, algorithm))
+        return call.wrap(conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -584,12 +601,6 @@ def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, 
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    arrays = (call.grad_output, call.x, call.weight, spec, needs)
     with _workspace(workspace_limit):
-        if _routes_to_depthwise(spec):
-            if call.device is None:
-                return call.wrap(depthwise_conv2d_backward_cpu(*arrays))
-            return call.wrap(depthwise_conv2d_backward_gpu(call.device, *arrays))
-        if call.device is None:
-            return call.wrap(conv2d_backward_cpu(*arrays))
-        return call.wrap(conv2d_backward_gpu(call.device, *arrays, algorithm))
+        return call.wrap(conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
+                                             algorithm))

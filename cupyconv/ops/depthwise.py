@@ -425,13 +425,29 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
 
 def depthwise_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     xp = device.xp
-    grad_output, x, weight = (xp.ascontiguousarray(a) for a in (grad_output, x, weight))
+    grad_output, weight = xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight)
+    if "weight" in needs:  # x is read for nothing else (a transposed convolution passes a placeholder)
+        x = xp.ascontiguousarray(x)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         grad_x = _input_grad_gpu(device, grad_output, weight, spec)
     if "weight" in needs or "bias" in needs:
         grad_w, grad_b = _param_grads_gpu(device, grad_output, x, spec, "weight" in needs, "bias" in needs)
     return grad_x, grad_w, grad_b
+
+
+def depthwise_conv2d_run(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """depthwise_conv2d of a checked spec on the CPU path (device None) or the kernels; one algorithm."""
+    if device is None:
+        return depthwise_conv2d_cpu(x, weight, bias, spec)
+    return depthwise_conv2d_gpu(device, x, weight, bias, spec)
+
+
+def depthwise_conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
+                                  algorithm: str = "auto"):
+    if device is None:
+        return depthwise_conv2d_backward_cpu(grad_output, x, weight, spec, needs)
+    return depthwise_conv2d_backward_gpu(device, grad_output, x, weight, spec, needs)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -443,9 +459,7 @@ def depthwise_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):
     is input channel c convolved with filter c * m + k.  Returns (N, C * m, oH, oW)."""
     call = Call("depthwise_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", call.x, call.weight, call.bias, stride, padding, dilation)
-    if call.device is None:
-        return call.wrap(depthwise_conv2d_cpu(call.x, call.weight, call.bias, spec))
-    return call.wrap(depthwise_conv2d_gpu(call.device, call.x, call.weight, call.bias, spec))
+    return call.wrap(depthwise_conv2d_run(call.device, call.x, call.weight, call.bias, spec))
 
 
 def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
@@ -454,7 +468,5 @@ def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, di
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation)
     check_grad_output(op, call.grad_output, spec)
-    arrays = (call.grad_output, call.x, call.weight, spec, check_needs(op, needs))
-    if call.device is None:
-        return call.wrap(depthwise_conv2d_backward_cpu(*arrays))
-    return call.wrap(depthwise_conv2d_backward_gpu(call.device, *arrays))
+    return call.wrap(depthwise_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec,
+                                                   check_needs(op, needs)))

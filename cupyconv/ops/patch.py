@@ -358,6 +358,20 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
     return grad_x, grad_w, grad_b
 
 
+def patch_conv2d_run(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """patch_conv2d of a checked spec on the CPU path (device None) or the kernels."""
+    if device is None:
+        return patch_conv2d_cpu(x, weight, bias, spec)
+    return patch_conv2d_gpu(device, x, weight, bias, spec, algorithm)
+
+
+def patch_conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
+                              algorithm: str = "auto"):
+    if device is None:
+        return patch_conv2d_backward_cpu(grad_output, x, weight, spec, needs)
+    return patch_conv2d_backward_gpu(device, grad_output, x, weight, spec, needs, algorithm)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Public API
 
@@ -371,11 +385,9 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     """
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
-                             min_ndim=3, max_ndim=None)
+                             leading_dims=True)
     check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
-    if call.device is None:
-        return call.wrap(patch_conv2d_cpu(call.x, call.weight, call.bias, spec))
-    return call.wrap(patch_conv2d_gpu(call.device, call.x, call.weight, call.bias, spec, algorithm))
+    return call.wrap(patch_conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -384,11 +396,9 @@ def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilati
     op = "patch_conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups,
-                             min_ndim=3, max_ndim=None)
+                             leading_dims=True)
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    arrays = (call.grad_output, call.x, call.weight, spec, needs)
-    if call.device is None:
-        return call.wrap(patch_conv2d_backward_cpu(*arrays))
-    return call.wrap(patch_conv2d_backward_gpu(call.device, *arrays, algorithm))
+    return call.wrap(patch_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
+                                               algorithm))

@@ -18,6 +18,7 @@ from .._arrays import Call, compute_dtype
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
                         stride_args)
 from .._spec import ConvSpec
+from . import lift
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -134,15 +135,47 @@ def fold_gpu(device, cols, spec: ConvSpec):
 # Public API
 
 
+def _unfold_run(device, x, spec: ConvSpec):
+    """cols (*batch, C * taps, L) of x over 1, 2 or 3 spatial dims; 1-D and 3-D through the 2-D kernels
+    (ops/lift.py): a unit height, or the depth windows, whose 2-D cols (n, oD, C * taps, oH * oW) are
+    reordered to (n, C * taps, oD * oH * oW)."""
+    rows, pixels, n = spec.in_channels * spec.taps, spec.out_pixels, spec.n
+    if spec.nd == 1:
+        x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
+    elif spec.nd == 3:
+        x = lift.depth_windows(lift.array_module(device), x.reshape(n, *spec.input_shape[-4:]), spec)
+        spec2 = lift.depth_spec(spec, n)
+    else:
+        spec2 = spec
+    cols = unfold_cpu(x, spec2) if device is None else unfold_gpu(device, x, spec2)
+    if spec.nd == 3:
+        cols = cols.reshape(n, spec.out_size[0], rows, -1).swapaxes(1, 2)
+    return cols.reshape(*spec.batch, rows, pixels)
+
+
+def _fold_run(device, cols, spec: ConvSpec):
+    """The fold of cols (*batch, C * taps, L) into (*batch, C, *in_size), the reverse of `_unfold_run`."""
+    rows, n, xp = spec.in_channels * spec.taps, spec.n, lift.array_module(device)
+    if spec.nd == 1:
+        spec2 = lift.unit_height(spec)
+    elif spec.nd == 3:
+        spec2 = lift.depth_spec(spec, n)
+        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], -1).swapaxes(1, 2))
+    else:
+        spec2 = spec
+    cols = cols.reshape(*spec2.batch, rows, spec2.out_pixels)
+    out = fold_cpu(cols, spec2) if device is None else fold_gpu(device, cols, spec2)
+    if spec.nd == 3:
+        out = lift.depth_fold(xp, out, spec, cols.dtype)
+    return out.reshape(spec.input_shape)
+
+
 def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
     """unfold, with errors naming `op` and calling the array `name` (fold_backward: grad_output)."""
     call = Call(op, **{name: x})
     x = getattr(call, name)
     spec = ConvSpec.for_unfold(op, x, kernel_size, dilation, padding, stride, name=name)
-    if call.device is None:
-        return call.wrap(unfold_cpu(x, spec))
-    cols = unfold_gpu(call.device, x, spec)
-    return call.wrap(cols.reshape(*spec.batch, *cols.shape[1:]))
+    return call.wrap(_unfold_run(call.device, x, spec))
 
 
 def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, dilation, padding, stride):
@@ -151,17 +184,16 @@ def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, di
     cols = getattr(call, name)
     spec = ConvSpec.for_fold(op, cols, output_size, kernel_size, dilation, padding, stride, name=name,
                              size_name=size_name)
-    if call.device is None:
-        return call.wrap(fold_cpu(cols, spec))
-    out = fold_gpu(call.device, cols, spec)
-    return call.wrap(out.reshape(spec.input_shape))
+    return call.wrap(_fold_run(call.device, cols, spec))
 
 
 def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
     """Extract sliding local blocks: x (..., C, H, W) -> (..., C * kH * kW, L), L = oH * oW.
 
     Same semantics and row order (c, i, j) as `torch.nn.functional.unfold`, with any number of leading dims
-    and padding also given per side ((top, bottom), (left, right)), 'same' or 'valid'.
+    and padding also given per side ((top, bottom), (left, right)), 'same' or 'valid'.  Over 1 or 3 spatial
+    dims when kernel_size is a tuple of 1 or 3 ints: x (..., C, L) or (..., C, D, H, W), rows (c, taps in order),
+    L the output positions in order.
     """
     return _unfold("unfold", "x", x, kernel_size, dilation, padding, stride)
 
@@ -169,13 +201,15 @@ def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
 def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
     """Sum sliding local blocks back: cols (..., C * kH * kW, L) -> (..., C, H, W), (H, W) = output_size.
 
-    Same semantics as `torch.nn.functional.fold`: overlapping entries are summed.
+    Same semantics as `torch.nn.functional.fold`: overlapping entries are summed.  Over 1 or 3 spatial dims
+    when kernel_size (or output_size) is a tuple of 1 or 3 ints.
     """
     return _fold("fold", "cols", "output_size", cols, output_size, kernel_size, dilation, padding, stride)
 
 
 def unfold_backward(grad_output, input_size, kernel_size, dilation=1, padding=0, stride=1):
-    """Gradient of unfold with respect to its input of spatial size input_size (H, W): a fold."""
+    """Gradient of unfold with respect to its input of spatial size input_size ((H, W); 1 or 3 ints in 1-D, 3-D):
+    a fold."""
     return _fold("unfold_backward", "grad_output", "input_size", grad_output, input_size, kernel_size, dilation,
                  padding, stride)
 

@@ -30,7 +30,7 @@ def depthwise_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1):
 def patch_conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """The same filters over every patch of input (..., C, H, W): (..., D, oH, oW), padding inside each patch."""
     spec = ConvSpec.for_conv("patch_conv2d", input, weight, bias, stride, padding, dilation, groups,
-                             min_ndim=3, max_ndim=None)
+                             leading_dims=True)
     return torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat_padding(spec),
                                            list(spec.dilation), spec.groups)
 

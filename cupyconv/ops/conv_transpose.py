@@ -1,0 +1,179 @@
+"""Transposed convolution over 1, 2 or 3 spatial dims, torch's semantics, forward and backward.
+
+conv_transpose(x, w) is the input gradient of the convolution conv(z, w) whose output has x's shape: z has
+the transposed convolution's output shape, C_out channels, and w (C_in, C_out / groups, k...) is that
+convolution's weight as it stands.  So every pass is a pass of conv (ops/conv.py through ops/lift.py), and
+each is a gather, deterministic, with no atomics:
+
+    forward       conv's input gradient of grad_output = x        (+ bias per output channel)
+    grad_input    conv's forward of grad_output
+    grad_weight   conv's weight gradient, input grad_output and output gradient x
+    grad_bias     the sum of grad_output over the batch and the spatial dims
+
+Output size per dim: (in - 1) * stride - pad_low - pad_high + dilation * (k - 1) + output_padding + 1, with
+output_padding < max(stride, dilation) as torch requires.  When output_padding >= stride (possible when the
+dilation is larger) the convolution of the output has in + output_padding // stride positions per dim; x is
+then zero-extended to that size (the extra output rows receive nothing but the bias, as in torch).
+"""
+from __future__ import annotations
+
+from .._arrays import Call, compute_dtype
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _is_int, _padding, _shape, _tuple, check_needs)
+from . import lift
+from .conv import conv2d_backward_run, conv2d_run
+
+
+def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, groups, dilation):
+    """The spec of the convolution that conv_transpose transposes, and the zero extension of x per dim."""
+    xs, ws = _shape(x), _shape(weight)
+    if nd is None:
+        nd = len(ws) - 2
+        if nd not in KERNEL_LAYOUTS:
+            raise ValueError(f"{op}: weight must have 3, 4 or 5 dimensions (C_in, C_out // groups, k...) for 1, 2 "
+                             f"or 3 spatial dims, got shape {ws}")
+    if len(xs) != nd + 2:
+        raise ValueError(f"{op}: x must have {nd + 2} dimensions {LAYOUTS[nd]}, got shape {xs}")
+    if len(ws) != nd + 2:
+        raise ValueError(f"{op}: weight must have {nd + 2} dimensions (C_in, C_out // groups, {KERNEL_LAYOUTS[nd]}), "
+                         f"got shape {ws}")
+    if not _is_int(groups):
+        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    c_in, c_out = xs[1], ws[1] * groups
+    if ws[0] != c_in:
+        raise ValueError(f"{op}: weight {ws} has {ws[0]} input channels (weight.shape[0]) but x {xs} has {c_in}")
+    if c_in % groups:
+        raise ValueError(f"{op}: groups={groups} does not divide the {c_in} input channels of x {xs}")
+    if bias is not None and _shape(bias) != (c_out,):
+        raise ValueError(f"{op}: bias must have shape ({c_out},) to match weight {ws} with groups={groups}, "
+                         f"got {_shape(bias)}")
+    kernel = _tuple(op, "kernel_size", ws[2:], 1, nd)
+    stride = _tuple(op, "stride", stride, 1, nd)
+    dilation = _tuple(op, "dilation", dilation, 1, nd)
+    if isinstance(padding, str) and padding.lower() == "same":
+        raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
+    sides = _padding(op, padding, (1,) * nd, kernel, stride, dilation)
+    extra_padding = _tuple(op, "output_padding", output_padding, 0, nd)
+    for op_, s, d in zip(extra_padding, stride, dilation):
+        if op_ >= max(s, d):
+            raise ValueError(f"{op}: output_padding {extra_padding} must be smaller than stride {stride} or "
+                             f"dilation {dilation} in every dimension")
+    out = tuple((n - 1) * s - lo - hi + d * (k - 1) + o + 1
+                for n, s, (lo, hi), d, k, o in zip(xs[2:], stride, sides, dilation, kernel, extra_padding))
+    if min(out) <= 0:
+        raise ValueError(f"{op}: output size would be {'x'.join(map(str, out))} (input {xs}, weight {ws}, stride "
+                         f"{stride}, padding {sides}, output_padding {extra_padding}, dilation {dilation}); it must "
+                         f"be at least {'x'.join(['1'] * nd)}")
+    spec = ConvSpec.geometry(op, xs[:1], c_out, c_in, int(groups), out, kernel, stride, sides, dilation)
+    extension = tuple(o // s for o, s in zip(extra_padding, stride))
+    return spec, extension
+
+
+def _extend(xp, x, extension):
+    """x zero-extended at the high end of each spatial dim by `extension` (x itself when all are 0)."""
+    if not any(extension):
+        return x
+    out = xp.zeros((*x.shape[:2], *(n + e for n, e in zip(x.shape[2:], extension))), x.dtype)
+    out[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))] = x
+    return out
+
+
+def _crop(a, shape):
+    return a[tuple(slice(0, n) for n in shape)]
+
+
+def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation):
+    call = Call(op, x=x, weight=weight, bias=bias)
+    spec, extension = _spec(op, nd, call.x, call.weight, call.bias, stride, padding, output_padding, groups,
+                            dilation)
+    xp = lift.array_module(call.device)
+    gy = _extend(xp, call.x, extension)
+    z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
+    out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}))
+    if call.bias is not None:
+        ct = compute_dtype(out.dtype)
+        out = (out.astype(ct) + call.bias.astype(ct).reshape(-1, *(1,) * spec.nd)).astype(out.dtype)
+    return call.wrap(out)
+
+
+def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs):
+    call = Call(op, grad_output=grad_output, x=x, weight=weight)
+    spec, extension = _spec(op, nd, call.x, call.weight, None, stride, padding, output_padding, groups, dilation)
+    if _shape(call.grad_output) != spec.input_shape:
+        raise ValueError(f"{op}: grad_output has shape {_shape(call.grad_output)} but the forward output of x "
+                         f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
+    needs = check_needs(op, needs)
+    xp, gy = lift.array_module(call.device), call.grad_output
+    grad_x = grad_w = grad_b = None
+    if "input" in needs:
+        grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec)
+        grad_x = xp.ascontiguousarray(_crop(grad_x, _shape(call.x)))
+    if "weight" in needs:
+        _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(xp, call.x, extension), gy,
+                                     call.weight, spec, frozenset({"weight"}))
+    if "bias" in needs:
+        axes = (0, *range(2, gy.ndim))
+        grad_b = gy.sum(axis=axes, dtype=compute_dtype(gy.dtype)).astype(gy.dtype)
+    return call.wrap((grad_x, grad_w, grad_b))
+
+
+_DOC = """Transposed convolution (like torch.nn.functional.conv_transpose{d}) of x {layout} with weight
+    (C_in, C_out // groups, {kernel}): (N, C_out, *out), out = (in - 1) * stride - 2 * padding + dilation * (k - 1)
+    + output_padding + 1 per dim.  padding may also be given per side (one (low, high) pair per dim) or 'valid';
+    output_padding < max(stride, dilation).  Arguments in torch's order."""
+
+
+def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose_nd(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """`conv_transpose1d`, `2d` or `3d` by the number of spatial dims of weight (weight.ndim - 2)."""
+    return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
+    _f.__doc__ = _DOC.format(d=f"{_nd}d", layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd])
+
+
+def _backward_doc(name):
+    return f"""Gradients of {name}: (grad_x, grad_weight, grad_bias), each None unless named in `needs`;
+    grad_output has the forward output's shape."""
+
+
+def conv_transpose1d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                              needs=NEEDS):
+    return _transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
+                               output_padding, groups, dilation, needs)
+
+
+def conv_transpose2d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                              needs=NEEDS):
+    return _transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
+                               output_padding, groups, dilation, needs)
+
+
+def conv_transpose3d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
+                              needs=NEEDS):
+    return _transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
+                               output_padding, groups, dilation, needs)
+
+
+def conv_transpose_nd_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1,
+                               dilation=1, needs=NEEDS):
+    return _transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
+                               output_padding, groups, dilation, needs)
+
+
+for _f in (conv_transpose1d_backward, conv_transpose2d_backward, conv_transpose3d_backward,
+           conv_transpose_nd_backward):
+    _f.__doc__ = _backward_doc(_f.__name__.removesuffix("_backward"))

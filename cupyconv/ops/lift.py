@@ -1,0 +1,190 @@
+"""1-D and 3-D problems on the 2-D kernels: the spec and array mappings, and the drivers every N-d op runs.
+
+The kernels are 2-D.  A 1-D problem is a 2-D one with a unit height (no copy: a view with a length-1 axis).
+A 3-D problem (depth D, H, W) is folded into a 2-D one by its depth taps, exactly:
+
+    y[n, o, z] = sum over c, a of  w[o, c, a] (*) x[n, c, z * sd + a * dd - pad_front]      ((*): 2-D conv in H, W)
+
+so with the "depth windows" v[n, z, (c, a)] = x[n, c, z * sd + a * dd - pad_front] (zero where that depth is
+padding), the 3-D convolution of x is the 2-D convolution of v, batch n * oD and C * kD input channels, with
+the weight reshaped (O, C / G * kD, kH, kW).  Groups survive the fold: group g's channels (c, a) are the
+consecutive range [g * C / G * kD, (g + 1) * C / G * kD).  The backward is the 2-D backward of that problem;
+the input gradient of v is summed back onto the depths its planes came from (`depth_fold`), in tap order, so
+the result is deterministic.  Every 2-D algorithm (tensor cores included) serves 3-D this way, at the cost of
+the depth windows (kD / sd times the input, in chunks within the workspace limit) and one transposed copy of
+the output and of grad_output ((n, oD, O, ...) <-> (n, O, oD, ...)).
+
+A depthwise 3-D convolution folds into a grouped 2-D one with kD channels per group (it runs conv2d's
+kernels, not the depthwise ones).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy
+
+from .._arrays import compute_dtype
+from .._spec import ConvSpec, batch_chunks, ceil_div
+
+
+def array_module(device):
+    """numpy on the CPU path (device None), else the device's array module (CuPy, or NumPy in the emulator)."""
+    return numpy if device is None else device.xp
+
+
+def placeholder(xp, shape, dtype):
+    """A read-only array of zeros of `shape` without its memory (one element, broadcast): for an argument whose
+    values a computation does not read (x of an input gradient, which only needs its shape)."""
+    return xp.broadcast_to(xp.zeros((), dtype), shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1-D: a unit height
+
+
+def unit_height(spec: ConvSpec) -> ConvSpec:
+    """The 2-D spec of a 1-D one: height 1, kernel, stride and dilation 1 and no padding along it."""
+    return dataclasses.replace(spec, in_size=(1, *spec.in_size), kernel_size=(1, *spec.kernel_size),
+                               stride=(1, *spec.stride), dilation=(1, *spec.dilation),
+                               padding=((0, 0), *spec.padding), out_size=(1, *spec.out_size))
+
+
+def with_unit_height(a):
+    """(..., L) as a view (..., 1, L)."""
+    return a[..., None, :]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3-D: depth windows
+
+
+def depth_spec(spec: ConvSpec, images: int) -> ConvSpec:
+    """The 2-D spec of the depth-folded problem over `images` images of a 3-D spec: batch images * oD, C * kD
+    input channels, the (H, W) window."""
+    kd = spec.kernel_size[0]
+    return ConvSpec(spec.op, (images * spec.out_size[0],), spec.in_channels * kd, spec.out_channels, spec.groups,
+                    spec.in_size[1:], spec.kernel_size[1:], spec.stride[1:], spec.dilation[1:], spec.padding[1:],
+                    spec.out_size[1:])
+
+
+def depth_weight(weight, spec: ConvSpec):
+    """weight (O, C / G, kD, kH, kW) as the depth-folded problem's (O, C / G * kD, kH, kW) (a view)."""
+    return weight.reshape(spec.out_channels, spec.channels_per_group * spec.kernel_size[0], *spec.kernel_size[1:])
+
+
+def depth_window_bytes(spec: ConvSpec, itemsize: int) -> int:
+    """Bytes of one image's depth windows: the workspace unit of the 3-D ops."""
+    return spec.out_size[0] * spec.in_channels * spec.kernel_size[0] * spec.in_size[1] * spec.in_size[2] * itemsize
+
+
+def _tap_depths(spec: ConvSpec, tap: int):
+    """(first input depth, output depth range z0:z1) of depth tap `tap`: output depths z0 <= z < z1 read input
+    depth first + (z - z0) * sd; the others read padding."""
+    depth, sd, dd, od = spec.in_size[0], spec.stride[0], spec.dilation[0], spec.out_size[0]
+    offset = tap * dd - spec.padding[0][0]          # input depth read by output depth 0
+    z0 = min(od, ceil_div(max(-offset, 0), sd))
+    z1 = max(z0, min(od, ceil_div(depth - offset, sd)))
+    return offset + z0 * sd, z0, z1
+
+
+def depth_windows(xp, x, spec: ConvSpec):
+    """x (m, C, D, H, W) -> its depth windows (m * oD, C * kD, H, W), a new array (zeros for padded depths)."""
+    m, c, _, h, w = x.shape
+    kd, sd, od = spec.kernel_size[0], spec.stride[0], spec.out_size[0]
+    v = xp.empty((m, od, c, kd, h, w), x.dtype)
+    for tap in range(kd):
+        first, z0, z1 = _tap_depths(spec, tap)
+        v[:, :z0, :, tap] = 0
+        v[:, z1:, :, tap] = 0
+        if z1 > z0:
+            v[:, z0:z1, :, tap] = x[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd].transpose(0, 2, 1, 3, 4)
+    return v.reshape(m * od, c * kd, h, w)
+
+
+def depth_fold(xp, g, spec: ConvSpec, dtype):
+    """The gradient of the depth windows, g (m * oD, C * kD, H, W), summed back onto the input depths its planes
+    were read from: (m, C, D, H, W) in `dtype`.  Sums in the compute dtype, taps in order."""
+    c, kd, od, sd = spec.in_channels, spec.kernel_size[0], spec.out_size[0], spec.stride[0]
+    (depth, h, w), m = spec.in_size, g.shape[0] // od
+    g = g.reshape(m, od, c, kd, h, w)
+    out = xp.zeros((m, c, depth, h, w), compute_dtype(dtype))
+    for tap in range(kd):
+        first, z0, z1 = _tap_depths(spec, tap)
+        if z1 > z0:
+            out[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd] += g[:, z0:z1, :, tap].transpose(0, 2, 1, 3, 4)
+    return out.astype(dtype, copy=False)
+
+
+def _channels_second(xp, y, images: int, depth: int):
+    """(images * depth, O, ...) -> (images, O, depth, ...) (a copy)."""
+    y = y.reshape(images, depth, *y.shape[1:])
+    return xp.ascontiguousarray(y.swapaxes(1, 2))
+
+
+def _depth_first(xp, y):
+    """(images, O, depth, ...) -> (images * depth, O, ...) (a copy)."""
+    y = xp.ascontiguousarray(y.swapaxes(1, 2))
+    return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drivers: an op's 2-D runner over a spec of 1, 2 or 3 spatial dims
+#   forward(device, x, weight, bias, spec2, algorithm) -> y
+#   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
+# device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
+
+
+def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    if spec.nd == 2:
+        return run(device, x, weight, bias, spec, algorithm)
+    if spec.nd == 1:
+        y = run(device, with_unit_height(x), with_unit_height(weight), bias, unit_height(spec), algorithm)
+        return y.reshape(spec.output_shape)
+    xp, n, od = array_module(device), spec.n, spec.out_size[0]
+    x = x.reshape(n, *spec.input_shape[-4:])
+    weight = depth_weight(weight, spec)
+    out = xp.empty((n, spec.out_channels, *spec.out_size), x.dtype)
+    for chunk in batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize)):
+        m = chunk.stop - chunk.start
+        y = run(device, depth_windows(xp, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
+        out[chunk] = _channels_second(xp, y, m, od)
+    return out.reshape(spec.output_shape)
+
+
+def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    if spec.nd == 2:
+        return run(device, grad_output, x, weight, spec, needs, algorithm)
+    if spec.nd == 1:
+        grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
+                    unit_height(spec), needs, algorithm)
+        shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))
+        return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
+    xp, n, od = array_module(device), spec.n, spec.out_size[0]
+    x = x.reshape(n, *spec.input_shape[-4:])
+    gy = grad_output.reshape(n, *spec.output_shape[-4:])
+    weight2 = depth_weight(weight, spec)
+    grad_x = xp.empty(x.shape, x.dtype) if "input" in needs else None
+    chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
+    sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
+    for chunk in chunks:
+        m = chunk.stop - chunk.start
+        spec2 = depth_spec(spec, m)
+        if "weight" in needs:
+            v = depth_windows(xp, x[chunk], spec)
+        else:
+            v = placeholder(xp, spec2.input_shape, x.dtype)
+        gv, *params = run(device, _depth_first(xp, gy[chunk]), v, weight2, spec2, needs, algorithm)
+        if gv is not None:
+            grad_x[chunk] = depth_fold(xp, gv, spec, x.dtype)
+        for i, p in enumerate(params):
+            if p is not None and len(chunks) > 1:
+                p = p.astype(compute_dtype(x.dtype))
+                sums[i] = p if sums[i] is None else sums[i] + p
+            elif p is not None:
+                sums[i] = p
+    grad_w, grad_b = (None if s is None else s.astype(x.dtype, copy=False) for s in sums)
+    if grad_x is not None:
+        grad_x = grad_x.reshape(spec.input_shape)
+    if grad_w is not None:
+        grad_w = grad_w.reshape(spec.weight_shape)
+    return grad_x, grad_w, grad_b
