@@ -32,6 +32,11 @@ def array_module(device):
     return numpy if device is None else device.xp
 
 
+def empty(device, shape, dtype):
+    """An uninitialised array on the op's path (the emulator's is poisoned, so unwritten elements show)."""
+    return numpy.empty(shape, dtype) if device is None else device.empty(shape, dtype)
+
+
 def placeholder(xp, shape, dtype):
     """A read-only array of zeros of `shape` without its memory (one element, broadcast): for an argument whose
     values a computation does not read (x of an input gradient, which only needs its shape)."""
@@ -87,11 +92,11 @@ def _tap_depths(spec: ConvSpec, tap: int):
     return offset + z0 * sd, z0, z1
 
 
-def depth_windows(xp, x, spec: ConvSpec):
+def depth_windows(device, x, spec: ConvSpec):
     """x (m, C, D, H, W) -> its depth windows (m * oD, C * kD, H, W), a new array (zeros for padded depths)."""
     m, c, _, h, w = x.shape
     kd, sd, od = spec.kernel_size[0], spec.stride[0], spec.out_size[0]
-    v = xp.empty((m, od, c, kd, h, w), x.dtype)
+    v = empty(device, (m, od, c, kd, h, w), x.dtype)
     for tap in range(kd):
         first, z0, z1 = _tap_depths(spec, tap)
         v[:, :z0, :, tap] = 0
@@ -143,10 +148,10 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     xp, n, od = array_module(device), spec.n, spec.out_size[0]
     x = x.reshape(n, *spec.input_shape[-4:])
     weight = depth_weight(weight, spec)
-    out = xp.empty((n, spec.out_channels, *spec.out_size), x.dtype)
+    out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
     for chunk in batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize)):
         m = chunk.stop - chunk.start
-        y = run(device, depth_windows(xp, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
+        y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
         out[chunk] = _channels_second(xp, y, m, od)
     return out.reshape(spec.output_shape)
 
@@ -163,14 +168,14 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     x = x.reshape(n, *spec.input_shape[-4:])
     gy = grad_output.reshape(n, *spec.output_shape[-4:])
     weight2 = depth_weight(weight, spec)
-    grad_x = xp.empty(x.shape, x.dtype) if "input" in needs else None
+    grad_x = empty(device, x.shape, x.dtype) if "input" in needs else None
     chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
     for chunk in chunks:
         m = chunk.stop - chunk.start
         spec2 = depth_spec(spec, m)
         if "weight" in needs:
-            v = depth_windows(xp, x[chunk], spec)
+            v = depth_windows(device, x[chunk], spec)
         else:
             v = placeholder(xp, spec2.input_shape, x.dtype)
         gv, *params = run(device, _depth_first(xp, gy[chunk]), v, weight2, spec2, needs, algorithm)

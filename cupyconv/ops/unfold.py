@@ -143,7 +143,7 @@ def _unfold_run(device, x, spec: ConvSpec):
     if spec.nd == 1:
         x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
     elif spec.nd == 3:
-        x = lift.depth_windows(lift.array_module(device), x.reshape(n, *spec.input_shape[-4:]), spec)
+        x = lift.depth_windows(device, x.reshape(n, *spec.input_shape[-4:]), spec)
         spec2 = lift.depth_spec(spec, n)
     else:
         spec2 = spec

@@ -1,0 +1,405 @@
+"""1-D and 3-D convolutions, transposed convolutions and N-d unfold/fold (issue 13).
+
+References are independent of cupyconv: torch.nn.functional on the CPU in float64 (conv1d, conv3d,
+conv_transpose*d, unfold), a naive window loop for 3-D unfold, central finite differences.  Per-side padding,
+which torch lacks, is checked against torch on a pre-padded input (convolution) or on a cropped full output
+(transposed convolution).  The kernel path runs through the CPU emulator (poisoned outputs), float64 against
+the CPU path, and float16/float32 on the tensor cores where they apply; `-m gpu` runs the same on CuPy.
+"""
+import math
+
+import numpy
+import pytest
+
+import cupyconv
+import reference as ref
+from cupyconv import _device
+from emulator import EmulatedDevice
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TORCH_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+TORCH_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+CONV = {1: cupyconv.conv1d, 2: cupyconv.conv2d, 3: cupyconv.conv3d}
+CONV_BACKWARD = {1: cupyconv.conv1d_backward, 2: cupyconv.conv2d_backward, 3: cupyconv.conv3d_backward}
+TRANSPOSE = {1: cupyconv.conv_transpose1d, 2: cupyconv.conv_transpose2d, 3: cupyconv.conv_transpose3d}
+TRANSPOSE_BACKWARD = {1: cupyconv.conv_transpose1d_backward, 2: cupyconv.conv_transpose2d_backward,
+                      3: cupyconv.conv_transpose3d_backward}
+NEEDS = ("input", "weight", "bias")
+
+
+def t(a, grad=False):
+    return torch.tensor(numpy.asarray(a, numpy.float64), requires_grad=grad)
+
+
+def sides(padding, nd):
+    """Per-side padding as F.pad's flat list (last dim first)."""
+    if isinstance(padding, int):
+        padding = (padding,) * nd
+    pairs = [p if isinstance(p, (tuple, list)) else (p, p) for p in padding]
+    return [v for pair in reversed(pairs) for v in pair]
+
+
+def torch_conv(nd, x, w, b, stride, padding, dilation, groups, grad_output=None):
+    """torch's output (and gradients when grad_output is given), per-side padding through F.pad."""
+    xt, wt = t(x, True), t(w, True)
+    bt = None if b is None else t(b, True)
+    y = TORCH_CONV[nd](F.pad(xt, sides(padding, nd)), wt, bt, stride, 0, dilation, groups)
+    if grad_output is None:
+        return y.detach().numpy()
+    y.backward(t(grad_output))
+    return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy(), None if b is None else bt.grad.numpy()
+
+
+# (x shape, weight shape, stride, padding (per-dim ints or per-side pairs), dilation, groups)
+CONV_CASES = {
+    "1d-plain": ((2, 3, 13), (4, 3, 3), 1, 1, 1, 1),
+    "1d-strided-dilated-groups": ((2, 6, 17), (4, 3, 3), 2, ((2, 1),), 2, 2),
+    "1d-kernel-wider-than-input": ((1, 2, 4), (3, 2, 6), 1, ((2, 1),), 1, 1),
+    "3d-plain": ((2, 3, 5, 6, 7), (4, 3, 3, 3, 3), 1, 1, 1, 1),
+    "3d-everything": ((2, 6, 7, 8, 9), (4, 3, 3, 2, 3), (2, 1, 2), ((1, 2), (0, 1), (2, 0)), (2, 1, 1), 2),
+    "3d-depth-stride-over-kernel": ((1, 2, 9, 5, 4), (3, 2, 2, 3, 1), (3, 1, 2), ((0, 2), (1, 1), (0, 0)), 1, 1),
+    "3d-depth-dilation-pad-over-input": ((1, 4, 3, 4, 5), (2, 2, 3, 2, 2), 1, ((3, 2), (0, 0), (1, 0)), (2, 1, 2),
+                                         2),
+    "3d-pointwise": ((2, 5, 3, 4, 2), (3, 5, 1, 1, 1), 1, 0, 1, 1),
+}
+
+
+def conv_inputs(case, seed=0, dtype=numpy.float64):
+    xs, ws, stride, padding, dilation, groups = CONV_CASES[case]
+    rng = numpy.random.default_rng(seed)
+    x, w, b = ref.random(rng, xs, dtype), ref.random(rng, ws, dtype), ref.random(rng, (ws[0],), dtype)
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    y = torch_conv(len(xs) - 2, x, w, b, **kwargs)
+    return x, w, b, ref.random(rng, y.shape, dtype), kwargs
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_matches_torch(case):
+    x, w, b, gy, kwargs = conv_inputs(case)
+    nd = x.ndim - 2
+    want, gx, gw, gb = torch_conv(nd, x, w, b, grad_output=gy, **kwargs)
+    ref.assert_close(CONV[nd](x, w, b, **kwargs), want)
+    ref.assert_close(cupyconv.conv_nd(x, w, b, **kwargs), want)
+    for got, expected in zip(CONV_BACKWARD[nd](gy, x, w, **kwargs), (gx, gw, gb)):
+        ref.assert_close(got, expected)
+    got = cupyconv.conv_nd_backward(gy, x, w, needs="weight", **kwargs)
+    assert got[0] is None and got[2] is None
+    ref.assert_close(got[1], gw)
+
+
+def test_same_padding_3d_any_stride():
+    """'same' in 3-D: output ceil(in / stride) per dim, the odd pixel of padding at the high end (JAX's rule)."""
+    rng = numpy.random.default_rng(3)
+    x, w = ref.random(rng, (1, 2, 7, 6, 5)), ref.random(rng, (3, 2, 4, 3, 2))
+    for stride in (1, (2, 3, 1)):
+        got = cupyconv.conv3d(x, w, padding="same", stride=stride)
+        s = (stride,) * 3 if isinstance(stride, int) else stride
+        assert got.shape[2:] == tuple(math.ceil(n / k) for n, k in zip(x.shape[2:], s))
+        pads = []
+        for n, k, st in zip(x.shape[2:], w.shape[2:], s):
+            total = max((math.ceil(n / st) - 1) * st + k - n, 0)
+            pads.append((total // 2, total - total // 2))
+        ref.assert_close(got, torch_conv(3, x, w, None, s, pads, 1, 1))
+
+
+def test_several_workspace_chunks_3d():
+    """A workspace of one image's depth windows: the batch runs in chunks; the parameter gradients are summed
+    over them."""
+    x, w, b, gy, kwargs = conv_inputs("3d-everything")
+    want = torch_conv(3, x, w, b, grad_output=gy, **kwargs)
+    one_image = 7 * 6 * 3 * 8 * 9 * 8   # oD * C * kD * H * W * itemsize: under two images' worth
+    ref.assert_close(cupyconv.conv3d(x, w, b, workspace_limit=one_image, **kwargs), want[0])
+    for got, expected in zip(cupyconv.conv3d_backward(gy, x, w, workspace_limit=one_image, **kwargs), want[1:]):
+        ref.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("nd", [1, 3])
+def test_depthwise_with_multiplier(nd):
+    rng = numpy.random.default_rng(nd)
+    size = (11,) if nd == 1 else (4, 5, 6)
+    x, w, b = ref.random(rng, (2, 3, *size)), ref.random(rng, (6, 1, *(3,) * nd)), ref.random(rng, (6,))
+    fn = {1: (cupyconv.depthwise_conv1d, cupyconv.depthwise_conv1d_backward),
+          3: (cupyconv.depthwise_conv3d, cupyconv.depthwise_conv3d_backward)}[nd]
+    want = torch_conv(nd, x, w, b, 2, 1, 1, 3, grad_output=None)
+    gy = ref.random(rng, want.shape)
+    want, *grads = torch_conv(nd, x, w, b, 2, 1, 1, 3, grad_output=gy)
+    ref.assert_close(fn[0](x, w, b, stride=2, padding=1), want)
+    for got, expected in zip(fn[1](gy, x, w, stride=2, padding=1), grads):
+        ref.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("nd", [1, 3])
+def test_patch_conv_reads_inside_each_patch(nd):
+    """(B, P, C, *patch): the same as convolving each patch alone; the padding lies inside every patch."""
+    rng = numpy.random.default_rng(10 + nd)
+    size = (6,) if nd == 1 else (3, 4, 4)
+    x, w, b = ref.random(rng, (2, 3, 4, *size)), ref.random(rng, (6, 2, *(3,) * nd)), ref.random(rng, (6,))
+    fn, bwd = {1: (cupyconv.patch_conv1d, cupyconv.patch_conv1d_backward),
+               3: (cupyconv.patch_conv3d, cupyconv.patch_conv3d_backward)}[nd]
+    flat = x.reshape(6, 4, *size)
+    want = torch_conv(nd, flat, w, b, 1, 1, 1, 2)
+    gy = ref.random(rng, want.shape)
+    want, *grads = torch_conv(nd, flat, w, b, 1, 1, 1, 2, grad_output=gy)
+    ref.assert_close(fn(x, w, b, padding=1, groups=2), want.reshape(2, 3, *want.shape[1:]))
+    got = bwd(gy.reshape(2, 3, *gy.shape[1:]), x, w, padding=1, groups=2)
+    ref.assert_close(got[0], grads[0].reshape(x.shape))
+    ref.assert_close(got[1], grads[1])
+    ref.assert_close(got[2], grads[2])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transposed convolution
+
+# (x shape, weight shape (C_in, C_out / groups, k...), stride, padding, output_padding, groups, dilation)
+TRANSPOSE_CASES = {
+    "t-1d-plain": ((2, 4, 7), (4, 3, 3), 1, 0, 0, 1, 1),
+    "t-1d-upsample": ((2, 4, 7), (4, 3, 4), 2, 1, 1, 2, 1),
+    "t-2d-decoder": ((2, 6, 5, 4), (6, 2, 4, 4), 2, 1, 0, 1, 1),
+    "t-2d-everything": ((1, 6, 4, 5), (6, 2, 3, 2), (2, 3), (1, 0), (1, 2), 3, (1, 2)),
+    "t-2d-output-padding-from-dilation": ((2, 4, 5, 5), (4, 3, 3, 3), 1, 1, 1, 2, 2),
+    "t-2d-depthwise": ((2, 4, 5, 6), (4, 1, 3, 3), 2, 1, 1, 4, 1),
+    "t-3d-plain": ((1, 4, 3, 4, 5), (4, 2, 3, 3, 3), 1, 1, 0, 1, 1),
+    "t-3d-everything": ((2, 4, 3, 4, 3), (4, 3, 2, 3, 3), (2, 1, 3), (0, 1, 2), (1, 0, 2), 2, (1, 2, 1)),
+}
+
+
+def transpose_inputs(case, seed=0, dtype=numpy.float64):
+    xs, ws, stride, padding, output_padding, groups, dilation = TRANSPOSE_CASES[case]
+    rng = numpy.random.default_rng(seed)
+    x, w, b = ref.random(rng, xs, dtype), ref.random(rng, ws, dtype), ref.random(rng, (ws[1] * groups,), dtype)
+    kwargs = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups, dilation=dilation)
+    return x, w, b, kwargs
+
+
+def torch_transpose(x, w, b, grad_output=None, **kwargs):
+    xt, wt, bt = t(x, True), t(w, True), t(b, True)
+    y = TORCH_TRANSPOSE[x.ndim - 2](xt, wt, bt, **kwargs)
+    if grad_output is None:
+        return y.detach().numpy()
+    y.backward(t(grad_output))
+    return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES)
+def test_transpose_matches_torch(case):
+    x, w, b, kwargs = transpose_inputs(case)
+    nd = x.ndim - 2
+    want = torch_transpose(x, w, b, **kwargs)
+    gy = ref.random(numpy.random.default_rng(1), want.shape)
+    want, *grads = torch_transpose(x, w, b, gy, **kwargs)
+    ref.assert_close(TRANSPOSE[nd](x, w, b, **kwargs), want)
+    ref.assert_close(cupyconv.conv_transpose_nd(x, w, b, **kwargs), want)
+    for got, expected in zip(TRANSPOSE_BACKWARD[nd](gy, x, w, **kwargs), grads):
+        ref.assert_close(got, expected)
+    got = cupyconv.conv_transpose_nd_backward(gy, x, w, needs=("input",), **kwargs)
+    assert got[1] is None and got[2] is None
+    ref.assert_close(got[0], grads[0])
+
+
+def test_transpose_per_side_padding_crops_the_full_output():
+    """Padding (low, high) per side removes low rows at the start and high at the end of the unpadded output."""
+    rng = numpy.random.default_rng(5)
+    x, w, b = ref.random(rng, (2, 3, 4, 5)), ref.random(rng, (3, 2, 3, 3)), ref.random(rng, (2,))
+    full = torch_transpose(x, w, b, stride=2)
+    got = cupyconv.conv_transpose2d(x, w, b, stride=2, padding=((2, 0), (1, 3)))
+    ref.assert_close(got, full[:, :, 2:, 1:full.shape[3] - 3])
+
+
+def test_transpose_is_the_adjoint_of_conv():
+    """<conv(z), x> == <z, conv_transpose(x)> with the same weight, for every geometry of a case."""
+    rng = numpy.random.default_rng(6)
+    for case in TRANSPOSE_CASES:
+        x, w, _, kwargs = transpose_inputs(case, seed=7)
+        y = cupyconv.conv_transpose_nd(x, w, **kwargs)
+        z = ref.random(rng, y.shape)
+        conv_kwargs = {k: v for k, v in kwargs.items() if k != "output_padding"}
+        conv_z = cupyconv.conv_nd(z, w, **conv_kwargs)
+        conv_z = conv_z[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))]
+        assert numpy.isclose((conv_z * x).sum(), (z * y).sum(), rtol=1e-10), case
+
+
+def test_finite_differences():
+    """The hand-written backward of conv3d and conv_transpose1d against central differences."""
+    rng = numpy.random.default_rng(8)
+    x, w, b = ref.random(rng, (1, 2, 4, 3, 3)), ref.random(rng, (2, 1, 2, 2, 2)), ref.random(rng, (2,))
+    kwargs = dict(stride=(2, 1, 1), padding=((1, 0), (0, 1), (1, 1)), groups=2)
+    gy = ref.random(rng, cupyconv.conv3d(x, w, b, **kwargs).shape)
+    grads = cupyconv.conv3d_backward(gy, x, w, **kwargs)
+    for got, arg in zip(grads, (x, w, b)):
+        f = lambda: (cupyconv.conv3d(x, w, b, **kwargs) * gy).sum()  # noqa: E731
+        ref.assert_close(got, ref.numerical_gradient(f, arg), "float32")   # differences carry ~1e-9 of error
+    x, w, b = ref.random(rng, (2, 2, 5)), ref.random(rng, (2, 3, 3)), ref.random(rng, (3,))
+    kwargs = dict(stride=2, padding=1, output_padding=1, dilation=2)
+    gy = ref.random(rng, cupyconv.conv_transpose1d(x, w, b, **kwargs).shape)
+    grads = cupyconv.conv_transpose1d_backward(gy, x, w, **kwargs)
+    for got, arg in zip(grads, (x, w, b)):
+        f = lambda: (cupyconv.conv_transpose1d(x, w, b, **kwargs) * gy).sum()  # noqa: E731
+        ref.assert_close(got, ref.numerical_gradient(f, arg), "float32")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# unfold / fold over 1 and 3 spatial dims
+
+
+def naive_unfold_3d(x, k, stride, pads, dilation):
+    """Window by window, straight from the definition: rows (c, a, i, j), columns (z, y, x)."""
+    n, c = x.shape[:2]
+    xp = numpy.pad(x, ((0, 0), (0, 0), *pads))
+    out = [(x.shape[2 + i] + sum(pads[i]) - dilation[i] * (k[i] - 1) - 1) // stride[i] + 1 for i in range(3)]
+    cols = numpy.zeros((n, c, *k, *out))
+    for z, y, xx in numpy.ndindex(*out):
+        for a, i, j in numpy.ndindex(*k):
+            cols[:, :, a, i, j, z, y, xx] = xp[:, :, z * stride[0] + a * dilation[0], y * stride[1] + i * dilation[1],
+                                               xx * stride[2] + j * dilation[2]]
+    return cols.reshape(n, c * math.prod(k), math.prod(out))
+
+
+def test_unfold_fold_3d():
+    rng = numpy.random.default_rng(9)
+    x = ref.random(rng, (2, 3, 5, 6, 7))
+    k, stride, pads, dilation = (2, 3, 2), (2, 1, 2), ((1, 0), (1, 1), (0, 2)), (1, 2, 1)
+    cols = cupyconv.unfold(x, k, dilation, pads, stride)
+    ref.assert_close(cols, naive_unfold_3d(x, k, stride, pads, dilation))
+    c = ref.random(rng, cols.shape)
+    folded = cupyconv.fold(c, (5, 6, 7), k, dilation, pads, stride)
+    assert numpy.isclose((cols * c).sum(), (x * folded).sum(), rtol=1e-12)   # fold is unfold's adjoint
+    ref.assert_close(cupyconv.unfold_backward(c, (5, 6, 7), k, dilation, pads, stride), folded)
+
+
+def test_unfold_fold_1d_match_torch_with_a_unit_height():
+    rng = numpy.random.default_rng(10)
+    x = ref.random(rng, (2, 3, 11))
+    cols = cupyconv.unfold(x, (3,), 2, 1, 2)
+    ref.assert_close(cols, F.unfold(t(x)[:, :, None], (1, 3), (1, 2), (0, 1), (1, 2)).numpy())
+    c = ref.random(rng, cols.shape)
+    ref.assert_close(cupyconv.fold(c, (11,), (3,), 2, 1, 2),
+                     F.fold(t(c), (1, 11), (1, 3), (1, 2), (0, 1), (1, 2)).numpy()[:, :, 0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Errors name the op, the argument and the shapes
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: cupyconv.conv1d(numpy.ones((2, 3, 5, 5)), numpy.ones((4, 3, 3))), ValueError,
+     r"^conv1d: x must have 3 dimensions \(N, C, L\), got shape \(2, 3, 5, 5\)"),
+    (lambda: cupyconv.conv3d(numpy.ones((2, 3, 5, 5, 5)), numpy.ones((4, 3, 3, 3))), ValueError,
+     r"^conv3d: weight must have 5 dimensions \(D, C // groups, kD, kH, kW\), got shape \(4, 3, 3, 3\)"),
+    (lambda: cupyconv.conv3d(numpy.ones((1, 2, 4, 4, 4)), numpy.ones((2, 2, 3, 3, 3)), stride=(1, 2)), TypeError,
+     r"^conv3d: stride must be an int or a tuple of 3 ints, got \(1, 2\)"),
+    (lambda: cupyconv.conv3d(numpy.ones((1, 2, 4, 4, 4)), numpy.ones((2, 2, 3, 3, 3)), padding=((1, 1), 1, 1)),
+     TypeError, r"^conv3d: padding must be an int, a tuple of 3 ints, a tuple of 3 \(low, high\) pairs"),
+    (lambda: cupyconv.conv3d(numpy.ones((1, 2, 2, 4, 4)), numpy.ones((2, 2, 3, 3, 3))), ValueError,
+     r"^conv3d: output size would be 0x2x2 \(input 2x4x4, kernel 3x3x3"),
+    (lambda: cupyconv.conv_nd(numpy.ones((1, 2, 4)), numpy.ones((2, 2, 3, 3, 3, 3))), ValueError,
+     r"^conv_nd: weight must have 3, 4 or 5 dimensions"),
+    (lambda: cupyconv.conv_transpose2d(numpy.ones((1, 4, 5, 5)), numpy.ones((3, 2, 3, 3))), ValueError,
+     r"^conv_transpose2d: weight \(3, 2, 3, 3\) has 3 input channels \(weight.shape\[0\]\) but x \(1, 4, 5, 5\) "
+     r"has 4"),
+    (lambda: cupyconv.conv_transpose2d(numpy.ones((1, 4, 5, 5)), numpy.ones((4, 2, 3, 3)), stride=2,
+                                       output_padding=2), ValueError,
+     r"^conv_transpose2d: output_padding \(2, 2\) must be smaller than stride \(2, 2\) or dilation"),
+    (lambda: cupyconv.conv_transpose1d(numpy.ones((1, 4, 5)), numpy.ones((4, 2, 3)), padding="same"), ValueError,
+     r"^conv_transpose1d: padding='same' is not defined"),
+    (lambda: cupyconv.conv_transpose1d(numpy.ones((1, 4, 2)), numpy.ones((4, 2, 1)), padding=1), ValueError,
+     r"^conv_transpose1d: output size would be 0"),
+    (lambda: cupyconv.conv_transpose2d_backward(numpy.ones((1, 2, 6, 6)), numpy.ones((1, 4, 5, 5)),
+                                                numpy.ones((4, 2, 3, 3))), ValueError,
+     r"^conv_transpose2d_backward: grad_output has shape \(1, 2, 6, 6\) but the forward output .* \(1, 2, 7, 7\)"),
+    (lambda: cupyconv.depthwise_conv3d(numpy.ones((1, 3, 4, 4, 4)), numpy.ones((4, 1, 3, 3, 3))), ValueError,
+     r"^depthwise_conv3d: weight must have shape \(C \* m, 1, kD, kH, kW\) with C = 3"),
+    (lambda: cupyconv.unfold(numpy.ones((2, 3, 4)), (2, 2, 2, 2)), TypeError,
+     r"^unfold: kernel_size must be an int or a tuple of 1, 2 or 3 ints"),
+    (lambda: cupyconv.unfold(numpy.ones((3, 4)), (2, 2, 2)), ValueError,
+     r"^unfold: x must have at least 4 dimensions \(\.\.\., C, D, H, W\), got shape \(3, 4\)"),
+    (lambda: cupyconv.fold(numpy.ones((2, 16, 8)), (4, 4), (2, 2, 2)), TypeError,
+     r"^fold: output_size must be an int or a tuple of 3 ints, got \(4, 4\)"),
+])
+def test_errors(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_torch_tensors_in_and_out():
+    x, w, b, _, kwargs = conv_inputs("3d-everything")
+    out = cupyconv.conv3d(torch.tensor(x), torch.tensor(w), torch.tensor(b), **kwargs)
+    assert isinstance(out, torch.Tensor)
+    ref.assert_close(out, cupyconv.conv3d(x, w, b, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The kernel path: the emulator (poisoned outputs) against the CPU path; CuPy with -m gpu
+
+
+def kernel_path(device, fn, *args, **kwargs):
+    """fn on the emulated kernels (device), or as it is (device None: CuPy arrays go to the GPU)."""
+    if device is None:
+        return fn(*args, **kwargs)
+    with _device.use_device(device):
+        return fn(*args, **kwargs)
+
+
+def check_kernel_path(device, case, dtype, algorithm, tolerance, to_device=lambda a: a, back=numpy.asarray):
+    """conv_nd and its backward for a conv case, or conv_transpose_nd for a transpose case."""
+    transposed = case in TRANSPOSE_CASES
+    if transposed:
+        x, w, b, kwargs = transpose_inputs(case, dtype=dtype)
+        fwd, bwd = cupyconv.conv_transpose_nd, cupyconv.conv_transpose_nd_backward
+    else:
+        x, w, b, _, kwargs = conv_inputs(case, dtype=dtype)
+        kwargs["algorithm"] = algorithm
+        fwd, bwd = cupyconv.conv_nd, cupyconv.conv_nd_backward
+    want = fwd(x, w, b, **kwargs)
+    gy = ref.random(numpy.random.default_rng(4), want.shape, dtype)
+    want_grads = bwd(gy, x, w, **kwargs)
+    dev = [to_device(a) for a in (x, w, b, gy)]
+    got = kernel_path(device, fwd, *dev[:3], **kwargs)
+    grads = kernel_path(device, bwd, dev[3], *dev[:2], **kwargs)
+    for name, g, e in zip(("forward", *NEEDS), (got, *grads), (want, *want_grads)):
+        g, e = back(g).astype(numpy.float64), e.astype(numpy.float64)
+        assert g.shape == e.shape, name
+        scale = max(numpy.abs(e).max(), 1e-30)
+        assert numpy.abs(g - e).max() <= tolerance * scale, f"{case} {dtype} {algorithm}: {name}"
+
+
+EMULATED = [("1d-strided-dilated-groups", "im2col_gemm"), ("1d-plain", "direct"),
+            ("3d-everything", "im2col_gemm"), ("3d-depth-dilation-pad-over-input", "direct"),
+            ("t-1d-upsample", None), ("t-2d-everything", None), ("t-2d-depthwise", None), ("t-3d-everything", None)]
+
+
+@pytest.mark.parametrize("case, algorithm", EMULATED, ids=lambda v: str(v))
+def test_emulated_kernels_match_cpu_path(case, algorithm):
+    check_kernel_path(EmulatedDevice("reverse"), case, numpy.float64, algorithm, 1e-12)
+
+
+def test_emulated_tensor_cores_3d():
+    """float16 3-D on the tensor cores: the depth fold makes C * kD = 16 channels per group."""
+    device = EmulatedDevice()
+    rng = numpy.random.default_rng(12)
+    x, w = ref.random(rng, (1, 8, 4, 5, 6), numpy.float16), ref.random(rng, (16, 8, 2, 3, 3), numpy.float16)
+    want = cupyconv.conv3d(x, w, padding=1)
+    got = kernel_path(device, cupyconv.conv3d, x, w, padding=1, algorithm="implicit_gemm")
+    ref.assert_close(got, want, "float16")
+
+
+def test_emulated_unfold_fold_3d():
+    rng = numpy.random.default_rng(13)
+    x = ref.random(rng, (2, 3, 4, 5, 6))
+    args = ((2, 3, 2), (1, 2, 1), ((1, 0), (1, 1), (0, 2)), (2, 1, 2))
+    cols = kernel_path(EmulatedDevice(), cupyconv.unfold, x, *args)
+    ref.assert_close(cols, cupyconv.unfold(x, *args))
+    c = ref.random(rng, cols.shape)
+    ref.assert_close(kernel_path(EmulatedDevice(), cupyconv.fold, c, (4, 5, 6), *args),
+                     cupyconv.fold(c, (4, 5, 6), *args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("case", ["1d-strided-dilated-groups", "3d-everything", "t-2d-everything", "t-3d-everything"])
+def test_gpu_matches_cpu_path(case, dtype):
+    import cupy
+    tolerance = 1e-12 if dtype == numpy.float64 else 2e-6
+    for algorithm in (None,) if case in TRANSPOSE_CASES else ("auto", "im2col_gemm"):
+        check_kernel_path(None, case, dtype, algorithm, tolerance, to_device=cupy.asarray, back=cupy.asnumpy)
