@@ -17,6 +17,8 @@ from .ops.unfold import fold, fold_backward, unfold, unfold_backward
 from .settings import (DEFAULT_WORKSPACE_LIMIT, get_allow_tf32, get_autotune, get_deterministic, get_workspace_limit,
                        set_allow_tf32, set_autotune, set_deterministic, set_workspace_limit, workspace_limit)
 
+from . import cudnn  # noqa: E402  (the cupy.cudnn drop-in; needs the ops above)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "patch_conv1d", "patch_conv1d_backward", "patch_conv2d", "patch_conv2d_backward",
     "patch_conv3d", "patch_conv3d_backward",
     "unfold", "unfold_backward", "fold", "fold_backward",
+    "cudnn",
     # Settings (cupyconv.settings holds them all, with their context managers)
     "settings", "set_allow_tf32", "get_allow_tf32", "set_autotune", "get_autotune", "set_deterministic",
     "get_deterministic", "set_workspace_limit", "get_workspace_limit", "workspace_limit", "DEFAULT_WORKSPACE_LIMIT",

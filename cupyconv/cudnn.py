@@ -77,6 +77,8 @@ import numpy
 
 from . import settings
 from ._arrays import SUPPORTED_DTYPES, _describe, _kind
+from .ops.conv_transpose import conv_transpose_nd
+from .ops.nd import conv_nd, conv_nd_backward
 
 #: cuDNN's values of cudnnTensorFormat_t, as the old module exported them.
 CUDNN_TENSOR_NCHW = 0
@@ -309,7 +311,6 @@ def convolution_forward(x, W, b, y, pad, stride, dilation, groups, *, auto_tune=
         raise ValueError(f"{fn}: y has shape {_shape(y)} but the convolution of x {_shape(x)} with W {_shape(W)} "
                          f"gives {expected} ({geo.params()})")
     bias = geo.check_bias(b, wv.shape[0], "y")
-    from . import conv_nd
     with geo.settings(auto_tune, tensor_core):
         result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                          groups=geo.groups)
@@ -336,7 +337,6 @@ def convolution_backward_filter(x, gy, gW, pad, stride, dilation, groups, *, det
     if _shape(gy) != expected:
         raise ValueError(f"{fn}: gy has shape {_shape(gy)} but the convolution of x {_shape(x)} with a weight "
                          f"of gW's shape {_shape(gW)} gives {expected} ({geo.params()})")
-    from . import conv_nd_backward
     with geo.settings(auto_tune, tensor_core, deterministic):
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
         _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
@@ -370,7 +370,6 @@ def convolution_backward_data(W, x, b, y, pad, stride, dilation, groups, *, dete
     smallest = [(o - 1) * s - 2 * p + d * (k - 1) + 1
                 for o, s, p, d, k in zip(xv.shape[2:], geo.stride, geo.pad, geo.dilation, wv.shape[2:])]
     output_padding = tuple(int(i) - m for i, m in zip(yv.shape[2:], smallest))
-    from . import conv_transpose_nd
     with geo.settings(auto_tune, tensor_core, deterministic):
         result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
                                    groups=geo.groups, dilation=geo.dilation)
