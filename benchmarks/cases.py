@@ -7,14 +7,17 @@ the one the case's target ratio (cupyconv time / baseline time) refers to.
 
 To add GPU cases, append `Case(..., device="gpu", dtype="float16")` entries to CASES: the contenders below
 already handle CuPy arrays and torch CUDA tensors (float16, bfloat16 through ml_dtypes, float32 strict or as TF32
-with `tf32=True`).
+with `tf32=True`).  The 1-D, 3-D and transposed convolutions (ND_OPS) are in ND_CASES; `ALL_CASES` is both lists,
+and everything that selects, lists or checks cases uses it.
 
 Each case also has a roofline (`roofline`): its FLOPs (2 * images * D * oH * oW * C/G * kH * kW for the forward,
-3x that for forward + backward) and the bytes of its floor (every input, weight and output read or written once);
-run.py divides them by the GEMM peak and copy bandwidth it measures in the same process.
+3x that for forward + backward; the same product over 1 or 3 spatial dims, and over the input pixels for a
+transposed convolution) and the bytes of its floor (every input, weight and output read or written once); run.py
+divides them by the GEMM peak and copy bandwidth it measures in the same process.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy
@@ -23,8 +26,10 @@ import numpy
 @dataclass(frozen=True)
 class Case:
     label: str            # short id used on the command line (--cases) and in RESULTS.md
-    op: str               # "conv2d" | "depthwise" | "patch" | "unfold"
-    dims: dict            # named sizes: N, C, D, H, W, k, p, (stride s, groups g, multiplier m, patch B)
+    op: str               # "conv2d" | "depthwise" | "patch" | "unfold" | one of ND_OPS
+    dims: dict            # named sizes: N, C, D, H, W, k, p, (stride s, groups g, multiplier m, patch B);
+                          # conv1d: L instead of H, W; conv3d: T (depth), H, W; conv_transpose2d: H, W are the
+                          # input's (the output is (H - 1) s - 2 p + k)
     device: str = "cpu"   # "cpu" | "gpu"
     dtype: str = "float32"   # "float16" | "bfloat16" | "float32" | "float64"
     target: float | None = None   # cupyconv / alternative time ratio to reach (forward; also forward + backward
@@ -66,6 +71,10 @@ class Case:
             shape = f"N{d['N']} C{d['C']} {d['H']}x{d['W']}"
         elif self.op == "depthwise":
             shape = f"N{d['N']} C{d['C']} m{d.get('m', 1)} {d['H']}x{d['W']}"
+        elif self.op in ND_OPS:
+            shape = f"N{d['N']} C{d['C']} D{d['D']} g{d.get('g', 1)} " + "x".join(map(str, in_sizes(self.op, d)))
+            if self.op in TRANSPOSED_OPS:
+                shape += "->" + "x".join(map(str, out_sizes(self.op, d)))
         else:
             shape = f"N{d['N']} C{d['C']} D{d['D']} g{d.get('g', 1)} {d['H']}x{d['W']}"
         return f"{self.op} {shape} k{d['k']} p{d['p']} s{d.get('s', 1)} {self.precision} {self.device}"
@@ -175,6 +184,36 @@ def _gpu_patch(label, N, H, tc=False):
 CASES += [*_gpu_patch("p-seed", 20480, 4, tc=True), *_gpu_patch("p-8x8", 20480, 8, tc=True),
           *_gpu_patch("p-1280", 1280, 4)]
 
+# 1-D, 3-D and transposed 2-D convolutions on the GPU (issue 13), tagged "issue13" (`--cases issue13`), strict
+# fp32 (TF32 off on both sides) and fp16, against torch F.conv1d / F.conv3d / F.conv_transpose2d (cuDNN with
+# cudnn.benchmark) in the same run; the fp16 conv3d and conv_transpose2d cases are also timed against cuDNN on
+# channels_last tensors.  No ratio target is stated for them: the figures are what is owed.
+#   c1d-audio   audio-like long sequences: N = 8, 256 -> 256 channels, L = 16384, k 3 pad 1
+#   c3d-video   video clips: N = 2, 64 -> 64 channels, 16 frames of 56x56, k 3 pad 1
+#   c3d-mri     MRI-like volumes: N = 2, 64 -> 64 channels, 32x64x64, k 3 pad 1
+#   ct2d-k4s2   decoder upsampling (DCGAN-style): N = 8, 256 -> 128 channels, 28x28 -> 56x56, k 4 stride 2 pad 1
+#   ct2d-k2s2   decoder upsampling (U-Net-style): N = 8, 256 -> 128 channels, 28x28 -> 56x56, k 2 stride 2
+# They are kept out of CASES: tests/test_sass.py records the launches of CASES' GPU problems through the 2-D ops
+# only (its OPS table), so it would fail on these; ALL_CASES holds both lists.
+ND_OPS = ("conv1d", "conv3d", "conv_transpose2d")
+TRANSPOSED_OPS = ("conv_transpose2d",)
+
+
+def _gpu_nd(label, op, dims):
+    tags = ("issue13",)
+    return [Case(f"{label}-gpu32", op, dims, "gpu", "float32", None, STRICT, tags=tags),
+            Case(f"{label}-gpu16", op, dims, "gpu", "float16", None, tags=tags)]
+
+
+ND_CASES: list[Case] = [
+    *_gpu_nd("c1d-audio", "conv1d", dict(N=8, C=256, D=256, L=16384, k=3, p=1)),
+    *_gpu_nd("c3d-video", "conv3d", dict(N=2, C=64, D=64, T=16, H=56, W=56, k=3, p=1)),
+    *_gpu_nd("c3d-mri", "conv3d", dict(N=2, C=64, D=64, T=32, H=64, W=64, k=3, p=1)),
+    *_gpu_nd("ct2d-k4s2", "conv_transpose2d", dict(N=8, C=256, D=128, H=28, W=28, k=4, p=1, s=2)),
+    *_gpu_nd("ct2d-k2s2", "conv_transpose2d", dict(N=8, C=256, D=128, H=28, W=28, k=2, p=0, s=2)),
+]
+ALL_CASES: list[Case] = CASES + ND_CASES
+
 # Issue 11's compute-bound target: cupyconv at >= this fraction of the GEMM peak measured in the same process, on
 # tensor-core cases (float16, bfloat16, TF32) of conv2d and patch whose FLOP floor is above their byte floor.
 PEAK_TARGET = 0.5
@@ -186,6 +225,9 @@ SMOKE_DIMS = {
     "conv2d": dict(N=2, C=4, D=6, H=9, W=9, k=3, p=1),
     "depthwise": dict(N=2, C=4, m=2, H=9, W=9, k=3, p=1),
     "unfold": dict(N=2, C=4, H=9, W=9, k=3, p=1),
+    "conv1d": dict(N=2, C=4, D=6, L=17, k=3, p=1),
+    "conv3d": dict(N=2, C=4, D=6, T=5, H=6, W=7, k=3, p=1),
+    "conv_transpose2d": dict(N=2, C=4, D=6, H=5, W=6, k=4, p=1, s=2),
 }
 
 
@@ -195,8 +237,10 @@ def smoke(case: Case) -> Case:
 
 
 # GPU cases whose smoke versions `--device cpu --smoke` also runs on the CPU (NumPy and torch CPU): the bfloat16
-# inputs, the TF32 switching and the channels_last contender get exercised where CI has no GPU.
-SMOKE_ON_CPU = ("p-seed-gpubf16", "r50-64-gpubf16", "r50-64-gputf32")
+# inputs, the TF32 switching and the channels_last contender get exercised where CI has no GPU, and each N-d op's
+# calls, in float16.
+SMOKE_ON_CPU = ("p-seed-gpubf16", "r50-64-gpubf16", "r50-64-gputf32", "c1d-audio-gpu16", "c3d-video-gpu16",
+                "ct2d-k4s2-gpu16")
 
 
 def smoke_on_cpu(case: Case) -> Case:
@@ -207,7 +251,7 @@ def smoke_on_cpu(case: Case) -> Case:
 def select(labels, devices: tuple) -> list[Case]:
     """The cases on these devices whose label or one of whose tags is in labels (all of them, in table order, when
     it is empty), in the order of labels (a tag's cases in table order), each once."""
-    pool = [c for c in CASES if c.device in devices]
+    pool = [c for c in ALL_CASES if c.device in devices]
     if not labels:
         return pool
     chosen = {}
@@ -219,15 +263,24 @@ def select(labels, devices: tuple) -> list[Case]:
 
 
 def check_table() -> list[str]:
-    """Problems with CASES (empty when none): duplicate labels, tensor-core siblings missing, targets unset."""
+    """Problems with ALL_CASES (empty when none): duplicate labels, tensor-core siblings missing, targets unset,
+    N-d cases outside ND_CASES or without their strict-fp32 sibling."""
     problems, seen = [], set()
-    for c in CASES:
+    for c in ALL_CASES:
         if c.label in seen:
             problems.append(f"duplicate label {c.label}")
         seen.add(c.label)
         if c.op not in SMOKE_DIMS:
             problems.append(f"{c.label}: unknown op {c.op}")
-    labels = {c.label: c for c in CASES}
+    labels = {c.label: c for c in ALL_CASES}
+    for c in CASES:
+        if c.op in ND_OPS:
+            problems.append(f"{c.label}: a {c.op} case in CASES (tests/test_sass.py cannot run it): put it in ND_CASES")
+    for c in ND_CASES:
+        if "issue13" in c.tags and c.label.endswith("-gpu16"):
+            sibling = labels.get(c.label[: -len("-gpu16")] + "-gpu32")
+            if sibling is None or sibling.dims != c.dims or sibling.dtype != "float32" or sibling.tf32:
+                problems.append(f"{c.label}: no strict-fp32 -gpu32 case of the same problem")
     for c in CASES:
         if "issue11" in c.tags and c.label.endswith("-gpu16"):
             stem = c.label[: -len("-gpu16")]
@@ -254,6 +307,24 @@ def out_size(d: dict) -> tuple[int, int]:
     return ((d["H"] + 2 * d["p"] - d["k"]) // s + 1, (d["W"] + 2 * d["p"] - d["k"]) // s + 1)
 
 
+def in_sizes(op: str, d: dict) -> tuple:
+    """The spatial sizes of an op's input: (L,) for conv1d, (T, H, W) for conv3d, (H, W) otherwise."""
+    if op == "conv1d":
+        return (d["L"],)
+    if op == "conv3d":
+        return (d["T"], d["H"], d["W"])
+    return (d["H"], d["W"])
+
+
+def out_sizes(op: str, d: dict) -> tuple:
+    """The spatial sizes of an op's output (same k, p, s in every dim): a convolution's (i + 2p - k) // s + 1, a
+    transposed convolution's (i - 1) s - 2p + k."""
+    k, p, s = d["k"], d["p"], d.get("s", 1)
+    if op in TRANSPOSED_OPS:
+        return tuple((i - 1) * s - 2 * p + k for i in in_sizes(op, d))
+    return tuple((i + 2 * p - k) // s + 1 for i in in_sizes(op, d))
+
+
 def numpy_dtype(name: str) -> numpy.dtype:
     """The NumPy dtype of a case dtype name; bfloat16 is ml_dtypes' (CuPy >= 14 takes it too)."""
     if name == "bfloat16":
@@ -265,7 +336,8 @@ def numpy_dtype(name: str) -> numpy.dtype:
 def shapes(case: Case) -> dict:
     """The shapes of the case's arrays: x, weight w, bias b (None for unfold) and the output y."""
     d = case.dims
-    oh, ow = out_size(d)
+    if case.op not in ND_OPS:
+        oh, ow = out_size(d)
     k = d["k"]
     if case.op == "patch":
         x = (d["B"], d["N"], d["C"], d["H"], d["W"])
@@ -281,6 +353,12 @@ def shapes(case: Case) -> dict:
         x = (d["N"], d["C"], d["H"], d["W"])
         w = b = None
         y = (d["N"], d["C"] * k * k, oh * ow)
+    elif case.op in ND_OPS:
+        spatial, g = in_sizes(case.op, d), d.get("g", 1)
+        taps = (k,) * len(spatial)
+        x, b, y = (d["N"], d["C"], *spatial), (d["D"],), (d["N"], d["D"], *out_sizes(case.op, d))
+        # torch's layouts: (out, in / groups, k...) for a convolution, (in, out / groups, k...) transposed.
+        w = (d["C"], d["D"] // g, *taps) if case.op in TRANSPOSED_OPS else (d["D"], d["C"] // g, *taps)
     else:
         raise ValueError(f"unknown op {case.op!r}")
     return {"x": x, "w": w, "b": b, "y": y}
@@ -294,7 +372,10 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
     def draw(shape, scale=1.0):
         return None if shape is None else (rng.standard_normal(shape, dtype=numpy.float32) * scale)
 
-    fan_in = (d["C"] // d.get("g", 1) if case.op in ("conv2d", "patch") else 1) * d["k"] * d["k"]
+    if case.op in ND_OPS:
+        fan_in = d["C"] // d.get("g", 1) * d["k"] ** len(in_sizes(case.op, d))
+    else:
+        fan_in = (d["C"] // d.get("g", 1) if case.op in ("conv2d", "patch") else 1) * d["k"] * d["k"]
     arrays = {"x": draw(s["x"]), "w": draw(s["w"], fan_in ** -0.5), "b": draw(s["b"], 0.1), "gy": draw(s["y"])}
     dtype = numpy_dtype(case.dtype)
     return {name: None if a is None else a.astype(dtype) for name, a in arrays.items()}
@@ -307,10 +388,19 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
 def flops(case: Case, backward: bool = False) -> int:
     """Multiply-adds x 2 of the convolution: 2 * images * D * oH * oW * C/G * kH * kW for the forward (depthwise:
     C/G = 1, D = C * m; unfold: 0), and 3x that for forward + backward (grad input and grad weight each cost one
-    forward).  The bias is not counted."""
+    forward).  conv1d / conv3d: the same product over 1 or 3 spatial dims.  A transposed convolution:
+    2 * N * C * (input pixels) * D/G * k^dims, every input pixel times every tap, the taps that land in the
+    cropped padding included (the count of the convolution it is the input gradient of).  The bias is not
+    counted."""
     d = case.dims
     if case.op == "unfold":
         return 0
+    if case.op in ND_OPS:
+        taps = d["k"] ** len(in_sizes(case.op, d))
+        pixels = math.prod(in_sizes(case.op, d) if case.op in TRANSPOSED_OPS else out_sizes(case.op, d))
+        channels = d["C"] * (d["D"] // d.get("g", 1))       # (C/G) * D = C * (D/G)
+        forward = 2 * d["N"] * pixels * channels * taps
+        return 3 * forward if backward else forward
     oh, ow = out_size(d)
     images = d["N"] * d.get("B", 1)
     if case.op == "depthwise":
@@ -420,6 +510,8 @@ def _cupyconv_call(case: Case, a: dict, backward: bool):
         return run
     if case.op == "depthwise":
         fwd, bwd, extra = cc.depthwise_conv2d, cc.depthwise_conv2d_backward, {}
+    elif case.op in ND_OPS:   # cupyconv.conv1d / conv3d / conv_transpose2d and their *_backward
+        fwd, bwd, extra = getattr(cc, case.op), getattr(cc, f"{case.op}_backward"), {"groups": d.get("g", 1)}
     elif case.op == "patch":
         fwd, bwd, extra = cc.patch_conv2d, cc.patch_conv2d_backward, {"groups": d.get("g", 1)}
     else:
@@ -533,6 +625,34 @@ def build_torch_conv_channels_last(case: Case, inputs: dict, backward: bool):
     return run
 
 
+def build_torch_nd(case: Case, inputs: dict, backward: bool):
+    """torch.nn.functional.conv1d / conv3d / conv_transpose2d (cuDNN with cudnn.benchmark on the GPU)."""
+    import torch.nn.functional as F
+    d = case.dims
+    op = getattr(F, case.op)
+    kwargs = dict(stride=d.get("s", 1), padding=d["p"], groups=d.get("g", 1))
+    t = _torch_leaves(case, inputs, backward)
+    return _torch_autograd(lambda t: op(t["x"], t["w"], t["b"], **kwargs), t, backward)
+
+
+def build_torch_nd_channels_last(case: Case, inputs: dict, backward: bool):
+    """torch F.conv3d / F.conv_transpose2d on x, weight and gy in channels_last (4-D) or channels_last_3d (5-D)
+    memory format, converted once here, untimed: a model that keeps its activations channels-last."""
+    import torch
+    import torch.nn.functional as F
+    d = case.dims
+    op = getattr(F, case.op)
+    kwargs = dict(stride=d.get("s", 1), padding=d["p"], groups=d.get("g", 1))
+    t = {n: _to_torch(a, case.device) for n, a in inputs.items()}
+    fmt = torch.channels_last_3d if t["x"].dim() == 5 else torch.channels_last
+    for name in ("x", "w", "gy"):
+        t[name] = t[name].contiguous(memory_format=fmt)
+    if backward:
+        for name in ("x", "w", "b"):
+            t[name].requires_grad_(True)
+    return _torch_autograd(lambda t: op(t["x"], t["w"], t["b"], **kwargs), t, backward)
+
+
 def build_torch_unfold_matmul(case: Case, inputs: dict, backward: bool):
     """F.unfold + matmul (depthwise: + a per-channel einsum); autograd's backward is a matmul + F.fold."""
     import torch
@@ -562,8 +682,8 @@ def build_torch_unfold_matmul(case: Case, inputs: dict, backward: bool):
 
 
 CONTENDERS = [
-    Contender("cupyconv", ("patch", "conv2d", "depthwise", "unfold"), ("cpu", "gpu"), "cupy", build_cupyconv,
-              ours=True),
+    Contender("cupyconv", ("patch", "conv2d", "depthwise", "unfold", *ND_OPS), ("cpu", "gpu"), "cupy",
+              build_cupyconv, ours=True),
     Contender("cupyconv.torch (autograd)", ("patch", "conv2d", "depthwise", "unfold"), ("gpu",), "torch",
               build_cupyconv_torch, ours=True),
     # The first non-cupyconv contender of an op is its baseline (the target ratio refers to it).
@@ -575,6 +695,15 @@ CONTENDERS = [
     # cuDNN NHWC beside NCHW for the tensor-core cases (cupyconv itself takes NCHW).
     Contender("torch F.conv2d, channels_last", ("patch", "conv2d"), ("cpu", "gpu"), "torch",
               build_torch_conv_channels_last, applies=lambda case: case.tensor_cores),
+    # Issue 13: the N-d and transposed ops against their torch functions (the baselines), and cuDNN channels-last
+    # for the tensor-core cases of conv3d and conv_transpose2d (a 3-D tensor has no channels-last format).
+    Contender("torch F.conv1d", ("conv1d",), ("cpu", "gpu"), "torch", build_torch_nd),
+    Contender("torch F.conv3d", ("conv3d",), ("cpu", "gpu"), "torch", build_torch_nd),
+    Contender("torch F.conv_transpose2d", ("conv_transpose2d",), ("cpu", "gpu"), "torch", build_torch_nd),
+    Contender("torch F.conv3d, channels_last_3d", ("conv3d",), ("cpu", "gpu"), "torch",
+              build_torch_nd_channels_last, applies=lambda case: case.tensor_cores),
+    Contender("torch F.conv_transpose2d, channels_last", ("conv_transpose2d",), ("cpu", "gpu"), "torch",
+              build_torch_nd_channels_last, applies=lambda case: case.tensor_cores),
 ]
 
 

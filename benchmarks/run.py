@@ -580,7 +580,7 @@ def summary_table(results: list) -> str:
 
 def list_cases() -> str:
     lines = []
-    for c in cases_mod.CASES:
+    for c in cases_mod.ALL_CASES:
         targets = ""
         if c.target is not None:
             targets = f"  target <= {c.target:.3g}x"
@@ -597,7 +597,7 @@ def self_check() -> list[str]:
     """What --smoke checks beyond running the cases (CI has no GPU): the case table, the FLOP and byte arithmetic
     against hand-computed values, the bfloat16 inputs, the TF32 switching, the target and peak checks."""
     problems = list(cases_mod.check_table())
-    by_label = {c.label: c for c in cases_mod.CASES}
+    by_label = {c.label: c for c in cases_mod.ALL_CASES}
 
     def expect(what, got, want):
         if got != want:
@@ -617,6 +617,20 @@ def self_check() -> list[str]:
     expect("bfloat16 itemsize", cases_mod.floor_bytes(by_label["r50-64-gpubf16"]), cases_mod.floor_bytes(r50))
     expect("tf32 itemsize", cases_mod.floor_bytes(by_label["r50-64-gputf32"]), 2 * cases_mod.floor_bytes(r50))
     expect("peak key of a TF32 case", cases_mod.peak_key(by_label["r50-64-gputf32"]), "tf32")
+    # Issue 13's N-d and transposed cases (RESULTS.md quotes these figures), fp16.
+    c1d, c3d, ct2d = by_label["c1d-audio-gpu16"], by_label["c3d-video-gpu16"], by_label["ct2d-k4s2-gpu16"]
+    expect("c1d-audio FLOPs", cases_mod.flops(c1d), 2 * 8 * 16384 * 256 * 256 * 3)
+    expect("c1d-audio bytes", cases_mod.floor_bytes(c1d), 2 * (2 * 8 * 256 * 16384 + 256 * 256 * 3 + 256))
+    expect("c3d-video FLOPs", cases_mod.flops(c3d), 2 * 2 * 16 * 56 * 56 * 64 * 64 * 27)
+    expect("c3d-video bytes", cases_mod.floor_bytes(c3d), 2 * (2 * 2 * 64 * 16 * 56 * 56 + 64 * 64 * 27 + 64))
+    expect("ct2d-k4s2 output", cases_mod.shapes(ct2d)["y"], (8, 128, 56, 56))
+    expect("ct2d-k4s2 weight (in, out, k, k)", cases_mod.shapes(ct2d)["w"], (256, 128, 4, 4))
+    expect("ct2d-k4s2 FLOPs (input pixels x taps)", cases_mod.flops(ct2d), 2 * 8 * 28 * 28 * 256 * 128 * 16)
+    expect("ct2d-k4s2 fwd+bwd bytes", cases_mod.floor_bytes(ct2d, True),
+           2 * 2 * (8 * 256 * 28 * 28 + 256 * 128 * 16 + 128 + 8 * 128 * 56 * 56))
+    expect("ct2d-k2s2 output", cases_mod.shapes(by_label["ct2d-k2s2-gpu32"])["y"], (8, 128, 56, 56))
+    expect("issue13 selects", [c.label for c in cases_mod.select(["issue13"], ("gpu",))],
+           [c.label for c in cases_mod.ND_CASES])
     # The roofline at round numbers: 1 PFLOP/s and 2 TB/s; p-seed is memory-bound there, r50-64 compute-bound.
     r = cases_mod.roofline(seed, False, 1e-4, 1e15, 2e12)
     expect("p-seed floor ms", round(r["floor_ms"], 9), round(2 * (x + w + b + y) / 2e12 * 1e3, 9))

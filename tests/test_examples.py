@@ -8,7 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-EXPECTED = {"patch_convolution.py", "depthwise_separable_training.py", "cupy_pipeline.py", "numpy_pipeline.py"}
+EXPECTED = {"patch_convolution.py", "depthwise_separable_training.py", "cupy_pipeline.py", "numpy_pipeline.py",
+            "sigpy_convolve.py"}
 NEEDS_TORCH = {"depthwise_separable_training.py"}
 
 
@@ -28,9 +29,11 @@ def test_example_runs_small(path):
                                     f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
 
 
-@pytest.mark.parametrize("name", ["patch_convolution.py", "numpy_pipeline.py", "cupy_pipeline.py"])
+@pytest.mark.parametrize("name", ["patch_convolution.py", "numpy_pipeline.py", "cupy_pipeline.py",
+                                  "sigpy_convolve.py"])
 def test_example_runs_without_torch(name):
-    """The README's main example and the array pipelines need only NumPy: torch is made unimportable."""
+    """The README's main example, the array pipelines and the sigpy example need only NumPy: torch is made
+    unimportable."""
     path = ROOT / "examples" / name
     code = ("import runpy, sys; sys.modules['torch'] = None; "
             f"sys.argv = [{str(path)!r}, '--small']; runpy.run_path({str(path)!r}, run_name='__main__')")
@@ -40,3 +43,5 @@ def test_example_runs_without_torch(name):
     assert result.returncode == 0, f"{name}:\n{result.stdout}\n{result.stderr}"
     if name == "patch_convolution.py":
         assert "cupyconv.conv2d on the rolled batch" in result.stdout
+    if name == "sigpy_convolve.py":
+        assert "dot-product test, complex128" in result.stdout and "all checks passed" in result.stdout
