@@ -224,10 +224,7 @@ class ConvSpec:
         if len(ws) != nd + 2:
             raise ValueError(f"{op}: weight must have {nd + 2} dimensions (D, C // groups, {KERNEL_LAYOUTS[nd]}), "
                              f"got shape {ws}")
-        if not _is_int(groups):
-            raise TypeError(f"{op}: groups must be an int, got {groups!r}")
-        if groups < 1:
-            raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+        groups = check_groups(op, groups)
         c, d = xs[-nd - 1], ws[0]
         if c % groups:
             raise ValueError(f"{op}: groups={groups} does not divide the {c} input channels of x {xs}")
@@ -238,7 +235,7 @@ class ConvSpec:
                              f"{c} channels with groups={groups} (expected weight.shape[1] == {c // groups})")
         if bias is not None and _shape(bias) != (d,):
             raise ValueError(f"{op}: bias must have shape ({d},) to match weight {ws}, got {_shape(bias)}")
-        return ConvSpec.geometry(op, xs[:-nd - 1], c, d, int(groups), xs[-nd:], ws[2:], stride, padding, dilation)
+        return ConvSpec.geometry(op, xs[:-nd - 1], c, d, groups, xs[-nd:], ws[2:], stride, padding, dilation)
 
     @staticmethod
     def for_unfold(op: str, x, kernel_size, dilation, padding, stride, *, name: str = "x") -> "ConvSpec":
@@ -293,6 +290,14 @@ class ConvSpec:
             raise ValueError(f"{op}: weight must have shape (C * m, 1, {KERNEL_LAYOUTS[nd]}) with C = {c} channels "
                              f"of x {xs} and channel multiplier m >= 1, got {ws}")
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
+
+
+def check_groups(op: str, groups) -> int:
+    if not _is_int(groups):
+        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    return int(groups)
 
 
 def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[slice]:

@@ -18,7 +18,7 @@ then zero-extended to that size (the extra output rows receive nothing but the b
 from __future__ import annotations
 
 from .._arrays import Call, compute_dtype
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _is_int, _padding, _shape, _tuple, check_needs)
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _padding, _shape, _tuple, check_groups, check_needs)
 from . import lift
 from .conv import conv2d_backward_run, conv2d_run
 
@@ -36,10 +36,7 @@ def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, gr
     if len(ws) != nd + 2:
         raise ValueError(f"{op}: weight must have {nd + 2} dimensions (C_in, C_out // groups, {KERNEL_LAYOUTS[nd]}), "
                          f"got shape {ws}")
-    if not _is_int(groups):
-        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
-    if groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    groups = check_groups(op, groups)
     c_in, c_out = xs[1], ws[1] * groups
     if ws[0] != c_in:
         raise ValueError(f"{op}: weight {ws} has {ws[0]} input channels (weight.shape[0]) but x {xs} has {c_in}")
@@ -65,7 +62,7 @@ def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, gr
         raise ValueError(f"{op}: output size would be {'x'.join(map(str, out))} (input {xs}, weight {ws}, stride "
                          f"{stride}, padding {sides}, output_padding {extra_padding}, dilation {dilation}); it must "
                          f"be at least {'x'.join(['1'] * nd)}")
-    spec = ConvSpec.geometry(op, xs[:1], c_out, c_in, int(groups), out, kernel, stride, sides, dilation)
+    spec = ConvSpec.geometry(op, xs[:1], c_out, c_in, groups, out, kernel, stride, sides, dilation)
     extension = tuple(o // s for o, s in zip(extra_padding, stride))
     return spec, extension
 
