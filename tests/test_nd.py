@@ -374,6 +374,28 @@ def test_emulated_kernels_match_cpu_path(case, algorithm):
     check_kernel_path(EmulatedDevice("reverse"), case, numpy.float64, algorithm, 1e-12)
 
 
+@pytest.mark.parametrize("op", ["depthwise_conv1d", "depthwise_conv3d", "patch_conv1d", "patch_conv3d"])
+def test_emulated_depthwise_and_patch(op):
+    """depthwise 1-D on the depthwise kernels (1 x k), 3-D on conv's grouped kernels; patch 1-D/3-D on the patch
+    kernels; forward and every gradient against the CPU path."""
+    rng = numpy.random.default_rng(14)
+    nd = int(op[-2])
+    size = (13,) if nd == 1 else (4, 5, 3)
+    if op.startswith("depthwise"):
+        x, w = ref.random(rng, (2, 3, *size)), ref.random(rng, (6, 1, *(3,) * nd))
+        kwargs = dict(stride=2, padding=1)
+    else:
+        x, w = ref.random(rng, (2, 3, 4, *size)), ref.random(rng, (6, 2, *(3,) * nd))
+        kwargs = dict(padding=1, groups=2)
+    b = ref.random(rng, (6,))
+    fwd, bwd = getattr(cupyconv, op), getattr(cupyconv, op + "_backward")
+    want = fwd(x, w, b, **kwargs)
+    gy = ref.random(rng, want.shape)
+    ref.assert_close(kernel_path(EmulatedDevice("reverse"), fwd, x, w, b, **kwargs), want)
+    for got, expected in zip(kernel_path(EmulatedDevice("reverse"), bwd, gy, x, w, **kwargs), bwd(gy, x, w, **kwargs)):
+        ref.assert_close(got, expected)
+
+
 def test_emulated_tensor_cores_3d():
     """float16 3-D on the tensor cores: the depth fold makes C * kD = 16 channels per group."""
     device = EmulatedDevice()
