@@ -43,6 +43,8 @@ CASES = [
     C("kernel_larger_than_input", (1, 2, 3, 3), (2, 2, 5, 5), padding=1),
     C("everything", (2, 6, 8, 9), (4, 3, 3, 2), stride=(2, 3), padding=((1, 0), (2, 1)), dilation=(1, 2),
       groups=2),
+    # stride_h != stride_w on an output wider than one 32-column tile of the direct kernel: tile_x > 0 rows
+    C("stride21_two_tiles_x", (1, 2, 7, 35), (3, 2, 3, 3), stride=(2, 1), padding=1),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 DTYPE_CASE = C("dtype_groups2", (2, 4, 7, 6), (6, 2, 3, 3), padding=1, groups=2)

@@ -87,9 +87,15 @@ CASES = [
                                                              "depthwise_bwd_weight_large"),
       stride=2, padding=((4, 3), (7, 9)), dilation=2),
     C("rect_stride1_multiplier3", (2, 2, 7, 6), 3, (2, 3), GENERIC_1, padding=((0, 1), (1, 1))),
+    # stride_h != stride_w where it matters: a tiled forward with two tiles along x (ox0 > 0), and the large-kernel
+    # weight gradient with several output rows per tile (oy_l > 0)
+    C("stride12_two_tiles_x", (1, 2, 7, 67), 1, 3, GENERIC_S, stride=(1, 2), padding=1),
+    C("k6x9_stride21", (1, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
+                                                    "depthwise_bwd_weight_large"), stride=(2, 1), padding=(2, 4)),
     # fallbacks: windows that do not overlap, tiles that cannot fit
     C("k1_multiplier3", (2, 3, 5, 6), 3, 1, DIRECT),
     C("k2_stride3", (1, 2, 10, 7), 1, 2, DIRECT, stride=3),
+    C("k2_stride32", (1, 2, 11, 9), 1, 2, DIRECT, stride=(3, 2)),
     C("huge_dilation", (1, 2, 5, 5), 1, 3, ("depthwise_fwd_direct", "depthwise_bwd_input_gather",
                                             "depthwise_bwd_weight_direct"), dilation=60, padding=60),
     C("stride3_dilation2", (2, 2, 13, 11), 2, 3, GENERIC_S, stride=(3, 2), padding=((3, 1), (0, 2)),
