@@ -232,7 +232,7 @@ def test_small_blocks_tile_chunk_and_slice(monkeypatch):
     monkeypatch.setattr(patch, "WEIGHT_PIXELS", 16)
     case = Case("many_channels", (5, 40, 4, 4), (36, 20, 3, 3), padding=1, groups=2)
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(7), numpy.float64)
-    spec = patch.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, 2, min_ndim=3, max_ndim=None)  # groups 2
+    spec = patch.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, 2, leading_dims=True)  # groups 2
     for transposed in (False, True):
         plan = patch.plan_tile(spec, numpy.float64, transposed)
         assert plan.out_tiles > 1 and plan.chunk < 18 and plan.threads <= 8, plan
@@ -439,7 +439,7 @@ def test_algorithm_errors(monkeypatch):
 
 def _spec(x_shape, weight_shape, padding=1):
     x, weight = numpy.empty(x_shape, numpy.float32), numpy.empty(weight_shape, numpy.float32)
-    return patch.ConvSpec.for_conv("t", x, weight, None, 1, padding, 1, 1, min_ndim=3, max_ndim=None)
+    return patch.ConvSpec.for_conv("t", x, weight, None, 1, padding, 1, 1, leading_dims=True)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
