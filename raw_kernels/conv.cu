@@ -257,6 +257,14 @@ template <int R, int THREADS> struct TcLoad<R, THREADS, false> {
   __device__ static int k(int) { return threadIdx.x & 31; }
 };
 
+// Where row m = (image, pixel) of group g's C starts in an NCHW array (n, groups * N, pixels): the epilogue row
+// of the forward (C = the output) and of the input gradient (C = grad_x); column n lies n * pixels further on.
+template <typename I>
+__device__ __forceinline__ I group_plane_row(I m, I pixels, int groups, int g, int N) {
+  const I image = m / pixels;
+  return (image * groups + g) * (I)N * pixels + (m - image * pixels);
+}
+
 // The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of TC_BK).
 // `Gather` supplies the operands and takes the results:
 //   typedefs LoadA, LoadB (TcLoad layouts); M, N;
@@ -365,10 +373,7 @@ template <typename T, typename I, int BM, int BN> struct TcForward {
     const int n = n0 + row;
     return n < N && k < K ? S(weight[(I)(g * N + n) * K + k]) : S(0.0f);
   }
-  __device__ I out_row(I m) const {
-    const I image = m / pixels;
-    return (image * groups + g) * (I)N * pixels + (m - image * pixels);
-  }
+  __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
   __device__ void store(I row, int n, float value) const {
     if (has_bias) value += to_acc(bias[g * N + n]);
     out[row + (I)n * pixels] = from_acc<T>(value);
@@ -444,10 +449,7 @@ template <typename T, typename I, int BM, int BN> struct TcInputGrad {
     const int d = taps.divmod((int)k, tap);
     return S(weight[((I)(g * outputs_per_group + d) * N + c) * taps.d + tap]);
   }
-  __device__ I out_row(I m) const {
-    const I image = m / pixels;
-    return (image * groups + g) * (I)N * pixels + (m - image * pixels);
-  }
+  __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
   __device__ void store(I row, int n, float value) const { grad_x[row + (I)n * pixels] = from_acc<T>(value); }
 };
 
