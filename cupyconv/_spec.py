@@ -292,6 +292,16 @@ class ConvSpec:
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
 
 
+def weight_spatial_dims(op: str, weight_shape, channels: str = "D, C // groups") -> int:
+    """The spatial dims of an N-d op given its weight (channels..., k...): weight.ndim - 2, which must be 1, 2
+    or 3; `channels` names the weight's two leading dims in the error message."""
+    nd = len(weight_shape) - 2
+    if nd not in KERNEL_LAYOUTS:
+        raise ValueError(f"{op}: weight must have 3, 4 or 5 dimensions ({channels}, k...) for 1, 2 or 3 spatial "
+                         f"dims, got shape {tuple(weight_shape)}")
+    return nd
+
+
 def check_groups(op: str, groups) -> int:
     if not _is_int(groups):
         raise TypeError(f"{op}: groups must be an int, got {groups!r}")

@@ -18,7 +18,8 @@ then zero-extended to that size (the extra output rows receive nothing but the b
 from __future__ import annotations
 
 from .._arrays import Call, compute_dtype
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _padding, _shape, _tuple, check_groups, check_needs)
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _padding, _shape, _tuple, check_groups, check_needs,
+                     weight_spatial_dims)
 from . import lift
 from .conv import conv2d_backward_run, conv2d_run
 
@@ -27,10 +28,7 @@ def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, gr
     """The spec of the convolution that conv_transpose transposes, and the zero extension of x per dim."""
     xs, ws = _shape(x), _shape(weight)
     if nd is None:
-        nd = len(ws) - 2
-        if nd not in KERNEL_LAYOUTS:
-            raise ValueError(f"{op}: weight must have 3, 4 or 5 dimensions (C_in, C_out // groups, k...) for 1, 2 "
-                             f"or 3 spatial dims, got shape {ws}")
+        nd = weight_spatial_dims(op, ws, "C_in, C_out // groups")
     if len(xs) != nd + 2:
         raise ValueError(f"{op}: x must have {nd + 2} dimensions {LAYOUTS[nd]}, got shape {xs}")
     if len(ws) != nd + 2:

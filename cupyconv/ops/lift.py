@@ -182,11 +182,11 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
         if gv is not None:
             grad_x[chunk] = depth_fold(xp, gv, spec, x.dtype)
         for i, p in enumerate(params):
-            if p is not None and len(chunks) > 1:
+            if p is None:
+                continue
+            if len(chunks) > 1:
                 p = p.astype(compute_dtype(x.dtype))
-                sums[i] = p if sums[i] is None else sums[i] + p
-            elif p is not None:
-                sums[i] = p
+            sums[i] = p if sums[i] is None else sums[i] + p
     grad_w, grad_b = (None if s is None else s.astype(x.dtype, copy=False) for s in sums)
     if grad_x is not None:
         grad_x = grad_x.reshape(spec.input_shape)

@@ -8,25 +8,16 @@ the 2-D op's, with one entry per spatial dim: padding an int, one int per dim, o
 from __future__ import annotations
 
 from .._arrays import Call
-from .._spec import KERNEL_LAYOUTS, NEEDS, ConvSpec, check_algorithm, check_grad_output, check_needs
+from .._spec import NEEDS, ConvSpec, check_algorithm, check_grad_output, check_needs, weight_spatial_dims
 from . import lift
 from .conv import ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
 from .depthwise import depthwise_conv2d_backward_run, depthwise_conv2d_run
 from .patch import ALGORITHMS as PATCH_ALGORITHMS, patch_conv2d_backward_run, patch_conv2d_run
 
 
-def spatial_dims_of_weight(op: str, weight) -> int:
-    """conv_nd's number of spatial dims: weight.ndim - 2, which must be 1, 2 or 3."""
-    nd = len(weight.shape) - 2
-    if nd not in KERNEL_LAYOUTS:
-        raise ValueError(f"{op}: weight must have 3, 4 or 5 dimensions (D, C // groups, k...) for 1, 2 or 3 "
-                         f"spatial dims, got shape {tuple(weight.shape)}")
-    return nd
-
-
 def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
-    nd = nd or spatial_dims_of_weight(op, call.weight)
+    nd = nd or weight_spatial_dims(op, call.weight.shape)
     spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
     check_algorithm(op, algorithm, ALGORITHMS)
     with workspace_scope(workspace_limit):
@@ -36,7 +27,7 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm,
 def _conv_backward(op, nd, grad_output, x, weight, stride, padding, dilation, groups, needs, algorithm,
                    workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
-    nd = nd or spatial_dims_of_weight(op, call.weight)
+    nd = nd or weight_spatial_dims(op, call.weight.shape)
     spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd)
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
