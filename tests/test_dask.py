@@ -225,13 +225,21 @@ def test_needs_and_a_dask_grad_output_with_in_memory_x():
     numpy.testing.assert_allclose(lazy[1].compute(scheduler="threads"), expected, rtol=1e-11, atol=1e-11)
 
 
+def test_a_dask_weight_and_bias_are_taken_as_one_chunk():
+    case = CASES[1]
+    arrays = _arrays(case)
+    lazy = cupyconv.conv2d(da.from_array(arrays["x"], chunks=case.chunks), da.from_array(arrays["weight"], chunks=1),
+                           da.from_array(arrays["bias"], chunks=2), **case.kwargs)
+    numpy.testing.assert_allclose(lazy.compute(), cupyconv.conv2d(**arrays, **case.kwargs), rtol=1e-12, atol=1e-12)
+
+
 def test_half_precision_weight_gradient_sums_in_float32():
     rng = numpy.random.default_rng(7)
     x = rng.standard_normal((8, 3, 6, 6)).astype(numpy.float16)
     w = rng.standard_normal((4, 3, 3, 3)).astype(numpy.float16)
     gy = rng.standard_normal((8, 4, 6, 6)).astype(numpy.float16)
-    _, gw, gb = cupyconv.conv2d_backward(da.from_array(gy, chunks=(1, 4, 6, 6)), da.from_array(x, chunks=(1, 3, 3, 6)), w,
-                                         padding=1)
+    lazy_gy, lazy_x = da.from_array(gy, chunks=(1, 4, 6, 6)), da.from_array(x, chunks=(1, 3, 3, 6))
+    _, gw, gb = cupyconv.conv2d_backward(lazy_gy, lazy_x, w, padding=1)
     assert gw.dtype == gb.dtype == numpy.float16
     exact = cupyconv.conv2d_backward(gy.astype(numpy.float64), x.astype(numpy.float64), w.astype(numpy.float64),
                                      padding=1)
