@@ -1,7 +1,8 @@
 """cupyconv: GPU convolution kernels for CuPy, NumPy and PyTorch arrays.
 
 NumPy arrays run on the CPU path, CuPy arrays on the GPU kernels, and torch tensors cross over by DLPack
-without a copy.  Every op has a hand-written backward (`*_backward`).
+without a copy; dask arrays (NumPy or CuPy chunks) give lazy dask arrays (cupyconv/_dask.py).  Every op has a
+hand-written backward (`*_backward`).
 """
 from . import settings
 from .ops.conv import conv2d, conv2d_backward
@@ -18,6 +19,11 @@ from .settings import (DEFAULT_WORKSPACE_LIMIT, get_allow_tf32, get_autotune, ge
                        set_allow_tf32, set_autotune, set_deterministic, set_workspace_limit, workspace_limit)
 
 from . import cudnn  # noqa: E402  (the cupy.cudnn drop-in; needs the ops above)
+from . import _dask  # noqa: E402  (imports no dask: that happens at the first call with a dask array)
+
+for _name in _dask.OPS:   # every op and backward also takes dask arrays, lazily
+    globals()[_name] = _dask.accepting_dask(globals()[_name])
+del _name
 
 __version__ = "0.1.0"
 
