@@ -7,6 +7,7 @@ path or a kernel Device) and wraps results back into the caller's kind.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy
 
@@ -65,6 +66,9 @@ class Call:
     Arrays are given by keyword (`None` for an absent optional one) and are afterwards available as attributes
     of the same name, as NumPy or CuPy arrays.  `device` is None for the NumPy CPU path, or the kernel Device.
     """
+
+    if TYPE_CHECKING:  # the arrays are attributes named at run time: tell the type checker they exist
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, op: str, **arrays):
         self.op = op

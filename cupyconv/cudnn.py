@@ -9,32 +9,16 @@ and keeps its calls unchanged: same names, argument order, keywords, layout cons
 place into preallocated arrays.  CuPy arrays run on cupyconv's CUDA kernels; NumPy arrays run on its CPU path,
 so the module also works (and is tested) without a GPU.  CuPy is never imported by this module.
 
-Functions (``pad``, ``stride`` and ``dilation`` are tuples with one entry per spatial dimension, 1, 2 or 3;
-``dilation=None`` means all ones; the data layout is (N, C, *spatial) or, with ``d_layout=CUDNN_TENSOR_NHWC``,
-(N, *spatial, C); the filter layout is (D, C // groups, *k) or, with ``w_layout=CUDNN_TENSOR_NHWC``,
-(D, *k, C // groups); the two layouts are independent):
-
-``convolution_forward(x, W, b, y, pad, stride, dilation, groups, *, auto_tune=False, tensor_core='auto',
-d_layout=CUDNN_TENSOR_NCHW, w_layout=CUDNN_TENSOR_NCHW)``
-    y = cross-correlation of x with W, plus b[d] on output channel d when b is not None.
-``convolution_backward_filter(x, gy, gW, pad, stride, dilation, groups, *, deterministic=False, auto_tune=False,
-tensor_core='auto', d_layout=..., w_layout=...)``
-    gW = the gradient of that convolution's weight, given its input x and its output gradient gy.
-``convolution_backward_data(W, x, b, y, pad, stride, dilation, groups, *, deterministic=False, auto_tune=False,
-tensor_core='auto', d_layout=..., w_layout=...)``
-    y = the gradient of the convolution's input, given its weight W and its output gradient x (a transposed
-    convolution), plus b[c] on channel c of y when b is not None.  y's shape picks the input size among those the
-    convolution maps to x's size (it may be up to stride - 1 larger than the smallest).
-``set_max_workspace_size(size)`` / ``get_max_workspace_size()``
-    cupyconv's workspace limit (`cupyconv.settings.set_workspace_limit` / `get_workspace_limit`), the bytes an
-    im2col buffer may take before an op splits the batch.  cupyconv needs at least one byte: a size of 0 (the
-    old "no workspace") is stored as 1, which processes one sample at a time.
+The functions below keep the old signatures: ``pad``, ``stride`` and ``dilation`` are tuples with one entry per
+spatial dimension, 1, 2 or 3 (``dilation=None`` means all ones); the data layout ``d_layout`` and the filter layout
+``w_layout`` are independent.  ``set_max_workspace_size`` / ``get_max_workspace_size`` are cupyconv's workspace
+limit, the bytes an im2col buffer may take before an op splits the batch.
 
 What is read in place and what is copied
     Inputs are never copied by this module.  x, W, gy (and, in backward_data, the gradient x) are handed to
-    cupyconv as they are for NCHW, and as transposed *views* for NHWC: (N, *spatial, C) becomes (N, C, *spatial)
-    by swapping strides, no bytes move.  Non-contiguous inputs (a flipped filter, the real part of a complex
-    array) are accepted and passed on as views too.  Inside cupyconv, the GPU kernels read the data input x
+    cupyconv as they are for NCHW, and as transposed *views* for NHWC: ``(N, *spatial, C)`` becomes
+    ``(N, C, *spatial)`` by swapping strides, no bytes move.  Non-contiguous inputs (a flipped filter, the real part
+    of a complex array) are accepted and passed on as views too.  Inside cupyconv, the GPU kernels read the data input x
     through its strides where they can (the direct and tensor-core kernels, 1-D and 2-D); what they cannot
     read that way (the weight, the output gradients, the depth windows of a 3-D input) cupyconv stages itself,
     as it does for any caller.  The CPU path reads the views through NumPy.
@@ -77,6 +61,8 @@ import numpy
 
 from . import settings
 from ._arrays import SUPPORTED_DTYPES, _describe, _kind
+from ._docs import numpy_doc
+from ._typing import Array, Ints
 from .ops.conv_transpose import conv_transpose_nd
 from .ops.nd import conv_nd, conv_nd_backward
 
@@ -99,15 +85,17 @@ _LAYOUT_NAMES = {CUDNN_TENSOR_NCHW: "CUDNN_TENSOR_NCHW", CUDNN_TENSOR_NHWC: "CUD
 # Workspace
 
 
+@numpy_doc(returns=("int", "Bytes."), raises=())
 def get_max_workspace_size() -> int:
-    """The workspace limit in bytes: `cupyconv.settings.get_workspace_limit()`."""
+    """cupyconv's workspace limit: `cupyconv.settings.get_workspace_limit`."""
     return settings.get_workspace_limit()
 
 
-def set_max_workspace_size(size) -> None:
-    """Set cupyconv's workspace limit (`cupyconv.settings.set_workspace_limit`) for every later call.
-
-    size: a number of bytes >= 0; 0 is stored as 1 (cupyconv then processes one sample at a time)."""
+@numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one sample '
+                           'at a time.'),
+           raises=(("TypeError", "size is not an int."), ("ValueError", "size is negative.")))
+def set_max_workspace_size(size: int) -> None:
+    """Set cupyconv's workspace limit for every later call: `cupyconv.settings.set_workspace_limit`."""
     try:
         nbytes = operator.index(size)
     except TypeError:
@@ -291,14 +279,38 @@ class _Geometry:
 # ---------------------------------------------------------------------------------------------------------
 # Public API
 
+# The docstring entries the functions share (cupyconv._docs); NumPy or CuPy arrays, never mixed
+_X_DOC = ("array ``(N, C, *s)`` or ``(N, *s, C)``", "The convolution's input, in d_layout.")
+_W_DOC = ("array ``(D, C // groups, *k)`` or ``(D, *k, C // groups)``", "The convolution's filters, in w_layout.")
+_GY_DOC = ("array ``(N, D, *o)`` or ``(N, *o, D)``", "The gradient of the convolution's output, in d_layout.")
+_GEOMETRY_DOCS = dict(
+    pad=("tuple of int", "Zeros on both sides of each spatial dim: one int per dim (1, 2 or 3)."),
+    stride=("tuple of int", "One int per spatial dim."),
+    dilation=("tuple of int or None", "One int per spatial dim; None means ones."),
+    auto_tune=("bool", "Sets `cupyconv.settings` autotune for the call, either way: True times the candidate GPU "
+                       "algorithms on the first call of each geometry and keeps the fastest, False chooses by "
+                       "heuristics."),
+    tensor_core=("str", "TF32 for float32: 'always' allows it for the call, 'never' forbids it, 'auto' (the "
+                        "default) keeps `cupyconv.settings.get_allow_tf32`.  float16 and bfloat16 may use tensor "
+                        "cores in any mode."),
+    d_layout=("int", "CUDNN_TENSOR_NCHW (0, the default): data ``(N, C, *spatial)``; CUDNN_TENSOR_NHWC (1): "
+                     "``(N, *spatial, C)``, in 1-D, 2-D and 3-D alike."),
+    w_layout=("int", "CUDNN_TENSOR_NCHW (0, the default): filters ``(D, C // groups, *k)``; CUDNN_TENSOR_NHWC (1): "
+                     "``(D, *k, C // groups)``."))
+_DETERMINISTIC_DOC = ("bool", "True sets `cupyconv.settings` deterministic for the call, which turns auto_tune off; "
+                              "False leaves it as it is (every cupyconv kernel is run-to-run deterministic for a "
+                              "given algorithm anyway).")
 
-def convolution_forward(x, W, b, y, pad, stride, dilation, groups, *, auto_tune=False, tensor_core="auto",
-                        d_layout=CUDNN_TENSOR_NCHW, w_layout=CUDNN_TENSOR_NCHW):
-    """y[...] = cross-correlation of x with W (+ b per output channel); see the module docstring.
 
-    x (N, C, *s) or (N, *s, C); W (D, C // groups, *k) or (D, *k, C // groups); b None or D entries;
-    y (N, D, *o) or (N, *o, D), C-contiguous, overwritten, o = (s + 2 pad - dilation (k - 1) - 1) // stride + 1.
-    """
+@numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, W=_W_DOC,
+           b=("array or None", "D entries (any shape), added to output channel d; or None."),
+           y=("array ``(N, D, *o)`` or ``(N, *o, D)``",
+              "The output: C-contiguous, of exactly this shape and x's dtype; overwritten.  o = (s + 2 * pad - "
+              "dilation * (k - 1) - 1) // stride + 1."))
+def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints, stride: Ints, dilation: Ints | None,
+                        groups: int, *, auto_tune: bool = False, tensor_core: str = "auto",
+                        d_layout: int = CUDNN_TENSOR_NCHW, w_layout: int = CUDNN_TENSOR_NCHW) -> None:
+    """``y[...] =`` the cross-correlation of x with W, plus b per output channel."""
     fn = "convolution_forward"
     _check_tensor_core(fn, tensor_core)
     _check_arrays(fn, {"x": x, "W": W, "b": b, "y": y}, "y")
@@ -317,13 +329,16 @@ def convolution_forward(x, W, b, y, pad, stride, dilation, groups, *, auto_tune=
     yv[...] = result
 
 
-def convolution_backward_filter(x, gy, gW, pad, stride, dilation, groups, *, deterministic=False, auto_tune=False,
-                                tensor_core="auto", d_layout=CUDNN_TENSOR_NCHW, w_layout=CUDNN_TENSOR_NCHW):
-    """gW[...] = the weight gradient of the convolution of x, given its output gradient gy.
-
-    x (N, C, *s) or (N, *s, C); gy (N, D, *o) or (N, *o, D), the convolution's output shape; gW (D, C // groups,
-    *k) or (D, *k, C // groups), C-contiguous, overwritten; its shape gives the kernel size k.
-    """
+@numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
+           gW=("array ``(D, C // groups, *k)`` or ``(D, *k, C // groups)``",
+               "The weight gradient: C-contiguous, of exactly the weight's shape, which gives the kernel size, and "
+               "x's dtype; overwritten."),
+           deterministic=_DETERMINISTIC_DOC)
+def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, stride: Ints, dilation: Ints | None,
+                                groups: int, *, deterministic: bool = False, auto_tune: bool = False,
+                                tensor_core: str = "auto", d_layout: int = CUDNN_TENSOR_NCHW,
+                                w_layout: int = CUDNN_TENSOR_NCHW) -> None:
+    """``gW[...] =`` the weight gradient of the convolution of x, given its output gradient gy."""
     fn = "convolution_backward_filter"
     _check_tensor_core(fn, tensor_core)
     _check_arrays(fn, {"x": x, "gy": gy, "gW": gW}, "gW")
@@ -344,12 +359,19 @@ def convolution_backward_filter(x, gy, gW, pad, stride, dilation, groups, *, det
     gwv[...] = grad_w
 
 
-def convolution_backward_data(W, x, b, y, pad, stride, dilation, groups, *, deterministic=False, auto_tune=False,
-                              tensor_core="auto", d_layout=CUDNN_TENSOR_NCHW, w_layout=CUDNN_TENSOR_NCHW):
-    """y[...] = the input gradient of the convolution with W whose output gradient is x (+ b per channel of y).
+@numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
+           b=("array or None", "C entries (any shape), added to channel c of y; or None."),
+           y=("array ``(N, C, *s)`` or ``(N, *s, C)``",
+              "The input gradient: C-contiguous, of x's dtype; overwritten.  Its shape picks the input size among "
+              "those the convolution maps to x's size (up to stride - 1 larger than the smallest)."),
+           deterministic=_DETERMINISTIC_DOC)
+def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad: Ints, stride: Ints,
+                              dilation: Ints | None, groups: int, *, deterministic: bool = False,
+                              auto_tune: bool = False, tensor_core: str = "auto", d_layout: int = CUDNN_TENSOR_NCHW,
+                              w_layout: int = CUDNN_TENSOR_NCHW) -> None:
+    """``y[...] =`` the input gradient of the convolution with W whose output gradient is x, plus b per channel.
 
-    W (D, C // groups, *k) or (D, *k, C // groups); x (N, D, *o) or (N, *o, D); b None or C entries; y (N, C, *s)
-    or (N, *s, C), C-contiguous, overwritten, where the convolution of y's shape with W gives x's shape.
+    That is the transposed convolution of x.
     """
     fn = "convolution_backward_data"
     _check_tensor_core(fn, tensor_core)

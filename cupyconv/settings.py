@@ -2,21 +2,21 @@
 
 Each setting has a getter, a setter and a context manager:
 
-==================  ============================  =========================================================
-setting             default                       what it decides
-==================  ============================  =========================================================
-``allow_tf32``      False                         float32 GEMMs may run on TF32 tensor cores (about 10
-                                                  mantissa bits per product); off, float32 is IEEE float32
-``autotune``        False                         ``algorithm='auto'`` times every candidate on the first
-                                                  call of each problem and keeps the fastest (like
-                                                  ``cudnn.benchmark``)
-``deterministic``   False                         ``algorithm='auto'`` never autotunes, so the algorithm,
-                                                  and with it every bit of the result, depends on the
-                                                  shapes alone, in every process; kernels that would sum
-                                                  with float atomics are refused (none exists today)
-``workspace_limit`` DEFAULT_WORKSPACE_LIMIT bytes  how many bytes a temporary buffer (an im2col matrix) may
-                                                  take before an op processes the batch in chunks
-==================  ============================  =========================================================
+====================  ==============================  =========================================================
+setting               default                         what it decides
+====================  ==============================  =========================================================
+``allow_tf32``        False                           float32 GEMMs may run on TF32 tensor cores (about 10
+                                                      mantissa bits per product); off, float32 is IEEE float32
+``autotune``          False                           ``algorithm='auto'`` times every candidate on the first
+                                                      call of each problem and keeps the fastest (like
+                                                      ``cudnn.benchmark``)
+``deterministic``     False                           ``algorithm='auto'`` never autotunes, so the algorithm,
+                                                      and with it every bit of the result, depends on the
+                                                      shapes alone, in every process; kernels that would sum
+                                                      with float atomics are refused (none exists today)
+``workspace_limit``   DEFAULT_WORKSPACE_LIMIT bytes   how many bytes a temporary buffer (an im2col matrix) may
+                                                      take before an op processes the batch in chunks
+====================  ==============================  =========================================================
 
 ``set_<name>(value)`` changes the default for every later call in every thread; ``with <name>(value):`` changes
 it for the calls made inside the block, in this thread (or asyncio task) only, and restores it after.  The ops
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+
+from ._docs import numpy_doc
 
 DEFAULT_WORKSPACE_LIMIT = 256 * 2**20
 
@@ -78,66 +80,96 @@ _DETERMINISTIC = _Setting("deterministic", False, bool)
 _WORKSPACE_LIMIT = _Setting("workspace_limit", DEFAULT_WORKSPACE_LIMIT, _positive_bytes)
 
 
+# The docstring entries the getters, setters and context managers share (cupyconv._docs)
+_IN_FORCE = "The value in force here: that of the innermost ``with`` block of this thread or task, else the global one."
+_SCOPE = ("context manager", "Sets the value for the calls made inside the ``with`` block, in this thread or asyncio "
+                            "task only, and restores the previous one on exit.")
+_NBYTES = ("int", "A number of bytes, at least 1.")
+_NOT_BYTES = (("ValueError", "nbytes is not a positive int."),)
+
+
+@numpy_doc(returns=("bool", _IN_FORCE), raises=())
 def get_allow_tf32() -> bool:
     """Whether float32 GEMMs may use TF32 tensor cores (Ampere and newer)."""
     return _ALLOW_TF32.get()
 
 
+@numpy_doc(enabled=("bool", "True allows TF32; False (the default) keeps float32 strict."), raises=())
 def set_allow_tf32(enabled: bool) -> None:
     """Let float32 GEMMs use TF32 tensor cores (about 10 mantissa bits per product, float32 accumulation).
 
     Off by default: float32 is strict IEEE float32.  Read by cupyconv's own GEMMs (the cuBLAS compute type,
     `cupyconv._device.gemm_compute`) and by the tensor-core kernel (`algorithm='implicit_gemm'`, which float32
-    reaches only while this is on); the direct and fused kernels compute in float32 either way.
+    reaches only while this is on); the direct and fused kernels compute in float32 either way.  For every later
+    call, in every thread.
     """
     _ALLOW_TF32.set(enabled)
 
 
-def allow_tf32(enabled: bool):
-    """`with allow_tf32(True):` TF32 for the calls inside the block only."""
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether TF32 is allowed inside the block."), raises=())
+def allow_tf32(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """``with allow_tf32(True):`` TF32 for the calls inside the block only (see `set_allow_tf32`)."""
     return _ALLOW_TF32.scope(enabled)
 
 
+@numpy_doc(returns=("bool", _IN_FORCE), raises=())
 def get_autotune() -> bool:
     """Whether algorithm='auto' measures the candidates (unless `deterministic` is on)."""
     return _AUTOTUNE.get()
 
 
+@numpy_doc(enabled=("bool", "True measures; False (the default) chooses by the shapes."), raises=())
 def set_autotune(enabled: bool) -> None:
     """Like cudnn.benchmark: with algorithm='auto', time every candidate algorithm on the first call of each
-    (pass, geometry, dtype, device) and use the fastest from then on.  Off by default: that first call runs
-    each candidate twice (once to compile and warm up, once timed)."""
+    (pass, geometry, dtype, device) and use the fastest from then on.
+
+    Off by default: that first call runs each candidate twice (once to compile and warm up, once timed).  For
+    every later call, in every thread; `deterministic` overrides it.
+    """
     _AUTOTUNE.set(enabled)
 
 
-def autotune(enabled: bool):
-    """`with autotune(True):` autotuning for the calls inside the block only."""
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to autotune inside the block."), raises=())
+def autotune(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """``with autotune(True):`` autotuning for the calls inside the block only (see `set_autotune`)."""
     return _AUTOTUNE.scope(enabled)
 
 
+@numpy_doc(returns=("bool", _IN_FORCE), raises=())
 def get_deterministic() -> bool:
+    """Whether algorithm='auto' chooses by the shapes alone, never by measurement."""
     return _DETERMINISTIC.get()
 
 
+@numpy_doc(enabled=("bool", "True turns autotuning off; False (the default) leaves it to `set_autotune`."),
+           raises=())
 def set_deterministic(enabled: bool) -> None:
-    """Choose algorithms by the shapes alone (no autotuning), so every process computes the same bits."""
+    """Choose algorithms by the shapes alone (no autotuning), so every process computes the same bits.
+
+    For every later call, in every thread.
+    """
     _DETERMINISTIC.set(enabled)
 
 
-def deterministic(enabled: bool):
-    """`with deterministic(True):` for the calls inside the block only."""
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to choose by the shapes alone inside the block."), raises=())
+def deterministic(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """``with deterministic(True):`` for the calls inside the block only (see `set_deterministic`)."""
     return _DETERMINISTIC.scope(enabled)
 
 
+@numpy_doc(returns=("int", _IN_FORCE), raises=())
 def get_workspace_limit() -> int:
+    """The bytes an op's temporary buffer (an im2col matrix) may take before it splits the batch into chunks."""
     return _WORKSPACE_LIMIT.get()
 
 
+@numpy_doc(nbytes=_NBYTES, raises=_NOT_BYTES)
 def set_workspace_limit(nbytes: int) -> None:
-    """Set the default workspace budget in bytes for every later call."""
+    """Set the workspace limit for every later call, in every thread (default: DEFAULT_WORKSPACE_LIMIT, 256 MiB)."""
     _WORKSPACE_LIMIT.set(nbytes)
 
 
-def workspace_limit(nbytes: int):
-    """Use a workspace budget of nbytes for the calls made inside the block."""
+@numpy_doc(returns=_SCOPE, nbytes=_NBYTES, raises=_NOT_BYTES)
+def workspace_limit(nbytes: int) -> contextlib.AbstractContextManager[None]:
+    """``with workspace_limit(nbytes):`` that limit for the calls made inside the block only."""
     return _WORKSPACE_LIMIT.scope(nbytes)

@@ -7,26 +7,19 @@
 Every gradient comes from cupyconv's `*_backward` functions, asking (with `needs=`) only for what the step
 uses.  The same code runs on NumPy arrays: without CuPy or a GPU it runs on the CPU.
 
-    python examples/cupy_pipeline.py              # 40 steps, batch 64, 32x32 images
-    python examples/cupy_pipeline.py --small      # 30 steps, batch 32, 16x16 images (CI)
+    python examples/cupy_pipeline.py                 # 40 steps, batch 64, 32x32 images, on the GPU if there is one
+    python examples/cupy_pipeline.py --small         # 30 steps, batch 32, 16x16 images (CI)
+    python examples/cupy_pipeline.py --device cpu    # NumPy arrays even where there is a GPU
 """
-import argparse
 import sys
 import time
 
 import numpy
 
+import _cli
 import cupyconv
 
 CLASSES, WIDTH = 3, 16
-
-
-def _gpu_cupy():
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # not installed, no driver, no device
-        return None
 
 
 def synthetic_batch(rng, batch, size):
@@ -101,16 +94,9 @@ def train(xp, steps, batch, size, lr=1.0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="batch 32 of 16x16 images (for CI)")
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
-    args = parser.parse_args(argv)
+    args = _cli.parser(__doc__, small="30 steps, batch 32, 16x16 images").parse_args(argv)
     steps, batch, size = (30, 32, 16) if args.small else (40, 64, 32)
-
-    cupy = _gpu_cupy() if args.device != "cpu" else None
-    if args.device == "gpu" and cupy is None:
-        sys.exit("--device gpu: CuPy is not installed or sees no CUDA device")
-    xp = numpy if cupy is None else cupy
+    xp = _cli.array_module(_cli.device(args))
     losses, times = train(xp, steps, batch, size)
 
     where = "GPU, CuPy arrays" if xp is not numpy else "CPU, NumPy arrays"

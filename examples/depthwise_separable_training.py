@@ -5,12 +5,13 @@ of `cupyconv.torch` (`Conv2d`, `DepthwiseSeparableConv2d`).  The cupyconv networ
 `state_dict` as it is, both are trained for a few SGD steps on the same synthetic batches, and the losses of
 every step must agree: the layers compute the same function with hand-written backward passes.
 
-Runs on a CUDA GPU when torch sees one, else on the CPU.
+Runs on CUDA tensors where torch and CuPy both see a CUDA device (cupyconv.torch computes CUDA tensors with
+CuPy), else on the CPU; --device chooses.
 
-    python examples/depthwise_separable_training.py            # 20 steps, batch 32, 32x32 images
-    python examples/depthwise_separable_training.py --small    # 4 steps, batch 8, 16x16 images (CI)
+    python examples/depthwise_separable_training.py                # 20 steps, batch 32, 32x32 images
+    python examples/depthwise_separable_training.py --small        # 4 steps, batch 8, 16x16 images (CI)
+    python examples/depthwise_separable_training.py --device cpu   # CPU tensors even where there is a GPU
 """
-import argparse
 import sys
 
 try:
@@ -19,6 +20,7 @@ try:
 except ImportError:
     sys.exit("depthwise_separable_training.py needs PyTorch (pip install torch)")
 
+import _cli
 import cupyconv.torch as cct
 
 CLASSES = 3
@@ -84,15 +86,10 @@ def run(device, steps, batch, size):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="4 steps of batch 8 on 16x16 images (for CI)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    args = parser.parse_args(argv)
+    args = _cli.parser(__doc__, small="4 steps of batch 8 on 16x16 images").parse_args(argv)
     steps, batch, size = (4, 8, 16) if args.small else (20, 32, 32)
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if _cli.device(args, torch) == "gpu" else "cpu"
     if device == "cuda":
         torch.backends.cudnn.allow_tf32 = False               # compare strict float32 with strict float32
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -8,20 +8,20 @@ the patches rolled into the batch dimension (without torch: against `cupyconv.co
 and prints a timing table of the alternatives it can run here: cupyconv, torch F.conv2d on the rolled batch,
 and torch unfold + matmul.
 
-On a GPU (CuPy sees one) everything runs there, CuPy arrays and torch CUDA tensors; otherwise on the CPU with
-NumPy and torch CPU tensors.  Only NumPy is required.
+With --device gpu (the default where CuPy sees a CUDA device) everything runs there, CuPy arrays and torch CUDA
+tensors (when torch has CUDA); with --device cpu on NumPy arrays and torch CPU tensors.  Only NumPy is required.
 
     python examples/patch_convolution.py             # the full problem
     python examples/patch_convolution.py --small     # B = 4, P = 64: a few seconds, what CI runs
     python examples/patch_convolution.py --device cpu --repeat 20
 """
-import argparse
 import statistics
 import sys
 import time
 
 import numpy
 
+import _cli
 import cupyconv
 
 C, D, PATCH, KERNEL, PADDING = 32, 64, 4, 3, 1
@@ -31,14 +31,6 @@ def _optional(name):
     try:
         return __import__(name)
     except ImportError:
-        return None
-
-
-def _gpu_cupy():
-    cupy = _optional("cupy")
-    try:
-        return cupy if cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # no driver, no device
         return None
 
 
@@ -59,8 +51,10 @@ def median_time(fn, synchronize, repeat, warmup=2):
 
 def run(xp, batch, repeat):
     """Check and time the problem with arrays of module xp (numpy or cupy); returns the result rows."""
-    torch = _optional("torch")
     on_gpu = xp is not numpy
+    torch = _optional("torch")
+    if on_gpu and torch is not None and not torch.cuda.is_available():
+        torch = None  # a CPU-only torch: nothing of it to compare on the GPU
     rng = numpy.random.default_rng(0)
     shape = (*batch, C, PATCH, PATCH)
     n = shape[0] * shape[1]
@@ -123,28 +117,22 @@ def run(xp, batch, repeat):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="4 x 64 patches instead of 20 x 1024 (for CI)")
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                        help="auto: the GPU when CuPy sees one, else the CPU")
+    parser = _cli.parser(__doc__, small="4 x 64 patches instead of 20 x 1024")
     parser.add_argument("--repeat", type=int, default=None, help="timed runs per contender (median reported)")
     args = parser.parse_args(argv)
 
     batch = (4, 64) if args.small else (20, 1024)
     repeat = args.repeat or 5
-    cupy = _gpu_cupy() if args.device != "cpu" else None
-    if args.device == "gpu" and cupy is None:
-        sys.exit("--device gpu: CuPy is not installed or sees no CUDA device")
+    xp = _cli.array_module(_cli.device(args))
 
     n = batch[0] * batch[1]
     print(f"patch convolution: {n} patches (B={batch[0]}, P={batch[1]}) of {PATCH}x{PATCH}, C={C} -> D={D}, "
           f"kernel {KERNEL}x{KERNEL}, padding {PADDING} inside each patch, float32")
-    if cupy is not None:
-        print(f"device: GPU {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} (CuPy {cupy.__version__})")
-        rows = run(cupy, batch, repeat)
+    if xp is not numpy:
+        print(f"device: GPU {xp.cuda.runtime.getDeviceProperties(0)['name'].decode()} (CuPy {xp.__version__})")
     else:
         print(f"device: CPU (NumPy {numpy.__version__})")
-        rows = run(numpy, batch, repeat)
+    rows = run(xp, batch, repeat)
 
     print(f"\n{'contender':40s} {'median ms':>10s} {'min ms':>9s} {'patches/s':>12s}")
     for name, median, best, rate in rows:

@@ -37,13 +37,14 @@ both operands (sigpy casts to the first operand's dtype).  sigpy's names are the
 The checks: known answers worked by hand, the forward against a float64 reference (scipy.signal.convolve where
 SciPy is installed, else a direct loop over the filter taps), and the dot-product test of both adjoints, over
 1-, 2- and 3-D, single and multi-channel, with batch axes, 'full' and 'valid', with and without strides, in
-float32, float64, complex64 and complex128, on NumPy arrays and, when CuPy sees a GPU, on CuPy arrays
-(`cupyconv` returns the kind it was given, so each function picks its array module from its input).
+float32, float64, complex64 and complex128, on CuPy arrays with --device gpu (the default where CuPy sees a CUDA
+device), on NumPy arrays with --device cpu (`cupyconv` returns the kind it was given, so each function picks its
+array module from its input).
 
-    python examples/sigpy_convolve.py            # more and larger problems
-    python examples/sigpy_convolve.py --small    # what CI runs (a few seconds on the CPU)
+    python examples/sigpy_convolve.py                 # more and larger problems
+    python examples/sigpy_convolve.py --small         # what CI runs (a few seconds on the CPU)
+    python examples/sigpy_convolve.py --device cpu    # NumPy arrays even where there is a GPU
 """
-import argparse
 import itertools
 import math
 import sys
@@ -51,6 +52,7 @@ import time
 
 import numpy
 
+import _cli
 import cupyconv
 
 __all__ = ["convolve", "convolve_data_adjoint", "convolve_filter_adjoint",
@@ -401,40 +403,25 @@ def check_errors(report):
             report.check(f"error: {label} was accepted", float("inf"), 0.0, "argument errors")
 
 
-def _gpu_cupy():
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # not installed, no driver, no device
-        return None
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="fewer, smaller problems (for CI)")
-    args = parser.parse_args(argv)
+    args = _cli.parser(__doc__, small="fewer, smaller problems").parse_args(argv)
     t0 = time.perf_counter()
     report = Report()
     rng = numpy.random.default_rng(0)
-    modules = [("numpy", numpy)]
-    cupy = _gpu_cupy()
-    if cupy is not None:
-        modules.append(("cupy", cupy))
+    xp = _cli.array_module(_cli.device(args))
     print(f"reference: {'scipy.signal.convolve' if _scipy_convolve() else 'a direct float64 loop over the taps'}; "
-          f"arrays: {', '.join(name for name, _ in modules)}"
-          + ("" if cupy is not None else " (no GPU that CuPy sees: the CuPy arrays are skipped)"))
+          f"arrays: {xp.__name__}")
 
     check_errors(report)
-    for where, xp in modules:
-        known_answers(xp, report)
-        for problem in problems(args.small):
-            for dtype in (numpy.float32, numpy.float64, numpy.complex64, numpy.complex128):
-                check_problem(xp, rng, report, where, problem, dtype)
+    known_answers(xp, report)
+    for problem in problems(args.small):
+        for dtype in (numpy.float32, numpy.float64, numpy.complex64, numpy.complex128):
+            check_problem(xp, rng, report, xp.__name__, problem, dtype)
 
     for group, worst in report.worst.items():
         print(f"  {group:<40} max error {worst:.2e}")
-    print(f"{report.count} checks ({len(problems(args.small))} problems x 4 dtypes x {len(modules)} array kinds, "
-          f"plus known answers and argument errors) in {time.perf_counter() - t0:.1f} s")
+    print(f"{report.count} checks ({len(problems(args.small))} problems x 4 dtypes on {xp.__name__} arrays, plus known "
+          f"answers and argument errors) in {time.perf_counter() - t0:.1f} s")
     for failure in report.failures:
         print("MISMATCH:", failure, file=sys.stderr)
     if report.failures:

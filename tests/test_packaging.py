@@ -1,4 +1,5 @@
-"""The wheel ships raw_kernels/ and an installed cupyconv finds its kernel sources; README and CI agree.
+"""The wheel ships raw_kernels/, the license and py.typed, and an installed cupyconv finds its kernel sources;
+README and CI agree.
 
 The wheel test builds from a copy of the checkout (so a stale build/ directory can never hide a missing file),
 installs the wheel into a fresh virtual environment and imports it from a directory outside the checkout.
@@ -38,18 +39,19 @@ def _clean_env() -> dict:
 
 
 def _can_build_without_isolation() -> bool:
-    """setuptools >= 64 in this environment lets pip build the wheel offline, without a build environment."""
+    """setuptools >= 77 (pyproject.toml's build requirement: SPDX `license`) in this environment lets pip build
+    the wheel offline, without a build environment."""
     try:
         import setuptools
     except ImportError:
         return False
-    return int(setuptools.__version__.split(".")[0]) >= 64
+    return int(setuptools.__version__.split(".")[0]) >= 77
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     for name in ("cupyconv", "raw_kernels"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -76,6 +78,19 @@ def test_wheel_contains_every_kernel_source(wheel):
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     hard = [r for r in requires if "extra ==" not in r]
     assert hard == ["Requires-Dist: numpy"], f"the only hard dependency must be numpy, got {hard}"
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_license_and_py_typed(wheel):
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    assert "cupyconv/py.typed" in names, "without py.typed, type checkers ignore cupyconv's annotations (PEP 561)"
+    license_path = "cupyconv-0.1.0.dist-info/licenses/LICENSE"
+    assert license_path in names, sorted(n for n in names if "dist-info" in n)
+    assert archive.read(license_path) == (ROOT / "LICENSE").read_bytes()
+    metadata = archive.read("cupyconv-0.1.0.dist-info/METADATA").decode().splitlines()
+    assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
+    assert "Classifier: Typing :: Typed" in metadata
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .._docs import GRADIENTS, SAME_KIND, numpy_doc
+from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
@@ -564,19 +566,25 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
     return conv2d_backward_gpu(device, *arrays, algorithm)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
-           workspace_limit=None):
-    """2-D convolution (cross-correlation, like torch) of x (N, C, H, W) with weight (D, C // groups, kH, kW).
+ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "
+                 "'im2col_gemm'; 'direct'; 'implicit_gemm', the tensor cores (compute capability 8.0 and newer; "
+                 "float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
+                 f"{TC_MIN_CHANNELS} input channels per group); or 'auto' (the default): 'implicit_gemm' where it "
+                 f"can run, else 'direct' with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else "
+                 "'im2col_gemm'; with `cupyconv.settings` autotune on, the fastest of them on the first call of "
+                 "each problem.")
+X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
-    bias: (D,) or None.  padding: int, (pH, pW), ((top, bottom), (left, right)), 'valid' or 'same' (any
-    stride: output = ceil(in / stride)).  Returns (N, D, oH, oW) of the caller's array kind.
 
-    algorithm: 'auto' (see `choose_algorithm`; `settings.set_autotune(True)` measures instead), 'im2col_gemm',
-    'direct' or 'implicit_gemm' (tensor cores: float16/bfloat16, float32 as TF32 when allowed, at least 16
-    channels per group); GPU arrays only (the CPU path is always im2col + GEMM).
-    workspace_limit: bytes the im2col buffer may take for this call (default: `settings.get_workspace_limit()`);
-    the batch is processed in chunks that fit.  float32 is strict float32 unless `settings.set_allow_tf32(True)`; float16 and bfloat16
-    accumulate in float32.  groups = C goes to the depthwise op (algorithm is ignored there).
+@numpy_doc(returns=("array (N, D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
+def conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+           dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+           workspace_limit: int | None = None) -> ArrayT:
+    """2-D convolution (cross-correlation, like `torch.nn.functional.conv2d`).
+
+    oH = (H + pad_top + pad_bottom - dilation_h * (kH - 1) - 1) // stride_h + 1, and likewise oW.  With
+    ``groups == C > 1`` it runs `depthwise_conv2d`'s kernels, which ignore `algorithm`.  float32 is strict IEEE
+    float32 unless `cupyconv.settings.set_allow_tf32` allows TF32; float16 and bfloat16 accumulate in float32.
     """
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
@@ -585,15 +593,16 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         return call.wrap(conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
-def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                    algorithm="auto", workspace_limit=None):
-    """Gradients of conv2d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`.
+@numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
+def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1, padding: Padding = 0,
+                    dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                    workspace_limit: int | None = None) -> Gradients[ArrayT]:
+    """The gradients of `conv2d`, computed by hand (no autograd).
 
-    grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).
-    algorithm and workspace_limit as for `conv2d`: 'implicit_gemm' computes both on the tensor cores (grad_weight
-    in splits of the pixels, summed in a fixed order); 'direct' computes grad_x with the direct kernel when the
-    stride is 1 (im2col + GEMM + col2im otherwise) and grad_weight by one GEMM per group and chunk, as
-    'im2col_gemm' does.
+    grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).  With
+    'implicit_gemm', grad_x and grad_weight run on the tensor cores (grad_weight in splits of the pixels, summed in
+    a fixed order); with 'direct', grad_x runs on the direct kernel when the stride is 1 (im2col + GEMM + col2im
+    otherwise) and grad_weight, as with 'im2col_gemm', by one GEMM per group and chunk of the batch.
     """
     op = "conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)

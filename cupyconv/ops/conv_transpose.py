@@ -18,8 +18,10 @@ then zero-extended to that size (the extra output rows receive nothing but the b
 from __future__ import annotations
 
 from .._arrays import Call, compute_dtype
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, ConvSpec, _padding, _shape, _tuple, check_groups, check_needs,
-                     weight_spatial_dims)
+from .._docs import GRADIENTS, SAME_KIND, numpy_doc
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding, _shape, _tuple, check_groups,
+                     check_needs, weight_spatial_dims)
+from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
 from .conv import conv2d_backward_run, conv2d_run
 
@@ -113,62 +115,100 @@ def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_
     return call.wrap((grad_x, grad_w, grad_b))
 
 
-_DOC = """Transposed convolution (like torch.nn.functional.conv_transpose{d}) of x {layout} with weight
-    (C_in, C_out // groups, {kernel}): (N, C_out, *out), out = (in - 1) * stride - 2 * padding + dilation * (k - 1)
-    + output_padding + 1 per dim.  padding may also be given per side (one (low, high) pair per dim) or 'valid';
-    output_padding < max(stride, dilation).  Arguments in torch's order."""
+TRANSPOSE_DOCS = dict(
+    stride=("int or tuple of int", "The stride of the convolution this transposes (the factor by which the output "
+                                   "grows): one int for every spatial dim, or one per dim."),
+    padding=("int, tuple or str", "Removed from the output's ends, as in torch: an int for every side; one int per "
+                                  "dim, for both of its ends; one (low, high) pair per dim; or 'valid' (none).  Not "
+                                  "'same'."),
+    output_padding=("int or tuple of int", "Added to the high end of each output dim, to pick one of the output "
+                                           "sizes that the convolution maps to x's size; smaller than max(stride, "
+                                           "dilation) in every dim."))
+OUTPUT_DOC = ("array ``(N, C_out, *out)``", "out = (in - 1) * stride - pad_low - pad_high + dilation * (k - 1) + "
+                                        "output_padding + 1 per dim.  " + SAME_KIND)
 
 
-def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+def _shape_docs(nd: int | None) -> dict:
+    """The docstring entries of x and weight over nd spatial dims (None: 1, 2 or 3), with TRANSPOSE_DOCS."""
+    spatial, kernel = (SPATIAL[nd], KERNEL_LAYOUTS[nd]) if nd else ("*spatial", "*k")
+    return dict(x=(f"array ``(N, C_in, {spatial})``", "The input."),
+                weight=(f"array ``(C_in, C_out // groups, {kernel})``",
+                        "The filters of the convolution this transposes."),
+                **TRANSPOSE_DOCS)
+
+
+@numpy_doc(_shape_docs(1), returns=OUTPUT_DOC)
+def conv_transpose1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1) -> ArrayT:
+    """Transposed 1-D convolution, like `torch.nn.functional.conv_transpose1d` (its argument order).
+
+    The input gradient of `conv1d` with this weight, computed as a gather: deterministic, no atomics.
+    """
     return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
-def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+@numpy_doc(_shape_docs(2), returns=OUTPUT_DOC)
+def conv_transpose2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1) -> ArrayT:
+    """Transposed 2-D convolution, like `torch.nn.functional.conv_transpose2d` (its argument order).
+
+    The input gradient of `conv2d` with this weight, computed as a gather: deterministic, no atomics.
+    """
     return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
-def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+@numpy_doc(_shape_docs(3), returns=OUTPUT_DOC)
+def conv_transpose3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                     dilation: IntOrTuple = 1) -> ArrayT:
+    """Transposed 3-D convolution, like `torch.nn.functional.conv_transpose3d` (its argument order).
+
+    The input gradient of `conv3d` with this weight, computed as a gather: deterministic, no atomics.
+    """
     return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
-def conv_transpose_nd(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """`conv_transpose1d`, `2d` or `3d` by the number of spatial dims of weight (weight.ndim - 2)."""
+@numpy_doc(_shape_docs(None), returns=OUTPUT_DOC)
+def conv_transpose_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                      padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                      dilation: IntOrTuple = 1) -> ArrayT:
+    """The transposed convolution over weight.ndim - 2 spatial dims: `conv_transpose1d`, `2d` or `3d`."""
     return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
-for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
-    _f.__doc__ = _DOC.format(d=f"{_nd}d", layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd])
-
-
-def _backward_doc(name):
-    return f"""Gradients of {name}: (grad_x, grad_weight, grad_bias), each None unless named in `needs`;
-    grad_output has the forward output's shape."""
-
-
-def conv_transpose1d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
-                              needs=NEEDS):
+@numpy_doc(_shape_docs(1), returns=GRADIENTS)
+def conv_transpose1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `conv_transpose1d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs)
 
 
-def conv_transpose2d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
-                              needs=NEEDS):
+@numpy_doc(_shape_docs(2), returns=GRADIENTS)
+def conv_transpose2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `conv_transpose2d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs)
 
 
-def conv_transpose3d_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1, dilation=1,
-                              needs=NEEDS):
+@numpy_doc(_shape_docs(3), returns=GRADIENTS)
+def conv_transpose3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `conv_transpose3d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs)
 
 
-def conv_transpose_nd_backward(grad_output, x, weight, *, stride=1, padding=0, output_padding=0, groups=1,
-                               dilation=1, needs=NEEDS):
+@numpy_doc(_shape_docs(None), returns=GRADIENTS)
+def conv_transpose_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                               padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
+                               dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `conv_transpose_nd`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs)
-
-
-for _f in (conv_transpose1d_backward, conv_transpose2d_backward, conv_transpose3d_backward,
-           conv_transpose_nd_backward):
-    _f.__doc__ = _backward_doc(_f.__name__.removesuffix("_backward"))

@@ -16,6 +16,8 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, index_type,
                         kernel_name)
 from .._spec import NEEDS, ConvSpec, ceil_div, check_grad_output, check_needs, round_up
+from .._docs import GRADIENTS, SAME_KIND, numpy_doc
+from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .unfold import pad_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -454,16 +456,27 @@ def depthwise_conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec
 # Public API
 
 
-def depthwise_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):
-    """Depthwise convolution of x (N, C, H, W) with weight (C * m, 1, kH, kW): output channel c * m + k
-    is input channel c convolved with filter c * m + k.  Returns (N, C * m, oH, oW)."""
+X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (C * m, 1, kH, kW)", "The filters, m per channel.")
+
+
+@numpy_doc(returns=("array (N, C * m, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC)
+def depthwise_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, dilation: IntOrTuple = 1) -> ArrayT:
+    """Depthwise convolution: each input channel convolved with its own m filters (channel multiplier m).
+
+    Output channel c * m + k is input channel c convolved with filter c * m + k: `conv2d` with groups = C, on
+    kernels of its own.
+    """
     call = Call("depthwise_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", call.x, call.weight, call.bias, stride, padding, dilation)
     return call.wrap(depthwise_conv2d_run(call.device, call.x, call.weight, call.bias, spec))
 
 
-def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
-    """Gradients of depthwise_conv2d: (grad_x, grad_weight, grad_bias), None unless named in `needs`."""
+@numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC)
+def depthwise_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, dilation: IntOrTuple = 1,
+                              needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `depthwise_conv2d`, computed by hand (no autograd)."""
     op = "depthwise_conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation)

@@ -8,11 +8,14 @@ the 2-D op's, with one entry per spatial dim: padding an int, one int per dim, o
 from __future__ import annotations
 
 from .._arrays import Call
+from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._spec import NEEDS, ConvSpec, check_algorithm, check_grad_output, check_needs, weight_spatial_dims
+from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
-from .conv import ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
+from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
 from .depthwise import depthwise_conv2d_backward_run, depthwise_conv2d_run
-from .patch import ALGORITHMS as PATCH_ALGORITHMS, patch_conv2d_backward_run, patch_conv2d_run
+from .patch import ALGORITHM_DOC as PATCH_ALGORITHM_DOC, ALGORITHMS as PATCH_ALGORITHMS
+from .patch import patch_conv2d_backward_run, patch_conv2d_run
 
 
 def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit):
@@ -37,46 +40,78 @@ def _conv_backward(op, nd, grad_output, x, weight, stride, padding, dilation, gr
                                        needs, algorithm))
 
 
-def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
-           workspace_limit=None):
-    """1-D convolution (cross-correlation, like torch.nn.functional.conv1d) of x (N, C, L) with weight
-    (D, C // groups, k): (N, D, oL).  Runs conv2d's kernels over a unit height; arguments as `conv2d`."""
+# The docstrings' entries (cupyconv._docs) for x, weight and algorithm
+CONV1D_DOCS = dict(x=("array (N, C, L)", "The input."), weight=("array (D, C // groups, k)", "The filters."),
+                   algorithm=ALGORITHM_DOC)
+CONV3D_DOCS = dict(x=("array (N, C, D, H, W)", "The input."),
+                   weight=("array (O, C // groups, kD, kH, kW)", "The filters."), algorithm=ALGORITHM_DOC)
+CONV_ND_DOCS = dict(x=("array ``(N, C, *spatial)``", "The input, with 1, 2 or 3 spatial dims."),
+                    weight=("array ``(D, C // groups, *k)``", "The filters, with as many spatial dims as x."),
+                    algorithm=ALGORITHM_DOC)
+
+
+@numpy_doc(CONV1D_DOCS, returns=("array (N, D, oL)", SAME_KIND))
+def conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+           dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+           workspace_limit: int | None = None) -> ArrayT:
+    """1-D convolution (cross-correlation, like `torch.nn.functional.conv1d`).
+
+    Runs `conv2d`'s kernels over a unit height (a view of x, no copy).
+    """
     return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
-def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
-           workspace_limit=None):
-    """3-D convolution (like torch.nn.functional.conv3d) of x (N, C, D, H, W) with weight
-    (O, C // groups, kD, kH, kW): (N, O, oD, oH, oW).  Runs conv2d's kernels on the depth windows of x, in
-    chunks of the batch within the workspace limit; arguments as `conv2d`."""
+@numpy_doc(CONV3D_DOCS, returns=("array (N, O, oD, oH, oW)", SAME_KIND))
+def conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+           dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+           workspace_limit: int | None = None) -> ArrayT:
+    """3-D convolution (cross-correlation, like `torch.nn.functional.conv3d`).
+
+    Runs `conv2d`'s kernels on the depth windows of x: for each output depth, the kD input planes its windows read
+    form a 2-D problem with C * kD channels.  The windows are built per chunk of the batch within the workspace
+    limit.
+    """
     return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
-def conv_nd(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto",
-            workspace_limit=None):
+@numpy_doc(CONV_ND_DOCS, returns=("array ``(N, D, *out)``", SAME_KIND))
+def conv_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+            dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+            workspace_limit: int | None = None) -> ArrayT:
     """`conv1d`, `conv2d` or `conv3d`, by the number of spatial dims of weight (weight.ndim - 2)."""
     return _conv("conv_nd", None, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
-def conv1d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                    algorithm="auto", workspace_limit=None):
-    """Gradients of conv1d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`."""
+@numpy_doc(CONV1D_DOCS, returns=GRADIENTS)
+def conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1, padding: Padding = 0,
+                    dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                    workspace_limit: int | None = None) -> Gradients[ArrayT]:
+    """The gradients of `conv1d`, computed by hand (no autograd)."""
     return _conv_backward("conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups, needs,
                           algorithm, workspace_limit)
 
 
-def conv3d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                    algorithm="auto", workspace_limit=None):
-    """Gradients of conv3d: (grad_x, grad_weight, grad_bias), each None unless named in `needs`.  With several
-    workspace chunks, grad_weight and grad_bias are summed over the chunks in order (in float32 for 16-bit)."""
+@numpy_doc(CONV3D_DOCS, returns=GRADIENTS)
+def conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1, padding: Padding = 0,
+                    dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                    workspace_limit: int | None = None) -> Gradients[ArrayT]:
+    """The gradients of `conv3d`, computed by hand (no autograd).
+
+    With several workspace chunks, grad_weight and grad_bias are summed over the chunks in order (in float32 for
+    float16 and bfloat16).
+    """
     return _conv_backward("conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups, needs,
                           algorithm, workspace_limit)
 
 
-def conv_nd_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                     algorithm="auto", workspace_limit=None):
-    """Gradients of conv_nd.  The values of x are not read unless needs has "weight", nor those of weight
-    unless it has "input"."""
+@numpy_doc(CONV_ND_DOCS, returns=GRADIENTS)
+def conv_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1, padding: Padding = 0,
+                     dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                     workspace_limit: int | None = None) -> Gradients[ArrayT]:
+    """The gradients of `conv_nd`, computed by hand (no autograd).
+
+    The values of x are not read unless `needs` names "weight", nor those of weight unless it names "input".
+    """
     return _conv_backward("conv_nd_backward", None, grad_output, x, weight, stride, padding, dilation, groups,
                           needs, algorithm, workspace_limit)
 
@@ -107,22 +142,43 @@ def _depthwise_backward(op, nd, grad_output, x, weight, stride, padding, dilatio
                                    check_needs(op, needs)))
 
 
-def depthwise_conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1):
-    """Depthwise convolution of x (N, C, L) with weight (C * m, 1, k); channels as `depthwise_conv2d`."""
+DEPTHWISE1D_DOCS = dict(x=("array (N, C, L)", "The input."),
+                        weight=("array (C * m, 1, k)", "The filters, m per channel."))
+DEPTHWISE3D_DOCS = dict(x=("array (N, C, D, H, W)", "The input."),
+                        weight=("array (C * m, 1, kD, kH, kW)", "The filters, m per channel."))
+
+
+@numpy_doc(DEPTHWISE1D_DOCS, returns=("array (N, C * m, oL)", SAME_KIND))
+def depthwise_conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, dilation: IntOrTuple = 1) -> ArrayT:
+    """Depthwise convolution over one spatial dim, channels as `depthwise_conv2d`; its kernels over a unit height."""
     return _depthwise("depthwise_conv1d", 1, x, weight, bias, stride, padding, dilation)
 
 
-def depthwise_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1):
-    """Depthwise convolution of x (N, C, D, H, W) with weight (C * m, 1, kD, kH, kW)."""
+@numpy_doc(DEPTHWISE3D_DOCS, returns=("array (N, C * m, oD, oH, oW)", SAME_KIND))
+def depthwise_conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
+                     padding: Padding = 0, dilation: IntOrTuple = 1) -> ArrayT:
+    """Depthwise convolution over three spatial dims, channels as `depthwise_conv2d`.
+
+    Runs as a grouped 2-D convolution (`conv2d`'s kernels) of the depth windows, kD channels per group.
+    """
     return _depthwise("depthwise_conv3d", 3, x, weight, bias, stride, padding, dilation)
 
 
-def depthwise_conv1d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
+@numpy_doc(DEPTHWISE1D_DOCS, returns=GRADIENTS)
+def depthwise_conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, dilation: IntOrTuple = 1,
+                              needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `depthwise_conv1d`, computed by hand (no autograd)."""
     return _depthwise_backward("depthwise_conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation,
                                needs)
 
 
-def depthwise_conv3d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
+@numpy_doc(DEPTHWISE3D_DOCS, returns=GRADIENTS)
+def depthwise_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                              padding: Padding = 0, dilation: IntOrTuple = 1,
+                              needs: Needs = NEEDS) -> Gradients[ArrayT]:
+    """The gradients of `depthwise_conv3d`, computed by hand (no autograd)."""
     return _depthwise_backward("depthwise_conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation,
                                needs)
 
@@ -150,23 +206,39 @@ def _patch_backward(op, nd, grad_output, x, weight, stride, padding, dilation, g
                                    spec, needs, algorithm))
 
 
-def patch_conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto"):
-    """Convolve every patch of x (..., C, L) with weight (D, C // groups, k): (..., D, oL)."""
+PATCH1D_DOCS = dict(x=("array (..., C, L)", "The patches."), weight=CONV1D_DOCS["weight"],
+                    algorithm=PATCH_ALGORITHM_DOC)
+PATCH3D_DOCS = dict(x=("array (..., C, D, H, W)", "The patches."), weight=CONV3D_DOCS["weight"],
+                    algorithm=PATCH_ALGORITHM_DOC)
+
+
+@numpy_doc(PATCH1D_DOCS, returns=("array (..., D, oL)", SAME_KIND))
+def patch_conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+    """Convolve every 1-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
     return _patch("patch_conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm)
 
 
-def patch_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto"):
-    """Convolve every patch of x (..., C, D, H, W) with weight (O, C // groups, kD, kH, kW): (..., O, oD, oH, oW)."""
+@numpy_doc(PATCH3D_DOCS, returns=("array (..., O, oD, oH, oW)", SAME_KIND))
+def patch_conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+    """Convolve every 3-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
     return _patch("patch_conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm)
 
 
-def patch_conv1d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                          algorithm="auto"):
+@numpy_doc(PATCH1D_DOCS, returns=GRADIENTS)
+def patch_conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                          padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
+                          algorithm: str = "auto") -> Gradients[ArrayT]:
+    """The gradients of `patch_conv1d`, computed by hand (no autograd)."""
     return _patch_backward("patch_conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups,
                            needs, algorithm)
 
 
-def patch_conv3d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                          algorithm="auto"):
+@numpy_doc(PATCH3D_DOCS, returns=GRADIENTS)
+def patch_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                          padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
+                          algorithm: str = "auto") -> Gradients[ArrayT]:
+    """The gradients of `patch_conv3d`, computed by hand (no autograd)."""
     return _patch_backward("patch_conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups,
                            needs, algorithm)

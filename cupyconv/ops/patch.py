@@ -32,9 +32,11 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
                         extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .._docs import GRADIENTS, SAME_KIND, numpy_doc
+from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
-from .conv import (conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu, implicit_gemm_grad_input,
-                   implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
+from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
+                   implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -376,12 +378,20 @@ def patch_conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, ne
 # Public API
 
 
-def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algorithm="auto"):
-    """Convolve every patch of x (..., C, H, W) with weight (D, C // groups, kH, kW): (..., D, oH, oW).
+ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path ignores it): 'fused' (whole "
+                 "patches in shared memory); 'im2col_gemm'; 'implicit_gemm', `conv2d`'s tensor-core kernels (same "
+                 "conditions); or 'auto' (the default): 'implicit_gemm' where it can run, else 'fused' for patches of "
+                 f"at most {FUSED_MAX_PIXELS} pixels whose block fits in shared memory, else 'im2col_gemm'.")
+X_DOC = ("array (..., C, H, W)", "The patches.")
 
-    padding (int, (pH, pW), ((top, bottom), (left, right)), 'same' or 'valid') is applied inside every patch.
-    algorithm picks the GPU kernels: 'auto', 'fused' (small patches), 'im2col_gemm' or 'implicit_gemm' (tensor
-    cores); the CPU path ignores it.
+
+@numpy_doc(returns=("array (..., D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
+def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+    """Convolve every patch with the same filters: x (..., C, H, W), any number of leading dims, e.g. (B, P, C, H, W).
+
+    Each patch is its own image: the padding is applied inside every patch and nothing is read across patches.
+    Equal to `conv2d` of x reshaped to (-1, C, H, W), its result reshaped back to (..., D, oH, oW).
     """
     call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
@@ -390,9 +400,11 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     return call.wrap(patch_conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
-def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
-                          algorithm="auto"):
-    """Gradients of patch_conv2d: (grad_x, grad_weight, grad_bias), None unless named in `needs`."""
+@numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
+def patch_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
+                          padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
+                          algorithm: str = "auto") -> Gradients[ArrayT]:
+    """The gradients of `patch_conv2d`, computed by hand (no autograd)."""
     op = "patch_conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups,

@@ -18,6 +18,8 @@ from .._arrays import Call, compute_dtype
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
                         stride_args)
 from .._spec import ConvSpec
+from .._docs import SAME_KIND, numpy_doc
+from .._typing import ArrayT, IntOrTuple, Padding
 from . import lift
 
 
@@ -187,33 +189,47 @@ def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, di
     return call.wrap(_fold_run(call.device, cols, spec))
 
 
-def unfold(x, kernel_size, dilation=1, padding=0, stride=1):
-    """Extract sliding local blocks: x (..., C, H, W) -> (..., C * kH * kW, L), L = oH * oW.
+BLOCKS_DOC = ("array (..., C * taps, L)",
+              "taps = the product of kernel_size, L = the number of output positions (oH * oW in 2-D).  " + SAME_KIND)
 
-    Same semantics and row order (c, i, j) as `torch.nn.functional.unfold`, with any number of leading dims
-    and padding also given per side ((top, bottom), (left, right)), 'same' or 'valid'.  Over 1 or 3 spatial
-    dims when kernel_size is a tuple of 1 or 3 ints: x (..., C, L) or (..., C, D, H, W), rows (c, taps in order),
-    L the output positions in order.
+
+@numpy_doc(returns=BLOCKS_DOC, x=("array ``(..., C, *spatial)``",
+                                  "The input, any number of leading dims: (..., C, H, W) in 2-D, (..., C, L) or "
+                                  "(..., C, D, H, W)."))
+def unfold(x: ArrayT, kernel_size: IntOrTuple, dilation: IntOrTuple = 1, padding: Padding = 0,
+           stride: IntOrTuple = 1) -> ArrayT:
+    """Sliding local blocks of x (im2col), like `torch.nn.functional.unfold`.
+
+    Rows in (c, taps in order) order, (c, i, j) in 2-D, as torch's; columns are the output positions in order.
     """
     return _unfold("unfold", "x", x, kernel_size, dilation, padding, stride)
 
 
-def fold(cols, output_size, kernel_size, dilation=1, padding=0, stride=1):
-    """Sum sliding local blocks back: cols (..., C * kH * kW, L) -> (..., C, H, W), (H, W) = output_size.
+@numpy_doc(returns=("array ``(..., C, *output_size)``", SAME_KIND),
+           cols=("array (..., C * taps, L)", "The blocks, laid out as `unfold` returns them."),
+           output_size=("int or tuple of int", "The spatial size of the result: (H, W) in 2-D, or 1 or 3 ints."))
+def fold(cols: ArrayT, output_size: IntOrTuple, kernel_size: IntOrTuple, dilation: IntOrTuple = 1, padding: Padding = 0,
+         stride: IntOrTuple = 1) -> ArrayT:
+    """Sum sliding local blocks back into an array (col2im), like `torch.nn.functional.fold`.
 
-    Same semantics as `torch.nn.functional.fold`: overlapping entries are summed.  Over 1 or 3 spatial dims
-    when kernel_size (or output_size) is a tuple of 1 or 3 ints.
+    Entries that overlap are summed: fold is the adjoint of `unfold`, not its inverse.
     """
     return _fold("fold", "cols", "output_size", cols, output_size, kernel_size, dilation, padding, stride)
 
 
-def unfold_backward(grad_output, input_size, kernel_size, dilation=1, padding=0, stride=1):
-    """Gradient of unfold with respect to its input of spatial size input_size ((H, W); 1 or 3 ints in 1-D, 3-D):
-    a fold."""
+@numpy_doc(returns=("array ``(..., C, *input_size)``", SAME_KIND),
+           grad_output=("array (..., C * taps, L)", "The gradient with respect to unfold's output."),
+           input_size=("int or tuple of int", "The spatial size of unfold's input: (H, W) in 2-D, or 1 or 3 ints."))
+def unfold_backward(grad_output: ArrayT, input_size: IntOrTuple, kernel_size: IntOrTuple, dilation: IntOrTuple = 1,
+                    padding: Padding = 0, stride: IntOrTuple = 1) -> ArrayT:
+    """The gradient of `unfold` with respect to its input: a `fold` of grad_output."""
     return _fold("unfold_backward", "grad_output", "input_size", grad_output, input_size, kernel_size, dilation,
                  padding, stride)
 
 
-def fold_backward(grad_output, kernel_size, dilation=1, padding=0, stride=1):
-    """Gradient of fold with respect to its cols: an unfold of grad_output (..., C, H, W)."""
+@numpy_doc(returns=BLOCKS_DOC,
+           grad_output=("array ``(..., C, *spatial)``", "The gradient with respect to fold's output."))
+def fold_backward(grad_output: ArrayT, kernel_size: IntOrTuple, dilation: IntOrTuple = 1, padding: Padding = 0,
+                  stride: IntOrTuple = 1) -> ArrayT:
+    """The gradient of `fold` with respect to its cols: an `unfold` of grad_output."""
     return _unfold("fold_backward", "grad_output", grad_output, kernel_size, dilation, padding, stride)
