@@ -107,7 +107,7 @@ ND = {"1d": 1, "2d": 2, "3d": 3}
 
 def _table() -> dict[str, Geometry]:
     ops = {}
-    families = {  # name prefix: (spec, output shape, windowed, algorithms, name suffixes and their spatial dims)
+    families: dict[str, tuple] = {  # name prefix: (spec, output shape, windowed, algorithms, name suffixes and their spatial dims)
         "conv": (_conv_spec, OUTPUT, True, CONV_ALGORITHMS, {**ND, "_nd": None}),
         "depthwise_conv": (_depthwise_spec, OUTPUT, True, None, ND),
         "patch_conv": (functools.partial(_conv_spec, leading_dims=True), OUTPUT, True, PATCH_ALGORITHMS, ND),

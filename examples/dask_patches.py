@@ -19,25 +19,16 @@ GPUs): 64 samples (the default) are 2.7 GB of patches and 5.4 GB of convolved pa
 
 Needs dask and distributed (`pip install -e ".[dask]"`); --device gpu needs CuPy and a CUDA GPU.
 """
-import argparse
 import os
 import sys
 import time
 
+import _cli
 import numpy
 
 import cupyconv
 
 PATCH, KERNEL = 4, 3
-
-
-def _gpu_cupy():
-    """CuPy if it is installed and sees a GPU, else None."""
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # not installed, no driver, no device
-        return None
 
 
 def start_cluster(xp):
@@ -73,19 +64,11 @@ def pipeline(x, weight, bias):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                        help="cpu: NumPy chunks; gpu: CuPy chunks (needs CuPy and a CUDA GPU)")
-    parser.add_argument("--small", action="store_true", help="2 samples of 512 patches, 8 -> 16 channels, "
-                        "checked against the in-memory computation (for CI)")
+    parser = _cli.parser(__doc__, "2 samples of 512 patches, 8 -> 16 channels, checked against the in-memory "
+                                  "computation")
     parser.add_argument("--samples", type=int, default=64, help="samples B (default 64)")
     args = parser.parse_args()
-    if args.device == "gpu":
-        xp = _gpu_cupy()
-        if xp is None:
-            sys.exit("dask_patches.py: --device gpu needs CuPy and a CUDA GPU; run with --device cpu")
-    else:
-        xp = numpy
+    xp = _cli.array_module(_cli.device(args))
     try:
         import distributed
     except ImportError:
