@@ -157,6 +157,13 @@ class ConvSpec:
     def outputs_per_group(self) -> int:
         return self.out_channels // self.groups
 
+    @property
+    def empty(self) -> bool:
+        """Whether x or the weight has no elements (N, C or D is 0, or a plane that only the padding covers): then
+        every window sums nothing but zeros, so the output is the bias (or zeros), the input and weight gradients
+        are zeros and the bias gradient is grad_output's sum (ops/lift.py returns these without running a path)."""
+        return math.prod(self.input_shape) == 0 or math.prod(self.weight_shape) == 0
+
     def cols_bytes(self, itemsize: int) -> int:
         """Bytes of one image's im2col matrix (C * taps rows of out_pixels pixels): the workspace unit."""
         return self.in_channels * self.taps * self.out_pixels * itemsize
@@ -265,7 +272,7 @@ class ConvSpec:
             nd = spatial_dims(op, kernel_size)
         else:
             nd = spatial_dims(op, output_size, name=size_name)
-        size = _tuple(op, size_name, output_size, 1, nd)
+        size = _tuple(op, size_name, output_size, 0, nd)   # 0 where the padding alone covers the plane, as for unfold
         kernel = _tuple(op, "kernel_size", kernel_size, 1, nd)
         taps = math.prod(kernel)
         if cs[-2] % taps:

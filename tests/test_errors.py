@@ -209,8 +209,10 @@ BAD_INPUT = [
         "fold-wrong-output_size"),
     bad(lambda: cc.fold(COLS[:, :14], (5, 4), 2), ValueError,
         rf"^fold: cols {s((2, 14, 12))} has 14 rows, not a multiple of kernel_size 2x2 = 4", "fold-rows"),
-    bad(lambda: cc.fold(COLS, (0, 4), 2), ValueError, r"^fold: output_size must be >= 1.*got \(0, 4\)",
+    bad(lambda: cc.fold(COLS, (0, 4), 2), ValueError, r"^fold: output size would be -1x3 \(input 0x4, kernel 2x2",
         "fold-output_size-zero"),
+    bad(lambda: cc.fold(COLS, (-1, 4), 2), ValueError, r"^fold: output_size must be >= 0.*got \(-1, 4\)",
+        "fold-output_size-negative"),
     bad(lambda: cc.fold(COLS, (5.0, 4), 2), TypeError, r"^fold: output_size must be an int or a pair of ints",
         "fold-output_size-float"),
 

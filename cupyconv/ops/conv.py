@@ -21,6 +21,7 @@ from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelF
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
+from . import lift
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -582,7 +583,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
     check_algorithm("conv2d", algorithm, ALGORITHMS)
     with workspace_scope(workspace_limit):
-        return call.wrap(conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
+        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -602,5 +603,5 @@ def conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, 
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
     with workspace_scope(workspace_limit):
-        return call.wrap(conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
-                                             algorithm))
+        return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
+                                       needs, algorithm))

@@ -16,6 +16,7 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, index_type,
                         kernel_name)
 from .._spec import NEEDS, ConvSpec, ceil_div, check_grad_output, check_needs, round_up
+from . import lift
 from .unfold import pad_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -459,7 +460,7 @@ def depthwise_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):
     is input channel c convolved with filter c * m + k.  Returns (N, C * m, oH, oW)."""
     call = Call("depthwise_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", call.x, call.weight, call.bias, stride, padding, dilation)
-    return call.wrap(depthwise_conv2d_run(call.device, call.x, call.weight, call.bias, spec))
+    return call.wrap(lift.forward(depthwise_conv2d_run, call.device, call.x, call.weight, call.bias, spec))
 
 
 def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, needs=NEEDS):
@@ -468,5 +469,5 @@ def depthwise_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, di
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation)
     check_grad_output(op, call.grad_output, spec)
-    return call.wrap(depthwise_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec,
-                                                   check_needs(op, needs)))
+    return call.wrap(lift.backward(depthwise_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
+                                   spec, check_needs(op, needs)))

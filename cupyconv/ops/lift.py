@@ -137,9 +137,31 @@ def _depth_first(xp, y):
 #   forward(device, x, weight, bias, spec2, algorithm) -> y
 #   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
 # device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
+# An empty problem (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel
+# runs for it, so no algorithm's restrictions apply either.
+
+
+def _empty_forward(xp, bias, spec: ConvSpec, dtype):
+    out = xp.zeros(spec.output_shape, dtype)
+    if bias is not None:
+        out[...] = bias.reshape(-1, *(1,) * spec.nd)
+    return out
+
+
+def _empty_backward(xp, grad_output, spec: ConvSpec, needs: frozenset, dtype):
+    grad_x = xp.zeros(spec.input_shape, dtype) if "input" in needs else None
+    grad_w = xp.zeros(spec.weight_shape, dtype) if "weight" in needs else None
+    grad_b = None
+    if "bias" in needs:
+        channel_axis = grad_output.ndim - spec.nd - 1
+        axes = tuple(a for a in range(grad_output.ndim) if a != channel_axis)
+        grad_b = grad_output.sum(axis=axes, dtype=compute_dtype(dtype)).astype(dtype)
+    return grad_x, grad_w, grad_b
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    if spec.empty:
+        return _empty_forward(array_module(device), bias, spec, x.dtype)
     if spec.nd == 2:
         return run(device, x, weight, bias, spec, algorithm)
     if spec.nd == 1:
@@ -157,6 +179,8 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
 
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    if spec.empty:
+        return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
     if spec.nd == 2:
         return run(device, grad_output, x, weight, spec, needs, algorithm)
     if spec.nd == 1:

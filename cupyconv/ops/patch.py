@@ -35,6 +35,7 @@ from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, c
 from .. import settings
 from .conv import (conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu, implicit_gemm_grad_input,
                    implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
+from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -387,7 +388,7 @@ def patch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
                              leading_dims=True)
     check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
-    return call.wrap(patch_conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
+    return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilation=1, groups=1, needs=NEEDS,
@@ -400,5 +401,5 @@ def patch_conv2d_backward(grad_output, x, weight, *, stride=1, padding=0, dilati
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    return call.wrap(patch_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
-                                               algorithm))
+    return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
+                                   spec, needs, algorithm))

@@ -149,7 +149,7 @@ def _unfold_run(device, x, spec: ConvSpec):
         spec2 = spec
     cols = unfold_cpu(x, spec2) if device is None else unfold_gpu(device, x, spec2)
     if spec.nd == 3:
-        cols = cols.reshape(n, spec.out_size[0], rows, -1).swapaxes(1, 2)
+        cols = cols.reshape(n, spec.out_size[0], rows, spec2.out_pixels).swapaxes(1, 2)
     return cols.reshape(*spec.batch, rows, pixels)
 
 
@@ -160,7 +160,7 @@ def _fold_run(device, cols, spec: ConvSpec):
         spec2 = lift.unit_height(spec)
     elif spec.nd == 3:
         spec2 = lift.depth_spec(spec, n)
-        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], -1).swapaxes(1, 2))
+        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], spec2.out_pixels).swapaxes(1, 2))
     else:
         spec2 = spec
     cols = cols.reshape(*spec2.batch, rows, spec2.out_pixels)
