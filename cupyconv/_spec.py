@@ -293,7 +293,10 @@ class ConvSpec:
         if len(xs) != nd + 2:
             raise ValueError(f"{op}: x must have {nd + 2} dimensions {LAYOUTS[nd]}, got shape {xs}")
         c = xs[1]
-        if len(ws) != nd + 2 or ws[1] != 1 or ws[0] % max(c, 1) or ws[0] == 0:
+        if c == 0:   # one group per channel, and torch refuses groups = 0 as well
+            raise ValueError(f"{op}: x {xs} has 0 channels; a depthwise convolution convolves each channel with its "
+                             f"own filters and needs at least 1")
+        if len(ws) != nd + 2 or ws[1] != 1 or ws[0] % c or ws[0] == 0:
             raise ValueError(f"{op}: weight must have shape (C * m, 1, {KERNEL_LAYOUTS[nd]}) with C = {c} channels "
                              f"of x {xs} and channel multiplier m >= 1, got {ws}")
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
@@ -326,10 +329,13 @@ def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[
 
 
 def check_needs(op: str, needs) -> frozenset:
-    """`needs` of a `*_backward`: a name or an iterable of names from NEEDS."""
-    if isinstance(needs, str):
-        needs = (needs,)
-    needs = frozenset(needs)
+    """`needs` of a `*_backward`: a name or an iterable of names from NEEDS.  None is refused: it could mean all
+    of them (the default) or none."""
+    try:
+        needs = frozenset((needs,) if isinstance(needs, str) else needs)
+    except TypeError:   # None, a number, unhashable entries
+        raise TypeError(f"{op}: needs must be a name from {NEEDS} or an iterable of them, e.g. needs={NEEDS} (the "
+                        f"default, every gradient), needs=('input',) or needs='weight', got {needs!r}") from None
     unknown = needs - set(NEEDS)
     if unknown:
         raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown, key=repr)}")
