@@ -62,15 +62,34 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
     for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
-        cols = _columns(x[chunk], spec, ct, batch_last)
+        # The columns are a temporary of the product, gone before the next chunk's: one chunk's at a time.
         if batch_last:
-            out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+            out[chunk] = numpy.matmul(w, _columns(x[chunk], spec, ct, True)).reshape(g, dg, pixels, -1).transpose(
+                3, 0, 1, 2)
         else:
-            numpy.matmul(w, cols, out=out[chunk])
+            numpy.matmul(w, _columns(x[chunk], spec, ct, False), out=out[chunk])
     out = out.reshape(n, spec.out_channels, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
     return out.astype(x.dtype, copy=False).reshape(spec.output_shape)
+
+
+def _grad_input_chunk(wt, gyc, spec: ConvSpec, ct, batch_last: bool):
+    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im."""
+    cols = numpy.matmul(wt, gyc)
+    if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
+        cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, -1).transpose(5, 0, 1, 2, 3, 4)
+    else:
+        cols = cols.reshape(-1, spec.in_channels, *spec.kernel_size, *spec.out_size)
+    return col2im_cpu(cols, spec, ct, batch_last)
+
+
+def _grad_weight_chunk(gyc, x, spec: ConvSpec, ct, batch_last: bool):
+    """The weight gradient (G, D / G, K) of a chunk x: grad_output @ its columns^T, summed over its images."""
+    cols = _columns(x, spec, ct, batch_last)
+    if batch_last:
+        return numpy.matmul(gyc, cols.transpose(0, 2, 1))
+    return numpy.matmul(gyc, cols.transpose(0, 1, 3, 2)).sum(axis=0)
 
 
 def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
@@ -83,21 +102,12 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
     acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
     wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
     for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)) if needs & {"input", "weight"} else ():
-        m = chunk.stop - chunk.start
+        # Each gradient's columns live inside its function: one chunk's columns at a time, one gradient's.
         gyc = _grad_columns(gy[chunk], spec, batch_last)
         if grad_x is not None:
-            cols = numpy.matmul(wt, gyc)
-            if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
-                cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, m).transpose(5, 0, 1, 2, 3, 4)
-            else:
-                cols = cols.reshape(m, spec.in_channels, *spec.kernel_size, *spec.out_size)
-            grad_x[chunk] = col2im_cpu(cols, spec, ct, batch_last)
+            grad_x[chunk] = _grad_input_chunk(wt, gyc, spec, ct, batch_last)
         if acc is not None:
-            cols = _columns(x[chunk], spec, ct, batch_last)
-            if batch_last:
-                acc += numpy.matmul(gyc, cols.transpose(0, 2, 1))
-            else:
-                acc += numpy.matmul(gyc, cols.transpose(0, 1, 3, 2)).sum(axis=0)
+            acc += _grad_weight_chunk(gyc, x[chunk], spec, ct, batch_last)
     grad_w = grad_b = None
     if grad_x is not None:
         grad_x = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
@@ -418,6 +428,7 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
         for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
             cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
             device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
+            del cols   # before the next chunk's are allocated: one chunk's columns at a time
     if bias is not None and out.size:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
@@ -467,6 +478,7 @@ def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
         cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
         gyc = device.xp.ascontiguousarray(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
+        del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
         beta = 1.0
     if beta == 0.0:  # no piece at all
         acc[...] = 0

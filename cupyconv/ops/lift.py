@@ -178,6 +178,18 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     return out.reshape(spec.output_shape)
 
 
+def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x):
+    """The 2-D backward of the depth windows of a chunk x (m, C, D, H, W) of a 3-D problem: their input gradient is
+    folded into grad_x (the chunk's part of it, or None); returns the chunk's (grad_weight, grad_bias).  The windows
+    and their gradient are freed on return, before the next chunk's are built."""
+    xp, spec2 = array_module(device), depth_spec(spec, x.shape[0])
+    v = depth_windows(device, x, spec) if "weight" in needs else placeholder(xp, spec2.input_shape, x.dtype)
+    gv, grad_w, grad_b = run(device, _depth_first(xp, gy), v, weight2, spec2, needs, algorithm)
+    if grad_x is not None:
+        grad_x[...] = depth_fold(xp, gv, spec, x.dtype)
+    return grad_w, grad_b
+
+
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
     if spec.empty:
         return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
@@ -196,15 +208,8 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
     for chunk in chunks:
-        m = chunk.stop - chunk.start
-        spec2 = depth_spec(spec, m)
-        if "weight" in needs:
-            v = depth_windows(device, x[chunk], spec)
-        else:
-            v = placeholder(xp, spec2.input_shape, x.dtype)
-        gv, *params = run(device, _depth_first(xp, gy[chunk]), v, weight2, spec2, needs, algorithm)
-        if gv is not None:
-            grad_x[chunk] = depth_fold(xp, gv, spec, x.dtype)
+        params = _depth_chunk_backward(run, device, gy[chunk], x[chunk], weight2, spec, needs, algorithm,
+                                       None if grad_x is None else grad_x[chunk])
         for i, p in enumerate(params):
             if p is None:
                 continue

@@ -267,6 +267,7 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
         cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
         device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
+        del cols   # before the next chunk's are allocated: one chunk's columns at a time
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
     return out
@@ -298,6 +299,7 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
         cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
         device.matmul_strided(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels), cols)
         out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
+        del cols   # before the next chunk's are allocated: one chunk's columns at a time
     return out
 
 
