@@ -20,11 +20,13 @@ kernels, not the depthwise ones).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy
 
+from .. import _device
 from .._arrays import compute_dtype
-from .._spec import ConvSpec, batch_chunks, ceil_div
+from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
 def array_module(device):
@@ -137,8 +139,36 @@ def _depth_first(xp, y):
 #   forward(device, x, weight, bias, spec2, algorithm) -> y
 #   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
 # device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
-# An empty problem (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel
-# runs for it, so no algorithm's restrictions apply either.
+# Before anything is allocated the drivers check that the results fit (`check_memory`).  An empty problem
+# (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel runs for it, so
+# no algorithm's restrictions apply either.
+
+
+def check_memory(device, spec: ConvSpec, dtype, results) -> None:
+    """Raise MemoryError when the arrays of shapes `results` (in dtype) and the least workspace of the path take
+    more than the memory its arrays live in (`_device.total_memory`); the unfold/fold runs call it too.
+
+    The workspace counted is one image's, which every chunked path needs at least: its depth windows in 3-D, else
+    its padded copy on the CPU path (every CPU op pads; the kernels read x in place).  So the check never refuses
+    a call that fits, and an impossible size (a 2^48-element output, a padding of 2^40) is a clear error before
+    the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
+    ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
+    itemsize = numpy.dtype(dtype).itemsize
+    arrays = [f"a result {tuple(shape)}" for shape in results]
+    nbytes = [math.prod(shape) * itemsize for shape in results]
+    if not spec.empty:
+        if spec.nd == 3:
+            arrays.append("one image's depth windows")
+            nbytes.append(depth_window_bytes(spec, itemsize))
+        elif device is None:
+            arrays.append(f"one image's padded copy {(spec.in_channels, *spec.padded_size)}")
+            nbytes.append(spec.in_channels * math.prod(spec.padded_size) * itemsize)
+    memory = _device.total_memory(device)
+    if memory is not None and sum(nbytes) > memory:
+        where = "this machine (the CPU path)" if device is None else f"the {device.name} device"
+        parts = " and ".join(f"{a} of {b} bytes" for a, b in zip(arrays, nbytes))
+        raise MemoryError(f"{spec.op}: {numpy.dtype(dtype).name} arrays need {sum(nbytes)} bytes: {parts}; more "
+                          f"than the {memory} bytes of memory of {where}")
 
 
 def _empty_forward(xp, bias, spec: ConvSpec, dtype):
@@ -160,6 +190,7 @@ def _empty_backward(xp, grad_output, spec: ConvSpec, needs: frozenset, dtype):
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    check_memory(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
         return _empty_forward(array_module(device), bias, spec, x.dtype)
     if spec.nd == 2:
@@ -191,6 +222,8 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: fr
 
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
+    check_memory(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:
         return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
     if spec.nd == 2:
@@ -198,9 +231,8 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     if spec.nd == 1:
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
                     unit_height(spec), needs, algorithm)
-        shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
-    xp, n, od = array_module(device), spec.n, spec.out_size[0]
+    n = spec.n
     x = x.reshape(n, *spec.input_shape[-4:])
     gy = grad_output.reshape(n, *spec.output_shape[-4:])
     weight2 = depth_weight(weight, spec)
