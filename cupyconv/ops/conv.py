@@ -340,8 +340,6 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
-    if out.size == 0:
-        return out
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.xp.ascontiguousarray(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -357,8 +355,6 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
     (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's."""
     _check_tensor_cores(spec, gy.dtype, device)
-    if out.size == 0:
-        return out
     plan = plan_tensor_cores(spec, gy.dtype, "input")
     KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
                    index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
@@ -374,12 +370,11 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
     plan = plan_tensor_cores(spec, xv.dtype, "weight")
     rows = spec.channels_per_group * spec.taps
     partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
-    if partial.size:
-        KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
-                       index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
-                       window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
-                       groups=spec.groups, channels_per_group=spec.channels_per_group,
-                       outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
+    KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
+                   groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
     total = partial[0] if plan.splits == 1 else partial.sum(axis=0)
     return total.astype(xv.dtype).reshape(spec.weight_shape)
 
@@ -394,8 +389,6 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     (bx, by), slab, (tile_h, tile_w), shared = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
-    if out.size == 0:
-        return out
     weight = xp.ascontiguousarray(weight)
     bias = xp.zeros((spec.out_channels,), dtype) if bias is None else xp.ascontiguousarray(bias)
     dpt = _direct_outputs(dg)
@@ -422,14 +415,13 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     out = device.empty((n, g, dg, spec.out_pixels), x.dtype)
     w = weight.reshape(g, dg, k)
     if _is_pointwise(spec) and x.flags.c_contiguous:
-        if out.size:
-            device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
+        device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
     else:
         for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
             cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
             device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
             del cols   # before the next chunk's are allocated: one chunk's columns at a time
-    if bias is not None and out.size:
+    if bias is not None:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
                        out=out, bias=device.xp.ascontiguousarray(bias), total=out.size,
@@ -443,9 +435,7 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     wt = weight.reshape(g, dg, k).transpose(0, 2, 1)  # a view: the GEMM reads it transposed ('T'), no copy
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
-        if grad_x.size:
-            device.matmul_strided(wt, gy, grad_x)
-        return grad_x.reshape(n, *spec.input_shape[1:])
+        return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
     per_sample = (spec.cols_bytes(gy.itemsize)
                   + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
     chunks = batch_chunks(n, per_sample)
@@ -480,8 +470,6 @@ def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
         del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
         beta = 1.0
-    if beta == 0.0:  # no piece at all
-        acc[...] = 0
     return acc.reshape(spec.weight_shape)
 
 
@@ -489,10 +477,9 @@ def _grad_bias(device, gy, spec: ConvSpec):
     """gy (n, D, L) contiguous -> (D,) by conv_bgrad's fixed-order reduction."""
     d = spec.out_channels
     grad_b = device.empty((d,), gy.dtype)
-    if d:
-        KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
-                       shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
-                       n=spec.n, channels=d, pixels=spec.out_pixels)
+    KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
+                   shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
+                   n=spec.n, channels=d, pixels=spec.out_pixels)
     return grad_b
 
 

@@ -366,8 +366,6 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
 def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     xp = device.xp
     y = device.empty(spec.output_shape, x.dtype)
-    if y.size == 0:
-        return y
     x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
     units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
@@ -379,8 +377,6 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
 
 def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
-    if grad_x.size == 0:
-        return grad_x
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
     units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
@@ -394,30 +390,27 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
-    if n == 0:
-        out = device.xp.zeros((length,), dtype)
+    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
+    if not need_weight:
+        rows, step = stage1_rows(n, cm)  # step: images per block
+    elif plan.tiling:
+        rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
     else:
-        plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
-        if not need_weight:
-            rows, step = stage1_rows(n, cm)  # step: images per block
-        elif plan.tiling:
-            rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
-        else:
-            rows, step = 1, 1
-        partial = device.empty((rows, length), acc_dtype)
-        index = index_type(x.size, grad_output.size, partial.size)
-        if not need_weight:
-            KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
-                           block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
-                           pixels=spec.out_pixels, images_per_block=step)
-        else:
-            extra = dict(units_per_block=step) if plan.tiling else {}
-            _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
-                    grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
-                    multiplier=_multiplier(spec), has_bias=need_bias, **extra)
-        out = device.empty((length,), dtype)
-        KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
-                       block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
+        rows, step = 1, 1
+    partial = device.empty((rows, length), acc_dtype)
+    index = index_type(x.size, grad_output.size, partial.size)
+    if not need_weight:
+        KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
+                       block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
+                       pixels=spec.out_pixels, images_per_block=step)
+    else:
+        extra = dict(units_per_block=step) if plan.tiling else {}
+        _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
+                grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
+                multiplier=_multiplier(spec), has_bias=need_bias, **extra)
+    out = device.empty((length,), dtype)
+    KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
+                   block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
     if not need_weight:
         return None, out
     grad_w = out[:cm * taps].reshape(spec.weight_shape)

@@ -241,8 +241,6 @@ def _gemm_chunks(view, bytes_per_patch: int):
 def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     xp = device.xp
     out = device.empty(spec.output_shape, x.dtype)
-    if out.size == 0:
-        return out
     xv = batch_view(xp, x)
     weight = xp.ascontiguousarray(weight)
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
@@ -275,8 +273,6 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
 
 def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
     out = device.empty(spec.input_shape, dtype)
-    if out.size == 0:
-        return out
     plan = plan_tile(spec, dtype, transposed=True)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _input_grad_gemm(device, gv, weight, spec, out)
@@ -306,8 +302,6 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
 def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     xp, dtype = device.xp, weight.dtype
     out = device.empty(spec.weight_shape, dtype)
-    if out.size == 0:
-        return out
     plan = plan_weight(spec, dtype)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _weight_grad_gemm(device, xv, gy, spec, out)
@@ -339,10 +333,6 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
                               algorithm: str = "auto"):
     xp = device.xp
     weight = xp.ascontiguousarray(weight)
-    if spec.n == 0:
-        zeros = (xp.zeros(spec.input_shape, x.dtype), xp.zeros(spec.weight_shape, x.dtype),
-                 xp.zeros((spec.out_channels,), x.dtype))
-        return tuple(z if name in needs else None for name, z in zip(NEEDS, zeros))
     gv = batch_view(xp, grad_output)
     grad_x = grad_w = grad_b = None
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
