@@ -11,6 +11,7 @@ naive float64 loops of tests/reference.py (2-D) and against torch.nn.functional 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy
 import pytest
@@ -227,3 +228,18 @@ def test_oracle_matches_torch_for_an_empty_batch(problem):
     ref.assert_close(y.detach(), want_y)
     for got, want in zip((x.grad, w.grad, b.grad), want_grads):
         ref.assert_close(got, want)
+
+
+def test_torch_module_with_zero_output_channels():
+    """cupyconv.torch.Conv2d(4, 0, 3) on the CPU: an empty output and empty parameter gradients, as on the GPU
+    path (it raised NumPy's 'cannot reshape array of size 0' before)."""
+    torch = pytest.importorskip("torch")
+    import cupyconv.torch as ct
+    with warnings.catch_warnings():   # torch's initialisers warn that a zero-element weight has nothing to set
+        warnings.simplefilter("ignore")
+        layer = ct.Conv2d(4, 0, 3)
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 0, 6, 6)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x)) and layer.weight.grad.shape == (0, 4, 3, 3)
