@@ -19,9 +19,9 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
-from . import lift
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -64,8 +64,8 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
         # The columns are a temporary of the product, gone before the next chunk's: one chunk's at a time.
         if batch_last:
-            out[chunk] = numpy.matmul(w, _columns(x[chunk], spec, ct, True)).reshape(g, dg, pixels, -1).transpose(
-                3, 0, 1, 2)
+            product = numpy.matmul(w, _columns(x[chunk], spec, ct, True))
+            out[chunk] = product.reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
         else:
             numpy.matmul(w, _columns(x[chunk], spec, ct, False), out=out[chunk])
     out = out.reshape(n, spec.out_channels, *spec.out_size)

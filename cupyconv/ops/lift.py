@@ -1,4 +1,5 @@
-"""1-D and 3-D problems on the 2-D kernels: the spec and array mappings, and the drivers every N-d op runs.
+"""1-D and 3-D problems on the 2-D kernels: the spec and array mappings, and the drivers every convolution runs
+(over 1, 2 or 3 dims; they also check sizes first and answer empty problems).
 
 The kernels are 2-D.  A 1-D problem is a 2-D one with a unit height (no copy: a view with a length-1 axis).
 A 3-D problem (depth D, H, W) is folded into a 2-D one by its depth taps, exactly:
@@ -150,8 +151,8 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
 
     The workspace counted is one image's, which every chunked path needs at least: its depth windows in 3-D, else
     its padded copy on the CPU path (every CPU op pads; the kernels read x in place).  So the check never refuses
-    a call that fits, and an impossible size (a 2^48-element output, a padding of 2^40) is a clear error before
-    the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
+    a call that fits, and an impossible size (a 2^48-element output; on the CPU path a padding of 2^40) is a
+    clear error before the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
     ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
     itemsize = numpy.dtype(dtype).itemsize
     arrays = [f"a result {tuple(shape)}" for shape in results]
