@@ -18,6 +18,9 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The array arguments that may be None (absent); every other one given to a `Call` must be an array.
 OPTIONAL = frozenset({"bias"})
 
+#: The torch devices the plain functions compute on (the CPU path and the CUDA kernels).
+TORCH_DEVICES = ("cpu", "cuda")
+
 
 def _kind(a) -> str:
     if isinstance(a, numpy.ndarray):
@@ -48,6 +51,19 @@ def _device_of(a) -> str:
     if kind == "torch":
         return "cpu" if a.device.type == "cpu" else f"cuda:{a.device.index or 0}"
     return "cpu"
+
+
+def _torch_refusal(a) -> str | None:
+    """Why the plain functions cannot compute on torch tensor `a` (a device or layout they have no path for), or
+    None when they can."""
+    if a.device.type not in TORCH_DEVICES:
+        if a.device.type == "meta":
+            return ("meta tensors have no data to compute on; cupyconv.torch's ops take them (their fake "
+                    "implementations give the output's shape)")
+        return f"the plain cupyconv functions compute on {' and '.join(TORCH_DEVICES)} tensors only"
+    if a.layout != sys.modules["torch"].strided:
+        return f"its layout is {a.layout}; cupyconv takes dense (torch.strided) tensors only"
+    return None
 
 
 def _dtype_name(a) -> str:
@@ -81,6 +97,9 @@ class Call:
             if _kind(a) == "other":
                 raise TypeError(f"{op}: {name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, "
                                 f"got {_describe(a)}")
+            refusal = _torch_refusal(a) if _kind(a) == "torch" else None
+            if refusal:
+                raise TypeError(f"{op}: {name} {tuple(a.shape)} is {_describe(a)}: {refusal}")
             if _kind(a) != _kind(first) or _device_of(a) != _device_of(first):
                 raise TypeError(f"{op}: {first_name} is {_describe(first)} but {name} is {_describe(a)}; "
                                 f"all arrays of one call must be of one kind on one device")
@@ -104,7 +123,9 @@ class Call:
         if self.kind != "torch":
             return a
         import torch
-        t = a.detach()
+        # DLPack has no negative or conjugate bit: numpy/cupy.from_dlpack would read a lazily negated view (e.g.
+        # the imaginary part of a conjugated tensor) without its sign.  resolve_* copy such a view, else no-ops.
+        t = a.detach().resolve_neg().resolve_conj()
         if t.dtype == torch.bfloat16 and t.device.type == "cpu":
             # NumPy has no bfloat16: compute from a float32 copy and round the result back in `wrap`.
             t = t.float()

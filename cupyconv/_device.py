@@ -216,6 +216,20 @@ def _row_major_layout(x):
     return None
 
 
+def host_memory() -> int | None:
+    """Bytes of physical memory of this machine, the most the CPU path can hold (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):   # no sysconf (Windows) or no such name
+        return None
+
+
+def total_memory(device) -> int | None:
+    """Bytes of memory the arrays of a path live in: the machine's for the CPU path (device None), else the
+    device's."""
+    return host_memory() if device is None else device.total_memory()
+
+
 class Device:
     """What an op's GPU path needs from an executor."""
 
@@ -313,6 +327,11 @@ class Device:
 
     def empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype)
+
+    def total_memory(self) -> int | None:
+        """Bytes of memory this executor's arrays live in (None: unknown): here, the emulator's NumPy arrays, the
+        machine's physical memory."""
+        return host_memory()
 
     def timed(self, run):
         """(seconds, result) of run(); the wall clock here, CUDA events on the current stream on a GPU."""
@@ -433,6 +452,15 @@ class CudaDevice(Device):
 
     def key(self):
         return ("cuda", self.xp.cuda.Device().id)
+
+    def total_memory(self) -> int:
+        return _cuda_total_memory(self.xp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_total_memory(device_id: int) -> int:
+    """Bytes of global memory of a GPU (a device property: read once)."""
+    return _cuda_runtime().getDeviceProperties(device_id)["totalGlobalMem"]
 
 
 @functools.lru_cache(maxsize=None)

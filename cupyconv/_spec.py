@@ -157,6 +157,13 @@ class ConvSpec:
     def outputs_per_group(self) -> int:
         return self.out_channels // self.groups
 
+    @property
+    def empty(self) -> bool:
+        """Whether x or the weight has no elements (N, C or D is 0, or a plane that only the padding covers): then
+        every window sums nothing but zeros, so the output is the bias (or zeros), the input and weight gradients
+        are zeros and the bias gradient is grad_output's sum (ops/lift.py returns these without running a path)."""
+        return math.prod(self.input_shape) == 0 or math.prod(self.weight_shape) == 0
+
     def cols_bytes(self, itemsize: int) -> int:
         """Bytes of one image's im2col matrix (C * taps rows of out_pixels pixels): the workspace unit."""
         return self.in_channels * self.taps * self.out_pixels * itemsize
@@ -265,7 +272,7 @@ class ConvSpec:
             nd = spatial_dims(op, kernel_size)
         else:
             nd = spatial_dims(op, output_size, name=size_name)
-        size = _tuple(op, size_name, output_size, 1, nd)
+        size = _tuple(op, size_name, output_size, 0, nd)   # 0 where the padding alone covers the plane, as for unfold
         kernel = _tuple(op, "kernel_size", kernel_size, 1, nd)
         taps = math.prod(kernel)
         if cs[-2] % taps:
@@ -286,7 +293,10 @@ class ConvSpec:
         if len(xs) != nd + 2:
             raise ValueError(f"{op}: x must have {nd + 2} dimensions {LAYOUTS[nd]}, got shape {xs}")
         c = xs[1]
-        if len(ws) != nd + 2 or ws[1] != 1 or ws[0] % max(c, 1) or ws[0] == 0:
+        if c == 0:   # one group per channel, and torch refuses groups = 0 as well
+            raise ValueError(f"{op}: x {xs} has 0 channels; a depthwise convolution convolves each channel with its "
+                             f"own filters and needs at least 1")
+        if len(ws) != nd + 2 or ws[1] != 1 or ws[0] % c or ws[0] == 0:
             raise ValueError(f"{op}: weight must have shape (C * m, 1, {KERNEL_LAYOUTS[nd]}) with C = {c} channels "
                              f"of x {xs} and channel multiplier m >= 1, got {ws}")
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
@@ -319,10 +329,13 @@ def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[
 
 
 def check_needs(op: str, needs) -> frozenset:
-    """`needs` of a `*_backward`: a name or an iterable of names from NEEDS."""
-    if isinstance(needs, str):
-        needs = (needs,)
-    needs = frozenset(needs)
+    """`needs` of a `*_backward`: a name or an iterable of names from NEEDS.  None is refused: it could mean all
+    of them (the default) or none."""
+    try:
+        needs = frozenset((needs,) if isinstance(needs, str) else needs)
+    except TypeError:   # None, a number, unhashable entries
+        raise TypeError(f"{op}: needs must be a name from {NEEDS} or an iterable of them, e.g. needs={NEEDS} (the "
+                        f"default, every gradient), needs=('input',) or needs='weight', got {needs!r}") from None
     unknown = needs - set(NEEDS)
     if unknown:
         raise ValueError(f"{op}: needs may contain only {NEEDS}, got {sorted(unknown, key=repr)}")

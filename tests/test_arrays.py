@@ -1,6 +1,8 @@
 """Dispatch and bridging: NumPy in gives NumPy out (the CPU path); torch CPU tensors in give torch tensors out on
 the same device with the same dtype, bridged by DLPack without a copy; mixed kinds and dtypes and non-float
 dtypes raise TypeError naming what is wrong; CuPy arrays go to the GPU path (GPU only)."""
+import sys
+
 import numpy
 import pytest
 
@@ -140,6 +142,76 @@ def test_torch_empty_batch():
     assert isinstance(cols, torch.Tensor) and cols.shape == (3, 0, 8, 9) and cols.dtype == torch.float16
 
 
+def negative_bit_view(torch, t):
+    """A tensor equal to t with its negative bit set (a lazily negated view): the imaginary part of the conjugate
+    of 0 - i t, as `.conj().imag` of a complex tensor gives."""
+    view = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert view.is_neg() and torch.equal(view, t)
+    return view
+
+
+def check_negative_bit_in_every_position(torch, op, arrays, device="cpu"):
+    """op on tensors of arrays (on device), once with each argument as a negative-bit view: the NumPy result."""
+    expected = results(op(*arrays))
+    for position in range(len(arrays)):
+        tensors = [torch.from_numpy(a).to(device) for a in arrays]
+        tensors[position] = negative_bit_view(torch, tensors[position])
+        for got, want in zip(results(op(*tensors)), expected):
+            numpy.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=f"argument {position}")
+        assert tensors[position].is_neg()   # the caller's view is left as it was
+
+
+@pytest.mark.parametrize("name, op, shapes", OPS, ids=OP_IDS)
+def test_torch_negative_bit_is_resolved(name, op, shapes):
+    """numpy.from_dlpack ignores torch's negative bit: without resolving it, the op would compute with -x."""
+    torch = pytest.importorskip("torch")
+    check_negative_bit_in_every_position(torch, op, numpy_inputs(shapes, "float64"))
+
+
+def test_torch_conjugate_bit_is_refused_as_complex():
+    """Only complex tensors carry the conjugate bit, and complex dtypes are refused before any bridging."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(1, 2, 4, 4, dtype=torch.complex64).conj()
+    assert x.is_conj()
+    with pytest.raises(TypeError, match=r"^unfold: x has dtype complex64; supported"):
+        cc.unfold(x, 2)
+
+
+def test_torch_meta_tensors_raise_without_importing_cupy(monkeypatch):
+    """The plain functions compute; meta tensors (no data) belong to cupyconv.torch's ops, which have fake
+    implementations.  No CuPy import is tried on the way (a None in sys.modules makes any import fail)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    x, w = torch.empty(2, 4, 8, 8, device="meta"), torch.empty(3, 4, 3, 3, device="meta")
+    with pytest.raises(TypeError, match=r"^conv2d: x \(2, 4, 8, 8\) is a torch\.Tensor on meta: meta tensors have "
+                                        r"no data to compute on; cupyconv\.torch's ops take them"):
+        cc.conv2d(x, w)
+    with pytest.raises(TypeError, match=r"^conv2d_backward: weight \(3, 4, 3, 3\) is a torch\.Tensor on meta"):
+        cc.conv2d_backward(torch.zeros(2, 3, 6, 6), torch.zeros(2, 4, 8, 8), w)
+    with pytest.raises(TypeError, match=r"^fold: cols \(2, 36, 4\) is a torch\.Tensor on meta"):
+        cc.fold(torch.empty(2, 36, 4, device="meta"), (3, 3), 2)
+
+
+def test_torch_devices_without_a_path_raise():
+    """Any device but cpu and cuda (mps, xpu, ...): the reason names the devices that compute.  A fake tensor
+    stands in for one, which a CPU build of torch cannot make."""
+    torch = pytest.importorskip("torch")
+    from cupyconv._arrays import _torch_refusal
+
+    class OnMps:
+        device, layout = torch.device("mps"), torch.strided
+    assert _torch_refusal(OnMps()) == "the plain cupyconv functions compute on cpu and cuda tensors only"
+    assert _torch_refusal(torch.zeros(1)) is None
+
+
+def test_torch_sparse_tensors_raise():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(1, 2, 4, 4).to_sparse()
+    with pytest.raises(TypeError, match=r"^unfold: x \(1, 2, 4, 4\) is a torch\.Tensor on cpu: its layout is "
+                                        r"torch\.sparse_coo; cupyconv takes dense \(torch\.strided\) tensors only"):
+        cc.unfold(x, 2)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Mixed kinds, mixed dtypes, unsupported dtypes
 
@@ -213,6 +285,13 @@ def test_cupy_in_cupy_out(name, op, shapes):
     for got, want in zip(out, results(op(*arrays))):
         assert isinstance(got, cupy.ndarray) and got.dtype == numpy.float32, name
         ref.assert_close(cupy.asnumpy(got), want, "float32", err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, op, shapes", OPS, ids=OP_IDS)
+def test_torch_cuda_negative_bit_is_resolved(name, op, shapes):
+    """cupy.from_dlpack ignores the negative bit as numpy.from_dlpack does."""
+    check_negative_bit_in_every_position(ref.cuda_torch(), op, numpy_inputs(shapes, "float64"), "cuda")
 
 
 @pytest.mark.gpu

@@ -101,6 +101,14 @@ BAD_INPUT = [
     bad(lambda: cc.depthwise_conv2d_backward(DGY, X, DW[:0]), ValueError,
         rf"^depthwise_conv2d_backward: weight must have shape \(C \* m, 1, kH, kW\).*got {s(DW[:0].shape)}",
         "depthwise_backward-weight-empty"),
+    # C = 0: one group per channel, none at all (torch refuses groups = 0 too); not a complaint about `groups`
+    bad(lambda: cc.depthwise_conv2d(X[:, :0], DW[:0]), ValueError,
+        rf"^depthwise_conv2d: x {s((2, 0, 5, 6))} has 0 channels; a depthwise convolution .* needs at least 1",
+        "depthwise-no-channels"),
+    bad(lambda: cc.depthwise_conv2d(X[:, :0], DW), ValueError,
+        rf"^depthwise_conv2d: x {s((2, 0, 5, 6))} has 0 channels", "depthwise-no-channels-with-filters"),
+    bad(lambda: cc.depthwise_conv1d_backward(DGY[..., 0], X[:, :0, :, 0], DW[..., 0]), ValueError,
+        rf"^depthwise_conv1d_backward: x {s((2, 0, 5))} has 0 channels", "depthwise1d_backward-no-channels"),
 
     # stride, dilation, kernel_size
     bad(lambda: cc.conv2d(X, W, stride=0, groups=2), ValueError, r"^conv2d: stride must be >= 1.*got 0",
@@ -199,6 +207,18 @@ BAD_INPUT = [
         r"^depthwise_conv2d_backward: needs may contain only .*got \['inputs'\]", "depthwise_backward-needs"),
     bad(lambda: cc.patch_conv2d_backward(PGY, P, W, groups=2, needs=(5, "x")), ValueError,
         r"^patch_conv2d_backward: needs may contain only .*got \['x', 5\]", "patch_backward-needs"),
+    # None could mean every gradient (the default) or none: refused, with the accepted forms
+    bad(lambda: cc.conv2d_backward(GY, X, W, groups=2, needs=None), TypeError,
+        r"^conv2d_backward: needs must be a name from \('input', 'weight', 'bias'\) or an iterable of them, e\.g\. "
+        r"needs=\('input', 'weight', 'bias'\) \(the default, every gradient\), needs=\('input',\) or "
+        r"needs='weight', got None", "conv2d_backward-needs-none"),
+    bad(lambda: cc.conv_transpose2d_backward(X, GY, W, groups=2, needs=None), TypeError,
+        r"^conv_transpose2d_backward: needs must be a name from .* got None", "transpose_backward-needs-none"),
+    bad(lambda: cc.depthwise_conv3d_backward(DGY[..., None], X[..., None], DW[..., None], needs=1), TypeError,
+        r"^depthwise_conv3d_backward: needs must be a name from .* got 1", "depthwise3d_backward-needs-int"),
+    bad(lambda: cc.patch_conv2d_backward(PGY, P, W, groups=2, needs=("input", ["weight"])), TypeError,
+        r"^patch_conv2d_backward: needs must be a name from .* got \('input', \['weight'\]\)",
+        "patch_backward-needs-unhashable"),
 
     # fold: cols against output_size
     bad(lambda: cc.fold(COLS[..., :11], (5, 4), 2), ValueError,
@@ -209,8 +229,10 @@ BAD_INPUT = [
         "fold-wrong-output_size"),
     bad(lambda: cc.fold(COLS[:, :14], (5, 4), 2), ValueError,
         rf"^fold: cols {s((2, 14, 12))} has 14 rows, not a multiple of kernel_size 2x2 = 4", "fold-rows"),
-    bad(lambda: cc.fold(COLS, (0, 4), 2), ValueError, r"^fold: output_size must be >= 1.*got \(0, 4\)",
+    bad(lambda: cc.fold(COLS, (0, 4), 2), ValueError, r"^fold: output size would be -1x3 \(input 0x4, kernel 2x2",
         "fold-output_size-zero"),
+    bad(lambda: cc.fold(COLS, (-1, 4), 2), ValueError, r"^fold: output_size must be >= 0.*got \(-1, 4\)",
+        "fold-output_size-negative"),
     bad(lambda: cc.fold(COLS, (5.0, 4), 2), TypeError, r"^fold: output_size must be an int or a pair of ints",
         "fold-output_size-float"),
 

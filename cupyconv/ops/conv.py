@@ -21,6 +21,7 @@ from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelF
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
+from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
@@ -63,15 +64,34 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
     for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
-        cols = _columns(x[chunk], spec, ct, batch_last)
+        # The columns are a temporary of the product, gone before the next chunk's: one chunk's at a time.
         if batch_last:
-            out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+            product = numpy.matmul(w, _columns(x[chunk], spec, ct, True))
+            out[chunk] = product.reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
         else:
-            numpy.matmul(w, cols, out=out[chunk])
+            numpy.matmul(w, _columns(x[chunk], spec, ct, False), out=out[chunk])
     out = out.reshape(n, spec.out_channels, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
     return out.astype(x.dtype, copy=False).reshape(spec.output_shape)
+
+
+def _grad_input_chunk(wt, gyc, spec: ConvSpec, ct, batch_last: bool):
+    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im."""
+    cols = numpy.matmul(wt, gyc)
+    if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
+        cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, -1).transpose(5, 0, 1, 2, 3, 4)
+    else:
+        cols = cols.reshape(-1, spec.in_channels, *spec.kernel_size, *spec.out_size)
+    return col2im_cpu(cols, spec, ct, batch_last)
+
+
+def _grad_weight_chunk(gyc, x, spec: ConvSpec, ct, batch_last: bool):
+    """The weight gradient (G, D / G, K) of a chunk x: grad_output @ its columns^T, summed over its images."""
+    cols = _columns(x, spec, ct, batch_last)
+    if batch_last:
+        return numpy.matmul(gyc, cols.transpose(0, 2, 1))
+    return numpy.matmul(gyc, cols.transpose(0, 1, 3, 2)).sum(axis=0)
 
 
 def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
@@ -84,21 +104,12 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
     acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
     wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
     for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)) if needs & {"input", "weight"} else ():
-        m = chunk.stop - chunk.start
+        # Each gradient's columns live inside its function: one chunk's columns at a time, one gradient's.
         gyc = _grad_columns(gy[chunk], spec, batch_last)
         if grad_x is not None:
-            cols = numpy.matmul(wt, gyc)
-            if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
-                cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, m).transpose(5, 0, 1, 2, 3, 4)
-            else:
-                cols = cols.reshape(m, spec.in_channels, *spec.kernel_size, *spec.out_size)
-            grad_x[chunk] = col2im_cpu(cols, spec, ct, batch_last)
+            grad_x[chunk] = _grad_input_chunk(wt, gyc, spec, ct, batch_last)
         if acc is not None:
-            cols = _columns(x[chunk], spec, ct, batch_last)
-            if batch_last:
-                acc += numpy.matmul(gyc, cols.transpose(0, 2, 1))
-            else:
-                acc += numpy.matmul(gyc, cols.transpose(0, 1, 3, 2)).sum(axis=0)
+            acc += _grad_weight_chunk(gyc, x[chunk], spec, ct, batch_last)
     grad_w = grad_b = None
     if grad_x is not None:
         grad_x = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
@@ -331,8 +342,6 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
-    if out.size == 0:
-        return out
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.xp.ascontiguousarray(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -348,8 +357,6 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
     (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's."""
     _check_tensor_cores(spec, gy.dtype, device)
-    if out.size == 0:
-        return out
     plan = plan_tensor_cores(spec, gy.dtype, "input")
     KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
                    index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
@@ -365,12 +372,11 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
     plan = plan_tensor_cores(spec, xv.dtype, "weight")
     rows = spec.channels_per_group * spec.taps
     partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
-    if partial.size:
-        KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
-                       index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
-                       window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
-                       groups=spec.groups, channels_per_group=spec.channels_per_group,
-                       outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
+    KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
+                   groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
     total = partial[0] if plan.splits == 1 else partial.sum(axis=0)
     return total.astype(xv.dtype).reshape(spec.weight_shape)
 
@@ -385,8 +391,6 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     (bx, by), slab, (tile_h, tile_w), shared = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
-    if out.size == 0:
-        return out
     weight = xp.ascontiguousarray(weight)
     bias = xp.zeros((spec.out_channels,), dtype) if bias is None else xp.ascontiguousarray(bias)
     dpt = _direct_outputs(dg)
@@ -413,13 +417,13 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     out = device.empty((n, g, dg, spec.out_pixels), x.dtype)
     w = weight.reshape(g, dg, k)
     if _is_pointwise(spec) and x.flags.c_contiguous:
-        if out.size:
-            device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
+        device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
     else:
         for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
             cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
             device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
-    if bias is not None and out.size:
+            del cols   # before the next chunk's are allocated: one chunk's columns at a time
+    if bias is not None:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
                        out=out, bias=device.xp.ascontiguousarray(bias), total=out.size,
@@ -433,9 +437,7 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     wt = weight.reshape(g, dg, k).transpose(0, 2, 1)  # a view: the GEMM reads it transposed ('T'), no copy
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
-        if grad_x.size:
-            device.matmul_strided(wt, gy, grad_x)
-        return grad_x.reshape(n, *spec.input_shape[1:])
+        return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
     per_sample = (spec.cols_bytes(gy.itemsize)
                   + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
     chunks = batch_chunks(n, per_sample)
@@ -468,9 +470,8 @@ def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
         cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
         gyc = device.xp.ascontiguousarray(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
+        del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
         beta = 1.0
-    if beta == 0.0:  # no piece at all
-        acc[...] = 0
     return acc.reshape(spec.weight_shape)
 
 
@@ -478,10 +479,9 @@ def _grad_bias(device, gy, spec: ConvSpec):
     """gy (n, D, L) contiguous -> (D,) by conv_bgrad's fixed-order reduction."""
     d = spec.out_channels
     grad_b = device.empty((d,), gy.dtype)
-    if d:
-        KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
-                       shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
-                       n=spec.n, channels=d, pixels=spec.out_pixels)
+    KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
+                   shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
+                   n=spec.n, channels=d, pixels=spec.out_pixels)
     return grad_b
 
 
@@ -590,7 +590,7 @@ def conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
     check_algorithm("conv2d", algorithm, ALGORITHMS)
     with workspace_scope(workspace_limit):
-        return call.wrap(conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
+        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
@@ -611,5 +611,5 @@ def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
     with workspace_scope(workspace_limit):
-        return call.wrap(conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
-                                             algorithm))
+        return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
+                                       needs, algorithm))

@@ -18,6 +18,7 @@ from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, ele
 from .._spec import NEEDS, ConvSpec, ceil_div, check_grad_output, check_needs, round_up
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
+from . import lift
 from .unfold import pad_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -367,8 +368,6 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
 def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     xp = device.xp
     y = device.empty(spec.output_shape, x.dtype)
-    if y.size == 0:
-        return y
     x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
     units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
@@ -380,8 +379,6 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
 
 def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
-    if grad_x.size == 0:
-        return grad_x
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
     units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
@@ -395,30 +392,27 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
-    if n == 0:
-        out = device.xp.zeros((length,), dtype)
+    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
+    if not need_weight:
+        rows, step = stage1_rows(n, cm)  # step: images per block
+    elif plan.tiling:
+        rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
     else:
-        plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
-        if not need_weight:
-            rows, step = stage1_rows(n, cm)  # step: images per block
-        elif plan.tiling:
-            rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
-        else:
-            rows, step = 1, 1
-        partial = device.empty((rows, length), acc_dtype)
-        index = index_type(x.size, grad_output.size, partial.size)
-        if not need_weight:
-            KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
-                           block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
-                           pixels=spec.out_pixels, images_per_block=step)
-        else:
-            extra = dict(units_per_block=step) if plan.tiling else {}
-            _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
-                    grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
-                    multiplier=_multiplier(spec), has_bias=need_bias, **extra)
-        out = device.empty((length,), dtype)
-        KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
-                       block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
+        rows, step = 1, 1
+    partial = device.empty((rows, length), acc_dtype)
+    index = index_type(x.size, grad_output.size, partial.size)
+    if not need_weight:
+        KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
+                       block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
+                       pixels=spec.out_pixels, images_per_block=step)
+    else:
+        extra = dict(units_per_block=step) if plan.tiling else {}
+        _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
+                grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
+                multiplier=_multiplier(spec), has_bias=need_bias, **extra)
+    out = device.empty((length,), dtype)
+    KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
+                   block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
     if not need_weight:
         return None, out
     grad_w = out[:cm * taps].reshape(spec.weight_shape)
@@ -469,7 +463,7 @@ def depthwise_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
     """
     call = Call("depthwise_conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", call.x, call.weight, call.bias, stride, padding, dilation)
-    return call.wrap(depthwise_conv2d_run(call.device, call.x, call.weight, call.bias, spec))
+    return call.wrap(lift.forward(depthwise_conv2d_run, call.device, call.x, call.weight, call.bias, spec))
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC)
@@ -481,5 +475,5 @@ def depthwise_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation)
     check_grad_output(op, call.grad_output, spec)
-    return call.wrap(depthwise_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec,
-                                                   check_needs(op, needs)))
+    return call.wrap(lift.backward(depthwise_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
+                                   spec, check_needs(op, needs)))

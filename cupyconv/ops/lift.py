@@ -1,4 +1,5 @@
-"""1-D and 3-D problems on the 2-D kernels: the spec and array mappings, and the drivers every N-d op runs.
+"""1-D and 3-D problems on the 2-D kernels: the spec and array mappings, and the drivers every convolution runs
+(over 1, 2 or 3 dims; they also check sizes first and answer empty problems).
 
 The kernels are 2-D.  A 1-D problem is a 2-D one with a unit height (no copy: a view with a length-1 axis).
 A 3-D problem (depth D, H, W) is folded into a 2-D one by its depth taps, exactly:
@@ -20,11 +21,13 @@ kernels, not the depthwise ones).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy
 
+from .. import _device
 from .._arrays import compute_dtype
-from .._spec import ConvSpec, batch_chunks, ceil_div
+from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
 def array_module(device):
@@ -137,9 +140,60 @@ def _depth_first(xp, y):
 #   forward(device, x, weight, bias, spec2, algorithm) -> y
 #   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
 # device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
+# Before anything is allocated the drivers check that the results fit (`check_memory`).  An empty problem
+# (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel runs for it, so
+# no algorithm's restrictions apply either.
+
+
+def check_memory(device, spec: ConvSpec, dtype, results) -> None:
+    """Raise MemoryError when the arrays of shapes `results` (in dtype) and the least workspace of the path take
+    more than the memory its arrays live in (`_device.total_memory`); the unfold/fold runs call it too.
+
+    The workspace counted is one image's, which every chunked path needs at least: its depth windows in 3-D, else
+    its padded copy on the CPU path (every CPU op pads; the kernels read x in place).  So the check never refuses
+    a call that fits, and an impossible size (a 2^48-element output; on the CPU path a padding of 2^40) is a
+    clear error before the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
+    ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
+    itemsize = numpy.dtype(dtype).itemsize
+    arrays = [f"a result {tuple(shape)}" for shape in results]
+    nbytes = [math.prod(shape) * itemsize for shape in results]
+    if not spec.empty:
+        if spec.nd == 3:
+            arrays.append("one image's depth windows")
+            nbytes.append(depth_window_bytes(spec, itemsize))
+        elif device is None:
+            arrays.append(f"one image's padded copy {(spec.in_channels, *spec.padded_size)}")
+            nbytes.append(spec.in_channels * math.prod(spec.padded_size) * itemsize)
+    memory = _device.total_memory(device)
+    if memory is not None and sum(nbytes) > memory:
+        where = "this machine (the CPU path)" if device is None else f"the {device.name} device"
+        parts = " and ".join(f"{a} of {b} bytes" for a, b in zip(arrays, nbytes))
+        raise MemoryError(f"{spec.op}: {numpy.dtype(dtype).name} arrays need {sum(nbytes)} bytes: {parts}; more "
+                          f"than the {memory} bytes of memory of {where}")
+
+
+def _empty_forward(xp, bias, spec: ConvSpec, dtype):
+    out = xp.zeros(spec.output_shape, dtype)
+    if bias is not None:
+        out[...] = bias.reshape(-1, *(1,) * spec.nd)
+    return out
+
+
+def _empty_backward(xp, grad_output, spec: ConvSpec, needs: frozenset, dtype):
+    grad_x = xp.zeros(spec.input_shape, dtype) if "input" in needs else None
+    grad_w = xp.zeros(spec.weight_shape, dtype) if "weight" in needs else None
+    grad_b = None
+    if "bias" in needs:
+        channel_axis = grad_output.ndim - spec.nd - 1
+        axes = tuple(a for a in range(grad_output.ndim) if a != channel_axis)
+        grad_b = grad_output.sum(axis=axes, dtype=compute_dtype(dtype)).astype(dtype)
+    return grad_x, grad_w, grad_b
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    check_memory(device, spec, x.dtype, [spec.output_shape])
+    if spec.empty:
+        return _empty_forward(array_module(device), bias, spec, x.dtype)
     if spec.nd == 2:
         return run(device, x, weight, bias, spec, algorithm)
     if spec.nd == 1:
@@ -156,15 +210,30 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     return out.reshape(spec.output_shape)
 
 
+def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x):
+    """The 2-D backward of the depth windows of a chunk x (m, C, D, H, W) of a 3-D problem: their input gradient is
+    folded into grad_x (the chunk's part of it, or None); returns the chunk's (grad_weight, grad_bias).  The windows
+    and their gradient are freed on return, before the next chunk's are built."""
+    xp, spec2 = array_module(device), depth_spec(spec, x.shape[0])
+    v = depth_windows(device, x, spec) if "weight" in needs else placeholder(xp, spec2.input_shape, x.dtype)
+    gv, grad_w, grad_b = run(device, _depth_first(xp, gy), v, weight2, spec2, needs, algorithm)
+    if grad_x is not None:
+        grad_x[...] = depth_fold(xp, gv, spec, x.dtype)
+    return grad_w, grad_b
+
+
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
+    check_memory(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
+    if spec.empty:
+        return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
     if spec.nd == 2:
         return run(device, grad_output, x, weight, spec, needs, algorithm)
     if spec.nd == 1:
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
                     unit_height(spec), needs, algorithm)
-        shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
-    xp, n, od = array_module(device), spec.n, spec.out_size[0]
+    n = spec.n
     x = x.reshape(n, *spec.input_shape[-4:])
     gy = grad_output.reshape(n, *spec.output_shape[-4:])
     weight2 = depth_weight(weight, spec)
@@ -172,15 +241,8 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
     for chunk in chunks:
-        m = chunk.stop - chunk.start
-        spec2 = depth_spec(spec, m)
-        if "weight" in needs:
-            v = depth_windows(device, x[chunk], spec)
-        else:
-            v = placeholder(xp, spec2.input_shape, x.dtype)
-        gv, *params = run(device, _depth_first(xp, gy[chunk]), v, weight2, spec2, needs, algorithm)
-        if gv is not None:
-            grad_x[chunk] = depth_fold(xp, gv, spec, x.dtype)
+        params = _depth_chunk_backward(run, device, gy[chunk], x[chunk], weight2, spec, needs, algorithm,
+                                       None if grad_x is None else grad_x[chunk])
         for i, p in enumerate(params):
             if p is None:
                 continue

@@ -37,6 +37,7 @@ from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
 from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
                    implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
+from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -242,8 +243,6 @@ def _gemm_chunks(view, bytes_per_patch: int):
 def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     xp = device.xp
     out = device.empty(spec.output_shape, x.dtype)
-    if out.size == 0:
-        return out
     xv = batch_view(xp, x)
     weight = xp.ascontiguousarray(weight)
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
@@ -268,6 +267,7 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
         cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
         device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
+        del cols   # before the next chunk's are allocated: one chunk's columns at a time
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
     return out
@@ -275,8 +275,6 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
 
 def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
     out = device.empty(spec.input_shape, dtype)
-    if out.size == 0:
-        return out
     plan = plan_tile(spec, dtype, transposed=True)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _input_grad_gemm(device, gv, weight, spec, out)
@@ -299,14 +297,13 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
         cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
         device.matmul_strided(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels), cols)
         out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
+        del cols   # before the next chunk's are allocated: one chunk's columns at a time
     return out
 
 
 def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     xp, dtype = device.xp, weight.dtype
     out = device.empty(spec.weight_shape, dtype)
-    if out.size == 0:
-        return out
     plan = plan_weight(spec, dtype)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan):
         return _weight_grad_gemm(device, xv, gy, spec, out)
@@ -338,10 +335,6 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
                               algorithm: str = "auto"):
     xp = device.xp
     weight = xp.ascontiguousarray(weight)
-    if spec.n == 0:
-        zeros = (xp.zeros(spec.input_shape, x.dtype), xp.zeros(spec.weight_shape, x.dtype),
-                 xp.zeros((spec.out_channels,), x.dtype))
-        return tuple(z if name in needs else None for name, z in zip(NEEDS, zeros))
     gv = batch_view(xp, grad_output)
     grad_x = grad_w = grad_b = None
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
@@ -397,7 +390,7 @@ def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: 
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
                              leading_dims=True)
     check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
-    return call.wrap(patch_conv2d_run(call.device, call.x, call.weight, call.bias, spec, algorithm))
+    return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
@@ -412,5 +405,5 @@ def patch_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, str
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    return call.wrap(patch_conv2d_backward_run(call.device, call.grad_output, call.x, call.weight, spec, needs,
-                                               algorithm))
+    return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
+                                   spec, needs, algorithm))

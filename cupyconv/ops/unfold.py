@@ -142,6 +142,7 @@ def _unfold_run(device, x, spec: ConvSpec):
     (ops/lift.py): a unit height, or the depth windows, whose 2-D cols (n, oD, C * taps, oH * oW) are
     reordered to (n, C * taps, oD * oH * oW)."""
     rows, pixels, n = spec.in_channels * spec.taps, spec.out_pixels, spec.n
+    lift.check_memory(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
     if spec.nd == 1:
         x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
     elif spec.nd == 3:
@@ -151,18 +152,19 @@ def _unfold_run(device, x, spec: ConvSpec):
         spec2 = spec
     cols = unfold_cpu(x, spec2) if device is None else unfold_gpu(device, x, spec2)
     if spec.nd == 3:
-        cols = cols.reshape(n, spec.out_size[0], rows, -1).swapaxes(1, 2)
+        cols = cols.reshape(n, spec.out_size[0], rows, spec2.out_pixels).swapaxes(1, 2)
     return cols.reshape(*spec.batch, rows, pixels)
 
 
 def _fold_run(device, cols, spec: ConvSpec):
     """The fold of cols (*batch, C * taps, L) into (*batch, C, *in_size), the reverse of `_unfold_run`."""
     rows, n, xp = spec.in_channels * spec.taps, spec.n, lift.array_module(device)
+    lift.check_memory(device, spec, cols.dtype, [spec.input_shape])
     if spec.nd == 1:
         spec2 = lift.unit_height(spec)
     elif spec.nd == 3:
         spec2 = lift.depth_spec(spec, n)
-        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], -1).swapaxes(1, 2))
+        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], spec2.out_pixels).swapaxes(1, 2))
     else:
         spec2 = spec
     cols = cols.reshape(*spec2.batch, rows, spec2.out_pixels)

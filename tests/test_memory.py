@@ -1,0 +1,199 @@
+"""Memory: sizes are checked before anything is allocated, and the workspace limit bounds the column matrices (and
+depth windows) alive at once.
+
+An output that cannot fit (2^48 elements here) raises MemoryError naming the op, the shapes and the bytes, on the
+CPU path and on the emulated kernel path, before the first allocation: nothing is allocated, so these tests are
+cheap.  The check counts the results and one image's least workspace (its padded copy on the CPU path, its depth
+windows in 3-D), which the tests pin down exactly with a machine of a few hundred bytes (`host_memory` patched).
+"""
+import re
+import tracemalloc
+import weakref
+
+import numpy
+import pytest
+
+import cupyconv as cc
+import reference as ref
+from cupyconv import _device
+from cupyconv._spec import ConvSpec
+from cupyconv.ops import conv, lift, patch
+from emulator import EmulatedDevice
+
+F32 = numpy.float32
+ONE = numpy.ones((1, 1, 1, 1), F32)
+BIG = 2**23          # padding that makes a 1x1 input a (2^24 + 1)^2 output: 2^48 elements and more
+HUGE = (2**24 + 1,) * 2
+
+#: (op, call, shape of the result that cannot fit)
+HUGE_CALLS = [
+    ("conv2d", lambda: cc.conv2d(ONE, ONE, padding=BIG), (1, 1, *HUGE)),
+    ("conv1d", lambda: cc.conv1d(ONE[0], ONE[0], padding=2**47), (1, 1, 2**48 + 1)),
+    ("conv3d", lambda: cc.conv3d(ONE[..., None], ONE[..., None], padding=2**16), (1, 1, *(2**17 + 1,) * 3)),
+    ("depthwise_conv2d", lambda: cc.depthwise_conv2d(ONE, ONE, padding=BIG), (1, 1, *HUGE)),
+    ("patch_conv2d", lambda: cc.patch_conv2d(ONE[None], ONE, padding=BIG), (1, 1, 1, *HUGE)),
+    ("unfold", lambda: cc.unfold(ONE, 1, padding=BIG), (1, 1, HUGE[0] ** 2)),
+    ("fold", lambda: cc.fold(numpy.ones((1, 1, 2**16), F32), (2**24, 2**24), 1, stride=2**16), (1, 1, 2**24, 2**24)),
+    ("conv_transpose2d", lambda: cc.conv_transpose2d(ONE, numpy.ones((1, 1, 2, 2), F32), dilation=2**24),
+     (1, 1, *HUGE)),
+    # grad_x of an input of 2^48 elements that takes no memory (a broadcast view)
+    ("conv2d_backward", lambda: cc.conv2d_backward(numpy.broadcast_to(F32(1), (1, 1, *HUGE)),
+                                                   numpy.broadcast_to(F32(1), (1, 1, *HUGE)), ONE, needs="input"),
+     (1, 1, *HUGE)),
+]
+
+
+def on(device, fn, *args, **kwargs):
+    if device is None:
+        return fn(*args, **kwargs)
+    with _device.use_device(device):
+        return fn(*args, **kwargs)
+
+
+def traced_peak(fn):
+    """(fn's result, the peak bytes allocated while it ran beyond what was allocated before: NumPy's arrays are
+    traced)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
+@pytest.mark.parametrize("op, call, shape", HUGE_CALLS, ids=[op for op, _, _ in HUGE_CALLS])
+def test_results_that_cannot_fit_raise_before_anything_is_allocated(op, call, shape, device):
+    where = "this machine \\(the CPU path\\)" if device is None else "the emulated device"
+    pattern = (rf"^{op}: float32 arrays need \d+ bytes: a result {re.escape(str(shape))} of {4 * numpy.prod(shape)} "
+               rf"bytes.*; more than the \d+ bytes of memory of {where}$")
+    with pytest.raises(MemoryError, match=pattern):
+        traced_peak(lambda: on(device, call))
+    tracemalloc.start()
+    with pytest.raises(MemoryError):
+        on(device, call)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated before the error"
+
+
+def test_the_check_counts_the_results_and_one_padded_image(monkeypatch):
+    """x (2, 3, 8, 8), weight (4, 3, 3, 3), padding 1, float32: the output (2, 4, 8, 8) takes 2048 bytes and one
+    image's padded copy (3, 10, 10) 1200; the kernels read x in place, so the emulated path needs the output only.
+    At exactly the bytes needed the call runs."""
+    rng = numpy.random.default_rng(0)
+    x, w = ref.random(rng, (2, 3, 8, 8), F32), ref.random(rng, (4, 3, 3, 3), F32)
+    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200 - 1)
+    with pytest.raises(MemoryError, match=r"^conv2d: float32 arrays need 3248 bytes: a result \(2, 4, 8, 8\) of 2048 "
+                                          r"bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes; more than "
+                                          r"the 3247 bytes of memory of this machine \(the CPU path\)$"):
+        cc.conv2d(x, w, padding=1)
+    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200)
+    want = cc.conv2d(x, w, padding=1)
+    ref.assert_close(want, ref.conv2d(x, w, padding=1), "float32")
+    monkeypatch.setattr(_device, "host_memory", lambda: 2048)
+    ref.assert_close(on(EmulatedDevice(), cc.conv2d, x, w, padding=1, algorithm="direct"), want, "float32")
+    monkeypatch.setattr(_device, "host_memory", lambda: 2047)
+    with pytest.raises(MemoryError, match=r"^conv2d: float32 arrays need 2048 bytes: a result \(2, 4, 8, 8\) of 2048 "
+                                          r"bytes; more than the 2047 bytes of memory of the emulated device$"):
+        on(EmulatedDevice(), cc.conv2d, x, w, padding=1, algorithm="direct")
+
+
+def test_backward_counts_the_gradients_it_is_asked_for(monkeypatch):
+    """grad_x (2, 3, 8, 8): 1536 bytes, grad_weight (4, 3, 3, 3): 432, grad_bias (4,): 16, padded image 1200."""
+    rng = numpy.random.default_rng(1)
+    x, w, gy = (ref.random(rng, shape, F32) for shape in ((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 8, 8)))
+    monkeypatch.setattr(_device, "host_memory", lambda: 1536 + 1200)
+    assert cc.conv2d_backward(gy, x, w, padding=1, needs="input")[0].shape == x.shape
+    with pytest.raises(MemoryError, match=r"^conv2d_backward: float32 arrays need 3184 bytes: a result \(2, 3, 8, 8\) "
+                                          r"of 1536 bytes and a result \(4, 3, 3, 3\) of 432 bytes and a result \(4,\) "
+                                          r"of 16 bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes"):
+        cc.conv2d_backward(gy, x, w, padding=1)
+
+
+def test_no_check_where_the_memory_is_unknown(monkeypatch):
+    monkeypatch.setattr(_device, "host_memory", lambda: None)
+    assert cc.unfold(ONE, 1, padding=1).shape == (1, 1, 9)
+
+
+@pytest.mark.gpu
+def test_results_that_cannot_fit_the_gpu_raise():
+    cupy = pytest.importorskip("cupy")
+    one = cupy.ones((1, 1, 1, 1), cupy.float32)
+    with pytest.raises(MemoryError, match=r"^conv2d: float32 arrays need \d+ bytes: a result \(1, 1, 16777217, "
+                                          r"16777217\) .* bytes of memory of the cuda device$"):
+        cc.conv2d(one, one, padding=BIG)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The workspace limit: one chunk's column matrices (depth windows) at a time
+
+
+class Live:
+    """Wraps a function that returns a new array and counts how many of its results were alive at once."""
+
+    def __init__(self, fn):
+        self.fn, self.alive, self.calls, self.most = fn, [], 0, 0
+
+    def __call__(self, *args, **kwargs):
+        result = self.fn(*args, **kwargs)
+        self.alive = [r for r in self.alive if r() is not None] + [weakref.ref(result)]
+        self.calls, self.most = self.calls + 1, max(self.most, len(self.alive))
+        return result
+
+
+def conv_problem(rng, n=8, nd=2):
+    size = {2: (34, 34), 3: (4, 20, 20)}[nd]
+    x, w = ref.random(rng, (n, 4, *size), F32), ref.random(rng, (8, 4, *(3,) * nd), F32)
+    return x, w, ref.random(rng, (n, 8, *size), F32)   # grad_output of padding 1
+
+
+@pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
+def test_one_chunk_of_columns_at_a_time(monkeypatch, device):
+    """8 images in chunks of 2 (forward; 1 or 2 for the weight gradient, whose grad_output copy the kernel path
+    counts too): each chunk's columns are freed before the next chunk's are built."""
+    x, w, gy = conv_problem(numpy.random.default_rng(2))
+    limit = 2 * 4 * 9 * 34 * 34 * 4
+    columns = Live(conv._columns if device is None else conv.unfold_gpu)
+    monkeypatch.setattr(conv, "_columns" if device is None else "unfold_gpu", columns)
+    algorithm = {} if device is None else {"algorithm": "im2col_gemm"}
+    on(device, cc.conv2d, x, w, padding=1, workspace_limit=limit, **algorithm)
+    assert (columns.calls, columns.most) == (4, 1)
+    on(device, cc.conv2d_backward, gy, x, w, padding=1, workspace_limit=limit, needs="weight", **algorithm)
+    assert columns.calls >= 8 and columns.most == 1
+
+
+def test_patch_one_chunk_of_columns_at_a_time(monkeypatch):
+    """(1, 8) patches in 4 chunks of 2, on the emulated im2col_gemm path."""
+    x, w, _ = conv_problem(numpy.random.default_rng(3))
+    columns = Live(patch.unfold_gpu)
+    monkeypatch.setattr(patch, "unfold_gpu", columns)
+    with cc.settings.workspace_limit(2 * 4 * 9 * 34 * 34 * 4):
+        on(EmulatedDevice(), cc.patch_conv2d, x[None], w, padding=1, algorithm="im2col_gemm")
+    assert (columns.calls, columns.most) == (4, 1)
+
+
+@pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
+def test_3d_one_chunk_of_depth_windows_at_a_time(monkeypatch, device):
+    x, w, gy = conv_problem(numpy.random.default_rng(4), nd=3)
+    windows = Live(lift.depth_windows)
+    monkeypatch.setattr(lift, "depth_windows", windows)
+    limit = 2 * lift.depth_window_bytes(ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3), 4)
+    on(device, cc.conv3d_backward, gy, x, w, padding=1, workspace_limit=limit, needs="weight")
+    assert (windows.calls, windows.most) == (4, 1)
+
+
+def test_cpu_peak_stays_near_the_workspace_limit():
+    """The CPU conv's temporaries at their peak: one chunk's columns (the limit), its padded copy or col2im buffer
+    (1/8 of them with a 3x3 kernel) and NumPy's ufunc buffers (numpy.getbufsize() elements for each of 3
+    operands), not two chunks' columns (twice the limit)."""
+    x, w, gy = conv_problem(numpy.random.default_rng(5))
+    limit = 2 * 4 * 9 * 34 * 34 * 4
+    bound = 1.2 * limit + 3 * numpy.getbufsize() * 4
+    y, peak = traced_peak(lambda: cc.conv2d(x, w, padding=1, workspace_limit=limit))
+    assert peak - y.nbytes < bound
+    for needs in ("input", "weight"):
+        (grad,), peak = traced_peak(lambda: [g for g in cc.conv2d_backward(gy, x, w, padding=1, needs=needs,
+                                                                            workspace_limit=limit) if g is not None])
+        assert peak - grad.nbytes < bound, needs
