@@ -52,13 +52,15 @@ from .autograd import (Conv2dFunction, DepthwiseConv2dFunction, FoldBackwardFunc
 from .cuda import cuda_context  # noqa: E402
 from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,  # noqa: E402
                          depthwise_conv2d, fold, patch_conv2d, unfold)
-from .modules import Conv2d, DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d  # noqa: E402
+from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,  # noqa: E402
+                      DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d)
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d",
     "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "unfold", "fold",
     "Conv2dFunction", "DepthwiseConv2dFunction", "PatchConv2dFunction",
     "UnfoldFunction", "UnfoldBackwardFunction", "FoldFunction", "FoldBackwardFunction",
-    "Conv2d", "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
     "cuda_context",
 ]
