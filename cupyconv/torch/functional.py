@@ -4,10 +4,12 @@ As `torch.nn.functional`:
 
 * an unbatched input (no N dim: (C, L), (C, H, W), (C, D, H, W)) gives an unbatched output;
 * an input or weight in `torch.channels_last` (`torch.channels_last_3d` for 3-D) memory format gives the
-  output in that format.  The custom ops return contiguous tensors (as their fake implementations promise), so
-  that output costs one copy, made here.  On the GPU path conv's kernels (`conv1d`, `conv2d`, `patch_conv2d`)
-  read a channels-last input in place through its strides; the depthwise kernels, the 3-D ops (depth windows)
-  and the transposed convolutions (which read it as a grad_output) copy it once.
+  output in that format (torch's rule, read from the strides: `_memory_format`).  The custom ops return
+  contiguous tensors (as their fake implementations promise), so that output costs one copy, made here, and
+  its gradient reaches the backward op as a channels-last grad_output, which the GPU path copies once.  The
+  input itself is read in place on the GPU path by conv's kernels (`conv1d`, `conv2d` but for groups == C,
+  `patch_conv2d`) and copied once by the depthwise kernels, the 3-D ops (depth windows) and the transposed
+  convolutions (which read it as conv's grad_output): see "Channels-last and strided inputs" in the README.
 
 `algorithm` and `workspace_limit` (the ops that have them) apply to the call and to its backward: see
 `cupyconv.conv2d` and `cupyconv.settings.workspace_limit`.
@@ -28,6 +30,7 @@ __all__ = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d", "co
 
 Size = Union[int, tuple[int, ...]]
 Padding = Union[str, int, tuple]
+
 
 def check_workspace_limit(op: str, workspace_limit) -> None:
     """workspace_limit must be None (the setting in force) or a positive number of bytes."""
@@ -145,8 +148,8 @@ def conv3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride:
                         workspace_limit)
 
 
-for _nd, _f in ((1, conv1d), (2, conv2d), (3, conv3d)):
-    _f.__doc__ = _CONV_DOC.format(nd=_nd, layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd],
+for _nd, _conv in ((1, conv1d), (2, conv2d), (3, conv3d)):
+    _conv.__doc__ = _CONV_DOC.format(nd=_nd, layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd],
                                   out=KERNEL_LAYOUTS[_nd].replace("k", "o"))
 
 
@@ -269,8 +272,8 @@ def conv_transpose3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
                        dilation, workspace_limit)
 
 
-for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
-    _f.__doc__ = _TRANSPOSE_DOC.format(nd=_nd, layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd])
+for _nd, _transpose in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
+    _transpose.__doc__ = _TRANSPOSE_DOC.format(nd=_nd, layout=LAYOUTS[_nd], kernel=KERNEL_LAYOUTS[_nd])
 
 
 def unfold(input: Tensor, kernel_size: Size, dilation: Size = 1, padding: Padding = 0, stride: Size = 1) -> Tensor:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 from .._spec import ConvSpec, _tuple, check_algorithm
 from ..ops.conv import ALGORITHMS
@@ -30,8 +31,9 @@ __all__ = ["Conv1d", "Conv2d", "Conv3d", "DepthwiseConv2d", "PatchConv2d", "Conv
 _OPTIONS = (("algorithm", "auto"), ("workspace_limit", None))
 
 
-class _Layer(nn.Module):
-    """What every cupyconv layer adds to the torch class after it in the MRO (a `_ConvNd` subclass)."""
+class _Layer(_ConvNd):
+    """What every cupyconv layer adds to the torch class after it in the MRO (a `_ConvNd` subclass: deriving
+    from `_ConvNd` too types the attributes torch's constructor sets)."""
 
     def _torch_init(self, **arguments: Any) -> None:
         """torch's constructor, with its ValueErrors naming this layer and showing its channels and groups."""
@@ -80,8 +82,9 @@ class _Convolution(_Layer):
         self._torch_init(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size, stride=stride,
                          padding=0 if ours else padding, dilation=dilation, groups=groups, bias=bias,
                          padding_mode=padding_mode, device=device, dtype=dtype)
-        if ours:
-            self.padding = padding if isinstance(padding, str) else tuple(tuple(s) for s in padding)  # type: ignore
+        if ours:        # torch's attribute, with a form torch's own type does not cover
+            extension: Any = padding if isinstance(padding, str) else tuple(tuple(side) for side in padding)
+            self.padding = extension
         window = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
         self._padding_sides(window)             # checks the padding, on the smallest input the window accepts
         check_algorithm(type(self).__name__, algorithm, self._algorithms)
@@ -104,7 +107,7 @@ class _Convolution(_Layer):
         return padded.reshape(*input.shape[:-nd], *padded.shape[-nd:])
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        padding = self.padding
+        padding: Any = self.padding
         if self.padding_mode != "zeros":
             input, padding = self._pad(input), 0
         return self._convolve(input, weight, bias, padding)
@@ -207,11 +210,12 @@ class DepthwiseConv2d(_Convolution, nn.Conv2d):
         return functional.depthwise_conv2d(input, weight, bias, self.stride, padding, self.dilation)
 
 
-class _TransposedConvolution(_Layer):
+class _TransposedConvolution(_Layer, _ConvTransposeNd):
     """The computation of the transposed convolution layers: torch's `_output_padding` (for output_size), then
     the functional op `_functional`.  padding takes torch's forms only (padding_mode 'zeros' only, as torch)."""
 
     _functional: Callable[..., Tensor]
+    padding: tuple[int, ...]            # torch's forms only (checked by the constructor)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
                  groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
