@@ -62,7 +62,8 @@ def _conv_shape(x, weight, stride, padding, dilation, **_):
 
 
 def _transpose_shape(x, weight, stride, padding, output_padding, groups, dilation, **_):
-    """(N, C_out, out...) of a transposed convolution of x (N, C_in, in...) with weight (C_in, C_out // groups, k...)."""
+    """(N, C_out, out...) of a transposed convolution of x (N, C_in, in...) with weight
+    (C_in, C_out // groups, k...)."""
     nd = weight.dim() - 2
     out = tuple((n - 1) * s - lo - hi + d * (k - 1) + extra + 1
                 for n, s, lo, hi, d, k, extra in zip(x.shape[-nd:], stride, padding[0::2], padding[1::2], dilation,
