@@ -1,8 +1,9 @@
-"""cupyconv.torch: custom ops, autograd, modules, torch.compile, autocast, and (GPU) streams and memory.
+"""cupyconv.torch: custom ops, autograd, torch.compile, autocast, and (GPU) streams and memory.
 
-CPU tests run everywhere: gradcheck in float64 for every op, torch.library.opcheck of every custom op, module
-equivalence with torch.nn.Conv2d, one torch.compile(fullgraph=True) forward + backward (marked slow: a few
-seconds with inductor), autocast bfloat16 and float16.  The GPU tests (marked gpu) check stream ordering and memory accounting on a real device.
+CPU tests run everywhere: gradcheck in float64 for the 2-D ops and unfold/fold, torch.library.opcheck of every
+custom op, one torch.compile(fullgraph=True) forward + backward with inductor (marked slow: a few seconds),
+autocast bfloat16 and float16.  The GPU tests (marked gpu) check stream ordering and memory accounting on a real
+device.  Every convolution to the second order: test_torch_convolutions.py; the modules: test_torch_modules.py.
 """
 import gc
 import subprocess
@@ -163,25 +164,32 @@ def _opcheck_cases():
     x, w, b = torch.randn(2, 4, 6, 5), torch.randn(6, 2, 3, 2), torch.randn(6)
     xd, wd = x[:, :3], torch.randn(6, 1, 3, 3)                          # xd: a non-contiguous view
     xp, wp = torch.randn(2, 3, 4, 4, 4), torch.randn(5, 4, 3, 3)
+    x1, w1, b1 = torch.randn(2, 4, 7), torch.randn(6, 2, 3), torch.randn(6)
+    x3, w3 = torch.randn(1, 2, 4, 5, 4), torch.randn(3, 2, 2, 3, 2)
     pad, ops = [1, 0, 2, 1], torch.ops.cupyconv
-    conv = (x, w, b, [1, 2], pad, [1, 2], 2)
-    depthwise = (xd, wd, None, [2, 1], pad, [1, 1])
-    patch = (xp, wp, None, [1, 1], [1, 1, 1, 1], [1, 1], 1)
     window = ([2, 3], [1, 1], pad, [1, 2])
     cols = ops.unfold(x, *window)
 
     def like(t):
         return torch.randn(t.shape)
 
-    return [
-        ("conv2d", conv),
-        ("conv2d_backward", (like(ops.conv2d(*conv)), x, w, [1, 2], pad, [1, 2], 2, [True, True, False])),
-        ("depthwise_conv2d", depthwise),
-        ("depthwise_conv2d_backward", (like(ops.depthwise_conv2d(*depthwise)), xd, wd, [2, 1], pad, [1, 1],
-                                       [False, True, True])),
-        ("patch_conv2d", patch),
-        ("patch_conv2d_backward", (like(ops.patch_conv2d(*patch)), xp, wp, [1, 1], [1, 1, 1, 1], [1, 1], 1,
-                                   [True, False, True])),
+    convolutions = [  # (op, forward arguments (trailing defaults may be left out), needs of its backward case)
+        ("conv1d", (x1, w1, b1, [2], [1, 0], [2], 2, "auto", None), [True, True, True]),
+        ("conv2d", (x, w, b, [1, 2], pad, [1, 2], 2, "direct", 2**20), [True, True, False]),
+        ("conv3d", (x3, w3, None, [1, 2, 1], [1, 0, 0, 1, 1, 1], [2, 1, 1], 1), [True, False, False]),
+        ("depthwise_conv2d", (xd, wd, None, [2, 1], pad, [1, 1]), [False, True, True]),
+        ("patch_conv2d", (xp, wp, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fused"), [True, False, True]),
+        ("conv_transpose1d", (x1, torch.randn(4, 3, 3), None, [2], [1, 0], [1], 2, [1]), [True, True, False]),
+        ("conv_transpose2d", (x, torch.randn(4, 3, 3, 2), b[:3], [2, 1], pad, [1, 0], 1, [1, 2], 2**20),
+         [False, True, True]),
+        ("conv_transpose3d", (x3, w3[:2], None, [1, 2, 1], [0, 1, 1, 0, 1, 1], [0, 1, 0], 1, [1, 1, 2]),
+         [True, False, False]),
+    ]
+    cases = []
+    for name, args, needs in convolutions:
+        cases += [(name, args),
+                  (f"{name}_backward", (like(getattr(ops, name)(*args)), *args[:2], needs, *args[3:]))]
+    return cases + [
         ("unfold", (x, *window)),
         ("unfold_backward", (like(cols), [6, 5], *window)),
         ("fold", (like(cols), [6, 5], *window)),
@@ -194,118 +202,12 @@ OPCHECK_CASES = _opcheck_cases()
 
 @pytest.mark.parametrize("name,args", OPCHECK_CASES, ids=[name for name, _ in OPCHECK_CASES])
 def test_opcheck(name, args):
-    """Schema, fake implementation (shapes, strides, no aliasing) and autograd registration of each op.
-
-    Tracing with AOT autograd and dynamic shapes (the slow part) runs for the forward ops, with inputs that
-    require grad, so it traces their backward ops too."""
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    if not name.endswith("_backward"):
-        utils += ("test_aot_dispatch_dynamic",)
-        args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                     else a for a in args)
-    torch.library.opcheck(getattr(torch.ops.cupyconv, name).default, args, test_utils=utils)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Modules: drop-in equivalence with torch.nn.Conv2d
-
-
-class TorchSeparable(nn.Module):
-    """The torch layout DepthwiseSeparableConv2d's state_dict is documented to match."""
-
-    def __init__(self, c, out, k, stride=1, padding=0, dilation=1, bias=True, m=1, depthwise_bias=False):
-        super().__init__()
-        self.depthwise = nn.Conv2d(c, c * m, k, stride, padding, dilation, groups=c, bias=depthwise_bias)
-        self.pointwise = nn.Conv2d(c * m, out, 1, bias=bias)
-
-    def forward(self, x):
-        return self.pointwise(self.depthwise(x))
-
-
-MODULE_CASES = [  # (name, cupyconv constructor, torch constructor, input shape, how torch sees the input)
-    ("conv2d", lambda: cct.Conv2d(4, 6, 3, stride=2, padding=1, groups=2),
-     lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), (2, 4, 7, 6)),
-    ("conv2d_same_dilation_no_bias", lambda: cct.Conv2d(3, 4, (3, 2), padding="same", dilation=(2, 1), bias=False),
-     lambda: nn.Conv2d(3, 4, (3, 2), padding="same", dilation=(2, 1), bias=False), (1, 3, 6, 5)),
-    ("conv2d_reflect", lambda: cct.Conv2d(3, 4, 3, padding=(1, 2), padding_mode="reflect"),
-     lambda: nn.Conv2d(3, 4, 3, padding=(1, 2), padding_mode="reflect"), (2, 3, 5, 6)),
-    ("conv2d_circular_strided", lambda: cct.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="circular"),
-     lambda: nn.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="circular"), (1, 2, 6, 7)),
-    ("depthwise_multiplier2", lambda: cct.DepthwiseConv2d(3, 6, 3, padding=1),
-     lambda: nn.Conv2d(3, 6, 3, padding=1, groups=3), (2, 3, 6, 5)),
-    ("depthwise_stride2_replicate", lambda: cct.DepthwiseConv2d(4, 4, 3, 2, 1, groups=4, padding_mode="replicate"),
-     lambda: nn.Conv2d(4, 4, 3, 2, 1, groups=4, padding_mode="replicate"), (1, 4, 7, 7)),
-    ("patch", lambda: cct.PatchConv2d(3, 5, 3, padding=1), lambda: nn.Conv2d(3, 5, 3, padding=1), (2, 4, 3, 4, 4)),
-    ("patch_reflect_groups", lambda: cct.PatchConv2d(4, 2, 2, padding=1, groups=2, padding_mode="reflect"),
-     lambda: nn.Conv2d(4, 2, 2, padding=1, groups=2, padding_mode="reflect"), (3, 4, 4, 4)),
-    ("separable", lambda: cct.DepthwiseSeparableConv2d(3, 5, 3, stride=2, padding=1),
-     lambda: TorchSeparable(3, 5, 3, stride=2, padding=1), (2, 3, 7, 6)),
-    ("separable_multiplier_biases", lambda: cct.DepthwiseSeparableConv2d(2, 3, 3, padding="same",
-                                                                          depth_multiplier=2, depthwise_bias=True),
-     lambda: TorchSeparable(2, 3, 3, padding="same", m=2, depthwise_bias=True), (1, 2, 5, 5)),
-]
-
-
-def _torch_apply(module, x):
-    """torch's layer over any leading dims (patches rolled into the batch)."""
-    flat = module(x.reshape(-1, *x.shape[-3:]))
-    return flat.reshape(*x.shape[:-3], *flat.shape[1:])
-
-
-@pytest.mark.parametrize("case", MODULE_CASES, ids=lambda c: c[0])
-def test_module_equivalence(case):
-    name, make_ours, make_torch, shape = case
-    torch.manual_seed(7)
-    ours = make_ours()
-    torch.manual_seed(7)
-    theirs = make_torch()
-    # the same initialisation: same parameter names, shapes and random draws
-    assert list(ours.state_dict()) == list(theirs.state_dict())
-    for (key, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
-        assert torch.equal(a, b), key
-    x = torch.randn(*shape, requires_grad=True)
-    y_ours, y_torch = ours(x), _torch_apply(theirs, x)
-    torch.testing.assert_close(y_ours, y_torch)
-    g = torch.randn_like(y_torch)
-    params_ours, params_torch = list(ours.parameters()), list(theirs.parameters())
-    grads_ours = torch.autograd.grad(y_ours, [x, *params_ours], g)
-    grads_torch = torch.autograd.grad(y_torch, [x, *params_torch], g)
-    for a, b in zip(grads_ours, grads_torch):
-        torch.testing.assert_close(a, b)
-    # state_dict round trip, both ways, strict
-    with torch.no_grad():
-        for p in theirs.parameters():
-            p.add_(0.25)
-    ours.load_state_dict(theirs.state_dict())
-    torch.testing.assert_close(ours(x), _torch_apply(theirs, x))
-    with torch.no_grad():
-        for p in ours.parameters():
-            p.mul_(-1.5)
-    theirs.load_state_dict(ours.state_dict())
-    torch.testing.assert_close(ours(x), _torch_apply(theirs, x))
-
-
-def test_module_constructor_errors_name_the_layer():
-    with pytest.raises(ValueError, match="Conv2d: in_channels=3 must be divisible by groups=2"):
-        cct.Conv2d(3, 4, 3, groups=2)
-    with pytest.raises(ValueError, match="padding_mode"):
-        cct.Conv2d(3, 4, 3, padding_mode="mirror")
-    with pytest.raises(ValueError, match="DepthwiseConv2d: out_channels=5 must be a multiple of in_channels=2"):
-        cct.DepthwiseConv2d(2, 5, 3)
-    with pytest.raises(ValueError, match="DepthwiseConv2d: groups must equal in_channels=4"):
-        cct.DepthwiseConv2d(4, 4, 3, groups=2)
-    with pytest.raises(ValueError, match="padding"):
-        cct.Conv2d(3, 4, 3, padding="full")
-    with pytest.raises(ValueError, match=r"conv2d: weight .* has 3 input channels per group"):
-        cct.conv2d(torch.randn(1, 4, 5, 5), torch.randn(2, 3, 3, 3))
-
-
-def test_modules_accept_dtype_string_padding_and_strided_same():
-    layer = cct.Conv2d(3, 4, 3, stride=2, padding="same", dtype=torch.float64)
-    assert layer.weight.dtype == torch.float64
-    assert layer(torch.randn(1, 3, 7, 8, **F64)).shape == (1, 4, 4, 4)        # ceil(7 / 2), ceil(8 / 2)
-    assert "padding='same'" in repr(layer)
-    assert cct.DepthwiseConv2d(2, 2, (3, 5), padding="valid")(torch.randn(1, 2, 4, 6)).shape == (1, 2, 2, 2)
+    """Schema, fake implementation (shapes, strides, no aliasing), autograd registration and tracing with AOT
+    autograd and dynamic shapes of each op, with inputs that require grad (so the backward ops' own autograd
+    formulas, the double backward, are traced too)."""
+    args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for a in args)
+    torch.library.opcheck(getattr(torch.ops.cupyconv, name).default, args)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,25 +8,35 @@ Layers of this package, from the bottom up, one module each:
   current stream and takes its memory from torch's caching allocator.  Every op below runs inside it for CUDA
   tensors.
 * `_custom_ops.py`: custom ops `torch.ops.cupyconv.<op>` (`torch.library.custom_op`), one per forward op and one
-  per manual backward: `conv2d`, `conv2d_backward`, `depthwise_conv2d`, `depthwise_conv2d_backward`,
-  `patch_conv2d`, `patch_conv2d_backward`, `unfold`, `unfold_backward`, `fold`, `fold_backward`.  Each has a
-  fake (meta) implementation, so `torch.compile(model, fullgraph=True)` traces them without a graph break;
-  padding is passed normalised as [top, bottom, left, right].  The autocast kernels (below) are registered
-  here too.
-* `autograd.py`: one `torch.autograd.Function` per forward op (`Conv2dFunction`, ...), whose `backward` calls the
-  matching backward op (that is, cupyconv's manual `*_backward`) for only the gradients `ctx.needs_input_grad`
-  asks for.  Its `setup_context`/`backward` are also the autograd formula registered on the custom op.
-* `functional.py`: functional wrappers `conv2d`, `depthwise_conv2d`, `patch_conv2d`, `unfold`, `fold` with
-  torch's signatures, which normalise and validate the arguments with `ConvSpec` and call the custom op.
-* `modules.py`: modules `Conv2d`, `DepthwiseConv2d`, `PatchConv2d`, `DepthwiseSeparableConv2d`, with
-  `torch.nn.Conv2d`'s constructor arguments, parameter names, initialisation and `state_dict` layout.
+  per manual backward, the convolutions from one template: `conv1d`, `conv2d`, `conv3d`, `patch_conv2d`,
+  `depthwise_conv2d`, `conv_transpose1d`, `conv_transpose2d`, `conv_transpose3d` (each with `<op>_backward`),
+  and `unfold`, `unfold_backward`, `fold`, `fold_backward`.  Each has a fake (meta) implementation, so
+  `torch.compile(model, fullgraph=True)` and `torch.export` trace them without a graph break and meta tensors
+  get meta outputs; padding is passed normalised as [low, high] per spatial dim, and the options `algorithm`
+  and `workspace_limit` travel in the schema to the forward and the backward op.  The autocast kernels (below)
+  are registered here too.
+* `autograd.py`: the autograd formulas of every op, written with the ops themselves, so every convolution has
+  gradients of any order: the forward op's calls the backward op for only the gradients
+  `ctx.needs_input_grad` asks for; the backward op's (double backward) calls the forward and backward ops (the
+  module docstring has the algebra).  `Conv2dFunction`, `PatchConv2dFunction`, `DepthwiseConv2dFunction` and
+  the unfold/fold Functions expose the same formulas as `torch.autograd.Function`s.
+* `functional.py`: functional wrappers `conv1d`, `conv2d`, `conv3d`, `depthwise_conv2d`, `patch_conv2d`,
+  `conv_transpose1d/2d/3d`, `unfold`, `fold` with torch's signatures and conventions (unbatched inputs,
+  channels-last outputs for channels-last inputs), which normalise and validate the arguments with `ConvSpec`
+  and call the custom op.
+* `modules.py`: `Conv1d`, `Conv2d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `DepthwiseConv2d`, `PatchConv2d`
+  subclass the matching `torch.nn` class (the last two `torch.nn.Conv2d`) and override only the computation;
+  `DepthwiseSeparableConv2d` holds a `DepthwiseConv2d` and a 1x1 `Conv2d`.
 
-Autocast: under `torch.autocast(device_type, dtype=...)` the three convolutions cast their floating-point
+Autocast: under `torch.autocast(device_type, dtype=...)` the convolutions cast their floating-point
 inputs (float64 excepted, as torch does for its own convolutions) to the autocast dtype of that device and
 return that dtype; `unfold` and `fold` run in their input's dtype (as `torch.nn.functional.unfold` does).
 On the CPU, bfloat16 is computed in float32 and rounded (NumPy has no bfloat16), float16 is computed in float32.
 
-Double backward: `unfold` and `fold` (linear) support it; the convolutions' backward ops do not.
+Double backward: every op supports it (gradients of any order), through the same custom ops.
+
+`torch.jit.script` of the modules raises a TypeError that says so (TorchScript cannot call cupyconv's Python);
+`torch.jit.trace` records the custom ops.
 """
 import torch
 
@@ -40,13 +50,17 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch, "get_autocast_dty
 from .autograd import (Conv2dFunction, DepthwiseConv2dFunction, FoldBackwardFunction, FoldFunction,  # noqa: E402
                        PatchConv2dFunction, UnfoldBackwardFunction, UnfoldFunction)
 from .cuda import cuda_context  # noqa: E402
-from .functional import conv2d, depthwise_conv2d, fold, patch_conv2d, unfold  # noqa: E402
-from .modules import Conv2d, DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d  # noqa: E402
+from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,  # noqa: E402
+                         depthwise_conv2d, fold, patch_conv2d, unfold)
+from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,  # noqa: E402
+                      DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d)
 
 __all__ = [
-    "conv2d", "depthwise_conv2d", "patch_conv2d", "unfold", "fold",
+    "conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "unfold", "fold",
     "Conv2dFunction", "DepthwiseConv2dFunction", "PatchConv2dFunction",
     "UnfoldFunction", "UnfoldBackwardFunction", "FoldFunction", "FoldBackwardFunction",
-    "Conv2d", "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
     "cuda_context",
 ]

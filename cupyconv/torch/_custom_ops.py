@@ -1,26 +1,37 @@
 """The custom ops `torch.ops.cupyconv.<op>`, their fake (meta) implementations and their autocast kernels.
 
 Importing this module registers them.  Their autograd formulas are registered by `cupyconv.torch.autograd`.
+
+Every convolution is one template (`_define_convolution`): a forward op
+`cupyconv::<name>(Tensor x, Tensor weight, Tensor? bias, <options>) -> Tensor` and a backward op
+`cupyconv::<name>_backward(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, <options>)
+-> (Tensor, Tensor, Tensor)`, which call the cupyconv functions of those names.  The options are the op's
+geometry with padding flat as [low, high] per spatial dim ([top, bottom, left, right] in 2-D), then
+`algorithm` where the op has a choice, then `workspace_limit` where it builds a workspace (run inside
+`cupyconv.settings.workspace_limit`).  The backward op's `needs` comes before the options, so the options
+of either op are passed on as they came, with the schema's defaults.
 """
+import ast
+import math
+
 import torch
 
 import cupyconv
 
+from ..ops.conv import workspace_scope
 from .cuda import _run
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Geometry helpers (plain ints on the eager path, SymInts in fake implementations)
 
 
 def _per_side(padding):
-    """[top, bottom, left, right] -> ((top, bottom), (left, right)), the per-side form of cupyconv."""
-    top, bottom, left, right = padding
-    return ((top, bottom), (left, right))
+    """[low, high, low, high, ...] -> ((low, high), ...), one pair per spatial dim: cupyconv's per-side form."""
+    return tuple(zip(padding[0::2], padding[1::2]))
 
 
 def _out_size(in_size, kernel, stride, padding, dilation):
-    """Output (oH, oW) of a window op; padding as [top, bottom, left, right]."""
+    """Output sizes of a window op; padding flat as [low, high] per dim."""
     return tuple((n + lo + hi - d * (k - 1) - 1) // s + 1
                  for n, k, s, lo, hi, d in zip(in_size, kernel, stride, padding[0::2], padding[1::2], dilation))
 
@@ -34,84 +45,99 @@ def _names(needs) -> tuple:
     return tuple(name for name, need in zip(("input", "weight", "bias"), needs) if need)
 
 
-def _fake_conv_backward(grad_output, x, weight, needs):
-    return (x.new_empty(x.shape) if needs[0] else _empty(x),
-            weight.new_empty(weight.shape) if needs[1] else _empty(x),
-            weight.new_empty((weight.shape[0],)) if needs[2] else _empty(x))
-
-
 def _fill_missing(grads, like):
     """The backward ops return three tensors: an empty one stands for a gradient not asked for."""
     return tuple(g if g is not None else _empty(like) for g in grads)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Custom ops: conv2d and patch_conv2d (one schema: patch_conv2d is conv2d over any leading dims of x)
+# The convolutions: one template for the forward op, the backward op and their fake implementations
 
 
-def _grouped_conv_ops(name):
-    """Define the custom ops `cupyconv::<name>` and `cupyconv::<name>_backward` with their fake implementations,
-    for the cupyconv functions of that name (looked up on every call); returns (op, backward op)."""
+def _conv_shape(x, weight, stride, padding, dilation, **_):
+    """(..., D, out...) of a convolution of x (..., C, in...) with weight (D, C // groups, k...)."""
+    nd = weight.dim() - 2
+    out = _out_size(x.shape[-nd:], weight.shape[2:], stride, padding, dilation)
+    return (*x.shape[:-nd - 1], weight.shape[0], *out)
 
-    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(), schema=(
-            "(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation, int groups) "
-            "-> Tensor"))
-    def op(x, weight, bias, stride, padding, dilation, groups):
-        return _run(getattr(cupyconv, name), x, x, weight, bias, tuple(stride), _per_side(padding),
-                    tuple(dilation), groups)
+
+def _transpose_shape(x, weight, stride, padding, output_padding, groups, dilation, **_):
+    """(N, C_out, out...) of a transposed convolution of x (N, C_in, in...) with weight
+    (C_in, C_out // groups, k...)."""
+    nd = weight.dim() - 2
+    out = tuple((n - 1) * s - lo - hi + d * (k - 1) + extra + 1
+                for n, s, lo, hi, d, k, extra in zip(x.shape[-nd:], stride, padding[0::2], padding[1::2], dilation,
+                                                     weight.shape[2:], output_padding))
+    return (*x.shape[:-nd - 1], weight.shape[1] * groups, *out)
+
+
+_WINDOW = ("int[] stride", "int[] padding", "int[] dilation")
+_CONV_OPTIONS = (*_WINDOW, "int groups", 'str algorithm="auto"', "int? workspace_limit=None")
+_TRANSPOSE_OPTIONS = ("int[] stride", "int[] padding", "int[] output_padding", "int groups", "int[] dilation",
+                      "int? workspace_limit=None")
+
+
+def _keywords(options: tuple, values: tuple) -> dict:
+    """The option values of one call by name: those given, then the schema's defaults (a caller may leave
+    trailing options with defaults out, and the op then receives fewer values)."""
+    keywords = {}
+    for i, option in enumerate(options):
+        name, _, default = option.split()[1].partition("=")
+        keywords[name] = values[i] if i < len(values) else ast.literal_eval(default)
+    return keywords
+
+
+def _cupyconv_keywords(kw: dict) -> dict:
+    """The keywords of the cupyconv function: padding per side, sizes as tuples, workspace_limit left out (the
+    caller runs the function inside `workspace_scope`)."""
+    out = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in kw.items() if k != "workspace_limit"}
+    out["padding"] = _per_side(kw["padding"])
+    return out
+
+
+def _define_convolution(name: str, options: tuple, out_shape):
+    """Define `cupyconv::<name>` and `cupyconv::<name>_backward` for the cupyconv functions of that name (looked
+    up on every call, so a test can wrap them), with fake implementations; out_shape(x, weight, **options) is
+    the forward output's shape."""
+    schema = ", ".join(options)
+
+    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(),
+                             schema=f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
+    def op(x, weight, bias, *values):
+        kw = _keywords(options, values)
+        with workspace_scope(kw.get("workspace_limit")):
+            return _run(getattr(cupyconv, name), x, x, weight, bias, **_cupyconv_keywords(kw))
 
     @op.register_fake
-    def _(x, weight, bias, stride, padding, dilation, groups):
-        out = _out_size(x.shape[-2:], weight.shape[-2:], stride, padding, dilation)
-        return x.new_empty((*x.shape[:-3], weight.shape[0], *out))
+    def _(x, weight, bias, *values):
+        return x.new_empty(out_shape(x, weight, **_keywords(options, values)))
 
     @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), schema=(
-            "(Tensor grad_output, Tensor x, Tensor weight, int[2] stride, int[4] padding, int[2] dilation, "
-            "int groups, bool[3] needs) -> (Tensor, Tensor, Tensor)"))
-    def backward_op(grad_output, x, weight, stride, padding, dilation, groups, needs):
-        grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, stride=tuple(stride),
-                     padding=_per_side(padding), dilation=tuple(dilation), groups=groups, needs=_names(needs))
+            f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
+    def backward_op(grad_output, x, weight, needs, *values):
+        kw = _keywords(options, values)
+        with workspace_scope(kw.get("workspace_limit")):
+            grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, needs=_names(needs),
+                         **_cupyconv_keywords(kw))
         return _fill_missing(grads, x)
 
     @backward_op.register_fake
-    def _(grad_output, x, weight, stride, padding, dilation, groups, needs):
-        return _fake_conv_backward(grad_output, x, weight, needs)
-
-    return op, backward_op
-
-
-_conv2d_op, _conv2d_backward_op = _grouped_conv_ops("conv2d")
-_patch_op, _patch_backward_op = _grouped_conv_ops("patch_conv2d")
-
-# ---------------------------------------------------------------------------------------------------------
-# Custom ops: depthwise_conv2d
+    def _(grad_output, x, weight, needs, *values):
+        channels = grad_output.shape[-(weight.dim() - 2) - 1]
+        return (x.new_empty(x.shape) if needs[0] else _empty(x),
+                weight.new_empty(weight.shape) if needs[1] else _empty(x),
+                weight.new_empty((channels,)) if needs[2] else _empty(x))
 
 
-@torch.library.custom_op("cupyconv::depthwise_conv2d", mutates_args=(), schema=(
-        "(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation) -> Tensor"))
-def _depthwise_op(x, weight, bias, stride, padding, dilation):
-    return _run(cupyconv.depthwise_conv2d, x, x, weight, bias, tuple(stride), _per_side(padding),
-                tuple(dilation))
+#: The convolution ops, each with its cupyconv function, backward op and autograd formulas.
+CONVOLUTIONS = ("conv1d", "conv2d", "conv3d", "patch_conv2d", "depthwise_conv2d",
+                "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 
-
-@_depthwise_op.register_fake
-def _(x, weight, bias, stride, padding, dilation):
-    out = _out_size(x.shape[-2:], weight.shape[-2:], stride, padding, dilation)
-    return x.new_empty((x.shape[0], weight.shape[0], *out))
-
-
-@torch.library.custom_op("cupyconv::depthwise_conv2d_backward", mutates_args=(), schema=(
-        "(Tensor grad_output, Tensor x, Tensor weight, int[2] stride, int[4] padding, int[2] dilation, "
-        "bool[3] needs) -> (Tensor, Tensor, Tensor)"))
-def _depthwise_backward_op(grad_output, x, weight, stride, padding, dilation, needs):
-    grads = _run(cupyconv.depthwise_conv2d_backward, x, grad_output, x, weight, stride=tuple(stride),
-                 padding=_per_side(padding), dilation=tuple(dilation), needs=_names(needs))
-    return _fill_missing(grads, x)
-
-
-@_depthwise_backward_op.register_fake
-def _(grad_output, x, weight, stride, padding, dilation, needs):
-    return _fake_conv_backward(grad_output, x, weight, needs)
+for _name in ("conv1d", "conv2d", "conv3d", "patch_conv2d"):
+    _define_convolution(_name, _CONV_OPTIONS, _conv_shape)
+_define_convolution("depthwise_conv2d", _WINDOW, _conv_shape)
+for _name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
+    _define_convolution(_name, _TRANSPOSE_OPTIONS, _transpose_shape)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -126,8 +152,8 @@ def _unfold_op(x, kernel_size, dilation, padding, stride):
 
 @_unfold_op.register_fake
 def _(x, kernel_size, dilation, padding, stride):
-    oh, ow = _out_size(x.shape[-2:], kernel_size, stride, padding, dilation)
-    return x.new_empty((*x.shape[:-3], x.shape[-3] * kernel_size[0] * kernel_size[1], oh * ow))
+    out = _out_size(x.shape[-2:], kernel_size, stride, padding, dilation)
+    return x.new_empty((*x.shape[:-3], x.shape[-3] * math.prod(kernel_size), math.prod(out)))
 
 
 @torch.library.custom_op("cupyconv::unfold_backward", mutates_args=(), schema=(
@@ -140,7 +166,7 @@ def _unfold_backward_op(grad_output, input_size, kernel_size, dilation, padding,
 
 @_unfold_backward_op.register_fake
 def _(grad_output, input_size, kernel_size, dilation, padding, stride):
-    channels = grad_output.shape[-2] // (kernel_size[0] * kernel_size[1])
+    channels = grad_output.shape[-2] // math.prod(kernel_size)
     return grad_output.new_empty((*grad_output.shape[:-2], channels, *input_size))
 
 
@@ -154,7 +180,7 @@ def _fold_op(cols, output_size, kernel_size, dilation, padding, stride):
 
 @_fold_op.register_fake
 def _(cols, output_size, kernel_size, dilation, padding, stride):
-    channels = cols.shape[-2] // (kernel_size[0] * kernel_size[1])
+    channels = cols.shape[-2] // math.prod(kernel_size)
     return cols.new_empty((*cols.shape[:-2], channels, *output_size))
 
 
@@ -167,9 +193,9 @@ def _fold_backward_op(grad_output, kernel_size, dilation, padding, stride):
 
 @_fold_backward_op.register_fake
 def _(grad_output, kernel_size, dilation, padding, stride):
-    oh, ow = _out_size(grad_output.shape[-2:], kernel_size, stride, padding, dilation)
+    out = _out_size(grad_output.shape[-2:], kernel_size, stride, padding, dilation)
     c = grad_output.shape[-3]
-    return grad_output.new_empty((*grad_output.shape[:-3], c * kernel_size[0] * kernel_size[1], oh * ow))
+    return grad_output.new_empty((*grad_output.shape[:-3], c * math.prod(kernel_size), math.prod(out)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -196,7 +222,7 @@ def _autocast_kernel(op, device_type):
     return kernel
 
 
-for _name in ("conv2d", "depthwise_conv2d", "patch_conv2d"):
+for _name in CONVOLUTIONS:
     for _device_type, _key in _AUTOCAST_KEYS.items():
         if torch.amp.is_autocast_available(_device_type):
             _LIBRARY.impl(_name, _autocast_kernel(getattr(torch.ops.cupyconv, _name).default, _device_type), _key)

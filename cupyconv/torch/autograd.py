@@ -1,8 +1,18 @@
-"""One `torch.autograd.Function` per forward op, each also registered as the autograd formula of its custom op."""
+"""Autograd formulas of the custom ops, and the `torch.autograd.Function` classes that expose some of them.
+
+Every convolution y = B(x, w) + b (B bilinear: conv, patch, depthwise, transposed) has two custom ops: the
+forward `op(x, w, b, *options)` and `backward_op(grad_output, x, w, needs, *options) -> (gx, gw, gb)`.
+Both get an autograd formula here, written with the same two ops, so gradients of any order exist:
+
+* forward: gx, gw, gb = backward_op(grad_output, x, w, needs), for what `ctx.needs_input_grad` asks.
+* backward (double backward): with ggx, ggw, ggb the gradients arriving at gx, gw, gb,
+  d/d grad_output = op(ggx, w, ggb) + op(x, ggw)  (the adjoint of each map from grad_output),
+  d/dx = backward_op(grad_output, x, ggw, [input])   (gw = dB(x, .)* grad_output, linear in x),
+  d/dw = backward_op(grad_output, ggx, w, [weight])  (gx = dB(., w)* grad_output, linear in w).
+"""
 import torch
 
-from ._custom_ops import (_conv2d_op, _depthwise_op, _fold_backward_op, _fold_op, _patch_op, _unfold_backward_op,
-                          _unfold_op)
+from ._custom_ops import CONVOLUTIONS
 
 
 def _needed(grads, needs):
@@ -14,77 +24,110 @@ def _needs(ctx, has_bias: bool) -> list:
     return [bool(want_x), bool(want_w), bool(want_b and has_bias)]
 
 
-def _conv_autograd(backward_op):
-    """(setup_context, backward) of a convolution's autograd.Function, as staticmethods.
+def _forward_formula(backward_op):
+    """(setup_context, backward) of a convolution's forward op `op(x, weight, bias, *options)`.
 
-    The Function's inputs are (x, weight, bias, *geometry); x and weight are saved, and backward calls
-    `backward_op(grad_output, x, weight, *geometry, needs)` for only the gradients `ctx.needs_input_grad` asks
-    for (None for the geometry).  The same two functions are the autograd formula registered on the forward op.
+    x and weight are saved, and backward calls `backward_op(grad_output, x, weight, needs, *options)` for only
+    the gradients `ctx.needs_input_grad` asks for (None for the options).
     """
 
     def setup_context(ctx, inputs, output):
-        x, weight, bias, *geometry = inputs
+        x, weight, bias, *options = inputs
         ctx.save_for_backward(x, weight)
-        ctx.geometry = tuple(geometry)
+        ctx.options = tuple(options)
         ctx.has_bias = bias is not None
 
     def backward(ctx, grad_output):
         x, weight = ctx.saved_tensors
         needs = _needs(ctx, ctx.has_bias)
-        grads = backward_op(grad_output.to(x.dtype), x, weight, *ctx.geometry, needs)
-        return (*_needed(grads, needs), *(None for _ in ctx.geometry))
+        grads = backward_op(grad_output.to(x.dtype), x, weight, needs, *ctx.options)
+        return (*_needed(grads, needs), *(None for _ in ctx.options))
 
-    return staticmethod(setup_context), staticmethod(backward)
+    return setup_context, backward
+
+
+def _backward_formula(op, backward_op):
+    """(setup_context, backward) of `backward_op(grad_output, x, weight, needs, *options)`: the double backward
+    of the convolution, through `op` and `backward_op` themselves (see the module docstring)."""
+
+    def setup_context(ctx, inputs, output):
+        grad_output, x, weight, needs, *options = inputs
+        ctx.save_for_backward(grad_output, x, weight)
+        ctx.needs, ctx.options = tuple(needs), tuple(options)
+        ctx.set_materialize_grads(False)        # None, not zeros, for the outputs nothing depends on
+
+    def backward(ctx, *grads):
+        grad_output, x, weight = ctx.saved_tensors
+        ggx, ggw, ggb = (g if need else None for g, need in zip(grads, ctx.needs))  # placeholders stay None
+        want_go, want_x, want_w = ctx.needs_input_grad[:3]
+        g_go = g_x = g_w = None
+        if want_go:
+            terms = []
+            if ggx is not None:
+                terms.append(op(ggx, weight, ggb, *ctx.options))
+                ggb = None
+            if ggw is not None:
+                terms.append(op(x, ggw, ggb, *ctx.options))
+                ggb = None
+            if ggb is not None:
+                terms.append(ggb.reshape(-1, *(1,) * (weight.dim() - 2)).expand(grad_output.shape))
+            g_go = sum(terms[1:], terms[0]) if terms else None
+        if want_x and ggw is not None:
+            g_x = backward_op(grad_output, x, ggw, [True, False, False], *ctx.options)[0]
+        if want_w and ggx is not None:
+            g_w = backward_op(grad_output, ggx, weight, [False, True, False], *ctx.options)[1]
+        return g_go, g_x, g_w, None, *(None for _ in ctx.options)
+
+    return setup_context, backward
 
 
 # ---------------------------------------------------------------------------------------------------------
-# conv2d and patch_conv2d
+# The Function classes of the 2-D convolutions (the functional wrappers call the ops, whose registered
+# formulas are the same)
 
 
 class Conv2dFunction(torch.autograd.Function):
     """cupyconv.conv2d with its manual backward; also the autograd formula of the op `cupyconv::conv2d`.
 
-    `Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups)` takes the op's normalised
-    arguments (padding [top, bottom, left, right]); the functional `conv2d` is the friendlier entry point.
+    `Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups[, algorithm, workspace_limit])`
+    takes the op's normalised arguments (padding [top, bottom, left, right]); the functional `conv2d` is the
+    friendlier entry point.
     """
 
     @staticmethod
-    def forward(x, weight, bias, stride, padding, dilation, groups):
-        return torch.ops.cupyconv.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    def forward(x, weight, bias, *options):
+        return torch.ops.cupyconv.conv2d(x, weight, bias, *options)
 
-    setup_context, backward = _conv_autograd(torch.ops.cupyconv.conv2d_backward)
+    setup_context, backward = map(staticmethod, _forward_formula(torch.ops.cupyconv.conv2d_backward))
 
 
 class PatchConv2dFunction(torch.autograd.Function):
     """cupyconv.patch_conv2d over x (..., C, H, W) with its manual backward (see `Conv2dFunction`)."""
 
     @staticmethod
-    def forward(x, weight, bias, stride, padding, dilation, groups):
-        return torch.ops.cupyconv.patch_conv2d(x, weight, bias, stride, padding, dilation, groups)
+    def forward(x, weight, bias, *options):
+        return torch.ops.cupyconv.patch_conv2d(x, weight, bias, *options)
 
-    setup_context, backward = _conv_autograd(torch.ops.cupyconv.patch_conv2d_backward)
-
-
-_conv2d_op.register_autograd(Conv2dFunction.backward, setup_context=Conv2dFunction.setup_context)
-_patch_op.register_autograd(PatchConv2dFunction.backward, setup_context=PatchConv2dFunction.setup_context)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# depthwise_conv2d
+    setup_context, backward = map(staticmethod, _forward_formula(torch.ops.cupyconv.patch_conv2d_backward))
 
 
 class DepthwiseConv2dFunction(torch.autograd.Function):
-    """cupyconv.depthwise_conv2d with its manual backward (see `Conv2dFunction`); no groups argument."""
+    """cupyconv.depthwise_conv2d with its manual backward (see `Conv2dFunction`); options (stride, padding,
+    dilation)."""
 
     @staticmethod
-    def forward(x, weight, bias, stride, padding, dilation):
-        return torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, stride, padding, dilation)
+    def forward(x, weight, bias, *options):
+        return torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, *options)
 
-    setup_context, backward = _conv_autograd(torch.ops.cupyconv.depthwise_conv2d_backward)
+    setup_context, backward = map(staticmethod, _forward_formula(torch.ops.cupyconv.depthwise_conv2d_backward))
 
 
-_depthwise_op.register_autograd(DepthwiseConv2dFunction.backward,
-                                setup_context=DepthwiseConv2dFunction.setup_context)
+for _name in CONVOLUTIONS:
+    _op, _backward_op = getattr(torch.ops.cupyconv, _name), getattr(torch.ops.cupyconv, f"{_name}_backward")
+    _setup, _backward = _forward_formula(_backward_op)
+    torch.library.register_autograd(f"cupyconv::{_name}", _backward, setup_context=_setup)
+    _setup, _backward = _backward_formula(_op, _backward_op)
+    torch.library.register_autograd(f"cupyconv::{_name}_backward", _backward, setup_context=_setup)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -155,6 +198,6 @@ class FoldBackwardFunction(_UnfoldLike):
         return torch.ops.cupyconv.fold_backward(grad_output, kernel_size, dilation, padding, stride)
 
 
-for _op, _function in ((_unfold_op, UnfoldFunction), (_unfold_backward_op, UnfoldBackwardFunction),
-                       (_fold_op, FoldFunction), (_fold_backward_op, FoldBackwardFunction)):
-    _op.register_autograd(_function.backward, setup_context=_function.setup_context)
+for _name, _function in (("unfold", UnfoldFunction), ("unfold_backward", UnfoldBackwardFunction),
+                         ("fold", FoldFunction), ("fold_backward", FoldBackwardFunction)):
+    torch.library.register_autograd(f"cupyconv::{_name}", _function.backward, setup_context=_function.setup_context)

@@ -1,179 +1,317 @@
-"""`nn.Module` layers with `torch.nn.Conv2d`'s constructor arguments, parameters, initialisation and state_dict."""
-import math
+"""Layers that are torch's layers: each subclasses the matching `torch.nn` convolution and overrides only the
+computation, so `isinstance(layer, torch.nn.Conv2d)`, `torch.nn.utils.fusion.fuse_conv_bn_eval`, `state_dict`,
+`repr`, initialisation (the same random draws) and torch's `padding_mode` handling are torch's own.
 
-import torch
+What cupyconv adds to torch's constructor: padding per side (one (low, high) pair per spatial dim) and 'same'
+for strided convolutions (torch's constructor rejects both, so it is given padding 0 and the layer stores its
+own afterwards; `_reversed_padding_repeated_twice`, used only by torch's own computation, then stays zero), and
+the keywords `algorithm` and `workspace_limit`, stored as attributes of the same names (set them on a layer to
+change them), shown by `repr` when not the default.
+
+`torch.jit.script` is refused with a clear error: TorchScript cannot call cupyconv's Python.  `torch.compile`,
+`torch.export` and `torch.jit.trace` record the `torch.ops.cupyconv.*` custom ops.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
-from .._spec import ConvSpec
-from .functional import conv2d, depthwise_conv2d, patch_conv2d
+from .._spec import ConvSpec, _tuple, check_algorithm
+from ..ops.conv import ALGORITHMS
+from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
+from . import functional
 
-_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "DepthwiseConv2d", "PatchConv2d", "ConvTranspose1d", "ConvTranspose2d",
+           "ConvTranspose3d", "DepthwiseSeparableConv2d"]
+
+#: The keywords cupyconv's layers add to torch's, with their defaults (repr shows them when not the default).
+_OPTIONS = (("algorithm", "auto"), ("workspace_limit", None))
 
 
-def _pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+class _Layer(_ConvNd):
+    """What every cupyconv layer adds to the torch class after it in the MRO (a `_ConvNd` subclass: deriving
+    from `_ConvNd` too types the attributes torch's constructor sets)."""
 
+    def _torch_init(self, **arguments: Any) -> None:
+        """torch's constructor, with its ValueErrors naming this layer and showing its channels and groups."""
+        try:
+            super().__init__(**arguments)
+        except ValueError as error:
+            shown = ", ".join(f"{name}={arguments[name]!r}" for name in ("in_channels", "out_channels", "groups"))
+            raise ValueError(f"{type(self).__name__}: {error} ({shown})") from None
 
-class _Conv2dLayer(nn.Module):
-    """What the convolution layers share with `torch.nn.Conv2d`: arguments, parameters, init, repr."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None):
-        super().__init__()
-        name = type(self).__name__
-        if not isinstance(groups, int) or groups < 1:
-            raise ValueError(f"{name}: groups must be a positive int, got {groups!r}")
-        if in_channels % groups:
-            raise ValueError(f"{name}: in_channels={in_channels} must be divisible by groups={groups}")
-        if out_channels % groups:
-            raise ValueError(f"{name}: out_channels={out_channels} must be divisible by groups={groups}")
-        if padding_mode not in _PADDING_MODES:
-            raise ValueError(f"{name}: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
-        self.padding = padding if isinstance(padding, str) else _normal_padding(padding)
-        self.padding_mode = padding_mode
-        # Check the padding form now, on the smallest input this window accepts with any padding.
-        self._padding_sides(self._window(), name)
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty((out_channels, in_channels // groups, *self.kernel_size),
-                                               **factory))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_channels, **factory))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def _window(self):
-        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
-
-    def reset_parameters(self) -> None:
-        """torch.nn.Conv2d's initialisation, drawing the same random numbers in the same order."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight.shape[1] * self.kernel_size[0] * self.kernel_size[1]
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                nn.init.uniform_(self.bias, -bound, bound)
-
-    def _padding_sides(self, in_size, op=None):
-        """This layer's padding as ((top, bottom), (left, right)) for planes of size in_size."""
-        spec = ConvSpec.geometry(op or type(self).__name__, (), 1, 1, 1, tuple(in_size), self.kernel_size,
-                                 self.stride, self.padding, self.dilation)
-        return spec.padding
-
-    def _explicit_padding(self, input):
-        """input padded by F.pad in padding_mode (flattening leading dims), and the padding left to the op."""
-        if self.padding_mode == "zeros":
-            return input, self.padding
-        (top, bottom), (left, right) = self._padding_sides(input.shape[-2:])
-        planes = input.reshape(-1, *input.shape[-3:])
-        padded = F.pad(planes, (left, right, top, bottom), mode=self.padding_mode)
-        return padded.reshape(*input.shape[:-2], *padded.shape[-2:]), 0
-
-    def forward(self, input):
-        input, padding = self._explicit_padding(input)
-        return self._convolve(input, padding)
-
-    def _convolve(self, input, padding):
-        return conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+    def _set_workspace_limit(self, workspace_limit: Optional[int]) -> None:
+        functional.check_workspace_limit(type(self).__name__, workspace_limit)
+        self.workspace_limit = workspace_limit
 
     def extra_repr(self) -> str:
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
-            text += f", padding={self.padding!r}"
-        if self.dilation != (1, 1):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        if self.padding_mode != "zeros":
-            text += f", padding_mode={self.padding_mode!r}"
+        text = super().extra_repr()
+        for name, default in _OPTIONS:
+            value = getattr(self, name, default)
+            if value != default:
+                text += f", {name}={value!r}"
         return text
 
-
-def _normal_padding(padding):
-    """An int becomes a pair (as torch stores it); pairs and per-side pairs of pairs are kept as tuples."""
-    if isinstance(padding, (tuple, list)):
-        return tuple(tuple(p) if isinstance(p, (tuple, list)) else p for p in padding)
-    return (padding, padding)
+    def __prepare_scriptable__(self):
+        raise TypeError(f"cupyconv.torch.{type(self).__name__} cannot be compiled by torch.jit.script (TorchScript "
+                        f"cannot call cupyconv's Python); use torch.compile, torch.export or torch.jit.trace, or "
+                        f"load its state_dict into torch.nn.{type(self).__bases__[-1].__name__}")
 
 
-class Conv2d(_Conv2dLayer):
-    """Drop-in for `torch.nn.Conv2d` computed by cupyconv: same arguments, parameters, init and state_dict.
+def _extends_torch(padding) -> bool:
+    """Whether padding is one of cupyconv's forms that torch's constructor rejects or misreads: a string
+    ('same' with a stride; the layer checks every string itself) or per side."""
+    return isinstance(padding, str) or (isinstance(padding, (tuple, list))
+                                        and any(isinstance(side, (tuple, list)) for side in padding))
 
-    Input (N, C, H, W).  padding: int, pair, per side ((top, bottom), (left, right)), 'valid' or 'same'
-    ('same' also for stride > 1: output = ceil(in / stride)).  padding_mode 'reflect', 'replicate' and
-    'circular' pad with `torch.nn.functional.pad` first, as torch does.
+
+class _Convolution(_Layer):
+    """The computation of the convolution layers: padding_mode by `F.pad` as torch does, then the functional
+    op `_functional` (conv1d, conv2d, conv3d or patch_conv2d) with this layer's options."""
+
+    _functional: Callable[..., Tensor] = staticmethod(functional.conv2d)
+    _algorithms: tuple = ALGORITHMS
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None, *,
+                 algorithm: str = "auto", workspace_limit: Optional[int] = None) -> None:
+        ours = _extends_torch(padding)
+        self._torch_init(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size, stride=stride,
+                         padding=0 if ours else padding, dilation=dilation, groups=groups, bias=bias,
+                         padding_mode=padding_mode, device=device, dtype=dtype)
+        if ours:        # torch's attribute, with a form torch's own type does not cover
+            extension: Any = padding if isinstance(padding, str) else tuple(tuple(side) for side in padding)
+            self.padding = extension
+        window = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
+        self._padding_sides(window)             # checks the padding, on the smallest input the window accepts
+        check_algorithm(type(self).__name__, algorithm, self._algorithms)
+        self.algorithm = algorithm
+        self._set_workspace_limit(workspace_limit)
+
+    def _padding_sides(self, in_size) -> tuple:
+        """This layer's padding as one (low, high) pair per spatial dim for planes of size in_size."""
+        return ConvSpec.geometry(type(self).__name__, (), 1, 1, 1, tuple(in_size), self.kernel_size, self.stride,
+                                 self.padding, self.dilation).padding
+
+    def _pad(self, input: Tensor) -> Tensor:
+        """input padded by `F.pad` in padding_mode.  F.pad takes one batch dim or none: patches with more
+        leading dims are padded as one batch (the input itself otherwise, so its memory format is kept)."""
+        nd = len(self.kernel_size)
+        pad = [p for side in reversed(self._padding_sides(input.shape[-nd:])) for p in side]
+        if input.dim() <= nd + 2:
+            return F.pad(input, pad, mode=self.padding_mode)
+        padded = F.pad(input.flatten(0, -nd - 2), pad, mode=self.padding_mode)
+        return padded.reshape(*input.shape[:-nd], *padded.shape[-nd:])
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        padding: Any = self.padding
+        if self.padding_mode != "zeros":
+            input, padding = self._pad(input), 0
+        return self._convolve(input, weight, bias, padding)
+
+    def _convolve(self, input: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+        return self._functional(input, weight, bias, self.stride, padding, self.dilation, self.groups,
+                                algorithm=self.algorithm, workspace_limit=self.workspace_limit)
+
+
+_CONV_DOC = """`torch.nn.Conv{nd}d` computed by cupyconv: a subclass with the same constructor, parameters,
+    initialisation, state_dict and repr.
+
+    Input {layout} or unbatched; output (N, D, {out}) or unbatched, in channels-last memory format when the
+    input or weight is (see `cupyconv.torch.functional`).
+
+    Parameters
+    ----------
+    in_channels, out_channels, kernel_size, stride, dilation, groups, bias, padding_mode, device, dtype
+        As `torch.nn.Conv{nd}d`; padding_mode 'reflect', 'replicate' or 'circular' pads with
+        `torch.nn.functional.pad` first, as torch does.
+    padding : int, tuple of {nd} ints, tuple of {nd} (low, high) pairs, 'valid' or 'same'
+        torch's forms, per side, and 'same' for any stride (output = ceil(in / stride)).
+    algorithm : str, keyword only
+        The GPU kernels, forward and backward: 'auto', 'im2col_gemm', 'direct' or 'implicit_gemm'.
+    workspace_limit : int, optional, keyword only
+        Bytes of im2col workspace (None: `cupyconv.settings.workspace_limit`).
     """
 
 
-class DepthwiseConv2d(_Conv2dLayer):
+class Conv1d(_Convolution, nn.Conv1d):
+    __doc__ = _CONV_DOC.format(nd=1, layout="(N, C, L)", out="oL")
+    _functional = staticmethod(functional.conv1d)
+
+
+class Conv2d(_Convolution, nn.Conv2d):
+    __doc__ = _CONV_DOC.format(nd=2, layout="(N, C, H, W)", out="oH, oW")
+
+
+class Conv3d(_Convolution, nn.Conv3d):
+    __doc__ = _CONV_DOC.format(nd=3, layout="(N, C, D, H, W)", out="oD, oH, oW")
+    _functional = staticmethod(functional.conv3d)
+
+
+class PatchConv2d(_Convolution, nn.Conv2d):
+    """`torch.nn.Conv2d` applied to every patch of input (..., C, H, W) -> (..., D, oH, oW).
+
+    Each patch is its own image: padding (and padding_mode) is applied inside every patch, so
+    `PatchConv2d(...)(x)` equals `nn.Conv2d(...)(x.reshape(-1, C, H, W))` reshaped back, with the same weights.
+    A subclass of `torch.nn.Conv2d` with its constructor, parameters, initialisation, state_dict and repr.
+
+    Parameters
+    ----------
+    in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode, device, dtype
+        As `Conv2d`.
+    algorithm : str, keyword only
+        'auto', 'fused', 'im2col_gemm' or 'implicit_gemm' (see `cupyconv.patch_conv2d`).
+    workspace_limit : int, optional, keyword only
+        As `Conv2d`.
+    """
+
+    _functional = staticmethod(functional.patch_conv2d)
+    _algorithms = PATCH_ALGORITHMS
+
+
+class DepthwiseConv2d(_Convolution, nn.Conv2d):
     """Depthwise convolution layer: `torch.nn.Conv2d(in_channels, out_channels, kernel_size, ...,
-    groups=in_channels)` computed by cupyconv's depthwise kernels.
+    groups=in_channels)`, a subclass of it, computed by cupyconv's depthwise kernels.
 
-    out_channels must be a multiple m of in_channels (channel multiplier); weight is (C * m, 1, kH, kW), the
-    same parameters and state_dict as the torch layer.  groups may be left out; if given it must equal
-    in_channels.
+    Parameters
+    ----------
+    in_channels : int
+        C, at least 1.
+    out_channels : int
+        C * m for a channel multiplier m >= 1; weight is (C * m, 1, kH, kW) as in the torch layer.
+    kernel_size, stride, padding, dilation, bias, padding_mode, device, dtype
+        As `Conv2d`.
+    groups : int, optional
+        May be left out; if given it must equal in_channels.
+
+    The depthwise kernels have one algorithm and no workspace, so there is no `algorithm` or `workspace_limit`
+    keyword (the attributes stay 'auto' and None).
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=None,
-                 bias=True, padding_mode="zeros", device=None, dtype=None):
+    _algorithms = ("auto",)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: Optional[int] = None, bias: bool = True, padding_mode: str = "zeros", device=None,
+                 dtype=None) -> None:
+        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f"DepthwiseConv2d: in_channels must be a positive int, got {in_channels!r}")
         if groups is not None and groups != in_channels:
             raise ValueError(f"DepthwiseConv2d: groups must equal in_channels={in_channels}, got {groups}")
-        if out_channels % in_channels:
-            raise ValueError(f"DepthwiseConv2d: out_channels={out_channels} must be a multiple of "
+        if not isinstance(out_channels, int) or out_channels < 1 or out_channels % in_channels:
+            raise ValueError(f"DepthwiseConv2d: out_channels={out_channels!r} must be a positive multiple of "
                              f"in_channels={in_channels}")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, in_channels, bias,
                          padding_mode, device, dtype)
 
-    def _convolve(self, input, padding):
-        return depthwise_conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation)
+    def _convolve(self, input: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+        return functional.depthwise_conv2d(input, weight, bias, self.stride, padding, self.dilation)
 
 
-class PatchConv2d(_Conv2dLayer):
-    """`torch.nn.Conv2d` applied to every patch of input (..., C, H, W) -> (..., D, oH, oW).
+class _TransposedConvolution(_Layer, _ConvTransposeNd):
+    """The computation of the transposed convolution layers: torch's `_output_padding` (for output_size), then
+    the functional op `_functional`.  padding takes torch's forms only (padding_mode 'zeros' only, as torch)."""
 
-    Each patch is its own image: padding is applied inside every patch.  Same arguments, parameters, init and
-    state_dict as `torch.nn.Conv2d`, so `PatchConv2d(...)(x)` equals `nn.Conv2d(...)(x.reshape(-1, C, H, W))`
-    reshaped back, with the same weights.
+    _functional: Callable[..., Tensor]
+    padding: tuple[int, ...]            # torch's forms only (checked by the constructor)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
+                 dtype=None, *, workspace_limit: Optional[int] = None) -> None:
+        self._torch_init(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size, stride=stride,
+                         padding=padding, output_padding=output_padding, groups=groups, bias=bias,
+                         dilation=dilation, padding_mode=padding_mode, device=device, dtype=dtype)
+        _tuple(type(self).__name__, "padding", padding, 0, len(self.kernel_size))
+        self._set_workspace_limit(workspace_limit)
+
+    def forward(self, input: Tensor, output_size: Optional[list[int]] = None) -> Tensor:
+        """The transposed convolution of input (N, C_in, ...) or unbatched; output_size (the spatial sizes, with
+        or without the leading dims) picks the output_padding, as in torch."""
+        nd = len(self.kernel_size)
+        output_padding = self._output_padding(input, output_size, list(self.stride), list(self.padding),
+                                              list(self.kernel_size), nd, list(self.dilation))
+        return self._functional(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                                self.groups, self.dilation, workspace_limit=self.workspace_limit)
+
+
+_TRANSPOSE_DOC = """`torch.nn.ConvTranspose{nd}d` computed by cupyconv: a subclass with the same constructor,
+    parameters, initialisation, state_dict and repr; `forward(input, output_size=None)` as torch's.
+
+    Input {layout} or unbatched; output in channels-last memory format when the input or weight is.
+
+    Parameters
+    ----------
+    in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation,
+    padding_mode, device, dtype
+        As `torch.nn.ConvTranspose{nd}d` (padding an int or {nd} ints; padding_mode 'zeros').  Per-side padding
+        is available from `cupyconv.torch.functional.conv_transpose{nd}d`.
+    workspace_limit : int, optional, keyword only
+        Bytes of workspace (None: `cupyconv.settings.workspace_limit`).  The kernels are conv's input
+        gradient, chosen by 'auto': there is no `algorithm` keyword.
     """
 
-    def _convolve(self, input, padding):
-        return patch_conv2d(input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+
+class ConvTranspose1d(_TransposedConvolution, nn.ConvTranspose1d):
+    __doc__ = _TRANSPOSE_DOC.format(nd=1, layout="(N, C_in, L)")
+    _functional = staticmethod(functional.conv_transpose1d)
+
+
+class ConvTranspose2d(_TransposedConvolution, nn.ConvTranspose2d):
+    __doc__ = _TRANSPOSE_DOC.format(nd=2, layout="(N, C_in, H, W)")
+    _functional = staticmethod(functional.conv_transpose2d)
+
+
+class ConvTranspose3d(_TransposedConvolution, nn.ConvTranspose3d):
+    __doc__ = _TRANSPOSE_DOC.format(nd=3, layout="(N, C_in, D, H, W)")
+    _functional = staticmethod(functional.conv_transpose3d)
 
 
 class DepthwiseSeparableConv2d(nn.Module):
     """A depthwise convolution followed by a 1x1 pointwise convolution (no activation between them).
 
-    Arguments:
-        in_channels, out_channels: channels of the input and of the output.
-        kernel_size, stride, padding, dilation, padding_mode: of the depthwise convolution (as `Conv2d`).
-        bias: whether the pointwise convolution has a bias (default True).
-        depth_multiplier: m, the depthwise convolution's output channels per input channel (default 1).
-        depthwise_bias: whether the depthwise convolution has a bias too (default False: followed directly by
-            a linear pointwise convolution, its bias would only shift the pointwise bias).
-        device, dtype: of the parameters.
-
     Submodules `depthwise` (a `DepthwiseConv2d`, weight (C * m, 1, kH, kW)) and `pointwise` (a `Conv2d`, weight
-    (out_channels, C * m, 1, 1)) have `torch.nn.Conv2d`'s state: the state_dict keys are `depthwise.weight`,
+    (out_channels, C * m, 1, 1)) are `torch.nn.Conv2d`s: the state_dict keys are `depthwise.weight`,
     [`depthwise.bias`,] `pointwise.weight`, [`pointwise.bias`], and load into (or from) any torch module with
     `depthwise = nn.Conv2d(C, C * m, k, groups=C, ...)` and `pointwise = nn.Conv2d(C * m, out_channels, 1)`.
+    Unbatched and channels-last inputs behave as in `Conv2d`.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        Channels of the input and of the output.
+    kernel_size, stride, padding, dilation, padding_mode
+        Of the depthwise convolution (as `Conv2d`).
+    bias : bool
+        Whether the pointwise convolution has a bias (default True).
+    depth_multiplier : int
+        m, the depthwise convolution's output channels per input channel (default 1).
+    depthwise_bias : bool
+        Whether the depthwise convolution has a bias too (default False: followed directly by a linear pointwise
+        convolution, its bias would only shift the pointwise bias).
+    device, dtype
+        Of the parameters.
+    algorithm : str, keyword only
+        The pointwise convolution's (as `Conv2d`; the depthwise kernels have one algorithm).
+    workspace_limit : int, optional, keyword only
+        The pointwise convolution's (as `Conv2d`).
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True,
-                 padding_mode="zeros", depth_multiplier=1, depthwise_bias=False, device=None, dtype=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 bias: bool = True, padding_mode: str = "zeros", depth_multiplier: int = 1,
+                 depthwise_bias: bool = False, device=None, dtype=None, *, algorithm: str = "auto",
+                 workspace_limit: Optional[int] = None) -> None:
         super().__init__()
-        if not isinstance(depth_multiplier, int) or depth_multiplier < 1:
+        if isinstance(depth_multiplier, bool) or not isinstance(depth_multiplier, int) or depth_multiplier < 1:
             raise ValueError(f"DepthwiseSeparableConv2d: depth_multiplier must be a positive int, "
                              f"got {depth_multiplier!r}")
         middle = in_channels * depth_multiplier
         self.depthwise = DepthwiseConv2d(in_channels, middle, kernel_size, stride, padding, dilation,
                                          bias=depthwise_bias, padding_mode=padding_mode, device=device,
                                          dtype=dtype)
-        self.pointwise = Conv2d(middle, out_channels, 1, bias=bias, device=device, dtype=dtype)
+        self.pointwise = Conv2d(middle, out_channels, 1, bias=bias, device=device, dtype=dtype,
+                                algorithm=algorithm, workspace_limit=workspace_limit)
 
-    def forward(self, input):
+    def forward(self, input: Tensor) -> Tensor:
         return self.pointwise(self.depthwise(input))
