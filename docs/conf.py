@@ -29,16 +29,3 @@ python_use_unqualified_type_names = True
 
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
-
-# TOLERATED until cupyconv.torch's docstrings are rewritten in NumPy style (issue 14, another branch): these are
-# not valid reStructuredText yet, so they are shown verbatim instead of failing the -W build.  Empty the set then.
-VERBATIM_DOCSTRINGS = {"cupyconv.torch.DepthwiseSeparableConv2d"}
-
-
-def _show_verbatim(app, what, name, obj, options, lines):
-    if name in VERBATIM_DOCSTRINGS and lines:
-        lines[:] = ["::", "", *("    " + line for line in lines)]
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", _show_verbatim, priority=400)  # before napoleon (500) reads them

@@ -19,7 +19,7 @@ Layers of this package, from the bottom up, one module each:
   gradients of any order: the forward op's calls the backward op for only the gradients
   `ctx.needs_input_grad` asks for; the backward op's (double backward) calls the forward and backward ops (the
   module docstring has the algebra).  `Conv2dFunction`, `PatchConv2dFunction`, `DepthwiseConv2dFunction` and
-  the unfold/fold Functions expose the same formulas as `torch.autograd.Function`s.
+  the unfold/fold Functions expose the same formulas as `torch.autograd.Function` classes.
 * `functional.py`: functional wrappers `conv1d`, `conv2d`, `conv3d`, `depthwise_conv2d`, `patch_conv2d`,
   `conv_transpose1d/2d/3d`, `unfold`, `fold` with torch's signatures and conventions (unbatched inputs,
   channels-last outputs for channels-last inputs), which normalise and validate the arguments with `ConvSpec`

@@ -246,7 +246,7 @@ _TRANSPOSE_DOC = """{nd}-D transposed convolution of input {layout} with weight 
     Returns
     -------
     Tensor
-        (N, C_out, *out), out = (in - 1) * stride - pad_low - pad_high + dilation * (k - 1) + output_padding + 1;
+        (N, C_out, out...), out = (in - 1) * stride - pad_low - pad_high + dilation * (k - 1) + output_padding + 1;
         unbatched or channels-last as `conv{nd}d`.
     """
 

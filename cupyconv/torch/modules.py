@@ -243,10 +243,11 @@ _TRANSPOSE_DOC = """`torch.nn.ConvTranspose{nd}d` computed by cupyconv: a subcla
 
     Parameters
     ----------
-    in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation,
-    padding_mode, device, dtype
+    in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation, padding_mode
         As `torch.nn.ConvTranspose{nd}d` (padding an int or {nd} ints; padding_mode 'zeros').  Per-side padding
         is available from `cupyconv.torch.functional.conv_transpose{nd}d`.
+    device, dtype
+        Of the parameters, as torch's.
     workspace_limit : int, optional, keyword only
         Bytes of workspace (None: `cupyconv.settings.workspace_limit`).  The kernels are conv's input
         gradient, chosen by 'auto': there is no `algorithm` keyword.
