@@ -10,6 +10,7 @@ target was checked against where that is the fastest one rather than the baselin
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -70,8 +71,22 @@ def _peaks_line(meta: dict) -> str:
             + (f"; copy {copy['gbs']:.0f} GB/s (read + write)" if copy else "") + "  ")
 
 
-def report(path: Path) -> str:
-    data = json.loads(path.read_text())
+def load(path: Path) -> dict:
+    """The results of one `benchmarks.run --json` file; ValueError saying what is wrong with it otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("meta"), dict) and isinstance(data.get("results"), list)):
+        raise ValueError(f"{path}: not the JSON of `python -m benchmarks.run --json` (no 'meta' and 'results')")
+    return data
+
+
+def report(path: Path, data: dict) -> str:
     meta = data["meta"]
     lines = [
         f"**{path.name}**: `{meta['command']}`, {meta['date']}, mode {data['mode']}  ",
@@ -134,11 +149,14 @@ def report(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
-    if not paths:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    print("\n\n".join(report(p) for p in paths))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("json", nargs="+", type=Path, help="JSON written by `python -m benchmarks.run --json`")
+    args = parser.parse_args(argv)
+    try:   # every file is read before anything is printed, so a bad one costs no half-written output
+        loaded = [(path, load(path)) for path in args.json]
+    except ValueError as e:
+        parser.error(str(e))
+    print("\n\n".join(report(path, data) for path, data in loaded))
     return 0
 
 
