@@ -1,6 +1,7 @@
 """Markdown tables from benchmark JSON files, for RESULTS.md.
 
     python -m benchmarks.report bench.json [more.json ...]
+    python -m benchmarks.report --plot bench.json       # also writes bench.png beside it (benchmarks/plot.py)
 
 Where the run measured a GEMM peak and copy bandwidth (GPU runs), each row also has the achieved TFLOP/s and the
 fraction of that peak (cupyconv, the baseline and every other alternative), the case's GFLOP and floor MB, and
@@ -14,6 +15,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from . import plot
 
 
 def _fmt_ms(entry: dict) -> str:
@@ -151,12 +154,21 @@ def report(path: Path, data: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="+", type=Path, help="JSON written by `python -m benchmarks.run --json`")
+    parser.add_argument("--plot", action="store_true",
+                        help="also write each file's plot beside it (bench.json -> bench.png; needs matplotlib, the "
+                             "`plot` extra)")
     args = parser.parse_args(argv)
     try:   # every file is read before anything is printed, so a bad one costs no half-written output
         loaded = [(path, load(path)) for path in args.json]
     except ValueError as e:
         parser.error(str(e))
     print("\n\n".join(report(path, data) for path, data in loaded))
+    if args.plot:
+        try:
+            for path, data in loaded:   # stdout is the Markdown; where the plots went goes to stderr
+                print(f"wrote {plot.draw(data, plot.png_path(path))}", file=sys.stderr)
+        except plot.MatplotlibMissing as e:
+            parser.exit(1, f"{parser.prog}: {e}\n")
     return 0
 
 

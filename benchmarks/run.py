@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy
 
 from . import cases as cases_mod
+from . import plot, report
 from .timing import CudaTimer, Samples, time_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,8 +381,9 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
     inputs = cases_mod.make_inputs(case)
     contenders = cases_mod.contenders_for(case)
     baseline = cases_mod.baseline_for(case)
-    result = {"case": case.label, "name": case.name, "op": case.op, "dims": case.dims, "device": case.device,
-              "dtype": case.dtype, "precision": case.precision, "pass": "fwd+bwd" if backward else "fwd",
+    result = {"case": case.label, "name": case.name, "op": case.op, "tags": list(case.tags), "dims": case.dims,
+              "device": case.device, "dtype": case.dtype, "precision": case.precision,
+              "pass": "fwd+bwd" if backward else "fwd",
               "target": case.target_for(backward), "target_vs": case.target_vs, "baseline": baseline.name,
               "contenders": {}, "ratios": {}}
 
@@ -733,7 +735,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pass", dest="passes", choices=("fwd", "fwd+bwd", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, two samples: checks the harness runs")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--json", type=Path, help="write the results here, and at the end their plot beside them "
+                                                  "(bench.json -> bench.png; needs matplotlib, the `plot` extra)")
+    parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each case and pass, wait up to SECONDS for other processes to use less than "
                              f"{QUIET_PCT:g}%% of the CPUs (a shared machine); the wait is recorded")
@@ -834,6 +838,11 @@ def main(argv=None) -> int:
     if args.json:
         write_json(True)
         print(f"wrote {args.json}")
+        if not args.no_plot:
+            try:
+                print(f"wrote {plot.draw(report.load(args.json), plot.png_path(args.json))}")
+            except plot.MatplotlibMissing as e:   # the figures are in the JSON; the plot can be drawn later
+                print(f"{e}; then: python -m benchmarks.report --plot {args.json}", file=sys.stderr)
 
     failures = [(r["case"], r["pass"], name, e["status"]) for r in results for name, e in r["contenders"].items()
                 if e["status"].startswith("error")]
