@@ -596,10 +596,12 @@ class Progress:
         ratios = res["ratios"].get("cupyconv", {})
         figures = {True: [], False: []}   # cupyconv's contenders, the alternatives
         for name, entry in res["contenders"].items():
+            if "median_ms" not in entry:   # "error" or "not implemented"
+                figures[bool(entry.get("ours"))].append(f"{name} {entry['status'].split(':')[0]}")
+                continue
             ratio = ratios.get(name)
-            figures[bool(entry.get("ours"))].append(
-                f"{name} {_fmt_duration(entry['median_ms'])}" + (f" ({ratio['ratio_of_medians']:.2f}x)" if ratio else "")
-                if "median_ms" in entry else f"{name} {entry['status'].split(':')[0]}")
+            figures[bool(entry.get("ours"))].append(f"{name} {_fmt_duration(entry['median_ms'])}"
+                                                    + (f" ({ratio['ratio_of_medians']:.2f}x)" if ratio else ""))
         text = (f"[{self.done}/{self.total}] ({res['case']}) {res['op']} {res['precision']} {res['pass']}: "
                 + ", ".join(figures[True]) + " vs " + ", ".join(figures[False])
                 + f" | {_fmt_clock(elapsed)} elapsed, about {_fmt_clock(left)} left")

@@ -68,7 +68,8 @@ def result(case, op, pass_, cupyconv_ms, alternatives, *, tags=(), target=None, 
 def test_progress_lines_count_time_and_estimate_what_is_left():
     stream = io.StringIO()
     progress = run.Progress(4, stream, deadline=None)
-    first = result("r50-64-gpu16", "conv2d", "fwd", 0.1234, {"torch F.conv2d": 0.0981, "torch unfold+matmul+fold": None})
+    first = result("r50-64-gpu16", "conv2d", "fwd", 0.1234,
+                   {"torch F.conv2d": 0.0981, "torch unfold+matmul+fold": None})
     line = progress.finished(first, now=progress.t0 + 10)
     assert line == ("[1/4] (r50-64-gpu16) conv2d float16 fwd: cupyconv 123.4 us vs torch F.conv2d 98.1 us (1.26x), "
                     "torch unfold+matmul+fold error | 0:10 elapsed, about 0:30 left")
@@ -107,7 +108,8 @@ def synthetic_run(n_cases: int, floors: bool = True) -> dict:
                                   {"torch F.conv2d": scale * 0.08, "torch unfold+matmul+fold": scale * 0.3 if i % 4
                                    else None}, tags=tags, target=1.3 if i % 2 else None,
                                   floor_ms=scale * 0.02 if floors else None))
-    meta = {"command": "python -m benchmarks.run --device gpu --quick", "date": "2026-11-23T10:00:00+00:00", "cpu_model": "Test CPU", "cpus_usable": 2, "cupyconv": "0.1.0",
+    meta = {"command": "python -m benchmarks.run --device gpu --quick", "date": "2026-11-23T10:00:00+00:00",
+            "cpu_model": "Test CPU", "cpus_usable": 2, "cupyconv": "0.1.0",
             "git_commit": "abc1234", "torch": "2.13.0", "cupy": None, "numpy": "2.4.6", "python": "3.11.7",
             "others_cpu_pct": 0.5, "gpu": {"name": "NVIDIA H200", "torch_cuda": "12.8", "cudnn": 91000}}
     return {"meta": meta, "mode": "quick", "complete": True, "results": results}
