@@ -36,7 +36,7 @@ class Row:
     """One case: per pass, cupyconv's time / each alternative's, the target ratio, and the fraction of the floor."""
     label: str
     ratios: dict = field(default_factory=dict)        # pass -> {alternative: ratio}; {} when none could be taken
-    targets: dict = field(default_factory=dict)       # pass -> target ratio
+    targets: dict = field(default_factory=dict)       # pass -> (target ratio, the alternative it is against)
     floor_fraction: dict = field(default_factory=dict)   # pass -> floor time / cupyconv's time
 
 
@@ -57,8 +57,8 @@ def rows(data: dict) -> list[tuple[str, list[Row]]]:
         row = groups.setdefault(group_name(res), {}).setdefault(res["case"], Row(res["case"]))
         row.ratios[res["pass"]] = {name: r["ratio_of_medians"] for name, r in res["ratios"].get("cupyconv", {}).items()
                                    if _positive(r["ratio_of_medians"])}
-        if _positive(res.get("target")):
-            row.targets[res["pass"]] = res["target"]
+        if _positive(res.get("target")):   # against the baseline, or the fastest alternative (target_check's vs)
+            row.targets[res["pass"]] = (res["target"], (res.get("target_check") or {}).get("vs", res["baseline"]))
         floor_ms = (res.get("roofline") or {}).get("floor_ms")
         ours_ms = res["contenders"].get("cupyconv", {}).get("median_ms")
         if _positive(floor_ms) and _positive(ours_ms):
@@ -117,7 +117,7 @@ def draw(data: dict, out: Path) -> Path:
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
     fig.suptitle(title(data), fontsize=9, x=0.01, horizontalalignment="left")
     limits = _log_limits([v for _, row in placed for p in passes for v in [*row.ratios.get(p, {}).values(),
-                                                                           row.targets.get(p)]])
+                                                                           row.targets.get(p, (None,))[0]]])
     for ax, pass_ in zip(axes, passes):
         _ratio_panel(ax, pass_, placed, alternatives, limits)
     if floors:
@@ -158,15 +158,19 @@ def _layout(groups) -> tuple[list[str], list[int], list[tuple[int, Row]]]:
 
 
 def _ratio_panel(ax, pass_: str, placed, alternatives: list[str], limits: tuple[float, float]) -> None:
-    """cupyconv's time / each alternative's (a colour and marker per alternative), and the targets."""
+    """cupyconv's time / each alternative's (a colour and marker per alternative), and the targets, each in the
+    colour of the alternative it is against."""
     from matplotlib.ticker import FuncFormatter
+    colours = {name: f"C{i % 10}" for i, name in enumerate(alternatives)}
     for i, name in enumerate(alternatives):
         points = [(row.ratios[pass_][name], y) for y, row in placed if name in row.ratios.get(pass_, {})]
-        ax.scatter([x for x, _ in points], [y for _, y in points], s=22, color=f"C{i % 10}",
+        ax.scatter([x for x, _ in points], [y for _, y in points], s=22, color=colours[name],
                    marker=MARKERS[i % len(MARKERS)], label=name, zorder=3)
-    targets = [(row.targets[pass_], y) for y, row in placed if pass_ in row.targets]
-    ax.scatter([x for x, _ in targets], [y for _, y in targets], s=90, color="black", marker="|",
-               label="target (at most)", zorder=2)
+    targets = [(*row.targets[pass_], y) for y, row in placed if pass_ in row.targets]
+    ax.scatter([x for x, _, _ in targets], [y for _, _, y in targets], s=120, marker="|", linewidths=2, zorder=2,
+               color=[colours.get(vs, "black") for _, vs, _ in targets])
+    ax.scatter([], [], s=120, marker="|", linewidths=2, color="black",   # the legend's entry, in neutral black
+               label="target: at most this (colour: the alternative it is against)")
     for y, row in placed:
         if row.ratios.get(pass_) == {}:   # measured, but no ratio: cupyconv or every alternative failed
             ax.text(limits[0] * 1.1, y, "no ratio (see the JSON)", fontsize=7, color="0.4", verticalalignment="center")

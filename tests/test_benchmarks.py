@@ -49,8 +49,9 @@ def test_report_prints_the_tables_of_a_committed_run(capsys):
     assert "| (ii) conv2d | fwd | 36.96 (5%) |" in out and "3.93x" in out
 
 
-def result(case, op, pass_, cupyconv_ms, alternatives, *, tags=(), target=None, floor_ms=None):
-    """One case-pass as benchmarks.run records it: cupyconv's median and each alternative's (None: it failed)."""
+def result(case, op, pass_, cupyconv_ms, alternatives, *, tags=(), target=None, target_vs=None, floor_ms=None):
+    """One case-pass as benchmarks.run records it: cupyconv's median and each alternative's (None: it failed); the
+    target is against the first alternative (the baseline) unless target_vs names another."""
     contenders = {"cupyconv": {"ours": True, "status": "ok", "median_ms": cupyconv_ms, "iqr_pct": 5.0}}
     ratios = {}
     for name, ms in alternatives.items():
@@ -61,7 +62,7 @@ def result(case, op, pass_, cupyconv_ms, alternatives, *, tags=(), target=None, 
             ratios[name] = {"ratio_of_medians": cupyconv_ms / ms, "median_round_ratio": cupyconv_ms / ms}
     return {"case": case, "name": f"{op} {case}", "op": op, "tags": list(tags), "precision": "float16",
             "pass": pass_, "target": target, "baseline": next(iter(alternatives)), "contenders": contenders,
-            "ratios": {"cupyconv": ratios},
+            "ratios": {"cupyconv": ratios}, **({"target_check": {"vs": target_vs}} if target_vs else {}),
             "roofline": {"flops": 2e9, "bytes": 3e6, "floor_ms": floor_ms, "floor_bound": "compute"}}
 
 
@@ -126,8 +127,15 @@ def test_rows_group_the_cases_and_keep_what_was_measured():
     assert case0.ratios == {"fwd": {}, "fwd+bwd": {"torch F.conv2d": pytest.approx(0.05 / 0.08)}}
     assert case3.ratios["fwd"] == {"torch F.conv2d": pytest.approx(0.08 / 0.08),
                                    "torch unfold+matmul+fold": pytest.approx(0.08 / 0.3)}
-    assert case3.targets == {"fwd": 1.3, "fwd+bwd": 1.3} and case0.targets == {}
+    assert case3.targets == {"fwd": (1.3, "torch F.conv2d"), "fwd+bwd": (1.3, "torch F.conv2d")}
+    assert case0.targets == {}
     assert case3.floor_fraction == pytest.approx({"fwd": 0.02 / 0.08, "fwd+bwd": 0.05 / 0.2})
+
+    fastest = "torch unfold+matmul+fold"   # a patch target is against the fastest alternative, not the baseline
+    patch = result("p-seed-gpu16", "patch", "fwd", 0.1, {"torch F.conv2d": 0.2, fastest: 0.05}, target=0.8,
+                   target_vs=fastest)
+    [(_, [row])] = plot.rows({"results": [patch]})
+    assert row.targets == {"fwd": (0.8, fastest)}
 
 
 def png_size(path):
