@@ -581,7 +581,7 @@ class Progress:
         self.t0 = time.perf_counter()
 
     def skip(self, count: int) -> None:
-        """case-passes the time limit kept from starting: they will not come."""
+        """Counts out case-passes that the time limit kept from starting."""
         self.total -= count
 
     def finished(self, res: dict, now: float | None = None) -> str:
