@@ -734,8 +734,8 @@ def summary_bench(data, plotted: bool) -> list[str]:
             lines.append(f"| {r['case']} | {r['pass']} | {ours.get('median_ms', float('nan')):.3f} | {t['vs']} | "
                          f"{t['ratio']:.2f}x | {t['target']:.3g}x {'met' if t['met'] else '**missed**'} |")
     lines.append("All figures: `python -m benchmarks.report bench.json`; " + (
-        "plotted in bench.png." if plotted else "no bench.png (no matplotlib here): `python -m benchmarks.report "
-                                                "--plot bench.json` draws it where matplotlib is installed."))
+        "plotted in bench.png." if plotted else "no bench.png (no matplotlib here, or the step was cut short; see "
+                                                "run.log): `python -m benchmarks.report --plot bench.json` draws it."))
     return lines
 
 
