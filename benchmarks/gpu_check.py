@@ -20,8 +20,9 @@ one still runs:
              is left of the budget
 
 and last a Markdown summary, printed and written as summary.md.  Files (never more than 8, none in a
-subfolder): env.json, pytest.xml, pytest.log, sanitizer.log, large.json, bench.json, run.log (the output of the
-env, large and bench steps) and summary.md.
+subfolder): env.json, pytest.xml, pytest.log (the output of the pytest and sanitizer steps), large.json,
+bench.json, bench.png (its plot, where matplotlib is installed), run.log (the output of the env, large and bench
+steps) and summary.md.
 
 --dry-run needs no GPU, CuPy or compute-sanitizer and writes the same files, so CI keeps the script working
 (tests/test_gpu_check.py): it collects the GPU tests and the sanitizer selection without running them (a node
@@ -51,7 +52,7 @@ from pathlib import Path
 import numpy
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTPUT_FILES = ("env.json", "pytest.xml", "pytest.log", "sanitizer.log", "large.json", "bench.json", "run.log",
+OUTPUT_FILES = ("env.json", "pytest.xml", "pytest.log", "large.json", "bench.json", "bench.png", "run.log",
                 "summary.md")
 DEFAULT_BUDGET_S = 540   # a 10-minute command, less the machine's start-up and the copies back
 
@@ -154,9 +155,14 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def collected(log: Path) -> int | None:
+def log_since(log: Path, start: int = 0) -> str:
+    """What the log holds from byte `start` on ("" where there is no log): one step's part of a shared log."""
+    return log.read_bytes()[start:].decode(errors="replace") if log.exists() else ""
+
+
+def collected(output: str) -> int | None:
     """The number of tests pytest said it collected ('269/1516 tests collected' or '13 tests collected')."""
-    counts = re.findall(r"(\d+)(?:/\d+)? tests? collected", log.read_text(errors="replace")) if log.exists() else []
+    counts = re.findall(r"(\d+)(?:/\d+)? tests? collected", output)
     return int(counts[-1]) if counts else None
 
 
@@ -201,18 +207,21 @@ def step_pytest(check: Check, limit: float) -> dict:
         if importlib.util.find_spec("pytest_timeout"):   # on the CUDA image: one hanging test fails alone
             args += ["--timeout=120"]
     run = run_process(check.python(*args), check.path("pytest.log"), limit, mode="w")
-    return {**run, "status": status_of(run), "collected": collected(check.path("pytest.log"))}
+    return {**run, "status": status_of(run), "collected": collected(log_since(check.path("pytest.log")))}
 
 
 def step_sanitizer(check: Check, limit: float) -> dict:
-    log = check.path("sanitizer.log")
-    log.write_text("")
+    """Its output is appended to pytest.log, after the suite's: a log of its own would make 9 files with bench.png."""
+    log = check.path("pytest.log")
     sanitizer = find_sanitizer()
     result = {"compute_sanitizer": sanitizer or "not found", "tests": list(SANITIZER_TESTS), "tools": {}}
     if check.dry_run:   # the selection must still exist: pytest fails on a node id it cannot find
+        with open(log, "a") as out:
+            out.write("\n===== the sanitizer selection, collected only (dry run)\n")
+        before = log.stat().st_size
         run = run_process(check.python("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                        *SANITIZER_TESTS), log, limit)
-        count = collected(log)
+        count = collected(log_since(log, before))
         return {**result, **run, "collected": count, "status": status_of(run, count == len(SANITIZER_TESTS))}
     if sanitizer is None:
         return {**result, "status": "not found", "seconds": 0.0}
@@ -230,9 +239,7 @@ def step_sanitizer(check: Check, limit: float) -> dict:
         run = run_process([sanitizer, "--tool", tool, *options, sys.executable, "-c", NO_POOL_PYTEST, "-q", "-rfE",
                            "-p", "no:cacheprovider", *SANITIZER_TESTS], log, min(limit * share, left),
                           env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})   # torch's pool would hide reads too
-        with open(log, errors="replace") as text:
-            text.seek(before)
-            output = text.read()
+        output = log_since(log, before)
         found = [int(n) for n in re.findall(r"(?:ERROR SUMMARY|RACECHECK SUMMARY): (\d+) (?:error|hazard)", output)]
         tests = re.findall(r"^=*\s*(\d+ (?:passed|failed|errors?|skipped|deselected).*?) in [\d.]+s", output, re.M)
         tests = tests[-1] if tests else None
@@ -674,7 +681,8 @@ def summary_pytest(check: Check, record: dict | None) -> list[str]:
 def summary_sanitizer(check: Check, record: dict | None) -> list[str]:
     if record is None:
         return ["Not run."]
-    lines = [f"compute-sanitizer: {record['compute_sanitizer']}; {len(SANITIZER_TESTS)} tests."]
+    lines = [f"compute-sanitizer: {record['compute_sanitizer']}; {len(SANITIZER_TESTS)} tests; output in pytest.log, "
+             "after the suite's."]
     if check.dry_run:
         lines.append(f"Collected {record.get('collected')} of the selection (not run: dry run).")
     for tool, r in record.get("tools", {}).items():
@@ -701,7 +709,7 @@ def summary_large(data) -> list[str]:
     return lines
 
 
-def summary_bench(data) -> list[str]:
+def summary_bench(data, plotted: bool) -> list[str]:
     if not data:
         return ["No bench.json (see run.log)."]
     results = data.get("results", [])
@@ -725,7 +733,9 @@ def summary_bench(data) -> list[str]:
             t, ours = r["target_check"], r["contenders"].get("cupyconv", {})
             lines.append(f"| {r['case']} | {r['pass']} | {ours.get('median_ms', float('nan')):.3f} | {t['vs']} | "
                          f"{t['ratio']:.2f}x | {t['target']:.3g}x {'met' if t['met'] else '**missed**'} |")
-    lines.append("All figures: `python -m benchmarks.report bench.json`.")
+    lines.append("All figures: `python -m benchmarks.report bench.json`; " + (
+        "plotted in bench.png." if plotted else "no bench.png (no matplotlib here, or the step was cut short; see "
+                                                "run.log): `python -m benchmarks.report --plot bench.json` draws it."))
     return lines
 
 
@@ -743,7 +753,8 @@ def summarize(check: Check, records: dict) -> str:
     lines += ["", "## Tests (pytest -m gpu)", "", *summary_pytest(check, records.get("pytest")),
               "", "## Sanitizers", "", *summary_sanitizer(check, records.get("sanitizer")),
               "", "## Above 2^31 elements (fp16)", "", *summary_large(_read_json(check.path("large.json"))),
-              "", "## Benchmarks", "", *summary_bench(_read_json(check.path("bench.json"))),
+              "", "## Benchmarks", "",
+              *summary_bench(_read_json(check.path("bench.json")), check.path("bench.png").exists()),
               "", "Files: " + ", ".join(f"{p.name} ({p.stat().st_size:,} B)" for p in sorted(check.out.iterdir()))
               + " and this summary.md"]
     return "\n".join(lines) + "\n"

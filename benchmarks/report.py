@@ -1,6 +1,7 @@
 """Markdown tables from benchmark JSON files, for RESULTS.md.
 
     python -m benchmarks.report bench.json [more.json ...]
+    python -m benchmarks.report --plot bench.json       # also writes bench.png beside it (benchmarks/plot.py)
 
 Where the run measured a GEMM peak and copy bandwidth (GPU runs), each row also has the achieved TFLOP/s and the
 fraction of that peak (cupyconv, the baseline and every other alternative), the case's GFLOP and floor MB, and
@@ -10,9 +11,12 @@ target was checked against where that is the fastest one rather than the baselin
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+from . import plot
 
 
 def _fmt_ms(entry: dict) -> str:
@@ -70,8 +74,22 @@ def _peaks_line(meta: dict) -> str:
             + (f"; copy {copy['gbs']:.0f} GB/s (read + write)" if copy else "") + "  ")
 
 
-def report(path: Path) -> str:
-    data = json.loads(path.read_text())
+def load(path: Path) -> dict:
+    """The results of one `benchmarks.run --json` file; ValueError saying what is wrong with it otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("meta"), dict) and isinstance(data.get("results"), list)):
+        raise ValueError(f"{path}: not the JSON of `python -m benchmarks.run --json` (no 'meta' and 'results')")
+    return data
+
+
+def report(path: Path, data: dict) -> str:
     meta = data["meta"]
     lines = [
         f"**{path.name}**: `{meta['command']}`, {meta['date']}, mode {data['mode']}  ",
@@ -134,11 +152,23 @@ def report(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
-    if not paths:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    print("\n\n".join(report(p) for p in paths))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("json", nargs="+", type=Path, help="JSON written by `python -m benchmarks.run --json`")
+    parser.add_argument("--plot", action="store_true",
+                        help="also write each file's plot beside it (bench.json -> bench.png; needs matplotlib, the "
+                             "`plot` extra)")
+    args = parser.parse_args(argv)
+    try:   # every file is read before anything is printed, so a bad one costs no half-written output
+        loaded = [(path, load(path)) for path in args.json]
+    except ValueError as e:
+        parser.error(str(e))
+    print("\n\n".join(report(path, data) for path, data in loaded))
+    if args.plot:
+        try:
+            for path, data in loaded:   # stdout is the Markdown; where the plots went goes to stderr
+                print(f"wrote {plot.draw(data, plot.png_path(path))}", file=sys.stderr)
+        except plot.MatplotlibMissing as e:
+            parser.exit(1, f"{parser.prog}: {e}\n")
     return 0
 
 

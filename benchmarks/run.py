@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy
 
 from . import cases as cases_mod
+from . import plot, report
 from .timing import CudaTimer, Samples, time_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,8 +381,9 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
     inputs = cases_mod.make_inputs(case)
     contenders = cases_mod.contenders_for(case)
     baseline = cases_mod.baseline_for(case)
-    result = {"case": case.label, "name": case.name, "op": case.op, "dims": case.dims, "device": case.device,
-              "dtype": case.dtype, "precision": case.precision, "pass": "fwd+bwd" if backward else "fwd",
+    result = {"case": case.label, "name": case.name, "op": case.op, "tags": list(case.tags), "dims": case.dims,
+              "device": case.device, "dtype": case.dtype, "precision": case.precision,
+              "pass": "fwd+bwd" if backward else "fwd",
               "target": case.target_for(backward), "target_vs": case.target_vs, "baseline": baseline.name,
               "contenders": {}, "ratios": {}}
 
@@ -558,6 +560,56 @@ def format_result(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _fmt_duration(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.2f} ms" if ms < 1e3 else f"{ms / 1e3:.2f} s"
+
+
+def _fmt_clock(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+class Progress:
+    """One line per finished case and pass, for long runs: how many of how many, each contender's median (the
+    alternatives' with cupyconv's ratio to it), the time since the first case started, and about how long is left:
+    the mean time per case-pass so far times the number left, cut to what the time limit (a deadline on
+    time.perf_counter(), or None) still lets start.  stream None prints nothing (--quiet)."""
+
+    def __init__(self, total: int, stream, deadline: float | None = None):
+        self.total, self.stream, self.deadline = total, stream, deadline
+        self.done = 0
+        self.t0 = time.perf_counter()
+
+    def skip(self, count: int) -> None:
+        """Counts out case-passes that the time limit kept from starting."""
+        self.total -= count
+
+    def finished(self, res: dict, now: float | None = None) -> str:
+        """Counts one case-pass as done; prints its line (unless quiet) and returns it."""
+        now = time.perf_counter() if now is None else now
+        self.done += 1
+        elapsed = now - self.t0
+        mean = elapsed / self.done
+        left = mean * (self.total - self.done)
+        if self.deadline is not None:   # no case starts after the deadline; the one under way still finishes
+            left = min(left, max(self.deadline - now, 0.0) + mean)
+        ratios = res["ratios"].get("cupyconv", {})
+        figures = {True: [], False: []}   # cupyconv's contenders, the alternatives
+        for name, entry in res["contenders"].items():
+            if "median_ms" not in entry:   # "error" or "not implemented"
+                figures[bool(entry.get("ours"))].append(f"{name} {entry['status'].split(':')[0]}")
+                continue
+            ratio = ratios.get(name)
+            figures[bool(entry.get("ours"))].append(f"{name} {_fmt_duration(entry['median_ms'])}"
+                                                    + (f" ({ratio['ratio_of_medians']:.2f}x)" if ratio else ""))
+        text = (f"[{self.done}/{self.total}] ({res['case']}) {res['op']} {res['precision']} {res['pass']}: "
+                + ", ".join(figures[True]) + " vs " + ", ".join(figures[False])
+                + f" | {_fmt_clock(elapsed)} elapsed, about {_fmt_clock(left)} left")
+        if self.stream is not None:
+            print(text, file=self.stream, flush=True)
+        return text
+
+
 def summary_table(results: list) -> str:
     lines = ["", "targets (cupyconv time / alternative time, same run; the baseline, or the fastest alternative):",
              f"  {'case':<16} {'pass':<8} {'alternative':<44} {'ratio':>7} {'target':>7}  {'result':<7} others' CPU"]
@@ -685,7 +737,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pass", dest="passes", choices=("fwd", "fwd+bwd", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, two samples: checks the harness runs")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--json", type=Path, help="write the results here, and at the end their plot beside them "
+                                                  "(bench.json -> bench.png; needs matplotlib, the `plot` extra)")
+    parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each case and pass, wait up to SECONDS for other processes to use less than "
                              f"{QUIET_PCT:g}%% of the CPUs (a shared machine); the wait is recorded")
@@ -693,6 +747,9 @@ def main(argv=None) -> int:
                         help="start no new case after SECONDS (a lease's time limit); the JSON lists the rest "
                              "under 'not_run'")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (by default one per case and pass as it finishes, with "
+                             "the time elapsed and an estimate of the time left)")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for both libraries (sets OMP_NUM_THREADS and OPENBLAS_NUM_THREADS and "
                              "restarts; default: each library's own default)")
@@ -744,6 +801,8 @@ def main(argv=None) -> int:
     results, not_run = [], []
     run_load = _LoadMeter()
     settings = {d: SETTINGS[d][mode] for d in devices}
+    progress = Progress(len(selected) * len(passes), None if args.quiet else sys.stderr,
+                        t_start + args.time_limit if args.time_limit else None)
 
     def write_json(complete: bool) -> None:
         # Rewritten after every case and pass, so a run cut short (a time limit) keeps what it measured.
@@ -758,6 +817,7 @@ def main(argv=None) -> int:
     for case in selected:
         if args.time_limit and time.perf_counter() - t_start > args.time_limit:
             not_run.extend(f"{case.label} {'fwd+bwd' if backward else 'fwd'}" for backward in passes)
+            progress.skip(len(passes))
             continue
         print(f"\n({case.label}) {case.name}" + (f"  [{case.note}]" if case.note else ""))
         for backward in passes:
@@ -766,6 +826,7 @@ def main(argv=None) -> int:
                           meta["peaks"] if case.device == peak_device else None, peak_target)
             res["waited_for_quiet_s"] = round(waited, 1)
             results.append(res)
+            progress.finished(res)
             if args.json:
                 write_json(False)
     meta["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -779,6 +840,11 @@ def main(argv=None) -> int:
     if args.json:
         write_json(True)
         print(f"wrote {args.json}")
+        if not args.no_plot:
+            try:
+                print(f"wrote {plot.draw(report.load(args.json), plot.png_path(args.json))}")
+            except plot.MatplotlibMissing as e:   # the figures are in the JSON; the plot can be drawn later
+                print(f"{e}; then: python -m benchmarks.report --plot {args.json}", file=sys.stderr)
 
     failures = [(r["case"], r["pass"], name, e["status"]) for r in results for name, e in r["contenders"].items()
                 if e["status"].startswith("error")]

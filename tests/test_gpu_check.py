@@ -43,6 +43,8 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert env["dry_run"] and env["meta"]["numpy"]
     bench = json.loads((out / "bench.json").read_text())
     assert bench["mode"] == "smoke" and bench["results"]
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "plotted in bench.png" in summary
+    assert "===== the sanitizer selection" in (out / "pytest.log").read_text(), "the sanitizer's part of the log"
 
 
 def test_bad_arguments_get_a_clear_error(tmp_path):

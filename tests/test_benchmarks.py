@@ -1,0 +1,194 @@
+"""The benchmark commands' own behaviour (no timing is checked): every command answers --help, report turns a bad
+file into a one-line error, a run shows its progress on stderr."""
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
+    sys.path.append(str(ROOT))
+
+from benchmarks import gpu_check, plot, report, run  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("module", [run, report, gpu_check], ids=lambda m: m.__name__)
+def test_help(module, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m {module.__name__}"), out
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("{not json", "not JSON"),
+    ('{"results": []}', "not the JSON of `python -m benchmarks.run --json`"),
+], ids=["missing", "not-json", "other-json"])
+def test_report_on_a_bad_file_is_a_clean_error(tmp_path, capsys, content, message):
+    path = tmp_path / "bench.json"
+    if content is not None:
+        path.write_text(content)
+    good = RESULTS / "cpu-2026-11-21-final.json"
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(good), str(path)])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2
+    assert f"error: {path}: {message}" in captured.err and "Traceback" not in captured.err, captured.err
+    assert captured.out == "", "nothing is printed when one of the files is bad"
+
+
+def test_report_prints_the_tables_of_a_committed_run(capsys):
+    assert report.main([str(RESULTS / "cpu-2026-11-21-final.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| (ii) conv2d | fwd | 36.96 (5%) |" in out and "3.93x" in out
+
+
+def result(case, op, pass_, cupyconv_ms, alternatives, *, tags=(), target=None, target_vs=None, floor_ms=None):
+    """One case-pass as benchmarks.run records it: cupyconv's median and each alternative's (None: it failed); the
+    target is against the first alternative (the baseline) unless target_vs names another."""
+    contenders = {"cupyconv": {"ours": True, "status": "ok", "median_ms": cupyconv_ms, "iqr_pct": 5.0}}
+    ratios = {}
+    for name, ms in alternatives.items():
+        if ms is None:
+            contenders[name] = {"ours": False, "status": "error: outputs differ from the baseline"}
+        else:
+            contenders[name] = {"ours": False, "status": "ok", "median_ms": ms, "iqr_pct": 5.0}
+            ratios[name] = {"ratio_of_medians": cupyconv_ms / ms, "median_round_ratio": cupyconv_ms / ms}
+    return {"case": case, "name": f"{op} {case}", "op": op, "tags": list(tags), "precision": "float16",
+            "pass": pass_, "target": target, "baseline": next(iter(alternatives)), "contenders": contenders,
+            "ratios": {"cupyconv": ratios}, **({"target_check": {"vs": target_vs}} if target_vs else {}),
+            "roofline": {"flops": 2e9, "bytes": 3e6, "floor_ms": floor_ms, "floor_bound": "compute"}}
+
+
+def test_progress_lines_count_time_and_estimate_what_is_left():
+    stream = io.StringIO()
+    progress = run.Progress(4, stream, deadline=None)
+    first = result("r50-64-gpu16", "conv2d", "fwd", 0.1234,
+                   {"torch F.conv2d": 0.0981, "torch unfold+matmul+fold": None})
+    line = progress.finished(first, now=progress.t0 + 10)
+    assert line == ("[1/4] (r50-64-gpu16) conv2d float16 fwd: cupyconv 123.4 us vs torch F.conv2d 98.1 us (1.26x), "
+                    "torch unfold+matmul+fold error | 0:10 elapsed, about 0:30 left")
+    assert stream.getvalue() == line + "\n"
+    progress.skip(1)   # the time limit kept one from starting
+    line = progress.finished(first, now=progress.t0 + 30)
+    assert line.startswith("[2/3]") and line.endswith("0:30 elapsed, about 0:15 left"), line
+    line = progress.finished(first, now=progress.t0 + 45)
+    assert line.startswith("[3/3]") and line.endswith("0:45 elapsed, about 0:00 left"), line
+
+    quiet = run.Progress(10, None)
+    quiet.deadline = quiet.t0 + 60   # --time-limit 60: the cases that can still start, and the one under way
+    assert quiet.finished(first, now=quiet.t0 + 10).endswith("0:10 elapsed, about 1:00 left")   # not 1:30
+    assert quiet.finished(first, now=quiet.t0 + 20).endswith("0:20 elapsed, about 0:50 left")
+    assert quiet.finished(first, now=quiet.t0 + 70).endswith("1:10 elapsed, about 0:23 left")   # 70 s / 3
+
+
+def test_a_run_prints_progress_on_stderr_unless_quiet(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    assert run.main(["--device", "cpu", "--smoke", "--cases", "iv", "--json", str(out)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (iv) unfold float32 ")[0] for line in lines] == ["[1/2]", "[2/2]"], lines
+    assert "cupyconv" in lines[0] and " vs torch F.unfold " in lines[0] and "about 0:00 left" in lines[1]
+    assert run.main(["--device", "cpu", "--smoke", "--cases", "iv", "--json", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def synthetic_run(n_cases: int, floors: bool = True) -> dict:
+    """A run of n_cases cases over three groups, forward and forward + backward, as benchmarks.run writes it."""
+    results = []
+    for i in range(n_cases):
+        op, tags = [("conv2d", ("issue11",)), ("depthwise", ()), ("patch", ("issue11",))][i % 3]
+        for pass_, scale in (("fwd", 1.0), ("fwd+bwd", 2.5)):
+            results.append(result(f"{op}-case-{i}-gpu16", op, pass_, scale * (0.05 + 0.01 * i),
+                                  {"torch F.conv2d": scale * 0.08, "torch unfold+matmul+fold": scale * 0.3 if i % 4
+                                   else None}, tags=tags, target=1.3 if i % 2 else None,
+                                  floor_ms=scale * 0.02 if floors else None))
+    meta = {"command": "python -m benchmarks.run --device gpu --quick", "date": "2026-11-23T10:00:00+00:00",
+            "cpu_model": "Test CPU", "cpus_usable": 2, "cupyconv": "0.1.0",
+            "git_commit": "abc1234", "torch": "2.13.0", "cupy": None, "numpy": "2.4.6", "python": "3.11.7",
+            "others_cpu_pct": 0.5, "gpu": {"name": "NVIDIA H200", "torch_cuda": "12.8", "cudnn": 91000}}
+    return {"meta": meta, "mode": "quick", "complete": True, "results": results}
+
+
+def test_rows_group_the_cases_and_keep_what_was_measured():
+    data = synthetic_run(4)
+    data["results"][0]["ratios"]["cupyconv"] = {}   # case 0 forward: cupyconv failed, so no ratio
+    groups = plot.rows(data)
+    assert [(name, [row.label for row in group]) for name, group in groups] == [
+        ("conv2d issue11", ["conv2d-case-0-gpu16", "conv2d-case-3-gpu16"]),
+        ("depthwise", ["depthwise-case-1-gpu16"]), ("patch issue11", ["patch-case-2-gpu16"])]
+    case0, case3 = groups[0][1]
+    assert case0.ratios == {"fwd": {}, "fwd+bwd": {"torch F.conv2d": pytest.approx(0.05 / 0.08)}}
+    assert case3.ratios["fwd"] == {"torch F.conv2d": pytest.approx(0.08 / 0.08),
+                                   "torch unfold+matmul+fold": pytest.approx(0.08 / 0.3)}
+    assert case3.targets == {"fwd": (1.3, "torch F.conv2d"), "fwd+bwd": (1.3, "torch F.conv2d")}
+    assert case0.targets == {}
+    assert case3.floor_fraction == pytest.approx({"fwd": 0.02 / 0.08, "fwd+bwd": 0.05 / 0.2})
+
+    fastest = "torch unfold+matmul+fold"   # a patch target is against the fastest alternative, not the baseline
+    patch = result("p-seed-gpu16", "patch", "fwd", 0.1, {"torch F.conv2d": 0.2, fastest: 0.05}, target=0.8,
+                   target_vs=fastest)
+    [(_, [row])] = plot.rows({"results": [patch]})
+    assert row.targets == {"fwd": (0.8, fastest)}
+
+
+def png_size(path):
+    """(width, height) of a PNG, which must start with the PNG signature and its IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", head
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_plot_of_60_cases_is_a_png_tall_enough_to_read(tmp_path):
+    pytest.importorskip("matplotlib")
+    small = plot.draw(synthetic_run(4, floors=False), tmp_path / "small.png")
+    large = plot.draw(synthetic_run(60), tmp_path / "large.png")
+    assert 10_000 < small.stat().st_size and large.stat().st_size < 200_000
+    (w_small, h_small), (w_large, h_large) = png_size(small), png_size(large)
+    assert w_large > w_small, "the roofline panel comes on top of the two passes"
+    lines = 60 + 3   # cases and group headings
+    assert h_large - h_small >= (lines - 4 - 3) * plot.ROW_INCHES * 100 * 0.99, (h_small, h_large)
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_report_plot_writes_the_png_beside_the_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "gpu-bench.json"
+    path.write_text(json.dumps(synthetic_run(6)))
+    assert report.main(["--plot", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("**gpu-bench.json**") and captured.err == f"wrote {tmp_path / 'gpu-bench.png'}\n"
+    assert min(png_size(tmp_path / "gpu-bench.png")) > 300
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """matplotlib as if it were not installed (also where it is, and already imported)."""
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_without_matplotlib_report_plot_says_which_extra_to_install(tmp_path, capsys, no_matplotlib):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(synthetic_run(2)))
+    with pytest.raises(SystemExit) as exit_:
+        report.main(["--plot", str(path)])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert 'matplotlib is not installed; pip install -e ".[plot]"' in err and "Traceback" not in err, err
+    assert not list(tmp_path.glob("*.png*"))
+
+
+def test_without_matplotlib_a_run_still_writes_its_json(tmp_path, capsys, no_matplotlib):
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    assert run.main(["--device", "cpu", "--smoke", "--cases", "iv", "--json", str(out), "--quiet"]) == 0
+    assert report.load(out)["complete"] and not (tmp_path / "bench.png").exists()
+    err = capsys.readouterr().err
+    assert err.startswith("no plot: matplotlib is not installed") and "benchmarks.report --plot" in err, err
