@@ -334,6 +334,10 @@ def test_bad_arguments_raise_at_the_call():
         cupyconv.conv2d_backward(da.zeros((2, 4, 5, 5)), x, numpy.zeros((4, 3, 3, 3)))
     with pytest.raises(ValueError, match="conv_transpose2d: output_padding"):
         cupyconv.conv_transpose2d(x, numpy.zeros((3, 2, 3, 3)), stride=2, output_padding=2)
+    with pytest.raises(ValueError, match="conv_transpose2d: algorithm must be one of"):
+        cupyconv.conv_transpose2d(x, numpy.zeros((3, 2, 3, 3)), algorithm="fused")
+    with pytest.raises(ValueError, match="conv_transpose_nd_backward: algorithm must be one of"):
+        cupyconv.conv_transpose_nd_backward(da.zeros((2, 2, 7, 7)), x, numpy.zeros((3, 2, 3, 3)), algorithm="fast")
     with pytest.raises(ValueError, match="conv2d: x has unknown chunk sizes"):
         cupyconv.conv2d(x[x[:, 0, 0, 0] > 0], numpy.zeros((4, 3, 3, 3)))
 

@@ -21,7 +21,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_algorithm, check_groups)
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_algorithm, check_groups,
+                     check_workspace_limit)
 from ..ops.conv import ALGORITHMS
 from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 
@@ -30,16 +31,6 @@ __all__ = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d", "co
 
 Size = Union[int, tuple[int, ...]]
 Padding = Union[str, int, tuple]
-
-
-def check_workspace_limit(op: str, workspace_limit) -> None:
-    """workspace_limit must be None (the setting in force) or a positive number of bytes."""
-    if workspace_limit is None:
-        return
-    if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int):
-        raise TypeError(f"{op}: workspace_limit must be None or an int number of bytes, got {workspace_limit!r}")
-    if workspace_limit < 1:
-        raise ValueError(f"{op}: workspace_limit must be a positive number of bytes, got {workspace_limit}")
 
 
 def _flat(sides) -> list:

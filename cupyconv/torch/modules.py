@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
-from .._spec import ConvSpec, _tuple, check_algorithm
+from .._spec import ConvSpec, _tuple, check_algorithm, check_workspace_limit
 from ..ops.conv import ALGORITHMS
 from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 from . import functional
@@ -44,7 +44,7 @@ class _Layer(_ConvNd):
             raise ValueError(f"{type(self).__name__}: {error} ({shown})") from None
 
     def _set_workspace_limit(self, workspace_limit: Optional[int]) -> None:
-        functional.check_workspace_limit(type(self).__name__, workspace_limit)
+        check_workspace_limit(type(self).__name__, workspace_limit)
         self.workspace_limit = workspace_limit
 
     def extra_repr(self) -> str:
