@@ -202,8 +202,9 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
 
 
 def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                workspace_limit) -> Tensor:
+                algorithm, workspace_limit) -> Tensor:
     """Normalise the arguments to the custom op's; the op checks how they fit the shapes."""
+    check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     if isinstance(padding, str) and padding.lower() == "same":
@@ -212,7 +213,7 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
     sides = _padding(op, padding, (1,) * nd, (1,) * nd, stride, dilation)   # the sizes matter for 'same' only
     y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(stride), _flat(sides),
                                         list(_tuple(op, "output_padding", output_padding, 0, nd)),
-                                        check_groups(op, groups), list(dilation), workspace_limit)
+                                        check_groups(op, groups), list(dilation), algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
 
 
@@ -231,8 +232,12 @@ _TRANSPOSE_DOC = """{nd}-D transposed convolution of input {layout} with weight 
         output_padding < max(stride, dilation) in every dim.
     padding : int, tuple of {nd} ints, tuple of {nd} (low, high) pairs, or 'valid'
     groups : int
+    algorithm : str
+        The GPU kernels of the convolution this transposes, in every pass (forward: its input gradient; backward:
+        its forward and weight gradient): 'auto', 'im2col_gemm', 'direct' or 'implicit_gemm' (see
+        `cupyconv.conv_transpose{nd}d`); the CPU path ignores it.
     workspace_limit : int, optional
-        As `conv{nd}d`.  The kernels are conv's input gradient; their algorithm is chosen by 'auto'.
+        As `conv{nd}d`.
 
     Returns
     -------
@@ -244,23 +249,23 @@ _TRANSPOSE_DOC = """{nd}-D transposed convolution of input {layout} with weight 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 def conv_transpose3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 for _nd, _transpose in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
