@@ -111,7 +111,7 @@ def _table() -> dict[str, Geometry]:
         "conv": (_conv_spec, OUTPUT, True, CONV_ALGORITHMS, {**ND, "_nd": None}),
         "depthwise_conv": (_depthwise_spec, OUTPUT, True, None, ND),
         "patch_conv": (functools.partial(_conv_spec, leading_dims=True), OUTPUT, True, PATCH_ALGORITHMS, ND),
-        "conv_transpose": (_transpose_spec, INPUT, False, None, {**ND, "_nd": None}),
+        "conv_transpose": (_transpose_spec, INPUT, False, CONV_ALGORITHMS, {**ND, "_nd": None}),
     }
     for prefix, (spec, output, windowed, algorithms, suffixes) in families.items():
         for suffix, nd in suffixes.items():

@@ -351,3 +351,13 @@ def check_grad_output(op: str, grad_output, spec: ConvSpec) -> None:
 def check_algorithm(op: str, algorithm, algorithms: tuple[str, ...]) -> None:
     if algorithm not in algorithms:
         raise ValueError(f"{op}: algorithm must be one of {algorithms}, got {algorithm!r}")
+
+
+def check_workspace_limit(op: str, workspace_limit) -> None:
+    """workspace_limit must be None (the setting in force) or a positive number of bytes."""
+    if workspace_limit is None:
+        return
+    if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int):
+        raise TypeError(f"{op}: workspace_limit must be None or an int number of bytes, got {workspace_limit!r}")
+    if workspace_limit < 1:
+        raise ValueError(f"{op}: workspace_limit must be a positive number of bytes, got {workspace_limit}")

@@ -74,7 +74,8 @@ CASES = [
     # mapped over the batch, spatial dims rechunked to one chunk
     Case("conv_transpose2d", {"x": (4, 4, 5, 6), "weight": (4, 3, 3, 3), "bias": (6,)}, (3, 2, 2, 4),
          {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}, (1, 6, 4, 5)),
-    Case("conv_transpose1d", {"x": (3, 2, 7), "weight": (2, 3, 3)}, (2, 2, 3), {"stride": 2}, (2, 3, 5)),
+    Case("conv_transpose1d", {"x": (3, 2, 7), "weight": (2, 3, 3)}, (2, 2, 3),
+         {"stride": 2, "algorithm": "im2col_gemm", "workspace_limit": 1}, (2, 3, 5)),
     Case("conv_transpose3d", {"x": (2, 2, 3, 4, 3), "weight": (2, 2, 2, 2, 2)}, (1, 2, 2, 2, 3),
          {"stride": (1, 2, 1), "padding": ((1, 0), (0, 1), (1, 1))}, (2, 2, 2, 4, 2)),
     Case("conv_transpose_nd", {"x": (3, 2, 5, 4), "weight": (2, 2, 3, 2)}, (1, 2, 5, 4), {"dilation": 2},
@@ -334,6 +335,10 @@ def test_bad_arguments_raise_at_the_call():
         cupyconv.conv2d_backward(da.zeros((2, 4, 5, 5)), x, numpy.zeros((4, 3, 3, 3)))
     with pytest.raises(ValueError, match="conv_transpose2d: output_padding"):
         cupyconv.conv_transpose2d(x, numpy.zeros((3, 2, 3, 3)), stride=2, output_padding=2)
+    with pytest.raises(ValueError, match="conv_transpose2d: algorithm must be one of"):
+        cupyconv.conv_transpose2d(x, numpy.zeros((3, 2, 3, 3)), algorithm="fused")
+    with pytest.raises(ValueError, match="conv_transpose_nd_backward: algorithm must be one of"):
+        cupyconv.conv_transpose_nd_backward(da.zeros((2, 2, 7, 7)), x, numpy.zeros((3, 2, 3, 3)), algorithm="fast")
     with pytest.raises(ValueError, match="conv2d: x has unknown chunk sizes"):
         cupyconv.conv2d(x[x[:, 0, 0, 0] > 0], numpy.zeros((4, 3, 3, 3)))
 

@@ -40,10 +40,10 @@ OPS = {
     ("patch", 1): (cc.patch_conv1d, cc.patch_conv1d_backward, patch.ALGORITHMS),
     ("patch", 2): (cc.patch_conv2d, cc.patch_conv2d_backward, patch.ALGORITHMS),
     ("patch", 3): (cc.patch_conv3d, cc.patch_conv3d_backward, patch.ALGORITHMS),
-    ("transpose", 1): (cc.conv_transpose1d, cc.conv_transpose1d_backward, None),
-    ("transpose", 2): (cc.conv_transpose2d, cc.conv_transpose2d_backward, None),
-    ("transpose", 3): (cc.conv_transpose3d, cc.conv_transpose3d_backward, None),
-    ("transpose", None): (cc.conv_transpose_nd, cc.conv_transpose_nd_backward, None),
+    ("transpose", 1): (cc.conv_transpose1d, cc.conv_transpose1d_backward, conv.ALGORITHMS),
+    ("transpose", 2): (cc.conv_transpose2d, cc.conv_transpose2d_backward, conv.ALGORITHMS),
+    ("transpose", 3): (cc.conv_transpose3d, cc.conv_transpose3d_backward, conv.ALGORITHMS),
+    ("transpose", None): (cc.conv_transpose_nd, cc.conv_transpose_nd_backward, conv.ALGORITHMS),
 }
 
 

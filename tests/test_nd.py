@@ -182,13 +182,18 @@ def torch_transpose(x, w, b, grad_output=None, **kwargs):
     return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
 
 
+def transpose_problem(case, dtype=numpy.float64):
+    """A case's inputs, a random grad_output and torch's results: (x, w, b, gy, kwargs, output, gradients)."""
+    x, w, b, kwargs = transpose_inputs(case, dtype=dtype)
+    gy = ref.random(numpy.random.default_rng(1), torch_transpose(x, w, b, **kwargs).shape, dtype)
+    want, *grads = torch_transpose(x, w, b, gy, **kwargs)
+    return x, w, b, gy, kwargs, want, grads
+
+
 @pytest.mark.parametrize("case", TRANSPOSE_CASES)
 def test_transpose_matches_torch(case):
-    x, w, b, kwargs = transpose_inputs(case)
+    x, w, b, gy, kwargs, want, grads = transpose_problem(case)
     nd = x.ndim - 2
-    want = torch_transpose(x, w, b, **kwargs)
-    gy = ref.random(numpy.random.default_rng(1), want.shape)
-    want, *grads = torch_transpose(x, w, b, gy, **kwargs)
     ref.assert_close(TRANSPOSE[nd](x, w, b, **kwargs), want)
     ref.assert_close(cupyconv.conv_transpose_nd(x, w, b, **kwargs), want)
     for got, expected in zip(TRANSPOSE_BACKWARD[nd](gy, x, w, **kwargs), grads):
@@ -308,6 +313,17 @@ def test_unfold_fold_1d_match_torch_with_a_unit_height():
     (lambda: cupyconv.conv_transpose2d_backward(numpy.ones((1, 2, 6, 6)), numpy.ones((1, 4, 5, 5)),
                                                 numpy.ones((4, 2, 3, 3))), ValueError,
      r"^conv_transpose2d_backward: grad_output has shape \(1, 2, 6, 6\) but the forward output .* \(1, 2, 7, 7\)"),
+    (lambda: cupyconv.conv_transpose2d(numpy.ones((1, 4, 5, 5)), numpy.ones((4, 2, 3, 3)), algorithm="winograd"),
+     ValueError, r"^conv_transpose2d: algorithm must be one of \('auto', 'im2col_gemm', 'direct', 'implicit_gemm'\), "
+                 r"got 'winograd'"),
+    (lambda: cupyconv.conv_transpose_nd_backward(numpy.ones((1, 2, 7)), numpy.ones((1, 4, 5)), numpy.ones((4, 2, 3)),
+                                                 algorithm="fused"), ValueError,
+     r"^conv_transpose_nd_backward: algorithm must be one of .*, got 'fused'"),
+    (lambda: cupyconv.conv_transpose1d(numpy.ones((1, 4, 5)), numpy.ones((4, 2, 3)), workspace_limit=0), ValueError,
+     r"^conv_transpose1d: workspace_limit must be a positive number of bytes, got 0"),
+    (lambda: cupyconv.conv_transpose3d_backward(numpy.ones((1, 2, 3, 3, 3)), numpy.ones((1, 4, 1, 1, 1)),
+                                                numpy.ones((4, 2, 3, 3, 3)), workspace_limit=2.0**20), TypeError,
+     r"^conv_transpose3d_backward: workspace_limit must be None or an int number of bytes, got 1048576.0"),
     (lambda: cupyconv.depthwise_conv3d(numpy.ones((1, 3, 4, 4, 4)), numpy.ones((4, 1, 3, 3, 3))), ValueError,
      r"^depthwise_conv3d: weight must have shape \(C \* m, 1, kD, kH, kW\) with C = 3"),
     (lambda: cupyconv.unfold(numpy.ones((2, 3, 4)), (2, 2, 2, 2)), TypeError,
@@ -341,16 +357,23 @@ def kernel_path(device, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+def assert_close_to_scale(got, want, tolerance, what=""):
+    """|got - want| at most `tolerance` times the largest |want|: for results of other summation orders, or with
+    16-bit intermediates (the GEMM's columns), whose small entries carry the rounding of the large ones."""
+    got, want = ref.to_float64(got), ref.to_float64(want)
+    assert got.shape == want.shape, what
+    assert numpy.abs(got - want).max() <= tolerance * max(numpy.abs(want).max(), 1e-30), what
+
+
 def check_kernel_path(device, case, dtype, algorithm, tolerance, to_device=lambda a: a, back=numpy.asarray):
-    """conv_nd and its backward for a conv case, or conv_transpose_nd for a transpose case."""
-    transposed = case in TRANSPOSE_CASES
-    if transposed:
+    """conv_nd and its backward for a conv case, or conv_transpose_nd for a transpose case, with `algorithm`."""
+    if case in TRANSPOSE_CASES:
         x, w, b, kwargs = transpose_inputs(case, dtype=dtype)
         fwd, bwd = cupyconv.conv_transpose_nd, cupyconv.conv_transpose_nd_backward
     else:
         x, w, b, _, kwargs = conv_inputs(case, dtype=dtype)
-        kwargs["algorithm"] = algorithm
         fwd, bwd = cupyconv.conv_nd, cupyconv.conv_nd_backward
+    kwargs["algorithm"] = algorithm
     want = fwd(x, w, b, **kwargs)
     gy = ref.random(numpy.random.default_rng(4), want.shape, dtype)
     want_grads = bwd(gy, x, w, **kwargs)
@@ -358,15 +381,13 @@ def check_kernel_path(device, case, dtype, algorithm, tolerance, to_device=lambd
     got = kernel_path(device, fwd, *dev[:3], **kwargs)
     grads = kernel_path(device, bwd, dev[3], *dev[:2], **kwargs)
     for name, g, e in zip(("forward", *NEEDS), (got, *grads), (want, *want_grads)):
-        g, e = back(g).astype(numpy.float64), e.astype(numpy.float64)
-        assert g.shape == e.shape, name
-        scale = max(numpy.abs(e).max(), 1e-30)
-        assert numpy.abs(g - e).max() <= tolerance * scale, f"{case} {dtype} {algorithm}: {name}"
+        assert_close_to_scale(back(g), e, tolerance, f"{case} {dtype} {algorithm}: {name}")
 
 
 EMULATED = [("1d-strided-dilated-groups", "im2col_gemm"), ("1d-plain", "direct"),
             ("3d-everything", "im2col_gemm"), ("3d-depth-dilation-pad-over-input", "direct"),
-            ("t-1d-upsample", None), ("t-2d-everything", None), ("t-2d-depthwise", None), ("t-3d-everything", None)]
+            ("t-1d-upsample", "im2col_gemm"), ("t-2d-everything", "direct"), ("t-2d-depthwise", "auto"),
+            ("t-3d-everything", "im2col_gemm")]
 
 
 @pytest.mark.parametrize("case, algorithm", EMULATED, ids=lambda v: str(v))
@@ -423,18 +444,20 @@ def test_emulated_unfold_fold_3d():
 def test_gpu_matches_cpu_path(case, dtype):
     import cupy
     tolerance = 1e-12 if dtype == numpy.float64 else 2e-6
-    for algorithm in (None,) if case in TRANSPOSE_CASES else ("auto", "im2col_gemm"):
+    for algorithm in ("auto", "im2col_gemm"):
         check_kernel_path(None, case, dtype, algorithm, tolerance, to_device=cupy.asarray, back=cupy.asnumpy)
 
 
-class ArgumentRecorder(EmulatedDevice):
-    """Keeps the arrays each kernel launch receives, to see which inputs the kernels read in place."""
+class Recorder(EmulatedDevice):
+    """Keeps the kernels launched (names without their template arguments) and the arrays each launch receives,
+    to see which kernels ran and which inputs they read in place."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.arrays = []
+        self.launches, self.arrays = [], []
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
+        self.launches.append(name.partition("<")[0])
         self.arrays += [(name, a) for a in args if isinstance(a, numpy.ndarray)]
         super().launch(source, name, grid, block, args, shared_mem)
 
@@ -453,7 +476,80 @@ def test_channels_last_inputs_are_read_in_place(nd, algorithm):
     x = ref.random(rng, (2, *size, 16), dtype)
     view = numpy.moveaxis(x, -1, 1)
     w = ref.random(rng, (16, 16, *(3,) * nd), dtype)
-    device = ArgumentRecorder()
+    device = Recorder()
     got = kernel_path(device, cupyconv.conv_nd, view, w, padding=1, algorithm=algorithm)
     assert device.reads_in_place(x), [name for name, _ in device.arrays]
     ref.assert_close(got, cupyconv.conv_nd(numpy.ascontiguousarray(view), w, padding=1), numpy.dtype(dtype).name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The transposed convolutions' algorithm and workspace_limit: conv's kernels, in every pass
+
+#: The kernel each algorithm runs in the passes of a transposed convolution (forward: conv's input gradient;
+#: grad_input: conv's forward; grad_weight: conv's weight gradient) where every algorithm can run: 'direct' at
+#: stride 1, 'implicit_gemm' (and so 'auto') in float16 with 16 output channels (conv's input channels).
+PASS_KERNELS = {"auto": ("conv_bwd_input_tc", "conv_fwd_tc", "conv_bwd_weight_tc"),
+                "im2col_gemm": ("fold_col2im", "unfold_im2col", "unfold_im2col"),
+                "direct": ("conv_fwd_direct", "conv_fwd_direct", "unfold_im2col"),
+                "implicit_gemm": ("conv_bwd_input_tc", "conv_fwd_tc", "conv_bwd_weight_tc")}
+
+
+@pytest.mark.parametrize("algorithm", PASS_KERNELS)
+def test_transpose_algorithm_chooses_conv_kernels_in_every_pass(algorithm):
+    """Each pass runs the algorithm's kernels and matches torch (float16: to 4e-3 of the largest value, as conv's
+    kernel tests).  'auto' picks the tensor cores here, so an algorithm dropped on the way to any pass would show
+    as their kernel."""
+    rng = numpy.random.default_rng(21)
+    x, w = ref.random(rng, (2, 8, 5, 6), numpy.float16), ref.random(rng, (8, 16, 3, 3), numpy.float16)
+    b = ref.random(rng, (16,), numpy.float16)
+    gy = ref.random(rng, (2, 16, 5, 6), numpy.float16)
+    want, *grads = torch_transpose(x, w, b, gy, padding=1)
+    kernels = {name for names in PASS_KERNELS.values() for name in names}
+    device = Recorder()
+    assert_close_to_scale(kernel_path(device, cupyconv.conv_transpose2d, x, w, b, padding=1, algorithm=algorithm),
+                          want, 4e-3, "forward")
+    ran = [set(device.launches) & kernels]
+    for i, need in enumerate(("input", "weight")):
+        device = Recorder()
+        got = kernel_path(device, cupyconv.conv_transpose2d_backward, gy, x, w, padding=1, needs=need,
+                          algorithm=algorithm)
+        assert_close_to_scale(got[i], grads[i], 4e-3, f"grad {need}")
+        ran.append(set(device.launches) & kernels)
+    assert ran == [{name} for name in PASS_KERNELS[algorithm]]
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "im2col_gemm", "direct"])
+@pytest.mark.parametrize("case", ["t-1d-plain", "t-2d-everything", "t-2d-output-padding-from-dilation",
+                                  "t-3d-everything"])
+def test_emulated_transpose_algorithms_match_torch(case, algorithm):
+    """float64 on the kernels, strided or not (where 'direct' runs the forward's GEMMs), grouped, 1-D to 3-D."""
+    x, w, b, gy, kwargs, want, grads = transpose_problem(case)
+    device = EmulatedDevice("reverse")
+    ref.assert_close(kernel_path(device, cupyconv.conv_transpose_nd, x, w, b, algorithm=algorithm, **kwargs), want)
+    got = kernel_path(device, cupyconv.conv_transpose_nd_backward, gy, x, w, algorithm=algorithm, **kwargs)
+    for g, expected in zip(got, grads):
+        ref.assert_close(g, expected)
+
+
+@pytest.mark.parametrize("case", ["t-1d-upsample", "t-2d-decoder", "t-3d-everything"])
+def test_transpose_workspace_limit_chunks_every_pass(case):
+    """workspace_limit=1 byte: one 2-D image per chunk (N of them, times x's depth in 3-D, whose depth windows are
+    the images) in every pass on the kernels -- a col2im per chunk forward, an im2col per chunk for grad_input and
+    for grad_weight -- against one chunk without it; torch's values on the kernels and the CPU path; the
+    setting in force is untouched."""
+    x, w, b, gy, kwargs, want, grads = transpose_problem(case)
+    images = x.shape[0] * (x.shape[2] if x.ndim == 5 else 1)
+    for limit, chunks in ((None, 1), (1, images)):
+        device = Recorder()
+        options = dict(kwargs, algorithm="im2col_gemm", workspace_limit=limit)
+        ref.assert_close(kernel_path(device, cupyconv.conv_transpose_nd, x, w, b, **options), want)
+        assert device.launches.count("fold_col2im") == chunks
+        device = Recorder()
+        got = kernel_path(device, cupyconv.conv_transpose_nd_backward, gy, x, w, **options)
+        assert device.launches.count("unfold_im2col") == 2 * chunks
+        for g, expected in zip(got, grads):
+            ref.assert_close(g, expected)
+    ref.assert_close(cupyconv.conv_transpose_nd(x, w, b, workspace_limit=1, **kwargs), want)
+    for g, expected in zip(cupyconv.conv_transpose_nd_backward(gy, x, w, workspace_limit=1, **kwargs), grads):
+        ref.assert_close(g, expected)
+    assert cupyconv.get_workspace_limit() == cupyconv.DEFAULT_WORKSPACE_LIMIT

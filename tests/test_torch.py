@@ -180,8 +180,8 @@ def _opcheck_cases():
         ("depthwise_conv2d", (xd, wd, None, [2, 1], pad, [1, 1]), [False, True, True]),
         ("patch_conv2d", (xp, wp, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fused"), [True, False, True]),
         ("conv_transpose1d", (x1, torch.randn(4, 3, 3), None, [2], [1, 0], [1], 2, [1]), [True, True, False]),
-        ("conv_transpose2d", (x, torch.randn(4, 3, 3, 2), b[:3], [2, 1], pad, [1, 0], 1, [1, 2], 2**20),
-         [False, True, True]),
+        ("conv_transpose2d", (x, torch.randn(4, 3, 3, 2), b[:3], [2, 1], pad, [1, 0], 1, [1, 2], "im2col_gemm",
+                              2**20), [False, True, True]),
         ("conv_transpose3d", (x3, w3[:2], None, [1, 2, 1], [0, 1, 1, 0, 1, 1], [0, 1, 0], 1, [1, 1, 2]),
          [True, False, False]),
     ]

@@ -249,7 +249,7 @@ def test_algorithm_and_workspace_limit_reach_forward_and_backward(case, monkeypa
     spy_on(monkeypatch, case.op, seen)
     spy_on(monkeypatch, f"{case.op}_backward", seen)
     options = {}
-    if case.op in ("conv1d", "conv2d", "conv3d"):
+    if case.op.startswith(("conv1d", "conv2d", "conv3d", "conv_transpose")):
         options["algorithm"] = "direct"
     if case.op == "patch_conv2d":
         options["algorithm"] = "fused"
@@ -273,6 +273,10 @@ def test_option_and_shape_errors_name_the_op():
     for bad in (1.5, True, "1MB"):
         with pytest.raises(TypeError, match="conv_transpose2d: workspace_limit must be None or an int"):
             cct.conv_transpose2d(x, w.transpose(0, 1), workspace_limit=bad)
+    with pytest.raises(ValueError, match="conv_transpose3d: workspace_limit must be a positive number of bytes"):
+        cct.conv_transpose3d(x[None], torch.randn(4, 2, 1, 1, 1), workspace_limit=0)
+    with pytest.raises(ValueError, match=r"conv_transpose1d: algorithm must be one of .*'fused'"):
+        cct.conv_transpose1d(x[0], w[..., 0].transpose(0, 1), algorithm="fused")
     with pytest.raises(ValueError, match=r"conv2d: input must have 4 dimensions \(N, C, H, W\) or 3 without the "
                                          r"batch dim, got shape \(6, 6\)"):
         cct.conv2d(x[0, 0], w)

@@ -242,6 +242,8 @@ def test_module_constructor_errors_name_the_layer():
         cct.Conv2d(3, 4, 3, algorithm="winograd")
     with pytest.raises(ValueError, match="PatchConv2d: algorithm must be one of"):
         cct.PatchConv2d(3, 4, 3, algorithm="direct")
+    with pytest.raises(ValueError, match=r"ConvTranspose2d: algorithm must be one of .*, got 'fused'"):
+        cct.ConvTranspose2d(3, 4, 3, algorithm="fused")
     with pytest.raises(ValueError, match="ConvTranspose1d: workspace_limit must be a positive number of bytes"):
         cct.ConvTranspose1d(3, 4, 3, workspace_limit=-1)
     with pytest.raises(TypeError, match="Conv2d: workspace_limit must be None or an int"):
@@ -255,13 +257,14 @@ def test_module_constructor_errors_name_the_layer():
     (lambda **kw: cct.Conv1d(3, 4, 3, **kw), "conv1d", "im2col_gemm"),
     (lambda **kw: cct.Conv3d(3, 4, 1, **kw), "conv3d", "direct"),
     (lambda **kw: cct.PatchConv2d(3, 4, 3, **kw), "patch_conv2d", "fused"),
-    (lambda **kw: cct.ConvTranspose2d(3, 4, 3, **kw), "conv_transpose2d", None),
+    (lambda **kw: cct.ConvTranspose2d(3, 4, 3, **kw), "conv_transpose2d", "im2col_gemm"),
+    (lambda **kw: cct.ConvTranspose3d(3, 4, 1, **kw), "conv_transpose3d", "implicit_gemm"),
     (lambda **kw: cct.DepthwiseSeparableConv2d(3, 4, 3, **kw).pointwise, "conv2d", "direct"),
-], ids=["conv2d", "conv1d", "conv3d", "patch", "transposed", "separable"])
+], ids=["conv2d", "conv1d", "conv3d", "patch", "transposed", "transposed3d", "separable"])
 def test_algorithm_and_workspace_limit_per_module(make, op, algorithm, monkeypatch):
     """The keywords are stored, shown by repr, validated, and reach the forward and backward calls; setting the
     attribute changes them."""
-    options = {"workspace_limit": 4096} if algorithm is None else {"algorithm": algorithm, "workspace_limit": 4096}
+    options = {"algorithm": algorithm, "workspace_limit": 4096}
     layer = make(**options)
     assert all(getattr(layer, k) == v for k, v in options.items())
     assert repr(layer).endswith(", ".join(f"{k}={v!r}" for k, v in options.items()) + ")")

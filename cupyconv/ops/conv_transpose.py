@@ -2,8 +2,9 @@
 
 conv_transpose(x, w) is the input gradient of the convolution conv(z, w) whose output has x's shape: z has
 the transposed convolution's output shape, C_out channels, and w (C_in, C_out / groups, k...) is that
-convolution's weight as it stands.  So every pass is a pass of conv (ops/conv.py through ops/lift.py), and
-each is a gather, deterministic, with no atomics:
+convolution's weight as it stands.  So every pass is a pass of conv (ops/conv.py through ops/lift.py), run with
+the call's `algorithm` (conv's) and within its `workspace_limit`, and each is a gather, deterministic, with no
+atomics:
 
     forward       conv's input gradient of grad_output = x        (+ bias per output channel)
     grad_input    conv's forward of grad_output
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 from .._arrays import Call, compute_dtype
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding, _shape, _tuple, check_groups,
-                     check_needs, weight_spatial_dims)
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding, _shape, _tuple, check_algorithm,
+                     check_groups, check_needs, check_workspace_limit, weight_spatial_dims)
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
-from .conv import conv2d_backward_run, conv2d_run
+from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
 
 
 def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, groups, dilation):
@@ -80,35 +81,48 @@ def _crop(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
-def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation):
+def _check_options(op, algorithm, workspace_limit):
+    """algorithm (one of conv's, which runs every pass) and workspace_limit, checked before anything runs."""
+    check_algorithm(op, algorithm, ALGORITHMS)
+    check_workspace_limit(op, workspace_limit)
+
+
+def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
+               workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec, extension = _spec(op, nd, call.x, call.weight, call.bias, stride, padding, output_padding, groups,
                             dilation)
+    _check_options(op, algorithm, workspace_limit)
     xp = lift.array_module(call.device)
     gy = _extend(xp, call.x, extension)
     z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
-    out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}))
+    with workspace_scope(workspace_limit):
+        out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
+                                  algorithm)
     if call.bias is not None:
         ct = compute_dtype(out.dtype)
         out = (out.astype(ct) + call.bias.astype(ct).reshape(-1, *(1,) * spec.nd)).astype(out.dtype)
     return call.wrap(out)
 
 
-def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs):
+def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
+                        algorithm, workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec, extension = _spec(op, nd, call.x, call.weight, None, stride, padding, output_padding, groups, dilation)
     if _shape(call.grad_output) != spec.input_shape:
         raise ValueError(f"{op}: grad_output has shape {_shape(call.grad_output)} but the forward output of x "
                          f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
     needs = check_needs(op, needs)
+    _check_options(op, algorithm, workspace_limit)
     xp, gy = lift.array_module(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
-    if "input" in needs:
-        grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec)
-        grad_x = xp.ascontiguousarray(_crop(grad_x, _shape(call.x)))
-    if "weight" in needs:
-        _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(xp, call.x, extension), gy,
-                                     call.weight, spec, frozenset({"weight"}))
+    with workspace_scope(workspace_limit):
+        if "input" in needs:
+            grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec, algorithm)
+            grad_x = xp.ascontiguousarray(_crop(grad_x, _shape(call.x)))
+        if "weight" in needs:
+            _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(xp, call.x, extension), gy,
+                                         call.weight, spec, frozenset({"weight"}), algorithm)
     if "bias" in needs:
         axes = (0, *range(2, gy.ndim))
         grad_b = gy.sum(axis=axes, dtype=compute_dtype(gy.dtype)).astype(gy.dtype)
@@ -123,7 +137,13 @@ TRANSPOSE_DOCS = dict(
                                   "'same'."),
     output_padding=("int or tuple of int", "Added to the high end of each output dim, to pick one of the output "
                                            "sizes that the convolution maps to x's size; smaller than max(stride, "
-                                           "dilation) in every dim."))
+                                           "dilation) in every dim."),
+    algorithm=(ALGORITHM_DOC[0], ALGORITHM_DOC[1] + "  It chooses the kernels of the convolution this transposes, "
+               "in every pass (forward: its input gradient; grad_input: its forward; grad_weight: its weight "
+               "gradient), so the channels above are that convolution's: C_out // groups input channels per group "
+               "and C_in // groups output channels.  'direct' runs the forward at stride 1 only (im2col + GEMM "
+               "otherwise); a depthwise one (groups == C_out > 1, in 1-D and 2-D) runs the depthwise kernels, which "
+               "ignore it."))
 OUTPUT_DOC = ("array ``(N, C_out, *out)``", "out = (in - 1) * stride - pad_low - pad_high + dilation * (k - 1) + "
                                         "output_padding + 1 per dim.  " + SAME_KIND)
 
@@ -140,75 +160,87 @@ def _shape_docs(nd: int | None) -> dict:
 @numpy_doc(_shape_docs(1), returns=OUTPUT_DOC)
 def conv_transpose1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
                      padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                     dilation: IntOrTuple = 1) -> ArrayT:
+                     dilation: IntOrTuple = 1, *, algorithm: str = "auto",
+                     workspace_limit: int | None = None) -> ArrayT:
     """Transposed 1-D convolution, like `torch.nn.functional.conv_transpose1d` (its argument order).
 
     The input gradient of `conv1d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation,
+                      algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(2), returns=OUTPUT_DOC)
 def conv_transpose2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
                      padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                     dilation: IntOrTuple = 1) -> ArrayT:
+                     dilation: IntOrTuple = 1, *, algorithm: str = "auto",
+                     workspace_limit: int | None = None) -> ArrayT:
     """Transposed 2-D convolution, like `torch.nn.functional.conv_transpose2d` (its argument order).
 
     The input gradient of `conv2d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation,
+                      algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(3), returns=OUTPUT_DOC)
 def conv_transpose3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
                      padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                     dilation: IntOrTuple = 1) -> ArrayT:
+                     dilation: IntOrTuple = 1, *, algorithm: str = "auto",
+                     workspace_limit: int | None = None) -> ArrayT:
     """Transposed 3-D convolution, like `torch.nn.functional.conv_transpose3d` (its argument order).
 
     The input gradient of `conv3d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation,
+                      algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(None), returns=OUTPUT_DOC)
 def conv_transpose_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
                       padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                      dilation: IntOrTuple = 1) -> ArrayT:
+                      dilation: IntOrTuple = 1, *, algorithm: str = "auto",
+                      workspace_limit: int | None = None) -> ArrayT:
     """The transposed convolution over weight.ndim - 2 spatial dims: `conv_transpose1d`, `2d` or `3d`."""
-    return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation,
+                      algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(1), returns=GRADIENTS)
 def conv_transpose1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                               padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                              workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose1d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
-                               output_padding, groups, dilation, needs)
+                               output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(2), returns=GRADIENTS)
 def conv_transpose2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                               padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                              workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose2d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
-                               output_padding, groups, dilation, needs)
+                               output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(3), returns=GRADIENTS)
 def conv_transpose3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                               padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                              dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+                              dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                              workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose3d`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
-                               output_padding, groups, dilation, needs)
+                               output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
 @numpy_doc(_shape_docs(None), returns=GRADIENTS)
 def conv_transpose_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                                padding: Padding = 0, output_padding: IntOrTuple = 0, groups: int = 1,
-                               dilation: IntOrTuple = 1, needs: Needs = NEEDS) -> Gradients[ArrayT]:
+                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
+                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose_nd`, computed by hand (no autograd)."""
     return _transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
-                               output_padding, groups, dilation, needs)
+                               output_padding, groups, dilation, needs, algorithm, workspace_limit)

@@ -74,7 +74,7 @@ def _transpose_shape(x, weight, stride, padding, output_padding, groups, dilatio
 _WINDOW = ("int[] stride", "int[] padding", "int[] dilation")
 _CONV_OPTIONS = (*_WINDOW, "int groups", 'str algorithm="auto"', "int? workspace_limit=None")
 _TRANSPOSE_OPTIONS = ("int[] stride", "int[] padding", "int[] output_padding", "int groups", "int[] dilation",
-                      "int? workspace_limit=None")
+                      'str algorithm="auto"', "int? workspace_limit=None")
 
 
 def _keywords(options: tuple, values: tuple) -> dict:

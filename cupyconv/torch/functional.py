@@ -21,7 +21,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_algorithm, check_groups)
+from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_algorithm, check_groups,
+                     check_workspace_limit)
 from ..ops.conv import ALGORITHMS
 from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 
@@ -30,16 +31,6 @@ __all__ = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d", "co
 
 Size = Union[int, tuple[int, ...]]
 Padding = Union[str, int, tuple]
-
-
-def check_workspace_limit(op: str, workspace_limit) -> None:
-    """workspace_limit must be None (the setting in force) or a positive number of bytes."""
-    if workspace_limit is None:
-        return
-    if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int):
-        raise TypeError(f"{op}: workspace_limit must be None or an int number of bytes, got {workspace_limit!r}")
-    if workspace_limit < 1:
-        raise ValueError(f"{op}: workspace_limit must be a positive number of bytes, got {workspace_limit}")
 
 
 def _flat(sides) -> list:
@@ -211,8 +202,9 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
 
 
 def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_padding, groups, dilation,
-                workspace_limit) -> Tensor:
+                algorithm, workspace_limit) -> Tensor:
     """Normalise the arguments to the custom op's; the op checks how they fit the shapes."""
+    check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     if isinstance(padding, str) and padding.lower() == "same":
@@ -221,7 +213,7 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
     sides = _padding(op, padding, (1,) * nd, (1,) * nd, stride, dilation)   # the sizes matter for 'same' only
     y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(stride), _flat(sides),
                                         list(_tuple(op, "output_padding", output_padding, 0, nd)),
-                                        check_groups(op, groups), list(dilation), workspace_limit)
+                                        check_groups(op, groups), list(dilation), algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
 
 
@@ -240,8 +232,12 @@ _TRANSPOSE_DOC = """{nd}-D transposed convolution of input {layout} with weight 
         output_padding < max(stride, dilation) in every dim.
     padding : int, tuple of {nd} ints, tuple of {nd} (low, high) pairs, or 'valid'
     groups : int
+    algorithm : str
+        The GPU kernels of the convolution this transposes, in every pass (forward: its input gradient; backward:
+        its forward and weight gradient): 'auto', 'im2col_gemm', 'direct' or 'implicit_gemm' (see
+        `cupyconv.conv_transpose{nd}d`); the CPU path ignores it.
     workspace_limit : int, optional
-        As `conv{nd}d`.  The kernels are conv's input gradient; their algorithm is chosen by 'auto'.
+        As `conv{nd}d`.
 
     Returns
     -------
@@ -253,23 +249,23 @@ _TRANSPOSE_DOC = """{nd}-D transposed convolution of input {layout} with weight 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 def conv_transpose3d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: Size = 1,
                      padding: Padding = 0, output_padding: Size = 0, groups: int = 1, dilation: Size = 1, *,
-                     workspace_limit: Optional[int] = None) -> Tensor:
+                     algorithm: str = "auto", workspace_limit: Optional[int] = None) -> Tensor:
     return _transposed("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
-                       dilation, workspace_limit)
+                       dilation, algorithm, workspace_limit)
 
 
 for _nd, _transpose in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):

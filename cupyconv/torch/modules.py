@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
-from .._spec import ConvSpec, _tuple, check_algorithm
+from .._spec import ConvSpec, _tuple, check_algorithm, check_workspace_limit
 from ..ops.conv import ALGORITHMS
 from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 from . import functional
@@ -35,6 +35,8 @@ class _Layer(_ConvNd):
     """What every cupyconv layer adds to the torch class after it in the MRO (a `_ConvNd` subclass: deriving
     from `_ConvNd` too types the attributes torch's constructor sets)."""
 
+    _algorithms: tuple = ALGORITHMS
+
     def _torch_init(self, **arguments: Any) -> None:
         """torch's constructor, with its ValueErrors naming this layer and showing its channels and groups."""
         try:
@@ -43,9 +45,11 @@ class _Layer(_ConvNd):
             shown = ", ".join(f"{name}={arguments[name]!r}" for name in ("in_channels", "out_channels", "groups"))
             raise ValueError(f"{type(self).__name__}: {error} ({shown})") from None
 
-    def _set_workspace_limit(self, workspace_limit: Optional[int]) -> None:
-        functional.check_workspace_limit(type(self).__name__, workspace_limit)
-        self.workspace_limit = workspace_limit
+    def _set_options(self, algorithm: str, workspace_limit: Optional[int]) -> None:
+        """Check and store the keywords `_OPTIONS`."""
+        check_algorithm(type(self).__name__, algorithm, self._algorithms)
+        check_workspace_limit(type(self).__name__, workspace_limit)
+        self.algorithm, self.workspace_limit = algorithm, workspace_limit
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -73,7 +77,6 @@ class _Convolution(_Layer):
     op `_functional` (conv1d, conv2d, conv3d or patch_conv2d) with this layer's options."""
 
     _functional: Callable[..., Tensor] = staticmethod(functional.conv2d)
-    _algorithms: tuple = ALGORITHMS
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None, *,
@@ -87,9 +90,7 @@ class _Convolution(_Layer):
             self.padding = extension
         window = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
         self._padding_sides(window)             # checks the padding, on the smallest input the window accepts
-        check_algorithm(type(self).__name__, algorithm, self._algorithms)
-        self.algorithm = algorithm
-        self._set_workspace_limit(workspace_limit)
+        self._set_options(algorithm, workspace_limit)
 
     def _padding_sides(self, in_size) -> tuple:
         """This layer's padding as one (low, high) pair per spatial dim for planes of size in_size."""
@@ -219,12 +220,12 @@ class _TransposedConvolution(_Layer, _ConvTransposeNd):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
                  groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
-                 dtype=None, *, workspace_limit: Optional[int] = None) -> None:
+                 dtype=None, *, algorithm: str = "auto", workspace_limit: Optional[int] = None) -> None:
         self._torch_init(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size, stride=stride,
                          padding=padding, output_padding=output_padding, groups=groups, bias=bias,
                          dilation=dilation, padding_mode=padding_mode, device=device, dtype=dtype)
         _tuple(type(self).__name__, "padding", padding, 0, len(self.kernel_size))
-        self._set_workspace_limit(workspace_limit)
+        self._set_options(algorithm, workspace_limit)
 
     def forward(self, input: Tensor, output_size: Optional[list[int]] = None) -> Tensor:
         """The transposed convolution of input (N, C_in, ...) or unbatched; output_size (the spatial sizes, with
@@ -233,7 +234,8 @@ class _TransposedConvolution(_Layer, _ConvTransposeNd):
         output_padding = self._output_padding(input, output_size, list(self.stride), list(self.padding),
                                               list(self.kernel_size), nd, list(self.dilation))
         return self._functional(input, self.weight, self.bias, self.stride, self.padding, output_padding,
-                                self.groups, self.dilation, workspace_limit=self.workspace_limit)
+                                self.groups, self.dilation, algorithm=self.algorithm,
+                                workspace_limit=self.workspace_limit)
 
 
 _TRANSPOSE_DOC = """`torch.nn.ConvTranspose{nd}d` computed by cupyconv: a subclass with the same constructor,
@@ -248,9 +250,11 @@ _TRANSPOSE_DOC = """`torch.nn.ConvTranspose{nd}d` computed by cupyconv: a subcla
         is available from `cupyconv.torch.functional.conv_transpose{nd}d`.
     device, dtype
         Of the parameters, as torch's.
+    algorithm : str, keyword only
+        The GPU kernels of the convolution this transposes, forward and backward: 'auto', 'im2col_gemm', 'direct'
+        or 'implicit_gemm' (see `cupyconv.conv_transpose{nd}d`).
     workspace_limit : int, optional, keyword only
-        Bytes of workspace (None: `cupyconv.settings.workspace_limit`).  The kernels are conv's input
-        gradient, chosen by 'auto': there is no `algorithm` keyword.
+        Bytes of workspace (None: `cupyconv.settings.workspace_limit`).
     """
 
 
