@@ -44,7 +44,8 @@ from typing import Callable
 
 from . import _arrays, settings
 from ._arrays import Call, compute_dtype
-from ._spec import NEEDS, ConvSpec, ceil_div, check_algorithm, check_needs, weight_spatial_dims
+from ._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_needs, check_workspace_limit,
+                    weight_spatial_dims)
 from .ops.conv import ALGORITHMS as CONV_ALGORITHMS
 from .ops.conv_transpose import _spec as transpose_spec
 from .ops.patch import ALGORITHMS as PATCH_ALGORITHMS
@@ -273,6 +274,7 @@ class LazyCall:
         self.spec = self.geometry.spec(self.op, self.arguments)
         if self.geometry.algorithms is not None:
             check_algorithm(self.op, self.arguments["algorithm"], self.geometry.algorithms)
+            check_workspace_limit(self.op, self.arguments.get("workspace_limit"))
         self.leading = len(self.spec.batch)
         self.dtype = self.meta.dtype
         self.settings = _settings_now()

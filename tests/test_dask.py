@@ -339,6 +339,9 @@ def test_bad_arguments_raise_at_the_call():
         cupyconv.conv_transpose2d(x, numpy.zeros((3, 2, 3, 3)), algorithm="fused")
     with pytest.raises(ValueError, match="conv_transpose_nd_backward: algorithm must be one of"):
         cupyconv.conv_transpose_nd_backward(da.zeros((2, 2, 7, 7)), x, numpy.zeros((3, 2, 3, 3)), algorithm="fast")
+    with pytest.raises(ValueError, match="conv3d_backward: workspace_limit must be a positive number of bytes"):
+        cupyconv.conv3d_backward(da.zeros((2, 4, 1, 3, 3)), x[:, :, None], numpy.zeros((4, 3, 1, 3, 3)),
+                                 workspace_limit=0)
     with pytest.raises(ValueError, match="conv2d: x has unknown chunk sizes"):
         cupyconv.conv2d(x[x[:, 0, 0, 0] > 0], numpy.zeros((4, 3, 3, 3)))
 

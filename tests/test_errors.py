@@ -259,6 +259,13 @@ BAD_INPUT = [
     bad(lambda: cc.conv2d(X, None), TypeError, r"^conv2d: weight must be a numpy\.ndarray.*got None",
         "weight-none"),
     bad(lambda: cc.unfold(None, 2), TypeError, r"^unfold: x must be a numpy\.ndarray.*got None", "x-none"),
+    # per-call workspace budgets: checked and named by the op, like the transposed ops and cupyconv.torch do
+    bad(lambda: cc.conv2d(X, W, groups=2, workspace_limit=1.5), TypeError,
+        r"^conv2d: workspace_limit must be None or an int number of bytes, got 1\.5", "workspace-float"),
+    bad(lambda: cc.conv2d_backward(GY, X, W, groups=2, workspace_limit=0), ValueError,
+        r"^conv2d_backward: workspace_limit must be a positive number of bytes, got 0", "workspace-zero"),
+    bad(lambda: cc.conv3d(X[:, :, None], W[:, :, None], groups=2, workspace_limit=True), TypeError,
+        r"^conv3d: workspace_limit must be None or an int", "workspace-bool"),
 ]
 
 

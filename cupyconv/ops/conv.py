@@ -18,7 +18,8 @@ from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
-from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
+                     check_workspace_limit)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -537,8 +538,9 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
 # Public API
 
 
-def workspace_scope(nbytes):
-    """The per-call workspace budget, or the global/scoped one when nbytes is None."""
+def workspace_scope(op: str, nbytes):
+    """The per-call workspace budget of op (checked: None or a positive int), or the global/scoped one when None."""
+    check_workspace_limit(op, nbytes)
     return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
 
@@ -589,7 +591,7 @@ def conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
     call = Call("conv2d", x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
     check_algorithm("conv2d", algorithm, ALGORITHMS)
-    with workspace_scope(workspace_limit):
+    with workspace_scope("conv2d", workspace_limit):
         return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
@@ -610,6 +612,6 @@ def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(workspace_limit):
+    with workspace_scope(op, workspace_limit):
         return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
                                        needs, algorithm))

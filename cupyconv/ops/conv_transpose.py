@@ -96,7 +96,7 @@ def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups,
     xp = lift.array_module(call.device)
     gy = _extend(xp, call.x, extension)
     z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
-    with workspace_scope(workspace_limit):
+    with workspace_scope(op, workspace_limit):
         out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
                                   algorithm)
     if call.bias is not None:
@@ -116,7 +116,7 @@ def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_
     _check_options(op, algorithm, workspace_limit)
     xp, gy = lift.array_module(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
-    with workspace_scope(workspace_limit):
+    with workspace_scope(op, workspace_limit):
         if "input" in needs:
             grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec, algorithm)
             grad_x = xp.ascontiguousarray(_crop(grad_x, _shape(call.x)))

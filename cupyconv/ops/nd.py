@@ -23,7 +23,7 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm,
     nd = nd or weight_spatial_dims(op, call.weight.shape)
     spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(workspace_limit):
+    with workspace_scope(op, workspace_limit):
         return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
@@ -35,7 +35,7 @@ def _conv_backward(op, nd, grad_output, x, weight, stride, padding, dilation, gr
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(workspace_limit):
+    with workspace_scope(op, workspace_limit):
         return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
                                        needs, algorithm))
 
