@@ -361,3 +361,23 @@ def test_torch_export_every_layer():
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert {"cupyconv.conv2d.default", "cupyconv.conv_transpose3d.default"} <= targets
     torch.testing.assert_close(program.module()(x), model(x))
+
+
+def test_torch_export_with_a_symbolic_batch_size():
+    """The layers read their shapes as ints only where the export may specialise them: a program exported with a
+    dynamic batch runs at other batch sizes, as one with torch.nn's layers does (this failed with a guard on the
+    example's batch of 2)."""
+    model, x = _every_layer_and_input()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+    x5 = torch.randn(5, *x.shape[1:], **F64).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(program.module()(x5), model(x5))
+
+
+def test_torch_export_patches_with_symbolic_leading_dims():
+    torch.manual_seed(11)
+    layer = cct.PatchConv2d(3, 4, 3, padding=1).double()
+    dims = {0: torch.export.Dim("batch", min=2, max=64), 1: torch.export.Dim("patches", min=2, max=4096)}
+    program = torch.export.export(layer, (torch.randn(2, 5, 3, 4, 4, **F64),), dynamic_shapes={"input": dims})
+    x = torch.randn(3, 7, 3, 4, 4, **F64)
+    torch.testing.assert_close(program.module()(x), layer(x))

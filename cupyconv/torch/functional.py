@@ -48,13 +48,32 @@ def _batched(op: str, input: Tensor, nd: int) -> tuple[Tensor, bool]:
     return input, False
 
 
+class _Leading:
+    """Stands for a tensor in ConvSpec's checks while torch.compile or torch.export traces with symbolic sizes:
+    the leading (batch, patch) dims read as 1, so the checks, which need only the channels and the spatial sizes,
+    do not read the batch size as an int (which would make the trace specialise it to the example's)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+def _checked_shape(t: Tensor, core: int):
+    """t for ConvSpec's checks: itself when its sizes are ints (eager: the messages show its real shape), else
+    a stand-in with its leading dims (all but the last `core`) as 1."""
+    if not any(isinstance(n, torch.SymInt) for n in t.shape[:-core]):
+        return t
+    return _Leading((1,) * (t.dim() - core) + tuple(t.shape[-core:]))
+
+
 def _memory_format(t: Tensor) -> torch.memory_format:
     """The memory format torch reads from t's strides (C++ `Tensor.suggest_memory_format`, which torch's
     convolutions follow): channels-last when, walking C, the spatial dims from the last, then N, no stride is
     smaller than the extent of the dims walked before.  An ambiguous layout reads as contiguous where torch's
     does (a zero C stride, (N, C, 1, 1) planes); a size-1 C with NHWC strides reads as channels-last."""
     channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
-    sizes, strides = [int(n) for n in t.shape], [int(n) for n in t.stride()]
+    # Symbolic sizes stay symbolic (an int() would specialise them); traced ones (jit.trace) become ints.
+    sizes = [n if isinstance(n, torch.SymInt) else int(n) for n in t.shape]
+    strides = [n if isinstance(n, torch.SymInt) else int(n) for n in t.stride()]
     if channels_last is None or strides[1] == 0:
         return torch.contiguous_format
     extent = 0
@@ -83,7 +102,7 @@ def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilatio
     check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
-    spec = ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, groups, nd=nd)
+    spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1), weight, bias, stride, padding, dilation, groups, nd=nd)
     y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(spec.stride), _flat(spec.padding),
                                         list(spec.dilation), spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
@@ -167,7 +186,8 @@ def depthwise_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
         (N, C * m, oH, oW), unbatched or channels-last as `conv2d`.
     """
     x, unbatched = _batched("depthwise_conv2d", input, 2)
-    spec = ConvSpec.for_depthwise("depthwise_conv2d", x, weight, bias, stride, padding, dilation)
+    spec = ConvSpec.for_depthwise("depthwise_conv2d", _checked_shape(x, 3), weight, bias, stride, padding,
+                                  dilation)
     y = torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, list(spec.stride), _flat(spec.padding),
                                             list(spec.dilation))
     return _as_torch_returns(y, x, weight, unbatched)
@@ -195,7 +215,8 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
     op = "patch_conv2d"
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
-    spec = ConvSpec.for_conv(op, input, weight, bias, stride, padding, dilation, groups, leading_dims=True)
+    spec = ConvSpec.for_conv(op, _checked_shape(input, 3), weight, bias, stride, padding, dilation, groups,
+                             leading_dims=True)
     y = torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat(spec.padding),
                                         list(spec.dilation), spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, input, weight)
@@ -287,7 +308,7 @@ def unfold(input: Tensor, kernel_size: Size, dilation: Size = 1, padding: Paddin
     Tensor
         (..., C * kH * kW, L), rows in (c, i, j) order, L = oH * oW.
     """
-    spec = ConvSpec.for_unfold("unfold", input, kernel_size, dilation, padding, stride)
+    spec = ConvSpec.for_unfold("unfold", _checked_shape(input, 3), kernel_size, dilation, padding, stride)
     return torch.ops.cupyconv.unfold(input, list(spec.kernel_size), list(spec.dilation), _flat(spec.padding),
                                      list(spec.stride))
 
