@@ -10,6 +10,7 @@ tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -246,14 +247,19 @@ def test_small_blocks_tile_chunk_and_slice(monkeypatch):
         assert_matches(got, want, numpy.float64, name)
 
 
-def test_im2col_gemm_chunks_to_the_workspace():
+@pytest.mark.parametrize("per_call", [False, True], ids=["setting", "keyword"])
+def test_im2col_gemm_chunks_to_the_workspace(per_call):
+    """The budget of the setting, or of the call's workspace_limit (forward and backward), chunks the columns."""
     case = CASE_BY_NAME["transposed_view"]
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float64)
     xv = case.make_view(x)
-    with cupyconv.workspace_limit(3 * 9 * 16 * 8 * 2):  # two patches' columns per chunk
-        out, device = emulated(cupyconv.patch_conv2d, xv, weight, bias, algorithm="im2col_gemm", **case.kwargs)
+    budget = 3 * 9 * 16 * 8 * 2  # two patches' columns per chunk
+    keyword = {"workspace_limit": budget} if per_call else {}
+    with contextlib.nullcontext() if per_call else cupyconv.workspace_limit(budget):
+        out, device = emulated(cupyconv.patch_conv2d, xv, weight, bias, algorithm="im2col_gemm", **keyword,
+                               **case.kwargs)
         grads, _ = emulated(cupyconv.patch_conv2d_backward, grad_output, xv, weight, algorithm="im2col_gemm",
-                            **case.kwargs)
+                            **keyword, **case.kwargs)
     assert device.names().count("unfold_im2col<double, int>") == 2 * 3  # B = 2 outer patches x 3 chunks of N = 5
     assert_matches(out, cupyconv.patch_conv2d(xv, weight, bias, **case.kwargs), numpy.float64, "forward")
     for name, got, want in zip(NEEDS, grads, cupyconv.patch_conv2d_backward(grad_output, xv, weight,

@@ -187,23 +187,27 @@ def depthwise_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
 # Patch convolution over 1-D or 3-D patches: padding inside each patch, nothing read across patches
 
 
-def _patch(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm):
+def _patch(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd,
                              leading_dims=True)
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec,
+                                      algorithm))
 
 
-def _patch_backward(op, nd, grad_output, x, weight, stride, padding, dilation, groups, needs, algorithm):
+def _patch_backward(op, nd, grad_output, x, weight, stride, padding, dilation, groups, needs, algorithm,
+                    workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd,
                              leading_dims=True)
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
-                                   spec, needs, algorithm))
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x,
+                                       call.weight, spec, needs, algorithm))
 
 
 PATCH1D_DOCS = dict(x=("array (..., C, L)", "The patches."), weight=CONV1D_DOCS["weight"],
@@ -214,31 +218,35 @@ PATCH3D_DOCS = dict(x=("array (..., C, D, H, W)", "The patches."), weight=CONV3D
 
 @numpy_doc(PATCH1D_DOCS, returns=("array (..., D, oL)", SAME_KIND))
 def patch_conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
-                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+                 workspace_limit: int | None = None) -> ArrayT:
     """Convolve every 1-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
-    return _patch("patch_conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm)
+    return _patch("patch_conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                  workspace_limit)
 
 
 @numpy_doc(PATCH3D_DOCS, returns=("array (..., O, oD, oH, oW)", SAME_KIND))
 def patch_conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
-                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+                 workspace_limit: int | None = None) -> ArrayT:
     """Convolve every 3-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
-    return _patch("patch_conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm)
+    return _patch("patch_conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                  workspace_limit)
 
 
 @numpy_doc(PATCH1D_DOCS, returns=GRADIENTS)
 def patch_conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
-                          algorithm: str = "auto") -> Gradients[ArrayT]:
+                          algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv1d`, computed by hand (no autograd)."""
     return _patch_backward("patch_conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups,
-                           needs, algorithm)
+                           needs, algorithm, workspace_limit)
 
 
 @numpy_doc(PATCH3D_DOCS, returns=GRADIENTS)
 def patch_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
-                          algorithm: str = "auto") -> Gradients[ArrayT]:
+                          algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv3d`, computed by hand (no autograd)."""
     return _patch_backward("patch_conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups,
-                           needs, algorithm)
+                           needs, algorithm, workspace_limit)

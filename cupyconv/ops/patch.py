@@ -36,7 +36,8 @@ from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
 from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
-                   implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes)
+                   implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes,
+                   workspace_scope)
 from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
@@ -380,7 +381,8 @@ X_DOC = ("array (..., C, H, W)", "The patches.")
 
 @numpy_doc(returns=("array (..., D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
 def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
-                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto") -> ArrayT:
+                 dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
+                 workspace_limit: int | None = None) -> ArrayT:
     """Convolve every patch with the same filters: x (..., C, H, W), any number of leading dims, e.g. (B, P, C, H, W).
 
     Each patch is its own image: the padding is applied inside every patch and nothing is read across patches.
@@ -390,13 +392,15 @@ def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: 
     spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
                              leading_dims=True)
     check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
-    return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
+    with workspace_scope("patch_conv2d", workspace_limit):
+        return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec,
+                                      algorithm))
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
 def patch_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
-                          algorithm: str = "auto") -> Gradients[ArrayT]:
+                          algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv2d`, computed by hand (no autograd)."""
     op = "patch_conv2d_backward"
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
@@ -405,5 +409,6 @@ def patch_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, str
     check_grad_output(op, call.grad_output, spec)
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x, call.weight,
-                                   spec, needs, algorithm))
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x,
+                                       call.weight, spec, needs, algorithm))
