@@ -381,3 +381,38 @@ def test_torch_export_patches_with_symbolic_leading_dims():
     program = torch.export.export(layer, (torch.randn(2, 5, 3, 4, 4, **F64),), dynamic_shapes={"input": dims})
     x = torch.randn(3, 7, 3, 4, 4, **F64)
     torch.testing.assert_close(program.module()(x), layer(x))
+
+
+class _Traceable(nn.Module):
+    """Every kind of layer, with padding modes, as torch.fx.symbolic_trace can follow a model of torch's layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = cct.Conv2d(3, 8, 3, stride=2, padding="same", padding_mode="reflect")
+        self.depthwise = cct.DepthwiseConv2d(8, 8, 3, padding=1, padding_mode="replicate")
+        self.up = cct.ConvTranspose2d(8, 4, 3, stride=2)
+        self.conv1d = cct.Conv1d(4, 2, 3)
+        self.conv3d = cct.Conv3d(3, 2, (1, 3, 3), padding=(0, 1, 1))
+        self.patches = cct.PatchConv2d(3, 2, 3, padding=1, padding_mode="circular")
+        self.separable = cct.DepthwiseSeparableConv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.up(torch.relu(self.depthwise(self.conv(x))))
+        return (self.conv1d(h.flatten(2)), self.conv3d(x.unsqueeze(2)), self.patches(x.unsqueeze(1)),
+                self.separable(x))
+
+
+def test_fx_symbolic_trace_records_the_layers_as_calls():
+    """torch.fx cannot follow the functional ops' Python shape logic; each layer becomes one call in the graph
+    (as torch.nn's layers do), and the traced module computes the same values and gradients."""
+    torch.manual_seed(12)
+    model = _Traceable().double()
+    traced = torch.fx.symbolic_trace(model)
+    calls = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+    assert sum("_layer_op" in name for name in calls) == 8 and sum("_layer_pad" in name for name in calls) == 3
+    x = torch.randn(2, 3, 8, 7, **F64, requires_grad=True)
+    expected, got = model(x), traced(x)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    gx, = torch.autograd.grad(sum(y.sum() for y in got), x)
+    torch.testing.assert_close(gx, torch.autograd.grad(sum(y.sum() for y in expected), x)[0])

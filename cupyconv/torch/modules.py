@@ -13,8 +13,9 @@ change them), shown by `repr` when not the default.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
@@ -29,6 +30,40 @@ __all__ = ["Conv1d", "Conv2d", "Conv3d", "DepthwiseConv2d", "PatchConv2d", "Conv
 
 #: The keywords cupyconv's layers add to torch's, with their defaults (repr shows them when not the default).
 _OPTIONS = (("algorithm", "auto"), ("workspace_limit", None))
+
+
+# The layers' computation goes through two module-level functions that torch.fx.symbolic_trace records as leaves
+# (torch.fx.wrap), as it records torch.nn's layers: the functional ops read shapes in Python (unbatched inputs,
+# memory formats, 'same' padding), which a symbolic trace cannot follow.  Their arguments are tensors and plain
+# values (the op's name, not the function), which is what an FX graph can hold.
+
+
+def _layer_op(name: str, *args: Any, **kwargs: Any) -> Tensor:
+    """cupyconv.torch.functional.<name>(*args, **kwargs)."""
+    return getattr(functional, name)(*args, **kwargs)
+
+
+def _layer_pad(input: Tensor, padding: Any, kernel_size: tuple, stride: tuple, dilation: tuple,
+               padding_mode: str) -> Tensor:
+    """input padded by `F.pad` in padding_mode with a layer's padding (for planes of input's size).  F.pad takes
+    one batch dim or none: patches with more leading dims are padded as one batch (the input itself otherwise,
+    so its memory format is kept)."""
+    nd = len(kernel_size)
+    sides = _padding_sides("padding_mode", input.shape[-nd:], padding, kernel_size, stride, dilation)
+    pad = [p for side in reversed(sides) for p in side]
+    if input.dim() <= nd + 2:
+        return F.pad(input, pad, mode=padding_mode)
+    padded = F.pad(input.flatten(0, -nd - 2), pad, mode=padding_mode)
+    return padded.reshape(*input.shape[:-nd], *padded.shape[-nd:])
+
+
+def _padding_sides(op: str, in_size, padding, kernel_size, stride, dilation) -> tuple:
+    """A layer's padding as one (low, high) pair per spatial dim for planes of size in_size."""
+    return ConvSpec.geometry(op, (), 1, 1, 1, tuple(in_size), kernel_size, stride, padding, dilation).padding
+
+
+torch.fx.wrap("_layer_op")
+torch.fx.wrap("_layer_pad")
 
 
 class _Layer(_ConvNd):
@@ -74,9 +109,9 @@ def _extends_torch(padding) -> bool:
 
 class _Convolution(_Layer):
     """The computation of the convolution layers: padding_mode by `F.pad` as torch does, then the functional
-    op `_functional` (conv1d, conv2d, conv3d or patch_conv2d) with this layer's options."""
+    op named `_op` (conv1d, conv2d, conv3d or patch_conv2d) with this layer's options."""
 
-    _functional: Callable[..., Tensor] = staticmethod(functional.conv2d)
+    _op = "conv2d"
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None, *,
@@ -89,32 +124,19 @@ class _Convolution(_Layer):
             extension: Any = padding if isinstance(padding, str) else tuple(tuple(side) for side in padding)
             self.padding = extension
         window = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
-        self._padding_sides(window)             # checks the padding, on the smallest input the window accepts
+        # Check the padding now, on the smallest input the window accepts.
+        _padding_sides(type(self).__name__, window, self.padding, self.kernel_size, self.stride, self.dilation)
         self._set_options(algorithm, workspace_limit)
-
-    def _padding_sides(self, in_size) -> tuple:
-        """This layer's padding as one (low, high) pair per spatial dim for planes of size in_size."""
-        return ConvSpec.geometry(type(self).__name__, (), 1, 1, 1, tuple(in_size), self.kernel_size, self.stride,
-                                 self.padding, self.dilation).padding
-
-    def _pad(self, input: Tensor) -> Tensor:
-        """input padded by `F.pad` in padding_mode.  F.pad takes one batch dim or none: patches with more
-        leading dims are padded as one batch (the input itself otherwise, so its memory format is kept)."""
-        nd = len(self.kernel_size)
-        pad = [p for side in reversed(self._padding_sides(input.shape[-nd:])) for p in side]
-        if input.dim() <= nd + 2:
-            return F.pad(input, pad, mode=self.padding_mode)
-        padded = F.pad(input.flatten(0, -nd - 2), pad, mode=self.padding_mode)
-        return padded.reshape(*input.shape[:-nd], *padded.shape[-nd:])
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         padding: Any = self.padding
         if self.padding_mode != "zeros":
-            input, padding = self._pad(input), 0
+            input, padding = _layer_pad(input, padding, self.kernel_size, self.stride, self.dilation,
+                                        self.padding_mode), 0
         return self._convolve(input, weight, bias, padding)
 
     def _convolve(self, input: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-        return self._functional(input, weight, bias, self.stride, padding, self.dilation, self.groups,
+        return _layer_op(self._op, input, weight, bias, self.stride, padding, self.dilation, self.groups,
                                 algorithm=self.algorithm, workspace_limit=self.workspace_limit)
 
 
@@ -140,7 +162,7 @@ _CONV_DOC = """`torch.nn.Conv{nd}d` computed by cupyconv: a subclass with the sa
 
 class Conv1d(_Convolution, nn.Conv1d):
     __doc__ = _CONV_DOC.format(nd=1, layout="(N, C, L)", out="oL")
-    _functional = staticmethod(functional.conv1d)
+    _op = "conv1d"
 
 
 class Conv2d(_Convolution, nn.Conv2d):
@@ -149,7 +171,7 @@ class Conv2d(_Convolution, nn.Conv2d):
 
 class Conv3d(_Convolution, nn.Conv3d):
     __doc__ = _CONV_DOC.format(nd=3, layout="(N, C, D, H, W)", out="oD, oH, oW")
-    _functional = staticmethod(functional.conv3d)
+    _op = "conv3d"
 
 
 class PatchConv2d(_Convolution, nn.Conv2d):
@@ -169,7 +191,7 @@ class PatchConv2d(_Convolution, nn.Conv2d):
         As `Conv2d`.
     """
 
-    _functional = staticmethod(functional.patch_conv2d)
+    _op = "patch_conv2d"
     _algorithms = PATCH_ALGORITHMS
 
 
@@ -208,14 +230,14 @@ class DepthwiseConv2d(_Convolution, nn.Conv2d):
                          padding_mode, device, dtype)
 
     def _convolve(self, input: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-        return functional.depthwise_conv2d(input, weight, bias, self.stride, padding, self.dilation)
+        return _layer_op("depthwise_conv2d", input, weight, bias, self.stride, padding, self.dilation)
 
 
 class _TransposedConvolution(_Layer, _ConvTransposeNd):
     """The computation of the transposed convolution layers: torch's `_output_padding` (for output_size), then
-    the functional op `_functional`.  padding takes torch's forms only (padding_mode 'zeros' only, as torch)."""
+    the functional op named `_op`.  padding takes torch's forms only (padding_mode 'zeros' only, as torch)."""
 
-    _functional: Callable[..., Tensor]
+    _op: str
     padding: tuple[int, ...]            # torch's forms only (checked by the constructor)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
@@ -233,7 +255,7 @@ class _TransposedConvolution(_Layer, _ConvTransposeNd):
         nd = len(self.kernel_size)
         output_padding = self._output_padding(input, output_size, list(self.stride), list(self.padding),
                                               list(self.kernel_size), nd, list(self.dilation))
-        return self._functional(input, self.weight, self.bias, self.stride, self.padding, output_padding,
+        return _layer_op(self._op, input, self.weight, self.bias, self.stride, self.padding, output_padding,
                                 self.groups, self.dilation, algorithm=self.algorithm,
                                 workspace_limit=self.workspace_limit)
 
@@ -260,17 +282,17 @@ _TRANSPOSE_DOC = """`torch.nn.ConvTranspose{nd}d` computed by cupyconv: a subcla
 
 class ConvTranspose1d(_TransposedConvolution, nn.ConvTranspose1d):
     __doc__ = _TRANSPOSE_DOC.format(nd=1, layout="(N, C_in, L)")
-    _functional = staticmethod(functional.conv_transpose1d)
+    _op = "conv_transpose1d"
 
 
 class ConvTranspose2d(_TransposedConvolution, nn.ConvTranspose2d):
     __doc__ = _TRANSPOSE_DOC.format(nd=2, layout="(N, C_in, H, W)")
-    _functional = staticmethod(functional.conv_transpose2d)
+    _op = "conv_transpose2d"
 
 
 class ConvTranspose3d(_TransposedConvolution, nn.ConvTranspose3d):
     __doc__ = _TRANSPOSE_DOC.format(nd=3, layout="(N, C_in, D, H, W)")
-    _functional = staticmethod(functional.conv_transpose3d)
+    _op = "conv_transpose3d"
 
 
 class DepthwiseSeparableConv2d(nn.Module):
