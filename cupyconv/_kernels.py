@@ -142,6 +142,8 @@ def parse_signatures(source: str) -> dict[str, tuple[Param, ...]]:
         for param in filter(None, (p.strip() for p in params.split(","))):
             declaration = re.sub(r"\b__restrict__\b", " ", param)
             match = re.fullmatch(r"(.*?)\s*\b(\w+)", declaration.strip(), flags=re.S)
+            if match is None:
+                raise ValueError(f"kernel {name}: cannot read the parameter {param!r} of its signature")
             type_ = re.sub(r"\s+", " ", match.group(1)).replace(" *", "*").strip()
             parsed.append(Param(match.group(2), type_))
         signatures[name] = tuple(parsed)

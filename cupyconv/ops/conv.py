@@ -321,7 +321,7 @@ def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
 
 def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     """The direct kernel computes grad_input only for stride 1 (as a stride-1 transposed convolution)."""
-    candidates = ("im2col_gemm",)
+    candidates: tuple[str, ...] = ("im2col_gemm",)
     if spec.stride == (1, 1) and plan_direct(transposed_spec(spec), dtype) is not None:
         candidates += ("direct",)
     return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())

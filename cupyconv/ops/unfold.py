@@ -39,7 +39,7 @@ def pad_cpu(x, spec: ConvSpec, dtype=None, batch_last=False):
     """x (n, C, H, W) zero-padded to (n, C, Hp, Wp), in `dtype` (default: x's)."""
     (top, _), (left, _) = spec.padding
     n, c, h, w = x.shape
-    out = zeros_cpu(n, c, *spec.padded_size, dtype or x.dtype, batch_last)
+    out = zeros_cpu(n, c, spec.padded_size[0], spec.padded_size[1], dtype or x.dtype, batch_last)
     out[:, :, top:top + h, left:left + w] = x
     return out
 
@@ -57,7 +57,7 @@ def col2im_cpu(cols, spec: ConvSpec, dtype, batch_last=False):
     """Sum cols (n, C, kH, kW, oH, oW) back onto the input positions they were read from: (n, C, H, W)."""
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = spec.kernel_size, spec.stride, spec.dilation, spec.out_size
     n, c = cols.shape[:2]
-    out = zeros_cpu(n, c, *spec.padded_size, dtype, batch_last)
+    out = zeros_cpu(n, c, spec.padded_size[0], spec.padded_size[1], dtype, batch_last)
     for i in range(kh):
         for j in range(kw):
             out[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[:, :, i, j]
