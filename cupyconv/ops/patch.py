@@ -249,7 +249,7 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
         return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
-    if not _use_fused("patch_conv2d", algorithm, spec, plan) or plan is None:   # (None only where _use_fused said no)
+    if not _use_fused("patch_conv2d", algorithm, spec, plan) or plan is None:  # None: _use_fused said no
         return _forward_gemm(device, xv, weight, bias, spec, out)
     KERNELS.launch(device, "patch_fwd", _sizes(spec), dtype=x.dtype,
                    index=index_type(extent(xv), out.size, weight.size),
@@ -277,7 +277,7 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
 def _input_grad_gpu(device, gv, weight, spec: ConvSpec, dtype, algorithm: str):
     out = device.empty(spec.input_shape, dtype)
     plan = plan_tile(spec, dtype, transposed=True)
-    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan) or plan is None:   # (None only where _use_fused said no)
+    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan) or plan is None:  # None: _use_fused said no
         return _input_grad_gemm(device, gv, weight, spec, out)
     KERNELS.launch(device, "patch_bwd_input", _sizes(spec), dtype=dtype,
                    index=index_type(extent(gv), out.size, weight.size),
@@ -306,7 +306,7 @@ def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
     xp, dtype = device.xp, weight.dtype
     out = device.empty(spec.weight_shape, dtype)
     plan = plan_weight(spec, dtype)
-    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan) or plan is None:   # (None only where _use_fused said no)
+    if not _use_fused("patch_conv2d_backward", algorithm, spec, plan) or plan is None:  # None: _use_fused said no
         return _weight_grad_gemm(device, xv, gy, spec, out)
     gv = batch_view(xp, gy)
     size = out.size
