@@ -19,7 +19,7 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
-                     check_workspace_limit)
+                     check_workspace_limit, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -578,6 +578,32 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
 
+def convolve(op: str, nd: int | None, x, weight, bias, stride, padding, dilation, groups, algorithm,
+             workspace_limit):
+    """The public convolution `op` over nd spatial dims (None: weight.ndim - 2): checked, run through
+    `lift.forward` with conv2d's run entry, wrapped back.  conv2d, conv1d, conv3d and conv_nd are this."""
+    call = Call(op, x=x, weight=weight, bias=bias)
+    nd = nd or weight_spatial_dims(op, call.weight.shape)
+    spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
+    check_algorithm(op, algorithm, ALGORITHMS)
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
+
+
+def convolve_backward(op: str, nd: int | None, grad_output, x, weight, stride, padding, dilation, groups, needs,
+                      algorithm, workspace_limit):
+    """The gradients of the public convolution `op` (see `convolve`), through `lift.backward`."""
+    call = Call(op, grad_output=grad_output, x=x, weight=weight)
+    nd = nd or weight_spatial_dims(op, call.weight.shape)
+    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd)
+    check_grad_output(op, call.grad_output, spec)
+    needs = check_needs(op, needs)
+    check_algorithm(op, algorithm, ALGORITHMS)
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
+                                       needs, algorithm))
+
+
 @numpy_doc(returns=("array (N, D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
 def conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
            dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
@@ -588,11 +614,7 @@ def conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
     ``groups == C > 1`` it runs `depthwise_conv2d`'s kernels, which ignore `algorithm`.  float32 is strict IEEE
     float32 unless `cupyconv.settings.set_allow_tf32` allows TF32; float16 and bfloat16 accumulate in float32.
     """
-    call = Call("conv2d", x=x, weight=weight, bias=bias)
-    spec = ConvSpec.for_conv("conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups)
-    check_algorithm("conv2d", algorithm, ALGORITHMS)
-    with workspace_scope("conv2d", workspace_limit):
-        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
+    return convolve("conv2d", 2, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
@@ -606,12 +628,5 @@ def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     a fixed order); with 'direct', grad_x runs on the direct kernel when the stride is 1 (im2col + GEMM + col2im
     otherwise) and grad_weight, as with 'im2col_gemm', by one GEMM per group and chunk of the batch.
     """
-    op = "conv2d_backward"
-    call = Call(op, grad_output=grad_output, x=x, weight=weight)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups)
-    check_grad_output(op, call.grad_output, spec)
-    needs = check_needs(op, needs)
-    check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
-                                       needs, algorithm))
+    return convolve_backward("conv2d_backward", 2, grad_output, x, weight, stride, padding, dilation, groups, needs,
+                             algorithm, workspace_limit)

@@ -9,35 +9,12 @@ from __future__ import annotations
 
 from .._arrays import Call
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
-from .._spec import NEEDS, ConvSpec, check_algorithm, check_grad_output, check_needs, weight_spatial_dims
+from .._spec import NEEDS, ConvSpec, check_grad_output, check_needs
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
-from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
+from .conv import ALGORITHM_DOC, conv2d_backward_run, conv2d_run, convolve, convolve_backward
 from .depthwise import depthwise_conv2d_backward_run, depthwise_conv2d_run
-from .patch import ALGORITHM_DOC as PATCH_ALGORITHM_DOC, ALGORITHMS as PATCH_ALGORITHMS
-from .patch import patch_conv2d_backward_run, patch_conv2d_run
-
-
-def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit):
-    call = Call(op, x=x, weight=weight, bias=bias)
-    nd = nd or weight_spatial_dims(op, call.weight.shape)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
-    check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
-
-
-def _conv_backward(op, nd, grad_output, x, weight, stride, padding, dilation, groups, needs, algorithm,
-                   workspace_limit):
-    call = Call(op, grad_output=grad_output, x=x, weight=weight)
-    nd = nd or weight_spatial_dims(op, call.weight.shape)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd)
-    check_grad_output(op, call.grad_output, spec)
-    needs = check_needs(op, needs)
-    check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
-                                       needs, algorithm))
+from .patch import ALGORITHM_DOC as PATCH_ALGORITHM_DOC, patch_convolve, patch_convolve_backward
 
 
 # The docstrings' entries (cupyconv._docs) for x, weight and algorithm
@@ -58,7 +35,7 @@ def conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
 
     Runs `conv2d`'s kernels over a unit height (a view of x, no copy).
     """
-    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
+    return convolve("conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
 @numpy_doc(CONV3D_DOCS, returns=("array (N, O, oD, oH, oW)", SAME_KIND))
@@ -71,7 +48,7 @@ def conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
     form a 2-D problem with C * kD channels.  The windows are built per chunk of the batch within the workspace
     limit.
     """
-    return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
+    return convolve("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
 @numpy_doc(CONV_ND_DOCS, returns=("array ``(N, D, *out)``", SAME_KIND))
@@ -79,7 +56,7 @@ def conv_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOr
             dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
             workspace_limit: int | None = None) -> ArrayT:
     """`conv1d`, `conv2d` or `conv3d`, by the number of spatial dims of weight (weight.ndim - 2)."""
-    return _conv("conv_nd", None, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
+    return convolve("conv_nd", None, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
 
 @numpy_doc(CONV1D_DOCS, returns=GRADIENTS)
@@ -87,8 +64,8 @@ def conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
                     dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                     workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv1d`, computed by hand (no autograd)."""
-    return _conv_backward("conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups, needs,
-                          algorithm, workspace_limit)
+    return convolve_backward("conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups, needs,
+                             algorithm, workspace_limit)
 
 
 @numpy_doc(CONV3D_DOCS, returns=GRADIENTS)
@@ -100,8 +77,8 @@ def conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     With several workspace chunks, grad_weight and grad_bias are summed over the chunks in order (in float32 for
     float16 and bfloat16).
     """
-    return _conv_backward("conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups, needs,
-                          algorithm, workspace_limit)
+    return convolve_backward("conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups, needs,
+                             algorithm, workspace_limit)
 
 
 @numpy_doc(CONV_ND_DOCS, returns=GRADIENTS)
@@ -112,8 +89,8 @@ def conv_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: 
 
     The values of x are not read unless `needs` names "weight", nor those of weight unless it names "input".
     """
-    return _conv_backward("conv_nd_backward", None, grad_output, x, weight, stride, padding, dilation, groups,
-                          needs, algorithm, workspace_limit)
+    return convolve_backward("conv_nd_backward", None, grad_output, x, weight, stride, padding, dilation, groups,
+                             needs, algorithm, workspace_limit)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -187,29 +164,6 @@ def depthwise_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
 # Patch convolution over 1-D or 3-D patches: padding inside each patch, nothing read across patches
 
 
-def _patch(op, nd, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit):
-    call = Call(op, x=x, weight=weight, bias=bias)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd,
-                             leading_dims=True)
-    check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec,
-                                      algorithm))
-
-
-def _patch_backward(op, nd, grad_output, x, weight, stride, padding, dilation, groups, needs, algorithm,
-                    workspace_limit):
-    call = Call(op, grad_output=grad_output, x=x, weight=weight)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd,
-                             leading_dims=True)
-    check_grad_output(op, call.grad_output, spec)
-    needs = check_needs(op, needs)
-    check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x,
-                                       call.weight, spec, needs, algorithm))
-
-
 PATCH1D_DOCS = dict(x=("array (..., C, L)", "The patches."), weight=CONV1D_DOCS["weight"],
                     algorithm=PATCH_ALGORITHM_DOC)
 PATCH3D_DOCS = dict(x=("array (..., C, D, H, W)", "The patches."), weight=CONV3D_DOCS["weight"],
@@ -221,8 +175,8 @@ def patch_conv1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: 
                  dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
                  workspace_limit: int | None = None) -> ArrayT:
     """Convolve every 1-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
-    return _patch("patch_conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm,
-                  workspace_limit)
+    return patch_convolve("patch_conv1d", 1, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                          workspace_limit)
 
 
 @numpy_doc(PATCH3D_DOCS, returns=("array (..., O, oD, oH, oW)", SAME_KIND))
@@ -230,8 +184,8 @@ def patch_conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: 
                  dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
                  workspace_limit: int | None = None) -> ArrayT:
     """Convolve every 3-D patch with the same filters, as `patch_conv2d`: padding inside each patch."""
-    return _patch("patch_conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm,
-                  workspace_limit)
+    return patch_convolve("patch_conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                          workspace_limit)
 
 
 @numpy_doc(PATCH1D_DOCS, returns=GRADIENTS)
@@ -239,8 +193,8 @@ def patch_conv1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, str
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
                           algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv1d`, computed by hand (no autograd)."""
-    return _patch_backward("patch_conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation, groups,
-                           needs, algorithm, workspace_limit)
+    return patch_convolve_backward("patch_conv1d_backward", 1, grad_output, x, weight, stride, padding, dilation,
+                                   groups, needs, algorithm, workspace_limit)
 
 
 @numpy_doc(PATCH3D_DOCS, returns=GRADIENTS)
@@ -248,5 +202,5 @@ def patch_conv3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, str
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
                           algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv3d`, computed by hand (no autograd)."""
-    return _patch_backward("patch_conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation, groups,
-                           needs, algorithm, workspace_limit)
+    return patch_convolve_backward("patch_conv3d_backward", 3, grad_output, x, weight, stride, padding, dilation,
+                                   groups, needs, algorithm, workspace_limit)

@@ -379,6 +379,33 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
 X_DOC = ("array (..., C, H, W)", "The patches.")
 
 
+def patch_convolve(op: str, nd: int, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                   workspace_limit):
+    """The public patch convolution `op` over nd spatial dims: checked, run through `lift.forward` with
+    patch_conv2d's run entry, wrapped back.  patch_conv1d, patch_conv2d and patch_conv3d are this."""
+    call = Call(op, x=x, weight=weight, bias=bias)
+    spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd,
+                             leading_dims=True)
+    check_algorithm(op, algorithm, ALGORITHMS)
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec,
+                                      algorithm))
+
+
+def patch_convolve_backward(op: str, nd: int, grad_output, x, weight, stride, padding, dilation, groups, needs,
+                            algorithm, workspace_limit):
+    """The gradients of the public patch convolution `op` (see `patch_convolve`), through `lift.backward`."""
+    call = Call(op, grad_output=grad_output, x=x, weight=weight)
+    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups, nd=nd,
+                             leading_dims=True)
+    check_grad_output(op, call.grad_output, spec)
+    needs = check_needs(op, needs)
+    check_algorithm(op, algorithm, ALGORITHMS)
+    with workspace_scope(op, workspace_limit):
+        return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x,
+                                       call.weight, spec, needs, algorithm))
+
+
 @numpy_doc(returns=("array (..., D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
 def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1, padding: Padding = 0,
                  dilation: IntOrTuple = 1, groups: int = 1, *, algorithm: str = "auto",
@@ -388,13 +415,8 @@ def patch_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: 
     Each patch is its own image: the padding is applied inside every patch and nothing is read across patches.
     Equal to `conv2d` of x reshaped to (-1, C, H, W), its result reshaped back to (..., D, oH, oW).
     """
-    call = Call("patch_conv2d", x=x, weight=weight, bias=bias)
-    spec = ConvSpec.for_conv("patch_conv2d", call.x, call.weight, call.bias, stride, padding, dilation, groups,
-                             leading_dims=True)
-    check_algorithm("patch_conv2d", algorithm, ALGORITHMS)
-    with workspace_scope("patch_conv2d", workspace_limit):
-        return call.wrap(lift.forward(patch_conv2d_run, call.device, call.x, call.weight, call.bias, spec,
-                                      algorithm))
+    return patch_convolve("patch_conv2d", 2, x, weight, bias, stride, padding, dilation, groups, algorithm,
+                          workspace_limit)
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)
@@ -402,13 +424,5 @@ def patch_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, str
                           padding: Padding = 0, dilation: IntOrTuple = 1, groups: int = 1, needs: Needs = NEEDS,
                           algorithm: str = "auto", workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `patch_conv2d`, computed by hand (no autograd)."""
-    op = "patch_conv2d_backward"
-    call = Call(op, grad_output=grad_output, x=x, weight=weight)
-    spec = ConvSpec.for_conv(op, call.x, call.weight, None, stride, padding, dilation, groups,
-                             leading_dims=True)
-    check_grad_output(op, call.grad_output, spec)
-    needs = check_needs(op, needs)
-    check_algorithm(op, algorithm, ALGORITHMS)
-    with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.backward(patch_conv2d_backward_run, call.device, call.grad_output, call.x,
-                                       call.weight, spec, needs, algorithm))
+    return patch_convolve_backward("patch_conv2d_backward", 2, grad_output, x, weight, stride, padding, dilation,
+                                   groups, needs, algorithm, workspace_limit)
