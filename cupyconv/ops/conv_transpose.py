@@ -21,7 +21,7 @@ from __future__ import annotations
 from .._arrays import Call, compute_dtype
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding, _shape, _tuple, check_algorithm,
-                     check_groups, check_needs, check_workspace_limit, weight_spatial_dims)
+                     check_groups, check_needs, weight_spatial_dims)
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
 from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
@@ -81,22 +81,16 @@ def _crop(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
-def _check_options(op, algorithm, workspace_limit):
-    """algorithm (one of conv's, which runs every pass) and workspace_limit, checked before anything runs."""
-    check_algorithm(op, algorithm, ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
-
-
 def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
                workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec, extension = _spec(op, nd, call.x, call.weight, call.bias, stride, padding, output_padding, groups,
                             dilation)
-    _check_options(op, algorithm, workspace_limit)
-    xp = lift.array_module(call.device)
-    gy = _extend(xp, call.x, extension)
-    z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
-    with workspace_scope(op, workspace_limit):
+    check_algorithm(op, algorithm, ALGORITHMS)   # one of conv's, which runs every pass
+    with workspace_scope(op, workspace_limit):   # checks workspace_limit before anything is allocated
+        xp = lift.array_module(call.device)
+        gy = _extend(xp, call.x, extension)
+        z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
         out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
                                   algorithm)
     if call.bias is not None:
@@ -113,7 +107,7 @@ def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_
         raise ValueError(f"{op}: grad_output has shape {_shape(call.grad_output)} but the forward output of x "
                          f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
     needs = check_needs(op, needs)
-    _check_options(op, algorithm, workspace_limit)
+    check_algorithm(op, algorithm, ALGORITHMS)
     xp, gy = lift.array_module(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
     with workspace_scope(op, workspace_limit):
