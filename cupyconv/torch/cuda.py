@@ -60,9 +60,8 @@ def cuda_context(device):
 
 
 def _run(fn, like, *args, **kwargs):
-    """fn(*args, **kwargs) in `like`'s device context; tensor results made contiguous, as the fake ops promise."""
-    if like.device.type not in ("cpu", "cuda"):
-        raise TypeError(f"cupyconv: tensors on {like.device} are not supported; use CPU or CUDA tensors")
+    """fn(*args, **kwargs) in `like`'s device context; tensor results made contiguous, as the fake ops promise.
+    fn (a plain cupyconv function) refuses devices it has no path for, naming the op and the argument."""
     with cuda_context(like.device):
         result = fn(*args, **kwargs)
         if isinstance(result, tuple):
