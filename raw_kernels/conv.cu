@@ -241,21 +241,29 @@ __device__ __forceinline__ void tc_warp_step<float>(const float* as, const float
   }
 }
 
-// Which elements of an R x TC_BK operand chunk a thread loads: COUNT of them, element e at (row(e), k(e)), the
-// same rows for every chunk.  LANES_ON_ROWS: a warp reads one k of 32 consecutive rows (neighbouring pixels);
-// otherwise a warp reads 32 consecutive k of one row (k runs along memory).
+// Which elements of an R x TC_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
+// K_SLOTS columns k, element (ks, rs) at (row(rs), k(ks)).  LANES_ON_ROWS: a warp reads one k of 32 consecutive
+// rows (neighbouring pixels); otherwise a warp reads 32 consecutive k of one row (k runs along memory).  A gather
+// decodes each of its k once per chunk and each of its rows once per kernel, then combines them per element.
 template <int R, int THREADS, bool LANES_ON_ROWS> struct TcLoad {
-  static constexpr int WARPS = THREADS / 32, ROWS = R / 32, COUNT = ROWS * (TC_BK / WARPS);
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / 32, K_SLOTS = TC_BK / WARPS;
   static_assert(R % 32 == 0 && TC_BK % WARPS == 0, "rows in warps of 32, k in whole warps");
-  __device__ static int row(int e) { return (threadIdx.x & 31) + 32 * (e % ROWS); }
-  __device__ static int k(int e) { return (threadIdx.x >> 5) + WARPS * (e / ROWS); }
+  __device__ static int row(int rs) { return (threadIdx.x & 31) + 32 * rs; }
+  __device__ static int k(int ks) { return (threadIdx.x >> 5) + WARPS * ks; }
 };
 template <int R, int THREADS> struct TcLoad<R, THREADS, false> {
-  static constexpr int WARPS = THREADS / 32, COUNT = R / WARPS;
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / WARPS, K_SLOTS = 1;
   static_assert(R % WARPS == 0, "whole rows per warp");
-  __device__ static int row(int e) { return (threadIdx.x >> 5) + WARPS * e; }
+  __device__ static int row(int rs) { return (threadIdx.x >> 5) + WARPS * rs; }
   __device__ static int k(int) { return threadIdx.x & 31; }
 };
+
+// The gathers add an offset per row to an offset per column.  Either part alone may lie outside the tensor (a
+// window origin in the padding, a tap past the image's edge), so the parts are kept unsigned, where sums wrap
+// instead of overflowing; a sum is used as an index only for an element inside the tensor, where it is exact.
+template <typename I> struct Unsigned;
+template <> struct Unsigned<int> { typedef unsigned type; };
+template <> struct Unsigned<long long> { typedef unsigned long long type; };
 
 // Where row m = (image, pixel) of group g's C starts in an NCHW array (n, groups * N, pixels): the epilogue row
 // of the forward (C = the output) and of the input gradient (C = grad_x); column n lies n * pixels further on.
@@ -267,9 +275,11 @@ __device__ __forceinline__ I group_plane_row(I m, I pixels, int groups, int g, i
 
 // The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of TC_BK).
 // `Gather` supplies the operands and takes the results:
-//   typedefs LoadA, LoadB (TcLoad layouts); M, N;
-//   S a(int e, int row, int k), S b(int e, int row, int k): element e of this thread's A or B load, at tile row
-//     `row` and GEMM column k (0 outside the problem: rows past M or N, k past K);
+//   typedefs LoadA, LoadB (TcLoad layouts), AColumn, BColumn; M, N;
+//   AColumn a_column(I k), BColumn b_column(I k): what GEMM column k means for A or B (decoded once per chunk
+//     and k slot, for all of the thread's rows);
+//   S a(const AColumn&, int rs), S b(const BColumn&, int rs): the element at that column and the thread's row
+//     slot rs (tile row LoadA::row(rs) / LoadB::row(rs)), 0 outside the problem (rows past M or N, k past K);
 //   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
 template <typename T, typename I, int BM, int BN, class Gather>
 __device__ __forceinline__ void tc_block(const Gather& gather, typename TcTile<T>::Stage* as,
@@ -281,18 +291,32 @@ __device__ __forceinline__ void tc_block(const Gather& gather, typename TcTile<T
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp / (BN / 32) * 32, warp_n = warp % (BN / 32) * 32;
 
-  S a_next[LA::COUNT], b_next[LB::COUNT];
+  S a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
   auto load_chunk = [&](I k0) {
 #pragma unroll
-    for (int e = 0; e < LA::COUNT; ++e) a_next[e] = gather.a(e, LA::row(e), k0 + LA::k(e));
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      const typename Gather::AColumn column = gather.a_column(k0 + LA::k(ks));
 #pragma unroll
-    for (int e = 0; e < LB::COUNT; ++e) b_next[e] = gather.b(e, LB::row(e), k0 + LB::k(e));
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(column, rs);
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+      const typename Gather::BColumn column = gather.b_column(k0 + LB::k(ks));
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) b_next[ks][rs] = gather.b(column, rs);
+    }
   };
   auto store_chunk = [&](int stage) {
 #pragma unroll
-    for (int e = 0; e < LA::COUNT; ++e) as[(stage * BM + LA::row(e)) * P + LA::k(e)] = a_next[e];
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
 #pragma unroll
-    for (int e = 0; e < LB::COUNT; ++e) bs[(stage * BN + LB::row(e)) * P + LB::k(e)] = b_next[e];
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * BM + LA::row(rs)) * P + LA::k(ks)] = a_next[ks][rs];
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[(stage * BN + LB::row(rs)) * P + LB::k(ks)] = b_next[ks][rs];
+    }
   };
 
   float acc[2][4][4];
@@ -358,20 +382,26 @@ template <typename T, typename I, int BM, int BN> struct TcForward {
   I M, pixels, x_stride_c, x_stride_h, x_stride_w;
   int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
   FastDivmod taps, kernel_w;
-  I row_base[LoadA::ROWS];  // this thread's output pixels: where their image's group starts in x,
-  int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and the input position of their top-left tap
+  typedef typename Unsigned<I>::type U;
+  U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
+  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
 
-  __device__ S a(int e, int, I k) const {
-    if (k >= K) return S(0.0f);
+  struct AColumn { U offset; int dy, dx; bool inside; };  // k = (c, i, j): the tap's offset in x and position
+  struct BColumn { I k; bool inside; };
+  __device__ AColumn a_column(I k) const {
     int tap, j;
-    const int r = e % LoadA::ROWS, c = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
-    const int y = row_y[r] + i * dilation_h, xx = row_x[r] + j * dilation_w;
-    if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
-    return S(x[row_base[r] + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w]);
+    const int c = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
+    return {(U)c * (U)x_stride_c + (U)dy * (U)x_stride_h + (U)dx * (U)x_stride_w, dy, dx, k < K};
   }
-  __device__ S b(int, int row, I k) const {
-    const int n = n0 + row;
-    return n < N && k < K ? S(weight[(I)(g * N + n) * K + k]) : S(0.0f);
+  __device__ S a(const AColumn& column, int rs) const {
+    const int y = row_y[rs] + column.dy, xx = row_x[rs] + column.dx;  // unsigned compares: also false below 0
+    if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
+    return S(x[(I)(row_origin[rs] + column.offset)]);
+  }
+  __device__ BColumn b_column(I k) const { return {k, k < K}; }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int n = n0 + LoadB::row(rs);
+    return n < N && column.inside ? S(weight[(I)(g * N + n) * K + column.k]) : S(0.0f);
   }
   __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
   __device__ void store(I row, int n, float value) const {
@@ -387,6 +417,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef typename TcTile<T>::Stage S;
+  typedef typename Unsigned<I>::type U;
   constexpr int P = TcTile<T>::PITCH;
   __shared__ __align__(16) S as[2 * BM * P];  // [stage][row][k]
   __shared__ __align__(16) S bs[2 * BN * P];
@@ -403,17 +434,18 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
   const I m0 = (I)blockIdx.x * BM;
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
 #pragma unroll
-  for (int r = 0; r < TcForward<T, I, BM, BN>::LoadA::ROWS; ++r) {
+  for (int r = 0; r < TcForward<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
     const I m = m0 + (threadIdx.x & 31) + 32 * r;
     f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range
     f.row_x[r] = 0;
-    f.row_base[r] = 0;
+    f.row_origin[r] = 0;
     if (m < f.M) {
       const I image = m / f.pixels;
       const int p = (int)(m - image * f.pixels);
       f.row_y[r] = p / out_w * stride_h - pad_top;
       f.row_x[r] = p % out_w * stride_w - pad_left;
-      f.row_base[r] = view.image(image) + (I)(f.g * channels_per_group) * x_stride_c;
+      f.row_origin[r] = (U)(view.image(image) + (I)(f.g * channels_per_group) * x_stride_c) +
+                        (U)f.row_y[r] * (U)x_stride_h + (U)f.row_x[r] * (U)x_stride_w;
     }
   }
   tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
@@ -429,25 +461,33 @@ template <typename T, typename I, int BM, int BN> struct TcInputGrad {
   I M, pixels, out_pixels;
   int N, K, g, n0, groups, outputs_per_group, dilation_h, dilation_w, out_h, out_w;
   FastDivmod taps, kernel_w, stride_h, stride_w;
-  I row_base[LoadA::ROWS];  // where this thread's input pixels' image and group start in grad_out,
-  int row_y[LoadA::ROWS], row_x[LoadA::ROWS];  // and their position plus the padding
+  I row_base[LoadA::ROW_SLOTS];  // where this thread's input pixels' image and group start in grad_out,
+  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and their position plus the padding
 
-  __device__ S a(int e, int, I k) const {
-    if (k >= K) return S(0.0f);
-    int tap, j, ry, rx;
-    const int r = e % LoadA::ROWS, d = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
-    const int ty = row_y[r] - i * dilation_h, tx = row_x[r] - j * dilation_w;
-    if (ty < 0 || tx < 0) return S(0.0f);
-    const int oy = stride_h.divmod(ty, ry), ox = stride_w.divmod(tx, rx);
-    if (ry != 0 || rx != 0 || oy >= out_h || ox >= out_w) return S(0.0f);
-    return S(grad_out[row_base[r] + (I)d * out_pixels + oy * out_w + ox]);
+  struct AColumn { int d, dy, dx; bool inside; };  // k = (d, i, j): the channel and the tap's offsets
+  struct BColumn { I offset; bool inside; };              // where weight[g's d][c = 0][tap] lies
+  __device__ AColumn a_column(I k) const {
+    AColumn column = {0, 0, 0, k < K};
+    int tap, j;
+    const int d = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
+    if (column.inside) column = {d, i * dilation_h, j * dilation_w, true};
+    return column;
   }
-  __device__ S b(int, int row, I k) const {
-    const int c = n0 + row;
-    if (c >= N || k >= K) return S(0.0f);
+  __device__ S a(const AColumn& column, int rs) const {
+    int ry, rx;
+    const int ty = row_y[rs] - column.dy, tx = row_x[rs] - column.dx;
+    const int oy = stride_h.divmod(max(ty, 0), ry), ox = stride_w.divmod(max(tx, 0), rx);  // (divmod needs n >= 0)
+    if (!column.inside || ty < 0 || tx < 0 || ry != 0 || rx != 0 || oy >= out_h || ox >= out_w) return S(0.0f);
+    return S(grad_out[row_base[rs] + (I)column.d * out_pixels + oy * out_w + ox]);
+  }
+  __device__ BColumn b_column(I k) const {
     int tap;
     const int d = taps.divmod((int)k, tap);
-    return S(weight[((I)(g * outputs_per_group + d) * N + c) * taps.d + tap]);
+    return {k < K ? (I)(g * outputs_per_group + d) * N * taps.d + tap : (I)0, k < K};
+  }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int c = n0 + LoadB::row(rs);
+    return c < N && column.inside ? S(weight[column.offset + (I)c * taps.d]) : S(0.0f);
   }
   __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
   __device__ void store(I row, int n, float value) const { grad_x[row + (I)n * pixels] = from_acc<T>(value); }
@@ -473,7 +513,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
 #pragma unroll
-  for (int r = 0; r < TcInputGrad<T, I, BM, BN>::LoadA::ROWS; ++r) {
+  for (int r = 0; r < TcInputGrad<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
     const I m = m0 + (threadIdx.x & 31) + 32 * r;
     f.row_y[r] = -(1 << 30);  // rows past M read nothing: every ty is negative
     f.row_x[r] = 0;
@@ -493,34 +533,51 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
 // TC_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
+template <typename I> struct TcWeightRow {  // row (c, i, j) of C: its offset in x from a window's origin, the tap's
+  typename Unsigned<I>::type offset;
+  int dy, dx;
+};
+
 template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
   typedef typename TcTile<T>::Stage S;
   typedef TcLoad<BM, BM * BN / 32, false> LoadA;
   typedef TcLoad<BN, BM * BN / 32, false> LoadB;
   const T* x; const T* grad_out; float* partial;
+  const TcWeightRow<I>* rows;  // the block's BM rows, decoded once (shared memory; rows past M as row 0)
   BatchView<I> view;
   I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
-  int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left;
-  int dilation_h, dilation_w, height, width;
-  FastDivmod taps, kernel_w, out_w;
+  int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left, height, width;
+  FastDivmod out_w;
 
-  __device__ S a(int, int row, I k) const {
-    const int kk = m0 + row;
-    if (kk >= M || k >= K) return S(0.0f);
-    const I image = k / out_pixels;
-    int tap, j, ox;
-    const int c = taps.divmod(kk, tap), i = kernel_w.divmod(tap, j);
-    const int oy = out_w.divmod((int)(k - image * out_pixels), ox);
-    const int y = oy * stride_h - pad_top + i * dilation_h, xx = ox * stride_w - pad_left + j * dilation_w;
-    if (y < 0 || y >= height || xx < 0 || xx >= width) return S(0.0f);
-    return S(x[view.image(image) + (I)(g * channels_per_group + c) * x_stride_c + (I)y * x_stride_h +
-               (I)xx * x_stride_w]);
+  typedef typename Unsigned<I>::type U;
+  struct AColumn { U origin; int y0, x0; bool inside; };  // k = (image, oy, ox): the window's origin in x, position
+  struct BColumn { I offset; bool inside; };             // where grad_out[image][g's d = 0][oy][ox] lies
+  __device__ AColumn a_column(I k) const {
+    AColumn column = {0, 0, 0, false};
+    if (k < K) {
+      const I image = k / out_pixels;
+      int ox;
+      const int oy = out_w.divmod((int)(k - image * out_pixels), ox), y0 = oy * stride_h - pad_top;
+      const int x0 = ox * stride_w - pad_left;
+      column = {(U)(view.image(image) + (I)(g * channels_per_group) * x_stride_c) + (U)y0 * (U)x_stride_h +
+                    (U)x0 * (U)x_stride_w, y0, x0, true};
+    }
+    return column;
   }
-  __device__ S b(int, int row, I k) const {
-    const int d = n0 + row;
-    if (d >= N || k >= K) return S(0.0f);
+  __device__ S a(const AColumn& column, int rs) const {
+    const TcWeightRow<I> row = rows[LoadA::row(rs)];
+    const int y = column.y0 + row.dy, xx = column.x0 + row.dx;  // unsigned compares: also false below 0
+    if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
+    return S(x[(I)(column.origin + row.offset)]);  // rows past M read the window's origin: never stored
+  }
+  __device__ BColumn b_column(I k) const {
+    if (k >= K) return {0, false};
     const I image = k / out_pixels;
-    return S(grad_out[((image * groups + g) * N + d) * out_pixels + (k - image * out_pixels)]);
+    return {(image * groups + g) * (I)N * out_pixels + (k - image * out_pixels), true};
+  }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int d = n0 + LoadB::row(rs);
+    return d < N && column.inside ? S(grad_out[column.offset + (I)d * out_pixels]) : S(0.0f);
   }
   __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
   __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
@@ -537,19 +594,32 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   constexpr int P = TcTile<T>::PITCH;
   __shared__ __align__(16) S as[2 * BM * P];
   __shared__ __align__(16) S bs[2 * BN * P];
+  __shared__ TcWeightRow<I> rows[BM];
   TcWeightGrad<T, I, BM, BN> f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
-  f.x = x; f.grad_out = grad_out; f.partial = partial;
+  f.x = x; f.grad_out = grad_out; f.partial = partial; f.rows = rows;
   f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
   f.out_pixels = (I)out_h * out_w; f.K = n * f.out_pixels;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
-  f.taps = FastDivmod(kernel_h * kernel_w); f.M = channels_per_group * kernel_h * kernel_w; f.N = outputs_per_group;
-  f.groups = groups; f.channels_per_group = channels_per_group; f.kernel_w = FastDivmod(kernel_w);
+  f.M = channels_per_group * kernel_h * kernel_w; f.N = outputs_per_group;
+  f.groups = groups; f.channels_per_group = channels_per_group;
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
-  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
-  f.out_w = FastDivmod(out_w);
+  f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN; f.m0 = blockIdx.x * BM;
   f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
+  const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
+  for (int r = threadIdx.x; r < BM; r += blockDim.x) {  // the rows' decode, shared by the block's every chunk
+    typedef typename Unsigned<I>::type U;
+    TcWeightRow<I> row = {0, 0, 0};
+    if (f.m0 + r < f.M) {
+      int tap, j;
+      const int c = taps.divmod(f.m0 + r, tap), i = kernel_wd.divmod(tap, j), dy = i * dilation_h;
+      const int dx = j * dilation_w;
+      row = {(U)c * (U)x_stride_c + (U)dy * (U)x_stride_h + (U)dx * (U)x_stride_w, dy, dx};
+    }
+    rows[r] = row;
+  }
+  __syncthreads();  // tc_block's first loads read the rows
   const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;
   const I k_end = k_begin + chunks_per_split * TC_BK < f.K ? k_begin + chunks_per_split * TC_BK : f.K;
   tc_block<T, I, BM, BN>(f, as, bs, (I)f.m0, f.n0, k_begin, k_end);

@@ -154,6 +154,35 @@ def sass_opcodes(program, full: bool = False) -> dict[str, Counter]:
     return by_name_expression(program, counts)
 
 
+SASS_INSTRUCTION_BYTES = 16  # every SASS instruction of sm_70 and newer; nvdisasm's branch targets are byte offsets
+
+
+def main_loop_opcodes(program) -> dict[str, Counter]:
+    """{name expression: Counter of SASS mnemonics} of each kernel's innermost loop that issues HMMA: the
+    instructions from a backward branch's target to the branch, the smallest such range holding an HMMA.  For the
+    tensor-core kernels that is one K chunk of tc_block's main loop, as one warp executes it (a static count:
+    predicated-off instructions are counted too).  Kernels without such a loop are left out."""
+    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
+    loops = {}
+    for function in listing[1]:
+        instructions = function.get("sass-instructions", ())
+        opcodes = [i["opcode"].split(".")[0] for i in instructions]
+        best = None
+        for end, instruction in enumerate(instructions):
+            if instruction["opcode"].split(".")[0] != "BRA":
+                continue
+            try:
+                start = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
+            except ValueError:
+                continue
+            body = opcodes[start:end + 1]
+            if start < end and "HMMA" in body and (best is None or len(body) < len(best)):
+                best = body
+        if best:
+            loops[function["function-name"]] = Counter(best)
+    return by_name_expression(program, loops)
+
+
 def element_type(name: str) -> str:
     """'depthwise_fwd<__half, int, 3, 1>' -> '__half'."""
     return name.split("<", 1)[1].split(",")[0].strip()
@@ -455,6 +484,40 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs):
     assert not [n for n in GROUPS["conv.cu"] if n not in names and opcodes[n]["HMMA"]]
 
 
+# The most instructions one warp may issue per HMMA in a tensor-core main loop (sm_90, 32-bit index, by pass and
+# tile; TF32 runs twice the HMMA for the same chunk).  The loop is the kernels' bottleneck (benchmarks/RESULTS.md):
+# the gathers decode each column k once per chunk and each row once per kernel, and an edit that moves that work
+# back into every element (the kernels before that issued 40-235 per HMMA) fails here.  About 15% above the counts
+# of NVRTC 13.0's code for the kernels of 2026-11-23's fifth session.
+LOOP_INSTRUCTIONS_PER_HMMA = {
+    ("conv_fwd_tc", 64, 64): 40, ("conv_fwd_tc", 128, 64): 30, ("conv_fwd_tc", 64, 32): 60,
+    ("conv_bwd_input_tc", 64, 64): 60, ("conv_bwd_input_tc", 128, 64): 49, ("conv_bwd_input_tc", 64, 32): 102,
+    ("conv_bwd_weight_tc", 64, 64): 40, ("conv_bwd_weight_tc", 128, 64): 37, ("conv_bwd_weight_tc", 64, 32): 57,
+}
+
+
+def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
+    """(name, instructions, opcodes) of each tensor-core instantiation's main loop, in GROUPS order."""
+    from cupyconv.ops import conv
+    loops = main_loop_opcodes(program)
+    return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["conv.cu"]
+            if name.split("<")[0] in conv.TC_PASSES.values()]
+
+
+@pytest.mark.slow
+def test_tensor_core_main_loops_stay_lean(kernel_programs):
+    """Each tensor-core main loop issues at most LOOP_INSTRUCTIONS_PER_HMMA instructions per HMMA (sm_90, int)."""
+    problems = []
+    for name, instructions, opcodes in tensor_core_loop_table(kernel_programs("conv.cu", "sm_90")):
+        kernel, rest = name.split("<")
+        _, index, rows, columns = (part.strip() for part in rest.rstrip(">").split(","))
+        if index == "int":
+            per_hmma = instructions / opcodes["HMMA"]
+            if per_hmma > LOOP_INSTRUCTIONS_PER_HMMA[kernel, int(rows), int(columns)]:
+                problems.append(f"{name}: {instructions} instructions per chunk, {per_hmma:.1f} per HMMA")
+    assert not problems, "\n".join(problems)
+
+
 def test_check_flags_what_cannot_run():
     float_kernel, double_kernel = "k<float, int>", "k<double, int>"
     fits = Usage(registers=64, stack=0, shared=1024, local=0)
@@ -504,3 +567,13 @@ def test_resources_and_opcodes_of_a_probe(arch):
     assert opcodes["probe<float>"]["FFMA"] == 1 and opcodes["probe<double>"]["DFMA"] == 1
     assert all(opcodes[n]["LDS"] and opcodes[n]["STS"] and opcodes[n]["BAR"] for n in names[:3])
     assert not opcodes["probe_plain"]["LDS"] and opcodes["probe_plain"]["FADD"] == 1
+
+
+if __name__ == "__main__":
+    # The tensor-core main loops' instruction mix, as benchmarks/RESULTS.md quotes it:
+    #   PYTHONPATH=.:tests python tests/test_sass.py [sm_80|sm_90]
+    from test_nvrtc import compile_file
+    arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
+    for name, instructions, opcodes in tensor_core_loop_table(compile_file("conv.cu", arch)):
+        mix = " ".join(f"{op} {opcodes[op]}" for op in ("HMMA", "LDS", "STS", "LDG"))
+        print(f"{name:48} {instructions:5} per chunk  {instructions / opcodes['HMMA']:5.1f} per HMMA  {mix}")

@@ -223,6 +223,32 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         [f"{kernel}<__half", "long long"] for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")]
 
 
+def test_64_bit_channel_offsets_within_a_group(monkeypatch):
+    """The other way past 2^31: 16 channels of a 12000 x 12000 plane, one group, so a channel's offset in x (and
+    in grad_output) passes 2^31 at c = 15 (15 * 1.44e8); an `int` product of a channel and its stride in the
+    forward's or the input gradient's gather overflows (UBSan fails the launch).  Only the last block of each launch
+    runs (the last 64 pixels of the last row, every channel): they match the CPU path on the 2 x 65 corner that
+    feeds them, whose first row and column only pad."""
+    rng = numpy.random.default_rng(23)
+    side = 12000
+    x = bug_classes.sparse_zeros((1, 16, side, side), numpy.float16)
+    x[:, :, -2:, -65:] = rng.standard_normal((1, 16, 2, 65))
+    grad_output = bug_classes.sparse_zeros((1, 16, side, side), numpy.float16)
+    grad_output[:, :, -2:, -65:] = rng.standard_normal((1, 16, 2, 65))
+    weight = (rng.standard_normal((16, 16, 3, 3)) / 8).astype(numpy.float16)
+    corner = [a[:, :, -2:, -65:] for a in (x, grad_output)]
+    device = bug_classes.SparseDevice()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    want = expected_forward(corner[0], weight, None, padding=1)[0, -1, -1, 1:]
+    bug_classes.assert_tail_written(out, want, numpy.float16, 64, "forward")
+    (grad_x, _, _) = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1,
+                                 needs="input", algorithm="implicit_gemm")
+    want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
+    bug_classes.assert_tail_written(grad_x, want, numpy.float16, 64, "grad_input")
+    assert [name.split(", ")[:2] for name in device.launches] == [
+        [f"{kernel}<__half", "long long"] for kernel in ("conv_fwd_tc", "conv_bwd_input_tc")]
+
+
 def test_planes_of_2_31_pixels_are_refused():
     """The kernels keep a plane's pixel index in int (`p` in conv_fwd_tc and conv_bwd_input_tc, TcWeightGrad::a,
     TcInputGrad::a's `oy * out_w + ox`): a 46341 x 46341 plane (2^31 + 4634 pixels) would give wrong results
