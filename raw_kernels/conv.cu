@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
 #pragma unroll
   for (int r = 0; r < TcForward<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
     const I m = m0 + (threadIdx.x & 31) + 32 * r;
-    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
     f.row_x[r] = 0;
     f.row_origin[r] = 0;
     if (m < f.M) {
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 #pragma unroll
   for (int r = 0; r < TcInputGrad<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
     const I m = m0 + (threadIdx.x & 31) + 32 * r;
-    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every ty is negative
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every ty is negative (the reach is below 2^30)
     f.row_x[r] = 0;
     f.row_base[r] = 0;
     if (m < f.M) {

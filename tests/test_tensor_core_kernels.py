@@ -263,6 +263,30 @@ def test_planes_of_2_31_pixels_are_refused():
                     padding=1, algorithm="implicit_gemm")
 
 
+def test_kernel_reach_of_2_30_is_refused():
+    """Rows past the end of C sit 2^30 pixels before the image, so that no tap reaches the image from there; a
+    dilation that reaches that far (here 2^30 x 1 with as much padding: a legal one-pixel output) would make
+    the forward read outside x for those rows and the input gradient's row arithmetic overflow.  The tensor
+    cores refuse it, 'auto' picks another algorithm, and one pixel less reach runs on them."""
+    rng = numpy.random.default_rng(29)
+    x = rng.standard_normal((1, 16, 1, 1)).astype(numpy.float16)
+    weight = rng.standard_normal((16, 16, 2, 1)).astype(numpy.float16)
+    for reach, refused in ((2**30, True), (2**30 - 1, False)):
+        kwargs = dict(padding=((reach, 0), (0, 0)), dilation=(reach, 1))
+        spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, None, 1, kwargs["padding"], (reach, 1), 1)
+        assert (conv_op.tensor_core_refusal(spec, numpy.float16, EmulatedDevice()) is not None) == refused
+        # only tap (1, 0) lands on the image (y = (i - 1) * reach): the CPU path would pad 2^30 rows
+        want = numpy.einsum("dc,nc->nd", weight[:, :, 1, 0].astype(numpy.float64),
+                            x[:, :, 0, 0].astype(numpy.float64))[:, :, None, None]
+        if refused:
+            with pytest.raises(ValueError, match=r"implicit_gemm' cannot run: .*kernel reach.*1073741824"):
+                on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="implicit_gemm", **kwargs)
+        else:
+            assert_close(on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="implicit_gemm",
+                                     **kwargs), want, "float16")
+        assert_close(on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, **kwargs), want, "float16")
+
+
 def test_strided_input_is_read_in_place():
     case = CASE_BY_NAME["tc_plain"]
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), numpy.float16)

@@ -168,6 +168,9 @@ TC_MAX_THREADS = 256   # their __launch_bounds__: the largest tile's 8 warps
 TC_DTYPES = tuple(TC_TILES)
 TC_PASSES = {"forward": "conv_fwd_tc", "input": "conv_bwd_input_tc", "weight": "conv_bwd_weight_tc"}
 TC_CHUNK = 32          # conv.cu's TC_BK: the K (reduction) chunk
+# Rows past the end of C sit 2^30 pixels before the image (raw_kernels/conv.cu), out of range for every tap only
+# while the kernel reaches less far than that.
+TC_MAX_REACH = 2**30
 TC_WIDE_ROWS = 64 * 1024   # rows (pixels) from which 16-bit problems take the 128-row tile: 512+ blocks per group
 TC_SPLIT_BLOCKS = 512  # the weight gradient splits its pixels until about this many blocks run (a fixed number,
 TC_SPLIT_CHUNKS = 8    # not the SM count, so the bits depend on the shapes only), each at least this many chunks
@@ -246,6 +249,9 @@ def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
     plane = max(spec.in_size[0] * spec.in_size[1], spec.out_pixels)
     if plane > INT32_MAX:
         return f"they index a plane's pixels in 32 bits, and this plane has {plane}"
+    reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
+    if reach >= TC_MAX_REACH:
+        return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
     if spec.channels_per_group < TC_MIN_CHANNELS:
         return f"it needs at least {TC_MIN_CHANNELS} input channels per group, not {spec.channels_per_group}"
     if not device.tensor_cores:
