@@ -265,6 +265,21 @@ template <typename I> struct Unsigned;
 template <> struct Unsigned<int> { typedef unsigned type; };
 template <> struct Unsigned<long long> { typedef unsigned long long type; };
 
+// A GEMM index (c, i, j) = c * taps + i * kW + j over x: the offset of tap (i, j) of channel c from a window's
+// origin in x, and the tap's position in the window; the forward's columns and the weight gradient's rows.
+template <typename I> struct TcTap {
+  typename Unsigned<I>::type offset;
+  int dy, dx;
+};
+template <typename I>
+__device__ __forceinline__ TcTap<I> decode_tap(int index, const FastDivmod& taps, const FastDivmod& kernel_w,
+                                               int dilation_h, int dilation_w, I stride_c, I stride_h, I stride_w) {
+  typedef typename Unsigned<I>::type U;
+  int tap, j;
+  const int c = taps.divmod(index, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
+  return {(U)c * (U)stride_c + (U)dy * (U)stride_h + (U)dx * (U)stride_w, dy, dx};
+}
+
 // Where row m = (image, pixel) of group g's C starts in an NCHW array (n, groups * N, pixels): the epilogue row
 // of the forward (C = the output) and of the input gradient (C = grad_x); column n lies n * pixels further on.
 template <typename I>
@@ -386,17 +401,16 @@ template <typename T, typename I, int BM, int BN> struct TcForward {
   U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
   int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
 
-  struct AColumn { U offset; int dy, dx; bool inside; };  // k = (c, i, j): the tap's offset in x and position
+  struct AColumn { TcTap<I> tap; bool inside; };  // k = (c, i, j)
   struct BColumn { I k; bool inside; };
   __device__ AColumn a_column(I k) const {
-    int tap, j;
-    const int c = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
-    return {(U)c * (U)x_stride_c + (U)dy * (U)x_stride_h + (U)dx * (U)x_stride_w, dy, dx, k < K};
+    return {decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w),
+            k < K};
   }
   __device__ S a(const AColumn& column, int rs) const {
-    const int y = row_y[rs] + column.dy, xx = row_x[rs] + column.dx;  // unsigned compares: also false below 0
+    const int y = row_y[rs] + column.tap.dy, xx = row_x[rs] + column.tap.dx;  // unsigned compares: also false below 0
     if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
-    return S(x[(I)(row_origin[rs] + column.offset)]);
+    return S(x[(I)(row_origin[rs] + column.tap.offset)]);
   }
   __device__ BColumn b_column(I k) const { return {k, k < K}; }
   __device__ S b(const BColumn& column, int rs) const {
@@ -533,17 +547,12 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
 // TC_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
-template <typename I> struct TcWeightRow {  // row (c, i, j) of C: its offset in x from a window's origin, the tap's
-  typename Unsigned<I>::type offset;
-  int dy, dx;
-};
-
 template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
   typedef typename TcTile<T>::Stage S;
   typedef TcLoad<BM, BM * BN / 32, false> LoadA;
   typedef TcLoad<BN, BM * BN / 32, false> LoadB;
   const T* x; const T* grad_out; float* partial;
-  const TcWeightRow<I>* rows;  // the block's BM rows, decoded once (shared memory; rows past M as row 0)
+  const TcTap<I>* rows;  // the block's BM rows (c, i, j), decoded once (shared memory; rows past M as row 0)
   BatchView<I> view;
   I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
   int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left, height, width;
@@ -565,7 +574,7 @@ template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
     return column;
   }
   __device__ S a(const AColumn& column, int rs) const {
-    const TcWeightRow<I> row = rows[LoadA::row(rs)];
+    const TcTap<I> row = rows[LoadA::row(rs)];
     const int y = column.y0 + row.dy, xx = column.x0 + row.dx;  // unsigned compares: also false below 0
     if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
     return S(x[(I)(column.origin + row.offset)]);  // rows past M read the window's origin: never stored
@@ -594,7 +603,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   constexpr int P = TcTile<T>::PITCH;
   __shared__ __align__(16) S as[2 * BM * P];
   __shared__ __align__(16) S bs[2 * BN * P];
-  __shared__ TcWeightRow<I> rows[BM];
+  __shared__ TcTap<I> rows[BM];
   TcWeightGrad<T, I, BM, BN> f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
   f.x = x; f.grad_out = grad_out; f.partial = partial; f.rows = rows;
@@ -609,15 +618,9 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
   const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
   for (int r = threadIdx.x; r < BM; r += blockDim.x) {  // the rows' decode, shared by the block's every chunk
-    typedef typename Unsigned<I>::type U;
-    TcWeightRow<I> row = {0, 0, 0};
-    if (f.m0 + r < f.M) {
-      int tap, j;
-      const int c = taps.divmod(f.m0 + r, tap), i = kernel_wd.divmod(tap, j), dy = i * dilation_h;
-      const int dx = j * dilation_w;
-      row = {(U)c * (U)x_stride_c + (U)dy * (U)x_stride_h + (U)dx * (U)x_stride_w, dy, dx};
-    }
-    rows[r] = row;
+    const TcTap<I> origin = {0, 0, 0};
+    rows[r] = f.m0 + r < f.M ? decode_tap<I>(f.m0 + r, taps, kernel_wd, dilation_h, dilation_w, x_stride_c,
+                                             x_stride_h, x_stride_w) : origin;
   }
   __syncthreads();  // tc_block's first loads read the rows
   const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;

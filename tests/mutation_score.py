@@ -106,7 +106,7 @@ MUTATIONS = [
       "(unsigned)xx > (unsigned)width) return S(0.0f);\n    return S(x[(I)(row_origin", TC, "off-by-one"),
     M("tc-bwd-weight-rows-barrier", "conv.cu", "__syncthreads();  // tc_block's first loads read the rows",
       "// tc_block's first loads read the rows", TC, "removed barrier"),
-    M("tc-fwd-int-channel", "conv.cu", "return {(U)c * (U)x_stride_c +", "return {(U)(c * (int)x_stride_c) +", TC,
+    M("tc-tap-int-channel", "conv.cu", "return {(U)c * (U)stride_c +", "return {(U)(c * (int)stride_c) +", TC,
       "32-bit index"),
     M("tc-bwd-input-int-plane", "conv.cu", "row_base[rs] + (I)column.d * out_pixels +",
       "row_base[rs] + (I)(column.d * (int)out_pixels) +", TC, "32-bit index"),
