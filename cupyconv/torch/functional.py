@@ -9,7 +9,7 @@ As `torch.nn.functional`:
   its gradient reaches the backward op as a channels-last grad_output, which the GPU path copies once.  The
   input itself is read in place on the GPU path by conv's kernels (`conv1d`, `conv2d` but for groups == C,
   `patch_conv2d`) and copied once by the depthwise kernels, the 3-D ops (depth windows) and the transposed
-  convolutions (which read it as conv's grad_output): see "Channels-last and strided inputs" in the README.
+  convolutions (which read it as conv's grad_output): see "Channels-last and strided inputs" in docs/guide.md.
 
 `algorithm` and `workspace_limit` (the ops that have them) apply to the call and to its backward: see
 `cupyconv.conv2d` and `cupyconv.settings.workspace_limit`.
