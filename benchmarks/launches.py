@@ -38,14 +38,14 @@ UNRECORDED = ("array-library work between launches (CuPy reductions, casts, copi
 @dataclass
 class Launch:
     """One kernel launch as the planner made it.  `args`: {parameter name: value} in the C order; an array
-    argument is described by `ArrayArg`, and the arrays themselves are kept in `arrays` (for a counter run)."""
+    argument is described by `ArrayArg`; `raw_args` keeps the arguments as launched (for a counter run)."""
     source: str
     name: str
     grid: tuple
     block: tuple
     shared_mem: int
     args: dict
-    arrays: list = field(default_factory=list, repr=False)
+    raw_args: list = field(default_factory=list, repr=False)   # the C-ordered arguments, as launched
 
     @property
     def kernel(self) -> str:
@@ -150,16 +150,15 @@ class RecordingDevice:
 
             def launch(self, source, name, grid, block, args, shared_mem=0):
                 params = _kernel_params(source, name.split("<", 1)[0])
-                named, arrays = {}, []
+                named = {}
                 for param, value in zip(params, args):
                     if isinstance(value, numpy.ndarray):
                         named[param.name] = ArrayArg(tuple(value.shape), value.dtype.name, int(value.nbytes),
                                                      param.type.startswith("const"))
-                        arrays.append(value)
                     else:
                         named[param.name] = value.item() if hasattr(value, "item") else value
                 self.steps.append(Launch(source, name, tuple(int(g) for g in grid), tuple(int(b) for b in block),
-                                         int(shared_mem), named, arrays))
+                                         int(shared_mem), named, list(args)))
 
             def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                                      beta, c, ldc, stride_c, batch):
