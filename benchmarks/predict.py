@@ -25,16 +25,22 @@ records measured next to predicted on the first GPU run and writes the model's e
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import math
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cases as cases_mod
 from . import launches as launches_mod
+
+ROOT = Path(__file__).resolve().parents[1]
+# The predictions of record, one file per GPU (`--brief`), which benchmarks.gpu_check compares its measurements with.
+PREDICTIONS = {gpu: ROOT / "benchmarks" / "results" / f"predict-{gpu}.json" for gpu in ("h100", "h200")}
 
 # ---------------------------------------------------------------------------------------------------------
 # Constants: one table per GPU, each entry's source in SOURCES
@@ -596,13 +602,68 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
             "prediction": True}
 
 
+def kernels_hash() -> str:
+    """A hash of every raw_kernels/ source as compiled (headers inlined): a prediction made at another hash
+    describes other kernels."""
+    from cupyconv import _device
+    text = "".join(_device.kernel_source(f) for f in sorted(_device.kernel_files()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def meta(gpu_key: str, counters: bool, sass_source: SassSource) -> dict:
     return {"prediction": "PREDICTION: no GPU measurement", "gpu": gpu_key, "gpu_constants": GPUS[gpu_key],
+            "git_commit": git_commit(), "kernels_sha": kernels_hash(),
             "sources": SOURCES, "assumptions": {k: {"range_low_time_high_time": v[0], "what": v[1]}
                                                 for k, v in ASSUMPTIONS.items()},
             "cublas_fp32_fraction": CUBLAS_FP32_FRACTION, "counters": "emulator where available" if counters else
             "analytic access model only", "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
             "command": "python -m benchmarks.predict " + " ".join(sys.argv[1:])}
+
+
+def brief(result: dict) -> dict:
+    """A result without the per-kernel SASS, counters and resource times: what RESULTS.md and gpu_check need."""
+    kernels = [{"name": k["name"], "launch": k["launch"], "counters": {"source": (k.get("counters") or {}).get(
+        "source", "cuBLAS model")}, "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
+    return {**result, "kernels": kernels}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Calibration: measured against predicted
+
+
+def gpu_of(name: str | None) -> str | None:
+    """The model's GPU key for a device name ("NVIDIA H100 80GB HBM3" -> "h100"), None for one it does not model."""
+    name = (name or "").upper()
+    return next((key for key in ("h200", "h100") if key.upper() in name), None)
+
+
+def calibration(bench: dict, predictions: dict) -> list[dict]:
+    """Per case-pass that benchmarks.run measured (`bench`, its JSON) and the model predicted (`predictions`, a
+    --json file): cupyconv's measured median next to the predicted range, and the model's error, measured /
+    predicted low and high ("inside" when the measurement falls within the range).  A case label with a suffix
+    ("p-seed-gpubf16@cpu", a smoke run on the CPU) is matched by the label before it."""
+    predicted = {(r["case"], r["pass"]): r for r in predictions.get("results", [])}
+    rows = []
+    for r in bench.get("results", []):
+        ours = r.get("contenders", {}).get("cupyconv", {})
+        p = predicted.get((r["case"].split("@")[0], r["pass"]))
+        if p is None or ours.get("status") != "ok" or not ours.get("median_ms"):
+            continue
+        measured = ours["median_ms"] * 1e3
+        low, high = p["predicted_us"]
+        rows.append({"case": r["case"], "pass": r["pass"], "measured_us": round(measured, 2),
+                     "predicted_us": [low, high], "bound": p["bound"], "floor_us": p["floor_us"],
+                     "measured_over_predicted": [round(measured / low, 3), round(measured / high, 3)],
+                     "inside": low <= measured <= high})
+    return rows
 
 
 def table(results: list[dict]) -> str:
@@ -641,6 +702,8 @@ def main(argv=None) -> int:
                         help="auto: the emulator's counters where tests/emulator has them (slow: it runs sampled "
                              "blocks of every kernel); off: the analytic access model")
     parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
+    parser.add_argument("--brief", action="store_true", help="JSON without per-kernel SASS, counters and resource "
+                                                             "times (the form of benchmarks/results/predict-*.json)")
     args = parser.parse_args(argv)
     wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
     selected = cases_mod.select(wanted, ("gpu",))
@@ -657,7 +720,9 @@ def main(argv=None) -> int:
     print(markdown(results) if args.markdown else table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": info, "results": results}, indent=1, default=str) + "\n")
+        written = [brief(r) for r in results] if args.brief else results
+        args.json.write_text(json.dumps({"meta": info, "results": written}, indent=None if args.brief else 1,
+                                        default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
 
