@@ -715,6 +715,10 @@ def main(argv=None) -> int:
     results = [predict_case(case, backward, args.gpu, sass_source, counters)
                for case in selected for backward in passes]
     info = meta(args.gpu, counters, sass_source)
+    used = sorted({source for r in results for source in r["accesses"]})
+    info["counters"] = ("emulator counters" if used == ["emulator"] else
+                        "analytic access model (no emulator counters)" if "emulator" not in used else
+                        "emulator counters where they ran, else the analytic access model")
     print(f"PREDICTION (no GPU measurement) for {GPUS[args.gpu]['name']}; SASS: {info['sass']}; accesses: "
           f"{info['counters']}")
     print(markdown(results) if args.markdown else table(results))
