@@ -118,8 +118,9 @@ ASSUMPTIONS = {
     "shared_conflict_factor": ((1.0, 4.0), "analytic model: wavefronts per shared request of 32-bit or narrower "
                                            "stores over the conflict-free count (the review found 4-way conflicts "
                                            "on the 2-byte stores; loads are taken at 1.0-2.0)"),
-    "non_loop_instructions": ((0.5, 1.0), "share of a kernel's static instructions outside its main loop that "
-                                          "each warp executes once (set-up, epilogue)"),
+    "non_loop_instructions": ((0.5, 1.0), "share of a kernel's static instructions outside its main loop (up to "
+                                          "its last EXIT: cold subroutines after it are left out) that each warp "
+                                          "executes once (set-up, epilogue)"),
     "simt_lane_efficiency": ((1.0, 0.75), "active lanes per SIMT main-loop instruction (edge tiles, predication)"),
     "launch_overhead_us": ((1.5, 4.0), "per kernel launch and per cuBLAS call on one stream (launch latency, the "
                                        "drain and fill between dependent kernels)"),
@@ -288,15 +289,15 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     rule = sass["loop_rule"]
     if rule == "matrix":
         trips = out["tensor_macs"] / hmma_macs(launch) / loop.get("HMMA", 1)
-    elif rule == "fma":
+    elif rule == "fma" and macs:
         lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)
-        trips = macs / 32 / lane_macs if macs else 0.0
-    else:
+        trips = macs / 32 / lane_macs
+    else:   # a data-movement kernel (an FMA in its loop is a bias add or a scale, not a convolution's MACs)
         per_trip = sum(access_bytes(op) * 32 * n for op, n in memory.items() if op.startswith(("LDG", "STG")))
         trips = (read + written) / per_trip if per_trip else warps
     lanes = assumption("simt_lane_efficiency") if rule != "matrix" else (1.0, 1.0)
     trips_range = (trips / lanes[0], trips / lanes[1])
-    outside = sass["instructions"] - sum(loop.values())
+    outside = max(0, sass["body_instructions"] - sum(loop.values()))
     share = assumption("non_loop_instructions")
     loop_instructions = sum(loop.values())
     out["loop_trips"] = trips_range

@@ -225,6 +225,7 @@ def resource_usage(program: Program, arch: str) -> dict[str, Usage]:
 SASS_INSTRUCTION_BYTES = 16  # every SASS instruction of sm_70 and newer; nvdisasm's branch targets are byte offsets
 MATRIX = ("HMMA", "IMMA", "DMMA", "HGMMA")
 FMA = ("FFMA", "DFMA", "HFMA2")   # the SIMT multiply-adds a convolution's main loop is made of
+MIN_FMA_LOOP = 4   # fewer FMAs make no convolution loop: a bias add, or HFMA2 used to move a constant
 # The instruction mix's classes, by mnemonic (anything else is "other": conversions, moves, special registers...).
 CLASSES = {
     "matrix": MATRIX,
@@ -296,7 +297,7 @@ def main_loop_span(instructions: list[dict]) -> tuple[str, tuple[int, int]] | No
     - "matrix": the smallest loop holding a matrix instruction (HMMA): for the tensor-core kernels one K chunk of
       tc_block's main loop;
     - "fma": else the loop with the most FFMA/DFMA/HFMA2 of its own (not counting loops nested in it; ties: the
-      smaller), for the SIMT kernels;
+      smaller), if it has at least MIN_FMA_LOOP of them, for the SIMT kernels;
     - "memory": else (elementwise kernels, reductions) the smallest loop with the most global loads and stores.
     """
     opcodes = [mnemonic(i["opcode"]) for i in instructions]
@@ -313,7 +314,7 @@ def main_loop_span(instructions: list[dict]) -> tuple[str, tuple[int, int]] | No
     if matrix:
         return "matrix", min(matrix, key=lambda s: s[1] - s[0])
     best = max(spans, key=lambda s: (own(s, FMA), -(s[1] - s[0])))
-    if own(best, FMA):
+    if own(best, FMA) >= MIN_FMA_LOOP:
         return "fma", best
     memory = CLASSES["global_load"] + CLASSES["global_store"]
     return "memory", max(spans, key=lambda s: (_count(opcodes[s[0]:s[1] + 1], memory), -(s[1] - s[0])))
@@ -413,6 +414,8 @@ class KernelSass:
     local: int
     static_shared: int
     instructions: int                 # the whole kernel, static
+    body_instructions: int            # those up to its last EXIT: without the cold subroutines placed after it
+                                      # (e.g. integer division's slow path), which run only when called
     loop_rule: str | None             # main_loop's rule, None: no loop
     loop: dict = field(default_factory=dict)   # {mnemonic: count} of one trip of the main loop
     loop_mix: dict = field(default_factory=dict)   # {class: count} of the same
@@ -431,6 +434,9 @@ class KernelSass:
         return {**asdict(self), "loop_instructions": self.loop_instructions}
 
 
+CACHE_FORMAT = 3   # part of the cache key: bump it when KernelSass changes
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("CUPYCONV_SASS_CACHE") or Path.home() / ".cache" / "cupyconv-sass")
 
@@ -438,7 +444,8 @@ def cache_dir() -> Path:
 def _key(filename: str, arch: str, name: str) -> str:
     from cupyconv import _device
     compiler = nvrtc(ARCHES[arch])
-    text = repr((compiler.version, _device.kernel_source(filename), options_for(arch, filename), arch, name))
+    text = repr((CACHE_FORMAT, compiler.version, _device.kernel_source(filename), options_for(arch, filename), arch,
+                 name))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -465,7 +472,9 @@ def analyse_program(program: Program, arch: str) -> dict[str, KernelSass]:
         for opcode, n in full.items():
             loop[mnemonic(opcode)] += n
         memory = {op: n for op, n in full.items() if CLASS_OF.get(mnemonic(op), "").startswith(("global", "shared"))}
-        result[name] = KernelSass(name, arch, u.registers, u.stack, u.local, u.shared, len(instructions),
+        exits = [i for i, instruction in enumerate(instructions) if mnemonic(instruction["opcode"]) == "EXIT"]
+        body = exits[-1] + 1 if exits else len(instructions)
+        result[name] = KernelSass(name, arch, u.registers, u.stack, u.local, u.shared, len(instructions), body,
                                   found[0] if found else None, dict(loop), instruction_mix(loop), memory)
     return result
 

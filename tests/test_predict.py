@@ -72,13 +72,18 @@ def _listing(opcodes_and_targets):
 
 def test_main_loop_rules():
     simt = _listing([("MOV", None),
-                     ("LDG.E", None), ("FFMA", None), ("FFMA", None),                 # 1-6: outer loop ...
-                     ("LDS", None), ("FFMA", None), ("BRA", 4),                        # ... holding 4-6
+                     ("LDG.E", None), *[("FFMA", None)] * 4,                          # 1-8: outer loop ...
+                     ("LDS", None), ("FFMA", None), ("BRA", 6),                        # ... holding 6-8
                      ("BRA", 1),
-                     ("IADD3", None), ("STG.E", None), ("BRA", 8), ("EXIT", None)])  # 8-10: a store loop
+                     ("IADD3", None), ("STG.E", None), ("BRA", 10), ("EXIT", None)])  # 10-12: a store loop
     rule, body = sass.main_loop(simt)
-    # the outer loop has 2 FFMA of its own, the inner 1: the outer holds the main work
-    assert rule == "fma" and body["FFMA"] == 3 and sum(body.values()) == 7
+    # the outer loop has 4 FFMA of its own, the inner 1: the outer holds the main work
+    assert rule == "fma" and body["FFMA"] == 5 and sum(body.values()) == 9
+    # an FMA or two (a bias add, HFMA2 moving a constant) do not make a convolution loop: the memory rule
+    bias = _listing([("HFMA2.MMA", None), ("LDG.E", None), ("FADD", None), ("STG.E", None), ("BRA", 0),
+                     *[("LDG.E", None), ("FADD", None), ("STG.E", None)] * 4, ("BRA", 5), ("EXIT", None)])
+    rule, body = sass.main_loop(bias)
+    assert rule == "memory" and body["LDG"] == 4
     matrix = _listing([("LDG.E.U16", None), ("HMMA.16816.F32", None), ("LDS", None), ("BRA", 0),
                        ("FFMA", None), ("FFMA", None), ("BRA", 4)])
     rule, body = sass.main_loop(matrix, full=True)
@@ -165,7 +170,7 @@ def test_work_and_times_of_a_tensor_core_main_loop():
     HMMA, 24 LDG.U16, 24 STS.U16, 32 LDS per warp and chunk), worked out by hand."""
     launch = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[0]
     loop = {"HMMA": 16, "LDG": 24, "STS": 24, "LDS": 32, "IMAD": 299}
-    kernel = {"instructions": 2395, "loop_rule": "matrix", "loop": loop,
+    kernel = {"instructions": 2500, "body_instructions": 2395, "loop_rule": "matrix", "loop": loop,
               "loop_memory": {"LDG.E.U16.CONSTANT": 24, "STS.U16": 24, "LDS": 32}}
     work = predict.analytic_counters(launch, kernel, cases.flops(BY_LABEL["r50-64-gpu16"]) / 2)
     trips = 784 * 8 * 18                      # blocks x warps x K chunks
