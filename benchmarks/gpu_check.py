@@ -19,7 +19,10 @@ one still runs:
   bench      the GPU benchmark suite (benchmarks.run --device gpu --quick), the issue-11 cases first, in what
              is left of the budget
 
-and last a Markdown summary, printed and written as summary.md.  Files (never more than 8, none in a
+and last a Markdown summary, printed and written as summary.md, with the performance model's calibration: every
+case-pass the benchmarks measured next to what `benchmarks.predict` predicted for it (the predictions of record,
+benchmarks/results/predict-<gpu>.json, written before any GPU was lent) and the model's error, measured /
+predicted; the same figures are added to bench.json's results under "prediction".  Files (never more than 8, none in a
 subfolder): env.json, pytest.xml, pytest.log (the output of the pytest and sanitizer steps), large.json,
 bench.json, bench.png (its plot, where matplotlib is installed), run.log (the output of the env, large and bench
 steps) and summary.md.
@@ -739,6 +742,61 @@ def summary_bench(data, plotted: bool) -> list[str]:
     return lines
 
 
+def calibrate(check: Check) -> dict:
+    """The model's error on this run: the benchmarks' measurements (bench.json) against the predictions of record
+    for this GPU (`predict.PREDICTIONS`); each measured result of bench.json gets its "prediction" too (the file
+    is rewritten).  A dry run compares its CPU smoke times with the H100 predictions, which only checks the code."""
+    from . import predict
+    env, bench = _read_json(check.path("env.json")) or {}, _read_json(check.path("bench.json"))
+    device = (env.get("cupy_device") or {}).get("name") or ((env.get("meta") or {}).get("gpu") or {}).get("name")
+    gpu = "h100" if check.dry_run else predict.gpu_of(device)
+    if bench is None:
+        return {"status": "no bench.json"}
+    if gpu is None:
+        return {"status": f"the model has no constants for {device!r} (it models {', '.join(predict.GPUS)})"}
+    predictions = _read_json(predict.PREDICTIONS[gpu])
+    if predictions is None:
+        return {"status": f"no predictions file {predict.PREDICTIONS[gpu].name}"}
+    rows = predict.calibration(bench, predictions)
+    by_key = {(row["case"], row["pass"]): row for row in rows}
+    for result in bench.get("results", []):
+        row = by_key.get((result["case"], result["pass"]))
+        if row:
+            result["prediction"] = {**row, "predictions_commit": predictions["meta"].get("git_commit")}
+    check.path("bench.json").write_text(json.dumps(bench, indent=1, default=str) + "\n")
+    stale = predictions["meta"].get("kernels_sha") != predict.kernels_hash()
+    return {"status": "ok", "gpu": gpu, "rows": rows, "stale": stale, "meta": predictions["meta"]}
+
+
+def summary_calibration(check: Check, record: dict) -> list[str]:
+    if record.get("status") != "ok":
+        return [f"Not calibrated: {record.get('status')}."]
+    rows, meta = record["rows"], record["meta"]
+    lines = [f"Predictions of record: benchmarks/results/predict-{record['gpu']}.json (commit {meta.get('git_commit')}, "
+             f"{meta.get('gpu_constants', {}).get('name')})"
+             + ("; **the kernels changed since** (another raw_kernels/ hash): re-run "
+                f"`python -m benchmarks.predict --gpu {record['gpu']}` at this commit before reading the error"
+                if record["stale"] else "") + "."]
+    if check.dry_run:
+        lines.append("Dry run: the measured figures are CPU smoke times of tiny shapes, so the ratios below mean "
+                     "nothing; this only checks the code.")
+    if not rows:
+        return lines + ["No measured case-pass has a prediction."]
+    ratios = sorted(math.sqrt(r["measured_over_predicted"][0] * r["measured_over_predicted"][1]) for r in rows)
+    inside = sum(r["inside"] for r in rows)
+    lines += [f"{inside} of {len(rows)} measurements inside the predicted range; measured / predicted (geometric "
+              f"middle of the range): median {ratios[len(ratios) // 2]:.2f}x, from {ratios[0]:.2f}x to "
+              f"{ratios[-1]:.2f}x.", "",
+              "| case | pass | measured us | predicted us | measured / predicted | bound (predicted) |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lo, hi = r["measured_over_predicted"]
+        lines.append(f"| {r['case']} | {r['pass']} | {r['measured_us']:.1f} | {r['predicted_us'][0]:.0f}-"
+                     f"{r['predicted_us'][1]:.0f} | {hi:.2f}-{lo:.2f}{'' if r['inside'] else ' **outside**'} | "
+                     f"{r['bound']} |")
+    return lines
+
+
 def summarize(check: Check, records: dict) -> str:
     title = "cupyconv GPU check" + (" (dry run: nothing ran on a GPU)" if check.dry_run else "")
     lines = [f"# {title}", "", f"`python -m benchmarks.gpu_check {' '.join(sys.argv[1:])}`, "
@@ -755,6 +813,8 @@ def summarize(check: Check, records: dict) -> str:
               "", "## Above 2^31 elements (fp16)", "", *summary_large(_read_json(check.path("large.json"))),
               "", "## Benchmarks", "",
               *summary_bench(_read_json(check.path("bench.json")), check.path("bench.png").exists()),
+              "", "## Model calibration (benchmarks.predict: predicted before the run, measured here)", "",
+              *summary_calibration(check, records.get("calibration") or {"status": "not run"}),
               "", "Files: " + ", ".join(f"{p.name} ({p.stat().st_size:,} B)" for p in sorted(check.out.iterdir()))
               + " and this summary.md"]
     return "\n".join(lines) + "\n"
@@ -826,7 +886,12 @@ def main(argv=None) -> int:
         print(f"[{name}] {record['status']} in {record.get('seconds', 0):.0f} s", flush=True)
     for leftover in check.out.glob("*.partial"):   # a worker killed while writing its JSON
         leftover.unlink()
-    text = summarize(check, records)
+    try:
+        calibration = calibrate(check)
+    except Exception as e:   # a bug here must not cost the summary
+        calibration = {"status": f"error: {type(e).__name__}: {e}"}
+    records_for_summary = {**records, "calibration": calibration}
+    text = summarize(check, records_for_summary)
     check.path("summary.md").write_text(text)
     print("\n" + text, end="")
     return 0 if all(r["status"] in ("ok", "not found") for r in records.values()) else 1

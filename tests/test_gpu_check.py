@@ -45,6 +45,36 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert bench["mode"] == "smoke" and bench["results"]
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "plotted in bench.png" in summary
     assert "===== the sanitizer selection" in (out / "pytest.log").read_text(), "the sanitizer's part of the log"
+    assert "## Model calibration" in summary and "the ratios below mean nothing" in summary
+    assert any("prediction" in r for r in bench["results"]), "predicted next to measured in bench.json"
+
+
+def test_calibration_puts_predicted_next_to_measured(tmp_path):
+    """The model's error on a run: each measured case-pass next to the predictions of record, in summary.md's
+    table and in bench.json's results."""
+    from benchmarks import gpu_check, predict
+    predictions = json.loads(predict.PREDICTIONS["h100"].read_text())
+    low, high = next(r["predicted_us"] for r in predictions["results"]
+                     if (r["case"], r["pass"]) == ("r50-64-gpu16", "fwd"))
+    measured_ms = 2 * high / 1e3          # twice the top of the range: outside it
+    bench = {"results": [
+        {"case": "r50-64-gpu16", "pass": "fwd", "contenders": {"cupyconv": {"status": "ok", "median_ms": measured_ms}}},
+        {"case": "r50-64-gpu16", "pass": "fwd+bwd", "contenders": {"cupyconv": {"status": "error: x"}}},
+        {"case": "not-a-case", "pass": "fwd", "contenders": {"cupyconv": {"status": "ok", "median_ms": 1.0}}}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "env.json").write_text(json.dumps({"cupy_device": {"name": "NVIDIA H100 80GB HBM3"}}))
+    check = gpu_check.Check(tmp_path, False, 540, 0.0)
+    record = gpu_check.calibrate(check)
+    assert record["status"] == "ok" and record["gpu"] == "h100" and len(record["rows"]) == 1
+    row = record["rows"][0]
+    assert row["measured_us"] == pytest.approx(2 * high) and not row["inside"]
+    assert row["measured_over_predicted"] == pytest.approx([2 * high / low, 2.0], rel=1e-3)
+    written = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert written[0]["prediction"]["predicted_us"] == [low, high] and "prediction" not in written[1]
+    text = "\n".join(gpu_check.summary_calibration(check, record))
+    assert "0 of 1 measurements inside the predicted range" in text and "**outside**" in text
+    (tmp_path / "env.json").write_text(json.dumps({"cupy_device": {"name": "NVIDIA A100-SXM4-80GB"}}))
+    assert "no constants for 'NVIDIA A100" in gpu_check.calibrate(check)["status"]
 
 
 def test_bad_arguments_get_a_clear_error(tmp_path):

@@ -14,7 +14,6 @@ nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 (the runtime wheels carry cuda_f
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import hashlib
 import os
@@ -23,97 +22,27 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
 from cupyconv import _device
 
-ARCHES = {"sm_70": 12, "sm_80": 13, "sm_90": 13}  # architecture -> CUDA major release whose NVRTC compiles it
-# (library, include dir) inside site-packages, per CUDA major release, as the NVIDIA wheels lay them out.
-WHEEL_LAYOUT = {
-    12: ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cuda_runtime/include"),
-    13: ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/include"),
-}
-WHEELS = {12: "nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12",
-          13: "'nvidia-cuda-nvrtc>=13,<14' 'nvidia-cuda-runtime>=13,<14'"}
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
+    sys.path.append(str(ROOT))
 
-
-class Program(NamedTuple):
-    """What NVRTC made of one program."""
-    ok: bool
-    log: str
-    lowered: dict         # name expression -> its mangled (lowered) name
-    cubin: bytes | None   # the SASS binary (ELF) for the real architecture compiled; None when compiling failed
-
-
-class Nvrtc:
-    """The few NVRTC entry points a compile check needs, over ctypes (two CUDA releases in one process)."""
-
-    def __init__(self, library: Path, include: Path):
-        self.include = include
-        lib = self.lib = ctypes.CDLL(str(library), mode=ctypes.RTLD_LOCAL)
-        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-        lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
-        lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p,
-                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        lib.nvrtcAddNameExpression.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        lib.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        lib.nvrtcGetProgramLog.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.nvrtcGetLoweredName.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
-        lib.nvrtcGetCUBINSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-        lib.nvrtcGetCUBIN.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-        self.version = (major.value, minor.value)
-
-    def _check(self, status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
-
-    def compile(self, source: str, filename: str, names: list[str], options: list[str]) -> Program:
-        """One program: compiled or not, its log, {name expression: lowered name} and its cubin (options must
-        name a real architecture, --gpu-architecture=sm_XY, for there to be one)."""
-        lib = self.lib
-        program = ctypes.c_void_p()
-        self._check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), filename.encode(), 0, None, None),
-                    "nvrtcCreateProgram")
-        try:
-            for name in names:
-                self._check(lib.nvrtcAddNameExpression(program, name.encode()), f"nvrtcAddNameExpression({name})")
-            argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-            status = lib.nvrtcCompileProgram(program, len(options), argv)
-            size = ctypes.c_size_t()
-            self._check(lib.nvrtcGetProgramLogSize(program, ctypes.byref(size)), "nvrtcGetProgramLogSize")
-            buffer = ctypes.create_string_buffer(size.value + 1)
-            self._check(lib.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
-            log = buffer.value.decode(errors="replace").strip()
-            lowered, cubin = {}, None
-            if status == 0:
-                for name in names:
-                    result = ctypes.c_char_p()
-                    if lib.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(result)) == 0 and result.value:
-                        lowered[name] = result.value.decode()
-                if lib.nvrtcGetCUBINSize(program, ctypes.byref(size)) == 0 and size.value:
-                    buffer = ctypes.create_string_buffer(size.value)
-                    self._check(lib.nvrtcGetCUBIN(program, buffer), "nvrtcGetCUBIN")
-                    cubin = buffer.raw
-            return Program(status == 0, log, lowered, cubin)
-        finally:
-            lib.nvrtcDestroyProgram(ctypes.byref(program))
+# The NVRTC wrapper lives in benchmarks/sass.py, which benchmarks.predict imports too.
+from benchmarks.sass import ARCHES, WHEELS, Nvrtc, Program, ToolMissing  # noqa: E402,F401
+from benchmarks import sass  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
 def nvrtc(major: int) -> Nvrtc:
     """NVRTC of CUDA `major` from the installed wheels; skips the test when they are missing."""
-    library, include = WHEEL_LAYOUT[major]
-    for entry in sys.path:
-        root = Path(entry or ".")
-        if (root / library).is_file() and (root / include / "cuda_fp16.h").is_file():
-            return Nvrtc(root / library, root / include)
-    pytest.skip(f"NVRTC of CUDA {major} not installed (pip install {WHEELS[major]})")
+    try:
+        return sass.nvrtc(major)
+    except ToolMissing as e:
+        pytest.skip(str(e))
 
 
 def grouped_instantiations() -> dict[str, list[str]]:

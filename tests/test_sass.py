@@ -19,7 +19,8 @@ backward, in every dtype, with every algorithm, for both index types.  Each laun
 that a tensor-core instantiation has matrix instructions:
 `opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
 
-Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
+The reading of the binaries (NVRTC, cuobjdump, nvdisasm, `main_loop`, `occupancy`) is `benchmarks/sass.py`, a
+library benchmarks.predict uses too; this file holds the checks.  Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm (all >=13,<14); skips without them.
 """
 from __future__ import annotations
@@ -27,12 +28,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import math
 import re
-import subprocess
 import sys
-import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -47,9 +45,10 @@ from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
 from test_nvrtc import GROUPS, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
 
+from benchmarks import sass
+from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
+
 SASS_ARCHES = ("sm_80", "sm_90")
-TOOLS = "nvidia/cu13/bin"  # where the CUDA 13 wheels put cuobjdump and nvdisasm, inside site-packages
-TOOL_WHEELS = "'nvidia-cuda-cuobjdump>=13,<14' 'nvidia-cuda-nvdisasm>=13,<14'"
 
 # Per-block hardware limits of sm_80 and sm_90 (CUDA C Programming Guide, compute capabilities 8.0 and 9.0).
 MAX_THREADS = 1024
@@ -60,127 +59,22 @@ MAX_REGISTERS_PER_THREAD = 255
 REGISTER_UNIT_PER_THREAD = 8
 SHARED_WITHOUT_OPT_IN = _device.DEFAULT_SHARED_LIMIT            # 48 KiB, static + dynamic
 SHARED_OPT_IN = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}     # cudaDevAttrMaxSharedMemoryPerBlockOptin
-# The 1 KiB of shared memory the system reserves per block (cudaDevAttrReservedSharedMemoryPerBlock) lies outside
-# those limits.  An sm_90 cubin places it in every kernel that uses shared memory (section .nv.shared.reserved.0,
-# symbol __nv_reservedSMEM_offset_0_alias at offset 0), so cuobjdump's SHARED counts it there, and not for sm_80;
-# `resource_usage` takes it off (test_resources_and_opcodes_of_a_probe checks this).
-RESERVED_SHARED_IN_CUBIN = {"sm_80": 0, "sm_90": 1024}
 SPILL_FREE_TYPES = ("__half", "__nv_bfloat16", "float")
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
           "float64": numpy.float64}
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The binaries: resource use and instructions per kernel
+# The binaries: resource use and instructions per kernel (benchmarks/sass.py, which benchmarks.predict uses too)
 
 
-@functools.lru_cache(maxsize=None)
-def tool(name: str) -> Path:
-    """cuobjdump or nvdisasm from the CUDA 13 wheels; skips the test when they are not installed."""
-    for entry in sys.path:
-        path = Path(entry or ".") / TOOLS / name
-        if path.is_file():
-            return path
-    pytest.skip(f"{name} not installed (pip install {TOOL_WHEELS})")
-
-
-def run_on_cubin(name: str, args: list[str], cubin: bytes) -> str:
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "kernels.cubin"
-        path.write_bytes(cubin)
-        done = subprocess.run([str(tool(name)), *args, str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stderr}"
-    return done.stdout
-
-
-@dataclass(frozen=True)
-class Usage:
-    """One kernel's resources, as cuobjdump -res-usage reports them (bytes, except registers)."""
-    registers: int
-    stack: int
-    shared: int   # static shared memory (without the system's reserved 1 KiB: see resource_usage)
-    local: int    # local memory: spills and local arrays
-
-
-_FUNCTION = re.compile(r"^\s*Function\s+(\S+?):\s*$")
-_FIELD = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
-
-
-def parse_res_usage(text: str) -> dict[str, Usage]:
-    """{mangled kernel name: Usage} from the output of `cuobjdump -res-usage`, whose kernels read
-
-        Function _Z13unfold_im2colIfiEvPKT_...:
-          REG:40 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:624 TEXTURE:0 SURFACE:0 SAMPLER:0
-    """
-    result, function = {}, None
-    for line in text.splitlines():
-        match = _FUNCTION.match(line)
-        if match:
-            function = match.group(1)
-            continue
-        fields = dict(_FIELD.findall(line))
-        if function and "REG" in fields:
-            result[function] = Usage(int(fields["REG"]), int(fields.get("STACK", 0)), int(fields.get("SHARED", 0)),
-                                     int(fields.get("LOCAL", 0)))
-            function = None
-    return result
-
-
-def by_name_expression(program, per_mangled: dict) -> dict:
-    """{name expression: value} from {mangled name: value}, through NVRTC's lowered names."""
-    return {name: per_mangled[mangled] for name, mangled in program.lowered.items() if mangled in per_mangled}
-
-
-def resource_usage(program, arch: str) -> dict[str, Usage]:
-    """{name expression: Usage} of a kernel file compiled for arch, static shared memory as a launch counts it:
-    without the reserved shared memory an sm_90 cubin adds to every kernel that uses any."""
-    reserved = RESERVED_SHARED_IN_CUBIN[arch]
-    usage = parse_res_usage(run_on_cubin("cuobjdump", ["-res-usage"], program.cubin))
-    for mangled, u in usage.items():
-        if u.shared:
-            assert u.shared >= reserved, f"{mangled}: SHARED {u.shared} on {arch}, less than the reserved {reserved}"
-            usage[mangled] = Usage(u.registers, u.stack, u.shared - reserved, u.local)
-    return by_name_expression(program, usage)
-
-
-def sass_opcodes(program, full: bool = False) -> dict[str, Counter]:
-    """{name expression: Counter of its SASS instructions} of a compiled kernel file, by mnemonic ("HMMA",
-    "FFMA", "LDS"), or with full=True by the whole opcode ("HMMA.16816.F32")."""
-    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
-    counts = {}
-    for function in listing[1]:
-        opcodes = (i["opcode"] for i in function.get("sass-instructions", ()))
-        counts[function["function-name"]] = Counter(o if full else o.split(".")[0] for o in opcodes)
-    return by_name_expression(program, counts)
-
-
-SASS_INSTRUCTION_BYTES = 16  # every SASS instruction of sm_70 and newer; nvdisasm's branch targets are byte offsets
-
-
-def main_loop_opcodes(program) -> dict[str, Counter]:
-    """{name expression: Counter of SASS mnemonics} of each kernel's innermost loop that issues HMMA: the
-    instructions from a backward branch's target to the branch, the smallest such range holding an HMMA.  For the
-    tensor-core kernels that is one K chunk of tc_block's main loop, as one warp executes it (a static count:
-    predicated-off instructions are counted too).  Kernels without such a loop are left out."""
-    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
-    loops = {}
-    for function in listing[1]:
-        instructions = function.get("sass-instructions", ())
-        opcodes = [i["opcode"].split(".")[0] for i in instructions]
-        best = None
-        for end, instruction in enumerate(instructions):
-            if instruction["opcode"].split(".")[0] != "BRA":
-                continue
-            try:
-                start = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
-            except ValueError:
-                continue
-            body = opcodes[start:end + 1]
-            if start < end and "HMMA" in body and (best is None or len(body) < len(best)):
-                best = body
-        if best:
-            loops[function["function-name"]] = Counter(best)
-    return by_name_expression(program, loops)
+@pytest.fixture
+def sass_tools():
+    """Skips the test where cuobjdump or nvdisasm is not installed."""
+    try:
+        sass.tool("cuobjdump"), sass.tool("nvdisasm")
+    except sass.ToolMissing as e:
+        pytest.skip(str(e))
 
 
 def element_type(name: str) -> str:
@@ -456,7 +350,7 @@ def test_64bit_indices_change_no_plan():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", SASS_ARCHES)
 @pytest.mark.parametrize("filename", sorted(GROUPS))
-def test_resources_fit_every_planned_launch(filename, arch, kernel_programs):
+def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sass_tools):
     usage = _usage(filename, arch, kernel_programs)
     missing = sorted(set(GROUPS[filename]) - set(usage))
     assert not missing, f"cuobjdump -res-usage lists no resources for {missing}"
@@ -470,7 +364,7 @@ def test_resources_fit_every_planned_launch(filename, arch, kernel_programs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", SASS_ARCHES)
-def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs):
+def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, sass_tools):
     """The three tensor-core passes run on the tensor cores: HMMA in every instantiation, every tile (16 per K
     chunk of 32 in a warp's 32 x 32 tile for 16-bit inputs, 32 for TF32's k8 steps), and no other kernel pretends
     to (no FMA-only fallback hidden behind the name)."""
@@ -505,7 +399,7 @@ def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
 
 
 @pytest.mark.slow
-def test_tensor_core_main_loops_stay_lean(kernel_programs):
+def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     """Each tensor-core main loop issues at most LOOP_INSTRUCTIONS_PER_HMMA instructions per HMMA (sm_90, int)."""
     problems = []
     for name, instructions, opcodes in tensor_core_loop_table(kernel_programs("conv.cu", "sm_90")):
@@ -555,7 +449,7 @@ __global__ void probe_plain(float* p) { p[threadIdx.x] += 1.0f; }
 
 
 @pytest.mark.parametrize("arch", SASS_ARCHES)
-def test_resources_and_opcodes_of_a_probe(arch):
+def test_resources_and_opcodes_of_a_probe(arch, sass_tools):
     from test_nvrtc import check_compiles
     names = ["probe<float>", "probe<double>", "probe_dynamic", "probe_plain"]
     program = check_compiles(arch, "probe.cu", PROBE, names)

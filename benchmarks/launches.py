@@ -1,0 +1,230 @@
+"""What a benchmark case launches on a GPU, found without one: the kernels and cuBLAS GEMMs of its real GPU path.
+
+    python -m benchmarks.launches --cases r50-64-gpu16          # list them
+
+`record(case, backward)` runs the case's cupyconv calls (`cases._cupyconv_call`, the very calls benchmarks.run
+times) through the GPU path on `RecordingDevice`, a Device whose `launch` and `gemm_strided_batched` record their
+arguments and execute nothing.  The planners see the case's real shapes, dtype and TF32 switch; autotuning is off,
+so every pass runs the 'auto' heuristic's algorithm (benchmarks.run turns autotuning on: on a GPU a measured choice
+may differ).
+
+Arrays are NumPy arrays from `numpy.empty`: a planner reads shapes, strides and dtypes, never values (tests check
+that by recording the same case over NaN and over zeros), so their pages are never touched and the machine gives
+them no memory; only the few host-side copies the GPU path makes (a contiguous copy, a depth window) are written.
+Zero-strided placeholders would cost even less, but the planners look at strides (`batch_view`, contiguity) and
+would plan other launches for them.
+
+Array-library work between launches (CuPy's own reductions, casts and copies, e.g. a 3-D problem's transposed
+output or a split weight gradient's sum) is not a kernel launch of ours and is not recorded: `Recording.note` says
+so, and the model counts none of it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import numpy
+
+from . import cases as cases_mod
+
+UNRECORDED = ("array-library work between launches (CuPy reductions, casts, copies: e.g. 3-D depth windows, the "
+              "transposed 3-D output, a split weight gradient's sum) is not recorded and not modelled")
+
+
+@dataclass
+class Launch:
+    """One kernel launch as the planner made it.  `args`: {parameter name: value} in the C order; an array
+    argument is described by `ArrayArg`; `raw_args` keeps the arguments as launched (for a counter run)."""
+    source: str
+    name: str
+    grid: tuple
+    block: tuple
+    shared_mem: int
+    args: dict
+    raw_args: list = field(default_factory=list, repr=False)   # the C-ordered arguments, as launched
+
+    @property
+    def kernel(self) -> str:
+        """The template's name: 'conv_fwd_tc<__half, int, 128, 64>' -> 'conv_fwd_tc'."""
+        return self.name.split("<", 1)[0]
+
+    @property
+    def template_args(self) -> list[str]:
+        """'conv_fwd_tc<__half, int, 128, 64>' -> ['__half', 'int', '128', '64']."""
+        return [a.strip() for a in self.name.split("<", 1)[1].rstrip(">").split(",")] if "<" in self.name else []
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.block)
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "name": self.name, "grid": list(self.grid), "block": list(self.block),
+                "shared_mem": self.shared_mem, "args": {k: (v.to_dict() if isinstance(v, ArrayArg) else v)
+                                                        for k, v in self.args.items()}}
+
+
+@dataclass(frozen=True)
+class ArrayArg:
+    """A pointer argument: the array's shape, dtype, bytes, and whether the kernel only reads it (`const T*`)."""
+    shape: tuple
+    dtype: str
+    nbytes: int
+    read_only: bool
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes, "read_only": self.read_only}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One cuBLAS cublasGemmStridedBatchedEx call (`Device.gemm_strided_batched`): m, n, k, batch, dtypes of A/B
+    and C, and the compute type (`_device.gemm_compute`: TF32 or not)."""
+    m: int
+    n: int
+    k: int
+    batch: int
+    dtype: str
+    out_dtype: str
+    compute: str
+    beta: float
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    def bytes(self) -> int:
+        """A and B read once, C written (and read too when beta != 0): the GEMM's compulsory traffic."""
+        item, out = numpy.dtype(self.dtype).itemsize, cases_mod.numpy_dtype(self.out_dtype).itemsize
+        c = self.m * self.n * self.batch * out
+        return (self.m * self.k + self.k * self.n) * self.batch * item + c * (2 if self.beta else 1)
+
+    def to_dict(self) -> dict:
+        return {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch, "dtype": self.dtype,
+                "out_dtype": self.out_dtype, "compute": self.compute, "beta": self.beta, "flops": self.flops}
+
+
+@dataclass
+class Recording:
+    """Everything one case and pass launched, in order: kernel launches and GEMMs interleaved as `steps`."""
+    case: str
+    pass_: str
+    steps: list = field(default_factory=list)   # Launch | Gemm, in call order
+    note: str = UNRECORDED
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [s for s in self.steps if isinstance(s, Launch)]
+
+    @property
+    def gemms(self) -> list[Gemm]:
+        return [s for s in self.steps if isinstance(s, Gemm)]
+
+
+def _kernel_params(source: str, kernel: str):
+    from cupyconv import _device
+    return _device.kernel_files()[source].signatures[kernel]
+
+
+class RecordingDevice:
+    """A `cupyconv._device.Device` that records each kernel launch and GEMM and runs nothing (built lazily so that
+    importing this module does not import cupyconv)."""
+
+    def __new__(cls):
+        from cupyconv import _device
+
+        class _Recorder(_device.Device):
+            name = "recording"
+            xp = numpy
+            tensor_cores = True   # sm_90 has mma.sync
+
+            def __init__(self):
+                self.steps: list = []
+
+            def launch(self, source, name, grid, block, args, shared_mem=0):
+                params = _kernel_params(source, name.split("<", 1)[0])
+                named = {}
+                for param, value in zip(params, args):
+                    if isinstance(value, numpy.ndarray):
+                        named[param.name] = ArrayArg(tuple(value.shape), value.dtype.name, int(value.nbytes),
+                                                     param.type.startswith("const"))
+                    else:
+                        named[param.name] = value.item() if hasattr(value, "item") else value
+                self.steps.append(Launch(source, name, tuple(int(g) for g in grid), tuple(int(b) for b in block),
+                                         int(shared_mem), named, list(args)))
+
+            def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                     beta, c, ldc, stride_c, batch):
+                m, n, k, *_, batch = _device.gemm_arguments(transa, transb, m, n, k, a, lda, stride_a, b, ldb,
+                                                           stride_b, c, ldc, stride_c, batch)
+                self.steps.append(Gemm(m, n, k, batch, a.dtype.name, c.dtype.name, _device.gemm_compute(a.dtype)[0],
+                                       float(beta)))
+
+        return _Recorder()
+
+
+def empty_inputs(case: cases_mod.Case, fill=None) -> dict:
+    """The case's x, w, b and gy as NumPy arrays of its shapes and dtype, uninitialised (fill: a value for all)."""
+    dtype = cases_mod.numpy_dtype(case.dtype)
+    shapes = cases_mod.shapes(case)
+    arrays = {"x": shapes["x"], "w": shapes["w"], "b": shapes["b"], "gy": shapes["y"]}
+    out = {}
+    for name, shape in arrays.items():
+        if shape is None:
+            out[name] = None
+            continue
+        out[name] = numpy.empty(shape, dtype)
+        if fill is not None:
+            out[name].fill(fill)
+    return out
+
+
+def record(case: cases_mod.Case, backward: bool, inputs: dict | None = None) -> Recording:
+    """The launches and GEMMs of one case and pass ("fwd" or "fwd+bwd") on its GPU path, with 'auto' choices."""
+    import cupyconv
+    from cupyconv import _device, settings
+    device = RecordingDevice()
+    arrays = empty_inputs(case) if inputs is None else inputs
+    run = cases_mod._cupyconv_call(case, arrays, backward)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_device.use_device(device))
+        stack.enter_context(settings.autotune(False))
+        stack.enter_context(settings.allow_tf32(case.tf32))
+        stack.enter_context(numpy.errstate(all="ignore"))   # host-side arithmetic on uninitialised arrays
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run()
+    del cupyconv
+    return Recording(case.label, "fwd+bwd" if backward else "fwd", device.steps)
+
+
+def describe(step) -> str:
+    if isinstance(step, Gemm):
+        return (f"cuBLAS GEMM m={step.m} n={step.n} k={step.k} batch={step.batch} {step.dtype}->{step.out_dtype} "
+                f"{step.compute}")
+    return f"{step.name} grid {step.grid} block {step.block} shared {step.shared_mem} B"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.launches", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="", help="comma-separated GPU case labels or tags (default: all)")
+    args = parser.parse_args(argv)
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    for case in cases_mod.select(wanted, ("gpu",)):
+        for backward in (False, True):
+            rec = record(case, backward)
+            print(f"{case.label} {rec.pass_}:")
+            for step in rec.steps:
+                print("   ", describe(step))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,736 @@
+"""A performance model of every GPU benchmark case: predicted time ranges without a GPU.  PREDICTIONS, not measurements.
+
+    python -m benchmarks.predict                                  # every GPU case, H100 SXM
+    python -m benchmarks.predict --cases r50-64-gpu16,issue13 --gpu h200 --json predict.json
+    python -m benchmarks.predict --quick                          # no emulator counter runs (analytic access model)
+
+For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd", "fwd+bwd"):
+
+1. the kernels and cuBLAS GEMMs the planners launch, recorded by running the case's real GPU path on a recording
+   Device (`benchmarks.launches`), with the 'auto' choices (autotuning off);
+2. per kernel, its SASS (`benchmarks.sass`: registers, shared memory, the main loop's instruction mix,
+   occupancy) and its memory accesses: the emulator's counters where the emulator has them (`emulated_counters`,
+   the one adapter to tests/emulator's `EmulatedDevice(counters=True, blocks=...)`), else an analytic access
+   model from the SASS main loop ("analytic" in the output);
+3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
+   wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
+   takes the largest of them (its binding resource) plus a launch overhead; a case-pass is the sum of its
+   kernels and GEMMs (cuBLAS modelled at a stated fraction of peak);
+4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
+
+Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
+`ASSUMPTIONS`.  Both are written into the JSON's "meta".  Nothing here is measured: `benchmarks.gpu_check`
+records measured next to predicted on the first GPU run and writes the model's error into its summary.md.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cases as cases_mod
+from . import launches as launches_mod
+
+ROOT = Path(__file__).resolve().parents[1]
+# The predictions of record, one file per GPU (`--brief`), which benchmarks.gpu_check compares its measurements with.
+PREDICTIONS = {gpu: ROOT / "benchmarks" / "results" / f"predict-{gpu}.json" for gpu in ("h100", "h200")}
+
+# ---------------------------------------------------------------------------------------------------------
+# Constants: one table per GPU, each entry's source in SOURCES
+
+GPUS = {
+    "h100": {
+        "name": "NVIDIA H100 SXM5 80GB",
+        "sms": 132,
+        "clock_ghz": (1.755, 1.98),           # sustained under load .. maximum boost
+        "tensor_tflops": {"float16": 989.4, "bfloat16": 989.4, "tf32": 494.7},   # dense, no sparsity
+        "fp32_tflops": 66.9,
+        "fp64_tflops": 33.5,
+        "hbm_tbs": 3.35,
+        "l2_tbs": (5.5, 7.5),
+        "l2_mib": 50,
+        "schedulers_per_sm": 4,
+        "fp32_lanes_per_sm": 128,
+    },
+}
+GPUS["h200"] = {**GPUS["h100"], "name": "NVIDIA H200 SXM 141GB", "hbm_tbs": 4.8}
+
+SOURCES = {
+    "sms, schedulers_per_sm, fp32_lanes_per_sm, l2_mib":
+        "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 has 132 SMs, each with 4 warp "
+        "schedulers (one warp instruction per clock each) and 128 FP32 lanes; 50 MB L2; 256 KB L1/shared per SM",
+    "tensor_tflops, fp32_tflops, fp64_tflops":
+        "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): FP16/BF16 tensor 1,979 TFLOPS and TF32 989 TFLOPS "
+        "with sparsity, i.e. 989.4 and 494.7 dense; FP32 67 TFLOPS; FP64 34 TFLOPS (33.5 non-tensor). NVIDIA H200 "
+        "datasheet: the same compute figures",
+    "hbm_tbs":
+        "NVIDIA H100 datasheet: HBM3 3.35 TB/s (H100 SXM); NVIDIA H200 datasheet: HBM3e 4.8 TB/s, 141 GB",
+    "clock_ghz":
+        "989.4 TFLOPS = 132 SMs x 1024 dense FP16 FMA per clock x 2 at 1.83 GHz, and 66.9 TFLOPS FP32 = 132 x 128 x 2 "
+        "at 1.98 GHz (the datasheet's maximum boost); 1.755 GHz is taken as the sustained clock under a long "
+        "tensor-core load (an assumption: H100 SXM throttles below maximum boost at 700 W)",
+    "l2_tbs":
+        "ASSUMPTION, not a data-sheet figure: NVIDIA publishes no L2 bandwidth for H100; published microbenchmarks "
+        "(Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture', 2024, and 'Dissecting the "
+        "NVIDIA Hopper Architecture through Microbenchmarking and Multiple Level Analysis', 2025) report Hopper's "
+        "L2 throughput at roughly 2x its HBM3 bandwidth; the range 5.5-7.5 TB/s stands for that",
+    "shared memory / L1":
+        "CUDA C Programming Guide, 'Shared Memory' (compute capability 9.0): 32 banks of 4 bytes; a warp request is "
+        "served in wavefronts of at most one word per bank; Jia et al., 'Dissecting the NVIDIA Volta GPU "
+        "Architecture via Microbenchmarking' (2018) and 'Dissecting the NVidia Turing T4 GPU via Microbenchmarking' "
+        "(2019) measure shared-memory bandwidth at close to 32 banks x 4 B per clock per SM: one wavefront per clock "
+        "per SM, shared by the L1 data path of global loads",
+    "mma_sync_fraction":
+        "Shah et al., 'FlashAttention-3' (2024): on H100, mma.sync reaches about 2/3 of the tensor cores' peak, "
+        "which needs wgmma; Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture' (2024) "
+        "compare mma and wgmma throughput on Hopper; the range 0.5-0.67 of the dense peak is taken for mma.sync",
+}
+
+# Modelling assumptions (ranges: the first value gives the low time, the second the high time).
+ASSUMPTIONS = {
+    "mma_sync_fraction": ((0.67, 0.5), "fraction of the dense tensor peak mma.sync (HMMA) can reach on sm_90"),
+    "issue_efficiency": ((1.0, 0.7), "fraction of cycles each scheduler issues an instruction when enough warps "
+                                     "are resident (1.0: never stalls)"),
+    "cycles_between_instructions": ((4, 8), "average cycles between two instructions of one warp running alone "
+                                            "(dependent ALU ~4-6 cycles, shared-memory loads ~25-30, overlapped by "
+                                            "the loop's independent instructions): a warp's main loop takes at "
+                                            "least its instructions times this (the 'latency' bound)"),
+    "global_load_latency_cycles": ((300, 700), "a global load's latency (an L2 hit ~260-300 cycles, DRAM ~500-700 "
+                                               "under load), exposed once per trip of a SIMT or elementwise main "
+                                               "loop that loads from global memory"),
+    "dram_efficiency": ((0.92, 0.8), "fraction of the HBM peak a streaming kernel reaches (a copy: ~85-92%)"),
+    "dram_reread": ((1.0, 1.25), "DRAM bytes over the kernel's compulsory bytes (every argument read or written "
+                                 "once; more when L2 misses re-read an operand)"),
+    "l1_hit_bytes": ((1.0, 0.0), "analytic model: share of the L1 requests' bytes beyond the compulsory bytes that "
+                                 "L1 serves (1.0: only compulsory bytes reach L2; 0.0: every requested sector "
+                                 "does)"),
+    "sector_efficiency": ((1.0, 0.6), "analytic model: useful bytes / bytes moved of global requests (the review "
+                                      "found 60-69% for the tensor-core activation gathers)"),
+    "global_wavefronts_per_request": ((1.0, 3.0), "analytic model: L1 wavefronts per global request of up to 128 "
+                                                  "bytes (1: one line; scattered 2-byte gathers touch 1-3)"),
+    "shared_conflict_factor": ((1.0, 4.0), "analytic model: wavefronts per shared request of 32-bit or narrower "
+                                           "stores over the conflict-free count (the review found 4-way conflicts "
+                                           "on the 2-byte stores; loads are taken at 1.0-2.0)"),
+    "non_loop_instructions": ((0.5, 1.0), "share of a kernel's static instructions outside its main loop (up to "
+                                          "its last EXIT: cold subroutines after it are left out) that each warp "
+                                          "executes once (set-up, epilogue)"),
+    "simt_lane_efficiency": ((1.0, 0.75), "active lanes per SIMT main-loop instruction (edge tiles, predication)"),
+    "launch_overhead_us": ((1.5, 4.0), "per kernel launch and per cuBLAS call on one stream (launch latency, the "
+                                       "drain and fill between dependent kernels)"),
+    "cublas_fraction": ((0.75, 0.5), "fraction of the dense peak cuBLAS reaches on a GEMM that fills every SM "
+                                     "(fp16/bf16/TF32 on tensor cores; strict fp32 on the FMA pipe: 0.85-0.6); a GEMM "
+                                     "with fewer 128x128 output tiles (times K splits of 1024, split-K) than SMs gets "
+                                     "that share of it"),
+    "not_modelled": (None, launches_mod.UNRECORDED + "; L2 residency between kernels; clock throttling beyond "
+                                                     "the clock range; autotuning (benchmarks.run turns it on, this "
+                                                     "model takes the 'auto' heuristic's choice)"),
+}
+CUBLAS_FP32_FRACTION = (0.85, 0.6)
+
+
+def assumption(name: str) -> tuple:
+    return ASSUMPTIONS[name][0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel work: what one launch asks of each resource
+
+# Kernels whose main loop holds a pass's multiply-adds (each does one whole pass of the convolution: forward,
+# input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
+# im2col/col2im).
+MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_direct|depthwise_fwd\w*|"
+                         r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
+                         r"patch_bwd_weight)$")
+TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")
+TC_CHUNK = 32
+BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+
+
+def access_bytes(opcode: str) -> int:
+    """Bytes per lane of a load/store opcode: 'LDG.E.U16.CONSTANT' -> 2, 'STS.128' -> 16, 'LDS' -> 4;
+    ldmatrix 'LDSM.16.M88.4' -> 16 (4 matrices of 8 x 8 16-bit)."""
+    parts = opcode.split(".")
+    if parts[0] == "LDSM":
+        return 4 * int(parts[-1]) if parts[-1].isdigit() else 4
+    for part in parts[1:]:
+        if part in BYTES:
+            return BYTES[part]
+    return 4
+
+
+@dataclass
+class Range:
+    low: float
+    high: float
+
+    def __add__(self, other):
+        return Range(self.low + other.low, self.high + other.high)
+
+    def scale(self, a: float, b: float | None = None) -> Range:
+        return Range(self.low * a, self.high * (a if b is None else b))
+
+    @property
+    def mid(self) -> float:
+        return math.sqrt(max(self.low, 1e-12) * max(self.high, 1e-12))
+
+    def to_list(self, digits: int = 2) -> list:
+        return [round(self.low, digits), round(self.high, digits)]
+
+
+@dataclass
+class KernelModel:
+    """One launch: its work and the time of each resource (microseconds)."""
+    launch: launches_mod.Launch
+    sass: dict | None
+    counters: dict
+    occupancy: dict | None
+    times: dict = field(default_factory=dict)   # resource -> Range (us)
+    time: Range = field(default_factory=lambda: Range(0, 0))
+    bound: str = ""
+
+    def to_dict(self) -> dict:
+        launch = self.launch
+        return {"name": launch.name, "source": launch.source,
+                "launch": {"grid": list(launch.grid), "block": list(launch.block), "shared_mem": launch.shared_mem},
+                "sass": self.sass, "occupancy": self.occupancy, "counters": self.counters,
+                "resources_us": {k: v.to_list(3) for k, v in self.times.items()},
+                "predicted_us": self.time.to_list(), "bound": self.bound}
+
+
+def compulsory_bytes(launch: launches_mod.Launch) -> tuple[int, int]:
+    """(bytes read, bytes written) if every array argument is read (const) or written once; an array passed twice
+    (a bias placeholder) is counted once."""
+    seen, read, written = set(), 0, 0
+    for value, raw in zip(launch.args.values(), launch.raw_args):
+        if not isinstance(value, launches_mod.ArrayArg):
+            continue
+        key = (getattr(raw, "ctypes", None) and raw.ctypes.data, value.nbytes)
+        if key in seen:
+            continue
+        seen.add(key)
+        if value.read_only:
+            read += value.nbytes
+        else:
+            written += value.nbytes
+    return read, written
+
+
+def tensor_core_macs(launch: launches_mod.Launch) -> int:
+    """Multiply-adds the tensor cores execute in a tensor-core launch, padding of partial tiles included: every
+    block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
+    a = launch.args
+    _, _, rows, cols = launch.template_args
+    if launch.kernel == "conv_bwd_weight_tc":
+        total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / TC_CHUNK)
+        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+    elif launch.kernel == "conv_fwd_tc":
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / TC_CHUNK)
+    else:
+        chunks = math.ceil(a["outputs_per_group"] * a["kernel_h"] * a["kernel_w"] / TC_CHUNK)
+    return int(launch.blocks * int(rows) * int(cols) * chunks * TC_CHUNK)
+
+
+def hmma_macs(launch: launches_mod.Launch) -> int:
+    """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32."""
+    return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
+
+
+def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
+    """{index of a MAC kernel's launch in steps: its multiply-adds}.  Each run of consecutive launches of one
+    MAC kernel is one pass of the convolution (forward MACs: the input and weight gradients cost the same),
+    shared by blocks."""
+    total = cases_mod.flops(case) / 2
+    result, i = {}, 0
+    while i < len(steps):
+        step = steps[i]
+        if isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
+            j = i
+            while j + 1 < len(steps) and isinstance(steps[j + 1], launches_mod.Launch) and \
+                    steps[j + 1].name == step.name:
+                j += 1
+            blocks = sum(steps[k].blocks for k in range(i, j + 1))
+            for k in range(i, j + 1):
+                result[k] = total * steps[k].blocks / blocks
+            i = j + 1
+        else:
+            i += 1
+    return result
+
+
+def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: float) -> dict:
+    """The work of one launch from its SASS main loop (`sass`, a KernelSass dict; None: no SASS) and its
+    multiply-adds: warp instructions, HMMA and FMA instructions, global and shared requests, bytes and wavefronts,
+    each a (low, high) pair where the access model is uncertain.  Labelled "analytic"."""
+    read, written = compulsory_bytes(launch)
+    warps = launch.blocks * math.ceil(launch.threads / 32)
+    out = {"source": "analytic", "compulsory_bytes": read + written, "read_bytes": read, "written_bytes": written,
+           "macs": macs}
+    if launch.kernel in TENSOR_CORE_KERNELS:
+        out["tensor_macs"] = tensor_core_macs(launch)
+    if sass is None or not sass.get("loop"):
+        # No SASS (tools missing) or no loop: a rough per-warp count, stated as such.
+        out["note"] = "no SASS main loop: instructions guessed per warp (set-up + one element per lane)"
+        static = sass["instructions"] if sass else 300
+        out["warp_instructions"] = (warps * static * 0.5, warps * static * 2.0)
+        out["fma_instructions"] = macs / 32
+        out["hmma"] = out.get("tensor_macs", 0) / hmma_macs(launch) if "tensor_macs" in out else 0
+        out["global_requests"] = (read + written) / 128
+        out["global_bytes_requested"] = read + written
+        out["shared_wavefronts"] = (0.0, 0.0)
+        return out
+    loop, memory = sass["loop"], sass["loop_memory"]
+    rule = sass["loop_rule"]
+    if rule == "matrix":
+        trips = out["tensor_macs"] / hmma_macs(launch) / loop.get("HMMA", 1)
+    elif rule == "fma" and macs:
+        lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)
+        trips = macs / 32 / lane_macs
+    else:   # a data-movement kernel (an FMA in its loop is a bias add or a scale, not a convolution's MACs)
+        per_trip = sum(access_bytes(op) * 32 * n for op, n in memory.items() if op.startswith(("LDG", "STG")))
+        trips = (read + written) / per_trip if per_trip else warps
+    lanes = assumption("simt_lane_efficiency") if rule != "matrix" else (1.0, 1.0)
+    trips_range = (trips / lanes[0], trips / lanes[1])
+    outside = max(0, sass["body_instructions"] - sum(loop.values()))
+    share = assumption("non_loop_instructions")
+    loop_instructions = sum(loop.values())
+    out["loop_trips"] = trips_range
+    out["loop_instructions"] = loop_instructions
+    out["loop_waits_on_global"] = rule != "matrix" and any(op.startswith("LDG") for op in memory)
+    out["warp_instructions"] = tuple(t * loop_instructions + warps * outside * s for t, s in zip(trips_range, share))
+    out["hmma"] = trips * loop.get("HMMA", 0)
+    out["fma_instructions"] = trips * (loop.get("FFMA", 0) + loop.get("HFMA2", 0))
+    out["dfma_instructions"] = trips * loop.get("DFMA", 0)
+    global_ops = {op: n for op, n in memory.items() if op.startswith(("LDG", "STG", "RED", "ATOM", "LDGSTS"))}
+    shared_ops = {op: n for op, n in memory.items() if op.startswith(("LDS", "STS", "LDSM", "LDGSTS"))}
+    out["global_requests"] = trips * sum(global_ops.values())
+    out["global_bytes_requested"] = trips * sum(access_bytes(op) * 32 * n for op, n in global_ops.items())
+    base = [0.0, 0.0]
+    conflicts = assumption("shared_conflict_factor")
+    for op, n in shared_ops.items():
+        width = access_bytes(op)
+        wavefronts = max(1.0, width * 32 / 128)
+        narrow_store = op.startswith("STS") and width < 4
+        high = conflicts[1] if narrow_store else (2.0 if width <= 4 else 1.0)
+        base[0] += trips * n * wavefronts
+        base[1] += trips * n * wavefronts * high
+    out["shared_wavefronts"] = tuple(base)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The emulator's counters (tests/emulator), through one adapter
+
+
+def sample_blocks(grid) -> list[tuple]:
+    """The blocks a counter run executes: up to 4, spread over the grid (first, two interior, last), so edge tiles
+    and interior tiles both count; the totals are scaled by blocks / blocks run."""
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    total = gx * gy * gz
+    picks = sorted({0, total // 3, (2 * total) // 3, total - 1})
+    return [(i % gx, (i // gx) % gy, i // (gx * gy)) for i in picks]
+
+
+def emulated_counters(launch: launches_mod.Launch, device_factory=None) -> dict | None:
+    """The emulator's memory counters of one launch, totalled over its sites and scaled from the sampled blocks to
+    the whole grid; None where the emulator has no counters (this branch's tests/emulator) or the run fails.
+
+    The one place that knows the counters' API (`EmulatedDevice(..., counters=True, blocks=<sampler>)`, then
+    `device.profile[-1]`, a LaunchProfile whose `sites` are SiteCounters with kind, requests, sectors, lines,
+    useful_bytes, moved_bytes and wavefronts).  device_factory: for tests, a callable (counters=, blocks=) ->
+    device."""
+    if device_factory is None:
+        try:
+            root = Path(__file__).resolve().parents[1] / "tests"
+            if str(root) not in sys.path:
+                sys.path.append(str(root))
+            from emulator import EmulatedDevice
+        except Exception:
+            return None
+        if "counters" not in inspect.signature(EmulatedDevice.__init__).parameters:
+            return None
+        device_factory = EmulatedDevice
+    try:
+        device = device_factory(counters=True, blocks=sample_blocks)
+        device.launch(launch.source, launch.name, launch.grid, launch.block, launch.raw_args, launch.shared_mem)
+        profile = device.profile[-1]
+    except Exception as e:   # a counter run that fails leaves the analytic model in place, and says why
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    scale = launch.blocks / max(1, profile.blocks_run)
+    totals = {"source": "emulator", "blocks_run": profile.blocks_run, "scale": scale, "sites": []}
+    sums: dict = {}
+    for site in profile.sites:
+        d = site.to_dict() if hasattr(site, "to_dict") else dict(vars(site))
+        totals["sites"].append(d)
+        kind = d["kind"]
+        for key in ("requests", "sectors", "lines", "useful_bytes", "moved_bytes", "wavefronts"):
+            sums[f"{kind}_{key}"] = sums.get(f"{kind}_{key}", 0) + (d.get(key) or 0) * scale
+    totals["totals"] = sums
+    return totals
+
+
+def apply_counters(work: dict, counters: dict) -> dict:
+    """The analytic work with its memory terms replaced by the emulator's counts (instructions, HMMA and FMA stay
+    the SASS model's)."""
+    t = counters["totals"]
+    global_requests = t.get("global_load_requests", 0) + t.get("global_store_requests", 0)
+    lines = t.get("global_load_lines", 0) + t.get("global_store_lines", 0)
+    sectors = t.get("global_load_sectors", 0) + t.get("global_store_sectors", 0)
+    shared = t.get("shared_load_wavefronts", 0) + t.get("shared_store_wavefronts", 0)
+    useful = t.get("global_load_useful_bytes", 0) + t.get("global_store_useful_bytes", 0)
+    return {**work, "source": "emulator", "global_requests": global_requests, "global_lines": lines,
+            "global_sectors": sectors, "global_bytes_requested": useful, "sector_efficiency":
+            useful / (32 * sectors) if sectors else None, "shared_wavefronts": (shared, shared),
+            "emulator": {k: v for k, v in counters.items() if k != "sites"}, "sites": counters["sites"]}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Times
+
+
+def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dict[str, Range]:
+    """{resource: Range of microseconds} of one launch's work on gpu (occ: its sass.Occupancy, or None)."""
+    sms, sched = gpu["sms"], gpu["schedulers_per_sm"]
+    clock_hi, clock_lo = gpu["clock_ghz"][1] * 1e9, gpu["clock_ghz"][0] * 1e9   # low time at the high clock
+    us = 1e6
+    times = {}
+    warps_per_block = math.ceil(launch.threads / 32)
+    # Blocks resident on a busy SM, and the waves of them: a partial last wave, or fewer blocks than SMs, leaves SMs
+    # idle (the SM-throughput terms are scaled by `tail`).
+    resident = min(occ.blocks_per_sm if occ else 1, math.ceil(launch.blocks / sms))
+    waves = launch.blocks / (sms * resident)
+    tail = math.ceil(waves) / waves if waves > 0 else 1.0
+    if "tensor_macs" in work:
+        dtype = {"__half": "float16", "__nv_bfloat16": "bfloat16", "float": "tf32"}[launch.template_args[0]]
+        peak = gpu["tensor_tflops"][dtype] * 1e12
+        fraction = assumption("mma_sync_fraction")
+        flops = 2 * work["tensor_macs"]
+        times["tensor pipe"] = Range(flops / (peak * fraction[0]), flops / (peak * fraction[1])).scale(us * tail)
+    fma = work.get("fma_instructions", 0)
+    dfma = work.get("dfma_instructions", 0)
+    if fma or dfma:
+        lanes = gpu["fp32_lanes_per_sm"]
+        per_clock = sms * lanes / 32          # FFMA/HFMA2 warp instructions per clock, GPU-wide
+        cycles = fma / per_clock + dfma / (per_clock / 2)
+        times["FMA pipe"] = Range(cycles / clock_hi, cycles / clock_lo).scale(us * tail)
+    instructions = work["warp_instructions"]
+    efficiency = assumption("issue_efficiency")
+    per_clock = sms * sched
+    times["instruction issue"] = Range(instructions[0] / (per_clock * clock_hi * efficiency[0]),
+                                       instructions[1] / (per_clock * clock_lo * efficiency[1])).scale(us * tail)
+    # Latency: every warp runs its trips of the main loop one after another, each trip at least its instructions
+    # times the cycles between two dependent instructions of one warp -- or, in a SIMT or elementwise loop that
+    # loads from global memory, a global load's latency (the tensor-core loops prefetch their operands a chunk
+    # ahead) -- and the waves of blocks run one after another.
+    if work.get("loop_trips") and work.get("loop_instructions"):
+        warps = launch.blocks * warps_per_block
+        trips = (work["loop_trips"][0] / warps, work["loop_trips"][1] / warps)
+        gap, memory = assumption("cycles_between_instructions"), assumption("global_load_latency_cycles")
+        waits = work.get("loop_waits_on_global", False)
+        cycles = [t * max(work["loop_instructions"] * g, m if waits else 0) * math.ceil(waves)
+                  for t, g, m in zip(trips, gap, memory)]
+        times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
+    # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses.
+    if work.get("source") == "emulator":
+        global_wavefronts = (work["global_lines"], work["global_lines"])
+    else:
+        per_request = assumption("global_wavefronts_per_request")
+        global_wavefronts = (work["global_requests"] * per_request[0], work["global_requests"] * per_request[1])
+    shared = work["shared_wavefronts"]
+    l1 = (shared[0] + global_wavefronts[0], shared[1] + global_wavefronts[1])
+    if l1[1]:
+        times["shared memory/L1 wavefronts"] = Range(l1[0] / (sms * clock_hi), l1[1] / (sms * clock_lo)).scale(
+            us * tail)
+    # L2: low = only the compulsory bytes pass it; high = every requested sector misses L1.
+    compulsory = work["compulsory_bytes"]
+    if work.get("source") == "emulator":
+        l2_high = max(compulsory, 32 * work["global_sectors"])
+    else:
+        efficiency_low = assumption("sector_efficiency")[1]
+        l2_high = max(compulsory, work["global_bytes_requested"] / efficiency_low)
+    l2_bw = gpu["l2_tbs"]
+    times["L2"] = Range(compulsory / (l2_bw[1] * 1e12), l2_high / (l2_bw[0] * 1e12)).scale(us)
+    dram_eff, reread = assumption("dram_efficiency"), assumption("dram_reread")
+    bw = gpu["hbm_tbs"] * 1e12
+    times["DRAM"] = Range(compulsory * reread[0] / (bw * dram_eff[0]), compulsory * reread[1] / (bw * dram_eff[1])
+                          ).scale(us)
+    return times
+
+
+def gemm_times(gemm: launches_mod.Gemm, gpu: dict) -> dict[str, Range]:
+    """{resource: Range of us} of one cuBLAS call: its FLOPs at a fraction of the peak of its compute type,
+    reduced for a GEMM with fewer 128 x 128 output tiles than SMs, or its compulsory bytes from DRAM."""
+    if gemm.compute == "CUBLAS_COMPUTE_32F_FAST_TF32":
+        peak, fraction, pipe = gpu["tensor_tflops"]["tf32"], assumption("cublas_fraction"), "tensor pipe (cuBLAS)"
+    elif gemm.dtype in ("float16", "bfloat16"):
+        peak, fraction, pipe = gpu["tensor_tflops"][gemm.dtype], assumption("cublas_fraction"), "tensor pipe (cuBLAS)"
+    elif gemm.dtype == "float64":
+        peak, fraction, pipe = gpu["fp64_tflops"], CUBLAS_FP32_FRACTION, "FMA pipe (cuBLAS)"
+    else:
+        peak, fraction, pipe = gpu["fp32_tflops"], CUBLAS_FP32_FRACTION, "FMA pipe (cuBLAS)"
+    tiles = math.ceil(gemm.m / 128) * math.ceil(gemm.n / 128) * gemm.batch
+    if tiles < gpu["sms"]:   # cuBLAS splits a long K over more blocks (split-K) when the output tiles are few
+        tiles *= min(math.ceil(gemm.k / 1024), math.ceil(gpu["sms"] / tiles))
+    fill = min(1.0, tiles / gpu["sms"])
+    flops = gemm.flops
+    times = {pipe: Range(flops / (peak * 1e12 * fraction[0] * fill), flops / (peak * 1e12 * fraction[1] * fill)
+                         ).scale(1e6)}
+    dram_eff = assumption("dram_efficiency")
+    bw = gpu["hbm_tbs"] * 1e12
+    times["DRAM"] = Range(gemm.bytes() / (bw * dram_eff[0]), gemm.bytes() / (bw * dram_eff[1])).scale(1e6)
+    return times
+
+
+TIE = 0.85   # resources within this factor of the binding one are named with it ("latency ~ issue")
+
+
+def binding(times: dict[str, Range]) -> tuple[str, Range]:
+    """(the resource that binds, the time range): each end is the largest of the resources' ends; the binding
+    resource is the one with the largest geometric-mean time, followed by any within TIE of it (joined by ' ~ ',
+    largest first): the model cannot tell those apart."""
+    ranked = sorted(times, key=lambda k: times[k].mid, reverse=True)
+    close = [k for k in ranked if times[k].mid >= TIE * times[ranked[0]].mid]
+    return " ~ ".join(close), Range(max(t.low for t in times.values()), max(t.high for t in times.values()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A case
+
+
+class SassSource:
+    """The SASS of the launched instantiations (`benchmarks.sass.analyse`, cached on disk), or None for every
+    kernel where the tools are missing (`error` says why)."""
+
+    def __init__(self, arch: str = "sm_90", enabled: bool = True):
+        self.arch, self.enabled, self.error = arch, enabled, None if enabled else "disabled (--no-sass)"
+        self.cache: dict = {}
+
+    def prefetch(self, launches) -> None:
+        """Compile every missing instantiation of each file in one program (far quicker than one at a time)."""
+        if not self.enabled:
+            return
+        from . import sass
+        by_file: dict = {}
+        for launch in launches:
+            if (launch.source, launch.name) not in self.cache:
+                by_file.setdefault(launch.source, set()).add(launch.name)
+        for filename, names in by_file.items():
+            try:
+                found = sass.analyse(filename, names, self.arch)
+            except sass.ToolMissing as e:
+                self.enabled, self.error = False, str(e)
+                return
+            for name, k in found.items():
+                self.cache[filename, name] = k
+
+    def get(self, launch):
+        return self.cache.get((launch.source, launch.name))
+
+
+def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool) -> KernelModel:
+    from . import sass as sass_mod
+    k = sass_source.get(launch)
+    sass = k.to_dict() if k is not None else None
+    occ = None
+    if k is not None:
+        try:
+            occ = sass_mod.occupancy(k.registers, launch.threads, k.static_shared + launch.shared_mem,
+                                     sass_source.arch)
+        except ValueError:
+            occ = None
+    work = analytic_counters(launch, sass, macs)
+    emulated = emulated_counters(launch) if counters else None
+    if emulated and "error" not in emulated:
+        work = apply_counters(work, emulated)
+    elif emulated:
+        work["emulator_error"] = emulated["error"]
+    model = KernelModel(launch, sass, work, None if occ is None else {
+        "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
+        "fraction": round(occ.fraction, 3)})
+    model.times = kernel_times(work, launch, occ, gpu)
+    model.bound, model.time = binding(model.times)
+    overhead = assumption("launch_overhead_us")
+    model.time = model.time + Range(*overhead)
+    if model.time.mid > 0 and overhead[0] > max(t.low for t in model.times.values()):
+        model.bound = "launch overhead"
+    return model
+
+
+def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, str]:
+    """The case's floor on gpu's data-sheet figures (`cases.roofline`): max(FLOPs / peak, floor bytes / HBM)."""
+    if case.tensor_cores:
+        peak = gpu["tensor_tflops"]["tf32" if case.tf32 else case.dtype]
+    else:
+        peak = gpu["fp32_tflops"] if case.dtype == "float32" else gpu["fp64_tflops"]
+    r = cases_mod.roofline(case, backward, None, peak * 1e12, gpu["hbm_tbs"] * 1e12)
+    return r["floor_ms"] * 1e3, r["floor_bound"]
+
+
+def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
+                 counters: bool) -> dict:
+    gpu = GPUS[gpu_key]
+    recording = launches_mod.record(case, backward)
+    sass_source.prefetch(recording.launches)
+    macs = pass_macs(recording.steps, case)
+    kernels, total = [], Range(0, 0)
+    for i, step in enumerate(recording.steps):
+        if isinstance(step, launches_mod.Gemm):
+            times = gemm_times(step, gpu)
+            bound, time = binding(times)
+            time = time + Range(*assumption("launch_overhead_us"))
+            entry = {"name": "cuBLAS gemmStridedBatchedEx", "launch": step.to_dict(), "counters": None,
+                     "resources_us": {k: v.to_list(3) for k, v in times.items()}, "predicted_us": time.to_list(),
+                     "bound": bound}
+        else:
+            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters)
+            time, entry = model.time, model.to_dict()
+        kernels.append(entry)
+        total = total + time
+    floor, floor_bound = floor_us(case, backward, gpu)
+    heaviest = max(kernels, key=lambda k: math.sqrt(k["predicted_us"][0] * k["predicted_us"][1]), default=None)
+    return {"case": case.label, "pass": recording.pass_, "op": case.op, "dtype": case.precision, "gpu": gpu_key,
+            "kernels": kernels, "predicted_us": total.to_list(), "floor_us": round(floor, 2),
+            "floor_bound": floor_bound,
+            "bound": f"{heaviest['bound']} ({heaviest['name'].split('<')[0]})" if heaviest else None,
+            "x_floor": [round(total.low / floor, 2), round(total.high / floor, 2)] if floor else None,
+            "accesses": sorted({k["counters"]["source"] for k in kernels if k.get("counters")}),
+            "prediction": True}
+
+
+def kernels_hash() -> str:
+    """A hash of every raw_kernels/ source as compiled (headers inlined): a prediction made at another hash
+    describes other kernels."""
+    from cupyconv import _device
+    text = "".join(_device.kernel_source(f) for f in sorted(_device.kernel_files()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def meta(gpu_key: str, counters: bool, sass_source: SassSource) -> dict:
+    return {"prediction": "PREDICTION: no GPU measurement", "gpu": gpu_key, "gpu_constants": GPUS[gpu_key],
+            "git_commit": git_commit(), "kernels_sha": kernels_hash(),
+            "sources": SOURCES, "assumptions": {k: {"range_low_time_high_time": v[0], "what": v[1]}
+                                                for k, v in ASSUMPTIONS.items()},
+            "cublas_fp32_fraction": CUBLAS_FP32_FRACTION, "counters": "emulator where available" if counters else
+            "analytic access model only", "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
+            "command": "python -m benchmarks.predict " + " ".join(sys.argv[1:])}
+
+
+def brief(result: dict) -> dict:
+    """A result without the per-kernel SASS, counters and resource times: what RESULTS.md and gpu_check need."""
+    kernels = [{"name": k["name"], "launch": k["launch"], "counters": {"source": (k.get("counters") or {}).get(
+        "source", "cuBLAS model")}, "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
+    return {**result, "kernels": kernels}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Calibration: measured against predicted
+
+
+def gpu_of(name: str | None) -> str | None:
+    """The model's GPU key for a device name ("NVIDIA H100 80GB HBM3" -> "h100"), None for one it does not model."""
+    name = (name or "").upper()
+    return next((key for key in ("h200", "h100") if key.upper() in name), None)
+
+
+def calibration(bench: dict, predictions: dict) -> list[dict]:
+    """Per case-pass that benchmarks.run measured (`bench`, its JSON) and the model predicted (`predictions`, a
+    --json file): cupyconv's measured median next to the predicted range, and the model's error, measured /
+    predicted low and high ("inside" when the measurement falls within the range).  A case label with a suffix
+    ("p-seed-gpubf16@cpu", a smoke run on the CPU) is matched by the label before it."""
+    predicted = {(r["case"], r["pass"]): r for r in predictions.get("results", [])}
+    rows = []
+    for r in bench.get("results", []):
+        ours = r.get("contenders", {}).get("cupyconv", {})
+        p = predicted.get((r["case"].split("@")[0], r["pass"]))
+        if p is None or ours.get("status") != "ok" or not ours.get("median_ms"):
+            continue
+        measured = ours["median_ms"] * 1e3
+        low, high = p["predicted_us"]
+        rows.append({"case": r["case"], "pass": r["pass"], "measured_us": round(measured, 2),
+                     "predicted_us": [low, high], "bound": p["bound"], "floor_us": p["floor_us"],
+                     "measured_over_predicted": [round(measured / low, 3), round(measured / high, 3)],
+                     "inside": low <= measured <= high})
+    return rows
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'case':<18} {'pass':<8} {'dtype':<13} {'predicted us':>17} {'floor us':>9} {'x floor':>13}  "
+             f"bound (kernel)"]
+    for r in results:
+        lo, hi = r["predicted_us"]
+        xl, xh = r["x_floor"] or (float("nan"), float("nan"))
+        lines.append(f"{r['case']:<18} {r['pass']:<8} {r['dtype']:<13} {lo:>8.1f}-{hi:<8.1f} {r['floor_us']:>9.1f} "
+                     f"{xl:>6.1f}-{xh:<6.1f}  {r['bound']}")
+    return "\n".join(lines)
+
+
+def markdown(results: list[dict]) -> str:
+    """The table as Markdown, for benchmarks/RESULTS.md."""
+    lines = ["| case | pass | dtype | predicted us | floor us | x floor | binding resource (kernel) | kernels |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        lo, hi = r["predicted_us"]
+        xl, xh = r["x_floor"]
+        names = ", ".join(k["name"].split("<")[0].replace("cuBLAS gemmStridedBatchedEx", "GEMM") for k in r["kernels"])
+        lines.append(f"| {r['case']} | {r['pass']} | {r['dtype']} | {lo:.0f}-{hi:.0f} | {r['floor_us']:.1f} | "
+                     f"{xl:.1f}-{xh:.1f} | {r['bound']} | {names} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="", help="comma-separated GPU case labels or tags (default: all)")
+    parser.add_argument("--pass", dest="passes", choices=("fwd", "fwd+bwd", "both"), default="both")
+    parser.add_argument("--gpu", choices=sorted(GPUS), default="h100")
+    parser.add_argument("--json", type=Path, help="write {meta, results} here")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for RESULTS.md)")
+    parser.add_argument("--quick", action="store_true", help="no emulator counter runs: the analytic access model")
+    parser.add_argument("--counters", choices=("auto", "off"), default="auto",
+                        help="auto: the emulator's counters where tests/emulator has them (slow: it runs sampled "
+                             "blocks of every kernel); off: the analytic access model")
+    parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
+    parser.add_argument("--brief", action="store_true", help="JSON without per-kernel SASS, counters and resource "
+                                                             "times (the form of benchmarks/results/predict-*.json)")
+    args = parser.parse_args(argv)
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    selected = cases_mod.select(wanted, ("gpu",))
+    if not selected:
+        parser.error(f"no GPU case matches --cases {args.cases!r}; see python -m benchmarks.run --list")
+    counters = args.counters == "auto" and not args.quick
+    sass_source = SassSource(enabled=not args.no_sass)
+    passes = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[args.passes]
+    results = [predict_case(case, backward, args.gpu, sass_source, counters)
+               for case in selected for backward in passes]
+    info = meta(args.gpu, counters, sass_source)
+    used = sorted({source for r in results for source in r["accesses"]})
+    info["counters"] = ("emulator counters" if used == ["emulator"] else
+                        "analytic access model (no emulator counters)" if "emulator" not in used else
+                        "emulator counters where they ran, else the analytic access model")
+    print(f"PREDICTION (no GPU measurement) for {GPUS[args.gpu]['name']}; SASS: {info['sass']}; accesses: "
+          f"{info['counters']}")
+    print(markdown(results) if args.markdown else table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        written = [brief(r) for r in results] if args.brief else results
+        args.json.write_text(json.dumps({"meta": info, "results": written}, indent=None if args.brief else 1,
+                                        default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

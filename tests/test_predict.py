@@ -1,0 +1,276 @@
+"""The performance model (benchmarks/predict.py), its launch recorder (benchmarks/launches.py) and the SASS
+library's loop and occupancy rules (benchmarks/sass.py): the arithmetic against hand-computed values, and a smoke
+run of `python -m benchmarks.predict` on a few cases.  Nothing here is a measurement."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
+    sys.path.append(str(ROOT))
+
+from benchmarks import cases, launches, predict, sass  # noqa: E402
+
+BY_LABEL = {c.label: c for c in cases.ALL_CASES}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Occupancy: the allocation rules on configurations worked out by hand
+
+
+@pytest.mark.parametrize("registers, threads, shared, blocks, limit", [
+    # conv_fwd_tc 128x64: 121 -> 128 registers, 4096 per warp, 4 warps per sub-partition = 16 warps = 2 blocks of 8;
+    # shared 30 KiB + 1 KiB reserved would allow 7.
+    (121, 256, 30720, 2, "registers"),
+    # 64 registers x 1024 threads is exactly the register file: one block.
+    (64, 1024, 0, 1, "registers"),
+    # 40 registers: 1280 per warp, 12 warps per sub-partition (16384 / 1280 = 12.8), 48 warps: 24 blocks of 2 warps
+    # (a pooled 64 Ki would give 25).
+    (40, 64, 0, 24, "registers"),
+    # 33 registers: 1056 rounds up to 1280 per warp (units of 256, not 128: 1152), 12 warps per sub-partition
+    (33, 64, 0, 24, "registers"),
+    # 100 KiB of shared memory + 1 KiB reserved per block: 2 blocks in 228 KiB.
+    (32, 128, 100 * 1024, 2, "shared memory"),
+    # small blocks: at most 32 blocks per SM
+    (16, 32, 0, 32, "blocks"),
+    # 255 registers -> 256: 8192 per warp, 2 warps per sub-partition, 8 warps: one block of 8.
+    (255, 256, 0, 1, "registers"),
+    # 1024-thread blocks of few registers: 64 warps per SM, so two blocks.
+    (16, 1024, 0, 2, "warps"),
+])
+def test_occupancy_follows_the_allocation_rules(registers, threads, shared, blocks, limit):
+    occ = sass.occupancy(registers, threads, shared, "sm_90")
+    assert (occ.blocks_per_sm, occ.limited_by) == (blocks, limit)
+    assert occ.warps_per_sm == blocks * math.ceil(threads / 32)
+
+
+def test_occupancy_refuses_what_cannot_launch():
+    with pytest.raises(ValueError):
+        sass.occupancy(256, 128, 0)
+    with pytest.raises(ValueError):
+        sass.occupancy(32, 1056, 0)
+    with pytest.raises(ValueError, match="shared memory"):
+        sass.occupancy(32, 128, 228 * 1024)   # + 1 KiB reserved is over the SM's 228 KiB
+    assert sass.occupancy(32, 128, 163 * 1024, "sm_80").blocks_per_sm == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The main loop and instruction mix
+
+
+def _listing(opcodes_and_targets):
+    """nvdisasm-like instructions: (opcode, branch target index or None)."""
+    return [{"opcode": op, "operands": "" if target is None else f"`(.L_x_1), 0x{target * 16:x}"}
+            for op, target in opcodes_and_targets]
+
+
+def test_main_loop_rules():
+    simt = _listing([("MOV", None),
+                     ("LDG.E", None), *[("FFMA", None)] * 4,                          # 1-8: outer loop ...
+                     ("LDS", None), ("FFMA", None), ("BRA", 6),                        # ... holding 6-8
+                     ("BRA", 1),
+                     ("IADD3", None), ("STG.E", None), ("BRA", 10), ("EXIT", None)])  # 10-12: a store loop
+    rule, body = sass.main_loop(simt)
+    # the outer loop has 4 FFMA of its own, the inner 1: the outer holds the main work
+    assert rule == "fma" and body["FFMA"] == 5 and sum(body.values()) == 9
+    # an FMA or two (a bias add, HFMA2 moving a constant) do not make a convolution loop: the memory rule
+    bias = _listing([("HFMA2.MMA", None), ("LDG.E", None), ("FADD", None), ("STG.E", None), ("BRA", 0),
+                     *[("LDG.E", None), ("FADD", None), ("STG.E", None)] * 4, ("BRA", 5), ("EXIT", None)])
+    rule, body = sass.main_loop(bias)
+    assert rule == "memory" and body["LDG"] == 4
+    matrix = _listing([("LDG.E.U16", None), ("HMMA.16816.F32", None), ("LDS", None), ("BRA", 0),
+                       ("FFMA", None), ("FFMA", None), ("BRA", 4)])
+    rule, body = sass.main_loop(matrix, full=True)
+    assert rule == "matrix" and body == {"LDG.E.U16": 1, "HMMA.16816.F32": 1, "LDS": 1, "BRA": 1}
+    memory = _listing([("IADD3", None), ("BRA", 0), ("LDG.E", None), ("STG.E", None), ("BRA", 2)])
+    assert sass.main_loop(memory)[0] == "memory" and sass.main_loop(memory)[1]["LDG"] == 1
+    assert sass.main_loop(_listing([("FFMA", None), ("EXIT", None)])) is None
+    assert sass.instruction_mix(sass.main_loop(matrix)[1]) == {"global_load": 1, "matrix": 1, "shared_load": 1,
+                                                              "branch": 1}
+
+
+@pytest.mark.parametrize("opcode, width", [("LDG.E.U16.CONSTANT", 2), ("STS.U16", 2), ("LDS", 4), ("LDS.64", 8),
+                                           ("STS.128", 16), ("LDG.E.128", 16), ("LDSM.16.M88.4", 16),
+                                           ("LDSM.16.M88.2", 8), ("STG.E.U8", 1)])
+def test_access_widths(opcode, width):
+    assert predict.access_bytes(opcode) == width
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The recording device
+
+
+def _launch_keys(recording):
+    return [(s.name, s.grid, s.block, s.shared_mem,
+             tuple((k, v) for k, v in s.args.items() if not isinstance(v, launches.ArrayArg)))
+            if isinstance(s, launches.Launch) else s for s in recording.steps]
+
+
+@pytest.mark.parametrize("label", ["p-seed-gpu16", "p-seed-gpu32", "r50-64-gpu32", "r50-64-gputf32", "rx-128-gpu16",
+                                   "dw-256-56-gpu16", "dw-384-14k31-gpu32", "iv-gpu16", "c1d-audio-gpu16",
+                                   "c3d-video-gpu32", "ct2d-k4s2-gpu16"])
+def test_recording_reads_no_data(label):
+    """The planners see shapes only: the smoke-size problem over NaN and over zeros launches the same kernels with
+    the same grids, blocks, shared memory and scalar arguments, forward and backward."""
+    case = cases.smoke(BY_LABEL[label])
+    for backward in (False, True):
+        runs = [launches.record(case, backward, launches.empty_inputs(case, fill)) for fill in (numpy.nan, 0.0)]
+        assert runs[0].steps and _launch_keys(runs[0]) == _launch_keys(runs[1])
+
+
+def test_recording_of_the_r50_64_forward():
+    """ResNet-50's 64-channel 3x3 layer in fp16: one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56 pixels."""
+    rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
+    (launch,) = rec.steps
+    assert launch.name == "conv_fwd_tc<__half, int, 128, 64>" and launch.grid == (32 * 56 * 56 // 128, 1, 1)
+    assert launch.block == (256,) and launch.args["channels_per_group"] == 64
+    assert launch.args["x"].read_only and not launch.args["out"].read_only
+    # strict fp32 takes im2col + cuBLAS: a GEMM m = 3136 pixels, n = 64, k = 576 per image, no TF32
+    gemms = launches.record(BY_LABEL["r50-64-gpu32"], False).gemms
+    assert [(g.m, g.n, g.k, g.batch, g.compute) for g in gemms] == [(3136, 64, 576, 32, "CUBLAS_COMPUTE_32F")]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The model's arithmetic
+
+
+def test_floor_by_hand():
+    case = BY_LABEL["r50-64-gpu16"]
+    flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    nbytes = 2 * (2 * 32 * 64 * 56 * 56 + 64 * 64 * 9 + 64)
+    floor, bound = predict.floor_us(case, False, predict.GPUS["h100"])
+    assert bound == "memory" and floor == pytest.approx(nbytes / 3.35e12 * 1e6)
+    assert floor > flops / 989.4e12 * 1e6
+    floor, bound = predict.floor_us(case, False, predict.GPUS["h200"])   # faster HBM: compute-bound
+    assert bound == "compute" and floor == pytest.approx(flops / 989.4e12 * 1e6)
+
+
+def test_tensor_core_work_and_pass_macs():
+    case = BY_LABEL["r50-64-gpu16"]
+    rec = launches.record(case, True)
+    forward, grad_input, grad_weight, bias = rec.steps
+    # the forward tiles exactly: 784 blocks of 128 x 64 over 18 chunks of 32 = the useful MACs
+    assert predict.tensor_core_macs(forward) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
+    assert predict.hmma_macs(forward) == 16 * 8 * 16
+    macs = predict.pass_macs(rec.steps, case)
+    assert macs == {0: cases.flops(case) / 2, 1: cases.flops(case) / 2, 2: cases.flops(case) / 2}
+    assert predict.tensor_core_macs(grad_weight) >= cases.flops(case) // 2
+    read, written = predict.compulsory_bytes(bias)
+    assert (read, written) == (2 * 32 * 64 * 56 * 56, 2 * 64)
+
+
+def test_work_and_times_of_a_tensor_core_main_loop():
+    """The r50-64 forward with the loop the SASS gives its instantiation (sm_90, NVRTC 13: 395 instructions, 16
+    HMMA, 24 LDG.U16, 24 STS.U16, 32 LDS per warp and chunk), worked out by hand."""
+    launch = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[0]
+    loop = {"HMMA": 16, "LDG": 24, "STS": 24, "LDS": 32, "IMAD": 299}
+    kernel = {"instructions": 2500, "body_instructions": 2395, "loop_rule": "matrix", "loop": loop,
+              "loop_memory": {"LDG.E.U16.CONSTANT": 24, "STS.U16": 24, "LDS": 32}}
+    work = predict.analytic_counters(launch, kernel, cases.flops(BY_LABEL["r50-64-gpu16"]) / 2)
+    trips = 784 * 8 * 18                      # blocks x warps x K chunks
+    assert work["loop_trips"] == (trips, trips) and work["hmma"] == trips * 16
+    assert work["warp_instructions"] == (trips * 395 + 784 * 8 * 2000 * 0.5, trips * 395 + 784 * 8 * 2000)
+    assert work["global_requests"] == trips * 24 and work["global_bytes_requested"] == trips * 24 * 2 * 32
+    # LDS.32 one wavefront each, conflict-free to 2-way; STS.U16 one, up to 4-way
+    assert work["shared_wavefronts"] == (trips * 56, trips * (32 * 2 + 24 * 4))
+    occ = sass.occupancy(121, 256, 30720)
+    times = predict.kernel_times(work, launch, occ, predict.GPUS["h100"])
+    waves = 784 / (132 * 2)
+    tail = math.ceil(waves) / waves
+    assert times["instruction issue"].low == pytest.approx(work["warp_instructions"][0] / (132 * 4 * 1.98e9) * 1e6
+                                                           * tail)
+    assert times["tensor pipe"].low == pytest.approx(2 * 784 * 128 * 64 * 576 / (989.4e12 * 0.67) * 1e6 * tail)
+    # a warp runs its 18 chunks one after another, at least 395 x 4 cycles each, three waves of blocks
+    assert times["latency"].low == pytest.approx(18 * 395 * 4 * 3 / 1.98e9 * 1e6)
+    assert times["DRAM"].low == pytest.approx(work["compulsory_bytes"] / (3.35e12 * 0.92) * 1e6)
+
+
+def test_ranges_and_binding():
+    times = {"DRAM": predict.Range(10, 20), "L2": predict.Range(9, 19), "tensor pipe": predict.Range(1, 2)}
+    bound, total = predict.binding(times)
+    assert bound == "DRAM ~ L2" and (total.low, total.high) == (10, 20)
+    gemm = launches.Gemm(4096, 4096, 4096, 1, "float16", "float16", "CUBLAS_COMPUTE_32F", 0.0)
+    t = predict.gemm_times(gemm, predict.GPUS["h100"])["tensor pipe (cuBLAS)"]
+    assert t.low == pytest.approx(2 * 4096**3 / (989.4e12 * 0.75) * 1e6)
+    assert t.high == pytest.approx(2 * 4096**3 / (989.4e12 * 0.5) * 1e6)
+
+
+class _Site:
+    def __init__(self, kind, **counts):
+        self.kind, self.counts = kind, counts
+
+    def to_dict(self):
+        return {"site": "conv.cu:1", "kind": self.kind, "width": 2, **self.counts}
+
+
+class _FakeCounterDevice:
+    """The counters' API as the emulator branch provides it: `profile[-1]` with blocks_run and sites."""
+
+    def __init__(self, counters, blocks):
+        assert counters is True
+        self.blocks, self.profile = blocks, []
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        run = self.blocks(grid)
+        sites = [_Site("global_load", requests=10, sectors=60, lines=20, useful_bytes=640, moved_bytes=1920,
+                       wavefronts=0),
+                 _Site("shared_store", requests=10, sectors=0, lines=0, useful_bytes=640, moved_bytes=640,
+                       wavefronts=40)]
+        self.profile.append(type("LaunchProfile", (), {"blocks_run": len(run), "sites": sites})())
+
+
+def test_counter_adapter_scales_the_sampled_blocks():
+    launch = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[0]
+    assert predict.sample_blocks((784, 1, 1)) == [(0, 0, 0), (261, 0, 0), (522, 0, 0), (783, 0, 0)]
+    counters = predict.emulated_counters(launch, device_factory=_FakeCounterDevice)
+    assert counters["blocks_run"] == 4 and counters["scale"] == 784 / 4
+    totals = counters["totals"]
+    assert totals["global_load_sectors"] == 60 * 196 and totals["shared_store_wavefronts"] == 40 * 196
+    work = predict.apply_counters({"source": "analytic", "compulsory_bytes": 1}, counters)
+    assert work["source"] == "emulator" and work["shared_wavefronts"] == (40 * 196, 40 * 196)
+    assert work["sector_efficiency"] == pytest.approx(640 / (32 * 60))
+
+    class Broken(_FakeCounterDevice):
+        def launch(self, *args, **kwargs):
+            raise RuntimeError("no counters for this kernel")
+    assert "RuntimeError" in predict.emulated_counters(launch, device_factory=Broken)["error"]
+
+
+def test_every_gpu_case_gets_a_prediction():
+    """Every GPU case of cases.ALL_CASES (the N-d ones included), both passes, without SASS (quick): a range,
+    a floor and a binding resource each."""
+    source = predict.SassSource(enabled=False)
+    for case in cases.select([], ("gpu",)):
+        for backward in (False, True):
+            r = predict.predict_case(case, backward, "h100", source, counters=False)
+            low, high = r["predicted_us"]
+            assert 0 < low <= high and r["floor_us"] > 0 and r["bound"] and r["kernels"], (case.label, r)
+            assert r["x_floor"] == pytest.approx([low / r["floor_us"], high / r["floor_us"]], rel=1e-2, abs=0.02)
+
+
+def test_smoke_run_of_the_command(tmp_path):
+    """`python -m benchmarks.predict` on a few cases (tensor cores, depthwise, cuBLAS, an N-d case) writes the
+    JSON other tools read.  Compiles a few instantiations for their SASS where NVRTC is installed."""
+    out = tmp_path / "predict.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.predict", "--cases",
+                           "r50-64-gpu16,dw-256-56-gpu16,r50-64-gpu32,c1d-audio-gpu16", "--quick", "--json", out],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PREDICTION (no GPU measurement)" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["meta"]["prediction"].startswith("PREDICTION") and data["meta"]["sources"]
+    assert set(data["meta"]["assumptions"]) == set(predict.ASSUMPTIONS)
+    assert [(r["case"], r["pass"]) for r in data["results"]] == [
+        (c, p) for c in ("r50-64-gpu16", "dw-256-56-gpu16", "r50-64-gpu32", "c1d-audio-gpu16")
+        for p in ("fwd", "fwd+bwd")]
+    for r in data["results"]:
+        assert {"case", "pass", "dtype", "gpu", "kernels", "predicted_us", "floor_us", "bound", "x_floor"} <= set(r)
+        for k in r["kernels"]:
+            assert {"name", "launch", "counters", "bound", "predicted_us"} <= set(k)
