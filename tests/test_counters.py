@@ -14,7 +14,7 @@ from emulator import _build, _device
 
 SOURCE = "counters.cu"
 KERNELS = ["copy_strided_float", "shared_float_stride", "shared_vector_stride", "shared_half_column",
-           "partial_warp_loop"]
+           "partial_warp_loop", "predicated_helper"]
 
 
 def device(**kw) -> EmulatedDevice:
@@ -113,6 +113,19 @@ def test_requests_are_per_warp_and_per_execution():
     assert (load.requests, load.lane_accesses, load.sectors, load.useful_bytes) == (6, 120, 18, 6 * 80)
 
 
+def test_a_predicated_load_in_a_helper_pairs_by_call():
+    """Lane 0 skips the first of 4 calls' loads: 4 requests of 4 sectors per warp (the first with 31 lanes), as
+    the GPU's predicated instruction; pairing by execution count alone would give 5 + 5 + 5 + 4 sectors."""
+    dev = device()
+    data = numpy.arange(4 * 64, dtype=numpy.float32)
+    out = dev.empty(64, numpy.float32)
+    dev.launch(SOURCE, "predicated_helper", 1, 64, [data, out, numpy.int32(4)])
+    lane = numpy.arange(64) % 32
+    numpy.testing.assert_array_equal(out, 4 * lane + 64 * 6)  # lane 0 skips in[0], which is 0
+    load = dev.profile[-1].site(line_of("helper_load"))
+    assert (load.requests, load.lane_accesses, load.sectors) == (8, 2 * 127, 8 * 4)
+
+
 def test_only_the_kernels_accesses_count_and_the_sample_is_reported():
     """Every site is a line of the kernel file (the engine's and the headers' own accesses, and the threads'
     locals, are not counted); blocks= runs a sample, which the profile reports; a launch per record."""
@@ -150,6 +163,8 @@ MUTATIONS = {
     "useful = lanes x width": ("site.useful_bytes += useful_bytes(all + i, j - i, width, scratch);",
                                "site.useful_bytes += (long long)(j - i) * width;"),
     "one request per warp and site": ("site.next[l]++", "0"),
+    "pairing by execution count only": ("event.calls[f - 1] = d >= 0 && d < kShadowDepth ? log.call[d] : 0;",
+                                        "event.calls[f - 1] = 0;"),
 }
 CHECKS = [
     lambda: test_shared_bank_conflicts(1, 1),
@@ -158,12 +173,13 @@ CHECKS = [
     lambda: test_global_sectors_per_request(1, 4),
     lambda: test_global_sectors_per_request(0, 1),
     lambda: test_requests_are_per_warp_and_per_execution(),
+    lambda: test_a_predicated_load_in_a_helper_pairs_by_call(),
 ]
 
 
 @pytest.mark.slow
 def test_each_rule_is_needed(tmp_path, monkeypatch):
-    """The six checks pass with the real rules; with each mutation one of them, at least, fails."""
+    """The checks pass with the real rules; with each mutation one of them, at least, fails."""
     for check in CHECKS:
         check()
     header = (_build.INCLUDE_DIR / "emu_counters.h").read_text()

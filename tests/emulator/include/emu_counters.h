@@ -42,18 +42,28 @@ struct Key {
 };
 struct Event {
   int site;  // index into State::sites
+  unsigned calls[kFrames - 1];  // which call of each of the site's call sites this access belongs to
   uintptr_t address;
+};
+constexpr int kCallSlots = 1024;  // call sites a fiber may pass between two synchronisation points
+struct CallCount {                // calls made from one call site since the last synchronisation point
+  uintptr_t pc;
+  unsigned round, count;
 };
 struct Log {  // one fiber's accesses since the last synchronisation point, and its shadow call stack
   Event* events = nullptr;
   size_t count = 0, capacity = 0;
   uintptr_t stack[kShadowDepth];
+  unsigned call[kShadowDepth];  // stack[d]'s call number (CallCount::count when it was made)
   int depth = 0;
+  CallCount calls[kCallSlots];  // open addressing on pc; entries of an earlier round count as empty
+  unsigned round = 1;
 };
 struct Site {
   Key key;
   long long requests, lane_accesses, sectors, lines, useful_bytes, wavefronts;
-  unsigned next[32];  // per lane: executions of this site in the current merge
+  unsigned next[32];                   // per lane: executions of this site within its current calls
+  unsigned last[32][kFrames - 1];      // per lane: those calls
 };
 struct Span {
   uintptr_t low, high, base;  // [low, high): the argument's bytes; base: its allocation's start
@@ -136,10 +146,12 @@ EMU_UNINSTRUMENTED static void record(uintptr_t pc, uintptr_t address, unsigned 
   }
   Log& log = state.logs[engine.current - engine.fibers];
   Key key;
+  Event event;
   key.frames[0] = pc;
   for (int f = 1; f < kFrames; ++f) {
     const int d = log.depth - f;
     key.frames[f] = d >= 0 && d < kShadowDepth ? log.stack[d] : 0;
+    event.calls[f - 1] = d >= 0 && d < kShadowDepth ? log.call[d] : 0;
   }
   key.space = space;
   key.write = write;
@@ -149,18 +161,39 @@ EMU_UNINSTRUMENTED static void record(uintptr_t pc, uintptr_t address, unsigned 
     log.events = (Event*)realloc(log.events, log.capacity * sizeof(Event));
     if (!log.events) abort();
   }
-  log.events[log.count++] = Event{site_index(key), address};
+  event.site = site_index(key);
+  event.address = address;
+  log.events[log.count++] = event;
+}
+
+// Numbers the calls made from each call site since the last synchronisation point: a lane whose helper skips
+// its access (a load predicated off in the padding) still makes the call, so its next access pairs with the
+// other lanes' accesses of the same call, as a predicated instruction does on a GPU.
+EMU_UNINSTRUMENTED static unsigned count_call(Log& log, uintptr_t caller) {
+  size_t slot = (caller * 0x9e3779b97f4a7c15ull >> 40) & (kCallSlots - 1);
+  for (int probe = 0; probe < kCallSlots; ++probe, slot = (slot + 1) & (kCallSlots - 1)) {
+    CallCount& c = log.calls[slot];
+    if (c.round != log.round) {
+      c = CallCount{caller, log.round, 1};
+      return 1;
+    }
+    if (c.pc == caller) return ++c.count;
+  }
+  return 0;  // more call sites than slots: this call goes unnumbered
 }
 
 EMU_UNINSTRUMENTED static void push_frame(uintptr_t caller) {
-  if (!engine.current) return;
+  if (!engine.current || !state.on) return;
   Log& log = state.logs[engine.current - engine.fibers];
-  if (log.depth < kShadowDepth) log.stack[log.depth] = caller;
+  if (log.depth < kShadowDepth) {
+    log.stack[log.depth] = caller;
+    log.call[log.depth] = count_call(log, caller);
+  }
   ++log.depth;
 }
 
 EMU_UNINSTRUMENTED static void pop_frame() {
-  if (!engine.current) return;
+  if (!engine.current || !state.on) return;
   Log& log = state.logs[engine.current - engine.fibers];
   if (log.depth > 0) --log.depth;
 }
@@ -170,7 +203,8 @@ EMU_UNINSTRUMENTED static void pop_frame() {
 
 struct LaneAccess {
   int site;
-  unsigned k;  // the lane's k-th execution of the site since the last synchronisation point
+  unsigned calls[kFrames - 1];  // Event::calls
+  unsigned k;  // the lane's k-th execution of the site within those calls
   int lane;
   uintptr_t address;
 };
@@ -179,6 +213,8 @@ EMU_UNINSTRUMENTED static int by_request(const void* a, const void* b) {
   const LaneAccess* x = (const LaneAccess*)a;
   const LaneAccess* y = (const LaneAccess*)b;
   if (x->site != y->site) return x->site < y->site ? -1 : 1;
+  for (int f = 0; f < kFrames - 1; ++f)
+    if (x->calls[f] != y->calls[f]) return x->calls[f] < y->calls[f] ? -1 : 1;
   if (x->k != y->k) return x->k < y->k ? -1 : 1;
   return x->lane - y->lane;
 }
@@ -255,17 +291,34 @@ EMU_UNINSTRUMENTED static void merge_warp(int base, int lanes) {
   for (int l = 0; l < lanes; ++l) {
     Log& log = state.logs[base + l];
     for (size_t e = 0; e < log.count; ++e) {
-      Site& site = state.sites[log.events[e].site];
-      all[n++] = LaneAccess{log.events[e].site, site.next[l]++, l, log.events[e].address};
+      const Event& event = log.events[e];
+      Site& site = state.sites[event.site];
+      if (std::memcmp(site.last[l], event.calls, sizeof event.calls) != 0) {  // a new call: count from 0
+        std::memcpy(site.last[l], event.calls, sizeof event.calls);
+        site.next[l] = 0;
+      }
+      LaneAccess a;
+      a.site = event.site;
+      std::memcpy(a.calls, event.calls, sizeof a.calls);
+      a.k = site.next[l]++;
+      a.lane = l;
+      a.address = event.address;
+      all[n++] = a;
     }
   }
-  for (size_t i = 0; i < n; ++i) std::memset(state.sites[all[i].site].next, 0, sizeof state.sites[0].next);
+  for (size_t i = 0; i < n; ++i) {
+    Site& site = state.sites[all[i].site];
+    std::memset(site.next, 0, sizeof site.next);
+    std::memset(site.last, 0, sizeof site.last);
+  }
   qsort(all, n, sizeof *all, by_request);
   static uintptr_t* scratch = nullptr;  // per lane access: the words (or sectors, lines) it touches
   static size_t scratch_size = 0;
   for (size_t i = 0; i < n;) {
     size_t j = i;
-    while (j < n && all[j].site == all[i].site && all[j].k == all[i].k) ++j;
+    while (j < n && all[j].site == all[i].site && all[j].k == all[i].k &&
+           std::memcmp(all[j].calls, all[i].calls, sizeof all[i].calls) == 0)
+      ++j;
     Site& site = state.sites[all[i].site];
     const unsigned width = site.key.width ? site.key.width : 1;
     const size_t need = (j - i) * (width / 4 + 2);
@@ -286,7 +339,10 @@ EMU_UNINSTRUMENTED static void merge_warp(int base, int lanes) {
     i = j;
   }
   free(all);
-  for (int l = 0; l < lanes; ++l) state.logs[base + l].count = 0;
+  for (int l = 0; l < lanes; ++l) {
+    state.logs[base + l].count = 0;
+    ++state.logs[base + l].round;  // call numbers start again
+  }
 }
 
 // Engine hooks (emu_runtime.h).
@@ -294,6 +350,7 @@ EMU_UNINSTRUMENTED static void start_block(int n) {
   for (int i = 0; i < n; ++i) {
     state.logs[i].count = 0;
     state.logs[i].depth = 0;
+    ++state.logs[i].round;
   }
 }
 // After a pass of the scheduler: every fiber waits at a barrier or a warp operation, or has exited.

@@ -62,3 +62,18 @@ __global__ void partial_warp_loop(const float* in, float* out, int active, int r
   }
   out[threadIdx.x] = sum;
 }
+
+// A load predicated off in a helper, as the tensor-core gathers skip the padding: lane 0 skips it in the first
+// iteration.  On a GPU the predicated instruction still issues once per iteration, so each iteration is one
+// request of 128 bytes in 4 sectors (31 lanes in the first); pairing lane 0's first load with the others' first
+// would mix iterations 256 bytes apart (5 sectors).
+__device__ float load_unless(const float* p, bool skip) {
+  if (skip) return 0.0f;
+  return *p;  // @helper_load
+}
+__global__ void predicated_helper(const float* in, float* out, int repeat) {
+  const int lane = threadIdx.x & 31;
+  float sum = 0.0f;
+  for (int r = 0; r < repeat; ++r) sum += load_unless(in + 64 * r + lane, lane == 0 && r == 0);
+  out[threadIdx.x] = sum;
+}
