@@ -201,3 +201,35 @@ def test_each_rule_is_needed(tmp_path, monkeypatch):
         if not failed:
             survivors.append(name)
     assert not survivors, f"mutations no check catches: {survivors}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The shipped tensor-core forward (benchmarks/RESULTS.md, "Emulated memory counters")
+
+
+def test_tensor_core_forward_at_the_r50_64_shape():
+    """conv_fwd_tc on 3x3 64 -> 64 56x56 float16 (N = 1: the 64 x 64 tile), two interior blocks: the A operand's
+    2-byte stores into its stage are 4-way conflicted (rows 20 words apart), the B stores and the fragment loads
+    conflict-free, the activation gather about 2/3 sector-efficient, the weight loads fully."""
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 56, 56)).astype(numpy.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+    dev = EmulatedDevice(counters=True, blocks=lambda grid: [(20, 0, 0), (21, 0, 0)])
+    with cupyconv_device.use_device(dev):
+        cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    (profile,) = dev.profile
+    assert profile.name == "conv_fwd_tc<__half, int, 64, 64>" and profile.blocks_run == 2
+    mma = 2 * 4 * 18 * 16  # blocks x warps x chunks of 32 k x mma.sync per chunk
+    shared_stores = sorted((s for s in profile.sites if s.kind == "shared_store"), key=lambda s: -s.wavefronts)
+    assert [(s.width, s.wavefronts_per_request) for s in shared_stores] == [(2, 4.0), (2, 1.0)]
+    assert all(s.wavefronts_per_request == 1.0 for s in profile.sites if s.kind == "shared_load")
+    assert profile.total("shared_load").requests == 2 * mma  # 8 A and 8 B fragment loads per 8 mma.sync
+    waves = profile.total("shared_load").wavefronts + profile.total("shared_store").wavefronts
+    assert waves / mma == 7.0
+    loads = sorted((s for s in profile.sites if s.kind == "global_load"), key=lambda s: s.sector_efficiency)
+    activation, weight = loads[0], loads[-1]
+    assert 0.6 <= activation.sector_efficiency <= 0.75 and activation.width == 2
+    assert weight.sector_efficiency == 1.0 and weight.sectors_per_request == 2.0
