@@ -233,3 +233,20 @@ def test_tensor_core_forward_at_the_r50_64_shape():
     activation, weight = loads[0], loads[-1]
     assert 0.6 <= activation.sector_efficiency <= 0.75 and activation.width == 2
     assert weight.sector_efficiency == 1.0 and weight.sectors_per_request == 2.0
+
+
+def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
+    """python -m emulator --case LABEL: the table and the JSON of the case's launches."""
+    import json
+    from pathlib import Path
+
+    from emulator.__main__ import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # benchmarks/, as `python -m` has it
+    out = tmp_path / "r50.json"
+    assert main(["--case", "r50-64-gpu16", "--batch", "1", "--blocks", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "conv_fwd_tc<__half, int, 64, 64>" in text and "not GPU measurements" in text
+    (profile,) = json.loads(out.read_text())["profiles"]
+    assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
+        "global_load", "global_store", "shared_load", "shared_store"}
