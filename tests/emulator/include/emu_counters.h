@@ -15,7 +15,10 @@
 //
 // Warp instructions: each fiber logs its accesses; after every pass of the scheduler (every fiber then waits at
 // a barrier or a warp operation, or has exited: a warp-wide synchronisation point) the logs of each warp are
-// merged, and the k-th execution of a site by each lane since the last such point forms one request.  Then:
+// merged, and the k-th execution of a site by each lane within the same calls of its three enclosing call sites
+// (calls numbered per call site since that point) forms one request: a lane whose helper skips the access
+// still makes the call, so it does not shift its later requests (a GPU issues the predicated instruction).
+// Then:
 //   global memory: 32-byte sectors and 128-byte lines touched by the request (addresses counted from the
 //     argument's allocation, which a GPU aligns to 256 bytes), distinct bytes requested ("useful");
 //   shared memory: wavefronts with 32 banks of 4 bytes: lanes that read the same 4-byte word share it
