@@ -14,8 +14,15 @@
 // pack2 builds a 16-bit pair register; to_tf32 rounds a float to tf32 (cvt.rna, as cuBLAS's TF32 mode does):
 // the tensor cores would otherwise just drop the 13 low mantissa bits.
 //
-// The CPU emulator (tests/emulator) defines these functions as warp collectives with the same layouts and the
-// hardware's rounding, so a kernel that assumes any other fragment layout computes wrong results there.
+// Numerics: D accumulates in float, but not as IEEE float additions: the tensor cores form the products exactly
+// and add them (and C) in a fixed-width adder that aligns the terms to the largest and truncates the bits below
+// about float's precision, so results may differ from a sum rounded once in the last bits (more where terms
+// cancel); the kernels' tests on a GPU compare with tolerances.
+//
+// The CPU emulator (tests/emulator) defines these functions as warp collectives with the same layouts, the same
+// operand rounding, exact products and one rounding of the sum (tests/emulator/include/emu_mma.h): a kernel that
+// assumes any other fragment layout computes wrong results there; its last bits are the idealised sum's, not
+// the hardware's.
 #pragma once
 #include "common.cuh"
 

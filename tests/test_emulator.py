@@ -593,7 +593,9 @@ def test_asan_mode_needs_the_preloaded_runtime(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tensor-core matrix operations (raw_kernels/mma.cuh): documented fragment layouts, hardware rounding, whole warps
+# Tensor-core matrix operations (raw_kernels/mma.cuh): documented fragment layouts, the hardware's operand rounding,
+# whole warps.  The sums are the emulator's idealisation (exact products, one rounding): the bit equality below
+# is the emulator's contract, checked on the emulator only; a GPU's adder may differ in the last bits (emu_mma.h).
 
 
 def _mma_inputs(rng, dtype, k):
@@ -614,7 +616,7 @@ def test_mma_m16n8k16_computes_a_times_b_plus_c(order, dtype):
     for swap, exact in ((0, True), (1, False)):
         d = device(order).empty((16, 8), numpy.float32)
         launch(order, name, 1, 32, [a, bt, c, d, numpy.int32(swap)])
-        if exact:  # exact products, one rounding of the sum: equal to the float64 reference rounded once
+        if exact:  # exact products, one rounding of the sum (emulator only): the float64 reference rounded once
             numpy.testing.assert_array_equal(d, expected)
         else:      # a fragment in the wrong register: a different product
             assert numpy.abs(d - expected).max() > 1.0

@@ -4,17 +4,20 @@
     with cupyconv._device.use_device(EmulatedDevice(order="reverse")):
         out = cupyconv.unfold(x, 3, padding=1)   # NumPy x: the GPU path, emulated
 
-See EmulatedDevice for the options and _asan.py for the AddressSanitizer mode.
+See EmulatedDevice for the options, _asan.py for the AddressSanitizer mode and _profile.py for the memory counters
+(EmulatedDevice(counters=True), profile_report).
 """
 from ._asan import (asan_environment, asan_preloaded, assert_clean_under_asan, pytest_under_asan, run_under_asan,
                     sanitizer_report)
 from ._build import BuildError, cache_root
 from ._device import (EmulatedDevice, EmulatorError, KernelArgumentError, KernelFailure, LaunchConfigError,
-                      last_block)
+                      last_block, spread_blocks)
+from ._profile import LaunchProfile, SiteCounters, profile_report
 from pathlib import Path as _Path
 
 SELFTEST_KERNEL_DIR = _Path(__file__).resolve().parent / "selftest_kernels"
 
 __all__ = ["EmulatedDevice", "EmulatorError", "KernelArgumentError", "KernelFailure", "LaunchConfigError",
            "BuildError", "cache_root", "asan_environment", "asan_preloaded", "assert_clean_under_asan",
-           "pytest_under_asan", "run_under_asan", "sanitizer_report", "SELFTEST_KERNEL_DIR", "last_block"]
+           "pytest_under_asan", "run_under_asan", "sanitizer_report", "SELFTEST_KERNEL_DIR", "last_block",
+           "spread_blocks", "LaunchProfile", "SiteCounters", "profile_report"]

@@ -41,6 +41,11 @@ PLAIN_FLAGS = (f"-fsanitize={UB_CHECKS}",)
 # ASan for global memory (arguments copied to exact-size heap buffers) and dynamic shared memory (poisoned
 # past the launch's size); -g1 gives its reports file:line.
 ASAN_FLAGS = (f"-fsanitize=address,{UB_CHECKS}", "-fno-omit-frame-pointer", "-g1")
+# The profile build (memory counters, include/emu_counters.h): ThreadSanitizer's instrumentation of every load and
+# store, compiled in but linked without its runtime (the emulator defines the hooks); -g for the line tables and
+# inlining records that map an access to its file:line (profile.py, with addr2line).  Not with ASan: g++ refuses
+# address and thread together.
+PROFILE_FLAGS = (f"-fsanitize=thread,{UB_CHECKS}", "-g", "-DEMU_PROFILE=1")
 
 
 class BuildError(RuntimeError):
@@ -188,20 +193,42 @@ def static_shared_sizes(obj: Path, count: int) -> dict[int, int]:
     return result
 
 
-def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=()) -> tuple[Path, dict]:
+def tls_guards(library: Path) -> list[list[int]]:
+    """[offset, size] in the TLS block of each guard variable of a `__shared__` array of class type (a block-scope
+    thread_local that g++ initialises once, checking its guard on every entry): not shared memory on a GPU, so the
+    counters leave the guards' accesses out."""
+    symbols = _readelf("-s", str(library)) or ""
+    guards = set()
+    for line in symbols.splitlines():
+        parts = line.split()
+        if len(parts) >= 8 and parts[3] == "TLS" and parts[7].startswith("_ZGV"):
+            guards.add((int(parts[1], 16), int(parts[2], 0) if parts[2].startswith("0x") else int(parts[2])))
+    return [list(g) for g in sorted(guards)]
+
+
+def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=(), profile: bool = False
+          ) -> tuple[Path, dict]:
     """Path of the compiled library for `names` of kernel_dir/source and its metadata; compiles if needed.
-    defines: the file's -D options (cupyconv._device.compile_options), part of the key like every flag."""
+    defines: the file's -D options (cupyconv._device.compile_options), part of the key like every flag.
+    profile: the build with memory counters (PROFILE_FLAGS), never with asan."""
+    if asan and profile:
+        raise BuildError("emulator: the profile (counters) build cannot also be the ASan build")
     kernel_dir = Path(kernel_dir).resolve()
     text = expand_source(kernel_dir, source)
     launcher = launcher_source(source, names, launch_bounds(text))
     dynamic = dynamic_shared_source(dynamic_shared_names(text))
-    flags = list(BASE_FLAGS) + list(ASAN_FLAGS if asan else PLAIN_FLAGS) + list(defines)
+    mode = "profile" if profile else "asan" if asan else "plain"
+    flags = list(BASE_FLAGS) + list({"profile": PROFILE_FLAGS, "asan": ASAN_FLAGS, "plain": PLAIN_FLAGS}[mode])
+    flags += list(defines)
+    # The profile build links without ThreadSanitizer's runtime: include/emu_counters.h defines its hooks.
+    link_flags = list(BASE_FLAGS) + list(PLAIN_FLAGS) if profile else flags
     digest = hashlib.sha256()
-    for part in (FORMAT, str(kernel_dir), source, text, launcher, dynamic, " ".join(flags), compiler_version()):
+    for part in (FORMAT, str(kernel_dir), source, text, launcher, dynamic, " ".join(flags), " ".join(link_flags),
+                 compiler_version()):
         digest.update(part.encode() + b"\0")
     for header in sorted(INCLUDE_DIR.iterdir()):
         digest.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
-    key = f"{Path(source).stem}-{'asan' if asan else 'plain'}-{digest.hexdigest()[:20]}"
+    key = f"{Path(source).stem}-{mode}-{digest.hexdigest()[:20]}"
     root = cache_root()
     final = root / key
     if not (final / "meta.json").is_file():
@@ -209,7 +236,7 @@ def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=(
         with open(root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be compiling this very key
             if not (final / "meta.json").is_file():
-                _compile(kernel_dir, source, names, launcher, dynamic, flags, root, final)
+                _compile(kernel_dir, source, names, launcher, dynamic, flags, link_flags, root, final)
                 _prune(root, key)
     os.utime(final)  # marks it as used, for _prune
     return final / "lib.so", json.loads((final / "meta.json").read_text())
@@ -227,7 +254,7 @@ def _prune(root: Path, keep: str) -> None:
             pass
 
 
-def _compile(kernel_dir, source, names, launcher, dynamic, flags, root: Path, final: Path) -> None:
+def _compile(kernel_dir, source, names, launcher, dynamic, flags, link_flags, root: Path, final: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         (work / "launchers.cpp").write_text(launcher)
@@ -235,12 +262,13 @@ def _compile(kernel_dir, source, names, launcher, dynamic, flags, root: Path, fi
         # Compiled, then linked: static_shared_sizes reads the object file.
         for command in ([CXX, *flags, "-I", str(INCLUDE_DIR), "-I", str(kernel_dir), "-include", "prelude.h", "-c",
                          "launchers.cpp", "dyn_shared.cpp"],
-                        [CXX, *flags, "-o", "lib.so", "launchers.o", "dyn_shared.o"]):
+                        [CXX, *link_flags, "-o", "lib.so", "launchers.o", "dyn_shared.o"]):
             result = subprocess.run(command, capture_output=True, text=True, cwd=work)
             if result.returncode != 0:
                 raise BuildError(f"emulator: g++ failed on {kernel_dir / source}:\n{result.stderr[-20000:]}")
         shared = static_shared_sizes(work / "launchers.o", len(names))
-        meta = {"source": source, "names": names, "static_shared": {names[i]: n for i, n in shared.items()}}
+        meta = {"source": source, "names": names, "static_shared": {names[i]: n for i, n in shared.items()},
+                "tls_guards": tls_guards(work / "lib.so")}
         (work / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(work, final)  # atomic: readers see a complete directory or none

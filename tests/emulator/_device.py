@@ -14,6 +14,7 @@ from cupyconv._kernels import argument_error
 
 from ._asan import asan_preloaded
 from ._build import DYNAMIC_SHARED_CAPACITY, build
+from ._profile import LaunchProfile, read_sites
 
 STATIC_SHARED_LIMIT = cupyconv_device.DEFAULT_SHARED_LIMIT  # static + dynamic without opt-in (every architecture)
 OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block (sm_80: 163 KiB)
@@ -152,6 +153,13 @@ class _Library:
         self.cdll.emu_error.restype = ctypes.c_char_p
         self.cdll.emu_set_order.argtypes = [ctypes.c_int]
         self.cdll.emu_set_blocks.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
+        self.profiled = hasattr(self.cdll, "emu_profile_begin")
+        if self.profiled:
+            self.cdll.emu_profile_begin.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+            guards = [v for g in meta.get("tls_guards", []) for v in g]
+            self.guards = (ctypes.c_ulonglong * max(len(guards), 1))(*guards)
+            self.cdll.emu_profile_blocks.restype = ctypes.c_longlong
+            self.cdll.emu_profile_site.argtypes = [ctypes.c_int, ctypes.c_void_p]
         self.names = list(meta["names"])
         self.source = meta["source"]
         self.static_shared = meta["static_shared"]
@@ -167,7 +175,7 @@ class _Library:
         return self._kernels[name]
 
 
-_LIBRARIES: dict = {}  # (kernel dir, source, asan) -> _Library, shared by every EmulatedDevice of the process
+_LIBRARIES: dict = {}  # (kernel dir, source, asan, counters) -> _Library, shared by every EmulatedDevice of the process
 _LOCK = threading.RLock()  # the engine's state is global: one launch at a time
 
 
@@ -183,15 +191,19 @@ class EmulatedDevice(cupyconv_device.Device):
     instantiations: (file, name expression) pairs to compile for kernel_dir, one library per file; default for
                 raw_kernels/: cupyconv._device.all_instantiations(), and launching any other name raises.
     blocks:     None (every block), or a function of a launch's grid (x, y, z) that returns the blocks to run,
-                as (x, y, z) triples, e.g. `last_block`: gridDim stays the whole grid, so those blocks compute the
-                indices they would on a GPU, while the others are skipped (problems of 2^31 elements and more).
+                as (x, y, z) triples, e.g. `last_block` or `spread_blocks(k)`: gridDim stays the whole grid, so those
+                blocks compute the indices they would on a GPU, while the others are skipped (problems of 2^31
+                elements and more).
+    counters:   run the profile build (a separate library, not with asan) and append a LaunchProfile of every
+                launch's memory counters (per access site: warp requests, global sectors and lines, shared
+                wavefronts) to `self.profile`; see emulator.profile_report and tests/emulator/README.md.
     """
 
     name = "emulated"
     xp = numpy
 
     def __init__(self, order: str = "forward", *, asan: bool | None = None, kernel_dir=None, instantiations=None,
-                 blocks=None):
+                 blocks=None, counters: bool = False):
         if order not in ("forward", "reverse"):
             raise ValueError(f"order must be 'forward' or 'reverse', not {order!r}")
         self.order = order
@@ -204,9 +216,14 @@ class EmulatedDevice(cupyconv_device.Device):
         self._package = self.kernel_dir == package_dir
         self._instantiations = None if instantiations is None else sorted(set(instantiations))
         self.blocks = blocks
+        self.counters = bool(counters)
+        if self.counters and self.asan:
+            raise EmulatorError("counters=True runs the profile build, which cannot be the ASan build (asan=False)")
+        self.profile: list[LaunchProfile] = []
 
     def __repr__(self):
-        return f"EmulatedDevice(order={self.order!r}, asan={self.asan}, kernel_dir='{self.kernel_dir}')"
+        return (f"EmulatedDevice(order={self.order!r}, asan={self.asan}, counters={self.counters}, "
+                f"kernel_dir='{self.kernel_dir}')")
 
     # -- Device interface -------------------------------------------------------------------------------
 
@@ -248,12 +265,22 @@ class EmulatedDevice(cupyconv_device.Device):
             library.cdll.emu_set_order(self.order == "reverse")
             if chosen is not None:
                 library.cdll.emu_set_blocks(ctypes.addressof(chosen), len(linear))
+            if self.counters:
+                spans = _global_spans(list(args))
+                library.cdll.emu_profile_begin(ctypes.addressof(spans), len(spans) // 3,
+                                               ctypes.addressof(library.guards), len(library.guards) // 2)
             try:
                 status = kernel.launch(grid_c, block_c, shared_mem, argv, extents)
             finally:
                 if chosen is not None:
                     library.cdll.emu_set_blocks(None, -1)
+                if self.counters:
+                    library.cdll.emu_profile_end()
             message = library.cdll.emu_error().decode(errors="replace") if status else ""
+            if self.counters and not status:
+                self.profile.append(LaunchProfile(source, name, grid, block, shared_mem,
+                                                  library.cdll.emu_profile_blocks(),
+                                                  read_sites(library.cdll, library.path, self.kernel_dir)))
         del keep_alive
         if status:
             raise KernelFailure(f"{source}: {name}, grid {grid}, block {block}, {self.order} order: {message}")
@@ -269,7 +296,7 @@ class EmulatedDevice(cupyconv_device.Device):
         return sorted({n for f, n in pairs if f == source})
 
     def _library_for(self, source: str, required: str | None = None) -> _Library:
-        key = (str(self.kernel_dir), source, self.asan)
+        key = (str(self.kernel_dir), source, self.asan, self.counters)
         with _LOCK:
             library = _LIBRARIES.get(key)
             if library is not None and (required is None or required in library):
@@ -283,7 +310,7 @@ class EmulatedDevice(cupyconv_device.Device):
                 names = sorted(set(names) | set(library.names if library else ()) | {required})
             if not names:
                 raise EmulatorError(f"{source}: no instantiations to compile")
-            path, meta = build(self.kernel_dir, source, names, self.asan, self._defines(source))
+            path, meta = build(self.kernel_dir, source, names, self.asan, self._defines(source), profile=self.counters)
             library = _LIBRARIES[key] = _Library(path, meta)
             return library
 
@@ -333,6 +360,32 @@ class EmulatedDevice(cupyconv_device.Device):
         argv = (ctypes.c_void_p * max(len(slots), 1))(*[ctypes.addressof(s) for s in slots])
         extents_c = (ctypes.c_longlong * max(len(extents), 2))(*extents)
         return argv, extents_c, slots
+
+
+def _global_spans(args: list):
+    """(low, high, allocation start) of every array argument, flat, for emu_profile_begin: the bytes its pointer
+    reaches and where the memory it views begins (the outermost NumPy array whose buffer it shares), so that
+    sectors count from an allocation's start as on a GPU, whose allocations are 256-byte aligned."""
+    values = []
+    for a in args:
+        if isinstance(a, numpy.ndarray):
+            low, high = _span(a)
+            root = a
+            while isinstance(root.base, numpy.ndarray):
+                root = root.base
+            data = a.ctypes.data
+            values += [data + low, data + high, min(root.ctypes.data, data + low)]
+    return (ctypes.c_ulonglong * max(len(values), 1))(*values)
+
+
+def spread_blocks(count: int):
+    """The `blocks` of an EmulatedDevice that runs `count` blocks of every grid, spread evenly over its linear
+    index from the first to the last (all of them when the grid has no more): a sample for the counters."""
+    def blocks(grid):
+        total = grid[0] * grid[1] * grid[2]
+        chosen = sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(min(count, total))})
+        return [(b % grid[0], b // grid[0] % grid[1], b // (grid[0] * grid[1])) for b in chosen]
+    return blocks
 
 
 def last_block(grid):

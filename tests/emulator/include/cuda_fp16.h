@@ -18,8 +18,9 @@ struct __half {
   __half(short v) : __x(from(v)) {}
   __half(unsigned short v) : __x(from(v)) {}
   operator float() const {
+    const unsigned short bits = __x;  // a load the profile build sees (it does not see memcpy)
     _Float16 h;
-    std::memcpy(&h, &__x, 2);
+    std::memcpy(&h, &bits, 2);
     return (float)h;
   }
 

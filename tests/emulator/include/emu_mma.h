@@ -4,10 +4,14 @@
 // engine (emu_runtime.h, warp_mma) assembles A, B and C from the fragments in the PTX ISA's documented layouts
 // (mma.cuh lists them), computes D = A * B + C and hands every lane its part of D.  So a kernel that puts an
 // element in any other register, or that lets only some lanes reach the call, fails its tests here as it
-// would on the GPU.  Numerics follow the hardware: the products of 16-bit and tf32 operands are exact in
-// float, the sum is carried in double and rounded to float once (the tensor cores keep at least float's
-// precision), and tf32 operands are read as the hardware reads them, ignoring the 13 low mantissa bits:
-// without to_tf32 a float is truncated, not rounded.
+// would on the GPU.  Numerics: the operands are read as the hardware reads them (tf32 ignoring the 13 low
+// mantissa bits: without to_tf32 a float is truncated, not rounded), their products are exact, and the sum of
+// the products and C is carried in double and rounded to float once.  That is an idealisation, not the
+// hardware's adder: the tensor cores add in a fixed-width, non-IEEE adder (published measurements: the terms
+// aligned to the largest exponent, bits below about float's precision truncated, normalised once per block of
+// products), so a GPU's result may differ from this one in the last bits of a float, more where terms cancel.
+// Tests that demand bit equality with a once-rounded float64 result hold here by construction; on a GPU they
+// hold only for data whose sums the narrower adder still holds exactly (tests/bug_classes.py `exact_terms`).
 #pragma once
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"

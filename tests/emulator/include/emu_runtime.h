@@ -56,6 +56,10 @@ struct Engine {
 };
 static Engine engine;
 
+}  // namespace emu
+#include "emu_counters.h"  // the profile build's memory counters (no-ops in the other builds)
+namespace emu {
+
 static void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char* format, ...) {
   va_list args;
@@ -380,6 +384,7 @@ static int run_block(int n) {
     f->lane = i % 32;
     start_fiber(f);
   }
+  counters::start_block(n);
   char a[256], b[256];
   for (;;) {
     for (int k = 0; k < n; ++k) {
@@ -387,6 +392,7 @@ static int run_block(int n) {
       if (f->state == RUNNABLE) resume(f);
       if (f->state == FAILED) return -1;  // undefined behaviour, engine.message says where
     }
+    counters::synchronised(n);  // every fiber now waits or has exited: warp requests are complete
     const int released = release_warps(n);
     if (released < 0) return -1;
     if (released > 0) continue;
@@ -571,6 +577,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   gridDim = dim3(grid[0], grid[1], grid[2]);
   blockDim = dim3(block[0], block[1], block[2]);
   const SharedMemory shared = locate_shared();
+  counters::set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
 #endif
@@ -589,6 +596,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
     blockIdx = uint3{(unsigned)(b % grid[0]), (unsigned)(b / grid[0] % grid[1]), (unsigned)(b / grid[0] / grid[1])};
     poison_shared(shared, dynamic_bytes);
     status = run_block(n);
+    counters::end_block(status == 0);
     if (status != 0) {
       char text[sizeof engine.message];
       snprintf(text, sizeof text, "block (%u,%u,%u): %s", blockIdx.x, blockIdx.y, blockIdx.z, engine.message);

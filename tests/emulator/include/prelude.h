@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 // ... and the system headers of the engine (emu_runtime.h): glibc's <sys/cdefs.h> spells __noinline__ too.
+#include <dlfcn.h>
 #include <link.h>
 #include <sys/mman.h>
 #include <ucontext.h>

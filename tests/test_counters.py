@@ -1,0 +1,252 @@
+"""The emulator's memory counters (EmulatedDevice(counters=True), tests/emulator/include/emu_counters.h) on
+access patterns whose costs are documented (tests/emulator/selftest_kernels/counters.cu): global sectors per
+warp request, shared-memory wavefronts under the bank rules, requests grouped per warp and per execution.
+`test_each_rule_is_needed` rebuilds the counters with one rule broken at a time and sees these checks fail."""
+from __future__ import annotations
+
+import shutil
+
+import numpy
+import pytest
+
+from emulator import SELFTEST_KERNEL_DIR, EmulatedDevice, EmulatorError, profile_report, spread_blocks
+from emulator import _build, _device
+
+SOURCE = "counters.cu"
+KERNELS = ["copy_strided_float", "shared_float_stride", "shared_vector_stride", "shared_half_column",
+           "partial_warp_loop", "predicated_helper"]
+
+
+def device(**kw) -> EmulatedDevice:
+    return EmulatedDevice(kernel_dir=SELFTEST_KERNEL_DIR, instantiations=[(SOURCE, k) for k in KERNELS],
+                          counters=True, **kw)
+
+
+def line_of(marker: str) -> str:
+    """"counters.cu:<line>" of the access marked `// @marker`."""
+    lines = (SELFTEST_KERNEL_DIR / SOURCE).read_text().splitlines()
+    found = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"// @{marker}")]
+    assert len(found) == 1, marker
+    return f"{SOURCE}:{found[0]}"
+
+
+def copy_counters(dev, stride, offset=0):
+    """The load and store sites of copy_strided_float on 2 blocks of 64 threads (4 warps)."""
+    data = numpy.random.default_rng(0).standard_normal(2 * 64 * 2 + 8).astype(numpy.float32)
+    source = data[offset:]  # a view `offset` floats into its allocation
+    out = dev.empty(128, numpy.float32)
+    dev.launch(SOURCE, "copy_strided_float", 2, 64, [source, out, numpy.int32(stride)])
+    numpy.testing.assert_array_equal(out, source[::stride][:128] if stride else numpy.full(128, source[0]))
+    profile = dev.profile[-1]
+    return profile.site(line_of("global_load")), profile.site(line_of("global_store"))
+
+
+@pytest.mark.parametrize("stride, sectors", [(1, 4), (2, 8), (0, 1)])
+def test_global_sectors_per_request(stride, sectors):
+    load, store = copy_counters(device(), stride)
+    assert (load.kind, load.width, load.requests, load.lane_accesses) == ("global_load", 4, 4, 128)
+    assert load.sectors_per_request == sectors and load.moved_bytes == 32 * load.sectors
+    assert load.lines_per_request == {1: 1, 2: 2, 0: 1}[stride]
+    assert load.useful_bytes == (4 * 128 if stride else 4 * 4)  # a broadcast asks for its 4 bytes once per request
+    assert load.sector_efficiency == {1: 1.0, 2: 0.5, 0: 4 / 32}[stride]
+    assert (store.kind, store.sectors_per_request, store.sector_efficiency) == ("global_store", 4, 1.0)
+
+
+def test_sectors_count_from_the_allocation():
+    """A view 4 bytes into its array starts 4 bytes past a sector boundary on a GPU: each warp's 128 bytes
+    touch 5 sectors and 2 lines, whatever address NumPy gave the array itself."""
+    load, _ = copy_counters(device(), 1, offset=1)
+    assert (load.sectors_per_request, load.lines_per_request) == (5, 2)
+
+
+@pytest.mark.parametrize("stride, wavefronts", [(0, 1), (1, 1), (2, 2), (4, 4), (32, 32)])
+def test_shared_bank_conflicts(stride, wavefronts):
+    """32 banks of 4 bytes: stride 0 is a broadcast, 2, 4 and 32 words apart are 2-, 4- and 32-way conflicts."""
+    dev = device()
+    out = dev.empty(64, numpy.float32)
+    dev.launch(SOURCE, "shared_float_stride", 1, 64, [out, numpy.int32(stride)])
+    numpy.testing.assert_array_equal(out, stride * (numpy.arange(64) % 32))
+    profile = dev.profile[-1]
+    for marker, kind in (("shared_load", "shared_load"), ("shared_store", "shared_store")):
+        site = profile.site(line_of(marker))
+        assert (site.kind, site.width, site.requests, site.lane_accesses) == (kind, 4, 2, 64)
+        assert site.wavefronts_per_request == wavefronts, marker
+        assert site.sectors == 0 and site.sector_efficiency is None
+    fill = profile.site(line_of("shared_fill"))  # 16 iterations of 2 warps, consecutive words
+    assert (fill.requests, fill.wavefronts_per_request) == (32, 1)
+
+
+@pytest.mark.parametrize("stride, period, w8, w16", [(1, 64, 2, 4), (2, 64, 4, 8), (1, 16, 2, 4), (1, 8, 2, 4)])
+def test_vector_shared_accesses_per_half_and_quarter_warp(stride, period, w8, w16):
+    """8-byte accesses in half warps, 16-byte ones in quarter warps: 2 and 4 wavefronts for a full warp without
+    conflicts, also when the half or quarter warps read the same words (a phase serves its own lanes only), and
+    twice that 2 elements apart."""
+    dev = device()
+    out = dev.empty(32, numpy.float32)
+    dev.launch(SOURCE, "shared_vector_stride", 1, 32, [out, numpy.int32(stride), numpy.int32(period)])
+    numpy.testing.assert_array_equal(out, 2 * (stride * numpy.arange(32) % period))
+    p8, p16 = dev.profile[-1].site(line_of("shared_load8")), dev.profile[-1].site(line_of("shared_load16"))
+    assert (p8.width, p8.requests, p16.width, p16.requests) == (8, 1, 16, 1)
+    assert (p8.wavefronts, p16.wavefronts) == (w8, w16)
+
+
+@pytest.mark.parametrize("pitch, wavefronts", [(40, 4), (1, 1)])
+def test_half_stores_down_a_padded_column(pitch, wavefronts):
+    """The tensor-core stage layout: rows of 40 halves (20 words) put 32 lanes in 8 banks, 4-way; lanes on
+    neighbouring halves share words (1 wavefront)."""
+    dev = device()
+    dev.launch(SOURCE, "shared_half_column", 1, 32, [dev.empty(32, numpy.float32), numpy.int32(pitch)])
+    store = dev.profile[-1].site(line_of("shared_store2"))
+    assert (store.kind, store.width, store.requests, store.wavefronts) == ("shared_store", 2, 1, wavefronts)
+
+
+def test_requests_are_per_warp_and_per_execution():
+    """20 active lanes of each of 2 warps, 3 iterations: 6 requests of 20 lanes, 80 contiguous bytes each from a
+    sector boundary: 3 sectors."""
+    dev = device()
+    data = numpy.arange(5 * 32, dtype=numpy.float32)
+    out = dev.empty(64, numpy.float32)
+    dev.launch(SOURCE, "partial_warp_loop", 1, 64, [data, out, numpy.int32(20), numpy.int32(3)])
+    lane = numpy.arange(64) % 32
+    numpy.testing.assert_array_equal(out, numpy.where(lane < 20, 3 * lane + 96, 0))
+    load = dev.profile[-1].site(line_of("loop_load"))
+    assert (load.requests, load.lane_accesses, load.sectors, load.useful_bytes) == (6, 120, 18, 6 * 80)
+
+
+def test_a_predicated_load_in_a_helper_pairs_by_call():
+    """Lane 0 skips the first of 4 calls' loads: 4 requests of 4 sectors per warp (the first with 31 lanes), as
+    the GPU's predicated instruction; pairing by execution count alone would give 5 + 5 + 5 + 4 sectors."""
+    dev = device()
+    data = numpy.arange(4 * 64, dtype=numpy.float32)
+    out = dev.empty(64, numpy.float32)
+    dev.launch(SOURCE, "predicated_helper", 1, 64, [data, out, numpy.int32(4)])
+    lane = numpy.arange(64) % 32
+    numpy.testing.assert_array_equal(out, 4 * lane + 64 * 6)  # lane 0 skips in[0], which is 0
+    load = dev.profile[-1].site(line_of("helper_load"))
+    assert (load.requests, load.lane_accesses, load.sectors) == (8, 2 * 127, 8 * 4)
+
+
+def test_only_the_kernels_accesses_count_and_the_sample_is_reported():
+    """Every site is a line of the kernel file (the engine's and the headers' own accesses, and the threads'
+    locals, are not counted); blocks= runs a sample, which the profile reports; a launch per record."""
+    dev = device(blocks=spread_blocks(3))
+    data = numpy.zeros(10 * 64, numpy.float32)
+    dev.launch(SOURCE, "copy_strided_float", 10, 64, [data, dev.empty(10 * 64, numpy.float32), numpy.int32(1)])
+    dev.launch(SOURCE, "shared_half_column", 1, 32, [dev.empty(32, numpy.float32), numpy.int32(40)])
+    assert [p.name for p in dev.profile] == ["copy_strided_float", "shared_half_column"]
+    copy, half = dev.profile
+    assert (copy.grid, copy.block, copy.blocks_run) == ((10, 1, 1), (64, 1, 1), 3)
+    assert copy.site(line_of("global_load")).requests == 3 * 2
+    for p in dev.profile:
+        assert all(s.site.startswith(f"{SOURCE}:") for s in p.sites), p.sites
+    # (float)tile[lane] reads through __half's conversion in the emulator's cuda_fp16.h: the kernel's line
+    assert half.site(line_of("shared_store2")).kind == "shared_store"
+    assert {s.kind for s in half.sites} == {"shared_store", "shared_load", "global_store"}
+    report = profile_report(dev.profile)
+    assert line_of("global_load") in report and "shared_half_column" in report
+    assert copy.to_dict()["sites"][0]["sectors_per_request"] == 4.0
+
+
+def test_counters_are_not_the_asan_build():
+    with pytest.raises(EmulatorError, match="ASan"):
+        EmulatedDevice(asan=True, counters=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Each rule is needed: the counters rebuilt with one rule broken fail the checks above.
+
+MUTATIONS = {
+    "bank = word % 16": ("(w & 31) << 58 | (w >> 5)", "(w & 15) << 58 | (w >> 4)"),
+    "no broadcast": ("if (j > 0 && scratch[j] == scratch[j - 1]) continue;", ""),
+    "whole-warp phases": ("width == 8 ? 16 : width == 16 ? 8 : 32", "32"),
+    "64-byte sectors": ("distinct_units(all + i, j - i, width, 5, scratch)", "distinct_units(all + i, j - i, width, 6, scratch)"),
+    "useful = lanes x width": ("site.useful_bytes += useful_bytes(all + i, j - i, width, scratch);",
+                               "site.useful_bytes += (long long)(j - i) * width;"),
+    "one request per warp and site": ("site.next[l]++", "0"),
+    "pairing by execution count only": ("event.calls[f - 1] = d >= 0 && d < kShadowDepth ? log.call[d] : 0;",
+                                        "event.calls[f - 1] = 0;"),
+}
+CHECKS = [
+    lambda: test_shared_bank_conflicts(1, 1),
+    lambda: test_shared_bank_conflicts(0, 1),
+    lambda: test_vector_shared_accesses_per_half_and_quarter_warp(1, 16, 2, 4),
+    lambda: test_global_sectors_per_request(1, 4),
+    lambda: test_global_sectors_per_request(0, 1),
+    lambda: test_requests_are_per_warp_and_per_execution(),
+    lambda: test_a_predicated_load_in_a_helper_pairs_by_call(),
+]
+
+
+@pytest.mark.slow
+def test_each_rule_is_needed(tmp_path, monkeypatch):
+    """The checks pass with the real rules; with each mutation one of them, at least, fails."""
+    for check in CHECKS:
+        check()
+    header = (_build.INCLUDE_DIR / "emu_counters.h").read_text()
+    monkeypatch.setenv("CUPYCONV_EMULATOR_CACHE", str(tmp_path / "cache"))
+    survivors = []
+    for i, (name, (old, new)) in enumerate(MUTATIONS.items()):
+        assert header.count(old) == 1, name
+        include = tmp_path / f"include{i}"
+        shutil.copytree(_build.INCLUDE_DIR, include)
+        (include / "emu_counters.h").write_text(header.replace(old, new))
+        monkeypatch.setattr(_build, "INCLUDE_DIR", include)
+        monkeypatch.setattr(_device, "_LIBRARIES", {})
+        failed = False
+        for check in CHECKS:
+            try:
+                check()
+            except AssertionError:
+                failed = True
+        if not failed:
+            survivors.append(name)
+    assert not survivors, f"mutations no check catches: {survivors}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The shipped tensor-core forward (benchmarks/RESULTS.md, "Emulated memory counters")
+
+
+def test_tensor_core_forward_at_the_r50_64_shape():
+    """conv_fwd_tc on 3x3 64 -> 64 56x56 float16 (N = 1: the 64 x 64 tile), two interior blocks: the A operand's
+    2-byte stores into its stage are 4-way conflicted (rows 20 words apart), the B stores and the fragment loads
+    conflict-free, the activation gather about 2/3 sector-efficient, the weight loads fully."""
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 56, 56)).astype(numpy.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+    dev = EmulatedDevice(counters=True, blocks=lambda grid: [(20, 0, 0), (21, 0, 0)])
+    with cupyconv_device.use_device(dev):
+        cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    (profile,) = dev.profile
+    assert profile.name == "conv_fwd_tc<__half, int, 64, 64>" and profile.blocks_run == 2
+    mma = 2 * 4 * 18 * 16  # blocks x warps x chunks of 32 k x mma.sync per chunk
+    shared_stores = sorted((s for s in profile.sites if s.kind == "shared_store"), key=lambda s: -s.wavefronts)
+    assert [(s.width, s.wavefronts_per_request) for s in shared_stores] == [(2, 4.0), (2, 1.0)]
+    assert all(s.wavefronts_per_request == 1.0 for s in profile.sites if s.kind == "shared_load")
+    assert profile.total("shared_load").requests == 2 * mma  # 8 A and 8 B fragment loads per 8 mma.sync
+    waves = profile.total("shared_load").wavefronts + profile.total("shared_store").wavefronts
+    assert waves / mma == 7.0
+    loads = sorted((s for s in profile.sites if s.kind == "global_load"), key=lambda s: s.sector_efficiency)
+    activation, weight = loads[0], loads[-1]
+    assert 0.6 <= activation.sector_efficiency <= 0.75 and activation.width == 2
+    assert weight.sector_efficiency == 1.0 and weight.sectors_per_request == 2.0
+
+
+def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
+    """python -m emulator --case LABEL: the table and the JSON of the case's launches."""
+    import json
+    from pathlib import Path
+
+    from emulator.__main__ import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # benchmarks/, as `python -m` has it
+    out = tmp_path / "r50.json"
+    assert main(["--case", "r50-64-gpu16", "--batch", "1", "--blocks", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "conv_fwd_tc<__half, int, 64, 64>" in text and "not GPU measurements" in text
+    (profile,) = json.loads(out.read_text())["profiles"]
+    assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
+        "global_load", "global_store", "shared_load", "shared_store"}
