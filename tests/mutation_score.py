@@ -48,6 +48,7 @@ class Mutation(NamedTuple):
 UNFOLD = "tests/test_unfold_kernels.py"
 CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
+TC_SWEEP = "tests/test_tensor_core_sweep.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -138,6 +139,14 @@ MUTATIONS = [
       "|| ry != 0 ||", TC, "tc: divisibility check"),
     M("tc-epilogue-row", "conv.cu", "const I m = m0 + warp_m + mi * 16 + gq + 8 * half;",
       "const I m = m0 + warp_m + mi * 16 + gq + half;", TC, "tc: epilogue row"),
+    # what tests/test_tensor_core_kernels.py let through (issue 24) and the randomized sweep catches
+    M("tc-bwd-input-column-tile", "conv.cu", "const int c = n0 + LoadB::row(rs);", "const int c = LoadB::row(rs);",
+      TC_SWEEP, "tc: column tile"),
+    M("tc-offset-32-bit-unsigned", "conv.cu",
+      "template <> struct Unsigned<long long> { typedef unsigned long long type; };",
+      "template <> struct Unsigned<long long> { typedef unsigned type; };", TC_SWEEP, "32-bit index"),
+    M("tc-bwd-weight-unit-column-stride", "conv.cu", "(U)x0 * (U)x_stride_w, y0, x0, true};",
+      "(U)x0, y0, x0, true};", TC_SWEEP, "tc: strided x"),
 
     # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
     M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',
