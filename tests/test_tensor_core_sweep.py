@@ -31,7 +31,7 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
 import bug_classes
-from emulator import EmulatedDevice
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
 SEED = 24
@@ -220,6 +220,14 @@ def test_tensor_cores_match_cpu_path(s: SweepSpec):
     for name, got, w in zip(("grad_input", "grad_weight", "grad_bias"), grads, want):
         assert got.dtype == x.dtype and got.size == w.size, name
         assert_close(got, w, s.dtype, name)
+
+
+def test_clean_under_asan():
+    """Reads outside x (a channels-last or negative stride misapplied), the weight or grad_output abort the ASan
+    build.  Every fourth spec: between them every layout and every dtype (the whole list is clean too, in a minute)."""
+    specs = SPECS[::4]
+    assert {s.layout for s in specs} == set(LAYOUTS) and {s.dtype for s in specs} == set(DTYPES)
+    assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::test_tensor_cores_match_cpu_path[{s}]" for s in specs)))
 
 
 def test_sweep_covers_the_axes():
