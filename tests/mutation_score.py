@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python tests/mutation_score.py [--only NAME ...] [--jobs N] [--list]
 
-Each mutation below replaces one exact snippet of one raw_kernels/ file.  A mutant is built in a scratch copy of
+Each mutation below replaces one exact snippet of one raw_kernels/ file (or, named by its path from the root, of
+one of the emulator's own headers, tests/emulator/include/, which its self-tests must then catch).  A mutant is built in a scratch copy of
 the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir() finds the copy's raw_kernels/ next
 to the copy's package, so the emulator compiles the mutated source; the real files are never edited) and the
 mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived: every selected test passed.
@@ -34,6 +35,7 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "raw_kernels"
+EMULATOR_INCLUDE = "tests/emulator/include"  # mutations of these files name them from the root
 
 
 class Mutation(NamedTuple):
@@ -48,9 +50,12 @@ class Mutation(NamedTuple):
 UNFOLD = "tests/test_unfold_kernels.py"
 CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
+TC_SWEEP = "tests/test_tensor_core_sweep.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
+EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
+EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 M = Mutation
 
 MUTATIONS = [
@@ -138,12 +143,39 @@ MUTATIONS = [
       "|| ry != 0 ||", TC, "tc: divisibility check"),
     M("tc-epilogue-row", "conv.cu", "const I m = m0 + warp_m + mi * 16 + gq + 8 * half;",
       "const I m = m0 + warp_m + mi * 16 + gq + half;", TC, "tc: epilogue row"),
+    # what tests/test_tensor_core_kernels.py let through (issue 24) and the randomized sweep catches
+    M("tc-bwd-input-column-tile", "conv.cu", "const int c = n0 + LoadB::row(rs);", "const int c = LoadB::row(rs);",
+      TC_SWEEP, "tc: column tile"),
+    M("tc-offset-32-bit-unsigned", "conv.cu",
+      "template <> struct Unsigned<long long> { typedef unsigned long long type; };",
+      "template <> struct Unsigned<long long> { typedef unsigned type; };", TC_SWEEP, "32-bit index"),
+    M("tc-bwd-weight-unit-column-stride", "conv.cu", "(U)x0 * (U)x_stride_w, y0, x0, true};",
+      "(U)x0, y0, x0, true};", TC_SWEEP, "tc: strided x"),
 
     # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
     M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',
       '"r"(a[0]), "r"(a[2]), "r"(a[1]), "r"(a[3])', GPU_TC, "mma: fragment registers"),
     M("mma-b-registers-swapped", "mma.cuh", '"r"(b[0]), "r"(b[1])', '"r"(b[1]), "r"(b[0])', GPU_TC,
       "mma: fragment registers"),
+
+    # -- the emulator's cp.async and ldmatrix (emu_async_copy.h): its self-tests must catch each broken rule -----
+    M("emu-async-lands-at-issue", EMU_ASYNC, "std::memset(dst, 0xFF, 16);  // what the destination holds",
+      "std::memcpy(dst, c.data, 16);  // what the destination holds", EMU_ASYNC_TESTS, "emulator: async copy"),
+    M("emu-async-wait-one-group-early", EMU_ASYNC, "const long long landed_below = t.open_group - N;",
+      "const long long landed_below = t.open_group - N + 1;", EMU_ASYNC_TESTS, "emulator: async copy"),
+    M("emu-async-zero-fill-ignored", EMU_ASYNC, "if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);",
+      "std::memcpy(c.data, gmem, 16);", EMU_ASYNC_TESTS, "emulator: async copy"),
+    M("emu-async-overlap-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight(dst, dst + 16, &owner))",
+      "if (const AsyncCopy* c = (owner = 0, nullptr))", EMU_ASYNC_TESTS, "emulator: async copy"),
+    M("emu-ldmatrix-alignment-4", EMU_ASYNC, "if ((uintptr_t)row % 16)", "if ((uintptr_t)row % 4)", EMU_ASYNC_TESTS,
+      "emulator: ldmatrix"),
+    M("emu-ldmatrix-trans-rows-swapped", EMU_ASYNC, "std::memcpy(&lo, p0 + 2 * g, 2);\n      std::memcpy(&hi, p1",
+      "std::memcpy(&lo, p1 + 2 * g, 2);\n      std::memcpy(&hi, p0", EMU_ASYNC_TESTS, "emulator: ldmatrix"),
+    M("emu-ldmatrix-partial-warp", EMU_ASYNC, "if (rank - lane + 32 > threads)", "if (rank - lane + 16 > threads)",
+      EMU_ASYNC_TESTS, "emulator: ldmatrix"),
+    M("emu-ldmatrix-in-flight-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight((const unsigned "
+      "char*)row,", "if (const AsyncCopy* c = true ? nullptr : async_copy_in_flight((const unsigned char*)row,",
+      EMU_ASYNC_TESTS, "emulator: ldmatrix"),
 
     # -- depthwise.cu -----------------------------------------------------------------------------------------
     M("dw-tiled-barrier-staged", "depthwise.cu", "__syncthreads();\n\n    const I n = image0 + p;\n    const int ox",
@@ -231,11 +263,16 @@ MUTATIONS = [
 ]
 
 
+def source_path(file: str, root: Path, kernel_dir: Path) -> Path:
+    """Where a mutation's file lies: an emulator header by its path from the root, a kernel in kernel_dir."""
+    return root / file if file.startswith(EMULATOR_INCLUDE + "/") else kernel_dir / file
+
+
 def problems(mutations=MUTATIONS, kernel_dir: Path = KERNELS) -> list[str]:
     """Why each broken record cannot be applied: a snippet not found exactly once, a no-op, a repeated name."""
     found, seen = [], set()
     for m in mutations:
-        path = kernel_dir / m.file
+        path = source_path(m.file, ROOT, kernel_dir)
         count = path.read_text().count(m.original) if path.is_file() else 0
         if count != 1:
             found.append(f"{m.name}: the snippet occurs {count} times in {m.file} (must be exactly once): "
@@ -262,7 +299,9 @@ def run_one(m: Mutation, copy: Path, cache: Path, timeout: float) -> tuple[str, 
     kernels = copy / "raw_kernels"
     shutil.rmtree(kernels)
     shutil.copytree(KERNELS, kernels)
-    path = kernels / m.file
+    shutil.rmtree(copy / EMULATOR_INCLUDE)
+    shutil.copytree(ROOT / EMULATOR_INCLUDE, copy / EMULATOR_INCLUDE)
+    path = source_path(m.file, copy, kernels)
     path.write_text(path.read_text().replace(m.original, m.replacement, 1))
     env = dict(os.environ, PYTHONPATH=str(copy), CUPYCONV_EMULATOR_CACHE=str(cache))
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *shlex.split(m.tests)]

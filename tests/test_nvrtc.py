@@ -154,6 +154,35 @@ def test_common_header_compiles(arch):
     check_compiles(arch, "common_check.cu", _device.kernel_source("common.cuh") + COMMON_CHECK, names)
 
 
+# raw_kernels/async_copy.cuh's wrappers (the emulator runs its twins, tests/emulator/include/emu_async_copy.h): the
+# real PTX side, instantiated once each.  sm_80 and sm_90 compile the instructions (test_sass.py checks their SASS),
+# sm_70 the traps.
+ASYNC_COPY_CHECK = """
+__global__ void nvrtc_check_async_copy(const uint4* in, unsigned* out, int src_bytes) {
+  __shared__ __align__(16) unsigned short tile[32 * 8];
+  cp_async_cg_16(tile + 8 * threadIdx.x, in + threadIdx.x, src_bytes);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  unsigned a[4], b[2], t[4];
+  ldmatrix_x4(a, tile + 8 * threadIdx.x);
+  ldmatrix_x2(b, tile + 8 * (threadIdx.x % 16));
+  ldmatrix_x4_trans(t, tile + 8 * threadIdx.x);
+  out[threadIdx.x] = a[0] ^ a[1] ^ a[2] ^ a[3] ^ b[0] ^ b[1] ^ t[0] ^ t[1] ^ t[2] ^ t[3];
+}
+"""
+
+
+def compile_async_copy_check(arch: str) -> Program:
+    return check_compiles(arch, "async_copy_check.cu", _device.kernel_source("async_copy.cuh") + ASYNC_COPY_CHECK,
+                          ["nvrtc_check_async_copy"])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_async_copy_header_compiles(arch):
+    compile_async_copy_check(arch)
+
+
 def test_instantiations_name_existing_files():
     directory = _device.kernel_dir()
     pairs = _device.all_instantiations()

@@ -43,7 +43,7 @@ import pytest
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
-from test_nvrtc import GROUPS, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
+from test_nvrtc import GROUPS, compile_async_copy_check, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
@@ -471,3 +471,13 @@ if __name__ == "__main__":
     for name, instructions, opcodes in tensor_core_loop_table(compile_file("conv.cu", arch)):
         mix = " ".join(f"{op} {opcodes[op]}" for op in ("HMMA", "LDS", "STS", "LDG"))
         print(f"{name:48} {instructions:5} per chunk  {instructions / opcodes['HMMA']:5.1f} per HMMA  {mix}")
+
+
+@pytest.mark.parametrize("arch", SASS_ARCHES)
+def test_async_copy_header_compiles_to_ldgsts_and_ldsm(arch):
+    """raw_kernels/async_copy.cuh's wrappers are the instructions: LDGSTS (cp.async), its group commit and wait
+    (LDGDEPBAR, DEPBAR), LDSM (ldmatrix) and LDSM.16.MT88 (.trans)."""
+    opcodes = sass_opcodes(compile_async_copy_check(arch), full=True)["nvrtc_check_async_copy"]
+    mnemonics = Counter(o.split(".")[0] for o in opcodes.elements())
+    assert mnemonics["LDGSTS"] == 1 and mnemonics["LDGDEPBAR"] == 1 and mnemonics["DEPBAR"] >= 1, opcodes
+    assert mnemonics["LDSM"] == 3 and any(".MT88" in o for o in opcodes), opcodes

@@ -11,6 +11,7 @@
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "emu_mma.h"
+#include "emu_async_copy.h"
 
 // Defined in the second translation unit (dyn_shared.cpp), with every `extern __shared__` name aliased to it.
 extern thread_local unsigned char emu_dynamic_shared[];
@@ -187,6 +188,11 @@ static void undefined_behaviour(const UbsanLocation& at, const char* what) {
   engine.current->state = FAILED;
   yield_to_scheduler(false);  // never resumed: the block is abandoned
   abort();
+}
+
+// A rule of an emulated instruction broken (emu_async_copy.h): the same stop as undefined behaviour.
+void thread_failure(const char* file, int line, const char* what) {
+  undefined_behaviour(UbsanLocation{file, (unsigned)line, 0}, what);
 }
 
 static void overflow(UbsanOverflow* data, const char* op, uintptr_t lhs, uintptr_t rhs) {
@@ -595,6 +601,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
     }
     blockIdx = uint3{(unsigned)(b % grid[0]), (unsigned)(b / grid[0] % grid[1]), (unsigned)(b / grid[0] / grid[1])};
     poison_shared(shared, dynamic_bytes);
+    async_copy_begin_block();
     status = run_block(n);
     counters::end_block(status == 0);
     if (status != 0) {

@@ -1,0 +1,167 @@
+// Stand-in for raw_kernels/async_copy.cuh in the CPU emulator: cp.async with its groups and waits, and ldmatrix
+// as a warp collective, with the hardware's rules.
+//
+// cp.async (cp_async_cg_16): both addresses must be 16-byte aligned and src_bytes within 0..16, or the launch
+// fails.  The source bytes are read at the call (an out-of-bounds source is an ASan report, as it is a fault on
+// a GPU), the destination's 16 bytes are poisoned (0xFF) and the copy is noted as in flight with the thread's
+// open group.  cp_async_commit closes the group; cp_async_wait<N> lands (writes to shared memory) every copy of
+// the calling thread whose group is committed and older than its N most recent committed groups.  Copies of
+// groups never committed, or never waited for, never land.  So a missing or too weak wait leaves poison where
+// the data should be, and a read of it by ldmatrix fails the launch, naming the copy that is still in flight;
+// a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
+//
+// ldmatrix (ldmatrix_x4, _x2, _x4_trans): all 32 lanes of a full warp reach the same call (a warp of a block
+// whose size is not a multiple of 32, or lanes elsewhere, fail the launch like mma.sync); each address lane
+// (lanes 0-31 for .x4, 0-15 for .x2) must give a 16-byte-aligned row none of whose bytes is in flight.  Lane l
+// then receives, through the warp's shuffles, the words of the PTX ISA's layout (raw_kernels/async_copy.cuh).
+#pragma once
+
+namespace emu {
+// emu_runtime.h: stops the calling thread and fails the launch with `what`, the thread and file:line.
+void thread_failure(const char* file, int line, const char* what);
+
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char data[16];
+  long long group;
+  const char* file;
+  int line;
+};
+struct ThreadCopies {
+  AsyncCopy* items;
+  int count, capacity;
+  long long open_group;  // the group new copies join; committed groups are those below it
+};
+inline ThreadCopies async_copies[1024];  // per thread of the running block (linear thread index)
+
+inline int thread_rank() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
+
+// Called by the engine before each block: nothing is in flight.
+inline void async_copy_begin_block() {
+  for (ThreadCopies& t : async_copies) {
+    t.count = 0;
+    t.open_group = 0;
+  }
+}
+
+// The copy (of any thread of the block) with a destination byte in [begin, end), or nullptr; *owner its thread.
+inline const AsyncCopy* async_copy_in_flight(const unsigned char* begin, const unsigned char* end, int* owner) {
+  const int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
+  for (int t = 0; t < threads; ++t) {
+    for (int i = 0; i < async_copies[t].count; ++i) {
+      const AsyncCopy& c = async_copies[t].items[i];
+      if (c.dst < end && begin < c.dst + 16) {
+        *owner = t;
+        return &c;
+      }
+    }
+  }
+  return nullptr;
+}
+
+inline void async_copy_failure(const char* file, int line, const char* format, ...)
+    __attribute__((format(printf, 3, 4)));
+inline void async_copy_failure(const char* file, int line, const char* format, ...) {
+  char what[512];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(what, sizeof what, format, args);
+  va_end(args);
+  thread_failure(file, line, what);
+}
+
+inline void in_flight_failure(const char* file, int line, const char* op, const void* p, const AsyncCopy* c,
+                              int owner) {
+  async_copy_failure(file, line, "%s of shared memory at %p that a cp.async of thread %d (at %s:%d) still has in "
+                     "flight (no cp.async.wait_group has landed it yet)", op, p, owner, c->file, c->line);
+}
+}  // namespace emu
+
+inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE()) {
+  using namespace emu;
+  if ((uintptr_t)smem % 16 || (uintptr_t)gmem % 16)
+    async_copy_failure(file, line, "cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned "
+                       "(a GPU faults: misaligned address)", gmem, smem);
+  if (src_bytes < 0 || src_bytes > 16)
+    async_copy_failure(file, line, "cp.async of 16 bytes with src-size %d: it must be within 0..16", src_bytes);
+  unsigned char* dst = (unsigned char*)smem;
+  int owner;
+  if (const AsyncCopy* c = async_copy_in_flight(dst, dst + 16, &owner))
+    in_flight_failure(file, line, "cp.async into 16 bytes", smem, c, owner);
+  ThreadCopies& t = async_copies[thread_rank()];
+  if (t.count == t.capacity) {
+    t.capacity = t.capacity ? 2 * t.capacity : 16;
+    t.items = (AsyncCopy*)realloc(t.items, t.capacity * sizeof(AsyncCopy));
+    if (!t.items) abort();
+  }
+  AsyncCopy& c = t.items[t.count++];
+  c.dst = dst;
+  std::memset(c.data, 0, 16);
+  if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);  // the rest of the 16 bytes: zero-fill
+  c.group = t.open_group;
+  c.file = file;
+  c.line = line;
+  std::memset(dst, 0xFF, 16);  // what the destination holds until the copy lands: poison
+}
+
+inline void cp_async_commit() { ++emu::async_copies[emu::thread_rank()].open_group; }
+
+template <int N> inline void cp_async_wait() {
+  static_assert(N >= 0, "cp.async.wait_group takes a count of groups, 0 or more");
+  emu::ThreadCopies& t = emu::async_copies[emu::thread_rank()];
+  const long long landed_below = t.open_group - N;  // committed groups older than the N most recent ones
+  int kept = 0;
+  for (int i = 0; i < t.count; ++i) {
+    emu::AsyncCopy& c = t.items[i];
+    if (c.group < landed_below) std::memcpy(c.dst, c.data, 16);
+    else t.items[kept++] = c;
+  }
+  t.count = kept;
+}
+
+namespace emu {
+// One ldmatrix of `count` 8 x 8 matrices of 16-bit elements, transposed or not: the calling lane's checks, then
+// the warp's shuffles of the row addresses, then the lane's words read from the rows.
+inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const char* file, int line) {
+  const int rank = thread_rank(), lane = lane_id();
+  const int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
+  if (rank - lane + 32 > threads)
+    async_copy_failure(file, line, "ldmatrix in a warp of %d threads; it needs all 32 lanes", threads - (rank - lane));
+  if (lane < 8 * count) {  // this lane gives a row address: 16 bytes, aligned, landed
+    if ((uintptr_t)row % 16)
+      async_copy_failure(file, line, "ldmatrix row address %p of lane %d is not 16-byte aligned (a GPU faults: "
+                         "misaligned address)", row, lane);
+    int owner;
+    if (const AsyncCopy* c = async_copy_in_flight((const unsigned char*)row, (const unsigned char*)row + 16, &owner))
+      in_flight_failure(file, line, "ldmatrix read", row, c, owner);
+  }
+  const int g = lane >> 2, q = lane & 3;
+  for (int j = 0; j < count; ++j) {
+    if (!trans) {  // row g of matrix j, elements 2q and 2q + 1
+      const unsigned char* p = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + g);
+      std::memcpy(&r[j], p + 4 * q, 4);
+    } else {       // column g of matrix j, rows 2q and 2q + 1
+      const unsigned char* p0 = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + 2 * q);
+      const unsigned char* p1 = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + 2 * q + 1);
+      unsigned short lo, hi;
+      std::memcpy(&lo, p0 + 2 * g, 2);
+      std::memcpy(&hi, p1 + 2 * g, 2);
+      r[j] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+  }
+}
+}  // namespace emu
+
+inline void ldmatrix_x4(unsigned (&r)[4], const void* row, const char* file = __builtin_FILE(),
+                        int line = __builtin_LINE()) {
+  emu::ldmatrix(r, 4, false, row, file, line);
+}
+inline void ldmatrix_x2(unsigned (&r)[2], const void* row, const char* file = __builtin_FILE(),
+                        int line = __builtin_LINE()) {
+  emu::ldmatrix(r, 2, false, row, file, line);
+}
+inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* row, const char* file = __builtin_FILE(),
+                              int line = __builtin_LINE()) {
+  emu::ldmatrix(r, 4, true, row, file, line);
+}

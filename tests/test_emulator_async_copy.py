@@ -1,0 +1,235 @@
+"""The emulator's cp.async and ldmatrix (raw_kernels/async_copy.cuh, tests/emulator/include/emu_async_copy.h) on
+self-test kernels (tests/emulator/selftest_kernels/async_copy.cu): correct use gives exact results, in both
+thread orders, and each rule broken fails: a missing or too weak cp.async.wait_group (poison where the data
+should be; a failed launch where ldmatrix reads it), misaligned addresses, a src-size past 16 or past the input,
+a partial or divergent warp at ldmatrix.  ldmatrix's lane mapping is checked against the PTX ISA's description,
+written out independently here (`expected_ldmatrix`)."""
+from __future__ import annotations
+
+import numpy
+import pytest
+
+from emulator import (SELFTEST_KERNEL_DIR, EmulatedDevice, KernelFailure, assert_clean_under_asan, run_under_asan,
+                      sanitizer_report)
+from emulator._asan import libasan_path
+
+SOURCE = "async_copy.cu"
+INSTANTIATIONS = [(SOURCE, k) for k in ("async_copy_stages", "ldmatrix_rows", "async_copy_ldmatrix")]
+ORDERS = ("forward", "reverse")
+# async_copy.cu's Bug
+CORRECT, NO_WAIT, WAIT_TOO_FEW, MISALIGNED_SMEM, MISALIGNED_GMEM, SRC_BYTES_17, FULL_ROW_PAST_END, NO_COMMIT, \
+    REISSUE = range(9)
+POISON = 0xFF
+
+
+def device(order="forward", **kw) -> EmulatedDevice:
+    return EmulatedDevice(order, kernel_dir=SELFTEST_KERNEL_DIR, instantiations=INSTANTIATIONS, **kw)
+
+
+def i32(v):
+    return numpy.int32(v)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cp.async: groups, waits, zero-fill
+
+
+def copy_stages(order, bug, rows=75, last_bytes=10, steps=4):
+    """(input, output) of async_copy_stages: rows x 16 random bytes through the three-stage pipeline."""
+    d = device(order)
+    data = numpy.random.default_rng(rows + bug).integers(0, 255, (rows, 16), dtype=numpy.uint8)  # never 0xFF
+    out = d.empty((32 * steps, 16), numpy.uint8)
+    d.launch(SOURCE, "async_copy_stages", 1, 32, [data, out, i32(rows), i32(last_bytes), i32(steps), i32(bug)])
+    return data, out
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_pipeline_copies_and_zero_fills(order):
+    data, out = copy_stages(order, CORRECT)
+    numpy.testing.assert_array_equal(out[:74], data[:74])
+    numpy.testing.assert_array_equal(out[74], numpy.r_[data[74, :10], numpy.zeros(6, numpy.uint8)])  # src-size 10
+    assert (out[75:] == 0).all()  # src-size 0: padding rows of zeros
+
+
+@pytest.mark.parametrize("bug", [NO_WAIT, WAIT_TOO_FEW, NO_COMMIT], ids=["no_wait", "wait_too_few", "no_commit"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_data_lands_only_at_its_wait(bug, order):
+    """Until the wait that retires its group, a copy's destination holds poison: a read there gets 0xFF bytes.
+    wait_group 2 in the three-stage pipeline lands every step's rows one step late: all of them read poison.
+    Without a wait (or a commit) nothing lands; with one step only, the kernel reads the poison and ends."""
+    data, out = copy_stages(order, bug, steps=4 if bug == WAIT_TOO_FEW else 1)
+    assert (out == POISON).all(), out
+
+
+@pytest.mark.parametrize("bug", [NO_WAIT, NO_COMMIT], ids=["no_wait", "no_commit"])
+def test_reusing_a_stage_still_in_flight_fails(bug):
+    """With four steps, step 3's copy goes to step 0's stage, whose copy never landed: two copies in flight to the
+    same bytes, which the hardware does not order."""
+    with pytest.raises(KernelFailure, match=r"cp.async into 16 bytes of shared memory at 0x[0-9a-f]+ that a "
+                       r"cp.async of thread (\d+) \(at \S*async_copy.cu:\d+\) still has in flight"):
+        copy_stages("forward", bug, steps=4)
+
+
+@pytest.mark.parametrize("bug, message", [
+    (MISALIGNED_SMEM, r"cp.async of 16 bytes from 0x[0-9a-f]+ to 0x[0-9a-f]+: both addresses must be 16-byte aligned"),
+    (MISALIGNED_GMEM, r"cp.async of 16 bytes from \S+ to \S+: both addresses must be 16-byte aligned"),
+    (SRC_BYTES_17, r"cp.async of 16 bytes with src-size 17: it must be within 0..16"),
+    (REISSUE, r"cp.async into 16 bytes of shared memory at 0x[0-9a-f]+ that a cp.async of thread 3 \(at "
+              r"\S*async_copy.cu:\d+\) still has in flight"),
+], ids=["misaligned_smem", "misaligned_gmem", "src_size_17", "reissue"])
+def test_broken_copies_fail(bug, message):
+    with pytest.raises(KernelFailure, match=r"block \(0,0,0\): thread \(\d+,0,0\): " + message +
+                       r".* at \S*async_copy.cu:\d+"):
+        copy_stages("forward", bug)
+
+
+needs_asan = pytest.mark.skipif(libasan_path() is None, reason="g++ has no libasan")
+
+ASAN_SETUP = f"""
+import numpy
+from emulator import EmulatedDevice, SELFTEST_KERNEL_DIR
+d = EmulatedDevice(kernel_dir=SELFTEST_KERNEL_DIR, instantiations={INSTANTIATIONS!r})
+assert d.asan
+data = numpy.arange(75 * 16, dtype=numpy.uint8).reshape(75, 16)
+out = d.empty((128, 16), numpy.uint8)
+i = numpy.int32
+"""
+
+
+@needs_asan
+@pytest.mark.parametrize("bug", [CORRECT, FULL_ROW_PAST_END], ids=["zero_fill", "full_row_past_end"])
+def test_zero_fill_reads_nothing_past_the_input(bug):
+    """Padding rows copied with src-size 0 read nothing (clean under ASan, with the pointer one past the input);
+    with src-size 16 instead, the copy reads past the input, which a GPU faults on and ASan reports."""
+    process = run_under_asan(ASAN_SETUP + f"""
+d.launch("async_copy.cu", "async_copy_stages", 1, 32, [data, out, i(75), i(16), i(4), i({bug})])
+print("not caught")
+""")
+    if bug == CORRECT:
+        assert_clean_under_asan(process)
+        assert "not caught" in process.stdout
+    else:
+        assert "not caught" not in process.stdout
+        report = sanitizer_report(process)
+        assert report is not None and "heap-buffer-overflow" in report, process.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ldmatrix: the PTX ISA's lane mapping, alignment, whole warps
+
+
+def expected_ldmatrix(tile, rows, pitch, count, trans):
+    """What lane l receives in register j, from the PTX ISA's description of ldmatrix .m8n8 .b16: matrix j is
+    the 8 rows whose addresses lanes 8 j .. 8 j + 7 give; a lane holds the pair (row l / 4, columns 2 (l % 4)
+    and 2 (l % 4) + 1) of it, the lower column in the low 16 bits, or with .trans the pair (rows 2 (l % 4) and
+    2 (l % 4) + 1, column l / 4)."""
+    flat = tile.reshape(-1)
+    out = numpy.zeros((32, 4), numpy.uint32)
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        for j in range(count):
+            matrix = numpy.array([flat[rows[8 * j + i] * pitch:rows[8 * j + i] * pitch + 8] for i in range(8)])
+            lo, hi = (matrix[2 * q, g], matrix[2 * q + 1, g]) if trans else (matrix[g, 2 * q], matrix[g, 2 * q + 1])
+            out[lane, j] = int(lo) | int(hi) << 16
+    return out
+
+
+def ldmatrix(order, mode, pitch=24, lanes=32, block=32, odd_lane=0, offset=0, seed=0):
+    rng = numpy.random.default_rng(seed)
+    tile = rng.integers(0, 2**16, 32 * 24, dtype=numpy.uint16)
+    rows = rng.permutation(32).astype(numpy.int32)  # each lane's row, anywhere in the tile
+    d = device(order)
+    out = d.empty((block, 4), numpy.uint32)
+    d.launch(SOURCE, "ldmatrix_rows", 1, block, [tile, rows, out, i32(pitch), i32(mode), i32(lanes), i32(odd_lane),
+                                                 i32(offset)])
+    return out, tile[:32 * pitch], rows
+
+
+@pytest.mark.parametrize("pitch", [8, 24])
+@pytest.mark.parametrize("mode, count, trans", [(0, 4, False), (1, 2, False), (2, 4, True)],
+                         ids=["x4", "x2", "x4_trans"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_ldmatrix_lane_mapping(mode, count, trans, pitch, order):
+    out, tile, rows = ldmatrix(order, mode, pitch=pitch, seed=pitch + mode)
+    want = expected_ldmatrix(tile, rows, pitch, count, trans)
+    numpy.testing.assert_array_equal(out[:, :count], want[:, :count])
+
+
+def test_ldmatrix_feeds_the_mma_fragment_layout():
+    """The x4 of a 16 x 16 A tile addressed as CUTLASS does (lane l: row l % 16, columns 8 (l / 16) ..) gives
+    mma.cuh's a[0..3]: a[0] = A[g][2q | 2q+1], a[1] = A[g+8][..], a[2] = A[g][2q+8 | 2q+9], a[3] = A[g+8][2q+8 ..];
+    the x4.trans of a k-major 16 x 16 B tile (lane l: k row l % 16... as two n halves) gives b[0], b[1]."""
+    rng = numpy.random.default_rng(5)
+    a = rng.integers(0, 2**16, (16, 16), dtype=numpy.uint16)
+    # tile rows: row r of the tile is half a row of A: A[r % 16][8 (r // 16) ..]
+    tile = numpy.zeros((32, 24), numpy.uint16)
+    for r in range(32):
+        tile[r, :8] = a[r % 16, 8 * (r // 16):8 * (r // 16) + 8]
+    rows = numpy.arange(32, dtype=numpy.int32)  # lane l addresses tile row l
+    d = device()
+    out = d.empty((32, 4), numpy.uint32)
+    d.launch(SOURCE, "ldmatrix_rows", 1, 32, [tile.reshape(-1), rows, out, i32(24), i32(0), i32(32), i32(0), i32(0)])
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        fragment = [(a[g, 2 * q], a[g, 2 * q + 1]), (a[g + 8, 2 * q], a[g + 8, 2 * q + 1]),
+                    (a[g, 2 * q + 8], a[g, 2 * q + 9]), (a[g + 8, 2 * q + 8], a[g + 8, 2 * q + 9])]
+        assert [int(out[lane, j]) for j in range(4)] == [int(lo) | int(hi) << 16 for lo, hi in fragment], lane
+    # B (k x n = 16 x 8) stored k-major (row k holds B[k][0..7]): x4.trans over rows k = 0..15 twice gives, per
+    # lane, b[0] = B[2q | 2q+1][g] (matrix 0: k 0-7) and b[1] = B[2q+8 | 2q+9][g] (matrix 1: k 8-15)
+    b = rng.integers(0, 2**16, (16, 8), dtype=numpy.uint16)
+    tile = numpy.zeros((32, 24), numpy.uint16)
+    tile[:16, :8] = b
+    tile[16:, :8] = b
+    out = d.empty((32, 4), numpy.uint32)
+    d.launch(SOURCE, "ldmatrix_rows", 1, 32, [tile.reshape(-1), rows, out, i32(24), i32(2), i32(32), i32(0), i32(0)])
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        fragment = [(b[2 * q, g], b[2 * q + 1, g]), (b[2 * q + 8, g], b[2 * q + 9, g])]
+        assert [int(out[lane, j]) for j in range(2)] == [int(lo) | int(hi) << 16 for lo, hi in fragment], lane
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["x4", "x2", "x4_trans"])
+def test_ldmatrix_misaligned_row_fails(mode):
+    with pytest.raises(KernelFailure, match=r"thread \(9,0,0\): ldmatrix row address 0x[0-9a-f]+ of lane 9 is not "
+                       r"16-byte aligned .* at \S*async_copy.cu:\d+"):
+        ldmatrix("forward", mode, odd_lane=9, offset=4)  # 8 bytes off
+
+
+def test_ldmatrix_x2_ignores_the_upper_lanes_addresses():
+    """.x2 reads lanes 0-15's addresses only: a misaligned one in lane 20 is never used."""
+    out, tile, rows = ldmatrix("forward", 1, odd_lane=20, offset=4)
+    numpy.testing.assert_array_equal(out[:, :2], expected_ldmatrix(tile, rows, 24, 2, False)[:, :2])
+
+
+def test_ldmatrix_needs_the_whole_warp():
+    with pytest.raises(KernelFailure, match=r"deadlock: thread \(0,0,0\) waits at a warp operation .*async_copy.cu"
+                                            r":\d+, but thread \(\d+,0,0\) of its warp has exited"):
+        ldmatrix("forward", 0, lanes=16)
+    with pytest.raises(KernelFailure, match=r"ldmatrix in a warp of 16 threads; it needs all 32 lanes"):
+        ldmatrix("forward", 0, block=48)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cp.async feeding ldmatrix
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_ldmatrix_of_landed_copies(order):
+    rng = numpy.random.default_rng(9)
+    tile = rng.integers(0, 2**16, 32 * 8, dtype=numpy.uint16)
+    d = device(order)
+    out = d.empty((32, 4), numpy.uint32)
+    d.launch(SOURCE, "async_copy_ldmatrix", 1, 32, [tile, out, i32(0)])
+    numpy.testing.assert_array_equal(out, expected_ldmatrix(tile, numpy.arange(32), 8, 4, False))
+
+
+@pytest.mark.parametrize("wait, thread", [(-1, r"\d+"), (1, r"(1[6-9]|2\d|3[01])")], ids=["no_wait", "wait_1"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_ldmatrix_of_copies_in_flight_fails(wait, thread, order):
+    """Without a wait every row is in flight; wait_group 1 lands the first group (rows 0-15) but not the second
+    (rows 16-31, copied by threads 16-31), which ldmatrix then reads."""
+    d = device(order)
+    with pytest.raises(KernelFailure, match=r"ldmatrix read of shared memory at 0x[0-9a-f]+ that a cp.async of "
+                       rf"thread {thread} \(at \S*async_copy.cu:\d+\) still has in flight"):
+        d.launch(SOURCE, "async_copy_ldmatrix", 1, 32, [numpy.zeros(256, numpy.uint16), d.empty((32, 4),
+                                                        numpy.uint32), i32(wait)])
