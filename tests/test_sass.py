@@ -19,7 +19,7 @@ backward, in every dtype, with every algorithm, for both index types.  Each laun
 that a tensor-core instantiation has matrix instructions:
 `opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
 
-Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
+Needs the wheels of the compile-check extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm (all >=13,<14); skips without them.
 """
 from __future__ import annotations
