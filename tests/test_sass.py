@@ -38,9 +38,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
@@ -66,8 +66,8 @@ SHARED_OPT_IN = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}     # cudaDevAttrMaxS
 # `resource_usage` takes it off (test_resources_and_opcodes_of_a_probe checks this).
 RESERVED_SHARED_IN_CUBIN = {"sm_80": 0, "sm_90": 1024}
 SPILL_FREE_TYPES = ("__half", "__nv_bfloat16", "float")
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
-          "float64": numpy.float64}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32,
+          "float64": numpy.float64})
 
 
 # ---------------------------------------------------------------------------------------------------------
