@@ -242,3 +242,16 @@ def test_custom_ops_are_tagged_cudagraph_unsafe():
     assert len(ops) >= 20, names
     untagged = [str(op) for op in ops if torch.Tag.cudagraph_unsafe not in op.default.tags]
     assert not untagged, untagged
+
+
+def test_cudnn_copies_its_result_on_the_arrays_device(recorder):
+    """cupyconv.cudnn writes the op's result into the caller's output inside the output's device context (the
+    fake Device records it); NumPy outputs need none."""
+    from cupyconv import cudnn
+    with cudnn._on_device_of(host_cupy((2, 2), 1)):
+        recorder.events.append(("copy",))
+    with cudnn._on_device_of(numpy.zeros(2)):
+        recorder.events.append(("numpy copy",))
+    assert recorder.events == [("enter device", 1), ("copy",), ("exit device", 1), ("numpy copy",)]
+    source = (ROOT / "cupyconv" / "cudnn.py").read_text()
+    assert source.count("with _on_device_of(") == source.count("[...] = ") == 3
