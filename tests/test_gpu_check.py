@@ -78,6 +78,9 @@ def test_selected_reads_the_gpu_selection_of_a_run():
     ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 2}, True,
      "failed: GPU present, but only 345 of the 347 collected GPU tests ran (2 skipped)"),
     ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 0}, True, "ok"),
+    # one machine, one GPU: the two-GPU test may skip
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 1,
+                                          "hardware_skips": 1}, True, "ok"),
     ({"rc": 0, "timed_out": False}, None, None, True,
      "failed: GPU present, but the number of GPU tests collected or run is unknown (see pytest.log)"),
     # no GPU on the machine: skipping is all the suite can do
@@ -112,3 +115,15 @@ def test_precompile_step_lists_the_kernels_in_a_dry_run(tmp_path):
     record = step_precompile(Check(tmp_path, True, 540, time.perf_counter()), 60)
     assert record["status"] == "ok" and record["kernels"] == len(_device.all_instantiations()), record
     assert "cupyconv.precompile --dry-run" in (tmp_path / "run.log").read_text()
+
+
+def test_pytest_counts_reads_the_junit_xml(tmp_path):
+    from benchmarks.gpu_check import pytest_counts
+    xml = tmp_path / "pytest.xml"
+    xml.write_text('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="2">'
+                   '<testcase classname="a" name="x"/>'
+                   '<testcase classname="a" name="y"><skipped message="needs two CUDA GPUs"/></testcase>'
+                   '<testcase classname="a" name="z"><skipped message="needs CuPy and a CUDA GPU: CuPy sees 0 CUDA '
+                   'devices"/></testcase></testsuite></testsuites>')
+    assert pytest_counts(xml) == {"tests": 3, "failures": 0, "errors": 0, "skipped": 2, "hardware_skips": 1}
+    assert pytest_counts(tmp_path / "missing.xml") is None
