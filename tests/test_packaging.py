@@ -78,6 +78,9 @@ def test_wheel_contains_every_kernel_source(wheel):
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     hard = [r for r in requires if "extra ==" not in r]
     assert hard == ["Requires-Dist: numpy"], f"the only hard dependency must be numpy, got {hard}"
+    for extra, cupy in (("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x")):   # as pip reads the extras
+        assert f'Requires-Dist: {cupy}[ctk]>=14.2; extra == "{extra}"' in requires, requires
+        assert f'Requires-Dist: ml_dtypes>=0.5; extra == "{extra}"' in requires, requires
 
 
 @pytest.mark.slow
