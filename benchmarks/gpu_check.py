@@ -10,7 +10,11 @@ one still runs:
 
   env        device, compute capability, SMs, driver, CUDA runtime, NVRTC, CuPy, torch and NumPy versions; the
              copy bandwidth and the fp16, bf16, TF32 and fp32 GEMM rates (benchmarks.run's `measure_peaks`)
-  pytest     the whole `pytest -m gpu` suite with a JUnit XML, never stopping at the first failure
+  precompile `python -m cupyconv.precompile`: every kernel instantiation compiled on all cores into CuPy's disk
+             cache, so that the tests do not spend their limit waiting for NVRTC one kernel at a time
+  pytest     the whole `pytest -m gpu` suite with a JUnit XML, never stopping at the first failure; where the
+             machine has an NVIDIA GPU (asked of the driver, not of CuPy), fewer tests run than `-m gpu` collected
+             (skipped ones: a failing GPU probe, say) fail the step
   sanitizer  compute-sanitizer memcheck, racecheck and synccheck on SANITIZER_TESTS, a few small GPU tests that
              launch every kernel family of raw_kernels/conv.cu, depthwise.cu, patch.cu and unfold.cu
   large      one fp16 case per op with more than 2^31 elements in its input or output (the 64-bit index
@@ -62,10 +66,12 @@ DEFAULT_BUDGET_S = 540   # a 10-minute command, less the machine's start-up and 
 # Each step's time limit at the default budget (scaled with --budget).  The benchmarks come last and get what the
 # earlier steps left: at least BENCH_S, more when they finish early.  The tests get the most room: they matter
 # most, and how long NVRTC takes to compile their kernels on a fresh machine is the least known.
-STEP_S = {"env": 30, "pytest": 200, "sanitizer": 130, "large": 80}
+# The precompile step takes what a cold NVRTC compile would otherwise take out of the tests' limit (all 368
+# instantiations: about 125 s on one core, a prediction of ~15-30 s on 16 threads; not yet measured).
+STEP_S = {"env": 30, "precompile": 60, "pytest": 170, "sanitizer": 130, "large": 80}
 SUMMARY_S = 5
 BENCH_S = DEFAULT_BUDGET_S - sum(STEP_S.values()) - SUMMARY_S
-STEPS = ("env", "pytest", "sanitizer", "large", "bench")
+STEPS = ("env", "precompile", "pytest", "sanitizer", "large", "bench")
 SANITIZER_SHARE = {"memcheck": 0.3, "racecheck": 0.4, "synccheck": 0.3}   # racecheck is the slowest tool
 INTERRUPT_GRACE_S = 15   # after a step's limit: SIGINT (pytest still writes its XML), then SIGKILL
 
@@ -201,16 +207,90 @@ def step_env(check: Check, limit: float) -> dict:
     return {**run, "status": status_of(run, check.path("env.json").exists())}
 
 
+def step_precompile(check: Check, limit: float) -> dict:
+    args = ["--dry-run"] if check.dry_run else ["--jobs", str(os.cpu_count() or 1)]
+    log = check.path("run.log")
+    before = log.stat().st_size if log.exists() else 0
+    run = run_process(check.python("-m", "cupyconv.precompile", *args), log, limit)
+    summary = re.findall(r"^(?:compiled|would compile) (\d+)", log_since(log, before), re.M)
+    return {**run, "status": status_of(run, bool(summary)), "kernels": int(summary[-1]) if summary else None}
+
+
+def selected(output: str) -> int | None:
+    """How many tests the -m selection of a pytest run kept ('collected 2937 items / 2590 deselected / 347
+    selected', or all of them: 'collected 12 items'), or what --collect-only -q reports (`collected`)."""
+    match = re.search(r"collected (\d+) items?(?: / (\d+) deselected)?(?: / (\d+) selected)?", output)
+    if match is None:
+        return collected(output)
+    total, deselected, kept = (int(g) if g else None for g in match.groups())
+    return kept if kept is not None else total - (deselected or 0)
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU, asked of the driver (its /proc entries, or `nvidia-smi -L`), never of
+    CuPy: a CuPy that cannot see the GPU is what the pytest step must not mistake for a machine without one."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir() and any(gpus.iterdir()):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(re.search(r"^GPU \d+:", listing, re.M))
+
+
+# Skips a GPU machine may make without a gap in the suite: what this machine lacks by design, not what failed.
+HARDWARE_SKIPS = re.compile(r"needs two CUDA GPUs")
+
+
+def pytest_counts(xml: Path) -> dict | None:
+    """{tests, failures, errors, skipped, hardware_skips} of a JUnit XML (hardware_skips: the skipped tests whose
+    reason is one of HARDWARE_SKIPS), None where there is none to read."""
+    try:
+        root = ElementTree.parse(xml).getroot()
+    except (OSError, ElementTree.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    counts["hardware_skips"] = sum(bool(HARDWARE_SKIPS.search(skip.get("message") or ""))
+                                   for case in root.iter("testcase") for skip in case.findall("skipped"))
+    return counts
+
+
+def judge_pytest(run: dict, expected: int | None, counts: dict | None, gpu: bool) -> str:
+    """The pytest step's status: status_of(run), and with a GPU on the machine 'failed' unless every test that
+    `-m gpu` selected ran (was not skipped), those skipped for hardware this machine lacks (HARDWARE_SKIPS: a
+    second GPU) excepted: a suite that skips cannot pass."""
+    status = status_of(run)
+    if status != "ok" or not gpu:
+        return status
+    if expected is None or counts is None:
+        return "failed: GPU present, but the number of GPU tests collected or run is unknown (see pytest.log)"
+    ran = counts["tests"] - counts["skipped"]
+    expected -= counts.get("hardware_skips", 0)
+    if ran < expected:
+        return f"failed: GPU present, but only {ran} of the {expected} collected GPU tests ran ({counts['skipped']} skipped)"
+    return status
+
+
 def step_pytest(check: Check, limit: float) -> dict:
     args = ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "--junitxml", check.path("pytest.xml")]
     if check.dry_run:
         args += ["--collect-only", "-q"]
     else:
-        args += ["-rfE", "--durations=15"]
+        args += ["-rfEs", "--durations=15"]   # s: the skip reasons (the GPU probe's among them) in the log
         if importlib.util.find_spec("pytest_timeout"):   # on the CUDA image: one hanging test fails alone
             args += ["--timeout=120"]
     run = run_process(check.python(*args), check.path("pytest.log"), limit, mode="w")
-    return {**run, "status": status_of(run), "collected": collected(log_since(check.path("pytest.log")))}
+    output = log_since(check.path("pytest.log"))
+    if check.dry_run:
+        return {**run, "status": status_of(run), "collected": collected(output)}
+    expected, gpu = selected(output), gpu_present()
+    return {**run, "status": judge_pytest(run, expected, pytest_counts(check.path("pytest.xml")), gpu),
+            "collected": expected, "gpu_present": gpu}
 
 
 def step_sanitizer(check: Check, limit: float) -> dict:
@@ -280,11 +360,12 @@ def step_bench(check: Check, limit: float) -> dict:
     return {**run, "status": status_of(run, bench.exists())}
 
 
-STEP_FUNCTIONS = {"env": step_env, "pytest": step_pytest, "sanitizer": step_sanitizer, "large": step_large,
+STEP_FUNCTIONS = {"env": step_env, "precompile": step_precompile, "pytest": step_pytest, "sanitizer": step_sanitizer, "large": step_large,
                   "bench": step_bench}
 STEP_TEXT = {
     "env": ("device, versions, copy bandwidth, GEMM rates", "versions; GEMM and copy timed on the CPU (tiny)"),
-    "pytest": ("pytest -m gpu with a JUnit XML", "collect the pytest -m gpu selection"),
+    "precompile": ("python -m cupyconv.precompile (every kernel, all cores)", "precompile --dry-run (the list)"),
+    "pytest": ("pytest -m gpu with a JUnit XML; fewer run than collected fails", "collect the pytest -m gpu selection"),
     "sanitizer": ("compute-sanitizer memcheck, racecheck, synccheck", "collect the sanitizer selection"),
     "large": ("one fp16 case per op above 2^31 elements", "the same checks on tiny shapes (emulator)"),
     "bench": ("benchmarks.run --device gpu --quick, issue-11 cases first", "benchmarks.run --device cpu --smoke"),
@@ -671,6 +752,13 @@ def summary_pytest(check: Check, record: dict | None) -> list[str]:
     passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
     lines = [f"**{passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped** of "
              f"{n['tests']} ({record['status']}, {record['seconds']} s)."]
+    reasons: dict = {}
+    for case in root.iter("testcase"):
+        for child in case.findall("skipped"):
+            reason = (child.get("message") or "").strip().splitlines()
+            reasons[reason[0][:200] if reason else "?"] = reasons.get(reason[0][:200] if reason else "?", 0) + 1
+    for reason, count in sorted(reasons.items(), key=lambda r: -r[1])[:3]:
+        lines.append(f"- skipped {count}: {reason}")
     bad = [(case, child) for case in root.iter("testcase") for child in case if child.tag in ("failure", "error")]
     for case, child in bad[:25]:
         message = (child.get("message") or "").strip().splitlines()

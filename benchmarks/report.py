@@ -103,9 +103,14 @@ def report(path: Path, data: dict) -> str:
     peaks = _peaks_line(meta)
     if peaks:
         lines.append(peaks)
+    timing = next((res["timing"] for res in data["results"] if res.get("timing")), None)
+    latency = any(res.get("device") == "gpu" and res.get("timing") for res in data["results"])
+    if timing:   # what "ms" means (benchmarks/timing.py TIMING); older JSON has no such entry
+        lines.append(f"ms: {timing['median_ms']}" + (f"; latency: {timing['latency_median_ms']}" if latency else "")
+                     + "  ")
     roofline = any(res.get("roofline") for res in data["results"])
-    head = "| case | pass | cupyconv ms (IQR) |"
-    rule = "| --- | --- | --- |"
+    head = "| case | pass | cupyconv ms (IQR) |" + (" cupyconv latency ms |" if latency else "")
+    rule = "| --- | --- | --- |" + (" --- |" if latency else "")
     if roofline:
         head += " cupyconv TFLOP/s (% peak) | GFLOP / floor MB | floor us (bound), cupyconv x floor |"
         rule += " --- | --- | --- |"
@@ -134,6 +139,8 @@ def report(path: Path, data: dict) -> str:
         tf32 = ("on" if all(tf32.values()) else "off" if not any(tf32.values()) else "mixed: " + ", ".join(
             k for k, v in tf32.items() if v)) if tf32 and res.get("dtype") == "float32" else ""
         row = f"| ({res['case']}) {res['op']} | {res['pass']} | {_fmt_ms(ours)} |"
+        if latency:
+            row += f" {ours['latency_median_ms']:.4f} |" if "latency_median_ms" in ours else " |"
         if roofline:
             row += f" {_fmt_roof(ours)} | {_fmt_work(res)} | {_fmt_floor(res)} |"
         row += (f" {res['baseline']} | {_fmt_ms(base)} | "

@@ -12,7 +12,10 @@ For every case and pass (forward; forward + backward) each contender first runs 
 checked against the baseline's; then the contenders are timed in interleaved rounds (one call each per round,
 the order rotated every round), so load from elsewhere on the machine falls on all of them alike.  A case's
 figures are the median over rounds; ratios are cupyconv's median / the alternative's median (below 1: cupyconv
-is faster), with the median of the per-round ratios beside it as a check on noise.
+is faster), with the median of the per-round ratios beside it as a check on noise.  On the GPU the figure is the
+GPU time of queued work (CUDA events around a turn's calls enqueued back to back, divided by their count) and
+`latency_median_ms` beside it the end-to-end latency of one synchronised call; each result's "timing" says so
+(benchmarks/timing.py).
 
 Precision: every case runs with TF32 exactly as its `tf32` field says, on both sides (cupyconv.settings.allow_tf32,
 torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32), restored after; the state is recorded
@@ -40,7 +43,7 @@ import numpy
 
 from . import cases as cases_mod
 from . import plot, report
-from .timing import CudaTimer, Samples, time_cpu
+from .timing import TIMING, CudaTimer, Samples, time_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -385,7 +388,7 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
               "device": case.device, "dtype": case.dtype, "precision": case.precision,
               "pass": "fwd+bwd" if backward else "fwd",
               "target": case.target_for(backward), "target_vs": case.target_vs, "baseline": baseline.name,
-              "contenders": {}, "ratios": {}}
+              "timing": TIMING[case.device], "contenders": {}, "ratios": {}}
 
     runnable = {}
     reference = None
@@ -433,7 +436,10 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
             if cfg["gap_s"]:
                 time.sleep(cfg["gap_s"])
                 fn()  # wakes the library's worker threads; untimed
-            burst = [timers[name](fn) for _ in range(bursts[name])]
+            if case.device == "cpu":   # one call per sample
+                burst = [timers[name](fn) for _ in range(bursts[name])]
+            else:   # one sample: the GPU time of the turn's calls, queued, and one call's latency
+                burst = [timers[name](fn, bursts[name])]
             for sample in burst:
                 samples[name].add(sample)
             this_round[name] = statistics.median(sample["s"] for sample in burst)
@@ -526,13 +532,19 @@ def format_roofline(res: dict) -> str:
 
 def format_result(res: dict) -> str:
     ours = list(res["ratios"])
+    gpu = res.get("device") == "gpu"
     tf32 = res.get("tf32", {})
     lines = [f"  {res['pass']}: {res.get('rounds', 0)} rounds, calls per turn {res.get('calls_per_turn')}, "
              f"other processes used {res.get('others_cpu_pct')}% of the CPUs meanwhile; TF32 "
              + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in tf32.items())]
+    if res.get("timing"):   # what the columns are (benchmarks/timing.py TIMING)
+        labels = {"median_ms": "GPU ms" if gpu else "median ms", "latency_median_ms": "latency ms"}
+        shown = res["timing"] if gpu else {"median_ms": res["timing"]["median_ms"]}
+        lines.append("  " + "; ".join(f"{labels[key]}: {text}" for key, text in shown.items()))
     if res.get("roofline"):
         lines.append(format_roofline(res))
-    head = f"  {'pass':<8} {'contender':<44} {'median ms':>10} {'IQR %':>6} {'n':>4} {'TFLOP/s':>8} {'% peak':>7}"
+    head = (f"  {'pass':<8} {'contender':<44} {('GPU ms' if gpu else 'median ms'):>10} {'IQR %':>6} {'n':>4} "
+            f"{'TFLOP/s':>8} {'% peak':>7} {('latency ms' if gpu else ''):>10}")
     head += "".join(f" {(o if o == 'cupyconv' else 'cc.torch') + ' / it':>16}" for o in ours)
     lines.append(head)
     for name, entry in res["contenders"].items():
@@ -542,7 +554,8 @@ def format_result(res: dict) -> str:
         roof = entry.get("roofline", {})
         fraction = roof.get("peak_fraction")
         row = (f"  {res['pass']:<8} {name:<44} {entry['median_ms']:>10.3f} {entry['iqr_pct']:>6.1f} {entry['n']:>4}"
-               f" {_fmt_tflops(roof.get('tflops')):>8} {(f'{100 * fraction:.1f}' if fraction is not None else '-'):>7}")
+               f" {_fmt_tflops(roof.get('tflops')):>8} {(f'{100 * fraction:.1f}' if fraction is not None else '-'):>7}"
+               f" {(format(entry['latency_median_ms'], '10.3f') if gpu and 'latency_median_ms' in entry else ''):>10}")
         for o in ours:
             ratio = res["ratios"][o].get(name)
             row += f" {ratio['ratio_of_medians']:>15.2f}x" if ratio else f" {'':>16}"

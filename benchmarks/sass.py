@@ -16,7 +16,7 @@ count rounded up to a multiple of 8) from 64 Ki per SM, split over the 4 sub-par
 shared memory per SM 228 KiB on sm_90 (164 KiB on sm_80) with 1 KiB reserved per block; at most 32 blocks and 64
 warps per SM.
 
-Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
+Needs the wheels of the compile-check extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm (all >=13,<14); without them `ToolMissing` is raised (the tests skip, the model falls back).
 """
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""Timers and statistics for the benchmark harness.
+"""Timers and statistics for the benchmark harness: two figures per contender, each labelled (`TIMING`).
 
-CPU: `time.perf_counter` around one call.  GPU: CUDA events recorded on the stream the contender launches on,
-after a full device synchronisation (nothing earlier is in flight), read after synchronising on the end
-event; a wall-clock time around (synchronise, call, synchronise) is kept beside it as a cross-check that also
-shows the host-side launch overhead.
+CPU: `time.perf_counter` around one call; that is both its time and its latency.
+
+GPU: the GPU time of queued work, CUDA events recorded on the stream the contender launches on around `count`
+calls enqueued back to back, divided by `count` (the figure the ratios and the roofline use: the host's planning
+of one call overlaps the GPU's work on the previous ones, as in a real pipeline); and beside it the end-to-end
+latency of one call, the wall clock around (synchronise, call, synchronise), host planning and launch overhead
+included.  Events bracketing one call on an idle device, as before, measured neither: the GPU waited for the
+host inside the bracket.
 """
 from __future__ import annotations
 
@@ -12,15 +16,27 @@ import time
 from dataclasses import dataclass, field
 
 
-def time_cpu(fn) -> dict:
-    """Seconds taken by one call of fn on the CPU."""
+#: What each figure of `Samples.summary` is, for the JSON and the report.
+TIMING = {
+    "cpu": {"median_ms": "wall clock of one call (time.perf_counter)",
+            "latency_median_ms": "the same wall clock: on the CPU, time per call and latency are one figure"},
+    "gpu": {"median_ms": "GPU time of queued work: CUDA events on the contender's stream around many calls enqueued "
+                         "back to back (calls_per_turn), divided by their count",
+            "latency_median_ms": "end-to-end latency per call: wall clock around (synchronise, one call, "
+                                 "synchronise)"},
+}
+
+
+def time_cpu(fn, count: int = 1) -> dict:
+    """Seconds taken by one call of fn on the CPU (count is for the GPU timer's interface: one call here)."""
     t0 = time.perf_counter()
     fn()
-    return {"s": time.perf_counter() - t0}
+    seconds = time.perf_counter() - t0
+    return {"s": seconds, "latency_s": seconds}
 
 
 class CudaTimer:
-    """Times one call of fn on the GPU with CUDA events.
+    """Times fn on the GPU: the GPU time per call of `count` queued calls (CUDA events) and one call's latency.
 
     `library` is the array library whose current stream the contender launches on: "cupy" (cupyconv on CuPy
     arrays; also cupyconv on torch tensors inside `cupy.cuda.ExternalStream(torch's current stream)`, timed
@@ -55,29 +71,34 @@ class CudaTimer:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         return start, end, lambda: start.elapsed_time(end) / 1e3
 
-    def __call__(self, fn) -> dict:
+    def __call__(self, fn, count: int = 1) -> dict:
+        """{"s": GPU seconds per call of `count` calls enqueued between two events, "latency_s": wall-clock seconds
+        of one more call from an idle device to its completion}."""
         self.synchronize()
-        start, end, elapsed = self._events()
         t0 = time.perf_counter()
-        start.record()  # on the current stream (both libraries' default)
         fn()
+        self.synchronize()
+        latency = time.perf_counter() - t0
+        start, end, elapsed = self._events()
+        start.record()  # on the current stream (both libraries' default)
+        for _ in range(count):
+            fn()
         end.record()
         end.synchronize()
-        wall = time.perf_counter() - t0
         self.synchronize()  # anything fn launched on another stream is finished before the next sample
-        return {"s": elapsed(), "wall_s": wall}
+        return {"s": elapsed() / count, "latency_s": latency, "queued_calls": count}
 
 
 @dataclass
 class Samples:
-    """Per-call times of one contender, in seconds (and the wall-clock cross-check on the GPU)."""
+    """Per-call times of one contender, in seconds: time per call and end-to-end latency (`TIMING` says what
+    each is on each device)."""
     s: list = field(default_factory=list)
-    wall_s: list = field(default_factory=list)
+    latency_s: list = field(default_factory=list)
 
     def add(self, sample: dict) -> None:
         self.s.append(sample["s"])
-        if "wall_s" in sample:
-            self.wall_s.append(sample["wall_s"])
+        self.latency_s.append(sample.get("latency_s", sample["s"]))
 
     def summary(self) -> dict:
         s = sorted(self.s)
@@ -93,6 +114,5 @@ class Samples:
             # Spread of the samples: interquartile range relative to the median.
             "iqr_pct": (q[2] - q[0]) / med * 100 if med > 0 else 0.0,
         }
-        if self.wall_s:
-            out["wall_median_ms"] = statistics.median(self.wall_s) * 1e3
+        out["latency_median_ms"] = statistics.median(self.latency_s) * 1e3
         return out

@@ -6,8 +6,11 @@ path or a kernel Device) and wraps results back into the caller's kind.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy
 
@@ -20,6 +23,29 @@ OPTIONAL = frozenset({"bias"})
 
 #: The torch devices the plain functions compute on (the CPU path and the CUDA kernels).
 TORCH_DEVICES = ("cpu", "cuda")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The exit stack of the innermost `on_arrays_device` call: where a `Call` enters its GPU context.
+_call_scope: contextvars.ContextVar = contextvars.ContextVar("cupyconv_call_scope", default=None)
+
+
+def on_arrays_device(fn: F) -> F:
+    """Decorator of a public entry point that builds a `Call`: the GPU context that the `Call` enters once it has
+    checked its arrays (their device as CuPy's current device; for torch CUDA tensors also torch's current stream
+    and caching allocator; the stream-capture refusal) lasts until fn returns or raises."""
+
+    @functools.wraps(fn)
+    def in_scope(*args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            token = _call_scope.set(stack)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _call_scope.reset(token)
+
+    return in_scope  # type: ignore[return-value]
 
 
 def _kind(a) -> str:
@@ -112,12 +138,28 @@ class Call:
                                 f"{_dtype_name(a)}; all arrays of one call must have one dtype")
         self.kind = _kind(first)
         self._torch_dtype = first.dtype if self.kind == "torch" else None
+        self.xp = numpy
+        if _device_of(first) != "cpu":   # CuPy arrays, torch CUDA tensors
+            import cupy
+            self.xp = cupy
+        self.device = _device.executor_for(self.xp)
+        self._enter_gpu_context(first)
         for name, a in arrays.items():
             setattr(self, name, None if a is None else self._import(a))
-        bridged = getattr(self, first_name)
-        self.xp = numpy if isinstance(bridged, numpy.ndarray) else sys.modules["cupy"]
-        self.dtype = bridged.dtype
-        self.device = _device.executor_for(self.xp)
+        self.dtype = getattr(self, first_name).dtype
+
+    def _enter_gpu_context(self, first) -> None:
+        """Enter the context the GPU path runs in, for the call's lifetime (`on_arrays_device`), before any array is
+        imported: for torch CUDA tensors `cupyconv.torch.cuda_context` (torch's device, current stream and caching
+        allocator: outputs are torch memory ordered on torch's stream, as in `cupyconv.torch`); then the executor's
+        own scope (`Device.scope`: the arrays' device, the refusal under stream capture)."""
+        stack = _call_scope.get()
+        if stack is None or self.device is None or self.xp is numpy:
+            return
+        if self.kind == "torch":
+            from .torch.cuda import cuda_context
+            stack.enter_context(cuda_context(first.device))
+        stack.enter_context(self.device.scope(self.op, int(_device_of(first).split(":")[1])))
 
     def _import(self, a):
         if self.kind != "torch":

@@ -343,6 +343,11 @@ class Device:
         """What identifies this executor in the autotuning cache."""
         return (self.name, id(self))
 
+    def scope(self, op: str, device_id: int):
+        """The context one public call's GPU path runs in, for arrays on CUDA device `device_id` (`_arrays.Call`
+        enters it): nothing here."""
+        return contextlib.nullcontext()
+
 
 def _cublas():
     """(CuPy's cuBLAS handle for the current device and thread, the cublas bindings)."""
@@ -453,8 +458,100 @@ class CudaDevice(Device):
     def key(self):
         return ("cuda", self.xp.cuda.Device().id)
 
+    @contextlib.contextmanager
+    def scope(self, op: str, device_id: int):
+        """The arrays' device as CuPy's current device (kernels are memoised per device, outputs and workspaces are
+        allocated on it, cuBLAS handles are per device), and a refusal while the current stream captures a CUDA
+        graph (`refuse_stream_capture`)."""
+        with self.xp.cuda.Device(device_id):
+            refuse_stream_capture(op)
+            yield
+
     def total_memory(self) -> int:
         return _cuda_total_memory(self.xp.cuda.Device().id)
+
+
+CAPTURE_REFUSAL = (
+    "cupyconv cannot run while the current CUDA stream captures a graph (torch.cuda.graph, CUDA graph trees, "
+    "cupy.cuda.Stream.begin_capture): CuPy 14's cuBLAS binding raises during capture and autotuning synchronises. "
+    "Run cupyconv outside the captured region; with torch.compile, mode='reduce-overhead' runs cupyconv's ops "
+    "outside its CUDA graphs (they are tagged cudagraph_unsafe; torch >= 2.8), or use mode='default' or "
+    "'max-autotune-no-cudagraphs'")
+
+
+def stream_capturing() -> bool:
+    """Whether CuPy's current stream is capturing a CUDA graph (CuPy 14: `cupy.cuda.runtime.streamIsCapturing`).
+    The query itself fails where launching would break a capture: on the legacy default stream while another
+    stream captures in global mode (cudaErrorStreamCaptureImplicit), or on a stream whose capture an error
+    invalidated (CuPy raises RuntimeError): both count as capturing."""
+    import cupy
+    runtime = cupy.cuda.runtime
+    try:
+        return bool(runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr))
+    except runtime.CUDARuntimeError as error:
+        if error.status == 906:   # cudaErrorStreamCaptureImplicit (CuPy has no name for it)
+            return True
+        raise
+    except RuntimeError as error:
+        if "capture" in str(error):   # "the stream was capturing, but an error has invalidated the capture ..."
+            return True
+        raise
+
+
+def refuse_stream_capture(op: str) -> None:
+    """RuntimeError naming `op` and what to use instead while the current stream captures (`stream_capturing`):
+    every GEMM would raise inside CuPy's cuBLAS binding (cupy_backends/cuda/libs/cublas.pyx `setStream`, v14.2.0)
+    and autotuning would synchronise, so no call is half captured."""
+    if stream_capturing():
+        raise RuntimeError(f"{op}: {CAPTURE_REFUSAL}")
+
+
+def _cuda_major(version: int) -> int:
+    return version // 1000
+
+
+@functools.lru_cache(maxsize=None)
+def check_cupy_toolkit() -> None:
+    """RuntimeError unless the NVRTC and the CUDA headers CuPy compiles with are of CuPy's own CUDA major release.
+
+    CuPy 14 finds both through cuda-pathfinder (cupy_backends/cuda/libs/_cnvrtc.pxi, `load_nvidia_dynamic_lib`;
+    cupy/_core/core.pyx, `find_nvidia_header_directory('cudart')`), which looks in site-packages' nvidia/cu13 first:
+    CUDA 13 wheels installed next to cupy-cuda12x (cupyconv's `compile-check` extra) become its NVRTC and headers,
+    and the kernels would be built for a driver the machine may not have.  Checked once, before the first compile."""
+    import cupy
+    built = _cuda_major(cupy.cuda.runtime.runtimeGetVersion())
+    nvrtc = cupy.cuda.nvrtc.getVersion()
+    headers = _cuda_header_version(_cupy_header_dir())
+    found = [f"NVRTC {nvrtc[0]}.{nvrtc[1]}"] if nvrtc[0] != built else []
+    if headers is not None and _cuda_major(headers) != built:
+        found.append(f"CUDA {_cuda_major(headers)} headers in {_cupy_header_dir()}")
+    if found:
+        raise RuntimeError(
+            f"cupyconv: CuPy {cupy.__version__} is built for CUDA {built} but would compile the kernels with "
+            f"{' and '.join(found)}: toolkit wheels of another CUDA release in this environment (e.g. from "
+            f"cupyconv's compile-check extra) shadow CuPy's own.  Uninstall them, or install cupyconv[cuda{built}] "
+            f"in an environment without them")
+
+
+def _cupy_header_dir() -> str | None:
+    """The CUDA include directory CuPy 14 passes to NVRTC (core.pyx `assemble_cupy_compiler_options`)."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+    except ImportError:   # an older CuPy without cuda-pathfinder: it finds its toolkit its own way
+        return None
+    return find_nvidia_header_directory("cudart")
+
+
+def _cuda_header_version(include_dir: str | None) -> int | None:
+    """CUDART_VERSION (e.g. 12090) of the headers in include_dir, None when there are none."""
+    if include_dir is None:
+        return None
+    try:
+        text = (Path(include_dir) / "cuda_runtime_api.h").read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"^#define\s+CUDART_VERSION\s+(\d+)", text, re.M)
+    return int(match.group(1)) if match else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -466,6 +563,7 @@ def _cuda_total_memory(device_id: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _cuda_function_on(device_id: int, source: str, name: str):
     import cupy
+    check_cupy_toolkit()
     module = cupy.RawModule(code=kernel_source(source), options=compile_options(source), name_expressions=(name,))
     return module.get_function(name)
 

@@ -109,6 +109,15 @@ def set_max_workspace_size(size: int) -> None:
 # Argument checks
 
 
+def _on_device_of(a):
+    """CuPy's Device context of a CuPy array (the copy into the caller's output runs on the arrays' device, as the op
+    did), nothing for a NumPy array."""
+    if _kind(a) != "cupy":
+        return contextlib.nullcontext()
+    import cupy
+    return cupy.cuda.Device(a.device.id)
+
+
 def _shape(a) -> tuple:
     return tuple(int(s) for s in a.shape)
 
@@ -326,7 +335,8 @@ def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints
     with geo.settings(auto_tune, tensor_core):
         result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                          groups=geo.groups)
-    yv[...] = result
+    with _on_device_of(y):
+        yv[...] = result
 
 
 @numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
@@ -356,7 +366,8 @@ def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, strid
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
         _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                                         groups=geo.groups, needs=("weight",))
-    gwv[...] = grad_w
+    with _on_device_of(gW):
+        gwv[...] = grad_w
 
 
 @numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
@@ -395,4 +406,5 @@ def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad
     with geo.settings(auto_tune, tensor_core, deterministic):
         result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
                                    groups=geo.groups, dilation=geo.dilation)
-    yv[...] = result
+    with _on_device_of(y):
+        yv[...] = result

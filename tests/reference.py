@@ -407,7 +407,7 @@ class ConvCase:
 
 def window_specs():
     """(kernel_size, stride, padding, dilation, (H, W)) with a non-empty output; padding in every form."""
-    from hypothesis import strategies as st
+    from optional_deps import strategies as st   # inert without hypothesis: the test skips
 
     def int_or_pair(low, high):
         return st.one_of(st.integers(low, high), st.tuples(st.integers(low, high), st.integers(low, high)))
@@ -438,7 +438,7 @@ def conv_cases(*, leading_dims=None, depthwise=False):
     leading_dims=None gives a 4-D x (N, C, H, W); an int k gives 0..k leading dims of 1..3 each (patch conv).
     depthwise=True gives groups = C and weight (C * m, 1, kH, kW) with a channel multiplier m of 1..3.
     """
-    from hypothesis import strategies as st
+    from optional_deps import strategies as st   # inert without hypothesis: the test skips
 
     @st.composite
     def build(draw):

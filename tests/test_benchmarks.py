@@ -192,3 +192,55 @@ def test_without_matplotlib_a_run_still_writes_its_json(tmp_path, capsys, no_mat
     assert report.load(out)["complete"] and not (tmp_path / "bench.png").exists()
     err = capsys.readouterr().err
     assert err.startswith("no plot: matplotlib is not installed") and "benchmarks.report --plot" in err, err
+
+
+def test_cuda_timer_times_queued_work_and_one_calls_latency(monkeypatch):
+    """benchmarks.timing.CudaTimer with RECORDED FAKES of CuPy's device synchronisation and events (no GPU here):
+    one synchronised call for the latency, then `count` calls enqueued between two events, the GPU time divided by
+    the count."""
+    cupy = pytest.importorskip("cupy")
+    from benchmarks import timing
+    log = []
+
+    class FakeDevice:
+        def synchronize(self):
+            log.append("device sync")
+
+    class FakeEvent:
+        def __init__(self):
+            self.name = "start" if not any(e.startswith("new") for e in log) else "end"
+            log.append(f"new {self.name}")
+
+        def record(self):
+            log.append(f"record {self.name}")
+
+        def synchronize(self):
+            log.append(f"sync {self.name}")
+
+    monkeypatch.setattr(cupy.cuda, "Device", FakeDevice)
+    monkeypatch.setattr(cupy.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(cupy.cuda, "get_elapsed_time", lambda start, end: 8.0)   # milliseconds, as CuPy's
+    sample = timing.CudaTimer("cupy")(lambda: log.append("call"), 4)
+    assert log == ["device sync", "call", "device sync", "new start", "new end", "record start",
+                   "call", "call", "call", "call", "record end", "sync end", "device sync"]
+    assert sample["s"] == pytest.approx(8e-3 / 4) and sample["queued_calls"] == 4 and sample["latency_s"] > 0
+
+
+def test_gpu_results_label_both_figures():
+    """A GPU result (made up, as from a run) shows GPU ms and latency ms, each labelled, in the run's table and in
+    the report."""
+    from benchmarks.timing import TIMING
+    entry = {"ours": True, "status": "ok", "median_ms": 0.25, "iqr_pct": 3.0, "n": 5, "latency_median_ms": 0.75}
+    res = {"case": "x", "name": "made up", "op": "conv2d", "device": "gpu", "dtype": "float16", "pass": "fwd",
+           "timing": TIMING["gpu"], "baseline": "torch", "rounds": 5, "tf32": {},
+           "contenders": {"cupyconv": entry, "torch": {**entry, "ours": False, "median_ms": 0.5}},
+           "ratios": {"cupyconv": {"torch": {"ratio_of_medians": 0.5, "median_round_ratio": 0.5}}}}
+    text = run.format_result(res)
+    assert "GPU ms: GPU time of queued work" in text and "latency ms: end-to-end latency per call" in text
+    assert "GPU ms" in text.splitlines()[2] and "latency ms" in text.splitlines()[2]
+    assert "     0.750" in text
+    meta = {"command": "made up", "date": "today", "cpu_model": "cpu", "cpus_usable": 1, "python": "3", "numpy": "2",
+            "torch": "2", "cupy": "14", "cupyconv": "0.1", "gpu": {"name": "a GPU"}}
+    markdown = report.report(Path("x.json"), {"meta": meta, "mode": "quick", "results": [res]})
+    assert "ms: GPU time of queued work" in markdown and "latency: end-to-end latency per call" in markdown
+    assert "| cupyconv latency ms |" in markdown and "| 0.7500 |" in markdown

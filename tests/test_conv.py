@@ -6,7 +6,7 @@ same cases can run through another executor, e.g. inside `cupyconv._device.use_d
 """
 import numpy
 import pytest
-from hypothesis import given, settings, strategies as st
+from optional_deps import given, settings, strategies as st
 
 import cupyconv
 import reference as ref

@@ -8,9 +8,9 @@ The bug classes of issue 12 (each side's padding alone and the last row and colu
 over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
 tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 import reference as ref
@@ -23,8 +23,8 @@ from reference import NEEDS, NEEDS_SUBSETS, ConvCase
 
 C = ConvCase
 ALGORITHMS = ("im2col_gemm", "direct")
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
-          "float64": numpy.float64}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32,
+          "float64": numpy.float64})
 #: Largest |GPU path - CPU path| allowed, relative to the largest |CPU path| value of the array.  Both
 #: compute in float32 (float64) with different summation orders; the half types differ by a rounding or two.
 TOLERANCE = {"float64": 1e-12, "float32": 2e-6, "float16": 4e-3, "bfloat16": 3e-2}

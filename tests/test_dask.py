@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy
 import pytest
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from optional_deps import given, settings as hypothesis_settings, strategies as st
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")

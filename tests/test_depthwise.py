@@ -7,7 +7,7 @@ oracle and the reference are given.  The checks (`CHECKS.forward(depthwise_conv2
 """
 import numpy
 import pytest
-from hypothesis import given, settings, strategies as st
+from optional_deps import given, settings, strategies as st
 
 import cupyconv
 import reference as ref

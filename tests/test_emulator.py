@@ -608,7 +608,7 @@ def _mma_inputs(rng, dtype, k):
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mma_m16n8k16_computes_a_times_b_plus_c(order, dtype):
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")
     t = numpy.float16 if dtype == "float16" else ml_dtypes.bfloat16
     a, bt, c = _mma_inputs(numpy.random.default_rng(0), t, 16)
     expected = (a.astype(numpy.float64) @ bt.astype(numpy.float64).T + c).astype(numpy.float32)

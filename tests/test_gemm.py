@@ -4,17 +4,17 @@ column-major) in NumPy against numpy.matmul, every rejection of `gemm_arguments`
 the emulator's `EmulatedCublas`."""
 import itertools
 
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device
 from emulator import EmulatedDevice
 from emulator._device import EmulatedCublas
 
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
-          "float64": numpy.float64}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32,
+          "float64": numpy.float64})
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-13}  # relative to max |C|
 strided = numpy.lib.stride_tricks.as_strided
 

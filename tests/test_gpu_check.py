@@ -91,3 +91,69 @@ def test_bad_arguments_get_a_clear_error(tmp_path):
     result = _gpu_check("--out", tmp_path / "new", "--budget", "5")
     assert result.returncode == 2 and "--budget 5" in result.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_selected_reads_the_gpu_selection_of_a_run():
+    from benchmarks.gpu_check import selected
+    assert selected("platform linux\ncollected 2937 items / 2590 deselected / 347 selected\n\n") == 347
+    assert selected("collected 12 items\n") == 12
+    assert selected("347/2937 tests collected (2590 deselected) in 18.49s") == 347
+    assert selected("ImportError while loading conftest") is None
+
+
+@pytest.mark.parametrize("run, expected, counts, gpu, status", [
+    # a GPU machine where the probe failed: everything skipped, pytest exits 0; the step must fail
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 347}, True,
+     "failed: GPU present, but only 0 of the 347 collected GPU tests ran (347 skipped)"),
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 2}, True,
+     "failed: GPU present, but only 345 of the 347 collected GPU tests ran (2 skipped)"),
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 0}, True, "ok"),
+    # one machine, one GPU: the two-GPU test may skip
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 1,
+                                          "hardware_skips": 1}, True, "ok"),
+    ({"rc": 0, "timed_out": False}, None, None, True,
+     "failed: GPU present, but the number of GPU tests collected or run is unknown (see pytest.log)"),
+    # no GPU on the machine: skipping is all the suite can do
+    ({"rc": 0, "timed_out": False}, 347, {"tests": 347, "failures": 0, "errors": 0, "skipped": 347}, False, "ok"),
+    ({"rc": 1, "timed_out": False}, 347, {"tests": 347, "failures": 3, "errors": 0, "skipped": 0}, True, "failed"),
+    ({"rc": -2, "timed_out": True}, 347, None, True, "timed out"),
+])
+def test_pytest_step_fails_when_a_gpu_machine_skips(run, expected, counts, gpu, status):
+    from benchmarks.gpu_check import judge_pytest
+    assert judge_pytest(run, expected, counts, gpu) == status
+
+
+def test_gpu_presence_is_asked_of_the_driver_not_of_cupy(monkeypatch, tmp_path):
+    """Fakes: no /proc/driver/nvidia entry, and an `nvidia-smi` on PATH that lists one GPU or none."""
+    import benchmarks.gpu_check as gpu_check
+    monkeypatch.setattr(gpu_check, "Path", lambda p: tmp_path / "no-such-dir" if p.startswith("/proc") else Path(p))
+    smi = tmp_path / "nvidia-smi"
+    for listing, present in (("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)", True),
+                             ("No devices were found", False)):
+        smi.write_text(f"#!/bin/sh\necho '{listing}'\n")
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        assert gpu_check.gpu_present() is present
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpu_check.gpu_present() is False
+
+
+def test_precompile_step_lists_the_kernels_in_a_dry_run(tmp_path):
+    import time
+    from benchmarks.gpu_check import Check, step_precompile
+    from cupyconv import _device
+    record = step_precompile(Check(tmp_path, True, 540, time.perf_counter()), 60)
+    assert record["status"] == "ok" and record["kernels"] == len(_device.all_instantiations()), record
+    assert "cupyconv.precompile --dry-run" in (tmp_path / "run.log").read_text()
+
+
+def test_pytest_counts_reads_the_junit_xml(tmp_path):
+    from benchmarks.gpu_check import pytest_counts
+    xml = tmp_path / "pytest.xml"
+    xml.write_text('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="2">'
+                   '<testcase classname="a" name="x"/>'
+                   '<testcase classname="a" name="y"><skipped message="needs two CUDA GPUs"/></testcase>'
+                   '<testcase classname="a" name="z"><skipped message="needs CuPy and a CUDA GPU: CuPy sees 0 CUDA '
+                   'devices"/></testcase></testsuite></testsuites>')
+    assert pytest_counts(xml) == {"tests": 3, "failures": 0, "errors": 0, "skipped": 2, "hardware_skips": 1}
+    assert pytest_counts(tmp_path / "missing.xml") is None

@@ -2,9 +2,9 @@
 constants Python and CUDA share, and grid sizes."""
 import re
 
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Lazy, bfloat16, resolve
 
 from cupyconv import _device, _kernels
 from cupyconv._kernels import KernelFile, Param, argument_error, parse_signatures, resolve_type
@@ -36,13 +36,13 @@ def test_parse_signatures_reads_every_global_template_and_nothing_else():
 
 @pytest.mark.parametrize("declared, dtype, index, resolved", [
     ("const T*", numpy.float16, "int", "const __half*"),
-    ("acc_t<T>*", ml_dtypes.bfloat16, "int", "float*"),
+    ("acc_t<T>*", BFLOAT16, "int", "float*"),
     ("acc_t<T>*", numpy.float64, "int", "double*"),
     ("I", numpy.float32, "long long", "long long"),
     ("int", numpy.float32, "long long", "int"),
 ])
 def test_resolve_type(declared, dtype, index, resolved):
-    assert resolve_type(declared, dtype, index) == resolved
+    assert resolve_type(declared, resolve(dtype), index) == resolved
 
 
 class FakeKernelFile(KernelFile):
@@ -96,7 +96,7 @@ def test_bad_arguments_are_refused_before_launch(replace, error, message):
 
 
 @pytest.mark.parametrize("c_type, value, expected", [
-    ("const __nv_bfloat16*", numpy.zeros(2, ml_dtypes.bfloat16), None),
+    ("const __nv_bfloat16*", Lazy(lambda: numpy.zeros(2, bfloat16()), "bfloat16-zeros"), None),
     ("const __nv_bfloat16*", numpy.zeros(2, numpy.uint16), None),  # raw bits: NumPy has no bfloat16
     ("const __half*", numpy.zeros(2, numpy.uint16), "the element types differ"),
     ("int", numpy.int32(1), None),
@@ -107,7 +107,7 @@ def test_bad_arguments_are_refused_before_launch(replace, error, message):
     ("size_t", numpy.uint64(1), "a type that cannot be passed"),
 ])
 def test_argument_error(c_type, value, expected):
-    error = argument_error(c_type, value)
+    error = argument_error(c_type, resolve(value))
     assert error == expected if expected is None else error.startswith(expected), error
 
 
@@ -119,7 +119,7 @@ def test_parsed_signatures_match_what_the_compiler_saw(filename):
     device = EmulatedDevice()
     names = [n for f, n in _device.all_instantiations() if f == filename]
     library = device._library_for(filename)
-    dtypes = {"__half": numpy.float16, "__nv_bfloat16": ml_dtypes.bfloat16, "float": numpy.float32,
+    dtypes = {"__half": numpy.float16, "__nv_bfloat16": bfloat16(), "float": numpy.float32,
               "double": numpy.float64}
     for name in names:
         kernel, t, index = re.fullmatch(r"(\w+)<([^,]+), ([^,>]+)[^>]*>", name).groups()

@@ -8,7 +8,8 @@ fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12
 Each (kernel file, architecture) is compiled once per test session (`kernel_programs`) and the resulting cubin is
 kept: tests/test_sass.py reads the same binaries' resource use and instructions.
 
-Needs the wheels (the test extra): nvidia-cuda-nvrtc>=13,<14 nvidia-cuda-runtime>=13,<14
+Needs the wheels of the compile-check extra (never installed next to cupy-cuda12x: CuPy would take them for its
+own): nvidia-cuda-nvrtc>=13,<14 nvidia-cuda-runtime>=13,<14
 nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 (the runtime wheels carry cuda_fp16.h / cuda_bf16.h).
 """
 from __future__ import annotations

@@ -78,6 +78,9 @@ def test_wheel_contains_every_kernel_source(wheel):
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     hard = [r for r in requires if "extra ==" not in r]
     assert hard == ["Requires-Dist: numpy"], f"the only hard dependency must be numpy, got {hard}"
+    for extra, cupy in (("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x")):   # as pip reads the extras
+        assert f'Requires-Dist: {cupy}[ctk]>=14.2; extra == "{extra}"' in requires, requires
+        assert f'Requires-Dist: ml_dtypes>=0.5; extra == "{extra}"' in requires, requires
 
 
 @pytest.mark.slow
@@ -164,3 +167,48 @@ def test_readme_starts_with_exactly_two_setup_commands():
 def test_ci_runs_the_readme_test_command():
     result = _run(["bash", str(ROOT / ".ci" / "run"), "--print-test-command"], cwd=ROOT)
     assert result.stdout.strip() == _readme_commands()[1]
+
+
+def _extras() -> dict:
+    """{extra: [Requirement]} of pyproject.toml's optional dependencies, as pip reads them (no download)."""
+    tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
+    requirements = pytest.importorskip("packaging.requirements")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {extra: [requirements.Requirement(r) for r in reqs]
+            for extra, reqs in project["optional-dependencies"].items()}
+
+
+@pytest.mark.parametrize("extra, cupy", [("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x")])
+def test_cuda_extras_bring_cupy_with_its_toolkit_and_ml_dtypes(extra, cupy):
+    """A GPU machine needs only its driver: CuPy's `ctk` extra brings cuBLAS, NVRTC and the headers of CuPy's own
+    CUDA major release, ml_dtypes the bfloat16 dtype; nothing of another CUDA release."""
+    reqs = {r.name: r for r in _extras()[extra]}
+    assert set(reqs) == {cupy, "ml-dtypes"} or set(reqs) == {cupy, "ml_dtypes"}, reqs
+    assert reqs[cupy].extras == {"ctk"}, f"{extra}: {reqs[cupy]} must ask for CuPy's [ctk] extra"
+    assert reqs[cupy].specifier.contains("14.2") and not reqs[cupy].specifier.contains("13.6"), reqs[cupy]
+
+
+def test_installed_cupy_offers_the_ctk_extra():
+    """The extra name `ctk` is CuPy 14's own (its METADATA, read from the installed wheel: nothing downloaded)."""
+    metadata = pytest.importorskip("importlib.metadata")
+    for name in ("cupy-cuda12x", "cupy-cuda13x"):
+        try:
+            provided = metadata.metadata(name).get_all("Provides-Extra") or []
+        except metadata.PackageNotFoundError:
+            continue
+        assert "ctk" in provided, f"{name} {metadata.version(name)} has no ctk extra: {provided}"
+        return
+    pytest.skip("no CuPy wheel installed")
+
+
+def test_test_extra_cannot_shadow_cupys_toolkit():
+    """CuPy 14 finds NVRTC and the CUDA headers through cuda-pathfinder, which looks in nvidia/cu13 first: the
+    compile check's CUDA toolkit wheels live in their own extra, never in `test` or a CUDA extra, so
+    `.[cuda12,test]` on a GPU machine compiles with CUDA 12's NVRTC and headers."""
+    extras = _extras()
+    toolkit = {r.name for r in extras["compile-check"]}
+    assert {"nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-nvrtc-cu12"} <= toolkit, toolkit
+    for extra in ("test", "cuda12", "cuda13"):
+        nvidia = [str(r) for r in extras[extra] if r.name.startswith("nvidia-")]
+        assert not nvidia, f"the {extra} extra installs CUDA toolkit wheels {nvidia}"
+    assert "compile-check" in _readme_commands()[1], "CI (the README test command) runs the compile check"

@@ -7,7 +7,7 @@ Cases are data (`CASES`, ...); the checks (`CHECKS.forward(patch_conv2d, case, d
 """
 import numpy
 import pytest
-from hypothesis import given, settings, strategies as st
+from optional_deps import given, settings, strategies as st
 
 import cupyconv
 import reference as ref

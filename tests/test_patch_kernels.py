@@ -96,7 +96,7 @@ def assert_matches(actual, expected, dtype, what=""):
 
 def _dtype(name):
     if name == "bfloat16":
-        import ml_dtypes
+        ml_dtypes = pytest.importorskip("ml_dtypes")
         return numpy.dtype(ml_dtypes.bfloat16)
     return numpy.dtype(name)
 

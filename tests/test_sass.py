@@ -20,7 +20,7 @@ that a tensor-core instantiation has matrix instructions:
 `opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
 
 The reading of the binaries (NVRTC, cuobjdump, nvdisasm, `main_loop`, `occupancy`) is `benchmarks/sass.py`, a
-library benchmarks.predict uses too; this file holds the checks.  Needs the wheels of the test extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
+library benchmarks.predict uses too; this file holds the checks.  Needs the wheels of the compile-check extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm (all >=13,<14); skips without them.
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
@@ -60,8 +60,8 @@ REGISTER_UNIT_PER_THREAD = 8
 SHARED_WITHOUT_OPT_IN = _device.DEFAULT_SHARED_LIMIT            # 48 KiB, static + dynamic
 SHARED_OPT_IN = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}     # cudaDevAttrMaxSharedMemoryPerBlockOptin
 SPILL_FREE_TYPES = ("__half", "__nv_bfloat16", "float")
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32,
-          "float64": numpy.float64}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32,
+          "float64": numpy.float64})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ The bug classes of issue 12 (each side's padding alone and the last row and colu
 over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
 tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
 """
-import ml_dtypes
 import numpy
 import pytest
+from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
@@ -23,7 +23,7 @@ from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
 C = ConvCase
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
 #: Largest |tensor cores - CPU path| relative to the largest |CPU path| value: one rounding of the float32 sum to
 #: the 16-bit output (float16, bfloat16), or TF32 operands (10 mantissa bits) for float32.
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}

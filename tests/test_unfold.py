@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy
 import pytest
-from hypothesis import given, settings, strategies as st
+from optional_deps import given, settings, strategies as st
 
 import cupyconv
 import reference as ref

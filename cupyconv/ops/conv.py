@@ -14,7 +14,7 @@ import itertools
 import numpy
 
 from .. import _autotune, settings
-from .._arrays import Call, compute_dtype
+from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
@@ -584,6 +584,7 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
 
+@on_arrays_device
 def convolve(op: str, nd: int | None, x, weight, bias, stride, padding, dilation, groups, algorithm,
              workspace_limit):
     """The public convolution `op` over nd spatial dims (None: weight.ndim - 2): checked, run through
@@ -596,6 +597,7 @@ def convolve(op: str, nd: int | None, x, weight, bias, stride, padding, dilation
         return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
 
 
+@on_arrays_device
 def convolve_backward(op: str, nd: int | None, grad_output, x, weight, stride, padding, dilation, groups, needs,
                       algorithm, workspace_limit):
     """The gradients of the public convolution `op` (see `convolve`), through `lift.backward`."""

@@ -18,7 +18,7 @@ then zero-extended to that size (the extra output rows receive nothing but the b
 """
 from __future__ import annotations
 
-from .._arrays import Call, compute_dtype
+from .._arrays import Call, compute_dtype, on_arrays_device
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding, _shape, _tuple, check_algorithm,
                      check_groups, check_needs, weight_spatial_dims)
@@ -81,6 +81,7 @@ def _crop(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
+@on_arrays_device
 def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
                workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
@@ -99,6 +100,7 @@ def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups,
     return call.wrap(out)
 
 
+@on_arrays_device
 def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
                         algorithm, workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)

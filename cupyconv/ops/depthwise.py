@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from .._arrays import Call, compute_dtype
+from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, index_type,
                         kernel_name)
@@ -454,6 +454,7 @@ X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (C * m, 1, kH,
 
 
 @numpy_doc(returns=("array (N, C * m, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC)
+@on_arrays_device
 def depthwise_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrTuple = 1,
                      padding: Padding = 0, dilation: IntOrTuple = 1) -> ArrayT:
     """Depthwise convolution: each input channel convolved with its own m filters (channel multiplier m).
@@ -467,6 +468,7 @@ def depthwise_conv2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
 
 @numpy_doc(returns=GRADIENTS, x=X_DOC, weight=WEIGHT_DOC)
+@on_arrays_device
 def depthwise_conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: IntOrTuple = 1,
                               padding: Padding = 0, dilation: IntOrTuple = 1,
                               needs: Needs = NEEDS) -> Gradients[ArrayT]:

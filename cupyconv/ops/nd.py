@@ -7,7 +7,7 @@ the 2-D op's, with one entry per spatial dim: padding an int, one int per dim, o
 """
 from __future__ import annotations
 
-from .._arrays import Call
+from .._arrays import Call, on_arrays_device
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._spec import NEEDS, ConvSpec, check_grad_output, check_needs
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
@@ -103,6 +103,7 @@ def _depthwise_runners(nd: int):
     return depthwise_conv2d_run, depthwise_conv2d_backward_run
 
 
+@on_arrays_device
 def _depthwise(op, nd, x, weight, bias, stride, padding, dilation):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, call.bias, stride, padding, dilation, nd=nd)
@@ -110,6 +111,7 @@ def _depthwise(op, nd, x, weight, bias, stride, padding, dilation):
     return call.wrap(lift.forward(run, call.device, call.x, call.weight, call.bias, spec))
 
 
+@on_arrays_device
 def _depthwise_backward(op, nd, grad_output, x, weight, stride, padding, dilation, needs):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec = ConvSpec.for_depthwise(op, call.x, call.weight, None, stride, padding, dilation, nd=nd)

@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import math
 
-from .._arrays import Call, compute_dtype
+from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
                         extent, index_type, kernel_name)
@@ -379,6 +379,7 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
 X_DOC = ("array (..., C, H, W)", "The patches.")
 
 
+@on_arrays_device
 def patch_convolve(op: str, nd: int, x, weight, bias, stride, padding, dilation, groups, algorithm,
                    workspace_limit):
     """The public patch convolution `op` over nd spatial dims: checked, run through `lift.forward` with
@@ -392,6 +393,7 @@ def patch_convolve(op: str, nd: int, x, weight, bias, stride, padding, dilation,
                                       algorithm))
 
 
+@on_arrays_device
 def patch_convolve_backward(op: str, nd: int, grad_output, x, weight, stride, padding, dilation, groups, needs,
                             algorithm, workspace_limit):
     """The gradients of the public patch convolution `op` (see `patch_convolve`), through `lift.backward`."""

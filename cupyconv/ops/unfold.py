@@ -14,7 +14,7 @@ import itertools
 import numpy
 from numpy.lib.stride_tricks import as_strided
 
-from .._arrays import Call, compute_dtype
+from .._arrays import Call, compute_dtype, on_arrays_device
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
                         stride_args)
 from .._spec import ConvSpec
@@ -174,6 +174,7 @@ def _fold_run(device, cols, spec: ConvSpec):
     return out.reshape(spec.input_shape)
 
 
+@on_arrays_device
 def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
     """unfold, with errors naming `op` and calling the array `name` (fold_backward: grad_output)."""
     call = Call(op, **{name: x})
@@ -182,6 +183,7 @@ def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
     return call.wrap(_unfold_run(call.device, x, spec))
 
 
+@on_arrays_device
 def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, dilation, padding, stride):
     """fold, with errors naming `op` and calling its arguments `name` and `size_name`."""
     call = Call(op, **{name: cols})

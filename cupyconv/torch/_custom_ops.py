@@ -21,6 +21,11 @@ import cupyconv
 from ..ops.conv import workspace_scope
 from .cuda import _run
 
+# CUDA graphs (torch.compile(mode="reduce-overhead"), CUDA graph trees) cannot capture cupyconv: CuPy 14's cuBLAS
+# binding raises while a stream captures, and cupyconv refuses to start under capture (`_device.CAPTURE_REFUSAL`).
+# Tagged cudagraph_unsafe (torch >= 2.8), the ops run between the captured partitions of a compiled graph.
+_GRAPH_TAGS = {"tags": (torch.Tag.cudagraph_unsafe,)} if hasattr(torch.Tag, "cudagraph_unsafe") else {}
+
 # ---------------------------------------------------------------------------------------------------------
 # Geometry helpers (plain ints on the eager path, SymInts in fake implementations)
 
@@ -101,7 +106,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
     the forward output's shape."""
     schema = ", ".join(options)
 
-    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(),
+    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(), **_GRAPH_TAGS,
                              schema=f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
     def op(x, weight, bias, *values):
         kw = _keywords(options, values)
@@ -112,7 +117,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
     def _(x, weight, bias, *values):
         return x.new_empty(out_shape(x, weight, **_keywords(options, values)))
 
-    @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), schema=(
+    @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
             f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
     def backward_op(grad_output, x, weight, needs, *values):
         kw = _keywords(options, values)
@@ -144,7 +149,7 @@ for _name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
 # Custom ops: unfold and fold (linear, each other's adjoint: their backward ops have autograd too)
 
 
-@torch.library.custom_op("cupyconv::unfold", mutates_args=(), schema=(
+@torch.library.custom_op("cupyconv::unfold", mutates_args=(), **_GRAPH_TAGS, schema=(
         "(Tensor x, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
 def _unfold_op(x, kernel_size, dilation, padding, stride):
     return _run(cupyconv.unfold, x, x, tuple(kernel_size), tuple(dilation), _per_side(padding), tuple(stride))
@@ -156,7 +161,7 @@ def _(x, kernel_size, dilation, padding, stride):
     return x.new_empty((*x.shape[:-3], x.shape[-3] * math.prod(kernel_size), math.prod(out)))
 
 
-@torch.library.custom_op("cupyconv::unfold_backward", mutates_args=(), schema=(
+@torch.library.custom_op("cupyconv::unfold_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
         "(Tensor grad_output, SymInt[2] input_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
         "int[2] stride) -> Tensor"))
 def _unfold_backward_op(grad_output, input_size, kernel_size, dilation, padding, stride):
@@ -170,7 +175,7 @@ def _(grad_output, input_size, kernel_size, dilation, padding, stride):
     return grad_output.new_empty((*grad_output.shape[:-2], channels, *input_size))
 
 
-@torch.library.custom_op("cupyconv::fold", mutates_args=(), schema=(
+@torch.library.custom_op("cupyconv::fold", mutates_args=(), **_GRAPH_TAGS, schema=(
         "(Tensor cols, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
         "int[2] stride) -> Tensor"))
 def _fold_op(cols, output_size, kernel_size, dilation, padding, stride):
@@ -184,7 +189,7 @@ def _(cols, output_size, kernel_size, dilation, padding, stride):
     return cols.new_empty((*cols.shape[:-2], channels, *output_size))
 
 
-@torch.library.custom_op("cupyconv::fold_backward", mutates_args=(), schema=(
+@torch.library.custom_op("cupyconv::fold_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
         "(Tensor grad_output, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
 def _fold_backward_op(grad_output, kernel_size, dilation, padding, stride):
     return _run(cupyconv.fold_backward, grad_output, grad_output, tuple(kernel_size), tuple(dilation),
