@@ -173,8 +173,9 @@ def argument_error(c_type_: str, value) -> str | None:
         dtype = numpy.dtype(value.dtype)
         if dtype.name != _SCALAR_DTYPES.get(element) and not (element == "__nv_bfloat16" and dtype == numpy.uint16):
             return "the element types differ"
-        flags = getattr(value, "flags", None)
-        if not c_type_.startswith("const ") and flags is not None and not flags.writeable:
+        # Only NumPy arrays can be read-only: CuPy's Flags has no `writeable` (c_contiguous, f_contiguous, owndata).
+        read_only = isinstance(value, numpy.ndarray) and not value.flags.writeable
+        if not c_type_.startswith("const ") and read_only:
             return "the kernel may write through it but the array is read-only"
         return None
     expected = _SCALAR_DTYPES.get(c_type_)
