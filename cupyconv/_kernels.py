@@ -80,11 +80,11 @@ def stride_args(prefix: str, a, dims) -> dict:
     return {f"{prefix}_stride_{d}": s for d, s in zip(dims, element_strides(a), strict=True)}
 
 
-def batch_view(xp, a):
+def batch_view(device, a):
     """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for image q = (q // inner,
     q % inner): what the kernels that read a batch through two strides take (patch_offset in the .cu files).
     Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
-    a batch that still needs three or more strides is copied to a contiguous array."""
+    a batch that still needs three or more strides is copied to a contiguous array (`device.ascontiguous`)."""
     dims = []
     for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):
         if size == 1:
@@ -94,7 +94,7 @@ def batch_view(xp, a):
         else:
             dims.append((size, stride))
     if len(dims) > 2:
-        a = xp.ascontiguousarray(a)
+        a = device.ascontiguous(a)
         dims = dims[:1]
     n = math.prod(a.shape[:-3])
     outer = dims[0][0] if len(dims) == 2 else 1

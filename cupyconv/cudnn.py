@@ -56,13 +56,15 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 
 import numpy
 
-from . import settings
+from . import _device, settings
 from ._arrays import SUPPORTED_DTYPES, _describe, _kind
 from ._docs import numpy_doc
 from ._typing import Array, Ints
+from .ops import lift
 from .ops.conv_transpose import conv_transpose_nd
 from .ops.nd import conv_nd, conv_nd_backward
 
@@ -142,6 +144,13 @@ def _check_arrays(fn: str, arrays: dict, output: str) -> None:
                          f"{_shape(out)} with strides {tuple(out.strides)}")
     if _kind(out) == "numpy" and not flags.writeable:
         raise ValueError(f"{fn}: {output} {_shape(out)} is read-only; it must be writable (it is written in place)")
+
+
+def _array_work(a):
+    """Whose array methods copy into the outputs (`Device.copyto`): the CPU path's for NumPy arrays, the GPU path's
+    device for CuPy arrays (a CuPy copy is a kernel launch)."""
+    xp = sys.modules["cupy"] if _kind(a) == "cupy" else numpy
+    return lift.arrays(_device.executor_for(xp))
 
 
 def _check_layout(fn: str, name: str, layout) -> int:
@@ -263,7 +272,7 @@ class _Geometry:
             return None
         if b.size != channels:
             raise ValueError(f"{self.fn}: b {_shape(b)} must have one entry per channel of {of} ({channels})")
-        return b.reshape(-1)
+        return _array_work(b).reshape(b, (-1,))
 
     @contextlib.contextmanager
     def settings(self, auto_tune, tensor_core, deterministic=False):
@@ -326,7 +335,7 @@ def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints
     with geo.settings(auto_tune, tensor_core):
         result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                          groups=geo.groups)
-    yv[...] = result
+    _array_work(y).copyto(yv, result)
 
 
 @numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
@@ -356,7 +365,7 @@ def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, strid
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
         _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                                         groups=geo.groups, needs=("weight",))
-    gwv[...] = grad_w
+    _array_work(gW).copyto(gwv, grad_w)
 
 
 @numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
@@ -395,4 +404,4 @@ def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad
     with geo.settings(auto_tune, tensor_core, deterministic):
         result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
                                    groups=geo.groups, dilation=geo.dilation)
-    yv[...] = result
+    _array_work(y).copyto(yv, result)
