@@ -241,10 +241,20 @@ def _settings_now() -> dict:
     return {name: getattr(settings, f"get_{name}")() for name in names}
 
 
+def _one_block(block):
+    """An argument of a task: blockwise (concatenate=False) nests it in a one-element list per dim the map does not
+    run over; every such dim is one chunk (`LazyCall._block_arrays`), so there is nothing to concatenate (a
+    concatenation of one CuPy block would still copy it with a kernel)."""
+    while isinstance(block, list):
+        (block,) = block
+    return block
+
+
 def run_block(fn, fixed: dict, names: tuple[str, ...], settings_values: dict, pick, leading: int | None, *blocks):
     """One task: fn on the blocks (given by keyword as `names`) and the fixed arguments, under the caller's
     settings; `pick` selects one gradient of a backward; `leading` (for a partial) adds that many unit dims in
     front, one per leading dim."""
+    blocks = tuple(_one_block(b) for b in blocks)
     with contextlib.ExitStack() as scopes:
         for name, value in settings_values.items():
             scopes.enter_context(getattr(settings, name)(value))
@@ -319,7 +329,7 @@ class LazyCall:
         block = functools.partial(run_block, self.fn, fixed, tuple(arrays), self.settings, pick,
                                   self.leading if partial else None)
         return da.blockwise(block, leading + trailing, *pairs, new_axes=dict(zip(trailing, trailing_shape)),
-                            adjust_chunks={i: 1 for i in leading} if partial else None, concatenate=True,
+                            adjust_chunks={i: 1 for i in leading} if partial else None, concatenate=False,
                             dtype=self.dtype, meta=meta_from_array(self.meta, len(leading + trailing)),
                             token=f"cupyconv-{self.op}")
 
@@ -335,6 +345,8 @@ def _forward(call: LazyCall):
     if not call.geometry.windowed:
         return call.map(None, shape)
     per_dim = call.windows()
+    if all(len(windows) == 1 for windows in per_dim):   # one output block along every dim: nothing to assemble
+        return call.map(tuple(windows[0] for windows in per_dim), shape)
 
     def blocks(window: tuple[Window, ...]):
         """The output blocks whose windows start with `window`: nested lists over the remaining dims."""
