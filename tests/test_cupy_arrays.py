@@ -12,6 +12,7 @@ streams, events and device contexts (they need a driver; `CupyHostDevice.timed` 
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import re
@@ -341,7 +342,8 @@ def test_unrouted_cupy_work_fails_on_the_device(device):
 def test_the_gpu_path_calls_no_xp_function_but_views():
     """Every `xp.<name>` / `self.xp.<name>` / `device.xp.<name>` call of the GPU path is a view (XP_VIEWS) or in
     CudaDevice's own GPU-facing methods; array work goes through the Device's methods."""
-    allowed_in_cuda_device = {"cuda", "ndarray", "empty", "__name__"}   # Device.empty on CuPy; events, device id, isinstance
+    # Device.empty on CuPy; CudaDevice's events and device id; isinstance and the name in an error message
+    allowed_in_cuda_device = {"cuda", "ndarray", "empty", "__name__"}
     found = []
     for pattern in GPU_PATH:
         for path in sorted(ROOT.glob(pattern)):
@@ -370,7 +372,8 @@ CUPY_APIS = [
     ("cupy", "broadcast_to"), ("cupy", "empty"), ("cupy", "copyto"),
     ("cupy", "cuda.Device"), ("cupy", "cuda.Device.compute_capability"), ("cupy", "cuda.Device.id"),
     ("cupy", "cuda.Event"), ("cupy", "cuda.Event.record"), ("cupy", "cuda.Event.synchronize"),
-    ("cupy", "cuda.get_elapsed_time"), ("cupy", "cuda.Stream.from_external"), ("cupy", "cuda.ExternalStream"),
+    ("cupy", "cuda.get_elapsed_time"), ("cupy", "cuda.Stream"), ("cupy", "cuda.Stream.from_external"),
+    ("cupy", "cuda.ExternalStream"),
     ("cupy", "cuda.PythonFunctionAllocator"), ("cupy", "cuda.using_allocator"),
     ("cupy", "cuda.UnownedMemory"), ("cupy", "cuda.MemoryPointer"),
     ("cupy.cuda.device", "get_cublas_handle"), ("cupy.cuda.device", "get_compute_capability"),
@@ -428,3 +431,36 @@ def test_cublas_binding_signatures():
         return   # no cuBLAS library here: the names above are all that can be read
     for name in CUBLAS_CONSTANTS:
         assert getattr(cublas, name) == getattr(EmulatedCublas, name), name
+
+
+def glue_names() -> set[tuple[str, str]]:
+    """(module, attribute path) of every attribute chain of cupyconv's source rooted at a CuPy module: `cupy.`,
+    `self.xp.` (CudaDevice), `cublas.`, `runtime.` and `cuda_device.` as _device.py names them."""
+    roots = {"cupy": "cupy", "cublas": "cupy_backends.cuda.libs.cublas", "runtime": "cupy_backends.cuda.api.runtime",
+             "cuda_device": "cupy.cuda.device"}
+    found = set()
+    for path in sorted((ROOT / "cupyconv").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or id(node) in inner:
+                continue
+            parts = []
+            while isinstance(node, ast.Attribute):
+                parts.insert(0, node.attr)
+                node = node.value
+            if isinstance(node, ast.Name) and node.id == "self" and parts[0] == "xp" and len(parts) > 1 \
+                    and path.name == "_device.py":
+                found.add(("cupy", ".".join(parts[1:])))
+            elif isinstance(node, ast.Name) and node.id in roots and parts:
+                found.add((roots[node.id], ".".join(parts)))
+    return found
+
+
+def test_the_api_list_names_everything_the_glue_touches():
+    """CUPY_APIS and the cuBLAS lists cover every CuPy name in cupyconv's source (a new one must be added there,
+    and so checked against CuPy 14)."""
+    listed = set(CUPY_APIS) | {("cupy_backends.cuda.libs.cublas", name)
+                               for name in [*CUBLAS_SIGNATURES, *CUBLAS_CONSTANTS]}
+    missing = {(m, p) for m, p in glue_names() if (m, p) not in listed and p not in ("__name__",)}
+    assert missing == set()
