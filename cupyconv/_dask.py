@@ -38,14 +38,19 @@ import inspect
 import itertools
 import math
 import operator
+import sys
 import textwrap
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _arrays, settings
+import numpy
+
+from . import _arrays, _device, settings
 from ._arrays import Call, compute_dtype
 from ._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_needs, check_workspace_limit,
                     weight_spatial_dims)
+from .ops import lift
 from .ops.conv import ALGORITHMS as CONV_ALGORITHMS
 from .ops.conv_transpose import _spec as transpose_spec
 from .ops.patch import ALGORITHMS as PATCH_ALGORITHMS
@@ -266,6 +271,20 @@ def run_block(fn, fixed: dict, names: tuple[str, ...], settings_values: dict, pi
     return result
 
 
+def _one_chunk(a):
+    """An in-memory NumPy or CuPy argument as a one-chunk dask array of a copy of it, as dask.array.from_array
+    makes it (the copy keeps later writes to `a` out of the graph), with the copy made by the Device of a's path:
+    from_array's own `a.copy()` would run CuPy's kernel directly."""
+    import dask.array as da
+    xp = numpy if _arrays._kind(a) == "numpy" else sys.modules["cupy"]
+    ops = lift.arrays(_device.executor_for(xp))
+    copy = ops.empty(a.shape, a.dtype)
+    ops.copyto(copy, a)
+    name = f"cupyconv-array-{uuid.uuid4().hex}"
+    return da.Array({(name, *(0,) * copy.ndim): copy}, name, tuple((size,) for size in copy.shape), dtype=copy.dtype,
+                    meta=copy[(slice(0, 0),) * copy.ndim])
+
+
 class LazyCall:
     """One public call on dask arrays: its arguments as dask arrays, its spec, and the blockwise maps."""
 
@@ -280,7 +299,7 @@ class LazyCall:
         self.meta = _chunk_meta(self.op, {name: self.arguments[name] for name in names})
         for name in names:
             a = self.arguments[name]
-            self.arguments[name] = a if _is_dask(a) else da.from_array(a, chunks=-1)
+            self.arguments[name] = a if _is_dask(a) else _one_chunk(a)
         self.spec = self.geometry.spec(self.op, self.arguments)
         if self.geometry.algorithms is not None:
             check_algorithm(self.op, self.arguments["algorithm"], self.geometry.algorithms)
