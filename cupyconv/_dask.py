@@ -28,7 +28,8 @@ whether its spatial chunks map to windows); one mechanism serves them all:
 - Ops mapped over the leading dims only, their spatial dims rechunked to one chunk: conv_transpose*,
   unfold/fold and their backward, and the input gradient of every `*_backward`.
 - Weight and bias gradients: one partial per block (leading blocks times spatial windows), summed in the compute
-  dtype (float32 for 16-bit types) by dask's fixed tree reduction, so the bits do not depend on the scheduler.
+  dtype (float32 for 16-bit types) by a fixed tree of tasks (`SUM_FAN_IN` partials each, added in order by the
+  path's Device), so the bits do not depend on the scheduler.
 """
 from __future__ import annotations
 
@@ -376,13 +377,43 @@ def _forward(call: LazyCall):
     return da.block(blocks(()))
 
 
+SUM_FAN_IN = 8   # partial gradients added up by one task of `_partial_sum`'s tree
+
+
+def add_partials(shape, dtype, *parts):
+    """One task of `_partial_sum`'s tree: parts (of `shape` after their unit leading dims) added in order in dtype,
+    by the Device of their path (a CuPy sum is a kernel: the executor's array work, as in the ops)."""
+    xp = numpy if _arrays._kind(parts[0]) == "numpy" else sys.modules["cupy"]
+    ops = lift.arrays(_device.executor_for(xp))
+    total = ops.empty(shape, dtype)
+    ops.copyto(total, ops.reshape(parts[0], shape))
+    for part in parts[1:]:
+        ops.add(total, ops.reshape(part, shape))
+    return total
+
+
 def _partial_sum(call: LazyCall, pick: int, shape):
-    """A weight or bias gradient: one partial per leading block and window, summed in the compute dtype."""
+    """A weight or bias gradient: one partial per leading block and window, summed in the compute dtype by a tree
+    of tasks in a fixed order (windows, then leading blocks), rounded to the call's dtype once at the root."""
+    import dask
     import dask.array as da
+    from dask.array.utils import meta_from_array
     windows = itertools.product(*call.windows()) if call.geometry.windowed else [None]
-    partials = da.stack([call.map(window, shape, pick=pick, partial=True, needs=(NEEDS[pick],)) for window in windows])
-    total = partials.sum(axis=tuple(range(call.leading + 1)), dtype=compute_dtype(call.dtype))
-    return total.astype(call.dtype)
+    parts = [block for window in windows
+             for block in call.map(window, shape, pick=pick, partial=True, needs=(NEEDS[pick],)).to_delayed().ravel()]
+    add = dask.delayed(add_partials)
+    acc = compute_dtype(call.dtype)
+    while len(parts) > SUM_FAN_IN:
+        parts = [add(shape, acc, *parts[i:i + SUM_FAN_IN]) for i in range(0, len(parts), SUM_FAN_IN)]
+    total = add(shape, acc, *parts)   # the root: every partial, or the sums of the level below
+    rounded = dask.delayed(_rounded)(total, call.dtype)
+    return da.from_delayed(rounded, shape, dtype=call.dtype, meta=meta_from_array(call.meta, len(shape)))
+
+
+def _rounded(total, dtype):
+    """The root's sum in the call's dtype (one rounding)."""
+    xp = numpy if _arrays._kind(total) == "numpy" else sys.modules["cupy"]
+    return lift.arrays(_device.executor_for(xp)).astype(total, dtype)
 
 
 def _backward(call: LazyCall):

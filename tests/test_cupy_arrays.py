@@ -30,8 +30,6 @@ from emulator import CupyHostDevice, EmulatedCublas
 
 #: Places of the GPU path whose array work does not go through the Device, and why.  Should stay empty.
 UNROUTED: dict[str, str] = {
-    "cupyconv/_dask.py _partial_sum": "dask sums the per-block weight and bias gradient partials of CuPy chunks "
-                                      "itself (cupy.sum, cupy.concatenate in its tree reduction), not cupyconv",
     "cupyconv/_dask.py _forward": "dask.array.block, which assembles the output blocks of spatial chunks, joins "
                                   "their (empty) CuPy metas with cupy.concatenate",
 }
@@ -300,6 +298,12 @@ def test_dask_with_cupy_chunks(device):
                                             needs=("input",))
     ref.assert_close(compute_blocks(device, grad_x),
                      cupyconv.conv2d_backward(gy, x, w, padding=1, needs=("input",))[0], "float32")
+    # the weight and bias gradients: one partial per block, summed by tasks on the device
+    _, grad_w, grad_b = cupyconv.conv2d_backward(lazy(device, gy, 1), lazy(device, x, 1), lazy(device, w, 4),
+                                                 padding=1, needs=("weight", "bias"))
+    want = cupyconv.conv2d_backward(gy, x, w, padding=1, needs=("weight", "bias"))
+    ref.assert_close(compute_blocks(device, grad_w), want[1], "float32")
+    ref.assert_close(compute_blocks(device, grad_b), want[2], "float32")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ def test_the_gpu_path_calls_no_xp_function_but_views():
 
 def test_unrouted_places_are_listed():
     # Should end empty: dask's own reduction of CuPy chunks is the one place left (see UNROUTED).
-    assert set(UNROUTED) <= {"cupyconv/_dask.py _partial_sum", "cupyconv/_dask.py _forward"}
+    assert set(UNROUTED) <= {"cupyconv/_dask.py _forward"}
 
 
 # ---------------------------------------------------------------------------------------------------------
