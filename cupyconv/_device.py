@@ -403,9 +403,10 @@ def _cublas():
 
 def opt_in_shared_memory(kernel, shared_mem: int) -> None:
     """Let `kernel` launch with `shared_mem` bytes of dynamic shared memory: above 48 KiB a launch fails unless
-    the kernel opted in first, by raising its cudaFuncAttributeMaxDynamicSharedMemorySize (CuPy's
-    `Function.max_dynamic_shared_size_bytes`).  `CudaDevice.launch` calls this before every launch, and so does
-    the test emulator on its model of that attribute, so CI runs this very step."""
+    the kernel opted in first, by raising its cudaFuncAttributeMaxDynamicSharedMemorySize (the settable
+    `max_dynamic_shared_size_bytes` of the RawKernel that `RawModule.get_function` returns).  `CudaDevice.launch`
+    calls this before every launch, and so does the test emulator on its model of that attribute, so CI runs this
+    very step."""
     if shared_mem > DEFAULT_SHARED_LIMIT and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
 

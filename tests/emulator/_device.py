@@ -105,7 +105,7 @@ def _check_config(grid, block) -> None:
 
 
 class _Kernel:
-    """One compiled kernel, with the attributes of CuPy's Function that launches depend on:
+    """One compiled kernel, with the attributes of CuPy's RawKernel that launches depend on:
     max_threads_per_block, shared_size_bytes (static shared memory) and max_dynamic_shared_size_bytes."""
 
     def __init__(self, library: "_Library", index: int, name: str):
