@@ -466,3 +466,41 @@ def test_the_api_list_names_everything_the_glue_touches():
                                for name in [*CUBLAS_SIGNATURES, *CUBLAS_CONSTANTS]}
     missing = {(m, p) for m, p in glue_names() if (m, p) not in listed and p not in ("__name__",)}
     assert missing == set()
+
+
+def test_cuda_device_properties_through_a_recorded_fake(monkeypatch):
+    """What CudaDevice asks the driver (compute capability, device id, memory, event timing) needs a GPU: checked
+    here against a fake of CuPy's objects that records the calls (CupyHostDevice replaces these methods)."""
+    calls = []
+
+    class FakeDevice:
+        def __init__(self, *args):
+            calls.append(("Device", args))
+            self.id, self.compute_capability = 1, "75"
+
+    class FakeEvent:
+        def record(self):
+            calls.append("record")
+
+        def synchronize(self):
+            calls.append("synchronize")
+
+    class FakeRuntime:
+        @staticmethod
+        def getDeviceProperties(device_id):
+            calls.append(("getDeviceProperties", device_id))
+            return {"totalGlobalMem": 12345}
+
+    monkeypatch.setattr(cupy.cuda, "Device", FakeDevice)
+    monkeypatch.setattr(cupy.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(cupy.cuda, "get_elapsed_time", lambda start, stop: calls.append("elapsed") or 250.0)
+    monkeypatch.setattr(_device, "_cuda_runtime", lambda: FakeRuntime)
+    _device._cuda_total_memory.cache_clear()
+    device = _device.CudaDevice()
+    assert device.compute_capability == 75 and device.tensor_cores is False
+    assert device.key() == ("cuda", 1)
+    assert device.total_memory() == 12345
+    assert device.timed(lambda: "result") == (0.25, "result")
+    assert calls[-4:] == ["record", "record", "synchronize", "elapsed"]
+    assert ("getDeviceProperties", 1) in calls and all(c == ("Device", ()) for c in calls if c[0] == "Device")
+    _device._cuda_total_memory.cache_clear()
