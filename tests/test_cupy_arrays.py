@@ -8,7 +8,8 @@ Device (a copy, fill, reduction or conversion: a CuPy kernel) fails here with Cu
 launch from a CuPy array failed on `flags.writeable` before 2026-11-25.
 
 Not covered here: torch CUDA tensors (torch is a CPU build in CI; `cupyconv.torch.cuda` needs a GPU), CuPy's
-streams, events and device contexts (they need a driver; `CupyHostDevice.timed` is the wall clock).
+streams, allocators and device contexts (they need a driver), dask over spatial chunks of CuPy arrays (UNROUTED).
+CudaDevice's driver queries (compute capability, device id, memory, events) run against a recorded fake.
 """
 from __future__ import annotations
 
