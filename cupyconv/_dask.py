@@ -28,7 +28,8 @@ whether its spatial chunks map to windows); one mechanism serves them all:
 - Ops mapped over the leading dims only, their spatial dims rechunked to one chunk: conv_transpose*,
   unfold/fold and their backward, and the input gradient of every `*_backward`.
 - Weight and bias gradients: one partial per block (leading blocks times spatial windows), summed in the compute
-  dtype (float32 for 16-bit types) by dask's fixed tree reduction, so the bits do not depend on the scheduler.
+  dtype (float32 for 16-bit types) by a fixed tree of tasks (`SUM_FAN_IN` partials each, added in order by the
+  path's Device), so the bits do not depend on the scheduler.
 """
 from __future__ import annotations
 
@@ -38,14 +39,19 @@ import inspect
 import itertools
 import math
 import operator
+import sys
 import textwrap
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _arrays, settings
+import numpy
+
+from . import _arrays, _device, settings
 from ._arrays import Call, compute_dtype
 from ._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_needs, check_workspace_limit,
                     weight_spatial_dims)
+from .ops import lift
 from .ops.conv import ALGORITHMS as CONV_ALGORITHMS
 from .ops.conv_transpose import _spec as transpose_spec
 from .ops.patch import ALGORITHMS as PATCH_ALGORITHMS
@@ -241,10 +247,20 @@ def _settings_now() -> dict:
     return {name: getattr(settings, f"get_{name}")() for name in names}
 
 
+def _one_block(block):
+    """An argument of a task: blockwise (concatenate=False) nests it in a one-element list per dim the map does not
+    run over; every such dim is one chunk (`LazyCall._block_arrays`), so there is nothing to concatenate (a
+    concatenation of one CuPy block would still copy it with a kernel)."""
+    while isinstance(block, list):
+        (block,) = block
+    return block
+
+
 def run_block(fn, fixed: dict, names: tuple[str, ...], settings_values: dict, pick, leading: int | None, *blocks):
     """One task: fn on the blocks (given by keyword as `names`) and the fixed arguments, under the caller's
     settings; `pick` selects one gradient of a backward; `leading` (for a partial) adds that many unit dims in
     front, one per leading dim."""
+    blocks = tuple(_one_block(b) for b in blocks)
     with contextlib.ExitStack() as scopes:
         for name, value in settings_values.items():
             scopes.enter_context(getattr(settings, name)(value))
@@ -254,6 +270,20 @@ def run_block(fn, fixed: dict, names: tuple[str, ...], settings_values: dict, pi
     if leading is not None:
         result = result[(None,) * leading]
     return result
+
+
+def _one_chunk(a):
+    """An in-memory NumPy or CuPy argument as a one-chunk dask array of a copy of it, as dask.array.from_array
+    makes it (the copy keeps later writes to `a` out of the graph), with the copy made by the Device of a's path:
+    from_array's own `a.copy()` would run CuPy's kernel directly."""
+    import dask.array as da
+    xp = numpy if _arrays._kind(a) == "numpy" else sys.modules["cupy"]
+    ops = lift.arrays(_device.executor_for(xp))
+    copy = ops.empty(a.shape, a.dtype)
+    ops.copyto(copy, a)
+    name = f"cupyconv-array-{uuid.uuid4().hex}"
+    return da.Array({(name, *(0,) * copy.ndim): copy}, name, tuple((size,) for size in copy.shape), dtype=copy.dtype,
+                    meta=copy[(slice(0, 0),) * copy.ndim])
 
 
 class LazyCall:
@@ -270,7 +300,7 @@ class LazyCall:
         self.meta = _chunk_meta(self.op, {name: self.arguments[name] for name in names})
         for name in names:
             a = self.arguments[name]
-            self.arguments[name] = a if _is_dask(a) else da.from_array(a, chunks=-1)
+            self.arguments[name] = a if _is_dask(a) else _one_chunk(a)
         self.spec = self.geometry.spec(self.op, self.arguments)
         if self.geometry.algorithms is not None:
             check_algorithm(self.op, self.arguments["algorithm"], self.geometry.algorithms)
@@ -319,7 +349,7 @@ class LazyCall:
         block = functools.partial(run_block, self.fn, fixed, tuple(arrays), self.settings, pick,
                                   self.leading if partial else None)
         return da.blockwise(block, leading + trailing, *pairs, new_axes=dict(zip(trailing, trailing_shape)),
-                            adjust_chunks={i: 1 for i in leading} if partial else None, concatenate=True,
+                            adjust_chunks={i: 1 for i in leading} if partial else None, concatenate=False,
                             dtype=self.dtype, meta=meta_from_array(self.meta, len(leading + trailing)),
                             token=f"cupyconv-{self.op}")
 
@@ -335,6 +365,8 @@ def _forward(call: LazyCall):
     if not call.geometry.windowed:
         return call.map(None, shape)
     per_dim = call.windows()
+    if all(len(windows) == 1 for windows in per_dim):   # one output block along every dim: nothing to assemble
+        return call.map(tuple(windows[0] for windows in per_dim), shape)
 
     def blocks(window: tuple[Window, ...]):
         """The output blocks whose windows start with `window`: nested lists over the remaining dims."""
@@ -345,13 +377,43 @@ def _forward(call: LazyCall):
     return da.block(blocks(()))
 
 
+SUM_FAN_IN = 8   # partial gradients added up by one task of `_partial_sum`'s tree
+
+
+def add_partials(shape, dtype, *parts):
+    """One task of `_partial_sum`'s tree: parts (of `shape` after their unit leading dims) added in order in dtype,
+    by the Device of their path (a CuPy sum is a kernel: the executor's array work, as in the ops)."""
+    xp = numpy if _arrays._kind(parts[0]) == "numpy" else sys.modules["cupy"]
+    ops = lift.arrays(_device.executor_for(xp))
+    total = ops.empty(shape, dtype)
+    ops.copyto(total, ops.reshape(parts[0], shape))
+    for part in parts[1:]:
+        ops.add(total, ops.reshape(part, shape))
+    return total
+
+
 def _partial_sum(call: LazyCall, pick: int, shape):
-    """A weight or bias gradient: one partial per leading block and window, summed in the compute dtype."""
+    """A weight or bias gradient: one partial per leading block and window, summed in the compute dtype by a tree
+    of tasks in a fixed order (windows, then leading blocks), rounded to the call's dtype once at the root."""
+    import dask
     import dask.array as da
+    from dask.array.utils import meta_from_array
     windows = itertools.product(*call.windows()) if call.geometry.windowed else [None]
-    partials = da.stack([call.map(window, shape, pick=pick, partial=True, needs=(NEEDS[pick],)) for window in windows])
-    total = partials.sum(axis=tuple(range(call.leading + 1)), dtype=compute_dtype(call.dtype))
-    return total.astype(call.dtype)
+    parts = [block for window in windows
+             for block in call.map(window, shape, pick=pick, partial=True, needs=(NEEDS[pick],)).to_delayed().ravel()]
+    add = dask.delayed(add_partials)
+    acc = compute_dtype(call.dtype)
+    while len(parts) > SUM_FAN_IN:
+        parts = [add(shape, acc, *parts[i:i + SUM_FAN_IN]) for i in range(0, len(parts), SUM_FAN_IN)]
+    total = add(shape, acc, *parts)   # the root: every partial, or the sums of the level below
+    rounded = dask.delayed(_rounded)(total, call.dtype)
+    return da.from_delayed(rounded, shape, dtype=call.dtype, meta=meta_from_array(call.meta, len(shape)))
+
+
+def _rounded(total, dtype):
+    """The root's sum in the call's dtype (one rounding)."""
+    xp = numpy if _arrays._kind(total) == "numpy" else sys.modules["cupy"]
+    return lift.arrays(_device.executor_for(xp)).astype(total, dtype)
 
 
 def _backward(call: LazyCall):

@@ -300,14 +300,12 @@ class Device:
         if (_row_major_layout(out) or ("T",))[0] != "N":
             raise ValueError(f"matmul_strided: out (strides {out.strides}) needs unit stride along its last dim "
                              f"and no negative stride")
-        a, b = (x if _row_major_layout(x) else xp.ascontiguousarray(x) for x in (a, b))
-        a = xp.broadcast_to(a, (*batch_shape, rows, inner))
-        b = xp.broadcast_to(b, (*batch_shape, inner, cols))
+        a, b = (x if _row_major_layout(x) else self.ascontiguous(x) for x in (a, b))
+        a = self.xp.broadcast_to(a, (*batch_shape, rows, inner))   # views: no copy
+        b = self.xp.broadcast_to(b, (*batch_shape, inner, cols))
         if inner == 0:  # an empty sum: BLAS's C = beta * C, without a call
             if beta == 0:
-                out[...] = 0
-            else:
-                out *= beta
+                self.copyto(out, 0)
             return out
         (trans_b, ld_b), (trans_a, ld_a), (_, ld_out) = (_row_major_layout(x) for x in (b, a, out))
         dims = [d for d, size in enumerate(batch_shape) if size > 1]
@@ -325,8 +323,60 @@ class Device:
                                       count)
         return out
 
+    # -- array work -----------------------------------------------------------------------------------------
+    # Every array operation of the GPU path that is not a view (allocating, copying, filling, converting,
+    # summing) goes through these methods, never through xp or the arrays' own methods: CuPy runs each on a
+    # kernel of its own, so a test device that keeps real CuPy arrays over host memory (tests/emulator's
+    # CupyHostDevice) serves them on that memory.  empty, copyto, add and sum are the primitives; zeros,
+    # ascontiguous, astype and reshape are built on them.  Views (slices, transpose, swapaxes, broadcast_to, a
+    # reshape that needs no copy) are taken directly.  The CPU path's array work is this class's, on NumPy.
+
     def empty(self, shape, dtype):
+        """A new uninitialised C-contiguous array."""
         return self.xp.empty(shape, dtype=dtype)
+
+    def copyto(self, dst, src) -> None:
+        """dst[...] = src: an array broadcast to dst's shape and converted to its dtype, or a number (a fill)."""
+        dst[...] = src
+
+    def add(self, dst, src) -> None:
+        """dst += src, src an array broadcast to dst's shape."""
+        dst += src
+
+    def sum(self, a, axis, dtype):
+        """A new array: a summed over axis (an int or a tuple of ints), accumulated and returned in dtype."""
+        return a.sum(axis=axis, dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        out = self.empty(shape, dtype)
+        self.copyto(out, 0)
+        return out
+
+    def ascontiguous(self, a):
+        """a itself when it is C-contiguous, else a C-contiguous copy."""
+        if a.flags.c_contiguous:
+            return a
+        out = self.empty(a.shape, a.dtype)
+        self.copyto(out, a)
+        return out
+
+    def astype(self, a, dtype):
+        """a itself when it has dtype, else a copy converted to dtype."""
+        if a.dtype == dtype:
+            return a
+        out = self.empty(a.shape, dtype)
+        self.copyto(out, a)
+        return out
+
+    def reshape(self, a, shape):
+        """a.reshape(shape): a view where a's strides allow one, else a reshaped C-contiguous copy (NumPy's and
+        CuPy's rule, with the copy made by `ascontiguous`)."""
+        view = a.view()
+        try:
+            view.shape = shape   # raises AttributeError where only a copy can have that shape
+        except AttributeError:
+            return self.ascontiguous(a).reshape(shape)
+        return view
 
     def total_memory(self) -> int | None:
         """Bytes of memory this executor's arrays live in (None: unknown): here, the emulator's NumPy arrays, the
@@ -356,19 +406,12 @@ def _cublas():
     return cuda_device.get_cublas_handle(), cublas
 
 
-def _tf32_capable() -> bool:
-    """Whether the current GPU has TF32 tensor cores: compute capability 8.0 or newer, CuPy's own test in
-    cupy/_core/_routines_linalg.pyx `set_compute_type` (v14.2.0), which falls back to the default compute type
-    below it."""
-    from cupy.cuda import device as cuda_device
-    return int(cuda_device.get_compute_capability()) >= 80
-
-
 def opt_in_shared_memory(kernel, shared_mem: int) -> None:
     """Let `kernel` launch with `shared_mem` bytes of dynamic shared memory: above 48 KiB a launch fails unless
-    the kernel opted in first, by raising its cudaFuncAttributeMaxDynamicSharedMemorySize (CuPy's
-    `Function.max_dynamic_shared_size_bytes`).  `CudaDevice.launch` calls this before every launch, and so does
-    the test emulator on its model of that attribute, so CI runs this very step."""
+    the kernel opted in first, by raising its cudaFuncAttributeMaxDynamicSharedMemorySize (the settable
+    `max_dynamic_shared_size_bytes` of the RawKernel that `RawModule.get_function` returns).  `CudaDevice.launch`
+    calls this before every launch, and so does the test emulator on its model of that attribute, so CI runs this
+    very step."""
     if shared_mem > DEFAULT_SHARED_LIMIT and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
 
@@ -381,7 +424,11 @@ def _cuda_runtime():
 
 class CudaDevice(Device):
     """CuPy arrays, NVRTC-compiled RawModules (memoised per device), cuBLAS through CuPy's bindings
-    (`gemm_strided_batched`)."""
+    (`gemm_strided_batched`).
+
+    What needs the GPU itself is reached through `function` (the compiled kernel), `cublas` (the handle and
+    the bindings), `compute_capability` and the array work (see `Device`): the test suite's CupyHostDevice
+    (tests/emulator) overrides those to run everything else of this class on the CPU."""
 
     name = "cuda"
 
@@ -390,8 +437,24 @@ class CudaDevice(Device):
         self.xp = cupy
 
     @property
+    def compute_capability(self) -> int:
+        """The current GPU's compute capability as an int, e.g. 80 for 8.0 (CuPy's Device().compute_capability)."""
+        return int(self.xp.cuda.Device().compute_capability)
+
+    @property
     def tensor_cores(self) -> bool:
-        return int(self.xp.cuda.Device().compute_capability) >= 80
+        return self.compute_capability >= 80
+
+    def function(self, source: str, name: str):
+        """The compiled kernel `name` of raw_kernels/`source` for the current device: the RawKernel that
+        `cupy.RawModule.get_function` returns."""
+        return _cuda_function(source, name)
+
+    def cublas(self):
+        """(handle, cublas, runtime): CuPy's cuBLAS handle for the current device and thread, its cuBLAS binding
+        (cupy_backends.cuda.libs.cublas) and its CUDA runtime binding (whose CUDA_R_* name the data types)."""
+        handle, cublas = _cublas()
+        return handle, cublas, _cuda_runtime()
 
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
                              ldc, stride_c, batch) -> None:
@@ -418,13 +481,14 @@ class CudaDevice(Device):
             transa, transb, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch)
         if not (m and n and batch):
             return   # nothing to write; cuBLAS would return at once
-        handle, cublas = _cublas()
-        runtime = _cuda_runtime()
+        handle, cublas, runtime = self.cublas()
         cuda_type = {"float16": runtime.CUDA_R_16F, "bfloat16": runtime.CUDA_R_16BF, "float32": runtime.CUDA_R_32F,
                      "float64": runtime.CUDA_R_64F}
         compute, scale = gemm_compute(a.dtype)
-        if compute == "CUBLAS_COMPUTE_32F_FAST_TF32" and not _tf32_capable():
-            compute = "CUBLAS_COMPUTE_32F"   # as CuPy's set_compute_type does below compute capability 8.0
+        if compute == "CUBLAS_COMPUTE_32F_FAST_TF32" and self.compute_capability < 80:
+            # No TF32 tensor cores: CuPy's own rule (cupy/_core/_routines_linalg.pyx `set_compute_type`, v14.2.0)
+            # falls back to the default compute type below compute capability 8.0.
+            compute = "CUBLAS_COMPUTE_32F"
         scalars = numpy.array([alpha, beta], dtype=scale)   # host memory, alive until the call returns
         ops = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
         mode = cublas.getPointerMode(handle)
@@ -443,7 +507,7 @@ class CudaDevice(Device):
                 cublas.setPointerMode(handle, mode)
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
-        kernel = _cuda_function(source, name)
+        kernel = self.function(source, name)
         opt_in_shared_memory(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
@@ -579,7 +643,8 @@ _forced_device: contextvars.ContextVar = contextvars.ContextVar("cupyconv_forced
 
 @contextlib.contextmanager
 def use_device(device: Device):
-    """Route NumPy arrays through `device`'s GPU path instead of the CPU path (used by the test emulator)."""
+    """Route the arrays of `device.xp` through `device` (used by the tests): NumPy arrays through the emulator's
+    GPU path instead of the CPU path, CuPy arrays through a test device instead of `CudaDevice`."""
     token = _forced_device.set(device)
     try:
         yield device
@@ -589,6 +654,7 @@ def use_device(device: Device):
 
 def executor_for(xp):
     """None for the NumPy CPU path, else the Device that runs the GPU path for arrays of module xp."""
-    if xp is numpy:
-        return _forced_device.get()
-    return CudaDevice()
+    forced = _forced_device.get()
+    if forced is not None and forced.xp is xp:
+        return forced
+    return None if xp is numpy else CudaDevice()

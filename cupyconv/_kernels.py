@@ -80,11 +80,11 @@ def stride_args(prefix: str, a, dims) -> dict:
     return {f"{prefix}_stride_{d}": s for d, s in zip(dims, element_strides(a), strict=True)}
 
 
-def batch_view(xp, a):
+def batch_view(device, a):
     """a (..., X, Y, Z) as a 5-d view (outer, inner, X, Y, Z) of the same memory, for image q = (q // inner,
     q % inner): what the kernels that read a batch through two strides take (patch_offset in the .cu files).
     Leading dims of size 1 are dropped and a dim merges into the next one when their strides allow;
-    a batch that still needs three or more strides is copied to a contiguous array."""
+    a batch that still needs three or more strides is copied to a contiguous array (`device.ascontiguous`)."""
     dims = []
     for size, stride in zip(a.shape[:-3], element_strides(a)[:-3]):
         if size == 1:
@@ -94,7 +94,7 @@ def batch_view(xp, a):
         else:
             dims.append((size, stride))
     if len(dims) > 2:
-        a = xp.ascontiguousarray(a)
+        a = device.ascontiguous(a)
         dims = dims[:1]
     n = math.prod(a.shape[:-3])
     outer = dims[0][0] if len(dims) == 2 else 1
@@ -173,8 +173,9 @@ def argument_error(c_type_: str, value) -> str | None:
         dtype = numpy.dtype(value.dtype)
         if dtype.name != _SCALAR_DTYPES.get(element) and not (element == "__nv_bfloat16" and dtype == numpy.uint16):
             return "the element types differ"
-        flags = getattr(value, "flags", None)
-        if not c_type_.startswith("const ") and flags is not None and not flags.writeable:
+        # Only NumPy arrays can be read-only: CuPy's Flags has no `writeable` (c_contiguous, f_contiguous, owndata).
+        read_only = isinstance(value, numpy.ndarray) and not value.flags.writeable
+        if not c_type_.startswith("const ") and read_only:
             return "the kernel may write through it but the array is read-only"
         return None
     expected = _SCALAR_DTYPES.get(c_type_)

@@ -56,13 +56,15 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 
 import numpy
 
-from . import settings
+from . import _device, settings
 from ._arrays import SUPPORTED_DTYPES, _describe, _kind
 from ._docs import numpy_doc
 from ._typing import Array, Ints
+from .ops import lift
 from .ops.conv_transpose import conv_transpose_nd
 from .ops.nd import conv_nd, conv_nd_backward
 
@@ -109,15 +111,6 @@ def set_max_workspace_size(size: int) -> None:
 # Argument checks
 
 
-def _on_device_of(a):
-    """CuPy's Device context of a CuPy array (the copy into the caller's output runs on the arrays' device, as the op
-    did), nothing for a NumPy array."""
-    if _kind(a) != "cupy":
-        return contextlib.nullcontext()
-    import cupy
-    return cupy.cuda.Device(a.device.id)
-
-
 def _shape(a) -> tuple:
     return tuple(int(s) for s in a.shape)
 
@@ -151,6 +144,22 @@ def _check_arrays(fn: str, arrays: dict, output: str) -> None:
                          f"{_shape(out)} with strides {tuple(out.strides)}")
     if _kind(out) == "numpy" and not flags.writeable:
         raise ValueError(f"{fn}: {output} {_shape(out)} is read-only; it must be writable (it is written in place)")
+
+
+def _array_work(a):
+    """Whose array methods copy into the outputs (`Device.copyto`): the CPU path's for NumPy arrays, the GPU path's
+    device for CuPy arrays (a CuPy copy is a kernel launch)."""
+    xp = sys.modules["cupy"] if _kind(a) == "cupy" else numpy
+    return lift.arrays(_device.executor_for(xp))
+
+
+def _copy_into(out, out_view, result) -> None:
+    """out_view[...] = result, the final copy into the caller's output: for CuPy arrays on the output's device, in
+    the device's scope (`Device.scope`), as the op itself ran."""
+    work = _array_work(out)
+    scope = work.scope("cupyconv.cudnn", out.device.id) if _kind(out) == "cupy" else contextlib.nullcontext()
+    with scope:
+        work.copyto(out_view, result)
 
 
 def _check_layout(fn: str, name: str, layout) -> int:
@@ -272,7 +281,7 @@ class _Geometry:
             return None
         if b.size != channels:
             raise ValueError(f"{self.fn}: b {_shape(b)} must have one entry per channel of {of} ({channels})")
-        return b.reshape(-1)
+        return _array_work(b).reshape(b, (-1,))
 
     @contextlib.contextmanager
     def settings(self, auto_tune, tensor_core, deterministic=False):
@@ -335,8 +344,7 @@ def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints
     with geo.settings(auto_tune, tensor_core):
         result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                          groups=geo.groups)
-    with _on_device_of(y):
-        yv[...] = result
+    _copy_into(y, yv, result)
 
 
 @numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
@@ -366,8 +374,7 @@ def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, strid
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
         _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
                                         groups=geo.groups, needs=("weight",))
-    with _on_device_of(gW):
-        gwv[...] = grad_w
+    _copy_into(gW, gwv, grad_w)
 
 
 @numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
@@ -406,5 +413,4 @@ def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad
     with geo.settings(auto_tune, tensor_core, deterministic):
         result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
                                    groups=geo.groups, dilation=geo.dilation)
-    with _on_device_of(y):
-        yv[...] = result
+    _copy_into(y, yv, result)

@@ -434,6 +434,8 @@ class CudaLikeRecorder(Recorder):
 
     name = "cuda"
     gemm_strided_batched = _device.CudaDevice.gemm_strided_batched
+    cublas = _device.CudaDevice.cublas
+    compute_capability = 80
 
 
 def test_tf32_is_opt_in_and_scoped(monkeypatch):
@@ -441,9 +443,8 @@ def test_tf32_is_opt_in_and_scoped(monkeypatch):
     allow_tf32 only, never for float64; the handle's math mode is never changed (nothing to restore or leak)."""
     assert cupyconv.get_allow_tf32() is False
     cublas = EmulatedCublas()
-    monkeypatch.setattr(_device, "_cublas", lambda: ("handle", cublas))
+    monkeypatch.setattr(_device, "_cublas", lambda: (cublas.get_cublas_handle(), cublas))
     monkeypatch.setattr(_device, "_cuda_runtime", lambda: cublas)
-    monkeypatch.setattr(_device, "_tf32_capable", lambda: True)
     case = CASE_BY_NAME["groups2_stride2"]
     for allow, dtype, compute in ((False, numpy.float32, cublas.CUBLAS_COMPUTE_32F),
                                   (True, numpy.float32, cublas.CUBLAS_COMPUTE_32F_FAST_TF32),

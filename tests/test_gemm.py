@@ -224,14 +224,15 @@ class CudaLike(_device.Device):
     """CudaDevice's GEMM on NumPy arrays (xp = numpy: host addresses go to EmulatedCublas)."""
 
     gemm_strided_batched = _device.CudaDevice.gemm_strided_batched
+    cublas = _device.CudaDevice.cublas
+    compute_capability = 80
 
 
 @pytest.fixture
 def cublas(monkeypatch):
     fake = EmulatedCublas()
-    monkeypatch.setattr(_device, "_cublas", lambda: ("handle", fake))
+    monkeypatch.setattr(_device, "_cublas", lambda: (fake.get_cublas_handle(), fake))
     monkeypatch.setattr(_device, "_cuda_runtime", lambda: fake)
-    monkeypatch.setattr(_device, "_tf32_capable", lambda: True)
     return fake
 
 
@@ -267,7 +268,7 @@ def test_cuda_compute_type_selects_tf32(cublas, allow):
 
 
 def test_cuda_no_tf32_below_compute_capability_8(cublas, monkeypatch):
-    monkeypatch.setattr(_device, "_tf32_capable", lambda: False)
+    monkeypatch.setattr(CudaLike, "compute_capability", 75)
     one = numpy.ones(4, numpy.float32)
     with cupyconv.settings.allow_tf32(True):
         CudaLike().gemm_strided_batched("N", "N", 2, 2, 2, 1.0, one, 2, 0, one.copy(), 2, 0, 0.0, one.copy(), 2, 0, 1)

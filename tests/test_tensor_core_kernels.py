@@ -213,7 +213,7 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
     plan = conv_op.plan_tensor_cores(spec, x.dtype, "weight")
     partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
-    xv = _kernels.batch_view(numpy, x)
+    xv = _kernels.batch_view(_device.Device(), x)
     with settings.allow_tf32(True):
         conv_op.KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=x.dtype, index="long long",
                                grid=plan.grid, block=plan.threads, window=spec, x=xv,

@@ -350,10 +350,10 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
-    weight = device.xp.ascontiguousarray(weight)
+    weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
                    index=index_type(extent(xv), out.size, weight.size), grid=plan.grid, block=plan.threads,
-                   window=spec, x=xv, weight=weight, bias=weight if bias is None else device.xp.ascontiguousarray(bias),
+                   window=spec, x=xv, weight=weight, bias=weight if bias is None else device.ascontiguous(bias),
                    out=out, n=spec.n, **batch_args("x", xv), groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None)
@@ -384,13 +384,13 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
                    window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
                    groups=spec.groups, channels_per_group=spec.channels_per_group,
                    outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
-    total = partial[0] if plan.splits == 1 else partial.sum(axis=0)
-    return total.astype(xv.dtype).reshape(spec.weight_shape)
+    total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
+    return device.astype(total, xv.dtype).reshape(spec.weight_shape)
 
 
 def _direct(device, x, weight, bias, spec: ConvSpec):
     """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None."""
-    xp, dtype = device.xp, x.dtype
+    dtype = x.dtype
     plan = plan_direct(spec, dtype)
     if plan is None:
         raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel_size} kernel with dilation "
@@ -398,8 +398,8 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     (bx, by), slab, (tile_h, tile_w), shared = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
-    weight = xp.ascontiguousarray(weight)
-    bias = xp.zeros((spec.out_channels,), dtype) if bias is None else xp.ascontiguousarray(bias)
+    weight = device.ascontiguous(weight)
+    bias = device.zeros((spec.out_channels,), dtype) if bias is None else device.ascontiguous(bias)
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
     items = n * g * ceil_div(dg, dpt) * ceil_div(oh, by) * ceil_div(ow, bx)
@@ -415,7 +415,7 @@ def _direct_grad_input(device, gy, weight, spec: ConvSpec):
     """grad_input of a stride-1 conv with the direct kernel: weight flipped and transposed per group."""
     g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel_size
     wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
-    wt = device.xp.ascontiguousarray(wt).reshape(spec.in_channels, dg, kh, kw)
+    wt = device.ascontiguous(wt).reshape(spec.in_channels, dg, kh, kw)
     return _direct(device, gy, wt, None, transposed_spec(spec))
 
 
@@ -433,7 +433,7 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     if bias is not None:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
-                       out=out, bias=device.xp.ascontiguousarray(bias), total=out.size,
+                       out=out, bias=device.ascontiguous(bias), total=out.size,
                        channels=spec.out_channels, pixels=spec.out_pixels)
     return out.reshape(n, spec.out_channels, *spec.out_size)
 
@@ -454,7 +454,8 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
         m = chunk.stop - chunk.start
-        grad_x[chunk] = fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m))
+        device.copyto(grad_x[chunk], fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]),
+                                              spec.with_batch(m)))
     return grad_x
 
 
@@ -475,7 +476,7 @@ def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
     for x_part, gy_part in pieces:
         m = x_part.shape[0]
         cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
-        gyc = device.xp.ascontiguousarray(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
+        gyc = device.ascontiguous(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
         del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
         beta = 1.0
@@ -497,7 +498,7 @@ def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
     def run(algo):
         if algo == "implicit_gemm":
             out = device.empty(spec.output_shape, x.dtype)
-            return implicit_gemm_gpu(device, batch_view(device.xp, x), weight, bias, spec, out)
+            return implicit_gemm_gpu(device, batch_view(device, x), weight, bias, spec, out)
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)
@@ -509,8 +510,8 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     """Backward on the GPU path.  grad_input: any algorithm ('direct' for stride 1 only, else im2col + GEMM);
     grad_weight: 'implicit_gemm' or im2col + GEMM (what 'direct' runs there too)."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    gy = device.xp.ascontiguousarray(grad_output).reshape(n, g, dg, L)
-    weight = device.xp.ascontiguousarray(weight)
+    gy = device.ascontiguous(grad_output).reshape(n, g, dg, L)
+    weight = device.ascontiguous(weight)
     heuristic = choose_algorithm(spec, x.dtype, device)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
@@ -529,9 +530,9 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         def grad_weight(algo):
             if algo == "implicit_gemm":
                 gyv = gy.reshape(n, spec.out_channels, L)
-                return implicit_gemm_grad_weight(device, batch_view(device.xp, x), gyv, spec)
+                return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
             pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
-            return gemm_weight_grad(device, pieces, spec, x.dtype).astype(weight.dtype, copy=False)
+            return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
     if "bias" in needs:

@@ -68,12 +68,13 @@ def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, gr
     return spec, extension
 
 
-def _extend(xp, x, extension):
+def _extend(device, x, extension):
     """x zero-extended at the high end of each spatial dim by `extension` (x itself when all are 0)."""
     if not any(extension):
         return x
-    out = xp.zeros((*x.shape[:2], *(n + e for n, e in zip(x.shape[2:], extension))), x.dtype)
-    out[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))] = x
+    ops = lift.arrays(device)
+    out = ops.zeros((*x.shape[:2], *(n + e for n, e in zip(x.shape[2:], extension))), x.dtype)
+    ops.copyto(out[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))], x)
     return out
 
 
@@ -89,14 +90,16 @@ def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups,
                             dilation)
     check_algorithm(op, algorithm, ALGORITHMS)   # one of conv's, which runs every pass
     with workspace_scope(op, workspace_limit):   # checks workspace_limit before anything is allocated
-        xp = lift.array_module(call.device)
-        gy = _extend(xp, call.x, extension)
-        z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
+        gy = _extend(call.device, call.x, extension)
+        z = lift.placeholder(call.device, spec.input_shape, call.x.dtype)
         out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
                                   algorithm)
-    if call.bias is not None:
-        ct = compute_dtype(out.dtype)
-        out = (out.astype(ct) + call.bias.astype(ct).reshape(-1, *(1,) * spec.nd)).astype(out.dtype)
+    if call.bias is not None:   # added in the compute dtype, rounded once
+        ops = lift.arrays(call.device)
+        total = ops.empty(out.shape, compute_dtype(out.dtype))
+        ops.copyto(total, out)
+        ops.add(total, call.bias.reshape(-1, *(1,) * spec.nd))
+        out = ops.astype(total, out.dtype)
     return call.wrap(out)
 
 
@@ -110,18 +113,18 @@ def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_
                          f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
-    xp, gy = lift.array_module(call.device), call.grad_output
+    ops, gy = lift.arrays(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
     with workspace_scope(op, workspace_limit):
         if "input" in needs:
             grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec, algorithm)
-            grad_x = xp.ascontiguousarray(_crop(grad_x, _shape(call.x)))
+            grad_x = ops.ascontiguous(_crop(grad_x, _shape(call.x)))
         if "weight" in needs:
-            _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(xp, call.x, extension), gy,
+            _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(call.device, call.x, extension), gy,
                                          call.weight, spec, frozenset({"weight"}), algorithm)
     if "bias" in needs:
         axes = (0, *range(2, gy.ndim))
-        grad_b = gy.sum(axis=axes, dtype=compute_dtype(gy.dtype)).astype(gy.dtype)
+        grad_b = ops.astype(ops.sum(gy, axes, compute_dtype(gy.dtype)), gy.dtype)
     return call.wrap((grad_x, grad_w, grad_b))
 
 

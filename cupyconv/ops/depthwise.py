@@ -366,13 +366,12 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
 
 
 def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
-    xp = device.xp
     y = device.empty(spec.output_shape, x.dtype)
-    x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
+    x, weight = device.ascontiguous(x), device.ascontiguous(weight)
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
     units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
     _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, x=x, weight=weight,
-            bias=weight if bias is None else xp.ascontiguousarray(bias),  # never read without a bias
+            bias=weight if bias is None else device.ascontiguous(bias),  # never read without a bias
             y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
     return y
 
@@ -420,10 +419,9 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
 
 
 def depthwise_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset):
-    xp = device.xp
-    grad_output, weight = xp.ascontiguousarray(grad_output), xp.ascontiguousarray(weight)
+    grad_output, weight = device.ascontiguous(grad_output), device.ascontiguous(weight)
     if "weight" in needs:  # x is read for nothing else (a transposed convolution passes a placeholder)
-        x = xp.ascontiguousarray(x)
+        x = device.ascontiguous(x)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         grad_x = _input_grad_gpu(device, grad_output, weight, spec)

@@ -30,20 +30,26 @@ from .._arrays import compute_dtype
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
-def array_module(device):
-    """numpy on the CPU path (device None), else the device's array module (CuPy, or NumPy in the emulator)."""
-    return numpy if device is None else device.xp
+#: The CPU path's array work: `Device`'s array methods on NumPy arrays (it launches no kernel).
+NUMPY = _device.Device()
+
+
+def arrays(device):
+    """Whose array methods (`Device.empty`, `copyto`, `zeros`, ...) an op's array work uses: the device's, or
+    NumPy's on the CPU path (device None)."""
+    return NUMPY if device is None else device
 
 
 def empty(device, shape, dtype):
     """An uninitialised array on the op's path (the emulator's is poisoned, so unwritten elements show)."""
-    return numpy.empty(shape, dtype) if device is None else device.empty(shape, dtype)
+    return arrays(device).empty(shape, dtype)
 
 
-def placeholder(xp, shape, dtype):
+def placeholder(device, shape, dtype):
     """A read-only array of zeros of `shape` without its memory (one element, broadcast): for an argument whose
     values a computation does not read (x of an input gradient, which only needs its shape)."""
-    return xp.broadcast_to(xp.zeros((), dtype), shape)
+    ops = arrays(device)
+    return ops.xp.broadcast_to(ops.zeros((), dtype), shape)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -99,39 +105,41 @@ def depth_windows(device, x, spec: ConvSpec):
     """x (m, C, D, H, W) -> its depth windows (m * oD, C * kD, H, W), a new array (zeros for padded depths)."""
     m, c, _, h, w = x.shape
     kd, sd, od = spec.kernel_size[0], spec.stride[0], spec.out_size[0]
-    v = empty(device, (m, od, c, kd, h, w), x.dtype)
+    ops = arrays(device)
+    v = ops.empty((m, od, c, kd, h, w), x.dtype)
     for tap in range(kd):
         first, z0, z1 = _tap_depths(spec, tap)
-        v[:, :z0, :, tap] = 0
-        v[:, z1:, :, tap] = 0
+        ops.copyto(v[:, :z0, :, tap], 0)
+        ops.copyto(v[:, z1:, :, tap], 0)
         if z1 > z0:
-            v[:, z0:z1, :, tap] = x[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd].transpose(0, 2, 1, 3, 4)
+            ops.copyto(v[:, z0:z1, :, tap], x[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd].transpose(0, 2, 1, 3, 4))
     return v.reshape(m * od, c * kd, h, w)
 
 
-def depth_fold(xp, g, spec: ConvSpec, dtype):
+def depth_fold(device, g, spec: ConvSpec, dtype):
     """The gradient of the depth windows, g (m * oD, C * kD, H, W), summed back onto the input depths its planes
     were read from: (m, C, D, H, W) in `dtype`.  Sums in the compute dtype, taps in order."""
     c, kd, od, sd = spec.in_channels, spec.kernel_size[0], spec.out_size[0], spec.stride[0]
     (depth, h, w), m = spec.in_size, g.shape[0] // od
-    g = g.reshape(m, od, c, kd, h, w)
-    out = xp.zeros((m, c, depth, h, w), compute_dtype(dtype))
+    ops = arrays(device)
+    g = ops.reshape(g, (m, od, c, kd, h, w))
+    out = ops.zeros((m, c, depth, h, w), compute_dtype(dtype))
     for tap in range(kd):
         first, z0, z1 = _tap_depths(spec, tap)
         if z1 > z0:
-            out[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd] += g[:, z0:z1, :, tap].transpose(0, 2, 1, 3, 4)
-    return out.astype(dtype, copy=False)
+            ops.add(out[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd], g[:, z0:z1, :, tap].transpose(0, 2, 1, 3, 4))
+    return ops.astype(out, dtype)
 
 
-def _channels_second(xp, y, images: int, depth: int):
+def _channels_second(device, y, images: int, depth: int):
     """(images * depth, O, ...) -> (images, O, depth, ...) (a copy)."""
     y = y.reshape(images, depth, *y.shape[1:])
-    return xp.ascontiguousarray(y.swapaxes(1, 2))
+    return arrays(device).ascontiguous(y.swapaxes(1, 2))
 
 
-def _depth_first(xp, y):
+def _depth_first(device, y):
     """(images, O, depth, ...) -> (images * depth, O, ...) (a copy)."""
-    y = xp.ascontiguousarray(y.swapaxes(1, 2))
+    y = arrays(device).ascontiguous(y.swapaxes(1, 2))
     return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
 
 
@@ -172,41 +180,43 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
                           f"than the {memory} bytes of memory of {where}")
 
 
-def _empty_forward(xp, bias, spec: ConvSpec, dtype):
-    out = xp.zeros(spec.output_shape, dtype)
+def _empty_forward(device, bias, spec: ConvSpec, dtype):
+    ops = arrays(device)
+    out = ops.zeros(spec.output_shape, dtype)
     if bias is not None:
-        out[...] = bias.reshape(-1, *(1,) * spec.nd)
+        ops.copyto(out, bias.reshape(-1, *(1,) * spec.nd))
     return out
 
 
-def _empty_backward(xp, grad_output, spec: ConvSpec, needs: frozenset, dtype):
-    grad_x = xp.zeros(spec.input_shape, dtype) if "input" in needs else None
-    grad_w = xp.zeros(spec.weight_shape, dtype) if "weight" in needs else None
+def _empty_backward(device, grad_output, spec: ConvSpec, needs: frozenset, dtype):
+    ops = arrays(device)
+    grad_x = ops.zeros(spec.input_shape, dtype) if "input" in needs else None
+    grad_w = ops.zeros(spec.weight_shape, dtype) if "weight" in needs else None
     grad_b = None
     if "bias" in needs:
         channel_axis = grad_output.ndim - spec.nd - 1
         axes = tuple(a for a in range(grad_output.ndim) if a != channel_axis)
-        grad_b = grad_output.sum(axis=axes, dtype=compute_dtype(dtype)).astype(dtype)
+        grad_b = ops.astype(ops.sum(grad_output, axes, compute_dtype(dtype)), dtype)
     return grad_x, grad_w, grad_b
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     check_memory(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
-        return _empty_forward(array_module(device), bias, spec, x.dtype)
+        return _empty_forward(device, bias, spec, x.dtype)
     if spec.nd == 2:
         return run(device, x, weight, bias, spec, algorithm)
     if spec.nd == 1:
         y = run(device, with_unit_height(x), with_unit_height(weight), bias, unit_height(spec), algorithm)
         return y.reshape(spec.output_shape)
-    xp, n, od = array_module(device), spec.n, spec.out_size[0]
-    x = x.reshape(n, *spec.input_shape[-4:])
+    n, od = spec.n, spec.out_size[0]
+    x = arrays(device).reshape(x, (n, *spec.input_shape[-4:]))
     weight = depth_weight(weight, spec)
     out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
     for chunk in batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize)):
         m = chunk.stop - chunk.start
         y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
-        out[chunk] = _channels_second(xp, y, m, od)
+        arrays(device).copyto(out[chunk], _channels_second(device, y, m, od))
     return out.reshape(spec.output_shape)
 
 
@@ -214,11 +224,11 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: fr
     """The 2-D backward of the depth windows of a chunk x (m, C, D, H, W) of a 3-D problem: their input gradient is
     folded into grad_x (the chunk's part of it, or None); returns the chunk's (grad_weight, grad_bias).  The windows
     and their gradient are freed on return, before the next chunk's are built."""
-    xp, spec2 = array_module(device), depth_spec(spec, x.shape[0])
-    v = depth_windows(device, x, spec) if "weight" in needs else placeholder(xp, spec2.input_shape, x.dtype)
-    gv, grad_w, grad_b = run(device, _depth_first(xp, gy), v, weight2, spec2, needs, algorithm)
+    spec2 = depth_spec(spec, x.shape[0])
+    v = depth_windows(device, x, spec) if "weight" in needs else placeholder(device, spec2.input_shape, x.dtype)
+    gv, grad_w, grad_b = run(device, _depth_first(device, gy), v, weight2, spec2, needs, algorithm)
     if grad_x is not None:
-        grad_x[...] = depth_fold(xp, gv, spec, x.dtype)
+        arrays(device).copyto(grad_x, depth_fold(device, gv, spec, x.dtype))
     return grad_w, grad_b
 
 
@@ -226,16 +236,16 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
     check_memory(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:
-        return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
+        return _empty_backward(device, grad_output, spec, needs, x.dtype)
     if spec.nd == 2:
         return run(device, grad_output, x, weight, spec, needs, algorithm)
     if spec.nd == 1:
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
                     unit_height(spec), needs, algorithm)
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
-    n = spec.n
-    x = x.reshape(n, *spec.input_shape[-4:])
-    gy = grad_output.reshape(n, *spec.output_shape[-4:])
+    n, ops = spec.n, arrays(device)
+    x = ops.reshape(x, (n, *spec.input_shape[-4:]))
+    gy = ops.reshape(grad_output, (n, *spec.output_shape[-4:]))
     weight2 = depth_weight(weight, spec)
     grad_x = empty(device, x.shape, x.dtype) if "input" in needs else None
     chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
@@ -246,10 +256,11 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
         for i, p in enumerate(params):
             if p is None:
                 continue
-            if len(chunks) > 1:
-                p = p.astype(compute_dtype(x.dtype))
-            sums[i] = p if sums[i] is None else sums[i] + p
-    grad_w, grad_b = (None if s is None else s.astype(x.dtype, copy=False) for s in sums)
+            if sums[i] is None:   # the first chunk's, in the compute dtype when the others are added to it
+                sums[i] = ops.astype(p, compute_dtype(x.dtype)) if len(chunks) > 1 else p
+            else:
+                ops.add(sums[i], p)
+    grad_w, grad_b = (None if s is None else ops.astype(s, x.dtype) for s in sums)
     if grad_x is not None:
         grad_x = grad_x.reshape(spec.input_shape)
     if grad_w is not None:

@@ -242,10 +242,9 @@ def _gemm_chunks(view, bytes_per_patch: int):
 
 
 def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
-    xp = device.xp
     out = device.empty(spec.output_shape, x.dtype)
-    xv = batch_view(xp, x)
-    weight = xp.ascontiguousarray(weight)
+    xv = batch_view(device, x)
+    weight = device.ascontiguous(weight)
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
         return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
@@ -270,7 +269,7 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
         device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
         del cols   # before the next chunk's are allocated: one chunk's columns at a time
     if bias is not None:
-        out += bias.reshape(-1, 1, 1)
+        device.add(out, bias.reshape(-1, 1, 1))
     return out
 
 
@@ -296,19 +295,19 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
     for o, part in _gemm_chunks(gv, per_patch):
         gy = gv[o, part]
         cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
-        device.matmul_strided(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels), cols)
-        out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
+        device.matmul_strided(wt, device.reshape(gy, (gy.shape[0], g, spec.outputs_per_group, pixels)), cols)
+        device.copyto(out5[o, part], fold_gpu(device, cols, spec.with_batch(part.stop - part.start)))
         del cols   # before the next chunk's are allocated: one chunk's columns at a time
     return out
 
 
 def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
-    xp, dtype = device.xp, weight.dtype
+    dtype = weight.dtype
     out = device.empty(spec.weight_shape, dtype)
     plan = plan_weight(spec, dtype)
     if not _use_fused("patch_conv2d_backward", algorithm, spec, plan) or plan is None:  # None: _use_fused said no
         return _weight_grad_gemm(device, xv, gy, spec, out)
-    gv = batch_view(xp, gy)
+    gv = batch_view(device, gy)
     size = out.size
     partial = device.empty((plan.slices, size), compute_dtype(dtype))
     index = index_type(extent(xv), extent(gv), partial.size)
@@ -325,32 +324,31 @@ def _weight_grad_gpu(device, xv, gy, weight, spec: ConvSpec, algorithm: str):
 
 def _weight_grad_gemm(device, xv, gy, spec: ConvSpec, out):
     """conv2d's GEMM weight gradient over the batch view's pieces (x and grad_output chunked alike)."""
-    gv = gy.reshape(*xv.shape[:2], *gy.shape[-3:])
-    grad = gv.reshape(*xv.shape[:2], spec.groups, spec.outputs_per_group, spec.out_pixels)
+    gv = device.reshape(gy, (*xv.shape[:2], *gy.shape[-3:]))
+    grad = device.reshape(gv, (*xv.shape[:2], spec.groups, spec.outputs_per_group, spec.out_pixels))
     pieces = ((xv[o, part], grad[o, part]) for o, part in _gemm_chunks(xv, weight_grad_bytes(spec, xv.itemsize)))
-    out[...] = gemm_weight_grad(device, pieces, spec, out.dtype)
+    device.copyto(out, gemm_weight_grad(device, pieces, spec, out.dtype))
     return out
 
 
 def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset,
                               algorithm: str = "auto"):
-    xp = device.xp
-    weight = xp.ascontiguousarray(weight)
-    gv = batch_view(xp, grad_output)
+    weight = device.ascontiguous(weight)
+    gv = batch_view(device, grad_output)
     grad_x = grad_w = grad_b = None
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
-        gy = xp.ascontiguousarray(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
+        gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
         if "input" in needs:
             grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
         if "weight" in needs:
-            grad_w = implicit_gemm_grad_weight(device, batch_view(xp, x), gy, spec)
+            grad_w = implicit_gemm_grad_weight(device, batch_view(device, x), gy, spec)
     else:
         if "input" in needs:
             grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
         if "weight" in needs:
-            grad_w = _weight_grad_gpu(device, batch_view(xp, x), grad_output, weight, spec, algorithm)
+            grad_w = _weight_grad_gpu(device, batch_view(device, x), grad_output, weight, spec, algorithm)
     if "bias" in needs:
-        grad_b = gv.sum(axis=(0, 1, 3, 4), dtype=compute_dtype(x.dtype)).astype(x.dtype)
+        grad_b = device.astype(device.sum(gv, (0, 1, 3, 4), compute_dtype(x.dtype)), x.dtype)
     return grad_x, grad_w, grad_b
 
 

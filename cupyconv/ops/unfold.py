@@ -104,7 +104,7 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
     one matrix over n * L, so a weight gradient is a single GEMM per group.
     """
     c, (h, w), n = spec.in_channels, spec.in_size, spec.n
-    x4 = x.reshape(n, c, h, w)
+    x4 = device.reshape(x, (n, c, h, w))
     rows, pixels = c * spec.taps, spec.out_pixels
     if rows_first:
         cols = device.empty((rows, n, pixels), x.dtype)
@@ -124,7 +124,7 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
 def fold_gpu(device, cols, spec: ConvSpec):
     """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather."""
     c, (h, w) = spec.in_channels, spec.in_size
-    cols = device.xp.ascontiguousarray(cols.reshape(spec.n, c * spec.taps, spec.out_pixels))
+    cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
         grid, block = elementwise_launch(out.size)
@@ -141,37 +141,38 @@ def _unfold_run(device, x, spec: ConvSpec):
     """cols (*batch, C * taps, L) of x over 1, 2 or 3 spatial dims; 1-D and 3-D through the 2-D kernels
     (ops/lift.py): a unit height, or the depth windows, whose 2-D cols (n, oD, C * taps, oH * oW) are
     reordered to (n, C * taps, oD * oH * oW)."""
-    rows, pixels, n = spec.in_channels * spec.taps, spec.out_pixels, spec.n
+    rows, pixels, n, ops = spec.in_channels * spec.taps, spec.out_pixels, spec.n, lift.arrays(device)
     lift.check_memory(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
     if spec.nd == 1:
         x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
     elif spec.nd == 3:
-        x = lift.depth_windows(device, x.reshape(n, *spec.input_shape[-4:]), spec)
+        x = lift.depth_windows(device, ops.reshape(x, (n, *spec.input_shape[-4:])), spec)
         spec2 = lift.depth_spec(spec, n)
     else:
         spec2 = spec
     cols = unfold_cpu(x, spec2) if device is None else unfold_gpu(device, x, spec2)
     if spec.nd == 3:
         cols = cols.reshape(n, spec.out_size[0], rows, spec2.out_pixels).swapaxes(1, 2)
-    return cols.reshape(*spec.batch, rows, pixels)
+    return ops.reshape(cols, (*spec.batch, rows, pixels))
 
 
 def _fold_run(device, cols, spec: ConvSpec):
     """The fold of cols (*batch, C * taps, L) into (*batch, C, *in_size), the reverse of `_unfold_run`."""
-    rows, n, xp = spec.in_channels * spec.taps, spec.n, lift.array_module(device)
+    rows, n, ops = spec.in_channels * spec.taps, spec.n, lift.arrays(device)
     lift.check_memory(device, spec, cols.dtype, [spec.input_shape])
     if spec.nd == 1:
         spec2 = lift.unit_height(spec)
     elif spec.nd == 3:
         spec2 = lift.depth_spec(spec, n)
-        cols = xp.ascontiguousarray(cols.reshape(n, rows, spec.out_size[0], spec2.out_pixels).swapaxes(1, 2))
+        cols = ops.reshape(cols, (n, rows, spec.out_size[0], spec2.out_pixels))
+        cols = ops.ascontiguous(cols.swapaxes(1, 2))
     else:
         spec2 = spec
-    cols = cols.reshape(*spec2.batch, rows, spec2.out_pixels)
+    cols = ops.reshape(cols, (*spec2.batch, rows, spec2.out_pixels))
     out = fold_cpu(cols, spec2) if device is None else fold_gpu(device, cols, spec2)
     if spec.nd == 3:
-        out = lift.depth_fold(xp, out, spec, cols.dtype)
-    return out.reshape(spec.input_shape)
+        out = lift.depth_fold(device, out, spec, cols.dtype)
+    return ops.reshape(out, spec.input_shape)
 
 
 @on_arrays_device

@@ -106,7 +106,7 @@ def _check_config(grid, block) -> None:
 
 
 class _Kernel:
-    """One compiled kernel, with the attributes of CuPy's Function that launches depend on:
+    """One compiled kernel, with the attributes of CuPy's RawKernel that launches depend on:
     max_threads_per_block, shared_size_bytes (static shared memory) and max_dynamic_shared_size_bytes."""
 
     def __init__(self, library: "_Library", index: int, name: str):
@@ -395,12 +395,15 @@ def last_block(grid):
 
 class EmulatedCublas:
     """The part of CuPy's bindings that `CudaDevice.gemm_strided_batched` calls, on host memory, so that its
-    exact call runs in CI: monkeypatch `cupyconv._device._cublas` to return (handle, this) and
+    exact call runs in CI: `CupyHostDevice.cublas` returns (this.get_cublas_handle(), this, this); for other
+    devices monkeypatch `cupyconv._device._cublas` to return (this.get_cublas_handle(), this) and
     `_device._cuda_runtime` to return this too (it carries runtime's CUDA_R_* data types).
 
     Names, constants and the positional signature are CuPy v14.2.0's (cupy_backends/cuda/libs/cublas.pxd and
     .pyx, cupy_backends/cuda/api/_runtime_enum.pxd).  `gemmStridedBatchedEx` takes what the Cython wrapper takes
-    (Python ints; `int` parameters in the C int range, pointers as non-negative ints, here host addresses),
+    (Python ints; `int` parameters in the C int range, the handle an `intptr_t`, pointers as non-negative ints,
+    here host addresses; `SIGNATURE` is the one CuPy's compiled module embeds, which tests/test_cupy_arrays.py
+    reads from the installed wheel),
     rejects a data/compute type combination outside cuBLAS's table, reads alpha and beta from host memory as
     the compute type's scale type, computes with `Device.gemm_strided_batched` on the memory the pointers
     address, and records every call in `gemms` (with the math and pointer modes at the time)."""
@@ -412,6 +415,12 @@ class EmulatedCublas:
     CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 68, 77, 70
     CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
 
+    SIGNATURE = ("gemmStridedBatchedEx(intptr_t handle, int transa, int transb, int m, int n, int k, size_t alpha, "
+                 "size_t A, int Atype, int lda, long long strideA, size_t B, int Btype, int ldb, long long strideB, "
+                 "size_t beta, size_t C, int Ctype, int ldc, long long strideC, int batchCount, int computeType, "
+                 "int algo)")
+    HANDLE = 0x7EA  # what get_cublas_handle returns: an intptr_t, as CuPy's (cupy.cuda.device.get_cublas_handle)
+
     _TYPES = {0: numpy.dtype(numpy.float32), 1: numpy.dtype(numpy.float64), 2: numpy.dtype(numpy.float16)}
     # (compute type) -> (scale type, {A/B type: allowed C types}), from cuBLAS's cublasGemmEx table
     _TABLE = {68: (numpy.float32, {0: {0}, 2: {2, 0}, 14: {14, 0}}), 77: (numpy.float32, {0: {0}}),
@@ -419,6 +428,9 @@ class EmulatedCublas:
 
     def __init__(self):
         self.mode, self.pointer_mode, self.gemms = 0, 0, []
+
+    def get_cublas_handle(self):
+        return self.HANDLE
 
     def getMathMode(self, handle):
         return self.mode
@@ -441,6 +453,8 @@ class EmulatedCublas:
 
     def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
                              strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        if type(handle) is not int or not -2**63 <= handle < 2**63:
+            raise TypeError(f"gemmStridedBatchedEx: handle = {handle!r} is not an intptr_t")
         ints = dict(transa=transa, transb=transb, m=m, n=n, k=k, Atype=Atype, lda=lda, Btype=Btype, ldb=ldb,
                     Ctype=Ctype, ldc=ldc, batchCount=batchCount, computeType=computeType, algo=algo)
         for name, value in ints.items():
