@@ -154,7 +154,7 @@ def _array_work(a):
 
 
 def _copy_into(out, out_view, result) -> None:
-    """out_view[...] = result, the final copy into the caller's output: for CuPy arrays on the output's device, in
+    """Copy result into out_view, the final copy into the caller's output: for CuPy arrays on the output's device, in
     the device's scope (`Device.scope`), as the op itself ran."""
     work = _array_work(out)
     scope = work.scope("cupyconv.cudnn", out.device.id) if _kind(out) == "cupy" else contextlib.nullcontext()

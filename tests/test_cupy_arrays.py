@@ -312,11 +312,11 @@ def test_dask_with_cupy_chunks(device):
 
 
 def test_the_device_is_cuda_device_with_real_cupy_arrays(device):
-    """CudaDevice's launch, GEMM and matmul run unchanged; what it overrides is memory, kernels, cuBLAS and
-    device properties only."""
+    """CudaDevice's launch, GEMM and matmul run unchanged; what it overrides is memory, kernels, cuBLAS, device
+    properties and the per-call device scope (CuPy's Device context and the stream-capture query need a driver)."""
     own = {name for name in vars(CupyHostDevice) if not name.startswith("__")}
     assert own == {"name", "compute_capability", "empty", "asarray", "asnumpy", "host", "_source", "copyto", "add",
-                   "sum", "function", "cublas", "total_memory", "timed", "key"}
+                   "sum", "function", "cublas", "total_memory", "timed", "key", "scope"}
     for name in ("launch", "gemm_strided_batched", "matmul_strided"):
         assert getattr(CupyHostDevice, name) is getattr(_device.CudaDevice, name)
     a = device.empty((3, 4), numpy.float32)
@@ -324,6 +324,18 @@ def test_the_device_is_cuda_device_with_real_cupy_arrays(device):
     assert numpy.isnan(device.host(a)).all()   # poisoned
     with pytest.raises(TypeError, match="NumPy array on the GPU path"):
         device.host(numpy.ones(3))
+
+
+def test_every_call_runs_in_the_scope_of_the_arrays_device(device):
+    """_arrays.Call enters Device.scope(op, device id) once per public call, with the arrays' device (0 here)."""
+    rng = numpy.random.default_rng(7)
+    x = device.asarray(rng.standard_normal((1, 2, 5, 5)).astype(numpy.float32))
+    w = device.asarray(rng.standard_normal((3, 2, 3, 3)).astype(numpy.float32))
+    device.scopes.clear()   # the fixture's device is shared by the module's tests
+    with _device.use_device(device):
+        cupyconv.conv2d(x, w)
+        cupyconv.unfold(x, 3)
+    assert device.scopes == [("conv2d", 0), ("unfold", 0)]
 
 
 def test_a_numpy_array_cannot_reach_a_kernel(device):
@@ -383,6 +395,10 @@ CUPY_APIS = [
     ("cupy_backends.cuda.api.runtime", "CUDA_R_16F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_16BF"),
     ("cupy_backends.cuda.api.runtime", "CUDA_R_32F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_64F"),
     ("cupy_backends.cuda.api.runtime", "getDeviceProperties"),
+    # the device scope and stream-capture refusal, the toolkit check (cupyconv/_device.py)
+    ("cupy", "__version__"), ("cupy", "cuda.get_current_stream"), ("cupy", "cuda.nvrtc.getVersion"),
+    ("cupy", "cuda.runtime"), ("cupy", "cuda.runtime.getDeviceProperties"), ("cupy", "cuda.runtime.runtimeGetVersion"),
+    ("cupy_backends.cuda.api.runtime", "CUDARuntimeError"), ("cupy_backends.cuda.api.runtime", "streamIsCapturing"),
 ]
 
 #: The Cython signatures of the cuBLAS binding functions the glue calls, as CuPy 14 declares them.

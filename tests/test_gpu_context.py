@@ -244,14 +244,24 @@ def test_custom_ops_are_tagged_cudagraph_unsafe():
     assert not untagged, untagged
 
 
-def test_cudnn_copies_its_result_on_the_arrays_device(recorder):
-    """cupyconv.cudnn writes the op's result into the caller's output inside the output's device context (the
-    fake Device records it); NumPy outputs need none."""
+def test_cudnn_copies_its_result_on_the_arrays_device(recorder, monkeypatch):
+    """cupyconv.cudnn writes the op's result into the caller's output inside the output's device scope
+    (`CudaDevice.scope`, its driver calls faked by the recorder; the copy itself recorded); NumPy outputs need none."""
     from cupyconv import cudnn
-    with cudnn._on_device_of(host_cupy((2, 2), 1)):
-        recorder.events.append(("copy",))
-    with cudnn._on_device_of(numpy.zeros(2)):
-        recorder.events.append(("numpy copy",))
-    assert recorder.events == [("enter device", 1), ("copy",), ("exit device", 1), ("numpy copy",)]
+
+    class RecordingCopies(_device.CudaDevice):
+        def copyto(self, dst, src):
+            recorder.events.append(("copy",))
+
+    original = cudnn._array_work
+    monkeypatch.setattr(cudnn, "_array_work", lambda a: RecordingCopies() if isinstance(a, cupy.ndarray)
+                        else original(a))
+    out = host_cupy((2, 2), 1)
+    cudnn._copy_into(out, out, out)
+    assert recorder.events == [("enter device", 1), ("capture query", FakeStream.ptr), ("copy",), ("exit device", 1)]
+    recorder.events.clear()
+    target, result = numpy.zeros(2), numpy.arange(2.0)
+    cudnn._copy_into(target, target, result)
+    assert recorder.events == [] and (target == result).all()
     source = (ROOT / "cupyconv" / "cudnn.py").read_text()
-    assert source.count("with _on_device_of(") == source.count("[...] = ") == 3
+    assert source.count("_copy_into(") == 4 and "[...] = " not in source   # the definition and the three outputs

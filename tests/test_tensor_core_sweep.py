@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-import ml_dtypes
 import numpy
 import pytest
 
@@ -32,11 +31,12 @@ from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
 import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from optional_deps import BFLOAT16, Dtypes
 from reference import ConvCase
 
 SEED = 24
 SPEC_COUNT = 60
-DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32}
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
 #: As tests/test_tensor_core_kernels.py: |tensor cores - CPU path| relative to the largest |CPU path| value.
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}
 #: How x lies in memory (`x_in_layout`); grad_output follows the same layout (the backward copies it).

@@ -19,6 +19,7 @@ CUDARuntimeError ("CUDA driver version is insufficient"), so a test through this
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import weakref
@@ -91,6 +92,7 @@ class CupyHostDevice(cupyconv_device.CudaDevice):
         self.emulator = EmulatedDevice(order, asan=asan)
         self.blas = EmulatedCublas()
         self.launches: list[str] = []
+        self.scopes: list[tuple[str, int]] = []
 
     def __repr__(self):
         return f"CupyHostDevice(order={self.emulator.order!r}, asan={self.emulator.asan})"
@@ -168,6 +170,13 @@ class CupyHostDevice(cupyconv_device.CudaDevice):
 
     def total_memory(self):
         return cupyconv_device.host_memory()
+
+    @contextlib.contextmanager
+    def scope(self, op, device_id):
+        """Records (op, device id) instead of entering CuPy's Device context and querying stream capture, which need
+        a driver (CudaDevice.scope is tested with recorded fakes in tests/test_gpu_context.py)."""
+        self.scopes.append((op, device_id))
+        yield
 
     def timed(self, run):
         return cupyconv_device.Device.timed(self, run)   # the wall clock: CUDA events need a driver
