@@ -230,6 +230,16 @@ def test_module_constructor_errors_name_the_layer():
         cct.DepthwiseConv2d(4, 4, 3, groups=2)
     with pytest.raises(ValueError, match="Conv2d: padding must be"):
         cct.Conv2d(3, 4, 3, padding="full")
+    for spelling in ("SAME", "Same", "VALID"):     # torch's layers refuse these spellings too
+        with pytest.raises(ValueError, match=f"Conv2d: padding strings are 'same' and 'valid' in lower case, as "
+                                             f"torch spells them, got '{spelling}'"):
+            cct.Conv2d(3, 4, 3, padding=spelling)
+        with pytest.raises(ValueError, match=f"^conv2d: padding strings .* got '{spelling}'"):
+            cct.conv2d(torch.ones(1, 3, 5, 5), torch.ones(4, 3, 3, 3), padding=spelling)
+        with pytest.raises(ValueError):
+            nn.Conv2d(3, 4, 3, padding=spelling)
+    with pytest.raises(ValueError, match="^conv_transpose2d: padding strings .* got 'Same'"):
+        cct.conv_transpose2d(torch.ones(1, 3, 5, 5), torch.ones(3, 4, 3, 3), padding="Same")
     with pytest.raises(TypeError, match=r"Conv3d: padding must be an int, a tuple of 3 ints"):
         cct.Conv3d(3, 4, 3, padding=(1, 1))
     with pytest.raises(ValueError, match="Conv2d: stride must be >= 1"):

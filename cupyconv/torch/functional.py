@@ -228,7 +228,7 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
     check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
-    if isinstance(padding, str) and padding.lower() == "same":
+    if padding == "same":
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
     stride, dilation = _tuple(op, "stride", stride, 1, nd), _tuple(op, "dilation", dilation, 1, nd)
     sides = _padding(op, padding, (1,) * nd, (1,) * nd, stride, dilation)   # the sizes matter for 'same' only
