@@ -452,6 +452,10 @@ def _set(name: str, module) -> None:
         setattr(_sys.modules[parent], child, module)
 
 
+@_numpy_doc(raises=(("ModuleNotFoundError", "CuPy is not installed (there is nothing to register into)."),
+                    ("RuntimeError", "This CuPy has a cuDNN binding of its own under one of the names (CuPy <= 13 "
+                                     "built with cuDNN): it is left in place, and code that wants cupyconv's "
+                                     "imports ``from cupyconv import cudnn`` instead.")))
 def install() -> None:
     """Register this module as ``cupy.cudnn``, ``cupyx.cudnn`` and ``cupy.cuda.cudnn``, where CuPy <= 13 exposed
     cuDNN's convolutions, so that code written for them runs unchanged on CuPy 14::
@@ -461,15 +465,8 @@ def install() -> None:
         import sigpy                  # sigpy.config.cudnn_enabled is now True
 
     Call it before importing such a library: libraries that test for cuDNN at import (sigpy does) keep what they
-    found.  Calling it again does nothing; `uninstall` removes the names (`installed` does both around a block).
-
-    Raises
-    ------
-    ModuleNotFoundError
-        CuPy is not installed (there is nothing to register into).
-    RuntimeError
-        This CuPy has a cuDNN binding of its own under one of the names (CuPy <= 13 built with cuDNN): it is
-        left in place, and code that wants cupyconv's imports ``from cupyconv import cudnn`` instead.
+    found (a RuntimeWarning says so for sigpy).  Calling it again does nothing; `uninstall` removes the names
+    (`installed` does both around a block).
     """
     try:
         import cupy  # noqa: F401  (the parent packages of the names)
@@ -494,6 +491,7 @@ def install() -> None:
                        RuntimeWarning, stacklevel=2)
 
 
+@_numpy_doc(raises=())
 def uninstall() -> None:
     """Remove the names `install` registered (those that are this module; anything else is left alone)."""
     for name in _FORMER_NAMES:
@@ -501,15 +499,14 @@ def uninstall() -> None:
             _set(name, None)
 
 
+@_numpy_doc(returns=("bool", "True while all three names are this module."), raises=())
 def is_installed() -> bool:
-    """Whether `install` has registered this module under CuPy's former names (and they are still this module)."""
+    """Whether `install` has registered this module under CuPy's former names."""
     return all(_sys.modules.get(name) is _this_module() for name in _FORMER_NAMES)
 
 
 @_contextlib.contextmanager
-def installed():
-    """``with cupyconv.cudnn.installed():`` `install` for the block, then `uninstall` (unless it was installed
-    before the block, which it leaves as it was)."""
+def _installed_block():
     before = is_installed()
     install()
     try:
@@ -517,3 +514,11 @@ def installed():
     finally:
         if not before:
             uninstall()
+
+
+@_numpy_doc(returns=("context manager", "Installed inside the ``with`` block; uninstalled on exit unless it was "
+                                        "installed before the block."),
+            raises=(("ModuleNotFoundError", "As `install`."), ("RuntimeError", "As `install`.")))
+def installed() -> _contextlib.AbstractContextManager[None]:
+    """``with cupyconv.cudnn.installed():`` `install` for the block (tests use it), then `uninstall`."""
+    return _installed_block()
