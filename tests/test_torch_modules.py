@@ -16,6 +16,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval  # noqa: E402
 
 import cupyconv  # noqa: E402
 import cupyconv.torch as cct  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_path")    # every test on both CPU paths (conftest.py)
 from test_torch_convolutions import spy_on  # noqa: E402
 
 F64 = dict(dtype=torch.float64)
@@ -262,6 +264,7 @@ def test_module_constructor_errors_name_the_layer():
         cct.DepthwiseConv2d(3, 3, 3, algorithm="direct")
 
 
+@pytest.mark.numpy_cpu_path     # watches the plain cupyconv functions, which the torch CPU path does not call
 @pytest.mark.parametrize("make,op,algorithm", [
     (lambda **kw: cct.Conv2d(3, 4, 3, **kw), "conv2d", "implicit_gemm"),
     (lambda **kw: cct.Conv1d(3, 4, 3, **kw), "conv1d", "im2col_gemm"),

@@ -4,6 +4,9 @@ This is the only package of cupyconv that imports torch; `import cupyconv` works
 
 Layers of this package, from the bottom up, one module each:
 
+* `cpu.py`: CPU tensors run torch's own CPU convolutions (`torch.ops.aten.convolution` and its backward) behind
+  the custom ops below, several times faster than the NumPy path; `set_numpy_cpu_path(True)` /
+  ``with numpy_cpu_path(True):`` run cupyconv's NumPy path instead (the tests cover both).
 * `cuda.py`: `cuda_context(device)`: while it is active, CuPy launches its kernels and cuBLAS calls on torch's
   current stream and takes its memory from torch's caching allocator.  Every op below runs inside it for CUDA
   tensors.
@@ -49,6 +52,7 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch, "get_autocast_dty
 # call the ops, so every entry point is complete once this package is imported.
 from .autograd import (Conv2dFunction, DepthwiseConv2dFunction, FoldBackwardFunction, FoldFunction,  # noqa: E402
                        PatchConv2dFunction, UnfoldBackwardFunction, UnfoldFunction)
+from .cpu import get_numpy_cpu_path, numpy_cpu_path, set_numpy_cpu_path  # noqa: E402
 from .cuda import cuda_context  # noqa: E402
 from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,  # noqa: E402
                          depthwise_conv2d, fold, patch_conv2d, unfold)
@@ -62,5 +66,5 @@ __all__ = [
     "UnfoldFunction", "UnfoldBackwardFunction", "FoldFunction", "FoldBackwardFunction",
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
-    "cuda_context",
+    "cuda_context", "set_numpy_cpu_path", "get_numpy_cpu_path", "numpy_cpu_path",
 ]
