@@ -429,3 +429,93 @@ def test_fx_symbolic_trace_records_the_layers_as_calls():
         torch.testing.assert_close(a, b)
     gx, = torch.autograd.grad(sum(y.sum() for y in got), x)
     torch.testing.assert_close(gx, torch.autograd.grad(sum(y.sum() for y in expected), x)[0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# convert and unconvert
+
+
+class _Nested(nn.Module):
+    """torch's six convolution layers at several depths, a shared layer, hooks, a buffer and mixed train/eval."""
+
+    def __init__(self):
+        super().__init__()
+        shared = nn.Conv2d(4, 4, 3, padding="same", padding_mode="reflect")
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                  shared)
+        self.branch = nn.ModuleDict({"again": shared, "up": nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1,
+                                                                                 output_padding=1)})
+        self.line = nn.Sequential(nn.Conv1d(2, 3, 3, padding=1, padding_mode="circular"),
+                                  nn.ConvTranspose1d(3, 2, 2, stride=2))
+        self.volume = nn.Sequential(nn.Conv3d(2, 2, (1, 3, 3), padding=(0, 1, 1), groups=2),
+                                    nn.ConvTranspose3d(2, 1, (1, 2, 2), stride=(1, 2, 2)))
+        self.line.eval()
+        self.stem[1].eval()            # running statistics fixed: the state_dict compares equal after a call
+        self.stem[0].register_buffer("calls", torch.zeros(()))
+        self.stem[0].register_forward_hook(lambda m, args, out: out * 2)
+        self.stem[0].register_forward_pre_hook(lambda m, args: m.calls.add_(1) and None)
+
+    def forward(self, x):
+        h = self.branch["up"](self.branch["again"](self.stem(x)))             # (N, 2, 2H', 2W')
+        n, c, height, width = h.shape
+        line = self.line(h.reshape(n, c, height * width))
+        return line, self.volume(h.unsqueeze(2))
+
+
+def test_convert_swaps_every_torch_convolution_keeping_its_state():
+    torch.manual_seed(13)
+    model = _Nested().double()
+    x = torch.randn(2, 3, 8, 7, **F64)
+    expected = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    parameters = list(model.parameters())
+    converted = cct.convert(model, algorithm="im2col_gemm", workspace_limit=2**20)
+    assert converted is model
+    convolutions = [m for m in converted.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d,
+                                                                       nn.ConvTranspose1d, nn.ConvTranspose2d,
+                                                                       nn.ConvTranspose3d))]
+    assert len(convolutions) == 7 and all(type(m).__module__ == "cupyconv.torch.modules" for m in convolutions)
+    assert all((m.algorithm, m.workspace_limit) == ("im2col_gemm", 2**20) for m in convolutions)
+    assert converted.stem[3] is converted.branch["again"]                    # still one shared layer
+    assert list(converted.parameters()) == parameters and all(a is b for a, b in zip(converted.parameters(),
+                                                                                     parameters))
+    assert not converted.line[0].training and converted.stem[0].training
+    assert converted.stem[3].padding == "same" and converted.stem[3].padding_mode == "reflect"
+    got = converted(x)                                                       # the hooks double and count
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert converted.stem[0].calls == 2
+    state["stem.0.calls"] += 1
+    assert converted.state_dict().keys() == state.keys()
+    for k, v in converted.state_dict().items():
+        torch.testing.assert_close(v, state[k])
+
+    back = cct.unconvert(converted)
+    assert {type(m) for m in back.modules()} >= {nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+                                                 nn.ConvTranspose2d, nn.ConvTranspose3d}
+    assert not any(type(m).__module__.startswith("cupyconv") for m in back.modules())
+    assert not hasattr(back.stem[0], "algorithm")
+    for a, b in zip(back(x), expected):                 # torch's own computation, 'same' + reflect included
+        torch.testing.assert_close(a, b)
+
+
+def test_convert_a_single_layer_and_unconvert_refuses_what_torch_cannot_express():
+    layer = nn.Conv2d(3, 4, 3)
+    ours = cct.convert(layer)
+    assert type(ours) is cct.Conv2d and ours.weight is layer.weight and type(layer) is nn.Conv2d
+    depthwise = cct.unconvert(cct.DepthwiseConv2d(3, 6, 3, padding=1))
+    assert type(depthwise) is nn.Conv2d and depthwise.groups == 3
+    patches = cct.PatchConv2d(3, 4, 3)
+    assert cct.unconvert(patches) is patches
+    for padding in ("same", "valid", (1, 2)):   # built as ours: torch's own padding for padding_mode is recomputed
+        ours = cct.Conv2d(3, 4, (3, 4), padding=padding, dilation=(2, 1), padding_mode="reflect").double()
+        x = torch.randn(2, 3, 7, 8, **F64)
+        expected = ours(x)
+        torch.testing.assert_close(cct.unconvert(ours)(x), expected)
+    with pytest.raises(ValueError, match=r"unconvert: Conv2d has padding=\(\(1, 0\), \(0, 1\)\) with stride=\(1, 1\)"
+                                         r", which torch.nn.Conv2d cannot express"):
+        cct.unconvert(nn.Sequential(cct.Conv2d(3, 4, 3, padding=((1, 0), (0, 1)))))
+    with pytest.raises(ValueError, match=r"unconvert: Conv1d has padding='same' with stride=\(2,\)"):
+        cct.unconvert(cct.Conv1d(3, 4, 3, stride=2, padding="same"))
+    with pytest.raises(ValueError, match="convert: algorithm must be one of"):
+        cct.convert(layer, algorithm="winograd")
