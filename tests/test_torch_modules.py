@@ -415,20 +415,90 @@ class _Traceable(nn.Module):
                 self.separable(x))
 
 
-def test_fx_symbolic_trace_records_the_layers_as_calls():
-    """torch.fx cannot follow the functional ops' Python shape logic; each layer becomes one call in the graph
-    (as torch.nn's layers do), and the traced module computes the same values and gradients."""
+def test_fx_symbolic_trace_records_the_layers_as_module_calls():
+    """Plain torch.fx.symbolic_trace records each layer as one call_module node, as torch.nn's layers (a
+    DepthwiseSeparableConv2d as its two layers), so an FX pass looking for convolution modules finds them; the
+    traced module computes the same values and gradients."""
     torch.manual_seed(12)
     model = _Traceable().double()
     traced = torch.fx.symbolic_trace(model)
-    calls = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
-    assert sum("_layer_op" in name for name in calls) == 8 and sum("_layer_pad" in name for name in calls) == 3
+    modules = dict(traced.named_modules())
+    calls = [node.target for node in traced.graph.nodes if node.op == "call_module"]
+    assert calls == ["conv", "depthwise", "up", "conv1d", "conv3d", "patches", "separable.depthwise",
+                     "separable.pointwise"]
+    assert all(isinstance(modules[name], (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d)) for name in calls)
+    assert not any("_layer" in str(node.target) for node in traced.graph.nodes)
     x = torch.randn(2, 3, 8, 7, **F64, requires_grad=True)
     expected, got = model(x), traced(x)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
     gx, = torch.autograd.grad(sum(y.sum() for y in got), x)
     torch.testing.assert_close(gx, torch.autograd.grad(sum(y.sum() for y in expected), x)[0])
+
+
+def test_fx_fuse_matches_exact_types_so_unconvert_fuse_convert():
+    """torch.fx.experimental.optimization.fuse fuses (nn.Conv2d, nn.BatchNorm2d) pairs by exact type: our layers
+    are left as they are (documented); fuse_conv_bn_eval takes them directly, or unconvert -> fuse -> convert."""
+    from torch.fx.experimental.optimization import fuse
+    torch.manual_seed(14)
+    model = nn.Sequential(cct.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).double().eval()
+    model[1].running_mean.normal_()
+    x = torch.randn(2, 3, 6, 5, **F64)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in fuse(model).modules())
+    fused = cct.convert(fuse(cct.unconvert(model)))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+    assert any(type(m) is cct.Conv2d for m in fused.modules())
+    torch.testing.assert_close(fused(x), model(x))
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (lambda: cct.Conv1d(3, 4, 3, padding=1, padding_mode="circular"), (2, 3, 16)),
+    (lambda: cct.Conv2d(3, 4, 3, padding="same", padding_mode="reflect", dilation=2), (2, 3, 16, 12)),
+    (lambda: cct.Conv2d(3, 4, (3, 2), stride=2, padding=((1, 0), (0, 1))), (2, 3, 16, 12)),
+    (lambda: cct.Conv3d(2, 4, 3, padding=1), (2, 2, 8, 6, 7)),
+    (lambda: cct.DepthwiseConv2d(3, 6, 3, padding=1, padding_mode="replicate"), (2, 3, 10, 9)),
+    (lambda: cct.ConvTranspose2d(3, 2, 3, stride=2, padding=1), (2, 3, 8, 7)),
+    (lambda: cct.ConvTranspose3d(2, 2, 2, stride=2), (2, 2, 4, 5, 4)),
+    (lambda: cct.PatchConv2d(3, 4, 3, padding=1), (2, 5, 3, 8, 6)),
+], ids=["conv1d", "conv2d_same_reflect", "conv2d_per_side", "conv3d", "depthwise", "transposed2d", "transposed3d",
+        "patch"])
+def test_torch_export_with_dynamic_spatial_dims(layer, shape):
+    """torch.export with a Dim on every spatial dim (and the batch) exports, and the program runs at other sizes,
+    as torch.nn's layers do (this failed with 'specialized it to be a constant')."""
+    torch.manual_seed(15)
+    module = layer().double()
+    nd = len(module.kernel_size)
+    dims = {0: torch.export.Dim("batch", min=2, max=64),
+            **{len(shape) - nd + i: torch.export.Dim(f"s{i}", min=4, max=64) for i in range(nd)}}
+    program = torch.export.export(module, (torch.randn(*shape, **F64),), dynamic_shapes={"input": dims})
+    other = list(shape)
+    other[0] += 1
+    for i in range(nd):
+        other[len(shape) - nd + i] += 3 + i
+    x = torch.randn(*other, **F64)
+    torch.testing.assert_close(program.module()(x), module(x))
+
+
+def test_torch_export_of_the_functional_ops_with_dynamic_spatial_dims():
+    class Functional(nn.Module):
+        def forward(self, x1, x2, x3, w1, w2, w3):
+            return (cct.conv1d(x1, w1, padding="same"), cct.conv2d(x2, w2, stride=2, padding=((1, 0), (2, 1))),
+                    cct.conv3d(x3, w3, padding=1), cct.conv_transpose2d(x2, w2.transpose(0, 1), stride=2),
+                    cct.unfold(x2, 2, padding=1))
+
+    torch.manual_seed(16)
+    args = (torch.randn(2, 3, 12, **F64), torch.randn(2, 3, 10, 9, **F64), torch.randn(2, 3, 6, 5, 7, **F64),
+            torch.randn(4, 3, 3, **F64), torch.randn(4, 3, 3, 2, **F64), torch.randn(4, 3, 2, 3, 2, **F64))
+    dim = torch.export.Dim
+
+    def spatial(name, nd):
+        return {2 + i: dim(f"{name}{i}", min=4, max=64) for i in range(nd)}
+    shapes = (spatial("l", 1), spatial("h", 2), spatial("d", 3), None, None, None)
+    program = torch.export.export(Functional(), args, dynamic_shapes=shapes)
+    other = (torch.randn(2, 3, 17, **F64), torch.randn(2, 3, 13, 11, **F64), torch.randn(2, 3, 7, 9, 8, **F64),
+             *args[3:])
+    for a, b in zip(program.module()(*other), Functional()(*other)):
+        torch.testing.assert_close(a, b)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ Every convolution is one template (`_define_convolution`): a forward op
 -> (Tensor, Tensor, Tensor)`, which call the cupyconv functions of those names.  The options are the op's
 geometry with padding flat as [low, high] per spatial dim ([top, bottom, left, right] in 2-D), then
 `algorithm` where the op has a choice, then `workspace_limit` where it builds a workspace (run inside
-`cupyconv.settings.workspace_limit`).  On CPU tensors the convolution ops compute with torch's own CPU
-convolutions unless `cupyconv.torch.cpu`'s numpy_cpu_path is on.  The backward op's `needs` comes before the options, so the options
-of either op are passed on as they came, with the schema's defaults.
+`cupyconv.settings.workspace_limit`).  The backward op's `needs` comes before the options, so the options
+of either op are passed on as they came, with the schema's defaults.  On CPU tensors the convolution ops
+compute with torch's own CPU convolutions unless `cupyconv.torch.cpu`'s numpy_cpu_path is on.
 """
 import ast
 import math

@@ -9,7 +9,16 @@ the keywords `algorithm` and `workspace_limit`, stored as attributes of the same
 change them), shown by `repr` when not the default.
 
 `torch.jit.script` is refused with a clear error: TorchScript cannot call cupyconv's Python.  `torch.compile`,
-`torch.export` and `torch.jit.trace` record the `torch.ops.cupyconv.*` custom ops.
+`torch.export` and `torch.jit.trace` record the `torch.ops.cupyconv.*` custom ops; `torch.export` with a
+`torch.export.Dim` on the batch and every spatial dim gives a program valid at other sizes (but for 'same'
+padding with a stride, whose padding depends on the size: those sizes are specialised).
+
+`torch.fx.symbolic_trace` records each layer as one `call_module` node, as torch.nn's layers (see `_FX_LEAF`),
+so FX passes that look for convolution modules by `isinstance` find them.  Passes that match exact types, such
+as `torch.fx.experimental.optimization.fuse` (conv + batch norm), leave our layers unfused:
+`torch.nn.utils.fusion.fuse_conv_bn_eval` takes them directly, or run `convert(fuse(unconvert(model)))`.
+
+`convert(model)` swaps a model's torch convolution layers for these, `unconvert(model)` swaps them back.
 """
 from __future__ import annotations
 
@@ -32,10 +41,11 @@ __all__ = ["Conv1d", "Conv2d", "Conv3d", "DepthwiseConv2d", "PatchConv2d", "Conv
 _OPTIONS = (("algorithm", "auto"), ("workspace_limit", None))
 
 
-# The layers' computation goes through two module-level functions that torch.fx.symbolic_trace records as leaves
-# (torch.fx.wrap), as it records torch.nn's layers: the functional ops read shapes in Python (unbatched inputs,
-# memory formats, 'same' padding), which a symbolic trace cannot follow.  Their arguments are tensors and plain
-# values (the op's name, not the function), which is what an FX graph can hold.
+# The layers' computation goes through two module-level functions that torch.fx records as calls (torch.fx.wrap)
+# where a tracer traces through a layer (the default Tracer does not: the layers are leaves, see `_FX_LEAF`): the
+# functional ops read shapes in Python (unbatched inputs, memory formats, 'same' padding), which a symbolic trace
+# cannot follow.  Their arguments are tensors and plain values (the op's name, not the function), which is what an
+# FX graph can hold.
 
 
 def _layer_op(name: str, *args: Any, **kwargs: Any) -> Tensor:
@@ -49,7 +59,8 @@ def _layer_pad(input: Tensor, padding: Any, kernel_size: tuple, stride: tuple, d
     one batch dim or none: patches with more leading dims are padded as one batch (the input itself otherwise,
     so its memory format is kept)."""
     nd = len(kernel_size)
-    sides = _padding_sides("padding_mode", input.shape[-nd:], padding, kernel_size, stride, dilation)
+    sizes = functional.sizes_for_checks(input.shape[-nd:], padding, stride)     # no specialisation in a trace
+    sides = _padding_sides("padding_mode", sizes, padding, kernel_size, stride, dilation)
     pad = [p for side in reversed(sides) for p in side]
     if input.dim() <= nd + 2:
         return F.pad(input, pad, mode=padding_mode)
@@ -64,6 +75,15 @@ def _padding_sides(op: str, in_size, padding, kernel_size, stride, dilation) -> 
 
 torch.fx.wrap("_layer_op")
 torch.fx.wrap("_layer_pad")
+
+#: Each layer's instance attribute `__module__` (its class keeps "cupyconv.torch.modules", which pickling and
+#: repr read).  torch.fx's default Tracer records a module as a leaf, one `call_module` node, when
+#: `module.__module__` starts with "torch.nn" (`Tracer.is_leaf_module`, read from the instance), so plain
+#: `torch.fx.symbolic_trace` records our layers as it records torch.nn's, and FX passes that look for convolution
+#: modules find them.  The character after "torch.nn" is not a dot, so torch.compile, which treats instances
+#: whose `__module__` starts with "torch.nn." as torch's own layers (fewer guards), still treats ours as user code
+#: (a changed `algorithm` recompiles).
+_FX_LEAF = "torch.nn:cupyconv.torch.modules"
 
 
 class _Layer(_ConvNd):
@@ -81,10 +101,11 @@ class _Layer(_ConvNd):
             raise ValueError(f"{type(self).__name__}: {error} ({shown})") from None
 
     def _set_options(self, algorithm: str, workspace_limit: Optional[int]) -> None:
-        """Check and store the keywords `_OPTIONS`."""
+        """Check and store the keywords `_OPTIONS`; mark the layer a leaf for torch.fx (`_FX_LEAF`)."""
         check_algorithm(type(self).__name__, algorithm, self._algorithms)
         check_workspace_limit(type(self).__name__, workspace_limit)
         self.algorithm, self.workspace_limit = algorithm, workspace_limit
+        self.__module__ = _FX_LEAF
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -451,7 +472,7 @@ def unconvert(module: nn.Module) -> nn.Module:
             raise ValueError(f"unconvert: {type(m).__name__} has padding={padding!r} with stride={m.stride}, "
                              f"which torch.nn.{cls.__name__} cannot express")
         new = _recast(m, cls)
-        for name, _ in _OPTIONS:
+        for name in (*dict(_OPTIONS), "__module__"):
             new.__dict__.pop(name, None)
         # What torch's own computation pads with for padding_mode != 'zeros' (our constructor gave torch's 0 for a
         # string): torch's rule, the odd pixel of 'same' at the high end.
