@@ -107,7 +107,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
                              schema=f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
     def op(x, weight, bias, *values):
         kw = _keywords(options, values)
-        if cpu.runs_on_torch(x):
+        if cpu.runs_on_torch(x, weight):
             return cpu.forward(name, x, weight, bias, kw)
         with workspace_scope(name, kw.get("workspace_limit")):
             return _run(getattr(cupyconv, name), x, x, weight, bias, **_cupyconv_keywords(kw))
@@ -120,7 +120,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
             f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
     def backward_op(grad_output, x, weight, needs, *values):
         kw = _keywords(options, values)
-        if cpu.runs_on_torch(x):
+        if cpu.runs_on_torch(x, weight):
             return _fill_missing(cpu.backward(name, grad_output, x, weight, needs, kw), x)
         with workspace_scope(f"{name}_backward", kw.get("workspace_limit")):
             grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, needs=_names(needs),

@@ -63,9 +63,11 @@ def numpy_cpu_path(enabled: bool) -> contextlib.AbstractContextManager[None]:
     return _NUMPY_CPU_PATH.scope(enabled)
 
 
-def runs_on_torch(x: Tensor) -> bool:
-    """Whether the op on x runs torch's CPU convolution (a CPU tensor and the NumPy path not asked for)."""
-    return x.device.type == "cpu" and not _NUMPY_CPU_PATH.get()
+def runs_on_torch(x: Tensor, weight: Tensor) -> bool:
+    """Whether the op on x runs torch's CPU convolution: a CPU tensor, the NumPy path not asked for, and no empty
+    operand (torch's convolutions refuse a weight without output channels; cupyconv's NumPy path gives the empty
+    results, tests/test_empty.py)."""
+    return x.device.type == "cpu" and not _NUMPY_CPU_PATH.get() and x.numel() > 0 and weight.numel() > 0
 
 
 # ---------------------------------------------------------------------------------------------------------
