@@ -24,6 +24,10 @@ OPTIONAL = frozenset({"bias"})
 #: The torch devices the plain functions compute on (the CPU path and the CUDA kernels).
 TORCH_DEVICES = ("cpu", "cuda")
 
+#: The plain functions with a differentiable twin of the same name in cupyconv.torch.
+TORCH_TWINS = frozenset({"conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d", "conv_transpose1d",
+                         "conv_transpose2d", "conv_transpose3d", "unfold", "fold"})
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,6 +96,26 @@ def _torch_refusal(a) -> str | None:
     return None
 
 
+def _autograd_refusal(op: str, arrays: dict) -> str | None:
+    """Why the plain function `op` refuses these torch tensors: one requires grad while grad mode is on, and the
+    plain functions are not recorded by autograd (the result would silently have no grad_fn).  None otherwise.
+
+    Refused rather than routed to cupyconv.torch: the plain functions keep one meaning for every array kind
+    (cupyconv.torch's ops differ in torch's conventions: unbatched inputs, channels-last outputs), most of them
+    (the N-d and 1-D/3-D depthwise and patch ops, every `*_backward`) have no differentiable twin, and the
+    custom ops of cupyconv.torch call them with grad mode off."""
+    torch = sys.modules["torch"]
+    if not torch.is_grad_enabled():
+        return None
+    needing = [name for name, a in arrays.items() if a.requires_grad]
+    if not needing:
+        return None
+    use = f"cupyconv.torch.{op}" if op in TORCH_TWINS else "cupyconv.torch's ops and layers"
+    return (f"{op}: {', '.join(needing)} requires grad, but the plain cupyconv functions are not recorded by "
+            f"autograd (the result would have no gradient); use {use}, or call inside torch.no_grad() or on "
+            f"detached tensors for a result without gradient")
+
+
 def _dtype_name(a) -> str:
     dtype = a.dtype
     return str(dtype).replace("torch.", "")
@@ -137,6 +161,9 @@ class Call:
                 raise TypeError(f"{op}: {first_name} has dtype {_dtype_name(first)} but {name} has dtype "
                                 f"{_dtype_name(a)}; all arrays of one call must have one dtype")
         self.kind = _kind(first)
+        refusal = _autograd_refusal(op, present) if self.kind == "torch" else None
+        if refusal:
+            raise TypeError(refusal)
         self._torch_dtype = first.dtype if self.kind == "torch" else None
         self.xp = numpy
         if _device_of(first) != "cpu":   # CuPy arrays, torch CUDA tensors

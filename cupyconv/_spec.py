@@ -73,16 +73,18 @@ def _padding(op: str, padding, in_size: Sizes, kernel: Sizes, stride: Sizes, dil
     """
     nd = len(in_size)
     if isinstance(padding, str):
-        mode = padding.lower()
-        if mode == "valid":
+        if padding == "valid":
             return ((0, 0),) * nd
-        if mode == "same":
+        if padding == "same":
             sides = []
             for n, k, s, d in zip(in_size, kernel, stride, dilation):
                 out = ceil_div(n, s)
                 total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
                 sides.append((total // 2, total - total // 2))
             return tuple(sides)
+        if padding.lower() in ("same", "valid"):     # torch refuses other spellings; so do we, saying why
+            raise ValueError(f"{op}: padding strings are 'same' and 'valid' in lower case, as torch spells them, "
+                             f"got {padding!r}")
         raise ValueError(f"{op}: padding must be {_padding_forms(nd)}, got {padding!r}")
 
     def is_pair(value) -> bool:

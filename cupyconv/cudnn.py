@@ -7,7 +7,16 @@ one) switches with one line::
 
 and keeps its calls unchanged: same names, argument order, keywords, layout constants, and outputs written in
 place into preallocated arrays.  CuPy arrays run on cupyconv's CUDA kernels; NumPy arrays run on its CPU path,
-so the module also works (and is tested) without a GPU.  CuPy is never imported by this module.
+so the module also works (and is tested) without a GPU.  CuPy is imported only by `install`.
+
+Code that cannot be edited (an installed library such as sigpy, which looks for ``cupy.cuda.cudnn`` when it is
+imported) runs unchanged after one call, made before importing it::
+
+    import cupyconv.cudnn
+    cupyconv.cudnn.install()      # registers this module as cupy.cudnn, cupyx.cudnn and cupy.cuda.cudnn
+    import sigpy
+
+`install` refuses (RuntimeError) where CuPy has a real cuDNN binding under those names (CuPy <= 13 with cuDNN).
 
 The functions below keep the old signatures: ``pad``, ``stride`` and ``dilation`` are tuples with one entry per
 spatial dimension, 1, 2 or 3 (``dilation=None`` means all ones); the data layout ``d_layout`` and the filter layout
@@ -52,32 +61,39 @@ Differences from the old module
     * The workspace limit bounds cupyconv's im2col buffers, not cuDNN's algorithm choice, and its default is
       `cupyconv.settings.DEFAULT_WORKSPACE_LIMIT`, not 8 MiB.
 """
-from __future__ import annotations
+# Every name this module imports is private (an underscore alias), so that its namespace, `dir(cupyconv.cudnn)`,
+# holds the API of the former cupy.cudnn module and nothing else.
+import contextlib as _contextlib
+import importlib.util as _importlib_util
+import operator as _operator
+import sys as _sys
+import warnings as _warnings
 
-import contextlib
-import operator
-import sys
+import numpy as _numpy
 
-import numpy
-
-from . import _device, settings
-from ._arrays import SUPPORTED_DTYPES, _describe, _kind
-from ._docs import numpy_doc
-from ._typing import Array, Ints
-from .ops import lift
-from .ops.conv_transpose import conv_transpose_nd
-from .ops.nd import conv_nd, conv_nd_backward
+from . import _device
+from . import settings as _settings
+from ._arrays import SUPPORTED_DTYPES as _SUPPORTED_DTYPES
+from ._arrays import _describe, _kind
+from ._docs import numpy_doc as _numpy_doc
+from ._typing import Array as _Array
+from ._typing import Ints as _Ints
+from .ops import lift as _lift
+from .ops.conv_transpose import conv_transpose_nd as _conv_transpose_nd
+from .ops.nd import conv_nd as _conv_nd
+from .ops.nd import conv_nd_backward as _conv_nd_backward
 
 #: cuDNN's values of cudnnTensorFormat_t, as the old module exported them.
 CUDNN_TENSOR_NCHW = 0
 CUDNN_TENSOR_NHWC = 1
 
-TENSOR_CORE_MODES = ("auto", "always", "never")
+_TENSOR_CORE_MODES = ("auto", "always", "never")
 
 __all__ = [
     "CUDNN_TENSOR_NCHW", "CUDNN_TENSOR_NHWC",
     "convolution_forward", "convolution_backward_filter", "convolution_backward_data",
     "get_max_workspace_size", "set_max_workspace_size",
+    "install", "uninstall", "installed", "is_installed",
 ]
 
 _LAYOUT_NAMES = {CUDNN_TENSOR_NCHW: "CUDNN_TENSOR_NCHW", CUDNN_TENSOR_NHWC: "CUDNN_TENSOR_NHWC"}
@@ -87,24 +103,24 @@ _LAYOUT_NAMES = {CUDNN_TENSOR_NCHW: "CUDNN_TENSOR_NCHW", CUDNN_TENSOR_NHWC: "CUD
 # Workspace
 
 
-@numpy_doc(returns=("int", "Bytes."), raises=())
+@_numpy_doc(returns=("int", "Bytes."), raises=())
 def get_max_workspace_size() -> int:
     """cupyconv's workspace limit: `cupyconv.settings.get_workspace_limit`."""
-    return settings.get_workspace_limit()
+    return _settings.get_workspace_limit()
 
 
-@numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one sample '
+@_numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one sample '
                            'at a time.'),
            raises=(("TypeError", "size is not an int."), ("ValueError", "size is negative.")))
 def set_max_workspace_size(size: int) -> None:
     """Set cupyconv's workspace limit for every later call: `cupyconv.settings.set_workspace_limit`."""
     try:
-        nbytes = operator.index(size)
+        nbytes = _operator.index(size)
     except TypeError:
         raise TypeError(f"set_max_workspace_size: size must be an int number of bytes, got {size!r}") from None
     if nbytes < 0:
         raise ValueError(f"set_max_workspace_size: size must be >= 0 bytes, got {nbytes}")
-    settings.set_workspace_limit(max(nbytes, 1))
+    _settings.set_workspace_limit(max(nbytes, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,14 +145,14 @@ def _check_arrays(fn: str, arrays: dict, output: str) -> None:
         if _describe(a) != _describe(first):
             raise TypeError(f"{fn}: {first_name} is {_describe(first)} but {name} is {_describe(a)}; all arrays "
                             f"of one call must be NumPy arrays, or CuPy arrays on one device")
-    dtype = numpy.dtype(first.dtype)
-    if dtype.name not in SUPPORTED_DTYPES:
+    dtype = _numpy.dtype(first.dtype)
+    if dtype.name not in _SUPPORTED_DTYPES:
         raise TypeError(f"{fn}: {first_name} has dtype {dtype.name}; supported dtypes are "
-                        f"{', '.join(SUPPORTED_DTYPES)}")
+                        f"{', '.join(_SUPPORTED_DTYPES)}")
     for name, a in present.items():
-        if numpy.dtype(a.dtype) != dtype:
+        if _numpy.dtype(a.dtype) != dtype:
             raise TypeError(f"{fn}: {first_name} has dtype {dtype.name} but {name} has dtype "
-                            f"{numpy.dtype(a.dtype).name}; all arrays of one call must have one dtype")
+                            f"{_numpy.dtype(a.dtype).name}; all arrays of one call must have one dtype")
     out = arrays[output]
     flags = out.flags
     if not flags.c_contiguous:
@@ -149,21 +165,21 @@ def _check_arrays(fn: str, arrays: dict, output: str) -> None:
 def _array_work(a):
     """Whose array methods copy into the outputs (`Device.copyto`): the CPU path's for NumPy arrays, the GPU path's
     device for CuPy arrays (a CuPy copy is a kernel launch)."""
-    xp = sys.modules["cupy"] if _kind(a) == "cupy" else numpy
-    return lift.arrays(_device.executor_for(xp))
+    xp = _sys.modules["cupy"] if _kind(a) == "cupy" else _numpy
+    return _lift.arrays(_device.executor_for(xp))
 
 
 def _copy_into(out, out_view, result) -> None:
     """Copy result into out_view, the final copy into the caller's output: for CuPy arrays on the output's device, in
     the device's scope (`Device.scope`), as the op itself ran."""
     work = _array_work(out)
-    scope = work.scope("cupyconv.cudnn", out.device.id) if _kind(out) == "cupy" else contextlib.nullcontext()
+    scope = work.scope("cupyconv.cudnn", out.device.id) if _kind(out) == "cupy" else _contextlib.nullcontext()
     with scope:
         work.copyto(out_view, result)
 
 
 def _check_layout(fn: str, name: str, layout) -> int:
-    if isinstance(layout, bool) or not isinstance(layout, (int, numpy.integer)) or int(layout) not in _LAYOUT_NAMES:
+    if isinstance(layout, bool) or not isinstance(layout, (int, _numpy.integer)) or int(layout) not in _LAYOUT_NAMES:
         raise ValueError(f"{fn}: {name} must be CUDNN_TENSOR_NCHW ({CUDNN_TENSOR_NCHW}) or CUDNN_TENSOR_NHWC "
                          f"({CUDNN_TENSOR_NHWC}), got {layout!r}")
     return int(layout)
@@ -191,7 +207,7 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
         raise ValueError(f"{fn}: {name} must have one entry per spatial dim: {nd} for {nd + 2}-dim arrays, "
                          f"got {tuple(value)!r} of length {len(value)}")
     try:
-        out = tuple(operator.index(v) for v in value)
+        out = tuple(_operator.index(v) for v in value)
     except TypeError:
         raise TypeError(f"{fn}: the entries of {name} must be ints, got {tuple(value)!r}") from None
     if any(v < minimum for v in out):
@@ -201,7 +217,7 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
 
 def _check_groups(fn: str, groups) -> int:
     try:
-        groups = operator.index(groups)
+        groups = _operator.index(groups)
     except TypeError:
         raise TypeError(f"{fn}: groups must be an int, got {groups!r}") from None
     if groups < 1:
@@ -210,7 +226,7 @@ def _check_groups(fn: str, groups) -> int:
 
 
 def _check_tensor_core(fn: str, tensor_core) -> None:
-    if not isinstance(tensor_core, str) or tensor_core not in TENSOR_CORE_MODES:
+    if not isinstance(tensor_core, str) or tensor_core not in _TENSOR_CORE_MODES:
         raise ValueError(f"{fn}: tensor_core must be 'auto', 'always' or 'never', got {tensor_core!r}")
 
 
@@ -283,14 +299,14 @@ class _Geometry:
             raise ValueError(f"{self.fn}: b {_shape(b)} must have one entry per channel of {of} ({channels})")
         return _array_work(b).reshape(b, (-1,))
 
-    @contextlib.contextmanager
+    @_contextlib.contextmanager
     def settings(self, auto_tune, tensor_core, deterministic=False):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(settings.autotune(bool(auto_tune)))
+        with _contextlib.ExitStack() as stack:
+            stack.enter_context(_settings.autotune(bool(auto_tune)))
             if deterministic:
-                stack.enter_context(settings.deterministic(True))
+                stack.enter_context(_settings.deterministic(True))
             if tensor_core != "auto":
-                stack.enter_context(settings.allow_tf32(tensor_core == "always"))
+                stack.enter_context(_settings.allow_tf32(tensor_core == "always"))
             yield
 
 
@@ -320,13 +336,13 @@ _DETERMINISTIC_DOC = ("bool", "True sets `cupyconv.settings` deterministic for t
                               "given algorithm anyway).")
 
 
-@numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, W=_W_DOC,
+@_numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, W=_W_DOC,
            b=("array or None", "D entries (any shape), added to output channel d; or None."),
            y=("array ``(N, D, *o)`` or ``(N, *o, D)``",
               "The output: C-contiguous, of exactly this shape and x's dtype; overwritten.  o = (s + 2 * pad - "
               "dilation * (k - 1) - 1) // stride + 1."))
-def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints, stride: Ints, dilation: Ints | None,
-                        groups: int, *, auto_tune: bool = False, tensor_core: str = "auto",
+def convolution_forward(x: _Array, W: _Array, b: _Array | None, y: _Array, pad: _Ints, stride: _Ints,
+                        dilation: _Ints | None, groups: int, *, auto_tune: bool = False, tensor_core: str = "auto",
                         d_layout: int = CUDNN_TENSOR_NCHW, w_layout: int = CUDNN_TENSOR_NCHW) -> None:
     """``y[...] =`` the cross-correlation of x with W, plus b per output channel."""
     fn = "convolution_forward"
@@ -342,17 +358,17 @@ def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints
                          f"gives {expected} ({geo.params()})")
     bias = geo.check_bias(b, wv.shape[0], "y")
     with geo.settings(auto_tune, tensor_core):
-        result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                         groups=geo.groups)
+        result = _conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
+                          groups=geo.groups)
     _copy_into(y, yv, result)
 
 
-@numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
+@_numpy_doc(_GEOMETRY_DOCS, x=_X_DOC, gy=_GY_DOC,
            gW=("array ``(D, C // groups, *k)`` or ``(D, *k, C // groups)``",
                "The weight gradient: C-contiguous, of exactly the weight's shape, which gives the kernel size, and "
                "x's dtype; overwritten."),
            deterministic=_DETERMINISTIC_DOC)
-def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, stride: Ints, dilation: Ints | None,
+def convolution_backward_filter(x: _Array, gy: _Array, gW: _Array, pad: _Ints, stride: _Ints, dilation: _Ints | None,
                                 groups: int, *, deterministic: bool = False, auto_tune: bool = False,
                                 tensor_core: str = "auto", d_layout: int = CUDNN_TENSOR_NCHW,
                                 w_layout: int = CUDNN_TENSOR_NCHW) -> None:
@@ -372,19 +388,19 @@ def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, strid
                          f"of gW's shape {_shape(gW)} gives {expected} ({geo.params()})")
     with geo.settings(auto_tune, tensor_core, deterministic):
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
-        _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                                        groups=geo.groups, needs=("weight",))
+        _, grad_w, _ = _conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
+                                         groups=geo.groups, needs=("weight",))
     _copy_into(gW, gwv, grad_w)
 
 
-@numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
+@_numpy_doc(_GEOMETRY_DOCS, W=_W_DOC, x=_GY_DOC,
            b=("array or None", "C entries (any shape), added to channel c of y; or None."),
            y=("array ``(N, C, *s)`` or ``(N, *s, C)``",
               "The input gradient: C-contiguous, of x's dtype; overwritten.  Its shape picks the input size among "
               "those the convolution maps to x's size (up to stride - 1 larger than the smallest)."),
            deterministic=_DETERMINISTIC_DOC)
-def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad: Ints, stride: Ints,
-                              dilation: Ints | None, groups: int, *, deterministic: bool = False,
+def convolution_backward_data(W: _Array, x: _Array, b: _Array | None, y: _Array, pad: _Ints, stride: _Ints,
+                              dilation: _Ints | None, groups: int, *, deterministic: bool = False,
                               auto_tune: bool = False, tensor_core: str = "auto", d_layout: int = CUDNN_TENSOR_NCHW,
                               w_layout: int = CUDNN_TENSOR_NCHW) -> None:
     """``y[...] =`` the input gradient of the convolution with W whose output gradient is x, plus b per channel.
@@ -411,6 +427,116 @@ def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad
                 for o, s, p, d, k in zip(xv.shape[2:], geo.stride, geo.pad, geo.dilation, wv.shape[2:])]
     output_padding = tuple(int(i) - m for i, m in zip(yv.shape[2:], smallest))
     with geo.settings(auto_tune, tensor_core, deterministic):
-        result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
-                                   groups=geo.groups, dilation=geo.dilation)
+        result = _conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
+                                    groups=geo.groups, dilation=geo.dilation)
     _copy_into(y, yv, result)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Installing under CuPy's former names, for code that cannot be edited
+
+#: Where CuPy <= 13 exposed cuDNN: the high-level module (``cupy.cudnn``, also ``cupyx.cudnn``) and the binding
+#: ``cupy.cuda.cudnn``, whose presence callers test for (sigpy: ``importlib.util.find_spec("cupy.cuda.cudnn")``,
+#: then ``from cupy import cudnn``).  Registered as that module, this one offers what such callers use: the
+#: three convolutions, the workspace functions and the layout constants ``CUDNN_TENSOR_NCHW``/``NHWC`` (not the
+#: binding's descriptors or ``getVersion``).
+_FORMER_NAMES = ("cupy.cudnn", "cupyx.cudnn", "cupy.cuda.cudnn")
+
+
+def _this_module():
+    return _sys.modules[__name__]
+
+
+def _existing(name: str):
+    """What `name` resolves to now without this module: a loaded module, else an importable one's spec, else
+    None.  A finder that fails (a broken CuPy) counts as absent: there is nothing to shadow."""
+    if name in _sys.modules:
+        return _sys.modules[name]
+    try:
+        return _importlib_util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _set(name: str, module) -> None:
+    """sys.modules[name] = module and the attribute on its parent package (None removes both)."""
+    parent, _, child = name.rpartition(".")
+    if module is None:
+        _sys.modules.pop(name, None)
+        if getattr(_sys.modules.get(parent), child, None) is _this_module():
+            delattr(_sys.modules[parent], child)
+    else:
+        _sys.modules[name] = module
+        setattr(_sys.modules[parent], child, module)
+
+
+@_numpy_doc(raises=(("ModuleNotFoundError", "CuPy is not installed (there is nothing to register into)."),
+                    ("RuntimeError", "This CuPy has a cuDNN binding of its own under one of the names (CuPy <= 13 "
+                                     "built with cuDNN): it is left in place, and code that wants cupyconv's "
+                                     "imports ``from cupyconv import cudnn`` instead.")))
+def install() -> None:
+    """Register this module as ``cupy.cudnn``, ``cupyx.cudnn`` and ``cupy.cuda.cudnn``, where CuPy <= 13 exposed
+    cuDNN's convolutions, so that code written for them runs unchanged on CuPy 14::
+
+        import cupyconv.cudnn
+        cupyconv.cudnn.install()      # before importing the library that uses cupy.cudnn
+        import sigpy                  # sigpy.config.cudnn_enabled is now True
+
+    Call it before importing such a library: libraries that test for cuDNN at import (sigpy does) keep what they
+    found (a RuntimeWarning says so for sigpy).  Calling it again does nothing; `uninstall` removes the names
+    (`installed` does both around a block).
+    """
+    try:
+        import cupy  # noqa: F401  (the parent packages of the names)
+        import cupy.cuda  # noqa: F401
+        import cupyx  # noqa: F401
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(f"cupyconv.cudnn.install: CuPy is not installed ({error}); the names it registers "
+                                  f"are CuPy's (cupy.cudnn, cupyx.cudnn, cupy.cuda.cudnn)", name=error.name) from None
+    ours = _this_module()
+    for name in _FORMER_NAMES:
+        found = _existing(name)
+        if found is not None and found is not ours:
+            raise RuntimeError(f"cupyconv.cudnn.install: {name} exists in this CuPy {cupy.__version__} (a real "
+                               f"cuDNN binding); it is left in place.  Use `from cupyconv import cudnn` to call "
+                               f"cupyconv's module explicitly")
+    for name in _FORMER_NAMES:
+        _set(name, ours)
+    config = _sys.modules.get("sigpy.config")
+    if config is not None and not getattr(config, "cudnn_enabled", True):
+        _warnings.warn("cupyconv.cudnn.install: sigpy was imported before install() and found no cuDNN; its GPU "
+                       "convolutions stay disabled in this process.  Call install() before `import sigpy`",
+                       RuntimeWarning, stacklevel=2)
+
+
+@_numpy_doc(raises=())
+def uninstall() -> None:
+    """Remove the names `install` registered (those that are this module; anything else is left alone)."""
+    for name in _FORMER_NAMES:
+        if _sys.modules.get(name) is _this_module():
+            _set(name, None)
+
+
+@_numpy_doc(returns=("bool", "True while all three names are this module."), raises=())
+def is_installed() -> bool:
+    """Whether `install` has registered this module under CuPy's former names."""
+    return all(_sys.modules.get(name) is _this_module() for name in _FORMER_NAMES)
+
+
+@_contextlib.contextmanager
+def _installed_block():
+    before = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not before:
+            uninstall()
+
+
+@_numpy_doc(returns=("context manager", "Installed inside the ``with`` block; uninstalled on exit unless it was "
+                                        "installed before the block."),
+            raises=(("ModuleNotFoundError", "As `install`."), ("RuntimeError", "As `install`.")))
+def installed() -> _contextlib.AbstractContextManager[None]:
+    """``with cupyconv.cudnn.installed():`` `install` for the block (tests use it), then `uninstall`."""
+    return _installed_block()

@@ -1,6 +1,8 @@
-"""Shared test configuration: the `gpu` marker runs only where CuPy sees a CUDA device.
+"""Shared test configuration: the `gpu` marker runs only where CuPy sees a CUDA device; the `cpu_path` fixture
+runs a torch test on both CPU paths of cupyconv.torch (torch's convolutions, the default, and cupyconv's NumPy
+path), or on the NumPy path alone for a test marked `numpy_cpu_path` (one that watches the plain functions).
 
-Where it does not, every `gpu` test is skipped with the probe's reason (CuPy missing, no driver, no device, the
+Where no GPU is seen, every `gpu` test is skipped with the probe's reason (CuPy missing, no driver, no device, the
 exception CuPy raised), so a skipped GPU run says why; benchmarks/gpu_check.py fails its pytest step when a
 machine with a GPU runs fewer GPU tests than it collected.
 """
@@ -27,6 +29,24 @@ def gpu_probe() -> tuple[bool, str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: runs the GPU path on a real CUDA GPU with CuPy (skipped without one)")
+    config.addinivalue_line("markers", "numpy_cpu_path: a torch test that runs on cupyconv's NumPy CPU path only")
+
+
+CPU_PATHS = ("torch_cpu", "numpy_cpu")
+
+
+def pytest_generate_tests(metafunc):
+    if "cpu_path" in metafunc.fixturenames:
+        numpy_only = metafunc.definition.get_closest_marker("numpy_cpu_path") is not None
+        metafunc.parametrize("cpu_path", CPU_PATHS[1:] if numpy_only else CPU_PATHS, indirect=True)
+
+
+@pytest.fixture
+def cpu_path(request):
+    """The test runs with cupyconv.torch's CPU ops on this path ('torch_cpu' or 'numpy_cpu')."""
+    import cupyconv.torch as cct
+    with cct.numpy_cpu_path(request.param == "numpy_cpu"):
+        yield request.param
 
 
 def pytest_collection_modifyitems(config, items):

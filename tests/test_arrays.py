@@ -1,6 +1,7 @@
 """Dispatch and bridging: NumPy in gives NumPy out (the CPU path); torch CPU tensors in give torch tensors out on
 the same device with the same dtype, bridged by DLPack without a copy; mixed kinds and dtypes and non-float
 dtypes raise TypeError naming what is wrong; CuPy arrays go to the GPU path (GPU only)."""
+import re
 import sys
 
 import numpy
@@ -84,11 +85,28 @@ def test_torch_in_torch_out(name, op, shapes, dtype):
 
 
 @pytest.mark.parametrize("name, op, shapes", OPS, ids=OP_IDS)
-def test_torch_requires_grad_inputs_are_detached(name, op, shapes):
+def test_torch_requires_grad_with_grad_mode_on_is_refused(name, op, shapes):
+    """No silent loss of autograd: a tensor that requires grad, while grad mode is on, is refused with the
+    differentiable op to use; the last argument alone (weight, or the only input) requiring grad is enough."""
+    torch = pytest.importorskip("torch")
+    tensors = [torch.from_numpy(a) for a in numpy_inputs(shapes, "float64")]
+    tensors[-1].requires_grad_(True)
+    op_name = "conv2d" if name == "conv2d_groups_C" else name
+    twins = ("conv2d", "depthwise_conv2d", "patch_conv2d", "unfold", "fold")       # in cupyconv.torch
+    use = f"cupyconv.torch.{op_name}" if op_name in twins else "cupyconv.torch's ops and layers"
+    with pytest.raises(TypeError, match=rf"^{op_name}: \w+ requires grad, but the plain cupyconv functions are not "
+                                        rf"recorded by autograd .*; use {re.escape(use)}, or call inside "
+                                        rf"torch.no_grad\(\)"):
+        op(*tensors)
+
+
+@pytest.mark.parametrize("name, op, shapes", OPS, ids=OP_IDS)
+def test_torch_requires_grad_inputs_under_no_grad_give_plain_results(name, op, shapes):
     torch = pytest.importorskip("torch")
     arrays = numpy_inputs(shapes, "float64")
     tensors = [torch.from_numpy(a.copy()).requires_grad_(True) for a in arrays]
-    out = results(op(*tensors))
+    with torch.no_grad():
+        out = results(op(*tensors))
     for got, want in zip(out, results(op(*arrays))):
         assert isinstance(got, torch.Tensor) and not got.requires_grad, name
         numpy.testing.assert_array_equal(got.numpy(), want, err_msg=name)

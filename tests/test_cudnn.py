@@ -335,7 +335,7 @@ def test_flags_map_onto_settings_for_the_call(monkeypatch):
         return real(*args, **kwargs)
 
     real = cupyconv.conv_nd
-    monkeypatch.setattr(cupyconv.cudnn, "conv_nd", record)
+    monkeypatch.setattr(cupyconv.cudnn, "_conv_nd", record)
     p = Problem(1, 2, numpy.float32)
     y = poisoned((2, 2, *p.out), p.dtype)
     for auto_tune, tensor_core in itertools.product((True, False), ("auto", "always", "never")):
@@ -358,7 +358,7 @@ def test_deterministic_maps_onto_settings_for_the_call(monkeypatch):
         return real_backward(*args, **kwargs)
 
     real_backward = cupyconv.conv_nd_backward
-    monkeypatch.setattr(cupyconv.cudnn, "conv_nd_backward", record)
+    monkeypatch.setattr(cupyconv.cudnn, "_conv_nd_backward", record)
     p = Problem(2, 1, numpy.float64)
     for deterministic in (True, False):
         run_backward_filter(p, deterministic=deterministic)

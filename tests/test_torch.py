@@ -18,6 +18,8 @@ from torch import nn  # noqa: E402
 
 import cupyconv  # noqa: E402
 import cupyconv.torch as cct  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_path")    # every test on both CPU paths (conftest.py)
 import reference as ref  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,6 +132,7 @@ def test_functions_apply_matches_functional():
                                F.fold(F.unfold(x, 3, padding=1), (5, 5), 3, padding=1))
 
 
+@pytest.mark.numpy_cpu_path     # watches the plain cupyconv functions, which the torch CPU path does not call
 @pytest.mark.parametrize("op", ["conv2d", "depthwise_conv2d", "patch_conv2d"])
 def test_backward_computes_only_what_autograd_needs(op, monkeypatch):
     """ctx.needs_input_grad reaches the manual backward as `needs`."""

@@ -22,6 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 import cupyconv  # noqa: E402
 import cupyconv.torch as cct  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("cpu_path")    # every test on both CPU paths (conftest.py)
+
 F64 = dict(dtype=torch.float64)
 TORCH_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 TORCH_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -243,6 +245,7 @@ def spy_on(monkeypatch, name, seen):
     monkeypatch.setattr(cupyconv, name, spy)
 
 
+@pytest.mark.numpy_cpu_path     # watches the plain cupyconv functions, which the torch CPU path does not call
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_algorithm_and_workspace_limit_reach_forward_and_backward(case, monkeypatch):
     seen = []

@@ -16,6 +16,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval  # noqa: E402
 
 import cupyconv  # noqa: E402
 import cupyconv.torch as cct  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu_path")    # every test on both CPU paths (conftest.py)
 from test_torch_convolutions import spy_on  # noqa: E402
 
 F64 = dict(dtype=torch.float64)
@@ -230,6 +232,16 @@ def test_module_constructor_errors_name_the_layer():
         cct.DepthwiseConv2d(4, 4, 3, groups=2)
     with pytest.raises(ValueError, match="Conv2d: padding must be"):
         cct.Conv2d(3, 4, 3, padding="full")
+    for spelling in ("SAME", "Same", "VALID"):     # torch's layers refuse these spellings too
+        with pytest.raises(ValueError, match=f"Conv2d: padding strings are 'same' and 'valid' in lower case, as "
+                                             f"torch spells them, got '{spelling}'"):
+            cct.Conv2d(3, 4, 3, padding=spelling)
+        with pytest.raises(ValueError, match=f"^conv2d: padding strings .* got '{spelling}'"):
+            cct.conv2d(torch.ones(1, 3, 5, 5), torch.ones(4, 3, 3, 3), padding=spelling)
+        with pytest.raises(ValueError):
+            nn.Conv2d(3, 4, 3, padding=spelling)
+    with pytest.raises(ValueError, match="^conv_transpose2d: padding strings .* got 'Same'"):
+        cct.conv_transpose2d(torch.ones(1, 3, 5, 5), torch.ones(3, 4, 3, 3), padding="Same")
     with pytest.raises(TypeError, match=r"Conv3d: padding must be an int, a tuple of 3 ints"):
         cct.Conv3d(3, 4, 3, padding=(1, 1))
     with pytest.raises(ValueError, match="Conv2d: stride must be >= 1"):
@@ -252,6 +264,7 @@ def test_module_constructor_errors_name_the_layer():
         cct.DepthwiseConv2d(3, 3, 3, algorithm="direct")
 
 
+@pytest.mark.numpy_cpu_path     # watches the plain cupyconv functions, which the torch CPU path does not call
 @pytest.mark.parametrize("make,op,algorithm", [
     (lambda **kw: cct.Conv2d(3, 4, 3, **kw), "conv2d", "implicit_gemm"),
     (lambda **kw: cct.Conv1d(3, 4, 3, **kw), "conv1d", "im2col_gemm"),
@@ -402,17 +415,177 @@ class _Traceable(nn.Module):
                 self.separable(x))
 
 
-def test_fx_symbolic_trace_records_the_layers_as_calls():
-    """torch.fx cannot follow the functional ops' Python shape logic; each layer becomes one call in the graph
-    (as torch.nn's layers do), and the traced module computes the same values and gradients."""
+def test_fx_symbolic_trace_records_the_layers_as_module_calls():
+    """Plain torch.fx.symbolic_trace records each layer as one call_module node, as torch.nn's layers (a
+    DepthwiseSeparableConv2d as its two layers), so an FX pass looking for convolution modules finds them; the
+    traced module computes the same values and gradients."""
     torch.manual_seed(12)
     model = _Traceable().double()
     traced = torch.fx.symbolic_trace(model)
-    calls = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
-    assert sum("_layer_op" in name for name in calls) == 8 and sum("_layer_pad" in name for name in calls) == 3
+    modules = dict(traced.named_modules())
+    calls = [node.target for node in traced.graph.nodes if node.op == "call_module"]
+    assert calls == ["conv", "depthwise", "up", "conv1d", "conv3d", "patches", "separable.depthwise",
+                     "separable.pointwise"]
+    assert all(isinstance(modules[name], (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d)) for name in calls)
+    assert not any("_layer" in str(node.target) for node in traced.graph.nodes)
     x = torch.randn(2, 3, 8, 7, **F64, requires_grad=True)
     expected, got = model(x), traced(x)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
     gx, = torch.autograd.grad(sum(y.sum() for y in got), x)
     torch.testing.assert_close(gx, torch.autograd.grad(sum(y.sum() for y in expected), x)[0])
+
+
+def test_fx_fuse_matches_exact_types_so_unconvert_fuse_convert():
+    """torch.fx.experimental.optimization.fuse fuses (nn.Conv2d, nn.BatchNorm2d) pairs by exact type: our layers
+    are left as they are (documented); fuse_conv_bn_eval takes them directly, or unconvert -> fuse -> convert."""
+    from torch.fx.experimental.optimization import fuse
+    torch.manual_seed(14)
+    model = nn.Sequential(cct.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).double().eval()
+    model[1].running_mean.normal_()
+    x = torch.randn(2, 3, 6, 5, **F64)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in fuse(model).modules())
+    fused = cct.convert(fuse(cct.unconvert(model)))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+    assert any(type(m) is cct.Conv2d for m in fused.modules())
+    torch.testing.assert_close(fused(x), model(x))
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (lambda: cct.Conv1d(3, 4, 3, padding=1, padding_mode="circular"), (2, 3, 16)),
+    (lambda: cct.Conv2d(3, 4, 3, padding="same", padding_mode="reflect", dilation=2), (2, 3, 16, 12)),
+    (lambda: cct.Conv2d(3, 4, (3, 2), stride=2, padding=((1, 0), (0, 1))), (2, 3, 16, 12)),
+    (lambda: cct.Conv3d(2, 4, 3, padding=1), (2, 2, 8, 6, 7)),
+    (lambda: cct.DepthwiseConv2d(3, 6, 3, padding=1, padding_mode="replicate"), (2, 3, 10, 9)),
+    (lambda: cct.ConvTranspose2d(3, 2, 3, stride=2, padding=1), (2, 3, 8, 7)),
+    (lambda: cct.ConvTranspose3d(2, 2, 2, stride=2), (2, 2, 4, 5, 4)),
+    (lambda: cct.PatchConv2d(3, 4, 3, padding=1), (2, 5, 3, 8, 6)),
+], ids=["conv1d", "conv2d_same_reflect", "conv2d_per_side", "conv3d", "depthwise", "transposed2d", "transposed3d",
+        "patch"])
+def test_torch_export_with_dynamic_spatial_dims(layer, shape):
+    """torch.export with a Dim on every spatial dim (and the batch) exports, and the program runs at other sizes,
+    as torch.nn's layers do (this failed with 'specialized it to be a constant')."""
+    torch.manual_seed(15)
+    module = layer().double()
+    nd = len(module.kernel_size)
+    dims = {0: torch.export.Dim("batch", min=2, max=64),
+            **{len(shape) - nd + i: torch.export.Dim(f"s{i}", min=4, max=64) for i in range(nd)}}
+    program = torch.export.export(module, (torch.randn(*shape, **F64),), dynamic_shapes={"input": dims})
+    other = list(shape)
+    other[0] += 1
+    for i in range(nd):
+        other[len(shape) - nd + i] += 3 + i
+    x = torch.randn(*other, **F64)
+    torch.testing.assert_close(program.module()(x), module(x))
+
+
+def test_torch_export_of_the_functional_ops_with_dynamic_spatial_dims():
+    class Functional(nn.Module):
+        def forward(self, x1, x2, x3, w1, w2, w3):
+            return (cct.conv1d(x1, w1, padding="same"), cct.conv2d(x2, w2, stride=2, padding=((1, 0), (2, 1))),
+                    cct.conv3d(x3, w3, padding=1), cct.conv_transpose2d(x2, w2.transpose(0, 1), stride=2),
+                    cct.unfold(x2, 2, padding=1))
+
+    torch.manual_seed(16)
+    args = (torch.randn(2, 3, 12, **F64), torch.randn(2, 3, 10, 9, **F64), torch.randn(2, 3, 6, 5, 7, **F64),
+            torch.randn(4, 3, 3, **F64), torch.randn(4, 3, 3, 2, **F64), torch.randn(4, 3, 2, 3, 2, **F64))
+    dim = torch.export.Dim
+
+    def spatial(name, nd):
+        return {2 + i: dim(f"{name}{i}", min=4, max=64) for i in range(nd)}
+    shapes = (spatial("l", 1), spatial("h", 2), spatial("d", 3), None, None, None)
+    program = torch.export.export(Functional(), args, dynamic_shapes=shapes)
+    other = (torch.randn(2, 3, 17, **F64), torch.randn(2, 3, 13, 11, **F64), torch.randn(2, 3, 7, 9, 8, **F64),
+             *args[3:])
+    for a, b in zip(program.module()(*other), Functional()(*other)):
+        torch.testing.assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# convert and unconvert
+
+
+class _Nested(nn.Module):
+    """torch's six convolution layers at several depths, a shared layer, hooks, a buffer and mixed train/eval."""
+
+    def __init__(self):
+        super().__init__()
+        shared = nn.Conv2d(4, 4, 3, padding="same", padding_mode="reflect")
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                  shared)
+        self.branch = nn.ModuleDict({"again": shared, "up": nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1,
+                                                                                 output_padding=1)})
+        self.line = nn.Sequential(nn.Conv1d(2, 3, 3, padding=1, padding_mode="circular"),
+                                  nn.ConvTranspose1d(3, 2, 2, stride=2))
+        self.volume = nn.Sequential(nn.Conv3d(2, 2, (1, 3, 3), padding=(0, 1, 1), groups=2),
+                                    nn.ConvTranspose3d(2, 1, (1, 2, 2), stride=(1, 2, 2)))
+        self.line.eval()
+        self.stem[1].eval()            # running statistics fixed: the state_dict compares equal after a call
+        self.stem[0].register_buffer("calls", torch.zeros(()))
+        self.stem[0].register_forward_hook(lambda m, args, out: out * 2)
+        self.stem[0].register_forward_pre_hook(lambda m, args: m.calls.add_(1) and None)
+
+    def forward(self, x):
+        h = self.branch["up"](self.branch["again"](self.stem(x)))             # (N, 2, 2H', 2W')
+        n, c, height, width = h.shape
+        line = self.line(h.reshape(n, c, height * width))
+        return line, self.volume(h.unsqueeze(2))
+
+
+def test_convert_swaps_every_torch_convolution_keeping_its_state():
+    torch.manual_seed(13)
+    model = _Nested().double()
+    x = torch.randn(2, 3, 8, 7, **F64)
+    expected = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    parameters = list(model.parameters())
+    converted = cct.convert(model, algorithm="im2col_gemm", workspace_limit=2**20)
+    assert converted is model
+    convolutions = [m for m in converted.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d,
+                                                                       nn.ConvTranspose1d, nn.ConvTranspose2d,
+                                                                       nn.ConvTranspose3d))]
+    assert len(convolutions) == 7 and all(type(m).__module__ == "cupyconv.torch.modules" for m in convolutions)
+    assert all((m.algorithm, m.workspace_limit) == ("im2col_gemm", 2**20) for m in convolutions)
+    assert converted.stem[3] is converted.branch["again"]                    # still one shared layer
+    assert list(converted.parameters()) == parameters and all(a is b for a, b in zip(converted.parameters(),
+                                                                                     parameters))
+    assert not converted.line[0].training and converted.stem[0].training
+    assert converted.stem[3].padding == "same" and converted.stem[3].padding_mode == "reflect"
+    got = converted(x)                                                       # the hooks double and count
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert converted.stem[0].calls == 2
+    state["stem.0.calls"] += 1
+    assert converted.state_dict().keys() == state.keys()
+    for k, v in converted.state_dict().items():
+        torch.testing.assert_close(v, state[k])
+
+    back = cct.unconvert(converted)
+    assert {type(m) for m in back.modules()} >= {nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+                                                 nn.ConvTranspose2d, nn.ConvTranspose3d}
+    assert not any(type(m).__module__.startswith("cupyconv") for m in back.modules())
+    assert not hasattr(back.stem[0], "algorithm")
+    for a, b in zip(back(x), expected):                 # torch's own computation, 'same' + reflect included
+        torch.testing.assert_close(a, b)
+
+
+def test_convert_a_single_layer_and_unconvert_refuses_what_torch_cannot_express():
+    layer = nn.Conv2d(3, 4, 3)
+    ours = cct.convert(layer)
+    assert type(ours) is cct.Conv2d and ours.weight is layer.weight and type(layer) is nn.Conv2d
+    depthwise = cct.unconvert(cct.DepthwiseConv2d(3, 6, 3, padding=1))
+    assert type(depthwise) is nn.Conv2d and depthwise.groups == 3
+    patches = cct.PatchConv2d(3, 4, 3)
+    assert cct.unconvert(patches) is patches
+    for padding in ("same", "valid", (1, 2)):   # built as ours: torch's own padding for padding_mode is recomputed
+        ours = cct.Conv2d(3, 4, (3, 4), padding=padding, dilation=(2, 1), padding_mode="reflect").double()
+        x = torch.randn(2, 3, 7, 8, **F64)
+        expected = ours(x)
+        torch.testing.assert_close(cct.unconvert(ours)(x), expected)
+    with pytest.raises(ValueError, match=r"unconvert: Conv2d has padding=\(\(1, 0\), \(0, 1\)\) with stride=\(1, 1\)"
+                                         r", which torch.nn.Conv2d cannot express"):
+        cct.unconvert(nn.Sequential(cct.Conv2d(3, 4, 3, padding=((1, 0), (0, 1)))))
+    with pytest.raises(ValueError, match=r"unconvert: Conv1d has padding='same' with stride=\(2,\)"):
+        cct.unconvert(cct.Conv1d(3, 4, 3, stride=2, padding="same"))
+    with pytest.raises(ValueError, match="convert: algorithm must be one of"):
+        cct.convert(layer, algorithm="winograd")

@@ -49,7 +49,7 @@ def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, gr
     kernel = _tuple(op, "kernel_size", ws[2:], 1, nd)
     stride = _tuple(op, "stride", stride, 1, nd)
     dilation = _tuple(op, "dilation", dilation, 1, nd)
-    if isinstance(padding, str) and padding.lower() == "same":
+    if padding == "same":
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
     sides = _padding(op, padding, (1,) * nd, kernel, stride, dilation)
     extra_padding = _tuple(op, "output_padding", output_padding, 0, nd)

@@ -4,6 +4,9 @@ This is the only package of cupyconv that imports torch; `import cupyconv` works
 
 Layers of this package, from the bottom up, one module each:
 
+* `cpu.py`: CPU tensors run torch's own CPU convolutions (`torch.ops.aten.convolution` and its backward) behind
+  the custom ops below, several times faster than the NumPy path; `set_numpy_cpu_path(True)` /
+  ``with numpy_cpu_path(True):`` run cupyconv's NumPy path instead (the tests cover both).
 * `cuda.py`: `cuda_context(device)`: while it is active, CuPy launches its kernels and cuBLAS calls on torch's
   current stream and takes its memory from torch's caching allocator.  Every op below runs inside it for CUDA
   tensors.
@@ -26,7 +29,8 @@ Layers of this package, from the bottom up, one module each:
   and call the custom op.
 * `modules.py`: `Conv1d`, `Conv2d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `DepthwiseConv2d`, `PatchConv2d`
   subclass the matching `torch.nn` class (the last two `torch.nn.Conv2d`) and override only the computation;
-  `DepthwiseSeparableConv2d` holds a `DepthwiseConv2d` and a 1x1 `Conv2d`.
+  `DepthwiseSeparableConv2d` holds a `DepthwiseConv2d` and a 1x1 `Conv2d`.  `convert(model)` swaps a model's
+  torch convolution layers for these (state kept), `unconvert(model)` swaps them back.
 
 Autocast: under `torch.autocast(device_type, dtype=...)` the convolutions cast their floating-point
 inputs (float64 excepted, as torch does for its own convolutions) to the autocast dtype of that device and
@@ -49,11 +53,12 @@ if not (hasattr(torch.library, "custom_op") and hasattr(torch, "get_autocast_dty
 # call the ops, so every entry point is complete once this package is imported.
 from .autograd import (Conv2dFunction, DepthwiseConv2dFunction, FoldBackwardFunction, FoldFunction,  # noqa: E402
                        PatchConv2dFunction, UnfoldBackwardFunction, UnfoldFunction)
+from .cpu import get_numpy_cpu_path, numpy_cpu_path, set_numpy_cpu_path  # noqa: E402
 from .cuda import cuda_context  # noqa: E402
 from .functional import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d,  # noqa: E402
                          depthwise_conv2d, fold, patch_conv2d, unfold)
 from .modules import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,  # noqa: E402
-                      DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d)
+                      DepthwiseConv2d, DepthwiseSeparableConv2d, PatchConv2d, convert, unconvert)
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d",
@@ -61,6 +66,6 @@ __all__ = [
     "Conv2dFunction", "DepthwiseConv2dFunction", "PatchConv2dFunction",
     "UnfoldFunction", "UnfoldBackwardFunction", "FoldFunction", "FoldBackwardFunction",
     "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-    "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d",
-    "cuda_context",
+    "DepthwiseConv2d", "PatchConv2d", "DepthwiseSeparableConv2d", "convert", "unconvert",
+    "cuda_context", "set_numpy_cpu_path", "get_numpy_cpu_path", "numpy_cpu_path",
 ]

@@ -9,7 +9,8 @@ Every convolution is one template (`_define_convolution`): a forward op
 geometry with padding flat as [low, high] per spatial dim ([top, bottom, left, right] in 2-D), then
 `algorithm` where the op has a choice, then `workspace_limit` where it builds a workspace (run inside
 `cupyconv.settings.workspace_limit`).  The backward op's `needs` comes before the options, so the options
-of either op are passed on as they came, with the schema's defaults.
+of either op are passed on as they came, with the schema's defaults.  On CPU tensors the convolution ops
+compute with torch's own CPU convolutions unless `cupyconv.torch.cpu`'s numpy_cpu_path is on.
 """
 import ast
 import math
@@ -19,6 +20,7 @@ import torch
 import cupyconv
 
 from ..ops.conv import workspace_scope
+from . import cpu
 from .cuda import _run
 
 # CUDA graphs (torch.compile(mode="reduce-overhead"), CUDA graph trees) cannot capture cupyconv: CuPy 14's cuBLAS
@@ -110,6 +112,8 @@ def _define_convolution(name: str, options: tuple, out_shape):
                              schema=f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
     def op(x, weight, bias, *values):
         kw = _keywords(options, values)
+        if cpu.runs_on_torch(x, weight):
+            return cpu.forward(name, x, weight, bias, kw)
         with workspace_scope(name, kw.get("workspace_limit")):
             return _run(getattr(cupyconv, name), x, x, weight, bias, **_cupyconv_keywords(kw))
 
@@ -121,6 +125,8 @@ def _define_convolution(name: str, options: tuple, out_shape):
             f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
     def backward_op(grad_output, x, weight, needs, *values):
         kw = _keywords(options, values)
+        if cpu.runs_on_torch(x, weight):
+            return _fill_missing(cpu.backward(name, grad_output, x, weight, needs, kw), x)
         with workspace_scope(f"{name}_backward", kw.get("workspace_limit")):
             grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, needs=_names(needs),
                          **_cupyconv_keywords(kw))

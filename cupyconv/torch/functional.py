@@ -49,20 +49,46 @@ def _batched(op: str, input: Tensor, nd: int) -> tuple[Tensor, bool]:
 
 
 class _Leading:
-    """Stands for a tensor in ConvSpec's checks while torch.compile or torch.export traces with symbolic sizes:
-    the leading (batch, patch) dims read as 1, so the checks, which need only the channels and the spatial sizes,
-    do not read the batch size as an int (which would make the trace specialise it to the example's)."""
+    """Stands for a tensor in ConvSpec's checks while torch.compile or torch.export traces with symbolic sizes
+    (see `_checked_shape`)."""
 
     def __init__(self, shape):
         self.shape = shape
 
 
-def _checked_shape(t: Tensor, core: int):
-    """t for ConvSpec's checks: itself when its sizes are ints (eager: the messages show its real shape), else
-    a stand-in with its leading dims (all but the last `core`) as 1."""
-    if not any(isinstance(n, torch.SymInt) for n in t.shape[:-core]):
+def _size_dependent(padding, stride) -> bool:
+    """Whether the padding depends on the input's size: 'same' with a stride (the odd pixels of ceil(n / s))."""
+    strides = stride if isinstance(stride, (tuple, list)) else (stride,)
+    return isinstance(padding, str) and padding == "same" and any(s != 1 for s in strides)
+
+
+def _example(n):
+    """A symbolic size as the example's value without a guard (so a trace does not specialise it); an int as
+    itself."""
+    if isinstance(n, torch.SymInt):
+        hint = getattr(n.node, "hint", None)
+        return int(hint) if isinstance(hint, int) else int(n)       # no hint (unbacked): read it, specialising
+    return int(n)
+
+
+def sizes_for_checks(sizes, padding, stride) -> tuple:
+    """Spatial sizes for cupyconv's checks during a trace: the example's (no guard, the program stays valid for
+    other sizes, which the op checks again when it runs), except where the padding depends on them ('same' with
+    a stride), where they are read and the trace specialises them."""
+    if _size_dependent(padding, stride):
+        return tuple(int(n) for n in sizes)
+    return tuple(_example(n) for n in sizes)
+
+
+def _checked_shape(t: Tensor, core: int, padding=0, stride=1):
+    """t for ConvSpec's checks: itself when its sizes are ints (eager: the messages show its real shape), else a
+    stand-in whose leading dims (all but the last `core`) read as 1 and whose spatial sizes read as
+    `sizes_for_checks` gives them: the checks need only the channels and the spatial sizes, and reading the batch
+    or a spatial size as an int would make torch.compile or torch.export specialise it to the example's."""
+    if not any(isinstance(n, torch.SymInt) for n in t.shape):
         return t
-    return _Leading((1,) * (t.dim() - core) + tuple(t.shape[-core:]))
+    spatial = sizes_for_checks(t.shape[-core + 1:], padding, stride)
+    return _Leading((1,) * (t.dim() - core) + (t.shape[-core], *spatial))
 
 
 def _memory_format(t: Tensor) -> torch.memory_format:
@@ -102,7 +128,8 @@ def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilatio
     check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
-    spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1), weight, bias, stride, padding, dilation, groups, nd=nd)
+    spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1, padding, stride), weight, bias, stride, padding, dilation,
+                             groups, nd=nd)
     y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(spec.stride), _flat(spec.padding),
                                         list(spec.dilation), spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
@@ -186,8 +213,8 @@ def depthwise_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
         (N, C * m, oH, oW), unbatched or channels-last as `conv2d`.
     """
     x, unbatched = _batched("depthwise_conv2d", input, 2)
-    spec = ConvSpec.for_depthwise("depthwise_conv2d", _checked_shape(x, 3), weight, bias, stride, padding,
-                                  dilation)
+    spec = ConvSpec.for_depthwise("depthwise_conv2d", _checked_shape(x, 3, padding, stride), weight, bias, stride,
+                                  padding, dilation)
     y = torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, list(spec.stride), _flat(spec.padding),
                                             list(spec.dilation))
     return _as_torch_returns(y, x, weight, unbatched)
@@ -215,8 +242,8 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
     op = "patch_conv2d"
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
-    spec = ConvSpec.for_conv(op, _checked_shape(input, 3), weight, bias, stride, padding, dilation, groups,
-                             leading_dims=True)
+    spec = ConvSpec.for_conv(op, _checked_shape(input, 3, padding, stride), weight, bias, stride, padding, dilation,
+                             groups, leading_dims=True)
     y = torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat(spec.padding),
                                         list(spec.dilation), spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, input, weight)
@@ -228,7 +255,7 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
     check_algorithm(op, algorithm, ALGORITHMS)
     check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
-    if isinstance(padding, str) and padding.lower() == "same":
+    if padding == "same":
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
     stride, dilation = _tuple(op, "stride", stride, 1, nd), _tuple(op, "dilation", dilation, 1, nd)
     sides = _padding(op, padding, (1,) * nd, (1,) * nd, stride, dilation)   # the sizes matter for 'same' only
@@ -308,7 +335,8 @@ def unfold(input: Tensor, kernel_size: Size, dilation: Size = 1, padding: Paddin
     Tensor
         (..., C * kH * kW, L), rows in (c, i, j) order, L = oH * oW.
     """
-    spec = ConvSpec.for_unfold("unfold", _checked_shape(input, 3), kernel_size, dilation, padding, stride)
+    spec = ConvSpec.for_unfold("unfold", _checked_shape(input, 3, padding, stride), kernel_size, dilation, padding,
+                               stride)
     return torch.ops.cupyconv.unfold(input, list(spec.kernel_size), list(spec.dilation), _flat(spec.padding),
                                      list(spec.stride))
 

@@ -9,7 +9,16 @@ the keywords `algorithm` and `workspace_limit`, stored as attributes of the same
 change them), shown by `repr` when not the default.
 
 `torch.jit.script` is refused with a clear error: TorchScript cannot call cupyconv's Python.  `torch.compile`,
-`torch.export` and `torch.jit.trace` record the `torch.ops.cupyconv.*` custom ops.
+`torch.export` and `torch.jit.trace` record the `torch.ops.cupyconv.*` custom ops; `torch.export` with a
+`torch.export.Dim` on the batch and every spatial dim gives a program valid at other sizes (but for 'same'
+padding with a stride, whose padding depends on the size: those sizes are specialised).
+
+`torch.fx.symbolic_trace` records each layer as one `call_module` node, as torch.nn's layers (see `_FX_LEAF`),
+so FX passes that look for convolution modules by `isinstance` find them.  Passes that match exact types, such
+as `torch.fx.experimental.optimization.fuse` (conv + batch norm), leave our layers unfused:
+`torch.nn.utils.fusion.fuse_conv_bn_eval` takes them directly, or run `convert(fuse(unconvert(model)))`.
+
+`convert(model)` swaps a model's torch convolution layers for these, `unconvert(model)` swaps them back.
 """
 from __future__ import annotations
 
@@ -26,16 +35,17 @@ from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 from . import functional
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "DepthwiseConv2d", "PatchConv2d", "ConvTranspose1d", "ConvTranspose2d",
-           "ConvTranspose3d", "DepthwiseSeparableConv2d"]
+           "ConvTranspose3d", "DepthwiseSeparableConv2d", "convert", "unconvert"]
 
 #: The keywords cupyconv's layers add to torch's, with their defaults (repr shows them when not the default).
 _OPTIONS = (("algorithm", "auto"), ("workspace_limit", None))
 
 
-# The layers' computation goes through two module-level functions that torch.fx.symbolic_trace records as leaves
-# (torch.fx.wrap), as it records torch.nn's layers: the functional ops read shapes in Python (unbatched inputs,
-# memory formats, 'same' padding), which a symbolic trace cannot follow.  Their arguments are tensors and plain
-# values (the op's name, not the function), which is what an FX graph can hold.
+# The layers' computation goes through two module-level functions that torch.fx records as calls (torch.fx.wrap)
+# where a tracer traces through a layer (the default Tracer does not: the layers are leaves, see `_FX_LEAF`): the
+# functional ops read shapes in Python (unbatched inputs, memory formats, 'same' padding), which a symbolic trace
+# cannot follow.  Their arguments are tensors and plain values (the op's name, not the function), which is what an
+# FX graph can hold.
 
 
 def _layer_op(name: str, *args: Any, **kwargs: Any) -> Tensor:
@@ -49,7 +59,8 @@ def _layer_pad(input: Tensor, padding: Any, kernel_size: tuple, stride: tuple, d
     one batch dim or none: patches with more leading dims are padded as one batch (the input itself otherwise,
     so its memory format is kept)."""
     nd = len(kernel_size)
-    sides = _padding_sides("padding_mode", input.shape[-nd:], padding, kernel_size, stride, dilation)
+    sizes = functional.sizes_for_checks(input.shape[-nd:], padding, stride)     # no specialisation in a trace
+    sides = _padding_sides("padding_mode", sizes, padding, kernel_size, stride, dilation)
     pad = [p for side in reversed(sides) for p in side]
     if input.dim() <= nd + 2:
         return F.pad(input, pad, mode=padding_mode)
@@ -64,6 +75,15 @@ def _padding_sides(op: str, in_size, padding, kernel_size, stride, dilation) -> 
 
 torch.fx.wrap("_layer_op")
 torch.fx.wrap("_layer_pad")
+
+#: Each layer's instance attribute `__module__` (its class keeps "cupyconv.torch.modules", which pickling and
+#: repr read).  torch.fx's default Tracer records a module as a leaf, one `call_module` node, when
+#: `module.__module__` starts with "torch.nn" (`Tracer.is_leaf_module`, read from the instance), so plain
+#: `torch.fx.symbolic_trace` records our layers as it records torch.nn's, and FX passes that look for convolution
+#: modules find them.  The character after "torch.nn" is not a dot, so torch.compile, which treats instances
+#: whose `__module__` starts with "torch.nn." as torch's own layers (fewer guards), still treats ours as user code
+#: (a changed `algorithm` recompiles).
+_FX_LEAF = "torch.nn:cupyconv.torch.modules"
 
 
 class _Layer(_ConvNd):
@@ -81,10 +101,11 @@ class _Layer(_ConvNd):
             raise ValueError(f"{type(self).__name__}: {error} ({shown})") from None
 
     def _set_options(self, algorithm: str, workspace_limit: Optional[int]) -> None:
-        """Check and store the keywords `_OPTIONS`."""
+        """Check and store the keywords `_OPTIONS`; mark the layer a leaf for torch.fx (`_FX_LEAF`)."""
         check_algorithm(type(self).__name__, algorithm, self._algorithms)
         check_workspace_limit(type(self).__name__, workspace_limit)
         self.algorithm, self.workspace_limit = algorithm, workspace_limit
+        self.__module__ = _FX_LEAF
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -342,3 +363,124 @@ class DepthwiseSeparableConv2d(nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         return self.pointwise(self.depthwise(input))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Swapping torch's layers for ours in a model, and back
+
+#: torch's convolution layers and ours, one to one (exact types: a subclass of torch's is someone else's layer).
+_TORCH_TO_OURS: dict[type[nn.Module], type[_Layer]] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d,
+                                    nn.ConvTranspose1d: ConvTranspose1d, nn.ConvTranspose2d: ConvTranspose2d,
+                                    nn.ConvTranspose3d: ConvTranspose3d}
+_OURS_TO_TORCH: dict[type[nn.Module], type[nn.Module]] = {**{ours: theirs for theirs, ours in _TORCH_TO_OURS.items()},
+                                    DepthwiseConv2d: nn.Conv2d}
+
+
+def _recast(layer: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A layer of class cls with layer's state: the same parameters and buffers (the same tensor objects, so an
+    optimizer holding them keeps working), hooks, training flag and attributes; the dicts that hold them are
+    copied, so the two layers do not share later changes."""
+    new: nn.Module = object.__new__(cls)       # no __init__: the state comes from layer
+    new.__dict__.update({name: value.copy() if isinstance(value, dict) else value
+                         for name, value in layer.__dict__.items()})
+    return new
+
+
+def _swap_tree(module: nn.Module, swap) -> nn.Module:
+    """module with every submodule m (itself included) for which swap(m) is not None replaced by it, children
+    in place; a submodule reached twice (shared) is replaced by one new layer."""
+    done: dict[int, nn.Module] = {}
+
+    def visit(m: nn.Module) -> nn.Module:
+        if id(m) not in done:
+            replaced = swap(m)
+            done[id(m)] = replaced if replaced is not None else m
+            for name, child in list(done[id(m)]._modules.items()):
+                if child is not None:
+                    done[id(m)]._modules[name] = visit(child)
+        return done[id(m)]
+
+    return visit(module)
+
+
+def convert(module: nn.Module, *, algorithm: str = "auto", workspace_limit: Optional[int] = None) -> nn.Module:
+    """The model with every `torch.nn.Conv1d/2d/3d` and `torch.nn.ConvTranspose1d/2d/3d` replaced by cupyconv's
+    layer of the same name, as `torch.nn.SyncBatchNorm.convert_sync_batchnorm` does for batch norms.
+
+    Each new layer keeps the old one's parameters and buffers (the same tensors: an optimizer built before the
+    call keeps updating them), hooks, training flag, padding, padding_mode, device and dtype, so the
+    state_dict and the outputs are unchanged.  Children are replaced in place; the returned module is `module`
+    itself unless it is a convolution.  Only those exact types are converted: subclasses (cupyconv's layers,
+    parametrized or quantization-aware layers) are left as they are.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model (or a single layer).
+    algorithm : str
+        The `algorithm` of every new layer (see `Conv2d`).
+    workspace_limit : int, optional
+        The `workspace_limit` of every new layer (None: `cupyconv.settings.workspace_limit`).
+
+    Returns
+    -------
+    torch.nn.Module
+        The converted model.  `unconvert` gives torch's layers back.
+    """
+    check_algorithm("convert", algorithm, ALGORITHMS)
+    check_workspace_limit("convert", workspace_limit)
+
+    def swap(m: nn.Module) -> Optional[nn.Module]:
+        cls = _TORCH_TO_OURS.get(type(m))
+        if cls is None:
+            return None
+        new = _recast(m, cls)
+        new._set_options(algorithm, workspace_limit)
+        return new
+
+    return _swap_tree(module, swap)
+
+
+def unconvert(module: nn.Module) -> nn.Module:
+    """The inverse of `convert`: every cupyconv `Conv1d/2d/3d`, `ConvTranspose1d/2d/3d` and `DepthwiseConv2d`
+    replaced by the torch layer it subclasses (a `DepthwiseConv2d` by `torch.nn.Conv2d` with groups =
+    in_channels), state kept as by `convert`.  `PatchConv2d` (which torch's layer cannot replace: it takes any
+    leading dims) is left as it is.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model (or a single layer).
+
+    Returns
+    -------
+    torch.nn.Module
+        The model with torch's layers.
+
+    Raises
+    ------
+    ValueError
+        A layer uses padding that torch's layer cannot express (per side, or 'same' with a stride); the message
+        names it.
+    """
+    def swap(m: nn.Module) -> Optional[nn.Module]:
+        cls = _OURS_TO_TORCH.get(type(m))
+        if cls is None:
+            return None
+        padding = m.padding
+        if _extends_torch(padding) and not (padding == "valid" or (padding == "same" and set(m.stride) == {1})):
+            raise ValueError(f"unconvert: {type(m).__name__} has padding={padding!r} with stride={m.stride}, "
+                             f"which torch.nn.{cls.__name__} cannot express")
+        new = _recast(m, cls)
+        for name in (*dict(_OPTIONS), "__module__"):
+            new.__dict__.pop(name, None)
+        # What torch's own computation pads with for padding_mode != 'zeros' (our constructor gave torch's 0 for a
+        # string): torch's rule, the odd pixel of 'same' at the high end.
+        if padding == "same":
+            sides = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(m.kernel_size, m.dilation)]
+        else:
+            sides = [(p, p) for p in ((0,) * len(m.kernel_size) if padding == "valid" else padding)]
+        new._reversed_padding_repeated_twice = [p for side in reversed(sides) for p in side]
+        return new
+
+    return _swap_tree(module, swap)
