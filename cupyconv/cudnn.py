@@ -191,6 +191,13 @@ def _check_groups(fn: str, groups) -> int:
     return groups
 
 
+def _check_flag(fn: str, name: str, value) -> bool:
+    try:
+        return settings.check_flag(name, value)
+    except TypeError as error:
+        raise TypeError(f"{fn}: {error}") from None
+
+
 def _check_tensor_core(fn: str, tensor_core) -> None:
     if not isinstance(tensor_core, str) or tensor_core not in TENSOR_CORE_MODES:
         raise ValueError(f"{fn}: tensor_core must be 'auto', 'always' or 'never', got {tensor_core!r}")
@@ -267,8 +274,10 @@ class _Geometry:
 
     @contextlib.contextmanager
     def settings(self, auto_tune, tensor_core, deterministic=False):
+        auto_tune = _check_flag(self.fn, "auto_tune", auto_tune)
+        deterministic = _check_flag(self.fn, "deterministic", deterministic)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(settings.autotune(bool(auto_tune)))
+            stack.enter_context(settings.autotune(auto_tune))
             if deterministic:
                 stack.enter_context(settings.deterministic(True))
             if tensor_core != "auto":

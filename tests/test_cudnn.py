@@ -7,6 +7,7 @@ NCHW/NHWC, auto_tune, tensor_core, deterministic, workspace sizes 0 and 2**22, h
 mixed strides, the calling convention of sigpy, and the errors.
 """
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -364,6 +365,19 @@ def test_deterministic_maps_onto_settings_for_the_call(monkeypatch):
         run_backward_filter(p, deterministic=deterministic)
     assert seen == [True, False]
     assert settings.get_deterministic() is False
+
+
+@pytest.mark.parametrize("flag", ["auto_tune", "deterministic"])
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_flags_refuse_what_is_not_a_bool(flag, bad):
+    p = Problem(2, 1, numpy.float64)
+    with pytest.raises(TypeError, match=rf"^convolution_backward_filter: {flag} must be a bool \(True or False\), "
+                                        rf"got {re.escape(repr(bad))}$"):
+        run_backward_filter(p, **{flag: bad})
+    assert (settings.get_autotune(), settings.get_deterministic()) == (False, False)
+    if flag == "auto_tune":
+        with pytest.raises(TypeError, match=r"^convolution_forward: auto_tune must be a bool"):
+            cudnn.convolution_forward(p.x, p.w, p.b, poisoned((2, 2, *p.out), p.dtype), *p.args, auto_tune=bad)
 
 
 def test_workspace_size_is_cupyconvs_workspace_limit():
