@@ -63,8 +63,8 @@ from . import settings
 from ._arrays import SUPPORTED_DTYPES, _describe, _kind
 from ._docs import numpy_doc
 from ._typing import Array, Ints
-from .ops.conv_transpose import conv_transpose_nd
-from .ops.nd import conv_nd, conv_nd_backward
+from .ops.conv import convolve, convolve_backward
+from .ops.conv_transpose import transpose
 
 #: cuDNN's values of cudnnTensorFormat_t, as the old module exported them.
 CUDNN_TENSOR_NCHW = 0
@@ -97,7 +97,7 @@ def get_max_workspace_size() -> int:
 def set_max_workspace_size(size: int) -> None:
     """Set cupyconv's workspace limit for every later call: `cupyconv.settings.set_workspace_limit`."""
     try:
-        nbytes = operator.index(size)
+        nbytes = _int(size)
     except TypeError:
         raise TypeError(f"set_max_workspace_size: size must be an int number of bytes, got {size!r}") from None
     if nbytes < 0:
@@ -107,6 +107,13 @@ def set_max_workspace_size(size: int) -> None:
 
 # ---------------------------------------------------------------------------------------------------------
 # Argument checks
+
+
+def _int(value) -> int:
+    """operator.index, refusing bools (which it takes as 0 and 1): True is no size, count or padding."""
+    if isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"a bool is not an int: {value!r}")
+    return operator.index(value)
 
 
 def _shape(a) -> tuple:
@@ -173,7 +180,7 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
         raise ValueError(f"{fn}: {name} must have one entry per spatial dim: {nd} for {nd + 2}-dim arrays, "
                          f"got {tuple(value)!r} of length {len(value)}")
     try:
-        out = tuple(operator.index(v) for v in value)
+        out = tuple(_int(v) for v in value)
     except TypeError:
         raise TypeError(f"{fn}: the entries of {name} must be ints, got {tuple(value)!r}") from None
     if any(v < minimum for v in out):
@@ -183,7 +190,7 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
 
 def _check_groups(fn: str, groups) -> int:
     try:
-        groups = operator.index(groups)
+        groups = _int(groups)
     except TypeError:
         raise TypeError(f"{fn}: groups must be an int, got {groups!r}") from None
     if groups < 1:
@@ -333,8 +340,8 @@ def convolution_forward(x: Array, W: Array, b: Array | None, y: Array, pad: Ints
                          f"gives {expected} ({geo.params()})")
     bias = geo.check_bias(b, wv.shape[0], "y")
     with geo.settings(auto_tune, tensor_core):
-        result = conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                         groups=geo.groups)
+        # conv_nd's body, with errors that name this function
+        result = convolve(fn, None, xv, wv, bias, geo.stride, geo.pad, geo.dilation, geo.groups, "auto", None)
     yv[...] = result
 
 
@@ -363,8 +370,8 @@ def convolution_backward_filter(x: Array, gy: Array, gW: Array, pad: Ints, strid
                          f"of gW's shape {_shape(gW)} gives {expected} ({geo.params()})")
     with geo.settings(auto_tune, tensor_core, deterministic):
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
-        _, grad_w, _ = conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                                        groups=geo.groups, needs=("weight",))
+        _, grad_w, _ = convolve_backward(fn, None, gyv, xv, gwv, geo.stride, geo.pad, geo.dilation, geo.groups,
+                                         ("weight",), "auto", None)
     gwv[...] = grad_w
 
 
@@ -402,6 +409,6 @@ def convolution_backward_data(W: Array, x: Array, b: Array | None, y: Array, pad
                 for o, s, p, d, k in zip(xv.shape[2:], geo.stride, geo.pad, geo.dilation, wv.shape[2:])]
     output_padding = tuple(int(i) - m for i, m in zip(yv.shape[2:], smallest))
     with geo.settings(auto_tune, tensor_core, deterministic):
-        result = conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
-                                   groups=geo.groups, dilation=geo.dilation)
+        result = transpose(fn, None, xv, wv, bias, geo.stride, geo.pad, output_padding, geo.groups, geo.dilation,
+                           "auto", None)
     yv[...] = result

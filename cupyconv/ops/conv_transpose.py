@@ -81,7 +81,7 @@ def _crop(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
-def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
+def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
                workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec, extension = _spec(op, nd, call.x, call.weight, call.bias, stride, padding, output_padding, groups,
@@ -99,7 +99,7 @@ def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups,
     return call.wrap(out)
 
 
-def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
+def transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
                         algorithm, workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec, extension = _spec(op, nd, call.x, call.weight, None, stride, padding, output_padding, groups, dilation)
@@ -160,7 +160,7 @@ def conv_transpose1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv1d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -173,7 +173,7 @@ def conv_transpose2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv2d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -186,7 +186,7 @@ def conv_transpose3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv3d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -196,7 +196,7 @@ def conv_transpose_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, str
                       dilation: IntOrTuple = 1, *, algorithm: str = "auto",
                       workspace_limit: int | None = None) -> ArrayT:
     """The transposed convolution over weight.ndim - 2 spatial dims: `conv_transpose1d`, `2d` or `3d`."""
-    return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -206,7 +206,7 @@ def conv_transpose1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose1d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -216,7 +216,7 @@ def conv_transpose2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose2d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -226,7 +226,7 @@ def conv_transpose3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose3d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -236,5 +236,5 @@ def conv_transpose_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *
                                dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                                workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose_nd`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
