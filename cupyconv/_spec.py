@@ -353,11 +353,13 @@ def check_algorithm(op: str, algorithm, algorithms: tuple[str, ...]) -> None:
         raise ValueError(f"{op}: algorithm must be one of {algorithms}, got {algorithm!r}")
 
 
-def check_workspace_limit(op: str, workspace_limit) -> None:
-    """workspace_limit must be None (the setting in force) or a positive number of bytes."""
+def check_workspace_limit(op: str, workspace_limit) -> int | None:
+    """workspace_limit must be None (the setting in force) or a positive number of bytes (an int, NumPy's too, as
+    for stride and groups; not a bool); returned as a Python int."""
     if workspace_limit is None:
-        return
-    if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int):
+        return None
+    if not _is_int(workspace_limit):
         raise TypeError(f"{op}: workspace_limit must be None or an int number of bytes, got {workspace_limit!r}")
     if workspace_limit < 1:
         raise ValueError(f"{op}: workspace_limit must be a positive number of bytes, got {workspace_limit}")
+    return int(workspace_limit)

@@ -71,9 +71,10 @@ class _Setting:
 
 
 def _positive_bytes(nbytes) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+    """An int >= 1 (NumPy's ints too, not bools), as a Python int."""
+    if isinstance(nbytes, (bool, numpy.bool_)) or not isinstance(nbytes, (int, numpy.integer)) or nbytes < 1:
         raise ValueError(f"workspace limit must be a positive number of bytes, got {nbytes!r}")
-    return nbytes
+    return int(nbytes)
 
 
 def check_flag(name: str, value) -> bool:

@@ -266,6 +266,16 @@ BAD_INPUT = [
         r"^conv2d_backward: workspace_limit must be a positive number of bytes, got 0", "workspace-zero"),
     bad(lambda: cc.conv3d(X[:, :, None], W[:, :, None], groups=2, workspace_limit=True), TypeError,
         r"^conv3d: workspace_limit must be None or an int", "workspace-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, workspace_limit=numpy.True_), TypeError,
+        r"^conv2d: workspace_limit must be None or an int", "workspace-numpy-bool"),
+    # bools are not ints anywhere ints are taken (NumPy's included)
+    bad(lambda: cc.conv2d(X, W, groups=numpy.True_), TypeError, r"^conv2d: groups must be an int, got np\.True_",
+        "groups-numpy-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, stride=(True, 1)), TypeError, r"^conv2d: stride must be an int or a pair",
+        "stride-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, padding=((True, 0), (0, 0))), TypeError, r"^conv2d: padding must be",
+        "padding-bool"),
+    bad(lambda: cc.unfold(X, (2, True)), TypeError, r"^unfold: kernel_size must be an int or a pair", "kernel-bool"),
 ]
 
 
@@ -298,3 +308,31 @@ def test_mixed_dtypes_through_torch():
         cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.int32), 2)
     with pytest.raises(TypeError, match=r"^unfold: x has dtype complex64; supported"):
         cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.complex64), 2)
+
+
+def test_numpy_ints_are_taken_wherever_ints_are():
+    """workspace_limit as stride, padding and groups: a NumPy int is an int (and the setting takes one too)."""
+    i64 = numpy.int64
+    want = cc.conv2d(X, W, groups=2, stride=2, padding=1)
+    got = cc.conv2d(X, W, groups=i64(2), stride=i64(2), padding=i64(1), workspace_limit=i64(4096))
+    numpy.testing.assert_array_equal(got, want)
+    with cc.settings.workspace_limit(numpy.int32(4096)):
+        assert cc.settings.get_workspace_limit() == 4096 and type(cc.settings.get_workspace_limit()) is int
+
+
+def test_fold_and_unfold_backward_return_contiguous_arrays():
+    """The CPU fold sums into a padded buffer: the result must be a new contiguous array, not a view into it."""
+    cols = cc.unfold(X5x4, 2, padding=1)
+    for result in (cc.fold(cols, (5, 4), 2, padding=1), cc.unfold_backward(cols, (5, 4), 2, padding=1),
+                   cc.fold(cols.astype(numpy.float16), (5, 4), 2, padding=1)):
+        assert result.flags.c_contiguous and result.shape == X5x4.shape
+
+
+def test_ndarray_subclasses_compute_as_plain_arrays():
+    """numpy.matrix stays 2-D under reshape: it is computed on as its ndarray view, the result an ndarray."""
+    plain = rng.standard_normal((3, 4))
+    got = cc.unfold(numpy.asmatrix(plain), (2,))
+    assert type(got) is numpy.ndarray
+    numpy.testing.assert_array_equal(got, cc.unfold(plain, (2,)))
+    numpy.testing.assert_array_equal(cc.conv1d(numpy.asmatrix(plain)[None].A, W1[:3, :3, 0]),
+                                     cc.conv1d(plain[None], W1[:3, :3, 0]))

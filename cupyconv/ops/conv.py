@@ -546,7 +546,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
 
 def workspace_scope(op: str, nbytes):
     """The per-call workspace budget of op (checked: None or a positive int), or the global/scoped one when None."""
-    check_workspace_limit(op, nbytes)
+    nbytes = check_workspace_limit(op, nbytes)
     return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
 

@@ -82,8 +82,8 @@ def unfold_cpu(x, spec: ConvSpec):
 def fold_cpu(cols, spec: ConvSpec):
     c, (kh, kw), (oh, ow) = spec.in_channels, spec.kernel_size, spec.out_size
     six = _flat(cols, spec, 2).reshape(spec.n, c, kh, kw, oh, ow)
-    out = col2im_cpu(six, spec, compute_dtype(cols.dtype))
-    return out.astype(cols.dtype, copy=False).reshape(*spec.batch, c, *spec.in_size)
+    out = col2im_cpu(six, spec, compute_dtype(cols.dtype))   # a view into the padded sums: return a copy
+    return numpy.ascontiguousarray(out.astype(cols.dtype, copy=False)).reshape(*spec.batch, c, *spec.in_size)
 
 
 # ---------------------------------------------------------------------------------------------------------

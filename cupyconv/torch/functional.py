@@ -111,7 +111,7 @@ def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilatio
                  workspace_limit) -> Tensor:
     _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1), weight, bias, stride, padding, dilation, groups, nd=nd)
     y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(spec.stride), _flat(spec.padding),
@@ -227,7 +227,7 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
     op = "patch_conv2d"
     _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     spec = ConvSpec.for_conv(op, _checked_shape(input, 3), weight, bias, stride, padding, dilation, groups,
                              leading_dims=True)
     y = torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat(spec.padding),
@@ -240,7 +240,7 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
     """Normalise the arguments to the custom op's; the op checks how they fit the shapes."""
     _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     if isinstance(padding, str) and padding.lower() == "same":
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
