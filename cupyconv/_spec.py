@@ -188,6 +188,21 @@ class ConvSpec:
         """The same geometry over a flat batch of n images (a chunk of this call's batch)."""
         return dataclasses.replace(self, batch=(n,))
 
+    def clamped(self) -> "ConvSpec":
+        """The same problem in the smallest geometry that reads the same positions: stride 1 along a dim of one
+        output, dilation 1 along a dim of one tap, and the high padding cut to what the last window reaches.
+
+        Exact: output p, tap a reads p * stride + a * dilation - pad_low for p < out and a < k, which none of
+        these changes, and the output size stays (the high padding only ever rounds it).  So a valid stride of
+        2^62 (one output) never reaches NumPy's strides or a kernel's int parameter, and a padding larger than the
+        windows reach costs no padded copy."""
+        stride = tuple(1 if o == 1 else s for o, s in zip(self.out_size, self.stride))
+        dilation = tuple(1 if k == 1 else d for k, d in zip(self.kernel_size, self.dilation))
+        padding = tuple((lo, max(0, (o - 1) * s + d * (k - 1) + 1 - lo - n))
+                        for n, (lo, _), o, s, d, k in zip(self.in_size, self.padding, self.out_size, stride,
+                                                          dilation, self.kernel_size))
+        return dataclasses.replace(self, stride=stride, dilation=dilation, padding=padding)
+
     def window_args(self) -> dict:
         """The window geometry under the parameter names every kernel uses for it (a kernel takes the ones
         it declares); the bottom and right padding are implied by the sizes.  2-D specs only."""

@@ -88,6 +88,9 @@ def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, 
                             dilation)
     check_algorithm(op, algorithm, ALGORITHMS)   # one of conv's, which runs every pass
     with workspace_scope(op, workspace_limit):   # checks workspace_limit before anything is allocated
+        # The output's size before the placeholder of that size (and x's zero extension) is made: NumPy refuses
+        # some impossible shapes with its own errors, naming no op.
+        lift.prepare(call.device, spec, call.x.dtype, [spec.input_shape])
         xp = lift.array_module(call.device)
         gy = _extend(xp, call.x, extension)
         z = lift.placeholder(xp, spec.input_shape, call.x.dtype)
@@ -108,6 +111,9 @@ def transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_p
                          f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
+    shapes = [shape for name, shape in zip(NEEDS, (_shape(call.x), _shape(call.weight), spec.input_shape[1:2]))
+              if name in needs]
+    lift.prepare(call.device, spec, call.x.dtype, shapes)   # before _extend's copy
     xp, gy = lift.array_module(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
     with workspace_scope(op, workspace_limit):

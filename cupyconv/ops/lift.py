@@ -27,6 +27,7 @@ import numpy
 
 from .. import _device
 from .._arrays import compute_dtype
+from .._kernels import INT32_MAX
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
@@ -140,9 +141,28 @@ def _depth_first(xp, y):
 #   forward(device, x, weight, bias, spec2, algorithm) -> y
 #   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
 # device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
-# Before anything is allocated the drivers check that the results fit (`check_memory`).  An empty problem
+# Before anything is allocated the drivers check that the results fit (`prepare`, `check_memory`).  An empty problem
 # (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel runs for it, so
 # no algorithm's restrictions apply either.
+
+
+def prepare(device, spec: ConvSpec, dtype, results) -> ConvSpec:
+    """The spec a driver runs, checked before anything is allocated: `ConvSpec.clamped` (a huge but valid stride,
+    dilation or high padding becomes the small one that reads the same positions), `check_memory` for the results
+    of shapes `results`, and on the GPU path a ValueError when the window still passes the kernels' 32-bit
+    parameters: a padded plane of 2^31 positions or more along a dim the kernels see (3-D depth is folded in
+    Python)."""
+    spec = spec.clamped()
+    check_memory(device, spec, dtype, results)
+    if device is None or spec.empty:
+        return spec
+    for dim in range(1, 3) if spec.nd == 3 else range(spec.nd):
+        if spec.padded_size[dim] > INT32_MAX:
+            raise ValueError(f"{spec.op}: the padded input spans {spec.padded_size[dim]} positions along spatial dim "
+                             f"{dim} (size {spec.in_size[dim]}, padding {spec.padding[dim]}, kernel "
+                             f"{spec.kernel_size[dim]}, dilation {spec.dilation[dim]}); the GPU kernels index a "
+                             f"dim with 32-bit ints, at most {INT32_MAX} positions")
+    return spec
 
 
 def check_memory(device, spec: ConvSpec, dtype, results) -> None:
@@ -154,7 +174,7 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
     a call that fits, and an impossible size (a 2^48-element output; on the CPU path a padding of 2^40) is a
     clear error before the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
     ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
-    itemsize = numpy.dtype(dtype).itemsize
+    itemsize, spec = numpy.dtype(dtype).itemsize, spec.clamped()
     arrays = [f"a result {tuple(shape)}" for shape in results]
     nbytes = [math.prod(shape) * itemsize for shape in results]
     if not spec.empty:
@@ -191,7 +211,7 @@ def _empty_backward(xp, grad_output, spec: ConvSpec, needs: frozenset, dtype):
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
-    check_memory(device, spec, x.dtype, [spec.output_shape])
+    spec = prepare(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
         return _empty_forward(array_module(device), bias, spec, x.dtype)
     if spec.nd == 2:
@@ -224,7 +244,7 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: fr
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
-    check_memory(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
+    spec = prepare(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:
         return _empty_backward(array_module(device), grad_output, spec, needs, x.dtype)
     if spec.nd == 2:

@@ -142,7 +142,7 @@ def _unfold_run(device, x, spec: ConvSpec):
     (ops/lift.py): a unit height, or the depth windows, whose 2-D cols (n, oD, C * taps, oH * oW) are
     reordered to (n, C * taps, oD * oH * oW)."""
     rows, pixels, n = spec.in_channels * spec.taps, spec.out_pixels, spec.n
-    lift.check_memory(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
+    spec = lift.prepare(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
     if spec.nd == 1:
         x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
     elif spec.nd == 3:
@@ -159,7 +159,7 @@ def _unfold_run(device, x, spec: ConvSpec):
 def _fold_run(device, cols, spec: ConvSpec):
     """The fold of cols (*batch, C * taps, L) into (*batch, C, *in_size), the reverse of `_unfold_run`."""
     rows, n, xp = spec.in_channels * spec.taps, spec.n, lift.array_module(device)
-    lift.check_memory(device, spec, cols.dtype, [spec.input_shape])
+    spec = lift.prepare(device, spec, cols.dtype, [spec.input_shape])
     if spec.nd == 1:
         spec2 = lift.unit_height(spec)
     elif spec.nd == 3:
