@@ -343,6 +343,29 @@ def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[
     return [slice(start, min(start + step, n)) for start in range(0, n, step)]
 
 
+def row_bands(spec: ConvSpec, fixed_bytes: int, row_bytes: int, limit: int | None = None) -> list:
+    """Bands of one image's output rows (2-D spec) whose workspace, fixed_bytes + rows * row_bytes, stays within
+    `limit` (default: the workspace limit), one row at least: for a column matrix of one image larger than the
+    limit.  Each band is (its output rows, the input rows it reads, its spec): one image, those input rows, and
+    the padding of the band's windows past them (the op's at the borders, none inside), so running the spec on
+    x[..., rows, :] gives exactly the band's output rows."""
+    limit = settings.get_workspace_limit() if limit is None else limit
+    step = max(1, (limit - fixed_bytes) // max(row_bytes, 1))
+    (n, width), (o, ow) = spec.in_size, spec.out_size
+    s, d, k, low = spec.stride[0], spec.dilation[0], spec.kernel_size[0], spec.padding[0][0]
+    bands = []
+    for p in range(0, o, step):
+        q = min(p + step, o)
+        first, end = p * s - low, (q - 1) * s - low + d * (k - 1) + 1   # the padded rows the windows read
+        start, stop = min(max(first, 0), n), max(min(end, n), 0)
+        pad = (start - first, end - stop) if stop > start else (end - first, 0)   # no input row: zeros only
+        stop = max(stop, start)
+        band = dataclasses.replace(spec, batch=(1,), in_size=(stop - start, width), padding=(pad, spec.padding[1]),
+                                   out_size=(q - p, ow))
+        bands.append((slice(p, q), slice(start, stop), band))
+    return bands
+
+
 def check_needs(op: str, needs) -> frozenset:
     """`needs` of a `*_backward`: a name or an iterable of names from NEEDS.  None is refused: it could mean all
     of them (the default) or none."""

@@ -79,17 +79,20 @@ def test_results_that_cannot_fit_raise_before_anything_is_allocated(op, call, sh
 
 
 def test_the_check_counts_the_results_and_one_padded_image(monkeypatch):
-    """x (2, 3, 8, 8), weight (4, 3, 3, 3), padding 1, float32: the output (2, 4, 8, 8) takes 2048 bytes and one
-    image's padded copy (3, 10, 10) 1200; the kernels read x in place, so the emulated path needs the output only.
-    At exactly the bytes needed the call runs."""
+    """x (2, 3, 8, 8), weight (4, 3, 3, 3), padding 1, float32: the output (2, 4, 8, 8) takes 2048 bytes, one image's
+    padded copy (3, 10, 10) 1200 and one output row's columns (27, 8) 864 (the CPU path chunks its columns no
+    finer); the kernels read x in place, so the emulated path needs the output only.  At exactly the bytes needed
+    the call runs."""
     rng = numpy.random.default_rng(0)
     x, w = ref.random(rng, (2, 3, 8, 8), F32), ref.random(rng, (4, 3, 3, 3), F32)
-    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200 - 1)
-    with pytest.raises(MemoryError, match=r"^conv2d: float32 arrays need 3248 bytes: a result \(2, 4, 8, 8\) of 2048 "
-                                          r"bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes; more than "
-                                          r"the 3247 bytes of memory of this machine \(the CPU path\)$"):
+    need = 2048 + 1200 + 864
+    monkeypatch.setattr(_device, "host_memory", lambda: need - 1)
+    with pytest.raises(MemoryError, match=rf"^conv2d: float32 arrays need {need} bytes: a result \(2, 4, 8, 8\) of "
+                                          r"2048 bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes and one "
+                                          r"output row's columns \(27, 8\) of 864 bytes; more than the 4111 bytes of "
+                                          r"memory of this machine \(the CPU path\)$"):
         cc.conv2d(x, w, padding=1)
-    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200)
+    monkeypatch.setattr(_device, "host_memory", lambda: need)
     want = cc.conv2d(x, w, padding=1)
     ref.assert_close(want, ref.conv2d(x, w, padding=1), "float32")
     monkeypatch.setattr(_device, "host_memory", lambda: 2048)
@@ -101,12 +104,13 @@ def test_the_check_counts_the_results_and_one_padded_image(monkeypatch):
 
 
 def test_backward_counts_the_gradients_it_is_asked_for(monkeypatch):
-    """grad_x (2, 3, 8, 8): 1536 bytes, grad_weight (4, 3, 3, 3): 432, grad_bias (4,): 16, padded image 1200."""
+    """grad_x (2, 3, 8, 8): 1536 bytes, grad_weight (4, 3, 3, 3): 432, grad_bias (4,): 16, padded image 1200, one
+    output row's columns 864."""
     rng = numpy.random.default_rng(1)
     x, w, gy = (ref.random(rng, shape, F32) for shape in ((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 8, 8)))
-    monkeypatch.setattr(_device, "host_memory", lambda: 1536 + 1200)
+    monkeypatch.setattr(_device, "host_memory", lambda: 1536 + 1200 + 864)
     assert cc.conv2d_backward(gy, x, w, padding=1, needs="input")[0].shape == x.shape
-    with pytest.raises(MemoryError, match=r"^conv2d_backward: float32 arrays need 3184 bytes: a result \(2, 3, 8, 8\) "
+    with pytest.raises(MemoryError, match=r"^conv2d_backward: float32 arrays need 4048 bytes: a result \(2, 3, 8, 8\) "
                                           r"of 1536 bytes and a result \(4, 3, 3, 3\) of 432 bytes and a result \(4,\) "
                                           r"of 16 bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes"):
         cc.conv2d_backward(gy, x, w, padding=1)
@@ -151,10 +155,11 @@ def conv_problem(rng, n=8, nd=2):
 
 @pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
 def test_one_chunk_of_columns_at_a_time(monkeypatch, device):
-    """8 images in chunks of 2 (forward; 1 or 2 for the weight gradient, whose grad_output copy the kernel path
-    counts too): each chunk's columns are freed before the next chunk's are built."""
+    """8 images in chunks of 2 (forward; 1 or 2 for the weight gradient, whose grad_output copy both paths count
+    too): each chunk's columns are freed before the next chunk's are built.  Per image the kernel path counts its
+    columns, the CPU path its columns and its padded copy."""
     x, w, gy = conv_problem(numpy.random.default_rng(2))
-    limit = 2 * 4 * 9 * 34 * 34 * 4
+    limit = 2 * (4 * 9 * 34 * 34 + 4 * 36 * 36) * 4
     columns = Live(conv._columns if device is None else conv.unfold_gpu)
     monkeypatch.setattr(conv, "_columns" if device is None else "unfold_gpu", columns)
     algorithm = {} if device is None else {"algorithm": "im2col_gemm"}
@@ -197,3 +202,43 @@ def test_cpu_peak_stays_near_the_workspace_limit():
         (grad,), peak = traced_peak(lambda: [g for g in cc.conv2d_backward(gy, x, w, padding=1, needs=needs,
                                                                             workspace_limit=limit) if g is not None])
         assert peak - grad.nbytes < bound, needs
+
+
+def _peaks(x, w, limit, **kwargs):
+    """The traced peak of conv2d and of each gradient, beyond its result."""
+    y, peak = traced_peak(lambda: cc.conv2d(x, w, workspace_limit=limit, **kwargs))
+    peaks = {"forward": peak - y.nbytes}
+    gy = numpy.ones_like(y)
+    for needs in ("input", "weight"):
+        (grad,), peak = traced_peak(lambda: [g for g in cc.conv2d_backward(gy, x, w, needs=needs, workspace_limit=limit,
+                                                                            **kwargs) if g is not None])
+        peaks[needs] = peak - grad.nbytes
+    return peaks
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(stride=2, padding=1), dict(dilation=(2, 1), padding=(3, 0))],
+                         ids=["plain", "strided", "dilated"])
+def test_cpu_peak_holds_below_one_image(kwargs):
+    """One image's columns (4.6 MiB here) above a 1 MiB limit: the CPU path computes bands of output rows, so the
+    peak stays near the limit, with the same results as in one piece."""
+    rng = numpy.random.default_rng(6)
+    x, w = ref.random(rng, (1, 8, 130, 130), F32), ref.random(rng, (8, 8, 3, 3), F32)
+    limit = 2**20
+    assert ConvSpec.for_conv("conv2d", x, w, None, 1, 0, 1, 1).cols_bytes(4) > 4 * limit
+    for name, peak in _peaks(x, w, limit, **kwargs).items():
+        assert peak < 1.2 * limit + 3 * numpy.getbufsize() * 4, (name, peak)
+    whole = cc.conv2d_backward(numpy.ones_like(cc.conv2d(x, w, **kwargs)), x, w, **kwargs)
+    banded = cc.conv2d_backward(numpy.ones_like(whole[0], shape=cc.conv2d(x, w, **kwargs).shape), x, w,
+                                workspace_limit=limit, **kwargs)
+    for a, b in zip(banded, whole):
+        ref.assert_close(a, b, "float32")
+    ref.assert_close(cc.conv2d(x, w, workspace_limit=limit, **kwargs), cc.conv2d(x, w, **kwargs), "float32")
+
+
+def test_cpu_pointwise_input_gradient_stays_within_the_limit():
+    """A 1x1 conv's input gradient is its columns: no col2im buffer beside them (it doubled the peak)."""
+    rng = numpy.random.default_rng(7)
+    x, w = ref.random(rng, (8, 16, 34, 34), F32), ref.random(rng, (16, 16, 1, 1), F32)
+    limit = 2 * 16 * 34 * 34 * 4
+    peaks = _peaks(x, w, limit)
+    assert peaks["input"] < 1.2 * limit + 3 * numpy.getbufsize() * 4, peaks

@@ -19,7 +19,7 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
-                     check_workspace_limit, weight_spatial_dims)
+                     check_workspace_limit, row_bands, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -57,20 +57,51 @@ def _grad_columns(gy, spec: ConvSpec, batch_last: bool):
     return gy
 
 
+def _image_workspace(spec: ConvSpec, itemsize: int, out_channels: int = 0):
+    """(bytes of one image's CPU workspace, its part that does not grow with the output rows, its bytes per output
+    row): the columns, the padded copy (or col2im buffer; none for a pointwise conv, whose columns are x or
+    grad_x) and out_channels values per output pixel (a product or a grad_output copy)."""
+    (hp, wp), ow = spec.padded_size, spec.out_size[1]
+    row = (spec.in_channels * spec.taps + out_channels) * ow * itemsize
+    padded_row = 0 if _is_pointwise(spec) else spec.in_channels * wp * itemsize
+    extent = spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
+    fixed = max(extent - spec.stride[0], 0) * padded_row     # a band's halo rows
+    return row * spec.out_size[0] + padded_row * hp, fixed, row + spec.stride[0] * padded_row
+
+
+def _pieces(x, spec: ConvSpec, itemsize: int, out_channels: int = 0):
+    """The CPU path's work within the workspace limit: chunks of whole images while one image's workspace
+    (`_image_workspace`) fits, else bands of one image's output rows (`row_bands`).  Yields (images, output
+    pixels, input rows, the piece's spec): the piece is x[images, :, rows], its output [images, ..., pixels]."""
+    image, fixed, row = _image_workspace(spec, itemsize, out_channels)
+    every = slice(None)
+    if image <= settings.get_workspace_limit():
+        for chunk in batch_chunks(spec.n, image):
+            yield chunk, every, every, spec.with_batch(chunk.stop - chunk.start)
+        return
+    ow = spec.out_size[1]
+    for i in range(spec.n):
+        for out_rows, in_rows, band in row_bands(spec, fixed, row):
+            yield slice(i, i + 1), slice(out_rows.start * ow, out_rows.stop * ow), in_rows, band
+
+
 def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
     n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    batch_last = _batch_last(spec)
     x = x.reshape(n, *spec.input_shape[-3:])
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
-    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
-        # The columns are a temporary of the product, gone before the next chunk's: one chunk's at a time.
+    for chunk, pix, rows, piece in _pieces(x, spec, ct.itemsize, spec.out_channels if _batch_last(spec) else 0):
+        # The columns are a temporary of the product, gone before the next piece's: one piece's at a time.
+        batch_last = _batch_last(piece)
+        cols = _columns(x[chunk, :, rows], piece, ct, batch_last)
         if batch_last:
-            product = numpy.matmul(w, _columns(x[chunk], spec, ct, True))
-            out[chunk] = product.reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+            out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+        elif pix == slice(None):
+            numpy.matmul(w, cols, out=out[chunk])
         else:
-            numpy.matmul(w, _columns(x[chunk], spec, ct, False), out=out[chunk])
+            out[chunk, :, :, pix] = numpy.matmul(w, cols)
+        del cols
     out = out.reshape(n, spec.out_channels, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -78,12 +109,15 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
 
 
 def _grad_input_chunk(wt, gyc, spec: ConvSpec, ct, batch_last: bool):
-    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im."""
+    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im (for a pointwise
+    conv the columns are the gradient)."""
     cols = numpy.matmul(wt, gyc)
     if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
         cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, -1).transpose(5, 0, 1, 2, 3, 4)
     else:
         cols = cols.reshape(-1, spec.in_channels, *spec.kernel_size, *spec.out_size)
+    if _is_pointwise(spec):
+        return cols.reshape(-1, spec.in_channels, *spec.in_size)
     return col2im_cpu(cols, spec, ct, batch_last)
 
 
@@ -98,27 +132,34 @@ def _grad_weight_chunk(gyc, x, spec: ConvSpec, ct, batch_last: bool):
 def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     ct = compute_dtype(x.dtype)
     n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    batch_last = _batch_last(spec)
     x = x.reshape(n, *spec.input_shape[-3:])
     gy = grad_output.reshape(n, g, dg, pixels).astype(ct, copy=False)
-    grad_x = numpy.empty(x.shape, dtype=ct) if "input" in needs else None
-    acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
+    grad_x = numpy.zeros(x.shape, dtype=ct) if "input" in needs else numpy.empty(0)
+    acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else numpy.empty(0)
     wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
-    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)) if needs & {"input", "weight"} else ():
-        # Each gradient's columns live inside its function: one chunk's columns at a time, one gradient's.
-        gyc = _grad_columns(gy[chunk], spec, batch_last)
-        if grad_x is not None:
-            grad_x[chunk] = _grad_input_chunk(wt, gyc, spec, ct, batch_last)
-        if acc is not None:
-            acc += _grad_weight_chunk(gyc, x[chunk], spec, ct, batch_last)
-    grad_w = grad_b = None
-    if grad_x is not None:
-        grad_x = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
-    if acc is not None:
+    for name in [name for name in ("input", "weight") if name in needs]:
+        # One gradient's pieces at a time, each piece's columns gone before the next's.
+        extra = spec.out_channels if _batch_last(spec) or name == "weight" else 0
+        for chunk, pix, rows, piece in _pieces(x, spec, ct.itemsize, extra):
+            batch_last = _batch_last(piece)
+            gyc = _grad_columns(gy[chunk, :, :, pix], piece, batch_last)
+            if name == "weight":
+                acc += _grad_weight_chunk(gyc, x[chunk, :, rows], piece, ct, batch_last)
+                continue
+            gx = _grad_input_chunk(wt, gyc, piece, ct, batch_last)
+            if rows == slice(None):
+                grad_x[chunk] = gx
+            else:   # bands overlap where their windows do: their input rows add up
+                grad_x[chunk, :, rows] += gx
+            del gx
+    grad_input = grad_w = grad_b = None
+    if "input" in needs:
+        grad_input = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
+    if "weight" in needs:
         grad_w = acc.reshape(spec.weight_shape).astype(weight.dtype, copy=False)
     if "bias" in needs:
         grad_b = gy.sum(axis=(0, 3)).reshape(spec.out_channels).astype(x.dtype, copy=False)
-    return grad_x, grad_w, grad_b
+    return grad_input, grad_w, grad_b
 
 
 # ---------------------------------------------------------------------------------------------------------

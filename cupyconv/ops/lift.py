@@ -169,8 +169,9 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
     """Raise MemoryError when the arrays of shapes `results` (in dtype) and the least workspace of the path take
     more than the memory its arrays live in (`_device.total_memory`); the unfold/fold runs call it too.
 
-    The workspace counted is one image's, which every chunked path needs at least: its depth windows in 3-D, else
-    its padded copy on the CPU path (every CPU op pads; the kernels read x in place).  So the check never refuses
+    The workspace counted is what no path can chunk: one image's depth windows in 3-D, else on the CPU path one
+    image's padded copy (every CPU op pads; the kernels read x in place) and one output row's columns (the least
+    piece of conv's columns).  So the check never refuses
     a call that fits, and an impossible size (a 2^48-element output; on the CPU path a padding of 2^40) is a
     clear error before the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
     ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
@@ -184,6 +185,10 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
         elif device is None:
             arrays.append(f"one image's padded copy {(spec.in_channels, *spec.padded_size)}")
             nbytes.append(spec.in_channels * math.prod(spec.padded_size) * itemsize)
+            # The CPU path chunks columns down to one output row's (conv.py `_pieces`), never below.
+            row = (spec.in_channels * spec.taps, spec.out_size[-1])
+            arrays.append(f"one output row's columns {row}")
+            nbytes.append(math.prod(row) * itemsize)
     memory = _device.total_memory(device)
     if memory is not None and sum(nbytes) > memory:
         where = "this machine (the CPU path)" if device is None else f"the {device.name} device"
