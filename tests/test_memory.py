@@ -184,7 +184,9 @@ def test_3d_one_chunk_of_depth_windows_at_a_time(monkeypatch, device):
     x, w, gy = conv_problem(numpy.random.default_rng(4), nd=3)
     windows = Live(lift.depth_windows)
     monkeypatch.setattr(lift, "depth_windows", windows)
-    limit = 2 * lift.depth_window_bytes(ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3), 4)
+    # Chunks of 2: an image's windows and grad_output copy take half the limit, the 2-D run the other half.
+    per_image = lift.depth_window_bytes(ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3), 4) + gy[0].nbytes
+    limit = 2 * 2 * per_image
     on(device, cc.conv3d_backward, gy, x, w, padding=1, workspace_limit=limit, needs="weight")
     assert (windows.calls, windows.most) == (4, 1)
 
@@ -242,3 +244,48 @@ def test_cpu_pointwise_input_gradient_stays_within_the_limit():
     limit = 2 * 16 * 34 * 34 * 4
     peaks = _peaks(x, w, limit)
     assert peaks["input"] < 1.2 * limit + 3 * numpy.getbufsize() * 4, peaks
+
+
+def _bound(limit):
+    """The peak allowed beyond the results: the limit, a fifth more (the pieces are sized from estimates), and
+    NumPy's ufunc buffers (numpy.getbufsize() elements for each of 3 operands)."""
+    return 1.2 * limit + 3 * numpy.getbufsize() * 4
+
+
+def _traced_peaks(forward, backward, gy):
+    y, peak = traced_peak(forward)
+    peaks = {"forward": peak - y.nbytes}
+    for needs in ("input", "weight"):
+        (grad,), peak = traced_peak(lambda: [g for g in backward(gy, needs) if g is not None])
+        peaks[needs] = peak - grad.nbytes
+    return peaks
+
+
+def test_3d_peak_stays_within_the_limit():
+    """The 3-D drivers give half the limit to the depth windows (and the grad_output copy, the windows' gradient and
+    its fold) and the rest to the 2-D run inside: not the windows, their gradient and the inner columns each at
+    the limit (3.2x it before)."""
+    rng = numpy.random.default_rng(8)
+    x, w = ref.random(rng, (8, 4, 6, 24, 24), F32), ref.random(rng, (8, 4, 3, 3, 3), F32)
+    spec = ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3)
+    limit = 2 * lift.depth_window_bytes(spec, 4)
+    gy = numpy.ones(spec.output_shape, F32)
+    peaks = _traced_peaks(lambda: cc.conv3d(x, w, padding=1, workspace_limit=limit),
+                          lambda gy, needs: cc.conv3d_backward(gy, x, w, padding=1, needs=needs,
+                                                               workspace_limit=limit), gy)
+    assert all(peak < _bound(limit) for peak in peaks.values()), peaks
+
+
+def test_cpu_depthwise_peak_stays_within_the_limit():
+    """The CPU depthwise op pads (and sums its input gradient into) chunks of images, not the whole batch."""
+    rng = numpy.random.default_rng(9)
+    x, w = ref.random(rng, (8, 16, 64, 64), F32), ref.random(rng, (32, 1, 3, 3), F32)
+    limit = 2 * 16 * (66 * 66 + 2 * 64 * 64) * 4          # two images' padded planes and products
+    gy = numpy.ones((8, 32, 64, 64), F32)
+    peaks = _traced_peaks(lambda: cc.conv2d(x, w, padding=1, groups=16, workspace_limit=limit),
+                          lambda gy, needs: cc.conv2d_backward(gy, x, w, padding=1, groups=16, needs=needs,
+                                                               workspace_limit=limit), gy)
+    assert all(peak < _bound(limit) for peak in peaks.values()), peaks
+    with cc.settings.workspace_limit(limit):
+        _, peak = traced_peak(lambda: cc.depthwise_conv2d(x, w, padding=1))
+    assert peak - 8 * 32 * 64 * 64 * 4 < _bound(limit)

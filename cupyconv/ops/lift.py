@@ -25,7 +25,7 @@ import math
 
 import numpy
 
-from .. import _device
+from .. import _device, settings
 from .._arrays import compute_dtype
 from .._kernels import INT32_MAX
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
@@ -124,12 +124,6 @@ def depth_fold(xp, g, spec: ConvSpec, dtype):
     return out.astype(dtype, copy=False)
 
 
-def _channels_second(xp, y, images: int, depth: int):
-    """(images * depth, O, ...) -> (images, O, depth, ...) (a copy)."""
-    y = y.reshape(images, depth, *y.shape[1:])
-    return xp.ascontiguousarray(y.swapaxes(1, 2))
-
-
 def _depth_first(xp, y):
     """(images, O, depth, ...) -> (images * depth, O, ...) (a copy)."""
     y = xp.ascontiguousarray(y.swapaxes(1, 2))
@@ -224,24 +218,42 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     if spec.nd == 1:
         y = run(device, with_unit_height(x), with_unit_height(weight), bias, unit_height(spec), algorithm)
         return y.reshape(spec.output_shape)
-    xp, n, od = array_module(device), spec.n, spec.out_size[0]
+    n, od = spec.n, spec.out_size[0]
     x = x.reshape(n, *spec.input_shape[-4:])
     weight = depth_weight(weight, spec)
     out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
-    for chunk in batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize)):
+    isz = x.dtype.itemsize
+    per_image = depth_window_bytes(spec, isz) + math.prod(spec.output_shape[-4:]) * isz   # windows, 2-D result
+    for chunk, inner in _depth_chunks(n, per_image):
         m = chunk.stop - chunk.start
-        y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
-        out[chunk] = _channels_second(xp, y, m, od)
+        with inner:
+            y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
+        out[chunk] = y.reshape(m, od, *y.shape[1:]).swapaxes(1, 2)   # (m, O, oD, ...) without a copy of y
+        del y
     return out.reshape(spec.output_shape)
 
 
-def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x):
-    """The 2-D backward of the depth windows of a chunk x (m, C, D, H, W) of a 3-D problem: their input gradient is
-    folded into grad_x (the chunk's part of it, or None); returns the chunk's (grad_weight, grad_bias).  The windows
-    and their gradient are freed on return, before the next chunk's are built."""
+def _depth_chunks(n: int, per_image: int):
+    """Chunks of a 3-D batch whose depth-window workspace (`per_image` bytes an image) takes at most half the
+    workspace limit, each with the scoped limit its 2-D run gets: the rest, so that the two together stay within
+    the limit (an image whose windows alone pass it gets a chunk of its own and a limit of 1 byte: the 2-D run's
+    least pieces)."""
+    limit = settings.get_workspace_limit()
+    for chunk in batch_chunks(n, 2 * per_image, limit):
+        yield chunk, settings.workspace_limit(max(1, limit - (chunk.stop - chunk.start) * per_image))
+
+
+def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x,
+                          inner):
+    """The 2-D backward (run within the scoped limit `inner`) of the depth windows of a chunk x (m, C, D, H, W) of a
+    3-D problem: their input gradient is folded into grad_x (the chunk's part of it, or None); returns the chunk's
+    (grad_weight, grad_bias).  The windows and their gradient are freed on return, before the next chunk's are
+    built."""
     xp, spec2 = array_module(device), depth_spec(spec, x.shape[0])
     v = depth_windows(device, x, spec) if "weight" in needs else placeholder(xp, spec2.input_shape, x.dtype)
-    gv, grad_w, grad_b = run(device, _depth_first(xp, gy), v, weight2, spec2, needs, algorithm)
+    with inner:
+        gv, grad_w, grad_b = run(device, _depth_first(xp, gy), v, weight2, spec2, needs, algorithm)
+    del v
     if grad_x is not None:
         grad_x[...] = depth_fold(xp, gv, spec, x.dtype)
     return grad_w, grad_b
@@ -263,11 +275,17 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     gy = grad_output.reshape(n, *spec.output_shape[-4:])
     weight2 = depth_weight(weight, spec)
     grad_x = empty(device, x.shape, x.dtype) if "input" in needs else None
-    chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
+    # An image's windows (if the weight gradient is asked for), its grad_output copy, and for the input gradient
+    # the windows' gradient and its fold (in the compute dtype).
+    isz, ct = x.dtype.itemsize, compute_dtype(x.dtype).itemsize
+    windows = depth_window_bytes(spec, isz)
+    per_image = ((windows if "weight" in needs else 0) + math.prod(spec.output_shape[-4:]) * isz
+                 + ((windows + math.prod(spec.input_shape[-4:]) * ct) if "input" in needs else 0))
+    chunks = list(_depth_chunks(n, per_image))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
-    for chunk in chunks:
+    for chunk, inner in chunks:
         params = _depth_chunk_backward(run, device, gy[chunk], x[chunk], weight2, spec, needs, algorithm,
-                                       None if grad_x is None else grad_x[chunk])
+                                       None if grad_x is None else grad_x[chunk], inner)
         for i, p in enumerate(params):
             if p is None:
                 continue
