@@ -167,7 +167,8 @@ def set_deterministic(enabled: bool) -> None:
     _DETERMINISTIC.set(enabled)
 
 
-@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to choose by the shapes alone inside the block."), raises=_NOT_BOOL)
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to choose by the shapes alone inside the block."),
+           raises=_NOT_BOOL)
 def deterministic(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """``with deterministic(True):`` for the calls inside the block only (see `set_deterministic`)."""
     return _DETERMINISTIC.scope(enabled)
