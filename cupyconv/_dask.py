@@ -243,7 +243,7 @@ def input_windows(chunks: tuple[int, ...], spec: ConvSpec, dim: int) -> list:
     n, o, s = spec.in_size[dim], spec.out_size[dim], spec.stride[dim]
     extent = spec.dilation[dim] * (spec.kernel_size[dim] - 1) + 1
     low = spec.padding[dim][0]
-    blocks = []
+    blocks: list[tuple[tuple[int, int], Window | None]] = []
     for a, b in zip(itertools.accumulate((0, *chunks[:-1])), itertools.accumulate(chunks)):
         p, q = max(0, ceil_div(a + low - extent + 1, s)), min(o, (b - 1 + low) // s + 1)
         if q <= p:

@@ -91,8 +91,8 @@ def get_max_workspace_size() -> int:
     return settings.get_workspace_limit()
 
 
-@numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one sample '
-                           'at a time.'),
+@numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one output '
+                           'row of one sample at a time.'),
            raises=(("TypeError", "size is not an int."), ("ValueError", "size is negative.")))
 def set_max_workspace_size(size: int) -> None:
     """Set cupyconv's workspace limit for every later call: `cupyconv.settings.set_workspace_limit`."""

@@ -14,8 +14,9 @@ setting               default                         what it decides
                                                       and with it every bit of the result, depends on the
                                                       shapes alone, in every process; kernels that would sum
                                                       with float atomics are refused (none exists today)
-``workspace_limit``   DEFAULT_WORKSPACE_LIMIT bytes   how many bytes a temporary buffer (an im2col matrix) may
-                                                      take before an op processes the batch in chunks
+``workspace_limit``   DEFAULT_WORKSPACE_LIMIT bytes   how many bytes the temporary buffers (im2col matrices,
+                                                      padded copies) may take before an op processes the batch
+                                                      in chunks, down to bands of one image's output rows
 ====================  ==============================  =========================================================
 
 ``set_<name>(value)`` changes the default for every later call in every thread; ``with <name>(value):`` changes

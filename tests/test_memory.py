@@ -289,3 +289,42 @@ def test_cpu_depthwise_peak_stays_within_the_limit():
     with cc.settings.workspace_limit(limit):
         _, peak = traced_peak(lambda: cc.depthwise_conv2d(x, w, padding=1))
     assert peak - 8 * 32 * 64 * 64 * 4 < _bound(limit)
+
+
+class Sized:
+    """Wraps a function that returns a new array and records the bytes of each of its results."""
+
+    def __init__(self, fn):
+        self.fn, self.sizes = fn, []
+
+    def __call__(self, *args, **kwargs):
+        result = self.fn(*args, **kwargs)
+        self.sizes.append(result.nbytes)
+        return result
+
+
+def test_gpu_columns_stay_below_the_limit_within_one_image(monkeypatch):
+    """im2col_gemm forward and weight gradient (conv2d and patch_conv2d) on the emulated device: one image's
+    columns (4 * 9 * 18 * 18 * 4 bytes) over a limit of a fifth of them are built band by band, none above the
+    limit, and the results are those computed in one piece."""
+    rng = numpy.random.default_rng(10)
+    x, w = ref.random(rng, (2, 4, 20, 20), F32), ref.random(rng, (6, 4, 3, 3), F32)
+    gy = ref.random(rng, (2, 6, 18, 18), F32)
+    limit = 4 * 9 * 18 * 18 * 4 // 5
+    columns = Sized(conv.unfold_gpu)
+    monkeypatch.setattr(conv, "unfold_gpu", columns)
+    patch_columns = Sized(patch.unfold_gpu)
+    monkeypatch.setattr(patch, "unfold_gpu", patch_columns)
+    device, algorithm = EmulatedDevice(), dict(algorithm="im2col_gemm")
+    runs = [(lambda **kw: on(device, cc.conv2d, x, w, **algorithm, **kw), ref.conv2d(x, w)),
+            (lambda **kw: on(device, cc.conv2d_backward, gy, x, w, needs="weight", **algorithm, **kw)[1],
+             ref.conv2d_grads(gy, x, w)[1]),
+            (lambda **kw: on(device, cc.patch_conv2d, x[None], w, **algorithm, **kw), ref.conv2d(x, w)[None]),
+            (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="weight", **algorithm,
+                             **kw)[1], ref.conv2d_grads(gy, x, w)[1])]
+    for run, want in runs:
+        columns.sizes.clear()
+        patch_columns.sizes.clear()
+        ref.assert_close(run(workspace_limit=limit), want, "float32")
+        sizes = columns.sizes + patch_columns.sizes
+        assert len(sizes) > 2 * 2 and max(sizes) <= limit, sizes

@@ -69,20 +69,25 @@ def _image_workspace(spec: ConvSpec, itemsize: int, out_channels: int = 0):
     return row * spec.out_size[0] + padded_row * hp, fixed, row + spec.stride[0] * padded_row
 
 
-def _pieces(x, spec: ConvSpec, itemsize: int, out_channels: int = 0):
-    """The CPU path's work within the workspace limit: chunks of whole images while one image's workspace
-    (`_image_workspace`) fits, else bands of one image's output rows (`row_bands`).  Yields (images, output
-    pixels, input rows, the piece's spec): the piece is x[images, :, rows], its output [images, ..., pixels]."""
-    image, fixed, row = _image_workspace(spec, itemsize, out_channels)
+def work_pieces(spec: ConvSpec, image_bytes: int, fixed_bytes: int, row_bytes: int):
+    """The pieces of a batch whose workspace stays within the limit: chunks of whole images while one image's
+    (`image_bytes`) fits, else bands of one image's output rows (`row_bands`: fixed_bytes + row_bytes a row).
+    Yields (images, output pixels, input rows, the piece's spec): the piece is x[images, :, rows], its output
+    [images, ..., pixels].  Both paths' im2col GEMMs (and patch's) run on these."""
     every = slice(None)
-    if image <= settings.get_workspace_limit():
-        for chunk in batch_chunks(spec.n, image):
+    if image_bytes <= settings.get_workspace_limit():
+        for chunk in batch_chunks(spec.n, image_bytes):
             yield chunk, every, every, spec.with_batch(chunk.stop - chunk.start)
         return
     ow = spec.out_size[1]
     for i in range(spec.n):
-        for out_rows, in_rows, band in row_bands(spec, fixed, row):
+        for out_rows, in_rows, band in row_bands(spec, fixed_bytes, row_bytes):
             yield slice(i, i + 1), slice(out_rows.start * ow, out_rows.stop * ow), in_rows, band
+
+
+def _pieces(spec: ConvSpec, itemsize: int, out_channels: int = 0):
+    """The CPU path's pieces (`work_pieces`), its workspace per image `_image_workspace`."""
+    return work_pieces(spec, *_image_workspace(spec, itemsize, out_channels))
 
 
 def conv2d_cpu(x, weight, bias, spec: ConvSpec):
@@ -91,7 +96,7 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     x = x.reshape(n, *spec.input_shape[-3:])
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
-    for chunk, pix, rows, piece in _pieces(x, spec, ct.itemsize, spec.out_channels if _batch_last(spec) else 0):
+    for chunk, pix, rows, piece in _pieces(spec, ct.itemsize, spec.out_channels if _batch_last(spec) else 0):
         # The columns are a temporary of the product, gone before the next piece's: one piece's at a time.
         batch_last = _batch_last(piece)
         cols = _columns(x[chunk, :, rows], piece, ct, batch_last)
@@ -140,7 +145,7 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
     for name in [name for name in ("input", "weight") if name in needs]:
         # One gradient's pieces at a time, each piece's columns gone before the next's.
         extra = spec.out_channels if _batch_last(spec) or name == "weight" else 0
-        for chunk, pix, rows, piece in _pieces(x, spec, ct.itemsize, extra):
+        for chunk, pix, rows, piece in _pieces(spec, ct.itemsize, extra):
             batch_last = _batch_last(piece)
             gyc = _grad_columns(gy[chunk, :, :, pix], piece, batch_last)
             if name == "weight":
@@ -243,7 +248,8 @@ def _routes_to_depthwise(spec: ConvSpec) -> bool:
 
 def _is_pointwise(spec: ConvSpec) -> bool:
     """1x1, stride 1, no padding: im2col is the identity, x (n, C, H, W) is already cols (n, C, L)."""
-    return spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+    return (spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+            and spec.out_size == spec.in_size)   # (a clamped spec has stride 1 along a dim of one output)
 
 
 def _pow2_at_least(v: int) -> int:
@@ -464,13 +470,20 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     n, g, dg, k = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps
     out = device.empty((n, g, dg, spec.out_pixels), x.dtype)
     w = weight.reshape(g, dg, k)
+    isz, ow = x.dtype.itemsize, spec.out_size[1]
     if _is_pointwise(spec) and x.flags.c_contiguous:
         device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
     else:
-        for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
-            cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
-            device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
-            del cols   # before the next chunk's are allocated: one chunk's columns at a time
+        row = (k * g + spec.out_channels) * ow * isz   # a band's columns and its product
+        for images, pixels, rows, piece in work_pieces(spec, spec.cols_bytes(isz), 0, row):
+            cols = unfold_gpu(device, x[images, :, rows], piece).reshape(-1, g, k, piece.out_pixels)
+            if pixels == slice(None):
+                device.matmul_strided(w, cols, out[images])
+            else:   # a band of one image's output rows: a band-sized product, copied into place
+                product = device.empty((1, g, dg, piece.out_pixels), x.dtype)
+                out[images, :, :, pixels] = device.matmul_strided(w, cols, product)
+                del product
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     if bias is not None:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
@@ -506,16 +519,16 @@ def weight_grad_bytes(spec: ConvSpec, itemsize: int) -> int:
 
 def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
     """grad_weight (D, C / G, kH, kW) in the compute dtype of dtype, from pieces (x (m, C, H, W) any strides,
-    grad_output (m, G, D / G, L)) of the batch, each within the workspace budget (`weight_grad_bytes` per image):
+    grad_output (m, G, D / G, L), their spec) of the batch, each within the workspace budget (`work_pieces`):
     per piece one GEMM batched over the groups with the reduction over m * L, accumulated by cuBLAS (beta = 1)
     into one float32/float64 buffer in piece order, so the bits are the same on every run.  Also patch's."""
-    g, dg, L = spec.groups, spec.outputs_per_group, spec.out_pixels
+    g, dg = spec.groups, spec.outputs_per_group
     k = spec.channels_per_group * spec.taps
     acc = device.empty((g, dg, k), compute_dtype(dtype))  # the weight's layout: no transpose at the end
     beta = 0.0  # the first piece overwrites acc, the others add to it
-    for x_part, gy_part in pieces:
-        m = x_part.shape[0]
-        cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
+    for x_part, gy_part, piece in pieces:
+        m, L = x_part.shape[0], piece.out_pixels
+        cols = unfold_gpu(device, x_part, piece, rows_first=True).reshape(g, k, m * L)
         gyc = device.xp.ascontiguousarray(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
         del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
@@ -571,7 +584,9 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             if algo == "implicit_gemm":
                 gyv = gy.reshape(n, spec.out_channels, L)
                 return implicit_gemm_grad_weight(device, batch_view(device.xp, x), gyv, spec)
-            pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
+            row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
+            pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
+                      in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return gemm_weight_grad(device, pieces, spec, x.dtype).astype(weight.dtype, copy=False)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)

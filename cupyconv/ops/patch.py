@@ -37,7 +37,7 @@ from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
 from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
                    implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes,
-                   workspace_scope)
+                   work_pieces, workspace_scope)
 from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
@@ -234,6 +234,11 @@ def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
 
 # --- launches ---------------------------------------------------------------------------------------------
 
+def _gemm_row_bytes(spec: ConvSpec, itemsize: int) -> int:
+    """Bytes of one output row's columns and product (or grad_output copy): a band's workspace per row."""
+    return (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * itemsize
+
+
 def _gemm_chunks(view, bytes_per_patch: int):
     """(outer index, slice of inner) pieces of a batch view, each within the workspace budget."""
     for o in range(view.shape[0]):
@@ -265,10 +270,18 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     g, pixels = spec.groups, spec.out_pixels
     w = weight.reshape(g, spec.outputs_per_group, -1)
     out5 = out.reshape(*xv.shape[:2], g, spec.outputs_per_group, pixels)
-    for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
-        cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
-        device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
-        del cols   # before the next chunk's are allocated: one chunk's columns at a time
+    inner, row = spec.with_batch(xv.shape[1]), _gemm_row_bytes(spec, xv.itemsize)
+    for o in range(xv.shape[0]):
+        for images, band, rows, piece in work_pieces(inner, spec.cols_bytes(xv.itemsize), 0, row):
+            cols = unfold_gpu(device, xv[o, images, :, rows], piece)
+            cols = cols.reshape(cols.shape[0], g, -1, piece.out_pixels)
+            if band == slice(None):
+                device.matmul_strided(w, cols, out5[o, images])
+            else:   # a band of one patch's output rows
+                product = device.empty((1, g, spec.outputs_per_group, piece.out_pixels), xv.dtype)
+                out5[o, images, :, :, band] = device.matmul_strided(w, cols, product)
+                del product
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
     return out
@@ -327,7 +340,9 @@ def _weight_grad_gemm(device, xv, gy, spec: ConvSpec, out):
     """conv2d's GEMM weight gradient over the batch view's pieces (x and grad_output chunked alike)."""
     gv = gy.reshape(*xv.shape[:2], *gy.shape[-3:])
     grad = gv.reshape(*xv.shape[:2], spec.groups, spec.outputs_per_group, spec.out_pixels)
-    pieces = ((xv[o, part], grad[o, part]) for o, part in _gemm_chunks(xv, weight_grad_bytes(spec, xv.itemsize)))
+    inner, row = spec.with_batch(xv.shape[1]), _gemm_row_bytes(spec, xv.itemsize)
+    pieces = ((xv[o, images, :, rows], grad[o, images, :, :, pixels], piece) for o in range(xv.shape[0])
+              for images, pixels, rows, piece in work_pieces(inner, weight_grad_bytes(spec, xv.itemsize), 0, row))
     out[...] = gemm_weight_grad(device, pieces, spec, out.dtype)
     return out
 
