@@ -303,22 +303,36 @@ class Sized:
         return result
 
 
+def recorded_matmul(sized, device_type):
+    """Device.matmul_strided, recording the bytes of the product (the input gradient's columns) in `sized`."""
+    real = device_type.matmul_strided
+
+    def matmul_strided(self, a, b, out, **kwargs):
+        sized.sizes.append(out.nbytes)
+        return real(self, a, b, out, **kwargs)
+    return matmul_strided
+
+
 def test_gpu_columns_stay_below_the_limit_within_one_image(monkeypatch):
-    """im2col_gemm forward and weight gradient (conv2d and patch_conv2d) on the emulated device: one image's
-    columns (4 * 9 * 18 * 18 * 4 bytes) over a limit of a fifth of them are built band by band, none above the
-    limit, and the results are those computed in one piece."""
+    """im2col_gemm forward and gradients (conv2d; forward and weight gradient of patch_conv2d) on the emulated device:
+    one image's columns (4 * 9 * 18 * 18 * 4 bytes) over a limit of a fifth of them are built band by band, none
+    above the limit (the GEMM products recorded too: the input gradient's columns, each piece's product), and the
+    results are torch's."""
     rng = numpy.random.default_rng(10)
     x, w = ref.random(rng, (2, 4, 20, 20), F32), ref.random(rng, (6, 4, 3, 3), F32)
     gy = ref.random(rng, (2, 6, 18, 18), F32)
     limit = 4 * 9 * 18 * 18 * 4 // 5
     columns = Sized(conv.unfold_gpu)
     monkeypatch.setattr(conv, "unfold_gpu", columns)
+    monkeypatch.setattr(EmulatedDevice, "matmul_strided", recorded_matmul(columns, EmulatedDevice))
     patch_columns = Sized(patch.unfold_gpu)
     monkeypatch.setattr(patch, "unfold_gpu", patch_columns)
     device, algorithm = EmulatedDevice(), dict(algorithm="im2col_gemm")
     runs = [(lambda **kw: on(device, cc.conv2d, x, w, **algorithm, **kw), ref.conv2d(x, w)),
             (lambda **kw: on(device, cc.conv2d_backward, gy, x, w, needs="weight", **algorithm, **kw)[1],
              ref.conv2d_grads(gy, x, w)[1]),
+            (lambda **kw: on(device, cc.conv2d_backward, gy, x, w, needs="input", **algorithm, **kw)[0],
+             ref.conv2d_grads(gy, x, w)[0]),
             (lambda **kw: on(device, cc.patch_conv2d, x[None], w, **algorithm, **kw), ref.conv2d(x, w)[None]),
             (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="weight", **algorithm,
                              **kw)[1], ref.conv2d_grads(gy, x, w)[1])]

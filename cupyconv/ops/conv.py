@@ -499,8 +499,19 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
         return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
-    per_sample = (spec.cols_bytes(gy.itemsize)
-                  + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
+    isz, (h, w), ow = gy.itemsize, spec.in_size, spec.out_size[1]
+    per_sample = spec.cols_bytes(isz) + spec.in_channels * h * w * isz
+    if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
+        grad_x = device.xp.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
+        stride, extent = spec.stride[0], spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
+        row = (k * g * ow + stride * spec.in_channels * w) * isz
+        fixed = max(extent - stride, 0) * spec.in_channels * w * isz
+        for images, pixels, rows, piece in work_pieces(spec, per_sample, fixed, row):
+            cols = device.matmul_strided(wt, gy[images, :, :, pixels], device.empty((1, g, k, piece.out_pixels),
+                                                                                        gy.dtype))
+            grad_x[images, :, rows] += fold_gpu(device, cols, piece)   # bands overlap where their windows do
+            del cols
+        return grad_x
     chunks = batch_chunks(n, per_sample)
     cols = device.empty((max((c.stop - c.start for c in chunks), default=0), g, k, L), gy.dtype)  # reused
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
