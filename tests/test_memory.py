@@ -314,7 +314,7 @@ def recorded_matmul(sized, device_type):
 
 
 def test_gpu_columns_stay_below_the_limit_within_one_image(monkeypatch):
-    """im2col_gemm forward and gradients (conv2d; forward and weight gradient of patch_conv2d) on the emulated device:
+    """im2col_gemm forward and gradients of conv2d and patch_conv2d on the emulated device:
     one image's columns (4 * 9 * 18 * 18 * 4 bytes) over a limit of a fifth of them are built band by band, none
     above the limit (the GEMM products recorded too: the input gradient's columns, each piece's product), and the
     results are torch's."""
@@ -335,7 +335,9 @@ def test_gpu_columns_stay_below_the_limit_within_one_image(monkeypatch):
              ref.conv2d_grads(gy, x, w)[0]),
             (lambda **kw: on(device, cc.patch_conv2d, x[None], w, **algorithm, **kw), ref.conv2d(x, w)[None]),
             (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="weight", **algorithm,
-                             **kw)[1], ref.conv2d_grads(gy, x, w)[1])]
+                             **kw)[1], ref.conv2d_grads(gy, x, w)[1]),
+            (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="input", **algorithm,
+                             **kw)[0], ref.conv2d_grads(gy, x, w)[0][None])]
     for run, want in runs:
         columns.sizes.clear()
         patch_columns.sizes.clear()

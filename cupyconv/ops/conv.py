@@ -492,6 +492,15 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     return out.reshape(n, spec.out_channels, *spec.out_size)
 
 
+def grad_input_bytes(spec: ConvSpec, itemsize: int) -> tuple[int, int, int]:
+    """The GEMM input gradient's workspace (its columns and their fold) for `work_pieces`: per image, and for a
+    band of output rows the part that does not grow with them (the halo rows) and the bytes per row."""
+    (h, w), ow, c = spec.in_size, spec.out_size[1], spec.in_channels
+    stride, extent = spec.stride[0], spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
+    return (spec.cols_bytes(itemsize) + c * h * w * itemsize, max(extent - stride, 0) * c * w * itemsize,
+            (c * spec.taps * ow + stride * c * w) * itemsize)
+
+
 def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im."""
     n, g, dg, k, L = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps, spec.out_pixels
@@ -499,13 +508,9 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
         return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
-    isz, (h, w), ow = gy.itemsize, spec.in_size, spec.out_size[1]
-    per_sample = spec.cols_bytes(isz) + spec.in_channels * h * w * isz
+    per_sample, fixed, row = grad_input_bytes(spec, gy.itemsize)
     if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
         grad_x = device.xp.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
-        stride, extent = spec.stride[0], spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
-        row = (k * g * ow + stride * spec.in_channels * w) * isz
-        fixed = max(extent - stride, 0) * spec.in_channels * w * isz
         for images, pixels, rows, piece in work_pieces(spec, per_sample, fixed, row):
             cols = device.matmul_strided(wt, gy[images, :, :, pixels], device.empty((1, g, k, piece.out_pixels),
                                                                                         gy.dtype))

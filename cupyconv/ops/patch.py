@@ -31,13 +31,13 @@ from .._arrays import Call, compute_dtype
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
                         extent, index_type, kernel_name)
-from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
 from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
-                   implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes,
-                   work_pieces, workspace_scope)
+                   grad_input_bytes, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal,
+                   weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
@@ -239,13 +239,6 @@ def _gemm_row_bytes(spec: ConvSpec, itemsize: int) -> int:
     return (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * itemsize
 
 
-def _gemm_chunks(view, bytes_per_patch: int):
-    """(outer index, slice of inner) pieces of a batch view, each within the workspace budget."""
-    for o in range(view.shape[0]):
-        for part in batch_chunks(view.shape[1], bytes_per_patch):
-            yield o, part
-
-
 def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     xp = device.xp
     out = device.empty(spec.output_shape, x.dtype)
@@ -305,13 +298,20 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
     g, pixels = spec.groups, spec.out_pixels
     wt = weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1)  # read transposed, not copied
     out5 = out.reshape(*gv.shape[:2], *spec.input_shape[-3:])
-    per_patch = spec.cols_bytes(gv.itemsize) + math.prod(spec.input_shape[-3:]) * gv.itemsize
-    for o, part in _gemm_chunks(gv, per_patch):
-        gy = gv[o, part]
-        cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
-        device.matmul_strided(wt, gy.reshape(gy.shape[0], g, spec.outputs_per_group, pixels), cols)
-        out5[o, part] = fold_gpu(device, cols, spec.with_batch(part.stop - part.start))
-        del cols   # before the next chunk's are allocated: one chunk's columns at a time
+    inner = spec.with_batch(gv.shape[1])
+    per_patch, fixed, row = grad_input_bytes(spec, gv.itemsize)
+    if per_patch > settings.get_workspace_limit():
+        out[...] = 0   # bands of a patch's output rows add up where their windows overlap
+    for o in range(gv.shape[0]):
+        for images, band, rows, piece in work_pieces(inner, per_patch, fixed, row):
+            gy = gv[o, images].reshape(-1, g, spec.outputs_per_group, pixels)[..., band]
+            cols = device.empty((gy.shape[0], g, wt.shape[1], piece.out_pixels), gy.dtype)
+            device.matmul_strided(wt, gy, cols)
+            if band == slice(None):
+                out5[o, images] = fold_gpu(device, cols, piece)
+            else:
+                out5[o, images, :, rows] += fold_gpu(device, cols, piece)
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     return out
 
 
