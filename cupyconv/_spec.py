@@ -25,6 +25,10 @@ SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 NEEDS = ("input", "weight", "bias")
 
 
+#: The largest stride `ConvSpec.clamped` leaves along a dim of one output: what a kernel's int parameter holds.
+MAX_STRIDE = 2**31 - 1
+
+
 def ceil_div(a: int, b: int) -> int:
     """ceil(a / b) for ints, b > 0."""
     return -(-a // b)
@@ -189,14 +193,16 @@ class ConvSpec:
         return dataclasses.replace(self, batch=(n,))
 
     def clamped(self) -> "ConvSpec":
-        """The same problem in the smallest geometry that reads the same positions: stride 1 along a dim of one
-        output, dilation 1 along a dim of one tap, and the high padding cut to what the last window reaches.
+        """The same problem in a smaller geometry that reads the same positions: along a dim of one output a stride
+        past 2^31 - 1 cut to the window's extent, along a dim of one tap dilation 1, and the high padding cut to
+        what the last window reaches.
 
         Exact: output p, tap a reads p * stride + a * dilation - pad_low for p < out and a < k, which none of
         these changes, and the output size stays (the high padding only ever rounds it).  So a valid stride of
         2^62 (one output) never reaches NumPy's strides or a kernel's int parameter, and a padding larger than the
-        windows reach costs no padded copy."""
-        stride = tuple(1 if o == 1 else s for o, s in zip(self.out_size, self.stride))
+        windows reach costs no padded copy.  (Smaller strides stay: the kernels chosen for them do not change.)"""
+        extents = [d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation)]
+        stride = tuple(e if o == 1 and s > MAX_STRIDE else s for o, s, e in zip(self.out_size, self.stride, extents))
         dilation = tuple(1 if k == 1 else d for k, d in zip(self.kernel_size, self.dilation))
         padding = tuple((lo, max(0, (o - 1) * s + d * (k - 1) + 1 - lo - n))
                         for n, (lo, _), o, s, d, k in zip(self.in_size, self.padding, self.out_size, stride,

@@ -1,5 +1,6 @@
 """Memory: sizes are checked before anything is allocated, and the workspace limit bounds the column matrices (and
-depth windows) alive at once.
+depth windows, padded copies, col2im buffers) alive at once, down to bands of one image's output rows; peaks are
+measured with tracemalloc on the CPU path, buffer sizes recorded on the emulated kernel path.
 
 An output that cannot fit (2^48 elements here) raises MemoryError naming the op, the shapes and the bytes, on the
 CPU path and on the emulated kernel path, before the first allocation: nothing is allocated, so these tests are
