@@ -189,6 +189,10 @@ class Call:
         stack.enter_context(self.device.scope(self.op, int(_device_of(first).split(":")[1])))
 
     def _import(self, a):
+        if self.kind == "numpy":
+            # A subclass (numpy.matrix stays 2-D under reshape and indexing) is computed on as its plain ndarray
+            # view, and the result is a plain ndarray.
+            return a if type(a) is numpy.ndarray else a.view(numpy.ndarray)
         if self.kind != "torch":
             return a
         import torch

@@ -25,8 +25,11 @@ whether its spatial chunks map to windows); one mechanism serves them all:
   So x is not rechunked however its chunks and the stride fall; an input chunk that holds no output's
   position, or whose outputs would read nothing but padding, gets no output block of its own (it joins its
   neighbour's), so no output chunk is empty.
-- Ops mapped over the leading dims only, their spatial dims rechunked to one chunk: conv_transpose*,
-  unfold/fold and their backward, and the input gradient of every `*_backward`.
+- The input gradient of the windowed ops keeps x's spatial chunks too, by the same halo exchange the other way
+  round (`input_windows`): each chunk of x gets the input gradient of the region that the windows reaching into
+  it read, from those outputs' grad_output rows, cut to the chunk (zeros where no window reaches).
+- Ops mapped over the leading dims only, their spatial dims rechunked to one chunk: conv_transpose*, unfold/fold
+  and their backward (as transposed windows, their blocks would need the same scheme; not done yet).
 - Weight and bias gradients: one partial per block (leading blocks times spatial windows), summed in the compute
   dtype (float32 for 16-bit types) by a fixed tree of tasks (`SUM_FAN_IN` partials each, added in order by the
   path's Device), so the bits do not depend on the scheduler.
@@ -143,9 +146,9 @@ NOTES = {
                    "block, spatial chunks to overlapping windows (see cupyconv._dask).",
     (False, False): "The arrays may be dask arrays: the result is lazy, mapped over the leading dims with the "
                     "other dims rechunked to one chunk (see cupyconv._dask).",
-    (True, True): "The arrays may be dask arrays: lazy results; grad_x is mapped over the leading dims (spatial "
-                  "dims rechunked to one chunk), grad_weight and grad_bias summed from per-window partials "
-                  "(see cupyconv._dask).",
+    (True, True): "The arrays may be dask arrays: lazy results; grad_x is chunked as x (spatial chunks from the "
+                  "grad_output rows whose windows reach them), grad_weight and grad_bias summed from per-window "
+                  "partials (see cupyconv._dask).",
     (False, True): "The arrays may be dask arrays: lazy results, mapped over the leading dims with the spatial "
                    "dims rechunked to one chunk; grad_weight and grad_bias summed from per-block partials (see "
                    "cupyconv._dask).",
@@ -234,6 +237,26 @@ def dim_windows(chunks: tuple[int, ...], spec: ConvSpec, dim: int) -> list[Windo
     for p, q in zip(starts, starts[1:] + [o]):
         first, end = p * s - low, (q - 1) * s - low + extent
         blocks.append(Window((p, q), (max(first, 0), min(end, n)), (max(-first, 0), max(end - n, 0))))
+    return blocks
+
+
+def input_windows(chunks: tuple[int, ...], spec: ConvSpec, dim: int) -> list:
+    """For the input gradient along spatial dim `dim` of x chunked as `chunks`: per chunk [a, b), (a, b) and the
+    Window of the outputs whose windows reach into it (their grad_output rows, the input region those windows
+    read and its padding), or None where no window does (the chunk's gradient is zeros).  The gradient of that
+    region, computed from those outputs alone, is exact on [a, b): every output that reads a position there is
+    among them (a halo exchange, as the forward's)."""
+    n, o, s = spec.in_size[dim], spec.out_size[dim], spec.stride[dim]
+    extent = spec.dilation[dim] * (spec.kernel_size[dim] - 1) + 1
+    low = spec.padding[dim][0]
+    blocks: list[tuple[tuple[int, int], Window | None]] = []
+    for a, b in zip(itertools.accumulate((0, *chunks[:-1])), itertools.accumulate(chunks)):
+        p, q = max(0, ceil_div(a + low - extent + 1, s)), min(o, (b - 1 + low) // s + 1)
+        if q <= p:
+            blocks.append(((a, b), None))
+            continue
+        first, end = p * s - low, (q - 1) * s - low + extent
+        blocks.append(((a, b), Window((p, q), (max(first, 0), min(end, n)), (max(-first, 0), max(end - n, 0)))))
     return blocks
 
 
@@ -392,6 +415,34 @@ def add_partials(shape, dtype, *parts):
     return total
 
 
+def _input_gradient(call: LazyCall):
+    """grad_x of a windowed op, chunked as x: per chunk of x (along every spatial dim), the input gradient of the
+    region its outputs' windows read, from their grad_output rows, cut to the chunk (`input_windows`)."""
+    import dask.array as da
+    x, nd = call.arguments["x"], call.spec.nd
+    per_dim = [input_windows(x.chunks[x.ndim - nd + d], call.spec, d) for d in range(nd)]
+    channels = x.shape[call.leading:x.ndim - nd]
+
+    def blocks(picked: tuple):
+        if len(picked) < nd:
+            return [blocks((*picked, w)) for w in per_dim[len(picked)]]
+        chunk = tuple(slice(a, b) for (a, b), _ in picked)
+        if any(w is None for _, w in picked):   # no window reads this chunk
+            return da.zeros_like(x[(Ellipsis, *chunk)])
+        window = tuple(w for _, w in picked)
+        region = tuple(w.region[1] - w.region[0] for w in window)
+        grad = call.map(window, (*channels, *region), pick=0, needs=("input",))
+        # The region may start after the chunk or end before it (positions no window reads): zeros there.
+        grad = grad[(Ellipsis, *(slice(max(a, w.region[0]) - w.region[0], min(b, w.region[1]) - w.region[0])
+                                 for (a, b), w in picked))]
+        outside = [(max(w.region[0] - a, 0), max(b - w.region[1], 0)) for (a, b), w in picked]
+        if any(any(sides) for sides in outside):
+            grad = da.pad(grad, [(0, 0)] * (grad.ndim - nd) + outside)
+            grad = grad.rechunk({axis: -1 for axis in range(grad.ndim - nd, grad.ndim)})   # the chunk's, one block
+        return grad
+    return da.block(blocks(()))
+
+
 def _partial_sum(call: LazyCall, pick: int, shape):
     """A weight or bias gradient: one partial per leading block and window, summed in the compute dtype by a tree
     of tasks in a fixed order (windows, then leading blocks), rounded to the call's dtype once at the root."""
@@ -427,7 +478,9 @@ def _backward(call: LazyCall):
                          f"has shape {tuple(output_shape)}")
     x, weight = call.arguments["x"], call.arguments["weight"]
     grad_x = grad_w = grad_b = None
-    if "input" in needs:
+    if "input" in needs and call.geometry.windowed:
+        grad_x = _input_gradient(call)
+    elif "input" in needs:
         grad_x = call.map(None, x.shape[call.leading:], pick=0, needs=("input",))
     if "weight" in needs:
         grad_w = _partial_sum(call, 1, weight.shape)

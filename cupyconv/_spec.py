@@ -25,6 +25,10 @@ SPATIAL = {1: "L", 2: "H, W", 3: "D, H, W"}
 NEEDS = ("input", "weight", "bias")
 
 
+#: The largest stride `ConvSpec.clamped` leaves along a dim of one output: what a kernel's int parameter holds.
+MAX_STRIDE = 2**31 - 1
+
+
 def ceil_div(a: int, b: int) -> int:
     """ceil(a / b) for ints, b > 0."""
     return -(-a // b)
@@ -190,6 +194,23 @@ class ConvSpec:
         """The same geometry over a flat batch of n images (a chunk of this call's batch)."""
         return dataclasses.replace(self, batch=(n,))
 
+    def clamped(self) -> "ConvSpec":
+        """The same problem in a smaller geometry that reads the same positions: along a dim of one output a stride
+        past 2^31 - 1 cut to the window's extent, along a dim of one tap dilation 1, and the high padding cut to
+        what the last window reaches.
+
+        Exact: output p, tap a reads p * stride + a * dilation - pad_low for p < out and a < k, which none of
+        these changes, and the output size stays (the high padding only ever rounds it).  So a valid stride of
+        2^62 (one output) never reaches NumPy's strides or a kernel's int parameter, and a padding larger than the
+        windows reach costs no padded copy.  (Smaller strides stay: the kernels chosen for them do not change.)"""
+        extents = [d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation)]
+        stride = tuple(e if o == 1 and s > MAX_STRIDE else s for o, s, e in zip(self.out_size, self.stride, extents))
+        dilation = tuple(1 if k == 1 else d for k, d in zip(self.kernel_size, self.dilation))
+        padding = tuple((lo, max(0, (o - 1) * s + d * (k - 1) + 1 - lo - n))
+                        for n, (lo, _), o, s, d, k in zip(self.in_size, self.padding, self.out_size, stride,
+                                                          dilation, self.kernel_size))
+        return dataclasses.replace(self, stride=stride, dilation=dilation, padding=padding)
+
     def window_args(self) -> dict:
         """The window geometry under the parameter names every kernel uses for it (a kernel takes the ones
         it declares); the bottom and right padding are implied by the sizes.  2-D specs only."""
@@ -330,6 +351,29 @@ def batch_chunks(n: int, bytes_per_item: int, limit: int | None = None) -> list[
     return [slice(start, min(start + step, n)) for start in range(0, n, step)]
 
 
+def row_bands(spec: ConvSpec, fixed_bytes: int, row_bytes: int, limit: int | None = None) -> list:
+    """Bands of one image's output rows (2-D spec) whose workspace, fixed_bytes + rows * row_bytes, stays within
+    `limit` (default: the workspace limit), one row at least: for a column matrix of one image larger than the
+    limit.  Each band is (its output rows, the input rows it reads, its spec): one image, those input rows, and
+    the padding of the band's windows past them (the op's at the borders, none inside), so running the spec on
+    x[..., rows, :] gives exactly the band's output rows."""
+    limit = settings.get_workspace_limit() if limit is None else limit
+    step = max(1, (limit - fixed_bytes) // max(row_bytes, 1))
+    (n, width), (o, ow) = spec.in_size, spec.out_size
+    s, d, k, low = spec.stride[0], spec.dilation[0], spec.kernel_size[0], spec.padding[0][0]
+    bands = []
+    for p in range(0, o, step):
+        q = min(p + step, o)
+        first, end = p * s - low, (q - 1) * s - low + d * (k - 1) + 1   # the padded rows the windows read
+        start, stop = min(max(first, 0), n), max(min(end, n), 0)
+        pad = (start - first, end - stop) if stop > start else (end - first, 0)   # no input row: zeros only
+        stop = max(stop, start)
+        band = dataclasses.replace(spec, batch=(1,), in_size=(stop - start, width), padding=(pad, spec.padding[1]),
+                                   out_size=(q - p, ow))
+        bands.append((slice(p, q), slice(start, stop), band))
+    return bands
+
+
 def check_needs(op: str, needs) -> frozenset:
     """`needs` of a `*_backward`: a name or an iterable of names from NEEDS.  None is refused: it could mean all
     of them (the default) or none."""
@@ -355,11 +399,13 @@ def check_algorithm(op: str, algorithm, algorithms: tuple[str, ...]) -> None:
         raise ValueError(f"{op}: algorithm must be one of {algorithms}, got {algorithm!r}")
 
 
-def check_workspace_limit(op: str, workspace_limit) -> None:
-    """workspace_limit must be None (the setting in force) or a positive number of bytes."""
+def check_workspace_limit(op: str, workspace_limit) -> int | None:
+    """workspace_limit must be None (the setting in force) or a positive number of bytes (an int, NumPy's too, as
+    for stride and groups; not a bool); returned as a Python int."""
     if workspace_limit is None:
-        return
-    if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int):
+        return None
+    if not _is_int(workspace_limit):
         raise TypeError(f"{op}: workspace_limit must be None or an int number of bytes, got {workspace_limit!r}")
     if workspace_limit < 1:
         raise ValueError(f"{op}: workspace_limit must be a positive number of bytes, got {workspace_limit}")
+    return int(workspace_limit)

@@ -79,9 +79,9 @@ from ._docs import numpy_doc as _numpy_doc
 from ._typing import Array as _Array
 from ._typing import Ints as _Ints
 from .ops import lift as _lift
-from .ops.conv_transpose import conv_transpose_nd as _conv_transpose_nd
-from .ops.nd import conv_nd as _conv_nd
-from .ops.nd import conv_nd_backward as _conv_nd_backward
+from .ops.conv import convolve as _convolve
+from .ops.conv import convolve_backward as _convolve_backward
+from .ops.conv_transpose import transpose as _transpose
 
 #: cuDNN's values of cudnnTensorFormat_t, as the old module exported them.
 CUDNN_TENSOR_NCHW = 0
@@ -109,13 +109,13 @@ def get_max_workspace_size() -> int:
     return _settings.get_workspace_limit()
 
 
-@_numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one sample '
-                           'at a time.'),
+@_numpy_doc(size=("int", 'Bytes, at least 0; 0 (the old "no workspace") is stored as 1, which processes one output '
+                            'row of one sample at a time.'),
            raises=(("TypeError", "size is not an int."), ("ValueError", "size is negative.")))
 def set_max_workspace_size(size: int) -> None:
     """Set cupyconv's workspace limit for every later call: `cupyconv.settings.set_workspace_limit`."""
     try:
-        nbytes = _operator.index(size)
+        nbytes = _int(size)
     except TypeError:
         raise TypeError(f"set_max_workspace_size: size must be an int number of bytes, got {size!r}") from None
     if nbytes < 0:
@@ -125,6 +125,13 @@ def set_max_workspace_size(size: int) -> None:
 
 # ---------------------------------------------------------------------------------------------------------
 # Argument checks
+
+
+def _int(value) -> int:
+    """operator.index, refusing bools (which it takes as 0 and 1): True is no size, count or padding."""
+    if isinstance(value, (bool, _numpy.bool_)):
+        raise TypeError(f"a bool is not an int: {value!r}")
+    return _operator.index(value)
 
 
 def _shape(a) -> tuple:
@@ -207,7 +214,7 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
         raise ValueError(f"{fn}: {name} must have one entry per spatial dim: {nd} for {nd + 2}-dim arrays, "
                          f"got {tuple(value)!r} of length {len(value)}")
     try:
-        out = tuple(_operator.index(v) for v in value)
+        out = tuple(_int(v) for v in value)
     except TypeError:
         raise TypeError(f"{fn}: the entries of {name} must be ints, got {tuple(value)!r}") from None
     if any(v < minimum for v in out):
@@ -217,12 +224,19 @@ def _check_tuple(fn: str, name: str, value, nd: int, minimum: int) -> tuple:
 
 def _check_groups(fn: str, groups) -> int:
     try:
-        groups = _operator.index(groups)
+        groups = _int(groups)
     except TypeError:
         raise TypeError(f"{fn}: groups must be an int, got {groups!r}") from None
     if groups < 1:
         raise ValueError(f"{fn}: groups must be >= 1, got {groups}")
     return groups
+
+
+def _check_flag(fn: str, name: str, value) -> bool:
+    try:
+        return _settings.check_flag(name, value)
+    except TypeError as error:
+        raise TypeError(f"{fn}: {error}") from None
 
 
 def _check_tensor_core(fn: str, tensor_core) -> None:
@@ -301,8 +315,10 @@ class _Geometry:
 
     @_contextlib.contextmanager
     def settings(self, auto_tune, tensor_core, deterministic=False):
+        auto_tune = _check_flag(self.fn, "auto_tune", auto_tune)
+        deterministic = _check_flag(self.fn, "deterministic", deterministic)
         with _contextlib.ExitStack() as stack:
-            stack.enter_context(_settings.autotune(bool(auto_tune)))
+            stack.enter_context(_settings.autotune(auto_tune))
             if deterministic:
                 stack.enter_context(_settings.deterministic(True))
             if tensor_core != "auto":
@@ -358,8 +374,8 @@ def convolution_forward(x: _Array, W: _Array, b: _Array | None, y: _Array, pad: 
                          f"gives {expected} ({geo.params()})")
     bias = geo.check_bias(b, wv.shape[0], "y")
     with geo.settings(auto_tune, tensor_core):
-        result = _conv_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                          groups=geo.groups)
+        # conv_nd's body, with errors that name this function
+        result = _convolve(fn, None, xv, wv, bias, geo.stride, geo.pad, geo.dilation, geo.groups, "auto", None)
     _copy_into(y, yv, result)
 
 
@@ -388,8 +404,8 @@ def convolution_backward_filter(x: _Array, gy: _Array, gW: _Array, pad: _Ints, s
                          f"of gW's shape {_shape(gW)} gives {expected} ({geo.params()})")
     with geo.settings(auto_tune, tensor_core, deterministic):
         # gW stands in for the weight: with needs=("weight",) only its shape and dtype are read.
-        _, grad_w, _ = _conv_nd_backward(gyv, xv, gwv, stride=geo.stride, padding=geo.pad, dilation=geo.dilation,
-                                         groups=geo.groups, needs=("weight",))
+        _, grad_w, _ = _convolve_backward(fn, None, gyv, xv, gwv, geo.stride, geo.pad, geo.dilation, geo.groups,
+                                          ("weight",), "auto", None)
     _copy_into(gW, gwv, grad_w)
 
 
@@ -427,8 +443,8 @@ def convolution_backward_data(W: _Array, x: _Array, b: _Array | None, y: _Array,
                 for o, s, p, d, k in zip(xv.shape[2:], geo.stride, geo.pad, geo.dilation, wv.shape[2:])]
     output_padding = tuple(int(i) - m for i, m in zip(yv.shape[2:], smallest))
     with geo.settings(auto_tune, tensor_core, deterministic):
-        result = _conv_transpose_nd(xv, wv, bias, stride=geo.stride, padding=geo.pad, output_padding=output_padding,
-                                    groups=geo.groups, dilation=geo.dilation)
+        result = _transpose(fn, None, xv, wv, bias, geo.stride, geo.pad, output_padding, geo.groups, geo.dilation,
+                            "auto", None)
     _copy_into(y, yv, result)
 
 

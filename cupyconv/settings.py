@@ -14,8 +14,9 @@ setting               default                         what it decides
                                                       and with it every bit of the result, depends on the
                                                       shapes alone, in every process; kernels that would sum
                                                       with float atomics are refused (none exists today)
-``workspace_limit``   DEFAULT_WORKSPACE_LIMIT bytes   how many bytes a temporary buffer (an im2col matrix) may
-                                                      take before an op processes the batch in chunks
+``workspace_limit``   DEFAULT_WORKSPACE_LIMIT bytes   how many bytes the temporary buffers (im2col matrices,
+                                                      padded copies) may take before an op processes the batch
+                                                      in chunks, down to bands of one image's output rows
 ====================  ==============================  =========================================================
 
 ``set_<name>(value)`` changes the default for every later call in every thread; ``with <name>(value):`` changes
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+
+import numpy
 
 from ._docs import numpy_doc
 
@@ -69,14 +72,27 @@ class _Setting:
 
 
 def _positive_bytes(nbytes) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+    """An int >= 1 (NumPy's ints too, not bools), as a Python int."""
+    if isinstance(nbytes, (bool, numpy.bool_)) or not isinstance(nbytes, (int, numpy.integer)) or nbytes < 1:
         raise ValueError(f"workspace limit must be a positive number of bytes, got {nbytes!r}")
-    return nbytes
+    return int(nbytes)
 
 
-_ALLOW_TF32 = _Setting("allow_tf32", False, bool)
-_AUTOTUNE = _Setting("autotune", False, bool)
-_DETERMINISTIC = _Setting("deterministic", False, bool)
+def check_flag(name: str, value) -> bool:
+    """A switch must be a bool (Python's or NumPy's), as torch.backends.cudnn's are: bool() would read 'False', 'no'
+    or 0.5 as True.  (torch refuses numpy.bool_ too; we take it, as the ops take NumPy ints for ints.)"""
+    if isinstance(value, (bool, numpy.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False), got {value!r}")
+
+
+def _flag(name: str) -> _Setting:
+    return _Setting(name, False, lambda value: check_flag(name, value))
+
+
+_ALLOW_TF32 = _flag("allow_tf32")
+_AUTOTUNE = _flag("autotune")
+_DETERMINISTIC = _flag("deterministic")
 _WORKSPACE_LIMIT = _Setting("workspace_limit", DEFAULT_WORKSPACE_LIMIT, _positive_bytes)
 
 
@@ -86,6 +102,7 @@ _SCOPE = ("context manager", "Sets the value for the calls made inside the ``wit
                             "task only, and restores the previous one on exit.")
 _NBYTES = ("int", "A number of bytes, at least 1.")
 _NOT_BYTES = (("ValueError", "nbytes is not a positive int."),)
+_NOT_BOOL = (("TypeError", "enabled is not a bool."),)
 
 
 @numpy_doc(returns=("bool", _IN_FORCE), raises=())
@@ -94,7 +111,7 @@ def get_allow_tf32() -> bool:
     return _ALLOW_TF32.get()
 
 
-@numpy_doc(enabled=("bool", "True allows TF32; False (the default) keeps float32 strict."), raises=())
+@numpy_doc(enabled=("bool", "True allows TF32; False (the default) keeps float32 strict."), raises=_NOT_BOOL)
 def set_allow_tf32(enabled: bool) -> None:
     """Let float32 GEMMs use TF32 tensor cores (about 10 mantissa bits per product, float32 accumulation).
 
@@ -106,7 +123,7 @@ def set_allow_tf32(enabled: bool) -> None:
     _ALLOW_TF32.set(enabled)
 
 
-@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether TF32 is allowed inside the block."), raises=())
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether TF32 is allowed inside the block."), raises=_NOT_BOOL)
 def allow_tf32(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """``with allow_tf32(True):`` TF32 for the calls inside the block only (see `set_allow_tf32`)."""
     return _ALLOW_TF32.scope(enabled)
@@ -118,7 +135,7 @@ def get_autotune() -> bool:
     return _AUTOTUNE.get()
 
 
-@numpy_doc(enabled=("bool", "True measures; False (the default) chooses by the shapes."), raises=())
+@numpy_doc(enabled=("bool", "True measures; False (the default) chooses by the shapes."), raises=_NOT_BOOL)
 def set_autotune(enabled: bool) -> None:
     """Like cudnn.benchmark: with algorithm='auto', time every candidate algorithm on the first call of each
     (pass, geometry, dtype, device) and use the fastest from then on.
@@ -129,7 +146,7 @@ def set_autotune(enabled: bool) -> None:
     _AUTOTUNE.set(enabled)
 
 
-@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to autotune inside the block."), raises=())
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to autotune inside the block."), raises=_NOT_BOOL)
 def autotune(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """``with autotune(True):`` autotuning for the calls inside the block only (see `set_autotune`)."""
     return _AUTOTUNE.scope(enabled)
@@ -142,7 +159,7 @@ def get_deterministic() -> bool:
 
 
 @numpy_doc(enabled=("bool", "True turns autotuning off; False (the default) leaves it to `set_autotune`."),
-           raises=())
+           raises=_NOT_BOOL)
 def set_deterministic(enabled: bool) -> None:
     """Choose algorithms by the shapes alone (no autotuning), so every process computes the same bits.
 
@@ -151,7 +168,8 @@ def set_deterministic(enabled: bool) -> None:
     _DETERMINISTIC.set(enabled)
 
 
-@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to choose by the shapes alone inside the block."), raises=())
+@numpy_doc(returns=_SCOPE, enabled=("bool", "Whether to choose by the shapes alone inside the block."),
+           raises=_NOT_BOOL)
 def deterministic(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """``with deterministic(True):`` for the calls inside the block only (see `set_deterministic`)."""
     return _DETERMINISTIC.scope(enabled)

@@ -7,6 +7,7 @@ NCHW/NHWC, auto_tune, tensor_core, deterministic, workspace sizes 0 and 2**22, h
 mixed strides, the calling convention of sigpy, and the errors.
 """
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -334,8 +335,8 @@ def test_flags_map_onto_settings_for_the_call(monkeypatch):
         seen.append((settings.get_autotune(), settings.get_deterministic(), settings.get_allow_tf32()))
         return real(*args, **kwargs)
 
-    real = cupyconv.conv_nd
-    monkeypatch.setattr(cupyconv.cudnn, "_conv_nd", record)
+    real = cupyconv.cudnn._convolve
+    monkeypatch.setattr(cupyconv.cudnn, "_convolve", record)
     p = Problem(1, 2, numpy.float32)
     y = poisoned((2, 2, *p.out), p.dtype)
     for auto_tune, tensor_core in itertools.product((True, False), ("auto", "always", "never")):
@@ -357,13 +358,26 @@ def test_deterministic_maps_onto_settings_for_the_call(monkeypatch):
         seen.append(settings.get_deterministic())
         return real_backward(*args, **kwargs)
 
-    real_backward = cupyconv.conv_nd_backward
-    monkeypatch.setattr(cupyconv.cudnn, "_conv_nd_backward", record)
+    real_backward = cupyconv.cudnn._convolve_backward
+    monkeypatch.setattr(cupyconv.cudnn, "_convolve_backward", record)
     p = Problem(2, 1, numpy.float64)
     for deterministic in (True, False):
         run_backward_filter(p, deterministic=deterministic)
     assert seen == [True, False]
     assert settings.get_deterministic() is False
+
+
+@pytest.mark.parametrize("flag", ["auto_tune", "deterministic"])
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_flags_refuse_what_is_not_a_bool(flag, bad):
+    p = Problem(2, 1, numpy.float64)
+    with pytest.raises(TypeError, match=rf"^convolution_backward_filter: {flag} must be a bool \(True or False\), "
+                                        rf"got {re.escape(repr(bad))}$"):
+        run_backward_filter(p, **{flag: bad})
+    assert (settings.get_autotune(), settings.get_deterministic()) == (False, False)
+    if flag == "auto_tune":
+        with pytest.raises(TypeError, match=r"^convolution_forward: auto_tune must be a bool"):
+            cudnn.convolution_forward(p.x, p.w, p.b, poisoned((2, 2, *p.out), p.dtype), *p.args, auto_tune=bad)
 
 
 def test_workspace_size_is_cupyconvs_workspace_limit():
@@ -377,6 +391,11 @@ def test_workspace_size_is_cupyconvs_workspace_limit():
         cudnn.set_max_workspace_size(-1)
     with pytest.raises(TypeError, match="set_max_workspace_size"):
         cudnn.set_max_workspace_size(1.5)
+    for flag in (True, numpy.False_):
+        with pytest.raises(TypeError, match="set_max_workspace_size: size must be an int number of bytes"):
+            cudnn.set_max_workspace_size(flag)
+    cudnn.set_max_workspace_size(numpy.int64(4096))
+    assert cudnn.get_max_workspace_size() == 4096
 
 
 def test_module_constants_and_names():
@@ -446,6 +465,9 @@ FORWARD_ERRORS = [
     ("stride_zero", dict(stride=(0, 1)), {}, ValueError, r"every entry of stride must be >= 1"),
     ("pad_float", dict(pad=(1.0, 1)), {}, TypeError, r"the entries of pad must be ints"),
     ("groups_zero", dict(groups=0), {}, ValueError, r"convolution_forward: groups must be >= 1"),
+    ("pad_bools", dict(pad=(True, True)), {}, TypeError, r"convolution_forward: the entries of pad must be ints"),
+    ("stride_bool", dict(stride=(numpy.True_, 1)), {}, TypeError, r"the entries of stride must be ints"),
+    ("groups_bool", dict(groups=True), {}, TypeError, r"convolution_forward: groups must be an int, got True"),
     ("groups_not_dividing", dict(groups=2), {}, ValueError, r"x \(2, 3, 5, 5\) has 3 channels, not divisible"),
     ("W_channels", dict(W=P.w[:, :2].copy()), {}, ValueError,
      r"W \(2, 2, 3, 3\) has 2 input channels per group but x \(2, 3, 5, 5\) has 3 channels with groups=1"),
@@ -527,6 +549,17 @@ def test_backward_filter_errors():
         f(P.x, P.gy, gw, P.pad, (2,), P.dilation, 1)
     with pytest.raises(ValueError, match=r"convolution_backward_filter: tensor_core"):
         f(P.x, P.gy, gw, *P.args, tensor_core=True)
+
+
+def test_errors_from_cupyconv_name_the_cudnn_function(monkeypatch):
+    """What cupyconv itself refuses (here a machine too small) names the function called, not an internal one."""
+    monkeypatch.setattr(cupyconv._device, "host_memory", lambda: 64)
+    for fn, run in [("convolution_forward", lambda: cudnn.convolution_forward(
+                         P.x, P.w, P.b, poisoned((2, 2, *P.out), P.dtype), *P.args)),
+                    ("convolution_backward_filter", lambda: run_backward_filter(P)),
+                    ("convolution_backward_data", lambda: run_backward_data(P))]:
+        with pytest.raises(MemoryError, match=rf"^{fn}: float32 arrays need"):
+            run()
 
 
 def test_backward_data_errors():

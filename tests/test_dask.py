@@ -382,3 +382,55 @@ def test_cupy_chunks_on_the_gpu(case):
         for g, e in zip(dask.compute(*lazy, scheduler="threads"), backward(**arrays, **case.kwargs)):
             assert type(g) is cupy.ndarray
             cupy.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The input gradient keeps the spatial chunks
+
+
+INPUT_GRADIENT_CASES = [
+    ("conv2d", (2, 4, 13, 11), (4, 4, 3, 3), (1, 2, (4, 5, 4), (3, 4, 4)), dict(padding=1)),
+    ("conv2d", (2, 4, 13, 11), (6, 2, 3, 2), (2, 4, (5, 4, 4), (6, 5)),
+     dict(stride=(2, 3), padding=((2, 0), (1, 3)), dilation=(2, 1), groups=2)),
+    # stride 3 with a 1x1 kernel: some chunks hold no window's input (their gradient is zeros)
+    ("conv2d", (1, 2, 12, 9), (3, 2, 1, 1), (1, 1, (4, 1, 1, 6), (4, 5)), dict(stride=3)),
+    ("conv1d", (3, 2, 17), (3, 2, 4), (3, 2, (5, 6, 6)), dict(stride=2, padding="same")),
+    ("depthwise_conv2d", (2, 3, 9, 8), (6, 1, 3, 3), (2, 3, (3, 3, 3), (4, 4)),
+     dict(stride=2, padding=((0, 1), (1, 1)))),
+    ("conv3d", (1, 2, 7, 6, 5), (3, 2, 2, 3, 2), (1, 2, (3, 4), (2, 4), (3, 2)), dict(stride=(2, 1, 2), padding=1)),
+]
+
+
+def _task_shapes(lazy):
+    """The shapes of every task's result while `lazy` computes (the last task's, the assembled result, aside)."""
+    from dask.callbacks import Callback
+    shapes = []
+
+    class Record(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if not str(key).startswith("finalize"):
+                shapes.append(getattr(result, "shape", None))
+
+    with Record():
+        got = lazy.compute(scheduler="sync")
+    return got, shapes
+
+
+@pytest.mark.parametrize("op, x_shape, w_shape, chunks, kwargs", INPUT_GRADIENT_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(INPUT_GRADIENT_CASES)])
+def test_the_input_gradient_keeps_spatial_chunks(op, x_shape, w_shape, chunks, kwargs):
+    """grad_x equals the in-memory one, and no task ever holds the whole of x's spatial extent (before, grad_output
+    and x were rechunked to one spatial chunk for it)."""
+    rng = numpy.random.default_rng(len(x_shape) * 100 + sum(x_shape))
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    fn = getattr(cupyconv, f"{op}_backward")
+    gy = rng.standard_normal(getattr(cupyconv, op)(x, w, **kwargs).shape)
+    expected = fn(gy, x, w, needs="input", **kwargs)[0]
+    lazy = fn(da.from_array(gy, chunks=(1, *gy.shape[1:2], *(-1,) * (gy.ndim - 2))), da.from_array(x, chunks=chunks),
+              w, needs="input", **kwargs)[0]
+    assert lazy.chunks[2:] == da.from_array(x, chunks=chunks).chunks[2:]
+    got, shapes = _task_shapes(lazy)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    spatial = x_shape[2:]
+    whole = [s for s in shapes if s is not None and len(s) == len(x_shape) and tuple(s[2:]) == spatial]
+    assert not whole, f"tasks with the full spatial extent {spatial}: {whole}"

@@ -274,6 +274,16 @@ BAD_INPUT = [
         r"^conv2d_backward: workspace_limit must be a positive number of bytes, got 0", "workspace-zero"),
     bad(lambda: cc.conv3d(X[:, :, None], W[:, :, None], groups=2, workspace_limit=True), TypeError,
         r"^conv3d: workspace_limit must be None or an int", "workspace-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, workspace_limit=numpy.True_), TypeError,
+        r"^conv2d: workspace_limit must be None or an int", "workspace-numpy-bool"),
+    # bools are not ints anywhere ints are taken (NumPy's included)
+    bad(lambda: cc.conv2d(X, W, groups=numpy.True_), TypeError, r"^conv2d: groups must be an int, got np\.True_",
+        "groups-numpy-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, stride=(True, 1)), TypeError, r"^conv2d: stride must be an int or a pair",
+        "stride-bool"),
+    bad(lambda: cc.conv2d(X, W, groups=2, padding=((True, 0), (0, 0))), TypeError, r"^conv2d: padding must be",
+        "padding-bool"),
+    bad(lambda: cc.unfold(X, (2, True)), TypeError, r"^unfold: kernel_size must be an int or a pair", "kernel-bool"),
 ]
 
 
@@ -306,3 +316,140 @@ def test_mixed_dtypes_through_torch():
         cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.int32), 2)
     with pytest.raises(TypeError, match=r"^unfold: x has dtype complex64; supported"):
         cc.unfold(torch.zeros((1, 2, 3, 3), dtype=torch.complex64), 2)
+
+
+def test_numpy_ints_are_taken_wherever_ints_are():
+    """workspace_limit as stride, padding and groups: a NumPy int is an int (and the setting takes one too)."""
+    i64 = numpy.int64
+    want = cc.conv2d(X, W, groups=2, stride=2, padding=1)
+    got = cc.conv2d(X, W, groups=i64(2), stride=i64(2), padding=i64(1), workspace_limit=i64(4096))
+    numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)   # chunked differently: sums in another order
+    with cc.settings.workspace_limit(numpy.int32(4096)):
+        assert cc.settings.get_workspace_limit() == 4096 and type(cc.settings.get_workspace_limit()) is int
+
+
+def test_fold_and_unfold_backward_return_contiguous_arrays():
+    """The CPU fold sums into a padded buffer: the result must be a new contiguous array, not a view into it."""
+    cols = cc.unfold(X5x4, 2, padding=1)
+    for result in (cc.fold(cols, (5, 4), 2, padding=1), cc.unfold_backward(cols, (5, 4), 2, padding=1),
+                   cc.fold(cols.astype(numpy.float16), (5, 4), 2, padding=1)):
+        assert result.flags.c_contiguous and result.shape == X5x4.shape
+
+
+def test_ndarray_subclasses_compute_as_plain_arrays():
+    """numpy.matrix stays 2-D under reshape: it is computed on as its ndarray view, the result an ndarray."""
+    plain = rng.standard_normal((3, 4))
+    got = cc.unfold(numpy.asmatrix(plain), (2,))
+    assert type(got) is numpy.ndarray
+    numpy.testing.assert_array_equal(got, cc.unfold(plain, (2,)))
+    numpy.testing.assert_array_equal(cc.conv1d(numpy.asmatrix(plain)[None].A, W1[:3, :3, 0]),
+                                     cc.conv1d(plain[None], W1[:3, :3, 0]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Huge but valid geometry: answered (it reads the same positions as a small one), or the documented error
+# before NumPy or a kernel's argument packing fails
+
+from cupyconv import _device  # noqa: E402
+from emulator import EmulatedDevice  # noqa: E402
+
+HUGE = 2**62
+
+
+def _torch_f():
+    return pytest.importorskip("torch").nn.functional
+
+
+def _t(a):
+    import torch
+    return torch.from_numpy(numpy.ascontiguousarray(a, dtype=numpy.float64))
+
+
+def _one_window_cases():
+    """(id, the call with a huge stride/dilation/padding, the same problem with small ones by torch)."""
+    x1, w1 = rng.standard_normal((2, 2, 5)), rng.standard_normal((3, 2, 2))
+    x2, w2 = rng.standard_normal((1, 2, 5, 6)), rng.standard_normal((3, 2, 2, 2))
+    x3, w3 = rng.standard_normal((1, 2, 3, 4, 4)), rng.standard_normal((2, 2, 2, 2, 2))
+    dw3 = rng.standard_normal((4, 1, 2, 2, 2))
+    p2 = rng.standard_normal((2, 3, 2, 4, 4))
+    gy1 = rng.standard_normal((2, 3, 1))
+    F = _torch_f()
+
+    def torch_grads(gy, x, w, **kw):
+        tx, tw = _t(x).requires_grad_(), _t(w).requires_grad_()
+        F.conv1d(tx, tw, **kw).backward(_t(gy))
+        return tx.grad.numpy(), tw.grad.numpy()
+
+    return [
+        ("conv1d-stride", lambda: cc.conv1d(x1, w1, stride=HUGE), lambda: F.conv1d(_t(x1), _t(w1), stride=5)),
+        ("conv_nd-stride-2^70", lambda: cc.conv_nd(x1, w1, stride=2**70), lambda: F.conv1d(_t(x1), _t(w1), stride=5)),
+        ("conv1d-high-padding", lambda: cc.conv1d(x1, w1, padding=((1, 2**40),), stride=2**41),
+         lambda: F.conv1d(F.pad(_t(x1), (1, 0)), _t(w1), stride=9)),
+        ("conv1d-dilation-one-tap", lambda: cc.conv1d(x1, w1[..., :1], dilation=2**40),
+         lambda: F.conv1d(_t(x1), _t(w1[..., :1]))),
+        ("conv2d-stride", lambda: cc.conv2d(x2, w2, stride=(HUGE, 2)), lambda: F.conv2d(_t(x2), _t(w2), stride=(5, 2))),
+        ("conv3d-stride", lambda: cc.conv3d(x3, w3, stride=HUGE), lambda: F.conv3d(_t(x3), _t(w3), stride=4)),
+        ("depthwise_conv3d-stride", lambda: cc.depthwise_conv3d(x3, dw3, stride=HUGE),
+         lambda: F.conv3d(_t(x3), _t(dw3), stride=4, groups=2)),
+        ("patch_conv2d-stride", lambda: cc.patch_conv2d(p2, w2, stride=HUGE),
+         lambda: F.conv2d(_t(p2.reshape(6, 2, 4, 4)), _t(w2), stride=4).reshape(2, 3, 3, 1, 1)),
+        ("patch_conv1d-stride", lambda: cc.patch_conv1d(x1[None], w1, stride=HUGE),
+         lambda: F.conv1d(_t(x1), _t(w1), stride=5)[None]),
+        ("patch_conv3d-stride", lambda: cc.patch_conv3d(x3[None], w3, stride=HUGE),
+         lambda: F.conv3d(_t(x3), _t(w3), stride=4)[None]),
+        ("unfold-stride", lambda: cc.unfold(x2, (2, 3), stride=HUGE), lambda: F.unfold(_t(x2), (2, 3), stride=6)),
+        ("fold_backward-stride", lambda: cc.fold_backward(x2, (2, 3), stride=HUGE),
+         lambda: F.unfold(_t(x2), (2, 3), stride=6)),
+        ("conv1d_backward-stride", lambda: cc.conv1d_backward(gy1, x1, w1, stride=HUGE, needs=("input", "weight")),
+         lambda: torch_grads(gy1, x1, w1, stride=5)),
+        ("conv_transpose1d-stride", lambda: cc.conv_transpose1d(x1[..., :1], w1.swapaxes(0, 1), stride=HUGE),
+         lambda: F.conv_transpose1d(_t(x1[..., :1]), _t(w1.swapaxes(0, 1)))),
+    ]
+
+
+@pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
+def test_huge_valid_geometry_is_answered(device):
+    for name, call, reference in _one_window_cases():
+        with _device.use_device(device) if device is not None else _nullcontext():
+            got = call()
+        want = reference()
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for g, r in zip((g for g in got if g is not None), want):
+            numpy.testing.assert_allclose(g, numpy.asarray(r), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def _nullcontext():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+ONE4 = numpy.ones((1, 1, 4))
+HUGE_REFUSED = [
+    # outputs of 2^63 elements and more: the documented MemoryError, before the placeholder output is made
+    ("conv_transpose1d", lambda: cc.conv_transpose1d(ONE4, ONE4[..., :2], stride=HUGE), MemoryError),
+    ("conv_transpose2d", lambda: cc.conv_transpose2d(ONE4[..., :2, None] * ONE4[..., None, :2],
+                                                     numpy.ones((1, 1, 2, 2)), dilation=2**40), MemoryError),
+    ("conv_transpose3d", lambda: cc.conv_transpose3d(numpy.ones((1, 1, 2, 1, 1)), numpy.ones((1, 1, 1, 1, 1)),
+                                                     stride=HUGE), MemoryError),
+]
+
+
+@pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
+@pytest.mark.parametrize("op, call, error", HUGE_REFUSED, ids=[c[0] for c in HUGE_REFUSED])
+def test_huge_impossible_geometry_raises_the_documented_error(op, call, error, device):
+    with _device.use_device(device) if device is not None else _nullcontext():
+        with pytest.raises(error, match=rf"^{op}: float64 arrays need \d+ bytes"):
+            call()
+
+
+def test_a_window_past_32_bits_is_a_clear_error_on_the_gpu_path():
+    """One output pixel whose window reaches 2^40 positions into the padding: the CPU path would need that padded
+    copy (MemoryError), the kernels cannot index it (ValueError naming the op), neither fails inside NumPy or the
+    argument packing."""
+    args = dict(padding=2**40, dilation=2**40, stride=2**41)
+    with pytest.raises(MemoryError, match=r"^conv1d: float64 arrays need \d+ bytes: .*padded copy"):
+        cc.conv1d(ONE4, ONE4[..., :2], **args)
+    with _device.use_device(EmulatedDevice()):
+        with pytest.raises(ValueError, match=r"^conv1d: the padded input spans 1099511627780 positions along "
+                                             r"spatial dim 0 .* at most 2147483647 positions"):
+            cc.conv1d(ONE4, ONE4[..., :2], **args)

@@ -1,5 +1,6 @@
 """Memory: sizes are checked before anything is allocated, and the workspace limit bounds the column matrices (and
-depth windows) alive at once.
+depth windows, padded copies, col2im buffers) alive at once, down to bands of one image's output rows; peaks are
+measured with tracemalloc on the CPU path, buffer sizes recorded on the emulated kernel path.
 
 An output that cannot fit (2^48 elements here) raises MemoryError naming the op, the shapes and the bytes, on the
 CPU path and on the emulated kernel path, before the first allocation: nothing is allocated, so these tests are
@@ -79,17 +80,20 @@ def test_results_that_cannot_fit_raise_before_anything_is_allocated(op, call, sh
 
 
 def test_the_check_counts_the_results_and_one_padded_image(monkeypatch):
-    """x (2, 3, 8, 8), weight (4, 3, 3, 3), padding 1, float32: the output (2, 4, 8, 8) takes 2048 bytes and one
-    image's padded copy (3, 10, 10) 1200; the kernels read x in place, so the emulated path needs the output only.
-    At exactly the bytes needed the call runs."""
+    """x (2, 3, 8, 8), weight (4, 3, 3, 3), padding 1, float32: the output (2, 4, 8, 8) takes 2048 bytes, one image's
+    padded copy (3, 10, 10) 1200 and one output row's columns (27, 8) 864 (the CPU path chunks its columns no
+    finer); the kernels read x in place, so the emulated path needs the output only.  At exactly the bytes needed
+    the call runs."""
     rng = numpy.random.default_rng(0)
     x, w = ref.random(rng, (2, 3, 8, 8), F32), ref.random(rng, (4, 3, 3, 3), F32)
-    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200 - 1)
-    with pytest.raises(MemoryError, match=r"^conv2d: float32 arrays need 3248 bytes: a result \(2, 4, 8, 8\) of 2048 "
-                                          r"bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes; more than "
-                                          r"the 3247 bytes of memory of this machine \(the CPU path\)$"):
+    need = 2048 + 1200 + 864
+    monkeypatch.setattr(_device, "host_memory", lambda: need - 1)
+    with pytest.raises(MemoryError, match=rf"^conv2d: float32 arrays need {need} bytes: a result \(2, 4, 8, 8\) of "
+                                          r"2048 bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes and one "
+                                          r"output row's columns \(27, 8\) of 864 bytes; more than the 4111 bytes of "
+                                          r"memory of this machine \(the CPU path\)$"):
         cc.conv2d(x, w, padding=1)
-    monkeypatch.setattr(_device, "host_memory", lambda: 2048 + 1200)
+    monkeypatch.setattr(_device, "host_memory", lambda: need)
     want = cc.conv2d(x, w, padding=1)
     ref.assert_close(want, ref.conv2d(x, w, padding=1), "float32")
     monkeypatch.setattr(_device, "host_memory", lambda: 2048)
@@ -101,12 +105,13 @@ def test_the_check_counts_the_results_and_one_padded_image(monkeypatch):
 
 
 def test_backward_counts_the_gradients_it_is_asked_for(monkeypatch):
-    """grad_x (2, 3, 8, 8): 1536 bytes, grad_weight (4, 3, 3, 3): 432, grad_bias (4,): 16, padded image 1200."""
+    """grad_x (2, 3, 8, 8): 1536 bytes, grad_weight (4, 3, 3, 3): 432, grad_bias (4,): 16, padded image 1200, one
+    output row's columns 864."""
     rng = numpy.random.default_rng(1)
     x, w, gy = (ref.random(rng, shape, F32) for shape in ((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 8, 8)))
-    monkeypatch.setattr(_device, "host_memory", lambda: 1536 + 1200)
+    monkeypatch.setattr(_device, "host_memory", lambda: 1536 + 1200 + 864)
     assert cc.conv2d_backward(gy, x, w, padding=1, needs="input")[0].shape == x.shape
-    with pytest.raises(MemoryError, match=r"^conv2d_backward: float32 arrays need 3184 bytes: a result \(2, 3, 8, 8\) "
+    with pytest.raises(MemoryError, match=r"^conv2d_backward: float32 arrays need 4048 bytes: a result \(2, 3, 8, 8\) "
                                           r"of 1536 bytes and a result \(4, 3, 3, 3\) of 432 bytes and a result \(4,\) "
                                           r"of 16 bytes and one image's padded copy \(3, 10, 10\) of 1200 bytes"):
         cc.conv2d_backward(gy, x, w, padding=1)
@@ -151,10 +156,11 @@ def conv_problem(rng, n=8, nd=2):
 
 @pytest.mark.parametrize("device", [None, EmulatedDevice()], ids=["cpu", "emulated"])
 def test_one_chunk_of_columns_at_a_time(monkeypatch, device):
-    """8 images in chunks of 2 (forward; 1 or 2 for the weight gradient, whose grad_output copy the kernel path
-    counts too): each chunk's columns are freed before the next chunk's are built."""
+    """8 images in chunks of 2 (forward; 1 or 2 for the weight gradient, whose grad_output copy both paths count
+    too): each chunk's columns are freed before the next chunk's are built.  Per image the kernel path counts its
+    columns, the CPU path its columns and its padded copy."""
     x, w, gy = conv_problem(numpy.random.default_rng(2))
-    limit = 2 * 4 * 9 * 34 * 34 * 4
+    limit = 2 * (4 * 9 * 34 * 34 + 4 * 36 * 36) * 4
     columns = Live(conv._columns if device is None else conv.unfold_gpu)
     monkeypatch.setattr(conv, "_columns" if device is None else "unfold_gpu", columns)
     algorithm = {} if device is None else {"algorithm": "im2col_gemm"}
@@ -179,7 +185,9 @@ def test_3d_one_chunk_of_depth_windows_at_a_time(monkeypatch, device):
     x, w, gy = conv_problem(numpy.random.default_rng(4), nd=3)
     windows = Live(lift.depth_windows)
     monkeypatch.setattr(lift, "depth_windows", windows)
-    limit = 2 * lift.depth_window_bytes(ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3), 4)
+    # Chunks of 2: an image's windows and grad_output copy take half the limit, the 2-D run the other half.
+    per_image = lift.depth_window_bytes(ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3), 4) + gy[0].nbytes
+    limit = 2 * 2 * per_image
     on(device, cc.conv3d_backward, gy, x, w, padding=1, workspace_limit=limit, needs="weight")
     assert (windows.calls, windows.most) == (4, 1)
 
@@ -197,3 +205,143 @@ def test_cpu_peak_stays_near_the_workspace_limit():
         (grad,), peak = traced_peak(lambda: [g for g in cc.conv2d_backward(gy, x, w, padding=1, needs=needs,
                                                                             workspace_limit=limit) if g is not None])
         assert peak - grad.nbytes < bound, needs
+
+
+def _peaks(x, w, limit, **kwargs):
+    """The traced peak of conv2d and of each gradient, beyond its result."""
+    y, peak = traced_peak(lambda: cc.conv2d(x, w, workspace_limit=limit, **kwargs))
+    peaks = {"forward": peak - y.nbytes}
+    gy = numpy.ones_like(y)
+    for needs in ("input", "weight"):
+        (grad,), peak = traced_peak(lambda: [g for g in cc.conv2d_backward(gy, x, w, needs=needs, workspace_limit=limit,
+                                                                            **kwargs) if g is not None])
+        peaks[needs] = peak - grad.nbytes
+    return peaks
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(stride=2, padding=1), dict(dilation=(2, 1), padding=(3, 0))],
+                         ids=["plain", "strided", "dilated"])
+def test_cpu_peak_holds_below_one_image(kwargs):
+    """One image's columns (4.6 MiB here) above a 1 MiB limit: the CPU path computes bands of output rows, so the
+    peak stays near the limit, with the same results as in one piece."""
+    rng = numpy.random.default_rng(6)
+    x, w = ref.random(rng, (1, 8, 130, 130), F32), ref.random(rng, (8, 8, 3, 3), F32)
+    limit = 2**20
+    assert ConvSpec.for_conv("conv2d", x, w, None, 1, 0, 1, 1).cols_bytes(4) > 4 * limit
+    for name, peak in _peaks(x, w, limit, **kwargs).items():
+        assert peak < 1.2 * limit + 3 * numpy.getbufsize() * 4, (name, peak)
+    whole = cc.conv2d_backward(numpy.ones_like(cc.conv2d(x, w, **kwargs)), x, w, **kwargs)
+    banded = cc.conv2d_backward(numpy.ones_like(whole[0], shape=cc.conv2d(x, w, **kwargs).shape), x, w,
+                                workspace_limit=limit, **kwargs)
+    for a, b in zip(banded, whole):
+        ref.assert_close(a, b, "float32")
+    ref.assert_close(cc.conv2d(x, w, workspace_limit=limit, **kwargs), cc.conv2d(x, w, **kwargs), "float32")
+
+
+def test_cpu_pointwise_input_gradient_stays_within_the_limit():
+    """A 1x1 conv's input gradient is its columns: no col2im buffer beside them (it doubled the peak)."""
+    rng = numpy.random.default_rng(7)
+    x, w = ref.random(rng, (8, 16, 34, 34), F32), ref.random(rng, (16, 16, 1, 1), F32)
+    limit = 2 * 16 * 34 * 34 * 4
+    peaks = _peaks(x, w, limit)
+    assert peaks["input"] < 1.2 * limit + 3 * numpy.getbufsize() * 4, peaks
+
+
+def _bound(limit):
+    """The peak allowed beyond the results: the limit, a fifth more (the pieces are sized from estimates), and
+    NumPy's ufunc buffers (numpy.getbufsize() elements for each of 3 operands)."""
+    return 1.2 * limit + 3 * numpy.getbufsize() * 4
+
+
+def _traced_peaks(forward, backward, gy):
+    y, peak = traced_peak(forward)
+    peaks = {"forward": peak - y.nbytes}
+    for needs in ("input", "weight"):
+        (grad,), peak = traced_peak(lambda: [g for g in backward(gy, needs) if g is not None])
+        peaks[needs] = peak - grad.nbytes
+    return peaks
+
+
+def test_3d_peak_stays_within_the_limit():
+    """The 3-D drivers give half the limit to the depth windows (and the grad_output copy, the windows' gradient and
+    its fold) and the rest to the 2-D run inside: not the windows, their gradient and the inner columns each at
+    the limit (3.2x it before)."""
+    rng = numpy.random.default_rng(8)
+    x, w = ref.random(rng, (8, 4, 6, 24, 24), F32), ref.random(rng, (8, 4, 3, 3, 3), F32)
+    spec = ConvSpec.for_conv("conv3d", x, w, None, 1, 1, 1, 1, nd=3)
+    limit = 2 * lift.depth_window_bytes(spec, 4)
+    gy = numpy.ones(spec.output_shape, F32)
+    peaks = _traced_peaks(lambda: cc.conv3d(x, w, padding=1, workspace_limit=limit),
+                          lambda gy, needs: cc.conv3d_backward(gy, x, w, padding=1, needs=needs,
+                                                               workspace_limit=limit), gy)
+    assert all(peak < _bound(limit) for peak in peaks.values()), peaks
+
+
+def test_cpu_depthwise_peak_stays_within_the_limit():
+    """The CPU depthwise op pads (and sums its input gradient into) chunks of images, not the whole batch."""
+    rng = numpy.random.default_rng(9)
+    x, w = ref.random(rng, (8, 16, 64, 64), F32), ref.random(rng, (32, 1, 3, 3), F32)
+    limit = 2 * 16 * (66 * 66 + 2 * 64 * 64) * 4          # two images' padded planes and products
+    gy = numpy.ones((8, 32, 64, 64), F32)
+    peaks = _traced_peaks(lambda: cc.conv2d(x, w, padding=1, groups=16, workspace_limit=limit),
+                          lambda gy, needs: cc.conv2d_backward(gy, x, w, padding=1, groups=16, needs=needs,
+                                                               workspace_limit=limit), gy)
+    assert all(peak < _bound(limit) for peak in peaks.values()), peaks
+    with cc.settings.workspace_limit(limit):
+        _, peak = traced_peak(lambda: cc.depthwise_conv2d(x, w, padding=1))
+    assert peak - 8 * 32 * 64 * 64 * 4 < _bound(limit)
+
+
+class Sized:
+    """Wraps a function that returns a new array and records the bytes of each of its results."""
+
+    def __init__(self, fn):
+        self.fn, self.sizes = fn, []
+
+    def __call__(self, *args, **kwargs):
+        result = self.fn(*args, **kwargs)
+        self.sizes.append(result.nbytes)
+        return result
+
+
+def recorded_matmul(sized, device_type):
+    """Device.matmul_strided, recording the bytes of the product (the input gradient's columns) in `sized`."""
+    real = device_type.matmul_strided
+
+    def matmul_strided(self, a, b, out, **kwargs):
+        sized.sizes.append(out.nbytes)
+        return real(self, a, b, out, **kwargs)
+    return matmul_strided
+
+
+def test_gpu_columns_stay_below_the_limit_within_one_image(monkeypatch):
+    """im2col_gemm forward and gradients of conv2d and patch_conv2d on the emulated device:
+    one image's columns (4 * 9 * 18 * 18 * 4 bytes) over a limit of a fifth of them are built band by band, none
+    above the limit (the GEMM products recorded too: the input gradient's columns, each piece's product), and the
+    results are torch's."""
+    rng = numpy.random.default_rng(10)
+    x, w = ref.random(rng, (2, 4, 20, 20), F32), ref.random(rng, (6, 4, 3, 3), F32)
+    gy = ref.random(rng, (2, 6, 18, 18), F32)
+    limit = 4 * 9 * 18 * 18 * 4 // 5
+    columns = Sized(conv.unfold_gpu)
+    monkeypatch.setattr(conv, "unfold_gpu", columns)
+    monkeypatch.setattr(EmulatedDevice, "matmul_strided", recorded_matmul(columns, EmulatedDevice))
+    patch_columns = Sized(patch.unfold_gpu)
+    monkeypatch.setattr(patch, "unfold_gpu", patch_columns)
+    device, algorithm = EmulatedDevice(), dict(algorithm="im2col_gemm")
+    runs = [(lambda **kw: on(device, cc.conv2d, x, w, **algorithm, **kw), ref.conv2d(x, w)),
+            (lambda **kw: on(device, cc.conv2d_backward, gy, x, w, needs="weight", **algorithm, **kw)[1],
+             ref.conv2d_grads(gy, x, w)[1]),
+            (lambda **kw: on(device, cc.conv2d_backward, gy, x, w, needs="input", **algorithm, **kw)[0],
+             ref.conv2d_grads(gy, x, w)[0]),
+            (lambda **kw: on(device, cc.patch_conv2d, x[None], w, **algorithm, **kw), ref.conv2d(x, w)[None]),
+            (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="weight", **algorithm,
+                             **kw)[1], ref.conv2d_grads(gy, x, w)[1]),
+            (lambda **kw: on(device, cc.patch_conv2d_backward, gy[None], x[None], w, needs="input", **algorithm,
+                             **kw)[0], ref.conv2d_grads(gy, x, w)[0][None])]
+    for run, want in runs:
+        columns.sizes.clear()
+        patch_columns.sizes.clear()
+        ref.assert_close(run(workspace_limit=limit), want, "float32")
+        sizes = columns.sizes + patch_columns.sizes
+        assert len(sizes) > 2 * 2 and max(sizes) <= limit, sizes

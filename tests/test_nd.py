@@ -534,19 +534,20 @@ def test_emulated_transpose_algorithms_match_torch(case, algorithm):
 @pytest.mark.parametrize("case", ["t-1d-upsample", "t-2d-decoder", "t-3d-everything"])
 def test_transpose_workspace_limit_chunks_every_pass(case):
     """workspace_limit=1 byte: one 2-D image per chunk (N of them, times x's depth in 3-D, whose depth windows are
-    the images) in every pass on the kernels -- a col2im per chunk forward, an im2col per chunk for grad_input and
-    for grad_weight -- against one chunk without it; torch's values on the kernels and the CPU path; the
-    setting in force is untouched."""
+    the images) in every pass on the kernels, and below one image one band of a single output row per piece -- a
+    col2im per piece forward, an im2col per piece for grad_input and for grad_weight -- against one piece without
+    it; torch's values on the kernels and the CPU path; the setting in force is untouched."""
     x, w, b, gy, kwargs, want, grads = transpose_problem(case)
     images = x.shape[0] * (x.shape[2] if x.ndim == 5 else 1)
+    rows = x.shape[-2] if x.ndim > 3 else 1    # of the convolution that the transposed one transposes
     for limit, chunks in ((None, 1), (1, images)):
         device = Recorder()
         options = dict(kwargs, algorithm="im2col_gemm", workspace_limit=limit)
         ref.assert_close(kernel_path(device, cupyconv.conv_transpose_nd, x, w, b, **options), want)
-        assert device.launches.count("fold_col2im") == chunks
+        assert device.launches.count("fold_col2im") == chunks * (rows if limit else 1)
         device = Recorder()
         got = kernel_path(device, cupyconv.conv_transpose_nd_backward, gy, x, w, **options)
-        assert device.launches.count("unfold_im2col") == 2 * chunks
+        assert device.launches.count("unfold_im2col") == 2 * chunks * (rows if limit else 1)
         for g, expected in zip(got, grads):
             ref.assert_close(g, expected)
     ref.assert_close(cupyconv.conv_transpose_nd(x, w, b, workspace_limit=1, **kwargs), want)

@@ -1,5 +1,6 @@
 """cupyconv.settings: every setting's getter, setter and context manager, their scoping across threads, and
 what the ops read from them (the workspace limit chunks, deterministic turns autotuning off)."""
+import re
 import threading
 
 import numpy
@@ -63,6 +64,26 @@ def test_workspace_limit_rejects_what_is_not_a_positive_int(bad):
         with settings.workspace_limit(bad):
             pass
     assert settings.get_workspace_limit() == settings.DEFAULT_WORKSPACE_LIMIT
+
+
+@pytest.mark.parametrize("bad", ["False", "no", 0, 1, 0.5, None, [True]])
+@pytest.mark.parametrize("name", FLAGS)
+def test_flags_refuse_what_is_not_a_bool(name, bad):
+    """bool() would read 'False' as True: like torch.backends.cudnn, only a bool is taken (NumPy's too)."""
+    get, set_, scope = accessors(name)
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool \(True or False\), got {re.escape(repr(bad))}$"):
+        set_(bad)
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool"):
+        with scope(bad):
+            pass
+    assert get() is False
+    with scope(numpy.bool_(True)):
+        assert get() is True
+    set_(numpy.True_)
+    try:
+        assert get() is True
+    finally:
+        set_(False)
 
 
 @pytest.mark.parametrize("name", [*FLAGS, "workspace_limit"])

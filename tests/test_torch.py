@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -404,3 +405,21 @@ def test_gpu_memory_comes_from_and_returns_to_torch(case):
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == baseline
     assert cupy.get_default_memory_pool().used_bytes() == pool_before  # nothing went through CuPy's pool
+
+
+def test_arrays_that_are_not_tensors_are_refused_naming_the_op():
+    """NumPy (or dask) arrays go to cupyconv's own functions; cupyconv.torch says so instead of failing in torch."""
+    x, w = numpy.ones((1, 2, 4, 4), numpy.float32), numpy.ones((3, 2, 2, 2), numpy.float32)
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    calls = [("conv2d", "input", lambda: cct.conv2d(x, tw)), ("conv2d", "weight", lambda: cct.conv2d(tx, w)),
+             ("conv2d", "bias", lambda: cct.conv2d(tx, tw, numpy.ones(3, numpy.float32))),
+             ("depthwise_conv2d", "input", lambda: cct.depthwise_conv2d(x, tw[:2, :1])),
+             ("patch_conv2d", "input", lambda: cct.patch_conv2d(x, tw)),
+             ("conv_transpose2d", "weight", lambda: cct.conv_transpose2d(tx, w.swapaxes(0, 1))),
+             ("unfold", "input", lambda: cct.unfold(x, 2)),
+             ("fold", "input", lambda: cct.fold(x[0, :1], (3, 3), 2))]
+    dask_array = pytest.importorskip("dask.array")
+    calls.append(("conv2d", "input", lambda: cct.conv2d(dask_array.from_array(x), tw)))
+    for op, name, call in calls:
+        with pytest.raises(TypeError, match=rf"^{op}: {name} must be a torch.Tensor, got a (numpy.ndarray|dask)"):
+            call()

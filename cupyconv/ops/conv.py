@@ -19,7 +19,7 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, elementwise_launch,
                         extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
-                     check_workspace_limit, weight_spatial_dims)
+                     check_workspace_limit, row_bands, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -57,20 +57,56 @@ def _grad_columns(gy, spec: ConvSpec, batch_last: bool):
     return gy
 
 
+def _image_workspace(spec: ConvSpec, itemsize: int, out_channels: int = 0):
+    """(bytes of one image's CPU workspace, its part that does not grow with the output rows, its bytes per output
+    row): the columns, the padded copy (or col2im buffer; none for a pointwise conv, whose columns are x or
+    grad_x) and out_channels values per output pixel (a product or a grad_output copy)."""
+    (hp, wp), ow = spec.padded_size, spec.out_size[1]
+    row = (spec.in_channels * spec.taps + out_channels) * ow * itemsize
+    padded_row = 0 if _is_pointwise(spec) else spec.in_channels * wp * itemsize
+    extent = spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
+    fixed = max(extent - spec.stride[0], 0) * padded_row     # a band's halo rows
+    return row * spec.out_size[0] + padded_row * hp, fixed, row + spec.stride[0] * padded_row
+
+
+def work_pieces(spec: ConvSpec, image_bytes: int, fixed_bytes: int, row_bytes: int):
+    """The pieces of a batch whose workspace stays within the limit: chunks of whole images while one image's
+    (`image_bytes`) fits, else bands of one image's output rows (`row_bands`: fixed_bytes + row_bytes a row).
+    Yields (images, output pixels, input rows, the piece's spec): the piece is x[images, :, rows], its output
+    [images, ..., pixels].  Both paths' im2col GEMMs (and patch's) run on these."""
+    every = slice(None)
+    if image_bytes <= settings.get_workspace_limit():
+        for chunk in batch_chunks(spec.n, image_bytes):
+            yield chunk, every, every, spec.with_batch(chunk.stop - chunk.start)
+        return
+    ow = spec.out_size[1]
+    for i in range(spec.n):
+        for out_rows, in_rows, band in row_bands(spec, fixed_bytes, row_bytes):
+            yield slice(i, i + 1), slice(out_rows.start * ow, out_rows.stop * ow), in_rows, band
+
+
+def _pieces(spec: ConvSpec, itemsize: int, out_channels: int = 0):
+    """The CPU path's pieces (`work_pieces`), its workspace per image `_image_workspace`."""
+    return work_pieces(spec, *_image_workspace(spec, itemsize, out_channels))
+
+
 def conv2d_cpu(x, weight, bias, spec: ConvSpec):
     ct = compute_dtype(x.dtype)
     n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    batch_last = _batch_last(spec)
     x = x.reshape(n, *spec.input_shape[-3:])
     w = weight.reshape(g, dg, -1).astype(ct, copy=False)
     out = numpy.empty((n, g, dg, pixels), dtype=ct)
-    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)):
-        # The columns are a temporary of the product, gone before the next chunk's: one chunk's at a time.
+    for chunk, pix, rows, piece in _pieces(spec, ct.itemsize, spec.out_channels if _batch_last(spec) else 0):
+        # The columns are a temporary of the product, gone before the next piece's: one piece's at a time.
+        batch_last = _batch_last(piece)
+        cols = _columns(x[chunk, :, rows], piece, ct, batch_last)
         if batch_last:
-            product = numpy.matmul(w, _columns(x[chunk], spec, ct, True))
-            out[chunk] = product.reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+            out[chunk] = numpy.matmul(w, cols).reshape(g, dg, pixels, -1).transpose(3, 0, 1, 2)
+        elif pix == slice(None):
+            numpy.matmul(w, cols, out=out[chunk])
         else:
-            numpy.matmul(w, _columns(x[chunk], spec, ct, False), out=out[chunk])
+            out[chunk, :, :, pix] = numpy.matmul(w, cols)
+        del cols
     out = out.reshape(n, spec.out_channels, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -78,12 +114,15 @@ def conv2d_cpu(x, weight, bias, spec: ConvSpec):
 
 
 def _grad_input_chunk(wt, gyc, spec: ConvSpec, ct, batch_last: bool):
-    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im."""
+    """The input gradient of a chunk: its columns weight^T @ grad_output, summed back by col2im (for a pointwise
+    conv the columns are the gradient)."""
     cols = numpy.matmul(wt, gyc)
     if batch_last:  # (G, K, L * m) -> (m, C, kH, kW, oH, oW), batch innermost in memory
         cols = cols.reshape(spec.in_channels, *spec.kernel_size, *spec.out_size, -1).transpose(5, 0, 1, 2, 3, 4)
     else:
         cols = cols.reshape(-1, spec.in_channels, *spec.kernel_size, *spec.out_size)
+    if _is_pointwise(spec):
+        return cols.reshape(-1, spec.in_channels, *spec.in_size)
     return col2im_cpu(cols, spec, ct, batch_last)
 
 
@@ -98,27 +137,34 @@ def _grad_weight_chunk(gyc, x, spec: ConvSpec, ct, batch_last: bool):
 def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset):
     ct = compute_dtype(x.dtype)
     n, g, dg, pixels = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    batch_last = _batch_last(spec)
     x = x.reshape(n, *spec.input_shape[-3:])
     gy = grad_output.reshape(n, g, dg, pixels).astype(ct, copy=False)
-    grad_x = numpy.empty(x.shape, dtype=ct) if "input" in needs else None
-    acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else None
+    grad_x = numpy.zeros(x.shape, dtype=ct) if "input" in needs else numpy.empty(0)
+    acc = numpy.zeros((g, dg, spec.channels_per_group * spec.taps), dtype=ct) if "weight" in needs else numpy.empty(0)
     wt = numpy.ascontiguousarray(weight.reshape(g, dg, -1).astype(ct, copy=False).transpose(0, 2, 1))
-    for chunk in batch_chunks(n, spec.cols_bytes(ct.itemsize)) if needs & {"input", "weight"} else ():
-        # Each gradient's columns live inside its function: one chunk's columns at a time, one gradient's.
-        gyc = _grad_columns(gy[chunk], spec, batch_last)
-        if grad_x is not None:
-            grad_x[chunk] = _grad_input_chunk(wt, gyc, spec, ct, batch_last)
-        if acc is not None:
-            acc += _grad_weight_chunk(gyc, x[chunk], spec, ct, batch_last)
-    grad_w = grad_b = None
-    if grad_x is not None:
-        grad_x = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
-    if acc is not None:
+    for name in [name for name in ("input", "weight") if name in needs]:
+        # One gradient's pieces at a time, each piece's columns gone before the next's.
+        extra = spec.out_channels if _batch_last(spec) or name == "weight" else 0
+        for chunk, pix, rows, piece in _pieces(spec, ct.itemsize, extra):
+            batch_last = _batch_last(piece)
+            gyc = _grad_columns(gy[chunk, :, :, pix], piece, batch_last)
+            if name == "weight":
+                acc += _grad_weight_chunk(gyc, x[chunk, :, rows], piece, ct, batch_last)
+                continue
+            gx = _grad_input_chunk(wt, gyc, piece, ct, batch_last)
+            if rows == slice(None):
+                grad_x[chunk] = gx
+            else:   # bands overlap where their windows do: their input rows add up
+                grad_x[chunk, :, rows] += gx
+            del gx
+    grad_input = grad_w = grad_b = None
+    if "input" in needs:
+        grad_input = grad_x.astype(x.dtype, copy=False).reshape(spec.input_shape)
+    if "weight" in needs:
         grad_w = acc.reshape(spec.weight_shape).astype(weight.dtype, copy=False)
     if "bias" in needs:
         grad_b = gy.sum(axis=(0, 3)).reshape(spec.out_channels).astype(x.dtype, copy=False)
-    return grad_x, grad_w, grad_b
+    return grad_input, grad_w, grad_b
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -202,7 +248,8 @@ def _routes_to_depthwise(spec: ConvSpec) -> bool:
 
 def _is_pointwise(spec: ConvSpec) -> bool:
     """1x1, stride 1, no padding: im2col is the identity, x (n, C, H, W) is already cols (n, C, L)."""
-    return spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+    return (spec.taps == 1 and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+            and spec.out_size == spec.in_size)   # (a clamped spec has stride 1 along a dim of one output)
 
 
 def _pow2_at_least(v: int) -> int:
@@ -423,19 +470,35 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
     n, g, dg, k = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps
     out = device.empty((n, g, dg, spec.out_pixels), x.dtype)
     w = weight.reshape(g, dg, k)
+    isz, ow = x.dtype.itemsize, spec.out_size[1]
     if _is_pointwise(spec) and x.flags.c_contiguous:
         device.matmul_strided(w, x.reshape(n, g, k, spec.out_pixels), out)
     else:
-        for chunk in batch_chunks(n, spec.cols_bytes(x.dtype.itemsize)):
-            cols = unfold_gpu(device, x[chunk], spec.with_batch(chunk.stop - chunk.start))
-            device.matmul_strided(w, cols.reshape(-1, g, k, spec.out_pixels), out[chunk])
-            del cols   # before the next chunk's are allocated: one chunk's columns at a time
+        row = (k * g + spec.out_channels) * ow * isz   # a band's columns and its product
+        for images, pixels, rows, piece in work_pieces(spec, spec.cols_bytes(isz), 0, row):
+            cols = unfold_gpu(device, x[images, :, rows], piece).reshape(-1, g, k, piece.out_pixels)
+            if pixels == slice(None):
+                device.matmul_strided(w, cols, out[images])
+            else:   # a band of one image's output rows: a band-sized product, copied into place
+                product = device.empty((1, g, dg, piece.out_pixels), x.dtype)
+                out[images, :, :, pixels] = device.matmul_strided(w, cols, product)
+                del product
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     if bias is not None:
         grid, block = elementwise_launch(out.size)
         KERNELS.launch(device, "conv_fwd_bias", dtype=x.dtype, index=index_type(out.size), grid=grid, block=block,
                        out=out, bias=device.ascontiguous(bias), total=out.size,
                        channels=spec.out_channels, pixels=spec.out_pixels)
     return out.reshape(n, spec.out_channels, *spec.out_size)
+
+
+def grad_input_bytes(spec: ConvSpec, itemsize: int) -> tuple[int, int, int]:
+    """The GEMM input gradient's workspace (its columns and their fold) for `work_pieces`: per image, and for a
+    band of output rows the part that does not grow with them (the halo rows) and the bytes per row."""
+    (h, w), ow, c = spec.in_size, spec.out_size[1], spec.in_channels
+    stride, extent = spec.stride[0], spec.dilation[0] * (spec.kernel_size[0] - 1) + 1
+    return (spec.cols_bytes(itemsize) + c * h * w * itemsize, max(extent - stride, 0) * c * w * itemsize,
+            (c * spec.taps * ow + stride * c * w) * itemsize)
 
 
 def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
@@ -445,8 +508,15 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
         return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
-    per_sample = (spec.cols_bytes(gy.itemsize)
-                  + spec.in_channels * spec.in_size[0] * spec.in_size[1] * gy.itemsize)
+    per_sample, fixed, row = grad_input_bytes(spec, gy.itemsize)
+    if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
+        grad_x = device.xp.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
+        for images, pixels, rows, piece in work_pieces(spec, per_sample, fixed, row):
+            cols = device.matmul_strided(wt, gy[images, :, :, pixels], device.empty((1, g, k, piece.out_pixels),
+                                                                                        gy.dtype))
+            grad_x[images, :, rows] += fold_gpu(device, cols, piece)   # bands overlap where their windows do
+            del cols
+        return grad_x
     chunks = batch_chunks(n, per_sample)
     cols = device.empty((max((c.stop - c.start for c in chunks), default=0), g, k, L), gy.dtype)  # reused
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
@@ -466,16 +536,16 @@ def weight_grad_bytes(spec: ConvSpec, itemsize: int) -> int:
 
 def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
     """grad_weight (D, C / G, kH, kW) in the compute dtype of dtype, from pieces (x (m, C, H, W) any strides,
-    grad_output (m, G, D / G, L)) of the batch, each within the workspace budget (`weight_grad_bytes` per image):
+    grad_output (m, G, D / G, L), their spec) of the batch, each within the workspace budget (`work_pieces`):
     per piece one GEMM batched over the groups with the reduction over m * L, accumulated by cuBLAS (beta = 1)
     into one float32/float64 buffer in piece order, so the bits are the same on every run.  Also patch's."""
-    g, dg, L = spec.groups, spec.outputs_per_group, spec.out_pixels
+    g, dg = spec.groups, spec.outputs_per_group
     k = spec.channels_per_group * spec.taps
     acc = device.empty((g, dg, k), compute_dtype(dtype))  # the weight's layout: no transpose at the end
     beta = 0.0  # the first piece overwrites acc, the others add to it
-    for x_part, gy_part in pieces:
-        m = x_part.shape[0]
-        cols = unfold_gpu(device, x_part, spec.with_batch(m), rows_first=True).reshape(g, k, m * L)
+    for x_part, gy_part, piece in pieces:
+        m, L = x_part.shape[0], piece.out_pixels
+        cols = unfold_gpu(device, x_part, piece, rows_first=True).reshape(g, k, m * L)
         gyc = device.ascontiguous(gy_part.transpose(1, 2, 0, 3)).reshape(g, dg, m * L)
         device.matmul_strided(gyc, cols.transpose(0, 2, 1), acc, beta=beta)  # (G, D / G, K) += gy @ cols^T
         del cols, gyc   # before the next chunk's are allocated: one chunk's columns at a time
@@ -531,7 +601,9 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             if algo == "implicit_gemm":
                 gyv = gy.reshape(n, spec.out_channels, L)
                 return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
-            pieces = ((x[c], gy[c]) for c in batch_chunks(n, weight_grad_bytes(spec, x.dtype.itemsize)))
+            row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
+            pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
+                      in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
@@ -547,7 +619,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
 
 def workspace_scope(op: str, nbytes):
     """The per-call workspace budget of op (checked: None or a positive int), or the global/scoped one when None."""
-    check_workspace_limit(op, nbytes)
+    nbytes = check_workspace_limit(op, nbytes)
     return contextlib.nullcontext() if nbytes is None else settings.workspace_limit(nbytes)
 
 

@@ -83,13 +83,16 @@ def _crop(a, shape):
 
 
 @on_arrays_device
-def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
+def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
                workspace_limit):
     call = Call(op, x=x, weight=weight, bias=bias)
     spec, extension = _spec(op, nd, call.x, call.weight, call.bias, stride, padding, output_padding, groups,
                             dilation)
     check_algorithm(op, algorithm, ALGORITHMS)   # one of conv's, which runs every pass
     with workspace_scope(op, workspace_limit):   # checks workspace_limit before anything is allocated
+        # The output's size before the placeholder of that size (and x's zero extension) is made: NumPy refuses
+        # some impossible shapes with its own errors, naming no op.
+        lift.prepare(call.device, spec, call.x.dtype, [spec.input_shape])
         gy = _extend(call.device, call.x, extension)
         z = lift.placeholder(call.device, spec.input_shape, call.x.dtype)
         out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
@@ -104,7 +107,7 @@ def _transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups,
 
 
 @on_arrays_device
-def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
+def transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_padding, groups, dilation, needs,
                         algorithm, workspace_limit):
     call = Call(op, grad_output=grad_output, x=x, weight=weight)
     spec, extension = _spec(op, nd, call.x, call.weight, None, stride, padding, output_padding, groups, dilation)
@@ -113,6 +116,9 @@ def _transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_
                          f"{_shape(call.x)} and weight {_shape(call.weight)} has shape {spec.input_shape}")
     needs = check_needs(op, needs)
     check_algorithm(op, algorithm, ALGORITHMS)
+    shapes = [shape for name, shape in zip(NEEDS, (_shape(call.x), _shape(call.weight), spec.input_shape[1:2]))
+              if name in needs]
+    lift.prepare(call.device, spec, call.x.dtype, shapes)   # before _extend's copy
     ops, gy = lift.arrays(call.device), call.grad_output
     grad_x = grad_w = grad_b = None
     with workspace_scope(op, workspace_limit):
@@ -165,7 +171,7 @@ def conv_transpose1d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv1d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -178,7 +184,7 @@ def conv_transpose2d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv2d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -191,7 +197,7 @@ def conv_transpose3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stri
 
     The input gradient of `conv3d` with this weight, computed as a gather: deterministic, no atomics.
     """
-    return _transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -201,7 +207,7 @@ def conv_transpose_nd(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, str
                       dilation: IntOrTuple = 1, *, algorithm: str = "auto",
                       workspace_limit: int | None = None) -> ArrayT:
     """The transposed convolution over weight.ndim - 2 spatial dims: `conv_transpose1d`, `2d` or `3d`."""
-    return _transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation,
+    return transpose("conv_transpose_nd", None, x, weight, bias, stride, padding, output_padding, groups, dilation,
                       algorithm, workspace_limit)
 
 
@@ -211,7 +217,7 @@ def conv_transpose1d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose1d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose1d_backward", 1, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -221,7 +227,7 @@ def conv_transpose2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose2d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose2d_backward", 2, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -231,7 +237,7 @@ def conv_transpose3d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *,
                               dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                               workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose3d`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose3d_backward", 3, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)
 
 
@@ -241,5 +247,5 @@ def conv_transpose_nd_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *
                                dilation: IntOrTuple = 1, needs: Needs = NEEDS, algorithm: str = "auto",
                                workspace_limit: int | None = None) -> Gradients[ArrayT]:
     """The gradients of `conv_transpose_nd`, computed by hand (no autograd)."""
-    return _transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
+    return transpose_backward("conv_transpose_nd_backward", None, grad_output, x, weight, stride, padding,
                                output_padding, groups, dilation, needs, algorithm, workspace_limit)

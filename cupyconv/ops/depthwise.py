@@ -15,7 +15,7 @@ from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, capped_grid, elementwise_launch, index_type,
                         kernel_name)
-from .._spec import NEEDS, ConvSpec, ceil_div, check_grad_output, check_needs, round_up
+from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div, check_grad_output, check_needs, round_up
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -48,14 +48,19 @@ def _plane_blocks(spec: ConvSpec, n: int, itemsize: int):
         yield block, numpy.arange(block.start, block.stop) % c
 
 
-def depthwise_conv2d_cpu(x, weight, bias, spec: ConvSpec):
-    ct = compute_dtype(x.dtype)
-    n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
-    padded = pad_cpu(x, spec, ct).reshape(n * c, *spec.padded_size)
-    w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel_size)
-    out = numpy.empty((n * c, m, *spec.out_size), dtype=ct)
+def _image_chunks(spec: ConvSpec, itemsize: int):
+    """Chunks of the batch whose padded planes and products (the CPU path's workspace, in the compute dtype) take at
+    most the workspace limit, one image at least."""
+    hp, wp = spec.padded_size
+    per_image = spec.in_channels * (hp * wp + _multiplier(spec) * spec.out_pixels) * itemsize
+    return batch_chunks(spec.n, per_image)
+
+
+def _forward_chunk(x, w, out, spec: ConvSpec, ct):
+    """out (m * C, mult, oH, oW) of the images x (m, C, H, W); its padded copy and product are freed on return."""
+    padded = pad_cpu(x, spec, ct).reshape(-1, *spec.padded_size)
     product = numpy.empty_like(out)
-    for block, channels in _plane_blocks(spec, n, ct.itemsize):
+    for block, channels in _plane_blocks(spec, x.shape[0], ct.itemsize):
         o, p, w_block = out[block], product[block], w[channels]
         for i in range(spec.kernel_size[0]):
             for j in range(spec.kernel_size[1]):
@@ -65,6 +70,31 @@ def depthwise_conv2d_cpu(x, weight, bias, spec: ConvSpec):
                 else:
                     numpy.multiply(tap, w_tap, out=p)
                     o += p
+
+
+def _input_grad_chunk(gy, w, spec: ConvSpec, ct):
+    """The input gradient (m, C, H, W) of grad_output gy (m, C, mult, oH, oW), summed into padded planes."""
+    (kh, kw), (h, wd), (top, _), (left, _) = spec.kernel_size, spec.in_size, *spec.padding
+    m = w.shape[1]
+    gy_planes = gy.reshape(-1, m, *spec.out_size)
+    padded = numpy.zeros((gy_planes.shape[0], *spec.padded_size), dtype=ct)
+    product = numpy.empty(gy_planes.shape, dtype=ct)
+    for block, channels in _plane_blocks(spec, gy.shape[0], ct.itemsize):
+        p, w_block = product[block], w[channels]
+        for i in range(kh):
+            for j in range(kw):
+                numpy.multiply(gy_planes[block], w_block[:, :, i, j, None, None], out=p)
+                _tap(padded[block], spec, i, j)[...] += p[:, 0] if m == 1 else p.sum(axis=1)
+    return padded[:, top:top + h, left:left + wd].reshape(gy.shape[0], -1, h, wd)
+
+
+def depthwise_conv2d_cpu(x, weight, bias, spec: ConvSpec):
+    ct = compute_dtype(x.dtype)
+    n, c, m = x.shape[0], spec.in_channels, _multiplier(spec)
+    w = weight.astype(ct, copy=False).reshape(c, m, *spec.kernel_size)
+    out = numpy.empty((n * c, m, *spec.out_size), dtype=ct)
+    for images in _image_chunks(spec, ct.itemsize):
+        _forward_chunk(x[images], w, out[images.start * c:images.stop * c], spec, ct)
     out = out.reshape(n, c * m, *spec.out_size)
     if bias is not None:
         out += bias.astype(ct, copy=False)[:, None, None]
@@ -79,24 +109,17 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         w = weight.astype(ct, copy=False).reshape(c, m, kh, kw)
-        gy_planes = gy.reshape(n * c, m, oh, ow)
-        padded = numpy.zeros((n * c, *spec.padded_size), dtype=ct)
-        product = numpy.empty(gy_planes.shape, dtype=ct)
-        for block, channels in _plane_blocks(spec, n, ct.itemsize):
-            p, w_block = product[block], w[channels]
+        grad_x = numpy.empty(x.shape, dtype=x.dtype)
+        for images in _image_chunks(spec, ct.itemsize):   # one chunk's padded sums at a time
+            grad_x[images] = _input_grad_chunk(gy[images], w, spec, ct)
+    if "weight" in needs:
+        grad_w = numpy.zeros((c, m, kh, kw), dtype=ct)
+        for images in _image_chunks(spec, ct.itemsize):
+            padded = pad_cpu(x[images], spec, ct)
             for i in range(kh):
                 for j in range(kw):
-                    numpy.multiply(gy_planes[block], w_block[:, :, i, j, None, None], out=p)
-                    _tap(padded[block], spec, i, j)[...] += p[:, 0] if m == 1 else p.sum(axis=1)
-        (top, _), (left, _) = spec.padding
-        h, wd = spec.in_size
-        grad_x = padded[:, top:top + h, left:left + wd].reshape(n, c, h, wd).astype(x.dtype)
-    if "weight" in needs:
-        padded = pad_cpu(x, spec, ct)
-        grad_w = numpy.empty((c, m, kh, kw), dtype=ct)
-        for i in range(kh):
-            for j in range(kw):
-                grad_w[:, :, i, j] = numpy.einsum("ncmhw,nchw->cm", gy, _tap(padded, spec, i, j))
+                    grad_w[:, :, i, j] += numpy.einsum("ncmhw,nchw->cm", gy[images], _tap(padded, spec, i, j))
+            del padded
         grad_w = grad_w.reshape(spec.weight_shape).astype(weight.dtype, copy=False)
     if "bias" in needs:
         grad_b = gy.sum(axis=(0, 3, 4)).reshape(c * m).astype(x.dtype, copy=False)

@@ -25,8 +25,9 @@ import math
 
 import numpy
 
-from .. import _device
+from .. import _device, settings
 from .._arrays import compute_dtype
+from .._kernels import INT32_MAX
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
@@ -131,12 +132,6 @@ def depth_fold(device, g, spec: ConvSpec, dtype):
     return ops.astype(out, dtype)
 
 
-def _channels_second(device, y, images: int, depth: int):
-    """(images * depth, O, ...) -> (images, O, depth, ...) (a copy)."""
-    y = y.reshape(images, depth, *y.shape[1:])
-    return arrays(device).ascontiguous(y.swapaxes(1, 2))
-
-
 def _depth_first(device, y):
     """(images, O, depth, ...) -> (images * depth, O, ...) (a copy)."""
     y = arrays(device).ascontiguous(y.swapaxes(1, 2))
@@ -148,21 +143,41 @@ def _depth_first(device, y):
 #   forward(device, x, weight, bias, spec2, algorithm) -> y
 #   backward(device, grad_output, x, weight, spec2, needs, algorithm) -> (grad_x, grad_weight, grad_bias)
 # device None is the CPU path.  Leading dims of x are one flat batch; the result has the spec's shapes.
-# Before anything is allocated the drivers check that the results fit (`check_memory`).  An empty problem
+# Before anything is allocated the drivers check that the results fit (`prepare`, `check_memory`).  An empty problem
 # (`ConvSpec.empty`) gets its result here, the same on every path, without running one: no kernel runs for it, so
 # no algorithm's restrictions apply either.
+
+
+def prepare(device, spec: ConvSpec, dtype, results) -> ConvSpec:
+    """The spec a driver runs, checked before anything is allocated: `ConvSpec.clamped` (a huge but valid stride,
+    dilation or high padding becomes the small one that reads the same positions), `check_memory` for the results
+    of shapes `results`, and on the GPU path a ValueError when the window still passes the kernels' 32-bit
+    parameters: a padded plane of 2^31 positions or more along a dim the kernels see (3-D depth is folded in
+    Python)."""
+    spec = spec.clamped()
+    check_memory(device, spec, dtype, results)
+    if device is None or spec.empty:
+        return spec
+    for dim in range(1, 3) if spec.nd == 3 else range(spec.nd):
+        if spec.padded_size[dim] > INT32_MAX:
+            raise ValueError(f"{spec.op}: the padded input spans {spec.padded_size[dim]} positions along spatial dim "
+                             f"{dim} (size {spec.in_size[dim]}, padding {spec.padding[dim]}, kernel "
+                             f"{spec.kernel_size[dim]}, dilation {spec.dilation[dim]}); the GPU kernels index a "
+                             f"dim with 32-bit ints, at most {INT32_MAX} positions")
+    return spec
 
 
 def check_memory(device, spec: ConvSpec, dtype, results) -> None:
     """Raise MemoryError when the arrays of shapes `results` (in dtype) and the least workspace of the path take
     more than the memory its arrays live in (`_device.total_memory`); the unfold/fold runs call it too.
 
-    The workspace counted is one image's, which every chunked path needs at least: its depth windows in 3-D, else
-    its padded copy on the CPU path (every CPU op pads; the kernels read x in place).  So the check never refuses
+    The workspace counted is what no path can chunk: one image's depth windows in 3-D, else on the CPU path one
+    image's padded copy (every CPU op pads; the kernels read x in place) and one output row's columns (the least
+    piece of conv's columns).  So the check never refuses
     a call that fits, and an impossible size (a 2^48-element output; on the CPU path a padding of 2^40) is a
     clear error before the first copy is made, instead of NumPy's or CuPy's MemoryError after it.  MemoryError rather than
     ValueError: the arguments are valid, the machine is too small, and `except MemoryError` keeps working."""
-    itemsize = numpy.dtype(dtype).itemsize
+    itemsize, spec = numpy.dtype(dtype).itemsize, spec.clamped()
     arrays = [f"a result {tuple(shape)}" for shape in results]
     nbytes = [math.prod(shape) * itemsize for shape in results]
     if not spec.empty:
@@ -172,6 +187,10 @@ def check_memory(device, spec: ConvSpec, dtype, results) -> None:
         elif device is None:
             arrays.append(f"one image's padded copy {(spec.in_channels, *spec.padded_size)}")
             nbytes.append(spec.in_channels * math.prod(spec.padded_size) * itemsize)
+            # The CPU path chunks columns down to one output row's (conv.py `_pieces`), never below.
+            row = (spec.in_channels * spec.taps, spec.out_size[-1])
+            arrays.append(f"one output row's columns {row}")
+            nbytes.append(math.prod(row) * itemsize)
     memory = _device.total_memory(device)
     if memory is not None and sum(nbytes) > memory:
         where = "this machine (the CPU path)" if device is None else f"the {device.name} device"
@@ -201,7 +220,7 @@ def _empty_backward(device, grad_output, spec: ConvSpec, needs: frozenset, dtype
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
-    check_memory(device, spec, x.dtype, [spec.output_shape])
+    spec = prepare(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
         return _empty_forward(device, bias, spec, x.dtype)
     if spec.nd == 2:
@@ -213,20 +232,39 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     x = arrays(device).reshape(x, (n, *spec.input_shape[-4:]))
     weight = depth_weight(weight, spec)
     out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
-    for chunk in batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize)):
+    isz = x.dtype.itemsize
+    per_image = depth_window_bytes(spec, isz) + math.prod(spec.output_shape[-4:]) * isz   # windows, 2-D result
+    for chunk, inner in _depth_chunks(n, per_image):
         m = chunk.stop - chunk.start
-        y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
-        arrays(device).copyto(out[chunk], _channels_second(device, y, m, od))
+        with inner:
+            y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
+        # (m, O, oD, ...) from a view of y (m * oD, O, ...): one copy, into the output
+        arrays(device).copyto(out[chunk], y.reshape(m, od, *y.shape[1:]).swapaxes(1, 2))
+        del y
     return out.reshape(spec.output_shape)
 
 
-def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x):
-    """The 2-D backward of the depth windows of a chunk x (m, C, D, H, W) of a 3-D problem: their input gradient is
-    folded into grad_x (the chunk's part of it, or None); returns the chunk's (grad_weight, grad_bias).  The windows
-    and their gradient are freed on return, before the next chunk's are built."""
+def _depth_chunks(n: int, per_image: int):
+    """Chunks of a 3-D batch whose depth-window workspace (`per_image` bytes an image) takes at most half the
+    workspace limit, each with the scoped limit its 2-D run gets: the rest, so that the two together stay within
+    the limit (an image whose windows alone pass it gets a chunk of its own and a limit of 1 byte: the 2-D run's
+    least pieces)."""
+    limit = settings.get_workspace_limit()
+    for chunk in batch_chunks(n, 2 * per_image, limit):
+        yield chunk, settings.workspace_limit(max(1, limit - (chunk.stop - chunk.start) * per_image))
+
+
+def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x,
+                          inner):
+    """The 2-D backward (run within the scoped limit `inner`) of the depth windows of a chunk x (m, C, D, H, W) of a
+    3-D problem: their input gradient is folded into grad_x (the chunk's part of it, or None); returns the chunk's
+    (grad_weight, grad_bias).  The windows and their gradient are freed on return, before the next chunk's are
+    built."""
     spec2 = depth_spec(spec, x.shape[0])
     v = depth_windows(device, x, spec) if "weight" in needs else placeholder(device, spec2.input_shape, x.dtype)
-    gv, grad_w, grad_b = run(device, _depth_first(device, gy), v, weight2, spec2, needs, algorithm)
+    with inner:
+        gv, grad_w, grad_b = run(device, _depth_first(device, gy), v, weight2, spec2, needs, algorithm)
+    del v
     if grad_x is not None:
         arrays(device).copyto(grad_x, depth_fold(device, gv, spec, x.dtype))
     return grad_w, grad_b
@@ -234,7 +272,7 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: fr
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
-    check_memory(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
+    spec = prepare(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:
         return _empty_backward(device, grad_output, spec, needs, x.dtype)
     if spec.nd == 2:
@@ -248,11 +286,17 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
     gy = ops.reshape(grad_output, (n, *spec.output_shape[-4:]))
     weight2 = depth_weight(weight, spec)
     grad_x = empty(device, x.shape, x.dtype) if "input" in needs else None
-    chunks = batch_chunks(n, depth_window_bytes(spec, x.dtype.itemsize))
+    # An image's windows (if the weight gradient is asked for), its grad_output copy, and for the input gradient
+    # the windows' gradient and its fold (in the compute dtype).
+    isz, ct = x.dtype.itemsize, compute_dtype(x.dtype).itemsize
+    windows = depth_window_bytes(spec, isz)
+    per_image = ((windows if "weight" in needs else 0) + math.prod(spec.output_shape[-4:]) * isz
+                 + ((windows + math.prod(spec.input_shape[-4:]) * ct) if "input" in needs else 0))
+    chunks = list(_depth_chunks(n, per_image))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
-    for chunk in chunks:
+    for chunk, inner in chunks:
         params = _depth_chunk_backward(run, device, gy[chunk], x[chunk], weight2, spec, needs, algorithm,
-                                       None if grad_x is None else grad_x[chunk])
+                                       None if grad_x is None else grad_x[chunk], inner)
         for i, p in enumerate(params):
             if p is None:
                 continue

@@ -31,13 +31,13 @@ from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
                         extent, index_type, kernel_name)
-from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs)
+from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
 from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
-                   implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal, weight_grad_bytes,
-                   workspace_scope)
+                   grad_input_bytes, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal,
+                   weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .unfold import fold_gpu, unfold_gpu
 
@@ -234,11 +234,9 @@ def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
 
 # --- launches ---------------------------------------------------------------------------------------------
 
-def _gemm_chunks(view, bytes_per_patch: int):
-    """(outer index, slice of inner) pieces of a batch view, each within the workspace budget."""
-    for o in range(view.shape[0]):
-        for part in batch_chunks(view.shape[1], bytes_per_patch):
-            yield o, part
+def _gemm_row_bytes(spec: ConvSpec, itemsize: int) -> int:
+    """Bytes of one output row's columns and product (or grad_output copy): a band's workspace per row."""
+    return (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * itemsize
 
 
 def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
@@ -264,10 +262,18 @@ def _forward_gemm(device, xv, weight, bias, spec: ConvSpec, out):
     g, pixels = spec.groups, spec.out_pixels
     w = weight.reshape(g, spec.outputs_per_group, -1)
     out5 = out.reshape(*xv.shape[:2], g, spec.outputs_per_group, pixels)
-    for o, part in _gemm_chunks(xv, spec.cols_bytes(xv.itemsize)):
-        cols = unfold_gpu(device, xv[o, part], spec.with_batch(part.stop - part.start))
-        device.matmul_strided(w, cols.reshape(cols.shape[0], g, -1, pixels), out5[o, part])
-        del cols   # before the next chunk's are allocated: one chunk's columns at a time
+    inner, row = spec.with_batch(xv.shape[1]), _gemm_row_bytes(spec, xv.itemsize)
+    for o in range(xv.shape[0]):
+        for images, band, rows, piece in work_pieces(inner, spec.cols_bytes(xv.itemsize), 0, row):
+            cols = unfold_gpu(device, xv[o, images, :, rows], piece)
+            cols = cols.reshape(cols.shape[0], g, -1, piece.out_pixels)
+            if band == slice(None):
+                device.matmul_strided(w, cols, out5[o, images])
+            else:   # a band of one patch's output rows
+                product = device.empty((1, g, spec.outputs_per_group, piece.out_pixels), xv.dtype)
+                device.copyto(out5[o, images, :, :, band], device.matmul_strided(w, cols, product))
+                del product
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     if bias is not None:
         device.add(out, bias.reshape(-1, 1, 1))
     return out
@@ -291,13 +297,20 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
     g, pixels = spec.groups, spec.out_pixels
     wt = weight.reshape(g, spec.outputs_per_group, -1).transpose(0, 2, 1)  # read transposed, not copied
     out5 = out.reshape(*gv.shape[:2], *spec.input_shape[-3:])
-    per_patch = spec.cols_bytes(gv.itemsize) + math.prod(spec.input_shape[-3:]) * gv.itemsize
-    for o, part in _gemm_chunks(gv, per_patch):
-        gy = gv[o, part]
-        cols = device.empty((gy.shape[0], g, wt.shape[1], pixels), gy.dtype)
-        device.matmul_strided(wt, device.reshape(gy, (gy.shape[0], g, spec.outputs_per_group, pixels)), cols)
-        device.copyto(out5[o, part], fold_gpu(device, cols, spec.with_batch(part.stop - part.start)))
-        del cols   # before the next chunk's are allocated: one chunk's columns at a time
+    inner = spec.with_batch(gv.shape[1])
+    per_patch, fixed, row = grad_input_bytes(spec, gv.itemsize)
+    if per_patch > settings.get_workspace_limit():
+        device.copyto(out, 0)   # bands of a patch's output rows add up where their windows overlap
+    for o in range(gv.shape[0]):
+        for images, band, rows, piece in work_pieces(inner, per_patch, fixed, row):
+            gy = device.reshape(gv[o, images], (-1, g, spec.outputs_per_group, pixels))[..., band]
+            cols = device.empty((gy.shape[0], g, wt.shape[1], piece.out_pixels), gy.dtype)
+            device.matmul_strided(wt, gy, cols)
+            if band == slice(None):
+                device.copyto(out5[o, images], fold_gpu(device, cols, piece))
+            else:
+                device.add(out5[o, images, :, rows], fold_gpu(device, cols, piece))
+            del cols   # before the next piece's are allocated: one piece's columns at a time
     return out
 
 
@@ -326,7 +339,9 @@ def _weight_grad_gemm(device, xv, gy, spec: ConvSpec, out):
     """conv2d's GEMM weight gradient over the batch view's pieces (x and grad_output chunked alike)."""
     gv = device.reshape(gy, (*xv.shape[:2], *gy.shape[-3:]))
     grad = device.reshape(gv, (*xv.shape[:2], spec.groups, spec.outputs_per_group, spec.out_pixels))
-    pieces = ((xv[o, part], grad[o, part]) for o, part in _gemm_chunks(xv, weight_grad_bytes(spec, xv.itemsize)))
+    inner, row = spec.with_batch(xv.shape[1]), _gemm_row_bytes(spec, xv.itemsize)
+    pieces = ((xv[o, images, :, rows], grad[o, images, :, :, pixels], piece) for o in range(xv.shape[0])
+              for images, pixels, rows, piece in work_pieces(inner, weight_grad_bytes(spec, xv.itemsize), 0, row))
     device.copyto(out, gemm_weight_grad(device, pieces, spec, out.dtype))
     return out
 

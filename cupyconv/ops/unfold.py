@@ -82,8 +82,8 @@ def unfold_cpu(x, spec: ConvSpec):
 def fold_cpu(cols, spec: ConvSpec):
     c, (kh, kw), (oh, ow) = spec.in_channels, spec.kernel_size, spec.out_size
     six = _flat(cols, spec, 2).reshape(spec.n, c, kh, kw, oh, ow)
-    out = col2im_cpu(six, spec, compute_dtype(cols.dtype))
-    return out.astype(cols.dtype, copy=False).reshape(*spec.batch, c, *spec.in_size)
+    out = col2im_cpu(six, spec, compute_dtype(cols.dtype))   # a view into the padded sums: return a copy
+    return numpy.ascontiguousarray(out.astype(cols.dtype, copy=False)).reshape(*spec.batch, c, *spec.in_size)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def _unfold_run(device, x, spec: ConvSpec):
     (ops/lift.py): a unit height, or the depth windows, whose 2-D cols (n, oD, C * taps, oH * oW) are
     reordered to (n, C * taps, oD * oH * oW)."""
     rows, pixels, n, ops = spec.in_channels * spec.taps, spec.out_pixels, spec.n, lift.arrays(device)
-    lift.check_memory(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
+    spec = lift.prepare(device, spec, x.dtype, [(*spec.batch, rows, pixels)])
     if spec.nd == 1:
         x, spec2 = lift.with_unit_height(x), lift.unit_height(spec)
     elif spec.nd == 3:
@@ -159,7 +159,7 @@ def _unfold_run(device, x, spec: ConvSpec):
 def _fold_run(device, cols, spec: ConvSpec):
     """The fold of cols (*batch, C * taps, L) into (*batch, C, *in_size), the reverse of `_unfold_run`."""
     rows, n, ops = spec.in_channels * spec.taps, spec.n, lift.arrays(device)
-    lift.check_memory(device, spec, cols.dtype, [spec.input_shape])
+    spec = lift.prepare(device, spec, cols.dtype, [spec.input_shape])
     if spec.nd == 1:
         spec2 = lift.unit_height(spec)
     elif spec.nd == 3:

@@ -21,6 +21,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from .._arrays import _describe
 from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_algorithm, check_groups,
                      check_workspace_limit)
 from ..ops.conv import ALGORITHMS
@@ -36,6 +37,15 @@ Padding = Union[str, int, tuple]
 def _flat(sides) -> list:
     """Per-side padding ((low, high), ...) as the custom ops take it: [low, high, low, high, ...]."""
     return [p for side in sides for p in side]
+
+
+def _tensors(op: str, **arrays) -> None:
+    """The arrays (None for an absent bias) must be tensors: NumPy, CuPy and dask arrays go to cupyconv's own
+    functions, which take every kind (here they would fail inside torch, far from the call)."""
+    for name, a in arrays.items():
+        if a is not None and not isinstance(a, Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {_describe(a)}; cupyconv.torch takes tensors, "
+                            f"cupyconv.{op} takes NumPy, CuPy and dask arrays as well")
 
 
 def _batched(op: str, input: Tensor, nd: int) -> tuple[Tensor, bool]:
@@ -125,8 +135,9 @@ def _as_torch_returns(y: Tensor, x: Tensor, weight: Tensor, unbatched: bool = Fa
 
 def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilation, groups, algorithm,
                  workspace_limit) -> Tensor:
+    _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1, padding, stride), weight, bias, stride, padding, dilation,
                              groups, nd=nd)
@@ -212,6 +223,7 @@ def depthwise_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     Tensor
         (N, C * m, oH, oW), unbatched or channels-last as `conv2d`.
     """
+    _tensors("depthwise_conv2d", input=input, weight=weight, bias=bias)
     x, unbatched = _batched("depthwise_conv2d", input, 2)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", _checked_shape(x, 3, padding, stride), weight, bias, stride,
                                   padding, dilation)
@@ -240,8 +252,9 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
         (..., D, oH, oW); channels-last for a 4-D channels-last input or weight.
     """
     op = "patch_conv2d"
+    _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, PATCH_ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     spec = ConvSpec.for_conv(op, _checked_shape(input, 3, padding, stride), weight, bias, stride, padding, dilation,
                              groups, leading_dims=True)
     y = torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat(spec.padding),
@@ -252,8 +265,9 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
 def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_padding, groups, dilation,
                 algorithm, workspace_limit) -> Tensor:
     """Normalise the arguments to the custom op's; the op checks how they fit the shapes."""
+    _tensors(op, input=input, weight=weight, bias=bias)
     check_algorithm(op, algorithm, ALGORITHMS)
-    check_workspace_limit(op, workspace_limit)
+    workspace_limit = check_workspace_limit(op, workspace_limit)
     x, unbatched = _batched(op, input, nd)
     if padding == "same":
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
@@ -335,6 +349,7 @@ def unfold(input: Tensor, kernel_size: Size, dilation: Size = 1, padding: Paddin
     Tensor
         (..., C * kH * kW, L), rows in (c, i, j) order, L = oH * oW.
     """
+    _tensors("unfold", input=input)
     spec = ConvSpec.for_unfold("unfold", _checked_shape(input, 3, padding, stride), kernel_size, dilation, padding,
                                stride)
     return torch.ops.cupyconv.unfold(input, list(spec.kernel_size), list(spec.dilation), _flat(spec.padding),
@@ -359,6 +374,7 @@ def fold(input: Tensor, output_size: Size, kernel_size: Size, dilation: Size = 1
     Tensor
         (..., C, H, W); overlapping entries are summed.
     """
+    _tensors("fold", input=input)
     spec = ConvSpec.for_fold("fold", input, output_size, kernel_size, dilation, padding, stride)
     return torch.ops.cupyconv.fold(input, list(spec.in_size), list(spec.kernel_size), list(spec.dilation),
                                    _flat(spec.padding), list(spec.stride))
