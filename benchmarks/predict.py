@@ -28,7 +28,9 @@ records measured next to predicted on the first GPU run and writes the model's e
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import inspect
 import json
 import math
 import re
@@ -336,6 +338,11 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
 
 
 COUNTER_BLOCKS = 4   # blocks per launch the counters run, spread over the grid (first, interior, last)
+# The counters' cost: the emulator runs some 25,000-150,000 warp instructions a second (the model's high estimate of
+# them) on this project's busy 2-core machine.  A launch whose sample the model estimates above this many runs
+# fewer blocks (down to 2), and one whose 2 blocks exceed it keeps the analytic model, labelled so (at this budget
+# one kernel: p-8x8's fp32 weight gradient, ~3 million per block).  `--counter-budget`.
+COUNTER_BUDGET = 2_500_000
 COUNTED = ("requests", "lane_accesses", "sectors", "lines", "useful_bytes", "moved_bytes", "wavefronts")
 ACCESS_KINDS = ("global_load", "global_store", "shared_load", "shared_store")
 
@@ -359,6 +366,55 @@ def launch_key(launch: launches_mod.Launch) -> tuple:
 _COUNTER_CACHE: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def counter_cache_file() -> Path:
+    """Where counter runs are kept between commands (the h200 prediction reuses the h100 one's), named by a hash
+    of what decides the counts: the kernels as compiled, the emulator's sources and this adapter."""
+    emulator_dir = _emulator.TESTS / "emulator"
+    text = kernels_hash() + inspect.getsource(emulated_counters) + "".join(
+        p.read_text(errors="replace") for p in sorted(emulator_dir.rglob("*")) if p.suffix in (".py", ".h", ".cpp"))
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _emulator.emulator().cache_root() / "predict-counters" / f"{key}.json"
+
+
+def cached_counters(launch: launches_mod.Launch, blocks: int) -> dict:
+    """`emulated_counters` through a cache in memory and on disk (`counter_cache_file`); failures are not kept."""
+    key = repr((launch_key(launch), blocks))
+    if not _COUNTER_CACHE:
+        try:
+            _COUNTER_CACHE.update(json.loads(counter_cache_file().read_text()))
+        except (OSError, ValueError, ImportError):
+            pass
+    if key not in _COUNTER_CACHE:
+        result = emulated_counters(launch, blocks)
+        if "error" in result:
+            return result
+        _COUNTER_CACHE[key] = result
+        try:
+            path = counter_cache_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(_COUNTER_CACHE))
+            partial.replace(path)
+        except (OSError, ImportError):
+            pass
+    return _COUNTER_CACHE[key]
+
+
+def counter_blocks(launch: launches_mod.Launch, work: dict, budget: int) -> tuple[int, str | None]:
+    """(blocks to count, None), or (0, why not) when even 2 blocks are over `budget` warp instructions by the
+    analytic model's (high) estimate of a block's; budget 0: no limit."""
+    wanted = min(COUNTER_BLOCKS, launch.blocks)
+    if not budget:
+        return wanted, None
+    per_block = work["warp_instructions"][1] / launch.blocks
+    blocks = min(wanted, int(budget // per_block))
+    if blocks < min(2, wanted):
+        return 0, (f"too costly to emulate: ~{per_block:,.0f} warp instructions per block (the model's estimate), "
+                   f"over the counter budget of {budget:,} for {min(2, wanted)} blocks (--counter-budget)")
+    return blocks, None
+
+
 def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS, device_factory=None) -> dict:
     """The emulator's memory counters of one launch: `blocks` blocks spread over the grid run on
     tests/emulator's `EmulatedDevice(counters=True, blocks=spread_blocks(blocks))` over the recorded arguments,
@@ -367,10 +423,7 @@ def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS,
     The one place that knows the counters' API.  Returns {"source": "emulator", "blocks_run", "grid_blocks",
     "scale", "kinds": {kind: totals over the grid and per-request ratios}, "sites": the sampled blocks' sites
     (not scaled)}, or {"error": why} where the emulator cannot be imported or the run fails.  Cached per
-    `launch_key`.  device_factory: for tests, a callable (counters=, blocks=) -> device."""
-    key = (launch_key(launch), blocks)
-    if device_factory is None and key in _COUNTER_CACHE:
-        return _COUNTER_CACHE[key]
+    device_factory: for tests, a callable (counters=, blocks=) -> device."""
     try:
         package = _emulator.emulator()
     except Exception as e:
@@ -397,11 +450,8 @@ def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS,
         else:
             del entry["wavefronts"], entry["wavefronts_per_request"]
         kinds[kind] = entry
-    result = {"source": "emulator", "blocks_run": profile.blocks_run, "grid_blocks": launch.blocks, "scale": scale,
-              "kinds": kinds, "sites": [site.to_dict() for site in profile.sites]}
-    if device_factory is None:
-        _COUNTER_CACHE[key] = result
-    return result
+    return {"source": "emulator", "blocks_run": profile.blocks_run, "grid_blocks": launch.blocks, "scale": scale,
+            "kinds": kinds, "sites": [site.to_dict() for site in profile.sites]}
 
 
 def apply_counters(work: dict, counters: dict) -> dict:
@@ -581,7 +631,8 @@ class SassSource:
         return self.cache.get((launch.source, launch.name))
 
 
-def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool) -> KernelModel:
+def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool,
+                 counter_budget: int = COUNTER_BUDGET) -> KernelModel:
     from . import sass as sass_mod
     k = sass_source.get(launch)
     sass = k.to_dict() if k is not None else None
@@ -593,7 +644,9 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         except ValueError:
             occ = None
     work = analytic_counters(launch, sass, macs)
-    emulated = emulated_counters(launch) if counters else {"error": "counters off (--quick or --counters off)"}
+    blocks, too_costly = counter_blocks(launch, work, counter_budget)
+    emulated = ({"error": "counters off (--quick or --counters off)"} if not counters else
+                {"error": too_costly} if too_costly else cached_counters(launch, blocks))
     if "error" in emulated:
         accesses = analytic_access_summary(work, emulated["error"])
     else:
@@ -621,7 +674,7 @@ def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, st
 
 
 def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
-                 counters: bool) -> dict:
+                 counters: bool, counter_budget: int = COUNTER_BUDGET) -> dict:
     gpu = GPUS[gpu_key]
     recording = launches_mod.record(case, backward)
     sass_source.prefetch(recording.launches)
@@ -636,7 +689,7 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
                      "resources_us": {k: v.to_list(3) for k, v in times.items()}, "predicted_us": time.to_list(),
                      "bound": bound}
         else:
-            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters)
+            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget)
             time, entry = model.time, model.to_dict()
         kernels.append(entry)
         total = total + time
@@ -667,14 +720,15 @@ def git_commit() -> str | None:
         return None
 
 
-def meta(gpu_key: str, counters: bool, sass_source: SassSource) -> dict:
+def meta(gpu_key: str, counters: bool, sass_source: SassSource, counter_budget: int = COUNTER_BUDGET) -> dict:
     return {"prediction": "PREDICTION: no GPU measurement", "gpu": gpu_key, "gpu_constants": GPUS[gpu_key],
             "git_commit": git_commit(), "kernels_sha": kernels_hash(),
             "sources": SOURCES, "assumptions": {k: {"range_low_time_high_time": v[0], "what": v[1]}
                                                 for k, v in ASSUMPTIONS.items()},
             "cublas_fp32_fraction": CUBLAS_FP32_FRACTION, "counters": "emulator where available" if counters else
-            "analytic access model only", "counter_blocks": f"{COUNTER_BLOCKS} blocks per launch spread over the grid "
-            "(emulator.spread_blocks), totals scaled by grid blocks / blocks run" if counters else None, "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
+            "analytic access model only", "counter_blocks": f"up to {COUNTER_BLOCKS} blocks per launch spread over the grid "
+            "(emulator.spread_blocks), totals scaled by grid blocks / blocks run; fewer, or the analytic model, where "
+            f"the sample would exceed the counter budget of {counter_budget:,} warp instructions" if counters else None, "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
             "command": "python -m benchmarks.predict " + " ".join(sys.argv[1:])}
 
 
@@ -768,6 +822,9 @@ def main(argv=None) -> int:
     parser.add_argument("--counters", choices=("auto", "off"), default="auto",
                         help="auto: the emulator's counters where tests/emulator has them (slow: it runs sampled "
                              "blocks of every kernel); off: the analytic access model")
+    parser.add_argument("--counter-budget", type=int, default=COUNTER_BUDGET, metavar="N",
+                        help="the most warp instructions (the model's estimate) a launch's counted blocks may run; "
+                             f"costlier launches keep the analytic model; 0: no limit (default {COUNTER_BUDGET:,})")
     parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
     parser.add_argument("--brief", action="store_true", help="JSON without per-kernel SASS, counters and resource "
                                                              "times (the form of benchmarks/results/predict-*.json)")
@@ -779,9 +836,9 @@ def main(argv=None) -> int:
     counters = args.counters == "auto" and not args.quick
     sass_source = SassSource(enabled=not args.no_sass)
     passes = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[args.passes]
-    results = [predict_case(case, backward, args.gpu, sass_source, counters)
+    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget)
                for case in selected for backward in passes]
-    info = meta(args.gpu, counters, sass_source)
+    info = meta(args.gpu, counters, sass_source, args.counter_budget)
     used = sorted({source for r in results for source in r["accesses"]})
     info["counters"] = ("emulator counters" if used == ["emulator"] else
                         "analytic access model (no emulator counters)" if "emulator" not in used else

@@ -231,6 +231,13 @@ def test_counter_adapter_scales_the_sampled_blocks():
     assert work["source"] == "emulator" and work["shared_wavefronts"] == (40 * 196, 40 * 196)
     assert work["global_lines"] == 20 * 196 and work["sector_efficiency"] == pytest.approx(640 / 960)
 
+    # The budget: 784 blocks of ~100,000 warp instructions each (the estimate's high end) -> 3 blocks fit 300,000;
+    # at ~200,000 a block, 2 would not fit 300,000: the analytic model, saying why; 0 lifts the limit.
+    assert predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 100_000)}, 300_000) == (3, None)
+    blocks, why = predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 200_000)}, 300_000)
+    assert blocks == 0 and "too costly" in why
+    assert predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 200_000)}, 0) == (4, None)
+
     class Broken(_FakeCounterDevice):
         def launch(self, *args, **kwargs):
             raise RuntimeError("no counters for this kernel")
