@@ -732,7 +732,8 @@ def meta(gpu_key: str, counters: bool, sass_source: SassSource, counter_budget: 
             "command": "python -m benchmarks.predict " + " ".join(sys.argv[1:])}
 
 
-BRIEF_SITE = ("site", "kind", "width", "requests", "sectors_per_request", "sector_efficiency", "wavefronts_per_request")
+BRIEF_SITE = {"global": ("site", "kind", "width", "requests", "sectors_per_request", "sector_efficiency"),
+              "shared": ("site", "kind", "width", "requests", "wavefronts_per_request")}
 
 
 def brief_counters(counters: dict | None) -> dict:
@@ -743,14 +744,16 @@ def brief_counters(counters: dict | None) -> dict:
         return {"source": "cuBLAS model"}
     if counters["source"] != "emulator":
         return {"source": counters["source"], "why": counters.get("why")}
-    sites = [{k: round(v, 4) if isinstance(v, float) else v for k, v in site.items() if k in BRIEF_SITE}
-             for site in counters["sites"]]
-    return {**counters, "sites": sites}
+    sites = [{k: round(v, 3) if isinstance(v, float) else v for k, v in site.items()
+              if k in BRIEF_SITE[site["kind"].split("_")[0]]} for site in counters["sites"]]
+    kinds = {kind: {k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}
+             for kind, entry in counters["kinds"].items()}
+    return {**counters, "kinds": kinds, "sites": sites}
 
 
 def brief(result: dict) -> dict:
-    """A result without the per-kernel SASS, counter sites, work and resource times: what RESULTS.md and gpu_check
-    need."""
+    """A result without the per-kernel SASS, work and resource times, and with its counters in short
+    (`brief_counters`): what RESULTS.md and gpu_check need."""
     kernels = [{"name": k["name"], "launch": k["launch"], "counters": brief_counters(k.get("counters")),
                 "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
     return {**result, "kernels": kernels}
