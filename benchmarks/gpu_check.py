@@ -650,10 +650,10 @@ def emulator_context():
     """(context, path) for --dry-run: the kernel emulator of tests/emulator where it builds, else the NumPy path."""
     import cupyconv
     try:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from emulator import EmulatedDevice
         from cupyconv._device import use_device
-        device = EmulatedDevice()
+
+        from ._emulator import emulator
+        device = emulator().EmulatedDevice()
         with use_device(device):   # builds the emulator's library of unfold.cu, or fails here
             cupyconv.unfold(numpy.ones((1, 1, 2, 2), numpy.float16), 1)
         return use_device(device), "emulator"

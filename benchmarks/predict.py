@@ -9,9 +9,12 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
 1. the kernels and cuBLAS GEMMs the planners launch, recorded by running the case's real GPU path on a recording
    Device (`benchmarks.launches`), with the 'auto' choices (autotuning off);
 2. per kernel, its SASS (`benchmarks.sass`: registers, shared memory, the main loop's instruction mix,
-   occupancy) and its memory accesses: the emulator's counters where the emulator has them (`emulated_counters`,
-   the one adapter to tests/emulator's `EmulatedDevice(counters=True, blocks=...)`), else an analytic access
-   model from the SASS main loop ("analytic" in the output);
+   occupancy) and its memory accesses: the emulator's counters (`emulated_counters`, the one adapter to
+   tests/emulator's `EmulatedDevice(counters=True, blocks=spread_blocks(COUNTER_BLOCKS))`: a few blocks run over
+   the recorded arguments, their counts scaled to the grid) -- global sectors and lines per request, sector
+   efficiency, shared wavefronts per request -- which set the shared-memory/L1 and L2 terms; else (--quick, or
+   where the run fails: "why" in the output) an analytic access model from the SASS main loop and the assumed
+   ranges of `ASSUMPTIONS`.  Each kernel's "counters" says which ("source": "emulator" or "analytic");
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource) plus a launch overhead; a case-pass is the sum of its
@@ -25,6 +28,7 @@ records measured next to predicted on the first GPU run and writes the model's e
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import inspect
 import json
@@ -35,6 +39,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
+
+from . import _emulator
 from . import cases as cases_mod
 from . import launches as launches_mod
 
@@ -186,10 +193,12 @@ class Range:
 
 @dataclass
 class KernelModel:
-    """One launch: its work and the time of each resource (microseconds)."""
+    """One launch: its memory accesses (`counters`: the emulator's counts, or the analytic model's terms, "source"
+    says which), the work the model takes from them and from the SASS, and the time of each resource (us)."""
     launch: launches_mod.Launch
     sass: dict | None
     counters: dict
+    work: dict
     occupancy: dict | None
     times: dict = field(default_factory=dict)   # resource -> Range (us)
     time: Range = field(default_factory=lambda: Range(0, 0))
@@ -200,7 +209,7 @@ class KernelModel:
         return {"name": launch.name, "source": launch.source,
                 "launch": {"grid": list(launch.grid), "block": list(launch.block), "shared_mem": launch.shared_mem},
                 "sass": self.sass, "occupancy": self.occupancy, "counters": self.counters,
-                "resources_us": {k: v.to_list(3) for k, v in self.times.items()},
+                "work": self.work, "resources_us": {k: v.to_list(3) for k, v in self.times.items()},
                 "predicted_us": self.time.to_list(), "bound": self.bound}
 
 
@@ -328,66 +337,148 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
 # The emulator's counters (tests/emulator), through one adapter
 
 
-def sample_blocks(grid) -> list[tuple]:
-    """The blocks a counter run executes: up to 4, spread over the grid (first, two interior, last), so edge tiles
-    and interior tiles both count; the totals are scaled by blocks / blocks run."""
-    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    total = gx * gy * gz
-    picks = sorted({0, total // 3, (2 * total) // 3, total - 1})
-    return [(i % gx, (i // gx) % gy, i // (gx * gy)) for i in picks]
+COUNTER_BLOCKS = 4   # blocks per launch the counters run, spread over the grid (first, interior, last)
+# The counters' cost: the emulator runs some 25,000-150,000 warp instructions a second (the model's high estimate of
+# them) on this project's busy 2-core machine.  A launch whose sample the model estimates above this many runs
+# fewer blocks (down to 2), and one whose 2 blocks exceed it keeps the analytic model, labelled so (at this budget
+# one kernel: p-8x8's fp32 weight gradient, ~3 million per block).  `--counter-budget`.
+COUNTER_BUDGET = 2_500_000
+COUNTED = ("requests", "lane_accesses", "sectors", "lines", "useful_bytes", "moved_bytes", "wavefronts")
+ACCESS_KINDS = ("global_load", "global_store", "shared_load", "shared_store")
 
 
-def emulated_counters(launch: launches_mod.Launch, device_factory=None) -> dict | None:
-    """The emulator's memory counters of one launch, totalled over its sites and scaled from the sampled blocks to
-    the whole grid; None where the emulator has no counters (this branch's tests/emulator) or the run fails.
+def launch_key(launch: launches_mod.Launch) -> tuple:
+    """What a launch's counters depend on: the kernel, its configuration, its scalar arguments and each array's
+    shape, strides, dtype and offset in its allocation (sectors count from an allocation's start); never the
+    arrays' values.  Equal keys (the forward of a case's fwd and fwd+bwd passes) are counted once."""
+    args = []
+    for value in launch.raw_args:
+        if isinstance(value, numpy.ndarray):
+            root = value
+            while isinstance(root.base, numpy.ndarray):
+                root = root.base
+            args.append((value.shape, value.strides, value.dtype.str, value.ctypes.data - root.ctypes.data))
+        else:
+            args.append(repr(value))
+    return (launch.source, launch.name, launch.grid, launch.block, launch.shared_mem, tuple(args))
 
-    The one place that knows the counters' API (`EmulatedDevice(..., counters=True, blocks=<sampler>)`, then
-    `device.profile[-1]`, a LaunchProfile whose `sites` are SiteCounters with kind, requests, sectors, lines,
-    useful_bytes, moved_bytes and wavefronts).  device_factory: for tests, a callable (counters=, blocks=) ->
-    device."""
-    if device_factory is None:
+
+_COUNTER_CACHE: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def counter_cache_file() -> Path:
+    """Where counter runs are kept between commands (the h200 prediction reuses the h100 one's), named by a hash
+    of what decides the counts: the kernels as compiled, the emulator's sources and this adapter."""
+    emulator_dir = _emulator.TESTS / "emulator"
+    text = kernels_hash() + inspect.getsource(emulated_counters) + "".join(
+        p.read_text(errors="replace") for p in sorted(emulator_dir.rglob("*")) if p.suffix in (".py", ".h", ".cpp"))
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _emulator.emulator().cache_root() / "predict-counters" / f"{key}.json"
+
+
+def cached_counters(launch: launches_mod.Launch, blocks: int) -> dict:
+    """`emulated_counters` through a cache in memory and on disk (`counter_cache_file`); failures are not kept."""
+    key = repr((launch_key(launch), blocks))
+    if not _COUNTER_CACHE:
         try:
-            root = Path(__file__).resolve().parents[1] / "tests"
-            if str(root) not in sys.path:
-                sys.path.append(str(root))
-            from emulator import EmulatedDevice
-        except Exception:
-            return None
-        if "counters" not in inspect.signature(EmulatedDevice.__init__).parameters:
-            return None
-        device_factory = EmulatedDevice
+            _COUNTER_CACHE.update(json.loads(counter_cache_file().read_text()))
+        except (OSError, ValueError, ImportError):
+            pass
+    if key not in _COUNTER_CACHE:
+        result = emulated_counters(launch, blocks)
+        if "error" in result:
+            return result
+        _COUNTER_CACHE[key] = result
+        try:
+            path = counter_cache_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(_COUNTER_CACHE))
+            partial.replace(path)
+        except (OSError, ImportError):
+            pass
+    return _COUNTER_CACHE[key]
+
+
+def counter_blocks(launch: launches_mod.Launch, work: dict, budget: int) -> tuple[int, str | None]:
+    """(blocks to count, None), or (0, why not) when even 2 blocks are over `budget` warp instructions by the
+    analytic model's (high) estimate of a block's; budget 0: no limit."""
+    wanted = min(COUNTER_BLOCKS, launch.blocks)
+    if not budget:
+        return wanted, None
+    per_block = work["warp_instructions"][1] / launch.blocks
+    blocks = min(wanted, int(budget // per_block))
+    if blocks < min(2, wanted):
+        return 0, (f"too costly to emulate: ~{per_block:,.0f} warp instructions per block (the model's estimate), "
+                   f"over the counter budget of {budget:,} for {min(2, wanted)} blocks (--counter-budget)")
+    return blocks, None
+
+
+def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS, device_factory=None) -> dict:
+    """The emulator's memory counters of one launch: `blocks` blocks spread over the grid run on
+    tests/emulator's `EmulatedDevice(counters=True, blocks=spread_blocks(blocks))` over the recorded arguments,
+    and the LaunchProfile's sites are summed per kind and scaled to the whole grid by blocks / blocks_run.
+
+    The one place that knows the counters' API.  Returns {"source": "emulator", "blocks_run", "grid_blocks",
+    "scale", "kinds": {kind: totals over the grid and per-request ratios}, "sites": the sampled blocks' sites
+    (not scaled)}, or {"error": why} where the emulator cannot be imported or the run fails.  Cached per
+    device_factory: for tests, a callable (counters=, blocks=) -> device."""
     try:
-        device = device_factory(counters=True, blocks=sample_blocks)
+        package = _emulator.emulator()
+    except Exception as e:
+        return {"error": f"tests/emulator cannot be imported: {type(e).__name__}: {str(e)[:200]}"}
+    try:
+        device = (device_factory or package.EmulatedDevice)(counters=True, blocks=package.spread_blocks(blocks))
         device.launch(launch.source, launch.name, launch.grid, launch.block, launch.raw_args, launch.shared_mem)
         profile = device.profile[-1]
     except Exception as e:   # a counter run that fails leaves the analytic model in place, and says why
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     scale = launch.blocks / max(1, profile.blocks_run)
-    totals = {"source": "emulator", "blocks_run": profile.blocks_run, "scale": scale, "sites": []}
-    sums: dict = {}
-    for site in profile.sites:
-        d = site.to_dict() if hasattr(site, "to_dict") else dict(vars(site))
-        totals["sites"].append(d)
-        kind = d["kind"]
-        for key in ("requests", "sectors", "lines", "useful_bytes", "moved_bytes", "wavefronts"):
-            sums[f"{kind}_{key}"] = sums.get(f"{kind}_{key}", 0) + (d.get(key) or 0) * scale
-    totals["totals"] = sums
-    return totals
+    kinds = {}
+    for kind in ACCESS_KINDS:
+        total = profile.total(kind)
+        if not total.requests:
+            continue
+        entry = {name: getattr(total, name) * scale for name in COUNTED}
+        entry.update(sectors_per_request=total.sectors_per_request, lines_per_request=total.lines_per_request,
+                     wavefronts_per_request=total.wavefronts_per_request, sector_efficiency=total.sector_efficiency)
+        if kind.startswith("shared"):
+            for name in ("sectors", "lines", "moved_bytes", "sectors_per_request", "lines_per_request",
+                         "sector_efficiency"):
+                del entry[name]
+        else:
+            del entry["wavefronts"], entry["wavefronts_per_request"]
+        kinds[kind] = entry
+    return {"source": "emulator", "blocks_run": profile.blocks_run, "grid_blocks": launch.blocks, "scale": scale,
+            "kinds": kinds, "sites": [site.to_dict() for site in profile.sites]}
 
 
 def apply_counters(work: dict, counters: dict) -> dict:
-    """The analytic work with its memory terms replaced by the emulator's counts (instructions, HMMA and FMA stay
-    the SASS model's)."""
-    t = counters["totals"]
-    global_requests = t.get("global_load_requests", 0) + t.get("global_store_requests", 0)
-    lines = t.get("global_load_lines", 0) + t.get("global_store_lines", 0)
-    sectors = t.get("global_load_sectors", 0) + t.get("global_store_sectors", 0)
-    shared = t.get("shared_load_wavefronts", 0) + t.get("shared_store_wavefronts", 0)
-    useful = t.get("global_load_useful_bytes", 0) + t.get("global_store_useful_bytes", 0)
-    return {**work, "source": "emulator", "global_requests": global_requests, "global_lines": lines,
-            "global_sectors": sectors, "global_bytes_requested": useful, "sector_efficiency":
-            useful / (32 * sectors) if sectors else None, "shared_wavefronts": (shared, shared),
-            "emulator": {k: v for k, v in counters.items() if k != "sites"}, "sites": counters["sites"]}
+    """The analytic work with its memory terms replaced by the emulator's counts, summed over the grid
+    (instructions, HMMA and FMA stay the SASS model's)."""
+    kinds = counters["kinds"]
+
+    def total(kind: str, name: str) -> float:
+        return kinds.get(kind, {}).get(name, 0)
+    sectors = total("global_load", "sectors") + total("global_store", "sectors")
+    useful = total("global_load", "useful_bytes") + total("global_store", "useful_bytes")
+    return {**work, "source": "emulator",
+            "global_requests": total("global_load", "requests") + total("global_store", "requests"),
+            "global_lines": total("global_load", "lines") + total("global_store", "lines"),
+            "global_sectors": sectors, "global_store_sectors": total("global_store", "sectors"),
+            "global_bytes_requested": useful, "sector_efficiency": useful / (32 * sectors) if sectors else None,
+            "shared_wavefronts": (total("shared_load", "wavefronts") + total("shared_store", "wavefronts"),) * 2}
+
+
+def analytic_access_summary(work: dict, why: str) -> dict:
+    """The `counters` of a kernel the emulator did not count: the analytic access model's terms and its assumed
+    ranges, and why the emulator's counts are missing."""
+    return {"source": "analytic", "why": why, "global_requests": work["global_requests"],
+            "global_bytes_requested": work["global_bytes_requested"],
+            "shared_wavefronts": list(work["shared_wavefronts"]),
+            **({} if work.get("note") else {name: assumption(name) for name in (
+                "sector_efficiency", "global_wavefronts_per_request", "shared_conflict_factor")})}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -436,7 +527,8 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
         cycles = [t * max(work["loop_instructions"] * g, m if waits else 0) * math.ceil(waves)
                   for t, g, m in zip(trips, gap, memory)]
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
-    # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses.
+    # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses
+    # (counted: a global request takes one wavefront per 128-byte line it touches).
     if work.get("source") == "emulator":
         global_wavefronts = (work["global_lines"], work["global_lines"])
     else:
@@ -447,19 +539,25 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     if l1[1]:
         times["shared memory/L1 wavefronts"] = Range(l1[0] / (sms * clock_hi), l1[1] / (sms * clock_lo)).scale(
             us * tail)
-    # L2: low = only the compulsory bytes pass it; high = every requested sector misses L1.
+    # L2: low = only the compulsory bytes pass it; high = every requested sector misses L1.  Counted: L1 does not
+    # keep stores (write-through), so every stored sector reaches L2 even at the low end.
     compulsory = work["compulsory_bytes"]
     if work.get("source") == "emulator":
-        l2_high = max(compulsory, 32 * work["global_sectors"])
+        l2_low = max(compulsory, work["read_bytes"] + 32 * work["global_store_sectors"])
+        l2_high = max(l2_low, 32 * work["global_sectors"])
     else:
         efficiency_low = assumption("sector_efficiency")[1]
-        l2_high = max(compulsory, work["global_bytes_requested"] / efficiency_low)
+        l2_low, l2_high = compulsory, max(compulsory, work["global_bytes_requested"] / efficiency_low)
     l2_bw = gpu["l2_tbs"]
-    times["L2"] = Range(compulsory / (l2_bw[1] * 1e12), l2_high / (l2_bw[0] * 1e12)).scale(us)
+    times["L2"] = Range(l2_low / (l2_bw[1] * 1e12), l2_high / (l2_bw[0] * 1e12)).scale(us)
+    # DRAM: the compulsory bytes, re-read in part when L2 misses (the counters model no cache, so they cannot say
+    # which); counted, never more than the sectors requested from L2.
     dram_eff, reread = assumption("dram_efficiency"), assumption("dram_reread")
+    dram_high = compulsory * reread[1]
+    if work.get("source") == "emulator":
+        dram_high = max(compulsory, min(dram_high, l2_high))
     bw = gpu["hbm_tbs"] * 1e12
-    times["DRAM"] = Range(compulsory * reread[0] / (bw * dram_eff[0]), compulsory * reread[1] / (bw * dram_eff[1])
-                          ).scale(us)
+    times["DRAM"] = Range(compulsory * reread[0] / (bw * dram_eff[0]), dram_high / (bw * dram_eff[1])).scale(us)
     return times
 
 
@@ -533,7 +631,8 @@ class SassSource:
         return self.cache.get((launch.source, launch.name))
 
 
-def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool) -> KernelModel:
+def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool,
+                 counter_budget: int = COUNTER_BUDGET) -> KernelModel:
     from . import sass as sass_mod
     k = sass_source.get(launch)
     sass = k.to_dict() if k is not None else None
@@ -545,12 +644,14 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         except ValueError:
             occ = None
     work = analytic_counters(launch, sass, macs)
-    emulated = emulated_counters(launch) if counters else None
-    if emulated and "error" not in emulated:
-        work = apply_counters(work, emulated)
-    elif emulated:
-        work["emulator_error"] = emulated["error"]
-    model = KernelModel(launch, sass, work, None if occ is None else {
+    blocks, too_costly = counter_blocks(launch, work, counter_budget)
+    emulated = ({"error": "counters off (--quick or --counters off)"} if not counters else
+                {"error": too_costly} if too_costly else cached_counters(launch, blocks))
+    if "error" in emulated:
+        accesses = analytic_access_summary(work, emulated["error"])
+    else:
+        work, accesses = apply_counters(work, emulated), emulated
+    model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
     model.times = kernel_times(work, launch, occ, gpu)
@@ -573,7 +674,7 @@ def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, st
 
 
 def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
-                 counters: bool) -> dict:
+                 counters: bool, counter_budget: int = COUNTER_BUDGET) -> dict:
     gpu = GPUS[gpu_key]
     recording = launches_mod.record(case, backward)
     sass_source.prefetch(recording.launches)
@@ -588,7 +689,7 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
                      "resources_us": {k: v.to_list(3) for k, v in times.items()}, "predicted_us": time.to_list(),
                      "bound": bound}
         else:
-            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters)
+            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget)
             time, entry = model.time, model.to_dict()
         kernels.append(entry)
         total = total + time
@@ -619,20 +720,42 @@ def git_commit() -> str | None:
         return None
 
 
-def meta(gpu_key: str, counters: bool, sass_source: SassSource) -> dict:
+def meta(gpu_key: str, counters: bool, sass_source: SassSource, counter_budget: int = COUNTER_BUDGET) -> dict:
     return {"prediction": "PREDICTION: no GPU measurement", "gpu": gpu_key, "gpu_constants": GPUS[gpu_key],
             "git_commit": git_commit(), "kernels_sha": kernels_hash(),
             "sources": SOURCES, "assumptions": {k: {"range_low_time_high_time": v[0], "what": v[1]}
                                                 for k, v in ASSUMPTIONS.items()},
             "cublas_fp32_fraction": CUBLAS_FP32_FRACTION, "counters": "emulator where available" if counters else
-            "analytic access model only", "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
+            "analytic access model only", "counter_blocks": f"up to {COUNTER_BLOCKS} blocks per launch spread over the grid "
+            "(emulator.spread_blocks), totals scaled by grid blocks / blocks run; fewer, or the analytic model, where "
+            f"the sample would exceed the counter budget of {counter_budget:,} warp instructions" if counters else None, "sass": sass_source.error or f"NVRTC 13 SASS for {sass_source.arch}",
             "command": "python -m benchmarks.predict " + " ".join(sys.argv[1:])}
 
 
+BRIEF_SITE = {"global": ("site", "kind", "width", "requests", "sectors_per_request", "sector_efficiency"),
+              "shared": ("site", "kind", "width", "requests", "wavefronts_per_request")}
+
+
+def brief_counters(counters: dict | None) -> dict:
+    """A kernel's counters, shorter: the emulator's totals and per-request ratios per access kind and each site's
+    ratios (requests of the sampled blocks), or the analytic model's source and why the emulator's counts are
+    missing."""
+    if not counters:
+        return {"source": "cuBLAS model"}
+    if counters["source"] != "emulator":
+        return {"source": counters["source"], "why": counters.get("why")}
+    sites = [{k: round(v, 3) if isinstance(v, float) else v for k, v in site.items()
+              if k in BRIEF_SITE[site["kind"].split("_")[0]]} for site in counters["sites"]]
+    kinds = {kind: {k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}
+             for kind, entry in counters["kinds"].items()}
+    return {**counters, "kinds": kinds, "sites": sites}
+
+
 def brief(result: dict) -> dict:
-    """A result without the per-kernel SASS, counters and resource times: what RESULTS.md and gpu_check need."""
-    kernels = [{"name": k["name"], "launch": k["launch"], "counters": {"source": (k.get("counters") or {}).get(
-        "source", "cuBLAS model")}, "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
+    """A result without the per-kernel SASS, work and resource times, and with its counters in short
+    (`brief_counters`): what RESULTS.md and gpu_check need."""
+    kernels = [{"name": k["name"], "launch": k["launch"], "counters": brief_counters(k.get("counters")),
+                "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
     return {**result, "kernels": kernels}
 
 
@@ -702,6 +825,9 @@ def main(argv=None) -> int:
     parser.add_argument("--counters", choices=("auto", "off"), default="auto",
                         help="auto: the emulator's counters where tests/emulator has them (slow: it runs sampled "
                              "blocks of every kernel); off: the analytic access model")
+    parser.add_argument("--counter-budget", type=int, default=COUNTER_BUDGET, metavar="N",
+                        help="the most warp instructions (the model's estimate) a launch's counted blocks may run; "
+                             f"costlier launches keep the analytic model; 0: no limit (default {COUNTER_BUDGET:,})")
     parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
     parser.add_argument("--brief", action="store_true", help="JSON without per-kernel SASS, counters and resource "
                                                              "times (the form of benchmarks/results/predict-*.json)")
@@ -713,9 +839,9 @@ def main(argv=None) -> int:
     counters = args.counters == "auto" and not args.quick
     sass_source = SassSource(enabled=not args.no_sass)
     passes = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[args.passes]
-    results = [predict_case(case, backward, args.gpu, sass_source, counters)
+    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget)
                for case in selected for backward in passes]
-    info = meta(args.gpu, counters, sass_source)
+    info = meta(args.gpu, counters, sass_source, args.counter_budget)
     used = sorted({source for r in results for source in r["accesses"]})
     info["counters"] = ("emulator counters" if used == ["emulator"] else
                         "analytic access model (no emulator counters)" if "emulator" not in used else

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
     sys.path.append(str(ROOT))
 
-from benchmarks import cases, launches, predict, sass  # noqa: E402
+from benchmarks import _emulator, cases, launches, predict, sass  # noqa: E402
 
 BY_LABEL = {c.label: c for c in cases.ALL_CASES}
 
@@ -201,45 +201,107 @@ def test_ranges_and_binding():
     assert t.high == pytest.approx(2 * 4096**3 / (989.4e12 * 0.5) * 1e6)
 
 
-class _Site:
-    def __init__(self, kind, **counts):
-        self.kind, self.counts = kind, counts
-
-    def to_dict(self):
-        return {"site": "conv.cu:1", "kind": self.kind, "width": 2, **self.counts}
-
-
 class _FakeCounterDevice:
-    """The counters' API as the emulator branch provides it: `profile[-1]` with blocks_run and sites."""
+    """The counters' API (tests/emulator): `profile[-1]`, a LaunchProfile of SiteCounters, for made-up counts."""
 
     def __init__(self, counters, blocks):
         assert counters is True
         self.blocks, self.profile = blocks, []
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
+        emulator = _emulator.emulator()
         run = self.blocks(grid)
-        sites = [_Site("global_load", requests=10, sectors=60, lines=20, useful_bytes=640, moved_bytes=1920,
-                       wavefronts=0),
-                 _Site("shared_store", requests=10, sectors=0, lines=0, useful_bytes=640, moved_bytes=640,
-                       wavefronts=40)]
-        self.profile.append(type("LaunchProfile", (), {"blocks_run": len(run), "sites": sites})())
+        sites = [emulator.SiteCounters("conv.cu:1", "global_load", 2, requests=10, lane_accesses=320, sectors=30,
+                                       lines=20, useful_bytes=640, moved_bytes=960),
+                 emulator.SiteCounters("conv.cu:2", "shared_store", 2, requests=10, lane_accesses=320,
+                                       useful_bytes=640, wavefronts=40)]
+        self.profile.append(emulator.LaunchProfile(source, name, grid, block, shared_mem, len(run), sites))
 
 
 def test_counter_adapter_scales_the_sampled_blocks():
     launch = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[0]
-    assert predict.sample_blocks((784, 1, 1)) == [(0, 0, 0), (261, 0, 0), (522, 0, 0), (783, 0, 0)]
     counters = predict.emulated_counters(launch, device_factory=_FakeCounterDevice)
-    assert counters["blocks_run"] == 4 and counters["scale"] == 784 / 4
-    totals = counters["totals"]
-    assert totals["global_load_sectors"] == 60 * 196 and totals["shared_store_wavefronts"] == 40 * 196
+    assert counters["blocks_run"] == predict.COUNTER_BLOCKS == 4 and counters["scale"] == 784 / 4
+    load, store = counters["kinds"]["global_load"], counters["kinds"]["shared_store"]
+    assert load["sectors"] == 30 * 196 and load["sectors_per_request"] == 3.0
+    assert load["sector_efficiency"] == pytest.approx(640 / 960)
+    assert store["wavefronts"] == 40 * 196 and store["wavefronts_per_request"] == 4.0
+    assert set(counters["kinds"]) == {"global_load", "shared_store"}
     work = predict.apply_counters({"source": "analytic", "compulsory_bytes": 1}, counters)
     assert work["source"] == "emulator" and work["shared_wavefronts"] == (40 * 196, 40 * 196)
-    assert work["sector_efficiency"] == pytest.approx(640 / (32 * 60))
+    assert work["global_lines"] == 20 * 196 and work["sector_efficiency"] == pytest.approx(640 / 960)
+
+    # The budget: 784 blocks of ~100,000 warp instructions each (the estimate's high end) -> 3 blocks fit 300,000;
+    # at ~200,000 a block, 2 would not fit 300,000: the analytic model, saying why; 0 lifts the limit.
+    assert predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 100_000)}, 300_000) == (3, None)
+    blocks, why = predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 200_000)}, 300_000)
+    assert blocks == 0 and "too costly" in why
+    assert predict.counter_blocks(launch, {"warp_instructions": (0, 784 * 200_000)}, 0) == (4, None)
 
     class Broken(_FakeCounterDevice):
         def launch(self, *args, **kwargs):
             raise RuntimeError("no counters for this kernel")
     assert "RuntimeError" in predict.emulated_counters(launch, device_factory=Broken)["error"]
+
+
+def test_real_counters_of_a_small_tensor_core_forward():
+    """The adapter on the real emulator: r50-64's forward at N = 1 (conv_fwd_tc 64 x 64, 49 blocks), 2 blocks
+    counted over the recorded (uninitialised) arguments.  An independent run -- cupyconv.conv2d on fresh random
+    data on EmulatedDevice(counters=True) with the same blocks -- gives the same counts per site; the adapter's
+    totals are those scaled to the grid, and the model's shared-memory/L1 and L2 terms are made from them."""
+    import dataclasses
+
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    emulator = _emulator.emulator()
+    case = dataclasses.replace(BY_LABEL["r50-64-gpu16"], dims={**BY_LABEL["r50-64-gpu16"].dims, "N": 1})
+    (launch,) = launches.record(case, False).launches
+    assert launch.name == "conv_fwd_tc<__half, int, 64, 64>" and launch.blocks == 49
+    counters = predict.emulated_counters(launch, blocks=2)
+    assert counters["source"] == "emulator", counters
+    assert counters["blocks_run"] == 2 and counters["scale"] == 49 / 2
+
+    rng = numpy.random.default_rng()
+    x = rng.standard_normal((1, 64, 56, 56)).astype(numpy.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+    b = rng.standard_normal(64).astype(numpy.float16)
+    device = emulator.EmulatedDevice(counters=True, blocks=emulator.spread_blocks(2))
+    with cupyconv_device.use_device(device):
+        cupyconv.conv2d(x, w, b, padding=1, algorithm="implicit_gemm")
+    (profile,) = device.profile
+    assert profile.name == launch.name and profile.blocks_run == 2
+    assert counters["sites"] == [site.to_dict() for site in profile.sites]
+    for kind, got in counters["kinds"].items():
+        own = profile.total(kind)
+        assert got["requests"] == own.requests * 49 / 2
+        if kind.startswith("global"):
+            assert got["sectors"] == own.sectors * 49 / 2 and got["sector_efficiency"] == own.sector_efficiency
+        else:
+            assert got["wavefronts"] == own.wavefronts * 49 / 2
+            assert got["wavefronts_per_request"] == own.wavefronts_per_request
+    # The review's findings are in the adapter's output: 4-way A stores, a 60-75% efficient activation gather.
+    stores = sorted(s["wavefronts_per_request"] for s in counters["sites"] if s["kind"] == "shared_store")
+    assert stores == [1.0, 4.0]
+    loads = [s for s in counters["sites"] if s["kind"] == "global_load"]
+    main_loop = [s for s in loads if 4 * s["requests"] >= max(s["requests"] for s in loads)]  # not the epilogue's
+    assert sorted(round(s["sector_efficiency"], 1) for s in main_loop) == [0.7, 1.0]  # activation gather, weights
+
+    # The model's terms from the counts: L1 wavefronts = shared wavefronts + global lines, L2 up to every sector.
+    model = predict.model_launch(launch, cases.flops(case) / 2, predict.SassSource(enabled=False),
+                                 predict.GPUS["h100"], counters=True)
+    assert model.counters["source"] == "emulator" and model.work["source"] == "emulator"
+    kinds, gpu = model.counters["kinds"], predict.GPUS["h100"]   # COUNTER_BLOCKS blocks, not 2
+    wavefronts = (kinds["shared_load"]["wavefronts"] + kinds["shared_store"]["wavefronts"]
+                  + kinds["global_load"]["lines"] + kinds["global_store"]["lines"])
+    l1 = model.times["shared memory/L1 wavefronts"]
+    tail = math.ceil(49 / 132) / (49 / 132)
+    assert l1.low == pytest.approx(wavefronts / (132 * gpu["clock_ghz"][1] * 1e9) * 1e6 * tail)
+    sectors = kinds["global_load"]["sectors"] + kinds["global_store"]["sectors"]
+    assert model.times["L2"].high == pytest.approx(32 * sectors / (gpu["l2_tbs"][0] * 1e12) * 1e6)
+    analytic = predict.model_launch(launch, cases.flops(case) / 2, predict.SassSource(enabled=False), gpu,
+                                    counters=False)
+    assert analytic.counters["source"] == "analytic" and "counters off" in analytic.counters["why"]
 
 
 def test_every_gpu_case_gets_a_prediction():
