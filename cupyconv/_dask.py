@@ -397,7 +397,17 @@ def _forward(call: LazyCall):
             return [blocks((*window, w)) for w in per_dim[len(window)]]
         sizes = tuple(stop - start for start, stop in (w.out for w in window))
         return call.map(window, (*shape[:-len(sizes)], *sizes))
-    return da.block(blocks(()))
+    return _assemble(blocks(()))
+
+
+def _assemble(nested):
+    """dask.array.block of nested lists of blocks, or the block itself where there is one (da.block would join
+    even one block's meta with the array module's concatenate, a kernel launch for CuPy metas)."""
+    import dask.array as da
+    single = nested
+    while isinstance(single, list) and len(single) == 1:
+        single = single[0]
+    return single if not isinstance(single, list) else da.block(nested)
 
 
 SUM_FAN_IN = 8   # partial gradients added up by one task of `_partial_sum`'s tree
@@ -440,7 +450,7 @@ def _input_gradient(call: LazyCall):
             grad = da.pad(grad, [(0, 0)] * (grad.ndim - nd) + outside)
             grad = grad.rechunk({axis: -1 for axis in range(grad.ndim - nd, grad.ndim)})   # the chunk's, one block
         return grad
-    return da.block(blocks(()))
+    return _assemble(blocks(()))
 
 
 def _partial_sum(call: LazyCall, pick: int, shape):

@@ -481,7 +481,7 @@ def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
                 device.matmul_strided(w, cols, out[images])
             else:   # a band of one image's output rows: a band-sized product, copied into place
                 product = device.empty((1, g, dg, piece.out_pixels), x.dtype)
-                out[images, :, :, pixels] = device.matmul_strided(w, cols, product)
+                device.copyto(out[images, :, :, pixels], device.matmul_strided(w, cols, product))
                 del product
             del cols   # before the next piece's are allocated: one piece's columns at a time
     if bias is not None:
@@ -510,11 +510,11 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
         return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
     per_sample, fixed, row = grad_input_bytes(spec, gy.itemsize)
     if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
-        grad_x = device.xp.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
+        grad_x = device.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
         for images, pixels, rows, piece in work_pieces(spec, per_sample, fixed, row):
             cols = device.matmul_strided(wt, gy[images, :, :, pixels], device.empty((1, g, k, piece.out_pixels),
                                                                                         gy.dtype))
-            grad_x[images, :, rows] += fold_gpu(device, cols, piece)   # bands overlap where their windows do
+            device.add(grad_x[images, :, rows], fold_gpu(device, cols, piece))   # bands overlap where their windows do
             del cols
         return grad_x
     chunks = batch_chunks(n, per_sample)
