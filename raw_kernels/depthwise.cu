@@ -313,15 +313,143 @@ __device__ __forceinline__ void depthwise_tiled(
   }
 }
 
-// Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding.
+// Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding: a persistent kernel.
+//
+// The grid is capped (cupyconv/ops/depthwise.py: FORWARD_BLOCKS) and each block walks its units
+// blockIdx.x, blockIdx.x + gridDim.x, ... so everything that does not depend on the unit is worked out once per
+// block: the thread's output item, its staging slots, and the unit number as mixed-radix digits (tile column,
+// tile row, kernel of the channel, channel, image group), advanced by the digits of gridDim.x with one carry
+// each, so no division runs inside the loop.  The K x K weights stay in registers while the output channel does
+// not change (tiles_x * tiles_y consecutive units).
+//
+// Staging: row r of a unit's input tile is stored at tile + r * pitch from its 16-byte-aligned global column
+// first = x0 - shift (shift = x0 mod N, N elements per 16 bytes), so every slot of N elements is one 16-byte
+// global load (when the row is aligned and the slot is inside the plane; element loads with zero padding
+// otherwise) and 16-byte shared stores; the outputs read it `shift` columns in.  pitch = slots * N with
+// slots = (in_w + 2N - 2) / N covers every shift (the planner's _forward_staging is the same formula).
+__device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
+  digit += step + carry;
+  carry = digit >= radix;
+  if (carry) digit -= radix;
+}
+
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
-  depthwise_tiled<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
-                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
-                                     tiles_y, per_block, has_bias);
+  typedef acc_t<T> A;
+  constexpr int V = StripRows<K>::value;
+  constexpr int N = 16 / sizeof(T);  // elements per 16-byte global load
+  constexpr int NS = 16 / sizeof(A);  // elements per 16-byte shared store (N is a multiple)
+  const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
+  const int slots = (in_w + 2 * N - 2) / N, pitch = slots * N;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  const int out_channels = channels * multiplier;
+
+  // Once per block: this thread's output item (column ox_l of strip s of image p of the unit) ...
+  const int strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % tile_w;
+  const int s = (int)threadIdx.x / tile_w % strips;
+  const int p = (int)threadIdx.x / (tile_w * strips);
+  // ... its staging slots: slot slot0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
+  // per_block * in_h rows (image q = row / in_h) ...
+  const int lanes = min(slots, (int)blockDim.x);
+  const int rows_per_pass = (int)blockDim.x / lanes;
+  const bool stager = (int)threadIdx.x < rows_per_pass * lanes;
+  const int slot0 = (int)threadIdx.x % lanes;
+  const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+  const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  const bool rows_aligned = width % N == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+  // ... and the digits of the first unit and of the step.
+  int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
+  I g, step_g;
+  {
+    int u = (int)blockIdx.x, v = (int)gridDim.x;
+    tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
+    ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
+    k = u % multiplier, u /= multiplier, step_k = v % multiplier, v /= multiplier;
+    c = u % channels, u /= channels, step_c = v % channels, v /= channels;
+    g = u, step_g = v;
+  }
+  const I groups = (images + per_block - 1) / per_block;
+
+  A w[K][K];
+  int loaded = -1;  // the output channel whose weights w holds
+  while (g < groups) {
+    const int d = c * multiplier + k;
+    const I image0 = g * per_block;
+    const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+    const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
+    const int shift = x0 & (N - 1);  // x0 mod N, also for x0 < 0
+    const int first = x0 - shift;
+    if (stager) {
+      int q = q0, r = r0;
+      while (q < per_block) {
+        const I image = image0 + q;
+        const int yy = y0 + r;
+        const T* row = nullptr;
+        if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
+        A* dst = tile + (q * in_h + r) * pitch;
+        for (int slot = slot0; slot < slots; slot += lanes) {
+          const int col = first + slot * N;
+          A v[N];
+          if (row != nullptr && rows_aligned && col >= 0 && col + N <= width) {
+            const Pack<T, N> packed = *reinterpret_cast<const Pack<T, N>*>(row + col);
+#pragma unroll
+            for (int e = 0; e < N; ++e) v[e] = to_acc(packed.v[e]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < N; ++e)
+              v[e] = row != nullptr && col + e >= 0 && col + e < width ? to_acc(row[col + e]) : A(0);
+          }
+#pragma unroll
+          for (int e = 0; e < N; e += NS) {
+            Pack<A, NS> chunk;
+#pragma unroll
+            for (int f = 0; f < NS; ++f) chunk.v[f] = v[e + f];
+            *reinterpret_cast<Pack<A, NS>*>(dst + slot * N + e) = chunk;
+          }
+        }
+        q += pass_q, r += pass_r;
+        if (r >= in_h) r -= in_h, ++q;
+      }
+    }
+    if (d != loaded) {  // uniform over the block; the loads overlap the staging's
+      const T* wd = weight + (I)d * (K * K);
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
+      }
+      loaded = d;
+    }
+    __syncthreads();
+
+    const I n = image0 + p;
+    const int ox = ox0 + ox_l;
+    if (p < per_block && n < images && ox < out_w) {
+      A acc[V];
+      const A init = has_bias ? to_acc(bias[d]) : A(0);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = init;
+      window_fma<A, K, S, V>(tile + (p * in_h + s * V * S) * pitch + shift + ox_l * S, pitch, w, acc);
+      T* out = y + (n * out_channels + d) * (I)out_h * out_w + ox;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const int oy = oy0 + s * V + v;
+        if (oy < out_h) out[(I)oy * out_w] = from_acc<T>(acc[v]);
+      }
+    }
+    __syncthreads();  // the next unit overwrites the tile
+
+    int carry = 0;
+    next_digit(tx, step_tx, tiles_x, carry);
+    next_digit(ty, step_ty, tiles_y, carry);
+    next_digit(k, step_k, multiplier, carry);
+    next_digit(c, step_c, channels, carry);
+    g += step_g + carry;
+  }
 }
 
 // Forward, any geometry whose tile fits in shared memory.

@@ -146,6 +146,9 @@ KERNELS = KernelFile("depthwise.cu", defines={
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
 SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
+FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, whose blocks loop over their units and pay their
+                       # set-up once: about two waves of an H100 (132 SMs x 8-9 resident blocks of ~224 threads),
+                       # so an SM that finishes early takes the next block and the last wave's tail is short
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -270,12 +273,20 @@ def _strided_staging(spec: ConvSpec):
     return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
 
 
-def plan_forward(spec: ConvSpec, acc: int) -> Plan:
-    """The forward's kernel and tiling; acc: bytes of the accumulation type."""
+def _forward_staging(k: int, stride: int, itemsize: int):
+    """staged() of depthwise_fwd<T, I, K, S>: in_h rows of pitch = slots * N elements, N = 16 / itemsize (one
+    16-byte load), slots = (in_w + 2N - 2) // N (the kernel's formula: a row starts at an aligned column, up
+    to N - 1 before the tile's first)."""
+    n = 16 // itemsize
+    return lambda th, tw: ((th - 1) * stride + k) * ((tw - 1) * stride + k + 2 * n - 2) // n * n
+
+
+def plan_forward(spec: ConvSpec, acc: int, itemsize: int) -> Plan:
+    """The forward's kernel and tiling; acc: bytes of the accumulation type, itemsize: of the element type."""
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
-                             align=(STRIP_ROWS[k], 1))
+        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], itemsize), acc,
+                             strip=STRIP_ROWS[k], align=(STRIP_ROWS[k], 1))
         if tiling:
             return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
@@ -369,8 +380,10 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     xp = device.xp
     y = device.empty(spec.output_shape, x.dtype)
     x, weight = xp.ascontiguousarray(x), xp.ascontiguousarray(weight)
-    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
+    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
     units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
+    if plan.kernel == "depthwise_fwd":
+        units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
     _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, x=x, weight=weight,
             bias=weight if bias is None else xp.ascontiguousarray(bias),  # never read without a bias
             y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
