@@ -38,6 +38,7 @@
 
 // Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
 // compiler of this file gets them as -D options, so they exist once.
+//   FWD_COLUMNS       output columns per thread item of depthwise_fwd<T, I, K, S> (one vector store);
 //   STRIP_ROWS_3/5/7  output rows per thread item (the height of the register sliding window) of the 3x3, 5x5
 //                     and 7x7 specialisations;
 //   GENERIC_STRIP     the same for the generic kernels;
@@ -45,8 +46,8 @@
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32).
-#if !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || !defined(GENERIC_STRIP) || \
-    !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
+#if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -319,18 +320,57 @@ __device__ __forceinline__ void depthwise_tiled(
 // blockIdx.x, blockIdx.x + gridDim.x, ... so everything that does not depend on the unit is worked out once per
 // block: the thread's output item, its staging slots, and the unit number as mixed-radix digits (tile column,
 // tile row, kernel of the channel, channel, image group), advanced by the digits of gridDim.x with one carry
-// each, so no division runs inside the loop.  The K x K weights stay in registers while the output channel does
-// not change (tiles_x * tiles_y consecutive units).
+// each, so no division runs inside the loop.
 //
-// Staging: row r of a unit's input tile is stored at tile + r * pitch from its 16-byte-aligned global column
-// first = x0 - shift (shift = x0 mod N, N elements per 16 bytes), so every slot of N elements is one 16-byte
-// global load (when the row is aligned and the slot is inside the plane; element loads with zero padding
-// otherwise) and 16-byte shared stores; the outputs read it `shift` columns in.  pitch = slots * N with
-// slots = (in_w + 2N - 2) / N covers every shift (the planner's _forward_staging is the same formula).
+// A thread item is a block of V = STRIP_ROWS_K rows by U = FWD_COLUMNS columns of outputs: a register window
+// slides down it, each staged row segment ((U - 1) * S + K values) read once with 16-byte shared loads and fed
+// to up to U * ceil(K / S) outputs, and each output row of the item is one U-element store (16 bytes for
+// float32) where the plane's rows are aligned.  The staged tile is stored from column x0 (row pitch a multiple of
+// 16 bytes) so that those shared loads are aligned; global rows are read in 16-byte slots aligned in memory
+// (element loads with zero padding at the plane's edges and on rows that are not 16-byte aligned).
 __device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
   digit += step + carry;
   carry = digit >= radix;
   if (carry) digit -= radix;
+}
+
+// row[0..L) = src[0..L) with 16-byte loads (then a pair, then a single); src is 16-byte aligned.
+template <typename A, int L> __device__ __forceinline__ void load_row(const A* src, A (&row)[L]) {
+  constexpr int C = 16 / sizeof(A), FULL = L / C * C, REST = L - FULL;
+#pragma unroll
+  for (int c = 0; c < FULL; c += C) {
+    const Pack<A, C> p = *reinterpret_cast<const Pack<A, C>*>(src + c);
+#pragma unroll
+    for (int e = 0; e < C; ++e) row[c + e] = p.v[e];
+  }
+  if constexpr (REST >= 2) {
+    const Pack<A, 2> p = *reinterpret_cast<const Pack<A, 2>*>(src + FULL);
+    row[FULL] = p.v[0];
+    row[FULL + 1] = p.v[1];
+  }
+  if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
+}
+
+// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
+template <typename A, int K, int S, int V, int U>
+__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
+  constexpr int L = (U - 1) * S + K;
+#pragma unroll
+  for (int r = 0; r < (V - 1) * S + K; ++r) {
+    A row[L];
+    load_row<A, L>(base + r * pitch, row);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = r - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * row[u * S + j];
+        }
+      }
+    }
+  }
 }
 
 template <typename T, typename I, int K, int S>
@@ -339,19 +379,20 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
-  constexpr int V = StripRows<K>::value;
+  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
   constexpr int N = 16 / sizeof(T);  // elements per 16-byte global load
-  constexpr int NS = 16 / sizeof(A);  // elements per 16-byte shared store (N is a multiple)
+  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared load
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const int slots = (in_w + 2 * N - 2) / N, pitch = slots * N;
+  const int pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+  const int slots = (in_w + 2 * N - 2) / N;  // aligned N-element slots covering in_w columns from any x0
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int out_channels = channels * multiplier;
 
-  // Once per block: this thread's output item (column ox_l of strip s of image p of the unit) ...
-  const int strips = tile_h / V;
-  const int ox_l = (int)threadIdx.x % tile_w;
-  const int s = (int)threadIdx.x / tile_w % strips;
-  const int p = (int)threadIdx.x / (tile_w * strips);
+  // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of image p of the unit) ...
+  const int groups_x = tile_w / U, strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % groups_x * U;
+  const int s = (int)threadIdx.x / groups_x % strips;
+  const int p = (int)threadIdx.x / (groups_x * strips);
   // ... its staging slots: slot slot0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
   // per_block * in_h rows (image q = row / in_h) ...
   const int lanes = min(slots, (int)blockDim.x);
@@ -361,6 +402,7 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
   const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
   const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
   const bool rows_aligned = width % N == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+  const bool out_aligned = out_w % U == 0 && (reinterpret_cast<unsigned long long>(y) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step.
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
   I g, step_g;
@@ -374,15 +416,12 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
   }
   const I groups = (images + per_block - 1) / per_block;
 
-  A w[K][K];
-  int loaded = -1;  // the output channel whose weights w holds
   while (g < groups) {
     const int d = c * multiplier + k;
     const I image0 = g * per_block;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
     const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
-    const int shift = x0 & (N - 1);  // x0 mod N, also for x0 < 0
-    const int first = x0 - shift;
+    const int shift = x0 & (N - 1);  // x0 mod N, also for x0 < 0: slot 0 starts at column x0 - shift
     if (stager) {
       int q = q0, r = r0;
       while (q < per_block) {
@@ -390,9 +429,9 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
         const int yy = y0 + r;
         const T* row = nullptr;
         if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
-        A* dst = tile + (q * in_h + r) * pitch;
+        A* dst = tile + (q * in_h + r) * pitch;  // dst[at]: column x0 + at
         for (int slot = slot0; slot < slots; slot += lanes) {
-          const int col = first + slot * N;
+          const int col = x0 - shift + slot * N;
           A v[N];
           if (row != nullptr && rows_aligned && col >= 0 && col + N <= width) {
             const Pack<T, N> packed = *reinterpret_cast<const Pack<T, N>*>(row + col);
@@ -404,41 +443,55 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
               v[e] = row != nullptr && col + e >= 0 && col + e < width ? to_acc(row[col + e]) : A(0);
           }
 #pragma unroll
-          for (int e = 0; e < N; e += NS) {
-            Pack<A, NS> chunk;
-#pragma unroll
-            for (int f = 0; f < NS; ++f) chunk.v[f] = v[e + f];
-            *reinterpret_cast<Pack<A, NS>*>(dst + slot * N + e) = chunk;
+          for (int e = 0; e < N; ++e) {
+            const int at = slot * N + e - shift;
+            if (at >= 0 && at < in_w) dst[at] = v[e];
           }
         }
         q += pass_q, r += pass_r;
         if (r >= in_h) r -= in_h, ++q;
       }
     }
-    if (d != loaded) {  // uniform over the block; the loads overlap the staging's
-      const T* wd = weight + (I)d * (K * K);
+    // The unit's weights, issued before the barrier so that they arrive during it (cached: every thread and
+    // the channel's other tiles read the same K x K).  Keeping them across units while the channel holds saves
+    // 3-5% of the loop's instructions and costs 8-32 registers (NVRTC 13, sm_90), so they are reloaded.
+    A w[K][K];
+    const T* wd = weight + (I)d * (K * K);
 #pragma unroll
-      for (int i = 0; i < K; ++i) {
+    for (int i = 0; i < K; ++i) {
 #pragma unroll
-        for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
-      }
-      loaded = d;
+      for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
     }
     __syncthreads();
 
     const I n = image0 + p;
     const int ox = ox0 + ox_l;
     if (p < per_block && n < images && ox < out_w) {
-      A acc[V];
+      A acc[V][U];
       const A init = has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = init;
-      window_fma<A, K, S, V>(tile + (p * in_h + s * V * S) * pitch + shift + ox_l * S, pitch, w, acc);
-      T* out = y + (n * out_channels + d) * (I)out_h * out_w + ox;
-#pragma unroll
       for (int v = 0; v < V; ++v) {
-        const int oy = oy0 + s * V + v;
-        if (oy < out_h) out[(I)oy * out_w] = from_acc<T>(acc[v]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[v][u] = init;
+      }
+      block_fma<A, K, S, V, U>(tile + (p * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      const int oy = oy0 + s * V;
+      T* out = y + ((n * out_channels + d) * out_h + oy) * (I)out_w + ox;
+      const bool whole = out_aligned && ox + U <= out_w;
+#pragma unroll
+      for (int v = 0; v < V; ++v, out += out_w) {
+        if (oy + v >= out_h) break;
+        if (whole) {
+          Pack<T, U> packed;
+#pragma unroll
+          for (int u = 0; u < U; ++u) packed.v[u] = from_acc<T>(acc[v][u]);
+          *reinterpret_cast<Pack<T, U>*>(out) = packed;
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (ox + u < out_w) out[u] = from_acc<T>(acc[v][u]);
+          }
+        }
       }
     }
     __syncthreads();  // the next unit overwrites the tile
