@@ -14,7 +14,9 @@
 //   (registers filled by broadcast loads).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1) keep the K x K weights in registers and
 //   slide a register window down the strip: each shared-memory row segment is read once and feeds up to
-//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.
+//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.  The forward
+//   (depthwise_fwd<T, I, K, S>) goes further: a persistent grid, no division in its loop, items of V x 4 outputs
+//   read with 16-byte shared loads and written with one vector store per row (its own comment says how).
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory and, when stride == dilation along H, slide a register window down each kernel column.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
@@ -464,8 +466,8 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     }
     __syncthreads();
 
-    const I n = image0 + p;
     const int ox = ox0 + ox_l;
+    const I n = image0 + p;
     if (p < per_block && n < images && ox < out_w) {
       A acc[V][U];
       const A init = has_bias ? to_acc(bias[d]) : A(0);

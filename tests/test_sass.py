@@ -549,14 +549,15 @@ def unit_loop_opcodes(program) -> dict[str, Counter]:
 
 
 # The most SASS instructions per output that one thread's pass through depthwise_fwd<T, int, K, S>'s loop over its
-# units may hold (sm_90; static: the unit loop's instructions counted once, over the STRIP_ROWS[K] outputs of the
-# thread; float32 and the 16-bit types).  The forward of 2026-11-25 before issue 25 had 151/160/110/112/142/151
-# (float32) and 176/182/125/129/161/169 (float16) for 3/1, 3/2, 5/1, 5/2, 7/1, 7/2: its divisions, staging set-up
-# and unit decoding ran per unit.  About 10% above the persistent kernel's counts (NVRTC 13.0, 2026-11-25).
+# units may hold (sm_90; static: the unit loop's instructions counted once, both sides of every branch, over the
+# thread's STRIP_ROWS[K] x FWD_COLUMNS outputs; float32, and the 16-bit types).  The forward before issue 25 (one
+# output column per thread, divisions and staging set-up per unit) had 151/160/110/112/142/151 (float32) and
+# 176/182/125/129/161/169 (float16) for 3/1, 3/2, 5/1, 5/2, 7/1, 7/2.  About 10% above the counts of NVRTC 13.0's
+# code for the persistent kernel of 2026-11-25 (benchmarks/RESULTS.md, "Depthwise forward rewrite").
 FORWARD_LOOP_PER_OUTPUT = {
-    ("float", 3, 1): 97, ("float", 3, 2): 104, ("float", 5, 1): 88, ("float", 5, 2): 92, ("float", 7, 1): 123,
-    ("float", 7, 2): 129, ("16-bit", 3, 1): 125, ("16-bit", 3, 2): 133, ("16-bit", 5, 1): 105,
-    ("16-bit", 5, 2): 109, ("16-bit", 7, 1): 143, ("16-bit", 7, 2): 149,
+    ("float", 3, 1): 38, ("float", 3, 2): 41, ("float", 5, 1): 48, ("float", 5, 2): 50, ("float", 7, 1): 77,
+    ("float", 7, 2): 78, ("16-bit", 3, 1): 48, ("16-bit", 3, 2): 50, ("16-bit", 5, 1): 55, ("16-bit", 5, 2): 56,
+    ("16-bit", 7, 1): 85, ("16-bit", 7, 2): 85,
 }
 
 
@@ -567,10 +568,12 @@ def depthwise_forward_loop_table(program) -> list[tuple[str, int, float]]:
     rows = []
     for name in GROUPS["depthwise.cu"]:
         kernel, rest = name.split("<")
+        if kernel != "depthwise_fwd" or name not in loops:
+            continue
         t, index, k, _ = (part.strip() for part in rest.rstrip(">").split(","))
-        if kernel == "depthwise_fwd" and index == "int" and t != "double":
+        if index == "int" and t != "double":
             instructions = sum(loops[name].values())
-            rows.append((name, instructions, instructions / depthwise.STRIP_ROWS[int(k)]))
+            rows.append((name, instructions, instructions / (depthwise.STRIP_ROWS[int(k)] * depthwise.FWD_COLUMNS)))
     return rows
 
 
@@ -646,7 +649,10 @@ if __name__ == "__main__":
     from test_nvrtc import compile_file
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     if sys.argv[2:] == ["depthwise"]:
-        program = compile_file("depthwise.cu", arch)
+        from test_nvrtc import ARCHES, nvrtc, options_for
+        names = [n for n in GROUPS["depthwise.cu"] if n.startswith("depthwise_fwd<") and ", int," in n]
+        program = nvrtc(ARCHES[arch]).compile(_device.kernel_source("depthwise.cu"), "depthwise.cu", names,
+                                              options_for(arch, "depthwise.cu"))
         usage = resource_usage(program, arch)
         for name, instructions, per_output in depthwise_forward_loop_table(program):
             print(f"{name:40} {usage[name].registers:4} registers {instructions:5} per unit  {per_output:6.1f} per output")
