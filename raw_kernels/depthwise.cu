@@ -320,7 +320,7 @@ __device__ __forceinline__ void depthwise_tiled(
 //
 // The grid is capped (cupyconv/ops/depthwise.py: FORWARD_BLOCKS) and each block walks its units
 // blockIdx.x, blockIdx.x + gridDim.x, ... so everything that does not depend on the unit is worked out once per
-// block: the thread's output item, its staging slots, and the unit number as mixed-radix digits (tile column,
+// block: the thread's output item, its staging chunks, and the unit number as mixed-radix digits (tile column,
 // tile row, kernel of the channel, channel, image group), advanced by the digits of gridDim.x with one carry
 // each, so no division runs inside the loop.
 //
@@ -328,8 +328,10 @@ __device__ __forceinline__ void depthwise_tiled(
 // slides down it, each staged row segment ((U - 1) * S + K values) read once with 16-byte shared loads and fed
 // to up to U * ceil(K / S) outputs, and each output row of the item is one U-element store (16 bytes for
 // float32) where the plane's rows are aligned.  The staged tile is stored from column x0 (row pitch a multiple of
-// 16 bytes) so that those shared loads are aligned; global rows are read in 16-byte slots aligned in memory
-// (element loads with zero padding at the plane's edges and on rows that are not 16-byte aligned).
+// 16 bytes) so that those shared loads are aligned, in chunks of C = 16 / sizeof(A) columns, one 16-byte shared
+// store each: a chunk is cut from the two C-element global slots aligned in memory that hold it (two 16-byte loads
+// in float32, 8-byte in the 16-bit types; element loads with zero padding at the plane's edges and on rows that
+// are not aligned).
 __device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
   digit += step + carry;
   carry = digit >= radix;
@@ -382,11 +384,10 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
-  constexpr int N = 16 / sizeof(T);  // elements per 16-byte global load
-  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared load
+  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   const int pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
-  const int slots = (in_w + 2 * N - 2) / N;  // aligned N-element slots covering in_w columns from any x0
+  const int chunks = pitch / C;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int out_channels = channels * multiplier;
 
@@ -395,15 +396,15 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
   const int ox_l = (int)threadIdx.x % groups_x * U;
   const int s = (int)threadIdx.x / groups_x % strips;
   const int p = (int)threadIdx.x / (groups_x * strips);
-  // ... its staging slots: slot slot0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
+  // ... its staging chunks: chunk chunk0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
   // per_block * in_h rows (image q = row / in_h) ...
-  const int lanes = min(slots, (int)blockDim.x);
+  const int lanes = min(chunks, (int)blockDim.x);
   const int rows_per_pass = (int)blockDim.x / lanes;
   const bool stager = (int)threadIdx.x < rows_per_pass * lanes;
-  const int slot0 = (int)threadIdx.x % lanes;
+  const int chunk0 = (int)threadIdx.x % lanes;
   const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
   const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
-  const bool rows_aligned = width % N == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+  const bool rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(x) % (C * sizeof(T))) == 0;
   const bool out_aligned = out_w % U == 0 && (reinterpret_cast<unsigned long long>(y) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step.
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
@@ -423,7 +424,7 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     const I image0 = g * per_block;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
     const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
-    const int shift = x0 & (N - 1);  // x0 mod N, also for x0 < 0: slot 0 starts at column x0 - shift
+    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
     if (stager) {
       int q = q0, r = r0;
       while (q < per_block) {
@@ -431,24 +432,29 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
         const int yy = y0 + r;
         const T* row = nullptr;
         if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
-        A* dst = tile + (q * in_h + r) * pitch;  // dst[at]: column x0 + at
-        for (int slot = slot0; slot < slots; slot += lanes) {
-          const int col = x0 - shift + slot * N;
-          A v[N];
-          if (row != nullptr && rows_aligned && col >= 0 && col + N <= width) {
-            const Pack<T, N> packed = *reinterpret_cast<const Pack<T, N>*>(row + col);
+        A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
+        for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
+          const int col = x0 + chunk * C, slot = col - shift;
+          T t[C];
+          if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
+            const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+            const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
 #pragma unroll
-            for (int e = 0; e < N; ++e) v[e] = to_acc(packed.v[e]);
+            for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+              if (m == shift) {
+#pragma unroll
+                for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
+              }
+            }
           } else {
 #pragma unroll
-            for (int e = 0; e < N; ++e)
-              v[e] = row != nullptr && col + e >= 0 && col + e < width ? to_acc(row[col + e]) : A(0);
+            for (int e = 0; e < C; ++e)
+              t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
           }
+          Pack<A, C> packed;
 #pragma unroll
-          for (int e = 0; e < N; ++e) {
-            const int at = slot * N + e - shift;
-            if (at >= 0 && at < in_w) dst[at] = v[e];
-          }
+          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
         }
         q += pass_q, r += pass_r;
         if (r >= in_h) r -= in_h, ++q;
