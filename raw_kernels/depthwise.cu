@@ -14,7 +14,9 @@
 //   (registers filled by broadcast loads).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1) keep the K x K weights in registers and
 //   slide a register window down the strip: each shared-memory row segment is read once and feeds up to
-//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.
+//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.  The forward
+//   (depthwise_fwd<T, I, K, S>) goes further: a persistent grid, no division in its loop, items of V x 4 outputs
+//   read with 16-byte shared loads and written with one vector store per row (its own comment says how).
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory and, when stride == dilation along H, slide a register window down each kernel column.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
@@ -38,6 +40,7 @@
 
 // Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
 // compiler of this file gets them as -D options, so they exist once.
+//   FWD_COLUMNS       output columns per thread item of depthwise_fwd<T, I, K, S> (one vector store);
 //   STRIP_ROWS_3/5/7  output rows per thread item (the height of the register sliding window) of the 3x3, 5x5
 //                     and 7x7 specialisations;
 //   GENERIC_STRIP     the same for the generic kernels;
@@ -45,8 +48,8 @@
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32).
-#if !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || !defined(GENERIC_STRIP) || \
-    !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
+#if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -313,15 +316,201 @@ __device__ __forceinline__ void depthwise_tiled(
   }
 }
 
-// Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding.
+// Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding: a persistent kernel.
+//
+// The grid is capped (cupyconv/ops/depthwise.py: FORWARD_BLOCKS) and each block walks its units
+// blockIdx.x, blockIdx.x + gridDim.x, ... so everything that does not depend on the unit is worked out once per
+// block: the thread's output item, its staging chunks, and the unit number as mixed-radix digits (tile column,
+// tile row, kernel of the channel, channel, image group), advanced by the digits of gridDim.x with one carry
+// each, so no division runs inside the loop.
+//
+// A thread item is a block of V = STRIP_ROWS_K rows by U = FWD_COLUMNS columns of outputs: a register window
+// slides down it, each staged row segment ((U - 1) * S + K values) read once with 16-byte shared loads and fed
+// to up to U * ceil(K / S) outputs, and each output row of the item is one U-element store (16 bytes for
+// float32) where the plane's rows are aligned.  The staged tile is stored from column x0 (row pitch a multiple of
+// 16 bytes) so that those shared loads are aligned, in chunks of C = 16 / sizeof(A) columns, one 16-byte shared
+// store each: a chunk is cut from the two C-element global slots aligned in memory that hold it (two 16-byte loads
+// in float32, 8-byte in the 16-bit types; element loads with zero padding at the plane's edges and on rows that
+// are not aligned).
+__device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
+  digit += step + carry;
+  carry = digit >= radix;
+  if (carry) digit -= radix;
+}
+
+// row[0..L) = src[0..L) with 16-byte loads (then a pair, then a single); src is 16-byte aligned.
+template <typename A, int L> __device__ __forceinline__ void load_row(const A* src, A (&row)[L]) {
+  constexpr int C = 16 / sizeof(A), FULL = L / C * C, REST = L - FULL;
+#pragma unroll
+  for (int c = 0; c < FULL; c += C) {
+    const Pack<A, C> p = *reinterpret_cast<const Pack<A, C>*>(src + c);
+#pragma unroll
+    for (int e = 0; e < C; ++e) row[c + e] = p.v[e];
+  }
+  if constexpr (REST >= 2) {
+    const Pack<A, 2> p = *reinterpret_cast<const Pack<A, 2>*>(src + FULL);
+    row[FULL] = p.v[0];
+    row[FULL + 1] = p.v[1];
+  }
+  if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
+}
+
+// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
+template <typename A, int K, int S, int V, int U>
+__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
+  constexpr int L = (U - 1) * S + K;
+#pragma unroll
+  for (int r = 0; r < (V - 1) * S + K; ++r) {
+    A row[L];
+    load_row<A, L>(base + r * pitch, row);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = r - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * row[u * S + j];
+        }
+      }
+    }
+  }
+}
+
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
-  depthwise_tiled<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
-                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
-                                     tiles_y, per_block, has_bias);
+  typedef acc_t<T> A;
+  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
+  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
+  const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
+  const int pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+  const int chunks = pitch / C;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  const int out_channels = channels * multiplier;
+
+  // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of image p of the unit) ...
+  const int groups_x = tile_w / U, strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % groups_x * U;
+  const int s = (int)threadIdx.x / groups_x % strips;
+  const int p = (int)threadIdx.x / (groups_x * strips);
+  // ... its staging chunks: chunk chunk0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
+  // per_block * in_h rows (image q = row / in_h) ...
+  const int lanes = min(chunks, (int)blockDim.x);
+  const int rows_per_pass = (int)blockDim.x / lanes;
+  const bool stager = (int)threadIdx.x < rows_per_pass * lanes;
+  const int chunk0 = (int)threadIdx.x % lanes;
+  const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+  const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  const bool rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(x) % (C * sizeof(T))) == 0;
+  const bool out_aligned = out_w % U == 0 && (reinterpret_cast<unsigned long long>(y) % (U * sizeof(T))) == 0;
+  // ... and the digits of the first unit and of the step.
+  int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
+  I g, step_g;
+  {
+    int u = (int)blockIdx.x, v = (int)gridDim.x;
+    tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
+    ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
+    k = u % multiplier, u /= multiplier, step_k = v % multiplier, v /= multiplier;
+    c = u % channels, u /= channels, step_c = v % channels, v /= channels;
+    g = u, step_g = v;
+  }
+  const I groups = (images + per_block - 1) / per_block;
+
+  while (g < groups) {
+    const int d = c * multiplier + k;
+    const I image0 = g * per_block;
+    const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+    const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
+    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
+    if (stager) {
+      int q = q0, r = r0;
+      while (q < per_block) {
+        const I image = image0 + q;
+        const int yy = y0 + r;
+        const T* row = nullptr;
+        if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
+        A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
+        for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
+          const int col = x0 + chunk * C, slot = col - shift;
+          T t[C];
+          if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
+            const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+            const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
+#pragma unroll
+            for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+              if (m == shift) {
+#pragma unroll
+                for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
+              }
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < C; ++e)
+              t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
+          }
+          Pack<A, C> packed;
+#pragma unroll
+          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+        }
+        q += pass_q, r += pass_r;
+        if (r >= in_h) r -= in_h, ++q;
+      }
+    }
+    // The unit's weights, issued before the barrier so that they arrive during it (cached: every thread and
+    // the channel's other tiles read the same K x K).  Keeping them across units while the channel holds saves
+    // 3-5% of the loop's instructions and costs 8-32 registers (NVRTC 13, sm_90), so they are reloaded.
+    A w[K][K];
+    const T* wd = weight + (I)d * (K * K);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+#pragma unroll
+      for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
+    }
+    __syncthreads();
+
+    const int ox = ox0 + ox_l;
+    const I n = image0 + p;
+    if (p < per_block && n < images && ox < out_w) {
+      A acc[V][U];
+      const A init = has_bias ? to_acc(bias[d]) : A(0);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[v][u] = init;
+      }
+      block_fma<A, K, S, V, U>(tile + (p * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      const int oy = oy0 + s * V;
+      T* out = y + ((n * out_channels + d) * out_h + oy) * (I)out_w + ox;
+      const bool whole = out_aligned && ox + U <= out_w;
+#pragma unroll
+      for (int v = 0; v < V; ++v, out += out_w) {
+        if (oy + v >= out_h) break;
+        if (whole) {
+          Pack<T, U> packed;
+#pragma unroll
+          for (int u = 0; u < U; ++u) packed.v[u] = from_acc<T>(acc[v][u]);
+          *reinterpret_cast<Pack<T, U>*>(out) = packed;
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            if (ox + u < out_w) out[u] = from_acc<T>(acc[v][u]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next unit overwrites the tile
+
+    int carry = 0;
+    next_digit(tx, step_tx, tiles_x, carry);
+    next_digit(ty, step_ty, tiles_y, carry);
+    next_digit(k, step_k, multiplier, carry);
+    next_digit(c, step_c, channels, carry);
+    g += step_g + carry;
+  }
 }
 
 // Forward, any geometry whose tile fits in shared memory.

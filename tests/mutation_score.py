@@ -52,6 +52,7 @@ CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
+DW_FWD = DEPTHWISE + " -k 'every_digit or matches_cpu or aligned or loops or padding_per_side'"  # its forward's tests
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
 EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
@@ -231,6 +232,32 @@ MUTATIONS = [
     M("dw-direct-grid-start", "depthwise.cu", "for (I index = grid_start<I>(); index < total; index += "
       "grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", "for (I index = threadIdx.x; index < total; "
       "index += grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", DEPTHWISE, "grid-stride"),
+    # depthwise_fwd<T, I, K, S> (the persistent forward, issue 25)
+    M("dw-fwd-barrier-staged", "depthwise.cu",
+      "w[i][j] = to_acc(wd[i * K + j]);\n    }\n    __syncthreads();", "w[i][j] = to_acc(wd[i * K + j]);\n    }",
+      DW_FWD, "removed barrier"),
+    M("dw-fwd-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n",
+      "// the next unit overwrites the tile\n", DW_FWD, "removed barrier"),
+    M("dw-fwd-last-row", "depthwise.cu", "if (oy + v >= out_h) break;", "if (oy + v > out_h) break;", DW_FWD,
+      "off-by-one"),
+    M("dw-fwd-last-column", "depthwise.cu", "if (ox + u < out_w) out[u]", "if (ox + u <= out_w) out[u]", DW_FWD,
+      "off-by-one"),
+    M("dw-fwd-staged-chunks", "depthwise.cu", "const int chunks = pitch / C;", "const int chunks = in_w / C;",
+      DW_FWD, "tile bound"),
+    M("dw-fwd-rows-unchecked", "depthwise.cu", "const bool rows_aligned = width % C == 0 && ",
+      "const bool rows_aligned = ", DW_FWD, "misaligned pack"),
+    M("dw-fwd-slots-unaligned", "depthwise.cu", "const int shift = x0 & (C - 1);", "const int shift = 0;", DW_FWD,
+      "misaligned pack"),
+    M("dw-fwd-chunk-shift", "depthwise.cu", "t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];",
+      "t[e] = e + m < C ? a.v[e + m] : b.v[e];", DW_FWD, "tile bound"),
+    M("dw-fwd-stores-unchecked", "depthwise.cu", "const bool out_aligned = out_w % U == 0 && ",
+      "const bool out_aligned = ", DW_FWD, "misaligned pack"),
+    M("dw-fwd-unit-channel", "depthwise.cu", "const int d = c * multiplier + k;", "const int d = k * channels + c;",
+      DW_FWD, "persistent loop"),
+    M("dw-fwd-channel-digit", "depthwise.cu", "next_digit(c, step_c, channels, carry);",
+      "next_digit(c, step_c, multiplier, carry);", DW_FWD, "persistent loop"),
+    M("dw-fwd-staged-plane", "depthwise.cu", "row = x + ((image * channels + c) * height + yy) * (I)width;",
+      "row = x + ((image * channels + k) * height + yy) * (I)width;", DW_FWD, "persistent loop"),
 
     # -- patch.cu ---------------------------------------------------------------------------------------------
     M("patch-tile-barrier-chunk", "patch.cu", "__syncthreads();  // the previous chunk", "// the previous chunk", PATCH,

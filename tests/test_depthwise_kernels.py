@@ -341,6 +341,37 @@ def test_small_grids_loop_over_the_work(monkeypatch):
     run_every_kernel(Recorder("reverse"))
 
 
+# depthwise_fwd<K, S> on a grid of FORWARD_BLOCKS blocks that step through the units (tile column, tile row, kernel
+# of the channel, channel, image group) in mixed radix: (shape, multiplier, kernel, stride, padding, dtype).
+PERSISTENT_CASES = [
+    ((3, 3, 37, 35), 2, 3, 1, 1, "float32"),   # 2 x 2 tiles, 6 output channels, 3 images: 72 units
+    ((40, 2, 7, 7), 2, 3, 1, 1, "float32"),    # packed images: 18 per unit, 3 image groups
+    ((2, 3, 20, 32), 1, 5, 2, 2, "float16"),   # 16-byte rows of halves, stride 2
+    ((2, 2, 19, 24), 3, 7, 1, 3, "float32"),   # 7x7, multiplier 3, aligned rows with an unaligned halo
+]
+
+
+@pytest.mark.parametrize("blocks", [1, 5, 7, 13])
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", PERSISTENT_CASES)
+def test_forward_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, stride, padding, dtype):
+    """The persistent forward with fewer blocks than units, at steps that carry into every digit: a unit
+    decoded or stepped wrongly (a wrong channel, tile or image group) leaves outputs unwritten (poisoned: NaN) or
+    written from the wrong plane."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding)
+    (name, args), = device.launches
+    assert short(name) == f"depthwise_fwd<{k}, {stride}>"
+    expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
+                                    bias.astype(numpy.float64), stride=stride, padding=padding)
+    assert_matches(out, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long

@@ -412,6 +412,78 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     assert not problems, "\n".join(problems)
 
 
+def loops_of(instructions) -> list[tuple[int, int]]:
+    """(first, last) instruction of every loop of a kernel: a backward branch and its target."""
+    loops = []
+    for end, instruction in enumerate(instructions):
+        if instruction["opcode"].split(".")[0] == "BRA":
+            try:
+                start = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
+            except ValueError:
+                continue
+            if start < end:
+                loops.append((start, end))
+    return loops
+
+
+def unit_loop_opcodes(program) -> dict[str, Counter]:
+    """{name expression: Counter of SASS mnemonics} of each kernel's loop over its units: the largest loop holding a
+    barrier (BAR), i.e. what a block issues per staged tile, every instruction counted once (both sides of a
+    branch, an inner loop's body once).  Kernels without such a loop are left out."""
+    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
+    loops = {}
+    for function in listing[1]:
+        instructions = function.get("sass-instructions", ())
+        opcodes = [i["opcode"].split(".")[0] for i in instructions]
+        with_barrier = [(a, b) for a, b in loops_of(instructions) if "BAR" in opcodes[a:b + 1]]
+        if with_barrier:
+            a, b = max(with_barrier, key=lambda loop: loop[1] - loop[0])
+            loops[function["function-name"]] = Counter(opcodes[a:b + 1])
+    return by_name_expression(program, loops)
+
+
+# The most SASS instructions per output that one thread's pass through depthwise_fwd<T, int, K, S>'s loop over its
+# units may hold (sm_90; static: the unit loop's instructions counted once, both sides of every branch, over the
+# thread's STRIP_ROWS[K] x FWD_COLUMNS outputs; float32, and the 16-bit types).  The forward before issue 25 (one
+# output column per thread, divisions and staging set-up per unit) had 151/160/110/112/142/151 (float32) and
+# 176/182/125/129/161/169 (float16) for 3/1, 3/2, 5/1, 5/2, 7/1, 7/2.  About 10% above the counts of NVRTC 13.0's
+# code for the persistent kernel of 2026-11-25 (benchmarks/RESULTS.md, "Depthwise forward rewrite").
+FORWARD_LOOP_PER_OUTPUT = {
+    ("float", 3, 1): 38, ("float", 3, 2): 40, ("float", 5, 1): 48, ("float", 5, 2): 49, ("float", 7, 1): 77,
+    ("float", 7, 2): 78, ("16-bit", 3, 1): 41, ("16-bit", 3, 2): 44, ("16-bit", 5, 1): 51, ("16-bit", 5, 2): 52,
+    ("16-bit", 7, 1): 81, ("16-bit", 7, 2): 82,
+}
+
+
+def depthwise_forward_loop_table(program) -> list[tuple[str, int, float]]:
+    """(name, unit-loop instructions, per output) of every int-indexed depthwise_fwd<T, int, K, S>, fp64 aside."""
+    from cupyconv.ops import depthwise
+    loops = unit_loop_opcodes(program)
+    rows = []
+    for name in GROUPS["depthwise.cu"]:
+        kernel, rest = name.split("<")
+        if kernel != "depthwise_fwd" or name not in loops:
+            continue
+        t, index, k, _ = (part.strip() for part in rest.rstrip(">").split(","))
+        if index == "int" and t != "double":
+            instructions = sum(loops[name].values())
+            rows.append((name, instructions, instructions / (depthwise.STRIP_ROWS[int(k)] * depthwise.FWD_COLUMNS)))
+    return rows
+
+
+@pytest.mark.slow
+def test_depthwise_forward_loop_stays_lean(kernel_programs):
+    """depthwise_fwd's loop over its units issues at most FORWARD_LOOP_PER_OUTPUT instructions per output (sm_90,
+    int): an edit that brings per-unit divisions or set-up back into the loop fails here."""
+    problems = []
+    for name, instructions, per_output in depthwise_forward_loop_table(kernel_programs("depthwise.cu", "sm_90")):
+        t, _, k, s = (part.strip() for part in name.split("<")[1].rstrip(">").split(","))
+        bound = FORWARD_LOOP_PER_OUTPUT["float" if t == "float" else "16-bit", int(k), int(s)]
+        if per_output > bound:
+            problems.append(f"{name}: {instructions} instructions in the unit loop, {per_output:.1f} per output > {bound}")
+    assert not problems, "\n".join(problems)
+
+
 def test_check_flags_what_cannot_run():
     float_kernel, double_kernel = "k<float, int>", "k<double, int>"
     fits = Usage(registers=64, stack=0, shared=1024, local=0)
@@ -466,8 +538,19 @@ def test_resources_and_opcodes_of_a_probe(arch, sass_tools):
 if __name__ == "__main__":
     # The tensor-core main loops' instruction mix, as benchmarks/RESULTS.md quotes it:
     #   PYTHONPATH=.:tests python tests/test_sass.py [sm_80|sm_90]
+    # and depthwise_fwd's loop over its units (static counts, per thread and per output), with its registers:
+    #   PYTHONPATH=.:tests python tests/test_sass.py [sm_80|sm_90] depthwise
     from test_nvrtc import compile_file
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
+    if sys.argv[2:] == ["depthwise"]:
+        from test_nvrtc import ARCHES, nvrtc, options_for
+        names = [n for n in GROUPS["depthwise.cu"] if n.startswith("depthwise_fwd<") and ", int," in n]
+        program = nvrtc(ARCHES[arch]).compile(_device.kernel_source("depthwise.cu"), "depthwise.cu", names,
+                                              options_for(arch, "depthwise.cu"))
+        usage = resource_usage(program, arch)
+        for name, instructions, per_output in depthwise_forward_loop_table(program):
+            print(f"{name:40} {usage[name].registers:4} registers {instructions:5} per unit  {per_output:6.1f} per output")
+        sys.exit()
     for name, instructions, opcodes in tensor_core_loop_table(compile_file("conv.cu", arch)):
         mix = " ".join(f"{op} {opcodes[op]}" for op in ("HMMA", "LDS", "STS", "LDG"))
         print(f"{name:48} {instructions:5} per chunk  {instructions / opcodes['HMMA']:5.1f} per HMMA  {mix}")

@@ -157,18 +157,23 @@ STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisa
                                  # a longer strip cuts the shared loads per output from 10 to 7.5 (5x5) and 17.5
                                  # to 12.25 (7x7); 4 for 3x3, already at 4.5, where a shorter strip wastes fewer
                                  # lanes on planes whose height is not a multiple of it
+FWD_COLUMNS = 4        # output columns per thread item of depthwise_fwd<T, I, K, S>: one 16-byte store of float32
 GENERIC_STRIP = 4      # the same for the generic kernels
 TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic: 4x4 and smaller in one pass
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
 KERNELS = KernelFile("depthwise.cu", defines={
-    **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "GENERIC_STRIP": GENERIC_STRIP,
+    **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
+    "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
 SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
+FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, whose blocks loop over their units and pay their
+                       # set-up once: about two waves of an H100 (132 SMs x 8-9 resident blocks of ~224 threads),
+                       # so an SM that finishes early takes the next block and the last wave's tail is short
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -234,12 +239,12 @@ class Plan:
     tiling: Tiling | None = None
 
 
-def plan_tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, align=(1, 1),
+def plan_tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1, columns: int = 1, align=(1, 1),
                 most=(TILE_MAX, TILE_MAX), extra_bytes=lambda threads: 0, threads: int | None = None):
     """Plan a tiled kernel's units, or None when not even a one-column tile fits in shared memory.
 
-    out_size: the planes the kernel writes; staged(tile_h, tile_w): elements it stages per image; strip: output
-    rows per thread item; align: what tile_h and tile_w must be multiples of; most: the largest tile;
+    out_size: the planes the kernel writes; staged(tile_h, tile_w): elements it stages per image; strip, columns:
+    output rows and columns per thread item; align: what tile_h and tile_w must be multiples of; most: the largest tile;
     extra_bytes(threads): shared memory after the tiles (weights or reduction scratch); threads: a fixed block
     size (default: one thread per item).  Large planes get most-sized tiles (balanced, so 112 = 4 x 28 wastes
     no lanes); smaller planes are one tile, and then images of one channel are packed until a block has ~256
@@ -252,14 +257,14 @@ def plan_tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1
         return round_up(ceil_div(n, ceil_div(n, largest)), multiple)
 
     def plan(th, tw, per):
-        block = threads or round_up(per * (th // strip) * tw, 32)
+        block = threads or round_up(per * (th // strip) * (tw // columns), 32)
         smem = per * staged(th, tw) * acc_bytes + extra_bytes(block)
         if block > 1024:  # a CUDA block's limit (only a huge stride can align a tile that large)
             smem = DEFAULT_SHARED_LIMIT + 1
         return Tiling(th, tw, ceil_div(oh, th), ceil_div(ow, tw), per, block, smem)
 
     tile_h, tile_w = balanced(oh, most[0], ah), balanced(ow, most[1], aw)
-    per_block = max(1, min(images, BLOCK_ITEMS // (tile_h // strip * tile_w)))
+    per_block = max(1, min(images, BLOCK_ITEMS // (tile_h // strip * (tile_w // columns))))
     for limit, narrowest in ((SMEM_SOFT, min(tile_w, round_up(8, aw))), (DEFAULT_SHARED_LIMIT, aw)):
         th, tw, per = tile_h, tile_w, per_block
         while True:
@@ -293,12 +298,19 @@ def _strided_staging(spec: ConvSpec):
     return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
 
 
+def _forward_staging(k: int, stride: int, acc: int):
+    """staged() of depthwise_fwd<T, I, K, S>: in_h rows of in_w elements, the row pitch rounded up to 16 bytes
+    (the kernel's `pitch`, so that its 16-byte shared loads are aligned)."""
+    n = 16 // acc
+    return lambda th, tw: ((th - 1) * stride + k) * round_up((tw - 1) * stride + k, n)
+
+
 def plan_forward(spec: ConvSpec, acc: int) -> Plan:
     """The forward's kernel and tiling; acc: bytes of the accumulation type."""
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
-                             align=(STRIP_ROWS[k], 1))
+        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc), acc,
+                             strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
         if tiling:
             return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
@@ -393,6 +405,8 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     x, weight = device.ascontiguous(x), device.ascontiguous(weight)
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
     units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
+    if plan.kernel == "depthwise_fwd":
+        units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
     _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, x=x, weight=weight,
             bias=weight if bias is None else device.ascontiguous(bias),  # never read without a bias
             y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
