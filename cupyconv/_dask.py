@@ -383,13 +383,10 @@ class LazyCall:
 
 def _forward(call: LazyCall):
     """The op's output: one map per output block, assembled along the spatial dims."""
-    import dask.array as da
     shape = call.geometry.output_shape(call.spec)[call.leading:]
     if not call.geometry.windowed:
         return call.map(None, shape)
     per_dim = call.windows()
-    if all(len(windows) == 1 for windows in per_dim):   # one output block along every dim: nothing to assemble
-        return call.map(tuple(windows[0] for windows in per_dim), shape)
 
     def blocks(window: tuple[Window, ...]):
         """The output blocks whose windows start with `window`: nested lists over the remaining dims."""

@@ -127,6 +127,21 @@ def numpy_dtype(dtype):
 # Grid-stride and unit loops
 
 
+class Recorder(EmulatedDevice):
+    """An EmulatedDevice that lists the name expressions it launches (`count` of one kernel's launches)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.launches = []
+
+    def launch(self, source, name, *args, **kwargs):
+        self.launches.append(name)
+        super().launch(source, name, *args, **kwargs)
+
+    def count(self, kernel):
+        return sum(name.startswith(kernel + "<") for name in self.launches)
+
+
 class GridLoops:
     """Launch every capped grid with at most `cap` blocks and every elementwise kernel with blocks of `block`
     threads, and note for each launch the units its grid was capped from.

@@ -19,6 +19,7 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
 import bug_classes
+from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
@@ -39,19 +40,6 @@ CASES = [
     C("tc_strided_uncovered_rows", (2, 40, 12, 13), (36, 40, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
-
-
-class Recorder(EmulatedDevice):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.launches = []
-
-    def launch(self, source, name, *args, **kwargs):
-        self.launches.append(name)
-        super().launch(source, name, *args, **kwargs)
-
-    def count(self, kernel):
-        return sum(name.startswith(kernel + "<") for name in self.launches)
 
 
 def on_emulator(device, fn, *args, **kwargs):

@@ -30,7 +30,8 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
 import bug_classes
-from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from bug_classes import Recorder
+from emulator import assert_clean_under_asan, pytest_under_asan
 from optional_deps import BFLOAT16, Dtypes
 from reference import ConvCase
 
@@ -172,16 +173,6 @@ def output_shape(s: SweepSpec):
 
 # ---------------------------------------------------------------------------------------------------------
 # The sweep
-
-
-class Recorder(EmulatedDevice):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.launches = []
-
-    def launch(self, source, name, *args, **kwargs):
-        self.launches.append(name)
-        super().launch(source, name, *args, **kwargs)
 
 
 def flat(a):
