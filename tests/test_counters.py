@@ -207,6 +207,25 @@ def test_each_rule_is_needed(tmp_path, monkeypatch):
 # The shipped tensor-core forward (benchmarks/RESULTS.md, "Emulated memory counters")
 
 
+def test_a_second_library_of_a_kernel_file_keeps_its_own_shared_memory():
+    """The profile library of conv.cu loaded after its plain library in one process: its `__shared__` arrays (template
+    statics, which g++ would make STB_GNU_UNIQUE and glibc would bind to the first library's storage) are its own,
+    so its shared stores are counted (found by the CI order: without -fno-gnu-unique they vanished)."""
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    rng = numpy.random.default_rng(1)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(numpy.float16)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(numpy.float16)
+    with cupyconv_device.use_device(EmulatedDevice()):   # the plain library first
+        cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    dev = EmulatedDevice(counters=True)
+    with cupyconv_device.use_device(dev):
+        cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    (profile,) = dev.profile
+    assert profile.total("shared_store").requests > 0 and profile.total("shared_load").requests > 0
+
+
 def test_tensor_core_forward_at_the_r50_64_shape():
     """conv_fwd_tc on 3x3 64 -> 64 56x56 float16 (N = 1: the 64 x 64 tile), two interior blocks: the A operand's
     2-byte stores into its stage are 4-way conflicted (rows 20 words apart), the B stores and the fragment loads

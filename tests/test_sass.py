@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import itertools
 import math
 import re

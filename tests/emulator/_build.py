@@ -35,7 +35,13 @@ OPT_LEVEL = os.environ.get("CUPYCONV_EMULATOR_OPT", "-O0")
 UB_CHECKS = "bounds,signed-integer-overflow,alignment"
 # -ffunction-sections: each function's code and relocations stand apart in the object file, which is how the
 # static shared memory of a kernel and of every helper it calls is found (static_shared_sizes).
-BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-ffunction-sections", "-shared",
+# -fno-gnu-unique: a `__shared__` array is a thread_local static of a template kernel, which g++ would bind
+# STB_GNU_UNIQUE, and glibc binds such a symbol once per process whatever RTLD_LOCAL says: a second library of the
+# same kernel file (the profile build after the plain one, or another file's copy of a header's helper) would then
+# use the first library's storage, outside its own TLS block, so its blocks' shared memory would be neither
+# poisoned nor counted.
+BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-ffunction-sections", "-fno-gnu-unique",
+              "-shared",
               "-Wl,-z,defs", f"-DEMU_DYNAMIC_SHARED_CAPACITY={DYNAMIC_SHARED_CAPACITY}")
 PLAIN_FLAGS = (f"-fsanitize={UB_CHECKS}",)
 # ASan for global memory (arguments copied to exact-size heap buffers) and dynamic shared memory (poisoned
