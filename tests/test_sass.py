@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import itertools
 import math
 import re
@@ -413,34 +412,18 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     assert not problems, "\n".join(problems)
 
 
-def loops_of(instructions) -> list[tuple[int, int]]:
-    """(first, last) instruction of every loop of a kernel: a backward branch and its target."""
-    loops = []
-    for end, instruction in enumerate(instructions):
-        if instruction["opcode"].split(".")[0] == "BRA":
-            try:
-                start = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
-            except ValueError:
-                continue
-            if start < end:
-                loops.append((start, end))
-    return loops
-
-
 def unit_loop_opcodes(program) -> dict[str, Counter]:
     """{name expression: Counter of SASS mnemonics} of each kernel's loop over its units: the largest loop holding a
     barrier (BAR), i.e. what a block issues per staged tile, every instruction counted once (both sides of a
     branch, an inner loop's body once).  Kernels without such a loop are left out."""
-    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin))
-    loops = {}
-    for function in listing[1]:
-        instructions = function.get("sass-instructions", ())
+    result = {}
+    for name, instructions in sass.disassemble(program).items():
         opcodes = [i["opcode"].split(".")[0] for i in instructions]
-        with_barrier = [(a, b) for a, b in loops_of(instructions) if "BAR" in opcodes[a:b + 1]]
+        with_barrier = [(a, b) for a, b in sass.loops(instructions) if "BAR" in opcodes[a:b + 1]]
         if with_barrier:
             a, b = max(with_barrier, key=lambda loop: loop[1] - loop[0])
-            loops[function["function-name"]] = Counter(opcodes[a:b + 1])
-    return by_name_expression(program, loops)
+            result[name] = Counter(opcodes[a:b + 1])
+    return result
 
 
 # The most SASS instructions per output that one thread's pass through depthwise_fwd<T, int, K, S>'s loop over its
