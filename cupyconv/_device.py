@@ -289,7 +289,6 @@ class Device:
         (or a negative stride) is copied first.  The largest batch dim is cuBLAS's batch, the others are looped
         over (one call for each of their indices).  beta = 1 accumulates into out (out may have a wider dtype,
         float32 for float16/bfloat16 operands)."""
-        xp = self.xp
         if min(a.ndim, b.ndim, out.ndim) < 2 or a.shape[-2] != out.shape[-2] or b.shape[-1] != out.shape[-1] \
                 or a.shape[-1] != b.shape[-2]:
             raise ValueError(f"matmul_strided: a {a.shape} @ b {b.shape} does not give out {out.shape}")
