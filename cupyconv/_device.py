@@ -27,6 +27,8 @@ import numpy
 from . import settings
 
 OPS = ("unfold", "conv", "depthwise", "patch")
+# Modules of cupyconv/ops that own a kernel file without being an op (the ops share them): planners and launches.
+ENGINES = ("implicit_gemm",)
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 
 
@@ -59,7 +61,8 @@ def kernel_source(filename: str) -> str:
 
 
 def _op_modules():
-    return [importlib.import_module(f"cupyconv.ops.{op}") for op in OPS]
+    """The modules of cupyconv/ops with a kernel file (`KERNELS`) and its `instantiations()`."""
+    return [importlib.import_module(f"cupyconv.ops.{name}") for name in OPS + ENGINES]
 
 
 def kernel_files() -> dict:

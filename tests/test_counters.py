@@ -208,7 +208,7 @@ def test_each_rule_is_needed(tmp_path, monkeypatch):
 
 
 def test_a_second_library_of_a_kernel_file_keeps_its_own_shared_memory():
-    """The profile library of conv.cu loaded after its plain library in one process: its `__shared__` arrays (template
+    """The profile library of implicit_gemm.cu loaded after its plain library in one process: its `__shared__` arrays (template
     statics, which g++ would make STB_GNU_UNIQUE and glibc would bind to the first library's storage) are its own,
     so its shared stores are counted (found by the CI order: without -fno-gnu-unique they vanished)."""
     import cupyconv

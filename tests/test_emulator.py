@@ -463,12 +463,12 @@ def test_shipped_kernels_launch_bounds_and_static_shared_memory():
                for source, kernels in cupyconv_device.kernel_files().items()}
     # read with the files' -D options
     for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"):
-        assert bounds[("conv.cu", kernel)] == int(defines["conv.cu"]["TC_MAX_THREADS"])
+        assert bounds[("implicit_gemm.cu", kernel)] == int(defines["implicit_gemm.cu"]["TC_MAX_THREADS"])
     assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
     assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
     assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared
-    # two stages of BM + BN rows of 40 halves or 36 floats (conv.cu's TcTile); __half arrays' init guards not counted
-    tc = {(t, rows, cols): EmulatedDevice().function("conv.cu", f"conv_bwd_input_tc<{t}, int, {rows}, {cols}>")
+    # two stages of BM + BN rows of 40 halves or 36 floats (implicit_gemm.cu's TcTile); __half arrays' init guards not counted
+    tc = {(t, rows, cols): EmulatedDevice().function("implicit_gemm.cu", f"conv_bwd_input_tc<{t}, int, {rows}, {cols}>")
           .shared_size_bytes for t, rows, cols in (("__half", 128, 64), ("__half", 64, 32), ("float", 64, 64))}
     assert tc == {("__half", 128, 64): 2 * 192 * 40 * 2, ("__half", 64, 32): 2 * 96 * 40 * 2,
                   ("float", 64, 64): 2 * 128 * 36 * 4}

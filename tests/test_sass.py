@@ -17,7 +17,7 @@ backward, in every dtype, with every algorithm, for both index types.  Each laun
 
 `opcodes_of` counts every kernel's SASS instructions (nvdisasm), for checks on what a kernel compiles to, e.g.
 that a tensor-core instantiation has matrix instructions:
-`opcodes_of("conv.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
+`opcodes_of("implicit_gemm.cu", arch, kernel_programs)["conv_fwd_tc<__half, int, 64, 64>"]["HMMA"] > 0`.
 
 The reading of the binaries (NVRTC, cuobjdump, nvdisasm, `main_loop`, `occupancy`) is `benchmarks/sass.py`, a
 library benchmarks.predict uses too; this file holds the checks.  Needs the wheels of the compile-check extra: nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cuda-cuobjdump and
@@ -368,14 +368,17 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     """The three tensor-core passes run on the tensor cores: HMMA in every instantiation, every tile (16 per K
     chunk of 32 in a warp's 32 x 32 tile for 16-bit inputs, 32 for TF32's k8 steps), and no other kernel pretends
     to (no FMA-only fallback hidden behind the name)."""
-    from cupyconv.ops import conv
-    opcodes = opcodes_of("conv.cu", arch, kernel_programs)
-    names = [n for n in GROUPS["conv.cu"] if n.split("<")[0] in conv.TC_PASSES.values()]
-    assert len(names) == len(conv.TC_PASSES) * 2 * sum(len(tiles) for tiles in conv.TC_TILES.values())
+    from cupyconv.ops import implicit_gemm
+    opcodes = opcodes_of("implicit_gemm.cu", arch, kernel_programs)
+    names = [n for n in GROUPS["implicit_gemm.cu"] if n.split("<")[0] in implicit_gemm.TC_PASSES.values()]
+    tiles = sum(len(tiles) for tiles in implicit_gemm.TC_TILES.values())
+    assert len(names) == len(implicit_gemm.TC_PASSES) * 2 * tiles
     for name in names:
         expected = 32 if "<float," in name else 16
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    assert not [n for n in GROUPS["conv.cu"] if n not in names and opcodes[n]["HMMA"]]
+    assert not [n for n in GROUPS["implicit_gemm.cu"] if n not in names and opcodes[n]["HMMA"]]
+    conv_opcodes = opcodes_of("conv.cu", arch, kernel_programs)
+    assert not [n for n in GROUPS["conv.cu"] if conv_opcodes[n]["HMMA"]]
 
 
 # The most instructions one warp may issue per HMMA in a tensor-core main loop (sm_90, 32-bit index, by pass and
@@ -392,17 +395,17 @@ LOOP_INSTRUCTIONS_PER_HMMA = {
 
 def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
     """(name, instructions, opcodes) of each tensor-core instantiation's main loop, in GROUPS order."""
-    from cupyconv.ops import conv
+    from cupyconv.ops import implicit_gemm
     loops = main_loop_opcodes(program)
-    return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["conv.cu"]
-            if name.split("<")[0] in conv.TC_PASSES.values()]
+    return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["implicit_gemm.cu"]
+            if name.split("<")[0] in implicit_gemm.TC_PASSES.values()]
 
 
 @pytest.mark.slow
 def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     """Each tensor-core main loop issues at most LOOP_INSTRUCTIONS_PER_HMMA instructions per HMMA (sm_90, int)."""
     problems = []
-    for name, instructions, opcodes in tensor_core_loop_table(kernel_programs("conv.cu", "sm_90")):
+    for name, instructions, opcodes in tensor_core_loop_table(kernel_programs("implicit_gemm.cu", "sm_90")):
         kernel, rest = name.split("<")
         _, index, rows, columns = (part.strip() for part in rest.rstrip(">").split(","))
         if index == "int":
@@ -535,7 +538,7 @@ if __name__ == "__main__":
         for name, instructions, per_output in depthwise_forward_loop_table(program):
             print(f"{name:40} {usage[name].registers:4} registers {instructions:5} per unit  {per_output:6.1f} per output")
         sys.exit()
-    for name, instructions, opcodes in tensor_core_loop_table(compile_file("conv.cu", arch)):
+    for name, instructions, opcodes in tensor_core_loop_table(compile_file("implicit_gemm.cu", arch)):
         mix = " ".join(f"{op} {opcodes[op]}" for op in ("HMMA", "LDS", "STS", "LDG"))
         print(f"{name:48} {instructions:5} per chunk  {instructions / opcodes['HMMA']:5.1f} per HMMA  {mix}")
 

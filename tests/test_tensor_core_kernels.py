@@ -1,4 +1,4 @@
-"""The tensor-core implicit GEMMs (raw_kernels/conv.cu conv_fwd_tc, conv_bwd_input_tc and conv_bwd_weight_tc,
+"""The tensor-core implicit GEMMs (raw_kernels/implicit_gemm.cu conv_fwd_tc, conv_bwd_input_tc and conv_bwd_weight_tc,
 mma.sync through raw_kernels/mma.cuh) against the CPU path: conv2d and patch_conv2d, forward and backward, in
 float16, bfloat16 and float32 as TF32.
 
@@ -18,6 +18,7 @@ from optional_deps import BFLOAT16, Dtypes
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
+from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -105,11 +106,11 @@ def test_every_pass_accumulates_in_float32(dtype, monkeypatch):
     Bit equality is the emulator's (emu_mma.h rounds each mma's sum once); on these terms (multiples of 2^-12 of
     at most 4, sums below 2^10) a GPU's narrower tensor-core adder, which keeps about float's precision below
     the largest term, would lose no bit either, so the check states no more than the hardware guarantees."""
-    monkeypatch.setattr(conv_op, "TC_SPLIT_BLOCKS", 10**6)
-    monkeypatch.setattr(conv_op, "TC_SPLIT_CHUNKS", 1)
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(igemm, "TC_SPLIT_CHUNKS", 1)
     case = C("exact", (2, 32, 9, 9), (24, 16, 3, 3), padding=((1, 0), (0, 1)), groups=2)
     spec = conv_op.ConvSpec.for_conv("t", numpy.empty(case.x), numpy.empty(case.weight), None, **case.kwargs)
-    assert conv_op.plan_tensor_cores(spec, numpy.float16, "weight").splits == 4
+    assert igemm.plan_tensor_cores(spec, numpy.float16, "weight").splits == 4
     rng = numpy.random.default_rng(40)
     x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
     grad_output = bug_classes.exact_terms(rng, case.output_shape, dtype)
@@ -199,11 +200,11 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     # The weight gradient's launch as implicit_gemm_grad_weight makes it, without the float32 sum of its splits
     # and the rounding to float16 afterwards, which would read the whole 2.4e9-element buffer.
     spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
-    plan = conv_op.plan_tensor_cores(spec, x.dtype, "weight")
+    plan = igemm.plan_tensor_cores(spec, x.dtype, "weight")
     partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
     xv = _kernels.batch_view(_device.Device(), x)
     with settings.allow_tf32(True):
-        conv_op.KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=x.dtype, index="long long",
+        igemm.KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=x.dtype, index="long long",
                                grid=plan.grid, block=plan.threads, window=spec, x=xv,
                                grad_out=grad_output.reshape(1, c, 1), partial=partial, n=1,
                                **_kernels.batch_args("x", xv), groups=g, channels_per_group=64, outputs_per_group=64,
@@ -246,7 +247,7 @@ def test_planes_of_2_31_pixels_are_refused():
     without an error, so the tensor cores refuse it and 'auto' picks another algorithm."""
     x = bug_classes.sparse_zeros((1, 16, 46341, 46341), numpy.float16)
     spec = conv_op.ConvSpec.for_conv("conv2d", x, numpy.empty((16, 16, 3, 3), numpy.float16), None, 1, 1, 1, 1)
-    refusal = conv_op.tensor_core_refusal(spec, numpy.float16, EmulatedDevice())
+    refusal = igemm.tensor_core_refusal(spec, numpy.float16, EmulatedDevice())
     assert refusal and "2147488281" in refusal
     assert conv_op.choose_algorithm(spec, numpy.float16, EmulatedDevice()) != "implicit_gemm"
     with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run: .*32 bits"):
@@ -265,7 +266,7 @@ def test_kernel_reach_of_2_30_is_refused():
     for reach, refused in ((2**30, True), (2**30 - 1, False)):
         kwargs = dict(padding=((reach, 0), (0, 0)), dilation=(reach, 1))
         spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, None, 1, kwargs["padding"], (reach, 1), 1)
-        assert (conv_op.tensor_core_refusal(spec, numpy.float16, EmulatedDevice()) is not None) == refused
+        assert (igemm.tensor_core_refusal(spec, numpy.float16, EmulatedDevice()) is not None) == refused
         # only tap (1, 0) lands on the image (y = (i - 1) * reach): the CPU path would pad 2^30 rows
         want = numpy.einsum("dc,nc->nd", weight[:, :, 1, 0].astype(numpy.float64),
                             x[:, :, 0, 0].astype(numpy.float64))[:, :, None, None]
@@ -336,9 +337,9 @@ def test_every_tile_and_split(dtype, monkeypatch):
     """TC_WIDE_ROWS 1: a 16-bit pass with over 32 columns takes the 128-row tile (float32 keeps 64 rows: its
     stages would not fit), one with at most 32 columns the 64 x 32 tile;
     TC_SPLIT_BLOCKS large and TC_SPLIT_CHUNKS 1: the weight gradient splits its 5 chunks of pixels in 5."""
-    monkeypatch.setattr(conv_op, "TC_WIDE_ROWS", 1)
-    monkeypatch.setattr(conv_op, "TC_SPLIT_BLOCKS", 10**6)
-    monkeypatch.setattr(conv_op, "TC_SPLIT_CHUNKS", 1)
+    monkeypatch.setattr(igemm, "TC_WIDE_ROWS", 1)
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(igemm, "TC_SPLIT_CHUNKS", 1)
     case = CASE_BY_NAME["tc_long_k_last_row_and_column"]   # 40 channels in and 9 out: 64- and 32-column tiles
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(12), DTYPES[dtype])
     x, grad_output = numpy.concatenate([x] * 5), numpy.concatenate([grad_output] * 5)  # 150 pixels, 5 chunks
@@ -349,7 +350,7 @@ def test_every_tile_and_split(dtype, monkeypatch):
     rows = 64 if dtype == "float32" else 128
     tiles = [name.split(", ", 2)[2] for name in device.launches if "_tc<" in name]
     assert tiles == ["64, 32>", f"{rows}, 64>", "64, 32>"], device.launches
-    assert conv_op.plan_tensor_cores(conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs), x.dtype,
+    assert igemm.plan_tensor_cores(conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs), x.dtype,
                                      "weight").splits == 5
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), dtype, "forward")
     for g, w in zip(got, expected_backward(grad_output, x, weight, **case.kwargs)):
@@ -359,10 +360,10 @@ def test_every_tile_and_split(dtype, monkeypatch):
 def test_weight_gradient_splits_within_the_workspace_limit():
     spec = conv_op.ConvSpec.for_conv("t", numpy.empty((64, 32, 56, 56), numpy.float16),
                                      numpy.empty((64, 32, 3, 3), numpy.float16), None, 1, 1, 1, 1)
-    plan = conv_op.plan_tensor_cores(spec, numpy.float16, "weight")
-    assert plan.splits > 1 and plan.splits * plan.chunks_per_split * conv_op.TC_CHUNK >= 64 * 56 * 56
+    plan = igemm.plan_tensor_cores(spec, numpy.float16, "weight")
+    assert plan.splits > 1 and plan.splits * plan.chunks_per_split * igemm.TC_CHUNK >= 64 * 56 * 56
     with settings.workspace_limit(3 * 64 * 288 * 4):   # room for three float32 slices of grad_weight
-        assert conv_op.plan_tensor_cores(spec, numpy.float16, "weight").splits == 3
+        assert igemm.plan_tensor_cores(spec, numpy.float16, "weight").splits == 3
 
 
 def test_empty_batch_gives_zero_weight_gradient():

@@ -1,4 +1,4 @@
-"""A randomized sweep of the three tensor-core passes (raw_kernels/conv.cu conv_fwd_tc, conv_bwd_input_tc,
+"""A randomized sweep of the three tensor-core passes (raw_kernels/implicit_gemm.cu conv_fwd_tc, conv_bwd_input_tc,
 conv_bwd_weight_tc) against the CPU path, on the emulator, as tests/test_conv_kernels.py's case matrix does for
 the other algorithms.
 
@@ -29,6 +29,7 @@ import pytest
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import conv as conv_op
+from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from emulator import assert_clean_under_asan, pytest_under_asan
@@ -66,19 +67,19 @@ class SweepSpec:
         return conv_op.ConvSpec.for_conv("sweep", x.reshape(-1, *x.shape[-3:]), numpy.empty(self.case.weight),
                                          None, **self.case.kwargs)
 
-    def plan(self, pass_: str) -> conv_op.TensorCorePlan:
+    def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
-            return conv_op.plan_tensor_cores(self.spec, DTYPES[self.dtype], pass_)
+            return igemm.plan_tensor_cores(self.spec, DTYPES[self.dtype], pass_)
 
     @contextlib.contextmanager
     def planner(self):
         """The planner and index settings of this spec, patched for the duration."""
         with pytest.MonkeyPatch.context() as mp:
             if self.split_chunks:
-                mp.setattr(conv_op, "TC_SPLIT_BLOCKS", 10**6)
-                mp.setattr(conv_op, "TC_SPLIT_CHUNKS", self.split_chunks)
+                mp.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+                mp.setattr(igemm, "TC_SPLIT_CHUNKS", self.split_chunks)
             if self.wide_rows:
-                mp.setattr(conv_op, "TC_WIDE_ROWS", 1)
+                mp.setattr(igemm, "TC_WIDE_ROWS", 1)
             if self.long_index:
                 mp.setattr(_kernels, "INT32_MAX", -1)
             yield
@@ -120,7 +121,7 @@ def draw(index: int) -> SweepSpec:
     case = ConvCase(f"s{index:02d}_{dtype}_{'patch' if patch else 'conv'}_{layout}_g{groups}",
                     (*lead, groups * channels, *size), (groups * outputs, channels, *kernel), stride=stride,
                     padding=padding, dilation=dilation, groups=groups, bias=bool(rng.integers(0, 2)))
-    chunks = -(-out_pixels // conv_op.TC_CHUNK)
+    chunks = -(-out_pixels // igemm.TC_CHUNK)
     split_chunks = int(rng.integers(2, chunks // 2 + 1)) if chunks >= 5 else 0  # at least 2 splits, of 2+ chunks
     return SweepSpec(index, dtype, case, layout, patch, split_chunks, wide_rows=wide_rows,
                      long_index=index % 8 == 4, order=("forward", "reverse")[index // 3 % 2])
@@ -236,7 +237,7 @@ def test_sweep_covers_the_axes():
             [s for s in SPECS if s.plan("input").grid[1] > s.case.groups],
         "weight gradient: several splits of several chunks, the last one short":
             [s for s in SPECS if s.plan("weight").splits > 1 and s.plan("weight").chunks_per_split > 1
-             and s.plan("weight").splits * s.plan("weight").chunks_per_split * conv_op.TC_CHUNK
+             and s.plan("weight").splits * s.plan("weight").chunks_per_split * igemm.TC_CHUNK
              > numpy.prod(output_shape(s)[:-3]) * numpy.prod(output_shape(s)[-2:])],
         "groups > 1": [s for s in SPECS if s.case.groups > 1],
         "patch_conv2d": [s for s in SPECS if s.patch],
@@ -245,7 +246,7 @@ def test_sweep_covers_the_axes():
     for layout in LAYOUTS:
         for dtype in DTYPES:
             reached[f"{layout} x in {dtype}"] = [s for s in SPECS if s.layout == layout and s.dtype == dtype]
-    for dtype, dtype_tiles in conv_op.TC_TILES.items():
+    for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and
                                                any(tiles(s, p) == tile for p in PASSES)]

@@ -35,10 +35,10 @@ from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_outp
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
-from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, implicit_gemm_gpu,
-                   grad_input_bytes, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal,
+from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, grad_input_bytes,
                    weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
+from .implicit_gemm import implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------

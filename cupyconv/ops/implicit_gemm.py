@@ -1,0 +1,165 @@
+"""The tensor-core implicit GEMMs of conv2d and patch_conv2d (raw_kernels/implicit_gemm.cu): forward, input
+gradient and weight gradient, float16/bfloat16 and float32 as TF32, on mma.sync (sm_80+).
+
+Not an op of its own: ops/conv.py ('implicit_gemm' and 'auto') and ops/patch.py plan and launch their tensor-core
+passes through the functions here, so that the engine has one place (planner, launches, instantiations) next
+to its kernel file.  The table of the three GEMMs is at the top of implicit_gemm.cu's tensor-core section.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy
+
+from .. import settings
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, extent, index_type,
+                        kernel_name)
+from .._spec import ConvSpec, ceil_div
+
+# Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
+# general, 128 x 64 for 16-bit inputs with many rows (half the B traffic per row; its float stages would pass the
+# 48 KiB of static shared memory), 64 x 32 when a group has at most 32 columns (output channels, or input
+# channels for the input gradient), which 64 would half waste.
+TC_TILES = {"float16": ((64, 64), (128, 64), (64, 32)), "bfloat16": ((64, 64), (128, 64), (64, 32)),
+            "float32": ((64, 64), (64, 32))}  # the tensor-core instantiations; float32 runs as TF32, when allowed
+TC_MAX_THREADS = 256   # their __launch_bounds__: the largest tile's 8 warps
+TC_DTYPES = tuple(TC_TILES)
+TC_PASSES = {"forward": "conv_fwd_tc", "input": "conv_bwd_input_tc", "weight": "conv_bwd_weight_tc"}
+TC_CHUNK = 32          # implicit_gemm.cu's TC_BK: the K (reduction) chunk
+# Rows past the end of C sit 2^30 pixels before the image (raw_kernels/implicit_gemm.cu), out of range for every tap only
+# while the kernel reaches less far than that.
+TC_MAX_REACH = 2**30
+TC_WIDE_ROWS = 64 * 1024   # rows (pixels) from which 16-bit problems take the 128-row tile: 512+ blocks per group
+TC_SPLIT_BLOCKS = 512  # the weight gradient splits its pixels until about this many blocks run (a fixed number,
+TC_SPLIT_CHUNKS = 8    # not the SM count, so the bits depend on the shapes only), each at least this many chunks
+
+TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per group (fewer: the direct kernel)
+KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS})
+
+
+def instantiations():
+    names = []
+    for kernel, (dtype, tiles), index in itertools.product(TC_PASSES.values(), TC_TILES.items(), INDEX_TYPES):
+        names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
+    return names
+
+
+# --- plans ------------------------------------------------------------------------------------------------
+
+def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
+    """Why the tensor-core implicit GEMMs cannot run this problem (any pass), or None when they can."""
+    name = numpy.dtype(dtype).name
+    if name not in TC_DTYPES:
+        return f"the tensor cores take float16, bfloat16 and (as TF32) float32, not {name}"
+    if name == "float32" and not settings.get_allow_tf32():
+        return "float32 runs on the tensor cores only as TF32: cupyconv.settings.set_allow_tf32(True)"
+    plane = max(spec.in_size[0] * spec.in_size[1], spec.out_pixels)
+    if plane > INT32_MAX:
+        return f"they index a plane's pixels in 32 bits, and this plane has {plane}"
+    reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
+    if reach >= TC_MAX_REACH:
+        return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
+    if spec.channels_per_group < TC_MIN_CHANNELS:
+        return f"it needs at least {TC_MIN_CHANNELS} input channels per group, not {spec.channels_per_group}"
+    if not device.tensor_cores:
+        return "this GPU has no mma.sync (it needs compute capability 8.0 or newer)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCorePlan:
+    """One tensor-core launch: the block tile (rows, columns of C), the grid (row tiles, groups x column tiles,
+    splits) and, for the weight gradient, the pixels of each split in chunks of TC_CHUNK."""
+    tile: tuple[int, int]
+    grid: tuple[int, int, int]
+    chunks_per_split: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.tile[0] * self.tile[1] // 32   # a warp per 32 x 32 of the tile
+
+    @property
+    def splits(self) -> int:
+        return self.grid[2]
+
+
+def tensor_core_gemm(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
+    """(rows M, columns N, reduction K) of one group's GEMM in a tensor-core pass (the table in implicit_gemm.cu)."""
+    cg, dg, taps = spec.channels_per_group, spec.outputs_per_group, spec.taps
+    out_pixels, in_pixels = spec.n * spec.out_pixels, spec.n * spec.in_size[0] * spec.in_size[1]
+    return {"forward": (out_pixels, dg, cg * taps), "input": (in_pixels, cg, dg * taps),
+            "weight": (cg * taps, dg, out_pixels)}[pass_]
+
+
+def plan_tensor_cores(spec: ConvSpec, dtype, pass_: str) -> TensorCorePlan:
+    """The tile and grid of one tensor-core pass ('forward', 'input' or 'weight' gradient).  The weight
+    gradient's few output tiles share its long reduction in splits (each written to its own float32 slice of a
+    workspace within the workspace limit, added up in order afterwards) until about TC_SPLIT_BLOCKS blocks run."""
+    rows, cols, reduction = tensor_core_gemm(spec, pass_)
+    tiles = TC_TILES[numpy.dtype(dtype).name]
+    if cols <= 32:
+        tile = (64, 32)
+    elif (128, 64) in tiles and rows >= TC_WIDE_ROWS:
+        tile = (128, 64)
+    else:
+        tile = (64, 64)
+    blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
+    if pass_ != "weight":
+        return TensorCorePlan(tile, (*blocks, 1))
+    chunks = max(1, ceil_div(reduction, TC_CHUNK))
+    splits = min(ceil_div(TC_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // TC_SPLIT_CHUNKS),
+                 max(1, settings.get_workspace_limit() // (spec.out_channels * rows * 4)), MAX_GRID[2])
+    per_split = ceil_div(chunks, max(1, splits))
+    return TensorCorePlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+
+
+# --- launches ---------------------------------------------------------------------------------------------
+
+def _check_tensor_cores(spec: ConvSpec, dtype, device):
+    refusal = tensor_core_refusal(spec, dtype, device)
+    if refusal:
+        raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run: {refusal}")
+
+
+def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
+    """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
+    (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
+    _check_tensor_cores(spec, xv.dtype, device)
+    plan = plan_tensor_cores(spec, xv.dtype, "forward")
+    weight = device.ascontiguous(weight)
+    KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), out.size, weight.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, weight=weight, bias=weight if bias is None else device.ascontiguous(bias),
+                   out=out, n=spec.n, **batch_args("x", xv), groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   has_bias=bias is not None)
+    return out
+
+
+def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
+    """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
+    (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's."""
+    _check_tensor_cores(spec, gy.dtype, device)
+    plan = plan_tensor_cores(spec, gy.dtype, "input")
+    KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
+                   index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
+                   window=spec, grad_out=gy, weight=weight, grad_x=out, n=spec.n, groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group)
+    return out
+
+
+def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
+    """conv_bwd_weight_tc: grad_weight (D, C / G, kH, kW) in x's dtype from xv, a batch view of x, and gy
+    (n, D, oH, oW) contiguous.  The splits' float32 sums are added in split order, then rounded once."""
+    _check_tensor_cores(spec, xv.dtype, device)
+    plan = plan_tensor_cores(spec, xv.dtype, "weight")
+    rows = spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
+    KERNELS.launch(device, "conv_bwd_weight_tc", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
+                   groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
+    total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
+    return device.astype(total, xv.dtype).reshape(spec.weight_shape)

@@ -1,0 +1,483 @@
+// Tensor-core implicit GEMMs: the forward, input gradient and weight gradient of conv2d (and of patch_conv2d,
+// whose patches are the images of a batch view), for float16/bfloat16 inputs with float accumulators and
+// float inputs as TF32.  Each pass is one GEMM per group, C (M x N) = A (M x K) * B (K x N), whose operands are
+// gathered straight from the tensors (no column matrix exists anywhere); with tap = i * kW + j:
+//
+//   pass           M (rows)                  N        K (reduction)           A[m][k]              B[k][n]
+//   forward        images * oH * oW pixels   D / G    (c, tap): C / G * taps  x at (m, c, tap)     weight[n][c][tap]
+//   input grad     images * H * W pixels     C / G    (d, tap): D / G * taps  grad_out (m, d, tap)* weight[d][n][tap]
+//   weight grad    (c, tap): C / G * taps    D / G    images * oH * oW pixels x at (k, c, tap)     grad_out[n][k]
+//
+//   * the output pixel ((y + pad_top - i * dilation_h) / stride_h, ...) when both divisions are exact and land
+//     inside the output, else 0 (the transposed convolution, as a gather: no atomics).
+//
+// x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
+// then c, h, w strides); grad_out is contiguous (images, D, oH, oW), like out and grad_x.  The forward adds bias
+// and converts to T once, from the float accumulators; the weight gradient writes float sums per split of its
+// reduction (grid.z), which the launcher adds up in a fixed order (the same bits on every run).
+//
+// A block computes a BM x BN tile of C with BM / 32 x BN / 32 warps, each warp 32 x 32 = 2 x 4 mma tiles of
+// 16 x 8, over K in chunks of TC_BK.  The chunks are staged in shared memory as T (as float for float inputs,
+// rounded to tf32 as the fragments are read), rows TC_BK + pad apart so that the fragment reads of a warp hit
+// 32 different banks.  Two stages: the global loads of chunk t + 1 are issued into registers before the tensor
+// cores work on chunk t and stored to the other stage after, one barrier per chunk.  Each operand is loaded
+// with the lanes of a warp either along its rows or along k, whichever runs along memory (`TcLoad`).
+// The planner (cupyconv/ops/implicit_gemm.py `plan_tensor_cores`) picks BM x BN per problem from TC_TILES.
+#include "common.cuh"
+#include "mma.cuh"
+
+#if !defined(TC_MAX_THREADS)
+#error "implicit_gemm.cu needs the -D options of cupyconv._device.compile_options('implicit_gemm.cu')"
+#endif
+constexpr int TC_BK = 32;
+
+template <typename T> struct TcTile {  // 16-bit inputs: m16n8k16, rows padded by 8 elements (16 bytes)
+  typedef T Stage;
+  static constexpr int K_STEP = 16, PITCH = TC_BK + 8;
+};
+template <> struct TcTile<float> {  // float inputs on TF32: m16n8k8, rows padded by 4 floats
+  typedef float Stage;
+  static constexpr int K_STEP = 8, PITCH = TC_BK + 4;
+};
+
+// One K step of one warp: acc[mi][ni] += A rows (16 mi ..) x B columns (8 ni ..) of the warp's stage slices.
+template <typename T>
+__device__ __forceinline__ void tc_warp_step(const T* as, const T* bs, int k0, int lane, float (&acc)[2][4][4]) {
+  constexpr int P = TcTile<T>::PITCH;
+  const int g = lane >> 2, q = lane & 3;
+  unsigned a[2][4], b[4][2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const T* p = as + (mi * 16 + g + 8 * (r & 1)) * P + k0 + 2 * q + 8 * (r >> 1);
+      a[mi][r] = *reinterpret_cast<const unsigned*>(p);  // two neighbouring k: 4-byte aligned (even P, even k)
+    }
+  }
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      b[ni][r] = *reinterpret_cast<const unsigned*>(bs + (ni * 8 + g) * P + k0 + 2 * q + 8 * r);
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k16<T>(acc[mi][ni], a[mi], b[ni]);
+  }
+}
+
+template <>
+__device__ __forceinline__ void tc_warp_step<float>(const float* as, const float* bs, int k0, int lane,
+                                                   float (&acc)[2][4][4]) {
+  constexpr int P = TcTile<float>::PITCH;
+  const int g = lane >> 2, q = lane & 3;
+  unsigned a[2][4], b[4][2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    const float* p = as + (mi * 16 + g) * P + k0 + q;
+    a[mi][0] = to_tf32(p[0]);
+    a[mi][1] = to_tf32(p[8 * P]);
+    a[mi][2] = to_tf32(p[4]);
+    a[mi][3] = to_tf32(p[8 * P + 4]);
+  }
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    const float* p = bs + (ni * 8 + g) * P + k0 + q;
+    b[ni][0] = to_tf32(p[0]);
+    b[ni][1] = to_tf32(p[4]);
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
+  }
+}
+
+// Which elements of an R x TC_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
+// K_SLOTS columns k, element (ks, rs) at (row(rs), k(ks)).  LANES_ON_ROWS: a warp reads one k of 32 consecutive
+// rows (neighbouring pixels); otherwise a warp reads 32 consecutive k of one row (k runs along memory).  A gather
+// decodes each of its k once per chunk and each of its rows once per kernel, then combines them per element.
+template <int R, int THREADS, bool LANES_ON_ROWS> struct TcLoad {
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / 32, K_SLOTS = TC_BK / WARPS;
+  static_assert(R % 32 == 0 && TC_BK % WARPS == 0, "rows in warps of 32, k in whole warps");
+  __device__ static int row(int rs) { return (threadIdx.x & 31) + 32 * rs; }
+  __device__ static int k(int ks) { return (threadIdx.x >> 5) + WARPS * ks; }
+};
+template <int R, int THREADS> struct TcLoad<R, THREADS, false> {
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / WARPS, K_SLOTS = 1;
+  static_assert(R % WARPS == 0, "whole rows per warp");
+  __device__ static int row(int rs) { return (threadIdx.x >> 5) + WARPS * rs; }
+  __device__ static int k(int) { return threadIdx.x & 31; }
+};
+
+// The gathers add an offset per row to an offset per column.  Either part alone may lie outside the tensor (a
+// window origin in the padding, a tap past the image's edge), so the parts are kept unsigned, where sums wrap
+// instead of overflowing; a sum is used as an index only for an element inside the tensor, where it is exact.
+template <typename I> struct Unsigned;
+template <> struct Unsigned<int> { typedef unsigned type; };
+template <> struct Unsigned<long long> { typedef unsigned long long type; };
+
+// A GEMM index (c, i, j) = c * taps + i * kW + j over x: the offset of tap (i, j) of channel c from a window's
+// origin in x, and the tap's position in the window; the forward's columns and the weight gradient's rows.
+template <typename I> struct TcTap {
+  typename Unsigned<I>::type offset;
+  int dy, dx;
+};
+template <typename I>
+__device__ __forceinline__ TcTap<I> decode_tap(int index, const FastDivmod& taps, const FastDivmod& kernel_w,
+                                               int dilation_h, int dilation_w, I stride_c, I stride_h, I stride_w) {
+  typedef typename Unsigned<I>::type U;
+  int tap, j;
+  const int c = taps.divmod(index, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
+  return {(U)c * (U)stride_c + (U)dy * (U)stride_h + (U)dx * (U)stride_w, dy, dx};
+}
+
+// Where row m = (image, pixel) of group g's C starts in an NCHW array (n, groups * N, pixels): the epilogue row
+// of the forward (C = the output) and of the input gradient (C = grad_x); column n lies n * pixels further on.
+template <typename I>
+__device__ __forceinline__ I group_plane_row(I m, I pixels, int groups, int g, int N) {
+  const I image = m / pixels;
+  return (image * groups + g) * (I)N * pixels + (m - image * pixels);
+}
+
+// The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of TC_BK).
+// `Gather` supplies the operands and takes the results:
+//   typedefs LoadA, LoadB (TcLoad layouts), AColumn, BColumn; M, N;
+//   AColumn a_column(I k), BColumn b_column(I k): what GEMM column k means for A or B (decoded once per chunk
+//     and k slot, for all of the thread's rows);
+//   S a(const AColumn&, int rs), S b(const BColumn&, int rs): the element at that column and the thread's row
+//     slot rs (tile row LoadA::row(rs) / LoadB::row(rs)), 0 outside the problem (rows past M or N, k past K);
+//   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
+template <typename T, typename I, int BM, int BN, class Gather>
+__device__ __forceinline__ void tc_block(const Gather& gather, typename TcTile<T>::Stage* as,
+                                         typename TcTile<T>::Stage* bs, I m0, int n0, I k_begin, I k_end) {
+  typedef typename TcTile<T>::Stage S;
+  typedef typename Gather::LoadA LA;
+  typedef typename Gather::LoadB LB;
+  constexpr int P = TcTile<T>::PITCH;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp / (BN / 32) * 32, warp_n = warp % (BN / 32) * 32;
+
+  S a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
+  auto load_chunk = [&](I k0) {
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      const typename Gather::AColumn column = gather.a_column(k0 + LA::k(ks));
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(column, rs);
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+      const typename Gather::BColumn column = gather.b_column(k0 + LB::k(ks));
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) b_next[ks][rs] = gather.b(column, rs);
+    }
+  };
+  auto store_chunk = [&](int stage) {
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * BM + LA::row(rs)) * P + LA::k(ks)] = a_next[ks][rs];
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[(stage * BN + LB::row(rs)) * P + LB::k(ks)] = b_next[ks][rs];
+    }
+  };
+
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+    }
+  }
+
+  const I chunks = k_end > k_begin ? (k_end - k_begin + TC_BK - 1) / TC_BK : 0;  // uniform across the block
+  if (chunks > 0) {
+    load_chunk(k_begin);
+    store_chunk(0);
+  }
+  __syncthreads();
+  for (I t = 0; t < chunks; ++t) {
+    const int stage = (int)(t & 1);
+    if (t + 1 < chunks) load_chunk(k_begin + (t + 1) * TC_BK);  // in flight while the tensor cores work on t
+    const S* a_stage = as + (stage * BM + warp_m) * P;
+    const S* b_stage = bs + (stage * BN + warp_n) * P;
+#pragma unroll
+    for (int k0 = 0; k0 < TC_BK; k0 += TcTile<T>::K_STEP) tc_warp_step<S>(a_stage, b_stage, k0, lane, acc);
+    if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+    __syncthreads();
+  }
+
+  // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) (+1)) of each mma tile, one rounding.
+  const int gq = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const I m = m0 + warp_m + mi * 16 + gq + 8 * half;
+      if (m >= gather.M) continue;
+      const I row = gather.out_row(m);
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int n = n0 + warp_n + ni * 8 + 2 * q + j;
+          if (n < gather.N) gather.store(row, n, acc[mi][ni][2 * half + j]);
+        }
+      }
+    }
+  }
+}
+
+// Where image q of a batch view starts.
+template <typename I> struct BatchView {
+  I inner, stride_outer, stride_inner;
+  __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
+};
+
+// Forward: A = x gathered per output pixel (lanes on pixels), B = the weight rows (lanes on k).
+template <typename T, typename I, int BM, int BN> struct TcForward {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, true> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* x; const T* weight; const T* bias; T* out;
+  I M, pixels, x_stride_c, x_stride_h, x_stride_w;
+  int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
+  FastDivmod taps, kernel_w;
+  typedef typename Unsigned<I>::type U;
+  U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
+  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
+
+  struct AColumn { TcTap<I> tap; bool inside; };  // k = (c, i, j)
+  struct BColumn { I k; bool inside; };
+  __device__ AColumn a_column(I k) const {
+    return {decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w),
+            k < K};
+  }
+  __device__ S a(const AColumn& column, int rs) const {
+    const int y = row_y[rs] + column.tap.dy, xx = row_x[rs] + column.tap.dx;  // unsigned compares: also false below 0
+    if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
+    return S(x[(I)(row_origin[rs] + column.tap.offset)]);
+  }
+  __device__ BColumn b_column(I k) const { return {k, k < K}; }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int n = n0 + LoadB::row(rs);
+    return n < N && column.inside ? S(weight[(I)(g * N + n) * K + column.k]) : S(0.0f);
+  }
+  __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
+  __device__ void store(I row, int n, float value) const {
+    if (has_bias) value += to_acc(bias[g * N + n]);
+    out[row + (I)n * pixels] = from_acc<T>(value);
+  }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_fwd_tc(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
+  typedef typename TcTile<T>::Stage S;
+  typedef typename Unsigned<I>::type U;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];  // [stage][row][k]
+  __shared__ __align__(16) S bs[2 * BN * P];
+  TcForward<T, I, BM, BN> f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.weight = weight; f.bias = bias; f.out = out;
+  f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
+  f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
+  f.kernel_w = FastDivmod(kernel_w);
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.groups = groups; f.has_bias = has_bias;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  const I m0 = (I)blockIdx.x * BM;
+  const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
+#pragma unroll
+  for (int r = 0; r < TcForward<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
+    const I m = m0 + (threadIdx.x & 31) + 32 * r;
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
+    f.row_x[r] = 0;
+    f.row_origin[r] = 0;
+    if (m < f.M) {
+      const I image = m / f.pixels;
+      const int p = (int)(m - image * f.pixels);
+      f.row_y[r] = p / out_w * stride_h - pad_top;
+      f.row_x[r] = p % out_w * stride_w - pad_left;
+      f.row_origin[r] = (U)(view.image(image) + (I)(f.g * channels_per_group) * x_stride_c) +
+                        (U)f.row_y[r] * (U)x_stride_h + (U)f.row_x[r] * (U)x_stride_w;
+    }
+  }
+  tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+}
+
+// Input gradient: A = grad_out gathered per input pixel through the transposed window (lanes on pixels),
+// B = the weight read across its output channels (lanes on k = (d, tap)).
+template <typename T, typename I, int BM, int BN> struct TcInputGrad {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, true> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* grad_out; const T* weight; T* grad_x;
+  I M, pixels, out_pixels;
+  int N, K, g, n0, groups, outputs_per_group, dilation_h, dilation_w, out_h, out_w;
+  FastDivmod taps, kernel_w, stride_h, stride_w;
+  I row_base[LoadA::ROW_SLOTS];  // where this thread's input pixels' image and group start in grad_out,
+  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and their position plus the padding
+
+  struct AColumn { int d, dy, dx; bool inside; };  // k = (d, i, j): the channel and the tap's offsets
+  struct BColumn { I offset; bool inside; };              // where weight[g's d][c = 0][tap] lies
+  __device__ AColumn a_column(I k) const {
+    AColumn column = {0, 0, 0, k < K};
+    int tap, j;
+    const int d = taps.divmod((int)k, tap), i = kernel_w.divmod(tap, j);
+    if (column.inside) column = {d, i * dilation_h, j * dilation_w, true};
+    return column;
+  }
+  __device__ S a(const AColumn& column, int rs) const {
+    int ry, rx;
+    const int ty = row_y[rs] - column.dy, tx = row_x[rs] - column.dx;
+    const int oy = stride_h.divmod(max(ty, 0), ry), ox = stride_w.divmod(max(tx, 0), rx);  // (divmod needs n >= 0)
+    if (!column.inside || ty < 0 || tx < 0 || ry != 0 || rx != 0 || oy >= out_h || ox >= out_w) return S(0.0f);
+    return S(grad_out[row_base[rs] + (I)column.d * out_pixels + oy * out_w + ox]);
+  }
+  __device__ BColumn b_column(I k) const {
+    int tap;
+    const int d = taps.divmod((int)k, tap);
+    return {k < K ? (I)(g * outputs_per_group + d) * N * taps.d + tap : (I)0, k < K};
+  }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int c = n0 + LoadB::row(rs);
+    return c < N && column.inside ? S(weight[column.offset + (I)c * taps.d]) : S(0.0f);
+  }
+  __device__ I out_row(I m) const { return group_plane_row(m, pixels, groups, g, N); }
+  __device__ void store(I row, int n, float value) const { grad_x[row + (I)n * pixels] = from_acc<T>(value); }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
+    const T* __restrict__ grad_out, const T* __restrict__ weight, T* __restrict__ grad_x, I n, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w) {
+  typedef typename TcTile<T>::Stage S;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];
+  __shared__ __align__(16) S bs[2 * BN * P];
+  TcInputGrad<T, I, BM, BN> f;
+  const int n_tiles = (channels_per_group + BN - 1) / BN;
+  f.grad_out = grad_out; f.weight = weight; f.grad_x = grad_x;
+  f.pixels = (I)height * width; f.M = n * f.pixels; f.out_pixels = (I)out_h * out_w;
+  f.N = channels_per_group; f.taps = FastDivmod(kernel_h * kernel_w); f.K = outputs_per_group * kernel_h * kernel_w;
+  f.groups = groups; f.outputs_per_group = outputs_per_group; f.kernel_w = FastDivmod(kernel_w);
+  f.stride_h = FastDivmod(stride_h); f.stride_w = FastDivmod(stride_w); f.dilation_h = dilation_h; f.dilation_w = dilation_w;
+  f.out_h = out_h; f.out_w = out_w;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  const I m0 = (I)blockIdx.x * BM;
+#pragma unroll
+  for (int r = 0; r < TcInputGrad<T, I, BM, BN>::LoadA::ROW_SLOTS; ++r) {
+    const I m = m0 + (threadIdx.x & 31) + 32 * r;
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every ty is negative (the reach is below 2^30)
+    f.row_x[r] = 0;
+    f.row_base[r] = 0;
+    if (m < f.M) {
+      const I image = m / f.pixels;
+      const int p = (int)(m - image * f.pixels);
+      f.row_y[r] = p / width + pad_top;
+      f.row_x[r] = p % width + pad_left;
+      f.row_base[r] = (image * groups + f.g) * (I)outputs_per_group * f.out_pixels;
+    }
+  }
+  tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+}
+
+// Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
+// pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
+// pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
+// TC_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
+template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
+  typedef typename TcTile<T>::Stage S;
+  typedef TcLoad<BM, BM * BN / 32, false> LoadA;
+  typedef TcLoad<BN, BM * BN / 32, false> LoadB;
+  const T* x; const T* grad_out; float* partial;
+  const TcTap<I>* rows;  // the block's BM rows (c, i, j), decoded once (shared memory; rows past M as row 0)
+  BatchView<I> view;
+  I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
+  int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left, height, width;
+  FastDivmod out_w;
+
+  typedef typename Unsigned<I>::type U;
+  struct AColumn { U origin; int y0, x0; bool inside; };  // k = (image, oy, ox): the window's origin in x, position
+  struct BColumn { I offset; bool inside; };             // where grad_out[image][g's d = 0][oy][ox] lies
+  __device__ AColumn a_column(I k) const {
+    AColumn column = {0, 0, 0, false};
+    if (k < K) {
+      const I image = k / out_pixels;
+      int ox;
+      const int oy = out_w.divmod((int)(k - image * out_pixels), ox), y0 = oy * stride_h - pad_top;
+      const int x0 = ox * stride_w - pad_left;
+      column = {(U)(view.image(image) + (I)(g * channels_per_group) * x_stride_c) + (U)y0 * (U)x_stride_h +
+                    (U)x0 * (U)x_stride_w, y0, x0, true};
+    }
+    return column;
+  }
+  __device__ S a(const AColumn& column, int rs) const {
+    const TcTap<I> row = rows[LoadA::row(rs)];
+    const int y = column.y0 + row.dy, xx = column.x0 + row.dx;  // unsigned compares: also false below 0
+    if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
+    return S(x[(I)(column.origin + row.offset)]);  // rows past M read the window's origin: never stored
+  }
+  __device__ BColumn b_column(I k) const {
+    if (k >= K) return {0, false};
+    const I image = k / out_pixels;
+    return {(image * groups + g) * (I)N * out_pixels + (k - image * out_pixels), true};
+  }
+  __device__ S b(const BColumn& column, int rs) const {
+    const int d = n0 + LoadB::row(rs);
+    return d < N && column.inside ? S(grad_out[column.offset + (I)d * out_pixels]) : S(0.0f);
+  }
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
+    const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial, I n, I x_inner,
+    I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    I chunks_per_split) {
+  typedef typename TcTile<T>::Stage S;
+  constexpr int P = TcTile<T>::PITCH;
+  __shared__ __align__(16) S as[2 * BM * P];
+  __shared__ __align__(16) S bs[2 * BN * P];
+  __shared__ TcTap<I> rows[BM];
+  TcWeightGrad<T, I, BM, BN> f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.grad_out = grad_out; f.partial = partial; f.rows = rows;
+  f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
+  f.out_pixels = (I)out_h * out_w; f.K = n * f.out_pixels;
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  f.M = channels_per_group * kernel_h * kernel_w; f.N = outputs_per_group;
+  f.groups = groups; f.channels_per_group = channels_per_group;
+  f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
+  f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN; f.m0 = blockIdx.x * BM;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
+  const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
+  for (int r = threadIdx.x; r < BM; r += blockDim.x) {  // the rows' decode, shared by the block's every chunk
+    const TcTap<I> origin = {0, 0, 0};
+    rows[r] = f.m0 + r < f.M ? decode_tap<I>(f.m0 + r, taps, kernel_wd, dilation_h, dilation_w, x_stride_c,
+                                             x_stride_h, x_stride_w) : origin;
+  }
+  __syncthreads();  // tc_block's first loads read the rows
+  const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;
+  const I k_end = k_begin + chunks_per_split * TC_BK < f.K ? k_begin + chunks_per_split * TC_BK : f.K;
+  tc_block<T, I, BM, BN>(f, as, bs, (I)f.m0, f.n0, k_begin, k_end);
+}
