@@ -313,7 +313,6 @@ class LazyCall:
     """One public call on dask arrays: its arguments as dask arrays, its spec, and the blockwise maps."""
 
     def __init__(self, fn, args, kwargs):
-        import dask.array as da
         self.fn, self.op = fn, fn.__name__
         self.geometry = OPS[self.op]
         bound = inspect.signature(fn).bind(*args, **kwargs)
