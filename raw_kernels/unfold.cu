@@ -4,71 +4,103 @@
 // (n, C * kH * kW, L); unfold writes any layout whose pixels are contiguous, given the distance between
 // images and between rows: torch's, or (C * kH * kW, n, L), where each group's rows form one matrix over
 // n * L for the weight-gradient GEMM.
+//
+// Both kernels are pure data movement, so they are written for the memory system: consecutive threads take
+// consecutive pixels of the contiguous dimension (the pixels of a cols row, the x of an output row), so every
+// load and store of a warp is one coalesced request; a thread's flat index is split into its coordinates once
+// (fast division, not per tap), and the tap loops only step pointers and compare.
 #include "common.cuh"
+
+// q = n / d and r = n % d of a flat index n >= 0: FastDivmod's multiply-high where I is int (every index of the
+// launch is below 2^31, its domain), the 64-bit division where it is long long.  Once per thread unit, never in
+// a tap loop.
+template <typename I>
+__device__ __forceinline__ I index_divmod(I n, const FastDivmod& d, int& r) {
+  if constexpr (sizeof(I) == 4) {
+    return d.divmod(n, r);
+  } else {
+    const I q = n / d.d;
+    r = (int)(n - q * d.d);
+    return q;
+  }
+}
 
 // One thread per (image, channel, output pixel) window: it copies the window's kH * kW taps, so the index
 // arithmetic is paid once per window, not once per tap.  Consecutive threads take consecutive output pixels,
-// so every store of a tap is coalesced.  x is read through element strides (any layout, negative included).
+// so every store of a tap is coalesced, and so is every load where stride_w * x_stride_w is 1 (a stride or a
+// dilation only spreads the loads).  x is read through element strides (any layout, negative included).
 template <typename T, typename I>
 __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
                               I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
                               I cols_stride_image, I cols_stride_row,
                               int channels, int height, int width, int kernel_h, int kernel_w,
                               int stride_h, int stride_w, int pad_top, int pad_left,
-                              int dilation_h, int dilation_w, int out_h, int out_w) {
+                              int dilation_h, int dilation_w, int out_h, int out_w,
+                              unsigned int out_w_magic, unsigned int out_h_magic, unsigned int channels_magic) {
   const I pixels = (I)out_h * out_w;
   const I windows = n * channels * pixels;
+  const FastDivmod by_out_w(out_w, out_w_magic), by_out_h(out_h, out_h_magic), by_channels(channels, channels_magic);
+  const T zero = from_acc<T>(acc_t<T>(0));
+  const I tap_step = dilation_w * x_stride_w;  // from one tap of a window row to the next, in x
   for (I index = grid_start<I>(); index < windows; index += grid_stride<I>()) {
-    const int ox = (int)(index % out_w);
-    const int oy = (int)((index / out_w) % out_h);
-    const I plane = index / pixels;  // image * channels + channel
-    const int c = (int)(plane % channels);
-    const I image = plane / channels;
+    int ox, oy, c;
+    const I row = index_divmod<I>(index, by_out_w, ox);     // image * channels * out_h + channel * out_h + oy
+    const I plane = index_divmod<I>(row, by_out_h, oy);     // image * channels + channel
+    const I image = index_divmod<I>(plane, by_channels, c);
     const T* src = x + image * x_stride_n + c * x_stride_c;
     T* dst = cols + image * cols_stride_image + (I)c * kernel_h * kernel_w * cols_stride_row + (I)oy * out_w + ox;
-    const int y0 = oy * stride_h - pad_top;
     const int x0 = ox * stride_w - pad_left;
-    for (int i = 0; i < kernel_h; ++i) {
-      const int y = y0 + i * dilation_h;
+    int y = oy * stride_h - pad_top;
+    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {
       const bool row_inside = y >= 0 && y < height;
-      for (int j = 0; j < kernel_w; ++j) {
-        const int xx = x0 + j * dilation_w;
-        T value = from_acc<T>(acc_t<T>(0));
-        if (row_inside && xx >= 0 && xx < width) value = src[y * x_stride_h + xx * x_stride_w];
-        dst[(I)(i * kernel_w + j) * cols_stride_row] = value;
+      const T* tap = src + y * x_stride_h + x0 * x_stride_w;  // tap (i, 0); stepped, not recomputed, per j
+      int xx = x0;
+      // Not unrolled: the loop is a few instructions per tap, with no remainder copy of it.
+#pragma unroll 1
+      for (int j = 0; j < kernel_w; ++j, xx += dilation_w, tap += tap_step, dst += cols_stride_row) {
+        T value = zero;
+        if (row_inside && xx >= 0 && xx < width) value = *tap;
+        *dst = value;
       }
     }
   }
 }
 
-// Gather form of col2im: one thread per output element (image, channel, y, x) sums the taps that read it.
-// No atomics, so the result is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).
+// Gather form of col2im: one thread per output element (image, channel, y, x) sums the taps that read it, in
+// acc_t (float for the 16-bit types).  No atomics, so the result is bit-identical on every run.  cols is
+// contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x) from output pixel (oy, ox) when
+// y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions by the strides are fast ones.
 template <typename T, typename I>
 __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
                             int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
                             int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
-                            int out_w) {
+                            int out_w, unsigned int width_magic, unsigned int height_magic,
+                            unsigned int stride_h_magic, unsigned int stride_w_magic) {
   const I pixels = (I)out_h * out_w;
   const I total = n * channels * height * width;
+  const FastDivmod by_width(width, width_magic), by_height(height, height_magic);
+  const FastDivmod by_stride_h(stride_h, stride_h_magic), by_stride_w(stride_w, stride_w_magic);
   for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
-    const int xx = (int)(index % width) + pad_left;
-    const int y = (int)((index / width) % height) + pad_top;
-    const I plane = index / ((I)height * width);  // image * channels + channel
-    const T* src = cols + plane * kernel_h * kernel_w * pixels;
+    int x, y;
+    const I row = index_divmod<I>(index, by_width, x);       // plane * height + y
+    const I plane = index_divmod<I>(row, by_height, y);      // image * channels + channel
+    const int padded_x = x + pad_left;
+    const T* taps = cols + plane * kernel_h * kernel_w * pixels;
     acc_t<T> sum = 0;
-    for (int i = 0; i < kernel_h; ++i) {
-      const int ty = y - i * dilation_h;  // = oy * stride_h for the window whose tap i reads row y
+    for (int i = 0; i < kernel_h; ++i, taps += kernel_w * pixels) {
+      const int ty = y + pad_top - i * dilation_h;  // = oy * stride_h for the window whose tap i reads row y
       if (ty < 0) break;
-      if (ty % stride_h) continue;
-      const int oy = ty / stride_h;
-      if (oy >= out_h) continue;
-      for (int j = 0; j < kernel_w; ++j) {
-        const int tx = xx - j * dilation_w;
+      int ry;
+      const int oy = by_stride_h.divmod(ty, ry);
+      if (ry != 0 || oy >= out_h) continue;
+      const T* tap = taps + (I)oy * out_w;
+      int tx = padded_x;
+#pragma unroll 1
+      for (int j = 0; j < kernel_w; ++j, tx -= dilation_w, tap += pixels) {
         if (tx < 0) break;
-        if (tx % stride_w) continue;
-        const int ox = tx / stride_w;
-        if (ox >= out_w) continue;
-        sum += to_acc(src[(I)(i * kernel_w + j) * pixels + (I)oy * out_w + ox]);
+        int rx;
+        const int ox = by_stride_w.divmod(tx, rx);
+        if (rx == 0 && ox < out_w) sum += to_acc(tap[ox]);
       }
     }
     out[index] = from_acc<T>(sum);

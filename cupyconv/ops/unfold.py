@@ -15,8 +15,8 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype, on_arrays_device
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
-                        stride_args)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, fast_divmod_magic,
+                        index_type, kernel_name, stride_args)
 from .._spec import ConvSpec
 from .._docs import SAME_KIND, numpy_doc
 from .._typing import ArrayT, IntOrTuple, Padding
@@ -90,6 +90,16 @@ def fold_cpu(cols, spec: ConvSpec):
 # GPU path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
 
 KERNELS = KernelFile("unfold.cu")
+# The most blocks of 256 threads either kernel is launched with: about two waves of an H100 (132 SMs x 8 resident
+# blocks), whose threads loop over the windows or pixels, so each pays its set-up (the split of its first index)
+# for several units.  tests/bug_classes.py's lift_grid_cap lifts it.
+UNFOLD_BLOCKS = 2048
+
+
+def _launch(units: int):
+    """(grid, block) of a grid-stride launch over `units`, at most UNFOLD_BLOCKS blocks."""
+    (blocks,), block = elementwise_launch(units)
+    return (min(blocks, UNFOLD_BLOCKS),), block
 
 
 def instantiations():
@@ -114,10 +124,13 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
         image_stride, row_stride = rows * pixels, pixels
     windows = n * c * pixels
     if windows:
-        grid, block = elementwise_launch(windows)
+        grid, block = _launch(windows)
+        (oh, ow) = spec.out_size
         KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index_type(cols.size, extent(x4)), grid=grid,
                        block=block, window=spec, x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
-                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c)
+                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c,
+                       out_w_magic=fast_divmod_magic(ow), out_h_magic=fast_divmod_magic(oh),
+                       channels_magic=fast_divmod_magic(c))
     return cols
 
 
@@ -127,9 +140,12 @@ def fold_gpu(device, cols, spec: ConvSpec):
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        grid, block = elementwise_launch(out.size)
+        grid, block = _launch(out.size)
+        (sh, sw) = spec.stride
         KERNELS.launch(device, "fold_col2im", dtype=cols.dtype, index=index_type(cols.size, out.size), grid=grid,
-                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c)
+                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c,
+                       width_magic=fast_divmod_magic(w), height_magic=fast_divmod_magic(h),
+                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw))
     return out
 
 
