@@ -11,6 +11,11 @@
 // (fast division, not per tap), and the tap loops only step pointers and compare.
 #include "common.cuh"
 
+// FOLD_PLANES: the planes (image, channel) each thread of fold_col2im sums, from cupyconv/ops/unfold.py.
+#if !defined(FOLD_PLANES)
+#error "unfold.cu needs the -D options of cupyconv._device.compile_options('unfold.cu')"
+#endif
+
 // q = n / d and r = n % d of a flat index n >= 0: FastDivmod's multiply-high where I is int (every index of the
 // launch is below 2^31, its domain), the 64-bit division where it is long long.  Once per thread unit, never in
 // a tap loop.
@@ -66,10 +71,12 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
   }
 }
 
-// Gather form of col2im: one thread per output element (image, channel, y, x) sums the taps that read it, in
-// acc_t (float for the 16-bit types).  No atomics, so the result is bit-identical on every run.  cols is
-// contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x) from output pixel (oy, ox) when
-// y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions by the strides are fast ones.
+// Gather form of col2im: one thread per output position (y, x) of FOLD_PLANES consecutive planes (image,
+// channel) sums, for each plane, the taps that read it, in acc_t (float for the 16-bit types).  The planes share
+// every coordinate, so the index arithmetic of a tap is paid once for FOLD_PLANES loads.  No atomics, so the result
+// is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x)
+// from output pixel (oy, ox) when y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions
+// by the strides are fast ones.
 template <typename T, typename I>
 __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
                             int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
@@ -77,32 +84,45 @@ __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n
                             int out_w, unsigned int width_magic, unsigned int height_magic,
                             unsigned int stride_h_magic, unsigned int stride_w_magic) {
   const I pixels = (I)out_h * out_w;
-  const I total = n * channels * height * width;
+  const I plane_size = (I)height * width;
+  const I planes = n * channels;
+  const I total = (planes + FOLD_PLANES - 1) / FOLD_PLANES * plane_size;  // units: (plane group, y, x)
+  const I cols_plane = kernel_h * kernel_w * pixels;                       // cols elements of one plane
   const FastDivmod by_width(width, width_magic), by_height(height, height_magic);
   const FastDivmod by_stride_h(stride_h, stride_h_magic), by_stride_w(stride_w, stride_w_magic);
   for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
     int x, y;
-    const I row = index_divmod<I>(index, by_width, x);       // plane * height + y
-    const I plane = index_divmod<I>(row, by_height, y);      // image * channels + channel
+    const I row = index_divmod<I>(index, by_width, x);       // plane group * height + y
+    const I first = index_divmod<I>(row, by_height, y) * FOLD_PLANES;
+    const int count = (int)min(planes - first, (I)FOLD_PLANES);  // planes of this unit: fewer in the last group
     const int padded_x = x + pad_left;
-    const T* taps = cols + plane * kernel_h * kernel_w * pixels;
-    acc_t<T> sum = 0;
-    for (int i = 0; i < kernel_h; ++i, taps += kernel_w * pixels) {
-      const int ty = y + pad_top - i * dilation_h;  // = oy * stride_h for the window whose tap i reads row y
-      if (ty < 0) break;
+    const T* taps = cols + first * cols_plane;
+    acc_t<T> sum[FOLD_PLANES];
+#pragma unroll
+    for (int p = 0; p < FOLD_PLANES; ++p) sum[p] = 0;
+    int ty = y + pad_top;  // = oy * stride_h for the window whose tap i reads row y
+    for (int i = 0; i < kernel_h && ty >= 0; ++i, ty -= dilation_h, taps += kernel_w * pixels) {
       int ry;
       const int oy = by_stride_h.divmod(ty, ry);
       if (ry != 0 || oy >= out_h) continue;
       const T* tap = taps + (I)oy * out_w;
       int tx = padded_x;
 #pragma unroll 1
-      for (int j = 0; j < kernel_w; ++j, tx -= dilation_w, tap += pixels) {
-        if (tx < 0) break;
+      for (int j = 0; j < kernel_w && tx >= 0; ++j, tx -= dilation_w, tap += pixels) {
         int rx;
         const int ox = by_stride_w.divmod(tx, rx);
-        if (rx == 0 && ox < out_w) sum += to_acc(tap[ox]);
+        if (rx == 0 && ox < out_w) {
+#pragma unroll
+          for (int p = 0; p < FOLD_PLANES; ++p) {
+            if (p < count) sum[p] += to_acc(tap[p * cols_plane + ox]);
+          }
+        }
       }
     }
-    out[index] = from_acc<T>(sum);
+    T* dst = out + first * plane_size + (I)y * width + x;
+#pragma unroll
+    for (int p = 0; p < FOLD_PLANES; ++p) {
+      if (p < count) dst[p * plane_size] = from_acc<T>(sum[p]);
+    }
   }
 }

@@ -268,6 +268,7 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     `c * kernel_h * kernel_w * cols_stride_row`, fails the launch on 2^29 channels with UBSan's report.  The copy
     lives under the emulator's cache, one instantiation of it, so it compiles once per machine."""
     from emulator import KernelFailure, cache_root
+    from cupyconv.ops import unfold
     bug_classes.lift_grid_cap(monkeypatch)
     mutant = cache_root() / "mutants" / "unfold-int-channel-offset"
     mutant.mkdir(parents=True, exist_ok=True)
@@ -275,7 +276,8 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
     assert source.count(cast) == 1
     for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
-                       ("unfold.cu", source.replace(cast, cast[3:]))):
+                       # a kernel_dir of its own gets no -D options: the file's constant goes in its text
+                       ("unfold.cu", f"#define FOLD_PLANES {unfold.FOLD_PLANES}\n" + source.replace(cast, cast[3:]))):
         if not (mutant / name).is_file() or (mutant / name).read_text() != text:
             (mutant / name).write_text(text)
     x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)

@@ -17,7 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 from .._arrays import Call, compute_dtype, on_arrays_device
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, fast_divmod_magic,
                         index_type, kernel_name, stride_args)
-from .._spec import ConvSpec
+from .._spec import ConvSpec, ceil_div
 from .._docs import SAME_KIND, numpy_doc
 from .._typing import ArrayT, IntOrTuple, Padding
 from . import lift
@@ -89,7 +89,8 @@ def fold_cpu(cols, spec: ConvSpec):
 # ---------------------------------------------------------------------------------------------------------
 # GPU path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
 
-KERNELS = KernelFile("unfold.cu")
+FOLD_PLANES = 8  # planes (image, channel) per thread of fold_col2im: they share its index arithmetic
+KERNELS = KernelFile("unfold.cu", defines={"FOLD_PLANES": FOLD_PLANES})
 # The most blocks of 256 threads either kernel is launched with: about two waves of an H100 (132 SMs x 8 resident
 # blocks), whose threads loop over the windows or pixels, so each pays its set-up (the split of its first index)
 # for several units.  tests/bug_classes.py's lift_grid_cap lifts it.
@@ -140,7 +141,7 @@ def fold_gpu(device, cols, spec: ConvSpec):
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        grid, block = _launch(out.size)
+        grid, block = _launch(ceil_div(spec.n * c, FOLD_PLANES) * h * w)
         (sh, sw) = spec.stride
         KERNELS.launch(device, "fold_col2im", dtype=cols.dtype, index=index_type(cols.size, out.size), grid=grid,
                        block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c,
