@@ -126,6 +126,21 @@ def test_64_bit_index_variants(monkeypatch):
     numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
 
 
+def test_fast_divmod_magic_divides_exactly():
+    """The host's FastDivmod multiplier (the kernels take it as an argument) gives n / d by common.cuh's formula,
+    (umulhi(m, n) + n) >> ceil(log2 d), for every n below 2^31: checked at the ends and at random, against //."""
+    rng = numpy.random.default_rng(5)
+    divisors = [1, 2, 3, 7, 56, 3136, 65535, 2**29 + 256, 2**31 - 1, *rng.integers(1, 2**31 - 1, 40).tolist()]
+    for d in divisors:
+        m, shift = _kernels.fast_divmod_magic(d), (d - 1).bit_length()
+        assert 0 < m < 2**32
+        n = numpy.array([0, 1, d - 1, d, d + 1, 2**31 - 1, *rng.integers(0, 2**31, 200).tolist()], dtype=numpy.uint64)
+        q = (((n * numpy.uint64(m)) >> numpy.uint64(32)) + n) >> numpy.uint64(shift)
+        numpy.testing.assert_array_equal(q, n // numpy.uint64(d), err_msg=f"divisor {d}")
+    with pytest.raises(ValueError, match="fast_divmod_magic"):
+        _kernels.fast_divmod_magic(0)
+
+
 def test_index_type_switches_at_2_to_the_31():
     assert _kernels.index_type(2**31 - 1) == "int"
     assert _kernels.index_type(10, 2**31) == "long long"
