@@ -141,6 +141,13 @@ def test_fast_divmod_magic_divides_exactly():
         _kernels.fast_divmod_magic(0)
 
 
+def test_grids_stop_at_unfold_blocks():
+    """Large problems launch UNFOLD_BLOCKS blocks whose threads loop, small ones a block per 256 units."""
+    from cupyconv.ops import unfold
+    assert unfold._launch(10**9) == ((unfold.UNFOLD_BLOCKS,), (256,))
+    assert unfold._launch(1000) == ((4,), (256,))
+
+
 def test_index_type_switches_at_2_to_the_31():
     assert _kernels.index_type(2**31 - 1) == "int"
     assert _kernels.index_type(10, 2**31) == "long long"
