@@ -71,6 +71,116 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
   }
 }
 
+// Raw bits of one element: unfold is a copy, so its vector path moves bits, whatever the type.
+template <int Bytes> struct BitsOf;
+template <> struct BitsOf<2> { typedef unsigned short type; };
+template <> struct BitsOf<4> { typedef unsigned int type; };
+template <> struct BitsOf<8> { typedef unsigned long long type; };
+
+__device__ __forceinline__ uint4 words4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  uint4 v;
+  v.x = a; v.y = b; v.z = c; v.w = d;
+  return v;
+}
+
+// The 16-byte vector of V = 16 / sizeof(E) elements e[0..V), as four 32-bit words.
+template <typename E>
+__device__ __forceinline__ uint4 pack_words(const E (&e)[16 / sizeof(E)]) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (sizeof(E) == 2) w[k] = (unsigned)e[2 * k] | ((unsigned)e[2 * k + 1] << 16);
+    else if constexpr (sizeof(E) == 4) w[k] = e[k];
+    else w[k] = (unsigned)(e[k / 2] >> (32 * (k % 2)));
+  }
+  return words4(w[0], w[1], w[2], w[3]);
+}
+
+// The 16 bytes that start `bytes` (0..15) bytes into the 32 of lo, hi: hi's words follow lo's.
+__device__ __forceinline__ uint4 window16(uint4 lo, uint4 hi, int bytes) {
+  const unsigned shift = 8 * (bytes & 3);
+  unsigned a[5];
+  switch (bytes >> 2) {  // uniform over a warp: every lane's window starts as far into its vectors
+    case 0: a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w; a[4] = hi.x; break;
+    case 1: a[0] = lo.y; a[1] = lo.z; a[2] = lo.w; a[3] = hi.x; a[4] = hi.y; break;
+    case 2: a[0] = lo.z; a[1] = lo.w; a[2] = hi.x; a[3] = hi.y; a[4] = hi.z; break;
+    default: a[0] = lo.w; a[1] = hi.x; a[2] = hi.y; a[3] = hi.z; a[4] = hi.w; break;
+  }
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = (unsigned)((((unsigned long long)a[k + 1] << 32) | a[k]) >> shift);
+  return words4(w[0], w[1], w[2], w[3]);
+}
+
+// unfold_im2col with 16-byte loads and stores, for the common layout (host-checked in ops/unfold.py: unit stride
+// along x, contiguous input rows, every stride of x and cols a multiple of V = 16 / sizeof(T) elements, out_w too,
+// both arrays 16-byte aligned).  One thread per run of V output pixels of one output row: consecutive threads take
+// consecutive runs, so a warp stores 512 contiguous bytes per tap.  The V inputs of a tap are input pixels
+// xx .. xx + V - 1 of one row, at the same offset xx mod V for every lane: two aligned 16-byte loads and a
+// funnel shift, where both vectors lie inside the row; lanes at the row's ends (padding) copy element by element.
+template <typename T, typename I>
+__global__ void unfold_im2col_vec(const T* __restrict__ x, T* __restrict__ cols, I n,
+                                  I x_stride_n, I x_stride_c, I x_stride_h,
+                                  I cols_stride_image, I cols_stride_row,
+                                  int channels, int height, int width, int kernel_h, int kernel_w,
+                                  int stride_h, int pad_top, int pad_left, int dilation_h, int dilation_w,
+                                  int out_h, int out_w, unsigned int runs_magic, unsigned int out_h_magic,
+                                  unsigned int channels_magic) {
+  typedef typename BitsOf<sizeof(T)>::type E;
+  constexpr int V = 16 / sizeof(T);
+  const E* bits = reinterpret_cast<const E*>(x);
+  const int runs_per_row = out_w / V;
+  const I units = n * channels * out_h * runs_per_row;
+  const FastDivmod by_runs(runs_per_row, runs_magic), by_out_h(out_h, out_h_magic);
+  const FastDivmod by_channels(channels, channels_magic);
+  for (I index = grid_start<I>(); index < units; index += grid_stride<I>()) {
+    int run, oy, c;
+    const I row = index_divmod<I>(index, by_runs, run);
+    const I plane = index_divmod<I>(row, by_out_h, oy);
+    const I image = index_divmod<I>(plane, by_channels, c);
+    const int ox0 = run * V;
+    const E* src = bits + image * x_stride_n + c * x_stride_c;
+    T* dst = cols + image * cols_stride_image + (I)c * kernel_h * kernel_w * cols_stride_row + (I)oy * out_w + ox0;
+    int y = oy * stride_h - pad_top;
+    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {
+      const bool row_inside = y >= 0 && y < height;
+      const E* src_row = src + y * x_stride_h;
+      int xx = ox0 - pad_left;
+      // The vectors at lo_start and lo_start + V (hi, where has_hi) of this row, kept from tap to tap: with a small
+      // dilation the next tap starts in the same vector or the next one, so a tap loads about one vector.
+      uint4 lo = words4(0u, 0u, 0u, 0u), hi = lo;
+      int lo_start = -2 * V;  // below any start a vector is loaded from
+      bool has_hi = false;
+#pragma unroll 1
+      for (int j = 0; j < kernel_w; ++j, xx += dilation_w, dst += cols_stride_row) {
+        const int start = xx & ~(V - 1);  // the aligned vector holding input pixel xx (xx may be negative)
+        const int offset = xx - start;
+        uint4 value = words4(0u, 0u, 0u, 0u);
+        if (row_inside) {
+          if (start >= 0 && start + (offset ? 2 * V : V) <= width) {
+            if (start != lo_start) {
+              lo = has_hi && start == lo_start + V ? hi : *reinterpret_cast<const uint4*>(src_row + start);
+              lo_start = start;
+              has_hi = false;
+            }
+            if (offset && !has_hi) {
+              hi = *reinterpret_cast<const uint4*>(src_row + start + V);
+              has_hi = true;
+            }
+            value = window16(lo, hi, offset * (int)sizeof(T));
+          } else {  // the padding at the row's ends
+            E e[V];
+#pragma unroll
+            for (int k = 0; k < V; ++k) e[k] = xx + k >= 0 && xx + k < width ? src_row[xx + k] : E(0);
+            value = pack_words<E>(e);
+          }
+        }
+        *reinterpret_cast<uint4*>(dst) = value;
+      }
+    }
+  }
+}
+
 // Gather form of col2im: one thread per output position (y, x) of FOLD_PLANES consecutive planes (image,
 // channel) sums, for each plane, the taps that read it, in acc_t (float for the 16-bit types).  The planes share
 // every coordinate, so the index arithmetic of a tap is paid once for FOLD_PLANES loads.  No atomics, so the result

@@ -553,8 +553,10 @@ def test_async_copy_header_compiles_to_ldgsts_and_ldsm(arch):
 # The most SASS instructions a tap loop of unfold.cu may issue per global load (sm_90, static count of the innermost
 # loop that loads: unfold_im2col copies one tap per trip, fold_col2im loads FOLD_PLANES planes' taps per trip).
 # NVRTC 13.0's code for the issue-25 rewrite: 17 (int) and 21 (long long) a tap for unfold, 9-11 per load for fold;
-# before it, fold's tap loop took 53-55 a load around a division by each stride.  A little slack for other compilers.
-TAP_LOOP_PER_LOAD = {"unfold_im2col": 22, "fold_col2im": 12}
+# unfold_im2col_vec's loop holds its two 16-byte loads and the V scalar loads of a row's ends, 68-121 instructions for
+# 4-10 loads (12-19 each); before the rewrite, fold's tap loop took 53-55 a load around a division by each stride.
+# A little slack for other compilers.
+TAP_LOOP_PER_LOAD = {"unfold_im2col": 22, "unfold_im2col_vec": 21, "fold_col2im": 12}
 # Opcodes of a run-time integer division on sm_80/sm_90: the reciprocal that 32-bit division starts from, and the
 # call of the 64-bit division subroutine.  (The compiler may divide once before a loop, to count its trips.)
 DIVISION_OPCODES = {"MUFU", "CALL"}

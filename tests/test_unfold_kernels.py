@@ -99,6 +99,54 @@ def test_strided_input_is_read_in_place(view):
     assert numpy.shares_memory(args[0], base), "the kernel should read the strided view, not a copy"
 
 
+#: (kernel, dilation, padding, stride) of the vector path's cases, on 16 x 16 planes whose output rows are 16 wide
+#: (a multiple of every dtype's V = 16 / itemsize): the left padding puts each tap at another offset into the
+#: aligned vectors (0 .. V - 1, and whole vectors of padding), and the lanes at both ends of a row copy element by
+#: element; per-side padding, dilation and a vertical stride as in CASES.
+VECTOR_WINDOWS = [
+    (3, 1, 1, 1),
+    ((2, 3), (1, 2), ((1, 0), (3, 1)), (2, 1)),
+    ((3, 5), (2, 1), ((2, 2), (0, 4)), 1),
+    (1, 1, 0, 1),
+    ((3, 9), 1, ((1, 1), (8, 0)), 1),
+    (3, 3, "same", (3, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_vector_path_matches_cpu_path(dtype):
+    """unfold_im2col_vec (16-byte loads and stores) copies every window bit for bit, in every dtype, forward and
+    reverse order; the launches show it ran, not the scalar kernel."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    for k, (kernel, dilation, padding, stride) in enumerate(VECTOR_WINDOWS):
+        x = _random((2, 3, 16, 16), dtype, seed=k)
+        kw = dict(dilation=dilation, padding=padding, stride=stride)
+        device = RecordingDevice(order="reverse" if k % 2 else "forward")
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), device)
+        assert cols.shape[-1] % 16 == 0 and [name.split("<")[0] for name, _ in device.launches] == ["unfold_im2col_vec"]
+        numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(kernel))
+
+
+def test_vector_path_needs_alignment():
+    """A view that starts one element into its buffer (every stride a multiple of 4 floats), rows of 17, or output
+    rows of 13 take the scalar kernel (a 16-byte access there faults on a GPU, and fails the emulator's alignment
+    check), with the same result."""
+    base = _random((2, 3, 16, 17), numpy.float32)
+    shifted = _random((2 * 3 * 16 * 16 + 1,), numpy.float32)[1:].reshape(2, 3, 16, 16)
+    assert shifted.ctypes.data % 16 == 4
+    for x in (shifted, base[..., :16], numpy.ascontiguousarray(base[..., :13])):
+        device = RecordingDevice()
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), device)
+        assert [name for name, _ in device.launches] == ["unfold_im2col<float, int>"]
+        numpy.testing.assert_array_equal(cols, cols_ref)
+    aligned = numpy.ascontiguousarray(base[..., :16])
+    device = RecordingDevice()
+    with _device.use_device(device):
+        cupyconv.unfold(aligned, 3, padding=1)
+    assert [name for name, _ in device.launches] == ["unfold_im2col_vec<float, int>"]
+
+
 def test_fold_accepts_non_contiguous_cols():
     shape, kernel, dilation, padding, stride = CASES[0]
     cols = cupyconv.unfold(_random(shape, numpy.float64), kernel, dilation=dilation, padding=padding,
@@ -178,6 +226,9 @@ def test_kernels_are_clean_under_address_sanitizer():
         "with _device.use_device(EmulatedDevice()):\n"
         "    cols = cupyconv.unfold(x, (2, 3), **kw)\n"
         "    out = cupyconv.fold(cols, (5, 7), (2, 3), **kw)\n"
+        "    v = numpy.random.default_rng(1).standard_normal((2, 3, 5, 16)).astype(numpy.float16)\n"
+        "    cols_v = cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1)))\n"   # the vector kernel, both row ends
+        "assert numpy.array_equal(cols_v, cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1))))\n"
         "assert numpy.array_equal(cols, cupyconv.unfold(x, (2, 3), **kw))\n"
         "assert numpy.allclose(out, cupyconv.fold(cols, (5, 7), (2, 3), **kw))\n"
         "print('ok')\n")
@@ -237,7 +288,10 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     out, out_ref = _both_paths(lambda: cupyconv.fold(cols_ref, shape[-2:], kernel, **kw),
                                loops.device(EmulatedDevice()))
     numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
-    assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
+    x = _random((2, 3, 16, 16), numpy.float64)   # the vector path: 2 x 3 x 16 x 8 runs of 2 pixels
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), loops.device(EmulatedDevice("reverse")))
+    numpy.testing.assert_array_equal(cols, cols_ref)
+    assert loops.looped() == loops.capped() == {"unfold_im2col", "unfold_im2col_vec", "fold_col2im"}, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
@@ -282,7 +336,9 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         out = cupyconv.fold(cols, (1, 1), kernel, **kw)
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
-    assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
+    # the plane's rows (60000 pixels, 16-byte aligned) take the vector kernel, the 1 x 1 planes the scalar one
+    assert device.launches == ["unfold_im2col_vec<__half, long long>", "fold_col2im<__half, long long>",
+                               "unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):
@@ -296,7 +352,7 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     mutant.mkdir(parents=True, exist_ok=True)
     source = (_device.kernel_dir() / "unfold.cu").read_text()
     cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
-    assert source.count(cast) == 1
+    assert source.count(cast) == 2   # unfold_im2col and unfold_im2col_vec
     for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
                        # a kernel_dir of its own gets no -D options: the file's constant goes in its text
                        ("unfold.cu", f"#define FOLD_PLANES {unfold.FOLD_PLANES}\n" + source.replace(cast, cast[3:]))):

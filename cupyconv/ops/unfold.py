@@ -17,8 +17,9 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype, on_arrays_device
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, fast_divmod_magic,
-                        index_type, kernel_name, stride_args)
+from .._device import _address
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, element_strides, elementwise_launch, extent,
+                        fast_divmod_magic, index_type, kernel_name, stride_args)
 from .._spec import ConvSpec, ceil_div
 from .._docs import SAME_KIND, numpy_doc
 from .._typing import ArrayT, IntOrTuple, Padding
@@ -107,7 +108,8 @@ def _launch(units: int):
 
 def instantiations():
     return [kernel_name(k, d, i)
-            for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), KERNEL_DTYPES, INDEX_TYPES)]
+            for k, d, i in itertools.product(("unfold_im2col", "unfold_im2col_vec", "fold_col2im"), KERNEL_DTYPES,
+                                             INDEX_TYPES)]
 
 
 def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
@@ -126,11 +128,24 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
         cols = device.empty((n, rows, pixels), x.dtype)
         image_stride, row_stride = rows * pixels, pixels
     windows = n * c * pixels
-    if windows:
+    if not windows:
+        return cols
+    (oh, ow), index = spec.out_size, index_type(cols.size, extent(x4))
+    vector = 16 // x4.itemsize   # elements per 16-byte access
+    sx = element_strides(x4)
+    if (spec.stride[1] == 1 and sx[3] == 1 and ow % vector == 0
+            and all(s % vector == 0 for s in (sx[0], sx[1], sx[2], image_stride, row_stride))
+            and _address(x4) % 16 == 0 and _address(cols) % 16 == 0):
+        grid, block = _launch(windows // vector)
+        KERNELS.launch(device, "unfold_im2col_vec", dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
+                       x=x4, cols=cols, n=n, x_stride_n=sx[0], x_stride_c=sx[1], x_stride_h=sx[2],
+                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c,
+                       runs_magic=fast_divmod_magic(ow // vector), out_h_magic=fast_divmod_magic(oh),
+                       channels_magic=fast_divmod_magic(c))
+    else:
         grid, block = _launch(windows)
-        (oh, ow) = spec.out_size
-        KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index_type(cols.size, extent(x4)), grid=grid,
-                       block=block, window=spec, x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
+        KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
+                       x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
                        cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c,
                        out_w_magic=fast_divmod_magic(ow), out_h_magic=fast_divmod_magic(oh),
                        channels_magic=fast_divmod_magic(c))
