@@ -35,7 +35,7 @@ __device__ __forceinline__ I index_divmod(I n, const FastDivmod& d, int& r) {
 // so every store of a tap is coalesced, and so is every load where stride_w * x_stride_w is 1 (a stride or a
 // dilation only spreads the loads).  x is read through element strides (any layout, negative included).
 template <typename T, typename I>
-__global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
+__device__ __forceinline__ void unfold_windows(const T* __restrict__ x, T* __restrict__ cols, I n,
                               I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
                               I cols_stride_image, I cols_stride_row,
                               int channels, int height, int width, int kernel_h, int kernel_w,
@@ -112,14 +112,14 @@ __device__ __forceinline__ uint4 window16(uint4 lo, uint4 hi, int bytes) {
   return words4(w[0], w[1], w[2], w[3]);
 }
 
-// unfold_im2col with 16-byte loads and stores, for the common layout (host-checked in ops/unfold.py: unit stride
+// unfold with 16-byte loads and stores, for the common layout (host-checked in ops/unfold.py: unit stride
 // along x, contiguous input rows, every stride of x and cols a multiple of V = 16 / sizeof(T) elements, out_w too,
 // both arrays 16-byte aligned).  One thread per run of V output pixels of one output row: consecutive threads take
 // consecutive runs, so a warp stores 512 contiguous bytes per tap.  The V inputs of a tap are input pixels
 // xx .. xx + V - 1 of one row, at the same offset xx mod V for every lane: two aligned 16-byte loads and a
 // funnel shift, where both vectors lie inside the row; lanes at the row's ends (padding) copy element by element.
 template <typename T, typename I>
-__global__ void unfold_im2col_vec(const T* __restrict__ x, T* __restrict__ cols, I n,
+__device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restrict__ cols, I n,
                                   I x_stride_n, I x_stride_c, I x_stride_h,
                                   I cols_stride_image, I cols_stride_row,
                                   int channels, int height, int width, int kernel_h, int kernel_w,
@@ -178,6 +178,30 @@ __global__ void unfold_im2col_vec(const T* __restrict__ x, T* __restrict__ cols,
         *reinterpret_cast<uint4*>(dst) = value;
       }
     }
+  }
+}
+
+// im2col: RUN = 1, one thread per window (`unfold_windows`, any layout), or RUN = 16 / sizeof(T), one thread per
+// run of RUN output pixels with 16-byte accesses (`unfold_runs`, the layouts ops/unfold.py checks it can take).
+// row_units_magic is the FastDivmod multiplier of out_w / RUN, the units of one output row.
+template <typename T, typename I, int RUN>
+__global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
+                              I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
+                              I cols_stride_image, I cols_stride_row,
+                              int channels, int height, int width, int kernel_h, int kernel_w,
+                              int stride_h, int stride_w, int pad_top, int pad_left,
+                              int dilation_h, int dilation_w, int out_h, int out_w,
+                              unsigned int row_units_magic, unsigned int out_h_magic, unsigned int channels_magic) {
+  static_assert(RUN == 1 || RUN * sizeof(T) == 16, "RUN is 1 or a 16-byte vector of T");
+  if constexpr (RUN == 1) {
+    unfold_windows<T, I>(x, cols, n, x_stride_n, x_stride_c, x_stride_h, x_stride_w, cols_stride_image,
+                         cols_stride_row, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top,
+                         pad_left, dilation_h, dilation_w, out_h, out_w, row_units_magic, out_h_magic,
+                         channels_magic);
+  } else {
+    unfold_runs<T, I>(x, cols, n, x_stride_n, x_stride_c, x_stride_h, cols_stride_image, cols_stride_row, channels,
+                      height, width, kernel_h, kernel_w, stride_h, pad_top, pad_left, dilation_h, dilation_w, out_h,
+                      out_w, row_units_magic, out_h_magic, channels_magic);
   }
 }
 

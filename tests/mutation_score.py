@@ -99,8 +99,8 @@ MUTATIONS = [
       "e[k] = xx + k > 0 && xx + k < width", UNFOLD, "off-by-one"),
     M("unfold-vec-pad-side", "unfold.cu", "int xx = ox0 - pad_left;", "int xx = ox0 - pad_top;", UNFOLD,
       "wrong-side padding"),
-    M("unfold-vec-stride-swap", "unfold.cu", "int y = oy * stride_h - pad_top;\n    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {\n      const bool row_inside = y >= 0 && y < height;\n      const E*",
-      "int y = oy * dilation_h - pad_top;\n    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {\n      const bool row_inside = y >= 0 && y < height;\n      const E*", UNFOLD, "swapped stride"),
+    M("unfold-vec-stride-swap", "unfold.cu", "+ ox0;\n    int y = oy * stride_h", "+ ox0;\n    int y = oy * dilation_h",
+      UNFOLD, "swapped stride"),
     M("common-fast-divmod-host-shift", "common.cuh", "l(32 - __clz(divisor - 1))", "l(31 - __clz(divisor - 1))",
       UNFOLD, "off-by-one"),
 

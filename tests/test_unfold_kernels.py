@@ -115,8 +115,8 @@ VECTOR_WINDOWS = [
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_vector_path_matches_cpu_path(dtype):
-    """unfold_im2col_vec (16-byte loads and stores) copies every window bit for bit, in every dtype, forward and
-    reverse order; the launches show it ran, not the scalar kernel."""
+    """unfold_im2col's vector instantiation (RUN = 16 / itemsize: 16-byte loads and stores) copies every window bit
+    for bit, in every dtype, forward and reverse order; the launches show it ran, not the scalar one."""
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     for k, (kernel, dilation, padding, stride) in enumerate(VECTOR_WINDOWS):
@@ -124,7 +124,8 @@ def test_vector_path_matches_cpu_path(dtype):
         kw = dict(dilation=dilation, padding=padding, stride=stride)
         device = RecordingDevice(order="reverse" if k % 2 else "forward")
         cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), device)
-        assert cols.shape[-1] % 16 == 0 and [name.split("<")[0] for name, _ in device.launches] == ["unfold_im2col_vec"]
+        run = 16 // numpy.dtype(dtype).itemsize
+        assert [name for name, _ in device.launches] == [_kernels.kernel_name("unfold_im2col", dtype, "int", run)]
         numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(kernel))
 
 
@@ -138,13 +139,13 @@ def test_vector_path_needs_alignment():
     for x in (shifted, base[..., :16], numpy.ascontiguousarray(base[..., :13])):
         device = RecordingDevice()
         cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), device)
-        assert [name for name, _ in device.launches] == ["unfold_im2col<float, int>"]
+        assert [name for name, _ in device.launches] == ["unfold_im2col<float, int, 1>"]
         numpy.testing.assert_array_equal(cols, cols_ref)
     aligned = numpy.ascontiguousarray(base[..., :16])
     device = RecordingDevice()
     with _device.use_device(device):
         cupyconv.unfold(aligned, 3, padding=1)
-    assert [name for name, _ in device.launches] == ["unfold_im2col_vec<float, int>"]
+    assert [name for name, _ in device.launches] == ["unfold_im2col<float, int, 4>"]
 
 
 def test_fold_accepts_non_contiguous_cols():
@@ -168,7 +169,7 @@ def test_64_bit_index_variants(monkeypatch):
     with _device.use_device(device):
         cols = cupyconv.unfold(x, kernel, **kw)
         out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
-    assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long>",
+    assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long, 1>",
                                                      "fold_col2im<double, long long>"]
     numpy.testing.assert_array_equal(cols, cupyconv.unfold(x, kernel, **kw))
     numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
@@ -288,10 +289,13 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     out, out_ref = _both_paths(lambda: cupyconv.fold(cols_ref, shape[-2:], kernel, **kw),
                                loops.device(EmulatedDevice()))
     numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
-    x = _random((2, 3, 16, 16), numpy.float64)   # the vector path: 2 x 3 x 16 x 8 runs of 2 pixels
-    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), loops.device(EmulatedDevice("reverse")))
+    assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
+    x = _random((2, 3, 16, 16), numpy.float64)   # the vector instantiation: 2 x 3 x 16 x 8 runs of 2 pixels
+    device = RecordingDevice(order="reverse")
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), loops.device(device))
     numpy.testing.assert_array_equal(cols, cols_ref)
-    assert loops.looped() == loops.capped() == {"unfold_im2col", "unfold_im2col_vec", "fold_col2im"}, loops.launches
+    (name, _), (_, blocks, units) = device.launches[-1], loops.launches[-1]
+    assert name == "unfold_im2col<double, int, 2>" and 1 < blocks < units, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
@@ -337,8 +341,8 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
     # the plane's rows (60000 pixels, 16-byte aligned) take the vector kernel, the 1 x 1 planes the scalar one
-    assert device.launches == ["unfold_im2col_vec<__half, long long>", "fold_col2im<__half, long long>",
-                               "unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"]
+    assert device.launches == ["unfold_im2col<__half, long long, 8>", "fold_col2im<__half, long long>",
+                               "unfold_im2col<__half, long long, 1>", "fold_col2im<__half, long long>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):
@@ -352,7 +356,7 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     mutant.mkdir(parents=True, exist_ok=True)
     source = (_device.kernel_dir() / "unfold.cu").read_text()
     cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
-    assert source.count(cast) == 2   # unfold_im2col and unfold_im2col_vec
+    assert source.count(cast) == 2   # unfold_windows and unfold_runs
     for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
                        # a kernel_dir of its own gets no -D options: the file's constant goes in its text
                        ("unfold.cu", f"#define FOLD_PLANES {unfold.FOLD_PLANES}\n" + source.replace(cast, cast[3:]))):
@@ -360,7 +364,7 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
             (mutant / name).write_text(text)
     x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
     device = bug_classes.SparseDevice(kernel_dir=mutant,
-                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long>")])
+                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long, 1>")])
     overflow = r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"
     with pytest.raises(KernelFailure, match=overflow):
         with _device.use_device(device):

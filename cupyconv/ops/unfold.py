@@ -106,10 +106,16 @@ def _launch(units: int):
     return (min(blocks, UNFOLD_BLOCKS),), block
 
 
+def vector_run(dtype) -> int:
+    """Elements of `dtype` in one 16-byte access: the RUN of unfold_im2col's vector instantiation."""
+    itemsize = {"bfloat16": 2}.get(dtype) if isinstance(dtype, str) else None   # a name NumPy alone may not know
+    return 16 // (itemsize or numpy.dtype(dtype).itemsize)
+
+
 def instantiations():
-    return [kernel_name(k, d, i)
-            for k, d, i in itertools.product(("unfold_im2col", "unfold_im2col_vec", "fold_col2im"), KERNEL_DTYPES,
-                                             INDEX_TYPES)]
+    return [*(kernel_name("unfold_im2col", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
+              for run in (1, vector_run(d))),
+            *(kernel_name("fold_col2im", d, i) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES))]
 
 
 def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
@@ -131,24 +137,17 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
     if not windows:
         return cols
     (oh, ow), index = spec.out_size, index_type(cols.size, extent(x4))
-    vector = 16 // x4.itemsize   # elements per 16-byte access
-    sx = element_strides(x4)
-    if (spec.stride[1] == 1 and sx[3] == 1 and ow % vector == 0
-            and all(s % vector == 0 for s in (sx[0], sx[1], sx[2], image_stride, row_stride))
-            and _address(x4) % 16 == 0 and _address(cols) % 16 == 0):
-        grid, block = _launch(windows // vector)
-        KERNELS.launch(device, "unfold_im2col_vec", dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
-                       x=x4, cols=cols, n=n, x_stride_n=sx[0], x_stride_c=sx[1], x_stride_h=sx[2],
-                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c,
-                       runs_magic=fast_divmod_magic(ow // vector), out_h_magic=fast_divmod_magic(oh),
-                       channels_magic=fast_divmod_magic(c))
-    else:
-        grid, block = _launch(windows)
-        KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
-                       x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
-                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c,
-                       out_w_magic=fast_divmod_magic(ow), out_h_magic=fast_divmod_magic(oh),
-                       channels_magic=fast_divmod_magic(c))
+    sx, vector = element_strides(x4), vector_run(x4.dtype)
+    # 16-byte accesses need every row of x and of cols to start on a 16-byte boundary, and a run of pixels to be
+    # contiguous in x: else one thread per window, through any strides.
+    run = vector if (spec.stride[1] == 1 and sx[3] == 1 and ow % vector == 0
+                     and all(s % vector == 0 for s in (sx[0], sx[1], sx[2], image_stride, row_stride))
+                     and _address(x4) % 16 == 0 and _address(cols) % 16 == 0) else 1
+    grid, block = _launch(windows // run)
+    KERNELS.launch(device, "unfold_im2col", (run,), dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
+                   x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"), cols_stride_image=image_stride,
+                   cols_stride_row=row_stride, channels=c, row_units_magic=fast_divmod_magic(ow // run),
+                   out_h_magic=fast_divmod_magic(oh), channels_magic=fast_divmod_magic(c))
     return cols
 
 
