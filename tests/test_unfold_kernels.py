@@ -321,6 +321,11 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     crop = dict(padding=((0, 0), (0, 1)))
     bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel, **crop)[0, -1, -1024:],
                                     numpy.float16, 256, "unfold, plane")
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, padding=((1, 0), (0, 0)))  # rows of 59999 windows: one thread per window
+    # the last block holds the last 40000 * 59999 % 256 = 192 windows
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel)[0, -1, -1024:], numpy.float16,
+                                    192, "unfold, plane, scalar")
     cols = bug_classes.sparse_zeros((1, 4, h * w), numpy.float16)
     cols[..., -rows * w:] = _random((4, rows * w), numpy.float16, seed=8)
     with _device.use_device(device):
@@ -340,9 +345,10 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         out = cupyconv.fold(cols, (1, 1), kernel, **kw)
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
-    # the plane's rows (60000 pixels, 16-byte aligned) take the vector kernel, the 1 x 1 planes the scalar one
-    assert device.launches == ["unfold_im2col<__half, long long, 8>", "fold_col2im<__half, long long>",
-                               "unfold_im2col<__half, long long, 1>", "fold_col2im<__half, long long>"]
+    # output rows of 60000 pixels (16-byte aligned) take the vector instantiation, of 59999 and 1 pixels the scalar one
+    assert device.launches == ["unfold_im2col<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):

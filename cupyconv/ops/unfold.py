@@ -5,9 +5,10 @@ unfold's backward is a fold and fold's backward an unfold, so the module has two
 CPU path: im2col is a strided view over the padded input and col2im a loop over the kernel taps (each tap one
 vectorised add); conv, depthwise and patch build on these primitives.
 GPU path: raw_kernels/unfold.cu, one thread per window for im2col (`unfold_gpu`, also the column builder of
-conv and patch) and a deterministic gather for col2im (`fold_gpu`), one thread per position of FOLD_PLANES planes;
-both loop over their units on at most UNFOLD_BLOCKS blocks and split indices by FastDivmod multipliers computed
-here (`_kernels.fast_divmod_magic`).
+conv and patch), or per run of 16 bytes of output pixels with 16-byte loads and stores where the layout allows
+(`unfold_im2col<T, I, RUN>`, RUN = `vector_run`), and a deterministic gather for col2im (`fold_gpu`), one thread per
+position of FOLD_PLANES planes; both loop over their units on at most UNFOLD_BLOCKS blocks and split indices by
+FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
 """
 from __future__ import annotations
 
