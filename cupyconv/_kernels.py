@@ -106,6 +106,15 @@ def batch_args(prefix: str, view) -> dict:
     return {f"{prefix}_inner": view.shape[1], **stride_args(prefix, view, ("outer", "inner", "c", "h", "w"))}
 
 
+def fast_divmod_magic(divisor: int) -> int:
+    """The multiplier m of raw_kernels/common.cuh's FastDivmod(divisor, m), computed here so that a kernel's threads
+    pay no 64-bit division for it: with l = ceil(log2 divisor), m = floor(2^32 (2^l - divisor) / divisor) + 1."""
+    if not 1 <= divisor < 2**31:   # (not INT32_MAX, which tests lower to force 64-bit indices)
+        raise ValueError(f"fast_divmod_magic: divisor {divisor} is outside 1 .. 2^31 - 1")
+    shift = (divisor - 1).bit_length()
+    return (((1 << shift) - divisor) << 32) // divisor + 1
+
+
 def capped_grid(units: int) -> int:
     """Blocks for a kernel that loops over `units` units: one each, at most GRID_CAP."""
     return max(1, min(units, GRID_CAP))

@@ -49,6 +49,9 @@ struct FastDivmod {
     while ((1u << l) < (unsigned)divisor) ++l;
     m = (unsigned)((((1ull << l) - (unsigned)divisor) << 32) / (unsigned)divisor + 1);
   }
+  // From m computed on the host (cupyconv._kernels.fast_divmod_magic): no 64-bit division on the device, for
+  // kernels whose threads are many and short.
+  __device__ FastDivmod(int divisor, unsigned magic) : d(divisor), m(magic), l(32 - __clz(divisor - 1)) {}
   __device__ __forceinline__ int div(int n) const { return (int)((__umulhi(m, (unsigned)n) + (unsigned)n) >> l); }
   __device__ __forceinline__ int divmod(int n, int& r) const {
     const int q = div(n);

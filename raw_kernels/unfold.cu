@@ -4,73 +4,259 @@
 // (n, C * kH * kW, L); unfold writes any layout whose pixels are contiguous, given the distance between
 // images and between rows: torch's, or (C * kH * kW, n, L), where each group's rows form one matrix over
 // n * L for the weight-gradient GEMM.
+//
+// Both kernels are pure data movement, so they are written for the memory system: consecutive threads take
+// consecutive pixels of the contiguous dimension (the pixels of a cols row, the x of an output row), so every
+// load and store of a warp is one coalesced request; a thread's flat index is split into its coordinates once
+// (fast division, not per tap), and the tap loops only step pointers and compare.
 #include "common.cuh"
+
+// FOLD_PLANES: the planes (image, channel) each thread of fold_col2im sums, from cupyconv/ops/unfold.py.
+#if !defined(FOLD_PLANES)
+#error "unfold.cu needs the -D options of cupyconv._device.compile_options('unfold.cu')"
+#endif
+
+// q = n / d and r = n % d of a flat index n >= 0: FastDivmod's multiply-high where I is int (every index of the
+// launch is below 2^31, its domain), the 64-bit division where it is long long.  Once per thread unit, never in
+// a tap loop.
+template <typename I>
+__device__ __forceinline__ I index_divmod(I n, const FastDivmod& d, int& r) {
+  if constexpr (sizeof(I) == 4) {
+    return d.divmod(n, r);
+  } else {
+    const I q = n / d.d;
+    r = (int)(n - q * d.d);
+    return q;
+  }
+}
 
 // One thread per (image, channel, output pixel) window: it copies the window's kH * kW taps, so the index
 // arithmetic is paid once per window, not once per tap.  Consecutive threads take consecutive output pixels,
-// so every store of a tap is coalesced.  x is read through element strides (any layout, negative included).
+// so every store of a tap is coalesced, and so is every load where stride_w * x_stride_w is 1 (a stride or a
+// dilation only spreads the loads).  x is read through element strides (any layout, negative included).
 template <typename T, typename I>
-__global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
+__device__ __forceinline__ void unfold_windows(const T* __restrict__ x, T* __restrict__ cols, I n,
                               I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
                               I cols_stride_image, I cols_stride_row,
                               int channels, int height, int width, int kernel_h, int kernel_w,
                               int stride_h, int stride_w, int pad_top, int pad_left,
-                              int dilation_h, int dilation_w, int out_h, int out_w) {
+                              int dilation_h, int dilation_w, int out_h, int out_w,
+                              unsigned int out_w_magic, unsigned int out_h_magic, unsigned int channels_magic) {
   const I pixels = (I)out_h * out_w;
   const I windows = n * channels * pixels;
+  const FastDivmod by_out_w(out_w, out_w_magic), by_out_h(out_h, out_h_magic), by_channels(channels, channels_magic);
+  const T zero = from_acc<T>(acc_t<T>(0));
+  const I tap_step = dilation_w * x_stride_w;  // from one tap of a window row to the next, in x
   for (I index = grid_start<I>(); index < windows; index += grid_stride<I>()) {
-    const int ox = (int)(index % out_w);
-    const int oy = (int)((index / out_w) % out_h);
-    const I plane = index / pixels;  // image * channels + channel
-    const int c = (int)(plane % channels);
-    const I image = plane / channels;
+    int ox, oy, c;
+    const I row = index_divmod<I>(index, by_out_w, ox);     // image * channels * out_h + channel * out_h + oy
+    const I plane = index_divmod<I>(row, by_out_h, oy);     // image * channels + channel
+    const I image = index_divmod<I>(plane, by_channels, c);
     const T* src = x + image * x_stride_n + c * x_stride_c;
     T* dst = cols + image * cols_stride_image + (I)c * kernel_h * kernel_w * cols_stride_row + (I)oy * out_w + ox;
-    const int y0 = oy * stride_h - pad_top;
     const int x0 = ox * stride_w - pad_left;
-    for (int i = 0; i < kernel_h; ++i) {
-      const int y = y0 + i * dilation_h;
+    int y = oy * stride_h - pad_top;
+    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {
       const bool row_inside = y >= 0 && y < height;
-      for (int j = 0; j < kernel_w; ++j) {
-        const int xx = x0 + j * dilation_w;
-        T value = from_acc<T>(acc_t<T>(0));
-        if (row_inside && xx >= 0 && xx < width) value = src[y * x_stride_h + xx * x_stride_w];
-        dst[(I)(i * kernel_w + j) * cols_stride_row] = value;
+      const T* tap = src + y * x_stride_h + x0 * x_stride_w;  // tap (i, 0); stepped, not recomputed, per j
+      int xx = x0;
+      // Not unrolled: the loop is a few instructions per tap, with no remainder copy of it.
+#pragma unroll 1
+      for (int j = 0; j < kernel_w; ++j, xx += dilation_w, tap += tap_step, dst += cols_stride_row) {
+        T value = zero;
+        if (row_inside && xx >= 0 && xx < width) value = *tap;
+        *dst = value;
       }
     }
   }
 }
 
-// Gather form of col2im: one thread per output element (image, channel, y, x) sums the taps that read it.
-// No atomics, so the result is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).
+// Raw bits of one element: unfold is a copy, so its vector path moves bits, whatever the type.
+template <int Bytes> struct BitsOf;
+template <> struct BitsOf<2> { typedef unsigned short type; };
+template <> struct BitsOf<4> { typedef unsigned int type; };
+template <> struct BitsOf<8> { typedef unsigned long long type; };
+
+__device__ __forceinline__ uint4 words4(unsigned a, unsigned b, unsigned c, unsigned d) {
+  uint4 v;
+  v.x = a; v.y = b; v.z = c; v.w = d;
+  return v;
+}
+
+// The 16-byte vector of V = 16 / sizeof(E) elements e[0..V), as four 32-bit words.
+template <typename E>
+__device__ __forceinline__ uint4 pack_words(const E (&e)[16 / sizeof(E)]) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (sizeof(E) == 2) w[k] = (unsigned)e[2 * k] | ((unsigned)e[2 * k + 1] << 16);
+    else if constexpr (sizeof(E) == 4) w[k] = e[k];
+    else w[k] = (unsigned)(e[k / 2] >> (32 * (k % 2)));
+  }
+  return words4(w[0], w[1], w[2], w[3]);
+}
+
+// The 16 bytes that start `bytes` (0..15) bytes into the 32 of lo, hi: hi's words follow lo's.
+__device__ __forceinline__ uint4 window16(uint4 lo, uint4 hi, int bytes) {
+  const unsigned shift = 8 * (bytes & 3);
+  unsigned a[5];
+  switch (bytes >> 2) {  // uniform over a warp: every lane's window starts as far into its vectors
+    case 0: a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w; a[4] = hi.x; break;
+    case 1: a[0] = lo.y; a[1] = lo.z; a[2] = lo.w; a[3] = hi.x; a[4] = hi.y; break;
+    case 2: a[0] = lo.z; a[1] = lo.w; a[2] = hi.x; a[3] = hi.y; a[4] = hi.z; break;
+    default: a[0] = lo.w; a[1] = hi.x; a[2] = hi.y; a[3] = hi.z; a[4] = hi.w; break;
+  }
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = (unsigned)((((unsigned long long)a[k + 1] << 32) | a[k]) >> shift);
+  return words4(w[0], w[1], w[2], w[3]);
+}
+
+// unfold with 16-byte loads and stores, for the common layout (host-checked in ops/unfold.py: unit stride
+// along x, contiguous input rows, every stride of x and cols a multiple of V = 16 / sizeof(T) elements, out_w too,
+// both arrays 16-byte aligned).  One thread per run of V output pixels of one output row: consecutive threads take
+// consecutive runs, so a warp stores 512 contiguous bytes per tap.  The V inputs of a tap are input pixels
+// xx .. xx + V - 1 of one row, at the same offset xx mod V for every lane: two aligned 16-byte loads and a
+// funnel shift, where both vectors lie inside the row; lanes at the row's ends (padding) copy element by element.
+template <typename T, typename I>
+__device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restrict__ cols, I n,
+                                  I x_stride_n, I x_stride_c, I x_stride_h,
+                                  I cols_stride_image, I cols_stride_row,
+                                  int channels, int height, int width, int kernel_h, int kernel_w,
+                                  int stride_h, int pad_top, int pad_left, int dilation_h, int dilation_w,
+                                  int out_h, int out_w, unsigned int runs_magic, unsigned int out_h_magic,
+                                  unsigned int channels_magic) {
+  typedef typename BitsOf<sizeof(T)>::type E;
+  constexpr int V = 16 / sizeof(T);
+  const E* bits = reinterpret_cast<const E*>(x);
+  const int runs_per_row = out_w / V;
+  const I units = n * channels * out_h * runs_per_row;
+  const FastDivmod by_runs(runs_per_row, runs_magic), by_out_h(out_h, out_h_magic);
+  const FastDivmod by_channels(channels, channels_magic);
+  for (I index = grid_start<I>(); index < units; index += grid_stride<I>()) {
+    int run, oy, c;
+    const I row = index_divmod<I>(index, by_runs, run);
+    const I plane = index_divmod<I>(row, by_out_h, oy);
+    const I image = index_divmod<I>(plane, by_channels, c);
+    const int ox0 = run * V;
+    const E* src = bits + image * x_stride_n + c * x_stride_c;
+    T* dst = cols + image * cols_stride_image + (I)c * kernel_h * kernel_w * cols_stride_row + (I)oy * out_w + ox0;
+    int y = oy * stride_h - pad_top;
+    for (int i = 0; i < kernel_h; ++i, y += dilation_h) {
+      const bool row_inside = y >= 0 && y < height;
+      const E* src_row = src + y * x_stride_h;
+      int xx = ox0 - pad_left;
+      // The vectors at lo_start and lo_start + V (hi, where has_hi) of this row, kept from tap to tap: with a small
+      // dilation the next tap starts in the same vector or the next one, so a tap loads about one vector.
+      uint4 lo = words4(0u, 0u, 0u, 0u), hi = lo;
+      int lo_start = -2 * V;  // below any start a vector is loaded from
+      bool has_hi = false;
+#pragma unroll 1
+      for (int j = 0; j < kernel_w; ++j, xx += dilation_w, dst += cols_stride_row) {
+        const int start = xx & ~(V - 1);  // the aligned vector holding input pixel xx (xx may be negative)
+        const int offset = xx - start;
+        uint4 value = words4(0u, 0u, 0u, 0u);
+        if (row_inside) {
+          if (start >= 0 && start + (offset ? 2 * V : V) <= width) {
+            if (start != lo_start) {
+              lo = has_hi && start == lo_start + V ? hi : *reinterpret_cast<const uint4*>(src_row + start);
+              lo_start = start;
+              has_hi = false;
+            }
+            if (offset && !has_hi) {
+              hi = *reinterpret_cast<const uint4*>(src_row + start + V);
+              has_hi = true;
+            }
+            value = window16(lo, hi, offset * (int)sizeof(T));
+          } else {  // the padding at the row's ends
+            E e[V];
+#pragma unroll
+            for (int k = 0; k < V; ++k) e[k] = xx + k >= 0 && xx + k < width ? src_row[xx + k] : E(0);
+            value = pack_words<E>(e);
+          }
+        }
+        *reinterpret_cast<uint4*>(dst) = value;
+      }
+    }
+  }
+}
+
+// im2col: RUN = 1, one thread per window (`unfold_windows`, any layout), or RUN = 16 / sizeof(T), one thread per
+// run of RUN output pixels with 16-byte accesses (`unfold_runs`, the layouts ops/unfold.py checks it can take).
+// row_units_magic is the FastDivmod multiplier of out_w / RUN, the units of one output row.
+template <typename T, typename I, int RUN>
+__global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n,
+                              I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w,
+                              I cols_stride_image, I cols_stride_row,
+                              int channels, int height, int width, int kernel_h, int kernel_w,
+                              int stride_h, int stride_w, int pad_top, int pad_left,
+                              int dilation_h, int dilation_w, int out_h, int out_w,
+                              unsigned int row_units_magic, unsigned int out_h_magic, unsigned int channels_magic) {
+  static_assert(RUN == 1 || RUN * sizeof(T) == 16, "RUN is 1 or a 16-byte vector of T");
+  if constexpr (RUN == 1) {
+    unfold_windows<T, I>(x, cols, n, x_stride_n, x_stride_c, x_stride_h, x_stride_w, cols_stride_image,
+                         cols_stride_row, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top,
+                         pad_left, dilation_h, dilation_w, out_h, out_w, row_units_magic, out_h_magic,
+                         channels_magic);
+  } else {
+    unfold_runs<T, I>(x, cols, n, x_stride_n, x_stride_c, x_stride_h, cols_stride_image, cols_stride_row, channels,
+                      height, width, kernel_h, kernel_w, stride_h, pad_top, pad_left, dilation_h, dilation_w, out_h,
+                      out_w, row_units_magic, out_h_magic, channels_magic);
+  }
+}
+
+// Gather form of col2im: one thread per output position (y, x) of FOLD_PLANES consecutive planes (image,
+// channel) sums, for each plane, the taps that read it, in acc_t (float for the 16-bit types).  The planes share
+// every coordinate, so the index arithmetic of a tap is paid once for FOLD_PLANES loads.  No atomics, so the result
+// is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x)
+// from output pixel (oy, ox) when y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions
+// by the strides are fast ones.
 template <typename T, typename I>
 __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
                             int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
                             int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
-                            int out_w) {
+                            int out_w, unsigned int width_magic, unsigned int height_magic,
+                            unsigned int stride_h_magic, unsigned int stride_w_magic) {
   const I pixels = (I)out_h * out_w;
-  const I total = n * channels * height * width;
+  const I plane_size = (I)height * width;
+  const I planes = n * channels;
+  const I total = (planes + FOLD_PLANES - 1) / FOLD_PLANES * plane_size;  // units: (plane group, y, x)
+  const I cols_plane = kernel_h * kernel_w * pixels;                       // cols elements of one plane
+  const FastDivmod by_width(width, width_magic), by_height(height, height_magic);
+  const FastDivmod by_stride_h(stride_h, stride_h_magic), by_stride_w(stride_w, stride_w_magic);
   for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
-    const int xx = (int)(index % width) + pad_left;
-    const int y = (int)((index / width) % height) + pad_top;
-    const I plane = index / ((I)height * width);  // image * channels + channel
-    const T* src = cols + plane * kernel_h * kernel_w * pixels;
-    acc_t<T> sum = 0;
-    for (int i = 0; i < kernel_h; ++i) {
-      const int ty = y - i * dilation_h;  // = oy * stride_h for the window whose tap i reads row y
-      if (ty < 0) break;
-      if (ty % stride_h) continue;
-      const int oy = ty / stride_h;
-      if (oy >= out_h) continue;
-      for (int j = 0; j < kernel_w; ++j) {
-        const int tx = xx - j * dilation_w;
-        if (tx < 0) break;
-        if (tx % stride_w) continue;
-        const int ox = tx / stride_w;
-        if (ox >= out_w) continue;
-        sum += to_acc(src[(I)(i * kernel_w + j) * pixels + (I)oy * out_w + ox]);
+    int x, y;
+    const I row = index_divmod<I>(index, by_width, x);       // plane group * height + y
+    const I first = index_divmod<I>(row, by_height, y) * FOLD_PLANES;
+    const int count = (int)min(planes - first, (I)FOLD_PLANES);  // planes of this unit: fewer in the last group
+    const int padded_x = x + pad_left;
+    const T* taps = cols + first * cols_plane;
+    acc_t<T> sum[FOLD_PLANES];
+#pragma unroll
+    for (int p = 0; p < FOLD_PLANES; ++p) sum[p] = 0;
+    int ty = y + pad_top;  // = oy * stride_h for the window whose tap i reads row y
+    for (int i = 0; i < kernel_h && ty >= 0; ++i, ty -= dilation_h, taps += kernel_w * pixels) {
+      int ry;
+      const int oy = by_stride_h.divmod(ty, ry);
+      if (ry != 0 || oy >= out_h) continue;
+      const T* tap = taps + (I)oy * out_w;
+      int tx = padded_x;
+#pragma unroll 1
+      for (int j = 0; j < kernel_w && tx >= 0; ++j, tx -= dilation_w, tap += pixels) {
+        int rx;
+        const int ox = by_stride_w.divmod(tx, rx);
+        if (rx == 0 && ox < out_w) {
+#pragma unroll
+          for (int p = 0; p < FOLD_PLANES; ++p) {
+            if (p < count) sum[p] += to_acc(tap[p * cols_plane + ox]);
+          }
+        }
       }
     }
-    out[index] = from_acc<T>(sum);
+    T* dst = out + first * plane_size + (I)y * width + x;
+#pragma unroll
+    for (int p = 0; p < FOLD_PLANES; ++p) {
+      if (p < count) dst[p * plane_size] = from_acc<T>(sum[p]);
+    }
   }
 }

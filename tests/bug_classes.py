@@ -217,9 +217,10 @@ def sparse_zeros(shape, dtype):
 
 def lift_grid_cap(monkeypatch):
     """Grids as large as CUDA allows, so that the last block of a looping kernel owns its last unit only."""
-    from cupyconv.ops import depthwise
+    from cupyconv.ops import depthwise, unfold
     monkeypatch.setattr(_kernels, "GRID_CAP", _kernels.MAX_GRID[0])
     monkeypatch.setattr(depthwise, "FORWARD_BLOCKS", _kernels.MAX_GRID[0])
+    monkeypatch.setattr(unfold, "UNFOLD_BLOCKS", _kernels.MAX_GRID[0])
 
 
 class SparseDevice(EmulatedDevice):

@@ -551,3 +551,50 @@ def test_async_copy_header_compiles_to_ldgsts_and_ldsm(arch):
     mnemonics = Counter(o.split(".")[0] for o in opcodes.elements())
     assert mnemonics["LDGSTS"] == 1 and mnemonics["LDGDEPBAR"] == 1 and mnemonics["DEPBAR"] >= 1, opcodes
     assert mnemonics["LDSM"] == 3 and any(".MT88" in o for o in opcodes), opcodes
+
+
+# The most SASS instructions a tap loop of unfold.cu may issue per global load (sm_90, static count of the innermost
+# loop that loads: unfold_im2col<T, I, 1> copies one tap per trip, fold_col2im loads FOLD_PLANES planes' taps per
+# trip), and per 16-byte store for unfold_im2col's vector instantiations (one tap of RUN pixels per trip, its two
+# vector loads kept from tap to tap and the RUN scalar loads of a row's padded ends).  NVRTC 13.0's code for the
+# issue-25 rewrite: 17 (int) and 21 (long long) a tap for unfold, 85-137 a vector tap, 9-11 per load for fold;
+# before the rewrite, fold's tap loop took 53-55 a load around a division by each stride.  Some slack for other
+# compilers.
+TAP_LOOP_LIMIT = {"unfold_im2col": 22, "unfold_im2col vector": 150, "fold_col2im": 12}
+# Opcodes of a run-time integer division on sm_80/sm_90: the reciprocal that 32-bit division starts from, and the
+# call of the 64-bit division subroutine.  (The compiler may divide once before a loop, to count its trips.)
+DIVISION_OPCODES = {"MUFU", "CALL"}
+
+
+def tap_loop_table(program) -> list[tuple[str, int, int, int, set, set]]:
+    """(name, instructions, loads, stores, opcodes of the innermost loop that loads, opcodes of all loops) of each
+    instantiation."""
+    rows = []
+    for name, instructions in sass.disassemble(program).items():
+        opcodes = [i["opcode"].split(".")[0] for i in instructions]
+        loops = sass.loops(instructions)
+        a, b = min([(a, b) for a, b in loops if "LDG" in opcodes[a:b + 1]], key=lambda loop: loop[1] - loop[0])
+        in_loops = {op for first, last in loops for op in opcodes[first:last + 1]}
+        tap = opcodes[a:b + 1]
+        rows.append((name, b - a + 1, tap.count("LDG"), tap.count("STG"), set(tap), in_loops))
+    return rows
+
+
+@pytest.mark.slow
+def test_unfold_tap_loops_stay_lean(kernel_programs, sass_tools):
+    """unfold_im2col's and fold_col2im's tap loops stay within TAP_LOOP_LIMIT instructions per load (or store) and never
+    divide, and the int instantiations divide in no loop at all (FastDivmod with the host's multipliers; long long
+    splits each unit's index by a 64-bit division, once per unit): an edit that brings a division or per-tap index
+    arithmetic back fails here.  Before issue 25 every instantiation divided in its loops."""
+    problems = []
+    for name, instructions, loads, stores, tap_loop, in_loops in tap_loop_table(kernel_programs("unfold.cu", "sm_90")):
+        kernel, vector = name.split("<")[0], name.startswith("unfold") and not name.endswith(", 1>")
+        per, limit = (instructions / stores, TAP_LOOP_LIMIT[kernel + " vector"]) if vector else (
+            instructions / loads, TAP_LOOP_LIMIT[kernel])
+        if per > limit:
+            problems.append(f"{name}: {instructions} instructions for {stores if vector else loads} "
+                            f"{'stores' if vector else 'loads'} in its tap loop (limit {limit} each)")
+        divides = (in_loops if name.split(",")[1].strip(" >") == "int" else tap_loop) & DIVISION_OPCODES
+        if divides:
+            problems.append(f"{name}: divides at run time in a loop ({sorted(divides)})")
+    assert not problems, "\n".join(problems)

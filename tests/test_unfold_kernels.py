@@ -99,6 +99,55 @@ def test_strided_input_is_read_in_place(view):
     assert numpy.shares_memory(args[0], base), "the kernel should read the strided view, not a copy"
 
 
+#: (kernel, dilation, padding, stride) of the vector path's cases, on 16 x 16 planes whose output rows are 16 wide
+#: (a multiple of every dtype's V = 16 / itemsize): the left padding puts each tap at another offset into the
+#: aligned vectors (0 .. V - 1, and whole vectors of padding), and the lanes at both ends of a row copy element by
+#: element; per-side padding, dilation and a vertical stride as in CASES.
+VECTOR_WINDOWS = [
+    (3, 1, 1, 1),
+    ((2, 3), (1, 2), ((1, 0), (3, 1)), (2, 1)),
+    ((3, 5), (2, 1), ((2, 2), (0, 4)), 1),
+    (1, 1, 0, 1),
+    ((3, 9), 1, ((1, 1), (8, 0)), 1),
+    (3, 3, "same", (3, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_vector_path_matches_cpu_path(dtype):
+    """unfold_im2col's vector instantiation (RUN = 16 / itemsize: 16-byte loads and stores) copies every window bit
+    for bit, in every dtype, forward and reverse order; the launches show it ran, not the scalar one."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    for k, (kernel, dilation, padding, stride) in enumerate(VECTOR_WINDOWS):
+        x = _random((2, 3, 16, 16), dtype, seed=k)
+        kw = dict(dilation=dilation, padding=padding, stride=stride)
+        device = RecordingDevice(order="reverse" if k % 2 else "forward")
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, kernel, **kw), device)
+        run = 16 // numpy.dtype(dtype).itemsize
+        assert [name for name, _ in device.launches] == [_kernels.kernel_name("unfold_im2col", dtype, "int", run)]
+        numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(kernel))
+
+
+def test_vector_path_needs_alignment():
+    """A view that starts one element into its buffer (every stride a multiple of 4 floats), rows of 17, or output
+    rows of 13 take the scalar kernel (a 16-byte access there faults on a GPU, and fails the emulator's alignment
+    check), with the same result."""
+    base = _random((2, 3, 16, 17), numpy.float32)
+    shifted = _random((2 * 3 * 16 * 16 + 1,), numpy.float32)[1:].reshape(2, 3, 16, 16)
+    assert shifted.ctypes.data % 16 == 4
+    for x in (shifted, base[..., :16], numpy.ascontiguousarray(base[..., :13])):
+        device = RecordingDevice()
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), device)
+        assert [name for name, _ in device.launches] == ["unfold_im2col<float, int, 1>"]
+        numpy.testing.assert_array_equal(cols, cols_ref)
+    aligned = numpy.ascontiguousarray(base[..., :16])
+    device = RecordingDevice()
+    with _device.use_device(device):
+        cupyconv.unfold(aligned, 3, padding=1)
+    assert [name for name, _ in device.launches] == ["unfold_im2col<float, int, 4>"]
+
+
 def test_fold_accepts_non_contiguous_cols():
     shape, kernel, dilation, padding, stride = CASES[0]
     cols = cupyconv.unfold(_random(shape, numpy.float64), kernel, dilation=dilation, padding=padding,
@@ -120,10 +169,32 @@ def test_64_bit_index_variants(monkeypatch):
     with _device.use_device(device):
         cols = cupyconv.unfold(x, kernel, **kw)
         out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
-    assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long>",
+    assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long, 1>",
                                                      "fold_col2im<double, long long>"]
     numpy.testing.assert_array_equal(cols, cupyconv.unfold(x, kernel, **kw))
     numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
+
+
+def test_fast_divmod_magic_divides_exactly():
+    """The host's FastDivmod multiplier (the kernels take it as an argument) gives n / d by common.cuh's formula,
+    (umulhi(m, n) + n) >> ceil(log2 d), for every n below 2^31: checked at the ends and at random, against //."""
+    rng = numpy.random.default_rng(5)
+    divisors = [1, 2, 3, 7, 56, 3136, 65535, 2**29 + 256, 2**31 - 1, *rng.integers(1, 2**31 - 1, 40).tolist()]
+    for d in divisors:
+        m, shift = _kernels.fast_divmod_magic(d), (d - 1).bit_length()
+        assert 0 < m < 2**32
+        n = numpy.array([0, 1, d - 1, d, d + 1, 2**31 - 1, *rng.integers(0, 2**31, 200).tolist()], dtype=numpy.uint64)
+        q = (((n * numpy.uint64(m)) >> numpy.uint64(32)) + n) >> numpy.uint64(shift)
+        numpy.testing.assert_array_equal(q, n // numpy.uint64(d), err_msg=f"divisor {d}")
+    with pytest.raises(ValueError, match="fast_divmod_magic"):
+        _kernels.fast_divmod_magic(0)
+
+
+def test_grids_stop_at_unfold_blocks():
+    """Large problems launch UNFOLD_BLOCKS blocks whose threads loop, small ones a block per 256 units."""
+    from cupyconv.ops import unfold
+    assert unfold._launch(10**9) == ((unfold.UNFOLD_BLOCKS,), (256,))
+    assert unfold._launch(1000) == ((4,), (256,))
 
 
 def test_index_type_switches_at_2_to_the_31():
@@ -156,6 +227,9 @@ def test_kernels_are_clean_under_address_sanitizer():
         "with _device.use_device(EmulatedDevice()):\n"
         "    cols = cupyconv.unfold(x, (2, 3), **kw)\n"
         "    out = cupyconv.fold(cols, (5, 7), (2, 3), **kw)\n"
+        "    v = numpy.random.default_rng(1).standard_normal((2, 3, 5, 16)).astype(numpy.float16)\n"
+        "    cols_v = cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1)))\n"   # the vector kernel, both row ends
+        "assert numpy.array_equal(cols_v, cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1))))\n"
         "assert numpy.array_equal(cols, cupyconv.unfold(x, (2, 3), **kw))\n"
         "assert numpy.allclose(out, cupyconv.fold(cols, (5, 7), (2, 3), **kw))\n"
         "print('ok')\n")
@@ -216,6 +290,12 @@ def test_grid_loops_with_several_blocks(monkeypatch):
                                loops.device(EmulatedDevice()))
     numpy.testing.assert_allclose(out, out_ref, rtol=1e-13, atol=1e-13)
     assert loops.looped() == loops.capped() == {"unfold_im2col", "fold_col2im"}, loops.launches
+    x = _random((2, 3, 16, 16), numpy.float64)   # the vector instantiation: 2 x 3 x 16 x 8 runs of 2 pixels
+    device = RecordingDevice(order="reverse")
+    cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=1), loops.device(device))
+    numpy.testing.assert_array_equal(cols, cols_ref)
+    (name, _), (_, blocks, units) = device.launches[-1], loops.launches[-1]
+    assert name == "unfold_im2col<double, int, 2>" and 1 < blocks < units, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
@@ -241,6 +321,11 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     crop = dict(padding=((0, 0), (0, 1)))
     bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel, **crop)[0, -1, -1024:],
                                     numpy.float16, 256, "unfold, plane")
+    with _device.use_device(device):
+        cols = cupyconv.unfold(x, kernel, padding=((1, 0), (0, 0)))  # rows of 59999 windows: one thread per window
+    # the last block holds the last 40000 * 59999 % 256 = 192 windows
+    bug_classes.assert_tail_written(cols, cupyconv.unfold(x[..., -rows:, :], kernel)[0, -1, -1024:], numpy.float16,
+                                    192, "unfold, plane, scalar")
     cols = bug_classes.sparse_zeros((1, 4, h * w), numpy.float16)
     cols[..., -rows * w:] = _random((4, rows * w), numpy.float16, seed=8)
     with _device.use_device(device):
@@ -260,7 +345,10 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         out = cupyconv.fold(cols, (1, 1), kernel, **kw)
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
-    assert device.launches == ["unfold_im2col<__half, long long>", "fold_col2im<__half, long long>"] * 2
+    # output rows of 60000 pixels (16-byte aligned) take the vector instantiation, of 59999 and 1 pixels the scalar one
+    assert device.launches == ["unfold_im2col<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):
@@ -268,19 +356,21 @@ def test_64_bit_case_catches_an_int_product(monkeypatch):
     `c * kernel_h * kernel_w * cols_stride_row`, fails the launch on 2^29 channels with UBSan's report.  The copy
     lives under the emulator's cache, one instantiation of it, so it compiles once per machine."""
     from emulator import KernelFailure, cache_root
+    from cupyconv.ops import unfold
     bug_classes.lift_grid_cap(monkeypatch)
     mutant = cache_root() / "mutants" / "unfold-int-channel-offset"
     mutant.mkdir(parents=True, exist_ok=True)
     source = (_device.kernel_dir() / "unfold.cu").read_text()
     cast = "(I)c * kernel_h * kernel_w * cols_stride_row"
-    assert source.count(cast) == 1
+    assert source.count(cast) == 2   # unfold_windows and unfold_runs
     for name, text in (("common.cuh", (_device.kernel_dir() / "common.cuh").read_text()),
-                       ("unfold.cu", source.replace(cast, cast[3:]))):
+                       # a kernel_dir of its own gets no -D options: the file's constant goes in its text
+                       ("unfold.cu", f"#define FOLD_PLANES {unfold.FOLD_PLANES}\n" + source.replace(cast, cast[3:]))):
         if not (mutant / name).is_file() or (mutant / name).read_text() != text:
             (mutant / name).write_text(text)
     x = bug_classes.sparse_zeros((1, HUGE_CHANNELS, 1, 1), numpy.float16)
     device = bug_classes.SparseDevice(kernel_dir=mutant,
-                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long>")])
+                                      instantiations=[("unfold.cu", "unfold_im2col<__half, long long, 1>")])
     overflow = r"signed integer overflow: 2 \* 1073741\d+ in type 'int' at .*unfold.cu:\d+"
     with pytest.raises(KernelFailure, match=overflow):
         with _device.use_device(device):

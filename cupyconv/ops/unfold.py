@@ -5,7 +5,10 @@ unfold's backward is a fold and fold's backward an unfold, so the module has two
 CPU path: im2col is a strided view over the padded input and col2im a loop over the kernel taps (each tap one
 vectorised add); conv, depthwise and patch build on these primitives.
 GPU path: raw_kernels/unfold.cu, one thread per window for im2col (`unfold_gpu`, also the column builder of
-conv and patch) and a deterministic gather for col2im (`fold_gpu`).
+conv and patch), or per run of 16 bytes of output pixels with 16-byte loads and stores where the layout allows
+(`unfold_im2col<T, I, RUN>`, RUN = `vector_run`), and a deterministic gather for col2im (`fold_gpu`), one thread per
+position of FOLD_PLANES planes; both loop over their units on at most UNFOLD_BLOCKS blocks and split indices by
+FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ import numpy
 from numpy.lib.stride_tricks import as_strided
 
 from .._arrays import Call, compute_dtype, on_arrays_device
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, elementwise_launch, extent, index_type, kernel_name,
-                        stride_args)
-from .._spec import ConvSpec
+from .._device import _address
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, element_strides, elementwise_launch, extent,
+                        fast_divmod_magic, index_type, kernel_name, stride_args)
+from .._spec import ConvSpec, ceil_div
 from .._docs import SAME_KIND, numpy_doc
 from .._typing import ArrayT, IntOrTuple, Padding
 from . import lift
@@ -89,12 +93,30 @@ def fold_cpu(cols, spec: ConvSpec):
 # ---------------------------------------------------------------------------------------------------------
 # GPU path (CuPy on a GPU, or the test emulator): raw_kernels/unfold.cu
 
-KERNELS = KernelFile("unfold.cu")
+FOLD_PLANES = 8  # planes (image, channel) per thread of fold_col2im: they share its index arithmetic
+KERNELS = KernelFile("unfold.cu", defines={"FOLD_PLANES": FOLD_PLANES})
+# The most blocks of 256 threads either kernel is launched with: about two waves of an H100 (132 SMs x 8 resident
+# blocks), whose threads loop over the windows or pixels, so each pays its set-up (the split of its first index)
+# for several units.  tests/bug_classes.py's lift_grid_cap lifts it.
+UNFOLD_BLOCKS = 2048
+
+
+def _launch(units: int):
+    """(grid, block) of a grid-stride launch over `units`, at most UNFOLD_BLOCKS blocks."""
+    (blocks,), block = elementwise_launch(units)
+    return (min(blocks, UNFOLD_BLOCKS),), block
+
+
+def vector_run(dtype) -> int:
+    """Elements of `dtype` in one 16-byte access: the RUN of unfold_im2col's vector instantiation."""
+    itemsize = {"bfloat16": 2}.get(dtype) if isinstance(dtype, str) else None   # a name NumPy alone may not know
+    return 16 // (itemsize or numpy.dtype(dtype).itemsize)
 
 
 def instantiations():
-    return [kernel_name(k, d, i)
-            for k, d, i in itertools.product(("unfold_im2col", "fold_col2im"), KERNEL_DTYPES, INDEX_TYPES)]
+    return [*(kernel_name("unfold_im2col", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
+              for run in (1, vector_run(d))),
+            *(kernel_name("fold_col2im", d, i) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES))]
 
 
 def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
@@ -113,11 +135,20 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
         cols = device.empty((n, rows, pixels), x.dtype)
         image_stride, row_stride = rows * pixels, pixels
     windows = n * c * pixels
-    if windows:
-        grid, block = elementwise_launch(windows)
-        KERNELS.launch(device, "unfold_im2col", dtype=x.dtype, index=index_type(cols.size, extent(x4)), grid=grid,
-                       block=block, window=spec, x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"),
-                       cols_stride_image=image_stride, cols_stride_row=row_stride, channels=c)
+    if not windows:
+        return cols
+    (oh, ow), index = spec.out_size, index_type(cols.size, extent(x4))
+    sx, vector = element_strides(x4), vector_run(x4.dtype)
+    # 16-byte accesses need every row of x and of cols to start on a 16-byte boundary, and a run of pixels to be
+    # contiguous in x: else one thread per window, through any strides.
+    run = vector if (spec.stride[1] == 1 and sx[3] == 1 and ow % vector == 0
+                     and all(s % vector == 0 for s in (sx[0], sx[1], sx[2], image_stride, row_stride))
+                     and _address(x4) % 16 == 0 and _address(cols) % 16 == 0) else 1
+    grid, block = _launch(windows // run)
+    KERNELS.launch(device, "unfold_im2col", (run,), dtype=x.dtype, index=index, grid=grid, block=block, window=spec,
+                   x=x4, cols=cols, n=n, **stride_args("x", x4, "nchw"), cols_stride_image=image_stride,
+                   cols_stride_row=row_stride, channels=c, row_units_magic=fast_divmod_magic(ow // run),
+                   out_h_magic=fast_divmod_magic(oh), channels_magic=fast_divmod_magic(c))
     return cols
 
 
@@ -127,9 +158,12 @@ def fold_gpu(device, cols, spec: ConvSpec):
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        grid, block = elementwise_launch(out.size)
+        grid, block = _launch(ceil_div(spec.n * c, FOLD_PLANES) * h * w)
+        (sh, sw) = spec.stride
         KERNELS.launch(device, "fold_col2im", dtype=cols.dtype, index=index_type(cols.size, out.size), grid=grid,
-                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c)
+                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c,
+                       width_magic=fast_divmod_magic(w), height_magic=fast_divmod_magic(h),
+                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw))
     return out
 
 
