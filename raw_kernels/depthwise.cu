@@ -377,35 +377,109 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
   }
 }
 
-template <typename T, typename I, int K, int S>
-__global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                              T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
-                              int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
-                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+// The staging of the persistent kernels (depthwise_persistent, depthwise_bwd_weight<K, S>), worked out once per
+// block: this thread's chunks are chunk0 (+ lanes ...) of the unit's rows row0, row0 + rows_per_pass, ... (plane
+// q = row / in_h).  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements, each
+// chunk one 16-byte shared store cut from the two C-element global slots aligned in memory that hold it (element
+// loads with zero padding at the plane's edges and where the rows are not aligned).
+template <typename T, typename I> struct AlignedStaging {
+  typedef acc_t<T> A;
+  static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
+  int in_h, pitch, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  bool stager, rows_aligned;
+
+  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w) : in_h(in_h_) {
+    pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+    chunks = pitch / C;
+    lanes = min(chunks, (int)blockDim.x);
+    const int rows_per_pass = (int)blockDim.x / lanes;
+    stager = (int)threadIdx.x < rows_per_pass * lanes;
+    chunk0 = (int)threadIdx.x % lanes;
+    q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+    pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+    rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
+  }
+
+  // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is channel channel0 + q % terms of
+  // image image0 + q / terms of src (zeros outside the plane and past the batch).
+  __device__ __forceinline__ void stage(A* tile, const T* __restrict__ src, I images, I image0, int src_channels,
+                                        int channel0, int terms, int planes, int y0, int x0, int height,
+                                        int width) const {
+    if (!stager) return;
+    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
+    int q = q0, r = r0;
+    while (q < planes) {
+      const I image = image0 + q / terms;
+      const int yy = y0 + r;
+      const T* row = nullptr;
+      if (image < images && yy >= 0 && yy < height)
+        row = src + ((image * src_channels + channel0 + q % terms) * height + yy) * (I)width;
+      A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
+      for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
+        const int col = x0 + chunk * C, slot = col - shift;
+        T t[C];
+        if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
+          const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+          const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
+#pragma unroll
+          for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+            if (m == shift) {
+#pragma unroll
+              for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < C; ++e)
+            t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
+        }
+        Pack<A, C> packed;
+#pragma unroll
+        for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+        *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+      }
+      q += pass_q, r += pass_r;
+      if (r >= in_h) r -= in_h, ++q;
+    }
+  }
+};
+
+// w = the K x K kernel at wk, or (FLIPPED) the same kernel rotated by 180 degrees.
+template <int K, bool FLIPPED, typename T, typename A>
+__device__ __forceinline__ void load_kernel(const T* wk, A (&w)[K][K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int j = 0; j < K; ++j) w[i][j] = to_acc(wk[FLIPPED ? K * K - 1 - (i * K + j) : i * K + j]);
+  }
+}
+
+// Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
+// persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
+// src = x (C channels), dst = y (C * m), a unit is one output channel d = c * m + k; input gradient, src =
+// grad_out (C * m), dst = grad_x (C), a unit is one input channel c, whose m grad_out tiles are staged together
+// and convolved with the flipped kernels.
+template <typename T, typename I, int K, int S, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_persistent(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int pad_top, int pad_left,
+    int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
-  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
+  const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
+  const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel: the digit k's radix
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const int pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
-  const int chunks = pitch / C;
+  const AlignedStaging<T, I> staging(src, src_w, in_h, in_w);
+  const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
-  const int out_channels = channels * multiplier;
+  const int dst_channels = channels * kernels;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of image p of the unit) ...
   const int groups_x = tile_w / U, strips = tile_h / V;
   const int ox_l = (int)threadIdx.x % groups_x * U;
   const int s = (int)threadIdx.x / groups_x % strips;
   const int p = (int)threadIdx.x / (groups_x * strips);
-  // ... its staging chunks: chunk chunk0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
-  // per_block * in_h rows (image q = row / in_h) ...
-  const int lanes = min(chunks, (int)blockDim.x);
-  const int rows_per_pass = (int)blockDim.x / lanes;
-  const bool stager = (int)threadIdx.x < rows_per_pass * lanes;
-  const int chunk0 = (int)threadIdx.x % lanes;
-  const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
-  const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
-  const bool rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(x) % (C * sizeof(T))) == 0;
-  const bool out_aligned = out_w % U == 0 && (reinterpret_cast<unsigned long long>(y) % (U * sizeof(T))) == 0;
+  const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step.
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
   I g, step_g;
@@ -413,82 +487,46 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     int u = (int)blockIdx.x, v = (int)gridDim.x;
     tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
     ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
-    k = u % multiplier, u /= multiplier, step_k = v % multiplier, v /= multiplier;
+    k = u % kernels, u /= kernels, step_k = v % kernels, v /= kernels;
     c = u % channels, u /= channels, step_c = v % channels, v /= channels;
     g = u, step_g = v;
   }
   const I groups = (images + per_block - 1) / per_block;
 
   while (g < groups) {
-    const int d = c * multiplier + k;
+    const int d = c * kernels + k;  // the output plane's channel
+    const int kernel0 = TRANSPOSED ? c * terms : d;  // its first kernel
     const I image0 = g * per_block;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-    const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
-    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
-    if (stager) {
-      int q = q0, r = r0;
-      while (q < per_block) {
-        const I image = image0 + q;
-        const int yy = y0 + r;
-        const T* row = nullptr;
-        if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
-        A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
-        for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
-          const int col = x0 + chunk * C, slot = col - shift;
-          T t[C];
-          if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
-            const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
-            const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
-#pragma unroll
-            for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
-              if (m == shift) {
-#pragma unroll
-                for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
-              }
-            }
-          } else {
-#pragma unroll
-            for (int e = 0; e < C; ++e)
-              t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
-          }
-          Pack<A, C> packed;
-#pragma unroll
-          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
-          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
-        }
-        q += pass_q, r += pass_r;
-        if (r >= in_h) r -= in_h, ++q;
-      }
-    }
-    // The unit's weights, issued before the barrier so that they arrive during it (cached: every thread and
-    // the channel's other tiles read the same K x K).  Keeping them across units while the channel holds saves
-    // 3-5% of the loop's instructions and costs 8-32 registers (NVRTC 13, sm_90), so they are reloaded.
+    staging.stage(tile, src, images, image0, channels * terms, c * terms, terms, per_block * terms,
+                  oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w);
+    // The unit's (first) weights, issued before the barrier so that they arrive during it (cached: every thread
+    // and the channel's other tiles read the same K x K).  Keeping them across units while the channel holds
+    // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
     A w[K][K];
-    const T* wd = weight + (I)d * (K * K);
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-      for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
-    }
+    load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     __syncthreads();
 
     const int ox = ox0 + ox_l;
     const I n = image0 + p;
-    if (p < per_block && n < images && ox < out_w) {
+    if (p < per_block && n < images && ox < dst_w) {
       A acc[V][U];
-      const A init = has_bias ? to_acc(bias[d]) : A(0);
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
 #pragma unroll
         for (int u = 0; u < U; ++u) acc[v][u] = init;
       }
-      block_fma<A, K, S, V, U>(tile + (p * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      for (int t = 0; t < terms; ++t) {  // the forward: once
+        if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
+        block_fma<A, K, S, V, U>(tile + ((p * terms + t) * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      }
       const int oy = oy0 + s * V;
-      T* out = y + ((n * out_channels + d) * out_h + oy) * (I)out_w + ox;
-      const bool whole = out_aligned && ox + U <= out_w;
+      T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
+      const bool whole = out_aligned && ox + U <= dst_w;
 #pragma unroll
-      for (int v = 0; v < V; ++v, out += out_w) {
-        if (oy + v >= out_h) break;
+      for (int v = 0; v < V; ++v, out += dst_w) {
+        if (oy + v >= dst_h) break;
         if (whole) {
           Pack<T, U> packed;
 #pragma unroll
@@ -497,7 +535,7 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
         } else {
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            if (ox + u < out_w) out[u] = from_acc<T>(acc[v][u]);
+            if (ox + u < dst_w) out[u] = from_acc<T>(acc[v][u]);
           }
         }
       }
@@ -507,10 +545,20 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     int carry = 0;
     next_digit(tx, step_tx, tiles_x, carry);
     next_digit(ty, step_ty, tiles_y, carry);
-    next_digit(k, step_k, multiplier, carry);
+    next_digit(k, step_k, kernels, carry);
     next_digit(c, step_c, channels, carry);
     g += step_g + carry;
   }
+}
+
+template <typename T, typename I, int K, int S>
+__global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                              T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
+                              int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+  depthwise_persistent<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+                                          out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
+                                          has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -526,15 +574,16 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
 
-// Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1.  pad_top/pad_left: the forward's.
+// Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
+// grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
 template <typename T, typename I, int K>
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
                                     int tile_w, int tiles_x, int tiles_y, int per_block) {
-  depthwise_tiled<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                    out_w, height, width, K, K, 1, 1, 1, 1, K - 1 - pad_top, K - 1 - pad_left,
-                                    tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+  depthwise_persistent<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                         out_w, height, width, K - 1 - pad_top, K - 1 - pad_left, tile_h, tile_w,
+                                         tiles_x, tiles_y, per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.

@@ -372,6 +372,27 @@ def test_forward_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, 
     assert_matches(out, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
+@pytest.mark.parametrize("blocks", [1, 5, 7, 13])
+@pytest.mark.parametrize("shape, m, k, padding, dtype", [(s, m, k, p, d) for s, m, k, st, p, d in PERSISTENT_CASES
+                                                         if st == 1])
+def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, padding, dtype):
+    """The persistent input gradient (stride 1: the forward's kernel over grad_output, m planes staged per unit,
+    flipped kernels) on fewer blocks than units, as above."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 100)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(dtype)
+    grad_output = rng.standard_normal((shape[0], shape[1] * m, *shape[2:])).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    (name, args), = device.launches
+    assert short(name) == f"depthwise_bwd_input<{k}>" and args[-1] > 0
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    expected = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs="input")[0]
+    assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long

@@ -333,8 +333,9 @@ def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
     if spec.stride == (1, 1) and _overlaps(spec):
         k = _specialised(spec, stride_one=True)
         if k:
-            tiling = plan_tiling(spec.in_size, spec.n, _window_staging((k, k), (1, 1), m), acc, strip=STRIP_ROWS[k],
-                                 align=(STRIP_ROWS[k], 1))
+            staged = _forward_staging(k, 1, acc)
+            tiling = plan_tiling(spec.in_size, spec.n, lambda th, tw: m * staged(th, tw), acc, strip=STRIP_ROWS[k],
+                                 columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
             if tiling:
                 return Plan("depthwise_bwd_input", (k,), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -417,6 +418,8 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
     units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
+    if plan.kernel == "depthwise_bwd_input":
+        units = min(units, FORWARD_BLOCKS)  # the forward's persistent kernel
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
             grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
             multiplier=_multiplier(spec))
