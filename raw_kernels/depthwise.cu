@@ -791,15 +791,106 @@ __device__ __forceinline__ void depthwise_weight_tiled(
   }
 }
 
+// Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
+// units and partial rows of depthwise_weight_tiled with the forward's thread items and staging.  A thread owns a
+// V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
+// U-element load per row where the rows are aligned, issued before the barrier), then slides down the staged x
+// rows ((U - 1) * S + K values each, 16-byte shared loads) adding g * x to its K * K tap sums, so a staged value
+// feeds up to U * ceil(K / S) products.  The block's units are consecutive, so the unit digits (tile column, tile
+// row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
+// are reduced once, in block_reduce's fixed order.
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                      int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block,
                                      I units_per_block, int has_bias) {
-  depthwise_weight_tiled<T, I, K, S>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
-                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
-                                     tiles_y, per_block, units_per_block, has_bias);
+  typedef acc_t<T> A;
+  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
+  const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
+  const AlignedStaging<T, I> staging(x, width, in_h, in_w);
+  const int pitch = staging.pitch;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  A* scratch = tile + per_block * in_h * pitch;
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (R + has_bias);
+
+  const int groups_x = tile_w / U, strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % groups_x * U;
+  const int s = (int)threadIdx.x / groups_x % strips;
+  const int p = (int)threadIdx.x / (groups_x * strips);
+  const bool rows_aligned = out_w % U == 0 &&
+                            (reinterpret_cast<unsigned long long>(grad_out) % (U * sizeof(T))) == 0;
+  const int tiles = tiles_x * tiles_y;
+  const WeightRows<I> rows(images, per_block, tiles, units_per_block);
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels, first = rows.begin(r), count = rows.end(r) - first;
+    int tx = (int)(first % tiles), ty = tx / tiles_x;
+    tx -= ty * tiles_x;
+    I g = first / tiles;  // image group
+    A acc[R + 1];  // the taps, then the bias
+#pragma unroll
+    for (int t = 0; t <= R; ++t) acc[t] = A(0);
+    for (I e = 0; e < count; ++e) {
+      const I image0 = g * per_block, n = image0 + p;
+      const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+      staging.stage(tile, x, images, image0, channels, c, 1, per_block, oy0 * S - pad_top, ox0 * S - pad_left,
+                    height, width);
+      const int ox = ox0 + ox_l, oy = oy0 + s * V;
+      const bool active = p < per_block && n < images && ox < out_w;
+      A gv[V][U];  // zeros past the plane: those outputs add nothing
+      {
+        const T* gp = active ? grad_out + ((n * out_channels + co) * out_h + oy) * (I)out_w + ox : grad_out;
+        const bool whole = rows_aligned && ox + U <= out_w;
+#pragma unroll
+        for (int v = 0; v < V; ++v, gp += out_w) {
+          if (active && oy + v < out_h && whole) {
+            const Pack<T, U> packed = *reinterpret_cast<const Pack<T, U>*>(gp);
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = to_acc(packed.v[u]);
+          } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h && ox + u < out_w ? to_acc(gp[u]) : A(0);
+          }
+        }
+      }
+      __syncthreads();
+      if (active) {
+        const A* base = tile + (p * in_h + s * V * S) * pitch + ox_l * S;
+#pragma unroll
+        for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
+          A row[L];
+          load_row<A, L>(base + rr * pitch, row);
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const int i = rr - v * S;
+            if (i >= 0 && i < K) {
+#pragma unroll
+              for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) acc[R] += gv[v][u];
+        }
+      }
+      __syncthreads();  // the next unit overwrites the tile
+      if (++tx == tiles_x) {
+        tx = 0;
+        if (++ty == tiles_y) ty = 0, ++g;
+      }
+    }
+    block_reduce(acc, scratch, [&](int t, A total) {
+      if (t < R) partial[r * row_length + (I)co * R + t] = total;
+      if (t == R && has_bias) partial[r * row_length + (I)out_channels * R + co] = total;
+    });
+  }
 }
 
 template <typename T, typename I>

@@ -439,16 +439,20 @@ FORWARD_LOOP_PER_OUTPUT = {
 }
 
 
-def depthwise_forward_loop_table(program) -> list[tuple[str, int, float]]:
-    """(name, unit-loop instructions, per output) of every int-indexed depthwise_fwd<T, int, K, S>, fp64 aside."""
+PERSISTENT_DEPTHWISE = ("depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight")
+
+
+def depthwise_loop_table(program, kernels=PERSISTENT_DEPTHWISE) -> list[tuple[str, int, float]]:
+    """(name, unit-loop instructions, per output) of every int-indexed kernel<T, int, K[, S]> of `kernels`, fp64
+    aside: the persistent depthwise kernels, whose thread items are STRIP_ROWS[K] x FWD_COLUMNS outputs."""
     from cupyconv.ops import depthwise
     loops = unit_loop_opcodes(program)
     rows = []
     for name in GROUPS["depthwise.cu"]:
         kernel, rest = name.split("<")
-        if kernel != "depthwise_fwd" or name not in loops:
+        if kernel not in kernels or name not in loops:
             continue
-        t, index, k, _ = (part.strip() for part in rest.rstrip(">").split(","))
+        t, index, k = [part.strip() for part in rest.rstrip(">").split(",")][:3]
         if index == "int" and t != "double":
             instructions = sum(loops[name].values())
             rows.append((name, instructions, instructions / (depthwise.STRIP_ROWS[int(k)] * depthwise.FWD_COLUMNS)))
@@ -460,7 +464,8 @@ def test_depthwise_forward_loop_stays_lean(kernel_programs):
     """depthwise_fwd's loop over its units issues at most FORWARD_LOOP_PER_OUTPUT instructions per output (sm_90,
     int): an edit that brings per-unit divisions or set-up back into the loop fails here."""
     problems = []
-    for name, instructions, per_output in depthwise_forward_loop_table(kernel_programs("depthwise.cu", "sm_90")):
+    for name, instructions, per_output in depthwise_loop_table(kernel_programs("depthwise.cu", "sm_90"),
+                                                               ("depthwise_fwd",)):
         t, _, k, s = (part.strip() for part in name.split("<")[1].rstrip(">").split(","))
         bound = FORWARD_LOOP_PER_OUTPUT["float" if t == "float" else "16-bit", int(k), int(s)]
         if per_output > bound:
@@ -528,11 +533,11 @@ if __name__ == "__main__":
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     if sys.argv[2:] == ["depthwise"]:
         from test_nvrtc import ARCHES, nvrtc, options_for
-        names = [n for n in GROUPS["depthwise.cu"] if n.startswith("depthwise_fwd<") and ", int," in n]
+        names = [n for n in GROUPS["depthwise.cu"] if n.split("<")[0] in PERSISTENT_DEPTHWISE and ", int," in n]
         program = nvrtc(ARCHES[arch]).compile(_device.kernel_source("depthwise.cu"), "depthwise.cu", names,
                                               options_for(arch, "depthwise.cu"))
         usage = resource_usage(program, arch)
-        for name, instructions, per_output in depthwise_forward_loop_table(program):
+        for name, instructions, per_output in depthwise_loop_table(program):
             print(f"{name:40} {usage[name].registers:4} registers {instructions:5} per unit  {per_output:6.1f} per output")
         sys.exit()
     for name, instructions, opcodes in tensor_core_loop_table(compile_file("conv.cu", arch)):

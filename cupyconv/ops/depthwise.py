@@ -355,8 +355,9 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
-                             align=(STRIP_ROWS[k], 1), extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc), acc,
+                             strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
+                             extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
         if tiling:
             return Plan("depthwise_bwd_weight", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
