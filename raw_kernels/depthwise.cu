@@ -378,26 +378,30 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 }
 
 // The staging of the persistent kernels (depthwise_persistent, depthwise_bwd_weight<K, S>), worked out once per
-// block: this thread's chunks are chunk0 (+ lanes ...) of the unit's rows row0, row0 + rows_per_pass, ... (plane
-// q = row / in_h).  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements, each
-// chunk one 16-byte shared store cut from the two C-element global slots aligned in memory that hold it (element
-// loads with zero padding at the plane's edges and where the rows are not aligned).
+// block.  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements.  Rows that are
+// 16-byte aligned in global memory are staged by chunks: this thread's are chunk0 (+ lanes ...) of the unit's rows
+// row0, row0 + rows_per_pass, ... (plane q = row / in_h), each one 16-byte shared store cut from the two C-element
+// global slots aligned in memory that hold it (element loads with zero padding at the plane's edges).  Other rows
+// (a plane width that is not a multiple of C: 7, 14) are staged element by element, lanes along the row, so that a
+// warp's load reads consecutive elements (per chunk, its C element loads would each touch every row the warp
+// covers).
 template <typename T, typename I> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
-  int in_h, pitch, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  int in_h, in_w, pitch, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
   bool stager, rows_aligned;
 
-  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w) : in_h(in_h_) {
+  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_)
+      : in_h(in_h_), in_w(in_w_) {
     pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+    rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
     chunks = pitch / C;
-    lanes = min(chunks, (int)blockDim.x);
+    lanes = min(rows_aligned ? chunks : in_w, (int)blockDim.x);  // chunks, or elements, of a row at a time
     const int rows_per_pass = (int)blockDim.x / lanes;
     stager = (int)threadIdx.x < rows_per_pass * lanes;
     chunk0 = (int)threadIdx.x % lanes;
     q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
     pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
-    rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
   }
 
   // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is channel channel0 + q % terms of
@@ -415,10 +419,16 @@ template <typename T, typename I> struct AlignedStaging {
       if (image < images && yy >= 0 && yy < height)
         row = src + ((image * src_channels + channel0 + q % terms) * height + yy) * (I)width;
       A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
-      for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
+      if (!rows_aligned) {
+        for (int i = chunk0; i < in_w; i += lanes) {
+          const int col = x0 + i;
+          dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+        }
+      }
+      for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
         const int col = x0 + chunk * C, slot = col - shift;
         T t[C];
-        if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
+        if (row != nullptr && slot >= 0 && slot + 2 * C <= width) {
           const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
           const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
 #pragma unroll
