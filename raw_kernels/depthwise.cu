@@ -12,11 +12,12 @@
 //   write neighbouring outputs (coalesced).  Small planes (7x7, 4x4) take the whole plane as the tile and pack
 //   many images of one channel per block, so a block still has ~256 busy threads and its weights are uniform
 //   (registers filled by broadcast loads).
-// * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1) keep the K x K weights in registers and
-//   slide a register window down the strip: each shared-memory row segment is read once and feeds up to
-//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.  The forward
-//   (depthwise_fwd<T, I, K, S>) goes further: a persistent grid, no division in its loop, items of V x 4 outputs
-//   read with 16-byte shared loads and written with one vector store per row (its own comment says how).
+// * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
+//   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
+//   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
+//   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
+//   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory and, when stride == dilation along H, slide a register window down each kernel column.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
@@ -34,13 +35,14 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride); dynamic shared
+// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
 
 // Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
 // compiler of this file gets them as -D options, so they exist once.
-//   FWD_COLUMNS       output columns per thread item of depthwise_fwd<T, I, K, S> (one vector store);
+//   FWD_COLUMNS       output columns per thread item of the specialised kernels (one vector access per row);
 //   STRIP_ROWS_3/5/7  output rows per thread item (the height of the register sliding window) of the 3x3, 5x5
 //                     and 7x7 specialisations;
 //   GENERIC_STRIP     the same for the generic kernels;
@@ -129,34 +131,8 @@ __device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__
                            in_w, y0, x0, height, width);
 }
 
-// Calls f(v, i, j, base[(v * S + i) * pitch + j]) for every output v of a strip of V and every tap (i, j) of
-// its K x K window, K and S known at compile time: input row r is loaded into registers once and handed to
-// every output whose window covers it.  The forward and the weight gradient differ only in f.
-template <int K, int S, int V, typename A, typename F>
-__device__ __forceinline__ void for_each_strip_tap(const A* base, int pitch, F f) {
-#pragma unroll
-  for (int r = 0; r < (V - 1) * S + K; ++r) {
-    A row[K];
-#pragma unroll
-    for (int j = 0; j < K; ++j) row[j] = base[r * pitch + j];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int i = r - v * S;
-      if (i >= 0 && i < K) {
-#pragma unroll
-        for (int j = 0; j < K; ++j) f(v, i, j, row[j]);
-      }
-    }
-  }
-}
-
-// out[v] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + j] for a strip of V outputs.
-template <typename A, int K, int S, int V>
-__device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V]) {
-  for_each_strip_tap<K, S, V>(base, pitch, [&](int v, int i, int j, A value) { out[v] += w[i][j] * value; });
-}
-
-// The same sum with runtime geometry; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
+// out[v] += sum_{i,j} w[i][j] * base[(v * stride_h + i * dilation_h) * pitch + j * dilation_w] for a strip
+// of V outputs; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
 // stride equals the vertical dilation, output v's tap i reads row (v + i) * stride: a window of V registers
 // then slides down each kernel column, one shared load (plus a broadcast weight) per V FMAs instead of V (the
 // 31x31 stride-1 case).
@@ -216,18 +192,6 @@ __device__ __forceinline__ void block_reduce(A (&v)[R], A* scratch, Store store)
   __syncthreads();
 }
 
-// The geometry of a tiled kernel: K > 0 (K x K kernel, stride S, dilation 1) puts compile-time constants in
-// place of the runtime arguments, so the compiler can fold them into the addressing; K = 0 keeps those.
-template <int K, int S>
-__device__ __forceinline__ void fold_geometry(int& kernel_h, int& kernel_w, int& stride_h, int& stride_w,
-                                              int& dilation_h, int& dilation_w) {
-  if constexpr (K > 0) {
-    kernel_h = kernel_w = K;
-    stride_h = stride_w = S;
-    dilation_h = dilation_w = 1;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Forward and stride-1 input gradient: one tiled convolution from `src` planes to `dst` planes.
 //
@@ -238,16 +202,15 @@ __device__ __forceinline__ void fold_geometry(int& kernel_h, int& kernel_w, int&
 // Input gradient at stride 1 (TRANSPOSED true): src = grad_out (C * m), dst = grad_x (C): grad_x is the
 // correlation of grad_out with the flipped kernels, summed over the m output channels of the input channel;
 // the unit stages those m tiles together.  pad_top/pad_left are those of the equivalent forward correlation
-// src -> dst.  K = 0: runtime geometry.
-template <typename T, typename I, int K, int S, bool TRANSPOSED>
+// src -> dst.  Any geometry (the K x K specialisations are depthwise_persistent's).
+template <typename T, typename I, bool TRANSPOSED>
 __device__ __forceinline__ void depthwise_tiled(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h,
     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left,
     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
-  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
-  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
+  constexpr int V = GENERIC_STRIP;
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
@@ -274,11 +237,9 @@ __device__ __forceinline__ void depthwise_tiled(
     load_tiles<T, I>(tile, src, images, image0, src_channels, TRANSPOSED ? kernel0 : d / multiplier, terms,
                      per_block * terms, in_h, in_w, oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,
                      src_w);
-    if constexpr (K == 0) {
-      for (int e = threadIdx.x; e < terms * taps; e += blockDim.x) {
-        const int tap = e % taps;
-        wshared[e] = to_acc(weight[((I)kernel0 + e / taps) * taps + (TRANSPOSED ? taps - 1 - tap : tap)]);
-      }
+    for (int e = threadIdx.x; e < terms * taps; e += blockDim.x) {
+      const int tap = e % taps;
+      wshared[e] = to_acc(weight[((I)kernel0 + e / taps) * taps + (TRANSPOSED ? taps - 1 - tap : tap)]);
     }
     __syncthreads();
 
@@ -291,19 +252,8 @@ __device__ __forceinline__ void depthwise_tiled(
       for (int v = 0; v < V; ++v) acc[v] = init;
       for (int k = 0; k < terms; ++k) {
         const A* base = tile + ((p * terms + k) * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-        if constexpr (K > 0) {
-          A w[K][K];
-          const T* wk = weight + ((I)kernel0 + k) * (K * K);
-#pragma unroll
-          for (int i = 0; i < K; ++i) {
-#pragma unroll
-            for (int j = 0; j < K; ++j) w[i][j] = to_acc(wk[TRANSPOSED ? K * K - 1 - (i * K + j) : i * K + j]);
-          }
-          window_fma<A, K, S, V>(base, in_w, w, acc);
-        } else {
-          generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
-                            acc);
-        }
+        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
+                          acc);
       }
       T* out = dst + (n * dst_channels + d) * (I)dst_h * dst_w + ox;
 #pragma unroll
@@ -579,7 +529,7 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                       int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                                       int pad_top, int pad_left, int tile_h, int tile_w, int tiles_x,
                                       int tiles_y, int per_block, int has_bias) {
-  depthwise_tiled<T, I, 0, 0, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+  depthwise_tiled<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
                                      out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
@@ -604,7 +554,7 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                             int kernel_w, int dilation_h, int dilation_w, int pad_top,
                                             int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
                                             int per_block) {
-  depthwise_tiled<T, I, 0, 0, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+  depthwise_tiled<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
                                     out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
                                     (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
@@ -701,9 +651,9 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
 // per_block images).  Threads are mapped over (image, strip, column) items, so even a 4x4 plane keeps every lane
 // busy; each accumulates its taps in registers over all the block's units, then the block reduces them in a
 // fixed order and writes partial row r: partial[r][co * taps + tap], and partial[r][C * m * taps + co] for the
-// bias when has_bias.  The specialised kernel slides the register window of the forward over the x tile; the
-// generic one takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner sends larger
-// kernels to depthwise_bwd_weight_large).
+// bias when has_bias.  depthwise_bwd_weight<K, S> slides the forward's register window over the x tile;
+// depthwise_bwd_weight_generic takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner
+// sends larger kernels to depthwise_bwd_weight_large).
 // The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
 // grouped units_per_block to a row; row r covers the units [begin(r), end(r)) of its channel.
 template <typename I> struct WeightRows {
@@ -715,16 +665,16 @@ template <typename I> struct WeightRows {
   __device__ I end(I r) const { return min(units, (r + 1) * per_row); }
 };
 
-template <typename T, typename I, int K, int S>
-__device__ __forceinline__ void depthwise_weight_tiled(
-    const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
-    int channels, int multiplier, int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
-    int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
-    int tile_w, int tiles_x, int tiles_y, int per_block, I units_per_block, int has_bias) {
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                             acc_t<T>* __restrict__ partial, I images, int channels,
+                                             int multiplier, int height, int width, int out_h, int out_w,
+                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                             int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
+                                             int tile_w, int tiles_x, int tiles_y, int per_block,
+                                             I units_per_block, int has_bias) {
   typedef acc_t<T> A;
-  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
-  constexpr int R = K > 0 ? K * K : TAP_CHUNK;  // taps per pass, accumulated in registers
-  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
+  constexpr int V = GENERIC_STRIP, R = TAP_CHUNK;  // R: taps per pass, accumulated in registers
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
@@ -743,13 +693,11 @@ __device__ __forceinline__ void depthwise_weight_tiled(
     const int co = (int)(b % out_channels), c = co / multiplier;
     const I r = b / out_channels, unit_end = rows.end(r);
     for (int t0 = 0; t0 < taps; t0 += R) {
-      int offset[R];  // generic: shared-memory offset of tap t0 + t from the item's window origin
-      if constexpr (K == 0) {
+      int offset[R];  // shared-memory offset of tap t0 + t from the item's window origin
 #pragma unroll
-        for (int t = 0; t < R; ++t) {
-          const int tap = min(t0 + t, taps - 1);
-          offset[t] = tap / kernel_w * dilation_h * in_w + tap % kernel_w * dilation_w;
-        }
+      for (int t = 0; t < R; ++t) {
+        const int tap = min(t0 + t, taps - 1);
+        offset[t] = tap / kernel_w * dilation_h * in_w + tap % kernel_w * dilation_w;
       }
       A acc[R + 1];  // taps t0 .. t0 + R - 1, then the bias
 #pragma unroll
@@ -772,18 +720,12 @@ __device__ __forceinline__ void depthwise_weight_tiled(
             g[v] = oy < out_h ? to_acc(g_col[(I)oy * out_w]) : A(0);
           }
           const A* base = tile + (p * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-          if constexpr (K > 0) {
-            for_each_strip_tap<K, S, V>(base, in_w, [&](int v, int i, int j, A value) {
-              acc[i * K + j] += g[v] * value;
-            });
-          } else {
-            const int step = stride_h * in_w;
+          const int step = stride_h * in_w;
 #pragma unroll
-            for (int t = 0; t < R; ++t) {
-              if (t0 + t < taps) {
+          for (int t = 0; t < R; ++t) {
+            if (t0 + t < taps) {
 #pragma unroll
-                for (int v = 0; v < V; ++v) acc[t] += g[v] * base[v * step + offset[t]];
-              }
+              for (int v = 0; v < V; ++v) acc[t] += g[v] * base[v * step + offset[t]];
             }
           }
           if (t0 == 0) {
@@ -802,7 +744,7 @@ __device__ __forceinline__ void depthwise_weight_tiled(
 }
 
 // Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
-// units and partial rows of depthwise_weight_tiled with the forward's thread items and staging.  A thread owns a
+// units and partial rows of depthwise_bwd_weight_generic with the forward's thread items and staging.  A thread owns a
 // V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
 // U-element load per row where the rows are aligned, issued before the barrier), then slides down the staged x
 // rows ((U - 1) * S + K values each, 16-byte shared loads) adding g * x to its K * K tap sums, so a staged value
@@ -901,20 +843,6 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       if (t == R && has_bias) partial[r * row_length + (I)out_channels * R + co] = total;
     });
   }
-}
-
-template <typename T, typename I>
-__global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                             acc_t<T>* __restrict__ partial, I images, int channels,
-                                             int multiplier, int height, int width, int out_h, int out_w,
-                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
-                                             int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
-                                             int tile_w, int tiles_x, int tiles_y, int per_block,
-                                             I units_per_block, int has_bias) {
-  depthwise_weight_tiled<T, I, 0, 0>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
-                                     out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
-                                     pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
-                                     units_per_block, has_bias);
 }
 
 // Weight (and bias) gradient, stage 1, for large kernels (31x31): the same blocks, units and partial rows as
