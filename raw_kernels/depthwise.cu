@@ -12,11 +12,12 @@
 //   write neighbouring outputs (coalesced).  Small planes (7x7, 4x4) take the whole plane as the tile and pack
 //   many images of one channel per block, so a block still has ~256 busy threads and its weights are uniform
 //   (registers filled by broadcast loads).
-// * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1) keep the K x K weights in registers and
-//   slide a register window down the strip: each shared-memory row segment is read once and feeds up to
-//   ceil(K / S) outputs, ((V - 1) * S + K) * K / V shared loads per output instead of K * K.  The forward
-//   (depthwise_fwd<T, I, K, S>) goes further: a persistent grid, no division in its loop, items of V x 4 outputs
-//   read with 16-byte shared loads and written with one vector store per row (its own comment says how).
+// * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
+//   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
+//   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
+//   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
+//   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory and, when stride == dilation along H, slide a register window down each kernel column.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
@@ -34,13 +35,14 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride); dynamic shared
+// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
 
 // Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
 // compiler of this file gets them as -D options, so they exist once.
-//   FWD_COLUMNS       output columns per thread item of depthwise_fwd<T, I, K, S> (one vector store);
+//   FWD_COLUMNS       output columns per thread item of the specialised kernels (one vector access per row);
 //   STRIP_ROWS_3/5/7  output rows per thread item (the height of the register sliding window) of the 3x3, 5x5
 //                     and 7x7 specialisations;
 //   GENERIC_STRIP     the same for the generic kernels;
@@ -129,34 +131,8 @@ __device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__
                            in_w, y0, x0, height, width);
 }
 
-// Calls f(v, i, j, base[(v * S + i) * pitch + j]) for every output v of a strip of V and every tap (i, j) of
-// its K x K window, K and S known at compile time: input row r is loaded into registers once and handed to
-// every output whose window covers it.  The forward and the weight gradient differ only in f.
-template <int K, int S, int V, typename A, typename F>
-__device__ __forceinline__ void for_each_strip_tap(const A* base, int pitch, F f) {
-#pragma unroll
-  for (int r = 0; r < (V - 1) * S + K; ++r) {
-    A row[K];
-#pragma unroll
-    for (int j = 0; j < K; ++j) row[j] = base[r * pitch + j];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int i = r - v * S;
-      if (i >= 0 && i < K) {
-#pragma unroll
-        for (int j = 0; j < K; ++j) f(v, i, j, row[j]);
-      }
-    }
-  }
-}
-
-// out[v] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + j] for a strip of V outputs.
-template <typename A, int K, int S, int V>
-__device__ __forceinline__ void window_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V]) {
-  for_each_strip_tap<K, S, V>(base, pitch, [&](int v, int i, int j, A value) { out[v] += w[i][j] * value; });
-}
-
-// The same sum with runtime geometry; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
+// out[v] += sum_{i,j} w[i][j] * base[(v * stride_h + i * dilation_h) * pitch + j * dilation_w] for a strip
+// of V outputs; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
 // stride equals the vertical dilation, output v's tap i reads row (v + i) * stride: a window of V registers
 // then slides down each kernel column, one shared load (plus a broadcast weight) per V FMAs instead of V (the
 // 31x31 stride-1 case).
@@ -216,18 +192,6 @@ __device__ __forceinline__ void block_reduce(A (&v)[R], A* scratch, Store store)
   __syncthreads();
 }
 
-// The geometry of a tiled kernel: K > 0 (K x K kernel, stride S, dilation 1) puts compile-time constants in
-// place of the runtime arguments, so the compiler can fold them into the addressing; K = 0 keeps those.
-template <int K, int S>
-__device__ __forceinline__ void fold_geometry(int& kernel_h, int& kernel_w, int& stride_h, int& stride_w,
-                                              int& dilation_h, int& dilation_w) {
-  if constexpr (K > 0) {
-    kernel_h = kernel_w = K;
-    stride_h = stride_w = S;
-    dilation_h = dilation_w = 1;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Forward and stride-1 input gradient: one tiled convolution from `src` planes to `dst` planes.
 //
@@ -238,16 +202,15 @@ __device__ __forceinline__ void fold_geometry(int& kernel_h, int& kernel_w, int&
 // Input gradient at stride 1 (TRANSPOSED true): src = grad_out (C * m), dst = grad_x (C): grad_x is the
 // correlation of grad_out with the flipped kernels, summed over the m output channels of the input channel;
 // the unit stages those m tiles together.  pad_top/pad_left are those of the equivalent forward correlation
-// src -> dst.  K = 0: runtime geometry.
-template <typename T, typename I, int K, int S, bool TRANSPOSED>
+// src -> dst.  Any geometry (the K x K specialisations are depthwise_persistent's).
+template <typename T, typename I, bool TRANSPOSED>
 __device__ __forceinline__ void depthwise_tiled(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h,
     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left,
     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
-  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
-  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
+  constexpr int V = GENERIC_STRIP;
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
@@ -274,11 +237,9 @@ __device__ __forceinline__ void depthwise_tiled(
     load_tiles<T, I>(tile, src, images, image0, src_channels, TRANSPOSED ? kernel0 : d / multiplier, terms,
                      per_block * terms, in_h, in_w, oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,
                      src_w);
-    if constexpr (K == 0) {
-      for (int e = threadIdx.x; e < terms * taps; e += blockDim.x) {
-        const int tap = e % taps;
-        wshared[e] = to_acc(weight[((I)kernel0 + e / taps) * taps + (TRANSPOSED ? taps - 1 - tap : tap)]);
-      }
+    for (int e = threadIdx.x; e < terms * taps; e += blockDim.x) {
+      const int tap = e % taps;
+      wshared[e] = to_acc(weight[((I)kernel0 + e / taps) * taps + (TRANSPOSED ? taps - 1 - tap : tap)]);
     }
     __syncthreads();
 
@@ -291,19 +252,8 @@ __device__ __forceinline__ void depthwise_tiled(
       for (int v = 0; v < V; ++v) acc[v] = init;
       for (int k = 0; k < terms; ++k) {
         const A* base = tile + ((p * terms + k) * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-        if constexpr (K > 0) {
-          A w[K][K];
-          const T* wk = weight + ((I)kernel0 + k) * (K * K);
-#pragma unroll
-          for (int i = 0; i < K; ++i) {
-#pragma unroll
-            for (int j = 0; j < K; ++j) w[i][j] = to_acc(wk[TRANSPOSED ? K * K - 1 - (i * K + j) : i * K + j]);
-          }
-          window_fma<A, K, S, V>(base, in_w, w, acc);
-        } else {
-          generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
-                            acc);
-        }
+        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
+                          acc);
       }
       T* out = dst + (n * dst_channels + d) * (I)dst_h * dst_w + ox;
 #pragma unroll
@@ -377,35 +327,119 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
   }
 }
 
-template <typename T, typename I, int K, int S>
-__global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                              T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
-                              int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
-                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+// The staging of the persistent kernels (depthwise_persistent, depthwise_bwd_weight<K, S>), worked out once per
+// block.  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements.  Rows that are
+// 16-byte aligned in global memory are staged by chunks: this thread's are chunk0 (+ lanes ...) of the unit's rows
+// row0, row0 + rows_per_pass, ... (plane q = row / in_h), each one 16-byte shared store cut from the two C-element
+// global slots aligned in memory that hold it (element loads with zero padding at the plane's edges).  Other rows
+// (a plane width that is not a multiple of C: 7, 14) are staged element by element, lanes along the row, so that a
+// warp's load reads consecutive elements (per chunk, its C element loads would each touch every row the warp
+// covers).
+template <typename T, typename I> struct AlignedStaging {
+  typedef acc_t<T> A;
+  static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
+  int in_h, in_w, pitch, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  bool stager, rows_aligned;
+
+  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_)
+      : in_h(in_h_), in_w(in_w_) {
+    pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+    rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
+    chunks = pitch / C;
+    lanes = min(rows_aligned ? chunks : in_w, (int)blockDim.x);  // chunks, or elements, of a row at a time
+    const int rows_per_pass = (int)blockDim.x / lanes;
+    stager = (int)threadIdx.x < rows_per_pass * lanes;
+    chunk0 = (int)threadIdx.x % lanes;
+    q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+    pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  }
+
+  // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is channel channel0 + q % terms of
+  // image image0 + q / terms of src (zeros outside the plane and past the batch).
+  __device__ __forceinline__ void stage(A* tile, const T* __restrict__ src, I images, I image0, int src_channels,
+                                        int channel0, int terms, int planes, int y0, int x0, int height,
+                                        int width) const {
+    if (!stager) return;
+    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
+    int q = q0, r = r0;
+    while (q < planes) {
+      const I image = image0 + q / terms;
+      const int yy = y0 + r;
+      const T* row = nullptr;
+      if (image < images && yy >= 0 && yy < height)
+        row = src + ((image * src_channels + channel0 + q % terms) * height + yy) * (I)width;
+      A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
+      if (!rows_aligned) {
+        for (int i = chunk0; i < in_w; i += lanes) {
+          const int col = x0 + i;
+          dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+        }
+      }
+      for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
+        const int col = x0 + chunk * C, slot = col - shift;
+        T t[C];
+        if (row != nullptr && slot >= 0 && slot + 2 * C <= width) {
+          const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+          const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
+#pragma unroll
+          for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+            if (m == shift) {
+#pragma unroll
+              for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < C; ++e)
+            t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
+        }
+        Pack<A, C> packed;
+#pragma unroll
+        for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+        *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+      }
+      q += pass_q, r += pass_r;
+      if (r >= in_h) r -= in_h, ++q;
+    }
+  }
+};
+
+// w = the K x K kernel at wk, or (FLIPPED) the same kernel rotated by 180 degrees.
+template <int K, bool FLIPPED, typename T, typename A>
+__device__ __forceinline__ void load_kernel(const T* wk, A (&w)[K][K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int j = 0; j < K; ++j) w[i][j] = to_acc(wk[FLIPPED ? K * K - 1 - (i * K + j) : i * K + j]);
+  }
+}
+
+// Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
+// persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
+// src = x (C channels), dst = y (C * m), a unit is one output channel d = c * m + k; input gradient, src =
+// grad_out (C * m), dst = grad_x (C), a unit is one input channel c, whose m grad_out tiles are staged together
+// and convolved with the flipped kernels.
+template <typename T, typename I, int K, int S, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_persistent(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int pad_top, int pad_left,
+    int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
-  constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
+  const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
+  const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel: the digit k's radix
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const int pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
-  const int chunks = pitch / C;
+  const AlignedStaging<T, I> staging(src, src_w, in_h, in_w);
+  const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
-  const int out_channels = channels * multiplier;
+  const int dst_channels = channels * kernels;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of image p of the unit) ...
   const int groups_x = tile_w / U, strips = tile_h / V;
   const int ox_l = (int)threadIdx.x % groups_x * U;
   const int s = (int)threadIdx.x / groups_x % strips;
   const int p = (int)threadIdx.x / (groups_x * strips);
-  // ... its staging chunks: chunk chunk0 (+ lanes ...) of rows row0, row0 + rows_per_pass, ... of the unit's
-  // per_block * in_h rows (image q = row / in_h) ...
-  const int lanes = min(chunks, (int)blockDim.x);
-  const int rows_per_pass = (int)blockDim.x / lanes;
-  const bool stager = (int)threadIdx.x < rows_per_pass * lanes;
-  const int chunk0 = (int)threadIdx.x % lanes;
-  const int q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
-  const int pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
-  const bool rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(x) % (C * sizeof(T))) == 0;
-  const bool out_aligned = out_w % U == 0 && (reinterpret_cast<unsigned long long>(y) % (U * sizeof(T))) == 0;
+  const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step.
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
   I g, step_g;
@@ -413,82 +447,46 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     int u = (int)blockIdx.x, v = (int)gridDim.x;
     tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
     ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
-    k = u % multiplier, u /= multiplier, step_k = v % multiplier, v /= multiplier;
+    k = u % kernels, u /= kernels, step_k = v % kernels, v /= kernels;
     c = u % channels, u /= channels, step_c = v % channels, v /= channels;
     g = u, step_g = v;
   }
   const I groups = (images + per_block - 1) / per_block;
 
   while (g < groups) {
-    const int d = c * multiplier + k;
+    const int d = c * kernels + k;  // the output plane's channel
+    const int kernel0 = TRANSPOSED ? c * terms : d;  // its first kernel
     const I image0 = g * per_block;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-    const int y0 = oy0 * S - pad_top, x0 = ox0 * S - pad_left;
-    const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
-    if (stager) {
-      int q = q0, r = r0;
-      while (q < per_block) {
-        const I image = image0 + q;
-        const int yy = y0 + r;
-        const T* row = nullptr;
-        if (image < images && yy >= 0 && yy < height) row = x + ((image * channels + c) * height + yy) * (I)width;
-        A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
-        for (int chunk = chunk0; chunk < chunks; chunk += lanes) {
-          const int col = x0 + chunk * C, slot = col - shift;
-          T t[C];
-          if (row != nullptr && rows_aligned && slot >= 0 && slot + 2 * C <= width) {
-            const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
-            const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
-#pragma unroll
-            for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
-              if (m == shift) {
-#pragma unroll
-                for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
-              }
-            }
-          } else {
-#pragma unroll
-            for (int e = 0; e < C; ++e)
-              t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
-          }
-          Pack<A, C> packed;
-#pragma unroll
-          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
-          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
-        }
-        q += pass_q, r += pass_r;
-        if (r >= in_h) r -= in_h, ++q;
-      }
-    }
-    // The unit's weights, issued before the barrier so that they arrive during it (cached: every thread and
-    // the channel's other tiles read the same K x K).  Keeping them across units while the channel holds saves
-    // 3-5% of the loop's instructions and costs 8-32 registers (NVRTC 13, sm_90), so they are reloaded.
+    staging.stage(tile, src, images, image0, channels * terms, c * terms, terms, per_block * terms,
+                  oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w);
+    // The unit's (first) weights, issued before the barrier so that they arrive during it (cached: every thread
+    // and the channel's other tiles read the same K x K).  Keeping them across units while the channel holds
+    // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
     A w[K][K];
-    const T* wd = weight + (I)d * (K * K);
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-      for (int j = 0; j < K; ++j) w[i][j] = to_acc(wd[i * K + j]);
-    }
+    load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     __syncthreads();
 
     const int ox = ox0 + ox_l;
     const I n = image0 + p;
-    if (p < per_block && n < images && ox < out_w) {
+    if (p < per_block && n < images && ox < dst_w) {
       A acc[V][U];
-      const A init = has_bias ? to_acc(bias[d]) : A(0);
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
 #pragma unroll
         for (int u = 0; u < U; ++u) acc[v][u] = init;
       }
-      block_fma<A, K, S, V, U>(tile + (p * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      for (int t = 0; t < terms; ++t) {  // the forward: once
+        if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
+        block_fma<A, K, S, V, U>(tile + ((p * terms + t) * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+      }
       const int oy = oy0 + s * V;
-      T* out = y + ((n * out_channels + d) * out_h + oy) * (I)out_w + ox;
-      const bool whole = out_aligned && ox + U <= out_w;
+      T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
+      const bool whole = out_aligned && ox + U <= dst_w;
 #pragma unroll
-      for (int v = 0; v < V; ++v, out += out_w) {
-        if (oy + v >= out_h) break;
+      for (int v = 0; v < V; ++v, out += dst_w) {
+        if (oy + v >= dst_h) break;
         if (whole) {
           Pack<T, U> packed;
 #pragma unroll
@@ -497,7 +495,7 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
         } else {
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            if (ox + u < out_w) out[u] = from_acc<T>(acc[v][u]);
+            if (ox + u < dst_w) out[u] = from_acc<T>(acc[v][u]);
           }
         }
       }
@@ -507,10 +505,20 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
     int carry = 0;
     next_digit(tx, step_tx, tiles_x, carry);
     next_digit(ty, step_ty, tiles_y, carry);
-    next_digit(k, step_k, multiplier, carry);
+    next_digit(k, step_k, kernels, carry);
     next_digit(c, step_c, channels, carry);
     g += step_g + carry;
   }
+}
+
+template <typename T, typename I, int K, int S>
+__global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                              T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
+                              int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+  depthwise_persistent<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+                                          out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
+                                          has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -521,20 +529,21 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                       int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                                       int pad_top, int pad_left, int tile_h, int tile_w, int tiles_x,
                                       int tiles_y, int per_block, int has_bias) {
-  depthwise_tiled<T, I, 0, 0, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
+  depthwise_tiled<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
                                      out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
 
-// Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1.  pad_top/pad_left: the forward's.
+// Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
+// grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
 template <typename T, typename I, int K>
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
                                     int tile_w, int tiles_x, int tiles_y, int per_block) {
-  depthwise_tiled<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                    out_w, height, width, K, K, 1, 1, 1, 1, K - 1 - pad_top, K - 1 - pad_left,
-                                    tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+  depthwise_persistent<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                         out_w, height, width, K - 1 - pad_top, K - 1 - pad_left, tile_h, tile_w,
+                                         tiles_x, tiles_y, per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.
@@ -545,7 +554,7 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                             int kernel_w, int dilation_h, int dilation_w, int pad_top,
                                             int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
                                             int per_block) {
-  depthwise_tiled<T, I, 0, 0, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+  depthwise_tiled<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
                                     out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
                                     (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
@@ -642,9 +651,9 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
 // per_block images).  Threads are mapped over (image, strip, column) items, so even a 4x4 plane keeps every lane
 // busy; each accumulates its taps in registers over all the block's units, then the block reduces them in a
 // fixed order and writes partial row r: partial[r][co * taps + tap], and partial[r][C * m * taps + co] for the
-// bias when has_bias.  The specialised kernel slides the register window of the forward over the x tile; the
-// generic one takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner sends larger
-// kernels to depthwise_bwd_weight_large).
+// bias when has_bias.  depthwise_bwd_weight<K, S> slides the forward's register window over the x tile;
+// depthwise_bwd_weight_generic takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner
+// sends larger kernels to depthwise_bwd_weight_large).
 // The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
 // grouped units_per_block to a row; row r covers the units [begin(r), end(r)) of its channel.
 template <typename I> struct WeightRows {
@@ -656,16 +665,16 @@ template <typename I> struct WeightRows {
   __device__ I end(I r) const { return min(units, (r + 1) * per_row); }
 };
 
-template <typename T, typename I, int K, int S>
-__device__ __forceinline__ void depthwise_weight_tiled(
-    const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
-    int channels, int multiplier, int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
-    int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
-    int tile_w, int tiles_x, int tiles_y, int per_block, I units_per_block, int has_bias) {
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                             acc_t<T>* __restrict__ partial, I images, int channels,
+                                             int multiplier, int height, int width, int out_h, int out_w,
+                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                             int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
+                                             int tile_w, int tiles_x, int tiles_y, int per_block,
+                                             I units_per_block, int has_bias) {
   typedef acc_t<T> A;
-  constexpr int V = K > 0 ? StripRows<K>::value : GENERIC_STRIP;
-  constexpr int R = K > 0 ? K * K : TAP_CHUNK;  // taps per pass, accumulated in registers
-  fold_geometry<K, S>(kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w);
+  constexpr int V = GENERIC_STRIP, R = TAP_CHUNK;  // R: taps per pass, accumulated in registers
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
   const int in_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
@@ -684,13 +693,11 @@ __device__ __forceinline__ void depthwise_weight_tiled(
     const int co = (int)(b % out_channels), c = co / multiplier;
     const I r = b / out_channels, unit_end = rows.end(r);
     for (int t0 = 0; t0 < taps; t0 += R) {
-      int offset[R];  // generic: shared-memory offset of tap t0 + t from the item's window origin
-      if constexpr (K == 0) {
+      int offset[R];  // shared-memory offset of tap t0 + t from the item's window origin
 #pragma unroll
-        for (int t = 0; t < R; ++t) {
-          const int tap = min(t0 + t, taps - 1);
-          offset[t] = tap / kernel_w * dilation_h * in_w + tap % kernel_w * dilation_w;
-        }
+      for (int t = 0; t < R; ++t) {
+        const int tap = min(t0 + t, taps - 1);
+        offset[t] = tap / kernel_w * dilation_h * in_w + tap % kernel_w * dilation_w;
       }
       A acc[R + 1];  // taps t0 .. t0 + R - 1, then the bias
 #pragma unroll
@@ -713,18 +720,12 @@ __device__ __forceinline__ void depthwise_weight_tiled(
             g[v] = oy < out_h ? to_acc(g_col[(I)oy * out_w]) : A(0);
           }
           const A* base = tile + (p * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-          if constexpr (K > 0) {
-            for_each_strip_tap<K, S, V>(base, in_w, [&](int v, int i, int j, A value) {
-              acc[i * K + j] += g[v] * value;
-            });
-          } else {
-            const int step = stride_h * in_w;
+          const int step = stride_h * in_w;
 #pragma unroll
-            for (int t = 0; t < R; ++t) {
-              if (t0 + t < taps) {
+          for (int t = 0; t < R; ++t) {
+            if (t0 + t < taps) {
 #pragma unroll
-                for (int v = 0; v < V; ++v) acc[t] += g[v] * base[v * step + offset[t]];
-              }
+              for (int v = 0; v < V; ++v) acc[t] += g[v] * base[v * step + offset[t]];
             }
           }
           if (t0 == 0) {
@@ -742,29 +743,106 @@ __device__ __forceinline__ void depthwise_weight_tiled(
   }
 }
 
+// Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
+// units and partial rows of depthwise_bwd_weight_generic with the forward's thread items and staging.  A thread owns a
+// V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
+// U-element load per row where the rows are aligned, issued before the barrier), then slides down the staged x
+// rows ((U - 1) * S + K values each, 16-byte shared loads) adding g * x to its K * K tap sums, so a staged value
+// feeds up to U * ceil(K / S) products.  The block's units are consecutive, so the unit digits (tile column, tile
+// row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
+// are reduced once, in block_reduce's fixed order.
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                      int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block,
                                      I units_per_block, int has_bias) {
-  depthwise_weight_tiled<T, I, K, S>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
-                                     out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x,
-                                     tiles_y, per_block, units_per_block, has_bias);
-}
+  typedef acc_t<T> A;
+  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
+  const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
+  const AlignedStaging<T, I> staging(x, width, in_h, in_w);
+  const int pitch = staging.pitch;
+  A* tile = reinterpret_cast<A*>(depthwise_smem);
+  A* scratch = tile + per_block * in_h * pitch;
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (R + has_bias);
 
-template <typename T, typename I>
-__global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                             acc_t<T>* __restrict__ partial, I images, int channels,
-                                             int multiplier, int height, int width, int out_h, int out_w,
-                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
-                                             int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
-                                             int tile_w, int tiles_x, int tiles_y, int per_block,
-                                             I units_per_block, int has_bias) {
-  depthwise_weight_tiled<T, I, 0, 0>(x, grad_out, partial, images, channels, multiplier, height, width, out_h,
-                                     out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w,
-                                     pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
-                                     units_per_block, has_bias);
+  const int groups_x = tile_w / U, strips = tile_h / V;
+  const int ox_l = (int)threadIdx.x % groups_x * U;
+  const int s = (int)threadIdx.x / groups_x % strips;
+  const int p = (int)threadIdx.x / (groups_x * strips);
+  const bool rows_aligned = out_w % U == 0 &&
+                            (reinterpret_cast<unsigned long long>(grad_out) % (U * sizeof(T))) == 0;
+  const int tiles = tiles_x * tiles_y;
+  const WeightRows<I> rows(images, per_block, tiles, units_per_block);
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels, first = rows.begin(r), count = rows.end(r) - first;
+    int tx = (int)(first % tiles), ty = tx / tiles_x;
+    tx -= ty * tiles_x;
+    I g = first / tiles;  // image group
+    A acc[R + 1];  // the taps, then the bias
+#pragma unroll
+    for (int t = 0; t <= R; ++t) acc[t] = A(0);
+    for (I e = 0; e < count; ++e) {
+      const I image0 = g * per_block, n = image0 + p;
+      const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+      staging.stage(tile, x, images, image0, channels, c, 1, per_block, oy0 * S - pad_top, ox0 * S - pad_left,
+                    height, width);
+      const int ox = ox0 + ox_l, oy = oy0 + s * V;
+      const bool active = p < per_block && n < images && ox < out_w;
+      A gv[V][U];  // zeros past the plane: those outputs add nothing
+      {
+        const T* gp = active ? grad_out + ((n * out_channels + co) * out_h + oy) * (I)out_w + ox : grad_out;
+        const bool whole = rows_aligned && ox + U <= out_w;
+#pragma unroll
+        for (int v = 0; v < V; ++v, gp += out_w) {
+          if (active && oy + v < out_h && whole) {
+            const Pack<T, U> packed = *reinterpret_cast<const Pack<T, U>*>(gp);
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = to_acc(packed.v[u]);
+          } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h && ox + u < out_w ? to_acc(gp[u]) : A(0);
+          }
+        }
+      }
+      __syncthreads();
+      if (active) {
+        const A* base = tile + (p * in_h + s * V * S) * pitch + ox_l * S;
+#pragma unroll
+        for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
+          A row[L];
+          load_row<A, L>(base + rr * pitch, row);
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const int i = rr - v * S;
+            if (i >= 0 && i < K) {
+#pragma unroll
+              for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) acc[R] += gv[v][u];
+        }
+      }
+      __syncthreads();  // the next unit overwrites the tile
+      if (++tx == tiles_x) {
+        tx = 0;
+        if (++ty == tiles_y) ty = 0, ++g;
+      }
+    }
+    block_reduce(acc, scratch, [&](int t, A total) {
+      if (t < R) partial[r * row_length + (I)co * R + t] = total;
+      if (t == R && has_bias) partial[r * row_length + (I)out_channels * R + co] = total;
+    });
+  }
 }
 
 // Weight (and bias) gradient, stage 1, for large kernels (31x31): the same blocks, units and partial rows as

@@ -52,7 +52,8 @@ CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
-DW_FWD = DEPTHWISE + " -k 'every_digit or matches_cpu or aligned or loops or padding_per_side'"  # its forward's tests
+DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
+# (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
 EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
@@ -255,32 +256,58 @@ MUTATIONS = [
     M("dw-direct-grid-start", "depthwise.cu", "for (I index = grid_start<I>(); index < total; index += "
       "grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", "for (I index = threadIdx.x; index < total; "
       "index += grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", DEPTHWISE, "grid-stride"),
-    # depthwise_fwd<T, I, K, S> (the persistent forward, issue 25)
+    # depthwise_persistent (the forward and the stride-1 input gradient) and AlignedStaging (issue 25)
     M("dw-fwd-barrier-staged", "depthwise.cu",
-      "w[i][j] = to_acc(wd[i * K + j]);\n    }\n    __syncthreads();", "w[i][j] = to_acc(wd[i * K + j]);\n    }",
-      DW_FWD, "removed barrier"),
-    M("dw-fwd-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n",
-      "// the next unit overwrites the tile\n", DW_FWD, "removed barrier"),
-    M("dw-fwd-last-row", "depthwise.cu", "if (oy + v >= out_h) break;", "if (oy + v > out_h) break;", DW_FWD,
+      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    __syncthreads();",
+      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);", DW_FWD, "removed barrier"),
+    M("dw-fwd-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n\n",
+      "// the next unit overwrites the tile\n\n", DW_FWD, "removed barrier"),
+    M("dw-fwd-last-row", "depthwise.cu", "if (oy + v >= dst_h) break;", "if (oy + v > dst_h) break;", DW_FWD,
       "off-by-one"),
-    M("dw-fwd-last-column", "depthwise.cu", "if (ox + u < out_w) out[u]", "if (ox + u <= out_w) out[u]", DW_FWD,
+    M("dw-fwd-last-column", "depthwise.cu", "if (ox + u < dst_w) out[u]", "if (ox + u <= dst_w) out[u]", DW_FWD,
       "off-by-one"),
-    M("dw-fwd-staged-chunks", "depthwise.cu", "const int chunks = pitch / C;", "const int chunks = in_w / C;",
-      DW_FWD, "tile bound"),
-    M("dw-fwd-rows-unchecked", "depthwise.cu", "const bool rows_aligned = width % C == 0 && ",
-      "const bool rows_aligned = ", DW_FWD, "misaligned pack"),
+    M("dw-fwd-staged-chunks", "depthwise.cu", "chunks = pitch / C;", "chunks = in_w / C;", DW_FWD, "tile bound"),
+    M("dw-fwd-rows-unchecked", "depthwise.cu", "rows_aligned = width % C == 0 && ", "rows_aligned = ", DW_FWD,
+      "misaligned pack"),
     M("dw-fwd-slots-unaligned", "depthwise.cu", "const int shift = x0 & (C - 1);", "const int shift = 0;", DW_FWD,
       "misaligned pack"),
     M("dw-fwd-chunk-shift", "depthwise.cu", "t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];",
       "t[e] = e + m < C ? a.v[e + m] : b.v[e];", DW_FWD, "tile bound"),
-    M("dw-fwd-stores-unchecked", "depthwise.cu", "const bool out_aligned = out_w % U == 0 && ",
+    M("dw-fwd-unaligned-row-short", "depthwise.cu", "for (int i = chunk0; i < in_w; i += lanes) {",
+      "for (int i = chunk0; i < in_w - 1; i += lanes) {", DW_FWD, "tile bound"),
+    M("dw-fwd-stores-unchecked", "depthwise.cu", "const bool out_aligned = dst_w % U == 0 && ",
       "const bool out_aligned = ", DW_FWD, "misaligned pack"),
-    M("dw-fwd-unit-channel", "depthwise.cu", "const int d = c * multiplier + k;", "const int d = k * channels + c;",
+    M("dw-fwd-unit-channel", "depthwise.cu", "const int d = c * kernels + k;", "const int d = k * channels + c;",
       DW_FWD, "persistent loop"),
     M("dw-fwd-channel-digit", "depthwise.cu", "next_digit(c, step_c, channels, carry);",
-      "next_digit(c, step_c, multiplier, carry);", DW_FWD, "persistent loop"),
-    M("dw-fwd-staged-plane", "depthwise.cu", "row = x + ((image * channels + c) * height + yy) * (I)width;",
-      "row = x + ((image * channels + k) * height + yy) * (I)width;", DW_FWD, "persistent loop"),
+      "next_digit(c, step_c, kernels, carry);", DW_FWD, "persistent loop"),
+    M("dw-fwd-staged-plane", "depthwise.cu", "(image * src_channels + channel0 + q % terms) * height + yy)",
+      "(image * src_channels + q % terms) * height + yy)", DW_FWD, "persistent loop"),
+    M("dw-bwd-input-unflipped", "depthwise.cu", "wk[FLIPPED ? K * K - 1 - (i * K + j) : i * K + j]",
+      "wk[i * K + j]", DW_FWD, "flipped kernel"),
+    M("dw-bwd-input-first-kernel", "depthwise.cu", "const int kernel0 = TRANSPOSED ? c * terms : d;",
+      "const int kernel0 = TRANSPOSED ? c : d;", DW_FWD, "persistent loop"),
+    M("dw-bwd-input-term-plane", "depthwise.cu", "tile + ((p * terms + t) * in_h", "tile + ((p + t) * in_h", DW_FWD,
+      "persistent loop"),
+    M("dw-bwd-input-term-kernel", "depthwise.cu", "weight + ((I)kernel0 + t) * (K * K), w);",
+      "weight + (I)kernel0 * (K * K), w);  ", DW_FWD, "persistent loop"),
+    # depthwise_bwd_weight<T, I, K, S> (issue 25)
+    M("dw-wgrad-barrier-staged", "depthwise.cu", "      __syncthreads();\n      if (active) {",
+      "      if (active) {", DW_FWD, "removed barrier"),
+    M("dw-wgrad-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n      if",
+      "// the next unit overwrites the tile\n      if", DW_FWD, "removed barrier"),
+    M("dw-wgrad-image-group-carry", "depthwise.cu", "if (++ty == tiles_y) ty = 0, ++g;",
+      "if (++ty == tiles_y) ty = 0;", DW_FWD, "persistent loop"),
+    M("dw-wgrad-first-unit", "depthwise.cu", "int tx = (int)(first % tiles), ty = tx / tiles_x;",
+      "int tx = 0, ty = 0;", DW_FWD, "persistent loop"),
+    M("dw-wgrad-last-column", "depthwise.cu", "active && oy + v < out_h && ox + u < out_w ? to_acc(gp[u])",
+      "active && oy + v < out_h && ox + u <= out_w ? to_acc(gp[u])", DW_FWD, "off-by-one"),
+    M("dw-wgrad-last-row", "depthwise.cu", "if (active && oy + v < out_h && whole) {", "if (active && whole) {",
+      DW_FWD, "tile bound"),
+    M("dw-wgrad-loads-unchecked", "depthwise.cu", "const bool rows_aligned = out_w % U == 0 &&\n",
+      "const bool rows_aligned =\n", DW_FWD, "misaligned pack"),
+    M("dw-wgrad-bias-column", "depthwise.cu", "for (int u = 0; u < U; ++u) acc[R] += gv[v][u];",
+      "for (int u = 1; u < U; ++u) acc[R] += gv[v][u];", DW_FWD, "off-by-one"),
 
     # -- patch.cu ---------------------------------------------------------------------------------------------
     M("patch-tile-barrier-chunk", "patch.cu", "__syncthreads();  // the previous chunk", "// the previous chunk", PATCH,

@@ -372,6 +372,62 @@ def test_forward_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, 
     assert_matches(out, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
+@pytest.mark.parametrize("blocks", [1, 5, 7, 13])
+@pytest.mark.parametrize("shape, m, k, padding, dtype", [(s, m, k, p, d) for s, m, k, st, p, d in PERSISTENT_CASES
+                                                         if st == 1])
+def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, padding, dtype):
+    """The persistent input gradient (stride 1: the forward's kernel over grad_output, m planes staged per unit,
+    flipped kernels) on fewer blocks than units, as above."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 100)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(dtype)
+    grad_output = rng.standard_normal((shape[0], shape[1] * m, *shape[2:])).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    (name, args), = device.launches
+    assert short(name) == f"depthwise_bwd_input<{k}>" and args[-1] > 0
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    expected = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs="input")[0]
+    assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
+# depthwise_bwd_weight<K, S>'s blocks over several consecutive units: (shape, multiplier, kernel, stride, padding,
+# dtype) with (tile columns x rows x image groups) units per channel.
+WEIGHT_UNIT_CASES = [
+    ((23, 2, 37, 35), 1, 3, 1, 1, "float32"),   # 2 x 2 x 3 (10 images per unit, the last group short)
+    ((3, 2, 70, 70), 1, 5, 2, 2, "float16"),    # 2 x 2 x 1, stride 2
+    ((9, 2, 40, 36), 2, 7, 1, 3, "float32"),    # 2 x 2 x 1, multiplier 2
+    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16"),  # 1 x 1 x 2, packed images
+]
+
+
+@pytest.mark.parametrize("stage1_blocks", [1, 3, 5])
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", WEIGHT_UNIT_CASES)
+def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype):
+    """depthwise_bwd_weight<K, S> with few partial rows, so a block walks many consecutive units and its unit
+    digits (tile column, tile row, image group) carry into each other: a unit stepped wrongly sums the wrong
+    tile or misses one."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+    rng = numpy.random.default_rng(stage1_blocks + 200)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(dtype)
+    out_shape = cupyconv.depthwise_conv2d(x, weight, stride=stride, padding=padding).shape
+    grad_output = rng.standard_normal(out_shape).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
+                                                               needs=("weight", "bias"))
+    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}>"
+    assert device.launches[0][1][-2] > 1, "units per block"
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
+                                                           needs=("weight", "bias"))
+    assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
+    assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long

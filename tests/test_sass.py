@@ -416,15 +416,16 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
 
 
 def unit_loop_opcodes(program) -> dict[str, Counter]:
-    """{name expression: Counter of SASS mnemonics} of each kernel's loop over its units: the largest loop holding a
-    barrier (BAR), i.e. what a block issues per staged tile, every instruction counted once (both sides of a
+    """{name expression: Counter of SASS mnemonics} of each kernel's loop over its units: the smallest loop holding
+    a barrier (BAR), i.e. what a block issues per staged tile (the weight gradient's loop over its partial rows,
+    which also holds the block reduction's barriers, encloses it), every instruction counted once (both sides of a
     branch, an inner loop's body once).  Kernels without such a loop are left out."""
     result = {}
     for name, instructions in sass.disassemble(program).items():
         opcodes = [i["opcode"].split(".")[0] for i in instructions]
         with_barrier = [(a, b) for a, b in sass.loops(instructions) if "BAR" in opcodes[a:b + 1]]
         if with_barrier:
-            a, b = max(with_barrier, key=lambda loop: loop[1] - loop[0])
+            a, b = min(with_barrier, key=lambda loop: loop[1] - loop[0])
             result[name] = Counter(opcodes[a:b + 1])
     return result
 
@@ -442,16 +443,20 @@ FORWARD_LOOP_PER_OUTPUT = {
 }
 
 
-def depthwise_forward_loop_table(program) -> list[tuple[str, int, float]]:
-    """(name, unit-loop instructions, per output) of every int-indexed depthwise_fwd<T, int, K, S>, fp64 aside."""
+PERSISTENT_DEPTHWISE = ("depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight")
+
+
+def depthwise_loop_table(program, kernels=PERSISTENT_DEPTHWISE) -> list[tuple[str, int, float]]:
+    """(name, unit-loop instructions, per output) of every int-indexed kernel<T, int, K[, S]> of `kernels`, fp64
+    aside: the persistent depthwise kernels, whose thread items are STRIP_ROWS[K] x FWD_COLUMNS outputs."""
     from cupyconv.ops import depthwise
     loops = unit_loop_opcodes(program)
     rows = []
     for name in GROUPS["depthwise.cu"]:
         kernel, rest = name.split("<")
-        if kernel != "depthwise_fwd" or name not in loops:
+        if kernel not in kernels or name not in loops:
             continue
-        t, index, k, _ = (part.strip() for part in rest.rstrip(">").split(","))
+        t, index, k = [part.strip() for part in rest.rstrip(">").split(",")][:3]
         if index == "int" and t != "double":
             instructions = sum(loops[name].values())
             rows.append((name, instructions, instructions / (depthwise.STRIP_ROWS[int(k)] * depthwise.FWD_COLUMNS)))
@@ -463,12 +468,48 @@ def test_depthwise_forward_loop_stays_lean(kernel_programs):
     """depthwise_fwd's loop over its units issues at most FORWARD_LOOP_PER_OUTPUT instructions per output (sm_90,
     int): an edit that brings per-unit divisions or set-up back into the loop fails here."""
     problems = []
-    for name, instructions, per_output in depthwise_forward_loop_table(kernel_programs("depthwise.cu", "sm_90")):
+    for name, instructions, per_output in depthwise_loop_table(kernel_programs("depthwise.cu", "sm_90"),
+                                                               ("depthwise_fwd",)):
         t, _, k, s = (part.strip() for part in name.split("<")[1].rstrip(">").split(","))
         bound = FORWARD_LOOP_PER_OUTPUT["float" if t == "float" else "16-bit", int(k), int(s)]
         if per_output > bound:
             problems.append(f"{name}: {instructions} instructions in the unit loop, {per_output:.1f} per output > {bound}")
     assert not problems, "\n".join(problems)
+
+
+# The same bound for the persistent input gradient (stride 1) and the weight gradient's loop over its units, about
+# 10% above NVRTC 13.0's counts of 2026-11-25 (benchmarks/RESULTS.md, "Depthwise gradients rewrite").  The kernels
+# before that (one output column per thread, divisions per unit) had, float32: input 273/115/149 per output for
+# K = 3/5/7, weight 135/136/98/103/125/135 for 3/1, 3/2, 5/1, 5/2, 7/1, 7/2.
+GRADIENT_LOOP_PER_OUTPUT = {
+    ("depthwise_bwd_input", "float", 3, 1): 40, ("depthwise_bwd_input", "float", 5, 1): 49,
+    ("depthwise_bwd_input", "float", 7, 1): 80, ("depthwise_bwd_input", "16-bit", 3, 1): 43,
+    ("depthwise_bwd_input", "16-bit", 5, 1): 53, ("depthwise_bwd_input", "16-bit", 7, 1): 85,
+    ("depthwise_bwd_weight", "float", 3, 1): 35, ("depthwise_bwd_weight", "float", 3, 2): 36,
+    ("depthwise_bwd_weight", "float", 5, 1): 44, ("depthwise_bwd_weight", "float", 5, 2): 46,
+    ("depthwise_bwd_weight", "float", 7, 1): 70, ("depthwise_bwd_weight", "float", 7, 2): 72,
+    ("depthwise_bwd_weight", "16-bit", 3, 1): 39, ("depthwise_bwd_weight", "16-bit", 3, 2): 39,
+    ("depthwise_bwd_weight", "16-bit", 5, 1): 47, ("depthwise_bwd_weight", "16-bit", 5, 2): 49,
+    ("depthwise_bwd_weight", "16-bit", 7, 1): 74, ("depthwise_bwd_weight", "16-bit", 7, 2): 76,
+}
+
+
+@pytest.mark.slow
+def test_depthwise_gradient_loops_stay_lean(kernel_programs):
+    """depthwise_bwd_input<K> and depthwise_bwd_weight<K, S>: at most GRADIENT_LOOP_PER_OUTPUT instructions per
+    output in the loop over their units (sm_90, int), and no spills."""
+    program = kernel_programs("depthwise.cu", "sm_90")
+    usage = resource_usage(program, "sm_90")
+    problems = []
+    for name, instructions, per_output in depthwise_loop_table(program, PERSISTENT_DEPTHWISE[1:]):
+        kernel, rest = name.split("<")
+        t, _, k, *s = (part.strip() for part in rest.rstrip(">").split(","))
+        bound = GRADIENT_LOOP_PER_OUTPUT[kernel, "float" if t == "float" else "16-bit", int(k), int(s[0]) if s else 1]
+        if per_output > bound:
+            problems.append(f"{name}: {instructions} instructions in the unit loop, {per_output:.1f} per output > {bound}")
+        if usage[name].local:
+            problems.append(f"{name}: {usage[name].local} bytes of local memory (spills)")
+    assert len(problems) == 0 and usage, "\n".join(problems)
 
 
 def test_check_flags_what_cannot_run():
@@ -531,11 +572,11 @@ if __name__ == "__main__":
     arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
     if sys.argv[2:] == ["depthwise"]:
         from test_nvrtc import ARCHES, nvrtc, options_for
-        names = [n for n in GROUPS["depthwise.cu"] if n.startswith("depthwise_fwd<") and ", int," in n]
+        names = [n for n in GROUPS["depthwise.cu"] if n.split("<")[0] in PERSISTENT_DEPTHWISE and ", int," in n]
         program = nvrtc(ARCHES[arch]).compile(_device.kernel_source("depthwise.cu"), "depthwise.cu", names,
                                               options_for(arch, "depthwise.cu"))
         usage = resource_usage(program, arch)
-        for name, instructions, per_output in depthwise_forward_loop_table(program):
+        for name, instructions, per_output in depthwise_loop_table(program):
             print(f"{name:40} {usage[name].registers:4} registers {instructions:5} per unit  {per_output:6.1f} per output")
         sys.exit()
     for name, instructions, opcodes in tensor_core_loop_table(compile_file("implicit_gemm.cu", arch)):

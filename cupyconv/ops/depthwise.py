@@ -134,7 +134,8 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  other windows that overlap (extent > stride)                -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
-#                  (depthwise_bwd_input<T, I, K> for square 3/5/7, dilation 1; else _generic);
+#                  (depthwise_bwd_input<T, I, K> for square 3/5/7, dilation 1: the forward's persistent
+#                  kernel on FORWARD_BLOCKS blocks; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  no fit                                             -> depthwise_bwd_input_gather
 #   weight grad    the forward's specialisations                      -> depthwise_bwd_weight<T, I, K, S>
@@ -157,7 +158,8 @@ STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisa
                                  # a longer strip cuts the shared loads per output from 10 to 7.5 (5x5) and 17.5
                                  # to 12.25 (7x7); 4 for 3x3, already at 4.5, where a shorter strip wastes fewer
                                  # lanes on planes whose height is not a multiple of it
-FWD_COLUMNS = 4        # output columns per thread item of depthwise_fwd<T, I, K, S>: one 16-byte store of float32
+FWD_COLUMNS = 4        # output columns per thread item of the specialised kernels (depthwise_fwd, depthwise_bwd_input
+                       # and depthwise_bwd_weight with a K template): one 16-byte access of float32 per row
 GENERIC_STRIP = 4      # the same for the generic kernels
 TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic: 4x4 and smaller in one pass
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
@@ -171,9 +173,10 @@ KERNELS = KernelFile("depthwise.cu", defines={
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
 SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
-FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, whose blocks loop over their units and pay their
-                       # set-up once: about two waves of an H100 (132 SMs x 8-9 resident blocks of ~224 threads),
-                       # so an SM that finishes early takes the next block and the last wave's tail is short
+FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S> and depthwise_bwd_input<T, I, K>, whose blocks loop
+                       # over their units and pay their set-up once: about two waves of an H100 (132 SMs x 8-9
+                       # resident blocks of ~224 threads), so an SM that finishes early takes the next block and the
+                       # last wave's tail is short
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -333,8 +336,9 @@ def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
     if spec.stride == (1, 1) and _overlaps(spec):
         k = _specialised(spec, stride_one=True)
         if k:
-            tiling = plan_tiling(spec.in_size, spec.n, _window_staging((k, k), (1, 1), m), acc, strip=STRIP_ROWS[k],
-                                 align=(STRIP_ROWS[k], 1))
+            staged = _forward_staging(k, 1, acc)
+            tiling = plan_tiling(spec.in_size, spec.n, lambda th, tw: m * staged(th, tw), acc, strip=STRIP_ROWS[k],
+                                 columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
             if tiling:
                 return Plan("depthwise_bwd_input", (k,), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -354,8 +358,9 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _window_staging((k, k), spec.stride), acc, strip=STRIP_ROWS[k],
-                             align=(STRIP_ROWS[k], 1), extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc), acc,
+                             strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
+                             extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
         if tiling:
             return Plan("depthwise_bwd_weight", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
@@ -417,6 +422,8 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
     units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
+    if plan.kernel == "depthwise_bwd_input":
+        units = min(units, FORWARD_BLOCKS)  # the forward's persistent kernel
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
             grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
             multiplier=_multiplier(spec))
