@@ -158,7 +158,7 @@ __device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restri
       // The vectors at lo_start and lo_start + V (hi, where has_hi) of this row, kept from tap to tap: with a small
       // dilation the next tap starts in the same vector or the next one, so a tap loads about one vector.
       uint4 lo = words4(0u, 0u, 0u, 0u), hi = lo;
-      int lo_start = -2 * V;  // below any start a vector is loaded from
+      int lo_start = -2 * V;  // none loaded yet: a vector this far left is padding, whose zeros lo holds
       bool has_hi = false;
 #pragma unroll 1
       for (int j = 0; j < kernel_w; ++j, xx += dilation_w, dst += cols_stride_row) {
