@@ -112,12 +112,21 @@ __device__ __forceinline__ uint4 window16(uint4 lo, uint4 hi, int bytes) {
   return words4(w[0], w[1], w[2], w[3]);
 }
 
+// The 16-byte vector of row elements start .. start + V - 1 (start a multiple of V), or zeros where it lies in the
+// padding (start < 0 or past the row's end).
+template <typename E>
+__device__ __forceinline__ uint4 load_or_zero(const E* row, int start, int width) {
+  constexpr int V = 16 / sizeof(E);
+  return start >= 0 && start + V <= width ? *reinterpret_cast<const uint4*>(row + start) : words4(0u, 0u, 0u, 0u);
+}
+
 // unfold with 16-byte loads and stores, for the common layout (host-checked in ops/unfold.py: unit stride
 // along x, contiguous input rows, every stride of x and cols a multiple of V = 16 / sizeof(T) elements, out_w too,
 // both arrays 16-byte aligned).  One thread per run of V output pixels of one output row: consecutive threads take
 // consecutive runs, so a warp stores 512 contiguous bytes per tap.  The V inputs of a tap are input pixels
 // xx .. xx + V - 1 of one row, at the same offset xx mod V for every lane: two aligned 16-byte loads and a
-// funnel shift, where both vectors lie inside the row; lanes at the row's ends (padding) copy element by element.
+// funnel shift (a vector in the padding is zeros); where width is not a multiple of V, the lanes whose vectors
+// cross the row's end copy element by element.
 template <typename T, typename I>
 __device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restrict__ cols, I n,
                                   I x_stride_n, I x_stride_c, I x_stride_h,
@@ -149,7 +158,7 @@ __device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restri
       // The vectors at lo_start and lo_start + V (hi, where has_hi) of this row, kept from tap to tap: with a small
       // dilation the next tap starts in the same vector or the next one, so a tap loads about one vector.
       uint4 lo = words4(0u, 0u, 0u, 0u), hi = lo;
-      int lo_start = -2 * V;  // below any start a vector is loaded from
+      int lo_start = -2 * V;  // none loaded yet: a vector this far left is padding, whose zeros lo holds
       bool has_hi = false;
 #pragma unroll 1
       for (int j = 0; j < kernel_w; ++j, xx += dilation_w, dst += cols_stride_row) {
@@ -157,18 +166,20 @@ __device__ __forceinline__ void unfold_runs(const T* __restrict__ x, T* __restri
         const int offset = xx - start;
         uint4 value = words4(0u, 0u, 0u, 0u);
         if (row_inside) {
-          if (start >= 0 && start + (offset ? 2 * V : V) <= width) {
+          // Vectors start at multiples of V, so each lies wholly inside the row or wholly in its padding (zeros),
+          // unless it holds the row's end where width is not a multiple of V: those lanes copy element by element.
+          if ((width & (V - 1)) == 0 || start + (offset ? 2 * V : V) <= width) {
             if (start != lo_start) {
-              lo = has_hi && start == lo_start + V ? hi : *reinterpret_cast<const uint4*>(src_row + start);
+              lo = has_hi && start == lo_start + V ? hi : load_or_zero(src_row, start, width);
               lo_start = start;
               has_hi = false;
             }
             if (offset && !has_hi) {
-              hi = *reinterpret_cast<const uint4*>(src_row + start + V);
+              hi = load_or_zero(src_row, start + V, width);
               has_hi = true;
             }
             value = window16(lo, hi, offset * (int)sizeof(T));
-          } else {  // the padding at the row's ends
+          } else {  // a vector across the row's end
             E e[V];
 #pragma unroll
             for (int k = 0; k < V; ++k) e[k] = xx + k >= 0 && xx + k < width ? src_row[xx + k] : E(0);

@@ -102,6 +102,8 @@ MUTATIONS = [
       "wrong-side padding"),
     M("unfold-vec-stride-swap", "unfold.cu", "+ ox0;\n    int y = oy * stride_h", "+ ox0;\n    int y = oy * dilation_h",
       UNFOLD, "swapped stride"),
+    M("unfold-vec-load-in-row", "unfold.cu", "return start >= 0 && start + V <= width ?", "return start >= 0 ?",
+      UNFOLD, "off-by-one"),
     M("common-fast-divmod-host-shift", "common.cuh", "l(32 - __clz(divisor - 1))", "l(31 - __clz(divisor - 1))",
       UNFOLD, "off-by-one"),
 

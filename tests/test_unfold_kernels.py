@@ -127,6 +127,15 @@ def test_vector_path_matches_cpu_path(dtype):
         run = 16 // numpy.dtype(dtype).itemsize
         assert [name for name, _ in device.launches] == [_kernels.kernel_name("unfold_im2col", dtype, "int", run)]
         numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(kernel))
+    # Rows of 13 and of 5 pixels in rows of 16 (aligned): the vectors across the row's end hold pixels past it that
+    # must read as padding; those lanes copy element by element (from pixel 0 on, for the rows of 5).
+    wide = _random((2, 3, 16, 16), dtype, seed=9)
+    for width, padding in ((13, ((1, 1), (2, 3))), (5, ((1, 1), (6, 7)))):
+        x = wide[..., :width]
+        device = RecordingDevice()
+        cols, cols_ref = _both_paths(lambda: cupyconv.unfold(x, 3, padding=padding), device)
+        assert cols.shape[-1] == 16 * 16 and device.launches[0][0].endswith(f", {run}>")
+        numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(width))
 
 
 def test_vector_path_needs_alignment():
