@@ -26,6 +26,7 @@ from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward
                         depthwise_conv2d_gpu)
 from .implicit_gemm import (TC_MIN_CHANNELS, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
                             tensor_core_refusal)
+from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -279,12 +280,17 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
             and plan_direct(spec, dtype) is not None):
         return "direct"
-    return "im2col_gemm"
+    return "implicit_gemm" if simt_preferred(spec, dtype) else "im2col_gemm"
+
+
+def _implicit_gemm_runs(spec: ConvSpec, dtype, device, pass_: str) -> bool:
+    """Whether 'implicit_gemm' can run this pass: on the tensor cores, or in strict float32 on the FMA units."""
+    return tensor_core_refusal(spec, dtype, device) is None or simt_runs(spec, dtype, pass_)
 
 
 def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     candidates = ("im2col_gemm", "direct") if plan_direct(spec, dtype) is not None else ("im2col_gemm",)
-    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "forward") else ())
 
 
 def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
@@ -292,11 +298,11 @@ def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     candidates: tuple[str, ...] = ("im2col_gemm",)
     if spec.stride == (1, 1) and plan_direct(transposed_spec(spec), dtype) is not None:
         candidates += ("direct",)
-    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "input") else ())
 
 
 def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
-    return ("im2col_gemm", "implicit_gemm") if tensor_core_refusal(spec, dtype, device) is None else ("im2col_gemm",)
+    return ("im2col_gemm", "implicit_gemm") if _implicit_gemm_runs(spec, dtype, device, "weight") else ("im2col_gemm",)
 
 
 # --- launches ---------------------------------------------------------------------------------------------
@@ -434,7 +440,8 @@ def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
     def run(algo):
         if algo == "implicit_gemm":
             out = device.empty(spec.output_shape, x.dtype)
-            return implicit_gemm_gpu(device, batch_view(device, x), weight, bias, spec, out)
+            engine = simt_gemm_gpu if simt_runs(spec, x.dtype) else implicit_gemm_gpu
+            return engine(device, batch_view(device, x), weight, bias, spec, out)
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)
@@ -454,7 +461,10 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         candidates = grad_input_candidates(spec, x.dtype, device)
 
         def grad_input(algo):
-            if algo == "implicit_gemm":
+            if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "input"):
+                out = device.empty(spec.input_shape, x.dtype)
+                return simt_gemm_grad_input(device, gy, weight, spec, transposed_spec(spec), out)
+            if algo == "implicit_gemm" and not simt_runs(spec, x.dtype):
                 out = device.empty(spec.input_shape, x.dtype)
                 return implicit_gemm_grad_input(device, gy.reshape(n, spec.out_channels, L), weight, spec, out)
             if algo == "direct" and "direct" in candidates:
@@ -466,7 +476,8 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         def grad_weight(algo):
             if algo == "implicit_gemm":
                 gyv = gy.reshape(n, spec.out_channels, L)
-                return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
+                engine = simt_gemm_grad_weight if simt_runs(spec, x.dtype, "weight") else implicit_gemm_grad_weight
+                return engine(device, batch_view(device, x), gyv, spec)
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
