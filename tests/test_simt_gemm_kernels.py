@@ -261,3 +261,25 @@ def test_refusals_name_the_reason():
     x = numpy.ones((1, 4, 5, 5), numpy.float64)
     with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run"):
         on_emulator(EmulatedDevice(), cupyconv.conv2d, x, numpy.ones((4, 4, 3, 3)), algorithm="implicit_gemm")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_patch_conv2d_implicit_gemm_in_strict_float32(stride):
+    """patch_conv2d's 'implicit_gemm' in float32 with TF32 off: the FMA kernels over (B, N, C, H, W) patches read
+    in place through a transposed (B, C, N, H, W) array; the strided input gradient on the GEMM and col2im."""
+    rng = numpy.random.default_rng(14)
+    x = rng.standard_normal((2, 6, 37, 4, 4)).astype(numpy.float32).transpose(0, 2, 1, 3, 4)
+    weight = rng.standard_normal((24, 6, 3, 3)).astype(numpy.float32)
+    bias = rng.standard_normal((24,)).astype(numpy.float32)
+    oh = 4 if stride == 1 else 2
+    grad_output = rng.standard_normal((2, 37, 24, oh, oh)).astype(numpy.float32)
+    kw = dict(padding=1, stride=stride, algorithm="implicit_gemm")
+    device = Recorder()
+    out = on_emulator(device, cupyconv.patch_conv2d, x, weight, bias, **kw)
+    got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, **kw)
+    assert device.count("simt_fwd") == 1 + (stride == 1) and device.count("simt_bwd_weight") == 1, device.launches
+    flat = dict(padding=1, stride=stride)
+    assert_close(out, expected_forward(x.reshape(-1, 6, 4, 4), weight, bias, **flat).reshape(out.shape), "forward")
+    want = expected_backward(grad_output.reshape(-1, 24, oh, oh), x.reshape(-1, 6, 4, 4), weight, **flat)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert_close(g, w.reshape(g.shape), f"patch {name}")
