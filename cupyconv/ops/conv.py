@@ -187,9 +187,13 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
 #                  channels per group.  No workspace but the weight gradient's float32 split sums.
-#   'auto'         `choose_algorithm`: 'implicit_gemm' where it can run, else 'direct' when both channels per group
-#                  are <= DIRECT_MAX_CHANNELS, else 'im2col_gemm' (or the measured winner when autotuning is on:
-#                  `settings.set_autotune`).
+#                  float32 with TF32 off: the FMA units instead (raw_kernels/simt_gemm.cu, ops/simt_gemm.py:
+#                  `simt_runs`), strict IEEE float32, any channel count; the input gradient for stride 1 only
+#                  (strided: im2col + GEMM + col2im).
+#   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run, else 'direct' when both
+#                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and the
+#                  columns would be larger than the input (`simt_preferred`), else 'im2col_gemm' (or the
+#                  measured winner when autotuning is on: `settings.set_autotune`).
 # Backward of 'direct' and 'im2col_gemm':
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
@@ -274,7 +278,9 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
+    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix would be larger than the
+    input (`simt_preferred`: written and read again, 9x the input for 3x3 stride 1); otherwise 'im2col_gemm'
+    (cuBLAS at full speed on large per-group GEMMs)."""
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
@@ -527,9 +533,10 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "
                  "'im2col_gemm'; 'direct'; 'implicit_gemm', the tensor cores (compute capability 8.0 and newer; "
                  "float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
-                 f"{TC_MIN_CHANNELS} input channels per group); or 'auto' (the default): 'implicit_gemm' where it "
-                 f"can run, else 'direct' with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else "
-                 "'im2col_gemm'; with `cupyconv.settings` autotune on, the fastest of them on the first call of "
+                 f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
+                 "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
+                 f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
+                 "'implicit_gemm' where the columns would be larger than the input, else 'im2col_gemm'; with `cupyconv.settings` autotune on, the fastest of them on the first call of "
                  "each problem.")
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
