@@ -4,15 +4,17 @@
 // C (M x N) = A (M x K) * B (K x N), whose operands are gathered straight from the tensors; tap = i * kW + j:
 //
 //   kernel           M (rows)                  N        K (reduction)             A[m][k]           B[k][n]
-//   simt_fwd         images * oH * oW pixels   D / G    (c, tap): C / G * taps    x at (m, c, tap)  weight[n][c][tap]
+//   simt_fwd         images * oH * oW pixels   D / G    (c, tap): C / G * taps    x at (m, c, tap)  weight_t[k][n]
 //   simt_bwd_weight  (c, tap): C / G * taps    D / G    images * oH * oW pixels   x at (k, c, tap)  grad_out[n][k]
 //
 // x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
-// then c, h, w strides); out and grad_out are contiguous (images, D, oH, oW).
+// then c, h, w strides); out and grad_out are contiguous (images, D, oH, oW); weight_t is the weight transposed
+// per group, contiguous (G, C / G * taps, D / G), so that a warp reads B along n in whole 128-byte lines.
 //
-// A block of BM * BN / 64 threads computes a BM x BN tile of C, each thread 8 x 8 of it in registers: rows
-// 4 tm.. and BM / 2 + 4 tm.., columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared memory (a warp's
-// reads of one k are then 2 x 16 distinct bytes of A and 8 x 16 of B: no bank conflict).  K goes in chunks of
+// A block of BM * BN / (TM * 8) threads computes a BM x BN tile of C, each thread TM x 8 of it in registers:
+// rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
+// memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
+// reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in chunks of
 // SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks) in two
 // stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
 // after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (pixels of
@@ -93,12 +95,14 @@ template <typename I> struct SimtPixel {
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
 //     slot rs, 0 outside the problem (rows past M or N, k past K);
 //   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
-template <typename I, int BM, int BN, class Gather>
+template <typename I, int BM, int BN, int TM, class Gather>
 __device__ __forceinline__ void simt_block(const Gather& gather, float* as, float* bs, I m0, int n0, I k_begin,
                                            I k_end) {
   typedef typename Gather::LoadA LA;
   typedef typename Gather::LoadB LB;
   constexpr int PA = BM + SIMT_PAD, PB = BN + SIMT_PAD;
+  constexpr int ROW_SPAN = 4 * BM / TM;  // between a thread's groups of 4 rows
+  static_assert(TM % 4 == 0 && BM % TM == 0 && BN % 8 == 0, "whole thread tiles");
   const int tn = threadIdx.x % (BN / 8), tm = threadIdx.x / (BN / 8);
 
   const I chunks = k_end > k_begin ? (k_end - k_begin + SIMT_BK - 1) / SIMT_BK : 0;  // uniform across the block
@@ -137,9 +141,9 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   };
 
-  float acc[8][8];
+  float acc[TM][8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < TM; ++i) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
   }
@@ -156,14 +160,17 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     const float* b_stage = bs + stage * SIMT_BK * PB + 4 * tn;
 #pragma unroll
     for (int k = 0; k < SIMT_BK; ++k) {
-      const float4 a0 = *reinterpret_cast<const float4*>(a_stage + k * PA);
-      const float4 a1 = *reinterpret_cast<const float4*>(a_stage + k * PA + BM / 2);
+      float a[TM];
+#pragma unroll
+      for (int q = 0; q < TM / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(a_stage + k * PA + q * ROW_SPAN);
+        a[4 * q] = v.x, a[4 * q + 1] = v.y, a[4 * q + 2] = v.z, a[4 * q + 3] = v.w;
+      }
       const float4 b0 = *reinterpret_cast<const float4*>(b_stage + k * PB);
       const float4 b1 = *reinterpret_cast<const float4*>(b_stage + k * PB + BN / 2);
-      const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
       const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < TM; ++i) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
       }
@@ -174,8 +181,8 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 
   // Epilogue: the thread's rows and columns, each row's place found once.
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * (BM / 2);
+  for (int i = 0; i < TM; ++i) {
+    const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * ROW_SPAN;
     if (m >= gather.M) continue;
     const I row = gather.out_row(m);
 #pragma unroll
@@ -186,12 +193,12 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   }
 }
 
-// Forward: A = x gathered per output pixel (lanes on pixels), B = the weight rows (lanes on k).
-template <typename T, typename I, int BM, int BN> struct SimtForward {
-  typedef SimtLoad<BM, BM * BN / 64, true> LoadA;
-  typedef SimtLoad<BN, BM * BN / 64, false> LoadB;
+// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).
+template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
+  typedef SimtLoad<BM, THREADS, true> LoadA;
+  typedef SimtLoad<BN, THREADS, true> LoadB;
   typedef typename SimtUnsigned<I>::type U;
-  const T* x; const T* weight; const T* bias; T* out;
+  const T* x; const T* weight_t; const T* bias; T* out;
   I M, pixels, x_stride_c, x_stride_h, x_stride_w;
   int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
   FastDivmod taps, kernel_w;
@@ -213,7 +220,7 @@ template <typename T, typename I, int BM, int BN> struct SimtForward {
   __device__ void b_advance(BCursor& k) const { k += SIMT_BK; }
   __device__ float b(const BCursor& k, int rs) const {
     const int n = n0 + LoadB::row(rs);
-    return n < N && k < K ? to_acc(weight[(I)(g * N + n) * K + k]) : 0.0f;
+    return n < N && k < K ? to_acc(weight_t[((I)g * K + k) * N + n]) : 0.0f;
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
@@ -225,19 +232,19 @@ template <typename T, typename I, int BM, int BN> struct SimtForward {
   }
 };
 
-template <typename T, typename I, int BM, int BN>
+template <typename T, typename I, int BM, int BN, int TM>
 __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
-    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    const T* __restrict__ x, const T* __restrict__ weight_t, const T* __restrict__ bias, T* __restrict__ out, I n,
     I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef typename SimtUnsigned<I>::type U;
-  typedef SimtForward<T, I, BM, BN> F;
+  typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
-  f.x = x; f.weight = weight; f.bias = bias; f.out = out;
+  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
   f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
   f.kernel_w = FastDivmod(kernel_w);
@@ -262,16 +269,16 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
                         (U)f.row_y[r] * (U)x_stride_h + (U)f.row_x[r] * (U)x_stride_w;
     }
   }
-  simt_block<I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+  simt_block<I, BM, BN, TM>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
 }
 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
 // SIMT_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
-template <typename T, typename I, int BM, int BN> struct SimtWeightGrad {
-  typedef SimtLoad<BM, BM * BN / 64, false> LoadA;
-  typedef SimtLoad<BN, BM * BN / 64, false> LoadB;
+template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
+  typedef SimtLoad<BM, THREADS, false> LoadA;
+  typedef SimtLoad<BN, THREADS, false> LoadB;
   typedef typename SimtUnsigned<I>::type U;
   const T* x; const T* grad_out; float* partial;
   SimtBatch<I> view;
@@ -326,14 +333,14 @@ template <typename T, typename I, int BM, int BN> struct SimtWeightGrad {
   __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
 };
 
-template <typename T, typename I, int BM, int BN>
+template <typename T, typename I, int BM, int BN, int TM>
 __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
     const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial, I n, I x_inner,
     I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     I chunks_per_split) {
-  typedef SimtWeightGrad<T, I, BM, BN> F;
+  typedef SimtWeightGrad<T, I, BM, BN, BM * BN / (TM * 8)> F;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
   F f;
@@ -360,5 +367,5 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
   const I total = n * f.out_pixels;
   const I k_begin = (I)blockIdx.z * chunks_per_split * SIMT_BK;
   const I k_end = k_begin + chunks_per_split * SIMT_BK < total ? k_begin + chunks_per_split * SIMT_BK : total;
-  simt_block<I, BM, BN>(f, as, bs, (I)m0, f.n0, k_begin, k_end);
+  simt_block<I, BM, BN, TM>(f, as, bs, (I)m0, f.n0, k_begin, k_end);
 }

@@ -68,7 +68,7 @@ def test_forward_matches_cpu_path(case):
     device = Recorder()
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     assert out.dtype == x.dtype and out.shape == case.output_shape
-    tile = "128, 128" if case.weight[0] // case.groups > 64 else "128, 64"
+    tile = "128, 128, 8" if case.weight[0] // case.groups > 64 else "128, 64, 8"
     assert device.launches == [f"simt_fwd<float, int, {tile}>"], device.launches
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), case.name)
 
@@ -86,6 +86,22 @@ def test_backward_matches_cpu_path(case):
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert g.dtype == x.dtype and g.shape == w.shape, name
         assert_close(g, w, f"{case.name} {name}")
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_tall_tile(order, monkeypatch):
+    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the 256 x 64 tile, 16 rows per thread
+    (its four row groups 64 apart), on 126 rows and 20 or 16 columns."""
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
+    case = CASE_BY_NAME["plain"]
+    x, weight, bias, grad_output = inputs(case, 3)
+    device = Recorder(order)
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    grad_x, _, _ = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                               needs="input", **case.kwargs)
+    assert device.launches == ["simt_fwd<float, int, 256, 64, 16>"] * 2, device.launches
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
+    assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
@@ -180,7 +196,7 @@ def test_64_bit_index_variant(monkeypatch):
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                       needs="weight", **case.kwargs)
-    assert device.launches == [f"{k}<float, long long, 128, 64>" for k in ("simt_fwd", "simt_bwd_weight")]
+    assert device.launches == [f"{k}<float, long long, 128, 64, 8>" for k in ("simt_fwd", "simt_bwd_weight")]
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
     assert_close(got[1], expected_backward(grad_output, x, weight, **case.kwargs)[1], "grad_weight")
 
@@ -203,19 +219,23 @@ def test_64_bit_indices_past_2_31():
     grad_output[:, -64:] = rng.standard_normal((1, 64, 1, 1))
     last = [a[:, -64:] for a in (x, grad_output)] + [weight[-64:]]
     device = bug_classes.SparseDevice()
-    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, groups=g, algorithm="implicit_gemm")
+    # The launches as the launchers make them, without the whole-buffer work around them (transposing or
+    # flipping 2.4e9 weights, adding the weight gradient's splits): weight_t (G, 64 * 9, 64) of the forward and of
+    # the input gradient (the flipped weight), sparse but for the last group.
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
+    weight_t = bug_classes.sparse_zeros((g, 576, 64), numpy.float32)
+    weight_t[-1] = last[2].reshape(64, 576).T
+    out = device.empty((1, c, 1, 1), numpy.float32)
+    with settings.allow_tf32(False):
+        simt_gemm.simt_fwd_launch(device, _kernels.batch_view(device, x), weight_t, None, spec, out)
     bug_classes.assert_tail_written(out, expected_forward(last[0], last[2], None, padding=1), numpy.float32, 64,
                                     "forward")
     want = expected_backward(last[1], last[0], last[2], padding=1)
-    # The input gradient's launch on the flipped weight, and the weight gradient's, as the launchers make them,
-    # without the whole-buffer copies around them (flipping 2.4e9 weights, adding the splits).
-    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
-    transposed = conv_op.transposed_spec(spec)
-    flipped = bug_classes.sparse_zeros((c, 64, 3, 3), numpy.float32)
-    flipped[-64:] = last[2].transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
+    weight_t[-1] = last[2][:, :, ::-1, ::-1].transpose(0, 2, 3, 1).reshape(576, 64)
     grad_x = device.empty(x.shape, numpy.float32)
     with settings.allow_tf32(False):
-        simt_gemm.simt_gemm_gpu(device, _kernels.batch_view(device, grad_output), flipped, None, transposed, grad_x)
+        simt_gemm.simt_fwd_launch(device, _kernels.batch_view(device, grad_output), weight_t, None,
+                                  conv_op.transposed_spec(spec), grad_x)
     bug_classes.assert_tail_written(grad_x, want[0], numpy.float32, 64, "grad_input")
     plan = simt_gemm.plan_simt(spec, "weight")
     partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
@@ -229,6 +249,30 @@ def test_64_bit_indices_past_2_31():
     bug_classes.assert_tail_written(partial, want[1].reshape(-1)[-1024:], numpy.float32, 128, "grad_weight")
     assert [name.split(", ")[:2] for name in device.launches] == [
         [f"{kernel}<float", "long long"] for kernel in ("simt_fwd", "simt_fwd", "simt_bwd_weight")]
+
+
+def test_64_bit_channel_offsets_within_a_group():
+    """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
+    in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
+    an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
+    256 pixels of the last row: the tall tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    rng = numpy.random.default_rng(23)
+    side = 12000
+    x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
+    x[:, :, -2:, -257:] = rng.standard_normal((1, 32, 2, 257))
+    grad_output = bug_classes.sparse_zeros((1, 16, side, side), numpy.float32)
+    grad_output[:, :, -2:, -257:] = rng.standard_normal((1, 16, 2, 257))
+    weight = (rng.standard_normal((16, 32, 3, 3)) / 8).astype(numpy.float32)
+    corner = [a[:, :, -2:, -257:] for a in (x, grad_output)]
+    device = bug_classes.SparseDevice()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    want = expected_forward(corner[0], weight, None, padding=1)[0, -1, -1, 1:]
+    bug_classes.assert_tail_written(out, want, numpy.float32, 64, "forward")
+    (grad_x, _, _) = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1,
+                                 needs="input", algorithm="implicit_gemm")
+    want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
+    bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
+    assert device.launches == ["simt_fwd<float, long long, 256, 64, 16>"] * 2, device.launches
 
 
 def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input():

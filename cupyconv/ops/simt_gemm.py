@@ -18,10 +18,13 @@ from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args
                         kernel_name)
 from .._spec import ConvSpec, ceil_div
 
-# Block tiles (rows x columns of C; 8 x 8 of it per thread, so 128 or 256 threads): 128 x 64 in general,
-# 128 x 128 when a group has over 64 columns (output channels; input channels for the input gradient), which
-# halves the A traffic per output.
-SIMT_TILES = ((128, 64), (128, 128))
+# Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
+# 128 x 64 x 8 in general; 256 x 64 x 16 from SIMT_TALL_ROWS rows (every float read from shared memory feeds
+# more FMAs: 24 loads per 128 FMAs instead of 16 per 64, the binding resource of the 8 x 8 tile on an H100 by
+# benchmarks.predict); 128 x 128 x 8 when a group has over 64 columns (output channels; input channels for
+# the input gradient).  The weight gradient, whose rows are the few (c, tap), keeps TM = 8.
+SIMT_TILES = {"forward": ((128, 64, 8), (256, 64, 16), (128, 128, 8)), "weight": ((128, 64, 8), (128, 128, 8))}
+SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
@@ -32,8 +35,8 @@ KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREA
 
 
 def instantiations():
-    return [kernel_name(kernel, "float32", index, *tile)
-            for kernel, index, tile in itertools.product(SIMT_PASSES.values(), INDEX_TYPES, SIMT_TILES)]
+    return [kernel_name(kernel, "float32", index, *tile) for pass_, kernel in SIMT_PASSES.items()
+            for index, tile in itertools.product(INDEX_TYPES, SIMT_TILES[pass_])]
 
 
 # --- plans ------------------------------------------------------------------------------------------------
@@ -55,7 +58,7 @@ def simt_refusal(spec: ConvSpec, dtype, pass_: str = "forward") -> str | None:
     if reduction > INT32_MAX:
         return f"they index a weight row (channels per group x taps) in 32 bits, and it has {reduction}"
     columns = max(spec.channels_per_group, spec.outputs_per_group)
-    if spec.groups * ceil_div(columns, SIMT_TILES[0][1]) > MAX_GRID[1]:
+    if spec.groups * ceil_div(columns, 64) > MAX_GRID[1]:
         return f"they take at most {MAX_GRID[1]} groups x column tiles, not {spec.groups} groups of {columns}"
     return None
 
@@ -74,15 +77,15 @@ def simt_preferred(spec: ConvSpec, dtype) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class SimtPlan:
-    """One launch: the block tile (rows, columns of C), the grid (row tiles, groups x column tiles, splits) and,
+    """One launch: the block tile (rows, columns of C, rows per thread), the grid (row tiles, groups x column tiles, splits) and,
     for the weight gradient, the pixels of each split in chunks of SIMT_CHUNK."""
-    tile: tuple[int, int]
+    tile: tuple[int, int, int]
     grid: tuple[int, int, int]
     chunks_per_split: int = 0
 
     @property
     def threads(self) -> int:
-        return self.tile[0] * self.tile[1] // 64   # 8 x 8 outputs per thread
+        return self.tile[0] * self.tile[1] // (8 * self.tile[2])   # TM x 8 outputs per thread
 
     @property
     def splits(self) -> int:
@@ -101,7 +104,8 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
-    tile = SIMT_TILES[1] if cols > SIMT_TILES[0][1] else SIMT_TILES[0]
+    tiles = SIMT_TILES[pass_]
+    tile = tiles[-1] if cols > 64 else tiles[1] if pass_ == "forward" and rows >= SIMT_TALL_ROWS else tiles[0]
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
@@ -123,12 +127,19 @@ def _check(spec: ConvSpec, dtype, pass_: str):
 def simt_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """simt_fwd: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW), bias (D,) or None."""
+    g, dg = spec.groups, spec.outputs_per_group
+    weight_t = device.ascontiguous(weight.reshape(g, dg, -1).transpose(0, 2, 1))   # (G, C / G * taps, D / G)
+    return simt_fwd_launch(device, xv, weight_t, bias, spec, out)
+
+
+def simt_fwd_launch(device, xv, weight_t, bias, spec: ConvSpec, out):
+    """simt_fwd with the weight already transposed per group: weight_t (G, C / G * taps, D / G) contiguous."""
     _check(spec, xv.dtype, "forward")
     plan = plan_simt(spec, "forward")
-    weight = device.ascontiguous(weight)
     KERNELS.launch(device, "simt_fwd", plan.tile, dtype=xv.dtype,
-                   index=index_type(extent(xv), out.size, weight.size), grid=plan.grid, block=plan.threads,
-                   window=spec, x=xv, weight=weight, bias=weight if bias is None else device.ascontiguous(bias),
+                   index=index_type(extent(xv), out.size, weight_t.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, weight_t=weight_t,
+                   bias=weight_t if bias is None else device.ascontiguous(bias),
                    out=out, n=spec.n, **batch_args("x", xv), groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None)
@@ -137,13 +148,14 @@ def simt_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
 
 def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpec, out):
     """grad_input of a stride-1 conv into out (n, C, H, W) contiguous: simt_fwd on `transposed` (the transposed
-    problem, `conv.transposed_spec(spec)`) with gy (n, D, oH, oW) and the flipped weight transposed per group."""
+    problem, `conv.transposed_spec(spec)`) with gy (n, D, oH, oW) contiguous and the weight flipped: its B is
+    weight[d][c][kH - 1 - i][kW - 1 - j] at k = (d, i, j), n = c, i.e. (G, D / G, kH, kW, C / G) in memory."""
     _check(spec, gy.dtype, "input")
     g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel_size
-    wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
-    wt = device.ascontiguous(wt).reshape(spec.in_channels, dg, kh, kw)
+    flipped = weight.reshape(g, dg, cg, kh, kw)[:, :, :, ::-1, ::-1].transpose(0, 1, 3, 4, 2)
+    weight_t = device.ascontiguous(flipped).reshape(g, dg * kh * kw, cg)
     gyv = batch_view(device, gy.reshape(spec.n, spec.out_channels, *spec.out_size))
-    return simt_gemm_gpu(device, gyv, wt, None, transposed, out)
+    return simt_fwd_launch(device, gyv, weight_t, None, transposed, out)
 
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
