@@ -14,15 +14,15 @@
 // A block of BM * BN / (TM * 8) threads computes a BM x BN tile of C, each thread TM x 8 of it in registers:
 // rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
 // memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
-// reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in chunks of
-// SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks) in two
-// stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
-// after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (pixels of
-// x, for the forward) or along k (weight rows, and the weight gradient's pixels), whichever runs along memory.
-// The main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by
-// SIMT_BK with carries; the divisions of the prologue and epilogue are paid once per row.
-// The weight gradient writes float sums per split of its reduction (grid.z), which the launcher adds up in a
-// fixed order, so its bits depend on the shapes only.  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+// reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
+// chunks of SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks)
+// in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
+// after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
+// pixels of x, columns n of weight_t) or along k (the weight gradient's pixels), whichever runs along memory. The
+// main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
+// with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
+// sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
+// shapes only.  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
 #include "common.cuh"
 
 #if !defined(SIMT_MAX_THREADS)

@@ -155,7 +155,8 @@ def test_weight_gradient_splits_and_is_deterministic(monkeypatch):
     spec = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
     assert simt_gemm.plan_simt(spec, "weight").splits == 19
     runs = [on_emulator(EmulatedDevice(order), cupyconv.conv2d_backward, grad_output, x, weight,
-                        algorithm="implicit_gemm", needs="weight", **case.kwargs)[1] for order in ("forward", "reverse")]
+                        algorithm="implicit_gemm", needs="weight", **case.kwargs)[1]
+            for order in ("forward", "reverse")]
     assert_close(runs[0], expected_backward(grad_output, x, weight, **case.kwargs)[1], "splits")
     assert runs[0].tobytes() == runs[1].tobytes()
 
@@ -327,3 +328,22 @@ def test_patch_conv2d_implicit_gemm_in_strict_float32(stride):
     want = expected_backward(grad_output.reshape(-1, 24, oh, oh), x.reshape(-1, 6, 4, 4), weight, **flat)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert_close(g, w.reshape(g.shape), f"patch {name}")
+
+
+def test_patch_auto_picks_the_fma_gemm_outside_the_direct_range():
+    """float32, TF32 off: 'auto' runs the FMA GEMM for 32 -> 40 channels (the model's ranking over the fused kernel
+    on the patch cases) and keeps the fused kernel for 3 -> 4 channels (conv2d's direct range)."""
+    rng = numpy.random.default_rng(15)
+    for c, d, expected in ((32, 40, "simt_fwd"), (3, 4, "patch_fwd")):
+        x = rng.standard_normal((2, 9, c, 4, 4)).astype(numpy.float32)
+        weight = rng.standard_normal((d, c, 3, 3)).astype(numpy.float32)
+        grad_output = rng.standard_normal((2, 9, d, 4, 4)).astype(numpy.float32)
+        device = Recorder()
+        out = on_emulator(device, cupyconv.patch_conv2d, x, weight, padding=1)
+        got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1)
+        assert device.count(expected) >= 1, (c, device.launches)
+        assert (device.count("simt_bwd_weight") == 1) == (expected == "simt_fwd"), device.launches
+        assert_close(out, expected_forward(x.reshape(-1, c, 4, 4), weight, None, padding=1).reshape(out.shape), "fwd")
+        want = expected_backward(grad_output.reshape(-1, d, 4, 4), x.reshape(-1, c, 4, 4), weight, padding=1)
+        for g, w in zip(got, want):
+            assert_close(g, w.reshape(g.shape), f"patch {c} -> {d}")

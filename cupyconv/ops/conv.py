@@ -536,8 +536,8 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
                  f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
                  "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
                  f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
-                 "'implicit_gemm' where the columns would be larger than the input, else 'im2col_gemm'; with `cupyconv.settings` autotune on, the fastest of them on the first call of "
-                 "each problem.")
+                 "'implicit_gemm' where the columns would be larger than the input, else 'im2col_gemm'; with "
+                 "`cupyconv.settings` autotune on, the fastest of them on the first call of each problem.")
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
 

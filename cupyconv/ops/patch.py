@@ -35,8 +35,8 @@ from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_outp
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
-from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, grad_input_bytes, transposed_spec,
-                   weight_grad_bytes, work_pieces, workspace_scope)
+from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad,
+                   grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
@@ -223,7 +223,13 @@ def _use_tensor_cores(device, spec: ConvSpec, dtype, algorithm: str) -> bool:
 
 def _use_simt(spec: ConvSpec, dtype, algorithm: str) -> bool:
     """Whether a pass runs conv2d's strict float32 FMA kernels (ops/simt_gemm.py): what 'implicit_gemm' means for
-    float32 with TF32 off; 'auto' keeps the fused kernel (the model's ranking, benchmarks/RESULTS.md)."""
+    float32 with TF32 off, and 'auto''s pick there unless both channels per group are at most
+    DIRECT_MAX_CHANNELS (conv2d's direct-kernel range, which stays on the fused kernel).  benchmarks.predict ranks
+    them so on the patch cases (32 -> 64 channels, 4x4 and 8x8 patches: the FMA GEMM 0.5-0.6x the fused kernel's
+    predicted time forward, 0.4-0.7x forward + backward; benchmarks/RESULTS.md)."""
+    if algorithm == "auto":
+        return (simt_runs(spec, dtype)
+                and max(spec.channels_per_group, spec.outputs_per_group) > DIRECT_MAX_CHANNELS)
     return algorithm == "implicit_gemm" and simt_runs(spec, dtype)
 
 
@@ -365,8 +371,9 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
         if "input" in needs and spec.stride == (1, 1):
             grad_x = simt_gemm_grad_input(device, gy, weight, spec, transposed_spec(spec),
                                           device.empty(spec.input_shape, x.dtype))
-        elif "input" in needs:   # strided: the GEMM and col2im
-            grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, "im2col_gemm")
+        elif "input" in needs:   # strided: the fused kernel ('auto') or the GEMM and col2im
+            fallback = "auto" if algorithm == "auto" else "im2col_gemm"
+            grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, fallback)
         if "weight" in needs:
             grad_w = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec)
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):

@@ -77,8 +77,8 @@ def simt_preferred(spec: ConvSpec, dtype) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class SimtPlan:
-    """One launch: the block tile (rows, columns of C, rows per thread), the grid (row tiles, groups x column tiles, splits) and,
-    for the weight gradient, the pixels of each split in chunks of SIMT_CHUNK."""
+    """One launch: the block tile (rows, columns of C, rows per thread), the grid (row tiles, groups x column
+    tiles, splits) and, for the weight gradient, the pixels of each split in chunks of SIMT_CHUNK."""
     tile: tuple[int, int, int]
     grid: tuple[int, int, int]
     chunks_per_split: int = 0
