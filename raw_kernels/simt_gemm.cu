@@ -275,7 +275,9 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
-// SIMT_BK pixels, written as float to partial (splits, D, C / G * taps), the weight's own layout per split.
+// SIMT_BK pixels, written as float to partial (splits, D, C / G * taps + bias_row), the weight's own layout per
+// split.  With bias_row 1, A has one more row, 1 at every pixel: its row of C is the bias gradient, summed in the
+// same fixed order (no separate pass over grad_out).
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
   typedef SimtLoad<BM, THREADS, false> LoadA;
   typedef SimtLoad<BN, THREADS, false> LoadB;
@@ -286,6 +288,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
   FastDivmod out_w;
   SimtTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
+  bool ones[LoadA::ROW_SLOTS];        // the bias row: A = 1 at every pixel, so that C's row is grad_bias
 
   struct ACursor { SimtPixel<I> at; I image_start; U origin; int y0, x0; };  // the window of pixel `at` in x
   struct BCursor { SimtPixel<I> at; };
@@ -313,6 +316,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     a_place(cursor);
   }
   __device__ float a(const ACursor& cursor, int rs) const {
+    if (ones[rs]) return cursor.at.image < n ? 1.0f : 0.0f;
     const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;  // unsigned compares: also false below 0
     if (cursor.at.image >= n || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return 0.0f;
     return to_acc(x[(I)(cursor.origin + rows[rs].offset)]);  // rows past M read the window's origin: never stored
@@ -339,7 +343,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
     I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
-    I chunks_per_split) {
+    I chunks_per_split, int bias_row) {
   typedef SimtWeightGrad<T, I, BM, BN, BM * BN / (TM * 8)> F;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
@@ -349,7 +353,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
   f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
   f.out_pixels = (I)out_h * out_w;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
-  f.M = channels_per_group * kernel_h * kernel_w; f.N = outputs_per_group;
+  const int taps_rows = channels_per_group * kernel_h * kernel_w;
+  f.M = taps_rows + bias_row; f.N = outputs_per_group;
   f.groups = groups;
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
   f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
@@ -361,7 +366,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
 #pragma unroll
   for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
     const int m = m0 + F::LoadA::row(r);
-    f.rows[r] = simt_tap<I>(m < f.M ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
+    f.ones[r] = m == taps_rows && bias_row;
+    f.rows[r] = simt_tap<I>(m < taps_rows ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
                             x_stride_w);
   }
   const I total = n * f.out_pixels;

@@ -82,6 +82,7 @@ def test_backward_matches_cpu_path(case):
     stride1 = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs).stride == (1, 1)
     assert device.count("simt_fwd") == stride1, device.launches   # stride > 1: im2col + GEMM + col2im
     assert device.count("simt_bwd_weight") == 1, device.launches
+    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's bias row
     want = expected_backward(grad_output, x, weight, **case.kwargs)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert g.dtype == x.dtype and g.shape == w.shape, name
@@ -166,7 +167,7 @@ def test_weight_gradient_splits_within_the_workspace_limit():
                                      numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
     plan = simt_gemm.plan_simt(spec, "weight")
     assert plan.splits > 1 and plan.splits * plan.chunks_per_split * simt_gemm.SIMT_CHUNK >= 64 * 56 * 56
-    with settings.workspace_limit(3 * 64 * 576 * 4):   # room for three float32 slices of grad_weight
+    with settings.workspace_limit(3 * 64 * 577 * 4):   # room for three float32 slices of grad_weight and bias
         assert simt_gemm.plan_simt(spec, "weight").splits == 3
 
 
@@ -185,7 +186,8 @@ def test_batch_view_read_in_place():
     with settings.allow_tf32(False):
         simt_gemm.simt_gemm_gpu(device, xv, weight, None, spec, out)
     assert_close(out, expected_forward(x.reshape(-1, 6, 7, 7), weight, None, padding=1), "batch view")
-    grad_w = simt_gemm.simt_gemm_grad_weight(device, xv, out.reshape(10, 20, 49), spec)
+    grad_w, grad_b = simt_gemm.simt_gemm_grad_weight(device, xv, out.reshape(10, 20, 49), spec, bias=True)
+    assert_close(grad_b, out.sum(axis=(0, 2, 3), dtype=numpy.float64), "batch view grad bias")
     assert_close(grad_w, expected_backward(out, x.reshape(-1, 6, 7, 7), weight, padding=1)[1], "batch view grad")
 
 
@@ -245,7 +247,7 @@ def test_64_bit_indices_past_2_31():
                              grid=plan.grid, block=plan.threads, window=spec, x=xv,
                              grad_out=grad_output.reshape(1, c, 1), partial=partial, n=1,
                              **_kernels.batch_args("x", xv), groups=g, channels_per_group=64, outputs_per_group=64,
-                             chunks_per_split=plan.chunks_per_split)
+                             chunks_per_split=plan.chunks_per_split, bias_row=0)
     assert plan.splits == 1
     bug_classes.assert_tail_written(partial, want[1].reshape(-1)[-1024:], numpy.float32, 128, "grad_weight")
     assert [name.split(", ")[:2] for name in device.launches] == [

@@ -478,19 +478,25 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             return _gemm_grad_input(device, gy, weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    heuristic, grad_input)
+    fused_bias: dict = {}   # the FMA weight gradient's bias row, with the grad_weight it came with
     if "weight" in needs:
         def grad_weight(algo):
+            gyv = gy.reshape(n, spec.out_channels, L)
+            if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "weight"):
+                fused_bias["weight"], fused_bias["bias"] = simt_gemm_grad_weight(
+                    device, batch_view(device, x), gyv, spec, bias="bias" in needs)
+                return fused_bias["weight"]
             if algo == "implicit_gemm":
-                gyv = gy.reshape(n, spec.out_channels, L)
-                engine = simt_gemm_grad_weight if simt_runs(spec, x.dtype, "weight") else implicit_gemm_grad_weight
-                return engine(device, batch_view(device, x), gyv, spec)
+                return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
-    if "bias" in needs:
+    if "bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w:
+        grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned
+    elif "bias" in needs:
         grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b
 

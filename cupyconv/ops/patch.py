@@ -375,7 +375,7 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
             fallback = "auto" if algorithm == "auto" else "im2col_gemm"
             grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, fallback)
         if "weight" in needs:
-            grad_w = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec)
+            grad_w = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec)[0]
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
         if "input" in needs:

@@ -104,6 +104,7 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
+    rows += pass_ == "weight"   # room for the bias row
     tiles = SIMT_TILES[pass_]
     tile = tiles[-1] if cols > 64 else tiles[1] if pass_ == "forward" and rows >= SIMT_TALL_ROWS else tiles[0]
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
@@ -158,17 +159,22 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
     return simt_fwd_launch(device, gyv, weight_t, None, transposed, out)
 
 
-def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
-    """simt_bwd_weight: grad_weight (D, C / G, kH, kW) float32 from xv, a batch view of x, and gy (n, D, oH, oW)
-    contiguous.  The splits' float32 sums are added in split order (the same bits on every run)."""
+def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
+    """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is the GEMM's extra row of ones (the bias
+    row).  The splits' float32 sums are added in split order (the same bits on every run)."""
     _check(spec, xv.dtype, "weight")
     plan = plan_simt(spec, "weight")
-    rows = spec.channels_per_group * spec.taps
-    partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
+    taps_rows = spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, spec.out_channels, taps_rows + bias), numpy.float32)
     KERNELS.launch(device, "simt_bwd_weight", plan.tile, dtype=xv.dtype,
                    index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
                    window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
                    groups=spec.groups, channels_per_group=spec.channels_per_group,
-                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
+                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split,
+                   bias_row=int(bias))
     total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
-    return total.reshape(spec.weight_shape)
+    if not bias:
+        return total.reshape(spec.weight_shape), None
+    return (device.ascontiguous(total[:, :taps_rows]).reshape(spec.weight_shape),
+            device.ascontiguous(total[:, taps_rows]))
