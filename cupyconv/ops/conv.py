@@ -273,20 +273,21 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
                     spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
 
 
-def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
+def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
     in shared memory; then the strict float32 FMA implicit GEMM where the column matrix would be larger than the
     input (`simt_preferred`: written and read again, 9x the input for 3x3 stride 1); otherwise 'im2col_gemm'
-    (cuBLAS at full speed on large per-group GEMMs)."""
+    (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight') matters to the last
+    rule only: the FMA weight gradient needs enough blocks."""
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
             and plan_direct(spec, dtype) is not None):
         return "direct"
-    return "implicit_gemm" if simt_preferred(spec, dtype) else "im2col_gemm"
+    return "implicit_gemm" if simt_preferred(spec, dtype, pass_) else "im2col_gemm"
 
 
 def _implicit_gemm_runs(spec: ConvSpec, dtype, device, pass_: str) -> bool:
@@ -493,7 +494,8 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
-                                   grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
+                                   grad_weight_candidates(spec, x.dtype, device),
+                                   choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
     if "bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w:
         grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned
     elif "bias" in needs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import numpy
 
@@ -31,6 +32,7 @@ SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
+SIMT_MIN_BLOCKS = 128      # 'auto' runs the weight gradient here from this many blocks (`simt_preferred`)
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
@@ -68,11 +70,15 @@ def simt_runs(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     return not settings.get_allow_tf32() and simt_refusal(spec, dtype, pass_) is None
 
 
-def simt_preferred(spec: ConvSpec, dtype) -> bool:
+def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     """The 'auto' rule: these kernels beat im2col + cuBLAS (strict float32) where the columns would be larger
     than the input, which they read in place (a 3x3 stride-1 column matrix is 9x the input, written and read
-    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster."""
-    return simt_runs(spec, dtype) and spec.taps * spec.out_pixels > spec.in_size[0] * spec.in_size[1]
+    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  The weight gradient also needs
+    SIMT_MIN_BLOCKS blocks: where the workspace limit leaves no room for split partials (a 3-D problem's depth
+    windows take it), its few output tiles would each reduce every pixel alone."""
+    if not simt_runs(spec, dtype) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
+        return False
+    return pass_ != "weight" or math.prod(plan_simt(spec, "weight").grid) >= SIMT_MIN_BLOCKS
 
 
 @dataclasses.dataclass(frozen=True)
