@@ -278,9 +278,11 @@ def test_64_bit_channel_offsets_within_a_group():
     assert device.launches == ["simt_fwd<float, long long, 256, 64, 16>"] * 2, device.launches
 
 
-def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input():
-    """TF32 off and float32: 3x3 stride 1 with over 16 channels (columns 9x the input) -> FMA GEMM, every pass;
+def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
+    """TF32 off and float32: 3x3 stride 1 with over 16 channels (columns 9x the input) -> FMA GEMM, forward and
+    input gradient and weight gradient (SIMT_MIN_BLOCKS 1: a problem this small has one or two blocks a pass);
     TF32 on -> the tensor cores; few channels -> direct; pointwise -> im2col; float64 -> im2col."""
+    monkeypatch.setattr(simt_gemm, "SIMT_MIN_BLOCKS", 1)
     rng = numpy.random.default_rng(5)
     x = rng.standard_normal((2, 24, 9, 7)).astype(numpy.float32)
     weight = rng.standard_normal((20, 24, 3, 3)).astype(numpy.float32)
@@ -294,22 +296,27 @@ def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input():
         with _device.use_device(device), settings.allow_tf32(tf32):
             out = cupyconv.conv2d(xs, ws, **kwargs)
             cupyconv.conv2d_backward(out, xs, ws, **kwargs)
-        # the weight gradient of so small a problem has too few blocks for the FMA GEMM: cuBLAS
         simt = (device.count("simt_fwd"), device.count("simt_bwd_weight"))
-        assert simt == ((2, 0) if expected == "simt" else (0, 0)), (expected, device.launches)
+        assert simt == ((2, 1) if expected == "simt" else (0, 0)), (expected, device.launches)
         assert (device.count("conv_fwd_tc") == 1) == (expected == "tc"), (expected, device.launches)
         assert (device.count("conv_fwd_direct") >= 1) == (expected == "direct"), (expected, device.launches)
 
 
 def test_auto_weight_gradient_needs_blocks():
-    """'auto' runs the weight gradient on the FMA GEMM only with SIMT_MIN_BLOCKS blocks: r50-64's has hundreds (its
-    split partials fit the workspace limit), and none left when the limit is a few bytes (a 3-D problem's depth
-    windows can take all of it), which would leave 5 blocks to reduce 100352 pixels each."""
+    """'auto' runs a pass on the FMA GEMM only with SIMT_MIN_BLOCKS blocks: r50-64's passes have hundreds (the weight
+    gradient's split partials fit the workspace limit); not its weight gradient when the limit is a few bytes (a
+    3-D problem's depth windows can take all of it: 5 blocks would reduce 100352 pixels each), nor r50-512's
+    forward and input gradient (52 blocks)."""
     spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 64, 56, 56), numpy.float32),
                                      numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+    small = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 512, 7, 7), numpy.float32),
+                                      numpy.empty((512, 512, 3, 3), numpy.float32), None, 1, 1, 1, 1)
     with settings.allow_tf32(False):
-        assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "weight")] == [
-            "implicit_gemm"] * 2
+        assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == [
+            "implicit_gemm"] * 3
+        # r50-512: 1568 pixels x 512 channels, 13 x 4 blocks forward and input: cuBLAS
+        assert [conv_op.choose_algorithm(small, numpy.float32, None, p) for p in ("forward", "input")] == [
+            "im2col_gemm"] * 2
         with settings.workspace_limit(16):
             assert simt_gemm.plan_simt(spec, "weight").grid == (5, 1, 1)
             assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "weight")] == [

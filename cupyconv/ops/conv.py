@@ -280,8 +280,8 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
     in shared memory; then the strict float32 FMA implicit GEMM where the column matrix would be larger than the
     input (`simt_preferred`: written and read again, 9x the input for 3x3 stride 1); otherwise 'im2col_gemm'
-    (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight') matters to the last
-    rule only: the FMA weight gradient needs enough blocks."""
+    (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight') matters to the FMA
+    rule only: each pass needs enough blocks."""
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
@@ -462,7 +462,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     gy = device.ascontiguous(grad_output).reshape(n, g, dg, L)
     weight = device.ascontiguous(weight)
-    heuristic = choose_algorithm(spec, x.dtype, device)
+    heuristic = choose_algorithm(spec, x.dtype, device, "input")
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         candidates = grad_input_candidates(spec, x.dtype, device)

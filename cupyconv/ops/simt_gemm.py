@@ -32,7 +32,7 @@ SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
-SIMT_MIN_BLOCKS = 128      # 'auto' runs the weight gradient here from this many blocks (`simt_preferred`)
+SIMT_MIN_BLOCKS = 128      # 'auto' runs a pass here from this many blocks (`simt_preferred`)
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
@@ -73,12 +73,19 @@ def simt_runs(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
 def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     """The 'auto' rule: these kernels beat im2col + cuBLAS (strict float32) where the columns would be larger
     than the input, which they read in place (a 3x3 stride-1 column matrix is 9x the input, written and read
-    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  The weight gradient also needs
-    SIMT_MIN_BLOCKS blocks: where the workspace limit leaves no room for split partials (a 3-D problem's depth
-    windows take it), its few output tiles would each reduce every pixel alone."""
-    if not simt_runs(spec, dtype) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
+    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  Each pass also needs
+    SIMT_MIN_BLOCKS blocks (no split of K but the weight gradient's): small planes with many channels (r50-512:
+    7x7, 512 channels, 52 blocks) leave most SMs idle, and so does a weight gradient where the workspace limit
+    leaves no room for split partials (a 3-D problem's depth windows take it); cuBLAS splits those itself."""
+    if not simt_runs(spec, dtype, pass_) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
         return False
-    return pass_ != "weight" or math.prod(plan_simt(spec, "weight").grid) >= SIMT_MIN_BLOCKS
+    if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
+        rows, cols = spec.n * spec.in_size[0] * spec.in_size[1], spec.channels_per_group
+        tile = SIMT_TILES["forward"][-1] if cols > 64 else SIMT_TILES["forward"][0]
+        blocks = ceil_div(rows, tile[0]) * spec.groups * ceil_div(cols, tile[1])
+    else:
+        blocks = math.prod(plan_simt(spec, pass_).grid)
+    return blocks >= SIMT_MIN_BLOCKS
 
 
 @dataclasses.dataclass(frozen=True)
