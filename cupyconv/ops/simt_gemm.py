@@ -73,10 +73,10 @@ def simt_runs(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
 def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     """The 'auto' rule: these kernels beat im2col + cuBLAS (strict float32) where the columns would be larger
     than the input, which they read in place (a 3x3 stride-1 column matrix is 9x the input, written and read
-    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  Each pass also needs
-    SIMT_MIN_BLOCKS blocks (no split of K but the weight gradient's): small planes with many channels (r50-512:
-    7x7, 512 channels, 52 blocks) leave most SMs idle, and so does a weight gradient where the workspace limit
-    leaves no room for split partials (a 3-D problem's depth windows take it); cuBLAS splits those itself."""
+    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  The forward and the input
+    gradient also need SIMT_MIN_BLOCKS blocks (they have no split of K): small planes with many channels (r50-512:
+    7x7, 512 channels, 52 blocks) leave most SMs idle.  The weight gradient follows the forward's choice (where
+    the forward's blocks are too few, cuBLAS's weight gradient was predicted faster too: r50-256, r50-512)."""
     if not simt_runs(spec, dtype, pass_) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
         return False
     if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
@@ -84,7 +84,7 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
         tile = SIMT_TILES["forward"][-1] if cols > 64 else SIMT_TILES["forward"][0]
         blocks = ceil_div(rows, tile[0]) * spec.groups * ceil_div(cols, tile[1])
     else:
-        blocks = math.prod(plan_simt(spec, pass_).grid)
+        blocks = math.prod(plan_simt(spec, "forward").grid)
     return blocks >= SIMT_MIN_BLOCKS
 
 
