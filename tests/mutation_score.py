@@ -189,8 +189,8 @@ MUTATIONS = [
       "template <> struct SimtUnsigned<long long> { typedef unsigned type; };", SIMT, "32-bit index"),
     M("simt-bwd-weight-unit-column-stride", "simt_gemm.cu", "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0 * (U)x_stride_w;",
       "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0;", SIMT, "strided x"),
-    M("simt-bias-row-past-the-end", "simt_gemm.cu", "if (ones[rs]) return cursor.at.image < n ? 1.0f : 0.0f;",
-      "if (ones[rs]) return 1.0f;", SIMT, "off-by-one"),
+    M("simt-bias-row-off-by-one", "simt_gemm.cu", "f.ones[r] = m == taps_rows && bias_row;",
+      "f.ones[r] = m == taps_rows - 1 && bias_row;", SIMT, "off-by-one"),
     M("simt-fwd-bias-dropped", "simt_gemm.cu", "if (has_bias) value += to_acc(bias[g * N + n]);",
       "if (has_bias) value += to_acc(bias[n]);", SIMT, "groups"),
 
