@@ -28,7 +28,7 @@ from . import settings
 
 OPS = ("unfold", "conv", "depthwise", "patch")
 # Modules of cupyconv/ops that own a kernel file without being an op (the ops share them): planners and launches.
-ENGINES = ("implicit_gemm",)
+ENGINES = ("implicit_gemm", "simt_gemm")
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 
 

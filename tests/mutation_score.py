@@ -51,6 +51,7 @@ UNFOLD = "tests/test_unfold_kernels.py"
 CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
+SIMT = "tests/test_simt_gemm_kernels.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
@@ -178,6 +179,46 @@ MUTATIONS = [
       "template <> struct Unsigned<long long> { typedef unsigned type; };", TC_SWEEP, "32-bit index"),
     M("tc-bwd-weight-unit-column-stride", "implicit_gemm.cu", "(U)x0 * (U)x_stride_w, y0, x0, true};",
       "(U)x0, y0, x0, true};", TC_SWEEP, "tc: strided x"),
+
+    # -- simt_gemm.cu: strict float32 implicit GEMMs on the FMA units (simt_fwd, simt_bwd_weight) -----------------
+    M("simt-barrier-chunk", "simt_gemm.cu", "if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last "
+      "read before the previous barrier\n    __syncthreads();", "if (t + 1 < chunks) store_chunk(stage ^ 1);", SIMT,
+      "removed barrier"),
+    M("simt-chunks-floor", "simt_gemm.cu", "(k_end - k_begin + SIMT_BK - 1) / SIMT_BK : 0;",
+      "(k_end - k_begin) / SIMT_BK : 0;", SIMT, "off-by-one"),
+    M("simt-fwd-col-bound", "simt_gemm.cu", "(unsigned)xx >= (unsigned)width) return 0.0f;\n    return to_acc(x[(I)(row_origin",
+      "(unsigned)xx > (unsigned)width) return 0.0f;\n    return to_acc(x[(I)(row_origin", SIMT, "off-by-one"),
+    M("simt-epilogue-col-bound", "simt_gemm.cu", "if (n < gather.N) gather.store(row, n, acc[i][j]);",
+      "if (n <= gather.N) gather.store(row, n, acc[i][j]);", SIMT, "off-by-one"),
+    M("simt-fwd-pad-side", "simt_gemm.cu", "f.row_y[r] = p / out_w * stride_h - pad_top;",
+      "f.row_y[r] = p / out_w * stride_h - pad_left;", SIMT, "swapped padding"),
+    M("simt-fwd-stride-swap", "simt_gemm.cu", "f.row_x[r] = p % out_w * stride_w - pad_left;",
+      "f.row_x[r] = p % out_w * stride_h - pad_left;", SIMT, "swapped stride"),
+    M("simt-bwd-weight-pad-side", "simt_gemm.cu", "cursor.x0 = ox * stride_w - pad_left;",
+      "cursor.x0 = ox * stride_w - pad_top;", SIMT, "swapped padding"),
+    M("simt-pixel-carry-once", "simt_gemm.cu", "while (p >= pixels) {  // at most once", "if (p >= pixels) {  // at most once",
+      SIMT, "carry"),
+    M("simt-split-range", "simt_gemm.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * SIMT_BK;",
+      "const I k_begin = (I)blockIdx.z * chunks_per_split;", SIMT, "split reduction"),
+    M("simt-epilogue-row-group", "simt_gemm.cu", "const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * ROW_SPAN;",
+      "const I m = m0 + 4 * tm + (i & 3) + (i >> 3) * ROW_SPAN;", SIMT, "register tile"),
+    M("simt-fragment-a-row-group", "simt_gemm.cu", "(a_stage + k * PA + q * ROW_SPAN);",
+      "(a_stage + k * PA + (q & 1) * ROW_SPAN);", SIMT, "register tile"),
+    M("simt-fragment-b-half", "simt_gemm.cu", "(b_stage + k * PB + BN / 2);", "(b_stage + k * PB + BN / 4);", SIMT,
+      "register tile"),
+    M("simt-tap-int-channel", "simt_gemm.cu", "return {(U)c * (U)stride_c +", "return {(U)(c * (int)stride_c) +", SIMT,
+      "32-bit index"),
+    M("simt-fwd-int-weight-row", "simt_gemm.cu", "to_acc(weight_t[((I)g * K + k) * N + n])",
+      "to_acc(weight_t[(g * K + k) * N + n])", SIMT, "32-bit index"),
+    M("simt-offset-32-bit-unsigned", "simt_gemm.cu",
+      "template <> struct SimtUnsigned<long long> { typedef unsigned long long type; };",
+      "template <> struct SimtUnsigned<long long> { typedef unsigned type; };", SIMT, "32-bit index"),
+    M("simt-bwd-weight-unit-column-stride", "simt_gemm.cu", "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0 * (U)x_stride_w;",
+      "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0;", SIMT, "strided x"),
+    M("simt-bias-row-off-by-one", "simt_gemm.cu", "f.ones[r] = m == taps_rows && bias_row;",
+      "f.ones[r] = m == taps_rows - 1 && bias_row;", SIMT, "off-by-one"),
+    M("simt-fwd-bias-dropped", "simt_gemm.cu", "if (has_bias) value += to_acc(bias[g * N + n]);",
+      "if (has_bias) value += to_acc(bias[n]);", SIMT, "groups"),
 
     # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
     M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',

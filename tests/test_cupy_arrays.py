@@ -142,6 +142,19 @@ def test_conv2d_implicit_gemm(device, dtype):
     check(device, cupyconv.conv2d_backward, gy, x, w, dtype=dtype, padding=1, algorithm="implicit_gemm")
 
 
+def test_conv2d_implicit_gemm_strict_float32(device):
+    """float32 with TF32 off: 'implicit_gemm' runs the FMA kernels (simt_gemm.cu), forward and backward, grouped;
+    the strided input gradient on im2col + GEMM + col2im."""
+    x, w, b = inputs(16, (2, 6, 7, 5), (10, 3, 3, 3), (10,))
+    kw = dict(padding=((1, 0), (0, 2)), groups=2, algorithm="implicit_gemm")
+    for stride in (1, 2):
+        check(device, cupyconv.conv2d, x, w, b, stride=stride, **kw)
+        (gy,) = inputs(17, cupyconv.conv2d(x, w, stride=stride, padding=kw["padding"], groups=2).shape)
+        check(device, cupyconv.conv2d_backward, gy, x, w, stride=stride, strided=(0, 1), **kw)
+    names = [str(launch) for launch in device.launches]
+    assert any("simt_fwd<" in n for n in names) and any("simt_bwd_weight<" in n for n in names), names
+
+
 def test_conv2d_tf32(device):
     x, w = inputs(8, (2, 16, 4, 5), (4, 16, 3, 3))
     with settings.allow_tf32(True):

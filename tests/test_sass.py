@@ -415,6 +415,28 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
+def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
+    """simt_gemm.cu's kernels stay strict float32 on the FMA units: no HMMA anywhere; per K chunk of 8 a thread's
+    main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B), and the
+    FFMA are at least 60% of the loop (sm_90, int): an edit that moves a division or a scalar load into the loop,
+    or lets a TF32 path in, fails here."""
+    from cupyconv.ops import simt_gemm
+    program = kernel_programs("simt_gemm.cu", "sm_90")
+    opcodes, code = opcodes_of("simt_gemm.cu", "sm_90", kernel_programs), sass.disassemble(program)
+    assert not [n for n in GROUPS["simt_gemm.cu"] if opcodes[n]["HMMA"]]
+    problems = []
+    for name in GROUPS["simt_gemm.cu"]:
+        tm = int(name.rstrip(">").split(",")[-1])
+        rule, loop = sass.main_loop(code[name])
+        assert rule == "fma", (name, rule)
+        ffma, lds, total = loop["FFMA"], loop["LDS"], sum(loop.values())
+        if "<float, int," in name and (ffma != tm * 8 * simt_gemm.SIMT_CHUNK or lds != (tm // 4 + 2) * 8
+                                       or ffma < 0.6 * total):
+            problems.append(f"{name}: {ffma} FFMA, {lds} LDS of {total} loop instructions")
+    assert not problems, "\n".join(problems)
+
+
 def unit_loop_opcodes(program) -> dict[str, Counter]:
     """{name expression: Counter of SASS mnemonics} of each kernel's loop over its units: the smallest loop holding
     a barrier (BAR), i.e. what a block issues per staged tile (the weight gradient's loop over its partial rows,

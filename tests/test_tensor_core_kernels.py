@@ -307,7 +307,6 @@ def test_auto_picks_the_tensor_cores_where_they_apply():
 
 @pytest.mark.parametrize("dtype, channels, tf32, message", [
     (numpy.float64, 16, True, r"float16, bfloat16 and \(as TF32\) float32, not float64"),
-    (numpy.float32, 16, False, "only as TF32: cupyconv.settings.set_allow_tf32"),
     (numpy.float16, 8, False, "at least 16 input channels per group, not 8"),
 ])
 def test_refusals_name_the_reason(dtype, channels, tf32, message):

@@ -26,6 +26,7 @@ from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward
                         depthwise_conv2d_gpu)
 from .implicit_gemm import (TC_MIN_CHANNELS, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
                             tensor_core_refusal)
+from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -186,9 +187,13 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
 #                  channels per group.  No workspace but the weight gradient's float32 split sums.
-#   'auto'         `choose_algorithm`: 'implicit_gemm' where it can run, else 'direct' when both channels per group
-#                  are <= DIRECT_MAX_CHANNELS, else 'im2col_gemm' (or the measured winner when autotuning is on:
-#                  `settings.set_autotune`).
+#                  float32 with TF32 off: the FMA units instead (raw_kernels/simt_gemm.cu, ops/simt_gemm.py:
+#                  `simt_runs`), strict IEEE float32, any channel count; the input gradient for stride 1 only
+#                  (strided: im2col + GEMM + col2im).
+#   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run, else 'direct' when both
+#                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and the
+#                  columns would be larger than the input (`simt_preferred`), else 'im2col_gemm' (or the
+#                  measured winner when autotuning is on: `settings.set_autotune`).
 # Backward of 'direct' and 'im2col_gemm':
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
@@ -268,23 +273,31 @@ def transposed_spec(spec: ConvSpec) -> ConvSpec:
                     spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
 
 
-def choose_algorithm(spec: ConvSpec, dtype, device=None) -> str:
+def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; otherwise 'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs)."""
+    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix would be larger than the
+    input (`simt_preferred`: written and read again, 9x the input for 3x3 stride 1); otherwise 'im2col_gemm'
+    (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight') matters to the FMA
+    rule only: each pass needs enough blocks."""
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
             and plan_direct(spec, dtype) is not None):
         return "direct"
-    return "im2col_gemm"
+    return "implicit_gemm" if simt_preferred(spec, dtype, pass_) else "im2col_gemm"
+
+
+def _implicit_gemm_runs(spec: ConvSpec, dtype, device, pass_: str) -> bool:
+    """Whether 'implicit_gemm' can run this pass: on the tensor cores, or in strict float32 on the FMA units."""
+    return tensor_core_refusal(spec, dtype, device) is None or simt_runs(spec, dtype, pass_)
 
 
 def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     candidates = ("im2col_gemm", "direct") if plan_direct(spec, dtype) is not None else ("im2col_gemm",)
-    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "forward") else ())
 
 
 def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
@@ -292,11 +305,11 @@ def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
     candidates: tuple[str, ...] = ("im2col_gemm",)
     if spec.stride == (1, 1) and plan_direct(transposed_spec(spec), dtype) is not None:
         candidates += ("direct",)
-    return candidates + (("implicit_gemm",) if tensor_core_refusal(spec, dtype, device) is None else ())
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "input") else ())
 
 
 def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
-    return ("im2col_gemm", "implicit_gemm") if tensor_core_refusal(spec, dtype, device) is None else ("im2col_gemm",)
+    return ("im2col_gemm", "implicit_gemm") if _implicit_gemm_runs(spec, dtype, device, "weight") else ("im2col_gemm",)
 
 
 # --- launches ---------------------------------------------------------------------------------------------
@@ -434,7 +447,8 @@ def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
     def run(algo):
         if algo == "implicit_gemm":
             out = device.empty(spec.output_shape, x.dtype)
-            return implicit_gemm_gpu(device, batch_view(device, x), weight, bias, spec, out)
+            engine = simt_gemm_gpu if simt_runs(spec, x.dtype) else implicit_gemm_gpu
+            return engine(device, batch_view(device, x), weight, bias, spec, out)
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)
@@ -448,13 +462,16 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     gy = device.ascontiguous(grad_output).reshape(n, g, dg, L)
     weight = device.ascontiguous(weight)
-    heuristic = choose_algorithm(spec, x.dtype, device)
+    heuristic = choose_algorithm(spec, x.dtype, device, "input")
     grad_x = grad_w = grad_b = None
     if "input" in needs:
         candidates = grad_input_candidates(spec, x.dtype, device)
 
         def grad_input(algo):
-            if algo == "implicit_gemm":
+            if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "input"):
+                out = device.empty(spec.input_shape, x.dtype)
+                return simt_gemm_grad_input(device, gy, weight, spec, transposed_spec(spec), out)
+            if algo == "implicit_gemm" and not simt_runs(spec, x.dtype):
                 out = device.empty(spec.input_shape, x.dtype)
                 return implicit_gemm_grad_input(device, gy.reshape(n, spec.out_channels, L), weight, spec, out)
             if algo == "direct" and "direct" in candidates:
@@ -462,18 +479,26 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             return _gemm_grad_input(device, gy, weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    heuristic, grad_input)
+    fused_bias: dict = {}   # the FMA weight gradient's bias row, with the grad_weight it came with
     if "weight" in needs:
         def grad_weight(algo):
+            gyv = gy.reshape(n, spec.out_channels, L)
+            if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "weight"):
+                fused_bias["weight"], fused_bias["bias"] = simt_gemm_grad_weight(
+                    device, batch_view(device, x), gyv, spec, bias="bias" in needs)
+                return fused_bias["weight"]
             if algo == "implicit_gemm":
-                gyv = gy.reshape(n, spec.out_channels, L)
                 return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
-                                   grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
-    if "bias" in needs:
+                                   grad_weight_candidates(spec, x.dtype, device),
+                                   choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
+    if "bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w:
+        grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned
+    elif "bias" in needs:
         grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b
 
@@ -516,10 +541,11 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "
                  "'im2col_gemm'; 'direct'; 'implicit_gemm', the tensor cores (compute capability 8.0 and newer; "
                  "float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
-                 f"{TC_MIN_CHANNELS} input channels per group); or 'auto' (the default): 'implicit_gemm' where it "
-                 f"can run, else 'direct' with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else "
-                 "'im2col_gemm'; with `cupyconv.settings` autotune on, the fastest of them on the first call of "
-                 "each problem.")
+                 f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
+                 "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
+                 f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
+                 "'implicit_gemm' where the columns would be larger than the input, else 'im2col_gemm'; with "
+                 "`cupyconv.settings` autotune on, the fastest of them on the first call of each problem.")
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
 

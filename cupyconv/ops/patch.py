@@ -35,10 +35,11 @@ from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_outp
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from .. import settings
-from .conv import (WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad, grad_input_bytes,
-                   weight_grad_bytes, work_pieces, workspace_scope)
+from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad,
+                   grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal
+from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
 # ---------------------------------------------------------------------------------------------------------
@@ -220,6 +221,18 @@ def _use_tensor_cores(device, spec: ConvSpec, dtype, algorithm: str) -> bool:
     return algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, dtype, device) is None)
 
 
+def _use_simt(spec: ConvSpec, dtype, algorithm: str) -> bool:
+    """Whether a pass runs conv2d's strict float32 FMA kernels (ops/simt_gemm.py): what 'implicit_gemm' means for
+    float32 with TF32 off, and 'auto''s pick there unless both channels per group are at most
+    DIRECT_MAX_CHANNELS (conv2d's direct-kernel range, which stays on the fused kernel).  benchmarks.predict ranks
+    them so on the patch cases (32 -> 64 channels, 4x4 and 8x8 patches: the FMA GEMM 0.5-0.6x the fused kernel's
+    predicted time forward, 0.4-0.7x forward + backward; benchmarks/RESULTS.md)."""
+    if algorithm == "auto":
+        return (simt_runs(spec, dtype)
+                and max(spec.channels_per_group, spec.outputs_per_group) > DIRECT_MAX_CHANNELS)
+    return algorithm == "implicit_gemm" and simt_runs(spec, dtype)
+
+
 def _use_fused(op: str, algorithm: str, spec: ConvSpec, plan) -> bool:
     """Whether a pass runs the fused kernel: 'auto' picks it for small patches when a block fits."""
     if algorithm == "auto":
@@ -243,6 +256,8 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
     out = device.empty(spec.output_shape, x.dtype)
     xv = batch_view(device, x)
     weight = device.ascontiguous(weight)
+    if _use_simt(spec, x.dtype, algorithm):
+        return simt_gemm_gpu(device, xv, weight, bias, spec, out)
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
         return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
@@ -351,7 +366,17 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
     weight = device.ascontiguous(weight)
     gv = batch_view(device, grad_output)
     grad_x = grad_w = grad_b = None
-    if _use_tensor_cores(device, spec, x.dtype, algorithm):
+    if _use_simt(spec, x.dtype, algorithm):
+        gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
+        if "input" in needs and spec.stride == (1, 1):
+            grad_x = simt_gemm_grad_input(device, gy, weight, spec, transposed_spec(spec),
+                                          device.empty(spec.input_shape, x.dtype))
+        elif "input" in needs:   # strided: the fused kernel ('auto') or the GEMM and col2im
+            fallback = "auto" if algorithm == "auto" else "im2col_gemm"
+            grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, fallback)
+        if "weight" in needs:
+            grad_w = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec)[0]
+    elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
         if "input" in needs:
             grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))

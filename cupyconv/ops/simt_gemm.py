@@ -1,0 +1,193 @@
+"""The strict float32 implicit GEMMs of conv2d on the FMA units (raw_kernels/simt_gemm.cu): forward, stride-1 input
+gradient (the forward of the transposed problem) and weight gradient, in IEEE float32 (no tensor cores, no TF32)
+and without a column matrix.
+
+Not an op of its own: ops/conv.py runs its 'implicit_gemm' passes here for float32 while TF32 is off (where the
+tensor cores refuse), and its 'auto' picks them over im2col + GEMM where the columns would be larger than the
+input (`simt_preferred`).  The table of the GEMMs is at the top of simt_gemm.cu.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy
+
+from .. import settings
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, extent, index_type,
+                        kernel_name)
+from .._spec import ConvSpec, ceil_div
+
+# Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
+# 128 x 64 x 8 in general; 256 x 64 x 16 from SIMT_TALL_ROWS rows (every float read from shared memory feeds
+# more FMAs: 24 loads per 128 FMAs instead of 16 per 64, the binding resource of the 8 x 8 tile on an H100 by
+# benchmarks.predict); 128 x 128 x 8 when a group has over 64 columns (output channels; input channels for
+# the input gradient).  The weight gradient, whose rows are the few (c, tap), keeps TM = 8.
+SIMT_TILES = {"forward": ((128, 64, 8), (256, 64, 16), (128, 128, 8)), "weight": ((128, 64, 8), (128, 128, 8))}
+SIMT_TALL_ROWS = 64 * 1024
+SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
+SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
+SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
+SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
+SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
+SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
+SIMT_MIN_BLOCKS = 128      # 'auto' runs a pass here from this many blocks (`simt_preferred`)
+KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
+
+
+def instantiations():
+    return [kernel_name(kernel, "float32", index, *tile) for pass_, kernel in SIMT_PASSES.items()
+            for index, tile in itertools.product(INDEX_TYPES, SIMT_TILES[pass_])]
+
+
+# --- plans ------------------------------------------------------------------------------------------------
+
+def simt_refusal(spec: ConvSpec, dtype, pass_: str = "forward") -> str | None:
+    """Why the FMA implicit GEMMs cannot run this pass ('forward', 'input' or 'weight'), or None when they can."""
+    name = numpy.dtype(dtype).name
+    if name != "float32":
+        return f"the FMA implicit GEMMs take float32, not {name}"
+    if pass_ == "input" and spec.stride != (1, 1):
+        return f"their input gradient is the stride-1 transposed convolution, and the stride is {spec.stride}"
+    plane = max(spec.in_size[0] * spec.in_size[1], spec.out_pixels)
+    if plane > INT32_MAX:
+        return f"they index a plane's pixels in 32 bits, and this plane has {plane}"
+    reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
+    if reach >= SIMT_MAX_REACH:
+        return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
+    reduction = max(spec.channels_per_group, spec.outputs_per_group) * spec.taps
+    if reduction > INT32_MAX:
+        return f"they index a weight row (channels per group x taps) in 32 bits, and it has {reduction}"
+    columns = max(spec.channels_per_group, spec.outputs_per_group)
+    if spec.groups * ceil_div(columns, 64) > MAX_GRID[1]:
+        return f"they take at most {MAX_GRID[1]} groups x column tiles, not {spec.groups} groups of {columns}"
+    return None
+
+
+def simt_runs(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
+    """Whether 'implicit_gemm' runs this pass here: float32 with TF32 off (the tensor cores' case otherwise)."""
+    return not settings.get_allow_tf32() and simt_refusal(spec, dtype, pass_) is None
+
+
+def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
+    """The 'auto' rule: these kernels beat im2col + cuBLAS (strict float32) where the columns would be larger
+    than the input, which they read in place (a 3x3 stride-1 column matrix is 9x the input, written and read
+    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  The forward and the input
+    gradient also need SIMT_MIN_BLOCKS blocks (they have no split of K): small planes with many channels (r50-512:
+    7x7, 512 channels, 52 blocks) leave most SMs idle.  The weight gradient follows the forward's choice (where
+    the forward's blocks are too few, cuBLAS's weight gradient was predicted faster too: r50-256, r50-512)."""
+    if not simt_runs(spec, dtype, pass_) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
+        return False
+    if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
+        rows, cols = spec.n * spec.in_size[0] * spec.in_size[1], spec.channels_per_group
+        tile = SIMT_TILES["forward"][-1] if cols > 64 else SIMT_TILES["forward"][0]
+        blocks = ceil_div(rows, tile[0]) * spec.groups * ceil_div(cols, tile[1])
+    else:
+        blocks = math.prod(plan_simt(spec, "forward").grid)
+    return blocks >= SIMT_MIN_BLOCKS
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtPlan:
+    """One launch: the block tile (rows, columns of C, rows per thread), the grid (row tiles, groups x column
+    tiles, splits) and, for the weight gradient, the pixels of each split in chunks of SIMT_CHUNK."""
+    tile: tuple[int, int, int]
+    grid: tuple[int, int, int]
+    chunks_per_split: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.tile[0] * self.tile[1] // (8 * self.tile[2])   # TM x 8 outputs per thread
+
+    @property
+    def splits(self) -> int:
+        return self.grid[2]
+
+
+def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
+    """(rows M, columns N, reduction K) of one group's GEMM ('forward' or 'weight'; the input gradient is the
+    forward of `conv.transposed_spec`)."""
+    cg, dg, taps, out_pixels = spec.channels_per_group, spec.outputs_per_group, spec.taps, spec.n * spec.out_pixels
+    return {"forward": (out_pixels, dg, cg * taps), "weight": (cg * taps, dg, out_pixels)}[pass_]
+
+
+def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
+    """The tile and grid of simt_fwd ('forward') or simt_bwd_weight ('weight').  The weight gradient's few output
+    tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
+    workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
+    rows, cols, reduction = simt_gemm_shape(spec, pass_)
+    rows += pass_ == "weight"   # room for the bias row
+    tiles = SIMT_TILES[pass_]
+    tile = tiles[-1] if cols > 64 else tiles[1] if pass_ == "forward" and rows >= SIMT_TALL_ROWS else tiles[0]
+    blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
+    if pass_ != "weight":
+        return SimtPlan(tile, (*blocks, 1))
+    chunks = max(1, ceil_div(reduction, SIMT_CHUNK))
+    splits = min(ceil_div(SIMT_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // SIMT_SPLIT_CHUNKS),
+                 max(1, settings.get_workspace_limit() // (spec.out_channels * rows * 4)), MAX_GRID[2])
+    per_split = ceil_div(chunks, max(1, splits))
+    return SimtPlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+
+
+# --- launches ---------------------------------------------------------------------------------------------
+
+def _check(spec: ConvSpec, dtype, pass_: str):
+    refusal = simt_refusal(spec, dtype, pass_)
+    if refusal:
+        raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run in strict float32: {refusal}")
+
+
+def simt_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
+    """simt_fwd: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
+    (`_kernels.batch_view`), weight (D, C / G, kH, kW), bias (D,) or None."""
+    g, dg = spec.groups, spec.outputs_per_group
+    weight_t = device.ascontiguous(weight.reshape(g, dg, -1).transpose(0, 2, 1))   # (G, C / G * taps, D / G)
+    return simt_fwd_launch(device, xv, weight_t, bias, spec, out)
+
+
+def simt_fwd_launch(device, xv, weight_t, bias, spec: ConvSpec, out):
+    """simt_fwd with the weight already transposed per group: weight_t (G, C / G * taps, D / G) contiguous."""
+    _check(spec, xv.dtype, "forward")
+    plan = plan_simt(spec, "forward")
+    KERNELS.launch(device, "simt_fwd", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), out.size, weight_t.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, weight_t=weight_t,
+                   bias=weight_t if bias is None else device.ascontiguous(bias),
+                   out=out, n=spec.n, **batch_args("x", xv), groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   has_bias=bias is not None)
+    return out
+
+
+def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpec, out):
+    """grad_input of a stride-1 conv into out (n, C, H, W) contiguous: simt_fwd on `transposed` (the transposed
+    problem, `conv.transposed_spec(spec)`) with gy (n, D, oH, oW) contiguous and the weight flipped: its B is
+    weight[d][c][kH - 1 - i][kW - 1 - j] at k = (d, i, j), n = c, i.e. (G, D / G, kH, kW, C / G) in memory."""
+    _check(spec, gy.dtype, "input")
+    g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel_size
+    flipped = weight.reshape(g, dg, cg, kh, kw)[:, :, :, ::-1, ::-1].transpose(0, 1, 3, 4, 2)
+    weight_t = device.ascontiguous(flipped).reshape(g, dg * kh * kw, cg)
+    gyv = batch_view(device, gy.reshape(spec.n, spec.out_channels, *spec.out_size))
+    return simt_fwd_launch(device, gyv, weight_t, None, transposed, out)
+
+
+def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
+    """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is the GEMM's extra row of ones (the bias
+    row).  The splits' float32 sums are added in split order (the same bits on every run)."""
+    _check(spec, xv.dtype, "weight")
+    plan = plan_simt(spec, "weight")
+    taps_rows = spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, spec.out_channels, taps_rows + bias), numpy.float32)
+    KERNELS.launch(device, "simt_bwd_weight", plan.tile, dtype=xv.dtype,
+                   index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
+                   window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
+                   groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split,
+                   bias_row=int(bias))
+    total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
+    if not bias:
+        return total.reshape(spec.weight_shape), None
+    return (device.ascontiguous(total[:, :taps_rows]).reshape(spec.weight_shape),
+            device.ascontiguous(total[:, taps_rows]))

@@ -1,0 +1,377 @@
+// Strict float32 implicit GEMMs of conv2d on the FMA units (no tensor cores, no TF32, no column matrix): the
+// forward, which also serves the stride-1 input gradient (the forward of the transposed problem, flipped and
+// transposed weight, as the direct kernel's), and the weight gradient.  Each is one GEMM per group,
+// C (M x N) = A (M x K) * B (K x N), whose operands are gathered straight from the tensors; tap = i * kW + j:
+//
+//   kernel           M (rows)                  N        K (reduction)             A[m][k]           B[k][n]
+//   simt_fwd         images * oH * oW pixels   D / G    (c, tap): C / G * taps    x at (m, c, tap)  weight_t[k][n]
+//   simt_bwd_weight  (c, tap): C / G * taps    D / G    images * oH * oW pixels   x at (k, c, tap)  grad_out[n][k]
+//
+// x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
+// then c, h, w strides); out and grad_out are contiguous (images, D, oH, oW); weight_t is the weight transposed
+// per group, contiguous (G, C / G * taps, D / G), so that a warp reads B along n in whole 128-byte lines.
+//
+// A block of BM * BN / (TM * 8) threads computes a BM x BN tile of C, each thread TM x 8 of it in registers:
+// rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
+// memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
+// reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
+// chunks of SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks)
+// in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
+// after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
+// pixels of x, columns n of weight_t) or along k (the weight gradient's pixels), whichever runs along memory. The
+// main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
+// with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
+// sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
+// shapes only.  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+#include "common.cuh"
+
+#if !defined(SIMT_MAX_THREADS)
+#error "simt_gemm.cu needs the -D options of cupyconv._device.compile_options('simt_gemm.cu')"
+#endif
+constexpr int SIMT_BK = 8;   // the K chunk
+constexpr int SIMT_PAD = 4;  // floats after each staged row of a chunk: keeps float4 alignment, spreads banks
+
+// Which elements of an R x SIMT_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
+// K_SLOTS k.  LANES_ON_ROWS: a warp reads one k of 32 consecutive rows; otherwise a warp reads 8 consecutive k
+// of 4 rows.
+template <int R, int THREADS, bool LANES_ON_ROWS> struct SimtLoad {
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / 32, K_SLOTS = SIMT_BK / WARPS;
+  static_assert(R % 32 == 0 && SIMT_BK % WARPS == 0, "rows in warps of 32, k in whole warps");
+  __device__ static int row(int rs) { return (threadIdx.x & 31) + 32 * rs; }
+  __device__ static int k(int ks) { return (threadIdx.x >> 5) + WARPS * ks; }
+};
+template <int R, int THREADS> struct SimtLoad<R, THREADS, false> {
+  static constexpr int PER_PASS = THREADS / SIMT_BK, ROW_SLOTS = R / PER_PASS, K_SLOTS = 1;
+  static_assert(R % PER_PASS == 0, "whole passes of rows");
+  __device__ static int row(int rs) { return threadIdx.x / SIMT_BK + PER_PASS * rs; }
+  __device__ static int k(int) { return threadIdx.x % SIMT_BK; }
+};
+
+// Offsets are kept unsigned where a part may lie outside the tensor (a window origin in the padding), so that
+// sums wrap instead of overflowing; a sum is used as an index only for an element inside the tensor.
+template <typename I> struct SimtUnsigned;
+template <> struct SimtUnsigned<int> { typedef unsigned type; };
+template <> struct SimtUnsigned<long long> { typedef unsigned long long type; };
+
+// A GEMM index (c, i, j) = c * taps + i * kW + j over x: the offset of tap (i, j) of channel c from a window's
+// origin in x, and the tap's position in the window.
+template <typename I> struct SimtTap {
+  typename SimtUnsigned<I>::type offset;
+  int dy, dx;
+};
+template <typename I>
+__device__ __forceinline__ SimtTap<I> simt_tap(int index, const FastDivmod& taps, const FastDivmod& kernel_w,
+                                               int dilation_h, int dilation_w, I stride_c, I stride_h, I stride_w) {
+  typedef typename SimtUnsigned<I>::type U;
+  int tap, j;
+  const int c = taps.divmod(index, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
+  return {(U)c * (U)stride_c + (U)dy * (U)stride_h + (U)dx * (U)stride_w, dy, dx};
+}
+
+// Where image q of a batch view starts (prologue only: it divides).
+template <typename I> struct SimtBatch {
+  I inner, stride_outer, stride_inner;
+  __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
+};
+
+// An output pixel k = (image, p) of the reduction of the weight gradient, advanced by SIMT_BK with carries.
+template <typename I> struct SimtPixel {
+  I image;
+  int p;
+  __device__ void advance(int pixels) {
+    p += SIMT_BK;
+    while (p >= pixels) {  // at most once for planes of SIMT_BK pixels or more
+      p -= pixels;
+      ++image;
+    }
+  }
+};
+
+// The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of SIMT_BK).
+// `Gather` supplies the operands and takes the results:
+//   typedefs LoadA, LoadB (SimtLoad layouts), ACursor, BCursor; M, N;
+//   ACursor a_start(I k), a_advance(ACursor&) (k += SIMT_BK); the same for B: what GEMM index k means for the
+//     operand, decoded once per chunk and k slot for all of the thread's rows;
+//   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
+//     slot rs, 0 outside the problem (rows past M or N, k past K);
+//   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
+template <typename I, int BM, int BN, int TM, class Gather>
+__device__ __forceinline__ void simt_block(const Gather& gather, float* as, float* bs, I m0, int n0, I k_begin,
+                                           I k_end) {
+  typedef typename Gather::LoadA LA;
+  typedef typename Gather::LoadB LB;
+  constexpr int PA = BM + SIMT_PAD, PB = BN + SIMT_PAD;
+  constexpr int ROW_SPAN = 4 * BM / TM;  // between a thread's groups of 4 rows
+  static_assert(TM % 4 == 0 && BM % TM == 0 && BN % 8 == 0, "whole thread tiles");
+  const int tn = threadIdx.x % (BN / 8), tm = threadIdx.x / (BN / 8);
+
+  const I chunks = k_end > k_begin ? (k_end - k_begin + SIMT_BK - 1) / SIMT_BK : 0;  // uniform across the block
+  typename Gather::ACursor a_at[LA::K_SLOTS];
+  typename Gather::BCursor b_at[LB::K_SLOTS];
+#pragma unroll
+  for (int ks = 0; ks < LA::K_SLOTS; ++ks) a_at[ks] = gather.a_start(k_begin + LA::k(ks));
+#pragma unroll
+  for (int ks = 0; ks < LB::K_SLOTS; ++ks) b_at[ks] = gather.b_start(k_begin + LB::k(ks));
+
+  float a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
+  auto load_chunk = [&]() {  // the chunk at the cursors, then the cursors move on by one chunk
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(a_at[ks], rs);
+      gather.a_advance(a_at[ks]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) b_next[ks][rs] = gather.b(b_at[ks], rs);
+      gather.b_advance(b_at[ks]);
+    }
+  };
+  auto store_chunk = [&](int stage) {
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * SIMT_BK + LA::k(ks)) * PA + LA::row(rs)] = a_next[ks][rs];
+    }
+#pragma unroll
+    for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[(stage * SIMT_BK + LB::k(ks)) * PB + LB::row(rs)] = b_next[ks][rs];
+    }
+  };
+
+  float acc[TM][8];
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+  }
+
+  if (chunks > 0) {
+    load_chunk();
+    store_chunk(0);
+  }
+  __syncthreads();
+  for (I t = 0; t < chunks; ++t) {
+    const int stage = (int)(t & 1);
+    if (t + 1 < chunks) load_chunk();  // in flight while the FMAs work on chunk t
+    const float* a_stage = as + stage * SIMT_BK * PA + 4 * tm;
+    const float* b_stage = bs + stage * SIMT_BK * PB + 4 * tn;
+#pragma unroll
+    for (int k = 0; k < SIMT_BK; ++k) {
+      float a[TM];
+#pragma unroll
+      for (int q = 0; q < TM / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(a_stage + k * PA + q * ROW_SPAN);
+        a[4 * q] = v.x, a[4 * q + 1] = v.y, a[4 * q + 2] = v.z, a[4 * q + 3] = v.w;
+      }
+      const float4 b0 = *reinterpret_cast<const float4*>(b_stage + k * PB);
+      const float4 b1 = *reinterpret_cast<const float4*>(b_stage + k * PB + BN / 2);
+      const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      }
+    }
+    if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+    __syncthreads();
+  }
+
+  // Epilogue: the thread's rows and columns, each row's place found once.
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * ROW_SPAN;
+    if (m >= gather.M) continue;
+    const I row = gather.out_row(m);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+      if (n < gather.N) gather.store(row, n, acc[i][j]);
+    }
+  }
+}
+
+// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).
+template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
+  typedef SimtLoad<BM, THREADS, true> LoadA;
+  typedef SimtLoad<BN, THREADS, true> LoadB;
+  typedef typename SimtUnsigned<I>::type U;
+  const T* x; const T* weight_t; const T* bias; T* out;
+  I M, pixels, x_stride_c, x_stride_h, x_stride_w;
+  int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
+  FastDivmod taps, kernel_w;
+  U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
+  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
+
+  struct ACursor { int k; SimtTap<I> tap; };  // k = (c, i, j)
+  typedef int BCursor;
+  __device__ ACursor a_start(I k) const {
+    return {(int)k, simt_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w)};
+  }
+  __device__ void a_advance(ACursor& at) const { at = a_start(at.k + SIMT_BK); }
+  __device__ float a(const ACursor& at, int rs) const {
+    const int y = row_y[rs] + at.tap.dy, xx = row_x[rs] + at.tap.dx;  // unsigned compares: also false below 0
+    if (at.k >= K || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return 0.0f;
+    return to_acc(x[(I)(row_origin[rs] + at.tap.offset)]);
+  }
+  __device__ BCursor b_start(I k) const { return (int)k; }
+  __device__ void b_advance(BCursor& k) const { k += SIMT_BK; }
+  __device__ float b(const BCursor& k, int rs) const {
+    const int n = n0 + LoadB::row(rs);
+    return n < N && k < K ? to_acc(weight_t[((I)g * K + k) * N + n]) : 0.0f;
+  }
+  __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
+    const I image = m / pixels;
+    return (image * groups + g) * (I)N * pixels + (m - image * pixels);
+  }
+  __device__ void store(I row, int n, float value) const {
+    if (has_bias) value += to_acc(bias[g * N + n]);
+    out[row + (I)n * pixels] = from_acc<T>(value);
+  }
+};
+
+template <typename T, typename I, int BM, int BN, int TM>
+__global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
+    const T* __restrict__ x, const T* __restrict__ weight_t, const T* __restrict__ bias, T* __restrict__ out, I n,
+    I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
+  typedef typename SimtUnsigned<I>::type U;
+  typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
+  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
+  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  F f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out;
+  f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
+  f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
+  f.kernel_w = FastDivmod(kernel_w);
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.groups = groups; f.has_bias = has_bias;
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  const I m0 = (I)blockIdx.x * BM;
+  const SimtBatch<I> view = {x_inner, x_stride_outer, x_stride_inner};
+#pragma unroll
+  for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
+    const I m = m0 + F::LoadA::row(r);
+    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
+    f.row_x[r] = 0;
+    f.row_origin[r] = 0;
+    if (m < f.M) {
+      const I image = m / f.pixels;
+      const int p = (int)(m - image * f.pixels);
+      f.row_y[r] = p / out_w * stride_h - pad_top;
+      f.row_x[r] = p % out_w * stride_w - pad_left;
+      f.row_origin[r] = (U)(view.image(image) + (I)(f.g * channels_per_group) * x_stride_c) +
+                        (U)f.row_y[r] * (U)x_stride_h + (U)f.row_x[r] * (U)x_stride_w;
+    }
+  }
+  simt_block<I, BM, BN, TM>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
+}
+
+// Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
+// pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
+// pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
+// SIMT_BK pixels, written as float to partial (splits, D, C / G * taps + bias_row), the weight's own layout per
+// split.  With bias_row 1, A has one more row, 1 at every pixel: its row of C is the bias gradient, summed in the
+// same fixed order (no separate pass over grad_out).
+template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
+  typedef SimtLoad<BM, THREADS, false> LoadA;
+  typedef SimtLoad<BN, THREADS, false> LoadB;
+  typedef typename SimtUnsigned<I>::type U;
+  const T* x; const T* grad_out; float* partial;
+  SimtBatch<I> view;
+  I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
+  int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
+  FastDivmod out_w;
+  SimtTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
+  bool ones[LoadA::ROW_SLOTS];        // the bias row: A = 1 at every pixel, so that C's row is grad_bias
+
+  struct ACursor { SimtPixel<I> at; I image_start; U origin; int y0, x0; };  // the window of pixel `at` in x
+  struct BCursor { SimtPixel<I> at; };
+  __device__ void a_place(ACursor& cursor) const {  // the window's origin and position from the cursor's pixel
+    int ox;
+    const int oy = out_w.divmod(cursor.at.p, ox);
+    cursor.y0 = oy * stride_h - pad_top;
+    cursor.x0 = ox * stride_w - pad_left;
+    cursor.origin = (U)cursor.image_start + (U)cursor.y0 * (U)x_stride_h + (U)cursor.x0 * (U)x_stride_w;
+  }
+  __device__ ACursor a_start(I k) const {
+    ACursor cursor;
+    cursor.at.image = k / out_pixels;  // once per kernel
+    cursor.at.p = (int)(k - cursor.at.image * out_pixels);
+    cursor.image_start = cursor.at.image < n ? view.image(cursor.at.image) + group_base : (I)0;
+    a_place(cursor);
+    return cursor;
+  }
+  __device__ void a_advance(ACursor& cursor) const {
+    const I image = cursor.at.image;
+    cursor.at.advance((int)out_pixels);
+    if (cursor.at.image != image) {  // a new image: its start, from the previous one's without a division
+      cursor.image_start = cursor.at.image < n ? view.image(cursor.at.image) + group_base : (I)0;
+    }
+    a_place(cursor);
+  }
+  __device__ float a(const ACursor& cursor, int rs) const {
+    if (ones[rs]) return cursor.at.image < n ? 1.0f : 0.0f;
+    const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;  // unsigned compares: also false below 0
+    if (cursor.at.image >= n || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return 0.0f;
+    return to_acc(x[(I)(cursor.origin + rows[rs].offset)]);  // rows past M read the window's origin: never stored
+  }
+  __device__ BCursor b_start(I k) const {
+    BCursor cursor;
+    cursor.at.image = k / out_pixels;
+    cursor.at.p = (int)(k - cursor.at.image * out_pixels);
+    return cursor;
+  }
+  __device__ void b_advance(BCursor& cursor) const { cursor.at.advance((int)out_pixels); }
+  __device__ float b(const BCursor& cursor, int rs) const {
+    const int d = n0 + LoadB::row(rs);
+    if (d >= N || cursor.at.image >= n) return 0.0f;
+    return to_acc(grad_out[((cursor.at.image * groups + g) * (I)N + d) * out_pixels + cursor.at.p]);
+  }
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
+};
+
+template <typename T, typename I, int BM, int BN, int TM>
+__global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
+    const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial, I n, I x_inner,
+    I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+    int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
+    int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    I chunks_per_split, int bias_row) {
+  typedef SimtWeightGrad<T, I, BM, BN, BM * BN / (TM * 8)> F;
+  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];
+  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  F f;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN;
+  f.x = x; f.grad_out = grad_out; f.partial = partial; f.n = n;
+  f.view.inner = x_inner; f.view.stride_outer = x_stride_outer; f.view.stride_inner = x_stride_inner;
+  f.out_pixels = (I)out_h * out_w;
+  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
+  const int taps_rows = channels_per_group * kernel_h * kernel_w;
+  f.M = taps_rows + bias_row; f.N = outputs_per_group;
+  f.groups = groups;
+  f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
+  f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
+  f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
+  f.group_base = (I)(f.g * channels_per_group) * x_stride_c;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
+  const int m0 = blockIdx.x * BM;
+  const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
+#pragma unroll
+  for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
+    const int m = m0 + F::LoadA::row(r);
+    f.ones[r] = m == taps_rows && bias_row;
+    f.rows[r] = simt_tap<I>(m < taps_rows ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
+                            x_stride_w);
+  }
+  const I total = n * f.out_pixels;
+  const I k_begin = (I)blockIdx.z * chunks_per_split * SIMT_BK;
+  const I k_end = k_begin + chunks_per_split * SIMT_BK < total ? k_begin + chunks_per_split * SIMT_BK : total;
+  simt_block<I, BM, BN, TM>(f, as, bs, (I)m0, f.n0, k_begin, k_end);
+}

@@ -1,0 +1,369 @@
+"""The strict float32 implicit GEMMs on the FMA units (raw_kernels/simt_gemm.cu simt_fwd and simt_bwd_weight, planned
+by cupyconv/ops/simt_gemm.py) against the CPU path in float64: conv2d forward, stride-1 input gradient (simt_fwd on
+the transposed problem) and weight gradient (split reduction), with TF32 off.
+
+Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64,
+128 x 128, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
+pixel cursor carry over several images per chunk, and each side's padding, stride and dilation differ per axis.
+The bug classes of issue 12 (per-side padding and the last row and column, loops over several blocks, 64-bit
+indices past 2^31 on the sparse-memory device) are covered for both kernels.
+"""
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv.ops import conv as conv_op
+from cupyconv.ops import simt_gemm
+import bug_classes
+from bug_classes import Recorder
+from emulator import EmulatedDevice
+from reference import ConvCase
+
+C = ConvCase
+#: Largest |FMA kernels - CPU path in float64| relative to the largest |value|: float32 sums of a few hundred
+#: terms; TF32 operands (10 mantissa bits) would miss this by 100x.
+TOLERANCE = 2e-6
+
+CASES = [
+    C("plain", (2, 16, 9, 7), (20, 16, 3, 3), padding=1),                              # M 126, N 20, K 144
+    C("groups2_stride_dilation_per_axis", (1, 32, 11, 10), (24, 16, 3, 2), stride=(2, 1),
+      padding=((2, 0), (0, 3)), dilation=(1, 2), groups=2),
+    C("wide_tile_many_row_blocks", (3, 5, 13, 12), (70, 5, 3, 3), padding=((0, 2), (1, 0)), bias=False),  # N 70
+    C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
+    C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
+    C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def on_emulator(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(False):
+        return fn(*args, **kwargs)
+
+
+def expected_forward(x, weight, bias, **kwargs):
+    as64 = [None if a is None else numpy.asarray(a, numpy.float64) for a in (x, weight, bias)]
+    return cupyconv.conv2d(*as64, **kwargs)
+
+
+def expected_backward(grad_output, x, weight, **kwargs):
+    return cupyconv.conv2d_backward(*(numpy.asarray(a, numpy.float64) for a in (grad_output, x, weight)), **kwargs)
+
+
+def assert_close(got, want, what=""):
+    got = numpy.asarray(got, numpy.float64)
+    scale = float(numpy.abs(want).max())
+    err = float(numpy.abs(got - want).max())
+    assert err <= TOLERANCE * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+def inputs(case, seed):
+    return case.inputs(numpy.random.default_rng(seed), numpy.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_cpu_path(case):
+    x, weight, bias, _ = inputs(case, 0)
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert out.dtype == x.dtype and out.shape == case.output_shape
+    tile = "128, 128, 8" if case.weight[0] // case.groups > 64 else "128, 64, 8"
+    assert device.launches == [f"simt_fwd<float, int, {tile}>"], device.launches
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), case.name)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_backward_matches_cpu_path(case):
+    x, weight, _, grad_output = inputs(case, 1)
+    device = Recorder("reverse")
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      **case.kwargs)
+    stride1 = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs).stride == (1, 1)
+    assert device.count("simt_fwd") == stride1, device.launches   # stride > 1: im2col + GEMM + col2im
+    assert device.count("simt_bwd_weight") == 1, device.launches
+    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's bias row
+    want = expected_backward(grad_output, x, weight, **case.kwargs)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert g.dtype == x.dtype and g.shape == w.shape, name
+        assert_close(g, w, f"{case.name} {name}")
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_tall_tile(order, monkeypatch):
+    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the 256 x 64 tile, 16 rows per thread
+    (its four row groups 64 apart), on 126 rows and 20 or 16 columns."""
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
+    case = CASE_BY_NAME["plain"]
+    x, weight, bias, grad_output = inputs(case, 3)
+    device = Recorder(order)
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    grad_x, _, _ = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                               needs="input", **case.kwargs)
+    assert device.launches == ["simt_fwd<float, int, 256, 64, 16>"] * 2, device.launches
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
+    assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_both_thread_orders(order):
+    """A missing barrier between the two stages reads the other stage's chunk (or poison) in one of the orders."""
+    case = CASE_BY_NAME["long_k_last_row_and_column"]
+    x, weight, bias, grad_output = inputs(case, 2)
+    out = on_emulator(EmulatedDevice(order), cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm",
+                      **case.kwargs)
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), order)
+    _, grad_w, _ = on_emulator(EmulatedDevice(order), cupyconv.conv2d_backward, grad_output, x, weight,
+                               algorithm="implicit_gemm", needs="weight", **case.kwargs)
+    assert_close(grad_w, expected_backward(grad_output, x, weight, **case.kwargs)[1], order)
+
+
+def test_strict_float32_not_tf32():
+    """Operands 1 + 3 * 2^-12 lose their low bits as TF32 (1 + 2^-10 each); float32 FMAs keep them."""
+    value = numpy.float32(1 + 3 * 2.0**-12)
+    x = numpy.full((1, 16, 4, 4), value, numpy.float32)
+    weight = numpy.full((3, 16, 3, 3), value, numpy.float32)
+    out = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    want = expected_forward(x, weight, None, padding=1)
+    assert numpy.abs(out - want).max() <= 1e-6 * numpy.abs(want).max()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_padding_per_side_and_last_row_and_column(stride):
+    """Each side's padding differing alone, the last window ending on the last padded row and column."""
+    for k, (side, padding) in enumerate(bug_classes.per_side_paddings(1)):
+        size = tuple(bug_classes.touching_size(7, 3, stride, 1, pad) for pad in padding)
+        case = C(side, (2, 6, *size), (20, 6, 3, 3), stride=stride, padding=padding)
+        x, weight, bias, grad_output = inputs(case, 41 + k)
+        device = Recorder("reverse" if k % 2 else "forward")
+        out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                            needs=("input", "weight"), **case.kwargs)
+        assert device.count("simt_fwd") == 1 + (stride == 1) and device.count("simt_bwd_weight") == 1
+        assert_close(out, expected_forward(x, weight, bias, **case.kwargs), f"{side} forward")
+        for name, g, w in zip(("input", "weight"), grads, expected_backward(grad_output, x, weight, **case.kwargs)):
+            assert_close(g, w, f"{side} grad {name}")
+
+
+def test_weight_gradient_splits_and_is_deterministic(monkeypatch):
+    """SIMT_SPLIT_CHUNKS 1: the weight gradient splits its 19 chunks of 8 pixels (150 pixels) in 19, each a float32
+    slice added up in order afterwards; two runs give the same bits."""
+    monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_CHUNKS", 1)
+    case = CASE_BY_NAME["long_k_last_row_and_column"]
+    x, _, _, grad_output = inputs(case, 12)
+    weight = numpy.zeros(case.weight, numpy.float32)
+    x, grad_output = numpy.concatenate([x] * 5), numpy.concatenate([grad_output] * 5)
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
+    assert simt_gemm.plan_simt(spec, "weight").splits == 19
+    runs = [on_emulator(EmulatedDevice(order), cupyconv.conv2d_backward, grad_output, x, weight,
+                        algorithm="implicit_gemm", needs="weight", **case.kwargs)[1]
+            for order in ("forward", "reverse")]
+    assert_close(runs[0], expected_backward(grad_output, x, weight, **case.kwargs)[1], "splits")
+    assert runs[0].tobytes() == runs[1].tobytes()
+
+
+def test_weight_gradient_splits_within_the_workspace_limit():
+    spec = conv_op.ConvSpec.for_conv("t", numpy.empty((64, 64, 56, 56), numpy.float32),
+                                     numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+    plan = simt_gemm.plan_simt(spec, "weight")
+    assert plan.splits > 1 and plan.splits * plan.chunks_per_split * simt_gemm.SIMT_CHUNK >= 64 * 56 * 56
+    with settings.workspace_limit(3 * 64 * 577 * 4):   # room for three float32 slices of grad_weight and bias
+        assert simt_gemm.plan_simt(spec, "weight").splits == 3
+
+
+def test_batch_view_read_in_place():
+    """patch_conv2d-like (B, N, C, H, W) given as a transposed (B, C, N, H, W) array and every other column of a
+    wider x: the batch view's two strides and x_stride_w = 2, read without a copy."""
+    rng = numpy.random.default_rng(9)
+    stored = rng.standard_normal((2, 6, 5, 7, 14)).astype(numpy.float32)      # (B, C, N, H, 2 W)
+    x = stored.transpose(0, 2, 1, 3, 4)[..., ::2]                               # (B, N, C, H, W)
+    weight = rng.standard_normal((20, 6, 3, 3)).astype(numpy.float32)
+    spec = conv_op.ConvSpec.for_conv("t", x.reshape(-1, 6, 7, 7), weight, None, 1, 1, 1, 1)
+    device = Recorder()
+    xv = _kernels.batch_view(device, x)
+    assert xv.base is not None and xv.shape == (2, 5, 6, 7, 7)
+    out = device.empty(spec.output_shape, numpy.float32)
+    with settings.allow_tf32(False):
+        simt_gemm.simt_gemm_gpu(device, xv, weight, None, spec, out)
+    assert_close(out, expected_forward(x.reshape(-1, 6, 7, 7), weight, None, padding=1), "batch view")
+    grad_w, grad_b = simt_gemm.simt_gemm_grad_weight(device, xv, out.reshape(10, 20, 49), spec, bias=True)
+    assert_close(grad_b, out.sum(axis=(0, 2, 3), dtype=numpy.float64), "batch view grad bias")
+    assert_close(grad_w, expected_backward(out, x.reshape(-1, 6, 7, 7), weight, padding=1)[1], "batch view grad")
+
+
+def test_64_bit_index_variant(monkeypatch):
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = CASE_BY_NAME["groups2_stride_dilation_per_axis"]
+    x, weight, bias, grad_output = inputs(case, 2)
+    device = Recorder()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      needs="weight", **case.kwargs)
+    assert device.launches == [f"{k}<float, long long, 128, 64, 8>" for k in ("simt_fwd", "simt_bwd_weight")]
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
+    assert_close(got[1], expected_backward(grad_output, x, weight, **case.kwargs)[1], "grad_weight")
+
+
+#: 65535 groups (the most grid.y takes) of 64 -> 64 channels, 3 x 3: the last group's weights start past 2^31.
+HUGE_GROUPS = 65535
+
+
+def test_64_bit_indices_past_2_31():
+    """The `long long` instantiations with a 2.4e9-element weight (sparse memory; only the last block of each
+    launch runs: bug_classes.SparseDevice): every weight offset of the last group passes 2^31, so an `int` product
+    there overflows (UBSan fails the launch); what the last block writes matches the CPU path on the last group."""
+    rng = numpy.random.default_rng(17)
+    g, c = HUGE_GROUPS, 64 * HUGE_GROUPS
+    x = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float32)
+    x[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    weight = bug_classes.sparse_zeros((c, 64, 3, 3), numpy.float32)
+    weight[-64:] = rng.standard_normal((64, 64, 3, 3)) / 8
+    grad_output = bug_classes.sparse_zeros((1, c, 1, 1), numpy.float32)
+    grad_output[:, -64:] = rng.standard_normal((1, 64, 1, 1))
+    last = [a[:, -64:] for a in (x, grad_output)] + [weight[-64:]]
+    device = bug_classes.SparseDevice()
+    # The launches as the launchers make them, without the whole-buffer work around them (transposing or
+    # flipping 2.4e9 weights, adding the weight gradient's splits): weight_t (G, 64 * 9, 64) of the forward and of
+    # the input gradient (the flipped weight), sparse but for the last group.
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, 1, 1, 1, g)
+    weight_t = bug_classes.sparse_zeros((g, 576, 64), numpy.float32)
+    weight_t[-1] = last[2].reshape(64, 576).T
+    out = device.empty((1, c, 1, 1), numpy.float32)
+    with settings.allow_tf32(False):
+        simt_gemm.simt_fwd_launch(device, _kernels.batch_view(device, x), weight_t, None, spec, out)
+    bug_classes.assert_tail_written(out, expected_forward(last[0], last[2], None, padding=1), numpy.float32, 64,
+                                    "forward")
+    want = expected_backward(last[1], last[0], last[2], padding=1)
+    weight_t[-1] = last[2][:, :, ::-1, ::-1].transpose(0, 2, 3, 1).reshape(576, 64)
+    grad_x = device.empty(x.shape, numpy.float32)
+    with settings.allow_tf32(False):
+        simt_gemm.simt_fwd_launch(device, _kernels.batch_view(device, grad_output), weight_t, None,
+                                  conv_op.transposed_spec(spec), grad_x)
+    bug_classes.assert_tail_written(grad_x, want[0], numpy.float32, 64, "grad_input")
+    plan = simt_gemm.plan_simt(spec, "weight")
+    partial = device.empty((plan.splits, c, 64 * 9), numpy.float32)
+    xv = _kernels.batch_view(device, x)
+    simt_gemm.KERNELS.launch(device, "simt_bwd_weight", plan.tile, dtype=x.dtype, index="long long",
+                             grid=plan.grid, block=plan.threads, window=spec, x=xv,
+                             grad_out=grad_output.reshape(1, c, 1), partial=partial, n=1,
+                             **_kernels.batch_args("x", xv), groups=g, channels_per_group=64, outputs_per_group=64,
+                             chunks_per_split=plan.chunks_per_split, bias_row=0)
+    assert plan.splits == 1
+    bug_classes.assert_tail_written(partial, want[1].reshape(-1)[-1024:], numpy.float32, 128, "grad_weight")
+    assert [name.split(", ")[:2] for name in device.launches] == [
+        [f"{kernel}<float", "long long"] for kernel in ("simt_fwd", "simt_fwd", "simt_bwd_weight")]
+
+
+def test_64_bit_channel_offsets_within_a_group():
+    """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
+    in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
+    an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
+    256 pixels of the last row: the tall tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    rng = numpy.random.default_rng(23)
+    side = 12000
+    x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
+    x[:, :, -2:, -257:] = rng.standard_normal((1, 32, 2, 257))
+    grad_output = bug_classes.sparse_zeros((1, 16, side, side), numpy.float32)
+    grad_output[:, :, -2:, -257:] = rng.standard_normal((1, 16, 2, 257))
+    weight = (rng.standard_normal((16, 32, 3, 3)) / 8).astype(numpy.float32)
+    corner = [a[:, :, -2:, -257:] for a in (x, grad_output)]
+    device = bug_classes.SparseDevice()
+    out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    want = expected_forward(corner[0], weight, None, padding=1)[0, -1, -1, 1:]
+    bug_classes.assert_tail_written(out, want, numpy.float32, 64, "forward")
+    (grad_x, _, _) = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1,
+                                 needs="input", algorithm="implicit_gemm")
+    want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
+    bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
+    assert device.launches == ["simt_fwd<float, long long, 256, 64, 16>"] * 2, device.launches
+
+
+def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
+    """TF32 off and float32: 3x3 stride 1 with over 16 channels (columns 9x the input) -> FMA GEMM, forward and
+    input gradient and weight gradient (SIMT_MIN_BLOCKS 1: a problem this small has one or two blocks a pass);
+    TF32 on -> the tensor cores; few channels -> direct; pointwise -> im2col; float64 -> im2col."""
+    monkeypatch.setattr(simt_gemm, "SIMT_MIN_BLOCKS", 1)
+    rng = numpy.random.default_rng(5)
+    x = rng.standard_normal((2, 24, 9, 7)).astype(numpy.float32)
+    weight = rng.standard_normal((20, 24, 3, 3)).astype(numpy.float32)
+    for (xs, ws, kwargs), tf32, expected in (((x, weight, dict(padding=1)), False, "simt"),
+                                             ((x, weight, dict(padding=1)), True, "tc"),
+                                             ((x[:, :8], weight[:8, :8], dict(padding=1)), False, "direct"),
+                                             ((x, weight[:, :, :1, :1], {}), False, "gemm"),
+                                             ((x.astype(numpy.float64), weight.astype(numpy.float64),
+                                               dict(padding=1)), False, "gemm")):
+        device = Recorder()
+        with _device.use_device(device), settings.allow_tf32(tf32):
+            out = cupyconv.conv2d(xs, ws, **kwargs)
+            cupyconv.conv2d_backward(out, xs, ws, **kwargs)
+        simt = (device.count("simt_fwd"), device.count("simt_bwd_weight"))
+        assert simt == ((2, 1) if expected == "simt" else (0, 0)), (expected, device.launches)
+        assert (device.count("conv_fwd_tc") == 1) == (expected == "tc"), (expected, device.launches)
+        assert (device.count("conv_fwd_direct") >= 1) == (expected == "direct"), (expected, device.launches)
+
+
+def test_auto_needs_blocks():
+    """'auto' runs the forward and the input gradient on the FMA GEMM only with SIMT_MIN_BLOCKS blocks, and the
+    weight gradient where the forward runs there: r50-64's passes have hundreds; r50-512's forward and input
+    gradient 52: cuBLAS for all three."""
+    spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 64, 56, 56), numpy.float32),
+                                     numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+    small = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 512, 7, 7), numpy.float32),
+                                      numpy.empty((512, 512, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+    with settings.allow_tf32(False):
+        assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == [
+            "implicit_gemm"] * 3
+        # r50-512: 1568 pixels x 512 channels, 13 x 4 blocks forward and input: cuBLAS
+        assert [conv_op.choose_algorithm(small, numpy.float32, None, p) for p in ("forward", "input", "weight")] == [
+            "im2col_gemm"] * 3
+
+
+def test_refusals_name_the_reason():
+    spec = conv_op.ConvSpec.for_conv("conv2d", numpy.empty((1, 4, 5, 5)), numpy.empty((4, 4, 3, 3)), None, 2, 1, 1, 1)
+    assert "float32, not float64" in simt_gemm.simt_refusal(spec, numpy.float64)
+    assert "stride is (2, 2)" in simt_gemm.simt_refusal(spec, numpy.float32, "input")
+    assert simt_gemm.simt_refusal(spec, numpy.float32, "weight") is None
+    x = numpy.ones((1, 4, 5, 5), numpy.float64)
+    with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run"):
+        on_emulator(EmulatedDevice(), cupyconv.conv2d, x, numpy.ones((4, 4, 3, 3)), algorithm="implicit_gemm")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_patch_conv2d_implicit_gemm_in_strict_float32(stride):
+    """patch_conv2d's 'implicit_gemm' in float32 with TF32 off: the FMA kernels over (B, N, C, H, W) patches read
+    in place through a transposed (B, C, N, H, W) array; the strided input gradient on the GEMM and col2im."""
+    rng = numpy.random.default_rng(14)
+    x = rng.standard_normal((2, 6, 37, 4, 4)).astype(numpy.float32).transpose(0, 2, 1, 3, 4)
+    weight = rng.standard_normal((24, 6, 3, 3)).astype(numpy.float32)
+    bias = rng.standard_normal((24,)).astype(numpy.float32)
+    oh = 4 if stride == 1 else 2
+    grad_output = rng.standard_normal((2, 37, 24, oh, oh)).astype(numpy.float32)
+    kw = dict(padding=1, stride=stride, algorithm="implicit_gemm")
+    device = Recorder()
+    out = on_emulator(device, cupyconv.patch_conv2d, x, weight, bias, **kw)
+    got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, **kw)
+    assert device.count("simt_fwd") == 1 + (stride == 1) and device.count("simt_bwd_weight") == 1, device.launches
+    flat = dict(padding=1, stride=stride)
+    assert_close(out, expected_forward(x.reshape(-1, 6, 4, 4), weight, bias, **flat).reshape(out.shape), "forward")
+    want = expected_backward(grad_output.reshape(-1, 24, oh, oh), x.reshape(-1, 6, 4, 4), weight, **flat)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert_close(g, w.reshape(g.shape), f"patch {name}")
+
+
+def test_patch_auto_picks_the_fma_gemm_outside_the_direct_range():
+    """float32, TF32 off: 'auto' runs the FMA GEMM for 32 -> 40 channels (the model's ranking over the fused kernel
+    on the patch cases) and keeps the fused kernel for 3 -> 4 channels (conv2d's direct range)."""
+    rng = numpy.random.default_rng(15)
+    for c, d, expected in ((32, 40, "simt_fwd"), (3, 4, "patch_fwd")):
+        x = rng.standard_normal((2, 9, c, 4, 4)).astype(numpy.float32)
+        weight = rng.standard_normal((d, c, 3, 3)).astype(numpy.float32)
+        grad_output = rng.standard_normal((2, 9, d, 4, 4)).astype(numpy.float32)
+        device = Recorder()
+        out = on_emulator(device, cupyconv.patch_conv2d, x, weight, padding=1)
+        got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1)
+        assert device.count(expected) >= 1, (c, device.launches)
+        assert (device.count("simt_bwd_weight") == 1) == (expected == "simt_fwd"), device.launches
+        assert_close(out, expected_forward(x.reshape(-1, c, 4, 4), weight, None, padding=1).reshape(out.shape), "fwd")
+        want = expected_backward(grad_output.reshape(-1, d, 4, 4), x.reshape(-1, c, 4, 4), weight, padding=1)
+        for g, w in zip(got, want):
+            assert_close(g, w.reshape(g.shape), f"patch {c} -> {d}")
