@@ -481,3 +481,303 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   const I k_end = k_begin + chunks_per_split * TC_BK < f.K ? k_begin + chunks_per_split * TC_BK : f.K;
   tc_block<T, I, BM, BN>(f, as, bs, (I)f.m0, f.n0, k_begin, k_end);
 }
+
+// =============================================================================================================
+// Weight gradient, channels-last (issue 24): conv_bwd_weight_igemm and its final pass
+//
+// One GEMM per group, C = grad_weight of the group in (tap, c) order:
+//   rows M = d (D / G output channels), columns N = (tap, c) = taps * C / G, reduced over K = the output pixels
+//   A[d][p] = gy_cl[p][g D/G + d]                         gy_cl = channels_last(grad_out): (n oH oW, D)
+//   B[p][(tap, c)] = x_cl[image][y + dy][x + dx][g C/G + c] x_cl = channels_last(x): (n, H, W, C), zero outside
+// with C / G a multiple of 8 (16-bit) or 4 (float, as TF32) so that 16 bytes of a row of either operand are
+// 8 (4) consecutive channels of one pixel: one cp.async each, zero-filled (src-size 0) for padding and for
+// pixels past the split.  Both operands are staged k-major ([pixel][d], [pixel][(tap, c)]) and read as the mma
+// fragments by ldmatrix .trans (16-bit; float reads words and rounds to tf32 there).
+//
+// Shared memory: STAGES stages of BK pixel rows, each row BM (A) or BN (B) elements in 16-byte chunks whose
+// position is XOR-swizzled by the row (WgSwizzle): the 8 rows an ldmatrix phase reads, the 8 chunks 8
+// consecutive threads copy, and the 4 x 8 words of a float fragment read all land in different banks.
+// Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight while the tensor cores work on t; one cp.async group
+// per chunk (committed even when empty, so that wait_group<STAGES - 2> always means "chunk t landed") and one
+// barrier per chunk, which also tells the block that the stage about to be refilled is no longer read.
+// Each thread copies the same 16-byte column of every chunk (fixed channel offsets, precomputed) for a few
+// pixel rows whose (image, oy, ox) it advances by BK pixels with a mixed-radix carry: no division in the loop.
+//
+// Split-K: block z reduces chunks [z * chunks_per_split, ...) of the pixels and writes float sums to its own
+// slice of partial (splits, D, N); the bias gradient, when asked, is summed by the blocks of the first column
+// tile from their A stages into bias_partial (splits, D).  conv_bwd_weight_igemm_finish adds the splits in
+// order (the same bits on every run: the split depends on the shapes only) and writes grad_weight in its own
+// layout (D, C / G, kH, kW), permuting (tap, c) -> (c, tap), and grad_bias.
+#include "async_copy.cuh"
+
+constexpr int WG_STAGES = 3;
+
+template <typename T> struct WgTile {  // 16-bit: m16n8k16, 32 pixels per chunk
+  typedef T S;
+  static constexpr int BK = 32, K_STEP = 16, E = 8;  // E: elements per 16-byte chunk
+};
+template <> struct WgTile<float> {  // TF32: m16n8k8, 16 pixels per chunk (three stages of 64 x 64 in 24 KiB)
+  typedef float S;
+  static constexpr int BK = 16, K_STEP = 8, E = 4;
+};
+
+// The physical 16-byte chunk of logical chunk c in row r of a stage whose rows have CH chunks.  16-bit
+// (ldmatrix reads one chunk of 8 consecutive rows): 128-byte rows and wider XOR the row's low 3 bits, 64-byte
+// rows (two to a 128-byte line) XOR bits 1-2.  Float (a warp reads words of 2 chunks of rows r .. r + 3): XOR
+// 2 (r % 4), so that the 4 rows' chunk pairs fill all 8 chunk positions of a 128-byte line.
+template <typename S, int CH> __device__ __forceinline__ int wg_swizzle(int r, int c) {
+  static_assert(CH >= 4 && (CH & (CH - 1)) == 0, "rows of 64 bytes or more, a power of two");
+  if (sizeof(S) == 4) return c ^ ((r & 3) << 1);
+  return CH >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);
+}
+
+// A stage of R rows of COLS elements: where element (r, col) lies, col a multiple of E for a chunk's start.
+template <typename S, int COLS> struct WgStage {
+  static constexpr int E = 16 / (int)sizeof(S), CH = COLS / E;
+  __device__ static __forceinline__ int at(int r, int col) {
+    return r * COLS + wg_swizzle<S, CH>(r, col / E) * E + col % E;
+  }
+};
+
+// One K step (K_STEP pixels from row k0) of a warp's 32 x 32 tile: 2 x 4 mma tiles of 16 x 8.
+template <typename S, int BM, int BN>
+__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, int k0, int wm, int wn, int lane,
+                                             float (&acc)[2][4][4]) {
+  typedef WgStage<S, BM> SA;
+  typedef WgStage<S, BN> SB;
+  unsigned a[2][4], b[4][2];
+  const int i = lane & 7, j = lane >> 3;  // ldmatrix: lane 8 j + i gives row i of matrix j
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {  // matrices (d 0-7 | 8-15) x (k 0-7 | 8-15): a[0..3] of the mma
+    ldmatrix_x4_trans(a[mi], as + SA::at(k0 + (j >> 1) * 8 + i, wm + mi * 16 + (j & 1) * 8));
+  }
+#pragma unroll
+  for (int nj = 0; nj < 2; ++nj) {  // matrices (k 0-7 | 8-15) x (n 0-7 | 8-15): b of two mma tiles
+    unsigned r[4];
+    ldmatrix_x4_trans(r, bs + SB::at(k0 + (j & 1) * 8 + i, wn + nj * 16 + (j >> 1) * 8));
+    b[2 * nj][0] = r[0]; b[2 * nj][1] = r[1]; b[2 * nj + 1][0] = r[2]; b[2 * nj + 1][1] = r[3];
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k16<S>(acc[mi][ni], a[mi], b[ni]);
+  }
+}
+
+template <int BM, int BN>
+__device__ __forceinline__ void wg_warp_step_tf32(const float* as, const float* bs, int k0, int wm, int wn,
+                                                  int lane, float (&acc)[2][4][4]) {
+  typedef WgStage<float, BM> SA;
+  typedef WgStage<float, BN> SB;
+  const int g = lane >> 2, q = lane & 3;
+  unsigned a[2][4], b[4][2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    const int m = wm + mi * 16 + g;
+    a[mi][0] = to_tf32(as[SA::at(k0 + q, m)]);
+    a[mi][1] = to_tf32(as[SA::at(k0 + q, m + 8)]);
+    a[mi][2] = to_tf32(as[SA::at(k0 + q + 4, m)]);
+    a[mi][3] = to_tf32(as[SA::at(k0 + q + 4, m + 8)]);
+  }
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    const int n = wn + ni * 8 + g;
+    b[ni][0] = to_tf32(bs[SB::at(k0 + q, n)]);
+    b[ni][1] = to_tf32(bs[SB::at(k0 + q + 4, n)]);
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
+  }
+}
+
+// A pixel k = (image, oy, ox) of the reduction, advanced by a fixed number of pixels (image, y, x steps
+// precomputed with y < oH, x < oW) with one carry per digit.
+template <typename I> struct WgPixel {
+  I image;
+  int oy, ox;
+  __device__ __forceinline__ void advance(I step_image, int step_y, int step_x, int out_h, int out_w) {
+    ox += step_x;
+    const int carry_x = ox >= out_w;
+    ox -= carry_x ? out_w : 0;
+    oy += step_y + carry_x;
+    const int carry_y = oy >= out_h;
+    oy -= carry_y ? out_h : 0;
+    image += step_image + carry_y;
+  }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
+    const T* __restrict__ x_cl, const T* __restrict__ gy_cl, float* __restrict__ partial,
+    float* __restrict__ bias_partial, I n, int groups, int channels_per_group, int outputs_per_group, int height,
+    int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
+    int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
+  typedef WgTile<T> W;
+  typedef typename W::S S;
+  typedef typename Unsigned<I>::type U;
+  typedef WgStage<S, BM> SA;
+  typedef WgStage<S, BN> SB;
+  constexpr int THREADS = BM * BN / 32, BK = W::BK, E = W::E;
+  constexpr int A_ROWS_PER_PASS = THREADS / SA::CH, A_COPIES = BK / A_ROWS_PER_PASS;  // per thread and chunk
+  constexpr int B_ROWS_PER_PASS = THREADS / SB::CH, B_COPIES = BK / B_ROWS_PER_PASS;
+  static_assert(THREADS % SA::CH == 0 && THREADS % SB::CH == 0 && A_COPIES >= 1 && B_COPIES >= 1 &&
+                BK % A_ROWS_PER_PASS == 0 && BK % B_ROWS_PER_PASS == 0, "whole chunk columns and rows per thread");
+  __shared__ __align__(128) S as[WG_STAGES * BK * BM];  // [stage][pixel][d], swizzled
+  __shared__ __align__(128) S bs[WG_STAGES * BK * BN];  // [stage][pixel][(tap, c)], swizzled
+  __shared__ float bias_sums[THREADS];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / (BN / 32) * 32, wn = warp % (BN / 32) * 32;
+  const int taps = kernel_h * kernel_w, M = outputs_per_group, N = taps * channels_per_group;
+  const int n_tiles = (N + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
+  const int m0 = blockIdx.x * BM, D = groups * outputs_per_group, C = groups * channels_per_group;
+  const I out_pixels = (I)out_h * out_w, K = n * out_pixels;
+  const I k_begin = (I)blockIdx.z * chunks_per_split * BK;
+  const I k_end = k_begin + chunks_per_split * BK < K ? k_begin + chunks_per_split * BK : K;
+  const I chunks = (k_end - k_begin + BK - 1) / BK;
+
+  // A: this thread's chunk column (d .. d + E - 1) and first pixel row; its pointer advances BK rows a chunk.
+  const int a_col = tid % SA::CH * E, a_row = tid / SA::CH;
+  const bool a_inside = m0 + a_col < M;
+  const T* a_src = gy_cl + ((k_begin + a_row) * D + g * outputs_per_group + m0 + a_col);
+  // B: this thread's chunk column n = (tap, c) and its pixel rows' (image, oy, ox).
+  const int b_col = tid % SB::CH * E, b_row = tid / SB::CH, nb = n0 + b_col;
+  const bool b_inside = nb < N;
+  const int tap = b_inside ? nb / channels_per_group : 0, c = nb - tap * channels_per_group;
+  const int dy = tap / kernel_w * dilation_h - pad_top, dx = tap % kernel_w * dilation_w - pad_left;
+  const U b_column = (U)dy * (U)((I)width * C) + (U)dx * (U)C + (U)(g * channels_per_group + c);
+  const I image_size = (I)height * width * C;
+  const I step_image = BK / out_pixels;
+  const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
+  WgPixel<I> b_pixel[B_COPIES];
+#pragma unroll
+  for (int r = 0; r < B_COPIES; ++r) {
+    const I p = k_begin + b_row + r * B_ROWS_PER_PASS;
+    const I image = p / out_pixels;
+    const int rest = (int)(p - image * out_pixels);
+    b_pixel[r] = {image, rest / out_w, rest % out_w};
+  }
+
+  I k0 = k_begin;  // the first pixel of the next chunk to load
+  auto load_chunk = [&](int stage) {
+    S* a_stage = as + stage * BK * BM;
+    S* b_stage = bs + stage * BK * BN;
+#pragma unroll
+    for (int r = 0; r < A_COPIES; ++r) {
+      const int row = a_row + r * A_ROWS_PER_PASS;
+      const bool inside = a_inside && k0 + row < k_end;
+      cp_async_cg_16(a_stage + SA::at(row, a_col), inside ? a_src + (I)(r * A_ROWS_PER_PASS) * D : gy_cl,
+                     inside ? 16 : 0);
+    }
+    a_src += (I)BK * D;
+#pragma unroll
+    for (int r = 0; r < B_COPIES; ++r) {
+      const int row = b_row + r * B_ROWS_PER_PASS;
+      WgPixel<I>& px = b_pixel[r];
+      const int y = px.oy * stride_h, xx = px.ox * stride_w;  // + dy, dx: the tap's row and column in x
+      const bool inside = b_inside && k0 + row < k_end && (unsigned)(y + dy) < (unsigned)height
+                          && (unsigned)(xx + dx) < (unsigned)width;
+      const U offset = (U)(px.image * image_size) + (U)y * (U)((I)width * C) + (U)xx * (U)C + b_column;
+      cp_async_cg_16(b_stage + SB::at(row, b_col), inside ? x_cl + (I)offset : x_cl, inside ? 16 : 0);
+      px.advance(step_image, step_y, step_x, out_h, out_w);
+    }
+    k0 += BK;
+  };
+
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+    }
+  }
+  // The bias gradient: the blocks of the first column tile sum A's rows, THREADS / BM threads per d.
+  const bool sum_bias = has_bias && n0 == 0;
+  constexpr int BIAS_PARTS = THREADS / BM, BIAS_ROWS = BK / BIAS_PARTS;
+  const int bias_d = tid % BM, bias_row = tid / BM * BIAS_ROWS;
+  float bias_sum = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 1; ++s) {
+    if (s < chunks) load_chunk(s);
+    cp_async_commit();
+  }
+  for (I t = 0; t < chunks; ++t) {
+    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
+    if (t + WG_STAGES - 1 < chunks) load_chunk((int)((t + WG_STAGES - 1) % WG_STAGES));
+    cp_async_commit();
+    const int stage = (int)(t % WG_STAGES);
+    const S* a_stage = as + stage * BK * BM;
+    const S* b_stage = bs + stage * BK * BN;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += W::K_STEP) {
+      if constexpr (sizeof(S) == 4) {
+        wg_warp_step_tf32<BM, BN>(a_stage, b_stage, kk, wm, wn, lane, acc);
+      } else {
+        wg_warp_step<S, BM, BN>(a_stage, b_stage, kk, wm, wn, lane, acc);
+      }
+    }
+    if (sum_bias) {
+#pragma unroll
+      for (int r = 0; r < BIAS_ROWS; ++r) bias_sum += to_acc(a_stage[SA::at(bias_row + r, bias_d)]);
+    }
+  }
+  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+
+  // Epilogue: the float sums of this split, (d, n) at partial[z][g D/G + d][n].
+  const int gq = lane >> 2, q = lane & 3;
+  float* out = partial + ((I)blockIdx.z * D + g * outputs_per_group) * (I)N;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m0 + wm + mi * 16 + gq + 8 * half;
+      if (m >= M) continue;
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int nn = n0 + wn + ni * 8 + 2 * q + j;
+          if (nn < N) out[(I)m * N + nn] = acc[mi][ni][2 * half + j];
+        }
+      }
+    }
+  }
+  if (sum_bias) {  // the BIAS_PARTS partial sums of each d, added in a fixed order
+    bias_sums[tid] = bias_sum;
+    __syncthreads();
+    if (tid < BM && m0 + tid < M) {
+      float total = 0.0f;
+#pragma unroll
+      for (int part = 0; part < BIAS_PARTS; ++part) total += bias_sums[part * BM + tid];
+      bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m0 + tid] = total;
+    }
+  }
+}
+
+// The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
+// rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
+template <typename T, typename I>
+__global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, const float* __restrict__ bias_partial,
+                                             T* __restrict__ grad_weight, T* __restrict__ grad_bias, int splits,
+                                             int out_channels, int channels_per_group, int taps, int has_bias) {
+  const I N = (I)taps * channels_per_group, size = out_channels * N, slice = size;
+  for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
+    const I d = i / N;
+    const int rest = (int)(i - d * N), c = rest / taps, tap = rest - c * taps;
+    const I from = d * N + (I)tap * channels_per_group + c;
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z) sum += partial[z * slice + from];
+    grad_weight[i] = from_acc<T>(sum);
+    if (has_bias && i < out_channels) {
+      float b = 0.0f;
+      for (int z = 0; z < splits; ++z) b += bias_partial[(I)z * out_channels + i];
+      grad_bias[i] = from_acc<T>(b);
+    }
+  }
+}

@@ -462,11 +462,15 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             return _gemm_grad_input(device, gy, weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    heuristic, grad_input)
+    fused_bias: list = []  # grad_bias, when the tensor-core weight gradient summed it on the way
     if "weight" in needs:
         def grad_weight(algo):
             if algo == "implicit_gemm":
                 gyv = gy.reshape(n, spec.out_channels, L)
-                return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
+                grad, bias = implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec, "bias" in needs)
+                fused_bias[:] = [] if bias is None else [bias]
+                return grad
+            fused_bias[:] = []
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
@@ -474,7 +478,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device), heuristic, grad_weight)
     if "bias" in needs:
-        grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
+        grad_b = fused_bias[0] if fused_bias else _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b
 
 
