@@ -539,72 +539,104 @@ template <typename S, int COLS> struct WgStage {
   }
 };
 
-// One K step (K_STEP pixels from row k0) of a warp's 32 x 32 tile: 2 x 4 mma tiles of 16 x 8.
-template <typename S, int BM, int BN>
-__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, int k0, int wm, int wn, int lane,
-                                             float (&acc)[2][4][4]) {
+// The fragment reads of one warp: element offsets within a stage, per lane, fixed for the whole kernel (the
+// swizzle of rows k0 + .. equals that of rows 0 + .. since k0 steps by 8 or 16); a K step adds k0 rows.
+//   16-bit: a[mi] = ldmatrix.x4.trans of matrices (d 0-7 | 8-15) x (k 0-7 | 8-15) of rows wm + 16 mi ..: lane
+//           8 j + i gives row i of matrix j; b[nj] = ldmatrix.x4.trans of (k 0-7 | 8-15) x (n 0-7 | 8-15) of
+//           columns wn + 16 nj ..: the b fragments of mma tiles 2 nj and 2 nj + 1.
+//   float:  a[mi][h] = column wm + 16 mi + g + 8 h of row q; b[ni] = column wn + 8 ni + g of row q (then + 4
+//           rows for the second half of the k8 step).
+template <typename S, int BM, int BN, int MI> struct WgFragments {  // MI: mma tiles of 16 rows per warp
   typedef WgStage<S, BM> SA;
   typedef WgStage<S, BN> SB;
-  unsigned a[2][4], b[4][2];
-  const int i = lane & 7, j = lane >> 3;  // ldmatrix: lane 8 j + i gives row i of matrix j
+  int a[MI][2], b[4];
+  __device__ WgFragments(int wm, int wn, int lane) {
+    const int i = lane & 7, j = lane >> 3, g = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {  // matrices (d 0-7 | 8-15) x (k 0-7 | 8-15): a[0..3] of the mma
-    ldmatrix_x4_trans(a[mi], as + SA::at(k0 + (j >> 1) * 8 + i, wm + mi * 16 + (j & 1) * 8));
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a[mi][h] = sizeof(S) == 4 ? SA::at(q, wm + mi * 16 + g + 8 * h) : SA::at((j >> 1) * 8 + i, wm + mi * 16 + (j & 1) * 8);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) b[n] = sizeof(S) == 4 ? SB::at(q, wn + n * 8 + g) : SB::at((j & 1) * 8 + i, wn + (n & 1) * 16 + (j >> 1) * 8);
   }
+};
+
+// One K step (K_STEP pixels from row k0) of a warp's 16 MI x 32 tile: MI x 4 mma tiles of 16 x 8; with `bias`, also
+// bias[mi] += A rows x a column of ones (every column of that 16 x 8 tile: the rows' sums over the step).
+template <typename S, int BM, int BN, int MI>
+__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, const WgFragments<S, BM, BN, MI>& f, int k0,
+                                             bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+  unsigned a[MI][4], b[4][2];
 #pragma unroll
-  for (int nj = 0; nj < 2; ++nj) {  // matrices (k 0-7 | 8-15) x (n 0-7 | 8-15): b of two mma tiles
+  for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_trans(a[mi], as + f.a[mi][0] + k0 * BM);
+#pragma unroll
+  for (int nj = 0; nj < 2; ++nj) {
     unsigned r[4];
-    ldmatrix_x4_trans(r, bs + SB::at(k0 + (j & 1) * 8 + i, wn + nj * 16 + (j >> 1) * 8));
+    ldmatrix_x4_trans(r, bs + f.b[nj] + k0 * BN);
     b[2 * nj][0] = r[0]; b[2 * nj][1] = r[1]; b[2 * nj + 1][0] = r[2]; b[2 * nj + 1][1] = r[3];
   }
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) mma_m16n8k16<S>(acc[mi][ni], a[mi], b[ni]);
   }
+  if (bias) {
+    const S one = S(1.0f);
+    const unsigned ones[2] = {pack2<S>(one, one), pack2<S>(one, one)};
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) mma_m16n8k16<S>(bias_acc[mi], a[mi], ones);
+  }
 }
 
-template <int BM, int BN>
-__device__ __forceinline__ void wg_warp_step_tf32(const float* as, const float* bs, int k0, int wm, int wn,
-                                                  int lane, float (&acc)[2][4][4]) {
-  typedef WgStage<float, BM> SA;
-  typedef WgStage<float, BN> SB;
-  const int g = lane >> 2, q = lane & 3;
-  unsigned a[2][4], b[4][2];
+template <int BM, int BN, int MI>
+__device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, const WgFragments<float, BM, BN, MI>& f,
+                                             int k0, bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+  unsigned a[MI][4], b[4][2];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-    const int m = wm + mi * 16 + g;
-    a[mi][0] = to_tf32(as[SA::at(k0 + q, m)]);
-    a[mi][1] = to_tf32(as[SA::at(k0 + q, m + 8)]);
-    a[mi][2] = to_tf32(as[SA::at(k0 + q + 4, m)]);
-    a[mi][3] = to_tf32(as[SA::at(k0 + q + 4, m + 8)]);
+  for (int mi = 0; mi < MI; ++mi) {
+    a[mi][0] = to_tf32(as[f.a[mi][0] + k0 * BM]);
+    a[mi][1] = to_tf32(as[f.a[mi][1] + k0 * BM]);
+    a[mi][2] = to_tf32(as[f.a[mi][0] + (k0 + 4) * BM]);
+    a[mi][3] = to_tf32(as[f.a[mi][1] + (k0 + 4) * BM]);
   }
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni) {
-    const int n = wn + ni * 8 + g;
-    b[ni][0] = to_tf32(bs[SB::at(k0 + q, n)]);
-    b[ni][1] = to_tf32(bs[SB::at(k0 + q + 4, n)]);
+    b[ni][0] = to_tf32(bs[f.b[ni] + k0 * BN]);
+    b[ni][1] = to_tf32(bs[f.b[ni] + (k0 + 4) * BN]);
   }
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
   }
+  if (bias) {
+    const unsigned ones[2] = {0x3f800000u, 0x3f800000u};  // 1.0f, exact in tf32
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) mma_m16n8k8_tf32(bias_acc[mi], a[mi], ones);
+  }
 }
 
-// A pixel k = (image, oy, ox) of the reduction, advanced by a fixed number of pixels (image, y, x steps
-// precomputed with y < oH, x < oW) with one carry per digit.
+// Where one B row of a thread reads: the output pixel's window origin in x without the padding (y = oy * stride_h,
+// x = ox * stride_w) and the offset of (image, y, x) in x_cl, advanced by BK pixels with one carry per digit
+// (the steps precomputed in WgSteps, with the x and y steps below a row and an image): no division in the loop.
+template <typename I> struct WgSteps {
+  typedef typename Unsigned<I>::type U;
+  int x, y, x_limit, y_limit, carry_x_y;  // x, y: the steps of x and y; limits: out_w * stride_w, out_h * stride_h
+  U base, carry_x, carry_y;               // offset steps: BK pixels, and what each carry adds
+};
 template <typename I> struct WgPixel {
-  I image;
-  int oy, ox;
-  __device__ __forceinline__ void advance(I step_image, int step_y, int step_x, int out_h, int out_w) {
-    ox += step_x;
-    const int carry_x = ox >= out_w;
-    ox -= carry_x ? out_w : 0;
-    oy += step_y + carry_x;
-    const int carry_y = oy >= out_h;
-    oy -= carry_y ? out_h : 0;
-    image += step_image + carry_y;
+  typedef typename Unsigned<I>::type U;
+  U offset;
+  int y, x;
+  __device__ __forceinline__ void advance(const WgSteps<I>& s) {
+    x += s.x;
+    y += s.y;
+    offset += s.base;
+    if (x >= s.x_limit) { x -= s.x_limit; y += s.carry_x_y; offset += s.carry_x; }
+    if (y >= s.y_limit) { y -= s.y_limit; offset += s.carry_y; }
   }
 };
 
@@ -619,113 +651,119 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   typedef typename Unsigned<I>::type U;
   typedef WgStage<S, BM> SA;
   typedef WgStage<S, BN> SB;
-  constexpr int THREADS = BM * BN / 32, BK = W::BK, E = W::E;
+  constexpr int WM = BM >= 128 ? 64 : 32, MI = WM / 16;  // warp tiles of WM x 32: 64 rows in the 128-row tile
+  constexpr int THREADS = BM / WM * BN, BK = W::BK, E = W::E;
   constexpr int A_ROWS_PER_PASS = THREADS / SA::CH, A_COPIES = BK / A_ROWS_PER_PASS;  // per thread and chunk
   constexpr int B_ROWS_PER_PASS = THREADS / SB::CH, B_COPIES = BK / B_ROWS_PER_PASS;
+  constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
   static_assert(THREADS % SA::CH == 0 && THREADS % SB::CH == 0 && A_COPIES >= 1 && B_COPIES >= 1 &&
                 BK % A_ROWS_PER_PASS == 0 && BK % B_ROWS_PER_PASS == 0, "whole chunk columns and rows per thread");
-  __shared__ __align__(128) S as[WG_STAGES * BK * BM];  // [stage][pixel][d], swizzled
-  __shared__ __align__(128) S bs[WG_STAGES * BK * BN];  // [stage][pixel][(tap, c)], swizzled
-  __shared__ float bias_sums[THREADS];
+  __shared__ __align__(128) S as[WG_STAGES * A_STAGE];  // [stage][pixel][d], swizzled
+  __shared__ __align__(128) S bs[WG_STAGES * B_STAGE];  // [stage][pixel][(tap, c)], swizzled
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp / (BN / 32) * 32, wn = warp % (BN / 32) * 32;
+  const int wm = warp / (BN / 32) * WM, wn = warp % (BN / 32) * 32;
   const int taps = kernel_h * kernel_w, M = outputs_per_group, N = taps * channels_per_group;
   const int n_tiles = (N + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
   const int m0 = blockIdx.x * BM, D = groups * outputs_per_group, C = groups * channels_per_group;
   const I out_pixels = (I)out_h * out_w, K = n * out_pixels;
   const I k_begin = (I)blockIdx.z * chunks_per_split * BK;
   const I k_end = k_begin + chunks_per_split * BK < K ? k_begin + chunks_per_split * BK : K;
-  const I chunks = (k_end - k_begin + BK - 1) / BK;
+  const int chunks = (int)((k_end - k_begin + BK - 1) / BK);
 
-  // A: this thread's chunk column (d .. d + E - 1) and first pixel row; its pointer advances BK rows a chunk.
+  // A: this thread's chunk column (d .. d + E - 1) of rows a_row + r A_ROWS_PER_PASS; its pointer advances BK rows
+  // a chunk.  Columns past M read nothing (their zeros meet only rows never stored).
   const int a_col = tid % SA::CH * E, a_row = tid / SA::CH;
   const bool a_inside = m0 + a_col < M;
   const T* a_src = gy_cl + ((k_begin + a_row) * D + g * outputs_per_group + m0 + a_col);
-  // B: this thread's chunk column n = (tap, c) and its pixel rows' (image, oy, ox).
+  int a_store[A_COPIES];
+#pragma unroll
+  for (int r = 0; r < A_COPIES; ++r) a_store[r] = SA::at(a_row + r * A_ROWS_PER_PASS, a_col);
+
+  // B: this thread's chunk column n = (tap, c): the tap's offset in x_cl (with the padding) and bounds, fixed;
+  // its rows' pixels.
   const int b_col = tid % SB::CH * E, b_row = tid / SB::CH, nb = n0 + b_col;
   const bool b_inside = nb < N;
   const int tap = b_inside ? nb / channels_per_group : 0, c = nb - tap * channels_per_group;
   const int dy = tap / kernel_w * dilation_h - pad_top, dx = tap % kernel_w * dilation_w - pad_left;
-  const U b_column = (U)dy * (U)((I)width * C) + (U)dx * (U)C + (U)(g * channels_per_group + c);
-  const I image_size = (I)height * width * C;
-  const I step_image = BK / out_pixels;
-  const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
+  const I row_size = (I)width * C, image_size = (I)height * row_size;
+  const U b_column = (U)dy * (U)row_size + (U)dx * (U)C + (U)(g * channels_per_group + c);
+  WgSteps<I> steps;
+  {
+    const I step_image = BK / out_pixels;
+    const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
+    steps.x = step_x * stride_w; steps.y = step_y * stride_h;
+    steps.x_limit = out_w * stride_w; steps.y_limit = out_h * stride_h; steps.carry_x_y = stride_h;
+    steps.base = (U)step_image * (U)image_size + (U)steps.y * (U)row_size + (U)steps.x * (U)C;
+    steps.carry_x = (U)stride_h * (U)row_size - (U)steps.x_limit * (U)C;
+    steps.carry_y = (U)image_size - (U)steps.y_limit * (U)row_size;
+  }
   WgPixel<I> b_pixel[B_COPIES];
+  int b_store[B_COPIES];
 #pragma unroll
   for (int r = 0; r < B_COPIES; ++r) {
     const I p = k_begin + b_row + r * B_ROWS_PER_PASS;
     const I image = p / out_pixels;
-    const int rest = (int)(p - image * out_pixels);
-    b_pixel[r] = {image, rest / out_w, rest % out_w};
+    const int rest = (int)(p - image * out_pixels), y = rest / out_w * stride_h, x = rest % out_w * stride_w;
+    b_pixel[r] = {(U)image * (U)image_size + (U)y * (U)row_size + (U)x * (U)C, y, x};
+    b_store[r] = SB::at(b_row + r * B_ROWS_PER_PASS, b_col);
   }
 
-  I k0 = k_begin;  // the first pixel of the next chunk to load
+  I remaining = k_end - k_begin;  // pixels of the split from the next chunk to load on
   auto load_chunk = [&](int stage) {
-    S* a_stage = as + stage * BK * BM;
-    S* b_stage = bs + stage * BK * BN;
+    S* a_stage = as + stage * A_STAGE;
+    S* b_stage = bs + stage * B_STAGE;
 #pragma unroll
     for (int r = 0; r < A_COPIES; ++r) {
-      const int row = a_row + r * A_ROWS_PER_PASS;
-      const bool inside = a_inside && k0 + row < k_end;
-      cp_async_cg_16(a_stage + SA::at(row, a_col), inside ? a_src + (I)(r * A_ROWS_PER_PASS) * D : gy_cl,
-                     inside ? 16 : 0);
+      const bool inside = a_inside && a_row + r * A_ROWS_PER_PASS < remaining;
+      cp_async_cg_16(a_stage + a_store[r], a_src + (inside ? r * A_ROWS_PER_PASS * D : 0), inside ? 16 : 0);
     }
-    a_src += (I)BK * D;
+    a_src += BK * D;
 #pragma unroll
     for (int r = 0; r < B_COPIES; ++r) {
-      const int row = b_row + r * B_ROWS_PER_PASS;
       WgPixel<I>& px = b_pixel[r];
-      const int y = px.oy * stride_h, xx = px.ox * stride_w;  // + dy, dx: the tap's row and column in x
-      const bool inside = b_inside && k0 + row < k_end && (unsigned)(y + dy) < (unsigned)height
-                          && (unsigned)(xx + dx) < (unsigned)width;
-      const U offset = (U)(px.image * image_size) + (U)y * (U)((I)width * C) + (U)xx * (U)C + b_column;
-      cp_async_cg_16(b_stage + SB::at(row, b_col), inside ? x_cl + (I)offset : x_cl, inside ? 16 : 0);
-      px.advance(step_image, step_y, step_x, out_h, out_w);
+      const bool inside = b_inside && b_row + r * B_ROWS_PER_PASS < remaining &&
+                          (unsigned)(px.y + dy) < (unsigned)height && (unsigned)(px.x + dx) < (unsigned)width;
+      cp_async_cg_16(b_stage + b_store[r], x_cl + (inside ? (I)(px.offset + b_column) : (I)0), inside ? 16 : 0);
+      px.advance(steps);
     }
-    k0 += BK;
+    remaining -= BK;
   };
 
-  float acc[2][4][4];
+  float acc[MI][4][4], bias_acc[MI][4];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
+    for (int r = 0; r < 4; ++r) {
+      bias_acc[mi][r] = 0.0f;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+      for (int ni = 0; ni < 4; ++ni) acc[mi][ni][r] = 0.0f;
     }
   }
-  // The bias gradient: the blocks of the first column tile sum A's rows, THREADS / BM threads per d.
-  const bool sum_bias = has_bias && n0 == 0;
-  constexpr int BIAS_PARTS = THREADS / BM, BIAS_ROWS = BK / BIAS_PARTS;
-  const int bias_d = tid % BM, bias_row = tid / BM * BIAS_ROWS;
-  float bias_sum = 0.0f;
+  // The bias gradient: the first warp column of the blocks of the first column tile sums its A rows with the
+  // tensor cores (every d of the block once: no reduction across warps).
+  const bool sum_bias = has_bias && n0 == 0 && wn == 0;
+  const WgFragments<S, BM, BN, MI> fragments(wm, wn, lane);
 
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 1; ++s) {
     if (s < chunks) load_chunk(s);
     cp_async_commit();
   }
-  for (I t = 0; t < chunks; ++t) {
+  int read_stage = 0, write_stage = WG_STAGES - 1;
+  for (int t = 0; t < chunks; ++t) {
     cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
     __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
-    if (t + WG_STAGES - 1 < chunks) load_chunk((int)((t + WG_STAGES - 1) % WG_STAGES));
+    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
     cp_async_commit();
-    const int stage = (int)(t % WG_STAGES);
-    const S* a_stage = as + stage * BK * BM;
-    const S* b_stage = bs + stage * BK * BN;
+    const S* a_stage = as + read_stage * A_STAGE;
+    const S* b_stage = bs + read_stage * B_STAGE;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += W::K_STEP) {
-      if constexpr (sizeof(S) == 4) {
-        wg_warp_step_tf32<BM, BN>(a_stage, b_stage, kk, wm, wn, lane, acc);
-      } else {
-        wg_warp_step<S, BM, BN>(a_stage, b_stage, kk, wm, wn, lane, acc);
-      }
+      wg_warp_step(a_stage, b_stage, fragments, kk, sum_bias, acc, bias_acc);
     }
-    if (sum_bias) {
-#pragma unroll
-      for (int r = 0; r < BIAS_ROWS; ++r) bias_sum += to_acc(a_stage[SA::at(bias_row + r, bias_d)]);
-    }
+    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
   }
   cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
 
@@ -733,7 +771,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const int gq = lane >> 2, q = lane & 3;
   float* out = partial + ((I)blockIdx.z * D + g * outputs_per_group) * (I)N;
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int m = m0 + wm + mi * 16 + gq + 8 * half;
@@ -746,16 +784,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
           if (nn < N) out[(I)m * N + nn] = acc[mi][ni][2 * half + j];
         }
       }
-    }
-  }
-  if (sum_bias) {  // the BIAS_PARTS partial sums of each d, added in a fixed order
-    bias_sums[tid] = bias_sum;
-    __syncthreads();
-    if (tid < BM && m0 + tid < M) {
-      float total = 0.0f;
-#pragma unroll
-      for (int part = 0; part < BIAS_PARTS; ++part) total += bias_sums[part * BM + tid];
-      bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m0 + tid] = total;
+      if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m] = bias_acc[mi][2 * half];
     }
   }
 }

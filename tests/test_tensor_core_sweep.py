@@ -112,11 +112,13 @@ def draw(index: int) -> SweepSpec:
     channels = int(rng.integers(65, 73)) if wide_channels else int(rng.integers(16, 41))
     wide_rows = index % 7 == 3               # the 128-row tile (16-bit passes with over 32 columns)
     outputs = int(rng.integers(33, 72)) if index % 5 == 2 or wide_rows else int(rng.integers(1, 33))
-    if index >= VECTORISED_FROM:  # whole 16-byte copies of channels; from 128 outputs the 128-row tile
-        vector = igemm.WG_VECTOR[dtype]
-        outputs = 128 + 8 * (index % 3) if index % 8 == 5 and dtype != "float32" else outputs
-        channels, outputs = (-(-count // vector) * vector for count in (channels, outputs))
     kernel = (1, 2) if wide_channels else tuple(int(k) for k in rng.integers(1, 5, 2))
+    if index >= VECTORISED_FROM:  # whole 16-byte copies of channels; from 128 outputs the 128-row tiles
+        vector = igemm.WG_VECTOR[dtype]
+        if index % 4 == 1 and dtype != "float32":   # 128 x 128 from WG_WIDE_COLUMNS (tap, c) columns, else 128 x 64
+            outputs = 128 + 8 * (index % 3)
+            kernel, channels = ((4, 4), 16) if index % 8 == 1 else ((1, 2), channels)
+        channels, outputs = (-(-count // vector) * vector for count in (channels, outputs))
     stride = tuple(int(s) for s in rng.integers(1, 4, 2))
     dilation = tuple(int(d) for d in rng.integers(1, 4, 2))
     if index % 2 == 0 and stride[0] == stride[1]:  # height and width differ in most specs

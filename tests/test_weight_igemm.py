@@ -28,6 +28,8 @@ CASES = [
       padding=((0, 1), (3, 0)), groups=2),
     # 136 outputs per group: the 128-row tile of 16-bit inputs and a second, nearly empty row tile
     C("wg_wide_rows", (2, 16, 12, 13), (136, 16, 1, 2), stride=(1, 2)),
+    # 136 outputs, 16 x 16 = 256 columns: the 128 x 128 tile of 16-bit inputs (warps of 64 x 32)
+    C("wg_wide_tile", (3, 16, 7, 9), (136, 16, 4, 4), padding=((2, 1), (1, 2)), dilation=(1, 2)),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
@@ -65,7 +67,7 @@ def several_splits(monkeypatch, chunks_per_split):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_cpu_path(monkeypatch, case, dtype):
-    if dtype == "float32" and case.name == "wg_wide_rows":
+    if dtype == "float32" and case.name.startswith("wg_wide"):
         pytest.skip("float32 has no 128-row tile")
     several_splits(monkeypatch, 2)
     device = Recorder()
@@ -74,9 +76,9 @@ def test_matches_cpu_path(monkeypatch, case, dtype):
                                                numpy.empty(case.weight), None, **case.kwargs)
     plan = igemm.plan_weight_igemm(spec, DTYPES[dtype])
     assert plan.splits >= 2 and plan.chunks_per_split >= 2  # several splits of several chunks
-    assert plan.grid[1] > case.kwargs.get("groups", 1) or case.name == "wg_wide_rows"
+    assert plan.grid[1] > case.kwargs.get("groups", 1) or case.name.startswith("wg_wide")
     assert plan.tile == {"wg_tile_edges": (64, 64), "wg_groups_stride_dilation": (32, 64),
-                         "wg_wide_rows": (128, 64)}[case.name]
+                         "wg_wide_rows": (128, 64), "wg_wide_tile": (128, 128)}[case.name]
     names = [name.split("<")[0] for name in device.launches]
     assert names.count("conv_bwd_weight_igemm") == 1 and names.count("conv_bwd_weight_igemm_finish") == 1
     assert "conv_bwd_weight_tc" not in names and "conv_bgrad" not in names  # the bias came with the weight

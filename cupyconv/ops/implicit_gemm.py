@@ -175,8 +175,10 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = 
 # ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; then a final pass that adds the splits
 # in order and permutes (tap, c) -> (c, tap).  Eligible when every 16 bytes of a pixel's channels are one group's.
 
-WG_TILES = {"float16": ((64, 64), (128, 64), (32, 64)), "bfloat16": ((64, 64), (128, 64), (32, 64)),
-            "float32": ((64, 64), (32, 64))}   # (rows d, columns (tap, c)); warps of 32 x 32
+WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
+            "bfloat16": ((64, 64), (128, 64), (128, 128), (32, 64)),
+            "float32": ((64, 64), (32, 64))}   # (rows d, columns (tap, c)); warps of 32 x 32, 64 x 32 in 128 rows
+WG_WIDE_COLUMNS = 256   # 16-bit groups of 128+ output channels take 128 columns from this many (tap, c) columns
 WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the pixels of a K chunk
 WG_VECTOR = {"float16": 8, "bfloat16": 8, "float32": 4}     # elements per 16-byte copy
 WG_FINISH_BLOCK = 256
@@ -188,6 +190,12 @@ def weight_igemm_instantiations():
         names += [kernel_name("conv_bwd_weight_igemm", dtype, index, *tile) for tile in tiles]
         names.append(kernel_name("conv_bwd_weight_igemm_finish", dtype, index))
     return names
+
+
+def weight_igemm_threads(tile: tuple[int, int]) -> int:
+    """conv_bwd_weight_igemm's block: a warp per 32 x 32 of the tile, per 64 x 32 in the 128-row tile."""
+    rows, cols = tile
+    return rows // (64 if rows >= 128 else 32) * cols
 
 
 def channels_last(device, x):
@@ -215,7 +223,7 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     if rows <= 32:
         tile = (32, 64)
     elif (128, 64) in WG_TILES[name] and rows >= 128:
-        tile = (128, 64)
+        tile = (128, 128) if cols >= WG_WIDE_COLUMNS else (128, 64)
     else:
         tile = (64, 64)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
@@ -237,7 +245,7 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
     index = index_type(x_cl.size, gy_cl.size, partial.size)
     KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, dtype=xv.dtype, index=index, grid=plan.grid,
-                   block=plan.threads, window=spec, x_cl=x_cl, gy_cl=gy_cl, partial=partial,
+                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, partial=partial,
                    bias_partial=bias_partial, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
