@@ -161,7 +161,7 @@ TC_CHUNK = 32
 # conv_bwd_weight_igemm (implicit_gemm.py WG_CHUNK): pixels per K chunk by element type; a fifth of its main loop's
 # HMMA are the bias gradient's (A times ones, in the first warp column of the first column tile only)
 WG_CHUNK = {"float": 16, "__half": 32, "__nv_bfloat16": 32}
-WG_GEMM_HMMA_SHARE = 4 / 5
+WG_GEMM_HMMA_SHARE = {"float": 2 / 3, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}   # TF32: 2 bias HMMA
 BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
@@ -307,7 +307,8 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     loop, memory = sass["loop"], sass["loop_memory"]
     rule = sass["loop_rule"]
     if rule == "matrix":
-        gemm_hmma = loop.get("HMMA", 1) * (WG_GEMM_HMMA_SHARE if launch.kernel == "conv_bwd_weight_igemm" else 1)
+        gemm_hmma = loop.get("HMMA", 1) * (WG_GEMM_HMMA_SHARE[launch.template_args[0]]
+                                           if launch.kernel == "conv_bwd_weight_igemm" else 1)
         trips = out["tensor_macs"] / hmma_macs(launch) / gemm_hmma
     elif rule == "fma" and macs:
         lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)

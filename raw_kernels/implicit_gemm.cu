@@ -595,12 +595,15 @@ template <int BM, int BN, int MI>
 __device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, const WgFragments<float, BM, BN, MI>& f,
                                              int k0, bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
   unsigned a[MI][4], b[4][2];
+  float raw[MI][4];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
-    a[mi][0] = to_tf32(as[f.a[mi][0] + k0 * BM]);
-    a[mi][1] = to_tf32(as[f.a[mi][1] + k0 * BM]);
-    a[mi][2] = to_tf32(as[f.a[mi][0] + (k0 + 4) * BM]);
-    a[mi][3] = to_tf32(as[f.a[mi][1] + (k0 + 4) * BM]);
+    raw[mi][0] = as[f.a[mi][0] + k0 * BM];
+    raw[mi][1] = as[f.a[mi][1] + k0 * BM];
+    raw[mi][2] = as[f.a[mi][0] + (k0 + 4) * BM];
+    raw[mi][3] = as[f.a[mi][1] + (k0 + 4) * BM];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[mi][r] = to_tf32(raw[mi][r]);
   }
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni) {
@@ -612,10 +615,16 @@ __device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, c
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
   }
-  if (bias) {
+  if (bias) {  // grad_output as tf32 plus the tf32 of its remainder: the bias sums lose no more than float's bits
     const unsigned ones[2] = {0x3f800000u, 0x3f800000u};  // 1.0f, exact in tf32
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) mma_m16n8k8_tf32(bias_acc[mi], a[mi], ones);
+    for (int mi = 0; mi < MI; ++mi) {
+      unsigned rest[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) rest[r] = to_tf32(raw[mi][r] - __uint_as_float(a[mi][r]));
+      mma_m16n8k8_tf32(bias_acc[mi], a[mi], ones);
+      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);
+    }
   }
 }
 
@@ -716,7 +725,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
 #pragma unroll
     for (int r = 0; r < A_COPIES; ++r) {
       const bool inside = a_inside && a_row + r * A_ROWS_PER_PASS < remaining;
-      cp_async_cg_16(a_stage + a_store[r], a_src + (inside ? r * A_ROWS_PER_PASS * D : 0), inside ? 16 : 0);
+      // (a zero-filled copy reads nothing, but gets a pointer into the array all the same: gy_cl itself)
+      cp_async_cg_16(a_stage + a_store[r], inside ? a_src + r * A_ROWS_PER_PASS * D : gy_cl, inside ? 16 : 0);
     }
     a_src += BK * D;
 #pragma unroll

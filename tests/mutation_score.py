@@ -171,6 +171,8 @@ MUTATIONS = [
       "b_inside &&", WG, "wg: split range"),
     M("wg-finish-permutation", "implicit_gemm.cu", "const I from = d * N + (I)tap * channels_per_group + c;",
       "const I from = d * N + (I)c * taps + tap;", WG, "wg: weight layout"),
+    M("wg-bias-tf32-no-remainder", "implicit_gemm.cu", "      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);\n", "",
+      WG + " -k tf32_bias", "wg: bias gradient"),
     M("wg-bias-tf32-one", "implicit_gemm.cu", "const unsigned ones[2] = {0x3f800000u, 0x3f800000u};",
       "const unsigned ones[2] = {0x3f000000u, 0x3f800000u};", WG, "wg: bias gradient"),
 

@@ -115,6 +115,15 @@ def test_other_channel_counts_take_the_generic_kernel():
     assert igemm.weight_igemm_refusal(spec, numpy.float32) is None  # 20 = 5 copies of 4 floats
 
 
+def test_tf32_bias_keeps_float_precision():
+    """float32 on TF32: the bias gradient sums grad_output's tf32 part and its remainder's, so it keeps about
+    float's precision (tf32 alone, 10 mantissa bits, misses by ~1e-4 of the largest value here)."""
+    case = CASE_BY_NAME["wg_tile_edges"]
+    (_, _, grad_b), (_, _, want_b) = backward(Recorder(), case, "float32", seed=18)
+    scale = float(numpy.abs(want_b).max())
+    assert float(numpy.abs(numpy.asarray(grad_b, numpy.float64) - want_b).max()) <= 1e-6 * scale
+
+
 def test_weight_only_needs_no_bias_sum(monkeypatch):
     """needs=('weight',): has_bias 0, no grad_bias computed, the same weight gradient bits."""
     case = CASE_BY_NAME["wg_tile_edges"]
