@@ -152,11 +152,16 @@ def assumption(name: str) -> tuple:
 # Kernels whose main loop holds a pass's multiply-adds (each does one whole pass of the convolution: forward,
 # input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
 # im2col/col2im).
-MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_direct|depthwise_fwd\w*|"
+MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_bwd_weight_igemm|conv_fwd_direct|"
+                         r"depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
                          r"patch_bwd_weight)$")
-TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc")
+TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_bwd_weight_igemm")
 TC_CHUNK = 32
+# conv_bwd_weight_igemm (implicit_gemm.py WG_CHUNK): pixels per K chunk by element type; a fifth of its main loop's
+# HMMA are the bias gradient's (A times ones, in the first warp column of the first column tile only)
+WG_CHUNK = {"float": 16, "__half": 32, "__nv_bfloat16": 32}
+WG_GEMM_HMMA_SHARE = {"float": 2 / 3, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}   # TF32: 2 bias HMMA
 BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
@@ -236,6 +241,11 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
     a = launch.args
     _, _, rows, cols = launch.template_args
+    if launch.kernel == "conv_bwd_weight_igemm":
+        chunk = WG_CHUNK[launch.template_args[0]]
+        total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)
+        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+        return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_bwd_weight_tc":
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / TC_CHUNK)
         chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
@@ -297,7 +307,9 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     loop, memory = sass["loop"], sass["loop_memory"]
     rule = sass["loop_rule"]
     if rule == "matrix":
-        trips = out["tensor_macs"] / hmma_macs(launch) / loop.get("HMMA", 1)
+        gemm_hmma = loop.get("HMMA", 1) * (WG_GEMM_HMMA_SHARE[launch.template_args[0]]
+                                           if launch.kernel == "conv_bwd_weight_igemm" else 1)
+        trips = out["tensor_macs"] / hmma_macs(launch) / gemm_hmma
     elif rule == "fma" and macs:
         lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)
         trips = macs / 32 / lane_macs

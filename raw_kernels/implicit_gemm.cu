@@ -481,3 +481,342 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   const I k_end = k_begin + chunks_per_split * TC_BK < f.K ? k_begin + chunks_per_split * TC_BK : f.K;
   tc_block<T, I, BM, BN>(f, as, bs, (I)f.m0, f.n0, k_begin, k_end);
 }
+
+// =============================================================================================================
+// Weight gradient, channels-last (issue 24): conv_bwd_weight_igemm and its final pass
+//
+// One GEMM per group, C = grad_weight of the group in (tap, c) order:
+//   rows M = d (D / G output channels), columns N = (tap, c) = taps * C / G, reduced over K = the output pixels
+//   A[d][p] = gy_cl[p][g D/G + d]                         gy_cl = channels_last(grad_out): (n oH oW, D)
+//   B[p][(tap, c)] = x_cl[image][y + dy][x + dx][g C/G + c] x_cl = channels_last(x): (n, H, W, C), zero outside
+// with C / G a multiple of 8 (16-bit) or 4 (float, as TF32) so that 16 bytes of a row of either operand are
+// 8 (4) consecutive channels of one pixel: one cp.async each, zero-filled (src-size 0) for padding and for
+// pixels past the split.  Both operands are staged k-major ([pixel][d], [pixel][(tap, c)]) and read as the mma
+// fragments by ldmatrix .trans (16-bit; float reads words and rounds to tf32 there).
+//
+// Shared memory: STAGES stages of BK pixel rows, each row BM (A) or BN (B) elements in 16-byte chunks whose
+// position is XOR-swizzled by the row (WgSwizzle): the 8 rows an ldmatrix phase reads, the 8 chunks 8
+// consecutive threads copy, and the 4 x 8 words of a float fragment read all land in different banks.
+// Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight while the tensor cores work on t; one cp.async group
+// per chunk (committed even when empty, so that wait_group<STAGES - 2> always means "chunk t landed") and one
+// barrier per chunk, which also tells the block that the stage about to be refilled is no longer read.
+// Each thread copies the same 16-byte column of every chunk (fixed channel offsets, precomputed) for a few
+// pixel rows whose (image, oy, ox) it advances by BK pixels with a mixed-radix carry: no division in the loop.
+//
+// Split-K: block z reduces chunks [z * chunks_per_split, ...) of the pixels and writes float sums to its own
+// slice of partial (splits, D, N); the bias gradient, when asked, is summed by the blocks of the first column
+// tile from their A stages into bias_partial (splits, D).  conv_bwd_weight_igemm_finish adds the splits in
+// order (the same bits on every run: the split depends on the shapes only) and writes grad_weight in its own
+// layout (D, C / G, kH, kW), permuting (tap, c) -> (c, tap), and grad_bias.
+#include "async_copy.cuh"
+
+constexpr int WG_STAGES = 3;
+
+template <typename T> struct WgTile {  // 16-bit: m16n8k16, 32 pixels per chunk
+  typedef T S;
+  static constexpr int BK = 32, K_STEP = 16, E = 8;  // E: elements per 16-byte chunk
+};
+template <> struct WgTile<float> {  // TF32: m16n8k8, 16 pixels per chunk (three stages of 64 x 64 in 24 KiB)
+  typedef float S;
+  static constexpr int BK = 16, K_STEP = 8, E = 4;
+};
+
+// The physical 16-byte chunk of logical chunk c in row r of a stage whose rows have CH chunks.  16-bit
+// (ldmatrix reads one chunk of 8 consecutive rows): 128-byte rows and wider XOR the row's low 3 bits, 64-byte
+// rows (two to a 128-byte line) XOR bits 1-2.  Float (a warp reads words of 2 chunks of rows r .. r + 3): XOR
+// 2 (r % 4), so that the 4 rows' chunk pairs fill all 8 chunk positions of a 128-byte line.
+template <typename S, int CH> __device__ __forceinline__ int wg_swizzle(int r, int c) {
+  static_assert(CH >= 4 && (CH & (CH - 1)) == 0, "rows of 64 bytes or more, a power of two");
+  if (sizeof(S) == 4) return c ^ ((r & 3) << 1);
+  return CH >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);
+}
+
+// A stage of R rows of COLS elements: where element (r, col) lies, col a multiple of E for a chunk's start.
+template <typename S, int COLS> struct WgStage {
+  static constexpr int E = 16 / (int)sizeof(S), CH = COLS / E;
+  __device__ static __forceinline__ int at(int r, int col) {
+    return r * COLS + wg_swizzle<S, CH>(r, col / E) * E + col % E;
+  }
+};
+
+// The fragment reads of one warp: element offsets within a stage, per lane, fixed for the whole kernel (the
+// swizzle of rows k0 + .. equals that of rows 0 + .. since k0 steps by 8 or 16); a K step adds k0 rows.
+//   16-bit: a[mi] = ldmatrix.x4.trans of matrices (d 0-7 | 8-15) x (k 0-7 | 8-15) of rows wm + 16 mi ..: lane
+//           8 j + i gives row i of matrix j; b[nj] = ldmatrix.x4.trans of (k 0-7 | 8-15) x (n 0-7 | 8-15) of
+//           columns wn + 16 nj ..: the b fragments of mma tiles 2 nj and 2 nj + 1.
+//   float:  a[mi][h] = column wm + 16 mi + g + 8 h of row q; b[ni] = column wn + 8 ni + g of row q (then + 4
+//           rows for the second half of the k8 step).
+template <typename S, int BM, int BN, int MI> struct WgFragments {  // MI: mma tiles of 16 rows per warp
+  typedef WgStage<S, BM> SA;
+  typedef WgStage<S, BN> SB;
+  int a[MI][2], b[4];
+  __device__ WgFragments(int wm, int wn, int lane) {
+    const int i = lane & 7, j = lane >> 3, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a[mi][h] = sizeof(S) == 4 ? SA::at(q, wm + mi * 16 + g + 8 * h) : SA::at((j >> 1) * 8 + i, wm + mi * 16 + (j & 1) * 8);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) b[n] = sizeof(S) == 4 ? SB::at(q, wn + n * 8 + g) : SB::at((j & 1) * 8 + i, wn + (n & 1) * 16 + (j >> 1) * 8);
+  }
+};
+
+// One K step (K_STEP pixels from row k0) of a warp's 16 MI x 32 tile: MI x 4 mma tiles of 16 x 8; with `bias`, also
+// bias[mi] += A rows x a column of ones (every column of that 16 x 8 tile: the rows' sums over the step).
+template <typename S, int BM, int BN, int MI>
+__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, const WgFragments<S, BM, BN, MI>& f, int k0,
+                                             bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+  unsigned a[MI][4], b[4][2];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_trans(a[mi], as + f.a[mi][0] + k0 * BM);
+#pragma unroll
+  for (int nj = 0; nj < 2; ++nj) {
+    unsigned r[4];
+    ldmatrix_x4_trans(r, bs + f.b[nj] + k0 * BN);
+    b[2 * nj][0] = r[0]; b[2 * nj][1] = r[1]; b[2 * nj + 1][0] = r[2]; b[2 * nj + 1][1] = r[3];
+  }
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k16<S>(acc[mi][ni], a[mi], b[ni]);
+  }
+  if (bias) {
+    const S one = S(1.0f);
+    const unsigned ones[2] = {pack2<S>(one, one), pack2<S>(one, one)};
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) mma_m16n8k16<S>(bias_acc[mi], a[mi], ones);
+  }
+}
+
+template <int BM, int BN, int MI>
+__device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, const WgFragments<float, BM, BN, MI>& f,
+                                             int k0, bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+  unsigned a[MI][4], b[4][2];
+  float raw[MI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    raw[mi][0] = as[f.a[mi][0] + k0 * BM];
+    raw[mi][1] = as[f.a[mi][1] + k0 * BM];
+    raw[mi][2] = as[f.a[mi][0] + (k0 + 4) * BM];
+    raw[mi][3] = as[f.a[mi][1] + (k0 + 4) * BM];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[mi][r] = to_tf32(raw[mi][r]);
+  }
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    b[ni][0] = to_tf32(bs[f.b[ni] + k0 * BN]);
+    b[ni][1] = to_tf32(bs[f.b[ni] + (k0 + 4) * BN]);
+  }
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
+  }
+  if (bias) {  // grad_output as tf32 plus the tf32 of its remainder: the bias sums lose no more than float's bits
+    const unsigned ones[2] = {0x3f800000u, 0x3f800000u};  // 1.0f, exact in tf32
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      unsigned rest[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) rest[r] = to_tf32(raw[mi][r] - __uint_as_float(a[mi][r]));
+      mma_m16n8k8_tf32(bias_acc[mi], a[mi], ones);
+      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);
+    }
+  }
+}
+
+// Where one B row of a thread reads: the output pixel's window origin in x without the padding (y = oy * stride_h,
+// x = ox * stride_w) and the offset of (image, y, x) in x_cl, advanced by BK pixels with one carry per digit
+// (the steps precomputed in WgSteps, with the x and y steps below a row and an image): no division in the loop.
+template <typename I> struct WgSteps {
+  typedef typename Unsigned<I>::type U;
+  int x, y, x_limit, y_limit, carry_x_y;  // x, y: the steps of x and y; limits: out_w * stride_w, out_h * stride_h
+  U base, carry_x, carry_y;               // offset steps: BK pixels, and what each carry adds
+};
+template <typename I> struct WgPixel {
+  typedef typename Unsigned<I>::type U;
+  U offset;
+  int y, x;
+  __device__ __forceinline__ void advance(const WgSteps<I>& s) {
+    x += s.x;
+    y += s.y;
+    offset += s.base;
+    if (x >= s.x_limit) { x -= s.x_limit; y += s.carry_x_y; offset += s.carry_x; }
+    if (y >= s.y_limit) { y -= s.y_limit; offset += s.carry_y; }
+  }
+};
+
+template <typename T, typename I, int BM, int BN>
+__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
+    const T* __restrict__ x_cl, const T* __restrict__ gy_cl, float* __restrict__ partial,
+    float* __restrict__ bias_partial, I n, int groups, int channels_per_group, int outputs_per_group, int height,
+    int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
+    int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
+  typedef WgTile<T> W;
+  typedef typename W::S S;
+  typedef typename Unsigned<I>::type U;
+  typedef WgStage<S, BM> SA;
+  typedef WgStage<S, BN> SB;
+  constexpr int WM = BM >= 128 ? 64 : 32, MI = WM / 16;  // warp tiles of WM x 32: 64 rows in the 128-row tile
+  constexpr int THREADS = BM / WM * BN, BK = W::BK, E = W::E;
+  constexpr int A_ROWS_PER_PASS = THREADS / SA::CH, A_COPIES = BK / A_ROWS_PER_PASS;  // per thread and chunk
+  constexpr int B_ROWS_PER_PASS = THREADS / SB::CH, B_COPIES = BK / B_ROWS_PER_PASS;
+  constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
+  static_assert(THREADS % SA::CH == 0 && THREADS % SB::CH == 0 && A_COPIES >= 1 && B_COPIES >= 1 &&
+                BK % A_ROWS_PER_PASS == 0 && BK % B_ROWS_PER_PASS == 0, "whole chunk columns and rows per thread");
+  __shared__ __align__(128) S as[WG_STAGES * A_STAGE];  // [stage][pixel][d], swizzled
+  __shared__ __align__(128) S bs[WG_STAGES * B_STAGE];  // [stage][pixel][(tap, c)], swizzled
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / (BN / 32) * WM, wn = warp % (BN / 32) * 32;
+  const int taps = kernel_h * kernel_w, M = outputs_per_group, N = taps * channels_per_group;
+  const int n_tiles = (N + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
+  const int m0 = blockIdx.x * BM, D = groups * outputs_per_group, C = groups * channels_per_group;
+  const I out_pixels = (I)out_h * out_w, K = n * out_pixels;
+  const I k_begin = (I)blockIdx.z * chunks_per_split * BK;
+  const I k_end = k_begin + chunks_per_split * BK < K ? k_begin + chunks_per_split * BK : K;
+  const int chunks = (int)((k_end - k_begin + BK - 1) / BK);
+
+  // A: this thread's chunk column (d .. d + E - 1) of rows a_row + r A_ROWS_PER_PASS; its pointer advances BK rows
+  // a chunk.  Columns past M read nothing (their zeros meet only rows never stored).
+  const int a_col = tid % SA::CH * E, a_row = tid / SA::CH;
+  const bool a_inside = m0 + a_col < M;
+  const T* a_src = gy_cl + ((k_begin + a_row) * D + g * outputs_per_group + m0 + a_col);
+  int a_store[A_COPIES];
+#pragma unroll
+  for (int r = 0; r < A_COPIES; ++r) a_store[r] = SA::at(a_row + r * A_ROWS_PER_PASS, a_col);
+
+  // B: this thread's chunk column n = (tap, c): the tap's offset in x_cl (with the padding) and bounds, fixed;
+  // its rows' pixels.
+  const int b_col = tid % SB::CH * E, b_row = tid / SB::CH, nb = n0 + b_col;
+  const bool b_inside = nb < N;
+  const int tap = b_inside ? nb / channels_per_group : 0, c = nb - tap * channels_per_group;
+  const int dy = tap / kernel_w * dilation_h - pad_top, dx = tap % kernel_w * dilation_w - pad_left;
+  const I row_size = (I)width * C, image_size = (I)height * row_size;
+  const U b_column = (U)dy * (U)row_size + (U)dx * (U)C + (U)(g * channels_per_group + c);
+  WgSteps<I> steps;
+  {
+    const I step_image = BK / out_pixels;
+    const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
+    steps.x = step_x * stride_w; steps.y = step_y * stride_h;
+    steps.x_limit = out_w * stride_w; steps.y_limit = out_h * stride_h; steps.carry_x_y = stride_h;
+    steps.base = (U)step_image * (U)image_size + (U)steps.y * (U)row_size + (U)steps.x * (U)C;
+    steps.carry_x = (U)stride_h * (U)row_size - (U)steps.x_limit * (U)C;
+    steps.carry_y = (U)image_size - (U)steps.y_limit * (U)row_size;
+  }
+  WgPixel<I> b_pixel[B_COPIES];
+  int b_store[B_COPIES];
+#pragma unroll
+  for (int r = 0; r < B_COPIES; ++r) {
+    const I p = k_begin + b_row + r * B_ROWS_PER_PASS;
+    const I image = p / out_pixels;
+    const int rest = (int)(p - image * out_pixels), y = rest / out_w * stride_h, x = rest % out_w * stride_w;
+    b_pixel[r] = {(U)image * (U)image_size + (U)y * (U)row_size + (U)x * (U)C, y, x};
+    b_store[r] = SB::at(b_row + r * B_ROWS_PER_PASS, b_col);
+  }
+
+  I remaining = k_end - k_begin;  // pixels of the split from the next chunk to load on
+  auto load_chunk = [&](int stage) {
+    S* a_stage = as + stage * A_STAGE;
+    S* b_stage = bs + stage * B_STAGE;
+#pragma unroll
+    for (int r = 0; r < A_COPIES; ++r) {
+      const bool inside = a_inside && a_row + r * A_ROWS_PER_PASS < remaining;
+      // (a zero-filled copy reads nothing, but gets a pointer into the array all the same: gy_cl itself)
+      cp_async_cg_16(a_stage + a_store[r], inside ? a_src + r * A_ROWS_PER_PASS * D : gy_cl, inside ? 16 : 0);
+    }
+    a_src += BK * D;
+#pragma unroll
+    for (int r = 0; r < B_COPIES; ++r) {
+      WgPixel<I>& px = b_pixel[r];
+      const bool inside = b_inside && b_row + r * B_ROWS_PER_PASS < remaining &&
+                          (unsigned)(px.y + dy) < (unsigned)height && (unsigned)(px.x + dx) < (unsigned)width;
+      cp_async_cg_16(b_stage + b_store[r], x_cl + (inside ? (I)(px.offset + b_column) : (I)0), inside ? 16 : 0);
+      px.advance(steps);
+    }
+    remaining -= BK;
+  };
+
+  float acc[MI][4][4], bias_acc[MI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      bias_acc[mi][r] = 0.0f;
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) acc[mi][ni][r] = 0.0f;
+    }
+  }
+  // The bias gradient: the first warp column of the blocks of the first column tile sums its A rows with the
+  // tensor cores (every d of the block once: no reduction across warps).
+  const bool sum_bias = has_bias && n0 == 0 && wn == 0;
+  const WgFragments<S, BM, BN, MI> fragments(wm, wn, lane);
+
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 1; ++s) {
+    if (s < chunks) load_chunk(s);
+    cp_async_commit();
+  }
+  int read_stage = 0, write_stage = WG_STAGES - 1;
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
+    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
+    cp_async_commit();
+    const S* a_stage = as + read_stage * A_STAGE;
+    const S* b_stage = bs + read_stage * B_STAGE;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += W::K_STEP) {
+      wg_warp_step(a_stage, b_stage, fragments, kk, sum_bias, acc, bias_acc);
+    }
+    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+
+  // Epilogue: the float sums of this split, (d, n) at partial[z][g D/G + d][n].
+  const int gq = lane >> 2, q = lane & 3;
+  float* out = partial + ((I)blockIdx.z * D + g * outputs_per_group) * (I)N;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m0 + wm + mi * 16 + gq + 8 * half;
+      if (m >= M) continue;
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int nn = n0 + wn + ni * 8 + 2 * q + j;
+          if (nn < N) out[(I)m * N + nn] = acc[mi][ni][2 * half + j];
+        }
+      }
+      if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m] = bias_acc[mi][2 * half];
+    }
+  }
+}
+
+// The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
+// rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
+template <typename T, typename I>
+__global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, const float* __restrict__ bias_partial,
+                                             T* __restrict__ grad_weight, T* __restrict__ grad_bias, int splits,
+                                             int out_channels, int channels_per_group, int taps, int has_bias) {
+  const I N = (I)taps * channels_per_group, size = out_channels * N, slice = size;
+  for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
+    const I d = i / N;
+    const int rest = (int)(i - d * N), c = rest / taps, tap = rest - c * taps;
+    const I from = d * N + (I)tap * channels_per_group + c;
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z) sum += partial[z * slice + from];
+    grad_weight[i] = from_acc<T>(sum);
+    if (has_bias && i < out_channels) {
+      float b = 0.0f;
+      for (int z = 0; z < splits; ++z) b += bias_partial[(I)z * out_channels + i];
+      grad_bias[i] = from_acc<T>(b);
+    }
+  }
+}

@@ -52,6 +52,7 @@ CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
+WG = "tests/test_weight_igemm.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
@@ -219,6 +220,28 @@ MUTATIONS = [
       "f.ones[r] = m == taps_rows - 1 && bias_row;", SIMT, "off-by-one"),
     M("simt-fwd-bias-dropped", "simt_gemm.cu", "if (has_bias) value += to_acc(bias[g * N + n]);",
       "if (has_bias) value += to_acc(bias[n]);", SIMT, "groups"),
+
+    # -- implicit_gemm.cu: the channels-last weight gradient (conv_bwd_weight_igemm and its final pass) ---------
+    M("wg-swizzle-half", "implicit_gemm.cu", "return CH >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);",
+      "return CH >= 8 ? c ^ (r & 3) : c ^ ((r >> 1) & 3);", WG + " -k counters", "wg: bank conflicts"),
+    M("wg-wait-one-short", "implicit_gemm.cu", "cp_async_wait<WG_STAGES - 2>();  // chunk t has landed",
+      "cp_async_wait<WG_STAGES - 1>();  // chunk t has landed", WG, "wg: pipeline"),
+    M("wg-stage-wrap", "implicit_gemm.cu", "read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;",
+      "read_stage = read_stage == WG_STAGES - 2 ? 0 : read_stage + 1;", WG, "wg: pipeline"),
+    M("wg-carry-x-late", "implicit_gemm.cu", "if (x >= s.x_limit) {", "if (x > s.x_limit) {", WG,
+      "wg: pixel advance"),
+    M("wg-carry-y-offset", "implicit_gemm.cu", "if (y >= s.y_limit) { y -= s.y_limit; offset += s.carry_y; }",
+      "if (y >= s.y_limit) { y -= s.y_limit; }", WG, "wg: pixel advance"),
+    M("wg-column-signed-bound", "implicit_gemm.cu", "(unsigned)(px.x + dx) < (unsigned)width;",
+      "px.x + dx < width;", WG, "wg: padding"),
+    M("wg-split-end", "implicit_gemm.cu", "b_inside && b_row + r * B_ROWS_PER_PASS < remaining &&",
+      "b_inside &&", WG, "wg: split range"),
+    M("wg-finish-permutation", "implicit_gemm.cu", "const I from = d * N + (I)tap * channels_per_group + c;",
+      "const I from = d * N + (I)c * taps + tap;", WG, "wg: weight layout"),
+    M("wg-bias-tf32-no-remainder", "implicit_gemm.cu", "      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);\n", "",
+      WG + " -k tf32_bias", "wg: bias gradient"),
+    M("wg-bias-tf32-one", "implicit_gemm.cu", "const unsigned ones[2] = {0x3f800000u, 0x3f800000u};",
+      "const unsigned ones[2] = {0x3f000000u, 0x3f800000u};", WG, "wg: bias gradient"),
 
     # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
     M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',

@@ -290,6 +290,12 @@ def test_strided_input_is_read_in_place():
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "float16")
 
 
+def weight_gradients(device) -> int:
+    """Tensor-core weight gradients launched: conv_bwd_weight_tc, or conv_bwd_weight_igemm where a group's
+    channels are whole 16-byte copies (float32 here: multiples of 4; tests/test_weight_igemm.py)."""
+    return device.count("conv_bwd_weight_tc") + device.count("conv_bwd_weight_igemm")
+
+
 def test_auto_picks_the_tensor_cores_where_they_apply():
     x, weight, bias, grad_output = CASE_BY_NAME["tc_plain"].inputs(numpy.random.default_rng(5), numpy.float16)
     for inputs, tf32, expected in (((x, weight, bias), False, True),
@@ -301,8 +307,9 @@ def test_auto_picks_the_tensor_cores_where_they_apply():
         with _device.use_device(device), settings.allow_tf32(tf32):
             cupyconv.conv2d(*inputs, padding=1)
             cupyconv.conv2d_backward(grad_output[:, :, :, :].astype(inputs[0].dtype), *inputs[:2], padding=1)
-        for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"):
-            assert (device.count(kernel) == 1) == expected, (kernel, inputs[0].dtype, inputs[0].shape, tf32)
+        for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight"):
+            count = weight_gradients(device) if kernel == "conv_bwd_weight" else device.count(kernel)
+            assert (count == 1) == expected, (kernel, inputs[0].dtype, inputs[0].shape, tf32)
 
 
 @pytest.mark.parametrize("dtype, channels, tf32, message", [
@@ -324,7 +331,7 @@ def test_conv2d_backward_matches_cpu_path(case, dtype):
     device = Recorder()
     got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                       **case.kwargs)
-    assert device.count("conv_bwd_input_tc") == 1 and device.count("conv_bwd_weight_tc") == 1, device.launches
+    assert device.count("conv_bwd_input_tc") == 1 and weight_gradients(device) == 1, device.launches
     want = expected_backward(grad_output, x, weight, **case.kwargs)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert g.dtype == x.dtype and g.shape == w.shape, name
@@ -382,7 +389,7 @@ def test_patch_conv2d_backward(dtype):
     grad_output = rng.standard_normal((2, 37, 24, 4, 4)).astype(DTYPES[dtype])
     device = Recorder()
     got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1)  # 'auto'
-    assert device.count("conv_bwd_input_tc") == 1 and device.count("conv_bwd_weight_tc") == 1, device.launches
+    assert device.count("conv_bwd_input_tc") == 1 and weight_gradients(device) == 1, device.launches
     want = expected_backward(grad_output.reshape(-1, 24, 4, 4), x.reshape(-1, 16, 4, 4), weight, padding=1)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert_close(g, w.reshape(g.shape), dtype, f"patch {name}")

@@ -37,7 +37,10 @@ from optional_deps import BFLOAT16, Dtypes
 from reference import ConvCase
 
 SEED = 24
-SPEC_COUNT = 60
+SPEC_COUNT = 84
+#: Specs from this index on have channel counts per group that are multiples of 8 (4 for float32): the
+#: channels-last weight gradient (conv_bwd_weight_igemm) runs them; the earlier ones run conv_bwd_weight_tc.
+VECTORISED_FROM = 60
 DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
 #: As tests/test_tensor_core_kernels.py: |tensor cores - CPU path| relative to the largest |CPU path| value.
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}
@@ -69,7 +72,18 @@ class SweepSpec:
 
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
+            if pass_ == "weight" and self.vectorised:
+                return igemm.plan_weight_igemm(self.spec, DTYPES[self.dtype])
             return igemm.plan_tensor_cores(self.spec, DTYPES[self.dtype], pass_)
+
+    @property
+    def vectorised(self) -> bool:
+        """The weight gradient runs conv_bwd_weight_igemm (channels-last, 16-byte copies)."""
+        return igemm.weight_igemm_refusal(self.spec, DTYPES[self.dtype]) is None
+
+    @property
+    def weight_chunk(self) -> int:
+        return igemm.WG_CHUNK[self.dtype] if self.vectorised else igemm.TC_CHUNK
 
     @contextlib.contextmanager
     def planner(self):
@@ -99,6 +113,12 @@ def draw(index: int) -> SweepSpec:
     wide_rows = index % 7 == 3               # the 128-row tile (16-bit passes with over 32 columns)
     outputs = int(rng.integers(33, 72)) if index % 5 == 2 or wide_rows else int(rng.integers(1, 33))
     kernel = (1, 2) if wide_channels else tuple(int(k) for k in rng.integers(1, 5, 2))
+    if index >= VECTORISED_FROM:  # whole 16-byte copies of channels; from 128 outputs the 128-row tiles
+        vector = igemm.WG_VECTOR[dtype]
+        if index % 4 == 1 and dtype != "float32":   # 128 x 128 from WG_WIDE_COLUMNS (tap, c) columns, else 128 x 64
+            outputs = 128 + 8 * (index % 3)
+            kernel, channels = ((4, 4), 16) if index % 8 == 1 else ((1, 2), channels)
+        channels, outputs = (-(-count // vector) * vector for count in (channels, outputs))
     stride = tuple(int(s) for s in rng.integers(1, 4, 2))
     dilation = tuple(int(d) for d in rng.integers(1, 4, 2))
     if index % 2 == 0 and stride[0] == stride[1]:  # height and width differ in most specs
@@ -121,7 +141,7 @@ def draw(index: int) -> SweepSpec:
     case = ConvCase(f"s{index:02d}_{dtype}_{'patch' if patch else 'conv'}_{layout}_g{groups}",
                     (*lead, groups * channels, *size), (groups * outputs, channels, *kernel), stride=stride,
                     padding=padding, dilation=dilation, groups=groups, bias=bool(rng.integers(0, 2)))
-    chunks = -(-out_pixels // igemm.TC_CHUNK)
+    chunks = -(-out_pixels // (igemm.WG_CHUNK[dtype] if index >= VECTORISED_FROM else igemm.TC_CHUNK))
     split_chunks = int(rng.integers(2, chunks // 2 + 1)) if chunks >= 5 else 0  # at least 2 splits, of 2+ chunks
     return SweepSpec(index, dtype, case, layout, patch, split_chunks, wide_rows=wide_rows,
                      long_index=index % 8 == 4, order=("forward", "reverse")[index // 3 % 2])
@@ -201,8 +221,14 @@ def test_tensor_cores_match_cpu_path(s: SweepSpec):
         out = forward(x, weight, bias, algorithm="implicit_gemm", **kwargs)
         grads = backward(grad_output, x, weight, algorithm="implicit_gemm", **kwargs)
     index = "long long" if s.long_index else "int"
-    kernels = [name.split("<")[0] for name in device.launches if f", {index}, " in name]
-    assert kernels == ["conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"], device.launches
+    kernels = [name.split("<")[0] for name in device.launches  # the tensor-core kernels, and the final pass
+               if f", {index}, " in name or name.startswith("conv_bwd_weight_igemm_finish<") and f", {index}>" in name]
+    weight_kernels = (["conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish"] if s.vectorised else
+                      ["conv_bwd_weight_tc"])
+    assert kernels == ["conv_fwd_tc", "conv_bwd_input_tc", *weight_kernels], device.launches
+    assert s.vectorised == (s.index >= VECTORISED_FROM)
+    if s.vectorised:  # the bias gradient came with the weight gradient
+        assert not any(name.startswith("conv_bgrad<") for name in device.launches), device.launches
 
     want_out = cupyconv.conv2d(flat(x), flat(weight), None if bias is None else bias.astype(numpy.float64),
                                **kwargs)
@@ -227,29 +253,41 @@ def test_sweep_covers_the_axes():
     def tiles(s, pass_):
         return s.plan(pass_).tile
 
-    reached = {
-        "stride h != w": [s for s in SPECS if s.case.stride[0] != s.case.stride[1]],
-        "dilation h != w": [s for s in SPECS if s.case.dilation[0] != s.case.dilation[1]],
-        "stride and dilation h != w at once, kernel > 1 both ways":
-            [s for s in SPECS if s.case.stride[0] != s.case.stride[1] and s.case.dilation[0] != s.case.dilation[1]
-             and min(s.case.weight[2:]) > 1],
-        "input gradient: several column tiles per group":
-            [s for s in SPECS if s.plan("input").grid[1] > s.case.groups],
-        "weight gradient: several splits of several chunks, the last one short":
-            [s for s in SPECS if s.plan("weight").splits > 1 and s.plan("weight").chunks_per_split > 1
-             and s.plan("weight").splits * s.plan("weight").chunks_per_split * igemm.TC_CHUNK
-             > numpy.prod(output_shape(s)[:-3]) * numpy.prod(output_shape(s)[-2:])],
-        "groups > 1": [s for s in SPECS if s.case.groups > 1],
-        "patch_conv2d": [s for s in SPECS if s.patch],
-        "long long with negative strides": [s for s in SPECS if s.long_index and s.layout == "negative"],
-    }
-    for layout in LAYOUTS:
-        for dtype in DTYPES:
-            reached[f"{layout} x in {dtype}"] = [s for s in SPECS if s.layout == layout and s.dtype == dtype]
+    def axes(specs, prefix=""):
+        found = {
+            "stride h != w": [s for s in specs if s.case.stride[0] != s.case.stride[1]],
+            "dilation h != w": [s for s in specs if s.case.dilation[0] != s.case.dilation[1]],
+            "stride and dilation h != w at once, kernel > 1 both ways":
+                [s for s in specs if s.case.stride[0] != s.case.stride[1]
+                 and s.case.dilation[0] != s.case.dilation[1] and min(s.case.weight[2:]) > 1],
+            "padding": [s for s in specs if any(map(any, s.case.padding))],
+            "weight gradient: several splits of several chunks, the last one short":
+                [s for s in specs if s.plan("weight").splits > 1 and s.plan("weight").chunks_per_split > 1
+                 and s.plan("weight").splits * s.plan("weight").chunks_per_split * s.weight_chunk
+                 > numpy.prod(output_shape(s)[:-3]) * numpy.prod(output_shape(s)[-2:])],
+            "weight gradient: several column tiles": [s for s in specs if s.plan("weight").grid[1] > s.case.groups],
+            "groups > 1": [s for s in specs if s.case.groups > 1],
+            "bias": [s for s in specs if s.case.bias],
+            "patch_conv2d": [s for s in specs if s.patch],
+            "long long with negative strides": [s for s in specs if s.long_index and s.layout == "negative"],
+        }
+        for layout in LAYOUTS:
+            for dtype in DTYPES:
+                found[f"{layout} x in {dtype}"] = [s for s in specs if s.layout == layout and s.dtype == dtype]
+        return {prefix + axis: found_specs for axis, found_specs in found.items()}
+
+    vectorised = [s for s in SPECS if s.vectorised]
+    reached = {**axes([s for s in SPECS if not s.vectorised]), **axes(vectorised, "conv_bwd_weight_igemm: ")}
+    reached["input gradient: several column tiles per group"] = [s for s in SPECS
+                                                                  if s.plan("input").grid[1] > s.case.groups]
     for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and
                                                any(tiles(s, p) == tile for p in PASSES)]
+    for dtype, dtype_tiles in igemm.WG_TILES.items():
+        for tile in dtype_tiles:
+            reached[f"conv_bwd_weight_igemm: {dtype} tile {tile}"] = [s for s in vectorised if s.dtype == dtype
+                                                                      and tiles(s, "weight") == tile]
     missing = [axis for axis, specs in reached.items() if not specs]
     assert not missing, missing
 

@@ -479,7 +479,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             return _gemm_grad_input(device, gy, weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    heuristic, grad_input)
-    fused_bias: dict = {}   # the FMA weight gradient's bias row, with the grad_weight it came with
+    fused_bias: dict = {}   # a grad_bias summed by a weight-gradient kernel, with the grad_weight it came with
     if "weight" in needs:
         def grad_weight(algo):
             gyv = gy.reshape(n, spec.out_channels, L)
@@ -488,7 +488,9 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                     device, batch_view(device, x), gyv, spec, bias="bias" in needs)
                 return fused_bias["weight"]
             if algo == "implicit_gemm":
-                return implicit_gemm_grad_weight(device, batch_view(device, x), gyv, spec)
+                fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
+                    device, batch_view(device, x), gyv, spec, "bias" in needs)
+                return fused_bias["weight"]
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
@@ -496,7 +498,8 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
                                    grad_weight_candidates(spec, x.dtype, device),
                                    choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
-    if "bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w:
+    if ("bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w
+            and fused_bias["bias"] is not None):
         grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned
     elif "bias" in needs:
         grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)

@@ -13,8 +13,8 @@ import itertools
 import numpy
 
 from .. import settings
-from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, extent, index_type,
-                        kernel_name)
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, capped_grid, extent,
+                        index_type, kernel_name)
 from .._spec import ConvSpec, ceil_div
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
@@ -42,7 +42,7 @@ def instantiations():
     names = []
     for kernel, (dtype, tiles), index in itertools.product(TC_PASSES.values(), TC_TILES.items(), INDEX_TYPES):
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
-    return names
+    return names + weight_igemm_instantiations()
 
 
 # --- plans ------------------------------------------------------------------------------------------------
@@ -149,10 +149,14 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     return out
 
 
-def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
-    """conv_bwd_weight_tc: grad_weight (D, C / G, kH, kW) in x's dtype from xv, a batch view of x, and gy
-    (n, D, oH, oW) contiguous.  The splits' float32 sums are added in split order, then rounded once."""
+def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = False):
+    """(grad_weight (D, C / G, kH, kW) in x's dtype, grad_bias (D,) or None) from xv, a batch view of x, and gy
+    (n, D, oH, oW) contiguous.  conv_bwd_weight_igemm where `weight_igemm_refusal` allows (it also sums
+    grad_bias when `with_bias`), else conv_bwd_weight_tc (grad_bias None: the caller sums it).  Either adds the
+    splits' float32 sums in split order, then rounds once."""
     _check_tensor_cores(spec, xv.dtype, device)
+    if weight_igemm_refusal(spec, xv.dtype) is None:
+        return _grad_weight_igemm(device, xv, gy, spec, with_bias)
     plan = plan_tensor_cores(spec, xv.dtype, "weight")
     rows = spec.channels_per_group * spec.taps
     partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
@@ -162,4 +166,94 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec):
                    groups=spec.groups, channels_per_group=spec.channels_per_group,
                    outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split)
     total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
-    return device.astype(total, xv.dtype).reshape(spec.weight_shape)
+    return device.astype(total, xv.dtype).reshape(spec.weight_shape), None
+
+
+# --- weight gradient, channels-last -------------------------------------------------------------------------
+# conv_bwd_weight_igemm (the end of implicit_gemm.cu): grad_weight as D / G rows by (tap, c) columns, reduced over
+# the output pixels from channels-last copies of x and grad_output, 16-byte cp.async into XOR-swizzled stages,
+# ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; then a final pass that adds the splits
+# in order and permutes (tap, c) -> (c, tap).  Eligible when every 16 bytes of a pixel's channels are one group's.
+
+WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
+            "bfloat16": ((64, 64), (128, 64), (128, 128), (32, 64)),
+            "float32": ((64, 64), (32, 64))}   # (rows d, columns (tap, c)); warps of 32 x 32, 64 x 32 in 128 rows
+WG_WIDE_COLUMNS = 256   # 16-bit groups of 128+ output channels take 128 columns from this many (tap, c) columns
+WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the pixels of a K chunk
+WG_VECTOR = {"float16": 8, "bfloat16": 8, "float32": 4}     # elements per 16-byte copy
+WG_FINISH_BLOCK = 256
+
+
+def weight_igemm_instantiations():
+    names = []
+    for (dtype, tiles), index in itertools.product(WG_TILES.items(), INDEX_TYPES):
+        names += [kernel_name("conv_bwd_weight_igemm", dtype, index, *tile) for tile in tiles]
+        names.append(kernel_name("conv_bwd_weight_igemm_finish", dtype, index))
+    return names
+
+
+def weight_igemm_threads(tile: tuple[int, int]) -> int:
+    """conv_bwd_weight_igemm's block: a warp per 32 x 32 of the tile, per 64 x 32 in the 128-row tile."""
+    rows, cols = tile
+    return rows // (64 if rows >= 128 else 32) * cols
+
+
+def channels_last(device, x):
+    """x (n, C, H, W), any strides -> a contiguous (n, H, W, C) copy.  PLACEHOLDER: the transposing kernel of
+    the igemm-fwd branch replaces this body (same name and signature)."""
+    return device.ascontiguous(x.transpose(0, 2, 3, 1))
+
+
+def weight_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
+    """Why conv_bwd_weight_igemm cannot run this problem (the generic conv_bwd_weight_tc still can), or None.
+    Call after `tensor_core_refusal` said yes."""
+    vector = WG_VECTOR[numpy.dtype(dtype).name]
+    for what, count in (("input", spec.channels_per_group), ("output", spec.outputs_per_group)):
+        if count % vector:
+            return f"it reads {vector} {what} channels per 16-byte copy, and a group has {count}"
+    return None
+
+
+def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
+    """Tile and grid of conv_bwd_weight_igemm: rows d (BM 32 for at most 32 output channels per group, 128 for
+    16-bit groups of 128 or more), columns (tap, c) by 64; the pixels split, as `plan_tensor_cores` does, by
+    the shapes only (never the SM count), so that the bits are the same on every run and every GPU."""
+    name = numpy.dtype(dtype).name
+    rows, cols = spec.outputs_per_group, spec.taps * spec.channels_per_group
+    if rows <= 32:
+        tile = (32, 64)
+    elif (128, 64) in WG_TILES[name] and rows >= 128:
+        tile = (128, 128) if cols >= WG_WIDE_COLUMNS else (128, 64)
+    else:
+        tile = (64, 64)
+    blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
+    chunks = max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name]))
+    workspace = spec.out_channels * (cols + 1) * 4
+    splits = min(ceil_div(TC_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // TC_SPLIT_CHUNKS),
+                 max(1, settings.get_workspace_limit() // workspace), MAX_GRID[2])
+    per_split = ceil_div(chunks, max(1, splits))
+    return TensorCorePlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+
+
+def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
+    plan = plan_weight_igemm(spec, xv.dtype)
+    c, (h, w), (oh, ow) = spec.in_channels, spec.in_size, spec.out_size
+    x_cl = channels_last(device, device.reshape(xv, (spec.n, c, h, w)))
+    gy_cl = channels_last(device, gy.reshape(spec.n, spec.out_channels, oh, ow))
+    cols = spec.taps * spec.channels_per_group
+    partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
+    bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
+    index = index_type(x_cl.size, gy_cl.size, partial.size)
+    KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, dtype=xv.dtype, index=index, grid=plan.grid,
+                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, partial=partial,
+                   bias_partial=bias_partial, n=spec.n, groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
+    grad_w = device.empty(spec.weight_shape, xv.dtype)
+    grad_b = device.empty((spec.out_channels,), xv.dtype) if with_bias else grad_w
+    KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xv.dtype, index=index,
+                   grid=capped_grid(ceil_div(grad_w.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                   partial=partial, bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b,
+                   splits=plan.splits, out_channels=spec.out_channels, channels_per_group=spec.channels_per_group,
+                   taps=spec.taps, has_bias=with_bias)
+    return grad_w, (grad_b if with_bias else None)

@@ -381,13 +381,13 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
         if "input" in needs:
             grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
         if "weight" in needs:
-            grad_w = implicit_gemm_grad_weight(device, batch_view(device, x), gy, spec)
+            grad_w, grad_b = implicit_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     else:
         if "input" in needs:
             grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, algorithm)
         if "weight" in needs:
             grad_w = _weight_grad_gpu(device, batch_view(device, x), grad_output, weight, spec, algorithm)
-    if "bias" in needs:
+    if "bias" in needs and grad_b is None:
         grad_b = device.astype(device.sum(gv, (0, 1, 3, 4), compute_dtype(x.dtype)), x.dtype)
     return grad_x, grad_w, grad_b
 

@@ -98,7 +98,10 @@ inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const ch
   AsyncCopy& c = t.items[t.count++];
   c.dst = dst;
   std::memset(c.data, 0, 16);
-  if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);  // the rest of the 16 bytes: zero-fill
+  // the rest of the 16 bytes: zero-fill.  A full copy reads its 16 bytes in one access, which the profile build
+  // counts as the global request of the cp.async line (a zero row reads nothing, as on a GPU).
+  if (src_bytes == 16) std::memcpy(c.data, gmem, 16);
+  else if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);
   c.group = t.open_group;
   c.file = file;
   c.line = line;
@@ -128,6 +131,9 @@ inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const 
   const int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
   if (rank - lane + 32 > threads)
     async_copy_failure(file, line, "ldmatrix in a warp of %d threads; it needs all 32 lanes", threads - (rank - lane));
+  unsigned char mine[16] = {};  // the row this lane addresses, read once as the hardware does (16 bytes: what
+                                // the profile build counts as the ldmatrix line's shared request); the other
+                                // lanes take their words from it (a fiber's stack: not counted)
   if (lane < 8 * count) {  // this lane gives a row address: 16 bytes, aligned, landed
     if ((uintptr_t)row % 16)
       async_copy_failure(file, line, "ldmatrix row address %p of lane %d is not 16-byte aligned (a GPU faults: "
@@ -135,21 +141,24 @@ inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const 
     int owner;
     if (const AsyncCopy* c = async_copy_in_flight((const unsigned char*)row, (const unsigned char*)row + 16, &owner))
       in_flight_failure(file, line, "ldmatrix read", row, c, owner);
+    std::memcpy(mine, row, 16);
   }
   const int g = lane >> 2, q = lane & 3;
   for (int j = 0; j < count; ++j) {
     if (!trans) {  // row g of matrix j, elements 2q and 2q + 1
-      const unsigned char* p = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + g);
+      const unsigned char* p = shuffle(file, line, 0xffffffffu, (const unsigned char*)mine, 8 * j + g);
       std::memcpy(&r[j], p + 4 * q, 4);
     } else {       // column g of matrix j, rows 2q and 2q + 1
-      const unsigned char* p0 = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + 2 * q);
-      const unsigned char* p1 = shuffle(file, line, 0xffffffffu, (const unsigned char*)row, 8 * j + 2 * q + 1);
+      const unsigned char* p0 = shuffle(file, line, 0xffffffffu, (const unsigned char*)mine, 8 * j + 2 * q);
+      const unsigned char* p1 = shuffle(file, line, 0xffffffffu, (const unsigned char*)mine, 8 * j + 2 * q + 1);
       unsigned short lo, hi;
       std::memcpy(&lo, p0 + 2 * g, 2);
       std::memcpy(&hi, p1 + 2 * g, 2);
       r[j] = (unsigned)lo | ((unsigned)hi << 16);
     }
   }
+  // Every lane has read the rows it needs before any lane leaves (and reuses its `mine` for another ldmatrix).
+  (void)shuffle(file, line, 0xffffffffu, 0, lane);
 }
 }  // namespace emu
 

@@ -36,6 +36,7 @@ namespace counters {
 constexpr int kFrames = 4;         // the access's own address and the three innermost call sites
 constexpr int kShadowDepth = 256;  // per fiber; deeper calls are not tracked (their sites lose callers)
 constexpr int kMaxSpans = 64;
+constexpr int kMaxGuards = 1024;  // a kernel file's __shared__ arrays of class type, over all its instantiations
 enum Space { GLOBAL = 0, SHARED = 1 };
 
 struct Key {
@@ -76,7 +77,7 @@ struct State {
   Span spans[kMaxSpans];
   int span_count = 0;
   uintptr_t shared_low = 0, shared_high = 0;
-  unsigned long long guards[2 * kMaxSpans];  // [offset, end) in the TLS block of g++'s thread_local init guards
+  unsigned long long guards[2 * kMaxGuards];  // [offset, end) in the TLS block of g++'s thread_local init guards
   int guard_count = 0;
   Log logs[1024];
   Site* sites = nullptr;
@@ -437,7 +438,7 @@ EMU_UNINSTRUMENTED void emu_profile_begin(const unsigned long long* spans, int c
                                           const unsigned long long* guards, int guard_count) {
   using namespace emu::counters;
   state.on = true;
-  state.guard_count = guard_count < kMaxSpans ? guard_count : kMaxSpans;
+  state.guard_count = guard_count < kMaxGuards ? guard_count : kMaxGuards;
   for (int g = 0; g < state.guard_count; ++g) {
     state.guards[2 * g] = guards[2 * g];
     state.guards[2 * g + 1] = guards[2 * g] + guards[2 * g + 1];

@@ -1,0 +1,198 @@
+"""The channels-last tensor-core weight gradient (raw_kernels/implicit_gemm.cu conv_bwd_weight_igemm and its final
+pass conv_bwd_weight_igemm_finish; cupyconv/ops/implicit_gemm.py's "weight gradient, channels-last" section) on
+the emulator: against the CPU path in float64 across tile edges, splits and layouts; the bias gradient it sums on
+the way; bit-identical results whatever the block order; the fallback to conv_bwd_weight_tc; and the emulated
+memory counters of its main loop (cp.async and ldmatrix).  tests/test_tensor_core_sweep.py runs it too (its
+specs from VECTORISED_FROM on).
+"""
+import numpy
+import pytest
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv.ops import implicit_gemm as igemm
+from bug_classes import Recorder
+from emulator import EmulatedDevice
+from optional_deps import BFLOAT16, Dtypes
+from reference import ConvCase
+
+C = ConvCase
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}  # as tests/test_tensor_core_kernels.py
+
+CASES = [
+    # 40 outputs: a 64-row tile with its last 24 rows past M; 9 x 24 = 216 columns: 4 column tiles, the last short
+    C("wg_tile_edges", (2, 24, 9, 11), (40, 24, 3, 3), padding=((1, 0), (2, 1))),
+    # stride and dilation differ per axis, 2 groups of 16 -> 8 (the 32-row tile), a 2 x 3 kernel
+    C("wg_groups_stride_dilation", (3, 32, 13, 10), (16, 16, 2, 3), stride=(2, 1), dilation=(1, 3),
+      padding=((0, 1), (3, 0)), groups=2),
+    # 136 outputs per group: the 128-row tile of 16-bit inputs and a second, nearly empty row tile
+    C("wg_wide_rows", (2, 16, 12, 13), (136, 16, 1, 2), stride=(1, 2)),
+    # 136 outputs, 16 x 16 = 256 columns: the 128 x 128 tile of 16-bit inputs (warps of 64 x 32)
+    C("wg_wide_tile", (3, 16, 7, 9), (136, 16, 4, 4), padding=((2, 1), (1, 2)), dilation=(1, 2)),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def on_emulator(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(True):
+        return fn(*args, **kwargs)
+
+
+def assert_close(got, want, dtype, what):
+    got, want = numpy.asarray(got, numpy.float64), numpy.asarray(want, numpy.float64)
+    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
+    err = float(numpy.abs(got - want).max(initial=0.0))  # NaN (an element never written) fails too
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+def backward(device, case, dtype, seed, x_layout="contiguous"):
+    rng = numpy.random.default_rng(seed)
+    x, weight, _, grad_output = case.inputs(rng, DTYPES[dtype])
+    if x_layout == "negative":  # channels and columns reversed: x_cl's copy must undo both
+        x = numpy.ascontiguousarray(x[:, ::-1, :, ::-1])[:, ::-1, :, ::-1]
+    grads = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"),
+                        algorithm="implicit_gemm", **case.kwargs)
+    want = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)),
+                                    needs=("weight", "bias"), **case.kwargs)
+    return grads, want
+
+
+def several_splits(monkeypatch, chunks_per_split):
+    """The planner splits the pixels into chunks_per_split chunks each (the last one short)."""
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(igemm, "TC_SPLIT_CHUNKS", chunks_per_split)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_cpu_path(monkeypatch, case, dtype):
+    if dtype == "float32" and case.name.startswith("wg_wide"):
+        pytest.skip("float32 has no 128-row tile")
+    several_splits(monkeypatch, 2)
+    device = Recorder()
+    (_, grad_w, grad_b), (_, want_w, want_b) = backward(device, case, dtype, seed=11)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16),
+                                               numpy.empty(case.weight), None, **case.kwargs)
+    plan = igemm.plan_weight_igemm(spec, DTYPES[dtype])
+    assert plan.splits >= 2 and plan.chunks_per_split >= 2  # several splits of several chunks
+    assert plan.grid[1] > case.kwargs.get("groups", 1) or case.name.startswith("wg_wide")
+    assert plan.tile == {"wg_tile_edges": (64, 64), "wg_groups_stride_dilation": (32, 64),
+                         "wg_wide_rows": (128, 64), "wg_wide_tile": (128, 128)}[case.name]
+    names = [name.split("<")[0] for name in device.launches]
+    assert names.count("conv_bwd_weight_igemm") == 1 and names.count("conv_bwd_weight_igemm_finish") == 1
+    assert "conv_bwd_weight_tc" not in names and "conv_bgrad" not in names  # the bias came with the weight
+    assert grad_w.dtype == grad_b.dtype == DTYPES[dtype] and grad_w.shape == case.weight
+    assert_close(grad_w, want_w, dtype, "grad_weight")
+    assert_close(grad_b, want_b, dtype, "grad_bias")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_64_bit_index_and_negative_strides(monkeypatch, dtype):
+    """The `long long` instantiations (INT32_MAX -1), x with reversed channels and columns."""
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    several_splits(monkeypatch, 3)
+    device = Recorder()
+    case = CASE_BY_NAME["wg_groups_stride_dilation"]
+    (_, grad_w, grad_b), (_, want_w, want_b) = backward(device, case, dtype, seed=12, x_layout="negative")
+    assert any(name.startswith("conv_bwd_weight_igemm<") and ", long long, " in name for name in device.launches)
+    assert_close(grad_w, want_w, dtype, "grad_weight")
+    assert_close(grad_b, want_b, dtype, "grad_bias")
+
+
+def test_other_channel_counts_take_the_generic_kernel():
+    """20 input channels per group are not whole 16-byte copies of float16: conv_bwd_weight_tc and conv_bgrad."""
+    case = C("wg_generic", (2, 20, 6, 5), (16, 20, 3, 3), padding=1)
+    device = Recorder()
+    (_, grad_w, grad_b), (_, want_w, want_b) = backward(device, case, "float16", seed=13)
+    assert device.count("conv_bwd_weight_tc") == 1 and device.count("conv_bgrad") == 1
+    assert device.count("conv_bwd_weight_igemm") == 0
+    assert_close(grad_w, want_w, "float16", "grad_weight")
+    assert_close(grad_b, want_b, "float16", "grad_bias")
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+    assert "16-byte copy" in igemm.weight_igemm_refusal(spec, numpy.float16)
+    assert igemm.weight_igemm_refusal(spec, numpy.float32) is None  # 20 = 5 copies of 4 floats
+
+
+def test_tf32_bias_keeps_float_precision():
+    """float32 on TF32: the bias gradient sums grad_output's tf32 part and its remainder's, so it keeps about
+    float's precision (tf32 alone, 10 mantissa bits, misses by ~1e-4 of the largest value here)."""
+    case = CASE_BY_NAME["wg_tile_edges"]
+    (_, _, grad_b), (_, _, want_b) = backward(Recorder(), case, "float32", seed=18)
+    scale = float(numpy.abs(want_b).max())
+    assert float(numpy.abs(numpy.asarray(grad_b, numpy.float64) - want_b).max()) <= 1e-6 * scale
+
+
+def test_weight_only_needs_no_bias_sum(monkeypatch):
+    """needs=('weight',): has_bias 0, no grad_bias computed, the same weight gradient bits."""
+    case = CASE_BY_NAME["wg_tile_edges"]
+    rng = numpy.random.default_rng(14)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float16)
+    kwargs = dict(algorithm="implicit_gemm", **case.kwargs)
+    _, both, _ = on_emulator(Recorder(), cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"),
+                             **kwargs)
+    _, alone, none = on_emulator(Recorder(), cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight",),
+                                 **kwargs)
+    assert none is None and alone.tobytes() == both.tobytes()
+
+
+def test_bits_are_the_same_whatever_the_block_order(monkeypatch):
+    """Several splits of several chunks, blocks run in forward and reverse order: the same grad_weight and
+    grad_bias bits (float32 split sums added in split order, no atomics)."""
+    several_splits(monkeypatch, 2)
+    case = CASE_BY_NAME["wg_tile_edges"]
+    runs = []
+    for order in ("forward", "reverse", "forward"):
+        (_, gw, gb), _ = backward(EmulatedDevice(order), case, "float16", seed=15)
+        runs.append((gw.tobytes(), gb.tobytes()))
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_main_loop_counters():
+    """r50-64's 3x3 64 -> 64 layer at 28 x 28, float16, two blocks of the 64 x 64 tile (one in the first column
+    tile, which also sums the bias): the 16-byte cp.async reads use every sector they fetch, and every shared
+    access of the main loop (the copies landing, ldmatrix .trans, the bias sums) is free of bank conflicts."""
+    rng = numpy.random.default_rng(16)
+    x = rng.standard_normal((1, 64, 28, 28)).astype(numpy.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+    gy = rng.standard_normal((1, 64, 28, 28)).astype(numpy.float16)
+    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 3, 1), (0, 0, 2)] if grid[1] > 1 else [(0, 0, 0)])
+    on_emulator(device, cupyconv.conv2d_backward, gy, x, w, padding=1, needs=("weight", "bias"),
+                algorithm="implicit_gemm")
+    profile = next(p for p in device.profile if p.name.startswith("conv_bwd_weight_igemm<"))
+    assert profile.name == "conv_bwd_weight_igemm<__half, int, 64, 64>" and profile.blocks_run == 2
+    shared = [s for s in profile.sites if s.kind.startswith("shared")]
+    ldmatrix = [s for s in shared if s.kind == "shared_load" and s.width == 16]
+    warps = 4  # 25 chunks of 32 pixels in 3 splits of 9: the blocks of splits 1 and 2 run 9 and 7 chunks, and
+    # each warp 2 k steps of 2 + 2 ldmatrix.x4 per chunk
+    assert len(ldmatrix) == 2 and sum(s.requests for s in ldmatrix) == (9 + 7) * warps * 2 * 4
+    for s in shared:  # the fewest wavefronts a warp's request can take: 16-byte accesses by quarter warps
+        assert s.wavefronts_per_request == (4.0 if s.width == 16 else 1.0), s
+    copies = [s for s in profile.sites if s.kind == "global_load"]
+    assert len(copies) == 2 and all(s.width == 16 for s in copies)
+    for s in copies:
+        assert s.sector_efficiency >= 0.95, s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_matches_cpu_path_and_is_bit_deterministic(dtype):
+    """On a GPU: the CPU path's gradients within the tolerance, and the same bits in three runs (r50-like 3 x 3,
+    32 -> 48 channels in 2 groups, 8 images: several splits)."""
+    import cupy
+    case = C("wg_gpu", (8, 32, 15, 13), (48, 16, 3, 3), padding=1, groups=2)
+    rng = numpy.random.default_rng(17)
+    x, weight, _, grad_output = case.inputs(rng, DTYPES[dtype])
+    runs = []
+    for _ in range(3):
+        with settings.allow_tf32(True):
+            _, gw, gb = cupyconv.conv2d_backward(cupy.asarray(grad_output), cupy.asarray(x), cupy.asarray(weight),
+                                                 needs=("weight", "bias"), algorithm="implicit_gemm", **case.kwargs)
+        runs.append((cupy.asnumpy(gw), cupy.asnumpy(gb)))
+    want = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)),
+                                    needs=("weight", "bias"), **case.kwargs)
+    assert_close(runs[0][0], want[1], dtype, "grad_weight")
+    assert_close(runs[0][1], want[2], dtype, "grad_bias")
+    for gw, gb in runs[1:]:
+        assert gw.tobytes() == runs[0][0].tobytes() and gb.tobytes() == runs[0][1].tobytes()
