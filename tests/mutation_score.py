@@ -51,6 +51,7 @@ UNFOLD = "tests/test_unfold_kernels.py"
 CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
+IG = "tests/test_igemm_kernels.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 DW_FWD = DEPTHWISE + " -k 'every_digit or matches_cpu or aligned or loops or padding_per_side'"  # its forward's tests
 PATCH = "tests/test_patch_kernels.py"
@@ -138,6 +139,26 @@ MUTATIONS = [
       "8 * (r >> 1)) * P + k0 + 2 * q + 8 * (r & 1);", TC, "tc: fragment index"),
     M("tc-fragment-tf32-a", "implicit_gemm.cu", "a[mi][1] = to_tf32(p[8 * P]);\n    a[mi][2] = to_tf32(p[4]);",
       "a[mi][1] = to_tf32(p[4]);\n    a[mi][2] = to_tf32(p[8 * P]);", TC, "tc: fragment index"),
+
+    # -- implicit_gemm.cu: channels-last forward and input gradient (conv_fwd_igemm, channels_last_copy) -----------
+    M("ig-wait-too-weak", "implicit_gemm.cu", "cp_async_wait<STAGES - 2>();  // chunk t", "cp_async_wait<STAGES - 1>();  // chunk t",
+      IG, "removed barrier"),
+    M("ig-barrier-chunk", "implicit_gemm.cu", "    __syncthreads();              // ... everyone's", "    // ... everyone's",
+      IG, "removed barrier"),
+    M("ig-swizzle-store-side", "implicit_gemm.cu", "const int store_offset = ig_swizzle(row0, v);",
+      "const int store_offset = row0 * IG_ROW_BYTES + (v << 4);", IG, "tc: fragment index"),
+    M("ig-fragment-b-order", "implicit_gemm.cu", "ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));",
+      "ig_swizzle(warp_n + (j & 1) * 8 + jr, 2 * ks + (j >> 1));", IG, "tc: fragment index"),
+    M("ig-carry-column", "implicit_gemm.cu", "        s = 0;\n        dx = 0;\n", "        s = 0;\n", IG, "off-by-one"),
+    M("ig-zero-fill", "implicit_gemm.cu", "src, inside ? IG_VECTOR_BYTES : 0);", "src, IG_VECTOR_BYTES);", IG,
+      "off-by-one"),
+    M("ig-dilation-swap", "implicit_gemm.cu", "      dx += dilation_w;", "      dx += dilation_h;", IG, "swapped stride"),
+    M("ig-pad-side", "implicit_gemm.cu", "a_x[i] = ox * stride_w - pad_left;", "a_x[i] = ox * stride_w - pad_top;", IG,
+      "wrong-side padding"),
+    M("ig-epilogue-half-bias", "implicit_gemm.cu", "from_acc<T>(acc[mi][ni][e] + add);",
+      "from_acc<T>(to_acc(from_acc<T>(acc[mi][ni][e])) + add);", IG, "half accumulation"),
+    M("ig-channels-last-no-tf32", "implicit_gemm.cu", "return round_tf32 ? __uint_as_float(to_tf32(value)) : value;",
+      "return value;", IG, "tc: fragment index"),
     M("tc-split-range", "implicit_gemm.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;",
       "const I k_begin = (I)blockIdx.z * chunks_per_split;", TC, "tc: split range"),
     M("tc-transposed-divisibility", "implicit_gemm.cu", "|| ry != 0 || rx != 0 ||",

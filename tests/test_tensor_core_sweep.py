@@ -1,5 +1,5 @@
 """A randomized sweep of the three tensor-core passes (raw_kernels/implicit_gemm.cu conv_fwd_tc, conv_bwd_input_tc,
-conv_bwd_weight_tc) against the CPU path, on the emulator, as tests/test_conv_kernels.py's case matrix does for
+conv_bwd_weight_tc, and conv_fwd_igemm where the channels-last path takes the forward or the input gradient) against the CPU path, on the emulator, as tests/test_conv_kernels.py's case matrix does for
 the other algorithms.
 
 `SPECS` is a fixed list of problems drawn from a seeded generator (the same list on every run; `SPECS[i]` is
@@ -15,6 +15,8 @@ drawn on purpose, and `test_sweep_covers_the_axes` checks that the list reaches 
 - more input channels per group than one column tile of the input gradient (its grid has several per group);
 - the weight gradient's split-K with several chunks per split and a ragged last split;
 - groups, odd sizes, every block tile of TC_TILES, the `long long` instantiations (with negative strides);
+- both paths of the forward and the input gradient: the channels-last kernel (conv_fwd_igemm, channels per group
+  in whole 16-byte vectors; the input gradient at stride 1) and the generic ones (`SweepSpec.kernels`);
 - 64-bit offsets past 2^32 (not only 2^31: an unsigned 32-bit offset wraps silently there, which UBSan cannot
   see), on the sparse-memory device: `test_x_offsets_past_2_32` and `test_plane_offsets_past_2_32`.
 """
@@ -67,6 +69,15 @@ class SweepSpec:
         return conv_op.ConvSpec.for_conv("sweep", x.reshape(-1, *x.shape[-3:]), numpy.empty(self.case.weight),
                                          None, **self.case.kwargs)
 
+    def fast(self, pass_: str) -> bool:
+        """Whether pass_ ('forward' or 'input') runs on the channels-last kernel, conv_fwd_igemm."""
+        return igemm.igemm_refusal(self.spec, DTYPES[self.dtype], pass_) is None
+
+    def kernels(self) -> list[str]:
+        """The tensor-core kernels of the forward, input gradient and weight gradient, in launch order."""
+        return ["conv_fwd_igemm" if self.fast("forward") else "conv_fwd_tc",
+                "conv_fwd_igemm" if self.fast("input") else "conv_bwd_input_tc", "conv_bwd_weight_tc"]
+
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
             return igemm.plan_tensor_cores(self.spec, DTYPES[self.dtype], pass_)
@@ -105,6 +116,10 @@ def draw(index: int) -> SweepSpec:
         stride = (stride[0], stride[0] % 3 + 1)
     if index % 2 == 1 and dilation[0] == dilation[1]:
         dilation = (dilation[0] % 3 + 1, dilation[0])
+    if index % 4 in (1, 2):   # channels in whole 16-byte vectors: the channels-last path (conv_fwd_igemm)
+        channels = -(-channels // 8) * 8
+    if index % 8 == 5:        # ... and its input gradient too (stride 1, output channels in vectors)
+        stride, outputs = (1, 1), -(-outputs // 8) * 8
     padding = tuple(tuple(int(p) for p in rng.integers(0, 3, 2)) for _ in range(2))
     patch = index % 4 == 3
     split = index % 6 == 0                   # enough output pixels for several splits of several chunks
@@ -201,8 +216,9 @@ def test_tensor_cores_match_cpu_path(s: SweepSpec):
         out = forward(x, weight, bias, algorithm="implicit_gemm", **kwargs)
         grads = backward(grad_output, x, weight, algorithm="implicit_gemm", **kwargs)
     index = "long long" if s.long_index else "int"
-    kernels = [name.split("<")[0] for name in device.launches if f", {index}, " in name]
-    assert kernels == ["conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"], device.launches
+    kernels = [name.split("<")[0] for name in device.launches
+               if f", {index}, " in name and not name.startswith("channels_last_copy<")]
+    assert kernels == s.kernels(), device.launches
 
     want_out = cupyconv.conv2d(flat(x), flat(weight), None if bias is None else bias.astype(numpy.float64),
                                **kwargs)
@@ -234,7 +250,13 @@ def test_sweep_covers_the_axes():
             [s for s in SPECS if s.case.stride[0] != s.case.stride[1] and s.case.dilation[0] != s.case.dilation[1]
              and min(s.case.weight[2:]) > 1],
         "input gradient: several column tiles per group":
-            [s for s in SPECS if s.plan("input").grid[1] > s.case.groups],
+            [s for s in SPECS if s.plan("input").grid[1] > s.case.groups and not s.fast("input")],
+        "forward on the channels-last path, conv2d and patch_conv2d":
+            [s for s in SPECS if s.fast("forward") and s.patch] and [s for s in SPECS if s.fast("forward")
+                                                                     and not s.patch],
+        "forward on the generic path": [s for s in SPECS if not s.fast("forward")],
+        "input gradient on the channels-last path": [s for s in SPECS if s.fast("input")],
+        "input gradient on the generic path": [s for s in SPECS if not s.fast("input")],
         "weight gradient: several splits of several chunks, the last one short":
             [s for s in SPECS if s.plan("weight").splits > 1 and s.plan("weight").chunks_per_split > 1
              and s.plan("weight").splits * s.plan("weight").chunks_per_split * igemm.TC_CHUNK
