@@ -664,7 +664,8 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(CL_TILE * CL_ROWS) channels_last_copy(
     const T* __restrict__ x, T* __restrict__ out, I n, I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c,
     I x_stride_h, I x_stride_w, int channels, int height, int width, int round_tf32) {
-  __shared__ T tile[CL_TILE][CL_TILE + 1];  // + 1: a column of the tile is read from 32 different banks
+  // Rows of 32 elements + one word: an odd number of words apart, so a column is read from 32 different banks.
+  __shared__ T tile[CL_TILE][CL_TILE + 4 / sizeof(T)];
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
   const int pixels = height * width, p0 = blockIdx.x * CL_TILE, c0 = blockIdx.y * CL_TILE;
   const int tx = threadIdx.x % CL_TILE, ty = threadIdx.x / CL_TILE;

@@ -157,6 +157,8 @@ MUTATIONS = [
       "wrong-side padding"),
     M("ig-epilogue-half-bias", "implicit_gemm.cu", "from_acc<T>(acc[mi][ni][e] + add);",
       "from_acc<T>(to_acc(from_acc<T>(acc[mi][ni][e])) + add);", IG, "half accumulation"),
+    M("ig-no-swizzle", "implicit_gemm.cu", "r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4);", "r * IG_ROW_BYTES + (v << 4);",
+      "tests/test_counters.py -k channels_last_forward", "bank conflicts"),
     M("ig-channels-last-no-tf32", "implicit_gemm.cu", "return round_tf32 ? __uint_as_float(to_tf32(value)) : value;",
       "return value;", IG, "tc: fragment index"),
     M("tc-split-range", "implicit_gemm.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;",
