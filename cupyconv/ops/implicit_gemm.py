@@ -241,7 +241,7 @@ class IgemmPlan:
     """One conv_fwd_igemm launch: the tile (rows, columns, stages), grid (row tiles, groups x column tiles) and
     dynamic shared memory (the pipeline's stages, or the epilogue's tile where that is larger)."""
     tile: tuple[int, int, int]
-    grid: tuple[int, int]
+    grid: tuple[int, int, int]
     shared_mem: int
 
 
@@ -250,7 +250,7 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     largest of IG_TILES[dtype] that gives IG_WAVE_BLOCKS blocks, without 128 columns for groups of 64 or fewer."""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
     tiles = [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
-    grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn)) for bm, bn, _ in tiles]
+    grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn), 1) for bm, bn, _ in tiles]
     tile, grid = next(((t, g) for t, g in zip(tiles, grids) if g[0] * g[1] >= IG_WAVE_BLOCKS),
                       (tiles[-1], grids[-1]))
     bm, bn, stages = tile
