@@ -17,7 +17,7 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv.ops import implicit_gemm as igemm
 from bug_classes import Recorder
-from emulator import EmulatedDevice
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
 
 C = ConvCase
@@ -202,3 +202,11 @@ def test_fast_path_eligibility():
     assert "multiples of 8" in igemm.igemm_refusal(spec, numpy.float16, "forward")
     assert igemm.igemm_refusal(spec, numpy.float32, "forward") is None          # 20 = 5 vectors of 4 floats
     assert "stride 1" in igemm.igemm_refusal(spec, numpy.float32, "input")
+
+
+def test_clean_under_asan():
+    """A cp.async or a transpose read outside x, the arranged weight or out (a wrong row base, a padding vector not
+    zero-filled, a channel past the group) aborts the ASan build."""
+    assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::{name}" for name in (
+        "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
+        "test_channels_last_in_every_layout"))))

@@ -285,12 +285,16 @@ def on_device(device, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+@pytest.mark.parametrize("path", ["generic", "channels_last"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["positive", "negative"])
-def test_x_offsets_past_2_32(reverse):
+def test_x_offsets_past_2_32(reverse, path, monkeypatch):
     """A small problem whose x is a view with a channel stride of 2^28 + 3 elements over sparse memory: the
     offsets of channels 16 to 23 from x's first element pass 2^32 (with `reverse`, they run below -2^32), so
     the forward's and the weight gradient's gathers need 64-bit offsets all the way; a 32-bit unsigned part
-    wraps without any sanitizer noticing, and reads zeros (or far outside) instead of x."""
+    wraps without any sanitizer noticing, and reads zeros (or far outside) instead of x.  On the channels-last
+    path the forward's 64-bit reads are channels_last_copy's (its output, and so conv_fwd_igemm, is small)."""
+    if path == "generic":
+        monkeypatch.setattr(igemm, "igemm_refusal", lambda *args: "the generic kernels under test")
     rng = numpy.random.default_rng(31)
     n, c, h, w, stride = 2, 24, 5, 7, 2**28 + 3
     base = bug_classes.sparse_zeros((c, stride), numpy.float16)
@@ -307,8 +311,9 @@ def test_x_offsets_past_2_32(reverse):
     grad_output = rng.standard_normal(out.shape).astype(numpy.float16)
     _, grad_w, _ = on_device(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                              needs="weight", **kwargs)
-    assert [name.split(", ")[:2] for name in device.launches] == [
-        ["conv_fwd_tc<__half", "long long"], ["conv_bwd_weight_tc<__half", "long long"]]
+    forward = [["conv_fwd_tc<__half", "long long"]] if path == "generic" else [
+        ["channels_last_copy<__half", "long long>"], ["channels_last_copy<__half", "int>"], ["conv_fwd_igemm<__half", "int"]]
+    assert [name.split(", ")[:2] for name in device.launches] == forward + [["conv_bwd_weight_tc<__half", "long long"]]
     xc = numpy.array(x, numpy.float64)
     assert_close(out, cupyconv.conv2d(xc, flat(weight), bias.astype(numpy.float64), **kwargs), "float16",
                  "forward")
@@ -316,10 +321,12 @@ def test_x_offsets_past_2_32(reverse):
     assert_close(grad_w, want, "float16", "grad_weight")
 
 
-def test_plane_offsets_past_2_32():
+def test_plane_offsets_past_2_32(monkeypatch):
     """32 channels of a 12000 x 12000 plane, contiguous: channel 31 starts 4.46e9 elements in, past 2^32, in x,
     grad_output, out and grad_x.  Only the last block of each launch runs (`SparseDevice`): the last 64 pixels of
-    the last row, every channel, which match the CPU path on the 2 x 65 corner that feeds them."""
+    the last row, every channel, which match the CPU path on the 2 x 65 corner that feeds them.  The generic
+    kernels: the channels-last path's transpose would run its last block only, leaving the corner unwritten."""
+    monkeypatch.setattr(igemm, "igemm_refusal", lambda *args: "the generic kernels under test")
     rng = numpy.random.default_rng(37)
     side, c = 12000, 32
     x = bug_classes.sparse_zeros((1, c, side, side), numpy.float16)
