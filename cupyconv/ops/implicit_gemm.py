@@ -153,7 +153,7 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     transposed convolution instead; at stride > 1 it stays on conv_bwd_input_tc."""
     _check_tensor_cores(spec, gy.dtype, device)
     if igemm_refusal(spec, gy.dtype, "input") is None:
-        gy4 = gy.reshape(spec.n, spec.out_channels, *spec.out_size)
+        gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
         return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
                              None, transposed_spec(spec), out)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
@@ -232,7 +232,7 @@ def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
     if pass_ == "forward":
         return channels_last(device, weight)
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
-    flipped = weight.reshape(g, dg, cg, *spec.kernel_size)[..., ::-1, ::-1]
+    flipped = device.reshape(weight, (g, dg, cg, *spec.kernel_size))[..., ::-1, ::-1]
     return channels_last(device, flipped.transpose(0, 2, 1, 3, 4))   # (G, C / G, D / G, kH, kW) -> (C, kH, kW, D / G)
 
 
