@@ -98,13 +98,16 @@ def test_input_gradient_at_stride_2_stays_on_the_gather():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_tile(dtype, monkeypatch):
-    """IG_WAVE_BLOCKS 1: the planner takes the largest tile (128 x 128 with 4 stages and 64 KiB of opted-in
-    dynamic shared memory for 16-bit types, 128 x 64 for float32); 0 blocks for no tile: the smallest one."""
-    case = C("ig_tiles", (2, 32, 7, 9), (136, 32, 3, 3), padding=((1, 0), (0, 1)))   # 136 columns: 2 tiles of 128
+@pytest.mark.parametrize("columns", [136, 40])
+def test_every_tile(dtype, columns, monkeypatch):
+    """IG_WAVE_BLOCKS 1: the planner takes the largest tile (for 136 columns, two column tiles: 128 x 128 with 4
+    stages and 64 KiB of opted-in dynamic shared memory for 16-bit types, 128 x 64 for float32; for 40 columns the
+    largest of at most 64 columns: 256 x 64, warps of 64 x 64 stacked 4 x 1, 80 KiB); for no tile: the smallest."""
+    case = C("ig_tiles", (2, 32, 7, 9), (columns, 32, 3, 3), padding=((1, 0), (0, 1)))
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), DTYPES[dtype])
     want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
-    for wave, tile in ((1, igemm.IG_TILES[dtype][0]), (10**9, igemm.IG_TILES[dtype][-1])):
+    largest = next(t for t in igemm.IG_TILES[dtype] if columns > 64 or t[1] <= 64)
+    for wave, tile in ((1, largest), (10**9, igemm.IG_TILES[dtype][-1])):
         monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
         device = Recorder()
         out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)

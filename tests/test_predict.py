@@ -135,17 +135,17 @@ def test_recording_reads_no_data(label):
 
 def test_recording_of_the_r50_64_forward(monkeypatch):
     """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed, then one
-    conv_fwd_igemm of the 128 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56
+    conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56
     pixels."""
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
     assert [launch.name for launch in rec.steps] == ["channels_last_copy<__half, int>"] * 2 + [
-        "conv_fwd_igemm<__half, int, 128, 64, 4>"]
-    assert rec.steps[-1].grid == (32 * 56 * 56 // 128, 1, 1) and rec.steps[-1].block == (128,)
-    # it tiles exactly too: 784 blocks of 128 x 64 over 18 chunks of 32 halves = the useful MACs
+        "conv_fwd_igemm<__half, int, 256, 64, 4>"]
+    assert rec.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and rec.steps[-1].block == (128,)
+    # it tiles exactly too: 392 blocks of 256 x 64 over 18 chunks of 32 halves = the useful MACs
     case = BY_LABEL["r50-64-gpu16"]
-    assert predict.tensor_core_macs(rec.steps[-1]) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
+    assert predict.tensor_core_macs(rec.steps[-1]) == 392 * 256 * 64 * 18 * 32 == cases.flops(case) // 2
     assert predict.pass_macs(rec.steps, case) == {2: cases.flops(case) / 2}
     rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
     (launch,) = rec.steps

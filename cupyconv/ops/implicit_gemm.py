@@ -174,11 +174,11 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
 IG_THREADS = KERNELS.defines["IG_THREADS"]      # 4 warps, 2 x 2 warp tiles of (BM / 2) x (BN / 2)
 IG_ROW_BYTES = KERNELS.defines["IG_ROW_BYTES"]  # a staged K chunk per row: 4 vectors of 16 bytes
 IG_VECTOR_BYTES = 16                            # one cp.async: 8 channels of a 16-bit type, 4 floats
-# (rows BM, columns BN, pipeline stages) of the instantiations, largest first.  128 x 128 with 4 stages takes
-# 64 KiB of dynamic shared memory (opted in above 48 KiB); float32 keeps to 128 x 64 (its epilogue tile and
-# registers at 128 x 128 would double).
-IG_TILES = {"float16": ((128, 128, 4), (128, 64, 4), (64, 64, 4)),
-            "bfloat16": ((128, 128, 4), (128, 64, 4), (64, 64, 4)),
+# (rows BM, columns BN, pipeline stages) of the instantiations, largest first.  128 x 128 and 256 x 64 (64 x 64
+# warp tiles: the fewest ldmatrix per mma.sync) with 4 stages take 64 and 80 KiB of dynamic shared memory (opted
+# in above 48 KiB); float32 keeps to 128 x 64 (its epilogue tile and registers would double).
+IG_TILES = {"float16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
+            "bfloat16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
             "float32": ((128, 64, 3), (64, 64, 4))}
 # The planner takes the largest tile that still gives this many blocks (two waves of a 132-SM H100; a shape-only
 # constant, so the plan never depends on the GPU), else the smallest one.
