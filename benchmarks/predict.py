@@ -152,12 +152,14 @@ def assumption(name: str) -> tuple:
 # Kernels whose main loop holds a pass's multiply-adds (each does one whole pass of the convolution: forward,
 # input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
 # im2col/col2im).
-MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_bwd_weight_igemm|conv_fwd_direct|"
-                         r"depthwise_fwd\w*|"
+MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm|conv_bwd_weight_igemm|"
+                         r"conv_fwd_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
                          r"patch_bwd_weight)$")
-TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_bwd_weight_igemm")
+TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
+                       "conv_bwd_weight_igemm")
 TC_CHUNK = 32
+IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
 # conv_bwd_weight_igemm (implicit_gemm.py WG_CHUNK): pixels per K chunk by element type; a fifth of its main loop's
 # HMMA are the bias gradient's (A times ones, in the first warp column of the first column tile only)
 WG_CHUNK = {"float": 16, "__half": 32, "__nv_bfloat16": 32}
@@ -240,7 +242,11 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     """Multiply-adds the tensor cores execute in a tensor-core launch, padding of partial tiles included: every
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
     a = launch.args
-    _, _, rows, cols = launch.template_args
+    rows, cols = launch.template_args[2:4]
+    if launch.kernel == "conv_fwd_igemm":   # K = taps x channels per group, in chunks of 64 bytes
+        chunk = IGEMM_CHUNK_BYTES // (4 if launch.template_args[0] == "float" else 2)
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk)
+        return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_bwd_weight_igemm":
         chunk = WG_CHUNK[launch.template_args[0]]
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)

@@ -325,6 +325,16 @@ class ConvSpec:
         return ConvSpec.for_conv(op, x, weight, bias, stride, padding, dilation, c, nd=nd)
 
 
+def transposed_spec(spec: ConvSpec) -> ConvSpec:
+    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
+    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel_size, spec.dilation, spec.in_size, spec.out_size
+    (top, _), (left, _) = spec.padding
+    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
+    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
+    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
+                    spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
+
+
 def weight_spatial_dims(op: str, weight_shape, channels: str = "D, C // groups") -> int:
     """The spatial dims of an N-d op given its weight (channels..., k...): weight.ndim - 2, which must be 1, 2
     or 3; `channels` names the weight's two leading dims in the error message."""

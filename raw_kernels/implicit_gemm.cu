@@ -397,6 +397,301 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
   tc_block<T, I, BM, BN>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
 }
 
+// =================================================================================================================
+// Forward and input gradient, channels-last (issue 24): the fast path
+// =================================================================================================================
+//
+// The same GEMM as conv_fwd_tc (rows = output pixels, columns = output channels of group g), with K ordered
+// (tap, channel) over a channels-last (NHWC) x, so that a thread's 16 bytes of consecutive channels (8 of a
+// 16-bit type, 4 floats) are one cp.async.  Its operands:
+//
+//   x       (n, H, W, C) contiguous (`channels_last` below made it from NCHW, or the caller's array in place);
+//   weight  (D, taps, C / G) contiguous: B[k = (tap, c)][n] = weight[g * D / G + n][tap][c], arranged once per
+//           call (ops/implicit_gemm.py `arrange_weight`);
+//   out     (n, D, oH, oW) contiguous (NCHW), bias (D,) added in float before the one rounding.
+//
+// The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
+// (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it stays on
+// conv_bwd_input_tc (its gather skips the taps that fall between output pixels, which this GEMM cannot).
+//
+// Requirements, checked by the planner (`igemm_refusal`): C / G and D / G multiples of IG_VECTOR_BYTES / sizeof
+// (T), so that no 16-byte vector straddles a tap or a group; x and the weight 16-byte aligned.
+//
+// Block: IG_THREADS = 4 warps in 2 x 2, each a (BM / 2) x (BN / 2) warp tile of m16n8 mma tiles (256 x 64: 4 x 1
+// warps of 64 x 64), over K in chunks of IG_ROW_BYTES bytes (32 halves or 16 floats: two mma k-steps).  Shared memory holds STAGES chunks
+// of A (BM rows) and B (BN rows), each row IG_ROW_BYTES = 4 vectors of 16 bytes; vector v of row r is stored
+// at position v ^ ((r >> 1) & 3), so that the 8 rows an ldmatrix phase reads (and the 8 vectors a quarter warp
+// of cp.async writes) fall in 8 different 16-byte bank groups: no bank conflicts without padding.
+// Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight (cp.async, one commit group per chunk) while the
+// tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
+// refilled.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
+// (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel.
+#include "async_copy.cuh"
+
+#if !defined(IG_THREADS) || !defined(IG_ROW_BYTES)
+#error "implicit_gemm.cu needs the -D options of cupyconv._device.compile_options('implicit_gemm.cu')"
+#endif
+constexpr int IG_VECTOR_BYTES = 16;
+constexpr int IG_ROW_VECTORS = IG_ROW_BYTES / IG_VECTOR_BYTES;  // 4: the swizzle below assumes it
+static_assert(IG_ROW_VECTORS == 4 && IG_THREADS == 128, "4 vectors of 16 bytes per row, 4 warps per block");
+extern __shared__ __align__(16) unsigned char igemm_shared[];
+
+// The mma of one k-step of 16 bytes x 2 vectors (16 halves or 8 floats): the one place T picks the instruction.
+template <typename T>
+__device__ __forceinline__ void ig_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  mma_m16n8k16<T>(d, a, b);
+}
+template <>
+__device__ __forceinline__ void ig_mma<float>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  mma_m16n8k8_tf32(d, a, b);  // the operands were rounded to tf32 once, when staged (`channels_last_copy`)
+}
+
+// Byte offset of vector v of staged row r: the XOR swizzle.
+__device__ __forceinline__ int ig_swizzle(int r, int v) { return r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4); }
+
+template <typename T, typename I, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    int has_bias, int vector_store) {
+  typedef typename Unsigned<I>::type U;
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
+  constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
+  constexpr int A_ROWS = BM * IG_ROW_VECTORS / IG_THREADS, B_ROWS = BN * IG_ROW_VECTORS / IG_THREADS;
+  // Warps: 2 x 2 of (BM / 2) x (BN / 2), or for 256 x 64 4 x 1 of 64 x 64 (the square warp tile: the fewest
+  // ldmatrix per mma.sync).
+  constexpr int WARPS_N = BM >= 4 * BN ? 1 : 2, WARPS_M = 4 / WARPS_N;
+  constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
+  constexpr int STAGE_BYTES = (BM + BN) * IG_ROW_BYTES;
+  static_assert(A_ROWS >= 1 && B_ROWS >= 1 && WM % 16 == 0 && WN % 16 == 0, "tile shape");
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cg = channels_per_group, dg = outputs_per_group, channels = groups * cg;
+  const int n_tiles = (dg + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
+  const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
+  const int K = kernel_h * kernel_w * cg;
+
+  // --- what this thread copies: vector v of A rows tid / 4 + 32 i and of B rows tid / 4 + 32 i ---------------
+  const int v = tid & 3, row0 = tid >> 2;
+  const int store_offset = ig_swizzle(row0, v);  // + 32 i rows: (r >> 1) & 3 is the same for every i
+  U a_base[A_ROWS];
+  int a_y[A_ROWS], a_x[A_ROWS];
+#pragma unroll
+  for (int i = 0; i < A_ROWS; ++i) {
+    const I m = m0 + row0 + 32 * i;
+    a_y[i] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
+    a_x[i] = 0;
+    a_base[i] = 0;
+    if (m < M) {
+      const I image = m / pixels;
+      const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
+      a_y[i] = oy * stride_h - pad_top;
+      a_x[i] = ox * stride_w - pad_left;
+      a_base[i] = (U)(image * height * width * channels + (I)g * cg) +
+                  ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
+    }
+  }
+  // The thread's column of A: channel c of tap (r, s), at tap_offset from a window's origin; advanced by
+  // increments, chunk by chunk (no division): c grows by BK and carries into s, then r.
+  int c = v * VEC, r = 0, s = 0, dy = 0, dx = 0;
+  U tap_offset = (U)c;
+  const U step_s = (U)dilation_w * (U)channels - (U)cg;                                       // s + 1, c - cg
+  const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * (U)dilation_w * (U)channels;  // r + 1, s = 0
+  auto carry = [&]() {
+    while (c >= cg) {  // at most one pass when cg >= BK
+      c -= cg;
+      tap_offset += step_s;
+      dx += dilation_w;
+      if (++s == kernel_w) {
+        s = 0;
+        dx = 0;
+        ++r;
+        dy += dilation_h;
+        tap_offset += step_r;
+      }
+    }
+  };
+  carry();  // v * VEC may already be past a group of 8 channels
+  I b_offset[B_ROWS];
+  bool b_inside[B_ROWS];
+#pragma unroll
+  for (int i = 0; i < B_ROWS; ++i) {
+    const int col = n0 + row0 + 32 * i;
+    b_inside[i] = col < dg;
+    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC : (I)0;
+  }
+  int b_k = v * VEC;
+
+  auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk, then advance to the one after
+    unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
+    unsigned char* b_stage = a_stage + BM * IG_ROW_BYTES;
+    const bool k_inside = r < kernel_h;
+#pragma unroll
+    for (int i = 0; i < A_ROWS; ++i) {
+      const bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
+      cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < B_ROWS; ++i) {
+      const bool inside = b_inside[i] && b_k < K;
+      cp_async_cg_16(b_stage + store_offset + 32 * i * IG_ROW_BYTES, inside ? weight + b_offset[i] : weight,
+                     inside ? IG_VECTOR_BYTES : 0);
+      b_offset[i] += BK;
+    }
+    b_k += BK;
+    c += BK;
+    tap_offset += BK;
+    carry();
+  };
+
+  // --- fragments: the row addresses this lane gives ldmatrix (matrix j = lane / 8, its row lane % 8) ----------
+  const int warp_m = warp / WARPS_N * WM, warp_n = warp % WARPS_N * WN, j = lane >> 3, jr = lane & 7;
+  int a_frag[2], b_frag[2];  // per k-step: byte offsets in a stage of the warp's first mma tile
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    // A: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) = a[0..3]
+    a_frag[ks] = ig_swizzle(warp_m + (j & 1) * 8 + jr, 2 * ks + (j >> 1));
+    // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
+    b_frag[ks] = BM * IG_ROW_BYTES + ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));
+  }
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    }
+  }
+
+  // --- the pipeline --------------------------------------------------------------------------------------------
+  const int chunks = (K + BK - 1) / BK;
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < chunks) load_chunk(t);
+    cp_async_commit();  // empty groups too: the count of groups in flight stays STAGES - 1
+  }
+  int read_stage = 0, write_stage = STAGES - 1;
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();              // ... everyone's, and everyone is done with chunk t - 1's stage
+    if (t + STAGES - 1 < chunks) load_chunk(write_stage);
+    cp_async_commit();
+    const unsigned char* stage = igemm_shared + read_stage * STAGE_BYTES;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      unsigned a[MI][4], b[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], stage + a_frag[ks] + mi * 16 * IG_ROW_BYTES);
+#pragma unroll
+      for (int nj = 0; nj < NI / 2; ++nj) {
+        unsigned q[4];
+        ldmatrix_x4(q, stage + b_frag[ks] + nj * 16 * IG_ROW_BYTES);
+        b[2 * nj][0] = q[0];
+        b[2 * nj][1] = q[1];
+        b[2 * nj + 1][0] = q[2];
+        b[2 * nj + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+      }
+    }
+    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
+  __syncthreads();
+
+  // --- epilogue: tile[column][row] = T(acc + bias), then 16-byte stores along the output pixels ---------------
+  constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes per column; + 16: the accumulator writes of a warp
+                                                  // (8 rows x 4 column pairs) hit 32 different banks
+  const int gq = lane >> 2, qq = lane & 3;
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = warp_n + ni * 8 + 2 * qq + e, n = n0 + col;
+      const float add = has_bias && n < dg ? to_acc(bias[g * dg + n]) : 0.0f;
+      T* column = reinterpret_cast<T*>(igemm_shared + col * PITCH);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][ni][e] + add);
+        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][ni][2 + e] + add);
+      }
+    }
+  }
+  __syncthreads();
+  // Thread: the vector of rows m0 + mv * VEC .. + VEC - 1, columns tid / (BM / VEC) + k * (IG_THREADS / (BM / VEC)).
+  constexpr int ROW_VECTORS = BM / VEC, COLUMN_STEP = IG_THREADS / ROW_VECTORS;
+  static_assert(IG_THREADS % ROW_VECTORS == 0, "whole columns per pass");
+  const int mv = tid % ROW_VECTORS;
+  I out_row[VEC];  // where each of the thread's pixels lies in out (channel 0 of the group), or -1 past M
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const I m = m0 + mv * VEC + e, image = m / pixels;
+    out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels) : (I)-1;
+  }
+  for (int col = tid / ROW_VECTORS; col < BN; col += COLUMN_STEP) {
+    const int n = n0 + col;
+    if (n >= dg) break;
+    const unsigned char* src = igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES;
+    if (vector_store) {  // pixels % VEC == 0 and out 16-byte aligned: a vector never straddles two images
+      if (out_row[0] >= 0)
+        *reinterpret_cast<uint4*>(out + out_row[0] + (I)n * pixels) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      const T* values = reinterpret_cast<const T*>(src);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (out_row[e] >= 0) out[out_row[e] + (I)n * pixels] = values[e];
+      }
+    }
+  }
+}
+
+// NCHW (through a batch view: any strides) -> NHWC contiguous, one image plane's (C, H * W) matrix transposed
+// per blockIdx.z, in 32 x 32 tiles through shared memory: the reads run along pixels, the writes along channels,
+// both coalesced.  Float inputs are rounded to tf32 here when round_tf32 (the one rounding of TF32's operands).
+constexpr int CL_TILE = 32, CL_ROWS = 8;  // block: CL_TILE x CL_ROWS threads, each moving CL_TILE / CL_ROWS
+template <typename T> __device__ __forceinline__ T cl_round(T value, int) { return value; }
+template <> __device__ __forceinline__ float cl_round<float>(float value, int round_tf32) {
+  return round_tf32 ? __uint_as_float(to_tf32(value)) : value;
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(CL_TILE * CL_ROWS) channels_last_copy(
+    const T* __restrict__ x, T* __restrict__ out, I n, I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c,
+    I x_stride_h, I x_stride_w, int channels, int height, int width, int round_tf32) {
+  // Rows of 32 elements + one word: an odd number of words apart, so a column is read from 32 different banks.
+  __shared__ T tile[CL_TILE][CL_TILE + 4 / sizeof(T)];
+  const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
+  const int pixels = height * width, p0 = blockIdx.x * CL_TILE, c0 = blockIdx.y * CL_TILE;
+  const int tx = threadIdx.x % CL_TILE, ty = threadIdx.x / CL_TILE;
+  for (I image = blockIdx.z; image < n; image += gridDim.z) {
+    const I origin = view.image(image);
+#pragma unroll
+    for (int k = 0; k < CL_TILE; k += CL_ROWS) {  // read: lanes along pixels
+      const int c = c0 + ty + k, p = p0 + tx;
+      if (c < channels && p < pixels) {
+        const int y = p / width, xx = p - y * width;
+        tile[ty + k][tx] = x[origin + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < CL_TILE; k += CL_ROWS) {  // write: lanes along channels
+      const int p = p0 + ty + k, c = c0 + tx;
+      if (c < channels && p < pixels) out[(image * pixels + p) * channels + c] = cl_round(tile[tx][ty + k], round_tf32);
+    }
+    __syncthreads();  // the tile is refilled for the next image
+  }
+}
+
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of

@@ -53,6 +53,7 @@ TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
 WG = "tests/test_weight_igemm.py"
+IG = "tests/test_igemm_kernels.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
@@ -166,6 +167,28 @@ MUTATIONS = [
       "8 * (r >> 1)) * P + k0 + 2 * q + 8 * (r & 1);", TC, "tc: fragment index"),
     M("tc-fragment-tf32-a", "implicit_gemm.cu", "a[mi][1] = to_tf32(p[8 * P]);\n    a[mi][2] = to_tf32(p[4]);",
       "a[mi][1] = to_tf32(p[4]);\n    a[mi][2] = to_tf32(p[8 * P]);", TC, "tc: fragment index"),
+
+    # -- implicit_gemm.cu: channels-last forward and input gradient (conv_fwd_igemm, channels_last_copy) -----------
+    M("ig-wait-too-weak", "implicit_gemm.cu", "cp_async_wait<STAGES - 2>();  // chunk t", "cp_async_wait<STAGES - 1>();  // chunk t",
+      IG, "removed barrier"),
+    M("ig-barrier-chunk", "implicit_gemm.cu", "    __syncthreads();              // ... everyone's", "    // ... everyone's",
+      IG, "removed barrier"),
+    M("ig-swizzle-store-side", "implicit_gemm.cu", "const int store_offset = ig_swizzle(row0, v);",
+      "const int store_offset = row0 * IG_ROW_BYTES + (v << 4);", IG, "tc: fragment index"),
+    M("ig-fragment-b-order", "implicit_gemm.cu", "ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));",
+      "ig_swizzle(warp_n + (j & 1) * 8 + jr, 2 * ks + (j >> 1));", IG, "tc: fragment index"),
+    M("ig-carry-column", "implicit_gemm.cu", "        s = 0;\n        dx = 0;\n", "        s = 0;\n", IG, "off-by-one"),
+    M("ig-zero-fill", "implicit_gemm.cu", "src, inside ? IG_VECTOR_BYTES : 0);", "src, IG_VECTOR_BYTES);", IG,
+      "off-by-one"),
+    M("ig-dilation-swap", "implicit_gemm.cu", "      dx += dilation_w;", "      dx += dilation_h;", IG, "swapped stride"),
+    M("ig-pad-side", "implicit_gemm.cu", "a_x[i] = ox * stride_w - pad_left;", "a_x[i] = ox * stride_w - pad_top;", IG,
+      "wrong-side padding"),
+    M("ig-epilogue-half-bias", "implicit_gemm.cu", "from_acc<T>(acc[mi][ni][e] + add);",
+      "from_acc<T>(to_acc(from_acc<T>(acc[mi][ni][e])) + add);", IG, "half accumulation"),
+    M("ig-no-swizzle", "implicit_gemm.cu", "r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4);", "r * IG_ROW_BYTES + (v << 4);",
+      "tests/test_counters.py -k channels_last_forward", "bank conflicts"),
+    M("ig-channels-last-no-tf32", "implicit_gemm.cu", "return round_tf32 ? __uint_as_float(to_tf32(value)) : value;",
+      "return value;", IG, "tc: fragment index"),
     M("tc-split-range", "implicit_gemm.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;",
       "const I k_begin = (I)blockIdx.z * chunks_per_split;", TC, "tc: split range"),
     M("tc-transposed-divisibility", "implicit_gemm.cu", "|| ry != 0 || rx != 0 ||",
@@ -254,8 +277,8 @@ MUTATIONS = [
       "std::memcpy(dst, c.data, 16);  // what the destination holds", EMU_ASYNC_TESTS, "emulator: async copy"),
     M("emu-async-wait-one-group-early", EMU_ASYNC, "const long long landed_below = t.open_group - N;",
       "const long long landed_below = t.open_group - N + 1;", EMU_ASYNC_TESTS, "emulator: async copy"),
-    M("emu-async-zero-fill-ignored", EMU_ASYNC, "if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);",
-      "std::memcpy(c.data, gmem, 16);", EMU_ASYNC_TESTS, "emulator: async copy"),
+    M("emu-async-zero-fill-ignored", EMU_ASYNC, "} else if (src_bytes > 0) {\n    std::memcpy(c.data, gmem, src_bytes);",
+      "} else {\n    std::memcpy(c.data, gmem, 16);", EMU_ASYNC_TESTS, "emulator: async copy"),
     M("emu-async-overlap-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight(dst, dst + 16, &owner))",
       "if (const AsyncCopy* c = (owner = 0, nullptr))", EMU_ASYNC_TESTS, "emulator: async copy"),
     M("emu-ldmatrix-alignment-4", EMU_ASYNC, "if ((uintptr_t)row % 16)", "if ((uintptr_t)row % 4)", EMU_ASYNC_TESTS,

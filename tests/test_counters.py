@@ -207,12 +207,16 @@ def test_each_rule_is_needed(tmp_path, monkeypatch):
 # The shipped tensor-core forward (benchmarks/RESULTS.md, "Emulated memory counters")
 
 
-def test_a_second_library_of_a_kernel_file_keeps_its_own_shared_memory():
+def test_a_second_library_of_a_kernel_file_keeps_its_own_shared_memory(monkeypatch):
     """The profile library of implicit_gemm.cu loaded after its plain library in one process: its `__shared__` arrays (template
     statics, which g++ would make STB_GNU_UNIQUE and glibc would bind to the first library's storage) are its own,
-    so its shared stores are counted (found by the CI order: without -fno-gnu-unique they vanished)."""
+    so its shared stores are counted (found by the CI order: without -fno-gnu-unique they vanished).  On conv_fwd_tc,
+    whose stages are such statics (the channels-last kernel, refused here, stages in dynamic shared memory)."""
     import cupyconv
     from cupyconv import _device as cupyconv_device
+    from cupyconv.ops import implicit_gemm
+
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", lambda *args: "the generic kernel under test")
 
     rng = numpy.random.default_rng(1)
     x = rng.standard_normal((1, 16, 8, 8)).astype(numpy.float16)
@@ -226,12 +230,16 @@ def test_a_second_library_of_a_kernel_file_keeps_its_own_shared_memory():
     assert profile.total("shared_store").requests > 0 and profile.total("shared_load").requests > 0
 
 
-def test_tensor_core_forward_at_the_r50_64_shape():
+def test_tensor_core_forward_at_the_r50_64_shape(monkeypatch):
     """conv_fwd_tc on 3x3 64 -> 64 56x56 float16 (N = 1: the 64 x 64 tile), two interior blocks: the A operand's
     2-byte stores into its stage are 4-way conflicted (rows 20 words apart), the B stores and the fragment loads
-    conflict-free, the activation gather about 2/3 sector-efficient, the weight loads fully."""
+    conflict-free, the activation gather about 2/3 sector-efficient, the weight loads fully.  (The generic kernel:
+    the channels-last one, which takes this shape otherwise, is refused here; its own test follows.)"""
     import cupyconv
     from cupyconv import _device as cupyconv_device
+    from cupyconv.ops import implicit_gemm
+
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", lambda *args: "the generic kernel under test")
 
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal((1, 64, 56, 56)).astype(numpy.float16)
@@ -254,6 +262,39 @@ def test_tensor_core_forward_at_the_r50_64_shape():
     assert weight.sector_efficiency == 1.0 and weight.sectors_per_request == 2.0
 
 
+def test_channels_last_forward_at_the_r50_64_shape():
+    """conv_fwd_igemm on the same problem (issue 24's targets): in the main loop every shared-memory access is
+    conflict-free -- the cp.async landings (16 bytes a lane: 4 wavefronts a warp, the minimum), the ldmatrix
+    reads (one wavefront per 8 x 8 matrix) -- and the cp.async loads of x and the weight use every sector they
+    move; the epilogue's 2-byte stores into its transposed tile are conflict-free, its 16-byte stores of out use
+    every sector.  The channels_last_copy of x before it: both sides 100% of their sectors, no conflicts."""
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 56, 56)).astype(numpy.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+    dev = EmulatedDevice(counters=True, blocks=lambda grid: [(20, 0, 0), (21, 0, 0)] if grid[0] > 20 else [])
+    with cupyconv_device.use_device(dev):
+        cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    transpose, weight_copy, gemm = dev.profile
+    assert gemm.name == "conv_fwd_igemm<__half, int, 64, 64, 4>" and gemm.blocks_run == 2
+    assert transpose.name == "channels_last_copy<__half, int>" and transpose.blocks_run == 2
+    for site in transpose.sites:
+        assert site.sector_efficiency in (None, 1.0) and site.wavefronts_per_request in (0.0, 1.0), site
+    chunks, mma = 18, 2 * 4 * 18 * 16  # chunks of 32 k; blocks x warps x chunks x mma.sync per chunk
+    shared = [s for s in gemm.sites if s.kind.startswith("shared")]
+    assert all(s.wavefronts_per_request == max(1, s.width // 4) for s in shared), shared  # 16 bytes: 4 (quarters)
+    ldmatrix = [s for s in shared if s.kind == "shared_load" and s.width == 4]
+    assert sum(s.requests for s in ldmatrix) == 2 * mma   # (2 A + 2 B) ldmatrix.x4 of 4 matrices per 8 mma
+    landings = [s for s in shared if s.kind == "shared_store" and s.width == 16]
+    assert sum(s.requests for s in landings) == 2 * 4 * chunks * 4   # per chunk and lane: 2 A and 2 B vectors
+    loads = [s for s in gemm.sites if s.kind == "global_load"]
+    assert len(loads) == 2 and all(s.width == 16 and s.sector_efficiency >= 0.95 for s in loads), loads
+    stores = [s for s in gemm.sites if s.kind == "global_store"]
+    assert len(stores) == 1 and stores[0].width == 16 and stores[0].sector_efficiency == 1.0
+
+
 def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     """python -m emulator --case LABEL: the table and the JSON of the case's launches."""
     import json
@@ -265,7 +306,8 @@ def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r50.json"
     assert main(["--case", "r50-64-gpu16", "--batch", "1", "--blocks", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "conv_fwd_tc<__half, int, 64, 64>" in text and "not GPU measurements" in text
-    (profile,) = json.loads(out.read_text())["profiles"]
+    assert "conv_fwd_igemm<__half, int, 64, 64, 4>" in text and "not GPU measurements" in text
+    *copies, profile = json.loads(out.read_text())["profiles"]   # channels_last_copy of x and of the weight first
+    assert [p["name"] for p in copies] == ["channels_last_copy<__half, int>"] * 2
     assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
         "global_load", "global_store", "shared_load", "shared_store"}

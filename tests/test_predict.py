@@ -16,8 +16,17 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ch
     sys.path.append(str(ROOT))
 
 from benchmarks import _emulator, cases, launches, predict, sass  # noqa: E402
+from cupyconv.ops import implicit_gemm  # noqa: E402
 
 BY_LABEL = {c.label: c for c in cases.ALL_CASES}
+CHANNELS_LAST_REFUSAL = implicit_gemm.igemm_refusal
+
+
+@pytest.fixture(autouse=True)
+def generic_tensor_core_path(monkeypatch):
+    """The model's worked examples below are on the generic tensor-core kernels (conv_fwd_tc ...): the channels-last
+    path, which takes their cases otherwise, is refused (`test_recording_of_the_r50_64_forward` checks both)."""
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", lambda *args: "the generic kernels' worked examples")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -124,8 +133,20 @@ def test_recording_reads_no_data(label):
         assert runs[0].steps and _launch_keys(runs[0]) == _launch_keys(runs[1])
 
 
-def test_recording_of_the_r50_64_forward():
-    """ResNet-50's 64-channel 3x3 layer in fp16: one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56 pixels."""
+def test_recording_of_the_r50_64_forward(monkeypatch):
+    """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed, then one
+    conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56
+    pixels."""
+    with monkeypatch.context() as patch:
+        patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
+        rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
+    assert [launch.name for launch in rec.steps] == ["channels_last_copy<__half, int>"] * 2 + [
+        "conv_fwd_igemm<__half, int, 256, 64, 4>"]
+    assert rec.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and rec.steps[-1].block == (128,)
+    # it tiles exactly too: 392 blocks of 256 x 64 over 18 chunks of 32 halves = the useful MACs
+    case = BY_LABEL["r50-64-gpu16"]
+    assert predict.tensor_core_macs(rec.steps[-1]) == 392 * 256 * 64 * 18 * 32 == cases.flops(case) // 2
+    assert predict.pass_macs(rec.steps, case) == {2: cases.flops(case) / 2}
     rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
     (launch,) = rec.steps
     assert launch.name == "conv_fwd_tc<__half, int, 128, 64>" and launch.grid == (32 * 56 * 56 // 128, 1, 1)

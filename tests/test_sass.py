@@ -381,7 +381,11 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     for name in weight_igemm:  # + the bias gradient's: A times a column of ones (TF32: twice, A and its remainder)
         expected = 24 if "<float," in name else 40 if ", 128, " in name else 20
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    names += weight_igemm
+    channels_last = [n for n in GROUPS["implicit_gemm.cu"] if n.startswith("conv_fwd_igemm<")]
+    for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
+        rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
+        assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
+    names += weight_igemm + channels_last
     assert not [n for n in GROUPS["implicit_gemm.cu"] if n not in names and opcodes[n]["HMMA"]]
     conv_opcodes = opcodes_of("conv.cu", arch, kernel_programs)
     assert not [n for n in GROUPS["conv.cu"] if conv_opcodes[n]["HMMA"]]
@@ -475,6 +479,36 @@ def test_weight_igemm_main_loop_is_lean(kernel_programs, sass_tools):
             if per_hmma > table[rows, columns]:
                 problems.append(f"{name}: {sum(ops.values())} instructions per chunk, {per_hmma:.2f} per GEMM HMMA")
     assert not problems, "\n".join(problems)
+
+
+# The most instructions one warp may issue per HMMA in the channels-last forward's main loop (sm_90, 32-bit
+# index, 16-bit types; the input gradient at stride 1 is the same kernel), by tile: issue 24's target of 6 for
+# the large tiles, which the planner takes wherever the grid fills two waves.  NVRTC 13.0 on 2026-11-25: 3.8 (128 x
+# 128), 4.1 (256 x 64), 5.9 (128 x 64), 8.7 (64 x 64: its per-chunk address and mask upkeep is shared by only 16
+# HMMA).
+IGEMM_LOOP_PER_HMMA = {(128, 128): 4.5, (256, 64): 4.8, (128, 64): 6.0, (64, 64): 10.0}
+
+
+@pytest.mark.slow
+def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
+    """conv_fwd_igemm's main loop: at most IGEMM_LOOP_PER_HMMA instructions per HMMA, its operands arriving by
+    cp.async (LDGSTS) and ldmatrix (LDSM) only: no global loads (LDG), and no shared loads (LDS) but the three
+    `LDS RZ, [RZ]` that NVRTC places before a chunk's LDGSTS (ordering fences that load nothing)."""
+    loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
+    problems, seen = [], 0
+    for name in GROUPS["implicit_gemm.cu"]:
+        if not name.startswith("conv_fwd_igemm<") or ", int," not in name or name.startswith("conv_fwd_igemm<float"):
+            continue
+        seen += 1
+        loop = loops[name]
+        tile = tuple(int(part) for part in name.rstrip(">").split(",")[2:4])
+        per_hmma = sum(loop.values()) / loop["HMMA"]
+        if per_hmma > IGEMM_LOOP_PER_HMMA[tile]:
+            problems.append(f"{name}: {per_hmma:.1f} instructions per HMMA")
+        if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
+            problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
+                            f"LDS {loop['LDS']}")
+    assert seen == 8 and not problems, "\n".join(problems)
 
 
 def unit_loop_opcodes(program) -> dict[str, Counter]:

@@ -7,6 +7,9 @@ fragment in the wrong register, a missing barrier between the two stages, or an 
 Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles, several
 blocks run along each of them, and every tile of TC_TILES and the weight gradient's split reduction run.
 
+Every problem here runs on the generic kernels (the `generic_path` fixture refuses the channels-last fast path,
+which tests/test_igemm_kernels.py covers).
+
 The bug classes of issue 12 (each side's padding alone and the last row and column, 16-bit accumulation, loops
 over several blocks, 64-bit indices past 2^31) are covered on purpose for every kernel here: the table in
 tests/emulator/README.md ("Bug classes the kernel tests cover on purpose") names the test of each.
@@ -41,6 +44,13 @@ CASES = [
     C("tc_strided_uncovered_rows", (2, 40, 12, 13), (36, 40, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+@pytest.fixture(autouse=True)
+def generic_path(monkeypatch):
+    """These tests are the generic kernels' (conv_fwd_tc, conv_bwd_input_tc): the channels-last fast path, which
+    takes most of their problems otherwise, is refused here (its own tests: tests/test_igemm_kernels.py)."""
+    monkeypatch.setattr(igemm, "igemm_refusal", lambda *args: "the generic path is under test")
 
 
 def on_emulator(device, fn, *args, **kwargs):

@@ -1,5 +1,5 @@
 """A randomized sweep of the three tensor-core passes (raw_kernels/implicit_gemm.cu conv_fwd_tc, conv_bwd_input_tc,
-conv_bwd_weight_tc) against the CPU path, on the emulator, as tests/test_conv_kernels.py's case matrix does for
+conv_bwd_weight_tc, and conv_fwd_igemm where the channels-last path takes the forward or the input gradient) against the CPU path, on the emulator, as tests/test_conv_kernels.py's case matrix does for
 the other algorithms.
 
 `SPECS` is a fixed list of problems drawn from a seeded generator (the same list on every run; `SPECS[i]` is
@@ -15,6 +15,8 @@ drawn on purpose, and `test_sweep_covers_the_axes` checks that the list reaches 
 - more input channels per group than one column tile of the input gradient (its grid has several per group);
 - the weight gradient's split-K with several chunks per split and a ragged last split;
 - groups, odd sizes, every block tile of TC_TILES, the `long long` instantiations (with negative strides);
+- both paths of the forward and the input gradient: the channels-last kernel (conv_fwd_igemm, channels per group
+  in whole 16-byte vectors; the input gradient at stride 1) and the generic ones (`SweepSpec.kernels`);
 - 64-bit offsets past 2^32 (not only 2^31: an unsigned 32-bit offset wraps silently there, which UBSan cannot
   see), on the sparse-memory device: `test_x_offsets_past_2_32` and `test_plane_offsets_past_2_32`.
 """
@@ -69,6 +71,16 @@ class SweepSpec:
         x = numpy.empty(self.case.x, numpy.float16)
         return conv_op.ConvSpec.for_conv("sweep", x.reshape(-1, *x.shape[-3:]), numpy.empty(self.case.weight),
                                          None, **self.case.kwargs)
+
+    def fast(self, pass_: str) -> bool:
+        """Whether pass_ ('forward' or 'input') runs on the channels-last kernel, conv_fwd_igemm."""
+        return igemm.igemm_refusal(self.spec, DTYPES[self.dtype], pass_) is None
+
+    def kernels(self) -> list[str]:
+        """The tensor-core kernels of the forward, input gradient and weight gradient, in launch order."""
+        weight = ["conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish"] if self.vectorised else ["conv_bwd_weight_tc"]
+        return ["conv_fwd_igemm" if self.fast("forward") else "conv_fwd_tc",
+                "conv_fwd_igemm" if self.fast("input") else "conv_bwd_input_tc", *weight]
 
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
@@ -125,6 +137,10 @@ def draw(index: int) -> SweepSpec:
         stride = (stride[0], stride[0] % 3 + 1)
     if index % 2 == 1 and dilation[0] == dilation[1]:
         dilation = (dilation[0] % 3 + 1, dilation[0])
+    if index % 4 in (1, 2):   # channels in whole 16-byte vectors: the channels-last path (conv_fwd_igemm)
+        channels = -(-channels // 8) * 8
+    if index % 8 == 5:        # ... and its input gradient too (stride 1, output channels in vectors)
+        stride, outputs = (1, 1), -(-outputs // 8) * 8
     padding = tuple(tuple(int(p) for p in rng.integers(0, 3, 2)) for _ in range(2))
     patch = index % 4 == 3
     split = index % 6 == 0                   # enough output pixels for several splits of several chunks
@@ -222,10 +238,9 @@ def test_tensor_cores_match_cpu_path(s: SweepSpec):
         grads = backward(grad_output, x, weight, algorithm="implicit_gemm", **kwargs)
     index = "long long" if s.long_index else "int"
     kernels = [name.split("<")[0] for name in device.launches  # the tensor-core kernels, and the final pass
-               if f", {index}, " in name or name.startswith("conv_bwd_weight_igemm_finish<") and f", {index}>" in name]
-    weight_kernels = (["conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish"] if s.vectorised else
-                      ["conv_bwd_weight_tc"])
-    assert kernels == ["conv_fwd_tc", "conv_bwd_input_tc", *weight_kernels], device.launches
+               if (f", {index}, " in name or name.startswith("conv_bwd_weight_igemm_finish<") and f", {index}>" in name)
+               and not name.startswith("channels_last_copy<")]
+    assert kernels == s.kernels(), device.launches
     assert s.vectorised == (s.index >= VECTORISED_FROM)
     if s.vectorised:  # the bias gradient came with the weight gradient
         assert not any(name.startswith("conv_bgrad<") for name in device.launches), device.launches
@@ -278,8 +293,13 @@ def test_sweep_covers_the_axes():
 
     vectorised = [s for s in SPECS if s.vectorised]
     reached = {**axes([s for s in SPECS if not s.vectorised]), **axes(vectorised, "conv_bwd_weight_igemm: ")}
-    reached["input gradient: several column tiles per group"] = [s for s in SPECS
-                                                                  if s.plan("input").grid[1] > s.case.groups]
+    reached["input gradient: several column tiles per group"] = [s for s in SPECS if s.plan("input").grid[1]
+                                                                  > s.case.groups and not s.fast("input")]
+    reached["forward on the channels-last path, conv2d and patch_conv2d"] = (
+        [s for s in SPECS if s.fast("forward") and s.patch] and [s for s in SPECS if s.fast("forward") and not s.patch])
+    reached["forward on the generic path"] = [s for s in SPECS if not s.fast("forward")]
+    reached["input gradient on the channels-last path"] = [s for s in SPECS if s.fast("input")]
+    reached["input gradient on the generic path"] = [s for s in SPECS if not s.fast("input")]
     for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and
@@ -301,12 +321,16 @@ def on_device(device, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+@pytest.mark.parametrize("path", ["generic", "channels_last"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["positive", "negative"])
-def test_x_offsets_past_2_32(reverse):
+def test_x_offsets_past_2_32(reverse, path, monkeypatch):
     """A small problem whose x is a view with a channel stride of 2^28 + 3 elements over sparse memory: the
     offsets of channels 16 to 23 from x's first element pass 2^32 (with `reverse`, they run below -2^32), so
     the forward's and the weight gradient's gathers need 64-bit offsets all the way; a 32-bit unsigned part
-    wraps without any sanitizer noticing, and reads zeros (or far outside) instead of x."""
+    wraps without any sanitizer noticing, and reads zeros (or far outside) instead of x.  On the channels-last
+    path the forward's 64-bit reads are channels_last_copy's (its output, and so conv_fwd_igemm, is small)."""
+    if path == "generic":
+        monkeypatch.setattr(igemm, "igemm_refusal", lambda *args: "the generic kernels under test")
     rng = numpy.random.default_rng(31)
     n, c, h, w, stride = 2, 24, 5, 7, 2**28 + 3
     base = bug_classes.sparse_zeros((c, stride), numpy.float16)
@@ -323,8 +347,9 @@ def test_x_offsets_past_2_32(reverse):
     grad_output = rng.standard_normal(out.shape).astype(numpy.float16)
     _, grad_w, _ = on_device(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                              needs="weight", **kwargs)
-    assert [name.split(", ")[:2] for name in device.launches] == [
-        ["conv_fwd_tc<__half", "long long"], ["conv_bwd_weight_tc<__half", "long long"]]
+    forward = [["conv_fwd_tc<__half", "long long"]] if path == "generic" else [
+        ["channels_last_copy<__half", "long long>"], ["channels_last_copy<__half", "int>"], ["conv_fwd_igemm<__half", "int"]]
+    assert [name.split(", ")[:2] for name in device.launches] == forward + [["conv_bwd_weight_tc<__half", "long long"]]
     xc = numpy.array(x, numpy.float64)
     assert_close(out, cupyconv.conv2d(xc, flat(weight), bias.astype(numpy.float64), **kwargs), "float16",
                  "forward")
@@ -332,10 +357,12 @@ def test_x_offsets_past_2_32(reverse):
     assert_close(grad_w, want, "float16", "grad_weight")
 
 
-def test_plane_offsets_past_2_32():
+def test_plane_offsets_past_2_32(monkeypatch):
     """32 channels of a 12000 x 12000 plane, contiguous: channel 31 starts 4.46e9 elements in, past 2^32, in x,
     grad_output, out and grad_x.  Only the last block of each launch runs (`SparseDevice`): the last 64 pixels of
-    the last row, every channel, which match the CPU path on the 2 x 65 corner that feeds them."""
+    the last row, every channel, which match the CPU path on the 2 x 65 corner that feeds them.  The generic
+    kernels: the channels-last path's transpose would run its last block only, leaving the corner unwritten."""
+    monkeypatch.setattr(igemm, "igemm_refusal", lambda *args: "the generic kernels under test")
     rng = numpy.random.default_rng(37)
     side, c = 12000, 32
     x = bug_classes.sparse_zeros((1, c, side, side), numpy.float16)

@@ -18,7 +18,7 @@ from .._device import DEFAULT_SHARED_LIMIT
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, batch_view, capped_grid, elementwise_launch, extent,
                         index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
-                     check_workspace_limit, row_bands, weight_spatial_dims)
+                     check_workspace_limit, row_bands, transposed_spec, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
@@ -261,16 +261,6 @@ def plan_direct(spec: ConvSpec, dtype):
         return None
     slab = max(1, min(spec.channels_per_group, DIRECT_SHARED_TARGET // per_channel))
     return (bx, by), slab, tile_in, slab * per_channel
-
-
-def transposed_spec(spec: ConvSpec) -> ConvSpec:
-    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
-    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel_size, spec.dilation, spec.in_size, spec.out_size
-    (top, _), (left, _) = spec.padding
-    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
-    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
-    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
-                    spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
 
 
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:

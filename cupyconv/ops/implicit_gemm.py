@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import numpy
 
 from .. import settings
-from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, capped_grid, extent,
+from .._device import _address
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
                         index_type, kernel_name)
-from .._spec import ConvSpec, ceil_div
+from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
 # general, 128 x 64 for 16-bit inputs with many rows (half the B traffic per row; its float stages would pass the
@@ -35,13 +37,17 @@ TC_SPLIT_BLOCKS = 512  # the weight gradient splits its pixels until about this 
 TC_SPLIT_CHUNKS = 8    # not the SM count, so the bits depend on the shapes only), each at least this many chunks
 
 TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per group (fewer: the direct kernel)
-KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS})
+KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
+                                                  "IG_ROW_BYTES": 64})
 
 
 def instantiations():
     names = []
     for kernel, (dtype, tiles), index in itertools.product(TC_PASSES.values(), TC_TILES.items(), INDEX_TYPES):
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
+    for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
+        names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles]
+        names.append(kernel_name("channels_last_copy", dtype, index))
     return names + weight_igemm_instantiations()
 
 
@@ -126,6 +132,9 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
+    if igemm_refusal(spec, xv.dtype, "forward") is None:
+        return igemm_forward(device, channels_last(device, xv), arrange_weight(device, weight, spec, "forward"),
+                             bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -139,13 +148,129 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
 
 def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
-    (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's."""
+    (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's.
+    At stride 1 with D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel on the
+    transposed convolution instead; at stride > 1 it stays on conv_bwd_input_tc."""
     _check_tensor_cores(spec, gy.dtype, device)
+    if igemm_refusal(spec, gy.dtype, "input") is None:
+        gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
+        return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
+                             None, transposed_spec(spec), out)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
     KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
                    index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
                    window=spec, grad_out=gy, weight=weight, grad_x=out, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group)
+    return out
+
+
+# --- forward and input gradient, channels-last (the fast path) ----------------------------------------------
+#
+# conv_fwd_igemm (raw_kernels/implicit_gemm.cu, its section of that name): x channels-last, K ordered (tap,
+# channel), 16-byte cp.async into a swizzled multistage pipeline, ldmatrix, the epilogue through shared memory.
+# It runs the forward, and the input gradient at stride 1 as the forward of the transposed convolution, wherever
+# `igemm_refusal` allows; everything else stays on the generic kernels above (conv_fwd_tc, conv_bwd_input_tc).
+
+IG_THREADS = KERNELS.defines["IG_THREADS"]      # 4 warps, 2 x 2 warp tiles of (BM / 2) x (BN / 2)
+IG_ROW_BYTES = KERNELS.defines["IG_ROW_BYTES"]  # a staged K chunk per row: 4 vectors of 16 bytes
+IG_VECTOR_BYTES = 16                            # one cp.async: 8 channels of a 16-bit type, 4 floats
+# (rows BM, columns BN, pipeline stages) of the instantiations, largest first.  128 x 128 and 256 x 64 (64 x 64
+# warp tiles: the fewest ldmatrix per mma.sync) with 4 stages take 64 and 80 KiB of dynamic shared memory (opted
+# in above 48 KiB); float32 keeps to 128 x 64 (its epilogue tile and registers would double).
+IG_TILES = {"float16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
+            "bfloat16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
+            "float32": ((128, 64, 3), (64, 64, 4))}
+# The planner takes the largest tile that still gives this many blocks (two waves of a 132-SM H100; a shape-only
+# constant, so the plan never depends on the GPU), else the smallest one.
+IG_WAVE_BLOCKS = 264
+
+
+def vector_elements(dtype) -> int:
+    """Elements of dtype in one 16-byte cp.async: the granule the channels of the fast path come in."""
+    return IG_VECTOR_BYTES // numpy.dtype(dtype).itemsize
+
+
+def igemm_refusal(spec: ConvSpec, dtype, pass_: str) -> str | None:
+    """Why the channels-last kernel cannot run pass_ ('forward' or 'input') of a problem the tensor cores take
+    (`tensor_core_refusal` is None), or None when it can: the reduction's channels per group (C / G forward,
+    D / G for the input gradient) must be whole 16-byte vectors, and the input gradient needs stride 1."""
+    vector = vector_elements(dtype)
+    channels = spec.channels_per_group if pass_ == "forward" else spec.outputs_per_group
+    if channels % vector:
+        return f"its reduction needs channels per group in multiples of {vector}, not {channels}"
+    if pass_ == "input" and spec.stride != (1, 1):
+        return f"its input gradient needs stride 1 (the transposed window), not {spec.stride}"
+    return None
+
+
+def channels_last(device, x, round_tf32: bool = True):
+    """x (..., C, H, W), any strides (also patch's batch views), as an (n, H, W, C) C-contiguous array, n the
+    product of the leading dims: a view when x is already laid out so (and 16-byte aligned), else a copy by
+    channels_last_copy (a tiled transpose, coalesced on both sides).  float32 with round_tf32 is always copied,
+    and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands (the weight gradient
+    keeps grad_output's float bits: its fused bias gradient adds their tf32 remainder)."""
+    *lead, c, h, w = x.shape
+    n = math.prod(lead)
+    rounds = round_tf32 and x.dtype == numpy.float32
+    if not rounds:
+        moved = x.transpose(*range(len(lead)), -2, -1, -3)
+        if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
+            return moved.reshape(n, h, w, c)
+    out = device.empty((n, h, w, c), x.dtype)
+    if out.size == 0:
+        return out
+    xv = batch_view(device, x)
+    KERNELS.launch(device, "channels_last_copy", dtype=x.dtype, index=index_type(extent(xv), out.size),
+                   grid=(ceil_div(h * w, 32), ceil_div(c, 32), min(n, MAX_GRID[2])), block=32 * 8, x=xv, out=out,
+                   n=n, **batch_args("x", xv), channels=c, height=h, width=w,
+                   round_tf32=rounds)
+    return out
+
+
+def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
+    """The weight (D, C / G, kH, kW) in the order conv_fwd_igemm reads B: (D, taps, C / G) for the forward; for
+    the input gradient (C, flipped taps, D / G) per group (the transposed convolution's weight).  One small
+    channels-last copy per call."""
+    if pass_ == "forward":
+        return channels_last(device, weight)
+    g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
+    flipped = device.reshape(weight, (g, dg, cg, *spec.kernel_size))[..., ::-1, ::-1]
+    return channels_last(device, flipped.transpose(0, 2, 1, 3, 4))   # (G, C / G, D / G, kH, kW) -> (C, kH, kW, D / G)
+
+
+@dataclasses.dataclass(frozen=True)
+class IgemmPlan:
+    """One conv_fwd_igemm launch: the tile (rows, columns, stages), grid (row tiles, groups x column tiles) and
+    dynamic shared memory (the pipeline's stages, or the epilogue's tile where that is larger)."""
+    tile: tuple[int, int, int]
+    grid: tuple[int, int, int]
+    shared_mem: int
+
+
+def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
+    """The tile of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed spec): the
+    largest of IG_TILES[dtype] that gives IG_WAVE_BLOCKS blocks, without 128 columns for groups of 64 or fewer."""
+    rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
+    tiles = [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn), 1) for bm, bn, _ in tiles]
+    tile, grid = next(((t, g) for t, g in zip(tiles, grids) if g[0] * g[1] >= IG_WAVE_BLOCKS),
+                      (tiles[-1], grids[-1]))
+    bm, bn, stages = tile
+    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * numpy.dtype(dtype).itemsize + IG_VECTOR_BYTES))
+    return IgemmPlan(tile, grid, shared)
+
+
+def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
+    """conv_fwd_igemm: out (n, D, oH, oW) contiguous from xl (n, H, W, C) and wk (D, taps, C / G), both
+    C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,) or None."""
+    plan = plan_igemm(spec, xl.dtype)
+    vector = vector_elements(xl.dtype)
+    KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index_type(xl.size, out.size, wk.size),
+                   grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=out, n=spec.n, groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   has_bias=bias is not None,
+                   vector_store=spec.out_pixels % vector == 0 and _address(out) % IG_VECTOR_BYTES == 0)
     return out
 
 
@@ -198,12 +323,6 @@ def weight_igemm_threads(tile: tuple[int, int]) -> int:
     return rows // (64 if rows >= 128 else 32) * cols
 
 
-def channels_last(device, x):
-    """x (n, C, H, W), any strides -> a contiguous (n, H, W, C) copy.  PLACEHOLDER: the transposing kernel of
-    the igemm-fwd branch replaces this body (same name and signature)."""
-    return device.ascontiguous(x.transpose(0, 2, 3, 1))
-
-
 def weight_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
     """Why conv_bwd_weight_igemm cannot run this problem (the generic conv_bwd_weight_tc still can), or None.
     Call after `tensor_core_refusal` said yes."""
@@ -237,9 +356,9 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
 
 def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     plan = plan_weight_igemm(spec, xv.dtype)
-    c, (h, w), (oh, ow) = spec.in_channels, spec.in_size, spec.out_size
-    x_cl = channels_last(device, device.reshape(xv, (spec.n, c, h, w)))
-    gy_cl = channels_last(device, gy.reshape(spec.n, spec.out_channels, oh, ow))
+    oh, ow = spec.out_size
+    x_cl = channels_last(device, xv)
+    gy_cl = channels_last(device, gy.reshape(spec.n, spec.out_channels, oh, ow), round_tf32=False)
     cols = spec.taps * spec.channels_per_group
     partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)

@@ -10,6 +10,11 @@
 // the data should be, and a read of it by ldmatrix fails the launch, naming the copy that is still in flight;
 // a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
 //
+// Memory counters (EmulatedDevice(counters=True)): a full copy's source is read by one typed 16-byte access (a
+// global load of its cp_async_cg_16 call's line), its landing is a 16-byte shared store at the wait's line, and
+// ldmatrix's reads are the lanes' 4-byte words of each matrix (one request, one wavefront when conflict-free, per
+// matrix: what the hardware issues).
+//
 // ldmatrix (ldmatrix_x4, _x2, _x4_trans): all 32 lanes of a full warp reach the same call (a warp of a block
 // whose size is not a multiple of 32, or lanes elsewhere, fail the launch like mma.sync); each address lane
 // (lanes 0-31 for .x4, 0-15 for .x2) must give a 16-byte-aligned row none of whose bytes is in flight.  Lane l
@@ -98,10 +103,12 @@ inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const ch
   AsyncCopy& c = t.items[t.count++];
   c.dst = dst;
   std::memset(c.data, 0, 16);
-  // the rest of the 16 bytes: zero-fill.  A full copy reads its 16 bytes in one access, which the profile build
-  // counts as the global request of the cp.async line (a zero row reads nothing, as on a GPU).
-  if (src_bytes == 16) std::memcpy(c.data, gmem, 16);
-  else if (src_bytes > 0) std::memcpy(c.data, gmem, src_bytes);
+  if (src_bytes == 16) {  // one typed 16-byte read, which the profile build's counters see as the global load
+    const uint4 whole = *static_cast<const uint4*>(gmem);
+    std::memcpy(c.data, &whole, 16);
+  } else if (src_bytes > 0) {
+    std::memcpy(c.data, gmem, src_bytes);  // the rest of the 16 bytes: zero-fill
+  }
   c.group = t.open_group;
   c.file = file;
   c.line = line;

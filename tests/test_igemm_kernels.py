@@ -1,0 +1,215 @@
+"""The channels-last tensor-core path (raw_kernels/implicit_gemm.cu, section "forward and input gradient,
+channels-last": conv_fwd_igemm and channels_last_copy; cupyconv/ops/implicit_gemm.py's section of that name)
+against the CPU path in float64, on the emulator.
+
+The emulator runs cp.async with the hardware's rules (data lands only at the wait that retires its group, the
+destination holds poison before, zero-fill honoured) and ldmatrix with the PTX ISA's lane distribution, so a
+missing wait, a wrong swizzle on one side, a fragment in the wrong register or an unmasked edge fails here.
+Problems are small and odd: rows (pixels) never a multiple of the tile, K chunks that straddle taps (channels
+per group 16, 24, 40 against chunks of 32 halves or 16 floats), padding per side, stride and dilation differing
+per axis, groups, several column tiles, the epilogue's vector and scalar stores.
+"""
+import numpy
+import pytest
+from optional_deps import BFLOAT16, Dtypes
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv.ops import implicit_gemm as igemm
+from bug_classes import Recorder
+from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
+from reference import ConvCase
+
+C = ConvCase
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}   # as tests/test_tensor_core_kernels.py
+
+CASES = [
+    # M 126 (not a tile multiple), N 20, K (9 taps x 16 channels): two taps per chunk of 32 halves; 63 pixels per
+    # image: the epilogue's scalar stores
+    C("ig_plain", (2, 16, 9, 7), (20, 16, 3, 3), padding=1),
+    # 24 channels per group: chunks straddle taps mid-way; stride and dilation differ per axis, groups 2,
+    # each side padded differently
+    C("ig_groups_stride_dilation", (1, 48, 11, 10), (24, 24, 3, 2), stride=(2, 1), padding=((2, 0), (1, 3)),
+      dilation=(1, 2), groups=2),
+    # 8 x 8 output pixels per image: the 16-byte vector stores; 40 channels, no bias
+    C("ig_vector_stores", (2, 40, 8, 8), (36, 40, 3, 3), padding=1, bias=False),
+    # 1 x 1, 72 output channels: two 64-column tiles per group
+    C("ig_pointwise_two_column_tiles", (3, 16, 6, 7), (72, 16, 1, 1)),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def run(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(True):
+        return fn(*args, **kwargs)
+
+
+def as64(*arrays):
+    return [None if a is None else numpy.asarray(a, numpy.float64) for a in arrays]
+
+
+def assert_close(got, want, dtype, what=""):
+    got = numpy.asarray(got, numpy.float64)
+    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
+    err = float(numpy.abs(got - want).max(initial=0.0))   # NaN (never written) fails too
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_cpu_path(case, dtype):
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(0), DTYPES[dtype])
+    device = Recorder("reverse" if case.name.endswith("stores") else "forward")
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert device.count("conv_fwd_igemm") == 1 and device.count("conv_fwd_tc") == 0, device.launches
+    assert out.dtype == x.dtype and out.shape == case.output_shape
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, case.name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [CASE_BY_NAME["ig_plain"], C("ig_dilated_cropped", (1, 16, 9, 8), (24, 16, 3, 2),
+                                                                padding=((0, 2), (3, 0)), dilation=(2, 3))],
+                         ids=str)
+def test_input_gradient_at_stride_1_runs_the_forward_kernel(case, dtype):
+    """grad_input at stride 1 is conv_fwd_igemm over the transposed window (padding that crops included) with the
+    weight arranged as (C, flipped taps, D / G); D / G = 20 or 24 (multiples of 4 and 8)."""
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(1), DTYPES[dtype])
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    if dtype != "float32" and case.weight[0] % 8:   # D / G = 20: no whole 16-byte vectors of halves
+        assert device.count("conv_bwd_input_tc") == 1, device.launches
+    else:
+        assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_input_tc") == 0, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, case.name)
+
+
+def test_input_gradient_at_stride_2_stays_on_the_gather():
+    case = CASE_BY_NAME["ig_groups_stride_dilation"]
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(2), numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert device.launches and all(name.startswith("conv_bwd_input_tc<") for name in device.launches)
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("columns", [136, 40])
+def test_every_tile(dtype, columns, monkeypatch):
+    """IG_WAVE_BLOCKS 1: the planner takes the largest tile (for 136 columns, two column tiles: 128 x 128 with 4
+    stages and 64 KiB of opted-in dynamic shared memory for 16-bit types, 128 x 64 for float32; for 40 columns the
+    largest of at most 64 columns: 256 x 64, warps of 64 x 64 stacked 4 x 1, 80 KiB); for no tile: the smallest."""
+    case = C("ig_tiles", (2, 32, 7, 9), (columns, 32, 3, 3), padding=((1, 0), (0, 1)))
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), DTYPES[dtype])
+    want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
+    largest = next(t for t in igemm.IG_TILES[dtype] if columns > 64 or t[1] <= 64)
+    for wave, tile in ((1, largest), (10**9, igemm.IG_TILES[dtype][-1])):
+        monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
+        device = Recorder()
+        out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        assert device.launches[-1] == _kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile), device.launches
+        assert_close(out, want, dtype, str(tile))
+
+
+def test_64_bit_index_variant(monkeypatch):
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = CASE_BY_NAME["ig_groups_stride_dilation"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), numpy.float16)
+    device = Recorder()
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 64, 64, 4>", device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
+
+
+def test_accumulates_in_float32_and_rounds_once():
+    """One large term and 575 below half's resolution at that size: a half accumulator would lose them all.  The
+    bias joins the float sum before the one rounding: 1143.75 + 0.625 = 1144.375 -> 1144, where a rounding of the
+    sum first (1144) and of the biased value after (1144.625) gives 1145."""
+    x = numpy.full((1, 64, 3, 3), 0.25, numpy.float16)
+    x[0, 0, 1, 1] = 1000.0
+    weight = numpy.ones((16, 64, 3, 3), numpy.float16)
+    out = run(EmulatedDevice(), cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
+    assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]   # 1143.75 rounded once
+    bias = numpy.full(16, 0.625, numpy.float16)
+    out = run(EmulatedDevice(), cupyconv.conv2d, x, weight, bias, padding=1, algorithm="implicit_gemm")
+    assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]
+
+
+def test_float32_operands_are_rounded_to_tf32():
+    """As the generic path's test: operands 1 + 3 * 2^-12 rounded (not truncated) to tf32 once, by the copy."""
+    value = numpy.float32(1 + 3 * 2.0**-12)
+    x = numpy.full((1, 16, 4, 4), value, numpy.float32)
+    weight = numpy.full((3, 16, 1, 1), value, numpy.float32)
+    device = Recorder()
+    out = run(device, cupyconv.conv2d, x, weight, algorithm="implicit_gemm")
+    assert device.count("conv_fwd_igemm") == 1
+    assert (out == numpy.float32(16 * (1 + 2.0**-10) ** 2)).all(), numpy.unique(out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# channels_last
+
+
+def layouts(rng, values):
+    """values (n, C, H, W) in several memory layouts, each a view whose other elements are random."""
+    n, c, h, w = values.shape
+    cl = numpy.moveaxis(rng.standard_normal((n, h, w, c)).astype(values.dtype), -1, 1)
+    strided = rng.standard_normal((n, c + 1, h, 2 * w + 1)).astype(values.dtype)[:, 1:, :, 1::2]
+    negative = rng.standard_normal((n, c, h, w)).astype(values.dtype)[:, ::-1, :, ::-1]
+    batch = rng.standard_normal((2 * n + 1, c, h, w)).astype(values.dtype)[1::2]
+    views = {"contiguous": values.copy(), "channels_last": cl, "strided": strided, "negative": negative,
+             "batch_strided": batch}
+    for view in views.values():
+        view[...] = values
+    return views
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_in_every_layout(dtype):
+    rng = numpy.random.default_rng(5)
+    values = rng.standard_normal((3, 37, 5, 9)).astype(DTYPES[dtype])   # 37 channels, 45 pixels: partial tiles
+    want = numpy.moveaxis(values, 1, -1)
+    if dtype == "float32":   # rounded to tf32 (nearest, ties away), the tensor cores' operand
+        bits = want.view(numpy.uint32).astype(numpy.uint64)
+        want = ((bits + 0x1000) & 0xFFFFE000).astype(numpy.uint32).view(numpy.float32)
+    for layout, x in layouts(rng, values).items():
+        device = Recorder("reverse")
+        got = run(device, igemm.channels_last, device, x)
+        assert got.shape == (3, 5, 9, 37) and got.flags.c_contiguous
+        copied = device.count("channels_last_copy") == 1
+        assert copied == (layout != "channels_last" or dtype == "float32"), (layout, device.launches)
+        if not copied:
+            assert numpy.shares_memory(got, x)   # read in place
+        numpy.testing.assert_array_equal(numpy.asarray(got, numpy.float64), numpy.asarray(want, numpy.float64),
+                                         err_msg=layout)
+
+
+def test_channels_last_of_a_patch_batch_view():
+    """(B, N, C, H, W) patches transposed (N, B) in memory: one copy, images in (B, N) order."""
+    rng = numpy.random.default_rng(6)
+    values = rng.standard_normal((4, 3, 16, 5, 6)).astype(numpy.float16)
+    x = numpy.swapaxes(numpy.swapaxes(values, 0, 1).copy(), 0, 1)
+    device = Recorder()
+    got = run(device, igemm.channels_last, device, x)
+    assert device.count("channels_last_copy") == 1
+    numpy.testing.assert_array_equal(got, numpy.moveaxis(values, 2, -1).reshape(12, 5, 6, 16))
+
+
+def test_fast_path_eligibility():
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((1, 20, 5, 5)), numpy.empty((16, 20, 3, 3)), None,
+                                               stride=2, padding=0, dilation=1, groups=1)
+    assert "multiples of 8" in igemm.igemm_refusal(spec, numpy.float16, "forward")
+    assert igemm.igemm_refusal(spec, numpy.float32, "forward") is None          # 20 = 5 vectors of 4 floats
+    assert "stride 1" in igemm.igemm_refusal(spec, numpy.float32, "input")
+
+
+def test_clean_under_asan():
+    """A cp.async or a transpose read outside x, the arranged weight or out (a wrong row base, a padding vector not
+    zero-filled, a channel past the group) aborts the ASan build."""
+    assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::{name}" for name in (
+        "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
+        "test_channels_last_in_every_layout"))))
