@@ -24,6 +24,7 @@
 // with the lanes of a warp either along its rows or along k, whichever runs along memory (`TcLoad`).
 // The planner (cupyconv/ops/implicit_gemm.py `plan_tensor_cores`) picks BM x BN per problem from TC_TILES.
 #include "common.cuh"
+#include "gather.cuh"
 #include "mma.cuh"
 
 #if !defined(TC_MAX_THREADS)
@@ -111,28 +112,6 @@ template <int R, int THREADS> struct TcLoad<R, THREADS, false> {
   __device__ static int row(int rs) { return (threadIdx.x >> 5) + WARPS * rs; }
   __device__ static int k(int) { return threadIdx.x & 31; }
 };
-
-// The gathers add an offset per row to an offset per column.  Either part alone may lie outside the tensor (a
-// window origin in the padding, a tap past the image's edge), so the parts are kept unsigned, where sums wrap
-// instead of overflowing; a sum is used as an index only for an element inside the tensor, where it is exact.
-template <typename I> struct Unsigned;
-template <> struct Unsigned<int> { typedef unsigned type; };
-template <> struct Unsigned<long long> { typedef unsigned long long type; };
-
-// A GEMM index (c, i, j) = c * taps + i * kW + j over x: the offset of tap (i, j) of channel c from a window's
-// origin in x, and the tap's position in the window; the forward's columns and the weight gradient's rows.
-template <typename I> struct TcTap {
-  typename Unsigned<I>::type offset;
-  int dy, dx;
-};
-template <typename I>
-__device__ __forceinline__ TcTap<I> decode_tap(int index, const FastDivmod& taps, const FastDivmod& kernel_w,
-                                               int dilation_h, int dilation_w, I stride_c, I stride_h, I stride_w) {
-  typedef typename Unsigned<I>::type U;
-  int tap, j;
-  const int c = taps.divmod(index, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
-  return {(U)c * (U)stride_c + (U)dy * (U)stride_h + (U)dx * (U)stride_w, dy, dx};
-}
 
 // Where row m = (image, pixel) of group g's C starts in an NCHW array (n, groups * N, pixels): the epilogue row
 // of the forward (C = the output) and of the input gradient (C = grad_x); column n lies n * pixels further on.
@@ -236,12 +215,6 @@ __device__ __forceinline__ void tc_block(const Gather& gather, typename TcTile<T
   }
 }
 
-// Where image q of a batch view starts.
-template <typename I> struct BatchView {
-  I inner, stride_outer, stride_inner;
-  __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
-};
-
 // Forward: A = x gathered per output pixel (lanes on pixels), B = the weight rows (lanes on k).
 template <typename T, typename I, int BM, int BN> struct TcForward {
   typedef typename TcTile<T>::Stage S;
@@ -255,7 +228,7 @@ template <typename T, typename I, int BM, int BN> struct TcForward {
   U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
   int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
 
-  struct AColumn { TcTap<I> tap; bool inside; };  // k = (c, i, j)
+  struct AColumn { WindowTap<I> tap; bool inside; };  // k = (c, i, j)
   struct BColumn { I k; bool inside; };
   __device__ AColumn a_column(I k) const {
     return {decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w),
@@ -701,7 +674,7 @@ template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
   typedef TcLoad<BM, BM * BN / 32, false> LoadA;
   typedef TcLoad<BN, BM * BN / 32, false> LoadB;
   const T* x; const T* grad_out; float* partial;
-  const TcTap<I>* rows;  // the block's BM rows (c, i, j), decoded once (shared memory; rows past M as row 0)
+  const WindowTap<I>* rows;  // the block's BM rows (c, i, j), decoded once (shared memory; rows past M as row 0)
   BatchView<I> view;
   I K, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base;
   int M, N, m0, n0, g, groups, channels_per_group, stride_h, stride_w, pad_top, pad_left, height, width;
@@ -723,7 +696,7 @@ template <typename T, typename I, int BM, int BN> struct TcWeightGrad {
     return column;
   }
   __device__ S a(const AColumn& column, int rs) const {
-    const TcTap<I> row = rows[LoadA::row(rs)];
+    const WindowTap<I> row = rows[LoadA::row(rs)];
     const int y = column.y0 + row.dy, xx = column.x0 + row.dx;  // unsigned compares: also false below 0
     if (!column.inside || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return S(0.0f);
     return S(x[(I)(column.origin + row.offset)]);  // rows past M read the window's origin: never stored
@@ -752,7 +725,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   constexpr int P = TcTile<T>::PITCH;
   __shared__ __align__(16) S as[2 * BM * P];
   __shared__ __align__(16) S bs[2 * BN * P];
-  __shared__ TcTap<I> rows[BM];
+  __shared__ WindowTap<I> rows[BM];
   TcWeightGrad<T, I, BM, BN> f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
   f.x = x; f.grad_out = grad_out; f.partial = partial; f.rows = rows;
@@ -767,7 +740,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
   f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
   const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
   for (int r = threadIdx.x; r < BM; r += blockDim.x) {  // the rows' decode, shared by the block's every chunk
-    const TcTap<I> origin = {0, 0, 0};
+    const WindowTap<I> origin = {0, 0, 0};
     rows[r] = f.m0 + r < f.M ? decode_tap<I>(f.m0 + r, taps, kernel_wd, dilation_h, dilation_w, x_stride_c,
                                              x_stride_h, x_stride_w) : origin;
   }

@@ -24,6 +24,7 @@
 // sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
 // shapes only.  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
 #include "common.cuh"
+#include "gather.cuh"
 
 #if !defined(SIMT_MAX_THREADS)
 #error "simt_gemm.cu needs the -D options of cupyconv._device.compile_options('simt_gemm.cu')"
@@ -45,33 +46,6 @@ template <int R, int THREADS> struct SimtLoad<R, THREADS, false> {
   static_assert(R % PER_PASS == 0, "whole passes of rows");
   __device__ static int row(int rs) { return threadIdx.x / SIMT_BK + PER_PASS * rs; }
   __device__ static int k(int) { return threadIdx.x % SIMT_BK; }
-};
-
-// Offsets are kept unsigned where a part may lie outside the tensor (a window origin in the padding), so that
-// sums wrap instead of overflowing; a sum is used as an index only for an element inside the tensor.
-template <typename I> struct SimtUnsigned;
-template <> struct SimtUnsigned<int> { typedef unsigned type; };
-template <> struct SimtUnsigned<long long> { typedef unsigned long long type; };
-
-// A GEMM index (c, i, j) = c * taps + i * kW + j over x: the offset of tap (i, j) of channel c from a window's
-// origin in x, and the tap's position in the window.
-template <typename I> struct SimtTap {
-  typename SimtUnsigned<I>::type offset;
-  int dy, dx;
-};
-template <typename I>
-__device__ __forceinline__ SimtTap<I> simt_tap(int index, const FastDivmod& taps, const FastDivmod& kernel_w,
-                                               int dilation_h, int dilation_w, I stride_c, I stride_h, I stride_w) {
-  typedef typename SimtUnsigned<I>::type U;
-  int tap, j;
-  const int c = taps.divmod(index, tap), i = kernel_w.divmod(tap, j), dy = i * dilation_h, dx = j * dilation_w;
-  return {(U)c * (U)stride_c + (U)dy * (U)stride_h + (U)dx * (U)stride_w, dy, dx};
-}
-
-// Where image q of a batch view starts (prologue only: it divides).
-template <typename I> struct SimtBatch {
-  I inner, stride_outer, stride_inner;
-  __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
 };
 
 // An output pixel k = (image, p) of the reduction of the weight gradient, advanced by SIMT_BK with carries.
@@ -197,7 +171,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
   typedef SimtLoad<BM, THREADS, true> LoadA;
   typedef SimtLoad<BN, THREADS, true> LoadB;
-  typedef typename SimtUnsigned<I>::type U;
+  typedef typename Unsigned<I>::type U;
   const T* x; const T* weight_t; const T* bias; T* out;
   I M, pixels, x_stride_c, x_stride_h, x_stride_w;
   int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
@@ -205,10 +179,10 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
   int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
 
-  struct ACursor { int k; SimtTap<I> tap; };  // k = (c, i, j)
+  struct ACursor { int k; WindowTap<I> tap; };  // k = (c, i, j)
   typedef int BCursor;
   __device__ ACursor a_start(I k) const {
-    return {(int)k, simt_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w)};
+    return {(int)k, decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w)};
   }
   __device__ void a_advance(ACursor& at) const { at = a_start(at.k + SIMT_BK); }
   __device__ float a(const ACursor& at, int rs) const {
@@ -238,7 +212,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
-  typedef typename SimtUnsigned<I>::type U;
+  typedef typename Unsigned<I>::type U;
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
@@ -253,7 +227,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   f.groups = groups; f.has_bias = has_bias;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
-  const SimtBatch<I> view = {x_inner, x_stride_outer, x_stride_inner};
+  const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
 #pragma unroll
   for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
     const I m = m0 + F::LoadA::row(r);
@@ -281,13 +255,13 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
   typedef SimtLoad<BM, THREADS, false> LoadA;
   typedef SimtLoad<BN, THREADS, false> LoadB;
-  typedef typename SimtUnsigned<I>::type U;
+  typedef typename Unsigned<I>::type U;
   const T* x; const T* grad_out; float* partial;
-  SimtBatch<I> view;
+  BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
   int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
   FastDivmod out_w;
-  SimtTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
+  WindowTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
   bool ones[LoadA::ROW_SLOTS];        // the bias row: A = 1 at every pixel, so that C's row is grad_bias
 
   struct ACursor { SimtPixel<I> at; I image_start; U origin; int y0, x0; };  // the window of pixel `at` in x
@@ -367,7 +341,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
   for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
     const int m = m0 + F::LoadA::row(r);
     f.ones[r] = m == taps_rows && bias_row;
-    f.rows[r] = simt_tap<I>(m < taps_rows ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
+    f.rows[r] = decode_tap<I>(m < taps_rows ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
                             x_stride_w);
   }
   const I total = n * f.out_pixels;
