@@ -243,9 +243,9 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
     a = launch.args
     rows, cols = launch.template_args[2:4]
-    if launch.kernel == "conv_fwd_igemm":   # K = taps x channels per group, in chunks of 64 bytes
+    if launch.kernel == "conv_fwd_igemm":   # K = taps x channels per group, in chunks of 64 bytes, split over z
         chunk = IGEMM_CHUNK_BYTES // (4 if launch.template_args[0] == "float" else 2)
-        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk)
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk) / launch.grid[2]
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_bwd_weight_igemm":
         chunk = WG_CHUNK[launch.template_args[0]]

@@ -399,6 +399,10 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
 // refilled.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
 // (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel.
+// Split-K (grids under a wave, `plan_igemm`): block z reduces chunks_per_split chunks of K from chunk z *
+// chunks_per_split on and writes its float sums to partial (splits, n, D, oH, oW), the bias in split 0's; then
+// conv_bwd_weight_igemm_finish (taps 1: no permutation) adds the splits in order and rounds once into out.  The
+// number of splits depends on the shapes only, so the bits are the same on every run and GPU.
 #include "async_copy.cuh"
 
 #if !defined(IG_THREADS) || !defined(IG_ROW_BYTES)
@@ -427,7 +431,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
-    int has_bias, int vector_store) {
+    int has_bias, int vector_store, float* __restrict__ partial, int chunks_per_split) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -485,16 +489,21 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
       }
     }
   };
-  carry();  // v * VEC may already be past a group of 8 channels
+  // Split-K: block z reduces chunks [z * chunks_per_split, ...) of K; its column of A and B starts that far on.
+  const int all_chunks = (K + BK - 1) / BK, chunk_begin = (int)blockIdx.z * chunks_per_split;
+  const int chunks = all_chunks - chunk_begin < chunks_per_split ? all_chunks - chunk_begin : chunks_per_split;
+  c += chunk_begin * BK;
+  tap_offset += (U)(chunk_begin * BK);
+  carry();  // v * VEC (and the split's start) may already be past a group of channels
   I b_offset[B_ROWS];
   bool b_inside[B_ROWS];
 #pragma unroll
   for (int i = 0; i < B_ROWS; ++i) {
     const int col = n0 + row0 + 32 * i;
     b_inside[i] = col < dg;
-    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC : (I)0;
+    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC + chunk_begin * BK : (I)0;
   }
-  int b_k = v * VEC;
+  int b_k = v * VEC + chunk_begin * BK;
 
   auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk, then advance to the one after
     unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
@@ -541,8 +550,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     }
   }
 
-  // --- the pipeline --------------------------------------------------------------------------------------------
-  const int chunks = (K + BK - 1) / BK;
+  // --- the pipeline (over this split's chunks) --------------------------------------------------------------
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
     if (t < chunks) load_chunk(t);
@@ -581,10 +589,35 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
   __syncthreads();
 
+  const int gq = lane >> 2, qq = lane & 3;
+  if (gridDim.z > 1) {  // split-K: this split's float sums at partial[z] (out's NCHW layout; split 0 adds the
+                        // bias), for conv_bwd_weight_igemm_finish to add in split order and round once
+    float* slice = partial + (I)blockIdx.z * (n * groups * dg) * pixels;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const I m = m0 + warp_m + mi * 16 + gq + 8 * h;
+        if (m >= M) continue;
+        const I image = m / pixels, row = (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n0 + warp_n + ni * 8 + 2 * qq + e;
+            if (col >= dg) continue;
+            const float add = has_bias && blockIdx.z == 0 ? to_acc(bias[g * dg + col]) : 0.0f;
+            slice[row + (I)col * pixels] = acc[mi][ni][2 * h + e] + add;
+          }
+        }
+      }
+    }
+    return;
+  }
+
   // --- epilogue: tile[column][row] = T(acc + bias), then 16-byte stores along the output pixels ---------------
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes per column; + 16: the accumulator writes of a warp
                                                   // (8 rows x 4 column pairs) hit 32 different banks
-  const int gq = lane >> 2, qq = lane & 3;
 #pragma unroll
   for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll

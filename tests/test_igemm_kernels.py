@@ -15,6 +15,7 @@ from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
+from cupyconv._spec import ceil_div
 from cupyconv.ops import implicit_gemm as igemm
 from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -111,8 +112,76 @@ def test_every_tile(dtype, columns, monkeypatch):
         monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
         device = Recorder()
         out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-        assert device.launches[-1] == _kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile), device.launches
+        launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
+        assert launched == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile)], device.launches
         assert_close(out, want, dtype, str(tile))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# split-K (grids under IG_WAVE_BLOCKS)
+
+# 24 channels per group, 2 groups, 3 x 3: K = 216, 7 chunks of 32 halves (the last 24 long) or 14 of 16 floats;
+# with IG_SPLIT_CHUNKS 3, splits of 4 chunks: 4 + 3 (16-bit) or 4 + 4 + 4 + 2 (float32), the later ones starting
+# mid-tap (chunk 4 = tap 5, channel 8 for halves)
+SPLIT_CASE = C("ig_split", (2, 48, 5, 6), (40, 24, 3, 3), padding=1, groups=2)
+
+
+def split_forward(device, case, x, weight, bias, **kwargs):
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs, **kwargs)
+    return numpy.asarray(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_k_matches_cpu_path_and_is_bit_identical(dtype, monkeypatch):
+    """Several splits, the last K range short, groups and bias (added once, by the first split): against the
+    CPU path in float64; then the same bits again with the blocks (and threads) in reverse order, and on a
+    second run with fresh buffers."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
+    case = SPLIT_CASE
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(7), DTYPES[dtype])
+    bias = (numpy.asarray(bias, numpy.float64) * 4).astype(DTYPES[dtype])   # a bias added twice shows
+    plan = igemm.plan_igemm(cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, bias, groups=2, stride=1,
+                                                                padding=1, dilation=1), DTYPES[dtype])
+    chunks = ceil_div(9 * 24, igemm.IG_ROW_BYTES // numpy.dtype(DTYPES[dtype]).itemsize)
+    assert plan.splits >= 2 and chunks % plan.chunks_per_split, plan   # the last split is short
+    device = Recorder()
+    out = split_forward(device, case, x, weight, bias)
+    assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, "split")
+    for again in (EmulatedDevice("reverse"), EmulatedDevice("forward")):
+        numpy.testing.assert_array_equal(split_forward(again, case, x, weight, bias).view(numpy.uint8),
+                                         out.view(numpy.uint8))
+
+
+def test_split_k_input_gradient(monkeypatch):
+    """The input gradient at stride 1 splits on the same kernel (the transposed convolution's K)."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
+    case = C("ig_split_input", (1, 16, 6, 5), (48, 16, 3, 3), padding=1)   # K = 9 x 48: 14 chunks of 32 halves
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float16)
+    device = Recorder("reverse")
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16", case.name)
+
+
+def test_no_split_for_large_grids_or_without_workspace(monkeypatch):
+    """The split is a shape-only choice: none at IG_WAVE_BLOCKS blocks or more, none when the splits' float sums
+    pass the workspace limit (one launch, as before); else as many as bring the grid to IG_WAVE_BLOCKS."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
+    case = SPLIT_CASE
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(9), numpy.float16)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, bias, groups=2, stride=1, padding=1, dilation=1)
+    assert igemm.plan_igemm(spec, numpy.float16).splits == 2
+    with settings.workspace_limit(2 * 4 * x.shape[0] * 40 * 30 - 1):   # just below two splits of float sums
+        assert igemm.plan_igemm(spec, numpy.float16).splits == 1
+        device = Recorder()
+        out = split_forward(device, case, x, weight, bias)
+        assert [name.split("<")[0] for name in device.launches][-1] == "conv_fwd_igemm", device.launches
+        assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16", "no split")
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 2)   # the grid (1 x 2 blocks of 64 x 64) is a wave already
+    assert igemm.plan_igemm(spec, numpy.float16).splits == 1
 
 
 def test_64_bit_index_variant(monkeypatch):
@@ -125,13 +194,15 @@ def test_64_bit_index_variant(monkeypatch):
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
 
 
-def test_accumulates_in_float32_and_rounds_once():
+@pytest.mark.parametrize("split_chunks", [10**9, 4], ids=["no_split", "split"])
+def test_accumulates_in_float32_and_rounds_once(split_chunks, monkeypatch):
     """One large term and 575 below half's resolution at that size: a half accumulator would lose them all.  The
     bias joins the float sum before the one rounding: 1143.75 + 0.625 = 1144.375 -> 1144, where a rounding of the
     sum first (1144) and of the biased value after (1144.625) gives 1145."""
     x = numpy.full((1, 64, 3, 3), 0.25, numpy.float16)
     x[0, 0, 1, 1] = 1000.0
     weight = numpy.ones((16, 64, 3, 3), numpy.float16)
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", split_chunks)   # 4: K = 576 in 18 chunks, 4 splits
     out = run(EmulatedDevice(), cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
     assert (out[0, :, 1, 1] == numpy.float16(1144.0)).all(), out[0, :, 1, 1]   # 1143.75 rounded once
     bias = numpy.full(16, 0.625, numpy.float16)
@@ -209,7 +280,7 @@ def test_fast_path_eligibility():
 
 def test_clean_under_asan():
     """A cp.async or a transpose read outside x, the arranged weight or out (a wrong row base, a padding vector not
-    zero-filled, a channel past the group) aborts the ASan build."""
+    zero-filled, a channel past the group), or a split's write outside its workspace, aborts the ASan build."""
     assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::{name}" for name in (
         "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
-        "test_channels_last_in_every_layout"))))
+        "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical"))))

@@ -79,8 +79,16 @@ class SweepSpec:
     def kernels(self) -> list[str]:
         """The tensor-core kernels of the forward, input gradient and weight gradient, in launch order."""
         weight = ["conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish"] if self.vectorised else ["conv_bwd_weight_tc"]
-        return ["conv_fwd_igemm" if self.fast("forward") else "conv_fwd_tc",
-                "conv_fwd_igemm" if self.fast("input") else "conv_bwd_input_tc", *weight]
+        return [*(self.igemm_kernels("forward") if self.fast("forward") else ["conv_fwd_tc"]),
+                *(self.igemm_kernels("input") if self.fast("input") else ["conv_bwd_input_tc"]), *weight]
+
+    def igemm_kernels(self, pass_: str) -> list[str]:
+        """conv_fwd_igemm, and its final pass where a small grid splits K (the input gradient: the transposed
+        problem's plan)."""
+        spec = self.spec if pass_ == "forward" else conv_op.transposed_spec(self.spec)
+        with self.planner():
+            splits = igemm.plan_igemm(spec, DTYPES[self.dtype]).splits
+        return ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] if splits > 1 else [])]
 
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():

@@ -183,6 +183,9 @@ IG_TILES = {"float16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
 # The planner takes the largest tile that still gives this many blocks (two waves of a 132-SM H100; a shape-only
 # constant, so the plan never depends on the GPU), else the smallest one.
 IG_WAVE_BLOCKS = 264
+# A grid under IG_WAVE_BLOCKS (few pixels, many channels: K = taps x C long) splits K until about that many blocks
+# run, each split at least this many chunks of K, within the workspace limit (float sums of out per split).
+IG_SPLIT_CHUNKS = 8
 
 
 def vector_elements(dtype) -> int:
@@ -240,37 +243,66 @@ def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
 
 @dataclasses.dataclass(frozen=True)
 class IgemmPlan:
-    """One conv_fwd_igemm launch: the tile (rows, columns, stages), grid (row tiles, groups x column tiles) and
-    dynamic shared memory (the pipeline's stages, or the epilogue's tile where that is larger)."""
+    """One conv_fwd_igemm launch: the tile (rows, columns, stages), grid (row tiles, groups x column tiles,
+    splits of K), dynamic shared memory (the pipeline's stages, or the epilogue's tile where that is larger) and
+    the chunks of K each split reduces (all of them when there is one split)."""
     tile: tuple[int, int, int]
     grid: tuple[int, int, int]
     shared_mem: int
+    chunks_per_split: int
+
+    @property
+    def splits(self) -> int:
+        return self.grid[2]
 
 
 def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     """The tile of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed spec): the
-    largest of IG_TILES[dtype] that gives IG_WAVE_BLOCKS blocks, without 128 columns for groups of 64 or fewer."""
+    largest of IG_TILES[dtype] that gives IG_WAVE_BLOCKS blocks, without 128 columns for groups of 64 or fewer.
+    A smaller grid (the smallest tile's) splits K, by the shapes only (never the SM count), into at most as many
+    splits as bring it to IG_WAVE_BLOCKS blocks, each at least IG_SPLIT_CHUNKS chunks, whose float32 sums of out
+    fit in the workspace limit; when none fits, one split as before."""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
     tiles = [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
     grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn), 1) for bm, bn, _ in tiles]
     tile, grid = next(((t, g) for t, g in zip(tiles, grids) if g[0] * g[1] >= IG_WAVE_BLOCKS),
                       (tiles[-1], grids[-1]))
     bm, bn, stages = tile
-    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * numpy.dtype(dtype).itemsize + IG_VECTOR_BYTES))
-    return IgemmPlan(tile, grid, shared)
+    itemsize = numpy.dtype(dtype).itemsize
+    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES))
+    chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
+    blocks = grid[0] * grid[1]
+    splits = 1
+    if blocks < IG_WAVE_BLOCKS:
+        out_bytes = spec.n * spec.out_channels * spec.out_pixels * 4
+        splits = max(1, min(ceil_div(IG_WAVE_BLOCKS, blocks), chunks // IG_SPLIT_CHUNKS,
+                            settings.get_workspace_limit() // max(1, out_bytes), MAX_GRID[2]))
+    per_split = ceil_div(chunks, splits)
+    return IgemmPlan(tile, (grid[0], grid[1], ceil_div(chunks, per_split)), shared, per_split)
 
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
     """conv_fwd_igemm: out (n, D, oH, oW) contiguous from xl (n, H, W, C) and wk (D, taps, C / G), both
-    C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,) or None."""
+    C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,) or None.  Split (`plan_igemm`),
+    the splits' float32 sums (the bias in the first) are added in split order and rounded once by the weight
+    gradient's final pass, conv_bwd_weight_igemm_finish, with one tap: out's own layout, no permutation."""
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
-    KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index_type(xl.size, out.size, wk.size),
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *out.shape), numpy.float32)
+    index = index_type(xl.size, out.size, wk.size, partial.size)
+    KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
                    grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
                    bias=wk if bias is None else device.ascontiguous(bias), out=out, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None,
-                   vector_store=spec.out_pixels % vector == 0 and _address(out) % IG_VECTOR_BYTES == 0)
+                   vector_store=spec.out_pixels % vector == 0 and _address(out) % IG_VECTOR_BYTES == 0,
+                   partial=partial, chunks_per_split=plan.chunks_per_split)
+    if plan.splits > 1:
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
+                       grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                       partial=partial, bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
+                       out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels, taps=1,
+                       has_bias=False)
     return out
 
 
