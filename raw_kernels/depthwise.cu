@@ -23,8 +23,9 @@
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
-//   window range solved once per thread), or from global memory (depthwise_bwd_input_gather) when no tile
-//   fits.
+//   window range solved once per thread; depthwise_bwd_input_phased<T, I, K, S> for K x K at stride S, its taps
+//   fixed by the pixel's phase and unrolled; both persistent), or from global memory (depthwise_bwd_input_gather)
+//   when no tile fits.
 // * Weight and bias gradients are two-stage and deterministic.  Stage 1 (depthwise_bwd_weight[_generic],
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
@@ -35,7 +36,7 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// (depthwise_bwd_input_strided and _phased: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
 // kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
