@@ -330,7 +330,7 @@ MUTATIONS = [
     M("dw-strided-channel-digit", "depthwise.cu", "next_digit(c, c_step, channels, carry);",
       "next_digit(c, c_step, tiles_y, carry);", DW_STRIDED, "persistent loop"),
     M("dw-strided-row-digit", "depthwise.cu", "next_digit(ty, ty_step, tiles_y, carry);",
-      "next_digit(ty, ty_step, tiles_x, carry);", DW_STRIDED, "persistent loop"),
+      "next_digit(ty, tx_step, tiles_y, carry);", DW_STRIDED, "persistent loop"),
     M("dw-strided-pixel-rows", "depthwise.cu", "const int q_rows = pitch_y / stride_h;",
       "const int q_rows = pitch_y;", DW_STRIDED, "swapped stride"),
     M("dw-phased-tap-step", "depthwise.cu", "wk[-(i * S) * K - j * S]", "wk[-(i * S) * K - j]", DW_STRIDED,
