@@ -23,8 +23,9 @@
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
-//   window range solved once per thread), or from global memory (depthwise_bwd_input_gather) when no tile
-//   fits.
+//   window range solved once per thread; depthwise_bwd_input_phased<T, I, K, S> for K x K at stride S, its taps
+//   fixed by the pixel's phase and unrolled; both persistent), or from global memory (depthwise_bwd_input_gather)
+//   when no tile fits.
 // * Weight and bias gradients are two-stage and deterministic.  Stage 1 (depthwise_bwd_weight[_generic],
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
@@ -35,7 +36,7 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// (depthwise_bwd_input_strided and _phased: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
 // kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
@@ -570,13 +571,20 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 __device__ __forceinline__ int ceil_div(int a, int b) { return -floor_div(-a, b); }
 
-template <typename T, typename I>
-__global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, const T* __restrict__ weight,
-                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
-                                            int height, int width, int out_h, int out_w, int kernel_h,
-                                            int kernel_w, int stride_h, int stride_w, int dilation_h,
-                                            int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
-                                            int tiles_x, int tiles_y, int per_block) {
+// The body of both strided kernels.  K = 0: any kernel size, stride and dilation (run-time loops over the rows and
+// columns each pixel reads).  K > 0 (depthwise_bwd_input_phased: K x K, stride S, dilation 1): a pixel's phase
+// (y mod S, x mod S) is the same in every unit and for its Q pixels, so the thread's taps are fixed: per unit and
+// kernel it reads its (at most ceil(K / S))^2 weights into registers once and the Q pixels' unrolled sums are a
+// shared load and an FMA per tap (taps past the thread's row and column counts are predicated off).  Both are
+// persistent (grid capped at FORWARD_BLOCKS by the planner): the unit's digits (tile column, tile row, channel,
+// image group) are stepped by the digits of gridDim.x, as in depthwise_persistent, so no division per unit.
+template <typename T, typename I, int K, int S>
+__device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                               T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                               int height, int width, int out_h, int out_w, int kernel_h,
+                                               int kernel_w, int stride_h, int stride_w, int dilation_h,
+                                               int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                                               int tiles_x, int tiles_y, int per_block) {
   typedef acc_t<T> A;
   constexpr int Q = STRIDED_ROWS;
   const int taps = kernel_h * kernel_w;
@@ -602,14 +610,21 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
   const int col_lo = ceil_div(x_l + pad_left - (kernel_w - 1) * dilation_w, stride_w) - first_x;
   const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;
   const int dx_lo = x_l + pad_left - (col_lo + first_x) * stride_w;
+  const int q_rows = pitch_y / stride_h;  // staged rows between two of the thread's pixels
 
-  const int tiles = tiles_x * tiles_y;
-  const I units = (images + per_block - 1) / per_block * channels * tiles;
-  for (I unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int t = (int)(unit % tiles);
-    const int c = (int)(unit / tiles % channels);
-    const I image0 = unit / tiles / channels * per_block;
-    const int ty = t / tiles_x, tx = t % tiles_x;
+  // The digits of the first unit and of the step (unit = ((g * channels + c) * tiles_y + ty) * tiles_x + tx).
+  int tx, ty, c, tx_step, ty_step, c_step;
+  I g, g_step;
+  {
+    int u = (int)blockIdx.x, v = (int)gridDim.x;
+    tx = u % tiles_x, u /= tiles_x, tx_step = v % tiles_x, v /= tiles_x;
+    ty = u % tiles_y, u /= tiles_y, ty_step = v % tiles_y, v /= tiles_y;
+    c = u % channels, u /= channels, c_step = v % channels, v /= channels;
+    g = u, g_step = v;
+  }
+  const I groups = (images + per_block - 1) / per_block;
+  while (g < groups) {
+    const I image0 = g * per_block;
     load_tiles<T, I>(tile, grad_out, images, image0, channels * multiplier, c * multiplier, multiplier,
                      per_block * multiplier, in_h, in_w, ty * (tile_h / stride_h) + first_y,
                      tx * (tile_w / stride_w) + first_x, out_h, out_w);
@@ -621,28 +636,89 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
     const int x = tx * tile_w + x_l;
     if (p < per_block && n < images && x < width) {
       T* out = grad_x + (n * channels + c) * (I)height * width + x;
+      if constexpr (K > 0) {
+        constexpr int R = (K + S - 1) / S;  // the most rows (columns) of taps one pixel reads
+        const int rows = row_hi - row_lo + 1, cols = col_hi - col_lo + 1;
+        A acc[Q];
 #pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        const int y = ty * tile_h + y_l + q * pitch_y;
-        if (y >= height) break;
-        A acc = A(0);
+        for (int q = 0; q < Q; ++q) acc[q] = A(0);
         for (int k = 0; k < multiplier; ++k) {
-          const A* plane = tile + ((p * multiplier + k) * in_h + q * (pitch_y / stride_h)) * in_w;
-          const A* wk = wshared + k * taps;
-          for (int r = row_lo, dy = dy_lo; r <= row_hi; ++r, dy -= stride_h) {
-            if (dilation_h > 1 && dy % dilation_h) continue;
-            const A* wrow = wk + (dilation_h == 1 ? dy : dy / dilation_h) * kernel_w;
-            for (int col = col_lo, dx = dx_lo; col <= col_hi; ++col, dx -= stride_w) {
-              if (dilation_w > 1 && dx % dilation_w) continue;
-              acc += wrow[dilation_w == 1 ? dx : dx / dilation_w] * plane[r * in_w + col];
+          const A* wk = wshared + k * (K * K) + dy_lo * K + dx_lo;
+          A w[R][R];  // w[i][j]: the tap read from staged row row_lo + i, column col_lo + j
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) w[i][j] = i < rows && j < cols ? wk[-(i * S) * K - j * S] : A(0);
+          }
+          const A* plane = tile + ((p * multiplier + k) * in_h + row_lo) * in_w + col_lo;
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+#pragma unroll
+              for (int j = 0; j < R; ++j) {
+                if (i < rows && j < cols) acc[q] += w[i][j] * plane[(q * q_rows + i) * in_w + j];
+              }
             }
           }
         }
-        out[(I)y * width] = from_acc<T>(acc);
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          const int y = ty * tile_h + y_l + q * pitch_y;
+          if (y < height) out[(I)y * width] = from_acc<T>(acc[q]);
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          const int y = ty * tile_h + y_l + q * pitch_y;
+          if (y >= height) break;
+          A acc = A(0);
+          for (int k = 0; k < multiplier; ++k) {
+            const A* plane = tile + ((p * multiplier + k) * in_h + q * q_rows) * in_w;
+            const A* wk = wshared + k * taps;
+            for (int r = row_lo, dy = dy_lo; r <= row_hi; ++r, dy -= stride_h) {
+              if (dilation_h > 1 && dy % dilation_h) continue;
+              const A* wrow = wk + (dilation_h == 1 ? dy : dy / dilation_h) * kernel_w;
+              for (int col = col_lo, dx = dx_lo; col <= col_hi; ++col, dx -= stride_w) {
+                if (dilation_w > 1 && dx % dilation_w) continue;
+                acc += wrow[dilation_w == 1 ? dx : dx / dilation_w] * plane[r * in_w + col];
+              }
+            }
+          }
+          out[(I)y * width] = from_acc<T>(acc);
+        }
       }
     }
     __syncthreads();  // the next unit overwrites the tiles
+
+    int carry = 0;
+    next_digit(tx, tx_step, tiles_x, carry);
+    next_digit(ty, ty_step, tiles_y, carry);
+    next_digit(c, c_step, channels, carry);
+    g += g_step + carry;
   }
+}
+
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                            int height, int width, int out_h, int out_w, int kernel_h,
+                                            int kernel_w, int stride_h, int stride_w, int dilation_h,
+                                            int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
+                                            int tiles_x, int tiles_y, int per_block) {
+  strided_gather<T, I, 0, 0>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h, out_w,
+                             kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                             tile_h, tile_w, tiles_x, tiles_y, per_block);
+}
+
+// The same for a K x K kernel (K = 3, 5, 7) at stride S (2) in both dimensions, dilation 1.
+template <typename T, typename I, int K, int S>
+__global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                           T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int pad_top, int pad_left,
+                                           int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block) {
+  strided_gather<T, I, K, S>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h, out_w,
+                             K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block);
 }
 
 // ---------------------------------------------------------------------------------------------------------

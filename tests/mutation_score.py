@@ -55,6 +55,8 @@ SIMT = "tests/test_simt_gemm_kernels.py"
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
+# (DW_STRIDED: the strided input gradients' tests, depthwise_bwd_input_strided and depthwise_bwd_input_phased)
+DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
@@ -338,6 +340,19 @@ MUTATIONS = [
     M("dw-weight-direct-pad-side", "depthwise.cu", "dx = tap % kernel_w * dilation_w - pad_left;",
       "dx = tap % kernel_w * dilation_w - pad_top;", DEPTHWISE, "wrong-side padding"),
     M("dw-strided-half-acc", "depthwise.cu", "A acc = A(0);", "T acc = A(0);", DEPTHWISE, "half accumulation"),
+    # depthwise_bwd_input_strided / _phased: persistent digits and the phase-fixed taps
+    M("dw-strided-channel-digit", "depthwise.cu", "next_digit(c, c_step, channels, carry);",
+      "next_digit(c, c_step, tiles_y, carry);", DW_STRIDED, "persistent loop"),
+    M("dw-strided-row-digit", "depthwise.cu", "next_digit(ty, ty_step, tiles_y, carry);",
+      "next_digit(ty, tx_step, tiles_y, carry);", DW_STRIDED, "persistent loop"),
+    M("dw-strided-pixel-rows", "depthwise.cu", "const int q_rows = pitch_y / stride_h;",
+      "const int q_rows = pitch_y;", DW_STRIDED, "swapped stride"),
+    M("dw-phased-tap-step", "depthwise.cu", "wk[-(i * S) * K - j * S]", "wk[-(i * S) * K - j]", DW_STRIDED,
+      "wrong tap"),
+    M("dw-phased-term-kernel", "depthwise.cu", "wshared + k * (K * K) + dy_lo * K + dx_lo;",
+      "wshared + dy_lo * K + dx_lo;", DW_STRIDED, "persistent loop"),
+    M("dw-phased-last-row", "depthwise.cu", "if (y < height) out[(I)y * width] = from_acc<T>(acc[q]);",
+      "if (y <= height) out[(I)y * width] = from_acc<T>(acc[q]);", DW_STRIDED, "off-by-one"),
     M("dw-direct-half-sum", "depthwise.cu", "acc_t<T> sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);",
       "T sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);", DEPTHWISE, "half accumulation"),
     M("dw-reduce-half-sum", "depthwise.cu", "A sum = A(0);\n    if (e < elements)",

@@ -56,17 +56,17 @@ CASES = [
     # the specialisations, K x S
     C("k3s1_packed_images", (3, 3, 9, 11), 1, 3, SPEC_3_1, padding=1),
     C("k3s1_several_tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
-    C("k3s2", (2, 3, 11, 13), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_strided",
+    C("k3s2", (2, 3, 11, 13), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
                                       "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
-    C("k3s2_several_tiles", (1, 2, 37, 35), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_strided",
+    C("k3s2_several_tiles", (1, 2, 37, 35), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
                                                    "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
     C("k5s1_multiplier2", (2, 2, 9, 10), 2, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
                                                 "depthwise_bwd_weight<5, 1>"), padding=2),
-    C("k5s2_per_side", (1, 3, 13, 11), 1, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_strided",
+    C("k5s2_per_side", (1, 3, 13, 11), 1, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_phased<5, 2>",
                                               "depthwise_bwd_weight<5, 2>"), stride=2, padding=((2, 1), (0, 3))),
     C("k7s1", (2, 2, 8, 9), 1, 7, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>", "depthwise_bwd_weight<7, 1>"),
       padding=3),
-    C("k7s2_multiplier2", (1, 2, 15, 13), 2, 7, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_strided",
+    C("k7s2_multiplier2", (1, 2, 15, 13), 2, 7, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_phased<7, 2>",
                                                  "depthwise_bwd_weight<7, 2>"), stride=2, padding=3),
     # planes smaller than the kernel, 1x1 and 4x4 planes
     C("k7_same_on_4x4", (5, 2, 4, 4), 1, 7, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>",
@@ -102,7 +102,7 @@ CASES = [
       dilation=(2, 3)),
     # 16 columns: the 16-byte loads of every dtype; no bias
     C("aligned_rows_no_bias", (2, 2, 6, 16), 1, 3, SPEC_3_1, bias=False, padding=1),
-    C("aligned_rows_stride2", (1, 2, 7, 16), 2, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_strided",
+    C("aligned_rows_stride2", (1, 2, 7, 16), 2, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_phased<5, 2>",
                                                     "depthwise_bwd_weight<5, 2>"), stride=2, padding=2),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
@@ -393,6 +393,41 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
+# The strided input gradients (depthwise_bwd_input_phased<K, 2>, depthwise_bwd_input_strided) on fewer blocks
+# than units: (shape, multiplier, kernel, stride, dilation, padding, dtype, kernel launched).
+STRIDED_UNIT_CASES = [
+    ((3, 3, 37, 35), 2, 3, 2, 1, 1, "float32", "depthwise_bwd_input_phased<3, 2>"),  # 2 x 2 tiles, 3 channels
+    ((2, 3, 20, 32), 1, 5, 2, 1, 2, "float16", "depthwise_bwd_input_phased<5, 2>"),
+    ((2, 2, 19, 24), 3, 7, 2, 1, 3, "float32", "depthwise_bwd_input_phased<7, 2>"),   # multiplier 3
+    ((40, 2, 9, 7), 1, (3, 4), 2, 1, 1, "float32", "depthwise_bwd_input_strided"),  # packed images
+    ((3, 3, 37, 35), 1, 3, (2, 3), 2, 2, "float32", "depthwise_bwd_input_strided"),
+]
+
+
+@pytest.mark.parametrize("blocks", [1, 5, 7, 13])
+@pytest.mark.parametrize("shape, m, k, stride, dilation, padding, dtype, kernel", STRIDED_UNIT_CASES)
+def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, stride, dilation,
+                                                             padding, dtype, kernel):
+    """The persistent strided input gradients on fewer blocks than units, at steps that carry into every digit
+    (tile column, tile row, channel, image group): a unit stepped wrongly leaves pixels poisoned or wrong."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 200)
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, kh, kw)).astype(dtype)
+    window = dict(stride=stride, padding=padding, dilation=dilation)
+    out_shape = ref.depthwise_conv2d(x[:1, :1].astype(numpy.float64), weight[:1].astype(numpy.float64), None,
+                                     **window).shape[2:]
+    grad_output = rng.standard_normal((shape[0], shape[1] * m, *out_shape)).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs="input", **window)[0]
+    (name, args), = device.launches
+    assert short(name) == kernel
+    expected = ref.depthwise_conv2d_grads(*(a.astype(numpy.float64) for a in (grad_output, x, weight)), **window)[0]
+    assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
 # depthwise_bwd_weight<K, S>'s blocks over several consecutive units: (shape, multiplier, kernel, stride, padding,
 # dtype) with (tile columns x rows x image groups) units per channel.
 WEIGHT_UNIT_CASES = [
@@ -447,16 +482,18 @@ def test_every_kernel_clean_under_asan():
 # ---------------------------------------------------------------------------------------------------------
 # Bug classes covered on purpose, every kernel (issue 12; tests/bug_classes.py, table in tests/emulator/README.md)
 
-S2 = ("depthwise_bwd_input_strided",)
 #: Every depthwise kernel path: (name, kernel, stride, dilation, multiplier, padding on each side, the kernels of
 #: its forward, input gradient and weight gradient).
 PATHS = [
     ("k3s1", 3, 1, 1, 1, 1, SPEC_3_1),
-    ("k3s2", 3, 2, 1, 1, 1, ("depthwise_fwd<3, 2>", *S2, "depthwise_bwd_weight<3, 2>")),
+    ("k3s2", 3, 2, 1, 1, 1, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
+                           "depthwise_bwd_weight<3, 2>")),
     ("k5s1", 5, 1, 1, 2, 2, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>", "depthwise_bwd_weight<5, 1>")),
-    ("k5s2", 5, 2, 1, 1, 2, ("depthwise_fwd<5, 2>", *S2, "depthwise_bwd_weight<5, 2>")),
+    ("k5s2", 5, 2, 1, 1, 2, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_phased<5, 2>",
+                           "depthwise_bwd_weight<5, 2>")),
     ("k7s1", 7, 1, 1, 1, 3, ("depthwise_fwd<7, 1>", "depthwise_bwd_input<7>", "depthwise_bwd_weight<7, 1>")),
-    ("k7s2", 7, 2, 1, 2, 3, ("depthwise_fwd<7, 2>", *S2, "depthwise_bwd_weight<7, 2>")),
+    ("k7s2", 7, 2, 1, 2, 3, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_phased<7, 2>",
+                           "depthwise_bwd_weight<7, 2>")),
     ("generic_dilation2", 3, 1, 2, 2, 2, GENERIC_1),
     ("generic_rect_stride2", (3, 4), 2, 1, 1, 1, GENERIC_S),
     ("large", (6, 9), 1, 1, 1, 3, LARGE_1),

@@ -137,6 +137,8 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  (depthwise_bwd_input<T, I, K> for square 3/5/7, dilation 1: the forward's persistent
 #                  kernel on FORWARD_BLOCKS blocks; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
+#                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
+#                  unrolled; both persistent on FORWARD_BLOCKS blocks)
 #                  no fit                                             -> depthwise_bwd_input_gather
 #   weight grad    the forward's specialisations                      -> depthwise_bwd_weight<T, I, K, S>
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
@@ -173,7 +175,8 @@ KERNELS = KernelFile("depthwise.cu", defines={
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
 SMEM_SOFT = 24 * 1024  # preferred shared memory per block: 8 such blocks of 256 threads fill an H100 SM
-FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S> and depthwise_bwd_input<T, I, K>, whose blocks loop
+FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, depthwise_bwd_input<T, I, K> and of the strided input
+                       # gradients (depthwise_bwd_input_strided, _phased), whose blocks loop
                        # over their units and pay their set-up once: about two waves of an H100 (132 SMs x 8-9
                        # resident blocks of ~224 threads), so an SM that finishes early takes the next block and the
                        # last wave's tail is short
@@ -188,6 +191,8 @@ def instantiations():
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        names.extend(kernel_name("depthwise_bwd_input_phased", dtype, index, k, s)
+                     for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES) if s > 1)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
     return names
 
@@ -348,6 +353,9 @@ def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
     tiling = plan_tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=STRIDED_ROWS,
                          align=(STRIDED_ROWS * spec.stride[0], spec.stride[1]), extra_bytes=weights)
     if tiling:
+        k = _specialised(spec)
+        if k and spec.stride != (1, 1):
+            return Plan("depthwise_bwd_input_phased", (k, spec.stride[0]), tiling)
         return Plan("depthwise_bwd_input_strided", (), tiling)
     return Plan("depthwise_bwd_input_gather")
 
@@ -422,8 +430,8 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
     units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
-    if plan.kernel == "depthwise_bwd_input":
-        units = min(units, FORWARD_BLOCKS)  # the forward's persistent kernel
+    if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
+        units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
             grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
             multiplier=_multiplier(spec))
