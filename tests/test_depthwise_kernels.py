@@ -594,7 +594,8 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     run_case(device, LOOP_CASES[1], needs=("bias",))
     assert loops.looped() == loops.capped(), loops.launches
     assert {short(name).split("<")[0] for name, _ in device.launches} == {
-        "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", *depthwise_module.GENERIC_KERNELS}
+        "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", "depthwise_bwd_input_phased",
+        *depthwise_module.GENERIC_KERNELS}
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31).

@@ -180,12 +180,15 @@ def test_floor_by_hand():
 def test_tensor_core_work_and_pass_macs():
     case = BY_LABEL["r50-64-gpu16"]
     rec = launches.record(case, True)
-    forward, grad_input, grad_weight, finish = rec.steps   # the bias gradient comes with the weight's
+    # the generic forward and input gradient (this file's fixture); the weight gradient on the channels-last kernel,
+    # whose operand copies (channels_last_copy) carry no MACs; the bias gradient comes with the weight's
+    forward, grad_input, grad_weight = [s for s in rec.steps if s.kernel in predict.TENSOR_CORE_KERNELS]
+    finish = rec.steps[-1]
     # the forward tiles exactly: 784 blocks of 128 x 64 over 18 chunks of 32 = the useful MACs
     assert predict.tensor_core_macs(forward) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
     assert predict.hmma_macs(forward) == 16 * 8 * 16
     macs = predict.pass_macs(rec.steps, case)
-    assert macs == {0: cases.flops(case) / 2, 1: cases.flops(case) / 2, 2: cases.flops(case) / 2}
+    assert sorted(macs.values()) == [cases.flops(case) / 2] * 3 and len(macs) == 3
     assert grad_weight.kernel == "conv_bwd_weight_igemm" and finish.kernel == "conv_bwd_weight_igemm_finish"
     assert predict.tensor_core_macs(grad_weight) >= cases.flops(case) // 2
     assert predict.tensor_core_macs(grad_weight) == 9 * 56 * 64 * 64 * 56 * 32  # 3136 chunks in 56 splits of 56

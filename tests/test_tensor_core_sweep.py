@@ -249,7 +249,7 @@ def test_tensor_cores_match_cpu_path(s: SweepSpec):
                if (f", {index}, " in name or name.startswith("conv_bwd_weight_igemm_finish<") and f", {index}>" in name)
                and not name.startswith("channels_last_copy<")]
     assert kernels == s.kernels(), device.launches
-    assert s.vectorised == (s.index >= VECTORISED_FROM)
+    assert s.vectorised or s.index < VECTORISED_FROM   # (specs before it may have whole vectors too)
     if s.vectorised:  # the bias gradient came with the weight gradient
         assert not any(name.startswith("conv_bgrad<") for name in device.launches), device.launches
 

@@ -157,7 +157,7 @@ def test_main_loop_counters():
     x = rng.standard_normal((1, 64, 28, 28)).astype(numpy.float16)
     w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
     gy = rng.standard_normal((1, 64, 28, 28)).astype(numpy.float16)
-    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 3, 1), (0, 0, 2)] if grid[1] > 1 else [(0, 0, 0)])
+    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 3, 1), (0, 0, 2)] if grid[1] > 3 and grid[2] > 2 else [(0, 0, 0)])
     on_emulator(device, cupyconv.conv2d_backward, gy, x, w, padding=1, needs=("weight", "bias"),
                 algorithm="implicit_gemm")
     profile = next(p for p in device.profile if p.name.startswith("conv_bwd_weight_igemm<"))
