@@ -134,7 +134,7 @@ def draw(index: int) -> SweepSpec:
     outputs = int(rng.integers(33, 72)) if index % 5 == 2 or wide_rows else int(rng.integers(1, 33))
     kernel = (1, 2) if wide_channels else tuple(int(k) for k in rng.integers(1, 5, 2))
     if index >= VECTORISED_FROM:  # whole 16-byte copies of channels; from 128 outputs the 128-row tiles
-        vector = igemm.WG_VECTOR[dtype]
+        vector = igemm.vector_elements(DTYPES[dtype])
         if index % 4 == 1 and dtype != "float32":   # 128 x 128 from WG_WIDE_COLUMNS (tap, c) columns, else 128 x 64
             outputs = 128 + 8 * (index % 3)
             kernel, channels = ((4, 4), 16) if index % 8 == 1 else ((1, 2), channels)

@@ -337,7 +337,6 @@ WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
             "float32": ((64, 64), (32, 64))}   # (rows d, columns (tap, c)); warps of 32 x 32, 64 x 32 in 128 rows
 WG_WIDE_COLUMNS = 256   # 16-bit groups of 128+ output channels take 128 columns from this many (tap, c) columns
 WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the pixels of a K chunk
-WG_VECTOR = {"float16": 8, "bfloat16": 8, "float32": 4}     # elements per 16-byte copy
 WG_FINISH_BLOCK = 256
 
 
@@ -358,7 +357,7 @@ def weight_igemm_threads(tile: tuple[int, int]) -> int:
 def weight_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
     """Why conv_bwd_weight_igemm cannot run this problem (the generic conv_bwd_weight_tc still can), or None.
     Call after `tensor_core_refusal` said yes."""
-    vector = WG_VECTOR[numpy.dtype(dtype).name]
+    vector = vector_elements(dtype)
     for what, count in (("input", spec.channels_per_group), ("output", spec.outputs_per_group)):
         if count % vector:
             return f"it reads {vector} {what} channels per 16-byte copy, and a group has {count}"
