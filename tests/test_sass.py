@@ -425,12 +425,18 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     assert not problems, "\n".join(problems)
 
 
+LDS_SLACK = 2
+
+
 @pytest.mark.slow
 def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     """simt_gemm.cu's kernels stay strict float32 on the FMA units: no HMMA anywhere; per K chunk of 8 a thread's
     main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B), and the
     FFMA are at least 60% of the loop (sm_90, int): an edit that moves a division or a scalar load into the loop,
-    or lets a TF32 path in, fails here."""
+    or lets a TF32 path in, fails here.  LDS_SLACK extra shared loads pass: at TM = 16 (128 accumulators) ptxas
+    may reload one value from shared memory rather than keep it in a register; CI's fresh environment compiled
+    simt_fwd<float, int, 256, 64, 16> with 49 LDS where this machine, on the same NVRTC release, got 48.  Scalar
+    loads would add 3 per float4 (over 100), far beyond the slack."""
     from cupyconv.ops import simt_gemm
     program = kernel_programs("simt_gemm.cu", "sm_90")
     opcodes, code = opcodes_of("simt_gemm.cu", "sm_90", kernel_programs), sass.disassemble(program)
@@ -441,8 +447,9 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
         rule, loop = sass.main_loop(code[name])
         assert rule == "fma", (name, rule)
         ffma, lds, total = loop["FFMA"], loop["LDS"], sum(loop.values())
-        if "<float, int," in name and (ffma != tm * 8 * simt_gemm.SIMT_CHUNK or lds != (tm // 4 + 2) * 8
-                                       or ffma < 0.6 * total):
+        float4_loads = (tm // 4 + 2) * 8
+        if "<float, int," in name and (ffma != tm * 8 * simt_gemm.SIMT_CHUNK
+                                       or not float4_loads <= lds <= float4_loads + LDS_SLACK or ffma < 0.6 * total):
             problems.append(f"{name}: {ffma} FFMA, {lds} LDS of {total} loop instructions")
     assert not problems, "\n".join(problems)
 
