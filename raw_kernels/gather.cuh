@@ -31,3 +31,21 @@ template <typename I> struct BatchView {
   I inner, stride_outer, stride_inner;
   __device__ I image(I q) const { return (q / inner) * stride_outer + (q % inner) * stride_inner; }
 };
+
+// Output pixel m = (image, p) of a forward's GEMM rows: the input position (y, x) of its window's top-left tap,
+// which may lie in the padding, and that tap's offset in x from group g's first channel.  Rows past M get a y no
+// tap can reach (the reach is below 2^30), so they read nothing.
+template <typename I> struct WindowRow {
+  typename Unsigned<I>::type origin;
+  int y, x;
+};
+template <typename I>
+__device__ __forceinline__ WindowRow<I> window_row(I m, I M, I pixels, const BatchView<I>& view, I group_start,
+                                                   int out_w, int stride_h, int stride_w, int pad_top, int pad_left,
+                                                   I x_stride_h, I x_stride_w) {
+  typedef typename Unsigned<I>::type U;
+  if (m >= M) return {0, -(1 << 30), 0};
+  const I image = m / pixels;
+  const int p = (int)(m - image * pixels), y = p / out_w * stride_h - pad_top, x = p % out_w * stride_w - pad_left;
+  return {(U)(view.image(image) + group_start) + (U)y * (U)x_stride_h + (U)x * (U)x_stride_w, y, x};
+}

@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
-  typedef typename Unsigned<I>::type U;
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
@@ -230,18 +229,10 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
 #pragma unroll
   for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
-    const I m = m0 + F::LoadA::row(r);
-    f.row_y[r] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
-    f.row_x[r] = 0;
-    f.row_origin[r] = 0;
-    if (m < f.M) {
-      const I image = m / f.pixels;
-      const int p = (int)(m - image * f.pixels);
-      f.row_y[r] = p / out_w * stride_h - pad_top;
-      f.row_x[r] = p % out_w * stride_w - pad_left;
-      f.row_origin[r] = (U)(view.image(image) + (I)(f.g * channels_per_group) * x_stride_c) +
-                        (U)f.row_y[r] * (U)x_stride_h + (U)f.row_x[r] * (U)x_stride_w;
-    }
+    const WindowRow<I> row = window_row<I>(m0 + F::LoadA::row(r), f.M, f.pixels, view,
+                                           (I)(f.g * channels_per_group) * x_stride_c, out_w, stride_h, stride_w,
+                                           pad_top, pad_left, x_stride_h, x_stride_w);
+    f.row_origin[r] = row.origin; f.row_y[r] = row.y; f.row_x[r] = row.x;
   }
   simt_block<I, BM, BN, TM>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
 }
