@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from . import _device
+from . import _device, settings
 from ._arrays import compute_dtype
 from ._spec import ConvSpec, ceil_div
 
@@ -118,6 +118,17 @@ def fast_divmod_magic(divisor: int) -> int:
 def capped_grid(units: int) -> int:
     """Blocks for a kernel that loops over `units` units: one each, at most GRID_CAP."""
     return max(1, min(units, GRID_CAP))
+
+
+def split_reduction(chunks: int, blocks: int, target_blocks: int, min_chunks: int, split_bytes: int) -> tuple[int, int]:
+    """(splits, chunks per split) of a GEMM whose `blocks` output tiles share a reduction of `chunks` chunks
+    until about `target_blocks` blocks run: each split at least `min_chunks` chunks, each with `split_bytes` of
+    float32 partial sums within the workspace limit, at most MAX_GRID[2]; one split where nothing fits.  Chosen by
+    the shapes only, never the SM count, so that the bits are the same on every run and every GPU."""
+    splits = max(1, min(ceil_div(target_blocks, blocks), chunks // min_chunks,
+                        settings.get_workspace_limit() // max(1, split_bytes), MAX_GRID[2]))
+    per_split = ceil_div(chunks, splits)
+    return ceil_div(chunks, per_split), per_split
 
 
 def elementwise_launch(total: int, block: int = ELEMENTWISE_BLOCK):

@@ -16,7 +16,7 @@ import numpy
 from .. import settings
 from .._device import _address
 from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
-                        index_type, kernel_name)
+                        index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
@@ -113,11 +113,9 @@ def plan_tensor_cores(spec: ConvSpec, dtype, pass_: str) -> TensorCorePlan:
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return TensorCorePlan(tile, (*blocks, 1))
-    chunks = max(1, ceil_div(reduction, TC_CHUNK))
-    splits = min(ceil_div(TC_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // TC_SPLIT_CHUNKS),
-                 max(1, settings.get_workspace_limit() // (spec.out_channels * rows * 4)), MAX_GRID[2])
-    per_split = ceil_div(chunks, max(1, splits))
-    return TensorCorePlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+    splits, per_split = split_reduction(max(1, ceil_div(reduction, TC_CHUNK)), blocks[0] * blocks[1],
+                                        TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS, spec.out_channels * rows * 4)
+    return TensorCorePlan(tile, (*blocks, splits), per_split)
 
 
 # --- launches ---------------------------------------------------------------------------------------------
@@ -271,14 +269,9 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     itemsize = numpy.dtype(dtype).itemsize
     shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES))
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
-    blocks = grid[0] * grid[1]
-    splits = 1
-    if blocks < IG_WAVE_BLOCKS:
-        out_bytes = spec.n * spec.out_channels * spec.out_pixels * 4
-        splits = max(1, min(ceil_div(IG_WAVE_BLOCKS, blocks), chunks // IG_SPLIT_CHUNKS,
-                            settings.get_workspace_limit() // max(1, out_bytes), MAX_GRID[2]))
-    per_split = ceil_div(chunks, splits)
-    return IgemmPlan(tile, (grid[0], grid[1], ceil_div(chunks, per_split)), shared, per_split)
+    splits, per_split = split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
+                                        spec.n * spec.out_channels * spec.out_pixels * 4)
+    return IgemmPlan(tile, (grid[0], grid[1], splits), shared, per_split)
 
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
@@ -377,12 +370,10 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     else:
         tile = (64, 64)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
-    chunks = max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name]))
-    workspace = spec.out_channels * (cols + 1) * 4
-    splits = min(ceil_div(TC_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // TC_SPLIT_CHUNKS),
-                 max(1, settings.get_workspace_limit() // workspace), MAX_GRID[2])
-    per_split = ceil_div(chunks, max(1, splits))
-    return TensorCorePlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+    splits, per_split = split_reduction(max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name])),
+                                        blocks[0] * blocks[1], TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS,
+                                        spec.out_channels * (cols + 1) * 4)
+    return TensorCorePlan(tile, (*blocks, splits), per_split)
 
 
 def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):

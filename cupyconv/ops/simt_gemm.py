@@ -16,7 +16,7 @@ import numpy
 
 from .. import settings
 from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, extent, index_type,
-                        kernel_name)
+                        kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div
 
 # Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
@@ -123,11 +123,9 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
-    chunks = max(1, ceil_div(reduction, SIMT_CHUNK))
-    splits = min(ceil_div(SIMT_SPLIT_BLOCKS, blocks[0] * blocks[1]), max(1, chunks // SIMT_SPLIT_CHUNKS),
-                 max(1, settings.get_workspace_limit() // (spec.out_channels * rows * 4)), MAX_GRID[2])
-    per_split = ceil_div(chunks, max(1, splits))
-    return SimtPlan(tile, (*blocks, ceil_div(chunks, per_split)), per_split)
+    splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1],
+                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * rows * 4)
+    return SimtPlan(tile, (*blocks, splits), per_split)
 
 
 # --- launches ---------------------------------------------------------------------------------------------
