@@ -15,7 +15,7 @@ from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
-from cupyconv._spec import ceil_div
+from cupyconv._spec import ceil_div, transposed_spec
 from cupyconv.ops import implicit_gemm as igemm
 from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -153,17 +153,41 @@ def test_split_k_matches_cpu_path_and_is_bit_identical(dtype, monkeypatch):
                                          out.view(numpy.uint8))
 
 
-def test_split_k_input_gradient(monkeypatch):
-    """The input gradient at stride 1 splits on the same kernel (the transposed convolution's K)."""
-    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
-    case = C("ig_split_input", (1, 16, 6, 5), (48, 16, 3, 3), padding=1)   # K = 9 x 48: 14 chunks of 32 halves
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float16)
+# The input gradient at stride 1 is conv_fwd_igemm on the transposed convolution (`implicit_gemm_grad_input`), so
+# `plan_igemm` of the transposed spec splits its K = taps x D / G exactly as the forward's: here D / G = 24, 9 taps,
+# K = 216 in 7 chunks of 32 halves or 14 of 16 floats; with IG_SPLIT_CHUNKS 3 splits of 4 chunks, 4 + 3 (16-bit)
+# or 4 + 4 + 4 + 2 (float32), later ones starting mid-tap; groups 2, dilation and padding differing per axis.
+SPLIT_INPUT_CASE = C("ig_split_input", (2, 32, 5, 6), (48, 16, 3, 3), padding=((1, 1), (2, 1)), dilation=(1, 2),
+                     groups=2)
+
+
+def split_input_gradient(device, case, grad_output, x, weight):
+    return numpy.asarray(run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                             needs=("input",), **case.kwargs)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_k_input_gradient(dtype, monkeypatch):
+    """The stride-1 input gradient of a small grid splits K with the forward's plan (the transposed spec's): the
+    last split short, against the CPU path in float64 (outputs poisoned by the emulator), then the same bits
+    with the blocks and threads in reverse order and on a second run."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
+    case = SPLIT_INPUT_CASE
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), DTYPES[dtype])
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, groups=2, stride=1, padding=((1, 1), (2, 1)),
+                                               dilation=(1, 2))
+    plan = igemm.plan_igemm(transposed_spec(spec), DTYPES[dtype])
+    chunks = ceil_div(9 * 24, igemm.IG_ROW_BYTES // numpy.dtype(DTYPES[dtype]).itemsize)
+    assert plan.splits >= 2 and chunks % plan.chunks_per_split, plan   # the last split is short
     device = Recorder("reverse")
-    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
-              **case.kwargs)[0]
+    got = split_input_gradient(device, case, grad_output, x, weight)
     assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
+    assert device.count("conv_bwd_input_tc") == 0, device.launches
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
-    assert_close(got, want, "float16", case.name)
+    assert_close(got, want, dtype, case.name)
+    for again in (EmulatedDevice("forward"), EmulatedDevice("reverse")):
+        numpy.testing.assert_array_equal(split_input_gradient(again, case, grad_output, x, weight).view(numpy.uint8),
+                                         got.view(numpy.uint8))
 
 
 def test_no_split_for_large_grids_or_without_workspace(monkeypatch):
