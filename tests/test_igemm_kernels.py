@@ -9,6 +9,8 @@ Problems are small and odd: rows (pixels) never a multiple of the tile, K chunks
 per group 16, 24, 40 against chunks of 32 halves or 16 floats), padding per side, stride and dilation differing
 per axis, groups, several column tiles, the epilogue's vector and scalar stores.
 """
+import dataclasses
+
 import numpy
 import pytest
 from optional_deps import BFLOAT16, Dtypes
@@ -118,6 +120,68 @@ def test_every_tile(dtype, columns, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# narrow tiles (IG_NARROW_TILES): groups of at most 32 columns
+
+NARROW_CASES = [
+    # 4 groups of 16 channels in and out: the 16-column tile, one group per column tile; 126 rows (partial)
+    C("ig_narrow_16", (2, 64, 9, 7), (64, 16, 3, 3), padding=1, groups=4),
+    # 2 groups of 32 channels: the 32-column tile; stride and dilation per axis, padding per side
+    C("ig_narrow_32", (1, 64, 12, 11), (64, 32, 3, 2), stride=(1, 2), padding=((2, 0), (1, 1)), dilation=(2, 1),
+      groups=2),
+    # 3 groups of 24 output channels from 16: the 32-column tile's last 8 columns past the group (partial)
+    C("ig_narrow_partial_32", (2, 48, 8, 8), (72, 16, 3, 3), padding=1, groups=3),
+    # 12 output channels per group from 16: the 16-column tile, 4 columns past the group; no bias
+    C("ig_narrow_partial_16", (1, 32, 10, 13), (24, 16, 1, 3), padding=(0, 1), groups=2, bias=False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", NARROW_CASES, ids=str)
+def test_narrow_tiles_forward(case, dtype):
+    """Groups of 12-32 output channels take the narrowest IG_NARROW_TILES tile that holds them (never a
+    64-column tile), bias included, against the CPU path; blocks in reverse order for half the cases."""
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
+    columns = case.weight[0] // case.groups
+    tile = next(t for t in igemm.IG_NARROW_TILES if columns <= t[1])
+    device = Recorder("reverse" if "partial" in case.name else "forward")
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
+    assert launched == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile)], device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, case.name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", NARROW_CASES[:2], ids=str)
+def test_narrow_tiles_input_gradient(case, dtype):
+    """The stride-1 input gradient's columns are C / G (16, 32): the narrow tiles on the transposed problem."""
+    case = dataclasses.replace(case, stride=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), DTYPES[dtype])
+    tile = next(t for t in igemm.IG_NARROW_TILES if case.weight[1] <= t[1])
+    device = Recorder("reverse")
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
+    assert launched == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile)], device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, case.name)
+
+
+def test_narrow_tiles_are_planned_by_columns_only():
+    """16 columns or fewer: 128 x 16; 17 to 32: 128 x 32; more: the IG_TILES choice, as before.  A grid under a
+    wave splits K on the narrow tile too."""
+    def plan(columns, groups=1, pixels=64, channels=32):
+        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((8, channels * groups, pixels, pixels)),
+                                                   numpy.empty((columns * groups, channels, 3, 3)), None, stride=1,
+                                                   padding=1, dilation=1, groups=groups)
+        return igemm.plan_igemm(spec, numpy.float16)
+    assert [plan(c).tile[:2] for c in (4, 16, 17, 24, 32)] == [(128, 16)] * 2 + [(128, 32)] * 3
+    assert plan(16, groups=32).grid[:2] == (256, 32)
+    assert plan(33).tile[1] == 64 and plan(256).tile[1] == 128
+    small = plan(32, pixels=4, channels=256)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 9 splits of 8
+    assert small.tile[:2] == (128, 32) and small.grid == (1, 1, 9) and small.chunks_per_split == 8, small
+
+
+# ---------------------------------------------------------------------------------------------------------
 # split-K (grids under IG_WAVE_BLOCKS)
 
 # 24 channels per group, 2 groups, 3 x 3: K = 216, 7 chunks of 32 halves (the last 24 long) or 14 of 16 floats;
@@ -214,7 +278,7 @@ def test_64_bit_index_variant(monkeypatch):
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), numpy.float16)
     device = Recorder()
     out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 64, 64, 4>", device.launches
+    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 128, 16, 4>", device.launches
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
 
 
