@@ -435,10 +435,9 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
-  // B rows per thread; the 16-column tile has 64 vectors of B per chunk, copied by the first 16 rows' threads.
-  constexpr int A_ROWS = BM * IG_ROW_VECTORS / IG_THREADS, B_ROWS = (BN * IG_ROW_VECTORS + IG_THREADS - 1) / IG_THREADS;
-  // Warps: 2 x 2 of (BM / 2) x (BN / 2), or, for 256 x 64 and the narrow tiles (BN 32 and 16, for groups of
-  // few channels), 4 x 1 of BM / 4 x BN (256 x 64: the square warp tile, the fewest ldmatrix per mma.sync).
+  constexpr int A_ROWS = BM * IG_ROW_VECTORS / IG_THREADS, B_ROWS = BN * IG_ROW_VECTORS / IG_THREADS;
+  // Warps: 2 x 2 of (BM / 2) x (BN / 2), or 4 x 1 of (BM / 4) x BN for 256 x 64 (the square warp tile: the fewest
+  // ldmatrix per mma.sync) and the narrow tiles of 32 columns (groups of at most 32 channels).
   constexpr int WARPS_N = BM >= 4 * BN ? 1 : 2, WARPS_M = 4 / WARPS_N;
   constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
   constexpr int STAGE_BYTES = (BM + BN) * IG_ROW_BYTES;
@@ -501,7 +500,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
 #pragma unroll
   for (int i = 0; i < B_ROWS; ++i) {
     const int col = n0 + row0 + 32 * i;
-    b_inside[i] = col < dg;  // (rows past BN, in the 16-column tile: no copy at all, below)
+    b_inside[i] = col < dg;
     b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC + chunk_begin * BK : (I)0;
   }
   int b_k = v * VEC + chunk_begin * BK;
@@ -519,7 +518,6 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     }
 #pragma unroll
     for (int i = 0; i < B_ROWS; ++i) {
-      if (BN < 32 && row0 >= BN) break;  // the 16-column tile: rows 16-31 would be the next stage's A
       const bool inside = b_inside[i] && b_k < K;
       cp_async_cg_16(b_stage + store_offset + 32 * i * IG_ROW_BYTES, inside ? weight + b_offset[i] : weight,
                      inside ? IG_VECTOR_BYTES : 0);

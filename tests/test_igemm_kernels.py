@@ -123,26 +123,34 @@ def test_every_tile(dtype, columns, monkeypatch):
 # narrow tiles (IG_NARROW_TILES): groups of at most 32 columns
 
 NARROW_CASES = [
-    # 4 groups of 16 channels in and out: the 16-column tile, one group per column tile; 126 rows (partial)
+    # 4 groups of 16 channels in and out: a 32-column tile, its last 16 columns past the group; 126 rows (partial)
     C("ig_narrow_16", (2, 64, 9, 7), (64, 16, 3, 3), padding=1, groups=4),
-    # 2 groups of 32 channels: the 32-column tile; stride and dilation per axis, padding per side
+    # 2 groups of 32 channels: the whole tile; stride and dilation per axis, padding per side
     C("ig_narrow_32", (1, 64, 12, 11), (64, 32, 3, 2), stride=(1, 2), padding=((2, 0), (1, 1)), dilation=(2, 1),
       groups=2),
-    # 3 groups of 24 output channels from 16: the 32-column tile's last 8 columns past the group (partial)
-    C("ig_narrow_partial_32", (2, 48, 8, 8), (72, 16, 3, 3), padding=1, groups=3),
-    # 12 output channels per group from 16: the 16-column tile, 4 columns past the group; no bias
-    C("ig_narrow_partial_16", (1, 32, 10, 13), (24, 16, 1, 3), padding=(0, 1), groups=2, bias=False),
+    # 3 groups of 24 output channels from 16: 8 columns past the group
+    C("ig_narrow_partial_24", (2, 48, 8, 8), (72, 16, 3, 3), padding=1, groups=3),
+    # 12 output channels per group from 16, no bias
+    C("ig_narrow_partial_12", (1, 32, 10, 13), (24, 16, 1, 3), padding=(0, 1), groups=2, bias=False),
 ]
 
 
+def narrow_tile(wave, monkeypatch):
+    """IG_WAVE_BLOCKS 1: every grid fills a wave, the planner takes the largest narrow tile (256 x 32, 72 KiB of
+    opted-in shared memory for float32); 10^9: none does, the smallest (128 x 32)."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 10**6)   # the split has its own tests
+    return igemm.IG_NARROW_TILES[0 if wave == 1 else -1]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("wave", [1, 10**9])
 @pytest.mark.parametrize("case", NARROW_CASES, ids=str)
-def test_narrow_tiles_forward(case, dtype):
-    """Groups of 12-32 output channels take the narrowest IG_NARROW_TILES tile that holds them (never a
-    64-column tile), bias included, against the CPU path; blocks in reverse order for half the cases."""
+def test_narrow_tiles_forward(case, wave, dtype, monkeypatch):
+    """Groups of 12-32 output channels take a 32-column tile (never a 64-column one), bias included, against the
+    CPU path; blocks in reverse order for the partial cases."""
+    tile = narrow_tile(wave, monkeypatch)
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
-    columns = case.weight[0] // case.groups
-    tile = next(t for t in igemm.IG_NARROW_TILES if columns <= t[1])
     device = Recorder("reverse" if "partial" in case.name else "forward")
     out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
@@ -151,12 +159,13 @@ def test_narrow_tiles_forward(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("wave", [1, 10**9])
 @pytest.mark.parametrize("case", NARROW_CASES[:2], ids=str)
-def test_narrow_tiles_input_gradient(case, dtype):
+def test_narrow_tiles_input_gradient(case, wave, dtype, monkeypatch):
     """The stride-1 input gradient's columns are C / G (16, 32): the narrow tiles on the transposed problem."""
+    tile = narrow_tile(wave, monkeypatch)
     case = dataclasses.replace(case, stride=1)
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), DTYPES[dtype])
-    tile = next(t for t in igemm.IG_NARROW_TILES if case.weight[1] <= t[1])
     device = Recorder("reverse")
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
@@ -167,18 +176,20 @@ def test_narrow_tiles_input_gradient(case, dtype):
 
 
 def test_narrow_tiles_are_planned_by_columns_only():
-    """16 columns or fewer: 128 x 16; 17 to 32: 128 x 32; more: the IG_TILES choice, as before.  A grid under a
-    wave splits K on the narrow tile too."""
-    def plan(columns, groups=1, pixels=64, channels=32):
-        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((8, channels * groups, pixels, pixels)),
+    """Groups of at most 32 columns: 256 x 32 where it gives IG_WAVE_BLOCKS blocks, else 128 x 32 (split-K as
+    any small grid); more columns: the IG_TILES choice, as before."""
+    def plan(columns, groups=1, pixels=64, channels=32, images=32):
+        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((images, channels * groups, pixels, pixels)),
                                                    numpy.empty((columns * groups, channels, 3, 3)), None, stride=1,
                                                    padding=1, dilation=1, groups=groups)
         return igemm.plan_igemm(spec, numpy.float16)
-    assert [plan(c).tile[:2] for c in (4, 16, 17, 24, 32)] == [(128, 16)] * 2 + [(128, 32)] * 3
-    assert plan(16, groups=32).grid[:2] == (256, 32)
+    assert [plan(c).tile for c in (4, 16, 32)] == [(256, 32, 4)] * 3   # 512 blocks of 256 rows
+    assert plan(16, images=8).tile == (128, 32, 4)   # 128 blocks of 256 rows, 256 of 128: neither fills a wave
+    assert plan(16, groups=32, pixels=14, images=32).grid == (25, 32, 1)   # rx-512: 6272 rows, 800 blocks
+    assert plan(32, groups=32, pixels=7, images=32).grid == (13, 32, 1)    # rx-1024: 224 at 256 rows; 416 at 128
     assert plan(33).tile[1] == 64 and plan(256).tile[1] == 128
-    small = plan(32, pixels=4, channels=256)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 9 splits of 8
-    assert small.tile[:2] == (128, 32) and small.grid == (1, 1, 9) and small.chunks_per_split == 8, small
+    small = plan(32, pixels=4, channels=256, images=8)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 9 splits of 8
+    assert small.tile == (128, 32, 4) and small.grid == (1, 1, 9) and small.chunks_per_split == 8, small
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -278,7 +289,7 @@ def test_64_bit_index_variant(monkeypatch):
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), numpy.float16)
     device = Recorder()
     out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 128, 16, 4>", device.launches
+    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 128, 32, 4>", device.launches
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
 
 
