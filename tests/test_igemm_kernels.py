@@ -382,4 +382,5 @@ def test_clean_under_asan():
     zero-filled, a channel past the group), or a split's write outside its workspace, aborts the ASan build."""
     assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::{name}" for name in (
         "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
-        "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical"))))
+        "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical",
+        "test_narrow_tiles_forward"))))
