@@ -381,8 +381,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // Requirements, checked by the planner (`igemm_refusal`): C / G and D / G multiples of IG_VECTOR_BYTES / sizeof
 // (T), so that no 16-byte vector straddles a tap or a group; x and the weight 16-byte aligned.
 //
-// Block: IG_THREADS = 4 warps in 2 x 2, each a (BM / 2) x (BN / 2) warp tile of m16n8 mma tiles (256 x 64: 4 x 1
-// warps of 64 x 64), over K in chunks of IG_ROW_BYTES bytes (32 halves or 16 floats: two mma k-steps).  Shared memory holds STAGES chunks
+// Block: IG_THREADS = 4 warps in 2 x 2, each a (BM / 2) x (BN / 2) warp tile of m16n8 mma tiles (256 x 64 and the
+// 32-column tiles of small groups: 4 x 1 warps of (BM / 4) x BN), over K in chunks of IG_ROW_BYTES bytes (32 halves or 16 floats: two mma k-steps).  Shared memory holds STAGES chunks
 // of A (BM rows) and B (BN rows), each row IG_ROW_BYTES = 4 vectors of 16 bytes; vector v of row r is stored
 // at position v ^ ((r >> 1) & 3), so that the 8 rows an ldmatrix phase reads (and the 8 vectors a quarter warp
 // of cp.async writes) fall in 8 different 16-byte bank groups: no bank conflicts without padding.
@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
   constexpr int A_ROWS = BM * IG_ROW_VECTORS / IG_THREADS, B_ROWS = BN * IG_ROW_VECTORS / IG_THREADS;
-  // Warps: 2 x 2 of (BM / 2) x (BN / 2), or for 256 x 64 4 x 1 of 64 x 64 (the square warp tile: the fewest
-  // ldmatrix per mma.sync).
+  // Warps: 2 x 2 of (BM / 2) x (BN / 2), or 4 x 1 of (BM / 4) x BN for 256 x 64 (the square warp tile: the fewest
+  // ldmatrix per mma.sync) and the narrow tiles of 32 columns (groups of at most 32 channels).
   constexpr int WARPS_N = BM >= 4 * BN ? 1 : 2, WARPS_M = 4 / WARPS_N;
   constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
   constexpr int STAGE_BYTES = (BM + BN) * IG_ROW_BYTES;

@@ -191,6 +191,9 @@ MUTATIONS = [
       "tests/test_counters.py -k channels_last_forward", "bank conflicts"),
     M("ig-channels-last-no-tf32", "implicit_gemm.cu", "return round_tf32 ? __uint_as_float(to_tf32(value)) : value;",
       "return value;", IG, "tc: fragment index"),
+    # the narrow tiles of conv_fwd_igemm (IG_NARROW_TILES, groups of at most 32 columns): the columns past a group
+    M("ig-narrow-columns-past-group", "implicit_gemm.cu", "    if (n >= dg) break;\n", "", IG + " -k narrow",
+      "off-by-one"),
     # split-K of conv_fwd_igemm (grids under IG_WAVE_BLOCKS): each split's start in A and B, its slice, the bias once
     M("ig-split-a-start", "implicit_gemm.cu", "  tap_offset += (U)(chunk_begin * BK);\n", "", IG + " -k split",
       "tc: split range"),

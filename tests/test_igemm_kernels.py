@@ -9,13 +9,15 @@ Problems are small and odd: rows (pixels) never a multiple of the tile, K chunks
 per group 16, 24, 40 against chunks of 32 halves or 16 floats), padding per side, stride and dilation differing
 per axis, groups, several column tiles, the epilogue's vector and scalar stores.
 """
+import dataclasses
+
 import numpy
 import pytest
 from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device, _kernels, settings
-from cupyconv._spec import ceil_div
+from cupyconv._spec import ceil_div, transposed_spec
 from cupyconv.ops import implicit_gemm as igemm
 from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -118,6 +120,79 @@ def test_every_tile(dtype, columns, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# narrow tiles (IG_NARROW_TILES): groups of at most 32 columns
+
+NARROW_CASES = [
+    # 4 groups of 16 channels in and out: a 32-column tile, its last 16 columns past the group; 126 rows (partial)
+    C("ig_narrow_16", (2, 64, 9, 7), (64, 16, 3, 3), padding=1, groups=4),
+    # 2 groups of 32 channels: the whole tile; stride and dilation per axis, padding per side
+    C("ig_narrow_32", (1, 64, 12, 11), (64, 32, 3, 2), stride=(1, 2), padding=((2, 0), (1, 1)), dilation=(2, 1),
+      groups=2),
+    # 3 groups of 24 output channels from 16: 8 columns past the group
+    C("ig_narrow_partial_24", (2, 48, 8, 8), (72, 16, 3, 3), padding=1, groups=3),
+    # 12 output channels per group from 16, no bias
+    C("ig_narrow_partial_12", (1, 32, 10, 13), (24, 16, 1, 3), padding=(0, 1), groups=2, bias=False),
+]
+
+
+def narrow_tile(wave, monkeypatch):
+    """IG_WAVE_BLOCKS 1: every grid fills a wave, the planner takes the largest narrow tile (256 x 32, 72 KiB of
+    opted-in shared memory for float32); 10^9: none does, the smallest (128 x 32)."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 10**6)   # the split has its own tests
+    return igemm.IG_NARROW_TILES[0 if wave == 1 else -1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("wave", [1, 10**9])
+@pytest.mark.parametrize("case", NARROW_CASES, ids=str)
+def test_narrow_tiles_forward(case, wave, dtype, monkeypatch):
+    """Groups of 12-32 output channels take a 32-column tile (never a 64-column one), bias included, against the
+    CPU path; blocks in reverse order for the partial cases."""
+    tile = narrow_tile(wave, monkeypatch)
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
+    device = Recorder("reverse" if "partial" in case.name else "forward")
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
+    assert launched == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile)], device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, case.name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("wave", [1, 10**9])
+@pytest.mark.parametrize("case", NARROW_CASES[:2], ids=str)
+def test_narrow_tiles_input_gradient(case, wave, dtype, monkeypatch):
+    """The stride-1 input gradient's columns are C / G (16, 32): the narrow tiles on the transposed problem."""
+    tile = narrow_tile(wave, monkeypatch)
+    case = dataclasses.replace(case, stride=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), DTYPES[dtype])
+    device = Recorder("reverse")
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    launched = [name for name in device.launches if name.startswith("conv_fwd_igemm<")]
+    assert launched == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *tile)], device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, case.name)
+
+
+def test_narrow_tiles_are_planned_by_columns_only():
+    """Groups of at most 32 columns: 256 x 32 where it gives IG_WAVE_BLOCKS blocks, else 128 x 32 (split-K as
+    any small grid); more columns: the IG_TILES choice, as before."""
+    def plan(columns, groups=1, pixels=64, channels=32, images=32):
+        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((images, channels * groups, pixels, pixels)),
+                                                   numpy.empty((columns * groups, channels, 3, 3)), None, stride=1,
+                                                   padding=1, dilation=1, groups=groups)
+        return igemm.plan_igemm(spec, numpy.float16)
+    assert [plan(c).tile for c in (4, 16, 32)] == [(256, 32, 4)] * 3   # 512 blocks of 256 rows
+    assert plan(16, images=8).tile == (128, 32, 4)   # 128 blocks of 256 rows, 256 of 128: neither fills a wave
+    assert plan(16, groups=32, pixels=14, images=32).grid == (25, 32, 1)   # rx-512: 6272 rows, 800 blocks
+    assert plan(32, groups=32, pixels=7, images=32).grid == (13, 32, 1)    # rx-1024: 224 at 256 rows; 416 at 128
+    assert plan(33).tile[1] == 64 and plan(256).tile[1] == 128
+    small = plan(32, pixels=4, channels=256, images=8)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 9 splits of 8
+    assert small.tile == (128, 32, 4) and small.grid == (1, 1, 9) and small.chunks_per_split == 8, small
+
+
+# ---------------------------------------------------------------------------------------------------------
 # split-K (grids under IG_WAVE_BLOCKS)
 
 # 24 channels per group, 2 groups, 3 x 3: K = 216, 7 chunks of 32 halves (the last 24 long) or 14 of 16 floats;
@@ -153,17 +228,41 @@ def test_split_k_matches_cpu_path_and_is_bit_identical(dtype, monkeypatch):
                                          out.view(numpy.uint8))
 
 
-def test_split_k_input_gradient(monkeypatch):
-    """The input gradient at stride 1 splits on the same kernel (the transposed convolution's K)."""
-    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
-    case = C("ig_split_input", (1, 16, 6, 5), (48, 16, 3, 3), padding=1)   # K = 9 x 48: 14 chunks of 32 halves
-    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), numpy.float16)
+# The input gradient at stride 1 is conv_fwd_igemm on the transposed convolution (`implicit_gemm_grad_input`), so
+# `plan_igemm` of the transposed spec splits its K = taps x D / G exactly as the forward's: here D / G = 24, 9 taps,
+# K = 216 in 7 chunks of 32 halves or 14 of 16 floats; with IG_SPLIT_CHUNKS 3 splits of 4 chunks, 4 + 3 (16-bit)
+# or 4 + 4 + 4 + 2 (float32), later ones starting mid-tap; groups 2, dilation and padding differing per axis.
+SPLIT_INPUT_CASE = C("ig_split_input", (2, 32, 5, 6), (48, 16, 3, 3), padding=((1, 1), (2, 1)), dilation=(1, 2),
+                     groups=2)
+
+
+def split_input_gradient(device, case, grad_output, x, weight):
+    return numpy.asarray(run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                             needs=("input",), **case.kwargs)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_k_input_gradient(dtype, monkeypatch):
+    """The stride-1 input gradient of a small grid splits K with the forward's plan (the transposed spec's): the
+    last split short, against the CPU path in float64 (outputs poisoned by the emulator), then the same bits
+    with the blocks and threads in reverse order and on a second run."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
+    case = SPLIT_INPUT_CASE
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(8), DTYPES[dtype])
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, groups=2, stride=1, padding=((1, 1), (2, 1)),
+                                               dilation=(1, 2))
+    plan = igemm.plan_igemm(transposed_spec(spec), DTYPES[dtype])
+    chunks = ceil_div(9 * 24, igemm.IG_ROW_BYTES // numpy.dtype(DTYPES[dtype]).itemsize)
+    assert plan.splits >= 2 and chunks % plan.chunks_per_split, plan   # the last split is short
     device = Recorder("reverse")
-    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
-              **case.kwargs)[0]
+    got = split_input_gradient(device, case, grad_output, x, weight)
     assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
+    assert device.count("conv_bwd_input_tc") == 0, device.launches
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
-    assert_close(got, want, "float16", case.name)
+    assert_close(got, want, dtype, case.name)
+    for again in (EmulatedDevice("forward"), EmulatedDevice("reverse")):
+        numpy.testing.assert_array_equal(split_input_gradient(again, case, grad_output, x, weight).view(numpy.uint8),
+                                         got.view(numpy.uint8))
 
 
 def test_no_split_for_large_grids_or_without_workspace(monkeypatch):
@@ -190,7 +289,7 @@ def test_64_bit_index_variant(monkeypatch):
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), numpy.float16)
     device = Recorder()
     out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 64, 64, 4>", device.launches
+    assert device.launches[-1] == "conv_fwd_igemm<__half, long long, 128, 32, 4>", device.launches
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
 
 
@@ -283,4 +382,5 @@ def test_clean_under_asan():
     zero-filled, a channel past the group), or a split's write outside its workspace, aborts the ASan build."""
     assert_clean_under_asan(pytest_under_asan(*(f"{__file__}::{name}" for name in (
         "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
-        "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical"))))
+        "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical",
+        "test_narrow_tiles_forward"))))

@@ -492,8 +492,10 @@ def test_weight_igemm_main_loop_is_lean(kernel_programs, sass_tools):
 # index, 16-bit types; the input gradient at stride 1 is the same kernel), by tile: issue 24's target of 6 for
 # the large tiles, which the planner takes wherever the grid fills two waves.  NVRTC 13.0 on 2026-11-25: 3.8 (128 x
 # 128), 4.1 (256 x 64), 5.9 (128 x 64), 8.7 (64 x 64: its per-chunk address and mask upkeep is shared by only 16
-# HMMA).
-IGEMM_LOOP_PER_HMMA = {(128, 128): 4.5, (256, 64): 4.8, (128, 64): 6.0, (64, 64): 10.0}
+# HMMA); the narrow tiles of groups of at most 32 columns (IG_NARROW_TILES) 6.8 (256 x 32) and 9.0 (128 x 32: 16
+# HMMA a chunk), where a 64-column tile would spend half or more of its HMMA on padding.
+IGEMM_LOOP_PER_HMMA = {(128, 128): 4.5, (256, 64): 4.8, (128, 64): 6.0, (64, 64): 10.0, (256, 32): 7.5,
+                       (128, 32): 9.5}
 
 
 @pytest.mark.slow
@@ -515,7 +517,7 @@ def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
         if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
-    assert seen == 8 and not problems, "\n".join(problems)
+    assert seen == 12 and not problems, "\n".join(problems)
 
 
 def unit_loop_opcodes(program) -> dict[str, Counter]:

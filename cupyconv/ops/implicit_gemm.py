@@ -46,7 +46,7 @@ def instantiations():
     for kernel, (dtype, tiles), index in itertools.product(TC_PASSES.values(), TC_TILES.items(), INDEX_TYPES):
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
-        names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles]
+        names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         names.append(kernel_name("channels_last_copy", dtype, index))
     return names + weight_igemm_instantiations()
 
@@ -178,6 +178,12 @@ IG_VECTOR_BYTES = 16                            # one cp.async: 8 channels of a 
 IG_TILES = {"float16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
             "bfloat16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
             "float32": ((128, 64, 3), (64, 64, 4))}
+# Groups of at most 32 columns (output channels; input channels for the input gradient), e.g. ResNeXt's 16 and
+# 32 channels per group, would leave 1/2 to 3/4 of a 64-column tile's MMAs on padding: they take these 32-column
+# tiles instead (every dtype, warps of (BM / 4) x 32 stacked 4 x 1), chosen by the same rule.  No 16-column
+# tile: its 4 cp.async of A per 8 mma.sync a warp (17 SASS instructions per HMMA at 128 rows, 12 at 256, against
+# 6.8 for 256 x 32) would cost more in issue than the halved MMAs of 16-channel groups save.
+IG_NARROW_TILES = ((256, 32, 4), (128, 32, 4))
 # The planner takes the largest tile that still gives this many blocks (two waves of a 132-SM H100; a shape-only
 # constant, so the plan never depends on the GPU), else the smallest one.
 IG_WAVE_BLOCKS = 264
@@ -256,12 +262,13 @@ class IgemmPlan:
 
 def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     """The tile of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed spec): the
-    largest of IG_TILES[dtype] that gives IG_WAVE_BLOCKS blocks, without 128 columns for groups of 64 or fewer.
+    largest of IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32 columns) that gives IG_WAVE_BLOCKS
+    blocks, without 128 columns for groups of 64 or fewer.
     A smaller grid (the smallest tile's) splits K, by the shapes only (never the SM count), into at most as many
     splits as bring it to IG_WAVE_BLOCKS blocks, each at least IG_SPLIT_CHUNKS chunks, whose float32 sums of out
     fit in the workspace limit; when none fits, one split as before."""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
-    tiles = [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    tiles = IG_NARROW_TILES if cols <= 32 else [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
     grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn), 1) for bm, bn, _ in tiles]
     tile, grid = next(((t, g) for t, g in zip(tiles, grids) if g[0] * g[1] >= IG_WAVE_BLOCKS),
                       (tiles[-1], grids[-1]))
