@@ -584,6 +584,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   blockDim = dim3(block[0], block[1], block[2]);
   const SharedMemory shared = locate_shared();
   counters::set_shared(shared.begin, shared.end);
+  async_copy_set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
 #endif
