@@ -28,8 +28,10 @@ enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE, FAILED };
 // engine never changes), most of the time of a kernel whose threads meet at many barriers and warp operations.
 // So on x86-64 a switch is emu_switch_stack below: it saves what a called function must preserve (the
 // callee-saved registers, the SSE and x87 control words) on the old stack, swaps the stack pointers and restores
-// them from the new one.  The ASan build keeps swapcontext, whose interceptor ASan's fiber support relies on.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// them from the new one.  In the ASan build as well: its fiber support is the __sanitizer_*_switch_fiber calls
+// around each switch (swapcontext's interceptor did nothing more, as no fiber context records its stack).
+// Elsewhere than x86-64, swapcontext.
+#if defined(__x86_64__)
 #define EMU_STACK_SWITCH 1
 // emu_switch_stack(&saved, next): *saved = this stack's pointer, then resume the stack that `next` points into.
 extern "C" void emu_switch_stack(void** saved, void* next);
