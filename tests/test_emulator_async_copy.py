@@ -18,7 +18,7 @@ INSTANTIATIONS = [(SOURCE, k) for k in ("async_copy_stages", "ldmatrix_rows", "a
 ORDERS = ("forward", "reverse")
 # async_copy.cu's Bug
 CORRECT, NO_WAIT, WAIT_TOO_FEW, MISALIGNED_SMEM, MISALIGNED_GMEM, SRC_BYTES_17, FULL_ROW_PAST_END, NO_COMMIT, \
-    REISSUE = range(9)
+    REISSUE, NOT_SHARED = range(10)
 POISON = 0xFF
 
 
@@ -76,7 +76,8 @@ def test_reusing_a_stage_still_in_flight_fails(bug):
     (SRC_BYTES_17, r"cp.async of 16 bytes with src-size 17: it must be within 0..16"),
     (REISSUE, r"cp.async into 16 bytes of shared memory at 0x[0-9a-f]+ that a cp.async of thread 3 \(at "
               r"\S*async_copy.cu:\d+\) still has in flight"),
-], ids=["misaligned_smem", "misaligned_gmem", "src_size_17", "reissue"])
+    (NOT_SHARED, r"cp.async to 0x[0-9a-f]+, which is not shared memory"),
+], ids=["misaligned_smem", "misaligned_gmem", "src_size_17", "reissue", "not_shared"])
 def test_broken_copies_fail(bug, message):
     with pytest.raises(KernelFailure, match=r"block \(0,0,0\): thread \(\d+,0,0\): " + message +
                        r".* at \S*async_copy.cu:\d+"):

@@ -1,8 +1,8 @@
 // Stand-in for raw_kernels/async_copy.cuh in the CPU emulator: cp.async with its groups and waits, and ldmatrix
 // as a warp collective, with the hardware's rules.
 //
-// cp.async (cp_async_cg_16): both addresses must be 16-byte aligned and src_bytes within 0..16, or the launch
-// fails.  The source bytes are read at the call (an out-of-bounds source is an ASan report, as it is a fault on
+// cp.async (cp_async_cg_16): both addresses must be 16-byte aligned, the destination in shared memory and
+// src_bytes within 0..16, or the launch fails.  The source bytes are read at the call (an out-of-bounds source is an ASan report, as it is a fault on
 // a GPU), the destination's 16 bytes are poisoned (0xFF) and the copy is noted as in flight with the thread's
 // open group.  cp_async_commit closes the group; cp_async_wait<N> lands (writes to shared memory) every copy of
 // the calling thread whose group is committed and older than its N most recent committed groups.  Copies of
@@ -39,29 +39,62 @@ struct ThreadCopies {
 };
 inline ThreadCopies async_copies[1024];  // per thread of the running block (linear thread index)
 
+// Which copy has a granule in flight: one entry per 16-byte granule of the block's shared memory, 0 or 1 + the
+// rank of the thread whose copy into it is in flight.  Every copy's destination and every ldmatrix row is one
+// aligned granule (their alignment is checked first) and no two copies can be in flight into one granule (the
+// second fails), so one look-up answers what a scan of every thread's copies would, at a cost that does not grow
+// with the block and the pipeline's depth.  A copy sets its entry, its landing clears it; copies that never land
+// are cleared before the next block.
+struct InFlightMap {
+  uintptr_t base;          // shared memory's first byte, rounded down to 16
+  size_t granules;
+  unsigned short* owner;   // malloc'd, outside the TLS block: not shared memory, never poisoned or counted
+};
+inline InFlightMap in_flight_map;
+
 inline int thread_rank() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
-// Called by the engine before each block: nothing is in flight.
+// The entry of the granule that holds p, or nullptr outside shared memory.
+inline unsigned short* in_flight_entry(const void* p) {
+  const uintptr_t offset = (uintptr_t)p - in_flight_map.base;
+  return (uintptr_t)p >= in_flight_map.base && offset / 16 < in_flight_map.granules ? &in_flight_map.owner[offset / 16]
+                                                                                  : nullptr;
+}
+
+// Called by the engine before each grid with its shared memory, [begin, end).
+inline void async_copy_set_shared(const void* begin, const void* end) {
+  const uintptr_t base = (uintptr_t)begin & ~(uintptr_t)15;
+  const size_t granules = ((uintptr_t)end - base + 15) / 16;
+  if (base != in_flight_map.base || granules != in_flight_map.granules) {
+    free(in_flight_map.owner);
+    in_flight_map.owner = (unsigned short*)calloc(granules, sizeof(unsigned short));
+    if (!in_flight_map.owner) abort();
+    in_flight_map.base = base;
+    in_flight_map.granules = granules;
+  }
+}
+
+// Called by the engine before each block: nothing is in flight (the copies a failed or careless block left are
+// forgotten, their entries cleared).
 inline void async_copy_begin_block() {
   for (ThreadCopies& t : async_copies) {
+    for (int i = 0; i < t.count; ++i)
+      if (unsigned short* e = in_flight_entry(t.items[i].dst)) *e = 0;
     t.count = 0;
     t.open_group = 0;
   }
 }
 
-// The copy (of any thread of the block) with a destination byte in [begin, end), or nullptr; *owner its thread.
-inline const AsyncCopy* async_copy_in_flight(const unsigned char* begin, const unsigned char* end, int* owner) {
-  const int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
-  for (int t = 0; t < threads; ++t) {
-    for (int i = 0; i < async_copies[t].count; ++i) {
-      const AsyncCopy& c = async_copies[t].items[i];
-      if (c.dst < end && begin < c.dst + 16) {
-        *owner = t;
-        return &c;
-      }
-    }
-  }
-  return nullptr;
+// The copy (of any thread of the block) in flight into the 16-byte-aligned granule at p, or nullptr; *owner its
+// thread.
+inline const AsyncCopy* async_copy_in_flight(const void* p, int* owner) {
+  const unsigned short* e = in_flight_entry(p);
+  if (!e || !*e) return nullptr;
+  *owner = *e - 1;
+  const ThreadCopies& t = async_copies[*owner];
+  for (int i = 0; i < t.count; ++i)
+    if (t.items[i].dst == (const unsigned char*)p) return &t.items[i];
+  abort();  // the map and the owner's list disagree: a bug of this file
 }
 
 inline void async_copy_failure(const char* file, int line, const char* format, ...)
@@ -91,10 +124,15 @@ inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const ch
   if (src_bytes < 0 || src_bytes > 16)
     async_copy_failure(file, line, "cp.async of 16 bytes with src-size %d: it must be within 0..16", src_bytes);
   unsigned char* dst = (unsigned char*)smem;
+  unsigned short* entry = in_flight_entry(dst);
+  if (!entry)
+    async_copy_failure(file, line, "cp.async to %p, which is not shared memory (cp.async.shared.global writes "
+                       "shared memory only)", smem);
   int owner;
-  if (const AsyncCopy* c = async_copy_in_flight(dst, dst + 16, &owner))
+  if (const AsyncCopy* c = async_copy_in_flight(dst, &owner))
     in_flight_failure(file, line, "cp.async into 16 bytes", smem, c, owner);
-  ThreadCopies& t = async_copies[thread_rank()];
+  const int rank = thread_rank();
+  ThreadCopies& t = async_copies[rank];
   if (t.count == t.capacity) {
     t.capacity = t.capacity ? 2 * t.capacity : 16;
     t.items = (AsyncCopy*)realloc(t.items, t.capacity * sizeof(AsyncCopy));
@@ -112,6 +150,7 @@ inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const ch
   c.group = t.open_group;
   c.file = file;
   c.line = line;
+  *entry = (unsigned short)(rank + 1);
   std::memset(dst, 0xFF, 16);  // what the destination holds until the copy lands: poison
 }
 
@@ -124,8 +163,12 @@ template <int N> inline void cp_async_wait() {
   int kept = 0;
   for (int i = 0; i < t.count; ++i) {
     emu::AsyncCopy& c = t.items[i];
-    if (c.group < landed_below) std::memcpy(c.dst, c.data, 16);
-    else t.items[kept++] = c;
+    if (c.group < landed_below) {
+      std::memcpy(c.dst, c.data, 16);
+      *emu::in_flight_entry(c.dst) = 0;
+    } else {
+      t.items[kept++] = c;
+    }
   }
   t.count = kept;
 }
@@ -146,7 +189,7 @@ inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const 
       async_copy_failure(file, line, "ldmatrix row address %p of lane %d is not 16-byte aligned (a GPU faults: "
                          "misaligned address)", row, lane);
     int owner;
-    if (const AsyncCopy* c = async_copy_in_flight((const unsigned char*)row, (const unsigned char*)row + 16, &owner))
+    if (const AsyncCopy* c = async_copy_in_flight(row, &owner))
       in_flight_failure(file, line, "ldmatrix read", row, c, owner);
     std::memcpy(mine, row, 16);
   }

@@ -1,6 +1,6 @@
 // The emulator's execution engine, included by each generated launcher file after the kernel source.
 //
-// Blocks run one after another.  The threads of a block are ucontext fibers on the calling OS thread, switched
+// Blocks run one after another.  The threads of a block are fibers (own stacks) on the calling OS thread, switched
 // only at __syncthreads() and warp operations, in a fixed order (forward or reverse): runs are deterministic,
 // and a kernel that lacks a barrier reads another thread's data too early (or poison) in one of the orders.
 // After every pass over the runnable fibers the scheduler releases whatever can go on (complete warp groups,
@@ -24,8 +24,53 @@ constexpr size_t kDynamicSharedCapacity = EMU_DYNAMIC_SHARED_CAPACITY;
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE, FAILED };
 
+// Fiber switching.  swapcontext makes two system calls a switch (it saves and restores the signal mask, which the
+// engine never changes), most of the time of a kernel whose threads meet at many barriers and warp operations.
+// So on x86-64 a switch is emu_switch_stack below: it saves what a called function must preserve (the
+// callee-saved registers, the SSE and x87 control words) on the old stack, swaps the stack pointers and restores
+// them from the new one.  In the ASan build as well: its fiber support is the __sanitizer_*_switch_fiber calls
+// around each switch (swapcontext's interceptor did nothing more, as no fiber context records its stack).
+// Elsewhere than x86-64, swapcontext.
+#if defined(__x86_64__)
+#define EMU_STACK_SWITCH 1
+// emu_switch_stack(&saved, next): *saved = this stack's pointer, then resume the stack that `next` points into.
+extern "C" void emu_switch_stack(void** saved, void* next);
+asm(R"(
+  .text
+  .globl emu_switch_stack
+  .hidden emu_switch_stack
+  .type emu_switch_stack, @function
+emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch_stack, .-emu_switch_stack
+)");
+#else
+#define EMU_STACK_SWITCH 0
+#endif
+
 struct Fiber {
-  ucontext_t context;
+  ucontext_t context;  // swapcontext's (EMU_STACK_SWITCH 0)
+  void* sp;            // emu_switch_stack's (EMU_STACK_SWITCH 1)
   char* stack;
   bool has_context;
   uint3 tid;
@@ -46,6 +91,7 @@ struct Engine {
   int capacity = 0;  // fibers with a stack
   Fiber* current = nullptr;
   ucontext_t scheduler;
+  void* scheduler_sp = nullptr;
   void (*body)(void*) = nullptr;  // runs the kernel in the current fiber
   void* closure = nullptr;
   bool reverse = false;
@@ -82,7 +128,8 @@ static const char* where(const Fiber* f, char* text, size_t size) {
 #define EMU_THREAD(f) (f)->tid.x, (f)->tid.y, (f)->tid.z
 
 // ---------------------------------------------------------------------------------------------------------
-// Fiber switching.  The sanitizer hooks tell ASan which stack is live, or it reports false stack errors.
+// Fiber switching (see EMU_STACK_SWITCH).  The sanitizer hooks tell ASan which stack is live, or it reports false
+// stack errors.
 
 static void yield_to_scheduler(bool finished) {
   Fiber* f = engine.current;
@@ -92,7 +139,11 @@ static void yield_to_scheduler(bool finished) {
 #else
   (void)finished;
 #endif
+#if EMU_STACK_SWITCH
+  emu_switch_stack(&f->sp, engine.scheduler_sp);
+#else
   swapcontext(&f->context, &engine.scheduler);
+#endif
 #ifdef __SANITIZE_ADDRESS__
   __sanitizer_finish_switch_fiber(f->fake_stack, &engine.scheduler_stack, &engine.scheduler_stack_bytes);
 #endif
@@ -115,7 +166,11 @@ static void resume(Fiber* f) {
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, f->stack, kStackBytes);
 #endif
+#if EMU_STACK_SWITCH
+  emu_switch_stack(&engine.scheduler_sp, f->sp);
+#else
   swapcontext(&engine.scheduler, &f->context);
+#endif
 #ifdef __SANITIZE_ADDRESS__
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
@@ -139,6 +194,22 @@ static bool reserve_fibers(int n) {
 }
 
 static void start_fiber(Fiber* f) {
+#if EMU_STACK_SWITCH
+  // What emu_switch_stack pops, at the top of the fiber's stack: the control words (the scheduler's), six
+  // callee-saved registers (zeros) and the return address, fiber_main, entered with the stack pointer 8 below
+  // a 16-byte boundary as after a call.
+  void** sp = (void**)(f->stack + kStackBytes) - 2;
+  sp[0] = (void*)&fiber_main;
+  sp[1] = nullptr;
+  sp -= 7;
+  std::memset(sp, 0, 7 * sizeof(void*));
+  unsigned mxcsr = 0;
+  unsigned short x87 = 0;
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87));
+  std::memcpy(sp, &mxcsr, 4);
+  std::memcpy((char*)sp + 4, &x87, 2);
+  f->sp = sp;
+#else
   if (!f->has_context) {  // getcontext costs a system call: once per fiber, then makecontext reuses it
     getcontext(&f->context);
     f->has_context = true;
@@ -151,6 +222,7 @@ static void start_fiber(Fiber* f) {
   // switch (slow, and it would erase the redzones of the fiber's live frames).
   f->context.uc_stack.ss_sp = nullptr;
   f->context.uc_stack.ss_size = 0;
+#endif
   f->state = RUNNABLE;
 }
 
@@ -584,6 +656,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   blockDim = dim3(block[0], block[1], block[2]);
   const SharedMemory shared = locate_shared();
   counters::set_shared(shared.begin, shared.end);
+  async_copy_set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
 #endif

@@ -13,6 +13,7 @@ enum Bug {
   FULL_ROW_PAST_END = 6, // a padding row copied with src-size 16 instead of 0: reads past the input
   NO_COMMIT = 7,         // waits without committing: the copies are in no group, nothing lands
   REISSUE = 8,           // a second copy into bytes still in flight
+  NOT_SHARED = 9,        // a destination in the thread's local memory, not in shared memory
 };
 
 // rows x 16 bytes from `in` to `out` through three stages of shared memory, 32 rows (one per thread) a step, the
@@ -22,6 +23,7 @@ enum Bug {
 __global__ void async_copy_stages(const unsigned char* in, unsigned char* out, int rows, int last_bytes,
                                   int steps, int bug) {
   __shared__ __align__(16) unsigned char stage[3][32][16];
+  __align__(16) unsigned char local[16];  // NOT_SHARED's destination
   const int tid = threadIdx.x;
   auto issue = [&](int t) {
     if (t < steps) {
@@ -30,6 +32,7 @@ __global__ void async_copy_stages(const unsigned char* in, unsigned char* out, i
       if (bug == SRC_BYTES_17 && r == 0) bytes = 17;
       if (bug == FULL_ROW_PAST_END && r >= rows) bytes = 16;
       unsigned char* dst = stage[t % 3][tid] + (bug == MISALIGNED_SMEM && r == 5 ? 8 : 0);
+      if (bug == NOT_SHARED && r == 5) dst = local;
       const unsigned char* src = in + 16 * (long long)(r < rows ? r : rows) + (bug == MISALIGNED_GMEM && r == 5 ? 8 : 0);
       cp_async_cg_16(dst, src, bytes);
       if (bug == REISSUE && r == 3) cp_async_cg_16(dst, src, bytes);
