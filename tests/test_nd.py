@@ -432,6 +432,20 @@ def test_emulated_kernels_match_cpu_path(case, algorithm):
     check_kernel_path(EmulatedDevice("reverse"), case, numpy.float64, algorithm, 1e-12)
 
 
+def test_emulated_slabs_of_output_depths_3d():
+    """float32 on the emulated kernels under a limit of three images' depth windows: slabs of output depths (their
+    input gradients summed in grad_x itself), against torch."""
+    x, w, b, gy, kwargs = conv_inputs("3d-everything", seed=5, dtype=numpy.float32)
+    want = torch_conv(3, x, w, b, grad_output=gy, **kwargs)
+    spec = ConvSpec.for_conv("conv3d", x, w, b, kwargs["stride"], kwargs["padding"], kwargs["dilation"],
+                             kwargs["groups"], nd=3)
+    options = dict(kwargs, workspace_limit=3 * lift.depth_window_bytes(spec, 4), algorithm="im2col_gemm")
+    assert_close_to_scale(kernel_path(EmulatedDevice(), cupyconv.conv3d, x, w, b, **options), want[0], 1e-5)
+    got = kernel_path(EmulatedDevice("reverse"), cupyconv.conv3d_backward, gy, x, w, **options)
+    for g, expected in zip(got, want[1:]):
+        assert_close_to_scale(g, expected, 1e-5)
+
+
 @pytest.mark.parametrize("op", ["depthwise_conv1d", "depthwise_conv3d", "patch_conv1d", "patch_conv3d"])
 def test_emulated_depthwise_and_patch(op):
     """depthwise 1-D on the depthwise kernels (1 x k), 3-D on conv's grouped kernels; patch 1-D/3-D on the patch
