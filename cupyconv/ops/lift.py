@@ -260,13 +260,13 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
 
 def _depth_chunks(n: int, od: int, per_depth: int, per_image: int = 0):
     """The chunks of a 3-D batch of n images of od output depths, (images, output depths, the workspace limit of
-    their 2-D run in bytes), whose workspace -- `per_depth` bytes for each output depth of an image (its depth windows,
-    grad_output copy, ...) and `per_image` more for each image -- takes at most half the workspace limit; the 2-D
-    run gets the rest, so that the two together stay within the limit.  Whole images while two fit the limit; else
-    one image at a time in even slabs of output depths.  Slabs keep the 2-D run's share at half the limit or more,
-    where a whole image would leave it a limit of 1 byte, under which nothing inside can split (a weight gradient
-    of a few large output tiles would run on a few blocks: c3d-mri, 51-114 ms predicted instead of 5-8).  Only a
-    single output depth that passes half the limit still gets 1 byte: the 2-D run's least pieces."""
+    their 2-D run in bytes), whose workspace -- `per_depth` bytes for each output depth of an image (its depth
+    windows, grad_output copy, ...) and `per_image` more for each image -- takes at most half the workspace limit;
+    the 2-D run gets the rest, so that the two together stay within the limit.  Whole images while two fit the
+    limit; else one image at a time in even slabs of output depths, so that the 2-D run keeps half the limit or
+    more: a whole image would leave it less, 1 byte once the image passes the limit, and nothing inside could split
+    (c3d-mri in fp32: its FMA weight gradient unsplit on 14 blocks).  Only a single output depth that passes half
+    the limit still leaves the run less than half (at least 1 byte: its least pieces)."""
     limit = settings.get_workspace_limit()
     if 2 * (od * per_depth + per_image) <= limit:
         pieces = [(images, range(od)) for images in batch_chunks(n, 2 * (od * per_depth + per_image), limit)]
