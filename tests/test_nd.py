@@ -14,6 +14,8 @@ import pytest
 import cupyconv
 import reference as ref
 from cupyconv import _device
+from cupyconv._spec import ConvSpec
+from cupyconv.ops import lift
 from emulator import EmulatedDevice
 
 torch = pytest.importorskip("torch")
@@ -113,6 +115,41 @@ def test_several_workspace_chunks_3d():
     ref.assert_close(cupyconv.conv3d(x, w, b, workspace_limit=one_image, **kwargs), want[0])
     for got, expected in zip(cupyconv.conv3d_backward(gy, x, w, workspace_limit=one_image, **kwargs), want[1:]):
         ref.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("case", ["3d-everything", "3d-depth-stride-over-kernel", "3d-depth-dilation-pad-over-input"])
+@pytest.mark.parametrize("images", [1, 3])
+def test_slabs_of_output_depths_3d(monkeypatch, case, images):
+    """A limit of one or three images' depth windows: an image's backward (its windows, their gradient, its
+    grad_output copy) passes half of it, so it runs in slabs of its output depths (one or more each, uneven where
+    they do not divide); at three, where one output depth's take under half the limit, each 2-D run inside keeps
+    half the limit or more (not 1 byte).  torch's output and gradients: the slabs' input gradients summed onto
+    shared input depths, the parameter gradients over the slabs; float16 sums its input gradient in float32 across
+    its slabs."""
+    x, w, b, gy, kwargs = conv_inputs(case, seed=images)
+    want = torch_conv(3, x, w, b, grad_output=gy, **kwargs)
+    spec = ConvSpec.for_conv("conv3d", x, w, b, kwargs["stride"], kwargs["padding"], kwargs["dilation"],
+                             kwargs["groups"], nd=3)
+    limit = images * lift.depth_window_bytes(spec, 8)
+    chunks, inner_limits, chunks_of = [], [], lift._depth_chunks
+
+    def recorded(*args):
+        for images_, depths, inner in chunks_of(*args):
+            chunks.append((images_, depths))
+            inner_limits.append(inner)
+            yield images_, depths, inner
+    monkeypatch.setattr(lift, "_depth_chunks", recorded)
+    ref.assert_close(cupyconv.conv3d(x, w, b, workspace_limit=limit, **kwargs), want[0])
+    for got, expected in zip(cupyconv.conv3d_backward(gy, x, w, workspace_limit=limit, **kwargs), want[1:]):
+        ref.assert_close(got, expected)
+    assert any(len(depths) < spec.out_size[0] for _, depths in chunks)
+    assert images == 1 or min(inner_limits) >= limit // 2, inner_limits
+    half = [a.astype(numpy.float16) for a in (x, w, b, gy)]
+    want16 = torch_conv(3, *half[:3], grad_output=half[3], **kwargs)
+    got16 = cupyconv.conv3d_backward(half[3], *half[:2], workspace_limit=limit // 4, **kwargs)
+    for got, expected in zip(got16, want16[1:]):
+        assert got.dtype == numpy.float16
+        assert_close_to_scale(got, expected, 4e-3)
 
 
 @pytest.mark.parametrize("nd", [1, 3])
@@ -393,6 +430,20 @@ EMULATED = [("1d-strided-dilated-groups", "im2col_gemm"), ("1d-plain", "direct")
 @pytest.mark.parametrize("case, algorithm", EMULATED, ids=lambda v: str(v))
 def test_emulated_kernels_match_cpu_path(case, algorithm):
     check_kernel_path(EmulatedDevice("reverse"), case, numpy.float64, algorithm, 1e-12)
+
+
+def test_emulated_slabs_of_output_depths_3d():
+    """float32 on the emulated kernels under a limit of three images' depth windows: slabs of output depths (their
+    input gradients summed in grad_x itself), against torch."""
+    x, w, b, gy, kwargs = conv_inputs("3d-everything", seed=5, dtype=numpy.float32)
+    want = torch_conv(3, x, w, b, grad_output=gy, **kwargs)
+    spec = ConvSpec.for_conv("conv3d", x, w, b, kwargs["stride"], kwargs["padding"], kwargs["dilation"],
+                             kwargs["groups"], nd=3)
+    options = dict(kwargs, workspace_limit=3 * lift.depth_window_bytes(spec, 4), algorithm="im2col_gemm")
+    assert_close_to_scale(kernel_path(EmulatedDevice(), cupyconv.conv3d, x, w, b, **options), want[0], 1e-5)
+    got = kernel_path(EmulatedDevice("reverse"), cupyconv.conv3d_backward, gy, x, w, **options)
+    for g, expected in zip(got, want[1:]):
+        assert_close_to_scale(g, expected, 1e-5)
 
 
 @pytest.mark.parametrize("op", ["depthwise_conv1d", "depthwise_conv3d", "patch_conv1d", "patch_conv3d"])

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ch
     sys.path.append(str(ROOT))
 
 from benchmarks import _emulator, cases, launches, predict, sass  # noqa: E402
-from cupyconv.ops import implicit_gemm  # noqa: E402
+from cupyconv.ops import implicit_gemm, simt_gemm  # noqa: E402
 
 BY_LABEL = {c.label: c for c in cases.ALL_CASES}
 CHANNELS_LAST_REFUSAL = implicit_gemm.igemm_refusal
@@ -160,6 +160,19 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     assert launch.block == (128,) and not rec.gemms
     gemms = launches.record(BY_LABEL["r50-512-gpu32"], False).gemms
     assert [(g.m, g.n, g.k, g.batch, g.compute) for g in gemms] == [(49, 512, 4608, 32, "CUBLAS_COMPUTE_32F")]
+
+
+def test_recording_of_the_c3d_mri_fp32_backward():
+    """c3d-mri in strict fp32 under the default 256 MiB limit: an image's backward workspace (depth windows, their
+    gradient, the grad_output copy: 224 MiB) passes half the limit, so the 3-D driver runs slabs of output depths
+    (2 of 16 an image) whose 2-D runs keep the rest of the limit, and the FMA weight gradient splits each slab's
+    pixels until SIMT_SPLIT_BLOCKS blocks run (37 splits of 14 output tiles).  Under the 1-byte limit that whole
+    images left it (707d6e2) it could not split: 14 blocks, 2.7-8.0 ms a launch by the model instead of 0.09-0.27
+    (PREDICTIONS)."""
+    rec = launches.record(BY_LABEL["c3d-mri-gpu32"], True)
+    weights = [s for s in rec.launches if s.kernel == "simt_bwd_weight"]
+    assert len(weights) == 2 * 2
+    assert all(s.grid[2] > 1 and math.prod(s.grid) >= simt_gemm.SIMT_SPLIT_BLOCKS for s in weights), weights
 
 
 # ---------------------------------------------------------------------------------------------------------

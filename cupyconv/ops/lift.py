@@ -13,7 +13,10 @@ consecutive range [g * C / G * kD, (g + 1) * C / G * kD).  The backward is the 2
 the input gradient of v is summed back onto the depths its planes came from (`depth_fold`), in tap order, so
 the result is deterministic.  Every 2-D algorithm (tensor cores included) serves 3-D this way, at the cost of
 the depth windows (kD / sd times the input, in chunks within the workspace limit) and one transposed copy of
-the output and of grad_output ((n, oD, O, ...) <-> (n, O, oD, ...)).
+the output and of grad_output ((n, oD, O, ...) <-> (n, O, oD, ...)).  A chunk is whole images, or where one
+image's windows (and gradients) pass half the workspace limit, a slab of one image's output depths: the windows
+of output depths z0 <= z < z1 are those of the 2-D problem of batch z1 - z0, and the slabs' input gradients are
+summed onto the image's in slab order.
 
 A depthwise 3-D convolution folds into a grouped 2-D one with kD channels per group (it runs conv2d's
 kernels, not the depthwise ones).
@@ -73,11 +76,11 @@ def with_unit_height(a):
 # 3-D: depth windows
 
 
-def depth_spec(spec: ConvSpec, images: int) -> ConvSpec:
-    """The 2-D spec of the depth-folded problem over `images` images of a 3-D spec: batch images * oD, C * kD
-    input channels, the (H, W) window."""
-    kd = spec.kernel_size[0]
-    return ConvSpec(spec.op, (images * spec.out_size[0],), spec.in_channels * kd, spec.out_channels, spec.groups,
+def depth_spec(spec: ConvSpec, images: int, depths: int | None = None) -> ConvSpec:
+    """The 2-D spec of the depth-folded problem over `images` images of a 3-D spec, `depths` output depths of each
+    (default all, oD): batch images * depths, C * kD input channels, the (H, W) window."""
+    kd, depths = spec.kernel_size[0], spec.out_size[0] if depths is None else depths
+    return ConvSpec(spec.op, (images * depths,), spec.in_channels * kd, spec.out_channels, spec.groups,
                     spec.in_size[1:], spec.kernel_size[1:], spec.stride[1:], spec.dilation[1:], spec.padding[1:],
                     spec.out_size[1:])
 
@@ -92,24 +95,27 @@ def depth_window_bytes(spec: ConvSpec, itemsize: int) -> int:
     return spec.out_size[0] * spec.in_channels * spec.kernel_size[0] * spec.in_size[1] * spec.in_size[2] * itemsize
 
 
-def _tap_depths(spec: ConvSpec, tap: int):
-    """(first input depth, output depth range z0:z1) of depth tap `tap`: output depths z0 <= z < z1 read input
-    depth first + (z - z0) * sd; the others read padding."""
-    depth, sd, dd, od = spec.in_size[0], spec.stride[0], spec.dilation[0], spec.out_size[0]
-    offset = tap * dd - spec.padding[0][0]          # input depth read by output depth 0
+def _tap_depths(spec: ConvSpec, tap: int, depths: range):
+    """(first input depth, output depth range z0:z1 counted from depths.start) of depth tap `tap` over the output
+    depths `depths`: depths.start + z for z0 <= z < z1 reads input depth first + (z - z0) * sd; the others read
+    padding."""
+    depth, sd, dd, od = spec.in_size[0], spec.stride[0], spec.dilation[0], len(depths)
+    offset = tap * dd - spec.padding[0][0] + depths.start * sd   # input depth read by output depth depths.start
     z0 = min(od, ceil_div(max(-offset, 0), sd))
     z1 = max(z0, min(od, ceil_div(depth - offset, sd)))
     return offset + z0 * sd, z0, z1
 
 
-def depth_windows(device, x, spec: ConvSpec):
-    """x (m, C, D, H, W) -> its depth windows (m * oD, C * kD, H, W), a new array (zeros for padded depths)."""
+def depth_windows(device, x, spec: ConvSpec, depths: range | None = None):
+    """x (m, C, D, H, W) -> its depth windows of the output depths `depths` (default all), (m * len(depths), C * kD,
+    H, W), a new array (zeros for padded depths)."""
     m, c, _, h, w = x.shape
-    kd, sd, od = spec.kernel_size[0], spec.stride[0], spec.out_size[0]
-    ops = arrays(device)
+    kd, sd = spec.kernel_size[0], spec.stride[0]
+    depths = range(spec.out_size[0]) if depths is None else depths
+    od, ops = len(depths), arrays(device)
     v = ops.empty((m, od, c, kd, h, w), x.dtype)
     for tap in range(kd):
-        first, z0, z1 = _tap_depths(spec, tap)
+        first, z0, z1 = _tap_depths(spec, tap, depths)
         ops.copyto(v[:, :z0, :, tap], 0)
         ops.copyto(v[:, z1:, :, tap], 0)
         if z1 > z0:
@@ -120,16 +126,22 @@ def depth_windows(device, x, spec: ConvSpec):
 def depth_fold(device, g, spec: ConvSpec, dtype):
     """The gradient of the depth windows, g (m * oD, C * kD, H, W), summed back onto the input depths its planes
     were read from: (m, C, D, H, W) in `dtype`.  Sums in the compute dtype, taps in order."""
-    c, kd, od, sd = spec.in_channels, spec.kernel_size[0], spec.out_size[0], spec.stride[0]
-    (depth, h, w), m = spec.in_size, g.shape[0] // od
+    m = g.shape[0] // spec.out_size[0]
+    out = arrays(device).zeros((m, spec.in_channels, *spec.in_size), compute_dtype(dtype))
+    depth_fold_into(device, out, g, spec, range(spec.out_size[0]))
+    return arrays(device).astype(out, dtype)
+
+
+def depth_fold_into(device, out, g, spec: ConvSpec, depths: range) -> None:
+    """Add g (m * len(depths), C * kD, H, W), the gradient of the depth windows of the output depths `depths`, onto
+    the input depths its planes were read from in out (m, C, D, H, W), taps in order."""
+    c, kd, sd, od = spec.in_channels, spec.kernel_size[0], spec.stride[0], len(depths)
     ops = arrays(device)
-    g = ops.reshape(g, (m, od, c, kd, h, w))
-    out = ops.zeros((m, c, depth, h, w), compute_dtype(dtype))
+    g = ops.reshape(g, (out.shape[0], od, c, kd, *spec.in_size[1:]))
     for tap in range(kd):
-        first, z0, z1 = _tap_depths(spec, tap)
+        first, z0, z1 = _tap_depths(spec, tap, depths)
         if z1 > z0:
             ops.add(out[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd], g[:, z0:z1, :, tap].transpose(0, 2, 1, 3, 4))
-    return ops.astype(out, dtype)
 
 
 def _depth_first(device, y):
@@ -233,40 +245,55 @@ def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto
     weight = depth_weight(weight, spec)
     out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
     isz = x.dtype.itemsize
-    per_image = depth_window_bytes(spec, isz) + math.prod(spec.output_shape[-4:]) * isz   # windows, 2-D result
-    for chunk, inner in _depth_chunks(n, per_image):
-        m = chunk.stop - chunk.start
-        with inner:
-            y = run(device, depth_windows(device, x[chunk], spec), weight, bias, depth_spec(spec, m), algorithm)
-        # (m, O, oD, ...) from a view of y (m * oD, O, ...): one copy, into the output
-        arrays(device).copyto(out[chunk], y.reshape(m, od, *y.shape[1:]).swapaxes(1, 2))
+    per_depth = (depth_window_bytes(spec, isz) + math.prod(spec.output_shape[-4:]) * isz) // od   # windows, result
+    for images, depths, inner in _depth_chunks(n, od, per_depth):
+        m, d = images.stop - images.start, len(depths)
+        with settings.workspace_limit(inner):
+            y = run(device, depth_windows(device, x[images], spec, depths), weight, bias, depth_spec(spec, m, d),
+                    algorithm)
+        # (m, O, d, ...) from a view of y (m * d, O, ...): one copy, into the output
+        arrays(device).copyto(out[images, :, depths.start:depths.stop],
+                              y.reshape(m, d, *y.shape[1:]).swapaxes(1, 2))
         del y
     return out.reshape(spec.output_shape)
 
 
-def _depth_chunks(n: int, per_image: int):
-    """Chunks of a 3-D batch whose depth-window workspace (`per_image` bytes an image) takes at most half the
-    workspace limit, each with the scoped limit its 2-D run gets: the rest, so that the two together stay within
-    the limit (an image whose windows alone pass it gets a chunk of its own and a limit of 1 byte: the 2-D run's
-    least pieces)."""
+def _depth_chunks(n: int, od: int, per_depth: int, per_image: int = 0):
+    """The chunks of a 3-D batch of n images of od output depths, (images, output depths, the workspace limit of
+    their 2-D run in bytes), whose workspace -- `per_depth` bytes for each output depth of an image (its depth
+    windows, grad_output copy, ...) and `per_image` more for each image -- takes at most half the workspace limit;
+    the 2-D run gets the rest, so that the two together stay within the limit.  Whole images while two fit the
+    limit; else one image at a time in even slabs of output depths, so that the 2-D run keeps half the limit or
+    more: a whole image would leave it less, 1 byte once the image passes the limit, and nothing inside could split
+    (c3d-mri in fp32: its FMA weight gradient unsplit on 14 blocks).  Only a single output depth that passes half
+    the limit still leaves the run less than half (at least 1 byte: its least pieces)."""
     limit = settings.get_workspace_limit()
-    for chunk in batch_chunks(n, 2 * per_image, limit):
-        yield chunk, settings.workspace_limit(max(1, limit - (chunk.stop - chunk.start) * per_image))
+    if 2 * (od * per_depth + per_image) <= limit:
+        pieces = [(images, range(od)) for images in batch_chunks(n, 2 * (od * per_depth + per_image), limit)]
+    else:
+        slabs = ceil_div(od, max(1, (limit // 2 - per_image) // max(per_depth, 1)))
+        bounds = [k * od // slabs for k in range(slabs + 1)]   # even slabs: their sizes differ by one at most
+        pieces = [(slice(i, i + 1), range(z0, z1)) for i in range(n) for z0, z1 in zip(bounds, bounds[1:])]
+    for images, depths in pieces:
+        used = (images.stop - images.start) * (len(depths) * per_depth + per_image)
+        yield images, depths, max(1, limit - used)
 
 
-def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, needs: frozenset, algorithm: str, grad_x,
-                          inner):
-    """The 2-D backward (run within the scoped limit `inner`) of the depth windows of a chunk x (m, C, D, H, W) of a
-    3-D problem: their input gradient is folded into grad_x (the chunk's part of it, or None); returns the chunk's
+def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, depths: range, needs: frozenset,
+                          algorithm: str, grad_x, inner):
+    """The 2-D backward (run within the workspace limit `inner`) of the depth windows of output depths `depths` of a
+    chunk x (m, C, D, H, W) of a 3-D problem, gy (m, O, len(depths), oH, oW) their grad_output: their input gradient
+    is added into grad_x (the chunk's input gradient in the compute dtype, or None); returns the chunk's
     (grad_weight, grad_bias).  The windows and their gradient are freed on return, before the next chunk's are
     built."""
-    spec2 = depth_spec(spec, x.shape[0])
-    v = depth_windows(device, x, spec) if "weight" in needs else placeholder(device, spec2.input_shape, x.dtype)
-    with inner:
+    spec2 = depth_spec(spec, x.shape[0], len(depths))
+    v = (depth_windows(device, x, spec, depths) if "weight" in needs
+         else placeholder(device, spec2.input_shape, x.dtype))
+    with settings.workspace_limit(inner):
         gv, grad_w, grad_b = run(device, _depth_first(device, gy), v, weight2, spec2, needs, algorithm)
     del v
     if grad_x is not None:
-        arrays(device).copyto(grad_x, depth_fold(device, gv, spec, x.dtype))
+        depth_fold_into(device, grad_x, gv, spec, depths)
     return grad_w, grad_b
 
 
@@ -281,22 +308,33 @@ def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozens
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
                     unit_height(spec), needs, algorithm)
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
-    n, ops = spec.n, arrays(device)
+    n, od, ops = spec.n, spec.out_size[0], arrays(device)
     x = ops.reshape(x, (n, *spec.input_shape[-4:]))
     gy = ops.reshape(grad_output, (n, *spec.output_shape[-4:]))
     weight2 = depth_weight(weight, spec)
     grad_x = empty(device, x.shape, x.dtype) if "input" in needs else None
-    # An image's windows (if the weight gradient is asked for), its grad_output copy, and for the input gradient
-    # the windows' gradient and its fold (in the compute dtype).
-    isz, ct = x.dtype.itemsize, compute_dtype(x.dtype).itemsize
-    windows = depth_window_bytes(spec, isz)
-    per_image = ((windows if "weight" in needs else 0) + math.prod(spec.output_shape[-4:]) * isz
-                 + ((windows + math.prod(spec.input_shape[-4:]) * ct) if "input" in needs else 0))
-    chunks = list(_depth_chunks(n, per_image))
+    # Per output depth: its windows (if the weight gradient is asked for), its grad_output copy, and for the input
+    # gradient the windows' gradient.  Per image: the input gradient's sum in the compute dtype, unless that is the
+    # dtype (then the sums are made in grad_x itself).
+    isz, compute = x.dtype.itemsize, compute_dtype(x.dtype)
+    windows = depth_window_bytes(spec, isz) // od
+    per_depth = ((windows if "weight" in needs else 0) + math.prod(spec.output_shape[-4:]) * isz // od
+                 + (windows if "input" in needs else 0))
+    separate_sum = "input" in needs and compute != x.dtype
+    per_image = math.prod(spec.input_shape[-4:]) * compute.itemsize if separate_sum else 0
+    chunks = list(_depth_chunks(n, od, per_depth, per_image))
     sums = [None, None]   # weight and bias gradients, summed over chunks (in the compute dtype if several)
-    for chunk, inner in chunks:
-        params = _depth_chunk_backward(run, device, gy[chunk], x[chunk], weight2, spec, needs, algorithm,
-                                       None if grad_x is None else grad_x[chunk], inner)
+    input_sum = None      # the input gradient of the chunk's images, summed over their slabs of output depths
+    for images, depths, inner in chunks:
+        if grad_x is not None and depths.start == 0:
+            input_sum = (ops.empty((images.stop - images.start, *x.shape[1:]), compute) if separate_sum
+                         else grad_x[images])
+            ops.copyto(input_sum, 0)
+        params = _depth_chunk_backward(run, device, gy[images, :, depths.start:depths.stop], x[images], weight2, spec,
+                                       depths, needs, algorithm, input_sum, inner)
+        if separate_sum and depths.stop == od:
+            ops.copyto(grad_x[images], input_sum)
+            input_sum = None
         for i, p in enumerate(params):
             if p is None:
                 continue
