@@ -155,7 +155,11 @@ def assumption(name: str) -> tuple:
 MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm|conv_bwd_weight_igemm|"
                          r"conv_fwd_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
-                         r"patch_bwd_weight)$")
+                         r"patch_bwd_weight|simt_fwd|simt_bwd_weight)$")
+# The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not
+# from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
+SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
+SIMT_CHUNK = 8   # simt_gemm.cu's SIMT_BK
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_bwd_weight_igemm")
 TC_CHUNK = 32
@@ -262,6 +266,19 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     return int(launch.blocks * int(rows) * int(cols) * chunks * TC_CHUNK)
 
 
+def simt_macs(launch: launches_mod.Launch) -> float:
+    """Multiply-adds the FMA units execute in a simt_fwd / simt_bwd_weight launch, padding of partial tiles
+    included: every block runs its tile (rows x columns, template arguments 3 and 4) over its K chunks."""
+    a = launch.args
+    rows, cols = int(launch.template_args[2]), int(launch.template_args[3])
+    if launch.kernel == "simt_fwd":   # K = channels per group x taps, one pass over z = 1
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / SIMT_CHUNK)
+    else:                             # K = the output pixels, in splits of chunks_per_split chunks over z
+        total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / SIMT_CHUNK)
+        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+    return launch.blocks * rows * cols * chunks * SIMT_CHUNK
+
+
 def hmma_macs(launch: launches_mod.Launch) -> int:
     """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32."""
     return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
@@ -270,12 +287,15 @@ def hmma_macs(launch: launches_mod.Launch) -> int:
 def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
     """{index of a MAC kernel's launch in steps: its multiply-adds}.  Each run of consecutive launches of one
     MAC kernel is one pass of the convolution (forward MACs: the input and weight gradients cost the same),
-    shared by blocks."""
+    shared by blocks; the FMA GEMM's launches count their own (`simt_macs`)."""
     total = cases_mod.flops(case) / 2
     result, i = {}, 0
     while i < len(steps):
         step = steps[i]
-        if isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
+        if isinstance(step, launches_mod.Launch) and step.kernel in SIMT_KERNELS:
+            result[i] = simt_macs(step)
+            i += 1
+        elif isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
             j = i
             while j + 1 < len(steps) and isinstance(steps[j + 1], launches_mod.Launch) and \
                     steps[j + 1].name == step.name:
