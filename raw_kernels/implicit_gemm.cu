@@ -381,7 +381,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 //   x       (n, H, W, C) contiguous (`channels_last` below made it from NCHW, or the caller's array in place);
 //   weight  (D, taps, C / G) contiguous: B[k = (tap, c)][n] = weight[g * D / G + n][tap][c], arranged once per
 //           call (ops/implicit_gemm.py `arrange_weight`);
-//   out     (n, D, oH, oW) contiguous (NCHW), bias (D,) added in float before the one rounding.
+//   out     (n, D, oH, oW) contiguous (NCHW), or with channels_last_out (n, oH, oW, D) contiguous (the caller's
+//           x was channels-last: its output is too, as torch's); bias (D,) added in float before the one rounding.
 //
 // The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
 // (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it stays on
@@ -398,9 +399,10 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight (cp.async, one commit group per chunk) while the
 // tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
 // refilled.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
-// (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel.
+// (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel;
+// channels-last (`ig_store_channels_last`), untransposed, 16 bytes of consecutive channels of one pixel.
 // Split-K (grids under a wave, `plan_igemm`): block z reduces chunks_per_split chunks of K from chunk z *
-// chunks_per_split on and writes its float sums to partial (splits, n, D, oH, oW), the bias in split 0's; then
+// chunks_per_split on and writes its float sums to partial (splits, out's shape and layout), the bias in split 0's; then
 // conv_bwd_weight_igemm_finish (taps 1: no permutation) adds the splits in order and rounds once into out.  The
 // number of splits depends on the shapes only, so the bits are the same on every run and GPU.
 #include "async_copy.cuh"
@@ -426,12 +428,72 @@ __device__ __forceinline__ void ig_mma<float>(float (&d)[4], const unsigned (&a)
 // Byte offset of vector v of staged row r: the XOR swizzle.
 __device__ __forceinline__ int ig_swizzle(int r, int v) { return r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4); }
 
+// Two neighbouring elements of T as one shared-memory store (4 bytes of 16-bit, 8 of float): the accumulator
+// pair (columns 2 q, 2 q + 1) of a thread.
+template <typename T> __device__ __forceinline__ void ig_store_pair(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<unsigned*>(at) = pack2<T>(from_acc<T>(lo), from_acc<T>(hi));
+}
+template <> __device__ __forceinline__ void ig_store_pair<float>(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+}
+
+// The channels-last epilogue (out (n, oH, oW, D) contiguous): tile[row][column] = T(acc + bias) in the (drained)
+// pipeline's shared memory, then 16-byte stores of VEC consecutive channels of one output pixel, a row's
+// vectors on consecutive lanes (coalesced along the pixel's channels).  Rows are BN + 8 elements apart: the
+// pair stores of a warp (8 rows x 4 column pairs; float's in two half-warp phases) hit 32 different banks.
+// vector_store: D / G a multiple of VEC and out 16-byte aligned (a vector never straddles a group); else
+// scalar stores.
+template <typename T, typename I, int BM, int BN, int MI, int NI>
+__device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI][4], const T* bias, T* out,
+                                                       int has_bias, int vector_store, I m0, I M, int g, int dg,
+                                                       int channels, int n0, int warp_m, int warp_n, int lane,
+                                                       int tid) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T), PITCH = (BN + 8) * (int)sizeof(T);
+  const int gq = lane >> 2, qq = lane & 3;
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+    const int col = warp_n + ni * 8 + 2 * qq, n = n0 + col;
+    const float add0 = has_bias && n < dg ? to_acc(bias[g * dg + n]) : 0.0f;
+    const float add1 = has_bias && n + 1 < dg ? to_acc(bias[g * dg + n + 1]) : 0.0f;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_m + mi * 16 + gq + 8 * h;
+        ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
+                         acc[mi][ni][2 * h + 1] + add1);
+      }
+    }
+  }
+  __syncthreads();
+  // Thread: vector cv of rows tid / COLUMN_VECTORS + k ROW_STEP.
+  constexpr int COLUMN_VECTORS = BN / VEC, ROW_STEP = IG_THREADS / COLUMN_VECTORS;
+  static_assert(IG_THREADS % COLUMN_VECTORS == 0, "whole rows per pass");
+  const int cv = tid % COLUMN_VECTORS, n = n0 + cv * VEC;
+  if (n >= dg) return;
+  for (int row = tid / COLUMN_VECTORS; row < BM; row += ROW_STEP) {
+    const I m = m0 + row;
+    if (m >= M) break;
+    const unsigned char* src = igemm_shared + row * PITCH + cv * IG_VECTOR_BYTES;
+    T* dst = out + m * channels + (I)g * dg + n;
+    if (vector_store) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      const T* values = reinterpret_cast<const T*>(src);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (n + e < dg) dst[e] = values[e];
+      }
+    }
+  }
+}
+
 template <typename T, typename I, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
-    int has_bias, int vector_store, float* __restrict__ partial, int chunks_per_split) {
+    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -599,7 +661,11 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
       for (int h = 0; h < 2; ++h) {
         const I m = m0 + warp_m + mi * 16 + gq + 8 * h;
         if (m >= M) continue;
-        const I image = m / pixels, row = (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
+        const I image = m / pixels;
+        // (m, channel 0 of the group) and the step to the next channel, in out's layout
+        const I row = channels_last_out ? m * (groups * dg) + (I)g * dg
+                                        : (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
+        const I step = channels_last_out ? (I)1 : pixels;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
@@ -607,7 +673,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
             const int col = n0 + warp_n + ni * 8 + 2 * qq + e;
             if (col >= dg) continue;
             const float add = has_bias && blockIdx.z == 0 ? to_acc(bias[g * dg + col]) : 0.0f;
-            slice[row + (I)col * pixels] = acc[mi][ni][2 * h + e] + add;
+            slice[row + (I)col * step] = acc[mi][ni][2 * h + e] + add;
           }
         }
       }
@@ -615,6 +681,11 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     return;
   }
 
+  if (channels_last_out) {
+    ig_store_channels_last<T, I, BM, BN, MI, NI>(acc, bias, out, has_bias, vector_store, m0, M, g, dg,
+                                                 groups * dg, n0, warp_m, warp_n, lane, tid);
+    return;
+  }
   // --- epilogue: tile[column][row] = T(acc + bias), then 16-byte stores along the output pixels ---------------
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes per column; + 16: the accumulator writes of a warp
                                                   // (8 rows x 4 column pairs) hit 32 different banks

@@ -230,6 +230,23 @@ def channels_last(device, x, round_tf32: bool = True):
     return out
 
 
+def is_channels_last(a) -> bool:
+    """Whether a (n, C, H, W) lies in channels-last (NHWC) memory, the way torch's `channels_last` tensors and
+    NumPy/CuPy transposes of (n, H, W, C) arrays do, and not also C-contiguous (C or H * W of 1: both read as
+    NCHW, as torch's rule does)."""
+    return a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def forward_output(device, x, weight, spec: ConvSpec):
+    """The forward's out (n, D, oH, oW) for x: in channels-last memory (a view of an (n, oH, oW, D) array) when x
+    is channels-last and conv_fwd_igemm runs (its epilogue writes either layout), as torch's convolutions answer
+    channels-last inputs; else C-contiguous.  The other kernels and the CPU path write NCHW."""
+    if (is_channels_last(x) and tensor_core_refusal(spec, x.dtype, device) is None
+            and igemm_refusal(spec, x.dtype, "forward") is None):
+        return device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype).transpose(0, 3, 1, 2)
+    return device.empty(spec.output_shape, x.dtype)
+
+
 def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
     """The weight (D, C / G, kH, kW) in the order conv_fwd_igemm reads B: (D, taps, C / G) for the forward; for
     the input gradient (C, flipped taps, D / G) per group (the transposed convolution's weight).  One small
@@ -269,7 +286,9 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
                       (tiles[-1], grids[-1]))
     bm, bn, stages = tile
     itemsize = numpy.dtype(dtype).itemsize
-    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES))
+    # the pipeline's stages, or the epilogue's tile where larger: NCHW (bn, bm) with 16 bytes of padding a column,
+    # channels-last (bm, bn) with 8 elements a row
+    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES), bm * (bn + 8) * itemsize)
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
     blocks = grid[0] * grid[1]
     splits = 1
@@ -282,27 +301,31 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
 
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
-    """conv_fwd_igemm: out (n, D, oH, oW) contiguous from xl (n, H, W, C) and wk (D, taps, C / G), both
-    C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,) or None.  Split (`plan_igemm`),
-    the splits' float32 sums (the bias in the first) are added in split order and rounded once by the weight
-    gradient's final pass, conv_bwd_weight_igemm_finish, with one tap: out's own layout, no permutation."""
+    """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
+    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
+    or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; out's layout) are added in
+    split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one tap:
+    out's own layout, no permutation."""
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
-    partial = device.empty((plan.splits if plan.splits > 1 else 0, *out.shape), numpy.float32)
+    nhwc = is_channels_last(out)
+    memory = out.transpose(0, 2, 3, 1) if nhwc else out   # the C-contiguous array the kernels write
+    whole_vectors = spec.outputs_per_group % vector == 0 if nhwc else spec.out_pixels % vector == 0
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape), numpy.float32)
     index = index_type(xl.size, out.size, wk.size, partial.size)
     KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
                    grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
-                   bias=wk if bias is None else device.ascontiguous(bias), out=out, n=spec.n, groups=spec.groups,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=memory, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None,
-                   vector_store=spec.out_pixels % vector == 0 and _address(out) % IG_VECTOR_BYTES == 0,
+                   vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
                    partial=partial, chunks_per_split=plan.chunks_per_split)
     if plan.splits > 1:
         KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
                        grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
-                       partial=partial, bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
-                       out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels, taps=1,
-                       has_bias=False)
+                       partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
+                       splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
+                       taps=1, has_bias=False)
     return out
 
 

@@ -22,6 +22,7 @@ import cupyconv
 from ..ops.conv import workspace_scope
 from . import cpu
 from .cuda import _run
+from .functional import output_format
 
 # CUDA graphs (torch.compile(mode="reduce-overhead"), CUDA graph trees) cannot capture cupyconv: CuPy 14's cuBLAS
 # binding raises while a stream captures, and cupyconv refuses to start under capture (`_device.CAPTURE_REFUSAL`).
@@ -113,13 +114,15 @@ def _define_convolution(name: str, options: tuple, out_shape):
     def op(x, weight, bias, *values):
         kw = _keywords(options, values)
         if cpu.runs_on_torch(x, weight):
-            return cpu.forward(name, x, weight, bias, kw)
+            return cpu.forward(name, x, weight, bias, kw).contiguous(memory_format=output_format(x, weight))
         with workspace_scope(name, kw.get("workspace_limit")):
-            return _run(getattr(cupyconv, name), x, x, weight, bias, **_cupyconv_keywords(kw))
+            return _run(getattr(cupyconv, name), x, x, weight, bias, memory_format=output_format(x, weight),
+                        **_cupyconv_keywords(kw))
 
     @op.register_fake
     def _(x, weight, bias, *values):
-        return x.new_empty(out_shape(x, weight, **_keywords(options, values)))
+        return torch.empty(out_shape(x, weight, **_keywords(options, values)), dtype=x.dtype, device=x.device,
+                           memory_format=output_format(x, weight))
 
     @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
             f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
