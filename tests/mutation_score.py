@@ -285,6 +285,15 @@ MUTATIONS = [
       "const I from = d * N + (I)c * taps + tap;", WG, "wg: weight layout"),
     M("wg-bias-tf32-no-remainder", "implicit_gemm.cu", "      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);\n", "",
       WG + " -k tf32_bias", "wg: bias gradient"),
+    # TF32 rounded once, by the channels-last copies: grad_output's remainder staged for the fused bias sum
+    M("wg-tf32-rest-not-staged", "implicit_gemm.cu", "const bool stage_rest = sizeof(S) == 4 && has_bias && n0 == 0;",
+      "const bool stage_rest = false;", WG + " -k 'tf32 or bits'", "wg: bias gradient"),
+    M("wg-tf32-rest-stage", "implicit_gemm.cu", "const S* r_stage = rs + read_stage * R_STAGE;",
+      "const S* r_stage = rs;", WG + " -k 'tf32 or bits'", "wg: bias gradient"),
+    M("wg-tf32-rest-advance", "implicit_gemm.cu", "    r_src += BK * D;\n", "", WG + " -k 'tf32 or bits'",
+      "wg: bias gradient"),
+    M("cl-rest-not-written", "implicit_gemm.cu", "if (with_rest) rest[at] = cl_rest(tile[tx][ty + k]);", "",
+      WG + " -k 'tf32 or bits'", "wg: bias gradient"),
     M("wg-bias-tf32-one", "implicit_gemm.cu", "const unsigned ones[2] = {0x3f800000u, 0x3f800000u};",
       "const unsigned ones[2] = {0x3f000000u, 0x3f800000u};", WG, "wg: bias gradient"),
 

@@ -137,14 +137,43 @@ def test_weight_only_needs_no_bias_sum(monkeypatch):
     assert none is None and alone.tobytes() == both.tobytes()
 
 
-def test_bits_are_the_same_whatever_the_block_order(monkeypatch):
+def tf32(a):
+    """float32 a rounded to tf32 as cvt.rna does (nearest, ties away from zero), as float64."""
+    bits = numpy.asarray(a, numpy.float32).view(numpy.uint32).astype(numpy.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(numpy.uint32).view(numpy.float32).astype(numpy.float64)
+
+
+def test_tf32_operands_are_rounded_once_to_nearest():
+    """float32 on TF32: grad_weight is the float64 GEMM of x and grad_output each rounded to tf32 to nearest
+    (once, by their channels-last copies; the fragments are the staged words), to float32's accumulation error:
+    operands left unrounded (the mma would truncate them) or rounded twice differ by ~1e-4 of the largest value;
+    the bias gradient keeps float's precision (the remainder staged beside grad_output).  Two channels_last_copy
+    launches: x, and grad_output with its remainder."""
+    case = CASE_BY_NAME["wg_groups_stride_dilation"]
+    rng = numpy.random.default_rng(19)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float32)
+    device = Recorder("reverse")
+    _, gw, gb = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"),
+                            algorithm="implicit_gemm", **case.kwargs)
+    assert device.count("conv_bwd_weight_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+    _, want_w, want_b = cupyconv.conv2d_backward(tf32(grad_output), tf32(x), weight.astype(numpy.float64),
+                                                 needs=("weight", "bias"), **case.kwargs)
+    _, _, exact_b = cupyconv.conv2d_backward(grad_output.astype(numpy.float64), x.astype(numpy.float64),
+                                             weight.astype(numpy.float64), needs=("bias",), **case.kwargs)
+    scale = float(numpy.abs(want_w).max())
+    assert float(numpy.abs(numpy.asarray(gw, numpy.float64) - want_w).max()) <= 2e-6 * scale
+    assert float(numpy.abs(numpy.asarray(gb, numpy.float64) - exact_b).max()) <= 1e-6 * float(numpy.abs(exact_b).max())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_bits_are_the_same_whatever_the_block_order(monkeypatch, dtype):
     """Several splits of several chunks, blocks run in forward and reverse order: the same grad_weight and
     grad_bias bits (float32 split sums added in split order, no atomics)."""
     several_splits(monkeypatch, 2)
     case = CASE_BY_NAME["wg_tile_edges"]
     runs = []
     for order in ("forward", "reverse", "forward"):
-        (_, gw, gb), _ = backward(EmulatedDevice(order), case, "float16", seed=15)
+        (_, gw, gb), _ = backward(EmulatedDevice(order), case, dtype, seed=15)
         runs.append((gw.tobytes(), gb.tobytes()))
     assert runs[1] == runs[0] and runs[2] == runs[0]
 

@@ -210,23 +210,36 @@ def channels_last(device, x, round_tf32: bool = True):
     """x (..., C, H, W), any strides (also patch's batch views), as an (n, H, W, C) C-contiguous array, n the
     product of the leading dims: a view when x is already laid out so (and 16-byte aligned), else a copy by
     channels_last_copy (a tiled transpose, coalesced on both sides).  float32 with round_tf32 is always copied,
-    and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands (the weight gradient
-    keeps grad_output's float bits: its fused bias gradient adds their tf32 remainder)."""
+    and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands."""
     *lead, c, h, w = x.shape
-    n = math.prod(lead)
     rounds = round_tf32 and x.dtype == numpy.float32
     if not rounds:
         moved = x.transpose(*range(len(lead)), -2, -1, -3)
         if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
-            return moved.reshape(n, h, w, c)
+            return moved.reshape(math.prod(lead), h, w, c)
+    return _channels_last_copy(device, x, rounds, None)
+
+
+def channels_last_with_rest(device, x):
+    """float32 x (..., C, H, W) as `channels_last` rounds it to tf32, and the tf32 of what that rounding left
+    (tf32(x - tf32(x))), both (n, H, W, C), from one channels_last_copy: the operand and remainder of the
+    TF32 weight gradient's fused bias sum, which adds the two to keep float's bits."""
+    *lead, c, h, w = x.shape
+    rest = device.empty((math.prod(lead), h, w, c), x.dtype)
+    return _channels_last_copy(device, x, True, rest), rest
+
+
+def _channels_last_copy(device, x, rounds: bool, rest):
+    *lead, c, h, w = x.shape
+    n = math.prod(lead)
     out = device.empty((n, h, w, c), x.dtype)
     if out.size == 0:
         return out
     xv = batch_view(device, x)
     KERNELS.launch(device, "channels_last_copy", dtype=x.dtype, index=index_type(extent(xv), out.size),
                    grid=(ceil_div(h * w, 32), ceil_div(c, 32), min(n, MAX_GRID[2])), block=32 * 8, x=xv, out=out,
-                   n=n, **batch_args("x", xv), channels=c, height=h, width=w,
-                   round_tf32=rounds)
+                   n=n, **batch_args("x", xv), channels=c, height=h, width=w, round_tf32=rounds,
+                   rest=out if rest is None else rest, with_rest=rest is not None)
     return out
 
 
@@ -353,7 +366,8 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = 
 # conv_bwd_weight_igemm (the end of implicit_gemm.cu): grad_weight as D / G rows by (tap, c) columns, reduced over
 # the output pixels from channels-last copies of x and grad_output, 16-byte cp.async into XOR-swizzled stages,
 # ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; then a final pass that adds the splits
-# in order and permutes (tap, c) -> (c, tap).  Eligible when every 16 bytes of a pixel's channels are one group's.
+# in order and permutes (tap, c) -> (c, tap).  TF32 operands are rounded once, by the channels-last copies; the
+# fused bias sum adds grad_output's tf32 remainder (`channels_last_with_rest`), keeping float's bits.  Eligible when every 16 bytes of a pixel's channels are one group's.
 
 WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
             "bfloat16": ((64, 64), (128, 64), (128, 128), (32, 64)),
@@ -412,13 +426,19 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     plan = plan_weight_igemm(spec, xv.dtype)
     oh, ow = spec.out_size
     x_cl = channels_last(device, xv)
-    gy_cl = channels_last(device, gy.reshape(spec.n, spec.out_channels, oh, ow), round_tf32=False)
+    gy4 = gy.reshape(spec.n, spec.out_channels, oh, ow)
+    # TF32 rounded once, in the copies; the fused bias sum of TF32 adds grad_output's remainder too
+    if with_bias and xv.dtype == numpy.float32:
+        gy_cl, gy_rest = channels_last_with_rest(device, gy4)
+    else:
+        gy_cl = gy_rest = channels_last(device, gy4)
     cols = spec.taps * spec.channels_per_group
     partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
     index = index_type(x_cl.size, gy_cl.size, partial.size)
     KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, dtype=xv.dtype, index=index, grid=plan.grid,
-                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, partial=partial,
+                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, gy_rest=gy_rest,
+                   partial=partial,
                    bias_partial=bias_partial, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
