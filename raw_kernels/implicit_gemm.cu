@@ -382,7 +382,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 //   weight  (D, taps, C / G) contiguous: B[k = (tap, c)][n] = weight[g * D / G + n][tap][c], arranged once per
 //           call (ops/implicit_gemm.py `arrange_weight`);
 //   out     (n, D, oH, oW) contiguous (NCHW), or with channels_last_out (n, oH, oW, D) contiguous (the caller's
-//           x was channels-last: its output is too, as torch's); bias (D,) added in float before the one rounding.
+//           x was channels-last: its output is too, as torch's; D / G whole vectors, out 16-byte aligned); bias
+//           (D,) added in float before the one rounding.
 //
 // The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
 // (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it stays on
@@ -441,15 +442,16 @@ template <> __device__ __forceinline__ void ig_store_pair<float>(unsigned char* 
 // pipeline's shared memory, then 16-byte stores of VEC consecutive channels of one output pixel, a row's
 // vectors on consecutive lanes (coalesced along the pixel's channels).  Rows are BN + 8 elements apart: the
 // pair stores of a warp (8 rows x 4 column pairs; float's in two half-warp phases) hit 32 different banks.
-// vector_store: D / G a multiple of VEC and out 16-byte aligned (a vector never straddles a group); else
-// scalar stores.
-template <typename T, typename I, int BM, int BN, int MI, int NI>
+// Only with vector stores: D / G a multiple of VEC and out 16-byte aligned, so that a vector never straddles a
+// group (the planner, `forward_output`, asks for NCHW otherwise; a scalar fallback here cost the 128 x 64 main
+// loop 14 instructions of its register allocation, NVRTC 13).
+template <typename T, typename I, int BM, int BN, int MI, int NI, int WARPS_N>
 __device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI][4], const T* bias, T* out,
-                                                       int has_bias, int vector_store, I m0, I M, int g, int dg,
-                                                       int channels, int n0, int warp_m, int warp_n, int lane,
-                                                       int tid) {
+                                                       int has_bias, I m0, I M, int g, int dg, int channels,
+                                                       int n0) {
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T), PITCH = (BN + 8) * (int)sizeof(T);
-  const int gq = lane >> 2, qq = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, qq = lane & 3;
+  const int warp_m = warp / WARPS_N * (BM / (4 / WARPS_N)), warp_n = warp % WARPS_N * (BN / WARPS_N);
 #pragma unroll
   for (int ni = 0; ni < NI; ++ni) {
     const int col = warp_n + ni * 8 + 2 * qq, n = n0 + col;
@@ -476,15 +478,7 @@ __device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI
     if (m >= M) break;
     const unsigned char* src = igemm_shared + row * PITCH + cv * IG_VECTOR_BYTES;
     T* dst = out + m * channels + (I)g * dg + n;
-    if (vector_store) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      const T* values = reinterpret_cast<const T*>(src);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        if (n + e < dg) dst[e] = values[e];
-      }
-    }
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   }
 }
 
@@ -682,8 +676,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   }
 
   if (channels_last_out) {
-    ig_store_channels_last<T, I, BM, BN, MI, NI>(acc, bias, out, has_bias, vector_store, m0, M, g, dg,
-                                                 groups * dg, n0, warp_m, warp_n, lane, tid);
+    ig_store_channels_last<T, I, BM, BN, MI, NI, WARPS_N>(acc, bias, out, has_bias, m0, M, g, dg, groups * dg, n0);
     return;
   }
   // --- epilogue: tile[column][row] = T(acc + bias), then 16-byte stores along the output pixels ---------------

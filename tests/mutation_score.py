@@ -208,8 +208,6 @@ MUTATIONS = [
     # the channels-last epilogue (x channels-last: out channels-last), ig_store_channels_last and its split slices
     M("ig-cl-group-offset", "implicit_gemm.cu", "T* dst = out + m * channels + (I)g * dg + n;",
       "T* dst = out + m * channels + n;", IG + " -k channels_last_input", "ig: channels-last epilogue"),
-    M("ig-cl-scalar-past-group", "implicit_gemm.cu", "if (n + e < dg) dst[e] = values[e];", "dst[e] = values[e];",
-      IG + " -k channels_last_input", "ig: channels-last epilogue"),
     M("ig-cl-bias-pair", "implicit_gemm.cu", "to_acc(bias[g * dg + n + 1]) : 0.0f;", "to_acc(bias[g * dg + n]) : 0.0f;",
       IG + " -k channels_last_input", "ig: channels-last epilogue"),
     M("ig-cl-barrier", "implicit_gemm.cu", "  __syncthreads();\n  // Thread: vector cv of rows", "  // Thread: vector cv of rows",

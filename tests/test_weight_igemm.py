@@ -225,3 +225,36 @@ def test_gpu_matches_cpu_path_and_is_bit_deterministic(dtype):
     assert_close(runs[0][1], want[2], dtype, "grad_bias")
     for gw, gb in runs[1:]:
         assert gw.tobytes() == runs[0][0].tobytes() and gb.tobytes() == runs[0][1].tobytes()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_training_step_copies_x_once(monkeypatch, keep):
+    """A torch training step (cupyconv.torch.conv2d forward, then backward) on the emulator, float16, x NCHW: the
+    forward's channels-last copy of x is what autograd saves for the weight gradient (`saved_x`), which reads it
+    in place: channels_last_copy runs once for x (x, the forward's weight and grad_output: 3 launches; 4 when
+    the copy is not kept); the gradients match the CPU path."""
+    torch = pytest.importorskip("torch")
+    import cupyconv.torch as cupyconv_torch
+    from cupyconv.torch import _custom_ops, cpu as torch_cpu
+    if not keep:
+        monkeypatch.setattr(_custom_ops, "KEEPS_X_COPY", ())
+    case = CASE_BY_NAME["wg_tile_edges"]
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(20), numpy.float16)
+    w = torch.from_numpy(weight).requires_grad_()
+    b = torch.from_numpy(bias).requires_grad_()
+    device = Recorder("reverse")
+    with torch_cpu.numpy_cpu_path(True), _device.use_device(device), settings.allow_tf32(True):
+        y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
+        assert device.count("conv_fwd_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+        assert _custom_ops._LAST_X_COPY.slot is None   # taken by autograd's setup_context
+        y.backward(torch.from_numpy(grad_output))
+        assert device.count("conv_bwd_weight_igemm") == 1, device.launches
+        assert device.count("channels_last_copy") == (3 if keep else 4), device.launches
+        with torch.no_grad():
+            y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
+        held = _custom_ops._LAST_X_COPY.slot   # no autograd: held (the one slot) until the next forward
+        assert (held is not None and held[0]() is y) == keep
+    _, want_w, want_b = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)),
+                                                 needs=("weight", "bias"), **case.kwargs)
+    assert_close(w.grad.numpy(), want_w, "float16", "grad_weight")
+    assert_close(b.grad.numpy(), want_b, "float16", "grad_bias")

@@ -7,9 +7,12 @@ to its kernel file.  The table of the three GEMMs is at the top of implicit_gemm
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy
 
@@ -133,8 +136,11 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
     if igemm_refusal(spec, xv.dtype, "forward") is None:
-        return igemm_forward(device, channels_last(device, xv), arrange_weight(device, weight, spec, "forward"),
-                             bias, spec, out)
+        xl = channels_last(device, xv)
+        kept = _kept_copies.get()
+        if kept is not None and xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
+            kept.append(xl)
+        return igemm_forward(device, xl, arrange_weight(device, weight, spec, "forward"), bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -220,6 +226,27 @@ def channels_last(device, x, round_tf32: bool = True):
     return _channels_last_copy(device, x, rounds, None)
 
 
+_kept_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_kept_channels_last", default=None)
+
+
+@contextlib.contextmanager
+def keeping_channels_last() -> Iterator[list]:
+    """Within, the forward (`implicit_gemm_gpu`) appends each channels-last copy it makes of a 16-bit x, (n, H, W,
+    C) with exactly x's values, to the yielded list: a caller that saves it in place of x for the backward (the
+    torch layer's autograd) gets a weight gradient that reads it in place, so a training step copies x once.
+    float32's copy is rounded to tf32, not x, and is never kept."""
+    kept: list = []
+    token = _kept_copies.set(kept)
+    try:
+        yield kept
+    finally:
+        _kept_copies.reset(token)
+
+
+def _shares_memory(a, b) -> bool:
+    return _address(a) == _address(b)   # a view of b in place (channels_last's), or a copy elsewhere
+
+
 def channels_last_with_rest(device, x):
     """float32 x (..., C, H, W) as `channels_last` rounds it to tf32, and the tf32 of what that rounding left
     (tf32(x - tf32(x))), both (n, H, W, C), from one channels_last_copy: the operand and remainder of the
@@ -252,11 +279,15 @@ def is_channels_last(a) -> bool:
 
 def forward_output(device, x, weight, spec: ConvSpec):
     """The forward's out (n, D, oH, oW) for x: in channels-last memory (a view of an (n, oH, oW, D) array) when x
-    is channels-last and conv_fwd_igemm runs (its epilogue writes either layout), as torch's convolutions answer
+    is channels-last and conv_fwd_igemm runs (its epilogue writes either layout) with whole 16-byte vectors of
+    output channels per group (its channels-last stores are 16 bytes only), as torch's convolutions answer
     channels-last inputs; else C-contiguous.  The other kernels and the CPU path write NCHW."""
     if (is_channels_last(x) and tensor_core_refusal(spec, x.dtype, device) is None
-            and igemm_refusal(spec, x.dtype, "forward") is None):
-        return device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype).transpose(0, 3, 1, 2)
+            and igemm_refusal(spec, x.dtype, "forward") is None
+            and spec.outputs_per_group % vector_elements(x.dtype) == 0):
+        out = device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype)
+        if _address(out) % IG_VECTOR_BYTES == 0:
+            return out.transpose(0, 3, 1, 2)
     return device.empty(spec.output_shape, x.dtype)
 
 
@@ -323,7 +354,7 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
     vector = vector_elements(xl.dtype)
     nhwc = is_channels_last(out)
     memory = out.transpose(0, 2, 3, 1) if nhwc else out   # the C-contiguous array the kernels write
-    whole_vectors = spec.outputs_per_group % vector == 0 if nhwc else spec.out_pixels % vector == 0
+    whole_vectors = nhwc or spec.out_pixels % vector == 0   # (channels-last: `forward_output` made sure)
     partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape), numpy.float32)
     index = index_type(xl.size, out.size, wk.size, partial.size)
     KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
