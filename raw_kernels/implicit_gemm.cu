@@ -372,7 +372,9 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 //   x       (n, H, W, C) contiguous (`channels_last` below made it from NCHW, or the caller's array in place);
 //   weight  (D, taps, C / G) contiguous: B[k = (tap, c)][n] = weight[g * D / G + n][tap][c], arranged once per
 //           call (ops/implicit_gemm.py `arrange_weight`);
-//   out     (n, D, oH, oW) contiguous (NCHW), bias (D,) added in float before the one rounding.
+//   out     (n, D, oH, oW) contiguous (NCHW), or with channels_last_out (n, oH, oW, D) contiguous (the caller's
+//           x was channels-last: its output is too, as torch's; D / G whole vectors, out 16-byte aligned); bias
+//           (D,) added in float before the one rounding.
 //
 // The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
 // (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it stays on
@@ -389,9 +391,10 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight (cp.async, one commit group per chunk) while the
 // tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
 // refilled.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
-// (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel.
+// (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel;
+// channels-last (`ig_store_channels_last`), untransposed, 16 bytes of consecutive channels of one pixel.
 // Split-K (grids under a wave, `plan_igemm`): block z reduces chunks_per_split chunks of K from chunk z *
-// chunks_per_split on and writes its float sums to partial (splits, n, D, oH, oW), the bias in split 0's; then
+// chunks_per_split on and writes its float sums to partial (splits, out's shape and layout), the bias in split 0's; then
 // conv_bwd_weight_igemm_finish (taps 1: no permutation) adds the splits in order and rounds once into out.  The
 // number of splits depends on the shapes only, so the bits are the same on every run and GPU.
 #include "async_copy.cuh"
@@ -417,12 +420,65 @@ __device__ __forceinline__ void ig_mma<float>(float (&d)[4], const unsigned (&a)
 // Byte offset of vector v of staged row r: the XOR swizzle.
 __device__ __forceinline__ int ig_swizzle(int r, int v) { return r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4); }
 
+// Two neighbouring elements of T as one shared-memory store (4 bytes of 16-bit, 8 of float): the accumulator
+// pair (columns 2 q, 2 q + 1) of a thread.
+template <typename T> __device__ __forceinline__ void ig_store_pair(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<unsigned*>(at) = pack2<T>(from_acc<T>(lo), from_acc<T>(hi));
+}
+template <> __device__ __forceinline__ void ig_store_pair<float>(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+}
+
+// The channels-last epilogue (out (n, oH, oW, D) contiguous): tile[row][column] = T(acc + bias) in the (drained)
+// pipeline's shared memory, then 16-byte stores of VEC consecutive channels of one output pixel, a row's
+// vectors on consecutive lanes (coalesced along the pixel's channels).  Rows are BN + 8 elements apart: the
+// pair stores of a warp (8 rows x 4 column pairs; float's in two half-warp phases) hit 32 different banks.
+// Only with vector stores: D / G a multiple of VEC and out 16-byte aligned, so that a vector never straddles a
+// group (the planner, `forward_output`, asks for NCHW otherwise; a scalar fallback here cost the 128 x 64 main
+// loop 14 instructions of its register allocation, NVRTC 13).
+template <typename T, typename I, int BM, int BN, int MI, int NI, int WARPS_N>
+__device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI][4], const T* bias, T* out,
+                                                       int has_bias, I m0, I M, int g, int dg, int channels,
+                                                       int n0) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T), PITCH = (BN + 8) * (int)sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, qq = lane & 3;
+  const int warp_m = warp / WARPS_N * (BM / (4 / WARPS_N)), warp_n = warp % WARPS_N * (BN / WARPS_N);
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+    const int col = warp_n + ni * 8 + 2 * qq, n = n0 + col;
+    const float add0 = has_bias && n < dg ? to_acc(bias[g * dg + n]) : 0.0f;
+    const float add1 = has_bias && n + 1 < dg ? to_acc(bias[g * dg + n + 1]) : 0.0f;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_m + mi * 16 + gq + 8 * h;
+        ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
+                         acc[mi][ni][2 * h + 1] + add1);
+      }
+    }
+  }
+  __syncthreads();
+  // Thread: vector cv of rows tid / COLUMN_VECTORS + k ROW_STEP.
+  constexpr int COLUMN_VECTORS = BN / VEC, ROW_STEP = IG_THREADS / COLUMN_VECTORS;
+  static_assert(IG_THREADS % COLUMN_VECTORS == 0, "whole rows per pass");
+  const int cv = tid % COLUMN_VECTORS, n = n0 + cv * VEC;
+  if (n >= dg) return;
+  for (int row = tid / COLUMN_VECTORS; row < BM; row += ROW_STEP) {
+    const I m = m0 + row;
+    if (m >= M) break;
+    const unsigned char* src = igemm_shared + row * PITCH + cv * IG_VECTOR_BYTES;
+    T* dst = out + m * channels + (I)g * dg + n;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
 template <typename T, typename I, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
-    int has_bias, int vector_store, float* __restrict__ partial, int chunks_per_split) {
+    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -590,7 +646,11 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
       for (int h = 0; h < 2; ++h) {
         const I m = m0 + warp_m + mi * 16 + gq + 8 * h;
         if (m >= M) continue;
-        const I image = m / pixels, row = (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
+        const I image = m / pixels;
+        // (m, channel 0 of the group) and the step to the next channel, in out's layout
+        const I row = channels_last_out ? m * (groups * dg) + (I)g * dg
+                                        : (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
+        const I step = channels_last_out ? (I)1 : pixels;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
@@ -598,7 +658,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
             const int col = n0 + warp_n + ni * 8 + 2 * qq + e;
             if (col >= dg) continue;
             const float add = has_bias && blockIdx.z == 0 ? to_acc(bias[g * dg + col]) : 0.0f;
-            slice[row + (I)col * pixels] = acc[mi][ni][2 * h + e] + add;
+            slice[row + (I)col * step] = acc[mi][ni][2 * h + e] + add;
           }
         }
       }
@@ -606,6 +666,10 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     return;
   }
 
+  if (channels_last_out) {
+    ig_store_channels_last<T, I, BM, BN, MI, NI, WARPS_N>(acc, bias, out, has_bias, m0, M, g, dg, groups * dg, n0);
+    return;
+  }
   // --- epilogue: tile[column][row] = T(acc + bias), then 16-byte stores along the output pixels ---------------
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes per column; + 16: the accumulator writes of a warp
                                                   // (8 rows x 4 column pairs) hit 32 different banks
@@ -659,11 +723,18 @@ template <typename T> __device__ __forceinline__ T cl_round(T value, int) { retu
 template <> __device__ __forceinline__ float cl_round<float>(float value, int round_tf32) {
   return round_tf32 ? __uint_as_float(to_tf32(value)) : value;
 }
+// What rounding to tf32 left of value, itself as tf32: tf32(value) + cl_rest(value) carries float's bits to the
+// weight gradient's fused bias sum (16-bit types: nothing is rounded, nothing is written).
+template <typename T> __device__ __forceinline__ T cl_rest(T value) { return T(0.0f); }
+template <> __device__ __forceinline__ float cl_rest<float>(float value) {
+  return __uint_as_float(to_tf32(value - __uint_as_float(to_tf32(value))));
+}
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(CL_TILE * CL_ROWS) channels_last_copy(
     const T* __restrict__ x, T* __restrict__ out, I n, I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c,
-    I x_stride_h, I x_stride_w, int channels, int height, int width, int round_tf32) {
+    I x_stride_h, I x_stride_w, int channels, int height, int width, int round_tf32, T* __restrict__ rest,
+    int with_rest) {
   // Rows of 32 elements + one word: an odd number of words apart, so a column is read from 32 different banks.
   __shared__ T tile[CL_TILE][CL_TILE + 4 / sizeof(T)];
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
@@ -683,7 +754,11 @@ __global__ void __launch_bounds__(CL_TILE * CL_ROWS) channels_last_copy(
 #pragma unroll
     for (int k = 0; k < CL_TILE; k += CL_ROWS) {  // write: lanes along channels
       const int p = p0 + ty + k, c = c0 + tx;
-      if (c < channels && p < pixels) out[(image * pixels + p) * channels + c] = cl_round(tile[tx][ty + k], round_tf32);
+      if (c < channels && p < pixels) {
+        const I at = (image * pixels + p) * channels + c;
+        out[at] = cl_round(tile[tx][ty + k], round_tf32);
+        if (with_rest) rest[at] = cl_rest(tile[tx][ty + k]);  // (float with round_tf32 only)
+      }
     }
     __syncthreads();  // the tile is refilled for the next image
   }
@@ -784,7 +859,9 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
 // with C / G a multiple of 8 (16-bit) or 4 (float, as TF32) so that 16 bytes of a row of either operand are
 // 8 (4) consecutive channels of one pixel: one cp.async each, zero-filled (src-size 0) for padding and for
 // pixels past the split.  Both operands are staged k-major ([pixel][d], [pixel][(tap, c)]) and read as the mma
-// fragments by ldmatrix .trans (16-bit; float reads words and rounds to tf32 there).
+// fragments by ldmatrix .trans (16-bit; float reads words).  TF32 is rounded once, by the channels-last copies
+// (channels_last_copy with round_tf32): the fragments are the staged words.  The fused bias gradient of TF32
+// adds grad_output's tf32 remainder, gy_rest (that copy's second output), which the bias blocks stage beside A.
 //
 // Shared memory: STAGES stages of BK pixel rows, each row BM (A) or BN (B) elements in 16-byte chunks whose
 // position is XOR-swizzled by the row (WgSwizzle): the 8 rows an ldmatrix phase reads, the 8 chunks 8
@@ -859,8 +936,8 @@ template <typename S, int BM, int BN, int MI> struct WgFragments {  // MI: mma t
 // One K step (K_STEP pixels from row k0) of a warp's 16 MI x 32 tile: MI x 4 mma tiles of 16 x 8; with `bias`, also
 // bias[mi] += A rows x a column of ones (every column of that 16 x 8 tile: the rows' sums over the step).
 template <typename S, int BM, int BN, int MI>
-__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, const WgFragments<S, BM, BN, MI>& f, int k0,
-                                             bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+__device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, const S*, const WgFragments<S, BM, BN, MI>& f,
+                                             int k0, bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
   unsigned a[MI][4], b[4][2];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_trans(a[mi], as + f.a[mi][0] + k0 * BM);
@@ -883,37 +960,40 @@ __device__ __forceinline__ void wg_warp_step(const S* as, const S* bs, const WgF
   }
 }
 
+// TF32: both operands were rounded to tf32 once, by their channels-last copies (`channels_last_copy`), so the
+// fragments are the staged words as they are; the bias gradient adds grad_output's remainder, staged beside it
+// in rs (the same layout as as): tf32 + the tf32 of the rest, so the bias sums lose no more than float's bits.
+template <typename S> __device__ __forceinline__ unsigned wg_word(const S* at) {
+  return *reinterpret_cast<const unsigned*>(at);
+}
 template <int BM, int BN, int MI>
-__device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, const WgFragments<float, BM, BN, MI>& f,
-                                             int k0, bool bias, float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
+__device__ __forceinline__ void wg_warp_step(const float* as, const float* bs, const float* rs,
+                                             const WgFragments<float, BM, BN, MI>& f, int k0, bool bias,
+                                             float (&acc)[MI][4][4], float (&bias_acc)[MI][4]) {
   unsigned a[MI][4], b[4][2];
-  float raw[MI][4];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
-    raw[mi][0] = as[f.a[mi][0] + k0 * BM];
-    raw[mi][1] = as[f.a[mi][1] + k0 * BM];
-    raw[mi][2] = as[f.a[mi][0] + (k0 + 4) * BM];
-    raw[mi][3] = as[f.a[mi][1] + (k0 + 4) * BM];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[mi][r] = to_tf32(raw[mi][r]);
+    a[mi][0] = wg_word(as + f.a[mi][0] + k0 * BM);
+    a[mi][1] = wg_word(as + f.a[mi][1] + k0 * BM);
+    a[mi][2] = wg_word(as + f.a[mi][0] + (k0 + 4) * BM);
+    a[mi][3] = wg_word(as + f.a[mi][1] + (k0 + 4) * BM);
   }
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni) {
-    b[ni][0] = to_tf32(bs[f.b[ni] + k0 * BN]);
-    b[ni][1] = to_tf32(bs[f.b[ni] + (k0 + 4) * BN]);
+    b[ni][0] = wg_word(bs + f.b[ni] + k0 * BN);
+    b[ni][1] = wg_word(bs + f.b[ni] + (k0 + 4) * BN);
   }
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], a[mi], b[ni]);
   }
-  if (bias) {  // grad_output as tf32 plus the tf32 of its remainder: the bias sums lose no more than float's bits
+  if (bias) {
     const unsigned ones[2] = {0x3f800000u, 0x3f800000u};  // 1.0f, exact in tf32
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
-      unsigned rest[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) rest[r] = to_tf32(raw[mi][r] - __uint_as_float(a[mi][r]));
+      const unsigned rest[4] = {wg_word(rs + f.a[mi][0] + k0 * BM), wg_word(rs + f.a[mi][1] + k0 * BM),
+                                wg_word(rs + f.a[mi][0] + (k0 + 4) * BM), wg_word(rs + f.a[mi][1] + (k0 + 4) * BM)};
       mma_m16n8k8_tf32(bias_acc[mi], a[mi], ones);
       mma_m16n8k8_tf32(bias_acc[mi], rest, ones);
     }
@@ -943,10 +1023,10 @@ template <typename I> struct WgPixel {
 
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
-    const T* __restrict__ x_cl, const T* __restrict__ gy_cl, float* __restrict__ partial,
-    float* __restrict__ bias_partial, I n, int groups, int channels_per_group, int outputs_per_group, int height,
-    int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
-    int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
+    const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
+    float* __restrict__ partial, float* __restrict__ bias_partial, I n, int groups, int channels_per_group,
+    int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top,
+    int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
   typedef WgTile<T> W;
   typedef typename W::S S;
   typedef typename Unsigned<I>::type U;
@@ -959,8 +1039,12 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   constexpr int A_STAGE = BK * BM, B_STAGE = BK * BN;
   static_assert(THREADS % SA::CH == 0 && THREADS % SB::CH == 0 && A_COPIES >= 1 && B_COPIES >= 1 &&
                 BK % A_ROWS_PER_PASS == 0 && BK % B_ROWS_PER_PASS == 0, "whole chunk columns and rows per thread");
-  __shared__ __align__(128) S as[WG_STAGES * A_STAGE];  // [stage][pixel][d], swizzled
+  // TF32: grad_output's tf32 remainder, rs, after as's stages (staged by the bias gradient's blocks only);
+  // 16-bit: none (rs is never read)
+  constexpr int R_STAGE = sizeof(S) == 4 ? A_STAGE : 0;
+  __shared__ __align__(128) S as[WG_STAGES * (A_STAGE + R_STAGE)];  // [stage][pixel][d], swizzled
   __shared__ __align__(128) S bs[WG_STAGES * B_STAGE];  // [stage][pixel][(tap, c)], swizzled
+  S* const rs = as + WG_STAGES * A_STAGE;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / (BN / 32) * WM, wn = warp % (BN / 32) * 32;
@@ -976,7 +1060,11 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   // a chunk.  Columns past M read nothing (their zeros meet only rows never stored).
   const int a_col = tid % SA::CH * E, a_row = tid / SA::CH;
   const bool a_inside = m0 + a_col < M;
-  const T* a_src = gy_cl + ((k_begin + a_row) * D + g * outputs_per_group + m0 + a_col);
+  const I a_first = (k_begin + a_row) * D + g * outputs_per_group + m0 + a_col;
+  const T* a_src = gy_cl + a_first;
+  const T* r_src = gy_rest + a_first;
+  // TF32 blocks that sum the bias gradient also stage grad_output's remainder (block-uniform)
+  const bool stage_rest = sizeof(S) == 4 && has_bias && n0 == 0;
   int a_store[A_COPIES];
 #pragma unroll
   for (int r = 0; r < A_COPIES; ++r) a_store[r] = SA::at(a_row + r * A_ROWS_PER_PASS, a_col);
@@ -1019,8 +1107,13 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
       const bool inside = a_inside && a_row + r * A_ROWS_PER_PASS < remaining;
       // (a zero-filled copy reads nothing, but gets a pointer into the array all the same: gy_cl itself)
       cp_async_cg_16(a_stage + a_store[r], inside ? a_src + r * A_ROWS_PER_PASS * D : gy_cl, inside ? 16 : 0);
+      if (stage_rest) {
+        cp_async_cg_16(rs + stage * R_STAGE + a_store[r], inside ? r_src + r * A_ROWS_PER_PASS * D : gy_rest,
+                       inside ? 16 : 0);
+      }
     }
     a_src += BK * D;
+    r_src += BK * D;
 #pragma unroll
     for (int r = 0; r < B_COPIES; ++r) {
       WgPixel<I>& px = b_pixel[r];
@@ -1060,9 +1153,10 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     cp_async_commit();
     const S* a_stage = as + read_stage * A_STAGE;
     const S* b_stage = bs + read_stage * B_STAGE;
+    const S* r_stage = rs + read_stage * R_STAGE;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += W::K_STEP) {
-      wg_warp_step(a_stage, b_stage, fragments, kk, sum_bias, acc, bias_acc);
+      wg_warp_step(a_stage, b_stage, r_stage, fragments, kk, sum_bias, acc, bias_acc);
     }
     read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;

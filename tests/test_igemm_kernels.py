@@ -119,6 +119,46 @@ def test_every_tile(dtype, columns, monkeypatch):
         assert_close(out, want, dtype, str(tile))
 
 
+def nhwc(a):
+    """a (n, C, H, W) with the same values in channels-last memory, as torch's channels_last tensors lie."""
+    return numpy.moveaxis(numpy.ascontiguousarray(numpy.moveaxis(a, 1, -1)), -1, 1)
+
+
+# channels-last output: every case (D / G = 20, 12, 36, 72: whole 16-byte vectors of float32, of 16-bit types only
+# for 72; a partial second column tile), groups with D / G = 16, the largest tiles (IG_WAVE_BLOCKS 1: 128 x 128,
+# 256 x 64, float's 128 x 64) and split-K
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case, wave, split", [(case, None, None) for case in CASES] + [
+    (C("ig_groups_cl", (1, 48, 11, 10), (32, 24, 3, 2), stride=(2, 1), padding=((2, 0), (1, 3)), dilation=(1, 2),
+       groups=2), None, None),
+    (C("ig_tiles_cl", (2, 32, 7, 9), (136, 32, 3, 3), padding=((1, 0), (0, 1))), 1, None),
+    (C("ig_tiles_cl", (2, 32, 7, 9), (40, 32, 3, 3), padding=((1, 0), (0, 1))), 1, None),
+    (C("ig_split_cl", (2, 48, 5, 6), (48, 24, 3, 3), padding=1, groups=2), None, 3)], ids=str)
+def test_channels_last_input_gives_channels_last_output(case, wave, split, dtype, monkeypatch):
+    """x in channels-last memory: out is channels-last too (written so by conv_fwd_igemm's epilogue, no copy, x
+    read in place) where a group's output channels are whole 16-byte vectors, else NCHW; equal to the CPU path;
+    an NCHW x still gets a C-contiguous out."""
+    if wave is not None:
+        monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
+    if split is not None:
+        monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", split)
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(7), DTYPES[dtype])
+    want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        out = run(device, cupyconv.conv2d, nhwc(x), weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        whole_vectors = case.weight[0] // case.kwargs.get("groups", 1) % igemm.vector_elements(DTYPES[dtype]) == 0
+        assert igemm.is_channels_last(out) == whole_vectors and out.shape == case.output_shape, out.strides
+        assert device.count("conv_fwd_igemm") == 1, device.launches
+        # x in place (float32: rounded to tf32 in the copy); the weight's copy, a view for 1 x 1 16-bit
+        copies = (dtype == "float32") + (dtype == "float32" or case.weight[2:] != (1, 1))
+        assert device.count("channels_last_copy") == copies, device.launches
+        assert split is None or device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
+        assert_close(out, want, dtype, f"{case.name} {order}")
+    out = run(Recorder(), cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert out.flags.c_contiguous
+
+
 # ---------------------------------------------------------------------------------------------------------
 # narrow tiles (IG_NARROW_TILES): groups of at most 32 columns
 

@@ -180,6 +180,9 @@ def _opcheck_cases():
     convolutions = [  # (op, forward arguments (trailing defaults may be left out), needs of its backward case)
         ("conv1d", (x1, w1, b1, [2], [1, 0], [2], 2, "auto", None), [True, True, True]),
         ("conv2d", (x, w, b, [1, 2], pad, [1, 2], 2, "direct", 2**20), [True, True, False]),
+        # a channels-last x: the fake output is channels-last, as the op's
+        ("conv2d", (x.contiguous(memory_format=torch.channels_last), w, b, [1, 1], pad, [1, 1], 2),
+         [True, True, True]),
         ("conv3d", (x3, w3, None, [1, 2, 1], [1, 0, 0, 1, 1, 1], [2, 1, 1], 1), [True, False, False]),
         ("depthwise_conv2d", (xd, wd, None, [2, 1], pad, [1, 1]), [False, True, True]),
         ("patch_conv2d", (xp, wp, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "fused"), [True, False, True]),

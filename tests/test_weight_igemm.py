@@ -137,14 +137,43 @@ def test_weight_only_needs_no_bias_sum(monkeypatch):
     assert none is None and alone.tobytes() == both.tobytes()
 
 
-def test_bits_are_the_same_whatever_the_block_order(monkeypatch):
+def tf32(a):
+    """float32 a rounded to tf32 as cvt.rna does (nearest, ties away from zero), as float64."""
+    bits = numpy.asarray(a, numpy.float32).view(numpy.uint32).astype(numpy.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(numpy.uint32).view(numpy.float32).astype(numpy.float64)
+
+
+def test_tf32_operands_are_rounded_once_to_nearest():
+    """float32 on TF32: grad_weight is the float64 GEMM of x and grad_output each rounded to tf32 to nearest
+    (once, by their channels-last copies; the fragments are the staged words), to float32's accumulation error:
+    operands left unrounded (the mma would truncate them) or rounded twice differ by ~1e-4 of the largest value;
+    the bias gradient keeps float's precision (the remainder staged beside grad_output).  Two channels_last_copy
+    launches: x, and grad_output with its remainder."""
+    case = CASE_BY_NAME["wg_groups_stride_dilation"]
+    rng = numpy.random.default_rng(19)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float32)
+    device = Recorder("reverse")
+    _, gw, gb = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"),
+                            algorithm="implicit_gemm", **case.kwargs)
+    assert device.count("conv_bwd_weight_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+    _, want_w, want_b = cupyconv.conv2d_backward(tf32(grad_output), tf32(x), weight.astype(numpy.float64),
+                                                 needs=("weight", "bias"), **case.kwargs)
+    _, _, exact_b = cupyconv.conv2d_backward(grad_output.astype(numpy.float64), x.astype(numpy.float64),
+                                             weight.astype(numpy.float64), needs=("bias",), **case.kwargs)
+    scale = float(numpy.abs(want_w).max())
+    assert float(numpy.abs(numpy.asarray(gw, numpy.float64) - want_w).max()) <= 2e-6 * scale
+    assert float(numpy.abs(numpy.asarray(gb, numpy.float64) - exact_b).max()) <= 1e-6 * float(numpy.abs(exact_b).max())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_bits_are_the_same_whatever_the_block_order(monkeypatch, dtype):
     """Several splits of several chunks, blocks run in forward and reverse order: the same grad_weight and
     grad_bias bits (float32 split sums added in split order, no atomics)."""
     several_splits(monkeypatch, 2)
     case = CASE_BY_NAME["wg_tile_edges"]
     runs = []
     for order in ("forward", "reverse", "forward"):
-        (_, gw, gb), _ = backward(EmulatedDevice(order), case, "float16", seed=15)
+        (_, gw, gb), _ = backward(EmulatedDevice(order), case, dtype, seed=15)
         runs.append((gw.tobytes(), gb.tobytes()))
     assert runs[1] == runs[0] and runs[2] == runs[0]
 
@@ -196,3 +225,36 @@ def test_gpu_matches_cpu_path_and_is_bit_deterministic(dtype):
     assert_close(runs[0][1], want[2], dtype, "grad_bias")
     for gw, gb in runs[1:]:
         assert gw.tobytes() == runs[0][0].tobytes() and gb.tobytes() == runs[0][1].tobytes()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_training_step_copies_x_once(monkeypatch, keep):
+    """A torch training step (cupyconv.torch.conv2d forward, then backward) on the emulator, float16, x NCHW: the
+    forward's channels-last copy of x is what autograd saves for the weight gradient (`saved_x`), which reads it
+    in place: channels_last_copy runs once for x (x, the forward's weight and grad_output: 3 launches; 4 when
+    the copy is not kept); the gradients match the CPU path."""
+    torch = pytest.importorskip("torch")
+    import cupyconv.torch as cupyconv_torch
+    from cupyconv.torch import _custom_ops, cpu as torch_cpu
+    if not keep:
+        monkeypatch.setattr(_custom_ops, "KEEPS_X_COPY", ())
+    case = CASE_BY_NAME["wg_tile_edges"]
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(20), numpy.float16)
+    w = torch.from_numpy(weight).requires_grad_()
+    b = torch.from_numpy(bias).requires_grad_()
+    device = Recorder("reverse")
+    with torch_cpu.numpy_cpu_path(True), _device.use_device(device), settings.allow_tf32(True):
+        y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
+        assert device.count("conv_fwd_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+        assert _custom_ops._LAST_X_COPY.slot is None   # taken by autograd's setup_context
+        y.backward(torch.from_numpy(grad_output))
+        assert device.count("conv_bwd_weight_igemm") == 1, device.launches
+        assert device.count("channels_last_copy") == (3 if keep else 4), device.launches
+        with torch.no_grad():
+            y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
+        held = _custom_ops._LAST_X_COPY.slot   # no autograd: held (the one slot) until the next forward
+        assert (held is not None and held[0]() is y) == keep
+    _, want_w, want_b = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)),
+                                                 needs=("weight", "bias"), **case.kwargs)
+    assert_close(w.grad.numpy(), want_w, "float16", "grad_weight")
+    assert_close(b.grad.numpy(), want_b, "float16", "grad_bias")

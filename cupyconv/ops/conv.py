@@ -24,8 +24,8 @@ from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
-from .implicit_gemm import (TC_MIN_CHANNELS, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            tensor_core_refusal)
+from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, implicit_gemm_gpu, implicit_gemm_grad_input,
+                            implicit_gemm_grad_weight, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -435,10 +435,12 @@ def _grad_bias(device, gy, spec: ConvSpec):
 def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     """Forward on the GPU path: x (N, C, H, W), weight (D, C / G, kH, kW), bias (D,) or None."""
     def run(algo):
-        if algo == "implicit_gemm":
-            out = device.empty(spec.output_shape, x.dtype)
-            engine = simt_gemm_gpu if simt_runs(spec, x.dtype) else implicit_gemm_gpu
-            return engine(device, batch_view(device, x), weight, bias, spec, out)
+        if algo == "implicit_gemm" and simt_runs(spec, x.dtype):
+            return simt_gemm_gpu(device, batch_view(device, x), weight, bias, spec,
+                                 device.empty(spec.output_shape, x.dtype))
+        if algo == "implicit_gemm":   # channels-last x: channels-last out, where conv_fwd_igemm runs
+            out = forward_output(device, x, weight, spec)
+            return implicit_gemm_gpu(device, batch_view(device, x), weight, bias, spec, out)
         if algo == "direct":
             return _direct(device, x, weight, bias, spec)
         return _gemm_forward(device, x, weight, bias, spec)

@@ -7,9 +7,12 @@ to its kernel file.  The table of the three GEMMs is at the top of implicit_gemm
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy
 
@@ -131,8 +134,11 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
     if igemm_refusal(spec, xv.dtype, "forward") is None:
-        return igemm_forward(device, channels_last(device, xv), arrange_weight(device, weight, spec, "forward"),
-                             bias, spec, out)
+        xl = channels_last(device, xv)
+        kept = _kept_copies.get()
+        if kept is not None and xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
+            kept.append(xl)
+        return igemm_forward(device, xl, arrange_weight(device, weight, spec, "forward"), bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -214,24 +220,79 @@ def channels_last(device, x, round_tf32: bool = True):
     """x (..., C, H, W), any strides (also patch's batch views), as an (n, H, W, C) C-contiguous array, n the
     product of the leading dims: a view when x is already laid out so (and 16-byte aligned), else a copy by
     channels_last_copy (a tiled transpose, coalesced on both sides).  float32 with round_tf32 is always copied,
-    and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands (the weight gradient
-    keeps grad_output's float bits: its fused bias gradient adds their tf32 remainder)."""
+    and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands."""
     *lead, c, h, w = x.shape
-    n = math.prod(lead)
     rounds = round_tf32 and x.dtype == numpy.float32
     if not rounds:
         moved = x.transpose(*range(len(lead)), -2, -1, -3)
         if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
-            return moved.reshape(n, h, w, c)
+            return moved.reshape(math.prod(lead), h, w, c)
+    return _channels_last_copy(device, x, rounds, None)
+
+
+_kept_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_kept_channels_last", default=None)
+
+
+@contextlib.contextmanager
+def keeping_channels_last() -> Iterator[list]:
+    """Within, the forward (`implicit_gemm_gpu`) appends each channels-last copy it makes of a 16-bit x, (n, H, W,
+    C) with exactly x's values, to the yielded list: a caller that saves it in place of x for the backward (the
+    torch layer's autograd) gets a weight gradient that reads it in place, so a training step copies x once.
+    float32's copy is rounded to tf32, not x, and is never kept."""
+    kept: list = []
+    token = _kept_copies.set(kept)
+    try:
+        yield kept
+    finally:
+        _kept_copies.reset(token)
+
+
+def _shares_memory(a, b) -> bool:
+    return _address(a) == _address(b)   # a view of b in place (channels_last's), or a copy elsewhere
+
+
+def channels_last_with_rest(device, x):
+    """float32 x (..., C, H, W) as `channels_last` rounds it to tf32, and the tf32 of what that rounding left
+    (tf32(x - tf32(x))), both (n, H, W, C), from one channels_last_copy: the operand and remainder of the
+    TF32 weight gradient's fused bias sum, which adds the two to keep float's bits."""
+    *lead, c, h, w = x.shape
+    rest = device.empty((math.prod(lead), h, w, c), x.dtype)
+    return _channels_last_copy(device, x, True, rest), rest
+
+
+def _channels_last_copy(device, x, rounds: bool, rest):
+    *lead, c, h, w = x.shape
+    n = math.prod(lead)
     out = device.empty((n, h, w, c), x.dtype)
     if out.size == 0:
         return out
     xv = batch_view(device, x)
     KERNELS.launch(device, "channels_last_copy", dtype=x.dtype, index=index_type(extent(xv), out.size),
                    grid=(ceil_div(h * w, 32), ceil_div(c, 32), min(n, MAX_GRID[2])), block=32 * 8, x=xv, out=out,
-                   n=n, **batch_args("x", xv), channels=c, height=h, width=w,
-                   round_tf32=rounds)
+                   n=n, **batch_args("x", xv), channels=c, height=h, width=w, round_tf32=rounds,
+                   rest=out if rest is None else rest, with_rest=rest is not None)
     return out
+
+
+def is_channels_last(a) -> bool:
+    """Whether a (n, C, H, W) lies in channels-last (NHWC) memory, the way torch's `channels_last` tensors and
+    NumPy/CuPy transposes of (n, H, W, C) arrays do, and not also C-contiguous (C or H * W of 1: both read as
+    NCHW, as torch's rule does)."""
+    return a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def forward_output(device, x, weight, spec: ConvSpec):
+    """The forward's out (n, D, oH, oW) for x: in channels-last memory (a view of an (n, oH, oW, D) array) when x
+    is channels-last and conv_fwd_igemm runs (its epilogue writes either layout) with whole 16-byte vectors of
+    output channels per group (its channels-last stores are 16 bytes only), as torch's convolutions answer
+    channels-last inputs; else C-contiguous.  The other kernels and the CPU path write NCHW."""
+    if (is_channels_last(x) and tensor_core_refusal(spec, x.dtype, device) is None
+            and igemm_refusal(spec, x.dtype, "forward") is None
+            and spec.outputs_per_group % vector_elements(x.dtype) == 0):
+        out = device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype)
+        if _address(out) % IG_VECTOR_BYTES == 0:
+            return out.transpose(0, 3, 1, 2)
+    return device.empty(spec.output_shape, x.dtype)
 
 
 def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
@@ -274,7 +335,9 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
                       (tiles[-1], grids[-1]))
     bm, bn, stages = tile
     itemsize = numpy.dtype(dtype).itemsize
-    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES))
+    # the pipeline's stages, or the epilogue's tile where larger: NCHW (bn, bm) with 16 bytes of padding a column,
+    # channels-last (bm, bn) with 8 elements a row
+    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES), bm * (bn + 8) * itemsize)
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
     splits, per_split = split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
                                         spec.n * spec.out_channels * spec.out_pixels * 4)
@@ -282,27 +345,31 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
 
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
-    """conv_fwd_igemm: out (n, D, oH, oW) contiguous from xl (n, H, W, C) and wk (D, taps, C / G), both
-    C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,) or None.  Split (`plan_igemm`),
-    the splits' float32 sums (the bias in the first) are added in split order and rounded once by the weight
-    gradient's final pass, conv_bwd_weight_igemm_finish, with one tap: out's own layout, no permutation."""
+    """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
+    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
+    or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; out's layout) are added in
+    split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one tap:
+    out's own layout, no permutation."""
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
-    partial = device.empty((plan.splits if plan.splits > 1 else 0, *out.shape), numpy.float32)
+    nhwc = is_channels_last(out)
+    memory = out.transpose(0, 2, 3, 1) if nhwc else out   # the C-contiguous array the kernels write
+    whole_vectors = nhwc or spec.out_pixels % vector == 0   # (channels-last: `forward_output` made sure)
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape), numpy.float32)
     index = index_type(xl.size, out.size, wk.size, partial.size)
     KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
                    grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
-                   bias=wk if bias is None else device.ascontiguous(bias), out=out, n=spec.n, groups=spec.groups,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=memory, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None,
-                   vector_store=spec.out_pixels % vector == 0 and _address(out) % IG_VECTOR_BYTES == 0,
+                   vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
                    partial=partial, chunks_per_split=plan.chunks_per_split)
     if plan.splits > 1:
         KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
                        grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
-                       partial=partial, bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
-                       out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels, taps=1,
-                       has_bias=False)
+                       partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
+                       splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
+                       taps=1, has_bias=False)
     return out
 
 
@@ -330,7 +397,8 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = 
 # conv_bwd_weight_igemm (the end of implicit_gemm.cu): grad_weight as D / G rows by (tap, c) columns, reduced over
 # the output pixels from channels-last copies of x and grad_output, 16-byte cp.async into XOR-swizzled stages,
 # ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; then a final pass that adds the splits
-# in order and permutes (tap, c) -> (c, tap).  Eligible when every 16 bytes of a pixel's channels are one group's.
+# in order and permutes (tap, c) -> (c, tap).  TF32 operands are rounded once, by the channels-last copies; the
+# fused bias sum adds grad_output's tf32 remainder (`channels_last_with_rest`), keeping float's bits.  Eligible when every 16 bytes of a pixel's channels are one group's.
 
 WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
             "bfloat16": ((64, 64), (128, 64), (128, 128), (32, 64)),
@@ -387,13 +455,19 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     plan = plan_weight_igemm(spec, xv.dtype)
     oh, ow = spec.out_size
     x_cl = channels_last(device, xv)
-    gy_cl = channels_last(device, gy.reshape(spec.n, spec.out_channels, oh, ow), round_tf32=False)
+    gy4 = gy.reshape(spec.n, spec.out_channels, oh, ow)
+    # TF32 rounded once, in the copies; the fused bias sum of TF32 adds grad_output's remainder too
+    if with_bias and xv.dtype == numpy.float32:
+        gy_cl, gy_rest = channels_last_with_rest(device, gy4)
+    else:
+        gy_cl = gy_rest = channels_last(device, gy4)
     cols = spec.taps * spec.channels_per_group
     partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
     index = index_type(x_cl.size, gy_cl.size, partial.size)
     KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, dtype=xv.dtype, index=index, grid=plan.grid,
-                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, partial=partial,
+                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, gy_rest=gy_rest,
+                   partial=partial,
                    bias_partial=bias_partial, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    chunks_per_split=plan.chunks_per_split, has_bias=with_bias)

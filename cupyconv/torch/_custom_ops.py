@@ -13,15 +13,20 @@ of either op are passed on as they came, with the schema's defaults.  On CPU ten
 compute with torch's own CPU convolutions unless `cupyconv.torch.cpu`'s numpy_cpu_path is on.
 """
 import ast
+import contextlib
 import math
+import threading
+import weakref
 
 import torch
 
 import cupyconv
 
 from ..ops.conv import workspace_scope
+from ..ops.implicit_gemm import keeping_channels_last
 from . import cpu
 from .cuda import _run
+from .functional import output_format
 
 # CUDA graphs (torch.compile(mode="reduce-overhead"), CUDA graph trees) cannot capture cupyconv: CuPy 14's cuBLAS
 # binding raises while a stream captures, and cupyconv refuses to start under capture (`_device.CAPTURE_REFUSAL`).
@@ -102,6 +107,32 @@ def _cupyconv_keywords(kw: dict) -> dict:
     return out
 
 
+# One channels-last copy of x per training step: the forward of these ops (x straight to the 2-D run) hands the
+# copy its channels-last kernel made of a 16-bit x (`implicit_gemm.keeping_channels_last`: x's values exactly) to
+# autograd, which saves it in place of x (`saved_x`), so the weight gradient reads it in place instead of copying
+# x again, and the memory saved for the backward does not grow.  The hand-over is a one-slot, per-thread holder
+# (the output, weakly, and the copy): autograd's setup_context runs right after the op returns, in the same
+# thread, and empties it; without autograd (no_grad, a frozen weight) the slot is emptied by the next forward.
+KEEPS_X_COPY = ("conv1d", "conv2d")
+_LAST_X_COPY = threading.local()
+
+
+def _keep_x_copy(y, x, copy) -> None:
+    """Hold the channels-last copy (n, H, W, C) of x, as a tensor of x's shape (channels-last strides), for y."""
+    t = torch.from_dlpack(copy)
+    if t.numel() == x.numel() and t.shape[0] == x.shape[0] and t.shape[-1] == x.shape[1]:
+        _LAST_X_COPY.slot = (weakref.ref(y), t.reshape(x.shape[0], *x.shape[2:], x.shape[1]).movedim(-1, 1))
+
+
+def saved_x(x, output):
+    """What a forward's autograd saves for x: the channels-last copy of x that the forward which returned output
+    kept (taken out of the holder), else x itself."""
+    slot, _LAST_X_COPY.slot = getattr(_LAST_X_COPY, "slot", None), None
+    if slot is None or slot[0]() is not output or slot[1].shape != x.shape or slot[1].dtype != x.dtype:
+        return x
+    return slot[1]
+
+
 def _define_convolution(name: str, options: tuple, out_shape):
     """Define `cupyconv::<name>` and `cupyconv::<name>_backward` for the cupyconv functions of that name (looked
     up on every call, so a test can wrap them), with fake implementations; out_shape(x, weight, **options) is
@@ -113,13 +144,21 @@ def _define_convolution(name: str, options: tuple, out_shape):
     def op(x, weight, bias, *values):
         kw = _keywords(options, values)
         if cpu.runs_on_torch(x, weight):
-            return cpu.forward(name, x, weight, bias, kw)
-        with workspace_scope(name, kw.get("workspace_limit")):
-            return _run(getattr(cupyconv, name), x, x, weight, bias, **_cupyconv_keywords(kw))
+            return cpu.forward(name, x, weight, bias, kw).contiguous(memory_format=output_format(x, weight))
+        keep = name in KEEPS_X_COPY and weight.requires_grad   # (grad mode is off in here either way)
+        _LAST_X_COPY.slot = None
+        with workspace_scope(name, kw.get("workspace_limit")), \
+                (keeping_channels_last() if keep else contextlib.nullcontext([])) as kept:
+            y = _run(getattr(cupyconv, name), x, x, weight, bias, memory_format=output_format(x, weight),
+                     **_cupyconv_keywords(kw))
+        if kept:
+            _keep_x_copy(y, x, kept[0])
+        return y
 
     @op.register_fake
     def _(x, weight, bias, *values):
-        return x.new_empty(out_shape(x, weight, **_keywords(options, values)))
+        return torch.empty(out_shape(x, weight, **_keywords(options, values)), dtype=x.dtype, device=x.device,
+                           memory_format=output_format(x, weight))
 
     @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
             f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))

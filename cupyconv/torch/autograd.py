@@ -12,7 +12,7 @@ Both get an autograd formula here, written with the same two ops, so gradients o
 """
 import torch
 
-from ._custom_ops import CONVOLUTIONS
+from ._custom_ops import CONVOLUTIONS, saved_x
 
 
 def _needed(grads, needs):
@@ -33,7 +33,7 @@ def _forward_formula(backward_op):
 
     def setup_context(ctx, inputs, output):
         x, weight, bias, *options = inputs
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(saved_x(x, output), weight)   # the forward's channels-last copy of x, if it kept one
         ctx.options = tuple(options)
         ctx.has_bias = bias is not None
 

@@ -115,7 +115,8 @@ def _check(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, kw: dict) 
 
 
 def forward(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, kw: dict) -> Tensor:
-    """The op `name` (cupyconv's geometry in kw, padding flat per side) by torch's CPU convolution."""
+    """The op `name` (cupyconv's geometry in kw, padding flat per side) by torch's CPU convolution, in the layout
+    aten gives it (the custom op makes that its promised memory format)."""
     _check(name, x, weight, bias, kw)
     xb = _rolled(name, x, weight)
     transposed, output_padding, groups = _geometry(name, xb, kw)
@@ -133,7 +134,7 @@ def forward(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, kw: dict)
                                        output_padding, groups)
     if xb is not x:
         y = y.reshape(*x.shape[:-weight.dim() + 1], *y.shape[1:])
-    return y.contiguous()
+    return y
 
 
 def backward(name: str, grad_output: Tensor, x: Tensor, weight: Tensor, needs, kw: dict) -> tuple:

@@ -59,11 +59,12 @@ def cuda_context(device):
         yield
 
 
-def _run(fn, like, *args, **kwargs):
-    """fn(*args, **kwargs) in `like`'s device context; tensor results made contiguous, as the fake ops promise.
-    fn (a plain cupyconv function) refuses devices it has no path for, naming the op and the argument."""
+def _run(fn, like, *args, memory_format=torch.contiguous_format, **kwargs):
+    """fn(*args, **kwargs) in `like`'s device context; tensor results made contiguous in `memory_format`, as the
+    fake ops promise (a result already so is not copied).  fn (a plain cupyconv function) refuses devices it has
+    no path for, naming the op and the argument."""
     with cuda_context(like.device):
         result = fn(*args, **kwargs)
         if isinstance(result, tuple):
-            return tuple(r if r is None else r.contiguous() for r in result)
-        return result.contiguous()
+            return tuple(r if r is None else r.contiguous(memory_format=memory_format) for r in result)
+        return result.contiguous(memory_format=memory_format)

@@ -4,9 +4,10 @@ As `torch.nn.functional`:
 
 * an unbatched input (no N dim: (C, L), (C, H, W), (C, D, H, W)) gives an unbatched output;
 * an input or weight in `torch.channels_last` (`torch.channels_last_3d` for 3-D) memory format gives the
-  output in that format (torch's rule, read from the strides: `_memory_format`).  The custom ops return
-  contiguous tensors (as their fake implementations promise), so that output costs one copy, made here, and
-  its gradient reaches the backward op as a channels-last grad_output, which the GPU path copies once.  The
+  output in that format (torch's rule, read from the strides: `_memory_format`, `output_format`).  The forward
+  custom ops return their output in that format (as their fake implementations promise): the GPU path's
+  channels-last kernel writes it so in place, any other path costs one copy; its gradient reaches the backward
+  op as a channels-last grad_output, which the GPU path copies once.  The
   input itself is read in place on the GPU path by conv's kernels (`conv1d`, `conv2d` but for groups == C,
   `patch_conv2d`) and copied once by the depthwise kernels, the 3-D ops (depth windows) and the transposed
   convolutions (which read it as conv's grad_output): see "Channels-last and strided inputs" in docs/guide.md.
@@ -120,17 +121,20 @@ def _memory_format(t: Tensor) -> torch.memory_format:
     return channels_last
 
 
-def _as_torch_returns(y: Tensor, x: Tensor, weight: Tensor, unbatched: bool = False) -> Tensor:
-    """The op's contiguous output y as torch returns it for input x: unbatched, or in the memory format of x,
-    else of weight (torch's rule), with one copy."""
-    if unbatched:
-        return y.squeeze(0)
-    if x.dim() != weight.dim():                 # patches with several leading dims: no memory format applies
-        return y
+def output_format(x: Tensor, weight: Tensor) -> torch.memory_format:
+    """The memory format of a convolution's output for batched x: x's, else weight's (torch's rule); contiguous
+    for patches with several leading dims (no memory format applies).  The forward custom ops promise it (their
+    fake implementations) and return it: a channels-last result of the kernels (conv_fwd_igemm writes one for a
+    channels-last x) is returned as it is, an NCHW one copied once."""
+    if x.dim() != weight.dim():
+        return torch.contiguous_format
     fmt = _memory_format(x)
-    if fmt == torch.contiguous_format:
-        fmt = _memory_format(weight)
-    return y if fmt == torch.contiguous_format else y.contiguous(memory_format=fmt)
+    return _memory_format(weight) if fmt == torch.contiguous_format else fmt
+
+
+def _as_torch_returns(y: Tensor, x: Tensor, weight: Tensor, unbatched: bool = False) -> Tensor:
+    """The op's output y (already in `output_format`) as torch returns it for input x: unbatched or as it is."""
+    return y.squeeze(0) if unbatched else y
 
 
 def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilation, groups, algorithm,
