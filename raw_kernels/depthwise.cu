@@ -9,9 +9,10 @@
 //   memory (16-byte loads where the rows are aligned, element loads otherwise) and converted to the
 //   accumulation type once.  Each thread owns one item: a column strip of V vertically consecutive outputs of
 //   one image, so neighbouring lanes read neighbouring shared-memory words (no bank conflicts at stride 1) and
-//   write neighbouring outputs (coalesced).  Small planes (7x7, 4x4) take the whole plane as the tile and pack
-//   many images of one channel per block, so a block still has ~256 busy threads and its weights are uniform
-//   (registers filled by broadcast loads).
+//   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
+//   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
+//   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
+//   the outputs through shared memory); elsewhere images of one channel (uniform weights, broadcast loads).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
@@ -447,17 +448,18 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // and convolved with the flipped kernels.
 //
 // Small planes (pack_channels, planned when one tile covers the whole output plane): a unit is instead the
-// per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of a plane may be
-// partial), item p computing channel d0 + p.  Their src planes and dst planes are then each one contiguous run
+// per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image may be
+// partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing channel d0 + p.  Their src planes and dst planes are then each one contiguous run
 // of memory, so the staging's warps read neighbouring rows, and the outputs go through shared memory (over the
 // staged tiles, after a barrier) to be written as one contiguous run, 16 bytes a lane where it is aligned,
 // instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors used).
 // Launch contract for pack_channels: tiles_x == tiles_y == 1.
-template <typename T, typename I, int K, int S, bool TRANSPOSED>
+template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int pad_top, int pad_left,
-    int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias, int pack_channels) {
+    int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
+  constexpr bool pack_channels = PACK;
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
@@ -498,13 +500,17 @@ __device__ __forceinline__ void depthwise_persistent(
     const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;  // clamped: a partial group's idle items
     const I n = pack_channels ? image0 : image0 + p;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+    // Staged plane q = j * terms + t (item j, term t) is src plane base + j * stride + t: packed, src channel
+    // first + q of image0 (the forward packs only at multiplier 1: src channel = dst channel); else channel
+    // first + t of image image0 + j.  Items from `valid` on are past the batch or the channels: zeros.
+    const int first = (pack_channels ? d0 : c) * terms;
+    const I base = image0 * src_channels + first;
+    const int stride = pack_channels ? terms : src_channels;
+    const int valid = pack_channels ? min(per_block, dst_channels - d0) : (int)min((I)per_block, images - image0);
     staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
                   [&](int q) -> const T* {
-                    int dd = d0, image = 0;  // staged plane q is term q % terms of dst channel dd of image
-                    if (pack_channels) dd += q / terms; else image = q / terms;
-                    if (image0 + image >= images || dd >= dst_channels) return nullptr;
-                    const int channel = TRANSPOSED ? dd * terms + q % terms : dd / multiplier;
-                    return src + ((image0 + image) * src_channels + channel) * src_plane;
+                    const int j = q / terms;
+                    return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
                   });
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
@@ -529,7 +535,7 @@ __device__ __forceinline__ void depthwise_persistent(
         block_fma<A, K, S, V, U>(tile + ((p * terms + t) * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
       }
     }
-    if (pack_channels) {
+    if constexpr (PACK) {
       // The unit's planes, [plane][y][x] as in dst, over the staged tiles, then copied out as one run.
       __syncthreads();
       A* staged_out = tile + p * dst_plane + (I)oy * dst_w + ox;
@@ -545,8 +551,7 @@ __device__ __forceinline__ void depthwise_persistent(
         }
       }
       __syncthreads();
-      store_run<T, I>(dst + (image0 * dst_channels + d0) * dst_plane, tile,
-                      min(per_block, dst_channels - d0) * (int)dst_plane);
+      store_run<T, I>(dst + (image0 * dst_channels + d0) * dst_plane, tile, valid * (int)dst_plane);
     } else if (active) {
       T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
       const bool whole = out_aligned && ox + U <= dst_w;
@@ -582,9 +587,16 @@ __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ wei
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias, int pack_channels) {
-  depthwise_persistent<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
-                                          out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
-                                          has_bias, pack_channels);
+  // Two specialisations, each with only its own unit kind's code (fewer registers and instructions than a run-time
+  // test throughout); a block takes one branch.
+  if (pack_channels)
+    depthwise_persistent<T, I, K, S, false, true>(x, weight, bias, y, images, channels, multiplier, height, width,
+                                                  out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
+                                                  per_block, has_bias);
+  else
+    depthwise_persistent<T, I, K, S, false, false>(x, weight, bias, y, images, channels, multiplier, height, width,
+                                                   out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
+                                                   per_block, has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -607,9 +619,15 @@ __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __r
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
                                     int tile_w, int tiles_x, int tiles_y, int per_block, int pack_channels) {
-  depthwise_persistent<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                         out_w, height, width, K - 1 - pad_top, K - 1 - pad_left, tile_h, tile_w,
-                                         tiles_x, tiles_y, per_block, 0, pack_channels);
+  const int top = K - 1 - pad_top, left = K - 1 - pad_left;  // the padding of the equivalent correlation
+  if (pack_channels)  // as in depthwise_fwd
+    depthwise_persistent<T, I, K, 1, true, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                                 out_w, height, width, top, left, tile_h, tile_w, tiles_x, tiles_y,
+                                                 per_block, 0);
+  else
+    depthwise_persistent<T, I, K, 1, true, false>(grad_out, weight, weight, grad_x, images, channels, multiplier,
+                                                  out_h, out_w, height, width, top, left, tile_h, tile_w, tiles_x,
+                                                  tiles_y, per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.

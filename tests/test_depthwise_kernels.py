@@ -400,7 +400,8 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
 # (shape, multiplier, kernel, stride, padding, dtype).
 PACKED_CASES = [
     ((3, 71, 7, 7), 1, 5, 1, 2, "float32"),    # 71 channels of 7x7 in groups of 24: 24, 24, 23
-    ((2, 7, 9, 9), 3, 3, 1, 1, "float16"),     # 21 output channels in groups of 16 and 5, multiplier 3, odd plane
+    ((2, 9, 9, 9), 3, 3, 1, 1, "float16"),     # multiplier 3: the input gradient packs 9 channels (27 planes),
+                                               # the forward images (it packs only at multiplier 1)
     ((2, 37, 7, 7), 1, 5, 1, 2, "float16"),    # groups of 32 planes (16-byte runs in image 0 only) and 5
     ((2, 19, 14, 14), 1, 3, 2, 1, "bfloat16"),  # stride 2: 7x7 outputs
     ((2, 11, 6, 5), 2, 7, 1, 3, "float64"),    # 7x7 kernel on a plane smaller than it
@@ -420,8 +421,8 @@ def test_packed_cases_have_partial_groups():
         x, w = numpy.zeros(shape, _dtype(dtype)), numpy.zeros((shape[1] * m, 1, k, k), _dtype(dtype))
         spec = ConvSpec.for_depthwise("test", x, w, None, stride, padding, 1)
         acc = 8 if dtype == "float64" else 4
-        fwd = _packed_plan(depthwise_module.plan_forward(spec, acc, x.dtype.itemsize))
-        if spec.out_channels % fwd.per_block:
+        fwd = depthwise_module.plan_forward(spec, acc, x.dtype.itemsize).tiling
+        if fwd.pack_channels and spec.out_channels % fwd.per_block:
             partial.add("forward")
         if stride == 1:
             grad = _packed_plan(depthwise_module.plan_input_grad(spec, acc, x.dtype.itemsize))
@@ -444,7 +445,8 @@ def test_small_planes_pack_channels(monkeypatch, blocks, shape, m, k, stride, pa
     bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
     spec = ConvSpec.for_depthwise("test", x, weight, bias, stride, padding, 1)
     itemsize = x.dtype.itemsize
-    _packed_plan(depthwise_module.plan_forward(spec, 8 if dtype == "float64" else 4, itemsize))
+    fwd = depthwise_module.plan_forward(spec, 8 if dtype == "float64" else 4, itemsize).tiling
+    assert fwd.pack_channels == (m == 1)
     grad_output = rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype)
     device = Recorder("reverse")
     with _device.use_device(device):

@@ -338,10 +338,11 @@ def _packed(tiling: Tiling, planes: int, plane_bytes: int) -> Tiling:
                    shared_mem=tiling.shared_mem // tiling.per_block * per)
 
 
-def _small_planes(plan, images: int, planes: int, plane_bytes: int) -> Tiling | None:
+def _small_planes(plan, images: int, planes: int, plane_bytes: int, can_pack: bool = True) -> Tiling | None:
     """plan(count) plans the persistent kernel with `count` planes to pack per block.  When one tile covers a whole
-    plane, the block packs consecutive channels of one image (`_packed`), else images of one channel."""
-    tiling = plan(planes)
+    plane (and can_pack), the block packs consecutive channels of one image (`_packed`), else images of one
+    channel."""
+    tiling = plan(planes) if can_pack else None
     if tiling and tiling.tiles_x == tiling.tiles_y == 1:
         return _packed(tiling, planes, plane_bytes)
     return plan(images)
@@ -355,7 +356,8 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
         tiling = _small_planes(
             lambda count: plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc), acc,
                                       strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc))
+            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc),
+            can_pack=_multiplier(spec) == 1)  # the kernel's packed staging reads src channel = dst channel
         if tiling:
             return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
