@@ -447,13 +447,13 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // grad_out (C * m), dst = grad_x (C), a unit is one input channel c, whose m grad_out tiles are staged together
 // and convolved with the flipped kernels.
 //
-// Small planes (pack_channels, planned when one tile covers the whole output plane): a unit is instead the
-// per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image may be
-// partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing channel d0 + p.  Their src planes and dst planes are then each one contiguous run
-// of memory, so the staging's warps read neighbouring rows, and the outputs go through shared memory (over the
-// staged tiles, after a barrier) to be written as one contiguous run, 16 bytes a lane where it is aligned,
-// instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors used).
-// Launch contract for pack_channels: tiles_x == tiles_y == 1.
+// Small planes (PACK, the kernels' pack_channels, planned when one tile covers the whole output plane): a unit is
+// instead the per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image
+// may be partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing
+// channel d0 + p.  Their src planes and dst planes are then each one contiguous run of memory, so the staging's
+// warps read neighbouring rows, and the outputs go through shared memory (over the staged tiles, after a barrier)
+// to be written as one contiguous run, 16 bytes a lane where it is aligned, instead of the scattered V x U items
+// (a 7-wide row: under 10% of each store's sectors used).  Launch contract for PACK: tiles_x == tiles_y == 1.
 template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,

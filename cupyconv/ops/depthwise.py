@@ -460,7 +460,7 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
     units = plan.tiling.all_units(spec.n, spec.out_channels) if plan.tiling else y.size
     extra = {}
-    if plan.kernel == "depthwise_fwd":
+    if plan.kernel == "depthwise_fwd" and plan.tiling:
         units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
         extra["pack_channels"] = plan.tiling.pack_channels
     _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, **extra, x=x, weight=weight,
@@ -476,7 +476,7 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     extra = {}
     if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
         units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
-    if plan.kernel == "depthwise_bwd_input":
+    if plan.kernel == "depthwise_bwd_input" and plan.tiling:
         extra["pack_channels"] = plan.tiling.pack_channels
     _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
             **extra,
