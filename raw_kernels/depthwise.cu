@@ -447,7 +447,7 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // grad_out (C * m), dst = grad_x (C), a unit is one input channel c, whose m grad_out tiles are staged together
 // and convolved with the flipped kernels.
 //
-// Small planes (PACK, the kernels' pack_channels, planned when one tile covers the whole output plane): a unit is
+// Small planes (PACK: the kernels' template parameter, planned when one tile covers the whole output plane): a unit is
 // instead the per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image
 // may be partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing
 // channel d0 + p.  Their src planes and dst planes are then each one contiguous run of memory, so the staging's
@@ -582,21 +582,16 @@ __device__ __forceinline__ void depthwise_persistent(
   }
 }
 
-template <typename T, typename I, int K, int S>
+// PACK (the planner's Tiling.pack_channels, small planes): its own instantiation, so that each kernel holds only
+// its unit kind's code and registers (large planes never pack and keep the per-image path's registers).
+template <typename T, typename I, int K, int S, bool PACK = false>
 __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
-                              int tiles_x, int tiles_y, int per_block, int has_bias, int pack_channels) {
-  // Two specialisations, each with only its own unit kind's code (fewer registers and instructions than a run-time
-  // test throughout); a block takes one branch.
-  if (pack_channels)
-    depthwise_persistent<T, I, K, S, false, true>(x, weight, bias, y, images, channels, multiplier, height, width,
-                                                  out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
-                                                  per_block, has_bias);
-  else
-    depthwise_persistent<T, I, K, S, false, false>(x, weight, bias, y, images, channels, multiplier, height, width,
-                                                   out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
-                                                   per_block, has_bias);
+                              int tiles_x, int tiles_y, int per_block, int has_bias) {
+  depthwise_persistent<T, I, K, S, false, PACK>(x, weight, bias, y, images, channels, multiplier, height, width,
+                                                out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
+                                                per_block, has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -614,20 +609,15 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
 
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
 // grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
-template <typename T, typename I, int K>
+template <typename T, typename I, int K, bool PACK = false>  // PACK: as in depthwise_fwd
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
-                                    int tile_w, int tiles_x, int tiles_y, int per_block, int pack_channels) {
+                                    int tile_w, int tiles_x, int tiles_y, int per_block) {
   const int top = K - 1 - pad_top, left = K - 1 - pad_left;  // the padding of the equivalent correlation
-  if (pack_channels)  // as in depthwise_fwd
-    depthwise_persistent<T, I, K, 1, true, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                                 out_w, height, width, top, left, tile_h, tile_w, tiles_x, tiles_y,
-                                                 per_block, 0);
-  else
-    depthwise_persistent<T, I, K, 1, true, false>(grad_out, weight, weight, grad_x, images, channels, multiplier,
-                                                  out_h, out_w, height, width, top, left, tile_h, tile_w, tiles_x,
-                                                  tiles_y, per_block, 0);
+  depthwise_persistent<T, I, K, 1, true, PACK>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                               out_w, height, width, top, left, tile_h, tile_w, tiles_x, tiles_y,
+                                               per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.

@@ -181,6 +181,9 @@ FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, depthwise_bwd_in
                        # over their units and pay their set-up once: about two waves of an H100 (132 SMs x 8-9
                        # resident blocks of ~224 threads), so an SM that finishes early takes the next block and the
                        # last wave's tail is short
+PACKED_INDEX = "int"   # the only index type of the packed-channel instantiations (depthwise_fwd<T, I, K, S, true>,
+                       # depthwise_bwd_input<T, I, K, true>): a batch past 2^31 elements is not packed, which halves
+                       # the extra NVRTC instantiations that the packed kernels cost
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -192,6 +195,10 @@ def instantiations():
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        if index == PACKED_INDEX:  # the packed-channel instantiations of small planes (`_small_planes`)
+            names.extend(kernel_name("depthwise_fwd", dtype, index, k, s, True)
+                         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES))
+            names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, True) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input_phased", dtype, index, k, s)
                      for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES) if s > 1)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
@@ -340,26 +347,33 @@ def _packed(tiling: Tiling, planes: int, plane_bytes: int) -> Tiling:
 
 def _small_planes(plan, images: int, planes: int, plane_bytes: int, can_pack: bool = True) -> Tiling | None:
     """plan(count) plans the persistent kernel with `count` planes to pack per block.  When one tile covers a whole
-    plane (and can_pack), the block packs consecutive channels of one image (`_packed`), else images of one
-    channel."""
+    plane (and can_pack), the block packs consecutive channels of one image (`_packed`; the kernel's PACK
+    instantiation, `_packed_constant`), else images of one channel."""
     tiling = plan(planes) if can_pack else None
     if tiling and tiling.tiles_x == tiling.tiles_y == 1:
         return _packed(tiling, planes, plane_bytes)
     return plan(images)
 
 
-def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
+def _packed_constant(tiling: Tiling) -> tuple:
+    """The PACK template argument of the persistent kernels: only the packed instantiations name it (the others take
+    its default, false, and keep their names)."""
+    return (True,) if tiling.pack_channels else ()
+
+
+def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None, index: str = PACKED_INDEX) -> Plan:
     """The forward's kernel and tiling; acc, itemsize: bytes of the accumulation type and of the data type
-    (default: acc)."""
+    (default: acc); index: the launch's index type (only PACKED_INDEX packs channels)."""
     k = _specialised(spec)
     if k:
         tiling = _small_planes(
             lambda count: plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc), acc,
                                       strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
             spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc),
-            can_pack=_multiplier(spec) == 1)  # the kernel's packed staging reads src channel = dst channel
+            # the kernel's packed staging reads src channel = dst channel
+            can_pack=_multiplier(spec) == 1 and index == PACKED_INDEX)
         if tiling:
-            return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
+            return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling)), tiling)
     if _overlaps(spec):
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
@@ -368,7 +382,7 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     return Plan("depthwise_fwd_direct")
 
 
-def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
+def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None, index: str = PACKED_INDEX) -> Plan:
     """The same for the input gradient.  At stride 1 it is grad_output correlated with the flipped kernels: the
     forward's tiling over the (H, W) planes it writes, the m grad_output tiles of a channel staged together.
     Otherwise a gather from the staged grad_output region of a tile of input pixels, 4 per thread."""
@@ -384,9 +398,10 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
             tiling = _small_planes(
                 lambda count: plan_tiling(spec.in_size, count, lambda th, tw: m * staged(th, tw), acc,
                                           strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc))
+                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc),
+                can_pack=index == PACKED_INDEX)
             if tiling:
-                return Plan("depthwise_bwd_input", (k,), tiling)
+                return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
@@ -457,13 +472,12 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
 def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     y = device.empty(spec.output_shape, x.dtype)
     x, weight = device.ascontiguous(x), device.ascontiguous(weight)
-    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
+    index = index_type(x.size, y.size, weight.size)
+    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize, index)
     units = plan.tiling.all_units(spec.n, spec.out_channels) if plan.tiling else y.size
-    extra = {}
-    if plan.kernel == "depthwise_fwd" and plan.tiling:
+    if plan.kernel == "depthwise_fwd":
         units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
-        extra["pack_channels"] = plan.tiling.pack_channels
-    _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, **extra, x=x, weight=weight,
+    _launch(device, plan, x.dtype, index, units, spec, x=x, weight=weight,
             bias=weight if bias is None else device.ascontiguous(bias),  # never read without a bias
             y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
     return y
@@ -471,17 +485,13 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
 
 def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
-    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize)
+    index = index_type(grad_output.size, grad_x.size, weight.size)
+    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize, index)
     units = plan.tiling.all_units(spec.n, spec.in_channels) if plan.tiling else grad_x.size
-    extra = {}
     if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
         units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
-    if plan.kernel == "depthwise_bwd_input" and plan.tiling:
-        extra["pack_channels"] = plan.tiling.pack_channels
-    _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
-            **extra,
-            grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
-            multiplier=_multiplier(spec))
+    _launch(device, plan, grad_output.dtype, index, units, spec, grad_out=grad_output, weight=weight, grad_x=grad_x,
+            images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec))
     return grad_x
 
 
