@@ -12,7 +12,7 @@
 //   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
-//   the outputs through shared memory; their own instantiations, template PACK = true, int index only); elsewhere
+//   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
 //   images of one channel (uniform weights, broadcast loads).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap

@@ -132,7 +132,7 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #
 # Algorithm selection (the kernels' comments say how each one works):
 #   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
-#                  (<T, int, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
+#                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
 #                  other windows that overlap (extent > stride)                -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
@@ -182,9 +182,6 @@ FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, depthwise_bwd_in
                        # over their units and pay their set-up once: about two waves of an H100 (132 SMs x 8-9
                        # resident blocks of ~224 threads), so an SM that finishes early takes the next block and the
                        # last wave's tail is short
-PACKED_INDEX = "int"   # the only index type of the packed-channel instantiations (depthwise_fwd<T, I, K, S, true>,
-                       # depthwise_bwd_input<T, I, K, true>): a batch past 2^31 elements is not packed, which halves
-                       # the extra NVRTC instantiations that the packed kernels cost
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -196,10 +193,11 @@ def instantiations():
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
-        if index == PACKED_INDEX:  # the packed-channel instantiations of small planes (`_small_planes`)
-            names.extend(kernel_name("depthwise_fwd", dtype, index, k, s, True)
-                         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES))
-            names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, True) for k in SPECIALISED_KERNELS)
+        # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
+        # on the index type (tests/test_sass.py relies on it)
+        names.extend(kernel_name("depthwise_fwd", dtype, index, k, s, True)
+                     for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES))
+        names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, True) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input_phased", dtype, index, k, s)
                      for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES) if s > 1)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
@@ -362,9 +360,9 @@ def _packed_constant(tiling: Tiling) -> tuple:
     return (True,) if tiling.pack_channels else ()
 
 
-def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None, index: str = PACKED_INDEX) -> Plan:
+def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     """The forward's kernel and tiling; acc, itemsize: bytes of the accumulation type and of the data type
-    (default: acc); index: the launch's index type (only PACKED_INDEX packs channels)."""
+    (default: acc)."""
     k = _specialised(spec)
     if k:
         tiling = _small_planes(
@@ -372,7 +370,7 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None, index: s
                                       strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
             spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc),
             # the kernel's packed staging reads src channel = dst channel
-            can_pack=_multiplier(spec) == 1 and index == PACKED_INDEX)
+            can_pack=_multiplier(spec) == 1)
         if tiling:
             return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling)), tiling)
     if _overlaps(spec):
@@ -383,7 +381,7 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None, index: s
     return Plan("depthwise_fwd_direct")
 
 
-def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None, index: str = PACKED_INDEX) -> Plan:
+def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     """The same for the input gradient.  At stride 1 it is grad_output correlated with the flipped kernels: the
     forward's tiling over the (H, W) planes it writes, the m grad_output tiles of a channel staged together.
     Otherwise a gather from the staged grad_output region of a tile of input pixels, 4 per thread."""
@@ -399,8 +397,7 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None, index
             tiling = _small_planes(
                 lambda count: plan_tiling(spec.in_size, count, lambda th, tw: m * staged(th, tw), acc,
                                           strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc),
-                can_pack=index == PACKED_INDEX)
+                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc))
             if tiling:
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -474,7 +471,7 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     y = device.empty(spec.output_shape, x.dtype)
     x, weight = device.ascontiguous(x), device.ascontiguous(weight)
     index = index_type(x.size, y.size, weight.size)
-    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize, index)
+    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
     units = plan.tiling.all_units(spec.n, spec.out_channels) if plan.tiling else y.size
     if plan.kernel == "depthwise_fwd":
         units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
@@ -487,7 +484,7 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
 def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
     index = index_type(grad_output.size, grad_x.size, weight.size)
-    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize, index)
+    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize)
     units = plan.tiling.all_units(spec.n, spec.in_channels) if plan.tiling else grad_x.size
     if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
         units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
