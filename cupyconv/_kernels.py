@@ -57,7 +57,12 @@ def c_type(dtype) -> str:
 def kernel_name(kernel: str, dtype, index: str, *constants) -> str:
     """The name expression of one instantiation, kernel<T, I, constants...>: e.g. kernel_name("patch_fwd",
     numpy.float32, "int", 4, 4, 3, 3) is "patch_fwd<float, int, 4, 4, 3, 3>"."""
-    return f"{kernel}<{', '.join((c_type(dtype), index, *map(str, constants)))}>"
+    return f"{kernel}<{', '.join((c_type(dtype), index, *map(_constant, constants)))}>"
+
+
+def _constant(value) -> str:
+    """A template argument in C++: True -> 'true' (a bool template parameter), 3 -> '3'."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def index_type(*extents: int) -> str:

@@ -9,9 +9,11 @@
 //   memory (16-byte loads where the rows are aligned, element loads otherwise) and converted to the
 //   accumulation type once.  Each thread owns one item: a column strip of V vertically consecutive outputs of
 //   one image, so neighbouring lanes read neighbouring shared-memory words (no bank conflicts at stride 1) and
-//   write neighbouring outputs (coalesced).  Small planes (7x7, 4x4) take the whole plane as the tile and pack
-//   many images of one channel per block, so a block still has ~256 busy threads and its weights are uniform
-//   (registers filled by broadcast loads).
+//   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
+//   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
+//   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
+//   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
+//   images of one channel (uniform weights, broadcast loads).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
@@ -355,20 +357,21 @@ template <typename T, typename I> struct AlignedStaging {
     pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
   }
 
-  // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is channel channel0 + q % terms of
-  // image image0 + q / terms of src (zeros outside the plane and past the batch).
-  __device__ __forceinline__ void stage(A* tile, const T* __restrict__ src, I images, I image0, int src_channels,
-                                        int channel0, int terms, int planes, int y0, int x0, int height,
-                                        int width) const {
+  // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is the height x width plane that
+  // plane_of(q) points at (nullptr: none, zeros; zeros outside the plane too).
+  template <typename PlaneOf>
+  __device__ __forceinline__ void stage(A* tile, int planes, int y0, int x0, int height, int width,
+                                        PlaneOf plane_of) const {
     if (!stager) return;
     const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
     int q = q0, r = r0;
     while (q < planes) {
-      const I image = image0 + q / terms;
       const int yy = y0 + r;
       const T* row = nullptr;
-      if (image < images && yy >= 0 && yy < height)
-        row = src + ((image * src_channels + channel0 + q % terms) * height + yy) * (I)width;
+      if (yy >= 0 && yy < height) {
+        row = plane_of(q);
+        if (row != nullptr) row += yy * (I)width;
+      }
       A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
       if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
@@ -415,63 +418,113 @@ __device__ __forceinline__ void load_kernel(const T* wk, A (&w)[K][K]) {
   }
 }
 
+// dst[0..count) = src[0..count) converted to T (src: shared memory, 16-byte aligned), by the whole block: one
+// 16-byte store a lane where dst is 16-byte aligned (lanes on consecutive chunks), element stores otherwise and
+// for the tail.
+template <typename T, typename I>
+__device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* src, int count) {
+  typedef acc_t<T> A;
+  constexpr int W = 16 / sizeof(T), VA = 16 / sizeof(A);  // elements per 16-byte global, shared access
+  int vector_end = 0;
+  if ((reinterpret_cast<unsigned long long>(dst) & 15) == 0) {
+    vector_end = count / W * W;
+    for (int e = (int)threadIdx.x * W; e < vector_end; e += (int)blockDim.x * W) {
+      Pack<T, W> packed;
+#pragma unroll
+      for (int h = 0; h < W; h += VA) {
+        const Pack<A, VA> a = *reinterpret_cast<const Pack<A, VA>*>(src + e + h);
+#pragma unroll
+        for (int i = 0; i < VA; ++i) packed.v[h + i] = from_acc<T>(a.v[i]);
+      }
+      *reinterpret_cast<Pack<T, W>*>(dst + e) = packed;
+    }
+  }
+  for (int e = vector_end + (int)threadIdx.x; e < count; e += (int)blockDim.x) dst[e] = from_acc<T>(src[e]);
+}
+
 // Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
 // persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
 // src = x (C channels), dst = y (C * m), a unit is one output channel d = c * m + k; input gradient, src =
 // grad_out (C * m), dst = grad_x (C), a unit is one input channel c, whose m grad_out tiles are staged together
 // and convolved with the flipped kernels.
-template <typename T, typename I, int K, int S, bool TRANSPOSED>
+//
+// Small planes (PACK: the kernels' template parameter, planned when one tile covers the whole output plane): a unit is
+// instead the per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image
+// may be partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing
+// channel d0 + p.  Their src planes and dst planes are then each one contiguous run of memory, so the staging's
+// warps read neighbouring rows, and the outputs go through shared memory (over the staged tiles, after a barrier)
+// to be written as one contiguous run, 16 bytes a lane where it is aligned, instead of the scattered V x U items
+// (a 7-wide row: under 10% of each store's sectors used).  Launch contract for PACK: tiles_x == tiles_y == 1.
+template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int pad_top, int pad_left,
     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
+  constexpr bool pack_channels = PACK;
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
-  const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel: the digit k's radix
+  const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   const AlignedStaging<T, I> staging(src, src_w, in_h, in_w);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
-  const int dst_channels = channels * kernels;
+  const int dst_channels = channels * kernels, src_channels = channels * terms;
+  const I src_plane = (I)src_h * src_w, dst_plane = (I)dst_h * dst_w;
 
-  // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of image p of the unit) ...
+  // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
   const int groups_x = tile_w / U, strips = tile_h / V;
   const int ox_l = (int)threadIdx.x % groups_x * U;
   const int s = (int)threadIdx.x / groups_x % strips;
   const int p = (int)threadIdx.x / (groups_x * strips);
   const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
-  // ... and the digits of the first unit and of the step.
+  // ... and the digits of the first unit and of the step: (tile column, tile row, kernel of the channel, channel,
+  // image group), or with pack_channels (1, 1, 1, channel group, image).
+  const int radix_k = pack_channels ? 1 : kernels;
+  const int radix_c = pack_channels ? (dst_channels + per_block - 1) / per_block : channels;
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
   I g, step_g;
   {
     int u = (int)blockIdx.x, v = (int)gridDim.x;
     tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
     ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
-    k = u % kernels, u /= kernels, step_k = v % kernels, v /= kernels;
-    c = u % channels, u /= channels, step_c = v % channels, v /= channels;
+    k = u % radix_k, u /= radix_k, step_k = v % radix_k, v /= radix_k;
+    c = u % radix_c, u /= radix_c, step_c = v % radix_c, v /= radix_c;
     g = u, step_g = v;
   }
-  const I groups = (images + per_block - 1) / per_block;
+  const I groups = pack_channels ? images : (images + per_block - 1) / per_block;
 
   while (g < groups) {
-    const int d = c * kernels + k;  // the output plane's channel
-    const int kernel0 = TRANSPOSED ? c * terms : d;  // its first kernel
-    const I image0 = g * per_block;
+    // The unit's first dst channel and image, and this thread's: plane p is (image0 + p, d) or (image0, d0 + p).
+    const int d0 = pack_channels ? c * per_block : c * kernels + k;
+    const I image0 = pack_channels ? g : g * per_block;
+    const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;  // clamped: a partial group's idle items
+    const I n = pack_channels ? image0 : image0 + p;
     const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-    staging.stage(tile, src, images, image0, channels * terms, c * terms, terms, per_block * terms,
-                  oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w);
-    // The unit's (first) weights, issued before the barrier so that they arrive during it (cached: every thread
-    // and the channel's other tiles read the same K x K).  Keeping them across units while the channel holds
+    // Staged plane q = j * terms + t (item j, term t) is src plane base + j * stride + t: packed, src channel
+    // first + q of image0 (the forward packs only at multiplier 1: src channel = dst channel); else channel
+    // first + t of image image0 + j.  Items from `valid` on are past the batch or the channels: zeros.
+    const int first = (pack_channels ? d0 : c) * terms;
+    const I base = image0 * src_channels + first;
+    const int stride = pack_channels ? terms : src_channels;
+    const int valid = pack_channels ? min(per_block, dst_channels - d0) : (int)min((I)per_block, images - image0);
+    staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
+                  [&](int q) -> const T* {
+                    const int j = q / terms;
+                    return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
+                  });
+    // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
+    // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
     // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
+    const int kernel0 = TRANSPOSED ? d * terms : d;
     A w[K][K];
     load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     __syncthreads();
 
-    const int ox = ox0 + ox_l;
-    const I n = image0 + p;
-    if (p < per_block && n < images && ox < dst_w) {
-      A acc[V][U];
+    const int ox = ox0 + ox_l, oy = oy0 + s * V;
+    const bool active = p < per_block && (pack_channels ? d0 + p < dst_channels : n < images) && ox < dst_w;
+    A acc[V][U];
+    if (active) {
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -482,44 +535,67 @@ __device__ __forceinline__ void depthwise_persistent(
         if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
         block_fma<A, K, S, V, U>(tile + ((p * terms + t) * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
       }
-      const int oy = oy0 + s * V;
-      T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
-      const bool whole = out_aligned && ox + U <= dst_w;
+      // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
+      // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).
+      if constexpr (!PACK) {
+        T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
+        const bool whole = out_aligned && ox + U <= dst_w;
 #pragma unroll
-      for (int v = 0; v < V; ++v, out += dst_w) {
-        if (oy + v >= dst_h) break;
-        if (whole) {
-          Pack<T, U> packed;
+        for (int v = 0; v < V; ++v, out += dst_w) {
+          if (oy + v >= dst_h) break;
+          if (whole) {
+            Pack<T, U> packed;
 #pragma unroll
-          for (int u = 0; u < U; ++u) packed.v[u] = from_acc<T>(acc[v][u]);
-          *reinterpret_cast<Pack<T, U>*>(out) = packed;
-        } else {
+            for (int u = 0; u < U; ++u) packed.v[u] = from_acc<T>(acc[v][u]);
+            *reinterpret_cast<Pack<T, U>*>(out) = packed;
+          } else {
 #pragma unroll
-          for (int u = 0; u < U; ++u) {
-            if (ox + u < dst_w) out[u] = from_acc<T>(acc[v][u]);
+            for (int u = 0; u < U; ++u) {
+              if (ox + u < dst_w) out[u] = from_acc<T>(acc[v][u]);
+            }
           }
         }
       }
+    }
+    if constexpr (PACK) {
+      // The unit's planes, [plane][y][x] as in dst, over the staged tiles, then copied out as one run.
+      __syncthreads();
+      A* staged_out = tile + p * dst_plane + (I)oy * dst_w + ox;
+      if (active) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          if (oy + v < dst_h) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              if (ox + u < dst_w) staged_out[v * dst_w + u] = acc[v][u];
+            }
+          }
+        }
+      }
+      __syncthreads();
+      store_run<T, I>(dst + (image0 * dst_channels + d0) * dst_plane, tile, valid * (int)dst_plane);
     }
     __syncthreads();  // the next unit overwrites the tile
 
     int carry = 0;
     next_digit(tx, step_tx, tiles_x, carry);
     next_digit(ty, step_ty, tiles_y, carry);
-    next_digit(k, step_k, kernels, carry);
-    next_digit(c, step_c, channels, carry);
+    next_digit(k, step_k, radix_k, carry);
+    next_digit(c, step_c, radix_c, carry);
     g += step_g + carry;
   }
 }
 
-template <typename T, typename I, int K, int S>
+// PACK (the planner's Tiling.pack_channels, small planes): its own instantiation, so that each kernel holds only
+// its unit kind's code and registers (large planes never pack and keep the per-image path's registers).
+template <typename T, typename I, int K, int S, bool PACK = false>
 __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
-  depthwise_persistent<T, I, K, S, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h,
-                                          out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block,
-                                          has_bias);
+  depthwise_persistent<T, I, K, S, false, PACK>(x, weight, bias, y, images, channels, multiplier, height, width,
+                                                out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
+                                                per_block, has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -537,14 +613,15 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
 
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
 // grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
-template <typename T, typename I, int K>
+template <typename T, typename I, int K, bool PACK = false>  // PACK: as in depthwise_fwd
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
                                     int tile_w, int tiles_x, int tiles_y, int per_block) {
-  depthwise_persistent<T, I, K, 1, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                         out_w, height, width, K - 1 - pad_top, K - 1 - pad_left, tile_h, tile_w,
-                                         tiles_x, tiles_y, per_block, 0);
+  const int top = K - 1 - pad_top, left = K - 1 - pad_left;  // the padding of the equivalent correlation
+  depthwise_persistent<T, I, K, 1, true, PACK>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
+                                               out_w, height, width, top, left, tile_h, tile_w, tiles_x, tiles_y,
+                                               per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.
@@ -863,8 +940,10 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     for (I e = 0; e < count; ++e) {
       const I image0 = g * per_block, n = image0 + p;
       const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-      staging.stage(tile, x, images, image0, channels, c, 1, per_block, oy0 * S - pad_top, ox0 * S - pad_left,
-                    height, width);
+      staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width, [&](int q) -> const T* {
+        const I image = image0 + q;
+        return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
+      });
       const int ox = ox0 + ox_l, oy = oy0 + s * V;
       const bool active = p < per_block && n < images && ox < out_w;
       A gv[V][U];  // zeros past the plane: those outputs add nothing

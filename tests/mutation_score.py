@@ -57,7 +57,9 @@ IG = "tests/test_igemm_kernels.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 # (DW_STRIDED: the strided input gradients' tests, depthwise_bwd_input_strided and depthwise_bwd_input_phased)
 DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
-DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side'")
+DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side or "
+                      "pack_channels'")
+DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -348,8 +350,8 @@ MUTATIONS = [
       "(p * in_h + oy_l * stride_w + i * dilation_h) * in_w;", DEPTHWISE, "swapped stride"),
     M("dw-fwd-pad-side", "depthwise.cu", "oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,",
       "oy0 * stride_h - pad_left, ox0 * stride_w - pad_left, src_h,", DEPTHWISE, "wrong-side padding"),
-    M("dw-bwd-input-spec-pad-side", "depthwise.cu", "K - 1 - pad_top, K - 1 - pad_left,",
-      "K - 1 - pad_left, K - 1 - pad_left,", DEPTHWISE, "wrong-side padding"),
+    M("dw-bwd-input-spec-pad-side", "depthwise.cu", "const int top = K - 1 - pad_top, left = K - 1 - pad_left;",
+      "const int top = K - 1 - pad_left, left = K - 1 - pad_left;", DEPTHWISE, "wrong-side padding"),
     M("dw-bwd-input-generic-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, (kernel_w",
       "(kernel_h - 1) * dilation_h - pad_left, (kernel_w", DEPTHWISE, "wrong-side padding"),
     M("dw-strided-pad-side", "depthwise.cu", "const int first_x = ceil_div(pad_left - ",
@@ -411,16 +413,35 @@ MUTATIONS = [
       "for (int i = chunk0; i < in_w - 1; i += lanes) {", DW_FWD, "tile bound"),
     M("dw-fwd-stores-unchecked", "depthwise.cu", "const bool out_aligned = dst_w % U == 0 && ",
       "const bool out_aligned = ", DW_FWD, "misaligned pack"),
-    M("dw-fwd-unit-channel", "depthwise.cu", "const int d = c * kernels + k;", "const int d = k * channels + c;",
+    M("dw-fwd-unit-channel", "depthwise.cu", "? c * per_block : c * kernels + k;", "? c * per_block : c * kernels;",
       DW_FWD, "persistent loop"),
-    M("dw-fwd-channel-digit", "depthwise.cu", "next_digit(c, step_c, channels, carry);",
-      "next_digit(c, step_c, kernels, carry);", DW_FWD, "persistent loop"),
-    M("dw-fwd-staged-plane", "depthwise.cu", "(image * src_channels + channel0 + q % terms) * height + yy)",
-      "(image * src_channels + q % terms) * height + yy)", DW_FWD, "persistent loop"),
+    M("dw-fwd-channel-digit", "depthwise.cu", "(dst_channels + per_block - 1) / per_block : channels;",
+      "(dst_channels + per_block - 1) / per_block : kernels;", DW_FWD, "persistent loop"),
+    M("dw-fwd-staged-plane", "depthwise.cu", "const I base = image0 * src_channels + first;",
+      "const I base = image0 * src_channels;", DW_FWD, "persistent loop"),
     M("dw-bwd-input-unflipped", "depthwise.cu", "wk[FLIPPED ? K * K - 1 - (i * K + j) : i * K + j]",
       "wk[i * K + j]", DW_FWD, "flipped kernel"),
-    M("dw-bwd-input-first-kernel", "depthwise.cu", "const int kernel0 = TRANSPOSED ? c * terms : d;",
-      "const int kernel0 = TRANSPOSED ? c : d;", DW_FWD, "persistent loop"),
+    M("dw-bwd-input-first-kernel", "depthwise.cu", "const int kernel0 = TRANSPOSED ? d * terms : d;",
+      "const int kernel0 = TRANSPOSED ? d : d;", DW_FWD, "persistent loop"),
+    # depthwise_persistent's packed channels on small planes (pack_channels) and store_run (issue 25)
+    M("dw-packed-staged-term", "depthwise.cu", "const int first = (pack_channels ? d0 : c) * terms;",
+      "const int first = pack_channels ? d0 : c * terms;", DW_PACKED, "persistent loop"),
+    M("dw-packed-staged-stride", "depthwise.cu", "const int stride = pack_channels ? terms : src_channels;",
+      "const int stride = pack_channels ? 1 : src_channels;", DW_PACKED, "persistent loop"),
+    M("dw-packed-group-radix", "depthwise.cu", "? (dst_channels + per_block - 1) / per_block :",
+      "? dst_channels / per_block :", DW_PACKED, "persistent loop"),
+    M("dw-packed-partial-run", "depthwise.cu", "tile, valid * (int)dst_plane);",
+      "tile, per_block * (int)dst_plane);", DW_PACKED, "tile bound"),
+    M("dw-packed-barrier-staged-out", "depthwise.cu", "    __syncthreads();\n      store_run<T, I>(",
+      "    store_run<T, I>(", DW_PACKED, "removed barrier"),
+    M("dw-packed-barrier-before-out", "depthwise.cu", "__syncthreads();\n      A* staged_out",
+      "A* staged_out", DW_PACKED, "removed barrier"),
+    M("dw-packed-run-unchecked", "depthwise.cu", "if ((reinterpret_cast<unsigned long long>(dst) & 15) == 0) {\n"
+      "    vector_end", "if (true) {\n    vector_end", DW_PACKED, "misaligned pack"),
+    M("dw-packed-run-tail", "depthwise.cu", "e < count; e += (int)blockDim.x) dst[e]",
+      "e < count - 1; e += (int)blockDim.x) dst[e]", DW_PACKED, "off-by-one"),
+    M("dw-packed-item-channel", "depthwise.cu", "const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;",
+      "const int d = pack_channels ? d0 : d0;", DW_PACKED, "persistent loop"),
     M("dw-bwd-input-term-plane", "depthwise.cu", "tile + ((p * terms + t) * in_h", "tile + ((p + t) * in_h", DW_FWD,
       "persistent loop"),
     M("dw-bwd-input-term-kernel", "depthwise.cu", "weight + ((I)kernel0 + t) * (K * K), w);",

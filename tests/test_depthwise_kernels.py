@@ -125,8 +125,12 @@ class Recorder(EmulatedDevice):
         self.launches.append((name, list(args)))
         super().launch(source, name, grid, block, args, shared_mem)
 
-    def kernels(self):
-        return [short(name) for name, _ in self.launches]
+    def kernels(self, pack=True):
+        """The short names launched; pack=False drops the persistent kernels' PACK argument (', true': the
+        packed-channel instantiation of small planes), so that the tables below name a kernel whatever unit kind the
+        planner picks (test_small_planes_pack_channels checks that choice)."""
+        names = [short(name) for name, _ in self.launches]
+        return names if pack else [name.replace(", true>", ">") for name in names]
 
 
 def _dtype(name):
@@ -183,7 +187,7 @@ def run_case(device, case: Case, dtype="float64", needs=NEEDS):
 def test_matches_cpu_path(case, order):
     device = Recorder(order)
     run_case(device, case)
-    used = device.kernels()
+    used = device.kernels(pack=False)
     assert used[0] == case.kernels[0]
     assert set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:])
 
@@ -345,7 +349,7 @@ def test_small_grids_loop_over_the_work(monkeypatch):
 # of the channel, channel, image group) in mixed radix: (shape, multiplier, kernel, stride, padding, dtype).
 PERSISTENT_CASES = [
     ((3, 3, 37, 35), 2, 3, 1, 1, "float32"),   # 2 x 2 tiles, 6 output channels, 3 images: 72 units
-    ((40, 2, 7, 7), 2, 3, 1, 1, "float32"),    # packed images: 18 per unit, 3 image groups
+    ((40, 2, 7, 7), 2, 3, 1, 1, "float32"),    # whole planes: channels packed, 4 output channels per unit, 40 images
     ((2, 3, 20, 32), 1, 5, 2, 2, "float16"),   # 16-byte rows of halves, stride 2
     ((2, 2, 19, 24), 3, 7, 1, 3, "float32"),   # 7x7, multiplier 3, aligned rows with an unaligned halo
 ]
@@ -366,7 +370,7 @@ def test_forward_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, 
     with _device.use_device(device):
         out = cupyconv.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding)
     (name, args), = device.launches
-    assert short(name) == f"depthwise_fwd<{k}, {stride}>"
+    assert short(name).split(">")[0] in (f"depthwise_fwd<{k}, {stride}", f"depthwise_fwd<{k}, {stride}, true")
     expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
                                     bias.astype(numpy.float64), stride=stride, padding=padding)
     assert_matches(out, expected.astype(dtype), dtype, f"{blocks} blocks")
@@ -387,10 +391,84 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
     with _device.use_device(device):
         grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
     (name, args), = device.launches
-    assert short(name) == f"depthwise_bwd_input<{k}>" and args[-1] > 0
+    assert short(name).split(">")[0] in (f"depthwise_bwd_input<{k}", f"depthwise_bwd_input<{k}, true")
+    assert args[-1] > 0  # per_block
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     expected = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs="input")[0]
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
+# Small planes (one tile covers the plane): the persistent forward and stride-1 input gradient pack consecutive
+# channels of one image per unit (pack_channels) and write the unit's planes as one run through shared memory.
+# Channel counts that leave the last group of each image partial; multipliers whose groups straddle input
+# channels; float16 runs whose starts are 16-byte aligned in some images and not in others; stride 2.
+# (shape, multiplier, kernel, stride, padding, dtype).
+PACKED_CASES = [
+    ((3, 71, 7, 7), 1, 5, 1, 2, "float32"),    # 71 channels of 7x7 in groups of 24: 24, 24, 23
+    ((2, 9, 9, 9), 3, 3, 1, 1, "float16"),     # multiplier 3: the input gradient packs 9 channels (27 planes),
+                                               # the forward images (it packs only at multiplier 1)
+    ((2, 37, 7, 7), 1, 5, 1, 2, "float16"),    # groups of 32 planes (16-byte runs in image 0 only) and 5
+    ((2, 19, 14, 14), 1, 3, 2, 1, "bfloat16"),  # stride 2: 7x7 outputs
+    ((2, 11, 6, 5), 2, 7, 1, 3, "float64"),    # 7x7 kernel on a plane smaller than it
+]
+
+
+def _packed_plan(plan):
+    tiling = plan.tiling
+    assert tiling.pack_channels and tiling.tiles_x == tiling.tiles_y == 1, plan
+    return tiling
+
+
+def test_packed_cases_have_partial_groups():
+    """PACKED_CASES leave a partial last group of channels in the forward and in the input gradient."""
+    partial = set()
+    for shape, m, k, stride, padding, dtype in PACKED_CASES:
+        x, w = numpy.zeros(shape, _dtype(dtype)), numpy.zeros((shape[1] * m, 1, k, k), _dtype(dtype))
+        spec = ConvSpec.for_depthwise("test", x, w, None, stride, padding, 1)
+        acc = 8 if dtype == "float64" else 4
+        fwd = depthwise_module.plan_forward(spec, acc, x.dtype.itemsize).tiling
+        if fwd.pack_channels and spec.out_channels % fwd.per_block:
+            partial.add("forward")
+        if stride == 1:
+            grad = _packed_plan(depthwise_module.plan_input_grad(spec, acc, x.dtype.itemsize))
+            if spec.in_channels % grad.per_block:
+                partial.add("input")
+    assert partial == {"forward", "input"}
+
+
+@pytest.mark.parametrize("blocks", [2, 7, 2048])
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", PACKED_CASES)
+def test_small_planes_pack_channels(monkeypatch, blocks, shape, m, k, stride, padding, dtype):
+    """Forward and input gradient (stride 1) of the packed-channel units against float64 references, outputs
+    poisoned, on grids smaller and larger than the units.  A group's channel mapped wrongly (staged plane, weights,
+    bias or output run), its partial tail written past the image, or the run copied with a wrong length or
+    alignment shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 7 * k)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
+    spec = ConvSpec.for_depthwise("test", x, weight, bias, stride, padding, 1)
+    itemsize = x.dtype.itemsize
+    fwd = depthwise_module.plan_forward(spec, 8 if dtype == "float64" else 4, itemsize).tiling
+    assert fwd.pack_channels == (m == 1)
+    grad_output = rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding)
+        grad_x = None
+        if stride == 1:
+            grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    launched = device.kernels()
+    assert launched[0] == f"depthwise_fwd<{k}, {stride}{', true' if m == 1 else ''}>"  # the PACK instantiation
+    x64, w64, b64, g64 = (a.astype(numpy.float64) for a in (x, weight, bias, grad_output))
+    expected = ref.depthwise_conv2d(x64, w64, b64, stride=stride, padding=padding)
+    assert_matches(out, expected.astype(x.dtype), dtype, "forward")
+    if stride == 1:
+        assert launched[1] == f"depthwise_bwd_input<{k}, true>"
+        _packed_plan(depthwise_module.plan_input_grad(spec, 8 if dtype == "float64" else 4, itemsize))
+        expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
+        assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
 # The strided input gradients (depthwise_bwd_input_phased<K, 2>, depthwise_bwd_input_strided) on fewer blocks
@@ -523,7 +601,7 @@ def test_padding_per_side_and_last_row_and_column(path):
         case = path_case(path, padding, name=side)
         device = Recorder("reverse" if k % 2 else "forward")
         run_case(device, case)
-        used = device.kernels()
+        used = device.kernels(pack=False)
         assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
             (case.name, used)
 
@@ -547,7 +625,7 @@ def test_accumulates_in_float32(path):
             grads = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
             (bias_alone,) = [g for g in cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs="bias",
                                                                            **case.window) if g is not None]
-        assert device.kernels()[:3] == [case.kernels[0], case.kernels[1], case.kernels[2]], device.kernels()
+        assert device.kernels(pack=False)[:3] == list(case.kernels[:3]), device.kernels()
         assert "depthwise_bwd_bias" in device.kernels()
         bug_classes.assert_rounded_once(out, cupyconv.depthwise_conv2d(*as64[:3], **case.window), dtype, "forward")
         expected = cupyconv.depthwise_conv2d_backward(as64[3], *as64[:2], **case.window)
@@ -574,7 +652,7 @@ def test_bias_gradient_accumulates_in_float32():
 
 #: Cases with more units than LOOP_CAP blocks in every kernel they reach (every kernel family).
 LOOP_CASES = [
-    path_case(PATHS[0], ((1, 1), (1, 1)), low=(9, 11), images=3, channels=11, name="loops"),
+    path_case(PATHS[0], ((1, 1), (1, 1)), low=(9, 11), images=5, channels=11, name="loops"),
     path_case(PATHS[3], ((2, 1), (0, 3)), low=(13, 11), channels=5, name="loops"),
     path_case(PATHS[7], ((1, 0), (2, 1)), low=(9, 10), channels=8, name="loops"),
     path_case(PATHS[8], ((3, 3), (4, 4)), low=(9, 8), channels=4, name="loops"),
@@ -676,7 +754,8 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     assert all(", long long" in name for name in device.launches), device.launches
     # Not depthwise_bwd_bias: every term of its index arithmetic is 64-bit, and a problem that selects its
     # `long long` instantiation has one of its blocks sum 2^31 elements (test_64_bit_index_variants forces it).
-    used = {short(name.replace(", long long", ", int")) for name in device.launches}
+    # (', true>': the packed-channel instantiation, which the wide planes of channels select here; see Recorder.kernels)
+    used = {short(name.replace(", long long", ", int")).replace(", true>", ">") for name in device.launches}
     kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 

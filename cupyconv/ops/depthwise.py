@@ -7,7 +7,8 @@ GPU path: raw_kernels/depthwise.cu, tiled kernels planned per pass (`plan_forwar
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy
 
@@ -131,10 +132,11 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #
 # Algorithm selection (the kernels' comments say how each one works):
 #   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
+#                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
 #                  other windows that overlap (extent > stride)                -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
-#                  (depthwise_bwd_input<T, I, K> for square 3/5/7, dilation 1: the forward's persistent
+#                  (depthwise_bwd_input<T, I, K[, true]> for square 3/5/7, dilation 1: the forward's persistent
 #                  kernel on FORWARD_BLOCKS blocks; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
@@ -191,6 +193,11 @@ def instantiations():
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
+        # on the index type (tests/test_sass.py relies on it)
+        names.extend(kernel_name("depthwise_fwd", dtype, index, k, s, True)
+                     for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES))
+        names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, True) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input_phased", dtype, index, k, s)
                      for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES) if s > 1)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
@@ -228,6 +235,8 @@ class Tiling:
     per_block: int
     threads: int
     shared_mem: int
+    items_per_plane: int = 1     # thread items per plane of a unit
+    pack_channels: bool = False  # per_block consecutive channels of one image (whole planes), not images of one channel
 
     def args(self) -> dict:
         """The tiled kernels' arguments that describe the unit."""
@@ -235,8 +244,14 @@ class Tiling:
                     per_block=self.per_block)
 
     def units(self, images: int) -> int:
-        """Units per channel."""
+        """Units per channel (not pack_channels)."""
         return ceil_div(images, self.per_block) * self.tiles_y * self.tiles_x
+
+    def all_units(self, images: int, channels: int) -> int:
+        """Units in all over `images` images of `channels` planes (the kernel's destination channels)."""
+        if self.pack_channels:
+            return images * ceil_div(channels, self.per_block)
+        return self.units(images) * channels
 
 
 @dataclass(frozen=True)
@@ -269,7 +284,7 @@ def plan_tiling(out_size, images: int, staged, acc_bytes: int, *, strip: int = 1
         smem = per * staged(th, tw) * acc_bytes + extra_bytes(block)
         if block > 1024:  # a CUDA block's limit (only a huge stride can align a tile that large)
             smem = DEFAULT_SHARED_LIMIT + 1
-        return Tiling(th, tw, ceil_div(oh, th), ceil_div(ow, tw), per, block, smem)
+        return Tiling(th, tw, ceil_div(oh, th), ceil_div(ow, tw), per, block, smem, (th // strip) * (tw // columns))
 
     tile_h, tile_w = balanced(oh, most[0], ah), balanced(ow, most[1], aw)
     per_block = max(1, min(images, BLOCK_ITEMS // (tile_h // strip * (tile_w // columns))))
@@ -313,14 +328,51 @@ def _forward_staging(k: int, stride: int, acc: int):
     return lambda th, tw: ((th - 1) * stride + k) * round_up((tw - 1) * stride + k, n)
 
 
-def plan_forward(spec: ConvSpec, acc: int) -> Plan:
-    """The forward's kernel and tiling; acc: bytes of the accumulation type."""
+def _packed(tiling: Tiling, planes: int, plane_bytes: int) -> Tiling:
+    """A whole-plane tiling of the persistent kernels with its per_block planes taken as consecutive channels of one
+    image (their pack_channels): as many per block, balanced over the `planes` channels (the last group of an image
+    may be partial), rounded down to a multiple that makes whole 16-byte chunks of plane_bytes where that takes no
+    more groups, so that the units' runs of output start 16-byte aligned.  Shared memory is all tiles here (no extra
+    bytes), so it scales with the planes."""
+    groups = ceil_div(planes, tiling.per_block)
+    per = ceil_div(planes, groups)
+    multiple = 16 // math.gcd(plane_bytes, 16)
+    if per >= multiple and ceil_div(planes, per // multiple * multiple) == groups:
+        per = per // multiple * multiple
+    return replace(tiling, per_block=per, pack_channels=True,
+                   threads=round_up(per * tiling.items_per_plane, 32),
+                   shared_mem=tiling.shared_mem // tiling.per_block * per)
+
+
+def _small_planes(plan, images: int, planes: int, plane_bytes: int, can_pack: bool = True) -> Tiling | None:
+    """plan(count) plans the persistent kernel with `count` planes to pack per block.  When one tile covers a whole
+    plane (and can_pack), the block packs consecutive channels of one image (`_packed`; the kernel's PACK
+    instantiation, `_packed_constant`), else images of one channel."""
+    tiling = plan(planes) if can_pack else None
+    if tiling and tiling.tiles_x == tiling.tiles_y == 1:
+        return _packed(tiling, planes, plane_bytes)
+    return plan(images)
+
+
+def _packed_constant(tiling: Tiling) -> tuple:
+    """The PACK template argument of the persistent kernels: only the packed instantiations name it (the others take
+    its default, false, and keep their names)."""
+    return (True,) if tiling.pack_channels else ()
+
+
+def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
+    """The forward's kernel and tiling; acc, itemsize: bytes of the accumulation type and of the data type
+    (default: acc)."""
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc), acc,
-                             strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
+        tiling = _small_planes(
+            lambda count: plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc), acc,
+                                      strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
+            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc),
+            # the kernel's packed staging reads src channel = dst channel
+            can_pack=_multiplier(spec) == 1)
         if tiling:
-            return Plan("depthwise_fwd", (k, spec.stride[0]), tiling)
+            return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling)), tiling)
     if _overlaps(spec):
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
@@ -329,7 +381,7 @@ def plan_forward(spec: ConvSpec, acc: int) -> Plan:
     return Plan("depthwise_fwd_direct")
 
 
-def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
+def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     """The same for the input gradient.  At stride 1 it is grad_output correlated with the flipped kernels: the
     forward's tiling over the (H, W) planes it writes, the m grad_output tiles of a channel staged together.
     Otherwise a gather from the staged grad_output region of a tile of input pixels, 4 per thread."""
@@ -342,10 +394,12 @@ def plan_input_grad(spec: ConvSpec, acc: int) -> Plan:
         k = _specialised(spec, stride_one=True)
         if k:
             staged = _forward_staging(k, 1, acc)
-            tiling = plan_tiling(spec.in_size, spec.n, lambda th, tw: m * staged(th, tw), acc, strip=STRIP_ROWS[k],
-                                 columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
+            tiling = _small_planes(
+                lambda count: plan_tiling(spec.in_size, count, lambda th, tw: m * staged(th, tw), acc,
+                                          strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
+                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc))
             if tiling:
-                return Plan("depthwise_bwd_input", (k,), tiling)
+                return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
@@ -416,11 +470,12 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
 def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     y = device.empty(spec.output_shape, x.dtype)
     x, weight = device.ascontiguous(x), device.ascontiguous(weight)
-    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize)
-    units = spec.out_channels * plan.tiling.units(spec.n) if plan.tiling else y.size
+    index = index_type(x.size, y.size, weight.size)
+    plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
+    units = plan.tiling.all_units(spec.n, spec.out_channels) if plan.tiling else y.size
     if plan.kernel == "depthwise_fwd":
         units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
-    _launch(device, plan, x.dtype, index_type(x.size, y.size, weight.size), units, spec, x=x, weight=weight,
+    _launch(device, plan, x.dtype, index, units, spec, x=x, weight=weight,
             bias=weight if bias is None else device.ascontiguous(bias),  # never read without a bias
             y=y, images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=bias is not None)
     return y
@@ -428,13 +483,13 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
 
 def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     grad_x = device.empty(spec.input_shape, grad_output.dtype)
-    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize)
-    units = spec.in_channels * plan.tiling.units(spec.n) if plan.tiling else grad_x.size
+    index = index_type(grad_output.size, grad_x.size, weight.size)
+    plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize)
+    units = plan.tiling.all_units(spec.n, spec.in_channels) if plan.tiling else grad_x.size
     if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
         units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
-    _launch(device, plan, grad_output.dtype, index_type(grad_output.size, grad_x.size, weight.size), units, spec,
-            grad_out=grad_output, weight=weight, grad_x=grad_x, images=spec.n, channels=spec.in_channels,
-            multiplier=_multiplier(spec))
+    _launch(device, plan, grad_output.dtype, index, units, spec, grad_out=grad_output, weight=weight, grad_x=grad_x,
+            images=spec.n, channels=spec.in_channels, multiplier=_multiplier(spec))
     return grad_x
 
 
