@@ -313,7 +313,7 @@ MUTATIONS = [
       "const long long landed_below = t.open_group - N + 1;", EMU_ASYNC_TESTS, "emulator: async copy"),
     M("emu-async-zero-fill-ignored", EMU_ASYNC, "} else if (src_bytes > 0) {\n    std::memcpy(c.data, gmem, src_bytes);",
       "} else {\n    std::memcpy(c.data, gmem, 16);", EMU_ASYNC_TESTS, "emulator: async copy"),
-    M("emu-async-overlap-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight(dst, dst + 16, &owner))",
+    M("emu-async-overlap-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight(dst, &owner))",
       "if (const AsyncCopy* c = (owner = 0, nullptr))", EMU_ASYNC_TESTS, "emulator: async copy"),
     M("emu-ldmatrix-alignment-4", EMU_ASYNC, "if ((uintptr_t)row % 16)", "if ((uintptr_t)row % 4)", EMU_ASYNC_TESTS,
       "emulator: ldmatrix"),
@@ -321,8 +321,8 @@ MUTATIONS = [
       "std::memcpy(&lo, p1 + 2 * g, 2);\n      std::memcpy(&hi, p0", EMU_ASYNC_TESTS, "emulator: ldmatrix"),
     M("emu-ldmatrix-partial-warp", EMU_ASYNC, "if (rank - lane + 32 > threads)", "if (rank - lane + 16 > threads)",
       EMU_ASYNC_TESTS, "emulator: ldmatrix"),
-    M("emu-ldmatrix-in-flight-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight((const unsigned "
-      "char*)row,", "if (const AsyncCopy* c = true ? nullptr : async_copy_in_flight((const unsigned char*)row,",
+    M("emu-ldmatrix-in-flight-unchecked", EMU_ASYNC, "if (const AsyncCopy* c = async_copy_in_flight(row, &owner))",
+      "if (const AsyncCopy* c = true ? nullptr : async_copy_in_flight(row, &owner))",
       EMU_ASYNC_TESTS, "emulator: ldmatrix"),
 
     # -- depthwise.cu -----------------------------------------------------------------------------------------
