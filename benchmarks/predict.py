@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy
 
+from cupyconv.ops.simt_gemm import SIMT_CHUNK
+
 from . import _emulator
 from . import cases as cases_mod
 from . import launches as launches_mod
@@ -172,7 +174,6 @@ MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|co
 # The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
-SIMT_CHUNK = 8   # simt_gemm.cu's SIMT_BK
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_bwd_weight_igemm")
 TC_CHUNK = 32
@@ -255,6 +256,12 @@ def compulsory_bytes(launch: launches_mod.Launch) -> tuple[int, int]:
     return read, written
 
 
+def split_chunks(launch: launches_mod.Launch, total: int) -> float:
+    """K chunks one block of a split weight-gradient launch reduces, of `total`: its chunks_per_split when the grid
+    has one split, else the mean over the grid's splits (the last one may be short)."""
+    return min(launch.args["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+
+
 def tensor_core_macs(launch: launches_mod.Launch) -> int:
     """Multiply-adds the tensor cores execute in a tensor-core launch, padding of partial tiles included: every
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
@@ -267,11 +274,11 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     if launch.kernel == "conv_bwd_weight_igemm":
         chunk = WG_CHUNK[launch.template_args[0]]
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)
-        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+        chunks = split_chunks(launch, total)
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_bwd_weight_tc":
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / TC_CHUNK)
-        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+        chunks = split_chunks(launch, total)
     elif launch.kernel == "conv_fwd_tc":
         chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / TC_CHUNK)
     else:
@@ -288,7 +295,7 @@ def simt_macs(launch: launches_mod.Launch) -> float:
         chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / SIMT_CHUNK)
     else:                             # K = the output pixels, in splits of chunks_per_split chunks over z
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / SIMT_CHUNK)
-        chunks = min(a["chunks_per_split"], total) if launch.grid[2] == 1 else total / launch.grid[2]
+        chunks = split_chunks(launch, total)
     return launch.blocks * rows * cols * chunks * SIMT_CHUNK
 
 
