@@ -8,6 +8,7 @@ groups = C (depthwise) is routed to the depthwise op on both paths.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 
 import numpy
@@ -452,7 +453,10 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     """Backward on the GPU path.  grad_input: any algorithm ('direct' for stride 1 only, else im2col + GEMM);
     grad_weight: 'implicit_gemm' or im2col + GEMM (what 'direct' runs there too)."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
-    gy = device.ascontiguous(grad_output).reshape(n, g, dg, L)
+    # The tensor cores take grad_output in its own layout (their channels-last copy reads any strides, and a
+    # channels-last grad_output -- the forward's output for channels-last x -- is a view there, not a copy back
+    # and forth); every other path takes it contiguous, made once on first use.
+    contiguous = functools.cache(lambda: device.ascontiguous(grad_output).reshape(n, g, dg, L))
     weight = device.ascontiguous(weight)
     heuristic = choose_algorithm(spec, x.dtype, device, "input")
     grad_x = grad_w = grad_b = None
@@ -462,28 +466,30 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         def grad_input(algo):
             if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "input"):
                 out = device.empty(spec.input_shape, x.dtype)
-                return simt_gemm_grad_input(device, gy, weight, spec, transposed_spec(spec), out)
+                return simt_gemm_grad_input(device, contiguous(), weight, spec, transposed_spec(spec), out)
             if algo == "implicit_gemm" and not simt_runs(spec, x.dtype):
                 out = device.empty(spec.input_shape, x.dtype)
-                return implicit_gemm_grad_input(device, gy.reshape(n, spec.out_channels, L), weight, spec, out)
+                return implicit_gemm_grad_input(device, grad_output, weight, spec, out)
             if algo == "direct" and "direct" in candidates:
-                return _direct_grad_input(device, gy.reshape(n, spec.out_channels, *spec.out_size), weight, spec)
-            return _gemm_grad_input(device, gy, weight, spec)
+                gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
+                return _direct_grad_input(device, gy4, weight, spec)
+            return _gemm_grad_input(device, contiguous(), weight, spec)
         grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
                                    heuristic, grad_input)
     fused_bias: dict = {}   # a grad_bias summed by a weight-gradient kernel, with the grad_weight it came with
     if "weight" in needs:
         def grad_weight(algo):
-            gyv = gy.reshape(n, spec.out_channels, L)
             if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "weight"):
                 fused_bias["weight"], fused_bias["bias"] = simt_gemm_grad_weight(
-                    device, batch_view(device, x), gyv, spec, bias="bias" in needs)
+                    device, batch_view(device, x), contiguous().reshape(n, spec.out_channels, L), spec,
+                    bias="bias" in needs)
                 return fused_bias["weight"]
             if algo == "implicit_gemm":
                 fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
-                    device, batch_view(device, x), gyv, spec, "bias" in needs)
+                    device, batch_view(device, x), grad_output, spec, "bias" in needs)
                 return fused_bias["weight"]
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
+            gy = contiguous()
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
@@ -494,7 +500,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             and fused_bias["bias"] is not None):
         grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned
     elif "bias" in needs:
-        grad_b = _grad_bias(device, gy.reshape(n, spec.out_channels, L), spec)
+        grad_b = _grad_bias(device, contiguous().reshape(n, spec.out_channels, L), spec)
     return grad_x, grad_w, grad_b
 
 

@@ -151,15 +151,17 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
 
 
 def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
-    """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW) and weight
-    (D, C / G, kH, kW), both contiguous; a gather over the transposed window (no atomics).  Also patch's.
+    """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW), any strides, and
+    weight (D, C / G, kH, kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.
     At stride 1 with D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel on the
-    transposed convolution instead; at stride > 1 it stays on conv_bwd_input_tc."""
+    transposed convolution instead (a channels-last gy is read in place); at stride > 1 it stays on
+    conv_bwd_input_tc (gy made contiguous)."""
     _check_tensor_cores(spec, gy.dtype, device)
+    gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if igemm_refusal(spec, gy.dtype, "input") is None:
-        gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
         return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
                              None, transposed_spec(spec), out)
+    gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
     KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
                    index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
@@ -375,12 +377,15 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
 
 def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = False):
     """(grad_weight (D, C / G, kH, kW) in x's dtype, grad_bias (D,) or None) from xv, a batch view of x, and gy
-    (n, D, oH, oW) contiguous.  conv_bwd_weight_igemm where `weight_igemm_refusal` allows (it also sums
-    grad_bias when `with_bias`), else conv_bwd_weight_tc (grad_bias None: the caller sums it).  Either adds the
-    splits' float32 sums in split order, then rounds once."""
+    (n, D, oH, oW), any strides.  conv_bwd_weight_igemm where `weight_igemm_refusal` allows (it also sums
+    grad_bias when `with_bias`; a channels-last gy is read in place), else conv_bwd_weight_tc (gy made
+    contiguous; grad_bias None: the caller sums it).  Either adds the splits' float32 sums in split order, then
+    rounds once."""
     _check_tensor_cores(spec, xv.dtype, device)
+    gy = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if weight_igemm_refusal(spec, xv.dtype) is None:
         return _grad_weight_igemm(device, xv, gy, spec, with_bias)
+    gy = device.ascontiguous(gy)
     plan = plan_tensor_cores(spec, xv.dtype, "weight")
     rows = spec.channels_per_group * spec.taps
     partial = device.empty((plan.splits, spec.out_channels, rows), numpy.float32)
