@@ -41,7 +41,7 @@ def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
     """The tile plan_simt should take for one group's GEMM (rows with the weight gradient's bias row), written out
     independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
     if columns > 64:
-        return "128, 128, 8"
+        return "128, 128, 16"
     if columns <= 32:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
     return "128, 64, 8"
@@ -106,18 +106,27 @@ def test_backward_matches_cpu_path(case):
         assert_close(g, w, f"{case.name} {name}")
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_tall_tile(order, monkeypatch):
-    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the 256 x 64 tile, 16 rows per thread
-    (its four row groups 64 apart), on 126 rows and 40 or 36 columns (33 to 64: fewer take the 32-column tile)."""
+TALL_CASES = {"256, 64, 16": C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1),
+              "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1)))}
+
+
+@pytest.mark.parametrize("tile, order, index", [("256, 64, 16", "forward", "int"), ("256, 64, 16", "reverse", "int"),
+                                                ("256, 128, 16", "forward", "long long"),
+                                                ("256, 128, 16", "reverse", "int")])
+def test_tall_tile(tile, order, index, monkeypatch):
+    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the tall tiles, 16 rows per thread (its
+    four row groups 64 apart), on 126 rows (and 124 for the input gradient): 256 x 64 with 40 or 36 columns (33 to
+    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
-    case = C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1)
+    if index == "long long":
+        monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = TALL_CASES[tile]
     x, weight, bias, grad_output = inputs(case, 3)
     device = Recorder(order)
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     grad_x, _, _ = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                                needs="input", **case.kwargs)
-    assert device.launches == ["simt_fwd<float, int, 256, 64, 16>"] * 2, device.launches
+    assert device.launches == [f"simt_fwd<float, {index}, {tile}>"] * 2, device.launches
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
     assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
 
@@ -209,6 +218,7 @@ def test_batch_view_read_in_place():
 
 
 @pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 64, 8",) * 2),
+                                         ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
                                          ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
                                          ("plain", ("128, 32, 8", "64, 32, 8"))])
 def test_64_bit_index_variant(name, tiles, monkeypatch):
@@ -396,17 +406,19 @@ def test_tiles_are_a_rule_of_the_shapes():
     """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
     32-column tiles (no FMA on padding columns), the weight gradient's 289 rows (32 x 9 + the bias row) 64-row
     tiles (320 rows, not 384), its 577 rows 128-row ones (640 rows either way); 64 columns the 128 x 64 tile (256
-    x 64 x 16 from SIMT_TALL_ROWS rows), more the 128 x 128."""
+    x 64 x 16 from SIMT_TALL_ROWS rows), more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
     def plans(c, h, g):
         spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
                                          numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
         return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
                 for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
-    narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 8)
+    narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
+    tall_wide = (256, 128, 16)
     pixels = 32 * 28 * 28
     assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 289 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
     assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(tile, (5, 1))]   # r50-64: 577 rows
-    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (10, 1))]        # r50-128
+    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (10, 1))]      # r50-128
     assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(tile, (5, 16))]   # 64 per group, 1568 rows: not tall
+    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (19, 2))]  # 2305 rows
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 145 rows, 192
