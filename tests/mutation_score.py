@@ -266,6 +266,10 @@ MUTATIONS = [
       "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0;", SIMT, "strided x"),
     M("simt-bias-row-off-by-one", "simt_gemm.cu", "f.ones[r] = m == taps_rows && bias_row;",
       "f.ones[r] = m == taps_rows - 1 && bias_row;", SIMT, "off-by-one"),
+    M("simt-load-k-slot-warps", "simt_gemm.cu", "return (threadIdx.x >> 5) + WARPS * ks;",
+      "return (threadIdx.x >> 5) + 4 * ks;", SIMT, "register tile: the 2-warp 128 x 32 and 8-warp tiles"),
+    M("simt-bias-row-select", "simt_gemm.cu", "return ones[rs] ? 1.0f : value;", "return value;", SIMT,
+      "bias gradient"),
     M("simt-fwd-bias-dropped", "simt_gemm.cu", "if (has_bias) value += to_acc(bias[g * N + n]);",
       "if (has_bias) value += to_acc(bias[n]);", SIMT, "groups"),
 

@@ -426,14 +426,24 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
 
 
 LDS_SLACK = 2
+# The most instructions a simt_gemm.cu main loop issues per FFMA (sm_90, int), by kernel and tile: about 6% above
+# NVRTC 13.0's code of 2026-11-25 (simt_fwd 128 x 64 1.40, 256 x 64 1.29, 128 x 32 1.62, 128 x 128 1.23,
+# 256 x 128 1.19; simt_bwd_weight 128 x 64 1.55, 128 x 32 1.75, 64 x 32 1.82, 128 x 128 1.32).  The 32-column
+# tiles pay more per FFMA (each gathered element of A feeds 32 FMAs, not 64) but none on padding columns.
+FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
+    ("simt_fwd", 128, 64): 1.5, ("simt_fwd", 256, 64): 1.37, ("simt_fwd", 128, 32): 1.72,
+    ("simt_fwd", 128, 128): 1.3, ("simt_fwd", 256, 128): 1.26,
+    ("simt_bwd_weight", 128, 64): 1.65, ("simt_bwd_weight", 128, 32): 1.86, ("simt_bwd_weight", 64, 32): 1.93,
+    ("simt_bwd_weight", 128, 128): 1.4,
+}
 
 
 @pytest.mark.slow
 def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     """simt_gemm.cu's kernels stay strict float32 on the FMA units: no HMMA anywhere; per K chunk of 8 a thread's
-    main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B), and the
-    FFMA are at least 60% of the loop (sm_90, int): an edit that moves a division or a scalar load into the loop,
-    or lets a TF32 path in, fails here.  LDS_SLACK extra shared loads pass: at TM = 16 (128 accumulators) ptxas
+    main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B), and at
+    most FMA_LOOP_INSTRUCTIONS_PER_FFMA instructions per FFMA (sm_90, int): an edit that moves a division, a branch
+    or a scalar load into the loop, or lets a TF32 path in, fails here.  LDS_SLACK extra shared loads pass: at TM = 16 (128 accumulators) ptxas
     may reload one value from shared memory rather than keep it in a register; CI's fresh environment compiled
     simt_fwd<float, int, 256, 64, 16> with 49 LDS where this machine, on the same NVRTC release, got 48.  Scalar
     loads would add 3 per float4 (over 100), far beyond the slack."""
@@ -443,14 +453,15 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     assert not [n for n in GROUPS["simt_gemm.cu"] if opcodes[n]["HMMA"]]
     problems = []
     for name in GROUPS["simt_gemm.cu"]:
-        tm = int(name.rstrip(">").split(",")[-1])
+        bm, bn, tm = (int(part) for part in name.rstrip(">").split(",")[-3:])
         rule, loop = sass.main_loop(code[name])
         assert rule == "fma", (name, rule)
         ffma, lds, total = loop["FFMA"], loop["LDS"], sum(loop.values())
         float4_loads = (tm // 4 + 2) * 8
+        most = FMA_LOOP_INSTRUCTIONS_PER_FFMA[name.split("<")[0], bm, bn]
         if "<float, int," in name and (ffma != tm * 8 * simt_gemm.SIMT_CHUNK
-                                       or not float4_loads <= lds <= float4_loads + LDS_SLACK or ffma < 0.6 * total):
-            problems.append(f"{name}: {ffma} FFMA, {lds} LDS of {total} loop instructions")
+                                       or not float4_loads <= lds <= float4_loads + LDS_SLACK or total > most * ffma):
+            problems.append(f"{name}: {ffma} FFMA, {lds} LDS of {total} loop instructions ({total / ffma:.2f} a FFMA)")
     assert not problems, "\n".join(problems)
 
 

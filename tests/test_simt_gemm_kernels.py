@@ -3,7 +3,7 @@ by cupyconv/ops/simt_gemm.py) against the CPU path in float64: conv2d forward, s
 the transposed problem) and weight gradient (split reduction), with TF32 off.
 
 Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64,
-128 x 128, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
+128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
 pixel cursor carry over several images per chunk, and each side's padding, stride and dilation differ per axis.
 The bug classes of issue 12 (per-side padding and the last row and column, loops over several blocks, 64-bit
 indices past 2^31 on the sparse-memory device) are covered for both kernels.
@@ -37,6 +37,23 @@ CASES = [
 CASE_BY_NAME = {case.name: case for case in CASES}
 
 
+def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
+    """The tile plan_simt should take for one group's GEMM (rows with the weight gradient's bias row), written out
+    independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
+    if columns > 64:
+        return "128, 128, 16"
+    if columns <= 32:
+        return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
+    return "128, 64, 8"
+
+
+def tiles_of(case):
+    """(forward, input gradient, weight gradient) tiles of a case, by `expected_tile`."""
+    d, c, kh, kw = case.weight
+    cg, dg = c, d // case.groups
+    return expected_tile(0, dg), expected_tile(0, cg), expected_tile(cg * kh * kw + 1, dg, weight=True)
+
+
 def on_emulator(device, fn, *args, **kwargs):
     with _device.use_device(device), settings.allow_tf32(False):
         return fn(*args, **kwargs)
@@ -68,8 +85,7 @@ def test_forward_matches_cpu_path(case):
     device = Recorder()
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     assert out.dtype == x.dtype and out.shape == case.output_shape
-    tile = "128, 128, 8" if case.weight[0] // case.groups > 64 else "128, 64, 8"
-    assert device.launches == [f"simt_fwd<float, int, {tile}>"], device.launches
+    assert device.launches == [f"simt_fwd<float, int, {tiles_of(case)[0]}>"], device.launches
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), case.name)
 
 
@@ -80,8 +96,9 @@ def test_backward_matches_cpu_path(case):
     got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                       **case.kwargs)
     stride1 = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs).stride == (1, 1)
-    assert device.count("simt_fwd") == stride1, device.launches   # stride > 1: im2col + GEMM + col2im
-    assert device.count("simt_bwd_weight") == 1, device.launches
+    _, input_tile, weight_tile = tiles_of(case)
+    assert device.launches.count(f"simt_fwd<float, int, {input_tile}>") == stride1, device.launches  # else col2im
+    assert device.launches.count(f"simt_bwd_weight<float, int, {weight_tile}>") == 1, device.launches
     assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's bias row
     want = expected_backward(grad_output, x, weight, **case.kwargs)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
@@ -89,18 +106,27 @@ def test_backward_matches_cpu_path(case):
         assert_close(g, w, f"{case.name} {name}")
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_tall_tile(order, monkeypatch):
-    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the 256 x 64 tile, 16 rows per thread
-    (its four row groups 64 apart), on 126 rows and 20 or 16 columns."""
+TALL_CASES = {"256, 64, 16": C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1),
+              "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1)))}
+
+
+@pytest.mark.parametrize("tile, order, index", [("256, 64, 16", "forward", "int"), ("256, 64, 16", "reverse", "int"),
+                                                ("256, 128, 16", "forward", "long long"),
+                                                ("256, 128, 16", "reverse", "int")])
+def test_tall_tile(tile, order, index, monkeypatch):
+    """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the tall tiles, 16 rows per thread (its
+    four row groups 64 apart), on 126 rows (and 124 for the input gradient): 256 x 64 with 40 or 36 columns (33 to
+    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
-    case = CASE_BY_NAME["plain"]
+    if index == "long long":
+        monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = TALL_CASES[tile]
     x, weight, bias, grad_output = inputs(case, 3)
     device = Recorder(order)
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     grad_x, _, _ = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                                needs="input", **case.kwargs)
-    assert device.launches == ["simt_fwd<float, int, 256, 64, 16>"] * 2, device.launches
+    assert device.launches == [f"simt_fwd<float, {index}, {tile}>"] * 2, device.launches
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
     assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
 
@@ -191,15 +217,19 @@ def test_batch_view_read_in_place():
     assert_close(grad_w, expected_backward(out, x.reshape(-1, 6, 7, 7), weight, padding=1)[1], "batch view grad")
 
 
-def test_64_bit_index_variant(monkeypatch):
+@pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 64, 8",) * 2),
+                                         ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
+                                         ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
+                                         ("plain", ("128, 32, 8", "64, 32, 8"))])
+def test_64_bit_index_variant(name, tiles, monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
-    case = CASE_BY_NAME["groups2_stride_dilation_per_axis"]
+    case = CASE_BY_NAME[name]
     x, weight, bias, grad_output = inputs(case, 2)
     device = Recorder()
     out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
     got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                       needs="weight", **case.kwargs)
-    assert device.launches == [f"{k}<float, long long, 128, 64, 8>" for k in ("simt_fwd", "simt_bwd_weight")]
+    assert device.launches == [f"{k}<float, long long, {t}>" for k, t in zip(("simt_fwd", "simt_bwd_weight"), tiles)]
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
     assert_close(got[1], expected_backward(grad_output, x, weight, **case.kwargs)[1], "grad_weight")
 
@@ -258,14 +288,15 @@ def test_64_bit_channel_offsets_within_a_group():
     """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
     in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
     an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
-    256 pixels of the last row: the tall tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    256 pixels of the last row: the forward's tall tile, 40 columns; the last 128 for the input gradient's narrow
+    tile, 32 columns), and matches the CPU path on the 2 x 257 corner that feeds it."""
     rng = numpy.random.default_rng(23)
     side = 12000
     x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
     x[:, :, -2:, -257:] = rng.standard_normal((1, 32, 2, 257))
-    grad_output = bug_classes.sparse_zeros((1, 16, side, side), numpy.float32)
-    grad_output[:, :, -2:, -257:] = rng.standard_normal((1, 16, 2, 257))
-    weight = (rng.standard_normal((16, 32, 3, 3)) / 8).astype(numpy.float32)
+    grad_output = bug_classes.sparse_zeros((1, 40, side, side), numpy.float32)
+    grad_output[:, :, -2:, -257:] = rng.standard_normal((1, 40, 2, 257))
+    weight = (rng.standard_normal((40, 32, 3, 3)) / 8).astype(numpy.float32)
     corner = [a[:, :, -2:, -257:] for a in (x, grad_output)]
     device = bug_classes.SparseDevice()
     out = on_emulator(device, cupyconv.conv2d, x, weight, padding=1, algorithm="implicit_gemm")
@@ -275,7 +306,8 @@ def test_64_bit_channel_offsets_within_a_group():
                                  needs="input", algorithm="implicit_gemm")
     want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
     bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
-    assert device.launches == ["simt_fwd<float, long long, 256, 64, 16>"] * 2, device.launches
+    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "128, 32, 8")], \
+        device.launches
 
 
 def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
@@ -368,3 +400,25 @@ def test_patch_auto_picks_the_fma_gemm_outside_the_direct_range():
         want = expected_backward(grad_output.reshape(-1, d, 4, 4), x.reshape(-1, c, 4, 4), weight, padding=1)
         for g, w in zip(got, want):
             assert_close(g, w.reshape(g.shape), f"patch {c} -> {d}")
+
+
+def test_tiles_are_a_rule_of_the_shapes():
+    """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
+    32-column tiles (no FMA on padding columns), the weight gradient's 289 rows (32 x 9 + the bias row) 64-row
+    tiles (320 rows, not 384), its 577 rows 128-row ones (640 rows either way); 64 columns the 128 x 64 tile (256
+    x 64 x 16 from SIMT_TALL_ROWS rows), more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
+    def plans(c, h, g):
+        spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
+                                         numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
+        return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
+                for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
+    narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
+    tall_wide = (256, 128, 16)
+    pixels = 32 * 28 * 28
+    assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 289 rows
+    assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
+    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(tile, (5, 1))]   # r50-64: 577 rows
+    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (10, 1))]      # r50-128
+    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(tile, (5, 16))]   # 64 per group, 1568 rows: not tall
+    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (19, 2))]  # 2305 rows
+    assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 145 rows, 192

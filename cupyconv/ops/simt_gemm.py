@@ -20,11 +20,22 @@ from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args
 from .._spec import ConvSpec, ceil_div
 
 # Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
-# 128 x 64 x 8 in general; 256 x 64 x 16 from SIMT_TALL_ROWS rows (every float read from shared memory feeds
-# more FMAs: 24 loads per 128 FMAs instead of 16 per 64, the binding resource of the 8 x 8 tile on an H100 by
-# benchmarks.predict); 128 x 128 x 8 when a group has over 64 columns (output channels; input channels for
-# the input gradient).  The weight gradient, whose rows are the few (c, tap), keeps TM = 8.
-SIMT_TILES = {"forward": ((128, 64, 8), (256, 64, 16), (128, 128, 8)), "weight": ((128, 64, 8), (128, 128, 8))}
+# 128 x 64 x 8 in general, 256 x 64 x 16 from SIMT_TALL_ROWS rows.  Over 64 columns (output channels; input
+# channels for the input gradient) TM = 16, 128 x 128 x 16, or 256 x 128 x 16 from SIMT_TALL_ROWS rows; the
+# weight gradient's 128 x 128 x 16.  TM = 16: every float read from shared memory feeds more FMAs (24 loads per
+# 128 FMAs instead of 16 per 64) and the per-chunk decoding, loop and barrier are paid once per 1,024 FFMA of a
+# thread, not 512: fewer loop instructions per FFMA, the binding resource by benchmarks.predict (sm_90: forward
+# 1.29 -> 1.23 at 128 x 128, 1.19 at 256 x 128; weight gradient 1.45 -> 1.32).  The tall tiles need many rows
+# to keep enough blocks.  Groups of at most SIMT_NARROW_COLUMNS take 128 x 32 x 8 (64 threads), so that no FMA is
+# spent on padding columns (ResNeXt's and g8's groups of 32 took half their FMAs on a 64-column tile's padding);
+# the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (289 = 32 x 9 + the bias
+# row: 320 rows, not 384).  The order of each tuple is the instantiations' and the tests', not a preference (the
+# forward's first and last give `simt_preferred`'s block counts): `simt_tile` is the rule.
+SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
+SIMT_NARROW, SIMT_NARROW_SHORT = (128, 32, 8), (64, 32, 8)
+SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE),
+              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE)}
+SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
@@ -112,14 +123,29 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
     return {"forward": (out_pixels, dg, cg * taps), "weight": (cg * taps, dg, out_pixels)}[pass_]
 
 
+def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
+    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'; rows with the bias row): a
+    plain rule of the shapes (see SIMT_TILES)."""
+    if pass_ == "weight":
+        if cols > 64:
+            return SIMT_WIDE
+        if cols <= SIMT_NARROW_COLUMNS:
+            return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
+        return SIMT_TILE
+    if cols <= SIMT_NARROW_COLUMNS:
+        return SIMT_NARROW
+    if rows >= SIMT_TALL_ROWS:
+        return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL
+    return SIMT_WIDE if cols > 64 else SIMT_TILE
+
+
 def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     """The tile and grid of simt_fwd ('forward') or simt_bwd_weight ('weight').  The weight gradient's few output
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
     rows += pass_ == "weight"   # room for the bias row
-    tiles = SIMT_TILES[pass_]
-    tile = tiles[-1] if cols > 64 else tiles[1] if pass_ == "forward" and rows >= SIMT_TALL_ROWS else tiles[0]
+    tile = simt_tile(pass_, rows, cols)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
