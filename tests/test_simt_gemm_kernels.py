@@ -313,42 +313,51 @@ def test_64_bit_channel_offsets_within_a_group():
 def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
     """TF32 off and float32: 3x3 stride 1 with over 16 channels (columns 9x the input) -> FMA GEMM, forward and
     input gradient and weight gradient (SIMT_MIN_BLOCKS 1: a problem this small has one or two blocks a pass);
-    TF32 on -> the tensor cores; few channels -> direct; pointwise -> im2col; float64 -> im2col."""
+    TF32 on -> the tensor cores; few channels -> direct; pointwise -> im2col forward and input gradient, but the
+    FMA weight gradient (a 20 x 24 weight: one GEMM tile cuBLAS cannot spread); float64 -> im2col."""
     monkeypatch.setattr(simt_gemm, "SIMT_MIN_BLOCKS", 1)
     rng = numpy.random.default_rng(5)
     x = rng.standard_normal((2, 24, 9, 7)).astype(numpy.float32)
     weight = rng.standard_normal((20, 24, 3, 3)).astype(numpy.float32)
-    for (xs, ws, kwargs), tf32, expected in (((x, weight, dict(padding=1)), False, "simt"),
+    for (xs, ws, kwargs), tf32, expected in (((x, weight, dict(padding=1)), False, (2, 1)),
                                              ((x, weight, dict(padding=1)), True, "tc"),
                                              ((x[:, :8], weight[:8, :8], dict(padding=1)), False, "direct"),
-                                             ((x, weight[:, :, :1, :1], {}), False, "gemm"),
+                                             ((x, weight[:, :, :1, :1], {}), False, (0, 1)),
                                              ((x.astype(numpy.float64), weight.astype(numpy.float64),
-                                               dict(padding=1)), False, "gemm")):
+                                               dict(padding=1)), False, (0, 0))):
         device = Recorder()
         with _device.use_device(device), settings.allow_tf32(tf32):
             out = cupyconv.conv2d(xs, ws, **kwargs)
             cupyconv.conv2d_backward(out, xs, ws, **kwargs)
         simt = (device.count("simt_fwd"), device.count("simt_bwd_weight"))
-        assert simt == ((2, 1) if expected == "simt" else (0, 0)), (expected, device.launches)
+        assert simt == (expected if isinstance(expected, tuple) else (0, 0)), (expected, device.launches)
         tensor_core_forwards = device.count("conv_fwd_tc") + device.count("conv_fwd_igemm")  # generic or channels-last
         assert (tensor_core_forwards >= 1) == (expected == "tc"), (expected, device.launches)
         assert (device.count("conv_fwd_direct") >= 1) == (expected == "direct"), (expected, device.launches)
 
 
-def test_auto_needs_blocks():
-    """'auto' runs the forward and the input gradient on the FMA GEMM only with SIMT_MIN_BLOCKS blocks, and the
-    weight gradient where the forward runs there: r50-64's passes have hundreds; r50-512's forward and input
-    gradient 52: cuBLAS for all three."""
-    spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 64, 56, 56), numpy.float32),
-                                     numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
-    small = conv_op.ConvSpec.for_conv("t", numpy.empty((32, 512, 7, 7), numpy.float32),
-                                      numpy.empty((512, 512, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
+    return conv_op.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float32),
+                                     numpy.empty((channels, channels // groups, kernel, kernel), numpy.float32),
+                                     None, stride, padding, 1, groups)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (_r50(64, 56), ["implicit_gemm"] * 3),                   # 64 columns, hundreds of blocks, a 5-tile weight
+    (_r50(128, 28), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # 128 columns: cuBLAS; weight 9 tiles
+    (_r50(256, 14), ["im2col_gemm"] * 3),                    # weight 36 tiles
+    (_r50(512, 7), ["im2col_gemm"] * 3),                     # 13 x 4 blocks forward and input: too few
+    (_r50(256, 28, groups=8), ["implicit_gemm"] * 3),         # 32 columns a group: the narrow tiles
+    (_r50(256, 28, groups=2), ["im2col_gemm"] * 3),          # 128 columns; weight 2 x 9 tiles
+    (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
+], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise"])
+def test_auto_rule(spec, expected):
+    """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
+    with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
+    gradient with at most 32 columns, or where cuBLAS's GEMM would have fewer than 10 tiles of 128 x 128."""
     with settings.allow_tf32(False):
-        assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == [
-            "implicit_gemm"] * 3
-        # r50-512: 1568 pixels x 512 channels, 13 x 4 blocks forward and input: cuBLAS
-        assert [conv_op.choose_algorithm(small, numpy.float32, None, p) for p in ("forward", "input", "weight")] == [
-            "im2col_gemm"] * 3
+        assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == (
+            expected)
 
 
 def test_refusals_name_the_reason():

@@ -192,9 +192,10 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  `simt_runs`), strict IEEE float32, any channel count; the input gradient for stride 1 only
 #                  (strided: im2col + GEMM + col2im).
 #   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run, else 'direct' when both
-#                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and the
-#                  columns would be larger than the input (`simt_preferred`), else 'im2col_gemm' (or the
-#                  measured winner when autotuning is on: `settings.set_autotune`).
+#                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and
+#                  the column matrix would cost cuBLAS more than the FMA GEMM's slower loop (`simt_preferred`, pass
+#                  by pass), else 'im2col_gemm' (or the measured winner when autotuning is on:
+#                  `settings.set_autotune`).
 # Backward of 'direct' and 'im2col_gemm':
 #   grad_input   'direct' with stride 1: the direct kernel run as the transposed convolution (flipped,
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
@@ -269,10 +270,11 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix would be larger than the
-    input (`simt_preferred`: written and read again, 9x the input for 3x3 stride 1); otherwise 'im2col_gemm'
-    (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight') matters to the FMA
-    rule only: each pass needs enough blocks."""
+    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix, written and read again
+    (9x the input for 3x3 stride 1), would cost cuBLAS more than the FMA GEMM's slower loop costs it
+    (`simt_preferred`: few columns a group, or a weight gradient too small for cuBLAS to fill the GPU); otherwise
+    'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight')
+    matters to the FMA rule only: each pass is ranked on its own."""
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
@@ -545,8 +547,9 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
                  f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
                  "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
                  f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
-                 "'implicit_gemm' where the columns would be larger than the input, else 'im2col_gemm'; with "
-                 "`cupyconv.settings` autotune on, the fastest of them on the first call of each problem.")
+                 "'implicit_gemm' where the column matrix it saves costs more than its slower loop (few channels a "
+                 "group, or a weight gradient too small for cuBLAS), else 'im2col_gemm'; with `cupyconv.settings` "
+                 "autotune on, the fastest of them on the first call of each problem.")
 X_DOC, WEIGHT_DOC = ("array (N, C, H, W)", "The input."), ("array (D, C // groups, kH, kW)", "The filters.")
 
 

@@ -3,8 +3,8 @@ gradient (the forward of the transposed problem) and weight gradient, in IEEE fl
 and without a column matrix.
 
 Not an op of its own: ops/conv.py runs its 'implicit_gemm' passes here for float32 while TF32 is off (where the
-tensor cores refuse), and its 'auto' picks them over im2col + GEMM where the columns would be larger than the
-input (`simt_preferred`).  The table of the GEMMs is at the top of simt_gemm.cu.
+tensor cores refuse), and its 'auto' picks them pass by pass over im2col + GEMM where the model ranks them ahead
+(`simt_preferred`: the column matrix they never build costs cuBLAS more than their slower GEMM costs them).  The table of the GEMMs is at the top of simt_gemm.cu.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy
 from .. import settings
 from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, extent, index_type,
                         kernel_name, split_reduction)
-from .._spec import ConvSpec, ceil_div
+from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
 # 128 x 64 x 8 in general, 256 x 64 x 16 from SIMT_TALL_ROWS rows.  Over 64 columns (output channels; input
@@ -43,7 +43,10 @@ SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
-SIMT_MIN_BLOCKS = 128      # 'auto' runs a pass here from this many blocks (`simt_preferred`)
+# 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
+# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_NARROW_COLUMNS, or where cuBLAS's GEMM
+# would have fewer than SIMT_FEW_GEMM_TILES output tiles
+SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_NARROW_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 32, 10
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
@@ -82,21 +85,33 @@ def simt_runs(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
 
 
 def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
-    """The 'auto' rule: these kernels beat im2col + cuBLAS (strict float32) where the columns would be larger
-    than the input, which they read in place (a 3x3 stride-1 column matrix is 9x the input, written and read
-    again); a pointwise conv has no columns to save and cuBLAS's tiles are faster.  The forward and the input
-    gradient also need SIMT_MIN_BLOCKS blocks (they have no split of K): small planes with many channels (r50-512:
-    7x7, 512 channels, 52 blocks) leave most SMs idle.  The weight gradient follows the forward's choice (where
-    the forward's blocks are too few, cuBLAS's weight gradient was predicted faster too: r50-256, r50-512)."""
-    if not simt_runs(spec, dtype, pass_) or spec.taps * spec.out_pixels <= spec.in_size[0] * spec.in_size[1]:
+    """The 'auto' rule between these kernels and im2col + cuBLAS (strict float32), from the performance model's
+    ranking of the benchmark cases (`python -m benchmarks.auto_check`, PREDICTIONS; tests/test_auto_choice.py
+    holds the rule to it).  cuBLAS's GEMM is faster than these (1.2-1.8 instructions an FFMA here), so they win
+    where the column matrix, which they never build, costs cuBLAS more than that:
+    - forward and input gradient: the columns would be larger than the input (a 3x3 stride-1 column matrix is 9x
+      the input, written and read again; a pointwise conv has none), the GEMM has at most SIMT_MAX_COLUMNS
+      columns a group (output channels; input channels for the input gradient: cuBLAS uses each column element
+      that many times, so the matrix costs 8 / columns bytes a multiply-add, as much DRAM time as FMA time at 64
+      on an H100, with its 10 multiply-adds a byte), and SIMT_MIN_BLOCKS blocks (no split of K here: r50-512's
+      7x7 planes with 512 channels make 52 blocks and leave most SMs idle);
+    - weight gradient: either the same column saving with at most SIMT_NARROW_COLUMNS columns (the narrow tiles,
+      no padding), or a GEMM too small for cuBLAS to fill the GPU -- under SIMT_FEW_GEMM_TILES output tiles of
+      128 x 128 over a long reduction (the weight's own size), which these split SIMT_SPLIT_BLOCKS ways.  The
+      model ranks these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level at 5-9 (r50-64, r50-128) and behind at
+      12-14 (c1d-audio, c3d-*), hence 10."""
+    if not simt_runs(spec, dtype, pass_):
         return False
+    columns_outgrow_input = spec.taps * spec.out_pixels > spec.in_size[0] * spec.in_size[1]
+    if pass_ == "weight":
+        rows, cols = spec.channels_per_group * spec.taps, spec.outputs_per_group
+        gemm_tiles = spec.groups * ceil_div(rows, 128) * ceil_div(cols, 128)
+        return (columns_outgrow_input and cols <= SIMT_NARROW_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
     if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
-        rows, cols = spec.n * spec.in_size[0] * spec.in_size[1], spec.channels_per_group
-        tile = SIMT_TILES["forward"][-1] if cols > 64 else SIMT_TILES["forward"][0]
-        blocks = ceil_div(rows, tile[0]) * spec.groups * ceil_div(cols, tile[1])
+        cols, blocks = spec.channels_per_group, math.prod(plan_simt(transposed_spec(spec), "forward").grid)
     else:
-        blocks = math.prod(plan_simt(spec, "forward").grid)
-    return blocks >= SIMT_MIN_BLOCKS
+        cols, blocks = spec.outputs_per_group, math.prod(plan_simt(spec, "forward").grid)
+    return columns_outgrow_input and cols <= SIMT_MAX_COLUMNS and blocks >= SIMT_MIN_BLOCKS
 
 
 @dataclasses.dataclass(frozen=True)
