@@ -29,8 +29,8 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # to keep enough blocks.  Groups of at most SIMT_NARROW_COLUMNS take 128 x 32 x 8 (64 threads), so that no FMA is
 # spent on padding columns (ResNeXt's and g8's groups of 32 took half their FMAs on a 64-column tile's padding);
 # the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (289 = 32 x 9 + the bias
-# row: 320 rows, not 384).  The order of each tuple is the instantiations' and the tests', not a preference (the
-# forward's first and last give `simt_preferred`'s block counts): `simt_tile` is the rule.
+# row: 320 rows, not 384).  The order of each tuple is the instantiations' and the tests', not a preference:
+# `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
 SIMT_NARROW, SIMT_NARROW_SHORT = (128, 32, 8), (64, 32, 8)
 SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE),
@@ -46,7 +46,7 @@ SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
 # SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_NARROW_COLUMNS, or where cuBLAS's GEMM
 # would have fewer than SIMT_FEW_GEMM_TILES output tiles
-SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_NARROW_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 32, 10
+SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 10
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
