@@ -59,3 +59,17 @@ struct FastDivmod {
     return q;
   }
 };
+
+// q = n / d and r = n % d of a flat index n >= 0: FastDivmod's multiply-high where I is int (every index of the
+// launch is below 2^31, its domain), the 64-bit division where it is long long.  Once per thread unit, never in
+// a tap loop.
+template <typename I>
+__device__ __forceinline__ I index_divmod(I n, const FastDivmod& d, int& r) {
+  if constexpr (sizeof(I) == 4) {
+    return d.divmod(n, r);
+  } else {
+    const I q = n / d.d;
+    r = (int)(n - q * d.d);
+    return q;
+  }
+}

@@ -715,52 +715,125 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   }
 }
 
-// NCHW (through a batch view: any strides) -> NHWC contiguous, one image plane's (C, H * W) matrix transposed
-// per blockIdx.z, in 32 x 32 tiles through shared memory: the reads run along pixels, the writes along channels,
-// both coalesced.  Float inputs are rounded to tf32 here when round_tf32 (the one rounding of TF32's operands).
-constexpr int CL_TILE = 32, CL_ROWS = 8;  // block: CL_TILE x CL_ROWS threads, each moving CL_TILE / CL_ROWS
+// NCHW (through a batch view: any strides) -> NHWC contiguous: a transpose of the (rows, channels) matrix whose rows
+// are every image's pixels in one flat index r = image * H * W + p, so that tiny planes (4 x 4 patches) fill a tile
+// with several images.  A tile is CL_ROWS rows x CL_VECTORS 16-byte vectors of channels (64 halves, 32 floats)
+// staged in shared memory.  Read: a lane per row, each warp one vector of VEC channels; a lane's VEC loads run
+// along pixels across the warp (coalesced where the plane is), packed in registers into its pixel's 16-byte vector
+// and stored whole.  Write: lanes along a row's vectors (four rows a warp), 16-byte stores of consecutive channels.
+// A row's source address is decoded once per tile (FastDivmod; no division by a run-time int), its channels then
+// advance by a stride.  Vector v of row r lies at v ^ (r & 7): 16-byte shared accesses are served a quarter warp
+// at a time, and the 8 lanes of each reach 8 different 16-byte bank groups on both sides (8 consecutive rows
+// when storing, one row's 8 vectors when loading), so neither side has a bank conflict.  Float inputs are
+// rounded to tf32 here when round_tf32 (the one rounding of TF32's operands).
+// CL_ROWS and CL_VECTORS come from cupyconv/ops/implicit_gemm.py (KERNELS' definitions), which sizes the grid.
+#if !defined(CL_ROWS) || !defined(CL_VECTORS)
+#error "implicit_gemm.cu needs the -D options of cupyconv._device.compile_options('implicit_gemm.cu')"
+#endif
+constexpr int CL_THREADS = CL_ROWS * CL_VECTORS;
+static_assert(CL_VECTORS == 8 && CL_ROWS % 8 == 0, "the swizzle v ^ (r & 7) spreads 8 vectors of 8 rows");
+template <typename T> struct ClBits;   // the unsigned integer of T's size: the copy moves bits, not values
+template <> struct ClBits<__half> { typedef unsigned short type; };
+template <> struct ClBits<__nv_bfloat16> { typedef unsigned short type; };
+template <> struct ClBits<float> { typedef unsigned type; };
+// The 16-byte vector's words from VEC elements' bits (two 16-bit elements a word, the lower channel low).
+__device__ __forceinline__ uint4 cl_pack(const unsigned short (&b)[8]) {
+  return make_uint4(b[0] | (unsigned)b[1] << 16, b[2] | (unsigned)b[3] << 16, b[4] | (unsigned)b[5] << 16,
+                    b[6] | (unsigned)b[7] << 16);
+}
+__device__ __forceinline__ uint4 cl_pack(const unsigned (&b)[4]) { return make_uint4(b[0], b[1], b[2], b[3]); }
 template <typename T> __device__ __forceinline__ T cl_round(T value, int) { return value; }
 template <> __device__ __forceinline__ float cl_round<float>(float value, int round_tf32) {
   return round_tf32 ? __uint_as_float(to_tf32(value)) : value;
 }
 // What rounding to tf32 left of value, itself as tf32: tf32(value) + cl_rest(value) carries float's bits to the
 // weight gradient's fused bias sum (16-bit types: nothing is rounded, nothing is written).
-template <typename T> __device__ __forceinline__ T cl_rest(T value) { return T(0.0f); }
-template <> __device__ __forceinline__ float cl_rest<float>(float value) {
+__device__ __forceinline__ float cl_rest(float value) {
   return __uint_as_float(to_tf32(value - __uint_as_float(to_tf32(value))));
 }
+// A vector's elements (VEC of T in 16 bytes) through cl_round, or (floats) cl_rest: 16-bit types pass unchanged.
+template <typename T> __device__ __forceinline__ uint4 cl_round_vector(uint4 v, int) { return v; }
+template <> __device__ __forceinline__ uint4 cl_round_vector<float>(uint4 v, int round_tf32) {
+  if (!round_tf32) return v;
+  return make_uint4(to_tf32(__uint_as_float(v.x)), to_tf32(__uint_as_float(v.y)), to_tf32(__uint_as_float(v.z)),
+                    to_tf32(__uint_as_float(v.w)));
+}
+__device__ __forceinline__ uint4 cl_rest_vector(uint4 v) {   // (four floats)
+  return make_uint4(__float_as_uint(cl_rest(__uint_as_float(v.x))), __float_as_uint(cl_rest(__uint_as_float(v.y))),
+                    __float_as_uint(cl_rest(__uint_as_float(v.z))), __float_as_uint(cl_rest(__uint_as_float(v.w))));
+}
 
-template <typename T, typename I>
-__global__ void __launch_bounds__(CL_TILE * CL_ROWS) channels_last_copy(
-    const T* __restrict__ x, T* __restrict__ out, I n, I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c,
-    I x_stride_h, I x_stride_w, int channels, int height, int width, int round_tf32, T* __restrict__ rest,
-    int with_rest) {
-  // Rows of 32 elements + one word: an odd number of words apart, so a column is read from 32 different banks.
-  __shared__ T tile[CL_TILE][CL_TILE + 4 / sizeof(T)];
-  const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
-  const int pixels = height * width, p0 = blockIdx.x * CL_TILE, c0 = blockIdx.y * CL_TILE;
-  const int tx = threadIdx.x % CL_TILE, ty = threadIdx.x / CL_TILE;
-  for (I image = blockIdx.z; image < n; image += gridDim.z) {
-    const I origin = view.image(image);
+// rows = n H W; row_tiles = ceil(rows / CL_ROWS), looped over by blockIdx.x; blockIdx.y: CL_VECTORS * VEC channels.
+// The magics are FastDivmod's multipliers of H W, W and x_inner (cupyconv._kernels.fast_divmod_magic; where I is
+// long long the divisions are 64-bit, once per row and tile).  WHOLE_VECTORS: channels % VEC == 0, so a vector's
+// channels are all in range or all past the end, and out's rows are whole 16-byte vectors (one store each); else
+// every channel is checked and stored on its own.  rest and with_rest: float only.
+template <typename T, typename I, bool WHOLE_VECTORS>
+__global__ void __launch_bounds__(CL_THREADS) channels_last_copy(
+    const T* __restrict__ x, T* __restrict__ out, I rows, I row_tiles, I x_inner, I x_stride_outer, I x_stride_inner,
+    I x_stride_c, I x_stride_h, I x_stride_w, int channels, int height, int width,
+    unsigned int pixels_magic, unsigned int width_magic, unsigned int inner_magic, int round_tf32,
+    T* __restrict__ rest, int with_rest) {
+  typedef typename ClBits<T>::type B;
+  constexpr int VEC = 16 / sizeof(T);
+  __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
+  const FastDivmod by_pixels(height * width, pixels_magic), by_width(width, width_magic);
+  const FastDivmod by_inner((int)x_inner, inner_magic);   // (where I is int: x_inner is below 2^31)
+  const int lane = threadIdx.x % CL_ROWS, read_c = blockIdx.y * (CL_VECTORS * VEC) + threadIdx.x / CL_ROWS * VEC;
+  const int write_v = threadIdx.x % CL_VECTORS, write_row = threadIdx.x / CL_VECTORS;
+  const int write_c = blockIdx.y * (CL_VECTORS * VEC) + write_v * VEC;
+  const int read_slot = lane * CL_VECTORS + ((threadIdx.x / CL_ROWS) ^ (lane & 7));
+  const int write_slot = write_row * CL_VECTORS + (write_v ^ (write_row & 7));
+  for (I t = blockIdx.x; t < row_tiles; t += gridDim.x) {
+    const I r = t * CL_ROWS + lane;
+    B b[VEC];
 #pragma unroll
-    for (int k = 0; k < CL_TILE; k += CL_ROWS) {  // read: lanes along pixels
-      const int c = c0 + ty + k, p = p0 + tx;
-      if (c < channels && p < pixels) {
-        const int y = p / width, xx = p - y * width;
-        tile[ty + k][tx] = x[origin + (I)c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
+    for (int e = 0; e < VEC; ++e) b[e] = 0;
+    if (r < rows && read_c < channels) {
+      int p, xx;
+      const I image = index_divmod<I>(r, by_pixels, p);
+      const int y = by_width.divmod(p, xx);
+      I origin;
+      if constexpr (sizeof(I) == 4) {
+        int inner;
+        const int outer = by_inner.divmod(image, inner);
+        origin = outer * x_stride_outer + inner * x_stride_inner;
+      } else {
+        origin = BatchView<I>{x_inner, x_stride_outer, x_stride_inner}.image(image);
+      }
+      const B* src = reinterpret_cast<const B*>(x) + origin + (I)y * x_stride_h + (I)xx * x_stride_w +
+                     (I)read_c * x_stride_c;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {   // channel read_c + e: a warp reads it along its 32 rows
+        if (WHOLE_VECTORS || read_c + e < channels) b[e] = *src;
+        src += x_stride_c;
       }
     }
+    tile[read_slot] = cl_pack(b);
     __syncthreads();
+    const I w = t * CL_ROWS + write_row;
+    if (w < rows && write_c < channels) {
+      const uint4 v = tile[write_slot];
+      T* to = out + w * channels + write_c;
+      if constexpr (WHOLE_VECTORS) {
+        *reinterpret_cast<uint4*>(to) = cl_round_vector<T>(v, round_tf32);
+        if constexpr (sizeof(T) == 4) {
+          if (with_rest) *reinterpret_cast<uint4*>(rest + (to - out)) = cl_rest_vector(v);
+        }
+      } else {
+        const T* values = reinterpret_cast<const T*>(&v);
 #pragma unroll
-    for (int k = 0; k < CL_TILE; k += CL_ROWS) {  // write: lanes along channels
-      const int p = p0 + ty + k, c = c0 + tx;
-      if (c < channels && p < pixels) {
-        const I at = (image * pixels + p) * channels + c;
-        out[at] = cl_round(tile[tx][ty + k], round_tf32);
-        if (with_rest) rest[at] = cl_rest(tile[tx][ty + k]);  // (float with round_tf32 only)
+        for (int e = 0; e < VEC; ++e) {
+          if (write_c + e < channels) {
+            to[e] = cl_round(values[e], round_tf32);
+            if constexpr (sizeof(T) == 4) {
+              if (with_rest) rest[(to - out) + e] = cl_rest(values[e]);
+            }
+          }
+        }
       }
     }
-    __syncthreads();  // the tile is refilled for the next image
+    __syncthreads();  // the tile is refilled for the next row tile
   }
 }
 

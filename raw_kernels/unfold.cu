@@ -16,20 +16,6 @@
 #error "unfold.cu needs the -D options of cupyconv._device.compile_options('unfold.cu')"
 #endif
 
-// q = n / d and r = n % d of a flat index n >= 0: FastDivmod's multiply-high where I is int (every index of the
-// launch is below 2^31, its domain), the 64-bit division where it is long long.  Once per thread unit, never in
-// a tap loop.
-template <typename I>
-__device__ __forceinline__ I index_divmod(I n, const FastDivmod& d, int& r) {
-  if constexpr (sizeof(I) == 4) {
-    return d.divmod(n, r);
-  } else {
-    const I q = n / d.d;
-    r = (int)(n - q * d.d);
-    return q;
-  }
-}
-
 // One thread per (image, channel, output pixel) window: it copies the window's kH * kW taps, so the index
 // arithmetic is paid once per window, not once per tap.  Consecutive threads take consecutive output pixels,
 // so every store of a tap is coalesced, and so is every load where stride_w * x_stride_w is 1 (a stride or a

@@ -262,6 +262,40 @@ def test_tensor_core_forward_at_the_r50_64_shape(monkeypatch):
     assert weight.sector_efficiency == 1.0 and weight.sectors_per_request == 2.0
 
 
+def assert_lean_transpose(profile, load_width=2):
+    """A channels_last_copy profile: its loads (load_width bytes a lane, along pixels) and 16-byte stores (along
+    channels) use every sector they move; its shared-memory vectors, 16 bytes a lane, take 4 wavefronts a warp
+    request, the minimum (no bank conflict)."""
+    kinds = sorted((s.kind, s.width) for s in profile.sites)
+    assert kinds == [("global_load", load_width), ("global_store", 16), ("shared_load", 16), ("shared_store", 16)], kinds
+    for site in profile.sites:
+        assert site.sector_efficiency in (None, 1.0) and site.wavefronts_per_request in (0.0, 4.0), site
+
+
+@pytest.mark.parametrize("dtype, shape", [("float16", (80, 64, 4, 4)), ("float16", (3, 96, 8, 8)),
+                                          ("float32", (40, 16, 4, 4))], ids=["patch-4x4", "8x8-96ch", "tf32-4x4"])
+def test_channels_last_copy_of_small_planes(dtype, shape):
+    """channels_last_copy on planes of 16 and 64 pixels (the patch seed's 4 x 4, 8 x 8): a tile's 32 rows span
+    several images, and still every load and store uses all its sectors with no bank conflict (96 channels: a
+    second channel tile half full).  float32 is rounded to tf32."""
+    from cupyconv import _device as cupyconv_device
+    from cupyconv import settings
+    from cupyconv.ops import implicit_gemm
+
+    x = numpy.random.default_rng(1).standard_normal(shape).astype(dtype)
+    dev = EmulatedDevice(counters=True)
+    with cupyconv_device.use_device(dev), settings.allow_tf32(True):
+        out = implicit_gemm.channels_last(dev, x)
+    want = numpy.moveaxis(x, 1, -1)
+    if dtype == "float32":
+        want = ((want.view(numpy.uint32).astype(numpy.uint64) + 0x1000) & 0xFFFFE000).astype(numpy.uint32).view(
+            numpy.float32)
+    numpy.testing.assert_array_equal(out, want)
+    (profile,) = dev.profile
+    assert profile.name == f"channels_last_copy<{'__half' if dtype == 'float16' else 'float'}, int, true>"
+    assert_lean_transpose(profile, numpy.dtype(dtype).itemsize)
+
+
 def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
     """conv_fwd_igemm on the same problem (issue 24's targets): in the main loop every shared-memory access is
     conflict-free -- the cp.async landings (16 bytes a lane: 4 wavefronts a warp, the minimum), the ldmatrix
@@ -282,9 +316,8 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
         cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
     transpose, weight_copy, gemm = dev.profile
     assert gemm.name == "conv_fwd_igemm<__half, int, 64, 64, 4>" and gemm.blocks_run == 2
-    assert transpose.name == "channels_last_copy<__half, int>" and transpose.blocks_run == 2
-    for site in transpose.sites:
-        assert site.sector_efficiency in (None, 1.0) and site.wavefronts_per_request in (0.0, 1.0), site
+    assert transpose.name == "channels_last_copy<__half, int, true>" and transpose.blocks_run == 2
+    assert_lean_transpose(transpose)
     chunks, mma = 18, 2 * 4 * 18 * 16  # chunks of 32 k; blocks x warps x chunks x mma.sync per chunk
     shared = [s for s in gemm.sites if s.kind.startswith("shared")]
     assert all(s.wavefronts_per_request == max(1, s.width // 4) for s in shared), shared  # 16 bytes: 4 (quarters)
@@ -313,7 +346,7 @@ def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "conv_fwd_igemm<__half, int, 64, 64, 4>" in text and "not GPU measurements" in text
     profiles = json.loads(out.read_text())["profiles"]   # channels_last_copy of x and of the weight first
-    assert [p["name"] for p in profiles[:2]] == ["channels_last_copy<__half, int>"] * 2
+    assert [p["name"] for p in profiles[:2]] == ["channels_last_copy<__half, int, true>"] * 2
     profile = next(p for p in profiles if p["name"].startswith("conv_fwd_igemm<"))   # (then split-K's final pass)
     assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
         "global_load", "global_store", "shared_load", "shared_store"}

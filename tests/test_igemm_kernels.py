@@ -19,6 +19,7 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from cupyconv._spec import ceil_div, transposed_spec
 from cupyconv.ops import implicit_gemm as igemm
+import bug_classes
 from bug_classes import Recorder
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
 from reference import ConvCase
@@ -407,6 +408,86 @@ def test_channels_last_of_a_patch_batch_view():
     got = run(device, igemm.channels_last, device, x)
     assert device.count("channels_last_copy") == 1
     numpy.testing.assert_array_equal(got, numpy.moveaxis(values, 2, -1).reshape(12, 5, 6, 16))
+
+
+def tf32(a):
+    """float32 a rounded to tf32 as cvt.rna does (nearest, ties away from zero; finite values)."""
+    bits = numpy.asarray(a, numpy.float32).view(numpy.uint32).astype(numpy.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(numpy.uint32).view(numpy.float32)
+
+
+# (n, C, H, W) for channels_last_copy: 1 x 1, 2 x 3 and 4 x 4 planes (a row tile of 32 pixels spans up to 32
+# images), channel counts that are not whole vectors (3, 13, 20 halves; 3, 13 floats) and more than one channel
+# tile (72 halves, 40 floats), rows that are no multiple of the tile.
+COPY_SHAPES = [(70, 3, 1, 1), (37, 13, 2, 3), (33, 64, 4, 4), (5, 72, 4, 4), (3, 20, 5, 9), (9, 40, 3, 3)]
+
+
+@pytest.mark.parametrize("shape", COPY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_copy_of_small_planes(dtype, shape, monkeypatch):
+    """channels_last_copy against NumPy's transpose in every layout plus one of odd strides (every third column of
+    every other row), on outputs poisoned with NaN, its blocks each looping over several row tiles (a grid of 2
+    blocks along the rows); its whole-vector instantiation where the channels come in 16-byte vectors, else the
+    element-wise one; float32 rounded to tf32."""
+    monkeypatch.setattr(_kernels, "GRID_CAP", 2)
+    rng = numpy.random.default_rng(sum(shape))
+    values = rng.standard_normal(shape).astype(DTYPES[dtype])
+    n, c, h, w = shape
+    views = layouts(rng, values)
+    views["odd_strides"] = rng.standard_normal((n, c + 2, 2 * h + 1, 3 * w)).astype(values.dtype)[:, 2:, 1::2, ::3]
+    views["odd_strides"][...] = values
+    want = numpy.moveaxis(values, 1, -1)
+    if dtype == "float32":
+        want = tf32(want)
+    whole = "true" if c % igemm.vector_elements(values.dtype) == 0 else "false"
+    for layout, x in views.items():
+        device = Recorder("reverse")
+        got = run(device, igemm.channels_last, device, x)
+        assert device.launches in ([], [f"channels_last_copy<{_kernels.c_type(values.dtype)}, int, {whole}>"]), (
+            layout, device.launches)
+        assert got.shape == (n, h, w, c) and got.flags.c_contiguous
+        numpy.testing.assert_array_equal(numpy.asarray(got, numpy.float64), numpy.asarray(want, numpy.float64),
+                                         err_msg=layout)
+
+
+@pytest.mark.parametrize("c", [16, 13])
+def test_channels_last_with_rest_keeps_float_bits(c, monkeypatch):
+    """float32 through channels_last_with_rest: the operand tf32(x) and the remainder tf32(x - tf32(x)), bit for
+    bit, from one launch (whole vectors and element-wise), on a batch view with a negative stride; their sum is x
+    to 22 bits or better."""
+    monkeypatch.setattr(_kernels, "GRID_CAP", 2)
+    rng = numpy.random.default_rng(c)
+    values = rng.standard_normal((2 * 21 + 1, c, 2, 3)).astype(numpy.float32)
+    x = values[::-2]
+    device = Recorder("reverse")
+    got, rest = run(device, igemm.channels_last_with_rest, device, x)
+    assert device.count("channels_last_copy") == 1
+    want = numpy.moveaxis(x, 1, -1)
+    numpy.testing.assert_array_equal(got, tf32(want))
+    numpy.testing.assert_array_equal(rest, tf32(want - tf32(want)))
+    numpy.testing.assert_allclose(got.astype(numpy.float64) + rest, want, rtol=2.0**-21, atol=0)
+
+
+def test_channels_last_copy_rows_past_2_31(monkeypatch):
+    """2^31 + 64 images of one pixel and 3 channels, batch stride negative, over sparse memory: the row index
+    (image, pixel) passes 2^31, so the row decode takes the 64-bit path (`long long`); the last block, which owns
+    the last row tile (the grid cap lifted), writes the last 32 rows, which match x's last images."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    n, c = 2**31 + 64, 3
+    base = bug_classes.sparse_zeros((n, c, 1, 1), numpy.float16)
+    x = base[::-1]
+    x[-64:] = numpy.random.default_rng(41).standard_normal((64, c, 1, 1))
+    device = bug_classes.SparseDevice()
+    got = run(device, igemm.channels_last, device, x)
+    assert device.launches == ["channels_last_copy<__half, long long, false>"]
+    want = numpy.moveaxis(numpy.asarray(x[-32:]), 1, -1)
+    bug_classes.assert_tail_written(got, want.reshape(-1), numpy.float16, 32 * c, "channels_last")
+
+
+def test_channels_last_refuses_planes_past_2_31():
+    x = numpy.broadcast_to(numpy.zeros((), numpy.float32), (1, 2, 2**16, 2**15))   # 2^31 pixels, no memory
+    with pytest.raises(ValueError, match=r"channels_last: x \(1, 2, 65536, 32768\) has planes of 65536 x 32768"):
+        run(EmulatedDevice(), igemm.channels_last, EmulatedDevice(), x)
 
 
 def test_fast_path_eligibility():

@@ -546,6 +546,32 @@ def unit_loop_opcodes(program) -> dict[str, Counter]:
     return result
 
 
+# The most SASS instructions in channels_last_copy<T, int, true>'s loop over its row tiles (sm_90, every instruction
+# counted once), a trip moving one 16-byte vector a thread each way: 8 elements of a 16-bit type, 4 floats (the
+# float loop also holds the tf32 rounding and the remainder, both in software).  About 10% above NVRTC 13.0's 85
+# and 130 of 2026-11-25; the 32 x 32-tile kernel before (4 elements a thread and trip) had 241 and 348.
+CHANNELS_LAST_COPY_LOOP = {"__half": 96, "__nv_bfloat16": 96, "float": 144}
+
+
+@pytest.mark.slow
+def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
+    """channels_last_copy's loop over its row tiles: at most CHANNELS_LAST_COPY_LOOP instructions, one 16-byte
+    shared store and load and one 16-byte global store (whole vectors), its global loads VEC per thread, no local
+    memory (spills): a division or a per-element address computation back in the loop fails here."""
+    loops = unit_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
+    problems, seen = [], 0
+    for name in GROUPS["implicit_gemm.cu"]:
+        if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")):
+            continue
+        seen += 1
+        loop, t = loops[name], element_type(name)
+        if sum(loop.values()) > CHANNELS_LAST_COPY_LOOP[t]:
+            problems.append(f"{name}: {sum(loop.values())} instructions > {CHANNELS_LAST_COPY_LOOP[t]}")
+        if loop["LDG"] != 16 // (4 if t == "float" else 2) or loop["LDL"] or loop["STL"]:
+            problems.append(f"{name}: LDG {loop['LDG']}, LDL {loop['LDL']}, STL {loop['STL']}")
+    assert seen == 3 and not problems, "\n".join(problems)
+
+
 # The most SASS instructions per output that one thread's pass through depthwise_fwd<T, int, K, S>'s loop over its
 # units may hold, its packed instantiations <T, int, K, S, true> too (sm_90; static: the unit loop's instructions
 # counted once, both sides of every branch, over the thread's STRIP_ROWS[K] x FWD_COLUMNS outputs; float32, and the

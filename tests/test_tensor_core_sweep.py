@@ -356,7 +356,7 @@ def test_x_offsets_past_2_32(reverse, path, monkeypatch):
     _, grad_w, _ = on_device(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
                              needs="weight", **kwargs)
     forward = [["conv_fwd_tc<__half", "long long"]] if path == "generic" else [
-        ["channels_last_copy<__half", "long long>"], ["channels_last_copy<__half", "int>"], ["conv_fwd_igemm<__half", "int"]]
+        ["channels_last_copy<__half", "long long"], ["channels_last_copy<__half", "int"], ["conv_fwd_igemm<__half", "int"]]
     assert [name.split(", ")[:2] for name in device.launches] == forward + [["conv_bwd_weight_tc<__half", "long long"]]
     xc = numpy.array(x, numpy.float64)
     assert_close(out, cupyconv.conv2d(xc, flat(weight), bias.astype(numpy.float64), **kwargs), "float16",

@@ -18,8 +18,8 @@ import numpy
 
 from .. import settings
 from .._device import _address
-from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
-                        index_type, kernel_name, split_reduction)
+from .._kernels import (INDEX_TYPES, INT32_MAX, KernelFile, batch_args, batch_view, capped_grid, extent,
+                        fast_divmod_magic, index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
@@ -40,8 +40,11 @@ TC_SPLIT_BLOCKS = 512  # the weight gradient splits its pixels until about this 
 TC_SPLIT_CHUNKS = 8    # not the SM count, so the bits depend on the shapes only), each at least this many chunks
 
 TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per group (fewer: the direct kernel)
+# channels_last_copy's tile: CL_ROWS rows (pixels) x CL_VECTORS 16-byte vectors of channels, a vector a thread.
+CL_ROWS, CL_VECTORS = 32, 8
+CL_THREADS, CL_CHANNEL_BYTES = CL_ROWS * CL_VECTORS, CL_VECTORS * 16
 KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
-                                                  "IG_ROW_BYTES": 64})
+                                                  "IG_ROW_BYTES": 64, "CL_ROWS": CL_ROWS, "CL_VECTORS": CL_VECTORS})
 
 
 def instantiations():
@@ -50,7 +53,7 @@ def instantiations():
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
-        names.append(kernel_name("channels_last_copy", dtype, index))
+        names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     return names + weight_igemm_instantiations()
 
 
@@ -263,15 +266,26 @@ def channels_last_with_rest(device, x):
 
 
 def _channels_last_copy(device, x, rounds: bool, rest):
+    """channels_last_copy: the rows (image, pixel) of every image in one flat index, CL_ROWS a tile, each tile's
+    channels CL_CHANNEL_BYTES at a time (blockIdx.y); its blocks loop over the row tiles."""
     *lead, c, h, w = x.shape
+    if h * w > INT32_MAX:
+        raise ValueError(f"channels_last: x {tuple(x.shape)} has planes of {h} x {w} pixels; channels_last_copy "
+                         f"indexes a plane's pixels in 32 bits (at most 2^31 - 1)")
     n = math.prod(lead)
     out = device.empty((n, h, w, c), x.dtype)
     if out.size == 0:
         return out
     xv = batch_view(device, x)
-    KERNELS.launch(device, "channels_last_copy", dtype=x.dtype, index=index_type(extent(xv), out.size),
-                   grid=(ceil_div(h * w, 32), ceil_div(c, 32), min(n, MAX_GRID[2])), block=32 * 8, x=xv, out=out,
-                   n=n, **batch_args("x", xv), channels=c, height=h, width=w, round_tf32=rounds,
+    rows, inner = n * h * w, xv.shape[1]
+    row_tiles = ceil_div(rows, CL_ROWS)
+    KERNELS.launch(device, "channels_last_copy", (c % vector_elements(x.dtype) == 0,), dtype=x.dtype,
+                   index=index_type(extent(xv), out.size),
+                   grid=(capped_grid(row_tiles), ceil_div(c * x.itemsize, CL_CHANNEL_BYTES)), block=CL_THREADS,
+                   x=xv, out=out, rows=rows, row_tiles=row_tiles, **batch_args("x", xv), channels=c, height=h,
+                   width=w, pixels_magic=fast_divmod_magic(h * w), width_magic=fast_divmod_magic(w),
+                   inner_magic=fast_divmod_magic(inner) if inner <= INT32_MAX else 0,
+                   round_tf32=rounds,
                    rest=out if rest is None else rest, with_rest=rest is not None)
     return out
 
