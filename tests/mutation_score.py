@@ -4,11 +4,11 @@
 
 Each mutation below replaces one exact snippet of one raw_kernels/ file (or, named by its path from the root, of
 one of the emulator's own headers, tests/emulator/include/, which its self-tests must then catch, or of a
-module of cupyconv/ whose kernel orchestration the tests must check: the strided input gradient's phases).  A mutant is built in a scratch copy of
-the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir() finds the copy's raw_kernels/ next
-to the copy's package, so the emulator compiles the mutated source; the real files are never edited) and the
-mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived: every selected test passed.
-Not run: every selected test was skipped (the mma.cuh mutants: the emulator replaces mma.cuh's instructions by
+module of cupyconv/ whose kernel orchestration the tests must check: the strided input gradient's phases).
+A mutant is built in a scratch copy of the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir()
+finds the copy's raw_kernels/ next to the copy's package, so the emulator compiles the mutated source; the real
+files are never edited) and the mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived:
+every selected test passed.  Not run: every selected test was skipped (the mma.cuh mutants: the emulator replaces mma.cuh's instructions by
 its own, tests/emulator/include/emu_mma.h, so only `-m gpu` on a GPU can run them).  The score is
 killed / (killed + survived).
 

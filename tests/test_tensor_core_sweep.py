@@ -322,8 +322,10 @@ def test_sweep_covers_the_axes():
         s for s in strided_fast if not all(map(s.has_taps, igemm.grad_input_phases(s.spec)))]
     reached["... with a phase of several taps at a dilation"] = [
         s for s in strided_fast if any(s.has_taps(p) and max(p[0].dilation, p[1].dilation) > 1
-                                       and len(p[0].taps) * len(p[1].taps) > 1 for p in igemm.grad_input_phases(s.spec))]
-    reached["... with split K"] = [s for s in strided_fast if "conv_bwd_weight_igemm_finish" in s.igemm_kernels("input")]
+                                       and len(p[0].taps) * len(p[1].taps) > 1
+                                       for p in igemm.grad_input_phases(s.spec))]
+    reached["... with split K"] = [s for s in strided_fast
+                                   if "conv_bwd_weight_igemm_finish" in s.igemm_kernels("input")]
     for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and

@@ -178,7 +178,8 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
 # conv_fwd_igemm (raw_kernels/implicit_gemm.cu, its section of that name): x channels-last, K ordered (tap,
 # channel), 16-byte cp.async into a swizzled multistage pipeline, ldmatrix, the epilogue through shared memory.
 # It runs the forward, and the input gradient as the forward of the transposed convolution (at stride > 1, one per
-# phase: `grad_input_phases`), wherever `igemm_refusal` allows; everything else stays on the generic kernels above (conv_fwd_tc, conv_bwd_input_tc).
+# phase: `grad_input_phases`), wherever `igemm_refusal` allows; everything else stays on the generic kernels above
+# (conv_fwd_tc, conv_bwd_input_tc).
 
 IG_THREADS = KERNELS.defines["IG_THREADS"]      # 4 warps, 2 x 2 warp tiles of (BM / 2) x (BN / 2)
 IG_ROW_BYTES = KERNELS.defines["IG_ROW_BYTES"]  # a staged K chunk per row: 4 vectors of 16 bytes
@@ -337,21 +338,24 @@ def axis_phases(kernel: int, stride: int, dilation: int, pad: int, size: int, ou
     step = stride // math.gcd(stride, dilation)
     for first in range(min(stride, size)):
         rows = ceil_div(size - first, stride)
-        i0 = next((i for i in range(min(kernel, step)) if (first + pad - i * dilation) % stride == 0), None)
-        taps = range(0) if i0 is None else range(i0, kernel, step)
         phase_dilation = step * dilation // stride
-        low = (len(taps) - 1) * phase_dilation - (first + pad - i0 * dilation) // stride if taps else 0
-        high = rows - out_size + (len(taps) - 1) * phase_dilation - low if taps else 0
+        i0 = next((i for i in range(min(kernel, step)) if (first + pad - i * dilation) % stride == 0), None)
+        if i0 is None:   # no tap of this phase within the kernel
+            phases.append(AxisPhase(first, rows, range(0), phase_dilation, (0, 0)))
+            continue
+        taps = range(i0, kernel, step)
+        low = (len(taps) - 1) * phase_dilation - (first + pad - i0 * dilation) // stride
+        high = rows - out_size + (len(taps) - 1) * phase_dilation - low
         phases.append(AxisPhase(first, rows, taps, phase_dilation, (low, high)))
     return phases
 
 
 def grad_input_phases(spec: ConvSpec) -> list[tuple[AxisPhase, AxisPhase]]:
     """The (row, column) phases of spec's input gradient (2-D spec), row-major; stride 1 has one, the whole plane."""
-    per_axis = [axis_phases(k, s, d, pad, size, out)
-                for k, s, d, (pad, _), size, out in zip(spec.kernel_size, spec.stride, spec.dilation, spec.padding,
-                                                        spec.in_size, spec.out_size)]
-    return list(itertools.product(*per_axis))
+    rows, columns = [axis_phases(k, s, d, pad, size, out)
+                     for k, s, d, (pad, _), size, out in zip(spec.kernel_size, spec.stride, spec.dilation, spec.padding,
+                                                             spec.in_size, spec.out_size)]
+    return list(itertools.product(rows, columns))
 
 
 def phase_spec(spec: ConvSpec, phase: tuple[AxisPhase, AxisPhase]) -> ConvSpec:
