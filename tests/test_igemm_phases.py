@@ -102,6 +102,8 @@ CASES = [
     C("ph_s2x1_dil2", (2, 24, 9, 9), (16, 24, 3, 5), stride=(2, 1), dilation=2, padding=((2, 1), (3, 2))),
     # 80 input channels: two column tiles of a phase's GEMM; 40 output channels per group
     C("ph_two_column_tiles", (1, 80, 6, 7), (40, 80, 2, 3), stride=2, padding=((0, 1), (1, 0))),
+    # one input row at stride 3: the row phases 1 and 2 have no rows at all (not launched, nothing to fill)
+    C("ph_one_row", (2, 16, 1, 5), (16, 16, 1, 3), stride=(3, 2), padding=((0, 0), (1, 1))),
 ]
 
 
@@ -129,6 +131,23 @@ def test_phases_match_cpu_path(case, dtype):
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert got.shape == x.shape and got.dtype == x.dtype
     assert_close(got, want, dtype, case.name)
+
+
+def test_patch_conv2d_input_gradient_runs_the_phases():
+    """patch_conv2d's backward hands (B, N, C, H, W) grad_input to the same phases (its images flattened)."""
+    rng = numpy.random.default_rng(16)
+    x = rng.standard_normal((2, 3, 16, 7, 6)).astype(numpy.float16)
+    weight = (rng.standard_normal((16, 16, 3, 3)) / 8).astype(numpy.float16)
+    grad_output = rng.standard_normal((2, 3, 16, 4, 3)).astype(numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, stride=2, padding=1,
+              algorithm="implicit_gemm", needs=("input",))[0]
+    assert device.count("conv_fwd_igemm") == 4 and device.count("conv_bwd_input_tc") == 0, device.launches
+    flat = [numpy.asarray(a, numpy.float64).reshape(-1, *a.shape[-3:]) for a in (grad_output, x)]
+    want = cupyconv.conv2d_backward(flat[0], flat[1], numpy.asarray(weight, numpy.float64), stride=2, padding=1,
+                                    needs=("input",))[0]
+    assert got.shape == x.shape
+    assert_close(got.reshape(want.shape), want, "float16")
 
 
 def test_split_k_in_the_phases(monkeypatch):
