@@ -4,7 +4,9 @@ taps a sub-kernel, phases without taps zero-filled.
 
 The phase arithmetic is checked against a brute-force list of every (input row, grad_output row, tap) triple of
 the strided window; the kernels on the emulator against the CPU path in float64 (outputs poisoned: the emulator's
-`empty` fills NaN, so a pixel no phase writes fails), and conv_transpose2d through the public API.
+`empty` fills NaN, so a pixel no phase writes fails), and conv_transpose2d through the public API.  Reads and
+writes out of bounds: tests/test_tensor_core_sweep.py's ASan run holds 7 specs on the phases (strides (2, 3),
+(3, 1), (3, 2), every dtype, layouts and groups).
 """
 import itertools
 
@@ -222,3 +224,4 @@ def test_conv_transpose2d_runs_the_phases(kernel, stride, padding, output_paddin
     want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)), **kwargs)
     assert got.shape == tuple(want.shape) and got.dtype == x.dtype
     assert_close(got, want.numpy(), dtype, str(kwargs))
+

@@ -326,6 +326,8 @@ def test_sweep_covers_the_axes():
                                        for p in igemm.grad_input_phases(s.spec))]
     reached["... with split K"] = [s for s in strided_fast
                                    if "conv_bwd_weight_igemm_finish" in s.igemm_kernels("input")]
+    reached["... in the ASan run (test_clean_under_asan's every fourth spec)"] = [s for s in strided_fast
+                                                                               if s in SPECS[::4]]
     for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and
