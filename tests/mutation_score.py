@@ -3,11 +3,12 @@
     PYTHONPATH=. python tests/mutation_score.py [--only NAME ...] [--jobs N] [--list]
 
 Each mutation below replaces one exact snippet of one raw_kernels/ file (or, named by its path from the root, of
-one of the emulator's own headers, tests/emulator/include/, which its self-tests must then catch).  A mutant is built in a scratch copy of
-the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir() finds the copy's raw_kernels/ next
-to the copy's package, so the emulator compiles the mutated source; the real files are never edited) and the
-mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived: every selected test passed.
-Not run: every selected test was skipped (the mma.cuh mutants: the emulator replaces mma.cuh's instructions by
+one of the emulator's own headers, tests/emulator/include/, which its self-tests must then catch, or of a
+module of cupyconv/ whose kernel orchestration the tests must check: the strided input gradient's phases).
+A mutant is built in a scratch copy of the checkout (cupyconv/, tests/, raw_kernels/: cupyconv._device.kernel_dir()
+finds the copy's raw_kernels/ next to the copy's package, so the emulator compiles the mutated source; the real
+files are never edited) and the mutation's tests run there with `pytest -x`.  Killed: a test failed.  Survived:
+every selected test passed.  Not run: every selected test was skipped (the mma.cuh mutants: the emulator replaces mma.cuh's instructions by
 its own, tests/emulator/include/emu_mma.h, so only `-m gpu` on a GPU can run them).  The score is
 killed / (killed + survived).
 
@@ -36,6 +37,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "raw_kernels"
 EMULATOR_INCLUDE = "tests/emulator/include"  # mutations of these files name them from the root
+PACKAGE = "cupyconv"                         # ... and of these
 
 
 class Mutation(NamedTuple):
@@ -54,6 +56,8 @@ TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
+IG_PHASES = "tests/test_igemm_phases.py"
+IG_PY = "cupyconv/ops/implicit_gemm.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 # (DW_STRIDED: the strided input gradients' tests, depthwise_bwd_input_strided and depthwise_bwd_input_phased)
 DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
@@ -68,6 +72,20 @@ EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 M = Mutation
 
 MUTATIONS = [
+    # -- cupyconv/ops/implicit_gemm.py: the strided input gradient's phases (`grad_input_phases`) ---------------
+    M("phase-low-padding-off-by-one", IG_PY, "low = (len(taps) - 1) * phase_dilation - (first",
+      "low = 1 + (len(taps) - 1) * phase_dilation - (first", IG_PHASES, "off-by-one"),
+    M("phase-dilation-not-reduced", IG_PY, "phase_dilation = step * dilation // stride", "phase_dilation = dilation",
+      IG_PHASES, "wrong dilation"),
+    M("phase-taps-unflipped", IG_PY, "slice(k - 1 - p.taps[-1], k - p.taps[0], p.taps.step)",
+      "slice(p.taps[0], p.taps[-1] + 1, p.taps.step)", IG_PHASES, "flipped taps"),
+    M("phase-scatter-stride-swap", IG_PY, "phase[0].first::spec.stride[0], phase[1].first::spec.stride[1]",
+      "phase[0].first::spec.stride[1], phase[1].first::spec.stride[0]", IG_PHASES, "swapped stride"),
+    M("phase-pad-side", IG_PY, "for k, s, d, (pad, _), size, out in zip(", "for k, s, d, (_, pad), size, out in zip(",
+      IG_PHASES, "wrong-side padding"),
+    M("phase-empty-not-zeroed", IG_PY, "        device.copyto(pixels, 0)", "        pass", IG_PHASES,
+      "unwritten output"),
+
     # -- common.cuh ------------------------------------------------------------------------------------------
     M("common-grid-start-thread-only", "common.cuh", "return (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;",
       "return (I)threadIdx.x;", UNFOLD, "grid-stride"),
@@ -527,8 +545,9 @@ MUTATIONS = [
 
 
 def source_path(file: str, root: Path, kernel_dir: Path) -> Path:
-    """Where a mutation's file lies: an emulator header by its path from the root, a kernel in kernel_dir."""
-    return root / file if file.startswith(EMULATOR_INCLUDE + "/") else kernel_dir / file
+    """Where a mutation's file lies: an emulator header or a package module by its path from the root, a kernel in
+    kernel_dir."""
+    return root / file if file.startswith((EMULATOR_INCLUDE + "/", PACKAGE + "/")) else kernel_dir / file
 
 
 def problems(mutations=MUTATIONS, kernel_dir: Path = KERNELS) -> list[str]:
@@ -562,8 +581,9 @@ def run_one(m: Mutation, copy: Path, cache: Path, timeout: float) -> tuple[str, 
     kernels = copy / "raw_kernels"
     shutil.rmtree(kernels)
     shutil.copytree(KERNELS, kernels)
-    shutil.rmtree(copy / EMULATOR_INCLUDE)
-    shutil.copytree(ROOT / EMULATOR_INCLUDE, copy / EMULATOR_INCLUDE)
+    for part in (EMULATOR_INCLUDE, PACKAGE):   # fresh: the previous mutant may have edited them
+        shutil.rmtree(copy / part)
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     path = source_path(m.file, copy, kernels)
     path.write_text(path.read_text().replace(m.original, m.replacement, 1))
     env = dict(os.environ, PYTHONPATH=str(copy), CUPYCONV_EMULATOR_CACHE=str(cache))

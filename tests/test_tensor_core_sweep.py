@@ -16,7 +16,8 @@ drawn on purpose, and `test_sweep_covers_the_axes` checks that the list reaches 
 - the weight gradient's split-K with several chunks per split and a ragged last split;
 - groups, odd sizes, every block tile of TC_TILES, the `long long` instantiations (with negative strides);
 - both paths of the forward and the input gradient: the channels-last kernel (conv_fwd_igemm, channels per group
-  in whole 16-byte vectors; the input gradient at stride 1) and the generic ones (`SweepSpec.kernels`);
+  in whole 16-byte vectors; the input gradient at stride > 1 once per phase, phases without taps zero-filled) and
+  the generic ones (`SweepSpec.kernels`);
 - 64-bit offsets past 2^32 (not only 2^31: an unsigned 32-bit offset wraps silently there, which UBSan cannot
   see), on the sparse-memory device: `test_x_offsets_past_2_32` and `test_plane_offsets_past_2_32`.
 """
@@ -83,12 +84,19 @@ class SweepSpec:
                 *(self.igemm_kernels("input") if self.fast("input") else ["conv_bwd_input_tc"]), *weight]
 
     def igemm_kernels(self, pass_: str) -> list[str]:
-        """conv_fwd_igemm, and its final pass where a small grid splits K (the input gradient: the transposed
-        problem's plan)."""
-        spec = self.spec if pass_ == "forward" else conv_op.transposed_spec(self.spec)
+        """conv_fwd_igemm, and its final pass where a small grid splits K: the forward's, or one per phase with taps
+        of the input gradient (`grad_input_phases`; stride 1: one, the transposed problem's plan)."""
+        if pass_ == "forward":
+            specs = [self.spec]
+        else:
+            specs = [igemm.phase_spec(self.spec, p) for p in igemm.grad_input_phases(self.spec) if self.has_taps(p)]
         with self.planner():
-            splits = igemm.plan_igemm(spec, DTYPES[self.dtype]).splits
-        return ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] if splits > 1 else [])]
+            splits = [igemm.plan_igemm(spec, DTYPES[self.dtype]).splits for spec in specs]
+        return [kernel for n in splits for kernel in ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] * (n > 1))]]
+
+    @staticmethod
+    def has_taps(phase) -> bool:
+        return all(axis.taps for axis in phase)
 
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
@@ -308,6 +316,18 @@ def test_sweep_covers_the_axes():
     reached["forward on the generic path"] = [s for s in SPECS if not s.fast("forward")]
     reached["input gradient on the channels-last path"] = [s for s in SPECS if s.fast("input")]
     reached["input gradient on the generic path"] = [s for s in SPECS if not s.fast("input")]
+    strided_fast = [s for s in SPECS if s.fast("input") and s.case.stride != (1, 1)]
+    reached["input gradient on the channels-last path, stride > 1 (phases)"] = strided_fast
+    reached["... with a phase that has no taps (zero-filled)"] = [
+        s for s in strided_fast if not all(map(s.has_taps, igemm.grad_input_phases(s.spec)))]
+    reached["... with a phase of several taps at a dilation"] = [
+        s for s in strided_fast if any(s.has_taps(p) and max(p[0].dilation, p[1].dilation) > 1
+                                       and len(p[0].taps) * len(p[1].taps) > 1
+                                       for p in igemm.grad_input_phases(s.spec))]
+    reached["... with split K"] = [s for s in strided_fast
+                                   if "conv_bwd_weight_igemm_finish" in s.igemm_kernels("input")]
+    reached["... in the ASan run (test_clean_under_asan's every fourth spec)"] = [s for s in strided_fast
+                                                                               if s in SPECS[::4]]
     for dtype, dtype_tiles in igemm.TC_TILES.items():
         for tile in dtype_tiles:
             reached[f"{dtype} tile {tile}"] = [s for s in SPECS if s.dtype == dtype and

@@ -154,16 +154,19 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
 
 
 def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
-    """conv_bwd_input_tc: grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW), any strides, and
-    weight (D, C / G, kH, kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.
-    At stride 1 with D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel on the
-    transposed convolution instead (a channels-last gy is read in place); at stride > 1 it stays on
-    conv_bwd_input_tc (gy made contiguous)."""
+    """grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW), any strides, and weight (D, C / G, kH,
+    kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.
+    With D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel conv_fwd_igemm: at
+    stride 1 on the transposed convolution, at larger strides on each phase's (`grad_input_phases`; a
+    channels-last gy is read in place); else the generic conv_bwd_input_tc (gy made contiguous)."""
     _check_tensor_cores(spec, gy.dtype, device)
     gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if igemm_refusal(spec, gy.dtype, "input") is None:
-        return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
-                             None, transposed_spec(spec), out)
+        if spec.stride == (1, 1):
+            return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
+                                 None, transposed_spec(spec), out)
+        _grad_input_phased(device, gy4, weight, spec, device.reshape(out, (spec.n, spec.in_channels, *spec.in_size)))
+        return out
     gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
     KERNELS.launch(device, "conv_bwd_input_tc", plan.tile, dtype=gy.dtype,
@@ -177,8 +180,9 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
 #
 # conv_fwd_igemm (raw_kernels/implicit_gemm.cu, its section of that name): x channels-last, K ordered (tap,
 # channel), 16-byte cp.async into a swizzled multistage pipeline, ldmatrix, the epilogue through shared memory.
-# It runs the forward, and the input gradient at stride 1 as the forward of the transposed convolution, wherever
-# `igemm_refusal` allows; everything else stays on the generic kernels above (conv_fwd_tc, conv_bwd_input_tc).
+# It runs the forward, and the input gradient as the forward of the transposed convolution (at stride > 1, one per
+# phase: `grad_input_phases`), wherever `igemm_refusal` allows; everything else stays on the generic kernels above
+# (conv_fwd_tc, conv_bwd_input_tc).
 
 IG_THREADS = KERNELS.defines["IG_THREADS"]      # 4 warps, 2 x 2 warp tiles of (BM / 2) x (BN / 2)
 IG_ROW_BYTES = KERNELS.defines["IG_ROW_BYTES"]  # a staged K chunk per row: 4 vectors of 16 bytes
@@ -211,13 +215,12 @@ def vector_elements(dtype) -> int:
 def igemm_refusal(spec: ConvSpec, dtype, pass_: str) -> str | None:
     """Why the channels-last kernel cannot run pass_ ('forward' or 'input') of a problem the tensor cores take
     (`tensor_core_refusal` is None), or None when it can: the reduction's channels per group (C / G forward,
-    D / G for the input gradient) must be whole 16-byte vectors, and the input gradient needs stride 1."""
+    D / G for the input gradient) must be whole 16-byte vectors.  (The input gradient at stride > 1 runs it once per
+    phase: `grad_input_phases`.)"""
     vector = vector_elements(dtype)
     channels = spec.channels_per_group if pass_ == "forward" else spec.outputs_per_group
     if channels % vector:
         return f"its reduction needs channels per group in multiples of {vector}, not {channels}"
-    if pass_ == "input" and spec.stride != (1, 1):
-        return f"its input gradient needs stride 1 (the transposed window), not {spec.stride}"
     return None
 
 
@@ -320,6 +323,90 @@ def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
     flipped = device.reshape(weight, (g, dg, cg, *spec.kernel_size))[..., ::-1, ::-1]
     return channels_last(device, flipped.transpose(0, 2, 1, 3, 4))   # (G, C / G, D / G, kH, kW) -> (C, kH, kW, D / G)
+
+
+# The input gradient at stride s > 1 ("strided dgrad"): input row y = s * q + r (phase r, 0 <= r < s) receives
+# grad_output row o through tap i only where o * s - pad + i * d = y, i.e. (r + pad - i * d) % s == 0.  Those taps
+# are every t-th, t = s / gcd(s, d), from the first such i0, and o = q + c0 - j * d' for the j-th of them, with c0 =
+# (r + pad - i0 * d) / s and d' = d / gcd(s, d): phase r is a stride-1 convolution of grad_output by the phase's
+# taps, flipped, at dilation d', padded (m - 1) * d' - c0 above (negative: it crops), over the phase's rows
+# ceil((H - r) / s).  Per axis; a phase of the plane is one of each axis.  A phase without taps (k < s, or a
+# dilation sharing a factor with s) receives nothing: zeros.
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisPhase:
+    """Phase `first` of one axis of a strided input gradient: its rows first, first + stride, ... of the input
+    (`rows` of them), the original taps it takes (`taps`, empty: none), the stride-1 convolution's dilation and
+    padding (low, high; negative crops)."""
+    first: int
+    rows: int
+    taps: range
+    dilation: int
+    padding: tuple[int, int]
+
+
+def axis_phases(kernel: int, stride: int, dilation: int, pad: int, size: int, out_size: int) -> list[AxisPhase]:
+    """The phases of one axis with at least one input row (size rows of input, out_size of grad_output)."""
+    phases = []
+    step = stride // math.gcd(stride, dilation)
+    for first in range(min(stride, size)):
+        rows = ceil_div(size - first, stride)
+        phase_dilation = step * dilation // stride
+        i0 = next((i for i in range(min(kernel, step)) if (first + pad - i * dilation) % stride == 0), None)
+        if i0 is None:   # no tap of this phase within the kernel
+            phases.append(AxisPhase(first, rows, range(0), phase_dilation, (0, 0)))
+            continue
+        taps = range(i0, kernel, step)
+        low = (len(taps) - 1) * phase_dilation - (first + pad - i0 * dilation) // stride
+        high = rows - out_size + (len(taps) - 1) * phase_dilation - low
+        phases.append(AxisPhase(first, rows, taps, phase_dilation, (low, high)))
+    return phases
+
+
+def grad_input_phases(spec: ConvSpec) -> list[tuple[AxisPhase, AxisPhase]]:
+    """The (row, column) phases of spec's input gradient (2-D spec), row-major; stride 1 has one, the whole plane."""
+    rows, columns = [axis_phases(k, s, d, pad, size, out)
+                     for k, s, d, (pad, _), size, out in zip(spec.kernel_size, spec.stride, spec.dilation, spec.padding,
+                                                             spec.in_size, spec.out_size)]
+    return list(itertools.product(rows, columns))
+
+
+def phase_spec(spec: ConvSpec, phase: tuple[AxisPhase, AxisPhase]) -> ConvSpec:
+    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is the phase's pixels of grad_input
+    (n, C, rows, columns): `transposed_spec` of the phase's taps."""
+    return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
+                    tuple(len(p.taps) for p in phase), (1, 1), tuple(p.dilation for p in phase),
+                    tuple(p.padding for p in phase), tuple(p.rows for p in phase))
+
+
+def _grad_input_phased(device, gy4, weight, spec: ConvSpec, out):
+    """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from one channels-last copy of gy4 and
+    its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), into its
+    piece of one buffer of out's size (its pixels contiguous, 16-byte aligned), then scattered into out by one
+    strided copy per phase (extra traffic: out's bytes written and read once more); phases without taps are
+    zero-filled.  The phases' launches run in phase order before any copy."""
+    gy_cl = channels_last(device, gy4)
+    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
+    vector = vector_elements(gy4.dtype)
+    runs, empties, offset = [], [], 0
+    for phase in grad_input_phases(spec):
+        pixels = out[:, :, phase[0].first::spec.stride[0], phase[1].first::spec.stride[1]]
+        if not all(p.taps for p in phase):
+            empties.append(pixels)
+            continue
+        flipped = tuple(slice(k - 1 - p.taps[-1], k - p.taps[0], p.taps.step) for k, p in zip(spec.kernel_size, phase))
+        runs.append((phase_spec(spec, phase), device.ascontiguous(arranged[:, flipped[0], flipped[1]]), pixels, offset))
+        offset += ceil_div(pixels.size, vector) * vector
+    buffer = device.empty((offset,), out.dtype)
+    pieces = []
+    for pspec, wk, pixels, start in runs:
+        piece = buffer[start:start + pixels.size].reshape(pixels.shape)
+        pieces.append((igemm_forward(device, gy_cl, wk, None, pspec, piece), pixels))
+    for piece, pixels in pieces:
+        device.copyto(pixels, piece)
+    for pixels in empties:
+        device.copyto(pixels, 0)
 
 
 @dataclasses.dataclass(frozen=True)

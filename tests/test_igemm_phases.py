@@ -1,0 +1,227 @@
+"""The strided input gradient on the channels-last kernel (cupyconv/ops/implicit_gemm.py `grad_input_phases`,
+`_grad_input_phased`): at stride s > 1, one stride-1 conv_fwd_igemm per phase of the input pixels, each phase's
+taps a sub-kernel, phases without taps zero-filled.
+
+The phase arithmetic is checked against a brute-force list of every (input row, grad_output row, tap) triple of
+the strided window; the kernels on the emulator against the CPU path in float64 (outputs poisoned: the emulator's
+`empty` fills NaN, so a pixel no phase writes fails), and conv_transpose2d through the public API.  Reads and
+writes out of bounds: tests/test_tensor_core_sweep.py's ASan run holds 7 specs on the phases (strides (2, 3),
+(3, 1), (3, 2), every dtype, layouts and groups).
+"""
+import itertools
+
+import numpy
+import pytest
+from optional_deps import BFLOAT16, Dtypes
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv._spec import ConvSpec, transposed_spec
+from cupyconv.ops import implicit_gemm as igemm
+import bug_classes
+from bug_classes import Recorder
+from reference import ConvCase
+
+C = ConvCase
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}
+
+
+def run(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(True):
+        return fn(*args, **kwargs)
+
+
+def as64(*arrays):
+    return [None if a is None else numpy.asarray(a, numpy.float64) for a in arrays]
+
+
+def assert_close(got, want, dtype, what=""):
+    got = numpy.asarray(got, numpy.float64)
+    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
+    err = float(numpy.abs(got - want).max(initial=0.0))   # NaN (never written) fails too
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The phase arithmetic, one axis
+
+
+def window_triples(kernel, stride, dilation, pad, size, out_size):
+    """Every (input row y, grad_output row o, tap i) with o * stride - pad + i * dilation = y, both in range."""
+    return {(o * stride - pad + i * dilation, o, i) for o in range(out_size) for i in range(kernel)
+            if 0 <= o * stride - pad + i * dilation < size}
+
+
+def phase_triples(phase, kernel, stride, out_size):
+    """The same triples as the phase's stride-1 convolution reads them: output q (input row first + stride * q),
+    its flipped tap j' (original tap taps[m - 1 - j']) at grad_output row q - low + j' * dilation, in range."""
+    m, (low, high) = len(phase.taps), phase.padding
+    assert out_size + low + high - phase.dilation * (m - 1) == phase.rows   # the stride-1 output size
+    return {(phase.first + stride * q, q - low + j * phase.dilation, phase.taps[m - 1 - j])
+            for q in range(phase.rows) for j in range(m) if 0 <= q - low + j * phase.dilation < out_size}
+
+
+@pytest.mark.parametrize("kernel, stride, dilation", [(k, s, d) for k in (1, 2, 3, 4, 5) for s in (1, 2, 3)
+                                                      for d in (1, 2, 3)])
+def test_phases_are_the_strided_window(kernel, stride, dilation):
+    """Per axis, over paddings 0..4 and sizes: the phases' stride-1 windows read exactly the strided window's
+    triples (none lost, none extra), each input row is in exactly one phase, and a phase without taps has rows
+    that no triple reaches."""
+    for pad, size in itertools.product(range(5), range(1, 12)):
+        extent = dilation * (kernel - 1) + 1
+        out_size = (size + 2 * pad - extent) // stride + 1
+        if out_size < 1:
+            continue
+        phases = igemm.axis_phases(kernel, stride, dilation, pad, size, out_size)
+        rows = sorted(phase.first + stride * q for phase in phases for q in range(phase.rows))
+        assert rows == list(range(size))
+        got = set().union(*(phase_triples(p, kernel, stride, out_size) for p in phases if p.taps))
+        assert got == window_triples(kernel, stride, dilation, pad, size, out_size), (pad, size)
+
+
+def test_stride_1_phase_is_the_transposed_spec():
+    spec = ConvSpec.for_conv("t", numpy.empty((2, 16, 9, 8)), numpy.empty((24, 8, 3, 2)), None, stride=1,
+                             padding=((0, 2), (3, 0)), dilation=(2, 3), groups=2)
+    (phase,) = igemm.grad_input_phases(spec)
+    assert igemm.phase_spec(spec, phase) == transposed_spec(spec)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The kernels on the emulator
+
+CASES = [
+    # k 3 s 2, ResNet's downsampling: 4 phases of 2 x 2, 2 x 1, 1 x 2, 1 x 1 taps; odd sizes
+    C("ph_k3s2", (2, 16, 9, 7), (24, 16, 3, 3), stride=2, padding=1),
+    # k 4 s 2 (conv_transpose2d's upsampling): 2 x 2 taps per phase; asymmetric padding
+    C("ph_k4s2_asym", (1, 16, 8, 9), (16, 16, 4, 4), stride=2, padding=((1, 2), (0, 1))),
+    # k 2 s 2 and k 1 s 3 per axis: phases without taps (rows 1, 2 of every 3) zero-filled
+    C("ph_k1x2_s3x2_empty", (1, 16, 7, 8), (32, 16, 1, 2), stride=(3, 2)),
+    # k 5 s 3, dilation 2: phases of 2 and 1 taps at dilation 2; groups 2 with 16 channels each
+    C("ph_k5s3_dil2_groups", (1, 32, 13, 11), (32, 16, 5, 5), stride=3, dilation=2, padding=((3, 1), (0, 2)),
+      groups=2),
+    # stride (2, 1), dilation 2: every row tap in the even phase, none in the odd one; width at stride 1
+    C("ph_s2x1_dil2", (2, 24, 9, 9), (16, 24, 3, 5), stride=(2, 1), dilation=2, padding=((2, 1), (3, 2))),
+    # 80 input channels: two column tiles of a phase's GEMM; 40 output channels per group
+    C("ph_two_column_tiles", (1, 80, 6, 7), (40, 80, 2, 3), stride=2, padding=((0, 1), (1, 0))),
+    # one input row at stride 3: the row phases 1 and 2 have no rows at all (not launched, nothing to fill)
+    C("ph_one_row", (2, 16, 1, 5), (16, 16, 1, 3), stride=(3, 2), padding=((0, 0), (1, 1))),
+]
+
+
+def nonempty_phases(spec):
+    return [p for p in igemm.grad_input_phases(spec) if all(a.taps for a in p)]
+
+
+def spec_of(case, x, weight):
+    return ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_phases_match_cpu_path(case, dtype):
+    """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm per phase with taps, two
+    channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path."""
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
+    device = Recorder("reverse" if "empty" in case.name else "forward")
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    phases = nonempty_phases(spec_of(case, x, weight))
+    assert len(phases) < len(igemm.grad_input_phases(spec_of(case, x, weight))) or "empty" not in case.name
+    assert device.count("conv_fwd_igemm") == len(phases) and device.count("conv_bwd_input_tc") == 0, device.launches
+    assert device.count("channels_last_copy") == 2, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert_close(got, want, dtype, case.name)
+
+
+def test_patch_conv2d_input_gradient_runs_the_phases():
+    """patch_conv2d's backward hands (B, N, C, H, W) grad_input to the same phases (its images flattened)."""
+    rng = numpy.random.default_rng(16)
+    x = rng.standard_normal((2, 3, 16, 7, 6)).astype(numpy.float16)
+    weight = (rng.standard_normal((16, 16, 3, 3)) / 8).astype(numpy.float16)
+    grad_output = rng.standard_normal((2, 3, 16, 4, 3)).astype(numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, stride=2, padding=1,
+              algorithm="implicit_gemm", needs=("input",))[0]
+    assert device.count("conv_fwd_igemm") == 4 and device.count("conv_bwd_input_tc") == 0, device.launches
+    flat = [numpy.asarray(a, numpy.float64).reshape(-1, *a.shape[-3:]) for a in (grad_output, x)]
+    want = cupyconv.conv2d_backward(flat[0], flat[1], numpy.asarray(weight, numpy.float64), stride=2, padding=1,
+                                    needs=("input",))[0]
+    assert got.shape == x.shape
+    assert_close(got.reshape(want.shape), want, "float16")
+
+
+def test_split_k_in_the_phases(monkeypatch):
+    """Few pixels per phase, K = 4 taps x 64 channels: each phase splits K (its finish pass after it), same sums."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
+    case = C("ph_split", (1, 16, 6, 6), (64, 16, 4, 4), stride=2, padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_copy<")]
+    assert names == ["conv_fwd_igemm", "conv_bwd_weight_igemm_finish"] * 4, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16", case.name)
+
+
+def test_generic_path_stays_for_partial_vectors():
+    """D / G = 12 halves: not whole 16-byte vectors, so the gather conv_bwd_input_tc, at stride 2 as at 1."""
+    case = C("ph_generic", (1, 16, 7, 6), (12, 16, 3, 3), stride=2, padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(13), numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert device.count("conv_bwd_input_tc") == 1 and device.count("conv_fwd_igemm") == 0, device.launches
+    assert_close(got, cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0],
+                 "float16")
+
+
+def test_64_bit_index_variant_and_grad_output_past_2_32(monkeypatch):
+    """The `long long` instantiations (INT32_MAX -1) for every phase; grad_output a view whose channel stride
+    (2^28 + 3 halves, over sparse memory) puts channels 16 to 23 past 2^32 elements: its one channels-last copy
+    reads in 64 bits, the phases read the small copy."""
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    rng = numpy.random.default_rng(14)
+    n, d, oh, ow, stride = 1, 24, 4, 5, 2**28 + 3
+    base = bug_classes.sparse_zeros((d, stride), numpy.float16)
+    grad_output = base[:, :n * oh * ow].reshape(d, n, oh, ow).transpose(1, 0, 2, 3)
+    grad_output[...] = rng.standard_normal(grad_output.shape)
+    x = numpy.zeros((n, 16, 8, 10), numpy.float16)
+    weight = (rng.standard_normal((d, 16, 4, 3)) / 4).astype(numpy.float16)
+    kwargs = dict(stride=2, padding=((1, 2), (1, 0)))
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **kwargs)[0]
+    launched = [name.split(", ")[:2] for name in device.launches if name.startswith("conv_fwd_igemm<")]
+    assert launched == [["conv_fwd_igemm<__half", "long long"]] * 4, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **kwargs)[0]
+    assert_close(got, want, "float16")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# conv_transpose2d: its forward is this input gradient
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, stride, padding, output_padding", [
+    (4, 2, 1, 0),    # ct2d-k4s2's geometry: 2 x 2 taps per phase
+    (2, 2, 0, 0),    # ct2d-k2s2's: one tap per phase
+    (3, 2, 1, 1),    # output_padding 1: the last row and column of the output
+    (3, (3, 2), (0, 1), (2, 1)),   # stride 3 rows: a phase of 1 tap and output_padding 2
+])
+def test_conv_transpose2d_runs_the_phases(kernel, stride, padding, output_padding, dtype):
+    rng = numpy.random.default_rng(15)
+    x = rng.standard_normal((2, 32, 5, 6)).astype(DTYPES[dtype])
+    weight = (rng.standard_normal((32, 16, kernel, kernel)) / 8).astype(DTYPES[dtype])
+    bias = rng.standard_normal(16).astype(DTYPES[dtype])
+    kwargs = dict(stride=stride, padding=padding, output_padding=output_padding)
+    device = Recorder()
+    got = run(device, cupyconv.conv_transpose2d, x, weight, bias, algorithm="implicit_gemm", **kwargs)
+    assert device.count("conv_fwd_igemm") >= 1 and device.count("conv_bwd_input_tc") == 0, device.launches
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)), **kwargs)
+    assert got.shape == tuple(want.shape) and got.dtype == x.dtype
+    assert_close(got, want.numpy(), dtype, str(kwargs))
+
