@@ -127,8 +127,9 @@ class Recorder(EmulatedDevice):
 
     def kernels(self, pack=True):
         """The short names launched; pack=False drops the persistent kernels' PACK argument (', true': the
-        packed-channel instantiation of small planes), so that the tables below name a kernel whatever unit kind the
-        planner picks (test_small_planes_pack_channels checks that choice)."""
+        packed-channel instantiation of small planes; the weight gradient's SPREAD), so that the tables below name a
+        kernel whatever unit kind the planner picks (test_small_planes_pack_channels and
+        test_weight_gradient_steps_through_its_units check that choice)."""
         names = [short(name) for name, _ in self.launches]
         return names if pack else [name.replace(", true>", ">") for name in names]
 
@@ -506,22 +507,26 @@ def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
-# depthwise_bwd_weight<K, S>'s blocks over several consecutive units: (shape, multiplier, kernel, stride, padding,
-# dtype) with (tile columns x rows x image groups) units per channel.
+# depthwise_bwd_weight<K, S[, SPREAD]>'s blocks over several consecutive units: (shape, multiplier, kernel, stride,
+# padding, dtype, SPREAD: the whole-plane instantiation) with (tile columns x rows x image groups) units per channel.
 WEIGHT_UNIT_CASES = [
-    ((23, 2, 37, 35), 1, 3, 1, 1, "float32"),   # 2 x 2 x 3 (10 images per unit, the last group short)
-    ((3, 2, 70, 70), 1, 5, 2, 2, "float16"),    # 2 x 2 x 1, stride 2
-    ((9, 2, 40, 36), 2, 7, 1, 3, "float32"),    # 2 x 2 x 1, multiplier 2
-    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16"),  # 1 x 1 x 2, packed images
+    ((23, 2, 37, 35), 1, 3, 1, 1, "float32", False),   # 2 x 2 x 3 (10 images per unit, the last group short)
+    ((3, 2, 70, 70), 1, 5, 2, 2, "float16", False),    # 2 x 2 x 1, stride 2
+    ((9, 2, 40, 36), 2, 7, 1, 3, "float32", False),    # 2 x 2 x 1, multiplier 2
+    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", True),   # 1 x 1 x 2, packed images
+    ((106, 2, 7, 7), 1, 5, 1, 2, "float16", True),     # 7x7 planes (8x8 tiles, padded planes): 35, 35, 35, 1 images
+    ((11, 2, 13, 14), 2, 7, 1, 3, "float64", True),    # double: a bank row of 16 elements; multiplier 2
 ]
 
 
 @pytest.mark.parametrize("stage1_blocks", [1, 3, 5])
-@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", WEIGHT_UNIT_CASES)
-def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype):
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype, spread", WEIGHT_UNIT_CASES)
+def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype,
+                                                 spread):
     """depthwise_bwd_weight<K, S> with few partial rows, so a block walks many consecutive units and its unit
     digits (tile column, tile row, image group) carry into each other: a unit stepped wrongly sums the wrong
-    tile or misses one."""
+    tile or misses one.  Small planes take the SPREAD instantiation (planes first in the thread layout, staged
+    planes padded): an item mapped to the wrong plane or strip, or a plane staged at the wrong offset, shows too."""
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     rng = numpy.random.default_rng(stage1_blocks + 200)
     x = rng.standard_normal(shape).astype(dtype)
@@ -532,7 +537,7 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
                                                                needs=("weight", "bias"))
-    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}>"
+    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
     assert device.launches[0][1][-2] > 1, "units per block"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
