@@ -52,9 +52,12 @@
 //   TAP_CHUNK         taps accumulated in registers per pass of the generic weight-gradient kernel;
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
-//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32).
+//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
+//   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
+//                     (AlignedStaging<SPREAD>, ItemLayout<true>).
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
-    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) ||            \
+    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -505,14 +508,15 @@ __device__ __forceinline__ void depthwise_persistent(
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
   const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I, PACK> staging(src, src_w, in_h, in_w, tile_w * S);
+  constexpr bool spread = PACK && K >= SPREAD_MIN_K;  // AlignedStaging<SPREAD>, ItemLayout<true>
+  const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
   const I src_plane = (I)src_h * src_w, dst_plane = (I)dst_h * dst_w;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
-  const ItemLayout<PACK> item(tile_w, tile_h, U, V, per_block);
+  const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
   const int ox_l = item.ox_l, s = item.s, p = item.p;
   const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step: (tile column, tile row, kernel of the channel, channel,
@@ -553,13 +557,14 @@ __device__ __forceinline__ void depthwise_persistent(
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
     // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
-    // PACK: the items of a warp are up to 8 channels, so each of their K * K loads would touch up to 8 lines; the
-    // unit's kernels (channels d0 .. d0 + valid - 1, `terms` each: one contiguous run) are staged after the tiles
-    // instead, coalesced, and each item reads its own from there (an odd K * K apart: different banks).
+    // PACK with spread planes: the items of a warp are up to 8 channels, so each of their K * K loads would touch up
+    // to 8 lines; the unit's kernels (channels d0 .. d0 + valid - 1, `terms` each: one contiguous run) are staged
+    // after the tiles instead, coalesced, and each item reads its own from there (an odd K * K apart: different
+    // banks).  (3x3 packs 2 channels a warp: its loads from global memory cost fewer instructions.)
     const int kernel0 = TRANSPOSED ? d * terms : d;
     A w[K][K];
-    A* const kernels_staged = tile + per_block * terms * staging.plane;  // PACK only (the planner's _packed)
-    if constexpr (PACK) {
+    A* const kernels_staged = tile + per_block * terms * staging.plane;  // spread only (the planner's _packed)
+    if constexpr (spread) {
       const T* run = weight + (I)d0 * terms * (K * K);
       for (int e = (int)threadIdx.x; e < valid * terms * (K * K); e += (int)blockDim.x)
         kernels_staged[e] = to_acc(run[e]);
@@ -579,7 +584,7 @@ __device__ __forceinline__ void depthwise_persistent(
         for (int u = 0; u < U; ++u) acc[v][u] = init;
       }
       for (int t = 0; t < terms; ++t) {  // the forward: once
-        if (PACK) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
+        if (spread) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
         block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
       }

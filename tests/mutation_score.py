@@ -60,6 +60,7 @@ DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side or "
                       "pack_channels'")
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
+DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # small planes' spread planes
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -453,9 +454,10 @@ MUTATIONS = [
     M("dw-packed-kernels-count", "depthwise.cu", "e < valid * terms * (K * K);", "e < valid * (K * K);", DW_PACKED,
       "tile bound"),
     M("dw-spread-plane", "depthwise.cu", "(span - in_h * pitch) & (BANK_ROW - 1)",
-      "(span - in_h * pitch + C) & (BANK_ROW - 1)", DW_FWD, "tile bound"),
-    M("dw-spread-strip", "depthwise.cu", "s = (int)threadIdx.x / (groups_x * per_block);",
-      "s = (int)threadIdx.x / (groups_x * strips);", DW_FWD, "persistent loop"),
+      "(span - in_h * pitch + C) & (BANK_ROW - 1)", DW_SPREAD, "bank conflict"),
+    M("dw-spread-layout", "depthwise.cu", "p = (int)threadIdx.x / groups_x % per_block;\n      s = (int)threadIdx.x / "
+      "(groups_x * per_block);", "s = (int)threadIdx.x / groups_x % strips;\n      p = (int)threadIdx.x / "
+      "(groups_x * strips);", DW_SPREAD, "bank conflict"),
     M("dw-bwd-input-term-kernel", "depthwise.cu", "weight + ((I)kernel0 + t) * (K * K), w);",
       "weight + (I)kernel0 * (K * K), w);  ", DW_FWD, "persistent loop"),
     # depthwise_bwd_weight<T, I, K, S> (issue 25)

@@ -513,7 +513,7 @@ WEIGHT_UNIT_CASES = [
     ((23, 2, 37, 35), 1, 3, 1, 1, "float32", False),   # 2 x 2 x 3 (10 images per unit, the last group short)
     ((3, 2, 70, 70), 1, 5, 2, 2, "float16", False),    # 2 x 2 x 1, stride 2
     ((9, 2, 40, 36), 2, 7, 1, 3, "float32", False),    # 2 x 2 x 1, multiplier 2
-    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", True),   # 1 x 1 x 2, packed images
+    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", False),  # 1 x 1 x 2, packed images (3x3: not SPREAD)
     ((106, 2, 7, 7), 1, 5, 1, 2, "float16", True),     # 7x7 planes (8x8 tiles, padded planes): 35, 35, 35, 1 images
     ((11, 2, 13, 14), 2, 7, 1, 3, "float64", True),    # double: a bank row of 16 elements; multiplier 2
 ]
@@ -544,6 +544,31 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
                                                            needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
+@pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
+def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
+    """The 5x5 kernels on 14x14 planes (the PACK forward and input gradient, the SPREAD weight gradient): every
+    16-byte shared load of the sliding window takes 4 wavefronts a warp, the fewest (quarter warps over the 32 banks),
+    where the next strip of a plane, 8 rows of a 16-byte pitch down, used to land on the same banks (8); and the
+    packed kernels read their weights from shared memory, one wavefront a load (channels an odd 25 words apart)."""
+    rng = numpy.random.default_rng(41)
+    x = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
+    w = rng.standard_normal((24, 1, 5, 5)).astype(numpy.float32)
+    gy = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
+    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)])
+    with _device.use_device(device):
+        if pass_ == "forward":
+            cupyconv.depthwise_conv2d(x, w, padding=2)
+        else:
+            cupyconv.depthwise_conv2d_backward(gy, x, w, padding=2, needs=pass_)
+    expected = {"forward": "depthwise_fwd<float, int, 5, 1, true>", "input": "depthwise_bwd_input<float, int, 5, true>",
+                "weight": "depthwise_bwd_weight<float, int, 5, 1, true>"}[pass_]
+    profile = next(p for p in device.profile if p.name == expected)
+    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    assert any(s.width == 16 for s in loads), loads
+    for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
+        assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
 
 
 def test_64_bit_index_variants(monkeypatch):

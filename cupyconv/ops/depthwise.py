@@ -169,10 +169,15 @@ TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic:
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
+                       # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
+                       # items of 4 rows on 14x14 planes hit different banks without it (4 rows of a 20-element pitch
+                       # are 16 banks apart), and its thread layout costs instructions
 KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
-    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS})
+    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS,
+    "SPREAD_MIN_K": SPREAD_MIN_K})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -192,7 +197,8 @@ def instantiations():
         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES):
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
-            names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))  # SPREAD: small planes
+            if k >= SPREAD_MIN_K:  # SPREAD: small planes
+                names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
         # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
         # on the index type (tests/test_sass.py relies on it)
@@ -354,14 +360,20 @@ def _packed(tiling: Tiling, planes: int, plane_bytes: int, kernel_bytes: int) ->
 
 def _small_planes(plan, images: int, planes: int, plane_bytes: int, kernel_bytes: int,
                   can_pack: bool = True) -> Tiling | None:
-    """plan(count, spread) plans the persistent kernel with `count` planes to pack per block (spread: with the PACK
-    instantiation's staging, `_forward_staging`).  When one tile covers a whole plane (and can_pack), the block packs
+    """plan(count, packed) plans the persistent kernel with `count` planes to pack per block (packed: for the PACK
+    instantiation, whose staging spreads its planes from SPREAD_MIN_K on, `_forward_staging`).  When one tile covers a whole plane (and can_pack), the block packs
     consecutive channels of one image (`_packed`; the kernel's PACK instantiation, `_packed_constant`; kernel_bytes:
     the weights of a plane), else images of one channel."""
     tiling = plan(planes, True) if can_pack else None
     if tiling and tiling.tiles_x == tiling.tiles_y == 1:
         return _packed(tiling, planes, plane_bytes, kernel_bytes)
     return plan(images, False)
+
+
+def _staged_kernels(k: int, terms: int, acc: int) -> int:
+    """Bytes of the kernels a packed plane of depthwise_persistent stages in shared memory (its kernels_staged: `terms`
+    k x k kernels, from SPREAD_MIN_K on)."""
+    return terms * k * k * acc if k >= SPREAD_MIN_K else 0
 
 
 def _packed_constant(tiling: Tiling) -> tuple:
@@ -376,10 +388,11 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     k = _specialised(spec)
     if k:
         tiling = _small_planes(
-            lambda count, spread: plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc, spread),
+            lambda count, packed: plan_tiling(spec.out_size, count,
+                                              _forward_staging(k, spec.stride[0], acc, packed and k >= SPREAD_MIN_K),
                                               acc,
                                       strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc), k * k * acc,
+            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc), _staged_kernels(k, 1, acc),
             # the kernel's packed staging reads src channel = dst channel
             can_pack=_multiplier(spec) == 1)
         if tiling:
@@ -405,10 +418,11 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
         k = _specialised(spec, stride_one=True)
         if k:
             tiling = _small_planes(
-                lambda count, spread: plan_tiling(spec.in_size, count,
-                                                  lambda th, tw: m * _forward_staging(k, 1, acc, spread)(th, tw), acc,
+                lambda count, packed: plan_tiling(spec.in_size, count, lambda th, tw: m * _forward_staging(
+                                                  k, 1, acc, packed and k >= SPREAD_MIN_K)(th, tw), acc,
                                           strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc), m * k * k * acc)
+                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc),
+                _staged_kernels(k, m, acc))
             if tiling:
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -436,7 +450,7 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
                                extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
         # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
-        tiling = plan(True)
+        tiling = plan(True) if k >= SPREAD_MIN_K else None
         if tiling and tiling.tiles_x == tiling.tiles_y == 1:
             return Plan("depthwise_bwd_weight", (k, spec.stride[0], True), tiling)
         tiling = plan(False)
