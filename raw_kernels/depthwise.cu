@@ -13,7 +13,9 @@
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
 //   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
-//   images of one channel (uniform weights, broadcast loads).
+//   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
+//   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
+//   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
