@@ -324,7 +324,8 @@ def test_empty_batch():
 
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
-               "huge_dilation"]
+               "huge_dilation",
+               "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
 
 
 def run_every_kernel(device):
