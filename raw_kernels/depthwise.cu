@@ -13,7 +13,9 @@
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
 //   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
-//   images of one channel (uniform weights, broadcast loads).
+//   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
+//   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
+//   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
@@ -52,9 +54,12 @@
 //   TAP_CHUNK         taps accumulated in registers per pass of the generic weight-gradient kernel;
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
-//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32).
+//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
+//   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
+//                     (AlignedStaging<SPREAD>, ItemLayout<true>).
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
-    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) || !defined(REDUCE_THREADS)
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) ||            \
+    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -338,15 +343,24 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // (a plane width that is not a multiple of C: 7, 14) are staged element by element, lanes along the row, so that a
 // warp's load reads consecutive elements (per chunk, its C element loads would each touch every row the warp
 // covers).
-template <typename T, typename I> struct AlignedStaging {
+//
+// Staged planes are `plane` elements apart: in_h * pitch, with SPREAD (small planes) rounded up to be congruent to
+// span = tile_w * S (the columns a row of thread items reads) modulo a bank row of 128 bytes.  Their kernels lay
+// their thread items out column group fastest, then plane, then strip (ItemLayout<true>), so lane l's 16-byte shared
+// loads start l * U * S elements (modulo a bank row) after lane 0's whichever plane it is in: at S = 1 the 8 lanes of
+// a quarter warp cover the 32 banks once (one wavefront per quarter; the next strip of the same plane, V rows of a
+// 16-byte pitch down, lands on lane 0's banks: two).  The planner's _forward_staging mirrors pitch and plane.
+template <typename T, typename I, bool SPREAD> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
-  int in_h, in_w, pitch, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  static constexpr int BANK_ROW = 128 / sizeof(A);  // elements per row of the 32 four-byte banks
+  int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
   bool stager, rows_aligned;
 
-  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_)
+  __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_, int span)
       : in_h(in_h_), in_w(in_w_) {
     pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
+    plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0);
     rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
     chunks = pitch / C;
     lanes = min(rows_aligned ? chunks : in_w, (int)blockDim.x);  // chunks, or elements, of a row at a time
@@ -355,6 +369,12 @@ template <typename T, typename I> struct AlignedStaging {
     chunk0 = (int)threadIdx.x % lanes;
     q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
     pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  }
+
+  // Where row r of staged plane q starts in the tile (the same sum both ways without SPREAD, written as before it,
+  // whose code NVRTC 13 compiles 2% shorter in the large-plane kernels).
+  __device__ __forceinline__ int offset(int q, int r) const {
+    return SPREAD ? q * plane + r * pitch : (q * in_h + r) * pitch;
   }
 
   // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is the height x width plane that
@@ -372,7 +392,7 @@ template <typename T, typename I> struct AlignedStaging {
         row = plane_of(q);
         if (row != nullptr) row += yy * (I)width;
       }
-      A* dst = tile + (q * in_h + r) * pitch;  // dst[i]: column x0 + i
+      A* dst = tile + offset(q, r);  // dst[i]: column x0 + i
       if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
@@ -404,6 +424,30 @@ template <typename T, typename I> struct AlignedStaging {
       }
       q += pass_q, r += pass_r;
       if (r >= in_h) r -= in_h, ++q;
+    }
+  }
+};
+
+// A thread's output item in the persistent kernels' units: columns ox_l .. ox_l + U - 1 of strip s (rows s * V ..)
+// of plane p; `valid` is false for the threads past the per_block * strips * groups items of a unit.  Column groups
+// run fastest, then (PLANES_FIRST) planes, then strips, so that the lanes of a quarter warp read different banks
+// (AlignedStaging says why): for small planes, whose row of items spans fewer than 32 columns.  Otherwise strips
+// come before planes: on large planes a quarter warp mostly stays in one row of items, and that layout's code is
+// 3-5% fewer instructions and registers (NVRTC 13, sm_90, the 3x3 forward).
+template <bool PLANES_FIRST> struct ItemLayout {
+  int ox_l, p, s;
+  bool valid;
+  __device__ __forceinline__ ItemLayout(int tile_w, int tile_h, int U, int V, int per_block) {
+    const int groups_x = tile_w / U, strips = tile_h / V;
+    ox_l = (int)threadIdx.x % groups_x * U;
+    if (PLANES_FIRST) {
+      p = (int)threadIdx.x / groups_x % per_block;
+      s = (int)threadIdx.x / (groups_x * per_block);
+      valid = s < strips;
+    } else {
+      s = (int)threadIdx.x / groups_x % strips;
+      p = (int)threadIdx.x / (groups_x * strips);
+      valid = p < per_block;
     }
   }
 };
@@ -466,17 +510,16 @@ __device__ __forceinline__ void depthwise_persistent(
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
   const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I> staging(src, src_w, in_h, in_w);
+  constexpr bool spread = PACK && K >= SPREAD_MIN_K;  // AlignedStaging<SPREAD>, ItemLayout<true>
+  const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
   const I src_plane = (I)src_h * src_w, dst_plane = (I)dst_h * dst_w;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
-  const int groups_x = tile_w / U, strips = tile_h / V;
-  const int ox_l = (int)threadIdx.x % groups_x * U;
-  const int s = (int)threadIdx.x / groups_x % strips;
-  const int p = (int)threadIdx.x / (groups_x * strips);
+  const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
+  const int ox_l = item.ox_l, s = item.s, p = item.p;
   const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step: (tile column, tile row, kernel of the channel, channel,
   // image group), or with pack_channels (1, 1, 1, channel group, image).
@@ -516,13 +559,24 @@ __device__ __forceinline__ void depthwise_persistent(
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
     // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
+    // PACK with spread planes: the items of a warp are up to 8 channels, so each of their K * K loads would touch up
+    // to 8 lines; the unit's kernels (channels d0 .. d0 + valid - 1, `terms` each: one contiguous run) are staged
+    // after the tiles instead, coalesced, and each item reads its own from there (an odd K * K apart: different
+    // banks).  (3x3 packs 2 channels a warp: its loads from global memory cost fewer instructions.)
     const int kernel0 = TRANSPOSED ? d * terms : d;
     A w[K][K];
-    load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
+    A* const kernels_staged = tile + per_block * terms * staging.plane;  // spread only (the planner's _packed)
+    if constexpr (spread) {
+      const T* run = weight + (I)d0 * terms * (K * K);
+      for (int e = (int)threadIdx.x; e < valid * terms * (K * K); e += (int)blockDim.x)
+        kernels_staged[e] = to_acc(run[e]);
+    } else {
+      load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
+    }
     __syncthreads();
 
     const int ox = ox0 + ox_l, oy = oy0 + s * V;
-    const bool active = p < per_block && (pack_channels ? d0 + p < dst_channels : n < images) && ox < dst_w;
+    const bool active = item.valid && (pack_channels ? d0 + p < dst_channels : n < images) && ox < dst_w;
     A acc[V][U];
     if (active) {
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
@@ -532,8 +586,9 @@ __device__ __forceinline__ void depthwise_persistent(
         for (int u = 0; u < U; ++u) acc[v][u] = init;
       }
       for (int t = 0; t < terms; ++t) {  // the forward: once
-        if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
-        block_fma<A, K, S, V, U>(tile + ((p * terms + t) * in_h + s * V * S) * pitch + ox_l * S, pitch, w, acc);
+        if (spread) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
+        else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
+        block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
       // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).
@@ -903,8 +958,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 // rows ((U - 1) * S + K values each, 16-byte shared loads) adding g * x to its K * K tap sums, so a staged value
 // feeds up to U * ceil(K / S) products.  The block's units are consecutive, so the unit digits (tile column, tile
 // row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
-// are reduced once, in block_reduce's fixed order.
-template <typename T, typename I, int K, int S>
+// are reduced once, in block_reduce's fixed order.  SPREAD: the instantiation for whole-plane tiles (small planes),
+// thread items and staged planes laid out as AlignedStaging describes.
+template <typename T, typename I, int K, int S, bool SPREAD = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
@@ -913,17 +969,15 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I> staging(x, width, in_h, in_w);
+  const AlignedStaging<T, I, SPREAD> staging(x, width, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
-  A* scratch = tile + per_block * in_h * pitch;
+  A* scratch = tile + staging.offset(per_block, 0);
   const int out_channels = channels * multiplier;
   const I row_length = (I)out_channels * (R + has_bias);
 
-  const int groups_x = tile_w / U, strips = tile_h / V;
-  const int ox_l = (int)threadIdx.x % groups_x * U;
-  const int s = (int)threadIdx.x / groups_x % strips;
-  const int p = (int)threadIdx.x / (groups_x * strips);
+  const ItemLayout<SPREAD> item(tile_w, tile_h, U, V, per_block);
+  const int ox_l = item.ox_l, s = item.s, p = item.p;
   const bool rows_aligned = out_w % U == 0 &&
                             (reinterpret_cast<unsigned long long>(grad_out) % (U * sizeof(T))) == 0;
   const int tiles = tiles_x * tiles_y;
@@ -945,7 +999,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
         return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
       });
       const int ox = ox0 + ox_l, oy = oy0 + s * V;
-      const bool active = p < per_block && n < images && ox < out_w;
+      const bool active = item.valid && n < images && ox < out_w;
       A gv[V][U];  // zeros past the plane: those outputs add nothing
       {
         const T* gp = active ? grad_out + ((n * out_channels + co) * out_h + oy) * (I)out_w + ox : grad_out;
@@ -964,7 +1018,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
       __syncthreads();
       if (active) {
-        const A* base = tile + (p * in_h + s * V * S) * pitch + ox_l * S;
+        const A* base = tile + staging.offset(p, s * V * S) + ox_l * S;
 #pragma unroll
         for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
           A row[L];

@@ -64,6 +64,7 @@ DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side or "
                       "pack_channels'")
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
+DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # small planes' spread planes
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -443,8 +444,8 @@ MUTATIONS = [
       "index += grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", DEPTHWISE, "grid-stride"),
     # depthwise_persistent (the forward and the stride-1 input gradient) and AlignedStaging (issue 25)
     M("dw-fwd-barrier-staged", "depthwise.cu",
-      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    __syncthreads();",
-      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);", DW_FWD, "removed barrier"),
+      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    }\n    __syncthreads();",
+      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    }", DW_FWD, "removed barrier"),
     M("dw-fwd-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n\n",
       "// the next unit overwrites the tile\n\n", DW_FWD, "removed barrier"),
     M("dw-fwd-last-row", "depthwise.cu", "if (oy + v >= dst_h) break;", "if (oy + v > dst_h) break;", DW_FWD,
@@ -491,8 +492,21 @@ MUTATIONS = [
       "e < count - 1; e += (int)blockDim.x) dst[e]", DW_PACKED, "off-by-one"),
     M("dw-packed-item-channel", "depthwise.cu", "const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;",
       "const int d = pack_channels ? d0 : d0;", DW_PACKED, "persistent loop"),
-    M("dw-bwd-input-term-plane", "depthwise.cu", "tile + ((p * terms + t) * in_h", "tile + ((p + t) * in_h", DW_FWD,
-      "persistent loop"),
+    M("dw-bwd-input-term-plane", "depthwise.cu", "tile + staging.offset(p * terms + t,", "tile + staging.offset(p + t,",
+      DW_FWD, "persistent loop"),
+    # small planes: the PACK kernels' staged weights, the spread planes and thread layout of AlignedStaging<SPREAD>
+    # and ItemLayout<true> (issue 25, shared-memory wavefronts)
+    M("dw-packed-kernels-item", "depthwise.cu", "kernels_staged + (p * terms + t) * (K * K)",
+      "kernels_staged + (p + t) * (K * K)", DW_PACKED, "persistent loop"),
+    M("dw-packed-kernels-run", "depthwise.cu", "const T* run = weight + (I)d0 * terms * (K * K);",
+      "const T* run = weight + (I)d0 * (K * K);", DW_PACKED, "persistent loop"),
+    M("dw-packed-kernels-count", "depthwise.cu", "e < valid * terms * (K * K);", "e < valid * (K * K);", DW_PACKED,
+      "tile bound"),
+    M("dw-spread-plane", "depthwise.cu", "(span - in_h * pitch) & (BANK_ROW - 1)",
+      "(span - in_h * pitch + C) & (BANK_ROW - 1)", DW_SPREAD, "bank conflict"),
+    M("dw-spread-layout", "depthwise.cu", "p = (int)threadIdx.x / groups_x % per_block;\n      s = (int)threadIdx.x / "
+      "(groups_x * per_block);", "s = (int)threadIdx.x / groups_x % strips;\n      p = (int)threadIdx.x / "
+      "(groups_x * strips);", DW_SPREAD, "bank conflict"),
     M("dw-bwd-input-term-kernel", "depthwise.cu", "weight + ((I)kernel0 + t) * (K * K), w);",
       "weight + (I)kernel0 * (K * K), w);  ", DW_FWD, "persistent loop"),
     # depthwise_bwd_weight<T, I, K, S> (issue 25)

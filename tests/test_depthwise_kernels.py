@@ -127,8 +127,9 @@ class Recorder(EmulatedDevice):
 
     def kernels(self, pack=True):
         """The short names launched; pack=False drops the persistent kernels' PACK argument (', true': the
-        packed-channel instantiation of small planes), so that the tables below name a kernel whatever unit kind the
-        planner picks (test_small_planes_pack_channels checks that choice)."""
+        packed-channel instantiation of small planes; the weight gradient's SPREAD), so that the tables below name a
+        kernel whatever unit kind the planner picks (test_small_planes_pack_channels and
+        test_weight_gradient_steps_through_its_units check that choice)."""
         names = [short(name) for name, _ in self.launches]
         return names if pack else [name.replace(", true>", ">") for name in names]
 
@@ -323,7 +324,8 @@ def test_empty_batch():
 
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
-               "huge_dilation"]
+               "huge_dilation",
+               "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
 
 
 def run_every_kernel(device):
@@ -506,22 +508,26 @@ def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
-# depthwise_bwd_weight<K, S>'s blocks over several consecutive units: (shape, multiplier, kernel, stride, padding,
-# dtype) with (tile columns x rows x image groups) units per channel.
+# depthwise_bwd_weight<K, S[, SPREAD]>'s blocks over several consecutive units: (shape, multiplier, kernel, stride,
+# padding, dtype, SPREAD: the whole-plane instantiation) with (tile columns x rows x image groups) units per channel.
 WEIGHT_UNIT_CASES = [
-    ((23, 2, 37, 35), 1, 3, 1, 1, "float32"),   # 2 x 2 x 3 (10 images per unit, the last group short)
-    ((3, 2, 70, 70), 1, 5, 2, 2, "float16"),    # 2 x 2 x 1, stride 2
-    ((9, 2, 40, 36), 2, 7, 1, 3, "float32"),    # 2 x 2 x 1, multiplier 2
-    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16"),  # 1 x 1 x 2, packed images
+    ((23, 2, 37, 35), 1, 3, 1, 1, "float32", False),   # 2 x 2 x 3 (10 images per unit, the last group short)
+    ((3, 2, 70, 70), 1, 5, 2, 2, "float16", False),    # 2 x 2 x 1, stride 2
+    ((9, 2, 40, 36), 2, 7, 1, 3, "float32", False),    # 2 x 2 x 1, multiplier 2
+    ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", False),  # 1 x 1 x 2, packed images (3x3: not SPREAD)
+    ((106, 2, 7, 7), 1, 5, 1, 2, "float16", True),     # 7x7 planes (8x8 tiles, padded planes): 35, 35, 35, 1 images
+    ((11, 2, 13, 14), 2, 7, 1, 3, "float64", True),    # double: a bank row of 16 elements; multiplier 2
 ]
 
 
 @pytest.mark.parametrize("stage1_blocks", [1, 3, 5])
-@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", WEIGHT_UNIT_CASES)
-def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype):
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype, spread", WEIGHT_UNIT_CASES)
+def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype,
+                                                 spread):
     """depthwise_bwd_weight<K, S> with few partial rows, so a block walks many consecutive units and its unit
     digits (tile column, tile row, image group) carry into each other: a unit stepped wrongly sums the wrong
-    tile or misses one."""
+    tile or misses one.  Small planes take the SPREAD instantiation (planes first in the thread layout, staged
+    planes padded): an item mapped to the wrong plane or strip, or a plane staged at the wrong offset, shows too."""
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     rng = numpy.random.default_rng(stage1_blocks + 200)
     x = rng.standard_normal(shape).astype(dtype)
@@ -532,13 +538,38 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
                                                                needs=("weight", "bias"))
-    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}>"
+    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
     assert device.launches[0][1][-2] > 1, "units per block"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
                                                            needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
+@pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
+def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
+    """The 5x5 kernels on 14x14 planes (the PACK forward and input gradient, the SPREAD weight gradient): every
+    16-byte shared load of the sliding window takes 4 wavefronts a warp, the fewest (quarter warps over the 32 banks),
+    where the next strip of a plane, 8 rows of a 16-byte pitch down, used to land on the same banks (8); and the
+    packed kernels read their weights from shared memory, one wavefront a load (channels an odd 25 words apart)."""
+    rng = numpy.random.default_rng(41)
+    x = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
+    w = rng.standard_normal((24, 1, 5, 5)).astype(numpy.float32)
+    gy = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
+    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)])
+    with _device.use_device(device):
+        if pass_ == "forward":
+            cupyconv.depthwise_conv2d(x, w, padding=2)
+        else:
+            cupyconv.depthwise_conv2d_backward(gy, x, w, padding=2, needs=pass_)
+    expected = {"forward": "depthwise_fwd<float, int, 5, 1, true>", "input": "depthwise_bwd_input<float, int, 5, true>",
+                "weight": "depthwise_bwd_weight<float, int, 5, 1, true>"}[pass_]
+    profile = next(p for p in device.profile if p.name == expected)
+    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    assert any(s.width == 16 for s in loads), loads
+    for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
+        assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
 
 
 def test_64_bit_index_variants(monkeypatch):

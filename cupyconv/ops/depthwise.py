@@ -169,10 +169,15 @@ TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic:
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
+                       # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
+                       # items of 4 rows on 14x14 planes hit different banks without it (4 rows of a 20-element pitch
+                       # are 16 banks apart), and its thread layout costs instructions
 KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
-    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS})
+    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS,
+    "SPREAD_MIN_K": SPREAD_MIN_K})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -192,6 +197,8 @@ def instantiations():
         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES):
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
+            if k >= SPREAD_MIN_K:  # SPREAD: small planes
+                names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
         # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
         # on the index type (tests/test_sass.py relies on it)
@@ -321,19 +328,26 @@ def _strided_staging(spec: ConvSpec):
     return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
 
 
-def _forward_staging(k: int, stride: int, acc: int):
+def _forward_staging(k: int, stride: int, acc: int, spread: bool = False):
     """staged() of depthwise_fwd<T, I, K, S>: in_h rows of in_w elements, the row pitch rounded up to 16 bytes
-    (the kernel's `pitch`, so that its 16-byte shared loads are aligned)."""
-    n = 16 // acc
-    return lambda th, tw: ((th - 1) * stride + k) * round_up((tw - 1) * stride + k, n)
+    (the kernel's `pitch`, so that its 16-byte shared loads are aligned); spread (the small-plane instantiations,
+    AlignedStaging's SPREAD): the plane rounded up to be congruent to tw * stride modulo a 128-byte bank row, so that
+    neighbouring lanes of a quarter warp in neighbouring planes read different banks."""
+    n, bank_row = 16 // acc, 128 // acc
+
+    def plane(th, tw):
+        size = ((th - 1) * stride + k) * round_up((tw - 1) * stride + k, n)
+        return size + ((tw * stride - size) % bank_row if spread else 0)
+    return plane
 
 
-def _packed(tiling: Tiling, planes: int, plane_bytes: int) -> Tiling:
+def _packed(tiling: Tiling, planes: int, plane_bytes: int, kernel_bytes: int) -> Tiling:
     """A whole-plane tiling of the persistent kernels with its per_block planes taken as consecutive channels of one
     image (their pack_channels): as many per block, balanced over the `planes` channels (the last group of an image
     may be partial), rounded down to a multiple that makes whole 16-byte chunks of plane_bytes where that takes no
-    more groups, so that the units' runs of output start 16-byte aligned.  Shared memory is all tiles here (no extra
-    bytes), so it scales with the planes."""
+    more groups, so that the units' runs of output start 16-byte aligned.  Shared memory is the tiles (`tiling` has
+    no extra bytes) and, after them, the kernels of each plane (kernel_bytes, staged by the kernel: its
+    kernels_staged), so it scales with the planes."""
     groups = ceil_div(planes, tiling.per_block)
     per = ceil_div(planes, groups)
     multiple = 16 // math.gcd(plane_bytes, 16)
@@ -341,17 +355,25 @@ def _packed(tiling: Tiling, planes: int, plane_bytes: int) -> Tiling:
         per = per // multiple * multiple
     return replace(tiling, per_block=per, pack_channels=True,
                    threads=round_up(per * tiling.items_per_plane, 32),
-                   shared_mem=tiling.shared_mem // tiling.per_block * per)
+                   shared_mem=(tiling.shared_mem // tiling.per_block + kernel_bytes) * per)
 
 
-def _small_planes(plan, images: int, planes: int, plane_bytes: int, can_pack: bool = True) -> Tiling | None:
-    """plan(count) plans the persistent kernel with `count` planes to pack per block.  When one tile covers a whole
-    plane (and can_pack), the block packs consecutive channels of one image (`_packed`; the kernel's PACK
-    instantiation, `_packed_constant`), else images of one channel."""
-    tiling = plan(planes) if can_pack else None
+def _small_planes(plan, images: int, planes: int, plane_bytes: int, kernel_bytes: int,
+                  can_pack: bool = True) -> Tiling | None:
+    """plan(count, packed) plans the persistent kernel with `count` planes to pack per block (packed: for the PACK
+    instantiation, whose staging spreads its planes from SPREAD_MIN_K on, `_forward_staging`).  When one tile covers a whole plane (and can_pack), the block packs
+    consecutive channels of one image (`_packed`; the kernel's PACK instantiation, `_packed_constant`; kernel_bytes:
+    the weights of a plane), else images of one channel."""
+    tiling = plan(planes, True) if can_pack else None
     if tiling and tiling.tiles_x == tiling.tiles_y == 1:
-        return _packed(tiling, planes, plane_bytes)
-    return plan(images)
+        return _packed(tiling, planes, plane_bytes, kernel_bytes)
+    return plan(images, False)
+
+
+def _staged_kernels(k: int, terms: int, acc: int) -> int:
+    """Bytes of the kernels a packed plane of depthwise_persistent stages in shared memory (its kernels_staged: `terms`
+    k x k kernels, from SPREAD_MIN_K on)."""
+    return terms * k * k * acc if k >= SPREAD_MIN_K else 0
 
 
 def _packed_constant(tiling: Tiling) -> tuple:
@@ -366,9 +388,11 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     k = _specialised(spec)
     if k:
         tiling = _small_planes(
-            lambda count: plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc), acc,
+            lambda count, packed: plan_tiling(spec.out_size, count,
+                                              _forward_staging(k, spec.stride[0], acc, packed and k >= SPREAD_MIN_K),
+                                              acc,
                                       strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc),
+            spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc), _staged_kernels(k, 1, acc),
             # the kernel's packed staging reads src channel = dst channel
             can_pack=_multiplier(spec) == 1)
         if tiling:
@@ -393,11 +417,12 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
     if spec.stride == (1, 1) and _overlaps(spec):
         k = _specialised(spec, stride_one=True)
         if k:
-            staged = _forward_staging(k, 1, acc)
             tiling = _small_planes(
-                lambda count: plan_tiling(spec.in_size, count, lambda th, tw: m * staged(th, tw), acc,
+                lambda count, packed: plan_tiling(spec.in_size, count, lambda th, tw: m * _forward_staging(
+                                                  k, 1, acc, packed and k >= SPREAD_MIN_K)(th, tw), acc,
                                           strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
-                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc))
+                spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc),
+                _staged_kernels(k, m, acc))
             if tiling:
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -420,9 +445,15 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
     if k:
-        tiling = plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc), acc,
-                             strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
-                             extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        def plan(spread):
+            return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread), acc,
+                               strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
+                               extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
+        # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
+        tiling = plan(True) if k >= SPREAD_MIN_K else None
+        if tiling and tiling.tiles_x == tiling.tiles_y == 1:
+            return Plan("depthwise_bwd_weight", (k, spec.stride[0], True), tiling)
+        tiling = plan(False)
         if tiling:
             return Plan("depthwise_bwd_weight", (k, spec.stride[0]), tiling)
     if _overlaps(spec):
