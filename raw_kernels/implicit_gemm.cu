@@ -420,6 +420,15 @@ __device__ __forceinline__ void ig_mma<float>(float (&d)[4], const unsigned (&a)
 // Byte offset of vector v of staged row r: the XOR swizzle.
 __device__ __forceinline__ int ig_swizzle(int r, int v) { return r * IG_ROW_BYTES + ((v ^ ((r >> 1) & 3)) << 4); }
 
+// Makes the compiler treat the values as unknown from here on, so that it keeps them in registers instead of
+// recomputing them (rematerialising) where they are used.  No instruction.  The emulator: nothing to do.
+template <int N> __device__ __forceinline__ void ig_keep_in_register(int (&values)[N]) {
+#ifndef __CUPYCONV_EMULATOR__
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(values[i]));
+#endif
+}
+
 // Two neighbouring elements of T as one shared-memory store (4 bytes of 16-bit, 8 of float): the accumulator
 // pair (columns 2 q, 2 q + 1) of a thread.
 template <typename T> __device__ __forceinline__ void ig_store_pair(unsigned char* at, float lo, float hi) {
@@ -586,6 +595,10 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
     b_frag[ks] = BM * IG_ROW_BYTES + ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));
   }
+  // Kept in registers, not recomputed from threadIdx in every trip of the loop: NVRTC 13 did that (about 20
+  // instructions a trip) for the 64 x 64 warp tiles, whose accumulators fill the register file.
+  ig_keep_in_register(a_frag);
+  ig_keep_in_register(b_frag);
 
   float acc[MI][NI][4];
 #pragma unroll
@@ -613,12 +626,14 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       unsigned a[MI][4], b[NI][2];
+      const unsigned char* a_at = stage + a_frag[ks];  // the warp's mma tiles at immediate offsets from here
+      const unsigned char* b_at = stage + b_frag[ks];
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], stage + a_frag[ks] + mi * 16 * IG_ROW_BYTES);
+      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IG_ROW_BYTES);
 #pragma unroll
       for (int nj = 0; nj < NI / 2; ++nj) {
         unsigned q[4];
-        ldmatrix_x4(q, stage + b_frag[ks] + nj * 16 * IG_ROW_BYTES);
+        ldmatrix_x4(q, b_at + nj * 16 * IG_ROW_BYTES);
         b[2 * nj][0] = q[0];
         b[2 * nj][1] = q[1];
         b[2 * nj + 1][0] = q[2];
