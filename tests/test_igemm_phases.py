@@ -12,35 +12,17 @@ import itertools
 
 import numpy
 import pytest
-from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
-from cupyconv import _device, _kernels, settings
+from cupyconv import _kernels
 from cupyconv._spec import ConvSpec, transposed_spec
 from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from reference import ConvCase
+from test_igemm_kernels import DTYPES, as64, assert_close, run  # the tensor-core tests' helpers
 
 C = ConvCase
-DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
-TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}
-
-
-def run(device, fn, *args, **kwargs):
-    with _device.use_device(device), settings.allow_tf32(True):
-        return fn(*args, **kwargs)
-
-
-def as64(*arrays):
-    return [None if a is None else numpy.asarray(a, numpy.float64) for a in arrays]
-
-
-def assert_close(got, want, dtype, what=""):
-    got = numpy.asarray(got, numpy.float64)
-    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
-    err = float(numpy.abs(got - want).max(initial=0.0))   # NaN (never written) fails too
-    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------------------
