@@ -59,7 +59,7 @@ def choices(flip: str | None = None):
 
 def auto_choices(case: cases_mod.Case, backward: bool) -> dict[str, bool]:
     """{pass: whether 'auto' runs it on the FMA GEMM} for the passes of the case that consult the rule (a pass
-    whose specs disagree, e.g. 3-D slabs of different depths, is recorded as the forward's first answer's)."""
+    asked about several specs, e.g. 3-D slabs of different depths, is recorded by its first answer)."""
     with choices() as asked:
         launches_mod.record(case, backward)
     return {pass_: answer for (pass_, _), answer in reversed(list(asked.items()))}

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import auto_check
 from benchmarks import cases as cases_mod
+from benchmarks import launches
 
 RECORD = json.loads(auto_check.RECORD.read_text())
 
@@ -43,9 +44,7 @@ def test_a_flipped_choice_is_another_path():
     """The instrument can fail: flipping r50-64's forward choice changes the kernels the case launches."""
     case = cases_mod.select(["r50-64-gpu32"], ("gpu",))[0]
     with auto_check.choices():
-        taken = [step.describe() if hasattr(step, "describe") else str(step)
-                 for step in auto_check.launches_mod.record(case, False).steps]
+        taken = [launches.describe(step) for step in launches.record(case, False).steps]
     with auto_check.choices(flip="forward"):
-        other = [step.describe() if hasattr(step, "describe") else str(step)
-                 for step in auto_check.launches_mod.record(case, False).steps]
+        other = [launches.describe(step) for step in launches.record(case, False).steps]
     assert taken != other

@@ -4,7 +4,8 @@ and without a column matrix.
 
 Not an op of its own: ops/conv.py runs its 'implicit_gemm' passes here for float32 while TF32 is off (where the
 tensor cores refuse), and its 'auto' picks them pass by pass over im2col + GEMM where the model ranks them ahead
-(`simt_preferred`: the column matrix they never build costs cuBLAS more than their slower GEMM costs them).  The table of the GEMMs is at the top of simt_gemm.cu.
+(`simt_preferred`: the column matrix they never build costs cuBLAS more than their slower GEMM costs them).
+The table of the GEMMs is at the top of simt_gemm.cu.
 """
 from __future__ import annotations
 
