@@ -33,25 +33,26 @@ CASES = [
     C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
+    C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
 
 def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
-    """The tile plan_simt should take for one group's GEMM (rows with the weight gradient's bias row), written out
-    independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
+    """The tile plan_simt should take for one group's GEMM (rows C / G x taps for the weight gradient: its bias is
+    no GEMM row), written out independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
     if columns > 64:
         return "128, 128, 16"
     if columns <= 32:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
-    return "128, 64, 8"
+    return "96, 64, 12" if weight and -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
 
 
 def tiles_of(case):
     """(forward, input gradient, weight gradient) tiles of a case, by `expected_tile`."""
     d, c, kh, kw = case.weight
     cg, dg = c, d // case.groups
-    return expected_tile(0, dg), expected_tile(0, cg), expected_tile(cg * kh * kw + 1, dg, weight=True)
+    return expected_tile(0, dg), expected_tile(0, cg), expected_tile(cg * kh * kw, dg, weight=True)
 
 
 def on_emulator(device, fn, *args, **kwargs):
@@ -99,7 +100,7 @@ def test_backward_matches_cpu_path(case):
     _, input_tile, weight_tile = tiles_of(case)
     assert device.launches.count(f"simt_fwd<float, int, {input_tile}>") == stride1, device.launches  # else col2im
     assert device.launches.count(f"simt_bwd_weight<float, int, {weight_tile}>") == 1, device.launches
-    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's bias row
+    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's column sums
     want = expected_backward(grad_output, x, weight, **case.kwargs)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert g.dtype == x.dtype and g.shape == w.shape, name
@@ -220,6 +221,7 @@ def test_batch_view_read_in_place():
 @pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 64, 8",) * 2),
                                          ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
                                          ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
+                                         ("weight_96_row_tiles", ("128, 64, 8", "96, 64, 12")),
                                          ("plain", ("128, 32, 8", "64, 32, 8"))])
 def test_64_bit_index_variant(name, tiles, monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -413,21 +415,23 @@ def test_patch_auto_picks_the_fma_gemm_outside_the_direct_range():
 
 def test_tiles_are_a_rule_of_the_shapes():
     """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
-    32-column tiles (no FMA on padding columns), the weight gradient's 289 rows (32 x 9 + the bias row) 64-row
-    tiles (320 rows, not 384), its 577 rows 128-row ones (640 rows either way); 64 columns the 128 x 64 tile (256
-    x 64 x 16 from SIMT_TALL_ROWS rows), more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
+    32-column tiles (no FMA on padding columns), the weight gradient's 288 rows (32 x 9; its bias is no GEMM row)
+    64-row tiles (320 rows, not 384), with 33-64 columns 96-row ones where they pad no more rows than 128-row ones
+    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile (256 x 64 x 16 from SIMT_TALL_ROWS rows), more the
+    128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
     def plans(c, h, g):
         spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
                                          numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
         return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
                 for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
     narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
-    tall_wide = (256, 128, 16)
+    tall_wide, short_64 = (256, 128, 16), (96, 64, 12)
     pixels = 32 * 28 * 28
-    assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 289 rows
+    assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 288 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
-    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(tile, (5, 1))]   # r50-64: 577 rows
-    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (10, 1))]      # r50-128
-    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(tile, (5, 16))]   # 64 per group, 1568 rows: not tall
-    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (19, 2))]  # 2305 rows
-    assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 145 rows, 192
+    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (9, 1))]      # r50-128: 1152 rows
+    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(short_64, (6, 16))]   # 64 per group, 1568 rows: not tall
+    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
+    assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
+    assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192

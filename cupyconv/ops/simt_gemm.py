@@ -29,13 +29,15 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # 1.29 -> 1.23 at 128 x 128, 1.19 at 256 x 128; weight gradient 1.45 -> 1.32).  The tall tiles need many rows
 # to keep enough blocks.  Groups of at most SIMT_NARROW_COLUMNS take 128 x 32 x 8 (64 threads), so that no FMA is
 # spent on padding columns (ResNeXt's and g8's groups of 32 took half their FMAs on a 64-column tile's padding);
-# the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (289 = 32 x 9 + the bias
-# row: 320 rows, not 384).  The order of each tuple is the instantiations' and the tests', not a preference:
-# `simt_tile` is the rule.
+# the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (288 = 32 x 9: 320 rows,
+# not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
+# 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
+# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
+# The order of each tuple is the instantiations' and the tests', not a preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
-SIMT_NARROW, SIMT_NARROW_SHORT = (128, 32, 8), (64, 32, 8)
+SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT = (128, 32, 8), (64, 32, 8), (96, 64, 12)
 SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE),
-              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE)}
+              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
@@ -140,14 +142,14 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
 
 
 def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
-    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'; rows with the bias row): a
-    plain rule of the shapes (see SIMT_TILES)."""
+    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'): a plain rule of the shapes
+    (see SIMT_TILES)."""
     if pass_ == "weight":
         if cols > 64:
             return SIMT_WIDE
         if cols <= SIMT_NARROW_COLUMNS:
             return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
-        return SIMT_TILE
+        return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
     if cols <= SIMT_NARROW_COLUMNS:
         return SIMT_NARROW
     if rows >= SIMT_TALL_ROWS:
@@ -160,13 +162,12 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
-    rows += pass_ == "weight"   # room for the bias row
     tile = simt_tile(pass_, rows, cols)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
     splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1],
-                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * rows * 4)
+                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * (rows + 1) * 4)
     return SimtPlan(tile, (*blocks, splits), per_split)
 
 
@@ -214,8 +215,9 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
     """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
-    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is the GEMM's extra row of ones (the bias
-    row).  The splits' float32 sums are added in split order (the same bits on every run)."""
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, to each split's
+    extra row (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split
+    order (the same bits on every run)."""
     _check(spec, xv.dtype, "weight")
     plan = plan_simt(spec, "weight")
     taps_rows = spec.channels_per_group * spec.taps
