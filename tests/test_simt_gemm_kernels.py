@@ -356,7 +356,8 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
     with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
-    gradient with at most 32 columns, or where cuBLAS's GEMM would have fewer than 10 tiles of 128 x 128."""
+    gradient with at most 64 columns where the columns outgrow the input, or where cuBLAS's GEMM would have fewer
+    than 10 tiles of 128 x 128."""
     with settings.allow_tf32(False):
         assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == (
             expected)

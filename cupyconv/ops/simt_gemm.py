@@ -47,7 +47,7 @@ SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the i
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
-# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_NARROW_COLUMNS, or where cuBLAS's GEMM
+# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_MAX_COLUMNS too, or where cuBLAS's GEMM
 # would have fewer than SIMT_FEW_GEMM_TILES output tiles
 SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 10
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
@@ -98,8 +98,9 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
       that many times, so the matrix costs 8 / columns bytes a multiply-add, as much DRAM time as FMA time at 64
       on an H100, with its 10 multiply-adds a byte), and SIMT_MIN_BLOCKS blocks (no split of K here: r50-512's
       7x7 planes with 512 channels make 52 blocks and leave most SMs idle);
-    - weight gradient: either the same column saving with at most SIMT_NARROW_COLUMNS columns (the narrow tiles,
-      no padding), or a GEMM too small for cuBLAS to fill the GPU -- under SIMT_FEW_GEMM_TILES output tiles of
+    - weight gradient: either the same column saving with at most SIMT_MAX_COLUMNS columns (the 32-column tiles,
+      or 96 x 64 x 12 with no GEMM row for the bias: c3d-video's and c3d-mri's 64 columns are predicted 8-10%
+      ahead of cuBLAS since, at most 32 before), or a GEMM too small for cuBLAS to fill the GPU -- under SIMT_FEW_GEMM_TILES output tiles of
       128 x 128 over a long reduction (the weight's own size), which these split SIMT_SPLIT_BLOCKS ways.  The
       model ranks these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level at 5-9 (r50-64, r50-128) and behind at
       12-14 (c1d-audio, c3d-*), hence 10."""
@@ -109,7 +110,7 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     if pass_ == "weight":
         rows, cols = spec.channels_per_group * spec.taps, spec.outputs_per_group
         gemm_tiles = spec.groups * ceil_div(rows, 128) * ceil_div(cols, 128)
-        return (columns_outgrow_input and cols <= SIMT_NARROW_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
+        return (columns_outgrow_input and cols <= SIMT_MAX_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
     if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
         cols, blocks = spec.channels_per_group, math.prod(plan_simt(transposed_spec(spec), "forward").grid)
     else:
