@@ -108,16 +108,20 @@ def test_backward_matches_cpu_path(case):
 
 
 TALL_CASES = {"256, 64, 16": C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1),
+              "256, 32, 16": C("tall_narrow", (2, 20, 9, 7), (27, 20, 3, 3), padding=((0, 1), (2, 1))),
               "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1)))}
 
 
 @pytest.mark.parametrize("tile, order, index", [("256, 64, 16", "forward", "int"), ("256, 64, 16", "reverse", "int"),
                                                 ("256, 128, 16", "forward", "long long"),
-                                                ("256, 128, 16", "reverse", "int")])
+                                                ("256, 128, 16", "reverse", "int"),
+                                                ("256, 32, 16", "reverse", "int"),
+                                                ("256, 32, 16", "forward", "long long")])
 def test_tall_tile(tile, order, index, monkeypatch):
     """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the tall tiles, 16 rows per thread (its
     four row groups 64 apart), on 126 rows (and 124 for the input gradient): 256 x 64 with 40 or 36 columns (33 to
-    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread)."""
+    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread),
+    256 x 32 with 27 or 20 (64 threads: four k slots of A a thread)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
     if index == "long long":
         monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -290,8 +294,8 @@ def test_64_bit_channel_offsets_within_a_group():
     """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
     in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
     an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
-    256 pixels of the last row: the forward's tall tile, 40 columns; the last 128 for the input gradient's narrow
-    tile, 32 columns), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    256 pixels of the last row: the forward's tall tile, 40 columns, and the input gradient's tall 32-column
+    tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
     rng = numpy.random.default_rng(23)
     side = 12000
     x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
@@ -308,7 +312,7 @@ def test_64_bit_channel_offsets_within_a_group():
                                  needs="input", algorithm="implicit_gemm")
     want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
     bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
-    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "128, 32, 8")], \
+    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "256, 32, 16")], \
         device.launches
 
 

@@ -35,8 +35,8 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
 # The order of each tuple is the instantiations' and the tests', not a preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
-SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT = (128, 32, 8), (64, 32, 8), (96, 64, 12)
-SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE),
+SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
+SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW),
               "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
@@ -99,11 +99,11 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
       on an H100, with its 10 multiply-adds a byte), and SIMT_MIN_BLOCKS blocks (no split of K here: r50-512's
       7x7 planes with 512 channels make 52 blocks and leave most SMs idle);
     - weight gradient: either the same column saving with at most SIMT_MAX_COLUMNS columns (the 32-column tiles,
-      or 96 x 64 x 12 with no GEMM row for the bias: c3d-video's and c3d-mri's 64 columns are predicted 8-10%
-      ahead of cuBLAS since, at most 32 before), or a GEMM too small for cuBLAS to fill the GPU -- under SIMT_FEW_GEMM_TILES output tiles of
-      128 x 128 over a long reduction (the weight's own size), which these split SIMT_SPLIT_BLOCKS ways.  The
-      model ranks these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level at 5-9 (r50-64, r50-128) and behind at
-      12-14 (c1d-audio, c3d-*), hence 10."""
+      or 96 x 64 x 12, whose bias gradient is no GEMM row: c3d-video's and c3d-mri's 64 columns are predicted
+      8-10% ahead of cuBLAS since; at most 32 columns before), or a GEMM too small for cuBLAS to fill the GPU --
+      under SIMT_FEW_GEMM_TILES output tiles of 128 x 128 over a long reduction (the weight's own size), which
+      these split SIMT_SPLIT_BLOCKS ways.  The model ranked these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level
+      at 5-9 (r50-64, r50-128) and behind at 12-14 (c1d-audio; c3d-* before the 96-row tile), hence 10."""
     if not simt_runs(spec, dtype, pass_):
         return False
     columns_outgrow_input = spec.taps * spec.out_pixels > spec.in_size[0] * spec.in_size[1]
@@ -152,7 +152,7 @@ def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
             return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
         return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
     if cols <= SIMT_NARROW_COLUMNS:
-        return SIMT_NARROW
+        return SIMT_TALL_NARROW if rows >= SIMT_TALL_ROWS else SIMT_NARROW
     if rows >= SIMT_TALL_ROWS:
         return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL
     return SIMT_WIDE if cols > 64 else SIMT_TILE
