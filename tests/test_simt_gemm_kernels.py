@@ -342,9 +342,10 @@ def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
         assert (device.count("conv_fwd_direct") >= 1) == (expected == "direct"), (expected, device.launches)
 
 
-def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
+def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
+    outputs = outputs or channels
     return conv_op.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float32),
-                                     numpy.empty((channels, channels // groups, kernel, kernel), numpy.float32),
+                                     numpy.empty((outputs, channels // groups, kernel, kernel), numpy.float32),
                                      None, stride, padding, 1, groups)
 
 
@@ -356,7 +357,8 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
     (_r50(256, 28, groups=8), ["implicit_gemm"] * 3),         # 32 columns a group: the narrow tiles
     (_r50(256, 28, groups=2), ["im2col_gemm"] * 3),          # 128 columns; weight 2 x 9 tiles
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
-], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise"])
+    (_r50(256, 28, outputs=64), ["implicit_gemm", "im2col_gemm", "implicit_gemm"]),   # weight: 64 columns, 18 tiles
+], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise", "256-to-64"])
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
     with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
