@@ -22,7 +22,9 @@
 // main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
 // with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
 // sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
-// shapes only.  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+// shapes only; its bias gradient is the column sums of B (grad_out) that the blocks of the first row tile add up
+// as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole row tile where C / G * taps fills
+// its tiles exactly: 288 rows in 96-row tiles).  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
 #include "common.cuh"
 #include "gather.cuh"
 
@@ -68,7 +70,10 @@ template <typename I> struct SimtPixel {
 //     operand, decoded once per chunk and k slot for all of the thread's rows;
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
 //     slot rs, 0 outside the problem (rows past M or N, k past K);
-//   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself.
+//   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself;
+//   SUMS_B (static): also sum B over the block's k per column, each thread its own loaded elements as it loads
+//     them, then the SIMT_BK slots of a column in order (fixed order: the same bits on every run); where
+//     `sums_b`, store_b_sum(int n, float sum) takes column n's.
 template <typename I, int BM, int BN, int TM, class Gather>
 __device__ __forceinline__ void simt_block(const Gather& gather, float* as, float* bs, I m0, int n0, I k_begin,
                                            I k_end) {
@@ -88,6 +93,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   for (int ks = 0; ks < LB::K_SLOTS; ++ks) b_at[ks] = gather.b_start(k_begin + LB::k(ks));
 
   float a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
+  float b_sum[LB::K_SLOTS][LB::ROW_SLOTS] = {};  // SUMS_B: this thread's loaded elements of B, summed per slot
   auto load_chunk = [&]() {  // the chunk at the cursors, then the cursors move on by one chunk
 #pragma unroll
     for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
@@ -98,7 +104,10 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 #pragma unroll
     for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) b_next[ks][rs] = gather.b(b_at[ks], rs);
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) {
+        b_next[ks][rs] = gather.b(b_at[ks], rs);
+        if constexpr (Gather::SUMS_B) b_sum[ks][rs] += b_next[ks][rs];
+      }
       gather.b_advance(b_at[ks]);
     }
   };
@@ -153,6 +162,25 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     __syncthreads();
   }
 
+  // The column sums of B: the slots of each column from shared memory (free after the loop's last barrier), in k
+  // order.  `sums_b` is uniform across the block, so the barrier is too.
+  if constexpr (Gather::SUMS_B) {
+    if (gather.sums_b) {
+#pragma unroll
+      for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+        for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[LB::k(ks) * BN + LB::row(rs)] = b_sum[ks][rs];
+      }
+      __syncthreads();
+      for (int col = threadIdx.x; col < BN; col += blockDim.x) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SIMT_BK; ++k) sum += bs[k * BN + col];
+        if (n0 + col < gather.N) gather.store_b_sum(n0 + col, sum);
+      }
+    }
+  }
+
   // Epilogue: the thread's rows and columns, each row's place found once.
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
@@ -172,6 +200,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   typedef SimtLoad<BM, THREADS, true> LoadA;
   typedef SimtLoad<BN, THREADS, true> LoadB;
   typedef typename Unsigned<I>::type U;
+  static constexpr bool SUMS_B = false;
   const T* x; const T* weight_t; const T* bias; T* out;
   I M, pixels, x_stride_c, x_stride_h, x_stride_w;
   int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
@@ -241,19 +270,21 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
 // SIMT_BK pixels, written as float to partial (splits, D, C / G * taps + bias_row), the weight's own layout per
-// split.  With bias_row 1, A has one more row, 1 at every pixel: its row of C is the bias gradient, summed in the
-// same fixed order (no separate pass over grad_out).
+// split.  With bias_row 1, the blocks of row tile 0 also write the column sums of B they loaded, the bias
+// gradient, to the last row (SUMS_B: no GEMM row of ones, no separate pass over grad_out).
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
   typedef SimtLoad<BM, THREADS, false> LoadA;
   typedef SimtLoad<BN, THREADS, false> LoadB;
   typedef typename Unsigned<I>::type U;
+  static constexpr bool SUMS_B = true;
   const T* x; const T* grad_out; float* partial;
   BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
   int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
+  int row_stride;  // partial's rows a column: M, and the bias row where there is one
+  bool sums_b;     // this block writes the bias gradient of its columns (row tile 0, with a bias)
   FastDivmod out_w;
   WindowTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
-  bool ones[LoadA::ROW_SLOTS];        // the bias row: A = 1 at every pixel, so that C's row is grad_bias
 
   struct ACursor { SimtPixel<I> at; I image_start; U origin; int y0, x0; };  // the window of pixel `at` in x
   struct BCursor { SimtPixel<I> at; };
@@ -281,13 +312,11 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     a_place(cursor);
   }
   __device__ float a(const ACursor& cursor, int rs) const {
-    // The bias row by a select after the load (of row 0's tap, discarded), not a return before it: sm_90 then
-    // predicates each element's load instead of branching around it (64 x 32 x 8's loop: 1,048 -> 930
-    // instructions).  It is 1 past the last pixel too, where B is 0.
+    // A select, not a return before the load: sm_90 predicates each element's load instead of branching around
+    // it.  Rows past M read row 0's tap: never stored.
     const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;  // unsigned compares: also false below 0
     const bool inside = cursor.at.image < n && (unsigned)y < (unsigned)height && (unsigned)xx < (unsigned)width;
-    const float value = inside ? to_acc(x[(I)(cursor.origin + rows[rs].offset)]) : 0.0f;  // rows past M read the
-    return ones[rs] ? 1.0f : value;                                          // window's origin: never stored
+    return inside ? to_acc(x[(I)(cursor.origin + rows[rs].offset)]) : 0.0f;
   }
   __device__ BCursor b_start(I k) const {
     BCursor cursor;
@@ -301,8 +330,9 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     if (d >= N || cursor.at.image >= n) return 0.0f;
     return to_acc(grad_out[((cursor.at.image * groups + g) * (I)N + d) * out_pixels + cursor.at.p]);
   }
-  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
-  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * row_stride + m; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * row_stride] = value; }
+  __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
 };
 
 template <typename T, typename I, int BM, int BN, int TM>
@@ -322,19 +352,19 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
   f.out_pixels = (I)out_h * out_w;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
   const int taps_rows = channels_per_group * kernel_h * kernel_w;
-  f.M = taps_rows + bias_row; f.N = outputs_per_group;
+  f.M = taps_rows; f.N = outputs_per_group; f.row_stride = taps_rows + bias_row;
+  f.sums_b = bias_row && blockIdx.x == 0;
   f.groups = groups;
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
   f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   f.group_base = (I)(f.g * channels_per_group) * x_stride_c;
-  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.M;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.row_stride;
   const int m0 = blockIdx.x * BM;
   const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
 #pragma unroll
   for (int r = 0; r < F::LoadA::ROW_SLOTS; ++r) {
     const int m = m0 + F::LoadA::row(r);
-    f.ones[r] = m == taps_rows && bias_row;
     f.rows[r] = decode_tap<I>(m < taps_rows ? m : 0, taps, kernel_wd, dilation_h, dilation_w, x_stride_c, x_stride_h,
                             x_stride_w);
   }

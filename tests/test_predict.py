@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
     sys.path.append(str(ROOT))
 
-from benchmarks import _emulator, auto_check, cases, launches, predict, sass  # noqa: E402
+from benchmarks import _emulator, cases, launches, predict, sass  # noqa: E402
 from cupyconv.ops import implicit_gemm, simt_gemm  # noqa: E402
 
 BY_LABEL = {c.label: c for c in cases.ALL_CASES}
@@ -166,12 +166,11 @@ def test_recording_of_the_c3d_mri_fp32_backward():
     """c3d-mri in strict fp32 under the default 256 MiB limit: an image's backward workspace (depth windows, their
     gradient, the grad_output copy: 224 MiB) passes half the limit, so the 3-D driver runs slabs of output depths
     (2 of 16 an image) whose 2-D runs keep the rest of the limit, and the FMA weight gradient splits each slab's
-    pixels until SIMT_SPLIT_BLOCKS blocks run (37 splits of 14 output tiles).  Under the 1-byte limit that whole
-    images left it (707d6e2) it could not split: 14 blocks, 2.7-8.0 ms a launch by the model instead of 0.09-0.27
-    (PREDICTIONS).  'auto' now gives this weight gradient to cuBLAS (`simt_preferred`: 14 GEMM tiles), so the
-    recording flips that choice (`auto_check.choices`) to keep the FMA kernel's split under test."""
-    with auto_check.choices(flip="weight"):
-        rec = launches.record(BY_LABEL["c3d-mri-gpu32"], True)
+    pixels until SIMT_SPLIT_BLOCKS blocks run (29 splits of 18 output tiles of 96 x 64).  Under the 1-byte limit
+    that whole images left it (707d6e2) it could not split: 14 blocks, 2.7-8.0 ms a launch by the model instead of
+    0.09-0.27 (PREDICTIONS).  'auto' gives this weight gradient to the FMA kernel again (`simt_preferred`: 64
+    columns, since the 96 x 64 x 12 tile) after a time with cuBLAS (14 GEMM tiles of 128 x 128)."""
+    rec = launches.record(BY_LABEL["c3d-mri-gpu32"], True)
     weights = [s for s in rec.launches if s.kernel == "simt_bwd_weight"]
     assert len(weights) == 2 * 2
     assert all(s.grid[2] > 1 and math.prod(s.grid) >= simt_gemm.SIMT_SPLIT_BLOCKS for s in weights), weights

@@ -2,7 +2,7 @@
 by cupyconv/ops/simt_gemm.py) against the CPU path in float64: conv2d forward, stride-1 input gradient (simt_fwd on
 the transposed problem) and weight gradient (split reduction), with TF32 off.
 
-Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64,
+Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64, 96 x 64,
 128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
 pixel cursor carry over several images per chunk, and each side's padding, stride and dilation differ per axis.
 The bug classes of issue 12 (per-side padding and the last row and column, loops over several blocks, 64-bit
@@ -33,25 +33,26 @@ CASES = [
     C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
+    C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
 
 def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
-    """The tile plan_simt should take for one group's GEMM (rows with the weight gradient's bias row), written out
-    independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
+    """The tile plan_simt should take for one group's GEMM (rows C / G x taps for the weight gradient: its bias is
+    no GEMM row), written out independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
     if columns > 64:
         return "128, 128, 16"
     if columns <= 32:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
-    return "128, 64, 8"
+    return "96, 64, 12" if weight and -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
 
 
 def tiles_of(case):
     """(forward, input gradient, weight gradient) tiles of a case, by `expected_tile`."""
     d, c, kh, kw = case.weight
     cg, dg = c, d // case.groups
-    return expected_tile(0, dg), expected_tile(0, cg), expected_tile(cg * kh * kw + 1, dg, weight=True)
+    return expected_tile(0, dg), expected_tile(0, cg), expected_tile(cg * kh * kw, dg, weight=True)
 
 
 def on_emulator(device, fn, *args, **kwargs):
@@ -99,7 +100,7 @@ def test_backward_matches_cpu_path(case):
     _, input_tile, weight_tile = tiles_of(case)
     assert device.launches.count(f"simt_fwd<float, int, {input_tile}>") == stride1, device.launches  # else col2im
     assert device.launches.count(f"simt_bwd_weight<float, int, {weight_tile}>") == 1, device.launches
-    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's bias row
+    assert device.count("conv_bgrad") == 0, device.launches   # grad_bias: the weight gradient's column sums
     want = expected_backward(grad_output, x, weight, **case.kwargs)
     for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
         assert g.dtype == x.dtype and g.shape == w.shape, name
@@ -107,16 +108,20 @@ def test_backward_matches_cpu_path(case):
 
 
 TALL_CASES = {"256, 64, 16": C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1),
+              "256, 32, 16": C("tall_narrow", (2, 20, 9, 7), (27, 20, 3, 3), padding=((0, 1), (2, 1))),
               "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1)))}
 
 
 @pytest.mark.parametrize("tile, order, index", [("256, 64, 16", "forward", "int"), ("256, 64, 16", "reverse", "int"),
                                                 ("256, 128, 16", "forward", "long long"),
-                                                ("256, 128, 16", "reverse", "int")])
+                                                ("256, 128, 16", "reverse", "int"),
+                                                ("256, 32, 16", "reverse", "int"),
+                                                ("256, 32, 16", "forward", "long long")])
 def test_tall_tile(tile, order, index, monkeypatch):
     """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the tall tiles, 16 rows per thread (its
     four row groups 64 apart), on 126 rows (and 124 for the input gradient): 256 x 64 with 40 or 36 columns (33 to
-    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread)."""
+    64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread),
+    256 x 32 with 27 or 20 (64 threads: four k slots of A a thread)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
     if index == "long long":
         monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -220,6 +225,7 @@ def test_batch_view_read_in_place():
 @pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 64, 8",) * 2),
                                          ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
                                          ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
+                                         ("weight_96_row_tiles", ("128, 64, 8", "96, 64, 12")),
                                          ("plain", ("128, 32, 8", "64, 32, 8"))])
 def test_64_bit_index_variant(name, tiles, monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -288,8 +294,8 @@ def test_64_bit_channel_offsets_within_a_group():
     """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
     in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
     an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
-    256 pixels of the last row: the forward's tall tile, 40 columns; the last 128 for the input gradient's narrow
-    tile, 32 columns), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    256 pixels of the last row: the forward's tall tile, 40 columns, and the input gradient's tall 32-column
+    tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
     rng = numpy.random.default_rng(23)
     side = 12000
     x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
@@ -306,7 +312,7 @@ def test_64_bit_channel_offsets_within_a_group():
                                  needs="input", algorithm="implicit_gemm")
     want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
     bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
-    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "128, 32, 8")], \
+    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "256, 32, 16")], \
         device.launches
 
 
@@ -336,9 +342,10 @@ def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
         assert (device.count("conv_fwd_direct") >= 1) == (expected == "direct"), (expected, device.launches)
 
 
-def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
+def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
+    outputs = outputs or channels
     return conv_op.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float32),
-                                     numpy.empty((channels, channels // groups, kernel, kernel), numpy.float32),
+                                     numpy.empty((outputs, channels // groups, kernel, kernel), numpy.float32),
                                      None, stride, padding, 1, groups)
 
 
@@ -350,11 +357,13 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1):
     (_r50(256, 28, groups=8), ["implicit_gemm"] * 3),         # 32 columns a group: the narrow tiles
     (_r50(256, 28, groups=2), ["im2col_gemm"] * 3),          # 128 columns; weight 2 x 9 tiles
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
-], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise"])
+    (_r50(256, 28, outputs=64), ["implicit_gemm", "im2col_gemm", "implicit_gemm"]),   # weight: 64 columns, 18 tiles
+], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise", "256-to-64"])
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
     with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
-    gradient with at most 32 columns, or where cuBLAS's GEMM would have fewer than 10 tiles of 128 x 128."""
+    gradient with at most 64 columns where the columns outgrow the input, or where cuBLAS's GEMM would have fewer
+    than 10 tiles of 128 x 128."""
     with settings.allow_tf32(False):
         assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == (
             expected)
@@ -413,21 +422,23 @@ def test_patch_auto_picks_the_fma_gemm_outside_the_direct_range():
 
 def test_tiles_are_a_rule_of_the_shapes():
     """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
-    32-column tiles (no FMA on padding columns), the weight gradient's 289 rows (32 x 9 + the bias row) 64-row
-    tiles (320 rows, not 384), its 577 rows 128-row ones (640 rows either way); 64 columns the 128 x 64 tile (256
-    x 64 x 16 from SIMT_TALL_ROWS rows), more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
+    32-column tiles (no FMA on padding columns), the weight gradient's 288 rows (32 x 9; its bias is no GEMM row)
+    64-row tiles (320 rows, not 384), with 33-64 columns 96-row ones where they pad no more rows than 128-row ones
+    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile (256 x 64 x 16 from SIMT_TALL_ROWS rows), more the
+    128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
     def plans(c, h, g):
         spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
                                          numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
         return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
                 for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
     narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
-    tall_wide = (256, 128, 16)
+    tall_wide, short_64 = (256, 128, 16), (96, 64, 12)
     pixels = 32 * 28 * 28
-    assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 289 rows
+    assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 288 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
-    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(tile, (5, 1))]   # r50-64: 577 rows
-    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (10, 1))]      # r50-128
-    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(tile, (5, 16))]   # 64 per group, 1568 rows: not tall
-    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (19, 2))]  # 2305 rows
-    assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 145 rows, 192
+    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (9, 1))]      # r50-128: 1152 rows
+    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(short_64, (6, 16))]   # 64 per group, 1568 rows: not tall
+    assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
+    assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
+    assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192

@@ -29,13 +29,15 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # 1.29 -> 1.23 at 128 x 128, 1.19 at 256 x 128; weight gradient 1.45 -> 1.32).  The tall tiles need many rows
 # to keep enough blocks.  Groups of at most SIMT_NARROW_COLUMNS take 128 x 32 x 8 (64 threads), so that no FMA is
 # spent on padding columns (ResNeXt's and g8's groups of 32 took half their FMAs on a 64-column tile's padding);
-# the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (289 = 32 x 9 + the bias
-# row: 320 rows, not 384).  The order of each tuple is the instantiations' and the tests', not a preference:
-# `simt_tile` is the rule.
+# the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (288 = 32 x 9: 320 rows,
+# not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
+# 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
+# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
+# The order of each tuple is the instantiations' and the tests', not a preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
-SIMT_NARROW, SIMT_NARROW_SHORT = (128, 32, 8), (64, 32, 8)
-SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE),
-              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE)}
+SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
+SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW),
+              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
@@ -45,7 +47,7 @@ SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the i
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
-# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_NARROW_COLUMNS, or where cuBLAS's GEMM
+# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_MAX_COLUMNS too, or where cuBLAS's GEMM
 # would have fewer than SIMT_FEW_GEMM_TILES output tiles
 SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 10
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
@@ -96,18 +98,19 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
       that many times, so the matrix costs 8 / columns bytes a multiply-add, as much DRAM time as FMA time at 64
       on an H100, with its 10 multiply-adds a byte), and SIMT_MIN_BLOCKS blocks (no split of K here: r50-512's
       7x7 planes with 512 channels make 52 blocks and leave most SMs idle);
-    - weight gradient: either the same column saving with at most SIMT_NARROW_COLUMNS columns (the narrow tiles,
-      no padding), or a GEMM too small for cuBLAS to fill the GPU -- under SIMT_FEW_GEMM_TILES output tiles of
-      128 x 128 over a long reduction (the weight's own size), which these split SIMT_SPLIT_BLOCKS ways.  The
-      model ranks these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level at 5-9 (r50-64, r50-128) and behind at
-      12-14 (c1d-audio, c3d-*), hence 10."""
+    - weight gradient: either the same column saving with at most SIMT_MAX_COLUMNS columns (the 32-column tiles,
+      or 96 x 64 x 12, whose bias gradient is no GEMM row: c3d-video's and c3d-mri's 64 columns are predicted
+      8-10% ahead of cuBLAS since; at most 32 columns before), or a GEMM too small for cuBLAS to fill the GPU --
+      under SIMT_FEW_GEMM_TILES output tiles of 128 x 128 over a long reduction (the weight's own size), which
+      these split SIMT_SPLIT_BLOCKS ways.  The model ranked these ahead at 8 tiles (ct2d-k2s2: 256 x 512), level
+      at 5-9 (r50-64, r50-128) and behind at 12-14 (c1d-audio; c3d-* before the 96-row tile), hence 10."""
     if not simt_runs(spec, dtype, pass_):
         return False
     columns_outgrow_input = spec.taps * spec.out_pixels > spec.in_size[0] * spec.in_size[1]
     if pass_ == "weight":
         rows, cols = spec.channels_per_group * spec.taps, spec.outputs_per_group
         gemm_tiles = spec.groups * ceil_div(rows, 128) * ceil_div(cols, 128)
-        return (columns_outgrow_input and cols <= SIMT_NARROW_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
+        return (columns_outgrow_input and cols <= SIMT_MAX_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
     if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
         cols, blocks = spec.channels_per_group, math.prod(plan_simt(transposed_spec(spec), "forward").grid)
     else:
@@ -140,16 +143,16 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
 
 
 def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
-    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'; rows with the bias row): a
-    plain rule of the shapes (see SIMT_TILES)."""
+    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'): a plain rule of the shapes
+    (see SIMT_TILES)."""
     if pass_ == "weight":
         if cols > 64:
             return SIMT_WIDE
         if cols <= SIMT_NARROW_COLUMNS:
             return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
-        return SIMT_TILE
+        return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
     if cols <= SIMT_NARROW_COLUMNS:
-        return SIMT_NARROW
+        return SIMT_TALL_NARROW if rows >= SIMT_TALL_ROWS else SIMT_NARROW
     if rows >= SIMT_TALL_ROWS:
         return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL
     return SIMT_WIDE if cols > 64 else SIMT_TILE
@@ -160,13 +163,12 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
-    rows += pass_ == "weight"   # room for the bias row
     tile = simt_tile(pass_, rows, cols)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
     splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1],
-                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * rows * 4)
+                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * (rows + 1) * 4)
     return SimtPlan(tile, (*blocks, splits), per_split)
 
 
@@ -214,8 +216,9 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
     """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
-    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is the GEMM's extra row of ones (the bias
-    row).  The splits' float32 sums are added in split order (the same bits on every run)."""
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, to each split's
+    extra row (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split
+    order (the same bits on every run)."""
     _check(spec, xv.dtype, "weight")
     plan = plan_simt(spec, "weight")
     taps_rows = spec.channels_per_group * spec.taps
