@@ -139,33 +139,47 @@ __device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__
                            in_w, y0, x0, height, width);
 }
 
+// The taps [lo, hi) of one kernel dimension that read inside a plane of `size` for outputs first .. last (along
+// that dimension): output o's tap t reads o * stride - pad + t * dilation.  Taps outside it read the staged
+// zeros, so skipping them changes nothing but the work: a 31x31 kernel padded 15 on a 14x14 plane has at most
+// 14 of its 31 rows (and columns) inside for any output, 961 -> 196 taps.  Only non-negative divisions.
+__device__ __forceinline__ void tap_range(int first, int last, int stride, int pad, int dilation, int size, int k,
+                                          int& lo, int& hi) {
+  const int before = pad - last * stride;               // tap 0 of the last output is `before` rows above the plane
+  const int after = size - 1 + pad - first * stride;    // the plane's last row, from tap 0 of the first output
+  lo = before <= 0 ? 0 : (before + dilation - 1) / dilation;
+  hi = after < 0 ? 0 : min(k, after / dilation + 1);
+}
+
 // out[v] += sum_{i,j} w[i][j] * base[(v * stride_h + i * dilation_h) * pitch + j * dilation_w] for a strip
-// of V outputs; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
-// stride equals the vertical dilation, output v's tap i reads row (v + i) * stride: a window of V registers
-// then slides down each kernel column, one shared load (plus a broadcast weight) per V FMAs instead of V (the
-// 31x31 stride-1 case).
+// of V outputs, over the taps i in [i_lo, i_hi), j in [j_lo, j_hi) (tap_range: the others read zeros); w is the
+// tap-major (kh, kw) kernel in shared memory.  When the vertical stride equals the vertical dilation, output v's
+// tap i reads row (v + i) * stride: a window of V registers then slides down each kernel column, one shared load
+// (plus a weight) per V FMAs instead of V (the 31x31 stride-1 case).
 template <typename A, int V>
-__device__ __forceinline__ void generic_fma(const A* base, int pitch, const A* w, int kernel_h, int kernel_w,
-                                            int stride_h, int dilation_h, int dilation_w, A (&out)[V]) {
+__device__ __forceinline__ void generic_fma(const A* base, int pitch, const A* w, int kernel_w, int i_lo, int i_hi,
+                                            int j_lo, int j_hi, int stride_h, int dilation_h, int dilation_w,
+                                            A (&out)[V]) {
+  if (i_lo >= i_hi) return;  // no row inside (the window below would start past the tile)
   const int step = stride_h * pitch;
-  for (int j = 0; j < kernel_w; ++j) {
+  for (int j = j_lo; j < j_hi; ++j) {
     const A* col = base + j * dilation_w;
     if (stride_h == dilation_h) {
       A win[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) win[v] = col[v * step];
-      for (int i = 0; i < kernel_h; ++i) {
+      for (int v = 0; v < V; ++v) win[v] = col[(v + i_lo) * step];
+      for (int i = i_lo; i < i_hi; ++i) {
         const A wv = w[i * kernel_w + j];
 #pragma unroll
         for (int v = 0; v < V; ++v) out[v] += wv * win[v];
-        if (i + 1 < kernel_h) {
+        if (i + 1 < i_hi) {
 #pragma unroll
           for (int v = 0; v + 1 < V; ++v) win[v] = win[v + 1];
           win[V - 1] = col[(V + i) * step];
         }
       }
     } else {
-      for (int i = 0; i < kernel_h; ++i) {
+      for (int i = i_lo; i < i_hi; ++i) {
         const A wv = w[i * kernel_w + j];
         const A* row = col + i * dilation_h * pitch;
 #pragma unroll
@@ -258,10 +272,14 @@ __device__ __forceinline__ void depthwise_tiled(
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] = init;
+      const int oy_first = oy0 + s * V;
+      int i_lo, i_hi, j_lo, j_hi;  // the item's taps that read inside the src plane
+      tap_range(oy_first, min(oy_first + V, dst_h) - 1, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
+      tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
       for (int k = 0; k < terms; ++k) {
         const A* base = tile + ((p * terms + k) * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
-                          acc);
+        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_w, i_lo, i_hi, j_lo, j_hi, stride_h, dilation_h,
+                          dilation_w, acc);
       }
       T* out = dst + (n * dst_channels + d) * (I)dst_h * dst_w + ox;
 #pragma unroll
