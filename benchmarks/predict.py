@@ -302,7 +302,8 @@ def simt_macs(launch: launches_mod.Launch) -> float:
 # The generic tiled depthwise kernels (depthwise.cu's depthwise_tiled) skip the taps that read outside the plane, per
 # thread item: their launches count the multiply-adds they execute (`depthwise_clipped_macs`), not a share of the
 # pass's (which counts every tap: a 31x31 kernel padded 15 on a 14x14 plane runs at most 17 x 14 of its 961).
-TAP_CLIPPED_KERNELS = ("depthwise_fwd_generic", "depthwise_bwd_input_generic")
+TAP_CLIPPED_KERNELS = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_fwd_planes",
+                       "depthwise_bwd_input_planes")
 
 
 def _tap_range(first: int, last: int, stride: int, pad: int, dilation: int, size: int, k: int) -> int:
@@ -316,10 +317,12 @@ def _tap_range(first: int, last: int, stride: int, pad: int, dilation: int, size
 
 def depthwise_clipped_macs(launch: launches_mod.Launch) -> float:
     """Multiply-adds of a TAP_CLIPPED_KERNELS launch: each thread item (GENERIC_STRIP rows of one column, all of its
-    rows computed) runs the taps of the union of its rows' ranges times its column's range, once per term."""
-    from cupyconv.ops.depthwise import GENERIC_STRIP as V
+    rows computed; one output in the _planes kernels) runs the taps of the union of its rows' ranges times its
+    column's range, once per term."""
+    from cupyconv.ops.depthwise import GENERIC_STRIP
     a = launch.args
-    if launch.kernel == "depthwise_fwd_generic":  # src = x, dst = y (C * m planes, one term each)
+    V = 1 if launch.kernel.endswith("_planes") else GENERIC_STRIP
+    if launch.kernel.startswith("depthwise_fwd"):  # src = x, dst = y (C * m planes, one term each)
         src, dst, stride = (a["height"], a["width"]), (a["out_h"], a["out_w"]), (a["stride_h"], a["stride_w"])
         pad, planes = (a["pad_top"], a["pad_left"]), a["channels"] * a["multiplier"]
     else:  # stride 1: src = grad_out, dst = grad_x (C planes of m terms), the equivalent correlation's padding

@@ -292,6 +292,110 @@ __device__ __forceinline__ void depthwise_tiled(
   }
 }
 
+// Tiny planes (4x4, 2x2: whole planes of a few dozen elements), any kernel size, stride (forward) and dilation: one
+// thread per dst plane, the same src -> dst convolution as depthwise_tiled (TRANSPOSED: the stride-1 input gradient).
+// Tiled, such a plane leaves most lanes of a strip idle and pays a unit's set-up for a handful of outputs.  A unit is
+// blockDim.x consecutive dst planes (flat over images and channels: one contiguous run of dst, and its src planes
+// one contiguous run of src: forward, dst plane P reads src plane P / multiplier; input gradient, dst plane Q reads
+// the `multiplier` planes Q * multiplier + t).  The run of src is staged with coalesced element loads, the block's
+// kernels likewise (consecutive planes have consecutive kernels, modulo the channels), each thread convolves its plane
+// over the taps that land inside it (tap_range per output), its outputs go to shared memory and the block writes
+// them back as one coalesced run.  Staged planes are pitched to an odd number of words, so that the 32 threads of a
+// warp, each reading the same element of its own plane, hit 32 different banks.  The element -> (plane, offset)
+// split of a run is the same in every unit, so it is worked out once per thread (one division), then stepped.
+struct PlaneWalk {  // element e = tid, tid + blockDim.x, ... of runs of `size`-element planes: q = e / size, r = e % size
+  int q, r, dq, dr, size;
+  __device__ __forceinline__ PlaneWalk(int size_) : size(size_) {
+    q = (int)threadIdx.x / size, r = (int)threadIdx.x % size;
+    dq = (int)blockDim.x / size, dr = (int)blockDim.x % size;
+  }
+  __device__ __forceinline__ void next() {
+    q += dq, r += dr;
+    if (r >= size) r -= size, ++q;
+  }
+};
+
+template <typename T, typename I, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_planes(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left, int has_bias) {
+  typedef acc_t<T> A;
+  const int taps = kernel_h * kernel_w;
+  const int terms = TRANSPOSED ? multiplier : 1;  // src planes (and kernels) per dst plane
+  const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
+  const int src_size = src_h * src_w, dst_size = dst_h * dst_w, kernel_size = terms * taps;
+  const int src_pitch = src_size | 1, dst_pitch = dst_size | 1, w_pitch = kernel_size | 1;  // odd: no conflicts
+  const int per_block = (int)blockDim.x;
+  A* xs = reinterpret_cast<A*>(depthwise_smem);        // per_block * terms planes (forward: at most per_block)
+  A* ws = xs + per_block * terms * src_pitch;          // per_block kernels of `terms` x taps
+  A* ys = ws + per_block * w_pitch;                    // per_block dst planes
+  const I planes = images * dst_channels;
+  const I weights = (I)dst_channels * kernel_size;      // the whole weight tensor, in kernel order
+  const PlaneWalk src_walk(src_size), w_walk(kernel_size), dst_walk(dst_size);
+
+  for (I p0 = (I)blockIdx.x * per_block; p0 < planes; p0 += (I)gridDim.x * per_block) {
+    const int count = (int)min((I)per_block, planes - p0);
+    const I s0 = TRANSPOSED ? p0 * terms : p0 / multiplier;  // the unit's first src plane
+    const int src_count = TRANSPOSED ? count * terms : (int)((p0 + count - 1) / multiplier - s0 + 1);
+    {
+      const T* run = src + s0 * src_size;
+      PlaneWalk at = src_walk;
+      for (int e = threadIdx.x; e < src_count * src_size; e += per_block, at.next())
+        xs[at.q * src_pitch + at.r] = to_acc(run[e]);
+    }
+    {
+      // The kernels of dst planes p0 .. p0 + count - 1: weights from (p0 % dst_channels) * kernel_size on, wrapping
+      // at the end of the tensor (planes of the next image).
+      const I first = p0 % dst_channels * (I)kernel_size;
+      PlaneWalk at = w_walk;
+      for (int e = threadIdx.x; e < count * kernel_size; e += per_block, at.next()) {
+        I g = first + e;
+        if (g >= weights) g %= weights;
+        ws[at.q * w_pitch + at.r] = to_acc(weight[g]);
+      }
+    }
+    __syncthreads();
+
+    const int j = (int)threadIdx.x;
+    if (j < count) {
+      const I plane = p0 + j;
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[(int)(plane % dst_channels)]) : A(0);
+      const int q0 = TRANSPOSED ? j * terms : (int)((p0 + j) / multiplier - s0);  // the thread's first src plane
+      const A* w = ws + j * w_pitch;
+      for (int oy = 0; oy < dst_h; ++oy) {
+        int i_lo, i_hi;
+        tap_range(oy, oy, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
+        for (int ox = 0; ox < dst_w; ++ox) {
+          int j_lo, j_hi;
+          tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
+          A acc = init;
+          for (int t = 0; t < terms; ++t) {
+            const A* x = xs + (q0 + t) * src_pitch;
+            const int origin = (oy * stride_h - pad_top) * src_w + ox * stride_w - pad_left;  // tap (0, 0)'s offset
+            const A* wt = w + t * taps;
+            for (int i = i_lo; i < i_hi; ++i) {
+              for (int jj = j_lo; jj < j_hi; ++jj) {
+                const int tap = i * kernel_w + jj;
+                acc += wt[TRANSPOSED ? taps - 1 - tap : tap] * x[origin + i * dilation_h * src_w + jj * dilation_w];
+              }
+            }
+          }
+          ys[j * dst_pitch + oy * dst_w + ox] = acc;
+        }
+      }
+    }
+    __syncthreads();
+    {
+      T* run = dst + p0 * dst_size;
+      PlaneWalk at = dst_walk;
+      for (int e = threadIdx.x; e < count * dst_size; e += per_block, at.next())
+        run[e] = from_acc<T>(ys[at.q * dst_pitch + at.r]);
+    }
+    __syncthreads();  // the next unit overwrites the staged planes
+  }
+}
+
 // Forward, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1, any padding: a persistent kernel.
 //
 // The grid is capped (cupyconv/ops/depthwise.py: FORWARD_BLOCKS) and each block walks its units
@@ -684,6 +788,18 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
 
+// Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory.
+template <typename T, typename I>
+__global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
+                                     const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                     int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                                     int pad_top, int pad_left, int has_bias) {
+  depthwise_planes<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
+                                kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                                has_bias);
+}
+
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
 // grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
 template <typename T, typename I, int K, bool PACK = false>  // PACK: as in depthwise_fwd
@@ -709,6 +825,18 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                     out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
                                     (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+}
+
+// Input gradient of tiny planes at stride 1 (depthwise_planes), any kernel size and dilation.  pad_top/pad_left:
+// the forward's.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                           T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                           int dilation_h, int dilation_w, int pad_top, int pad_left) {
+  depthwise_planes<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
+                               width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
+                               (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left, 0);
 }
 
 // Input gradient at any stride (used for stride > 1): a gather from a staged grad_out region.  The unit stages
