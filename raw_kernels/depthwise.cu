@@ -23,7 +23,9 @@
 //   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
 //   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
-//   memory and, when stride == dilation along H, slide a register window down each kernel column.
+//   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
+//   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
+//   thread per plane, a block's consecutive planes staged and written back as contiguous runs.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
