@@ -836,9 +836,10 @@ __global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const
                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                            int dilation_h, int dilation_w, int pad_top, int pad_left) {
+  // the padding of the equivalent correlation
+  const int top = (kernel_h - 1) * dilation_h - pad_top, left = (kernel_w - 1) * dilation_w - pad_left;
   depthwise_planes<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
-                               width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
-                               (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left, 0);
+                               width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w, top, left, 0);
 }
 
 // Input gradient at any stride (used for stride > 1): a gather from a staged grad_out region.  The unit stages

@@ -415,6 +415,8 @@ MUTATIONS = [
       "const int top = K - 1 - pad_left, left = K - 1 - pad_left;", DEPTHWISE, "wrong-side padding"),
     M("dw-bwd-input-generic-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, (kernel_w",
       "(kernel_h - 1) * dilation_h - pad_left, (kernel_w", DEPTHWISE, "wrong-side padding"),
+    M("dw-bwd-input-planes-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, left",
+      "(kernel_h - 1) * dilation_h - pad_left, left", DEPTHWISE, "wrong-side padding"),
     M("dw-strided-pad-side", "depthwise.cu", "const int first_x = ceil_div(pad_left - ",
       "const int first_x = ceil_div(pad_top - ", DEPTHWISE, "wrong-side padding"),
     M("dw-direct-pad-side", "depthwise.cu", "const int yy = oy * stride_h - pad_top + i * dilation_h;",
