@@ -516,7 +516,7 @@ PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")
 
 def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, **args):
     """Launch a plan's kernel: tiled over `units` with its tiling, or untiled over `units` items."""
-    if plan.kernel in PLANE_KERNELS:  # units: dst planes, one per thread
+    if plan.tiling and plan.kernel in PLANE_KERNELS:  # units: dst planes, one per thread
         grid, block = capped_grid(ceil_div(units, plan.tiling.threads)), plan.tiling.threads
     elif plan.tiling:
         grid, block = capped_grid(units), plan.tiling.threads
