@@ -80,6 +80,7 @@ CASES = [
     # tiny planes, one thread each: several units whose kernels wrap around the channels many times, a multiplier,
     # per-side padding; stride and dilation (the strided input gradient)
     C("planes_units_wrap_multiplier2", (45, 3, 4, 5), 2, (3, 4), PLANES_1, padding=((1, 2), (2, 0))),
+    C("planes_dilation2_odd_padding", (3, 5, 5, 4), 1, 3, PLANES_1, padding=((3, 1), (1, 3)), dilation=2),
     C("planes_stride2_dilation2", (5, 7, 5, 6), 1, 3, ("depthwise_fwd_planes", "depthwise_bwd_input_strided",
                                                        "depthwise_bwd_weight_generic"), stride=2, padding=2, dilation=2),
     # the generic kernels: dilation, rectangles, strides, 'same', big kernels
