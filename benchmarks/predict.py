@@ -299,6 +299,42 @@ def simt_macs(launch: launches_mod.Launch) -> float:
     return launch.blocks * rows * cols * chunks * SIMT_CHUNK
 
 
+# The generic tiled depthwise kernels (depthwise.cu's depthwise_tiled) skip the taps that read outside the plane, per
+# thread item: their launches count the multiply-adds they execute (`depthwise_clipped_macs`), not a share of the
+# pass's (which counts every tap: a 31x31 kernel padded 15 on a 14x14 plane runs at most 17 x 14 of its 961).
+TAP_CLIPPED_KERNELS = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_fwd_planes",
+                       "depthwise_bwd_input_planes")
+
+
+def _tap_range(first: int, last: int, stride: int, pad: int, dilation: int, size: int, k: int) -> int:
+    """How many taps of one kernel dimension read inside the plane for outputs first .. last (depthwise.cu's
+    tap_range)."""
+    before, after = pad - last * stride, size - 1 + pad - first * stride
+    lo = 0 if before <= 0 else -(-before // dilation)
+    hi = 0 if after < 0 else min(k, after // dilation + 1)
+    return max(0, hi - lo)
+
+
+def depthwise_clipped_macs(launch: launches_mod.Launch) -> float:
+    """Multiply-adds of a TAP_CLIPPED_KERNELS launch: each thread item (GENERIC_STRIP rows of one column, all of its
+    rows computed; one output in the _planes kernels) runs the taps of the union of its rows' ranges times its
+    column's range, once per term."""
+    from cupyconv.ops.depthwise import GENERIC_STRIP
+    a = launch.args
+    V = 1 if launch.kernel.endswith("_planes") else GENERIC_STRIP
+    if launch.kernel.startswith("depthwise_fwd"):  # src = x, dst = y (C * m planes, one term each)
+        src, dst, stride = (a["height"], a["width"]), (a["out_h"], a["out_w"]), (a["stride_h"], a["stride_w"])
+        pad, planes = (a["pad_top"], a["pad_left"]), a["channels"] * a["multiplier"]
+    else:  # stride 1: src = grad_out, dst = grad_x (C planes of m terms), the equivalent correlation's padding
+        src, dst, stride = (a["out_h"], a["out_w"]), (a["height"], a["width"]), (1, 1)
+        pad = ((a["kernel_h"] - 1) * a["dilation_h"] - a["pad_top"], (a["kernel_w"] - 1) * a["dilation_w"] - a["pad_left"])
+        planes = a["channels"] * a["multiplier"]
+    rows = sum(V * _tap_range(oy, min(oy + V, dst[0]) - 1, stride[0], pad[0], a["dilation_h"], src[0], a["kernel_h"])
+               for oy in range(0, dst[0], V))
+    cols = sum(_tap_range(ox, ox, stride[1], pad[1], a["dilation_w"], src[1], a["kernel_w"]) for ox in range(dst[1]))
+    return float(a["images"] * planes * rows * cols)
+
+
 def hmma_macs(launch: launches_mod.Launch) -> int:
     """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32."""
     return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
@@ -307,13 +343,17 @@ def hmma_macs(launch: launches_mod.Launch) -> int:
 def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
     """{index of a MAC kernel's launch in steps: its multiply-adds}.  Each run of consecutive launches of one
     MAC kernel is one pass of the convolution (forward MACs: the input and weight gradients cost the same),
-    shared by blocks; the FMA GEMM's launches count their own (`simt_macs`)."""
+    shared by blocks; the FMA GEMM's and the tap-clipped depthwise kernels' launches count their own (`simt_macs`,
+    `depthwise_clipped_macs`)."""
     total = cases_mod.flops(case) / 2
     result, i = {}, 0
     while i < len(steps):
         step = steps[i]
         if isinstance(step, launches_mod.Launch) and step.kernel in SIMT_KERNELS:
             result[i] = simt_macs(step)
+            i += 1
+        elif isinstance(step, launches_mod.Launch) and step.kernel in TAP_CLIPPED_KERNELS:
+            result[i] = depthwise_clipped_macs(step)
             i += 1
         elif isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
             j = i

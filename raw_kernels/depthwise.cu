@@ -23,7 +23,9 @@
 //   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
 //   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
-//   memory and, when stride == dilation along H, slide a register window down each kernel column.
+//   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
+//   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
+//   thread per plane, a block's consecutive planes staged and written back as contiguous runs.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
@@ -139,33 +141,47 @@ __device__ __forceinline__ void load_tiles(acc_t<T>* tile, const T* __restrict__
                            in_w, y0, x0, height, width);
 }
 
+// The taps [lo, hi) of one kernel dimension that read inside a plane of `size` for outputs first .. last (along
+// that dimension): output o's tap t reads o * stride - pad + t * dilation.  Taps outside it read the staged
+// zeros, so skipping them changes nothing but the work: a 31x31 kernel padded 15 on a 14x14 plane has at most
+// 14 of its 31 rows (and columns) inside for any output, 961 -> 196 taps.  Only non-negative divisions.
+__device__ __forceinline__ void tap_range(int first, int last, int stride, int pad, int dilation, int size, int k,
+                                          int& lo, int& hi) {
+  const int before = pad - last * stride;               // tap 0 of the last output is `before` rows above the plane
+  const int after = size - 1 + pad - first * stride;    // the plane's last row, from tap 0 of the first output
+  lo = before <= 0 ? 0 : (before + dilation - 1) / dilation;
+  hi = after < 0 ? 0 : min(k, after / dilation + 1);
+}
+
 // out[v] += sum_{i,j} w[i][j] * base[(v * stride_h + i * dilation_h) * pitch + j * dilation_w] for a strip
-// of V outputs; w is the tap-major (kh, kw) kernel in shared memory.  When the vertical
-// stride equals the vertical dilation, output v's tap i reads row (v + i) * stride: a window of V registers
-// then slides down each kernel column, one shared load (plus a broadcast weight) per V FMAs instead of V (the
-// 31x31 stride-1 case).
+// of V outputs, over the taps i in [i_lo, i_hi), j in [j_lo, j_hi) (tap_range: the others read zeros); w is the
+// tap-major (kh, kw) kernel in shared memory.  When the vertical stride equals the vertical dilation, output v's
+// tap i reads row (v + i) * stride: a window of V registers then slides down each kernel column, one shared load
+// (plus a weight) per V FMAs instead of V (the 31x31 stride-1 case).
 template <typename A, int V>
-__device__ __forceinline__ void generic_fma(const A* base, int pitch, const A* w, int kernel_h, int kernel_w,
-                                            int stride_h, int dilation_h, int dilation_w, A (&out)[V]) {
+__device__ __forceinline__ void generic_fma(const A* base, int pitch, const A* w, int kernel_w, int i_lo, int i_hi,
+                                            int j_lo, int j_hi, int stride_h, int dilation_h, int dilation_w,
+                                            A (&out)[V]) {
+  if (i_lo >= i_hi) return;  // no row inside (the window below would start past the tile)
   const int step = stride_h * pitch;
-  for (int j = 0; j < kernel_w; ++j) {
+  for (int j = j_lo; j < j_hi; ++j) {
     const A* col = base + j * dilation_w;
     if (stride_h == dilation_h) {
       A win[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) win[v] = col[v * step];
-      for (int i = 0; i < kernel_h; ++i) {
+      for (int v = 0; v < V; ++v) win[v] = col[(v + i_lo) * step];
+      for (int i = i_lo; i < i_hi; ++i) {
         const A wv = w[i * kernel_w + j];
 #pragma unroll
         for (int v = 0; v < V; ++v) out[v] += wv * win[v];
-        if (i + 1 < kernel_h) {
+        if (i + 1 < i_hi) {
 #pragma unroll
           for (int v = 0; v + 1 < V; ++v) win[v] = win[v + 1];
           win[V - 1] = col[(V + i) * step];
         }
       }
     } else {
-      for (int i = 0; i < kernel_h; ++i) {
+      for (int i = i_lo; i < i_hi; ++i) {
         const A wv = w[i * kernel_w + j];
         const A* row = col + i * dilation_h * pitch;
 #pragma unroll
@@ -258,10 +274,14 @@ __device__ __forceinline__ void depthwise_tiled(
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] = init;
+      const int oy_first = oy0 + s * V;
+      int i_lo, i_hi, j_lo, j_hi;  // the item's taps that read inside the src plane
+      tap_range(oy_first, min(oy_first + V, dst_h) - 1, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
+      tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
       for (int k = 0; k < terms; ++k) {
         const A* base = tile + ((p * terms + k) * in_h + s * V * stride_h) * in_w + ox_l * stride_w;
-        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_h, kernel_w, stride_h, dilation_h, dilation_w,
-                          acc);
+        generic_fma<A, V>(base, in_w, wshared + k * taps, kernel_w, i_lo, i_hi, j_lo, j_hi, stride_h, dilation_h,
+                          dilation_w, acc);
       }
       T* out = dst + (n * dst_channels + d) * (I)dst_h * dst_w + ox;
 #pragma unroll
@@ -271,6 +291,110 @@ __device__ __forceinline__ void depthwise_tiled(
       }
     }
     __syncthreads();  // the next unit overwrites the tiles
+  }
+}
+
+// Tiny planes (4x4, 2x2: whole planes of a few dozen elements), any kernel size, stride (forward) and dilation: one
+// thread per dst plane, the same src -> dst convolution as depthwise_tiled (TRANSPOSED: the stride-1 input gradient).
+// Tiled, such a plane leaves most lanes of a strip idle and pays a unit's set-up for a handful of outputs.  A unit is
+// blockDim.x consecutive dst planes (flat over images and channels: one contiguous run of dst, and its src planes
+// one contiguous run of src: forward, dst plane P reads src plane P / multiplier; input gradient, dst plane Q reads
+// the `multiplier` planes Q * multiplier + t).  The run of src is staged with coalesced element loads, the block's
+// kernels likewise (consecutive planes have consecutive kernels, modulo the channels), each thread convolves its plane
+// over the taps that land inside it (tap_range per output), its outputs go to shared memory and the block writes
+// them back as one coalesced run.  Staged planes are pitched to an odd number of words, so that the 32 threads of a
+// warp, each reading the same element of its own plane, hit 32 different banks.  The element -> (plane, offset)
+// split of a run is the same in every unit, so it is worked out once per thread (one division), then stepped.
+struct PlaneWalk {  // element e = tid, tid + blockDim.x, ... of runs of `size`-element planes: q = e / size, r = e % size
+  int q, r, dq, dr, size;
+  __device__ __forceinline__ PlaneWalk(int size_) : size(size_) {
+    q = (int)threadIdx.x / size, r = (int)threadIdx.x % size;
+    dq = (int)blockDim.x / size, dr = (int)blockDim.x % size;
+  }
+  __device__ __forceinline__ void next() {
+    q += dq, r += dr;
+    if (r >= size) r -= size, ++q;
+  }
+};
+
+template <typename T, typename I, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_planes(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top, int pad_left, int has_bias) {
+  typedef acc_t<T> A;
+  const int taps = kernel_h * kernel_w;
+  const int terms = TRANSPOSED ? multiplier : 1;  // src planes (and kernels) per dst plane
+  const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
+  const int src_size = src_h * src_w, dst_size = dst_h * dst_w, kernel_size = terms * taps;
+  const int src_pitch = src_size | 1, dst_pitch = dst_size | 1, w_pitch = kernel_size | 1;  // odd: no conflicts
+  const int per_block = (int)blockDim.x;
+  A* xs = reinterpret_cast<A*>(depthwise_smem);        // per_block * terms planes (forward: at most per_block)
+  A* ws = xs + per_block * terms * src_pitch;          // per_block kernels of `terms` x taps
+  A* ys = ws + per_block * w_pitch;                    // per_block dst planes
+  const I planes = images * dst_channels;
+  const I weights = (I)dst_channels * kernel_size;      // the whole weight tensor, in kernel order
+  const PlaneWalk src_walk(src_size), w_walk(kernel_size), dst_walk(dst_size);
+
+  for (I p0 = (I)blockIdx.x * per_block; p0 < planes; p0 += (I)gridDim.x * per_block) {
+    const int count = (int)min((I)per_block, planes - p0);
+    const I s0 = TRANSPOSED ? p0 * terms : p0 / multiplier;  // the unit's first src plane
+    const int src_count = TRANSPOSED ? count * terms : (int)((p0 + count - 1) / multiplier - s0 + 1);
+    {
+      const T* run = src + s0 * src_size;
+      PlaneWalk at = src_walk;
+      for (int e = threadIdx.x; e < src_count * src_size; e += per_block, at.next())
+        xs[at.q * src_pitch + at.r] = to_acc(run[e]);
+    }
+    {
+      // The kernels of dst planes p0 .. p0 + count - 1: weights from (p0 % dst_channels) * kernel_size on, wrapping
+      // at the end of the tensor (planes of the next image).
+      const I first = p0 % dst_channels * (I)kernel_size;
+      PlaneWalk at = w_walk;
+      for (int e = threadIdx.x; e < count * kernel_size; e += per_block, at.next()) {
+        I g = first + e;
+        if (g >= weights) g %= weights;
+        ws[at.q * w_pitch + at.r] = to_acc(weight[g]);
+      }
+    }
+    __syncthreads();
+
+    const int j = (int)threadIdx.x;
+    if (j < count) {
+      const I plane = p0 + j;
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[(int)(plane % dst_channels)]) : A(0);
+      const int q0 = TRANSPOSED ? j * terms : (int)((p0 + j) / multiplier - s0);  // the thread's first src plane
+      const A* w = ws + j * w_pitch;
+      for (int oy = 0; oy < dst_h; ++oy) {
+        int i_lo, i_hi;
+        tap_range(oy, oy, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
+        for (int ox = 0; ox < dst_w; ++ox) {
+          int j_lo, j_hi;
+          tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
+          A acc = init;
+          for (int t = 0; t < terms; ++t) {
+            const A* x = xs + (q0 + t) * src_pitch;
+            const int origin = (oy * stride_h - pad_top) * src_w + ox * stride_w - pad_left;  // tap (0, 0)'s offset
+            const A* wt = w + t * taps;
+            for (int i = i_lo; i < i_hi; ++i) {
+              for (int jj = j_lo; jj < j_hi; ++jj) {
+                const int tap = i * kernel_w + jj;
+                acc += wt[TRANSPOSED ? taps - 1 - tap : tap] * x[origin + i * dilation_h * src_w + jj * dilation_w];
+              }
+            }
+          }
+          ys[j * dst_pitch + oy * dst_w + ox] = acc;
+        }
+      }
+    }
+    __syncthreads();
+    {
+      T* run = dst + p0 * dst_size;
+      PlaneWalk at = dst_walk;
+      for (int e = threadIdx.x; e < count * dst_size; e += per_block, at.next())
+        run[e] = from_acc<T>(ys[at.q * dst_pitch + at.r]);
+    }
+    __syncthreads();  // the next unit overwrites the staged planes
   }
 }
 
@@ -666,6 +790,18 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
 
+// Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory.
+template <typename T, typename I>
+__global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
+                                     const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                     int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                                     int pad_top, int pad_left, int has_bias) {
+  depthwise_planes<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
+                                kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                                has_bias);
+}
+
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
 // grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
 template <typename T, typename I, int K, bool PACK = false>  // PACK: as in depthwise_fwd
@@ -691,6 +827,19 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                     out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
                                     (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+}
+
+// Input gradient of tiny planes at stride 1 (depthwise_planes), any kernel size and dilation.  pad_top/pad_left:
+// the forward's.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                           T* __restrict__ grad_x, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                           int dilation_h, int dilation_w, int pad_top, int pad_left) {
+  // the padding of the equivalent correlation
+  const int top = (kernel_h - 1) * dilation_h - pad_top, left = (kernel_w - 1) * dilation_w - pad_left;
+  depthwise_planes<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
+                               width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w, top, left, 0);
 }
 
 // Input gradient at any stride (used for stride > 1): a gather from a staged grad_out region.  The unit stages

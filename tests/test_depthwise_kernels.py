@@ -48,6 +48,7 @@ def C(name, x, m, k, kernels, bias=True, **window):
 SPEC_3_1 = ("depthwise_fwd<3, 1>", "depthwise_bwd_input<3>", "depthwise_bwd_weight<3, 1>")
 GENERIC_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_generic")
 GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_bwd_weight_generic")
+PLANES_1 = ("depthwise_fwd_planes", "depthwise_bwd_input_planes", "depthwise_bwd_weight_generic")
 LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
 DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
 
@@ -74,19 +75,26 @@ CASES = [
     C("k3_plane_1x1", (3, 4, 1, 1), 1, 3, SPEC_3_1, padding=1),
     C("k5_larger_than_plane", (2, 2, 3, 3), 1, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
                                                    "depthwise_bwd_weight<5, 1>"), padding=1),
-    C("tiny_4x4_k4_same", (9, 3, 4, 4), 1, 4, GENERIC_1, padding="same"),
-    C("k9_on_4x4", (2, 2, 4, 4), 1, 9, LARGE_1, padding=4),
+    C("tiny_4x4_k4_same", (9, 3, 4, 4), 1, 4, PLANES_1, padding="same"),
+    C("k9_on_4x4", (2, 2, 4, 4), 1, 9, PLANES_1[:2] + ("depthwise_bwd_weight_large",), padding=4),
+    # tiny planes, one thread each: several units whose kernels wrap around the channels many times, a multiplier,
+    # per-side padding; stride and dilation (the strided input gradient)
+    C("planes_units_wrap_multiplier2", (45, 3, 4, 5), 2, (3, 4), PLANES_1, padding=((1, 2), (2, 0))),
+    C("planes_dilation2_odd_padding", (3, 5, 5, 4), 1, 3, PLANES_1, padding=((3, 1), (1, 3)), dilation=2),
+    C("planes_stride2_dilation2", (5, 7, 5, 6), 1, 3, ("depthwise_fwd_planes", "depthwise_bwd_input_strided",
+                                                       "depthwise_bwd_weight_generic"), stride=2, padding=2, dilation=2),
     # the generic kernels: dilation, rectangles, strides, 'same', big kernels
     C("dilation2_multiplier2", (2, 3, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
     C("dilation2_stride2", (1, 2, 11, 9), 1, 3, GENERIC_S, stride=2, padding=2, dilation=2),
     C("rect_per_side_stride21", (2, 2, 9, 10), 1, (3, 5), GENERIC_S, stride=(2, 1), padding=((1, 0), (2, 1))),
     C("same_even_stride2", (2, 3, 10, 9), 1, 4, GENERIC_S, stride=2, padding="same"),
-    C("k31", (1, 2, 6, 7), 1, 31, LARGE_1, padding=15),
+    C("k31", (1, 2, 9, 8), 1, 31, LARGE_1, padding=15),
     C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
     C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
                                                              "depthwise_bwd_weight_large"),
       stride=2, padding=((4, 3), (7, 9)), dilation=2),
-    C("rect_stride1_multiplier3", (2, 2, 7, 6), 3, (2, 3), GENERIC_1, padding=((0, 1), (1, 1))),
+    C("rect_stride1_multiplier3", (2, 2, 7, 6), 3, (2, 3), PLANES_1, padding=((0, 1), (1, 1))),
+    C("rect_stride1_multiplier3_tiled", (2, 2, 9, 8), 3, (2, 3), GENERIC_1, padding=((0, 1), (1, 1))),
     # stride_h != stride_w where it matters: a tiled forward with two tiles along x (ox0 > 0), and the large-kernel
     # weight gradient with several output rows per tile (oy_l > 0)
     C("stride12_two_tiles_x", (1, 2, 7, 67), 1, 3, GENERIC_S, stride=(1, 2), padding=1),
@@ -96,7 +104,7 @@ CASES = [
     C("k1_multiplier3", (2, 3, 5, 6), 3, 1, DIRECT),
     C("k2_stride3", (1, 2, 10, 7), 1, 2, DIRECT, stride=3),
     C("k2_stride32", (1, 2, 11, 9), 1, 2, DIRECT, stride=(3, 2)),
-    C("huge_dilation", (1, 2, 5, 5), 1, 3, ("depthwise_fwd_direct", "depthwise_bwd_input_gather",
+    C("huge_dilation", (1, 2, 9, 9), 1, 3, ("depthwise_fwd_direct", "depthwise_bwd_input_gather",
                                             "depthwise_bwd_weight_direct"), dilation=60, padding=60),
     C("stride3_dilation2", (2, 2, 13, 11), 2, 3, GENERIC_S, stride=(3, 2), padding=((3, 1), (0, 2)),
       dilation=(2, 3)),
@@ -324,7 +332,7 @@ def test_empty_batch():
 
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
-               "huge_dilation",
+               "huge_dilation", "planes_units_wrap_multiplier2",
                "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
 
 
@@ -609,8 +617,15 @@ PATHS = [
     ("direct", 2, 3, 1, 2, 1, DIRECT),
     ("gather", 3, 1, 30, 8, 30, ("depthwise_fwd_generic", "depthwise_bwd_input_gather",
                                  "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
+    ("planes", 3, 1, 2, 2, 2, PLANES_1),
 ]
 PATH_IDS = [p[0] for p in PATHS]
+
+
+def route_planes(monkeypatch, path):
+    """The planes path takes the tiny-plane kernels on every plane whose unit fits in shared memory, and no other path
+    takes them, whatever its plane sizes here: each path keeps its own kernels."""
+    monkeypatch.setattr(depthwise_module, "PLANE_MAX", 2**62 if path[0] == "planes" else 0)
 
 
 def path_case(path, padding, low=(7, 6), images=2, channels=2, name=""):
@@ -624,10 +639,11 @@ def path_case(path, padding, low=(7, 6), images=2, channels=2, name=""):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
-def test_padding_per_side_and_last_row_and_column(path):
+def test_padding_per_side_and_last_row_and_column(path, monkeypatch):
     """Each side's padding differs alone (a kernel that reads pad_top for pad_left, or the bottom for the top,
     fails one of the four); every case's last window ends on the last padded row and column, so windows read
     the last input row and column and, where that side is padded, the zeros past them."""
+    route_planes(monkeypatch, path)
     for k, (side, padding) in enumerate(bug_classes.per_side_paddings(path[5])):
         case = path_case(path, padding, name=side)
         device = Recorder("reverse" if k % 2 else "forward")
@@ -638,10 +654,11 @@ def test_padding_per_side_and_last_row_and_column(path):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
-def test_accumulates_in_float32(path):
+def test_accumulates_in_float32(path, monkeypatch):
     """Forward, input gradient, weight and bias gradients (and the bias alone) in float16 and bfloat16 on data
     whose float32 sums are exact: every result must be the float64 one rounded once (a 16-bit accumulator
     misses it on about half the outputs)."""
+    route_planes(monkeypatch, path)
     case = path_case(path, ((path[5],) * 2,) * 2, low=(9, 8), images=3)
     for dtype in ("float16", "bfloat16"):
         rng = numpy.random.default_rng(20)
@@ -688,7 +705,8 @@ LOOP_CASES = [
     path_case(PATHS[7], ((1, 0), (2, 1)), low=(9, 10), channels=8, name="loops"),
     path_case(PATHS[8], ((3, 3), (4, 4)), low=(9, 8), channels=4, name="loops"),
     path_case(PATHS[9], ((0, 0), (0, 0)), low=(5, 6), channels=10, name="loops"),
-    path_case(PATHS[10], ((30, 30), (30, 30)), low=(5, 5), channels=2, name="loops"),
+    path_case(PATHS[10], ((30, 30), (30, 30)), low=(9, 9), channels=2, name="loops"),  # 81 pixels: not tiny planes
+    path_case(PATHS[11], ((1, 2), (2, 0)), low=(5, 6), images=20, channels=7, name="loops"),
 ]
 
 
@@ -731,6 +749,7 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     gradients the last block writes match the CPU path on a crop; on the channels, so does the last bias
     gradient."""
     bug_classes.lift_grid_cap(monkeypatch)
+    route_planes(monkeypatch, path)
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", 2**15)  # stage 1: ~70 units per block, not 600
     label, k, s, d, m, base, _ = path
     (kh, kw), rng = _pair(k), numpy.random.default_rng(60)
@@ -788,6 +807,8 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     # (', true>': the packed-channel instantiation, which the wide planes of channels select here; see Recorder.kernels)
     used = {short(name.replace(", long long", ", int")).replace(", true>", ">") for name in device.launches}
     kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
+    if label == "planes":  # the huge plane's unit cannot fit: the tiled generic kernels
+        kernels = (*kernels, *GENERIC_1)
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 

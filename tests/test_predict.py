@@ -208,6 +208,36 @@ def test_tensor_core_work_and_pass_macs():
     assert predict.tensor_core_macs(grad_weight) == 9 * 56 * 64 * 64 * 56 * 32  # 3136 chunks in 56 splits of 56
 
 
+def _in_plane_taps(first, last, stride, pad, dilation, size, k):
+    """Taps of one kernel dimension that read inside the plane for some output first .. last, by brute force."""
+    return sum(any(0 <= o * stride - pad + t * dilation < size for o in range(first, last + 1)) for t in range(k))
+
+
+def test_tap_clipped_depthwise_macs():
+    """The generic depthwise forward and input gradient count the taps they run, against brute force: the union over
+    a strip's rows (GENERIC_STRIP rows, all computed) times the column's taps; one output per item in the _planes
+    kernels.  The 31x31 case runs about a quarter of its taps."""
+    from cupyconv.ops.depthwise import GENERIC_STRIP as V
+    case = BY_LABEL["dw-384-14k31-gpu32"]
+    rec = launches.record(case, True)
+    steps = {s.kernel: s for s in rec.steps if isinstance(s, launches.Launch)}
+    forward, grad_input = steps["depthwise_fwd_generic"], steps["depthwise_bwd_input_generic"]
+    rows = sum(V * _in_plane_taps(oy, min(oy + V, 14) - 1, 1, 15, 1, 14, 31) for oy in range(0, 14, V))
+    cols = sum(_in_plane_taps(ox, ox, 1, 15, 1, 14, 31) for ox in range(14))
+    assert predict.depthwise_clipped_macs(forward) == 32 * 384 * rows * cols
+    assert predict.depthwise_clipped_macs(grad_input) == 32 * 384 * rows * cols   # 'same': the transpose is alike
+    assert predict.depthwise_clipped_macs(forward) < cases.flops(case) / 2 / 3.5
+    macs = predict.pass_macs(rec.steps, case)
+    assert macs[rec.steps.index(forward)] == predict.depthwise_clipped_macs(forward)
+    # tiny planes, stride 2 and dilation 2 with per-side padding: one output per item
+    tiny = launches.Launch("depthwise.cu", "depthwise_fwd_planes<float, int>", (1,), (32,), 0, dict(
+        images=3, channels=5, multiplier=2, height=5, width=4, out_h=3, out_w=2, kernel_h=3, kernel_w=2, stride_h=2,
+        stride_w=2, dilation_h=2, dilation_w=3, pad_top=2, pad_left=1))
+    expected = sum(_in_plane_taps(oy, oy, 2, 2, 2, 5, 3) * _in_plane_taps(ox, ox, 2, 1, 3, 4, 2)
+                   for oy in range(3) for ox in range(2))
+    assert predict.depthwise_clipped_macs(tiny) == 3 * 10 * expected
+
+
 def test_work_and_times_of_a_tensor_core_main_loop():
     """The r50-64 forward with the loop the SASS gives its instantiation (sm_90, NVRTC 13: 395 instructions, 16
     HMMA, 24 LDG.U16, 24 STS.U16, 32 LDS per warp and chunk), worked out by hand."""

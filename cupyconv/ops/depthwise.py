@@ -133,11 +133,12 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 # Algorithm selection (the kernels' comments say how each one works):
 #   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
 #                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
-#                  other windows that overlap (extent > stride)                -> depthwise_fwd_generic
+#                  other windows that overlap (extent > stride): tiny planes     -> depthwise_fwd_planes
+#                                                                  others          -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
 #                  (depthwise_bwd_input<T, I, K[, true]> for square 3/5/7, dilation 1: the forward's persistent
-#                  kernel on FORWARD_BLOCKS blocks; else _generic);
+#                  kernel on FORWARD_BLOCKS blocks; tiny planes: _planes; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
 #                  unrolled; both persistent on FORWARD_BLOCKS blocks)
@@ -152,7 +153,8 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 
 SPECIALISED_KERNELS = (3, 5, 7)
 SPECIALISED_STRIDES = (1, 2)
-GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_direct", "depthwise_bwd_input_generic",
+GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_fwd_direct",
+                   "depthwise_bwd_input_generic", "depthwise_bwd_input_planes",
                    "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
                    "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
                    "depthwise_bwd_bias", "depthwise_bwd_reduce")
@@ -187,6 +189,8 @@ FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, depthwise_bwd_in
                        # over their units and pay their set-up once: about two waves of an H100 (132 SMs x 8-9
                        # resident blocks of ~224 threads), so an SM that finishes early takes the next block and the
                        # last wave's tail is short
+PLANE_MAX = 64         # the largest src and dst planes (elements) of depthwise_fwd_planes / _bwd_input_planes: one
+                       # thread per dst plane, so larger planes would leave too few threads and too long loops
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 
@@ -382,6 +386,20 @@ def _packed_constant(tiling: Tiling) -> tuple:
     return (True,) if tiling.pack_channels else ()
 
 
+def plan_planes(kernel: str, src_size: int, dst_size: int, terms: int, taps: int, acc: int) -> Plan | None:
+    """depthwise_fwd_planes / _bwd_input_planes for planes of at most PLANE_MAX elements (src_size, dst_size), `terms`
+    src planes and kernels of `taps` per dst plane: the most threads (one per dst plane, 256 down to 32) whose unit,
+    pitched as the kernel pitches it (odd), fits in SMEM_SOFT, else 32 within the default limit; None when the planes
+    are larger or nothing fits."""
+    if max(src_size, dst_size) > PLANE_MAX:
+        return None
+    per_plane = (terms * (src_size | 1) + (terms * taps | 1) + (dst_size | 1)) * acc
+    for threads, limit in ((256, SMEM_SOFT), (128, SMEM_SOFT), (64, SMEM_SOFT), (32, DEFAULT_SHARED_LIMIT)):
+        if threads * per_plane <= limit:
+            return Plan(kernel, (), Tiling(1, 1, 1, 1, threads, threads, threads * per_plane))
+    return None
+
+
 def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     """The forward's kernel and tiling; acc, itemsize: bytes of the accumulation type and of the data type
     (default: acc)."""
@@ -398,6 +416,9 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
         if tiling:
             return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling)), tiling)
     if _overlaps(spec):
+        plan = plan_planes("depthwise_fwd_planes", math.prod(spec.in_size), spec.out_pixels, 1, spec.taps, acc)
+        if plan:
+            return plan
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
         if tiling:
@@ -425,6 +446,9 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
                 _staged_kernels(k, m, acc))
             if tiling:
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
+        plan = plan_planes("depthwise_bwd_input_planes", spec.out_pixels, math.prod(spec.in_size), m, spec.taps, acc)
+        if plan:
+            return plan
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
@@ -487,9 +511,14 @@ def stage1_rows(units: int, channels: int):
 
 # --- launches ---------------------------------------------------------------------------------------------
 
+PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")
+
+
 def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, **args):
     """Launch a plan's kernel: tiled over `units` with its tiling, or untiled over `units` items."""
-    if plan.tiling:
+    if plan.tiling and plan.kernel in PLANE_KERNELS:  # units: dst planes, one per thread
+        grid, block = capped_grid(ceil_div(units, plan.tiling.threads)), plan.tiling.threads
+    elif plan.tiling:
         grid, block = capped_grid(units), plan.tiling.threads
         args.update(plan.tiling.args())
     else:
@@ -504,6 +533,8 @@ def depthwise_conv2d_gpu(device, x, weight, bias, spec: ConvSpec):
     index = index_type(x.size, y.size, weight.size)
     plan = plan_forward(spec, compute_dtype(x.dtype).itemsize, x.dtype.itemsize)
     units = plan.tiling.all_units(spec.n, spec.out_channels) if plan.tiling else y.size
+    if plan.kernel in PLANE_KERNELS:
+        units = spec.n * spec.out_channels
     if plan.kernel == "depthwise_fwd":
         units = min(units, FORWARD_BLOCKS)  # a persistent kernel: blocks loop over the units
     _launch(device, plan, x.dtype, index, units, spec, x=x, weight=weight,
@@ -517,6 +548,8 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
     index = index_type(grad_output.size, grad_x.size, weight.size)
     plan = plan_input_grad(spec, compute_dtype(grad_output.dtype).itemsize, grad_output.dtype.itemsize)
     units = plan.tiling.all_units(spec.n, spec.in_channels) if plan.tiling else grad_x.size
+    if plan.kernel in PLANE_KERNELS:
+        units = spec.n * spec.in_channels
     if plan.kernel in ("depthwise_bwd_input", "depthwise_bwd_input_strided", "depthwise_bwd_input_phased"):
         units = min(units, FORWARD_BLOCKS)  # persistent kernels: blocks loop over the units
     _launch(device, plan, grad_output.dtype, index, units, spec, grad_out=grad_output, weight=weight, grad_x=grad_x,
