@@ -43,12 +43,12 @@ from optional_deps import BFLOAT16, Dtypes
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
-from test_nvrtc import GROUPS, compile_async_copy_check, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
+from test_nvrtc import FULL_ARCHES, GROUPS, compile_async_copy_check, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
 
-SASS_ARCHES = ("sm_80", "sm_90")
+SASS_ARCHES = FULL_ARCHES  # the architectures test_nvrtc compiles every instantiation for
 
 # Per-block hardware limits of sm_80 and sm_90 (CUDA C Programming Guide, compute capabilities 8.0 and 9.0).
 MAX_THREADS = 1024
