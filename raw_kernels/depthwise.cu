@@ -289,8 +289,8 @@ __device__ __forceinline__ void depthwise_tiled(
 // float32) where the plane's rows are aligned.  The staged tile is stored from column x0 (row pitch a multiple of
 // 16 bytes) so that those shared loads are aligned, in chunks of C = 16 / sizeof(A) columns, one 16-byte shared
 // store each: a chunk is cut from the two C-element global slots aligned in memory that hold it (two 16-byte loads
-// in float32, 8-byte in the 16-bit types; element loads with zero padding at the plane's edges and on rows that
-// are not aligned).
+// in float32, 8-byte in the 16-bit types; zeros for slots outside the plane; element loads with zero padding on
+// rows that are not aligned).
 __device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
   digit += step + carry;
   carry = digit >= radix;
@@ -340,7 +340,7 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // block.  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements.  Rows that are
 // 16-byte aligned in global memory are staged by chunks: this thread's are chunk0 (+ lanes ...) of the unit's rows
 // row0, row0 + rows_per_pass, ... (plane q = row / in_h), each one 16-byte shared store cut from the two C-element
-// global slots aligned in memory that hold it (element loads with zero padding at the plane's edges).  Other rows
+// global slots aligned in memory that hold it (a slot outside the plane: zeros, no load).  Other rows
 // (a plane width that is not a multiple of C: 7, 14) are staged element by element, lanes along the row, so that a
 // warp's load reads consecutive elements (per chunk, its C element loads would each touch every row the warp
 // covers).
@@ -403,21 +403,21 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
       }
       for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
         const int col = x0 + chunk * C, slot = col - shift;
+        // The row is whole aligned slots (rows_aligned), so each of the two is inside the plane or all padding: one
+        // vector load or zeros, also at the plane's edges (element loads there made a warp run both paths).
+        Pack<T, C> a, b;
+#pragma unroll
+        for (int e = 0; e < C; ++e) a.v[e] = b.v[e] = from_acc<T>(A(0));
+        if (row != nullptr && slot >= 0 && slot < width) a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+        if (row != nullptr && slot + C >= 0 && slot + C < width)
+          b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
         T t[C];
-        if (row != nullptr && slot >= 0 && slot + 2 * C <= width) {
-          const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
-          const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
 #pragma unroll
-          for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
-            if (m == shift) {
+        for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+          if (m == shift) {
 #pragma unroll
-              for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
-            }
+            for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
           }
-        } else {
-#pragma unroll
-          for (int e = 0; e < C; ++e)
-            t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
         }
         Pack<A, C> packed;
 #pragma unroll
