@@ -16,6 +16,7 @@
 //   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
 //   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
 //   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
+//   So do the per-image SPREAD instantiations of tiles whose row of items spans less than a bank row (28 wide).
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
@@ -412,8 +413,8 @@ __device__ __forceinline__ void depthwise_planes(
 // float32) where the plane's rows are aligned.  The staged tile is stored from column x0 (row pitch a multiple of
 // 16 bytes) so that those shared loads are aligned, in chunks of C = 16 / sizeof(A) columns, one 16-byte shared
 // store each: a chunk is cut from the two C-element global slots aligned in memory that hold it (two 16-byte loads
-// in float32, 8-byte in the 16-bit types; element loads with zero padding at the plane's edges and on rows that
-// are not aligned).
+// in float32, 8-byte in the 16-bit types; zeros for slots outside the plane; element loads with zero padding on
+// rows that are not aligned).
 __device__ __forceinline__ void next_digit(int& digit, int step, int radix, int& carry) {
   digit += step + carry;
   carry = digit >= radix;
@@ -463,17 +464,18 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // block.  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements.  Rows that are
 // 16-byte aligned in global memory are staged by chunks: this thread's are chunk0 (+ lanes ...) of the unit's rows
 // row0, row0 + rows_per_pass, ... (plane q = row / in_h), each one 16-byte shared store cut from the two C-element
-// global slots aligned in memory that hold it (element loads with zero padding at the plane's edges).  Other rows
+// global slots aligned in memory that hold it (a slot outside the plane: zeros, no load).  Other rows
 // (a plane width that is not a multiple of C: 7, 14) are staged element by element, lanes along the row, so that a
 // warp's load reads consecutive elements (per chunk, its C element loads would each touch every row the warp
 // covers).
 //
-// Staged planes are `plane` elements apart: in_h * pitch, with SPREAD (small planes) rounded up to be congruent to
-// span = tile_w * S (the columns a row of thread items reads) modulo a bank row of 128 bytes.  Their kernels lay
-// their thread items out column group fastest, then plane, then strip (ItemLayout<true>), so lane l's 16-byte shared
-// loads start l * U * S elements (modulo a bank row) after lane 0's whichever plane it is in: at S = 1 the 8 lanes of
-// a quarter warp cover the 32 banks once (one wavefront per quarter; the next strip of the same plane, V rows of a
-// 16-byte pitch down, lands on lane 0's banks: two).  The planner's _forward_staging mirrors pitch and plane.
+// Staged planes are `plane` elements apart: in_h * pitch, with SPREAD (small planes, narrow tiles) rounded up to be
+// congruent to span = tile_w * S (the columns a row of thread items reads) modulo a bank row of 128 bytes.  Their
+// kernels lay their thread items out column group fastest, then plane, then strip (ItemLayout<true>), so lane l's
+// 16-byte shared loads start l * U * S elements (modulo a bank row) after lane 0's whichever plane it is in: at
+// S = 1 the 8 lanes of a quarter warp cover the 32 banks once (one wavefront per quarter; the next strip of the same
+// plane, V rows of a 16-byte pitch down, lands on lane 0's banks: two).  The planner's _forward_staging mirrors
+// pitch and plane.
 template <typename T, typename I, bool SPREAD> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
@@ -525,21 +527,21 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
       }
       for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
         const int col = x0 + chunk * C, slot = col - shift;
+        // The row is whole aligned slots (rows_aligned), so each of the two is inside the plane or all padding: one
+        // vector load or zeros, also at the plane's edges (element loads there made a warp run both paths).
+        Pack<T, C> a, b;
+#pragma unroll
+        for (int e = 0; e < C; ++e) a.v[e] = b.v[e] = from_acc<T>(A(0));
+        if (row != nullptr && slot >= 0 && slot < width) a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
+        if (row != nullptr && slot + C >= 0 && slot + C < width)
+          b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
         T t[C];
-        if (row != nullptr && slot >= 0 && slot + 2 * C <= width) {
-          const Pack<T, C> a = *reinterpret_cast<const Pack<T, C>*>(row + slot);
-          const Pack<T, C> b = *reinterpret_cast<const Pack<T, C>*>(row + slot + C);
 #pragma unroll
-          for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
-            if (m == shift) {
+        for (int m = 0; m < C; ++m) {  // t = elements shift .. shift + C - 1 of a, b (shift is uniform)
+          if (m == shift) {
 #pragma unroll
-              for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
-            }
+            for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
           }
-        } else {
-#pragma unroll
-          for (int e = 0; e < C; ++e)
-            t[e] = row != nullptr && col + e >= 0 && col + e < width ? row[col + e] : from_acc<T>(A(0));
         }
         Pack<A, C> packed;
 #pragma unroll
@@ -623,7 +625,7 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // warps read neighbouring rows, and the outputs go through shared memory (over the staged tiles, after a barrier)
 // to be written as one contiguous run, 16 bytes a lane where it is aligned, instead of the scattered V x U items
 // (a 7-wide row: under 10% of each store's sectors used).  Launch contract for PACK: tiles_x == tiles_y == 1.
-template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK>
+template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK, bool SPREAD>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int pad_top, int pad_left,
@@ -634,7 +636,8 @@ __device__ __forceinline__ void depthwise_persistent(
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
   const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  constexpr bool spread = PACK && K >= SPREAD_MIN_K;  // AlignedStaging<SPREAD>, ItemLayout<true>
+  // SPREAD: AlignedStaging<true>, ItemLayout<true> (see the kernels' SPREAD); the packed ones also stage weights.
+  constexpr bool spread = SPREAD, stage_weights = PACK && SPREAD;
   const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
@@ -689,8 +692,8 @@ __device__ __forceinline__ void depthwise_persistent(
     // banks).  (3x3 packs 2 channels a warp: its loads from global memory cost fewer instructions.)
     const int kernel0 = TRANSPOSED ? d * terms : d;
     A w[K][K];
-    A* const kernels_staged = tile + per_block * terms * staging.plane;  // spread only (the planner's _packed)
-    if constexpr (spread) {
+    A* const kernels_staged = tile + per_block * terms * staging.plane;  // stage_weights only (the planner's _packed)
+    if constexpr (stage_weights) {
       const T* run = weight + (I)d0 * terms * (K * K);
       for (int e = (int)threadIdx.x; e < valid * terms * (K * K); e += (int)blockDim.x)
         kernels_staged[e] = to_acc(run[e]);
@@ -710,7 +713,7 @@ __device__ __forceinline__ void depthwise_persistent(
         for (int u = 0; u < U; ++u) acc[v][u] = init;
       }
       for (int t = 0; t < terms; ++t) {  // the forward: once
-        if (spread) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
+        if (stage_weights) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
         block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
       }
@@ -767,14 +770,18 @@ __device__ __forceinline__ void depthwise_persistent(
 
 // PACK (the planner's Tiling.pack_channels, small planes): its own instantiation, so that each kernel holds only
 // its unit kind's code and registers (large planes never pack and keep the per-image path's registers).
-template <typename T, typename I, int K, int S, bool PACK = false>
+// SPREAD (the planner's _spread_planes): thread items planes first and staged planes spread over the banks
+// (AlignedStaging): the packed instantiations from SPREAD_MIN_K on, and the per-image ones whose row of thread items
+// spans less than a bank row (28-wide tiles of 56x56 and 112x112 planes: 7 items of 16 bytes, the next strip of
+// the same plane on the same banks), which name it.
+template <typename T, typename I, int K, int S, bool PACK = false, bool SPREAD = PACK && K >= SPREAD_MIN_K>
 __global__ void depthwise_fwd(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                               T* __restrict__ y, I images, int channels, int multiplier, int height, int width,
                               int out_h, int out_w, int pad_top, int pad_left, int tile_h, int tile_w,
                               int tiles_x, int tiles_y, int per_block, int has_bias) {
-  depthwise_persistent<T, I, K, S, false, PACK>(x, weight, bias, y, images, channels, multiplier, height, width,
-                                                out_h, out_w, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,
-                                                per_block, has_bias);
+  depthwise_persistent<T, I, K, S, false, PACK, SPREAD>(x, weight, bias, y, images, channels, multiplier, height,
+                                                        width, out_h, out_w, pad_top, pad_left, tile_h, tile_w,
+                                                        tiles_x, tiles_y, per_block, has_bias);
 }
 
 // Forward, any geometry whose tile fits in shared memory.
@@ -804,15 +811,16 @@ __global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restric
 
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
 // grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
-template <typename T, typename I, int K, bool PACK = false>  // PACK: as in depthwise_fwd
+template <typename T, typename I, int K, bool PACK = false,
+          bool SPREAD = PACK && K >= SPREAD_MIN_K>  // PACK, SPREAD: as in depthwise_fwd
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                     T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
                                     int width, int out_h, int out_w, int pad_top, int pad_left, int tile_h,
                                     int tile_w, int tiles_x, int tiles_y, int per_block) {
   const int top = K - 1 - pad_top, left = K - 1 - pad_left;  // the padding of the equivalent correlation
-  depthwise_persistent<T, I, K, 1, true, PACK>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h,
-                                               out_w, height, width, top, left, tile_h, tile_w, tiles_x, tiles_y,
-                                               per_block, 0);
+  depthwise_persistent<T, I, K, 1, true, PACK, SPREAD>(grad_out, weight, weight, grad_x, images, channels,
+                                                       multiplier, out_h, out_w, height, width, top, left, tile_h,
+                                                       tile_w, tiles_x, tiles_y, per_block, 0);
 }
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.
@@ -1107,8 +1115,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 // rows ((U - 1) * S + K values each, 16-byte shared loads) adding g * x to its K * K tap sums, so a staged value
 // feeds up to U * ceil(K / S) products.  The block's units are consecutive, so the unit digits (tile column, tile
 // row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
-// are reduced once, in block_reduce's fixed order.  SPREAD: the instantiation for whole-plane tiles (small planes),
-// thread items and staged planes laid out as AlignedStaging describes.
+// are reduced once, in block_reduce's fixed order.  SPREAD: the instantiation for whole-plane tiles (small planes)
+// and for tiles whose row of thread items spans less than a bank row (as depthwise_fwd's SPREAD), thread items and
+// staged planes laid out as AlignedStaging describes.
 template <typename T, typename I, int K, int S, bool SPREAD = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,

@@ -64,7 +64,8 @@ DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
 DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or aligned or loops or padding_per_side or "
                       "pack_channels'")
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
-DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # small planes' spread planes
+DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # spread planes (small, narrow)
+DW_PY = "cupyconv/ops/depthwise.py"
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -474,6 +475,10 @@ MUTATIONS = [
     M("dw-fwd-staged-chunks", "depthwise.cu", "chunks = pitch / C;", "chunks = in_w / C;", DW_FWD, "tile bound"),
     M("dw-fwd-rows-unchecked", "depthwise.cu", "rows_aligned = width % C == 0 && ", "rows_aligned = ", DW_FWD,
       "misaligned pack"),
+    M("dw-fwd-slot-past-row", "depthwise.cu", "slot + C >= 0 && slot + C < width)", "slot + C >= 0 && slot + C <= width)",
+      DW_FWD, "tile bound"),
+    M("dw-fwd-slot-before-row", "depthwise.cu", "row != nullptr && slot >= 0 && slot < width)",
+      "row != nullptr && slot >= -C && slot < width)", DW_FWD, "tile bound"),
     M("dw-fwd-slots-unaligned", "depthwise.cu", "const int shift = x0 & (C - 1);", "const int shift = 0;", DW_FWD,
       "misaligned pack"),
     M("dw-fwd-chunk-shift", "depthwise.cu", "t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];",
@@ -526,6 +531,13 @@ MUTATIONS = [
     M("dw-spread-layout", "depthwise.cu", "p = (int)threadIdx.x / groups_x % per_block;\n      s = (int)threadIdx.x / "
       "(groups_x * per_block);", "s = (int)threadIdx.x / groups_x % strips;\n      p = (int)threadIdx.x / "
       "(groups_x * strips);", DW_SPREAD, "bank conflict"),
+    # the per-image SPREAD instantiations of narrow tiles (issue 25): the planner's choice, the kernel's layout
+    M("dw-spread-narrow-choice", DW_PY, "span >= 128 or span <= next_strip <= 128 - span:",
+      "span >= 128 or True:", DW_SPREAD, "bank conflict"),
+    M("dw-spread-narrow-layout", "depthwise.cu", "constexpr bool spread = SPREAD, stage_weights",
+      "constexpr bool spread = PACK && SPREAD, stage_weights", DW_SPREAD, "bank conflict"),
+    M("dw-spread-narrow-weights", "depthwise.cu", "stage_weights = PACK && SPREAD;", "stage_weights = SPREAD;",
+      DW_SPREAD, "persistent loop"),
     M("dw-bwd-input-term-kernel", "depthwise.cu", "weight + ((I)kernel0 + t) * (K * K), w);",
       "weight + (I)kernel0 * (K * K), w);  ", DW_FWD, "persistent loop"),
     # depthwise_bwd_weight<T, I, K, S> (issue 25)

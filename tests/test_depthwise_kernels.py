@@ -134,12 +134,13 @@ class Recorder(EmulatedDevice):
         super().launch(source, name, grid, block, args, shared_mem)
 
     def kernels(self, pack=True):
-        """The short names launched; pack=False drops the persistent kernels' PACK argument (', true': the
-        packed-channel instantiation of small planes; the weight gradient's SPREAD), so that the tables below name a
-        kernel whatever unit kind the planner picks (test_small_planes_pack_channels and
-        test_weight_gradient_steps_through_its_units check that choice)."""
+        """The short names launched; pack=False drops the persistent kernels' PACK and SPREAD arguments (', true': the
+        packed-channel instantiation of small planes; the weight gradient's SPREAD; ', false, true': the per-image
+        SPREAD of narrow tiles), so that the tables below name a kernel whatever unit kind the planner picks
+        (test_small_planes_pack_channels, test_weight_gradient_steps_through_its_units and
+        test_narrow_tiles_spread_planes_against_bank_conflicts check that choice)."""
         names = [short(name) for name, _ in self.launches]
-        return names if pack else [name.replace(", true>", ">") for name in names]
+        return names if pack else [name.replace(", false, true>", ">").replace(", true>", ">") for name in names]
 
 
 def _dtype(name):
@@ -276,7 +277,7 @@ def test_conv2d_with_groups_c_runs_the_depthwise_kernels():
     assert_matches(out, cupyconv.conv2d(x, weight, bias, groups=c, **case.window), "float64")
     for got, want in zip(grads, cupyconv.conv2d_backward(grad_output, x, weight, groups=c, **case.window)):
         assert_matches(got, want, "float64")
-    assert device.kernels()[0] == "depthwise_fwd<5, 1>"
+    assert device.kernels(pack=False)[0] == "depthwise_fwd<5, 1>"
 
 
 def test_non_contiguous_arrays():
@@ -380,7 +381,8 @@ def test_forward_blocks_loop_over_every_digit(monkeypatch, blocks, shape, m, k, 
     with _device.use_device(device):
         out = cupyconv.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding)
     (name, args), = device.launches
-    assert short(name).split(">")[0] in (f"depthwise_fwd<{k}, {stride}", f"depthwise_fwd<{k}, {stride}, true")
+    assert short(name).split(">")[0] in (f"depthwise_fwd<{k}, {stride}", f"depthwise_fwd<{k}, {stride}, true",
+                                         f"depthwise_fwd<{k}, {stride}, false, true")  # (PACK, SPREAD)
     expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
                                     bias.astype(numpy.float64), stride=stride, padding=padding)
     assert_matches(out, expected.astype(dtype), dtype, f"{blocks} blocks")
@@ -401,7 +403,8 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
     with _device.use_device(device):
         grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
     (name, args), = device.launches
-    assert short(name).split(">")[0] in (f"depthwise_bwd_input<{k}", f"depthwise_bwd_input<{k}, true")
+    assert short(name).split(">")[0] in (f"depthwise_bwd_input<{k}", f"depthwise_bwd_input<{k}, true",
+                                         f"depthwise_bwd_input<{k}, false, true")
     assert args[-1] > 0  # per_block
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     expected = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs="input")[0]
@@ -470,7 +473,9 @@ def test_small_planes_pack_channels(monkeypatch, blocks, shape, m, k, stride, pa
         if stride == 1:
             grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
     launched = device.kernels()
-    assert launched[0] == f"depthwise_fwd<{k}, {stride}{', true' if m == 1 else ''}>"  # the PACK instantiation
+    # the PACK instantiation; with a multiplier, per-image units (of narrow tiles: SPREAD, `_spread_planes`)
+    assert launched[0] in ([f"depthwise_fwd<{k}, {stride}, true>"] if m == 1 else
+                           [f"depthwise_fwd<{k}, {stride}>", f"depthwise_fwd<{k}, {stride}, false, true>"])
     x64, w64, b64, g64 = (a.astype(numpy.float64) for a in (x, weight, bias, grad_output))
     expected = ref.depthwise_conv2d(x64, w64, b64, stride=stride, padding=padding)
     assert_matches(out, expected.astype(x.dtype), dtype, "forward")
@@ -517,11 +522,12 @@ def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks
 
 
 # depthwise_bwd_weight<K, S[, SPREAD]>'s blocks over several consecutive units: (shape, multiplier, kernel, stride,
-# padding, dtype, SPREAD: the whole-plane instantiation) with (tile columns x rows x image groups) units per channel.
+# padding, dtype, SPREAD: the whole-plane instantiation, and narrow tiles' (`_spread_planes`)) with (tile columns x
+# rows x image groups) units per channel.
 WEIGHT_UNIT_CASES = [
-    ((23, 2, 37, 35), 1, 3, 1, 1, "float32", False),   # 2 x 2 x 3 (10 images per unit, the last group short)
+    ((23, 2, 37, 35), 1, 3, 1, 1, "float32", True),    # 2 x 2 x 3 (10 images per unit, the last group short), 20 wide
     ((3, 2, 70, 70), 1, 5, 2, 2, "float16", False),    # 2 x 2 x 1, stride 2
-    ((9, 2, 40, 36), 2, 7, 1, 3, "float32", False),    # 2 x 2 x 1, multiplier 2
+    ((9, 2, 40, 36), 2, 7, 1, 3, "float32", True),     # 2 x 2 x 1, multiplier 2, 20-wide tiles
     ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", False),  # 1 x 1 x 2, packed images (3x3: not SPREAD)
     ((106, 2, 7, 7), 1, 5, 1, 2, "float16", True),     # 7x7 planes (8x8 tiles, padded planes): 35, 35, 35, 1 images
     ((11, 2, 13, 14), 2, 7, 1, 3, "float64", True),    # double: a bank row of 16 elements; multiplier 2
@@ -578,6 +584,42 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     assert any(s.width == 16 for s in loads), loads
     for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
         assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
+
+
+@pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
+def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
+    """Per-image units of 28-wide tiles (here 8x56 planes, two tiles a row; 56x56 and 112x112 in the benchmarks): a row
+    of 7 thread items spans 112 of a bank row's 128 bytes and the next strip (4 rows of a 128-byte pitch down) starts
+    on the same banks, so the planner takes the SPREAD instantiation (_spread_planes: planes first, planes padded to
+    follow each other on the banks).  Its 16-byte shared loads take fewer wavefronts than the same launch without it
+    (the strip-first layout, monkeypatched back), and both match the float64 CPU path."""
+    rng = numpy.random.default_rng(43)
+    x = rng.standard_normal((2, 1, 8, 56)).astype(numpy.float32)
+    w = rng.standard_normal((1, 1, 3, 3)).astype(numpy.float32)
+    gy = rng.standard_normal((2, 1, 8, 56)).astype(numpy.float32)
+    as64 = [a.astype(numpy.float64) for a in (gy, x, w)]
+    if pass_ == "forward":
+        want = cupyconv.depthwise_conv2d(as64[1], as64[2], padding=1)
+    else:
+        want = cupyconv.depthwise_conv2d_backward(*as64, padding=1, needs=pass_)[0 if pass_ == "input" else 1]
+    kernel = {"forward": "depthwise_fwd<float, int, 3, 1", "input": "depthwise_bwd_input<float, int, 3",
+              "weight": "depthwise_bwd_weight<float, int, 3, 1"}[pass_]
+    wavefronts = {}
+    for spread in (True, False):
+        if not spread:
+            monkeypatch.setattr(depthwise_module, "_spread_planes", lambda tiling, *args: (tiling, ()))
+        device = EmulatedDevice(counters=True, blocks=lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))])
+        with _device.use_device(device):
+            if pass_ == "forward":
+                got = cupyconv.depthwise_conv2d(x, w, padding=1)
+            else:
+                got = cupyconv.depthwise_conv2d_backward(gy, x, w, padding=1, needs=pass_)[0 if pass_ == "input" else 1]
+        assert_matches(got, want.astype(numpy.float32), "float32", f"{pass_} spread={spread}")
+        name = kernel + (", false, true>" if pass_ != "weight" else ", true>") if spread else kernel + ">"
+        profile = next(p for p in device.profile if p.name == name)
+        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
+        wavefronts[spread] = sum(s.wavefronts for s in loads) / sum(s.requests for s in loads)
+    assert wavefronts[True] < 0.8 * wavefronts[False], wavefronts
 
 
 def test_64_bit_index_variants(monkeypatch):

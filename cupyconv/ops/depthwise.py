@@ -201,9 +201,11 @@ def instantiations():
         for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES):
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s))
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s))
-            if k >= SPREAD_MIN_K:  # SPREAD: small planes
-                names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
+            # SPREAD (`_spread_planes`; and the small planes' whole-plane tiles from SPREAD_MIN_K on)
+            names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
+            names.append(kernel_name("depthwise_fwd", dtype, index, k, s, False, True))
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
+        names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, False, True) for k in SPECIALISED_KERNELS)
         # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
         # on the index type (tests/test_sass.py relies on it)
         names.extend(kernel_name("depthwise_fwd", dtype, index, k, s, True)
@@ -380,6 +382,26 @@ def _staged_kernels(k: int, terms: int, acc: int) -> int:
     return terms * k * k * acc if k >= SPREAD_MIN_K else 0
 
 
+def _spread_planes(tiling: Tiling, k: int, stride: int, acc: int, replan) -> tuple[Tiling, tuple]:
+    """A per-image tiling of the persistent kernels whose row of thread items spans less than a 128-byte bank row
+    (tile_w * stride elements: 28-wide tiles of 56x56 and 112x112 planes) and whose next strip of a plane (STRIP_ROWS
+    rows of the staged pitch down) lands on banks of that row (28-wide: the same banks) makes a quarter warp's
+    16-byte loads take 2 wavefronts where 1 would do.  With several planes per block, the SPREAD instantiation
+    (AlignedStaging<true>, ItemLayout<true>) puts the items of the next plane, not the next strip, after a row of items
+    and pads the planes to follow it on the banks.  Returns replan(True) (its plane sizes, `_forward_staging` with
+    spread) and the kernel's extra constants (PACK false, SPREAD true), or `tiling` and () where that does not apply
+    or the padded planes would no longer fit two per block."""
+    span = tiling.tile_w * stride * acc  # bytes
+    pitch = round_up((tiling.tile_w - 1) * stride + k, 16 // acc) * acc
+    next_strip = STRIP_ROWS[k] * stride * pitch % 128
+    if tiling.pack_channels or tiling.per_block < 2 or span >= 128 or span <= next_strip <= 128 - span:
+        return tiling, ()
+    spread = replan(True)
+    if spread is None or spread.per_block < 2:
+        return tiling, ()
+    return spread, (False, True)
+
+
 def _packed_constant(tiling: Tiling) -> tuple:
     """The PACK template argument of the persistent kernels: only the packed instantiations name it (the others take
     its default, false, and keep their names)."""
@@ -405,20 +427,21 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     (default: acc)."""
     k = _specialised(spec)
     if k:
+        def plan(count, spread):
+            return plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc, spread), acc,
+                               strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
         tiling = _small_planes(
-            lambda count, packed: plan_tiling(spec.out_size, count,
-                                              _forward_staging(k, spec.stride[0], acc, packed and k >= SPREAD_MIN_K),
-                                              acc,
-                                      strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
+            lambda count, packed: plan(count, packed and k >= SPREAD_MIN_K),
             spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc), _staged_kernels(k, 1, acc),
             # the kernel's packed staging reads src channel = dst channel
             can_pack=_multiplier(spec) == 1)
         if tiling:
-            return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling)), tiling)
+            tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, lambda spread: plan(spec.n, spread))
+            return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling), *spread), tiling)
     if _overlaps(spec):
-        plan = plan_planes("depthwise_fwd_planes", math.prod(spec.in_size), spec.out_pixels, 1, spec.taps, acc)
-        if plan:
-            return plan
+        planes = plan_planes("depthwise_fwd_planes", math.prod(spec.in_size), spec.out_pixels, 1, spec.taps, acc)
+        if planes:
+            return planes
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=lambda threads: spec.taps * acc)
         if tiling:
@@ -438,17 +461,20 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
     if spec.stride == (1, 1) and _overlaps(spec):
         k = _specialised(spec, stride_one=True)
         if k:
+            def plan(count, spread):
+                return plan_tiling(spec.in_size, count, lambda th, tw: m * _forward_staging(k, 1, acc, spread)(th, tw),
+                                   acc, strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
             tiling = _small_planes(
-                lambda count, packed: plan_tiling(spec.in_size, count, lambda th, tw: m * _forward_staging(
-                                                  k, 1, acc, packed and k >= SPREAD_MIN_K)(th, tw), acc,
-                                          strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS)),
+                lambda count, packed: plan(count, packed and k >= SPREAD_MIN_K),
                 spec.n, spec.in_channels, spec.in_size[0] * spec.in_size[1] * (itemsize or acc),
                 _staged_kernels(k, m, acc))
             if tiling:
-                return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling)), tiling)
-        plan = plan_planes("depthwise_bwd_input_planes", spec.out_pixels, math.prod(spec.in_size), m, spec.taps, acc)
-        if plan:
-            return plan
+                tiling, spread = _spread_planes(tiling, k, 1, acc, lambda spread: plan(spec.n, spread))
+                return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling), *spread), tiling)
+        planes = plan_planes("depthwise_bwd_input_planes", spec.out_pixels, math.prod(spec.in_size), m, spec.taps,
+                             acc)
+        if planes:
+            return planes
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
@@ -479,7 +505,8 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
             return Plan("depthwise_bwd_weight", (k, spec.stride[0], True), tiling)
         tiling = plan(False)
         if tiling:
-            return Plan("depthwise_bwd_weight", (k, spec.stride[0]), tiling)
+            tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, plan)
+            return Plan("depthwise_bwd_weight", (k, spec.stride[0], *spread[1:]), tiling)
     if _overlaps(spec):
         tiling = None
         tasks = spec.kernel_size[0] * ceil_div(spec.kernel_size[1], LARGE_RUN)
