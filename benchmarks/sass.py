@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -259,9 +260,18 @@ def instruction_mix(opcodes: Counter) -> dict[str, int]:
 
 
 def disassemble(program: Program) -> dict[str, list[dict]]:
-    """{name expression: its SASS instructions} (nvdisasm -json: each {"opcode", "operands", ...})."""
-    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], program.cubin or b""))
-    return by_name_expression(program, {f["function-name"]: f.get("sass-instructions", []) for f in listing[1]})
+    """{name expression: its SASS instructions} (nvdisasm -json: each {"opcode", "operands", ...}; read-only, shared
+    between callers of the same cubin)."""
+    return by_name_expression(program, _disassemble_cubin(program.cubin or b""))
+
+
+@functools.lru_cache(maxsize=1)
+def _disassemble_cubin(cubin: bytes) -> dict[str, list[dict]]:
+    """{mangled name: SASS instructions} of the last cubin asked about, memoised: several tests in a row read one
+    cubin's instructions, and nvdisasm -json of depthwise.cu's few hundred kernels takes tens of seconds (one
+    listing kept: a large one holds hundreds of MB)."""
+    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], cubin))
+    return {f["function-name"]: f.get("sass-instructions", []) for f in listing[1]}
 
 
 def sass_opcodes(program: Program, full: bool = False) -> dict[str, Counter]:
