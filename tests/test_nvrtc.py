@@ -169,9 +169,21 @@ def kernel_programs(tmp_path_factory):
     return functools.partial(compile_file, shared_dir=None if shared is None else str(shared))
 
 
+def on_program(filename: str, arch: str):
+    """The pytest-xdist group of the tests that read kernel_programs(filename, arch).  Under `--dist loadgroup`
+    (README.md's test command) a group runs on one worker, one test after another: no worker sits idle on the lock
+    of a whole-file compile that another holds (up to a minute or two each), and the groups, pytest-xdist's largest
+    work units, start first."""
+    return pytest.mark.xdist_group(f"nvrtc:{filename}:{arch}")
+
+
+def program_params(arches) -> list:
+    """(filename, arch) of every kernel file and architecture in arches, each in its `on_program` group."""
+    return [pytest.param(f, a, marks=on_program(f, a)) for f in sorted(GROUPS) for a in sorted(arches)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(ARCHES))
-@pytest.mark.parametrize("filename", sorted(GROUPS))
+@pytest.mark.parametrize("filename, arch", program_params(ARCHES))
 def test_every_instantiation_compiles(filename, arch, kernel_programs):
     check_program(kernel_programs(filename, arch), arch, filename, names_for(filename, arch))
 

@@ -43,7 +43,9 @@ from optional_deps import BFLOAT16, Dtypes
 import cupyconv
 from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
-from test_nvrtc import FULL_ARCHES, GROUPS, compile_async_copy_check, kernel_programs  # noqa: F401  (kernel_programs: the session's compiled programs)
+# kernel_programs: the session's compiled programs (a fixture); on_program: their pytest-xdist groups
+from test_nvrtc import (FULL_ARCHES, GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
+                        on_program, program_params)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
@@ -348,8 +350,7 @@ def test_64bit_indices_change_no_plan():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", SASS_ARCHES)
-@pytest.mark.parametrize("filename", sorted(GROUPS))
+@pytest.mark.parametrize("filename, arch", program_params(SASS_ARCHES))
 def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sass_tools):
     usage = _usage(filename, arch, kernel_programs)
     missing = sorted(set(GROUPS[filename]) - set(usage))
@@ -363,7 +364,7 @@ def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sas
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", SASS_ARCHES)
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=on_program("implicit_gemm.cu", a)) for a in SASS_ARCHES])
 def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, sass_tools):
     """The three tensor-core passes run on the tensor cores: HMMA in every instantiation, every tile (16 per K
     chunk of 32 in a warp's 32 x 32 tile for 16-bit inputs, 32 for TF32's k8 steps), and no other kernel pretends
@@ -412,6 +413,7 @@ def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
 
 
 @pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
 def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
     """Each tensor-core main loop issues at most LOOP_INSTRUCTIONS_PER_HMMA instructions per HMMA (sm_90, int)."""
     problems = []
@@ -443,6 +445,7 @@ FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
 
 
 @pytest.mark.slow
+@on_program("simt_gemm.cu", "sm_90")
 def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     """simt_gemm.cu's kernels stay strict float32 on the FMA units: no HMMA anywhere; per K chunk of 8 a thread's
     main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B), and at
@@ -479,6 +482,7 @@ WEIGHT_IGEMM_TF32_INSTRUCTIONS_PER_HMMA = {(64, 64): 14.5, (32, 64): 18.0}
 
 
 @pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
 def test_weight_igemm_main_loop_is_lean(kernel_programs, sass_tools):
     """conv_bwd_weight_igemm's main loop: 16-byte cp.async (LDGSTS) and ldmatrix (LDSM, 16-bit) present, no
     local memory, at most WEIGHT_IGEMM_*_INSTRUCTIONS_PER_HMMA instructions per GEMM HMMA (sm_90, int)."""
@@ -516,6 +520,7 @@ IGEMM_LOOP_PER_HMMA = {(128, 128): 3.7, (256, 64): 4.0, (128, 64): 5.6, (64, 64)
 
 
 @pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
 def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
     """conv_fwd_igemm's main loop: at most IGEMM_LOOP_PER_HMMA instructions per HMMA, its operands arriving by
     cp.async (LDGSTS) and ldmatrix (LDSM) only: no global loads (LDG), and no shared loads (LDS) but the three
@@ -560,6 +565,7 @@ CHANNELS_LAST_COPY_LOOP = {"__half": 96, "__nv_bfloat16": 96, "float": 144}
 
 
 @pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
 def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
     """channels_last_copy's loop over its row tiles: at most CHANNELS_LAST_COPY_LOOP instructions, one 16-byte
     shared store and load and one 16-byte global store (whole vectors), its global loads VEC per thread, no local
@@ -613,6 +619,7 @@ def depthwise_loop_table(program, kernels=PERSISTENT_DEPTHWISE) -> list[tuple[st
 
 
 @pytest.mark.slow
+@on_program("depthwise.cu", "sm_90")
 def test_depthwise_forward_loop_stays_lean(kernel_programs):
     """depthwise_fwd's loop over its units issues at most FORWARD_LOOP_PER_OUTPUT instructions per output (sm_90,
     int): an edit that brings per-unit divisions or set-up back into the loop fails here."""
@@ -644,6 +651,7 @@ GRADIENT_LOOP_PER_OUTPUT = {
 
 
 @pytest.mark.slow
+@on_program("depthwise.cu", "sm_90")
 def test_depthwise_gradient_loops_stay_lean(kernel_programs):
     """depthwise_bwd_input<K> and depthwise_bwd_weight<K, S>: at most GRADIENT_LOOP_PER_OUTPUT instructions per
     output in the loop over their units (sm_90, int), and no spills."""
@@ -772,6 +780,7 @@ def tap_loop_table(program) -> list[tuple[str, int, int, int, set, set]]:
 
 
 @pytest.mark.slow
+@on_program("unfold.cu", "sm_90")
 def test_unfold_tap_loops_stay_lean(kernel_programs, sass_tools):
     """unfold_im2col's and fold_col2im's tap loops stay within TAP_LOOP_LIMIT instructions per load (or store) and never
     divide, and the int instantiations divide in no loop at all (FastDivmod with the host's multipliers; long long
