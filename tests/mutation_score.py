@@ -321,6 +321,8 @@ MUTATIONS = [
       "f.sums_b = bias_row && blockIdx.x == 1;", SIMT, "bias gradient: one row tile"),
     M("simt-bias-sum-partial-stride", "simt_gemm.cu", "partial[row + (I)n * row_stride] = value;",
       "partial[row + (I)n * M] = value;", SIMT, "bias gradient: partial's layout"),
+    M("simt-bias-sum-split-base", "simt_gemm.cu", "groups * outputs_per_group * f.row_stride;",
+      "groups * outputs_per_group * f.M;", SIMT, "bias gradient: later splits' rows"),
     M("simt-load-k-slot-warps", "simt_gemm.cu", "return (threadIdx.x >> 5) + WARPS * ks;",
       "return (threadIdx.x >> 5) + 4 * ks;", SIMT, "register tile: the 2-warp 128 x 32 and 8-warp tiles"),
     M("simt-fwd-bias-dropped", "simt_gemm.cu", "if (has_bias) value += to_acc(bias[g * N + n]);",

@@ -1,5 +1,5 @@
-"""NVRTC compiles every kernel instantiation the package can launch, for sm_80 and sm_90, cleanly, and one of each
-kernel template, element type and boolean variant for sm_70 (`names_for`).
+"""NVRTC compiles every kernel instantiation the package can launch, for sm_80 and sm_90, cleanly, and for sm_70
+those with 32-bit indices (`names_for`).
 
 No GPU and no driver are needed: NVRTC is a library.  One program per kernel file holds all of that file's name
 expressions (as CuPy's RawModule does, from the same inlined source and options as CudaDevice), compiled to
@@ -82,7 +82,6 @@ GROUPS = grouped_instantiations()
 
 # Architectures whose SASS tests/test_sass.py reads: every instantiation is compiled for them.
 FULL_ARCHES = ("sm_80", "sm_90")
-_INTEGER_OR_INDEX = re.compile(r"-?\d+[uUlL]*|int|long long")
 
 
 def template_arguments(name: str) -> list[str]:
@@ -98,23 +97,13 @@ def template_arguments(name: str) -> list[str]:
     return [*arguments, current.strip()]
 
 
-def representatives(names: list[str]) -> list[str]:
-    """One name per kernel template, element type and boolean variant (the first listed).  An architecture that
-    compiles these compiles the rest: the index type and the integer parameters (tiles, kernel sizes, stages)
-    change sizes and unrolling, not which instructions the architecture must provide; the types and the boolean
-    variants (packing, transposition, whole vectors) choose the code paths, so each is kept."""
-    chosen: dict[tuple, str] = {}
-    for name in names:
-        key = (name.split("<")[0], *(a for a in template_arguments(name) if not _INTEGER_OR_INDEX.fullmatch(a)))
-        chosen.setdefault(key, name)
-    return list(chosen.values())
-
-
 def names_for(filename: str, arch: str) -> list[str]:
     """The name expressions of raw_kernels/<filename> compiled for arch: all of them for FULL_ARCHES; for sm_70,
-    whose SASS nothing reads, `representatives` (it checks that Volta builds every code path, at a quarter of the
-    NVRTC time: whole-file compiles dominate CI's run time)."""
-    return GROUPS[filename] if arch in FULL_ARCHES else representatives(GROUPS[filename])
+    whose SASS nothing reads, those with 32-bit indices.  Their 64-bit twins differ in the width of integer
+    arithmetic only, which every architecture has; every kernel size, tile, type and variant is still compiled for
+    Volta, at half the NVRTC time (whole-file compiles dominate CI's run time)."""
+    names = GROUPS[filename]
+    return names if arch in FULL_ARCHES else [n for n in names if "long long" not in template_arguments(n)]
 
 
 @contextlib.contextmanager

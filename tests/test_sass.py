@@ -388,6 +388,12 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
     names += weight_igemm + channels_last
     assert not [n for n in GROUPS["implicit_gemm.cu"] if n not in names and opcodes[n]["HMMA"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=on_program("conv.cu", a)) for a in SASS_ARCHES])
+def test_conv_kernels_contain_no_matrix_instructions(arch, kernel_programs, sass_tools):
+    """conv.cu's kernels are the FMA paths: no tensor-core kernel hides there (its own test, in conv.cu's group)."""
     conv_opcodes = opcodes_of("conv.cu", arch, kernel_programs)
     assert not [n for n in GROUPS["conv.cu"] if conv_opcodes[n]["HMMA"]]
 

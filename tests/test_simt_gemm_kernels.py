@@ -178,7 +178,8 @@ def test_padding_per_side_and_last_row_and_column(stride):
 
 def test_weight_gradient_splits_and_is_deterministic(monkeypatch):
     """SIMT_SPLIT_CHUNKS 1: the weight gradient splits its 19 chunks of 8 pixels (150 pixels) in 19, each a float32
-    slice added up in order afterwards; two runs give the same bits."""
+    slice, its bias row included (the column sums of each split's grad_output), added up in order afterwards; two
+    runs give the same bits."""
     monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_CHUNKS", 1)
     case = CASE_BY_NAME["long_k_last_row_and_column"]
     x, _, _, grad_output = inputs(case, 12)
@@ -187,10 +188,12 @@ def test_weight_gradient_splits_and_is_deterministic(monkeypatch):
     spec = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
     assert simt_gemm.plan_simt(spec, "weight").splits == 19
     runs = [on_emulator(EmulatedDevice(order), cupyconv.conv2d_backward, grad_output, x, weight,
-                        algorithm="implicit_gemm", needs="weight", **case.kwargs)[1]
+                        algorithm="implicit_gemm", needs=("weight", "bias"), **case.kwargs)[1:]
             for order in ("forward", "reverse")]
-    assert_close(runs[0], expected_backward(grad_output, x, weight, **case.kwargs)[1], "splits")
-    assert runs[0].tobytes() == runs[1].tobytes()
+    want = expected_backward(grad_output, x, weight, needs=("weight", "bias"), **case.kwargs)
+    assert_close(runs[0][0], want[1], "splits")
+    assert_close(runs[0][1], want[2], "the splits' bias rows")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*runs))
 
 
 def test_weight_gradient_splits_within_the_workspace_limit():
