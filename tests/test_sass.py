@@ -44,13 +44,13 @@ import cupyconv
 from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
 # kernel_programs: the session's compiled programs (a fixture); on_program: their pytest-xdist groups
-from test_nvrtc import (FULL_ARCHES, GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
-                        on_program, program_params)
+from test_nvrtc import (GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
+                        names_for, on_program, program_params)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
 
-SASS_ARCHES = FULL_ARCHES  # the architectures test_nvrtc compiles every instantiation for
+SASS_ARCHES = ("sm_80", "sm_90")  # sm_80: the instantiations with 32-bit indices (test_nvrtc.names_for)
 
 # Per-block hardware limits of sm_80 and sm_90 (CUDA C Programming Guide, compute capabilities 8.0 and 9.0).
 MAX_THREADS = 1024
@@ -353,11 +353,11 @@ def test_64bit_indices_change_no_plan():
 @pytest.mark.parametrize("filename, arch", program_params(SASS_ARCHES))
 def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sass_tools):
     usage = _usage(filename, arch, kernel_programs)
-    missing = sorted(set(GROUPS[filename]) - set(usage))
+    missing = sorted(set(names_for(filename, arch)) - set(usage))
     assert not missing, f"cuobjdump -res-usage lists no resources for {missing}"
     problems = spill_problems(usage)
     for launch, case in sorted(recorded_launches().items(), key=lambda item: (item[0].name, item[0].block)):
-        if launch.source == filename:
+        if launch.source == filename and launch.name in usage:   # (sm_80 has no 64-bit-index twins compiled)
             problems += [f"{launch.name}, block {launch.block}, {launch.shared_mem} bytes of dynamic shared memory "
                          f"({case}): {p}" for p in launch_problems(launch, usage[launch.name], arch)]
     assert not problems, f"{filename} on {arch}:\n" + "\n".join(problems)
@@ -371,23 +371,25 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     to (no FMA-only fallback hidden behind the name)."""
     from cupyconv.ops import implicit_gemm
     opcodes = opcodes_of("implicit_gemm.cu", arch, kernel_programs)
-    names = [n for n in GROUPS["implicit_gemm.cu"] if n.split("<")[0] in implicit_gemm.TC_PASSES.values()]
+    listed = names_for("implicit_gemm.cu", arch)
+    index_types = len(listed) * 2 // len(GROUPS["implicit_gemm.cu"])   # sm_80: 32-bit indices only
+    names = [n for n in listed if n.split("<")[0] in implicit_gemm.TC_PASSES.values()]
     tiles = sum(len(tiles) for tiles in implicit_gemm.TC_TILES.values())
-    assert len(names) == len(implicit_gemm.TC_PASSES) * 2 * tiles
+    assert len(names) == len(implicit_gemm.TC_PASSES) * index_types * tiles
     for name in names:
         expected = 32 if "<float," in name else 16
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    weight_igemm = [n for n in GROUPS["implicit_gemm.cu"] if n.startswith("conv_bwd_weight_igemm<")]
-    assert len(weight_igemm) == 2 * sum(len(tiles) for tiles in implicit_gemm.WG_TILES.values())
+    weight_igemm = [n for n in listed if n.startswith("conv_bwd_weight_igemm<")]
+    assert len(weight_igemm) == index_types * sum(len(tiles) for tiles in implicit_gemm.WG_TILES.values())
     for name in weight_igemm:  # + the bias gradient's: A times a column of ones (TF32: twice, A and its remainder)
         expected = 24 if "<float," in name else 40 if ", 128, " in name else 20
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    channels_last = [n for n in GROUPS["implicit_gemm.cu"] if n.startswith("conv_fwd_igemm<")]
+    channels_last = [n for n in listed if n.startswith("conv_fwd_igemm<")]
     for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
         rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
     names += weight_igemm + channels_last
-    assert not [n for n in GROUPS["implicit_gemm.cu"] if n not in names and opcodes[n]["HMMA"]]
+    assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 
 
 @pytest.mark.slow
@@ -395,7 +397,7 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
 def test_conv_kernels_contain_no_matrix_instructions(arch, kernel_programs, sass_tools):
     """conv.cu's kernels are the FMA paths: no tensor-core kernel hides there (its own test, in conv.cu's group)."""
     conv_opcodes = opcodes_of("conv.cu", arch, kernel_programs)
-    assert not [n for n in GROUPS["conv.cu"] if conv_opcodes[n]["HMMA"]]
+    assert not [n for n in names_for("conv.cu", arch) if conv_opcodes[n]["HMMA"]]
 
 
 # The most instructions one warp may issue per HMMA in a tensor-core main loop (sm_90, 32-bit index, by pass and
@@ -415,7 +417,7 @@ def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
     from cupyconv.ops import implicit_gemm
     loops = main_loop_opcodes(program)
     return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["implicit_gemm.cu"]
-            if name.split("<")[0] in implicit_gemm.TC_PASSES.values()]
+            if name.split("<")[0] in implicit_gemm.TC_PASSES.values() and name in loops]
 
 
 @pytest.mark.slow
