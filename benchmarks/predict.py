@@ -322,13 +322,14 @@ def depthwise_clipped_macs(launch: launches_mod.Launch) -> float:
     from cupyconv.ops.depthwise import GENERIC_STRIP
     a = launch.args
     V = 1 if launch.kernel.endswith("_planes") else GENERIC_STRIP
-    if launch.kernel.startswith("depthwise_fwd"):  # src = x, dst = y (C * m planes, one term each)
+    planes = a["channels"] * a["multiplier"]   # forward: C * m planes of one term; input gradient: C of m terms
+    if launch.kernel.startswith("depthwise_fwd"):  # src = x, dst = y
         src, dst, stride = (a["height"], a["width"]), (a["out_h"], a["out_w"]), (a["stride_h"], a["stride_w"])
-        pad, planes = (a["pad_top"], a["pad_left"]), a["channels"] * a["multiplier"]
-    else:  # stride 1: src = grad_out, dst = grad_x (C planes of m terms), the equivalent correlation's padding
+        pad = (a["pad_top"], a["pad_left"])
+    else:  # stride 1: src = grad_out, dst = grad_x, the equivalent correlation's padding
         src, dst, stride = (a["out_h"], a["out_w"]), (a["height"], a["width"]), (1, 1)
-        pad = ((a["kernel_h"] - 1) * a["dilation_h"] - a["pad_top"], (a["kernel_w"] - 1) * a["dilation_w"] - a["pad_left"])
-        planes = a["channels"] * a["multiplier"]
+        pad = ((a["kernel_h"] - 1) * a["dilation_h"] - a["pad_top"],
+               (a["kernel_w"] - 1) * a["dilation_w"] - a["pad_left"])
     rows = sum(V * _tap_range(oy, min(oy + V, dst[0]) - 1, stride[0], pad[0], a["dilation_h"], src[0], a["kernel_h"])
                for oy in range(0, dst[0], V))
     cols = sum(_tap_range(ox, ox, stride[1], pad[1], a["dilation_w"], src[1], a["kernel_w"]) for ox in range(dst[1]))

@@ -45,7 +45,7 @@ from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
 # kernel_programs: the session's compiled programs (a fixture); on_program: their pytest-xdist groups
 from test_nvrtc import (GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
-                        names_for, on_program, program_params)
+                        index_type, names_for, on_program, program_params)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
@@ -372,7 +372,7 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     from cupyconv.ops import implicit_gemm
     opcodes = opcodes_of("implicit_gemm.cu", arch, kernel_programs)
     listed = names_for("implicit_gemm.cu", arch)
-    index_types = len(listed) * 2 // len(GROUPS["implicit_gemm.cu"])   # sm_80: 32-bit indices only
+    index_types = len({index_type(n) for n in listed})   # sm_80: 32-bit indices only
     names = [n for n in listed if n.split("<")[0] in implicit_gemm.TC_PASSES.values()]
     tiles = sum(len(tiles) for tiles in implicit_gemm.TC_TILES.values())
     assert len(names) == len(implicit_gemm.TC_PASSES) * index_types * tiles
@@ -413,11 +413,11 @@ LOOP_INSTRUCTIONS_PER_HMMA = {
 
 
 def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
-    """(name, instructions, opcodes) of each tensor-core instantiation's main loop, in GROUPS order."""
+    """(name, instructions, opcodes) of each compiled tensor-core instantiation's main loop, in GROUPS order."""
     from cupyconv.ops import implicit_gemm
     loops = main_loop_opcodes(program)
     return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["implicit_gemm.cu"]
-            if name.split("<")[0] in implicit_gemm.TC_PASSES.values() and name in loops]
+            if name.split("<")[0] in implicit_gemm.TC_PASSES.values() and name in program.lowered]
 
 
 @pytest.mark.slow
