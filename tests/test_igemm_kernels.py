@@ -507,3 +507,38 @@ def test_clean_under_asan():
         "test_forward_matches_cpu_path", "test_input_gradient_at_stride_1_runs_the_forward_kernel",
         "test_channels_last_in_every_layout", "test_split_k_matches_cpu_path_and_is_bit_identical",
         "test_narrow_tiles_forward"))))
+
+
+@pytest.mark.parametrize("op, x_shape, w_shape, stride", [
+    ("conv2d", (2, 16, 7, 6), (24, 16, 3, 3), 1),   # input gradient: the transposed forward
+    ("conv2d", (2, 16, 9, 8), (24, 16, 3, 3), 2),   # input gradient by phases
+    ("patch_conv2d", (2, 3, 16, 5, 4), (16, 16, 3, 3), 1)])
+def test_backward_copies_grad_output_once(op, x_shape, w_shape, stride, monkeypatch):
+    """A backward of every gradient on the tensor cores makes one channels-last copy of grad_output, read by the
+    input and the weight gradients (`sharing_channels_last`), and no array twice; the gradients equal the CPU
+    path's.  Without the sharing scope (conv2d_backward_gpu called directly), grad_output is copied twice."""
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal(x_shape).astype(numpy.float16)
+    weight = (rng.standard_normal(w_shape) / 8).astype(numpy.float16)
+    kwargs = dict(stride=stride, padding=1)
+    forward, backward = getattr(cupyconv, op), getattr(cupyconv, f"{op}_backward")
+    gy = rng.standard_normal(forward(*as64(x, weight), **kwargs).shape).astype(numpy.float16)
+    copied = []
+    make_copy = igemm._channels_last_copy
+
+    def recording_copy(device, a, rounds, rest):
+        copied.append((_device._address(a), a.shape, a.strides))
+        return make_copy(device, a, rounds, rest)
+    monkeypatch.setattr(igemm, "_channels_last_copy", recording_copy)
+    got = run(Recorder(), backward, gy, x, weight, algorithm="implicit_gemm", **kwargs)
+    of_gy = [key for key in copied if key[0] == _device._address(gy)]
+    assert len(of_gy) == 1 and len(set(copied)) == len(copied), copied
+    for g, w, what in zip(got, backward(*as64(gy, x, weight), **kwargs), ("grad_x", "grad_weight", "grad_bias")):
+        assert_close(g, w, "float16", f"{op} {what}")
+    if op == "conv2d":
+        copied.clear()
+        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, groups=1, dilation=1, **kwargs)
+        device = Recorder()
+        run(device, cupyconv.ops.conv.conv2d_backward_gpu, device, gy, x, weight, spec,
+            frozenset({"input", "weight", "bias"}), "implicit_gemm")
+        assert [key[0] for key in copied].count(_device._address(gy)) == 2, copied

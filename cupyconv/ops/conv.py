@@ -26,7 +26,7 @@ from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
 from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, implicit_gemm_gpu, implicit_gemm_grad_input,
-                            implicit_gemm_grad_weight, tensor_core_refusal)
+                            implicit_gemm_grad_weight, sharing_channels_last, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -538,7 +538,8 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
         return depthwise_conv2d_backward_gpu(device, *arrays)
     if device is None:
         return conv2d_backward_cpu(*arrays)
-    return conv2d_backward_gpu(device, *arrays, algorithm)
+    with sharing_channels_last():   # both gradients read one channels-last copy of grad_output
+        return conv2d_backward_gpu(device, *arrays, algorithm)
 
 
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "

@@ -235,10 +235,32 @@ def channels_last(device, x, round_tf32: bool = True):
         moved = x.transpose(*range(len(lead)), -2, -1, -3)
         if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
             return moved.reshape(math.prod(lead), h, w, c)
-    return _channels_last_copy(device, x, rounds, None)
+    shared = _shared_copies.get()
+    if shared is None:
+        return _channels_last_copy(device, x, rounds, None)
+    key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
+    for source, made_key, copy in shared:
+        if made_key == key:
+            return copy
+    copy = _channels_last_copy(device, x, rounds, None)
+    shared.append((x, key, copy))   # x held: its memory cannot be reused by another array within the scope
+    return copy
 
 
 _kept_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_kept_channels_last", default=None)
+_shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared_channels_last", default=None)
+
+
+@contextlib.contextmanager
+def sharing_channels_last() -> Iterator[None]:
+    """Within, `channels_last` copies each array (same memory, shape, strides, dtype and rounding) once: a
+    backward's input and weight gradients read one channels-last copy of grad_output (r50-64 fp16 saves one
+    grad_output-sized copy, about 10 us of 140, PREDICTED).  Only for arrays nobody writes within the scope."""
+    token = _shared_copies.set([])
+    try:
+        yield
+    finally:
+        _shared_copies.reset(token)
 
 
 @contextlib.contextmanager

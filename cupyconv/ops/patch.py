@@ -38,7 +38,8 @@ from .. import settings
 from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad,
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
-from .implicit_gemm import implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight, tensor_core_refusal
+from .implicit_gemm import (implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
+                            sharing_channels_last, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
@@ -403,7 +404,8 @@ def patch_conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, ne
                               algorithm: str = "auto"):
     if device is None:
         return patch_conv2d_backward_cpu(grad_output, x, weight, spec, needs)
-    return patch_conv2d_backward_gpu(device, grad_output, x, weight, spec, needs, algorithm)
+    with sharing_channels_last():   # both gradients read one channels-last copy of grad_output
+        return patch_conv2d_backward_gpu(device, grad_output, x, weight, spec, needs, algorithm)
 
 
 # ---------------------------------------------------------------------------------------------------------
