@@ -14,9 +14,10 @@ them no memory; only the few host-side copies the GPU path makes (a contiguous c
 Zero-strided placeholders would cost even less, but the planners look at strides (`batch_view`, contiguity) and
 would plan other launches for them.
 
-Array-library work between launches (CuPy's own reductions, casts and copies, e.g. a 3-D problem's transposed
-output or a split weight gradient's sum) is not a kernel launch of ours and is not recorded: `Recording.note` says
-so, and the model counts none of it.
+Array-library work between launches (CuPy's own copies, fills, casts, additions and reductions, e.g. a phased
+input gradient's scatter, a 3-D problem's transposed output or a split weight gradient's sum) is recorded too, as
+`ArrayWork` steps: every such operation of the GPU path goes through `Device.copyto`, `add` or `sum`, which the
+recording device notes (with the bytes each operand's strides make it touch) before running them on NumPy.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ import numpy
 
 from . import cases as cases_mod
 
-UNRECORDED = ("array-library work between launches (CuPy reductions, casts, copies: e.g. 3-D depth windows, the "
-              "transposed 3-D output, a split weight gradient's sum) is not recorded and not modelled")
+UNRECORDED = ("array-library work between launches (CuPy copies, fills, casts, sums) is modelled as memory traffic "
+              "only, from its operands' shapes and strides, not from CuPy's kernels")
+SECTOR_BYTES = 32
 
 
 @dataclass
@@ -111,12 +113,58 @@ class Gemm:
                 "out_dtype": self.out_dtype, "compute": self.compute, "beta": self.beta, "flops": self.flops}
 
 
+def touched_bytes(a) -> tuple[int, int]:
+    """(compulsory, moved) bytes of walking array view a (or broadcast operand) once: its distinct elements, and
+    the 32-byte sectors its innermost stride makes a walk touch (a stride over one element fetches a sector an
+    element, up to the sector's size); 0-stride axes (broadcasts) count once."""
+    a = numpy.asarray(a)
+    distinct = math.prod(n for n, st in zip(a.shape, a.strides) if st != 0) if a.size else 0
+    inner = abs(next((st for n, st in zip(reversed(a.shape), reversed(a.strides)) if n > 1 and st != 0),
+                     a.itemsize))
+    moved = distinct * (min(SECTOR_BYTES, inner) if inner > a.itemsize else a.itemsize)
+    return distinct * a.itemsize, moved
+
+
+@dataclass(frozen=True)
+class ArrayWork:
+    """One array-library operation between launches (`Device.copyto`, `add`, `sum`: a CuPy kernel of its own):
+    kind ('copy', 'fill', 'add', 'sum'), elements written, and the bytes read and written, compulsory (each
+    distinct element once) and moved (by the sectors the operands' strides touch)."""
+    kind: str
+    elements: int
+    read_bytes: int
+    write_bytes: int
+    moved_read_bytes: int
+    moved_write_bytes: int
+
+    @staticmethod
+    def of(kind: str, out, *inputs) -> "ArrayWork":
+        written, moved_written = touched_bytes(out)
+        reads = [touched_bytes(a) for a in inputs if hasattr(a, "shape")]
+        if kind == "add":   # dst += src reads dst too
+            reads.append((written, moved_written))
+        return ArrayWork(kind, int(numpy.asarray(out).size), sum(r[0] for r in reads), written,
+                         sum(r[1] for r in reads), moved_written)
+
+    @property
+    def compulsory_bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def moved_bytes(self) -> int:
+        return self.moved_read_bytes + self.moved_write_bytes
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "elements": self.elements, "read_bytes": self.read_bytes,
+                "write_bytes": self.write_bytes, "moved_bytes": self.moved_bytes}
+
+
 @dataclass
 class Recording:
     """Everything one case and pass launched, in order: kernel launches and GEMMs interleaved as `steps`."""
     case: str
     pass_: str
-    steps: list = field(default_factory=list)   # Launch | Gemm, in call order
+    steps: list = field(default_factory=list)   # Launch | Gemm | ArrayWork, in call order
     note: str = UNRECORDED
 
     @property
@@ -126,6 +174,10 @@ class Recording:
     @property
     def gemms(self) -> list[Gemm]:
         return [s for s in self.steps if isinstance(s, Gemm)]
+
+    @property
+    def array_work(self) -> list[ArrayWork]:
+        return [s for s in self.steps if isinstance(s, ArrayWork)]
 
 
 def _kernel_params(source: str, kernel: str):
@@ -167,6 +219,24 @@ class RecordingDevice:
                 self.steps.append(Gemm(m, n, k, batch, a.dtype.name, c.dtype.name, _device.gemm_compute(a.dtype)[0],
                                        float(beta)))
 
+            def copyto(self, dst, src) -> None:
+                if dst.size:
+                    self.steps.append(ArrayWork.of("copy" if hasattr(src, "shape") else "fill", dst,
+                                                   numpy.broadcast_to(src, dst.shape) if hasattr(src, "shape")
+                                                   else None))
+                super().copyto(dst, src)
+
+            def add(self, dst, src) -> None:
+                if dst.size:
+                    self.steps.append(ArrayWork.of("add", dst, numpy.broadcast_to(src, dst.shape)))
+                super().add(dst, src)
+
+            def sum(self, a, axis, dtype):
+                out = super().sum(a, axis, dtype)
+                if a.size:
+                    self.steps.append(ArrayWork.of("sum", out, a))
+                return out
+
         return _Recorder()
 
 
@@ -206,6 +276,9 @@ def record(case: cases_mod.Case, backward: bool, inputs: dict | None = None) -> 
 
 
 def describe(step) -> str:
+    if isinstance(step, ArrayWork):
+        return (f"array {step.kind} of {step.elements} elements, {step.read_bytes} B read, {step.write_bytes} B "
+                f"written")
     if isinstance(step, Gemm):
         return (f"cuBLAS GEMM m={step.m} n={step.n} k={step.k} batch={step.batch} {step.dtype}->{step.out_dtype} "
                 f"{step.compute}")

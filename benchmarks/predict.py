@@ -18,7 +18,8 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource) plus a launch overhead; a case-pass is the sum of its
-   kernels and GEMMs (cuBLAS modelled at a stated fraction of peak);
+   kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
+   fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
@@ -150,6 +151,9 @@ ASSUMPTIONS = {
                                      "(fp16/bf16/TF32 on tensor cores; strict fp32 on the FMA pipe: 0.85-0.6); a GEMM "
                                      "with fewer 128x128 output tiles (times K splits of 1024, split-K) than SMs gets "
                                      "that share of it"),
+    "array_work_efficiency": ((0.92, 0.6), "fraction of the HBM peak CuPy's own copies, fills, casts and sums reach "
+                                           "(the low end a streaming copy's, on compulsory bytes; the high end on "
+                                           "the sectors the operands' strides touch)"),
     "not_modelled": (None, launches_mod.UNRECORDED + "; L2 residency between kernels; clock throttling beyond "
                                                      "the clock range; autotuning (benchmarks.run turns it on, this "
                                                      "model takes the 'auto' heuristic's choice)"),
@@ -686,6 +690,13 @@ def gemm_times(gemm: launches_mod.Gemm, gpu: dict) -> dict[str, Range]:
     return times
 
 
+def array_work_times(work: launches_mod.ArrayWork, gpu: dict) -> dict[str, Range]:
+    """{resource: Range of us} of one array-library operation: its bytes from DRAM, compulsory at a streaming
+    kernel's efficiency for the low end, the sectors its strides touch at `array_work_efficiency`'s high end."""
+    eff, bw = assumption("array_work_efficiency"), gpu["hbm_tbs"] * 1e12
+    return {"DRAM": Range(work.compulsory_bytes / (bw * eff[0]), work.moved_bytes / (bw * eff[1])).scale(1e6)}
+
+
 TIE = 0.85   # resources within this factor of the binding one are named with it ("latency ~ issue")
 
 
@@ -782,13 +793,14 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
     macs = pass_macs(recording.steps, case)
     kernels, total = [], Range(0, 0)
     for i, step in enumerate(recording.steps):
-        if isinstance(step, launches_mod.Gemm):
-            times = gemm_times(step, gpu)
+        if isinstance(step, (launches_mod.Gemm, launches_mod.ArrayWork)):
+            gemm = isinstance(step, launches_mod.Gemm)
+            times = gemm_times(step, gpu) if gemm else array_work_times(step, gpu)
             bound, time = binding(times)
             time = time + Range(*assumption("launch_overhead_us"))
-            entry = {"name": "cuBLAS gemmStridedBatchedEx", "launch": step.to_dict(), "counters": None,
-                     "resources_us": {k: v.to_list(3) for k, v in times.items()}, "predicted_us": time.to_list(),
-                     "bound": bound}
+            entry = {"name": "cuBLAS gemmStridedBatchedEx" if gemm else f"CuPy {step.kind}", "launch": step.to_dict(),
+                     "counters": None, "resources_us": {k: v.to_list(3) for k, v in times.items()},
+                     "predicted_us": time.to_list(), "bound": bound}
         else:
             model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget)
             time, entry = model.time, model.to_dict()

@@ -155,11 +155,39 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     # strict fp32 takes the FMA implicit GEMM: one simt_fwd of the 256 x 64 tile, 16 x 8 per thread, no GEMM
     # (r50-512's 7x7 planes, 52 blocks, keep im2col + cuBLAS: a GEMM m = 49, n = 512, k = 4608 per image, no TF32)
     rec = launches.record(BY_LABEL["r50-64-gpu32"], False)
-    (launch,) = rec.steps
+    (launch,) = rec.launches
+    assert [(w.kind, w.elements) for w in rec.steps[:1]] == [("copy", 64 * 64 * 9)]   # the weight, arranged
     assert launch.name == "simt_fwd<float, int, 256, 64, 16>" and launch.grid == (32 * 56 * 56 // 256, 1, 1)
     assert launch.block == (128,) and not rec.gemms
     gemms = launches.record(BY_LABEL["r50-512-gpu32"], False).gemms
     assert [(g.m, g.n, g.k, g.batch, g.compute) for g in gemms] == [(49, 512, 4608, 32, "CUBLAS_COMPUTE_32F")]
+
+
+def test_array_library_work_is_recorded_and_modelled(monkeypatch):
+    """CuPy's own copies, fills, adds and sums between launches are steps too, with the bytes their operands'
+    strides touch, and the model counts them: ct2d-k4s2's input gradient by phases scatters each phase into every
+    other pixel of every other row (fp16: a write stride of 4 bytes moves twice the bytes written), and its bias
+    is added in float32 (a copy up, an add, a copy down)."""
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
+    case = BY_LABEL["ct2d-k4s2-gpu16"]
+    rec = launches.record(case, False)
+    phase = 8 * 128 * 28 * 28   # images x output channels x one phase's pixels
+    scatters = [w for w in rec.array_work if w.kind == "copy" and w.elements == phase]
+    assert len(scatters) == 4, [launches.describe(s) for s in rec.steps]
+    for w in scatters:
+        assert (w.read_bytes, w.write_bytes, w.moved_bytes) == (2 * phase, 2 * phase, 2 * phase + 4 * phase)
+    assert [w.kind for w in rec.array_work[-3:]] == ["copy", "add", "copy"]
+    result = predict.predict_case(case, False, "h100", predict.SassSource(enabled=False), counters=False)
+    entries = [k for k in result["kernels"] if k["name"].startswith("CuPy ")]
+    assert len(entries) == len(rec.array_work) and all(k["bound"] == "DRAM" for k in entries)
+    scatter = next(k for k in entries if k["launch"]["elements"] == phase)
+    bw = predict.GPUS["h100"]["hbm_tbs"] * 1e12
+    low, high = predict.assumption("array_work_efficiency")
+    overhead = predict.assumption("launch_overhead_us")
+    assert scatter["predicted_us"] == pytest.approx([4 * phase / (bw * low) * 1e6 + overhead[0],
+                                                     6 * phase / (bw * high) * 1e6 + overhead[1]], abs=0.01)
+    total = [sum(k["predicted_us"][i] for k in result["kernels"]) for i in (0, 1)]
+    assert result["predicted_us"] == pytest.approx(total, abs=0.05)
 
 
 def test_recording_of_the_c3d_mri_fp32_backward():
