@@ -445,3 +445,25 @@ def test_tiles_are_a_rule_of_the_shapes():
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
     assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192
+
+
+def test_patch_backward_sums_the_bias_in_the_weight_gradient(monkeypatch):
+    """patch_conv2d_backward on the FMA GEMM takes grad_bias from simt_bwd_weight's column sums, as conv2d's
+    does: no array-library sum over grad_output (the patch seed's is 84 MB, p-8x8's 336 MB), and it equals the
+    CPU path's; asked for alone, grad_bias is still that sum."""
+    rng = numpy.random.default_rng(12)
+    x = rng.standard_normal((2, 5, 17, 4, 4)).astype(numpy.float32)   # (B, N, C, H, W): 17 > the direct range
+    weight = rng.standard_normal((20, 17, 3, 3)).astype(numpy.float32)
+    grad_output = rng.standard_normal((2, 5, 20, 4, 4)).astype(numpy.float32)
+    sums = []
+    device = Recorder()
+    monkeypatch.setattr(device, "sum", lambda a, axis, dtype: (sums.append(a.size), EmulatedDevice.sum(
+        device, a, axis, dtype))[1])
+    got = on_emulator(device, cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1)
+    assert device.count("simt_bwd_weight") == 1 and grad_output.size not in sums, (device.launches, sums)
+    want = cupyconv.patch_conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)), padding=1)
+    for g, w, name in zip(got, want, ("grad_x", "grad_weight", "grad_bias")):
+        assert_close(g, w, name)
+    _, _, grad_b = on_emulator(Recorder(), cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1,
+                               needs=("bias",))
+    assert_close(grad_b, want[2], "grad_bias alone")

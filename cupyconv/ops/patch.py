@@ -375,8 +375,8 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
         elif "input" in needs:   # strided: the fused kernel ('auto') or the GEMM and col2im
             fallback = "auto" if algorithm == "auto" else "im2col_gemm"
             grad_x = _input_grad_gpu(device, gv, weight, spec, x.dtype, fallback)
-        if "weight" in needs:
-            grad_w = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec)[0]
+        if "weight" in needs:   # grad_bias too, as the kernel's column sums of the gy it stages
+            grad_w, grad_b = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
         if "input" in needs:
