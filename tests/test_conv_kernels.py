@@ -269,11 +269,13 @@ def test_workspace_budget_chunks_the_batch():
     numpy.testing.assert_allclose(out, full, rtol=1e-13, atol=1e-13)
 
     for limit, kernel, chunks in ((grad_input, "fold_col2im", 5), (2 * grad_weight + 1, "unfold_im2col", 3)):
-        device = Recorder()
+        device, copied = Recorder(), []
+        device.copyto = lambda dst, src, device=device: (copied.append(dst.shape), Recorder.copyto(device, dst, src))
         with cupyconv.workspace_limit(limit):  # the scoped global budget
             grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight,
                                 algorithm="im2col_gemm", **case.kwargs)
         assert device.count(kernel) == chunks, kernel
+        assert (1, c, h, w) not in copied, copied   # col2im writes each chunk of grad_input in place
         for got, want in zip(grads, full_grads):
             numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 

@@ -396,8 +396,7 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
         m = chunk.stop - chunk.start
-        device.copyto(grad_x[chunk], fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]),
-                                              spec.with_batch(m)))
+        fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m), out=grad_x[chunk])
     return grad_x
 
 

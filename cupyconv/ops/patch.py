@@ -323,7 +323,7 @@ def _input_grad_gemm(device, gv, weight, spec: ConvSpec, out):
             cols = device.empty((gy.shape[0], g, wt.shape[1], piece.out_pixels), gy.dtype)
             device.matmul_strided(wt, gy, cols)
             if band == slice(None):
-                device.copyto(out5[o, images], fold_gpu(device, cols, piece))
+                fold_gpu(device, cols, piece, out=out5[o, images])
             else:
                 device.add(out5[o, images, :, rows], fold_gpu(device, cols, piece))
             del cols   # before the next piece's are allocated: one piece's columns at a time

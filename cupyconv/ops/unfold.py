@@ -152,11 +152,13 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
     return cols
 
 
-def fold_gpu(device, cols, spec: ConvSpec):
-    """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather."""
+def fold_gpu(device, cols, spec: ConvSpec, out=None):
+    """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather; into out where given
+    (C-contiguous, that shape, cols' dtype: a chunk of a larger result, written in place, no copy)."""
     c, (h, w) = spec.in_channels, spec.in_size
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
-    out = device.empty((spec.n, c, h, w), cols.dtype)
+    if out is None:
+        out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
         grid, block = _launch(ceil_div(spec.n * c, FOLD_PLANES) * h * w)
         (sh, sw) = spec.stride
