@@ -97,10 +97,9 @@ def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, 
         z = lift.placeholder(call.device, spec.input_shape, call.x.dtype)
         out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
                                   algorithm)
-    if call.bias is not None:   # added in the compute dtype, rounded once
+    if call.bias is not None:   # added in the compute dtype, rounded once (in place where that is out's dtype)
         ops = lift.arrays(call.device)
-        total = ops.empty(out.shape, compute_dtype(out.dtype))
-        ops.copyto(total, out)
+        total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
         ops.add(total, call.bias.reshape(-1, *(1,) * spec.nd))
         out = ops.astype(total, out.dtype)
     return call.wrap(out)
