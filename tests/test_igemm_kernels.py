@@ -356,28 +356,37 @@ def test_a_grid_under_a_wave_splits_the_largest_tile_its_splits_fill():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_split_k_on_the_largest_tile(dtype, monkeypatch):
-    """The split r50-512 takes (`plan_igemm`: the largest tile, K in several splits of several chunks) at a small
-    shape: IG_WAVE_BLOCKS 7 and IG_SPLIT_CHUNKS 3; 126 rows and 136 columns, K = 9 x 48 in 14 chunks of 32 halves
-    (the 128 x 128 tile: 2 blocks, 4 splits of 4 + 4 + 4 + 2 chunks) or 27 of 16 floats (128 x 64: 3 blocks, 3
-    splits of 9); the smaller tiles (64 x 64: 6 blocks) under the wave.  Against the CPU path in float64, bias
-    added once, then the same bits with the blocks in reverse order."""
+    """The split r50-512 takes (`plan_igemm`: the largest tile, K in several splits of several chunks, the last
+    short) at a small shape, IG_WAVE_BLOCKS 7 and IG_SPLIT_CHUNKS 3, where the smaller tiles stay under the wave:
+    126 rows, 136 columns, K = 9 x 72 in 21 chunks of 32 halves (128 x 128: 2 blocks, 4 splits of 6 + 6 + 6 + 3)
+    or 41 of 16 floats (128 x 64: 3 blocks, 3 splits of 14 + 14 + 13); its input gradient (stride 1: 126 rows,
+    72 columns, K = 9 x 136) likewise, 128 x 128 in 7 splits of 6 (the last 3) or 128 x 64 in 4 of 20 (the last 17).
+    Against the CPU path in float64, the bias added once; then the same bits with the blocks in reverse order."""
     monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 7)
     monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
-    case = C("ig_split_largest", (2, 48, 7, 9), (136, 48, 3, 3), padding=1)
-    x, weight, bias, _ = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
+    case = C("ig_split_largest", (2, 72, 7, 9), (136, 72, 3, 3), padding=1)
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
     bias = (numpy.asarray(bias, numpy.float64) * 4).astype(DTYPES[dtype])   # a bias added twice shows
-    plan = igemm.plan_igemm(cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, bias, groups=1, stride=1, padding=1,
-                                                                dilation=1), DTYPES[dtype])
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, bias, groups=1, stride=1, padding=1, dilation=1)
     largest = igemm.IG_TILES[dtype][0]
-    want_plan = {"float32": ((1, 3, 3), 9)}.get(dtype, ((1, 2, 4), 4))
-    assert (plan.tile, (plan.grid, plan.chunks_per_split)) == (largest, want_plan), plan
+    launches = [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *largest),
+                _kernels.kernel_name("conv_bwd_weight_igemm_finish", dtype, "int")]
+    tf32 = dtype == "float32"
+    for transposed, want in ((False, ((1, 3, 3), 14) if tf32 else ((1, 2, 4), 6)),
+                             (True, ((1, 2, 4), 20) if tf32 else ((1, 1, 7), 6))):
+        plan = igemm.plan_igemm(transposed_spec(spec) if transposed else spec, DTYPES[dtype])
+        assert (plan.tile, (plan.grid, plan.chunks_per_split)) == (largest, want), plan
     device = Recorder()
     out = split_forward(device, case, x, weight, bias)
-    assert device.launches[-2:] == [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *largest),
-                                    _kernels.kernel_name("conv_bwd_weight_igemm_finish", dtype, "int")], device.launches
+    assert device.launches[-2:] == launches, device.launches
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, "split on the largest tile")
     numpy.testing.assert_array_equal(split_forward(EmulatedDevice("reverse"), case, x, weight, bias).view(numpy.uint8),
                                      out.view(numpy.uint8))
+    device = Recorder("reverse")
+    got = split_input_gradient(device, case, grad_output, x, weight)
+    assert device.launches[-2:] == launches, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, "input gradient split on the largest tile")
 
 
 def test_64_bit_index_variant(monkeypatch):
