@@ -347,6 +347,6 @@ def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     assert "conv_fwd_igemm<__half, int, 64, 64, 4>" in text and "not GPU measurements" in text
     profiles = json.loads(out.read_text())["profiles"]   # channels_last_copy of x and of the weight first
     assert [p["name"] for p in profiles[:2]] == ["channels_last_copy<__half, int, true>"] * 2
-    profile = next(p for p in profiles if p["name"].startswith("conv_fwd_igemm<"))   # (then split-K's final pass)
+    profile = next(p for p in profiles if p["name"].startswith("conv_fwd_igemm<"))   # (batch 1: K unsplit)
     assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
         "global_load", "global_store", "shared_load", "shared_store"}

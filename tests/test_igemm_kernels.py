@@ -230,8 +230,8 @@ def test_narrow_tiles_are_planned_by_columns_only():
     assert plan(16, groups=32, pixels=14, images=32).grid == (25, 32, 1)   # rx-512: 6272 rows, 800 blocks
     assert plan(32, groups=32, pixels=7, images=32).grid == (13, 32, 1)    # rx-1024: 224 at 256 rows; 416 at 128
     assert plan(33).tile[1] == 64 and plan(256).tile[1] == 128
-    small = plan(32, pixels=4, channels=256, images=8)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 9 splits of 8
-    assert small.tile == (128, 32, 4) and small.grid == (1, 1, 9) and small.chunks_per_split == 8, small
+    small = plan(32, pixels=4, channels=256, images=8)   # 128 rows, 1 block; K = 9 x 256 in 72 chunks of 32: 4 splits
+    assert small.tile == (128, 32, 4) and small.grid == (1, 1, 4) and small.chunks_per_split == 18, small   # of 18
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -323,6 +323,70 @@ def test_no_split_for_large_grids_or_without_workspace(monkeypatch):
         assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16", "no split")
     monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 2)   # the grid (1 x 2 blocks of 64 x 64) is a wave already
     assert igemm.plan_igemm(spec, numpy.float16).splits == 1
+
+
+def conv_spec(images, channels, outputs, size, kernel=3, groups=1, stride=1):
+    return cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((images, channels, size, size)),
+                                               numpy.empty((outputs, channels // groups, kernel, kernel)), None,
+                                               stride=stride, padding=kernel // 2, dilation=1, groups=groups)
+
+
+def test_a_grid_under_a_wave_splits_the_largest_tile_its_splits_fill():
+    """`plan_igemm` on the benchmark shapes: a tile that fills IG_WAVE_BLOCKS unsplit wins as before; under a wave,
+    the largest tile whose splits of K (at least IG_SPLIT_CHUNKS chunks each) bring it to IG_WAVE_BLOCKS, not the
+    smallest tile split; a K too short to split leaves the smallest tile unsplit."""
+    r50_512 = conv_spec(32, 512, 512, 7)   # 1568 rows, K = 9 x 512: 144 chunks of 32 halves, 288 of 16 floats
+    plan = igemm.plan_igemm(r50_512, numpy.float16)   # 128 x 128: 13 x 4 blocks, 6 splits of 24 chunks
+    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 128, 4), (13, 4, 6), 24), plan
+    assert igemm.plan_igemm(r50_512, DTYPES["bfloat16"]).grid == (13, 4, 6)
+    plan = igemm.plan_igemm(r50_512, numpy.float32)   # 128 x 64: 13 x 8 blocks, 3 splits of 96 chunks
+    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 64, 3), (13, 8, 3), 96), plan
+    # the smallest tile's split (the rule before: 25 x 8 blocks of 64 x 64, 2 splits) only where the workspace
+    # holds two splits' sums and no more, which bring no larger tile to the wave
+    with settings.workspace_limit(2 * 4 * 32 * 512 * 49):
+        plan = igemm.plan_igemm(r50_512, numpy.float16)
+    assert (plan.tile, plan.grid) == ((64, 64, 4), (25, 8, 2)), plan
+    # the input gradient of p-1280 (1280 patches of 4 x 4, D / G = 64: K = 18 chunks): too short to split
+    patches = igemm.plan_igemm(transposed_spec(conv_spec(1280, 32, 64, 4)), numpy.float16)
+    assert (patches.tile, patches.grid) == ((128, 32, 4), (160, 1, 1)), patches
+    # r50-256: 64 x 64 fills a wave unsplit (98 x 4 blocks); 128 x 128 (49 x 2) split 3 ways would too, but a tile
+    # that fills the wave unsplit comes first
+    assert igemm.plan_igemm(conv_spec(32, 256, 256, 14), numpy.float16).grid == (98, 4, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_k_on_the_largest_tile(dtype, monkeypatch):
+    """The split r50-512 takes (`plan_igemm`: the largest tile, K in several splits of several chunks, the last
+    short) at a small shape, IG_WAVE_BLOCKS 7 and IG_SPLIT_CHUNKS 3, where the smaller tiles stay under the wave:
+    126 rows, 136 columns, K = 9 x 72 in 21 chunks of 32 halves (128 x 128: 2 blocks, 4 splits of 6 + 6 + 6 + 3)
+    or 41 of 16 floats (128 x 64: 3 blocks, 3 splits of 14 + 14 + 13); its input gradient (stride 1: 126 rows,
+    72 columns, K = 9 x 136) likewise, 128 x 128 in 7 splits of 6 (the last 3) or 128 x 64 in 4 of 20 (the last 17).
+    Against the CPU path in float64, the bias added once; then the same bits with the blocks in reverse order."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 7)
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
+    case = C("ig_split_largest", (2, 72, 7, 9), (136, 72, 3, 3), padding=1)
+    x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
+    bias = (numpy.asarray(bias, numpy.float64) * 4).astype(DTYPES[dtype])   # a bias added twice shows
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, bias, groups=1, stride=1, padding=1, dilation=1)
+    largest = igemm.IG_TILES[dtype][0]
+    launches = [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *largest),
+                _kernels.kernel_name("conv_bwd_weight_igemm_finish", dtype, "int")]
+    tf32 = dtype == "float32"
+    for transposed, want in ((False, ((1, 3, 3), 14) if tf32 else ((1, 2, 4), 6)),
+                             (True, ((1, 2, 4), 20) if tf32 else ((1, 1, 7), 6))):
+        plan = igemm.plan_igemm(transposed_spec(spec) if transposed else spec, DTYPES[dtype])
+        assert (plan.tile, (plan.grid, plan.chunks_per_split)) == (largest, want), plan
+    device = Recorder()
+    out = split_forward(device, case, x, weight, bias)
+    assert device.launches[-2:] == launches, device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), dtype, "split on the largest tile")
+    numpy.testing.assert_array_equal(split_forward(EmulatedDevice("reverse"), case, x, weight, bias).view(numpy.uint8),
+                                     out.view(numpy.uint8))
+    device = Recorder("reverse")
+    got = split_input_gradient(device, case, grad_output, x, weight)
+    assert device.launches[-2:] == launches, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, "input gradient split on the largest tile")
 
 
 def test_64_bit_index_variant(monkeypatch):

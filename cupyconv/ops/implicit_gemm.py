@@ -199,12 +199,13 @@ IG_TILES = {"float16": ((128, 128, 4), (256, 64, 4), (128, 64, 4), (64, 64, 4)),
 # tile: its 4 cp.async of A per 8 mma.sync a warp (17 SASS instructions per HMMA at 128 rows, 12 at 256, against
 # 6.8 for 256 x 32) would cost more in issue than the halved MMAs of 16-channel groups save.
 IG_NARROW_TILES = ((256, 32, 4), (128, 32, 4))
-# The planner takes the largest tile that still gives this many blocks (two waves of a 132-SM H100; a shape-only
-# constant, so the plan never depends on the GPU), else the smallest one.
+# The planner takes the largest tile that gives this many blocks (two waves of a 132-SM H100; a shape-only
+# constant, so the plan never depends on the GPU), counting the splits of K that a grid under it may take: as many
+# as bring it to IG_WAVE_BLOCKS blocks, each at least IG_SPLIT_CHUNKS chunks of K, within the workspace limit (float
+# sums of out per split).  16 chunks: a shorter split's finish pass (a read of every split's sums) costs about
+# what the split gains (benchmarks.predict: patch's input gradient, K = 18 chunks).
 IG_WAVE_BLOCKS = 264
-# A grid under IG_WAVE_BLOCKS (few pixels, many channels: K = taps x C long) splits K until about that many blocks
-# run, each split at least this many chunks of K, within the workspace limit (float sums of out per split).
-IG_SPLIT_CHUNKS = 8
+IG_SPLIT_CHUNKS = 16
 
 
 def vector_elements(dtype) -> int:
@@ -447,26 +448,34 @@ class IgemmPlan:
 
 
 def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
-    """The tile of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed spec): the
-    largest of IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32 columns) that gives IG_WAVE_BLOCKS
-    blocks, without 128 columns for groups of 64 or fewer.
-    A smaller grid (the smallest tile's) splits K, by the shapes only (never the SM count), into at most as many
-    splits as bring it to IG_WAVE_BLOCKS blocks, each at least IG_SPLIT_CHUNKS chunks, whose float32 sums of out
-    fit in the workspace limit; when none fits, one split as before."""
+    """The tile and split of K of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed
+    spec), by the shapes only (never the SM count), from IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32
+    columns; 128 columns only for groups of more than 64), largest first:
+    - the largest tile that gives IG_WAVE_BLOCKS blocks, unsplit;
+    - else (a grid under a wave) the largest tile whose blocks times splits of K reach IG_WAVE_BLOCKS, else the
+      smallest tile, each split as far as brings it there (`split_reduction`: splits of at least IG_SPLIT_CHUNKS
+      chunks, their float32 sums of out within the workspace limit).
+    So a long K under a wave (few pixels, many channels) runs on the largest tile its splits fill (64 x 64 warp
+    tiles for 16-bit types: half the ldmatrix per mma.sync of the 64 x 64 tile's 32 x 32) rather than on the
+    smallest one, and a short K unsplit."""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
     tiles = IG_NARROW_TILES if cols <= 32 else [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
-    grids = [(ceil_div(rows, bm), spec.groups * ceil_div(cols, bn), 1) for bm, bn, _ in tiles]
-    tile, grid = next(((t, g) for t, g in zip(tiles, grids) if g[0] * g[1] >= IG_WAVE_BLOCKS),
-                      (tiles[-1], grids[-1]))
-    bm, bn, stages = tile
     itemsize = numpy.dtype(dtype).itemsize
+    chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
+    plans = []   # (tile, grid, splits, chunks per split), largest tile first
+    for tile in tiles:
+        grid = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
+        plans.append((tile, grid, *split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
+                                                   spec.n * spec.out_channels * spec.out_pixels * 4)))
+    blocks = [grid[0] * grid[1] for _, grid, _, _ in plans]
+    tile, grid, splits, per_split = next(
+        itertools.chain((p for p, b in zip(plans, blocks) if b >= IG_WAVE_BLOCKS),
+                        (p for p, b in zip(plans, blocks) if b * p[2] >= IG_WAVE_BLOCKS), plans[-1:]))
+    bm, bn, stages = tile
     # the pipeline's stages, or the epilogue's tile where larger: NCHW (bn, bm) with 16 bytes of padding a column,
     # channels-last (bm, bn) with 8 elements a row
     shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES), bm * (bn + 8) * itemsize)
-    chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
-    splits, per_split = split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
-                                        spec.n * spec.out_channels * spec.out_pixels * 4)
-    return IgemmPlan(tile, (grid[0], grid[1], splits), shared, per_split)
+    return IgemmPlan(tile, (*grid, splits), shared, per_split)
 
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
