@@ -12,7 +12,7 @@
 //   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
-//   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
+//   the outputs through shared memory, 3x3 staged flat; their own instantiations, template PACK = true); elsewhere
 //   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
 //   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
 //   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
@@ -649,8 +649,8 @@ struct RunWalk {
 // used).  Launch contract for PACK: tiles_x == tiles_y == 1.
 // FLAT (PACK without SPREAD: the 3x3 packed instantiations) stages the src run flat instead of by rows: lane
 // e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the halo
-// (by rows, 14x14 planes in float16 read 59% of the bytes of their sectors, with 18 of 32 lanes on each 14-wide
-// row), into tiles zeroed just before with 16-byte stores; the staging's code is a quarter shorter.  From 5x5 on
+// (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into tiles
+// zeroed just before with 16-byte stores; the unit loop is 10% shorter (NVRTC 13, sm_90).  From 5x5 on
 // (SPREAD) the tiles are two to three times the plane (7x7 planes: 12x12 tiles plus the spread), and zeroing them
 // would cost more shared-memory wavefronts than staging by rows saves.  FLAT also writes the staged outputs a pair
 // at a time where dst_w is even (see there).
