@@ -428,6 +428,7 @@ PACKED_CASES = [
     # tiles (8x8 outputs: 10 rows from row -1), where a row staged unchecked would land on the next plane's halo
     ((2, 37, 14, 14), 1, 3, 1, 1, "float16"),
     ((3, 21, 8, 8), 1, 3, 1, 3, "float32"),
+    ((1, 5, 32, 30), 1, 3, 1, 1, "float32"),   # the largest plane one tile covers (TILE_MAX); 37x35: several tiles
 ]
 
 
