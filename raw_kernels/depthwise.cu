@@ -12,7 +12,7 @@
 //   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
-//   the outputs through shared memory; their own instantiations, template PACK = true); elsewhere
+//   the outputs through shared memory, 3x3 staged flat; their own instantiations, template PACK = true); elsewhere
 //   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
 //   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
 //   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
@@ -612,6 +612,28 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
   for (int e = vector_end + (int)threadIdx.x; e < count; e += (int)blockDim.x) dst[e] = from_acc<T>(src[e]);
 }
 
+// A flat walk over a run of whole w x h planes, consecutive in memory (the packed units' src planes): element
+// e = threadIdx.x, + blockDim.x, ... of the run is column x of row y of its plane, and `cell` is where that
+// element sits in the staged tiles (row y + top, column x + left of its staged plane; planes `plane`, rows `pitch`
+// elements apart).  The split of e is worked out once per block (the divisions), then stepped by blockDim.x with
+// one carry per digit.
+struct RunWalk {
+  int x = 0, y = 0, cell = 0, dx = 0, dy = 0, dcell = 0;
+  RunWalk() = default;  // kernels without FLAT (whose planes may be too large for an int product)
+  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left) {
+    const int size = w * h, e = (int)threadIdx.x, step = (int)blockDim.x;
+    y = e % size / w, x = e % w;
+    cell = e / size * plane + (y + top) * pitch + x + left;
+    dy = step % size / w, dx = step % w;
+    dcell = step / size * plane + dy * pitch + dx;
+  }
+  __device__ __forceinline__ void next(int w, int h, int pitch, int plane) {
+    x += dx, y += dy, cell += dcell;
+    if (x >= w) x -= w, ++y, cell += pitch - w;
+    if (y >= h) y -= h, cell += plane - h * pitch;
+  }
+};
+
 // Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
 // persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
 // src = x (C channels), dst = y (C * m), a unit is one output channel d = c * m + k; input gradient, src =
@@ -621,10 +643,17 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // Small planes (PACK: the kernels' template parameter, planned when one tile covers the whole output plane): a unit is
 // instead the per_block consecutive dst channels d0 .. d0 + per_block - 1 of ONE image (the last group of an image
 // may be partial; the forward packs only at multiplier 1, where dst channel = src channel), item p computing
-// channel d0 + p.  Their src planes and dst planes are then each one contiguous run of memory, so the staging's
-// warps read neighbouring rows, and the outputs go through shared memory (over the staged tiles, after a barrier)
-// to be written as one contiguous run, 16 bytes a lane where it is aligned, instead of the scattered V x U items
-// (a 7-wide row: under 10% of each store's sectors used).  Launch contract for PACK: tiles_x == tiles_y == 1.
+// channel d0 + p.  Their src planes and dst planes are then each one contiguous run of memory, and the outputs go
+// through shared memory (over the staged tiles, after a barrier) to be written as one contiguous run, 16 bytes a
+// lane where it is aligned, instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors
+// used).  Launch contract for PACK: tiles_x == tiles_y == 1.
+// FLAT (PACK without SPREAD: the 3x3 packed instantiations) stages the src run flat instead of by rows: lane
+// e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the halo
+// (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into tiles
+// zeroed just before with 16-byte stores; the unit loop is 10% shorter (NVRTC 13, sm_90).  From 5x5 on
+// (SPREAD) the tiles are two to three times the plane (7x7 planes: 12x12 tiles plus the spread), and zeroing them
+// would cost more shared-memory wavefronts than staging by rows saves.  FLAT also writes the staged outputs a pair
+// at a time where dst_w is even (see there).
 template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK, bool SPREAD>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
@@ -643,6 +672,9 @@ __device__ __forceinline__ void depthwise_persistent(
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
   const I src_plane = (I)src_h * src_w, dst_plane = (I)dst_h * dst_w;
+  // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.
+  constexpr bool flat = PACK && !SPREAD;
+  const RunWalk walk = flat ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
   const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
@@ -678,11 +710,31 @@ __device__ __forceinline__ void depthwise_persistent(
     const I base = image0 * src_channels + first;
     const int stride = pack_channels ? terms : src_channels;
     const int valid = pack_channels ? min(per_block, dst_channels - d0) : (int)min((I)per_block, images - image0);
-    staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
-                  [&](int q) -> const T* {
-                    const int j = q / terms;
-                    return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
-                  });
+    if constexpr (flat) {
+      // Zeros everywhere (the halo; the planes of the items from `valid` on), then the run's elements that fall
+      // inside the tiles (a large padding may leave rows or columns of the plane outside them).
+      constexpr int C = AlignedStaging<T, I, SPREAD>::C;  // in_h * pitch is a multiple of C
+      Pack<A, C> zeros;
+#pragma unroll
+      for (int e = 0; e < C; ++e) zeros.v[e] = A(0);
+      for (int e = (int)threadIdx.x * C; e < per_block * terms * staging.plane; e += (int)blockDim.x * C)
+        *reinterpret_cast<Pack<A, C>*>(tile + e) = zeros;
+      __syncthreads();
+      const T* run = src + base * src_plane;
+      RunWalk at = walk;
+      for (int e = (int)threadIdx.x; e < valid * terms * (int)src_plane;
+           e += (int)blockDim.x, at.next(src_w, src_h, pitch, staging.plane)) {
+        const A v = to_acc(run[e]);
+        const int row = at.y + pad_top, col = at.x + pad_left;
+        if (row >= 0 && row < in_h && col >= 0 && col < in_w) tile[at.cell] = v;
+      }
+    } else {
+      staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
+                    [&](int q) -> const T* {
+                      const int j = q / terms;
+                      return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
+                    });
+    }
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
     // saves 3-5% of the forward loop's instructions and costs 8-32 registers (NVRTC 13, sm_90): reloaded.
@@ -740,16 +792,31 @@ __device__ __forceinline__ void depthwise_persistent(
       }
     }
     if constexpr (PACK) {
-      // The unit's planes, [plane][y][x] as in dst, over the staged tiles, then copied out as one run.
+      // The unit's planes, [plane][y][x] as in dst, over the staged tiles, then copied out as one run.  FLAT, where
+      // dst_w is even: every pair of an item's outputs starts on an even word (planes, rows and ox all even), so one
+      // 8-byte store a pair, half the stores; a half warp's pairs (4 columns of items x 4 strips of one plane on
+      // 14x14 planes) take 2 wavefronts where its single stores took 4 (items 4 words apart, strips 56 = 24 modulo
+      // 32: 8 distinct banks for 16 lanes).  (SPREAD's planes-first items gain less from pairs than their extra
+      // code costs.)
+      static_assert(U % 2 == 0, "the output pairs need an even FWD_COLUMNS");
       __syncthreads();
       A* staged_out = tile + p * dst_plane + (I)oy * dst_w + ox;
+      const bool pairs = flat && dst_w % 2 == 0;
       if (active) {
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           if (oy + v < dst_h) {
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-              if (ox + u < dst_w) staged_out[v * dst_w + u] = acc[v][u];
+            for (int u = 0; u < U; u += 2) {
+              A* out = staged_out + v * dst_w + u;
+              if (pairs && ox + u < dst_w) {  // then ox + u + 1 < dst_w too
+                Pack<A, 2> pair;
+                pair.v[0] = acc[v][u], pair.v[1] = acc[v][u + 1];
+                *reinterpret_cast<Pack<A, 2>*>(out) = pair;
+              } else if (!pairs) {
+                if (ox + u < dst_w) out[0] = acc[v][u];
+                if (ox + u + 1 < dst_w) out[1] = acc[v][u + 1];
+              }
             }
           }
         }

@@ -423,6 +423,12 @@ PACKED_CASES = [
     ((2, 37, 7, 7), 1, 5, 1, 2, "float16"),    # groups of 32 planes (16-byte runs in image 0 only) and 5
     ((2, 19, 14, 14), 1, 3, 2, 1, "bfloat16"),  # stride 2: 7x7 outputs
     ((2, 11, 6, 5), 2, 7, 1, 3, "float64"),    # 7x7 kernel on a plane smaller than it
+    # 3x3 (FLAT: the src run staged flat, outputs a pair at a time where dst_w is even): the 14x14 planes of the
+    # benchmarks; a padding past K - 1, whose input gradient stages grad_output planes (12x12) that run past their
+    # tiles (8x8 outputs: 10 rows from row -1), where a row staged unchecked would land on the next plane's halo
+    ((2, 37, 14, 14), 1, 3, 1, 1, "float16"),
+    ((3, 21, 8, 8), 1, 3, 1, 3, "float32"),
+    ((1, 5, 32, 30), 1, 3, 1, 1, "float32"),   # the largest plane one tile covers (TILE_MAX); 37x35: several tiles
 ]
 
 
