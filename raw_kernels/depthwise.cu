@@ -1037,9 +1037,10 @@ template <typename I> struct WeightRows {
 // block's Q consecutive output channels, whose grad_out planes are S contiguous runs (and their x planes S runs of
 // input channels), staged with coalesced element loads and pitched to an odd number of words, so that the lanes of
 // a warp (consecutive channels, each reading the same element of its own plane) hit 32 banks.  Each tap of a pass
-// runs over exactly the outputs that read inside the plane (their box, staged once per pass: `boxes`), the sums
-// stay in registers over the block's units and the S images of a channel are added in slot order at the end: a
-// fixed order.  Block b: channel group b % groups, partial row b / groups, units of S images.
+// runs over exactly the outputs that read inside the plane (their box, staged once per pass: `boxes`); a thread's
+// sums stay in its own shared-memory slots over the block's units (a register array would need the tap loop
+// unrolled, 16 copies of its loops next to the tiled code), and the S images of a channel are added in slot order
+// at the end: a fixed order.  Block b: channel group b % groups, partial row b / groups, units of S images.
 template <typename T, typename I>
 __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
                                                    acc_t<T>* __restrict__ partial, I images, int channels,
@@ -1048,7 +1049,7 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
                                                    int dilation_h, int dilation_w, int pad_top, int pad_left,
                                                    I units_per_block, int has_bias, int plane_channels) {
   typedef acc_t<T> A;
-  constexpr int R = TAP_CHUNK;  // taps per pass, accumulated in registers
+  constexpr int R = TAP_CHUNK;  // taps per pass
   const int Q = plane_channels, S = (int)blockDim.x / Q;
   const int q = (int)threadIdx.x % Q, s = (int)threadIdx.x / Q;
   const int taps = kernel_h * kernel_w, out_channels = channels * multiplier, groups = (out_channels + Q - 1) / Q;
@@ -1056,9 +1057,10 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
   const int x_pitch = x_size | 1, g_pitch = g_size | 1;  // odd: no bank conflicts
   const I row_length = (I)out_channels * (taps + has_bias);
   int* boxes = reinterpret_cast<int*>(depthwise_smem);  // per tap of the pass: output rows, columns, x offset
-  A* xs = reinterpret_cast<A*>(boxes + 3 * R);           // S x Q x planes (fewer with a multiplier)
+  A* sums = reinterpret_cast<A*>(boxes + 3 * R);         // per thread: its R tap sums, then its bias sum
+  A* xs = sums + blockDim.x * (R + 1);                   // S x Q x planes (fewer with a multiplier)
   A* gs = xs + S * Q * x_pitch;                          // S x Q grad_out planes
-  A* sums = xs;                                          // blockDim.x x (R + 1), after the units
+  A* own = sums + threadIdx.x * (R + 1);                 // R + 1 odd: a warp's slots on 32 banks
   const PlaneWalk x_walk(x_size), g_walk(g_size);
   const WeightRows<I> rows(images, S, 1, units_per_block);
   for (I b = blockIdx.x; b < rows.count * groups; b += gridDim.x) {
@@ -1076,9 +1078,7 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         const int x_hi = max(x_lo, min(out_w, floor_div(width - 1 - dx, stride_w) + 1));
         boxes[3 * t] = y_lo | y_hi << 16, boxes[3 * t + 1] = x_lo | x_hi << 16, boxes[3 * t + 2] = dy * width + dx;
       }
-      A acc[R + 1];  // taps t0 .. t0 + R - 1, then the bias
-#pragma unroll
-      for (int t = 0; t <= R; ++t) acc[t] = A(0);
+      for (int t = 0; t <= R; ++t) own[t] = A(0);  // taps t0 .. t0 + R - 1, then the bias
       for (I unit = rows.begin(r); unit < unit_end; ++unit) {
         const I n0 = unit * S;
         for (int slot = 0; slot < S && n0 + slot < images; ++slot) {
@@ -1097,27 +1097,26 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         if (q < count && n0 + s < images) {
           const A* xp = xs + (s * Q + (co0 + q) / multiplier - c0) * x_pitch;
           const A* gp = gs + (s * Q + q) * g_pitch;
-          const int row_step = stride_h * width;
-#pragma unroll
-          for (int t = 0; t < R; ++t) {
-            if (t0 + t < taps) {
-              const int ys = boxes[3 * t], xb = boxes[3 * t + 1], offset = boxes[3 * t + 2];
-              const int x_lo = xb & 0xffff, x_hi = xb >> 16;
-              for (int oy = ys & 0xffff; oy < ys >> 16; ++oy) {
-                const A* g_row = gp + oy * out_w;
-                const A* x_row = xp + (oy * row_step + offset);
-                for (int ox = x_lo; ox < x_hi; ++ox) acc[t] += g_row[ox] * x_row[ox * stride_w];
-              }
+          const int row_step = stride_h * width, pass_taps = min(R, taps - t0);
+          for (int t = 0; t < pass_taps; ++t) {
+            const int ys = boxes[3 * t], xb = boxes[3 * t + 1], offset = boxes[3 * t + 2];
+            const int x_lo = xb & 0xffff, x_hi = xb >> 16;
+            A sum = own[t];
+            for (int oy = ys & 0xffff; oy < ys >> 16; ++oy) {
+              const A* g_row = gp + oy * out_w;
+              const A* x_row = xp + (oy * row_step + offset);
+              for (int ox = x_lo; ox < x_hi; ++ox) sum += g_row[ox] * x_row[ox * stride_w];
             }
+            own[t] = sum;
           }
-          if (t0 == 0 && has_bias)
-            for (int e = 0; e < g_size; ++e) acc[R] += gp[e];
+          if (t0 == 0 && has_bias) {
+            A sum = own[R];
+            for (int e = 0; e < g_size; ++e) sum += gp[e];
+            own[R] = sum;
+          }
         }
-        __syncthreads();  // the next unit overwrites the planes
+        __syncthreads();  // the next unit overwrites the planes; after the last, every thread's sums are in
       }
-#pragma unroll
-      for (int t = 0; t <= R; ++t) sums[threadIdx.x * (R + 1) + t] = acc[t];
-      __syncthreads();
       for (int e = threadIdx.x; e < count * (R + 1); e += blockDim.x) {  // (channel q, tap t): consecutive taps
         const int qe = e / (R + 1), t = e % (R + 1);
         if (t < R ? t0 + t >= taps : t0 > 0 || !has_bias) continue;
@@ -1126,7 +1125,7 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         partial[r * row_length + (t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe)] =
             total;
       }
-      __syncthreads();  // the next pass stages over the sums
+      __syncthreads();  // the next pass clears the sums
     }
   }
 }

@@ -537,16 +537,16 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
 def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
     """depthwise_bwd_weight_generic's tiny-plane units (its plane_channels > 0) for planes of at most PLANE_MAX elements
     and kernels it takes in at most two passes: the tiling's plane_channels consecutive output channels (a power of
-    two up to 32) of per_block images; the most threads (256 down to 32) whose staged planes, pitched odd, and per-pass
-    tap boxes fit in SMEM_SOFT (else 32 within the default limit).  None where that does not apply."""
+    two up to 32) of per_block images; the most threads (256 down to 32) whose staged planes (pitched odd), sums and
+    per-pass tap boxes fit in SMEM_SOFT (else 32 within the default limit).  None where that does not apply."""
     x_size, g_size = math.prod(spec.in_size), spec.out_pixels
     if max(x_size, g_size) > PLANE_MAX or spec.taps > 2 * TAP_CHUNK:
         return None
     q = min(32, 1 << (spec.out_channels - 1).bit_length())
     out_h, out_w = spec.out_size
     for threads, limit in ((256, SMEM_SOFT), (128, SMEM_SOFT), (64, SMEM_SOFT), (32, DEFAULT_SHARED_LIMIT)):
-        # the boxes (3 ints a tap), then the planes, whose space then holds the threads' sums
-        smem = 3 * TAP_CHUNK * 4 + threads * max((x_size | 1) + (g_size | 1), TAP_CHUNK + 1) * acc
+        # the boxes (3 ints a tap), each thread's sums (taps, bias), the planes
+        smem = 3 * TAP_CHUNK * 4 + threads * (TAP_CHUNK + 1 + (x_size | 1) + (g_size | 1)) * acc
         if smem <= limit:
             return Plan("depthwise_bwd_weight_generic", (),
                         Tiling(out_h, out_w, 1, 1, threads // q, threads, smem, plane_channels=q))
