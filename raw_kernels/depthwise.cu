@@ -37,7 +37,8 @@
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
 //   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
-//   maps the threads over taps instead).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
+//   maps the threads over taps instead; depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32
+//   consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
 //   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //

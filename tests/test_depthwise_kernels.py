@@ -233,8 +233,9 @@ def test_needs_subsets(name, needs):
 
 @pytest.mark.parametrize("case", [C("tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
                                   C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1),
+                                  C("generic", (40, 2, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
                                   C("large", (5, 2, 9, 8), 1, 31, LARGE_1, padding=15)],
-                         ids=["tiles", "tiny", "large"])
+                         ids=["tiles", "tiny", "generic", "large"])
 def test_weight_gradient_is_deterministic(case):
     """Bits equal across runs and in reverse thread (and block) order; several partial rows and warps."""
     x, weight, _, grad_output = make(case, "float32")
@@ -246,6 +247,9 @@ def test_weight_gradient_is_deterministic(case):
                                                               **case.window)[1:])
         (reduce_args,) = [args for name, args in device.launches if short(name) == "depthwise_bwd_reduce"]
         assert reduce_args[2] > 1, "the case should produce several partial rows"
+        stage1 = {short(name): args for name, args in device.launches}.get("depthwise_bwd_weight_generic")
+        if stage1:  # its last argument, plane_channels: the tiny-plane units (> 0) or the tiled ones
+            assert (stage1[-1] > 0) == (case.name == "tiny"), stage1
     for grad_w, grad_b in results[1:]:
         assert grad_w.tobytes() == results[0][0].tobytes() and grad_b.tobytes() == results[0][1].tobytes()
     expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
