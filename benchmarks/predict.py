@@ -340,6 +340,54 @@ def depthwise_clipped_macs(launch: launches_mod.Launch) -> float:
     return float(a["images"] * planes * rows * cols)
 
 
+# The weight gradients that skip taps outside the plane count what they execute as well (`depthwise_weight_macs`):
+# depthwise_bwd_weight_large runs each tap row over the output rows it reaches, a warp as long as its longest lane,
+# and depthwise_bwd_weight_generic's tiny-plane units (plane_channels > 0) run each tap over its box of outputs.
+WEIGHT_CLIPPED_KERNELS = ("depthwise_bwd_weight_large", "depthwise_bwd_weight_generic")
+
+
+def _outputs_inside(offset: int, stride: int, size: int, out: int, first: int = 0) -> int:
+    """How many outputs o of first .. out - 1 read inside a plane of `size` at o * stride + offset."""
+    lo = max(first, -(offset // stride))   # ceil(-offset / stride)
+    hi = min(out, (size - 1 - offset) // stride + 1)
+    return max(0, hi - lo)
+
+
+def depthwise_weight_macs(launch: launches_mod.Launch) -> float | None:
+    """Multiply-adds (lane slots) of a WEIGHT_CLIPPED_KERNELS launch; None for depthwise_bwd_weight_generic's tiled
+    units, which run every tap (the pass's share counts them)."""
+    from cupyconv.ops.depthwise import LARGE_RUN
+    a = launch.args
+    planes = a["channels"] * a["multiplier"]
+    kh, kw = a["kernel_h"], a["kernel_w"]
+    dy = [i * a["dilation_h"] - a["pad_top"] for i in range(kh)]
+    if launch.kernel == "depthwise_bwd_weight_generic":
+        if not a.get("plane_channels"):
+            return None
+        rows = sum(_outputs_inside(d, a["stride_h"], a["height"], a["out_h"]) for d in dy)
+        cols = sum(_outputs_inside(j * a["dilation_w"] - a["pad_left"], a["stride_w"], a["width"], a["out_w"])
+                   for j in range(kw))
+        return float(a["images"] * planes * rows * cols)
+    runs = math.ceil(kw / LARGE_RUN)
+    tasks = kh * runs
+    slices = launch.threads // tasks
+    per_block, tile_h, tile_w = a["per_block"], a["tile_h"], a["tile_w"]
+    total = 0
+    for ty in range(a["tiles_y"]):
+        oy0 = ty * tile_h
+        lane_rows = []
+        for t in range(launch.threads):
+            task, slice_ = t % tasks, t // tasks
+            k = task // runs
+            i = kh // 2 + (-((k + 1) >> 1) if k & 1 else (k + 1) >> 1)
+            span = _outputs_inside(dy[i] + oy0 * a["stride_h"], a["stride_h"], a["height"],
+                                   min(tile_h, a["out_h"] - oy0))
+            lane_rows.append(len(range(slice_, per_block * span, slices)) if slice_ < slices else 0)
+        total += sum(32 * max(lane_rows[w:w + 32]) for w in range(0, launch.threads, 32))
+    units = math.ceil(a["images"] / per_block) * a["tiles_x"]
+    return float(total * units * planes * LARGE_RUN * tile_w)
+
+
 def hmma_macs(launch: launches_mod.Launch) -> int:
     """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32."""
     return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
@@ -359,6 +407,10 @@ def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
             i += 1
         elif isinstance(step, launches_mod.Launch) and step.kernel in TAP_CLIPPED_KERNELS:
             result[i] = depthwise_clipped_macs(step)
+            i += 1
+        elif isinstance(step, launches_mod.Launch) and step.kernel in WEIGHT_CLIPPED_KERNELS and \
+                depthwise_weight_macs(step) is not None:
+            result[i] = depthwise_weight_macs(step)
             i += 1
         elif isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
             j = i

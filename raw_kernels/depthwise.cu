@@ -37,7 +37,8 @@
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
 //   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
-//   maps the threads over taps instead).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
+//   maps the threads over taps instead; depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32
+//   consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
 //   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
@@ -1097,6 +1098,106 @@ template <typename I> struct WeightRows {
   __device__ I end(I r) const { return min(units, (r + 1) * per_row); }
 };
 
+// Tiny planes (plane_channels > 0: the planner's choice where both planes have at most PLANE_MAX elements).  Tiled, a
+// 4x4 plane is a unit of ~85 images of one channel whose staged rows are 4 elements and whose grad_out strips are
+// read a row (out_w elements) apart.  Here thread (s, q) = (threadIdx.x / Q, threadIdx.x % Q), Q = plane_channels (a
+// power of two up to 32), owns output channel co0 + q of image n0 + s: a unit is S = blockDim.x / Q images of the
+// block's Q consecutive output channels, whose grad_out planes are S contiguous runs (and their x planes S runs of
+// input channels), staged with coalesced element loads and pitched to an odd number of words, so that the lanes of
+// a warp (consecutive channels, each reading the same element of its own plane) hit 32 banks.  Each tap of a pass
+// runs over exactly the outputs that read inside the plane (their box, staged once per pass: `boxes`); a thread's
+// sums stay in its own shared-memory slots over the block's units (a register array would need the tap loop
+// unrolled, 16 copies of its loops next to the tiled code), and the S images of a channel are added in slot order
+// at the end: a fixed order.  Block b: channel group b % groups, partial row b / groups, units of S images.
+template <typename T, typename I>
+__device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                                   acc_t<T>* __restrict__ partial, I images, int channels,
+                                                   int multiplier, int height, int width, int out_h, int out_w,
+                                                   int kernel_h, int kernel_w, int stride_h, int stride_w,
+                                                   int dilation_h, int dilation_w, int pad_top, int pad_left,
+                                                   I units_per_block, int has_bias, int plane_channels) {
+  typedef acc_t<T> A;
+  constexpr int R = TAP_CHUNK;  // taps per pass
+  const int Q = plane_channels, S = (int)blockDim.x / Q;
+  const int q = (int)threadIdx.x % Q, s = (int)threadIdx.x / Q;
+  const int taps = kernel_h * kernel_w, out_channels = channels * multiplier, groups = (out_channels + Q - 1) / Q;
+  const int x_size = height * width, g_size = out_h * out_w;
+  const int x_pitch = x_size | 1, g_pitch = g_size | 1;  // odd: no bank conflicts
+  const I row_length = (I)out_channels * (taps + has_bias);
+  int* boxes = reinterpret_cast<int*>(depthwise_smem);  // per tap of the pass: output rows, columns, x offset
+  A* sums = reinterpret_cast<A*>(boxes + 3 * R);         // per thread: its R tap sums, then its bias sum
+  A* xs = sums + blockDim.x * (R + 1);                   // S x Q x planes (fewer with a multiplier)
+  A* gs = xs + S * Q * x_pitch;                          // S x Q grad_out planes
+  A* own = sums + threadIdx.x * (R + 1);                 // R + 1 odd: a warp's slots on 32 banks
+  const PlaneWalk x_walk(x_size), g_walk(g_size);
+  const WeightRows<I> rows(images, S, 1, units_per_block);
+  for (I b = blockIdx.x; b < rows.count * groups; b += gridDim.x) {
+    const int co0 = (int)(b % groups) * Q, count = min(Q, out_channels - co0);
+    const int c0 = co0 / multiplier, x_count = (co0 + count - 1) / multiplier - c0 + 1;
+    const I r = b / groups, unit_end = rows.end(r);
+    for (int t0 = 0; t0 < taps; t0 += R) {
+      for (int t = threadIdx.x; t < R; t += blockDim.x) {
+        // Output (oy, ox) reads x at (oy * stride_h + dy, ox * stride_w + dx) through tap (i, j).
+        const int tap = min(t0 + t, taps - 1), dy = tap / kernel_w * dilation_h - pad_top;
+        const int dx = (tap % kernel_w) * dilation_w - pad_left;
+        const int y_lo = min(out_h, max(0, ceil_div(-dy, stride_h)));
+        const int x_lo = min(out_w, max(0, ceil_div(-dx, stride_w)));
+        const int y_hi = max(y_lo, min(out_h, floor_div(height - 1 - dy, stride_h) + 1));
+        const int x_hi = max(x_lo, min(out_w, floor_div(width - 1 - dx, stride_w) + 1));
+        boxes[3 * t] = y_lo | y_hi << 16, boxes[3 * t + 1] = x_lo | x_hi << 16, boxes[3 * t + 2] = dy * width + dx;
+      }
+      for (int t = 0; t <= R; ++t) own[t] = A(0);  // taps t0 .. t0 + R - 1, then the bias
+      for (I unit = rows.begin(r); unit < unit_end; ++unit) {
+        const I n0 = unit * S;
+        for (int slot = 0; slot < S && n0 + slot < images; ++slot) {
+          const T* x_run = x + ((n0 + slot) * channels + c0) * (I)x_size;
+          const T* g_run = grad_out + ((n0 + slot) * out_channels + co0) * (I)g_size;
+          A* x_dst = xs + slot * Q * x_pitch;
+          A* g_dst = gs + slot * Q * g_pitch;
+          PlaneWalk at = x_walk;
+          for (int e = threadIdx.x; e < x_count * x_size; e += blockDim.x, at.next())
+            x_dst[at.q * x_pitch + at.r] = to_acc(x_run[e]);
+          at = g_walk;
+          for (int e = threadIdx.x; e < count * g_size; e += blockDim.x, at.next())
+            g_dst[at.q * g_pitch + at.r] = to_acc(g_run[e]);
+        }
+        __syncthreads();
+        if (q < count && n0 + s < images) {
+          const A* xp = xs + (s * Q + (co0 + q) / multiplier - c0) * x_pitch;
+          const A* gp = gs + (s * Q + q) * g_pitch;
+          const int row_step = stride_h * width, pass_taps = min(R, taps - t0);
+          for (int t = 0; t < pass_taps; ++t) {
+            const int ys = boxes[3 * t], xb = boxes[3 * t + 1], offset = boxes[3 * t + 2];
+            const int x_lo = xb & 0xffff, x_hi = xb >> 16;
+            A sum = own[t];
+            for (int oy = ys & 0xffff; oy < ys >> 16; ++oy) {
+              const A* g_row = gp + oy * out_w;
+              const A* x_row = xp + (oy * row_step + offset);
+              for (int ox = x_lo; ox < x_hi; ++ox) sum += g_row[ox] * x_row[ox * stride_w];
+            }
+            own[t] = sum;
+          }
+          if (t0 == 0 && has_bias) {
+            A sum = own[R];
+            for (int e = 0; e < g_size; ++e) sum += gp[e];
+            own[R] = sum;
+          }
+        }
+        __syncthreads();  // the next unit overwrites the planes; after the last, every thread's sums are in
+      }
+      for (int e = threadIdx.x; e < count * (R + 1); e += blockDim.x) {  // (channel q, tap t): consecutive taps
+        const int qe = e / (R + 1), t = e % (R + 1);
+        if (t < R ? t0 + t >= taps : t0 > 0 || !has_bias) continue;
+        A total = A(0);
+        for (int slot = 0; slot < S; ++slot) total += sums[(slot * Q + qe) * (R + 1) + t];
+        partial[r * row_length + (t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe)] =
+            total;
+      }
+      __syncthreads();  // the next pass clears the sums
+    }
+  }
+}
+
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
                                              acc_t<T>* __restrict__ partial, I images, int channels,
@@ -1104,8 +1205,14 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
                                              int kernel_h, int kernel_w, int stride_h, int stride_w,
                                              int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
                                              int tile_w, int tiles_x, int tiles_y, int per_block,
-                                             I units_per_block, int has_bias) {
+                                             I units_per_block, int has_bias, int plane_channels) {
   typedef acc_t<T> A;
+  if (plane_channels > 0) {
+    weight_grad_planes<T, I>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
+                             kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                             units_per_block, has_bias, plane_channels);
+    return;
+  }
   constexpr int V = GENERIC_STRIP, R = TAP_CHUNK;  // R: taps per pass, accumulated in registers
   const int taps = kernel_h * kernel_w;
   const int in_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
@@ -1283,11 +1390,16 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
 // above, but the taps are spread over the threads instead of the pixels, since a block then has more taps than
 // lanes and per-pixel accumulators would need one pass (and one block reduction) per TAP_CHUNK taps.  The unit
 // stages its x tiles and its grad_out tiles; thread (task, slice) owns the LARGE_RUN consecutive taps
-// (i, j0 .. j0 + LARGE_RUN - 1) of task = i * runs + j0 / LARGE_RUN and the staged output rows
-// slice, slice + slices, ...  Along an output row, when stride_w == dilation_w, tap j + 1 of output ox reads
-// what tap j of output ox + 1 does: the run's x values slide through registers, one shared load (plus one
-// broadcast grad_out load) per LARGE_RUN FMAs.  Each thread keeps its sums in registers over all the units;
-// the slices are added in slice order at the end.  Deterministic, no block reduction per tap.
+// (i, j0 .. j0 + LARGE_RUN - 1) of task = k * runs + j0 / LARGE_RUN, tap row i the k-th from the middle of the
+// kernel outwards (middle, one above, one below, ...), and of the staged output rows whose tap row i reads
+// inside the plane (the others read the staged zeros), slice, slice + slices, ... of them.  A 31x31 kernel
+// padded 15 on a 14x14 plane reaches 14 rows with its middle row and 1 or none with its outer ones: skipping
+// the zeros leaves 196 of 434 (tap row, output row) pairs, and the middle-out order gives the lanes of a warp
+// tap rows with similar counts (a warp waits for its longest lane).  Along an output row, when stride_w ==
+// dilation_w, tap j + 1 of output ox reads what tap j of output ox + 1 does: the run's x values slide through
+// registers, one shared load (plus one broadcast grad_out load) per LARGE_RUN FMAs.  Each thread keeps its
+// sums in registers over all the units; the slices are added in slice order at the end.  Deterministic, no
+// block reduction per tap.
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __restrict__ grad_out,
                                            acc_t<T>* __restrict__ partial, I images, int channels,
@@ -1311,7 +1423,9 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
   const I row_length = (I)out_channels * (taps + has_bias);
 
   const int task = (int)threadIdx.x % tasks, slice = (int)threadIdx.x / tasks;
-  const int i = task / runs, j0 = task % runs * J;
+  const int k = task / runs, j0 = task % runs * J;
+  const int i = kernel_h / 2 + (k & 1 ? -((k + 1) >> 1) : (k + 1) >> 1);  // middle, above, below, ...
+  const int reach = i * dilation_h - pad_top;  // tap row i of output row oy reads input row oy * stride_h + reach
   const int tiles = tiles_x * tiles_y;
   const WeightRows<I> rows(images, per_block, tiles, units_per_block);
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
@@ -1330,9 +1444,13 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
                        out_h, out_w);  // zeros past the plane: those outputs add nothing
       __syncthreads();
       if (slice < slices) {
-        for (int row = slice; row < per_block * tile_h; row += slices) {  // (image p, output row) of the unit
-          const int p = row / tile_h, oy_l = row % tile_h;
-          const A* g = gs + row * tile_w;
+        // The unit's output rows [oy_lo, oy_hi) whose tap row i reads inside the plane, of its `count` images.
+        const int oy_lo = max(0, ceil_div(-reach, stride_h) - oy0);
+        const int oy_hi = min(tile_h, floor_div(height - 1 - reach, stride_h) + 1 - oy0);
+        const int span = max(0, oy_hi - oy_lo), count = (int)min((I)per_block, images - image0);
+        for (int row = slice; row < count * span; row += slices) {  // (image p, output row) of the unit
+          const int p = row / span, oy_l = oy_lo + row % span;
+          const A* g = gs + (p * tile_h + oy_l) * tile_w;
           const A* xr = xs + (p * in_h + oy_l * stride_h + i * dilation_h) * in_w;
           if (stride_w == dilation_w) {
             // Column of tap j0 + jj of output ox: (ox + j0 + jj) * stride_w.  Columns past the tile only
@@ -1361,8 +1479,10 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
               }
             }
           }
-          if (task == 0)
-            for (int ox = 0; ox < tile_w; ++ox) bias_sum += g[ox];
+        }
+        if (task == 0 && has_bias) {  // every output row of every image
+          for (int row = slice; row < per_block * tile_h; row += slices)
+            for (int ox = 0; ox < tile_w; ++ox) bias_sum += gs[row * tile_w + ox];
         }
       }
       __syncthreads();  // the next unit overwrites the tiles

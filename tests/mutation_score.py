@@ -66,6 +66,8 @@ DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or align
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
 DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # spread planes (small, narrow)
 DW_PY = "cupyconv/ops/depthwise.py"
+DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
+DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -418,6 +420,33 @@ MUTATIONS = [
       "const int xx = ox * stride_h - pad_left + j * dilation_w;", DEPTHWISE, "swapped stride"),
     M("dw-weight-large-stride-swap", "depthwise.cu", "(p * in_h + oy_l * stride_h + i * dilation_h) * in_w;",
       "(p * in_h + oy_l * stride_w + i * dilation_h) * in_w;", DEPTHWISE, "swapped stride"),
+    # depthwise_bwd_weight_large: the output rows each tap row reaches, tap rows from the middle out (issue 25)
+    M("dw-weight-large-last-row", "depthwise.cu", "floor_div(height - 1 - reach, stride_h) + 1 - oy0);",
+      "floor_div(height - 1 - reach, stride_h) - oy0);", DW_LARGE, "off-by-one"),
+    M("dw-weight-large-first-row", "depthwise.cu", "max(0, ceil_div(-reach, stride_h) - oy0);",
+      "max(0, ceil_div(-reach, stride_h) - oy0 + 1);", DW_LARGE, "off-by-one"),
+    M("dw-weight-large-middle-out", "depthwise.cu", "(k & 1 ? -((k + 1) >> 1) : (k + 1) >> 1);",
+      "(k & 1 ? -(k >> 1) : (k + 1) >> 1);", DW_LARGE, "wrong tap"),
+    M("dw-weight-large-row-image", "depthwise.cu", "const int p = row / span, oy_l", "const int p = row / tile_h, oy_l",
+      DW_LARGE, "wrong index"),
+    M("dw-weight-large-bias-rows", "depthwise.cu", "for (int row = slice; row < per_block * tile_h; row += slices)\n",
+      "for (int row = slice; row < count * span; row += slices)\n", DW_LARGE, "wrong index"),
+    # depthwise_bwd_weight_generic's tiny-plane units: the box of outputs of each tap, channels over the lanes (issue 25)
+    M("dw-weight-planes-box-last", "depthwise.cu", "floor_div(height - 1 - dy, stride_h) + 1));",
+      "floor_div(height - 1 - dy, stride_h)));", DW_PLANES, "off-by-one"),
+    M("dw-weight-planes-box-first", "depthwise.cu", "max(0, ceil_div(-dx, stride_w)));",
+      "max(0, ceil_div(-dx, stride_w) + 1));", DW_PLANES, "off-by-one"),
+    M("dw-weight-planes-x-plane", "depthwise.cu", "(s * Q + (co0 + q) / multiplier - c0) * x_pitch;",
+      "(s * Q + q) * x_pitch;", DW_PLANES, "wrong index"),
+    M("dw-weight-planes-stride-swap", "depthwise.cu", "sum += g_row[ox] * x_row[ox * stride_w];",
+      "sum += g_row[ox] * x_row[ox * stride_h];", DW_PLANES, "swapped stride"),
+    M("dw-weight-planes-barrier", "depthwise.cu", "__syncthreads();\n        if (q < count && n0 + s < images) {",
+      "if (q < count && n0 + s < images) {", DW_PLANES, "removed barrier"),
+    M("dw-weight-planes-unit-barrier", "depthwise.cu",
+      "__syncthreads();  // the next unit overwrites the planes; after the last", "// after the last", DW_PLANES,
+      "removed barrier"),
+    M("dw-weight-planes-slots", "depthwise.cu", "for (int slot = 0; slot < S; ++slot) total += sums",
+      "for (int slot = 1; slot < S; ++slot) total += sums", DW_PLANES, "off-by-one"),
     M("dw-fwd-pad-side", "depthwise.cu", "oy0 * stride_h - pad_top, ox0 * stride_w - pad_left, src_h,",
       "oy0 * stride_h - pad_left, ox0 * stride_w - pad_left, src_h,", DEPTHWISE, "wrong-side padding"),
     M("dw-bwd-input-spec-pad-side", "depthwise.cu", "const int top = K - 1 - pad_top, left = K - 1 - pad_left;",

@@ -232,7 +232,10 @@ def test_needs_subsets(name, needs):
 
 
 @pytest.mark.parametrize("case", [C("tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
-                                  C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1)], ids=["tiles", "tiny"])
+                                  C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1),
+                                  C("generic", (40, 2, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
+                                  C("large", (5, 2, 9, 8), 1, 31, LARGE_1, padding=15)],
+                         ids=["tiles", "tiny", "generic", "large"])
 def test_weight_gradient_is_deterministic(case):
     """Bits equal across runs and in reverse thread (and block) order; several partial rows and warps."""
     x, weight, _, grad_output = make(case, "float32")
@@ -244,6 +247,9 @@ def test_weight_gradient_is_deterministic(case):
                                                               **case.window)[1:])
         (reduce_args,) = [args for name, args in device.launches if short(name) == "depthwise_bwd_reduce"]
         assert reduce_args[2] > 1, "the case should produce several partial rows"
+        stage1 = {short(name): args for name, args in device.launches}.get("depthwise_bwd_weight_generic")
+        if stage1:  # its last argument, plane_channels: the tiny-plane units (> 0) or the tiled ones
+            assert (stage1[-1] > 0) == (case.name == "tiny"), stage1
     for grad_w, grad_b in results[1:]:
         assert grad_w.tobytes() == results[0][0].tobytes() and grad_b.tobytes() == results[0][1].tobytes()
     expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
@@ -252,18 +258,22 @@ def test_weight_gradient_is_deterministic(case):
 
 
 def test_tiny_plane_weight_gradient_spreads_over_blocks():
-    """N=2048 C=1024 4x4 k4 (the torch pathology): a block packs ~85 images of one channel (~256 busy lanes)
-    and every channel is split over several blocks, so no block walks the batch (planning only: no launch)."""
+    """N=2048 C=1024 4x4 k4 (the torch pathology): the tiny-plane units of depthwise_bwd_weight_generic, a lane per
+    channel (32 consecutive channels: each warp reads runs of contiguous planes) and a few images per unit, every
+    lane busy; every channel group is split over many blocks, so no block walks the batch (planning only)."""
     x = numpy.broadcast_to(numpy.float32(0), (2048, 1024, 4, 4))  # shapes without the memory
     weight = numpy.broadcast_to(numpy.float32(0), (1024, 1, 4, 4))
     spec = ConvSpec.for_depthwise("test", x, weight, None, 1, 1, 1)
     plan = depthwise_module.plan_weight_grad(spec, True, 4)
     tiling = plan.tiling
-    assert plan.kernel == "depthwise_bwd_weight_generic"
-    items = tiling.per_block * (tiling.tile_h // depthwise_module.GENERIC_STRIP) * tiling.tile_w
-    assert items >= 240 and tiling.threads == 256
-    rows, units_per_block = depthwise_module.stage1_rows(tiling.units(2048), 1024)
-    assert rows >= 4 and units_per_block * tiling.per_block <= 2048 // 3
+    q = tiling.plane_channels
+    assert plan.kernel == "depthwise_bwd_weight_generic" and q == 32 and tiling.per_block * q == tiling.threads >= 128
+    assert tiling.shared_mem <= depthwise_module.SMEM_SOFT
+    rows, units_per_block = depthwise_module.stage1_rows(tiling.units(2048), 1024 // q)
+    assert rows >= 32 and units_per_block * tiling.per_block <= 2048 // 32
+    # channels fewer than a warp: a power of two of lanes per image, the others idle
+    small = ConvSpec.for_depthwise("test", x[:, :3], weight[:3], None, 1, 1, 1)
+    assert depthwise_module.plan_weight_grad(small, True, 4).tiling.plane_channels == 4
 
 
 def test_conv2d_with_groups_c_runs_the_depthwise_kernels():

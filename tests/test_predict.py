@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy
@@ -264,6 +265,37 @@ def test_tap_clipped_depthwise_macs():
     expected = sum(_in_plane_taps(oy, oy, 2, 2, 2, 5, 3) * _in_plane_taps(ox, ox, 2, 1, 3, 4, 2)
                    for oy in range(3) for ox in range(2))
     assert predict.depthwise_clipped_macs(tiny) == 3 * 10 * expected
+
+
+def test_tap_clipped_depthwise_weight_macs():
+    """The weight gradients that skip taps count what they run, against brute force: the tiny-plane units of
+    depthwise_bwd_weight_generic each tap over the outputs that read inside the plane; depthwise_bwd_weight_large each
+    warp as long as its longest lane (a tap row over the output rows it reaches, LARGE_RUN taps by a row's outputs),
+    two thirds of the pass's MACs for 31x31 on 14x14 (and the tiled generic kernel none: the pass's share)."""
+    from cupyconv.ops.depthwise import LARGE_RUN
+    tiny = launches.Launch("depthwise.cu", "depthwise_bwd_weight_generic<float, int>", (1,), (64,), 0, dict(
+        images=3, channels=5, multiplier=2, height=5, width=4, out_h=3, out_w=2, kernel_h=3, kernel_w=2, stride_h=2,
+        stride_w=2, dilation_h=2, dilation_w=3, pad_top=2, pad_left=1, plane_channels=16))
+    expected = sum(0 <= oy * 2 - 2 + i * 2 < 5 and 0 <= ox * 2 - 1 + j * 3 < 4
+                   for oy in range(3) for ox in range(2) for i in range(3) for j in range(2))
+    assert predict.depthwise_weight_macs(tiny) == 3 * 10 * expected
+    assert predict.depthwise_weight_macs(replace(tiny, args={**tiny.args, "plane_channels": 0})) is None
+    case = BY_LABEL["dw-384-14k31-gpu32"]
+    rec = launches.record(case, True)
+    (large,) = [s for s in rec.steps if isinstance(s, launches.Launch) and s.kernel == "depthwise_bwd_weight_large"]
+    a = large.args
+    assert (a["tile_h"], a["tiles_y"], a["per_block"]) == (14, 1, 1)
+    runs, slices = 4, large.threads // (31 * 4)
+    order = [15 + (-((k + 1) // 2) if k % 2 else (k + 1) // 2) for k in range(31)]  # tap rows from the middle out
+    lanes = []
+    for t in range(large.threads):
+        i, slice_ = order[t % (31 * runs) // runs], t // (31 * runs)
+        reached = sum(0 <= oy - 15 + i < 14 for oy in range(14))
+        lanes.append(len(range(slice_, reached, slices)) if slice_ < slices else 0)
+    per_unit = sum(32 * max(lanes[w:w + 32]) for w in range(0, large.threads, 32)) * LARGE_RUN * 14
+    assert predict.depthwise_weight_macs(large) == per_unit * 32 * 384
+    assert predict.depthwise_weight_macs(large) < cases.flops(case) / 2 * 0.7
+    assert predict.pass_macs(rec.steps, case)[rec.steps.index(large)] == predict.depthwise_weight_macs(large)
 
 
 def test_work_and_times_of_a_tensor_core_main_loop():

@@ -144,6 +144,8 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  unrolled; both persistent on FORWARD_BLOCKS blocks)
 #                  no fit                                             -> depthwise_bwd_input_gather
 #   weight grad    the forward's specialisations                      -> depthwise_bwd_weight<T, I, K, S>
+#                  other overlapping windows, tiny planes             -> depthwise_bwd_weight_generic, a lane per
+#                                                  channel (plan_weight_planes: its plane_channels > 0)
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
 #                  other overlapping windows                          -> depthwise_bwd_weight_generic
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
@@ -250,6 +252,7 @@ class Tiling:
     shared_mem: int
     items_per_plane: int = 1     # thread items per plane of a unit
     pack_channels: bool = False  # per_block consecutive channels of one image (whole planes), not images of one channel
+    plane_channels: int = 0      # depthwise_bwd_weight_generic's tiny-plane units: per_block images x this many planes
 
     def args(self) -> dict:
         """The tiled kernels' arguments that describe the unit."""
@@ -508,6 +511,9 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
             tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, plan)
             return Plan("depthwise_bwd_weight", (k, spec.stride[0], *spread[1:]), tiling)
     if _overlaps(spec):
+        planes = plan_weight_planes(spec, acc)
+        if planes:
+            return planes
         tiling = None
         tasks = spec.kernel_size[0] * ceil_div(spec.kernel_size[1], LARGE_RUN)
         if spec.taps > 2 * TAP_CHUNK and tasks <= BLOCK_ITEMS:
@@ -526,6 +532,25 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         if tiling:
             return Plan(kernel, (), tiling)
     return Plan("depthwise_bwd_weight_direct")
+
+
+def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
+    """depthwise_bwd_weight_generic's tiny-plane units (its plane_channels > 0) for planes of at most PLANE_MAX elements
+    and kernels it takes in at most two passes: the tiling's plane_channels consecutive output channels (a power of
+    two up to 32) of per_block images; the most threads (256 down to 32) whose staged planes (pitched odd), sums and
+    per-pass tap boxes fit in SMEM_SOFT (else 32 within the default limit).  None where that does not apply."""
+    x_size, g_size = math.prod(spec.in_size), spec.out_pixels
+    if max(x_size, g_size) > PLANE_MAX or spec.taps > 2 * TAP_CHUNK:
+        return None
+    q = min(32, 1 << (spec.out_channels - 1).bit_length())
+    out_h, out_w = spec.out_size
+    for threads, limit in ((256, SMEM_SOFT), (128, SMEM_SOFT), (64, SMEM_SOFT), (32, DEFAULT_SHARED_LIMIT)):
+        # the boxes (3 ints a tap), each thread's sums (taps, bias), the planes
+        smem = 3 * TAP_CHUNK * 4 + threads * (TAP_CHUNK + 1 + (x_size | 1) + (g_size | 1)) * acc
+        if smem <= limit:
+            return Plan("depthwise_bwd_weight_generic", (),
+                        Tiling(out_h, out_w, 1, 1, threads // q, threads, smem, plane_channels=q))
+    return None
 
 
 def stage1_rows(units: int, channels: int):
@@ -590,10 +615,13 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
     plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
+    groups = cm  # channel groups of stage 1: a block per group and partial row
     if not need_weight:
         rows, step = stage1_rows(n, cm)  # step: images per block
     elif plan.tiling:
-        rows, step = stage1_rows(plan.tiling.units(n), cm)  # step: units per block
+        if plan.tiling.plane_channels:  # tiny planes: a block per group of plane_channels channels and partial row
+            groups = ceil_div(cm, plan.tiling.plane_channels)
+        rows, step = stage1_rows(plan.tiling.units(n), groups)  # step: units per block
     else:
         rows, step = 1, 1
     partial = device.empty((rows, length), acc_dtype)
@@ -604,7 +632,9 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
                        pixels=spec.out_pixels, images_per_block=step)
     else:
         extra = dict(units_per_block=step) if plan.tiling else {}
-        _launch(device, plan, dtype, index, rows * cm if plan.tiling else length, spec, x=x,
+        if plan.kernel == "depthwise_bwd_weight_generic" and plan.tiling:
+            extra["plane_channels"] = plan.tiling.plane_channels
+        _launch(device, plan, dtype, index, rows * groups if plan.tiling else length, spec, x=x,
                 grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
                 multiplier=_multiplier(spec), has_bias=need_bias, **extra)
     out = device.empty((length,), dtype)
