@@ -727,14 +727,25 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
       const I m = m0 + mv * VEC + e, image = m / pixels;
       out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels) : (I)-1;
     }
-  } else {  // a phase of the strided input gradient: its pixels lie in out's planes of out_plane (`ig_phase_pixel`)
+  } else {  // a phase of the strided input gradient: its pixel (row, column) of an image lies at first + row *
+            // row_step + column * column_step of out's planes of out_plane (`ig_phase_pixel`); one division, then
+            // the thread's next pixels by carries (a division per pixel would grow the kernel by some 500
+            // instructions, which the performance model charges to every launch)
+    const I m = m0 + mv * VEC, image0 = m / pixels, p = m - image0 * pixels;
+    I image = image0;
+    int row = (int)(p / out_w), column = (int)(p - (I)row * out_w);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      const I m = m0 + mv * VEC + e, image = m / pixels;
-      out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * out_plane +
-                               ig_phase_pixel(m - image * pixels, out_w, phase_first, phase_row_step,
-                                              phase_column_step)
-                         : (I)-1;
+      out_row[e] = m + e < M ? (image * groups * dg + (I)g * dg) * out_plane + phase_first + (I)row * phase_row_step +
+                                   (I)column * phase_column_step
+                             : (I)-1;
+      if (++column == out_w) {
+        column = 0;
+        if (++row == out_h) {
+          row = 0;
+          ++image;
+        }
+      }
     }
   }
   for (int col = tid / ROW_VECTORS; col < BN; col += COLUMN_STEP) {
@@ -1302,8 +1313,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
 // The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
 // rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
 // Also conv_fwd_igemm's (taps 1: an elementwise sum in out's layout, phase_width 0), and a phase's of the strided
-// input gradient (phase_width > 0: its pixels written to their places in grad_input, `ig_phase_pixel`) in a loop
-// of its own, so that the weight gradient's loop stays as it was.
+// input gradient (phase_width > 0: its pixels written to their places in grad_input, `ig_phase_pixel`).
 template <typename T, typename I>
 __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, const float* __restrict__ bias_partial,
                                              T* __restrict__ grad_weight, T* __restrict__ grad_bias, int splits,
@@ -1311,24 +1321,18 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
                                              I out_plane, I phase_first, I phase_row_step, int phase_column_step,
                                              int phase_width) {
   const I N = (I)taps * channels_per_group, size = out_channels * N, slice = size;
-  if (phase_width > 0) {  // conv_fwd_igemm's splits of a phase (taps 1, no bias, NCHW; channels_per_group: the
-                          // phase's pixels): plane d's pixel p goes to its pixel of grad_input's plane d
-    for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
-      const I d = i / N, p = i - d * N;
-      float sum = 0.0f;
-      for (int z = 0; z < splits; ++z) sum += partial[z * slice + i];
-      grad_weight[d * out_plane + ig_phase_pixel(p, phase_width, phase_first, phase_row_step, phase_column_step)] =
-          from_acc<T>(sum);
-    }
-    return;
-  }
   for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
     const I d = i / N;
     const int rest = (int)(i - d * N), c = rest / taps, tap = rest - c * taps;
     const I from = d * N + (I)tap * channels_per_group + c;
     float sum = 0.0f;
     for (int z = 0; z < splits; ++z) sum += partial[z * slice + from];
-    grad_weight[i] = from_acc<T>(sum);
+    // phase_width > 0: conv_fwd_igemm's splits of a phase (taps 1, no bias, NCHW; channels_per_group: the phase's
+    // pixels): plane d's pixel `rest` goes to its pixel of grad_input's plane d
+    const I to = phase_width > 0 ? d * out_plane + ig_phase_pixel((I)rest, phase_width, phase_first, phase_row_step,
+                                                                  phase_column_step)
+                                 : i;
+    grad_weight[to] = from_acc<T>(sum);
     if (has_bias && i < out_channels) {
       float b = 0.0f;
       for (int z = 0; z < splits; ++z) b += bias_partial[(I)z * out_channels + i];

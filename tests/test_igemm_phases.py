@@ -89,6 +89,8 @@ CASES = [
     # stride (2, 1), 16 columns: each phase's rows are contiguous runs of whole 16-byte vectors in grad_input (first
     # pixel, row step and plane multiples of 8): the epilogue's vector stores, at a plane stride not its own
     C("ph_vector_rows", (1, 16, 6, 16), (16, 16, 3, 3), stride=(2, 1), padding=1),
+    # stride (2, 1), 4 columns: aligned rows, but 8 halves of a vector would straddle two rows (scalar stores)
+    C("ph_narrow_rows", (1, 16, 4, 4), (16, 16, 3, 3), stride=(2, 1), padding=1),
     # stride 2, phases 8 columns wide: phase (0, 0) starts aligned, but its columns are 2 apart: scalar stores
     C("ph_wide_s2", (1, 16, 4, 16), (16, 16, 2, 2), stride=2),
     # one input row at stride 3: the row phases 1 and 2 have no rows at all (not launched, nothing to fill)
