@@ -246,7 +246,7 @@ def compulsory_bytes(launch: launches_mod.Launch) -> tuple[int, int]:
     """(bytes read, bytes written) if every array argument is read (const) or written once; an array passed twice
     (a bias placeholder) is counted once."""
     seen, read, written = set(), 0, 0
-    for value, raw in zip(launch.args.values(), launch.raw_args):
+    for (name, value), raw in zip(launch.args.items(), launch.raw_args):
         if not isinstance(value, launches_mod.ArrayArg):
             continue
         key = (getattr(raw, "ctypes", None) and raw.ctypes.data, value.nbytes)
@@ -256,8 +256,20 @@ def compulsory_bytes(launch: launches_mod.Launch) -> tuple[int, int]:
         if value.read_only:
             read += value.nbytes
         else:
-            written += value.nbytes
+            written += round(value.nbytes * phase_share(launch, name))
     return read, written
+
+
+def phase_share(launch: launches_mod.Launch, name: str) -> float:
+    """The share of output array `name` a launch writes: a phase of the strided input gradient (conv_fwd_igemm's
+    out, or its final pass's grad_weight, given the whole grad_input) writes only its pixels of each plane of
+    out_plane; 1 for everything else."""
+    a = launch.args
+    if launch.kernel == "conv_fwd_igemm" and name == "out" and a["out_plane"]:
+        return a["out_h"] * a["out_w"] / a["out_plane"]
+    if launch.kernel == "conv_bwd_weight_igemm_finish" and name == "grad_weight" and a["phase_width"] > 0:
+        return a["channels_per_group"] / a["out_plane"]
+    return 1.0
 
 
 def split_chunks(launch: launches_mod.Launch, total: int) -> float:

@@ -377,8 +377,10 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 //           (D,) added in float before the one rounding.
 //
 // The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
-// (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it stays on
-// conv_bwd_input_tc (its gather skips the taps that fall between output pixels, which this GEMM cannot).
+// (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it is one
+// launch per phase of grad_input's pixels (ops/implicit_gemm.py `grad_input_phases`), each a stride-1 GEMM whose
+// epilogue writes its pixels straight into their places in the NCHW grad_input (out_plane != pixels:
+// `ig_phase_pixel`, 16-byte stores where vector_store says the phase's rows allow them, scalar ones otherwise).
 //
 // Requirements, checked by the planner (`igemm_refusal`): C / G and D / G multiples of IG_VECTOR_BYTES / sizeof
 // (T), so that no 16-byte vector straddles a tap or a group; x and the weight 16-byte aligned.
@@ -482,12 +484,23 @@ __device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI
   }
 }
 
+// Where pixel p of a phase of the strided input gradient (ops/implicit_gemm.py `grad_input_phases`; its rows of
+// width pixels) lies in a plane of grad_input: first + row * row_step + column * column_step (the phase's first
+// pixel, s_h * W and s_w).  The epilogue of conv_fwd_igemm and the final pass of its split sums write there
+// directly, so that no phase goes through a buffer and a copy.
+template <typename I>
+__device__ __forceinline__ I ig_phase_pixel(I p, int width, I first, I row_step, int column_step) {
+  const I row = p / width;
+  return first + row * row_step + (p - row * width) * column_step;
+}
+
 template <typename T, typename I, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
-    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split) {
+    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split,
+    I out_plane, I phase_first, I phase_row_step, int phase_column_step) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -708,23 +721,47 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   static_assert(IG_THREADS % ROW_VECTORS == 0, "whole columns per pass");
   const int mv = tid % ROW_VECTORS;
   I out_row[VEC];  // where each of the thread's pixels lies in out (channel 0 of the group), or -1 past M
+  if (out_plane == pixels) {  // out is this GEMM's whole output (a phase covering its plane is the identity)
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const I m = m0 + mv * VEC + e, image = m / pixels;
-    out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels) : (I)-1;
+    for (int e = 0; e < VEC; ++e) {
+      const I m = m0 + mv * VEC + e, image = m / pixels;
+      out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels) : (I)-1;
+    }
+  } else {  // a phase of the strided input gradient: its pixel (row, column) of an image lies at first + row *
+            // row_step + column * column_step of out's planes of out_plane (`ig_phase_pixel`); one division, then
+            // the thread's next pixels by carries (a division per pixel would grow the kernel by some 500
+            // instructions, which the performance model charges to every launch)
+    const I m = m0 + mv * VEC, image0 = m / pixels, p = m - image0 * pixels;
+    I image = image0;
+    int row = (int)(p / out_w), column = (int)(p - (I)row * out_w);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      out_row[e] = m + e < M ? (image * groups * dg + (I)g * dg) * out_plane + phase_first + (I)row * phase_row_step +
+                                   (I)column * phase_column_step
+                             : (I)-1;
+      if (++column == out_w) {
+        column = 0;
+        if (++row == out_h) {
+          row = 0;
+          ++image;
+        }
+      }
+    }
   }
   for (int col = tid / ROW_VECTORS; col < BN; col += COLUMN_STEP) {
     const int n = n0 + col;
     if (n >= dg) break;
     const unsigned char* src = igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES;
-    if (vector_store) {  // pixels % VEC == 0 and out 16-byte aligned: a vector never straddles two images
+    // vector_store: a vector never straddles two images or two phase rows and lands 16-byte aligned (pixels %
+    // VEC == 0 and out aligned; a phase: also column step 1 and its width, first, row step and plane whole VECs)
+    if (vector_store) {
       if (out_row[0] >= 0)
-        *reinterpret_cast<uint4*>(out + out_row[0] + (I)n * pixels) = *reinterpret_cast<const uint4*>(src);
+        *reinterpret_cast<uint4*>(out + out_row[0] + (I)n * out_plane) = *reinterpret_cast<const uint4*>(src);
     } else {
       const T* values = reinterpret_cast<const T*>(src);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        if (out_row[e] >= 0) out[out_row[e] + (I)n * pixels] = values[e];
+        if (out_row[e] >= 0) out[out_row[e] + (I)n * out_plane] = values[e];
       }
     }
   }
@@ -1275,10 +1312,14 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
 
 // The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
 // rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
+// Also conv_fwd_igemm's (taps 1: an elementwise sum in out's layout, phase_width 0), and a phase's of the strided
+// input gradient (phase_width > 0: its pixels written to their places in grad_input, `ig_phase_pixel`).
 template <typename T, typename I>
 __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, const float* __restrict__ bias_partial,
                                              T* __restrict__ grad_weight, T* __restrict__ grad_bias, int splits,
-                                             int out_channels, int channels_per_group, int taps, int has_bias) {
+                                             int out_channels, int channels_per_group, int taps, int has_bias,
+                                             I out_plane, I phase_first, I phase_row_step, int phase_column_step,
+                                             int phase_width) {
   const I N = (I)taps * channels_per_group, size = out_channels * N, slice = size;
   for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
     const I d = i / N;
@@ -1286,7 +1327,12 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
     const I from = d * N + (I)tap * channels_per_group + c;
     float sum = 0.0f;
     for (int z = 0; z < splits; ++z) sum += partial[z * slice + from];
-    grad_weight[i] = from_acc<T>(sum);
+    // phase_width > 0: conv_fwd_igemm's splits of a phase (taps 1, no bias, NCHW; channels_per_group: the phase's
+    // pixels): plane d's pixel `rest` goes to its pixel of grad_input's plane d
+    const I to = phase_width > 0 ? d * out_plane + ig_phase_pixel((I)rest, phase_width, phase_first, phase_row_step,
+                                                                  phase_column_step)
+                                 : i;
+    grad_weight[to] = from_acc<T>(sum);
     if (has_bias && i < out_channels) {
       float b = 0.0f;
       for (int z = 0; z < splits; ++z) b += bias_partial[(I)z * out_channels + i];

@@ -86,6 +86,13 @@ CASES = [
     C("ph_s2x1_dil2", (2, 24, 9, 9), (16, 24, 3, 5), stride=(2, 1), dilation=2, padding=((2, 1), (3, 2))),
     # 80 input channels: two column tiles of a phase's GEMM; 40 output channels per group
     C("ph_two_column_tiles", (1, 80, 6, 7), (40, 80, 2, 3), stride=2, padding=((0, 1), (1, 0))),
+    # stride (2, 1), 16 columns: each phase's rows are contiguous runs of whole 16-byte vectors in grad_input (first
+    # pixel, row step and plane multiples of 8): the epilogue's vector stores, at a plane stride not its own
+    C("ph_vector_rows", (1, 16, 6, 16), (16, 16, 3, 3), stride=(2, 1), padding=1),
+    # stride (2, 1), 4 columns: aligned rows, but 8 halves of a vector would straddle two rows (scalar stores)
+    C("ph_narrow_rows", (1, 16, 4, 4), (16, 16, 3, 3), stride=(2, 1), padding=1),
+    # stride 2, phases 8 columns wide: phase (0, 0) starts aligned, but its columns are 2 apart: scalar stores
+    C("ph_wide_s2", (1, 16, 4, 16), (16, 16, 2, 2), stride=2),
     # one input row at stride 3: the row phases 1 and 2 have no rows at all (not launched, nothing to fill)
     C("ph_one_row", (2, 16, 1, 5), (16, 16, 1, 3), stride=(3, 2), padding=((0, 0), (1, 1))),
 ]
@@ -99,19 +106,47 @@ def spec_of(case, x, weight):
     return ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
 
 
+def recording_array_work(device):
+    """Lists every `copyto` of device as (destination, 'copy' or 'fill') and every `add` as (destination, 'add')."""
+    work = []
+    device.copyto = lambda dst, src: (work.append((dst, "copy" if hasattr(src, "shape") else "fill")),
+                                      Recorder.copyto(device, dst, src))
+    device.add = lambda dst, src: (work.append((dst, "add")), Recorder.add(device, dst, src))
+    return work
+
+
+def array_work_into(work, out):
+    """(shape, kind) of the recorded array work whose destination is (part of) out (e.g. the weight's
+    arrangement, into arrays of its own, is not)."""
+    return [(dst.shape, kind) for dst, kind in work if numpy.shares_memory(dst, out)]
+
+
+def empty_phase_shapes(spec):
+    """The (n, C, rows, columns) of the phases without taps that have pixels: the fills the phases need."""
+    return [(spec.n, spec.in_channels, phase[0].rows, phase[1].rows) for phase in igemm.grad_input_phases(spec)
+            if not all(a.taps for a in phase)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_phases_match_cpu_path(case, dtype):
     """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm per phase with taps, two
-    channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path."""
+    channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path.  The
+    phases' epilogues write grad_input (poisoned: the emulator's `empty` fills NaN) in place: no array-library copy
+    of a phase, only one fill per phase without taps, and every element written."""
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
     device = Recorder("reverse" if "empty" in case.name else "forward")
+    work = recording_array_work(device)
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
-    phases = nonempty_phases(spec_of(case, x, weight))
-    assert len(phases) < len(igemm.grad_input_phases(spec_of(case, x, weight))) or "empty" not in case.name
+    spec = spec_of(case, x, weight)
+    phases = nonempty_phases(spec)
+    assert len(phases) < len(igemm.grad_input_phases(spec)) or "empty" not in case.name
     assert device.count("conv_fwd_igemm") == len(phases) and device.count("conv_bwd_input_tc") == 0, device.launches
     assert device.count("channels_last_copy") == 2, device.launches
+    recorded = [(dst.shape, kind) for dst, kind in work]
+    assert array_work_into(work, got) == [(shape, "fill") for shape in empty_phase_shapes(spec)], recorded
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all(), "a poisoned grad_input element was not written"
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert got.shape == x.shape and got.dtype == x.dtype
     assert_close(got, want, dtype, case.name)
@@ -140,10 +175,14 @@ def test_split_k_in_the_phases(monkeypatch):
     case = C("ph_split", (1, 16, 6, 6), (64, 16, 4, 4), stride=2, padding=1)
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), numpy.float16)
     device = Recorder()
+    work = recording_array_work(device)
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
     names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_copy<")]
     assert names == ["conv_fwd_igemm", "conv_bwd_weight_igemm_finish"] * 4, device.launches
+    # the finish passes write the phases' pixels of grad_input (poisoned) in place
+    assert array_work_into(work, got) == [], [(dst.shape, kind) for dst, kind in work]
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert_close(got, want, "float16", case.name)
 
@@ -207,3 +246,15 @@ def test_conv_transpose2d_runs_the_phases(kernel, stride, padding, output_paddin
     assert got.shape == tuple(want.shape) and got.dtype == x.dtype
     assert_close(got, want.numpy(), dtype, str(kwargs))
 
+
+
+def test_phase_placement_arguments_and_vector_stores():
+    """A phase's pixels (first + stride * (i, j)) of (H, W) planes as the kernels take them, and where its rows
+    are contiguous runs of whole 16-byte vectors (vector stores) or not (scalar stores)."""
+    rows = igemm.PhasePlacement((1, 0), (2, 1), (6, 16))
+    assert rows.arguments() == dict(out_plane=96, phase_first=16, phase_row_step=32, phase_column_step=1)
+    assert rows.vector_store(16, 8) and not rows.vector_store(12, 8)        # a vector would straddle two rows
+    assert not igemm.PhasePlacement((0, 0), (2, 2), (4, 16)).vector_store(8, 8)    # columns 2 apart
+    assert not igemm.PhasePlacement((0, 1), (2, 1), (4, 17)).vector_store(16, 8)   # first pixel unaligned
+    assert igemm.PhasePlacement((0, 0), (3, 1), (5, 20)).vector_store(20, 4)         # floats: 4 a vector
+    assert not igemm.PhasePlacement((0, 0), (3, 1), (5, 20)).vector_store(20, 8)     # row step 60 halves

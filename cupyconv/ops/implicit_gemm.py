@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy
 
@@ -405,31 +406,47 @@ def phase_spec(spec: ConvSpec, phase: tuple[AxisPhase, AxisPhase]) -> ConvSpec:
 
 def _grad_input_phased(device, gy4, weight, spec: ConvSpec, out):
     """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from one channels-last copy of gy4 and
-    its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), into its
-    piece of one buffer of out's size (its pixels contiguous, 16-byte aligned), then scattered into out by one
-    strided copy per phase (extra traffic: out's bytes written and read once more); phases without taps are
-    zero-filled.  The phases' launches run in phase order before any copy."""
+    its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), its
+    epilogue (or its split sums' final pass) writing the phase's pixels of out in place (`PhasePlacement`: no
+    buffer, no copy); phases without taps are zero-filled, after the launches."""
     gy_cl = channels_last(device, gy4)
     arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
-    vector = vector_elements(gy4.dtype)
-    runs, empties, offset = [], [], 0
+    empties = []
     for phase in grad_input_phases(spec):
-        pixels = out[:, :, phase[0].first::spec.stride[0], phase[1].first::spec.stride[1]]
         if not all(p.taps for p in phase):
-            empties.append(pixels)
+            empties.append(out[:, :, phase[0].first::spec.stride[0], phase[1].first::spec.stride[1]])
             continue
         flipped = tuple(slice(k - 1 - p.taps[-1], k - p.taps[0], p.taps.step) for k, p in zip(spec.kernel_size, phase))
-        runs.append((phase_spec(spec, phase), device.ascontiguous(arranged[:, flipped[0], flipped[1]]), pixels, offset))
-        offset += ceil_div(pixels.size, vector) * vector
-    buffer = device.empty((offset,), out.dtype)
-    pieces = []
-    for pspec, wk, pixels, start in runs:
-        piece = buffer[start:start + pixels.size].reshape(pixels.shape)
-        pieces.append((igemm_forward(device, gy_cl, wk, None, pspec, piece), pixels))
-    for piece, pixels in pieces:
-        device.copyto(pixels, piece)
+        placement = PhasePlacement((phase[0].first, phase[1].first), spec.stride, spec.in_size)
+        igemm_forward(device, gy_cl, device.ascontiguous(arranged[:, flipped[0], flipped[1]]), None,
+                      phase_spec(spec, phase), out, placement)
     for pixels in empties:
         device.copyto(pixels, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasePlacement:
+    """Where a phase's output pixels (i, j) lie in the (H, W) planes of the NCHW grad_input it is written into:
+    (first[0] + stride[0] * i, first[1] + stride[1] * j).  As the kernels take it (`ig_phase_pixel`): a plane of H
+    * W elements, the phase's first pixel, the step to its next row and to its next column."""
+    first: tuple[int, ...]
+    stride: tuple[int, ...]
+    size: tuple[int, ...]
+
+    def arguments(self) -> dict[str, Any]:
+        (h, w), (fh, fw), (sh, sw) = self.size, self.first, self.stride
+        return dict(out_plane=h * w, phase_first=fh * w + fw, phase_row_step=sh * w, phase_column_step=sw)
+
+    def vector_store(self, width: int, vector: int) -> bool:
+        """Whether `vector` consecutive pixels of the phase (width columns), from a multiple of `vector`, are
+        contiguous in grad_input and 16-byte aligned there (given grad_input aligned)."""
+        arguments = self.arguments()
+        return (arguments["phase_column_step"] == 1 and width % vector == 0
+                and all(arguments[k] % vector == 0 for k in ("out_plane", "phase_first", "phase_row_step")))
+
+
+# The final pass of the weight gradient (and of a whole-array forward's splits) writes in place: no phase.
+IN_PLACE: dict[str, Any] = dict(out_plane=0, phase_first=0, phase_row_step=0, phase_column_step=0, phase_width=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,18 +495,30 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     return IgemmPlan(tile, (*grid, splits), shared, per_split)
 
 
-def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
+def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlacement | None = None):
     """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
     and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
-    or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; out's layout) are added in
-    split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one tap:
-    out's own layout, no permutation."""
+    or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; the output's layout) are added
+    in split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one
+    tap: out's own layout, no permutation.
+    With `phase`, out is the whole NCHW C-contiguous grad_input (n, D, H, W) and the (oH, oW) output pixels are a
+    phase of its planes: the epilogue, or the final pass, writes them there directly (16-byte vectors where the
+    phase's rows are contiguous runs of whole vectors, `PhasePlacement.vector_store`; scalar stores otherwise)."""
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
-    nhwc = is_channels_last(out)
+    nhwc = phase is None and is_channels_last(out)
     memory = out.transpose(0, 2, 3, 1) if nhwc else out   # the C-contiguous array the kernels write
-    whole_vectors = nhwc or spec.out_pixels % vector == 0   # (channels-last: `forward_output` made sure)
-    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape), numpy.float32)
+    if phase is None:
+        whole_vectors = nhwc or spec.out_pixels % vector == 0   # (channels-last: `forward_output` made sure)
+        placement: dict[str, Any] = dict(out_plane=spec.out_pixels, phase_first=0, phase_row_step=spec.out_size[1],
+                         phase_column_step=1)
+    else:
+        whole_vectors = phase.vector_store(spec.out_size[1], vector)
+        placement = phase.arguments()
+    # the splits' sums in the GEMM's own output layout (a phase: its (n, D, oH, oW) pixels, contiguous)
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape[:2], *spec.out_size)
+                           if phase is not None else (plan.splits if plan.splits > 1 else 0, *memory.shape),
+                           numpy.float32)
     index = index_type(xl.size, out.size, wk.size, partial.size)
     KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
                    grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
@@ -497,13 +526,14 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out):
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None,
                    vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
-                   partial=partial, chunks_per_split=plan.chunks_per_split)
+                   partial=partial, chunks_per_split=plan.chunks_per_split, **placement)
     if plan.splits > 1:
         KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
-                       grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                       grid=capped_grid(ceil_div(partial.size // plan.splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
                        partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
                        splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
-                       taps=1, has_bias=False)
+                       taps=1, has_bias=False,
+                       **(IN_PLACE if phase is None else dict(placement, phase_width=spec.out_size[1])))
     return out
 
 
@@ -614,5 +644,5 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
                    grid=capped_grid(ceil_div(grad_w.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
                    partial=partial, bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b,
                    splits=plan.splits, out_channels=spec.out_channels, channels_per_group=spec.channels_per_group,
-                   taps=spec.taps, has_bias=with_bias)
+                   taps=spec.taps, has_bias=with_bias, **IN_PLACE)
     return grad_w, (grad_b if with_bias else None)
