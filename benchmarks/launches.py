@@ -219,16 +219,15 @@ class RecordingDevice:
                 self.steps.append(Gemm(m, n, k, batch, a.dtype.name, c.dtype.name, _device.gemm_compute(a.dtype)[0],
                                        float(beta)))
 
-            def copyto(self, dst, src) -> None:
+            def copyto(self, dst, src) -> None:   # src read as it lies: a broadcast reads its elements once
                 if dst.size:
-                    self.steps.append(ArrayWork.of("copy" if hasattr(src, "shape") else "fill", dst,
-                                                   numpy.broadcast_to(src, dst.shape) if hasattr(src, "shape")
-                                                   else None))
+                    array = numpy.ndim(src) > 0
+                    self.steps.append(ArrayWork.of("copy" if array else "fill", dst, *((src,) if array else ())))
                 super().copyto(dst, src)
 
             def add(self, dst, src) -> None:
                 if dst.size:
-                    self.steps.append(ArrayWork.of("add", dst, numpy.broadcast_to(src, dst.shape)))
+                    self.steps.append(ArrayWork.of("add", dst, src))
                 super().add(dst, src)
 
             def sum(self, a, axis, dtype):
