@@ -48,8 +48,10 @@ SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about t
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
 # SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_MAX_COLUMNS too, or where cuBLAS's GEMM
-# would have fewer than SIMT_FEW_GEMM_TILES output tiles
-SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 128, 64, 10
+# would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is two waves of a 132-SM H100 (a
+# shape-only constant, as IG_WAVE_BLOCKS): at 196 blocks (ii: r50-64's layer at batch 8) the model ranks im2col +
+# cuBLAS 3-5% ahead once the weight's arrangement copy is counted (benchmarks/results/auto-fp32-h100.json)
+SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 264, 64, 10
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
