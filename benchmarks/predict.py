@@ -421,8 +421,8 @@ def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
             result[i] = depthwise_clipped_macs(step)
             i += 1
         elif isinstance(step, launches_mod.Launch) and step.kernel in WEIGHT_CLIPPED_KERNELS and \
-                depthwise_weight_macs(step) is not None:
-            result[i] = depthwise_weight_macs(step)
+                (clipped := depthwise_weight_macs(step)) is not None:
+            result[i] = clipped
             i += 1
         elif isinstance(step, launches_mod.Launch) and MAC_KERNELS.match(step.kernel):
             j = i

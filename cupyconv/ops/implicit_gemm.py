@@ -241,12 +241,9 @@ def channels_last(device, x, round_tf32: bool = True):
     if shared is None:
         return _channels_last_copy(device, x, rounds, None)
     key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
-    for source, made_key, copy in shared:
-        if made_key == key:
-            return copy
-    copy = _channels_last_copy(device, x, rounds, None)
-    shared.append((x, key, copy))   # x held: its memory cannot be reused by another array within the scope
-    return copy
+    if key not in shared:   # x held with its copy: its memory cannot be reused by another array within the scope
+        shared[key] = (x, _channels_last_copy(device, x, rounds, None))
+    return shared[key][1]
 
 
 _kept_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_kept_channels_last", default=None)
@@ -258,7 +255,7 @@ def sharing_channels_last() -> Iterator[None]:
     """Within, `channels_last` copies each array (same memory, shape, strides, dtype and rounding) once: a
     backward's input and weight gradients read one channels-last copy of grad_output (r50-64 fp16 saves one
     grad_output-sized copy, about 10 us of 140, PREDICTED).  Only for arrays nobody writes within the scope."""
-    token = _shared_copies.set([])
+    token = _shared_copies.set({})
     try:
         yield
     finally:
@@ -508,17 +505,16 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
     vector = vector_elements(xl.dtype)
     nhwc = phase is None and is_channels_last(out)
     memory = out.transpose(0, 2, 3, 1) if nhwc else out   # the C-contiguous array the kernels write
-    if phase is None:
+    if phase is None:   # the whole output: the phase of stride 1 that covers its planes
         whole_vectors = nhwc or spec.out_pixels % vector == 0   # (channels-last: `forward_output` made sure)
-        placement: dict[str, Any] = dict(out_plane=spec.out_pixels, phase_first=0, phase_row_step=spec.out_size[1],
-                         phase_column_step=1)
+        placement = PhasePlacement((0, 0), (1, 1), spec.out_size).arguments()
+        sums_shape = memory.shape
     else:
         whole_vectors = phase.vector_store(spec.out_size[1], vector)
         placement = phase.arguments()
-    # the splits' sums in the GEMM's own output layout (a phase: its (n, D, oH, oW) pixels, contiguous)
-    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape[:2], *spec.out_size)
-                           if phase is not None else (plan.splits if plan.splits > 1 else 0, *memory.shape),
-                           numpy.float32)
+        sums_shape = (*memory.shape[:2], *spec.out_size)   # the phase's own (n, D, oH, oW) pixels, contiguous
+    # the splits' sums in the GEMM's own output layout
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *sums_shape), numpy.float32)
     index = index_type(xl.size, out.size, wk.size, partial.size)
     KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=xl.dtype, index=index,
                    grid=plan.grid, block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
