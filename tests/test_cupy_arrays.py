@@ -38,8 +38,8 @@ UNROUTED: dict[str, str] = {
 #: The names of the xp (NumPy or CuPy) module the GPU path may call directly: views, which launch nothing.
 XP_VIEWS = {"broadcast_to"}
 
-GPU_PATH = ["cupyconv/ops/*.py", "cupyconv/_kernels.py", "cupyconv/_device.py", "cupyconv/cudnn.py",
-            "cupyconv/_dask.py", "cupyconv/_arrays.py", "cupyconv/torch/*.py"]
+GPU_PATH = ["cupyconv/ops/*.py", "cupyconv/_kernels.py", "cupyconv/_device.py", "cupyconv/_replay.py",
+            "cupyconv/cudnn.py", "cupyconv/_dask.py", "cupyconv/_arrays.py", "cupyconv/torch/*.py"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -381,6 +381,8 @@ def test_the_gpu_path_calls_no_xp_function_but_views():
                 name = match.group(1)
                 if name in XP_VIEWS or (path.name == "_device.py" and name in allowed_in_cuda_device):
                     continue
+                if path.name == "_replay.py" and name == "ndarray":   # a view of a slot's memory; isinstance
+                    continue
                 found.append(f"{path.relative_to(ROOT)}: xp.{name}")
     assert found == []
 
@@ -443,6 +445,9 @@ def test_cupy_signatures_the_glue_relies_on():
     assert cupy.cuda.UnownedMemory.__doc__.startswith("UnownedMemory(intptr_t ptr, size_t size, owner, int device_id")
     assert inspect.signature(cupy.cuda.Stream.from_external).parameters.keys() == {"obj"}
     assert cupy.cuda.device.get_cublas_handle.__doc__.startswith("get_cublas_handle() -> intptr_t")
+    # _replay.Program: a view of recorded memory, and MemoryPointer arithmetic (a negative offset too)
+    assert "memptr=None" in cupy.ndarray.__doc__ and "strides=None" in cupy.ndarray.__doc__
+    assert hasattr(cupy.cuda.MemoryPointer, "__add__")
 
 
 def test_cublas_binding_signatures():

@@ -28,7 +28,7 @@ import math
 
 import numpy
 
-from .. import _device, settings
+from .. import _device, _replay, settings
 from .._arrays import compute_dtype
 from .._kernels import INT32_MAX
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
@@ -232,6 +232,12 @@ def _empty_backward(device, grad_output, spec: ConvSpec, needs: frozenset, dtype
 
 
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
+    """run's forward of spec on any rank; on the GPU path replayed for a signature seen before (`_replay`)."""
+    return _replay.replayed(device, ("forward", run, spec, algorithm), (x, weight, bias),
+                            lambda device: _forward(run, device, x, weight, bias, spec, algorithm))
+
+
+def _forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str):
     spec = prepare(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
         return _empty_forward(device, bias, spec, x.dtype)
@@ -298,6 +304,12 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, depths: r
 
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
+    """run's gradients `needs` of spec on any rank; on the GPU path replayed for a signature seen before."""
+    return _replay.replayed(device, ("backward", run, spec, needs, algorithm), (grad_output, x, weight),
+                            lambda device: _backward(run, device, grad_output, x, weight, spec, needs, algorithm))
+
+
+def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str):
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
     spec = prepare(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:

@@ -17,6 +17,7 @@ import itertools
 import numpy
 from numpy.lib.stride_tricks import as_strided
 
+from .. import _replay
 from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import _address
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, element_strides, elementwise_launch, extent,
@@ -217,7 +218,8 @@ def _unfold(op: str, name: str, x, kernel_size, dilation, padding, stride):
     call = Call(op, **{name: x})
     x = getattr(call, name)
     spec = ConvSpec.for_unfold(op, x, kernel_size, dilation, padding, stride, name=name)
-    return call.wrap(_unfold_run(call.device, x, spec))
+    return call.wrap(_replay.replayed(call.device, ("unfold", spec), (x,),
+                                      lambda device: _unfold_run(device, x, spec)))
 
 
 @on_arrays_device
@@ -227,7 +229,8 @@ def _fold(op: str, name: str, size_name: str, cols, output_size, kernel_size, di
     cols = getattr(call, name)
     spec = ConvSpec.for_fold(op, cols, output_size, kernel_size, dilation, padding, stride, name=name,
                              size_name=size_name)
-    return call.wrap(_fold_run(call.device, cols, spec))
+    return call.wrap(_replay.replayed(call.device, ("fold", spec), (cols,),
+                                      lambda device: _fold_run(device, cols, spec)))
 
 
 BLOCKS_DOC = ("array (..., C * taps, L)",

@@ -1,0 +1,277 @@
+"""Replaying a GPU call's work: a signature seen before skips the planning and runs its recorded launches.
+
+Measured on the first GPU run (H200, 2026-11-26, benchmarks/results/gpu-2026-11-26): every cupyconv call was
+host-bound, 170-1500 us of Python per call against 9-900 us of kernels, spent in no one place -- planning (tile,
+split and kernel choice), the launch arguments' checks and the array work's bookkeeping, 800-1400 Python calls
+per forward.  None of it depends on values: a call's GPU work is a function of its signature alone -- the shapes,
+strides, dtypes and alignments of its arrays, the spec, the algorithm, the settings and the device (the planners
+read no values; benchmarks.launches checks it by planning over NaN and over zeros).
+
+So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
+of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
+`gemm_strided_batched`, `empty`, `copyto`, `add`, `sum`) to the real device and notes it, each array argument
+as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a slot -- one of the call's input arrays,
+or an array a primitive made; the later calls of that signature replay the notes (a `Program`) on their own
+arrays: the same kernels, grids and scalars, the same GEMMs and array work, on new buffers, each freed after
+its last use.  The results are views of the slots as recorded.
+
+A recording is not kept (the call still runs, unreplayed, every time) when it could be ambiguous: input arrays
+whose memory overlaps (which one an argument lies in would be a guess), an array argument in memory that no slot
+holds (made outside the Device's primitives), or an autotuning measurement during the call (the candidates'
+trial runs are not the call's work; the next call, with the choice remembered, is recorded).  Only devices whose
+arrays are CuPy's replay (`CudaDevice`, and the test suite's CupyHostDevice, which runs every op of
+tests/test_cupy_arrays.py recorded and replayed); NumPy devices (the emulator's, the model's RecordingDevice)
+always plan.  `CUPYCONV_REPLAY=0` in the environment turns replaying off (to compare, or to debug a planner).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import numpy
+
+from . import settings
+from ._device import Device
+
+#: Programs by signature; None marks a signature that cannot be recorded (see the module docstring).
+CACHE: dict = {}
+CACHE_LIMIT = 4096   # signatures kept; past it the cache starts over (a program is a few kB)
+ALIGNMENT = 256      # pointer alignments the planners may look at (vector widths: 16 bytes at most) and then some
+
+
+def enabled() -> bool:
+    return os.environ.get("CUPYCONV_REPLAY", "1") != "0"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An array argument as recorded: a view of slot `slot` starting `offset` bytes past the slot's first element
+    (negative for a view that walks back), with this shape, strides and dtype.  slot None: an empty array."""
+    slot: int | None
+    offset: int
+    shape: tuple
+    strides: tuple
+    dtype: numpy.dtype
+
+
+def _span(a) -> tuple[int, int]:
+    """[low, high) byte addresses that array a's elements occupy."""
+    low = high = a.data.ptr
+    for size, stride in zip(a.shape, a.strides):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return low, high + a.itemsize
+
+
+def signature(a):
+    """What of array a the planners may look at."""
+    return None if a is None else (a.shape, a.strides, a.dtype, a.data.ptr % ALIGNMENT)
+
+
+class Unrecordable(Exception):
+    """The call's work cannot be written as a program (see the module docstring)."""
+
+
+class Recorder(Device):
+    """The real device, with every primitive noted.  The compound array methods (`zeros`, `ascontiguous`,
+    `astype`, `reshape`, `matmul_strided`) are Device's own, on this recorder, so their primitives are noted."""
+
+    def __init__(self, device, inputs):
+        self.device, self.xp = device, device.xp
+        self.slots: list = []          # [(array, low, high)]: inputs first, then what primitives made
+        self.steps: list = []          # [(method name, argument template, slot of the result or None)]
+        self.valid, self.tuned = True, False
+        for a in inputs:
+            if a is not None:
+                self._new_slot(a)
+        spans = sorted(s[1:] for s in self.slots if s[0].size)
+        if any(high > low for (_, high), (low, _) in zip(spans, spans[1:])):
+            self.valid = False         # overlapping inputs
+
+    # What the op reads off the device, forwarded
+    name = property(lambda self: self.device.name)
+    tensor_cores = property(lambda self: self.device.tensor_cores)
+
+    def __getattr__(self, attribute):   # compute_capability, function, cublas, ...
+        return getattr(self.device, attribute)
+
+    def total_memory(self):
+        return self.device.total_memory()
+
+    def key(self):
+        return self.device.key()
+
+    def scope(self, op, device_id):
+        return self.device.scope(op, device_id)
+
+    def timed(self, run):
+        self.valid = False   # an autotuning trial: not the call's own work; the next call records
+        self.tuned = True
+        return self.device.timed(run)
+
+    # The primitives, noted
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        self._note("launch", (source, name, tuple(grid), tuple(block), tuple(args), shared_mem))
+
+    def gemm_strided_batched(self, *args):
+        self._note("gemm_strided_batched", args)
+
+    def empty(self, shape, dtype):
+        return self._note("empty", (shape, dtype), result=True)
+
+    def copyto(self, dst, src):
+        self._note("copyto", (dst, src))
+
+    def add(self, dst, src):
+        self._note("add", (dst, src))
+
+    def sum(self, a, axis, dtype):
+        return self._note("sum", (a, axis, dtype), result=True)
+
+    def _note(self, method, args, result=False):
+        out = getattr(self.device, method)(*args)
+        if self.valid:
+            try:
+                template = tuple(self._template(a) for a in args)
+            except Unrecordable:
+                self.valid = False
+            else:
+                self.steps.append((method, template, len(self.slots) if result else None))
+        if result:
+            self._new_slot(out)
+        return out
+
+    def _new_slot(self, a) -> None:
+        self.slots.append((a, *_span(a)) if a.size else (a, 0, 0))
+
+    def _template(self, a):
+        if isinstance(a, tuple):
+            return tuple(self._template(x) for x in a)
+        if not isinstance(a, self.xp.ndarray):
+            return a
+        if a.size == 0:
+            return Ref(None, 0, a.shape, a.strides, a.dtype)
+        low, high = _span(a)
+        for slot in range(len(self.slots) - 1, -1, -1):   # the newest first: a dead slot's memory may be reused
+            base, base_low, base_high = self.slots[slot]
+            if base_low <= low and high <= base_high:
+                return Ref(slot, a.data.ptr - base.data.ptr, a.shape, a.strides, a.dtype)
+        raise Unrecordable(f"an array argument ({a.shape}, {a.dtype}) lies in memory no slot holds")
+
+    def program(self, result) -> Program:
+        try:
+            outputs = self._template(result)
+        except Unrecordable:
+            self.valid = False
+        if not self.valid:
+            raise Unrecordable("see the recording")
+        return Program(self.steps, outputs, len(self.slots))
+
+
+class Program:
+    """A recorded call: its steps, replayed on new inputs (`run`).  Each slot made by a step is dropped after the
+    last step that reads it, unless a result is a view of it.  A step's arguments are kept as a list with the
+    places of its references (at the top, or one level down: a launch's kernel arguments), so that a replay
+    rebuilds only what holds an array."""
+
+    def __init__(self, steps, outputs, slots: int):
+        self.outputs, self.slots = outputs, slots
+        last = {}
+        for i, (_, template, _) in enumerate(steps):
+            for slot in _slots_of(template):
+                last[slot] = i
+        keep = set(_slots_of(outputs))
+        drops: list[list[int]] = [[] for _ in steps]
+        for slot, i in last.items():
+            if slot not in keep:
+                drops[i].append(slot)
+        self.steps = [(method, list(template), _places(template), result, drop)
+                      for (method, template, result), drop in zip(steps, drops)]
+
+    def run(self, device, inputs):
+        xp = device.xp
+        buffers = [a for a in inputs if a is not None]
+        buffers += [None] * (self.slots - len(buffers))
+
+        def view(ref):
+            if ref.slot is None:   # no element: no memory to place it in
+                return device.empty(ref.shape, ref.dtype)
+            return xp.ndarray(ref.shape, ref.dtype, memptr=buffers[ref.slot].data + ref.offset, strides=ref.strides)
+
+        for method, template, places, result, drops in self.steps:
+            args = template.copy()
+            for i, inner in places:
+                if inner is None:
+                    args[i] = view(args[i])
+                else:
+                    values = list(args[i])
+                    for j in inner:
+                        values[j] = view(values[j])
+                    args[i] = tuple(values)
+            out = getattr(device, method)(*args)
+            if result is not None:
+                buffers[result] = out
+            for dead in drops:
+                buffers[dead] = None
+        return _materialise(self.outputs, view)
+
+
+def _places(template) -> list:
+    """[(i, None)] for each reference at position i of a step's arguments, [(i, [j, ...])] for a tuple at i with
+    references at positions j."""
+    places: list = []
+    for i, t in enumerate(template):
+        if type(t) is Ref:
+            places.append((i, None))
+        elif type(t) is tuple:
+            inner = [j for j, x in enumerate(t) if type(x) is Ref]
+            if any(type(x) is tuple and any(_slots_of(x)) for x in t):
+                raise Unrecordable("references nested two tuples deep")
+            if inner:
+                places.append((i, inner))
+    return places
+
+
+def _materialise(template, view):
+    if type(template) is Ref:
+        return view(template)
+    if type(template) is tuple:
+        return tuple(_materialise(t, view) for t in template)
+    return template
+
+
+def _slots_of(template):
+    if type(template) is Ref:
+        if template.slot is not None:
+            yield template.slot
+    elif type(template) is tuple:
+        for t in template:
+            yield from _slots_of(t)
+
+
+def replayed(device, what: tuple, arrays: tuple, compute):
+    """compute(device) -- the GPU work of one call on `arrays` (its array inputs, None for an absent one), `what`
+    the rest of its signature (the run entry, spec, algorithm, ...) -- replayed from a recording where this
+    signature was recorded before.  compute must read its arrays through the device it is given (the recorder
+    passes itself)."""
+    if device is None or device.xp is numpy or not enabled():
+        return compute(device)
+    key = (device.key(), settings.get_allow_tf32(), settings.get_deterministic(), settings.get_autotune(),
+           settings.get_workspace_limit(), what, tuple(signature(a) for a in arrays))
+    program = CACHE.get(key, False)
+    if program:
+        return program.run(device, arrays)
+    if program is None:
+        return compute(device)
+    recorder = Recorder(device, arrays)
+    result = compute(recorder)
+    if not recorder.tuned:
+        if len(CACHE) >= CACHE_LIMIT:
+            CACHE.clear()
+        CACHE[key] = None
+        with contextlib.suppress(Unrecordable):
+            CACHE[key] = recorder.program(result)
+    return result

@@ -1,0 +1,178 @@
+"""Replaying recorded GPU work (cupyconv/_replay.py) through real CuPy arrays on the emulator (CupyHostDevice).
+
+Every op test of tests/test_cupy_arrays.py runs twice here, the cache emptied first: the first run records, the
+second -- on other random inputs, so a replay that read the first run's buffers would show -- must replay (a
+program runs) and still equal the CPU path.  Then the cases a recording must refuse, and what a replay must not
+touch.
+"""
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import cupyconv
+import reference as ref
+import test_cupy_arrays as tca
+from cupyconv import _device, _replay, settings
+from emulator import CupyHostDevice
+
+OP_TESTS = [*[(tca.test_unfold_fold, {"nd": n}) for n in (1, 2, 3)]] + [(tca.test_conv2d, {"algorithm": a}) for a in ("auto", "im2col_gemm", "direct")] + [
+    (tca.test_conv2d_pointwise_and_chunked, {}),
+    *[(tca.test_conv2d_implicit_gemm, {"dtype": d}) for d in ("float16", "bfloat16")],
+    (tca.test_conv2d_implicit_gemm_strict_float32, {}),
+    (tca.test_conv2d_tf32, {}),
+    *[(tca.test_conv1d_conv3d_conv_nd, {"nd": n}) for n in (1, 3)],
+    (tca.test_conv3d_in_chunks, {}),
+    *[(tca.test_conv_transpose, {"nd": n}) for n in (1, 2, 3)],
+    *[(tca.test_depthwise, {"nd": n}) for n in (1, 2, 3)],
+    *[(tca.test_patch_conv2d, {"algorithm": a}) for a in ("fused", "im2col_gemm", "implicit_gemm")],
+    *[(tca.test_patch_conv1d_conv3d, {"nd": n}) for n in (1, 3)],
+]
+
+
+@pytest.fixture(scope="module")
+def device():
+    return CupyHostDevice()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """{'recorded': calls recorded, 'replayed': programs run}, counted from here on, the cache emptied."""
+    monkeypatch.setattr(_replay, "CACHE", {})
+    counts = {"recorded": 0, "replayed": 0}
+    record, run = _replay.Recorder.program, _replay.Program.run
+
+    def counting_program(self, result):
+        program = record(self, result)
+        counts["recorded"] += 1
+        return program
+
+    def counting_run(self, device, inputs):
+        counts["replayed"] += 1
+        return run(self, device, inputs)
+
+    monkeypatch.setattr(_replay.Recorder, "program", counting_program)
+    monkeypatch.setattr(_replay.Program, "run", counting_run)
+    return counts
+
+
+@pytest.mark.parametrize("test, kwargs", OP_TESTS, ids=[f"{t.__name__[5:]}-{'-'.join(map(str, k.values()))}"
+                                                          for t, k in OP_TESTS])
+def test_every_op_replays_and_stays_right(device, counted, monkeypatch, test, kwargs):
+    test(device, **kwargs)
+    assert counted["recorded"] > 0 and counted["replayed"] == 0
+    for program in filter(None, _replay.CACHE.values()):
+        check_drops(program)
+    recorded = counted["recorded"]
+    inputs = tca.inputs
+    monkeypatch.setattr(tca, "inputs", lambda seed, *shapes, **kw: inputs(seed + 1000, *shapes, **kw))
+    test(device, **kwargs)   # the same signatures, other values: replayed, and still the CPU path's results
+    assert counted["replayed"] >= recorded
+    assert counted["recorded"] == recorded
+
+
+def check_drops(program):
+    """A slot is dropped only after the last step that reads it, and never when a result is a view of it."""
+    dropped: set = set()
+    for method, template, _, result, drops in program.steps:
+        read = set(_replay._slots_of(tuple(template)))
+        assert not read & dropped, f"{method} reads a dropped slot"
+        assert result not in dropped
+        dropped.update(drops)
+    assert not set(_replay._slots_of(program.outputs)) & dropped
+
+
+def conv2d_arrays(device, seed, dtype="float32", groups=2):
+    x, w, b = tca.inputs(seed, (2, 4, 7, 6), (6, 4 // groups, 3, 3), (6,), dtype=dtype)
+    return (x, w, b), [device.asarray(a) for a in (x, w, b)]
+
+
+def test_a_replay_writes_new_arrays_only(device, counted):
+    """The second call's results are new memory: the first call's results and both calls' inputs are untouched."""
+    (x1, w1, b1), first = conv2d_arrays(device, 1)
+    (x2, w2, b2), second = conv2d_arrays(device, 2)
+    with _device.use_device(device):
+        y1 = cupyconv.conv2d(*first, padding=1, groups=2)
+        kept = device.asnumpy(y1)
+        y2 = cupyconv.conv2d(*second, padding=1, groups=2)
+    assert counted == {"recorded": 1, "replayed": 1}
+    numpy.testing.assert_array_equal(device.asnumpy(y1), kept)
+    for host, array in zip((x1, w1, b1, x2, w2, b2), first + second):
+        numpy.testing.assert_array_equal(device.asnumpy(array), host)
+    ref.assert_close(device.asnumpy(y2), cupyconv.conv2d(x2, w2, b2, padding=1, groups=2), "float32", "replayed")
+    assert y2.data.ptr != y1.data.ptr
+
+
+def test_a_replay_launches_what_the_recorded_call_launched(device, counted):
+    _, first = conv2d_arrays(device, 3, "float16", groups=1)
+    _, second = conv2d_arrays(device, 4, "float16", groups=1)
+    with _device.use_device(device):
+        start = len(device.launches)
+        cupyconv.conv2d(*first, padding=1)
+        middle = len(device.launches)
+        cupyconv.conv2d(*second, padding=1)
+    assert counted == {"recorded": 1, "replayed": 1}
+    assert middle > start and device.launches[middle:] == device.launches[start:middle]
+
+
+def test_a_changed_signature_plans_again(device, counted):
+    """Another stride, dtype, layout, setting or alignment of an input is another signature."""
+    (x, w, b), arrays = conv2d_arrays(device, 5)
+    xs = device.asarray(numpy.ascontiguousarray(x.swapaxes(-1, -2))).swapaxes(-1, -2)   # the same values, strided
+    offset = device.asarray(numpy.concatenate([[0], x.ravel()]).astype(x.dtype))[1:].reshape(x.shape)
+    with _device.use_device(device):
+        y = [cupyconv.conv2d(*arrays, padding=1, groups=2)]
+        y.append(cupyconv.conv2d(xs, *arrays[1:], padding=1, groups=2))
+        y.append(cupyconv.conv2d(offset, *arrays[1:], padding=1, groups=2))   # 4 bytes off the alignment
+        with settings.workspace_limit(1000):
+            y.append(cupyconv.conv2d(*arrays, padding=1, groups=2, algorithm="im2col_gemm"))
+            y.append(cupyconv.conv2d(*arrays, padding=1, groups=2))
+    assert counted == {"recorded": 5, "replayed": 0}
+    want = cupyconv.conv2d(x, w, b, padding=1, groups=2)
+    for got in y:
+        ref.assert_close(device.asnumpy(got), want, "float32", "conv2d")
+
+
+def test_overlapping_inputs_are_never_recorded(device, counted):
+    """x and weight views of one buffer that share elements: which slot an argument lies in would be a guess, so no
+    program is kept and every call plans (and is right)."""
+    rng = numpy.random.default_rng(6)
+    buffer = device.asarray(ref.random(rng, (2 * 4 * 7 * 6,), numpy.dtype("float32")))
+    x, w = buffer.reshape(2, 4, 7, 6), buffer[100:100 + 6 * 4 * 3 * 3].reshape(6, 4, 3, 3)
+    with _device.use_device(device):
+        for _ in range(2):
+            y = cupyconv.conv2d(x, w, padding=1)
+            ref.assert_close(device.asnumpy(y), cupyconv.conv2d(device.asnumpy(x), device.asnumpy(w), padding=1),
+                             "float32", "conv2d")
+    assert counted == {"recorded": 0, "replayed": 0}
+    assert list(_replay.CACHE.values()) == [None]
+
+
+def test_an_autotuned_call_is_recorded_only_once_its_choice_is_made(device, counted, monkeypatch):
+    monkeypatch.setattr(cupyconv._autotune, "CACHE", {})
+    (x, w, b), arrays = conv2d_arrays(device, 7)
+    with _device.use_device(device), settings.autotune(True):
+        for _ in range(3):
+            y = cupyconv.conv2d(*arrays, padding=1, groups=2)
+    assert counted == {"recorded": 1, "replayed": 1}
+    ref.assert_close(device.asnumpy(y), cupyconv.conv2d(x, w, b, padding=1, groups=2), "float32", "conv2d")
+
+
+def test_replay_can_be_turned_off(device, counted, monkeypatch):
+    monkeypatch.setenv("CUPYCONV_REPLAY", "0")
+    _, arrays = conv2d_arrays(device, 8)
+    with _device.use_device(device):
+        for _ in range(2):
+            cupyconv.conv2d(*arrays, padding=1, groups=2)
+    assert counted == {"recorded": 0, "replayed": 0} and not _replay.CACHE
+
+
+def test_numpy_devices_always_plan(counted):
+    """The emulator's NumPy device (and the model's RecordingDevice) plan every call: the model must see it."""
+    from emulator import EmulatedDevice
+    x, w = tca.inputs(9, (2, 4, 7, 6), (6, 4, 3, 3))
+    want = cupyconv.conv2d(x, w, padding=1)   # the CPU path
+    with _device.use_device(EmulatedDevice()):
+        for _ in range(2):
+            ref.assert_close(cupyconv.conv2d(x, w, padding=1), want, "float32", "conv2d")
+    assert counted == {"recorded": 0, "replayed": 0} and not _replay.CACHE
