@@ -359,17 +359,33 @@ def test_accumulates_in_float32(dtype):
         bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
 
 
+@pytest.mark.parametrize("n, channels, h, w", [(7, 3, 20, 30), (40, 5, 3, 4), (1, 700, 2, 3), (3, 1, 33, 33)])
+def test_bias_gradient_splits(n, channels, h, w):
+    """conv_bgrad's splits by images (uneven ranges), by pixels, both, and none (more channels than BIAS_BLOCKS):
+    every split counted once, against a float64 sum; grad_bias poisoned by the emulator before the launch."""
+    splits = conv_op.bias_splits(n, channels, h * w)
+    rng = numpy.random.default_rng(n + channels)
+    grad_output = ref.random(rng, (n, channels, h, w), numpy.dtype("float32"))
+    x, weight = numpy.zeros((n, 2, h, w), numpy.float32), numpy.zeros((channels, 2, 1, 1), numpy.float32)
+    _, _, got = kernel_path(Recorder(), cupyconv.conv2d_backward, grad_output, x, weight, needs="bias")
+    numpy.testing.assert_allclose(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+    assert splits == {(7, 3): (7, 2), (40, 5): (40, 1), (1, 700): (1, 1), (3, 1): (3, 4)}[n, channels]
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_bias_gradient_accumulates_in_float32(dtype):
-    """conv_bgrad over 1600 pixels: each of its 256 threads sums 6 or 7 in a register before the tree
-    (bug_classes.strided_sum_terms); a 16-bit register loses every small term."""
+    """conv_bgrad over 1600 pixels (3 channels: split 6 ways by pixels, `bias_splits`): each thread sums a few
+    terms 256 apart in a register before the tree, and conv_bgrad_sum adds the 6 splits
+    (bug_classes.strided_sum_terms); a 16-bit register anywhere loses the small terms."""
+    assert conv_op.bias_splits(1, 3, 1600) == (1, 6)
     values = bug_classes.strided_sum_terms(1600, conv_op.REDUCE_BLOCK, dtype).reshape(40, 40)
     grad_output = numpy.stack([values, -values, values])[None]
     x = numpy.zeros((1, 2, 40, 40), values.dtype)
     weight = numpy.zeros((3, 2, 1, 1), values.dtype)
     device = Recorder()
     _, _, got = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs="bias")
-    assert device.launches == [f"conv_bgrad<{_kernels.c_type(values.dtype)}, int>"]
+    assert device.launches == [f"conv_bgrad<{_kernels.c_type(values.dtype)}, int>",
+                               f"conv_bgrad_sum<{_kernels.c_type(values.dtype)}, int>"]
     bug_classes.assert_rounded_once(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), dtype)
 
 

@@ -208,7 +208,8 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                to one float32/float64 accumulator (beta = 1), chunks in order: same bits on every run.  (Per-sample
 #                GEMMs would need n_chunk copies of grad_weight, Dg / L times the cols buffer -- 10x at 512@7x7 --
 #                and a reduction of only L per GEMM.)
-#   grad_bias    conv_bgrad: one block per channel, fixed-order tree reduction.
+#   grad_bias    conv_bgrad: blocks of (channel, split of its images and pixels), fixed-order tree reductions,
+#                then conv_bgrad_sum adds each channel's splits in order (`bias_splits`).
 # Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
@@ -219,13 +220,15 @@ DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channe
 DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
+BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
+                                # not the device's SM count, so that the bits are the same on every GPU
 
 
 def instantiations():
     names = []
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
-        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad")]
+        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum")]
     return names
 
 
@@ -424,13 +427,28 @@ def gemm_weight_grad(device, pieces, spec: ConvSpec, dtype):
     return acc.reshape(spec.weight_shape)
 
 
+def bias_splits(n: int, channels: int, pixels: int) -> tuple[int, int]:
+    """(image_splits, pixel_splits) of conv_bgrad's grid for grad_output (n, channels, pixels): about BIAS_BLOCKS
+    blocks, split by images first, then by pixels while each split keeps a block's worth of pixels or more."""
+    wanted = max(1, BIAS_BLOCKS // max(channels, 1))
+    image_splits = min(wanted, max(n, 1))
+    pixel_splits = max(1, min(ceil_div(wanted, image_splits), pixels // REDUCE_BLOCK))
+    return image_splits, pixel_splits
+
+
 def _grad_bias(device, gy, spec: ConvSpec):
-    """gy (n, D, L) contiguous -> (D,) by conv_bgrad's fixed-order reduction."""
-    d = spec.out_channels
+    """gy (n, D, L) contiguous -> (D,) by conv_bgrad's split fixed-order reduction and conv_bgrad_sum."""
+    d, n, pixels = spec.out_channels, spec.n, spec.out_pixels
+    image_splits, pixel_splits = bias_splits(n, d, pixels)
+    splits = image_splits * pixel_splits
+    partial = device.empty((d, splits), compute_dtype(gy.dtype))
+    index = index_type(gy.size, partial.size)
+    KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index, grid=(d, splits), block=REDUCE_BLOCK,
+                   shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, partial=partial,
+                   n=n, channels=d, pixels=pixels, image_splits=image_splits, pixel_splits=pixel_splits)
     grad_b = device.empty((d,), gy.dtype)
-    KERNELS.launch(device, "conv_bgrad", dtype=gy.dtype, index=index_type(gy.size), grid=d, block=REDUCE_BLOCK,
-                   shared_mem=REDUCE_BLOCK * compute_dtype(gy.dtype).itemsize, grad_output=gy, grad_bias=grad_b,
-                   n=spec.n, channels=d, pixels=spec.out_pixels)
+    KERNELS.launch(device, "conv_bgrad_sum", dtype=gy.dtype, index=index, grid=ceil_div(d, REDUCE_BLOCK),
+                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_b, channels=d, splits=splits)
     return grad_b
 
 
