@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy
 import pytest
 
+import cupyconv
 from cupyconv import _autotune, _device, settings
 from emulator import CupyHostDevice, EmulatedDevice
 
@@ -196,3 +197,65 @@ def test_the_emulator_clock_counts_nanoseconds():
     begin = time.perf_counter()
     _autotune.spin(device, 5e-3)
     assert 5e-3 <= time.perf_counter() - begin < 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On a GPU (pytest -m gpu): what the simulation assumes about CUDA events and the spin, and the case that was wrong
+
+
+@pytest.mark.gpu
+def test_gpu_time_leaves_the_host_out_on_a_gpu(capsys):
+    """Two spins of 100 us (at the peak clock), each behind a millisecond of host time: plain events around the
+    call time the host (over 2 ms); gpu_time gives what it gives for the same spins without the host's time."""
+    import cupy
+    device = _device.CudaDevice()
+
+    def spins(host_s):
+        def run():
+            for _ in range(2):
+                time.sleep(host_s)
+                _autotune.spin(device, 100 * US)
+        return run
+
+    slow_host, no_host = spins(1e-3), spins(0.0)
+    slow_host()   # compiles timing.cu
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    slow_host()
+    stop.record()
+    stop.synchronize()
+    plain = cupy.cuda.get_elapsed_time(start, stop) / 1e3
+    seconds, fast = device.timed(slow_host)[0], device.timed(no_host)[0]
+    with capsys.disabled():
+        print(f"\nclock {device.clock_rate / 1e9:.3f} GHz; two 100 us spins: behind 2 ms of host, plain events "
+              f"{plain * 1e6:.0f} us, gpu_time {seconds * 1e6:.0f} us; without the host, gpu_time {fast * 1e6:.0f} us")
+    assert plain > 2e-3
+    assert 190 * US < seconds < plain / 2
+    assert seconds == pytest.approx(fast, rel=0.2, abs=10 * US)
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_picks_the_implicit_gemm_for_r50_64_fp16(monkeypatch, capsys):
+    """r50-64 float16 (benchmarks/cases.py: N 32, 64 -> 64 channels, 56 x 56, 3 x 3, padding 1): the implicit GEMM
+    took 47 us of kernels on the H200 and conv_fwd_direct 529 us, but autotuning chose the direct kernel while it
+    timed the host."""
+    import cupy
+    monkeypatch.setattr(_autotune, "CACHE", {})
+    timings = []
+
+    def recorded(device, run):
+        result = _autotune.gpu_time(device, run)
+        timings.append(result[0])
+        return result
+
+    monkeypatch.setattr(_device.CudaDevice, "timed", recorded)
+    rng = numpy.random.default_rng(0)
+    x = cupy.asarray(rng.standard_normal((32, 64, 56, 56)).astype(numpy.float16))
+    weight = cupy.asarray((rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16))
+    with settings.autotune(True):
+        cupyconv.conv2d(x, weight, padding=1)
+    (chosen,) = _autotune.CACHE.values()
+    with capsys.disabled():
+        print(f"\nr50-64 fp16 forward: GPU times of the candidates {[round(t * 1e6, 1) for t in timings]} us, "
+              f"chose {chosen}")
+    assert chosen == "implicit_gemm"
