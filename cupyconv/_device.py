@@ -29,6 +29,8 @@ from . import settings
 OPS = ("unfold", "conv", "depthwise", "patch")
 # Modules of cupyconv/ops that own a kernel file without being an op (the ops share them): planners and launches.
 ENGINES = ("implicit_gemm", "simt_gemm")
+# Modules outside cupyconv/ops that own a kernel file: autotuning's timing kernel (raw_kernels/timing.cu).
+TOOLS = ("cupyconv._autotune",)
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
 
 
@@ -61,12 +63,12 @@ def kernel_source(filename: str) -> str:
 
 
 def _op_modules():
-    """The modules of cupyconv/ops with a kernel file (`KERNELS`) and its `instantiations()`."""
-    return [importlib.import_module(f"cupyconv.ops.{name}") for name in OPS + ENGINES]
+    """The modules with a kernel file (`KERNELS`) and its `instantiations()`: cupyconv/ops' and `TOOLS`."""
+    return [importlib.import_module(name) for name in (*(f"cupyconv.ops.{op}" for op in OPS + ENGINES), *TOOLS)]
 
 
 def kernel_files() -> dict:
-    """{filename: KernelFile} of every op's kernel file."""
+    """{filename: KernelFile} of every kernel file."""
     return {module.KERNELS.filename: module.KERNELS for module in _op_modules()}
 
 
@@ -386,7 +388,8 @@ class Device:
         return host_memory()
 
     def timed(self, run):
-        """(seconds, result) of run(); the wall clock here, CUDA events on the current stream on a GPU."""
+        """(seconds, result) of run(), for autotuning: the wall clock here; on a GPU (`CudaDevice.timed`) the
+        GPU's time alone, without the host's."""
         begin = time.perf_counter()
         result = run()
         return time.perf_counter() - begin, result
@@ -513,13 +516,17 @@ class CudaDevice(Device):
         opt_in_shared_memory(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
+    @property
+    def clock_rate(self) -> int:
+        """The current GPU's SM clock in Hz (cudaDevAttrClockRate: the peak clock, so a spin of N cycles lasts at
+        least N / clock_rate seconds): what `_autotune.spin` converts seconds to clock64() cycles with."""
+        return _cuda_clock_rate(self.xp.cuda.Device().id)
+
     def timed(self, run):
-        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
-        start.record()
-        result = run()
-        stop.record()
-        stop.synchronize()
-        return self.xp.cuda.get_elapsed_time(start, stop) / 1e3, result
+        """(seconds, result) of run(): the GPU's time alone for run()'s work, however long the host takes to
+        enqueue it (`_autotune.gpu_time`: CUDA events on the current stream behind a spin kernel)."""
+        from . import _autotune   # (it imports this module through _kernels)
+        return _autotune.gpu_time(self, run)
 
     def key(self):
         return ("cuda", self.xp.cuda.Device().id)
@@ -624,6 +631,13 @@ def _cuda_header_version(include_dir: str | None) -> int | None:
 def _cuda_total_memory(device_id: int) -> int:
     """Bytes of global memory of a GPU (a device property: read once)."""
     return _cuda_runtime().getDeviceProperties(device_id)["totalGlobalMem"]
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_clock_rate(device_id: int) -> int:
+    """A GPU's peak SM clock in Hz (a device attribute, in kHz: read once)."""
+    runtime = _cuda_runtime()
+    return runtime.deviceGetAttribute(runtime.cudaDevAttrClockRate, device_id) * 1000
 
 
 @functools.lru_cache(maxsize=None)

@@ -140,8 +140,10 @@ def set_autotune(enabled: bool) -> None:
     """Like cudnn.benchmark: with algorithm='auto', time every candidate algorithm on the first call of each
     (pass, geometry, dtype, device) and use the fastest from then on.
 
-    Off by default: that first call runs each candidate twice (once to compile and warm up, once timed).  For
-    every later call, in every thread; `deterministic` overrides it.
+    Off by default: that first call runs each candidate several times (once to compile and warm up, then on a
+    GPU once more to size a spin kernel and three times timed).  A GPU's candidates are compared by the GPU's
+    time for their work alone, not by the host's time to enqueue it.  For every later call, in every thread;
+    `deterministic` overrides it.
     """
     _AUTOTUNE.set(enabled)
 

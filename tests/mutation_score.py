@@ -662,6 +662,10 @@ MUTATIONS = [
       "32-bit index"),
     M("patch-pack-odd-offset", "patch.cu", "A* wtile = reinterpret_cast<A*>(patch_shared);  // [chunk]",
       "A* wtile = reinterpret_cast<A*>(patch_shared) + 1;  // [chunk]", PATCH, "misaligned pack"),
+
+    # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
+    M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",
+      "while (clock64() - start < cycles / 64)", "tests/test_autotune.py -k emulator", "short spin"),
 ]
 
 

@@ -329,7 +329,7 @@ def test_the_device_is_cuda_device_with_real_cupy_arrays(device):
     properties and the per-call device scope (CuPy's Device context and the stream-capture query need a driver)."""
     own = {name for name in vars(CupyHostDevice) if not name.startswith("__")}
     assert own == {"name", "compute_capability", "empty", "asarray", "asnumpy", "host", "_source", "copyto", "add",
-                   "sum", "function", "cublas", "total_memory", "timed", "key", "scope"}
+                   "sum", "function", "cublas", "total_memory", "timed", "key", "scope", "clock_rate"}
     for name in ("launch", "gemm_strided_batched", "matmul_strided"):
         assert getattr(CupyHostDevice, name) is getattr(_device.CudaDevice, name)
     a = device.empty((3, 4), numpy.float32)
@@ -402,6 +402,7 @@ CUPY_APIS = [
     ("cupy", "broadcast_to"), ("cupy", "empty"), ("cupy", "copyto"),
     ("cupy", "cuda.Device"), ("cupy", "cuda.Device.compute_capability"), ("cupy", "cuda.Device.id"),
     ("cupy", "cuda.Event"), ("cupy", "cuda.Event.record"), ("cupy", "cuda.Event.synchronize"),
+    ("cupy", "cuda.Event.done"),
     ("cupy", "cuda.get_elapsed_time"), ("cupy", "cuda.Stream"), ("cupy", "cuda.Stream.from_external"),
     ("cupy", "cuda.ExternalStream"),
     ("cupy", "cuda.PythonFunctionAllocator"), ("cupy", "cuda.using_allocator"),
@@ -410,6 +411,8 @@ CUPY_APIS = [
     ("cupy_backends.cuda.api.runtime", "CUDA_R_16F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_16BF"),
     ("cupy_backends.cuda.api.runtime", "CUDA_R_32F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_64F"),
     ("cupy_backends.cuda.api.runtime", "getDeviceProperties"),
+    ("cupy_backends.cuda.api.runtime", "deviceGetAttribute"),
+    ("cupy_backends.cuda.api.runtime", "cudaDevAttrClockRate"),
     # the device scope and stream-capture refusal, the toolkit check (cupyconv/_device.py)
     ("cupy", "__version__"), ("cupy", "cuda.get_current_stream"), ("cupy", "cuda.nvrtc.getVersion"),
     ("cupy", "cuda.runtime"), ("cupy", "cuda.runtime.getDeviceProperties"), ("cupy", "cuda.runtime.runtimeGetVersion"),
@@ -504,8 +507,9 @@ def test_the_api_list_names_everything_the_glue_touches():
 
 
 def test_cuda_device_properties_through_a_recorded_fake(monkeypatch):
-    """What CudaDevice asks the driver (compute capability, device id, memory, event timing) needs a GPU: checked
-    here against a fake of CuPy's objects that records the calls (CupyHostDevice replaces these methods)."""
+    """What CudaDevice asks the driver (compute capability, device id, memory, clock rate, event timing) needs a
+    GPU: checked here against a fake of CuPy's objects that records the calls (CupyHostDevice replaces these
+    methods; tests/test_autotune.py runs the timing loop on a simulated stream)."""
     calls = []
 
     class FakeDevice:
@@ -517,25 +521,52 @@ def test_cuda_device_properties_through_a_recorded_fake(monkeypatch):
         def record(self):
             calls.append("record")
 
+        @property
+        def done(self):
+            calls.append("done")
+            return False   # still pending once the call is enqueued: the spin covered it
+
         def synchronize(self):
             calls.append("synchronize")
 
     class FakeRuntime:
+        cudaDevAttrClockRate = 13
+
         @staticmethod
         def getDeviceProperties(device_id):
             calls.append(("getDeviceProperties", device_id))
             return {"totalGlobalMem": 12345}
 
+        @staticmethod
+        def deviceGetAttribute(attribute, device_id):
+            calls.append(("deviceGetAttribute", attribute, device_id))
+            return 1_410_000   # kHz
+
+    class FakeSpin:
+        max_dynamic_shared_size_bytes = _device.DEFAULT_SHARED_LIMIT
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            calls.append(("spin", grid, block, args))
+
     monkeypatch.setattr(cupy.cuda, "Device", FakeDevice)
     monkeypatch.setattr(cupy.cuda, "Event", FakeEvent)
     monkeypatch.setattr(cupy.cuda, "get_elapsed_time", lambda start, stop: calls.append("elapsed") or 250.0)
     monkeypatch.setattr(_device, "_cuda_runtime", lambda: FakeRuntime)
+    monkeypatch.setattr(_device, "_cuda_function", lambda source, name: calls.append((source, name)) or FakeSpin())
     _device._cuda_total_memory.cache_clear()
+    _device._cuda_clock_rate.cache_clear()
     device = _device.CudaDevice()
     assert device.compute_capability == 75 and device.tensor_cores is False
     assert device.key() == ("cuda", 1)
     assert device.total_memory() == 12345
+    assert device.clock_rate == 1_410_000_000
+    assert ("getDeviceProperties", 1) in calls and ("deviceGetAttribute", 13, 1) in calls
+    assert all(c == ("Device", ()) for c in calls if c[0] == "Device")
+    del calls[:]
     assert device.timed(lambda: "result") == (0.25, "result")
-    assert calls[-4:] == ["record", "record", "synchronize", "elapsed"]
-    assert ("getDeviceProperties", 1) in calls and all(c == ("Device", ()) for c in calls if c[0] == "Device")
+    spin = ("spin", (1,), (1,), (numpy.int64(141_000),))   # the first spin: SPIN_MIN_S (100 us) at 1.41 GHz
+    repetition = [("timing.cu", "timing_spin<float, int>"), spin, "record", "record", "done", "synchronize",
+                  "elapsed"]
+    assert [c for c in calls if c != ("Device", ())] == repetition * 3
     _device._cuda_total_memory.cache_clear()
+    _device._cuda_clock_rate.cache_clear()

@@ -338,7 +338,8 @@ def test_recorded_launches_are_listed_instantiations():
     listed = set(_device.all_instantiations())
     unlisted = sorted({(la.source, la.name) for la in launches} - listed)
     assert not unlisted, f"launched but missing from instantiations(): {unlisted}"
-    assert {la.source for la in launches} == set(GROUPS), "every kernel file has a launch among the cases"
+    # (timing.cu's spin is launched by autotuning on a GPU, CudaDevice.timed, never by an op's plan)
+    assert {la.source for la in launches} == set(GROUPS) - {"timing.cu"}, "every op's kernel file has a launch"
 
 
 def test_64bit_indices_change_no_plan():

@@ -12,7 +12,8 @@ compiled RawKernels, cuBLAS and the device's properties.  This device keeps ever
   call takes the very (grid, block, args) tuple a RawKernel gets, turns each CuPy array into a NumPy view of its
   memory and hands the launch to an `EmulatedDevice`.
 - cuBLAS: `CudaDevice.gemm_strided_batched` itself runs, against `EmulatedCublas`, the twin of CuPy's binding.
-- device properties: compute capability 9.0 (the emulator models sm_90), the machine's memory, the wall clock.
+- device properties: compute capability 9.0 (the emulator models sm_90), the machine's memory, the emulator's
+  1 GHz clock64() (`clock_rate`), the wall clock for `timed`.
 
 Any CuPy call in the GPU path that is not routed through the Device fails here with CuPy's own
 CUDARuntimeError ("CUDA driver version is insufficient"), so a test through this device finds it.
@@ -28,7 +29,7 @@ import numpy
 
 from cupyconv import _device as cupyconv_device
 
-from ._device import EmulatedCublas, EmulatedDevice, _span
+from ._device import EMULATED_CLOCK_HZ, EmulatedCublas, EmulatedDevice, _span
 
 ALIGNMENT = 256   # CuPy's memory pool hands out 256-byte aligned blocks
 
@@ -86,6 +87,7 @@ class CupyHostDevice(cupyconv_device.CudaDevice):
 
     name = "cupy-host"
     compute_capability = 90   # the emulator's rules are sm_90's (shared memory opt-in, mma.sync)
+    clock_rate = EMULATED_CLOCK_HZ   # clock64() of the emulator: the host's nanoseconds
 
     def __init__(self, order: str = "forward", *, asan: bool | None = None):
         super().__init__()

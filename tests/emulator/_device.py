@@ -18,6 +18,8 @@ from ._profile import LaunchProfile, read_sites
 
 STATIC_SHARED_LIMIT = cupyconv_device.DEFAULT_SHARED_LIMIT  # static + dynamic without opt-in (every architecture)
 OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block (sm_80: 163 KiB)
+# The emulated SM clock: clock64() counts the host's monotonic nanoseconds (include/prelude.h).
+EMULATED_CLOCK_HZ = 1_000_000_000
 
 
 class EmulatorError(RuntimeError):
@@ -201,6 +203,7 @@ class EmulatedDevice(cupyconv_device.Device):
 
     name = "emulated"
     xp = numpy
+    clock_rate = EMULATED_CLOCK_HZ   # Hz of clock64(), as CudaDevice.clock_rate
 
     def __init__(self, order: str = "forward", *, asan: bool | None = None, kernel_dir=None, instantiations=None,
                  blocks=None, counters: bool = False):

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <type_traits>
 #include <utility>
 // ... and the system headers of the engine (emu_runtime.h): glibc's <sys/cdefs.h> spells __noinline__ too.
@@ -139,6 +140,16 @@ inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin
                       int line = __builtin_LINE()) {
   // Every participating lane voted true exactly when the ballot of the negated predicate is empty.
   return __ballot_sync(mask, !predicate, file, line) == 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Clocks.  On a GPU clock64() reads the SM's cycle counter.  Here the SM runs at an emulated 1 GHz
+// (EMULATED_CLOCK_HZ, tests/emulator/_device.py): clock64() is the host's monotonic clock in nanoseconds, so a
+// kernel that spins for N cycles (raw_kernels/timing.cu) spins for N ns of wall time.
+inline long long clock64() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
 // ---------------------------------------------------------------------------------------------------------
