@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import math
 import pstats
 import sys
 import time
@@ -72,7 +73,7 @@ def null_gpu():
             cupy = self.xp
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
             dtype = numpy.dtype(dtype)
-            nbytes = max(int(numpy.prod(shape, dtype=object)) * dtype.itemsize, 1)
+            nbytes = max(math.prod(shape) * dtype.itemsize, 1)
             memory = cupy.cuda.UnownedMemory(self._next, nbytes, None, device_id=0)
             self._next += -(-nbytes // 256) * 256 + 256
             return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))

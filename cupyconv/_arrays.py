@@ -74,8 +74,9 @@ def _describe(a) -> str:
     return f"a {type(a).__module__}.{type(a).__qualname__}"
 
 
-def _device_of(a) -> str:
-    kind = _kind(a)
+def _device_of(a, kind: str | None = None) -> str:
+    """'cpu' or 'cuda:<id>'; `kind`: a's `_kind` where the caller knows it already."""
+    kind = kind or _kind(a)
     if kind == "cupy":
         return f"cuda:{a.device.id}"
     if kind == "torch":
@@ -178,7 +179,7 @@ class Call:
             refusal = _torch_refusal(a) if kind == "torch" else None
             if refusal:
                 raise TypeError(f"{op}: {name} {tuple(a.shape)} is {_describe(a)}: {refusal}")
-            facts = (kind, "cpu" if kind == "numpy" else _device_of(a))
+            facts = (kind, "cpu" if kind == "numpy" else _device_of(a, kind))
             if first_facts is None:
                 first_facts = facts
             elif facts != first_facts:

@@ -20,6 +20,7 @@ the same function the emulator uses on the signature it reads from the compiled 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -217,9 +218,10 @@ def argument_error(c_type_: str, value) -> str | None:
 
 _MISSING = object()
 
-#: (C pointer type, array type, dtype) of the arrays that passed `argument_error` for that pointer: another array of
-#: the same three passes too, but for a read-only NumPy array where the pointer is not const (checked every time).
-_ARRAYS_PASSING: set = set()
+#: {(C pointer type, array type, dtype): whether a NumPy array} of the arrays that passed `argument_error` for that
+#: pointer: another array of the same three passes too, but for a read-only NumPy array where the pointer is not
+#: const (checked on every launch).
+_ARRAYS_PASSING: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -286,36 +288,40 @@ class KernelFile:
         if not names <= values.keys():
             missing = [name for name, *_ in params if name not in values]
             raise TypeError(f"{self.filename}: {kernel}: no value for parameter {', '.join(missing)}")
-        result = []
-        for name, c_type_, pointer, scalar, bounds in params:
+        result = [None] * len(params)
+        for i, (name, c_type_, pointer, scalar, bounds) in enumerate(params):
             value = values[name]
             if pointer:
+                # Known: an array of this (C type, array type, dtype) passed before; True for a NumPy array, whose
+                # writeability is checked on every launch where the kernel may write through the pointer.
                 try:
-                    known = (c_type_, type(value), getattr(value, "dtype", None)) in _ARRAYS_PASSING
-                except TypeError:   # an unhashable dtype
+                    numpy_array = _ARRAYS_PASSING[c_type_, type(value), value.dtype]
+                    known = not (numpy_array and pointer == "writes" and not value.flags.writeable)
+                except (AttributeError, KeyError, TypeError):   # no dtype, not seen, an unhashable dtype
                     known = False
-                if not known or (not c_type_.startswith("const ") and isinstance(value, numpy.ndarray)
-                                 and not value.flags.writeable):
+                if not known:
                     error = argument_error(c_type_, value)
                     if error:
                         raise TypeError(f"{self.filename}: {kernel}: parameter {name} is `{c_type_}`: {error}")
-                    _ARRAYS_PASSING.add((c_type_, type(value), value.dtype))
+                    with contextlib.suppress(TypeError):   # an unhashable dtype: checked every time
+                        _ARRAYS_PASSING[c_type_, type(value), value.dtype] = isinstance(value, numpy.ndarray)
             elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
                 value = scalar(value)
             else:   # made the exact NumPy scalar type here, so argument_error could not object
                 value = _scalar(c_type_, value, f"{self.filename}: {kernel}: parameter {name}")
-            result.append(value)
+            result[i] = value
         return result
 
     @functools.lru_cache(maxsize=None)
     def _c_params(self, kernel: str, dtype_name: str, index: str):
-        """((name, C type, whether a pointer, NumPy scalar type, its (min, max) for an integer type), ...) of each
-        parameter of one instantiation (the scalar type and bounds None for a pointer or a C type no NumPy scalar
-        has), and the set of their names: resolved once, not on every launch."""
+        """((name, C type, pointer, NumPy scalar type, its (min, max) for an integer type), ...) of each parameter of
+        one instantiation (pointer: "reads" for a const pointer, "writes" for another, "" for a scalar; the scalar
+        type and bounds None for a pointer or a C type no NumPy scalar has), and the set of their names: resolved
+        once, not on every launch."""
         params = []
         for p in self.signatures[kernel]:
             c_type_ = resolve_type(p.type, dtype_name, index)
-            pointer = c_type_.endswith("*")
+            pointer = ("reads" if c_type_.startswith("const ") else "writes") if c_type_.endswith("*") else ""
             scalar, bounds = (None, None) if pointer or c_type_ not in _SCALAR_DTYPES else _scalar_type(c_type_)
             params.append((p.name, c_type_, pointer, scalar, bounds))
         return tuple(params), frozenset(p.name for p in self.signatures[kernel])

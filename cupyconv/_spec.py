@@ -46,8 +46,10 @@ def _is_int(value) -> bool:
 
 def _tuple(op: str, name: str, value, minimum: int, nd: int = 2) -> Sizes:
     """An int or a tuple of nd ints (a pair for 2-D), each >= minimum."""
-    if type(value) is int:   # the common case, without the calls of the general one
+    if type(value) is int:   # the common cases first, without the calls of the general one
         sizes = (value,) * nd
+    elif type(value) is tuple and len(value) == nd and {type(v) for v in value} == {int}:
+        sizes = value
     elif _is_int(value):
         sizes = (int(value),) * nd
     elif isinstance(value, (tuple, list)) and len(value) == nd and all(_is_int(v) for v in value):
@@ -97,6 +99,8 @@ def _padding(op: str, padding, in_size: Sizes, kernel: Sizes, stride: Sizes, dil
     def is_pair(value) -> bool:
         return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value)
 
+    if type(padding) is int and padding >= 0:   # the common case, without the calls of the general one
+        return ((padding, padding),) * nd
     per_dim = isinstance(padding, (tuple, list)) and len(padding) == nd and all(_is_int(v) for v in padding)
     if _is_int(padding) or per_dim:
         low = _tuple(op, "padding", padding, 0, nd)
