@@ -74,8 +74,9 @@ def _describe(a) -> str:
     return f"a {type(a).__module__}.{type(a).__qualname__}"
 
 
-def _device_of(a) -> str:
-    kind = _kind(a)
+def _device_of(a, kind: str | None = None) -> str:
+    """'cpu' or 'cuda:<id>'; `kind`: a's `_kind` where the caller knows it already."""
+    kind = kind or _kind(a)
     if kind == "cupy":
         return f"cuda:{a.device.id}"
     if kind == "torch":
@@ -116,11 +117,35 @@ def _autograd_refusal(op: str, arrays: dict) -> str | None:
             f"detached tensors for a result without gradient")
 
 
+# {dtype: its name} of the NumPy, CuPy and torch dtypes seen: NumPy's `dtype.name` and str(dtype) are Python
+# properties that cost microseconds a call, paid per array on every public call before this cache.
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(a) -> str:
     dtype = a.dtype
-    return str(dtype).replace("torch.", "")
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return name
+    except TypeError:   # an unhashable dtype of some other library: no caching
+        return str(dtype).replace("torch.", "")
 
 
+_DTYPE_NAMES_NUMPY: dict = {}
+
+
+def dtype_name(dtype) -> str:
+    """numpy.dtype(dtype).name, memoised (the kernel launches ask it for every argument)."""
+    try:
+        return _DTYPE_NAMES_NUMPY[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES_NUMPY[dtype] = numpy.dtype(dtype).name
+        return name
+
+
+@functools.lru_cache(maxsize=None)
 def compute_dtype(dtype):
     """The dtype arithmetic is carried out in: float32 for the half types, else the dtype itself."""
     return numpy.dtype(numpy.float32) if numpy.dtype(dtype).itemsize == 2 else numpy.dtype(dtype)
@@ -142,40 +167,49 @@ class Call:
             if a is None and name not in OPTIONAL:
                 raise TypeError(f"{op}: {name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, got None")
         present = {name: a for name, a in arrays.items() if a is not None}
+        # One pass in the arguments' order (so that the first problem found is the one reported), each array's
+        # kind and device found once.
         first_name, first = next(iter(present.items()))
+        first_facts = None
         for name, a in present.items():
-            if _kind(a) == "other":
+            kind = _kind(a)
+            if kind == "other":
                 raise TypeError(f"{op}: {name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, "
                                 f"got {_describe(a)}")
-            refusal = _torch_refusal(a) if _kind(a) == "torch" else None
+            refusal = _torch_refusal(a) if kind == "torch" else None
             if refusal:
                 raise TypeError(f"{op}: {name} {tuple(a.shape)} is {_describe(a)}: {refusal}")
-            if _kind(a) != _kind(first) or _device_of(a) != _device_of(first):
+            facts = (kind, "cpu" if kind == "numpy" else _device_of(a, kind))
+            if first_facts is None:
+                first_facts = facts
+            elif facts != first_facts:
                 raise TypeError(f"{op}: {first_name} is {_describe(first)} but {name} is {_describe(a)}; "
                                 f"all arrays of one call must be of one kind on one device")
+        first_dtype = _dtype_name(first)
         for name, a in present.items():
-            if _dtype_name(a) not in SUPPORTED_DTYPES:
-                raise TypeError(f"{op}: {name} has dtype {_dtype_name(a)}; supported dtypes are "
+            dtype = _dtype_name(a)
+            if dtype not in SUPPORTED_DTYPES:
+                raise TypeError(f"{op}: {name} has dtype {dtype}; supported dtypes are "
                                 f"{', '.join(SUPPORTED_DTYPES)}")
-            if _dtype_name(a) != _dtype_name(first):
-                raise TypeError(f"{op}: {first_name} has dtype {_dtype_name(first)} but {name} has dtype "
-                                f"{_dtype_name(a)}; all arrays of one call must have one dtype")
-        self.kind = _kind(first)
+            if dtype != first_dtype:
+                raise TypeError(f"{op}: {first_name} has dtype {first_dtype} but {name} has dtype "
+                                f"{dtype}; all arrays of one call must have one dtype")
+        self.kind, device = first_facts   # type: ignore[misc]
         refusal = _autograd_refusal(op, present) if self.kind == "torch" else None
         if refusal:
             raise TypeError(refusal)
         self._torch_dtype = first.dtype if self.kind == "torch" else None
         self.xp = numpy
-        if _device_of(first) != "cpu":   # CuPy arrays, torch CUDA tensors
+        if device != "cpu":   # CuPy arrays, torch CUDA tensors
             import cupy
             self.xp = cupy
         self.device = _device.executor_for(self.xp)
-        self._enter_gpu_context(first)
+        self._enter_gpu_context(first, device)
         for name, a in arrays.items():
             setattr(self, name, None if a is None else self._import(a))
         self.dtype = getattr(self, first_name).dtype
 
-    def _enter_gpu_context(self, first) -> None:
+    def _enter_gpu_context(self, first, device: str) -> None:
         """Enter the context the GPU path runs in, for the call's lifetime (`on_arrays_device`), before any array is
         imported: for torch CUDA tensors `cupyconv.torch.cuda_context` (torch's device, current stream and caching
         allocator: outputs are torch memory ordered on torch's stream, as in `cupyconv.torch`); then the executor's
@@ -186,7 +220,7 @@ class Call:
         if self.kind == "torch":
             from .torch.cuda import cuda_context
             stack.enter_context(cuda_context(first.device))
-        stack.enter_context(self.device.scope(self.op, int(_device_of(first).split(":")[1])))
+        stack.enter_context(self.device.scope(self.op, int(device.split(":")[1])))
 
     def _import(self, a):
         if self.kind == "numpy":

@@ -169,8 +169,10 @@ def accepting_dask(fn):
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        if any(_is_dask(a) for a in itertools.chain(args, kwargs.values())):
-            return lazy_call(fn, args, kwargs)
+        # _is_dask inlined: this runs on every public call, dask or not.
+        for a in itertools.chain(args, kwargs.values()):
+            if type(a).__module__.startswith("dask"):
+                return lazy_call(fn, args, kwargs)
         return fn(*args, **kwargs)
 
     public.__module__ = "cupyconv"   # pickled by reference as what it is: cupyconv.<name>

@@ -513,7 +513,8 @@ class CudaDevice(Device):
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         kernel = self.function(source, name)
-        opt_in_shared_memory(kernel, shared_mem)
+        if shared_mem > DEFAULT_SHARED_LIMIT:   # (opt_in_shared_memory's own first test: no call per launch below)
+            opt_in_shared_memory(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
     @property

@@ -20,6 +20,7 @@ the same function the emulator uses on the signature it reads from the compiled 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from . import _device, settings
-from ._arrays import compute_dtype
+from ._arrays import compute_dtype, dtype_name
 from ._spec import ConvSpec, ceil_div
 
 INDEX_TYPES = ("int", "long long")
@@ -51,7 +52,7 @@ _SCALAR_DTYPES = {"__half": "float16", "__nv_bfloat16": "bfloat16", "float": "fl
 
 def c_type(dtype) -> str:
     """The CUDA C element type of a NumPy/CuPy dtype."""
-    return _C_TYPES[numpy.dtype(dtype).name if not isinstance(dtype, str) else dtype]
+    return _C_TYPES[dtype if isinstance(dtype, str) else dtype_name(dtype)]
 
 
 def kernel_name(kernel: str, dtype, index: str, *constants) -> str:
@@ -215,6 +216,14 @@ def argument_error(c_type_: str, value) -> str | None:
     return None
 
 
+_MISSING = object()
+
+#: {(C pointer type, array type, dtype): whether a NumPy array} of the arrays that passed `argument_error` for that
+#: pointer: another array of the same three passes too, but for a read-only NumPy array where the pointer is not
+#: const (checked on every launch).
+_ARRAYS_PASSING: dict = {}
+
+
 @functools.lru_cache(maxsize=None)
 def _scalar_type(c_type_: str):
     """(NumPy scalar type, (min, max) for an integer type or None) of a C scalar type."""
@@ -255,6 +264,7 @@ class KernelFile:
     def signatures(self) -> dict[str, tuple[Param, ...]]:
         return parse_signatures(_device.kernel_source(self.filename))
 
+    @functools.lru_cache(maxsize=None, typed=True)   # typed: the constant True is 'true', 1 is '1'
     def name(self, kernel: str, dtype, index: str, *constants) -> str:
         if kernel not in self.signatures:
             raise KeyError(f"{self.filename} has no __global__ template named {kernel!r}")
@@ -265,33 +275,56 @@ class KernelFile:
 
         `window`: a ConvSpec whose window geometry (`ConvSpec.window_args`) fills the parameters of those names
         that `args` does not give.  Every parameter must be given, and every name in `args` must be one.
+
+        Runs on every launch, so the common case is cheap: what an argument's check depends on is resolved once
+        per instantiation (`_c_params`) or per (parameter type, array type, dtype) (`_ARRAYS_PASSING`); a value
+        that does not take the fast path gets the full check (`argument_error`, `_scalar`) and its error.
         """
-        where = f"{self.filename}: {kernel}"
-        params = self._c_params(kernel, numpy.dtype(dtype).name, index)
-        unknown = sorted(set(args) - {name for name, _ in params})
-        if unknown:
-            raise TypeError(f"{where} has no parameter {', '.join(unknown)} "
-                            f"(parameters: {', '.join(name for name, _ in params)})")
-        values = {**(window.window_args() if window is not None else {}), **args}
-        missing = [name for name, _ in params if name not in values]
-        if missing:
-            raise TypeError(f"{where}: no value for parameter {', '.join(missing)}")
-        result = []
-        for name, c_type_ in params:
+        params, names = self._c_params(kernel, dtype_name(dtype), index)
+        if not names.issuperset(args):
+            raise TypeError(f"{self.filename}: {kernel} has no parameter {', '.join(sorted(set(args) - names))} "
+                            f"(parameters: {', '.join(name for name, *_ in params)})")
+        values = {**window.window_args(), **args} if window is not None else args
+        if not names <= values.keys():
+            missing = [name for name, *_ in params if name not in values]
+            raise TypeError(f"{self.filename}: {kernel}: no value for parameter {', '.join(missing)}")
+        result = [None] * len(params)
+        for i, (name, c_type_, pointer, scalar, bounds) in enumerate(params):
             value = values[name]
-            if c_type_.endswith("*"):
-                error = argument_error(c_type_, value)
-                if error:
-                    raise TypeError(f"{where}: parameter {name} is `{c_type_}`: {error}")
-            else:  # made the exact NumPy scalar type here, so argument_error could not object
-                value = _scalar(c_type_, value, f"{where}: parameter {name}")
-            result.append(value)
+            if pointer:
+                # Known: an array of this (C type, array type, dtype) passed before; True for a NumPy array, whose
+                # writeability is checked on every launch where the kernel may write through the pointer.
+                try:
+                    numpy_array = _ARRAYS_PASSING[c_type_, type(value), value.dtype]
+                    known = not (numpy_array and pointer == "writes" and not value.flags.writeable)
+                except (AttributeError, KeyError, TypeError):   # no dtype, not seen, an unhashable dtype
+                    known = False
+                if not known:
+                    error = argument_error(c_type_, value)
+                    if error:
+                        raise TypeError(f"{self.filename}: {kernel}: parameter {name} is `{c_type_}`: {error}")
+                    with contextlib.suppress(TypeError):   # an unhashable dtype: checked every time
+                        _ARRAYS_PASSING[c_type_, type(value), value.dtype] = isinstance(value, numpy.ndarray)
+            elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
+                value = scalar(value)
+            else:   # made the exact NumPy scalar type here, so argument_error could not object
+                value = _scalar(c_type_, value, f"{self.filename}: {kernel}: parameter {name}")
+            result[i] = value
         return result
 
     @functools.lru_cache(maxsize=None)
-    def _c_params(self, kernel: str, dtype_name: str, index: str) -> tuple[tuple[str, str], ...]:
-        """(name, C type) of each parameter of one instantiation: resolved once, not on every launch."""
-        return tuple((p.name, resolve_type(p.type, dtype_name, index)) for p in self.signatures[kernel])
+    def _c_params(self, kernel: str, dtype_name: str, index: str):
+        """((name, C type, pointer, NumPy scalar type, its (min, max) for an integer type), ...) of each parameter of
+        one instantiation (pointer: "reads" for a const pointer, "writes" for another, "" for a scalar; the scalar
+        type and bounds None for a pointer or a C type no NumPy scalar has), and the set of their names: resolved
+        once, not on every launch."""
+        params = []
+        for p in self.signatures[kernel]:
+            c_type_ = resolve_type(p.type, dtype_name, index)
+            pointer = ("reads" if c_type_.startswith("const ") else "writes") if c_type_.endswith("*") else ""
+            scalar, bounds = (None, None) if pointer or c_type_ not in _SCALAR_DTYPES else _scalar_type(c_type_)
+            params.append((p.name, c_type_, pointer, scalar, bounds))
+        return tuple(params), frozenset(p.name for p in self.signatures[kernel])
 
     def launch(self, device, kernel: str, constants=(), *, dtype, index: str, grid, block, shared_mem: int = 0,
                window: ConvSpec | None = None, **args) -> None:

@@ -40,12 +40,17 @@ def round_up(a: int, multiple: int) -> int:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # `type(value) is int` first: numbers.Integral is an ABC whose isinstance check costs several calls.
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def _tuple(op: str, name: str, value, minimum: int, nd: int = 2) -> Sizes:
     """An int or a tuple of nd ints (a pair for 2-D), each >= minimum."""
-    if _is_int(value):
+    if type(value) is int:   # the common cases first, without the calls of the general one
+        sizes = (value,) * nd
+    elif type(value) is tuple and len(value) == nd and {type(v) for v in value} == {int}:
+        sizes = value
+    elif _is_int(value):
         sizes = (int(value),) * nd
     elif isinstance(value, (tuple, list)) and len(value) == nd and all(_is_int(v) for v in value):
         sizes = tuple(int(v) for v in value)
@@ -94,6 +99,8 @@ def _padding(op: str, padding, in_size: Sizes, kernel: Sizes, stride: Sizes, dil
     def is_pair(value) -> bool:
         return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(v) for v in value)
 
+    if type(padding) is int and padding >= 0:   # the common case, without the calls of the general one
+        return ((padding, padding),) * nd
     per_dim = isinstance(padding, (tuple, list)) and len(padding) == nd and all(_is_int(v) for v in padding)
     if _is_int(padding) or per_dim:
         low = _tuple(op, "padding", padding, 0, nd)
@@ -117,7 +124,8 @@ def spatial_dims(op: str, kernel_size, *, name: str = "kernel_size") -> int:
 
 
 def _shape(a) -> tuple[int, ...]:
-    return tuple(int(s) for s in a.shape)
+    shape = a.shape
+    return shape if type(shape) is tuple else tuple(int(s) for s in shape)   # NumPy's and CuPy's: ints already
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,8 @@ class ConvSpec:
         padding = tuple((lo, max(0, (o - 1) * s + d * (k - 1) + 1 - lo - n))
                         for n, (lo, _), o, s, d, k in zip(self.in_size, self.padding, self.out_size, stride,
                                                           dilation, self.kernel_size))
+        if stride == self.stride and dilation == self.dilation and padding == self.padding:
+            return self   # the common case: nothing to clamp, and no copy made
         return dataclasses.replace(self, stride=stride, dilation=dilation, padding=padding)
 
     def window_args(self) -> dict:

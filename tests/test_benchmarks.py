@@ -11,12 +11,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the checkout off the path
     sys.path.append(str(ROOT))
 
-from benchmarks import gpu_check, launches, plot, predict, report, run, sass  # noqa: E402
+from benchmarks import gpu_check, host_overhead, launches, plot, predict, report, run, sass  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("module", [run, report, gpu_check, predict, launches, sass], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [run, report, gpu_check, predict, launches, sass, host_overhead],
+                         ids=lambda m: m.__name__)
 def test_help(module, capsys):
     with pytest.raises(SystemExit) as exit_:
         module.main(["--help"])

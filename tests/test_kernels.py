@@ -95,6 +95,24 @@ def test_bad_arguments_are_refused_before_launch(replace, error, message):
         FakeKernelFile("fake.cu").arguments("scale", numpy.float32, "int", **args)
 
 
+def test_arguments_that_passed_before_do_not_let_a_bad_one_through():
+    """`arguments` remembers the (C type, array type, dtype) of arrays that passed, to skip their check on the next
+    launch: an array of another dtype, a read-only view where the kernel writes, or a scalar for a pointer is still
+    refused after good arrays of the same parameters went through."""
+    kernels = FakeKernelFile("fake.cu")
+    for _ in range(2):
+        kernels.arguments("scale", numpy.float32, "int", **scale_args())
+    read_only = numpy.zeros(3, numpy.float32)
+    read_only.flags.writeable = False
+    kernels.arguments("scale", numpy.float32, "int", **scale_args(x=read_only))   # const T*: may be read-only
+    for bad, message in ((dict(out=read_only), r"parameter out is `float\*`: the kernel may write through it"),
+                         (dict(out=numpy.zeros(3, numpy.float64)), r"parameter out is `float\*`: the element types"),
+                         (dict(x=numpy.float32(1)), r"parameter x is `const float\*`: pass an array"),
+                         (dict(n=numpy.int64(2**31)), r"2147483648 does not fit the `int` parameter")):
+        with pytest.raises((TypeError, OverflowError), match=message):
+            kernels.arguments("scale", numpy.float32, "int", **scale_args(**bad))
+
+
 @pytest.mark.parametrize("c_type, value, expected", [
     ("const __nv_bfloat16*", Lazy(lambda: numpy.zeros(2, bfloat16()), "bfloat16-zeros"), None),
     ("const __nv_bfloat16*", numpy.zeros(2, numpy.uint16), None),  # raw bits: NumPy has no bfloat16

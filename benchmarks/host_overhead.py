@@ -1,0 +1,210 @@
+"""The host (Python) cost of cupyconv's GPU calls, measured on the CPU: no GPU, no kernels, no cuBLAS.
+
+    python -m benchmarks.host_overhead [--cases r50-64-gpu16,iii-gpu32] [--calls 30] [--top 25]
+
+The first GPU run (2026-11-26, H200) found every GPU call host-bound: 170-800 us of Python per forward call
+against 9-80 us of kernels.  This instrument runs the GPU cases' cupyconv calls (`cases._cupyconv_call`, the
+calls `benchmarks.host_profile` times on the GPU) on `NullGpu`: tests/emulator's CupyHostDevice (cupyconv's own
+`CudaDevice` over real `cupy.ndarray` objects) whose memory, array work, kernels and cuBLAS are no-ops, so that
+everything left is the host work of cupyconv's GPU path.  The arrays are cupy.ndarrays of the cases' real shapes
+over memory that is never touched (no bytes allocated), so the planners see the real problems.
+
+For each case and pass it prints
+  calls      Python function calls per call (cProfile's count: Python functions and C builtins), deterministic:
+             the figure to compare before/after a change, and what tests/test_host_overhead.py bounds
+  above      of those, the calls made outside ops/lift.py's `forward`/`backward` drivers (the public entry point,
+             `Call`, the spec parsing, wrapping): what a launch cache at the driver seam cannot save
+  cupyconv   the calls of functions defined in cupyconv/ (the rest are NumPy, CuPy and builtins)
+  host_us    wall clock per call on this CPU, best of 3 runs of `calls` calls: a PREDICTION of the trend of the
+             GPU host's figure, not of the figure itself (another CPU; no real CuPy launches or allocations)
+
+Autotuning is off (the model's 'auto' choice, the same on every run; with it on, the stubs would time nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import math
+import pstats
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy
+
+from benchmarks import _emulator
+from benchmarks import cases as cases_mod
+
+DEFAULT_CASES = ("r50-64-gpu16", "r50-64-gpu32", "p-seed-gpu16", "iii-gpu32", "dw-480-14-gpu16", "iv-gpu16")
+PACKAGE = str(Path(__file__).resolve().parents[1] / "cupyconv")
+SEAM = (("lift.py", "forward"), ("lift.py", "backward"))   # the drivers (cupyconv/ops/lift.py)
+
+
+class _NullKernel:
+    """A compiled kernel as `CudaDevice.launch` uses it (CuPy's RawKernel), whose launch does nothing."""
+    max_dynamic_shared_size_bytes = 48 * 1024
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        pass
+
+
+def null_gpu():
+    """A CupyHostDevice whose memory, array work, kernels and cuBLAS do nothing (built lazily: it needs the test
+    emulator package)."""
+    emulator = _emulator.emulator()
+    from emulator._device import EmulatedCublas
+
+    class NullCublas(EmulatedCublas):
+        def gemmStridedBatchedEx(self, *args):
+            pass
+
+    class NullGpu(emulator.CupyHostDevice):
+        name = "null-gpu"
+
+        def __init__(self):
+            super().__init__()
+            self.blas = NullCublas()
+            self.kernel = _NullKernel()
+            self._next = 1 << 40   # fake device addresses, never read: each array its own range
+
+        def empty(self, shape, dtype):
+            cupy = self.xp
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            dtype = numpy.dtype(dtype)
+            nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+            memory = cupy.cuda.UnownedMemory(self._next, nbytes, None, device_id=0)
+            self._next += -(-nbytes // 256) * 256 + 256
+            return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+        def copyto(self, dst, src) -> None:
+            pass
+
+        def add(self, dst, src) -> None:
+            pass
+
+        def sum(self, a, axis, dtype):
+            axes = (axis,) if isinstance(axis, int) else tuple(axis)
+            return self.empty(tuple(s for i, s in enumerate(a.shape) if i not in axes), dtype)
+
+        def function(self, source, name):
+            return self.kernel
+
+    return NullGpu()
+
+
+def null_inputs(device, case: cases_mod.Case) -> dict:
+    """The case's x, w, b and gy as cupy.ndarrays of its shapes and dtype on `device` (nothing allocated)."""
+    shapes = cases_mod.shapes(case)
+    dtype = cases_mod.numpy_dtype(case.dtype)
+    return {name: None if shapes[key] is None else device.empty(shapes[key], dtype)
+            for name, key in (("x", "x"), ("w", "w"), ("b", "b"), ("gy", "y"))}
+
+
+@contextlib.contextmanager
+def on_null_gpu(device, case: cases_mod.Case):
+    """The settings the calls run under: the case's TF32, autotuning off, `device` for CuPy arrays."""
+    from cupyconv import _device, settings
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_device.use_device(device))
+        stack.enter_context(settings.autotune(False))
+        stack.enter_context(settings.allow_tf32(case.tf32))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def build(case: cases_mod.Case, backward: bool):
+    """(device, fn): the case-pass's cupyconv calls as a function of no arguments on a fresh NullGpu."""
+    device = null_gpu()
+    return device, cases_mod._cupyconv_call(case, null_inputs(device, case), backward)
+
+
+def count_calls(fn, calls: int) -> tuple[pstats.Stats, dict]:
+    """cProfile of `calls` calls of fn, and per call: {"calls": all, "above": outside the drivers, "cupyconv":
+    of functions in cupyconv/}."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = cupyconv = 0
+    for (filename, _, name), (_, ncalls, _, _, _) in stats.stats.items():
+        total += ncalls
+        if filename.startswith(PACKAGE):
+            cupyconv += ncalls
+    below = _calls_below_seam(fn, calls)
+    return stats, {"calls": total / calls, "above": (total - below) / calls, "cupyconv": cupyconv / calls}
+
+
+def _calls_below_seam(fn, calls: int) -> int:
+    """Function calls (Python and C, as cProfile counts them) made inside lift.forward/backward, the seam itself
+    included."""
+    depth, count = [0], [0]
+
+    def tracer(frame, event, arg):
+        if event == "call" and (depth[0] or (frame.f_code.co_name, frame.f_code.co_filename) in seam):
+            depth[0] += 1
+            count[0] += 1
+        elif event == "return" and depth[0]:
+            depth[0] -= 1
+        elif event == "c_call" and depth[0]:
+            count[0] += 1
+
+    seam = {(name, f"{PACKAGE}/ops/{file}") for file, name in SEAM}
+    sys.setprofile(tracer)
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+
+def host_us(fn, calls: int) -> float:
+    """Wall-clock microseconds per call, best of three runs of `calls` calls."""
+    best = float("inf")
+    for _ in range(3):
+        begin = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - begin)
+    return best / calls * 1e6
+
+
+def measure(case: cases_mod.Case, backward: bool, calls: int = 30, timing: bool = True) -> tuple[dict, pstats.Stats]:
+    device, fn = build(case, backward)
+    with on_null_gpu(device, case):
+        for _ in range(3):   # warm: the memoised signatures, plans and kernels
+            fn()
+        stats, figures = count_calls(fn, calls)
+        if timing:
+            figures["host_us"] = host_us(fn, calls)
+    return figures, stats
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_overhead", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma-separated GPU case labels or tags")
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--top", type=int, default=0, help="also print cProfile's top N functions by call count")
+    args = parser.parse_args(argv)
+    rows = []
+    print("| case-pass | calls/call | above the drivers | in cupyconv/ | host us/call (this CPU, prediction) |")
+    print("| --- | --- | --- | --- | --- |")
+    for case in cases_mod.select(args.cases.split(","), ("gpu",)):
+        for backward in (False, True):
+            name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}"
+            figures, stats = measure(case, backward, args.calls)
+            rows.append(f"| {name} | {figures['calls']:.0f} | {figures['above']:.0f} | {figures['cupyconv']:.0f} | "
+                        f"{figures['host_us']:.0f} |")
+            print(rows[-1], flush=True)
+            if args.top:
+                stats.sort_stats("ncalls").print_stats(args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
