@@ -1,7 +1,11 @@
 """The performance model against measured kernel times: each kernel of a host profile next to its prediction.
 
     python -m benchmarks.calibrate benchmarks/results/gpu-2026-11-26/host-profile/autotune-off.json \\
-        [more profiles] [--predictions benchmarks/results/predict-h200.json] [--markdown]
+        [more profiles] [--predictions benchmarks/results/predict-h200.json ...] [--json OUT.json]
+    python -m benchmarks.calibrate off.json on.json=auto.json,autotuned.json   # a profile's own predictions
+
+Several predictions files are merged, a later one's case-pass replacing an earlier one's: e.g. the 'auto' plans
+of every case, then those an autotuned run chose instead (`python -m benchmarks.predict --choices ...`).
 
 A profile (`benchmarks.host_profile`'s JSON; `benchmarks.gpu_check`'s run.json carries one under "profile") gives,
 per case-pass ("r50-64-gpu16-fwdbwd"), the GPU kernels one call launched, from torch.profiler's CUPTI trace:
@@ -27,6 +31,7 @@ comparison of MEASURED times (the profile) with PREDICTED ones (the model).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -89,6 +94,7 @@ def match_case_pass(kernels: dict, predicted: list[dict]) -> list[dict]:
             low, high = sum(r[0] for r in ranges), sum(r[1] for r in ranges)
             row.update(predicted_us=[round(low, 2), round(high, 2)],
                        bound=" | ".join(dict.fromkeys(k["bound"] for k in taken)),
+                       one_pass=any(k.get("one_pass") or (k.get("work") or {}).get("one_pass") for k in taken),
                        measured_over_high=round(us / high, 3) if high else None,
                        inside=low <= us <= high if len(taken) == count else None)
         if len(taken) < count:
@@ -103,11 +109,19 @@ def match_case_pass(kernels: dict, predicted: list[dict]) -> list[dict]:
     return rows
 
 
-def calibrate(profiles: dict[str, dict], predictions: dict) -> list[dict]:
-    """Rows for every case-pass of every profile ({label: profile JSON}) the predictions have."""
-    predicted = {(r["case"], r["pass"]): r for r in predictions.get("results", [])}
+def merged(predictions: list[dict]) -> dict:
+    """{(case, pass): result} of several predictions files, a later file's case-pass replacing an earlier one's."""
+    return {(r["case"], r["pass"]): r for p in predictions for r in p.get("results", [])}
+
+
+def calibrate(profiles: dict[str, dict], predictions: dict | list[dict],
+              own: dict[str, list[dict]] | None = None) -> list[dict]:
+    """Rows for every case-pass of every profile ({label: profile JSON}) the predictions have (`own`: {label:
+    predictions files} for a profile that has its own)."""
+    default = merged(predictions if isinstance(predictions, list) else [predictions])
     rows = []
     for label, profile in profiles.items():
+        predicted = merged(own[label]) if own and label in own else default
         for key, record in profile.items():
             case, pass_ = split_case_pass(key)
             base = {"profile": label, "case": case, "pass": pass_}
@@ -133,7 +147,7 @@ def summary(rows: list[dict]) -> list[dict]:
     classes: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("measured_over_high") and r.get("inside") is not None:
-            classes[bound_class(r["bound"])].append(r)
+            classes[bound_class(r["bound"]) + (" (one pass)" if r.get("one_pass") else "")].append(r)
     out = []
     for name, members in sorted(classes.items()):
         ratios = [r["measured_over_high"] for r in members]
@@ -164,7 +178,8 @@ def markdown(rows: list[dict], classes: list[dict]) -> str:
         ratio = r.get("measured_over_high")
         flag = "" if r.get("inside") in (True, None) else (" **above**" if r["measured_us"] > r["predicted_us"][1]
                                                            else " **below**")
-        note = " (predicted, not measured)" if r.get("not_measured") else ""
+        note = (" (predicted, not measured)" if r.get("not_measured") else
+                " (one pass)" if r.get("one_pass") else "")
         lines.append(f"{head}| {r['kernel']}{note} | {r['launches']:g} | {measured} | {predicted} | "
                      f"{'' if ratio is None else f'{ratio:.2f}'}{flag} | {r.get('bound', '')} |")
     lines += ["", "| bound (model, first named) | launches compared | inside | above | below | "
@@ -184,17 +199,28 @@ def load_profile(path: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.calibrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("profiles", nargs="+", type=Path, help="benchmarks.host_profile JSON files")
-    parser.add_argument("--predictions", type=Path, default=DEFAULT_PREDICTIONS,
-                        help="a benchmarks.predict --json file (default: the H200 predictions of record)")
+    parser.add_argument("profiles", nargs="+", help="benchmarks.host_profile JSON files, each optionally "
+                                                    "=PREDICTIONS.json[,MORE.json] (its own predictions)")
+    parser.add_argument("--predictions", type=Path, action="append",
+                        help="a benchmarks.predict --json file; repeat to merge (default: the H200 predictions of "
+                             "record)")
     parser.add_argument("--json", type=Path, help="write {rows, summary} here")
     args = parser.parse_args(argv)
-    predictions = json.loads(args.predictions.read_text())
-    profiles = {path.stem: load_profile(path) for path in args.profiles}
-    rows = calibrate(profiles, predictions)
+    read = functools.cache(lambda path: json.loads(Path(path).read_text()))
+    default = [read(str(p)) for p in (args.predictions or [DEFAULT_PREDICTIONS])]
+    profiles, own = {}, {}
+    for item in args.profiles:
+        path, _, mine = item.partition("=")
+        label = Path(path).stem
+        profiles[label] = load_profile(Path(path))
+        if mine:
+            own[label] = [read(p) for p in mine.split(",")]
+    rows = calibrate(profiles, default, own)
     classes = summary(rows)
-    print(f"MEASURED kernel times ({', '.join(map(str, args.profiles))}) against PREDICTED ({args.predictions}, "
-          f"gpu {predictions.get('meta', {}).get('gpu')}, commit {predictions.get('meta', {}).get('git_commit')})")
+    used = [p.get("meta", {}) for p in default + [p for files in own.values() for p in files]]
+    print(f"MEASURED kernel times ({', '.join(args.profiles)}) against PREDICTED (gpu "
+          f"{', '.join(sorted({str(m.get('gpu')) for m in used}))}, model at commit "
+          f"{', '.join(sorted({str(m.get('git_commit')) for m in used}))})")
     print(markdown(rows, classes))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "summary": classes}, indent=1) + "\n")

@@ -759,15 +759,17 @@ MEMORY_RESOURCES = ("L2", "DRAM")
 
 
 def in_sequence_high(times: dict[str, Range]) -> float:
-    """The high end of a one-pass kernel (`one_pass`): its busiest SM resource's time plus its busiest memory
-    level's, for phases that do not overlap -- every warp loads its tile, then computes, then stores, and with one
-    trip a warp (a single wave, or few) the SMs' issue and the memory system take turns instead of working side by
-    side.  Measured on the H200 (2026-11-26): every depthwise kernel with issue and DRAM in the same range took
-    1.0-1.7x the larger one's high end (iii fp32 forward 10.9 us: issue 2.6-6.5, DRAM 2.9-4.2); the low end
-    keeps full overlap (warps that got their data early compute while the rest wait)."""
+    """The high end of a one-pass kernel (`one_pass`) whose SMs are busier than its memory: its busiest SM
+    resource's time plus its busiest memory level's.  Every warp loads its tile, then computes, then stores, once;
+    when the compute is the long phase, it cannot start before the loads and the stores wait for it, so the SMs
+    and the memory take turns instead of working side by side.  Measured on the H200 (2026-11-26): every such
+    depthwise kernel took 1.0-1.7x the larger high end (iii fp32 forward 10.9 us: issue 2.6-6.5, DRAM 2.9-4.2).
+    A memory-bound one-pass kernel (unfold, the channels-last copy: 0.6-0.8x of the larger high end) keeps the
+    larger time: the memory streams the warps' data in turn and each warp's short compute hides behind the
+    others' loads.  The low end keeps full overlap in both."""
     sm = max((times[k].high for k in SM_RESOURCES if k in times), default=0.0)
     memory = max((times[k].high for k in MEMORY_RESOURCES if k in times), default=0.0)
-    return sm + memory
+    return sm + memory if sm >= memory else memory
 
 
 def gemm_times(gemm: launches_mod.Gemm, gpu: dict) -> dict[str, Range]:
@@ -978,7 +980,8 @@ def brief(result: dict) -> dict:
     (`brief_counters`): what RESULTS.md and gpu_check need."""
     kernels = [{"name": k["name"], "launch": k["launch"], "counters": brief_counters(k.get("counters")),
                 "bound": k["bound"], "predicted_us": k["predicted_us"],
-                **({"kernel_us": k["kernel_us"]} if "kernel_us" in k else {})} for k in result["kernels"]]
+                **({"kernel_us": k["kernel_us"]} if "kernel_us" in k else {}),
+                **({"one_pass": True} if (k.get("work") or {}).get("one_pass") else {})} for k in result["kernels"]]
     return {**result, "kernels": kernels}
 
 

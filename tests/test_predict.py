@@ -478,12 +478,14 @@ def test_smoke_run_of_the_command(tmp_path):
 
 
 def test_one_pass_kernels_add_their_sm_and_memory_times_at_the_high_end():
-    """A warp of fewer than 2 main-loop trips loads, computes and stores once: its high end is its busiest SM
-    resource plus its busiest memory level (the H200's depthwise kernels of 2026-11-26 took 1.0-1.7x the larger
-    high end), the low end still the largest; its latency adds the global load's latency to the loop's chain."""
+    """A warp of fewer than 2 main-loop trips loads, computes and stores once: when SM-bound, its high end is its
+    busiest SM resource plus its busiest memory level (the H200's depthwise kernels of 2026-11-26 took 1.0-1.7x
+    the larger high end), the low end still the largest; its latency adds the global load's latency to the chain."""
     times = {"instruction issue": predict.Range(2.5, 6.5), "latency": predict.Range(1.0, 3.0),
              "DRAM": predict.Range(2.9, 4.2), "L2": predict.Range(1.9, 4.4)}
     assert predict.in_sequence_high(times) == pytest.approx(6.5 + 4.4)
+    streaming = {**times, "DRAM": predict.Range(7.3, 10.5)}   # memory-bound: the compute hides behind the loads
+    assert predict.in_sequence_high(streaming) == pytest.approx(10.5)
     launch = launches.Launch("k.cu", "k<float>", (512,), (256,), 0, {})
     warps = 512 * 8
     one = {"loop_trips": (warps * 0.8, warps * 1.0), "loop_instructions": 500, "loop_waits_on_global": True,
