@@ -916,8 +916,9 @@ def summary_calibration(check: Check, record: dict) -> list[str]:
     if kernel_rows:
         from . import calibrate as calibrate_mod
         lines += ["Each kernel's own GPU time per call, autotuning off (the model's plan), matched with its "
-                  "predicted launches by `benchmarks.calibrate`; the predictions of record add each launch's "
-                  "1.5-4 us of launch overhead, which CUPTI does not time.", "",
+                  "predicted launches by `benchmarks.calibrate`: against each launch's `kernel_us` where the "
+                  "predictions give it, else its predicted_us, which adds 1.5-4 us of launch overhead that CUPTI "
+                  "does not time.", "",
                   calibrate_mod.markdown(kernel_rows, calibrate_mod.summary(kernel_rows))]
     else:
         lines.append("No profile (see the profile step in run.log).")
@@ -933,7 +934,8 @@ def summary_calibration(check: Check, record: dict) -> list[str]:
               f"{inside} of {len(rows)} measurements inside the predicted range; measured / predicted (geometric "
               f"middle of the range): median {ratios[len(ratios) // 2]:.2f}x, from {ratios[0]:.2f}x to "
               f"{ratios[-1]:.2f}x.", "",
-              "| case | pass | MEASURED wall us (host + GPU) | PREDICTED us | measured / predicted | bound (predicted) |",
+              "| case | pass | MEASURED wall us (host + GPU) | PREDICTED us | measured / predicted | "
+              "bound (predicted) |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lo, hi = r["measured_over_predicted"]

@@ -143,7 +143,10 @@ def main(argv=None) -> int:
                 rows.append(f"| {name} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
             print(rows[-1], flush=True)
             # after every case-pass, so that a run stopped at its time limit keeps what it measured
-            (args.json or args.out / "host_profile.json").write_text(json.dumps(report, indent=1))
+            target = args.json or args.out / "host_profile.json"
+            partial = target.with_name(target.name + ".partial")
+            partial.write_text(json.dumps(report, indent=1))
+            partial.replace(target)   # whole or not at all, should the time limit stop the run here
     print("\n| case-pass | host us/call (no sync) | wall us/call (sync at end) | kernel us/call | kernels/call |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows))
