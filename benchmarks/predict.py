@@ -17,7 +17,9 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    ranges of `ASSUMPTIONS`.  Each kernel's "counters" says which ("source": "emulator" or "analytic");
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
-   takes the largest of them (its binding resource) plus a launch overhead; a case-pass is the sum of its
+   takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in
+   sequence, `in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times), and its
+   launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
    kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
