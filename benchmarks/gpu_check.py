@@ -20,21 +20,27 @@ one still runs:
   large      one fp16 case per op with more than 2^31 elements in its input or output (the 64-bit index
              instantiations), each output checked on sampled positions against a float64 sum computed from the
              inputs themselves
+  profile    `benchmarks.host_profile` on PROFILE_CASES with autotuning off (the model's plan): host time per
+             call, and each kernel's GPU time per call from torch.profiler's CUPTI trace
   bench      the GPU benchmark suite (benchmarks.run --device gpu --quick), the issue-11 cases first, in what
              is left of the budget
 
-and last a Markdown summary, printed and written as summary.md, with the performance model's calibration: every
-case-pass the benchmarks measured next to what `benchmarks.predict` predicted for it (the predictions of record,
-benchmarks/results/predict-<gpu>.json, written before any GPU was lent) and the model's error, measured /
-predicted; the same figures are added to bench.json's results under "prediction".  Files (never more than 8, none in a
+and last a Markdown summary, printed and written as summary.md, with the performance model's calibration against
+the predictions of record (benchmarks/results/predict-<gpu>.json): per kernel, the profile's CUPTI kernel time next
+to the kernel's prediction (`benchmarks.calibrate`: the model's own terms, kernel against kernel), and per
+case-pass, the benchmarks' wall time (host + GPU: a host-bound call measures its Python, not its kernels) next to
+the case's prediction; the wall-time figures are added to bench.json's results under "prediction", and the
+profile to bench.json under "profile" (run.log where there is no bench.json).  Files (never more than 8, none in a
 subfolder): env.json, pytest.xml, pytest.log (the output of the pytest and sanitizer steps), large.json,
-bench.json, bench.png (its plot, where matplotlib is installed), run.log (the output of the env, large and bench
-steps) and summary.md.
+bench.json, bench.png (its plot, where matplotlib is installed), run.log (the output of the env, large, profile
+and bench steps) and summary.md.
 
 --dry-run needs no GPU, CuPy or compute-sanitizer and writes the same files, so CI keeps the script working
 (tests/test_gpu_check.py): it collects the GPU tests and the sanitizer selection without running them (a node
 id that no longer exists fails), runs the large-case checks on tiny shapes through the kernel emulator of
-tests/emulator (the NumPy path where the emulator cannot build), and runs the benchmark smoke on the CPU.
+tests/emulator (the NumPy path where the emulator cannot build), runs the profile's host timing on the NumPy path
+at smoke shapes with the kernels recorded instead of run (`host_profile --dry-run`), and runs the benchmark smoke
+on the CPU.
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -68,10 +75,14 @@ DEFAULT_BUDGET_S = 540   # a 10-minute command, less the machine's start-up and 
 # most, and how long NVRTC takes to compile their kernels on a fresh machine is the least known.
 # The precompile step takes what a cold NVRTC compile would otherwise take out of the tests' limit (all 368
 # instantiations: about 125 s on one core, a prediction of ~15-30 s on 16 threads; not yet measured).
-STEP_S = {"env": 30, "precompile": 60, "pytest": 170, "sanitizer": 130, "large": 80}
+# The profile's 40 s come out of the benchmarks' share: kernel times to calibrate the model against are worth more
+# than more wall times of host-bound calls (the first GPU run, 2026-11-26).
+STEP_S = {"env": 30, "precompile": 60, "pytest": 170, "sanitizer": 130, "large": 80, "profile": 40}
 SUMMARY_S = 5
 BENCH_S = DEFAULT_BUDGET_S - sum(STEP_S.values()) - SUMMARY_S
-STEPS = ("env", "precompile", "pytest", "sanitizer", "large", "bench")
+STEPS = ("env", "precompile", "pytest", "sanitizer", "large", "profile", "bench")
+PROFILE_CASES = ("r50-64-gpu16", "p-seed-gpu16", "iii-gpu32", "dw-480-14-gpu16", "iv-gpu16", "r50-64-gpu32")
+PROFILE_CALLS = 10
 SANITIZER_SHARE = {"memcheck": 0.3, "racecheck": 0.4, "synccheck": 0.3}   # racecheck is the slowest tool
 INTERRUPT_GRACE_S = 15   # after a step's limit: SIGINT (pytest still writes its XML), then SIGKILL
 
@@ -341,6 +352,21 @@ def step_large(check: Check, limit: float) -> dict:
     return {**run, "status": status_of(run, check.path("large.json").exists())}
 
 
+def profile_json(check: Check) -> Path:
+    """Where the profile step's JSON waits (outside --out, which keeps to its 8 files) until `calibrate` folds it
+    into bench.json."""
+    return Path(tempfile.gettempdir()) / f"cupyconv-gpu-check-{os.getpid()}-profile.json"
+
+
+def step_profile(check: Check, limit: float) -> dict:
+    target = profile_json(check)
+    target.unlink(missing_ok=True)
+    args = ["--json", target, "--no-cprofile", "--autotune", "off", "--cases", ",".join(PROFILE_CASES),
+            "--calls", str(PROFILE_CALLS), *(["--dry-run"] if check.dry_run else [])]
+    run = run_process(check.python("-m", "benchmarks.host_profile", *args), check.path("run.log"), limit)
+    return {**run, "status": status_of(run, target.exists())}
+
+
 def bench_order() -> list[str]:
     """Every GPU case, the issue-11 ones first: they are the figures still owed (benchmarks/RESULTS.md)."""
     from . import cases
@@ -360,14 +386,16 @@ def step_bench(check: Check, limit: float) -> dict:
     return {**run, "status": status_of(run, bench.exists())}
 
 
-STEP_FUNCTIONS = {"env": step_env, "precompile": step_precompile, "pytest": step_pytest, "sanitizer": step_sanitizer, "large": step_large,
-                  "bench": step_bench}
+STEP_FUNCTIONS = {"env": step_env, "precompile": step_precompile, "pytest": step_pytest, "sanitizer": step_sanitizer,
+                  "large": step_large, "profile": step_profile, "bench": step_bench}
 STEP_TEXT = {
     "env": ("device, versions, copy bandwidth, GEMM rates", "versions; GEMM and copy timed on the CPU (tiny)"),
     "precompile": ("python -m cupyconv.precompile (every kernel, all cores)", "precompile --dry-run (the list)"),
     "pytest": ("pytest -m gpu with a JUnit XML; fewer run than collected fails", "collect the pytest -m gpu selection"),
     "sanitizer": ("compute-sanitizer memcheck, racecheck, synccheck", "collect the sanitizer selection"),
     "large": ("one fp16 case per op above 2^31 elements", "the same checks on tiny shapes (emulator)"),
+    "profile": ("benchmarks.host_profile: host and CUPTI kernel time per call", "host_profile --dry-run (NumPy, "
+                                                                               "kernels recorded)"),
     "bench": ("benchmarks.run --device gpu --quick, issue-11 cases first", "benchmarks.run --device cpu --smoke"),
 }
 
@@ -834,17 +862,32 @@ def calibrate(check: Check) -> dict:
     """The model's error on this run: the benchmarks' measurements (bench.json) against the predictions of record
     for this GPU (`predict.PREDICTIONS`); each measured result of bench.json gets its "prediction" too (the file
     is rewritten).  A dry run compares its CPU smoke times with the H100 predictions, which only checks the code."""
+    from . import calibrate as calibrate_mod
     from . import predict
     env, bench = _read_json(check.path("env.json")) or {}, _read_json(check.path("bench.json"))
+    profile = _read_json(profile_json(check))
+    profile_json(check).unlink(missing_ok=True)
+    if profile is not None and bench is None:   # keep it, in the one file every run writes to
+        with open(check.path("run.log"), "a") as log:
+            log.write(f"host_profile (autotune off, {PROFILE_CALLS} calls): {json.dumps(profile)}\n")
     device = (env.get("cupy_device") or {}).get("name") or ((env.get("meta") or {}).get("gpu") or {}).get("name")
     gpu = "h100" if check.dry_run else predict.gpu_of(device)
-    if bench is None:
-        return {"status": "no bench.json"}
+    if bench is None and profile is None:
+        return {"status": "no bench.json and no profile"}
     if gpu is None:
         return {"status": f"the model has no constants for {device!r} (it models {', '.join(predict.GPUS)})"}
     predictions = _read_json(predict.PREDICTIONS[gpu])
     if predictions is None:
         return {"status": f"no predictions file {predict.PREDICTIONS[gpu].name}"}
+    kernel_rows = calibrate_mod.calibrate({"profile": profile}, predictions) if profile else []
+    stale = predictions["meta"].get("kernels_sha") != predict.kernels_hash()
+    if bench is None:
+        return {"status": "ok", "gpu": gpu, "rows": [], "kernel_rows": kernel_rows, "stale": stale,
+                "meta": predictions["meta"], "no_bench": True}
+    if profile is not None:
+        bench["profile"] = profile
+        bench["profile_settings"] = {"autotune": "off", "calls": PROFILE_CALLS, "cases": list(PROFILE_CASES),
+                                     "dry_run": check.dry_run}
     rows = predict.calibration(bench, predictions)
     by_key = {(row["case"], row["pass"]): row for row in rows}
     for result in bench.get("results", []):
@@ -852,8 +895,8 @@ def calibrate(check: Check) -> dict:
         if row:
             result["prediction"] = {**row, "predictions_commit": predictions["meta"].get("git_commit")}
     check.path("bench.json").write_text(json.dumps(bench, indent=1, default=str) + "\n")
-    stale = predictions["meta"].get("kernels_sha") != predict.kernels_hash()
-    return {"status": "ok", "gpu": gpu, "rows": rows, "stale": stale, "meta": predictions["meta"]}
+    return {"status": "ok", "gpu": gpu, "rows": rows, "kernel_rows": kernel_rows, "stale": stale,
+            "meta": predictions["meta"]}
 
 
 def summary_calibration(check: Check, record: dict) -> list[str]:
@@ -866,16 +909,33 @@ def summary_calibration(check: Check, record: dict) -> list[str]:
                 f"`python -m benchmarks.predict --gpu {record['gpu']}` at this commit before reading the error"
                 if record["stale"] else "") + "."]
     if check.dry_run:
-        lines.append("Dry run: the measured figures are CPU smoke times of tiny shapes, so the ratios below mean "
-                     "nothing; this only checks the code.")
+        lines.append("Dry run: the measured figures are CPU smoke times of tiny shapes and 0 us for kernels that "
+                     "were recorded, not run, so the ratios below mean nothing; this only checks the code.")
+    kernel_rows = record.get("kernel_rows") or []
+    lines += ["", "### Kernels: MEASURED GPU time (host_profile, CUPTI) against PREDICTED", ""]
+    if kernel_rows:
+        from . import calibrate as calibrate_mod
+        lines += ["Each kernel's own GPU time per call, autotuning off (the model's plan), matched with its "
+                  "predicted launches by `benchmarks.calibrate`: against each launch's `kernel_us` where the "
+                  "predictions give it, else its predicted_us, which adds 1.5-4 us of launch overhead that CUPTI "
+                  "does not time.", "",
+                  calibrate_mod.markdown(kernel_rows, calibrate_mod.summary(kernel_rows))]
+    else:
+        lines.append("No profile (see the profile step in run.log).")
+    lines += ["", "### Case-passes: MEASURED wall time (host + GPU, benchmarks.run) against PREDICTED kernels", ""]
+    if record.get("no_bench"):
+        return lines + ["No bench.json."]
     if not rows:
         return lines + ["No measured case-pass has a prediction."]
     ratios = sorted(math.sqrt(r["measured_over_predicted"][0] * r["measured_over_predicted"][1]) for r in rows)
     inside = sum(r["inside"] for r in rows)
-    lines += [f"{inside} of {len(rows)} measurements inside the predicted range; measured / predicted (geometric "
+    lines += ["The benchmarks' wall time per call includes the host's Python; where calls are host-bound (the "
+              "first GPU run: all of them) it says nothing about the kernels, which the table above compares.", "",
+              f"{inside} of {len(rows)} measurements inside the predicted range; measured / predicted (geometric "
               f"middle of the range): median {ratios[len(ratios) // 2]:.2f}x, from {ratios[0]:.2f}x to "
               f"{ratios[-1]:.2f}x.", "",
-              "| case | pass | measured us | predicted us | measured / predicted | bound (predicted) |",
+              "| case | pass | MEASURED wall us (host + GPU) | PREDICTED us | measured / predicted | "
+              "bound (predicted) |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lo, hi = r["measured_over_predicted"]

@@ -1,6 +1,7 @@
 """Where a GPU call's time goes: the host's Python glue or the GPU's kernels (needs a CUDA GPU, CuPy and torch).
 
-    python -m benchmarks.host_profile --out DIR [--cases r50-64-gpu16,iii-gpu32] [--calls 30]
+    python -m benchmarks.host_profile --out DIR [--cases r50-64-gpu16,iii-gpu32] [--calls 30] [--autotune off]
+    python -m benchmarks.host_profile --json FILE --no-cprofile --dry-run   # anywhere: checks the code on the CPU
 
 The first GPU run (2026-11-26, H200) measured every cupyconv case-pass at 0.2-3 ms whatever its size, 5-50x the
 kernels' predicted time, the signature of a host-bound call.  For each case and pass this prints, side by side:
@@ -11,6 +12,11 @@ kernels' predicted time, the signature of a host-bound call.  For each case and 
   kernel_us  the sum of the GPU durations of the kernels one call launched (torch.profiler's CUPTI trace, which
              records CuPy's launches too), and their names and count
   and a cProfile of the host calls (top functions by own and by cumulative time), all in DIR/cprofile.txt
+
+The per-kernel times are what `benchmarks.calibrate` compares with the model's predictions; `benchmarks.gpu_check`
+runs this (autotuning off: the model's plan) for its calibration table.  --dry-run needs no GPU: the host times
+are the NumPy path's on each case's smoke shapes, and the kernels are those the case launches at its real shapes
+(`benchmarks.launches.record`: names and counts, 0 us: nothing ran on a GPU).
 """
 from __future__ import annotations
 
@@ -59,54 +65,88 @@ def host_times(fn, calls: int, sync) -> tuple[float, float]:
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
+def recorded_kernels(case, backward: bool) -> tuple[float, dict]:
+    """--dry-run's stand-in for `kernel_times`: the kernels the case launches at its real shapes (recorded, not
+    run), named as a CUPTI trace names them, with their counts and 0 us."""
+    from benchmarks import launches
+    kernels: dict = {}
+    for step in launches.record(case, backward).steps:
+        if isinstance(step, launches.ArrayWork):
+            name = f"cupy_{step.kind}"
+        elif isinstance(step, launches.Gemm):
+            name = "cuBLAS gemm (dry run)"
+        else:
+            name = f"void {step.name}(...)"
+        count, total = kernels.get(name, (0, 0.0))
+        kernels[name] = (count + 1, total)
+    return 0.0, kernels
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="folder for host_profile.json and cprofile.txt")
+    parser.add_argument("--json", type=Path, help="write the JSON here instead of OUT/host_profile.json")
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES))
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--autotune", choices=("on", "off"), default="on")
+    parser.add_argument("--no-cprofile", dest="cprofile", action="store_false", help="no cProfile pass")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: host times of the NumPy path on smoke shapes, kernels recorded, not run")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    import cupy
+    if args.out is None and (args.json is None or args.cprofile):
+        parser.error("give --out (or --json with --no-cprofile)")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
     import cupyconv
     from benchmarks import run as run_mod
-    run_mod.setup_gpu()
+    if args.dry_run:
+        sync = lambda: None   # noqa: E731  (the NumPy path is synchronous)
+    else:
+        import cupy
+        run_mod.setup_gpu()
+        sync = cupy.cuda.Device().synchronize
     cupyconv.set_autotune(args.autotune == "on")
-    sync = cupy.cuda.Device().synchronize
     rows, report = [], {}
     for case in cases_mod.select(args.cases.split(","), ("gpu",)):
-        inputs = cases_mod.make_inputs(case)
+        timed_case = cases_mod.smoke_on_cpu(case) if args.dry_run else case
+        inputs = cases_mod.make_inputs(timed_case)
         for backward in (False, True):
             name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}"
             try:
                 with run_mod.precision(case.tf32):
-                    fn = cases_mod.build_cupyconv(case, inputs, backward)
+                    fn = cases_mod.build_cupyconv(timed_case, inputs, backward)
                     for _ in range(5):
                         fn()
                     sync()
                     host_us, wall_us = min(host_times(fn, args.calls, sync) for _ in range(3))
-                    kernel_us, kernels = kernel_times(fn, 5)
-                    profiler = cProfile.Profile()
-                    profiler.enable()
-                    for _ in range(args.calls):
-                        fn()
-                    profiler.disable()
-                    sync()
-                stream = io.StringIO()
-                pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(40)
-                stream.write("\n\n")
-                pstats.Stats(profiler, stream=stream).sort_stats("cumulative").print_stats(60)
-                with open(args.out / "cprofile.txt", "a") as f:
-                    f.write(f"==================== {name}\n{stream.getvalue()}")
+                    kernel_us, kernels = recorded_kernels(case, backward) if args.dry_run else kernel_times(fn, 5)
+                    if args.cprofile:
+                        profiler = cProfile.Profile()
+                        profiler.enable()
+                        for _ in range(args.calls):
+                            fn()
+                        profiler.disable()
+                        sync()
+                if args.cprofile:
+                    stream = io.StringIO()
+                    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(40)
+                    stream.write("\n\n")
+                    pstats.Stats(profiler, stream=stream).sort_stats("cumulative").print_stats(60)
+                    with open(args.out / "cprofile.txt", "a") as f:
+                        f.write(f"==================== {name}\n{stream.getvalue()}")
                 report[name] = {"host_us": host_us, "wall_us": wall_us, "kernel_us": kernel_us,
-                                "kernels": kernels}
+                                "kernels": kernels, **({"dry_run": True} if args.dry_run else {})}
                 rows.append(f"| {name} | {host_us:.1f} | {wall_us:.1f} | {kernel_us:.1f} | "
                             f"{sum(c for c, _ in kernels.values()):.0f} |")
             except Exception as e:   # one case failing must not lose the others
                 report[name] = {"error": f"{type(e).__name__}: {e}"}
                 rows.append(f"| {name} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
             print(rows[-1], flush=True)
-    (args.out / "host_profile.json").write_text(json.dumps(report, indent=1))
+            # after every case-pass, so that a run stopped at its time limit keeps what it measured
+            target = args.json or args.out / "host_profile.json"
+            partial = target.with_name(target.name + ".partial")
+            partial.write_text(json.dumps(report, indent=1))
+            partial.replace(target)   # whole or not at all, should the time limit stop the run here
     print("\n| case-pass | host us/call (no sync) | wall us/call (sync at end) | kernel us/call | kernels/call |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows))

@@ -255,14 +255,38 @@ def empty_inputs(case: cases_mod.Case, fill=None) -> dict:
     return out
 
 
-def record(case: cases_mod.Case, backward: bool, inputs: dict | None = None) -> Recording:
-    """The launches and GEMMs of one case and pass ("fwd" or "fwd+bwd") on its GPU path, with 'auto' choices."""
+@contextlib.contextmanager
+def forced_choices(choices: dict[str, str]):
+    """Within: an 'auto' pass named in choices ({"forward" | "grad_input" | "grad_weight": algorithm}) runs that
+    algorithm where it is a candidate, as if autotuning had picked it: a GPU run's autotuned plan, recorded to be
+    modelled (benchmarks.calibrate's profiles ran with autotuning on).  Other passes keep the heuristic's choice."""
+    from cupyconv import _autotune
+    original = _autotune.resolve
+
+    def resolve(device, key, algorithm, candidates, heuristic, run):
+        chosen = choices.get(key[0])
+        if algorithm == "auto" and chosen in candidates:
+            return run(chosen)
+        return original(device, key, algorithm, candidates, heuristic, run)
+    _autotune.resolve = resolve
+    try:
+        yield
+    finally:
+        _autotune.resolve = original
+
+
+def record(case: cases_mod.Case, backward: bool, inputs: dict | None = None,
+           choices: dict[str, str] | None = None) -> Recording:
+    """The launches and GEMMs of one case and pass ("fwd" or "fwd+bwd") on its GPU path, with 'auto' choices
+    (or those of `choices`, see `forced_choices`)."""
     import cupyconv
     from cupyconv import _device, settings
     device = RecordingDevice()
     arrays = empty_inputs(case) if inputs is None else inputs
     run = cases_mod._cupyconv_call(case, arrays, backward)
     with contextlib.ExitStack() as stack:
+        if choices:
+            stack.enter_context(forced_choices(choices))
         stack.enter_context(_device.use_device(device))
         stack.enter_context(settings.autotune(False))
         stack.enter_context(settings.allow_tf32(case.tf32))

@@ -17,7 +17,9 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    ranges of `ASSUMPTIONS`.  Each kernel's "counters" says which ("source": "emulator" or "analytic");
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
-   takes the largest of them (its binding resource) plus a launch overhead; a case-pass is the sum of its
+   takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in
+   sequence, `in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times), and its
+   launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
    kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
@@ -145,8 +147,17 @@ ASSUMPTIONS = {
                                           "its last EXIT: cold subroutines after it are left out) that each warp "
                                           "executes once (set-up, epilogue)"),
     "simt_lane_efficiency": ((1.0, 0.75), "active lanes per SIMT main-loop instruction (edge tiles, predication)"),
-    "launch_overhead_us": ((1.5, 4.0), "per kernel launch and per cuBLAS call on one stream (launch latency, the "
-                                       "drain and fill between dependent kernels)"),
+    # Measured on the H200 (2026-11-26, benchmarks.calibrate): the three smallest kernels, whose work the model
+    # puts at 0.03-0.5 us (depthwise_bwd_reduce over 20 and 150 blocks, a CuPy copy of 147 kB), took 1.2, 1.4 and
+    # 2.0 us of GPU time in torch.profiler's CUPTI trace, which times a kernel from its start to its end on the GPU:
+    # a fixed cost inside every kernel's own duration.  The 1.5-4 us per launch assumed before is split into that
+    # (kernel_fixed_us, compared with CUPTI) and the rest (launch_overhead_us, between kernels), same total.
+    "kernel_fixed_us": ((1.0, 2.0), "GPU time of every kernel beyond its work, inside its own (CUPTI) duration: "
+                                    "dispatching its first blocks, the wait for its last and the flush at its end "
+                                    "(measured on the H200: 1.2-2.0 us for the smallest kernels)"),
+    "launch_overhead_us": ((0.5, 2.0), "per kernel launch and per cuBLAS call on one stream, between kernels, "
+                                       "outside their own durations (launch latency, the drain and fill between "
+                                       "dependent kernels); with kernel_fixed_us, 1.5-4 us per launch"),
     "cublas_fraction": ((0.75, 0.5), "fraction of the dense peak cuBLAS reaches on a GEMM that fills every SM "
                                      "(fp16/bf16/TF32 on tensor cores; strict fp32 on the FMA pipe: 0.85-0.6); a GEMM "
                                      "with fewer 128x128 output tiles (times K splits of 1024, split-K) than SMs gets "
@@ -230,7 +241,8 @@ class KernelModel:
     work: dict
     occupancy: dict | None
     times: dict = field(default_factory=dict)   # resource -> Range (us)
-    time: Range = field(default_factory=lambda: Range(0, 0))
+    time: Range = field(default_factory=lambda: Range(0, 0))           # what the launch adds to its call
+    kernel_time: Range = field(default_factory=lambda: Range(0, 0))    # the kernel's own GPU time (as CUPTI times it)
     bound: str = ""
 
     def to_dict(self) -> dict:
@@ -239,7 +251,7 @@ class KernelModel:
                 "launch": {"grid": list(launch.grid), "block": list(launch.block), "shared_mem": launch.shared_mem},
                 "sass": self.sass, "occupancy": self.occupancy, "counters": self.counters,
                 "work": self.work, "resources_us": {k: v.to_list(3) for k, v in self.times.items()},
-                "predicted_us": self.time.to_list(), "bound": self.bound}
+                "predicted_us": self.time.to_list(), "kernel_us": self.kernel_time.to_list(), "bound": self.bound}
 
 
 def compulsory_bytes(launch: launches_mod.Launch) -> tuple[int, int]:
@@ -693,7 +705,10 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
                          else "cycles_between_instructions")
         memory = assumption("global_load_latency_cycles")
         waits = work.get("loop_waits_on_global", False)
-        cycles = [t * max(work["loop_instructions"] * g, m if waits else 0) * math.ceil(waves)
+        # A warp of one trip (one_pass) has no next trip to load during this one: its loads' latency comes before
+        # the instructions that use them (load, barrier, compute, store), not beside them.
+        combine = (lambda a, b: a + b) if one_pass(work, launch) else max
+        cycles = [t * combine(work["loop_instructions"] * g, m if waits else 0) * math.ceil(waves)
                   for t, g, m in zip(trips, gap, memory)]
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
     # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses
@@ -728,6 +743,35 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     bw = gpu["hbm_tbs"] * 1e12
     times["DRAM"] = Range(compulsory * reread[0] / (bw * dram_eff[0]), dram_high / (bw * dram_eff[1])).scale(us)
     return times
+
+
+ONE_PASS_TRIPS = 2   # fewer main-loop trips per warp than this: its load, compute and store phases run once
+
+
+def one_pass(work: dict, launch: launches_mod.Launch) -> bool:
+    """Whether each warp runs its main loop fewer than ONE_PASS_TRIPS times (the depthwise kernels, the copies,
+    unfold: 0.7-1.5 trips a warp), so that nothing of its own overlaps one phase with the next."""
+    trips = work.get("loop_trips")
+    warps = launch.blocks * math.ceil(launch.threads / 32)
+    return bool(trips) and trips[0] / warps < ONE_PASS_TRIPS
+
+
+SM_RESOURCES = ("tensor pipe", "FMA pipe", "instruction issue", "shared memory/L1 wavefronts", "latency")
+MEMORY_RESOURCES = ("L2", "DRAM")
+
+
+def in_sequence_high(times: dict[str, Range]) -> float:
+    """The high end of a one-pass kernel (`one_pass`) whose SMs are busier than its memory: its busiest SM
+    resource's time plus its busiest memory level's.  Every warp loads its tile, then computes, then stores, once;
+    when the compute is the long phase, it cannot start before the loads and the stores wait for it, so the SMs
+    and the memory take turns instead of working side by side.  Measured on the H200 (2026-11-26): every such
+    depthwise kernel took 1.0-1.7x the larger high end (iii fp32 forward 10.9 us: issue 2.6-6.5, DRAM 2.9-4.2).
+    A memory-bound one-pass kernel (unfold, the channels-last copy: 0.6-0.8x of the larger high end) keeps the
+    larger time: the memory streams the warps' data in turn and each warp's short compute hides behind the
+    others' loads.  The low end keeps full overlap in both."""
+    sm = max((times[k].high for k in SM_RESOURCES if k in times), default=0.0)
+    memory = max((times[k].high for k in MEMORY_RESOURCES if k in times), default=0.0)
+    return sm + memory if sm >= memory else memory
 
 
 def gemm_times(gemm: launches_mod.Gemm, gpu: dict) -> dict[str, Range]:
@@ -831,10 +875,14 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
     model.times = kernel_times(work, launch, occ, gpu)
-    model.bound, model.time = binding(model.times)
-    overhead = assumption("launch_overhead_us")
-    model.time = model.time + Range(*overhead)
-    if model.time.mid > 0 and overhead[0] > max(t.low for t in model.times.values()):
+    model.bound, body = binding(model.times)
+    if one_pass(work, launch):
+        body = Range(body.low, max(body.high, in_sequence_high(model.times)))
+        model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
+    fixed, overhead = assumption("kernel_fixed_us"), assumption("launch_overhead_us")
+    model.kernel_time = body + Range(*fixed)
+    model.time = model.kernel_time + Range(*overhead)
+    if model.time.mid > 0 and fixed[0] + overhead[0] > max(t.low for t in model.times.values()):
         model.bound = "launch overhead"
     return model
 
@@ -850,9 +898,9 @@ def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, st
 
 
 def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
-                 counters: bool, counter_budget: int = COUNTER_BUDGET) -> dict:
+                 counters: bool, counter_budget: int = COUNTER_BUDGET, choices: dict[str, str] | None = None) -> dict:
     gpu = GPUS[gpu_key]
-    recording = launches_mod.record(case, backward)
+    recording = launches_mod.record(case, backward, choices=choices)
     sass_source.prefetch(recording.launches)
     macs = pass_macs(recording.steps, case)
     kernels, total = [], Range(0, 0)
@@ -860,11 +908,12 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
         if isinstance(step, (launches_mod.Gemm, launches_mod.ArrayWork)):
             gemm = isinstance(step, launches_mod.Gemm)
             times = gemm_times(step, gpu) if gemm else array_work_times(step, gpu)
-            bound, time = binding(times)
-            time = time + Range(*assumption("launch_overhead_us"))
+            bound, body = binding(times)
+            kernel_time = body + Range(*assumption("kernel_fixed_us"))
+            time = kernel_time + Range(*assumption("launch_overhead_us"))
             entry = {"name": "cuBLAS gemmStridedBatchedEx" if gemm else f"CuPy {step.kind}", "launch": step.to_dict(),
                      "counters": None, "resources_us": {k: v.to_list(3) for k, v in times.items()},
-                     "predicted_us": time.to_list(), "bound": bound}
+                     "predicted_us": time.to_list(), "kernel_us": kernel_time.to_list(), "bound": bound}
         else:
             model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget)
             time, entry = model.time, model.to_dict()
@@ -932,7 +981,9 @@ def brief(result: dict) -> dict:
     """A result without the per-kernel SASS, work and resource times, and with its counters in short
     (`brief_counters`): what RESULTS.md and gpu_check need."""
     kernels = [{"name": k["name"], "launch": k["launch"], "counters": brief_counters(k.get("counters")),
-                "bound": k["bound"], "predicted_us": k["predicted_us"]} for k in result["kernels"]]
+                "bound": k["bound"], "predicted_us": k["predicted_us"],
+                **({"kernel_us": k["kernel_us"]} if "kernel_us" in k else {}),
+                **({"one_pass": True} if (k.get("work") or {}).get("one_pass") else {})} for k in result["kernels"]]
     return {**result, "kernels": kernels}
 
 
@@ -1006,6 +1057,10 @@ def main(argv=None) -> int:
                         help="the most warp instructions (the model's estimate) a launch's counted blocks may run; "
                              f"costlier launches keep the analytic model; 0: no limit (default {COUNTER_BUDGET:,})")
     parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
+    parser.add_argument("--choices", default="", metavar="PASS=ALGO,...",
+                        help="model these algorithms instead of the 'auto' heuristic's, where they are candidates "
+                             "(PASS: forward, grad_input, grad_weight), e.g. an autotuned GPU run's plan: "
+                             "--choices forward=direct,grad_weight=im2col_gemm")
     parser.add_argument("--brief", action="store_true", help="JSON without per-kernel SASS, counters and resource "
                                                              "times (the form of benchmarks/results/predict-*.json)")
     args = parser.parse_args(argv)
@@ -1016,7 +1071,11 @@ def main(argv=None) -> int:
     counters = args.counters == "auto" and not args.quick
     sass_source = SassSource(enabled=not args.no_sass)
     passes = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[args.passes]
-    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget)
+    try:
+        choices = dict(item.split("=", 1) for item in args.choices.split(",") if item)
+    except ValueError:
+        parser.error(f"--choices takes PASS=ALGORITHM pairs separated by commas, not {args.choices!r}")
+    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget, choices)
                for case in selected for backward in passes]
     info = meta(args.gpu, counters, sass_source, args.counter_budget)
     used = sorted({source for r in results for source in r["accesses"]})

@@ -47,6 +47,15 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert "===== the sanitizer selection" in (out / "pytest.log").read_text(), "the sanitizer's part of the log"
     assert "## Model calibration" in summary and "the ratios below mean nothing" in summary
     assert any("prediction" in r for r in bench["results"]), "predicted next to measured in bench.json"
+    # the profile step (host_profile --dry-run: recorded kernels, 0 us) folded into bench.json, and its kernels
+    # matched with every predicted launch of the profiled cases in summary.md's kernel table
+    from benchmarks.gpu_check import PROFILE_CASES
+    profile = bench["profile"]
+    assert set(profile) == {f"{c}-{p}" for c in PROFILE_CASES for p in ("fwd", "fwdbwd")}
+    assert all(r.get("dry_run") and r["kernels"] for r in profile.values()), profile
+    assert "### Kernels: MEASURED GPU time" in summary and "| profile | r50-64-gpu16 | fwd | conv_fwd_igemm | 1 |" \
+        in summary and "no prediction" not in summary and "(predicted, not measured)" not in summary
+    assert "MEASURED wall us (host + GPU)" in summary
 
 
 def test_calibration_puts_predicted_next_to_measured(tmp_path):
@@ -75,6 +84,34 @@ def test_calibration_puts_predicted_next_to_measured(tmp_path):
     assert "0 of 1 measurements inside the predicted range" in text and "**outside**" in text
     (tmp_path / "env.json").write_text(json.dumps({"cupy_device": {"name": "NVIDIA A100-SXM4-80GB"}}))
     assert "no constants for 'NVIDIA A100" in gpu_check.calibrate(check)["status"]
+
+
+def test_calibration_of_kernels_from_the_profile_step(tmp_path):
+    """The profile step's JSON (here the H200's measured autotune-off profile) goes into bench.json under "profile"
+    and its kernels into the summary's kernel table, matched with the H200 predictions of record; without a
+    bench.json the profile goes to run.log and the kernel table is still made."""
+    from benchmarks import gpu_check
+    measured = ROOT / "benchmarks" / "results" / "gpu-2026-11-26" / "host-profile" / "autotune-off.json"
+    check = gpu_check.Check(tmp_path, False, 540, 0.0)
+    (tmp_path / "env.json").write_text(json.dumps({"cupy_device": {"name": "NVIDIA H200"}}))
+    gpu_check.profile_json(check).write_text(measured.read_text())
+    (tmp_path / "bench.json").write_text(json.dumps({"results": []}))
+    record = gpu_check.calibrate(check)
+    assert record["status"] == "ok" and record["gpu"] == "h200"
+    assert not gpu_check.profile_json(check).exists(), "the temporary JSON is removed once folded in"
+    assert json.loads((tmp_path / "bench.json").read_text())["profile"] == json.loads(measured.read_text())
+    igemm = [r for r in record["kernel_rows"] if (r["case"], r["pass"], r["kernel"]) ==
+             ("r50-64-gpu16", "fwd", "conv_fwd_igemm")]
+    assert len(igemm) == 1 and igemm[0]["measured_us"] == pytest.approx(38.272, abs=1e-3)
+    text = "\n".join(gpu_check.summary_calibration(check, record))
+    assert "| profile | r50-64-gpu16 | fwd | conv_fwd_igemm | 1 | 38.3 | 30.0-42.9 |" in text
+    assert "| profile | iii-gpu32 | fwd+bwd | depthwise_bwd_reduce | 1 | 1.2 |" in text
+    (tmp_path / "bench.json").unlink()
+    gpu_check.profile_json(check).write_text(measured.read_text())
+    record = gpu_check.calibrate(check)
+    assert record["kernel_rows"] and record.get("no_bench")
+    assert "host_profile (autotune off" in (tmp_path / "run.log").read_text()
+    assert "No bench.json." in "\n".join(gpu_check.summary_calibration(check, record))
 
 
 def test_bad_arguments_get_a_clear_error(tmp_path):

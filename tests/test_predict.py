@@ -187,9 +187,12 @@ def test_array_library_work_is_recorded_and_modelled(monkeypatch):
     bw = predict.GPUS["h100"]["hbm_tbs"] * 1e12
     low, high = predict.assumption("array_work_efficiency")
     overhead = predict.assumption("launch_overhead_us")
+    fixed = predict.assumption("kernel_fixed_us")
     assert up["launch"]["elements"] == out
-    assert up["predicted_us"] == pytest.approx([6 * out / (bw * low) * 1e6 + overhead[0],
-                                                6 * out / (bw * high) * 1e6 + overhead[1]], abs=0.01)
+    assert up["kernel_us"] == pytest.approx([6 * out / (bw * low) * 1e6 + fixed[0],
+                                             6 * out / (bw * high) * 1e6 + fixed[1]], abs=0.01)
+    assert up["predicted_us"] == pytest.approx([up["kernel_us"][0] + overhead[0], up["kernel_us"][1] + overhead[1]],
+                                               abs=0.01)
     total = [sum(k["predicted_us"][i] for k in result["kernels"]) for i in (0, 1)]
     assert result["predicted_us"] == pytest.approx(total, abs=0.05)
 
@@ -472,3 +475,56 @@ def test_smoke_run_of_the_command(tmp_path):
         assert {"case", "pass", "dtype", "gpu", "kernels", "predicted_us", "floor_us", "bound", "x_floor"} <= set(r)
         for k in r["kernels"]:
             assert {"name", "launch", "counters", "bound", "predicted_us"} <= set(k)
+
+
+def test_one_pass_kernels_add_their_sm_and_memory_times_at_the_high_end():
+    """A warp of fewer than 2 main-loop trips loads, computes and stores once: when SM-bound, its high end is its
+    busiest SM resource plus its busiest memory level (the H200's depthwise kernels of 2026-11-26 took 1.0-1.7x
+    the larger high end), the low end still the largest; its latency adds the global load's latency to the chain."""
+    times = {"instruction issue": predict.Range(2.5, 6.5), "latency": predict.Range(1.0, 3.0),
+             "DRAM": predict.Range(2.9, 4.2), "L2": predict.Range(1.9, 4.4)}
+    assert predict.in_sequence_high(times) == pytest.approx(6.5 + 4.4)
+    streaming = {**times, "DRAM": predict.Range(7.3, 10.5)}   # memory-bound: the compute hides behind the loads
+    assert predict.in_sequence_high(streaming) == pytest.approx(10.5)
+    launch = launches.Launch("k.cu", "k<float>", (512,), (256,), 0, {})
+    warps = 512 * 8
+    one = {"loop_trips": (warps * 0.8, warps * 1.0), "loop_instructions": 500, "loop_waits_on_global": True,
+           "warp_instructions": (warps * 600, warps * 800), "shared_wavefronts": (0, 0), "compulsory_bytes": 1 << 20,
+           "read_bytes": 1 << 19, "global_requests": 0, "global_bytes_requested": 1 << 20}
+    many = {**one, "loop_trips": (warps * 8.0, warps * 10.0)}
+    assert predict.one_pass(one, launch) and not predict.one_pass(many, launch)
+    occ = sass.occupancy(64, 256, 0)
+    gpu = predict.GPUS["h200"]
+    lat_one = predict.kernel_times(one, launch, occ, gpu)["latency"]
+    lat_many = predict.kernel_times(many, launch, occ, gpu)["latency"]
+    gap, memory = predict.assumption("cycles_between_instructions"), predict.assumption("global_load_latency_cycles")
+    assert lat_one.low == pytest.approx(0.8 * (500 * gap[0] + memory[0]) / 1.98e9 * 1e6)   # chain + load
+    assert lat_many.low == pytest.approx(8.0 * max(500 * gap[0], memory[0]) / 1.98e9 * 1e6)  # overlapped
+
+
+def test_kernel_time_is_the_prediction_less_the_launch_overhead():
+    """kernel_us (compared with CUPTI's kernel durations) = the binding resource + kernel_fixed_us; predicted_us
+    adds launch_overhead_us; together the 1.5-4 us a launch of the model before 2026-11-26."""
+    fixed, overhead = predict.assumption("kernel_fixed_us"), predict.assumption("launch_overhead_us")
+    assert (fixed[0] + overhead[0], fixed[1] + overhead[1]) == (1.5, 4.0)
+    result = predict.predict_case(BY_LABEL["iii-gpu32"], True, "h200", predict.SassSource(enabled=False),
+                                  counters=False)
+    for k in result["kernels"]:
+        assert k["predicted_us"] == pytest.approx([k["kernel_us"][0] + overhead[0], k["kernel_us"][1] + overhead[1]],
+                                                  abs=0.02)
+        busiest = max(low for low, _ in k["resources_us"].values())
+        assert k["kernel_us"][0] == pytest.approx(busiest + fixed[0], abs=0.02)
+
+
+def test_choices_record_an_autotuned_plan():
+    """--choices: the r50-64 fp32 backward as the H200's autotuning ran it (im2col + cuBLAS weight gradient, then
+    conv_bgrad for the bias), the forward fp16 as conv_fwd_direct; a choice that is no candidate is ignored."""
+    names = [getattr(s, "name", type(s).__name__) for s in
+             launches.record(BY_LABEL["r50-64-gpu32"], True, choices={"grad_weight": "im2col_gemm"}).steps]
+    assert [n.split("<")[0] for n in names] == ["ArrayWork", "simt_fwd", "ArrayWork", "simt_fwd", "unfold_im2col",
+                                                "ArrayWork", "Gemm", "conv_bgrad"]
+    assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "direct"}).steps] \
+        == ["conv_fwd_direct<__half, int, 16>"]
+    auto = launches.record(BY_LABEL["r50-64-gpu16"], False).steps
+    assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "nope"}).steps] \
+        == [s.name for s in auto]
