@@ -344,6 +344,22 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
         events.append("body")
     assert events == ["enter device 1", ("alloc", 64, 1, torch_stream), ("delete", 0x1000), "enter allocator",
                       "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
+    # Nested on the same device and stream (a custom op's plain function entering it again): nothing is set up
+    # again; on another stream, everything is.
+    events.clear()
+    with cct.cuda_context(torch.device("cuda", 1)):
+        with cct.cuda_context(torch.device("cuda", 1)):
+            events.append("inner")
+        other = types.SimpleNamespace(cuda_stream=0xDEF, device_index=1)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda index: other)
+        cuda.Stream = types.SimpleNamespace(from_external=lambda obj: obj.__cuda_stream__() == (0, 0xDEF)
+                                            and Context("stream"))
+        with cct.cuda_context(torch.device("cuda", 1)):
+            events.append("other stream")
+    entered = [e for e in events if isinstance(e, str)]
+    assert entered == ["enter device 1", "enter allocator", "enter stream", "inner", "enter device 1",
+                       "enter allocator", "enter stream", "other stream", "exit stream", "exit allocator",
+                       "exit device 1", "exit stream", "exit allocator", "exit device 1"]
 
 
 # ---------------------------------------------------------------------------------------------------------

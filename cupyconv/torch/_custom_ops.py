@@ -14,6 +14,7 @@ compute with torch's own CPU convolutions unless `cupyconv.torch.cpu`'s numpy_cp
 """
 import ast
 import contextlib
+import functools
 import math
 import threading
 import weakref
@@ -92,11 +93,16 @@ _TRANSPOSE_OPTIONS = ("int[] stride", "int[] padding", "int[] output_padding", "
 def _keywords(options: tuple, values: tuple) -> dict:
     """The option values of one call by name: those given, then the schema's defaults (a caller may leave
     trailing options with defaults out, and the op then receives fewer values)."""
-    keywords = {}
-    for i, option in enumerate(options):
-        name, _, default = option.split()[1].partition("=")
-        keywords[name] = values[i] if i < len(values) else ast.literal_eval(default)
-    return keywords
+    names, defaults = _parsed(options)
+    return {name: values[i] if i < len(values) else defaults[i] for i, name in enumerate(names)}
+
+
+@functools.cache
+def _parsed(options: tuple) -> tuple[tuple, tuple]:
+    """(names, defaults) of a schema's options, parsed once: every call of an op needs them."""
+    parts = [option.split()[1].partition("=") for option in options]
+    return (tuple(name for name, _, _ in parts),
+            tuple(ast.literal_eval(default) if default else None for _, _, default in parts))
 
 
 def _cupyconv_keywords(kw: dict) -> dict:

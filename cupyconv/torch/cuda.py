@@ -1,5 +1,6 @@
 """CUDA tensors: CuPy's work on torch's current stream, with memory from torch's caching allocator."""
 import contextlib
+import contextvars
 
 import torch
 
@@ -33,6 +34,12 @@ def _torch_allocator(cupy, stream):
     return cupy.cuda.PythonFunctionAllocator(malloc, free).malloc
 
 
+# (device index, stream handle) of the innermost cuda_context: a nested one for the same device and stream (the
+# plain function a custom op calls enters it again for its torch tensors) has nothing left to set up, and setting
+# up an allocator and a stream object again is a measurable part of a call's host time.
+_active: contextvars.ContextVar = contextvars.ContextVar("cupyconv_torch_cuda_context", default=None)
+
+
 @contextlib.contextmanager
 def cuda_context(device):
     """Run the CuPy work inside on torch's terms for `device` (a torch.device, or a tensor on it).
@@ -54,9 +61,17 @@ def cuda_context(device):
     import cupy
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = torch.cuda.current_stream(index)
-    with cupy.cuda.Device(index), cupy.cuda.using_allocator(_torch_allocator(cupy, stream)), \
-            _cupy_stream(cupy, stream):
+    key = (index, stream.cuda_stream)
+    if _active.get() == key:
         yield
+        return
+    token = _active.set(key)
+    try:
+        with cupy.cuda.Device(index), cupy.cuda.using_allocator(_torch_allocator(cupy, stream)), \
+                _cupy_stream(cupy, stream):
+            yield
+    finally:
+        _active.reset(token)
 
 
 def _run(fn, like, *args, memory_format=torch.contiguous_format, **kwargs):
