@@ -518,11 +518,11 @@ def test_kernel_time_is_the_prediction_less_the_launch_overhead():
 
 def test_choices_record_an_autotuned_plan():
     """--choices: the r50-64 fp32 backward as the H200's autotuning ran it (im2col + cuBLAS weight gradient, then
-    conv_bgrad for the bias), the forward fp16 as conv_fwd_direct; a choice that is no candidate is ignored."""
+    conv_bgrad and conv_bgrad_sum for the bias), the forward fp16 as conv_fwd_direct; a choice that is no candidate is ignored."""
     names = [getattr(s, "name", type(s).__name__) for s in
              launches.record(BY_LABEL["r50-64-gpu32"], True, choices={"grad_weight": "im2col_gemm"}).steps]
     assert [n.split("<")[0] for n in names] == ["ArrayWork", "simt_fwd", "ArrayWork", "simt_fwd", "unfold_im2col",
-                                                "ArrayWork", "Gemm", "conv_bgrad"]
+                                                "ArrayWork", "Gemm", "conv_bgrad", "conv_bgrad_sum"]
     assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "direct"}).steps] \
         == ["conv_fwd_direct<__half, int, 16>"]
     auto = launches.record(BY_LABEL["r50-64-gpu16"], False).steps
