@@ -163,15 +163,18 @@ def _is_dask(a) -> bool:
     return type(a).__module__.startswith("dask")
 
 
+_BUILTIN = frozenset({int, float, bool, str, tuple, list, frozenset, type(None)})
+
+
 def accepting_dask(fn):
     """fn, public under the same name in cupyconv, taking dask arrays as well."""
     geometry = OPS[fn.__name__]
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        # _is_dask inlined: this runs on every public call, dask or not.
-        for a in itertools.chain(args, kwargs.values()):
-            if type(a).__module__.startswith("dask"):
+        # _is_dask inlined: this runs on every public call, dask or not (the builtin types skipped unasked).
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if type(a) not in _BUILTIN and type(a).__module__.startswith("dask"):
                 return lazy_call(fn, args, kwargs)
         return fn(*args, **kwargs)
 

@@ -39,7 +39,8 @@ UNROUTED: dict[str, str] = {
 XP_VIEWS = {"broadcast_to"}
 
 GPU_PATH = ["cupyconv/ops/*.py", "cupyconv/_kernels.py", "cupyconv/_device.py", "cupyconv/_replay.py",
-            "cupyconv/cudnn.py", "cupyconv/_dask.py", "cupyconv/_arrays.py", "cupyconv/torch/*.py"]
+            "cupyconv/_fastpath.py", "cupyconv/cudnn.py", "cupyconv/_dask.py", "cupyconv/_arrays.py",
+            "cupyconv/torch/*.py"]
 
 ROOT = Path(__file__).resolve().parent.parent
 

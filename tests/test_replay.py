@@ -74,7 +74,7 @@ def test_every_op_replays_and_stays_right(device, counted, monkeypatch, test, kw
 def check_drops(program):
     """A slot is dropped only after the last step that reads it, and never when a result is a view of it."""
     dropped: set = set()
-    for method, template, _, result, drops in program.steps:
+    for method, template, _, _, result, drops in program.steps:
         read = set(_replay._slots_of(tuple(template)))
         assert not read & dropped, f"{method} reads a dropped slot"
         assert result not in dropped
