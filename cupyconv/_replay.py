@@ -55,12 +55,15 @@ def enabled() -> bool:
 @dataclass(frozen=True)
 class Ref:
     """An array argument as recorded: a view of slot `slot` starting `offset` bytes past the slot's first element
-    (negative for a view that walks back), with this shape, strides and dtype.  slot None: an empty array."""
+    (negative for a view that walks back), with this shape, strides and dtype.  slot None: an empty array.  whole:
+    the view is the slot's array itself (same start, shape, strides and dtype), so a replay passes that array and
+    builds no view (an input, or what `empty` made, handed on as it is: most arguments of most launches)."""
     slot: int | None
     offset: int
     shape: tuple
     strides: tuple
     dtype: numpy.dtype
+    whole: bool = False
 
 
 def _span(a) -> tuple[int, int]:
@@ -166,7 +169,9 @@ class Recorder(Device):
         for slot in range(len(self.slots) - 1, -1, -1):   # the newest first: a dead slot's memory may be reused
             base, base_low, base_high = self.slots[slot]
             if base_low <= low and high <= base_high:
-                return Ref(slot, a.data.ptr - base.data.ptr, a.shape, a.strides, a.dtype)
+                whole = (a.data.ptr == base.data.ptr and a.shape == base.shape and a.strides == base.strides
+                         and a.dtype == base.dtype)
+                return Ref(slot, a.data.ptr - base.data.ptr, a.shape, a.strides, a.dtype, whole)
         raise Unrecordable(f"an array argument ({a.shape}, {a.dtype}) lies in memory no slot holds")
 
     def program(self, result) -> Program:
@@ -206,13 +211,13 @@ class Program:
         buffers += [None] * (self.slots - len(buffers))
         for method, template, top, nested, result, drops in self.steps:
             args = template.copy() if top or nested else template
-            for i, slot, offset, shape, strides, dtype in top:
-                args[i] = (empty(shape, dtype) if slot is None else
+            for i, slot, offset, shape, strides, dtype, whole in top:
+                args[i] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
                            ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
             for i, inner, refs in nested:
                 values = inner.copy()
-                for j, slot, offset, shape, strides, dtype in refs:
-                    values[j] = (empty(shape, dtype) if slot is None else
+                for j, slot, offset, shape, strides, dtype, whole in refs:
+                    values[j] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
                                  ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
                 args[i] = tuple(values)
             out = getattr(device, method)(*args)
@@ -230,7 +235,7 @@ class Program:
 
 
 def _fields(i: int, ref: Ref) -> tuple:
-    return (i, ref.slot, ref.offset, ref.shape, ref.strides, ref.dtype)
+    return (i, ref.slot, ref.offset, ref.shape, ref.strides, ref.dtype, ref.whole)
 
 
 def _places(template) -> tuple[list, list]:
