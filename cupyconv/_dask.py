@@ -163,7 +163,8 @@ def _is_dask(a) -> bool:
     return type(a).__module__.startswith("dask")
 
 
-_BUILTIN = frozenset({int, float, bool, str, tuple, list, frozenset, type(None)})
+#: The argument types seen in public calls that are not dask's (a handful: builtins, NumPy, CuPy, torch).
+_NOT_DASK: set = {int, float, bool, str, tuple, list, frozenset, type(None)}
 
 
 def accepting_dask(fn):
@@ -172,10 +173,12 @@ def accepting_dask(fn):
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        # _is_dask inlined: this runs on every public call, dask or not (the builtin types skipped unasked).
+        # _is_dask inlined: this runs on every public call, dask or not (a type seen before is not asked again).
         for a in (*args, *kwargs.values()) if kwargs else args:
-            if type(a) not in _BUILTIN and type(a).__module__.startswith("dask"):
-                return lazy_call(fn, args, kwargs)
+            if type(a) not in _NOT_DASK:
+                if type(a).__module__.startswith("dask"):
+                    return lazy_call(fn, args, kwargs)
+                _NOT_DASK.add(type(a))
         return fn(*args, **kwargs)
 
     public.__module__ = "cupyconv"   # pickled by reference as what it is: cupyconv.<name>
