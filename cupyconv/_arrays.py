@@ -48,6 +48,9 @@ def on_arrays_device(fn: F) -> F:
             result = _fastpath.lookup(key, args, kwargs)
             if result is not _fastpath.MISS:
                 return result
+        outer = _replay.NOTE.get()
+        if outer is not None:   # a public call inside another's slow path: the outer one is more than one pass
+            outer.scopes.append(None)
         note = None if key is None else _fastpath.Note()
         with contextlib.ExitStack() as stack:
             token, note_token = _call_scope.set(stack), _replay.NOTE.set(note)

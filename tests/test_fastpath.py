@@ -203,3 +203,26 @@ def test_an_emptied_replay_cache_is_a_miss(device, slow_calls, monkeypatch):
         for _ in range(2):
             assert_same(device.asnumpy(cupyconv.conv2d(*arrays)), want)
     assert slow_calls == ["conv2d"] * 3   # (the CPU path's, then one slow GPU call per replay cache)
+
+
+def test_a_call_that_makes_another_public_call_is_not_remembered(device, slow_calls):
+    """An entry point whose slow path calls another public function besides its one replayed pass: a repeat of the
+    pass alone would skip the inner call."""
+    from cupyconv._spec import ConvSpec
+    from cupyconv.ops import lift
+    from cupyconv.ops.conv import conv2d_run
+    inner: list = []
+
+    @_arrays.on_arrays_device
+    def outer(x, weight):
+        call = _arrays.Call("outer", x=x, weight=weight)
+        inner.append(cupyconv.unfold(call.x, 3))
+        spec = ConvSpec.for_conv("outer", call.x, call.weight, None, 1, 0, 1, 1, nd=2)
+        return lift.forward(conv2d_run, call.device, call.x, call.weight, None, spec, "auto")
+
+    x, w = tca.inputs(12, (1, 2, 5, 5), (3, 2, 3, 3))
+    arrays = [device.asarray(a) for a in (x, w)]
+    with _device.use_device(device):
+        for _ in range(2):
+            assert_same(device.asnumpy(outer(*arrays)), cupyconv.conv2d(x, w))
+    assert len(inner) == 2 and slow_calls.count("outer") == 2
