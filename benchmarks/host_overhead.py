@@ -12,8 +12,9 @@ over memory that is never touched (no bytes allocated), so the planners see the 
 For each case and pass it prints
   calls      Python function calls per call (cProfile's count: Python functions and C builtins), deterministic:
              the figure to compare before/after a change, and what tests/test_host_overhead.py bounds
-  above      of those, the calls made outside ops/lift.py's `forward`/`backward` drivers (the public entry point,
-             `Call`, the spec parsing, wrapping): what a launch cache at the driver seam cannot save
+  above      of those, the calls made outside ops/lift.py's `forward`/`backward` drivers and `_replay.Program.run`
+             (the public entry point, `Call`, the spec parsing, wrapping; for a repeated call on the fast path
+             (`cupyconv._fastpath`), its signature and lookup): what the launch replay does not do
   cupyconv   the calls of functions defined in cupyconv/ (the rest are NumPy, CuPy and builtins)
   host_us    wall clock per call on this CPU, best of 3 runs of `calls` calls: a PREDICTION of the trend of the
              GPU host's figure, not of the figure itself (another CPU; no real CuPy launches or allocations)
@@ -39,7 +40,8 @@ from benchmarks import cases as cases_mod
 
 DEFAULT_CASES = ("r50-64-gpu16", "r50-64-gpu32", "p-seed-gpu16", "iii-gpu32", "dw-480-14-gpu16", "iv-gpu16")
 PACKAGE = str(Path(__file__).resolve().parents[1] / "cupyconv")
-SEAM = (("lift.py", "forward"), ("lift.py", "backward"))   # the drivers (cupyconv/ops/lift.py)
+# The drivers (cupyconv/ops/lift.py) and a replay (which a repeated call reaches from `_fastpath`, not the drivers)
+SEAM = (("ops/lift.py", "forward"), ("ops/lift.py", "backward"), ("_replay.py", "run"))
 
 
 class _NullKernel:
@@ -122,7 +124,7 @@ def build(case: cases_mod.Case, backward: bool):
 
 
 def count_calls(fn, calls: int) -> tuple[pstats.Stats, dict]:
-    """cProfile of `calls` calls of fn, and per call: {"calls": all, "above": outside the drivers, "cupyconv":
+    """cProfile of `calls` calls of fn, and per call: {"calls": all, "above": outside the seam, "cupyconv":
     of functions in cupyconv/}."""
     profiler = cProfile.Profile()
     profiler.enable()
@@ -140,8 +142,8 @@ def count_calls(fn, calls: int) -> tuple[pstats.Stats, dict]:
 
 
 def _calls_below_seam(fn, calls: int) -> int:
-    """Function calls (Python and C, as cProfile counts them) made inside lift.forward/backward, the seam itself
-    included."""
+    """Function calls (Python and C, as cProfile counts them) made inside lift.forward/backward or a replay
+    (`SEAM`), the seam itself included."""
     depth, count = [0], [0]
 
     def tracer(frame, event, arg):
@@ -153,7 +155,7 @@ def _calls_below_seam(fn, calls: int) -> int:
         elif event == "c_call" and depth[0]:
             count[0] += 1
 
-    seam = {(name, f"{PACKAGE}/ops/{file}") for file, name in SEAM}
+    seam = {(name, f"{PACKAGE}/{file}") for file, name in SEAM}
     sys.setprofile(tracer)
     try:
         for _ in range(calls):
@@ -192,7 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=0, help="also print cProfile's top N functions by call count")
     args = parser.parse_args(argv)
     rows = []
-    print("| case-pass | calls/call | above the drivers | in cupyconv/ | host us/call (this CPU, prediction) |")
+    print("| case-pass | calls/call | above the drivers and replay | in cupyconv/ "
+          "| host us/call (this CPU, prediction) |")
     print("| --- | --- | --- | --- | --- |")
     for case in cases_mod.select(args.cases.split(","), ("gpu",)):
         for backward in (False, True):

@@ -163,16 +163,22 @@ def _is_dask(a) -> bool:
     return type(a).__module__.startswith("dask")
 
 
+#: The argument types seen in public calls that are not dask's (a handful: builtins, NumPy, CuPy, torch).
+_NOT_DASK: set = {int, float, bool, str, tuple, list, frozenset, type(None)}
+
+
 def accepting_dask(fn):
     """fn, public under the same name in cupyconv, taking dask arrays as well."""
     geometry = OPS[fn.__name__]
 
     @functools.wraps(fn)
     def public(*args, **kwargs):
-        # _is_dask inlined: this runs on every public call, dask or not.
-        for a in itertools.chain(args, kwargs.values()):
-            if type(a).__module__.startswith("dask"):
-                return lazy_call(fn, args, kwargs)
+        # _is_dask inlined: this runs on every public call, dask or not (a type seen before is not asked again).
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if type(a) not in _NOT_DASK:
+                if type(a).__module__.startswith("dask"):
+                    return lazy_call(fn, args, kwargs)
+                _NOT_DASK.add(type(a))
         return fn(*args, **kwargs)
 
     public.__module__ = "cupyconv"   # pickled by reference as what it is: cupyconv.<name>

@@ -26,6 +26,7 @@ always plan.  `CUPYCONV_REPLAY=0` in the environment turns replaying off (to com
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from dataclasses import dataclass
 
@@ -36,8 +37,15 @@ from ._device import Device
 
 #: Programs by signature; None marks a signature that cannot be recorded (see the module docstring).
 CACHE: dict = {}
+#: Counts the times CACHE was emptied (a program found in it stays valid until then: `_fastpath` keeps it).
+generation = 0
 CACHE_LIMIT = 4096   # signatures kept; past it the cache starts over (a program is a few kB)
 ALIGNMENT = 256      # pointer alignments the planners may look at (vector widths: 16 bytes at most) and then some
+
+
+#: The `_fastpath.Note` of the public call in progress on this thread or task, where it may be remembered: each
+#: `replayed` call notes its key, arrays and result in it.
+NOTE: contextvars.ContextVar = contextvars.ContextVar("cupyconv_fastpath_note", default=None)
 
 
 def enabled() -> bool:
@@ -47,12 +55,15 @@ def enabled() -> bool:
 @dataclass(frozen=True)
 class Ref:
     """An array argument as recorded: a view of slot `slot` starting `offset` bytes past the slot's first element
-    (negative for a view that walks back), with this shape, strides and dtype.  slot None: an empty array."""
+    (negative for a view that walks back), with this shape, strides and dtype.  slot None: an empty array.  whole:
+    the view is the slot's array itself (same start, shape, strides and dtype), so a replay passes that array and
+    builds no view (an input, or what `empty` made, handed on as it is: most arguments of most launches)."""
     slot: int | None
     offset: int
     shape: tuple
     strides: tuple
     dtype: numpy.dtype
+    whole: bool = False
 
 
 def _span(a) -> tuple[int, int]:
@@ -158,7 +169,9 @@ class Recorder(Device):
         for slot in range(len(self.slots) - 1, -1, -1):   # the newest first: a dead slot's memory may be reused
             base, base_low, base_high = self.slots[slot]
             if base_low <= low and high <= base_high:
-                return Ref(slot, a.data.ptr - base.data.ptr, a.shape, a.strides, a.dtype)
+                whole = (a.data.ptr == base.data.ptr and a.shape == base.shape and a.strides == base.strides
+                         and a.dtype == base.dtype)
+                return Ref(slot, a.data.ptr - base.data.ptr, a.shape, a.strides, a.dtype, whole)
         raise Unrecordable(f"an array argument ({a.shape}, {a.dtype}) lies in memory no slot holds")
 
     def program(self, result) -> Program:
@@ -173,9 +186,10 @@ class Recorder(Device):
 
 class Program:
     """A recorded call: its steps, replayed on new inputs (`run`).  Each slot made by a step is dropped after the
-    last step that reads it, unless a result is a view of it.  A step's arguments are kept as a list with the
-    places of its references (at the top, or one level down: a launch's kernel arguments), so that a replay
-    rebuilds only what holds an array."""
+    last step that reads it, unless a result is a view of it.  A step's arguments are kept as a list, with its
+    references listed apart -- at the top, or one level down in a tuple (a launch's kernel arguments) -- each as
+    the plain fields of its view, so that a replay rebuilds only what holds an array, with no Python call per view
+    (measured on the H200 host: the views were most of a replay's Python calls)."""
 
     def __init__(self, steps, outputs, slots: int):
         self.outputs, self.slots = outputs, slots
@@ -188,51 +202,57 @@ class Program:
         for slot, i in last.items():
             if slot not in keep:
                 drops[i].append(slot)
-        self.steps = [(method, list(template), _places(template), result, drop)
+        self.steps = [(method, list(template), *_places(template), result, drop)
                       for (method, template, result), drop in zip(steps, drops)]
 
     def run(self, device, inputs):
-        xp = device.xp
+        ndarray, empty = device.xp.ndarray, device.empty
         buffers = [a for a in inputs if a is not None]
         buffers += [None] * (self.slots - len(buffers))
-
-        def view(ref):
-            if ref.slot is None:   # no element: no memory to place it in
-                return device.empty(ref.shape, ref.dtype)
-            return xp.ndarray(ref.shape, ref.dtype, memptr=buffers[ref.slot].data + ref.offset, strides=ref.strides)
-
-        for method, template, places, result, drops in self.steps:
-            args = template.copy()
-            for i, inner in places:
-                if inner is None:
-                    args[i] = view(args[i])
-                else:
-                    values = list(args[i])
-                    for j in inner:
-                        values[j] = view(values[j])
-                    args[i] = tuple(values)
+        for method, template, top, nested, result, drops in self.steps:
+            args = template.copy() if top or nested else template
+            for i, slot, offset, shape, strides, dtype, whole in top:
+                args[i] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
+                           ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
+            for i, inner, refs in nested:
+                values = inner.copy()
+                for j, slot, offset, shape, strides, dtype, whole in refs:
+                    values[j] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
+                                 ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
+                args[i] = tuple(values)
             out = getattr(device, method)(*args)
             if result is not None:
                 buffers[result] = out
             for dead in drops:
                 buffers[dead] = None
+
+        def view(ref):
+            if ref.slot is None:   # no element: no memory to place it in
+                return empty(ref.shape, ref.dtype)
+            return ndarray(ref.shape, ref.dtype, memptr=buffers[ref.slot].data + ref.offset, strides=ref.strides)
+
         return _materialise(self.outputs, view)
 
 
-def _places(template) -> list:
-    """[(i, None)] for each reference at position i of a step's arguments, [(i, [j, ...])] for a tuple at i with
-    references at positions j."""
-    places: list = []
+def _fields(i: int, ref: Ref) -> tuple:
+    return (i, ref.slot, ref.offset, ref.shape, ref.strides, ref.dtype, ref.whole)
+
+
+def _places(template) -> tuple[list, list]:
+    """(top, nested) of a step's arguments: top the `_fields` of each reference at a position of its own, nested
+    (i, the tuple at i as a list, the `_fields` of its references) for each tuple holding references."""
+    top: list = []
+    nested: list = []
     for i, t in enumerate(template):
         if type(t) is Ref:
-            places.append((i, None))
+            top.append(_fields(i, t))
         elif type(t) is tuple:
-            inner = [j for j, x in enumerate(t) if type(x) is Ref]
+            refs = [_fields(j, x) for j, x in enumerate(t) if type(x) is Ref]
             if any(type(x) is tuple and any(_slots_of(x)) for x in t):
                 raise Unrecordable("references nested two tuples deep")
-            if inner:
-                places.append((i, inner))
-    return places
+            if refs:
+                nested.append((i, list(t), refs))
+    return top, nested
 
 
 def _materialise(template, view):
@@ -263,15 +283,21 @@ def replayed(device, what: tuple, arrays: tuple, compute):
            settings.get_workspace_limit(), what, tuple(signature(a) for a in arrays))
     program = CACHE.get(key, False)
     if program:
-        return program.run(device, arrays)
-    if program is None:
-        return compute(device)
-    recorder = Recorder(device, arrays)
-    result = compute(recorder)
-    if not recorder.tuned:
-        if len(CACHE) >= CACHE_LIMIT:
-            CACHE.clear()
-        CACHE[key] = None
-        with contextlib.suppress(Unrecordable):
-            CACHE[key] = recorder.program(result)
+        result = program.run(device, arrays)
+    elif program is None:
+        result = compute(device)
+    else:
+        recorder = Recorder(device, arrays)
+        result = compute(recorder)
+        if not recorder.tuned:
+            if len(CACHE) >= CACHE_LIMIT:
+                global generation
+                CACHE.clear()
+                generation += 1
+            CACHE[key] = None
+            with contextlib.suppress(Unrecordable):
+                CACHE[key] = recorder.program(result)
+    note = NOTE.get()
+    if note is not None:
+        note.replays.append((key, arrays, result))
     return result

@@ -96,6 +96,14 @@ _DETERMINISTIC = _flag("deterministic")
 _WORKSPACE_LIMIT = _Setting("workspace_limit", DEFAULT_WORKSPACE_LIMIT, _positive_bytes)
 
 
+def snapshot() -> tuple:
+    """Every setting in force here, as one tuple (what a repeated call's outcome may depend on: `_fastpath`);
+    not public API.  One function, no getter calls: it runs on every public GPU call."""
+    return (_ALLOW_TF32.scoped.get(), _ALLOW_TF32.default, _AUTOTUNE.scoped.get(), _AUTOTUNE.default,
+            _DETERMINISTIC.scoped.get(), _DETERMINISTIC.default, _WORKSPACE_LIMIT.scoped.get(),
+            _WORKSPACE_LIMIT.default)
+
+
 # The docstring entries the getters, setters and context managers share (cupyconv._docs)
 _IN_FORCE = "The value in force here: that of the innermost ``with`` block of this thread or task, else the global one."
 _SCOPE = ("context manager", "Sets the value for the calls made inside the ``with`` block, in this thread or asyncio "

@@ -39,7 +39,8 @@ UNROUTED: dict[str, str] = {
 XP_VIEWS = {"broadcast_to"}
 
 GPU_PATH = ["cupyconv/ops/*.py", "cupyconv/_kernels.py", "cupyconv/_device.py", "cupyconv/_replay.py",
-            "cupyconv/cudnn.py", "cupyconv/_dask.py", "cupyconv/_arrays.py", "cupyconv/torch/*.py"]
+            "cupyconv/_fastpath.py", "cupyconv/cudnn.py", "cupyconv/_dask.py", "cupyconv/_arrays.py",
+            "cupyconv/torch/*.py"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -407,6 +408,8 @@ CUPY_APIS = [
     ("cupy", "cuda.ExternalStream"),
     ("cupy", "cuda.PythonFunctionAllocator"), ("cupy", "cuda.using_allocator"),
     ("cupy", "cuda.UnownedMemory"), ("cupy", "cuda.MemoryPointer"),
+    # the repeated-call signature (cupyconv/_fastpath.py) and the replay's pointers (cupyconv/_replay.py)
+    ("cupy", "cuda.MemoryPointer.device_id"), ("cupy", "cuda.MemoryPointer.ptr"),
     ("cupy.cuda.device", "get_cublas_handle"), ("cupy.cuda.device", "get_compute_capability"),
     ("cupy_backends.cuda.api.runtime", "CUDA_R_16F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_16BF"),
     ("cupy_backends.cuda.api.runtime", "CUDA_R_32F"), ("cupy_backends.cuda.api.runtime", "CUDA_R_64F"),

@@ -19,7 +19,7 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 import cupyconv  # noqa: E402
-from cupyconv import _arrays, _device  # noqa: E402
+from cupyconv import _arrays, _device, _fastpath, _replay  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +88,31 @@ def test_gpu_path_runs_inside_the_arrays_device(recorder):
     assert isinstance(call.device, _device.CudaDevice) and call.xp is cupy
     assert recorder.events == [("enter device", 1), ("capture query", FakeStream.ptr), ("gpu work", "probe_op"),
                                ("exit device", 1)]
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_a_repeated_call_enters_the_device_and_queries_capture_too(recorder, monkeypatch, capturing):
+    """The fast path of a repeated call (`_fastpath.lookup`) runs its program inside CudaDevice.scope: the arrays'
+    device entered, the capture query made (and a capture refused) before the replay, the device left after."""
+    x = host_cupy((2, 3, 5, 5), 1)
+    recorder.capturing = capturing
+
+    class FakeProgram:
+        def run(self, device, arrays):
+            recorder.events.append(("replay", arrays[0] is x))
+            return "y"
+
+    monkeypatch.setattr(_replay, "CACHE", {"replay key": FakeProgram()})
+    monkeypatch.setattr(_fastpath, "CACHE", {"signature": _fastpath.Entry(_device.CudaDevice(), "fake_op", 1,
+                                                                          "replay key", (0,))})
+    if capturing:
+        with pytest.raises(RuntimeError, match="^fake_op: cupyconv cannot run while the current CUDA stream"):
+            _fastpath.lookup("signature", (x,), {})
+        assert [e[0] for e in recorder.events] == ["enter device", "capture query", "exit device"]
+    else:
+        assert _fastpath.lookup("signature", (x,), {}) == "y"
+        assert recorder.events == [("enter device", 1), ("capture query", FakeStream.ptr), ("replay", True),
+                                   ("exit device", 1)]
 
 
 def test_device_context_is_left_when_the_call_raises(recorder):

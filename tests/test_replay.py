@@ -74,7 +74,7 @@ def test_every_op_replays_and_stays_right(device, counted, monkeypatch, test, kw
 def check_drops(program):
     """A slot is dropped only after the last step that reads it, and never when a result is a view of it."""
     dropped: set = set()
-    for method, template, _, result, drops in program.steps:
+    for method, template, _, _, result, drops in program.steps:
         read = set(_replay._slots_of(tuple(template)))
         assert not read & dropped, f"{method} reads a dropped slot"
         assert result not in dropped
@@ -176,3 +176,50 @@ def test_numpy_devices_always_plan(counted):
         for _ in range(2):
             ref.assert_close(cupyconv.conv2d(x, w, padding=1), want, "float32", "conv2d")
     assert counted == {"recorded": 0, "replayed": 0} and not _replay.CACHE
+
+
+def test_a_replay_hands_on_whole_arrays_and_views_the_rest(device, counted, monkeypatch):
+    """An argument that is a slot's array itself (an input, what `empty` made) is passed as that array; a view into
+    a slot (conv1d's input seen with a unit height) is rebuilt on the new buffer.  Either way the results stay
+    right."""
+    (_, _, _), first = conv2d_arrays(device, 9)
+    (x2, w2, b2), second = conv2d_arrays(device, 10)
+    lines = [[device.asarray(a) for a in tca.inputs(seed, (2, 4, 9), (6, 2, 3))] for seed in (12, 13)]
+    seen: list = []
+    launch = device.launch
+
+    def noting_launch(source, name, grid, block, args, shared_mem=0):
+        seen.extend(args)
+        return launch(source, name, grid, block, args, shared_mem)
+
+    with _device.use_device(device):
+        cupyconv.conv2d(*first, padding=1, groups=2)
+        cupyconv.conv1d(*lines[0], padding=1, groups=2)
+        monkeypatch.setattr(device, "launch", noting_launch)
+        y = cupyconv.conv2d(*second, padding=1, groups=2)
+        assert any(a is second[0] for a in seen) and any(a is second[1] for a in seen)
+        seen.clear()
+        y1 = cupyconv.conv1d(*lines[1], padding=1, groups=2)
+        x1 = lines[1][0]
+        assert not any(a is x1 for a in seen)
+        assert any(getattr(a, "shape", None) == (2, 4, 1, 9) and a.data.ptr == x1.data.ptr for a in seen)
+    assert counted == {"recorded": 2, "replayed": 2}
+    ref.assert_close(device.asnumpy(y), cupyconv.conv2d(x2, w2, b2, padding=1, groups=2), "float32", "conv2d")
+    x1, w1 = tca.inputs(13, (2, 4, 9), (6, 2, 3))
+    ref.assert_close(device.asnumpy(y1), cupyconv.conv1d(x1, w1, padding=1, groups=2), "float32", "conv1d")
+
+
+def test_an_emptied_cache_is_a_new_generation_the_fast_path_sees(device, counted, monkeypatch):
+    """Past CACHE_LIMIT the cache starts over and `generation` counts it: a program the fast path had found is
+    looked up again (and recorded again), not run from the fast path's own reference."""
+    monkeypatch.setattr(_replay, "CACHE_LIMIT", 1)
+    (x, w, b), arrays = conv2d_arrays(device, 11)
+    generation = _replay.generation
+    with _device.use_device(device):
+        for _ in range(2):
+            cupyconv.conv2d(*arrays, padding=1, groups=2)
+        cupyconv.conv2d(*arrays, padding=2, groups=2)   # another signature: the cache is full, emptied
+        assert _replay.generation == generation + 1
+        y = cupyconv.conv2d(*arrays, padding=1, groups=2)
+    assert counted == {"recorded": 3, "replayed": 1}
+    ref.assert_close(device.asnumpy(y), cupyconv.conv2d(x, w, b, padding=1, groups=2), "float32", "conv2d")

@@ -1,0 +1,165 @@
+"""A repeated public call on CuPy arrays skips its checks: the validated outcome of a signature seen before.
+
+Measured on the second GPU run (H200, 2026-11-26): with launches replayed (`_replay`), a repeated r50-64 fp16
+forward still took 139 us of host time for 47 us of kernel, about half of it above the drivers -- `Call` (kinds,
+devices, dtypes), the `ConvSpec` parsing and the argument checks, all redone on every call although their outcome
+depends on nothing but the call's signature: its function, its arguments' values (strides, padding, groups,
+algorithm, ...), its arrays' shapes, strides, dtypes, devices and pointer alignments, the settings in force and
+the executor (`_device.use_device`).
+
+So `_arrays.on_arrays_device` looks the signature up here first (`lookup`).  A hit runs the recorded `Program`
+of the call's one `_replay.replayed` call directly on the call's own arrays, inside the executor's GPU scope
+(`Device.scope`: the arrays' device current, the stream-capture refusal), exactly as the slow path would.  A
+miss runs the slow path with a `Note` open, and `remember` keeps the signature's entry only when that call
+SUCCEEDED and was simple enough to repeat without its glue: one GPU scope entered, one `replayed` call whose
+arrays are the public call's own array arguments (by identity, each once) and whose result is the public
+call's result (no work before or after it: conv_transpose's bias, its extended input, a second pass, another
+public call made inside it).  Bad input
+therefore never reaches an entry: it fails in the slow path, with its error, every time.
+
+Only CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints,
+floats, bools, strings, None, NumPy scalars, tuples and frozensets of those); torch tensors, NumPy arrays (the CPU
+path) and dask arrays always take the slow path, as does a signature whose program is not in the replay cache
+(not recordable, autotuned on its first call, the cache emptied, `CUPYCONV_REPLAY=0`).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy
+
+from . import _device, _replay, settings
+
+#: Entries by call signature (see `signature`).
+CACHE: dict = {}
+CACHE_LIMIT = 4096   # signatures kept; past it the cache starts over (an entry is a few hundred bytes)
+
+# The types whose values are hashed as they are (with their type: 1, 1.0 and True are one key to a dict)
+_VALUES = frozenset({int, float, bool, str, type(None), frozenset, numpy.int32, numpy.int64, numpy.float32,
+                     numpy.float64, numpy.bool_})
+
+#: cupy.ndarray, set when a public call first imports CuPy (`use_cupy`): until then no array takes the fast path.
+_ndarray: type | None = None
+
+
+def use_cupy(cupy) -> None:
+    global _ndarray
+    _ndarray = cupy.ndarray
+
+
+def signature(fn, args, kwargs):
+    """What the slow path's outcome depends on, as a hashable tuple; None where an argument is of a kind the fast
+    path does not take (a NumPy array, a torch tensor, a list, ...)."""
+    parts = [fn, _device._forced_device.get(), settings.snapshot()]
+    append = parts.append
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        t = type(a)
+        if t is _ndarray:
+            data = a.data
+            append((a.shape, a.strides, a.dtype, data.device_id, data.ptr % _replay.ALIGNMENT))
+        elif t in _VALUES:
+            parts += (t, a)
+        elif t is tuple:
+            value = _value(a)
+            if value is None:
+                return None
+            append(value)
+        else:
+            if _ndarray is None and t.__module__.startswith("cupy") and "cupy" in sys.modules:
+                use_cupy(sys.modules["cupy"])   # CuPy's first array: from now on its arrays are known
+                return signature(fn, args, kwargs)
+            return None
+    if kwargs:
+        append(tuple(kwargs))   # the names, in order
+    return tuple(parts)
+
+
+def _value(a: tuple):
+    """A tuple argument with its elements' types, or None if one is not a plain value."""
+    out: list = [tuple]
+    for e in a:
+        t = type(e)
+        if t in _VALUES:
+            out += (t, e)
+        elif t is tuple:
+            value = _value(e)
+            if value is None:
+                return None
+            out.append(value)
+        else:
+            return None
+    return tuple(out)
+
+
+class Entry:
+    """How to repeat a remembered call: the executor and its scope's arguments, where each input array of its
+    program is among the call's arguments (None: an absent array), and the program with the replay cache and
+    generation it was found in (looked up once: the replay key holds the spec, slow to hash; a cache emptied or
+    swapped is a miss)."""
+    __slots__ = ("device", "op", "device_id", "replay_key", "positions", "program", "cache", "generation")
+
+    def __init__(self, device, op, device_id, replay_key, positions):
+        self.device, self.op, self.device_id = device, op, device_id
+        self.replay_key, self.positions = replay_key, positions
+        self.program, self.cache, self.generation = None, None, -1
+
+
+MISS = object()
+
+
+def lookup(key, args, kwargs):
+    """The result of the call of signature `key` on these arguments from its remembered entry, or MISS."""
+    entry = CACHE.get(key)
+    if entry is None:
+        return MISS
+    program = entry.program
+    if not program or entry.cache is not _replay.CACHE or entry.generation != _replay.generation:
+        program = entry.program = _replay.CACHE.get(entry.replay_key)   # (not recorded yet: looked up again)
+        entry.cache, entry.generation = _replay.CACHE, _replay.generation
+    if not program or not _replay.enabled():
+        return MISS
+    values = (*args, *kwargs.values()) if kwargs else args
+    arrays = tuple([None if i is None else values[i] for i in entry.positions])
+    with entry.device.scope(entry.op, entry.device_id):
+        return program.run(entry.device, arrays)
+
+
+class Note:
+    """What a slow call did that its repeat needs: the GPU scopes it entered (`_arrays.Call`) and its `replayed`
+    calls (the replay key, the arrays, the result)."""
+    __slots__ = ("scopes", "replays")
+
+    def __init__(self):
+        self.scopes: list = []
+        self.replays: list = []
+
+
+def remember(key, note: Note, args, kwargs, result) -> None:
+    """Keep the entry of a call that succeeded, if it can be repeated (see the module docstring)."""
+    if len(note.scopes) != 1 or len(note.replays) != 1:
+        return
+    replay_key, arrays, replayed = note.replays[0]
+    if not (result is replayed or (type(result) is tuple and type(replayed) is tuple and len(result) == len(replayed)
+                                   and all(r is s for r, s in zip(result, replayed)))):
+        return
+    values = (*args, *kwargs.values()) if kwargs else args
+    positions: list[int | None] = []
+    for a in arrays:
+        if a is None:
+            positions.append(None)
+            continue
+        found = [i for i, v in enumerate(values) if v is a]
+        if len(found) != 1:   # made by the call, or given twice (a repeat may give two arrays there)
+            return
+        positions.append(found[0])
+    if len(CACHE) >= CACHE_LIMIT:
+        CACHE.clear()
+    device, op, device_id = note.scopes[0]
+    CACHE[key] = Entry(device, op, device_id, replay_key, tuple(positions))
+
+
+def noted_scope(device, op: str, device_id: int) -> None:
+    """`_arrays.Call` entered `device`'s GPU scope for op on device_id."""
+    note = _replay.NOTE.get()
+    if note is not None:
+        note.scopes.append((device, op, device_id))

@@ -1,0 +1,228 @@
+"""The repeated-call fast path (cupyconv/_fastpath.py) through real CuPy arrays on the emulator (CupyHostDevice).
+
+A repeat of a signature that succeeded skips `Call`, the spec parsing and the checks, and runs its recorded
+program in the executor's scope.  Here: it is taken (no `Call` is built) and gives the CPU path's results on fresh
+inputs; any changed argument, layout, dtype or setting goes the slow way first; bad input after a success still
+raises the slow path's errors; the GPU scope is still entered (and can still refuse); NumPy arrays never take it.
+"""
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import cupyconv
+import reference as ref
+import test_cupy_arrays as tca
+from cupyconv import _arrays, _device, _fastpath, _replay, settings
+from emulator import CupyHostDevice
+
+
+@pytest.fixture(scope="module")
+def device():
+    return CupyHostDevice()
+
+
+@pytest.fixture
+def slow_calls(monkeypatch):
+    """[op of each `Call` built] from here on (a `Call` is the slow path), both caches emptied."""
+    monkeypatch.setattr(_fastpath, "CACHE", {})
+    monkeypatch.setattr(_replay, "CACHE", {})
+    built: list = []
+    init = _arrays.Call.__init__
+
+    def counting_init(self, op, **arrays):
+        built.append(op)
+        init(self, op, **arrays)
+
+    monkeypatch.setattr(_arrays.Call, "__init__", counting_init)
+    return built
+
+
+def run(device, fn, *arrays, **kwargs):
+    """fn on the arrays as CuPy arrays of `device`; the results as NumPy copies."""
+    with _device.use_device(device):
+        result = fn(*[tca.to_device(device, a) for a in arrays], **kwargs)
+    results = result if isinstance(result, tuple) else (result,)
+    host = tuple(None if r is None else device.asnumpy(r) for r in results)
+    return host if isinstance(result, tuple) else host[0]
+
+
+def assert_same(got, want, dtype="float32"):
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            ref.assert_close(g, w, dtype, "fast path")
+
+
+def cases():
+    """(name, fn, shapes of the array arguments, keyword arguments): one call of each kind of public entry point."""
+    return [
+        ("conv2d", cupyconv.conv2d, [(2, 4, 7, 6), (6, 2, 3, 3), (6,)], dict(padding=1, groups=2)),
+        ("conv2d_backward", cupyconv.conv2d_backward, [(2, 6, 7, 6), (2, 4, 7, 6), (6, 2, 3, 3)],
+         dict(padding=1, groups=2)),
+        ("conv1d", cupyconv.conv1d, [(2, 4, 9), (4, 2, 3), (4,)], dict(stride=2, groups=2)),
+        ("conv3d", cupyconv.conv3d, [(2, 2, 4, 3, 5), (3, 2, 2, 2, 2), None], dict(padding=1)),
+        ("depthwise_conv2d", cupyconv.depthwise_conv2d, [(2, 3, 7, 5), (6, 1, 3, 3), (6,)], dict(stride=2)),
+        ("depthwise_conv2d_backward", cupyconv.depthwise_conv2d_backward, [(2, 6, 7, 5), (2, 3, 7, 5),
+                                                                           (6, 1, 3, 3)], dict(padding=1)),
+        ("patch_conv2d", cupyconv.patch_conv2d, [(2, 3, 3, 5, 4), (4, 3, 3, 3), (4,)],
+         dict(padding=1, algorithm="fused")),
+        ("unfold", cupyconv.unfold, [(2, 3, 7, 6)], dict(kernel_size=3, padding=1, stride=2)),
+        ("fold", cupyconv.fold, [(2, 27, 12)], dict(output_size=(7, 6), kernel_size=3, padding=1, stride=2)),
+    ]
+
+
+@pytest.mark.parametrize("name, fn, shapes, kwargs", cases(), ids=[c[0] for c in cases()])
+def test_a_repeat_takes_the_fast_path_and_equals_the_cpu_path(device, slow_calls, name, fn, shapes, kwargs):
+    for seed in (1, 2, 3):   # fresh values each time: a repeat that read the first call's buffers would show
+        arrays = tca.inputs(seed, *shapes)
+        assert_same(run(device, fn, *arrays, **kwargs), fn(*arrays, **kwargs))
+    gpu_calls = [op for op in slow_calls if op == name]
+    cpu_calls = 3
+    assert len(gpu_calls) == 1 + cpu_calls, slow_calls   # the first GPU call only (and each CPU path call)
+    assert len(_fastpath.CACHE) == 1
+
+
+def test_a_changed_argument_never_hits_a_stale_entry(device, slow_calls):
+    """Each variant differs from the remembered call in one thing: its first call is slow and right; its repeat is
+    fast and right."""
+    x, w, b = tca.inputs(4, (2, 4, 7, 6), (6, 2, 3, 3), (6,))
+    base = dict(padding=1, groups=2)
+    w1 = tca.inputs(5, (6, 4, 3, 3))[0]
+    variants = [
+        ("base", (x, w, b), base, None),
+        ("shape", (x[:, :, :5], w, b), base, None),
+        ("bias", (x, w, None), base, None),
+        ("padding", (x, w, b), dict(base, padding=2), None),
+        ("padding pair", (x, w, b), dict(base, padding=(1, 2)), None),
+        ("stride", (x, w, b), dict(base, stride=2), None),
+        ("dilation", (x, w, b), dict(base, dilation=2), None),
+        ("groups", (x, w1, b), dict(base, groups=1), None),
+        ("algorithm", (x, w, b), dict(base, algorithm="im2col_gemm"), None),
+        ("workspace_limit", (x, w, b), dict(base, workspace_limit=800, algorithm="im2col_gemm"), None),
+        ("dtype", tuple(a.astype(numpy.float64) for a in (x, w, b)), base, None),
+        ("setting", (x, w, b), dict(base, algorithm="im2col_gemm"), 800),
+    ]
+    for label, arrays, kwargs, limit in variants:
+        for repeat in range(2):
+            before = len(slow_calls)
+            with settings.workspace_limit(limit or settings.DEFAULT_WORKSPACE_LIMIT):
+                got = run(device, cupyconv.conv2d, *arrays, **kwargs)
+            want = cupyconv.conv2d(*arrays, **kwargs)
+            assert_same(got, want, str(arrays[0].dtype))
+            gpu_slow = len(slow_calls) - before - 1   # less the CPU path's call
+            assert gpu_slow == (1 if repeat == 0 else 0), f"{label}, call {repeat + 1}: {gpu_slow} slow GPU calls"
+
+
+def test_layout_and_alignment_are_part_of_the_signature(device, slow_calls):
+    x, w = tca.inputs(6, (2, 4, 7, 6), (6, 4, 3, 3))
+    xs = device.asarray(numpy.ascontiguousarray(x.swapaxes(-1, -2))).swapaxes(-1, -2)   # the same values, strided
+    offset = device.asarray(numpy.concatenate([[0], x.ravel()]).astype(x.dtype))[1:].reshape(x.shape)
+    want = cupyconv.conv2d(x, w, padding=1)
+    built = len(slow_calls)
+    with _device.use_device(device):
+        for a in (device.asarray(x), xs, offset):
+            for _ in range(2):
+                assert_same(device.asnumpy(cupyconv.conv2d(a, device.asarray(w), padding=1)), want)
+    assert len(slow_calls) - built == 3
+
+
+def test_bad_input_after_a_success_gets_the_slow_paths_errors(device, slow_calls):
+    x, w, b = tca.inputs(7, (2, 4, 7, 6), (6, 2, 3, 3), (6,))
+    arrays = [device.asarray(a) for a in (x, w, b)]
+    with _device.use_device(device):
+        for _ in range(2):
+            cupyconv.conv2d(*arrays, padding=1, groups=2)
+        for _ in range(2):   # errors are never remembered
+            with pytest.raises(ValueError, match=r"^conv2d: weight \(6, 2, 3, 3\) has 2 input channels per "
+                                                 r"group but x \(2, 4, 7, 6\) has 4 channels with groups=1"):
+                cupyconv.conv2d(*arrays, padding=1, groups=1)
+            with pytest.raises(TypeError, match="^conv2d: groups"):
+                cupyconv.conv2d(*arrays, padding=1, groups=2.0)
+            with pytest.raises(TypeError, match="^conv2d: x has dtype float32 but bias has dtype float64"):
+                cupyconv.conv2d(*arrays[:2], device.asarray(b.astype(numpy.float64)), padding=1, groups=2)
+            with pytest.raises(ValueError, match="^conv2d: algorithm"):
+                cupyconv.conv2d(*arrays, padding=1, groups=2, algorithm="fastest")
+            with pytest.raises(TypeError, match="^conv2d: x is a numpy.ndarray but weight is a cupy.ndarray"):
+                cupyconv.conv2d(x, *arrays[1:], padding=1, groups=2)
+    assert len(_fastpath.CACHE) == 1
+
+
+def test_the_fast_path_enters_the_gpu_scope_which_can_still_refuse(device, slow_calls, monkeypatch):
+    x, w = (device.asarray(a) for a in tca.inputs(8, (1, 2, 5, 5), (3, 2, 3, 3)))
+    device.scopes.clear()
+    with _device.use_device(device):
+        for _ in range(3):
+            cupyconv.conv2d(x, w)
+        assert slow_calls == ["conv2d"]
+        assert device.scopes == [("conv2d", 0)] * 3
+
+        def refusing(op, device_id):
+            raise RuntimeError(f"{op}: the current stream is capturing a CUDA graph")
+
+        monkeypatch.setattr(device, "scope", refusing)
+        with pytest.raises(RuntimeError, match="^conv2d: the current stream is capturing"):
+            cupyconv.conv2d(x, w)
+    assert slow_calls == ["conv2d"]   # refused on the fast path itself
+
+
+def test_numpy_arrays_and_replay_off_take_the_slow_path(device, slow_calls, monkeypatch):
+    x, w = tca.inputs(9, (1, 2, 5, 5), (3, 2, 3, 3))
+    for _ in range(2):
+        cupyconv.conv2d(x, w)   # the CPU path
+    assert slow_calls == ["conv2d"] * 2 and not _fastpath.CACHE
+    arrays = [device.asarray(a) for a in (x, w)]
+    with _device.use_device(device):
+        cupyconv.conv2d(*arrays)
+        cupyconv.conv2d(*arrays)
+        assert slow_calls == ["conv2d"] * 3
+        monkeypatch.setenv("CUPYCONV_REPLAY", "0")
+        assert_same(device.asnumpy(cupyconv.conv2d(*arrays)), cupyconv.conv2d(x, w))
+    assert slow_calls == ["conv2d"] * 5
+
+
+def test_a_call_whose_work_is_not_one_replay_is_not_remembered(device, slow_calls):
+    """conv_transpose2d with a bias adds it after the replayed pass: repeating the pass alone would drop it."""
+    x, w, b = tca.inputs(10, (2, 4, 4, 3), (4, 3, 3, 3), (3,))
+    for _ in range(2):
+        assert_same(run(device, cupyconv.conv_transpose2d, x, w, b, stride=2), cupyconv.conv_transpose2d(x, w, b,
+                                                                                                          stride=2))
+    assert slow_calls.count("conv_transpose2d") == 4 and not _fastpath.CACHE
+
+
+def test_an_emptied_replay_cache_is_a_miss(device, slow_calls, monkeypatch):
+    x, w = tca.inputs(11, (1, 2, 5, 5), (3, 2, 3, 3))
+    want = cupyconv.conv2d(x, w)
+    arrays = [device.asarray(a) for a in (x, w)]
+    with _device.use_device(device):
+        for _ in range(2):
+            assert_same(device.asnumpy(cupyconv.conv2d(*arrays)), want)
+        monkeypatch.setattr(_replay, "CACHE", {})
+        for _ in range(2):
+            assert_same(device.asnumpy(cupyconv.conv2d(*arrays)), want)
+    assert slow_calls == ["conv2d"] * 3   # (the CPU path's, then one slow GPU call per replay cache)
+
+
+def test_a_call_that_makes_another_public_call_is_not_remembered(device, slow_calls):
+    """An entry point whose slow path calls another public function besides its one replayed pass: a repeat of the
+    pass alone would skip the inner call."""
+    from cupyconv._spec import ConvSpec
+    from cupyconv.ops import lift
+    from cupyconv.ops.conv import conv2d_run
+    inner: list = []
+
+    @_arrays.on_arrays_device
+    def outer(x, weight):
+        call = _arrays.Call("outer", x=x, weight=weight)
+        inner.append(cupyconv.unfold(call.x, 3))
+        spec = ConvSpec.for_conv("outer", call.x, call.weight, None, 1, 0, 1, 1, nd=2)
+        return lift.forward(conv2d_run, call.device, call.x, call.weight, None, spec, "auto")
+
+    x, w = tca.inputs(12, (1, 2, 5, 5), (3, 2, 3, 3))
+    arrays = [device.asarray(a) for a in (x, w)]
+    with _device.use_device(device):
+        for _ in range(2):
+            assert_same(device.asnumpy(outer(*arrays)), cupyconv.conv2d(x, w))
+    assert len(inner) == 2 and slow_calls.count("outer") == 2
