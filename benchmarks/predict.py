@@ -1066,7 +1066,9 @@ def gpu_of(name: str | None) -> str | None:
 def calibration(bench: dict, predictions: dict) -> list[dict]:
     """Per case-pass that benchmarks.run measured (`bench`, its JSON) and the model predicted (`predictions`, a
     --json file): cupyconv's measured median next to the predicted range, and the model's error, measured /
-    predicted low and high ("inside" when the measurement falls within the range).  A case label with a suffix
+    predicted low and high ("inside" when the measurement falls within the range), and the same against the
+    predicted wall time, max(GPU, host) ("wall_us", "measured_over_wall", "inside_wall"; the GPU range again
+    where the predictions have no host model).  A case label with a suffix
     ("p-seed-gpubf16@cpu", a smoke run on the CPU) is matched by the label before it."""
     predicted = {(r["case"], r["pass"]): r for r in predictions.get("results", [])}
     rows = []
@@ -1077,10 +1079,14 @@ def calibration(bench: dict, predictions: dict) -> list[dict]:
             continue
         measured = ours["median_ms"] * 1e3
         low, high = p["predicted_us"]
+        wall_low, wall_high = p.get("wall_us") or (low, high)   # predictions made before the host model: the GPU's
         rows.append({"case": r["case"], "pass": r["pass"], "measured_us": round(measured, 2),
-                     "predicted_us": [low, high], "bound": p["bound"], "floor_us": p["floor_us"],
+                     "predicted_us": [low, high], "host_us": p.get("host_us"), "wall_us": [wall_low, wall_high],
+                     "bound": "host" if p.get("host_bound") else p["bound"], "floor_us": p["floor_us"],
                      "measured_over_predicted": [round(measured / low, 3), round(measured / high, 3)],
-                     "inside": low <= measured <= high})
+                     "inside": low <= measured <= high,
+                     "measured_over_wall": [round(measured / wall_low, 3), round(measured / wall_high, 3)],
+                     "inside_wall": wall_low <= measured <= wall_high})
     return rows
 
 
