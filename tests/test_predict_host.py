@@ -1,6 +1,7 @@
 """benchmarks.predict's host model: every case-pass gets a predicted host time from what benchmarks.host_overhead
 counts on the CPU (Python function calls and launches per call), with two constants fitted to the H200's measured
-host times; its wall time is max(GPU, host), since the H200 found every forward host-bound."""
+host times; its wall time is max(GPU, host), since the H200 found every forward host-bound.  That every case-pass
+gets a host range is checked with the rest of its prediction (tests/test_predict.py)."""
 from __future__ import annotations
 
 import json
@@ -13,20 +14,6 @@ pytest.importorskip("cupy")
 from benchmarks import cases, host_overhead, predict  # noqa: E402
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-2026-11-26" / "after-fixes"
-
-
-def test_every_case_pass_has_a_host_prediction():
-    """All 164 GPU case-passes (a few seconds: the counts need no timing) get a host range from a positive count
-    of calls and at least one launch, and their wall time is the larger of GPU and host."""
-    labels = [case.label for case in cases.select([], ("gpu",))]
-    assert len(labels) * 2 >= 160
-    for case in cases.select([], ("gpu",)):
-        for backward in (False, True):
-            host = predict.host_prediction(case, backward)
-            assert host["host_us"] is not None, (case.label, backward, host.get("host_why"))
-            low, high = host["host_us"]
-            counts = host["host_counts"]
-            assert 0 < low < high and counts["calls"] > 20 and counts["launches"] >= 1, (case.label, backward, host)
 
 
 def test_the_wall_time_is_the_larger_of_gpu_and_host():
