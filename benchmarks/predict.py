@@ -22,7 +22,11 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
    kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
-4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
+4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
+5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
+   from `benchmarks.host_overhead.counts` on this CPU -- Python calls and launches per call -- and two constants
+   fitted to the H200's measured host times (`HOST_MODEL`, `HOST_PAIRS`, `fit_host`), and the wall time of calls
+   queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
 `ASSUMPTIONS`.  Both are written into the JSON's "meta".  Nothing here is measured: `benchmarks.gpu_check`
