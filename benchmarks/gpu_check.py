@@ -29,7 +29,7 @@ and last a Markdown summary, printed and written as summary.md, with the perform
 the predictions of record (benchmarks/results/predict-<gpu>.json): per kernel, the profile's CUPTI kernel time next
 to the kernel's prediction (`benchmarks.calibrate`: the model's own terms, kernel against kernel), and per
 case-pass, the benchmarks' wall time (host + GPU: a host-bound call measures its Python, not its kernels) next to
-the case's prediction; the wall-time figures are added to bench.json's results under "prediction", and the
+the case's predicted wall time, max(predicted GPU, predicted host: `benchmarks.predict`'s host model); the wall-time figures are added to bench.json's results under "prediction", and the
 profile to bench.json under "profile" (run.log where there is no bench.json).  Files (never more than 8, none in a
 subfolder): env.json, pytest.xml, pytest.log (the output of the pytest and sanitizer steps), large.json,
 bench.json, bench.png (its plot, where matplotlib is installed), run.log (the output of the env, large, profile
@@ -922,26 +922,38 @@ def summary_calibration(check: Check, record: dict) -> list[str]:
                   calibrate_mod.markdown(kernel_rows, calibrate_mod.summary(kernel_rows))]
     else:
         lines.append("No profile (see the profile step in run.log).")
-    lines += ["", "### Case-passes: MEASURED wall time (host + GPU, benchmarks.run) against PREDICTED kernels", ""]
+    lines += ["", "### Case-passes: MEASURED wall time (host + GPU, benchmarks.run) against PREDICTED wall time", ""]
     if record.get("no_bench"):
         return lines + ["No bench.json."]
     if not rows:
         return lines + ["No measured case-pass has a prediction."]
-    ratios = sorted(math.sqrt(r["measured_over_predicted"][0] * r["measured_over_predicted"][1]) for r in rows)
-    inside = sum(r["inside"] for r in rows)
-    lines += ["The benchmarks' wall time per call includes the host's Python; where calls are host-bound (the "
-              "first GPU run: all of them) it says nothing about the kernels, which the table above compares.", "",
-              f"{inside} of {len(rows)} measurements inside the predicted range; measured / predicted (geometric "
-              f"middle of the range): median {ratios[len(ratios) // 2]:.2f}x, from {ratios[0]:.2f}x to "
+
+    def middle(pair):
+        return math.sqrt(pair[0] * pair[1])
+
+    ratios = sorted(middle(r["measured_over_wall"]) for r in rows)
+    inside = sum(r["inside_wall"] for r in rows)
+    host_model = all(r.get("host_us") for r in rows)
+    lines += ["Calls queued back to back take max(GPU time, host time) each: the predicted wall time is the larger "
+              "of the predicted kernels (GPU) and the predicted host time (Python calls and launches counted on the "
+              "CPU by benchmarks.host_overhead, with constants fitted to the H200's host times)."
+              + ("" if host_model else " **These predictions have no host model** (made before it): their wall "
+                 "time is the GPU's alone, and host-bound calls measure far above it."), "",
+              f"{inside} of {len(rows)} measurements inside the predicted wall range; measured / predicted wall "
+              f"(geometric middle of the range): median {ratios[len(ratios) // 2]:.2f}x, from {ratios[0]:.2f}x to "
               f"{ratios[-1]:.2f}x.", "",
-              "| case | pass | MEASURED wall us (host + GPU) | PREDICTED us | measured / predicted | "
-              "bound (predicted) |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| case | pass | MEASURED wall us (host + GPU) | PREDICTED GPU us | PREDICTED host us | PREDICTED wall us | "
+              "measured / predicted wall | bound (predicted) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def span(pair):
+        return f"{pair[0]:.0f}-{pair[1]:.0f}" if pair else "n/a"
+
     for r in rows:
-        lo, hi = r["measured_over_predicted"]
-        lines.append(f"| {r['case']} | {r['pass']} | {r['measured_us']:.1f} | {r['predicted_us'][0]:.0f}-"
-                     f"{r['predicted_us'][1]:.0f} | {hi:.2f}-{lo:.2f}{'' if r['inside'] else ' **outside**'} | "
-                     f"{r['bound']} |")
+        lo, hi = r["measured_over_wall"]
+        lines.append(f"| {r['case']} | {r['pass']} | {r['measured_us']:.1f} | {span(r['predicted_us'])} | "
+                     f"{span(r.get('host_us'))} | {span(r['wall_us'])} | "
+                     f"{hi:.2f}-{lo:.2f}{'' if r['inside_wall'] else ' **outside**'} | {r['bound']} |")
     return lines
 
 

@@ -45,30 +45,39 @@ SEAM = (("ops/lift.py", "forward"), ("ops/lift.py", "backward"), ("_replay.py", 
 
 
 class _NullKernel:
-    """A compiled kernel as `CudaDevice.launch` uses it (CuPy's RawKernel), whose launch does nothing."""
+    """A compiled kernel as `CudaDevice.launch` uses it (CuPy's RawKernel), whose launch does nothing but count."""
     max_dynamic_shared_size_bytes = 48 * 1024
 
+    def __init__(self, counts: dict):
+        self.counts = counts
+
     def __call__(self, grid, block, args, *, shared_mem=0):
-        pass
+        self.counts["launches"] += 1
 
 
 def null_gpu():
     """A CupyHostDevice whose memory, array work, kernels and cuBLAS do nothing (built lazily: it needs the test
-    emulator package)."""
+    emulator package).  Its `counts` tally what would reach CuPy on a GPU, each with a host cost of its own there:
+    "launches" (raw kernels, cuBLAS GEMMs and CuPy's array work: each one kernel launch) and "allocations"."""
     emulator = _emulator.emulator()
     from emulator._device import EmulatedCublas
 
     class NullCublas(EmulatedCublas):
+        def __init__(self, counts: dict):
+            super().__init__()
+            self.counts = counts
+
         def gemmStridedBatchedEx(self, *args):
-            pass
+            self.counts["launches"] += 1
 
     class NullGpu(emulator.CupyHostDevice):
         name = "null-gpu"
 
         def __init__(self):
             super().__init__()
-            self.blas = NullCublas()
-            self.kernel = _NullKernel()
+            self.counts = {"launches": 0, "allocations": 0}
+            self.blas = NullCublas(self.counts)
+            self.kernel = _NullKernel(self.counts)
             self._next = 1 << 40   # fake device addresses, never read: each array its own range
 
         def empty(self, shape, dtype):
@@ -76,17 +85,19 @@ def null_gpu():
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
             dtype = numpy.dtype(dtype)
             nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+            self.counts["allocations"] += 1
             memory = cupy.cuda.UnownedMemory(self._next, nbytes, None, device_id=0)
             self._next += -(-nbytes // 256) * 256 + 256
             return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
         def copyto(self, dst, src) -> None:
-            pass
+            self.counts["launches"] += 1
 
         def add(self, dst, src) -> None:
-            pass
+            self.counts["launches"] += 1
 
         def sum(self, a, axis, dtype):
+            self.counts["launches"] += 1
             axes = (axis,) if isinstance(axis, int) else tuple(axis)
             return self.empty(tuple(s for i, s in enumerate(a.shape) if i not in axes), dtype)
 
@@ -176,15 +187,42 @@ def host_us(fn, calls: int) -> float:
     return best / calls * 1e6
 
 
-def measure(case: cases_mod.Case, backward: bool, calls: int = 30, timing: bool = True) -> tuple[dict, pstats.Stats]:
+def measure(case: cases_mod.Case, backward: bool, calls: int = 30, timing: bool = True,
+            choices: dict[str, str] | None = None) -> tuple[dict, pstats.Stats]:
+    """The figures of the module's docstring for one case-pass, and launches and allocations per call (what
+    CuPy would be asked for on a GPU); `choices` forces algorithms as `benchmarks.launches.forced_choices` does
+    (an autotuned GPU run's plan)."""
+    from benchmarks import launches
     device, fn = build(case, backward)
-    with on_null_gpu(device, case):
+    with on_null_gpu(device, case), launches.forced_choices(choices or {}):
         for _ in range(3):   # warm: the memoised signatures, plans and kernels
             fn()
+        before = dict(device.counts)
+        fn()
+        counted = {key: device.counts[key] - before[key] for key in before}
         stats, figures = count_calls(fn, calls)
+        figures.update(counted)
         if timing:
             figures["host_us"] = host_us(fn, calls)
     return figures, stats
+
+
+def counts(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None = None, calls: int = 10) -> dict:
+    """Per call, deterministic and cheap (no timing, no seam tracing): {"calls": Python function calls as
+    cProfile counts them, "launches", "allocations"} -- what `benchmarks.predict`'s host model reads."""
+    from benchmarks import launches
+    device, fn = build(case, backward)
+    with on_null_gpu(device, case), launches.forced_choices(choices or {}):
+        for _ in range(2):   # warm: the memoised signatures, plans and kernels
+            fn()
+        before = dict(device.counts)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            fn()
+        profiler.disable()
+    total = sum(ncalls for _, ncalls, _, _, _ in pstats.Stats(profiler).stats.values())
+    return {"calls": round(total / calls, 1), **{key: (device.counts[key] - before[key]) / calls for key in before}}
 
 
 def main(argv=None) -> int:

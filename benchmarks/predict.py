@@ -22,7 +22,11 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
    kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
-4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it.
+4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
+5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
+   from `benchmarks.host_overhead.counts` on this CPU -- Python calls and launches per call -- and two constants
+   fitted to the H200's measured host times (`HOST_MODEL`, `HOST_PAIRS`, `fit_host`), and the wall time of calls
+   queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
 `ASSUMPTIONS`.  Both are written into the JSON's "meta".  Nothing here is measured: `benchmarks.gpu_check`
@@ -174,6 +178,68 @@ CUBLAS_FP32_FRACTION = (0.85, 0.6)
 
 def assumption(name: str) -> tuple:
     return ASSUMPTIONS[name][0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host time: the Python glue and CuPy calls of one call, which bound every forward on the H200
+#
+# Calls enqueued back to back run at max(GPU time, host time) each.  The host's share is predicted from what
+# `benchmarks.host_overhead.counts` finds on the CPU for the case on the current code -- Python function calls
+# per call and launches per call (raw kernels, cuBLAS GEMMs, CuPy's array work), both deterministic -- as
+# host_us = per_call_us * calls + per_launch_us * launches, the two constants fitted (least squares on the
+# relative error) to the H200's measured pairs below; the range is that point times the fit's spread (the
+# lowest and highest measured / fitted of the pairs).  The per-launch term holds what the CPU instrument stubs
+# out: CuPy's launch, its allocations (one to three per launch here: too collinear with launches for a constant
+# of their own -- fitted together they came out at -3.7 us each) and its array work's own Python.
+
+# (case, pass, MEASURED H200 host us per call, the algorithms that run's autotuning chose where the 'auto'
+#  heuristic chooses others, host_overhead.counts at that code: calls, launches).  The host us are
+# benchmarks/results/gpu-2026-11-26/after-fixes/host_profile.json (commit 21e92e1, autotune on, 20 calls enqueued
+# with no synchronisation); the counts were taken at 9148501, whose CuPy path is 21e92e1's.
+HOST_PAIRS = (
+    ("r50-64-gpu16", "fwd", 138.7, {}, 199.1, 3),
+    ("r50-64-gpu16", "fwd+bwd", 460.7, {}, 476.1, 9),
+    ("p-seed-gpu16", "fwd", 149.4, {}, 198.1, 3),
+    ("p-seed-gpu16", "fwd+bwd", 410.5, {}, 474.1, 9),
+    ("iii-gpu32", "fwd", 79.1, {}, 156.1, 1),
+    ("iii-gpu32", "fwd+bwd", 219.8, {}, 359.1, 4),
+    ("dw-480-14-gpu16", "fwd", 107.1, {}, 156.1, 1),
+    ("dw-480-14-gpu16", "fwd+bwd", 227.3, {}, 359.1, 4),
+    ("iv-gpu16", "fwd", 66.2, {}, 125.1, 1),
+    ("iv-gpu16", "fwd+bwd", 135.0, {}, 265.1, 2),
+    ("r50-64-gpu32", "fwd", 185.6, {"forward": "im2col_gemm", "grad_input": "im2col_gemm"}, 316.1, 3),
+    ("r50-64-gpu32", "fwd+bwd", 640.2, {"forward": "im2col_gemm", "grad_input": "im2col_gemm"}, 694.1, 9),
+)
+
+
+def fit_host(pairs=HOST_PAIRS) -> dict:
+    """The host model's constants from measured pairs: per_call_us and per_launch_us minimising the relative
+    error, and the spread (lowest, highest measured / fitted), rounded outward."""
+    measured = numpy.array([p[2] for p in pairs])
+    counts = numpy.array([[p[4], p[5]] for p in pairs], dtype=float)
+    (per_call, per_launch), *_ = numpy.linalg.lstsq(counts / measured[:, None], numpy.ones(len(pairs)), rcond=None)
+    ratios = measured / (counts @ (per_call, per_launch))
+    return {"per_call_us": round(float(per_call), 3), "per_launch_us": round(float(per_launch), 1),
+            "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
+
+
+# fit_host() of HOST_PAIRS, written out so that a change to the pairs shows in review (tests/test_predict_host.py
+# checks the two agree)
+HOST_MODEL = {"per_call_us": 0.334, "per_launch_us": 28.6, "spread": (0.91, 1.33)}
+
+
+def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None = None,
+                    model: dict = HOST_MODEL) -> dict:
+    """{"host_us": [low, high], "host_counts": {calls, launches, allocations}} for one case-pass on the current
+    code, or {"host_us": None, "host_why": ...} where the CPU instrument cannot run it."""
+    from . import host_overhead
+    try:
+        counts = host_overhead.counts(case, backward, choices)
+    except Exception as e:   # the instrument needs tests/emulator; a prediction without it keeps the GPU figures
+        return {"host_us": None, "host_why": f"{type(e).__name__}: {e}"}
+    point = model["per_call_us"] * counts["calls"] + model["per_launch_us"] * counts["launches"]
+    low, high = model["spread"]
+    return {"host_us": [round(point * low, 1), round(point * high, 1)], "host_counts": counts}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -920,9 +986,13 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
         kernels.append(entry)
         total = total + time
     floor, floor_bound = floor_us(case, backward, gpu)
+    host = host_prediction(case, backward, choices)
+    wall = ([round(max(g, h), 2) for g, h in zip(total.to_list(), host["host_us"])] if host["host_us"] else
+            total.to_list())
     heaviest = max(kernels, key=lambda k: math.sqrt(k["predicted_us"][0] * k["predicted_us"][1]), default=None)
     return {"case": case.label, "pass": recording.pass_, "op": case.op, "dtype": case.precision, "gpu": gpu_key,
-            "kernels": kernels, "predicted_us": total.to_list(), "floor_us": round(floor, 2),
+            "kernels": kernels, "predicted_us": total.to_list(), **host, "wall_us": wall,
+            "host_bound": bool(host["host_us"]) and host["host_us"][0] > total.high, "floor_us": round(floor, 2),
             "floor_bound": floor_bound,
             "bound": f"{heaviest['bound']} ({heaviest['name'].split('<')[0]})" if heaviest else None,
             "x_floor": [round(total.low / floor, 2), round(total.high / floor, 2)] if floor else None,
@@ -1000,7 +1070,9 @@ def gpu_of(name: str | None) -> str | None:
 def calibration(bench: dict, predictions: dict) -> list[dict]:
     """Per case-pass that benchmarks.run measured (`bench`, its JSON) and the model predicted (`predictions`, a
     --json file): cupyconv's measured median next to the predicted range, and the model's error, measured /
-    predicted low and high ("inside" when the measurement falls within the range).  A case label with a suffix
+    predicted low and high ("inside" when the measurement falls within the range), and the same against the
+    predicted wall time, max(GPU, host) ("wall_us", "measured_over_wall", "inside_wall"; the GPU range again
+    where the predictions have no host model).  A case label with a suffix
     ("p-seed-gpubf16@cpu", a smoke run on the CPU) is matched by the label before it."""
     predicted = {(r["case"], r["pass"]): r for r in predictions.get("results", [])}
     rows = []
@@ -1011,34 +1083,43 @@ def calibration(bench: dict, predictions: dict) -> list[dict]:
             continue
         measured = ours["median_ms"] * 1e3
         low, high = p["predicted_us"]
+        wall_low, wall_high = p.get("wall_us") or (low, high)   # predictions made before the host model: the GPU's
         rows.append({"case": r["case"], "pass": r["pass"], "measured_us": round(measured, 2),
-                     "predicted_us": [low, high], "bound": p["bound"], "floor_us": p["floor_us"],
+                     "predicted_us": [low, high], "host_us": p.get("host_us"), "wall_us": [wall_low, wall_high],
+                     "bound": "host" if p.get("host_bound") else p["bound"], "floor_us": p["floor_us"],
                      "measured_over_predicted": [round(measured / low, 3), round(measured / high, 3)],
-                     "inside": low <= measured <= high})
+                     "inside": low <= measured <= high,
+                     "measured_over_wall": [round(measured / wall_low, 3), round(measured / wall_high, 3)],
+                     "inside_wall": wall_low <= measured <= wall_high})
     return rows
 
 
+def _span(values: list | None, digits: int = 1) -> str:
+    return "-".join(f"{v:.{digits}f}" for v in values) if values else "n/a"
+
+
 def table(results: list[dict]) -> str:
-    lines = [f"{'case':<18} {'pass':<8} {'dtype':<13} {'predicted us':>17} {'floor us':>9} {'x floor':>13}  "
-             f"bound (kernel)"]
+    lines = [f"{'case':<18} {'pass':<8} {'dtype':<13} {'GPU us':>17} {'host us':>13} {'wall us':>17} {'floor us':>9} "
+             f"{'x floor':>13}  bound (kernel)"]
     for r in results:
-        lo, hi = r["predicted_us"]
         xl, xh = r["x_floor"] or (float("nan"), float("nan"))
-        lines.append(f"{r['case']:<18} {r['pass']:<8} {r['dtype']:<13} {lo:>8.1f}-{hi:<8.1f} {r['floor_us']:>9.1f} "
-                     f"{xl:>6.1f}-{xh:<6.1f}  {r['bound']}")
+        lines.append(f"{r['case']:<18} {r['pass']:<8} {r['dtype']:<13} {_span(r['predicted_us']):>17} "
+                     f"{_span(r.get('host_us'), 0):>13} {_span(r.get('wall_us')):>17} {r['floor_us']:>9.1f} "
+                     f"{xl:>6.1f}-{xh:<6.1f}  {'host' if r.get('host_bound') else r['bound']}")
     return "\n".join(lines)
 
 
 def markdown(results: list[dict]) -> str:
     """The table as Markdown, for benchmarks/RESULTS.md."""
-    lines = ["| case | pass | dtype | predicted us | floor us | x floor | binding resource (kernel) | kernels |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| case | pass | dtype | predicted GPU us | predicted host us | predicted wall us | floor us | x floor | "
+             "binding resource (kernel) | kernels |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        lo, hi = r["predicted_us"]
         xl, xh = r["x_floor"]
         names = ", ".join(k["name"].split("<")[0].replace("cuBLAS gemmStridedBatchedEx", "GEMM") for k in r["kernels"])
-        lines.append(f"| {r['case']} | {r['pass']} | {r['dtype']} | {lo:.0f}-{hi:.0f} | {r['floor_us']:.1f} | "
-                     f"{xl:.1f}-{xh:.1f} | {r['bound']} | {names} |")
+        lines.append(f"| {r['case']} | {r['pass']} | {r['dtype']} | {_span(r['predicted_us'], 0)} | "
+                     f"{_span(r.get('host_us'), 0)} | {_span(r.get('wall_us'), 0)}{' (host)' if r.get('host_bound') else ''} | "
+                     f"{r['floor_us']:.1f} | {xl:.1f}-{xh:.1f} | {r['bound']} | {names} |")
     return "\n".join(lines)
 
 

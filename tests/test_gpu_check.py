@@ -81,9 +81,27 @@ def test_calibration_puts_predicted_next_to_measured(tmp_path):
     written = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert written[0]["prediction"]["predicted_us"] == [low, high] and "prediction" not in written[1]
     text = "\n".join(gpu_check.summary_calibration(check, record))
-    assert "0 of 1 measurements inside the predicted range" in text and "**outside**" in text
+    assert "0 of 1 measurements inside the predicted wall range" in text and "**outside**" in text
+    assert "have no host model" in text, "predictions without host_us: the wall range is the GPU's, and says so"
     (tmp_path / "env.json").write_text(json.dumps({"cupy_device": {"name": "NVIDIA A100-SXM4-80GB"}}))
     assert "no constants for 'NVIDIA A100" in gpu_check.calibrate(check)["status"]
+
+
+def test_calibration_compares_the_measured_wall_time_with_the_predicted_wall(tmp_path):
+    """With the host model, a host-bound case-pass's measured wall time is compared with max(GPU, host): 79 us
+    measured against 5-8 us of kernels is outside the GPU range but inside a 70-110 us wall range."""
+    from benchmarks import gpu_check, predict
+    prediction = {"case": "iii-gpu32", "pass": "fwd", "predicted_us": [5.0, 8.0], "host_us": [70.0, 110.0],
+                  "wall_us": [70.0, 110.0], "host_bound": True, "bound": "issue (depthwise_fwd)", "floor_us": 2.7}
+    bench = {"results": [{"case": "iii-gpu32", "pass": "fwd",
+                          "contenders": {"cupyconv": {"status": "ok", "median_ms": 0.079}}}]}
+    rows = predict.calibration(bench, {"results": [prediction]})
+    assert len(rows) == 1 and not rows[0]["inside"] and rows[0]["inside_wall"] and rows[0]["bound"] == "host"
+    assert rows[0]["measured_over_wall"] == pytest.approx([79 / 70, 79 / 110], rel=1e-3)
+    record = {"status": "ok", "gpu": "h200", "rows": rows, "kernel_rows": [], "stale": False, "meta": {}}
+    text = "\n".join(gpu_check.summary_calibration(gpu_check.Check(tmp_path, False, 540, 0.0), record))
+    assert "1 of 1 measurements inside the predicted wall range" in text and "have no host model" not in text
+    assert "| iii-gpu32 | fwd | 79.0 | 5-8 | 70-110 | 70-110 | 0.72-1.13 | host |" in text, text
 
 
 def test_calibration_of_kernels_from_the_profile_step(tmp_path):

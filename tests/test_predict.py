@@ -445,7 +445,8 @@ def test_real_counters_of_a_small_tensor_core_forward():
 
 def test_every_gpu_case_gets_a_prediction():
     """Every GPU case of cases.ALL_CASES (the N-d ones included), both passes, without SASS (quick): a range,
-    a floor and a binding resource each."""
+    a floor and a binding resource each, and a host range (benchmarks.host_overhead's counts: a positive number of
+    calls, at least one launch) whose larger with the GPU's is the wall range."""
     source = predict.SassSource(enabled=False)
     for case in cases.select([], ("gpu",)):
         for backward in (False, True):
@@ -453,6 +454,10 @@ def test_every_gpu_case_gets_a_prediction():
             low, high = r["predicted_us"]
             assert 0 < low <= high and r["floor_us"] > 0 and r["bound"] and r["kernels"], (case.label, r)
             assert r["x_floor"] == pytest.approx([low / r["floor_us"], high / r["floor_us"]], rel=1e-2, abs=0.02)
+            assert r["host_us"] is not None, (case.label, backward, r.get("host_why"))
+            host_low, host_high = r["host_us"]
+            assert 0 < host_low < host_high and r["host_counts"]["calls"] > 20 and r["host_counts"]["launches"] >= 1
+            assert r["wall_us"] == [round(max(low, host_low), 2), round(max(high, host_high), 2)], (case.label, r)
 
 
 def test_smoke_run_of_the_command(tmp_path):

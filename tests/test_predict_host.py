@@ -1,0 +1,83 @@
+"""benchmarks.predict's host model: every case-pass gets a predicted host time from what benchmarks.host_overhead
+counts on the CPU (Python function calls and launches per call), with two constants fitted to the H200's measured
+host times; its wall time is max(GPU, host), since the H200 found every forward host-bound.  That every case-pass
+gets a host range is checked with the rest of its prediction (tests/test_predict.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cupy")
+
+from benchmarks import cases, host_overhead, predict  # noqa: E402
+
+MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-2026-11-26" / "after-fixes"
+
+
+def test_the_wall_time_is_the_larger_of_gpu_and_host():
+    """iii-gpu32's forward: about 5-8 us of kernel against about 75-110 us of host (the H200 measured 10.8 and 79):
+    host-bound, its wall time the host's."""
+    case = cases.select(["iii-gpu32"], ("gpu",))[0]
+    sass = predict.SassSource(enabled=False)
+    result = predict.predict_case(case, False, "h200", sass, counters=False)
+    assert result["wall_us"] == [max(g, h) for g, h in zip(result["predicted_us"], result["host_us"])]
+    assert result["host_bound"] and result["wall_us"] == result["host_us"]
+    assert "host" in predict.table([result]).splitlines()[1]
+    brief = predict.brief(result)
+    assert brief["host_us"] == result["host_us"] and brief["wall_us"] == result["wall_us"]
+
+
+def test_the_calibration_reproduces_the_measured_h200_pairs():
+    """The pairs' measured host times are those of the committed H200 profile; the constants written out in
+    HOST_MODEL are the fit of the pairs; and every measured host time falls inside its predicted range (the
+    spread is the fit's own extremes, so this holds by construction -- what it guards is that a change to the
+    constants or the formula that no longer fits the measurements fails here)."""
+    measured = json.loads((MEASURED / "host_profile.json").read_text())
+    for label, pass_, host_us, *_ in predict.HOST_PAIRS:
+        key = f"{label}-{'fwd' if pass_ == 'fwd' else 'fwdbwd'}"
+        assert host_us == pytest.approx(measured[key]["host_us"], abs=0.05), key
+    assert len(predict.HOST_PAIRS) == len(measured) == 12
+    assert predict.fit_host() == predict.HOST_MODEL
+    low, high = predict.HOST_MODEL["spread"]
+    assert 0.8 <= low <= 1 <= high <= 1.5, "a wider spread than 0.8-1.5x says the model no longer explains the data"
+    for label, pass_, host_us, _, calls, launches in predict.HOST_PAIRS:
+        point = predict.HOST_MODEL["per_call_us"] * calls + predict.HOST_MODEL["per_launch_us"] * launches
+        assert point * low <= host_us <= point * high, (label, pass_, host_us, point)
+
+
+def test_the_pairs_counts_are_the_instruments_on_the_measured_plan():
+    """The counts written into HOST_PAIRS are host_overhead's, under the plan the H200 run autotuned (r50-64-gpu32:
+    im2col + cuBLAS, 3 launches forward as CUPTI saw).  The CuPy path moves on (other branches cut its calls); this
+    checks the launches, which only a change of plan moves, and that the calls stay the pairs' or fall."""
+    for label, pass_, _, choices, calls, launches in predict.HOST_PAIRS:
+        case = cases.select([label], ("gpu",))[0]
+        counts = host_overhead.counts(case, pass_ != "fwd", choices)
+        assert counts["launches"] == launches and counts["calls"] <= calls, (label, pass_, counts)
+
+
+def test_a_slower_glue_raises_the_prediction(monkeypatch):
+    """Monkeypatched extra work in the glue -- 40 more Python calls per kernel launch -- raises the predicted host
+    time by 40 calls' worth per launch; and the iii forward's prediction stays host-bound."""
+    from cupyconv import _device
+    case = cases.select(["r50-64-gpu16"], ("gpu",))[0]
+    before = predict.host_prediction(case, False)
+    original = _device.CudaDevice.launch
+
+    def busy():
+        return None
+
+    def slow_launch(self, *args, **kwargs):
+        for _ in range(40):
+            busy()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(_device.CudaDevice, "launch", slow_launch)
+    after = predict.host_prediction(case, False)
+    kernels = after["host_counts"]["launches"]   # all three are raw kernels here (no cuBLAS, no array work)
+    assert after["host_counts"]["calls"] == pytest.approx(before["host_counts"]["calls"] + kernels * 41, abs=0.2)
+    rise = predict.HOST_MODEL["per_call_us"] * kernels * 41
+    low, high = predict.HOST_MODEL["spread"]
+    assert after["host_us"][0] == pytest.approx(before["host_us"][0] + rise * low, abs=0.2)
+    assert after["host_us"][1] > before["host_us"][1]
