@@ -547,6 +547,10 @@ WEIGHT_UNIT_CASES = [
     ((20, 2, 30, 30), 1, 3, 2, 1, "bfloat16", False),  # 1 x 1 x 2, packed images (3x3: not SPREAD)
     ((106, 2, 7, 7), 1, 5, 1, 2, "float16", True),     # 7x7 planes (8x8 tiles, padded planes): 35, 35, 35, 1 images
     ((11, 2, 13, 14), 2, 7, 1, 3, "float64", True),    # double: a bank row of 16 elements; multiplier 2
+    # 14-wide rows, not whole 16-byte slots: x staged element by element, WEIGHT_ROW_BATCH rows' loads at a time
+    # (stage_elements; ~20 rows a thread, the last batch partial), the H200's dw-480-14 fp16 kernel; 4 x 16 + 6 images
+    ((70, 2, 14, 14), 1, 3, 1, 1, "float16", False),
+    ((50, 2, 14, 14), 2, 3, 1, 1, "float32", False),   # multiplier 2 (two output channels read one x plane); 3 x 16 + 2
 ]
 
 
