@@ -1,6 +1,7 @@
 """benchmarks/calibrate.py matches each kernel of a measured host profile (CUPTI names) with the model's predicted
-launches of the same case-pass: checked on the committed H200 profiles and predictions of record, kernel by kernel,
-against matches written out here by hand from the two files."""
+launches of the same case-pass: checked on the committed H200 profiles and the predictions of record they were
+measured against (kept beside them, frozen: the predictions of record move with the model and the kernels),
+kernel by kernel, against matches written out here by hand from the two files."""
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from benchmarks import calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "benchmarks" / "results" / "gpu-2026-11-26" / "host-profile"
-PREDICTIONS = ROOT / "benchmarks" / "results" / "predict-h200.json"
+PREDICTIONS = ROOT / "benchmarks" / "results" / "gpu-2026-11-26" / "predict-h200-of-record.json"
 
 
 @pytest.fixture(scope="module")
