@@ -189,7 +189,7 @@ class Program:
     last step that reads it, unless a result is a view of it.  A step's arguments are kept as a list, with its
     references listed apart -- at the top, or one level down in a tuple (a launch's kernel arguments) -- each as
     the plain fields of its view, so that a replay rebuilds only what holds an array, with no Python call per view
-    (measured on the H200 host: the views were most of a replay's Python calls)."""
+    (counted by benchmarks.host_overhead: the views were most of a replay's Python calls)."""
 
     def __init__(self, steps, outputs, slots: int):
         self.outputs, self.slots = outputs, slots

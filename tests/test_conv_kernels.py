@@ -288,7 +288,7 @@ def test_64_bit_index_variants(monkeypatch):
         check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], algorithm)
         check_case(device, CASE_BY_NAME["groups2_stride2"], algorithm)
     kernels = {name.split("<")[0] for name in device.launches}
-    assert kernels == {"conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "unfold_im2col",
+    assert kernels == {"conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum", "unfold_im2col",
                        "fold_col2im"}
     assert all(name.split(",")[1].strip(" >") == "long long" for name in device.launches), device.launches
 
@@ -299,7 +299,7 @@ def test_every_kernel_once():
     check_case(device, CASE_BY_NAME["everything"], "im2col_gemm")
     check_case(device, CASE_BY_NAME["outputs_per_group_7"], "direct")   # stride 1: direct grad_input too
     assert {name.split("<")[0] for name in device.launches} == {
-        "conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "unfold_im2col", "fold_col2im"}
+        "conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum", "unfold_im2col", "fold_col2im"}
 
 
 def test_every_kernel_clean_under_asan():
