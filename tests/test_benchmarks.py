@@ -245,3 +245,16 @@ def test_gpu_results_label_both_figures():
     markdown = report.report(Path("x.json"), {"meta": meta, "mode": "quick", "results": [res]})
     assert "ms: GPU time of queued work" in markdown and "latency: end-to-end latency per call" in markdown
     assert "| cupyconv latency ms |" in markdown and "| 0.7500 |" in markdown
+
+
+def test_host_profile_dry_run_of_the_torch_path(tmp_path):
+    """host_profile --torch times cupyconv.torch's ops (the path the H200 measured 3.5-10x slower per call than the
+    plain functions); the dry run exercises it on CPU tensors and keeps the kernels the CuPy path would launch."""
+    pytest.importorskip("torch")
+    from benchmarks import host_profile
+    out = tmp_path / "profile.json"
+    assert host_profile.main(["--json", str(out), "--no-cprofile", "--dry-run", "--torch", "--cases", "iii-gpu32",
+                              "--calls", "2"]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"iii-gpu32-fwd-torch", "iii-gpu32-fwdbwd-torch"}
+    assert all(r["host_us"] > 0 and r["kernels"] for r in report.values()), report
