@@ -109,49 +109,50 @@ def main(argv=None) -> int:
         import cupy
         run_mod.setup_gpu()
         sync = cupy.cuda.Device().synchronize
-    cupyconv.set_autotune(args.autotune == "on")
-    rows, report = [], {}
-    for case in cases_mod.select(args.cases.split(","), ("gpu",)):
-        timed_case = cases_mod.smoke_on_cpu(case) if args.dry_run else case
-        inputs = cases_mod.make_inputs(timed_case)
-        for backward in (False, True):
-            name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}{'-torch' if args.torch else ''}"
-            try:
-                with run_mod.precision(case.tf32):
-                    build = cases_mod.build_cupyconv_torch if args.torch else cases_mod.build_cupyconv
-                    fn = build(timed_case, inputs, backward)
-                    for _ in range(5):
-                        fn()
-                    sync()
-                    host_us, wall_us = min(host_times(fn, args.calls, sync) for _ in range(3))
-                    kernel_us, kernels = recorded_kernels(case, backward) if args.dry_run else kernel_times(fn, 5)
-                    if args.cprofile:
-                        profiler = cProfile.Profile()
-                        profiler.enable()
-                        for _ in range(args.calls):
+    # autotuning as asked, for this run only: a caller in the same process (the tests) keeps its setting
+    with cupyconv.settings.autotune(args.autotune == "on"):
+        rows, report = [], {}
+        for case in cases_mod.select(args.cases.split(","), ("gpu",)):
+            timed_case = cases_mod.smoke_on_cpu(case) if args.dry_run else case
+            inputs = cases_mod.make_inputs(timed_case)
+            for backward in (False, True):
+                name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}{'-torch' if args.torch else ''}"
+                try:
+                    with run_mod.precision(case.tf32):
+                        build = cases_mod.build_cupyconv_torch if args.torch else cases_mod.build_cupyconv
+                        fn = build(timed_case, inputs, backward)
+                        for _ in range(5):
                             fn()
-                        profiler.disable()
                         sync()
-                if args.cprofile:
-                    stream = io.StringIO()
-                    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(40)
-                    stream.write("\n\n")
-                    pstats.Stats(profiler, stream=stream).sort_stats("cumulative").print_stats(60)
-                    with open(args.out / "cprofile.txt", "a") as f:
-                        f.write(f"==================== {name}\n{stream.getvalue()}")
-                report[name] = {"host_us": host_us, "wall_us": wall_us, "kernel_us": kernel_us,
-                                "kernels": kernels, **({"dry_run": True} if args.dry_run else {})}
-                rows.append(f"| {name} | {host_us:.1f} | {wall_us:.1f} | {kernel_us:.1f} | "
-                            f"{sum(c for c, _ in kernels.values()):.0f} |")
-            except Exception as e:   # one case failing must not lose the others
-                report[name] = {"error": f"{type(e).__name__}: {e}"}
-                rows.append(f"| {name} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
-            print(rows[-1], flush=True)
-            # after every case-pass, so that a run stopped at its time limit keeps what it measured
-            target = args.json or args.out / "host_profile.json"
-            partial = target.with_name(target.name + ".partial")
-            partial.write_text(json.dumps(report, indent=1))
-            partial.replace(target)   # whole or not at all, should the time limit stop the run here
+                        host_us, wall_us = min(host_times(fn, args.calls, sync) for _ in range(3))
+                        kernel_us, kernels = recorded_kernels(case, backward) if args.dry_run else kernel_times(fn, 5)
+                        if args.cprofile:
+                            profiler = cProfile.Profile()
+                            profiler.enable()
+                            for _ in range(args.calls):
+                                fn()
+                            profiler.disable()
+                            sync()
+                    if args.cprofile:
+                        stream = io.StringIO()
+                        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(40)
+                        stream.write("\n\n")
+                        pstats.Stats(profiler, stream=stream).sort_stats("cumulative").print_stats(60)
+                        with open(args.out / "cprofile.txt", "a") as f:
+                            f.write(f"==================== {name}\n{stream.getvalue()}")
+                    report[name] = {"host_us": host_us, "wall_us": wall_us, "kernel_us": kernel_us,
+                                    "kernels": kernels, **({"dry_run": True} if args.dry_run else {})}
+                    rows.append(f"| {name} | {host_us:.1f} | {wall_us:.1f} | {kernel_us:.1f} | "
+                                f"{sum(c for c, _ in kernels.values()):.0f} |")
+                except Exception as e:   # one case failing must not lose the others
+                    report[name] = {"error": f"{type(e).__name__}: {e}"}
+                    rows.append(f"| {name} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
+                print(rows[-1], flush=True)
+                # after every case-pass, so that a run stopped at its time limit keeps what it measured
+                target = args.json or args.out / "host_profile.json"
+                partial = target.with_name(target.name + ".partial")
+                partial.write_text(json.dumps(report, indent=1))
+                partial.replace(target)   # whole or not at all, should the time limit stop the run here
     print("\n| case-pass | host us/call (no sync) | wall us/call (sync at end) | kernel us/call | kernels/call |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows))
