@@ -193,7 +193,7 @@ class Call:
             refusal = _torch_refusal(a) if kind == "torch" else None
             if refusal:
                 raise TypeError(f"{op}: {name} {tuple(a.shape)} is {_describe(a)}: {refusal}")
-            facts = (kind, "cpu" if kind == "numpy" else _device_of(a, kind))
+            facts = (kind, _device_of(a, kind))
             if first_facts is None:
                 first_facts = facts
             elif facts != first_facts:

@@ -55,8 +55,7 @@ def signature(fn, args, kwargs):
     for a in (*args, *kwargs.values()) if kwargs else args:
         t = type(a)
         if t is _ndarray:
-            data = a.data
-            append((a.shape, a.strides, a.dtype, data.device_id, data.ptr % _replay.ALIGNMENT))
+            append(_replay.signature(a))
         elif t in _VALUES:
             parts += (t, a)
         elif t is tuple:

@@ -78,8 +78,11 @@ def _span(a) -> tuple[int, int]:
 
 
 def signature(a):
-    """What of array a the planners may look at."""
-    return None if a is None else (a.shape, a.strides, a.dtype, a.data.ptr % ALIGNMENT)
+    """What of array a the planners may look at (also `_fastpath.signature`'s, for each CuPy array argument)."""
+    if a is None:
+        return None
+    data = a.data
+    return (a.shape, a.strides, a.dtype, data.device_id, data.ptr % ALIGNMENT)
 
 
 class Unrecordable(Exception):
@@ -279,8 +282,7 @@ def replayed(device, what: tuple, arrays: tuple, compute):
     passes itself)."""
     if device is None or device.xp is numpy or not enabled():
         return compute(device)
-    key = (device.key(), settings.get_allow_tf32(), settings.get_deterministic(), settings.get_autotune(),
-           settings.get_workspace_limit(), what, tuple(signature(a) for a in arrays))
+    key = (device.key(), settings.snapshot(), what, tuple(signature(a) for a in arrays))
     program = CACHE.get(key, False)
     if program:
         result = program.run(device, arrays)

@@ -97,8 +97,8 @@ _WORKSPACE_LIMIT = _Setting("workspace_limit", DEFAULT_WORKSPACE_LIMIT, _positiv
 
 
 def snapshot() -> tuple:
-    """Every setting in force here, as one tuple (what a repeated call's outcome may depend on: `_fastpath`);
-    not public API.  One function, no getter calls: it runs on every public GPU call."""
+    """Every setting in force here, as one tuple (what a call's GPU work may depend on: `_replay`'s and
+    `_fastpath`'s keys); not public API.  One function, no getter calls: it runs on every public GPU call."""
     return (_ALLOW_TF32.scoped.get(), _ALLOW_TF32.default, _AUTOTUNE.scoped.get(), _AUTOTUNE.default,
             _DETERMINISTIC.scoped.get(), _DETERMINISTIC.default, _WORKSPACE_LIMIT.scoped.get(),
             _WORKSPACE_LIMIT.default)
