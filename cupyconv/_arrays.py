@@ -250,13 +250,12 @@ class Call:
         # DLPack has no negative or conjugate bit: numpy/cupy.from_dlpack would read a lazily negated view (e.g.
         # the imaginary part of a conjugated tensor) without its sign.  resolve_* copy such a view, else no-ops.
         t = a.detach().resolve_neg().resolve_conj()
-        if t.dtype == torch.bfloat16 and t.device.type == "cpu":
-            # NumPy has no bfloat16: compute from a float32 copy and round the result back in `wrap`.
-            t = t.float()
-        if t.device.type == "cpu":
+        if self.xp is numpy:   # a CPU tensor
+            if t.dtype == torch.bfloat16:
+                # NumPy has no bfloat16: compute from a float32 copy and round the result back in `wrap`.
+                t = t.float()
             return numpy.from_dlpack(t)
-        import cupy
-        return cupy.from_dlpack(t)
+        return self.xp.from_dlpack(t)
 
     def wrap(self, result):
         """Return result (an array, None, or a tuple of those) in the kind the caller passed in."""

@@ -34,6 +34,10 @@ def _torch_allocator(cupy, stream):
     return cupy.cuda.PythonFunctionAllocator(malloc, free).malloc
 
 
+#: The torch device type whose tensors run CuPy's kernels here (benchmarks.host_overhead --torch sets it to "cpu" to
+#: take CPU tensors down this path with the driver calls faked).
+DEVICE_TYPE = "cuda"
+
 # (device index, stream handle) of the innermost cuda_context: a nested one for the same device and stream (the
 # plain function a custom op calls enters it again for its torch tensors) has nothing left to set up, and setting
 # up an allocator and a stream object again is a measurable part of a call's host time.
@@ -55,7 +59,7 @@ def cuda_context(device):
     if isinstance(device, torch.Tensor):
         device = device.device
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != DEVICE_TYPE:
         yield
         return
     import cupy
