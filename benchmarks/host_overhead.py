@@ -155,7 +155,7 @@ TORCH_FAKES = (
     "cupyconv.torch.cpu.runs_on_torch -> False (CPU tensors not sent to torch's CPU convolutions)",
     "cupyconv._arrays._device_of(torch tensor) -> 'cuda:0'; cupyconv.torch.cuda.DEVICE_TYPE = 'cpu' (a CPU tensor "
     "takes cuda_context's CUDA branch, for device 0)",
-    "torch.cuda.current_device -> 0; torch.cuda.current_stream -> a stream object with a fixed cuda_stream handle",
+    "torch.cuda.current_device -> 0; torch's current stream handle (cupyconv.torch.cuda._raw_stream) -> a fixed int",
     "cupy.cuda.Device(i) and the CuPy stream object over torch's stream -> context managers that do nothing (CuPy "
     "needs a driver to enter them); the allocator over torch's caching allocator is real (never asked: NullGpu "
     "allocates nothing)",
@@ -163,13 +163,6 @@ TORCH_FAKES = (
     "torch.from_dlpack(cupy array) -> torch.empty_strided of its shape, strides and dtype (NullGpu's memory is "
     "never real)",
 )
-
-
-class _FakeTorchStream:
-    """torch.cuda.current_stream()'s stand-in: what cuda_context reads of a torch stream."""
-
-    def __init__(self, device_index: int, cuda_stream: int = 0x5EED):
-        self.device_index, self.cuda_stream = device_index, cuda_stream
 
 
 class _NoDriverContext:
@@ -191,8 +184,8 @@ def _fake_current_device():
     return 0
 
 
-def _fake_current_stream(device=None):
-    return _FakeTorchStream(0)
+def _fake_current_stream(device_index):
+    return 0x5EED
 
 
 def _fake_cupy_stream(cupy, stream):
@@ -219,7 +212,7 @@ def _fake_torch_from_dlpack(a):
 _FAKE_CODES = frozenset(f.__code__ for f in (_fake_runs_on_torch, _fake_current_device, _fake_current_stream,
                                             _fake_cupy_stream, _fake_cupy_from_dlpack, _fake_torch_from_dlpack,
                                             _NoDriverContext.__init__, _NoDriverContext.__enter__,
-                                            _NoDriverContext.__exit__, _FakeTorchStream.__init__))
+                                            _NoDriverContext.__exit__))
 
 
 @contextlib.contextmanager
@@ -238,7 +231,7 @@ def torch_on_null_gpu():
 
     fakes = [(cpu, "runs_on_torch", _fake_runs_on_torch), (_arrays, "_device_of", _fake_device_of),
              (cuda, "DEVICE_TYPE", "cpu"), (torch.cuda, "current_device", _fake_current_device),
-             (torch.cuda, "current_stream", _fake_current_stream), (cupy.cuda, "Device", _NoDriverContext),
+             (cuda, "_raw_stream", _fake_current_stream), (cupy.cuda, "Device", _NoDriverContext),
              (cuda, "_cupy_stream", _fake_cupy_stream), (cupy, "from_dlpack", _fake_cupy_from_dlpack),
              (torch, "from_dlpack", _fake_torch_from_dlpack)]
     global _FAKE_CODES_ALL
