@@ -291,8 +291,6 @@ class TorchBridge:
         from .torch.cuda import cuda_context
         self.device, self.dtype, self.xp = device, dtype, xp
         self.torch, self.cuda_context = sys.modules["torch"], cuda_context
-        if not _fastpath._tensors:
-            _fastpath.use_torch(self.torch)
 
     def context(self):
         return self.cuda_context(self.device)

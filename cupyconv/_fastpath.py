@@ -48,7 +48,7 @@ def use_cupy(cupy) -> None:
 
 
 #: torch.Tensor and torch.nn.Parameter (exact types: a subclass may compute otherwise), set when a public call first
-#: bridges torch CUDA tensors (`use_torch`): until then no tensor takes the fast path.
+#: gets a torch tensor (`use_torch`): until then no tensor takes the fast path.
 _tensors: frozenset = frozenset()
 _grad_enabled = None
 
@@ -83,6 +83,9 @@ def signature(fn, args, kwargs):
         else:
             if _ndarray is None and t.__module__.startswith("cupy") and "cupy" in sys.modules:
                 use_cupy(sys.modules["cupy"])   # CuPy's first array: from now on its arrays are known
+                return signature(fn, args, kwargs)
+            if not _tensors and t.__module__.startswith("torch") and "torch" in sys.modules:
+                use_torch(sys.modules["torch"])   # torch's first tensor: likewise
                 return signature(fn, args, kwargs)
             return None
     if kwargs:

@@ -300,7 +300,7 @@ def test_cuda_context_is_a_no_op_on_cpu():
 
 def test_cuda_context_wiring_with_stand_ins(monkeypatch):
     """Without a GPU: cuda_context enters the device, then the allocator and torch's stream (created with the
-    device current), and the allocator draws from torch's caching allocator on that stream."""
+    device current), and the allocator draws from torch's caching allocator on that stream (its handle)."""
     import types
     events, torch_stream = [], types.SimpleNamespace(cuda_stream=0xABC, device_index=1)
 
@@ -328,7 +328,7 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
         return Context("allocator")
 
     def from_external(obj):
-        assert events[0] == "enter device 1" and events[-1] == "enter allocator"
+        assert events[-1] == "enter device 1"
         assert obj.__cuda_stream__() == (0, 0xABC)
         return Context("stream")
 
@@ -336,13 +336,16 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
                                  PythonFunctionAllocator=Allocator,
                                  Stream=types.SimpleNamespace(from_external=from_external))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    from cupyconv.torch import cuda as torch_cuda
+    monkeypatch.setattr(torch_cuda, "_raw_stream", None)   # torch.cuda.current_stream, faked below
+    monkeypatch.setattr(torch_cuda, "_PER_STREAM", {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index: torch_stream if index == 1 else None)
     monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
                         lambda size, device, stream: events.append(("alloc", size, device, stream)) or 0x1000)
     monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda ptr: events.append(("delete", ptr)))
     with cct.cuda_context(torch.device("cuda", 1)):
         events.append("body")
-    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream), ("delete", 0x1000), "enter allocator",
+    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream.cuda_stream), ("delete", 0x1000), "enter allocator",
                       "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
     # Nested on the same device and stream (a custom op's plain function entering it again): nothing is set up
     # again; on another stream, everything is.
