@@ -285,11 +285,11 @@ class TorchBridge:
     (`cupyconv.torch.cuda_context`: torch's device, current stream and caching allocator), the tensors' import as
     CuPy arrays and the results' export as tensors (DLPack, no copy).  `Call` uses one; so does a repeat of the
     call on the fast path (`_fastpath`), whose entry keeps it (it holds no tensor)."""
-    __slots__ = ("device", "dtype", "xp", "torch", "cuda_context")
+    __slots__ = ("device", "dtype", "cupy", "torch", "cuda_context")
 
-    def __init__(self, device, dtype, xp):
+    def __init__(self, device, dtype, cupy):
         from .torch.cuda import cuda_context
-        self.device, self.dtype, self.xp = device, dtype, xp
+        self.device, self.dtype, self.cupy = device, dtype, cupy
         self.torch, self.cuda_context = sys.modules["torch"], cuda_context
 
     def context(self):
@@ -298,7 +298,7 @@ class TorchBridge:
     def to_array(self, t):
         # DLPack has no negative or conjugate bit: numpy/cupy.from_dlpack would read a lazily negated view (e.g.
         # the imaginary part of a conjugated tensor) without its sign.  resolve_* copy such a view, else no-ops.
-        return self.xp.from_dlpack(t.detach().resolve_neg().resolve_conj())
+        return self.cupy.from_dlpack(t.detach().resolve_neg().resolve_conj())
 
     def to_tensor(self, array):
         out = self.torch.from_dlpack(array)

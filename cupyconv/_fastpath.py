@@ -17,10 +17,15 @@ call's result (no work before or after it: conv_transpose's bias, its extended i
 public call made inside it).  Bad input
 therefore never reaches an entry: it fails in the slow path, with its error, every time.
 
-Only CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints,
-floats, bools, strings, None, NumPy scalars, tuples and frozensets of those); torch tensors, NumPy arrays (the CPU
-path) and dask arrays always take the slow path, as does a signature whose program is not in the replay cache
-(not recordable, autotuned on its first call, the cache emptied, `CUPYCONV_REPLAY=0`).
+CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints, floats,
+bools, strings, None, NumPy scalars, tuples and frozensets of those); so do torch CUDA tensors (exact
+`torch.Tensor` or `torch.nn.Parameter`: cupyconv.torch's custom ops call the plain functions with them), keyed by
+their shape, stride, dtype, device, alignment and requires_grad without a DLPack import; a repeat enters
+`cuda_context` and the scope, imports them and exports the results as `Call` does (`_arrays.TorchBridge`, kept by
+the entry).  A tensor that requires grad while grad mode is on (which the slow path refuses) or a lazily negated
+view (which it copies) goes the slow way.  NumPy arrays (the CPU path), CPU tensors (remembered never: they enter
+no GPU scope) and dask arrays always take the slow path, as does a signature whose program is not in the replay
+cache (not recordable, autotuned on its first call, the cache emptied, `CUPYCONV_REPLAY=0`).
 """
 from __future__ import annotations
 

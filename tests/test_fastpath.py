@@ -360,3 +360,48 @@ def test_a_tensors_device_is_part_of_the_signature():
     assert len(keys) == 2 and None not in keys
     assert _fastpath.signature(cupyconv.conv2d, (torch.empty(2, 3).as_subclass(type("Sub", (torch.Tensor,), {})),),
                                {}) is None   # a subclass may compute otherwise: the slow path
+
+
+def test_eager_calls_give_the_custom_ops_results_and_gradients_of_any_order(torch_on_device, monkeypatch):
+    """On (faked) CUDA tensors cupyconv.torch skips torch's dispatcher (`_custom_ops.call`: the op's implementation,
+    in an autograd.Function with the op's formula when a gradient is needed).  The same step through the custom ops
+    (the eager path turned off) gives the same forward, gradients and double-backward gradients, on fresh inputs; and
+    the eager path did run (its Function is the output's grad_fn)."""
+    torch = torch_on_device
+    import cupyconv.torch as cct
+    from cupyconv.torch import _custom_ops
+
+    def step(seed):
+        x, w, b = (_aligned(torch, torch.from_numpy(a)).requires_grad_(True)
+                   for a in tca.inputs(seed, (2, 4, 7, 6), (6, 2, 3, 3), (6,)))
+        y = cct.conv2d(x, w, b, padding=1, groups=2)
+        gy = _aligned(torch, torch.from_numpy(tca.inputs(seed + 100, tuple(y.shape))[0]))
+        gx, gw, gb = torch.autograd.grad(y, (x, w, b), gy, create_graph=True)
+        second = torch.autograd.grad((gx * gx).sum() + (gw * gw).sum(), (x, w))
+        return type(y.grad_fn).__name__, [t.detach() for t in (y, gx, gw, gb, *second)]
+
+    for seed in (1, 2):
+        name, eager = step(seed)
+        assert name.startswith("Eager_conv2d"), name
+        with monkeypatch.context() as m:
+            m.setattr(_custom_ops, "_plain_eager", lambda tensors: False)
+            name, dispatched = step(seed)
+            assert not name.startswith("Eager"), name
+        _assert_torch_close(eager, dispatched)
+
+
+def test_eager_unfold_and_fold_match_torch(torch_on_device):
+    torch = torch_on_device
+    import cupyconv.torch as cct
+    import torch.nn.functional as F
+    x = _aligned(torch, torch.from_numpy(tca.inputs(3, (2, 3, 7, 6))[0])).requires_grad_(True)
+    for _ in range(2):
+        cols = cct.unfold(x, 3, padding=1, stride=2)
+        assert type(cols.grad_fn).__name__.startswith("Eager_unfold")
+        out = cct.fold(cols, (7, 6), 3, padding=1, stride=2)
+        (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        xr = x.detach().clone().requires_grad_(True)
+        ref_out = F.fold(F.unfold(xr, 3, padding=1, stride=2), (7, 6), 3, padding=1, stride=2)
+        (gr,) = torch.autograd.grad(ref_out, xr, torch.ones_like(ref_out))
+        _assert_torch_close((cols.detach(), out.detach(), g), (F.unfold(xr, 3, padding=1, stride=2).detach(),
+                                                              ref_out.detach(), gr))

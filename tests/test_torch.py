@@ -345,8 +345,8 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
     monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda ptr: events.append(("delete", ptr)))
     with cct.cuda_context(torch.device("cuda", 1)):
         events.append("body")
-    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream.cuda_stream), ("delete", 0x1000), "enter allocator",
-                      "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
+    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream.cuda_stream), ("delete", 0x1000),
+                      "enter allocator", "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
     # Nested on the same device and stream (a custom op's plain function entering it again): nothing is set up
     # again; on another stream, everything is.
     events.clear()
@@ -445,3 +445,78 @@ def test_arrays_that_are_not_tensors_are_refused_naming_the_op():
     for op, name, call in calls:
         with pytest.raises(TypeError, match=rf"^{op}: {name} must be a torch.Tensor, got a (numpy.ndarray|dask)"):
             call()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Eager calls (`_custom_ops.call`): torch's dispatcher is skipped only where it would do nothing but call the op
+
+
+def test_eager_calls_only_in_plain_eager_mode(monkeypatch):
+    """`_plain_eager` (whether `call` may skip the dispatcher) on tensors of the CUDA device type (CPU tensors here,
+    cuda.DEVICE_TYPE faked): yes in plain eager mode; no for another device type, a subclass, under autocast, jit
+    tracing, a dispatch mode (fake tensors), a torch-function mode, vmap, the profiler or torch.compile."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cupyconv.torch import _custom_ops, cuda
+    plain = _custom_ops._plain_eager
+    x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    assert not plain([x, w])   # CPU tensors: the custom op (torch's CPU convolutions behind it)
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    assert plain([x, w]) and plain([x, nn.Parameter(w)])
+    assert not plain([x.as_subclass(type("Sub", (torch.Tensor,), {})), w])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not plain([x, w])
+    seen = []
+    torch.jit.trace(lambda t: seen.append(plain([t])) or t * 2, (x,), check_trace=False)
+    assert seen == [False]
+
+    class Nothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Nothing():
+        assert not plain([x, w])
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        assert not plain([x, w])
+    seen.clear()
+    torch.func.vmap(lambda t: seen.append(plain([t])) or t)(x)
+    assert seen == [False]
+    with torch.profiler.profile():
+        assert not plain([x, w])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not plain([x, w])
+
+
+def test_call_runs_the_implementation_or_the_custom_op(monkeypatch):
+    """`call` in plain eager mode: the implementation when no gradient is needed, the op's eager Function when one is;
+    otherwise (here: a tensor on another device) the custom op."""
+    from cupyconv.torch import _custom_ops, cuda
+    ran = []
+    monkeypatch.setitem(_custom_ops.BODIES, "unfold", lambda *args: ran.append("body") or args[0] * 1)
+
+    class Recorded(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *geometry):
+            ran.append("function")
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None, None, None
+
+    monkeypatch.setitem(_custom_ops.EAGER_FUNCTIONS, "unfold", Recorded)
+    args = ([3, 3], [1, 1], [0, 0, 0, 0], [1, 1])
+    x = torch.randn(1, 2, 5, 5)
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    _custom_ops.call("unfold", x, *args)
+    with torch.no_grad():
+        _custom_ops.call("unfold", x.requires_grad_(True), *args)
+    _custom_ops.call("unfold", x, *args)
+    assert ran == ["body", "body", "function"]
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cuda")
+    assert _custom_ops.call("unfold", x.detach(), *args).shape == (1, 18, 9) and ran == ["body", "body", "function"]
