@@ -77,7 +77,10 @@ def signature(fn, args, kwargs):
             # grad mode on (refused by the slow path) or a lazily negated view (copied by it) goes the slow way.
             if a.requires_grad and _grad_enabled() or a.is_neg():
                 return None
-            append((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % _replay.ALIGNMENT, a.requires_grad))
+            try:
+                append((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % _replay.ALIGNMENT, a.requires_grad))
+            except RuntimeError:   # no strides or no storage (sparse, nested): the slow path says what it takes
+                return None
         elif t in _VALUES:
             parts += (t, a)
         elif t is tuple:
