@@ -60,15 +60,16 @@ _PER_STREAM_LIMIT = 64
 
 
 class _CudaContext:
-    """`cuda_context` for a CUDA device: torch's current stream is read when the block is entered."""
+    """`cuda_context` for a CUDA device: torch's current device (for an index of None) and stream are read when the
+    block is entered, as the generator it replaces did."""
     __slots__ = ("index", "token", "entered")
 
-    def __init__(self, index: int):
+    def __init__(self, index):
         self.index, self.entered = index, None
 
     def __enter__(self):
         import cupy
-        index = self.index
+        index = self.index if self.index is not None else torch.cuda.current_device()
         stream_handle = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
         key = (index, stream_handle)
         if _active.get() == key:
@@ -143,7 +144,7 @@ def cuda_context(device):
         device = torch.device(device)
     if device.type != DEVICE_TYPE:
         return _NOTHING
-    return _CudaContext(device.index if device.index is not None else torch.cuda.current_device())
+    return _CudaContext(device.index)   # (no index: torch's current device when the block is entered)
 
 
 def _run(fn, like, *args, memory_format=torch.contiguous_format, **kwargs):
