@@ -349,3 +349,10 @@ def test_torch_cuda_context_keeps_one_stream_and_allocator_per_device_and_stream
                    *expected(0, 0xB)[4:], *expected(0, 0xA)[4:]]
     with torch_cuda.cuda_context(torch.device("cpu")):   # not a CUDA device: nothing
         pass
+    # No index: torch's current device when the block is entered (not when the context is made)
+    context = torch_cuda.cuda_context(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    log.clear()
+    with context:
+        log.append(("work",))
+    assert log == expected(1, 0xA)
