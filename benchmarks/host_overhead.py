@@ -160,8 +160,8 @@ TORCH_FAKES = (
     "needs a driver to enter them); the allocator over torch's caching allocator is real (never asked: NullGpu "
     "allocates nothing)",
     "cupy.from_dlpack(tensor) -> a cupy.ndarray over the tensor's host memory (device id 0)",
-    "torch.from_dlpack(cupy array) -> torch.empty_strided of its shape, strides and dtype (NullGpu's memory is "
-    "never real)",
+    "torch.from_dlpack(cupy array) -> a new view of a torch CPU tensor of its shape, strides and dtype, one per "
+    "layout (NullGpu's memory is never real)",
 )
 
 
@@ -205,8 +205,15 @@ def _fake_torch_from_dlpack(a):
     import torch
     if isinstance(a, torch.Tensor):
         return a
-    dtype = getattr(torch, a.dtype.name)
-    return torch.empty_strided(a.shape, tuple(s // a.itemsize for s in a.strides), dtype=dtype)
+    key = (a.shape, a.strides, a.dtype)
+    base = _FAKE_OUTPUTS.get(key)
+    if base is None:   # one torch CPU allocation per layout, so that timing does not measure torch's CPU allocator
+        strides = tuple(s // a.itemsize for s in a.strides)
+        base = _FAKE_OUTPUTS[key] = torch.empty_strided(a.shape, strides, dtype=getattr(torch, a.dtype.name))
+    return base.view(base.shape)   # a new tensor object each time, as from_dlpack gives
+
+
+_FAKE_OUTPUTS: dict = {}
 
 
 _FAKE_CODES = frozenset(f.__code__ for f in (_fake_runs_on_torch, _fake_current_device, _fake_current_stream,
