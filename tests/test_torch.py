@@ -429,6 +429,32 @@ def test_gpu_memory_comes_from_and_returns_to_torch(case):
     assert cupy.get_default_memory_pool().used_bytes() == pool_before  # nothing went through CuPy's pool
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_OPS, ids=lambda c: c[0])
+def test_gpu_eager_calls_equal_the_custom_ops(case, monkeypatch):
+    """On CUDA tensors in plain eager mode cupyconv.torch runs its ops without torch's dispatcher (`_custom_ops.call`)
+    and repeats on the fast path for torch tensors; the same step through the custom ops gives the same forward,
+    gradient and double-backward gradient."""
+    from cupyconv import _fastpath
+    from cupyconv.torch import _custom_ops
+    _, ours, _ = case
+
+    def step():
+        x = (torch.randn(4, 16, 20, 20, generator=torch.Generator().manual_seed(1)) / 4).cuda().requires_grad_(True)
+        y = ours(x)
+        (gx,) = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
+        (ggx,) = torch.autograd.grad((gx * gx).sum(), x) if gx.requires_grad else (torch.zeros_like(x),)
+        return [t.detach() for t in (y, gx, ggx)]
+
+    for _ in range(2):
+        eager = step()
+    assert any(e.bridge is not None for e in _fastpath.CACHE.values())
+    monkeypatch.setattr(_custom_ops, "_plain_eager", lambda tensors: False)
+    dispatched = step()
+    for a, b in zip(eager, dispatched):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_arrays_that_are_not_tensors_are_refused_naming_the_op():
     """NumPy (or dask) arrays go to cupyconv's own functions; cupyconv.torch says so instead of failing in torch."""
     x, w = numpy.ones((1, 2, 4, 4), numpy.float32), numpy.ones((3, 2, 2, 2), numpy.float32)
