@@ -1,6 +1,6 @@
 """The host (Python) cost of cupyconv's GPU calls, measured on the CPU: no GPU, no kernels, no cuBLAS.
 
-    python -m benchmarks.host_overhead [--cases r50-64-gpu16,iii-gpu32] [--calls 30] [--top 25]
+    python -m benchmarks.host_overhead [--cases r50-64-gpu16,iii-gpu32] [--calls 30] [--top 25] [--torch]
 
 The first GPU run (2026-11-26, H200) found every GPU call host-bound: 170-800 us of Python per forward call
 against 9-80 us of kernels.  This instrument runs the GPU cases' cupyconv calls (`cases._cupyconv_call`, the
@@ -20,12 +20,21 @@ For each case and pass it prints
              GPU host's figure, not of the figure itself (another CPU; no real CuPy launches or allocations)
 
 Autotuning is off (the model's 'auto' choice, the same on every run; with it on, the stubs would time nothing).
+
+--torch runs the calls a torch user makes instead (`cases.build_cupyconv_torch`, the 'cupyconv.torch (autograd)'
+contender of benchmarks.run: cupyconv.torch's functional ops, torch.no_grad for a forward, torch.autograd.grad for
+forward+backward), on real torch CPU tensors of the case's shapes taken down the CUDA branch of cupyconv.torch by
+fakes at its device seams (`TORCH_FAKES`, printed with the table; their own calls are not counted): everything
+else -- torch's custom-op dispatch and autograd, the functional wrappers, the op bodies, `cuda_context`, `Call`'s
+torch bridging, the drivers on NullGpu -- is the real code.  The H200 measured this path 3.5-10x slower per call
+than the plain functions on CuPy arrays (benchmarks/results/gpu-2026-11-26/after-fixes/bench.json).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import cProfile
+import dataclasses
 import math
 import pstats
 import sys
@@ -128,10 +137,124 @@ def on_null_gpu(device, case: cases_mod.Case):
         yield
 
 
-def build(case: cases_mod.Case, backward: bool):
-    """(device, fn): the case-pass's cupyconv calls as a function of no arguments on a fresh NullGpu."""
+def build(case: cases_mod.Case, backward: bool, torch: bool = False):
+    """(device, fn): the case-pass's cupyconv calls as a function of no arguments on a fresh NullGpu; torch: through
+    cupyconv.torch on torch CPU tensors (run them inside `torch_on_null_gpu`)."""
     device = null_gpu()
+    if torch:
+        shapes, dtype = cases_mod.shapes(case), cases_mod.numpy_dtype(case.dtype)
+        inputs = {name: None if shapes[key] is None else numpy.empty(shapes[key], dtype)   # never read
+                  for name, key in (("x", "x"), ("w", "w"), ("b", "b"), ("gy", "y"))}
+        return device, cases_mod.build_cupyconv_torch(dataclasses.replace(case, device="cpu"), inputs, backward)
     return device, cases_mod._cupyconv_call(case, null_inputs(device, case), backward)
+
+
+#: What --torch fakes, each a stand-in for a call that needs CUDA (not counted: `count_calls` subtracts the calls made
+#: inside these functions, themselves included).
+TORCH_FAKES = (
+    "cupyconv.torch.cpu.runs_on_torch -> False (CPU tensors not sent to torch's CPU convolutions)",
+    "cupyconv._arrays._device_of(torch tensor) -> 'cuda:0'; cupyconv.torch.cuda.DEVICE_TYPE = 'cpu' (a CPU tensor "
+    "takes cuda_context's CUDA branch, for device 0)",
+    "torch.cuda.current_device -> 0; torch's current stream handle (cupyconv.torch.cuda._raw_stream) -> a fixed int",
+    "cupy.cuda.Device(i) and the CuPy stream object over torch's stream -> context managers that do nothing (CuPy "
+    "needs a driver to enter them); the allocator over torch's caching allocator is real (never asked: NullGpu "
+    "allocates nothing)",
+    "cupy.from_dlpack(tensor) -> a cupy.ndarray over the tensor's host memory (device id 0)",
+    "torch.from_dlpack(cupy array) -> a new view of a torch CPU tensor of its shape, strides and dtype, one per "
+    "layout (NullGpu's memory is never real)",
+)
+
+
+class _NoDriverContext:
+    def __init__(self, *args):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _fake_runs_on_torch(x, weight):
+    return False
+
+
+def _fake_current_device():
+    return 0
+
+
+def _fake_current_stream(device_index):
+    return 0x5EED
+
+
+def _fake_cupy_stream(cupy, stream):
+    return _NoDriverContext()
+
+
+def _fake_cupy_from_dlpack(t):
+    import cupy
+    itemsize = t.element_size()
+    memory = cupy.cuda.UnownedMemory(t.data_ptr(), max(t.untyped_storage().nbytes(), 1), t, device_id=0)
+    dtype = cases_mod.numpy_dtype(str(t.dtype).replace("torch.", ""))
+    return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(memory, t.storage_offset() * itemsize),
+                        strides=tuple(s * itemsize for s in t.stride()))
+
+
+def _fake_torch_from_dlpack(a):
+    import torch
+    if isinstance(a, torch.Tensor):
+        return a
+    key = (a.shape, a.strides, a.dtype)
+    base = _FAKE_OUTPUTS.get(key)
+    if base is None:   # one torch CPU allocation per layout, so that timing does not measure torch's CPU allocator
+        strides = tuple(s // a.itemsize for s in a.strides)
+        base = _FAKE_OUTPUTS[key] = torch.empty_strided(a.shape, strides, dtype=getattr(torch, a.dtype.name))
+    return base.view(base.shape)   # a new tensor object each time, as from_dlpack gives
+
+
+_FAKE_OUTPUTS: dict = {}
+
+
+_FAKE_CODES = frozenset(f.__code__ for f in (_fake_runs_on_torch, _fake_current_device, _fake_current_stream,
+                                            _fake_cupy_stream, _fake_cupy_from_dlpack, _fake_torch_from_dlpack,
+                                            _NoDriverContext.__init__, _NoDriverContext.__enter__,
+                                            _NoDriverContext.__exit__))
+
+
+@contextlib.contextmanager
+def torch_on_null_gpu():
+    """The fakes of `TORCH_FAKES`, for the block (the `_device_of` one is added in `_fake_device_of`)."""
+    import cupy
+    import torch
+
+    from cupyconv import _arrays
+    from cupyconv.torch import cpu, cuda
+    real_device_of = _arrays._device_of
+
+    def _fake_device_of(a, kind=None):
+        kind = kind or _arrays._kind(a)
+        return "cuda:0" if kind == "torch" else real_device_of(a, kind)
+
+    fakes = [(cpu, "runs_on_torch", _fake_runs_on_torch), (_arrays, "_device_of", _fake_device_of),
+             (cuda, "DEVICE_TYPE", "cpu"), (torch.cuda, "current_device", _fake_current_device),
+             (cuda, "_raw_stream", _fake_current_stream), (cupy.cuda, "Device", _NoDriverContext),
+             (cuda, "_cupy_stream", _fake_cupy_stream), (cupy, "from_dlpack", _fake_cupy_from_dlpack),
+             (torch, "from_dlpack", _fake_torch_from_dlpack)]
+    global _FAKE_CODES_ALL
+    _FAKE_CODES_ALL = _FAKE_CODES | {_fake_device_of.__code__}
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in fakes]
+    try:
+        for owner, name, fake in fakes:
+            setattr(owner, name, fake)
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        _FAKE_CODES_ALL = _FAKE_CODES
+
+
+_FAKE_CODES_ALL = _FAKE_CODES
 
 
 def count_calls(fn, calls: int) -> tuple[pstats.Stats, dict]:
@@ -148,32 +271,43 @@ def count_calls(fn, calls: int) -> tuple[pstats.Stats, dict]:
         total += ncalls
         if filename.startswith(PACKAGE):
             cupyconv += ncalls
-    below = _calls_below_seam(fn, calls)
+    below, faked = _calls_below_seam(fn, calls)
+    total -= faked
     return stats, {"calls": total / calls, "above": (total - below) / calls, "cupyconv": cupyconv / calls}
 
 
-def _calls_below_seam(fn, calls: int) -> int:
+def _calls_below_seam(fn, calls: int) -> tuple[int, int]:
     """Function calls (Python and C, as cProfile counts them) made inside lift.forward/backward or a replay
-    (`SEAM`), the seam itself included."""
-    depth, count = [0], [0]
+    (`SEAM`), the seam itself included; and those made inside the fakes of --torch (`TORCH_FAKES`), the fakes
+    included, which are not counted."""
+    seam = {(name, f"{PACKAGE}/{file}") for file, name in SEAM}
+    counts = {"seam": [0, 0], "fake": [0, 0]}   # [depth, calls] inside each
 
     def tracer(frame, event, arg):
-        if event == "call" and (depth[0] or (frame.f_code.co_name, frame.f_code.co_filename) in seam):
-            depth[0] += 1
-            count[0] += 1
-        elif event == "return" and depth[0]:
-            depth[0] -= 1
-        elif event == "c_call" and depth[0]:
-            count[0] += 1
+        if event == "call":
+            code = frame.f_code
+            for name, inside in (("seam", (code.co_name, code.co_filename) in seam), ("fake", code in fakes)):
+                depth = counts[name]
+                if depth[0] or inside:
+                    depth[0] += 1
+                    depth[1] += 1
+        elif event == "return":
+            for depth in counts.values():
+                if depth[0]:
+                    depth[0] -= 1
+        elif event == "c_call":
+            for depth in counts.values():
+                if depth[0]:
+                    depth[1] += 1
 
-    seam = {(name, f"{PACKAGE}/{file}") for file, name in SEAM}
+    fakes = _FAKE_CODES_ALL
     sys.setprofile(tracer)
     try:
         for _ in range(calls):
             fn()
     finally:
         sys.setprofile(None)
-    return count[0]
+    return counts["seam"][1], counts["fake"][1]
 
 
 def host_us(fn, calls: int) -> float:
@@ -188,13 +322,14 @@ def host_us(fn, calls: int) -> float:
 
 
 def measure(case: cases_mod.Case, backward: bool, calls: int = 30, timing: bool = True,
-            choices: dict[str, str] | None = None) -> tuple[dict, pstats.Stats]:
+            choices: dict[str, str] | None = None, torch: bool = False) -> tuple[dict, pstats.Stats]:
     """The figures of the module's docstring for one case-pass, and launches and allocations per call (what
     CuPy would be asked for on a GPU); `choices` forces algorithms as `benchmarks.launches.forced_choices` does
-    (an autotuned GPU run's plan)."""
+    (an autotuned GPU run's plan); torch: through cupyconv.torch (see --torch)."""
     from benchmarks import launches
-    device, fn = build(case, backward)
-    with on_null_gpu(device, case), launches.forced_choices(choices or {}):
+    device, fn = build(case, backward, torch)
+    with on_null_gpu(device, case), launches.forced_choices(choices or {}), \
+            (torch_on_null_gpu() if torch else contextlib.nullcontext()):
         for _ in range(3):   # warm: the memoised signatures, plans and kernels
             fn()
         before = dict(device.counts)
@@ -230,15 +365,20 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma-separated GPU case labels or tags")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--top", type=int, default=0, help="also print cProfile's top N functions by call count")
+    parser.add_argument("--torch", action="store_true",
+                        help="the calls through cupyconv.torch (autograd) on torch tensors, CUDA faked (see above)")
     args = parser.parse_args(argv)
     rows = []
+    if args.torch:
+        print("cupyconv.torch on torch CPU tensors down the CUDA branch; faked, and not counted:")
+        print("\n".join(f"- {fake}" for fake in TORCH_FAKES) + "\n")
     print("| case-pass | calls/call | above the drivers and replay | in cupyconv/ "
           "| host us/call (this CPU, prediction) |")
     print("| --- | --- | --- | --- | --- |")
     for case in cases_mod.select(args.cases.split(","), ("gpu",)):
         for backward in (False, True):
-            name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}"
-            figures, stats = measure(case, backward, args.calls)
+            name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}{'-torch' if args.torch else ''}"
+            figures, stats = measure(case, backward, args.calls, torch=args.torch)
             rows.append(f"| {name} | {figures['calls']:.0f} | {figures['above']:.0f} | {figures['cupyconv']:.0f} | "
                         f"{figures['host_us']:.0f} |")
             print(rows[-1], flush=True)

@@ -214,10 +214,13 @@ class Call:
             raise TypeError(refusal)
         self._torch_dtype = first.dtype if self.kind == "torch" else None
         self.xp = numpy
+        self.bridge: TorchBridge | None = None
         if device != "cpu":   # CuPy arrays, torch CUDA tensors
             import cupy
             self.xp = cupy
             _fastpath.use_cupy(cupy)
+            if self.kind == "torch":
+                self.bridge = TorchBridge(first.device, first.dtype, cupy)
         self.device = _device.executor_for(self.xp)
         self._enter_gpu_context(first, device)
         for name, a in arrays.items():
@@ -232,12 +235,11 @@ class Call:
         stack = _call_scope.get()
         if stack is None or self.device is None or self.xp is numpy:
             return
-        if self.kind == "torch":
-            from .torch.cuda import cuda_context
-            stack.enter_context(cuda_context(first.device))
+        if self.bridge is not None:
+            stack.enter_context(self.bridge.context())
         device_id = int(device.split(":")[1])
         stack.enter_context(self.device.scope(self.op, device_id))
-        _fastpath.noted_scope(self.device, self.op, device_id)
+        _fastpath.noted_scope(self.device, self.op, device_id, self.bridge)
 
     def _import(self, a):
         if self.kind == "numpy":
@@ -246,26 +248,58 @@ class Call:
             return a if type(a) is numpy.ndarray else a.view(numpy.ndarray)
         if self.kind != "torch":
             return a
+        if self.bridge is not None:   # a CUDA tensor
+            array = self.bridge.to_array(a)
+            _fastpath.noted_import(a, array)
+            return array
         import torch
-        # DLPack has no negative or conjugate bit: numpy/cupy.from_dlpack would read a lazily negated view (e.g.
-        # the imaginary part of a conjugated tensor) without its sign.  resolve_* copy such a view, else no-ops.
-        t = a.detach().resolve_neg().resolve_conj()
-        if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+        t = a.detach().resolve_neg().resolve_conj()   # (see TorchBridge.to_array)
+        if t.dtype == torch.bfloat16:
             # NumPy has no bfloat16: compute from a float32 copy and round the result back in `wrap`.
             t = t.float()
-        if t.device.type == "cpu":
-            return numpy.from_dlpack(t)
-        import cupy
-        return cupy.from_dlpack(t)
+        return numpy.from_dlpack(t)
 
     def wrap(self, result):
         """Return result (an array, None, or a tuple of those) in the kind the caller passed in."""
-        if isinstance(result, tuple):
-            return tuple(self.wrap(r) for r in result)
-        if result is None or self.kind != "torch":
+        if self.kind != "torch":
             return result
+        out = self._to_torch(result)
+        if self.bridge is not None:
+            _fastpath.noted_wrap(result, out)
+        return out
+
+    def _to_torch(self, result):
+        if isinstance(result, tuple):
+            return tuple(self._to_torch(r) for r in result)
+        if result is None:
+            return None
+        if self.bridge is not None:
+            return self.bridge.to_tensor(result)
         import torch
         out = torch.from_dlpack(result)
-        if out.dtype != self._torch_dtype:
-            out = out.to(self._torch_dtype)
-        return out
+        return out if out.dtype == self._torch_dtype else out.to(self._torch_dtype)
+
+
+class TorchBridge:
+    """The torch side of a GPU call on torch CUDA tensors of one device and dtype: the context its CuPy work runs in
+    (`cupyconv.torch.cuda_context`: torch's device, current stream and caching allocator), the tensors' import as
+    CuPy arrays and the results' export as tensors (DLPack, no copy).  `Call` uses one; so does a repeat of the
+    call on the fast path (`_fastpath`), whose entry keeps it (it holds no tensor)."""
+    __slots__ = ("device", "dtype", "cupy", "torch", "cuda_context")
+
+    def __init__(self, device, dtype, cupy):
+        from .torch.cuda import cuda_context
+        self.device, self.dtype, self.cupy = device, dtype, cupy
+        self.torch, self.cuda_context = sys.modules["torch"], cuda_context
+
+    def context(self):
+        return self.cuda_context(self.device)
+
+    def to_array(self, t):
+        # DLPack has no negative or conjugate bit: numpy/cupy.from_dlpack would read a lazily negated view (e.g.
+        # the imaginary part of a conjugated tensor) without its sign.  resolve_* copy such a view, else no-ops.
+        return self.cupy.from_dlpack(t.detach().resolve_neg().resolve_conj())
+
+    def to_tensor(self, array):
+        out = self.torch.from_dlpack(array)
+        return out if out.dtype == self.dtype else out.to(self.dtype)

@@ -17,10 +17,15 @@ call's result (no work before or after it: conv_transpose's bias, its extended i
 public call made inside it).  Bad input
 therefore never reaches an entry: it fails in the slow path, with its error, every time.
 
-Only CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints,
-floats, bools, strings, None, NumPy scalars, tuples and frozensets of those); torch tensors, NumPy arrays (the CPU
-path) and dask arrays always take the slow path, as does a signature whose program is not in the replay cache
-(not recordable, autotuned on its first call, the cache emptied, `CUPYCONV_REPLAY=0`).
+CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints, floats,
+bools, strings, None, NumPy scalars, tuples and frozensets of those); so do torch CUDA tensors (exact
+`torch.Tensor` or `torch.nn.Parameter`: cupyconv.torch's custom ops call the plain functions with them), keyed by
+their shape, stride, dtype, device, alignment and requires_grad without a DLPack import; a repeat enters
+`cuda_context` and the scope, imports them and exports the results as `Call` does (`_arrays.TorchBridge`, kept by
+the entry).  A tensor that requires grad while grad mode is on (which the slow path refuses) or a lazily negated
+view (which it copies) goes the slow way.  NumPy arrays (the CPU path), CPU tensors (remembered never: they enter
+no GPU scope) and dask arrays always take the slow path, as does a signature whose program is not in the replay
+cache (not recordable, autotuned on its first call, the cache emptied, `CUPYCONV_REPLAY=0`).
 """
 from __future__ import annotations
 
@@ -47,6 +52,17 @@ def use_cupy(cupy) -> None:
     _ndarray = cupy.ndarray
 
 
+#: torch.Tensor and torch.nn.Parameter (exact types: a subclass may compute otherwise), set when a public call first
+#: gets a torch tensor (`use_torch`): until then no tensor takes the fast path.
+_tensors: frozenset = frozenset()
+_grad_enabled = None
+
+
+def use_torch(torch) -> None:
+    global _tensors, _grad_enabled
+    _tensors, _grad_enabled = frozenset({torch.Tensor, torch.nn.Parameter}), torch.is_grad_enabled
+
+
 def signature(fn, args, kwargs):
     """What the slow path's outcome depends on, as a hashable tuple; None where an argument is of a kind the fast
     path does not take (a NumPy array, a torch tensor, a list, ...)."""
@@ -56,6 +72,15 @@ def signature(fn, args, kwargs):
         t = type(a)
         if t is _ndarray:
             append(_replay.signature(a))
+        elif t in _tensors:
+            # What the slow path's import and checks read, without a DLPack import: a tensor that requires grad with
+            # grad mode on (refused by the slow path) or a lazily negated view (copied by it) goes the slow way.
+            if a.requires_grad and _grad_enabled() or a.is_neg():
+                return None
+            try:
+                append((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % _replay.ALIGNMENT, a.requires_grad))
+            except RuntimeError:   # no strides or no storage (sparse, nested): the slow path says what it takes
+                return None
         elif t in _VALUES:
             parts += (t, a)
         elif t is tuple:
@@ -66,6 +91,9 @@ def signature(fn, args, kwargs):
         else:
             if _ndarray is None and t.__module__.startswith("cupy") and "cupy" in sys.modules:
                 use_cupy(sys.modules["cupy"])   # CuPy's first array: from now on its arrays are known
+                return signature(fn, args, kwargs)
+            if not _tensors and t.__module__.startswith("torch") and "torch" in sys.modules:
+                use_torch(sys.modules["torch"])   # torch's first tensor: likewise
                 return signature(fn, args, kwargs)
             return None
     if kwargs:
@@ -95,11 +123,11 @@ class Entry:
     program is among the call's arguments (None: an absent array), and the program with the replay cache and
     generation it was found in (looked up once: the replay key holds the spec, slow to hash; a cache emptied or
     swapped is a miss)."""
-    __slots__ = ("device", "op", "device_id", "replay_key", "positions", "program", "cache", "generation")
+    __slots__ = ("device", "op", "device_id", "replay_key", "positions", "bridge", "program", "cache", "generation")
 
-    def __init__(self, device, op, device_id, replay_key, positions):
+    def __init__(self, device, op, device_id, replay_key, positions, bridge=None):
         self.device, self.op, self.device_id = device, op, device_id
-        self.replay_key, self.positions = replay_key, positions
+        self.replay_key, self.positions, self.bridge = replay_key, positions, bridge
         self.program, self.cache, self.generation = None, None, -1
 
 
@@ -118,19 +146,32 @@ def lookup(key, args, kwargs):
     if not program or not _replay.enabled():
         return MISS
     values = (*args, *kwargs.values()) if kwargs else args
-    arrays = tuple([None if i is None else values[i] for i in entry.positions])
-    with entry.device.scope(entry.op, entry.device_id):
-        return program.run(entry.device, arrays)
+    bridge = entry.bridge
+    if bridge is None:
+        arrays = tuple([None if i is None else values[i] for i in entry.positions])
+        with entry.device.scope(entry.op, entry.device_id):
+            return program.run(entry.device, arrays)
+    # torch CUDA tensors: torch's context entered, then the device scope, before the import, as `_arrays.Call` does
+    with bridge.context(), entry.device.scope(entry.op, entry.device_id):
+        to_array = bridge.to_array
+        arrays = tuple([None if i is None else to_array(values[i]) for i in entry.positions])
+        result = program.run(entry.device, arrays)
+        if type(result) is tuple:
+            return tuple([None if r is None else bridge.to_tensor(r) for r in result])
+        return bridge.to_tensor(result)
 
 
 class Note:
     """What a slow call did that its repeat needs: the GPU scopes it entered (`_arrays.Call`) and its `replayed`
     calls (the replay key, the arrays, the result)."""
-    __slots__ = ("scopes", "replays")
+    __slots__ = ("scopes", "replays", "bridge", "imports", "wrapped")
 
     def __init__(self):
         self.scopes: list = []
         self.replays: list = []
+        self.bridge = None          # torch tensors: the call's `_arrays.TorchBridge`,
+        self.imports: list = []     # [(tensor, the array imported from it)],
+        self.wrapped = None         # (the result as arrays, as the tensors returned)
 
 
 def remember(key, note: Note, args, kwargs, result) -> None:
@@ -138,6 +179,12 @@ def remember(key, note: Note, args, kwargs, result) -> None:
     if len(note.scopes) != 1 or len(note.replays) != 1:
         return
     replay_key, arrays, replayed = note.replays[0]
+    if note.bridge is not None:   # torch tensors: the replay ran on their imports, and its result was exported
+        if note.wrapped is None or note.wrapped[1] is not result:
+            return
+        result = note.wrapped[0]
+        tensors = {id(array): tensor for tensor, array in note.imports}
+        arrays = tuple(None if a is None else tensors.get(id(a), _MADE) for a in arrays)
     if not (result is replayed or (type(result) is tuple and type(replayed) is tuple and len(result) == len(replayed)
                                    and all(r is s for r, s in zip(result, replayed)))):
         return
@@ -154,11 +201,30 @@ def remember(key, note: Note, args, kwargs, result) -> None:
     if len(CACHE) >= CACHE_LIMIT:
         CACHE.clear()
     device, op, device_id = note.scopes[0]
-    CACHE[key] = Entry(device, op, device_id, replay_key, tuple(positions))
+    CACHE[key] = Entry(device, op, device_id, replay_key, tuple(positions), note.bridge)
 
 
-def noted_scope(device, op: str, device_id: int) -> None:
-    """`_arrays.Call` entered `device`'s GPU scope for op on device_id."""
+_MADE = object()   # stands for an array the call made (not imported from a tensor argument)
+
+
+def noted_scope(device, op: str, device_id: int, bridge=None) -> None:
+    """`_arrays.Call` entered `device`'s GPU scope for op on device_id (and, for torch tensors, `bridge`'s context)."""
     note = _replay.NOTE.get()
     if note is not None:
         note.scopes.append((device, op, device_id))
+        if bridge is not None:
+            note.bridge = bridge
+
+
+def noted_import(tensor, array) -> None:
+    """`_arrays.Call` imported torch tensor as array."""
+    note = _replay.NOTE.get()
+    if note is not None:
+        note.imports.append((tensor, array))
+
+
+def noted_wrap(result, tensors) -> None:
+    """`_arrays.Call` returns result (arrays) as tensors."""
+    note = _replay.NOTE.get()
+    if note is not None:
+        note.wrapped = (result, tensors)

@@ -226,3 +226,182 @@ def test_a_call_that_makes_another_public_call_is_not_remembered(device, slow_ca
         for _ in range(2):
             assert_same(device.asnumpy(outer(*arrays)), cupyconv.conv2d(x, w))
     assert len(inner) == 2 and slow_calls.count("outer") == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# torch CUDA tensors: cupyconv.torch's custom ops call the plain functions on them, once per op and call
+
+
+@pytest.fixture
+def torch_on_device(device, monkeypatch):
+    """torch CPU tensors taken down the CUDA branch onto `device` (CupyHostDevice) by fakes at the device seams (as
+    benchmarks.host_overhead --torch, but with real values): DLPack in copies a tensor into the device's memory,
+    DLPack out copies an array back into a tensor; everything else is the real code."""
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    import contextlib as _contextlib
+    from cupyconv.torch import cpu, cuda
+    real_device_of = _arrays._device_of
+    monkeypatch.setattr(cpu, "runs_on_torch", lambda x, weight: False)
+    monkeypatch.setattr(_arrays, "_device_of", lambda a, kind=None: "cuda:0" if (kind or _arrays._kind(a)) == "torch"
+                        else real_device_of(a, kind))
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(cuda, "_raw_stream", lambda index: 0x5EED)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda index: _contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "_cupy_stream", lambda cupy, stream: _contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "_PER_STREAM", {})
+    monkeypatch.setattr(cupy, "from_dlpack", lambda t: device.asarray(t.numpy()))
+    real_from_dlpack = torch.from_dlpack
+    monkeypatch.setattr(torch, "from_dlpack", lambda a: torch.from_numpy(device.asnumpy(a))
+                        if isinstance(a, cupy.ndarray) else real_from_dlpack(a))
+    with _device.use_device(device):
+        yield torch
+
+
+def _aligned(torch, t):
+    """A copy of tensor t in memory aligned to 256 bytes, as a GPU allocator gives it (an address's alignment is part
+    of the signature; torch's CPU allocator aligns to 64 bytes only)."""
+    nbytes = t.numel() * t.element_size()
+    buffer = torch.empty(nbytes + 256, dtype=torch.uint8)
+    start = -buffer.data_ptr() % 256
+    out = buffer[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def _torch_conv_step(torch, x, w, b, **kwargs):
+    """cupyconv.torch.conv2d forward and backward (autograd), and torch's own on the same values (the reference)."""
+    import cupyconv.torch as cct
+    import torch.nn.functional as F
+    leaves = [_aligned(torch, t).requires_grad_(True) for t in (x, w, b)]
+    y = cct.conv2d(*leaves, **kwargs)
+    gy = _aligned(torch, torch.from_numpy(numpy.random.default_rng(int(x.sum() * 1000) % 997)
+                                          .standard_normal(y.shape)).to(y.dtype))
+    got = (y.detach(), *torch.autograd.grad(y, leaves, gy))
+    refs = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+    yr = F.conv2d(*refs, **kwargs)
+    return got, (yr.detach(), *torch.autograd.grad(yr, refs, gy))
+
+
+def _assert_torch_close(got, want):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        ref.assert_close(g.numpy(), w.numpy(), str(w.dtype).replace("torch.", ""), "torch fast path")
+
+
+def test_torch_tensors_repeat_on_the_fast_path_and_equal_torchs_own(torch_on_device, slow_calls):
+    """cupyconv.torch.conv2d forward + backward on 'CUDA' tensors: the first step builds a Call for each op, the repeats
+    (fresh values each time) none, and every step equals torch's own convolution and its gradients."""
+    torch = torch_on_device
+    for seed in (1, 2, 3):
+        x, w, b = (torch.from_numpy(a) for a in tca.inputs(seed, (2, 4, 7, 6), (6, 2, 3, 3), (6,)))
+        _assert_torch_close(*_torch_conv_step(torch, x, w, b, padding=1, groups=2))
+    assert slow_calls == ["conv2d", "conv2d_backward"], slow_calls
+    assert len(_fastpath.CACHE) == 2 and all(e.bridge is not None for e in _fastpath.CACHE.values())
+
+
+def test_torch_tensors_never_hit_a_stale_entry(torch_on_device, slow_calls):
+    """Each variant differs from the remembered call in one tensor fact or option: its first call is slow and right,
+    its repeat fast and right."""
+    torch = torch_on_device
+    import cupyconv.torch as cct
+    x, w, b = (torch.from_numpy(a) for a in tca.inputs(4, (2, 4, 7, 6), (6, 2, 3, 3), (6,)))
+    x, w, b = (_aligned(torch, t) for t in (x, w, b))
+    wide = _aligned(torch, torch.from_numpy(tca.inputs(5, (2, 4, 7, 9))[0]))
+    variants = [
+        ("base", (x, w, b), dict(padding=1, groups=2)),
+        ("shape", (_aligned(torch, x[:, :, :5]), w, b), dict(padding=1, groups=2)),
+        ("stride", (wide[..., :6], w, b), dict(padding=1, groups=2)),
+        ("channels-last", (_aligned(torch, x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), w, b),
+         dict(padding=1, groups=2)),
+        ("dtype", tuple(_aligned(torch, t.double()) for t in (x, w, b)), dict(padding=1, groups=2)),
+        ("padding", (x, w, b), dict(padding=2, groups=2)),
+        ("stride option", (x, w, b), dict(padding=1, groups=2, stride=2)),
+        ("no bias", (x, w, None), dict(padding=1, groups=2)),
+    ]
+    for label, (xv, wv, bv), kwargs in variants:
+        for repeat in range(2):
+            before = len(slow_calls)
+            with torch.no_grad():
+                got = cct.conv2d(xv, wv, bv, **kwargs)
+            want = torch.nn.functional.conv2d(xv, wv, bv, **kwargs)
+            _assert_torch_close((got,), (want,))
+            assert len(slow_calls) - before == (1 if repeat == 0 else 0), f"{label}, call {repeat + 1}"
+    # requires_grad is part of the signature: the same tensors requiring grad (grad mode off) are a new signature
+    before = len(slow_calls)
+    with torch.no_grad():
+        cct.conv2d(x.requires_grad_(True), w, b, padding=1, groups=2)
+    assert len(slow_calls) - before == 1
+
+
+def test_torch_tensors_requiring_grad_still_get_the_plain_functions_refusal(torch_on_device, slow_calls):
+    """After a success under no_grad, the plain function on tensors that require grad with grad mode on is refused
+    by the slow path every time (never answered from the entry)."""
+    torch = torch_on_device
+    x, w = (torch.from_numpy(a) for a in tca.inputs(6, (1, 2, 5, 5), (3, 2, 3, 3)))
+    w.requires_grad_(True)
+    with torch.no_grad():
+        for _ in range(2):
+            cupyconv.conv2d(x, w)
+    assert slow_calls == ["conv2d"]
+    for _ in range(2):
+        with pytest.raises(TypeError, match="^conv2d: weight requires grad, but the plain cupyconv functions"):
+            cupyconv.conv2d(x, w)
+    assert slow_calls == ["conv2d"] * 3
+
+
+def test_a_tensors_device_is_part_of_the_signature():
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    _fastpath.use_torch(torch)
+    keys = {_fastpath.signature(cupyconv.conv2d, (torch.empty(2, 3, 4, 4, device=device),), {})
+            for device in ("cpu", "meta")}
+    assert len(keys) == 2 and None not in keys
+    assert _fastpath.signature(cupyconv.conv2d, (torch.empty(2, 3).as_subclass(type("Sub", (torch.Tensor,), {})),),
+                               {}) is None   # a subclass may compute otherwise: the slow path
+
+
+def test_eager_calls_give_the_custom_ops_results_and_gradients_of_any_order(torch_on_device, monkeypatch):
+    """On (faked) CUDA tensors cupyconv.torch skips torch's dispatcher (`_custom_ops.call`: the op's implementation,
+    in an autograd.Function with the op's formula when a gradient is needed).  The same step through the custom ops
+    (the eager path turned off) gives the same forward, gradients and double-backward gradients, on fresh inputs; and
+    the eager path did run (its Function is the output's grad_fn)."""
+    torch = torch_on_device
+    import cupyconv.torch as cct
+    from cupyconv.torch import _custom_ops
+
+    def step(seed):
+        x, w, b = (_aligned(torch, torch.from_numpy(a)).requires_grad_(True)
+                   for a in tca.inputs(seed, (2, 4, 7, 6), (6, 2, 3, 3), (6,)))
+        y = cct.conv2d(x, w, b, padding=1, groups=2)
+        gy = _aligned(torch, torch.from_numpy(tca.inputs(seed + 100, tuple(y.shape))[0]))
+        gx, gw, gb = torch.autograd.grad(y, (x, w, b), gy, create_graph=True)
+        second = torch.autograd.grad((gx * gx).sum() + (gw * gw).sum(), (x, w))
+        return type(y.grad_fn).__name__, [t.detach() for t in (y, gx, gw, gb, *second)]
+
+    for seed in (1, 2):
+        name, eager = step(seed)
+        assert name.startswith("Eager_conv2d"), name
+        with monkeypatch.context() as m:
+            m.setattr(_custom_ops, "_plain_eager", lambda tensors: False)
+            name, dispatched = step(seed)
+            assert not name.startswith("Eager"), name
+        _assert_torch_close(eager, dispatched)
+
+
+def test_eager_unfold_and_fold_match_torch(torch_on_device):
+    torch = torch_on_device
+    import cupyconv.torch as cct
+    import torch.nn.functional as F
+    x = _aligned(torch, torch.from_numpy(tca.inputs(3, (2, 3, 7, 6))[0])).requires_grad_(True)
+    for _ in range(2):
+        cols = cct.unfold(x, 3, padding=1, stride=2)
+        assert type(cols.grad_fn).__name__.startswith("Eager_unfold")
+        out = cct.fold(cols, (7, 6), 3, padding=1, stride=2)
+        (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        xr = x.detach().clone().requires_grad_(True)
+        ref_out = F.fold(F.unfold(xr, 3, padding=1, stride=2), (7, 6), 3, padding=1, stride=2)
+        (gr,) = torch.autograd.grad(ref_out, xr, torch.ones_like(ref_out))
+        _assert_torch_close((cols.detach(), out.detach(), g), (F.unfold(xr, 3, padding=1, stride=2).detach(),
+                                                              ref_out.detach(), gr))

@@ -290,3 +290,69 @@ def test_cudnn_copies_its_result_on_the_arrays_device(recorder, monkeypatch):
     assert recorder.events == [] and (target == result).all()
     source = (ROOT / "cupyconv" / "cudnn.py").read_text()
     assert source.count("_copy_into(") == 4 and "[...] = " not in source   # the definition and the three outputs
+
+
+def test_torch_cuda_context_keeps_one_stream_and_allocator_per_device_and_stream(monkeypatch):
+    """cupyconv.torch.cuda_context reuses the CuPy stream object and allocator it made for a (device, torch stream)
+    and never uses them for another device or stream; a nested context for the same device and stream sets up
+    nothing.  Recorded fakes for torch's current stream handle, cupy.cuda.Device, the CuPy stream object and the
+    allocator (each made object labelled with what it was made for)."""
+    torch = pytest.importorskip("torch")
+    from cupyconv.torch import cuda as torch_cuda
+    log: list = []
+    current = {}   # device index -> torch's current stream handle
+
+    class Labelled:
+        def __init__(self, kind, *label):
+            self.kind, self.label = kind, label
+
+        def __enter__(self):
+            log.append(("enter", self.kind, *self.label))
+
+        def __exit__(self, *exc):
+            log.append(("exit", self.kind, *self.label))
+
+    monkeypatch.setattr(torch_cuda, "_raw_stream", lambda index: current[index])
+    monkeypatch.setattr(cupy.cuda, "Device", lambda index: Labelled("device", index))
+    monkeypatch.setattr(torch_cuda, "_cupy_stream", lambda cupy, s: Labelled("stream", s.device_index, s.cuda_stream))
+    monkeypatch.setattr(torch_cuda, "_torch_allocator", lambda cupy, handle: ("allocator", handle))
+    monkeypatch.setattr(cupy.cuda, "using_allocator", lambda allocator: Labelled(*allocator))
+    monkeypatch.setattr(torch_cuda, "_PER_STREAM", {})
+    made = []
+    real_stream = torch_cuda._cupy_stream
+    monkeypatch.setattr(torch_cuda, "_cupy_stream", lambda cupy, s: made.append((s.device_index, s.cuda_stream))
+                        or real_stream(cupy, s))
+
+    def enter(index, stream):
+        current[index] = stream
+        log.clear()
+        with torch_cuda.cuda_context(torch.device("cuda", index)):
+            log.append(("work",))
+        return log[:]
+
+    def expected(index, stream):
+        return [("enter", "device", index), ("enter", "allocator", stream), ("enter", "stream", index, stream),
+                ("work",), ("exit", "stream", index, stream), ("exit", "allocator", stream), ("exit", "device", index)]
+
+    for index, stream in ((0, 0xA), (0, 0xB), (1, 0xA), (0, 0xA), (1, 0xA), (0, 0xB)):
+        assert enter(index, stream) == expected(index, stream), (index, stream)
+    assert made == [(0, 0xA), (0, 0xB), (1, 0xA)]   # one stream object each, made once
+    current[0] = 0xA
+    log.clear()
+    with torch_cuda.cuda_context(torch.device("cuda", 0)):
+        with torch_cuda.cuda_context(torch.device("cuda", 0)):   # nested, same device and stream: nothing again
+            log.append(("work",))
+        current[0] = 0xB   # the stream changed inside: a nested context sets it up
+        with torch_cuda.cuda_context(torch.device("cuda", 0)):
+            log.append(("work on B",))
+    assert log == [*expected(0, 0xA)[:3], ("work",), *expected(0, 0xB)[:3], ("work on B",),
+                   *expected(0, 0xB)[4:], *expected(0, 0xA)[4:]]
+    with torch_cuda.cuda_context(torch.device("cpu")):   # not a CUDA device: nothing
+        pass
+    # No index: torch's current device when the block is entered (not when the context is made)
+    context = torch_cuda.cuda_context(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    log.clear()
+    with context:
+        log.append(("work",))
+    assert log == expected(1, 0xA)

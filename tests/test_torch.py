@@ -300,7 +300,7 @@ def test_cuda_context_is_a_no_op_on_cpu():
 
 def test_cuda_context_wiring_with_stand_ins(monkeypatch):
     """Without a GPU: cuda_context enters the device, then the allocator and torch's stream (created with the
-    device current), and the allocator draws from torch's caching allocator on that stream."""
+    device current), and the allocator draws from torch's caching allocator on that stream (its handle)."""
     import types
     events, torch_stream = [], types.SimpleNamespace(cuda_stream=0xABC, device_index=1)
 
@@ -328,7 +328,7 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
         return Context("allocator")
 
     def from_external(obj):
-        assert events[0] == "enter device 1" and events[-1] == "enter allocator"
+        assert events[-1] == "enter device 1"
         assert obj.__cuda_stream__() == (0, 0xABC)
         return Context("stream")
 
@@ -336,14 +336,17 @@ def test_cuda_context_wiring_with_stand_ins(monkeypatch):
                                  PythonFunctionAllocator=Allocator,
                                  Stream=types.SimpleNamespace(from_external=from_external))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    from cupyconv.torch import cuda as torch_cuda
+    monkeypatch.setattr(torch_cuda, "_raw_stream", None)   # torch.cuda.current_stream, faked below
+    monkeypatch.setattr(torch_cuda, "_PER_STREAM", {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index: torch_stream if index == 1 else None)
     monkeypatch.setattr(torch.cuda, "caching_allocator_alloc",
                         lambda size, device, stream: events.append(("alloc", size, device, stream)) or 0x1000)
     monkeypatch.setattr(torch.cuda, "caching_allocator_delete", lambda ptr: events.append(("delete", ptr)))
     with cct.cuda_context(torch.device("cuda", 1)):
         events.append("body")
-    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream), ("delete", 0x1000), "enter allocator",
-                      "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
+    assert events == ["enter device 1", ("alloc", 64, 1, torch_stream.cuda_stream), ("delete", 0x1000),
+                      "enter allocator", "enter stream", "body", "exit stream", "exit allocator", "exit device 1"]
     # Nested on the same device and stream (a custom op's plain function entering it again): nothing is set up
     # again; on another stream, everything is.
     events.clear()
@@ -426,6 +429,32 @@ def test_gpu_memory_comes_from_and_returns_to_torch(case):
     assert cupy.get_default_memory_pool().used_bytes() == pool_before  # nothing went through CuPy's pool
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_OPS, ids=lambda c: c[0])
+def test_gpu_eager_calls_equal_the_custom_ops(case, monkeypatch):
+    """On CUDA tensors in plain eager mode cupyconv.torch runs its ops without torch's dispatcher (`_custom_ops.call`)
+    and repeats on the fast path for torch tensors; the same step through the custom ops gives the same forward,
+    gradient and double-backward gradient."""
+    from cupyconv import _fastpath
+    from cupyconv.torch import _custom_ops
+    _, ours, _ = case
+
+    def step():
+        x = (torch.randn(4, 16, 20, 20, generator=torch.Generator().manual_seed(1)) / 4).cuda().requires_grad_(True)
+        y = ours(x)
+        (gx,) = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
+        (ggx,) = torch.autograd.grad((gx * gx).sum(), x) if gx.requires_grad else (torch.zeros_like(x),)
+        return [t.detach() for t in (y, gx, ggx)]
+
+    for _ in range(2):
+        eager = step()
+    assert any(e.bridge is not None for e in _fastpath.CACHE.values())
+    monkeypatch.setattr(_custom_ops, "_plain_eager", lambda tensors: False)
+    dispatched = step()
+    for a, b in zip(eager, dispatched):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_arrays_that_are_not_tensors_are_refused_naming_the_op():
     """NumPy (or dask) arrays go to cupyconv's own functions; cupyconv.torch says so instead of failing in torch."""
     x, w = numpy.ones((1, 2, 4, 4), numpy.float32), numpy.ones((3, 2, 2, 2), numpy.float32)
@@ -442,3 +471,78 @@ def test_arrays_that_are_not_tensors_are_refused_naming_the_op():
     for op, name, call in calls:
         with pytest.raises(TypeError, match=rf"^{op}: {name} must be a torch.Tensor, got a (numpy.ndarray|dask)"):
             call()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Eager calls (`_custom_ops.call`): torch's dispatcher is skipped only where it would do nothing but call the op
+
+
+def test_eager_calls_only_in_plain_eager_mode(monkeypatch):
+    """`_plain_eager` (whether `call` may skip the dispatcher) on tensors of the CUDA device type (CPU tensors here,
+    cuda.DEVICE_TYPE faked): yes in plain eager mode; no for another device type, a subclass, under autocast, jit
+    tracing, a dispatch mode (fake tensors), a torch-function mode, vmap, the profiler or torch.compile."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cupyconv.torch import _custom_ops, cuda
+    plain = _custom_ops._plain_eager
+    x, w = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    assert not plain([x, w])   # CPU tensors: the custom op (torch's CPU convolutions behind it)
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    assert plain([x, w]) and plain([x, nn.Parameter(w)])
+    assert not plain([x.as_subclass(type("Sub", (torch.Tensor,), {})), w])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not plain([x, w])
+    seen = []
+    torch.jit.trace(lambda t: seen.append(plain([t])) or t * 2, (x,), check_trace=False)
+    assert seen == [False]
+
+    class Nothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Nothing():
+        assert not plain([x, w])
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        assert not plain([x, w])
+    seen.clear()
+    torch.func.vmap(lambda t: seen.append(plain([t])) or t)(x)
+    assert seen == [False]
+    with torch.profiler.profile():
+        assert not plain([x, w])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not plain([x, w])
+
+
+def test_call_runs_the_implementation_or_the_custom_op(monkeypatch):
+    """`call` in plain eager mode: the implementation when no gradient is needed, the op's eager Function when one is;
+    otherwise (here: a tensor on another device) the custom op."""
+    from cupyconv.torch import _custom_ops, cuda
+    ran = []
+    monkeypatch.setitem(_custom_ops.BODIES, "unfold", lambda *args: ran.append("body") or args[0] * 1)
+
+    class Recorded(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *geometry):
+            ran.append("function")
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None, None, None
+
+    monkeypatch.setitem(_custom_ops.EAGER_FUNCTIONS, "unfold", Recorded)
+    args = ([3, 3], [1, 1], [0, 0, 0, 0], [1, 1])
+    x = torch.randn(1, 2, 5, 5)
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    _custom_ops.call("unfold", x, *args)
+    with torch.no_grad():
+        _custom_ops.call("unfold", x.requires_grad_(True), *args)
+    _custom_ops.call("unfold", x, *args)
+    assert ran == ["body", "body", "function"]
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cuda")
+    assert _custom_ops.call("unfold", x.detach(), *args).shape == (1, 18, 9) and ran == ["body", "body", "function"]

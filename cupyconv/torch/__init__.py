@@ -17,7 +17,9 @@ Layers of this package, from the bottom up, one module each:
   `torch.compile(model, fullgraph=True)` and `torch.export` trace them without a graph break and meta tensors
   get meta outputs; padding is passed normalised as [low, high] per spatial dim, and the options `algorithm`
   and `workspace_limit` travel in the schema to the forward and the backward op.  The autocast kernels (below)
-  are registered here too.
+  are registered here too.  `call(name, *args)` is how the layers above call an op: on CUDA tensors in plain eager
+  mode it runs the op's implementation without torch's dispatcher (whose Python glue cost more host time than the
+  whole plain call), in the op's eager Function where a gradient is needed; otherwise the custom op.
 * `autograd.py`: the autograd formulas of every op, written with the ops themselves, so every convolution has
   gradients of any order: the forward op's calls the backward op for only the gradients
   `ctx.needs_input_grad` asks for; the backward op's (double backward) calls the forward and backward ops (the
@@ -26,7 +28,7 @@ Layers of this package, from the bottom up, one module each:
 * `functional.py`: functional wrappers `conv1d`, `conv2d`, `conv3d`, `depthwise_conv2d`, `patch_conv2d`,
   `conv_transpose1d/2d/3d`, `unfold`, `fold` with torch's signatures and conventions (unbatched inputs,
   channels-last outputs for channels-last inputs), which normalise and validate the arguments with `ConvSpec`
-  and call the custom op.
+  and call the op (`_custom_ops.call`).
 * `modules.py`: `Conv1d`, `Conv2d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `DepthwiseConv2d`, `PatchConv2d`
   subclass the matching `torch.nn` class (the last two `torch.nn.Conv2d`) and override only the computation;
   `DepthwiseSeparableConv2d` holds a `DepthwiseConv2d` and a 1x1 `Conv2d`.  `convert(model)` swaps a model's

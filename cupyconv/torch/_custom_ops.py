@@ -26,6 +26,7 @@ import cupyconv
 from ..ops.conv import workspace_scope
 from ..ops.implicit_gemm import keeping_channels_last
 from . import cpu
+from . import cuda
 from .cuda import _run
 from .functional import output_format
 
@@ -33,6 +34,16 @@ from .functional import output_format
 # binding raises while a stream captures, and cupyconv refuses to start under capture (`_device.CAPTURE_REFUSAL`).
 # Tagged cudagraph_unsafe (torch >= 2.8), the ops run between the captured partitions of a compiled graph.
 _GRAPH_TAGS = {"tags": (torch.Tag.cudagraph_unsafe,)} if hasattr(torch.Tag, "cudagraph_unsafe") else {}
+
+#: {op name: its implementation}: the function each custom op `torch.ops.cupyconv.<name>` runs on real tensors,
+#: which `call` runs directly where torch's dispatcher would add nothing but its own host time.
+BODIES: dict = {}
+
+
+def _custom_op(name: str, body, schema: str):
+    """`torch.ops.cupyconv.<name>` with implementation body (kept in BODIES)."""
+    BODIES[name] = body
+    return torch.library.custom_op(f"cupyconv::{name}", body, mutates_args=(), **_GRAPH_TAGS, schema=schema)
 
 # ---------------------------------------------------------------------------------------------------------
 # Geometry helpers (plain ints on the eager path, SymInts in fake implementations)
@@ -145,9 +156,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
     the forward output's shape."""
     schema = ", ".join(options)
 
-    @torch.library.custom_op(f"cupyconv::{name}", mutates_args=(), **_GRAPH_TAGS,
-                             schema=f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
-    def op(x, weight, bias, *values):
+    def forward(x, weight, bias, *values):
         kw = _keywords(options, values)
         if cpu.runs_on_torch(x, weight):
             return cpu.forward(name, x, weight, bias, kw).contiguous(memory_format=output_format(x, weight))
@@ -161,14 +170,14 @@ def _define_convolution(name: str, options: tuple, out_shape):
             _keep_x_copy(y, x, kept[0])
         return y
 
+    op = _custom_op(name, forward, f"(Tensor x, Tensor weight, Tensor? bias, {schema}) -> Tensor")
+
     @op.register_fake
     def _(x, weight, bias, *values):
         return torch.empty(out_shape(x, weight, **_keywords(options, values)), dtype=x.dtype, device=x.device,
                            memory_format=output_format(x, weight))
 
-    @torch.library.custom_op(f"cupyconv::{name}_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
-            f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
-    def backward_op(grad_output, x, weight, needs, *values):
+    def backward(grad_output, x, weight, needs, *values):
         kw = _keywords(options, values)
         if cpu.runs_on_torch(x, weight):
             return _fill_missing(cpu.backward(name, grad_output, x, weight, needs, kw), x)
@@ -176,6 +185,9 @@ def _define_convolution(name: str, options: tuple, out_shape):
             grads = _run(getattr(cupyconv, f"{name}_backward"), x, grad_output, x, weight, needs=_names(needs),
                          **_cupyconv_keywords(kw))
         return _fill_missing(grads, x)
+
+    backward_op = _custom_op(f"{name}_backward", backward, (
+        f"(Tensor grad_output, Tensor x, Tensor weight, bool[3] needs, {schema}) -> (Tensor, Tensor, Tensor)"))
 
     @backward_op.register_fake
     def _(grad_output, x, weight, needs, *values):
@@ -200,10 +212,12 @@ for _name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
 # Custom ops: unfold and fold (linear, each other's adjoint: their backward ops have autograd too)
 
 
-@torch.library.custom_op("cupyconv::unfold", mutates_args=(), **_GRAPH_TAGS, schema=(
-        "(Tensor x, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
-def _unfold_op(x, kernel_size, dilation, padding, stride):
+def _unfold(x, kernel_size, dilation, padding, stride):
     return _run(cupyconv.unfold, x, x, tuple(kernel_size), tuple(dilation), _per_side(padding), tuple(stride))
+
+
+_unfold_op = _custom_op("unfold", _unfold, (
+    "(Tensor x, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
 
 
 @_unfold_op.register_fake
@@ -212,12 +226,14 @@ def _(x, kernel_size, dilation, padding, stride):
     return x.new_empty((*x.shape[:-3], x.shape[-3] * math.prod(kernel_size), math.prod(out)))
 
 
-@torch.library.custom_op("cupyconv::unfold_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
-        "(Tensor grad_output, SymInt[2] input_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
-        "int[2] stride) -> Tensor"))
-def _unfold_backward_op(grad_output, input_size, kernel_size, dilation, padding, stride):
+def _unfold_backward(grad_output, input_size, kernel_size, dilation, padding, stride):
     return _run(cupyconv.unfold_backward, grad_output, grad_output, tuple(input_size), tuple(kernel_size),
                 tuple(dilation), _per_side(padding), tuple(stride))
+
+
+_unfold_backward_op = _custom_op("unfold_backward", _unfold_backward, (
+    "(Tensor grad_output, SymInt[2] input_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
+    "int[2] stride) -> Tensor"))
 
 
 @_unfold_backward_op.register_fake
@@ -226,12 +242,14 @@ def _(grad_output, input_size, kernel_size, dilation, padding, stride):
     return grad_output.new_empty((*grad_output.shape[:-2], channels, *input_size))
 
 
-@torch.library.custom_op("cupyconv::fold", mutates_args=(), **_GRAPH_TAGS, schema=(
-        "(Tensor cols, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
-        "int[2] stride) -> Tensor"))
-def _fold_op(cols, output_size, kernel_size, dilation, padding, stride):
+def _fold(cols, output_size, kernel_size, dilation, padding, stride):
     return _run(cupyconv.fold, cols, cols, tuple(output_size), tuple(kernel_size), tuple(dilation),
                 _per_side(padding), tuple(stride))
+
+
+_fold_op = _custom_op("fold", _fold, (
+    "(Tensor cols, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[4] padding, "
+    "int[2] stride) -> Tensor"))
 
 
 @_fold_op.register_fake
@@ -240,11 +258,13 @@ def _(cols, output_size, kernel_size, dilation, padding, stride):
     return cols.new_empty((*cols.shape[:-2], channels, *output_size))
 
 
-@torch.library.custom_op("cupyconv::fold_backward", mutates_args=(), **_GRAPH_TAGS, schema=(
-        "(Tensor grad_output, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
-def _fold_backward_op(grad_output, kernel_size, dilation, padding, stride):
+def _fold_backward(grad_output, kernel_size, dilation, padding, stride):
     return _run(cupyconv.fold_backward, grad_output, grad_output, tuple(kernel_size), tuple(dilation),
                 _per_side(padding), tuple(stride))
+
+
+_fold_backward_op = _custom_op("fold_backward", _fold_backward, (
+    "(Tensor grad_output, int[2] kernel_size, int[2] dilation, int[4] padding, int[2] stride) -> Tensor"))
 
 
 @_fold_backward_op.register_fake
@@ -282,3 +302,49 @@ for _name in CONVOLUTIONS:
     for _device_type, _key in _AUTOCAST_KEYS.items():
         if torch.amp.is_autocast_available(_device_type):
             _LIBRARY.impl(_name, _autocast_kernel(getattr(torch.ops.cupyconv, _name).default, _device_type), _key)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Eager calls: the ops without torch's dispatcher where it would only add host time
+#
+# Measured on this CPU (benchmarks/RESULTS.md "Host cost of the torch path"): a call of torch.ops.cupyconv.conv2d
+# costs ~150 us of torch's custom-op machinery before the op's own code runs (the dispatcher's Python kernels,
+# autograd's generated Function, the dynamo guard around the implementation, the aliasing check), more than the
+# whole plain cupyconv call.  On plain CUDA tensors in plain eager mode nothing of it does anything, so `call`
+# runs the implementation directly, inside an autograd.Function with the op's own formula where a gradient will
+# be needed.  Anything else -- torch.compile, export and jit tracing, a dispatch or torch-function mode (fake
+# tensors, make_fx, functionalization), functorch transforms, autocast, the profiler, a tensor subclass, a
+# non-CUDA tensor, an op without an eager Function that needs a gradient -- goes through the custom op as before.
+
+#: {op name: a torch.autograd.Function whose forward is BODIES[name] and whose formula is the op's}, registered by
+#: cupyconv.torch.autograd for the ops whose formulas it defines.
+EAGER_FUNCTIONS: dict = {}
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_C = torch._C
+_any_autocast = getattr(_C, "_is_any_autocast_enabled", None)
+
+
+def _plain_eager(tensors) -> bool:
+    """Whether torch's dispatcher would do nothing for a call on these tensors but run the op's implementation."""
+    if torch.compiler.is_compiling():   # first: dynamo reads it as True and never traces the private queries below
+        return False
+    if (_C._is_tracing() or _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
+            or _C._are_functorch_transforms_active() or _C._autograd._profiler_enabled()
+            or (_any_autocast() if _any_autocast is not None else torch.is_autocast_enabled())):
+        return False
+    for t in tensors:   # (after the modes: a torch-function mode would see the .device read)
+        if type(t) not in _PLAIN_TENSORS or t.device.type != cuda.DEVICE_TYPE:
+            return False
+    return True
+
+
+def call(name: str, *args):
+    """torch.ops.cupyconv.<name>(*args), with torch's dispatcher skipped where it would only cost time (above)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if _plain_eager(tensors):
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return BODIES[name](*args)
+        function = EAGER_FUNCTIONS.get(name)
+        if function is not None:
+            return function.apply(*args)
+    return getattr(torch.ops.cupyconv, name)(*args)

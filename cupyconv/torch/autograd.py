@@ -10,9 +10,11 @@ Both get an autograd formula here, written with the same two ops, so gradients o
   d/dx = backward_op(grad_output, x, ggw, [input])   (gw = dB(x, .)* grad_output, linear in x),
   d/dw = backward_op(grad_output, ggx, w, [weight])  (gx = dB(., w)* grad_output, linear in w).
 """
+import functools
+
 import torch
 
-from ._custom_ops import CONVOLUTIONS, saved_x
+from ._custom_ops import BODIES, CONVOLUTIONS, EAGER_FUNCTIONS, call, saved_x
 
 
 def _needed(grads, needs):
@@ -122,10 +124,27 @@ class DepthwiseConv2dFunction(torch.autograd.Function):
     setup_context, backward = map(staticmethod, _forward_formula(torch.ops.cupyconv.depthwise_conv2d_backward))
 
 
+def _eager_function(name: str, setup_context, backward):
+    """The Function `_custom_ops.call` applies for op `name` in plain eager mode: the op's implementation as its
+    forward, the op's autograd formula.  setup_context runs inside forward, as in the Function torch generates for a
+    custom op (a Function with a separate setup_context costs an inspect.signature per call)."""
+    body = BODIES[name]
+
+    def forward(ctx, *args):
+        output = body(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(f"Eager_{name}", (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                              "backward": staticmethod(backward)})
+
+
 for _name in CONVOLUTIONS:
     _op, _backward_op = getattr(torch.ops.cupyconv, _name), getattr(torch.ops.cupyconv, f"{_name}_backward")
-    _setup, _backward = _forward_formula(_backward_op)
+    # the backward op through `call`: its implementation directly where the dispatcher adds nothing (no create_graph)
+    _setup, _backward = _forward_formula(functools.partial(call, f"{_name}_backward"))
     torch.library.register_autograd(f"cupyconv::{_name}", _backward, setup_context=_setup)
+    EAGER_FUNCTIONS[_name] = _eager_function(_name, _setup, _backward)
     _setup, _backward = _backward_formula(_op, _backward_op)
     torch.library.register_autograd(f"cupyconv::{_name}_backward", _backward, setup_context=_setup)
 
@@ -147,7 +166,7 @@ class _UnfoldLike(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = torch.ops.cupyconv.unfold_backward(grad_output.to(ctx.dtype), list(ctx.input_size), *ctx.geometry)
+        grad = call("unfold_backward", grad_output.to(ctx.dtype), list(ctx.input_size), *ctx.geometry)
         return grad, None, None, None, None
 
 
@@ -163,7 +182,7 @@ class _FoldLike(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        return torch.ops.cupyconv.fold_backward(grad_output.to(ctx.dtype), *ctx.geometry), None, None, None, None, None
+        return call("fold_backward", grad_output.to(ctx.dtype), *ctx.geometry), None, None, None, None, None
 
 
 class UnfoldFunction(_UnfoldLike):
@@ -201,3 +220,4 @@ class FoldBackwardFunction(_UnfoldLike):
 for _name, _function in (("unfold", UnfoldFunction), ("unfold_backward", UnfoldBackwardFunction),
                          ("fold", FoldFunction), ("fold_backward", FoldBackwardFunction)):
     torch.library.register_autograd(f"cupyconv::{_name}", _function.backward, setup_context=_function.setup_context)
+    EAGER_FUNCTIONS[_name] = _eager_function(_name, _function.setup_context, _function.backward)

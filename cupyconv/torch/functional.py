@@ -28,6 +28,11 @@ from .._spec import (KERNEL_LAYOUTS, LAYOUTS, ConvSpec, _padding, _tuple, check_
 from ..ops.conv import ALGORITHMS
 from ..ops.patch import ALGORITHMS as PATCH_ALGORITHMS
 
+# The wrappers call the custom ops through `_custom_ops.call` (torch's dispatcher skipped where it adds nothing).
+# _custom_ops imports this module (output_format) and this one imports it back: the package imports _custom_ops
+# first, so here it is still partly initialised, and `call` is read when a wrapper runs.
+from . import _custom_ops  # noqa: E402  (isort: after the modules it needs)
+
 __all__ = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "patch_conv2d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "unfold", "fold"]
 
@@ -102,11 +107,30 @@ def _checked_shape(t: Tensor, core: int, padding=0, stride=1):
     return _Leading((1,) * (t.dim() - core) + (t.shape[-core], *spatial))
 
 
+_FORMATS: dict = {}   # {(sizes, strides): `_memory_format`'s answer}
+
+
 def _memory_format(t: Tensor) -> torch.memory_format:
     """The memory format torch reads from t's strides (C++ `Tensor.suggest_memory_format`, which torch's
     convolutions follow): channels-last when, walking C, the spatial dims from the last, then N, no stride is
     smaller than the extent of the dims walked before.  An ambiguous layout reads as contiguous where torch's
     does (a zero C stride, (N, C, 1, 1) planes); a size-1 C with NHWC strides reads as channels-last."""
+    try:   # every call of an op reads it twice (x, weight): kept per (sizes, strides) of int sizes
+        key = (t.shape, t.stride())
+        return _FORMATS[key]
+    except KeyError:
+        pass
+    except TypeError:   # symbolic sizes (a trace) cannot be hashed: read them every time
+        key = None
+    fmt = _read_memory_format(t)
+    if key is not None:
+        if len(_FORMATS) >= 4096:
+            _FORMATS.clear()
+        _FORMATS[key] = fmt
+    return fmt
+
+
+def _read_memory_format(t: Tensor) -> torch.memory_format:
     channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
     # Symbolic sizes stay symbolic (an int() would specialise them); traced ones (jit.trace) become ints.
     sizes = [n if isinstance(n, torch.SymInt) else int(n) for n in t.shape]
@@ -145,8 +169,8 @@ def _convolution(op: str, nd: int, input, weight, bias, stride, padding, dilatio
     x, unbatched = _batched(op, input, nd)
     spec = ConvSpec.for_conv(op, _checked_shape(x, nd + 1, padding, stride), weight, bias, stride, padding, dilation,
                              groups, nd=nd)
-    y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(spec.stride), _flat(spec.padding),
-                                        list(spec.dilation), spec.groups, algorithm, workspace_limit)
+    y = _custom_ops.call(op, x, weight, bias, list(spec.stride), _flat(spec.padding), list(spec.dilation),
+                         spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
 
 
@@ -231,8 +255,8 @@ def depthwise_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
     x, unbatched = _batched("depthwise_conv2d", input, 2)
     spec = ConvSpec.for_depthwise("depthwise_conv2d", _checked_shape(x, 3, padding, stride), weight, bias, stride,
                                   padding, dilation)
-    y = torch.ops.cupyconv.depthwise_conv2d(x, weight, bias, list(spec.stride), _flat(spec.padding),
-                                            list(spec.dilation))
+    y = _custom_ops.call("depthwise_conv2d", x, weight, bias, list(spec.stride), _flat(spec.padding),
+                         list(spec.dilation))
     return _as_torch_returns(y, x, weight, unbatched)
 
 
@@ -261,8 +285,8 @@ def patch_conv2d(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, s
     workspace_limit = check_workspace_limit(op, workspace_limit)
     spec = ConvSpec.for_conv(op, _checked_shape(input, 3, padding, stride), weight, bias, stride, padding, dilation,
                              groups, leading_dims=True)
-    y = torch.ops.cupyconv.patch_conv2d(input, weight, bias, list(spec.stride), _flat(spec.padding),
-                                        list(spec.dilation), spec.groups, algorithm, workspace_limit)
+    y = _custom_ops.call(op, input, weight, bias, list(spec.stride), _flat(spec.padding), list(spec.dilation),
+                         spec.groups, algorithm, workspace_limit)
     return _as_torch_returns(y, input, weight)
 
 
@@ -277,9 +301,9 @@ def _transposed(op: str, nd: int, input, weight, bias, stride, padding, output_p
         raise ValueError(f"{op}: padding='same' is not defined for a transposed convolution; give the padding")
     stride, dilation = _tuple(op, "stride", stride, 1, nd), _tuple(op, "dilation", dilation, 1, nd)
     sides = _padding(op, padding, (1,) * nd, (1,) * nd, stride, dilation)   # the sizes matter for 'same' only
-    y = getattr(torch.ops.cupyconv, op)(x, weight, bias, list(stride), _flat(sides),
-                                        list(_tuple(op, "output_padding", output_padding, 0, nd)),
-                                        check_groups(op, groups), list(dilation), algorithm, workspace_limit)
+    y = _custom_ops.call(op, x, weight, bias, list(stride), _flat(sides),
+                         list(_tuple(op, "output_padding", output_padding, 0, nd)), check_groups(op, groups),
+                         list(dilation), algorithm, workspace_limit)
     return _as_torch_returns(y, x, weight, unbatched)
 
 
@@ -356,8 +380,8 @@ def unfold(input: Tensor, kernel_size: Size, dilation: Size = 1, padding: Paddin
     _tensors("unfold", input=input)
     spec = ConvSpec.for_unfold("unfold", _checked_shape(input, 3, padding, stride), kernel_size, dilation, padding,
                                stride)
-    return torch.ops.cupyconv.unfold(input, list(spec.kernel_size), list(spec.dilation), _flat(spec.padding),
-                                     list(spec.stride))
+    return _custom_ops.call("unfold", input, list(spec.kernel_size), list(spec.dilation), _flat(spec.padding),
+                            list(spec.stride))
 
 
 def fold(input: Tensor, output_size: Size, kernel_size: Size, dilation: Size = 1, padding: Padding = 0,
@@ -380,5 +404,5 @@ def fold(input: Tensor, output_size: Size, kernel_size: Size, dilation: Size = 1
     """
     _tensors("fold", input=input)
     spec = ConvSpec.for_fold("fold", input, output_size, kernel_size, dilation, padding, stride)
-    return torch.ops.cupyconv.fold(input, list(spec.in_size), list(spec.kernel_size), list(spec.dilation),
-                                   _flat(spec.padding), list(spec.stride))
+    return _custom_ops.call("fold", input, list(spec.in_size), list(spec.kernel_size), list(spec.dilation),
+                            _flat(spec.padding), list(spec.stride))
