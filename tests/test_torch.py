@@ -516,6 +516,11 @@ def test_eager_calls_only_in_plain_eager_mode(monkeypatch):
         assert not plain([x, w])
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not plain([x, w])
+    monkeypatch.undo()
+    monkeypatch.setattr(cuda, "DEVICE_TYPE", "cpu")
+    assert plain([x, w])
+    monkeypatch.setattr(_custom_ops, "_EAGER_AVAILABLE", False)   # a torch without one of the mode queries
+    assert not plain([x, w])
 
 
 def test_call_runs_the_implementation_or_the_custom_op(monkeypatch):

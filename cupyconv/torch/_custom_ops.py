@@ -322,10 +322,19 @@ EAGER_FUNCTIONS: dict = {}
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _C = torch._C
 _any_autocast = getattr(_C, "_is_any_autocast_enabled", None)
+# The mode queries `_plain_eager` asks, looked up once: private torch functions (those torch's own Python calls), so
+# a torch release without one of them keeps every call on the custom op instead of failing it.
+_MODE_QUERIES = tuple(getattr(owner, name, None) for owner, name in (
+    (torch.compiler, "is_compiling"), (_C, "_is_tracing"), (_C, "_len_torch_dispatch_stack"),
+    (_C, "_is_torch_function_mode_enabled"), (_C, "_are_functorch_transforms_active"),
+    (getattr(_C, "_autograd", None), "_profiler_enabled")))
+_EAGER_AVAILABLE = all(q is not None for q in _MODE_QUERIES)
 
 
 def _plain_eager(tensors) -> bool:
     """Whether torch's dispatcher would do nothing for a call on these tensors but run the op's implementation."""
+    if not _EAGER_AVAILABLE:
+        return False
     if torch.compiler.is_compiling():   # first: dynamo reads it as True and never traces the private queries below
         return False
     if (_C._is_tracing() or _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
