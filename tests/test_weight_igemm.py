@@ -260,6 +260,33 @@ def test_a_training_step_copies_x_once(monkeypatch, keep):
     assert_close(b.grad.numpy(), want_b, "float16", "grad_bias")
 
 
+def test_the_kept_x_copy_never_cuts_a_second_order_gradient_off_x():
+    """d/dx of an expression of the weight gradient (create_graph: MAML's inner step, a penalty on the weight
+    gradient) on the emulator, float16, x NCHW requiring grad: the forward keeps its channels-last copy of x, but
+    autograd must not save it in place of an x that requires grad (the copy has no grad_fn: the term of gw's
+    dependence on x would be lost, silently None).  Matches torch's float64 convolution's second-order gradient."""
+    torch = pytest.importorskip("torch")
+    import cupyconv.torch as cupyconv_torch
+    from cupyconv.torch import cpu as torch_cpu
+    case = CASE_BY_NAME["wg_tile_edges"]   # padding ((1, 0), (2, 1))
+    rng = numpy.random.default_rng(22)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float16)
+    probe = rng.standard_normal(weight.shape).astype(numpy.float16)
+    xr, wr = (torch.from_numpy(a).double().requires_grad_() for a in (x, weight))
+    yr = torch.nn.functional.conv2d(torch.nn.functional.pad(xr, (2, 1, 1, 0)), wr)
+    (gwr,) = torch.autograd.grad(yr, wr, torch.from_numpy(grad_output).double(), create_graph=True)
+    (want,) = torch.autograd.grad((gwr * torch.from_numpy(probe).double()).sum(), xr)
+    xt, w = (torch.from_numpy(a).requires_grad_() for a in (x, weight))
+    device = Recorder("reverse")
+    with torch_cpu.numpy_cpu_path(True), _device.use_device(device), settings.allow_tf32(True):
+        y = cupyconv_torch.conv2d(xt, w, algorithm="implicit_gemm", **case.kwargs)
+        assert device.count("channels_last_copy") == 2   # the forward's copy of x (and of the weight)
+        (gw,) = torch.autograd.grad(y, w, torch.from_numpy(grad_output), create_graph=True)
+        (got,) = torch.autograd.grad((gw * torch.from_numpy(probe)).sum(), xt, allow_unused=True)
+    assert got is not None, "d/dx of the weight gradient was cut off x"
+    assert_close(got.numpy(), want.numpy(), "float16", "d/dx <grad_weight, probe>")
+
+
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
 def test_a_channels_last_grad_output_is_read_in_place(monkeypatch, layout):
     """conv2d_backward on the tensor cores takes grad_output in its own layout: a channels-last grad_output (what

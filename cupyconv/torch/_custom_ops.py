@@ -127,7 +127,9 @@ def _cupyconv_keywords(kw: dict) -> dict:
 # One channels-last copy of x per training step: the forward of these ops (x straight to the 2-D run) hands the
 # copy its channels-last kernel made of a 16-bit x (`implicit_gemm.keeping_channels_last`: x's values exactly) to
 # autograd, which saves it in place of x (`saved_x`), so the weight gradient reads it in place instead of copying
-# x again, and the memory saved for the backward does not grow.  The hand-over is a one-slot, per-thread holder
+# x again, and the memory saved for the backward does not grow.  Only for an x that does not require grad: the copy
+# has no grad_fn, and saved in place of an x that does, it would cut off x a gradient taken with create_graph (d/dx
+# of an expression of the weight gradient: silently None).  The hand-over is a one-slot, per-thread holder
 # (the output, weakly, and the copy): autograd's setup_context runs right after the op returns, in the same
 # thread, and empties it; without autograd (no_grad, a frozen weight) the slot is emptied by the next forward.
 KEEPS_X_COPY = ("conv1d", "conv2d")
@@ -160,7 +162,8 @@ def _define_convolution(name: str, options: tuple, out_shape):
         kw = _keywords(options, values)
         if cpu.runs_on_torch(x, weight):
             return cpu.forward(name, x, weight, bias, kw).contiguous(memory_format=output_format(x, weight))
-        keep = name in KEEPS_X_COPY and weight.requires_grad   # (grad mode is off in here either way)
+        # (grad mode is off in here either way; x.requires_grad: see KEEPS_X_COPY)
+        keep = name in KEEPS_X_COPY and weight.requires_grad and not x.requires_grad
         _LAST_X_COPY.slot = None
         with workspace_scope(name, kw.get("workspace_limit")), \
                 (keeping_channels_last() if keep else contextlib.nullcontext([])) as kept:
