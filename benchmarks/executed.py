@@ -16,9 +16,10 @@ launch never takes, is counted wrong.  This module counts what the launch runs i
    stores anchor (LDG, STG, LDS, STS, RED, ATOM): the counters do not see ldmatrix or cp.async the way SASS does.
    A site the counters never saw ran 0 times (the branch not taken).
 3. **Blocks.**  A basic block runs as often as its most-run anchor (a predicated copy is issued whenever its
-   block runs, even where the emulator's lanes skipped it).  A block without anchors takes the count of the
-   nearest anchored block in the same loop nest (the next one first: address arithmetic precedes its loads),
-   else of the nearest in an enclosing nest; outside every loop, once per warp.
+   block runs, even where the emulator's lanes skipped it), and so do the blocks of its straight run (joined by
+   edges without a branch: the only way out of one, the only way into the next).  A block without anchors takes,
+   outside every loop, one run per warp; inside loops the count of the nearest anchored block in the same loop
+   nest (the next one first: address arithmetic precedes its loads), else of the nearest in an enclosing nest.
 4. **Totals.**  Executed warp instructions = the sum of block counts x block sizes; per class (FFMA ...) the
    same; `global_waits` = the executions of blocks that hold a global load whose result the same block reads
    (`sass.used_before_branch`): a warp waits a load's latency once per such execution (the loads of one block
@@ -56,6 +57,41 @@ def basic_blocks(code: list[list]) -> list[tuple[int, int]]:
                 leaders.add(target)
     starts = sorted(s for s in leaders if s < len(code))
     return [(s, (starts[k + 1] if k + 1 < len(starts) else len(code)) - 1) for k, s in enumerate(starts)]
+
+
+def straight_runs(code: list[list], blocks: list[tuple[int, int]]) -> list[list[int]]:
+    """Per block, the blocks of its straight run (itself included): blocks joined by an edge that is the only way
+    out of the one and the only way into the other run equally often."""
+    start = {first: k for k, (first, _last) in enumerate(blocks)}
+    successors: list[list[int]] = []
+    for k, (first, last) in enumerate(blocks):
+        opcode, _site, predicated, target, *_rest = code[last]
+        op = mnemonic(opcode)
+        out = []
+        if CLASS_OF.get(op) == "branch" and target in start:
+            out.append(start[target])
+        falls_through = not (op in ("BRA", "EXIT", "RET", "JMP", "BRX") and not predicated)
+        if falls_through and k + 1 < len(blocks):
+            out.append(k + 1)
+        successors.append(out)
+    predecessors: list[list[int]] = [[] for _ in blocks]
+    for k, out in enumerate(successors):
+        for j in out:
+            predecessors[j].append(k)
+    parent = list(range(len(blocks)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+    for k, out in enumerate(successors):
+        if len(out) == 1 and len(predecessors[out[0]]) == 1:
+            parent[root(out[0])] = root(k)
+    members: dict[int, list[int]] = defaultdict(list)
+    for k in range(len(blocks)):
+        members[root(k)].append(k)
+    return [members[root(k)] for k in range(len(blocks))]
 
 
 def loop_nests(code: list[list]) -> list[frozenset]:
@@ -103,22 +139,29 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
 
     blocks = basic_blocks(code)
     nests = loop_nests(code)
-    counts: list[float | None] = []
-    for first, last in blocks:
+    group = straight_runs(code, blocks)
+    counts: list[float | None] = [None] * len(blocks)
+    for k, (first, last) in enumerate(blocks):
         anchors = [r for r in map(runs, range(first, last + 1)) if r is not None]
-        counts.append(max(anchors) if anchors else None)
+        if anchors:
+            counts[k] = max(anchors)
+    for members in set(map(tuple, group)):   # blocks run one after another without a branch between: alike
+        known = [counts[k] for k in members if counts[k] is not None]
+        if known:
+            for k in members:
+                counts[k] = max(known)   # type: ignore[type-var]
     anchored = [k for k, c in enumerate(counts) if c is not None]
     filled: list[float] = []
     for k, c in enumerate(counts):
         nest = nests[blocks[k][0]]
         while c is None:
             candidates = [j for j in anchored if nests[blocks[j][0]] == nest]
-            if candidates:   # the nearest by position, the following block first on a tie
-                c = counts[min(candidates, key=lambda j: (abs(j - k), j < k))]
-            elif nest:       # the enclosing nest: without its innermost loop (the one starting last)
-                nest = nest - {max(nest, key=lambda span: span[0])}
-            else:            # outside every loop: once per warp
+            if not nest:     # outside every loop: once per warp
                 c = float(warps)
+            elif candidates:   # the nearest by position, the following block first on a tie
+                c = counts[min(candidates, key=lambda j: (abs(j - k), j < k))]
+            else:            # the enclosing nest: without its innermost loop (the one starting last)
+                nest = nest - {max(nest, key=lambda span: span[0])}
         filled.append(c)
     mix: dict[str, float] = defaultdict(float)
     fma: dict[str, float] = defaultdict(float)

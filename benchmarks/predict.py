@@ -15,6 +15,10 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    efficiency, shared wavefronts per request -- which set the shared-memory/L1 and L2 terms; else (--quick, or
    where the run fails: "why" in the output) an analytic access model from the SASS main loop and the assumed
    ranges of `ASSUMPTIONS`.  Each kernel's "counters" says which ("source": "emulator" or "analytic");
+   the instructions it executes (`benchmarks.executed`: the SASS's basic blocks, counted by the same counter run's
+   per-site warp requests, for the instruction-issue and latency terms), or where that cannot be counted
+   (tensor-core kernels, no counters, `--instructions static`) the static main loop per trip (the work's
+   "instructions_source" says which);
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in

@@ -493,12 +493,14 @@ def compile_names(filename: str, arch: str, names: list[str], lineinfo: bool = F
     return program
 
 
-def source_lines(filename: str) -> list[str]:
+def source_lines(filename: str, directory: Path | None = None) -> list[str]:
     """"file:line" of every line of `_device.kernel_source(filename)` (index 0: its first line), the file named
-    relative to raw_kernels/ as the emulator's counters name their sites: the text NVRTC compiles inlines the local
-    headers, so its line numbers are not the files'.  Built by the same substitution as kernel_source (checked)."""
+    relative to raw_kernels/ (or `directory`) as the emulator's counters name their sites: the text NVRTC compiles
+    inlines the local headers, so its line numbers are not the files'.  Built by the same substitution as
+    kernel_source (checked, for raw_kernels/)."""
     from cupyconv import _device
-    directory = _device.kernel_dir()
+    check = directory is None
+    directory = _device.kernel_dir() if directory is None else Path(directory)
     include = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', flags=re.M)
 
     def expand(name: str, seen: set) -> tuple[str, list]:
@@ -525,10 +527,10 @@ def source_lines(filename: str) -> list[str]:
         return "".join(out), origin
 
     text, origin = expand(filename, set())
-    if text != _device.kernel_source(filename):
+    if check and text != _device.kernel_source(filename):
         raise RuntimeError(f"source_lines({filename!r}) does not rebuild _device.kernel_source's text")
     result, start = [], 0
-    for i, c in enumerate(text + "\n"):
+    for i, c in enumerate(text if text.endswith("\n") else text + "\n"):
         if c == "\n":
             where = origin[start] if start < len(origin) else origin[-1]
             result.append(f"{where[0]}:{where[1]}")
