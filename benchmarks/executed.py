@@ -19,11 +19,14 @@ launch never takes, is counted wrong.  This module counts what the launch runs i
    block runs, even where the emulator's lanes skipped it), and so do the blocks of its straight run (joined by
    edges without a branch: the only way out of one, the only way into the next).  A block without anchors takes,
    outside every loop, one run per warp; inside loops the count of the nearest anchored block in the same loop
-   nest (the next one first: address arithmetic precedes its loads), else of the nearest in an enclosing nest.
+   nest (the next one first: address arithmetic precedes its loads), else of the nearest in an enclosing nest;
+   then none where every block leading to it, or every block it leads to, runs none (an untaken branch's
+   address arithmetic).
 4. **Totals.**  Executed warp instructions = the sum of block counts x block sizes; per class (FFMA ...) the
    same; `global_waits` = the executions of blocks that hold a global load whose result the same block reads
-   (`sass.used_before_branch`): a warp waits a load's latency once per such execution (the loads of one block
-   are issued together before the first use; a load used only past a branch is taken as overlapped).
+   (`sass.used_before_branch`), counted as that load's own runs (a warp whose lanes all skip it, in the padding,
+   does not wait): a warp waits a load's latency once per such run (the loads of one block are issued together
+   before the first use; a load used only past a branch is taken as overlapped).
 
 The counts are those of the sampled blocks; the caller scales them to the grid.  Unrolled and inlined code is
 counted right where its copies are alike in size; code without a memory access of its own inherits a
@@ -59,9 +62,9 @@ def basic_blocks(code: list[list]) -> list[tuple[int, int]]:
     return [(s, (starts[k + 1] if k + 1 < len(starts) else len(code)) - 1) for k, s in enumerate(starts)]
 
 
-def straight_runs(code: list[list], blocks: list[tuple[int, int]]) -> list[list[int]]:
-    """Per block, the blocks of its straight run (itself included): blocks joined by an edge that is the only way
-    out of the one and the only way into the other run equally often."""
+def edges(code: list[list], blocks: list[tuple[int, int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """(successors, predecessors) of each block: its branch's target, and the next block unless it ends in an
+    unpredicated BRA or EXIT."""
     start = {first: k for k, (first, _last) in enumerate(blocks)}
     successors: list[list[int]] = []
     for k, (first, last) in enumerate(blocks):
@@ -78,6 +81,13 @@ def straight_runs(code: list[list], blocks: list[tuple[int, int]]) -> list[list[
     for k, out in enumerate(successors):
         for j in out:
             predecessors[j].append(k)
+    return successors, predecessors
+
+
+def straight_runs(code: list[list], blocks: list[tuple[int, int]]) -> list[list[int]]:
+    """Per block, the blocks of its straight run (itself included): blocks joined by an edge that is the only way
+    out of the one and the only way into the other run equally often."""
+    successors, predecessors = edges(code, blocks)
     parent = list(range(len(blocks)))
 
     def root(k: int) -> int:
@@ -94,10 +104,60 @@ def straight_runs(code: list[list], blocks: list[tuple[int, int]]) -> list[list[
     return [members[root(k)] for k in range(len(blocks))]
 
 
-def loop_nests(code: list[list]) -> list[frozenset]:
-    """Per instruction, the loops (first, last) that hold it: a backward branch at `last` to `first`."""
-    spans = [(instruction[3], i) for i, instruction in enumerate(code) if 0 <= instruction[3] <= i]
-    return [frozenset(s for s in spans if s[0] <= i <= s[1]) for i in range(len(code))]
+def dominators(successors: list[list[int]], predecessors: list[list[int]]) -> list[set[int]]:
+    """Per block, the blocks every path from the entry (block 0) to it passes (itself included); unreachable
+    blocks: all blocks."""
+    order, seen, stack = [], {0}, [(0, iter(successors[0]))]
+    while stack:   # reverse postorder of a depth-first walk
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            order.append(node)
+            stack.pop()
+        elif child not in seen:
+            seen.add(child)
+            stack.append((child, iter(successors[child])))
+    order.reverse()
+    everything = set(range(len(successors)))
+    dom = [set(everything) for _ in successors]
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for node in order[1:]:
+            incoming = [dom[p] for p in predecessors[node] if p in seen]
+            new = set.intersection(*incoming) | {node} if incoming else {node}
+            if new != dom[node]:
+                dom[node], changed = new, True
+    return dom
+
+
+def loop_nests(code: list[list], blocks: list[tuple[int, int]] | None = None) -> list[frozenset]:
+    """Per instruction, the natural loops that hold it, each named by its back edge (latch block, header block):
+    a branch to a block that dominates it, and the loop's body the blocks that reach the latch without passing
+    the header (the compiler's jumps back from code placed out of line to where it rejoins are not loops, and a
+    loop's body need not be one range of addresses)."""
+    blocks = blocks if blocks is not None else basic_blocks(code)
+    successors, predecessors = edges(code, blocks)
+    dom = dominators(successors, predecessors)
+    holding: list[set] = [set() for _ in blocks]
+    for latch, out in enumerate(successors):
+        for header in out:
+            if header not in dom[latch] or header > latch:
+                continue
+            body, todo = {header, latch}, [latch] if latch != header else []   # never walks past the header
+            while todo:
+                node = todo.pop()
+                for p in predecessors[node]:
+                    if p not in body:
+                        body.add(p)
+                        todo.append(p)
+            for k in body:
+                holding[k].add((latch, header))
+    nests = []
+    for k, (first, last) in enumerate(blocks):
+        nests += [frozenset(holding[k])] * (last - first + 1)
+    return nests
 
 
 def site_request_bytes(sites: list[dict]) -> dict[tuple[str, str], float]:
@@ -138,7 +198,7 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
         return request_bytes.get((site, kind), 0.0) / copy_bytes[site, kind]
 
     blocks = basic_blocks(code)
-    nests = loop_nests(code)
+    nests = loop_nests(code, blocks)
     group = straight_runs(code, blocks)
     counts: list[float | None] = [None] * len(blocks)
     for k, (first, last) in enumerate(blocks):
@@ -160,9 +220,23 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
                 c = float(warps)
             elif candidates:   # the nearest by position, the following block first on a tie
                 c = counts[min(candidates, key=lambda j: (abs(j - k), j < k))]
-            else:            # the enclosing nest: without its innermost loop (the one starting last)
-                nest = nest - {max(nest, key=lambda span: span[0])}
+            else:            # the enclosing nest: without its innermost loop (the one whose header is last)
+                nest = nest - {max(nest, key=lambda loop: loop[1])}
         filled.append(c)
+    # Code that only an unrun block leads to, or that only leads to unrun blocks, does not run either (the address
+    # arithmetic of an untaken branch's loads): to a fixed point, over the blocks no anchor counted.
+    successors, predecessors = edges(code, blocks)
+    changed = True
+    while changed:
+        changed = False
+        for k in range(len(blocks)):
+            if counts[k] is not None or filled[k] == 0 or k == 0:
+                continue
+            ends = mnemonic(code[blocks[k][1]][0]) == "EXIT"
+            if (predecessors[k] and all(filled[j] == 0 for j in predecessors[k])) or \
+                    (not ends and successors[k] and all(filled[j] == 0 for j in successors[k])):
+                filled[k] = 0.0
+                changed = True
     mix: dict[str, float] = defaultdict(float)
     fma: dict[str, float] = defaultdict(float)
     waits = 0.0
@@ -172,8 +246,9 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
             mix[CLASS_OF.get(op, "other")] += count
             if op in ("FFMA", "HFMA2", "DFMA"):
                 fma[op] += count
-        if any(code[i][4] for i in range(first, last + 1)):
-            waits += count
+        waited = [runs(i) for i in range(first, last + 1) if code[i][4]]
+        if waited:   # as often as its waited load was issued (none where every lane's load is predicated off)
+            waits += min(count, max((r for r in waited if r is not None), default=count))
     maps = sum(n for key, n in copies.items() if key[0] in counted_lines)
     return {"instructions": sum(mix.values()), "mix": dict(mix), "fma": dict(fma), "global_waits": waits,
             "blocks": [(first, last, round(count, 3)) for (first, last), count in zip(blocks, filled)],
