@@ -505,15 +505,11 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
   }
 
   // Stage `planes` tiles of rows [y0, y0 + in_h) from column x0: plane q is the height x width plane that
-  // plane_of(q) points at (nullptr: none, zeros; zeros outside the plane too).  ROW_BATCH: see stage_elements.
-  template <int ROW_BATCH = 1, typename PlaneOf>
+  // plane_of(q) points at (nullptr: none, zeros; zeros outside the plane too).
+  template <typename PlaneOf>
   __device__ __forceinline__ void stage(A* tile, int planes, int y0, int x0, int height, int width,
                                         PlaneOf plane_of) const {
     if (!stager) return;
-    if (ROW_BATCH > 1 && !rows_aligned) {
-      stage_elements<ROW_BATCH>(tile, planes, y0, x0, height, width, plane_of);
-      return;
-    }
     const int shift = x0 & (C - 1);  // x0 mod C, also for x0 < 0: aligned slots start at x0 - shift
     int q = q0, r = r0;
     while (q < planes) {
@@ -524,7 +520,7 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
         if (row != nullptr) row += yy * (I)width;
       }
       A* dst = tile + offset(q, r);  // dst[i]: column x0 + i
-      if (!rows_aligned) {  // ROW_BATCH 1: a row at a time, sharing the row bookkeeping (the shorter code)
+      if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
           dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
@@ -555,43 +551,6 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
       }
       q += pass_q, r += pass_r;
       if (r >= in_h) r -= in_h, ++q;
-    }
-  }
-
-  // stage() for rows that are not whole aligned slots, element by element: a thread's elements are column e of
-  // every rows_per_pass-th row.  One row at a time, each element's load waited for the global-load latency before
-  // its store, and a unit of a small plane has many rows per thread (14x14, 16 images: ~20): the H200 measured
-  // the fp16 weight gradient of 480 channels of 14x14, which stages this way, at 63.5 us, 2x its prediction.  So
-  // ROW_BATCH rows' loads are issued before their stores (the weight gradient; the forward and input gradient
-  // stage small planes flat instead, and keep stage()'s one row at a time and its shorter code).
-  template <int ROW_BATCH, typename PlaneOf>
-  __device__ __forceinline__ void stage_elements(A* tile, int planes, int y0, int x0, int height, int width,
-                                                 PlaneOf plane_of) const {
-    for (int e = chunk0; e < in_w; e += lanes) {  // this thread's column e of the tile
-      const int col = x0 + e;
-      const bool inside = col >= 0 && col < width;
-      int q = q0, r = r0;
-      while (q < planes) {
-        const T* from[ROW_BATCH];  // the element of batch row b; nullptr: a zero (padding)
-        int cell[ROW_BATCH];       // where it goes in the tile; -1: past the last plane
-#pragma unroll
-        for (int b = 0; b < ROW_BATCH; ++b) {
-          const int yy = y0 + r;
-          from[b] = q < planes && inside && yy >= 0 && yy < height ? plane_of(q) : nullptr;
-          if (from[b] != nullptr) from[b] += yy * (I)width + col;
-          cell[b] = q < planes ? offset(q, r) + e : -1;
-          q += pass_q, r += pass_r;
-          if (r >= in_h) r -= in_h, ++q;
-        }
-        // the loads alone, then the conversions and stores: a conversion between two loads waits for the first
-        T value[ROW_BATCH];
-#pragma unroll
-        for (int b = 0; b < ROW_BATCH; ++b) value[b] = from[b] != nullptr ? *from[b] : from_acc<T>(A(0));
-#pragma unroll
-        for (int b = 0; b < ROW_BATCH; ++b) {
-          if (cell[b] >= 0) tile[cell[b]] = to_acc(value[b]);
-        }
-      }
     }
   }
 };
@@ -1323,10 +1282,6 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
   }
 }
 
-// Rows of x whose loads a thread of depthwise_bwd_weight<K, S> has in flight at once where it stages rows that are
-// not whole aligned slots (AlignedStaging::stage_elements).
-constexpr int WEIGHT_ROW_BATCH = 4;
-
 // Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
 // units and partial rows of depthwise_bwd_weight_generic with the forward's thread items and staging.  A thread owns a
 // V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
@@ -1371,8 +1326,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     for (I e = 0; e < count; ++e) {
       const I image0 = g * per_block, n = image0 + p;
       const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-      staging.template stage<WEIGHT_ROW_BATCH>(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height,
-                                               width, [&](int q) -> const T* {
+      staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width, [&](int q) -> const T* {
         const I image = image0 + q;
         return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
       });

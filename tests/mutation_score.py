@@ -552,12 +552,6 @@ MUTATIONS = [
       "t[e] = e + m < C ? a.v[e + m] : b.v[e];", DW_FWD, "tile bound"),
     M("dw-fwd-unaligned-row-short", "depthwise.cu", "for (int i = chunk0; i < in_w; i += lanes) {",
       "for (int i = chunk0; i < in_w - 1; i += lanes) {", DW_FWD, "tile bound"),
-    # AlignedStaging::stage_elements: ROW_BATCH rows' element loads in flight before their stores
-    M("dw-stage-elements-last-row", "depthwise.cu", "inside && yy >= 0 && yy < height ? plane_of(q)",
-      "inside && yy >= 0 && yy <= height ? plane_of(q)", DW_FWD, "off-by-one"),
-    M("dw-stage-elements-batch-carry", "depthwise.cu",
-      "r += pass_r;\n          if (r >= in_h) r -= in_h, ++q;\n        }", "r += pass_r;\n        }", DW_FWD,
-      "unit stepping"),
     M("dw-fwd-stores-unchecked", "depthwise.cu", "const bool out_aligned = dst_w % U == 0 && ",
       "const bool out_aligned = ", DW_FWD, "misaligned pack"),
     M("dw-fwd-unit-channel", "depthwise.cu", "? c * per_block : c * kernels + k;", "? c * per_block : c * kernels;",

@@ -650,13 +650,11 @@ GRADIENT_LOOP_PER_OUTPUT = {
     ("depthwise_bwd_input", "float", 3, 1): 40, ("depthwise_bwd_input", "float", 5, 1): 49,
     ("depthwise_bwd_input", "float", 7, 1): 80, ("depthwise_bwd_input", "16-bit", 3, 1): 43,
     ("depthwise_bwd_input", "16-bit", 5, 1): 53, ("depthwise_bwd_input", "16-bit", 7, 1): 85,
-    # the weight gradient's 3x3 and 5x5 bounds raised 2026-11-26 (task dwwgrad2) for its batched element staging
-    # (AlignedStaging::stage_elements, ~200 static instructions, run only on unaligned rows): 10% above the new counts
-    ("depthwise_bwd_weight", "float", 3, 1): 47, ("depthwise_bwd_weight", "float", 3, 2): 48,
-    ("depthwise_bwd_weight", "float", 5, 1): 50, ("depthwise_bwd_weight", "float", 5, 2): 51,
+    ("depthwise_bwd_weight", "float", 3, 1): 35, ("depthwise_bwd_weight", "float", 3, 2): 36,
+    ("depthwise_bwd_weight", "float", 5, 1): 44, ("depthwise_bwd_weight", "float", 5, 2): 46,
     ("depthwise_bwd_weight", "float", 7, 1): 70, ("depthwise_bwd_weight", "float", 7, 2): 72,
-    ("depthwise_bwd_weight", "16-bit", 3, 1): 51, ("depthwise_bwd_weight", "16-bit", 3, 2): 53,
-    ("depthwise_bwd_weight", "16-bit", 5, 1): 53, ("depthwise_bwd_weight", "16-bit", 5, 2): 55,
+    ("depthwise_bwd_weight", "16-bit", 3, 1): 39, ("depthwise_bwd_weight", "16-bit", 3, 2): 39,
+    ("depthwise_bwd_weight", "16-bit", 5, 1): 47, ("depthwise_bwd_weight", "16-bit", 5, 2): 49,
     ("depthwise_bwd_weight", "16-bit", 7, 1): 74, ("depthwise_bwd_weight", "16-bit", 7, 2): 76,
 }
 
