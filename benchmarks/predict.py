@@ -128,8 +128,9 @@ ASSUMPTIONS = {
                                      "are resident (1.0: never stalls)"),
     "cycles_between_instructions": ((4, 8), "average cycles between two instructions of one warp running alone "
                                             "(dependent ALU ~4-6 cycles, shared-memory loads ~25-30, overlapped by "
-                                            "the loop's independent instructions): a warp's main loop takes at "
-                                            "least its instructions times this (the 'latency' bound)"),
+                                            "the loop's independent instructions): a warp's main loop (or, counted "
+                                            "by benchmarks.executed, everything it executes) takes at least its "
+                                            "instructions times this (the 'latency' bound)"),
     "cycles_between_independent_fma": ((1, 2), "the same for a register-blocked FMA GEMM loop (simt_fwd, "
                                                "simt_bwd_weight: 64-128 independent accumulators a thread, far above "
                                                "the 4-way ILP that hides a dependent FFMA): a warp issues its "
@@ -137,7 +138,9 @@ ASSUMPTIONS = {
                                                "for register-bank conflicts and operand-reuse misses"),
     "global_load_latency_cycles": ((300, 700), "a global load's latency (an L2 hit ~260-300 cycles, DRAM ~500-700 "
                                                "under load), exposed once per trip of a SIMT or elementwise main "
-                                               "loop that loads from global memory"),
+                                               "loop that loads from global memory, or, counted by "
+                                               "benchmarks.executed, once per run of a load that its own basic block "
+                                               "uses"),
     "dram_efficiency": ((0.92, 0.8), "fraction of the HBM peak a streaming kernel reaches (a copy: ~85-92%)"),
     "dram_reread": ((1.0, 1.25), "DRAM bytes over the kernel's compulsory bytes (every argument read or written "
                                  "once; more when L2 misses re-read an operand)"),
