@@ -15,6 +15,10 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    efficiency, shared wavefronts per request -- which set the shared-memory/L1 and L2 terms; else (--quick, or
    where the run fails: "why" in the output) an analytic access model from the SASS main loop and the assumed
    ranges of `ASSUMPTIONS`.  Each kernel's "counters" says which ("source": "emulator" or "analytic");
+   the instructions it executes (`benchmarks.executed`: the SASS's basic blocks, counted by the same counter run's
+   per-site warp requests, for the instruction-issue and latency terms), or where that cannot be counted
+   (tensor-core kernels, no counters, `--instructions static`) the static main loop per trip (the work's
+   "instructions_source" says which);
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in
@@ -124,8 +128,9 @@ ASSUMPTIONS = {
                                      "are resident (1.0: never stalls)"),
     "cycles_between_instructions": ((4, 8), "average cycles between two instructions of one warp running alone "
                                             "(dependent ALU ~4-6 cycles, shared-memory loads ~25-30, overlapped by "
-                                            "the loop's independent instructions): a warp's main loop takes at "
-                                            "least its instructions times this (the 'latency' bound)"),
+                                            "the loop's independent instructions): a warp's main loop (or, counted "
+                                            "by benchmarks.executed, everything it executes) takes at least its "
+                                            "instructions times this (the 'latency' bound)"),
     "cycles_between_independent_fma": ((1, 2), "the same for a register-blocked FMA GEMM loop (simt_fwd, "
                                                "simt_bwd_weight: 64-128 independent accumulators a thread, far above "
                                                "the 4-way ILP that hides a dependent FFMA): a warp issues its "
@@ -133,7 +138,9 @@ ASSUMPTIONS = {
                                                "for register-bank conflicts and operand-reuse misses"),
     "global_load_latency_cycles": ((300, 700), "a global load's latency (an L2 hit ~260-300 cycles, DRAM ~500-700 "
                                                "under load), exposed once per trip of a SIMT or elementwise main "
-                                               "loop that loads from global memory"),
+                                               "loop that loads from global memory, or, counted by "
+                                               "benchmarks.executed, once per run of a load that its own basic block "
+                                               "uses"),
     "dram_efficiency": ((0.92, 0.8), "fraction of the HBM peak a streaming kernel reaches (a copy: ~85-92%)"),
     "dram_reread": ((1.0, 1.25), "DRAM bytes over the kernel's compulsory bytes (every argument read or written "
                                  "once; more when L2 misses re-read an operand)"),
@@ -716,6 +723,43 @@ def apply_counters(work: dict, counters: dict) -> dict:
             "shared_wavefronts": (total("shared_load", "wavefronts") + total("shared_store", "wavefronts"),) * 2}
 
 
+# Where a launch's instruction count comes from (`--instructions`): "executed", what its sampled blocks ran
+# (`benchmarks.executed`: the SASS's basic blocks with source lines, counted by the emulator's per-site warp
+# requests), where the counters ran and the SASS has a line table, else the static main loop; "static": the
+# static main loop always (`analytic_counters`).
+INSTRUCTIONS = "executed"
+
+
+def apply_executed(work: dict, sass: dict | None, counters: dict, launch: launches_mod.Launch) -> dict:
+    """The work with its instruction terms replaced by `benchmarks.executed`'s estimate of what the launch runs,
+    scaled from the sampled blocks to the grid: warp instructions (a point, no longer a range), FMA instructions,
+    and per warp the instructions and global-load waits of its chain (the latency term).  Kept static, and says
+    why, for kernels without the emulator's counts or a line table, and for the tensor-core kernels, whose
+    main-loop trips are exact from their MACs and whose operands move by cp.async and ldmatrix, which anchor
+    nothing (`executed.ANCHOR_KIND`)."""
+    from . import executed
+    why = ("no emulator counters" if counters.get("source") != "emulator" else
+           "no SASS line table" if not (sass and sass.get("code")) else
+           "tensor-core kernel (trips exact from its MACs)" if sass.get("loop_rule") == "matrix" else None)
+    estimate = None
+    if why is None:
+        warps = counters["blocks_run"] * math.ceil(launch.threads / 32)
+        estimate = executed.estimate(sass["code"], counters["sites"], warps)
+        why = None if estimate else "no counted access site in its code"
+    if estimate is None:
+        return {**work, "instructions_source": "static", "instructions_why": why}
+    scale = counters["scale"]
+    total = estimate["instructions"] * scale
+    fma = estimate["fma"]
+    return {**work, "instructions_source": "executed", "warp_instructions": (total, total),
+            "static_warp_instructions": work["warp_instructions"],
+            "fma_instructions": (fma.get("FFMA", 0) + fma.get("HFMA2", 0)) * scale,
+            "dfma_instructions": fma.get("DFMA", 0) * scale,
+            "executed": {"per_warp": estimate["instructions"] / warps,
+                         "global_waits_per_warp": estimate["global_waits"] / warps,
+                         "anchored": estimate["anchored"]}}
+
+
 def analytic_access_summary(work: dict, why: str) -> dict:
     """The `counters` of a kernel the emulator did not count: the analytic access model's terms and its assumed
     ranges, and why the emulator's counts are missing."""
@@ -764,7 +808,19 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     # times the cycles between two dependent instructions of one warp -- or, in a SIMT or elementwise loop that
     # loads from global memory, a global load's latency (the tensor-core loops prefetch their operands a chunk
     # ahead) -- and the waves of blocks run one after another.
-    if work.get("loop_trips") and work.get("loop_instructions"):
+    if work.get("executed"):
+        # The executed count (`apply_executed`): each warp runs its own instructions one after another and waits a
+        # global load's latency at each of its waits (a block that loads and uses the load), in sequence with them
+        # in a one-pass kernel, else the larger of the two (other trips' work hides the waits).
+        executed = work["executed"]
+        gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
+                         else "cycles_between_instructions")
+        memory = assumption("global_load_latency_cycles")
+        combine = (lambda a, b: a + b) if one_pass(work, launch) else max
+        cycles = [combine(executed["per_warp"] * g, executed["global_waits_per_warp"] * m) * math.ceil(waves)
+                  for g, m in zip(gap, memory)]
+        times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
+    elif work.get("loop_trips") and work.get("loop_instructions"):
         warps = launch.blocks * warps_per_block
         trips = (work["loop_trips"][0] / warps, work["loop_trips"][1] / warps)
         gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
@@ -918,7 +974,7 @@ class SassSource:
 
 
 def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counters: bool,
-                 counter_budget: int = COUNTER_BUDGET) -> KernelModel:
+                 counter_budget: int = COUNTER_BUDGET, instructions: str = INSTRUCTIONS) -> KernelModel:
     from . import sass as sass_mod
     k = sass_source.get(launch)
     sass = k.to_dict() if k is not None else None
@@ -937,6 +993,8 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         accesses = analytic_access_summary(work, emulated["error"])
     else:
         work, accesses = apply_counters(work, emulated), emulated
+    work = apply_executed(work, sass, accesses, launch) if instructions == "executed" else \
+        {**work, "instructions_source": "static", "instructions_why": "--instructions static"}
     model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
@@ -964,7 +1022,8 @@ def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, st
 
 
 def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
-                 counters: bool, counter_budget: int = COUNTER_BUDGET, choices: dict[str, str] | None = None) -> dict:
+                 counters: bool, counter_budget: int = COUNTER_BUDGET, choices: dict[str, str] | None = None,
+                 instructions: str = INSTRUCTIONS) -> dict:
     gpu = GPUS[gpu_key]
     recording = launches_mod.record(case, backward, choices=choices)
     sass_source.prefetch(recording.launches)
@@ -981,7 +1040,7 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
                      "counters": None, "resources_us": {k: v.to_list(3) for k, v in times.items()},
                      "predicted_us": time.to_list(), "kernel_us": kernel_time.to_list(), "bound": bound}
         else:
-            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget)
+            model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget, instructions)
             time, entry = model.time, model.to_dict()
         kernels.append(entry)
         total = total + time
@@ -1138,6 +1197,10 @@ def main(argv=None) -> int:
                         help="the most warp instructions (the model's estimate) a launch's counted blocks may run; "
                              f"costlier launches keep the analytic model; 0: no limit (default {COUNTER_BUDGET:,})")
     parser.add_argument("--no-sass", action="store_true", help="do not compile the kernels (no instruction mix)")
+    parser.add_argument("--instructions", choices=("executed", "static"), default=INSTRUCTIONS,
+                        help="executed: each launch's instructions as its counted blocks ran them (benchmarks.executed; "
+                             "static where it cannot); static: the SASS main loop's static count per trip "
+                             f"(default {INSTRUCTIONS})")
     parser.add_argument("--choices", default="", metavar="PASS=ALGO,...",
                         help="model these algorithms instead of the 'auto' heuristic's, where they are candidates "
                              "(PASS: forward, grad_input, grad_weight), e.g. an autotuned GPU run's plan: "
@@ -1156,9 +1219,10 @@ def main(argv=None) -> int:
         choices = dict(item.split("=", 1) for item in args.choices.split(",") if item)
     except ValueError:
         parser.error(f"--choices takes PASS=ALGORITHM pairs separated by commas, not {args.choices!r}")
-    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget, choices)
-               for case in selected for backward in passes]
+    results = [predict_case(case, backward, args.gpu, sass_source, counters, args.counter_budget, choices,
+                            args.instructions) for case in selected for backward in passes]
     info = meta(args.gpu, counters, sass_source, args.counter_budget)
+    info["instructions"] = args.instructions
     used = sorted({source for r in results for source in r["accesses"]})
     info["counters"] = ("emulator counters" if used == ["emulator"] else
                         "analytic access model (no emulator counters)" if "emulator" not in used else

@@ -259,19 +259,33 @@ def instruction_mix(opcodes: Counter) -> dict[str, int]:
     return dict(mix)
 
 
-def disassemble(program: Program) -> dict[str, list[dict]]:
+def disassemble(program: Program, lines: bool = False) -> dict[str, list[dict]]:
     """{name expression: its SASS instructions} (nvdisasm -json: each {"opcode", "operands", ...}; read-only, shared
-    between callers of the same cubin)."""
-    return by_name_expression(program, _disassemble_cubin(program.cubin or b""))
+    between callers of the same cubin).  lines=True (a cubin compiled with -lineinfo): each instruction also has
+    "source": (file name as NVRTC saw it, line), or None where the line table has none."""
+    return by_name_expression(program, _disassemble_cubin(program.cubin or b"", lines))
 
 
 @functools.lru_cache(maxsize=1)
-def _disassemble_cubin(cubin: bytes) -> dict[str, list[dict]]:
+def _disassemble_cubin(cubin: bytes, lines: bool = False) -> dict[str, list[dict]]:
     """{mangled name: SASS instructions} of the last cubin asked about, memoised: several tests in a row read one
     cubin's instructions, and nvdisasm -json of depthwise.cu's few hundred kernels takes tens of seconds (one
-    listing kept: a large one holds hundreds of MB)."""
-    listing = json.loads(run_on_cubin("nvdisasm", ["-json"], cubin))
-    return {f["function-name"]: f.get("sass-instructions", []) for f in listing[1]}
+    listing kept: a large one holds hundreds of MB).  With lines, nvdisasm -g: an instruction carries
+    "source-file-id" and "source-line" where its line differs from the previous instruction's (the line table is
+    in address order), so each one without them keeps the line before it."""
+    listing = json.loads(run_on_cubin("nvdisasm", ["-json", "-g"] if lines else ["-json"], cubin))
+    functions = {f["function-name"]: f.get("sass-instructions", []) for f in listing[1]}
+    if lines:
+        table = listing[2] if len(listing) > 2 and isinstance(listing[2], dict) else {}
+        files = [entry.get("file") for entry in table.get("files", [])]
+        for instructions in functions.values():
+            current = None
+            for instruction in instructions:
+                if "source-line" in instruction:
+                    index = instruction.get("source-file-id", -1)
+                    current = (files[index] if 0 <= index < len(files) else None, instruction["source-line"])
+                instruction["source"] = current
+    return functions
 
 
 def sass_opcodes(program: Program, full: bool = False) -> dict[str, Counter]:
@@ -431,6 +445,10 @@ class KernelSass:
     loop_mix: dict = field(default_factory=dict)   # {class: count} of the same
     loop_memory: dict = field(default_factory=dict)   # {whole opcode: count} of its memory instructions
                                                        # ("LDG.E.U16", "STS.128"): their widths
+    code: list = field(default_factory=list)   # up to the last EXIT, one [whole opcode, "file:line" of the kernel
+                                               # source or "", predicated, branch target index or -1, a global
+                                               # load waited for in its block (`used_before_branch`)] each
+                                               # (`code_of`: what benchmarks.executed combines with run counts)
 
     @property
     def loop_instructions(self) -> int:
@@ -444,7 +462,7 @@ class KernelSass:
         return {**asdict(self), "loop_instructions": self.loop_instructions}
 
 
-CACHE_FORMAT = 3   # part of the cache key: bump it when KernelSass changes
+CACHE_FORMAT = 4   # part of the cache key: bump it when KernelSass changes
 
 
 def cache_dir() -> Path:
@@ -459,20 +477,131 @@ def _key(filename: str, arch: str, name: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def compile_names(filename: str, arch: str, names: list[str]) -> Program:
-    """One NVRTC program of raw_kernels/<filename> holding `names`, compiled for arch; RuntimeError on failure."""
+# The model's compile adds NVRTC's -lineinfo (a line table for `code`'s sources): it leaves the instructions as they
+# are (tests/test_executed.py compares them with and without it).
+LINEINFO = "-lineinfo"
+
+
+def compile_names(filename: str, arch: str, names: list[str], lineinfo: bool = False) -> Program:
+    """One NVRTC program of raw_kernels/<filename> holding `names`, compiled for arch (with a line table where
+    lineinfo); RuntimeError on failure."""
     from cupyconv import _device
     program = nvrtc(ARCHES[arch]).compile(_device.kernel_source(filename), filename, list(names),
-                                          options_for(arch, filename))
+                                          options_for(arch, filename) + [LINEINFO] * lineinfo)
     if not program.ok or not program.cubin:
         raise RuntimeError(f"NVRTC could not compile {filename} for {arch}:\n{program.log}")
     return program
 
 
-def analyse_program(program: Program, arch: str) -> dict[str, KernelSass]:
-    """{name expression: KernelSass} of every kernel of a compiled program."""
+def source_lines(filename: str, directory: Path | None = None) -> list[str]:
+    """"file:line" of every line of `_device.kernel_source(filename)` (index 0: its first line), the file named
+    relative to raw_kernels/ (or `directory`) as the emulator's counters name their sites: the text NVRTC compiles
+    inlines the local headers, so its line numbers are not the files'.  Built by the same substitution as
+    kernel_source (checked, for raw_kernels/)."""
+    from cupyconv import _device
+    check = directory is None
+    directory = _device.kernel_dir() if directory is None else Path(directory)
+    include = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', flags=re.M)
+
+    def expand(name: str, seen: set) -> tuple[str, list]:
+        if name in seen:
+            return "", []
+        seen.add(name)
+        text = (directory / name).read_text()
+        line_at = [0] * (len(text) + 1)   # the 1-based line of each character of this file
+        line = 1
+        for i, c in enumerate(text):
+            line_at[i] = line
+            line += c == "\n"
+        line_at[len(text)] = line
+        out, origin, end = [], [], 0
+        for match in include.finditer(text):
+            out.append(text[end:match.start()])
+            origin += [(name, line_at[i]) for i in range(end, match.start())]
+            inner, inner_origin = expand(match.group(1), seen)
+            out.append(inner)
+            origin += inner_origin
+            end = match.end()
+        out.append(text[end:])
+        origin += [(name, line_at[i]) for i in range(end, len(text))]
+        return "".join(out), origin
+
+    text, origin = expand(filename, set())
+    if check and text != _device.kernel_source(filename):
+        raise RuntimeError(f"source_lines({filename!r}) does not rebuild _device.kernel_source's text")
+    result, start = [], 0
+    for i, c in enumerate(text if text.endswith("\n") else text + "\n"):
+        if c == "\n":
+            where = origin[start] if start < len(origin) else origin[-1]
+            result.append(f"{where[0]}:{where[1]}")
+            start = i + 1
+    return result
+
+
+def code_of(instructions: list[dict], filename: str, lines: list[str]) -> list[list]:
+    """`KernelSass.code` of one kernel's instructions from `disassemble(program, lines=True)`: up to its last EXIT,
+    [whole opcode, "file:line" (`lines` of the kernel file) or "" (no line, or a line of another file: CUDA's own
+    headers), predicated (1: guarded by a predicate other than PT), the index of a branch's target or -1, 1 for a
+    global load whose result the same basic block reads (`used_before_branch`)]."""
+    exits = [i for i, instruction in enumerate(instructions) if mnemonic(instruction["opcode"]) == "EXIT"]
+    body = instructions[:exits[-1] + 1] if exits else instructions
+    code = []
+    for instruction in body:
+        source = instruction.get("source")
+        site = ""
+        if source and source[0] == filename and 1 <= source[1] <= len(lines):
+            site = lines[source[1] - 1]
+        predicate = instruction.get("predicate", "")
+        target = -1
+        if CLASS_OF.get(mnemonic(instruction["opcode"])) == "branch":
+            try:
+                target = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
+            except ValueError:
+                target = -1
+        code.append([instruction["opcode"], site, int(bool(predicate) and predicate not in ("@PT",)), target, 0])
+    for i, instruction in enumerate(body):
+        if mnemonic(instruction["opcode"]) == "LDG":
+            code[i][4] = int(used_before_branch(body, i))
+    return code
+
+
+_REGISTER = re.compile(r"^R(\d+)")
+# Mnemonics whose first operand is read, not written (stores, reductions, branches, barriers)
+_NO_DESTINATION = ("ST", "STG", "STS", "STL", "RED", "BRA", "BSSY", "BSYNC", "BAR", "EXIT", "DEPBAR", "WARPSYNC",
+                   "NOP", "CALL", "RET", "BREAK", "MEMBAR", "ARRIVES", "SYNCS")
+
+
+def used_before_branch(body: list[dict], load: int) -> bool:
+    """Whether a global load's destination registers are read by a later instruction before the next branch or
+    EXIT (and before being overwritten): the warp then waits for the load inside its own basic block, once per
+    execution of it (a load whose use lies past a branch may be issued with others first)."""
+    first = body[load].get("operands", "").split(",")[0]
+    match = _REGISTER.match(first)
+    if not match:
+        return False
+    width = {"64": 2, "128": 4}
+    count = next((width[p] for p in body[load]["opcode"].split(".") if p in width), 1)
+    registers = {f"R{int(match.group(1)) + k}" for k in range(count)}
+    pattern = re.compile(r"\b(" + "|".join(sorted(registers)) + r")\b")
+    for instruction in body[load + 1:]:
+        op = mnemonic(instruction["opcode"])
+        operands = instruction.get("operands", "").split(",")
+        sources = operands if op in _NO_DESTINATION else operands[1:]
+        if any(pattern.search(operand) for operand in sources):
+            return True
+        if CLASS_OF.get(op) == "branch":
+            return False
+        if op not in _NO_DESTINATION and pattern.fullmatch(operands[0].split(".")[0] if operands else ""):
+            return False   # overwritten first
+    return False
+
+
+def analyse_program(program: Program, arch: str, filename: str | None = None) -> dict[str, KernelSass]:
+    """{name expression: KernelSass} of every kernel of a compiled program (with `code` where the program was
+    compiled with -lineinfo from raw_kernels/<filename>)."""
     usage = resource_usage(program, arch)
-    listing = disassemble(program)
+    listing = disassemble(program, lines=filename is not None)
+    lines = source_lines(filename) if filename is not None else []
     result = {}
     for name, instructions in listing.items():
         u = usage[name]
@@ -485,7 +614,8 @@ def analyse_program(program: Program, arch: str) -> dict[str, KernelSass]:
         exits = [i for i, instruction in enumerate(instructions) if mnemonic(instruction["opcode"]) == "EXIT"]
         body = exits[-1] + 1 if exits else len(instructions)
         result[name] = KernelSass(name, arch, u.registers, u.stack, u.local, u.shared, len(instructions), body,
-                                  found[0] if found else None, dict(loop), instruction_mix(loop), memory)
+                                  found[0] if found else None, dict(loop), instruction_mix(loop), memory,
+                                  code_of(instructions, filename, lines) if filename is not None else [])
     return result
 
 
@@ -503,7 +633,7 @@ def analyse(filename: str, names, arch: str = "sm_90") -> dict[str, KernelSass]:
         except (OSError, ValueError, TypeError):
             missing.append(name)
     if missing:
-        fresh = analyse_program(compile_names(filename, arch, missing), arch)
+        fresh = analyse_program(compile_names(filename, arch, missing, lineinfo=True), arch, filename)
         directory.mkdir(parents=True, exist_ok=True)
         for name in missing:
             result[name] = fresh[name]

@@ -1,0 +1,128 @@
+"""benchmarks.executed: the instructions a launch executes, from its SASS (NVRTC -lineinfo) and the emulator's
+per-site warp requests, on self-test kernels whose executed counts are known from their SASS
+(tests/emulator/selftest_kernels/executed.cu): a loop with a run-time trip count, a branch no thread takes, a loop
+unrolled by 4 with its remainder."""
+from __future__ import annotations
+
+import numpy
+import pytest
+
+from benchmarks import executed, predict, sass
+from emulator import SELFTEST_KERNEL_DIR, EmulatedDevice
+
+SOURCE = "executed.cu"
+KERNELS = ["executed_loop", "executed_unrolled"]
+WARPS = 2   # one block of 64 threads
+
+
+@pytest.fixture(scope="module")
+def codes():
+    """{kernel: KernelSass.code} of the self-test kernels, compiled for sm_90 with a line table."""
+    try:
+        compiler = sass.nvrtc(sass.ARCHES["sm_90"])
+        sass.tool("nvdisasm")
+    except sass.ToolMissing as e:
+        pytest.skip(str(e))
+    text = (SELFTEST_KERNEL_DIR / SOURCE).read_text()
+    program = compiler.compile(text, SOURCE, KERNELS, ["--gpu-architecture=sm_90", sass.LINEINFO, "-std=c++17"])
+    assert program.ok, program.log
+    lines = sass.source_lines(SOURCE, SELFTEST_KERNEL_DIR)
+    listing = sass.disassemble(program, lines=True)
+    return {name: sass.code_of(listing[name], SOURCE, lines) for name in KERNELS}
+
+
+def line_of(marker: str) -> int:
+    lines = (SELFTEST_KERNEL_DIR / SOURCE).read_text().splitlines()
+    found = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"// @{marker}")]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def counted_sites(name: str, *scalars: int) -> list[dict]:
+    """The counters' sites of one launch of `name` on one block of 64 threads (fresh random x, y poisoned)."""
+    device = EmulatedDevice(kernel_dir=SELFTEST_KERNEL_DIR, instantiations=[(SOURCE, k) for k in KERNELS],
+                            counters=True)
+    x = numpy.random.default_rng().standard_normal(64 * 40).astype(numpy.float32)
+    y = device.empty(64, numpy.float32)
+    device.launch(SOURCE, name, 1, 64, [x, y, *map(numpy.int32, scalars)])
+    assert not numpy.isnan(y).any()
+    return [site.to_dict() for site in device.profile[-1].sites]
+
+
+def test_a_loop_runs_its_trips_and_an_untaken_branch_nothing(codes):
+    """executed_loop: what runs is the code outside the loop and the branch once per warp, the loop once per trip;
+    counted from the SASS itself (its one loop, the lines inside the branch), not from the estimate's blocks."""
+    code = codes["executed_loop"]
+    (first, last), = sass.loops([{"opcode": c[0], "operands": hex(16 * c[3])} for c in code])
+    loop = last - first + 1
+    inside = range(line_of("loop") + 2, line_of("rare") + 2)   # the lines of the branch's body
+    branch = sum(int(site.rsplit(":", 1)[1]) in inside for _op, site, *_ in code if site)
+    assert loop >= 3 and branch >= 16 + 1   # its 16 loads are static instructions
+    for trips in (8, 16):
+        estimate = executed.estimate(code, counted_sites("executed_loop", trips, 0), WARPS)
+        assert estimate["instructions"] == WARPS * (len(code) - loop - branch + trips * loop)
+        assert estimate["global_waits"] == WARPS * trips   # each trip loads and uses x
+        assert estimate["anchored"] < 0.5   # most of its loads are the branch's: sites the emulator never saw
+    # The branch taken: its code runs once per warp (its loads are CSE'd by the compiler, not by the emulator's
+    # -O0 build, so the estimate may put it higher, never lower).
+    taken = executed.estimate(code, counted_sites("executed_loop", 16, 1), WARPS)
+    assert taken["instructions"] >= WARPS * (len(code) - loop + 16 * loop)
+
+
+def test_unrolled_copies_share_their_sites_requests(codes):
+    """executed_unrolled: one source load, 4 copies in the unrolled loop and 1 in its remainder loop.  Each copy
+    gets an equal share of the load's requests, so 16 more trips add 4 trips of the unrolled loop within the bias
+    of the equal split (the remainder loop's instructions counted as if it ran as often as each copy)."""
+    code = codes["executed_unrolled"]
+    spans = sass.loops([{"opcode": c[0], "operands": hex(16 * c[3])} for c in code])
+    main = max(spans, key=lambda s: sum(code[i][0].startswith("LDG") for i in range(s[0], s[1] + 1)))
+    assert sum(code[i][0].startswith("LDG") for i in range(main[0], main[1] + 1)) == 4
+    counts = {trips: executed.estimate(code, counted_sites("executed_unrolled", trips), WARPS)["instructions"]
+              for trips in (16, 32)}
+    exact = WARPS * (32 - 16) // 4 * (main[1] - main[0] + 1)
+    assert 0.9 * exact <= counts[32] - counts[16] <= 1.3 * exact
+
+
+def test_lineinfo_leaves_the_instructions_unchanged(codes):
+    """The model compiles with -lineinfo (for the line table); the instructions must be those CuPy runs."""
+    from cupyconv import _device
+    names = [n for f, n in _device.all_instantiations() if f == "unfold.cu"][:6]
+    plain = sass.disassemble(sass.compile_names("unfold.cu", "sm_90", names))
+    plain = {n: [(i["opcode"], i.get("operands"), i.get("predicate")) for i in v] for n, v in plain.items()}
+    with_lines = sass.disassemble(sass.compile_names("unfold.cu", "sm_90", names, lineinfo=True), lines=True)
+    assert {n: [(i["opcode"], i.get("operands"), i.get("predicate")) for i in v] for n, v in with_lines.items()} \
+        == plain
+    assert all(i["source"] for v in with_lines.values() for i in v[:1])
+
+
+def test_source_lines_name_the_included_headers():
+    """The line numbers NVRTC reports are of the text with its headers inlined; source_lines maps them back."""
+    from cupyconv import _device
+    text = _device.kernel_source("depthwise.cu").splitlines()
+    lines = sass.source_lines("depthwise.cu")
+    assert len(lines) == len(text)
+    header = (_device.kernel_dir() / "common.cuh").read_text().splitlines()
+    probe = next(i for i, t in enumerate(header) if t.strip().startswith("template") and header.count(t) == 1)
+    assert lines[text.index(header[probe])] == f"common.cuh:{probe + 1}"
+    own = (_device.kernel_dir() / "depthwise.cu").read_text().splitlines()
+    last = len(own) - next(i for i, t in enumerate(reversed(own)) if t.strip() and own.count(t) == 1) - 1
+    assert lines[len(text) - 1 - text[::-1].index(own[last])] == f"depthwise.cu:{last + 1}"
+
+
+def test_the_model_keeps_the_static_count_where_it_cannot_count():
+    """No emulator counts, or a tensor-core kernel: the static main loop, and the reason why."""
+    work = {"warp_instructions": (10.0, 20.0)}
+    launch = type("L", (), {"threads": 64})()
+    kept = predict.apply_executed(work, {"code": [["LDG.E", "a.cu:1", 0, -1, 1]], "loop_rule": "fma"},
+                                  {"source": "analytic"}, launch)
+    assert kept["instructions_source"] == "static" and kept["warp_instructions"] == (10.0, 20.0)
+    kept = predict.apply_executed(work, {"code": [["LDG.E", "a.cu:1", 0, -1, 1]], "loop_rule": "matrix"},
+                                  {"source": "emulator", "sites": [], "blocks_run": 1, "scale": 1.0}, launch)
+    assert "tensor-core" in kept["instructions_why"]
+    sites = [{"site": "a.cu:1", "kind": "global_load", "width": 4, "requests": 6}]
+    counted = predict.apply_executed(work, {"code": [["LDG.E", "a.cu:1", 0, -1, 1], ["EXIT", "", 0, -1, 0]],
+                                            "loop_rule": "memory"},
+                                     {"source": "emulator", "sites": sites, "blocks_run": 1, "scale": 10.0}, launch)
+    # one block of 2 warps ran the load's block 6 times (3 a warp, each waited for), scaled to 10 blocks
+    assert counted["instructions_source"] == "executed" and counted["warp_instructions"] == (120.0, 120.0)
+    assert counted["executed"]["global_waits_per_warp"] == 3.0
