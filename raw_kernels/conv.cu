@@ -5,15 +5,43 @@
 // grad_output are contiguous (n, D, oH, oW); the group of output channel d is d / (D / G).
 #include "common.cuh"
 
-// Dynamic shared memory of every kernel in this file; double gives the 8-byte alignment double needs.
-extern __shared__ double conv_shared[];
+// Dynamic shared memory of every kernel in this file, 16-byte aligned for conv_fwd_direct's vector reads.
+extern __shared__ __align__(16) double conv_shared[];
 
-// Direct convolution.  Every block works through items (image, group, block of DPT output channels of the
-// group, output tile of blockDim.y x blockDim.x pixels); thread (ty, tx) owns one pixel of the tile and keeps
-// its DPT output channels in registers, so every staged input value feeds DPT multiply-adds.  The group's input
-// channels are walked in slabs of `slab` channels: the slab's input tile plus halo (tile_in_h x tile_in_w, zero
-// outside the image) and the slab's weights are staged in shared memory as acc_t (converted once).  Any kernel
-// size, stride, dilation and padding (negative padding too: grad_input reuses this kernel); bias is fused.
+// Direct convolution, for few channels per group (bandwidth-bound: 36-72 multiply-adds per output in ResNeXt's
+// groups of 4-8).  Every block works through items (image, group, output tile of DIRECT_ROWS * blockDim.y rows x
+// blockDim.x columns); thread (tx, ty) owns the DIRECT_ROWS pixels (ty + r * blockDim.y, tx) of the tile and, for
+// each block of DPT output channels of the group in turn, keeps their DIRECT_ROWS x DPT sums in registers: each
+// staged weight feeds DIRECT_ROWS multiply-adds and each staged input value DPT.  Rows r * blockDim.y apart (not
+// adjacent) keep a warp's loads and stores on consecutive columns.  The group's input channels are staged in
+// slabs of `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted
+// once; when one slab holds every channel of the group (the planner's aim) it is staged once per item and every
+// block of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its
+// weights [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding
+// (negative padding too: grad_input reuses this kernel); bias is fused.
+#if !defined(DIRECT_ROWS)
+#error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
+#endif
+
+// DPT accumulator-typed weights from shared memory, 16 bytes at a time (w is 16-byte aligned: DPT % 4 == 0 for
+// float, DPT % 2 == 0 for double, and the slab's layout keeps every tap's DPT at a multiple of 16 bytes).
+template <int DPT> __device__ __forceinline__ void load_weights(float (&out)[DPT], const float* w) {
+  if constexpr (DPT % 4 == 0) {
+#pragma unroll
+    for (int d = 0; d < DPT; d += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(w + d);
+      out[d] = v.x; out[d + 1] = v.y; out[d + 2] = v.z; out[d + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) out[d] = w[d];
+  }
+}
+template <int DPT> __device__ __forceinline__ void load_weights(double (&out)[DPT], const double* w) {
+#pragma unroll
+  for (int d = 0; d < DPT; ++d) out[d] = w[d];
+}
+
 template <typename T, typename I, int DPT>
 __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
                                 const T* __restrict__ bias, T* __restrict__ out, I n,
@@ -25,87 +53,103 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int tile_elems = tile_in_h * tile_in_w;
-  // The weights go first, at the aligned start: each tap's DPT weights can then be read as vectors.
+  // The weights go first, at the aligned start, so that each tap's DPT weights are 16-byte vectors.
   A* wslab = reinterpret_cast<A*>(conv_shared);  // [slab channel][tap][DPT]
   A* tile = wslab + slab * taps * DPT;           // [slab channel][tile_in_h][tile_in_w]
 
-  // The block is the output tile: signed copies of its shape keep the padding arithmetic signed.
-  const int tile_w = blockDim.x, tile_h = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  const int threads = tile_w * tile_h;
-  const int tid = ty * tile_w + tx;
-  const int tiles_x = (out_w + tile_w - 1) / tile_w;
+  // The block's columns and rows: signed copies keep the padding arithmetic signed.
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int threads = bx * by;
+  const int tid = ty * bx + tx;
+  const int tile_h = by * DIRECT_ROWS;
+  const int tiles_x = (out_w + bx - 1) / bx;
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
-  const int dblocks = (outputs_per_group + DPT - 1) / DPT;
-  const I items = n * groups * dblocks * tiles_y * tiles_x;
+  const I items = n * groups * tiles_y * tiles_x;
+  // Staging: lanes of `lanes` threads (a warp, or the whole block when smaller: blocks are powers of two) copy
+  // rows of the tile, consecutive columns on consecutive lanes (coalesced), one division per row.
+  const int lanes = min(threads, 32);
+  const int lane = tid % lanes, row_group = tid / lanes, row_groups = threads / lanes;
+  const int row_step = by * stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
 
-  // The item loop and the slab loop are uniform across the block, so every thread meets every barrier.
+  // The item, block-of-outputs and slab loops are uniform across the block, so every thread meets every barrier.
   for (I item = blockIdx.x; item < items; item += gridDim.x) {
     const int tile_x = (int)(item % tiles_x);
     const int tile_y = (int)((item / tiles_x) % tiles_y);
-    const int dblock = (int)((item / ((I)tiles_x * tiles_y)) % dblocks);
-    const I image_group = item / ((I)tiles_x * tiles_y * dblocks);
+    const I image_group = item / ((I)tiles_x * tiles_y);
     const int g = (int)(image_group % groups);
     const I image = image_group / groups;
-    const int d0 = dblock * DPT;  // first output channel of this item, within the group
-    const int oy = tile_y * tile_h + ty;
-    const int ox = tile_x * tile_w + tx;
+    const int oy = tile_y * tile_h + ty;  // the thread's first row; the others are DIRECT_ROWS - 1 steps of by
+    const int ox = tile_x * bx + tx;
     const int iy0 = tile_y * tile_h * stride_h - pad_top;  // input row of the tile's top-left tap
-    const int ix0 = tile_x * tile_w * stride_w - pad_left;
+    const int ix0 = tile_x * bx * stride_w - pad_left;
+    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
 
-    A sum[DPT];
+    for (int d0 = 0; d0 < outputs_per_group; d0 += DPT) {
+      A sum[DIRECT_ROWS][DPT];
 #pragma unroll
-    for (int d = 0; d < DPT; ++d) {
-      sum[d] = d0 + d < outputs_per_group ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
-    }
-
-    const T* x_image = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
-    for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
-      const int channels = min(slab, channels_per_group - c0);
-      __syncthreads();  // the previous slab's readers are done with shared memory
-      for (int e = tid; e < channels * tile_elems; e += threads) {
-        const int c = e / tile_elems;
-        const int r = e - c * tile_elems;
-        const int y = iy0 + r / tile_in_w;
-        const int xx = ix0 + r % tile_in_w;
-        A value = 0;
-        if (y >= 0 && y < height && xx >= 0 && xx < width) {
-          value = to_acc(x_image[(I)(c0 + c) * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w]);
-        }
-        tile[e] = value;
+      for (int d = 0; d < DPT; ++d) {
+        const A b = d0 + d < outputs_per_group ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
+#pragma unroll
+        for (int r = 0; r < DIRECT_ROWS; ++r) sum[r][d] = b;
       }
-      for (int e = tid; e < channels * taps * DPT; e += threads) {
-        const int d = e % DPT;
-        const int t = (e / DPT) % taps;
-        const int c = e / (DPT * taps);
-        A value = 0;
-        if (d0 + d < outputs_per_group) {
-          value = to_acc(weight[((I)(g * outputs_per_group + d0 + d) * channels_per_group + c0 + c) * taps + t]);
+      for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
+        const int channels = min(slab, channels_per_group - c0);
+        __syncthreads();  // the previous slab's readers are done with shared memory
+        if (d0 == 0 || slab < channels_per_group) {  // one slab of every channel: staged once per item
+          for (int row = row_group; row < channels * tile_in_h; row += row_groups) {
+            const int c = row / tile_in_h;
+            const int y = iy0 + row - c * tile_in_h;
+            const bool inside = y >= 0 && y < height;
+            const T* x_row = inside ? x_group + (I)(c0 + c) * x_stride_c + (I)y * x_stride_h : x_group;
+            A* t_row = tile + row * tile_in_w;
+            for (int col = lane; col < tile_in_w; col += lanes) {
+              const int xx = ix0 + col;
+              t_row[col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+            }
+          }
         }
-        wslab[e] = value;
-      }
-      __syncthreads();
-      if (oy < out_h && ox < out_w) {
+        for (int e = tid; e < channels * taps * DPT; e += threads) {
+          const int d = e % DPT;
+          const int ct = e / DPT;  // c * taps + t
+          A value = 0;
+          if (d0 + d < outputs_per_group) {
+            value = to_acc(weight[(I)(g * outputs_per_group + d0 + d) * channels_per_group * taps + c0 * taps + ct]);
+          }
+          wslab[e] = value;
+        }
+        __syncthreads();
+        // Rows past out_h and columns past out_w compute on staged zeros and are not stored: no branch here.
         for (int c = 0; c < channels; ++c) {
           const A* in = tile + c * tile_elems + ty * stride_h * tile_in_w + tx * stride_w;
           const A* w = wslab + c * taps * DPT;
           for (int i = 0; i < kernel_h; ++i) {
             for (int j = 0; j < kernel_w; ++j) {
-              const A v = in[i * dilation_h * tile_in_w + j * dilation_w];
-              const A* wt = w + (i * kernel_w + j) * DPT;
+              A wt[DPT];
+              load_weights(wt, w + (i * kernel_w + j) * DPT);
+              const A* tap = in + i * dilation_h * tile_in_w + j * dilation_w;
 #pragma unroll
-              for (int d = 0; d < DPT; ++d) sum[d] += v * wt[d];
+              for (int r = 0; r < DIRECT_ROWS; ++r) {
+                const A v = tap[r * row_step];
+#pragma unroll
+                for (int d = 0; d < DPT; ++d) sum[r][d] += v * wt[d];
+              }
             }
           }
         }
       }
-    }
 
-    if (oy < out_h && ox < out_w) {
-      const I pixel = (I)oy * out_w + ox;
-      const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
+      if (ox < out_w) {
+        const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
 #pragma unroll
-      for (int d = 0; d < DPT; ++d) {
-        if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[d]);
+        for (int r = 0; r < DIRECT_ROWS; ++r) {
+          const int y = oy + r * by;
+          if (y >= out_h) break;
+          const I pixel = (I)y * out_w + ox;
+#pragma unroll
+          for (int d = 0; d < DPT; ++d) {
+            if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[r][d]);
+          }
+        }
       }
     }
   }

@@ -213,12 +213,14 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
 # (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
-KERNELS = KernelFile("conv.cu")
-ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
-DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
-DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
+DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
+                                # output channels a group take several blocks of 8 over the same staged tile
+DIRECT_ROWS = 4                 # output rows per thread (registers): each staged weight feeds this many FMAs
+DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
+KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS})
+ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
                                 # not the device's SM count, so that the bits are the same on every GPU
@@ -244,22 +246,26 @@ def _is_pointwise(spec: ConvSpec) -> bool:
             and spec.out_size == spec.in_size)   # (a clamped spec has stride 1 along a dim of one output)
 
 
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(v - 1, 0).bit_length()
-
-
 def _direct_outputs(outputs_per_group: int) -> int:
     return next((d for d in DIRECT_OUTPUTS if d >= outputs_per_group), DIRECT_OUTPUTS[-1])
 
 
+def _balanced(units: int, most: int) -> int:
+    """The fewest parts of at most `most` that cover `units`, as equal as can be: the size of one.  56 output
+    columns at up to 32 a block are 2 blocks of 28, not 32 + 24 with 8 idle threads in the second."""
+    return ceil_div(units, ceil_div(units, most))
+
+
 def plan_direct(spec: ConvSpec, dtype):
     """(block, slab, (tile_in_h, tile_in_w), shared bytes) of conv_fwd_direct for spec, or None if even one
-    input channel's tile does not fit in shared memory (huge kernel * dilation)."""
+    input channel's tile does not fit in shared memory (huge kernel * dilation).  The block covers up to 32
+    output columns (a warp's coalesced row) and DIRECT_ROWS output rows per row of threads, its sizes balanced
+    over the output; the slab holds every input channel of the group when they fit DIRECT_SHARED_TARGET (x is
+    then staged once per tile for all the group's outputs), else as many as fit."""
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
-    # Tile as wide as the output row (up to a warp) for coalesced stores; small outputs get small blocks.
-    bx = min(32, _pow2_at_least(ow))
-    by = min(DIRECT_THREADS // bx, _pow2_at_least(oh))
-    tile_in = ((by - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
+    bx = _balanced(ow, 32)
+    by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
+    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
     acc_bytes = compute_dtype(dtype).itemsize
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
@@ -324,7 +330,7 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     bias = device.zeros((spec.out_channels,), dtype) if bias is None else device.ascontiguous(bias)
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
-    items = n * g * ceil_div(dg, dpt) * ceil_div(oh, by) * ceil_div(ow, bx)
+    items = n * g * ceil_div(oh, by * DIRECT_ROWS) * ceil_div(ow, bx)
     KERNELS.launch(device, "conv_fwd_direct", (dpt,), dtype=dtype, index=index_type(out.size, extent(x), weight.size),
                    grid=capped_grid(items), block=(bx, by), shared_mem=shared, window=spec, x=x, weight=weight,
                    bias=bias, out=out, n=n, **stride_args("x", x, "nchw"), groups=g,
