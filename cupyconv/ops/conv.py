@@ -216,7 +216,7 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
-DIRECT_ROWS = 4                 # output rows per thread (registers): each staged weight feeds this many FMAs
+DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
 DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
 KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS})
@@ -246,6 +246,10 @@ def _is_pointwise(spec: ConvSpec) -> bool:
             and spec.out_size == spec.in_size)   # (a clamped spec has stride 1 along a dim of one output)
 
 
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(v - 1, 0).bit_length()
+
+
 def _direct_outputs(outputs_per_group: int) -> int:
     return next((d for d in DIRECT_OUTPUTS if d >= outputs_per_group), DIRECT_OUTPUTS[-1])
 
@@ -263,7 +267,7 @@ def plan_direct(spec: ConvSpec, dtype):
     over the output; the slab holds every input channel of the group when they fit DIRECT_SHARED_TARGET (x is
     then staged once per tile for all the group's outputs), else as many as fit."""
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
-    bx = _balanced(ow, 32)
+    bx = 32 if ow > 16 else _pow2_at_least(ow)   # a warp on one row: conflict-free shared reads
     by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
     tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
     acc_bytes = compute_dtype(dtype).itemsize
