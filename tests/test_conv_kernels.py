@@ -189,6 +189,75 @@ def test_direct_that_cannot_fit_shared_memory():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Few channels per group (ResNeXt's 4 and 8): the direct kernel's blocks of DPT outputs over one staged tile of the
+# group's channels (or, where they do not fit, a slab at a time, staged again for each block of outputs), its rows
+# per thread past the last output row and its 32-column tiles past the last column, against float64 loops
+
+#: (groups, input channels per group, output channels per group): DPT 2, 4 and 8 exactly, padded (3, 5, 7) and
+#: several blocks of 8 (12, 16, 17)
+SMALL_GROUPS = [(3, 2, 2), (2, 3, 5), (4, 4, 4), (2, 5, 12), (2, 8, 8), (1, 16, 16), (2, 7, 17)]
+#: (input H x W, kernel, window): stride 1 on tiles down (16 rows with 64 threads) and across (32 columns); a
+#: strided, dilated window with each side's padding different and an output under 16 columns; stride 3 across
+#: two column tiles with the height's dilation and the bottom's padding
+SMALL_GROUP_WINDOWS = [
+    ((19, 37), (3, 3), dict(padding=1)),
+    ((13, 9), (3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(1, 2))),
+    ((11, 100), (2, 3), dict(stride=(1, 3), padding=((0, 2), (1, 1)), dilation=(2, 1))),
+]
+
+
+def small_group_x(rng, shape, layout):
+    """x of shape (N, C, H, W) in a layout the kernel reads through its strides: contiguous, channels-last, or
+    every other column of a wider array, rows reversed."""
+    if layout == "channels_last":
+        n, c, h, w = shape
+        return numpy.ascontiguousarray(ref.random(rng, (n, h, w, c))).transpose(0, 3, 1, 2)
+    if layout == "strided":
+        return ref.random(rng, (*shape[:3], 2 * shape[3]))[:, :, ::-1, ::2]
+    return ref.random(rng, shape)
+
+
+@pytest.mark.parametrize("slab", ["whole_group", "one_channel"])
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("groups, cg, dg", SMALL_GROUPS, ids=str)
+def test_small_groups_against_float64_loops(groups, cg, dg, order, slab, monkeypatch):
+    """Forward, and for stride 1 the input gradient (the same kernel on the transposed problem), of every window
+    against tests/reference.py's loops, on outputs poisoned by the emulator (NaN until written)."""
+    monkeypatch.setattr(conv_op, "DIRECT_THREADS", 64)       # 2 rows of 32 threads: tiles of 16 rows
+    if slab == "one_channel":
+        monkeypatch.setattr(conv_op, "DIRECT_SHARED_TARGET", 1)
+    rng = numpy.random.default_rng(groups * 100 + cg * 10 + dg)
+    for k, ((h, w), kernel, window) in enumerate(SMALL_GROUP_WINDOWS):
+        x = small_group_x(rng, (2, groups * cg, h, w), ("contiguous", "channels_last", "strided")[k])
+        weight, bias = ref.random(rng, (groups * dg, cg, *kernel)), ref.random(rng, (groups * dg,))
+        device = Recorder(order)
+        out = kernel_path(device, cupyconv.conv2d, x, weight, bias, groups=groups, algorithm="direct", **window)
+        assert device.launches == [f"conv_fwd_direct<double, int, {conv_op._direct_outputs(dg)}>"]
+        what = f"{groups} groups of {cg} -> {dg}, {window}"
+        ref.assert_close(out, ref.conv2d(x, weight, bias, groups=groups, **window), err_msg=what)
+        if window.get("stride", 1) != 1:
+            continue
+        grad_output = ref.random(rng, out.shape)
+        (grad_x, _, _) = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, groups=groups,
+                                     needs="input", algorithm="direct", **window)
+        assert device.count("conv_fwd_direct") == 2
+        ref.assert_close(grad_x, ref.conv2d_grads(grad_output, x, weight, groups=groups, **window)[0], err_msg=what)
+
+
+def test_small_groups_16_bit_and_auto():
+    """'auto' runs the direct kernel for groups of 4 in float16 (fewer than TC_MIN_CHANNELS for the tensor
+    cores), accumulating in float32: the result is the float64 sum rounded once."""
+    rng = numpy.random.default_rng(31)
+    x = bug_classes.exact_terms(rng, (2, 16, 21, 35), "float16")
+    weight = bug_classes.exact_terms(rng, (16, 4, 3, 3), "float16")
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, padding=1, groups=4)
+    assert device.launches == ["conv_fwd_direct<__half, int, 4>"]
+    want = ref.conv2d(x, weight, padding=1, groups=4)
+    numpy.testing.assert_array_equal(out, want.astype(numpy.float16))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Algorithm choice, needs, determinism, workspace, index types
 
 
