@@ -1,5 +1,6 @@
-// conv2d with groups: the direct kernel for few channels per group, and the small kernels around the im2col + cuBLAS
-// GEMM algorithm (bias epilogue, the bias gradient).  The tensor-core implicit GEMMs live in implicit_gemm.cu.
+// conv2d with groups: the direct kernels for few channels per group (forward, also the stride-1 input gradient;
+// weight gradient), and the small kernels around the im2col + cuBLAS GEMM algorithm (bias epilogue, the bias
+// gradient, whose in-order sum of splits also finishes the direct weight gradient).  The tensor-core implicit GEMMs live in implicit_gemm.cu.
 //
 // Layouts: x is read through element strides (n, C, H, W); weight is contiguous (D, C / G, kH, kW); outputs and
 // grad_output are contiguous (n, D, oH, oW); the group of output channel d is d / (D / G).
@@ -23,9 +24,10 @@ extern __shared__ __align__(16) double conv_shared[];
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 
-// DPT accumulator-typed weights from shared memory, 16 bytes at a time (w is 16-byte aligned: DPT % 4 == 0 for
-// float, DPT % 2 == 0 for double, and the slab's layout keeps every tap's DPT at a multiple of 16 bytes).
-template <int DPT> __device__ __forceinline__ void load_weights(float (&out)[DPT], const float* w) {
+// DPT accumulator-typed values from shared memory (weights; grad_output for the weight gradient), float in 16-byte
+// vectors where DPT % 4 == 0: w is then 16-byte aligned (the layouts keep every DPT values at a multiple of 16 bytes
+// from conv_shared, which is 16-byte aligned).
+template <int DPT> __device__ __forceinline__ void load_vector(float (&out)[DPT], const float* w) {
   if constexpr (DPT % 4 == 0) {
 #pragma unroll
     for (int d = 0; d < DPT; d += 4) {
@@ -37,7 +39,7 @@ template <int DPT> __device__ __forceinline__ void load_weights(float (&out)[DPT
     for (int d = 0; d < DPT; ++d) out[d] = w[d];
   }
 }
-template <int DPT> __device__ __forceinline__ void load_weights(double (&out)[DPT], const double* w) {
+template <int DPT> __device__ __forceinline__ void load_vector(double (&out)[DPT], const double* w) {
 #pragma unroll
   for (int d = 0; d < DPT; ++d) out[d] = w[d];
 }
@@ -125,7 +127,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
           for (int i = 0; i < kernel_h; ++i) {
             for (int j = 0; j < kernel_w; ++j) {
               A wt[DPT];
-              load_weights(wt, w + (i * kernel_w + j) * DPT);
+              load_vector(wt, w + (i * kernel_w + j) * DPT);
               const A* tap = in + i * dilation_h * tile_in_w + j * dilation_w;
 #pragma unroll
               for (int r = 0; r < DIRECT_ROWS; ++r) {
@@ -150,6 +152,130 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
             if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[r][d]);
           }
         }
+      }
+    }
+  }
+}
+
+// Weight gradient of the direct algorithm, for few channels per group: per group a GEMM of Dg rows (output
+// channels) by K = C / G * kH * kW columns (input channel, tap) reduced over every (image, output pixel), too
+// small for cuBLAS and whose column matrix would be kH * kW times x.  Block (split s, group g and chunk of its
+// output blocks) walks the units (image, tile of tile_rows x 32 output pixels) [s * units_per_split, ...) in
+// order, staging for each the group's x tile plus halo (tile_in_h x tile_in_w a channel, zero outside the image)
+// and its grad_output tile (zero outside the output) in shared memory as acc_t.  Warp w owns output block
+// chunk * (blockDim.x / 32) + w: WGRAD_DPT output channels x WGRAD_KT columns (c, tap), decoded once into offsets
+// in the x tile; lane l sums column l of every tile row, each staged grad_output vector (16 bytes) feeding
+// WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds the 32 lanes and lane 0 writes the
+// block's sums to partial[o * splits + s] (o the flat index of the weight); conv_bgrad_sum adds the splits in
+// order: the same bits on every run, no atomics.  Any kernel size, stride, dilation and padding.
+#if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS)
+#error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
+#endif
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(WGRAD_MAX_THREADS)
+conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_output, acc_t<T>* __restrict__ partial,
+                       I n, I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+                       int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
+                       int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
+                       int dilation_w, int out_h, int out_w, int tile_rows, int tile_in_h, int tile_in_w,
+                       int units_per_split) {
+  typedef acc_t<T> A;
+  const int taps = kernel_h * kernel_w;
+  const int columns = channels_per_group * taps;  // K
+  const int d_blocks = (outputs_per_group + WGRAD_DPT - 1) / WGRAD_DPT;
+  const int k_blocks = (columns + WGRAD_KT - 1) / WGRAD_KT;
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = (d_blocks * k_blocks + warps - 1) / warps;
+  const int g = blockIdx.y / chunks;
+  const int block = (blockIdx.y % chunks) * warps + warp;  // this warp's output block, d_block * k_blocks + k_block
+  const int splits = gridDim.x, s = blockIdx.x;
+  const int tile_elems = tile_in_h * tile_in_w;
+  // grad_output goes first, at the aligned start: [d_block][tile row][32 columns][WGRAD_DPT], 16-byte vectors
+  A* gy_tile = reinterpret_cast<A*>(conv_shared);
+  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * 32;  // [channel][tile_in_h][tile_in_w]
+
+  // This warp's columns as offsets in the x tile (column lane * stride_w of row 0); past K they read offset 0
+  // and their sums are never written.
+  const bool computes = block < d_blocks * k_blocks;
+  const int d0 = computes ? block / k_blocks * WGRAD_DPT : 0;
+  const int k0 = computes ? block % k_blocks * WGRAD_KT : 0;
+  int offset[WGRAD_KT];
+#pragma unroll
+  for (int kk = 0; kk < WGRAD_KT; ++kk) {
+    const int k = k0 + kk;
+    const int c = k / taps, t = k % taps;
+    offset[kk] = k < columns ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
+  }
+  A sum[WGRAD_DPT][WGRAD_KT];
+#pragma unroll
+  for (int d = 0; d < WGRAD_DPT; ++d) {
+#pragma unroll
+    for (int kk = 0; kk < WGRAD_KT; ++kk) sum[d][kk] = 0;
+  }
+
+  const int tiles_x = (out_w + 31) / 32, tiles_y = (out_h + tile_rows - 1) / tile_rows;
+  const I units = n * tiles_y * tiles_x;
+  const I unit_begin = (I)s * units_per_split;
+  const I unit_end = min(units, unit_begin + units_per_split);
+  const I plane = (I)out_h * out_w;
+  for (I unit = unit_begin; unit < unit_end; ++unit) {
+    const int tile_x = (int)(unit % tiles_x);
+    const int tile_y = (int)((unit / tiles_x) % tiles_y);
+    const I image = unit / ((I)tiles_x * tiles_y);
+    const int oy0 = tile_y * tile_rows, ox = tile_x * 32 + lane;
+    const int iy0 = oy0 * stride_h - pad_top, ix0 = tile_x * 32 * stride_w - pad_left;
+    __syncthreads();  // the previous unit's readers are done with shared memory
+    // x: rows of the tile across the warps, consecutive columns on consecutive lanes (coalesced)
+    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
+    for (int row = warp; row < channels_per_group * tile_in_h; row += warps) {
+      const int c = row / tile_in_h;
+      const int y = iy0 + row - c * tile_in_h;
+      const bool inside = y >= 0 && y < height;
+      const T* x_row = inside ? x_group + (I)c * x_stride_c + (I)y * x_stride_h : x_group;
+      for (int col = lane; col < tile_in_w; col += 32) {
+        const int xx = ix0 + col;
+        x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+      }
+    }
+    // grad_output: one row of one output channel per warp and step, lane = column
+    const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
+    for (int row = warp; row < d_blocks * WGRAD_DPT * tile_rows; row += warps) {
+      const int d = row / tile_rows, r = row % tile_rows;
+      const int y = oy0 + r;
+      A value = 0;
+      if (d < outputs_per_group && y < out_h && ox < out_w) value = to_acc(gy_group[d * plane + (I)y * out_w + ox]);
+      gy_tile[((d / WGRAD_DPT * tile_rows + r) * 32 + lane) * WGRAD_DPT + d % WGRAD_DPT] = value;
+    }
+    __syncthreads();
+    if (computes) {
+      const A* x_lane = x_tile + lane * stride_w;
+      const A* gy_lane = gy_tile + ((d0 / WGRAD_DPT * tile_rows) * 32 + lane) * WGRAD_DPT;
+      for (int r = 0; r < tile_rows; ++r) {
+        A gv[WGRAD_DPT];
+        load_vector(gv, gy_lane + r * 32 * WGRAD_DPT);
+        const A* x_row = x_lane + r * stride_h * tile_in_w;
+#pragma unroll
+        for (int kk = 0; kk < WGRAD_KT; ++kk) {
+          const A v = x_row[offset[kk]];
+#pragma unroll
+          for (int d = 0; d < WGRAD_DPT; ++d) sum[d][kk] += gv[d] * v;
+        }
+      }
+    }
+  }
+
+  if (!computes) return;
+#pragma unroll
+  for (int d = 0; d < WGRAD_DPT; ++d) {
+#pragma unroll
+    for (int kk = 0; kk < WGRAD_KT; ++kk) {
+      A v = sum[d][kk];
+#pragma unroll
+      for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
+      const int k = k0 + kk;
+      if (lane == 0 && d0 + d < outputs_per_group && k < columns) {
+        partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
       }
     }
   }

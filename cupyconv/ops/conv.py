@@ -8,6 +8,7 @@ groups = C (depthwise) is routed to the depthwise op on both paths.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 
@@ -16,8 +17,8 @@ import numpy
 from .. import _autotune, settings
 from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, batch_view, capped_grid, elementwise_launch, extent,
-                        index_type, kernel_name, stride_args)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_view, capped_grid, elementwise_launch,
+                        extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
                      check_workspace_limit, row_bands, transposed_spec, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
@@ -219,7 +220,13 @@ DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channe
 DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
 DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
-KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS})
+# conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
+# channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
+# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
+# depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
+WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
+                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
@@ -230,7 +237,8 @@ def instantiations():
     names = []
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
-        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum")]
+        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum",
+                                                         "conv_bwd_weight_direct")]
     return names
 
 
@@ -278,6 +286,52 @@ def plan_direct(spec: ConvSpec, dtype):
     return (bx, by), slab, tile_in, slab * per_channel
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightDirectPlan:
+    """conv_bwd_weight_direct's launch: threads (a warp per output block), grid (splits, groups x chunks of output
+    blocks), tile rows and the x tile with halo, shared bytes, (image, tile) units per split."""
+    threads: int
+    grid: tuple[int, int]
+    tile_rows: int
+    tile_in: tuple[int, int]
+    shared: int
+    units_per_split: int
+
+    @property
+    def splits(self) -> int:
+        return self.grid[0]
+
+
+def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
+    """The direct weight gradient's launch, or None where its tiles do not fit in shared memory with a single
+    output row (the group's channels and halo: im2col + GEMM then), or its grid or partial sums do not fit.
+    Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT)
+    of 32 columns; the units are split until about WGRAD_BLOCKS blocks run, within the workspace limit."""
+    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
+    cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
+    out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
+    warps = min(out_blocks, WGRAD_MAX_THREADS // 32)
+    chunks = ceil_div(out_blocks, warps)
+
+    def tiles(rows):
+        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, 31 * sw + (kw - 1) * dw + 1)
+        shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * 32 + cg * tile_in[0] * tile_in[1]) * acc
+        return tile_in, shared
+    rows = min(WGRAD_ROWS, oh)
+    while rows > 1 and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
+        rows -= 1
+    tile_in, shared = tiles(rows)
+    if shared > DEFAULT_SHARED_LIMIT or spec.groups * chunks > MAX_GRID[1]:
+        return None
+    units = spec.n * ceil_div(oh, rows) * ceil_div(ow, 32)
+    weight_sums = spec.out_channels * cg * spec.taps * acc     # the partial sums of one split
+    splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
+                        settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
+    per_split = ceil_div(units, splits)
+    return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, tile_in, shared,
+                            per_split)
+
+
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
@@ -315,7 +369,8 @@ def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
 
 
 def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
-    return ("im2col_gemm", "implicit_gemm") if _implicit_gemm_runs(spec, dtype, device, "weight") else ("im2col_gemm",)
+    candidates = ("im2col_gemm", "direct") if plan_weight_direct(spec, dtype) is not None else ("im2col_gemm",)
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "weight") else ())
 
 
 # --- launches ---------------------------------------------------------------------------------------------
@@ -349,6 +404,24 @@ def _direct_grad_input(device, gy, weight, spec: ConvSpec):
     wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
     wt = device.ascontiguous(wt).reshape(spec.in_channels, dg, kh, kw)
     return _direct(device, gy, wt, None, transposed_spec(spec))
+
+
+def _direct_grad_weight(device, x, gy, spec: ConvSpec, plan: WeightDirectPlan):
+    """grad_weight (D, C / G, kH, kW) in x's dtype by conv_bwd_weight_direct's splits and conv_bgrad_sum's in-order
+    sum of them: x (n, C, H, W) any strides, gy (n, D, oH, oW) contiguous."""
+    dtype = x.dtype
+    weight_size = spec.out_channels * spec.channels_per_group * spec.taps
+    partial = device.empty((weight_size, plan.splits), compute_dtype(dtype))
+    index = index_type(extent(x), gy.size, partial.size)
+    KERNELS.launch(device, "conv_bwd_weight_direct", dtype=dtype, index=index, grid=plan.grid, block=plan.threads,
+                   shared_mem=plan.shared, window=spec, x=x, grad_output=gy, partial=partial, n=spec.n,
+                   **stride_args("x", x, "nchw"), groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, tile_rows=plan.tile_rows, tile_in_h=plan.tile_in[0],
+                   tile_in_w=plan.tile_in[1], units_per_split=plan.units_per_split)
+    grad_w = device.empty(spec.weight_shape, dtype)
+    KERNELS.launch(device, "conv_bgrad_sum", dtype=dtype, index=index, grid=ceil_div(weight_size, REDUCE_BLOCK),
+                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_w, channels=weight_size, splits=plan.splits)
+    return grad_w
 
 
 def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
@@ -517,6 +590,10 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                 fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
                     device, batch_view(device, x), grad_output, spec, "bias" in needs)
                 return fused_bias["weight"]
+            direct = plan_weight_direct(spec, x.dtype) if algo == "direct" else None
+            if direct is not None:
+                gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
+                return _direct_grad_weight(device, x, gy4, spec, direct)
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             gy = contiguous()
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
