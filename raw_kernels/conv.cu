@@ -1,6 +1,7 @@
 // conv2d with groups: the direct kernels for few channels per group (forward, also the stride-1 input gradient;
 // weight gradient), and the small kernels around the im2col + cuBLAS GEMM algorithm (bias epilogue, the bias
-// gradient, whose in-order sum of splits also finishes the direct weight gradient).  The tensor-core implicit GEMMs live in implicit_gemm.cu.
+// gradient, whose in-order sum of splits also finishes the direct weight gradient).  The tensor-core implicit
+// GEMMs live in implicit_gemm.cu.
 //
 // Layouts: x is read through element strides (n, C, H, W); weight is contiguous (D, C / G, kH, kW); outputs and
 // grad_output are contiguous (n, D, oH, oW); the group of output channel d is d / (D / G).
@@ -42,6 +43,22 @@ template <int DPT> __device__ __forceinline__ void load_vector(float (&out)[DPT]
 template <int DPT> __device__ __forceinline__ void load_vector(double (&out)[DPT], const double* w) {
 #pragma unroll
   for (int d = 0; d < DPT; ++d) out[d] = w[d];
+}
+// The other way: DPT values to shared memory, as 16-byte vectors where load_vector reads them so.
+template <int DPT> __device__ __forceinline__ void store_vector(float* w, const float (&in)[DPT]) {
+  if constexpr (DPT % 4 == 0) {
+#pragma unroll
+    for (int d = 0; d < DPT; d += 4) {
+      *reinterpret_cast<float4*>(w + d) = make_float4(in[d], in[d + 1], in[d + 2], in[d + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) w[d] = in[d];
+  }
+}
+template <int DPT> __device__ __forceinline__ void store_vector(double* w, const double (&in)[DPT]) {
+#pragma unroll
+  for (int d = 0; d < DPT; ++d) w[d] = in[d];
 }
 
 template <typename T, typename I, int DPT>
@@ -238,14 +255,20 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
         x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
       }
     }
-    // grad_output: one row of one output channel per warp and step, lane = column
+    // grad_output: one row of one block of WGRAD_DPT output channels per warp and step, lane = column (a
+    // coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
     const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
-    for (int row = warp; row < d_blocks * WGRAD_DPT * tile_rows; row += warps) {
-      const int d = row / tile_rows, r = row % tile_rows;
-      const int y = oy0 + r;
-      A value = 0;
-      if (d < outputs_per_group && y < out_h && ox < out_w) value = to_acc(gy_group[d * plane + (I)y * out_w + ox]);
-      gy_tile[((d / WGRAD_DPT * tile_rows + r) * 32 + lane) * WGRAD_DPT + d % WGRAD_DPT] = value;
+    for (int row = warp; row < d_blocks * tile_rows; row += warps) {
+      const int db = row / tile_rows;
+      const int y = oy0 + row - db * tile_rows;
+      A value[WGRAD_DPT];
+#pragma unroll
+      for (int dd = 0; dd < WGRAD_DPT; ++dd) {
+        const int d = db * WGRAD_DPT + dd;
+        value[dd] = d < outputs_per_group && y < out_h && ox < out_w ? to_acc(gy_group[d * plane + (I)y * out_w + ox])
+                                                                     : A(0);
+      }
+      store_vector(gy_tile + (row * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
     if (computes) {
