@@ -183,8 +183,11 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  weight (G, D / G, K) @ cols -> (n_chunk, G, D / G, L) writes straight into the output, which is
 #                  already (N, D, oH, oW); a 1x1 stride-1 unpadded conv skips im2col (x is its own cols).  Bias is
 #                  one elementwise epilogue pass over the output.
-#   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
-#                  channels per thread in registers, fused bias; no workspace at all.
+#   'direct'       raw_kernels/conv.cu conv_fwd_direct (`plan_direct`): the group's input tile + halo staged once
+#                  in shared memory (in slabs of channels where they do not all fit), DIRECT_ROWS output rows x up
+#                  to 8 output channels per thread in registers (more channels: blocks of 8 over the same tile),
+#                  fused bias; no workspace at all.  Bandwidth-bound layers with few channels per group
+#                  (ResNeXt's 4 and 8) read x once and write y once.
 #   'implicit_gemm' the tensor cores (mma.sync, sm_80+): raw_kernels/implicit_gemm.cu conv_fwd_tc,
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
@@ -202,7 +205,12 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
 #                cols = weight^T @ grad_output (the batched GEMM reads weight^T in place) and the deterministic
 #                gather col2im.
-#   grad_weight  per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
+#   grad_weight  'direct': conv_bwd_weight_direct (`plan_weight_direct`), blocks of (split of the (image, tile)
+#                units, group), each staging the group's x and grad_output tiles once per unit, a warp per
+#                WGRAD_DPT x WGRAD_KT of the group's (D / G) x K weight gradient; conv_bgrad_sum then adds the
+#                splits in order (deterministic); workspace: one float32/float64 weight per split.  Where its
+#                tiles do not fit in shared memory, as 'im2col_gemm':
+#                per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
 #                grad_output (G, D / G, n_chunk * L) @ cols^T (G, n_chunk * L, K) -> (G, D / G, K); im2col rows first
 #                writes cols as (G, K, n_chunk * L) (read transposed in place) and grad_output (G, D / G, n_chunk * L)
 #                is a transposed copy of the chunk (n_chunk * D * L elements).  Each chunk's GEMM adds its product
@@ -211,8 +219,9 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                and a reduction of only L per GEMM.)
 #   grad_bias    conv_bgrad: blocks of (channel, split of its images and pixels), fixed-order tree reductions,
 #                then conv_bgrad_sum adds each channel's splits in order (`bias_splits`).
-# Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
-# (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
+# Workspace per sample (bytes, itemsize s) of 'im2col_gemm': forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s;
+# grad_weight (C*kH*kW*L + D*L)*s.  'direct' needs none but its weight gradient's split sums (within the budget).
+# Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
@@ -336,8 +345,9 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
-    input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix, written and read again
+    input in traffic, while the direct kernels read x once where the group's channels fit in shared memory: the
+    weight gradient too, with conv_bwd_weight_direct where `plan_weight_direct` fits) and its tile fits in shared
+    memory; then the strict float32 FMA implicit GEMM where the column matrix, written and read again
     (9x the input for 3x3 stride 1), would cost cuBLAS more than the FMA GEMM's slower loop costs it
     (`simt_preferred`: few columns a group, or a weight gradient too small for cuBLAS to fill the GPU); otherwise
     'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight')
@@ -647,8 +657,9 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
 
 
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "
-                 "'im2col_gemm'; 'direct'; 'implicit_gemm', the tensor cores (compute capability 8.0 and newer; "
-                 "float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
+                 "'im2col_gemm'; 'direct' (direct kernels for few channels per group: forward, weight gradient, "
+                 "and the input gradient at stride 1); 'implicit_gemm', the tensor cores (compute capability 8.0 "
+                 "and newer; float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
                  f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
                  "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
                  f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
@@ -708,7 +719,9 @@ def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).  With
     'implicit_gemm', grad_x and grad_weight run on the tensor cores (grad_weight in splits of the pixels, summed in
     a fixed order); with 'direct', grad_x runs on the direct kernel when the stride is 1 (im2col + GEMM + col2im
-    otherwise) and grad_weight, as with 'im2col_gemm', by one GEMM per group and chunk of the batch.
+    otherwise) and grad_weight on the direct weight-gradient kernel (in splits of the images and pixels, summed in
+    a fixed order; by one GEMM per group and chunk of the batch, as with 'im2col_gemm', where its tiles do not fit
+    in shared memory).
     """
     return convolve_backward("conv2d_backward", 2, grad_output, x, weight, stride, padding, dilation, groups, needs,
                              algorithm, workspace_limit)
