@@ -12,10 +12,14 @@ extern __shared__ __align__(16) double conv_shared[];
 
 // Direct convolution, for few channels per group (bandwidth-bound: 36-72 multiply-adds per output in ResNeXt's
 // groups of 4-8).  Every block works through items (image, group, output tile of DIRECT_ROWS * blockDim.y rows x
-// blockDim.x columns); thread (tx, ty) owns the DIRECT_ROWS pixels (ty + r * blockDim.y, tx) of the tile and, for
-// each block of DPT output channels of the group in turn, keeps their DIRECT_ROWS x DPT sums in registers: each
-// staged weight feeds DIRECT_ROWS multiply-adds and each staged input value DPT.  Rows r * blockDim.y apart (not
-// adjacent) keep a warp's loads and stores on consecutive columns.  The group's input channels are staged in
+// blockDim.x columns); thread (tx, ty) owns the DIRECT_ROWS adjacent pixels (ty * DIRECT_ROWS + r, tx) of the
+// tile and, for each block of DPT output channels of the group in turn, keeps their DIRECT_ROWS x DPT sums in
+// registers: each staged weight feeds DIRECT_ROWS multiply-adds and each staged input value DPT.  With stride 1,
+// dilation 1 and DIRECT_SLIDE_KH (3) kernel rows down (3 x 3 stride 1: ResNeXt, and every stride-1 input gradient
+// of one), the thread's rows share input rows: each of the DIRECT_ROWS + 2 input values of a column is read once
+// and feeds every (row, kernel row) pair it meets, nearly 3x fewer shared reads.  A warp's lanes are
+// consecutive columns of one row (blockDim.x 32), for coalesced stores and conflict-free reads.  The group's
+// input channels are staged in
 // slabs of `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted
 // once; when one slab holds every channel of the group (the planner's aim) it is staged once per item and every
 // block of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its
@@ -24,6 +28,7 @@ extern __shared__ __align__(16) double conv_shared[];
 #if !defined(DIRECT_ROWS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
+constexpr int DIRECT_SLIDE_KH = 3;   // the kernel rows of the sliding path (known when compiled: no guards)
 
 // DPT accumulator-typed values from shared memory (weights; grad_output for the weight gradient), float in 16-byte
 // vectors where DPT % 4 == 0: w is then 16-byte aligned (the layouts keep every DPT values at a multiple of 16 bytes
@@ -88,7 +93,8 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   // rows of the tile, consecutive columns on consecutive lanes (coalesced), one division per row.
   const int lanes = min(threads, 32);
   const int lane = tid % lanes, row_group = tid / lanes, row_groups = threads / lanes;
-  const int row_step = by * stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
+  const int row_step = stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
+  const bool slide = stride_h == 1 && dilation_h == 1 && kernel_h == DIRECT_SLIDE_KH;
 
   // The item, block-of-outputs and slab loops are uniform across the block, so every thread meets every barrier.
   for (I item = blockIdx.x; item < items; item += gridDim.x) {
@@ -97,7 +103,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
     const I image_group = item / ((I)tiles_x * tiles_y);
     const int g = (int)(image_group % groups);
     const I image = image_group / groups;
-    const int oy = tile_y * tile_h + ty;  // the thread's first row; the others are DIRECT_ROWS - 1 steps of by
+    const int oy = tile_y * tile_h + ty * DIRECT_ROWS;  // the thread's first row of DIRECT_ROWS
     const int ox = tile_x * bx + tx;
     const int iy0 = tile_y * tile_h * stride_h - pad_top;  // input row of the tile's top-left tap
     const int ix0 = tile_x * bx * stride_w - pad_left;
@@ -139,9 +145,34 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
         __syncthreads();
         // Rows past out_h and columns past out_w compute on staged zeros and are not stored: no branch here.
         for (int c = 0; c < channels; ++c) {
-          const A* in = tile + c * tile_elems + ty * stride_h * tile_in_w + tx * stride_w;
+          const A* in = tile + c * tile_elems + ty * DIRECT_ROWS * row_step + tx * stride_w;
           const A* w = wslab + c * taps * DPT;
+          if (slide) {
+            for (int j = 0; j < kernel_w; ++j) {
+              A wt[DIRECT_SLIDE_KH][DPT];
+#pragma unroll
+              for (int i = 0; i < DIRECT_SLIDE_KH; ++i) load_vector(wt[i], w + (i * kernel_w + j) * DPT);
+              const A* column = in + j * dilation_w;
+              // Input row y of the thread's window feeds output row r through kernel row y - r (known when
+              // unrolled): every pair the kernel has, each value read once.
+#pragma unroll
+              for (int y = 0; y < DIRECT_ROWS + DIRECT_SLIDE_KH - 1; ++y) {
+                const A v = column[y * tile_in_w];
+#pragma unroll
+                for (int r = 0; r < DIRECT_ROWS; ++r) {
+                  if (y - r >= 0 && y - r < DIRECT_SLIDE_KH) {
+#pragma unroll
+                    for (int d = 0; d < DPT; ++d) sum[r][d] += v * wt[y - r][d];
+                  }
+                }
+              }
+            }
+            continue;
+          }
           for (int i = 0; i < kernel_h; ++i) {
+            // Unrolled twice, not the compiler's 8: the sliding path above is the hot one (and the loop with the
+            // most FMAs, the one benchmarks.sass reads as the kernel's main loop); this one keeps its code small.
+#pragma unroll 2
             for (int j = 0; j < kernel_w; ++j) {
               A wt[DPT];
               load_vector(wt, w + (i * kernel_w + j) * DPT);
@@ -161,7 +192,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
         const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
 #pragma unroll
         for (int r = 0; r < DIRECT_ROWS; ++r) {
-          const int y = oy + r * by;
+          const int y = oy + r;
           if (y >= out_h) break;
           const I pixel = (I)y * out_w + ox;
 #pragma unroll

@@ -199,11 +199,12 @@ def test_direct_that_cannot_fit_shared_memory():
 SMALL_GROUPS = [(3, 2, 2), (2, 3, 5), (4, 4, 4), (2, 5, 12), (2, 8, 8), (1, 16, 16), (2, 7, 17)]
 #: (input H x W, kernel, window): stride 1 on tiles down (16 rows with 64 threads) and across (32 columns); a
 #: strided, dilated window with each side's padding different and an output under 16 columns; stride 3 across
-#: two column tiles with the height's dilation and the bottom's padding
+#: two column tiles with the width's dilation and the bottom's padding.  The first and the last take the forward's
+#: sliding rows (stride and dilation 1 down, 3 and 2 kernel rows), the second its general loop.
 SMALL_GROUP_WINDOWS = [
     ((19, 37), (3, 3), dict(padding=1)),
-    ((13, 9), (3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(1, 2))),
-    ((11, 100), (2, 3), dict(stride=(1, 3), padding=((0, 2), (1, 1)), dilation=(2, 1))),
+    ((13, 9), (3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(2, 2))),
+    ((11, 100), (2, 3), dict(stride=(1, 3), padding=((0, 2), (1, 1)), dilation=(1, 2))),
 ]
 
 
