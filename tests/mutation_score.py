@@ -167,7 +167,7 @@ MUTATIONS = [
     M("conv-wgrad-grad-output-bound", "conv.cu", "value[dd] = d < outputs_per_group && y < out_h && ox < out_w",
       "value[dd] = d < outputs_per_group && y <= out_h && ox < out_w", CONV, "off-by-one"),
     M("conv-wgrad-split-end", "conv.cu", "const I unit_end = min(units, unit_begin + units_per_split);",
-      "const I unit_end = unit_begin + units_per_split;", CONV, "off-by-one"),
+      "const I unit_end = unit_begin + units_per_split;", CONV + " -k 'ragged or asan'", "off-by-one"),
     M("conv-wgrad-lane-tree", "conv.cu", "for (int step = 16; step > 0; step /= 2)",
       "for (int step = 8; step > 0; step /= 2)", CONV, "dropped lanes"),
     M("conv-wgrad-row-stride", "conv.cu", "const A* x_row = x_lane + r * stride_h * tile_in_w;",

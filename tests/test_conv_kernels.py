@@ -226,7 +226,7 @@ def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monke
     """Forward, weight gradient and, for stride 1, the input gradient (the forward kernel on the transposed
     problem) of every window against tests/reference.py's loops, on outputs poisoned by the emulator (NaN until
     written).  The weight gradient's tiles are 5 rows (several down), and with few splits each walks several
-    (image, tile) units, the last split fewer than the others."""
+    (image, tile) units."""
     monkeypatch.setattr(conv_op, "DIRECT_THREADS", 64)       # 2 rows of 32 threads: tiles of 16 rows
     monkeypatch.setattr(conv_op, "WGRAD_ROWS", 5)
     if config == "one_channel_few_splits":
@@ -251,6 +251,23 @@ def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monke
         ref.assert_close(grads[1], want[1], err_msg=f"grad_weight: {what}")
         if stride_1:
             ref.assert_close(grads[0], want[0], err_msg=f"grad_input: {what}")
+
+
+def test_weight_gradient_ragged_last_split(monkeypatch):
+    """7 (image, tile) units of one output row in 3 splits of 3, 3 and 1: the last split stops at the last unit
+    (no reads past the batch: the ASan run below covers this test too)."""
+    monkeypatch.setattr(conv_op, "WGRAD_ROWS", 1)
+    monkeypatch.setattr(conv_op, "WGRAD_BLOCKS", 3)
+    case = C("ragged", (1, 2, 7, 9), (2, 2, 3, 3), padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(14))
+    spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, None, 1, 1, 1, 1)
+    plan = conv_op.plan_weight_direct(spec, x.dtype)
+    assert (plan.grid[0], plan.units_per_split) == (3, 3)
+    device = Recorder()
+    (_, grad_w, _) = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs="weight",
+                                 algorithm="direct", **case.kwargs)
+    assert device.count("conv_bwd_weight_direct") == 1
+    ref.assert_close(grad_w, ref.conv2d_grads(grad_output, x, weight, **case.kwargs)[1])
 
 
 def test_small_groups_16_bit_and_auto():
@@ -383,7 +400,8 @@ def test_every_kernel_once():
 
 
 def test_every_kernel_clean_under_asan():
-    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once",
+                                              f"{__file__}::test_weight_gradient_ragged_last_split"))
 
 
 def test_groups_c_routes_to_depthwise():
