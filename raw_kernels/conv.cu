@@ -11,8 +11,9 @@
 extern __shared__ __align__(16) double conv_shared[];
 
 // Direct convolution, for few channels per group (bandwidth-bound: 36-72 multiply-adds per output in ResNeXt's
-// groups of 4-8).  Every block works through items (image, group, output tile of DIRECT_ROWS * blockDim.y rows x
-// blockDim.x columns); thread (tx, ty) owns the DIRECT_ROWS adjacent pixels (ty * DIRECT_ROWS + r, tx) of the
+// groups of 4-8).  Every block works through items (image, group, block of outputs_per_item output channels,
+// output tile of DIRECT_ROWS * blockDim.y rows x blockDim.x columns; a small plane's few threads take part of the
+// group's outputs an item, so that more warps share the work); thread (tx, ty) owns the DIRECT_ROWS adjacent pixels (ty * DIRECT_ROWS + r, tx) of the
 // tile and, for each block of DPT output channels of the group in turn, keeps their DIRECT_ROWS x DPT sums in
 // registers: each staged weight feeds DIRECT_ROWS multiply-adds and each staged input value DPT.  With stride 1,
 // dilation 1 and DIRECT_SLIDE_KH (3) kernel rows down (3 x 3 stride 1: ResNeXt, and every stride-1 input gradient
@@ -72,8 +73,8 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
                                 I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
                                 int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                                 int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left,
-                                int dilation_h, int dilation_w, int out_h, int out_w, int slab, int tile_in_h,
-                                int tile_in_w) {
+                                int dilation_h, int dilation_w, int out_h, int out_w, int outputs_per_item,
+                                int slab, int tile_in_h, int tile_in_w) {
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int tile_elems = tile_in_h * tile_in_w;
@@ -88,7 +89,8 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   const int tile_h = by * DIRECT_ROWS;
   const int tiles_x = (out_w + bx - 1) / bx;
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
-  const I items = n * groups * tiles_y * tiles_x;
+  const int d_items = (outputs_per_group + outputs_per_item - 1) / outputs_per_item;
+  const I items = n * groups * d_items * tiles_y * tiles_x;
   // Staging: lanes of `lanes` threads (a warp, or the whole block when smaller: blocks are powers of two) copy
   // rows of the tile, consecutive columns on consecutive lanes (coalesced), one division per row.
   const int lanes = min(threads, 32);
@@ -100,7 +102,9 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   for (I item = blockIdx.x; item < items; item += gridDim.x) {
     const int tile_x = (int)(item % tiles_x);
     const int tile_y = (int)((item / tiles_x) % tiles_y);
-    const I image_group = item / ((I)tiles_x * tiles_y);
+    const int d_item = (int)((item / ((I)tiles_x * tiles_y)) % d_items);
+    const I image_group = item / ((I)tiles_x * tiles_y * d_items);
+    const int d_begin = d_item * outputs_per_item, d_end = min(outputs_per_group, d_begin + outputs_per_item);
     const int g = (int)(image_group % groups);
     const I image = image_group / groups;
     const int oy = tile_y * tile_h + ty * DIRECT_ROWS;  // the thread's first row of DIRECT_ROWS
@@ -109,18 +113,18 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
     const int ix0 = tile_x * bx * stride_w - pad_left;
     const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
 
-    for (int d0 = 0; d0 < outputs_per_group; d0 += DPT) {
+    for (int d0 = d_begin; d0 < d_end; d0 += DPT) {
       A sum[DIRECT_ROWS][DPT];
 #pragma unroll
       for (int d = 0; d < DPT; ++d) {
-        const A b = d0 + d < outputs_per_group ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
+        const A b = d0 + d < d_end ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
 #pragma unroll
         for (int r = 0; r < DIRECT_ROWS; ++r) sum[r][d] = b;
       }
       for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
         const int channels = min(slab, channels_per_group - c0);
         __syncthreads();  // the previous slab's readers are done with shared memory
-        if (d0 == 0 || slab < channels_per_group) {  // one slab of every channel: staged once per item
+        if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
           for (int row = row_group; row < channels * tile_in_h; row += row_groups) {
             const int c = row / tile_in_h;
             const int y = iy0 + row - c * tile_in_h;
@@ -137,7 +141,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
           const int d = e % DPT;
           const int ct = e / DPT;  // c * taps + t
           A value = 0;
-          if (d0 + d < outputs_per_group) {
+          if (d0 + d < d_end) {
             value = to_acc(weight[(I)(g * outputs_per_group + d0 + d) * channels_per_group * taps + c0 * taps + ct]);
           }
           wslab[e] = value;
@@ -197,7 +201,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
           const I pixel = (I)y * out_w + ox;
 #pragma unroll
           for (int d = 0; d < DPT; ++d) {
-            if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[r][d]);
+            if (d0 + d < d_end) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[r][d]);
           }
         }
       }
@@ -208,12 +212,14 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
 // Weight gradient of the direct algorithm, for few channels per group: per group a GEMM of Dg rows (output
 // channels) by K = C / G * kH * kW columns (input channel, tap) reduced over every (image, output pixel), too
 // small for cuBLAS and whose column matrix would be kH * kW times x.  Block (split s, group g and chunk of its
-// output blocks) walks the units (image, tile of tile_rows x 32 output pixels) [s * units_per_split, ...) in
+// output blocks) walks the units (image, tile of tile_rows x lane_columns output pixels) [s * units_per_split,
+// ...) in
 // order, staging for each the group's x tile plus halo (tile_in_h x tile_in_w a channel, zero outside the image)
 // and its grad_output tile (zero outside the output) in shared memory as acc_t.  Warp w owns output block
 // chunk * (blockDim.x / 32) + w: WGRAD_DPT output channels x WGRAD_KT columns (c, tap), decoded once into offsets
-// in the x tile; lane l sums column l of every tile row, each staged grad_output vector (16 bytes) feeding
-// WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds the 32 lanes and lane 0 writes the
+// in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
+// (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
+// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds the 32 lanes and lane 0 writes the
 // block's sums to partial[o * splits + s] (o the flat index of the weight); conv_bgrad_sum adds the splits in
 // order: the same bits on every run, no atomics.  Any kernel size, stride, dilation and padding.
 #if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS)
@@ -226,8 +232,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
                        I n, I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
                        int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                        int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
-                       int dilation_w, int out_h, int out_w, int tile_rows, int tile_in_h, int tile_in_w,
-                       int units_per_split) {
+                       int dilation_w, int out_h, int out_w, int tile_rows, int lane_columns, int tile_in_h,
+                       int tile_in_w, int units_per_split) {
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int columns = channels_per_group * taps;  // K
@@ -239,11 +245,15 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const int block = (blockIdx.y % chunks) * warps + warp;  // this warp's output block, d_block * k_blocks + k_block
   const int splits = gridDim.x, s = blockIdx.x;
   const int tile_elems = tile_in_h * tile_in_w;
-  // grad_output goes first, at the aligned start: [d_block][tile row][32 columns][WGRAD_DPT], 16-byte vectors
+  // A warp step covers `steps` = 32 / lane_columns tile rows; tile_rows is a multiple of them.
+  const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
+  const int row_steps = 32 / lane_columns, steps = tile_rows / row_steps;
+  // grad_output goes first, at the aligned start: [d_block][tile pixel][WGRAD_DPT], 16-byte vectors, a warp step's
+  // 32 pixels consecutive
   A* gy_tile = reinterpret_cast<A*>(conv_shared);
-  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * 32;  // [channel][tile_in_h][tile_in_w]
+  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;  // [channel][tile_in_h][tile_in_w]
 
-  // This warp's columns as offsets in the x tile (column lane * stride_w of row 0); past K they read offset 0
+  // This warp's columns as offsets in the x tile (from the lane's first pixel); past K they read offset 0
   // and their sums are never written.
   const bool computes = block < d_blocks * k_blocks;
   const int d0 = computes ? block / k_blocks * WGRAD_DPT : 0;
@@ -262,7 +272,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     for (int kk = 0; kk < WGRAD_KT; ++kk) sum[d][kk] = 0;
   }
 
-  const int tiles_x = (out_w + 31) / 32, tiles_y = (out_h + tile_rows - 1) / tile_rows;
+  const int tiles_x = (out_w + lane_columns - 1) / lane_columns, tiles_y = (out_h + tile_rows - 1) / tile_rows;
   const I units = n * tiles_y * tiles_x;
   const I unit_begin = (I)s * units_per_split;
   const I unit_end = min(units, unit_begin + units_per_split);
@@ -271,8 +281,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     const int tile_x = (int)(unit % tiles_x);
     const int tile_y = (int)((unit / tiles_x) % tiles_y);
     const I image = unit / ((I)tiles_x * tiles_y);
-    const int oy0 = tile_y * tile_rows, ox = tile_x * 32 + lane;
-    const int iy0 = oy0 * stride_h - pad_top, ix0 = tile_x * 32 * stride_w - pad_left;
+    const int oy0 = tile_y * tile_rows, ox = tile_x * lane_columns + lane_column;
+    const int iy0 = oy0 * stride_h - pad_top, ix0 = tile_x * lane_columns * stride_w - pad_left;
     __syncthreads();  // the previous unit's readers are done with shared memory
     // x: rows of the tile across the warps, consecutive columns on consecutive lanes (coalesced)
     const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
@@ -286,12 +296,12 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
         x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
       }
     }
-    // grad_output: one row of one block of WGRAD_DPT output channels per warp and step, lane = column (a
-    // coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
+    // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
+    // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
     const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
-    for (int row = warp; row < d_blocks * tile_rows; row += warps) {
-      const int db = row / tile_rows;
-      const int y = oy0 + row - db * tile_rows;
+    for (int step = warp; step < d_blocks * steps; step += warps) {
+      const int db = step / steps;
+      const int y = oy0 + (step - db * steps) * row_steps + lane_row;
       A value[WGRAD_DPT];
 #pragma unroll
       for (int dd = 0; dd < WGRAD_DPT; ++dd) {
@@ -299,16 +309,16 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
         value[dd] = d < outputs_per_group && y < out_h && ox < out_w ? to_acc(gy_group[d * plane + (I)y * out_w + ox])
                                                                      : A(0);
       }
-      store_vector(gy_tile + (row * 32 + lane) * WGRAD_DPT, value);
+      store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
     if (computes) {
-      const A* x_lane = x_tile + lane * stride_w;
-      const A* gy_lane = gy_tile + ((d0 / WGRAD_DPT * tile_rows) * 32 + lane) * WGRAD_DPT;
-      for (int r = 0; r < tile_rows; ++r) {
+      const A* x_lane = x_tile + lane_row * stride_h * tile_in_w + lane_column * stride_w;
+      const A* gy_lane = gy_tile + (d0 / WGRAD_DPT * steps * 32 + lane) * WGRAD_DPT;
+      for (int step = 0; step < steps; ++step) {
         A gv[WGRAD_DPT];
-        load_vector(gv, gy_lane + r * 32 * WGRAD_DPT);
-        const A* x_row = x_lane + r * stride_h * tile_in_w;
+        load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
+        const A* x_row = x_lane + step * row_steps * stride_h * tile_in_w;
 #pragma unroll
         for (int kk = 0; kk < WGRAD_KT; ++kk) {
           const A v = x_row[offset[kk]];

@@ -278,11 +278,13 @@ def _balanced(units: int, most: int) -> int:
 
 
 def plan_direct(spec: ConvSpec, dtype):
-    """(block, slab, (tile_in_h, tile_in_w), shared bytes) of conv_fwd_direct for spec, or None if even one
-    input channel's tile does not fit in shared memory (huge kernel * dilation).  The block covers up to 32
+    """(block, slab, (tile_in_h, tile_in_w), shared bytes, output channels per item) of conv_fwd_direct for spec,
+    or None if even one input channel's tile does not fit in shared memory (huge kernel * dilation).  The block covers up to 32
     output columns (a warp's coalesced row) and DIRECT_ROWS output rows per row of threads, its sizes balanced
     over the output; the slab holds every input channel of the group when they fit DIRECT_SHARED_TARGET (x is
-    then staged once per tile for all the group's outputs), else as many as fit."""
+    then staged once per tile for all the group's outputs), else as many as fit.  An item is all the group's
+    output channels, or, where a block is one warp or less (a small plane: rx-512's 14 x 14), one thread's DPT of
+    them: more blocks, each staging the tile again (from L2), where one warp a block would leave the SMs idle."""
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     bx = 32 if ow > 16 else _pow2_at_least(ow)   # a warp on one row: conflict-free shared reads
     by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
@@ -291,17 +293,23 @@ def plan_direct(spec: ConvSpec, dtype):
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
         return None
-    slab = max(1, min(spec.channels_per_group, DIRECT_SHARED_TARGET // per_channel))
-    return (bx, by), slab, tile_in, slab * per_channel
+    # The shared-memory target scales with the block's warps, so that small blocks do not cap an SM's warps.
+    target = DIRECT_SHARED_TARGET * ceil_div(bx * by, 32) // ceil_div(DIRECT_THREADS, 32)
+    slab = max(1, min(spec.channels_per_group, target // per_channel))
+    dpt = _direct_outputs(spec.outputs_per_group)
+    per_item = dpt if bx * by <= 32 else ceil_div(spec.outputs_per_group, dpt) * dpt
+    return (bx, by), slab, tile_in, slab * per_channel, per_item
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightDirectPlan:
     """conv_bwd_weight_direct's launch: threads (a warp per output block), grid (splits, groups x chunks of output
-    blocks), tile rows and the x tile with halo, shared bytes, (image, tile) units per split."""
+    blocks), tile rows and columns (lanes a row: 32, or 16 or 8 for narrow outputs) and the x tile with halo,
+    shared bytes, (image, tile) units per split."""
     threads: int
     grid: tuple[int, int]
     tile_rows: int
+    lane_columns: int
     tile_in: tuple[int, int]
     shared: int
     units_per_split: int
@@ -314,31 +322,36 @@ class WeightDirectPlan:
 def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
     """The direct weight gradient's launch, or None where its tiles do not fit in shared memory with a single
     output row (the group's channels and halo: im2col + GEMM then), or its grid or partial sums do not fit.
-    Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT)
-    of 32 columns; the units are split until about WGRAD_BLOCKS blocks run, within the workspace limit."""
+    Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
+    a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
+    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
+    workspace limit."""
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
     out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
     warps = min(out_blocks, WGRAD_MAX_THREADS // 32)
     chunks = ceil_div(out_blocks, warps)
 
+    columns = 32 if ow > 16 else 16 if ow > 8 else 8
+    step = 32 // columns     # rows a warp covers at once
+
     def tiles(rows):
-        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, 31 * sw + (kw - 1) * dw + 1)
-        shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * 32 + cg * tile_in[0] * tile_in[1]) * acc
+        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
+        shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
         return tile_in, shared
-    rows = min(WGRAD_ROWS, oh)
-    while rows > 1 and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
-        rows -= 1
+    rows = ceil_div(min(WGRAD_ROWS, oh), step) * step
+    while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
+        rows -= step
     tile_in, shared = tiles(rows)
     if shared > DEFAULT_SHARED_LIMIT or spec.groups * chunks > MAX_GRID[1]:
         return None
-    units = spec.n * ceil_div(oh, rows) * ceil_div(ow, 32)
+    units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
     weight_sums = spec.out_channels * cg * spec.taps * acc     # the partial sums of one split
     splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
                         settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
     per_split = ceil_div(units, splits)
-    return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, tile_in, shared,
-                            per_split)
+    return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, columns, tile_in,
+                            shared, per_split)
 
 
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
@@ -392,18 +405,19 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     if plan is None:
         raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel_size} kernel with dilation "
                          f"{spec.dilation} and stride {spec.stride} in shared memory; use 'im2col_gemm'")
-    (bx, by), slab, (tile_h, tile_w), shared = plan
+    (bx, by), slab, (tile_h, tile_w), shared, per_item = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
     weight = device.ascontiguous(weight)
     bias = device.zeros((spec.out_channels,), dtype) if bias is None else device.ascontiguous(bias)
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
-    items = n * g * ceil_div(oh, by * DIRECT_ROWS) * ceil_div(ow, bx)
+    items = n * g * ceil_div(dg, per_item) * ceil_div(oh, by * DIRECT_ROWS) * ceil_div(ow, bx)
     KERNELS.launch(device, "conv_fwd_direct", (dpt,), dtype=dtype, index=index_type(out.size, extent(x), weight.size),
                    grid=capped_grid(items), block=(bx, by), shared_mem=shared, window=spec, x=x, weight=weight,
                    bias=bias, out=out, n=n, **stride_args("x", x, "nchw"), groups=g,
-                   channels_per_group=spec.channels_per_group, outputs_per_group=dg, slab=slab, tile_in_h=tile_h,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=dg, outputs_per_item=per_item,
+                   slab=slab, tile_in_h=tile_h,
                    tile_in_w=tile_w)
     return out
 
@@ -426,7 +440,8 @@ def _direct_grad_weight(device, x, gy, spec: ConvSpec, plan: WeightDirectPlan):
     KERNELS.launch(device, "conv_bwd_weight_direct", dtype=dtype, index=index, grid=plan.grid, block=plan.threads,
                    shared_mem=plan.shared, window=spec, x=x, grad_output=gy, partial=partial, n=spec.n,
                    **stride_args("x", x, "nchw"), groups=spec.groups, channels_per_group=spec.channels_per_group,
-                   outputs_per_group=spec.outputs_per_group, tile_rows=plan.tile_rows, tile_in_h=plan.tile_in[0],
+                   outputs_per_group=spec.outputs_per_group, tile_rows=plan.tile_rows,
+                   lane_columns=plan.lane_columns, tile_in_h=plan.tile_in[0],
                    tile_in_w=plan.tile_in[1], units_per_split=plan.units_per_split)
     grad_w = device.empty(spec.weight_shape, dtype)
     KERNELS.launch(device, "conv_bgrad_sum", dtype=dtype, index=index, grid=ceil_div(weight_size, REDUCE_BLOCK),
