@@ -691,6 +691,23 @@ def test_gpu_matches_cpu_path(case, algorithm):
     check_case_gpu(case, algorithm)
 
 
+#: ResNeXt-like layers for the direct kernels on a GPU: groups of 4 (56-wide: two 32-column tiles, the sliding
+#: 3x3 path), 8 (28-wide), 16 on a 14x14 plane (one-warp blocks, 16-column weight-gradient lanes), a strided one
+SMALL_GROUP_CASES = [C("rx128_like", (3, 16, 56, 56), (16, 4, 3, 3), padding=1, groups=4),
+                     C("rx256_like", (2, 32, 28, 28), (32, 8, 3, 3), padding=1, groups=4),
+                     C("rx512_like", (2, 32, 14, 14), (32, 16, 3, 3), padding=1, groups=2),
+                     C("strided_dilated", (2, 12, 29, 33), (18, 4, 3, 3), stride=2, padding=2, dilation=2, groups=3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("case", SMALL_GROUP_CASES, ids=str)
+def test_gpu_small_groups(case, dtype):
+    """'auto' against the CPU path: the direct kernels wherever the tensor cores refuse (strict float32, or under
+    16 channels a group)."""
+    check_case_gpu(case, "auto", dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
