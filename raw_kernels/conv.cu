@@ -13,19 +13,19 @@ extern __shared__ __align__(16) double conv_shared[];
 // Direct convolution, for few channels per group (bandwidth-bound: 36-72 multiply-adds per output in ResNeXt's
 // groups of 4-8).  Every block works through items (image, group, block of outputs_per_item output channels,
 // output tile of DIRECT_ROWS * blockDim.y rows x blockDim.x columns; a small plane's few threads take part of the
-// group's outputs an item, so that more warps share the work); thread (tx, ty) owns the DIRECT_ROWS adjacent pixels (ty * DIRECT_ROWS + r, tx) of the
-// tile and, for each block of DPT output channels of the group in turn, keeps their DIRECT_ROWS x DPT sums in
-// registers: each staged weight feeds DIRECT_ROWS multiply-adds and each staged input value DPT.  With stride 1,
-// dilation 1 and DIRECT_SLIDE_KH (3) kernel rows down (3 x 3 stride 1: ResNeXt, and every stride-1 input gradient
-// of one), the thread's rows share input rows: each of the DIRECT_ROWS + 2 input values of a column is read once
-// and feeds every (row, kernel row) pair it meets, nearly 3x fewer shared reads.  A warp's lanes are
-// consecutive columns of one row (blockDim.x 32), for coalesced stores and conflict-free reads.  The group's
-// input channels are staged in
-// slabs of `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted
-// once; when one slab holds every channel of the group (the planner's aim) it is staged once per item and every
-// block of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its
-// weights [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding
-// (negative padding too: grad_input reuses this kernel); bias is fused.
+// group's outputs an item, so that more warps share the work); thread (tx, ty) owns the DIRECT_ROWS adjacent
+// pixels (ty * DIRECT_ROWS + r, tx) of the tile and, for each block of DPT output channels of the item in turn,
+// keeps their DIRECT_ROWS x DPT sums in registers: each staged weight feeds DIRECT_ROWS multiply-adds and each
+// staged input value DPT.  With stride 1, dilation 1 and DIRECT_SLIDE_KH (3) kernel rows down (3 x 3 stride 1:
+// ResNeXt, and every stride-1 input gradient of one), the thread's rows share input rows: each of the
+// DIRECT_ROWS + 2 input values of a column is read once and feeds every (row, kernel row) pair it meets, nearly 3x
+// fewer shared reads.  A warp's lanes are consecutive columns of one row (blockDim.x 32; narrower outputs take 16,
+// 8, ... columns), for coalesced stores and conflict-free reads.  The group's input channels are staged in slabs of
+// `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted once;
+// when one slab holds every channel of the group (the planner's aim) it is staged once per item and every block
+// of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its weights
+// [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding (negative
+// padding too: grad_input reuses this kernel); bias is fused.
 #if !defined(DIRECT_ROWS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
@@ -91,10 +91,9 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
   const int d_items = (outputs_per_group + outputs_per_item - 1) / outputs_per_item;
   const I items = n * groups * d_items * tiles_y * tiles_x;
-  // Staging: lanes of `lanes` threads (a warp, or the whole block when smaller: blocks are powers of two) copy
-  // rows of the tile, consecutive columns on consecutive lanes (coalesced), one division per row.
-  const int lanes = min(threads, 32);
-  const int lane = tid % lanes, row_group = tid / lanes, row_groups = threads / lanes;
+  // Staging: each row of threads copies rows of the tile, consecutive columns on consecutive threads
+  // (coalesced), one division per row.
+  const int lanes = bx, lane = tx, row_group = ty, row_groups = by;
   const int row_step = stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
   const bool slide = stride_h == 1 && dilation_h == 1 && kernel_h == DIRECT_SLIDE_KH;
 
@@ -213,15 +212,15 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
 // channels) by K = C / G * kH * kW columns (input channel, tap) reduced over every (image, output pixel), too
 // small for cuBLAS and whose column matrix would be kH * kW times x.  Block (split s, group g and chunk of its
 // output blocks) walks the units (image, tile of tile_rows x lane_columns output pixels) [s * units_per_split,
-// ...) in
-// order, staging for each the group's x tile plus halo (tile_in_h x tile_in_w a channel, zero outside the image)
-// and its grad_output tile (zero outside the output) in shared memory as acc_t.  Warp w owns output block
+// ...) in order, staging for each the group's x tile plus halo (tile_in_h x tile_in_w a channel, zero outside the
+// image) and its grad_output tile (zero outside the output) in shared memory as acc_t.  Warp w owns output block
 // chunk * (blockDim.x / 32) + w: WGRAD_DPT output channels x WGRAD_KT columns (c, tap), decoded once into offsets
 // in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
 // (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
-// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds the 32 lanes and lane 0 writes the
-// block's sums to partial[o * splits + s] (o the flat index of the weight); conv_bgrad_sum adds the splits in
-// order: the same bits on every run, no atomics.  Any kernel size, stride, dilation and padding.
+// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds
+// the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
+// conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
+// dilation and padding.
 #if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
