@@ -255,6 +255,10 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   // This warp's columns as offsets in the x tile (from the lane's first pixel); past K they read offset 0
   // and their sums are never written.
   const bool computes = block < d_blocks * k_blocks;
+  // The sliding path: a 3 x 3 kernel (so that a warp's WGRAD_KT columns are one channel's taps), stride equal to
+  // dilation down, and a warp step of one row (32 columns a lane row).
+  static_assert(WGRAD_KT == 9, "the sliding path takes a warp's columns as one channel's 3 x 3");
+  const bool slide = kernel_h == 3 && kernel_w == 3 && stride_h == dilation_h && lane_columns == 32;
   const int d0 = computes ? block / k_blocks * WGRAD_DPT : 0;
   const int k0 = computes ? block % k_blocks * WGRAD_KT : 0;
   int offset[WGRAD_KT];
@@ -311,9 +315,40 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
       store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
-    if (computes) {
-      const A* x_lane = x_tile + lane_row * stride_h * tile_in_w + lane_column * stride_w;
-      const A* gy_lane = gy_tile + (d0 / WGRAD_DPT * steps * 32 + lane) * WGRAD_DPT;
+    const A* x_lane = x_tile + lane_row * stride_h * tile_in_w + lane_column * stride_w;
+    const A* gy_lane = gy_tile + (d0 / WGRAD_DPT * steps * 32 + lane) * WGRAD_DPT;
+    if (computes && slide) {
+      // One channel's 3 x 3, a lane per column of the tile rows in turn: the window of row step + 1 is that of
+      // row step moved down one kernel row (stride = dilation down), so each step reads one new row of 3 values
+      // and keeps the other 6 in registers.
+      const A* column = x_lane + k0 / WGRAD_KT * tile_elems;
+      const int row = stride_h * tile_in_w;
+      A xv[3][3];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) xv[i][j] = column[i * row + j * dilation_w];
+      }
+      for (int step = 0; step < steps; ++step) {
+        A gv[WGRAD_DPT];
+        load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) xv[2][j] = column[(step + 2) * row + j * dilation_w];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+#pragma unroll
+          for (int j = 0; j < 3; ++j) {
+#pragma unroll
+            for (int d = 0; d < WGRAD_DPT; ++d) sum[d][i * 3 + j] += gv[d] * xv[i][j];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          xv[0][j] = xv[1][j];
+          xv[1][j] = xv[2][j];
+        }
+      }
+    } else if (computes) {
       for (int step = 0; step < steps; ++step) {
         A gv[WGRAD_DPT];
         load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);

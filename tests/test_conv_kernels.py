@@ -198,13 +198,16 @@ def test_direct_that_cannot_fit_shared_memory():
 #: several blocks of 8 (12, 16, 17)
 SMALL_GROUPS = [(3, 2, 2), (2, 3, 5), (4, 4, 4), (2, 5, 12), (2, 8, 8), (1, 16, 16), (2, 7, 17)]
 #: (input H x W, kernel, window): stride 1 on tiles down (16 rows with 64 threads) and across (32 columns); a
-#: strided, dilated window with each side's padding different and an output under 16 columns; stride 3 across
-#: two column tiles with the width's dilation and the bottom's padding.  The first and the last take the forward's
-#: sliding rows (stride and dilation 1 down, 3 and 2 kernel rows), the second its general loop.
+#: strided, dilated window with each side's padding different and an output under 16 columns; stride 2 across
+#: two column tiles, dilation 2 and the bottom's padding; stride 2 and dilation 2 over two column tiles.  The first
+#: takes the forward's sliding rows (stride and dilation 1 down, 3 kernel rows), the others its general loop; the
+#: first and the last the weight gradient's sliding rows (3 x 3, stride = dilation down, 32 columns), the others
+#: its general loop (the third: stride 1, dilation 2 down).
 SMALL_GROUP_WINDOWS = [
     ((19, 37), (3, 3), dict(padding=1)),
     ((13, 9), (3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(2, 2))),
-    ((11, 100), (2, 3), dict(stride=(1, 3), padding=((0, 2), (1, 1)), dilation=(1, 2))),
+    ((11, 100), (3, 3), dict(stride=(1, 2), padding=((0, 2), (1, 1)), dilation=2)),
+    ((23, 70), (3, 3), dict(stride=2, padding=(2, 1), dilation=2)),
 ]
 
 
@@ -234,7 +237,7 @@ def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monke
         monkeypatch.setattr(conv_op, "WGRAD_BLOCKS", 3)
     rng = numpy.random.default_rng(groups * 100 + cg * 10 + dg)
     for k, ((h, w), kernel, window) in enumerate(SMALL_GROUP_WINDOWS):
-        x = small_group_x(rng, (2, groups * cg, h, w), ("contiguous", "channels_last", "strided")[k])
+        x = small_group_x(rng, (2, groups * cg, h, w), ("contiguous", "channels_last", "strided", "contiguous")[k])
         weight, bias = ref.random(rng, (groups * dg, cg, *kernel)), ref.random(rng, (groups * dg,))
         device = Recorder(order)
         out = kernel_path(device, cupyconv.conv2d, x, weight, bias, groups=groups, algorithm="direct", **window)
