@@ -256,7 +256,7 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
 # input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
 # im2col/col2im).
 MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm|conv_bwd_weight_igemm|"
-                         r"conv_fwd_direct|depthwise_fwd\w*|"
+                         r"conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
                          r"patch_bwd_weight|simt_fwd|simt_bwd_weight)$")
 # The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not

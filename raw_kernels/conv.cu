@@ -1,111 +1,379 @@
-// conv2d with groups: the direct kernel for few channels per group, and the small kernels around the im2col + cuBLAS
-// GEMM algorithm (bias epilogue, the bias gradient).  The tensor-core implicit GEMMs live in implicit_gemm.cu.
+// conv2d with groups: the direct kernels for few channels per group (forward, also the stride-1 input gradient;
+// weight gradient), and the small kernels around the im2col + cuBLAS GEMM algorithm (bias epilogue, the bias
+// gradient, whose in-order sum of splits also finishes the direct weight gradient).  The tensor-core implicit
+// GEMMs live in implicit_gemm.cu.
 //
 // Layouts: x is read through element strides (n, C, H, W); weight is contiguous (D, C / G, kH, kW); outputs and
 // grad_output are contiguous (n, D, oH, oW); the group of output channel d is d / (D / G).
 #include "common.cuh"
 
-// Dynamic shared memory of every kernel in this file; double gives the 8-byte alignment double needs.
-extern __shared__ double conv_shared[];
+// Dynamic shared memory of every kernel in this file, 16-byte aligned for conv_fwd_direct's vector reads.
+extern __shared__ __align__(16) double conv_shared[];
 
-// Direct convolution.  Every block works through items (image, group, block of DPT output channels of the
-// group, output tile of blockDim.y x blockDim.x pixels); thread (ty, tx) owns one pixel of the tile and keeps
-// its DPT output channels in registers, so every staged input value feeds DPT multiply-adds.  The group's input
-// channels are walked in slabs of `slab` channels: the slab's input tile plus halo (tile_in_h x tile_in_w, zero
-// outside the image) and the slab's weights are staged in shared memory as acc_t (converted once).  Any kernel
-// size, stride, dilation and padding (negative padding too: grad_input reuses this kernel); bias is fused.
+// Direct convolution, for few channels per group (bandwidth-bound: 36-72 multiply-adds per output in ResNeXt's
+// groups of 4-8).  Every block works through items (image, group, block of outputs_per_item output channels,
+// output tile of DIRECT_ROWS * blockDim.y rows x blockDim.x columns; a small plane's few threads take part of the
+// group's outputs an item, so that more warps share the work); thread (tx, ty) owns the DIRECT_ROWS adjacent
+// pixels (ty * DIRECT_ROWS + r, tx) of the tile and, for each block of DPT output channels of the item in turn,
+// keeps their DIRECT_ROWS x DPT sums in registers: each staged weight feeds DIRECT_ROWS multiply-adds and each
+// staged input value DPT.  With stride 1, dilation 1 and DIRECT_SLIDE_KH (3) kernel rows down (3 x 3 stride 1:
+// ResNeXt, and every stride-1 input gradient of one), the thread's rows share input rows: each of the
+// DIRECT_ROWS + 2 input values of a column is read once and feeds every (row, kernel row) pair it meets, nearly 3x
+// fewer shared reads.  A warp's lanes are consecutive columns of one row (blockDim.x 32; narrower outputs take 16,
+// 8, ... columns), for coalesced stores and conflict-free reads.  The group's input channels are staged in slabs of
+// `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted once;
+// when one slab holds every channel of the group (the planner's aim) it is staged once per item and every block
+// of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its weights
+// [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding (negative
+// padding too: grad_input reuses this kernel); bias is fused.
+#if !defined(DIRECT_ROWS)
+#error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
+#endif
+constexpr int DIRECT_SLIDE_KH = 3;   // the kernel rows of the sliding path (known when compiled: no guards)
+
+// DPT accumulator-typed values from shared memory (weights; grad_output for the weight gradient), float in 16-byte
+// vectors where DPT % 4 == 0: w is then 16-byte aligned (the layouts keep every DPT values at a multiple of 16 bytes
+// from conv_shared, which is 16-byte aligned).
+template <int DPT> __device__ __forceinline__ void load_vector(float (&out)[DPT], const float* w) {
+  if constexpr (DPT % 4 == 0) {
+#pragma unroll
+    for (int d = 0; d < DPT; d += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(w + d);
+      out[d] = v.x; out[d + 1] = v.y; out[d + 2] = v.z; out[d + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) out[d] = w[d];
+  }
+}
+template <int DPT> __device__ __forceinline__ void load_vector(double (&out)[DPT], const double* w) {
+#pragma unroll
+  for (int d = 0; d < DPT; ++d) out[d] = w[d];
+}
+// The other way: DPT values to shared memory, as 16-byte vectors where load_vector reads them so.
+template <int DPT> __device__ __forceinline__ void store_vector(float* w, const float (&in)[DPT]) {
+  if constexpr (DPT % 4 == 0) {
+#pragma unroll
+    for (int d = 0; d < DPT; d += 4) {
+      *reinterpret_cast<float4*>(w + d) = make_float4(in[d], in[d + 1], in[d + 2], in[d + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int d = 0; d < DPT; ++d) w[d] = in[d];
+  }
+}
+template <int DPT> __device__ __forceinline__ void store_vector(double* w, const double (&in)[DPT]) {
+#pragma unroll
+  for (int d = 0; d < DPT; ++d) w[d] = in[d];
+}
+
 template <typename T, typename I, int DPT>
 __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
                                 const T* __restrict__ bias, T* __restrict__ out, I n,
                                 I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
                                 int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                                 int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left,
-                                int dilation_h, int dilation_w, int out_h, int out_w, int slab, int tile_in_h,
-                                int tile_in_w) {
+                                int dilation_h, int dilation_w, int out_h, int out_w, int outputs_per_item,
+                                int slab, int tile_in_h, int tile_in_w) {
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int tile_elems = tile_in_h * tile_in_w;
-  // The weights go first, at the aligned start: each tap's DPT weights can then be read as vectors.
+  // The weights go first, at the aligned start, so that each tap's DPT weights are 16-byte vectors.
   A* wslab = reinterpret_cast<A*>(conv_shared);  // [slab channel][tap][DPT]
   A* tile = wslab + slab * taps * DPT;           // [slab channel][tile_in_h][tile_in_w]
 
-  // The block is the output tile: signed copies of its shape keep the padding arithmetic signed.
-  const int tile_w = blockDim.x, tile_h = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
-  const int threads = tile_w * tile_h;
-  const int tid = ty * tile_w + tx;
-  const int tiles_x = (out_w + tile_w - 1) / tile_w;
+  // The block's columns and rows: signed copies keep the padding arithmetic signed.
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int threads = bx * by;
+  const int tid = ty * bx + tx;
+  const int tile_h = by * DIRECT_ROWS;
+  const int tiles_x = (out_w + bx - 1) / bx;
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
-  const int dblocks = (outputs_per_group + DPT - 1) / DPT;
-  const I items = n * groups * dblocks * tiles_y * tiles_x;
+  const int d_items = (outputs_per_group + outputs_per_item - 1) / outputs_per_item;
+  const I items = n * groups * d_items * tiles_y * tiles_x;
+  // Staging: each row of threads copies rows of the tile, consecutive columns on consecutive threads
+  // (coalesced), one division per row.
+  const int lanes = bx, lane = tx, row_group = ty, row_groups = by;
+  const int row_step = stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
+  const bool slide = stride_h == 1 && dilation_h == 1 && kernel_h == DIRECT_SLIDE_KH;
 
-  // The item loop and the slab loop are uniform across the block, so every thread meets every barrier.
+  // The item, block-of-outputs and slab loops are uniform across the block, so every thread meets every barrier.
   for (I item = blockIdx.x; item < items; item += gridDim.x) {
     const int tile_x = (int)(item % tiles_x);
     const int tile_y = (int)((item / tiles_x) % tiles_y);
-    const int dblock = (int)((item / ((I)tiles_x * tiles_y)) % dblocks);
-    const I image_group = item / ((I)tiles_x * tiles_y * dblocks);
+    const int d_item = (int)((item / ((I)tiles_x * tiles_y)) % d_items);
+    const I image_group = item / ((I)tiles_x * tiles_y * d_items);
+    const int d_begin = d_item * outputs_per_item, d_end = min(outputs_per_group, d_begin + outputs_per_item);
     const int g = (int)(image_group % groups);
     const I image = image_group / groups;
-    const int d0 = dblock * DPT;  // first output channel of this item, within the group
-    const int oy = tile_y * tile_h + ty;
-    const int ox = tile_x * tile_w + tx;
+    const int oy = tile_y * tile_h + ty * DIRECT_ROWS;  // the thread's first row of DIRECT_ROWS
+    const int ox = tile_x * bx + tx;
     const int iy0 = tile_y * tile_h * stride_h - pad_top;  // input row of the tile's top-left tap
-    const int ix0 = tile_x * tile_w * stride_w - pad_left;
+    const int ix0 = tile_x * bx * stride_w - pad_left;
+    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
 
-    A sum[DPT];
+    for (int d0 = d_begin; d0 < d_end; d0 += DPT) {
+      A sum[DIRECT_ROWS][DPT];
 #pragma unroll
-    for (int d = 0; d < DPT; ++d) {
-      sum[d] = d0 + d < outputs_per_group ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
-    }
-
-    const T* x_image = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
-    for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
-      const int channels = min(slab, channels_per_group - c0);
-      __syncthreads();  // the previous slab's readers are done with shared memory
-      for (int e = tid; e < channels * tile_elems; e += threads) {
-        const int c = e / tile_elems;
-        const int r = e - c * tile_elems;
-        const int y = iy0 + r / tile_in_w;
-        const int xx = ix0 + r % tile_in_w;
-        A value = 0;
-        if (y >= 0 && y < height && xx >= 0 && xx < width) {
-          value = to_acc(x_image[(I)(c0 + c) * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w]);
-        }
-        tile[e] = value;
+      for (int d = 0; d < DPT; ++d) {
+        const A b = d0 + d < d_end ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
+#pragma unroll
+        for (int r = 0; r < DIRECT_ROWS; ++r) sum[r][d] = b;
       }
-      for (int e = tid; e < channels * taps * DPT; e += threads) {
-        const int d = e % DPT;
-        const int t = (e / DPT) % taps;
-        const int c = e / (DPT * taps);
-        A value = 0;
-        if (d0 + d < outputs_per_group) {
-          value = to_acc(weight[((I)(g * outputs_per_group + d0 + d) * channels_per_group + c0 + c) * taps + t]);
+      for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
+        const int channels = min(slab, channels_per_group - c0);
+        __syncthreads();  // the previous slab's readers are done with shared memory
+        if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
+          for (int row = row_group; row < channels * tile_in_h; row += row_groups) {
+            const int c = row / tile_in_h;
+            const int y = iy0 + row - c * tile_in_h;
+            const bool inside = y >= 0 && y < height;
+            const T* x_row = inside ? x_group + (I)(c0 + c) * x_stride_c + (I)y * x_stride_h : x_group;
+            A* t_row = tile + row * tile_in_w;
+            for (int col = lane; col < tile_in_w; col += lanes) {
+              const int xx = ix0 + col;
+              t_row[col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+            }
+          }
         }
-        wslab[e] = value;
-      }
-      __syncthreads();
-      if (oy < out_h && ox < out_w) {
+        for (int e = tid; e < channels * taps * DPT; e += threads) {
+          const int d = e % DPT;
+          const int ct = e / DPT;  // c * taps + t
+          A value = 0;
+          if (d0 + d < d_end) {
+            value = to_acc(weight[(I)(g * outputs_per_group + d0 + d) * channels_per_group * taps + c0 * taps + ct]);
+          }
+          wslab[e] = value;
+        }
+        __syncthreads();
+        // Rows past out_h and columns past out_w compute on staged zeros and are not stored: no branch here.
         for (int c = 0; c < channels; ++c) {
-          const A* in = tile + c * tile_elems + ty * stride_h * tile_in_w + tx * stride_w;
+          const A* in = tile + c * tile_elems + ty * DIRECT_ROWS * row_step + tx * stride_w;
           const A* w = wslab + c * taps * DPT;
-          for (int i = 0; i < kernel_h; ++i) {
+          if (slide) {
             for (int j = 0; j < kernel_w; ++j) {
-              const A v = in[i * dilation_h * tile_in_w + j * dilation_w];
-              const A* wt = w + (i * kernel_w + j) * DPT;
+              A wt[DIRECT_SLIDE_KH][DPT];
 #pragma unroll
-              for (int d = 0; d < DPT; ++d) sum[d] += v * wt[d];
+              for (int i = 0; i < DIRECT_SLIDE_KH; ++i) load_vector(wt[i], w + (i * kernel_w + j) * DPT);
+              const A* column = in + j * dilation_w;
+              // Input row y of the thread's window feeds output row r through kernel row y - r (known when
+              // unrolled): every pair the kernel has, each value read once.
+#pragma unroll
+              for (int y = 0; y < DIRECT_ROWS + DIRECT_SLIDE_KH - 1; ++y) {
+                const A v = column[y * tile_in_w];
+#pragma unroll
+                for (int r = 0; r < DIRECT_ROWS; ++r) {
+                  if (y - r >= 0 && y - r < DIRECT_SLIDE_KH) {
+#pragma unroll
+                    for (int d = 0; d < DPT; ++d) sum[r][d] += v * wt[y - r][d];
+                  }
+                }
+              }
+            }
+            continue;
+          }
+          for (int i = 0; i < kernel_h; ++i) {
+            // Unrolled twice, not the compiler's 8: the sliding path above is the hot one (and the loop with the
+            // most FMAs, the one benchmarks.sass reads as the kernel's main loop); this one keeps its code small.
+#pragma unroll 2
+            for (int j = 0; j < kernel_w; ++j) {
+              A wt[DPT];
+              load_vector(wt, w + (i * kernel_w + j) * DPT);
+              const A* tap = in + i * dilation_h * tile_in_w + j * dilation_w;
+#pragma unroll
+              for (int r = 0; r < DIRECT_ROWS; ++r) {
+                const A v = tap[r * row_step];
+#pragma unroll
+                for (int d = 0; d < DPT; ++d) sum[r][d] += v * wt[d];
+              }
             }
           }
         }
       }
-    }
 
-    if (oy < out_h && ox < out_w) {
-      const I pixel = (I)oy * out_w + ox;
-      const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
+      if (ox < out_w) {
+        const I channel0 = image * groups * outputs_per_group + g * outputs_per_group + d0;
 #pragma unroll
-      for (int d = 0; d < DPT; ++d) {
-        if (d0 + d < outputs_per_group) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[d]);
+        for (int r = 0; r < DIRECT_ROWS; ++r) {
+          const int y = oy + r;
+          if (y >= out_h) break;
+          const I pixel = (I)y * out_w + ox;
+#pragma unroll
+          for (int d = 0; d < DPT; ++d) {
+            if (d0 + d < d_end) out[(channel0 + d) * out_h * out_w + pixel] = from_acc<T>(sum[r][d]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Weight gradient of the direct algorithm, for few channels per group: per group a GEMM of Dg rows (output
+// channels) by K = C / G * kH * kW columns (input channel, tap) reduced over every (image, output pixel), too
+// small for cuBLAS and whose column matrix would be kH * kW times x.  Block (split s, group g and chunk of its
+// output blocks) walks the units (image, tile of tile_rows x lane_columns output pixels) [s * units_per_split,
+// ...) in order, staging for each the group's x tile plus halo (tile_in_h x tile_in_w a channel, zero outside the
+// image) and its grad_output tile (zero outside the output) in shared memory as acc_t.  Warp w owns output block
+// chunk * (blockDim.x / 32) + w: WGRAD_DPT output channels x WGRAD_KT columns (c, tap), decoded once into offsets
+// in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
+// (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
+// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds
+// the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
+// conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
+// dilation and padding.
+#if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS)
+#error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
+#endif
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(WGRAD_MAX_THREADS)
+conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_output, acc_t<T>* __restrict__ partial,
+                       I n, I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
+                       int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
+                       int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
+                       int dilation_w, int out_h, int out_w, int tile_rows, int lane_columns, int tile_in_h,
+                       int tile_in_w, int units_per_split) {
+  typedef acc_t<T> A;
+  const int taps = kernel_h * kernel_w;
+  const int columns = channels_per_group * taps;  // K
+  const int d_blocks = (outputs_per_group + WGRAD_DPT - 1) / WGRAD_DPT;
+  const int k_blocks = (columns + WGRAD_KT - 1) / WGRAD_KT;
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = (d_blocks * k_blocks + warps - 1) / warps;
+  const int g = blockIdx.y / chunks;
+  const int block = (blockIdx.y % chunks) * warps + warp;  // this warp's output block, d_block * k_blocks + k_block
+  const int splits = gridDim.x, s = blockIdx.x;
+  const int tile_elems = tile_in_h * tile_in_w;
+  // A warp step covers `steps` = 32 / lane_columns tile rows; tile_rows is a multiple of them.
+  const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
+  const int row_steps = 32 / lane_columns, steps = tile_rows / row_steps;
+  // grad_output goes first, at the aligned start: [d_block][tile pixel][WGRAD_DPT], 16-byte vectors, a warp step's
+  // 32 pixels consecutive
+  A* gy_tile = reinterpret_cast<A*>(conv_shared);
+  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;  // [channel][tile_in_h][tile_in_w]
+
+  // This warp's columns as offsets in the x tile (from the lane's first pixel); past K they read offset 0
+  // and their sums are never written.
+  const bool computes = block < d_blocks * k_blocks;
+  // The sliding path: a 3 x 3 kernel (so that a warp's WGRAD_KT columns are one channel's taps), stride equal to
+  // dilation down, and a warp step of one row (32 columns a lane row).
+  static_assert(WGRAD_KT == 9, "the sliding path takes a warp's columns as one channel's 3 x 3");
+  const bool slide = kernel_h == 3 && kernel_w == 3 && stride_h == dilation_h && lane_columns == 32;
+  const int d0 = computes ? block / k_blocks * WGRAD_DPT : 0;
+  const int k0 = computes ? block % k_blocks * WGRAD_KT : 0;
+  int offset[WGRAD_KT];
+#pragma unroll
+  for (int kk = 0; kk < WGRAD_KT; ++kk) {
+    const int k = k0 + kk;
+    const int c = k / taps, t = k % taps;
+    offset[kk] = k < columns ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
+  }
+  A sum[WGRAD_DPT][WGRAD_KT];
+#pragma unroll
+  for (int d = 0; d < WGRAD_DPT; ++d) {
+#pragma unroll
+    for (int kk = 0; kk < WGRAD_KT; ++kk) sum[d][kk] = 0;
+  }
+
+  const int tiles_x = (out_w + lane_columns - 1) / lane_columns, tiles_y = (out_h + tile_rows - 1) / tile_rows;
+  const I units = n * tiles_y * tiles_x;
+  const I unit_begin = (I)s * units_per_split;
+  const I unit_end = min(units, unit_begin + units_per_split);
+  const I plane = (I)out_h * out_w;
+  for (I unit = unit_begin; unit < unit_end; ++unit) {
+    const int tile_x = (int)(unit % tiles_x);
+    const int tile_y = (int)((unit / tiles_x) % tiles_y);
+    const I image = unit / ((I)tiles_x * tiles_y);
+    const int oy0 = tile_y * tile_rows, ox = tile_x * lane_columns + lane_column;
+    const int iy0 = oy0 * stride_h - pad_top, ix0 = tile_x * lane_columns * stride_w - pad_left;
+    __syncthreads();  // the previous unit's readers are done with shared memory
+    // x: rows of the tile across the warps, consecutive columns on consecutive lanes (coalesced)
+    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
+    for (int row = warp; row < channels_per_group * tile_in_h; row += warps) {
+      const int c = row / tile_in_h;
+      const int y = iy0 + row - c * tile_in_h;
+      const bool inside = y >= 0 && y < height;
+      const T* x_row = inside ? x_group + (I)c * x_stride_c + (I)y * x_stride_h : x_group;
+      for (int col = lane; col < tile_in_w; col += 32) {
+        const int xx = ix0 + col;
+        x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+      }
+    }
+    // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
+    // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
+    const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
+    for (int step = warp; step < d_blocks * steps; step += warps) {
+      const int db = step / steps;
+      const int y = oy0 + (step - db * steps) * row_steps + lane_row;
+      A value[WGRAD_DPT];
+#pragma unroll
+      for (int dd = 0; dd < WGRAD_DPT; ++dd) {
+        const int d = db * WGRAD_DPT + dd;
+        value[dd] = d < outputs_per_group && y < out_h && ox < out_w ? to_acc(gy_group[d * plane + (I)y * out_w + ox])
+                                                                     : A(0);
+      }
+      store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
+    }
+    __syncthreads();
+    const A* x_lane = x_tile + lane_row * stride_h * tile_in_w + lane_column * stride_w;
+    const A* gy_lane = gy_tile + (d0 / WGRAD_DPT * steps * 32 + lane) * WGRAD_DPT;
+    if (computes && slide) {
+      // One channel's 3 x 3, a lane per column of the tile rows in turn: the window of row step + 1 is that of
+      // row step moved down one kernel row (stride = dilation down), so each step reads one new row of 3 values
+      // and keeps the other 6 in registers.
+      const A* column = x_lane + k0 / WGRAD_KT * tile_elems;
+      const int row = stride_h * tile_in_w;
+      A xv[3][3];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) xv[i][j] = column[i * row + j * dilation_w];
+      }
+      for (int step = 0; step < steps; ++step) {
+        A gv[WGRAD_DPT];
+        load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) xv[2][j] = column[(step + 2) * row + j * dilation_w];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+#pragma unroll
+          for (int j = 0; j < 3; ++j) {
+#pragma unroll
+            for (int d = 0; d < WGRAD_DPT; ++d) sum[d][i * 3 + j] += gv[d] * xv[i][j];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          xv[0][j] = xv[1][j];
+          xv[1][j] = xv[2][j];
+        }
+      }
+    } else if (computes) {
+      for (int step = 0; step < steps; ++step) {
+        A gv[WGRAD_DPT];
+        load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
+        const A* x_row = x_lane + step * row_steps * stride_h * tile_in_w;
+#pragma unroll
+        for (int kk = 0; kk < WGRAD_KT; ++kk) {
+          const A v = x_row[offset[kk]];
+#pragma unroll
+          for (int d = 0; d < WGRAD_DPT; ++d) sum[d][kk] += gv[d] * v;
+        }
+      }
+    }
+  }
+
+  if (!computes) return;
+#pragma unroll
+  for (int d = 0; d < WGRAD_DPT; ++d) {
+#pragma unroll
+    for (int kk = 0; kk < WGRAD_KT; ++kk) {
+      A v = sum[d][kk];
+#pragma unroll
+      for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
+      const int k = k0 + kk;
+      if (lane == 0 && d0 + d < outputs_per_group && k < columns) {
+        partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
       }
     }
   }

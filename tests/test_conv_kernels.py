@@ -15,6 +15,7 @@ from optional_deps import BFLOAT16, Dtypes
 import cupyconv
 import reference as ref
 from cupyconv import _autotune, _device, _kernels
+from cupyconv._spec import ceil_div
 from cupyconv.ops import conv as conv_op
 import bug_classes
 from emulator import EmulatedDevice, assert_clean_under_asan, pytest_under_asan
@@ -189,6 +190,103 @@ def test_direct_that_cannot_fit_shared_memory():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Few channels per group (ResNeXt's 4 and 8): the direct kernel's blocks of DPT outputs over one staged tile of the
+# group's channels (or, where they do not fit, a slab at a time, staged again for each block of outputs), its rows
+# per thread past the last output row and its 32-column tiles past the last column, against float64 loops
+
+#: (groups, input channels per group, output channels per group): DPT 2, 4 and 8 exactly, padded (3, 5, 7) and
+#: several blocks of 8 (12, 16, 17)
+SMALL_GROUPS = [(3, 2, 2), (2, 3, 5), (4, 4, 4), (2, 5, 12), (2, 8, 8), (1, 16, 16), (2, 7, 17)]
+#: (input H x W, kernel, window): stride 1 on tiles down (16 rows with 64 threads) and across (32 columns); a
+#: strided, dilated window with each side's padding different and an output under 16 columns; stride 2 across
+#: two column tiles, dilation 2 and the bottom's padding; stride 2 and dilation 2 over two column tiles.  The first
+#: takes the forward's sliding rows (stride and dilation 1 down, 3 kernel rows), the others its general loop; the
+#: first and the last the weight gradient's sliding rows (3 x 3, stride = dilation down, 32 columns), the others
+#: its general loop (the third: stride 1, dilation 2 down).
+SMALL_GROUP_WINDOWS = [
+    ((19, 37), (3, 3), dict(padding=1)),
+    ((13, 9), (3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(2, 2))),
+    ((11, 100), (3, 3), dict(stride=(1, 2), padding=((0, 2), (1, 1)), dilation=2)),
+    ((23, 70), (3, 3), dict(stride=2, padding=(2, 1), dilation=2)),
+]
+
+
+def small_group_x(rng, shape, layout):
+    """x of shape (N, C, H, W) in a layout the kernel reads through its strides: contiguous, channels-last, or
+    every other column of a wider array, rows reversed."""
+    if layout == "channels_last":
+        n, c, h, w = shape
+        return numpy.ascontiguousarray(ref.random(rng, (n, h, w, c))).transpose(0, 3, 1, 2)
+    if layout == "strided":
+        return ref.random(rng, (*shape[:3], 2 * shape[3]))[:, :, ::-1, ::2]
+    return ref.random(rng, shape)
+
+
+@pytest.mark.parametrize("config", ["whole_group", "one_channel_few_splits"])
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("groups, cg, dg", SMALL_GROUPS, ids=str)
+def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monkeypatch):
+    """Forward, weight gradient and, for stride 1, the input gradient (the forward kernel on the transposed
+    problem) of every window against tests/reference.py's loops, on outputs poisoned by the emulator (NaN until
+    written).  The weight gradient's tiles are 5 rows (several down), and with few splits each walks several
+    (image, tile) units."""
+    monkeypatch.setattr(conv_op, "DIRECT_THREADS", 64)       # 2 rows of 32 threads: tiles of 16 rows
+    monkeypatch.setattr(conv_op, "WGRAD_ROWS", 5)
+    if config == "one_channel_few_splits":
+        monkeypatch.setattr(conv_op, "DIRECT_SHARED_TARGET", 1)
+        monkeypatch.setattr(conv_op, "WGRAD_BLOCKS", 3)
+    rng = numpy.random.default_rng(groups * 100 + cg * 10 + dg)
+    for k, ((h, w), kernel, window) in enumerate(SMALL_GROUP_WINDOWS):
+        x = small_group_x(rng, (2, groups * cg, h, w), ("contiguous", "channels_last", "strided", "contiguous")[k])
+        weight, bias = ref.random(rng, (groups * dg, cg, *kernel)), ref.random(rng, (groups * dg,))
+        device = Recorder(order)
+        out = kernel_path(device, cupyconv.conv2d, x, weight, bias, groups=groups, algorithm="direct", **window)
+        assert device.launches == [f"conv_fwd_direct<double, int, {conv_op._direct_outputs(dg)}>"]
+        what = f"{groups} groups of {cg} -> {dg}, {window}"
+        ref.assert_close(out, ref.conv2d(x, weight, bias, groups=groups, **window), err_msg=what)
+        grad_output = ref.random(rng, out.shape)
+        stride_1 = window.get("stride", 1) == 1
+        needs = ("input", "weight") if stride_1 else ("weight",)
+        grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, groups=groups, needs=needs,
+                            algorithm="direct", **window)
+        assert device.count("conv_bwd_weight_direct") == 1 and device.count("conv_fwd_direct") == 1 + stride_1
+        want = ref.conv2d_grads(grad_output, x, weight, groups=groups, **window)
+        ref.assert_close(grads[1], want[1], err_msg=f"grad_weight: {what}")
+        if stride_1:
+            ref.assert_close(grads[0], want[0], err_msg=f"grad_input: {what}")
+
+
+def test_weight_gradient_ragged_last_split(monkeypatch):
+    """7 (image, tile) units of one 32-column output row in 3 splits of 3, 3 and 1: the last split stops at its unit
+    (no reads past the batch: the ASan run below covers this test too)."""
+    monkeypatch.setattr(conv_op, "WGRAD_ROWS", 1)
+    monkeypatch.setattr(conv_op, "WGRAD_BLOCKS", 3)
+    case = C("ragged", (1, 2, 7, 20), (2, 2, 3, 3), padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(14))
+    spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, None, 1, 1, 1, 1)
+    plan = conv_op.plan_weight_direct(spec, x.dtype)
+    assert (plan.grid[0], plan.units_per_split) == (3, 3)
+    device = Recorder()
+    (_, grad_w, _) = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs="weight",
+                                 algorithm="direct", **case.kwargs)
+    assert device.count("conv_bwd_weight_direct") == 1
+    ref.assert_close(grad_w, ref.conv2d_grads(grad_output, x, weight, **case.kwargs)[1])
+
+
+def test_small_groups_16_bit_and_auto():
+    """'auto' runs the direct kernel for groups of 4 in float16 (fewer than TC_MIN_CHANNELS for the tensor
+    cores), accumulating in float32: the result is the float64 sum rounded once."""
+    rng = numpy.random.default_rng(31)
+    x = bug_classes.exact_terms(rng, (2, 16, 21, 35), "float16")
+    weight = bug_classes.exact_terms(rng, (16, 4, 3, 3), "float16")
+    device = Recorder()
+    out = kernel_path(device, cupyconv.conv2d, x, weight, padding=1, groups=4)
+    assert device.launches == ["conv_fwd_direct<__half, int, 4>"]
+    want = ref.conv2d(x, weight, padding=1, groups=4)
+    numpy.testing.assert_array_equal(out, want.astype(numpy.float16))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Algorithm choice, needs, determinism, workspace, index types
 
 
@@ -228,10 +326,11 @@ def test_needs_computes_only_what_is_asked(needs, algorithm):
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(0))
     kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=needs, algorithm=algorithm,
                 **case.kwargs)
+    weight_kernel = "conv_bwd_weight_direct" if algorithm == "direct" else "unfold_im2col"   # im2col + GEMM
     assert (device.count("fold_col2im") > 0) == ("input" in needs)
-    assert (device.count("unfold_im2col") > 0) == ("weight" in needs)
+    assert (device.count(weight_kernel) > 0) == ("weight" in needs)
     assert (device.count("conv_bgrad") > 0) == ("bias" in needs)
-    assert device.gemms == ("input" in needs) + ("weight" in needs)
+    assert device.gemms == ("input" in needs) + ("weight" in needs and algorithm != "direct")
 
 
 def test_grad_weight_and_bias_are_bit_deterministic():
@@ -288,8 +387,8 @@ def test_64_bit_index_variants(monkeypatch):
         check_case(device, CASE_BY_NAME["groups3_dilation2_asymmetric"], algorithm)
         check_case(device, CASE_BY_NAME["groups2_stride2"], algorithm)
     kernels = {name.split("<")[0] for name in device.launches}
-    assert kernels == {"conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum", "unfold_im2col",
-                       "fold_col2im"}
+    assert kernels == {"conv_fwd_direct", "conv_bwd_weight_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum",
+                       "unfold_im2col", "fold_col2im"}
     assert all(name.split(",")[1].strip(" >") == "long long" for name in device.launches), device.launches
 
 
@@ -299,11 +398,13 @@ def test_every_kernel_once():
     check_case(device, CASE_BY_NAME["everything"], "im2col_gemm")
     check_case(device, CASE_BY_NAME["outputs_per_group_7"], "direct")   # stride 1: direct grad_input too
     assert {name.split("<")[0] for name in device.launches} == {
-        "conv_fwd_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum", "unfold_im2col", "fold_col2im"}
+        "conv_fwd_direct", "conv_bwd_weight_direct", "conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum",
+        "unfold_im2col", "fold_col2im"}
 
 
 def test_every_kernel_clean_under_asan():
-    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once"))
+    assert_clean_under_asan(pytest_under_asan(f"{__file__}::test_every_kernel_once",
+                                              f"{__file__}::test_weight_gradient_ragged_last_split"))
 
 
 def test_groups_c_routes_to_depthwise():
@@ -343,8 +444,8 @@ def test_padding_per_side_and_last_row_and_column(window, algorithm):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_accumulates_in_float32(dtype):
-    """The direct kernel (forward, and grad_input as the transposed convolution) on data whose float32 sums
-    are exact: every result is the float64 one rounded once, which a 16-bit accumulator misses (27 terms)."""
+    """The direct kernels (forward, grad_input as the transposed convolution, grad_weight) on data whose float32
+    sums are exact: every result is the float64 one rounded once, which a 16-bit accumulator misses (27 terms)."""
     case = C("exact", (2, 6, 7, 6), (4, 3, 3, 3), padding=((1, 0), (2, 1)), groups=2)
     rng = numpy.random.default_rng(30)
     x, weight, bias = (bug_classes.exact_terms(rng, shape, dtype) for shape in (case.x, case.weight, case.weight[:1]))
@@ -354,6 +455,7 @@ def test_accumulates_in_float32(dtype):
     out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="direct", **case.kwargs)
     grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="direct", **case.kwargs)
     assert device.count("conv_fwd_direct") == 2 and device.count("conv_bgrad") == 1
+    assert device.count("conv_bwd_weight_direct") == 1
     bug_classes.assert_rounded_once(out, cupyconv.conv2d(*as64[:3], **case.kwargs), dtype, "forward")
     for name, got, want in zip(NEEDS, grads, cupyconv.conv2d_backward(as64[3], *as64[:2], **case.kwargs)):
         bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")
@@ -398,8 +500,8 @@ def test_grid_loops_with_several_blocks(algorithm, monkeypatch):
     device = loops.device(Recorder("reverse"))
     check_case(device, CASE_BY_NAME["everything"], algorithm)       # stride (2, 3): grad_input by col2im
     check_case(device, CASE_BY_NAME["outputs_per_group_7"], algorithm)  # stride 1: 'direct' grad_input direct
-    expected = {"conv_fwd_direct"} if algorithm == "direct" else {"conv_fwd_bias"}
-    assert loops.looped() == loops.capped() == expected | {"unfold_im2col", "fold_col2im"}, loops.launches
+    expected = {"conv_fwd_direct"} if algorithm == "direct" else {"conv_fwd_bias", "unfold_im2col"}
+    assert loops.looped() == loops.capped() == expected | {"fold_col2im"}, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and 2^23 + 1 groups of 16 -> 16 channels, whose last
@@ -437,9 +539,46 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     weight = bug_classes.sparse_zeros((16 * HUGE_GROUPS, 16, 1, 1), numpy.float16)
     weight[-16:] = rng.standard_normal((16, 16, 1, 1))
     out = kernel_path(device, cupyconv.conv2d, x, weight, groups=HUGE_GROUPS, algorithm="direct")
-    bug_classes.assert_tail_written(out, cupyconv.conv2d(x[:, -16:], weight[-16:]), numpy.float16, 16,
+    # one thread a block: an item is 8 of the group's outputs, and the last block writes the last 8
+    bug_classes.assert_tail_written(out, cupyconv.conv2d(x[:, -16:], weight[-16:]), numpy.float16, 8,
                                     "forward, weight")
-    assert device.launches == ["conv_fwd_direct<__half, long long, 4>"] * 2 + ["conv_fwd_direct<__half, long long, 16>"]
+    assert device.launches == ["conv_fwd_direct<__half, long long, 2>"] * 2 + ["conv_fwd_direct<__half, long long, 8>"]
+
+
+def test_weight_gradient_64_bit_indices_past_2_31(monkeypatch):
+    """conv_bwd_weight_direct's `long long` instantiation on the 2.4e9-pixel plane, split as finely as the
+    workspace allows, so that the last block (the only one the sparse device runs) owns the plane's last few
+    (image, tile) units: it launches clean under UBSan and its split of the sums (the partial column of the last
+    split) is the weight gradient of those units' crop."""
+    monkeypatch.setattr(conv_op, "WGRAD_BLOCKS", _kernels.MAX_GRID[0])
+    rng = numpy.random.default_rng(13)
+    h, w = HUGE_PLANE
+    x = bug_classes.sparse_zeros((1, 1, h, w), numpy.float32)
+    x[..., -20:, :] = rng.standard_normal((20, w))
+    weight = rng.standard_normal((2, 1, 3, 3)).astype(numpy.float32)
+    grad_output = bug_classes.sparse_zeros((1, 2, h, w), numpy.float32)
+    grad_output[..., -20:, :] = rng.standard_normal((2, 20, w))
+    partials = []
+
+    class Partials(bug_classes.SparseDevice):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            super().launch(source, name, grid, block, args, shared_mem)
+            if name.startswith("conv_bwd_weight_direct"):
+                partials.append(args[2])   # (x, grad_output, partial, ...)
+
+    device = Partials()
+    kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, padding=1, needs="weight",
+                algorithm="direct")
+    assert device.launches[0] == "conv_bwd_weight_direct<float, long long>"
+    plan = conv_op.plan_weight_direct(conv_op.ConvSpec.for_conv("conv2d", x, weight, None, 1, 1, 1, 1), "float32")
+    tiles_x = ceil_div(w, 32)
+    units = ceil_div(h, plan.tile_rows) * tiles_x
+    last = units - (plan.splits - 1) * plan.units_per_split   # the last split's units: the last tiles of a row band
+    assert last <= tiles_x, plan
+    rows, first = h - (h - 1) // plan.tile_rows * plan.tile_rows, (tiles_x - last) * 32
+    crop = ref.conv2d_grads(grad_output[..., -rows:, first:], x[..., -rows - 1:, first - 1:], weight,
+                            padding=((0, 1), (0, 1)))[1]
+    numpy.testing.assert_allclose(numpy.asarray(partials[0])[:, -1], crop.reshape(-1), rtol=1e-5, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -471,7 +610,8 @@ def test_tf32_is_opt_in_and_scoped(monkeypatch):
         x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(9), dtype)
         with cupyconv.settings.allow_tf32(allow):
             out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="im2col_gemm", **case.kwargs)
-            grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, **case.kwargs)
+            grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="im2col_gemm",
+                                **case.kwargs)
         assert device.gemms == 3   # forward, grad input, grad weight; each as cuBLAS calls per group or sample
         assert [g["computeType"] for g in cublas.gemms] == [compute] * len(cublas.gemms) and cublas.gemms
         assert all(g["math_mode"] == cublas.CUBLAS_DEFAULT_MATH for g in cublas.gemms)
@@ -552,6 +692,23 @@ def check_case_gpu(case, algorithm, dtype="float64", seed=0, needs=NEEDS):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_gpu_matches_cpu_path(case, algorithm):
     check_case_gpu(case, algorithm)
+
+
+#: ResNeXt-like layers for the direct kernels on a GPU: groups of 4 (56-wide: two 32-column tiles, the sliding
+#: 3x3 path), 8 (28-wide), 16 on a 14x14 plane (one-warp blocks, 16-column weight-gradient lanes), a strided one
+SMALL_GROUP_CASES = [C("rx128_like", (3, 16, 56, 56), (16, 4, 3, 3), padding=1, groups=4),
+                     C("rx256_like", (2, 32, 28, 28), (32, 8, 3, 3), padding=1, groups=4),
+                     C("rx512_like", (2, 32, 14, 14), (32, 16, 3, 3), padding=1, groups=2),
+                     C("strided_dilated", (2, 12, 29, 33), (18, 4, 3, 3), stride=2, padding=2, dilation=2, groups=3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("case", SMALL_GROUP_CASES, ids=str)
+def test_gpu_small_groups(case, dtype):
+    """'auto' against the CPU path: the direct kernels wherever the tensor cores refuse (strict float32, or under
+    16 channels a group)."""
+    check_case_gpu(case, "auto", dtype)
 
 
 @pytest.mark.gpu

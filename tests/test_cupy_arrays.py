@@ -122,6 +122,17 @@ def test_conv2d(device, algorithm):
     check(device, cupyconv.conv2d_backward, gy, x, w, strided=(0, 1), **kw)
 
 
+def test_conv2d_small_groups(device):
+    """Groups of 2 channels in, 3 out ('auto': the direct kernels in all three passes) on CuPy arrays."""
+    start = len(device.launches)
+    x, w, b = inputs(6, (2, 8, 9, 35), (12, 2, 3, 3), (12,))
+    check(device, cupyconv.conv2d, x, w, b, padding=1, groups=4)
+    (gy,) = inputs(7, (2, 12, 9, 35))
+    check(device, cupyconv.conv2d_backward, gy, x, w, strided=(0, 1), padding=1, groups=4)
+    names = {name.split("<")[0] for name in device.launches[start:]}
+    assert {"conv_fwd_direct", "conv_bwd_weight_direct"} <= names and "unfold_im2col" not in names
+
+
 def test_conv2d_pointwise_and_chunked(device):
     """The 1x1 GEMM without columns, and columns in chunks (workspace_limit)."""
     x, w, b = inputs(3, (3, 4, 5, 6), (5, 4, 1, 1), (5,))

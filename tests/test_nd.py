@@ -538,12 +538,12 @@ def test_channels_last_inputs_are_read_in_place(nd, algorithm):
 
 #: The kernel each algorithm runs in the passes of a transposed convolution (forward: conv's input gradient;
 #: grad_input: conv's forward; grad_weight: conv's weight gradient) where every algorithm can run: 'direct' at
-#: stride 1, 'implicit_gemm' (and so 'auto') in float16 with 16 output channels (conv's input channels); there
-#: conv's input gradient and forward both run the channels-last kernel (8 and 16 channels: whole 16-byte vectors),
-#: and so does the weight gradient (conv_bwd_weight_igemm).
+#: stride 1 (its weight gradient conv_bwd_weight_direct), 'implicit_gemm' (and so 'auto') in float16 with 16 output
+#: channels (conv's input channels); there conv's input gradient and forward both run the channels-last kernel (8
+#: and 16 channels: whole 16-byte vectors), and so does the weight gradient (conv_bwd_weight_igemm).
 PASS_KERNELS = {"auto": ("conv_fwd_igemm", "conv_fwd_igemm", "conv_bwd_weight_igemm"),
                 "im2col_gemm": ("fold_col2im", "unfold_im2col", "unfold_im2col"),
-                "direct": ("conv_fwd_direct", "conv_fwd_direct", "unfold_im2col"),
+                "direct": ("conv_fwd_direct", "conv_fwd_direct", "conv_bwd_weight_direct"),
                 "implicit_gemm": ("conv_fwd_igemm", "conv_fwd_igemm", "conv_bwd_weight_igemm")}
 
 

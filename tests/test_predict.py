@@ -529,7 +529,7 @@ def test_choices_record_an_autotuned_plan():
     assert [n.split("<")[0] for n in names] == ["ArrayWork", "simt_fwd", "ArrayWork", "simt_fwd", "unfold_im2col",
                                                 "ArrayWork", "Gemm", "conv_bgrad", "conv_bgrad_sum"]
     assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "direct"}).steps] \
-        == ["conv_fwd_direct<__half, int, 16>"]
+        == ["conv_fwd_direct<__half, int, 8>"]
     auto = launches.record(BY_LABEL["r50-64-gpu16"], False).steps
     assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "nope"}).steps] \
         == [s.name for s in auto]

@@ -8,6 +8,7 @@ groups = C (depthwise) is routed to the depthwise op on both paths.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 
@@ -16,8 +17,8 @@ import numpy
 from .. import _autotune, settings
 from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, KernelFile, batch_view, capped_grid, elementwise_launch, extent,
-                        index_type, kernel_name, stride_args)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_view, capped_grid, elementwise_launch,
+                        extent, index_type, kernel_name, stride_args)
 from .._spec import (NEEDS, ConvSpec, batch_chunks, ceil_div, check_algorithm, check_grad_output, check_needs,
                      check_workspace_limit, row_bands, transposed_spec, weight_spatial_dims)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
@@ -182,8 +183,11 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                  weight (G, D / G, K) @ cols -> (n_chunk, G, D / G, L) writes straight into the output, which is
 #                  already (N, D, oH, oW); a 1x1 stride-1 unpadded conv skips im2col (x is its own cols).  Bias is
 #                  one elementwise epilogue pass over the output.
-#   'direct'       raw_kernels/conv.cu conv_fwd_direct: input tile + halo in shared memory, up to 16 output
-#                  channels per thread in registers, fused bias; no workspace at all.
+#   'direct'       raw_kernels/conv.cu conv_fwd_direct (`plan_direct`): the group's input tile + halo staged once
+#                  in shared memory (in slabs of channels where they do not all fit), DIRECT_ROWS output rows x up
+#                  to 8 output channels per thread in registers (more channels: blocks of 8 over the same tile),
+#                  fused bias; no workspace at all.  Bandwidth-bound layers with few channels per group
+#                  (ResNeXt's 4 and 8) read x once and write y once.
 #   'implicit_gemm' the tensor cores (mma.sync, sm_80+): raw_kernels/implicit_gemm.cu conv_fwd_tc,
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
@@ -201,7 +205,12 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                transposed weight, padding (k - 1) * d - pad), no workspace; otherwise per chunk
 #                cols = weight^T @ grad_output (the batched GEMM reads weight^T in place) and the deterministic
 #                gather col2im.
-#   grad_weight  per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
+#   grad_weight  'direct': conv_bwd_weight_direct (`plan_weight_direct`), blocks of (split of the (image, tile)
+#                units, group), each staging the group's x and grad_output tiles once per unit, a warp per
+#                WGRAD_DPT x WGRAD_KT of the group's (D / G) x K weight gradient; conv_bgrad_sum then adds the
+#                splits in order (deterministic); workspace: one float32/float64 weight per split.  Where its
+#                tiles do not fit in shared memory, as 'im2col_gemm':
+#                per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
 #                grad_output (G, D / G, n_chunk * L) @ cols^T (G, n_chunk * L, K) -> (G, D / G, K); im2col rows first
 #                writes cols as (G, K, n_chunk * L) (read transposed in place) and grad_output (G, D / G, n_chunk * L)
 #                is a transposed copy of the chunk (n_chunk * D * L elements).  Each chunk's GEMM adds its product
@@ -210,15 +219,24 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                and a reduction of only L per GEMM.)
 #   grad_bias    conv_bgrad: blocks of (channel, split of its images and pixels), fixed-order tree reductions,
 #                then conv_bgrad_sum adds each channel's splits in order (`bias_splits`).
-# Workspace per sample (bytes, itemsize s): forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s; grad_weight
-# (C*kH*kW*L + D*L)*s.  Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
+# Workspace per sample (bytes, itemsize s) of 'im2col_gemm': forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s;
+# grad_weight (C*kH*kW*L + D*L)*s.  'direct' needs none but its weight gradient's split sums (within the budget).
+# Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
-KERNELS = KernelFile("conv.cu")
-ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
-DIRECT_OUTPUTS = (4, 8, 16)     # conv_fwd_direct specialisations: output channels per thread (registers)
-DIRECT_SHARED_TARGET = 24 * 1024  # shared bytes per block we aim for (several blocks per SM)
+DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
+                                # output channels a group take several blocks of 8 over the same staged tile
+DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
+DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
+# conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
+# channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
+# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
+# depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
+WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
+                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
+ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
                                 # not the device's SM count, so that the bits are the same on every GPU
@@ -228,7 +246,8 @@ def instantiations():
     names = []
     for dtype, index in itertools.product(KERNEL_DTYPES, INDEX_TYPES):
         names += [kernel_name("conv_fwd_direct", dtype, index, dpt) for dpt in DIRECT_OUTPUTS]
-        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum")]
+        names += [kernel_name(k, dtype, index) for k in ("conv_fwd_bias", "conv_bgrad", "conv_bgrad_sum",
+                                                         "conv_bwd_weight_direct")]
     return names
 
 
@@ -252,28 +271,96 @@ def _direct_outputs(outputs_per_group: int) -> int:
     return next((d for d in DIRECT_OUTPUTS if d >= outputs_per_group), DIRECT_OUTPUTS[-1])
 
 
+def _balanced(units: int, most: int) -> int:
+    """The fewest parts of at most `most` that cover `units`, as equal as can be: the size of one.  56 output
+    columns at up to 32 a block are 2 blocks of 28, not 32 + 24 with 8 idle threads in the second."""
+    return ceil_div(units, ceil_div(units, most))
+
+
 def plan_direct(spec: ConvSpec, dtype):
-    """(block, slab, (tile_in_h, tile_in_w), shared bytes) of conv_fwd_direct for spec, or None if even one
-    input channel's tile does not fit in shared memory (huge kernel * dilation)."""
+    """(block, slab, (tile_in_h, tile_in_w), shared bytes, output channels per item) of conv_fwd_direct for spec,
+    or None if even one input channel's tile does not fit in shared memory (huge kernel * dilation).  The block covers up to 32
+    output columns (a warp's coalesced row) and DIRECT_ROWS output rows per row of threads, its sizes balanced
+    over the output; the slab holds every input channel of the group when they fit DIRECT_SHARED_TARGET (x is
+    then staged once per tile for all the group's outputs), else as many as fit.  An item is all the group's
+    output channels, or, where a block is one warp or less (a small plane: rx-512's 14 x 14), one thread's DPT of
+    them: more blocks, each staging the tile again (from L2), where one warp a block would leave the SMs idle."""
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
-    # Tile as wide as the output row (up to a warp) for coalesced stores; small outputs get small blocks.
-    bx = min(32, _pow2_at_least(ow))
-    by = min(DIRECT_THREADS // bx, _pow2_at_least(oh))
-    tile_in = ((by - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
+    bx = 32 if ow > 16 else _pow2_at_least(ow)   # a warp on one row: conflict-free shared reads
+    by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
+    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
     acc_bytes = compute_dtype(dtype).itemsize
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
         return None
-    slab = max(1, min(spec.channels_per_group, DIRECT_SHARED_TARGET // per_channel))
-    return (bx, by), slab, tile_in, slab * per_channel
+    # The shared-memory target scales with the block's warps, so that small blocks do not cap an SM's warps.
+    target = DIRECT_SHARED_TARGET * ceil_div(bx * by, 32) // ceil_div(DIRECT_THREADS, 32)
+    slab = max(1, min(spec.channels_per_group, target // per_channel))
+    dpt = _direct_outputs(spec.outputs_per_group)
+    per_item = dpt if bx * by <= 32 else ceil_div(spec.outputs_per_group, dpt) * dpt
+    return (bx, by), slab, tile_in, slab * per_channel, per_item
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightDirectPlan:
+    """conv_bwd_weight_direct's launch: threads (a warp per output block), grid (splits, groups x chunks of output
+    blocks), tile rows and columns (lanes a row: 32, or 16 or 8 for narrow outputs) and the x tile with halo,
+    shared bytes, (image, tile) units per split."""
+    threads: int
+    grid: tuple[int, int]
+    tile_rows: int
+    lane_columns: int
+    tile_in: tuple[int, int]
+    shared: int
+    units_per_split: int
+
+    @property
+    def splits(self) -> int:
+        return self.grid[0]
+
+
+def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
+    """The direct weight gradient's launch, or None where its tiles do not fit in shared memory with a single
+    output row (the group's channels and halo: im2col + GEMM then), or its grid or partial sums do not fit.
+    Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
+    a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
+    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
+    workspace limit."""
+    (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
+    cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
+    out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
+    warps = min(out_blocks, WGRAD_MAX_THREADS // 32)
+    chunks = ceil_div(out_blocks, warps)
+
+    columns = 32 if ow > 16 else 16 if ow > 8 else 8
+    step = 32 // columns     # rows a warp covers at once
+
+    def tiles(rows):
+        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
+        shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
+        return tile_in, shared
+    rows = ceil_div(min(WGRAD_ROWS, oh), step) * step
+    while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
+        rows -= step
+    tile_in, shared = tiles(rows)
+    if shared > DEFAULT_SHARED_LIMIT or spec.groups * chunks > MAX_GRID[1]:
+        return None
+    units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
+    weight_sums = spec.out_channels * cg * spec.taps * acc     # the partial sums of one split
+    splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
+                        settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
+    per_split = ceil_div(units, splits)
+    return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, columns, tile_in,
+                            shared, per_split)
 
 
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
     else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
-    input in traffic, while the direct kernel reads each input once per 16 output channels) and its tile fits
-    in shared memory; then the strict float32 FMA implicit GEMM where the column matrix, written and read again
+    input in traffic, while the direct kernels read x once where the group's channels fit in shared memory: the
+    weight gradient too, with conv_bwd_weight_direct where `plan_weight_direct` fits) and its tile fits in shared
+    memory; then the strict float32 FMA implicit GEMM where the column matrix, written and read again
     (9x the input for 3x3 stride 1), would cost cuBLAS more than the FMA GEMM's slower loop costs it
     (`simt_preferred`: few columns a group, or a weight gradient too small for cuBLAS to fill the GPU); otherwise
     'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight')
@@ -305,7 +392,8 @@ def grad_input_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
 
 
 def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
-    return ("im2col_gemm", "implicit_gemm") if _implicit_gemm_runs(spec, dtype, device, "weight") else ("im2col_gemm",)
+    candidates = ("im2col_gemm", "direct") if plan_weight_direct(spec, dtype) is not None else ("im2col_gemm",)
+    return candidates + (("implicit_gemm",) if _implicit_gemm_runs(spec, dtype, device, "weight") else ())
 
 
 # --- launches ---------------------------------------------------------------------------------------------
@@ -317,18 +405,19 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     if plan is None:
         raise ValueError(f"{spec.op}: algorithm='direct' cannot stage a {spec.kernel_size} kernel with dilation "
                          f"{spec.dilation} and stride {spec.stride} in shared memory; use 'im2col_gemm'")
-    (bx, by), slab, (tile_h, tile_w), shared = plan
+    (bx, by), slab, (tile_h, tile_w), shared, per_item = plan
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
     weight = device.ascontiguous(weight)
     bias = device.zeros((spec.out_channels,), dtype) if bias is None else device.ascontiguous(bias)
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
-    items = n * g * ceil_div(dg, dpt) * ceil_div(oh, by) * ceil_div(ow, bx)
+    items = n * g * ceil_div(dg, per_item) * ceil_div(oh, by * DIRECT_ROWS) * ceil_div(ow, bx)
     KERNELS.launch(device, "conv_fwd_direct", (dpt,), dtype=dtype, index=index_type(out.size, extent(x), weight.size),
                    grid=capped_grid(items), block=(bx, by), shared_mem=shared, window=spec, x=x, weight=weight,
                    bias=bias, out=out, n=n, **stride_args("x", x, "nchw"), groups=g,
-                   channels_per_group=spec.channels_per_group, outputs_per_group=dg, slab=slab, tile_in_h=tile_h,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=dg, outputs_per_item=per_item,
+                   slab=slab, tile_in_h=tile_h,
                    tile_in_w=tile_w)
     return out
 
@@ -339,6 +428,25 @@ def _direct_grad_input(device, gy, weight, spec: ConvSpec):
     wt = weight.reshape(g, dg, cg, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
     wt = device.ascontiguous(wt).reshape(spec.in_channels, dg, kh, kw)
     return _direct(device, gy, wt, None, transposed_spec(spec))
+
+
+def _direct_grad_weight(device, x, gy, spec: ConvSpec, plan: WeightDirectPlan):
+    """grad_weight (D, C / G, kH, kW) in x's dtype by conv_bwd_weight_direct's splits and conv_bgrad_sum's in-order
+    sum of them: x (n, C, H, W) any strides, gy (n, D, oH, oW) contiguous."""
+    dtype = x.dtype
+    weight_size = spec.out_channels * spec.channels_per_group * spec.taps
+    partial = device.empty((weight_size, plan.splits), compute_dtype(dtype))
+    index = index_type(extent(x), gy.size, partial.size)
+    KERNELS.launch(device, "conv_bwd_weight_direct", dtype=dtype, index=index, grid=plan.grid, block=plan.threads,
+                   shared_mem=plan.shared, window=spec, x=x, grad_output=gy, partial=partial, n=spec.n,
+                   **stride_args("x", x, "nchw"), groups=spec.groups, channels_per_group=spec.channels_per_group,
+                   outputs_per_group=spec.outputs_per_group, tile_rows=plan.tile_rows,
+                   lane_columns=plan.lane_columns, tile_in_h=plan.tile_in[0],
+                   tile_in_w=plan.tile_in[1], units_per_split=plan.units_per_split)
+    grad_w = device.empty(spec.weight_shape, dtype)
+    KERNELS.launch(device, "conv_bgrad_sum", dtype=dtype, index=index, grid=ceil_div(weight_size, REDUCE_BLOCK),
+                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_w, channels=weight_size, splits=plan.splits)
+    return grad_w
 
 
 def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
@@ -507,6 +615,10 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                 fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
                     device, batch_view(device, x), grad_output, spec, "bias" in needs)
                 return fused_bias["weight"]
+            direct = plan_weight_direct(spec, x.dtype) if algo == "direct" else None
+            if direct is not None:
+                gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
+                return _direct_grad_weight(device, x, gy4, spec, direct)
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             gy = contiguous()
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
@@ -560,8 +672,9 @@ def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: f
 
 
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "
-                 "'im2col_gemm'; 'direct'; 'implicit_gemm', the tensor cores (compute capability 8.0 and newer; "
-                 "float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
+                 "'im2col_gemm'; 'direct' (direct kernels for few channels per group: forward, weight gradient, "
+                 "and the input gradient at stride 1); 'implicit_gemm', the tensor cores (compute capability 8.0 "
+                 "and newer; float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
                  f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
                  "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
                  f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
@@ -621,7 +734,9 @@ def conv2d_backward(grad_output: ArrayT, x: ArrayT, weight: ArrayT, *, stride: I
     grad_weight and grad_bias are bit-identical from run to run (fixed reduction orders, no atomics).  With
     'implicit_gemm', grad_x and grad_weight run on the tensor cores (grad_weight in splits of the pixels, summed in
     a fixed order); with 'direct', grad_x runs on the direct kernel when the stride is 1 (im2col + GEMM + col2im
-    otherwise) and grad_weight, as with 'im2col_gemm', by one GEMM per group and chunk of the batch.
+    otherwise) and grad_weight on the direct weight-gradient kernel (in splits of the images and pixels, summed in
+    a fixed order; by one GEMM per group and chunk of the batch, as with 'im2col_gemm', where its tiles do not fit
+    in shared memory).
     """
     return convolve_backward("conv2d_backward", 2, grad_output, x, weight, stride, padding, dilation, groups, needs,
                              algorithm, workspace_limit)
