@@ -358,7 +358,8 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
     (_r50(256, 14), ["im2col_gemm"] * 3),                    # weight 36 tiles
     (_r50(512, 7), ["im2col_gemm"] * 3),                     # 13 x 4 blocks forward and input: too few
     (_r50(256, 28, groups=8), ["implicit_gemm"] * 3),         # 32 columns a group: the narrow tiles
-    (_r50(256, 28, groups=2), ["im2col_gemm"] * 3),          # 128 columns; weight 2 x 9 tiles
+    # 128 columns: cuBLAS forward and input; the weight (2 x 9 tiles) by the FMA GEMM (SIMT_WEIGHT_MAX_COLUMNS)
+    (_r50(256, 28, groups=2), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
     # forward: 196 blocks, under SIMT_MIN_BLOCKS (two waves); weight: 64 columns, 18 tiles
     (_r50(256, 28, outputs=64), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
@@ -366,7 +367,7 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
     with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
-    gradient with at most 64 columns where the columns outgrow the input, or where cuBLAS's GEMM would have fewer
+    gradient with at most 128 columns where the columns outgrow the input, or where cuBLAS's GEMM would have fewer
     than 10 tiles of 128 x 128."""
     with settings.allow_tf32(False):
         assert [conv_op.choose_algorithm(spec, numpy.float32, None, p) for p in ("forward", "input", "weight")] == (

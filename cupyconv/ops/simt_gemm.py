@@ -47,11 +47,14 @@ SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the i
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
-# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_MAX_COLUMNS too, or where cuBLAS's GEMM
+# SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_WEIGHT_MAX_COLUMNS, or where cuBLAS's GEMM
 # would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is two waves of a 132-SM H100 (a
 # shape-only constant, as IG_WAVE_BLOCKS): at 196 blocks (ii: r50-64's layer at batch 8) the model ranks im2col +
 # cuBLAS 3-5% ahead once the weight's arrangement copy is counted (benchmarks/results/auto-fp32-h100.json)
 SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 264, 64, 10
+# The weight gradient's column bound: the executed-instruction model (2026-11-26) ranks the FMA weight gradient level
+# with cuBLAS at 128 columns a group (g2-256: 0.95 of cuBLAS's time), where the static count had it behind.
+SIMT_WEIGHT_MAX_COLUMNS = 128
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
 
 
@@ -100,7 +103,7 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
       that many times, so the matrix costs 8 / columns bytes a multiply-add, as much DRAM time as FMA time at 64
       on an H100, with its 10 multiply-adds a byte), and SIMT_MIN_BLOCKS blocks (no split of K here: r50-512's
       7x7 planes with 512 channels make 52 blocks and leave most SMs idle);
-    - weight gradient: either the same column saving with at most SIMT_MAX_COLUMNS columns (the 32-column tiles,
+    - weight gradient: either the same column saving with at most SIMT_WEIGHT_MAX_COLUMNS columns (the 32-column tiles,
       or 96 x 64 x 12, whose bias gradient is no GEMM row: c3d-video's and c3d-mri's 64 columns are predicted
       8-10% ahead of cuBLAS since; at most 32 columns before), or a GEMM too small for cuBLAS to fill the GPU --
       under SIMT_FEW_GEMM_TILES output tiles of 128 x 128 over a long reduction (the weight's own size), which
@@ -112,7 +115,7 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
     if pass_ == "weight":
         rows, cols = spec.channels_per_group * spec.taps, spec.outputs_per_group
         gemm_tiles = spec.groups * ceil_div(rows, 128) * ceil_div(cols, 128)
-        return (columns_outgrow_input and cols <= SIMT_MAX_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
+        return (columns_outgrow_input and cols <= SIMT_WEIGHT_MAX_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
     if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
         cols, blocks = spec.channels_per_group, math.prod(plan_simt(transposed_spec(spec), "forward").grid)
     else:
