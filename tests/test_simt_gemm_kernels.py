@@ -322,7 +322,7 @@ def test_64_bit_channel_offsets_within_a_group():
 def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
     """TF32 off and float32: 3x3 stride 1 with over 16 channels (columns 9x the input) -> FMA GEMM, forward and
     input gradient and weight gradient (SIMT_MIN_BLOCKS 1: a problem this small has one or two blocks a pass);
-    TF32 on -> the tensor cores; few channels -> direct; pointwise -> im2col forward and input gradient, but the
+    TF32 on -> the tensor cores; few channels (4) -> direct; pointwise -> im2col forward and input gradient, but the
     FMA weight gradient (a 20 x 24 weight: one GEMM tile cuBLAS cannot spread); float64 -> im2col."""
     monkeypatch.setattr(simt_gemm, "SIMT_MIN_BLOCKS", 1)
     rng = numpy.random.default_rng(5)
@@ -330,7 +330,7 @@ def test_auto_picks_the_fma_gemm_where_columns_outgrow_the_input(monkeypatch):
     weight = rng.standard_normal((20, 24, 3, 3)).astype(numpy.float32)
     for (xs, ws, kwargs), tf32, expected in (((x, weight, dict(padding=1)), False, (2, 1)),
                                              ((x, weight, dict(padding=1)), True, "tc"),
-                                             ((x[:, :8], weight[:8, :8], dict(padding=1)), False, "direct"),
+                                             ((x[:, :4], weight[:4, :4], dict(padding=1)), False, "direct"),   # (the weight too: 4 a group)
                                              ((x, weight[:, :, :1, :1], {}), False, (0, 1)),
                                              ((x.astype(numpy.float64), weight.astype(numpy.float64),
                                                dict(padding=1)), False, (0, 0))):

@@ -224,6 +224,10 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
+# ... and its weight gradient up to this many input channels per group: the executed-instruction model predicts
+# conv_bwd_weight_direct latency-bound and behind im2col + GEMM at 8 and 16 (rx-256 fp16 107-242 us against
+# 96-158 for the whole im2col weight pass, rx-512 fp32 133-300 against 96-133), ahead at 4 (rx-128, g64-256)
+DIRECT_WEIGHT_MAX_CHANNELS = 4
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
 DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
@@ -356,7 +360,7 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
 
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
-    else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out
+    else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out (the weight gradient: at most DIRECT_WEIGHT_MAX_CHANNELS in)
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernels read x once where the group's channels fit in shared memory: the
     weight gradient too, with conv_bwd_weight_direct where `plan_weight_direct` fits) and its tile fits in shared
@@ -368,7 +372,8 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
     if device is not None and tensor_core_refusal(spec, dtype, device) is None:
         return "implicit_gemm"
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
-            and plan_direct(spec, dtype) is not None):
+            and plan_direct(spec, dtype) is not None
+            and (pass_ != "weight" or spec.channels_per_group <= DIRECT_WEIGHT_MAX_CHANNELS)):
         return "direct"
     return "implicit_gemm" if simt_preferred(spec, dtype, pass_) else "im2col_gemm"
 
