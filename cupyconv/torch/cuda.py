@@ -5,20 +5,22 @@ import contextvars
 import torch
 
 
-class _StreamProtocol:
-    """A torch stream through the CUDA stream protocol, which `cupy.cuda.Stream.from_external` reads."""
+class _StreamHandle:
+    """A torch stream's handle and device, through the CUDA stream protocol too, which
+    `cupy.cuda.Stream.from_external` reads."""
+    __slots__ = ("cuda_stream", "device_index")
 
-    def __init__(self, stream):
-        self.stream = stream
+    def __init__(self, cuda_stream: int, device_index: int):
+        self.cuda_stream, self.device_index = cuda_stream, device_index
 
     def __cuda_stream__(self):
-        return (0, self.stream.cuda_stream)
+        return (0, self.cuda_stream)
 
 
-def _cupy_stream(cupy, stream):
-    """A CuPy stream object over torch `stream` (must be created with its device current)."""
+def _cupy_stream(cupy, stream: _StreamHandle):
+    """A CuPy stream object over torch's stream `stream` (must be created with its device current)."""
     if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
-        return cupy.cuda.Stream.from_external(_StreamProtocol(stream))
+        return cupy.cuda.Stream.from_external(stream)
     return cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
 
 
@@ -114,14 +116,6 @@ class _CudaContext:
                 finally:
                     _active.reset(self.token)
         return False
-
-
-class _StreamHandle:
-    """A torch stream's handle and device as `_cupy_stream` reads them."""
-    __slots__ = ("cuda_stream", "device_index")
-
-    def __init__(self, cuda_stream: int, device_index: int):
-        self.cuda_stream, self.device_index = cuda_stream, device_index
 
 
 _NOTHING = contextlib.nullcontext()
