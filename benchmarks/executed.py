@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .sass import CLASS_OF, mnemonic
+from .sass import CLASS_OF, FMA, mnemonic
 
 
 def access_bytes(opcode: str) -> int:
@@ -244,7 +244,7 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
         for i in range(first, last + 1):
             op = mnemonic(code[i][0])
             mix[CLASS_OF.get(op, "other")] += count
-            if op in ("FFMA", "HFMA2", "DFMA"):
+            if op in FMA:
                 fma[op] += count
         waited = [runs(i) for i in range(first, last + 1) if code[i][4]]
         if waited:   # as often as its waited load was issued (none where every lane's load is predicated off)

@@ -117,7 +117,8 @@ def null_gpu():
 
 
 def null_inputs(device, case: cases_mod.Case) -> dict:
-    """The case's x, w, b and gy as cupy.ndarrays of its shapes and dtype on `device` (nothing allocated)."""
+    """The case's x, w, b and gy of its shapes and dtype from `device`'s empty(shape, dtype): cupy.ndarrays on a
+    NullGpu (nothing allocated), or NumPy arrays with `numpy` (never read: --torch's tensors are made of them)."""
     shapes = cases_mod.shapes(case)
     dtype = cases_mod.numpy_dtype(case.dtype)
     return {name: None if shapes[key] is None else device.empty(shapes[key], dtype)
@@ -142,10 +143,8 @@ def build(case: cases_mod.Case, backward: bool, torch: bool = False):
     cupyconv.torch on torch CPU tensors (run them inside `torch_on_null_gpu`)."""
     device = null_gpu()
     if torch:
-        shapes, dtype = cases_mod.shapes(case), cases_mod.numpy_dtype(case.dtype)
-        inputs = {name: None if shapes[key] is None else numpy.empty(shapes[key], dtype)   # never read
-                  for name, key in (("x", "x"), ("w", "w"), ("b", "b"), ("gy", "y"))}
-        return device, cases_mod.build_cupyconv_torch(dataclasses.replace(case, device="cpu"), inputs, backward)
+        return device, cases_mod.build_cupyconv_torch(dataclasses.replace(case, device="cpu"),
+                                                      null_inputs(numpy, case), backward)
     return device, cases_mod._cupyconv_call(case, null_inputs(device, case), backward)
 
 

@@ -808,28 +808,23 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     # times the cycles between two dependent instructions of one warp -- or, in a SIMT or elementwise loop that
     # loads from global memory, a global load's latency (the tensor-core loops prefetch their operands a chunk
     # ahead) -- and the waves of blocks run one after another.
+    gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
+                     else "cycles_between_instructions")
+    memory = assumption("global_load_latency_cycles")
+    # A warp of one trip (one_pass) has no next trip to load during this one: its loads' latency comes before
+    # the instructions that use them (load, barrier, compute, store), not beside them.
+    combine = (lambda a, b: a + b) if one_pass(work, launch) else max
     if work.get("executed"):
         # The executed count (`apply_executed`): each warp runs its own instructions one after another and waits a
-        # global load's latency at each of its waits (a block that loads and uses the load), in sequence with them
-        # in a one-pass kernel, else the larger of the two (other trips' work hides the waits).
+        # global load's latency at each of its waits (a block that loads and uses the load), combined as above.
         executed = work["executed"]
-        gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
-                         else "cycles_between_instructions")
-        memory = assumption("global_load_latency_cycles")
-        combine = (lambda a, b: a + b) if one_pass(work, launch) else max
         cycles = [combine(executed["per_warp"] * g, executed["global_waits_per_warp"] * m) * math.ceil(waves)
                   for g, m in zip(gap, memory)]
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
     elif work.get("loop_trips") and work.get("loop_instructions"):
         warps = launch.blocks * warps_per_block
         trips = (work["loop_trips"][0] / warps, work["loop_trips"][1] / warps)
-        gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
-                         else "cycles_between_instructions")
-        memory = assumption("global_load_latency_cycles")
         waits = work.get("loop_waits_on_global", False)
-        # A warp of one trip (one_pass) has no next trip to load during this one: its loads' latency comes before
-        # the instructions that use them (load, barrier, compute, store), not beside them.
-        combine = (lambda a, b: a + b) if one_pass(work, launch) else max
         cycles = [t * combine(work["loop_instructions"] * g, m if waits else 0) * math.ceil(waves)
                   for t, g, m in zip(trips, gap, memory)]
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)

@@ -295,17 +295,23 @@ def sass_opcodes(program: Program, full: bool = False) -> dict[str, Counter]:
             for name, instructions in disassemble(program).items()}
 
 
+def branch_target(instruction: dict) -> int | None:
+    """The instruction index a branch jumps to (its last operand, a byte offset), or None where that is no address
+    (a register target, or no operands)."""
+    try:
+        return int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
+    except ValueError:
+        return None
+
+
 def loops(instructions: list[dict]) -> list[tuple[int, int]]:
     """(first, last) instruction indices of every loop: a backward branch at `last` to `first`."""
     found = []
     for end, instruction in enumerate(instructions):
         if mnemonic(instruction["opcode"]) != "BRA":
             continue
-        try:
-            start = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
-        except ValueError:
-            continue
-        if start < end:
+        start = branch_target(instruction)
+        if start is not None and start < end:
             found.append((start, end))
     return found
 
@@ -552,13 +558,9 @@ def code_of(instructions: list[dict], filename: str, lines: list[str]) -> list[l
         if source and source[0] == filename and 1 <= source[1] <= len(lines):
             site = lines[source[1] - 1]
         predicate = instruction.get("predicate", "")
-        target = -1
-        if CLASS_OF.get(mnemonic(instruction["opcode"])) == "branch":
-            try:
-                target = int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
-            except ValueError:
-                target = -1
-        code.append([instruction["opcode"], site, int(bool(predicate) and predicate not in ("@PT",)), target, 0])
+        target = branch_target(instruction) if CLASS_OF.get(mnemonic(instruction["opcode"])) == "branch" else None
+        code.append([instruction["opcode"], site, int(bool(predicate) and predicate not in ("@PT",)),
+                     -1 if target is None else target, 0])
     for i, instruction in enumerate(body):
         if mnemonic(instruction["opcode"]) == "LDG":
             code[i][4] = int(used_before_branch(body, i))
