@@ -47,6 +47,30 @@ ALIGNMENT = 256      # pointer alignments the planners may look at (vector width
 #: `replayed` call notes its key, arrays and result in it.
 NOTE: contextvars.ContextVar = contextvars.ContextVar("cupyconv_fastpath_note", default=None)
 
+#: The list a caller collects a call's offers in (`collecting_offers`): arrays its work hands over beside its result
+#: (`offer`: the forward's channels-last copy of a 16-bit x, which cupyconv.torch's autograd saves in place of x).
+#: A recording notes which of its slots were offered, so that each replay offers its own (a replayed call makes
+#: the copy inside its program, where the code that offered it does not run).
+OFFERS: contextvars.ContextVar = contextvars.ContextVar("cupyconv_offers", default=None)
+
+
+@contextlib.contextmanager
+def collecting_offers():
+    """Within, the arrays the calls' work offers (`offer`) are appended to the yielded list."""
+    offers: list = []
+    token = OFFERS.set(offers)
+    try:
+        yield offers
+    finally:
+        OFFERS.reset(token)
+
+
+def offer(a) -> None:
+    """Hand a to the caller collecting offers, if one is."""
+    offers = OFFERS.get()
+    if offers is not None:
+        offers.append(a)
+
 
 def enabled() -> bool:
     return os.environ.get("CUPYCONV_REPLAY", "1") != "0"
@@ -98,6 +122,7 @@ class Recorder(Device):
         self.slots: list = []          # [(array, low, high)]: inputs first, then what primitives made
         self.steps: list = []          # [(method name, argument template, slot of the result or None)]
         self.valid, self.tuned = True, False
+        self.offers: tuple = ()
         for a in inputs:
             if a is not None:
                 self._new_slot(a)
@@ -184,7 +209,14 @@ class Recorder(Device):
             self.valid = False
         if not self.valid:
             raise Unrecordable("see the recording")
-        return Program(self.steps, outputs, len(self.slots))
+        return Program(self.steps, outputs, len(self.slots), self.offers)
+
+    def offered(self, offers: list) -> None:
+        """Note the arrays the recorded work offered (`offer`), for the program's replays to offer theirs."""
+        try:
+            self.offers = tuple(self._template(a) for a in offers)
+        except Unrecordable:
+            self.valid = False
 
 
 class Program:
@@ -194,13 +226,13 @@ class Program:
     the plain fields of its view, so that a replay rebuilds only what holds an array, with no Python call per view
     (counted by benchmarks.host_overhead: the views were most of a replay's Python calls)."""
 
-    def __init__(self, steps, outputs, slots: int):
-        self.outputs, self.slots = outputs, slots
+    def __init__(self, steps, outputs, slots: int, offers: tuple = ()):
+        self.outputs, self.slots, self.offers = outputs, slots, offers
         last = {}
         for i, (_, template, _) in enumerate(steps):
             for slot in _slots_of(template):
                 last[slot] = i
-        keep = set(_slots_of(outputs))
+        keep = set(_slots_of((outputs, offers)))
         drops: list[list[int]] = [[] for _ in steps]
         for slot, i in last.items():
             if slot not in keep:
@@ -234,6 +266,9 @@ class Program:
                 return empty(ref.shape, ref.dtype)
             return ndarray(ref.shape, ref.dtype, memptr=buffers[ref.slot].data + ref.offset, strides=ref.strides)
 
+        offers = OFFERS.get() if self.offers else None
+        if offers is not None:
+            offers.extend(view(ref) for ref in self.offers)
         return _materialise(self.outputs, view)
 
 
@@ -290,7 +325,11 @@ def replayed(device, what: tuple, arrays: tuple, compute):
         result = compute(device)
     else:
         recorder = Recorder(device, arrays)
-        result = compute(recorder)
+        with collecting_offers() as offers:   # whether or not this caller collects: the replays' callers may
+            result = compute(recorder)
+        recorder.offered(offers)
+        for a in offers:
+            offer(a)
         if not recorder.tuned:
             if len(CACHE) >= CACHE_LIMIT:
                 global generation

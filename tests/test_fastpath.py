@@ -407,14 +407,12 @@ def test_eager_unfold_and_fold_match_torch(torch_on_device):
                                                               ref_out.detach(), gr))
 
 
-@pytest.mark.xfail(strict=True, reason="known (review 2026-11-26): a replayed forward never hands its channels-last "
-                   "copy of x to `keeping_channels_last` (the copy is made inside the program, whose `compute` -- "
-                   "where `implicit_gemm_gpu` keeps it -- does not run), so only a signature's first, recorded step "
-                   "saves the copy for the weight gradient; the later ones copy x again in the backward")
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast path", "replay only"])
 def test_every_training_step_saves_the_forwards_copy_of_x(torch_on_device, slow_calls, monkeypatch, fast_path):
     """cupyconv.torch.conv2d, float16, implicit_gemm, x not requiring grad and the weight requiring it: autograd saves
-    the forward's channels-last copy of x in place of x (`_custom_ops.saved_x`) on every step, not only the first."""
+    the forward's channels-last copy of x in place of x (`_custom_ops.saved_x`) on every step, not only the first,
+    each step's own copy (x's values: a replay offers the slot its program copied x into), and the weight gradient
+    read from it is torch's."""
     torch = torch_on_device
     import cupyconv.torch as cct
     if not fast_path:
@@ -425,5 +423,11 @@ def test_every_training_step_saves_the_forwards_copy_of_x(torch_on_device, slow_
                 for a in tca.inputs(seed, (2, 24, 9, 11), (40, 24, 3, 3), dtype="float16"))
         with settings.allow_tf32(True):
             y = cct.conv2d(x, w.requires_grad_(True), algorithm="implicit_gemm", padding=1)
-        saved.append(y.grad_fn.saved_tensors[0].data_ptr() != x.data_ptr())
+        copy = y.grad_fn.saved_tensors[0]
+        saved.append(copy.data_ptr() != x.data_ptr())
+        assert torch.equal(copy, x)
+        gy = torch.from_numpy(tca.inputs(seed + 10, tuple(y.shape), dtype="float16")[0])
+        y.backward(gy)
+        expected = torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), padding=1)
+        numpy.testing.assert_allclose(w.grad.double().numpy(), expected.numpy(), rtol=2e-2, atol=2e-2)
     assert saved == [True, True, True]

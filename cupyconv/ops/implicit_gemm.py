@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy
 
-from .. import settings
+from .. import _replay, settings
 from .._device import _address
 from .._kernels import (INDEX_TYPES, INT32_MAX, KernelFile, batch_args, batch_view, capped_grid, extent,
                         fast_divmod_magic, index_type, kernel_name, split_reduction)
@@ -139,9 +139,11 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     _check_tensor_cores(spec, xv.dtype, device)
     if igemm_refusal(spec, xv.dtype, "forward") is None:
         xl = channels_last(device, xv)
-        kept = _kept_copies.get()
-        if kept is not None and xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
-            kept.append(xl)
+        if xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
+            # (n, H, W, C) with exactly x's values (float32's is rounded to tf32, not x): a caller that saves it
+            # in place of x for the backward (cupyconv.torch's autograd) has a weight gradient that reads it in
+            # place, so a training step copies x once
+            _replay.offer(xl)
         return igemm_forward(device, xl, arrange_weight(device, weight, spec, "forward"), bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
@@ -246,7 +248,6 @@ def channels_last(device, x, round_tf32: bool = True):
     return shared[key][1]
 
 
-_kept_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_kept_channels_last", default=None)
 _shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared_channels_last", default=None)
 
 
@@ -260,20 +261,6 @@ def sharing_channels_last() -> Iterator[None]:
         yield
     finally:
         _shared_copies.reset(token)
-
-
-@contextlib.contextmanager
-def keeping_channels_last() -> Iterator[list]:
-    """Within, the forward (`implicit_gemm_gpu`) appends each channels-last copy it makes of a 16-bit x, (n, H, W,
-    C) with exactly x's values, to the yielded list: a caller that saves it in place of x for the backward (the
-    torch layer's autograd) gets a weight gradient that reads it in place, so a training step copies x once.
-    float32's copy is rounded to tf32, not x, and is never kept."""
-    kept: list = []
-    token = _kept_copies.set(kept)
-    try:
-        yield kept
-    finally:
-        _kept_copies.reset(token)
 
 
 def _shares_memory(a, b) -> bool:

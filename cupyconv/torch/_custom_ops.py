@@ -23,8 +23,8 @@ import torch
 
 import cupyconv
 
+from .._replay import collecting_offers
 from ..ops.conv import workspace_scope
-from ..ops.implicit_gemm import keeping_channels_last
 from . import cpu
 from . import cuda
 from .cuda import _run
@@ -125,7 +125,7 @@ def _cupyconv_keywords(kw: dict) -> dict:
 
 
 # One channels-last copy of x per training step: the forward of these ops (x straight to the 2-D run) hands the
-# copy its channels-last kernel made of a 16-bit x (`implicit_gemm.keeping_channels_last`: x's values exactly) to
+# copy its channels-last kernel made of a 16-bit x (offered: `_replay.collecting_offers`; x's values exactly) to
 # autograd, which saves it in place of x (`saved_x`), so the weight gradient reads it in place instead of copying
 # x again, and the memory saved for the backward does not grow.  Only for an x that does not require grad: the copy
 # has no grad_fn, and saved in place of an x that does, it would cut off x a gradient taken with create_graph (d/dx
@@ -166,7 +166,7 @@ def _define_convolution(name: str, options: tuple, out_shape):
         keep = name in KEEPS_X_COPY and weight.requires_grad and not x.requires_grad
         _LAST_X_COPY.slot = None
         with workspace_scope(name, kw.get("workspace_limit")), \
-                (keeping_channels_last() if keep else contextlib.nullcontext([])) as kept:
+                (collecting_offers() if keep else contextlib.nullcontext([])) as kept:
             y = _run(getattr(cupyconv, name), x, x, weight, bias, memory_format=output_format(x, weight),
                      **_cupyconv_keywords(kw))
         if kept:
