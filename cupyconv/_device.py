@@ -481,13 +481,25 @@ class CudaDevice(Device):
         algorithm is CUBLAS_GEMM_DEFAULT: the deprecated *_TENSOR_OP value would allow CUBLAS_COMPUTE_32F_FAST_16F
         kernels for strict float32.  A strict float32 GEMM also relies on the handle's math mode not being
         CUBLAS_TF32_TENSOR_OP_MATH (CuPy's default, which cupyconv never changes)."""
+        prepared = self.gemm_prepare(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                                     ldc, stride_c, batch)
+        if prepared is not None:
+            self.gemm_run(prepared, a, b, c)
+
+    def gemm_prepare(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                     stride_c, batch):
+        """The checks (`gemm_arguments`) and cuBLAS arguments of a `gemm_strided_batched` call but its pointers,
+        for `gemm_run`; None where there is nothing to write.  They hold for any a, b and c of the same shapes,
+        strides and dtypes (alignments and overlaps aside), with the same settings on the same device: a replay
+        (`_replay`) prepares once at recording and runs the prepared call on each replay's own arrays, without
+        the checks' hundred Python calls per GEMM."""
         if not all(isinstance(x, self.xp.ndarray) for x in (a, b, c)):
             raise TypeError(f"gemm: a, b and c must be {self.xp.__name__} arrays")
         m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch = gemm_arguments(
             transa, transb, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch)
         if not (m and n and batch):
-            return   # nothing to write; cuBLAS would return at once
-        handle, cublas, runtime = self.cublas()
+            return None   # nothing to write; cuBLAS would return at once
+        _, cublas, runtime = self.cublas()
         cuda_type = {"float16": runtime.CUDA_R_16F, "bfloat16": runtime.CUDA_R_16BF, "float32": runtime.CUDA_R_32F,
                      "float64": runtime.CUDA_R_64F}
         compute, scale = gemm_compute(a.dtype)
@@ -495,19 +507,25 @@ class CudaDevice(Device):
             # No TF32 tensor cores: CuPy's own rule (cupy/_core/_routines_linalg.pyx `set_compute_type`, v14.2.0)
             # falls back to the default compute type below compute capability 8.0.
             compute = "CUBLAS_COMPUTE_32F"
-        scalars = numpy.array([alpha, beta], dtype=scale)   # host memory, alive until the call returns
+        scalars = numpy.array([alpha, beta], dtype=scale)   # host memory, alive as long as the prepared call
         ops = {"N": cublas.CUBLAS_OP_N, "T": cublas.CUBLAS_OP_T}
+        return (scalars, ops[transa], ops[transb], m, n, k, cuda_type[a.dtype.name], lda, stride_a,
+                cuda_type[b.dtype.name], ldb, stride_b, cuda_type[c.dtype.name], ldc, stride_c, batch,
+                getattr(cublas, compute))
+
+    def gemm_run(self, prepared, a, b, c) -> None:
+        """One cublasGemmStridedBatchedEx of a `gemm_prepare`d call on a, b and c (as prepared)."""
+        (scalars, op_a, op_b, m, n, k, type_a, lda, stride_a, type_b, ldb, stride_b, type_c, ldc, stride_c, batch,
+         compute) = prepared
+        handle, cublas, _ = self.cublas()
         mode = cublas.getPointerMode(handle)
         if mode != cublas.CUBLAS_POINTER_MODE_HOST:
             cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         try:
             cublas.gemmStridedBatchedEx(
-                handle, ops[transa], ops[transb], m, n, k, scalars.ctypes.data,
-                _address(a), cuda_type[a.dtype.name], lda, stride_a,
-                _address(b), cuda_type[b.dtype.name], ldb, stride_b,
-                scalars.ctypes.data + scalars.itemsize,
-                _address(c), cuda_type[c.dtype.name], ldc, stride_c,
-                batch, getattr(cublas, compute), cublas.CUBLAS_GEMM_DEFAULT)
+                handle, op_a, op_b, m, n, k, scalars.ctypes.data, _address(a), type_a, lda, stride_a,
+                _address(b), type_b, ldb, stride_b, scalars.ctypes.data + scalars.itemsize,
+                _address(c), type_c, ldc, stride_c, batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
         finally:
             if mode != cublas.CUBLAS_POINTER_MODE_HOST:
                 cublas.setPointerMode(handle, mode)

@@ -9,7 +9,7 @@ read no values; benchmarks.launches checks it by planning over NaN and over zero
 
 So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
 of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
-`gemm_strided_batched`, `empty`, `copyto`, `add`, `sum`) to the real device and notes it, each array argument
+`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`) to the real device and notes it, each array argument
 as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a slot -- one of the call's input arrays,
 or an array a primitive made; the later calls of that signature replay the notes (a `Program`) on their own
 arrays: the same kernels, grids and scalars, the same GEMMs and array work, on new buffers, each freed after
@@ -155,8 +155,13 @@ class Recorder(Device):
     def launch(self, source, name, grid, block, args, shared_mem=0):
         self._note("launch", (source, name, tuple(grid), tuple(block), tuple(args), shared_mem))
 
-    def gemm_strided_batched(self, *args):
-        self._note("gemm_strided_batched", args)
+    def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                             ldc, stride_c, batch):
+        # noted prepared (`CudaDevice.gemm_prepare`): a replay runs the cuBLAS call without redoing its checks
+        prepared = self.device.gemm_prepare(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                            beta, c, ldc, stride_c, batch)
+        if prepared is not None:
+            self._note("gemm_run", (prepared, a, b, c))
 
     def empty(self, shape, dtype):
         return self._note("empty", (shape, dtype), result=True)

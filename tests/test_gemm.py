@@ -225,6 +225,8 @@ class CudaLike(_device.Device):
 
     gemm_strided_batched = _device.CudaDevice.gemm_strided_batched
     cublas = _device.CudaDevice.cublas
+    gemm_prepare = _device.CudaDevice.gemm_prepare
+    gemm_run = _device.CudaDevice.gemm_run
     compute_capability = 80
 
 

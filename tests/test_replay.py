@@ -115,6 +115,26 @@ def test_a_replay_launches_what_the_recorded_call_launched(device, counted):
     assert middle > start and device.launches[middle:] == device.launches[start:middle]
 
 
+def test_a_replayed_gemm_runs_as_prepared(device, counted, monkeypatch):
+    """im2col + cuBLAS: the recording prepares each GEMM (`CudaDevice.gemm_prepare`: its checks and cuBLAS
+    arguments); a replay runs the prepared calls on its own arrays, no preparing, the same cuBLAS calls (compute
+    type, modes, alpha, beta) and the CPU path's result."""
+    prepared = []
+    real = _device.CudaDevice.gemm_prepare
+    monkeypatch.setattr(_device.CudaDevice, "gemm_prepare", lambda self, *a: prepared.append(1) or real(self, *a))
+    _, first = conv2d_arrays(device, 6)
+    (x, w, b), second = conv2d_arrays(device, 7)
+    with _device.use_device(device):
+        start = len(device.blas.gemms)
+        cupyconv.conv2d(*first, padding=1, groups=2, algorithm="im2col_gemm")
+        recorded, middle = len(prepared), len(device.blas.gemms)
+        y = cupyconv.conv2d(*second, padding=1, groups=2, algorithm="im2col_gemm")
+    assert counted == {"recorded": 1, "replayed": 1}
+    assert recorded > 0 and len(prepared) == recorded
+    assert middle > start and device.blas.gemms[middle:] == device.blas.gemms[start:middle]
+    ref.assert_close(device.asnumpy(y), cupyconv.conv2d(x, w, b, padding=1, groups=2), "float32", "replayed")
+
+
 def test_a_changed_signature_plans_again(device, counted):
     """Another stride, dtype, layout, setting or alignment of an input is another signature."""
     (x, w, b), arrays = conv2d_arrays(device, 5)
