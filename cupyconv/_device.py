@@ -29,7 +29,7 @@ from . import settings
 
 OPS = ("unfold", "conv", "depthwise", "patch")
 # Modules of cupyconv/ops that own a kernel file without being an op (the ops share them): planners and launches.
-ENGINES = ("implicit_gemm", "simt_gemm")
+ENGINES = ("implicit_gemm", "simt_gemm", "lift")
 # Modules outside cupyconv/ops that own a kernel file: autotuning's timing kernel (raw_kernels/timing.cu).
 TOOLS = ("cupyconv._autotune",)
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in

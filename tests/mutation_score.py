@@ -50,6 +50,7 @@ class Mutation(NamedTuple):
 
 
 UNFOLD = "tests/test_unfold_kernels.py"
+LIFT = "tests/test_lift_kernels.py"
 CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
@@ -680,6 +681,28 @@ MUTATIONS = [
     M("dw-wgrad-bias-column", "depthwise.cu", "for (int u = 0; u < U; ++u) acc[R] += gv[v][u];",
       "for (int u = 1; u < U; ++u) acc[R] += gv[v][u];", DW_FWD, "off-by-one"),
 
+    # -- lift.cu: the 3-D fold's depth windows and the fold of their gradient ---------------------------------------
+    M("lift-windows-depth-bound", "lift.cu", "const bool inside = d >= 0 && d < depth;",
+      "const bool inside = d >= 0 && d <= depth - 1 + (a == 0);", LIFT, "off-by-one"),
+    M("lift-windows-rows-flat", "lift.cu", "} else if (flat_rows) {", "} else if (true) {", LIFT,
+      "wrong pixel split"),
+    M("lift-windows-32bit-pixel", "lift.cu", "dst[p] = src[(I)y * x_stride_h + (I)xx * x_stride_w];",
+      "dst[p] = src[(int)(y * x_stride_h + xx * x_stride_w)];", LIFT, "32-bit overflow"),
+    M("lift-windows-32bit-flat", "lift.cu", "const T* from = src + (I)base * x_stride_w;",
+      "const T* from = src + (int)(base * x_stride_w);", LIFT, "32-bit overflow"),
+    M("lift-windows-flat-step", "lift.cu", "const I step = (I)LIFT_THREADS * x_stride_w;",
+      "const I step = (I)LIFT_THREADS;", LIFT, "wrong stride"),
+    M("lift-fold-stride-rest", "lift.cu", "if (rest != 0 || z >= out_depths) continue;",
+      "if (z >= out_depths) continue;", LIFT, "missing stride test"),
+    M("lift-fold-tap-order", "lift.cu", "for (int a = 0; a < taps; ++a) {", "for (int a = taps - 1; a >= 0; --a) {",
+      LIFT, "summation order"),
+    M("lift-fold-32bit-image", "lift.cu",
+      "const T* image = g + (m * out_depths * channels + c) * taps * (I)pixels;",
+      "const T* image = g + (int)((m * out_depths * channels + c) * taps * (I)pixels);", LIFT, "32-bit overflow"),
+    M("lift-fold-drops-start", "lift.cu", "sum[k] = p < pixels ? dst[p] : acc_t<T>(0);", "sum[k] = acc_t<T>(0);",
+      LIFT, "lost accumulation"),
+    M("lift-fold-plane-loop", "lift.cu", "for (I plane = blockIdx.y; plane < planes; plane += gridDim.y) {\n    int d, c;",
+      "for (I plane = blockIdx.y; plane < planes; plane += 1) {\n    int d, c;", LIFT, "grid-stride loop"),
     # -- patch.cu ---------------------------------------------------------------------------------------------
     M("patch-tile-barrier-chunk", "patch.cu", "__syncthreads();  // the previous chunk", "// the previous chunk", PATCH,
       "removed barrier"),

@@ -203,6 +203,7 @@ def emulator_test_calls():
     """(label, function of (device, dtype)) for the cases of the emulator tests (tests/test_*_kernels.py)."""
     import test_conv_kernels
     import test_depthwise_kernels
+    import test_lift_kernels
     import test_patch_kernels
     import test_unfold_kernels
     from cupyconv.ops import patch
@@ -236,6 +237,13 @@ def emulator_test_calls():
             cols = cupyconv.unfold(numpy.empty(shape, dtype), kernel, **window)
             cupyconv.unfold_backward(numpy.empty_like(cols), shape[-2:], kernel, **window)
         yield f"test_unfold_kernels {shape}", call
+    for shape, kd, stride, dilation, padding, _ in test_lift_kernels.CASES:
+        def call(device, dtype, shape=shape, kd=kd, window=dict(stride=stride, dilation=dilation,
+                                                                   padding=(padding, (0, 0), (0, 0)))):
+            x, w = numpy.empty(shape, dtype), numpy.empty((2, shape[1], kd, 1, 1), dtype)
+            y = cupyconv.conv3d(x, w, **window)
+            cupyconv.conv3d_backward(numpy.empty_like(y), x, w, needs=("input", "weight"), **window)
+        yield f"test_lift_kernels {shape}", call
 
 
 @contextlib.contextmanager

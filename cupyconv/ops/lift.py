@@ -30,12 +30,30 @@ import numpy
 
 from .. import _device, _replay, settings
 from .._arrays import compute_dtype
-from .._kernels import INT32_MAX
+from .._kernels import (ELEMENTWISE_BLOCK, INDEX_TYPES, INT32_MAX, KERNEL_DTYPES, MAX_GRID, KernelFile,
+                        element_strides, extent, fast_divmod_magic, index_type, kernel_name)
 from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 
 #: The CPU path's array work: `Device`'s array methods on NumPy arrays (it launches no kernel).
 NUMPY = _device.Device()
+#: The 3-D fold's data movement on the GPU path: the depth windows and the fold of their gradient, one launch each.
+LIFT_RUN = 8       # pixels a thread takes per pass over a plane (lift.cu): a plane's set-up paid once per 8
+KERNELS = KernelFile("lift.cu", defines={"LIFT_RUN": LIFT_RUN, "LIFT_THREADS": ELEMENTWISE_BLOCK})
+# Blocks of a plane's pixels (ELEMENTWISE_BLOCK threads each) at most; the planes take the rest of the grid, their
+# loop paying a plane's coordinates once per block and pass.
+PLANE_BLOCKS = 64
+
+
+def instantiations():
+    return [kernel_name(kernel, dtype, index) for kernel in ("depth_windows", "depth_fold")
+            for dtype in KERNEL_DTYPES for index in INDEX_TYPES]
+
+
+def _plane_launch(planes: int, pixels: int):
+    """(grid, block) of lift.cu's kernels: blocks over a plane's pixels (x), planes over y."""
+    across = max(1, min(PLANE_BLOCKS, -(-pixels // (ELEMENTWISE_BLOCK * LIFT_RUN))))
+    return (across, max(1, min(planes, MAX_GRID[1]))), (ELEMENTWISE_BLOCK,)
 
 
 def arrays(device):
@@ -108,11 +126,27 @@ def _tap_depths(spec: ConvSpec, tap: int, depths: range):
 
 def depth_windows(device, x, spec: ConvSpec, depths: range | None = None):
     """x (m, C, D, H, W) -> its depth windows of the output depths `depths` (default all), (m * len(depths), C * kD,
-    H, W), a new array (zeros for padded depths)."""
+    H, W), a new array (zeros for padded depths): one depth_windows launch on the GPU path (planes of fewer than
+    2^31 pixels), array copies tap by tap on the CPU path."""
     m, c, _, h, w = x.shape
     kd, sd = spec.kernel_size[0], spec.stride[0]
     depths = range(spec.out_size[0]) if depths is None else depths
     od, ops = len(depths), arrays(device)
+    if device is not None and h * w <= INT32_MAX:
+        v = ops.empty((m * od, c * kd, h, w), x.dtype)
+        if v.size:
+            grid, block = _plane_launch(m * od * c * kd, h * w)
+            strides = element_strides(x)
+            KERNELS.launch(device, "depth_windows", dtype=x.dtype, index=index_type(v.size, extent(x)), grid=grid,
+                           block=block, x=x, windows=v, planes=m * od * c * kd, pixels=h * w, width=w,
+                           width_magic=fast_divmod_magic(w), channels=c, channels_magic=fast_divmod_magic(c),
+                           taps=kd, taps_magic=fast_divmod_magic(kd), out_depths=od,
+                           out_depths_magic=fast_divmod_magic(od), depth=spec.in_size[0],
+                           **_depth_steps(spec, depths),
+                           x_stride_m=strides[0], x_stride_c=strides[1], x_stride_d=strides[2],
+                           x_stride_h=strides[3], x_stride_w=strides[4],
+                           flat_rows=h == 1 or strides[3] == w * strides[4])
+        return v
     v = ops.empty((m, od, c, kd, h, w), x.dtype)
     for tap in range(kd):
         first, z0, z1 = _tap_depths(spec, tap, depths)
@@ -121,6 +155,13 @@ def depth_windows(device, x, spec: ConvSpec, depths: range | None = None):
         if z1 > z0:
             ops.copyto(v[:, z0:z1, :, tap], x[:, :, first:first + (z1 - z0 - 1) * sd + 1:sd].transpose(0, 2, 1, 3, 4))
     return v.reshape(m * od, c * kd, h, w)
+
+
+def _depth_steps(spec: ConvSpec, depths: range) -> dict:
+    """lift.cu's depth arguments: window plane ((m, z), (c, a)) reads input depth z * depth_step + a * tap_depth +
+    depth0."""
+    return dict(depth_step=spec.stride[0], tap_depth=spec.dilation[0],
+                depth0=depths.start * spec.stride[0] - spec.padding[0][0])
 
 
 def depth_fold(device, g, spec: ConvSpec, dtype):
@@ -134,9 +175,23 @@ def depth_fold(device, g, spec: ConvSpec, dtype):
 
 def depth_fold_into(device, out, g, spec: ConvSpec, depths: range) -> None:
     """Add g (m * len(depths), C * kD, H, W), the gradient of the depth windows of the output depths `depths`, onto
-    the input depths its planes were read from in out (m, C, D, H, W), taps in order."""
+    the input depths its planes were read from in out (m, C, D, H, W), contiguous, in the compute dtype, taps in
+    order: one depth_fold launch on the GPU path (planes of fewer than 2^31 pixels), array adds tap by tap on the
+    CPU path (the same sums in the same order: the same bits)."""
     c, kd, sd, od = spec.in_channels, spec.kernel_size[0], spec.stride[0], len(depths)
     ops = arrays(device)
+    pixels = math.prod(spec.in_size[1:])
+    if device is not None and pixels <= INT32_MAX:
+        if out.size:
+            g = ops.ascontiguous(g)
+            planes = out.shape[0] * c * spec.in_size[0]
+            grid, block = _plane_launch(planes, pixels)
+            KERNELS.launch(device, "depth_fold", dtype=g.dtype, index=index_type(g.size, out.size), grid=grid,
+                           block=block, g=g, out=out, planes=planes, pixels=pixels, channels=c,
+                           channels_magic=fast_divmod_magic(c), taps=kd, out_depths=od, depth=spec.in_size[0],
+                           depth_magic=fast_divmod_magic(spec.in_size[0]),
+                           depth_step_magic=fast_divmod_magic(spec.stride[0]), **_depth_steps(spec, depths))
+        return
     g = ops.reshape(g, (out.shape[0], od, c, kd, *spec.in_size[1:]))
     for tap in range(kd):
         first, z0, z1 = _tap_depths(spec, tap, depths)
