@@ -12,7 +12,7 @@
 //   write neighbouring outputs (coalesced).  Small planes (14x14, 7x7, 4x4) take the whole plane as the tile and
 //   pack many planes per block, so a block still has ~256 busy threads: in the persistent forward and stride-1
 //   input gradient, consecutive channels of one image (contiguous in memory: staged and written as one run each,
-//   the outputs through shared memory, 3x3 staged flat; their own instantiations, template PACK = true); elsewhere
+//   the outputs through shared memory, staged flat; their own instantiations, template PACK = true); elsewhere
 //   images of one channel (uniform weights, broadcast loads).  From 5x5 on, those small-plane instantiations (and
 //   the weight gradient's SPREAD) order thread items planes before strips and pad the staged planes so that a
 //   quarter warp's 16-byte shared loads hit every bank once (AlignedStaging); the packed ones stage their weights.
@@ -73,6 +73,11 @@ template <int K> struct StripRows {
 extern __shared__ double depthwise_smem[];  // dynamic shared memory; double keeps it 8-byte aligned
 
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+// Global loads a thread issues before it stores any of them where the packed persistent kernels from 5x5 on stage
+// their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
+// kernel-only constant (the planner does not depend on it).
+constexpr int STAGE_BATCH = 8;
 
 // ---------------------------------------------------------------------------------------------------------
 // Shared pieces of the tiled kernels
@@ -648,13 +653,15 @@ struct RunWalk {
 // through shared memory (over the staged tiles, after a barrier) to be written as one contiguous run, 16 bytes a
 // lane where it is aligned, instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors
 // used).  Launch contract for PACK: tiles_x == tiles_y == 1.
-// FLAT (PACK without SPREAD: the 3x3 packed instantiations) stages the src run flat instead of by rows: lane
-// e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the halo
-// (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into tiles
-// zeroed just before with 16-byte stores; the unit loop is 10% shorter (NVRTC 13, sm_90).  From 5x5 on
-// (SPREAD) the tiles are two to three times the plane (7x7 planes: 12x12 tiles plus the spread), and zeroing them
-// would cost more shared-memory wavefronts than staging by rows saves.  FLAT also writes the staged outputs a pair
-// at a time where dst_w is even (see there).
+// FLAT (every PACK instantiation; from 5x5 on (SPREAD) only where the rows are not whole 16-byte chunks: 7x7 and
+// 14x14 planes, not 28x28 ones, which stage by rows with vector loads) stages the src run flat instead of by rows:
+// lane e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the
+// halo (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into
+// tiles zeroed just before with 16-byte stores.  A thread issues the loads of `batch` elements before it stores any
+// (8 from 5x5 on, 2 for 3x3: more costs the 3x3 kernels registers, hence occupancy), so it waits on global memory
+// once a batch: by rows, a 5x5 packed unit of 32 7x7 planes on 64 threads waited once per staged row, ~75 times a
+// thread (benchmarks.predict's executed count: 73 waits a warp, the latency that bound those cases; now 21).  FLAT
+// without SPREAD also writes the staged outputs a pair at a time where dst_w is even (see there).
 template <typename T, typename I, int K, int S, bool TRANSPOSED, bool PACK, bool SPREAD>
 __device__ __forceinline__ void depthwise_persistent(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
@@ -673,9 +680,12 @@ __device__ __forceinline__ void depthwise_persistent(
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
   const I src_plane = (I)src_h * src_w, dst_plane = (I)dst_h * dst_w;
-  // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.
-  constexpr bool flat = PACK && !SPREAD;
+  // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
+  // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
+  constexpr bool flat = PACK;
   const RunWalk walk = flat ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
+  const bool flat_run = flat && (!SPREAD || !staging.rows_aligned);
+  constexpr int batch = SPREAD ? STAGE_BATCH : 2;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
   const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
@@ -711,7 +721,7 @@ __device__ __forceinline__ void depthwise_persistent(
     const I base = image0 * src_channels + first;
     const int stride = pack_channels ? terms : src_channels;
     const int valid = pack_channels ? min(per_block, dst_channels - d0) : (int)min((I)per_block, images - image0);
-    if constexpr (flat) {
+    if (flat_run) {
       // Zeros everywhere (the halo; the planes of the items from `valid` on), then the run's elements that fall
       // inside the tiles (a large padding may leave rows or columns of the plane outside them).
       constexpr int C = AlignedStaging<T, I, SPREAD>::C;  // in_h * pitch is a multiple of C
@@ -723,11 +733,21 @@ __device__ __forceinline__ void depthwise_persistent(
       __syncthreads();
       const T* run = src + base * src_plane;
       RunWalk at = walk;
-      for (int e = (int)threadIdx.x; e < valid * terms * (int)src_plane;
-           e += (int)blockDim.x, at.next(src_w, src_h, pitch, staging.plane)) {
-        const A v = to_acc(run[e]);
-        const int row = at.y + pad_top, col = at.x + pad_left;
-        if (row >= 0 && row < in_h && col >= 0 && col < in_w) tile[at.cell] = v;
+      const int count = valid * terms * (int)src_plane;
+      for (int e = (int)threadIdx.x; e < count;) {  // batch loads, then their stores
+        T v[batch];  // converted at the store, so that nothing waits on a load before the last is issued
+        int cell[batch];
+#pragma unroll
+        for (int b = 0; b < batch; ++b, e += (int)blockDim.x, at.next(src_w, src_h, pitch, staging.plane)) {
+          const int row = at.y + pad_top, col = at.x + pad_left;
+          const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;
+          cell[b] = inside ? at.cell : -1;
+          if (inside) v[b] = run[e];
+        }
+#pragma unroll
+        for (int b = 0; b < batch; ++b) {
+          if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
+        }
       }
     } else {
       staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
@@ -802,7 +822,7 @@ __device__ __forceinline__ void depthwise_persistent(
       static_assert(U % 2 == 0, "the output pairs need an even FWD_COLUMNS");
       __syncthreads();
       A* staged_out = tile + p * dst_plane + (I)oy * dst_w + ox;
-      const bool pairs = flat && dst_w % 2 == 0;
+      const bool pairs = flat && !SPREAD && dst_w % 2 == 0;
       if (active) {
 #pragma unroll
         for (int v = 0; v < V; ++v) {
