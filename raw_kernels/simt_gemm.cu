@@ -195,35 +195,75 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   }
 }
 
-// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).
+// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).  The gather is set up
+// once so that the main loop neither divides nor recomputes bounds (the idea of CUTLASS's "optimized" activation
+// iterator, in our own form):
+// - each of the thread's pixels keeps its window's origin in x (which may lie in the padding), raised by
+//   `origin_bias` (the padding's offset: never negative, so it adds to a pointer as an unsigned 32-bit index), and
+//   the mask of the window's rows and columns that lie inside x: bit j for column j (j < kW), bit kW + i for row i;
+// - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): x at
+//   the tap's offset from a window origin, less origin_bias, and the tap's bits 1 << j | 1 << (kW + i);
+//   moving on by SIMT_BK adds constants (SIMT_BK / taps channels, SIMT_BK % taps entries) with one carry;
+// - an element is inside x when its tap's bits are all in its pixel's mask: one AND per element, no compare.
+// k past K gets SIMT_PAST_K, a bit no mask has, so kW + kH <= SIMT_MASK_BITS (simt_refusal on the host).
+constexpr int SIMT_MASK_BITS = 31;
+constexpr unsigned SIMT_PAST_K = 1u << SIMT_MASK_BITS;
+constexpr int SIMT_MAX_TAPS = 15 * 16;  // the most taps with kH + kW <= 31
+template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (LDS.128 for long long)
+  typename Unsigned<I>::type offset;  // the tap's offset from a window origin - origin_bias
+  unsigned bits;                      // 1 << j | 1 << (kW + i)
+};
+
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
   typedef SimtLoad<BM, THREADS, true> LoadA;
   typedef SimtLoad<BN, THREADS, true> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = false;
   const T* x; const T* weight_t; const T* bias; T* out;
-  I M, pixels, x_stride_c, x_stride_h, x_stride_w;
-  int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
-  FastDivmod taps, kernel_w;
-  U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
-  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
+  const SimtTap<I>* taps_begin; const SimtTap<I>* taps_end;  // the tap table
+  I M, pixels;
+  U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
+  int N, K, taps, tap_step, g, n0, groups, has_bias;  // tap_step: SIMT_BK % taps
+  U row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin + origin_bias,
+  unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
-  struct ACursor { int k; WindowTap<I> tap; };  // k = (c, i, j)
-  typedef int BCursor;
-  __device__ ACursor a_start(I k) const {
-    return {(int)k, decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w)};
+  // k = (c, tap); channel = c * x_stride_c; x: the element of a window origin 0 (+ row_origin: the pixel's)
+  struct ACursor { int k; const SimtTap<I>* tap; U channel; const T* x; unsigned bits; };
+  __device__ void a_place(ACursor& at) const {
+    const SimtTap<I> tap = *at.tap;
+    at.x = x + (I)(at.channel + tap.offset);
+    at.bits = at.k < K ? tap.bits : SIMT_PAST_K;
   }
-  __device__ void a_advance(ACursor& at) const { at = a_start(at.k + SIMT_BK); }
+  __device__ ACursor a_start(I k) const {  // the division: once per k slot, before the loop
+    ACursor at;
+    at.k = (int)k;
+    at.tap = taps_begin + at.k % taps;
+    at.channel = (U)(at.k / taps) * x_stride_c;
+    a_place(at);
+    return at;
+  }
+  __device__ void a_advance(ACursor& at) const {
+    at.k += SIMT_BK;
+    at.tap += tap_step;
+    at.channel += channel_step;
+    if (at.tap >= taps_end) {
+      at.tap -= taps;
+      at.channel += x_stride_c;
+    }
+    a_place(at);
+  }
   __device__ float a(const ACursor& at, int rs) const {
-    const int y = row_y[rs] + at.tap.dy, xx = row_x[rs] + at.tap.dx;  // unsigned compares: also false below 0
-    if (at.k >= K || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return 0.0f;
-    return to_acc(x[(I)(row_origin[rs] + at.tap.offset)]);
+    // A select, not a return before the load: the load is predicated on the AND.
+    return (at.bits & row_outside[rs]) == 0 ? to_acc(at.x[row_origin[rs]]) : 0.0f;
   }
-  __device__ BCursor b_start(I k) const { return (int)k; }
-  __device__ void b_advance(BCursor& k) const { k += SIMT_BK; }
-  __device__ float b(const BCursor& k, int rs) const {
-    const int n = n0 + LoadB::row(rs);
-    return n < N && k < K ? to_acc(weight_t[((I)g * K + k) * N + n]) : 0.0f;
+  struct BCursor { const T* row; int k; };  // weight_t's row k at the thread's first column
+  __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * K + k) * N + n0 + LoadB::row(0), (int)k}; }
+  __device__ void b_advance(BCursor& at) const {
+    at.row += (I)SIMT_BK * N;
+    at.k += SIMT_BK;
+  }
+  __device__ float b(const BCursor& at, int rs) const {
+    return n0 + LoadB::row(rs) < N && at.k < K ? to_acc(at.row[32 * rs]) : 0.0f;  // row(rs) = row(0) + 32 rs
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
@@ -242,16 +282,22 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
+  typedef typename F::U U;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ SimtTap<I> tap_table[SIMT_MAX_TAPS];
   F f;
-  const int n_tiles = (outputs_per_group + BN - 1) / BN;
-  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN, taps = kernel_h * kernel_w;
+  const U origin_bias = (U)pad_top * (U)x_stride_h + (U)pad_left * (U)x_stride_w;
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int i = t / kernel_w, j = t - i * kernel_w;
+    const U offset = (U)(i * dilation_h) * (U)x_stride_h + (U)(j * dilation_w) * (U)x_stride_w;
+    tap_table[t] = {offset - origin_bias, 1u << j | 1u << (kernel_w + i)};
+  }
+  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.taps_begin = tap_table; f.taps_end = tap_table + taps;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
-  f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
-  f.kernel_w = FastDivmod(kernel_w);
-  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
-  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.taps = taps; f.K = channels_per_group * taps;
+  f.tap_step = SIMT_BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;
   f.groups = groups; f.has_bias = has_bias;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
@@ -261,8 +307,15 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     const WindowRow<I> row = window_row<I>(m0 + F::LoadA::row(r), f.M, f.pixels, view,
                                            (I)(f.g * channels_per_group) * x_stride_c, out_w, stride_h, stride_w,
                                            pad_top, pad_left, x_stride_h, x_stride_w);
-    f.row_origin[r] = row.origin; f.row_y[r] = row.y; f.row_x[r] = row.x;
+    unsigned inside = 0;  // rows past M: none (window_row puts them 2^30 rows above the image)
+    for (int j = 0; j < kernel_w; ++j) inside |= (unsigned)(row.x + j * dilation_w) < (unsigned)width ? 1u << j : 0u;
+    for (int i = 0; i < kernel_h; ++i) {
+      inside |= (unsigned)(row.y + i * dilation_h) < (unsigned)height ? 1u << (kernel_w + i) : 0u;
+    }
+    f.row_origin[r] = row.origin + origin_bias;
+    f.row_outside[r] = ~inside;
   }
+  __syncthreads();  // the tap table
   simt_block<I, BM, BN, TM>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
 }
 

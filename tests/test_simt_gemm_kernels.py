@@ -34,6 +34,8 @@ CASES = [
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
     C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
+    C("pointwise_taps_1", (2, 19, 5, 6), (13, 19, 1, 1), stride=(1, 2)),              # a k slot: channels only
+    C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
@@ -379,6 +381,10 @@ def test_refusals_name_the_reason():
     assert "float32, not float64" in simt_gemm.simt_refusal(spec, numpy.float64)
     assert "stride is (2, 2)" in simt_gemm.simt_refusal(spec, numpy.float32, "input")
     assert simt_gemm.simt_refusal(spec, numpy.float32, "weight") is None
+    big = conv_op.ConvSpec.for_conv("conv2d", numpy.empty((1, 1, 40, 40)), numpy.empty((1, 1, 16, 16)), None, 1, 0, 1,
+                                    1)
+    assert "height + width of at most 31" in simt_gemm.simt_refusal(big, numpy.float32)
+    assert simt_gemm.simt_refusal(big, numpy.float32, "weight") is None
     x = numpy.ones((1, 4, 5, 5), numpy.float64)
     with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run"):
         on_emulator(EmulatedDevice(), cupyconv.conv2d, x, numpy.ones((4, 4, 3, 3)), algorithm="implicit_gemm")

@@ -44,6 +44,7 @@ SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
+SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
@@ -78,6 +79,9 @@ def simt_refusal(spec: ConvSpec, dtype, pass_: str = "forward") -> str | None:
     reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
     if reach >= SIMT_MAX_REACH:
         return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
+    if pass_ != "weight" and sum(spec.kernel_size) > SIMT_MASK_BITS:
+        return (f"their forward and input gradient take a kernel height + width of at most {SIMT_MASK_BITS} (a bit "
+                f"per window row and column), not {sum(spec.kernel_size)}")
     reduction = max(spec.channels_per_group, spec.outputs_per_group) * spec.taps
     if reduction > INT32_MAX:
         return f"they index a weight row (channels per group x taps) in 32 bits, and it has {reduction}"
