@@ -71,6 +71,8 @@ template <typename I> struct SimtPixel {
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
 //     slot rs, 0 outside the problem (rows past M or N, k past K);
 //   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself;
+//     rows_in_fours: rows 4 r.. 4 r + 3 of a column lie at out_row(4 r) + 0..3, 16-byte aligned, which
+//     store4(I row, int n, float4) writes at once; has_bias, float column_bias(int n): added to column n;
 //   SUMS_B (static): also sum B over the block's k per column, each thread its own loaded elements as it loads
 //     them, then the SIMT_BK slots of a column in order (fixed order: the same bits on every run); where
 //     `sums_b`, store_b_sum(int n, float sum) takes column n's.
@@ -181,16 +183,40 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   }
 
-  // Epilogue: the thread's rows and columns, each row's place found once.
+  // Epilogue.  Each of the thread's columns gets its bias read once (-0.0f without one: x + -0.0f is x, bit for
+  // bit), each group of its 4 consecutive rows is placed once, and where those rows lie in memory as 4 consecutive,
+  // 16-byte aligned elements (`rows_in_fours`) a column of them is one float4 store: a warp (8 column slots x 4 row
+  // groups) then writes 64 contiguous bytes per column, whole sectors, instead of 4 scalars spread over 2 sectors.
+  float add[8];
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * ROW_SPAN;
+  for (int j = 0; j < 8; ++j) {
+    const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+    add[j] = gather.has_bias && n < gather.N ? gather.column_bias(n) : -0.0f;
+  }
+#pragma unroll
+  for (int q = 0; q < TM / 4; ++q) {
+    const I m = m0 + 4 * tm + q * ROW_SPAN;
     if (m >= gather.M) continue;
-    const I row = gather.out_row(m);
+    if (gather.rows_in_fours && m + 3 < gather.M) {
+      const I row = gather.out_row(m);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
-      if (n < gather.N) gather.store(row, n, acc[i][j]);
+      for (int j = 0; j < 8; ++j) {
+        const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+        const float4 v = {acc[4 * q][j] + add[j], acc[4 * q + 1][j] + add[j], acc[4 * q + 2][j] + add[j],
+                          acc[4 * q + 3][j] + add[j]};
+        if (n < gather.N) gather.store4(row, n, v);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (m + r >= gather.M) break;
+        const I row = gather.out_row(m + r);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+          if (n < gather.N) gather.store(row, n, acc[4 * q + r][j] + add[j]);
+        }
+      }
     }
   }
 }
@@ -223,7 +249,8 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   const SimtTap<I>* taps_begin; const SimtTap<I>* taps_end;  // the tap table
   I M, pixels;
   U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
-  int N, K, taps, tap_step, g, n0, groups, has_bias;  // tap_step: SIMT_BK % taps
+  int N, K, taps, tap_step, g, n0, groups;  // tap_step: SIMT_BK % taps
+  bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
   U row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin + origin_bias,
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
@@ -269,9 +296,10 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     const I image = m / pixels;
     return (image * groups + g) * (I)N * pixels + (m - image * pixels);
   }
-  __device__ void store(I row, int n, float value) const {
-    if (has_bias) value += to_acc(bias[g * N + n]);
-    out[row + (I)n * pixels] = from_acc<T>(value);
+  __device__ float column_bias(int n) const { return to_acc(bias[g * N + n]); }
+  __device__ void store(I row, int n, float value) const { out[row + (I)n * pixels] = from_acc<T>(value); }
+  __device__ void store4(I row, int n, float4 value) const {  // T is float: simt_fwd is strict float32
+    *reinterpret_cast<float4*>(out + row + (I)n * pixels) = value;
   }
 };
 
@@ -299,6 +327,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   f.taps = taps; f.K = channels_per_group * taps;
   f.tap_step = SIMT_BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;
   f.groups = groups; f.has_bias = has_bias;
+  f.rows_in_fours = f.pixels % 4 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
@@ -384,7 +413,12 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     return to_acc(grad_out[((cursor.at.image * groups + g) * (I)N + d) * out_pixels + cursor.at.p]);
   }
   __device__ I out_row(I m) const { return split_base + (I)(g * N) * row_stride + m; }
+  // Scalar stores only: the float4 path (row_stride 4k) cost the 32- and 64-column tiles 28-38 registers, an
+  // occupancy step, for an epilogue that is a small part of a weight gradient's long reduction.
+  static constexpr bool has_bias = false, rows_in_fours = false;  // (its bias gradient: SUMS_B)
+  __device__ float column_bias(int) const { return 0.0f; }
   __device__ void store(I row, int n, float value) const { partial[row + (I)n * row_stride] = value; }
+  __device__ void store4(I, int, float4) const {}
   __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
 };
 

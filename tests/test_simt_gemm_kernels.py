@@ -36,6 +36,8 @@ CASES = [
     C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
     C("pointwise_taps_1", (2, 19, 5, 6), (13, 19, 1, 1), stride=(1, 2)),              # a k slot: channels only
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
+    # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
+    C("rows_in_fours_forward", (3, 6, 8, 6), (70, 6, 3, 3), padding=1),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
