@@ -365,8 +365,8 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
     # 128 columns: cuBLAS forward and input; the weight (2 x 9 tiles) by the FMA GEMM (SIMT_WEIGHT_MAX_COLUMNS)
     (_r50(256, 28, groups=2), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
-    # forward: 196 blocks, under SIMT_MIN_BLOCKS (two waves); weight: 64 columns, 18 tiles
-    (_r50(256, 28, outputs=64), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
+    # forward: 196 blocks, from SIMT_MIN_BLOCKS; input gradient: 256 columns; weight: 64 columns, 18 tiles
+    (_r50(256, 28, outputs=64), ["implicit_gemm", "im2col_gemm", "implicit_gemm"]),
 ], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise", "256-to-64"])
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient

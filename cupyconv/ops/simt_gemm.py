@@ -49,10 +49,11 @@ SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about t
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
 # SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_WEIGHT_MAX_COLUMNS, or where cuBLAS's GEMM
-# would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is two waves of a 132-SM H100 (a
-# shape-only constant, as IG_WAVE_BLOCKS): at 196 blocks (ii: r50-64's layer at batch 8) the model ranks im2col +
-# cuBLAS 3-5% ahead once the weight's arrangement copy is counted (benchmarks/results/auto-fp32-h100.json)
-SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 264, 64, 10
+# would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is a shape-only constant: since the
+# masked gather (2026-11-26) the model ranks the FMA GEMM 8% ahead of im2col + cuBLAS at 196 blocks (ii: r50-64's
+# layer at batch 8; it was 3-5% behind), so the bound went from 264 (two waves of a 132-SM H100) to 192
+# (benchmarks/results/auto-fp32-h100.json); r50-512's 52 blocks stay on cuBLAS
+SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 192, 64, 10
 # The weight gradient's column bound: the executed-instruction model (2026-11-26) ranks the FMA weight gradient level
 # with cuBLAS at 128 columns a group (g2-256: 0.95 of cuBLAS's time), where the static count had it behind.
 SIMT_WEIGHT_MAX_COLUMNS = 128
