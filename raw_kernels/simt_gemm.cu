@@ -224,11 +224,11 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 // Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).  The gather is set up
 // once so that the main loop neither divides nor recomputes bounds (the idea of CUTLASS's "optimized" activation
 // iterator, in our own form):
-// - each of the thread's pixels keeps its window's origin in x (which may lie in the padding), raised by
-//   `origin_bias` (the padding's offset: never negative, so it adds to a pointer as an unsigned 32-bit index), and
-//   the mask of the window's rows and columns that lie inside x: bit j for column j (j < kW), bit kW + i for row i;
-// - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): x at
-//   the tap's offset from a window origin, less origin_bias, and the tap's bits 1 << j | 1 << (kW + i);
+// - each of the thread's pixels keeps its window's origin in x (signed: it may lie in the padding, and x's strides
+//   may be negative) and the mask of the window's rows and columns that lie inside x: bit j for column j (j < kW),
+//   bit kW + i for row i;
+// - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): the
+//   tap's offset from a window origin and its bits 1 << j | 1 << (kW + i);
 //   moving on by SIMT_BK adds constants (SIMT_BK / taps channels, SIMT_BK % taps entries) with one carry;
 // - an element is inside x when its tap's bits are all in its pixel's mask: one AND per element, no compare.
 // k past K gets SIMT_PAST_K, a bit no mask has, so kW + kH <= SIMT_MASK_BITS (simt_refusal on the host).
@@ -236,7 +236,7 @@ constexpr int SIMT_MASK_BITS = 31;
 constexpr unsigned SIMT_PAST_K = 1u << SIMT_MASK_BITS;
 constexpr int SIMT_MAX_TAPS = 15 * 16;  // the most taps with kH + kW <= 31
 template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (LDS.128 for long long)
-  typename Unsigned<I>::type offset;  // the tap's offset from a window origin - origin_bias
+  typename Unsigned<I>::type offset;  // the tap's offset from a window origin
   unsigned bits;                      // 1 << j | 1 << (kW + i)
 };
 
@@ -251,7 +251,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
   int N, K, taps, tap_step, g, n0, groups;  // tap_step: SIMT_BK % taps
   bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
-  U row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin + origin_bias,
+  I row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin,
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
   // k = (c, tap); channel = c * x_stride_c; x: the element of a window origin 0 (+ row_origin: the pixel's)
@@ -316,11 +316,10 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   __shared__ SimtTap<I> tap_table[SIMT_MAX_TAPS];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN, taps = kernel_h * kernel_w;
-  const U origin_bias = (U)pad_top * (U)x_stride_h + (U)pad_left * (U)x_stride_w;
   for (int t = threadIdx.x; t < taps; t += blockDim.x) {
     const int i = t / kernel_w, j = t - i * kernel_w;
     const U offset = (U)(i * dilation_h) * (U)x_stride_h + (U)(j * dilation_w) * (U)x_stride_w;
-    tap_table[t] = {offset - origin_bias, 1u << j | 1u << (kernel_w + i)};
+    tap_table[t] = {offset, 1u << j | 1u << (kernel_w + i)};
   }
   f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.taps_begin = tap_table; f.taps_end = tap_table + taps;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     for (int i = 0; i < kernel_h; ++i) {
       inside |= (unsigned)(row.y + i * dilation_h) < (unsigned)height ? 1u << (kernel_w + i) : 0u;
     }
-    f.row_origin[r] = row.origin + origin_bias;
+    f.row_origin[r] = (I)row.origin;  // the sum with a k slot's offset is the element's, exactly
     f.row_outside[r] = ~inside;
   }
   __syncthreads();  // the tap table

@@ -209,6 +209,27 @@ def test_weight_gradient_splits_within_the_workspace_limit():
         assert simt_gemm.plan_simt(spec, "weight").splits == 3
 
 
+def test_negative_strides():
+    """x viewed with negative strides (flipped rows and columns, channels, images) reaches simt_fwd as it is: window
+    origins and tap offsets are signed, so an origin below x's first element (a flipped axis) still adds up to the
+    element's offset; forward and input and weight gradients against the CPU path in float64."""
+    rng = numpy.random.default_rng(11)
+    base = rng.standard_normal((3, 6, 9, 8)).astype(numpy.float32)
+    weight = rng.standard_normal((10, 6, 3, 3)).astype(numpy.float32)
+    grad = None
+    for x in (base[:, :, ::-1, ::-1], base[:, ::-1], base[::-1]):
+        kwargs = dict(padding=((2, 0), (1, 1)))
+        want = expected_forward(x, weight, None, **kwargs)
+        got = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="implicit_gemm", **kwargs)
+        assert_close(got, want, f"forward, strides {x.strides}")
+        grad = rng.standard_normal(want.shape).astype(numpy.float32) if grad is None else grad
+        want_b = expected_backward(grad, x, weight, **kwargs)
+        got_b = on_emulator(EmulatedDevice(), cupyconv.conv2d_backward, grad, x, weight, algorithm="implicit_gemm",
+                            **kwargs)
+        for name, g, w in zip(("input", "weight"), got_b, want_b):
+            assert_close(g, w, f"{name} gradient, strides {x.strides}")
+
+
 def test_batch_view_read_in_place():
     """patch_conv2d-like (B, N, C, H, W) given as a transposed (B, C, N, H, W) array and every other column of a
     wider x: the batch view's two strides and x_stride_w = 2, read without a copy."""
