@@ -246,7 +246,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = false;
   const T* x; const T* weight_t; const T* bias; T* out;
-  const SimtTap<I>* taps_begin; const SimtTap<I>* taps_end;  // the tap table
+  const SimtTap<I>* tap_table;  // taps entries, in shared memory
   I M, pixels;
   U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
   int N, K, taps, tap_step, g, n0, groups;  // tap_step: SIMT_BK % taps
@@ -255,16 +255,16 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
   // k = (c, tap); channel = c * x_stride_c; x: the element of a window origin 0 (+ row_origin: the pixel's)
-  struct ACursor { int k; const SimtTap<I>* tap; U channel; const T* x; unsigned bits; };
+  struct ACursor { int k, tap; U channel; const T* x; unsigned bits; };  // tap: the table's entry
   __device__ void a_place(ACursor& at) const {
-    const SimtTap<I> tap = *at.tap;
+    const SimtTap<I> tap = tap_table[at.tap];
     at.x = x + (I)(at.channel + tap.offset);
     at.bits = at.k < K ? tap.bits : SIMT_PAST_K;
   }
   __device__ ACursor a_start(I k) const {  // the division: once per k slot, before the loop
     ACursor at;
     at.k = (int)k;
-    at.tap = taps_begin + at.k % taps;
+    at.tap = at.k % taps;
     at.channel = (U)(at.k / taps) * x_stride_c;
     a_place(at);
     return at;
@@ -273,7 +273,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     at.k += SIMT_BK;
     at.tap += tap_step;
     at.channel += channel_step;
-    if (at.tap >= taps_end) {
+    if (at.tap >= taps) {
       at.tap -= taps;
       at.channel += x_stride_c;
     }
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     const U offset = (U)(i * dilation_h) * (U)x_stride_h + (U)(j * dilation_w) * (U)x_stride_w;
     tap_table[t] = {offset, 1u << j | 1u << (kernel_w + i)};
   }
-  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.taps_begin = tap_table; f.taps_end = tap_table + taps;
+  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.tap_table = tap_table;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
   f.taps = taps; f.K = channels_per_group * taps;
   f.tap_step = SIMT_BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;
