@@ -386,7 +386,7 @@ MUTATIONS = [
     M("simt-fwd-channel-step", "simt_gemm.cu", "f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;",
       "f.channel_step = (U)(SIMT_BK / taps);", SIMT, "carry: taps below SIMT_BK"),
     M("simt-fwd-tap-offset", "simt_gemm.cu", "at.x = x + (I)(at.channel + tap.offset);", "at.x = x + (I)at.channel;",
-      SIMT, "window taps")
+      SIMT, "window taps"),
     M("simt-epilogue-col-bound", "simt_gemm.cu", "if (n < gather.N) gather.store(row, n, acc[4 * q + r][j] + add[j]);",
       "if (n <= gather.N) gather.store(row, n, acc[4 * q + r][j] + add[j]);", SIMT, "off-by-one"),
     M("simt-epilogue-float4-col-bound", "simt_gemm.cu", "if (n < gather.N) gather.store4(row, n, v);",

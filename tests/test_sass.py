@@ -439,8 +439,8 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
 LDS_SLACK = 2
 # The most instructions a simt_gemm.cu main loop issues per FFMA (sm_90, int), by kernel and tile: about 4% above
 # NVRTC 13.0's code of 2026-11-26 for simt_fwd, whose gather keeps per-pixel window masks and a tap table (one AND
-# per element, no bounds arithmetic or decoding in the loop: 128 x 64 1.33, 256 x 64 1.23, 128 x 32 1.49, 256 x 32
-# 1.35, 128 x 128 1.20, 256 x 128 1.17; it was 1.40, 1.29, 1.62, 1.49, 1.23, 1.19 with the per-element compares);
+# per element, no bounds arithmetic or decoding in the loop: 128 x 64 1.34, 256 x 64 1.23, 128 x 32 1.50, 256 x 32
+# 1.36, 128 x 128 1.20, 256 x 128 1.17; it was 1.40, 1.29, 1.62, 1.49, 1.23, 1.19 with the per-element compares);
 # about 6% above that of 2026-11-25 for simt_bwd_weight (128 x 64 1.52, 96 x 64 1.46, 128 x 32 1.67, 64 x 32 1.75,
 # 128 x 128 1.32, with the bias gradient as column sums of the staged grad_out, not a row of ones selected per
 # element of A).
