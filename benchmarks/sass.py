@@ -296,12 +296,13 @@ def sass_opcodes(program: Program, full: bool = False) -> dict[str, Counter]:
 
 
 def branch_target(instruction: dict) -> int | None:
-    """The instruction index a branch jumps to (its last operand, a byte offset), or None where that is no address
-    (a register target, or no operands)."""
-    try:
-        return int(instruction.get("operands", "").split(",")[-1].strip(), 16) // SASS_INSTRUCTION_BYTES
-    except ValueError:
+    """The instruction index a branch jumps to (its last operand, a byte offset "0x..."), or None where that is no
+    address: a register target, no operands, or BSYNC's convergence barrier ("B1", which reads as hex too: taken
+    for a jump to instruction 11, it made the whole prologue a "loop" that executed.py counted once per trip)."""
+    operand = instruction.get("operands", "").split(",")[-1].strip()
+    if not operand.startswith("0x"):
         return None
+    return int(operand, 16) // SASS_INSTRUCTION_BYTES
 
 
 def loops(instructions: list[dict]) -> list[tuple[int, int]]:
@@ -468,7 +469,7 @@ class KernelSass:
         return {**asdict(self), "loop_instructions": self.loop_instructions}
 
 
-CACHE_FORMAT = 4   # part of the cache key: bump it when KernelSass changes
+CACHE_FORMAT = 5   # part of the cache key: bump it when KernelSass changes
 
 
 def cache_dir() -> Path:

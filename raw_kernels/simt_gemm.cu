@@ -71,6 +71,8 @@ template <typename I> struct SimtPixel {
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
 //     slot rs, 0 outside the problem (rows past M or N, k past K);
 //   I out_row(I m), store(I row, int n, float value): where row m of C goes, and element (m, n) itself;
+//     rows_in_fours: rows 4 r.. 4 r + 3 of a column lie at out_row(4 r) + 0..3, 16-byte aligned, which
+//     store4(I row, int n, float4) writes at once; has_bias, float column_bias(int n): added to column n;
 //   SUMS_B (static): also sum B over the block's k per column, each thread its own loaded elements as it loads
 //     them, then the SIMT_BK slots of a column in order (fixed order: the same bits on every run); where
 //     `sums_b`, store_b_sum(int n, float sum) takes column n's.
@@ -181,57 +183,123 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   }
 
-  // Epilogue: the thread's rows and columns, each row's place found once.
+  // Epilogue.  Each of the thread's columns gets its bias read once (-0.0f without one: x + -0.0f is x, bit for
+  // bit), each group of its 4 consecutive rows is placed once, and where those rows lie in memory as 4 consecutive,
+  // 16-byte aligned elements (`rows_in_fours`) a column of them is one float4 store: a warp (8 column slots x 4 row
+  // groups) then writes 64 contiguous bytes per column, whole sectors, instead of 4 scalars spread over 2 sectors.
+  float add[8];
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const I m = m0 + 4 * tm + (i & 3) + (i >> 2) * ROW_SPAN;
+  for (int j = 0; j < 8; ++j) {
+    const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+    add[j] = gather.has_bias && n < gather.N ? gather.column_bias(n) : -0.0f;
+  }
+#pragma unroll
+  for (int q = 0; q < TM / 4; ++q) {
+    const I m = m0 + 4 * tm + q * ROW_SPAN;
     if (m >= gather.M) continue;
-    const I row = gather.out_row(m);
+    if (gather.rows_in_fours && m + 3 < gather.M) {
+      const I row = gather.out_row(m);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
-      if (n < gather.N) gather.store(row, n, acc[i][j]);
+      for (int j = 0; j < 8; ++j) {
+        const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+        const float4 v = {acc[4 * q][j] + add[j], acc[4 * q + 1][j] + add[j], acc[4 * q + 2][j] + add[j],
+                          acc[4 * q + 3][j] + add[j]};
+        if (n < gather.N) gather.store4(row, n, v);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (m + r >= gather.M) break;
+        const I row = gather.out_row(m + r);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int n = n0 + 4 * tn + (j & 3) + (j >> 2) * (BN / 2);
+          if (n < gather.N) gather.store(row, n, acc[4 * q + r][j] + add[j]);
+        }
+      }
     }
   }
 }
 
-// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).
+// Forward: A = x gathered per output pixel (lanes on pixels), B = weight_t rows (lanes on n).  The gather is set up
+// once so that the main loop neither divides nor recomputes bounds (the idea of CUTLASS's "optimized" activation
+// iterator, in our own form):
+// - each of the thread's pixels keeps its window's origin in x (signed: it may lie in the padding, and x's strides
+//   may be negative) and the mask of the window's rows and columns that lie inside x: bit j for column j (j < kW),
+//   bit kW + i for row i;
+// - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): the
+//   tap's offset from a window origin and its bits 1 << j | 1 << (kW + i);
+//   moving on by SIMT_BK adds constants (SIMT_BK / taps channels, SIMT_BK % taps entries) with one carry;
+// - an element is inside x when its tap's bits are all in its pixel's mask: one AND per element, no compare.
+// k past K gets SIMT_PAST_K, a bit no mask has, so kW + kH <= SIMT_MASK_BITS (simt_refusal on the host).
+constexpr int SIMT_MASK_BITS = 31;
+constexpr unsigned SIMT_PAST_K = 1u << SIMT_MASK_BITS;
+constexpr int SIMT_MAX_TAPS = 15 * 16;  // the most taps with kH + kW <= 31
+template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (LDS.128 for long long)
+  typename Unsigned<I>::type offset;  // the tap's offset from a window origin
+  unsigned bits;                      // 1 << j | 1 << (kW + i)
+};
+
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
   typedef SimtLoad<BM, THREADS, true> LoadA;
   typedef SimtLoad<BN, THREADS, true> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = false;
   const T* x; const T* weight_t; const T* bias; T* out;
-  I M, pixels, x_stride_c, x_stride_h, x_stride_w;
-  int N, K, g, n0, dilation_h, dilation_w, height, width, groups, has_bias;
-  FastDivmod taps, kernel_w;
-  U row_origin[LoadA::ROW_SLOTS];  // this thread's output pixels: where their top-left tap lies in x,
-  int row_y[LoadA::ROW_SLOTS], row_x[LoadA::ROW_SLOTS];  // and its input position
+  const SimtTap<I>* tap_table;  // taps entries, in shared memory
+  I M, pixels;
+  U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
+  int N, K, taps, tap_step, g, n0, groups;  // tap_step: SIMT_BK % taps
+  bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
+  I row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin,
+  unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
-  struct ACursor { int k; WindowTap<I> tap; };  // k = (c, i, j)
-  typedef int BCursor;
-  __device__ ACursor a_start(I k) const {
-    return {(int)k, decode_tap<I>((int)k, taps, kernel_w, dilation_h, dilation_w, x_stride_c, x_stride_h, x_stride_w)};
+  // k = (c, tap); channel = c * x_stride_c; x: the element of a window origin 0 (+ row_origin: the pixel's)
+  struct ACursor { int k, tap; U channel; const T* x; unsigned bits; };  // tap: the table's entry
+  __device__ void a_place(ACursor& at) const {
+    const SimtTap<I> tap = tap_table[at.tap];
+    at.x = x + (I)(at.channel + tap.offset);
+    at.bits = at.k < K ? tap.bits : SIMT_PAST_K;
   }
-  __device__ void a_advance(ACursor& at) const { at = a_start(at.k + SIMT_BK); }
+  __device__ ACursor a_start(I k) const {  // the division: once per k slot, before the loop
+    ACursor at;
+    at.k = (int)k;
+    at.tap = at.k % taps;
+    at.channel = (U)(at.k / taps) * x_stride_c;
+    a_place(at);
+    return at;
+  }
+  __device__ void a_advance(ACursor& at) const {
+    at.k += SIMT_BK;
+    at.tap += tap_step;
+    at.channel += channel_step;
+    if (at.tap >= taps) {
+      at.tap -= taps;
+      at.channel += x_stride_c;
+    }
+    a_place(at);
+  }
   __device__ float a(const ACursor& at, int rs) const {
-    const int y = row_y[rs] + at.tap.dy, xx = row_x[rs] + at.tap.dx;  // unsigned compares: also false below 0
-    if (at.k >= K || (unsigned)y >= (unsigned)height || (unsigned)xx >= (unsigned)width) return 0.0f;
-    return to_acc(x[(I)(row_origin[rs] + at.tap.offset)]);
+    // A select, not a return before the load: the load is predicated on the AND.
+    return (at.bits & row_outside[rs]) == 0 ? to_acc(at.x[row_origin[rs]]) : 0.0f;
   }
-  __device__ BCursor b_start(I k) const { return (int)k; }
-  __device__ void b_advance(BCursor& k) const { k += SIMT_BK; }
-  __device__ float b(const BCursor& k, int rs) const {
-    const int n = n0 + LoadB::row(rs);
-    return n < N && k < K ? to_acc(weight_t[((I)g * K + k) * N + n]) : 0.0f;
+  struct BCursor { const T* row; int k; };  // weight_t's row k at the thread's first column
+  __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * K + k) * N + n0 + LoadB::row(0), (int)k}; }
+  __device__ void b_advance(BCursor& at) const {
+    at.row += (I)SIMT_BK * N;
+    at.k += SIMT_BK;
+  }
+  __device__ float b(const BCursor& at, int rs) const {
+    return n0 + LoadB::row(rs) < N && at.k < K ? to_acc(at.row[32 * rs]) : 0.0f;  // row(rs) = row(0) + 32 rs
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
     return (image * groups + g) * (I)N * pixels + (m - image * pixels);
   }
-  __device__ void store(I row, int n, float value) const {
-    if (has_bias) value += to_acc(bias[g * N + n]);
-    out[row + (I)n * pixels] = from_acc<T>(value);
+  __device__ float column_bias(int n) const { return to_acc(bias[g * N + n]); }
+  __device__ void store(I row, int n, float value) const { out[row + (I)n * pixels] = from_acc<T>(value); }
+  __device__ void store4(I row, int n, float4 value) const {  // T is float: simt_fwd is strict float32
+    *reinterpret_cast<float4*>(out + row + (I)n * pixels) = value;
   }
 };
 
@@ -242,17 +310,23 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
+  typedef typename F::U U;
   __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
   __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ SimtTap<I> tap_table[SIMT_MAX_TAPS];
   F f;
-  const int n_tiles = (outputs_per_group + BN - 1) / BN;
-  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out;
+  const int n_tiles = (outputs_per_group + BN - 1) / BN, taps = kernel_h * kernel_w;
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int i = t / kernel_w, j = t - i * kernel_w;
+    const U offset = (U)(i * dilation_h) * (U)x_stride_h + (U)(j * dilation_w) * (U)x_stride_w;
+    tap_table[t] = {offset, 1u << j | 1u << (kernel_w + i)};
+  }
+  f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.tap_table = tap_table;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
-  f.taps = FastDivmod(kernel_h * kernel_w); f.K = channels_per_group * kernel_h * kernel_w;
-  f.kernel_w = FastDivmod(kernel_w);
-  f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
-  f.dilation_h = dilation_h; f.dilation_w = dilation_w; f.height = height; f.width = width;
+  f.taps = taps; f.K = channels_per_group * taps;
+  f.tap_step = SIMT_BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;
   f.groups = groups; f.has_bias = has_bias;
+  f.rows_in_fours = f.pixels % 4 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   const I m0 = (I)blockIdx.x * BM;
   const BatchView<I> view = {x_inner, x_stride_outer, x_stride_inner};
@@ -261,8 +335,15 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     const WindowRow<I> row = window_row<I>(m0 + F::LoadA::row(r), f.M, f.pixels, view,
                                            (I)(f.g * channels_per_group) * x_stride_c, out_w, stride_h, stride_w,
                                            pad_top, pad_left, x_stride_h, x_stride_w);
-    f.row_origin[r] = row.origin; f.row_y[r] = row.y; f.row_x[r] = row.x;
+    unsigned inside = 0;  // rows past M: none (window_row puts them 2^30 rows above the image)
+    for (int j = 0; j < kernel_w; ++j) inside |= (unsigned)(row.x + j * dilation_w) < (unsigned)width ? 1u << j : 0u;
+    for (int i = 0; i < kernel_h; ++i) {
+      inside |= (unsigned)(row.y + i * dilation_h) < (unsigned)height ? 1u << (kernel_w + i) : 0u;
+    }
+    f.row_origin[r] = (I)row.origin;  // the sum with a k slot's offset is the element's, exactly
+    f.row_outside[r] = ~inside;
   }
+  __syncthreads();  // the tap table
   simt_block<I, BM, BN, TM>(f, as, bs, m0, f.n0, (I)0, (I)f.K);
 }
 
@@ -331,7 +412,12 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     return to_acc(grad_out[((cursor.at.image * groups + g) * (I)N + d) * out_pixels + cursor.at.p]);
   }
   __device__ I out_row(I m) const { return split_base + (I)(g * N) * row_stride + m; }
+  // Scalar stores only: the float4 path (row_stride 4k) cost the 32- and 64-column tiles 28-38 registers, an
+  // occupancy step, for an epilogue that is a small part of a weight gradient's long reduction.
+  static constexpr bool has_bias = false, rows_in_fours = false;  // (its bias gradient: SUMS_B)
+  __device__ float column_bias(int) const { return 0.0f; }
   __device__ void store(I row, int n, float value) const { partial[row + (I)n * row_stride] = value; }
+  __device__ void store4(I, int, float4) const {}
   __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
 };
 

@@ -34,6 +34,10 @@ CASES = [
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
     C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
+    C("pointwise_taps_1", (2, 19, 5, 6), (13, 19, 1, 1), stride=(1, 2)),              # a k slot: channels only
+    C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
+    # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
+    C("rows_in_fours_forward", (3, 6, 8, 6), (70, 6, 3, 3), padding=1),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
@@ -205,6 +209,27 @@ def test_weight_gradient_splits_within_the_workspace_limit():
         assert simt_gemm.plan_simt(spec, "weight").splits == 3
 
 
+def test_negative_strides():
+    """x viewed with negative strides (flipped rows and columns, channels, images) reaches simt_fwd as it is: window
+    origins and tap offsets are signed, so an origin below x's first element (a flipped axis) still adds up to the
+    element's offset; forward and input and weight gradients against the CPU path in float64."""
+    rng = numpy.random.default_rng(11)
+    base = rng.standard_normal((3, 6, 9, 8)).astype(numpy.float32)
+    weight = rng.standard_normal((10, 6, 3, 3)).astype(numpy.float32)
+    grad = None
+    for x in (base[:, :, ::-1, ::-1], base[:, ::-1], base[::-1]):
+        kwargs = dict(padding=((2, 0), (1, 1)))
+        want = expected_forward(x, weight, None, **kwargs)
+        got = on_emulator(EmulatedDevice(), cupyconv.conv2d, x, weight, algorithm="implicit_gemm", **kwargs)
+        assert_close(got, want, f"forward, strides {x.strides}")
+        grad = rng.standard_normal(want.shape).astype(numpy.float32) if grad is None else grad
+        want_b = expected_backward(grad, x, weight, **kwargs)
+        got_b = on_emulator(EmulatedDevice(), cupyconv.conv2d_backward, grad, x, weight, algorithm="implicit_gemm",
+                            **kwargs)
+        for name, g, w in zip(("input", "weight"), got_b, want_b):
+            assert_close(g, w, f"{name} gradient, strides {x.strides}")
+
+
 def test_batch_view_read_in_place():
     """patch_conv2d-like (B, N, C, H, W) given as a transposed (B, C, N, H, W) array and every other column of a
     wider x: the batch view's two strides and x_stride_w = 2, read without a copy."""
@@ -361,8 +386,8 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
     # 128 columns: cuBLAS forward and input; the weight (2 x 9 tiles) by the FMA GEMM (SIMT_WEIGHT_MAX_COLUMNS)
     (_r50(256, 28, groups=2), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
-    # forward: 196 blocks, under SIMT_MIN_BLOCKS (two waves); weight: 64 columns, 18 tiles
-    (_r50(256, 28, outputs=64), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
+    # forward: 196 blocks, from SIMT_MIN_BLOCKS; input gradient: 256 columns; weight: 64 columns, 18 tiles
+    (_r50(256, 28, outputs=64), ["implicit_gemm", "im2col_gemm", "implicit_gemm"]),
 ], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise", "256-to-64"])
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
@@ -379,6 +404,10 @@ def test_refusals_name_the_reason():
     assert "float32, not float64" in simt_gemm.simt_refusal(spec, numpy.float64)
     assert "stride is (2, 2)" in simt_gemm.simt_refusal(spec, numpy.float32, "input")
     assert simt_gemm.simt_refusal(spec, numpy.float32, "weight") is None
+    big = conv_op.ConvSpec.for_conv("conv2d", numpy.empty((1, 1, 40, 40)), numpy.empty((1, 1, 16, 16)), None, 1, 0, 1,
+                                    1)
+    assert "height + width of at most 31" in simt_gemm.simt_refusal(big, numpy.float32)
+    assert simt_gemm.simt_refusal(big, numpy.float32, "weight") is None
     x = numpy.ones((1, 4, 5, 5), numpy.float64)
     with pytest.raises(ValueError, match="conv2d: algorithm='implicit_gemm' cannot run"):
         on_emulator(EmulatedDevice(), cupyconv.conv2d, x, numpy.ones((4, 4, 3, 3)), algorithm="implicit_gemm")

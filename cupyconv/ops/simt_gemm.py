@@ -44,14 +44,16 @@ SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
+SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
 # SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_WEIGHT_MAX_COLUMNS, or where cuBLAS's GEMM
-# would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is two waves of a 132-SM H100 (a
-# shape-only constant, as IG_WAVE_BLOCKS): at 196 blocks (ii: r50-64's layer at batch 8) the model ranks im2col +
-# cuBLAS 3-5% ahead once the weight's arrangement copy is counted (benchmarks/results/auto-fp32-h100.json)
-SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 264, 64, 10
+# would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is a shape-only constant: since the
+# masked gather (2026-11-26) the model ranks the FMA GEMM 8% ahead of im2col + cuBLAS at 196 blocks (ii: r50-64's
+# layer at batch 8; it was 3-5% behind), so the bound went from 264 (two waves of a 132-SM H100) to 192
+# (benchmarks/results/auto-fp32-h100.json); r50-512's 52 blocks stay on cuBLAS
+SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 192, 64, 10
 # The weight gradient's column bound: the executed-instruction model (2026-11-26) ranks the FMA weight gradient level
 # with cuBLAS at 128 columns a group (g2-256: 0.95 of cuBLAS's time), where the static count had it behind.
 SIMT_WEIGHT_MAX_COLUMNS = 128
@@ -78,6 +80,9 @@ def simt_refusal(spec: ConvSpec, dtype, pass_: str = "forward") -> str | None:
     reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
     if reach >= SIMT_MAX_REACH:
         return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
+    if pass_ != "weight" and sum(spec.kernel_size) > SIMT_MASK_BITS:
+        return (f"their forward and input gradient take a kernel height + width of at most {SIMT_MASK_BITS} (a bit "
+                f"per window row and column), not {sum(spec.kernel_size)}")
     reduction = max(spec.channels_per_group, spec.outputs_per_group) * spec.taps
     if reduction > INT32_MAX:
         return f"they index a weight row (channels per group x taps) in 32 bits, and it has {reduction}"
