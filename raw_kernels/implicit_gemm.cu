@@ -1359,8 +1359,9 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
 // 16) of the block, on rows (w % (CG / 16)) x BM / (CG / 16) of the tile: its columns of A against the same
 // columns of B, CG / 16 m16n8k16 k-steps a chunk; the zero blocks of the block-diagonal B are never multiplied.
 // Same pipeline as conv_fwd_igemm (STAGES, one commit group per chunk, one wait + barrier per chunk).  Epilogue:
-// T(acc + bias) through shared memory, then 16-byte stores of 8 pixels of one channel (NCHW; scalar stores where
-// vector_store is 0) or, channels_last_out, of 8 channels of one pixel, a pixel's 128 bytes on 8 lanes.
+// T(acc + bias) through shared memory, then 16-byte stores of 8 pixels of one channel (NCHW; where vector_store is
+// 0, scalar stores, a warp's along 32 consecutive pixels) or, channels_last_out, of 8 channels of one pixel, a
+// pixel's 128 bytes on 8 lanes.
 // No split of K: K is taps chunks, and the grids of the layers this serves fill the GPU (`plan_igemm_groups`).
 constexpr int IGG_CHANNELS = 64;                      // input and output channels of a block
 constexpr int IGG_ROW_BYTES = IGG_CHANNELS * 2;       // a staged row: 8 vectors of 16 bytes
@@ -1405,8 +1406,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
     if (m < M) {
       const I image = m / pixels;
       const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
-      a_y[i] = oy * stride_h - pad_top;
-      a_x[i] = ox * stride_w - pad_left;
+      a_y[i] = -pad_top + oy * stride_h;
+      a_x[i] = -pad_left + ox * stride_w;
       a_base[i] = (U)(image * height * width * channels + (I)(c0 + v * VEC)) +
                   ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
     }
@@ -1432,7 +1433,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
       const bool inside = v_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
                           (unsigned)(a_x[i] + dx) < (unsigned)width;
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
-      cp_async_cg_16(a_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
+      const int bytes = inside ? IG_VECTOR_BYTES : 0;
+      cp_async_cg_16(a_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, src, bytes);
     }
 #pragma unroll
     for (int i = 0; i < B_ROWS; ++i) {
@@ -1482,8 +1484,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   }
   int read_stage = 0, write_stage = STAGES - 1;
   for (int t = 0; t < taps; ++t) {
-    cp_async_wait<STAGES - 2>();  // chunk t has landed (this thread's copies) ...
-    __syncthreads();              // ... everyone's, and everyone is done with chunk t - 1's stage
+    cp_async_wait<STAGES - 2>();  // tap t has landed (this thread's copies) ...
+    __syncthreads();              // ... every thread's, and every warp is done with tap t - 1's stage
     if (t + STAGES - 1 < taps) load_chunk(write_stage);
     cp_async_commit();
     const unsigned char* stage = igemm_shared + read_stage * STAGE_BYTES;
@@ -1552,37 +1554,37 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = block_group * CG + ni * 8 + 2 * qq + e;
-      const float add = has_bias && c0 + col < channels ? to_acc(bias[c0 + col]) : 0.0f;
+      const float bias_c = has_bias && c0 + col < channels ? to_acc(bias[c0 + col]) : 0.0f;
       T* column = reinterpret_cast<T*>(igemm_shared + col * PITCH);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
-        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][ni][e] + add);
-        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][ni][2 + e] + add);
+        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][ni][e] + bias_c);
+        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][ni][2 + e] + bias_c);
       }
     }
   }
   __syncthreads();
+  if (!vector_store) {  // a thread per pixel, its channels in turn: a warp's stores are 32 consecutive pixels
+    for (int row = tid; row < BM; row += IG_THREADS) {
+      const I m = m0 + row;
+      if (m >= M) break;
+      const I image = m / pixels;
+      T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
+      for (int col = 0; col < IGG_CHANNELS && c0 + col < channels; ++col)
+        at[(I)col * pixels] = reinterpret_cast<const T*>(igemm_shared + col * PITCH)[row];
+    }
+    return;
+  }
+  // vector_store (pixels % VEC == 0 and out 16-byte aligned: a vector lies in one image, aligned): the vector of
+  // pixels m0 + mv VEC .. of columns tid / PIXEL_VECTORS + k COLUMN_STEP
   constexpr int PIXEL_VECTORS = BM / VEC, COLUMN_STEP = IG_THREADS / PIXEL_VECTORS;
   static_assert(IG_THREADS % PIXEL_VECTORS == 0, "whole columns per pass");
   const int mv = tid % PIXEL_VECTORS;
-  I out_row[VEC];  // where each of the thread's pixels lies in out (channel c0), or -1 past M
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    const I m = m0 + mv * VEC + e, image = m / pixels;
-    out_row[e] = m < M ? (image * channels + c0) * pixels + (m - image * pixels) : (I)-1;
-  }
-  for (int col = tid / PIXEL_VECTORS; col < IGG_CHANNELS; col += COLUMN_STEP) {
-    if (c0 + col >= channels) break;
-    const unsigned char* src = igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES;
-    if (vector_store) {  // pixels % VEC == 0 and out 16-byte aligned: a vector is within one image, aligned
-      if (out_row[0] >= 0)
-        *reinterpret_cast<uint4*>(out + out_row[0] + (I)col * pixels) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      const T* values = reinterpret_cast<const T*>(src);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        if (out_row[e] >= 0) out[out_row[e] + (I)col * pixels] = values[e];
-      }
-    }
+  const I m = m0 + mv * VEC, image = m / pixels;
+  if (m >= M) return;
+  T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
+  for (int col = tid / PIXEL_VECTORS; col < IGG_CHANNELS && c0 + col < channels; col += COLUMN_STEP) {
+    *reinterpret_cast<uint4*>(at + (I)col * pixels) =
+        *reinterpret_cast<const uint4*>(igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES);
   }
 }
