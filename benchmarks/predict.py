@@ -265,7 +265,7 @@ MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|co
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_fwd_igemm_groups", "conv_bwd_weight_igemm")
-IGEMM_GROUPS_CHANNELS = 64   # conv_fwd_igemm_groups: channels of a block (implicit_gemm.py IGG_CHANNELS)
+IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
 IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
 # conv_bwd_weight_igemm (implicit_gemm.py WG_CHUNK): pixels per K chunk by element type; a fifth of its main loop's
@@ -376,7 +376,8 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_fwd_igemm_groups":   # BM x 64 outputs, each over its group's CG channels per tap
         taps = a["kernel_h"] * a["kernel_w"]
-        return int(launch.blocks * int(rows) * IGEMM_GROUPS_CHANNELS * int(cols) * taps)
+        channels = IGEMM_GROUPS_ROW_BYTES // (4 if launch.template_args[0] == "float" else 2)
+        return int(launch.blocks * int(rows) * channels * int(cols) * taps)
     if launch.kernel == "conv_bwd_weight_igemm":
         chunk = WG_CHUNK[launch.template_args[0]]
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)

@@ -1347,24 +1347,25 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
 //
 // conv_fwd_igemm gives every group blocks of its own, 32 columns wide: with 16 channels per group half of each
 // tile's MMAs are padding, and K = 16 x taps is a few chunks, so its prologue and epilogue dominate.  Here a block
-// covers GROUPS = 64 / CG consecutive groups of CG = 16 or 32 channels in and out (channels_per_group =
-// outputs_per_group = CG, checked by the planner, `groups_igemm_refusal`): 64 channels, 128 bytes of a 16-bit type
-// per pixel.  K chunk t is tap t of all 64:
-//   A  BM output pixels x 64 input channels of the tap (8 cp.async vectors a row, zero-filled past the image or
-//      the last group), x read once for every group of the block;
-//   B  the tap's block-diagonal CG x 64 slice of the weight: row d holds output channel d of each of the block's
-//      groups in that group's CG columns (weight arranged (D, taps, CG) as for conv_fwd_igemm, `arrange_weight`).
+// covers GROUPS = CHANNELS / CG consecutive groups of CG channels in and out (channels_per_group =
+// outputs_per_group = CG, checked by the planner, `groups_igemm_refusal`): CHANNELS = 128 bytes of channels per
+// pixel, 64 of a 16-bit type (4 groups of 16 or 2 of 32), 32 floats as TF32 (2 groups of 16; operands rounded to
+// tf32 once, by their channels-last copies).  K chunk t is tap t of all CHANNELS:
+//   A  BM output pixels x CHANNELS input channels of the tap (8 cp.async vectors a row, zero-filled past the image
+//      or the last group), x read once for every group of the block;
+//   B  the tap's block-diagonal CG x CHANNELS slice of the weight: row d holds output channel d of each of the
+//      block's groups in that group's CG columns (weight arranged (D, taps, CG) as for conv_fwd_igemm).
 // Both rows are 128 bytes with vector v of row r at v ^ (r & 7): the 8 rows of an ldmatrix phase, and the 8 vectors
-// a quarter warp of cp.async writes, fall in 8 different 16-byte bank groups.  Warp w computes group w / (CG /
-// 16) of the block, on rows (w % (CG / 16)) x BM / (CG / 16) of the tile: its columns of A against the same
-// columns of B, CG / 16 m16n8k16 k-steps a chunk; the zero blocks of the block-diagonal B are never multiplied.
+// a quarter warp of cp.async writes, fall in 8 different 16-byte bank groups.  Warp w computes group w / (4 /
+// GROUPS) of the block, on rows (w % (4 / GROUPS)) x BM / (4 / GROUPS) of the tile: its columns of A against the
+// same columns of B, CG / 2 VEC k-steps a chunk (m16n8k16, or TF32's m16n8k8: two 16-byte vectors of k either
+// way); the zero blocks of the block-diagonal B are never multiplied.
 // Same pipeline as conv_fwd_igemm (STAGES, one commit group per chunk, one wait + barrier per chunk).  Epilogue:
 // T(acc + bias) through shared memory, then 16-byte stores of 8 pixels of one channel (NCHW; where vector_store is
 // 0, scalar stores, a warp's along 32 consecutive pixels) or, channels_last_out, of 8 channels of one pixel, a
 // pixel's 128 bytes on 8 lanes.
 // No split of K: K is taps chunks, and the grids of the layers this serves fill the GPU (`plan_igemm_groups`).
-constexpr int IGG_CHANNELS = 64;                      // input and output channels of a block
-constexpr int IGG_ROW_BYTES = IGG_CHANNELS * 2;       // a staged row: 8 vectors of 16 bytes
+constexpr int IGG_ROW_BYTES = 128;                    // a staged row, a block's channels: 8 vectors of 16 bytes
 constexpr int IGG_ROW_VECTORS = IGG_ROW_BYTES / IG_VECTOR_BYTES;
 
 // Byte offset of vector v of staged row r (8 vectors a row): the XOR swizzle.
@@ -1376,19 +1377,19 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
     int groups, int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top,
     int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias, int vector_store,
     int channels_last_out) {
-  static_assert(sizeof(T) == 2, "16-bit types: a block's 64 channels are one 128-byte row");
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
-  constexpr int GROUPS = IGG_CHANNELS / CG, WARPS_PER_GROUP = 4 / GROUPS;
-  constexpr int WM = BM / WARPS_PER_GROUP, MI = WM / 16, NI = CG / 8, K_STEPS = CG / 16;
+  constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T);  // of a block, in and out: 64 halves, 32 floats
+  constexpr int GROUPS = CHANNELS / CG, WARPS_PER_GROUP = 4 / GROUPS;
+  constexpr int WM = BM / WARPS_PER_GROUP, MI = WM / 16, NI = CG / 8, K_STEPS = CG / (2 * VEC);
   constexpr int ROW_STEP = IG_THREADS / IGG_ROW_VECTORS;  // rows of one pass of the block's copies
   constexpr int A_ROWS = BM / ROW_STEP, B_ROWS = CG / ROW_STEP;
   constexpr int STAGE_BYTES = (BM + CG) * IGG_ROW_BYTES;
-  static_assert((CG == 16 || CG == 32) && WM % 16 == 0 && BM % ROW_STEP == 0, "tile shape");
+  static_assert(GROUPS >= 2 && 4 % GROUPS == 0 && K_STEPS >= 1 && WM % 16 == 0 && BM % ROW_STEP == 0, "tile shape");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int channels = groups * CG, taps = kernel_h * kernel_w, K = taps * CG;
-  const int c0 = (int)blockIdx.y * IGG_CHANNELS;  // the block's first channel, in and out (group c0 / CG)
+  const int c0 = (int)blockIdx.y * CHANNELS;  // the block's first channel, in and out (group c0 / CG)
   const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
 
   // --- what this thread copies: vector v (channels c0 + 8 v ..) of A and B rows row0 + ROW_STEP i -------------
@@ -1520,7 +1521,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   // --- epilogue: accumulator (row gq (+8), columns 2 qq (+1)) of each mma tile, + bias, one rounding ----------
   const int gq = lane >> 2, qq = lane & 3;
   if (channels_last_out) {  // tile[row][column], rows 64 + 8 elements apart (the pair stores hit 32 banks)
-    constexpr int PITCH = (IGG_CHANNELS + 8) * (int)sizeof(T);
+    constexpr int PITCH = (CHANNELS + 8) * (int)sizeof(T);
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
       const int col = block_group * CG + ni * 8 + 2 * qq, c = c0 + col;
@@ -1570,7 +1571,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
       if (m >= M) break;
       const I image = m / pixels;
       T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
-      for (int col = 0; col < IGG_CHANNELS && c0 + col < channels; ++col)
+      for (int col = 0; col < CHANNELS && c0 + col < channels; ++col)
         at[(I)col * pixels] = reinterpret_cast<const T*>(igemm_shared + col * PITCH)[row];
     }
     return;
@@ -1583,7 +1584,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   const I m = m0 + mv * VEC, image = m / pixels;
   if (m >= M) return;
   T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
-  for (int col = tid / PIXEL_VECTORS; col < IGG_CHANNELS && c0 + col < channels; col += COLUMN_STEP) {
+  for (int col = tid / PIXEL_VECTORS; col < CHANNELS && c0 + col < channels; col += COLUMN_STEP) {
     *reinterpret_cast<uint4*>(at + (I)col * pixels) =
         *reinterpret_cast<const uint4*>(igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES);
   }

@@ -739,11 +739,11 @@ MUTATIONS = [
       "      T* at = out + (image * channels + c0) * pixels + (m - image * pixels);",
       "      T* at = out + c0 * pixels + m;", IGG, "wrong plane stride"),
     M("igg-32-bit-offsets", "implicit_gemm.cu",
-      "  typedef typename Unsigned<I>::type U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int GROUPS",
-      "  typedef unsigned U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int GROUPS",
+      "  typedef typename Unsigned<I>::type U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int CHANNELS",
+      "  typedef unsigned U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int CHANNELS",
       IGG + " -k past_2_32", "32-bit index"),
-    M("igg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, IGG_CHANNELS), 1)",
-      "spec.in_channels // IGG_CHANNELS, 1)", IGG, "off-by-one"),
+    M("igg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, channels), 1)",
+      "spec.in_channels // channels, 1)", IGG, "off-by-one"),
 
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",

@@ -5,6 +5,7 @@ A block covers 64 channels: 4 groups of 16 or 2 of 32 (in = out), one K chunk pe
 columns.  The emulator runs cp.async and ldmatrix with the hardware's rules (data lands at the wait, poison before;
 16-byte alignment; whole warps) and fills every output with NaN before the kernel runs, so an unwritten element, a
 swizzle that differs between the two sides, a warp on the wrong group's columns or an unmasked edge fails here.
+float32 runs as TF32, 2 groups of 16 a block (32 floats); its groups of 32 stay on conv_fwd_igemm.
 Problems are small and odd: group counts that do not fill the last block (5 of 16, 3 of 32), pixel counts that
 are not a multiple of the 128-row tile nor of a vector (the NCHW epilogue's scalar stores) or are (its vector
 stores), padding per side, stride and dilation per axis, 1 x 1 (fewer taps than pipeline stages), NCHW and
@@ -22,8 +23,8 @@ from bug_classes import Recorder
 from reference import ConvCase
 
 C = ConvCase
-DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16})
-TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}   # as tests/test_igemm_kernels.py
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}   # as tests/test_igemm_kernels.py
 
 CASES = [
     # 5 groups of 16: two blocks, the second with one group (48 channels past the end); 2 x 9 x 7 = 126 pixels (a
@@ -65,8 +66,18 @@ def nhwc(a):
 
 
 def groups_kernel(case, dtype, index="int"):
+    """The kernel the case's forward runs: conv_fwd_igemm_groups, or (float32 with groups of 32: one group would
+    fill a block of 32 floats) conv_fwd_igemm's narrow tile, named up to its tile."""
     cg = case.weight[1]
+    if cg not in igemm.IGG_GROUP_CHANNELS[dtype]:
+        return "conv_fwd_igemm<"
     return _kernels.kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm.igemm_groups_tile(cg))
+
+
+def launched(device):
+    """The forward kernels launched, conv_fwd_igemm's cut to its prefix (its tile is not under test here)."""
+    return [name if name.startswith("conv_fwd_igemm_groups<") else "conv_fwd_igemm<"
+            for name in device.launches if name.startswith("conv_fwd_igemm")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -77,8 +88,7 @@ def test_forward_matches_cpu_path(case, dtype):
     for order in ("forward", "reverse"):
         device = Recorder(order)
         out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
-        launched = [name for name in device.launches if name.startswith("conv_fwd_igemm")]
-        assert launched == [groups_kernel(case, dtype)], device.launches
+        assert launched(device) == [groups_kernel(case, dtype)], device.launches
         assert out.dtype == x.dtype and out.shape == case.output_shape and out.flags.c_contiguous
         assert_close(out, want, dtype, f"{case.name} {order}")
 
@@ -94,8 +104,9 @@ def test_channels_last_input_gives_channels_last_output(case, dtype):
         device = Recorder(order)
         out = run(device, cupyconv.conv2d, nhwc(x), weight, bias, algorithm="implicit_gemm", **case.kwargs)
         assert igemm.is_channels_last(out) and out.shape == case.output_shape, out.strides
-        assert [name for name in device.launches if name.startswith("conv_fwd_igemm")] == [groups_kernel(case, dtype)]
-        copies = int(case.weight[2:] != (1, 1))   # the weight's (a view for 1 x 1); x in place
+        assert launched(device) == [groups_kernel(case, dtype)], device.launches
+        # the weight's (a view for 1 x 1 16-bit); x in place (float32: rounded to tf32 in a copy, the weight too)
+        copies = 2 if dtype == "float32" else int(case.weight[2:] != (1, 1))
         assert device.count("channels_last_copy") == copies, device.launches
         assert_close(out, want, dtype, f"{case.name} {order}")
 
@@ -111,7 +122,7 @@ def test_input_gradient_at_stride_1(case, dtype):
     device = Recorder("reverse")
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
-    assert [name for name in device.launches if name.startswith("conv_fwd_igemm")] == [groups_kernel(case, dtype)]
+    assert launched(device) == [groups_kernel(case, dtype)], device.launches
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert_close(got, want, dtype, case.name)
 
@@ -149,8 +160,8 @@ def test_offsets_past_2_32():
 
 
 def test_eligibility_and_plan():
-    """16-bit types, groups of 16 or 32 channels in and out, at least two groups; a grid of 128-pixel row tiles by
-    blocks of 64 channels; no split of K."""
+    """Groups of 16 or 32 channels in and out (float32: 16), at least two groups; a grid of 128-pixel row tiles by
+    blocks of 128 bytes of channels; no split of K."""
     def spec(channels, outputs, groups, size=14, images=32, kernel=3):
         return cupyconv.ops.conv.ConvSpec.for_conv(
             "t", numpy.empty((images, channels * groups, size, size)),
@@ -158,7 +169,8 @@ def test_eligibility_and_plan():
             groups=groups)
     assert igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float16) is None
     assert igemm.groups_igemm_refusal(spec(32, 32, 3), DTYPES["bfloat16"]) is None
-    assert "16-bit" in igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float32)
+    assert igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float32) is None
+    assert "groups of 16 channels in float32" in igemm.groups_igemm_refusal(spec(32, 32, 4), numpy.float32)
     for channels, outputs, groups in ((16, 16, 1), (24, 24, 4), (64, 64, 2), (8, 8, 8)):
         assert "groups of 16 or 32" in igemm.groups_igemm_refusal(spec(channels, outputs, groups), numpy.float16)
     assert "as many output channels" in igemm.groups_igemm_refusal(spec(16, 32, 4), numpy.float16)
@@ -169,3 +181,5 @@ def test_eligibility_and_plan():
     # 3 stages of (128 + 32) rows of 128 bytes; the epilogue's tiles (17 and 18 KiB) fit in them
     assert rx1024.shared_mem == 3 * 160 * 128 and rx512.shared_mem == 3 * 144 * 128
     assert igemm.plan_igemm_groups(spec(16, 16, 5), numpy.float16).grid[1] == 2   # 80 channels: a partial block
+    tf32 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float32)   # 32 floats a block: 2 groups
+    assert tf32.grid == (49, 16, 1) and tf32.shared_mem == 3 * 144 * 128

@@ -390,10 +390,13 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
     several_groups = [n for n in listed if n.startswith("conv_fwd_igemm_groups<")]
-    assert len(several_groups) == index_types * len(implicit_gemm.IGG_DTYPES) * len(implicit_gemm.IGG_GROUP_CHANNELS)
-    for name in several_groups:   # per tap, every warp: its BM / (CG / 16) rows x CG columns x CG / 16 k-steps
+    assert len(several_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
+    for name in several_groups:   # per tap, every warp: its rows x CG columns, a k-step per 32 bytes of CG
         rows, channels = (int(part) for part in name.rstrip(">").split(",")[2:4])
-        assert opcodes[name]["HMMA"] == rows * channels // 128, (name, opcodes[name]["HMMA"])
+        itemsize = 4 if "<float," in name else 2
+        groups = 128 // itemsize // channels   # a block's (4 warps: 4 / groups a group, splitting its rows)
+        expected = rows // (4 // groups) // 16 * (channels // 8) * (channels * itemsize // 32)
+        assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
     names += weight_igemm + channels_last + several_groups
     assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 

@@ -43,7 +43,7 @@ from optional_deps import BFLOAT16, Dtypes
 from reference import ConvCase
 
 SEED = 24
-SPEC_COUNT = 96
+SPEC_COUNT = 99
 #: Specs from this index on are drawn by `draw_groups`: conv_fwd_igemm_groups's problems.
 GROUPS_FROM = 84
 #: Specs from this index on have channel counts per group that are multiples of 8 (4 for float32): the
@@ -192,14 +192,15 @@ def draw(index: int) -> SweepSpec:
 
 
 def draw_groups(index: int) -> SweepSpec:
-    """Spec `index` (from GROUPS_FROM on): 16-bit, 2 to 6 groups of 16 or 32 channels in and out, every layout,
-    the stride 1 of the input gradient on conv_fwd_igemm_groups in two of three, stride and dilation per axis."""
+    """Spec `index` (from GROUPS_FROM on): 2 to 6 groups of 16 or 32 channels in and out (float32 as TF32: 16),
+    every layout, the stride 1 of the input gradient on conv_fwd_igemm_groups in two of three, stride and dilation
+    per axis."""
     rng = numpy.random.default_rng([SEED, index])
-    dtype = ("float16", "bfloat16")[index % 2]
-    channels = (16, 32)[index // 2 % 2]
+    dtype = ("float16", "bfloat16", "float32")[index % 3]
+    channels = 16 if dtype == "float32" else (16, 32)[index // 3 % 2]
     groups = int(rng.integers(2, 7))
     kernel = tuple(int(k) for k in rng.integers(1, 4, 2))
-    stride = tuple(int(s) for s in rng.integers(1, 3, 2)) if index % 3 == 0 else (1, 1)
+    stride = tuple(int(s) for s in rng.integers(1, 3, 2)) if index % 4 == 0 else (1, 1)
     dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
     padding = tuple(tuple(int(p) for p in rng.integers(0, 3, 2)) for _ in range(2))
     patch = index % 5 == 4
@@ -354,12 +355,15 @@ def test_sweep_covers_the_axes():
     reached["input gradient on the channels-last path"] = [s for s in SPECS if s.fast("input")]
     reached["input gradient on the generic path"] = [s for s in SPECS if not s.fast("input")]
     several = [s for s in SPECS if s.several_groups_a_block("forward")]
-    for channels in igemm.IGG_GROUP_CHANNELS:
-        for dtype in igemm.IGG_DTYPES:
+    for dtype, dtype_channels in igemm.IGG_GROUP_CHANNELS.items():
+        block = igemm.igemm_groups_channels(DTYPES[dtype])
+        for channels in dtype_channels:
             reached[f"conv_fwd_igemm_groups: {channels} channels a group, {dtype}"] = [
                 s for s in several if s.spec.channels_per_group == channels and s.dtype == dtype]
-        reached[f"conv_fwd_igemm_groups: {channels} channels, groups that do not fill the last block"] = [
-            s for s in several if s.spec.channels_per_group == channels and s.spec.in_channels % igemm.IGG_CHANNELS]
+            reached[f"conv_fwd_igemm_groups: {channels} channels, {dtype} or its size, groups that do not fill the "
+                    f"last block"] = [s for s in several if s.spec.channels_per_group == channels
+                                      and DTYPES[s.dtype].itemsize == DTYPES[dtype].itemsize
+                                      and s.spec.in_channels % block]
     for layout in LAYOUTS:
         reached[f"conv_fwd_igemm_groups: {layout} x"] = [s for s in several if s.layout == layout]
     reached["conv_fwd_igemm_groups: stride and dilation h != w"] = [

@@ -55,8 +55,8 @@ def instantiations():
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
-    for dtype, cg, index in itertools.product(IGG_DTYPES, IGG_GROUP_CHANNELS, INDEX_TYPES):
-        names.append(kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)))
+    for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
+        names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
     return names + weight_igemm_instantiations()
 
 
@@ -483,16 +483,21 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
 
 # --- small groups, several a block ------------------------------------------------------------------------
 # conv_fwd_igemm_groups (the section of that name at the end of implicit_gemm.cu): groups of 16 or 32 channels in
-# and out, IGG_CHANNELS of them (4 or 2 groups) a block, K chunk = one tap x the block's channels; a block-diagonal
-# GEMM with no MMA on padding, x read once for all of a block's groups.  16-bit types; igemm_forward takes it for the
-# forward and the stride-1 input gradient (the transposed problem: C / G and D / G swap) wherever
-# `groups_igemm_refusal` allows.  ResNeXt's rx-512 (32 groups of 16, 14 x 14) fp16 forward, PREDICTED (H100): see
+# and out, 128 bytes of them a block (4 or 2 groups of a 16-bit type, 2 groups of 16 floats as TF32), K chunk = one
+# tap x the block's channels; a block-diagonal GEMM with no MMA on padding, x read once for all of a block's groups.
+# igemm_forward takes it for the forward and the stride-1 input gradient (the transposed problem: C / G and D / G
+# swap) wherever `groups_igemm_refusal` allows.  ResNeXt's rx-512 (32 groups of 16, 14 x 14) fp16 forward, PREDICTED (H100): see
 # benchmarks/RESULTS.md, "Small groups, several a block".
 
-IGG_CHANNELS = 64                   # implicit_gemm.cu's IGG_CHANNELS: input and output channels of a block
-IGG_GROUP_CHANNELS = (16, 32)       # channels per group (in = out) of its instantiations
-IGG_DTYPES = ("float16", "bfloat16")
+IGG_ROW_BYTES = 128                 # implicit_gemm.cu's IGG_ROW_BYTES: a block's channels (in and out) per pixel
+# channels per group (in = out) of its instantiations: at least two groups a block (float32: 32 channels, so 16)
+IGG_GROUP_CHANNELS = {"float16": (16, 32), "bfloat16": (16, 32), "float32": (16,)}
 IGG_ROWS, IGG_STAGES = 128, 3       # pixels of a block; pipeline stages (a K chunk is one tap)
+
+
+def igemm_groups_channels(dtype) -> int:
+    """Input (and output) channels of one conv_fwd_igemm_groups block: 64 of a 16-bit type, 32 floats."""
+    return IGG_ROW_BYTES // numpy.dtype(dtype).itemsize
 
 
 def igemm_groups_tile(channels_per_group: int) -> tuple[int, int, int]:
@@ -503,12 +508,10 @@ def igemm_groups_tile(channels_per_group: int) -> tuple[int, int, int]:
 def groups_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
     """Why conv_fwd_igemm_groups cannot run this forward (or the transposed spec of a stride-1 input gradient), or
     None.  Call where `igemm_refusal` said yes."""
-    name = numpy.dtype(dtype).name
-    if name not in IGG_DTYPES:
-        return f"it takes 16-bit types, not {name}"
-    if spec.groups < 2 or spec.channels_per_group not in IGG_GROUP_CHANNELS:
-        return f"it takes groups of {' or '.join(map(str, IGG_GROUP_CHANNELS))} channels, not {spec.groups} of " \
-               f"{spec.channels_per_group}"
+    channels = IGG_GROUP_CHANNELS[numpy.dtype(dtype).name]   # (a tensor-core dtype: `tensor_core_refusal`)
+    if spec.groups < 2 or spec.channels_per_group not in channels:
+        return (f"it takes groups of {' or '.join(map(str, channels))} channels in {numpy.dtype(dtype).name}, not "
+                f"{spec.groups} of {spec.channels_per_group}")
     if spec.outputs_per_group != spec.channels_per_group:
         return (f"it takes as many output channels per group as input ones, not {spec.outputs_per_group} from "
                 f"{spec.channels_per_group}")
@@ -516,15 +519,14 @@ def groups_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
 
 
 def plan_igemm_groups(spec: ConvSpec, dtype) -> IgemmPlan:
-    """conv_fwd_igemm_groups' launch: IGG_ROWS pixels by IGG_CHANNELS channels a block (the last may cover fewer
-    groups), no split of K; shared memory for its stages, or its epilogue's tile where larger (NCHW: 64 columns of
-    IGG_ROWS elements + 16 bytes; channels-last: IGG_ROWS rows of 64 + 8 elements)."""
+    """conv_fwd_igemm_groups' launch: IGG_ROWS pixels by `igemm_groups_channels` channels a block (the last may cover
+    fewer groups), no split of K; shared memory for its stages, or its epilogue's tile where larger (NCHW: a column
+    of IGG_ROWS elements + 16 bytes a channel; channels-last: IGG_ROWS rows of the channels + 8 elements)."""
     bm, cg, stages = igemm_groups_tile(spec.channels_per_group)
-    itemsize = numpy.dtype(dtype).itemsize
-    row_bytes = IGG_CHANNELS * itemsize
-    shared = max(stages * (bm + cg) * row_bytes, IGG_CHANNELS * (bm * itemsize + IG_VECTOR_BYTES),
-                 bm * (IGG_CHANNELS + 8) * itemsize)
-    grid = (ceil_div(spec.n * spec.out_pixels, bm), ceil_div(spec.in_channels, IGG_CHANNELS), 1)
+    itemsize, channels = numpy.dtype(dtype).itemsize, igemm_groups_channels(dtype)
+    shared = max(stages * (bm + cg) * IGG_ROW_BYTES, channels * (bm * itemsize + IG_VECTOR_BYTES),
+                 bm * (channels + 8) * itemsize)
+    grid = (ceil_div(spec.n * spec.out_pixels, bm), ceil_div(spec.in_channels, channels), 1)
     return IgemmPlan((bm, cg, stages), grid, shared, spec.taps)
 
 
