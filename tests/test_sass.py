@@ -560,8 +560,9 @@ def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
 
 
 # conv_fwd_igemm_groups (several small groups a block), by channels per group: its main loop per tap, NVRTC 13.0 of
-# 2026-11-26: 9.0 instructions per HMMA for groups of 16 (16 HMMA a tap per warp, against 9.0 for conv_fwd_igemm's
-# 128 x 32 tile, half of whose HMMA are padding there), 5.x for 32.  About 8% above those.
+# 2026-11-26: 9.0 instructions per HMMA for 16-bit groups of 16 (16 HMMA a tap per warp, against 9.0 for
+# conv_fwd_igemm's 128 x 32 tile, half of whose HMMA are padding there; TF32's 9.25), 5.4 for 32.  About 5-10% above
+# those.
 IGEMM_GROUPS_LOOP_PER_HMMA = {16: 9.7, 32: 6.0}
 
 
@@ -584,7 +585,7 @@ def test_several_groups_main_loop_is_lean(kernel_programs, sass_tools):
         if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
-    assert seen == 4 and not problems, "\n".join(problems)
+    assert seen == 5 and not problems, "\n".join(problems)
 
 
 def unit_loop_opcodes(program) -> dict[str, Counter]:
