@@ -1340,3 +1340,252 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
     }
   }
 }
+
+// =================================================================================================================
+// Forward and stride-1 input gradient of small groups, several groups a block (issue 24, deliverable 6)
+// =================================================================================================================
+//
+// conv_fwd_igemm gives every group blocks of its own, 32 columns wide: with 16 channels per group half of each
+// tile's MMAs are padding, and K = 16 x taps is a few chunks, so its prologue and epilogue dominate.  Here a block
+// covers GROUPS = CHANNELS / CG consecutive groups of CG channels in and out (channels_per_group =
+// outputs_per_group = CG, checked by the planner, `groups_igemm_refusal`): CHANNELS = 128 bytes of channels per
+// pixel, 64 of a 16-bit type (4 groups of 16 or 2 of 32), 32 floats as TF32 (2 groups of 16; operands rounded to
+// tf32 once, by their channels-last copies).  K chunk t is tap t of all CHANNELS:
+//   A  BM output pixels x CHANNELS input channels of the tap (8 cp.async vectors a row, zero-filled past the image
+//      or the last group), x read once for every group of the block;
+//   B  the tap's block-diagonal CG x CHANNELS slice of the weight: row d holds output channel d of each of the
+//      block's groups in that group's CG columns (weight arranged (D, taps, CG) as for conv_fwd_igemm).
+// Both rows are 128 bytes with vector v of row r at v ^ (r & 7): the 8 rows of an ldmatrix phase, and the 8 vectors
+// a quarter warp of cp.async writes, fall in 8 different 16-byte bank groups.  Warp w computes group w / (4 /
+// GROUPS) of the block, on rows (w % (4 / GROUPS)) x BM / (4 / GROUPS) of the tile: its columns of A against the
+// same columns of B, CG / 2 VEC k-steps a chunk (m16n8k16, or TF32's m16n8k8: two 16-byte vectors of k either
+// way); the zero blocks of the block-diagonal B are never multiplied.
+// Same pipeline as conv_fwd_igemm (STAGES, one commit group per chunk, one wait + barrier per chunk).  Epilogue:
+// T(acc + bias) through shared memory, then 16-byte stores of 8 pixels of one channel (NCHW; where vector_store is
+// 0, scalar stores, a warp's along 32 consecutive pixels) or, channels_last_out, of 8 channels of one pixel, a
+// pixel's 128 bytes on 8 lanes.
+// No split of K: K is taps chunks, and the grids of the layers this serves fill the GPU (`plan_igemm_groups`).
+constexpr int IGG_ROW_BYTES = 128;                    // a staged row, a block's channels: 8 vectors of 16 bytes
+constexpr int IGG_ROW_VECTORS = IGG_ROW_BYTES / IG_VECTOR_BYTES;
+
+// Byte offset of vector v of staged row r (8 vectors a row): the XOR swizzle.
+__device__ __forceinline__ int igg_swizzle(int r, int v) { return r * IGG_ROW_BYTES + ((v ^ (r & 7)) << 4); }
+
+template <typename T, typename I, int BM, int CG, int STAGES>
+__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top,
+    int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias, int vector_store,
+    int channels_last_out) {
+  typedef typename Unsigned<I>::type U;
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T);  // of a block, in and out: 64 halves, 32 floats
+  constexpr int GROUPS = CHANNELS / CG, WARPS_PER_GROUP = 4 / GROUPS;
+  constexpr int WM = BM / WARPS_PER_GROUP, MI = WM / 16, NI = CG / 8, K_STEPS = CG / (2 * VEC);
+  constexpr int ROW_STEP = IG_THREADS / IGG_ROW_VECTORS;  // rows of one pass of the block's copies
+  constexpr int A_ROWS = BM / ROW_STEP, B_ROWS = CG / ROW_STEP;
+  constexpr int STAGE_BYTES = (BM + CG) * IGG_ROW_BYTES;
+  static_assert(GROUPS >= 2 && 4 % GROUPS == 0 && K_STEPS >= 1 && WM % 16 == 0 && BM % ROW_STEP == 0, "tile shape");
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int channels = groups * CG, taps = kernel_h * kernel_w, K = taps * CG;
+  const int c0 = (int)blockIdx.y * CHANNELS;  // the block's first channel, in and out (group c0 / CG)
+  const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
+
+  // --- what this thread copies: vector v (channels c0 + 8 v ..) of A and B rows row0 + ROW_STEP i -------------
+  const int v = tid % IGG_ROW_VECTORS, row0 = tid / IGG_ROW_VECTORS;
+  const int store_offset = igg_swizzle(row0, v);  // + ROW_STEP i rows: r & 7 is the same for every i
+  const bool v_inside = c0 + v * VEC < channels;  // past the last group (a block it does not fill): zeros
+  U a_base[A_ROWS];
+  int a_y[A_ROWS], a_x[A_ROWS];
+#pragma unroll
+  for (int i = 0; i < A_ROWS; ++i) {
+    const I m = m0 + row0 + ROW_STEP * i;
+    a_y[i] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
+    a_x[i] = 0;
+    a_base[i] = 0;
+    if (m < M) {
+      const I image = m / pixels;
+      const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
+      a_y[i] = -pad_top + oy * stride_h;
+      a_x[i] = -pad_left + ox * stride_w;
+      a_base[i] = (U)(image * height * width * channels + (I)(c0 + v * VEC)) +
+                  ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
+    }
+  }
+  // B row d, vector v: output channel d of the vector's group, its channels (v VEC) % CG, tap 0; + CG a tap
+  I b_offset[B_ROWS];
+#pragma unroll
+  for (int i = 0; i < B_ROWS; ++i) {
+    const int d = row0 + ROW_STEP * i, group_first = c0 + v * VEC / CG * CG;
+    b_offset[i] = v_inside ? (I)(group_first + d) * K + v * VEC % CG : (I)0;
+  }
+  // The tap (r, s) of the next chunk, at tap_offset from a window's origin, advanced by increments
+  int s = 0, dy = 0, dx = 0;
+  U tap_offset = 0;
+  const U step_s = (U)dilation_w * (U)channels;                                        // s + 1
+  const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * step_s;       // r + 1, s = 0
+
+  auto load_chunk = [&](int stage) {  // the thread's vectors of the next tap, then advance to the one after
+    unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
+    unsigned char* b_stage = a_stage + BM * IGG_ROW_BYTES;
+#pragma unroll
+    for (int i = 0; i < A_ROWS; ++i) {
+      const bool inside = v_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
+      const int bytes = inside ? IG_VECTOR_BYTES : 0;
+      cp_async_cg_16(a_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, src, bytes);
+    }
+#pragma unroll
+    for (int i = 0; i < B_ROWS; ++i) {
+      cp_async_cg_16(b_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, v_inside ? weight + b_offset[i] : weight,
+                     v_inside ? IG_VECTOR_BYTES : 0);
+      b_offset[i] += CG;
+    }
+    tap_offset += step_s;
+    dx += dilation_w;
+    if (++s == kernel_w) {
+      s = 0;
+      dx = 0;
+      dy += dilation_h;
+      tap_offset += step_r;
+    }
+  };
+
+  // --- fragments: the warp's group and rows; the row addresses this lane gives ldmatrix -----------------------
+  const int block_group = warp / WARPS_PER_GROUP, warp_m = warp % WARPS_PER_GROUP * WM;
+  const int j = lane >> 3, jr = lane & 7, first_vector = block_group * CG / VEC;
+  int a_frag[K_STEPS], b_frag[K_STEPS];
+#pragma unroll
+  for (int ks = 0; ks < K_STEPS; ++ks) {
+    // A: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) = a[0..3]
+    a_frag[ks] = igg_swizzle(warp_m + (j & 1) * 8 + jr, first_vector + 2 * ks + (j >> 1));
+    // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
+    b_frag[ks] = BM * IGG_ROW_BYTES + igg_swizzle((j >> 1) * 8 + jr, first_vector + 2 * ks + (j & 1));
+  }
+  ig_keep_in_register(a_frag);
+  ig_keep_in_register(b_frag);
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    }
+  }
+
+  // --- the pipeline: chunk t is tap t -------------------------------------------------------------------------
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < taps) load_chunk(t);
+    cp_async_commit();  // empty groups too: the count of groups in flight stays STAGES - 1
+  }
+  int read_stage = 0, write_stage = STAGES - 1;
+  for (int t = 0; t < taps; ++t) {
+    cp_async_wait<STAGES - 2>();  // tap t has landed (this thread's copies) ...
+    __syncthreads();              // ... every thread's, and every warp is done with tap t - 1's stage
+    if (t + STAGES - 1 < taps) load_chunk(write_stage);
+    cp_async_commit();
+    const unsigned char* stage = igemm_shared + read_stage * STAGE_BYTES;
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ++ks) {
+      unsigned a[MI][4], b[NI][2];
+      const unsigned char* a_at = stage + a_frag[ks];
+      const unsigned char* b_at = stage + b_frag[ks];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IGG_ROW_BYTES);
+#pragma unroll
+      for (int nj = 0; nj < NI / 2; ++nj) {
+        unsigned q[4];
+        ldmatrix_x4(q, b_at + nj * 16 * IGG_ROW_BYTES);
+        b[2 * nj][0] = q[0];
+        b[2 * nj][1] = q[1];
+        b[2 * nj + 1][0] = q[2];
+        b[2 * nj + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+      }
+    }
+    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
+  __syncthreads();
+
+  // --- epilogue: accumulator (row gq (+8), columns 2 qq (+1)) of each mma tile, + bias, one rounding ----------
+  const int gq = lane >> 2, qq = lane & 3;
+  if (channels_last_out) {  // tile[row][column], rows 64 + 8 elements apart (the pair stores hit 32 banks)
+    constexpr int PITCH = (CHANNELS + 8) * (int)sizeof(T);
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int col = block_group * CG + ni * 8 + 2 * qq, c = c0 + col;
+      const float add0 = has_bias && c < channels ? to_acc(bias[c]) : 0.0f;
+      const float add1 = has_bias && c + 1 < channels ? to_acc(bias[c + 1]) : 0.0f;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_m + mi * 16 + gq + 8 * h;
+          ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
+                           acc[mi][ni][2 * h + 1] + add1);
+        }
+      }
+    }
+    __syncthreads();
+    // thread: vector v of rows row0 + ROW_STEP k, a pixel's 8 vectors on 8 consecutive lanes
+    if (!v_inside) return;
+    for (int row = row0; row < BM; row += ROW_STEP) {
+      const I m = m0 + row;
+      if (m >= M) break;
+      *reinterpret_cast<uint4*>(out + m * channels + c0 + v * VEC) =
+          *reinterpret_cast<const uint4*>(igemm_shared + row * PITCH + v * IG_VECTOR_BYTES);
+    }
+    return;
+  }
+  // NCHW: tile[column][row], columns BM elements + 16 bytes apart, then runs of VEC pixels of one channel
+  constexpr int PITCH = BM * (int)sizeof(T) + 16;
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = block_group * CG + ni * 8 + 2 * qq + e;
+      const float bias_c = has_bias && c0 + col < channels ? to_acc(bias[c0 + col]) : 0.0f;
+      T* column = reinterpret_cast<T*>(igemm_shared + col * PITCH);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][ni][e] + bias_c);
+        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][ni][2 + e] + bias_c);
+      }
+    }
+  }
+  __syncthreads();
+  if (!vector_store) {  // a thread per pixel, its channels in turn: a warp's stores are 32 consecutive pixels
+    for (int row = tid; row < BM; row += IG_THREADS) {
+      const I m = m0 + row;
+      if (m >= M) break;
+      const I image = m / pixels;
+      T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
+      for (int col = 0; col < CHANNELS && c0 + col < channels; ++col)
+        at[(I)col * pixels] = reinterpret_cast<const T*>(igemm_shared + col * PITCH)[row];
+    }
+    return;
+  }
+  // vector_store (pixels % VEC == 0 and out 16-byte aligned: a vector lies in one image, aligned): the vector of
+  // pixels m0 + mv VEC .. of columns tid / PIXEL_VECTORS + k COLUMN_STEP
+  constexpr int PIXEL_VECTORS = BM / VEC, COLUMN_STEP = IG_THREADS / PIXEL_VECTORS;
+  static_assert(IG_THREADS % PIXEL_VECTORS == 0, "whole columns per pass");
+  const int mv = tid % PIXEL_VECTORS;
+  const I m = m0 + mv * VEC, image = m / pixels;
+  if (m >= M) return;
+  T* at = out + (image * channels + c0) * pixels + (m - image * pixels);
+  for (int col = tid / PIXEL_VECTORS; col < CHANNELS && c0 + col < channels; col += COLUMN_STEP) {
+    *reinterpret_cast<uint4*>(at + (I)col * pixels) =
+        *reinterpret_cast<const uint4*>(igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES);
+  }
+}

@@ -59,6 +59,7 @@ WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
 IG_PY = "cupyconv/ops/implicit_gemm.py"
+IGG = "tests/test_igemm_groups.py"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 # (DW_STRIDED: the strided input gradients' tests, depthwise_bwd_input_strided and depthwise_bwd_input_phased)
 DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
@@ -766,6 +767,41 @@ MUTATIONS = [
       "32-bit index"),
     M("patch-pack-odd-offset", "patch.cu", "A* wtile = reinterpret_cast<A*>(patch_shared);  // [chunk]",
       "A* wtile = reinterpret_cast<A*>(patch_shared) + 1;  // [chunk]", PATCH, "misaligned pack"),
+
+    # -- implicit_gemm.cu: small groups, several a block (conv_fwd_igemm_groups) ----------------------------------
+    M("igg-warps-on-group-0", "implicit_gemm.cu", "first_vector = block_group * CG / VEC;", "first_vector = 0;", IGG,
+      "tc: fragment index"),
+    M("igg-swizzle-store-side", "implicit_gemm.cu", "const int store_offset = igg_swizzle(row0, v);",
+      "const int store_offset = row0 * IGG_ROW_BYTES + (v << 4);", IGG, "tc: fragment index"),
+    M("igg-weight-group", "implicit_gemm.cu", "group_first = c0 + v * VEC / CG * CG;", "group_first = c0;", IGG,
+      "tc: fragment index"),
+    M("igg-weight-tap-step", "implicit_gemm.cu", "      b_offset[i] += CG;\n", "      b_offset[i] += VEC;\n", IGG,
+      "off-by-one"),
+    M("igg-wait-too-weak", "implicit_gemm.cu", "cp_async_wait<STAGES - 2>();  // tap t",
+      "cp_async_wait<STAGES - 1>();  // tap t", IGG, "removed barrier"),
+    M("igg-barrier-tap", "implicit_gemm.cu", "    __syncthreads();              // ... every thread's",
+      "    // ... every thread's", IGG, "removed barrier"),
+    M("igg-zero-fill", "implicit_gemm.cu", "const int bytes = inside ? IG_VECTOR_BYTES : 0;",
+      "const int bytes = IG_VECTOR_BYTES;", IGG, "off-by-one"),
+    M("igg-tap-row-step", "implicit_gemm.cu", "      dy += dilation_h;\n      tap_offset += step_r;\n",
+      "      dy += dilation_h;\n", IGG, "off-by-one"),
+    M("igg-dilation-swap", "implicit_gemm.cu", "      dy += dilation_h;\n      tap_offset",
+      "      dy += dilation_w;\n      tap_offset", IGG, "swapped stride"),
+    M("igg-pad-side", "implicit_gemm.cu", "a_x[i] = -pad_left + ox * stride_w;", "a_x[i] = -pad_top + ox * stride_w;",
+      IGG, "wrong-side padding"),
+    M("igg-bias-channel", "implicit_gemm.cu", "c0 + col < channels ? to_acc(bias[c0 + col])",
+      "c0 + col < channels ? to_acc(bias[col])", IGG, "off-by-one"),
+    M("igg-channels-last-past-groups", "implicit_gemm.cu", "    if (!v_inside) return;\n", "", IGG,
+      "off-by-one"),
+    M("igg-scalar-store-image", "implicit_gemm.cu",
+      "      T* at = out + (image * channels + c0) * pixels + (m - image * pixels);",
+      "      T* at = out + c0 * pixels + m;", IGG, "wrong plane stride"),
+    M("igg-32-bit-offsets", "implicit_gemm.cu",
+      "  typedef typename Unsigned<I>::type U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int CHANNELS",
+      "  typedef unsigned U;\n  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);\n  constexpr int CHANNELS",
+      IGG + " -k past_2_32", "32-bit index"),
+    M("igg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, channels), 1)",
+      "spec.in_channels // channels, 1)", IGG, "off-by-one"),
 
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",

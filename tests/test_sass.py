@@ -397,7 +397,15 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
         rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
-    names += weight_igemm + channels_last
+    several_groups = [n for n in listed if n.startswith("conv_fwd_igemm_groups<")]
+    assert len(several_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
+    for name in several_groups:   # per tap, every warp: its rows x CG columns, a k-step per 32 bytes of CG
+        rows, channels = (int(part) for part in name.rstrip(">").split(",")[2:4])
+        itemsize = 4 if "<float," in name else 2
+        groups = 128 // itemsize // channels   # a block's (4 warps: 4 / groups a group, splitting its rows)
+        expected = rows // (4 // groups) // 16 * (channels // 8) * (channels * itemsize // 32)
+        assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
+    names += weight_igemm + channels_last + several_groups
     assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 
 
@@ -562,6 +570,35 @@ def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
     assert seen == 12 and not problems, "\n".join(problems)
+
+
+# conv_fwd_igemm_groups (several small groups a block), by channels per group: its main loop per tap, NVRTC 13.0 of
+# 2026-11-26: 9.0 instructions per HMMA for 16-bit groups of 16 (16 HMMA a tap per warp, against 9.0 for
+# conv_fwd_igemm's 128 x 32 tile, half of whose HMMA are padding there; TF32's 9.25), 5.4 for 32.  About 5-10% above
+# those.
+IGEMM_GROUPS_LOOP_PER_HMMA = {16: 9.7, 32: 6.0}
+
+
+@pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
+def test_several_groups_main_loop_is_lean(kernel_programs, sass_tools):
+    """conv_fwd_igemm_groups' main loop: at most IGEMM_GROUPS_LOOP_PER_HMMA instructions per HMMA, operands by
+    LDGSTS and LDSM only (no LDG; the LDS are NVRTC's three `LDS RZ, [RZ]` fences)."""
+    loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
+    problems, seen = [], 0
+    for name in GROUPS["implicit_gemm.cu"]:
+        if not name.startswith("conv_fwd_igemm_groups<") or ", int," not in name:
+            continue
+        seen += 1
+        loop = loops[name]
+        channels = int(name.rstrip(">").split(",")[3])
+        per_hmma = sum(loop.values()) / loop["HMMA"]
+        if per_hmma > IGEMM_GROUPS_LOOP_PER_HMMA[channels]:
+            problems.append(f"{name}: {per_hmma:.1f} instructions per HMMA")
+        if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
+            problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
+                            f"LDS {loop['LDS']}")
+    assert seen == 5 and not problems, "\n".join(problems)
 
 
 def unit_loop_opcodes(program) -> dict[str, Counter]:

@@ -18,6 +18,9 @@ drawn on purpose, and `test_sweep_covers_the_axes` checks that the list reaches 
 - both paths of the forward and the input gradient: the channels-last kernel (conv_fwd_igemm, channels per group
   in whole 16-byte vectors; the input gradient at stride > 1 once per phase, phases without taps zero-filled) and
   the generic ones (`SweepSpec.kernels`);
+- small groups several a block (conv_fwd_igemm_groups: 16-bit, groups of 16 or 32 channels in and out, the
+  forward and the stride-1 input gradient): the specs from GROUPS_FROM on, 2 to 6 groups (blocks of 64 channels
+  filled or not);
 - 64-bit offsets past 2^32 (not only 2^31: an unsigned 32-bit offset wraps silently there, which UBSan cannot
   see), on the sparse-memory device: `test_x_offsets_past_2_32` and `test_plane_offsets_past_2_32`.
 """
@@ -40,7 +43,9 @@ from optional_deps import BFLOAT16, Dtypes
 from reference import ConvCase
 
 SEED = 24
-SPEC_COUNT = 84
+SPEC_COUNT = 99
+#: Specs from this index on are drawn by `draw_groups`: conv_fwd_igemm_groups's problems.
+GROUPS_FROM = 84
 #: Specs from this index on have channel counts per group that are multiples of 8 (4 for float32): the
 #: channels-last weight gradient (conv_bwd_weight_igemm) runs them; the earlier ones run conv_bwd_weight_tc.
 VECTORISED_FROM = 60
@@ -90,9 +95,16 @@ class SweepSpec:
             specs = [self.spec]
         else:
             specs = [igemm.phase_spec(self.spec, p) for p in igemm.grad_input_phases(self.spec) if self.has_taps(p)]
+        if self.several_groups_a_block(pass_):
+            return ["conv_fwd_igemm_groups"]
         with self.planner():
             splits = [igemm.plan_igemm(spec, DTYPES[self.dtype]).splits for spec in specs]
         return [kernel for n in splits for kernel in ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] * (n > 1))]]
+
+    def several_groups_a_block(self, pass_: str) -> bool:
+        """Whether pass_ ('forward' or 'input') runs conv_fwd_igemm_groups (the input gradient: at stride 1 only)."""
+        return (self.fast(pass_) and (pass_ == "forward" or self.case.stride == (1, 1))
+                and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype]) is None)
 
     @staticmethod
     def has_taps(phase) -> bool:
@@ -179,7 +191,33 @@ def draw(index: int) -> SweepSpec:
                      long_index=index % 8 == 4, order=("forward", "reverse")[index // 3 % 2])
 
 
-SPECS = [draw(i) for i in range(SPEC_COUNT)]
+def draw_groups(index: int) -> SweepSpec:
+    """Spec `index` (from GROUPS_FROM on): 2 to 6 groups of 16 or 32 channels in and out (float32 as TF32: 16),
+    every layout, the stride 1 of the input gradient on conv_fwd_igemm_groups in two of three, stride and dilation
+    per axis."""
+    rng = numpy.random.default_rng([SEED, index])
+    dtype = ("float16", "bfloat16", "float32")[index % 3]
+    channels = 16 if dtype == "float32" else (16, 32)[index // 3 % 2]
+    groups = int(rng.integers(2, 7))
+    kernel = tuple(int(k) for k in rng.integers(1, 4, 2))
+    stride = tuple(int(s) for s in rng.integers(1, 3, 2)) if index % 4 == 0 else (1, 1)
+    dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
+    padding = tuple(tuple(int(p) for p in rng.integers(0, 3, 2)) for _ in range(2))
+    patch = index % 5 == 4
+    size = []
+    for k, d, pad in zip(kernel, dilation, padding):
+        low = max(1, d * (k - 1) + 1 - sum(pad))
+        size.append(int(rng.integers(low, low + 9)))
+    lead = (int(rng.integers(1, 3)), int(rng.integers(1, 3))) if patch else (int(rng.integers(1, 4)),)
+    layout = LAYOUTS[index % len(LAYOUTS)]
+    case = ConvCase(f"s{index:02d}_{dtype}_{'patch' if patch else 'conv'}_{layout}_g{groups}x{channels}",
+                    (*lead, groups * channels, *size), (groups * channels, channels, *kernel), stride=stride,
+                    padding=padding, dilation=dilation, groups=groups, bias=bool(rng.integers(0, 2)))
+    return SweepSpec(index, dtype, case, layout, patch, 0, wide_rows=False, long_index=index % 6 == 5,
+                     order=("forward", "reverse")[index // 3 % 2])
+
+
+SPECS = [draw(i) if i < GROUPS_FROM else draw_groups(i) for i in range(SPEC_COUNT)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -316,6 +354,23 @@ def test_sweep_covers_the_axes():
     reached["forward on the generic path"] = [s for s in SPECS if not s.fast("forward")]
     reached["input gradient on the channels-last path"] = [s for s in SPECS if s.fast("input")]
     reached["input gradient on the generic path"] = [s for s in SPECS if not s.fast("input")]
+    several = [s for s in SPECS if s.several_groups_a_block("forward")]
+    for dtype, dtype_channels in igemm.IGG_GROUP_CHANNELS.items():
+        block = igemm.igemm_groups_channels(DTYPES[dtype])
+        for channels in dtype_channels:
+            reached[f"conv_fwd_igemm_groups: {channels} channels a group, {dtype}"] = [
+                s for s in several if s.spec.channels_per_group == channels and s.dtype == dtype]
+            reached[f"conv_fwd_igemm_groups: {channels} channels, {dtype} or its size, groups that do not fill the "
+                    f"last block"] = [s for s in several if s.spec.channels_per_group == channels
+                                      and DTYPES[s.dtype].itemsize == DTYPES[dtype].itemsize
+                                      and s.spec.in_channels % block]
+    for layout in LAYOUTS:
+        reached[f"conv_fwd_igemm_groups: {layout} x"] = [s for s in several if s.layout == layout]
+    reached["conv_fwd_igemm_groups: stride and dilation h != w"] = [
+        s for s in several if s.case.stride[0] != s.case.stride[1] and s.case.dilation[0] != s.case.dilation[1]]
+    reached["conv_fwd_igemm_groups: the input gradient"] = [s for s in SPECS if s.several_groups_a_block("input")]
+    reached["conv_fwd_igemm_groups: patch_conv2d, long long"] = [s for s in several if s.patch] and [
+        s for s in several if s.long_index]
     strided_fast = [s for s in SPECS if s.fast("input") and s.case.stride != (1, 1)]
     reached["input gradient on the channels-last path, stride > 1 (phases)"] = strided_fast
     reached["... with a phase that has no taps (zero-filled)"] = [

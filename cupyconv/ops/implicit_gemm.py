@@ -55,6 +55,8 @@ def instantiations():
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
+    for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
+        names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
     return names + weight_igemm_instantiations()
 
 
@@ -479,6 +481,70 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
     return IgemmPlan(tile, (*grid, splits), shared, per_split)
 
 
+# --- small groups, several a block ------------------------------------------------------------------------
+# conv_fwd_igemm_groups (the section of that name at the end of implicit_gemm.cu): groups of 16 or 32 channels in
+# and out, 128 bytes of them a block (4 or 2 groups of a 16-bit type, 2 groups of 16 floats as TF32), K chunk = one
+# tap x the block's channels; a block-diagonal GEMM with no MMA on padding, x read once for all of a block's groups.
+# igemm_forward takes it for the forward and the stride-1 input gradient (the transposed problem: C / G and D / G
+# swap) wherever `groups_igemm_refusal` allows.  ResNeXt's rx-512 (32 groups of 16, 14 x 14) fp16 forward, PREDICTED (H100): see
+# benchmarks/RESULTS.md, "Small groups, several a block".
+
+IGG_ROW_BYTES = 128                 # implicit_gemm.cu's IGG_ROW_BYTES: a block's channels (in and out) per pixel
+# channels per group (in = out) of its instantiations: at least two groups a block (float32: 32 channels, so 16)
+IGG_GROUP_CHANNELS = {"float16": (16, 32), "bfloat16": (16, 32), "float32": (16,)}
+IGG_ROWS, IGG_STAGES = 128, 3       # pixels of a block; pipeline stages (a K chunk is one tap)
+
+
+def igemm_groups_channels(dtype) -> int:
+    """Input (and output) channels of one conv_fwd_igemm_groups block: 64 of a 16-bit type, 32 floats."""
+    return IGG_ROW_BYTES // numpy.dtype(dtype).itemsize
+
+
+def igemm_groups_tile(channels_per_group: int) -> tuple[int, int, int]:
+    """conv_fwd_igemm_groups' template constants (BM, CG, STAGES)."""
+    return IGG_ROWS, channels_per_group, IGG_STAGES
+
+
+def groups_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
+    """Why conv_fwd_igemm_groups cannot run this forward (or the transposed spec of a stride-1 input gradient), or
+    None.  Call where `igemm_refusal` said yes."""
+    channels = IGG_GROUP_CHANNELS[numpy.dtype(dtype).name]   # (a tensor-core dtype: `tensor_core_refusal`)
+    if spec.groups < 2 or spec.channels_per_group not in channels:
+        return (f"it takes groups of {' or '.join(map(str, channels))} channels in {numpy.dtype(dtype).name}, not "
+                f"{spec.groups} of {spec.channels_per_group}")
+    if spec.outputs_per_group != spec.channels_per_group:
+        return (f"it takes as many output channels per group as input ones, not {spec.outputs_per_group} from "
+                f"{spec.channels_per_group}")
+    return None
+
+
+def plan_igemm_groups(spec: ConvSpec, dtype) -> IgemmPlan:
+    """conv_fwd_igemm_groups' launch: IGG_ROWS pixels by `igemm_groups_channels` channels a block (the last may cover
+    fewer groups), no split of K; shared memory for its stages, or its epilogue's tile where larger (NCHW: a column
+    of IGG_ROWS elements + 16 bytes a channel; channels-last: IGG_ROWS rows of the channels + 8 elements)."""
+    bm, cg, stages = igemm_groups_tile(spec.channels_per_group)
+    itemsize, channels = numpy.dtype(dtype).itemsize, igemm_groups_channels(dtype)
+    shared = max(stages * (bm + cg) * IGG_ROW_BYTES, channels * (bm * itemsize + IG_VECTOR_BYTES),
+                 bm * (channels + 8) * itemsize)
+    grid = (ceil_div(spec.n * spec.out_pixels, bm), ceil_div(spec.in_channels, channels), 1)
+    return IgemmPlan((bm, cg, stages), grid, shared, spec.taps)
+
+
+def _igemm_groups_forward(device, xl, wk, bias, spec: ConvSpec, out):
+    """igemm_forward's launch of conv_fwd_igemm_groups (the whole output, NCHW or channels-last)."""
+    plan = plan_igemm_groups(spec, xl.dtype)
+    nhwc = is_channels_last(out)
+    memory = out.transpose(0, 2, 3, 1) if nhwc else out
+    whole_vectors = nhwc or spec.out_pixels % vector_elements(xl.dtype) == 0
+    KERNELS.launch(device, "conv_fwd_igemm_groups", plan.tile, dtype=xl.dtype,
+                   index=index_type(xl.size, out.size, wk.size), grid=plan.grid, block=IG_THREADS,
+                   shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=memory, n=spec.n, groups=spec.groups,
+                   has_bias=bias is not None,
+                   vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc)
+    return out
+
+
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlacement | None = None):
     """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
     and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
@@ -488,6 +554,8 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
     With `phase`, out is the whole NCHW C-contiguous grad_input (n, D, H, W) and the (oH, oW) output pixels are a
     phase of its planes: the epilogue, or the final pass, writes them there directly (16-byte vectors where the
     phase's rows are contiguous runs of whole vectors, `PhasePlacement.vector_store`; scalar stores otherwise)."""
+    if phase is None and groups_igemm_refusal(spec, xl.dtype) is None:   # small groups: several a block
+        return _igemm_groups_forward(device, xl, wk, bias, spec, out)
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
     nhwc = phase is None and is_channels_last(out)

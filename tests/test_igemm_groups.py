@@ -1,0 +1,185 @@
+"""Small groups, several a block (raw_kernels/implicit_gemm.cu conv_fwd_igemm_groups; cupyconv/ops/implicit_gemm.py
+`groups_igemm_refusal`, `plan_igemm_groups`) against the CPU path in float64, on the emulator.
+
+A block covers 64 channels: 4 groups of 16 or 2 of 32 (in = out), one K chunk per tap, warp w on its group's
+columns.  The emulator runs cp.async and ldmatrix with the hardware's rules (data lands at the wait, poison before;
+16-byte alignment; whole warps) and fills every output with NaN before the kernel runs, so an unwritten element, a
+swizzle that differs between the two sides, a warp on the wrong group's columns or an unmasked edge fails here.
+float32 runs as TF32, 2 groups of 16 a block (32 floats); its groups of 32 stay on conv_fwd_igemm.
+Problems are small and odd: group counts that do not fill the last block (5 of 16, 3 of 32), pixel counts that
+are not a multiple of the 128-row tile nor of a vector (the NCHW epilogue's scalar stores) or are (its vector
+stores), padding per side, stride and dilation per axis, 1 x 1 (fewer taps than pipeline stages), NCHW and
+channels-last x (channels-last out).
+"""
+import numpy
+import pytest
+from optional_deps import BFLOAT16, Dtypes
+
+import cupyconv
+from cupyconv import _device, _kernels, settings
+from cupyconv.ops import implicit_gemm as igemm
+import bug_classes
+from bug_classes import Recorder
+from reference import ConvCase
+
+C = ConvCase
+DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}   # as tests/test_igemm_kernels.py
+
+CASES = [
+    # 5 groups of 16: two blocks, the second with one group (48 channels past the end); 2 x 9 x 7 = 126 pixels (a
+    # partial tile; 63 an image: scalar stores); padding per side, stride and dilation per axis
+    C("igg_16_partial_block", (2, 80, 11, 13), (80, 16, 3, 3), stride=(1, 2), padding=((2, 0), (1, 2)),
+      dilation=(2, 1), groups=5),
+    # 3 groups of 32: the second block half filled; stride (2, 1), dilation (1, 2), a 2 x 3 kernel
+    C("igg_32_partial_block", (1, 96, 12, 9), (96, 32, 2, 3), stride=(2, 1), padding=((0, 1), (2, 2)),
+      dilation=(1, 2), groups=3),
+    # 4 groups of 16, 8 x 8 pixels an image: the NCHW vector stores; 3 images: 192 pixels, two row tiles; no bias
+    C("igg_16_vector_stores", (3, 64, 8, 8), (64, 16, 3, 3), padding=1, groups=4, bias=False),
+    # 2 groups of 32, 1 x 1: one tap, fewer than the pipeline's stages; 3 x 10 x 9 = 270 pixels, three row tiles
+    C("igg_32_pointwise", (3, 64, 10, 9), (64, 32, 1, 1), groups=2),
+    # 6 groups of 32 (three full blocks), 1 x 3
+    C("igg_32_three_blocks", (1, 192, 5, 7), (192, 32, 1, 3), padding=(0, 1), groups=6),
+]
+CASE_BY_NAME = {case.name: case for case in CASES}
+
+
+def run(device, fn, *args, **kwargs):
+    with _device.use_device(device), settings.allow_tf32(True):
+        return fn(*args, **kwargs)
+
+
+def as64(*arrays):
+    return [None if a is None else numpy.asarray(a, numpy.float64) for a in arrays]
+
+
+def assert_close(got, want, dtype, what=""):
+    got = numpy.asarray(got, numpy.float64)
+    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
+    err = float(numpy.abs(got - want).max(initial=0.0))   # NaN (never written) fails too
+    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
+
+
+def nhwc(a):
+    """a (n, C, H, W) with the same values in channels-last memory, as torch's channels_last tensors lie."""
+    return numpy.moveaxis(numpy.ascontiguousarray(numpy.moveaxis(a, 1, -1)), -1, 1)
+
+
+def groups_kernel(case, dtype, index="int"):
+    """The kernel the case's forward runs: conv_fwd_igemm_groups, or (float32 with groups of 32: one group would
+    fill a block of 32 floats) conv_fwd_igemm's narrow tile, named up to its tile."""
+    cg = case.weight[1]
+    if cg not in igemm.IGG_GROUP_CHANNELS[dtype]:
+        return "conv_fwd_igemm<"
+    return _kernels.kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm.igemm_groups_tile(cg))
+
+
+def launched(device):
+    """The forward kernels launched, conv_fwd_igemm's cut to its prefix (its tile is not under test here)."""
+    return [name if name.startswith("conv_fwd_igemm_groups<") else "conv_fwd_igemm<"
+            for name in device.launches if name.startswith("conv_fwd_igemm")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_cpu_path(case, dtype):
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(0), DTYPES[dtype])
+    want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        assert launched(device) == [groups_kernel(case, dtype)], device.launches
+        assert out.dtype == x.dtype and out.shape == case.output_shape and out.flags.c_contiguous
+        assert_close(out, want, dtype, f"{case.name} {order}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_channels_last_input_gives_channels_last_output(case, dtype):
+    """x in channels-last memory, read in place: out channels-last too, a pixel's 64 channels of a block written as
+    8 vectors (the last block's past the end not at all)."""
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(1), DTYPES[dtype])
+    want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        out = run(device, cupyconv.conv2d, nhwc(x), weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        assert igemm.is_channels_last(out) and out.shape == case.output_shape, out.strides
+        assert launched(device) == [groups_kernel(case, dtype)], device.launches
+        # the weight's (a view for 1 x 1 16-bit); x in place (float32: rounded to tf32 in a copy, the weight too)
+        copies = 2 if dtype == "float32" else int(case.weight[2:] != (1, 1))
+        assert device.count("channels_last_copy") == copies, device.launches
+        assert_close(out, want, dtype, f"{case.name} {order}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_input_gradient_at_stride_1(case, dtype):
+    """grad_input at stride 1 is the forward of the transposed problem (C / G and D / G swap: still equal), so it runs
+    on the same kernel; dilation and padding that crops included."""
+    case = C(case.name, case.x, case.weight, stride=1, padding=case.padding, dilation=case.dilation,
+             groups=case.groups)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(2), DTYPES[dtype])
+    device = Recorder("reverse")
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert launched(device) == [groups_kernel(case, dtype)], device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, dtype, case.name)
+
+
+def test_64_bit_index_variant(monkeypatch):
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = CASE_BY_NAME["igg_16_partial_block"]
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), numpy.float16)
+    device = Recorder()
+    out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert device.launches[-1] == groups_kernel(case, "float16", "long long"), device.launches
+    assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
+
+
+def test_offsets_past_2_32():
+    """Channels-last x (1, 8200, 8200, 64) over sparse memory: its last pixels lie 4.30e9 elements in, past 2^32
+    (an unsigned 32-bit offset would wrap silently).  1 x 1 (the weight in place: the sparse device runs only the
+    last block of every launch, and a weight copy would be left unwritten): the last block, 64 pixels (a partial
+    tile) x the 64 channels of 4 groups of 16, against the CPU path on those pixels."""
+    rng = numpy.random.default_rng(5)
+    side, c, g = 8200, 64, 4
+    x_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
+    x_cl[0, -1, -64:] = rng.standard_normal((64, c))
+    x = x_cl.transpose(0, 3, 1, 2)
+    weight = (rng.standard_normal((c, c // g, 1, 1)) / 4).astype(numpy.float16)
+    bias = rng.standard_normal(c).astype(numpy.float16)
+    device = bug_classes.SparseDevice(tail=64 * c)
+    out = run(device, cupyconv.conv2d, x, weight, bias, groups=g, algorithm="implicit_gemm")
+    assert device.launches == ["conv_fwd_igemm_groups<__half, long long, 128, 16, 3>"], device.launches
+    corner = numpy.asarray(x[:, :, -1:, -64:], numpy.float64)
+    want = cupyconv.conv2d(corner, *as64(weight, bias), groups=g)   # (1, 64, 1, 64)
+    assert igemm.is_channels_last(out)
+    bug_classes.assert_tail_written(out.transpose(0, 2, 3, 1), want.transpose(0, 2, 3, 1), numpy.float16, 64 * c,
+                                    "forward")
+
+
+def test_eligibility_and_plan():
+    """Groups of 16 or 32 channels in and out (float32: 16), at least two groups; a grid of 128-pixel row tiles by
+    blocks of 128 bytes of channels; no split of K."""
+    def spec(channels, outputs, groups, size=14, images=32, kernel=3):
+        return cupyconv.ops.conv.ConvSpec.for_conv(
+            "t", numpy.empty((images, channels * groups, size, size)),
+            numpy.empty((outputs * groups, channels, kernel, kernel)), None, stride=1, padding=1, dilation=1,
+            groups=groups)
+    assert igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float16) is None
+    assert igemm.groups_igemm_refusal(spec(32, 32, 3), DTYPES["bfloat16"]) is None
+    assert igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float32) is None
+    assert "groups of 16 channels in float32" in igemm.groups_igemm_refusal(spec(32, 32, 4), numpy.float32)
+    for channels, outputs, groups in ((16, 16, 1), (24, 24, 4), (64, 64, 2), (8, 8, 8)):
+        assert "groups of 16 or 32" in igemm.groups_igemm_refusal(spec(channels, outputs, groups), numpy.float16)
+    assert "as many output channels" in igemm.groups_igemm_refusal(spec(16, 32, 4), numpy.float16)
+    rx512 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float16)   # 6272 pixels, 512 channels
+    assert rx512.tile == (128, 16, 3) and rx512.grid == (49, 8, 1) and rx512.splits == 1
+    rx1024 = igemm.plan_igemm_groups(spec(32, 32, 32, size=7), numpy.float16)   # 1568 pixels, 1024 channels
+    assert rx1024.tile == (128, 32, 3) and rx1024.grid == (13, 16, 1)
+    # 3 stages of (128 + 32) rows of 128 bytes; the epilogue's tiles (17 and 18 KiB) fit in them
+    assert rx1024.shared_mem == 3 * 160 * 128 and rx512.shared_mem == 3 * 144 * 128
+    assert igemm.plan_igemm_groups(spec(16, 16, 5), numpy.float16).grid[1] == 2   # 80 channels: a partial block
+    tf32 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float32)   # 32 floats a block: 2 groups
+    assert tf32.grid == (49, 16, 1) and tf32.shared_mem == 3 * 144 * 128
