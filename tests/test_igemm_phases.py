@@ -21,7 +21,7 @@ from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from reference import ConvCase
-from test_igemm_kernels import DTYPES, as64, assert_close, run  # the tensor-core tests' helpers
+from test_igemm_kernels import DTYPES, as64, assert_close, layouts, run  # the tensor-core tests' helpers
 
 C = ConvCase
 
@@ -210,6 +210,24 @@ def test_split_k_in_the_phases(monkeypatch, case, launches):
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert_close(got, want, "float16", case.name)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "strided", "negative", "batch_strided"])
+def test_one_launch_in_every_layout_of_grad_output(layout):
+    """The phases in one launch read grad_output's one channels-last copy (a channels-last grad_output in place,
+    no copy of it) whatever its layout: equal to the CPU path, every poisoned element of grad_input written."""
+    case = C("ph1_layouts", (2, 16, 7, 9), (24, 16, 4, 3), stride=(2, 3), padding=((1, 2), (0, 1)), dilation=(1, 2))
+    rng = numpy.random.default_rng(18)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float16)
+    view = layouts(rng, grad_output)[layout]
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, view, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert one_launch(spec_of(case, x, weight)) and device.count("conv_fwd_igemm") == 1, device.launches
+    assert device.count("channels_last_copy") == (1 if layout == "channels_last" else 2), device.launches
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16", layout)
 
 
 def test_generic_path_stays_for_partial_vectors():
