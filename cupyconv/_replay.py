@@ -22,7 +22,8 @@ trial runs are not the call's work; the next call, with the choice remembered, i
 arrays are CuPy's replay (`CudaDevice`, and the test suite's CupyHostDevice, which runs every op of
 tests/test_cupy_arrays.py recorded and replayed); NumPy devices (the emulator's, the model's RecordingDevice)
 always plan.  A `replayed` call made on a Recorder (the drivers inside an op's `lift.one_program`) is part of
-the recording around it: it runs, neither recorded apart nor noted.  `CUPYCONV_REPLAY=0` in the environment turns replaying off (to compare, or to debug a planner).
+the recording around it: it runs, neither recorded apart nor noted.
+`CUPYCONV_REPLAY=0` in the environment turns replaying off (to compare, or to debug a planner).
 """
 from __future__ import annotations
 
