@@ -98,7 +98,7 @@ MUTATIONS = [
       "return (width % vector == 0", IG_PHASES, "phase: epilogue address"),
     M("phase-vector-row-straddle", IG_PY, 'arguments["phase_column_step"] == 1 and width % vector == 0',
       'arguments["phase_column_step"] == 1', IG_PHASES, "phase: epilogue address"),
-    # all the phases in one conv_fwd_igemm launch (`_grad_input_one_launch`, `ig_axis_phase`)
+    # all the phases in one conv_fwd_igemm_phases launch (`_grad_input_one_launch`, `ig_axis_phase`)
     M("phase1-residue-unflipped", "implicit_gemm.cu", "phase.residue = step - 1 - i;", "phase.residue = i;",
       IG_PHASES, "phase: weight offset"),
     M("phase1-pad-off-by-one", "implicit_gemm.cu", "phase.pad = (taps - 1) * phase_dilation - reach / stride;",
@@ -111,12 +111,13 @@ MUTATIONS = [
       "(ph.residue * grad_step_h + pw.residue)", IG_PHASES, "phase: weight offset"),
     M("phase1-tapless-reduces", "implicit_gemm.cu", "const int K = has_taps ? kernel_h * kernel_w * cg : 0;",
       "const int K = kernel_h * kernel_w * cg;", IG_PHASES, "phase: empty phase"),
-    M("phase1-split-partial-phase-plane", "implicit_gemm.cu", "const I plane = phases_h > 0 ? out_plane : pixels;",
+    M("phase1-split-partial-phase-plane", "implicit_gemm.cu", "const I plane = PHASES ? out_plane : pixels;",
       "const I plane = pixels;", IG_PHASES + " -k split", "phase: split layout"),
     M("phase1-split-index", "implicit_gemm.cu", "    split /= phases;\n", "    split %= phases;\n",
       IG_PHASES + " -k split", "phase: split index"),
     M("phase1-weight-order", IG_PY, ".transpose(2, 4, 0, 1, 3, 5))", ".transpose(4, 2, 0, 1, 3, 5))", IG_PHASES,
       "phase: weight offset"),
+    M("phase1-64-bit-accepted", IG_PY, ') != "int":', ') == "":', IG_PHASES + " -k 32_bits", "phase: refusal"),
     M("phase1-uneven-taps-accepted", IG_PY, "    if any(k % step for k, step in zip(spec.kernel_size, steps)):",
       "    if False:", IG_PHASES, "phase: refusal"),
 

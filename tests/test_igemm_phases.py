@@ -130,8 +130,8 @@ def array_work_into(work, out):
 
 
 def one_launch(spec):
-    """Whether the phases run as one conv_fwd_igemm launch: every phase with taps has the same taps per axis (the
-    kernel a multiple of stride / gcd(stride, dilation))."""
+    """Whether the phases run as one conv_fwd_igemm_phases launch (32-bit indices): every phase with taps has the
+    same taps per axis (the kernel a multiple of stride / gcd(stride, dilation))."""
     return all(k % (s // math.gcd(s, d)) == 0 for k, s, d in zip(spec.kernel_size, spec.stride, spec.dilation))
 
 
@@ -144,12 +144,12 @@ def empty_phase_shapes(spec):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_phases_match_cpu_path(case, dtype):
-    """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm for all the phases where
-    each axis's phases take the same taps (`one_launch`), else one per phase with taps; two channels_last_copy
-    (grad_output and the arranged weight), never the gather; equal to the CPU path.  The phases' epilogues write
-    grad_input (poisoned: the emulator's `empty` fills NaN) in place: no array-library copy of a phase; one fill
-    per phase without taps where launched apart (none in one launch: those blocks write their zeros), and every
-    element written."""
+    """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm_phases for all the phases
+    where each axis's phases take the same taps (`one_launch`), else one conv_fwd_igemm per phase with taps; two
+    channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path.  The
+    phases' epilogues write grad_input (poisoned: the emulator's `empty` fills NaN) in place: no array-library copy
+    of a phase; one fill per phase without taps where launched apart (none in one launch: those blocks write their
+    zeros), and every element written."""
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
     device = Recorder("reverse" if "empty" in case.name else "forward")
     work = recording_array_work(device)
@@ -158,8 +158,9 @@ def test_phases_match_cpu_path(case, dtype):
     spec = spec_of(case, x, weight)
     phases = nonempty_phases(spec)
     assert len(phases) < len(igemm.grad_input_phases(spec)) or "empty" not in case.name
-    launches = 1 if one_launch(spec) else len(phases)
-    assert device.count("conv_fwd_igemm") == launches and device.count("conv_bwd_input_tc") == 0, device.launches
+    assert device.count("conv_fwd_igemm_phases") == (1 if one_launch(spec) else 0), device.launches
+    assert device.count("conv_fwd_igemm") == (0 if one_launch(spec) else len(phases)), device.launches
+    assert device.count("conv_bwd_input_tc") == 0, device.launches
     assert device.count("channels_last_copy") == 2, device.launches
     recorded = [(dst.shape, kind) for dst, kind in work]
     fills = [] if one_launch(spec) else [(shape, "fill") for shape in empty_phase_shapes(spec)]
@@ -204,7 +205,8 @@ def test_split_k_in_the_phases(monkeypatch, case, launches):
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
     names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_copy<")]
-    assert names == ["conv_fwd_igemm", "conv_bwd_weight_igemm_finish"] * launches, device.launches
+    kernel = "conv_fwd_igemm_phases" if launches == 1 else "conv_fwd_igemm"
+    assert names == [kernel, "conv_bwd_weight_igemm_finish"] * launches, device.launches
     # the finish passes write the phases' pixels of grad_input (poisoned) in place
     assert array_work_into(work, got) == [], [(dst.shape, kind) for dst, kind in work]
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
@@ -223,7 +225,7 @@ def test_one_launch_in_every_layout_of_grad_output(layout):
     device = Recorder()
     got = run(device, cupyconv.conv2d_backward, view, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
-    assert one_launch(spec_of(case, x, weight)) and device.count("conv_fwd_igemm") == 1, device.launches
+    assert one_launch(spec_of(case, x, weight)) and device.count("conv_fwd_igemm_phases") == 1, device.launches
     assert device.count("channels_last_copy") == (1 if layout == "channels_last" else 2), device.launches
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
@@ -264,6 +266,21 @@ def test_64_bit_index_variant_and_grad_output_past_2_32(monkeypatch):
     assert_close(got, want, "float16")
 
 
+def test_one_launch_geometry_past_32_bits_runs_a_launch_per_phase(monkeypatch):
+    """conv_fwd_igemm_phases is instantiated for 32-bit indices only: where an index would pass them (INT32_MAX -1),
+    a geometry of one launch (kernel 4 at stride 2) runs the `long long` conv_fwd_igemm once per phase instead."""
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = C("ph1_64", (1, 16, 7, 6), (24, 16, 4, 4), stride=2, padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(19), numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    launched = [name.split(", ")[:2] for name in device.launches if name.startswith("conv_fwd_igemm")]
+    assert launched == [["conv_fwd_igemm<__half", "long long"]] * 4, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # conv_transpose2d: its forward is this input gradient
 
@@ -283,7 +300,8 @@ def test_conv_transpose2d_runs_the_phases(kernel, stride, padding, output_paddin
     kwargs = dict(stride=stride, padding=padding, output_padding=output_padding)
     device = Recorder()
     got = run(device, cupyconv.conv_transpose2d, x, weight, bias, algorithm="implicit_gemm", **kwargs)
-    assert device.count("conv_fwd_igemm") >= 1 and device.count("conv_bwd_input_tc") == 0, device.launches
+    fast = device.count("conv_fwd_igemm") + device.count("conv_fwd_igemm_phases")
+    assert fast >= 1 and device.count("conv_bwd_input_tc") == 0, device.launches
     torch = pytest.importorskip("torch")
     want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)), **kwargs)
     assert got.shape == tuple(want.shape) and got.dtype == x.dtype

@@ -85,8 +85,8 @@ class SweepSpec:
 
     def igemm_kernels(self, pass_: str) -> list[str]:
         """conv_fwd_igemm, and its final pass where a small grid splits K: the forward's, or the input gradient's:
-        at stride > 1 one launch for all the phases where `plan_phases` takes them, else one per phase with taps
-        (`grad_input_phases`; stride 1: one, the transposed problem's plan)."""
+        at stride > 1 one conv_fwd_igemm_phases for all the phases where `plan_phases` takes them, else one per
+        phase with taps (`grad_input_phases`; stride 1: one, the transposed problem's plan)."""
         dtype = DTYPES[self.dtype]
         with self.planner():
             # (on the spec the drivers run: `ConvSpec.clamped`, e.g. the dilation of a 1-tap axis 1)
@@ -94,7 +94,7 @@ class SweepSpec:
             if pass_ == "forward":
                 splits = [igemm.plan_igemm(self.spec, dtype).splits]
             elif pass_ == "input" and one_launch is not None:
-                splits = [one_launch.igemm.splits]
+                return ["conv_fwd_igemm_phases", *(["conv_bwd_weight_igemm_finish"] * (one_launch.igemm.splits > 1))]
             else:
                 splits = [igemm.plan_igemm(igemm.phase_spec(self.spec, p), dtype).splits
                           for p in igemm.grad_input_phases(self.spec) if self.has_taps(p)]

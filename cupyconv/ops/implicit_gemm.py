@@ -54,6 +54,8 @@ def instantiations():
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
+        if index == "int":   # `plan_phases` takes 32-bit indices only
+            names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     return names + weight_igemm_instantiations()
 
@@ -424,8 +426,9 @@ class PhasesPlan:
 
 def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
     """The plan of `_grad_input_one_launch` for spec's input gradient at stride > 1, or None where every phase with
-    taps does not take the same taps per axis (the kernel not a multiple of `phase_steps`: k 3 at stride 2) or
-    the grid's z (splits x phases) would pass CUDA's limit: those run a launch per phase."""
+    taps does not take the same taps per axis (the kernel not a multiple of `phase_steps`: k 3 at stride 2), the
+    grid's z (splits x phases) would pass CUDA's limit, or an index would pass 32 bits (conv_fwd_igemm_phases is
+    instantiated for int only): those run a launch of conv_fwd_igemm per phase."""
     steps = phase_steps(spec)
     if any(k % step for k, step in zip(spec.kernel_size, steps)):
         return None
@@ -439,13 +442,17 @@ def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
     plan = plan_igemm(dataclasses.replace(gemm, batch=(spec.n * phases,)), dtype)
     if plan.splits * phases > MAX_GRID[2]:
         return None
+    grad_input = spec.n * spec.in_channels * math.prod(spec.in_size)   # the sizes `_grad_input_one_launch` indexes
+    if index_type(spec.n * spec.out_channels * spec.out_pixels, grad_input * max(plan.splits, 1),
+                  spec.out_channels * spec.channels_per_group * spec.taps) != "int":
+        return None
     grid = (ceil_div(spec.n * math.prod(rows), plan.tile[0]), plan.grid[1], plan.splits * phases)
     return PhasesPlan(gemm, plan, grid, counts, steps)
 
 
 def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
-    """out (n, C, H, W) contiguous by ONE conv_fwd_igemm over all the phases (`plan_phases`; blockIdx.z: split and
-    phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
+    """out (n, C, H, W) contiguous by ONE conv_fwd_igemm_phases over all the phases (`plan_phases`; blockIdx.z:
+    split and phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
     without taps included (their blocks reduce nothing and write zeros), from one channels-last copy of gy4 and
     one phase-major weight (steps_h, steps_w, C, taps_h, taps_w, D / G); split sums (in out's layout) finished by
     one pass.  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
@@ -464,10 +471,11 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
     wk = device.ascontiguous(device.reshape(arranged, (c, taps[0], steps[0], taps[1], steps[1], dg))
                              .transpose(2, 4, 0, 1, 3, 5))
     partial = device.empty((plan.splits if plan.splits > 1 else 0, *out.shape), numpy.float32)
-    index = index_type(gy_cl.size, out.size, wk.size, partial.size)
+    index = index_type(gy_cl.size, out.size, wk.size, partial.size)   # "int" (`plan_phases`)
     placement = PhasePlacement((0, 0), spec.stride, spec.in_size).arguments()   # phase_first: per block
     (pad_top, _), (pad_left, _) = spec.padding
-    KERNELS.launch(device, "conv_fwd_igemm", plan.tile, dtype=gy4.dtype, index=index, grid=phases_plan.grid,
+    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy4.dtype, index=index,
+                   grid=phases_plan.grid,
                    block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk, bias=wk, out=out,
                    n=spec.n, groups=spec.groups, channels_per_group=gemm.channels_per_group,
                    outputs_per_group=gemm.outputs_per_group, has_bias=False,
@@ -529,10 +537,6 @@ class PhasePlacement:
 
 # The final pass of the weight gradient (and of a whole-array forward's splits) writes in place: no phase.
 IN_PLACE: dict[str, Any] = dict(out_plane=0, phase_first=0, phase_row_step=0, phase_column_step=0, phase_width=0)
-# conv_fwd_igemm launched for one GEMM (not all the phases of a strided input gradient: `_grad_input_one_launch`)
-ONE_GEMM: dict[str, Any] = dict(phases_h=0, phases_w=0, grad_stride_h=0, grad_stride_w=0, grad_dilation_h=0,
-                                grad_dilation_w=0, grad_pad_top=0, grad_pad_left=0, grad_step_h=0, grad_step_w=0,
-                                grad_height=0, grad_width=0, phase_weight_size=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,7 +615,7 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None,
                    vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
-                   partial=partial, chunks_per_split=plan.chunks_per_split, **placement, **ONE_GEMM)
+                   partial=partial, chunks_per_split=plan.chunks_per_split, **placement)
     if plan.splits > 1:
         KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
                        grid=capped_grid(ceil_div(partial.size // plan.splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
