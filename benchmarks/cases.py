@@ -543,7 +543,10 @@ def build_cupyconv_torch(case: Case, inputs: dict, backward: bool):
             return cct.unfold(t["x"], k, padding=p, stride=s)
         if case.op == "depthwise":
             return cct.depthwise_conv2d(t["x"], t["w"], t["b"], stride=s, padding=p)
-        op = cct.patch_conv2d if case.op == "patch" else cct.conv2d
+        if case.op in ND_OPS:   # cupyconv.torch.conv1d / conv3d / conv_transpose2d
+            op = getattr(cct, case.op)
+        else:
+            op = cct.patch_conv2d if case.op == "patch" else cct.conv2d
         return op(t["x"], t["w"], t["b"], stride=s, padding=p, groups=d.get("g", 1))
     return _torch_autograd(forward, t, backward)
 

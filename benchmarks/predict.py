@@ -255,8 +255,7 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
 # Kernels whose main loop holds a pass's multiply-adds (each does one whole pass of the convolution: forward,
 # input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
 # im2col/col2im).
-MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm|conv_fwd_igemm_groups|"
-                         r"conv_bwd_weight_igemm|"
+MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm\w*|conv_bwd_weight_igemm|"
                          r"conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
                          r"patch_bwd_weight|simt_fwd|simt_bwd_weight)$")
@@ -264,7 +263,7 @@ MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|co
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
-                       "conv_fwd_igemm_groups", "conv_bwd_weight_igemm")
+                       "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_bwd_weight_igemm")
 IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
 IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
@@ -370,9 +369,12 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
     a = launch.args
     rows, cols = launch.template_args[2:4]
-    if launch.kernel == "conv_fwd_igemm":   # K = taps x channels per group, in chunks of 64 bytes, split over z
+    if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases"):   # K = taps x channels per group, in chunks
+        # of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block counted as a phase with
+        # taps and rows: an upper bound)
         chunk = IGEMM_CHUNK_BYTES // (4 if launch.template_args[0] == "float" else 2)
-        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk) / launch.grid[2]
+        splits = launch.grid[2] // (a["phases_h"] * a["phases_w"] if "phases_h" in a else 1)
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk) / splits
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_fwd_igemm_groups":   # BM x 64 outputs, each over its group's CG channels per tap
         taps = a["kernel_h"] * a["kernel_w"]

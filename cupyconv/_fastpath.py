@@ -13,8 +13,9 @@ of the call's one `_replay.replayed` call directly on the call's own arrays, ins
 miss runs the slow path with a `Note` open, and `remember` keeps the signature's entry only when that call
 SUCCEEDED and was simple enough to repeat without its glue: one GPU scope entered, one `replayed` call whose
 arrays are the public call's own array arguments (by identity, each once) and whose result is the public
-call's result (no work before or after it: conv_transpose's bias, its extended input, a second pass, another
-public call made inside it).  Bad input
+call's result (no work before or after it: a second pass, another public call made inside it; an op with work
+around its drivers -- conv_transpose's extended input and bias -- puts all of it in one program with
+`lift.one_program`).  Bad input
 therefore never reaches an entry: it fails in the slow path, with its error, every time.
 
 CuPy arrays take the fast path (their exact type, `cupy.ndarray`), with hashable plain arguments (ints, floats,

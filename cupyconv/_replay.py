@@ -21,7 +21,9 @@ holds (made outside the Device's primitives), or an autotuning measurement durin
 trial runs are not the call's work; the next call, with the choice remembered, is recorded).  Only devices whose
 arrays are CuPy's replay (`CudaDevice`, and the test suite's CupyHostDevice, which runs every op of
 tests/test_cupy_arrays.py recorded and replayed); NumPy devices (the emulator's, the model's RecordingDevice)
-always plan.  `CUPYCONV_REPLAY=0` in the environment turns replaying off (to compare, or to debug a planner).
+always plan.  A `replayed` call made on a Recorder (the drivers inside an op's `lift.one_program`) is part of
+the recording around it: it runs, neither recorded apart nor noted.
+`CUPYCONV_REPLAY=0` in the environment turns replaying off (to compare, or to debug a planner).
 """
 from __future__ import annotations
 
@@ -321,6 +323,10 @@ def replayed(device, what: tuple, arrays: tuple, compute):
     signature was recorded before.  compute must read its arrays through the device it is given (the recorder
     passes itself)."""
     if device is None or device.xp is numpy or not enabled():
+        return compute(device)
+    if type(device) is Recorder:
+        # Inside another call's recording (an op whose whole work is one program around the drivers:
+        # `lift.one_program`): this work is part of that program, neither recorded apart nor noted.
         return compute(device)
     key = (device.key(), settings.snapshot(), what, tuple(signature(a) for a in arrays))
     program = CACHE.get(key, False)

@@ -377,10 +377,13 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 //           (D,) added in float before the one rounding.
 //
 // The input gradient at stride 1 is this very kernel on channels_last(grad_out) with the transposed window
-// (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 it is one
-// launch per phase of grad_input's pixels (ops/implicit_gemm.py `grad_input_phases`), each a stride-1 GEMM whose
-// epilogue writes its pixels straight into their places in the NCHW grad_input (out_plane != pixels:
-// `ig_phase_pixel`, 16-byte stores where vector_store says the phase's rows allow them, scalar ones otherwise).
+// (ops/conv.py `transposed_spec`) and the weight arranged as (C, flipped taps, D / G); at stride > 1 each phase of
+// grad_input's pixels (ops/implicit_gemm.py `grad_input_phases`) is a stride-1 GEMM whose epilogue writes its
+// pixels straight into their places in the NCHW grad_input (out_plane != pixels: `ig_phase_pixel`, 16-byte stores
+// where vector_store says the phase's rows allow them, scalar ones otherwise): all the phases in ONE launch of
+// conv_fwd_igemm_phases (the same body, `_grad_input_one_launch`: blockIdx.z picks split and phase, `ig_axis_phase`
+// the phase's geometry from the strided window's) where every phase with taps takes the same taps per axis, else
+// one launch of conv_fwd_igemm per phase.
 //
 // Requirements, checked by the planner (`igemm_refusal`): C / G and D / G multiples of IG_VECTOR_BYTES / sizeof
 // (T), so that no 16-byte vector straddles a tap or a group; x and the weight 16-byte aligned.
@@ -494,13 +497,40 @@ __device__ __forceinline__ I ig_phase_pixel(I p, int width, I first, I row_step,
   return first + row * row_step + (p - row * width) * column_step;
 }
 
-template <typename T, typename I, int BM, int BN, int STAGES>
-__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
+// Phase `first` of one axis of the strided input gradient run as one launch (ops/implicit_gemm.py `axis_phases`,
+// where every phase with taps has the same `taps`, the kernel a multiple of step = stride / gcd(stride, dilation)):
+// its rows of grad_input, its stride-1 convolution's padding above, and where its taps lie in the phase-major
+// weight (`_grad_input_one_launch`: residue step - 1 - i0 of the flipped taps; -1: the phase has no tap).
+struct IgAxisPhase {
+  int rows, pad, residue;
+};
+__device__ __forceinline__ IgAxisPhase ig_axis_phase(int first, int size, int stride, int dilation, int pad, int step,
+                                                     int taps, int phase_dilation) {
+  IgAxisPhase phase = {(size - first + stride - 1) / stride, 0, -1};
+  for (int i = 0; i < step; ++i) {  // the first tap i0 of the phase: (first + pad - i0 dilation) % stride == 0
+    const int reach = first + pad - i * dilation;
+    if (reach % stride == 0) {
+      phase.pad = (taps - 1) * phase_dilation - reach / stride;
+      phase.residue = step - 1 - i;
+      break;
+    }
+  }
+  return phase;
+}
+
+// The body of conv_fwd_igemm (PHASES false) and conv_fwd_igemm_phases (PHASES true: all the phases of a strided
+// input gradient in one launch).  The phase code is compiled out of conv_fwd_igemm (`if constexpr`), so that every
+// other launch runs the code it ran before the phases came into one launch: the performance model charged their
+// run-time branches some 580 static instructions and 3-8% more executed ones to every forward.
+template <typename T, typename I, int BM, int BN, int STAGES, bool PHASES>
+__device__ __forceinline__ void ig_forward(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split,
-    I out_plane, I phase_first, I phase_row_step, int phase_column_step) {
+    I out_plane, I phase_first, I phase_row_step, int phase_column_step, int phases_h, int phases_w,
+    int grad_stride_h, int grad_stride_w, int grad_dilation_h, int grad_dilation_w, int grad_pad_top,
+    int grad_pad_left, int grad_step_h, int grad_step_w, int grad_height, int grad_width, I phase_weight_size) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -512,11 +542,36 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   constexpr int STAGE_BYTES = (BM + BN) * IG_ROW_BYTES;
   static_assert(A_ROWS >= 1 && B_ROWS >= 1 && WM % 16 == 0 && WN % 16 == 0, "tile shape");
 
+  // All phases of the strided input gradient in one launch (PHASES): blockIdx.z = split * phases + phase.
+  // The block's phase replaces the window's padding and output size (the phase's rows and columns), its pixels'
+  // place in grad_input and its slice of the phase-major weight; a phase without taps reduces nothing and writes
+  // its zeros all the same (no fill elsewhere).  The grid's rows cover the largest phase, (0, 0).
+  int split = (int)blockIdx.z, splits = (int)gridDim.z;
+  bool has_taps = true;
+  if constexpr (PHASES) {
+    const int phases = phases_h * phases_w, phase = split % phases, fh = phase / phases_w, fw = phase % phases_w;
+    split /= phases;
+    splits /= phases;
+    const IgAxisPhase ph = ig_axis_phase(fh, grad_height, grad_stride_h, grad_dilation_h, grad_pad_top, grad_step_h,
+                                         kernel_h, dilation_h);
+    const IgAxisPhase pw = ig_axis_phase(fw, grad_width, grad_stride_w, grad_dilation_w, grad_pad_left, grad_step_w,
+                                         kernel_w, dilation_w);
+    out_h = ph.rows;
+    out_w = pw.rows;
+    pad_top = ph.pad;
+    pad_left = pw.pad;
+    phase_first = (I)fh * grad_width + fw;
+    has_taps = ph.residue >= 0 && pw.residue >= 0;
+    if (has_taps) weight += (I)(ph.residue * grad_step_w + pw.residue) * phase_weight_size;
+  }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = channels_per_group, dg = outputs_per_group, channels = groups * cg;
   const int n_tiles = (dg + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
   const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
-  const int K = kernel_h * kernel_w * cg;
+  if constexpr (PHASES) {
+    if (m0 >= M) return;  // (a smaller phase's rows end before the grid's)
+  }
+  const int K = has_taps ? kernel_h * kernel_w * cg : 0;
 
   // --- what this thread copies: vector v of A rows tid / 4 + 32 i and of B rows tid / 4 + 32 i ---------------
   const int v = tid & 3, row0 = tid >> 2;
@@ -559,7 +614,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
     }
   };
   // Split-K: block z reduces chunks [z * chunks_per_split, ...) of K; its column of A and B starts that far on.
-  const int all_chunks = (K + BK - 1) / BK, chunk_begin = (int)blockIdx.z * chunks_per_split;
+  const int all_chunks = (K + BK - 1) / BK, chunk_begin = split * chunks_per_split;
   const int chunks = all_chunks - chunk_begin < chunks_per_split ? all_chunks - chunk_begin : chunks_per_split;
   c += chunk_begin * BK;
   tap_offset += (U)(chunk_begin * BK);
@@ -665,9 +720,11 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
   __syncthreads();
 
   const int gq = lane >> 2, qq = lane & 3;
-  if (gridDim.z > 1) {  // split-K: this split's float sums at partial[z] (out's NCHW layout; split 0 adds the
-                        // bias), for conv_bwd_weight_igemm_finish to add in split order and round once
-    float* slice = partial + (I)blockIdx.z * (n * groups * dg) * pixels;
+  if (splits > 1) {  // split-K: this split's float sums at partial[split] (out's NCHW layout; split 0 adds the
+                     // bias), for conv_bwd_weight_igemm_finish to add in split order and round once.  All phases
+                     // in one launch: partial has grad_input's layout, the phase's pixels at their places in it
+    const I plane = PHASES ? out_plane : pixels;
+    float* slice = partial + (I)split * (n * groups * dg) * plane;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
@@ -676,16 +733,20 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
         if (m >= M) continue;
         const I image = m / pixels;
         // (m, channel 0 of the group) and the step to the next channel, in out's layout
+        const I p = m - image * pixels;
         const I row = channels_last_out ? m * (groups * dg) + (I)g * dg
-                                        : (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels);
-        const I step = channels_last_out ? (I)1 : pixels;
+                                        : (image * groups * dg + (I)g * dg) * plane +
+                                              (PHASES ? ig_phase_pixel(p, out_w, phase_first, phase_row_step,
+                                                                             phase_column_step)
+                                                            : p);
+        const I step = channels_last_out ? (I)1 : plane;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = n0 + warp_n + ni * 8 + 2 * qq + e;
             if (col >= dg) continue;
-            const float add = has_bias && blockIdx.z == 0 ? to_acc(bias[g * dg + col]) : 0.0f;
+            const float add = has_bias && split == 0 ? to_acc(bias[g * dg + col]) : 0.0f;
             slice[row + (I)col * step] = acc[mi][ni][2 * h + e] + add;
           }
         }
@@ -765,6 +826,42 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
       }
     }
   }
+}
+
+// The forward (and the stride-1 input gradient, and a phase of a strided one: out_plane != pixels).
+template <typename T, typename I, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split,
+    I out_plane, I phase_first, I phase_row_step, int phase_column_step) {
+  ig_forward<T, I, BM, BN, STAGES, false>(x, weight, bias, out, n, groups, channels_per_group, outputs_per_group,
+                                          height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left,
+                                          dilation_h, dilation_w, out_h, out_w, has_bias, vector_store,
+                                          channels_last_out, partial, chunks_per_split, out_plane, phase_first,
+                                          phase_row_step, phase_column_step, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+// All the phases of a strided input gradient in one launch (ops/implicit_gemm.py `_grad_input_one_launch`): the
+// window is the phase (0, 0)'s stride-1 GEMM, the grad_* parameters the strided window's, from which each block
+// derives its phase (`ig_axis_phase`).  Instantiated only for what `plan_phases` chooses (32-bit indices).
+template <typename T, typename I, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_phases(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split,
+    I out_plane, I phase_first, I phase_row_step, int phase_column_step, int phases_h, int phases_w,
+    int grad_stride_h, int grad_stride_w, int grad_dilation_h, int grad_dilation_w, int grad_pad_top,
+    int grad_pad_left, int grad_step_h, int grad_step_w, int grad_height, int grad_width, I phase_weight_size) {
+  ig_forward<T, I, BM, BN, STAGES, true>(x, weight, bias, out, n, groups, channels_per_group, outputs_per_group,
+                                         height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left,
+                                         dilation_h, dilation_w, out_h, out_w, has_bias, vector_store,
+                                         channels_last_out, partial, chunks_per_split, out_plane, phase_first,
+                                         phase_row_step, phase_column_step, phases_h, phases_w, grad_stride_h,
+                                         grad_stride_w, grad_dilation_h, grad_dilation_w, grad_pad_top, grad_pad_left,
+                                         grad_step_h, grad_step_w, grad_height, grad_width, phase_weight_size);
 }
 
 // NCHW (through a batch view: any strides) -> NHWC contiguous: a transpose of the (rows, channels) matrix whose rows

@@ -220,6 +220,28 @@ def test_conv_transpose(device, nd):
     check(device, cupyconv.conv_transpose_nd_backward, gy, x, w, needs=("weight", "bias"), **kw)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_conv_transpose2d_phases_in_one_launch(device, dtype):
+    """conv_transpose2d at strides (2, 3) with a (4, 6) kernel in 16-bit: its forward (conv's input gradient) runs
+    every phase in one conv_fwd_igemm_phases launch, on a strided x, with a bias; a repeat with fresh values (the fast
+    path: one recorded program) launches the same and still equals torch's float64 result; then the backward."""
+    torch = pytest.importorskip("torch")
+    kw = dict(stride=(2, 3), padding=(1, 2), output_padding=(1, 0), algorithm="implicit_gemm")
+    for seed in (17, 18):
+        x, w, b = inputs(seed, (2, 16, 4, 3), (16, 16, 4, 6), (16,), dtype=dtype)
+        start = len(device.launches)
+        got = on_device(device, cupyconv.conv_transpose2d, x, w, b, strided=(0,), **kw)
+        names = [name.split("<")[0] for name in device.launches[start:]]
+        assert names.count("conv_fwd_igemm_phases") == 1 and "conv_fwd_igemm" not in names, names
+        assert "conv_bwd_input_tc" not in names, names
+        want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a.astype(numpy.float64)) for a in (x, w, b)),
+                                                    stride=kw["stride"], padding=kw["padding"],
+                                                    output_padding=kw["output_padding"]).numpy()
+        ref.assert_close(got, want, dtype, "conv_transpose2d")
+    (gy,) = inputs(19, got.shape, dtype=dtype)
+    check(device, cupyconv.conv_transpose2d_backward, gy, x, w, dtype=dtype, strided=(0, 1), **kw)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # depthwise and patch
 

@@ -464,7 +464,8 @@ def test_shipped_kernels_launch_bounds_and_static_shared_memory():
     # read with the files' -D options
     for kernel in ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc"):
         assert bounds[("implicit_gemm.cu", kernel)] == int(defines["implicit_gemm.cu"]["TC_MAX_THREADS"])
-    assert bounds[("implicit_gemm.cu", "conv_fwd_igemm")] == int(defines["implicit_gemm.cu"]["IG_THREADS"])
+    for kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases"):
+        assert bounds[("implicit_gemm.cu", kernel)] == int(defines["implicit_gemm.cu"]["IG_THREADS"])
     assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
     assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
     assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared

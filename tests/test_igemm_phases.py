@@ -9,6 +9,7 @@ writes out of bounds: tests/test_tensor_core_sweep.py's ASan run holds 7 specs o
 (3, 1), (3, 2), every dtype, layouts and groups).
 """
 import itertools
+import math
 
 import numpy
 import pytest
@@ -20,7 +21,7 @@ from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from reference import ConvCase
-from test_igemm_kernels import DTYPES, as64, assert_close, run  # the tensor-core tests' helpers
+from test_igemm_kernels import DTYPES, as64, assert_close, layouts, run  # the tensor-core tests' helpers
 
 C = ConvCase
 
@@ -95,6 +96,13 @@ CASES = [
     C("ph_wide_s2", (1, 16, 4, 16), (16, 16, 2, 2), stride=2),
     # one input row at stride 3: the row phases 1 and 2 have no rows at all (not launched, nothing to fill)
     C("ph_one_row", (2, 16, 1, 5), (16, 16, 1, 3), stride=(3, 2), padding=((0, 0), (1, 1))),
+    # One launch for all phases (`one_launch`): strides 2 and 3 (height and width differ), 2 x 2 taps per phase,
+    # asymmetric padding, groups 2
+    C("ph1_k4x6_s2x3_groups", (2, 32, 7, 8), (32, 16, 4, 6), stride=(2, 3), padding=((2, 1), (1, 3)), groups=2),
+    # stride 3 at dilation 3: one phase of 3 with taps per axis, the other phases' blocks write their zeros
+    C("ph1_s3_dil3_empty", (1, 16, 8, 7), (16, 16, 2, 3), stride=3, dilation=3, padding=((1, 0), (2, 2))),
+    # k 3 s 3 per axis (one tap per phase), 80 input channels: two column tiles; two images
+    C("ph1_k3s3_two_column_tiles", (2, 80, 7, 5), (16, 80, 3, 3), stride=3, padding=1),
 ]
 
 
@@ -121,6 +129,12 @@ def array_work_into(work, out):
     return [(dst.shape, kind) for dst, kind in work if numpy.shares_memory(dst, out)]
 
 
+def one_launch(spec):
+    """Whether the phases run as one conv_fwd_igemm_phases launch (32-bit indices): every phase with taps has the
+    same taps per axis (the kernel a multiple of stride / gcd(stride, dilation))."""
+    return all(k % (s // math.gcd(s, d)) == 0 for k, s, d in zip(spec.kernel_size, spec.stride, spec.dilation))
+
+
 def empty_phase_shapes(spec):
     """The (n, C, rows, columns) of the phases without taps that have pixels: the fills the phases need."""
     return [(spec.n, spec.in_channels, phase[0].rows, phase[1].rows) for phase in igemm.grad_input_phases(spec)
@@ -130,10 +144,12 @@ def empty_phase_shapes(spec):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_phases_match_cpu_path(case, dtype):
-    """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm per phase with taps, two
+    """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm_phases for all the phases
+    where each axis's phases take the same taps (`one_launch`), else one conv_fwd_igemm per phase with taps; two
     channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path.  The
     phases' epilogues write grad_input (poisoned: the emulator's `empty` fills NaN) in place: no array-library copy
-    of a phase, only one fill per phase without taps, and every element written."""
+    of a phase; one fill per phase without taps where launched apart (none in one launch: those blocks write their
+    zeros), and every element written."""
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
     device = Recorder("reverse" if "empty" in case.name else "forward")
     work = recording_array_work(device)
@@ -142,10 +158,13 @@ def test_phases_match_cpu_path(case, dtype):
     spec = spec_of(case, x, weight)
     phases = nonempty_phases(spec)
     assert len(phases) < len(igemm.grad_input_phases(spec)) or "empty" not in case.name
-    assert device.count("conv_fwd_igemm") == len(phases) and device.count("conv_bwd_input_tc") == 0, device.launches
+    assert device.count("conv_fwd_igemm_phases") == (1 if one_launch(spec) else 0), device.launches
+    assert device.count("conv_fwd_igemm") == (0 if one_launch(spec) else len(phases)), device.launches
+    assert device.count("conv_bwd_input_tc") == 0, device.launches
     assert device.count("channels_last_copy") == 2, device.launches
     recorded = [(dst.shape, kind) for dst, kind in work]
-    assert array_work_into(work, got) == [(shape, "fill") for shape in empty_phase_shapes(spec)], recorded
+    fills = [] if one_launch(spec) else [(shape, "fill") for shape in empty_phase_shapes(spec)]
+    assert array_work_into(work, got) == fills, recorded
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all(), "a poisoned grad_input element was not written"
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert got.shape == x.shape and got.dtype == x.dtype
@@ -169,22 +188,48 @@ def test_patch_conv2d_input_gradient_runs_the_phases():
     assert_close(got.reshape(want.shape), want, "float16")
 
 
-def test_split_k_in_the_phases(monkeypatch):
-    """Few pixels per phase, K = 4 taps x 64 channels: each phase splits K (its finish pass after it), same sums."""
+@pytest.mark.parametrize("case, launches", [
+    # k 3 s 2: a launch per phase, each splitting K, its finish pass after it
+    (C("ph_split", (1, 16, 6, 6), (128, 16, 3, 3), stride=2, padding=1), 4),
+    # k 4 s 2: all phases in one launch, its split sums (in grad_input's layout) finished by one pass
+    (C("ph1_split", (1, 16, 6, 6), (64, 16, 4, 4), stride=2, padding=1), 1),
+    # one launch at dilation 2: the odd row phases have no tap, their splits' sums are zeros, still finished
+    (C("ph1_split_empty", (1, 16, 6, 7), (64, 16, 3, 4), stride=2, dilation=2, padding=2), 1),
+], ids=str)
+def test_split_k_in_the_phases(monkeypatch, case, launches):
+    """Few pixels per phase, K of 1 to 9 taps x 64 or 128 channels: K split, same sums."""
     monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
-    case = C("ph_split", (1, 16, 6, 6), (64, 16, 4, 4), stride=2, padding=1)
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(12), numpy.float16)
     device = Recorder()
     work = recording_array_work(device)
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
     names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_copy<")]
-    assert names == ["conv_fwd_igemm", "conv_bwd_weight_igemm_finish"] * 4, device.launches
+    kernel = "conv_fwd_igemm_phases" if launches == 1 else "conv_fwd_igemm"
+    assert names == [kernel, "conv_bwd_weight_igemm_finish"] * launches, device.launches
     # the finish passes write the phases' pixels of grad_input (poisoned) in place
     assert array_work_into(work, got) == [], [(dst.shape, kind) for dst, kind in work]
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert_close(got, want, "float16", case.name)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "strided", "negative", "batch_strided"])
+def test_one_launch_in_every_layout_of_grad_output(layout):
+    """The phases in one launch read grad_output's one channels-last copy (a channels-last grad_output in place,
+    no copy of it) whatever its layout: equal to the CPU path, every poisoned element of grad_input written."""
+    case = C("ph1_layouts", (2, 16, 7, 9), (24, 16, 4, 3), stride=(2, 3), padding=((1, 2), (0, 1)), dilation=(1, 2))
+    rng = numpy.random.default_rng(18)
+    x, weight, _, grad_output = case.inputs(rng, numpy.float16)
+    view = layouts(rng, grad_output)[layout]
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, view, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    assert one_launch(spec_of(case, x, weight)) and device.count("conv_fwd_igemm_phases") == 1, device.launches
+    assert device.count("channels_last_copy") == (1 if layout == "channels_last" else 2), device.launches
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16", layout)
 
 
 def test_generic_path_stays_for_partial_vectors():
@@ -221,6 +266,21 @@ def test_64_bit_index_variant_and_grad_output_past_2_32(monkeypatch):
     assert_close(got, want, "float16")
 
 
+def test_one_launch_geometry_past_32_bits_runs_a_launch_per_phase(monkeypatch):
+    """conv_fwd_igemm_phases is instantiated for 32-bit indices only: where an index would pass them (INT32_MAX -1),
+    a geometry of one launch (kernel 4 at stride 2) runs the `long long` conv_fwd_igemm once per phase instead."""
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = C("ph1_64", (1, 16, 7, 6), (24, 16, 4, 4), stride=2, padding=1)
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(19), numpy.float16)
+    device = Recorder()
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
+              **case.kwargs)[0]
+    launched = [name.split(", ")[:2] for name in device.launches if name.startswith("conv_fwd_igemm")]
+    assert launched == [["conv_fwd_igemm<__half", "long long"]] * 4, device.launches
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
+    assert_close(got, want, "float16")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # conv_transpose2d: its forward is this input gradient
 
@@ -240,7 +300,8 @@ def test_conv_transpose2d_runs_the_phases(kernel, stride, padding, output_paddin
     kwargs = dict(stride=stride, padding=padding, output_padding=output_padding)
     device = Recorder()
     got = run(device, cupyconv.conv_transpose2d, x, weight, bias, algorithm="implicit_gemm", **kwargs)
-    assert device.count("conv_fwd_igemm") >= 1 and device.count("conv_bwd_input_tc") == 0, device.launches
+    fast = device.count("conv_fwd_igemm") + device.count("conv_fwd_igemm_phases")
+    assert fast >= 1 and device.count("conv_bwd_input_tc") == 0, device.launches
     torch = pytest.importorskip("torch")
     want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)), **kwargs)
     assert got.shape == tuple(want.shape) and got.dtype == x.dtype

@@ -393,7 +393,7 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     for name in weight_igemm:  # + the bias gradient's: A times a column of ones (TF32: twice, A and its remainder)
         expected = 24 if "<float," in name else 40 if ", 128, " in name else 20
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    channels_last = [n for n in listed if n.startswith("conv_fwd_igemm<")]
+    channels_last = [n for n in listed if n.startswith(("conv_fwd_igemm<", "conv_fwd_igemm_phases<"))]
     for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
         rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
@@ -552,13 +552,15 @@ IGEMM_LOOP_PER_HMMA = {(128, 128): 3.7, (256, 64): 4.0, (128, 64): 5.6, (64, 64)
 @pytest.mark.slow
 @on_program("implicit_gemm.cu", "sm_90")
 def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
-    """conv_fwd_igemm's main loop: at most IGEMM_LOOP_PER_HMMA instructions per HMMA, its operands arriving by
-    cp.async (LDGSTS) and ldmatrix (LDSM) only: no global loads (LDG), and no shared loads (LDS) but the three
-    `LDS RZ, [RZ]` that NVRTC places before a chunk's LDGSTS (ordering fences that load nothing)."""
+    """conv_fwd_igemm's main loop (and conv_fwd_igemm_phases', the same body): at most IGEMM_LOOP_PER_HMMA
+    instructions per HMMA, its operands arriving by cp.async (LDGSTS) and ldmatrix (LDSM) only: no global loads
+    (LDG), and no shared loads (LDS) but the three `LDS RZ, [RZ]` that NVRTC places before a chunk's LDGSTS
+    (ordering fences that load nothing)."""
     loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
     for name in GROUPS["implicit_gemm.cu"]:
-        if not name.startswith("conv_fwd_igemm<") or ", int," not in name or name.startswith("conv_fwd_igemm<float"):
+        kernel, dtype = name.split(",")[0].split("<")
+        if kernel not in ("conv_fwd_igemm", "conv_fwd_igemm_phases") or ", int," not in name or dtype == "float":
             continue
         seen += 1
         loop = loops[name]
@@ -569,7 +571,7 @@ def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
         if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
-    assert seen == 12 and not problems, "\n".join(problems)
+    assert seen == 24 and not problems, "\n".join(problems)
 
 
 # conv_fwd_igemm_groups (several small groups a block), by channels per group: its main loop per tap, NVRTC 13.0 of

@@ -89,16 +89,23 @@ class SweepSpec:
                 *(self.igemm_kernels("input") if self.fast("input") else ["conv_bwd_input_tc"]), *weight]
 
     def igemm_kernels(self, pass_: str) -> list[str]:
-        """conv_fwd_igemm, and its final pass where a small grid splits K: the forward's, or one per phase with taps
-        of the input gradient (`grad_input_phases`; stride 1: one, the transposed problem's plan)."""
-        if pass_ == "forward":
-            specs = [self.spec]
-        else:
-            specs = [igemm.phase_spec(self.spec, p) for p in igemm.grad_input_phases(self.spec) if self.has_taps(p)]
+        """conv_fwd_igemm_groups where several groups share a block; else conv_fwd_igemm, and its final pass where
+        a small grid splits K: the forward's, or the input gradient's: at stride > 1 one conv_fwd_igemm_phases for all
+        the phases where `plan_phases` takes them, else one per phase with taps (`grad_input_phases`; stride 1: one,
+        the transposed problem's plan)."""
         if self.several_groups_a_block(pass_):
             return ["conv_fwd_igemm_groups"]
+        dtype = DTYPES[self.dtype]
         with self.planner():
-            splits = [igemm.plan_igemm(spec, DTYPES[self.dtype]).splits for spec in specs]
+            # (on the spec the drivers run: `ConvSpec.clamped`, e.g. the dilation of a 1-tap axis 1)
+            one_launch = igemm.plan_phases(self.spec.clamped(), dtype) if self.spec.stride != (1, 1) else None
+            if pass_ == "forward":
+                splits = [igemm.plan_igemm(self.spec, dtype).splits]
+            elif pass_ == "input" and one_launch is not None:
+                return ["conv_fwd_igemm_phases", *(["conv_bwd_weight_igemm_finish"] * (one_launch.igemm.splits > 1))]
+            else:
+                splits = [igemm.plan_igemm(igemm.phase_spec(self.spec, p), dtype).splits
+                          for p in igemm.grad_input_phases(self.spec) if self.has_taps(p)]
         return [kernel for n in splits for kernel in ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] * (n > 1))]]
 
     def several_groups_a_block(self, pass_: str) -> bool:

@@ -82,6 +82,36 @@ def _crop(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
+def _forward(device, x, weight, bias, spec: ConvSpec, extension: tuple, algorithm: str):
+    """The forward on device (None: the CPU path): conv's input gradient of x (zero-extended), plus the bias."""
+    gy = _extend(device, x, extension)
+    z = lift.placeholder(device, spec.input_shape, x.dtype)
+    out, _, _ = lift.backward(conv2d_backward_run, device, gy, z, weight, spec, frozenset({"input"}), algorithm)
+    if bias is not None:   # added in the compute dtype, rounded once (in place where that is out's dtype)
+        ops = lift.arrays(device)
+        total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
+        ops.add(total, bias.reshape(-1, *(1,) * spec.nd))
+        out = ops.astype(total, out.dtype)
+    return out
+
+
+def _backward(device, grad_output, x, weight, spec: ConvSpec, extension: tuple, needs: frozenset, algorithm: str):
+    """The gradients `needs` on device (None: the CPU path): conv's forward of grad_output (cropped to x's
+    shape), conv's weight gradient of x (zero-extended) against grad_output, the sum of grad_output."""
+    ops = lift.arrays(device)
+    grad_x = grad_w = grad_b = None
+    if "input" in needs:
+        grad_x = lift.forward(conv2d_run, device, grad_output, weight, None, spec, algorithm)
+        grad_x = ops.ascontiguous(_crop(grad_x, x.shape))
+    if "weight" in needs:
+        _, grad_w, _ = lift.backward(conv2d_backward_run, device, _extend(device, x, extension), grad_output,
+                                     weight, spec, frozenset({"weight"}), algorithm)
+    if "bias" in needs:
+        axes = (0, *range(2, grad_output.ndim))
+        grad_b = ops.astype(ops.sum(grad_output, axes, compute_dtype(grad_output.dtype)), grad_output.dtype)
+    return grad_x, grad_w, grad_b
+
+
 @on_arrays_device
 def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation, algorithm,
                workspace_limit):
@@ -93,15 +123,11 @@ def transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, 
         # The output's size before the placeholder of that size (and x's zero extension) is made: NumPy refuses
         # some impossible shapes with its own errors, naming no op.
         lift.prepare(call.device, spec, call.x.dtype, [spec.input_shape])
-        gy = _extend(call.device, call.x, extension)
-        z = lift.placeholder(call.device, spec.input_shape, call.x.dtype)
-        out, _, _ = lift.backward(conv2d_backward_run, call.device, gy, z, call.weight, spec, frozenset({"input"}),
-                                  algorithm)
-    if call.bias is not None:   # added in the compute dtype, rounded once (in place where that is out's dtype)
-        ops = lift.arrays(call.device)
-        total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
-        ops.add(total, call.bias.reshape(-1, *(1,) * spec.nd))
-        out = ops.astype(total, out.dtype)
+        # All of it one program (extension, input gradient, bias): a repeat is one replay, on the fast path.
+        out = lift.one_program(call.device, ("conv_transpose", spec, extension, algorithm),
+                               (call.x, call.weight, call.bias),
+                               lambda device: _forward(device, call.x, call.weight, call.bias, spec, extension,
+                                                       algorithm))
     return call.wrap(out)
 
 
@@ -118,19 +144,12 @@ def transpose_backward(op, nd, grad_output, x, weight, stride, padding, output_p
     shapes = [shape for name, shape in zip(NEEDS, (_shape(call.x), _shape(call.weight), spec.input_shape[1:2]))
               if name in needs]
     lift.prepare(call.device, spec, call.x.dtype, shapes)   # before _extend's copy
-    ops, gy = lift.arrays(call.device), call.grad_output
-    grad_x = grad_w = grad_b = None
     with workspace_scope(op, workspace_limit):
-        if "input" in needs:
-            grad_x = lift.forward(conv2d_run, call.device, gy, call.weight, None, spec, algorithm)
-            grad_x = ops.ascontiguous(_crop(grad_x, _shape(call.x)))
-        if "weight" in needs:
-            _, grad_w, _ = lift.backward(conv2d_backward_run, call.device, _extend(call.device, call.x, extension), gy,
-                                         call.weight, spec, frozenset({"weight"}), algorithm)
-    if "bias" in needs:
-        axes = (0, *range(2, gy.ndim))
-        grad_b = ops.astype(ops.sum(gy, axes, compute_dtype(gy.dtype)), gy.dtype)
-    return call.wrap((grad_x, grad_w, grad_b))
+        grads = lift.one_program(call.device, ("conv_transpose_backward", spec, extension, needs, algorithm),
+                                 (call.grad_output, call.x, call.weight),
+                                 lambda device: _backward(device, call.grad_output, call.x, call.weight, spec,
+                                                          extension, needs, algorithm))
+    return call.wrap(grads)
 
 
 TRANSPOSE_DOCS = dict(

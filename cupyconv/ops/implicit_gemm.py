@@ -19,7 +19,7 @@ import numpy
 
 from .. import _replay, settings
 from .._device import _address
-from .._kernels import (INDEX_TYPES, INT32_MAX, KernelFile, batch_args, batch_view, capped_grid, extent,
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
                         fast_divmod_magic, index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 
@@ -54,6 +54,8 @@ def instantiations():
         names += [kernel_name(kernel, dtype, index, *tile) for tile in tiles]
     for (dtype, tiles), index in itertools.product(IG_TILES.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
+        if index == "int":   # `plan_phases` takes 32-bit indices only
+            names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
@@ -170,7 +172,9 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
         if spec.stride == (1, 1):
             return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
                                  None, transposed_spec(spec), out)
-        _grad_input_phased(device, gy4, weight, spec, device.reshape(out, (spec.n, spec.in_channels, *spec.in_size)))
+        out4 = device.reshape(out, (spec.n, spec.in_channels, *spec.in_size))
+        if not _grad_input_one_launch(device, gy4, weight, spec, out4):
+            _grad_input_phased(device, gy4, weight, spec, out4)
         return out
     gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
@@ -388,6 +392,95 @@ def phase_spec(spec: ConvSpec, phase: tuple[AxisPhase, AxisPhase]) -> ConvSpec:
     return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
                     tuple(len(p.taps) for p in phase), (1, 1), tuple(p.dilation for p in phase),
                     tuple(p.padding for p in phase), tuple(p.rows for p in phase))
+
+
+def phase_steps(spec: ConvSpec) -> tuple[int, ...]:
+    """Per axis, the step between the taps of one phase: stride / gcd(stride, dilation)."""
+    return tuple(s // math.gcd(s, d) for s, d in zip(spec.stride, spec.dilation))
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasesPlan:
+    """The one conv_fwd_igemm launch of all the phases of a strided input gradient (`plan_phases`): the stride-1
+    GEMM every phase is (`gemm`: phase (0, 0)'s rows and columns, the most; each block sets its own phase's), its
+    tile and split of K (`igemm`, planned for all the phases' rows together), the grid (phase (0, 0)'s row tiles,
+    column tiles, splits x phases), and per axis the phases with rows (`counts`) and the step between a phase's
+    taps (`steps`)."""
+    gemm: ConvSpec
+    igemm: IgemmPlan
+    grid: tuple[int, int, int]
+    counts: tuple[int, ...]
+    steps: tuple[int, ...]
+
+
+def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
+    """The plan of `_grad_input_one_launch` for spec's input gradient at stride > 1, or None where every phase with
+    taps does not take the same taps per axis (the kernel not a multiple of `phase_steps`: k 3 at stride 2), the
+    grid's z (splits x phases) would pass CUDA's limit, or an index would pass 32 bits (conv_fwd_igemm_phases is
+    instantiated for int only): those run a launch of conv_fwd_igemm per phase."""
+    steps = phase_steps(spec)
+    if any(k % step for k, step in zip(spec.kernel_size, steps)):
+        return None
+    counts = tuple(min(s, size) for s, size in zip(spec.stride, spec.in_size))   # phases per axis with rows
+    taps = tuple(k // step for k, step in zip(spec.kernel_size, steps))
+    rows = tuple(ceil_div(size, s) for size, s in zip(spec.in_size, spec.stride))   # phase (0, 0)'s: the most
+    gemm = ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size, taps,
+                    (1, 1), tuple(step * d // s for step, d, s in zip(steps, spec.dilation, spec.stride)),
+                    ((0, 0), (0, 0)), rows)
+    phases = math.prod(counts)
+    plan = plan_igemm(dataclasses.replace(gemm, batch=(spec.n * phases,)), dtype)
+    if plan.splits * phases > MAX_GRID[2]:
+        return None
+    grad_input = spec.n * spec.in_channels * math.prod(spec.in_size)   # the sizes `_grad_input_one_launch` indexes
+    if index_type(spec.n * spec.out_channels * spec.out_pixels, grad_input * max(plan.splits, 1),
+                  spec.out_channels * spec.channels_per_group * spec.taps) != "int":
+        return None
+    grid = (ceil_div(spec.n * math.prod(rows), plan.tile[0]), plan.grid[1], plan.splits * phases)
+    return PhasesPlan(gemm, plan, grid, counts, steps)
+
+
+def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
+    """out (n, C, H, W) contiguous by ONE conv_fwd_igemm_phases over all the phases (`plan_phases`; blockIdx.z:
+    split and phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
+    without taps included (their blocks reduce nothing and write zeros), from one channels-last copy of gy4 and
+    one phase-major weight (steps_h, steps_w, C, taps_h, taps_w, D / G); split sums (in out's layout) finished by
+    one pass.  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
+    phases_plan = plan_phases(spec, gy4.dtype)
+    if phases_plan is None:
+        return False
+    gemm, plan, steps, counts = phases_plan.gemm, phases_plan.igemm, phases_plan.steps, phases_plan.counts
+    taps = gemm.kernel_size
+    vector = vector_elements(gy4.dtype)
+    whole_vectors = all(PhasePlacement((ph.first, pw.first), spec.stride, spec.in_size).vector_store(pw.rows, vector)
+                        for ph, pw in grad_input_phases(spec))
+    gy_cl = channels_last(device, gy4)
+    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
+    # flipped tap j = t * step + (step - 1 - i0) for the t-th tap of the phase whose first original tap is i0
+    c, dg = spec.in_channels, spec.outputs_per_group
+    wk = device.ascontiguous(device.reshape(arranged, (c, taps[0], steps[0], taps[1], steps[1], dg))
+                             .transpose(2, 4, 0, 1, 3, 5))
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *out.shape), numpy.float32)
+    index = index_type(gy_cl.size, out.size, wk.size, partial.size)   # "int" (`plan_phases`)
+    placement = PhasePlacement((0, 0), spec.stride, spec.in_size).arguments()   # phase_first: per block
+    (pad_top, _), (pad_left, _) = spec.padding
+    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy4.dtype, index=index,
+                   grid=phases_plan.grid,
+                   block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk, bias=wk, out=out,
+                   n=spec.n, groups=spec.groups, channels_per_group=gemm.channels_per_group,
+                   outputs_per_group=gemm.outputs_per_group, has_bias=False,
+                   vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=False,
+                   partial=partial, chunks_per_split=plan.chunks_per_split, **placement, phases_h=counts[0],
+                   phases_w=counts[1], grad_stride_h=spec.stride[0], grad_stride_w=spec.stride[1],
+                   grad_dilation_h=spec.dilation[0], grad_dilation_w=spec.dilation[1], grad_pad_top=pad_top,
+                   grad_pad_left=pad_left, grad_step_h=steps[0], grad_step_w=steps[1], grad_height=spec.in_size[0],
+                   grad_width=spec.in_size[1], phase_weight_size=wk.size // (steps[0] * steps[1]))
+    if plan.splits > 1:
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=gy4.dtype, index=index,
+                       grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK, partial=partial,
+                       bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
+                       out_channels=spec.n * spec.in_channels, channels_per_group=math.prod(spec.in_size), taps=1,
+                       has_bias=False, **IN_PLACE)
+    return True
 
 
 def _grad_input_phased(device, gy4, weight, spec: ConvSpec, out):

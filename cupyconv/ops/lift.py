@@ -286,6 +286,15 @@ def _empty_backward(device, grad_output, spec: ConvSpec, needs: frozenset, dtype
     return grad_x, grad_w, grad_b
 
 
+def one_program(device, what: tuple, arrays: tuple, compute):
+    """compute(device): an op's whole GPU work on `arrays` (its public call's array arguments, None for an absent
+    one), drivers' calls included, replayed as ONE program for the signature `what` (the op, its spec, ...) and
+    its arrays (`_replay.replayed`; the drivers inside become part of it).  For an op with work around the drivers
+    (conv_transpose: x's zero extension, the bias, the crop of its input gradient): a repeated call is then one
+    replay, which `_fastpath` remembers.  compute must read everything through the device it is given."""
+    return _replay.replayed(device, what, arrays, compute)
+
+
 def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
     """run's forward of spec on any rank; on the GPU path replayed for a signature seen before (`_replay`)."""
     return _replay.replayed(device, ("forward", run, spec, algorithm), (x, weight, bias),
