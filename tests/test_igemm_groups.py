@@ -16,15 +16,15 @@ import pytest
 from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
-from cupyconv import _device, _kernels, settings
+from cupyconv import _kernels
 from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
 from reference import ConvCase
+from test_igemm_kernels import as64, assert_close, run   # the same checks as conv_fwd_igemm's tests
 
 C = ConvCase
 DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16, "float32": numpy.float32})
-TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-3}   # as tests/test_igemm_kernels.py
 
 CASES = [
     # 5 groups of 16: two blocks, the second with one group (48 channels past the end); 2 x 9 x 7 = 126 pixels (a
@@ -42,22 +42,6 @@ CASES = [
     C("igg_32_three_blocks", (1, 192, 5, 7), (192, 32, 1, 3), padding=(0, 1), groups=6),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
-
-
-def run(device, fn, *args, **kwargs):
-    with _device.use_device(device), settings.allow_tf32(True):
-        return fn(*args, **kwargs)
-
-
-def as64(*arrays):
-    return [None if a is None else numpy.asarray(a, numpy.float64) for a in arrays]
-
-
-def assert_close(got, want, dtype, what=""):
-    got = numpy.asarray(got, numpy.float64)
-    scale = max(float(numpy.abs(want).max(initial=0.0)), 1e-30)
-    err = float(numpy.abs(got - want).max(initial=0.0))   # NaN (never written) fails too
-    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
 
 
 def nhwc(a):
