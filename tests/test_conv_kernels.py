@@ -590,6 +590,8 @@ class CudaLikeRecorder(Recorder):
 
     name = "cuda"
     gemm_strided_batched = _device.CudaDevice.gemm_strided_batched
+    gemm_prepare = _device.CudaDevice.gemm_prepare
+    gemm_run = _device.CudaDevice.gemm_run
     cublas = _device.CudaDevice.cublas
     compute_capability = 80
 
