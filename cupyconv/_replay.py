@@ -9,11 +9,11 @@ read no values; benchmarks.launches checks it by planning over NaN and over zero
 
 So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
 of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
-`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`) to the real device and notes it, each array argument
-as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a slot -- one of the call's input arrays,
-or an array a primitive made; the later calls of that signature replay the notes (a `Program`) on their own
-arrays: the same kernels, grids and scalars, the same GEMMs and array work, on new buffers, each freed after
-its last use.  The results are views of the slots as recorded.
+`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`) to the real
+device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
+slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
+the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
+on new buffers, each freed after its last use.  The results are views of the slots as recorded.
 
 A recording is not kept (the call still runs, unreplayed, every time) when it could be ambiguous: input arrays
 whose memory overlaps (which one an argument lies in would be a guess), an array argument in memory that no slot
