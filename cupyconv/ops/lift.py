@@ -37,8 +37,8 @@ from .._spec import NEEDS, ConvSpec, batch_chunks, ceil_div
 
 #: The CPU path's array work: `Device`'s array methods on NumPy arrays (it launches no kernel).
 NUMPY = _device.Device()
-#: The 3-D fold's data movement on the GPU path: the depth windows and the fold of their gradient, one launch each.
 LIFT_RUN = 8       # pixels a thread takes per pass over a plane (lift.cu): a plane's set-up paid once per 8
+#: The 3-D fold's data movement on the GPU path: the depth windows and the fold of their gradient, one launch each.
 KERNELS = KernelFile("lift.cu", defines={"LIFT_RUN": LIFT_RUN, "LIFT_THREADS": ELEMENTWISE_BLOCK})
 # Blocks of a plane's pixels (ELEMENTWISE_BLOCK threads each) at most; the planes take the rest of the grid, their
 # loop paying a plane's coordinates once per block and pass.
