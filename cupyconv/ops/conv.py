@@ -360,7 +360,8 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
 
 def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward") -> str:
     """The 'auto' heuristic of every pass: the tensor-core implicit GEMMs where they can run (device given);
-    else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out (the weight gradient: at most DIRECT_WEIGHT_MAX_CHANNELS in)
+    else 'direct' when at most DIRECT_MAX_CHANNELS channels per group go in and out (the weight gradient: at most
+    DIRECT_WEIGHT_MAX_CHANNELS in)
     (the GEMMs would be thin -- K = C / G * kH * kW, M = D / G -- and the im2col buffer costs kH * kW times the
     input in traffic, while the direct kernels read x once where the group's channels fit in shared memory: the
     weight gradient too, with conv_bwd_weight_direct where `plan_weight_direct` fits) and its tile fits in shared

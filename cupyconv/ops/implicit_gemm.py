@@ -579,8 +579,8 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
 # and out, 128 bytes of them a block (4 or 2 groups of a 16-bit type, 2 groups of 16 floats as TF32), K chunk = one
 # tap x the block's channels; a block-diagonal GEMM with no MMA on padding, x read once for all of a block's groups.
 # igemm_forward takes it for the forward and the stride-1 input gradient (the transposed problem: C / G and D / G
-# swap) wherever `groups_igemm_refusal` allows.  ResNeXt's rx-512 (32 groups of 16, 14 x 14) fp16 forward, PREDICTED (H100): see
-# benchmarks/RESULTS.md, "Small groups, several a block".
+# swap) wherever `groups_igemm_refusal` allows.  ResNeXt's rx-512 (32 groups of 16, 14 x 14) fp16 forward,
+# PREDICTED (H100): see benchmarks/RESULTS.md, "Small groups, several a block".
 
 IGG_ROW_BYTES = 128                 # implicit_gemm.cu's IGG_ROW_BYTES: a block's channels (in and out) per pixel
 # channels per group (in = out) of its instantiations: at least two groups a block (float32: 32 channels, so 16)
