@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import cProfile
 import dataclasses
+import gc
 import math
 import pstats
 import sys
@@ -350,11 +351,20 @@ def counts(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None 
         for _ in range(2):   # warm: the memoised signatures, plans and kernels
             fn()
         before = dict(device.counts)
+        # A collection inside the profiled calls would count finalisers of other code's garbage (an earlier test's
+        # arrays, under pytest-xdist): collect first and keep the collector off while counting.
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
         profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            fn()
-        profiler.disable()
+        try:
+            profiler.enable()
+            for _ in range(calls):
+                fn()
+            profiler.disable()
+        finally:
+            if collecting:
+                gc.enable()
     total = sum(ncalls for _, ncalls, _, _, _ in pstats.Stats(profiler).stats.values())
     return {"calls": round(total / calls, 1), **{key: (device.counts[key] - before[key]) / calls for key in before}}
 
