@@ -120,9 +120,9 @@ def names_for(filename: str, arch: str) -> list[str]:
 
 def representatives(names: list[str]) -> list[str]:
     """Of each kernel template, element type and choice of its non-numeric arguments (variants such as `true`),
-    the instantiation with the largest numeric arguments (kernel size x stride, tile rows x columns, ...), where
-    registers and shared memory peak: 'depthwise_fwd<float, int, 7, 2, true>' stands for the K = 3, 5, 7 and
-    stride 1, 2 instantiations of its variant.  In the order of `names`."""
+    the instantiation with the largest numeric arguments (their product, then in order: kernel size x stride, tile
+    rows x columns), where registers and shared memory peak: 'depthwise_fwd<float, int, 7, 2, true>' stands for the
+    K = 3, 5, 7 and stride 1, 2 instantiations of its variant.  In the order of `names`."""
     best: dict[tuple, tuple] = {}
     for name in names:
         template, rest = name.split("<", 1)
@@ -297,6 +297,25 @@ def test_check_fails_on_warnings_and_errors(body, message):
     source = "template <typename T> __global__ void probe(T* p) { %s p[0] = T(0); }\n" % body
     with pytest.raises(AssertionError, match=message):
         check_compiles("sm_80", "probe.cu", source, ["probe<float>"])
+
+
+def test_fast_compile_still_runs_ptxas():
+    """FAST_COMPILE keeps what sm_70's and sm_80's compiles are for: ptxas rejects an instruction the architecture
+    lacks (an unguarded cp.async on Volta) as it does at full optimisation."""
+    source = '__global__ void probe(float* p) { asm volatile("cp.async.commit_group;"); p[0] = 1.0f; }\n'
+    program = nvrtc(ARCHES["sm_70"]).compile(source, "probe.cu", [], ["-std=c++17", "--gpu-architecture=sm_70",
+                                                                       *FAST_COMPILE])
+    assert not program.ok and "requires .target sm_80" in program.log, program.log
+
+
+def test_representatives_take_each_variant_at_its_largest():
+    names = ["k<float, int, 3, 1>", "k<float, int, 7, 2>", "k<float, int, 5, 2>", "k<float, int, 3, 1, true>",
+             "k<__half, int, 3, 1>", "t<float, int, 64, 64, 4>", "t<float, int, 128, 64, 4>", "j<float, int>"]
+    assert representatives(names) == ["k<float, int, 7, 2>", "k<float, int, 3, 1, true>", "k<__half, int, 3, 1>",
+                                      "t<float, int, 128, 64, 4>", "j<float, int>"]
+    assert sass_names("depthwise.cu", "sm_90") == GROUPS["depthwise.cu"] and not sass_names("conv.cu", "sm_70")
+    subset = sass_names("depthwise.cu", "sm_80")
+    assert "depthwise_fwd<float, int, 7, 2, true>" in subset and set(subset) < set(names_for("depthwise.cu", "sm_80"))
 
 
 @pytest.mark.parametrize("filename", sorted(f for f, k in _device.kernel_files().items() if k.defines))
