@@ -581,6 +581,22 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
 
 
+# The kernels the two memory-counter tests below launch (float32, 32-bit indices).  Their profile build (every access
+# instrumented, -g) compiles these alone, not the file's 432 instantiations (~45 s of g++ on CI's two cores, of work
+# no other test needed); the counters and the kernels are the same, and a launch outside the list fails loudly
+# ("missing from its op's instantiations"), so the list cannot hide a change of kernel.
+COUNTED = [("depthwise.cu", f"{name}>") for name in (
+    "depthwise_fwd<float, int, 5, 1, true", "depthwise_bwd_input<float, int, 5, true",
+    "depthwise_bwd_weight<float, int, 5, 1, true", "depthwise_fwd<float, int, 3, 1, false, true",
+    "depthwise_fwd<float, int, 3, 1", "depthwise_bwd_input<float, int, 3, false, true",
+    "depthwise_bwd_input<float, int, 3", "depthwise_bwd_weight<float, int, 3, 1, true",
+    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int")]
+
+
+def counting_device(blocks) -> EmulatedDevice:
+    return EmulatedDevice(counters=True, blocks=blocks, instantiations=COUNTED)
+
+
 @pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
 def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     """The 5x5 kernels on 14x14 planes (the PACK forward and input gradient, the SPREAD weight gradient): every
@@ -591,7 +607,7 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     x = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
     w = rng.standard_normal((24, 1, 5, 5)).astype(numpy.float32)
     gy = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
-    device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)])
+    device = counting_device(lambda grid: [(0, 0, 0), (1, 0, 0)])
     with _device.use_device(device):
         if pass_ == "forward":
             cupyconv.depthwise_conv2d(x, w, padding=2)
@@ -628,7 +644,7 @@ def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
     for spread in (True, False):
         if not spread:
             monkeypatch.setattr(depthwise_module, "_spread_planes", lambda tiling, *args: (tiling, ()))
-        device = EmulatedDevice(counters=True, blocks=lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))])
+        device = counting_device(lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))])
         with _device.use_device(device):
             if pass_ == "forward":
                 got = cupyconv.depthwise_conv2d(x, w, padding=1)

@@ -4,7 +4,9 @@ sm_70 and sm_80 (`names_for`), cleanly.
 No GPU and no driver are needed: NVRTC is a library.  One program per kernel file holds all of that file's name
 expressions (as CuPy's RawModule does, from the same inlined source and options as CudaDevice), compiled to
 SASS so ptxas runs too.  Any error, any warning (a non-empty log) or a name expression that does not resolve
-fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.
+fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.  sm_90 is compiled as CuPy
+compiles it; sm_70 and sm_80 with --Ofast-compile=max (`FAST_COMPILE`), and sm_80 once more, fully optimised,
+for a representative subset whose SASS tests/test_sass.py reads (`sass_names`).
 
 Each (kernel file, architecture) is compiled once per test session (`kernel_programs`) and the resulting cubin is
 kept: tests/test_sass.py reads the same binaries' resource use and instructions.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -58,8 +61,9 @@ def grouped_instantiations() -> dict[str, list[str]]:
 TOOLKIT_NOTICE = re.compile(r"^nvrtc: warning: Architectures prior to '<compute/sm>_75' are deprecated.*$\n?", re.M)
 
 
-def options_for(arch: str, filename: str) -> list[str]:
-    return [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{nvrtc(ARCHES[arch]).include}"]
+def options_for(arch: str, filename: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{nvrtc(ARCHES[arch]).include}",
+            *extra]
 
 
 def check_program(program: Program, arch: str, filename: str, names: list[str]) -> None:
@@ -90,6 +94,21 @@ def index_type(name: str) -> str:
     return name.split("<", 1)[1].rstrip(">").split(",")[1].strip()
 
 
+# sm_70 and sm_80 compile every instantiation of `names_for` with NVRTC's fastest optimisation level: the C++ front
+# end (templates, the architecture's intrinsics and `#if __CUDA_ARCH__` branches) and ptxas (every inline PTX
+# instruction must exist on the architecture) still see each of them, the optimiser hardly runs, and nothing reads
+# these binaries' registers or instructions.  A whole-file compile then takes about an eighth of the CPU time
+# (depthwise.cu for sm_80: 11 s, not ~110 s), which was most of CI's run time.
+FAST_COMPILE = ("--Ofast-compile=max",)
+FAST_COMPILE_FROM = (12, 8)   # the first NVRTC with the option; older ones compile these fully optimised
+# The architectures whose SASS tests/test_sass.py reads from a representative subset (`sass_names`), compiled again
+# fully optimised, as CuPy would compile it.
+SUBSET_ARCHES = ("sm_80",)
+# A subset program leaves some of a file's constexpr helpers unused (EDG's warning 177, "declared but never
+# referenced"); the whole-file program of the same architecture is the one that must have no warning at all.
+SUBSET_OPTIONS = ("--diag-suppress=177",)
+
+
 def names_for(filename: str, arch: str) -> list[str]:
     """The name expressions of raw_kernels/<filename> compiled for arch: all of them for FULL_ARCHES; for sm_70 and
     sm_80 those with 32-bit indices.  Their 64-bit twins differ in the width of integer arithmetic only, which every
@@ -98,6 +117,45 @@ def names_for(filename: str, arch: str) -> list[str]:
     are most of CI's run time: depthwise.cu's 432 instantiations take some 250 s of CPU an architecture)."""
     names = GROUPS[filename]
     return names if arch in FULL_ARCHES else [n for n in names if index_type(n) == "int"]
+
+
+def representatives(names: list[str]) -> list[str]:
+    """Of each kernel template, element type and choice of its non-numeric arguments (variants such as `true`),
+    the instantiation with the largest numeric arguments (their product, then in order: kernel size x stride, tile
+    rows x columns), where registers and shared memory peak: 'depthwise_fwd<float, int, 7, 2, true>' stands for the
+    K = 3, 5, 7 and stride 1, 2 instantiations of its variant.  In the order of `names`."""
+    best: dict[tuple, tuple] = {}
+    for name in names:
+        template, rest = name.split("<", 1)
+        args = [a.strip() for a in rest.rstrip(">").split(",")]
+        numbers = tuple(int(a) for a in args[2:] if a.isdigit())
+        key = (template, args[0], tuple(a for a in args[2:] if not a.isdigit()))
+        size = (math.prod(numbers), numbers)
+        if key not in best or size > best[key][0]:
+            best[key] = (size, name)
+    chosen = {name for _, name in best.values()}
+    return [n for n in names if n in chosen]
+
+
+def sass_names(filename: str, arch: str) -> list[str]:
+    """The instantiations whose optimised SASS `kernel_programs(filename, arch)` holds: every one of `names_for`
+    on FULL_ARCHES; on SUBSET_ARCHES their `representatives` (test_sass's checks of registers, spills, shared
+    memory and matrix instructions on sm_80 then cover each kernel template, element type and variant at its
+    largest size, and sm_90 every instantiation); none elsewhere."""
+    if arch in FULL_ARCHES:
+        return names_for(filename, arch)
+    return representatives(names_for(filename, arch)) if arch in SUBSET_ARCHES else []
+
+
+def program_spec(filename: str, arch: str, sass: bool) -> tuple[list[str], list[str]]:
+    """(names, options) of a program: sass=True the optimised one test_sass reads (`sass_names`), sass=False the
+    one that compiles every instantiation of `names_for` (the same program on FULL_ARCHES)."""
+    if arch in FULL_ARCHES:
+        return names_for(filename, arch), options_for(arch, filename)
+    if sass:
+        return sass_names(filename, arch), options_for(arch, filename, SUBSET_OPTIONS)
+    fast = FAST_COMPILE if nvrtc(ARCHES[arch]).version >= FAST_COMPILE_FROM else ()
+    return names_for(filename, arch), options_for(arch, filename, fast)
 
 
 @contextlib.contextmanager
@@ -116,16 +174,23 @@ def _file_lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def compile_file(filename: str, arch: str, shared_dir: str | None = None, sass: bool = True) -> Program:
+    """Instantiations of raw_kernels/<filename> in one program for arch (`program_spec`): sass=True the optimised
+    program test_sass reads, sass=False the program of every instantiation test_every_instantiation_compiles checks.
+    The same program for both on FULL_ARCHES, compiled once."""
+    return _compile_file(filename, arch, shared_dir, sass or arch in FULL_ARCHES)
+
+
 @functools.lru_cache(maxsize=None)
-def compile_file(filename: str, arch: str, shared_dir: str | None = None) -> Program:
-    """Every instantiation of raw_kernels/<filename> in one program for arch, as CuPy compiles it.
+def _compile_file(filename: str, arch: str, shared_dir: str | None, sass: bool) -> Program:
+    """Instantiations of raw_kernels/<filename> in one program for arch, as CuPy compiles them.
 
     Memoised in the process; with shared_dir (pytest-xdist) also in a file there, under a lock, so that of the
     workers needing the same program one compiles it and the others wait for it and read it.  The file name
     hashes the source, the options and the NVRTC release, so an edited kernel is never read stale.
     """
     compiler = nvrtc(ARCHES[arch])
-    source, names, options = _device.kernel_source(filename), names_for(filename, arch), options_for(arch, filename)
+    source, (names, options) = _device.kernel_source(filename), program_spec(filename, arch, sass)
     if shared_dir is None:
         return compiler.compile(source, filename, names, options)
     key = hashlib.sha256(repr((compiler.version, source, names, options)).encode()).hexdigest()[:20]
@@ -142,9 +207,9 @@ def compile_file(filename: str, arch: str, shared_dir: str | None = None) -> Pro
 
 @pytest.fixture(scope="session")
 def kernel_programs(tmp_path_factory):
-    """programs(filename, arch) -> Program: each kernel file compiled once per test session for each
-    architecture, shared by this module and tests/test_sass.py (and, under pytest-xdist, by all workers,
-    through the session's base temporary directory: whole-file compiles take up to a minute each)."""
+    """programs(filename, arch, sass=True) -> Program (`compile_file`): each kernel file's programs compiled once
+    per test session for each architecture, shared by this module and tests/test_sass.py (and, under pytest-xdist,
+    by all workers, through the session's base temporary directory: whole-file compiles take up to a minute each)."""
     shared = None
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "nvrtc-programs"
@@ -168,7 +233,9 @@ def program_params(arches) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("filename, arch", program_params(ARCHES))
 def test_every_instantiation_compiles(filename, arch, kernel_programs):
-    check_program(kernel_programs(filename, arch), arch, filename, names_for(filename, arch))
+    check_program(kernel_programs(filename, arch, sass=False), arch, filename, names_for(filename, arch))
+    if arch in SUBSET_ARCHES:   # the optimised program test_sass reads
+        check_program(kernel_programs(filename, arch), arch, filename, sass_names(filename, arch))
 
 
 # The common header with its helpers instantiated for every element type: also proves the toolchain works
@@ -232,6 +299,27 @@ def test_check_fails_on_warnings_and_errors(body, message):
     source = "template <typename T> __global__ void probe(T* p) { %s p[0] = T(0); }\n" % body
     with pytest.raises(AssertionError, match=message):
         check_compiles("sm_80", "probe.cu", source, ["probe<float>"])
+
+
+def test_fast_compile_still_runs_ptxas():
+    """FAST_COMPILE keeps what sm_70's and sm_80's compiles are for: ptxas rejects an instruction the architecture
+    lacks (an unguarded cp.async on Volta) as it does at full optimisation."""
+    if nvrtc(ARCHES["sm_70"]).version < FAST_COMPILE_FROM:
+        pytest.skip("NVRTC %d.%d has no --Ofast-compile" % nvrtc(ARCHES["sm_70"]).version)
+    source = '__global__ void probe(float* p) { asm volatile("cp.async.commit_group;"); p[0] = 1.0f; }\n'
+    program = nvrtc(ARCHES["sm_70"]).compile(source, "probe.cu", [], ["-std=c++17", "--gpu-architecture=sm_70",
+                                                                       *FAST_COMPILE])
+    assert not program.ok and "requires .target sm_80" in program.log, program.log
+
+
+def test_representatives_take_each_variant_at_its_largest():
+    names = ["k<float, int, 3, 1>", "k<float, int, 7, 2>", "k<float, int, 5, 2>", "k<float, int, 3, 1, true>",
+             "k<__half, int, 3, 1>", "t<float, int, 64, 64, 4>", "t<float, int, 128, 64, 4>", "j<float, int>"]
+    assert representatives(names) == ["k<float, int, 7, 2>", "k<float, int, 3, 1, true>", "k<__half, int, 3, 1>",
+                                      "t<float, int, 128, 64, 4>", "j<float, int>"]
+    assert sass_names("depthwise.cu", "sm_90") == GROUPS["depthwise.cu"] and not sass_names("conv.cu", "sm_70")
+    subset = sass_names("depthwise.cu", "sm_80")
+    assert "depthwise_fwd<float, int, 7, 2, true>" in subset and set(subset) < set(names_for("depthwise.cu", "sm_80"))
 
 
 @pytest.mark.parametrize("filename", sorted(f for f, k in _device.kernel_files().items() if k.defines))

@@ -177,7 +177,8 @@ class _Library:
         return self._kernels[name]
 
 
-_LIBRARIES: dict = {}  # (kernel dir, source, asan, counters) -> _Library, shared by every EmulatedDevice of the process
+# (kernel dir, source, asan, counters, part: EmulatedDevice._part) -> _Library, shared by every EmulatedDevice
+_LIBRARIES: dict = {}
 _LOCK = threading.RLock()  # the engine's state is global: one launch at a time
 
 
@@ -294,17 +295,30 @@ class EmulatedDevice(cupyconv_device.Device):
         """Where the compiled library for `source` is (compiling it if needed)."""
         return self._library_for(source, required=None).path
 
-    def _names_for(self, source: str) -> list[str]:
+    def _names_for(self, source: str, part: str | None = None) -> list[str]:
         pairs = cupyconv_device.all_instantiations() if self._instantiations is None else self._instantiations
-        return sorted({n for f, n in pairs if f == source})
+        names = sorted({n for f, n in pairs if f == source})
+        if part is not None:
+            names = [n for n in names if (", long long" in n) == (part == "long long")]
+        return names
+
+    def _part(self, required: str | None) -> str | None:
+        """An ASan build of a cupyconv kernel file is two libraries, of its 32-bit-index instantiations ("int") and
+        of their 64-bit twins ("long long"), each compiled when a launch first needs it: most ASan runs launch the
+        former only, and g++ under ASan takes ~75 s of CI's cores for depthwise.cu's whole file.  Other builds hold
+        every instantiation in one library."""
+        if not (self.asan and self._package):
+            return None
+        return "long long" if required is not None and ", long long" in required else "int"
 
     def _library_for(self, source: str, required: str | None = None) -> _Library:
-        key = (str(self.kernel_dir), source, self.asan, self.counters)
+        part = self._part(required)
+        key = (str(self.kernel_dir), source, self.asan, self.counters, part)
         with _LOCK:
             library = _LIBRARIES.get(key)
             if library is not None and (required is None or required in library):
                 return library
-            names = self._names_for(source)
+            names = self._names_for(source, part)
             if required is not None and required not in names:
                 if self._package:
                     raise EmulatorError(
