@@ -1757,7 +1757,7 @@ __device__ __forceinline__ void wgg_bias_step(float (&bias)[MI][4], const unsign
 template <int MI>
 __device__ __forceinline__ void wgg_bias_step(float (&bias)[MI][4], const unsigned (&a)[MI][4], const float* rs,
                                               const int (&at)[MI][2], int k, int pitch) {
-  const unsigned ones[2] = {0x3f800000u, 0x3f800000u};  // 1.0f, exact in tf32
+  const unsigned ones[2] = {0x3F800000u, 0x3F800000u};  // 1.0f, exact in tf32
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
     unsigned rest[4];
@@ -1808,18 +1808,24 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
   U b_column[WGG_TAPS];
 #pragma unroll
   for (int t = 0; t < WGG_TAPS; ++t) {
-    const int tap = tap0 + t < taps ? tap0 + t : 0;  // taps past the last: zero-filled (`b_inside`)
-    dy[t] = tap / kernel_w * dilation_h - pad_top;
+    const int tap = tap0 + t < taps ? tap0 + t : 0;
+    // a tap past the last reads nothing: every y is out of range (the reach is below 2^30)
+    dy[t] = tap0 + t < taps ? tap / kernel_w * dilation_h - pad_top : -(1 << 30);
     dx[t] = tap % kernel_w * dilation_w - pad_left;
     b_column[t] = (U)dy[t] * (U)row_size + (U)dx[t] * (U)C + (U)(c0 + v * E);
   }
   const WgSteps<I> steps(BK, out_pixels, out_h, out_w, stride_h, stride_w, row_size, image_size, C);
   WgPixel<I> pixel[ROWS];
+  int a_store[ROWS], b_store[ROWS];  // (tap t of B: + t CHANNELS, the swizzle staying within a tap's 8 vectors)
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     pixel[r] = WgPixel<I>::at(k_begin + row0 + r * ROW_STEP, out_pixels, out_w, stride_h, stride_w, row_size,
                               image_size, C);
+    a_store[r] = SA::at(row0 + r * ROW_STEP, v * E);
+    b_store[r] = SB::at(row0 + r * ROW_STEP, v * E);
   }
+  ig_keep_in_register(a_store);
+  ig_keep_in_register(b_store);
 
   I remaining = k_end - k_begin;  // pixels of the split from the next chunk to load on
   auto load_chunk = [&](int stage) {
@@ -1827,20 +1833,19 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
     S* b_stage = bs + stage * B_STAGE;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const int row = row0 + r * ROW_STEP;
-      const bool inside = v_inside && row < remaining;
+      const bool inside = v_inside && row0 + r * ROW_STEP < remaining;
       // (a zero-filled copy reads nothing, but gets a pointer into the array all the same)
-      cp_async_cg_16(a_stage + SA::at(row, v * E), inside ? a_src + r * ROW_STEP * C : gy_cl, inside ? 16 : 0);
+      cp_async_cg_16(a_stage + a_store[r], inside ? a_src + r * ROW_STEP * C : gy_cl, inside ? 16 : 0);
       if (stage_rest) {
-        cp_async_cg_16(rs + stage * R_STAGE + SA::at(row, v * E), inside ? r_src + r * ROW_STEP * C : gy_rest,
+        cp_async_cg_16(rs + stage * R_STAGE + a_store[r], inside ? r_src + r * ROW_STEP * C : gy_rest,
                        inside ? 16 : 0);
       }
       WgPixel<I>& px = pixel[r];
 #pragma unroll
       for (int t = 0; t < WGG_TAPS; ++t) {
-        const bool b_inside = inside && tap0 + t < taps && (unsigned)(px.y + dy[t]) < (unsigned)height &&
+        const bool b_inside = inside && (unsigned)(px.y + dy[t]) < (unsigned)height &&
                               (unsigned)(px.x + dx[t]) < (unsigned)width;
-        cp_async_cg_16(b_stage + SB::at(row, t * CHANNELS + v * E),
+        cp_async_cg_16(b_stage + b_store[r] + t * CHANNELS,
                        x_cl + (b_inside ? (I)(px.offset + b_column[t]) : (I)0), b_inside ? 16 : 0);
       }
       px.advance(steps);
@@ -1859,7 +1864,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // 16-bit: ldmatrix.x4.trans rows (h 0 only); float: the words of rows g, g + 8
       a_frag[mi][h] = sizeof(S) == 4 ? SA::at(q, col + mi * 16 + gq + 8 * h)
-                                     : SA::at((j4 >> 1) * 8 + i8, col + mi * 16 + (j4 & 1) * 8);
+                      : h == 0       ? SA::at((j4 >> 1) * 8 + i8, col + mi * 16 + (j4 & 1) * 8) : 0;
     }
   }
 #pragma unroll
@@ -1868,9 +1873,13 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {  // 16-bit: ldmatrix.x4.trans of n tiles 2 ni', 2 ni' + 1 (ni < NI / 2)
       b_frag[k][ni] = sizeof(S) == 4 ? SB::at(q, tap_col + ni * 8 + gq)
-                                     : SB::at((j4 & 1) * 8 + i8, tap_col + (ni % (NI / 2)) * 16 + (j4 >> 1) * 8);
+                      : ni < NI / 2  ? SB::at((j4 & 1) * 8 + i8, tap_col + ni * 16 + (j4 >> 1) * 8) : 0;
     }
   }
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) ig_keep_in_register(a_frag[mi]);
+#pragma unroll
+  for (int k = 0; k < WARP_TAPS; ++k) ig_keep_in_register(b_frag[k]);
   bool warp_tap[WARP_TAPS];  // the warp's taps that exist (warp-uniform)
 #pragma unroll
   for (int k = 0; k < WARP_TAPS; ++k) warp_tap[k] = tap0 + first_tap + k * WARPS_PER_GROUP < taps;
@@ -1897,13 +1906,13 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
   }
   int read_stage = 0, write_stage = WG_STAGES - 1;
   for (int t = 0; t < chunks; ++t) {
-    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
-    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
+    cp_async_wait<WG_STAGES - 2>();  // this thread's copies of chunk t have landed ...
+    __syncthreads();                 // ... and every thread's; no warp still reads chunk t - 1's stage
     if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
     cp_async_commit();
     const S* a_stage = as + read_stage * A_STAGE;
     const S* b_stage = bs + read_stage * B_STAGE;
-    const S* r_stage = rs + read_stage * R_STAGE;
+    const S* r_stage = rs + R_STAGE * read_stage;
 #pragma unroll
     for (int k0 = 0; k0 < BK; k0 += W::K_STEP) {
       unsigned a[MI][4];
@@ -1922,8 +1931,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
       }
       if (sum_bias) wgg_bias_step(bias_acc, a, r_stage, a_frag, k0 * CHANNELS, CHANNELS);
     }
-    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
+    read_stage = read_stage + 1 == WG_STAGES ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == WG_STAGES ? 0 : write_stage + 1;
   }
   cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
 
