@@ -1261,6 +1261,29 @@ template <typename I> struct WgPixel {
   }
 };
 
+// The weight gradients' pipeline over a block's `chunks`: load_chunk(stage) issues a chunk's copies into a stage,
+// step(stage) runs the warps' K steps on a landed one (the header comment above: one commit group per chunk,
+// empty ones too, and one barrier per chunk).
+template <class Load, class Step>
+__device__ __forceinline__ void wg_pipeline(int chunks, Load& load_chunk, const Step& step) {
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 1; ++s) {
+    if (s < chunks) load_chunk(s);
+    cp_async_commit();
+  }
+  int read_stage = 0, write_stage = WG_STAGES - 1;
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
+    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
+    cp_async_commit();
+    step(read_stage);
+    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+}
+
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
@@ -1369,17 +1392,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const bool sum_bias = has_bias && n0 == 0 && wn == 0;
   const WgFragments<S, BM, BN, MI> fragments(wm, wn, lane);
 
-#pragma unroll
-  for (int s = 0; s < WG_STAGES - 1; ++s) {
-    if (s < chunks) load_chunk(s);
-    cp_async_commit();
-  }
-  int read_stage = 0, write_stage = WG_STAGES - 1;
-  for (int t = 0; t < chunks; ++t) {
-    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
-    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
-    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
-    cp_async_commit();
+  wg_pipeline(chunks, load_chunk, [&](int read_stage) {
     const S* a_stage = as + read_stage * A_STAGE;
     const S* b_stage = bs + read_stage * B_STAGE;
     const S* r_stage = rs + read_stage * R_STAGE;
@@ -1387,10 +1400,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     for (int kk = 0; kk < BK; kk += W::K_STEP) {
       wg_warp_step(a_stage, b_stage, r_stage, fragments, kk, sum_bias, acc, bias_acc);
     }
-    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
-  }
-  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+  });
 
   // Epilogue: the float sums of this split, (d, n) at partial[z][g D/G + d][n].
   const int gq = lane >> 2, q = lane & 3;
@@ -1899,17 +1909,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
     }
   }
 
-#pragma unroll
-  for (int s = 0; s < WG_STAGES - 1; ++s) {
-    if (s < chunks) load_chunk(s);
-    cp_async_commit();
-  }
-  int read_stage = 0, write_stage = WG_STAGES - 1;
-  for (int t = 0; t < chunks; ++t) {
-    cp_async_wait<WG_STAGES - 2>();  // this thread's copies of chunk t have landed ...
-    __syncthreads();                 // ... and every thread's; no warp still reads chunk t - 1's stage
-    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
-    cp_async_commit();
+  wg_pipeline(chunks, load_chunk, [&](int read_stage) {
     const S* a_stage = as + read_stage * A_STAGE;
     const S* b_stage = bs + read_stage * B_STAGE;
     const S* r_stage = rs + R_STAGE * read_stage;
@@ -1931,10 +1931,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
       }
       if (sum_bias) wgg_bias_step(bias_acc, a, r_stage, a_frag, k0 * CHANNELS, CHANNELS);
     }
-    read_stage = read_stage + 1 == WG_STAGES ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == WG_STAGES ? 0 : write_stage + 1;
-  }
-  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+  });
 
   // --- epilogue: the float sums of this split, (d, (tap, c)) of group g at partial[z][g CG + d][tap CG + c] -----
   const int g = c0 / CG + block_group;
