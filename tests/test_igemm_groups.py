@@ -278,30 +278,33 @@ def test_weight_gradient_tf32_bias_keeps_float_precision():
 
 
 def test_weight_gradient_offsets_past_2_32(monkeypatch):
-    """Channels-last x and grad_output (1, 8200, 8200, 64) over sparse memory, 1 x 1, 4 groups of 16, no bias: the
-    last pixels lie 4.30e9 elements in, past 2^32 (an unsigned 32-bit offset would wrap silently).  Split into as
-    many splits as the grid takes (63675 of 33 chunks): the sparse device runs the last block of each launch, the
-    last split's, whose sums (its partial slice, the device's poisoned tail) the final pass's last block adds to
-    the other splits' zeros: grad_weight's last 256 elements against float64 sums over that split's pixels."""
+    """Channels-last x and grad_output (1, 8200, 8200, 64) over sparse memory, a 2 x 1 kernel padded 1 on top (taps
+    dy = -1 and 0, one block of both), 4 groups of 16, no bias: the last pixels lie 4.30e9 elements in, past 2^32
+    (an unsigned 32-bit offset would wrap silently, and a 32-bit tap offset of dy = -1 would add 2^32 - a row).
+    Split into as many splits as the grid takes (63675 of 33 chunks): the sparse device runs the last block of each
+    launch, the last split's, whose sums (its partial slice, the device's poisoned tail) the final pass's last block
+    adds to the other splits' zeros: grad_weight's last 256 elements against float64 sums over that split's pixels."""
     monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
     rng = numpy.random.default_rng(25)
-    side, c, g, cg = 8200, 64, 4, 16
+    side, c, g, cg, run_ = 8200, 64, 4, 16, 2000
     x_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
     gy_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
-    x_cl[0, -1, -2000:] = rng.standard_normal((2000, c))
-    gy_cl[0, -1, -2000:] = rng.standard_normal((2000, c)) / 8
+    x_cl[0, -2:, -run_:] = rng.standard_normal((2, run_, c))   # the last two rows: the taps' rows of the last pixels
+    gy_cl[0, -1, -run_:] = rng.standard_normal((run_, c)) / 8
     x, gy = x_cl.transpose(0, 3, 1, 2), gy_cl.transpose(0, 3, 1, 2)
-    weight = numpy.zeros((c, cg, 1, 1), numpy.float16)
-    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, stride=1, padding=0, dilation=1, groups=g)
+    weight = numpy.zeros((c, cg, 2, 1), numpy.float16)
+    kwargs = dict(stride=1, padding=((1, 0), (0, 0)), dilation=1, groups=g)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, **kwargs)
     with cupyconv.settings.workspace_limit(2**40):
         plan = igemm.plan_weight_igemm_groups(spec, numpy.float16)
         first = (plan.splits - 1) * plan.chunks_per_split * igemm.WG_CHUNK["float16"]   # the last split's pixel
-        assert plan.splits > 60000 and side * side - first < 2000
-        device = bug_classes.SparseDevice(tail=c * cg)
-        grad_w = run(device, cupyconv.conv2d_backward, gy, x, weight, groups=g, algorithm="implicit_gemm",
-                     needs=("weight",))[1]
+        assert plan.grid[:2] == (1, 1) and plan.splits > 60000 and side * side - first < run_
+        device = bug_classes.SparseDevice(tail=c * cg * 2)
+        grad_w = run(device, cupyconv.conv2d_backward, gy, x, weight, algorithm="implicit_gemm", needs=("weight",),
+                     **kwargs)[1]
     assert device.launches[0] == "conv_bwd_weight_igemm_groups<__half, long long, 16>", device.launches
-    xs = numpy.asarray(x_cl.reshape(-1, c)[first:], numpy.float64).reshape(-1, g, cg)
-    gys = numpy.asarray(gy_cl.reshape(-1, c)[first:], numpy.float64).reshape(-1, g, cg)
-    want = numpy.einsum("pgd,pgc->gdc", gys, xs).reshape(c, cg)
+    pixels = side * side - first   # all in the last row: tap ky reads row side - 2 + ky of x, the same columns
+    gys = numpy.asarray(gy_cl[0, -1, -pixels:], numpy.float64).reshape(-1, g, cg)
+    want = numpy.stack([numpy.einsum("pgd,pgc->gdc", gys, numpy.asarray(x_cl[0, row, -pixels:], numpy.float64)
+                                     .reshape(-1, g, cg)) for row in (-2, -1)], axis=-1).reshape(c, cg, 2, 1)
     bug_classes.assert_tail_written(grad_w.reshape(-1), want.reshape(-1)[-256:], numpy.float16, 256, "grad_weight")
