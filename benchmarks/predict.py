@@ -272,9 +272,8 @@ IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 ha
 # HMMA are the bias gradient's (A times ones, in the first warp column of the first column tile only)
 WG_CHUNK = {"float": 16, "__half": 32, "__nv_bfloat16": 32}
 WG_GEMM_HMMA_SHARE = {"float": 2 / 3, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}   # TF32: 2 bias HMMA
-# conv_bwd_weight_igemm_groups (implicit_gemm.py WGG_TAPS): taps a block; its loop's HMMA per K step and warp are
-# 16-bit 4 (groups of 16: 2 taps x 2 n tiles; of 32: 1 tap x 2 x 4 over 2 of m) + MI bias, TF32 2 + 2 bias
-WGG_TAPS = 2
+# conv_bwd_weight_igemm_groups: its loop's GEMM HMMA per K step and warp are, 16-bit, 4 (groups of 16: 2 taps x 2
+# n tiles) or 8 (of 32: 1 tap x 2 m x 4 n), + 1 or 2 of the bias; TF32 2 (1 tap x 2 n) + 2 of the bias
 WGG_GEMM_HMMA_SHARE = {"float": 1 / 2, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}
 BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 

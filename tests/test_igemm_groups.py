@@ -1,5 +1,6 @@
-"""Small groups, several a block (raw_kernels/implicit_gemm.cu conv_fwd_igemm_groups; cupyconv/ops/implicit_gemm.py
-`groups_igemm_refusal`, `plan_igemm_groups`) against the CPU path in float64, on the emulator.
+"""Small groups, several a block (raw_kernels/implicit_gemm.cu conv_fwd_igemm_groups and, for the weight gradient,
+conv_bwd_weight_igemm_groups; cupyconv/ops/implicit_gemm.py `groups_igemm_refusal`, `plan_igemm_groups`,
+`plan_weight_igemm_groups`) against the CPU path in float64, on the emulator.
 
 A block covers 64 channels: 4 groups of 16 or 2 of 32 (in = out), one K chunk per tap, warp w on its group's
 columns.  The emulator runs cp.async and ldmatrix with the hardware's rules (data lands at the wait, poison before;

@@ -391,6 +391,8 @@ def test_sweep_covers_the_axes():
         for channels in dtype_channels:
             reached[f"conv_bwd_weight_igemm_groups: {channels} channels a group, {dtype}"] = [
                 s for s in several_weight if s.spec.channels_per_group == channels and s.dtype == dtype]
+    for layout in LAYOUTS:
+        reached[f"conv_bwd_weight_igemm_groups: {layout} x"] = [s for s in several_weight if s.layout == layout]
     reached["conv_bwd_weight_igemm_groups: several splits, an odd tap count, stride h != w, bias"] = [
         s for s in several_weight if s.plan("weight").splits > 1] and [
         s for s in several_weight if s.spec.taps % igemm.WGG_TAPS] and [
