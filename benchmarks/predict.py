@@ -256,14 +256,15 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
 # input gradient or weight gradient, all of equal MACs); every other kernel moves data (bias, reductions,
 # im2col/col2im).
 MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm\w*|conv_bwd_weight_igemm|"
-                         r"conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
+                         r"conv_bwd_weight_igemm_groups|conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
                          r"patch_bwd_weight|simt_fwd|simt_bwd_weight)$")
 # The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
-                       "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_bwd_weight_igemm")
+                       "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_bwd_weight_igemm",
+                       "conv_bwd_weight_igemm_groups")
 IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
 IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
@@ -271,6 +272,9 @@ IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 ha
 # HMMA are the bias gradient's (A times ones, in the first warp column of the first column tile only)
 WG_CHUNK = {"float": 16, "__half": 32, "__nv_bfloat16": 32}
 WG_GEMM_HMMA_SHARE = {"float": 2 / 3, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}   # TF32: 2 bias HMMA
+# conv_bwd_weight_igemm_groups: its loop's GEMM HMMA per K step and warp are, 16-bit, 4 (groups of 16: 2 taps x 2
+# n tiles) or 8 (of 32: 1 tap x 2 m x 4 n), + 1 or 2 of the bias; TF32 2 (1 tap x 2 n) + 2 of the bias
+WGG_GEMM_HMMA_SHARE = {"float": 1 / 2, "__half": 4 / 5, "__nv_bfloat16": 4 / 5}
 BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
@@ -368,6 +372,12 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     """Multiply-adds the tensor cores execute in a tensor-core launch, padding of partial tiles included: every
     block runs its tile (rows x columns) over its K chunks of TC_CHUNK."""
     a = launch.args
+    if launch.kernel == "conv_bwd_weight_igemm_groups":   # each group's CG x CG per tap (no MMA on a missing tap)
+        chunk = WG_CHUNK[launch.template_args[0]]
+        chunks = split_chunks(launch, math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk))
+        channels = IGEMM_GROUPS_ROW_BYTES // (4 if launch.template_args[0] == "float" else 2)
+        taps = a["kernel_h"] * a["kernel_w"]
+        return int(launch.grid[1] * launch.grid[2] * channels * int(launch.template_args[2]) * taps * chunks * chunk)
     rows, cols = launch.template_args[2:4]
     if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases"):   # K = taps x channels per group, in chunks
         # of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block counted as a phase with
@@ -555,8 +565,9 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     loop, memory = sass["loop"], sass["loop_memory"]
     rule = sass["loop_rule"]
     if rule == "matrix":
-        gemm_hmma = loop.get("HMMA", 1) * (WG_GEMM_HMMA_SHARE[launch.template_args[0]]
-                                           if launch.kernel == "conv_bwd_weight_igemm" else 1)
+        share = {"conv_bwd_weight_igemm": WG_GEMM_HMMA_SHARE,
+                 "conv_bwd_weight_igemm_groups": WGG_GEMM_HMMA_SHARE}.get(launch.kernel)
+        gemm_hmma = loop.get("HMMA", 1) * (share[launch.template_args[0]] if share else 1)
         trips = out["tensor_macs"] / hmma_macs(launch) / gemm_hmma
     elif rule == "fma" and macs:
         lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)

@@ -1229,11 +1229,29 @@ template <typename I> struct WgSteps {
   typedef typename Unsigned<I>::type U;
   int x, y, x_limit, y_limit, carry_x_y;  // x, y: the steps of x and y; limits: out_w * stride_w, out_h * stride_h
   U base, carry_x, carry_y;               // offset steps: BK pixels, and what each carry adds
+  // (x_cl: `channels` a pixel, row_size = width * channels, image_size = height * row_size)
+  __device__ WgSteps(int BK, I out_pixels, int out_h, int out_w, int stride_h, int stride_w, I row_size,
+                     I image_size, int channels) {
+    const I step_image = BK / out_pixels;
+    const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
+    x = step_x * stride_w; y = step_y * stride_h;
+    x_limit = out_w * stride_w; y_limit = out_h * stride_h; carry_x_y = stride_h;
+    base = (U)step_image * (U)image_size + (U)y * (U)row_size + (U)x * (U)channels;
+    carry_x = (U)stride_h * (U)row_size - (U)x_limit * (U)channels;
+    carry_y = (U)image_size - (U)y_limit * (U)row_size;
+  }
 };
 template <typename I> struct WgPixel {
   typedef typename Unsigned<I>::type U;
   U offset;
   int y, x;
+  // output pixel p's window origin (without the padding) in x_cl
+  __device__ static __forceinline__ WgPixel at(I p, I out_pixels, int out_w, int stride_h, int stride_w, I row_size,
+                                              I image_size, int channels) {
+    const I image = p / out_pixels;
+    const int rest = (int)(p - image * out_pixels), y = rest / out_w * stride_h, x = rest % out_w * stride_w;
+    return {(U)image * (U)image_size + (U)y * (U)row_size + (U)x * (U)channels, y, x};
+  }
   __device__ __forceinline__ void advance(const WgSteps<I>& s) {
     x += s.x;
     y += s.y;
@@ -1242,6 +1260,29 @@ template <typename I> struct WgPixel {
     if (y >= s.y_limit) { y -= s.y_limit; offset += s.carry_y; }
   }
 };
+
+// The weight gradients' pipeline over a block's `chunks`: load_chunk(stage) issues a chunk's copies into a stage,
+// step(stage) runs the warps' K steps on a landed one (the header comment above: one commit group per chunk,
+// empty ones too, and one barrier per chunk).
+template <class Load, class Step>
+__device__ __forceinline__ void wg_pipeline(int chunks, Load& load_chunk, const Step& step) {
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 1; ++s) {
+    if (s < chunks) load_chunk(s);
+    cp_async_commit();
+  }
+  int read_stage = 0, write_stage = WG_STAGES - 1;
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
+    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
+    cp_async_commit();
+    step(read_stage);
+    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+}
 
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
@@ -1299,24 +1340,13 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const int dy = tap / kernel_w * dilation_h - pad_top, dx = tap % kernel_w * dilation_w - pad_left;
   const I row_size = (I)width * C, image_size = (I)height * row_size;
   const U b_column = (U)dy * (U)row_size + (U)dx * (U)C + (U)(g * channels_per_group + c);
-  WgSteps<I> steps;
-  {
-    const I step_image = BK / out_pixels;
-    const int step_y = (int)(BK % out_pixels) / out_w, step_x = (int)(BK % out_pixels) % out_w;
-    steps.x = step_x * stride_w; steps.y = step_y * stride_h;
-    steps.x_limit = out_w * stride_w; steps.y_limit = out_h * stride_h; steps.carry_x_y = stride_h;
-    steps.base = (U)step_image * (U)image_size + (U)steps.y * (U)row_size + (U)steps.x * (U)C;
-    steps.carry_x = (U)stride_h * (U)row_size - (U)steps.x_limit * (U)C;
-    steps.carry_y = (U)image_size - (U)steps.y_limit * (U)row_size;
-  }
+  const WgSteps<I> steps(BK, out_pixels, out_h, out_w, stride_h, stride_w, row_size, image_size, C);
   WgPixel<I> b_pixel[B_COPIES];
   int b_store[B_COPIES];
 #pragma unroll
   for (int r = 0; r < B_COPIES; ++r) {
-    const I p = k_begin + b_row + r * B_ROWS_PER_PASS;
-    const I image = p / out_pixels;
-    const int rest = (int)(p - image * out_pixels), y = rest / out_w * stride_h, x = rest % out_w * stride_w;
-    b_pixel[r] = {(U)image * (U)image_size + (U)y * (U)row_size + (U)x * (U)C, y, x};
+    b_pixel[r] = WgPixel<I>::at(k_begin + b_row + r * B_ROWS_PER_PASS, out_pixels, out_w, stride_h, stride_w,
+                                row_size, image_size, C);
     b_store[r] = SB::at(b_row + r * B_ROWS_PER_PASS, b_col);
   }
 
@@ -1362,17 +1392,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const bool sum_bias = has_bias && n0 == 0 && wn == 0;
   const WgFragments<S, BM, BN, MI> fragments(wm, wn, lane);
 
-#pragma unroll
-  for (int s = 0; s < WG_STAGES - 1; ++s) {
-    if (s < chunks) load_chunk(s);
-    cp_async_commit();
-  }
-  int read_stage = 0, write_stage = WG_STAGES - 1;
-  for (int t = 0; t < chunks; ++t) {
-    cp_async_wait<WG_STAGES - 2>();  // chunk t has landed (this thread's copies) ...
-    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read
-    if (t + WG_STAGES - 1 < chunks) load_chunk(write_stage);
-    cp_async_commit();
+  wg_pipeline(chunks, load_chunk, [&](int read_stage) {
     const S* a_stage = as + read_stage * A_STAGE;
     const S* b_stage = bs + read_stage * B_STAGE;
     const S* r_stage = rs + read_stage * R_STAGE;
@@ -1380,10 +1400,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     for (int kk = 0; kk < BK; kk += W::K_STEP) {
       wg_warp_step(a_stage, b_stage, r_stage, fragments, kk, sum_bias, acc, bias_acc);
     }
-    read_stage = read_stage == WG_STAGES - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == WG_STAGES - 1 ? 0 : write_stage + 1;
-  }
-  cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
+  });
 
   // Epilogue: the float sums of this split, (d, n) at partial[z][g D/G + d][n].
   const int gq = lane >> 2, q = lane & 3;
@@ -1684,5 +1701,258 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   for (int col = tid / PIXEL_VECTORS; col < CHANNELS && c0 + col < channels; col += COLUMN_STEP) {
     *reinterpret_cast<uint4*>(at + (I)col * pixels) =
         *reinterpret_cast<const uint4*>(igemm_shared + col * PITCH + mv * IG_VECTOR_BYTES);
+  }
+}
+
+// =================================================================================================================
+// Weight gradient of small groups, several a block (issue 24, deliverable 6)
+// =================================================================================================================
+//
+// conv_bwd_weight_igemm gives every group tiles of its own, at least 32 rows d by 64 columns (tap, c): with 16
+// channels per group half its rows and a quarter of its columns are padding.  Here, as in conv_fwd_igemm_groups, a
+// block covers the 128 bytes of channels c0 .. of GROUPS = CHANNELS / CG consecutive groups of CG channels in and
+// out (checked by the planner: `groups_igemm_refusal`), and WGG_TAPS consecutive taps, blockIdx.x of them:
+//   A  a K chunk of BK output pixels x the block's CHANNELS output channels of gy_cl (one 16-byte vector a thread);
+//   B  the same pixels x WGG_TAPS taps x the block's CHANNELS input channels of x_cl, zero outside the image;
+// both k-major and swizzled as conv_bwd_weight_igemm's stages (WgStage: the XOR stays within a tap's 8 vectors).
+// Warp w computes group w % GROUPS of the block, taps w / GROUPS + k (4 / GROUPS) of the block's (a 16-bit group of
+// 16: both taps; of 32, or TF32's 16: one): its CG rows of A against its group's CG columns of each tap of B, the
+// block-diagonal blocks only (no MMA on another group's channels).  The pipeline, the split of K (z) and the float
+// sums in partial (splits, D, taps x CG) in (tap, c) order are conv_bwd_weight_igemm's, as is the bias gradient
+// (A x ones in the warps of the block's first tap of tap block 0; TF32 adds gy_rest), so that its final pass,
+// conv_bwd_weight_igemm_finish, adds the splits in order and permutes to grad_weight.
+constexpr int WGG_TAPS = 2;
+
+// The warp's fragments at element offset k (the K step's first row) of a stage of rows of `pitch` elements, from
+// the lane's row-0 offsets (`at`).  16-bit: A by one ldmatrix.x4.trans; B of n tiles 2 j, 2 j + 1 by one for
+// j < NI / 2.  TF32: words of rows k + q and k + q + 4 (the operands are tf32 already: the channels-last copies).
+template <typename S>
+__device__ __forceinline__ void wgg_a_fragment(unsigned (&a)[4], const S* stage, const int (&at)[2], int k, int) {
+  ldmatrix_x4_trans(a, stage + at[0] + k);
+}
+__device__ __forceinline__ void wgg_a_fragment(unsigned (&a)[4], const float* stage, const int (&at)[2], int k,
+                                               int pitch) {
+  a[0] = wg_word(stage + at[0] + k);
+  a[1] = wg_word(stage + at[1] + k);
+  a[2] = wg_word(stage + at[0] + k + 4 * pitch);
+  a[3] = wg_word(stage + at[1] + k + 4 * pitch);
+}
+template <typename S, int NI>
+__device__ __forceinline__ void wgg_b_fragments(unsigned (&b)[NI][2], const S* stage, const int (&at)[NI], int k,
+                                                int) {
+#pragma unroll
+  for (int j = 0; j < NI / 2; ++j) {
+    unsigned r[4];
+    ldmatrix_x4_trans(r, stage + at[j] + k);
+    b[2 * j][0] = r[0]; b[2 * j][1] = r[1]; b[2 * j + 1][0] = r[2]; b[2 * j + 1][1] = r[3];
+  }
+}
+template <int NI>
+__device__ __forceinline__ void wgg_b_fragments(unsigned (&b)[NI][2], const float* stage, const int (&at)[NI],
+                                                int k, int pitch) {
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+    b[ni][0] = wg_word(stage + at[ni] + k);
+    b[ni][1] = wg_word(stage + at[ni] + k + 4 * pitch);
+  }
+}
+// The bias gradient's K step: bias[mi] += A x a column of ones (TF32: + gy_rest's fragment x ones, from rs).
+template <typename S, int MI>
+__device__ __forceinline__ void wgg_bias_step(float (&bias)[MI][4], const unsigned (&a)[MI][4], const S*,
+                                              const int (&)[MI][2], int, int) {
+  const unsigned ones[2] = {pack2<S>(S(1.0f), S(1.0f)), pack2<S>(S(1.0f), S(1.0f))};
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) ig_mma<S>(bias[mi], a[mi], ones);
+}
+template <int MI>
+__device__ __forceinline__ void wgg_bias_step(float (&bias)[MI][4], const unsigned (&a)[MI][4], const float* rs,
+                                              const int (&at)[MI][2], int k, int pitch) {
+  const unsigned ones[2] = {0x3F800000u, 0x3F800000u};  // 1.0f, exact in tf32
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    unsigned rest[4];
+    wgg_a_fragment(rest, rs, at[mi], k, pitch);
+    ig_mma<float>(bias[mi], a[mi], ones);
+    ig_mma<float>(bias[mi], rest, ones);
+  }
+}
+
+template <typename T, typename I, int CG>
+__global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
+    const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
+    float* __restrict__ partial, float* __restrict__ bias_partial, I n, int groups, int height, int width,
+    int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
+    int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
+  typedef WgTile<T> W;
+  typedef typename W::S S;
+  typedef typename Unsigned<I>::type U;
+  constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T), GROUPS = CHANNELS / CG, WARPS_PER_GROUP = 4 / GROUPS;
+  constexpr int WARP_TAPS = WGG_TAPS / WARPS_PER_GROUP, MI = CG / 16, NI = CG / 8;
+  constexpr int BK = W::BK, E = W::E, ROW_STEP = IG_THREADS / IGG_ROW_VECTORS, ROWS = BK / ROW_STEP;
+  typedef WgStage<S, CHANNELS> SA;
+  typedef WgStage<S, WGG_TAPS * CHANNELS> SB;
+  static_assert(GROUPS >= 2 && 4 % GROUPS == 0 && WARP_TAPS >= 1 && MI >= 1 && ROWS >= 1 && E * 8 == CHANNELS,
+                "tile shape");
+  constexpr int A_STAGE = BK * CHANNELS, B_STAGE = BK * WGG_TAPS * CHANNELS;
+  constexpr int R_STAGE = sizeof(S) == 4 ? A_STAGE : 0;  // TF32: gy_rest beside A (bias blocks only)
+  __shared__ __align__(128) S as[WG_STAGES * (A_STAGE + R_STAGE)];
+  __shared__ __align__(128) S bs[WG_STAGES * B_STAGE];
+  S* const rs = as + WG_STAGES * A_STAGE;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int taps = kernel_h * kernel_w, C = groups * CG, N = taps * CG;
+  const int tap0 = blockIdx.x * WGG_TAPS, c0 = blockIdx.y * CHANNELS;
+  const I out_pixels = (I)out_h * out_w, K = n * out_pixels;
+  const I k_begin = (I)blockIdx.z * chunks_per_split * BK;
+  const I k_end = k_begin + chunks_per_split * BK < K ? k_begin + chunks_per_split * BK : K;
+  const int chunks = (int)((k_end - k_begin + BK - 1) / BK);
+
+  // --- copies: vector v (channels c0 + E v ..) of pixel rows row0 + ROW_STEP r, in A and in each tap of B -------
+  const int v = tid % IGG_ROW_VECTORS, row0 = tid / IGG_ROW_VECTORS;
+  const bool v_inside = c0 + v * E < C;  // past the last group (a block it does not fill): zeros
+  const T* a_src = gy_cl + ((k_begin + row0) * C + c0 + v * E);
+  const T* r_src = gy_rest + ((k_begin + row0) * C + c0 + v * E);
+  const bool stage_rest = sizeof(S) == 4 && has_bias && blockIdx.x == 0;  // (block-uniform)
+  const I row_size = (I)width * C, image_size = (I)height * row_size;
+  int dy[WGG_TAPS], dx[WGG_TAPS];
+  U b_column[WGG_TAPS];
+#pragma unroll
+  for (int t = 0; t < WGG_TAPS; ++t) {
+    const int tap = tap0 + t < taps ? tap0 + t : 0;
+    // a tap past the last reads nothing: every y is out of range (the reach is below 2^30)
+    dy[t] = tap0 + t < taps ? tap / kernel_w * dilation_h - pad_top : -(1 << 30);
+    dx[t] = tap % kernel_w * dilation_w - pad_left;
+    b_column[t] = (U)dy[t] * (U)row_size + (U)dx[t] * (U)C + (U)(c0 + v * E);
+  }
+  const WgSteps<I> steps(BK, out_pixels, out_h, out_w, stride_h, stride_w, row_size, image_size, C);
+  WgPixel<I> pixel[ROWS];
+  int a_store[ROWS], b_store[ROWS];  // (tap t of B: + t CHANNELS, the swizzle staying within a tap's 8 vectors)
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    pixel[r] = WgPixel<I>::at(k_begin + row0 + r * ROW_STEP, out_pixels, out_w, stride_h, stride_w, row_size,
+                              image_size, C);
+    a_store[r] = SA::at(row0 + r * ROW_STEP, v * E);
+    b_store[r] = SB::at(row0 + r * ROW_STEP, v * E);
+  }
+  ig_keep_in_register(a_store);
+  ig_keep_in_register(b_store);
+
+  I remaining = k_end - k_begin;  // pixels of the split from the next chunk to load on
+  auto load_chunk = [&](int stage) {
+    S* a_stage = as + stage * A_STAGE;
+    S* b_stage = bs + stage * B_STAGE;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const bool inside = v_inside && row0 + r * ROW_STEP < remaining;
+      // (a zero-filled copy reads nothing, but gets a pointer into the array all the same)
+      cp_async_cg_16(a_stage + a_store[r], inside ? a_src + r * ROW_STEP * C : gy_cl, inside ? 16 : 0);
+      if (stage_rest) {
+        cp_async_cg_16(rs + stage * R_STAGE + a_store[r], inside ? r_src + r * ROW_STEP * C : gy_rest,
+                       inside ? 16 : 0);
+      }
+      WgPixel<I>& px = pixel[r];
+#pragma unroll
+      for (int t = 0; t < WGG_TAPS; ++t) {
+        const bool b_inside = inside && (unsigned)(px.y + dy[t]) < (unsigned)height &&
+                              (unsigned)(px.x + dx[t]) < (unsigned)width;
+        cp_async_cg_16(b_stage + b_store[r] + t * CHANNELS,
+                       x_cl + (b_inside ? (I)(px.offset + b_column[t]) : (I)0), b_inside ? 16 : 0);
+      }
+      px.advance(steps);
+    }
+    a_src += BK * C;
+    r_src += BK * C;
+    remaining -= BK;
+  };
+
+  // --- fragments: the warp's group and taps; element offsets of row 0 (a K step adds its rows) ----------------
+  const int block_group = warp % GROUPS, first_tap = warp / GROUPS, col = block_group * CG;
+  const int i8 = lane & 7, j4 = lane >> 3, gq = lane >> 2, q = lane & 3;
+  int a_frag[MI][2], b_frag[WARP_TAPS][NI];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // 16-bit: ldmatrix.x4.trans rows (h 0 only); float: the words of rows g, g + 8
+      a_frag[mi][h] = sizeof(S) == 4 ? SA::at(q, col + mi * 16 + gq + 8 * h)
+                      : h == 0       ? SA::at((j4 >> 1) * 8 + i8, col + mi * 16 + (j4 & 1) * 8) : 0;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < WARP_TAPS; ++k) {
+    const int tap_col = (first_tap + k * WARPS_PER_GROUP) * CHANNELS + col;
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {  // 16-bit: ldmatrix.x4.trans of n tiles 2 ni', 2 ni' + 1 (ni < NI / 2)
+      b_frag[k][ni] = sizeof(S) == 4 ? SB::at(q, tap_col + ni * 8 + gq)
+                      : ni < NI / 2  ? SB::at((j4 & 1) * 8 + i8, tap_col + ni * 16 + (j4 >> 1) * 8) : 0;
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) ig_keep_in_register(a_frag[mi]);
+#pragma unroll
+  for (int k = 0; k < WARP_TAPS; ++k) ig_keep_in_register(b_frag[k]);
+  bool warp_tap[WARP_TAPS];  // the warp's taps that exist (warp-uniform)
+#pragma unroll
+  for (int k = 0; k < WARP_TAPS; ++k) warp_tap[k] = tap0 + first_tap + k * WARPS_PER_GROUP < taps;
+  const bool sum_bias = has_bias && blockIdx.x == 0 && first_tap == 0;
+
+  float acc[WARP_TAPS][MI][NI][4], bias_acc[MI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bias_acc[mi][e] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < WARP_TAPS; ++k) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) acc[k][mi][ni][e] = 0.0f;
+      }
+    }
+  }
+
+  wg_pipeline(chunks, load_chunk, [&](int read_stage) {
+    const S* a_stage = as + read_stage * A_STAGE;
+    const S* b_stage = bs + read_stage * B_STAGE;
+    const S* r_stage = rs + R_STAGE * read_stage;
+#pragma unroll
+    for (int k0 = 0; k0 < BK; k0 += W::K_STEP) {
+      unsigned a[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) wgg_a_fragment(a[mi], a_stage, a_frag[mi], k0 * CHANNELS, CHANNELS);
+#pragma unroll
+      for (int k = 0; k < WARP_TAPS; ++k) {
+        if (!warp_tap[k]) continue;
+        unsigned b[NI][2];
+        wgg_b_fragments(b, b_stage, b_frag[k], k0 * WGG_TAPS * CHANNELS, WGG_TAPS * CHANNELS);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) ig_mma<S>(acc[k][mi][ni], a[mi], b[ni]);
+        }
+      }
+      if (sum_bias) wgg_bias_step(bias_acc, a, r_stage, a_frag, k0 * CHANNELS, CHANNELS);
+    }
+  });
+
+  // --- epilogue: the float sums of this split, (d, (tap, c)) of group g at partial[z][g CG + d][tap CG + c] -----
+  const int g = c0 / CG + block_group;
+  if (g >= groups) return;
+  float* out = partial + ((I)blockIdx.z * C + g * CG) * (I)N;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int d = mi * 16 + gq + 8 * h;
+#pragma unroll
+      for (int k = 0; k < WARP_TAPS; ++k) {
+        if (!warp_tap[k]) continue;
+        float* row = out + (I)d * N + (tap0 + first_tap + k * WARPS_PER_GROUP) * CG;
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          row[ni * 8 + 2 * q] = acc[k][mi][ni][2 * h];
+          row[ni * 8 + 2 * q + 1] = acc[k][mi][ni][2 * h + 1];
+        }
+      }
+      if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * C + g * CG + d] = bias_acc[mi][2 * h];
+    }
   }
 }

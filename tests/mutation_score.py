@@ -60,6 +60,7 @@ IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
 IG_PY = "cupyconv/ops/implicit_gemm.py"
 IGG = "tests/test_igemm_groups.py"
+WGG = IGG + " -k weight_gradient"
 DEPTHWISE = "tests/test_depthwise_kernels.py"
 # (DW_STRIDED: the strided input gradients' tests, depthwise_bwd_input_strided and depthwise_bwd_input_phased)
 DW_STRIDED = DEPTHWISE + " -k 'strided_input_gradient_blocks or s2'"
@@ -824,6 +825,38 @@ MUTATIONS = [
       IGG + " -k past_2_32", "32-bit index"),
     M("igg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, channels), 1)",
       "spec.in_channels // channels, 1)", IGG, "off-by-one"),
+
+    # -- implicit_gemm.cu: the weight gradient of small groups (conv_bwd_weight_igemm_groups) --------------------
+    M("wgg-warps-on-group-0", "implicit_gemm.cu", "first_tap = warp / GROUPS, col = block_group * CG;",
+      "first_tap = warp / GROUPS, col = 0;", WGG, "tc: fragment index"),
+    M("wgg-swizzle-store-side", "implicit_gemm.cu", "b_store[r] = SB::at(row0 + r * ROW_STEP, v * E);",
+      "b_store[r] = (row0 + r * ROW_STEP) * WGG_TAPS * CHANNELS + v * E;", WGG, "tc: fragment index"),
+    M("wgg-warp-taps", "implicit_gemm.cu", "const int tap_col = (first_tap + k * WARPS_PER_GROUP) * CHANNELS + col;",
+      "const int tap_col = first_tap * CHANNELS + col;", WGG, "tc: fragment index"),
+    M("wgg-zero-fill", "implicit_gemm.cu", "x_cl + (b_inside ? (I)(px.offset + b_column[t]) : (I)0), b_inside ? 16 : 0);",
+      "x_cl + (b_inside ? (I)(px.offset + b_column[t]) : (I)0), 16);", WGG, "off-by-one"),
+    M("wgg-taps-past-the-last", "implicit_gemm.cu", "warp_tap[k] = tap0 + first_tap + k * WARPS_PER_GROUP < taps;",
+      "warp_tap[k] = true;", WGG, "off-by-one"),
+    M("wgg-pixels-past-the-split", "implicit_gemm.cu", "const bool inside = v_inside && row0 + r * ROW_STEP < remaining;",
+      "const bool inside = v_inside;", WGG, "off-by-one"),
+    M("wgg-dilation-swap", "implicit_gemm.cu", "dy[t] = tap0 + t < taps ? tap / kernel_w * dilation_h - pad_top",
+      "dy[t] = tap0 + t < taps ? tap / kernel_w * dilation_w - pad_top", WGG, "swapped stride"),
+    M("wgg-pad-side", "implicit_gemm.cu", "dx[t] = tap % kernel_w * dilation_w - pad_left;",
+      "dx[t] = tap % kernel_w * dilation_w - pad_top;", WGG, "wrong-side padding"),
+    M("wgg-tf32-bias-rest", "implicit_gemm.cu", "    ig_mma<float>(bias[mi], rest, ones);\n", "", WGG,
+      "tf32 rounding"),
+    M("wgg-tf32-rest-blocks", "implicit_gemm.cu", "stage_rest = sizeof(S) == 4 && has_bias && blockIdx.x == 0;",
+      "stage_rest = sizeof(S) == 4 && has_bias && blockIdx.x == 1;", WGG, "tf32 rounding"),
+    M("wgg-bias-split", "implicit_gemm.cu", "bias_partial[(I)blockIdx.z * C + g * CG + d]", "bias_partial[g * CG + d]",
+      WGG, "wrong plane stride"),
+    M("wgg-split-slice", "implicit_gemm.cu", "float* out = partial + ((I)blockIdx.z * C + g * CG) * (I)N;",
+      "float* out = partial + ((I)g * CG) * (I)N;", WGG, "wrong plane stride"),
+    M("wgg-32-bit-offsets", "implicit_gemm.cu",
+      "  typedef typename Unsigned<I>::type U;\n  constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T), GROUPS",
+      "  typedef unsigned U;\n  constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T), GROUPS",
+      IGG + " -k weight_gradient_offsets_past_2_32", "32-bit index"),
+    M("wgg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, igemm_groups_channels(dtype)))",
+      "spec.in_channels // igemm_groups_channels(dtype))", WGG, "off-by-one"),
 
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",

@@ -1,5 +1,6 @@
-"""Small groups, several a block (raw_kernels/implicit_gemm.cu conv_fwd_igemm_groups; cupyconv/ops/implicit_gemm.py
-`groups_igemm_refusal`, `plan_igemm_groups`) against the CPU path in float64, on the emulator.
+"""Small groups, several a block (raw_kernels/implicit_gemm.cu conv_fwd_igemm_groups and, for the weight gradient,
+conv_bwd_weight_igemm_groups; cupyconv/ops/implicit_gemm.py `groups_igemm_refusal`, `plan_igemm_groups`,
+`plan_weight_igemm_groups`) against the CPU path in float64, on the emulator.
 
 A block covers 64 channels: 4 groups of 16 or 2 of 32 (in = out), one K chunk per tap, warp w on its group's
 columns.  The emulator runs cp.async and ldmatrix with the hardware's rules (data lands at the wait, poison before;
@@ -167,3 +168,144 @@ def test_eligibility_and_plan():
     assert igemm.plan_igemm_groups(spec(16, 16, 5), numpy.float16).grid[1] == 2   # 80 channels: a partial block
     tf32 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float32)   # 32 floats a block: 2 groups
     assert tf32.grid == (49, 16, 1) and tf32.shared_mem == 3 * 144 * 128
+
+
+# --- the weight gradient: conv_bwd_weight_igemm_groups ----------------------------------------------------------
+# The same problems: tap counts odd and even (the second tap of a block past the last: 1 x 1, 1 x 3, 3 x 3) and 2 x 3,
+# pixel counts that leave a chunk (32 pixels; TF32 16) short, groups past the end of a block, stride, dilation and
+# padding per axis, NCHW and channels-last x, split in chunks of 1 or 2 (the last split short), blocks in both
+# orders; partial sums poisoned by the emulator before the kernel runs (an unwritten one is NaN).
+
+def weight_kernel(case, dtype, index="int"):
+    """The kernel the case's weight gradient runs: conv_bwd_weight_igemm_groups, or (float32 with groups of 32)
+    conv_bwd_weight_igemm, named up to its tile."""
+    cg = case.weight[1]
+    if cg not in igemm.IGG_GROUP_CHANNELS[dtype]:
+        return "conv_bwd_weight_igemm<"
+    return _kernels.kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg)
+
+
+def weight_launched(device):
+    return [name if name.startswith("conv_bwd_weight_igemm_groups<") else name.split("<")[0] + "<"
+            for name in device.launches if name.startswith("conv_bwd_weight")]
+
+
+def weight_backward(device, case, dtype, seed, x_layout="contiguous"):
+    """(grad_weight, grad_bias) on device and the CPU path's in float64 (grad_bias None for a case without)."""
+    x, weight, _, grad_output = case.inputs(numpy.random.default_rng(seed), DTYPES[dtype])
+    if x_layout == "channels_last":
+        x = nhwc(x)
+    needs = ("weight", "bias") if case.bias else ("weight",)
+    got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=needs,
+              **case.kwargs)
+    want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=needs, **case.kwargs)
+    return got[1:], want[1:]
+
+
+def split_chunks(monkeypatch, chunks):
+    """The planner splits the pixels into `chunks` chunks each (the last split short)."""
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(igemm, "TC_SPLIT_CHUNKS", chunks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("x_layout, chunks", [("contiguous", 2), ("channels_last", 1)])
+def test_weight_gradient_matches_cpu_path(monkeypatch, case, dtype, x_layout, chunks):
+    split_chunks(monkeypatch, chunks)
+    device = Recorder("reverse" if chunks == 1 else "forward")
+    (grad_w, grad_b), (want_w, want_b) = weight_backward(device, case, dtype, seed=21, x_layout=x_layout)
+    assert weight_launched(device) == [weight_kernel(case, dtype), "conv_bwd_weight_igemm_finish<"], device.launches
+    assert "conv_bgrad" not in "".join(device.launches)   # the bias came with the weight
+    assert grad_w.dtype == x_dtype(dtype) and grad_w.shape == case.weight
+    assert_close(grad_w, want_w, dtype, f"{case.name} grad_weight")
+    if case.bias:
+        assert_close(grad_b, want_b, dtype, f"{case.name} grad_bias")
+
+
+def x_dtype(dtype):
+    return numpy.dtype(DTYPES[dtype])
+
+
+def weight_spec(case):
+    return cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+
+
+def test_weight_gradient_splits():
+    """The sweep's split counts are real: chunks of 32 pixels (TF32 16) split by 1 and 2 give several splits, the
+    last chunk short; by default a problem this small is one split."""
+    case = CASE_BY_NAME["igg_16_partial_block"]   # 126 pixels: 4 chunks of 32 (the last 30), 8 of 16
+    spec = weight_spec(case)
+    assert igemm.plan_weight_igemm_groups(spec, numpy.float16).grid == (5, 2, 1)   # 9 taps: 5 blocks of 2
+    assert igemm.plan_weight_igemm_groups(spec, numpy.float32).grid == (5, 3, 1)   # 80 channels: 3 blocks of 32
+    with pytest.MonkeyPatch.context() as m:
+        split_chunks(m, 2)
+        assert igemm.plan_weight_igemm_groups(spec, numpy.float16).grid[2] == 2
+        assert igemm.plan_weight_igemm_groups(spec, numpy.float32).grid[2] == 4
+        split_chunks(m, 3)   # 8 TF32 chunks: 2 splits of 4
+        assert igemm.plan_weight_igemm_groups(spec, numpy.float32).chunks_per_split == 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_weight_gradient_bits_whatever_the_block_order(monkeypatch, dtype):
+    """Several splits, blocks in forward and reverse order: the same grad_weight and grad_bias bits."""
+    split_chunks(monkeypatch, 1)
+    case = CASE_BY_NAME["igg_16_partial_block"]
+    runs = []
+    for order in ("forward", "reverse", "forward"):
+        (gw, gb), _ = weight_backward(Recorder(order), case, dtype, seed=22)
+        runs.append((gw.tobytes(), gb.tobytes()))
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_weight_gradient_64_bit_index_variant(monkeypatch):
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    split_chunks(monkeypatch, 1)
+    case = CASE_BY_NAME["igg_32_partial_block"]
+    device = Recorder()
+    (grad_w, grad_b), (want_w, want_b) = weight_backward(device, case, "float16", seed=23)
+    assert weight_kernel(case, "float16", "long long") in device.launches, device.launches
+    assert_close(grad_w, want_w, "float16", "grad_weight")
+    assert_close(grad_b, want_b, "float16", "grad_bias")
+
+
+def test_weight_gradient_tf32_bias_keeps_float_precision():
+    """TF32: the bias sums grad_output's tf32 part and its remainder's (staged beside it by the blocks of the first
+    taps): about float's precision, where tf32 alone misses by ~1e-4 of the largest value."""
+    case = CASE_BY_NAME["igg_16_partial_block"]
+    (_, grad_b), (_, want_b) = weight_backward(Recorder(), case, "float32", seed=24)
+    assert float(numpy.abs(numpy.asarray(grad_b, numpy.float64) - want_b).max()) <= 1e-6 * float(numpy.abs(want_b).max())
+
+
+def test_weight_gradient_offsets_past_2_32(monkeypatch):
+    """Channels-last x and grad_output (1, 8200, 8200, 64) over sparse memory, a 2 x 1 kernel padded 1 on top (taps
+    dy = -1 and 0, one block of both), 4 groups of 16, no bias: the last pixels lie 4.30e9 elements in, past 2^32
+    (an unsigned 32-bit offset would wrap silently, and a 32-bit tap offset of dy = -1 would add 2^32 - a row).
+    Split into as many splits as the grid takes (63675 of 33 chunks): the sparse device runs the last block of each
+    launch, the last split's, whose sums (its partial slice, the device's poisoned tail) the final pass's last block
+    adds to the other splits' zeros: grad_weight's last 256 elements against float64 sums over that split's pixels."""
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    rng = numpy.random.default_rng(25)
+    side, c, g, cg, run_ = 8200, 64, 4, 16, 2000
+    x_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
+    gy_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
+    x_cl[0, -2:, -run_:] = rng.standard_normal((2, run_, c))   # the last two rows: the taps' rows of the last pixels
+    gy_cl[0, -1, -run_:] = rng.standard_normal((run_, c)) / 8
+    x, gy = x_cl.transpose(0, 3, 1, 2), gy_cl.transpose(0, 3, 1, 2)
+    weight = numpy.zeros((c, cg, 2, 1), numpy.float16)
+    kwargs = dict(stride=1, padding=((1, 0), (0, 0)), dilation=1, groups=g)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, weight, None, **kwargs)
+    with cupyconv.settings.workspace_limit(2**40):
+        plan = igemm.plan_weight_igemm_groups(spec, numpy.float16)
+        first = (plan.splits - 1) * plan.chunks_per_split * igemm.WG_CHUNK["float16"]   # the last split's pixel
+        assert plan.grid[:2] == (1, 1) and plan.splits > 60000 and side * side - first < run_
+        device = bug_classes.SparseDevice(tail=c * cg * 2)
+        grad_w = run(device, cupyconv.conv2d_backward, gy, x, weight, algorithm="implicit_gemm", needs=("weight",),
+                     **kwargs)[1]
+    assert device.launches[0] == "conv_bwd_weight_igemm_groups<__half, long long, 16>", device.launches
+    pixels = side * side - first   # all in the last row: tap ky reads row side - 2 + ky of x, the same columns
+    gys = numpy.asarray(gy_cl[0, -1, -pixels:], numpy.float64).reshape(-1, g, cg)
+    want = numpy.stack([numpy.einsum("pgd,pgc->gdc", gys, numpy.asarray(x_cl[0, row, -pixels:], numpy.float64)
+                                     .reshape(-1, g, cg)) for row in (-2, -1)], axis=-1).reshape(c, cg, 2, 1)
+    bug_classes.assert_tail_written(grad_w.reshape(-1), want.reshape(-1)[-256:], numpy.float16, 256, "grad_weight")

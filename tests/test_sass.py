@@ -414,7 +414,15 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         groups = 128 // itemsize // channels   # a block's (4 warps: 4 / groups a group, splitting its rows)
         expected = rows // (4 // groups) // 16 * (channels // 8) * (channels * itemsize // 32)
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    names += weight_igemm + channels_last + several_groups
+    weight_groups = [n for n in listed if n.startswith("conv_bwd_weight_igemm_groups<")]
+    assert len(weight_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
+    for name in weight_groups:   # two k-steps a chunk, each warp: its taps x CG x CG, + A x ones (TF32: twice)
+        channels, tf32 = int(name.rstrip(">").split(",")[2]), "<float," in name
+        groups = (32 if tf32 else 64) // channels   # a block's (4 warps: 4 / groups a group, splitting its taps)
+        gemm = implicit_gemm.WGG_TAPS // (4 // groups) * (channels // 16) * (channels // 8)
+        expected = 2 * (gemm + channels // 16 * (2 if tf32 else 1))
+        assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
+    names += weight_igemm + channels_last + several_groups + weight_groups
     assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 
 
@@ -609,6 +617,42 @@ def test_several_groups_main_loop_is_lean(kernel_programs, sass_tools):
         if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
+    assert seen == 5 and not problems, "\n".join(problems)
+
+
+# conv_bwd_weight_igemm_groups (the weight gradient of several small groups a block), by (element type, channels per
+# group): its main loop per chunk, instructions per GEMM HMMA (the bias's HMMA counted as instructions).  NVRTC 13.0
+# of 2026-11-26: 22.9 for 16-bit groups of 16 (8 GEMM HMMA a chunk per warp against 6 cp.async a thread: the copies'
+# addresses and bounds dominate; conv_bwd_weight_igemm's 32 x 64 tile has 12.4 per HMMA, but half its rows and a
+# quarter of its columns are padding there), 12.25 for 32, TF32 40.25 (words, no ldmatrix; 4 GEMM HMMA).  With the
+# stage offsets recomputed in the loop: 25.4, 13.4, 40.0.  About 5-7% above those.
+WEIGHT_GROUPS_LOOP_PER_HMMA = {("16-bit", 16): 24.5, ("16-bit", 32): 13.1, ("float", 16): 42.5}
+
+
+@pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
+def test_weight_groups_main_loop_is_lean(kernel_programs, sass_tools):
+    """conv_bwd_weight_igemm_groups' main loop: at most WEIGHT_GROUPS_LOOP_PER_HMMA instructions per GEMM HMMA, operands
+    by LDGSTS and (16-bit) LDSM, no LDG; no local memory."""
+    program = kernel_programs("implicit_gemm.cu", "sm_90")
+    loops, usage = main_loop_opcodes(program), resource_usage(program, "sm_90")
+    problems, seen = [], 0
+    for name in GROUPS["implicit_gemm.cu"]:
+        if not name.startswith("conv_bwd_weight_igemm_groups<"):
+            continue
+        loop, tf32 = loops[name], "<float," in name
+        if usage[name].local:
+            problems.append(f"{name}: {usage[name].local} bytes of local memory")
+        if not loop["LDGSTS"] or (not tf32 and not loop["LDSM"]) or loop["LDG"]:
+            problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}")
+        if ", int," not in name:
+            continue
+        seen += 1
+        channels = int(name.rstrip(">").split(",")[2])
+        gemm = loop["HMMA"] // 2 if tf32 else loop["HMMA"] * 4 // 5   # (the bias: TF32 2 of 4, 16-bit 1 of 5)
+        per_hmma = sum(loop.values()) / gemm
+        if per_hmma > WEIGHT_GROUPS_LOOP_PER_HMMA["float" if tf32 else "16-bit", channels]:
+            problems.append(f"{name}: {per_hmma:.1f} instructions per GEMM HMMA")
     assert seen == 5 and not problems, "\n".join(problems)
 
 

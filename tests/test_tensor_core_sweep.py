@@ -19,8 +19,8 @@ drawn on purpose, and `test_sweep_covers_the_axes` checks that the list reaches 
   in whole 16-byte vectors; the input gradient at stride > 1 once per phase, phases without taps zero-filled) and
   the generic ones (`SweepSpec.kernels`);
 - small groups several a block (conv_fwd_igemm_groups: 16-bit, groups of 16 or 32 channels in and out, the
-  forward and the stride-1 input gradient): the specs from GROUPS_FROM on, 2 to 6 groups (blocks of 64 channels
-  filled or not);
+  forward and the stride-1 input gradient; conv_bwd_weight_igemm_groups: their weight gradient at any stride): the
+  specs from GROUPS_FROM on, 2 to 6 groups (blocks of 64 channels filled or not);
 - 64-bit offsets past 2^32 (not only 2^31: an unsigned 32-bit offset wraps silently there, which UBSan cannot
   see), on the sparse-memory device: `test_x_offsets_past_2_32` and `test_plane_offsets_past_2_32`.
 """
@@ -84,7 +84,8 @@ class SweepSpec:
 
     def kernels(self) -> list[str]:
         """The tensor-core kernels of the forward, input gradient and weight gradient, in launch order."""
-        weight = ["conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish"] if self.vectorised else ["conv_bwd_weight_tc"]
+        weight = (["conv_bwd_weight_igemm_groups" if self.several_groups_a_block("weight") else "conv_bwd_weight_igemm",
+                   "conv_bwd_weight_igemm_finish"] if self.vectorised else ["conv_bwd_weight_tc"])
         return [*(self.igemm_kernels("forward") if self.fast("forward") else ["conv_fwd_tc"]),
                 *(self.igemm_kernels("input") if self.fast("input") else ["conv_bwd_input_tc"]), *weight]
 
@@ -109,7 +110,10 @@ class SweepSpec:
         return [kernel for n in splits for kernel in ["conv_fwd_igemm", *(["conv_bwd_weight_igemm_finish"] * (n > 1))]]
 
     def several_groups_a_block(self, pass_: str) -> bool:
-        """Whether pass_ ('forward' or 'input') runs conv_fwd_igemm_groups (the input gradient: at stride 1 only)."""
+        """Whether pass_ ('forward' or 'input') runs conv_fwd_igemm_groups (the input gradient: at stride 1 only), or
+        ('weight') conv_bwd_weight_igemm_groups."""
+        if pass_ == "weight":
+            return self.vectorised and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype]) is None
         return (self.fast(pass_) and (pass_ == "forward" or self.case.stride == (1, 1))
                 and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype]) is None)
 
@@ -119,6 +123,8 @@ class SweepSpec:
 
     def plan(self, pass_: str) -> igemm.TensorCorePlan:
         with self.planner():
+            if pass_ == "weight" and self.several_groups_a_block("weight"):
+                return igemm.plan_weight_igemm_groups(self.spec, DTYPES[self.dtype])
             if pass_ == "weight" and self.vectorised:
                 return igemm.plan_weight_igemm(self.spec, DTYPES[self.dtype])
             return igemm.plan_tensor_cores(self.spec, DTYPES[self.dtype], pass_)
@@ -201,7 +207,7 @@ def draw(index: int) -> SweepSpec:
 def draw_groups(index: int) -> SweepSpec:
     """Spec `index` (from GROUPS_FROM on): 2 to 6 groups of 16 or 32 channels in and out (float32 as TF32: 16),
     every layout, the stride 1 of the input gradient on conv_fwd_igemm_groups in two of three, stride and dilation
-    per axis."""
+    per axis; the weight gradient split in chunks of 1 or 2 in two of three."""
     rng = numpy.random.default_rng([SEED, index])
     dtype = ("float16", "bfloat16", "float32")[index % 3]
     channels = 16 if dtype == "float32" else (16, 32)[index // 3 % 2]
@@ -220,7 +226,9 @@ def draw_groups(index: int) -> SweepSpec:
     case = ConvCase(f"s{index:02d}_{dtype}_{'patch' if patch else 'conv'}_{layout}_g{groups}x{channels}",
                     (*lead, groups * channels, *size), (groups * channels, channels, *kernel), stride=stride,
                     padding=padding, dilation=dilation, groups=groups, bias=bool(rng.integers(0, 2)))
-    return SweepSpec(index, dtype, case, layout, patch, 0, wide_rows=False, long_index=index % 6 == 5,
+    # the weight gradient (conv_bwd_weight_igemm_groups) in splits of 1 or 2 chunks in two specs of three
+    return SweepSpec(index, dtype, case, layout, patch, (0, 2, 1)[index // 2 % 3], wide_rows=False,
+                     long_index=index % 6 == 5,
                      order=("forward", "reverse")[index // 3 % 2])
 
 
@@ -378,6 +386,17 @@ def test_sweep_covers_the_axes():
     reached["conv_fwd_igemm_groups: the input gradient"] = [s for s in SPECS if s.several_groups_a_block("input")]
     reached["conv_fwd_igemm_groups: patch_conv2d, long long"] = [s for s in several if s.patch] and [
         s for s in several if s.long_index]
+    several_weight = [s for s in SPECS if s.several_groups_a_block("weight")]
+    for dtype, dtype_channels in igemm.IGG_GROUP_CHANNELS.items():
+        for channels in dtype_channels:
+            reached[f"conv_bwd_weight_igemm_groups: {channels} channels a group, {dtype}"] = [
+                s for s in several_weight if s.spec.channels_per_group == channels and s.dtype == dtype]
+    for layout in LAYOUTS:
+        reached[f"conv_bwd_weight_igemm_groups: {layout} x"] = [s for s in several_weight if s.layout == layout]
+    reached["conv_bwd_weight_igemm_groups: several splits, an odd tap count, stride h != w, bias"] = [
+        s for s in several_weight if s.plan("weight").splits > 1] and [
+        s for s in several_weight if s.spec.taps % igemm.WGG_TAPS] and [
+        s for s in several_weight if s.case.stride[0] != s.case.stride[1]] and [s for s in several_weight if s.case.bias]
     strided_fast = [s for s in SPECS if s.fast("input") and s.case.stride != (1, 1)]
     reached["input gradient on the channels-last path, stride > 1 (phases)"] = strided_fast
     reached["... with a phase that has no taps (zero-filled)"] = [

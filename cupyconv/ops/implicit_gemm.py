@@ -59,6 +59,7 @@ def instantiations():
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
+        names += [kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg) for cg in channels]
     return names + weight_igemm_instantiations()
 
 
@@ -762,8 +763,30 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     return TensorCorePlan(tile, (*blocks, splits), per_split)
 
 
+# conv_bwd_weight_igemm_groups (the last section of implicit_gemm.cu): the weight gradient of the groups that
+# conv_fwd_igemm_groups takes (`groups_igemm_refusal`), 128 bytes of their channels (in and out) by WGG_TAPS taps a
+# block, each warp on its own group's block-diagonal columns: no MMA on padding, where conv_bwd_weight_igemm's
+# 32 x 64 tile runs half its rows (groups of 16) and a quarter of its columns (3 x 3: 144 of 192) on zeros.  Its
+# partial sums are conv_bwd_weight_igemm's, added by the same final pass.  PREDICTED (H100): benchmarks/RESULTS.md,
+# "Small groups, several a block: the weight gradient".
+WGG_TAPS = 2   # implicit_gemm.cu's WGG_TAPS: taps a block
+
+
+def plan_weight_igemm_groups(spec: ConvSpec, dtype) -> TensorCorePlan:
+    """conv_bwd_weight_igemm_groups' launch: tile (CG,) (its template constant), grid (tap blocks of WGG_TAPS,
+    blocks of `igemm_groups_channels` channels, splits), the pixels split as `plan_weight_igemm` does (the shapes
+    only: the same bits on every run and every GPU).  Threads: IG_THREADS."""
+    name = numpy.dtype(dtype).name
+    blocks = (ceil_div(spec.taps, WGG_TAPS), ceil_div(spec.in_channels, igemm_groups_channels(dtype)))
+    splits, per_split = split_reduction(max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name])),
+                                        blocks[0] * blocks[1], TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS,
+                                        spec.out_channels * (spec.taps * spec.channels_per_group + 1) * 4)
+    return TensorCorePlan((spec.channels_per_group,), (*blocks, splits), per_split)
+
+
 def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
-    plan = plan_weight_igemm(spec, xv.dtype)
+    several = groups_igemm_refusal(spec, xv.dtype) is None   # small groups, several a block
+    plan = (plan_weight_igemm_groups if several else plan_weight_igemm)(spec, xv.dtype)
     oh, ow = spec.out_size
     x_cl = channels_last(device, xv)
     gy4 = gy.reshape(spec.n, spec.out_channels, oh, ow)
@@ -776,12 +799,15 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
     index = index_type(x_cl.size, gy_cl.size, partial.size)
-    KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, dtype=xv.dtype, index=index, grid=plan.grid,
-                   block=weight_igemm_threads(plan.tile), window=spec, x_cl=x_cl, gy_cl=gy_cl, gy_rest=gy_rest,
-                   partial=partial,
-                   bias_partial=bias_partial, n=spec.n, groups=spec.groups,
-                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
-                   chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
+    common = dict(dtype=xv.dtype, index=index, grid=plan.grid, window=spec, x_cl=x_cl, gy_cl=gy_cl, gy_rest=gy_rest,
+                  partial=partial, bias_partial=bias_partial, n=spec.n, groups=spec.groups,
+                  chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
+    if several:
+        KERNELS.launch(device, "conv_bwd_weight_igemm_groups", plan.tile, block=IG_THREADS, **common)
+    else:
+        KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, block=weight_igemm_threads(plan.tile),
+                       channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                       **common)
     grad_w = device.empty(spec.weight_shape, xv.dtype)
     grad_b = device.empty((spec.out_channels,), xv.dtype) if with_bias else grad_w
     KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xv.dtype, index=index,
