@@ -715,6 +715,13 @@ MUTATIONS = [
     # the per-image SPREAD instantiations of narrow tiles (issue 25): the planner's choice, the kernel's layout
     M("dw-spread-narrow-choice", DW_PY, "span >= 128 or span <= next_strip <= 128 - span:",
       "span >= 128 or True:", DW_SPREAD, "bank conflict"),
+    # depthwise_bwd_weight<K, S>: at least STAGE1_MIN_UNITS units a block (task dwwgrad): the planner's split
+    M("dw-stage1-min-units", DW_PY, "fewer = max(1, units // least)", "fewer = max(1, units)",
+      DEPTHWISE + " -k 'several_units or stage1_rows'", "wrong unit split"),
+    M("dw-stage1-fill", DW_PY, "fewer * channels >= STAGE1_FILL_BLOCKS:", "fewer * channels > STAGE1_FILL_BLOCKS:",
+      DEPTHWISE + " -k 'several_units or stage1_rows'", "off-by-one"),
+    M("dw-stage1-min-units-kernel", DW_PY, 'least = STAGE1_MIN_UNITS if plan.kernel == "depthwise_bwd_weight" else 1',
+      "least = 1", DEPTHWISE + " -k 'several_units or stage1_rows'", "wrong unit split"),
     M("dw-spread-narrow-layout", "depthwise.cu", "constexpr bool spread = SPREAD, stage_weights",
       "constexpr bool spread = PACK && SPREAD, stage_weights", DW_SPREAD, "bank conflict"),
     M("dw-spread-narrow-weights", "depthwise.cu", "stage_weights = PACK && SPREAD;", "stage_weights = SPREAD;",

@@ -195,6 +195,15 @@ PLANE_MAX = 64         # the largest src and dst planes (elements) of depthwise_
                        # thread per dst plane, so larger planes would leave too few threads and too long loops
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
+STAGE1_MIN_UNITS = 4   # units a block of depthwise_bwd_weight<K, S> takes at least (where its channel has that many):
+                       # small planes have 1-8 units a channel, which STAGE1_BLOCKS alone gave one block each, so
+                       # every block paid its set-up, its block reduction of K * K + 1 sums and a partial row for
+                       # one unit, and each warp ran its load-compute loop once (nothing of its own to overlap);
+                       # PREDICTED dw-480-14 fp16 weight gradient 26.3-87.8 -> 15.6-40.3 us (RESULTS.md)
+STAGE1_FILL_BLOCKS = 384  # ... unless that leaves fewer blocks than this (about 3 blocks of 256 threads an H100 SM):
+                          # then the SMs would hold too few warps to hide their loads' latency (PREDICTED iii fp16,
+                          # 64 channels of 8 units: 512 blocks of 1 unit 5.0-12.6 us, 128 of 4 5.7-14.5, 256 of 2
+                          # 6.2-17.7), so STAGE1_BLOCKS' split stays
 
 
 def instantiations():
@@ -553,10 +562,14 @@ def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
     return None
 
 
-def stage1_rows(units: int, channels: int):
+def stage1_rows(units: int, channels: int, least: int = 1):
     """(rows, units per block) for a stage 1 over `units` per channel: ~STAGE1_BLOCKS blocks in all, so even a
-    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small."""
+    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small; but at
+    least `least` units a block (all of them where the channel has fewer) where that leaves STAGE1_FILL_BLOCKS."""
     rows = min(units, max(1, ceil_div(STAGE1_BLOCKS, channels)))
+    fewer = max(1, units // least)
+    if fewer < rows and fewer * channels >= STAGE1_FILL_BLOCKS:
+        rows = fewer
     per_block = ceil_div(units, rows)
     return ceil_div(units, per_block), per_block
 
@@ -621,7 +634,8 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     elif plan.tiling:
         if plan.tiling.plane_channels:  # tiny planes: a block per group of plane_channels channels and partial row
             groups = ceil_div(cm, plan.tiling.plane_channels)
-        rows, step = stage1_rows(plan.tiling.units(n), groups)  # step: units per block
+        least = STAGE1_MIN_UNITS if plan.kernel == "depthwise_bwd_weight" else 1
+        rows, step = stage1_rows(plan.tiling.units(n), groups, least)  # step: units per block
     else:
         rows, step = 1, 1
     partial = device.empty((rows, length), acc_dtype)
