@@ -584,7 +584,7 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
 @pytest.mark.parametrize("shape, k, padding, dtype, units", [
     ((64, 3, 14, 14), 3, 1, "float16", 4),   # dw-480-14's units: 16 images each, 4 a channel
     ((61, 2, 14, 14), 3, 1, "float32", 4),   # the last unit short (13 images)
-    ((70, 2, 7, 7), 5, 2, "float32", 2),     # 7x7 planes, 5x5 (SPREAD): 35 images a unit, fewer units than STAGE1_MIN_UNITS
+    ((70, 2, 7, 7), 5, 2, "float32", 2),     # 7x7 planes, 5x5 (SPREAD): 35 images a unit, fewer than the minimum
 ])
 def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, padding, dtype, units):
     """depthwise_bwd_weight<K, S> on small planes, which have a few units a channel: a block takes at least
