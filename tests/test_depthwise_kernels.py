@@ -572,7 +572,8 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
                                                                needs=("weight", "bias"))
-    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
+    name = short(device.launches[0][0]).replace(", false, true>", ">").replace(", true, true>", ", true>")  # PAIRS
+    assert name == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
     assert device.launches[0][1][-2] > 1, "units per block"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
@@ -609,6 +610,32 @@ def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, paddin
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
+@pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
+    ((40, 2, 14, 14), 3, 1, "float16", "depthwise_bwd_weight<3, 1, false, true>"),  # from column -1: odd
+    ((40, 2, 14, 14), 5, 2, "bfloat16", "depthwise_bwd_weight<5, 1, true, true>"),  # from column -2: even
+    ((9, 2, 10, 6), 5, 1, "float16", "depthwise_bwd_weight<5, 1, true, true>"),     # rectangular, 6 wide, 2 units
+    ((40, 2, 14, 14), 5, 2, "float32", "depthwise_bwd_weight<5, 1, true>"),         # 32-bit: no pairs
+    ((40, 2, 7, 7), 3, 1, "float16", "depthwise_bwd_weight<3, 1>"),                 # odd width: no pairs
+])
+def test_weight_gradient_stages_even_rows_by_pairs(shape, k, padding, dtype, kernel):
+    """depthwise_bwd_weight's PAIRS instantiations (16-bit, whole-plane tiles, even rows that are not whole 16-byte
+    chunks): x staged by 2-element slots aligned in memory, from an odd or an even column; against float64."""
+    rng = numpy.random.default_rng(shape[0] + k)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1], 1, k, k)).astype(_dtype(dtype))
+    out_shape = cupyconv.depthwise_conv2d(x, weight, padding=padding).shape
+    grad_output = rng.standard_normal(out_shape).astype(_dtype(dtype))
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding,
+                                                               needs=("weight", "bias"))
+    assert short(device.launches[0][0]) == kernel
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
+    assert_matches(grad_w, want_w.astype(_dtype(dtype)), dtype, "weight")
+    assert_matches(grad_b, want_b.astype(_dtype(dtype)), dtype, "bias")
 
 
 def test_stage1_rows_keep_enough_blocks():

@@ -173,6 +173,7 @@ TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic:
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
 SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
                        # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
                        # items of 4 rows on 14x14 planes hit different banks without it (4 rows of a 20-element pitch
@@ -215,6 +216,9 @@ def instantiations():
             # SPREAD (`_spread_planes`; and the small planes' whole-plane tiles from SPREAD_MIN_K on)
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s, False, True))
+        if dtype in ("float16", "bfloat16"):  # PAIRS (plan_weight_grad): 3x3 per-image, 5x5 SPREAD
+            names.extend(kernel_name("depthwise_bwd_weight", dtype, index, k, 1, k >= SPREAD_MIN_K, True)
+                         for k in PAIRS_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, False, True) for k in SPECIALISED_KERNELS)
         # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
@@ -501,11 +505,16 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
     return Plan("depthwise_bwd_input_gather")
 
 
-def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
-    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone."""
+def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int | None = None) -> Plan:
+    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone.  PAIRS (the kernel's last
+    constant, AlignedStaging's): whole-plane tiles of 16-bit data at stride 1 whose rows are even but not whole
+    16-byte chunks of the accumulation type (14x14), K in PAIRS_KERNELS."""
     if not need_weight:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
+    width = spec.in_size[1]
+    pairs = (itemsize == 2 and k in PAIRS_KERNELS and spec.stride == (1, 1) and width % 2 == 0
+             and width % (16 // acc) != 0)
     if k:
         def plan(spread):
             return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread), acc,
@@ -514,10 +523,12 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
         tiling = plan(True) if k >= SPREAD_MIN_K else None
         if tiling and tiling.tiles_x == tiling.tiles_y == 1:
-            return Plan("depthwise_bwd_weight", (k, spec.stride[0], True), tiling)
+            return Plan("depthwise_bwd_weight", (k, spec.stride[0], True, *((True,) if pairs else ())), tiling)
         tiling = plan(False)
         if tiling:
             tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, plan)
+            if pairs and not spread and tiling.tiles_x == tiling.tiles_y == 1:
+                spread = (False, False, True)  # SPREAD false, PAIRS
             return Plan("depthwise_bwd_weight", (k, spec.stride[0], *spread[1:]), tiling)
     if _overlaps(spec):
         planes = plan_weight_planes(spec, acc)
@@ -627,7 +638,7 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
-    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
+    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize, dtype.itemsize)
     groups = cm  # channel groups of stage 1: a block per group and partial row
     if not need_weight:
         rows, step = stage1_rows(n, cm)  # step: images per block
