@@ -482,12 +482,18 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // S = 1 the 8 lanes of a quarter warp cover the 32 banks once (one wavefront per quarter; the next strip of the same
 // plane, V rows of a 16-byte pitch down, lands on lane 0's banks: two).  The planner's _forward_staging mirrors
 // pitch and plane.
-template <typename T, typename I, bool SPREAD> struct AlignedStaging {
+//
+// PAIRS (depthwise_bwd_weight's small-plane instantiations for 16-bit data, planned where the plane width is even but
+// not whole chunks: 14x14): rows are staged by 2-element slots aligned in memory, one 4-byte load a lane for two
+// elements, so a thread stages half as many rows of a unit one after another and waits on half as many loads (each
+// load's conversion and store wait for it; 16 14x14 planes on 256 threads: 21 -> 11 rows a thread).  Each slot still
+// stores its two elements one by one (the tile row starts at x0, which may be odd).
+template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
   static constexpr int BANK_ROW = 128 / sizeof(A);  // elements per row of the 32 four-byte banks
   int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
-  bool stager, rows_aligned;
+  bool stager, rows_aligned, pairs;
 
   __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_, int span)
       : in_h(in_h_), in_w(in_w_) {
@@ -495,7 +501,10 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
     plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0);
     rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
     chunks = pitch / C;
-    lanes = min(rows_aligned ? chunks : in_w, (int)blockDim.x);  // chunks, or elements, of a row at a time
+    pairs = PAIRS && !rows_aligned && width % 2 == 0 &&
+            (reinterpret_cast<unsigned long long>(src) % (2 * sizeof(T))) == 0;
+    // chunks, or 2-element slots (in_w / 2 + 1 cover a row from any column), or elements, of a row at a time
+    lanes = min(rows_aligned ? chunks : pairs ? in_w / 2 + 1 : in_w, (int)blockDim.x);
     const int rows_per_pass = (int)blockDim.x / lanes;
     stager = (int)threadIdx.x < rows_per_pass * lanes;
     chunk0 = (int)threadIdx.x % lanes;
@@ -525,7 +534,17 @@ template <typename T, typename I, bool SPREAD> struct AlignedStaging {
         if (row != nullptr) row += yy * (I)width;
       }
       A* dst = tile + offset(q, r);  // dst[i]: column x0 + i
-      if (!rows_aligned) {
+      if (PAIRS && pairs) {
+        const int odd = x0 & 1;  // slot k holds columns x0 - odd + 2k and the next (the width is even: both or none)
+        for (int k = chunk0; k < (odd + in_w + 1) / 2; k += lanes) {
+          const int i = 2 * k - odd, col = x0 + i;
+          Pack<T, 2> v;
+          v.v[0] = v.v[1] = from_acc<T>(A(0));
+          if (row != nullptr && col >= 0 && col < width) v = *reinterpret_cast<const Pack<T, 2>*>(row + col);
+          if (i >= 0) dst[i] = to_acc(v.v[0]);
+          if (i + 1 < in_w) dst[i + 1] = to_acc(v.v[1]);
+        }
+      } else if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
           dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
@@ -1311,8 +1330,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 // row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
 // are reduced once, in block_reduce's fixed order.  SPREAD: the instantiation for whole-plane tiles (small planes)
 // and for tiles whose row of thread items spans less than a bank row (as depthwise_fwd's SPREAD), thread items and
-// staged planes laid out as AlignedStaging describes.
-template <typename T, typename I, int K, int S, bool SPREAD = false>
+// staged planes laid out as AlignedStaging describes.  PAIRS: AlignedStaging's (its own instantiations, so that the
+// other planes keep their code and registers).
+template <typename T, typename I, int K, int S, bool SPREAD = false, bool PAIRS = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
@@ -1321,7 +1341,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I, SPREAD> staging(x, width, in_h, in_w, tile_w * S);
+  const AlignedStaging<T, I, SPREAD, PAIRS> staging(x, width, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   A* scratch = tile + staging.offset(per_block, 0);

@@ -69,6 +69,8 @@ DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or align
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
 DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # spread planes (small, narrow)
 DW_PY = "cupyconv/ops/depthwise.py"
+DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
+DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
@@ -716,6 +718,22 @@ MUTATIONS = [
     # the per-image SPREAD instantiations of narrow tiles (issue 25): the planner's choice, the kernel's layout
     M("dw-spread-narrow-choice", DW_PY, "span >= 128 or span <= next_strip <= 128 - span:",
       "span >= 128 or True:", DW_SPREAD, "bank conflict"),
+    # AlignedStaging's PAIRS (task dwwgrad): depthwise_bwd_weight's even 16-bit rows staged by 2-element slots
+    M("dw-stage-pairs-first", "depthwise.cu", "if (i >= 0) dst[i] = to_acc(v.v[0]);",
+      "if (i > 0) dst[i] = to_acc(v.v[0]);", DW_PAIRS, "off-by-one"),
+    M("dw-stage-pairs-last", "depthwise.cu", "if (i + 1 < in_w) dst[i + 1]", "if (i + 2 < in_w) dst[i + 1]",
+      DW_PAIRS, "tile bound"),
+    M("dw-stage-pairs-parity", "depthwise.cu", "const int odd = x0 & 1;", "const int odd = 0;",
+      DW_PAIRS, "wrong-side padding"),
+    M("dw-stage-pairs-slots", "depthwise.cu", "k < (odd + in_w + 1) / 2; k += lanes)", "k < in_w / 2; k += lanes)",
+      DW_PAIRS, "tile bound"),
+    # depthwise_bwd_weight<K, S>: at least STAGE1_MIN_UNITS units a block (task dwwgrad): the planner's split
+    M("dw-stage1-min-units", DW_PY, "fewer = max(1, units // least)", "fewer = max(1, units)",
+      DW_STAGE1, "wrong unit split"),
+    M("dw-stage1-fill", DW_PY, "fewer * channels >= STAGE1_FILL_BLOCKS:", "fewer * channels > STAGE1_FILL_BLOCKS:",
+      DW_STAGE1, "off-by-one"),
+    M("dw-stage1-min-units-kernel", DW_PY, 'least = STAGE1_MIN_UNITS if plan.kernel == "depthwise_bwd_weight" else 1',
+      "least = 1", DW_STAGE1, "wrong unit split"),
     M("dw-spread-narrow-layout", "depthwise.cu", "constexpr bool spread = SPREAD, stage_weights",
       "constexpr bool spread = PACK && SPREAD, stage_weights", DW_SPREAD, "bank conflict"),
     M("dw-spread-narrow-weights", "depthwise.cu", "stage_weights = PACK && SPREAD;", "stage_weights = SPREAD;",

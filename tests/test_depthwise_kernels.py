@@ -572,13 +572,70 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
                                                                needs=("weight", "bias"))
-    assert short(device.launches[0][0]) == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
+    name = short(device.launches[0][0]).replace(", false, true>", ">").replace(", true, true>", ", true>")  # PAIRS
+    assert name == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
     assert device.launches[0][1][-2] > 1, "units per block"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
                                                            needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
+@pytest.mark.parametrize("shape, k, padding, dtype, units", [
+    ((64, 3, 14, 14), 3, 1, "float16", 4),   # dw-480-14's units: 16 images each, 4 a channel
+    ((61, 2, 14, 14), 3, 1, "float32", 4),   # the last unit short (13 images)
+    ((70, 2, 7, 7), 5, 2, "float32", 2),     # 7x7 planes, 5x5 (SPREAD): 35 images a unit, fewer than the minimum
+])
+def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, padding, dtype, units):
+    """depthwise_bwd_weight<K, S> on small planes, which have a few units a channel: a block takes at least
+    STAGE1_MIN_UNITS of them (all, where the channel has fewer), so every channel is one partial row and each block
+    reduces once over all its units, not once a unit (STAGE1_BLOCKS alone gave a block each); the sums match.  (Here
+    with STAGE1_FILL_BLOCKS 1: a few channels, not the hundreds that fill a GPU.)"""
+    assert depthwise_module.STAGE1_MIN_UNITS >= units
+    monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
+    rng = numpy.random.default_rng(units + 300)
+    x = rng.standard_normal(shape).astype(dtype)
+    weight = rng.standard_normal((shape[1], 1, k, k)).astype(dtype)
+    grad_output = rng.standard_normal(shape).astype(dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding,
+                                                               needs=("weight", "bias"))
+    (stage1, args), (stage2, reduce_args) = device.launches
+    assert short(stage1).startswith(f"depthwise_bwd_weight<{k}, 1") and short(stage2) == "depthwise_bwd_reduce"
+    assert args[-2] == units, "units per block"
+    assert reduce_args[-2] == 1, "partial rows"
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
+    assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
+    assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+
+
+@pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
+    ((40, 2, 14, 14), 3, 1, "float16", "depthwise_bwd_weight<3, 1, false, true>"),  # from column -1: odd
+    ((40, 2, 14, 14), 5, 2, "bfloat16", "depthwise_bwd_weight<5, 1, true, true>"),  # from column -2: even
+    ((9, 2, 10, 6), 5, 1, "float16", "depthwise_bwd_weight<5, 1, true, true>"),     # rectangular, 6 wide, 2 units
+    ((40, 2, 14, 14), 5, 2, "float32", "depthwise_bwd_weight<5, 1, true>"),         # 32-bit: no pairs
+    ((40, 2, 7, 7), 3, 1, "float16", "depthwise_bwd_weight<3, 1>"),                 # odd width: no pairs
+])
+def test_weight_gradient_stages_even_rows_by_pairs(shape, k, padding, dtype, kernel):
+    """depthwise_bwd_weight's PAIRS instantiations (16-bit, whole-plane tiles, even rows that are not whole 16-byte
+    chunks): x staged by 2-element slots aligned in memory, from an odd or an even column; against float64."""
+    rng = numpy.random.default_rng(shape[0] + k)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1], 1, k, k)).astype(_dtype(dtype))
+    out_shape = cupyconv.depthwise_conv2d(x, weight, padding=padding).shape
+    grad_output = rng.standard_normal(out_shape).astype(_dtype(dtype))
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding,
+                                                               needs=("weight", "bias"))
+    assert short(device.launches[0][0]) == kernel
+    as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
+    _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
+    assert_matches(grad_w, want_w.astype(_dtype(dtype)), dtype, "weight")
+    assert_matches(grad_b, want_b.astype(_dtype(dtype)), dtype, "bias")
 
 
 # The kernels the two memory-counter tests below launch (float32, 32-bit indices).  Their profile build (every access
@@ -595,6 +652,20 @@ COUNTED = [("depthwise.cu", f"{name}>") for name in (
 
 def counting_device(blocks) -> EmulatedDevice:
     return EmulatedDevice(counters=True, blocks=blocks, instantiations=COUNTED)
+
+
+def test_stage1_rows_keep_enough_blocks():
+    """The split of stage 1 (planning only): STAGE1_MIN_UNITS units a block where that leaves STAGE1_FILL_BLOCKS blocks
+    or more, else STAGE1_BLOCKS' split; the kernels without the minimum (least 1) keep STAGE1_BLOCKS' split."""
+    least = depthwise_module.STAGE1_MIN_UNITS
+    assert least == 4 and depthwise_module.STAGE1_FILL_BLOCKS == 384
+    assert depthwise_module.stage1_rows(4, 480, least) == (1, 4)     # dw-480-14: 480 blocks of 4 units
+    assert depthwise_module.stage1_rows(2, 1152, least) == (1, 2)    # dw-1152-7k5: fewer units than the minimum
+    assert depthwise_module.stage1_rows(52, 144, least) == (13, 4)   # dw-144-56: 1,872 blocks, not 3,744
+    assert depthwise_module.stage1_rows(8, 64, least) == (8, 1)      # iii: 128 blocks would leave SMs idle
+    assert depthwise_module.stage1_rows(8, 192, least) == (2, 4)     # 2 rows x 192 channels: 384 blocks, enough
+    assert depthwise_module.stage1_rows(8, 191, least) == (8, 1)     # 382: too few
+    assert depthwise_module.stage1_rows(4, 480) == (4, 1)            # least 1: STAGE1_BLOCKS' split
 
 
 @pytest.mark.parametrize("pass_", ["forward", "input", "weight"])

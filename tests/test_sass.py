@@ -765,6 +765,10 @@ GRADIENT_LOOP_PER_OUTPUT = {
     ("depthwise_bwd_weight", "16-bit", 3, 1): 39, ("depthwise_bwd_weight", "16-bit", 3, 2): 39,
     ("depthwise_bwd_weight", "16-bit", 5, 1): 47, ("depthwise_bwd_weight", "16-bit", 5, 2): 49,
     ("depthwise_bwd_weight", "16-bit", 7, 1): 74, ("depthwise_bwd_weight", "16-bit", 7, 2): 76,
+    # the PAIRS instantiations (task dwwgrad, 2026-11-26): AlignedStaging's 2-element slots compiled in beside its
+    # element and chunk paths, so a longer static loop (3x3: 40.6 per output) for fewer executed instructions (the
+    # model's executed count, dw-480-14 fp16: 891 -> 802 a unit); about 10% above
+    ("depthwise_bwd_weight PAIRS", "16-bit", 3, 1): 45, ("depthwise_bwd_weight PAIRS", "16-bit", 5, 1): 47,
 }
 
 
@@ -780,7 +784,9 @@ def test_depthwise_gradient_loops_stay_lean(kernel_programs):
         kernel, rest = name.split("<")
         t, _, k, *more = (part.strip() for part in rest.rstrip(">").split(","))
         s = int(more[0]) if kernel == "depthwise_bwd_weight" else 1  # (the input gradient's more: its PACK)
-        bound = GRADIENT_LOOP_PER_OUTPUT[kernel, "float" if t == "float" else "16-bit", int(k), s]
+        pairs = kernel == "depthwise_bwd_weight" and more[2:] == ["true"]  # <T, I, K, S, SPREAD, PAIRS>
+        bound = GRADIENT_LOOP_PER_OUTPUT[kernel + (" PAIRS" if pairs else ""), "float" if t == "float" else "16-bit",
+                                         int(k), s]
         if per_output > bound:
             problems.append(f"{name}: {instructions} instructions in the unit loop, {per_output:.1f} per output > {bound}")
         if usage[name].local:

@@ -173,6 +173,7 @@ TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic:
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
 SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
                        # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
                        # items of 4 rows on 14x14 planes hit different banks without it (4 rows of a 20-element pitch
@@ -195,6 +196,15 @@ PLANE_MAX = 64         # the largest src and dst planes (elements) of depthwise_
                        # thread per dst plane, so larger planes would leave too few threads and too long loops
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
+STAGE1_MIN_UNITS = 4   # units a block of depthwise_bwd_weight<K, S> takes at least (where its channel has that many):
+                       # small planes have 1-8 units a channel, which STAGE1_BLOCKS alone gave one block each, so
+                       # every block paid its set-up, its block reduction of K * K + 1 sums and a partial row for
+                       # one unit, and each warp ran its load-compute loop once (nothing of its own to overlap);
+                       # PREDICTED dw-480-14 fp16 weight gradient 26.3-87.8 -> 15.6-40.3 us (RESULTS.md)
+STAGE1_FILL_BLOCKS = 384  # ... unless that leaves fewer blocks than this (about 3 blocks of 256 threads an H100 SM):
+                          # then the SMs would hold too few warps to hide their loads' latency (PREDICTED iii fp16,
+                          # 64 channels of 8 units: 512 blocks of 1 unit 5.0-12.6 us, 128 of 4 5.7-14.5, 256 of 2
+                          # 6.2-17.7), so STAGE1_BLOCKS' split stays
 
 
 def instantiations():
@@ -206,6 +216,9 @@ def instantiations():
             # SPREAD (`_spread_planes`; and the small planes' whole-plane tiles from SPREAD_MIN_K on)
             names.append(kernel_name("depthwise_bwd_weight", dtype, index, k, s, True))
             names.append(kernel_name("depthwise_fwd", dtype, index, k, s, False, True))
+        if dtype in ("float16", "bfloat16"):  # PAIRS (plan_weight_grad): 3x3 per-image, 5x5 SPREAD
+            names.extend(kernel_name("depthwise_bwd_weight", dtype, index, k, 1, k >= SPREAD_MIN_K, True)
+                         for k in PAIRS_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k) for k in SPECIALISED_KERNELS)
         names.extend(kernel_name("depthwise_bwd_input", dtype, index, k, False, True) for k in SPECIALISED_KERNELS)
         # the packed-channel instantiations of small planes (`_small_planes`), in both index types: no plan depends
@@ -492,11 +505,16 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
     return Plan("depthwise_bwd_input_gather")
 
 
-def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
-    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone."""
+def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int | None = None) -> Plan:
+    """The same for stage 1 of the weight (and bias) gradient, or of the bias alone.  PAIRS (the kernel's last
+    constant, AlignedStaging's): whole-plane tiles of 16-bit data at stride 1 whose rows are even but not whole
+    16-byte chunks of the accumulation type (14x14), K in PAIRS_KERNELS."""
     if not need_weight:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
+    width = spec.in_size[1]
+    pairs = (itemsize == 2 and k in PAIRS_KERNELS and spec.stride == (1, 1) and width % 2 == 0
+             and width % (16 // acc) != 0)
     if k:
         def plan(spread):
             return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread), acc,
@@ -505,10 +523,12 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int) -> Plan:
         # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
         tiling = plan(True) if k >= SPREAD_MIN_K else None
         if tiling and tiling.tiles_x == tiling.tiles_y == 1:
-            return Plan("depthwise_bwd_weight", (k, spec.stride[0], True), tiling)
+            return Plan("depthwise_bwd_weight", (k, spec.stride[0], True, *((True,) if pairs else ())), tiling)
         tiling = plan(False)
         if tiling:
             tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, plan)
+            if pairs and not spread and tiling.tiles_x == tiling.tiles_y == 1:
+                spread = (False, False, True)  # SPREAD false, PAIRS
             return Plan("depthwise_bwd_weight", (k, spec.stride[0], *spread[1:]), tiling)
     if _overlaps(spec):
         planes = plan_weight_planes(spec, acc)
@@ -553,10 +573,14 @@ def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
     return None
 
 
-def stage1_rows(units: int, channels: int):
+def stage1_rows(units: int, channels: int, least: int = 1):
     """(rows, units per block) for a stage 1 over `units` per channel: ~STAGE1_BLOCKS blocks in all, so even a
-    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small."""
+    few channels of many tiny images spread over the whole GPU, while the partial buffer stays small; but at
+    least `least` units a block (all of them where the channel has fewer) where that leaves STAGE1_FILL_BLOCKS."""
     rows = min(units, max(1, ceil_div(STAGE1_BLOCKS, channels)))
+    fewer = max(1, units // least)
+    if fewer < rows and fewer * channels >= STAGE1_FILL_BLOCKS:
+        rows = fewer
     per_block = ceil_div(units, rows)
     return ceil_div(units, per_block), per_block
 
@@ -614,14 +638,15 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
-    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize)
+    plan = plan_weight_grad(spec, need_weight, acc_dtype.itemsize, dtype.itemsize)
     groups = cm  # channel groups of stage 1: a block per group and partial row
     if not need_weight:
         rows, step = stage1_rows(n, cm)  # step: images per block
     elif plan.tiling:
         if plan.tiling.plane_channels:  # tiny planes: a block per group of plane_channels channels and partial row
             groups = ceil_div(cm, plan.tiling.plane_channels)
-        rows, step = stage1_rows(plan.tiling.units(n), groups)  # step: units per block
+        least = STAGE1_MIN_UNITS if plan.kernel == "depthwise_bwd_weight" else 1
+        rows, step = stage1_rows(plan.tiling.units(n), groups, least)  # step: units per block
     else:
         rows, step = 1, 1
     partial = device.empty((rows, length), acc_dtype)
