@@ -752,7 +752,8 @@ def test_padding_per_side_and_last_row_and_column(path, monkeypatch):
     for k, (side, padding) in enumerate(bug_classes.per_side_paddings(path[5])):
         case = path_case(path, padding, name=side)
         device = Recorder("reverse" if k % 2 else "forward")
-        run_case(device, case)
+        # planes_k4 in float32: the float64 weight-gradient unit of these planes (padded to 12 x 10) does not fit
+        run_case(device, case, "float32" if path[0] == "planes_k4" else "float64")
         used = device.kernels(pack=False)
         assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
             (case.name, used)
