@@ -26,7 +26,8 @@
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
 //   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
-//   thread per plane, a block's consecutive planes staged and written back as contiguous runs.
+//   thread per plane, a block's consecutive planes staged and written back as contiguous runs; their <T, I, K>
+//   instantiations (and depthwise_bwd_weight_planes) unroll a K x K window at stride 1 over zero-padded planes.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
@@ -312,6 +313,17 @@ __device__ __forceinline__ void depthwise_tiled(
 // them back as one coalesced run.  Staged planes are pitched to an odd number of words, so that the 32 threads of a
 // warp, each reading the same element of its own plane, hit 32 different banks.  The element -> (plane, offset)
 // split of a run is the same in every unit, so it is worked out once per thread (one division), then stepped.
+//
+// K > 0 (the planner's TINY_KERNELS: square K x K, stride 1, dilation 1, each side's padding of the correlation in
+// [0, K - 1], one term): the runtime window's loops cost ~10 instructions a multiply-add (tap_range, index products,
+// weights from shared memory), which made a 4x4 plane's 100 products issue-bound at 3-5x the memory floor.  Here the
+// src planes are staged zero-padded to (dst_h + K - 1) x (dst_w + K - 1), so that every output reads all K * K taps
+// at offsets known at compile time from its window's corner: one shared load and one FMA a tap, the thread's kernel
+// in registers.  The padding is zeroed once per block (units only overwrite the interior), an element's padded
+// offset comes from a per-block table (`pad_at`), and the src run is staged PLANE_BATCH loads at a time (one wait on
+// global memory per batch, not per element).  The planner makes the grid's step a whole number of images where it
+// can (`_planes_grid`), so that a thread's dst channel, hence its kernel, is the same in all its units: the kernel
+// is then loaded once (else once a unit).
 struct PlaneWalk {  // element e = tid, tid + blockDim.x, ... of runs of `size`-element planes: q = e / size, r = e % size
   int q, r, dq, dr, size;
   __device__ __forceinline__ PlaneWalk(int size_) : size(size_) {
@@ -324,7 +336,52 @@ struct PlaneWalk {  // element e = tid, tid + blockDim.x, ... of runs of `size`-
   }
 };
 
-template <typename T, typename I, bool TRANSPOSED>
+// One thread's dst plane with a K x K window at stride 1 (depthwise_planes' K > 0): its zero-padded staged src plane
+// x (rows of pad_w) correlated with the kernel w into the staged dst plane y.
+template <typename A, int K>
+__device__ __forceinline__ void fixed_window_plane(const A* x, int pad_w, const A (&w)[K * K], A* y, int dst_h,
+                                                   int dst_w, A init) {
+  for (int oy = 0; oy < dst_h; ++oy) {
+    for (int ox = 0; ox < dst_w; ++ox) {
+      const A* window = x + oy * pad_w + ox;
+      A acc = init;
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+#pragma unroll
+        for (int jj = 0; jj < K; ++jj) acc += w[i * K + jj] * window[i * pad_w + jj];
+      }
+      y[oy * dst_w + ox] = acc;
+    }
+  }
+}
+
+// Stage a run of n elements, planes of at.size elements, into shared planes `pitch` apart, element r of a plane at
+// offset pad_at[r] (PADDED; else at r), PLANE_BATCH loads a thread at a time: one wait on global memory per batch,
+// not per element (the TINY_KERNELS instantiations).
+template <bool PADDED, typename T>
+__device__ __forceinline__ void stage_batched(acc_t<T>* dst, const T* __restrict__ run, int n, PlaneWalk at, int pitch,
+                                              const int* pad_at) {
+  const int step = (int)blockDim.x;
+  for (int e0 = threadIdx.x; e0 < n; e0 += PLANE_BATCH * step) {
+    T v[PLANE_BATCH];
+#pragma unroll
+    for (int b = 0; b < PLANE_BATCH; ++b)
+      if (e0 + b * step < n) v[b] = run[e0 + b * step];
+#pragma unroll
+    for (int b = 0; b < PLANE_BATCH; ++b, at.next())
+      if (e0 + b * step < n) dst[at.q * pitch + (PADDED ? pad_at[at.r] : at.r)] = to_acc(v[b]);
+  }
+}
+
+// The K x K kernel of dst channel `channel` (flipped when TRANSPOSED) into registers.
+template <typename T, typename I, int K, bool TRANSPOSED>
+__device__ __forceinline__ void load_kernel(acc_t<T> (&w)[K * K], const T* __restrict__ weight, I channel) {
+  const T* kernel = weight + channel * (K * K);
+#pragma unroll
+  for (int tap = 0; tap < K * K; ++tap) w[tap] = to_acc(kernel[TRANSPOSED ? K * K - 1 - tap : tap]);
+}
+
+template <typename T, typename I, bool TRANSPOSED, int K = 0>
 __device__ __forceinline__ void depthwise_planes(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
     I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h, int kernel_w,
@@ -334,14 +391,28 @@ __device__ __forceinline__ void depthwise_planes(
   const int terms = TRANSPOSED ? multiplier : 1;  // src planes (and kernels) per dst plane
   const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
   const int src_size = src_h * src_w, dst_size = dst_h * dst_w, kernel_size = terms * taps;
-  const int src_pitch = src_size | 1, dst_pitch = dst_size | 1, w_pitch = kernel_size | 1;  // odd: no conflicts
+  const int pad_w = K ? dst_w + K - 1 : src_w;          // K: staged planes zero-padded to pad_w columns
+  const int staged_size = K ? (dst_h + K - 1) * pad_w : src_size;
+  const int src_pitch = staged_size | 1, dst_pitch = dst_size | 1, w_pitch = kernel_size | 1;  // odd: no conflicts
   const int per_block = (int)blockDim.x;
   A* xs = reinterpret_cast<A*>(depthwise_smem);        // per_block * terms planes (forward: at most per_block)
-  A* ws = xs + per_block * terms * src_pitch;          // per_block kernels of `terms` x taps
-  A* ys = ws + per_block * w_pitch;                    // per_block dst planes
+  A* ws = xs + per_block * terms * src_pitch;          // per_block kernels of `terms` x taps (K: in registers)
+  A* ys = ws + (K ? 0 : per_block * w_pitch);          // per_block dst planes
+  int* pad_at = reinterpret_cast<int*>(ys + per_block * dst_pitch);  // K: src element -> offset in its staged plane
   const I planes = images * dst_channels;
   const I weights = (I)dst_channels * kernel_size;      // the whole weight tensor, in kernel order
   const PlaneWalk src_walk(src_size), w_walk(kernel_size), dst_walk(dst_size);
+  A w[K ? K * K : 1];  // K: the thread's kernel
+  const I step = (I)gridDim.x * per_block;
+  const bool same_kernel = step % dst_channels == 0 || step >= planes;  // K: every unit of the thread, one kernel
+  if constexpr (K > 0) {
+    for (int e = threadIdx.x; e < per_block * src_pitch; e += per_block) xs[e] = A(0);
+    for (int e = threadIdx.x; e < src_size; e += per_block)
+      pad_at[e] = (e / src_w + pad_top) * pad_w + e % src_w + pad_left;
+    if (same_kernel)
+      load_kernel<T, I, K, TRANSPOSED>(w, weight, ((I)blockIdx.x * per_block + threadIdx.x) % dst_channels);
+    __syncthreads();
+  }
 
   for (I p0 = (I)blockIdx.x * per_block; p0 < planes; p0 += (I)gridDim.x * per_block) {
     const int count = (int)min((I)per_block, planes - p0);
@@ -350,10 +421,17 @@ __device__ __forceinline__ void depthwise_planes(
     {
       const T* run = src + s0 * src_size;
       PlaneWalk at = src_walk;
-      for (int e = threadIdx.x; e < src_count * src_size; e += per_block, at.next())
-        xs[at.q * src_pitch + at.r] = to_acc(run[e]);
+      if constexpr (K > 0) {
+        stage_batched<true>(xs, run, src_count * src_size, at, src_pitch, pad_at);
+      } else {
+        for (int e = threadIdx.x; e < src_count * src_size; e += per_block, at.next())
+          xs[at.q * src_pitch + at.r] = to_acc(run[e]);
+      }
     }
-    {
+    if constexpr (K > 0) {
+      if (!same_kernel && (int)threadIdx.x < count)
+        load_kernel<T, I, K, TRANSPOSED>(w, weight, (p0 + threadIdx.x) % dst_channels);
+    } else {
       // The kernels of dst planes p0 .. p0 + count - 1: weights from (p0 % dst_channels) * kernel_size on, wrapping
       // at the end of the tensor (planes of the next image).
       const I first = p0 % dst_channels * (I)kernel_size;
@@ -371,26 +449,30 @@ __device__ __forceinline__ void depthwise_planes(
       const I plane = p0 + j;
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[(int)(plane % dst_channels)]) : A(0);
       const int q0 = TRANSPOSED ? j * terms : (int)((p0 + j) / multiplier - s0);  // the thread's first src plane
-      const A* w = ws + j * w_pitch;
-      for (int oy = 0; oy < dst_h; ++oy) {
-        int i_lo, i_hi;
-        tap_range(oy, oy, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
-        for (int ox = 0; ox < dst_w; ++ox) {
-          int j_lo, j_hi;
-          tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
-          A acc = init;
-          for (int t = 0; t < terms; ++t) {
-            const A* x = xs + (q0 + t) * src_pitch;
-            const int origin = (oy * stride_h - pad_top) * src_w + ox * stride_w - pad_left;  // tap (0, 0)'s offset
-            const A* wt = w + t * taps;
-            for (int i = i_lo; i < i_hi; ++i) {
-              for (int jj = j_lo; jj < j_hi; ++jj) {
-                const int tap = i * kernel_w + jj;
-                acc += wt[TRANSPOSED ? taps - 1 - tap : tap] * x[origin + i * dilation_h * src_w + jj * dilation_w];
+      if constexpr (K > 0) {
+        fixed_window_plane<A, K>(xs + q0 * src_pitch, pad_w, w, ys + j * dst_pitch, dst_h, dst_w, init);
+      } else {
+        const A* w = ws + j * w_pitch;
+        for (int oy = 0; oy < dst_h; ++oy) {
+          int i_lo, i_hi;
+          tap_range(oy, oy, stride_h, pad_top, dilation_h, src_h, kernel_h, i_lo, i_hi);
+          for (int ox = 0; ox < dst_w; ++ox) {
+            int j_lo, j_hi;
+            tap_range(ox, ox, stride_w, pad_left, dilation_w, src_w, kernel_w, j_lo, j_hi);
+            A acc = init;
+            for (int t = 0; t < terms; ++t) {
+              const A* x = xs + (q0 + t) * src_pitch;
+              const int origin = (oy * stride_h - pad_top) * src_w + ox * stride_w - pad_left;  // tap (0, 0)'s offset
+              const A* wt = w + t * taps;
+              for (int i = i_lo; i < i_hi; ++i) {
+                for (int jj = j_lo; jj < j_hi; ++jj) {
+                  const int tap = i * kernel_w + jj;
+                  acc += wt[TRANSPOSED ? taps - 1 - tap : tap] * x[origin + i * dilation_h * src_w + jj * dilation_w];
+                }
               }
             }
+            ys[j * dst_pitch + oy * dst_w + ox] = acc;
           }
-          ys[j * dst_pitch + oy * dst_w + ox] = acc;
         }
       }
     }
@@ -904,16 +986,17 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
                                      pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block, has_bias);
 }
 
-// Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory.
-template <typename T, typename I>
+// Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory; K > 0: a K x K window
+// at stride 1 (depthwise_planes says what it requires).
+template <typename T, typename I, int K = 0>
 __global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
                                      const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
                                      int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
                                      int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
                                      int pad_top, int pad_left, int has_bias) {
-  depthwise_planes<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
-                                kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
-                                has_bias);
+  depthwise_planes<T, I, false, K>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
+                                   kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                                   has_bias);
 }
 
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
@@ -945,16 +1028,16 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
 }
 
 // Input gradient of tiny planes at stride 1 (depthwise_planes), any kernel size and dilation.  pad_top/pad_left:
-// the forward's.
-template <typename T, typename I>
+// the forward's.  K > 0: as in depthwise_fwd_planes.
+template <typename T, typename I, int K = 0>
 __global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                            int dilation_h, int dilation_w, int pad_top, int pad_left) {
   // the padding of the equivalent correlation
   const int top = (kernel_h - 1) * dilation_h - pad_top, left = (kernel_w - 1) * dilation_w - pad_left;
-  depthwise_planes<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
-                               width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w, top, left, 0);
+  depthwise_planes<T, I, true, K>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w,
+                                  height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w, top, left, 0);
 }
 
 // Input gradient at any stride (used for stride > 1): a gather from a staged grad_out region.  The unit stages
@@ -1148,7 +1231,11 @@ template <typename I> struct WeightRows {
 // sums stay in its own shared-memory slots over the block's units (a register array would need the tap loop
 // unrolled, 16 copies of its loops next to the tiled code), and the S images of a channel are added in slot order
 // at the end: a fixed order.  Block b: channel group b % groups, partial row b / groups, units of S images.
-template <typename T, typename I>
+// K > 0 (depthwise_bwd_weight_planes: the forward's TINY_KERNELS window, depthwise_planes): the x planes are staged
+// zero-padded as depthwise_planes stages them, and a thread's K * K sums (and its bias sum) stay in registers over its
+// units: every output adds g * x at the K * K offsets of its window, known at compile time, instead of a box loop a
+// tap; the sums go to the thread's slots after its last unit, for the same slot-order reduction.
+template <typename T, typename I, int K = 0>
 __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
                                                    acc_t<T>* __restrict__ partial, I images, int channels,
                                                    int multiplier, int height, int width, int out_h, int out_w,
@@ -1161,14 +1248,22 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
   const int q = (int)threadIdx.x % Q, s = (int)threadIdx.x / Q;
   const int taps = kernel_h * kernel_w, out_channels = channels * multiplier, groups = (out_channels + Q - 1) / Q;
   const int x_size = height * width, g_size = out_h * out_w;
-  const int x_pitch = x_size | 1, g_pitch = g_size | 1;  // odd: no bank conflicts
+  const int pad_w = K ? out_w + K - 1 : width;  // K: x planes zero-padded to pad_w columns
+  const int x_pitch = (K ? (out_h + K - 1) * pad_w : x_size) | 1, g_pitch = g_size | 1;  // odd: no bank conflicts
   const I row_length = (I)out_channels * (taps + has_bias);
   int* boxes = reinterpret_cast<int*>(depthwise_smem);  // per tap of the pass: output rows, columns, x offset
   A* sums = reinterpret_cast<A*>(boxes + 3 * R);         // per thread: its R tap sums, then its bias sum
   A* xs = sums + blockDim.x * (R + 1);                   // S x Q x planes (fewer with a multiplier)
   A* gs = xs + S * Q * x_pitch;                          // S x Q grad_out planes
+  int* pad_at = reinterpret_cast<int*>(gs + S * Q * g_pitch);  // K: x element -> offset in its staged plane
   A* own = sums + threadIdx.x * (R + 1);                 // R + 1 odd: a warp's slots on 32 banks
   const PlaneWalk x_walk(x_size), g_walk(g_size);
+  if constexpr (K > 0) {
+    for (int e = threadIdx.x; e < S * Q * x_pitch; e += blockDim.x) xs[e] = A(0);
+    for (int e = threadIdx.x; e < x_size; e += blockDim.x)
+      pad_at[e] = (e / width + pad_top) * pad_w + e % width + pad_left;
+    __syncthreads();
+  }
   const WeightRows<I> rows(images, S, 1, units_per_block);
   for (I b = blockIdx.x; b < rows.count * groups; b += gridDim.x) {
     const int co0 = (int)(b % groups) * Q, count = min(Q, out_channels - co0);
@@ -1186,6 +1281,9 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         boxes[3 * t] = y_lo | y_hi << 16, boxes[3 * t + 1] = x_lo | x_hi << 16, boxes[3 * t + 2] = dy * width + dx;
       }
       for (int t = 0; t <= R; ++t) own[t] = A(0);  // taps t0 .. t0 + R - 1, then the bias
+      A acc[K ? K * K + 1 : 1];  // K: the thread's tap sums, then its bias sum
+#pragma unroll
+      for (int t = 0; t < (K ? K * K + 1 : 1); ++t) acc[t] = A(0);
       for (I unit = rows.begin(r); unit < unit_end; ++unit) {
         const I n0 = unit * S;
         for (int slot = 0; slot < S && n0 + slot < images; ++slot) {
@@ -1193,36 +1291,61 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
           const T* g_run = grad_out + ((n0 + slot) * out_channels + co0) * (I)g_size;
           A* x_dst = xs + slot * Q * x_pitch;
           A* g_dst = gs + slot * Q * g_pitch;
-          PlaneWalk at = x_walk;
-          for (int e = threadIdx.x; e < x_count * x_size; e += blockDim.x, at.next())
-            x_dst[at.q * x_pitch + at.r] = to_acc(x_run[e]);
-          at = g_walk;
-          for (int e = threadIdx.x; e < count * g_size; e += blockDim.x, at.next())
-            g_dst[at.q * g_pitch + at.r] = to_acc(g_run[e]);
+          if constexpr (K > 0) {
+            stage_batched<true>(x_dst, x_run, x_count * x_size, x_walk, x_pitch, pad_at);
+            stage_batched<false>(g_dst, g_run, count * g_size, g_walk, g_pitch, pad_at);
+          } else {
+            PlaneWalk at = x_walk;
+            for (int e = threadIdx.x; e < x_count * x_size; e += blockDim.x, at.next())
+              x_dst[at.q * x_pitch + at.r] = to_acc(x_run[e]);
+            at = g_walk;
+            for (int e = threadIdx.x; e < count * g_size; e += blockDim.x, at.next())
+              g_dst[at.q * g_pitch + at.r] = to_acc(g_run[e]);
+          }
         }
         __syncthreads();
         if (q < count && n0 + s < images) {
           const A* xp = xs + (s * Q + (co0 + q) / multiplier - c0) * x_pitch;
           const A* gp = gs + (s * Q + q) * g_pitch;
-          const int row_step = stride_h * width, pass_taps = min(R, taps - t0);
-          for (int t = 0; t < pass_taps; ++t) {
-            const int ys = boxes[3 * t], xb = boxes[3 * t + 1], offset = boxes[3 * t + 2];
-            const int x_lo = xb & 0xffff, x_hi = xb >> 16;
-            A sum = own[t];
-            for (int oy = ys & 0xffff; oy < ys >> 16; ++oy) {
-              const A* g_row = gp + oy * out_w;
-              const A* x_row = xp + (oy * row_step + offset);
-              for (int ox = x_lo; ox < x_hi; ++ox) sum += g_row[ox] * x_row[ox * stride_w];
+          if constexpr (K > 0) {
+            for (int oy = 0; oy < out_h; ++oy) {
+              for (int ox = 0; ox < out_w; ++ox) {
+                const A g = gp[oy * out_w + ox], *window = xp + oy * pad_w + ox;
+#pragma unroll
+                for (int i = 0; i < K; ++i) {
+#pragma unroll
+                  for (int jj = 0; jj < K; ++jj) acc[i * K + jj] += g * window[i * pad_w + jj];
+                }
+                acc[K * K] += g;
+              }
             }
-            own[t] = sum;
-          }
-          if (t0 == 0 && has_bias) {
-            A sum = own[R];
-            for (int e = 0; e < g_size; ++e) sum += gp[e];
-            own[R] = sum;
+          } else {
+            const int row_step = stride_h * width, pass_taps = min(R, taps - t0);
+            for (int t = 0; t < pass_taps; ++t) {
+              const int ys = boxes[3 * t], xb = boxes[3 * t + 1], offset = boxes[3 * t + 2];
+              const int x_lo = xb & 0xffff, x_hi = xb >> 16;
+              A sum = own[t];
+              for (int oy = ys & 0xffff; oy < ys >> 16; ++oy) {
+                const A* g_row = gp + oy * out_w;
+                const A* x_row = xp + (oy * row_step + offset);
+                for (int ox = x_lo; ox < x_hi; ++ox) sum += g_row[ox] * x_row[ox * stride_w];
+              }
+              own[t] = sum;
+            }
+            if (t0 == 0 && has_bias) {
+              A sum = own[R];
+              for (int e = 0; e < g_size; ++e) sum += gp[e];
+              own[R] = sum;
+            }
           }
         }
         __syncthreads();  // the next unit overwrites the planes; after the last, every thread's sums are in
+      }
+      if constexpr (K > 0) {
+#pragma unroll
+        for (int t = 0; t < K * K; ++t) own[t] = acc[t];
+        own[R] = acc[K * K];
+        __syncthreads();
       }
       for (int e = threadIdx.x; e < count * (R + 1); e += blockDim.x) {  // (channel q, tap t): consecutive taps
         const int qe = e / (R + 1), t = e % (R + 1);
@@ -1319,6 +1442,20 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
       });
     }
   }
+}
+
+// Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
+// of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0).
+template <typename T, typename I, int K>
+__global__ void depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                            acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                            int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
+                                            int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
+                                            int per_block, I units_per_block, int has_bias, int plane_channels) {
+  weight_grad_planes<T, I, K>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
+                              kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
+                              units_per_block, has_bias, plane_channels);
 }
 
 // Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,

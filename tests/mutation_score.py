@@ -72,6 +72,7 @@ DW_PY = "cupyconv/ops/depthwise.py"
 DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
+DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
 DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
@@ -535,8 +536,9 @@ MUTATIONS = [
     M("dw-planes-flip", "depthwise.cu", "acc += wt[TRANSPOSED ? taps - 1 - tap : tap]", "acc += wt[tap]", DEPTHWISE,
       "wrong index"),
     M("dw-planes-barrier", "depthwise.cu",
-      "ys[j * dst_pitch + oy * dst_w + ox] = acc;\n        }\n      }\n    }\n    __syncthreads();",
-      "ys[j * dst_pitch + oy * dst_w + ox] = acc;\n        }\n      }\n    }", DEPTHWISE, "removed barrier"),
+      "ys[j * dst_pitch + oy * dst_w + ox] = acc;\n          }\n        }\n      }\n    }\n    __syncthreads();",
+      "ys[j * dst_pitch + oy * dst_w + ox] = acc;\n          }\n        }\n      }\n    }", DEPTHWISE,
+      "removed barrier"),
     M("dw-tiled-store-bound", "depthwise.cu", "if (oy < dst_h) out[(I)oy * dst_w]", "if (oy <= dst_h) out[(I)oy * dst_w]",
       DEPTHWISE, "off-by-one"),
     M("dw-strided-last-row", "depthwise.cu", "if (y >= height) break;", "if (y > height) break;", DEPTHWISE,
@@ -586,6 +588,33 @@ MUTATIONS = [
       "const int top = K - 1 - pad_left, left = K - 1 - pad_left;", DEPTHWISE, "wrong-side padding"),
     M("dw-bwd-input-generic-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, (kernel_w",
       "(kernel_h - 1) * dilation_h - pad_left, (kernel_w", DEPTHWISE, "wrong-side padding"),
+    # the planes kernels' <T, I, K> instantiations (TINY_KERNELS: zero-padded staging, kernels in registers)
+    M("dw-tinyk-pad-side", "depthwise.cu", "(e / src_w + pad_top) * pad_w + e % src_w + pad_left;",
+      "(e / src_w + pad_top) * pad_w + e % src_w + pad_top;", DW_TINYK, "wrong-side padding"),
+    M("dw-tinyk-window-row", "depthwise.cu", "acc += w[i * K + jj] * window[i * pad_w + jj];",
+      "acc += w[i * K + jj] * window[i * dst_w + jj];", DW_TINYK, "wrong index"),
+    M("dw-tinyk-flip", "depthwise.cu", "to_acc(kernel[TRANSPOSED ? K * K - 1 - tap : tap]);", "to_acc(kernel[tap]);",
+      DW_TINYK, "wrong index"),
+    M("dw-tinyk-same-kernel", "depthwise.cu", "step % dst_channels == 0 || step >= planes;",
+      "step % dst_channels == 0 || step > 0;", DW_TINYK, "wrong condition"),
+    M("dw-tinyk-zero-padding", "depthwise.cu", "e < per_block * src_pitch; e += per_block) xs[e] = A(0);",
+      "e < per_block * src_pitch; e += per_block) xs[e] = xs[e];", DW_TINYK, "missing initialisation"),
+    M("dw-tinyk-batch-step", "depthwise.cu", "e0 += PLANE_BATCH * step) {", "e0 += step) {", DW_TINYK,
+      "wrong stride"),
+    M("dw-tinyk-batch-bound", "depthwise.cu", "if (e0 + b * step < n) dst[at.q * pitch",
+      "if (e0 + b * step <= n) dst[at.q * pitch", DW_TINYK, "off-by-one"),
+    M("dw-tinyk-weight-window", "depthwise.cu", "acc[i * K + jj] += g * window[i * pad_w + jj];",
+      "acc[i * K + jj] += g * window[i * out_w + jj];", DW_TINYK, "wrong index"),
+    M("dw-tinyk-weight-zero", "depthwise.cu", "e < S * Q * x_pitch; e += blockDim.x) xs[e] = A(0);",
+      "e < S * Q * x_pitch; e += blockDim.x) xs[e] = xs[e];", DW_TINYK, "missing initialisation"),
+    M("dw-tinyk-weight-bias", "depthwise.cu", "acc[K * K] += g;", "acc[K * K] += g * g;", DW_TINYK,
+      "bias gradient"),
+    M("dw-tinyk-unit-kernel", "depthwise.cu", "load_kernel<T, I, K, TRANSPOSED>(w, weight, (p0 + threadIdx.x)",
+      "load_kernel<T, I, K, TRANSPOSED>(w, weight, (blockIdx.x + threadIdx.x)", DW_TINYK, "wrong index"),
+    M("dw-tinyk-grid-whole", DW_PY, "whole = dst_channels // math.gcd(dst_channels, threads)",
+      "whole = max(1, dst_channels // threads)", DW_TINYK, "wrong arithmetic"),
+    M("dw-tinyk-pad-range", DW_PY, "all(0 <= p < kh for pair", "all(0 <= p <= kh for pair", DW_TINYK,
+      "off-by-one"),
     M("dw-bwd-input-planes-pad-side", "depthwise.cu", "(kernel_h - 1) * dilation_h - pad_top, left",
       "(kernel_h - 1) * dilation_h - pad_left, left", DEPTHWISE, "wrong-side padding"),
     M("dw-strided-pad-side", "depthwise.cu", "const int first_x = ceil_div(pad_left - ",

@@ -49,6 +49,7 @@ SPEC_3_1 = ("depthwise_fwd<3, 1>", "depthwise_bwd_input<3>", "depthwise_bwd_weig
 GENERIC_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_generic")
 GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_bwd_weight_generic")
 PLANES_1 = ("depthwise_fwd_planes", "depthwise_bwd_input_planes", "depthwise_bwd_weight_generic")
+PLANES_K4 = ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes<4>", "depthwise_bwd_weight_planes<4>")
 LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
 DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
 
@@ -75,12 +76,21 @@ CASES = [
     C("k3_plane_1x1", (3, 4, 1, 1), 1, 3, SPEC_3_1, padding=1),
     C("k5_larger_than_plane", (2, 2, 3, 3), 1, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
                                                    "depthwise_bwd_weight<5, 1>"), padding=1),
-    C("tiny_4x4_k4_same", (9, 3, 4, 4), 1, 4, PLANES_1, padding="same"),
+    C("tiny_4x4_k4_same", (9, 3, 4, 4), 1, 4, PLANES_K4, padding="same"),
     C("k9_on_4x4", (2, 2, 4, 4), 1, 9, PLANES_1[:2] + ("depthwise_bwd_weight_large",), padding=4),
     # tiny planes, one thread each: several units whose kernels wrap around the channels many times, a multiplier,
     # per-side padding; stride and dilation (the strided input gradient)
     C("planes_units_wrap_multiplier2", (45, 3, 4, 5), 2, (3, 4), PLANES_1, padding=((1, 2), (2, 0))),
     C("planes_dilation2_odd_padding", (3, 5, 5, 4), 1, 3, PLANES_1, padding=((3, 1), (1, 3)), dilation=2),
+    # tiny planes with a <T, I, K> instantiation (TINY_KERNELS, zero-padded staging): per-side padding from 0 to
+    # K - 1 (with a multiplier), odd planes over several units with kernels wrapping around the channels, planes
+    # smaller than the kernel at the largest padding
+    C("planes_k4_multiplier2_per_side", (7, 3, 4, 5), 2, 4, ("depthwise_fwd_planes<4>", PLANES_1[1], PLANES_K4[2]),
+      padding=((0, 3), (3, 1))),  # the input gradient's two terms a plane: the runtime window
+    C("planes_k4_per_side", (7, 5, 4, 5), 1, 4, PLANES_K4, padding=((3, 0), (1, 2))),
+    C("planes_k4_units_wrap", (45, 3, 3, 5), 1, 4, PLANES_K4, bias=False, padding=((2, 1), (0, 2))),
+    C("planes_k4_smaller_than_kernel", (3, 5, 2, 3), 1, 4, PLANES_K4, padding=3),
+    C("planes_k4_padding_past_kernel", (3, 2, 3, 3), 1, 4, PLANES_1, padding=((4, 0), (0, 1))),  # runtime window
     C("planes_stride2_dilation2", (5, 7, 5, 6), 1, 3, ("depthwise_fwd_planes", "depthwise_bwd_input_strided",
                                                        "depthwise_bwd_weight_generic"), stride=2, padding=2, dilation=2),
     # the generic kernels: dilation, rectangles, strides, 'same', big kernels
@@ -209,6 +219,8 @@ def test_every_specialisation_is_covered():
         for s in depthwise_module.SPECIALISED_STRIDES:
             assert {f"depthwise_fwd<{k}, {s}>", f"depthwise_bwd_weight<{k}, {s}>"} <= used
     assert set(depthwise_module.GENERIC_KERNELS) - {"depthwise_bwd_bias", "depthwise_bwd_reduce"} <= used
+    tiny = depthwise_module.TINY_KERNELS
+    assert {f"{kernel}<{k}>" for kernel in depthwise_module.PLANE_KERNELS for k in tiny} <= used
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -247,7 +259,8 @@ def test_weight_gradient_is_deterministic(case):
                                                               **case.window)[1:])
         (reduce_args,) = [args for name, args in device.launches if short(name) == "depthwise_bwd_reduce"]
         assert reduce_args[2] > 1, "the case should produce several partial rows"
-        stage1 = {short(name): args for name, args in device.launches}.get("depthwise_bwd_weight_generic")
+        launched = {short(name): args for name, args in device.launches}
+        stage1 = launched.get("depthwise_bwd_weight_generic", launched.get("depthwise_bwd_weight_planes<4>"))
         if stage1:  # its last argument, plane_channels: the tiny-plane units (> 0) or the tiled ones
             assert (stage1[-1] > 0) == (case.name == "tiny"), stage1
     for grad_w, grad_b in results[1:]:
@@ -257,8 +270,37 @@ def test_weight_gradient_is_deterministic(case):
     assert_matches(results[0][1], expected[2], "float32")
 
 
+@pytest.mark.parametrize("planes_blocks, grid_cap, m, same", [(4, None, 1, True), (4, None, 2, True),
+                                                             (2**20, 4, 1, False), (2**20, 4, 2, False)])
+def test_tiny_kernel_planes_loop_over_units(monkeypatch, planes_blocks, grid_cap, m, same):
+    """depthwise_fwd_planes<K> and depthwise_bwd_input_planes<K> (multiplier 1) with blocks that loop over several
+    units: on a grid of whole images (PLANES_BLOCKS, `_planes_grid`), whose threads keep their kernel from unit to
+    unit (loaded once), and on a capped grid that does not (loaded every unit).  1200 or 2400 planes of 6 or 12
+    channels, 128 threads a block."""
+    monkeypatch.setattr(depthwise_module, "PLANES_BLOCKS", planes_blocks)
+    if grid_cap:
+        monkeypatch.setattr(_kernels, "GRID_CAP", grid_cap)
+    case = C("tiny_loop", (200, 6, 4, 4), m, 4, ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes<4>"
+                                                  if m == 1 else "depthwise_bwd_input_planes",
+                                                  "depthwise_bwd_weight_planes<4>"), padding=((1, 2), (2, 1)))
+    grids = []
+
+    class GridRecorder(Recorder):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            grids.append((short(name), grid[0] * block[0]))
+            super().launch(source, name, grid, block, args, shared_mem)
+
+    run_case(GridRecorder("reverse"), case, "float32")
+    dst_channels = {"depthwise_fwd_planes<4>": 6 * m, "depthwise_bwd_input_planes<4>": 6}
+    steps = {name: step for name, step in grids if name in dst_channels}
+    assert [name for name, _ in grids][:2] == list(case.kernels[:2]) and steps
+    for name, step in steps.items():
+        assert step < 200 * dst_channels[name], (name, step)  # the blocks loop
+        assert (step % dst_channels[name] == 0) == same, (name, step)
+
+
 def test_tiny_plane_weight_gradient_spreads_over_blocks():
-    """N=2048 C=1024 4x4 k4 (the torch pathology): the tiny-plane units of depthwise_bwd_weight_generic, a lane per
+    """N=2048 C=1024 4x4 k4 (the torch pathology): the tiny-plane units of depthwise_bwd_weight_planes<4>, a lane per
     channel (32 consecutive channels: each warp reads runs of contiguous planes) and a few images per unit, every
     lane busy; every channel group is split over many blocks, so no block walks the batch (planning only)."""
     x = numpy.broadcast_to(numpy.float32(0), (2048, 1024, 4, 4))  # shapes without the memory
@@ -267,7 +309,7 @@ def test_tiny_plane_weight_gradient_spreads_over_blocks():
     plan = depthwise_module.plan_weight_grad(spec, True, 4)
     tiling = plan.tiling
     q = tiling.plane_channels
-    assert plan.kernel == "depthwise_bwd_weight_generic" and q == 32 and tiling.per_block * q == tiling.threads >= 128
+    assert plan.kernel == "depthwise_bwd_weight_planes" and q == 32 and tiling.per_block * q == tiling.threads >= 64
     assert tiling.shared_mem <= depthwise_module.SMEM_SOFT
     rows, units_per_block = depthwise_module.stage1_rows(tiling.units(2048), 1024 // q)
     assert rows >= 32 and units_per_block * tiling.per_block <= 2048 // 32
@@ -343,7 +385,7 @@ def test_empty_batch():
 
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
-               "huge_dilation", "planes_units_wrap_multiplier2",
+               "huge_dilation", "planes_units_wrap_multiplier2", "planes_k4_multiplier2_per_side",
                "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
 
 
@@ -353,7 +395,7 @@ def run_every_kernel(device):
         run_case(device, CASE_BY_NAME[name])
     run_case(device, CASE_BY_NAME["k3s2"], needs=("bias",))
     families = {short(name).split("<")[0] for name, _ in device.launches}
-    assert families == {"depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight",
+    assert families == {"depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", "depthwise_bwd_weight_planes",
                         *depthwise_module.GENERIC_KERNELS}
     return device
 
@@ -767,6 +809,7 @@ PATHS = [
     ("gather", 3, 1, 30, 8, 30, ("depthwise_fwd_generic", "depthwise_bwd_input_gather",
                                  "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
     ("planes", 3, 1, 2, 2, 2, PLANES_1),
+    ("planes_k4", 4, 1, 1, 1, 2, PLANES_K4),
 ]
 PATH_IDS = [p[0] for p in PATHS]
 
@@ -774,7 +817,7 @@ PATH_IDS = [p[0] for p in PATHS]
 def route_planes(monkeypatch, path):
     """The planes path takes the tiny-plane kernels on every plane whose unit fits in shared memory, and no other path
     takes them, whatever its plane sizes here: each path keeps its own kernels."""
-    monkeypatch.setattr(depthwise_module, "PLANE_MAX", 2**62 if path[0] == "planes" else 0)
+    monkeypatch.setattr(depthwise_module, "PLANE_MAX", 2**62 if path[0].startswith("planes") else 0)
 
 
 def path_case(path, padding, low=(7, 6), images=2, channels=2, name=""):
@@ -796,7 +839,8 @@ def test_padding_per_side_and_last_row_and_column(path, monkeypatch):
     for k, (side, padding) in enumerate(bug_classes.per_side_paddings(path[5])):
         case = path_case(path, padding, name=side)
         device = Recorder("reverse" if k % 2 else "forward")
-        run_case(device, case)
+        # planes_k4 in float32: the float64 weight-gradient unit of these planes (padded to 12 x 10) does not fit
+        run_case(device, case, "float32" if path[0] == "planes_k4" else "float64")
         used = device.kernels(pack=False)
         assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
             (case.name, used)
@@ -856,6 +900,7 @@ LOOP_CASES = [
     path_case(PATHS[9], ((0, 0), (0, 0)), low=(5, 6), channels=10, name="loops"),
     path_case(PATHS[10], ((30, 30), (30, 30)), low=(9, 9), channels=2, name="loops"),  # 81 pixels: not tiny planes
     path_case(PATHS[11], ((1, 2), (2, 0)), low=(5, 6), images=20, channels=7, name="loops"),
+    path_case(PATHS[12], ((1, 2), (3, 0)), low=(5, 6), images=20, channels=7, name="loops"),
 ]
 
 
@@ -871,7 +916,7 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     assert loops.looped() == loops.capped(), loops.launches
     assert {short(name).split("<")[0] for name, _ in device.launches} == {
         "depthwise_fwd", "depthwise_bwd_input", "depthwise_bwd_weight", "depthwise_bwd_input_phased",
-        *depthwise_module.GENERIC_KERNELS}
+        "depthwise_bwd_weight_planes", *depthwise_module.GENERIC_KERNELS}
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31).
@@ -956,7 +1001,7 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     # (', true>': the packed-channel instantiation, which the wide planes of channels select here; see Recorder.kernels)
     used = {short(name.replace(", long long", ", int")).replace(", true>", ">") for name in device.launches}
     kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
-    if label == "planes":  # the huge plane's unit cannot fit: the tiled generic kernels
+    if label.startswith("planes"):  # the huge plane's unit cannot fit: the tiled generic kernels
         kernels = (*kernels, *GENERIC_1)
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 

@@ -134,18 +134,21 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #   forward        square 3/5/7 kernel, stride 1 or 2 (both dims), dilation 1 -> depthwise_fwd<T, I, K, S>
 #                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
 #                  other windows that overlap (extent > stride): tiny planes     -> depthwise_fwd_planes
+#                                                  (<T, I, K> for a TINY_KERNELS window: `_tiny_kernel`)
 #                                                                  others          -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
 #                  (depthwise_bwd_input<T, I, K[, true]> for square 3/5/7, dilation 1: the forward's persistent
-#                  kernel on FORWARD_BLOCKS blocks; tiny planes: _planes; else _generic);
+#                  kernel on FORWARD_BLOCKS blocks; tiny planes: _planes, <T, I, K> as the forward's at
+#                  multiplier 1; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
 #                  unrolled; both persistent on FORWARD_BLOCKS blocks)
 #                  no fit                                             -> depthwise_bwd_input_gather
 #   weight grad    the forward's specialisations                      -> depthwise_bwd_weight<T, I, K, S>
 #                  other overlapping windows, tiny planes             -> depthwise_bwd_weight_generic, a lane per
-#                                                  channel (plan_weight_planes: its plane_channels > 0)
+#                                                  channel (plan_weight_planes: its plane_channels > 0); with a
+#                                                  TINY_KERNELS window depthwise_bwd_weight_planes<T, I, K>
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
 #                  other overlapping windows                          -> depthwise_bwd_weight_generic
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
@@ -160,6 +163,7 @@ GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_f
                    "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
                    "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
                    "depthwise_bwd_bias", "depthwise_bwd_reduce")
+PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")  # one thread per dst plane
 
 # Shared with depthwise.cu (compiled in through KERNELS.defines; the file says what each one does there).
 STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisations: 8 for 5x5 and 7x7, where
@@ -178,11 +182,13 @@ SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PA
                        # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
                        # items of 4 rows on 14x14 planes hit different banks without it (4 rows of a 20-element pitch
                        # are 16 banks apart), and its thread layout costs instructions
+PLANE_BATCH = 8        # src elements a thread of the planes kernels' <T, I, K> instantiations (TINY_KERNELS) loads
+                       # before it stores them to shared memory: one wait on global memory per batch
 KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS,
-    "SPREAD_MIN_K": SPREAD_MIN_K})
+    "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -194,6 +200,13 @@ FORWARD_BLOCKS = 2048  # the grid of depthwise_fwd<T, I, K, S>, depthwise_bwd_in
                        # last wave's tail is short
 PLANE_MAX = 64         # the largest src and dst planes (elements) of depthwise_fwd_planes / _bwd_input_planes: one
                        # thread per dst plane, so larger planes would leave too few threads and too long loops
+TINY_KERNELS = (4,)    # K of the planes kernels' <T, I, K> instantiations (square K x K, stride 1, dilation 1, each
+                       # padding in [0, K - 1], multiplier 1 for the input gradient: `_tiny_kernel`): their taps
+                       # unrolled over zero-padded staged planes.  3, 5 and 7 take the packed depthwise_fwd /
+                       # _bwd_input instead; 4x4 is the patch workload's (dw-tiny-4x4k4).  Each K adds 16
+                       # instantiations (4 dtypes x 2 index types x 2 kernels)
+PLANES_BLOCKS = 8192   # the most blocks of those instantiations (`_planes_grid`): enough for ~7 waves of an H100
+                       # (132 SMs x ~9 blocks), few enough that a block runs several units with its kernels loaded once
 STAGE1_BLOCKS = 4096   # blocks a weight-gradient stage 1 aims for.  A constant, not the SM count: the partial
                        # rows (hence the summation order and the bits) depend on the shapes alone.
 STAGE1_MIN_UNITS = 4   # units a block of depthwise_bwd_weight<K, S> takes at least (where its channel has that many):
@@ -229,6 +242,8 @@ def instantiations():
         names.extend(kernel_name("depthwise_bwd_input_phased", dtype, index, k, s)
                      for k, s in itertools.product(SPECIALISED_KERNELS, SPECIALISED_STRIDES) if s > 1)
         names.extend(kernel_name(kernel, dtype, index) for kernel in GENERIC_KERNELS)
+        names.extend(kernel_name(kernel, dtype, index, k) for kernel in (*PLANE_KERNELS, "depthwise_bwd_weight_planes")
+                     for k in TINY_KERNELS)
     return names
 
 
@@ -424,17 +439,35 @@ def _packed_constant(tiling: Tiling) -> tuple:
     return (True,) if tiling.pack_channels else ()
 
 
-def plan_planes(kernel: str, src_size: int, dst_size: int, terms: int, taps: int, acc: int) -> Plan | None:
+def _tiny_kernel(spec: ConvSpec) -> int | None:
+    """K when the planes kernels have a <T, I, K> instantiation for the window (TINY_KERNELS): square K x K, stride 1,
+    dilation 1, and every side's padding in [0, K - 1], so that the input gradient's correlation padding, K - 1 - p,
+    is too (depthwise_planes stages its src planes padded by it)."""
+    (kh, kw), (dh, dw) = spec.kernel_size, spec.dilation
+    if kh == kw and kh in TINY_KERNELS and spec.stride == (1, 1) and dh == dw == 1 and \
+            all(0 <= p < kh for pair in spec.padding for p in pair):
+        return kh
+    return None
+
+
+def plan_planes(kernel: str, spec: ConvSpec, src_size: int, dst_size: int, terms: int, acc: int) -> Plan | None:
     """depthwise_fwd_planes / _bwd_input_planes for planes of at most PLANE_MAX elements (src_size, dst_size), `terms`
-    src planes and kernels of `taps` per dst plane: the most threads (one per dst plane, 256 down to 32) whose unit,
-    pitched as the kernel pitches it (odd), fits in SMEM_SOFT, else 32 within the default limit; None when the planes
-    are larger or nothing fits."""
+    src planes and kernels per dst plane: the most threads (one per dst plane, 256 down to 32) whose unit, pitched as
+    the kernel pitches it (odd), fits in SMEM_SOFT, else 32 within the default limit; None when the planes are larger
+    or nothing fits.  With a `_tiny_kernel` K (and one src plane per dst plane), the <T, I, K> instantiation, whose
+    staged src planes are zero-padded to the dst plane plus K - 1 rows and columns, with a table of src_size offsets
+    per block, and no staged kernels."""
     if max(src_size, dst_size) > PLANE_MAX:
         return None
-    per_plane = (terms * (src_size | 1) + (terms * taps | 1) + (dst_size | 1)) * acc
+    k = _tiny_kernel(spec) if terms == 1 else None
+    if k:  # the zero-padded src plane and the dst plane; the kernel in registers
+        dst_sides = spec.out_size if kernel == PLANE_KERNELS[0] else spec.in_size
+        per_plane, table = ((math.prod(d + k - 1 for d in dst_sides) | 1) + (dst_size | 1)) * acc, src_size * 4
+    else:
+        per_plane, table = (terms * (src_size | 1) + (terms * spec.taps | 1) + (dst_size | 1)) * acc, 0
     for threads, limit in ((256, SMEM_SOFT), (128, SMEM_SOFT), (64, SMEM_SOFT), (32, DEFAULT_SHARED_LIMIT)):
-        if threads * per_plane <= limit:
-            return Plan(kernel, (), Tiling(1, 1, 1, 1, threads, threads, threads * per_plane))
+        if threads * per_plane + table <= limit:
+            return Plan(kernel, (k,) if k else (), Tiling(1, 1, 1, 1, threads, threads, threads * per_plane + table))
     return None
 
 
@@ -455,7 +488,7 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
             tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, lambda spread: plan(spec.n, spread))
             return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling), *spread), tiling)
     if _overlaps(spec):
-        planes = plan_planes("depthwise_fwd_planes", math.prod(spec.in_size), spec.out_pixels, 1, spec.taps, acc)
+        planes = plan_planes("depthwise_fwd_planes", spec, math.prod(spec.in_size), spec.out_pixels, 1, acc)
         if planes:
             return planes
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
@@ -487,8 +520,7 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
             if tiling:
                 tiling, spread = _spread_planes(tiling, k, 1, acc, lambda spread: plan(spec.n, spread))
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling), *spread), tiling)
-        planes = plan_planes("depthwise_bwd_input_planes", spec.out_pixels, math.prod(spec.in_size), m, spec.taps,
-                             acc)
+        planes = plan_planes("depthwise_bwd_input_planes", spec, spec.out_pixels, math.prod(spec.in_size), m, acc)
         if planes:
             return planes
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -564,11 +596,15 @@ def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
         return None
     q = min(32, 1 << (spec.out_channels - 1).bit_length())
     out_h, out_w = spec.out_size
+    k = _tiny_kernel(spec) if spec.taps <= TAP_CHUNK else None
+    staged, table = x_size, 0
+    if k:  # depthwise_bwd_weight_planes: x planes zero-padded as the forward's, a table of x_size offsets
+        staged, table = (out_h + k - 1) * (out_w + k - 1), x_size * 4
     for threads, limit in ((256, SMEM_SOFT), (128, SMEM_SOFT), (64, SMEM_SOFT), (32, DEFAULT_SHARED_LIMIT)):
         # the boxes (3 ints a tap), each thread's sums (taps, bias), the planes
-        smem = 3 * TAP_CHUNK * 4 + threads * (TAP_CHUNK + 1 + (x_size | 1) + (g_size | 1)) * acc
+        smem = 3 * TAP_CHUNK * 4 + threads * (TAP_CHUNK + 1 + (staged | 1) + (g_size | 1)) * acc + table
         if smem <= limit:
-            return Plan("depthwise_bwd_weight_generic", (),
+            return Plan("depthwise_bwd_weight_planes" if k else "depthwise_bwd_weight_generic", (k,) if k else (),
                         Tiling(out_h, out_w, 1, 1, threads // q, threads, smem, plane_channels=q))
     return None
 
@@ -587,13 +623,24 @@ def stage1_rows(units: int, channels: int, least: int = 1):
 
 # --- launches ---------------------------------------------------------------------------------------------
 
-PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")
+def _planes_grid(planes: int, dst_channels: int, threads: int, tiny: bool) -> int:
+    """Blocks of a planes kernel over `planes` dst planes, `threads` a block.  The <T, I, K> instantiations (tiny) loop
+    over their units on at most PLANES_BLOCKS blocks, a multiple of the blocks whose planes are whole images (where
+    that multiple is not larger than the units), so that the grid's step keeps each thread on one dst channel: its
+    kernel is loaded once (depthwise_planes)."""
+    blocks = ceil_div(planes, threads)
+    if tiny and blocks > PLANES_BLOCKS:
+        whole = dst_channels // math.gcd(dst_channels, threads)  # blocks of whole images
+        blocks = max(whole, PLANES_BLOCKS // whole * whole) if whole < blocks else blocks
+    return capped_grid(blocks)
 
 
 def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, **args):
     """Launch a plan's kernel: tiled over `units` with its tiling, or untiled over `units` items."""
     if plan.tiling and plan.kernel in PLANE_KERNELS:  # units: dst planes, one per thread
-        grid, block = capped_grid(ceil_div(units, plan.tiling.threads)), plan.tiling.threads
+        channels = spec.out_channels if plan.kernel == PLANE_KERNELS[0] else spec.in_channels
+        grid = _planes_grid(units, channels, plan.tiling.threads, bool(plan.constants))
+        block = plan.tiling.threads
     elif plan.tiling:
         grid, block = capped_grid(units), plan.tiling.threads
         args.update(plan.tiling.args())
@@ -657,7 +704,7 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
                        pixels=spec.out_pixels, images_per_block=step)
     else:
         extra = dict(units_per_block=step) if plan.tiling else {}
-        if plan.kernel == "depthwise_bwd_weight_generic" and plan.tiling:
+        if plan.kernel in ("depthwise_bwd_weight_generic", "depthwise_bwd_weight_planes") and plan.tiling:
             extra["plane_channels"] = plan.tiling.plane_channels
         _launch(device, plan, dtype, index, rows * groups if plan.tiling else length, spec, x=x,
                 grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
