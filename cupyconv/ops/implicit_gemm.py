@@ -56,6 +56,7 @@ def instantiations():
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         if index == "int":   # `plan_phases` takes 32-bit indices only
             names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
+            names.append(kernel_name("channels_last_copies", dtype, index))   # (its callers split a 64-bit job off)
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
@@ -142,13 +143,13 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
     if igemm_refusal(spec, xv.dtype, "forward") is None:
-        xl = channels_last(device, xv)
+        xl, wk = channels_last_all(device, (xv, weight_view(device, weight, spec, "forward")))
         if xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
             # (n, H, W, C) with exactly x's values (float32's is rounded to tf32, not x): a caller that saves it
             # in place of x for the backward (cupyconv.torch's autograd) has a weight gradient that reads it in
             # place, so a training step copies x once
             _replay.offer(xl)
-        return igemm_forward(device, xl, arrange_weight(device, weight, spec, "forward"), bias, spec, out)
+        return igemm_forward(device, xl, wk, bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -158,6 +159,25 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                    has_bias=bias is not None)
     return out
+
+
+def stage_backward_copies(device, gy, xv, weight, spec: ConvSpec, needs: frozenset):
+    """Within `sharing_channels_last`, ahead of `implicit_gemm_grad_input` (if "input" in needs) and
+    `implicit_gemm_grad_weight` (if "weight"; with the bias gradient if "bias") on the same gy, xv and weight
+    (contiguous): the channels-last copies they will ask for (grad_output, the weight arranged for the input
+    gradient, x; grad_output's TF32 remainder for the fused bias sum), made by one launch instead of one each."""
+    dtype = xv.dtype
+    if _shared_copies.get() is None or tensor_core_refusal(spec, dtype, device) is not None:
+        return
+    gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
+    arrays = []
+    if "input" in needs and igemm_refusal(spec, dtype, "input") is None:
+        arrays += [gy4, weight_view(device, weight, spec, "input")]
+    rest_of = None
+    if "weight" in needs and weight_igemm_refusal(spec, dtype) is None:
+        arrays += [xv, gy4]
+        rest_of = gy4 if "bias" in needs and dtype == numpy.float32 else None
+    _channels_last_all(device, arrays, True, rest_of)
 
 
 def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
@@ -239,19 +259,48 @@ def channels_last(device, x, round_tf32: bool = True):
     product of the leading dims: a view when x is already laid out so (and 16-byte aligned), else a copy by
     channels_last_copy (a tiled transpose, coalesced on both sides).  float32 with round_tf32 is always copied,
     and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands."""
-    *lead, c, h, w = x.shape
-    rounds = round_tf32 and x.dtype == numpy.float32
-    if not rounds:
-        moved = x.transpose(*range(len(lead)), -2, -1, -3)
-        if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
-            return moved.reshape(math.prod(lead), h, w, c)
+    return channels_last_all(device, (x,), round_tf32)[0]
+
+
+def channels_last_all(device, arrays, round_tf32: bool = True) -> list:
+    """`channels_last` of each of arrays, the copies among them made together (`_channels_last_copies`: one launch
+    for a tensor-core pass's operands)."""
+    return _channels_last_all(device, arrays, round_tf32, None)[0]
+
+
+def _channels_last_all(device, arrays, round_tf32: bool, rest_of) -> tuple[list, Any]:
+    """(`channels_last_all` of arrays, the remainder of `channels_last_with_rest` of rest_of (float32, one of arrays)
+    or None).  Within `sharing_channels_last` each copy (with its remainder, where made) is kept for later calls."""
     shared = _shared_copies.get()
-    if shared is None:
-        return _channels_last_copy(device, x, rounds, None)
-    key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
-    if key not in shared:   # x held with its copy: its memory cannot be reused by another array within the scope
-        shared[key] = (x, _channels_last_copy(device, x, rounds, None))
-    return shared[key][1]
+    results: list = [None] * len(arrays)
+    wanted: dict = {}   # key -> [the indices of arrays with that key, x, whether its remainder is wanted]
+    rest = None
+    for i, x in enumerate(arrays):
+        *lead, c, h, w = x.shape
+        rounds = round_tf32 and x.dtype == numpy.float32
+        if not rounds:
+            moved = x.transpose(*range(len(lead)), -2, -1, -3)
+            if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
+                results[i] = moved.reshape(math.prod(lead), h, w, c)
+                continue
+        key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
+        if shared is not None and key in shared and (x is not rest_of or shared[key][2] is not None):
+            results[i] = shared[key][1]
+            if x is rest_of:
+                rest = shared[key][2]
+            continue
+        entry = wanted.setdefault(key, [[], x, False])
+        entry[0].append(i)
+        entry[2] = entry[2] or x is rest_of
+    copies = _channels_last_copies(device, [(x, key[-1], with_rest) for key, (_, x, with_rest) in wanted.items()])
+    for (key, (indices, x, with_rest)), (copy, its_rest) in zip(wanted.items(), copies):
+        for i in indices:
+            results[i] = copy
+        if with_rest:
+            rest = its_rest
+        if shared is not None:   # x held with its copy: its memory cannot be reused by another array in the scope
+            shared[key] = (x, copy, its_rest)
+    return results, rest
 
 
 _shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared_channels_last", default=None)
@@ -261,7 +310,8 @@ _shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared
 def sharing_channels_last() -> Iterator[None]:
     """Within, `channels_last` copies each array (same memory, shape, strides, dtype and rounding) once: a
     backward's input and weight gradients read one channels-last copy of grad_output (r50-64 fp16 saves one
-    grad_output-sized copy, about 10 us of 140, PREDICTED).  Only for arrays nobody writes within the scope."""
+    grad_output-sized copy, about 10 us of 140, PREDICTED), made with the others together where
+    `stage_backward_copies` ran.  Only for arrays nobody writes within the scope."""
     token = _shared_copies.set({})
     try:
         yield
@@ -277,34 +327,74 @@ def channels_last_with_rest(device, x):
     """float32 x (..., C, H, W) as `channels_last` rounds it to tf32, and the tf32 of what that rounding left
     (tf32(x - tf32(x))), both (n, H, W, C), from one channels_last_copy: the operand and remainder of the
     TF32 weight gradient's fused bias sum, which adds the two to keep float's bits."""
-    *lead, c, h, w = x.shape
-    rest = device.empty((math.prod(lead), h, w, c), x.dtype)
-    return _channels_last_copy(device, x, True, rest), rest
+    (copy,), rest = _channels_last_all(device, (x,), True, x)
+    return copy, rest
 
 
-def _channels_last_copy(device, x, rounds: bool, rest):
-    """channels_last_copy: the rows (image, pixel) of every image in one flat index, CL_ROWS a tile, each tile's
-    channels CL_CHANNEL_BYTES at a time (blockIdx.y); its blocks loop over the row tiles."""
-    *lead, c, h, w = x.shape
-    if h * w > INT32_MAX:
-        raise ValueError(f"channels_last: x {tuple(x.shape)} has planes of {h} x {w} pixels; channels_last_copy "
-                         f"indexes a plane's pixels in 32 bits (at most 2^31 - 1)")
-    n = math.prod(lead)
-    out = device.empty((n, h, w, c), x.dtype)
-    if out.size == 0:
-        return out
-    xv = batch_view(device, x)
-    rows, inner = n * h * w, xv.shape[1]
-    row_tiles = ceil_div(rows, CL_ROWS)
-    KERNELS.launch(device, "channels_last_copy", (c % vector_elements(x.dtype) == 0,), dtype=x.dtype,
-                   index=index_type(extent(xv), out.size),
-                   grid=(capped_grid(row_tiles), ceil_div(c * x.itemsize, CL_CHANNEL_BYTES)), block=CL_THREADS,
-                   x=xv, out=out, rows=rows, row_tiles=row_tiles, **batch_args("x", xv), channels=c, height=h,
-                   width=w, pixels_magic=fast_divmod_magic(h * w), width_magic=fast_divmod_magic(w),
-                   inner_magic=fast_divmod_magic(inner) if inner <= INT32_MAX else 0,
-                   round_tf32=rounds,
-                   rest=out if rest is None else rest, with_rest=rest is not None)
-    return out
+def _channels_last_copies(device, jobs) -> list:
+    """[(copy, rest or None)] of jobs [(x, rounds, with_rest)]: two or three (whole 16-byte vectors of channels,
+    one rounding, 32-bit indices: the tensor-core passes' operands) a channels_last_copies launch, any other alone
+    by channels_last_copy."""
+    results: list = [None] * len(jobs)
+    made = []   # (position, out, rest, x's batch view, index type)
+    for i, (x, rounds, with_rest) in enumerate(jobs):
+        *lead, c, h, w = x.shape
+        if h * w > INT32_MAX:
+            raise ValueError(f"channels_last: x {tuple(x.shape)} has planes of {h} x {w} pixels; channels_last_copy "
+                             f"indexes a plane's pixels in 32 bits (at most 2^31 - 1)")
+        out = device.empty((math.prod(lead), h, w, c), x.dtype)
+        rest = device.empty(out.shape, x.dtype) if with_rest else None
+        results[i] = (out, rest)
+        if out.size:
+            xv = batch_view(device, x)
+            made.append((i, out, rest, xv, index_type(extent(xv), out.size)))
+    together = [m for m in made if m[4] == "int" and m[1].shape[-1] % vector_elements(m[1].dtype) == 0
+                and jobs[m[0]][1] == jobs[made[0][0]][1]]
+    if len(together) < 2:
+        together = []
+    for i, out, rest, xv, index in made:
+        if not any(m[0] == i for m in together):
+            _channels_last_copy(device, xv, out, jobs[i][1], rest, index)
+    for start in range(0, len(together), 3):
+        _copies_launch(device, together[start:start + 3], jobs[together[start][0]][1])
+    return results
+
+
+def _copy_arguments(xv, out, rest) -> dict:
+    """channels_last_copy's arguments of one copy (but rounding, index type and grid)."""
+    n, h, w, c = out.shape
+    inner = xv.shape[1]
+    return dict(x=xv, out=out, rows=n * h * w, **batch_args("x", xv), channels=c, height=h, width=w,
+                pixels_magic=fast_divmod_magic(h * w), width_magic=fast_divmod_magic(w),
+                inner_magic=fast_divmod_magic(inner) if inner <= INT32_MAX else 0,
+                rest=out if rest is None else rest, with_rest=rest is not None)
+
+
+def _channels_last_copy(device, xv, out, rounds: bool, rest, index: str):
+    """channels_last_copy of xv, a batch view, into out: the rows (image, pixel) of every image in one flat index,
+    CL_ROWS a tile, each tile's channels CL_CHANNEL_BYTES at a time (blockIdx.y); its blocks loop over the row
+    tiles."""
+    args = _copy_arguments(xv, out, rest)
+    row_tiles = ceil_div(args["rows"], CL_ROWS)
+    KERNELS.launch(device, "channels_last_copy", (out.shape[-1] % vector_elements(out.dtype) == 0,), dtype=out.dtype,
+                   index=index, grid=(capped_grid(row_tiles), ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES)),
+                   block=CL_THREADS, row_tiles=row_tiles, round_tf32=rounds, **args)
+
+
+def _copies_launch(device, jobs, rounds: bool):
+    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks are its
+    row-tile blocks (capped, looping) times its channel blocks, after job j - 1's."""
+    args: dict = {}
+    ends = []
+    for j in range(3):
+        _, out, rest, xv, _ = jobs[min(j, len(jobs) - 1)]   # a third job of two repeats the second, with no blocks
+        one = _copy_arguments(xv, out, rest)
+        tiles = capped_grid(ceil_div(one["rows"], CL_ROWS))
+        args.update({f"{name}{j}": value for name, value in one.items()}, **{f"tiles{j}": tiles})
+        blocks = tiles * ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) if j < len(jobs) else 0
+        ends.append((ends[-1] if ends else 0) + blocks)
+    KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=ends[2],
+                   block=CL_THREADS, block_end0=ends[0], block_end1=ends[1], round_tf32=rounds, **args)
 
 
 def is_channels_last(a) -> bool:
@@ -331,12 +421,19 @@ def forward_output(device, x, weight, spec: ConvSpec):
 def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
     """The weight (D, C / G, kH, kW) in the order conv_fwd_igemm reads B: (D, taps, C / G) for the forward; for
     the input gradient (C, flipped taps, D / G) per group (the transposed convolution's weight).  One small
-    channels-last copy per call."""
+    channels-last copy of `weight_view` per call."""
+    return channels_last(device, weight_view(device, weight, spec, pass_))
+
+
+def weight_view(device, weight, spec: ConvSpec, pass_: str):
+    """The view of weight whose `channels_last` is `arrange_weight`'s: weight itself for the forward; for the input
+    gradient (G, C / G, D / G, kH, kW) with the taps flipped (negative strides), its channels-last copy (C, kH, kW,
+    D / G)."""
     if pass_ == "forward":
-        return channels_last(device, weight)
+        return weight
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
     flipped = device.reshape(weight, (g, dg, cg, *spec.kernel_size))[..., ::-1, ::-1]
-    return channels_last(device, flipped.transpose(0, 2, 1, 3, 4))   # (G, C / G, D / G, kH, kW) -> (C, kH, kW, D / G)
+    return flipped.transpose(0, 2, 1, 3, 4)
 
 
 # The input gradient at stride s > 1 ("strided dgrad"): input row y = s * q + r (phase r, 0 <= r < s) receives
