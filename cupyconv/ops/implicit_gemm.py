@@ -189,12 +189,13 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     _check_tensor_cores(spec, gy.dtype, device)
     gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if igemm_refusal(spec, gy.dtype, "input") is None:
+        # gy4 and the weight arranged (C, kH flipped, kW flipped, D / G) channels-last, copied by one launch
+        gy_cl, arranged = channels_last_all(device, (gy4, weight_view(device, weight, spec, "input")))
         if spec.stride == (1, 1):
-            return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
-                                 None, transposed_spec(spec), out)
+            return igemm_forward(device, gy_cl, arranged, None, transposed_spec(spec), out)
         out4 = device.reshape(out, (spec.n, spec.in_channels, *spec.in_size))
-        if not _grad_input_one_launch(device, gy4, weight, spec, out4):
-            _grad_input_phased(device, gy4, weight, spec, out4)
+        if not _grad_input_one_launch(device, gy_cl, arranged, spec, out4):
+            _grad_input_phased(device, gy_cl, arranged, spec, out4)
         return out
     gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
@@ -418,17 +419,11 @@ def forward_output(device, x, weight, spec: ConvSpec):
     return device.empty(spec.output_shape, x.dtype)
 
 
-def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
-    """The weight (D, C / G, kH, kW) in the order conv_fwd_igemm reads B: (D, taps, C / G) for the forward; for
-    the input gradient (C, flipped taps, D / G) per group (the transposed convolution's weight).  One small
-    channels-last copy of `weight_view` per call."""
-    return channels_last(device, weight_view(device, weight, spec, pass_))
-
-
 def weight_view(device, weight, spec: ConvSpec, pass_: str):
-    """The view of weight whose `channels_last` is `arrange_weight`'s: weight itself for the forward; for the input
-    gradient (G, C / G, D / G, kH, kW) with the taps flipped (negative strides), its channels-last copy (C, kH, kW,
-    D / G)."""
+    """The view of the weight (D, C / G, kH, kW) whose `channels_last` copy is B in the order conv_fwd_igemm reads
+    it: for the forward the weight itself, copied as (D, taps, C / G); for the input gradient (G, C / G, D / G, kH,
+    kW) with the taps flipped (negative strides), copied as (C, flipped taps, D / G) per group (the transposed
+    convolution's weight).  Copied with the pass's other operand, one launch (`channels_last_all`)."""
     if pass_ == "forward":
         return weight
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
@@ -536,22 +531,20 @@ def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
     return PhasesPlan(gemm, plan, grid, counts, steps)
 
 
-def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
+def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out) -> bool:
     """out (n, C, H, W) contiguous by ONE conv_fwd_igemm_phases over all the phases (`plan_phases`; blockIdx.z:
     split and phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
-    without taps included (their blocks reduce nothing and write zeros), from one channels-last copy of gy4 and
+    without taps included (their blocks reduce nothing and write zeros), from gy_cl, grad_output channels-last, and
     one phase-major weight (steps_h, steps_w, C, taps_h, taps_w, D / G); split sums (in out's layout) finished by
     one pass.  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
-    phases_plan = plan_phases(spec, gy4.dtype)
+    phases_plan = plan_phases(spec, gy_cl.dtype)
     if phases_plan is None:
         return False
     gemm, plan, steps, counts = phases_plan.gemm, phases_plan.igemm, phases_plan.steps, phases_plan.counts
     taps = gemm.kernel_size
-    vector = vector_elements(gy4.dtype)
+    vector = vector_elements(gy_cl.dtype)
     whole_vectors = all(PhasePlacement((ph.first, pw.first), spec.stride, spec.in_size).vector_store(pw.rows, vector)
                         for ph, pw in grad_input_phases(spec))
-    gy_cl = channels_last(device, gy4)
-    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
     # flipped tap j = t * step + (step - 1 - i0) for the t-th tap of the phase whose first original tap is i0
     c, dg = spec.in_channels, spec.outputs_per_group
     wk = device.ascontiguous(device.reshape(arranged, (c, taps[0], steps[0], taps[1], steps[1], dg))
@@ -560,7 +553,7 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
     index = index_type(gy_cl.size, out.size, wk.size, partial.size)   # "int" (`plan_phases`)
     placement = PhasePlacement((0, 0), spec.stride, spec.in_size).arguments()   # phase_first: per block
     (pad_top, _), (pad_left, _) = spec.padding
-    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy4.dtype, index=index,
+    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy_cl.dtype, index=index,
                    grid=phases_plan.grid,
                    block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk, bias=wk, out=out,
                    n=spec.n, groups=spec.groups, channels_per_group=gemm.channels_per_group,
@@ -572,7 +565,7 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
                    grad_pad_left=pad_left, grad_step_h=steps[0], grad_step_w=steps[1], grad_height=spec.in_size[0],
                    grad_width=spec.in_size[1], phase_weight_size=wk.size // (steps[0] * steps[1]))
     if plan.splits > 1:
-        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=gy4.dtype, index=index,
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=gy_cl.dtype, index=index,
                        grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK, partial=partial,
                        bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
                        out_channels=spec.n * spec.in_channels, channels_per_group=math.prod(spec.in_size), taps=1,
@@ -580,13 +573,11 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
     return True
 
 
-def _grad_input_phased(device, gy4, weight, spec: ConvSpec, out):
-    """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from one channels-last copy of gy4 and
+def _grad_input_phased(device, gy_cl, arranged, spec: ConvSpec, out):
+    """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from gy_cl (grad_output channels-last) and
     its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), its
     epilogue (or its split sums' final pass) writing the phase's pixels of out in place (`PhasePlacement`: no
     buffer, no copy); phases without taps are zero-filled, after the launches."""
-    gy_cl = channels_last(device, gy4)
-    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
     empties = []
     for phase in grad_input_phases(spec):
         if not all(p.taps for p in phase):
@@ -737,7 +728,7 @@ def _igemm_groups_forward(device, xl, wk, bias, spec: ConvSpec, out):
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlacement | None = None):
     """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
-    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
+    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `weight_view`), bias (D,)
     or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; the output's layout) are added
     in split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one
     tap: out's own layout, no permutation.
