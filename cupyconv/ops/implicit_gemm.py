@@ -44,6 +44,9 @@ TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per gro
 # channels_last_copy's tile: CL_ROWS rows (pixels) x CL_VECTORS 16-byte vectors of channels, a vector a thread.
 CL_ROWS, CL_VECTORS = 32, 8
 CL_THREADS, CL_CHANNEL_BYTES = CL_ROWS * CL_VECTORS, CL_VECTORS * 16
+# channels_last_copies' blocks take this many row tiles each (at least): the pick of a block's job and its arguments
+# (about 50 instructions a warp, once per block) is paid per two tiles, not per tile (one 16-byte vector a thread)
+CL_COPIES_TILES = 2
 KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
                                                   "IG_ROW_BYTES": 64, "CL_ROWS": CL_ROWS, "CL_VECTORS": CL_VECTORS})
 
@@ -383,18 +386,18 @@ def _channels_last_copy(device, xv, out, rounds: bool, rest, index: str):
 
 
 def _copies_launch(device, jobs, rounds: bool):
-    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks are its
-    row-tile blocks (capped, looping) times its channel blocks, after job j - 1's."""
+    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks along x
+    are its row-tile blocks (capped, looping), after job j - 1's; along y the channel blocks of the job with most."""
     args: dict = {}
     ends = []
     for j in range(3):
         _, out, rest, xv, _ = jobs[min(j, len(jobs) - 1)]   # a third job of two repeats the second, with no blocks
         one = _copy_arguments(xv, out, rest)
-        tiles = capped_grid(ceil_div(one["rows"], CL_ROWS))
-        args.update({f"{name}{j}": value for name, value in one.items()}, **{f"tiles{j}": tiles})
-        blocks = tiles * ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) if j < len(jobs) else 0
-        ends.append((ends[-1] if ends else 0) + blocks)
-    KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=ends[2],
+        args.update({f"{name}{j}": value for name, value in one.items()})
+        blocks = capped_grid(ceil_div(ceil_div(one["rows"], CL_ROWS), CL_COPIES_TILES))
+        ends.append((ends[-1] if ends else 0) + (blocks if j < len(jobs) else 0))
+    channel_blocks = max(ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs)
+    KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=(ends[2], channel_blocks),
                    block=CL_THREADS, block_end0=ends[0], block_end1=ends[1], round_tf32=rounds, **args)
 
 
