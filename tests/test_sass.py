@@ -623,7 +623,7 @@ def unit_loop_opcodes(program) -> dict[str, Counter]:
 # float loop also holds the tf32 rounding and the remainder, both in software).  About 10% above NVRTC 13.0's 85
 # and 130 of 2026-11-25; the 32 x 32-tile kernel before (4 elements a thread and trip) had 241 and 348.
 CHANNELS_LAST_COPY_LOOP = {"__half": 96, "__nv_bfloat16": 96, "float": 144}
-# The same loop in channels_last_copies<T, int> (its job's arguments picked before it): 90 and 149 of task launchpair
+# The same loop in channels_last_copies<T, int> (its job's arguments picked before it): 92 and 150 of task launchpair
 # (the float loop reads 14 of the picked arguments from the parameter bank in the loop, ULDC, instead of registers).
 CHANNELS_LAST_COPIES_LOOP = {"__half": 99, "__nv_bfloat16": 99, "float": 164}
 
