@@ -533,3 +533,31 @@ def test_choices_record_an_autotuned_plan():
     auto = launches.record(BY_LABEL["r50-64-gpu16"], False).steps
     assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "nope"}).steps] \
         == [s.name for s in auto]
+
+
+def test_counters_of_copies_in_one_launch_are_sampled_per_job(monkeypatch):
+    """channels_last_copies (r50-64's forward at N = 1: x's 1,568 row tiles and the weight's 18, two a block) is
+    sampled per job (`counter_strata`: [0, block_end0) and the rest), each job's counts scaled by its own blocks:
+    the totals are those of the two copies launched apart (channels_last_copy, each sampled alike) to 5%; an even
+    spread over the whole launch would count the weight's last block as a quarter of the launch (global sectors
+    +14% where per job they are +3%: the blocks sampled in the weight differ, a tile a block apart)."""
+    import dataclasses
+
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)   # (this file's fixture refuses it)
+    case = dataclasses.replace(BY_LABEL["r50-64-gpu16"], dims={**BY_LABEL["r50-64-gpu16"].dims, "N": 1})
+    combined = launches.record(case, False).launches[0]
+    assert combined.kernel == "channels_last_copies"
+    e0 = int(combined.args["block_end0"])
+    assert [(s.start, s.stop) for s in predict.counter_strata(combined)] == [(0, e0), (e0, combined.grid[0])]
+    monkeypatch.setattr(implicit_gemm, "_copies_launch", lambda device, jobs, rounds: [
+        implicit_gemm._channels_last_copy(device, xv, out, rounds, rest, index) for _, out, rest, xv, index in jobs])
+    apart = launches.record(case, False).launches[:2]
+    assert [launch.kernel for launch in apart] == ["channels_last_copy"] * 2
+    assert predict.counter_strata(apart[0]) == [range(apart[0].grid[0])]
+    got = predict.emulated_counters(combined)["kinds"]
+    want = [predict.emulated_counters(launch)["kinds"] for launch in apart]
+    for kind in ("global_load", "global_store", "shared_load", "shared_store"):
+        for name in ("requests", "useful_bytes", "sectors", "wavefronts"):
+            if name in got[kind]:
+                want_total = sum(w[kind][name] for w in want)
+                assert got[kind][name] == pytest.approx(want_total, rel=0.05), (kind, name, got[kind][name])
