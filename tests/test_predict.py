@@ -136,8 +136,8 @@ def test_recording_reads_no_data(label):
 
 def test_recording_of_the_r50_64_forward(monkeypatch):
     """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed by one launch,
-    then one conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56
-    pixels."""
+    then one conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over
+    32 x 56 x 56 pixels."""
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
