@@ -47,6 +47,7 @@ import math
 import re
 import subprocess
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -700,9 +701,13 @@ def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS,
     except Exception as e:
         return {"error": f"tests/emulator cannot be imported: {type(e).__name__}: {str(e)[:200]}"}
     try:
-        device = (device_factory or package.EmulatedDevice)(counters=True, blocks=package.spread_blocks(blocks))
-        device.launch(launch.source, launch.name, launch.grid, launch.block, launch.raw_args, launch.shared_mem)
-        profile = device.profile[-1]
+        profiles = []   # (a stratum's profile, the stratum's blocks)
+        for columns in counter_strata(launch):
+            device = (device_factory or package.EmulatedDevice)(counters=True,
+                                                                blocks=stratum_blocks(columns, blocks, package))
+            device.launch(launch.source, launch.name, launch.grid, launch.block, launch.raw_args, launch.shared_mem)
+            profiles.append((device.profile[-1], len(columns) * math.prod(launch.grid[1:])))
+        profile = profiles[0][0] if len(profiles) == 1 else merged_profile(profiles, launch.blocks)
     except Exception as e:   # a counter run that fails leaves the analytic model in place, and says why
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     scale = launch.blocks / max(1, profile.blocks_run)
@@ -723,6 +728,47 @@ def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS,
         kinds[kind] = entry
     return {"source": "emulator", "blocks_run": profile.blocks_run, "grid_blocks": launch.blocks, "scale": scale,
             "kinds": kinds, "sites": [site.to_dict() for site in profile.sites]}
+
+
+def counter_strata(launch: launches_mod.Launch) -> list[range]:
+    """The blockIdx.x ranges of a launch whose blocks differ in kind and work, each sampled and scaled on its own
+    (an even spread over the whole grid would take the first and last blocks of channels_last_copies, often a small
+    job's, for a quarter of the launch each): its jobs' [0, block_end0), [block_end0, block_end1), [block_end1, x);
+    one range, the whole grid, for every other kernel."""
+    if launch.kernel != "channels_last_copies":
+        return [range(launch.grid[0])]
+    ends = (0, int(launch.args["block_end0"]), int(launch.args["block_end1"]), launch.grid[0])
+    return [range(a, b) for a, b in zip(ends, ends[1:]) if b > a]
+
+
+def stratum_blocks(columns: range, count: int, package):
+    """The `blocks=` of an EmulatedDevice that runs `count` blocks spread over the blocks whose x is in columns
+    (every y and z), in the linear order of `package.spread_blocks`."""
+    spread = package.spread_blocks(count)
+
+    def blocks(grid):
+        _, y, z = (*grid, 1, 1)[:3]
+        return [(columns[x], y, z) for x, y, z in spread((len(columns), y, z))]
+    return blocks
+
+
+def merged_profile(profiles: list, grid_blocks: int):
+    """One profile of the strata's (`counter_strata`): each site's counts weighted by its stratum's blocks per
+    block run, over the grid's blocks per block run in all, so that scaling the merged sample to the grid scales
+    each stratum by its own blocks."""
+    package = _emulator.emulator()
+    blocks_run = sum(p.blocks_run for p, _ in profiles)
+    merged: dict = {}
+    for p, blocks in profiles:
+        weight = (blocks / max(1, p.blocks_run)) / (grid_blocks / max(1, blocks_run))
+        for site in p.sites:
+            into = merged.setdefault((site.site, site.kind, site.width),
+                                     package.SiteCounters(site.site, site.kind, site.width))
+            for name in COUNTED:
+                setattr(into, name, getattr(into, name) + getattr(site, name) * weight)
+    first = profiles[0][0]
+    return dataclasses.replace(first, blocks_run=blocks_run, sites=sorted(merged.values(),
+                                                                          key=lambda s: (s.site, s.kind)))
 
 
 def apply_counters(work: dict, counters: dict) -> dict:

@@ -53,13 +53,10 @@ def tune_key(pass_name: str, spec: ConvSpec, dtype, *extra) -> tuple:
 def resolve(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heuristic: str, run):
     """run(algorithm), with 'auto' resolved by the heuristic or, when autotuning, by measurement (the fastest
     candidate's result is returned)."""
-    if algorithm != "auto":
-        return run(algorithm)
-    if not settings.get_autotune() or settings.get_deterministic() or len(candidates) == 1:
-        return run(heuristic if heuristic in candidates else candidates[0])
+    choice = chosen(device, key, algorithm, candidates, heuristic)
+    if choice is not None:
+        return run(choice)
     key = (*key, device.key())
-    if key in CACHE:
-        return run(CACHE[key])
     timings = {}
     for candidate in candidates:
         run(candidate)  # compile and warm up
@@ -67,6 +64,16 @@ def resolve(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heu
     best = min(candidates, key=lambda c: timings[c][0])
     CACHE[key] = best
     return timings[best][1]
+
+
+def chosen(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heuristic: str) -> str | None:
+    """The algorithm `resolve` runs without measuring, or None where it will measure candidates (autotuning a
+    problem not in the cache)."""
+    if algorithm != "auto":
+        return algorithm
+    if not settings.get_autotune() or settings.get_deterministic() or len(candidates) == 1:
+        return heuristic if heuristic in candidates else candidates[0]
+    return CACHE.get((*key, device.key()))
 
 
 def spin(device, seconds: float) -> None:

@@ -912,28 +912,28 @@ __device__ __forceinline__ uint4 cl_rest_vector(uint4 v) {   // (four floats)
                     __float_as_uint(cl_rest(__uint_as_float(v.z))), __float_as_uint(cl_rest(__uint_as_float(v.w))));
 }
 
-// rows = n H W; row_tiles = ceil(rows / CL_ROWS), looped over by blockIdx.x; blockIdx.y: CL_VECTORS * VEC channels.
+// One block's share of a copy: row tiles first_tile, first_tile + tile_step, ... of channel block channel_block
+// (CL_VECTORS * VEC channels), through the block's shared tile.  rows = n H W; row_tiles = ceil(rows / CL_ROWS).
 // The magics are FastDivmod's multipliers of H W, W and x_inner (cupyconv._kernels.fast_divmod_magic; where I is
 // long long the divisions are 64-bit, once per row and tile).  WHOLE_VECTORS: channels % VEC == 0, so a vector's
 // channels are all in range or all past the end, and out's rows are whole 16-byte vectors (one store each); else
 // every channel is checked and stored on its own.  rest and with_rest: float only.
 template <typename T, typename I, bool WHOLE_VECTORS>
-__global__ void __launch_bounds__(CL_THREADS) channels_last_copy(
-    const T* __restrict__ x, T* __restrict__ out, I rows, I row_tiles, I x_inner, I x_stride_outer, I x_stride_inner,
-    I x_stride_c, I x_stride_h, I x_stride_w, int channels, int height, int width,
+__device__ __forceinline__ void cl_copy_tiles(
+    uint4* tile, const T* __restrict__ x, T* __restrict__ out, I rows, I row_tiles, I x_inner, I x_stride_outer,
+    I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int channels, int height, int width,
     unsigned int pixels_magic, unsigned int width_magic, unsigned int inner_magic, int round_tf32,
-    T* __restrict__ rest, int with_rest) {
+    T* __restrict__ rest, int with_rest, I first_tile, I tile_step, int channel_block) {
   typedef typename ClBits<T>::type B;
   constexpr int VEC = 16 / sizeof(T);
-  __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
   const FastDivmod by_pixels(height * width, pixels_magic), by_width(width, width_magic);
   const FastDivmod by_inner((int)x_inner, inner_magic);   // (where I is int: x_inner is below 2^31)
-  const int lane = threadIdx.x % CL_ROWS, read_c = blockIdx.y * (CL_VECTORS * VEC) + threadIdx.x / CL_ROWS * VEC;
+  const int lane = threadIdx.x % CL_ROWS, read_c = channel_block * (CL_VECTORS * VEC) + threadIdx.x / CL_ROWS * VEC;
   const int write_v = threadIdx.x % CL_VECTORS, write_row = threadIdx.x / CL_VECTORS;
-  const int write_c = blockIdx.y * (CL_VECTORS * VEC) + write_v * VEC;
+  const int write_c = channel_block * (CL_VECTORS * VEC) + write_v * VEC;
   const int read_slot = lane * CL_VECTORS + ((threadIdx.x / CL_ROWS) ^ (lane & 7));
   const int write_slot = write_row * CL_VECTORS + (write_v ^ (write_row & 7));
-  for (I t = blockIdx.x; t < row_tiles; t += gridDim.x) {
+  for (I t = first_tile; t < row_tiles; t += tile_step) {
     const I r = t * CL_ROWS + lane;
     B b[VEC];
 #pragma unroll
@@ -984,6 +984,60 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copy(
     }
     __syncthreads();  // the tile is refilled for the next row tile
   }
+}
+
+// One copy: its row tiles looped over by blockIdx.x, its channel blocks on blockIdx.y.
+template <typename T, typename I, bool WHOLE_VECTORS>
+__global__ void __launch_bounds__(CL_THREADS) channels_last_copy(
+    const T* __restrict__ x, T* __restrict__ out, I rows, I row_tiles, I x_inner, I x_stride_outer, I x_stride_inner,
+    I x_stride_c, I x_stride_h, I x_stride_w, int channels, int height, int width,
+    unsigned int pixels_magic, unsigned int width_magic, unsigned int inner_magic, int round_tf32,
+    T* __restrict__ rest, int with_rest) {
+  __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
+  cl_copy_tiles<T, I, WHOLE_VECTORS>(tile, x, out, rows, row_tiles, x_inner, x_stride_outer, x_stride_inner,
+                                     x_stride_c, x_stride_h, x_stride_w, channels, height, width, pixels_magic,
+                                     width_magic, inner_magic, round_tf32, rest, with_rest, (I)blockIdx.x,
+                                     (I)gridDim.x, blockIdx.y);
+}
+
+template <typename V> __device__ __forceinline__ V cl_pick(int job, V a, V b, V c) {
+  return job == 0 ? a : job == 1 ? b : c;
+}
+
+// Two or three copies in one launch (the operands of a tensor-core pass: x or grad_output, the arranged weight and,
+// for a backward, x), since a launch costs the host more than such a copy costs the GPU.  Job j owns the blocks
+// [block_end{j-1}, block_end{j}) along x (job 2 up to the grid's end), which loop over its row tiles, and its
+// channel blocks along y (the grid has the most of any job; a block past its job's channels returns at once).  Its
+// arguments are channels_last_copy's, picked once per block (one copy of the loop in the code).  Whole vectors only
+// (the fast path's operands have them); a job with no blocks is never read.
+template <typename T, typename I>
+__global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
+    const T* __restrict__ x0, T* __restrict__ out0, T* __restrict__ rest0, I rows0, I x_inner0, I x_stride_outer0,
+    I x_stride_inner0, I x_stride_c0, I x_stride_h0, I x_stride_w0, int channels0, int height0, int width0,
+    unsigned int pixels_magic0, unsigned int width_magic0, unsigned int inner_magic0, int with_rest0,
+    const T* __restrict__ x1, T* __restrict__ out1, T* __restrict__ rest1, I rows1, I x_inner1, I x_stride_outer1,
+    I x_stride_inner1, I x_stride_c1, I x_stride_h1, I x_stride_w1, int channels1, int height1, int width1,
+    unsigned int pixels_magic1, unsigned int width_magic1, unsigned int inner_magic1, int with_rest1,
+    const T* __restrict__ x2, T* __restrict__ out2, T* __restrict__ rest2, I rows2, I x_inner2, I x_stride_outer2,
+    I x_stride_inner2, I x_stride_c2, I x_stride_h2, I x_stride_w2, int channels2, int height2, int width2,
+    unsigned int pixels_magic2, unsigned int width_magic2, unsigned int inner_magic2, int with_rest2,
+    I block_end0, I block_end1, int round_tf32) {
+  __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
+  const I block = blockIdx.x;
+  const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;
+  const int channels = cl_pick(j, channels0, channels1, channels2);
+  if ((int)blockIdx.y * (CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;   // past this job's channels
+  const I begin = cl_pick<I>(j, 0, block_end0, block_end1), end = cl_pick<I>(j, block_end0, block_end1, gridDim.x);
+  const I rows = cl_pick(j, rows0, rows1, rows2);
+  cl_copy_tiles<T, I, true>(
+      tile, cl_pick(j, x0, x1, x2), cl_pick(j, out0, out1, out2), rows, (rows + CL_ROWS - 1) / CL_ROWS,
+      cl_pick(j, x_inner0, x_inner1, x_inner2), cl_pick(j, x_stride_outer0, x_stride_outer1, x_stride_outer2),
+      cl_pick(j, x_stride_inner0, x_stride_inner1, x_stride_inner2), cl_pick(j, x_stride_c0, x_stride_c1, x_stride_c2),
+      cl_pick(j, x_stride_h0, x_stride_h1, x_stride_h2), cl_pick(j, x_stride_w0, x_stride_w1, x_stride_w2), channels,
+      cl_pick(j, height0, height1, height2), cl_pick(j, width0, width1, width2),
+      cl_pick(j, pixels_magic0, pixels_magic1, pixels_magic2), cl_pick(j, width_magic0, width_magic1, width_magic2),
+      cl_pick(j, inner_magic0, inner_magic1, inner_magic2), round_tf32, cl_pick(j, rest0, rest1, rest2),
+      cl_pick(j, with_rest0, with_rest1, with_rest2), block - begin, end - begin, blockIdx.y);
 }
 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output

@@ -141,6 +141,11 @@ class Recorder(EmulatedDevice):
     def count(self, kernel):
         return sum(name.startswith(kernel + "<") for name in self.launches)
 
+    def copies(self):
+        """The channels-last copy launches, by kernel: ["channels_last_copy" (one copy) or "channels_last_copies"
+        (two or three), ...]."""
+        return [name.split("<")[0] for name in self.launches if name.startswith("channels_last_cop")]
+
 
 class GridLoops:
     """Launch every capped grid with at most `cap` blocks and every elementwise kernel with blocks of `block`

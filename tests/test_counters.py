@@ -301,7 +301,8 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
     conflict-free -- the cp.async landings (16 bytes a lane: 4 wavefronts a warp, the minimum), the ldmatrix
     reads (one wavefront per 8 x 8 matrix) -- and the cp.async loads of x and the weight use every sector they
     move; the epilogue's 2-byte stores into its transposed tile are conflict-free, its 16-byte stores of out use
-    every sector.  The channels_last_copy of x before it: both sides 100% of their sectors, no conflicts."""
+    every sector.  The copy of x before it (channels_last_copies, with the weight's; its blocks 20 and 21 are
+    x's): both sides 100% of their sectors, no conflicts."""
     import cupyconv
     from cupyconv import _device as cupyconv_device
 
@@ -314,9 +315,9 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
     dev = EmulatedDevice(counters=True, blocks=lambda grid: [(20, 0, 0), (21, 0, 0)] if grid[0] > 20 else [])
     with cupyconv_device.use_device(dev):
         cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
-    transpose, weight_copy, gemm = dev.profile
+    transpose, gemm = dev.profile
     assert gemm.name == "conv_fwd_igemm<__half, int, 64, 64, 4>" and gemm.blocks_run == 2
-    assert transpose.name == "channels_last_copy<__half, int, true>" and transpose.blocks_run == 2
+    assert transpose.name == "channels_last_copies<__half, int>" and transpose.blocks_run == 2
     assert_lean_transpose(transpose)
     chunks, mma = 18, 2 * 4 * 18 * 16  # chunks of 32 k; blocks x warps x chunks x mma.sync per chunk
     shared = [s for s in gemm.sites if s.kind.startswith("shared")]
@@ -345,8 +346,8 @@ def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     assert main(["--case", "r50-64-gpu16", "--batch", "1", "--blocks", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "conv_fwd_igemm<__half, int, 64, 64, 4>" in text and "not GPU measurements" in text
-    profiles = json.loads(out.read_text())["profiles"]   # channels_last_copy of x and of the weight first
-    assert [p["name"] for p in profiles[:2]] == ["channels_last_copy<__half, int, true>"] * 2
+    profiles = json.loads(out.read_text())["profiles"]   # the channels-last copies of x and of the weight first
+    assert profiles[0]["name"] == "channels_last_copies<__half, int>"
     profile = next(p for p in profiles if p["name"].startswith("conv_fwd_igemm<"))   # (batch 1: K unsplit)
     assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
         "global_load", "global_store", "shared_load", "shared_store"}

@@ -154,7 +154,7 @@ def test_channels_last_input_gives_channels_last_output(case, wave, split, dtype
         assert device.count("conv_fwd_igemm") == 1, device.launches
         # x in place (float32: rounded to tf32 in the copy); the weight's copy, a view for 1 x 1 16-bit
         copies = (dtype == "float32") + (dtype == "float32" or case.weight[2:] != (1, 1))
-        assert device.count("channels_last_copy") == copies, device.launches
+        assert device.copies() == [[], ["channels_last_copy"], ["channels_last_copies"]][copies], device.launches
         assert split is None or device.count("conv_bwd_weight_igemm_finish") == 1, device.launches
         assert_close(out, want, dtype, f"{case.name} {order}")
     out = run(Recorder(), cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
@@ -535,6 +535,88 @@ def test_channels_last_with_rest_keeps_float_bits(c, monkeypatch):
     numpy.testing.assert_allclose(got.astype(numpy.float64) + rest, want, rtol=2.0**-21, atol=0)
 
 
+def copies_jobs(rng, dtype):
+    """Arrays that one channels_last_copies launch copies together, each with whole 16-byte vectors of channels:
+    an x-like (3, 24, 5, 9) in a strided view, a conv weight (48, 24 / 2, 3, 2) as the input gradient arranges it
+    (`weight_view`: groups x channels-in x channels-out with the taps flipped, negative strides) and a batch view
+    (2, 3, 72, 2, 3) with a negative batch stride and more than one channel block (72 channels)."""
+    values = rng.standard_normal((3, 24, 5, 9)).astype(dtype)
+    x = layouts(rng, values)["strided"]
+    weight = rng.standard_normal((48, 12, 3, 2)).astype(dtype)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((1, 24, 5, 5)), weight, None, stride=1, padding=1,
+                                               dilation=1, groups=2)
+    flipped = igemm.weight_view(EmulatedDevice(), weight, spec, "input")
+    batch = rng.standard_normal((5, 3, 72, 2, 3)).astype(dtype)[::-2]
+    return [x, flipped, batch]
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_copies_match_separate_copies(dtype, jobs, monkeypatch):
+    """channels_last_all: two or three copies (a strided x, the input gradient's flipped weight view, a negative
+    batch view with two channel blocks) by ONE channels_last_copies launch, bit for bit what channels_last makes of
+    each alone (float32: rounded to tf32), on poisoned outputs, every job's blocks looping over several row tiles (a
+    grid cap of 2); an array read in place (channels-last 16-bit) or given twice adds no job."""
+    monkeypatch.setattr(_kernels, "GRID_CAP", 2)
+    rng = numpy.random.default_rng(31 + jobs)
+    arrays = copies_jobs(rng, DTYPES[dtype])[:jobs]
+    # 16-bit: a channels-last array read in place (float32 would copy it: a fourth job)
+    extra = [] if dtype == "float32" else [nhwc(rng.standard_normal((2, 16, 3, 3)).astype(DTYPES[dtype]))]
+    want = []
+    for a in extra + arrays:
+        alone = Recorder("reverse")
+        want.append(run(alone, igemm.channels_last, alone, a))
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        got = run(device, igemm.channels_last_all, device, [*extra, *arrays, arrays[0]])
+        assert device.launches == [f"channels_last_copies<{_kernels.c_type(DTYPES[dtype])}, int>"], device.launches
+        assert got[-1] is got[len(extra)] and all(numpy.shares_memory(g, a) for g, a in zip(got, extra))
+        for a, g, w in zip(extra + arrays, got, want):
+            assert g.shape == w.shape and g.flags.c_contiguous
+            numpy.testing.assert_array_equal(g.view(numpy.uint8), w.view(numpy.uint8), err_msg=f"{a.shape} {order}")
+
+
+def test_channels_last_copies_with_rest_and_odd_channels(monkeypatch):
+    """float32: a job with its TF32 remainder (`channels_last_with_rest`'s, bit for bit) beside one without, in one
+    launch; an array whose channels are no whole vectors (13) is copied alone by channels_last_copy's element-wise
+    instantiation, its bits channels_last's.  Within `sharing_channels_last` the copies are kept: channels_last and
+    channels_last_with_rest of the same arrays launch nothing more."""
+    monkeypatch.setattr(_kernels, "GRID_CAP", 2)
+    rng = numpy.random.default_rng(33)
+    x, flipped, _ = copies_jobs(rng, numpy.float32)
+    odd = rng.standard_normal((7, 13, 2, 3)).astype(numpy.float32)[::-1]
+    alone = Recorder()
+    want_x, want_rest = run(alone, igemm.channels_last_with_rest, alone, x)
+    want_flipped, want_odd = (run(alone, igemm.channels_last, alone, a) for a in (flipped, odd))
+    device = Recorder("reverse")
+    with igemm.sharing_channels_last():
+        (got_flipped, got_x, got_odd), rest = run(device, igemm._channels_last_all, device, [flipped, x, odd], True, x)
+        assert device.launches == ["channels_last_copy<float, int, false>", "channels_last_copies<float, int>"]
+        again, (again_x, again_rest) = (run(device, f, device, a) for f, a in ((igemm.channels_last, flipped),
+                                                                              (igemm.channels_last_with_rest, x)))
+        assert len(device.launches) == 2 and again is got_flipped and again_x is got_x and again_rest is rest
+    for got, want in ((got_x, want_x), (rest, want_rest), (got_flipped, want_flipped), (got_odd, want_odd)):
+        numpy.testing.assert_array_equal(got.view(numpy.uint32), want.view(numpy.uint32))
+
+
+def test_channels_last_copies_leave_a_64_bit_copy_alone(monkeypatch):
+    """A copy whose indices pass 32 bits (2^28 + 8 images of 8 halves, batch stride negative, sparse memory) runs
+    on channels_last_copy's long long instantiation, apart from the 32-bit one beside it (channels_last_copies is
+    instantiated for int only); the last block of each writes its last rows."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    n, c = 2**28 + 8, 8
+    big = bug_classes.sparse_zeros((n, c, 1, 1), numpy.float16)[::-1]
+    big[-32:] = numpy.random.default_rng(42).standard_normal((32, c, 1, 1))
+    small = numpy.random.default_rng(43).standard_normal((40, c, 1, 1)).astype(numpy.float16)[::-1]
+    device = bug_classes.SparseDevice()
+    got_big, got_small = run(device, igemm.channels_last_all, device, [big, small])
+    assert device.launches == ["channels_last_copy<__half, long long, true>", "channels_last_copy<__half, int, true>"]
+    bug_classes.assert_tail_written(got_big, numpy.moveaxis(numpy.asarray(big[-8:]), 1, -1).reshape(-1),
+                                    numpy.float16, 8 * c, "the 64-bit copy")   # (its last row tile: 8 rows)
+    bug_classes.assert_tail_written(got_small, numpy.moveaxis(small[-8:], 1, -1).reshape(-1), numpy.float16,
+                                    8 * c, "the 32-bit copy")
+
+
 def test_channels_last_copy_rows_past_2_31(monkeypatch):
     """2^31 + 64 images of one pixel and 3 channels, batch stride negative, over sparse memory: the row index
     (image, pixel) passes 2^31, so the row decode takes the 64-bit path (`long long`); the last block, which owns
@@ -582,7 +664,8 @@ def test_clean_under_asan():
 def test_backward_copies_grad_output_once(op, x_shape, w_shape, stride, monkeypatch):
     """A backward of every gradient on the tensor cores makes one channels-last copy of grad_output, read by the
     input and the weight gradients (`sharing_channels_last`), and no array twice; the gradients equal the CPU
-    path's.  Without the sharing scope (conv2d_backward_gpu called directly), grad_output is copied twice."""
+    path's; one launch makes every copy.  Without the sharing scope (conv2d_backward_gpu called directly), grad_output
+    is copied twice."""
     rng = numpy.random.default_rng(11)
     x = rng.standard_normal(x_shape).astype(numpy.float16)
     weight = (rng.standard_normal(w_shape) / 8).astype(numpy.float16)
@@ -590,13 +673,15 @@ def test_backward_copies_grad_output_once(op, x_shape, w_shape, stride, monkeypa
     forward, backward = getattr(cupyconv, op), getattr(cupyconv, f"{op}_backward")
     gy = rng.standard_normal(forward(*as64(x, weight), **kwargs).shape).astype(numpy.float16)
     copied = []
-    make_copy = igemm._channels_last_copy
+    make_copies = igemm._channels_last_copies
 
-    def recording_copy(device, a, rounds, rest):
-        copied.append((_device._address(a), a.shape, a.strides))
-        return make_copy(device, a, rounds, rest)
-    monkeypatch.setattr(igemm, "_channels_last_copy", recording_copy)
-    got = run(Recorder(), backward, gy, x, weight, algorithm="implicit_gemm", **kwargs)
+    def recording_copies(device, jobs):
+        copied.extend((_device._address(a), a.shape, a.strides) for a, _, _ in jobs)
+        return make_copies(device, jobs)
+    monkeypatch.setattr(igemm, "_channels_last_copies", recording_copies)
+    device = Recorder()
+    got = run(device, backward, gy, x, weight, algorithm="implicit_gemm", **kwargs)
+    assert device.copies() == ["channels_last_copies"], device.launches
     of_gy = [key for key in copied if key[0] == _device._address(gy)]
     assert len(of_gy) == 1 and len(set(copied)) == len(copied), copied
     for g, w, what in zip(got, backward(*as64(gy, x, weight), **kwargs), ("grad_x", "grad_weight", "grad_bias")):

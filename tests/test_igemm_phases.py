@@ -145,8 +145,8 @@ def empty_phase_shapes(spec):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_phases_match_cpu_path(case, dtype):
     """grad_input at stride > 1 with D / G in whole 16-byte vectors: one conv_fwd_igemm_phases for all the phases
-    where each axis's phases take the same taps (`one_launch`), else one conv_fwd_igemm per phase with taps; two
-    channels_last_copy (grad_output and the arranged weight), never the gather; equal to the CPU path.  The
+    where each axis's phases take the same taps (`one_launch`), else one conv_fwd_igemm per phase with taps; one
+    channels_last_copies (grad_output and the arranged weight), never the gather; equal to the CPU path.  The
     phases' epilogues write grad_input (poisoned: the emulator's `empty` fills NaN) in place: no array-library copy
     of a phase; one fill per phase without taps where launched apart (none in one launch: those blocks write their
     zeros), and every element written."""
@@ -161,7 +161,7 @@ def test_phases_match_cpu_path(case, dtype):
     assert device.count("conv_fwd_igemm_phases") == (1 if one_launch(spec) else 0), device.launches
     assert device.count("conv_fwd_igemm") == (0 if one_launch(spec) else len(phases)), device.launches
     assert device.count("conv_bwd_input_tc") == 0, device.launches
-    assert device.count("channels_last_copy") == 2, device.launches
+    assert device.copies() == ["channels_last_copies"], device.launches
     recorded = [(dst.shape, kind) for dst, kind in work]
     fills = [] if one_launch(spec) else [(shape, "fill") for shape in empty_phase_shapes(spec)]
     assert array_work_into(work, got) == fills, recorded
@@ -204,7 +204,7 @@ def test_split_k_in_the_phases(monkeypatch, case, launches):
     work = recording_array_work(device)
     got = run(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
-    names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_copy<")]
+    names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_cop")]
     kernel = "conv_fwd_igemm_phases" if launches == 1 else "conv_fwd_igemm"
     assert names == [kernel, "conv_bwd_weight_igemm_finish"] * launches, device.launches
     # the finish passes write the phases' pixels of grad_input (poisoned) in place
@@ -226,7 +226,8 @@ def test_one_launch_in_every_layout_of_grad_output(layout):
     got = run(device, cupyconv.conv2d_backward, view, x, weight, algorithm="implicit_gemm", needs=("input",),
               **case.kwargs)[0]
     assert one_launch(spec_of(case, x, weight)) and device.count("conv_fwd_igemm_phases") == 1, device.launches
-    assert device.count("channels_last_copy") == (1 if layout == "channels_last" else 2), device.launches
+    # (a channels-last grad_output read in place: the weight copied alone)
+    assert device.copies() == ["channels_last_copy" if layout == "channels_last" else "channels_last_copies"]
     assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
     want = cupyconv.conv2d_backward(*as64(grad_output, x, weight), needs=("input",), **case.kwargs)[0]
     assert_close(got, want, "float16", layout)

@@ -135,19 +135,19 @@ def test_recording_reads_no_data(label):
 
 
 def test_recording_of_the_r50_64_forward(monkeypatch):
-    """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed, then one
-    conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over 32 x 56 x 56
-    pixels."""
+    """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed by one launch,
+    then one conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over
+    32 x 56 x 56 pixels."""
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
-    assert [launch.name for launch in rec.steps] == ["channels_last_copy<__half, int, true>"] * 2 + [
-        "conv_fwd_igemm<__half, int, 256, 64, 4>"]
+    assert [launch.name for launch in rec.steps] == ["channels_last_copies<__half, int>",
+                                                     "conv_fwd_igemm<__half, int, 256, 64, 4>"]
     assert rec.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and rec.steps[-1].block == (128,)
     # it tiles exactly too: 392 blocks of 256 x 64 over 18 chunks of 32 halves = the useful MACs
     case = BY_LABEL["r50-64-gpu16"]
     assert predict.tensor_core_macs(rec.steps[-1]) == 392 * 256 * 64 * 18 * 32 == cases.flops(case) // 2
-    assert predict.pass_macs(rec.steps, case) == {2: cases.flops(case) / 2}
+    assert predict.pass_macs(rec.steps, case) == {1: cases.flops(case) / 2}
     rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
     (launch,) = rec.steps
     assert launch.name == "conv_fwd_tc<__half, int, 128, 64>" and launch.grid == (32 * 56 * 56 // 128, 1, 1)
@@ -230,7 +230,7 @@ def test_tensor_core_work_and_pass_macs():
     case = BY_LABEL["r50-64-gpu16"]
     rec = launches.record(case, True)
     # the generic forward and input gradient (this file's fixture); the weight gradient on the channels-last kernel,
-    # whose operand copies (channels_last_copy) carry no MACs; the bias gradient comes with the weight's
+    # whose operand copies (channels_last_copies) carry no MACs; the bias gradient comes with the weight's
     forward, grad_input, grad_weight = [s for s in rec.steps if s.kernel in predict.TENSOR_CORE_KERNELS]
     finish = rec.steps[-1]
     # the forward tiles exactly: 784 blocks of 128 x 64 over 18 chunks of 32 = the useful MACs
@@ -533,3 +533,31 @@ def test_choices_record_an_autotuned_plan():
     auto = launches.record(BY_LABEL["r50-64-gpu16"], False).steps
     assert [s.name for s in launches.record(BY_LABEL["r50-64-gpu16"], False, choices={"forward": "nope"}).steps] \
         == [s.name for s in auto]
+
+
+def test_counters_of_copies_in_one_launch_are_sampled_per_job(monkeypatch):
+    """channels_last_copies (r50-64's forward at N = 1: x's 1,568 row tiles and the weight's 18, two a block) is
+    sampled per job (`counter_strata`: [0, block_end0) and the rest), each job's counts scaled by its own blocks:
+    the totals are those of the two copies launched apart (channels_last_copy, each sampled alike) to 5%; an even
+    spread over the whole launch would count the weight's last block as a quarter of the launch (global sectors
+    +14% where per job they are +3%: the blocks sampled in the weight differ, a tile a block apart)."""
+    import dataclasses
+
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)   # (this file's fixture refuses it)
+    case = dataclasses.replace(BY_LABEL["r50-64-gpu16"], dims={**BY_LABEL["r50-64-gpu16"].dims, "N": 1})
+    combined = launches.record(case, False).launches[0]
+    assert combined.kernel == "channels_last_copies"
+    e0 = int(combined.args["block_end0"])
+    assert [(s.start, s.stop) for s in predict.counter_strata(combined)] == [(0, e0), (e0, combined.grid[0])]
+    monkeypatch.setattr(implicit_gemm, "_copies_launch", lambda device, jobs, rounds: [
+        implicit_gemm._channels_last_copy(device, xv, out, rounds, rest, index) for _, out, rest, xv, index in jobs])
+    apart = launches.record(case, False).launches[:2]
+    assert [launch.kernel for launch in apart] == ["channels_last_copy"] * 2
+    assert predict.counter_strata(apart[0]) == [range(apart[0].grid[0])]
+    got = predict.emulated_counters(combined)["kinds"]
+    want = [predict.emulated_counters(launch)["kinds"] for launch in apart]
+    for kind in ("global_load", "global_store", "shared_load", "shared_store"):
+        for name in ("requests", "useful_bytes", "sectors", "wavefronts"):
+            if name in got[kind]:
+                want_total = sum(w[kind][name] for w in want)
+                assert got[kind][name] == pytest.approx(want_total, rel=0.05), (kind, name, got[kind][name])

@@ -47,14 +47,22 @@ def test_the_calibration_reproduces_the_measured_h200_pairs():
         assert point * low <= host_us <= point * high, (label, pass_, host_us, point)
 
 
+# Launches the code has shed since the pairs were measured, per (case, pass): the tensor-core passes' channels-last
+# copies in one launch (channels_last_copies: 3 -> 2 forward, 6 -> 3 backward).
+LAUNCHES_SHED = {("r50-64-gpu16", "fwd"): 1, ("r50-64-gpu16", "fwd+bwd"): 3, ("p-seed-gpu16", "fwd"): 1,
+                 ("p-seed-gpu16", "fwd+bwd"): 3}
+
+
 def test_the_pairs_counts_are_the_instruments_on_the_measured_plan():
     """The counts written into HOST_PAIRS are host_overhead's, under the plan the H200 run autotuned (r50-64-gpu32:
     im2col + cuBLAS, 3 launches forward as CUPTI saw).  The CuPy path moves on (other branches cut its calls); this
-    checks the launches, which only a change of plan moves, and that the calls stay the pairs' or fall."""
+    checks the launches, which only a change of plan or a launch merged since (`LAUNCHES_SHED`) moves, and that the
+    calls stay the pairs' or fall."""
     for label, pass_, _, choices, calls, launches in predict.HOST_PAIRS:
         case = cases.select([label], ("gpu",))[0]
         counts = host_overhead.counts(case, pass_ != "fwd", choices)
-        assert counts["launches"] == launches and counts["calls"] <= calls, (label, pass_, counts)
+        shed = LAUNCHES_SHED.get((label, pass_), 0)
+        assert counts["launches"] == launches - shed and counts["calls"] <= calls, (label, pass_, counts)
 
 
 def test_a_slower_glue_raises_the_prediction(monkeypatch):

@@ -676,6 +676,9 @@ def unit_loop_opcodes(program) -> dict[str, Counter]:
 # float loop also holds the tf32 rounding and the remainder, both in software).  About 10% above NVRTC 13.0's 85
 # and 130 of 2026-11-25; the 32 x 32-tile kernel before (4 elements a thread and trip) had 241 and 348.
 CHANNELS_LAST_COPY_LOOP = {"__half": 96, "__nv_bfloat16": 96, "float": 144}
+# The same loop in channels_last_copies<T, int> (its job's arguments picked before it): 92 and 150 of task launchpair
+# (the float loop reads 14 of the picked arguments from the parameter bank in the loop, ULDC, instead of registers).
+CHANNELS_LAST_COPIES_LOOP = {"__half": 99, "__nv_bfloat16": 99, "float": 164}
 
 
 @pytest.mark.slow
@@ -683,19 +686,22 @@ CHANNELS_LAST_COPY_LOOP = {"__half": 96, "__nv_bfloat16": 96, "float": 144}
 def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
     """channels_last_copy's loop over its row tiles: at most CHANNELS_LAST_COPY_LOOP instructions, one 16-byte
     shared store and load and one 16-byte global store (whole vectors), its global loads VEC per thread, no local
-    memory (spills): a division or a per-element address computation back in the loop fails here."""
+    memory (spills): a division or a per-element address computation back in the loop fails here.  The same loop
+    (`cl_copy_tiles`) in channels_last_copies, its job's arguments picked once per block, before the loop."""
     loops = unit_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
     for name in GROUPS["implicit_gemm.cu"]:
-        if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")):
+        if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")
+                or name.startswith("channels_last_copies<")):
             continue
         seen += 1
         loop, t = loops[name], element_type(name)
-        if sum(loop.values()) > CHANNELS_LAST_COPY_LOOP[t]:
-            problems.append(f"{name}: {sum(loop.values())} instructions > {CHANNELS_LAST_COPY_LOOP[t]}")
+        bound = (CHANNELS_LAST_COPIES_LOOP if name.startswith("channels_last_copies<") else CHANNELS_LAST_COPY_LOOP)[t]
+        if sum(loop.values()) > bound:
+            problems.append(f"{name}: {sum(loop.values())} instructions > {bound}")
         if loop["LDG"] != 16 // (4 if t == "float" else 2) or loop["LDL"] or loop["STL"]:
             problems.append(f"{name}: LDG {loop['LDG']}, LDL {loop['LDL']}, STL {loop['STL']}")
-    assert seen == 3 and not problems, "\n".join(problems)
+    assert seen == 6 and not problems, "\n".join(problems)
 
 
 # The most SASS instructions per output that one thread's pass through depthwise_fwd<T, int, K, S>'s loop over its

@@ -147,15 +147,15 @@ def test_tf32_operands_are_rounded_once_to_nearest():
     """float32 on TF32: grad_weight is the float64 GEMM of x and grad_output each rounded to tf32 to nearest
     (once, by their channels-last copies; the fragments are the staged words), to float32's accumulation error:
     operands left unrounded (the mma would truncate them) or rounded twice differ by ~1e-4 of the largest value;
-    the bias gradient keeps float's precision (the remainder staged beside grad_output).  Two channels_last_copy
-    launches: x, and grad_output with its remainder."""
+    the bias gradient keeps float's precision (the remainder staged beside grad_output).  One launch copies x,
+    and grad_output with its remainder (channels_last_copies)."""
     case = CASE_BY_NAME["wg_groups_stride_dilation"]
     rng = numpy.random.default_rng(19)
     x, weight, _, grad_output = case.inputs(rng, numpy.float32)
     device = Recorder("reverse")
     _, gw, gb = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=("weight", "bias"),
                             algorithm="implicit_gemm", **case.kwargs)
-    assert device.count("conv_bwd_weight_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+    assert device.count("conv_bwd_weight_igemm") == 1 and device.copies() == ["channels_last_copies"], device.launches
     _, want_w, want_b = cupyconv.conv2d_backward(tf32(grad_output), tf32(x), weight.astype(numpy.float64),
                                                  needs=("weight", "bias"), **case.kwargs)
     _, _, exact_b = cupyconv.conv2d_backward(grad_output.astype(numpy.float64), x.astype(numpy.float64),
@@ -231,8 +231,8 @@ def test_gpu_matches_cpu_path_and_is_bit_deterministic(dtype):
 def test_a_training_step_copies_x_once(monkeypatch, keep):
     """A torch training step (cupyconv.torch.conv2d forward, then backward) on the emulator, float16, x NCHW: the
     forward's channels-last copy of x is what autograd saves for the weight gradient (`saved_x`), which reads it
-    in place: channels_last_copy runs once for x (x, the forward's weight and grad_output: 3 launches; 4 when
-    the copy is not kept); the gradients match the CPU path."""
+    in place: x is copied once (the forward's launch copies x and the weight, the backward's grad_output, and x
+    again when the copy is not kept: one launch each pass); the gradients match the CPU path."""
     torch = pytest.importorskip("torch")
     import cupyconv.torch as cupyconv_torch
     from cupyconv.torch import _custom_ops, cpu as torch_cpu
@@ -245,11 +245,12 @@ def test_a_training_step_copies_x_once(monkeypatch, keep):
     device = Recorder("reverse")
     with torch_cpu.numpy_cpu_path(True), _device.use_device(device), settings.allow_tf32(True):
         y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
-        assert device.count("conv_fwd_igemm") == 1 and device.count("channels_last_copy") == 2, device.launches
+        assert device.count("conv_fwd_igemm") == 1 and device.copies() == ["channels_last_copies"], device.launches
         assert _custom_ops._LAST_X_COPY.slot is None   # taken by autograd's setup_context
         y.backward(torch.from_numpy(grad_output))
         assert device.count("conv_bwd_weight_igemm") == 1, device.launches
-        assert device.count("channels_last_copy") == (3 if keep else 4), device.launches
+        backward = "channels_last_copy" if keep else "channels_last_copies"   # grad_output (and x)
+        assert device.copies() == ["channels_last_copies", backward], device.launches
         with torch.no_grad():
             y = cupyconv_torch.conv2d(torch.from_numpy(x), w, b, algorithm="implicit_gemm", **case.kwargs)
         held = _custom_ops._LAST_X_COPY.slot   # no autograd: held (the one slot) until the next forward
@@ -280,7 +281,7 @@ def test_the_kept_x_copy_never_cuts_a_second_order_gradient_off_x():
     device = Recorder("reverse")
     with torch_cpu.numpy_cpu_path(True), _device.use_device(device), settings.allow_tf32(True):
         y = cupyconv_torch.conv2d(xt, w, algorithm="implicit_gemm", **case.kwargs)
-        assert device.count("channels_last_copy") == 2   # the forward's copy of x (and of the weight)
+        assert device.copies() == ["channels_last_copies"]   # the forward's copy of x (and of the weight)
         (gw,) = torch.autograd.grad(y, w, torch.from_numpy(grad_output), create_graph=True)
         (got,) = torch.autograd.grad((gw * torch.from_numpy(probe)).sum(), xt, allow_unused=True)
     assert got is not None, "d/dx of the weight gradient was cut off x"
@@ -291,8 +292,8 @@ def test_the_kept_x_copy_never_cuts_a_second_order_gradient_off_x():
 def test_a_channels_last_grad_output_is_read_in_place(monkeypatch, layout):
     """conv2d_backward on the tensor cores takes grad_output in its own layout: a channels-last grad_output (what
     the forward returns for channels-last x) is read in place by the input and the weight gradient -- two
-    channels_last_copy launches (the input gradient's weight, x) and no array-library copy; an NCHW one is copied
-    to channels-last once, shared by both gradients (three).  Both match the float64 reference."""
+    copies (the input gradient's weight, x) and no array-library copy; an NCHW one is copied to channels-last once,
+    shared by both gradients (three copies); one launch copies them all.  Both match the float64 reference."""
     case = CASE_BY_NAME["wg_tile_edges"]
     x, weight, _, grad_output = case.inputs(numpy.random.default_rng(21), numpy.float16)
     if layout == "channels_last":
@@ -304,9 +305,52 @@ def test_a_channels_last_grad_output_is_read_in_place(monkeypatch, layout):
         grad_x, grad_w, _ = cupyconv.conv2d_backward(grad_output, x, weight, needs=("input", "weight"),
                                                      algorithm="implicit_gemm", **case.kwargs)
     assert device.count("conv_fwd_igemm") == 1 and device.count("conv_bwd_weight_igemm") == 1, device.launches
-    assert device.count("channels_last_copy") == (2 if layout == "channels_last" else 3), device.launches
+    assert device.copies() == ["channels_last_copies"], device.launches
     assert grad_output.shape not in copies, copies
     want_x, want_w, _ = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (grad_output, x, weight)),
                                                  needs=("input", "weight"), **case.kwargs)
     assert_close(grad_x, want_x, "float16", "grad_input")
     assert_close(grad_w, want_w, "float16", "grad_weight")
+
+
+def separate_copies(monkeypatch):
+    """The copies as before channels_last_copies: a channels_last_copy launch each, and no staging of a backward's
+    copies ahead of its gradients."""
+    from cupyconv.ops import conv as conv_op, patch as patch_op
+    monkeypatch.setattr(igemm, "_copies_launch", lambda device, jobs, rounds: [
+        igemm._channels_last_copy(device, xv, out, rounds, rest, index) for _, out, rest, xv, index in jobs])
+    for module in (conv_op, patch_op):
+        monkeypatch.setattr(module, "stage_backward_copies", lambda *args: None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [CASE_BY_NAME["wg_tile_edges"], CASE_BY_NAME["wg_groups_stride_dilation"],
+                                  C("wg_patches", (2, 3, 16, 5, 4), (24, 16, 3, 3), padding=1)], ids=str)
+def test_copies_in_one_launch_keep_the_bits(monkeypatch, case, dtype):
+    """A forward and a backward of every gradient (bias included: float32's fused bias sum takes grad_output's tf32
+    remainder from the staged copy) with each pass's channels-last copies in one channels_last_copies launch (the
+    forward's: x and the weight; the backward's: grad_output, the weight arranged for the input gradient and x),
+    conv2d (stride 1, and 2 x 1 by phases) and patch_conv2d: bit for bit what a copy a launch gives."""
+    rng = numpy.random.default_rng(23)
+    x, weight, bias, grad_output = case.inputs(rng, DTYPES[dtype])
+    patch = x.ndim == 5
+    forward = cupyconv.patch_conv2d if patch else cupyconv.conv2d
+    backward = cupyconv.patch_conv2d_backward if patch else cupyconv.conv2d_backward
+    if patch:
+        grad_output = rng.standard_normal(forward(x, weight, **case.kwargs).shape).astype(x.dtype)
+
+    def results(device):
+        with _device.use_device(device), settings.allow_tf32(True):
+            y = forward(x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+            copies = device.copies()
+            grads = backward(grad_output, x, weight, needs=("input", "weight", "bias"), algorithm="implicit_gemm",
+                             **case.kwargs)
+        return [y, *grads], copies, device.copies()[len(copies):]
+    got, forward_copies, backward_copies = results(Recorder("reverse"))
+    assert forward_copies == ["channels_last_copies"] and backward_copies == ["channels_last_copies"]
+    separate_copies(monkeypatch)
+    want, forward_copies, backward_copies = results(Recorder("reverse"))
+    assert forward_copies == ["channels_last_copy"] * 2 and len(backward_copies) >= 3, backward_copies
+    for g, w, what in zip(got, want, ("y", "grad_x", "grad_weight", "grad_bias")):
+        assert g.dtype == w.dtype and g.shape == w.shape, what
+        numpy.testing.assert_array_equal(g.view(numpy.uint8), w.view(numpy.uint8), err_msg=what)

@@ -27,7 +27,8 @@ from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
 from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, implicit_gemm_gpu, implicit_gemm_grad_input,
-                            implicit_gemm_grad_weight, sharing_channels_last, tensor_core_refusal)
+                            implicit_gemm_grad_weight, sharing_channels_last, stage_backward_copies,
+                            tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -593,8 +594,21 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     weight = device.ascontiguous(weight)
     heuristic = choose_algorithm(spec, x.dtype, device, "input")
     grad_x = grad_w = grad_b = None
+    candidates = grad_input_candidates(spec, x.dtype, device) if "input" in needs else ()
+    weight_candidates = grad_weight_candidates(spec, x.dtype, device) if "weight" in needs else ()
+    # the passes whose algorithm is known before they run and is the tensor cores': their copies made in one launch
+    staged: set = set()
+    if "input" in needs and not simt_runs(spec, x.dtype, "input") and not simt_runs(spec, x.dtype) and (
+            _autotune.chosen(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
+                             heuristic) == "implicit_gemm"):
+        staged.add("input")
+    if "weight" in needs and not simt_runs(spec, x.dtype, "weight") and _autotune.chosen(
+            device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm, weight_candidates,
+            choose_algorithm(spec, x.dtype, device, "weight")) == "implicit_gemm":
+        staged |= {"weight"} | ({"bias"} & needs)
+    if staged:
+        stage_backward_copies(device, grad_output, batch_view(device, x), weight, spec, frozenset(staged))
     if "input" in needs:
-        candidates = grad_input_candidates(spec, x.dtype, device)
 
         def grad_input(algo):
             if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "input"):
@@ -631,8 +645,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
         grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
-                                   grad_weight_candidates(spec, x.dtype, device),
-                                   choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
+                                   weight_candidates, choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
     if ("bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w
             and fused_bias["bias"] is not None):
         grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned

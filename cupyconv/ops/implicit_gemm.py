@@ -44,6 +44,9 @@ TC_MIN_CHANNELS = 16   # the tensor-core kernels need this many channels per gro
 # channels_last_copy's tile: CL_ROWS rows (pixels) x CL_VECTORS 16-byte vectors of channels, a vector a thread.
 CL_ROWS, CL_VECTORS = 32, 8
 CL_THREADS, CL_CHANNEL_BYTES = CL_ROWS * CL_VECTORS, CL_VECTORS * 16
+# channels_last_copies' blocks take this many row tiles each (at least): the pick of a block's job and its arguments
+# (about 50 instructions a warp, once per block) is paid per two tiles, not per tile (one 16-byte vector a thread)
+CL_COPIES_TILES = 2
 KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
                                                   "IG_ROW_BYTES": 64, "CL_ROWS": CL_ROWS, "CL_VECTORS": CL_VECTORS})
 
@@ -56,6 +59,7 @@ def instantiations():
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         if index == "int":   # `plan_phases` takes 32-bit indices only
             names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
+            names.append(kernel_name("channels_last_copies", dtype, index))   # (its callers split a 64-bit job off)
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
@@ -143,13 +147,13 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
     _check_tensor_cores(spec, xv.dtype, device)
     if igemm_refusal(spec, xv.dtype, "forward") is None:
-        xl = channels_last(device, xv)
+        xl, wk = channels_last_all(device, (xv, weight_view(device, weight, spec, "forward")))
         if xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
             # (n, H, W, C) with exactly x's values (float32's is rounded to tf32, not x): a caller that saves it
             # in place of x for the backward (cupyconv.torch's autograd) has a weight gradient that reads it in
             # place, so a training step copies x once
             _replay.offer(xl)
-        return igemm_forward(device, xl, arrange_weight(device, weight, spec, "forward"), bias, spec, out)
+        return igemm_forward(device, xl, wk, bias, spec, out)
     plan = plan_tensor_cores(spec, xv.dtype, "forward")
     weight = device.ascontiguous(weight)
     KERNELS.launch(device, "conv_fwd_tc", plan.tile, dtype=xv.dtype,
@@ -161,6 +165,25 @@ def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     return out
 
 
+def stage_backward_copies(device, gy, xv, weight, spec: ConvSpec, needs: frozenset):
+    """Within `sharing_channels_last`, ahead of `implicit_gemm_grad_input` (if "input" in needs) and
+    `implicit_gemm_grad_weight` (if "weight"; with the bias gradient if "bias") on the same gy, xv and weight
+    (contiguous): the channels-last copies they will ask for (grad_output, the weight arranged for the input
+    gradient, x; grad_output's TF32 remainder for the fused bias sum), made by one launch instead of one each."""
+    dtype = xv.dtype
+    if _shared_copies.get() is None or tensor_core_refusal(spec, dtype, device) is not None:
+        return
+    gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
+    arrays = []
+    if "input" in needs and igemm_refusal(spec, dtype, "input") is None:
+        arrays += [gy4, weight_view(device, weight, spec, "input")]
+    rest_of = None
+    if "weight" in needs and weight_igemm_refusal(spec, dtype) is None:
+        arrays += [xv, gy4]
+        rest_of = gy4 if "bias" in needs and dtype == numpy.float32 else None
+    _channels_last_all(device, arrays, True, rest_of)
+
+
 def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     """grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW), any strides, and weight (D, C / G, kH,
     kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.
@@ -170,12 +193,13 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
     _check_tensor_cores(spec, gy.dtype, device)
     gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if igemm_refusal(spec, gy.dtype, "input") is None:
+        # gy4 and the weight arranged (C, kH flipped, kW flipped, D / G) channels-last, copied by one launch
+        gy_cl, arranged = channels_last_all(device, (gy4, weight_view(device, weight, spec, "input")))
         if spec.stride == (1, 1):
-            return igemm_forward(device, channels_last(device, gy4), arrange_weight(device, weight, spec, "input"),
-                                 None, transposed_spec(spec), out)
+            return igemm_forward(device, gy_cl, arranged, None, transposed_spec(spec), out)
         out4 = device.reshape(out, (spec.n, spec.in_channels, *spec.in_size))
-        if not _grad_input_one_launch(device, gy4, weight, spec, out4):
-            _grad_input_phased(device, gy4, weight, spec, out4)
+        if not _grad_input_one_launch(device, gy_cl, arranged, spec, out4):
+            _grad_input_phased(device, gy_cl, arranged, spec, out4)
         return out
     gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
@@ -240,19 +264,48 @@ def channels_last(device, x, round_tf32: bool = True):
     product of the leading dims: a view when x is already laid out so (and 16-byte aligned), else a copy by
     channels_last_copy (a tiled transpose, coalesced on both sides).  float32 with round_tf32 is always copied,
     and rounded to tf32 on the way: the one rounding of the tensor cores' TF32 operands."""
-    *lead, c, h, w = x.shape
-    rounds = round_tf32 and x.dtype == numpy.float32
-    if not rounds:
-        moved = x.transpose(*range(len(lead)), -2, -1, -3)
-        if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
-            return moved.reshape(math.prod(lead), h, w, c)
+    return channels_last_all(device, (x,), round_tf32)[0]
+
+
+def channels_last_all(device, arrays, round_tf32: bool = True) -> list:
+    """`channels_last` of each of arrays, the copies among them made together (`_channels_last_copies`: one launch
+    for a tensor-core pass's operands)."""
+    return _channels_last_all(device, arrays, round_tf32, None)[0]
+
+
+def _channels_last_all(device, arrays, round_tf32: bool, rest_of) -> tuple[list, Any]:
+    """(`channels_last_all` of arrays, the remainder of `channels_last_with_rest` of rest_of (float32, one of arrays)
+    or None).  Within `sharing_channels_last` each copy (with its remainder, where made) is kept for later calls."""
     shared = _shared_copies.get()
-    if shared is None:
-        return _channels_last_copy(device, x, rounds, None)
-    key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
-    if key not in shared:   # x held with its copy: its memory cannot be reused by another array within the scope
-        shared[key] = (x, _channels_last_copy(device, x, rounds, None))
-    return shared[key][1]
+    results: list = [None] * len(arrays)
+    wanted: dict = {}   # key -> [the indices of arrays with that key, x, whether its remainder is wanted]
+    rest = None
+    for i, x in enumerate(arrays):
+        *lead, c, h, w = x.shape
+        rounds = round_tf32 and x.dtype == numpy.float32
+        if not rounds:
+            moved = x.transpose(*range(len(lead)), -2, -1, -3)
+            if moved.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0:
+                results[i] = moved.reshape(math.prod(lead), h, w, c)
+                continue
+        key = (_address(x), x.shape, x.strides, x.dtype.str, rounds)
+        if shared is not None and key in shared and (x is not rest_of or shared[key][2] is not None):
+            results[i] = shared[key][1]
+            if x is rest_of:
+                rest = shared[key][2]
+            continue
+        entry = wanted.setdefault(key, [[], x, False])
+        entry[0].append(i)
+        entry[2] = entry[2] or x is rest_of
+    copies = _channels_last_copies(device, [(x, key[-1], with_rest) for key, (_, x, with_rest) in wanted.items()])
+    for (key, (indices, x, with_rest)), (copy, its_rest) in zip(wanted.items(), copies):
+        for i in indices:
+            results[i] = copy
+        if with_rest:
+            rest = its_rest
+        if shared is not None:   # x held with its copy: its memory cannot be reused by another array in the scope
+            shared[key] = (x, copy, its_rest)
+    return results, rest
 
 
 _shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared_channels_last", default=None)
@@ -262,7 +315,8 @@ _shared_copies: contextvars.ContextVar = contextvars.ContextVar("cupyconv_shared
 def sharing_channels_last() -> Iterator[None]:
     """Within, `channels_last` copies each array (same memory, shape, strides, dtype and rounding) once: a
     backward's input and weight gradients read one channels-last copy of grad_output (r50-64 fp16 saves one
-    grad_output-sized copy, about 10 us of 140, PREDICTED).  Only for arrays nobody writes within the scope."""
+    grad_output-sized copy, about 10 us of 140, PREDICTED), made with the others together where
+    `stage_backward_copies` ran.  Only for arrays nobody writes within the scope."""
     token = _shared_copies.set({})
     try:
         yield
@@ -278,34 +332,74 @@ def channels_last_with_rest(device, x):
     """float32 x (..., C, H, W) as `channels_last` rounds it to tf32, and the tf32 of what that rounding left
     (tf32(x - tf32(x))), both (n, H, W, C), from one channels_last_copy: the operand and remainder of the
     TF32 weight gradient's fused bias sum, which adds the two to keep float's bits."""
-    *lead, c, h, w = x.shape
-    rest = device.empty((math.prod(lead), h, w, c), x.dtype)
-    return _channels_last_copy(device, x, True, rest), rest
+    (copy,), rest = _channels_last_all(device, (x,), True, x)
+    return copy, rest
 
 
-def _channels_last_copy(device, x, rounds: bool, rest):
-    """channels_last_copy: the rows (image, pixel) of every image in one flat index, CL_ROWS a tile, each tile's
-    channels CL_CHANNEL_BYTES at a time (blockIdx.y); its blocks loop over the row tiles."""
-    *lead, c, h, w = x.shape
-    if h * w > INT32_MAX:
-        raise ValueError(f"channels_last: x {tuple(x.shape)} has planes of {h} x {w} pixels; channels_last_copy "
-                         f"indexes a plane's pixels in 32 bits (at most 2^31 - 1)")
-    n = math.prod(lead)
-    out = device.empty((n, h, w, c), x.dtype)
-    if out.size == 0:
-        return out
-    xv = batch_view(device, x)
-    rows, inner = n * h * w, xv.shape[1]
-    row_tiles = ceil_div(rows, CL_ROWS)
-    KERNELS.launch(device, "channels_last_copy", (c % vector_elements(x.dtype) == 0,), dtype=x.dtype,
-                   index=index_type(extent(xv), out.size),
-                   grid=(capped_grid(row_tiles), ceil_div(c * x.itemsize, CL_CHANNEL_BYTES)), block=CL_THREADS,
-                   x=xv, out=out, rows=rows, row_tiles=row_tiles, **batch_args("x", xv), channels=c, height=h,
-                   width=w, pixels_magic=fast_divmod_magic(h * w), width_magic=fast_divmod_magic(w),
-                   inner_magic=fast_divmod_magic(inner) if inner <= INT32_MAX else 0,
-                   round_tf32=rounds,
-                   rest=out if rest is None else rest, with_rest=rest is not None)
-    return out
+def _channels_last_copies(device, jobs) -> list:
+    """[(copy, rest or None)] of jobs [(x, rounds, with_rest)]: two or three (whole 16-byte vectors of channels,
+    one rounding, 32-bit indices: the tensor-core passes' operands) a channels_last_copies launch, any other alone
+    by channels_last_copy."""
+    results: list = [None] * len(jobs)
+    made = []   # (position, out, rest, x's batch view, index type)
+    for i, (x, rounds, with_rest) in enumerate(jobs):
+        *lead, c, h, w = x.shape
+        if h * w > INT32_MAX:
+            raise ValueError(f"channels_last: x {tuple(x.shape)} has planes of {h} x {w} pixels; channels_last_copy "
+                             f"indexes a plane's pixels in 32 bits (at most 2^31 - 1)")
+        out = device.empty((math.prod(lead), h, w, c), x.dtype)
+        rest = device.empty(out.shape, x.dtype) if with_rest else None
+        results[i] = (out, rest)
+        if out.size:
+            xv = batch_view(device, x)
+            made.append((i, out, rest, xv, index_type(extent(xv), out.size)))
+    together = [m for m in made if m[4] == "int" and m[1].shape[-1] % vector_elements(m[1].dtype) == 0
+                and jobs[m[0]][1] == jobs[made[0][0]][1]]
+    if len(together) < 2:
+        together = []
+    for i, out, rest, xv, index in made:
+        if not any(m[0] == i for m in together):
+            _channels_last_copy(device, xv, out, jobs[i][1], rest, index)
+    for start in range(0, len(together), 3):
+        _copies_launch(device, together[start:start + 3], jobs[together[start][0]][1])
+    return results
+
+
+def _copy_arguments(xv, out, rest) -> dict:
+    """channels_last_copy's arguments of one copy (but rounding, index type and grid)."""
+    n, h, w, c = out.shape
+    inner = xv.shape[1]
+    return dict(x=xv, out=out, rows=n * h * w, **batch_args("x", xv), channels=c, height=h, width=w,
+                pixels_magic=fast_divmod_magic(h * w), width_magic=fast_divmod_magic(w),
+                inner_magic=fast_divmod_magic(inner) if inner <= INT32_MAX else 0,
+                rest=out if rest is None else rest, with_rest=rest is not None)
+
+
+def _channels_last_copy(device, xv, out, rounds: bool, rest, index: str):
+    """channels_last_copy of xv, a batch view, into out: the rows (image, pixel) of every image in one flat index,
+    CL_ROWS a tile, each tile's channels CL_CHANNEL_BYTES at a time (blockIdx.y); its blocks loop over the row
+    tiles."""
+    args = _copy_arguments(xv, out, rest)
+    row_tiles = ceil_div(args["rows"], CL_ROWS)
+    KERNELS.launch(device, "channels_last_copy", (out.shape[-1] % vector_elements(out.dtype) == 0,), dtype=out.dtype,
+                   index=index, grid=(capped_grid(row_tiles), ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES)),
+                   block=CL_THREADS, row_tiles=row_tiles, round_tf32=rounds, **args)
+
+
+def _copies_launch(device, jobs, rounds: bool):
+    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks along x
+    are its row-tile blocks (capped, looping), after job j - 1's; along y the channel blocks of the job with most."""
+    args: dict = {}
+    ends = []
+    for j in range(3):
+        _, out, rest, xv, _ = jobs[min(j, len(jobs) - 1)]   # a third job of two repeats the second, with no blocks
+        one = _copy_arguments(xv, out, rest)
+        args.update({f"{name}{j}": value for name, value in one.items()})
+        blocks = capped_grid(ceil_div(ceil_div(one["rows"], CL_ROWS), CL_COPIES_TILES))
+        ends.append((ends[-1] if ends else 0) + (blocks if j < len(jobs) else 0))
+    channel_blocks = max(ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs)
+    KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=(ends[2], channel_blocks),
+                   block=CL_THREADS, block_end0=ends[0], block_end1=ends[1], round_tf32=rounds, **args)
 
 
 def is_channels_last(a) -> bool:
@@ -329,15 +423,16 @@ def forward_output(device, x, weight, spec: ConvSpec):
     return device.empty(spec.output_shape, x.dtype)
 
 
-def arrange_weight(device, weight, spec: ConvSpec, pass_: str):
-    """The weight (D, C / G, kH, kW) in the order conv_fwd_igemm reads B: (D, taps, C / G) for the forward; for
-    the input gradient (C, flipped taps, D / G) per group (the transposed convolution's weight).  One small
-    channels-last copy per call."""
+def weight_view(device, weight, spec: ConvSpec, pass_: str):
+    """The view of the weight (D, C / G, kH, kW) whose `channels_last` copy is B in the order conv_fwd_igemm reads
+    it: for the forward the weight itself, copied as (D, taps, C / G); for the input gradient (G, C / G, D / G, kH,
+    kW) with the taps flipped (negative strides), copied as (C, flipped taps, D / G) per group (the transposed
+    convolution's weight).  Copied with the pass's other operand, one launch (`channels_last_all`)."""
     if pass_ == "forward":
-        return channels_last(device, weight)
+        return weight
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
     flipped = device.reshape(weight, (g, dg, cg, *spec.kernel_size))[..., ::-1, ::-1]
-    return channels_last(device, flipped.transpose(0, 2, 1, 3, 4))   # (G, C / G, D / G, kH, kW) -> (C, kH, kW, D / G)
+    return flipped.transpose(0, 2, 1, 3, 4)
 
 
 # The input gradient at stride s > 1 ("strided dgrad"): input row y = s * q + r (phase r, 0 <= r < s) receives
@@ -440,22 +535,20 @@ def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
     return PhasesPlan(gemm, plan, grid, counts, steps)
 
 
-def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
+def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out) -> bool:
     """out (n, C, H, W) contiguous by ONE conv_fwd_igemm_phases over all the phases (`plan_phases`; blockIdx.z:
     split and phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
-    without taps included (their blocks reduce nothing and write zeros), from one channels-last copy of gy4 and
+    without taps included (their blocks reduce nothing and write zeros), from gy_cl, grad_output channels-last, and
     one phase-major weight (steps_h, steps_w, C, taps_h, taps_w, D / G); split sums (in out's layout) finished by
     one pass.  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
-    phases_plan = plan_phases(spec, gy4.dtype)
+    phases_plan = plan_phases(spec, gy_cl.dtype)
     if phases_plan is None:
         return False
     gemm, plan, steps, counts = phases_plan.gemm, phases_plan.igemm, phases_plan.steps, phases_plan.counts
     taps = gemm.kernel_size
-    vector = vector_elements(gy4.dtype)
+    vector = vector_elements(gy_cl.dtype)
     whole_vectors = all(PhasePlacement((ph.first, pw.first), spec.stride, spec.in_size).vector_store(pw.rows, vector)
                         for ph, pw in grad_input_phases(spec))
-    gy_cl = channels_last(device, gy4)
-    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
     # flipped tap j = t * step + (step - 1 - i0) for the t-th tap of the phase whose first original tap is i0
     c, dg = spec.in_channels, spec.outputs_per_group
     wk = device.ascontiguous(device.reshape(arranged, (c, taps[0], steps[0], taps[1], steps[1], dg))
@@ -464,7 +557,7 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
     index = index_type(gy_cl.size, out.size, wk.size, partial.size)   # "int" (`plan_phases`)
     placement = PhasePlacement((0, 0), spec.stride, spec.in_size).arguments()   # phase_first: per block
     (pad_top, _), (pad_left, _) = spec.padding
-    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy4.dtype, index=index,
+    KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy_cl.dtype, index=index,
                    grid=phases_plan.grid,
                    block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk, bias=wk, out=out,
                    n=spec.n, groups=spec.groups, channels_per_group=gemm.channels_per_group,
@@ -476,7 +569,7 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
                    grad_pad_left=pad_left, grad_step_h=steps[0], grad_step_w=steps[1], grad_height=spec.in_size[0],
                    grad_width=spec.in_size[1], phase_weight_size=wk.size // (steps[0] * steps[1]))
     if plan.splits > 1:
-        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=gy4.dtype, index=index,
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=gy_cl.dtype, index=index,
                        grid=capped_grid(ceil_div(out.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK, partial=partial,
                        bias_partial=partial, grad_weight=out, grad_bias=out, splits=plan.splits,
                        out_channels=spec.n * spec.in_channels, channels_per_group=math.prod(spec.in_size), taps=1,
@@ -484,13 +577,11 @@ def _grad_input_one_launch(device, gy4, weight, spec: ConvSpec, out) -> bool:
     return True
 
 
-def _grad_input_phased(device, gy4, weight, spec: ConvSpec, out):
-    """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from one channels-last copy of gy4 and
+def _grad_input_phased(device, gy_cl, arranged, spec: ConvSpec, out):
+    """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from gy_cl (grad_output channels-last) and
     its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), its
     epilogue (or its split sums' final pass) writing the phase's pixels of out in place (`PhasePlacement`: no
     buffer, no copy); phases without taps are zero-filled, after the launches."""
-    gy_cl = channels_last(device, gy4)
-    arranged = arrange_weight(device, weight, spec, "input")   # (C, kH flipped, kW flipped, D / G)
     empties = []
     for phase in grad_input_phases(spec):
         if not all(p.taps for p in phase):
@@ -641,7 +732,7 @@ def _igemm_groups_forward(device, xl, wk, bias, spec: ConvSpec, out):
 
 def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlacement | None = None):
     """conv_fwd_igemm: out (n, D, oH, oW), C-contiguous or channels-last (`forward_output`), from xl (n, H, W, C)
-    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `arrange_weight`), bias (D,)
+    and wk (D, taps, C / G), both C-contiguous and 16-byte aligned (`channels_last`, `weight_view`), bias (D,)
     or None.  Split (`plan_igemm`), the splits' float32 sums (the bias in the first; the output's layout) are added
     in split order and rounded once by the weight gradient's final pass, conv_bwd_weight_igemm_finish, with one
     tap: out's own layout, no permutation.

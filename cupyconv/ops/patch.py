@@ -39,7 +39,7 @@ from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import (implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            sharing_channels_last, tensor_core_refusal)
+                            sharing_channels_last, stage_backward_copies, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
@@ -379,6 +379,7 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
             grad_w, grad_b = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
+        stage_backward_copies(device, gy, batch_view(device, x), weight, spec, needs)   # its copies in one launch
         if "input" in needs:
             grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
         if "weight" in needs:
