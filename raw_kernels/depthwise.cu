@@ -61,10 +61,11 @@
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
-//                     (AlignedStaging<SPREAD>, ItemLayout<true>).
+//                     (AlignedStaging<SPREAD>, ItemLayout<true>);
+//   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) ||            \
-    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K)
+    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
