@@ -1006,12 +1006,10 @@ template <typename V> __device__ __forceinline__ V cl_pick(int job, V a, V b, V 
 
 // Two or three copies in one launch (the operands of a tensor-core pass: x or grad_output, the arranged weight and,
 // for a backward, x), since a launch costs the host more than such a copy costs the GPU.  Job j owns the blocks
-// [block_end{j-1}, block_end{j}) along x (job 2 up to the grid's end), which loop over its row tiles, and the
-// grid's blocks along y (as many as the job with most channel blocks has): a job with cb channel blocks splits them
-// into gridDim.y / cb lanes of cb, each lane its own share of the row tiles, so that a job with fewer channels (a
-// grouped layer's weight) keeps its blocks busy instead of returning at once (one division a block; the blocks of
-// an incomplete last lane return).  Its arguments are channels_last_copy's, picked once per block (one copy of the
-// loop in the code).  Whole vectors only (the fast path's operands have them); a job with no blocks is never read.
+// [block_end{j-1}, block_end{j}) along x (job 2 up to the grid's end), which loop over its row tiles, and its
+// channel blocks along y (the grid has the most of any job; a block past its job's channels returns at once).  Its
+// arguments are channels_last_copy's, picked once per block (one copy of the loop in the code).  Whole vectors only
+// (the fast path's operands have them); a job with no blocks is never read.
 template <typename T, typename I>
 __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
     const T* __restrict__ x0, T* __restrict__ out0, T* __restrict__ rest0, I rows0, I x_inner0, I x_stride_outer0,
@@ -1028,10 +1026,7 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
   const I block = blockIdx.x;
   const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;
   const int channels = cl_pick(j, channels0, channels1, channels2);
-  constexpr int CHANNELS_PER_BLOCK = CL_VECTORS * 16 / (int)sizeof(T);
-  const int channel_blocks = (channels + CHANNELS_PER_BLOCK - 1) / CHANNELS_PER_BLOCK;
-  const int lanes = gridDim.y / channel_blocks, lane = blockIdx.y / channel_blocks;
-  if (lane >= lanes) return;   // an incomplete last lane
+  if ((int)blockIdx.y * (CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;   // past this job's channels
   const I begin = cl_pick<I>(j, 0, block_end0, block_end1), end = cl_pick<I>(j, block_end0, block_end1, gridDim.x);
   const I rows = cl_pick(j, rows0, rows1, rows2);
   cl_copy_tiles<T, I, true>(
@@ -1042,8 +1037,7 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
       cl_pick(j, height0, height1, height2), cl_pick(j, width0, width1, width2),
       cl_pick(j, pixels_magic0, pixels_magic1, pixels_magic2), cl_pick(j, width_magic0, width_magic1, width_magic2),
       cl_pick(j, inner_magic0, inner_magic1, inner_magic2), round_tf32, cl_pick(j, rest0, rest1, rest2),
-      cl_pick(j, with_rest0, with_rest1, with_rest2), (block - begin) * lanes + lane, (end - begin) * lanes,
-      blockIdx.y - lane * channel_blocks);
+      cl_pick(j, with_rest0, with_rest1, with_rest2), block - begin, end - begin, blockIdx.y);
 }
 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output

@@ -316,16 +316,13 @@ MUTATIONS = [
       "if (WHOLE_VECTORS || read_c < channels) b[e] = *src;", IG + " -k asan", "off-by-one"),
     M("cl-tile-stride", "implicit_gemm.cu", "t < row_tiles; t += tile_step) {", "t < row_tiles; t += tile_step + 1) {",
       IG + " -k channels_last", "grid-stride"),
-    # channels_last_copies: two or three copies in one launch, each job its range of the grid's x
+    # channels_last_copies: two or three copies in one launch, each job its range of a 1-D grid
     M("clc-job-bound", "implicit_gemm.cu", "const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;",
       "const int j = block <= block_end0 ? 0 : block < block_end1 ? 1 : 2;", IG + " -k copies", "off-by-one"),
     M("clc-third-job-start", "implicit_gemm.cu", "begin = cl_pick<I>(j, 0, block_end0, block_end1)",
       "begin = cl_pick<I>(j, 0, block_end0, block_end0)", IG + " -k copies", "wrong offset"),
-    # a job with fewer channel blocks than the grid's y runs lanes of them, each its share of the row tiles
-    M("clc-lane-tiles-skipped", "implicit_gemm.cu", "(block - begin) * lanes + lane, (end - begin) * lanes,",
-      "(block - begin) * lanes, (end - begin) * lanes,", IG + " -k copies", "grid-stride"),
-    M("clc-lane-channel-block", "implicit_gemm.cu", "blockIdx.y - lane * channel_blocks);", "blockIdx.y % 1);",
-      IG + " -k copies", "wrong offset"),
+    M("clc-channel-block-skipped", "implicit_gemm.cu", "(CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;",
+      "(CL_VECTORS * 16 / (int)sizeof(T)) >= channels / 2) return;", IG + " -k copies", "grid-stride"),
     M("clc-one-channel-block", IG_PY,
       "channel_blocks = max(ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs)",
       "channel_blocks = 1", IG + " -k copies", "grid-stride"),
