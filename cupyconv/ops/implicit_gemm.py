@@ -91,9 +91,10 @@ def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class TensorCorePlan:
-    """One tensor-core launch: the block tile (rows, columns of C), the grid (row tiles, groups x column tiles,
-    splits) and, for the weight gradient, the pixels of each split in chunks of TC_CHUNK."""
-    tile: tuple[int, int]
+    """One tensor-core launch: the block tile (rows, columns of C; conv_bwd_weight_igemm_groups': (channels per
+    group,)), the grid (row tiles, groups x column tiles, splits) and, for the weight gradient, the pixels of each
+    split in chunks of TC_CHUNK."""
+    tile: tuple[int, ...]
     grid: tuple[int, int, int]
     chunks_per_split: int = 0
 
@@ -390,7 +391,7 @@ def _copies_launch(device, jobs, rounds: bool):
     """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks along x
     are its row-tile blocks (capped, looping), after job j - 1's; along y the channel blocks of the job with most."""
     args: dict = {}
-    ends = []
+    ends: list[int] = []
     for j in range(3):
         _, out, rest, xv, _ = jobs[min(j, len(jobs) - 1)]   # a third job of two repeats the second, with no blocks
         one = _copy_arguments(xv, out, rest)
@@ -819,7 +820,7 @@ def weight_igemm_instantiations():
     return names
 
 
-def weight_igemm_threads(tile: tuple[int, int]) -> int:
+def weight_igemm_threads(tile: tuple[int, ...]) -> int:
     """conv_bwd_weight_igemm's block: a warp per 32 x 32 of the tile, per 64 x 32 in the 128-row tile."""
     rows, cols = tile
     return rows // (64 if rows >= 128 else 32) * cols
