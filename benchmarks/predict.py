@@ -47,8 +47,7 @@ import math
 import re
 import subprocess
 import sys
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy
@@ -767,8 +766,7 @@ def merged_profile(profiles: list, grid_blocks: int):
             for name in COUNTED:
                 setattr(into, name, getattr(into, name) + getattr(site, name) * weight)
     first = profiles[0][0]
-    return dataclasses.replace(first, blocks_run=blocks_run, sites=sorted(merged.values(),
-                                                                          key=lambda s: (s.site, s.kind)))
+    return replace(first, blocks_run=blocks_run, sites=sorted(merged.values(), key=lambda s: (s.site, s.kind)))
 
 
 def apply_counters(work: dict, counters: dict) -> dict:
