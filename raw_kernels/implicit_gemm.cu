@@ -1025,7 +1025,8 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
     const T* __restrict__ x2, T* __restrict__ out2, T* __restrict__ rest2, I rows2, I x_inner2, I x_stride_outer2,
     I x_stride_inner2, I x_stride_c2, I x_stride_h2, I x_stride_w2, int channels2, int height2, int width2,
     unsigned int pixels_magic2, unsigned int width_magic2, unsigned int inner_magic2, int with_rest2,
-    int shift0, int shift1, int shift2, int lanes0, int lanes1, int lanes2, I block_end0, I block_end1, int round_tf32) {
+    int shift0, int shift1, int shift2, int lanes0, int lanes1, int lanes2, I block_end0, I block_end1,
+    int round_tf32) {
   __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
   const I block = blockIdx.x;
   const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;
