@@ -1006,10 +1006,14 @@ template <typename V> __device__ __forceinline__ V cl_pick(int job, V a, V b, V 
 
 // Two or three copies in one launch (the operands of a tensor-core pass: x or grad_output, the arranged weight and,
 // for a backward, x), since a launch costs the host more than such a copy costs the GPU.  Job j owns the blocks
-// [block_end{j-1}, block_end{j}) along x (job 2 up to the grid's end), which loop over its row tiles, and its
-// channel blocks along y (the grid has the most of any job; a block past its job's channels returns at once).  Its
-// arguments are channels_last_copy's, picked once per block (one copy of the loop in the code).  Whole vectors only
-// (the fast path's operands have them); a job with no blocks is never read.
+// [block_end{j-1}, block_end{j}) along x (job 2 up to the grid's end), which loop over its row tiles.  Along y the
+// grid has the channel blocks of the job with most; job j reads y as (lane, channel block) with its channel blocks
+// padded to 2^shift{j}: a job with fewer (a grouped layer's weight: 1 against x's 8-16) runs lanes{j} whole lanes
+// of them, each its share of the row tiles, instead of leaving most of its blocks to return at once.  A shift and a
+// mask, not a division (two integer divisions a block, ~30 instructions a warp, put p-seed's copy over its DRAM
+// time); the padding's blocks and those of an incomplete last lane return.  Its arguments are channels_last_copy's,
+// picked once per block (one copy of the loop in the code).  Whole vectors only (the fast path's operands have
+// them); a job with no blocks is never read.
 template <typename T, typename I>
 __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
     const T* __restrict__ x0, T* __restrict__ out0, T* __restrict__ rest0, I rows0, I x_inner0, I x_stride_outer0,
@@ -1021,23 +1025,28 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
     const T* __restrict__ x2, T* __restrict__ out2, T* __restrict__ rest2, I rows2, I x_inner2, I x_stride_outer2,
     I x_stride_inner2, I x_stride_c2, I x_stride_h2, I x_stride_w2, int channels2, int height2, int width2,
     unsigned int pixels_magic2, unsigned int width_magic2, unsigned int inner_magic2, int with_rest2,
-    I block_end0, I block_end1, int round_tf32) {
+    int shift0, int shift1, int shift2, int lanes0, int lanes1, int lanes2, I block_end0, I block_end1,
+    int round_tf32) {
   __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
   const I block = blockIdx.x;
   const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;
-  const int channels = cl_pick(j, channels0, channels1, channels2);
-  if ((int)blockIdx.y * (CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;   // past this job's channels
+  const int channels = cl_pick(j, channels0, channels1, channels2), shift = cl_pick(j, shift0, shift1, shift2);
+  const int lanes = cl_pick(j, lanes0, lanes1, lanes2);
+  const int lane = blockIdx.y >> shift, channel_block = blockIdx.y & ((1 << shift) - 1);
+  if (lane >= lanes || channel_block * (CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;   // (see above)
   const I begin = cl_pick<I>(j, 0, block_end0, block_end1), end = cl_pick<I>(j, block_end0, block_end1, gridDim.x);
   const I rows = cl_pick(j, rows0, rows1, rows2);
+  const I row_tiles = (typename Unsigned<I>::type)(rows + CL_ROWS - 1) / CL_ROWS;   // (rows >= 0: a shift)
   cl_copy_tiles<T, I, true>(
-      tile, cl_pick(j, x0, x1, x2), cl_pick(j, out0, out1, out2), rows, (rows + CL_ROWS - 1) / CL_ROWS,
+      tile, cl_pick(j, x0, x1, x2), cl_pick(j, out0, out1, out2), rows, row_tiles,
       cl_pick(j, x_inner0, x_inner1, x_inner2), cl_pick(j, x_stride_outer0, x_stride_outer1, x_stride_outer2),
       cl_pick(j, x_stride_inner0, x_stride_inner1, x_stride_inner2), cl_pick(j, x_stride_c0, x_stride_c1, x_stride_c2),
       cl_pick(j, x_stride_h0, x_stride_h1, x_stride_h2), cl_pick(j, x_stride_w0, x_stride_w1, x_stride_w2), channels,
       cl_pick(j, height0, height1, height2), cl_pick(j, width0, width1, width2),
       cl_pick(j, pixels_magic0, pixels_magic1, pixels_magic2), cl_pick(j, width_magic0, width_magic1, width_magic2),
       cl_pick(j, inner_magic0, inner_magic1, inner_magic2), round_tf32, cl_pick(j, rest0, rest1, rest2),
-      cl_pick(j, with_rest0, with_rest1, with_rest2), block - begin, end - begin, blockIdx.y);
+      cl_pick(j, with_rest0, with_rest1, with_rest2), (block - begin) * lanes + lane, (end - begin) * (I)lanes,
+      channel_block);
 }
 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output

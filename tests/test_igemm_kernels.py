@@ -576,6 +576,61 @@ def test_channels_last_copies_match_separate_copies(dtype, jobs, monkeypatch):
             numpy.testing.assert_array_equal(g.view(numpy.uint8), w.view(numpy.uint8), err_msg=f"{a.shape} {order}")
 
 
+class GridRecorder(Recorder):
+    """A Recorder that also keeps each launch's grid."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.grids = []
+
+    def launch(self, source, name, grid, *args, **kwargs):
+        self.grids.append(tuple(grid))
+        super().launch(source, name, grid, *args, **kwargs)
+
+
+# Jobs of channels_last_copies by channel blocks (CL_CHANNEL_BYTES each: 64 halves, 32 floats), as (n, channels in
+# blocks plus vectors, H, W), with the grid expected: the widest job's channel blocks along y; a narrower job padded
+# to 2^shift channel blocks runs ceil(y / 2^shift) lanes of them, its row-tile blocks along x shared among its lanes.
+LANES_JOBS = {
+    # 16 channel blocks (30 rows: one partial tile) beside 1 (2,000 rows, its last tile of 16, a negative batch
+    # stride: 16 lanes) and 3 padded to 4 (105 rows, the last channel block one vector: 4 lanes, every fourth y idle)
+    "16-1-3": ([(2, (16, 0), 3, 5), (125, (0, 1), 4, 4), (5, (2, 1), 7, 3)], (1 + 2 + 1, 16)),
+    # 3 channel blocks (96 rows: whole tiles) beside 1 (1,085 rows: 3 lanes) and 2 (63 rows: 1 lane, y = 2 idle:
+    # a second lane would have no channel block 1)
+    "3-1-2": ([(3, (3, 0), 4, 8), (31, (0, 1), 5, 7), (7, (1, 1), 3, 3)], (2 + 6 + 1, 3)),
+}
+
+
+@pytest.mark.parametrize("cap", [None, 1])
+@pytest.mark.parametrize("jobs", LANES_JOBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_copies_lanes_of_narrow_jobs(dtype, jobs, cap, monkeypatch):
+    """Jobs with fewer channel blocks than the launch's y (a grouped layer's weight beside x) run lanes of them, each
+    its share of the row tiles: bit for bit channels_last of each alone, on poisoned outputs, with odd planes,
+    partial last tiles and channel blocks, lanes without a tile, and (cap 1) one block a job looping over its lane's
+    tiles."""
+    dtype = DTYPES[dtype]
+    if cap is not None:
+        monkeypatch.setattr(_kernels, "GRID_CAP", cap)
+    rng = numpy.random.default_rng(37)
+    per_block, vector = igemm.vector_elements(dtype) * igemm.CL_VECTORS, igemm.vector_elements(dtype)
+    shapes, grid = LANES_JOBS[jobs]
+    arrays = [rng.standard_normal((n, blocks * per_block + vectors * vector, h, w)).astype(dtype)
+              for n, (blocks, vectors), h, w in shapes]
+    arrays[1] = arrays[1][::-1]
+    want = []
+    for a in arrays:
+        alone = Recorder("reverse")
+        want.append(run(alone, igemm.channels_last, alone, a))
+    device = GridRecorder("reverse")
+    got = run(device, igemm.channels_last_all, device, arrays)
+    assert device.launches == [f"channels_last_copies<{_kernels.c_type(dtype)}, int>"], device.launches
+    assert device.grids == [grid if cap is None else (len(arrays), grid[1])], device.grids
+    for a, g, w in zip(arrays, got, want):
+        assert g.shape == w.shape and g.flags.c_contiguous
+        numpy.testing.assert_array_equal(g.view(numpy.uint8), w.view(numpy.uint8), err_msg=f"{a.shape}")
+
+
 def test_channels_last_copies_with_rest_and_odd_channels(monkeypatch):
     """float32: a job with its TF32 remainder (`channels_last_with_rest`'s, bit for bit) beside one without, in one
     launch; an array whose channels are no whole vectors (13) is copied alone by channels_last_copy's element-wise

@@ -695,8 +695,11 @@ def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
     """channels_last_copy's loop over its row tiles: at most CHANNELS_LAST_COPY_LOOP instructions, one 16-byte
     shared store and load and one 16-byte global store (whole vectors), its global loads VEC per thread, no local
     memory (spills): a division or a per-element address computation back in the loop fails here.  The same loop
-    (`cl_copy_tiles`) in channels_last_copies, its job's arguments picked once per block, before the loop."""
-    loops = unit_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
+    (`cl_copy_tiles`) in channels_last_copies, its job's arguments picked once per block, before the loop, and no
+    integer division anywhere (its reciprocal, MUFU.RCP): a division by a job's channel blocks, ~30 instructions
+    a warp before the loop, put p-seed's one-pass copy over its DRAM time (task copieslanes)."""
+    program = kernel_programs("implicit_gemm.cu", "sm_90")
+    loops, whole = unit_loop_opcodes(program), sass_opcodes(program)
     problems, seen = [], 0
     for name in GROUPS["implicit_gemm.cu"]:
         if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")
@@ -709,6 +712,8 @@ def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
             problems.append(f"{name}: {sum(loop.values())} instructions > {bound}")
         if loop["LDG"] != 16 // (4 if t == "float" else 2) or loop["LDL"] or loop["STL"]:
             problems.append(f"{name}: LDG {loop['LDG']}, LDL {loop['LDL']}, STL {loop['STL']}")
+        if name.startswith("channels_last_copies<") and whole[name]["MUFU"]:
+            problems.append(f"{name}: {whole[name]['MUFU']} MUFU (an integer division)")
     assert seen == 6 and not problems, "\n".join(problems)
 
 

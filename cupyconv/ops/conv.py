@@ -594,17 +594,19 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
     weight = device.ascontiguous(weight)
     heuristic = choose_algorithm(spec, x.dtype, device, "input")
     grad_x = grad_w = grad_b = None
+    # each needed pass's candidates, tune key and 'auto' heuristic, once: for the staging below and for resolving it
     candidates = grad_input_candidates(spec, x.dtype, device) if "input" in needs else ()
+    input_key = _autotune.tune_key("grad_input", spec, x.dtype) if "input" in needs else ()
     weight_candidates = grad_weight_candidates(spec, x.dtype, device) if "weight" in needs else ()
+    weight_key = _autotune.tune_key("grad_weight", spec, x.dtype) if "weight" in needs else ()
+    weight_heuristic = choose_algorithm(spec, x.dtype, device, "weight") if "weight" in needs else ""
     # the passes whose algorithm is known before they run and is the tensor cores': their copies made in one launch
     staged: set = set()
     if "input" in needs and not simt_runs(spec, x.dtype, "input") and not simt_runs(spec, x.dtype) and (
-            _autotune.chosen(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
-                             heuristic) == "implicit_gemm"):
+            _autotune.chosen(device, input_key, algorithm, candidates, heuristic) == "implicit_gemm"):
         staged.add("input")
     if "weight" in needs and not simt_runs(spec, x.dtype, "weight") and _autotune.chosen(
-            device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm, weight_candidates,
-            choose_algorithm(spec, x.dtype, device, "weight")) == "implicit_gemm":
+            device, weight_key, algorithm, weight_candidates, weight_heuristic) == "implicit_gemm":
         staged |= {"weight"} | ({"bias"} & needs)
     if staged:
         stage_backward_copies(device, grad_output, batch_view(device, x), weight, spec, frozenset(staged))
@@ -621,8 +623,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                 gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
                 return _direct_grad_input(device, gy4, weight, spec)
             return _gemm_grad_input(device, contiguous(), weight, spec)
-        grad_x = _autotune.resolve(device, _autotune.tune_key("grad_input", spec, x.dtype), algorithm, candidates,
-                                   heuristic, grad_input)
+        grad_x = _autotune.resolve(device, input_key, algorithm, candidates, heuristic, grad_input)
     fused_bias: dict = {}   # a grad_bias summed by a weight-gradient kernel, with the grad_weight it came with
     if "weight" in needs:
         def grad_weight(algo):
@@ -644,8 +645,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
                       in work_pieces(spec, weight_grad_bytes(spec, x.dtype.itemsize), 0, row))
             return device.astype(gemm_weight_grad(device, pieces, spec, x.dtype), weight.dtype)
-        grad_w = _autotune.resolve(device, _autotune.tune_key("grad_weight", spec, x.dtype), algorithm,
-                                   weight_candidates, choose_algorithm(spec, x.dtype, device, "weight"), grad_weight)
+        grad_w = _autotune.resolve(device, weight_key, algorithm, weight_candidates, weight_heuristic, grad_weight)
     if ("bias" in needs and grad_w is not None and fused_bias.get("weight") is grad_w
             and fused_bias["bias"] is not None):
         grad_b = fused_bias["bias"]   # summed with grad_weight by the run whose grad_weight is returned

@@ -388,17 +388,23 @@ def _channels_last_copy(device, xv, out, rounds: bool, rest, index: str):
 
 
 def _copies_launch(device, jobs, rounds: bool):
-    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: job j's blocks along x
-    are its row-tile blocks (capped, looping), after job j - 1's; along y the channel blocks of the job with most."""
+    """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: along y the channel
+    blocks of the job with most; a job with cb channel blocks reads y as (lane, channel block) with cb padded to
+    2^shift and runs the lanes whose cb channel blocks all lie in the grid; its blocks along x (after job j - 1's)
+    are its row-tile blocks (capped, looping) shared among its lanes."""
     args: dict = {}
     ends: list[int] = []
+    owns = [ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs]   # channel blocks
+    channel_blocks = max(owns)
     for j in range(3):
-        _, out, rest, xv, _ = jobs[min(j, len(jobs) - 1)]   # a third job of two repeats the second, with no blocks
+        k = min(j, len(jobs) - 1)   # a third job of two repeats the second, with no blocks
+        _, out, rest, xv, _ = jobs[k]
         one = _copy_arguments(xv, out, rest)
-        args.update({f"{name}{j}": value for name, value in one.items()})
-        blocks = capped_grid(ceil_div(ceil_div(one["rows"], CL_ROWS), CL_COPIES_TILES))
+        shift = (owns[k] - 1).bit_length()   # its channel blocks padded to 2^shift: the whole lanes that fit in y
+        lanes = ((channel_blocks - owns[k]) >> shift) + 1
+        args.update({f"{name}{j}": value for name, value in {**one, "shift": shift, "lanes": lanes}.items()})
+        blocks = capped_grid(ceil_div(ceil_div(one["rows"], CL_ROWS), CL_COPIES_TILES * lanes))
         ends.append((ends[-1] if ends else 0) + (blocks if j < len(jobs) else 0))
-    channel_blocks = max(ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs)
     KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=(ends[2], channel_blocks),
                    block=CL_THREADS, block_end0=ends[0], block_end1=ends[1], round_tf32=rounds, **args)
 
