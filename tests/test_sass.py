@@ -882,11 +882,14 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("arch", SASS_ARCHES)
 def test_async_copy_header_compiles_to_ldgsts_and_ldsm(arch):
-    """raw_kernels/async_copy.cuh's wrappers are the instructions: LDGSTS (cp.async), its group commit and wait
-    (LDGDEPBAR, DEPBAR), LDSM (ldmatrix) and LDSM.16.MT88 (.trans)."""
+    """raw_kernels/async_copy.cuh's wrappers are the instructions: LDGSTS (cp.async of 16, 8 and 4 bytes: .128, .64
+    and the plain 4-byte form), its group commit and wait (LDGDEPBAR, DEPBAR), LDSM (ldmatrix) and LDSM.16.MT88
+    (.trans)."""
     opcodes = sass_opcodes(compile_async_copy_check(arch), full=True)["nvrtc_check_async_copy"]
     mnemonics = Counter(o.split(".")[0] for o in opcodes.elements())
-    assert mnemonics["LDGSTS"] == 1 and mnemonics["LDGDEPBAR"] == 1 and mnemonics["DEPBAR"] >= 1, opcodes
+    copies = [o for o in opcodes.elements() if o.startswith("LDGSTS")]
+    assert len(copies) == 3 and sum(".128" in o for o in copies) == 1 and sum(".64" in o for o in copies) == 1, copies
+    assert mnemonics["LDGSTS"] == 3 and mnemonics["LDGDEPBAR"] == 1 and mnemonics["DEPBAR"] >= 1, opcodes
     assert mnemonics["LDSM"] == 3 and any(".MT88" in o for o in opcodes), opcodes
 
 
