@@ -25,6 +25,7 @@
 // shapes only; its bias gradient is the column sums of B (grad_out) that the blocks of the first row tile add up
 // as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole row tile where C / G * taps fills
 // its tiles exactly: 288 rows in 96-row tiles).  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "gather.cuh"
 
@@ -33,6 +34,7 @@
 #endif
 constexpr int SIMT_BK = 8;   // the K chunk
 constexpr int SIMT_PAD = 4;  // floats after each staged row of a chunk: keeps float4 alignment, spreads banks
+constexpr int SIMT_ASYNC_STAGES = 3;  // the cp.async pipeline's: two chunks in flight while the FMAs read a third
 
 // Which elements of an R x SIMT_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
 // K_SLOTS k.  LANES_ON_ROWS: a warp reads one k of 32 consecutive rows; otherwise a warp reads 8 consecutive k
@@ -133,14 +135,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
   }
 
-  if (chunks > 0) {
-    load_chunk();
-    store_chunk(0);
-  }
-  __syncthreads();
-  for (I t = 0; t < chunks; ++t) {
-    const int stage = (int)(t & 1);
-    if (t + 1 < chunks) load_chunk();  // in flight while the FMAs work on chunk t
+  auto fma_chunk = [&](int stage) {  // the FMAs of the chunk staged in `stage`
     const float* a_stage = as + stage * SIMT_BK * PA + 4 * tm;
     const float* b_stage = bs + stage * SIMT_BK * PB + 4 * tn;
 #pragma unroll
@@ -160,8 +155,58 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
       }
     }
-    if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+  };
+
+  if constexpr (Gather::ASYNC) {
+    // cp.async (sm_80+): each element goes global -> shared by one 4-byte copy, zero-filled outside the problem
+    // (no staging register, no store, no zeroing), SIMT_ASYNC_STAGES - 1 chunks in flight.  Chunk t + S - 1 goes
+    // to the stage chunk t - 1 was read from: every thread finished that before the barrier of iteration t.
+    constexpr int S = SIMT_ASYNC_STAGES;
+    auto issue_chunk = [&](int stage) {  // the chunk at the cursors into `stage`, then the cursors move on
+#pragma unroll
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
+          gather.a_copy(as + (stage * SIMT_BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
+        gather.a_advance(a_at[ks]);
+      }
+#pragma unroll
+      for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+        for (int rs = 0; rs < LB::ROW_SLOTS; ++rs)
+          gather.b_copy(bs + (stage * SIMT_BK + LB::k(ks)) * PB + LB::row(rs), b_at[ks], rs);
+        gather.b_advance(b_at[ks]);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < chunks) issue_chunk(s);
+      cp_async_commit();  // an empty group past the last chunk: the wait below counts S - 2 groups behind
+    }
+    int read = 0, write = S - 1;
+    for (I t = 0; t < chunks; ++t) {
+      cp_async_wait<S - 2>();  // chunk t's group has landed (this thread's copies),
+      __syncthreads();         // and every thread's; the stage `write` is no longer read
+      if (t + S - 1 < chunks) issue_chunk(write);
+      cp_async_commit();
+      fma_chunk(read);
+      read = read == S - 1 ? 0 : read + 1;
+      write = write == S - 1 ? 0 : write + 1;
+    }
+    cp_async_wait<0>();  // nothing in flight past the loop (the epilogue's SUMS_B reuses bs)
+  } else {
+    if (chunks > 0) {
+      load_chunk();
+      store_chunk(0);
+    }
     __syncthreads();
+    for (I t = 0; t < chunks; ++t) {
+      const int stage = (int)(t & 1);
+      if (t + 1 < chunks) load_chunk();  // in flight while the FMAs work on chunk t
+      fma_chunk(stage);
+      if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+      __syncthreads();
+    }
   }
 
   // The column sums of B: the slots of each column from shared memory (free after the loop's last barrier), in k
@@ -245,6 +290,9 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   typedef SimtLoad<BN, THREADS, true> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = false;
+  static constexpr bool ASYNC = CUPYCONV_HAS_CP_ASYNC;  // operands by cp.async (sm_80+), else register-staged
+  static constexpr int STAGES = ASYNC ? SIMT_ASYNC_STAGES : 2;
+  static_assert(sizeof(T) == 4, "4-byte copies of float elements");
   const T* x; const T* weight_t; const T* bias; T* out;
   const SimtTap<I>* tap_table;  // taps entries, in shared memory
   I M, pixels;
@@ -283,6 +331,10 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     // A select, not a return before the load: the load is predicated on the AND.
     return (at.bits & row_outside[rs]) == 0 ? to_acc(at.x[row_origin[rs]]) : 0.0f;
   }
+  __device__ void a_copy(float* dst, const ACursor& at, int rs) const {  // a(at, rs) into dst, by cp.async
+    const bool inside = (at.bits & row_outside[rs]) == 0;
+    cp_async_ca_4(dst, at.x + row_origin[rs], inside ? 4 : 0);
+  }
   struct BCursor { const T* row; int k; };  // weight_t's row k at the thread's first column
   __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * K + k) * N + n0 + LoadB::row(0), (int)k}; }
   __device__ void b_advance(BCursor& at) const {
@@ -291,6 +343,10 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   }
   __device__ float b(const BCursor& at, int rs) const {
     return n0 + LoadB::row(rs) < N && at.k < K ? to_acc(at.row[32 * rs]) : 0.0f;  // row(rs) = row(0) + 32 rs
+  }
+  __device__ void b_copy(float* dst, const BCursor& at, int rs) const {
+    const bool inside = n0 + LoadB::row(rs) < N && at.k < K;
+    cp_async_ca_4(dst, at.row + 32 * rs, inside ? 4 : 0);
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
@@ -311,8 +367,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
   typedef typename F::U U;
-  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
-  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ __align__(16) float as[F::STAGES * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
+  __shared__ __align__(16) float bs[F::STAGES * SIMT_BK * (BN + SIMT_PAD)];
   __shared__ SimtTap<I> tap_table[SIMT_MAX_TAPS];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN, taps = kernel_h * kernel_w;
@@ -358,6 +414,8 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   typedef SimtLoad<BN, THREADS, false> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = true;
+  static constexpr bool ASYNC = false;  // register-staged: see RESULTS (its bounds checks per element stay either way)
+  static constexpr int STAGES = 2;
   const T* x; const T* grad_out; float* partial;
   BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
@@ -429,8 +487,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     I chunks_per_split, int bias_row) {
   typedef SimtWeightGrad<T, I, BM, BN, BM * BN / (TM * 8)> F;
-  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];
-  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ __align__(16) float as[F::STAGES * SIMT_BK * (BM + SIMT_PAD)];
+  __shared__ __align__(16) float bs[F::STAGES * SIMT_BK * (BN + SIMT_PAD)];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
   f.x = x; f.grad_out = grad_out; f.partial = partial; f.n = n;

@@ -480,20 +480,28 @@ def test_tensor_core_main_loops_stay_lean(kernel_programs, sass_tools):
 LDS_SLACK = 2
 # The most instructions a simt_gemm.cu main loop issues per FFMA (sm_90, int), by kernel and tile: about 4% above
 # NVRTC 13.0's code of 2026-11-26 for simt_fwd, whose gather keeps per-pixel window masks and a tap table (one AND
-# per element, no bounds arithmetic or decoding in the loop: 128 x 64 1.34, 256 x 64 1.23, 128 x 32 1.50, 256 x 32
-# 1.36, 128 x 128 1.20, 256 x 128 1.17; it was 1.40, 1.29, 1.62, 1.49, 1.23, 1.19 with the per-element compares);
+# per element, no bounds arithmetic or decoding in the loop) and copies each element by a 4-byte cp.async (no
+# staging register, store or zeroing: task simtcp): 128 x 64 1.32, 256 x 64 1.20, 128 x 32 1.47, 256 x 32 1.32,
+# 128 x 128 1.19, 256 x 128 1.16 (register-staged: 1.34, 1.23, 1.50, 1.36, 1.20, 1.17; with per-element compares
+# before that 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
 # about 6% above that of 2026-11-25 for simt_bwd_weight (128 x 64 1.52, 96 x 64 1.46, 128 x 32 1.67, 64 x 32 1.75,
 # 128 x 128 1.32, with the bias gradient as column sums of the staged grad_out, not a row of ones selected per
 # element of A).
 # The 32-column tiles pay more per FFMA (each gathered element of A feeds 32 FMAs, not 64) but none on padding
 # columns.
 FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
-    ("simt_fwd", 128, 64): 1.39, ("simt_fwd", 256, 64): 1.28, ("simt_fwd", 128, 32): 1.55,
-    ("simt_fwd", 256, 32): 1.41,
-    ("simt_fwd", 128, 128): 1.25, ("simt_fwd", 256, 128): 1.22,
+    ("simt_fwd", 128, 64): 1.37, ("simt_fwd", 256, 64): 1.25, ("simt_fwd", 128, 32): 1.53,
+    ("simt_fwd", 256, 32): 1.37,
+    ("simt_fwd", 128, 128): 1.24, ("simt_fwd", 256, 128): 1.2,
     ("simt_bwd_weight", 128, 64): 1.61, ("simt_bwd_weight", 96, 64): 1.55, ("simt_bwd_weight", 128, 32): 1.77,
     ("simt_bwd_weight", 64, 32): 1.86, ("simt_bwd_weight", 128, 128): 1.4,
 }
+
+
+def never_executed_loads(instructions: list[dict]) -> int:
+    """The `@!PT LDS RZ, [RZ]` of a kernel's main loop: placeholders ptxas puts before LDGSTS, predicated off."""
+    begin, end = sass.main_loop_span(instructions)[1]
+    return sum(i["opcode"] == "LDS" and i.get("predicate") == "@!PT" for i in instructions[begin:end + 1])
 
 
 @pytest.mark.slow
@@ -501,7 +509,8 @@ FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
 def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     """simt_gemm.cu's kernels stay strict float32 on the FMA units: no HMMA anywhere; per K chunk of 8 a thread's
     main loop issues TM x 8 x 8 FFMA and (TM / 4 + 2) x 8 shared loads (float4: one per 4 values of A or B; simt_fwd
-    also one LDS.64 of its tap table per k slot), and at
+    also one LDS.64 of its tap table per k slot; ptxas's never-executed `@!PT LDS` placeholders beside simt_fwd's
+    LDGSTS are not loads and are not counted as such), and at
     most FMA_LOOP_INSTRUCTIONS_PER_FFMA instructions per FFMA (sm_90, int): an edit that moves a division, a branch
     or a scalar load into the loop, or lets a TF32 path in, fails here.  LDS_SLACK extra shared loads pass: at TM = 16 (128 accumulators) ptxas
     may reload one value from shared memory rather than keep it in a register; CI's fresh environment compiled
@@ -516,7 +525,7 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
         bm, bn, tm = (int(part) for part in name.rstrip(">").split(",")[-3:])
         rule, loop = sass.main_loop(code[name])
         assert rule == "fma", (name, rule)
-        ffma, lds, total = loop["FFMA"], loop["LDS"], sum(loop.values())
+        ffma, lds, total = loop["FFMA"], loop["LDS"] - never_executed_loads(code[name]), sum(loop.values())
         float4_loads = (tm // 4 + 2) * 8
         if name.startswith("simt_fwd"):   # and one read of the tap table per k slot of A a thread loads
             float4_loads += simt_gemm.SIMT_CHUNK // (bm * bn // (8 * tm) // 32)
