@@ -15,9 +15,12 @@
 // rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
 // memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
 // reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
-// chunks of SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks)
-// in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
-// after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
+// chunks of SIMT_BK (simt_fwd_chunk: 16 for two forward tiles), staged k-major ([k][row], rows padded by 4 floats
+// so that stores along k hit distinct banks).  The weight gradient (and the forward on sm_70) stages through
+// registers in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the
+// other stage after them, one barrier per chunk.  The forward on sm_80+ copies each element global -> shared by a
+// 4-byte cp.async (zero-filled outside the problem: no register, store or zeroing) into SIMT_ASYNC_STAGES stages
+// (two with chunks of 16), one wait and one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
 // pixels of x, columns n of weight_t) or along k (the weight gradient's pixels), whichever runs along memory. The
 // main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
 // with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
@@ -111,11 +114,13 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   float a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
   float b_sum[LB::K_SLOTS][LB::ROW_SLOTS] = {};  // SUMS_B: this thread's loaded elements of B, summed per slot
   auto load_chunk = [&]() {  // the chunk at the cursors, then the cursors move on by one chunk
+    if constexpr (!Gather::ASYNC_A) {  // (else A goes by copy_a)
 #pragma unroll
-    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(a_at[ks], rs);
-      gather.a_advance(a_at[ks]);
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(a_at[ks], rs);
+        gather.a_advance(a_at[ks]);
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
@@ -128,10 +133,12 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   };
   auto store_chunk = [&](int stage) {
+    if constexpr (!Gather::ASYNC_A) {
 #pragma unroll
-    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * BK + LA::k(ks)) * PA + LA::row(rs)] = a_next[ks][rs];
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * BK + LA::k(ks)) * PA + LA::row(rs)] = a_next[ks][rs];
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
@@ -207,16 +214,35 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
     cp_async_wait<0>();  // nothing in flight past the loop (the epilogue's SUMS_B reuses bs)
   } else {
+    // B through registers (the weight gradient sums it as it loads it), A too unless ASYNC_A: then by cp.async
+    // into the other stage before the FMAs (it was last read before the previous barrier), landed before the
+    // barrier that ends the chunk.
+    auto copy_a = [&](int stage) {
+#pragma unroll
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
+          gather.a_copy(as + (stage * BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
+        gather.a_advance(a_at[ks]);
+      }
+      cp_async_commit();
+    };
     if (chunks > 0) {
+      if constexpr (Gather::ASYNC_A) copy_a(0);
       load_chunk();
       store_chunk(0);
     }
+    if constexpr (Gather::ASYNC_A) cp_async_wait<0>();
     __syncthreads();
     for (I t = 0; t < chunks; ++t) {
       const int stage = (int)(t & 1);
-      if (t + 1 < chunks) load_chunk();  // in flight while the FMAs work on chunk t
+      if (t + 1 < chunks) {  // in flight while the FMAs work on chunk t
+        if constexpr (Gather::ASYNC_A) copy_a(stage ^ 1);
+        load_chunk();
+      }
       fma_chunk(stage);
       if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+      if constexpr (Gather::ASYNC_A) cp_async_wait<0>();
       __syncthreads();
     }
   }
@@ -304,7 +330,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   typedef SimtLoad<BM, THREADS, true, BK> LoadA;
   typedef SimtLoad<BN, THREADS, true, BK> LoadB;
   typedef typename Unsigned<I>::type U;
-  static constexpr bool SUMS_B = false;
+  static constexpr bool SUMS_B = false, ASYNC_A = false;  // (ASYNC: both operands by cp.async)
   static_assert(sizeof(T) == 4, "4-byte copies of float elements");
   const T* x; const T* weight_t; const T* bias; T* out;
   const SimtTap<I>* tap_table;  // taps entries, in shared memory
@@ -427,7 +453,8 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   typedef SimtLoad<BN, THREADS, false> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = true;
-  static constexpr bool ASYNC = false;  // register-staged: see RESULTS (its bounds checks per element stay either way)
+  // B register-staged (summed as loaded: SUMS_B), A by cp.async on sm_80+ (no staging register, store or zeroing)
+  static constexpr bool ASYNC = false, ASYNC_A = CUPYCONV_HAS_CP_ASYNC;
   static constexpr int BK = SIMT_BK, STAGES = 2;
   const T* x; const T* grad_out; float* partial;
   BatchView<I> view;
@@ -469,6 +496,11 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;  // unsigned compares: also false below 0
     const bool inside = cursor.at.image < n && (unsigned)y < (unsigned)height && (unsigned)xx < (unsigned)width;
     return inside ? to_acc(x[(I)(cursor.origin + rows[rs].offset)]) : 0.0f;
+  }
+  __device__ void a_copy(float* dst, const ACursor& cursor, int rs) const {  // a(cursor, rs) into dst, by cp.async
+    const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;
+    const bool inside = cursor.at.image < n && (unsigned)y < (unsigned)height && (unsigned)xx < (unsigned)width;
+    cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), inside ? 4 : 0);
   }
   __device__ BCursor b_start(I k) const {
     BCursor cursor;

@@ -403,9 +403,8 @@ MUTATIONS = [
       "(U)x0, y0, x0, true};", TC_SWEEP, "tc: strided x"),
 
     # -- simt_gemm.cu: strict float32 implicit GEMMs on the FMA units (simt_fwd, simt_bwd_weight) -----------------
-    M("simt-barrier-chunk", "simt_gemm.cu", "if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last "
-      "read before the previous barrier\n      __syncthreads();", "if (t + 1 < chunks) store_chunk(stage ^ 1);", SIMT,
-      "removed barrier"),
+    M("simt-barrier-chunk", "simt_gemm.cu", "cp_async_wait<0>();\n      __syncthreads();\n    }\n  }",
+      "cp_async_wait<0>();\n    }\n  }", SIMT, "removed barrier"),
     M("simt-async-barrier", "simt_gemm.cu", "__syncthreads();         // and every thread's;",
       "/* no barrier */         // and every thread's;", SIMT, "removed barrier"),
     M("simt-async-wait-off-by-one", "simt_gemm.cu", "cp_async_wait<S - 2>();  // chunk t's group",
@@ -416,6 +415,15 @@ MUTATIONS = [
       "if (s < chunks) issue_chunk(s);", SIMT, "cp.async commit missing"),
     M("simt-async-a-zero-fill-size", "simt_gemm.cu", "cp_async_ca_4(dst, at.x + row_origin[rs], inside ? 4 : 0);",
       "cp_async_ca_4(dst, at.x + row_origin[rs], 4);", SIMT, "cp.async zero-fill size"),
+    M("simt-wg-async-wait-missing", "simt_gemm.cu", "      if constexpr (Gather::ASYNC_A) cp_async_wait<0>();\n"
+      "      __syncthreads();", "      __syncthreads();", SIMT, "cp.async wait missing"),
+    M("simt-wg-async-prologue-wait-missing", "simt_gemm.cu", "    if constexpr (Gather::ASYNC_A) cp_async_wait<0>();\n"
+      "    __syncthreads();\n    for", "    __syncthreads();\n    for", SIMT, "cp.async wait missing"),
+    M("simt-wg-async-zero-fill-size", "simt_gemm.cu", "cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), "
+      "inside ? 4 : 0);", "cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), 4);", SIMT,
+      "cp.async zero-fill size"),
+    M("simt-wg-async-a-stage", "simt_gemm.cu", "if constexpr (Gather::ASYNC_A) copy_a(stage ^ 1);",
+      "if constexpr (Gather::ASYNC_A) copy_a(stage);", SIMT, "stage rotation"),
     M("simt-async-stage-rotation", "simt_gemm.cu", "write = write == S - 1 ? 0 : write + 1;",
       "write = read;", SIMT, "stage rotation"),
     M("simt-async-last-chunk-skipped", "simt_gemm.cu", "if (t + S - 1 < chunks) issue_chunk(write);",
