@@ -176,19 +176,23 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   };
 
+  auto copy_a = [&](int stage) {  // ASYNC or ASYNC_A: A's chunk at the cursors into `stage` by cp.async, then on
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
+        gather.a_copy(as + (stage * BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
+      gather.a_advance(a_at[ks]);
+    }
+  };
+
   if constexpr (Gather::ASYNC) {
     // cp.async (sm_80+): each element goes global -> shared by one 4-byte copy, zero-filled outside the problem
     // (no staging register, no store, no zeroing), SIMT_ASYNC_STAGES - 1 chunks in flight.  Chunk t + S - 1 goes
     // to the stage chunk t - 1 was read from: every thread finished that before the barrier of iteration t.
     constexpr int S = Gather::STAGES;
     auto issue_chunk = [&](int stage) {  // the chunk at the cursors into `stage`, then the cursors move on
-#pragma unroll
-      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
-#pragma unroll
-        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
-          gather.a_copy(as + (stage * BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
-        gather.a_advance(a_at[ks]);
-      }
+      copy_a(stage);
 #pragma unroll
       for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
 #pragma unroll
@@ -217,18 +221,12 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     // B through registers (the weight gradient sums it as it loads it), A too unless ASYNC_A: then by cp.async
     // into the other stage before the FMAs (it was last read before the previous barrier), landed before the
     // barrier that ends the chunk.
-    auto copy_a = [&](int stage) {
-#pragma unroll
-      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
-#pragma unroll
-        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
-          gather.a_copy(as + (stage * BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
-        gather.a_advance(a_at[ks]);
-      }
+    auto copy_a_group = [&](int stage) {
+      copy_a(stage);
       cp_async_commit();
     };
     if (chunks > 0) {
-      if constexpr (Gather::ASYNC_A) copy_a(0);
+      if constexpr (Gather::ASYNC_A) copy_a_group(0);
       load_chunk();
       store_chunk(0);
     }
@@ -237,7 +235,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     for (I t = 0; t < chunks; ++t) {
       const int stage = (int)(t & 1);
       if (t + 1 < chunks) {  // in flight while the FMAs work on chunk t
-        if constexpr (Gather::ASYNC_A) copy_a(stage ^ 1);
+        if constexpr (Gather::ASYNC_A) copy_a_group(stage ^ 1);
         load_chunk();
       }
       fma_chunk(stage);

@@ -422,8 +422,8 @@ MUTATIONS = [
     M("simt-wg-async-zero-fill-size", "simt_gemm.cu", "cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), "
       "inside ? 4 : 0);", "cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), 4);", SIMT,
       "cp.async zero-fill size"),
-    M("simt-wg-async-a-stage", "simt_gemm.cu", "if constexpr (Gather::ASYNC_A) copy_a(stage ^ 1);",
-      "if constexpr (Gather::ASYNC_A) copy_a(stage);", SIMT, "stage rotation"),
+    M("simt-wg-async-a-stage", "simt_gemm.cu", "if constexpr (Gather::ASYNC_A) copy_a_group(stage ^ 1);",
+      "if constexpr (Gather::ASYNC_A) copy_a_group(stage);", SIMT, "stage rotation"),
     M("simt-async-stage-rotation", "simt_gemm.cu", "write = write == S - 1 ? 0 : write + 1;",
       "write = read;", SIMT, "stage rotation"),
     M("simt-async-last-chunk-skipped", "simt_gemm.cu", "if (t + S - 1 < chunks) issue_chunk(write);",
