@@ -16,18 +16,20 @@
 // memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
 // reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
 // chunks of SIMT_BK (simt_fwd_chunk: 16 for two forward tiles), staged k-major ([k][row], rows padded by 4 floats
-// so that stores along k hit distinct banks).  The weight gradient (and the forward on sm_70) stages through
-// registers in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the
-// other stage after them, one barrier per chunk.  The forward on sm_80+ copies each element global -> shared by a
-// 4-byte cp.async (zero-filled outside the problem: no register, store or zeroing) into SIMT_ASYNC_STAGES stages
-// (two with chunks of 16), one wait and one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
-// pixels of x, columns n of weight_t) or along k (the weight gradient's pixels), whichever runs along memory. The
-// main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
-// with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
-// sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
-// shapes only; its bias gradient is the column sums of B (grad_out) that the blocks of the first row tile add up
-// as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole row tile where C / G * taps fills
-// its tiles exactly: 288 rows in 96-row tiles).  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+// so that stores along k hit distinct banks).  On sm_70 both kernels stage through registers in two stages: the
+// global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage after them, one
+// barrier per chunk; the weight gradient's B always does (its column sums are taken there).  On sm_80+ the forward
+// copies each element global -> shared by a 4-byte cp.async (zero-filled outside the problem: no register, store
+// or zeroing) into SIMT_ASYNC_STAGES stages (two with chunks of 16), one wait and one barrier per chunk, and the
+// weight gradient its A into the other of its two stages.  Each operand is loaded with the lanes of a warp
+// along its rows (the forward: pixels of x, columns n of weight_t) or along k (the weight gradient's pixels),
+// whichever runs along memory. The main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a
+// pixel cursor advances by SIMT_BK with carries; the divisions of the prologue and epilogue are paid once per row.
+// The weight gradient writes float sums per split of its reduction (grid.z), which the launcher adds up in a fixed
+// order, so its bits depend on the shapes only; its bias gradient is the column sums of B (grad_out) that the
+// blocks of the first row tile add up as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole
+// row tile where C / G * taps fills its tiles exactly: 288 rows in 96-row tiles).  The planner is
+// cupyconv/ops/simt_gemm.py `plan_simt`.
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "gather.cuh"
