@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy
 
-from cupyconv.ops.simt_gemm import SIMT_CHUNK
+from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
 from . import _emulator
 from . import cases as cases_mod
@@ -410,12 +410,14 @@ def simt_macs(launch: launches_mod.Launch) -> float:
     included: every block runs its tile (rows x columns, template arguments 3 and 4) over its K chunks."""
     a = launch.args
     rows, cols = int(launch.template_args[2]), int(launch.template_args[3])
-    if launch.kernel == "simt_fwd":   # K = channels per group x taps, one pass over z = 1
-        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / SIMT_CHUNK)
+    if launch.kernel == "simt_fwd":   # K = channels per group x taps, one pass over z = 1 (sm_80+'s chunk)
+        chunk = simt_fwd_chunk(tuple(int(t) for t in launch.template_args[2:5]))
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk)
     else:                             # K = the output pixels, in splits of chunks_per_split chunks over z
-        total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / SIMT_CHUNK)
+        chunk = SIMT_CHUNK
+        total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)
         chunks = split_chunks(launch, total)
-    return launch.blocks * rows * cols * chunks * SIMT_CHUNK
+    return launch.blocks * rows * cols * chunks * chunk
 
 
 # The generic tiled depthwise kernels (depthwise.cu's depthwise_tiled) skip the taps that read outside the plane, per

@@ -5,6 +5,10 @@
 //                                          from gmem and fills the rest of the 16 with zeros (src_bytes 0: a
 //                                          zero row, for padding, and gmem is not read).  Both addresses must be
 //                                          16-byte aligned.  The data is in smem only after the wait below.
+//   cp_async_ca_8(smem, gmem, src_bytes)   cp.async.ca.shared.global of 8 or 4 bytes (through L1: .cg takes 16
+//   cp_async_ca_4(smem, gmem, src_bytes)   only): the same rules at their size (src_bytes 0..8 or 0..4, both
+//                                          addresses aligned to it).  A gather of single floats (simt_gemm.cu)
+//                                          goes global -> shared without a register, a store or a zeroing.
 //   cp_async_commit()                      cp.async.commit_group: the thread's copies since the last commit form
 //                                          one group.
 //   cp_async_wait<N>()                     cp.async.wait_group N: waits until at most N of the thread's committed
@@ -28,6 +32,7 @@
 
 #ifdef __CUPYCONV_EMULATOR__
 #include <emu_async_copy.h>  // tests/emulator/include: angle brackets, so kernel_source() does not inline it
+#define CUPYCONV_HAS_CP_ASYNC 1  // the emulator runs a kernel's sm_80 path
 #else
 
 // cp.async is sm_80's and ldmatrix sm_75's; older targets compile a trap so that the NVRTC check can still build
@@ -35,6 +40,8 @@
 #if __CUDA_ARCH__ >= 800
 #define CUPYCONV_ASYNC_COPY 1
 #endif
+// Whether these copies run (sm_80 and newer), for a kernel that keeps a register-staged path for older targets.
+#define CUPYCONV_HAS_CP_ASYNC (__CUDA_ARCH__ >= 800)
 
 __device__ __forceinline__ unsigned shared_address(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -43,6 +50,26 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 __device__ __forceinline__ void cp_async_cg_16(void* smem, const void* gmem, int src_bytes) {
 #ifdef CUPYCONV_ASYNC_COPY
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_ca_8(void* smem, const void* gmem, int src_bytes) {
+#ifdef CUPYCONV_ASYNC_COPY
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(shared_address(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_ca_4(void* smem, const void* gmem, int src_bytes) {
+#ifdef CUPYCONV_ASYNC_COPY
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(smem)), "l"(gmem),
                "r"(src_bytes)
                : "memory");
 #else

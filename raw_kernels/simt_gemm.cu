@@ -15,16 +15,22 @@
 // rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
 // memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
 // reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
-// chunks of SIMT_BK, staged k-major ([k][row], rows padded by 4 floats so that stores along k hit distinct banks)
-// in two stages: the global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage
-// after them, one barrier per chunk.  Each operand is loaded with the lanes of a warp along its rows (the forward:
-// pixels of x, columns n of weight_t) or along k (the weight gradient's pixels), whichever runs along memory. The
-// main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a pixel cursor advances by SIMT_BK
-// with carries; the divisions of the prologue and epilogue are paid once per row. The weight gradient writes float
-// sums per split of its reduction (grid.z), which the launcher adds up in a fixed order, so its bits depend on the
-// shapes only; its bias gradient is the column sums of B (grad_out) that the blocks of the first row tile add up
-// as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole row tile where C / G * taps fills
-// its tiles exactly: 288 rows in 96-row tiles).  The planner is cupyconv/ops/simt_gemm.py `plan_simt`.
+// chunks of SIMT_BK (simt_fwd_chunk: 16 for two forward tiles), staged k-major ([k][row], rows padded by 4 floats
+// so that stores along k hit distinct banks).  On sm_70 both kernels stage through registers in two stages: the
+// global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage after them, one
+// barrier per chunk; the weight gradient's B always does (its column sums are taken there).  On sm_80+ the forward
+// copies each element global -> shared by a 4-byte cp.async (zero-filled outside the problem: no register, store
+// or zeroing) into SIMT_ASYNC_STAGES stages (two with chunks of 16), one wait and one barrier per chunk, and the
+// weight gradient its A into the other of its two stages.  Each operand is loaded with the lanes of a warp
+// along its rows (the forward: pixels of x, columns n of weight_t) or along k (the weight gradient's pixels),
+// whichever runs along memory. The main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a
+// pixel cursor advances by SIMT_BK with carries; the divisions of the prologue and epilogue are paid once per row.
+// The weight gradient writes float sums per split of its reduction (grid.z), which the launcher adds up in a fixed
+// order, so its bits depend on the shapes only; its bias gradient is the column sums of B (grad_out) that the
+// blocks of the first row tile add up as they load it (Gather::SUMS_B), not a GEMM row of ones (which cost a whole
+// row tile where C / G * taps fills its tiles exactly: 288 rows in 96-row tiles).  The planner is
+// cupyconv/ops/simt_gemm.py `plan_simt`.
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "gather.cuh"
 
@@ -33,21 +39,30 @@
 #endif
 constexpr int SIMT_BK = 8;   // the K chunk
 constexpr int SIMT_PAD = 4;  // floats after each staged row of a chunk: keeps float4 alignment, spreads banks
+constexpr int SIMT_ASYNC_STAGES = 3;  // the cp.async pipeline's: two chunks in flight while the FMAs read a third
+// The forward's chunk and stages with cp.async: K chunks of 16 for the 256 x 64 and 128 x 32 tiles (the loop's
+// per-chunk upkeep -- barrier, wait, stage addresses, loop -- paid per 2,048 FFMA of a thread, not 1,024), in two
+// stages (the same bytes as three of 8, within 48 KiB of static shared memory).  The other tiles gained nothing or
+// spilled (256 x 32) or lost an occupancy step (128 x 64: 128 -> 167 registers).  Mirrored by
+// cupyconv/ops/simt_gemm.py simt_fwd_chunk.
+__host__ __device__ constexpr int simt_fwd_chunk(bool async, int bm, int bn) {
+  return async && ((bm == 256 && bn == 64) || (bm == 128 && bn == 32)) ? 16 : SIMT_BK;
+}
 
 // Which elements of an R x SIMT_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
 // K_SLOTS k.  LANES_ON_ROWS: a warp reads one k of 32 consecutive rows; otherwise a warp reads 8 consecutive k
 // of 4 rows.
-template <int R, int THREADS, bool LANES_ON_ROWS> struct SimtLoad {
-  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / 32, K_SLOTS = SIMT_BK / WARPS;
-  static_assert(R % 32 == 0 && SIMT_BK % WARPS == 0, "rows in warps of 32, k in whole warps");
+template <int R, int THREADS, bool LANES_ON_ROWS, int BK = SIMT_BK> struct SimtLoad {
+  static constexpr int WARPS = THREADS / 32, ROW_SLOTS = R / 32, K_SLOTS = BK / WARPS;
+  static_assert(R % 32 == 0 && BK % WARPS == 0, "rows in warps of 32, k in whole warps");
   __device__ static int row(int rs) { return (threadIdx.x & 31) + 32 * rs; }
   __device__ static int k(int ks) { return (threadIdx.x >> 5) + WARPS * ks; }
 };
-template <int R, int THREADS> struct SimtLoad<R, THREADS, false> {
-  static constexpr int PER_PASS = THREADS / SIMT_BK, ROW_SLOTS = R / PER_PASS, K_SLOTS = 1;
+template <int R, int THREADS, int BK> struct SimtLoad<R, THREADS, false, BK> {
+  static constexpr int PER_PASS = THREADS / BK, ROW_SLOTS = R / PER_PASS, K_SLOTS = 1;
   static_assert(R % PER_PASS == 0, "whole passes of rows");
-  __device__ static int row(int rs) { return threadIdx.x / SIMT_BK + PER_PASS * rs; }
-  __device__ static int k(int) { return threadIdx.x % SIMT_BK; }
+  __device__ static int row(int rs) { return threadIdx.x / BK + PER_PASS * rs; }
+  __device__ static int k(int) { return threadIdx.x % BK; }
 };
 
 // An output pixel k = (image, p) of the reduction of the weight gradient, advanced by SIMT_BK with carries.
@@ -63,10 +78,13 @@ template <typename I> struct SimtPixel {
   }
 };
 
-// The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of SIMT_BK).
+// The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of BK, the
+// Gather's chunk: SIMT_BK, or 16 for two of the forward's tiles with cp.async).
 // `Gather` supplies the operands and takes the results:
 //   typedefs LoadA, LoadB (SimtLoad layouts), ACursor, BCursor; M, N;
-//   ACursor a_start(I k), a_advance(ACursor&) (k += SIMT_BK); the same for B: what GEMM index k means for the
+//   BK, STAGES, ASYNC (static): the K chunk, the stages of shared memory, whether operands go by cp.async
+//     (a_copy/b_copy: a(at, rs)/b(at, rs) into shared memory) or through registers (a/b, then a store);
+//   ACursor a_start(I k), a_advance(ACursor&) (k += BK); the same for B: what GEMM index k means for the
 //     operand, decoded once per chunk and k slot for all of the thread's rows;
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
 //     slot rs, 0 outside the problem (rows past M or N, k past K);
@@ -84,9 +102,10 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   constexpr int PA = BM + SIMT_PAD, PB = BN + SIMT_PAD;
   constexpr int ROW_SPAN = 4 * BM / TM;  // between a thread's groups of 4 rows
   static_assert(TM % 4 == 0 && BM % TM == 0 && BN % 8 == 0, "whole thread tiles");
+  constexpr int BK = Gather::BK;
   const int tn = threadIdx.x % (BN / 8), tm = threadIdx.x / (BN / 8);
 
-  const I chunks = k_end > k_begin ? (k_end - k_begin + SIMT_BK - 1) / SIMT_BK : 0;  // uniform across the block
+  const I chunks = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;  // uniform across the block
   typename Gather::ACursor a_at[LA::K_SLOTS];
   typename Gather::BCursor b_at[LB::K_SLOTS];
 #pragma unroll
@@ -97,11 +116,13 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
   float a_next[LA::K_SLOTS][LA::ROW_SLOTS], b_next[LB::K_SLOTS][LB::ROW_SLOTS];
   float b_sum[LB::K_SLOTS][LB::ROW_SLOTS] = {};  // SUMS_B: this thread's loaded elements of B, summed per slot
   auto load_chunk = [&]() {  // the chunk at the cursors, then the cursors move on by one chunk
+    if constexpr (!Gather::ASYNC_A) {  // (else A goes by copy_a)
 #pragma unroll
-    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(a_at[ks], rs);
-      gather.a_advance(a_at[ks]);
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) a_next[ks][rs] = gather.a(a_at[ks], rs);
+        gather.a_advance(a_at[ks]);
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
@@ -114,15 +135,17 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     }
   };
   auto store_chunk = [&](int stage) {
+    if constexpr (!Gather::ASYNC_A) {
 #pragma unroll
-    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+      for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * SIMT_BK + LA::k(ks)) * PA + LA::row(rs)] = a_next[ks][rs];
+        for (int rs = 0; rs < LA::ROW_SLOTS; ++rs) as[(stage * BK + LA::k(ks)) * PA + LA::row(rs)] = a_next[ks][rs];
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
 #pragma unroll
-      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[(stage * SIMT_BK + LB::k(ks)) * PB + LB::row(rs)] = b_next[ks][rs];
+      for (int rs = 0; rs < LB::ROW_SLOTS; ++rs) bs[(stage * BK + LB::k(ks)) * PB + LB::row(rs)] = b_next[ks][rs];
     }
   };
 
@@ -133,18 +156,11 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
   }
 
-  if (chunks > 0) {
-    load_chunk();
-    store_chunk(0);
-  }
-  __syncthreads();
-  for (I t = 0; t < chunks; ++t) {
-    const int stage = (int)(t & 1);
-    if (t + 1 < chunks) load_chunk();  // in flight while the FMAs work on chunk t
-    const float* a_stage = as + stage * SIMT_BK * PA + 4 * tm;
-    const float* b_stage = bs + stage * SIMT_BK * PB + 4 * tn;
+  auto fma_chunk = [&](int stage) {  // the FMAs of the chunk staged in `stage`
+    const float* a_stage = as + stage * BK * PA + 4 * tm;
+    const float* b_stage = bs + stage * BK * PB + 4 * tn;
 #pragma unroll
-    for (int k = 0; k < SIMT_BK; ++k) {
+    for (int k = 0; k < BK; ++k) {
       float a[TM];
 #pragma unroll
       for (int q = 0; q < TM / 4; ++q) {
@@ -160,8 +176,75 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
       }
     }
-    if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+  };
+
+  auto copy_a = [&](int stage) {  // ASYNC or ASYNC_A: A's chunk at the cursors into `stage` by cp.async, then on
+#pragma unroll
+    for (int ks = 0; ks < LA::K_SLOTS; ++ks) {
+#pragma unroll
+      for (int rs = 0; rs < LA::ROW_SLOTS; ++rs)
+        gather.a_copy(as + (stage * BK + LA::k(ks)) * PA + LA::row(rs), a_at[ks], rs);
+      gather.a_advance(a_at[ks]);
+    }
+  };
+
+  if constexpr (Gather::ASYNC) {
+    // cp.async (sm_80+): each element goes global -> shared by one 4-byte copy, zero-filled outside the problem
+    // (no staging register, no store, no zeroing), SIMT_ASYNC_STAGES - 1 chunks in flight.  Chunk t + S - 1 goes
+    // to the stage chunk t - 1 was read from: every thread finished that before the barrier of iteration t.
+    constexpr int S = Gather::STAGES;
+    auto issue_chunk = [&](int stage) {  // the chunk at the cursors into `stage`, then the cursors move on
+      copy_a(stage);
+#pragma unroll
+      for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
+#pragma unroll
+        for (int rs = 0; rs < LB::ROW_SLOTS; ++rs)
+          gather.b_copy(bs + (stage * BK + LB::k(ks)) * PB + LB::row(rs), b_at[ks], rs);
+        gather.b_advance(b_at[ks]);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < chunks) issue_chunk(s);
+      cp_async_commit();  // an empty group past the last chunk: the wait below counts S - 2 groups behind
+    }
+    int read = 0, write = S - 1;
+    for (I t = 0; t < chunks; ++t) {
+      cp_async_wait<S - 2>();  // chunk t's group has landed (this thread's copies),
+      __syncthreads();         // and every thread's; the stage `write` is no longer read
+      if (t + S - 1 < chunks) issue_chunk(write);
+      cp_async_commit();
+      fma_chunk(read);
+      read = read == S - 1 ? 0 : read + 1;
+      write = write == S - 1 ? 0 : write + 1;
+    }
+    cp_async_wait<0>();  // nothing in flight past the loop (the epilogue's SUMS_B reuses bs)
+  } else {
+    // B through registers (the weight gradient sums it as it loads it), A too unless ASYNC_A: then by cp.async
+    // into the other stage before the FMAs (it was last read before the previous barrier), landed before the
+    // barrier that ends the chunk.
+    auto copy_a_group = [&](int stage) {
+      copy_a(stage);
+      cp_async_commit();
+    };
+    if (chunks > 0) {
+      if constexpr (Gather::ASYNC_A) copy_a_group(0);
+      load_chunk();
+      store_chunk(0);
+    }
+    if constexpr (Gather::ASYNC_A) cp_async_wait<0>();
     __syncthreads();
+    for (I t = 0; t < chunks; ++t) {
+      const int stage = (int)(t & 1);
+      if (t + 1 < chunks) {  // in flight while the FMAs work on chunk t
+        if constexpr (Gather::ASYNC_A) copy_a_group(stage ^ 1);
+        load_chunk();
+      }
+      fma_chunk(stage);
+      if (t + 1 < chunks) store_chunk(stage ^ 1);  // the other stage: last read before the previous barrier
+      if constexpr (Gather::ASYNC_A) cp_async_wait<0>();
+      __syncthreads();
+    }
   }
 
   // The column sums of B: the slots of each column from shared memory (free after the loop's last barrier), in k
@@ -177,7 +260,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
       for (int col = threadIdx.x; col < BN; col += blockDim.x) {
         float sum = 0.0f;
 #pragma unroll
-        for (int k = 0; k < SIMT_BK; ++k) sum += bs[k * BN + col];
+        for (int k = 0; k < BK; ++k) sum += bs[k * BN + col];
         if (n0 + col < gather.N) gather.store_b_sum(n0 + col, sum);
       }
     }
@@ -229,7 +312,7 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 //   bit kW + i for row i;
 // - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): the
 //   tap's offset from a window origin and its bits 1 << j | 1 << (kW + i);
-//   moving on by SIMT_BK adds constants (SIMT_BK / taps channels, SIMT_BK % taps entries) with one carry;
+//   moving on by a chunk, BK, adds constants (BK / taps channels, BK % taps entries) with one carry;
 // - an element is inside x when its tap's bits are all in its pixel's mask: one AND per element, no compare.
 // k past K gets SIMT_PAST_K, a bit no mask has, so kW + kH <= SIMT_MASK_BITS (simt_refusal on the host).
 constexpr int SIMT_MASK_BITS = 31;
@@ -241,15 +324,19 @@ template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (
 };
 
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
-  typedef SimtLoad<BM, THREADS, true> LoadA;
-  typedef SimtLoad<BN, THREADS, true> LoadB;
+  static constexpr bool ASYNC = CUPYCONV_HAS_CP_ASYNC;  // operands by cp.async (sm_80+), else register-staged
+  static constexpr int BK = simt_fwd_chunk(ASYNC, BM, BN);
+  static constexpr int STAGES = !ASYNC ? 2 : BK == SIMT_BK ? SIMT_ASYNC_STAGES : 2;
+  typedef SimtLoad<BM, THREADS, true, BK> LoadA;
+  typedef SimtLoad<BN, THREADS, true, BK> LoadB;
   typedef typename Unsigned<I>::type U;
-  static constexpr bool SUMS_B = false;
+  static constexpr bool SUMS_B = false, ASYNC_A = false;  // (ASYNC: both operands by cp.async)
+  static_assert(sizeof(T) == 4, "4-byte copies of float elements");
   const T* x; const T* weight_t; const T* bias; T* out;
   const SimtTap<I>* tap_table;  // taps entries, in shared memory
   I M, pixels;
-  U x_stride_c, channel_step;  // channel_step: SIMT_BK / taps channels
-  int N, K, taps, tap_step, g, n0, groups;  // tap_step: SIMT_BK % taps
+  U x_stride_c, channel_step;  // channel_step: BK / taps channels
+  int N, K, taps, tap_step, g, n0, groups;  // tap_step: BK % taps
   bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
   I row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin,
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
@@ -270,7 +357,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     return at;
   }
   __device__ void a_advance(ACursor& at) const {
-    at.k += SIMT_BK;
+    at.k += BK;
     at.tap += tap_step;
     at.channel += channel_step;
     if (at.tap >= taps) {
@@ -283,14 +370,22 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     // A select, not a return before the load: the load is predicated on the AND.
     return (at.bits & row_outside[rs]) == 0 ? to_acc(at.x[row_origin[rs]]) : 0.0f;
   }
+  __device__ void a_copy(float* dst, const ACursor& at, int rs) const {  // a(at, rs) into dst, by cp.async
+    const bool inside = (at.bits & row_outside[rs]) == 0;
+    cp_async_ca_4(dst, at.x + row_origin[rs], inside ? 4 : 0);
+  }
   struct BCursor { const T* row; int k; };  // weight_t's row k at the thread's first column
   __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * K + k) * N + n0 + LoadB::row(0), (int)k}; }
   __device__ void b_advance(BCursor& at) const {
-    at.row += (I)SIMT_BK * N;
-    at.k += SIMT_BK;
+    at.row += (I)BK * N;
+    at.k += BK;
   }
   __device__ float b(const BCursor& at, int rs) const {
     return n0 + LoadB::row(rs) < N && at.k < K ? to_acc(at.row[32 * rs]) : 0.0f;  // row(rs) = row(0) + 32 rs
+  }
+  __device__ void b_copy(float* dst, const BCursor& at, int rs) const {
+    const bool inside = n0 + LoadB::row(rs) < N && at.k < K;
+    cp_async_ca_4(dst, at.row + 32 * rs, inside ? 4 : 0);
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
@@ -311,8 +406,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, int has_bias) {
   typedef SimtForward<T, I, BM, BN, BM * BN / (TM * 8)> F;
   typedef typename F::U U;
-  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];  // [stage][k][row]
-  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ __align__(16) float as[F::STAGES * F::BK * (BM + SIMT_PAD)];  // [stage][k][row]
+  __shared__ __align__(16) float bs[F::STAGES * F::BK * (BN + SIMT_PAD)];
   __shared__ SimtTap<I> tap_table[SIMT_MAX_TAPS];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN, taps = kernel_h * kernel_w;
@@ -324,7 +419,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.tap_table = tap_table;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
   f.taps = taps; f.K = channels_per_group * taps;
-  f.tap_step = SIMT_BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(SIMT_BK / taps) * (U)x_stride_c;
+  f.tap_step = F::BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(F::BK / taps) * (U)x_stride_c;
   f.groups = groups; f.has_bias = has_bias;
   f.rows_in_fours = f.pixels % 4 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
@@ -358,6 +453,9 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   typedef SimtLoad<BN, THREADS, false> LoadB;
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = true;
+  // B register-staged (summed as loaded: SUMS_B), A by cp.async on sm_80+ (no staging register, store or zeroing)
+  static constexpr bool ASYNC = false, ASYNC_A = CUPYCONV_HAS_CP_ASYNC;
+  static constexpr int BK = SIMT_BK, STAGES = 2;
   const T* x; const T* grad_out; float* partial;
   BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
@@ -399,6 +497,11 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     const bool inside = cursor.at.image < n && (unsigned)y < (unsigned)height && (unsigned)xx < (unsigned)width;
     return inside ? to_acc(x[(I)(cursor.origin + rows[rs].offset)]) : 0.0f;
   }
+  __device__ void a_copy(float* dst, const ACursor& cursor, int rs) const {  // a(cursor, rs) into dst, by cp.async
+    const int y = cursor.y0 + rows[rs].dy, xx = cursor.x0 + rows[rs].dx;
+    const bool inside = cursor.at.image < n && (unsigned)y < (unsigned)height && (unsigned)xx < (unsigned)width;
+    cp_async_ca_4(dst, x + (I)(cursor.origin + rows[rs].offset), inside ? 4 : 0);
+  }
   __device__ BCursor b_start(I k) const {
     BCursor cursor;
     cursor.at.image = k / out_pixels;
@@ -429,8 +532,8 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
     int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     I chunks_per_split, int bias_row) {
   typedef SimtWeightGrad<T, I, BM, BN, BM * BN / (TM * 8)> F;
-  __shared__ __align__(16) float as[2 * SIMT_BK * (BM + SIMT_PAD)];
-  __shared__ __align__(16) float bs[2 * SIMT_BK * (BN + SIMT_PAD)];
+  __shared__ __align__(16) float as[F::STAGES * SIMT_BK * (BM + SIMT_PAD)];
+  __shared__ __align__(16) float bs[F::STAGES * SIMT_BK * (BN + SIMT_PAD)];
   F f;
   const int n_tiles = (outputs_per_group + BN - 1) / BN;
   f.x = x; f.grad_out = grad_out; f.partial = partial; f.n = n;

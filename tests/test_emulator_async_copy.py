@@ -1,8 +1,9 @@
 """The emulator's cp.async and ldmatrix (raw_kernels/async_copy.cuh, tests/emulator/include/emu_async_copy.h) on
 self-test kernels (tests/emulator/selftest_kernels/async_copy.cu): correct use gives exact results, in both
-thread orders, and each rule broken fails: a missing or too weak cp.async.wait_group (poison where the data
-should be; a failed launch where ldmatrix reads it), misaligned addresses, a src-size past 16 or past the input,
-a partial or divergent warp at ldmatrix.  ldmatrix's lane mapping is checked against the PTX ISA's description,
+thread orders, and each rule broken fails, for copies of 16 (.cg), 8 and 4 bytes (.ca): a missing or too weak
+cp.async.wait_group or a missing commit (poison where the data should be; a failed launch where ldmatrix reads
+it), addresses not aligned to the copy's size, a src-size past the copy or past the input, a partial or divergent
+warp at ldmatrix.  ldmatrix's lane mapping is checked against the PTX ISA's description,
 written out independently here (`expected_ldmatrix`)."""
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ INSTANTIATIONS = [(SOURCE, k) for k in ("async_copy_stages", "ldmatrix_rows", "a
 ORDERS = ("forward", "reverse")
 # async_copy.cu's Bug
 CORRECT, NO_WAIT, WAIT_TOO_FEW, MISALIGNED_SMEM, MISALIGNED_GMEM, SRC_BYTES_17, FULL_ROW_PAST_END, NO_COMMIT, \
-    REISSUE, NOT_SHARED = range(10)
+    REISSUE, NOT_SHARED, INTO_TAIL = range(11)
 POISON = 0xFF
+SIZES = (16, 8, 4)  # cp_async_cg_16, cp_async_ca_8, cp_async_ca_4
 
 
 def device(order="forward", **kw) -> EmulatedDevice:
@@ -34,54 +36,72 @@ def i32(v):
 # cp.async: groups, waits, zero-fill
 
 
-def copy_stages(order, bug, rows=75, last_bytes=10, steps=4):
-    """(input, output) of async_copy_stages: rows x 16 random bytes through the three-stage pipeline."""
+def copy_stages(order, bug, rows=75, last_bytes=10, steps=4, size=16):
+    """(input, output) of async_copy_stages: rows x 16 random bytes through the three-stage pipeline, by copies
+    of `size` bytes."""
     d = device(order)
     data = numpy.random.default_rng(rows + bug).integers(0, 255, (rows, 16), dtype=numpy.uint8)  # never 0xFF
     out = d.empty((32 * steps, 16), numpy.uint8)
-    d.launch(SOURCE, "async_copy_stages", 1, 32, [data, out, i32(rows), i32(last_bytes), i32(steps), i32(bug)])
+    d.launch(SOURCE, "async_copy_stages", 1, 32, [data, out, i32(rows), i32(last_bytes), i32(steps), i32(bug),
+                                                               i32(size)])
     return data, out
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("order", ORDERS)
-def test_pipeline_copies_and_zero_fills(order):
-    data, out = copy_stages(order, CORRECT)
+def test_pipeline_copies_and_zero_fills(order, size):
+    """The last row's 10 bytes of source: one 16-byte copy with src-size 10, 8-byte copies of 8 and 2 (and a 0),
+    4-byte copies of 4, 4, 2 and 0; each zero-fills the rest of its own bytes."""
+    data, out = copy_stages(order, CORRECT, size=size)
     numpy.testing.assert_array_equal(out[:74], data[:74])
-    numpy.testing.assert_array_equal(out[74], numpy.r_[data[74, :10], numpy.zeros(6, numpy.uint8)])  # src-size 10
+    numpy.testing.assert_array_equal(out[74], numpy.r_[data[74, :10], numpy.zeros(6, numpy.uint8)])
     assert (out[75:] == 0).all()  # src-size 0: padding rows of zeros
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("bug", [NO_WAIT, WAIT_TOO_FEW, NO_COMMIT], ids=["no_wait", "wait_too_few", "no_commit"])
 @pytest.mark.parametrize("order", ORDERS)
-def test_data_lands_only_at_its_wait(bug, order):
+def test_data_lands_only_at_its_wait(bug, order, size):
     """Until the wait that retires its group, a copy's destination holds poison: a read there gets 0xFF bytes.
     wait_group 2 in the three-stage pipeline lands every step's rows one step late: all of them read poison.
     Without a wait (or a commit) nothing lands; with one step only, the kernel reads the poison and ends."""
-    data, out = copy_stages(order, bug, steps=4 if bug == WAIT_TOO_FEW else 1)
+    data, out = copy_stages(order, bug, steps=4 if bug == WAIT_TOO_FEW else 1, size=size)
     assert (out == POISON).all(), out
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("bug", [NO_WAIT, NO_COMMIT], ids=["no_wait", "no_commit"])
-def test_reusing_a_stage_still_in_flight_fails(bug):
+def test_reusing_a_stage_still_in_flight_fails(bug, size):
     """With four steps, step 3's copy goes to step 0's stage, whose copy never landed: two copies in flight to the
     same bytes, which the hardware does not order."""
-    with pytest.raises(KernelFailure, match=r"cp.async into 16 bytes of shared memory at 0x[0-9a-f]+ that a "
+    with pytest.raises(KernelFailure, match=rf"cp.async into {size} bytes of shared memory at 0x[0-9a-f]+ that a "
                        r"cp.async of thread (\d+) \(at \S*async_copy.cu:\d+\) still has in flight"):
-        copy_stages("forward", bug, steps=4)
+        copy_stages("forward", bug, steps=4, size=size)
 
 
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("bug, message", [
-    (MISALIGNED_SMEM, r"cp.async of 16 bytes from 0x[0-9a-f]+ to 0x[0-9a-f]+: both addresses must be 16-byte aligned"),
-    (MISALIGNED_GMEM, r"cp.async of 16 bytes from \S+ to \S+: both addresses must be 16-byte aligned"),
-    (SRC_BYTES_17, r"cp.async of 16 bytes with src-size 17: it must be within 0..16"),
-    (REISSUE, r"cp.async into 16 bytes of shared memory at 0x[0-9a-f]+ that a cp.async of thread 3 \(at "
+    (MISALIGNED_SMEM, r"cp.async of {s} bytes from 0x[0-9a-f]+ to 0x[0-9a-f]+: both addresses must be {s}-byte "
+                      r"aligned"),
+    (MISALIGNED_GMEM, r"cp.async of {s} bytes from \S+ to \S+: both addresses must be {s}-byte aligned"),
+    (SRC_BYTES_17, r"cp.async of {s} bytes with src-size {s1}: it must be within 0..{s}"),
+    (REISSUE, r"cp.async into {s} bytes of shared memory at 0x[0-9a-f]+ that a cp.async of thread 3 \(at "
               r"\S*async_copy.cu:\d+\) still has in flight"),
     (NOT_SHARED, r"cp.async to 0x[0-9a-f]+, which is not shared memory"),
-], ids=["misaligned_smem", "misaligned_gmem", "src_size_17", "reissue", "not_shared"])
-def test_broken_copies_fail(bug, message):
-    with pytest.raises(KernelFailure, match=r"block \(0,0,0\): thread \(\d+,0,0\): " + message +
-                       r".* at \S*async_copy.cu:\d+"):
-        copy_stages("forward", bug)
+], ids=["misaligned_smem", "misaligned_gmem", "src_size_past_the_copy", "reissue", "not_shared"])
+def test_broken_copies_fail(bug, message, size):
+    with pytest.raises(KernelFailure, match=r"block \(0,0,0\): thread \(\d+,0,0\): " +
+                       message.format(s=size, s1=size + 1) + r".* at \S*async_copy.cu:\d+"):
+        copy_stages("forward", bug, size=size)
+
+
+@pytest.mark.parametrize("size", (16, 8))
+def test_a_copy_into_the_tail_of_one_in_flight_fails(size):
+    """Every word of a copy is in flight, not only its first: a 4-byte copy into the last word of a 16- or 8-byte
+    copy that has not landed fails."""
+    with pytest.raises(KernelFailure, match=r"cp.async into 4 bytes of shared memory at 0x[0-9a-f]+ that a cp.async "
+                       r"of thread 3 \(at \S*async_copy.cu:\d+\) still has in flight"):
+        copy_stages("forward", INTO_TAIL, size=size)
 
 
 needs_asan = pytest.mark.skipif(libasan_path() is None, reason="g++ has no libasan")
@@ -98,12 +118,13 @@ i = numpy.int32
 
 
 @needs_asan
+@pytest.mark.parametrize("size", (16, 4))
 @pytest.mark.parametrize("bug", [CORRECT, FULL_ROW_PAST_END], ids=["zero_fill", "full_row_past_end"])
-def test_zero_fill_reads_nothing_past_the_input(bug):
+def test_zero_fill_reads_nothing_past_the_input(bug, size):
     """Padding rows copied with src-size 0 read nothing (clean under ASan, with the pointer one past the input);
     with src-size 16 instead, the copy reads past the input, which a GPU faults on and ASan reports."""
     process = run_under_asan(ASAN_SETUP + f"""
-d.launch("async_copy.cu", "async_copy_stages", 1, 32, [data, out, i(75), i(16), i(4), i({bug})])
+d.launch("async_copy.cu", "async_copy_stages", 1, 32, [data, out, i(75), i(16), i(4), i({bug}), i({size})])
 print("not caught")
 """)
     if bug == CORRECT:

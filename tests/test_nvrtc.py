@@ -261,6 +261,8 @@ ASYNC_COPY_CHECK = """
 __global__ void nvrtc_check_async_copy(const uint4* in, unsigned* out, int src_bytes) {
   __shared__ __align__(16) unsigned short tile[32 * 8];
   cp_async_cg_16(tile + 8 * threadIdx.x, in + threadIdx.x, src_bytes);
+  cp_async_ca_8(tile + 8 * (threadIdx.x ^ 1), in + threadIdx.x, src_bytes / 2);
+  cp_async_ca_4(tile + 8 * (threadIdx.x ^ 2) + 4, in + threadIdx.x, src_bytes / 4);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

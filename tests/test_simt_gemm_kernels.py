@@ -153,6 +153,24 @@ def test_both_thread_orders(order):
     assert_close(grad_w, expected_backward(grad_output, x, weight, **case.kwargs)[1], order)
 
 
+@pytest.mark.parametrize("channels, kernel", [(1, 1), (8, 1), (9, 1), (17, 1), (24, 1), (1, 3), (2, 3)],
+                         ids=["K1", "K8", "K9", "K17", "K24", "K9_3x3", "K18_3x3"])
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_forward_pipeline_chunk_counts(channels, kernel, order):
+    """simt_fwd's cp.async pipeline (SIMT_ASYNC_STAGES stages, S - 1 chunks copied ahead) at the edges of its
+    prologue and last chunks: K = C x taps of 1 (one partial chunk: the prologue's second group is empty), 8 (one
+    whole chunk), 9 (a chunk and one k), 17 and 24 (three chunks: one issued in the loop), and 3x3 windows of 1
+    and 2 channels (9 and 18: a chunk's k slots cross a channel).  Rows past M (2 x 7 x 5 = 70 of 128) and
+    columns past N (11 of 32) are zero-filled and never stored."""
+    case = C(f"chunks_{channels}_{kernel}", (2, channels, 7, 5), (11, channels, kernel, kernel),
+             padding=kernel // 2)
+    x, weight, bias, _ = inputs(case, 4)
+    device = Recorder(order)
+    out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert device.launches == ["simt_fwd<float, int, 128, 32, 8>"], device.launches
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), case.name)
+
+
 def test_strict_float32_not_tf32():
     """Operands 1 + 3 * 2^-12 lose their low bits as TF32 (1 + 2^-10 each); float32 FMAs keep them."""
     value = numpy.float32(1 + 3 * 2.0**-12)

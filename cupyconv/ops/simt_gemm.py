@@ -43,6 +43,9 @@ SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
+# simt_fwd's chunk on sm_80+ (its operands by cp.async), simt_gemm.cu simt_fwd_chunk: 16 for these tiles (the loop's
+# per-chunk upkeep paid per 2,048 FFMA of a thread), SIMT_CHUNK for the others and on sm_70 (register-staged).
+SIMT_LONG_CHUNK, SIMT_LONG_CHUNK_TILES = 16, (SIMT_TALL, SIMT_NARROW)
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
@@ -58,6 +61,11 @@ SIMT_MIN_BLOCKS, SIMT_MAX_COLUMNS, SIMT_FEW_GEMM_TILES = 192, 64, 10
 # with cuBLAS at 128 columns a group (g2-256: 0.95 of cuBLAS's time), where the static count had it behind.
 SIMT_WEIGHT_MAX_COLUMNS = 128
 KERNELS = KernelFile("simt_gemm.cu", defines={"SIMT_MAX_THREADS": SIMT_MAX_THREADS})
+
+
+def simt_fwd_chunk(tile: tuple[int, int, int]) -> int:
+    """The K chunk of simt_fwd's `tile` (rows, columns, rows per thread) on sm_80 and newer."""
+    return SIMT_LONG_CHUNK if tuple(tile) in SIMT_LONG_CHUNK_TILES else SIMT_CHUNK
 
 
 def instantiations():

@@ -1,17 +1,18 @@
 // Stand-in for raw_kernels/async_copy.cuh in the CPU emulator: cp.async with its groups and waits, and ldmatrix
 // as a warp collective, with the hardware's rules.
 //
-// cp.async (cp_async_cg_16): both addresses must be 16-byte aligned, the destination in shared memory and
-// src_bytes within 0..16, or the launch fails.  The source bytes are read at the call (an out-of-bounds source is an ASan report, as it is a fault on
-// a GPU), the destination's 16 bytes are poisoned (0xFF) and the copy is noted as in flight with the thread's
-// open group.  cp_async_commit closes the group; cp_async_wait<N> lands (writes to shared memory) every copy of
-// the calling thread whose group is committed and older than its N most recent committed groups.  Copies of
-// groups never committed, or never waited for, never land.  So a missing or too weak wait leaves poison where
-// the data should be, and a read of it by ldmatrix fails the launch, naming the copy that is still in flight;
-// a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
+// cp.async (cp_async_cg_16, cp_async_ca_8, cp_async_ca_4: a copy of 16, 8 or 4 bytes): both addresses must be
+// aligned to the copy's size, the destination in shared memory and src_bytes within 0..size, or the launch fails.
+// The source bytes are read at the call (an out-of-bounds source is an ASan report, as it is a fault on a GPU),
+// the destination's bytes are poisoned (0xFF) and the copy is noted as in flight with the thread's open group.
+// cp_async_commit closes the group; cp_async_wait<N> lands (writes to shared memory) every copy of the calling
+// thread whose group is committed and older than its N most recent committed groups.  Copies of groups never
+// committed, or never waited for, never land.  So a missing or too weak wait leaves poison where the data should
+// be (a float read there is a NaN), a read of it by ldmatrix fails the launch, naming the copy that is still in
+// flight, and a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
 //
-// Memory counters (EmulatedDevice(counters=True)): a full copy's source is read by one typed 16-byte access (a
-// global load of its cp_async_cg_16 call's line), its landing is a 16-byte shared store at the wait's line, and
+// Memory counters (EmulatedDevice(counters=True)): a full copy's source is read by one typed access of its size
+// (a global load of its cp.async call's line), its landing is a shared store of its size at the wait's line, and
 // ldmatrix's reads are the lanes' 4-byte words of each matrix (one request, one wavefront when conflict-free, per
 // matrix: what the hardware issues).
 //
@@ -25,9 +26,12 @@ namespace emu {
 // emu_runtime.h: stops the calling thread and fails the launch with `what`, the thread and file:line.
 void thread_failure(const char* file, int line, const char* what);
 
+constexpr int kAsyncWord = 4;  // the smallest cp.async: the in-flight map's granule
+
 struct AsyncCopy {
   unsigned char* dst;
   unsigned char data[16];
+  int size;  // 4, 8 or 16 bytes
   long long group;
   const char* file;
   int line;
@@ -39,38 +43,44 @@ struct ThreadCopies {
 };
 inline ThreadCopies async_copies[1024];  // per thread of the running block (linear thread index)
 
-// Which copy has a granule in flight: one entry per 16-byte granule of the block's shared memory, 0 or 1 + the
-// rank of the thread whose copy into it is in flight.  Every copy's destination and every ldmatrix row is one
-// aligned granule (their alignment is checked first) and no two copies can be in flight into one granule (the
-// second fails), so one look-up answers what a scan of every thread's copies would, at a cost that does not grow
-// with the block and the pipeline's depth.  A copy sets its entry, its landing clears it; copies that never land
-// are cleared before the next block.
+// Which copy has a word in flight: one entry per 4-byte word of the block's shared memory, 0 or 1 + the rank of
+// the thread whose copy into it is in flight.  Every copy's destination is aligned to its size (checked first),
+// so it covers whole words, and no two copies can be in flight into one word (the second fails), so one look-up
+// per word answers what a scan of every thread's copies would, at a cost that does not grow with the block and
+// the pipeline's depth.  A copy sets its words' entries, its landing clears them; copies that never land are
+// cleared before the next block.
 struct InFlightMap {
   uintptr_t base;          // shared memory's first byte, rounded down to 16
-  size_t granules;
+  size_t words;
   unsigned short* owner;   // malloc'd, outside the TLS block: not shared memory, never poisoned or counted
 };
 inline InFlightMap in_flight_map;
 
 inline int thread_rank() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
-// The entry of the granule that holds p, or nullptr outside shared memory.
+// The entry of the word that holds p, or nullptr outside shared memory.
 inline unsigned short* in_flight_entry(const void* p) {
   const uintptr_t offset = (uintptr_t)p - in_flight_map.base;
-  return (uintptr_t)p >= in_flight_map.base && offset / 16 < in_flight_map.granules ? &in_flight_map.owner[offset / 16]
-                                                                                  : nullptr;
+  return (uintptr_t)p >= in_flight_map.base && offset / kAsyncWord < in_flight_map.words
+             ? &in_flight_map.owner[offset / kAsyncWord]
+             : nullptr;
+}
+
+// Sets (owner: 1 + a thread's rank) or clears (0) the entries of a copy's words.
+inline void mark_in_flight(const AsyncCopy& c, unsigned short owner) {
+  for (int w = 0; w < c.size; w += kAsyncWord) *in_flight_entry(c.dst + w) = owner;
 }
 
 // Called by the engine before each grid with its shared memory, [begin, end).
 inline void async_copy_set_shared(const void* begin, const void* end) {
   const uintptr_t base = (uintptr_t)begin & ~(uintptr_t)15;
-  const size_t granules = ((uintptr_t)end - base + 15) / 16;
-  if (base != in_flight_map.base || granules != in_flight_map.granules) {
+  const size_t words = ((uintptr_t)end - base + 15) / 16 * (16 / kAsyncWord);
+  if (base != in_flight_map.base || words != in_flight_map.words) {
     free(in_flight_map.owner);
-    in_flight_map.owner = (unsigned short*)calloc(granules, sizeof(unsigned short));
+    in_flight_map.owner = (unsigned short*)calloc(words, sizeof(unsigned short));
     if (!in_flight_map.owner) abort();
     in_flight_map.base = base;
-    in_flight_map.granules = granules;
+    in_flight_map.words = words;
   }
 }
 
@@ -78,23 +88,27 @@ inline void async_copy_set_shared(const void* begin, const void* end) {
 // forgotten, their entries cleared).
 inline void async_copy_begin_block() {
   for (ThreadCopies& t : async_copies) {
-    for (int i = 0; i < t.count; ++i)
-      if (unsigned short* e = in_flight_entry(t.items[i].dst)) *e = 0;
+    for (int i = 0; i < t.count; ++i) mark_in_flight(t.items[i], 0);
     t.count = 0;
     t.open_group = 0;
   }
 }
 
-// The copy (of any thread of the block) in flight into the 16-byte-aligned granule at p, or nullptr; *owner its
-// thread.
-inline const AsyncCopy* async_copy_in_flight(const void* p, int* owner) {
-  const unsigned short* e = in_flight_entry(p);
-  if (!e || !*e) return nullptr;
-  *owner = *e - 1;
-  const ThreadCopies& t = async_copies[*owner];
-  for (int i = 0; i < t.count; ++i)
-    if (t.items[i].dst == (const unsigned char*)p) return &t.items[i];
-  abort();  // the map and the owner's list disagree: a bug of this file
+// The copy (of any thread of the block) in flight into one of the `bytes` bytes at p (whole words), or nullptr;
+// *owner its thread, *at the first such byte.
+inline const AsyncCopy* async_copy_in_flight(const void* p, int bytes, int* owner, const void** at) {
+  for (int w = 0; w < bytes; w += kAsyncWord) {
+    const unsigned char* word = (const unsigned char*)p + w;
+    const unsigned short* e = in_flight_entry(word);
+    if (!e || !*e) continue;
+    *owner = *e - 1;
+    *at = word;
+    const ThreadCopies& t = async_copies[*owner];
+    for (int i = 0; i < t.count; ++i)
+      if (t.items[i].dst <= word && word < t.items[i].dst + t.items[i].size) return &t.items[i];
+    abort();  // the map and the owner's list disagree: a bug of this file
+  }
+  return nullptr;
 }
 
 inline void async_copy_failure(const char* file, int line, const char* format, ...)
@@ -113,24 +127,26 @@ inline void in_flight_failure(const char* file, int line, const char* op, const 
   async_copy_failure(file, line, "%s of shared memory at %p that a cp.async of thread %d (at %s:%d) still has in "
                      "flight (no cp.async.wait_group has landed it yet)", op, p, owner, c->file, c->line);
 }
-}  // namespace emu
 
-inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const char* file = __builtin_FILE(),
-                           int line = __builtin_LINE()) {
-  using namespace emu;
-  if ((uintptr_t)smem % 16 || (uintptr_t)gmem % 16)
-    async_copy_failure(file, line, "cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned "
-                       "(a GPU faults: misaligned address)", gmem, smem);
-  if (src_bytes < 0 || src_bytes > 16)
-    async_copy_failure(file, line, "cp.async of 16 bytes with src-size %d: it must be within 0..16", src_bytes);
+// One cp.async of `size` bytes (4, 8 or 16), src_bytes of them read from gmem and the rest zero-filled.
+inline void async_copy(void* smem, const void* gmem, int size, int src_bytes, const char* file, int line) {
+  if ((uintptr_t)smem % size || (uintptr_t)gmem % size)
+    async_copy_failure(file, line, "cp.async of %d bytes from %p to %p: both addresses must be %d-byte aligned "
+                       "(a GPU faults: misaligned address)", size, gmem, smem, size);
+  if (src_bytes < 0 || src_bytes > size)
+    async_copy_failure(file, line, "cp.async of %d bytes with src-size %d: it must be within 0..%d", size, src_bytes,
+                       size);
   unsigned char* dst = (unsigned char*)smem;
-  unsigned short* entry = in_flight_entry(dst);
-  if (!entry)
+  if (!in_flight_entry(dst) || !in_flight_entry(dst + size - 1))
     async_copy_failure(file, line, "cp.async to %p, which is not shared memory (cp.async.shared.global writes "
                        "shared memory only)", smem);
   int owner;
-  if (const AsyncCopy* c = async_copy_in_flight(dst, &owner))
-    in_flight_failure(file, line, "cp.async into 16 bytes", smem, c, owner);
+  const void* at;
+  if (const AsyncCopy* c = async_copy_in_flight(dst, size, &owner, &at)) {
+    char op[64];
+    snprintf(op, sizeof op, "cp.async into %d bytes", size);
+    in_flight_failure(file, line, op, at, c, owner);
+  }
   const int rank = thread_rank();
   ThreadCopies& t = async_copies[rank];
   if (t.count == t.capacity) {
@@ -140,18 +156,42 @@ inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const ch
   }
   AsyncCopy& c = t.items[t.count++];
   c.dst = dst;
+  c.size = size;
   std::memset(c.data, 0, 16);
-  if (src_bytes == 16) {  // one typed 16-byte read, which the profile build's counters see as the global load
-    const uint4 whole = *static_cast<const uint4*>(gmem);
-    std::memcpy(c.data, &whole, 16);
+  if (src_bytes == size) {  // one typed read of the copy's size, which the profile build's counters see as the
+                            // global load
+    if (size == 16) {
+      const uint4 whole = *static_cast<const uint4*>(gmem);
+      std::memcpy(c.data, &whole, 16);
+    } else if (size == 8) {
+      const uint2 whole = *static_cast<const uint2*>(gmem);
+      std::memcpy(c.data, &whole, 8);
+    } else {
+      const unsigned whole = *static_cast<const unsigned*>(gmem);
+      std::memcpy(c.data, &whole, 4);
+    }
   } else if (src_bytes > 0) {
-    std::memcpy(c.data, gmem, src_bytes);  // the rest of the 16 bytes: zero-fill
+    std::memcpy(c.data, gmem, src_bytes);  // the rest of the copy: zero-fill
   }
   c.group = t.open_group;
   c.file = file;
   c.line = line;
-  *entry = (unsigned short)(rank + 1);
-  std::memset(dst, 0xFF, 16);  // what the destination holds until the copy lands: poison
+  mark_in_flight(c, (unsigned short)(rank + 1));
+  std::memset(dst, 0xFF, size);  // what the destination holds until the copy lands: poison
+}
+}  // namespace emu
+
+inline void cp_async_cg_16(void* smem, const void* gmem, int src_bytes, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE()) {
+  emu::async_copy(smem, gmem, 16, src_bytes, file, line);
+}
+inline void cp_async_ca_8(void* smem, const void* gmem, int src_bytes, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+  emu::async_copy(smem, gmem, 8, src_bytes, file, line);
+}
+inline void cp_async_ca_4(void* smem, const void* gmem, int src_bytes, const char* file = __builtin_FILE(),
+                          int line = __builtin_LINE()) {
+  emu::async_copy(smem, gmem, 4, src_bytes, file, line);
 }
 
 inline void cp_async_commit() { ++emu::async_copies[emu::thread_rank()].open_group; }
@@ -164,8 +204,14 @@ template <int N> inline void cp_async_wait() {
   for (int i = 0; i < t.count; ++i) {
     emu::AsyncCopy& c = t.items[i];
     if (c.group < landed_below) {
-      std::memcpy(c.dst, c.data, 16);
-      *emu::in_flight_entry(c.dst) = 0;
+      if (c.size == 16) {  // a constant size each: the landing is one store of the copy's width
+        std::memcpy(c.dst, c.data, 16);
+      } else if (c.size == 8) {
+        std::memcpy(c.dst, c.data, 8);
+      } else {
+        std::memcpy(c.dst, c.data, 4);
+      }
+      emu::mark_in_flight(c, 0);
     } else {
       t.items[kept++] = c;
     }
@@ -189,8 +235,9 @@ inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const 
       async_copy_failure(file, line, "ldmatrix row address %p of lane %d is not 16-byte aligned (a GPU faults: "
                          "misaligned address)", row, lane);
     int owner;
-    if (const AsyncCopy* c = async_copy_in_flight(row, &owner))
-      in_flight_failure(file, line, "ldmatrix read", row, c, owner);
+    const void* at;
+    if (const AsyncCopy* c = async_copy_in_flight(row, 16, &owner, &at))
+      in_flight_failure(file, line, "ldmatrix read", at, c, owner);
     std::memcpy(mine, row, 16);
   }
   const int g = lane >> 2, q = lane & 3;

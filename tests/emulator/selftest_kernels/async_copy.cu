@@ -7,35 +7,47 @@ enum Bug {
   CORRECT = 0,
   NO_WAIT = 1,           // reads a stage without waiting for it
   WAIT_TOO_FEW = 2,      // cp.async.wait_group 2 where 1 is needed: the stage read is still in flight
-  MISALIGNED_SMEM = 3,   // a shared destination 8 bytes off a 16-byte boundary
+  MISALIGNED_SMEM = 3,   // a shared destination half a copy off its size's boundary
   MISALIGNED_GMEM = 4,
-  SRC_BYTES_17 = 5,      // src-size larger than the copy
+  SRC_BYTES_17 = 5,      // src-size larger than the copy (17 for 16 bytes, 9 for 8, 5 for 4)
   FULL_ROW_PAST_END = 6, // a padding row copied with src-size 16 instead of 0: reads past the input
   NO_COMMIT = 7,         // waits without committing: the copies are in no group, nothing lands
   REISSUE = 8,           // a second copy into bytes still in flight
   NOT_SHARED = 9,        // a destination in the thread's local memory, not in shared memory
+  INTO_TAIL = 10,        // a 4-byte copy into the last word of a larger copy still in flight
 };
 
 // rows x 16 bytes from `in` to `out` through three stages of shared memory, 32 rows (one per thread) a step, the
-// copy of step t + 2 in flight while step t is read.  Each thread reads the row its neighbour copied (so the
-// barrier after the wait matters too).  Rows past `rows` are zero-filled padding (src-size 0), row
-// `rows` - 1 is copied with src-size `last_bytes` (the rest zero-filled).
+// copy of step t + 2 in flight while step t is read, each row by 16 / size copies of `size` bytes (16: .cg, 8 and
+// 4: .ca).  Each thread reads the row its neighbour copied (so the barrier after the wait matters too).  Rows past
+// `rows` are zero-filled padding (src-size 0), row `rows` - 1 is copied with `last_bytes` bytes of source (its
+// copies take what is left of them, the rest zero-filled).
 __global__ void async_copy_stages(const unsigned char* in, unsigned char* out, int rows, int last_bytes,
-                                  int steps, int bug) {
+                                  int steps, int bug, int size) {
   __shared__ __align__(16) unsigned char stage[3][32][16];
   __align__(16) unsigned char local[16];  // NOT_SHARED's destination
   const int tid = threadIdx.x;
+  auto copy = [&](unsigned char* dst, const unsigned char* src, int bytes) {
+    if (size == 16) cp_async_cg_16(dst, src, bytes);
+    else if (size == 8) cp_async_ca_8(dst, src, bytes);
+    else cp_async_ca_4(dst, src, bytes);
+  };
   auto issue = [&](int t) {
     if (t < steps) {
       const int r = t * 32 + tid;
-      int bytes = r < rows - 1 ? 16 : (r == rows - 1 ? last_bytes : 0);
-      if (bug == SRC_BYTES_17 && r == 0) bytes = 17;
-      if (bug == FULL_ROW_PAST_END && r >= rows) bytes = 16;
-      unsigned char* dst = stage[t % 3][tid] + (bug == MISALIGNED_SMEM && r == 5 ? 8 : 0);
-      if (bug == NOT_SHARED && r == 5) dst = local;
-      const unsigned char* src = in + 16 * (long long)(r < rows ? r : rows) + (bug == MISALIGNED_GMEM && r == 5 ? 8 : 0);
-      cp_async_cg_16(dst, src, bytes);
-      if (bug == REISSUE && r == 3) cp_async_cg_16(dst, src, bytes);
+      const int row_bytes = r < rows - 1 ? 16 : (r == rows - 1 ? last_bytes : 0);
+      for (int at = 0; at < 16; at += size) {
+        int bytes = row_bytes - at < 0 ? 0 : (row_bytes - at > size ? size : row_bytes - at);
+        if (bug == SRC_BYTES_17 && r == 0) bytes = size + 1;
+        if (bug == FULL_ROW_PAST_END && r >= rows) bytes = size;
+        unsigned char* dst = stage[t % 3][tid] + at + (bug == MISALIGNED_SMEM && r == 5 ? size / 2 : 0);
+        if (bug == NOT_SHARED && r == 5) dst = local + at;
+        const unsigned char* src = in + 16 * (long long)(r < rows ? r : rows) + at +
+                                   (bug == MISALIGNED_GMEM && r == 5 ? size / 2 : 0);
+        copy(dst, src, bytes);
+        if (bug == REISSUE && r == 3) copy(dst, src, bytes);
+        if (bug == INTO_TAIL && r == 3) cp_async_ca_4(dst + size - 4, src + size - 4, 4);
+      }
     }
     if (bug != NO_COMMIT) cp_async_commit();
   };
