@@ -526,9 +526,14 @@ __device__ __forceinline__ IgAxisPhase ig_axis_phase(int first, int size, int st
 // each A row keeps its window's front depth z beside y and x, the tap carry goes c -> s -> r -> q (depth tap), and
 // a depth in the padding is zero-filled like a row.  Compiled out of the 2-D kernels (`if constexpr`, and IgDepth
 // empty there), whose SASS stays as it was.
+// The loader's test per chunk stays the 2-D one: a row's y (a_y) is lowered by 2^29, out of every row's reach,
+// while its depth tap lies in the padding, and raised back where it leaves it; that is decided only where the
+// depth tap changes (the carry into q), from one register of bits made once: row i's depth tap q is inside x where
+// bit i * kernel_d + q is set (the planner keeps A_ROWS * kernel_d <= 32: `IG_3D_TILES`).  Two registers more than
+// the 2-D loader, so the 256 x 64 tile fits too.
 template <int A_ROWS, bool DEPTH> struct IgDepth {  // the depth axis of the thread's A rows and of its tap carry
-  int z[A_ROWS];   // each row's window's front depth (in the padding: < 0 or >= depth)
-  int q, dz;       // the column's depth tap and its offset dz = q * dilation_d
+  unsigned inside;  // bit i * kernel_d + q: row i's depth tap q lies inside x (not in the padding)
+  int q;            // the column's depth tap
 };
 template <int A_ROWS> struct IgDepth<A_ROWS, false> {};
 template <typename T, typename I, int BM, int BN, int STAGES, bool PHASES, bool DEPTH = false>
@@ -592,8 +597,8 @@ __device__ __forceinline__ void ig_forward(
   int a_y[A_ROWS], a_x[A_ROWS];
   IgDepth<A_ROWS, DEPTH> d3;
   if constexpr (DEPTH) {
+    d3.inside = 0;
     d3.q = 0;
-    d3.dz = 0;
   }
 #pragma unroll
   for (int i = 0; i < A_ROWS; ++i) {
@@ -601,17 +606,18 @@ __device__ __forceinline__ void ig_forward(
     a_y[i] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
     a_x[i] = 0;
     a_base[i] = 0;
-    if constexpr (DEPTH) d3.z[i] = 0;
     if (m < M) {
       const I image = m / pixels;
       const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
       if constexpr (DEPTH) {  // oy counts (oz, oy) of the plane out_h / out_d rows high: the window's front depth z
-        const int plane_rows = out_h / out_d, oz = oy / plane_rows;
-        d3.z[i] = oz * stride_d - pad_front;
+        const int plane_rows = out_h / out_d, oz = oy / plane_rows, z = oz * stride_d - pad_front;
         a_y[i] = (oy - oz * plane_rows) * stride_h - pad_top;
         a_x[i] = ox * stride_w - pad_left;
         a_base[i] = (U)(image * depth * height * width * channels + (I)g * cg) +
-                    (((U)d3.z[i] * (U)height + (U)a_y[i]) * (U)width + (U)a_x[i]) * (U)channels;
+                    (((U)z * (U)height + (U)a_y[i]) * (U)width + (U)a_x[i]) * (U)channels;
+        for (int t = 0; t < kernel_d; ++t) {
+          if ((unsigned)(z + t * dilation_d) < (unsigned)depth) d3.inside |= 1u << (i * kernel_d + t);
+        }
         continue;
       }
       a_y[i] = oy * stride_h - pad_top;
@@ -626,6 +632,10 @@ __device__ __forceinline__ void ig_forward(
   U tap_offset = (U)c;
   const U step_s = (U)dilation_w * (U)channels - (U)cg;                                       // s + 1, c - cg
   const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * (U)dilation_w * (U)channels;  // r + 1, s = 0
+  auto depth_inside = [&](int i, int q) -> int {  // (DEPTH) row i's depth tap q lies inside x: 1, else 0
+    if constexpr (DEPTH) return q < kernel_d ? (int)(d3.inside >> (i * kernel_d + q)) & 1 : 0;
+    return 1;
+  };
   auto carry = [&]() {
     while (c >= cg) {  // at most one pass when cg >= BK
       c -= cg;
@@ -642,8 +652,10 @@ __device__ __forceinline__ void ig_forward(
             r = 0;
             dy = 0;
             ++d3.q;
-            d3.dz += dilation_d;
             tap_offset += ((U)dilation_d * (U)height - (U)kernel_h * (U)dilation_h) * (U)width * (U)channels;
+#pragma unroll
+            for (int i = 0; i < A_ROWS; ++i)  // into or out of the depth padding: y back in reach, or out of it
+              a_y[i] += (depth_inside(i, d3.q) - depth_inside(i, d3.q - 1)) * (1 << 29);
           }
         }
       }
@@ -654,6 +666,11 @@ __device__ __forceinline__ void ig_forward(
   const int chunks = all_chunks - chunk_begin < chunks_per_split ? all_chunks - chunk_begin : chunks_per_split;
   c += chunk_begin * BK;
   tap_offset += (U)(chunk_begin * BK);
+  if constexpr (DEPTH) {  // the rows whose depth tap 0 lies in the padding: y out of reach (the carry into q
+                          // compares two taps from here on, the split's start included)
+#pragma unroll
+    for (int i = 0; i < A_ROWS; ++i) a_y[i] -= (1 - depth_inside(i, 0)) * (1 << 29);
+  }
   carry();  // v * VEC (and the split's start) may already be past a group of channels
   I b_offset[B_ROWS];
   bool b_inside[B_ROWS];
@@ -672,9 +689,8 @@ __device__ __forceinline__ void ig_forward(
     if constexpr (DEPTH) k_inside = d3.q < kernel_d;
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
-      bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                    (unsigned)(a_x[i] + dx) < (unsigned)width;
-      if constexpr (DEPTH) inside = inside && (unsigned)(d3.z[i] + d3.dz) < (unsigned)depth;
+      const bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                          (unsigned)(a_x[i] + dx) < (unsigned)width;
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
       cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }

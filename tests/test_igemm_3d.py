@@ -180,3 +180,19 @@ def test_cudnn_drop_in_forward_3d(layout):
     run(device, cudnn.convolution_forward, xs, w, b, y, (1, 1, 1), (1, 1, 1), None, 1, d_layout=d_layout)
     assert device.count("conv_fwd_igemm_3d") == 1, device.launches
     assert_close(y, ys, "float16", layout)
+
+
+@pytest.mark.parametrize("kernel_d, tile", [(4, (256, 64, 4)), (5, (128, 64, 4)), (9, (64, 64, 4)), (17, None)])
+def test_depth_bits_pick_the_tile(kernel_d, tile, monkeypatch):
+    """A thread's depth bits hold (its A rows) x kernel_d: 256 x 64 up to 4 depth taps, 128 x 64 up to 8, 64 x 64
+    up to 16; past that the lift.  Depth padding of 3 in front and 4 behind, dilation 1: rows whose taps enter and
+    leave the padding."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 1)
+    x, w, b = problem(numpy.random.default_rng(10), numpy.float16, (1, 16, 12, 3, 4), (40, 16, kernel_d, 1, 3))
+    padding = ((3, 4), (0, 0), (1, 1))
+    device = Recorder()
+    got = run(device, cupyconv.conv3d, x, w, b, padding=padding, algorithm="implicit_gemm")
+    launched = [n for n in device.launches if n.startswith("conv_fwd_igemm_3d<")]
+    assert launched == ([_kernels.kernel_name("conv_fwd_igemm_3d", "float16", "int", *tile)] if tile else []), \
+        device.launches
+    assert_close(got, cupyconv.conv3d(*as64(x, w, b), padding=padding), "float16", f"kernel_d {kernel_d}")

@@ -921,14 +921,26 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
 # channels_last's (n, C, D * H, W) -> (n, D * H, W, C), in one launch with the weight's copy.  Only 32-bit
 # indices and the tiles below (CI compiles each instantiation); anything else stays on the lift.
 
-IG_3D_TILES = {"float16": ((128, 64, 4), (64, 64, 4)), "bfloat16": ((128, 64, 4), (64, 64, 4)),
-               "float32": ((128, 64, 3), (64, 64, 4))}
+IG_3D_TILES = {"float16": ((256, 64, 4), (128, 64, 4), (64, 64, 4)),
+               "bfloat16": ((256, 64, 4), (128, 64, 4), (64, 64, 4)), "float32": ((128, 64, 3), (64, 64, 4))}
 IG_3D_NARROW = ((128, 32, 4),)
+IG_3D_BITS = 32   # a thread's depth bits (IgDepth): its A rows (BM / 32) x kernel_d at most
 
 
-def plan_igemm_3d(spec: ConvSpec, dtype) -> IgemmPlan:
-    """`plan_igemm` of a 3-D spec on conv_fwd_igemm_3d's tiles."""
-    return plan_igemm(spec, dtype, IG_3D_TILES, IG_3D_NARROW)
+def _fits_depth(tile: tuple[int, int, int], kernel_d: int) -> bool:
+    return tile[0] * IG_ROW_BYTES // IG_VECTOR_BYTES // IG_THREADS * kernel_d <= IG_3D_BITS
+
+
+def plan_igemm_3d(spec: ConvSpec, dtype) -> IgemmPlan | None:
+    """`plan_igemm` of a 3-D spec on conv_fwd_igemm_3d's tiles whose depth bits hold kernel_d taps a row; None
+    where none does (kernel_d past 16: the lift)."""
+    kd = spec.kernel_size[0]
+    table = {name: tuple(t for t in tiles if _fits_depth(t, kd)) for name, tiles in IG_3D_TILES.items()}
+    narrow = tuple(t for t in IG_3D_NARROW if _fits_depth(t, kd))
+    cols, name = spec.outputs_per_group, numpy.dtype(dtype).name
+    if not (narrow if cols <= 32 else [t for t in table[name] if t[1] <= 64 or cols > 64]):
+        return None
+    return plan_igemm(spec, dtype, table, narrow)
 
 
 def igemm_3d_refusal(spec: ConvSpec, dtype, device, pass_: str = "forward") -> str | None:
@@ -942,6 +954,8 @@ def igemm_3d_refusal(spec: ConvSpec, dtype, device, pass_: str = "forward") -> s
         return f"its input gradient runs at stride 1 only, not {spec.stride} (strided: the lift)"
     gemm = spec if pass_ == "forward" else transposed_spec(spec)
     plan = plan_igemm_3d(gemm, dtype)
+    if plan is None:
+        return f"its tiles hold at most {IG_3D_BITS // 2} depth taps, not {spec.kernel_size[0]}"
     sizes = (spec.n * spec.in_channels * math.prod(spec.padded_size),
              spec.n * spec.out_channels * spec.out_pixels * plan.splits,
              spec.n * spec.in_channels * math.prod(spec.in_size) * plan.splits, math.prod(spec.weight_shape))
@@ -992,6 +1006,7 @@ def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):
     """conv_fwd_igemm_3d: out (n, O, oD, oH, oW), C-contiguous or channels-last 3-D, from xl (n, D * H, W, C)
     and wk (O, taps, C / G) C-contiguous and 16-byte aligned; split sums as `igemm_forward`'s."""
     plan = plan_igemm_3d(spec, xl.dtype)
+    assert plan is not None, "igemm_3d_refusal said yes"
     nhwc = is_channels_last_3d(out)
     memory = out.transpose(0, 2, 3, 4, 1) if nhwc else out   # the C-contiguous array the kernel writes
     whole_vectors = nhwc or spec.out_pixels % vector_elements(xl.dtype) == 0
