@@ -526,13 +526,13 @@ __device__ __forceinline__ IgAxisPhase ig_axis_phase(int first, int size, int st
 // each A row keeps its window's front depth z beside y and x, the tap carry goes c -> s -> r -> q (depth tap), and
 // a depth in the padding is zero-filled like a row.  Compiled out of the 2-D kernels (`if constexpr`, and IgDepth
 // empty there), whose SASS stays as it was.
-// The loader's test per chunk stays the 2-D one: a row's y (a_y) is lowered by 2^29, out of every row's reach,
-// while its depth tap lies in the padding, and raised back where it leaves it; that is decided only where the
-// depth tap changes (the carry into q), from one register of bits made once: row i's depth tap q is inside x where
-// bit i * kernel_d + q is set (the planner keeps A_ROWS * kernel_d <= 32: `IG_3D_TILES`).  Two registers more than
-// the 2-D loader, so the 256 x 64 tile fits too.
+// Whether a row's depth tap lies in x is one bit of a register made once (bit q * A_ROWS + i: row i, tap q; the
+// planner keeps A_ROWS * kernel_d <= 32, `IG_3D_TILES`), whose A_ROWS bits of the current tap the carry into q
+// shifts down: the loader's test per chunk and row is one bit more than the 2-D one, and the thread keeps three
+// registers more, so that the 256 x 64 tile fits too.
 template <int A_ROWS, bool DEPTH> struct IgDepth {  // the depth axis of the thread's A rows and of its tap carry
-  unsigned inside;  // bit i * kernel_d + q: row i's depth tap q lies inside x (not in the padding)
+  unsigned inside;  // bit q * A_ROWS + i: row i's depth tap q lies inside x (not in the padding)
+  unsigned rows;    // the current tap's A_ROWS bits of inside (none past the last tap)
   int q;            // the column's depth tap
 };
 template <int A_ROWS> struct IgDepth<A_ROWS, false> {};
@@ -616,7 +616,7 @@ __device__ __forceinline__ void ig_forward(
         a_base[i] = (U)(image * depth * height * width * channels + (I)g * cg) +
                     (((U)z * (U)height + (U)a_y[i]) * (U)width + (U)a_x[i]) * (U)channels;
         for (int t = 0; t < kernel_d; ++t) {
-          if ((unsigned)(z + t * dilation_d) < (unsigned)depth) d3.inside |= 1u << (i * kernel_d + t);
+          if ((unsigned)(z + t * dilation_d) < (unsigned)depth) d3.inside |= 1u << (t * A_ROWS + i);
         }
         continue;
       }
@@ -632,10 +632,6 @@ __device__ __forceinline__ void ig_forward(
   U tap_offset = (U)c;
   const U step_s = (U)dilation_w * (U)channels - (U)cg;                                       // s + 1, c - cg
   const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * (U)dilation_w * (U)channels;  // r + 1, s = 0
-  auto depth_inside = [&](int i, int q) -> int {  // (DEPTH) row i's depth tap q lies inside x: 1, else 0
-    if constexpr (DEPTH) return q < kernel_d ? (int)(d3.inside >> (i * kernel_d + q)) & 1 : 0;
-    return 1;
-  };
   auto carry = [&]() {
     while (c >= cg) {  // at most one pass when cg >= BK
       c -= cg;
@@ -653,9 +649,7 @@ __device__ __forceinline__ void ig_forward(
             dy = 0;
             ++d3.q;
             tap_offset += ((U)dilation_d * (U)height - (U)kernel_h * (U)dilation_h) * (U)width * (U)channels;
-#pragma unroll
-            for (int i = 0; i < A_ROWS; ++i)  // into or out of the depth padding: y back in reach, or out of it
-              a_y[i] += (depth_inside(i, d3.q) - depth_inside(i, d3.q - 1)) * (1 << 29);
+            d3.rows = d3.q < kernel_d ? (d3.inside >> (d3.q * A_ROWS)) & ((1u << A_ROWS) - 1) : 0u;
           }
         }
       }
@@ -666,11 +660,7 @@ __device__ __forceinline__ void ig_forward(
   const int chunks = all_chunks - chunk_begin < chunks_per_split ? all_chunks - chunk_begin : chunks_per_split;
   c += chunk_begin * BK;
   tap_offset += (U)(chunk_begin * BK);
-  if constexpr (DEPTH) {  // the rows whose depth tap 0 lies in the padding: y out of reach (the carry into q
-                          // compares two taps from here on, the split's start included)
-#pragma unroll
-    for (int i = 0; i < A_ROWS; ++i) a_y[i] -= (1 - depth_inside(i, 0)) * (1 << 29);
-  }
+  if constexpr (DEPTH) d3.rows = d3.inside & ((1u << A_ROWS) - 1);  // tap 0's (the carry moves it on)
   carry();  // v * VEC (and the split's start) may already be past a group of channels
   I b_offset[B_ROWS];
   bool b_inside[B_ROWS];
@@ -685,12 +675,13 @@ __device__ __forceinline__ void ig_forward(
   auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk, then advance to the one after
     unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
     unsigned char* b_stage = a_stage + BM * IG_ROW_BYTES;
-    bool k_inside = r < kernel_h;
-    if constexpr (DEPTH) k_inside = d3.q < kernel_d;
+    const bool k_inside = r < kernel_h;
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
-      const bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                    (unsigned)(a_x[i] + dx) < (unsigned)width;
+      if constexpr (DEPTH) inside = (d3.rows & 1u << i) && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                                    (unsigned)(a_x[i] + dx) < (unsigned)width;  // (r < kernel_h always: q carries)
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
       cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }
