@@ -609,10 +609,11 @@ __device__ __forceinline__ void ig_forward(
     if (m < M) {
       const I image = m / pixels;
       const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
+      a_y[i] = oy * stride_h - pad_top;
+      a_x[i] = ox * stride_w - pad_left;
       if constexpr (DEPTH) {  // oy counts (oz, oy) of the plane out_h / out_d rows high: the window's front depth z
         const int plane_rows = out_h / out_d, oz = oy / plane_rows, z = oz * stride_d - pad_front;
         a_y[i] = (oy - oz * plane_rows) * stride_h - pad_top;
-        a_x[i] = ox * stride_w - pad_left;
         a_base[i] = (U)(image * depth * height * width * channels + (I)g * cg) +
                     (((U)z * (U)height + (U)a_y[i]) * (U)width + (U)a_x[i]) * (U)channels;
         for (int t = 0; t < kernel_d; ++t) {
@@ -620,8 +621,6 @@ __device__ __forceinline__ void ig_forward(
         }
         continue;
       }
-      a_y[i] = oy * stride_h - pad_top;
-      a_x[i] = ox * stride_w - pad_left;
       a_base[i] = (U)(image * height * width * channels + (I)g * cg) +
                   ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
     }

@@ -196,3 +196,16 @@ def test_depth_bits_pick_the_tile(kernel_d, tile, monkeypatch):
     assert launched == ([_kernels.kernel_name("conv_fwd_igemm_3d", "float16", "int", *tile)] if tile else []), \
         device.launches
     assert_close(got, cupyconv.conv3d(*as64(x, w, b), padding=padding), "float16", f"kernel_d {kernel_d}")
+
+
+def test_cudnn_drop_in_backward_data_3d():
+    """cupyconv.cudnn.convolution_backward_data on 3-D arrays at stride 1: conv_fwd_igemm_3d on the transposed
+    window, no depth fold; against torch's input gradient."""
+    from cupyconv import cudnn
+    x, w, _ = problem(numpy.random.default_rng(11), numpy.float16, (2, 16, 4, 5, 3), (24, 16, 3, 3, 3), bias=False)
+    gy = numpy.random.default_rng(12).standard_normal((2, 24, 4, 5, 3)).astype(numpy.float16)
+    gx = numpy.full(x.shape, numpy.nan, numpy.float16)
+    device = Recorder()
+    run(device, cudnn.convolution_backward_data, w, gy, None, gx, (1, 1, 1), (1, 1, 1), None, 1)
+    assert device.count("conv_fwd_igemm_3d") == 1 and device.count("depth_fold") == 0, device.launches
+    assert_close(gx, torch_gradients(x, w, gy, padding=1)[0], "float16")

@@ -682,7 +682,9 @@ def native_3d(pass_: str, device, spec: ConvSpec, dtype, algorithm: str):
     None where ops/lift.py's depth windows run it: the tensor cores' conv_fwd_igemm_3d ('implicit_gemm', or 'auto'
     while autotune is off: the autotune's candidates are the lifted 2-D problem's) where `igemm_3d_refusal` allows
     (the input gradient at stride 1 only).  The one place conv3d chooses between the two."""
-    if device is None or algorithm not in ("auto", "implicit_gemm") or (algorithm == "auto" and settings.get_autotune()):
+    if device is None or algorithm not in ("auto", "implicit_gemm"):
+        return None
+    if algorithm == "auto" and settings.get_autotune():
         return None
     if igemm_3d_refusal(spec, dtype, device, pass_) is not None:
         return None

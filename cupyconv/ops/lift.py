@@ -20,6 +20,9 @@ summed onto the image's in slab order.
 
 A depthwise 3-D convolution folds into a grouped 2-D one with kD channels per group (it runs conv2d's
 kernels, not the depthwise ones).
+
+An op may answer a 3-D pass itself (`forward`/`backward`'s `native`: conv's `native_3d`, the tensor cores'
+conv_fwd_igemm_3d for the forward and the stride-1 input gradient); the drivers then skip the depth windows for it.
 """
 from __future__ import annotations
 
