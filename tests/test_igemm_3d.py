@@ -25,9 +25,10 @@ CASES = [
     # depth padded in front only, stride 2 in H, dilation 2 in D; 5 x 6 x 7: no tile multiple, scalar stores
     ("plain", (2, 16, 5, 6, 7), (24, 16, 3, 2, 3), dict(padding=((1, 0), (0, 1), (1, 1)), stride=(1, 2, 1),
                                                          dilation=(2, 1, 1))),
-    # groups 2 of 24 channels (chunks straddle taps), stride in depth, padding at the back only, no bias
+    # groups 2 of 24 channels (chunks straddle taps), stride in depth, dilation in height, padding at the back
+    # only, no bias
     ("groups", (1, 48, 7, 5, 4), (16, 24, 2, 3, 3), dict(padding=((0, 2), (1, 1), (2, 0)), stride=(2, 1, 1),
-                                                         groups=2, bias=False)),
+                                                         dilation=(1, 2, 1), groups=2, bias=False)),
     # 4 x 4 x 4 output pixels an image: the 16-byte vector stores; 72 output channels: two column tiles
     ("vectors", (2, 16, 4, 4, 4), (72, 16, 3, 3, 3), dict(padding=1)),
 ]
