@@ -263,7 +263,7 @@ MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|co
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
-                       "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_bwd_weight_igemm",
+                       "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d", "conv_bwd_weight_igemm",
                        "conv_bwd_weight_igemm_groups")
 IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
@@ -379,12 +379,13 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         taps = a["kernel_h"] * a["kernel_w"]
         return int(launch.grid[1] * launch.grid[2] * channels * int(launch.template_args[2]) * taps * chunks * chunk)
     rows, cols = launch.template_args[2:4]
-    if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases"):   # K = taps x channels per group, in chunks
-        # of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block counted as a phase with
-        # taps and rows: an upper bound)
+    if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d"):   # K = taps x channels
+        # per group, in chunks of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block
+        # counted as a phase with taps and rows: an upper bound; conv_fwd_igemm_3d: kernel_d taps more)
         chunk = IGEMM_CHUNK_BYTES // (4 if launch.template_args[0] == "float" else 2)
         splits = launch.grid[2] // (a["phases_h"] * a["phases_w"] if "phases_h" in a else 1)
-        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk) / splits
+        taps = a["kernel_h"] * a["kernel_w"] * a.get("kernel_d", 1)
+        chunks = math.ceil(a["channels_per_group"] * taps / chunk) / splits
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_fwd_igemm_groups":   # BM x 64 outputs, each over its group's CG channels per tap
         taps = a["kernel_h"] * a["kernel_w"]

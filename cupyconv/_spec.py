@@ -223,12 +223,18 @@ class ConvSpec:
 
     def window_args(self) -> dict:
         """The window geometry under the parameter names every kernel uses for it (a kernel takes the ones
-        it declares); the bottom and right padding are implied by the sizes.  2-D specs only."""
-        assert self.nd == 2, "the kernels are 2-D: map the spec with ops/nd.py first"
-        (h, w), (oh, ow), (kh, kw) = self.in_size, self.out_size, self.kernel_size
-        (sh, sw), (dh, dw), ((top, _), (left, _)) = self.stride, self.dilation, self.padding
-        return dict(height=h, width=w, out_h=oh, out_w=ow, kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw,
+        it declares); the bottom and right padding are implied by the sizes.  2-D specs, and 3-D for the kernels
+        that take a depth (conv_fwd_igemm_3d: `depth`, `out_d`, `kernel_d`, `stride_d`, `dilation_d`,
+        `pad_front` besides the 2-D names for the last two dims)."""
+        assert self.nd in (2, 3), "the kernels are 2-D (and conv_fwd_igemm_3d): map the spec with ops/nd.py first"
+        (h, w), (oh, ow), (kh, kw) = self.in_size[-2:], self.out_size[-2:], self.kernel_size[-2:]
+        (sh, sw), (dh, dw), ((top, _), (left, _)) = self.stride[-2:], self.dilation[-2:], self.padding[-2:]
+        args = dict(height=h, width=w, out_h=oh, out_w=ow, kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw,
                     dilation_h=dh, dilation_w=dw, pad_top=top, pad_left=left)
+        if self.nd == 3:
+            args.update(depth=self.in_size[0], out_d=self.out_size[0], kernel_d=self.kernel_size[0],
+                        stride_d=self.stride[0], dilation_d=self.dilation[0], pad_front=self.padding[0][0])
+        return args
 
     @staticmethod
     def geometry(op: str, batch, in_channels: int, out_channels: int, groups: int, in_size: Sizes,
@@ -336,13 +342,14 @@ class ConvSpec:
 
 
 def transposed_spec(spec: ConvSpec) -> ConvSpec:
-    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W)."""
-    (kh, kw), (dh, dw), (h, w), (oh, ow) = spec.kernel_size, spec.dilation, spec.in_size, spec.out_size
-    (top, _), (left, _) = spec.padding
-    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left   # may be negative: the kernel crops then
-    pad = ((top, h - oh + dh * (kh - 1) - top), (left, w - ow + dw * (kw - 1) - left))
+    """The stride-1 convolution of grad_output (n, D, oH, oW) whose output is grad_input (n, C, H, W) (per spatial
+    dim alike: 3-D too)."""
+    pad = []
+    for k, d, size, out, (low, _) in zip(spec.kernel_size, spec.dilation, spec.in_size, spec.out_size, spec.padding):
+        low = d * (k - 1) - low   # may be negative: the kernel crops then
+        pad.append((low, size - out + d * (k - 1) - low))
     return ConvSpec(spec.op, spec.batch, spec.out_channels, spec.in_channels, spec.groups, spec.out_size,
-                    spec.kernel_size, (1, 1), spec.dilation, pad, spec.in_size)
+                    spec.kernel_size, (1,) * spec.nd, spec.dilation, tuple(pad), spec.in_size)
 
 
 def weight_spatial_dims(op: str, weight_shape, channels: str = "D, C // groups") -> int:

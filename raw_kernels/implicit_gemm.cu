@@ -522,7 +522,21 @@ __device__ __forceinline__ IgAxisPhase ig_axis_phase(int first, int size, int st
 // input gradient in one launch).  The phase code is compiled out of conv_fwd_igemm (`if constexpr`), so that every
 // other launch runs the code it ran before the phases came into one launch: the performance model charged their
 // run-time branches some 580 static instructions and 3-8% more executed ones to every forward.
-template <typename T, typename I, int BM, int BN, int STAGES, bool PHASES>
+// DEPTH (conv_fwd_igemm_3d): a 3-D window, x (n, depth, H, W, C) and out (n, D, out_d, oH, oW) or channels-last;
+// each A row keeps its window's front depth z beside y and x, the tap carry goes c -> s -> r -> q (depth tap), and
+// a depth in the padding is zero-filled like a row.  Compiled out of the 2-D kernels (`if constexpr`, and IgDepth
+// empty there), whose SASS stays as it was.
+// Whether a row's depth tap lies in x is one bit of a register made once (bit q * A_ROWS + i: row i, tap q; the
+// planner keeps A_ROWS * kernel_d <= 32, `IG_3D_TILES`), whose A_ROWS bits of the current tap the carry into q
+// shifts down: the loader's test per chunk and row is one bit more than the 2-D one, and the thread keeps three
+// registers more, so that the 256 x 64 tile fits too.
+template <int A_ROWS, bool DEPTH> struct IgDepth {  // the depth axis of the thread's A rows and of its tap carry
+  unsigned inside;  // bit q * A_ROWS + i: row i's depth tap q lies inside x (not in the padding)
+  unsigned rows;    // the current tap's A_ROWS bits of inside (none past the last tap)
+  int q;            // the column's depth tap
+};
+template <int A_ROWS> struct IgDepth<A_ROWS, false> {};
+template <typename T, typename I, int BM, int BN, int STAGES, bool PHASES, bool DEPTH = false>
 __device__ __forceinline__ void ig_forward(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
@@ -530,7 +544,8 @@ __device__ __forceinline__ void ig_forward(
     int has_bias, int vector_store, int channels_last_out, float* __restrict__ partial, int chunks_per_split,
     I out_plane, I phase_first, I phase_row_step, int phase_column_step, int phases_h, int phases_w,
     int grad_stride_h, int grad_stride_w, int grad_dilation_h, int grad_dilation_w, int grad_pad_top,
-    int grad_pad_left, int grad_step_h, int grad_step_w, int grad_height, int grad_width, I phase_weight_size) {
+    int grad_pad_left, int grad_step_h, int grad_step_w, int grad_height, int grad_width, I phase_weight_size,
+    int depth = 1, int out_d = 1, int kernel_d = 1, int stride_d = 1, int dilation_d = 1, int pad_front = 0) {
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
@@ -567,17 +582,24 @@ __device__ __forceinline__ void ig_forward(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = channels_per_group, dg = outputs_per_group, channels = groups * cg;
   const int n_tiles = (dg + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
+  if constexpr (DEPTH) out_h *= out_d;  // the GEMM's rows: an image's (oz, oy) as one axis of out_d * out_h rows
   const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
   if constexpr (PHASES) {
     if (m0 >= M) return;  // (a smaller phase's rows end before the grid's)
   }
-  const int K = has_taps ? kernel_h * kernel_w * cg : 0;
+  int K = has_taps ? kernel_h * kernel_w * cg : 0;
+  if constexpr (DEPTH) K *= kernel_d;
 
   // --- what this thread copies: vector v of A rows tid / 4 + 32 i and of B rows tid / 4 + 32 i ---------------
   const int v = tid & 3, row0 = tid >> 2;
   const int store_offset = ig_swizzle(row0, v);  // + 32 i rows: (r >> 1) & 3 is the same for every i
   U a_base[A_ROWS];
   int a_y[A_ROWS], a_x[A_ROWS];
+  IgDepth<A_ROWS, DEPTH> d3;
+  if constexpr (DEPTH) {
+    d3.inside = 0;
+    d3.q = 0;
+  }
 #pragma unroll
   for (int i = 0; i < A_ROWS; ++i) {
     const I m = m0 + row0 + 32 * i;
@@ -589,12 +611,22 @@ __device__ __forceinline__ void ig_forward(
       const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
       a_y[i] = oy * stride_h - pad_top;
       a_x[i] = ox * stride_w - pad_left;
+      if constexpr (DEPTH) {  // oy counts (oz, oy) of the plane out_h / out_d rows high: the window's front depth z
+        const int plane_rows = out_h / out_d, oz = oy / plane_rows, z = oz * stride_d - pad_front;
+        a_y[i] = (oy - oz * plane_rows) * stride_h - pad_top;
+        a_base[i] = (U)(image * depth * height * width * channels + (I)g * cg) +
+                    (((U)z * (U)height + (U)a_y[i]) * (U)width + (U)a_x[i]) * (U)channels;
+        for (int t = 0; t < kernel_d; ++t) {
+          if ((unsigned)(z + t * dilation_d) < (unsigned)depth) d3.inside |= 1u << (t * A_ROWS + i);
+        }
+        continue;
+      }
       a_base[i] = (U)(image * height * width * channels + (I)g * cg) +
                   ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
     }
   }
   // The thread's column of A: channel c of tap (r, s), at tap_offset from a window's origin; advanced by
-  // increments, chunk by chunk (no division): c grows by BK and carries into s, then r.
+  // increments, chunk by chunk (no division): c grows by BK and carries into s, then r (DEPTH: then q).
   int c = v * VEC, r = 0, s = 0, dy = 0, dx = 0;
   U tap_offset = (U)c;
   const U step_s = (U)dilation_w * (U)channels - (U)cg;                                       // s + 1, c - cg
@@ -610,6 +642,15 @@ __device__ __forceinline__ void ig_forward(
         ++r;
         dy += dilation_h;
         tap_offset += step_r;
+        if constexpr (DEPTH) {
+          if (r == kernel_h) {  // q + 1, r = 0
+            r = 0;
+            dy = 0;
+            ++d3.q;
+            tap_offset += ((U)dilation_d * (U)height - (U)kernel_h * (U)dilation_h) * (U)width * (U)channels;
+            d3.rows = d3.q < kernel_d ? (d3.inside >> (d3.q * A_ROWS)) & ((1u << A_ROWS) - 1) : 0u;
+          }
+        }
       }
     }
   };
@@ -618,6 +659,7 @@ __device__ __forceinline__ void ig_forward(
   const int chunks = all_chunks - chunk_begin < chunks_per_split ? all_chunks - chunk_begin : chunks_per_split;
   c += chunk_begin * BK;
   tap_offset += (U)(chunk_begin * BK);
+  if constexpr (DEPTH) d3.rows = d3.inside & ((1u << A_ROWS) - 1);  // tap 0's (the carry moves it on)
   carry();  // v * VEC (and the split's start) may already be past a group of channels
   I b_offset[B_ROWS];
   bool b_inside[B_ROWS];
@@ -635,8 +677,10 @@ __device__ __forceinline__ void ig_forward(
     const bool k_inside = r < kernel_h;
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
-      const bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                    (unsigned)(a_x[i] + dx) < (unsigned)width;
+      if constexpr (DEPTH) inside = (d3.rows & 1u << i) && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                                    (unsigned)(a_x[i] + dx) < (unsigned)width;  // (r < kernel_h always: q carries)
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
       cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }
@@ -841,6 +885,23 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm(
                                           dilation_h, dilation_w, out_h, out_w, has_bias, vector_store,
                                           channels_last_out, partial, chunks_per_split, out_plane, phase_first,
                                           phase_row_step, phase_column_step, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+// The 3-D forward (ops/implicit_gemm.py `igemm_forward_3d`; also the stride-1 3-D input gradient): x (n, depth,
+// height, width, C), weight (D, kernel_d * kernel_h * kernel_w, C / G), out NCDHW or channels-last, split-K as the
+// 2-D kernel's.  Instantiated for the tiles of IG_3D_TILES and 32-bit indices only (larger problems: the lift).
+template <typename T, typename I, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_3d(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int channels_per_group, int outputs_per_group, int depth, int height, int width, int kernel_d,
+    int kernel_h, int kernel_w, int stride_d, int stride_h, int stride_w, int pad_front, int pad_top, int pad_left,
+    int dilation_d, int dilation_h, int dilation_w, int out_d, int out_h, int out_w, int has_bias, int vector_store,
+    int channels_last_out, float* __restrict__ partial, int chunks_per_split) {
+  ig_forward<T, I, BM, BN, STAGES, false, true>(
+      x, weight, bias, out, n, groups, channels_per_group, outputs_per_group, height, width, kernel_h, kernel_w,
+      stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, out_h, out_w, has_bias, vector_store,
+      channels_last_out, partial, chunks_per_split, (I)out_d * out_h * out_w, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+      0, 0, 0, depth, out_d, kernel_d, stride_d, dilation_d, pad_front);
 }
 
 // All the phases of a strided input gradient in one launch (ops/implicit_gemm.py `_grad_input_one_launch`): the

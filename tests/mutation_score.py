@@ -58,6 +58,7 @@ SIMT = "tests/test_simt_gemm_kernels.py"
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
+IG3D = "tests/test_igemm_3d.py"
 IG_PY = "cupyconv/ops/implicit_gemm.py"
 IGG = "tests/test_igemm_groups.py"
 WGG = IGG + " -k weight_gradient"
@@ -115,8 +116,8 @@ MUTATIONS = [
       "fh = phase / phases_h, fw = phase % phases_h", IG_PHASES, "swapped stride"),
     M("phase1-weight-offset-rows", "implicit_gemm.cu", "(ph.residue * grad_step_w + pw.residue)",
       "(ph.residue * grad_step_h + pw.residue)", IG_PHASES, "phase: weight offset"),
-    M("phase1-tapless-reduces", "implicit_gemm.cu", "const int K = has_taps ? kernel_h * kernel_w * cg : 0;",
-      "const int K = kernel_h * kernel_w * cg;", IG_PHASES, "phase: empty phase"),
+    M("phase1-tapless-reduces", "implicit_gemm.cu", "int K = has_taps ? kernel_h * kernel_w * cg : 0;",
+      "int K = kernel_h * kernel_w * cg;", IG_PHASES, "phase: empty phase"),
     M("phase1-split-partial-phase-plane", "implicit_gemm.cu", "const I plane = PHASES ? out_plane : pixels;",
       "const I plane = pixels;", IG_PHASES + " -k split", "phase: split layout"),
     M("phase1-split-index", "implicit_gemm.cu", "    split /= phases;\n", "    split %= phases;\n",
@@ -397,6 +398,26 @@ MUTATIONS = [
       IG + " -k channels_last_input", "ig: channels-last epilogue"),
     M("ig-cl-split-step", "implicit_gemm.cu", "const I step = channels_last_out ? (I)1 : plane;",
       "const I step = plane;", IG + " -k channels_last_input", "ig: channels-last epilogue"),
+    # conv_fwd_igemm_3d (ig_forward's DEPTH): the depth carry, the depth padding's bits, the depth stride and window
+    M("ig3d-carry-keeps-row", "implicit_gemm.cu", "if (r == kernel_h) {  // q + 1, r = 0\n            r = 0;\n",
+      "if (r == kernel_h) {  // q + 1, r = 0\n", IG3D, "ig3d: depth carry"),
+    M("ig3d-carry-step", "implicit_gemm.cu", "tap_offset += ((U)dilation_d * (U)height - (U)kernel_h * (U)dilation_h)",
+      "tap_offset += ((U)dilation_d * (U)height - (U)kernel_h)", IG3D, "ig3d: depth carry"),
+    M("ig3d-depth-mask-off", "implicit_gemm.cu", "inside = (d3.rows & 1u << i) &&", "inside = true &&", IG3D,
+      "ig3d: depth padding"),
+    M("ig3d-depth-bits-row", "implicit_gemm.cu", "d3.inside |= 1u << (t * A_ROWS + i);", "d3.inside |= 1u << (t * A_ROWS);",
+      IG3D, "ig3d: depth padding"),
+    M("ig3d-depth-bits-tap", "implicit_gemm.cu", "(d3.inside >> (d3.q * A_ROWS))", "(d3.inside >> d3.q)", IG3D,
+      "ig3d: depth padding"),
+    M("ig3d-depth-stride", "implicit_gemm.cu", "(((U)z * (U)height + (U)a_y[i]) * (U)width",
+      "(((U)z * (U)width + (U)a_y[i]) * (U)width", IG3D, "ig3d: depth stride"),
+    M("ig3d-stride-d", "implicit_gemm.cu", "z = oz * stride_d - pad_front;", "z = oz - pad_front;", IG3D,
+      "ig3d: depth window"),
+    M("ig3d-pad-front", "implicit_gemm.cu", "z = oz * stride_d - pad_front;", "z = oz * stride_d;", IG3D,
+      "ig3d: depth padding"),
+    M("ig3d-depth-bits-dilation", "implicit_gemm.cu", "if ((unsigned)(z + t * dilation_d) < (unsigned)depth)",
+      "if ((unsigned)(z + t) < (unsigned)depth)", IG3D, "ig3d: depth padding"),
+    M("ig3d-k-depth", "implicit_gemm.cu", "  if constexpr (DEPTH) K *= kernel_d;\n", "", IG3D, "ig3d: depth taps"),
     M("tc-split-range", "implicit_gemm.cu", "const I k_begin = (I)blockIdx.z * chunks_per_split * TC_BK;",
       "const I k_begin = (I)blockIdx.z * chunks_per_split;", TC, "tc: split range"),
     M("tc-transposed-divisibility", "implicit_gemm.cu", "|| ry != 0 || rx != 0 ||",

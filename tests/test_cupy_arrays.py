@@ -154,6 +154,25 @@ def test_conv2d_implicit_gemm(device, dtype):
     check(device, cupyconv.conv2d_backward, gy, x, w, dtype=dtype, padding=1, algorithm="implicit_gemm")
 
 
+def test_conv3d_natively_on_the_tensor_cores(device):
+    """conv_fwd_igemm_3d's glue on CuPy arrays: the forward and the stride-1 input gradient (the weight flipped in
+    three axes and merged by views), the weight gradient on the lift beside it; x channels-last 3-D too."""
+    x, w, b = inputs(17, (2, 16, 4, 3, 5), (8, 16, 3, 2, 3), (8,), dtype="float16")
+    kw = dict(padding=(1, 0, 1), algorithm="implicit_gemm")
+    launches = len(device.launches)
+    check(device, cupyconv.conv3d, x, w, b, dtype="float16", **kw)
+    assert any("conv_fwd_igemm_3d<" in str(launch) for launch in device.launches[launches:]), device.launches[-3:]
+    check(device, cupyconv.conv3d, numpy.moveaxis(numpy.moveaxis(x, 1, -1).copy(), -1, 1), w, b, dtype="float16",
+          **kw)
+    (gy,) = inputs(18, (2, 8, 4, 2, 5), dtype="float16")
+    # against float64: the CPU path's float16 input gradient rounds each depth window's before the fold
+    got = on_device(device, cupyconv.conv3d_backward, gy, x, w, **kw)
+    want = cupyconv.conv3d_backward(*(a.astype(numpy.float64) for a in (gy, x, w)), **kw)
+    for i, (g, expected) in enumerate(zip(got, want)):
+        scale = float(numpy.abs(expected).max())
+        assert float(numpy.abs(numpy.asarray(g, numpy.float64) - expected).max()) <= 2e-3 * scale, f"result {i}"
+
+
 def test_conv2d_implicit_gemm_strict_float32(device):
     """float32 with TF32 off: 'implicit_gemm' runs the FMA kernels (simt_gemm.cu), forward and backward, grouped;
     the strided input gradient on im2col + GEMM + col2im."""

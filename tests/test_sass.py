@@ -410,7 +410,8 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     for name in weight_igemm:  # + the bias gradient's: A times a column of ones (TF32: twice, A and its remainder)
         expected = 24 if "<float," in name else 40 if ", 128, " in name else 20
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
-    channels_last = [n for n in listed if n.startswith(("conv_fwd_igemm<", "conv_fwd_igemm_phases<"))]
+    channels_last = [n for n in listed
+                     if n.startswith(("conv_fwd_igemm<", "conv_fwd_igemm_phases<", "conv_fwd_igemm_3d<"))]
     for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
         rows, columns = (int(part) for part in name.rstrip(">").split(",")[2:4])
         assert opcodes[name]["HMMA"] == rows * columns // 256, (name, opcodes[name]["HMMA"])
@@ -585,29 +586,54 @@ IGEMM_LOOP_PER_HMMA = {(128, 128): 3.7, (256, 64): 4.0, (128, 64): 5.6, (64, 64)
                        (128, 32): 9.7}
 
 
-@pytest.mark.slow
-@on_program("implicit_gemm.cu", "sm_90")
-def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
-    """conv_fwd_igemm's main loop (and conv_fwd_igemm_phases', the same body): at most IGEMM_LOOP_PER_HMMA
-    instructions per HMMA, its operands arriving by cp.async (LDGSTS) and ldmatrix (LDSM) only: no global loads
-    (LDG), and no shared loads (LDS) but the three `LDS RZ, [RZ]` that NVRTC places before a chunk's LDGSTS
-    (ordering fences that load nothing)."""
-    loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
+def channels_last_loop_problems(kernels: tuple, bounds: dict, programs) -> tuple[int, list[str]]:
+    """(how many, what is wrong with them) of the 16-bit, 32-bit-index instantiations of `kernels` (implicit_gemm.cu,
+    sm_90): their main loop above bounds[tile] instructions per HMMA, or operands not by cp.async (LDGSTS) and
+    ldmatrix (LDSM) only -- a global load (LDG), or a shared load (LDS) beyond the three `LDS RZ, [RZ]` that NVRTC
+    places before a chunk's LDGSTS (ordering fences that load nothing)."""
+    loops = main_loop_opcodes(programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
     for name in GROUPS["implicit_gemm.cu"]:
         kernel, dtype = name.split(",")[0].split("<")
-        if kernel not in ("conv_fwd_igemm", "conv_fwd_igemm_phases") or ", int," not in name or dtype == "float":
+        if kernel not in kernels or ", int," not in name or dtype == "float":
             continue
         seen += 1
         loop = loops[name]
         tile = tuple(int(part) for part in name.rstrip(">").split(",")[2:4])
         per_hmma = sum(loop.values()) / loop["HMMA"]
-        if per_hmma > IGEMM_LOOP_PER_HMMA[tile]:
+        if per_hmma > bounds[tile]:
             problems.append(f"{name}: {per_hmma:.1f} instructions per HMMA")
         if not loop["LDGSTS"] or not loop["LDSM"] or loop["LDG"] or loop["LDS"] > 3:
             problems.append(f"{name}: LDGSTS {loop['LDGSTS']}, LDSM {loop['LDSM']}, LDG {loop['LDG']}, "
                             f"LDS {loop['LDS']}")
+    return seen, problems
+
+
+@pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
+def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
+    """conv_fwd_igemm's main loop (and conv_fwd_igemm_phases', the same body): at most IGEMM_LOOP_PER_HMMA
+    instructions per HMMA, its operands by cp.async and ldmatrix only (`channels_last_loop_problems`)."""
+    seen, problems = channels_last_loop_problems(("conv_fwd_igemm", "conv_fwd_igemm_phases"), IGEMM_LOOP_PER_HMMA,
+                                                 kernel_programs)
     assert seen == 24 and not problems, "\n".join(problems)
+
+
+# conv_fwd_igemm_3d (ig_forward's DEPTH), by tile: its main loop per HMMA, NVRTC 13.0 of 2026-11-26: 4.3 (256 x 64),
+# 6.3 (128 x 64), 9.3 (64 x 64), 10.3 (128 x 32); the 2-D tiles' plus the carry into the depth tap (its branch lies
+# in the loop: executed once per kernel_h * kernel_w taps) and a bit test a row.  About 8% above those.
+IGEMM_3D_LOOP_PER_HMMA = {(256, 64): 4.7, (128, 64): 6.8, (64, 64): 10.0, (128, 32): 11.1}
+
+
+@pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
+def test_3d_main_loop_is_lean(kernel_programs, sass_tools):
+    """conv_fwd_igemm_3d's main loop (16-bit): at most IGEMM_3D_LOOP_PER_HMMA instructions per HMMA, operands by
+    cp.async and ldmatrix only, as conv_fwd_igemm's."""
+    from cupyconv.ops import implicit_gemm
+    seen, problems = channels_last_loop_problems(("conv_fwd_igemm_3d",), IGEMM_3D_LOOP_PER_HMMA, kernel_programs)
+    expected = sum(len(implicit_gemm.IG_3D_TILES[t] + implicit_gemm.IG_3D_NARROW) for t in ("float16", "bfloat16"))
+    assert seen == expected and not problems, "\n".join(problems)
 
 
 # conv_fwd_igemm_groups (several small groups a block), by channels per group: its main loop per tap, NVRTC 13.0 of

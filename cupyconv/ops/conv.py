@@ -26,9 +26,9 @@ from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
-from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, implicit_gemm_gpu, implicit_gemm_grad_input,
-                            implicit_gemm_grad_weight, sharing_channels_last, stage_backward_copies,
-                            tensor_core_refusal)
+from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, igemm_3d_refusal, implicit_gemm_3d, implicit_gemm_gpu,
+                            implicit_gemm_grad_input, implicit_gemm_grad_input_3d, implicit_gemm_grad_weight,
+                            sharing_channels_last, stage_backward_copies, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -677,6 +677,20 @@ def conv2d_run(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
     return conv2d_gpu(device, x, weight, bias, spec, algorithm)
 
 
+def native_3d(pass_: str, device, spec: ConvSpec, dtype, algorithm: str):
+    """The runner of conv3d's pass_ ('forward', or 'input': the input gradient) that takes the 3-D spec as is, or
+    None where ops/lift.py's depth windows run it: the tensor cores' conv_fwd_igemm_3d ('implicit_gemm', or 'auto'
+    while autotune is off: the autotune's candidates are the lifted 2-D problem's) where `igemm_3d_refusal` allows
+    (the input gradient at stride 1 only).  The one place conv3d chooses between the two."""
+    if device is None or algorithm not in ("auto", "implicit_gemm"):
+        return None
+    if algorithm == "auto" and settings.get_autotune():
+        return None
+    if igemm_3d_refusal(spec, dtype, device, pass_) is not None:
+        return None
+    return implicit_gemm_3d if pass_ == "forward" else implicit_gemm_grad_input_3d
+
+
 def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
     """The gradients of `conv2d_run`."""
     arrays = (grad_output, x, weight, spec, needs)
@@ -713,7 +727,8 @@ def convolve(op: str, nd: int | None, x, weight, bias, stride, padding, dilation
     spec = ConvSpec.for_conv(op, call.x, call.weight, call.bias, stride, padding, dilation, groups, nd=nd)
     check_algorithm(op, algorithm, ALGORITHMS)
     with workspace_scope(op, workspace_limit):
-        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm))
+        return call.wrap(lift.forward(conv2d_run, call.device, call.x, call.weight, call.bias, spec, algorithm,
+                                      native_3d))
 
 
 @on_arrays_device
@@ -728,7 +743,7 @@ def convolve_backward(op: str, nd: int | None, grad_output, x, weight, stride, p
     check_algorithm(op, algorithm, ALGORITHMS)
     with workspace_scope(op, workspace_limit):
         return call.wrap(lift.backward(conv2d_backward_run, call.device, call.grad_output, call.x, call.weight, spec,
-                                       needs, algorithm))
+                                       needs, algorithm, native_3d))
 
 
 @numpy_doc(returns=("array (N, D, oH, oW)", SAME_KIND), x=X_DOC, weight=WEIGHT_DOC, algorithm=ALGORITHM_DOC)

@@ -24,7 +24,7 @@ from .._spec import (KERNEL_LAYOUTS, LAYOUTS, NEEDS, SPATIAL, ConvSpec, _padding
                      check_groups, check_needs, weight_spatial_dims)
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
-from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, workspace_scope
+from .conv import ALGORITHM_DOC, ALGORITHMS, conv2d_backward_run, conv2d_run, native_3d, workspace_scope
 
 
 def _spec(op: str, nd: int, x, weight, bias, stride, padding, output_padding, groups, dilation):
@@ -86,7 +86,8 @@ def _forward(device, x, weight, bias, spec: ConvSpec, extension: tuple, algorith
     """The forward on device (None: the CPU path): conv's input gradient of x (zero-extended), plus the bias."""
     gy = _extend(device, x, extension)
     z = lift.placeholder(device, spec.input_shape, x.dtype)
-    out, _, _ = lift.backward(conv2d_backward_run, device, gy, z, weight, spec, frozenset({"input"}), algorithm)
+    out, _, _ = lift.backward(conv2d_backward_run, device, gy, z, weight, spec, frozenset({"input"}), algorithm,
+                              native_3d)
     if bias is not None:   # added in the compute dtype, rounded once (in place where that is out's dtype)
         ops = lift.arrays(device)
         total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
@@ -101,7 +102,7 @@ def _backward(device, grad_output, x, weight, spec: ConvSpec, extension: tuple, 
     ops = lift.arrays(device)
     grad_x = grad_w = grad_b = None
     if "input" in needs:
-        grad_x = lift.forward(conv2d_run, device, grad_output, weight, None, spec, algorithm)
+        grad_x = lift.forward(conv2d_run, device, grad_output, weight, None, spec, algorithm, native_3d)
         grad_x = ops.ascontiguous(_crop(grad_x, x.shape))
     if "weight" in needs:
         _, grad_w, _ = lift.backward(conv2d_backward_run, device, _extend(device, x, extension), grad_output,

@@ -61,6 +61,8 @@ def instantiations():
             names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
             names.append(kernel_name("channels_last_copies", dtype, index))   # (its callers split a 64-bit job off)
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
+    for dtype, tiles in IG_3D_TILES.items():   # 32-bit indices only: a larger 3-D problem takes the lift
+        names += [kernel_name("conv_fwd_igemm_3d", dtype, "int", *tile) for tile in tiles + IG_3D_NARROW]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
         names += [kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg) for cg in channels]
@@ -642,7 +644,7 @@ class IgemmPlan:
         return self.grid[2]
 
 
-def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
+def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple = IG_NARROW_TILES) -> IgemmPlan:
     """The tile and split of K of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed
     spec), by the shapes only (never the SM count), from IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32
     columns; 128 columns only for groups of more than 64), largest first:
@@ -652,9 +654,10 @@ def plan_igemm(spec: ConvSpec, dtype) -> IgemmPlan:
       chunks, their float32 sums of out within the workspace limit).
     So a long K under a wave (few pixels, many channels) runs on the largest tile its splits fill (64 x 64 warp
     tiles for 16-bit types: half the ldmatrix per mma.sync of the 64 x 64 tile's 32 x 32) rather than on the
-    smallest one, and a short K unsplit."""
+    smallest one, and a short K unsplit.  (table, narrow: the 3-D kernel's tiles, IG_3D_TILES and IG_3D_NARROW.)"""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
-    tiles = IG_NARROW_TILES if cols <= 32 else [t for t in IG_TILES[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    table = IG_TILES if table is None else table
+    tiles = narrow if cols <= 32 else [t for t in table[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
     itemsize = numpy.dtype(dtype).itemsize
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
     plans = []   # (tile, grid, splits, chunks per split), largest tile first
@@ -914,3 +917,117 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
                    splits=plan.splits, out_channels=spec.out_channels, channels_per_group=spec.channels_per_group,
                    taps=spec.taps, has_bias=with_bias, **IN_PLACE)
     return grad_w, (grad_b if with_bias else None)
+
+
+# --- 3-D, natively ---------------------------------------------------------------------------------------------
+# conv_fwd_igemm_3d (ig_forward with a depth axis: per A row its window's (z, y, x), the tap carry c -> s -> r -> q,
+# depth padding zero-filled by cp.async): conv3d's forward and its stride-1 input gradient on the tensor cores
+# without the lift's depth windows (ops/lift.py: kD / sD times x written and read, the output's transposed copy,
+# the slabs' launches).  x is copied once to channels-last 3-D, (n, D, H, W, C): with the (D, H) axes merged,
+# channels_last's (n, C, D * H, W) -> (n, D * H, W, C), in one launch with the weight's copy.  Only 32-bit
+# indices and the tiles below (CI compiles each instantiation); anything else stays on the lift.
+
+IG_3D_TILES = {"float16": ((256, 64, 4), (128, 64, 4), (64, 64, 4)),
+               "bfloat16": ((256, 64, 4), (128, 64, 4), (64, 64, 4)), "float32": ((128, 64, 3), (64, 64, 4))}
+IG_3D_NARROW = ((128, 32, 4),)
+IG_3D_BITS = 32   # a thread's depth bits (IgDepth): its A rows (BM / 32) x kernel_d at most
+
+
+def _fits_depth(tile: tuple[int, int, int], kernel_d: int) -> bool:
+    return tile[0] * IG_ROW_BYTES // IG_VECTOR_BYTES // IG_THREADS * kernel_d <= IG_3D_BITS
+
+
+def plan_igemm_3d(spec: ConvSpec, dtype) -> IgemmPlan | None:
+    """`plan_igemm` of a 3-D spec on conv_fwd_igemm_3d's tiles whose depth bits hold kernel_d taps a row; None
+    where none does (kernel_d past 16: the lift)."""
+    kd = spec.kernel_size[0]
+    table = {name: tuple(t for t in tiles if _fits_depth(t, kd)) for name, tiles in IG_3D_TILES.items()}
+    narrow = tuple(t for t in IG_3D_NARROW if _fits_depth(t, kd))
+    cols, name = spec.outputs_per_group, numpy.dtype(dtype).name
+    if not (narrow if cols <= 32 else [t for t in table[name] if t[1] <= 64 or cols > 64]):
+        return None
+    return plan_igemm(spec, dtype, table, narrow)
+
+
+def igemm_3d_refusal(spec: ConvSpec, dtype, device, pass_: str = "forward") -> str | None:
+    """Why conv_fwd_igemm_3d cannot run pass_ ('forward', or 'input': the stride-1 input gradient as the forward
+    of `transposed_spec`) of the 3-D spec, or None: the tensor cores' and the channels-last kernel's conditions,
+    stride 1 for the input gradient, and 32-bit indices (x, out, the weight and split sums below 2^31 elements)."""
+    refusal = tensor_core_refusal(spec, dtype, device) or igemm_refusal(spec, dtype, pass_)
+    if refusal:
+        return refusal
+    if pass_ == "input" and spec.stride != (1, 1, 1):
+        return f"its input gradient runs at stride 1 only, not {spec.stride} (strided: the lift)"
+    gemm = spec if pass_ == "forward" else transposed_spec(spec)
+    plan = plan_igemm_3d(gemm, dtype)
+    if plan is None:
+        return f"its tiles hold at most {IG_3D_BITS // 2} depth taps, not {spec.kernel_size[0]}"
+    sizes = (spec.n * spec.in_channels * math.prod(spec.padded_size),
+             spec.n * spec.out_channels * spec.out_pixels * plan.splits,
+             spec.n * spec.in_channels * math.prod(spec.in_size) * plan.splits, math.prod(spec.weight_shape))
+    if max(sizes) > INT32_MAX:
+        return f"it indexes in 32 bits, and this problem has {max(sizes)} elements (the lift takes it)"
+    return None
+
+
+def _as_planes(device, a):
+    """a (n, C, D, H, W) as (n, C, D * H, W): a view for C-contiguous and channels-last-3-D memory."""
+    n, c, d, h, w = a.shape
+    return device.reshape(a, (n, c, d * h, w))
+
+
+def is_channels_last_3d(a) -> bool:
+    """`is_channels_last` of a 5-d array: (n, C, D, H, W) laid out (n, D, H, W, C), torch's channels_last_3d."""
+    return a.ndim == 5 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 4, 1).flags.c_contiguous
+
+
+def implicit_gemm_3d(device, x, weight, bias, spec: ConvSpec):
+    """conv3d's forward on conv_fwd_igemm_3d (`igemm_3d_refusal` None): x (n, C, D, H, W), any strides, weight
+    (O, C / G, kD, kH, kW), bias (O,) or None.  Out is channels-last 3-D for a channels-last x (with whole 16-byte
+    vectors of output channels per group), else C-contiguous."""
+    out = device.empty(spec.output_shape, x.dtype)
+    if is_channels_last_3d(x) and spec.outputs_per_group % vector_elements(x.dtype) == 0:
+        nhwc = device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype)
+        if _address(nhwc) % IG_VECTOR_BYTES == 0:
+            out = nhwc.transpose(0, 4, 1, 2, 3)
+    xl, wk = channels_last_all(device, (_as_planes(device, x), _as_planes(device, weight)))
+    return igemm_forward_3d(device, xl, wk, bias, spec, out)
+
+
+def implicit_gemm_grad_input_3d(device, gy, weight, spec: ConvSpec):
+    """conv3d's input gradient at stride 1 (`igemm_3d_refusal(..., 'input')` None), (n, C, D, H, W) C-contiguous:
+    conv_fwd_igemm_3d over the transposed window with the weight arranged (C, flipped taps, O / G), as the 2-D
+    `weight_view` arranges it."""
+    g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
+    kd, kh, kw = spec.kernel_size
+    flipped = device.reshape(weight, (g, dg, cg, kd, kh, kw))[..., ::-1, ::-1, ::-1].transpose(0, 2, 1, 3, 4, 5)
+    arranged = device.reshape(flipped, (g, cg, dg, kd * kh, kw))   # a view: the flipped kD and kH merge
+    gy5 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
+    gy_cl, wk = channels_last_all(device, (_as_planes(device, gy5), arranged))
+    out = device.empty(spec.input_shape, gy.dtype)
+    return igemm_forward_3d(device, gy_cl, wk, None, transposed_spec(spec), out)
+
+
+def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):
+    """conv_fwd_igemm_3d: out (n, O, oD, oH, oW), C-contiguous or channels-last 3-D, from xl (n, D * H, W, C)
+    and wk (O, taps, C / G) C-contiguous and 16-byte aligned; split sums as `igemm_forward`'s."""
+    plan = plan_igemm_3d(spec, xl.dtype)
+    assert plan is not None, "igemm_3d_refusal said yes"
+    nhwc = is_channels_last_3d(out)
+    memory = out.transpose(0, 2, 3, 4, 1) if nhwc else out   # the C-contiguous array the kernel writes
+    whole_vectors = nhwc or spec.out_pixels % vector_elements(xl.dtype) == 0
+    partial = device.empty((plan.splits if plan.splits > 1 else 0, *memory.shape), numpy.float32)
+    KERNELS.launch(device, "conv_fwd_igemm_3d", plan.tile, dtype=xl.dtype, index="int", grid=plan.grid,
+                   block=IG_THREADS, shared_mem=plan.shared_mem, window=spec, x=xl, weight=wk,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=memory, n=spec.n, groups=spec.groups,
+                   channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
+                   has_bias=bias is not None,
+                   vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
+                   partial=partial, chunks_per_split=plan.chunks_per_split)
+    if plan.splits > 1:
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index="int",
+                       grid=capped_grid(ceil_div(partial.size // plan.splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                       partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
+                       splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
+                       taps=1, has_bias=False, **IN_PLACE)
+    return out

@@ -20,6 +20,9 @@ summed onto the image's in slab order.
 
 A depthwise 3-D convolution folds into a grouped 2-D one with kD channels per group (it runs conv2d's
 kernels, not the depthwise ones).
+
+An op may answer a 3-D pass itself (`forward`/`backward`'s `native`: conv's `native_3d`, the tensor cores'
+conv_fwd_igemm_3d for the forward and the stride-1 input gradient); the drivers then skip the depth windows for it.
 """
 from __future__ import annotations
 
@@ -295,13 +298,15 @@ def one_program(device, what: tuple, arrays: tuple, compute):
     return _replay.replayed(device, what, arrays, compute)
 
 
-def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto"):
-    """run's forward of spec on any rank; on the GPU path replayed for a signature seen before (`_replay`)."""
-    return _replay.replayed(device, ("forward", run, spec, algorithm), (x, weight, bias),
-                            lambda device: _forward(run, device, x, weight, bias, spec, algorithm))
+def forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto", native=None):
+    """run's forward of spec on any rank; on the GPU path replayed for a signature seen before (`_replay`).
+    native: None, or native(pass_, device, spec, dtype, algorithm), the op's runner of a 3-D pass that takes the
+    3-D spec as is (conv's conv_fwd_igemm_3d), or None where the lift must run it."""
+    return _replay.replayed(device, ("forward", run, spec, algorithm, native), (x, weight, bias),
+                            lambda device: _forward(run, device, x, weight, bias, spec, algorithm, native))
 
 
-def _forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str):
+def _forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str, native=None):
     spec = prepare(device, spec, x.dtype, [spec.output_shape])
     if spec.empty:
         return _empty_forward(device, bias, spec, x.dtype)
@@ -312,6 +317,9 @@ def _forward(run, device, x, weight, bias, spec: ConvSpec, algorithm: str):
         return y.reshape(spec.output_shape)
     n, od = spec.n, spec.out_size[0]
     x = arrays(device).reshape(x, (n, *spec.input_shape[-4:]))
+    runner = None if native is None else native("forward", device, spec, x.dtype, algorithm)
+    if runner is not None:   # 3-D natively: no depth windows
+        return runner(device, x, weight, bias, spec).reshape(spec.output_shape)
     weight = depth_weight(weight, spec)
     out = empty(device, (n, spec.out_channels, *spec.out_size), x.dtype)
     isz = x.dtype.itemsize
@@ -367,13 +375,17 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, depths: r
     return grad_w, grad_b
 
 
-def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
-    """run's gradients `needs` of spec on any rank; on the GPU path replayed for a signature seen before."""
-    return _replay.replayed(device, ("backward", run, spec, needs, algorithm), (grad_output, x, weight),
-                            lambda device: _backward(run, device, grad_output, x, weight, spec, needs, algorithm))
+def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto",
+             native=None):
+    """run's gradients `needs` of spec on any rank; on the GPU path replayed for a signature seen before.
+    native: as `forward`'s; its 'input' runner, native(...)(device, grad_output, weight, spec), gives a 3-D input
+    gradient without the depth windows, the other gradients still lifted."""
+    return _replay.replayed(device, ("backward", run, spec, needs, algorithm, native), (grad_output, x, weight),
+                            lambda device: _backward(run, device, grad_output, x, weight, spec, needs, algorithm,
+                                                     native))
 
 
-def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str):
+def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str, native=None):
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
     spec = prepare(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
     if spec.empty:
@@ -384,6 +396,18 @@ def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozen
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
                     unit_height(spec), needs, algorithm)
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
+    runner = None if native is None or "input" not in needs else native("input", device, spec, x.dtype, algorithm)
+    if runner is None:
+        return _lifted_backward(run, device, grad_output, x, weight, spec, needs, algorithm)
+    grad_x = runner(device, grad_output, weight, spec).reshape(spec.input_shape)   # 3-D natively
+    rest = needs - {"input"}
+    _, grad_w, grad_b = (_lifted_backward(run, device, grad_output, x, weight, spec, rest, algorithm) if rest
+                         else (None, None, None))
+    return grad_x, grad_w, grad_b
+
+
+def _lifted_backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str):
+    """The 3-D gradients `needs` by the depth windows: the 2-D backward of each chunk's."""
     n, od, ops = spec.n, spec.out_size[0], arrays(device)
     x = ops.reshape(x, (n, *spec.input_shape[-4:]))
     gy = ops.reshape(grad_output, (n, *spec.output_shape[-4:]))

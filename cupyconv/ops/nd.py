@@ -44,9 +44,10 @@ def conv3d(x: ArrayT, weight: ArrayT, bias: ArrayT | None = None, stride: IntOrT
            workspace_limit: int | None = None) -> ArrayT:
     """3-D convolution (cross-correlation, like `torch.nn.functional.conv3d`).
 
-    Runs `conv2d`'s kernels on the depth windows of x: for each output depth, the kD input planes its windows read
-    form a 2-D problem with C * kD channels.  The windows are built per chunk of the batch within the workspace
-    limit.
+    On the tensor cores (float16, bfloat16, TF32; 'implicit_gemm', or 'auto' with autotune off) the forward runs
+    natively in 3-D (conv_fwd_igemm_3d).  Otherwise it runs `conv2d`'s kernels on the depth windows of x: for each
+    output depth, the kD input planes its windows read form a 2-D problem with C * kD channels.  The windows are
+    built per chunk of the batch within the workspace limit.
     """
     return convolve("conv3d", 3, x, weight, bias, stride, padding, dilation, groups, algorithm, workspace_limit)
 
