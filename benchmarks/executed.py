@@ -163,7 +163,7 @@ def loop_nests(code: list[list], blocks: list[tuple[int, int]] | None = None) ->
 
 
 def flow_bound(code: list[list], blocks: list[tuple[int, int]], nests: list[frozenset],
-               counts: list[float | None], filled: list[float], warps: int) -> None:
+               counts: list[float | None], filled: list[float]) -> None:
     """Caps, in place, the runs of each block outside every loop that no anchor counted (taken as once per warp):
     a block runs at most as often as its predecessors together (a warp enters it from one of them; the first
     block once per warp) and, unless it may end the warp (an EXIT, predicated or not, or a jump whose target is
@@ -174,27 +174,29 @@ def flow_bound(code: list[list], blocks: list[tuple[int, int]], nests: list[froz
     successors, predecessors = edges(code, blocks)
     indirect = any(mnemonic(c[0]) in ("BRX", "JMP") for c in code)   # targets unknown: predecessors incomplete
     free = [k for k, c in enumerate(counts) if c is None and not nests[blocks[k][0]]]
-    # A block inside loops, seen from outside them (entered or left): as often as the most-run block of its
-    # outermost loop (the header runs at least as often as any block of its loop, and the loop is entered or left
-    # at most as often as its header runs).  A loop is named by its header: one per back edge, same blocks' header.
+    # A block inside loops, seen from outside them (entered or left): as often as the most-run block of its loops
+    # (a header runs at least as often as any block of its loop, its estimate may be a neighbour's, and a loop is
+    # entered or left at most as often as its header runs).
     headers = [{header for _latch, header in nests[first]} for first, _last in blocks]
-    runs_of_loop = {h: max(filled[k] for k in range(len(blocks)) if h in headers[k]) for h in set().union(*headers)}
-    size = Counter(h for held in headers for h in held)
-    outermost = [max(held, key=lambda h: size[h]) if held else None for held in headers]
+    loop_max: dict[int, float] = defaultdict(float)
+    for held, count in zip(headers, filled):
+        for header in held:
+            loop_max[header] = max(loop_max[header], count)
+    seen = [max(loop_max[header] for header in held) if held else None for held in headers]
 
-    def seen(j: int) -> float:
-        return filled[j] if outermost[j] is None else runs_of_loop[outermost[j]]
+    def flow(j: int) -> float:
+        return filled[j] if seen[j] is None else seen[j]
     for _sweep in range(len(blocks) + 1):   # bounds only fall; the free blocks form no cycle but through loops
         changed = False
         for k in free:
             if k == 0:   # the entry: once per warp, whatever the counts after it say
                 continue
-            bounds = [float(warps)]
+            bounds = [filled[k]]
             if predecessors[k] and not indirect:
-                bounds.append(sum(seen(j) for j in predecessors[k]))
+                bounds.append(sum(flow(j) for j in predecessors[k]))
             last = mnemonic(code[blocks[k][1]][0])
             if successors[k] and last not in ("EXIT", "RET", "BRX", "JMP"):
-                bounds.append(sum(seen(j) for j in successors[k]))
+                bounds.append(sum(flow(j) for j in successors[k]))
             if min(bounds) < filled[k]:
                 filled[k] = min(bounds)
                 changed = True
@@ -279,7 +281,7 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
                     (not ends and successors[k] and all(filled[j] == 0 for j in successors[k])):
                 filled[k] = 0.0
                 changed = True
-    flow_bound(code, blocks, nests, counts, filled, warps)
+    flow_bound(code, blocks, nests, counts, filled)
     mix: dict[str, float] = defaultdict(float)
     fma: dict[str, float] = defaultdict(float)
     waits = 0.0

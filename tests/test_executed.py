@@ -189,3 +189,16 @@ def test_the_flow_bound_leaves_loops_and_warps_that_exit_alone():
     assert block_runs(estimate) == [8, 8, 1, 1, 1]
     assert max(block_runs(executed.estimate(code, load(1000), 8))) == 1000
     assert block_runs(executed.estimate(code, load(1000), 8))[:2] == [8, 8]
+
+
+def test_a_loop_is_seen_from_outside_as_its_most_run_block():
+    """2 warps of 8 run a loop twice whose latch (block 4, no load) took the count of a load that ran once, in a
+    branch (block 3): the EXIT after the loop is capped by the loop's header (4 runs), not by that latch (1)."""
+    code = [["S2R", "a.cu:2", 0, -1, 0], ["ISETP.GE.AND", "a.cu:2", 0, -1, 0], ["EXIT", "a.cu:2", 1, -1, 0],
+            ["IMAD", "a.cu:3", 0, -1, 0],
+            ["LDG.E", "a.cu:1", 0, -1, 0], ["BRA", "a.cu:1", 1, 7, 0],   # block 2: the header
+            ["LDG.E", "a.cu:7", 0, -1, 0],                                  # block 3: the branch
+            ["FADD", "a.cu:8", 0, -1, 0], ["BRA", "a.cu:8", 1, 4, 0],     # block 4: the latch
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+    sites = load(4) + [{"site": "a.cu:7", "kind": "global_load", "width": 4, "requests": 1}]
+    assert block_runs(executed.estimate(code, sites, 8)) == [8, 4, 4, 1, 1, 4]
