@@ -21,7 +21,9 @@ launch never takes, is counted wrong.  This module counts what the launch runs i
    outside every loop, one run per warp; inside loops the count of the nearest anchored block in the same loop
    nest (the next one first: address arithmetic precedes its loads), else of the nearest in an enclosing nest;
    then none where every block leading to it, or every block it leads to, runs none (an untaken branch's
-   address arithmetic).
+   address arithmetic); and outside loops, at most as often as the blocks leading to it together, and (unless it
+   may end the warp) as those it leads to together, a loop counted as its most-run block (`flow_bound`: the
+   prologue after an early return is not charged to the warps that returned).
 4. **Totals.**  Executed warp instructions = the sum of block counts x block sizes; per class (FFMA ...) the
    same; `global_waits` = the executions of blocks that hold a global load whose result the same block reads
    (`sass.used_before_branch`), counted as that load's own runs (a warp whose lanes all skip it, in the padding,
@@ -160,6 +162,48 @@ def loop_nests(code: list[list], blocks: list[tuple[int, int]] | None = None) ->
     return nests
 
 
+def flow_bound(code: list[list], blocks: list[tuple[int, int]], nests: list[frozenset],
+               counts: list[float | None], filled: list[float]) -> None:
+    """Caps, in place, the runs of each block outside every loop that no anchor counted (taken as once per warp):
+    a block runs at most as often as its predecessors together (a warp enters it from one of them; the first
+    block once per warp) and, unless it may end the warp (an EXIT, predicated or not, or a jump whose target is
+    unknown), at most as often as its successors together (it leaves to one of them).  A prologue after an
+    early return is then charged to the warps that reach the loop after it, not to the warps that returned;
+    code that a branch skips for every warp is still charged where its neighbours run (the counters do not say
+    which way the warps went)."""
+    successors, predecessors = edges(code, blocks)
+    indirect = any(mnemonic(c[0]) in ("BRX", "JMP") for c in code)   # targets unknown: predecessors incomplete
+    free = [k for k, c in enumerate(counts) if c is None and not nests[blocks[k][0]]]
+    # A block inside loops, seen from outside them (entered or left): as often as the most-run block of its loops
+    # (a header runs at least as often as any block of its loop, its estimate may be a neighbour's, and a loop is
+    # entered or left at most as often as its header runs).
+    headers = [{header for _latch, header in nests[first]} for first, _last in blocks]
+    loop_max: dict[int, float] = defaultdict(float)
+    for held, count in zip(headers, filled):
+        for header in held:
+            loop_max[header] = max(loop_max[header], count)
+    seen = [max(loop_max[header] for header in held) if held else None for held in headers]
+
+    def flow(j: int) -> float:
+        return filled[j] if seen[j] is None else seen[j]
+    for _sweep in range(len(blocks) + 1):   # bounds only fall; the free blocks form no cycle but through loops
+        changed = False
+        for k in free:
+            if k == 0:   # the entry: once per warp, whatever the counts after it say
+                continue
+            bounds = [filled[k]]
+            if predecessors[k] and not indirect:
+                bounds.append(sum(flow(j) for j in predecessors[k]))
+            last = mnemonic(code[blocks[k][1]][0])
+            if successors[k] and last not in ("EXIT", "RET", "BRX", "JMP"):
+                bounds.append(sum(flow(j) for j in successors[k]))
+            if min(bounds) < filled[k]:
+                filled[k] = min(bounds)
+                changed = True
+        if not changed:
+            break
+
+
 def site_request_bytes(sites: list[dict]) -> dict[tuple[str, str], float]:
     """{(file:line, kind): warp requests x bytes per lane} of the counters' sites (widths added up): what the
     site's SASS copies share, whatever width each has (four 4-byte reads of the emulator that the compiler made one
@@ -237,6 +281,7 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
                     (not ends and successors[k] and all(filled[j] == 0 for j in successors[k])):
                 filled[k] = 0.0
                 changed = True
+    flow_bound(code, blocks, nests, counts, filled)
     mix: dict[str, float] = defaultdict(float)
     fma: dict[str, float] = defaultdict(float)
     waits = 0.0

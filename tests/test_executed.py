@@ -126,3 +126,79 @@ def test_the_model_keeps_the_static_count_where_it_cannot_count():
     # one block of 2 warps ran the load's block 6 times (3 a warp, each waited for), scaled to 10 blocks
     assert counted["instructions_source"] == "executed" and counted["warp_instructions"] == (120.0, 120.0)
     assert counted["executed"]["global_waits_per_warp"] == 3.0
+
+
+# Synthetic KernelSass.code: [opcode, "file:line", predicated, branch target, waited]; one global load at a.cu:1
+def early_return(loop_body: int = 1) -> list[list]:
+    """Warps whose lanes all return at the predicated EXIT (block 0), a prologue without a memory access (block
+    1), a loop around the load (block 2), the EXIT after it (block 3)."""
+    return [["S2R", "a.cu:2", 0, -1, 0], ["ISETP.GE.AND", "a.cu:2", 0, -1, 0], ["EXIT", "a.cu:2", 1, -1, 0],
+            *[["IMAD", "a.cu:3", 0, -1, 0]] * 5,
+            ["LDG.E", "a.cu:1", 0, -1, 0], *[["FADD", "a.cu:1", 0, -1, 0]] * loop_body,
+            ["BRA", "a.cu:1", 1, 8, 0],
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+
+
+def load(requests: float) -> list[dict]:
+    return [{"site": "a.cu:1", "kind": "global_load", "width": 4, "requests": requests}]
+
+
+def block_runs(estimate: dict) -> list[float]:
+    return [count for _first, _last, count in estimate["blocks"]]
+
+
+def test_code_after_an_early_return_is_charged_to_the_warps_that_reach_it():
+    """8 warps, 6 of which return at once; the other 2 run the loop once: the prologue and the final EXIT ran
+    twice, not 8 times (the rule before the flow bound charged every warp that returned for them)."""
+    code = early_return()
+    estimate = executed.estimate(code, load(2), 8)
+    assert block_runs(estimate) == [8, 2, 2, 2]
+    assert estimate["instructions"] == 8 * 3 + 2 * 5 + 2 * 3 + 2 * 1
+    # More trips: the prologue is capped by the loop's runs (5 here; exactly 2 warps entered, which the counters
+    # do not say), never above once per warp.
+    assert block_runs(executed.estimate(code, load(5), 8)) == [8, 5, 5, 5]
+    assert block_runs(executed.estimate(code, load(40), 8)) == [8, 8, 40, 8]
+
+
+def test_a_branch_skipped_after_an_early_return_is_capped_by_the_loop():
+    """7 warps of 8 return (block 0); a branch (block 1) skips code (block 2) before arithmetic (block 3) that
+    falls into a loop which the last warp runs once: blocks 2 and 3 run at most once, the branch at most as
+    often as both (the rule before the flow bound: 8 each).  Where the skipped code is followed by code that
+    every warp runs, it stays charged: the counters do not say which way the warps went."""
+    code = [["S2R", "a.cu:2", 0, -1, 0], ["ISETP.GE.AND", "a.cu:2", 0, -1, 0], ["EXIT", "a.cu:2", 1, -1, 0],
+            ["ISETP.GE.AND", "a.cu:6", 0, -1, 0], ["BRA", "a.cu:6", 1, 7, 0],   # block 1: the branch
+            ["IMAD", "a.cu:5", 0, -1, 0], ["IMAD", "a.cu:5", 0, -1, 0],          # block 2: the skipped code
+            ["IMAD", "a.cu:3", 0, -1, 0], ["IMAD", "a.cu:3", 0, -1, 0],          # block 3
+            ["LDG.E", "a.cu:1", 0, -1, 0], ["FADD", "a.cu:1", 0, -1, 0], ["BRA", "a.cu:1", 1, 9, 0],
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+    assert block_runs(executed.estimate(code, load(1), 8)) == [8, 2, 1, 1, 1, 1]
+    guarded = code[:8] + [["BRA", "a.cu:3", 1, 12, 0]] + code[9:]   # block 3 may go to the EXIT past the loop
+    assert block_runs(executed.estimate(guarded, load(1), 8)) == [8, 8, 8, 8, 1, 8]
+    # the entry block runs once per warp whatever follows it (a loop whose loads every lane of 7 warps skipped)
+    entry = [["S2R", "a.cu:2", 0, -1, 0], ["LDG.E", "a.cu:1", 1, -1, 0], ["BRA", "a.cu:1", 1, 1, 0],
+             ["EXIT", "a.cu:4", 0, -1, 0]]
+    assert block_runs(executed.estimate(entry, load(1), 8)) == [8, 1, 1]
+
+
+def test_the_flow_bound_leaves_loops_and_warps_that_exit_alone():
+    """A loop's blocks keep their anchors' counts; a block that may end the warp (a predicated EXIT) is not
+    capped by what follows it; nothing outside loops runs more than once per warp."""
+    code = early_return(loop_body=3)
+    code[4] = ["EXIT", "a.cu:3", 1, -1, 0]   # the prologue's first half may return too: blocks 1 (ends) and 2
+    estimate = executed.estimate(code, load(1), 8)
+    assert block_runs(estimate) == [8, 8, 1, 1, 1]
+    assert max(block_runs(executed.estimate(code, load(1000), 8))) == 1000
+    assert block_runs(executed.estimate(code, load(1000), 8))[:2] == [8, 8]
+
+
+def test_a_loop_is_seen_from_outside_as_its_most_run_block():
+    """2 warps of 8 run a loop twice whose latch (block 4, no load) took the count of a load that ran once, in a
+    branch (block 3): the EXIT after the loop is capped by the loop's header (4 runs), not by that latch (1)."""
+    code = [["S2R", "a.cu:2", 0, -1, 0], ["ISETP.GE.AND", "a.cu:2", 0, -1, 0], ["EXIT", "a.cu:2", 1, -1, 0],
+            ["IMAD", "a.cu:3", 0, -1, 0],
+            ["LDG.E", "a.cu:1", 0, -1, 0], ["BRA", "a.cu:1", 1, 7, 0],   # block 2: the header
+            ["LDG.E", "a.cu:7", 0, -1, 0],                                  # block 3: the branch
+            ["FADD", "a.cu:8", 0, -1, 0], ["BRA", "a.cu:8", 1, 4, 0],     # block 4: the latch
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+    sites = load(4) + [{"site": "a.cu:7", "kind": "global_load", "width": 4, "requests": 1}]
+    assert block_runs(executed.estimate(code, sites, 8)) == [8, 4, 4, 1, 1, 4]
