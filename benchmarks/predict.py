@@ -793,10 +793,8 @@ def finish_tail(launch: launches_mod.Launch, gpu: dict) -> Range | None:
     splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
     tile_bytes = launch.args["partial"].nbytes / tiles   # every split's sums of one tile (on average)
     turns = math.ceil(tiles / gpu["sms"])
-    # `wg_finish` keeps the loads of 2 splits in flight where a thread sums at most 32 elements, else 1
-    together = 2 if tile_bytes / splits / 4 / launch.threads <= 32 else 1
     latency, per_clock = assumption("global_load_latency_cycles"), assumption("l2_bytes_per_sm_clock")
-    cycles = [max(math.ceil(splits / together) * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
+    cycles = [max(splits * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
     return Range(cycles[0] / (gpu["clock_ghz"][1] * 1e9), cycles[1] / (gpu["clock_ghz"][0] * 1e9)).scale(1e6)
 
 

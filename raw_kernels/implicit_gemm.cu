@@ -1371,35 +1371,27 @@ __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* fl
 
 // The last block's sums of its tile: this thread's first `count` (<= ELEMS) elements, element e at from + e * step
 // in split 0's sums (each split's `slice` further on) and at to + e * step in grad_weight (or grad_bias).  The
-// splits are read U at a time with every element's load of them in flight at once: a round trip per U splits,
-// not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's time).
-// Each element still adds split 0, 1, ... to 0 in order: the bits of conv_bwd_weight_igemm_finish.
+// splits are read one after the other with every element's load of a split in flight at once: a round trip per
+// split, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
+// time).  The addresses advance by `step` from one pointer (no pointer a load kept in registers: the tail stays
+// within the main loop's registers).  Each element adds split 0, 1, ... to 0 in order: the bits of
+// conv_bwd_weight_igemm_finish.
 template <int ELEMS, typename T, typename I>
 __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I slice, int splits, int count) {
-  constexpr int U = ELEMS <= 32 ? 2 : 1;  // (registers: U x ELEMS loaded values beside the ELEMS sums)
   float sum[ELEMS];
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e) sum[e] = 0.0f;
-  for (int z = 0; z < splits; z += U) {
-    float v[U][ELEMS];
+  for (int z = 0; z < splits; ++z, from += slice) {
+    float v[ELEMS];
+    const float* at = from;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int e = 0; e < ELEMS; ++e, at += step) v[e] = e < count ? __ldcg(at) : 0.0f;
 #pragma unroll
-      for (int e = 0; e < ELEMS; ++e) {
-        v[u][e] = e < count && z + u < splits ? __ldcg(from + (I)(z + u) * slice + e * step) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (z + u < splits) {
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) sum[e] += v[u][e];
-      }
-    }
+    for (int e = 0; e < ELEMS; ++e) sum[e] += v[e];
   }
 #pragma unroll
-  for (int e = 0; e < ELEMS; ++e) {
-    if (e < count) to[e * step] = from_acc<T>(sum[e]);
+  for (int e = 0; e < ELEMS; ++e, to += step) {
+    if (e < count) *to = from_acc<T>(sum[e]);
   }
 }
 

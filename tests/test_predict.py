@@ -595,9 +595,8 @@ def test_the_last_block_of_each_tile_is_counted_and_its_tail_timed():
     tail = predict.finish_tail(launch, gpu)
     tile_bytes = 56 * 64 * 64 * 4
     assert launch.args["partial"].nbytes == tile_bytes * tiles
-    # (2 splits' loads in flight at once: 32 elements a thread)
-    low = max(28 * 300, tile_bytes / 64) / (gpu["clock_ghz"][1] * 1e9) * 1e6
-    high = max(28 * 700, tile_bytes / 32) / (gpu["clock_ghz"][0] * 1e9) * 1e6
+    low = max(56 * 300, tile_bytes / 64) / (gpu["clock_ghz"][1] * 1e9) * 1e6
+    high = max(56 * 700, tile_bytes / 32) / (gpu["clock_ghz"][0] * 1e9) * 1e6
     assert (tail.low, tail.high) == (pytest.approx(low), pytest.approx(high))
     forward = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[-1]
     assert predict.finish_tail(forward, gpu) is None and predict.arrival_strata(forward) == [(None, 1.0)]

@@ -814,11 +814,11 @@ WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the
 WG_FINISH_BLOCK = 256
 # The last split of each tile to arrive finishes the tile in the kernel (`weight_igemm_plan`) while it reads at most
 # this many bytes of float sums (splits x the tile): one SM reads them after the last wave, at ~32-64 bytes a clock
-# and a load's latency per two splits (benchmarks.predict's `finish_tail`), where the separate final pass spreads
+# and a load's latency per split (benchmarks.predict's `finish_tail`), where the separate final pass spreads
 # them over every SM but costs a launch (1.5-4 us of GPU time, ~30 us of host time).  PREDICTED (H100): up to
-# 1 MiB (r50-64's 56 splits of 64 x 64: 7.2-16.3 us against the final pass's 7.2-22.9) the tail costs no more GPU
-# time than the final pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB)
-# it would cost up to 2-3 times the final pass's, which stays.
+# 1 MiB (r50-64's 56 splits of 64 x 64: 8.5-22.3 us against the final pass's 7.2-22.9) the tail costs about the GPU
+# time the final pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
+# would cost up to 2-3 times the final pass's, which stays.
 WG_FINISH_BYTES = 1 << 20
 
 
