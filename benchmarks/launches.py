@@ -236,6 +236,10 @@ class RecordingDevice:
                     self.steps.append(ArrayWork.of("sum", out, a))
                 return out
 
+            def arrival_counters(self, size):
+                # kept per stream and zeroed once (`Device.arrival_counters`), not per call: its fill is no step
+                return numpy.zeros(max(size, _device.ARRIVALS_LEAST), numpy.int32)
+
         return _Recorder()
 
 

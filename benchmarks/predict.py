@@ -141,6 +141,10 @@ ASSUMPTIONS = {
                                                "loop that loads from global memory, or, counted by "
                                                "benchmarks.executed, once per run of a load that its own basic block "
                                                "uses"),
+    "l2_bytes_per_sm_clock": ((64, 32), "bytes one SM draws from L2 per clock while few SMs load (the split-K "
+                                        "weight gradients' last blocks, `finish_tail`): its 64-byte L1 fill path at "
+                                        "best; at worst its share of the whole L2's bandwidth at full load "
+                                        "(5.5-7.5 TB/s over 132 SMs at 1.6-2.0 GHz: 21-35 bytes a clock)"),
     "dram_efficiency": ((0.92, 0.8), "fraction of the HBM peak a streaming kernel reaches (a copy: ~85-92%)"),
     "dram_reread": ((1.0, 1.25), "DRAM bytes over the kernel's compulsory bytes (every argument read or written "
                                  "once; more when L2 misses re-read an operand)"),
@@ -645,7 +649,8 @@ def counter_cache_file() -> Path:
     """Where counter runs are kept between commands (the h200 prediction reuses the h100 one's), named by a hash
     of what decides the counts: the kernels as compiled, the emulator's sources and this adapter."""
     emulator_dir = _emulator.TESTS / "emulator"
-    text = kernels_hash() + inspect.getsource(emulated_counters) + "".join(
+    adapter = "".join(inspect.getsource(f) for f in (emulated_counters, arrival_strata, arrivals_at, finishes_in_kernel))
+    text = kernels_hash() + adapter + "".join(
         p.read_text(errors="replace") for p in sorted(emulator_dir.rglob("*")) if p.suffix in (".py", ".h", ".cpp"))
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return _emulator.emulator().cache_root() / "predict-counters" / f"{key}.json"
@@ -705,10 +710,12 @@ def emulated_counters(launch: launches_mod.Launch, blocks: int = COUNTER_BLOCKS,
     try:
         profiles = []   # (a stratum's profile, the stratum's blocks)
         for columns in counter_strata(launch):
-            device = (device_factory or package.EmulatedDevice)(counters=True,
-                                                                blocks=stratum_blocks(columns, blocks, package))
-            device.launch(launch.source, launch.name, launch.grid, launch.block, launch.raw_args, launch.shared_mem)
-            profiles.append((device.profile[-1], len(columns) * math.prod(launch.grid[1:])))
+            for arrived, share in arrival_strata(launch):
+                device = (device_factory or package.EmulatedDevice)(counters=True,
+                                                                    blocks=stratum_blocks(columns, blocks, package))
+                device.launch(launch.source, launch.name, launch.grid, launch.block, arrivals_at(launch, arrived),
+                              launch.shared_mem)
+                profiles.append((device.profile[-1], len(columns) * math.prod(launch.grid[1:]) * share))
         profile = profiles[0][0] if len(profiles) == 1 else merged_profile(profiles, launch.blocks)
     except Exception as e:   # a counter run that fails leaves the analytic model in place, and says why
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -741,6 +748,57 @@ def counter_strata(launch: launches_mod.Launch) -> list[range]:
         return [range(launch.grid[0])]
     ends = (0, int(launch.args["block_end0"]), int(launch.args["block_end1"]), launch.grid[0])
     return [range(a, b) for a, b in zip(ends, ends[1:]) if b > a]
+
+
+# The split-K weight gradients finish their splits in the kernel (implicit_gemm.cu's wg_last_arrival, issue 24
+# deliverable 5): the last block of each output tile to arrive reads every split's sums of the tile and writes the
+# weight.  A sample of a few blocks never sees a tile's count reach its splits, so the counters run each launch
+# twice: with every count at 0 (the blocks that arrive before the last: all but one split of each tile) and with
+# every count at splits - 1 (each sampled block is its tile's last: the main loop and the tail), weighted by the
+# share of the grid's blocks each stands for.
+FINISHING_KERNELS = ("conv_bwd_weight_igemm", "conv_bwd_weight_igemm_groups")
+
+
+def finishes_in_kernel(launch: launches_mod.Launch) -> bool:
+    """Whether the launch is a weight gradient's whose splits its last blocks finish (`finish` set, several splits)."""
+    return launch.kernel in FINISHING_KERNELS and launch.grid[2] > 1 and bool(launch.args.get("finish"))
+
+
+def arrival_strata(launch: launches_mod.Launch) -> list[tuple[int | None, float]]:
+    """[(the arrival counts a counter run starts from (None: as recorded), the share of the blocks it stands for)]:
+    for a finishing kernel with splits, (0, (splits - 1) / splits) and (splits - 1, 1 / splits)."""
+    if not finishes_in_kernel(launch):
+        return [(None, 1.0)]
+    splits = launch.grid[2]
+    return [(0, (splits - 1) / splits), (splits - 1, 1 / splits)]
+
+
+def arrivals_at(launch: launches_mod.Launch, arrived: int | None) -> list:
+    """The launch's arguments with its arrival counts (the `arrivals` argument) all set to `arrived` (None: the
+    arguments as recorded)."""
+    if arrived is None:
+        return launch.raw_args
+    args = list(launch.raw_args)
+    i = list(launch.args).index("arrivals")
+    args[i] = numpy.full(args[i].shape, arrived, numpy.int32)
+    return args
+
+
+def finish_tail(launch: launches_mod.Launch, gpu: dict) -> Range | None:
+    """The time a finishing launch (`finishes_in_kernel`) spends after its main loops: the last block of
+    each tile reads its splits' sums of the tile (`wg_finish`: a split after the other, every element's load of a
+    split in flight at once) and writes the tile.  The grid runs in linear order, the last split's blocks last, so
+    these tails follow the last wave, one SM per tile (more tiles than SMs: in turns), and add to the kernel's
+    time in sequence: per tile the larger of a global load's latency per split and its bytes at one SM's share
+    of L2 (`l2_bytes_per_sm_clock`).  None for other launches."""
+    if not finishes_in_kernel(launch):
+        return None
+    splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
+    tile_bytes = launch.args["partial"].nbytes / tiles   # every split's sums of one tile (on average)
+    turns = math.ceil(tiles / gpu["sms"])
+    latency, per_clock = assumption("global_load_latency_cycles"), assumption("l2_bytes_per_sm_clock")
+    cycles = [max(splits * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
+    return Range(cycles[0] / (gpu["clock_ghz"][1] * 1e9), cycles[1] / (gpu["clock_ghz"][0] * 1e9)).scale(1e6)
 
 
 def stratum_blocks(columns: range, count: int, package):
@@ -1064,6 +1122,10 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     if one_pass(work, launch):
         body = Range(body.low, max(body.high, in_sequence_high(model.times)))
         model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
+    tail = finish_tail(launch, gpu)
+    if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
+        body = body + tail
+        model.work = {**model.work, "finish_tail_us": tail.to_list()}
     fixed, overhead = assumption("kernel_fixed_us"), assumption("launch_overhead_us")
     model.kernel_time = body + Range(*fixed)
     model.time = model.kernel_time + Range(*overhead)

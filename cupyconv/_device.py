@@ -236,6 +236,9 @@ def total_memory(device) -> int | None:
     return host_memory() if device is None else device.total_memory()
 
 
+ARRIVALS_LEAST = 1024   # `Device.arrival_counters`' smallest array (4 KiB): most launches never grow it
+
+
 class Device:
     """What an op's GPU path needs from an executor."""
 
@@ -356,6 +359,23 @@ class Device:
         out = self.empty(shape, dtype)
         self.copyto(out, 0)
         return out
+
+    def arrival_counters(self, size: int):
+        """An int32 array of at least `size` zeros in which the blocks of one launch count their arrivals (the
+        tensor-core weight gradient's split-K, finished by the last block of each tile: implicit_gemm.cu's
+        `wg_last_arrival`).  The kernels leave every count they take back at 0, so one array per stream
+        (`stream_key`) is made and zeroed once and serves every launch on that stream after it: no fill per call,
+        and launches in flight on two streams never share a count."""
+        kept = self.__dict__.setdefault("_arrivals", {})
+        key = self.stream_key()
+        counters = kept.get(key)
+        if counters is None or counters.size < size:
+            counters = kept[key] = self.zeros((max(size, ARRIVALS_LEAST),), numpy.int32)
+        return counters
+
+    def stream_key(self):
+        """What tells this executor's streams apart (`arrival_counters`): one stream here."""
+        return None
 
     def ascontiguous(self, a):
         """a itself when it is C-contiguous, else a C-contiguous copy."""
@@ -550,6 +570,10 @@ class CudaDevice(Device):
 
     def key(self):
         return ("cuda", self.xp.cuda.Device().id)
+
+    def stream_key(self):
+        """(device, stream handle) of CuPy's current stream: each stream counts in its own array."""
+        return (self.xp.cuda.Device().id, self.xp.cuda.get_current_stream().ptr)
 
     def scope(self, op: str, device_id: int):
         """The arrays' device as CuPy's current device (kernels are memoised per device, outputs and workspaces are

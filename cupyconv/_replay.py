@@ -9,7 +9,8 @@ read no values; benchmarks.launches checks it by planning over NaN and over zero
 
 So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
 of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
-`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`) to the real
+`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`,
+`arrival_counters`) to the real
 device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
 slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
 the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
@@ -176,6 +177,10 @@ class Recorder(Device):
 
     def sum(self, a, axis, dtype):
         return self._note("sum", (a, axis, dtype), result=True)
+
+    def arrival_counters(self, size):
+        # a replay asks its own device, so that a call replayed on another stream counts in that stream's array
+        return self._note("arrival_counters", (size,), result=True)
 
     def _note(self, method, args, result=False):
         out = getattr(self.device, method)(*args)

@@ -14,7 +14,8 @@
 // x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
 // then c, h, w strides); grad_out is contiguous (images, D, oH, oW), like out and grad_x.  The forward adds bias
 // and converts to T once, from the float accumulators; the weight gradient writes float sums per split of its
-// reduction (grid.z), which the launcher adds up in a fixed order (the same bits on every run).
+// reduction (grid.z), which the launcher adds up in a fixed order (the same bits on every run).  (The channels-last
+// weight gradients at the end of this file finish their splits in the kernel: `wg_last_arrival`.)
 //
 // A block computes a BM x BN tile of C with BM / 32 x BN / 32 warps, each warp 32 x 32 = 2 x 4 mma tiles of
 // 16 x 8, over K in chunks of TC_BK.  The chunks are staged in shared memory as T (as float for float inputs,
@@ -1220,9 +1221,12 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_tc(
 //
 // Split-K: block z reduces chunks [z * chunks_per_split, ...) of the pixels and writes float sums to its own
 // slice of partial (splits, D, N); the bias gradient, when asked, is summed by the blocks of the first column
-// tile from their A stages into bias_partial (splits, D).  conv_bwd_weight_igemm_finish adds the splits in
-// order (the same bits on every run: the split depends on the shapes only) and writes grad_weight in its own
-// layout (D, C / G, kH, kW), permuting (tap, c) -> (c, tap), and grad_bias.
+// tile from their A stages into bias_partial (splits, D).  The last block of a tile to finish (`wg_last_arrival`:
+// each writer fences, then one thread counts the block in arrivals[tile]) adds the tile's splits in order (the
+// same bits on every run: the split depends on the shapes only, never on which block came last) and writes
+// grad_weight in its own layout (D, C / G, kH, kW), permuting (tap, c) -> (c, tap), and grad_bias: no second
+// launch (issue 24, deliverable 5).  The last block also sets the count back to 0, so the buffer, kept per
+// stream by the caller (`Device.arrival_counters`), is zero for the next launch.
 #include "async_copy.cuh"
 
 constexpr int WG_STAGES = 3;
@@ -1408,10 +1412,64 @@ __device__ __forceinline__ void wg_pipeline(int chunks, Load& load_chunk, const 
   cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
 }
 
+// Whether this block is the last of its tile's gridDim.z splits to have written its partial sums (every block
+// of a launch without splits is).  Release: every thread fences its own stores of the sums (a thread's fence
+// orders its stores only), the barrier gathers the block, then one thread counts it in arrivals[tile]; the one
+// that sees splits - 1 before it knows every other split's sums are visible, fences once more (acquire) and
+// sets the count back to 0 for the next launch (no block of this tile counts again in this one).  Its readers
+// load the sums with __ldcg (L2: another SM wrote them).  Every thread of the block must call it, after its last
+// read of shared memory: the verdict goes through `flag`, a word of the pipeline's stages (the 128 x 128 16-bit
+// stages fill the 48 KiB of static shared memory; a variable of its own would pass it).
+__device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* flag) {
+  if (gridDim.z == 1) {
+    __syncthreads();  // (the block's own stores are visible to the block after a barrier)
+    return true;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 1;
+    if (last) {
+      __threadfence();
+      arrivals[tile] = 0;
+    }
+    *flag = last;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
+// The last block's sums of its tile: this thread's first `count` (<= ELEMS) elements, element e at from + e * step
+// in split 0's sums (each split's `slice` further on) and at to + e * step in grad_weight (or grad_bias).  The
+// splits are read one after the other with every element's load of a split in flight at once: a round trip per
+// split, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
+// time).  The addresses advance by `step` from one pointer (no pointer a load kept in registers: the tail stays
+// within the main loop's registers).  Each element adds split 0, 1, ... to 0 in order: the bits of
+// conv_bwd_weight_igemm_finish.
+template <int ELEMS, typename T, typename I>
+__device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I slice, int splits, int count) {
+  float sum[ELEMS];
+#pragma unroll
+  for (int e = 0; e < ELEMS; ++e) sum[e] = 0.0f;
+  for (int z = 0; z < splits; ++z, from += slice) {
+    float v[ELEMS];
+    const float* at = from;
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e, at += step) v[e] = e < count ? __ldcg(at) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e) sum[e] += v[e];
+  }
+#pragma unroll
+  for (int e = 0; e < ELEMS; ++e, to += step) {
+    if (e < count) *to = from_acc<T>(sum[e]);
+  }
+}
+
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
-    float* __restrict__ partial, float* __restrict__ bias_partial, I n, int groups, int channels_per_group,
+    float* __restrict__ partial, float* __restrict__ bias_partial, T* __restrict__ grad_weight,
+    T* __restrict__ grad_bias, int* __restrict__ arrivals, int finish, I n, int groups, int channels_per_group,
     int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top,
     int pad_left, int dilation_h, int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
   typedef WgTile<T> W;
@@ -1546,10 +1604,30 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
       if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m] = bias_acc[mi][2 * half];
     }
   }
+
+  // The last split of the tile to arrive: grad_weight[g D/G + m][c][tap] of its (m, n = (tap, c)); a thread takes
+  // column n0 + tid % BN (the sums' reads coalesce along n) of every ROW_STEP-th row, and the first column tile's
+  // blocks write grad_bias of their rows.
+  // (finish 0: conv_bwd_weight_igemm_finish adds the splits, `weight_igemm_plan`; block-uniform)
+  if (!finish) return;
+  if (!wg_last_arrival(arrivals, blockIdx.x + gridDim.x * blockIdx.y, reinterpret_cast<int*>(bs))) return;
+  constexpr int ROW_STEP = THREADS / BN, ELEMS = BM / ROW_STEP;
+  static_assert(THREADS % BN == 0 && BM % ROW_STEP == 0, "whole rows of the tile per pass");
+  const int nn = n0 + tid % BN, row = tid / BN, rows = M - m0 - row;  // rows: of M from this thread's first on
+  const int count = nn < N && rows > 0 ? min((rows + ROW_STEP - 1) / ROW_STEP, ELEMS) : 0;
+  const int t = nn / channels_per_group, cc = nn - t * channels_per_group;
+  const I first = (I)(g * outputs_per_group + m0 + row) * N;
+  wg_finish<ELEMS>(partial + first + nn, grad_weight + first + (I)cc * taps + t, (I)ROW_STEP * N, (I)D * N,
+                   (int)gridDim.z, count);
+  if (has_bias && n0 == 0 && tid < BM) {
+    const int d = g * outputs_per_group + m0 + tid;
+    wg_finish<1>(bias_partial + d, grad_bias + d, (I)0, (I)D, (int)gridDim.z, m0 + tid < M);
+  }
 }
 
 // The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
 // rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
+// (The weight gradients themselves finish in their kernels, `wg_finish`, to these bits; the tests hold them to it.)
 // Also conv_fwd_igemm's (taps 1: an elementwise sum in out's layout, phase_width 0), and a phase's of the strided
 // input gradient (phase_width > 0: its pixels written to their places in grad_input, `ig_phase_pixel`).
 template <typename T, typename I>
@@ -1843,8 +1921,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
 // 16: both taps; of 32, or TF32's 16: one): its CG rows of A against its group's CG columns of each tap of B, the
 // block-diagonal blocks only (no MMA on another group's channels).  The pipeline, the split of K (z) and the float
 // sums in partial (splits, D, taps x CG) in (tap, c) order are conv_bwd_weight_igemm's, as is the bias gradient
-// (A x ones in the warps of the block's first tap of tap block 0; TF32 adds gy_rest), so that its final pass,
-// conv_bwd_weight_igemm_finish, adds the splits in order and permutes to grad_weight.
+// (A x ones in the warps of the block's first tap of tap block 0; TF32 adds gy_rest), and so is the end: the last
+// split of a tile to arrive (`wg_last_arrival`) adds the splits in order and permutes to grad_weight.
 constexpr int WGG_TAPS = 2;
 
 // The warp's fragments at element offset k (the K step's first row) of a stage of rows of `pitch` elements, from
@@ -1904,9 +1982,10 @@ __device__ __forceinline__ void wgg_bias_step(float (&bias)[MI][4], const unsign
 template <typename T, typename I, int CG>
 __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
-    float* __restrict__ partial, float* __restrict__ bias_partial, I n, int groups, int height, int width,
-    int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
-    int dilation_w, int out_h, int out_w, I chunks_per_split, int has_bias) {
+    float* __restrict__ partial, float* __restrict__ bias_partial, T* __restrict__ grad_weight,
+    T* __restrict__ grad_bias, int* __restrict__ arrivals, int finish, I n, int groups, int height, int width,
+    int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w,
+    int out_h, int out_w, I chunks_per_split, int has_bias) {
   typedef WgTile<T> W;
   typedef typename W::S S;
   typedef typename Unsigned<I>::type U;
@@ -2058,8 +2137,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
   });
 
   // --- epilogue: the float sums of this split, (d, (tap, c)) of group g at partial[z][g CG + d][tap CG + c] -----
+  // (a group past the last writes nothing, but its warps stay for the barriers of wg_last_arrival)
   const int g = c0 / CG + block_group;
-  if (g >= groups) return;
   float* out = partial + ((I)blockIdx.z * C + g * CG) * (I)N;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
@@ -2068,7 +2147,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
       const int d = mi * 16 + gq + 8 * h;
 #pragma unroll
       for (int k = 0; k < WARP_TAPS; ++k) {
-        if (!warp_tap[k]) continue;
+        if (!warp_tap[k] || g >= groups) continue;
         float* row = out + (I)d * N + (tap0 + first_tap + k * WARPS_PER_GROUP) * CG;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
@@ -2076,7 +2155,24 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
           row[ni * 8 + 2 * q + 1] = acc[k][mi][ni][2 * h + 1];
         }
       }
-      if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * C + g * CG + d] = bias_acc[mi][2 * h];
+      if (sum_bias && q == 0 && g < groups) bias_partial[(I)blockIdx.z * C + g * CG + d] = bias_acc[mi][2 * h];
     }
+  }
+
+  // --- the last split of the tile to arrive: grad_weight[g CG + d][c][tap] of the block's groups and taps: a
+  // thread takes (tap t, channel c) = tid % COLS (the sums' reads coalesce over a tap's CG columns) of every
+  // ROWS_APART-th row; the blocks of tap block 0 write grad_bias of the block's channels ------------------------
+  // (finish 0: conv_bwd_weight_igemm_finish adds the splits, `weight_igemm_plan`; block-uniform)
+  if (!finish) return;
+  if (!wg_last_arrival(arrivals, blockIdx.x + gridDim.x * blockIdx.y, reinterpret_cast<int*>(bs))) return;
+  constexpr int COLS = WGG_TAPS * CG, ROWS_APART = IG_THREADS / COLS, ELEMS = CHANNELS / ROWS_APART;
+  static_assert(IG_THREADS % COLS == 0 && CHANNELS % ROWS_APART == 0, "whole rows of the tile per pass");
+  const int cc = tid % CG, tap = tap0 + tid / CG % WGG_TAPS, row = tid / COLS, rows = C - c0 - row;
+  const int count = tap < taps && rows > 0 ? min((rows + ROWS_APART - 1) / ROWS_APART, ELEMS) : 0;
+  const I first = (I)(c0 + row) * N;
+  wg_finish<ELEMS>(partial + first + tap * CG + cc, grad_weight + first + (I)cc * taps + tap, (I)ROWS_APART * N,
+                   (I)C * N, (int)gridDim.z, count);
+  if (has_bias && blockIdx.x == 0 && tid < CHANNELS) {
+    wg_finish<1>(bias_partial + c0 + tid, grad_bias + c0 + tid, (I)0, (I)C, (int)gridDim.z, c0 + tid < C);
   }
 }

@@ -80,6 +80,7 @@ PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
 EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
 EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
+EMU_RUNTIME = "tests/emulator/include/emu_runtime.h"
 M = Mutation
 
 MUTATIONS = [
@@ -560,6 +561,38 @@ MUTATIONS = [
       IG + " -k rest", "wg: bias gradient"),
     M("wg-bias-tf32-one", "implicit_gemm.cu", "const unsigned ones[2] = {0x3f800000u, 0x3f800000u};",
       "const unsigned ones[2] = {0x3f000000u, 0x3f800000u};", WG, "wg: bias gradient"),
+    M("wg-pipeline-barrier", "implicit_gemm.cu",
+      "    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read\n", "",
+      WG + " -k long_split", "wg: pipeline"),
+    # the splits finished in the kernel by the last block of each tile (wg_last_arrival, issue 24 deliverable 5)
+    M("wg-fence-removed", "implicit_gemm.cu", "  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {",
+      "  __syncthreads();\n  if (threadIdx.x == 0) {", WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wg-count-not-reset", "implicit_gemm.cu", "      arrivals[tile] = 0;\n", "", WG + " -k arrival",
+      "wg: last block"),
+    M("wg-last-off-by-one", "implicit_gemm.cu", "atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 1;",
+      "atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 2;", WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wg-split-order", "implicit_gemm.cu",
+      "  for (int z = 0; z < splits; ++z, from += slice) {\n    float v[ELEMS];\n    const float* at = from;",
+      "  for (int z = 0; z < splits; ++z) {\n    float v[ELEMS];\n    const float* at = from + (I)(splits - 1 - z) * slice;",
+      WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wg-finish-rows-past-m", "implicit_gemm.cu", "const int count = nn < N && rows > 0 ? min((rows + ROW_STEP - 1)",
+      "const int count = nn < N && rows > 0 ? min((rows + ROW_STEP)", WG + " -k finished_in_the_kernel",
+      "wg: last block"),
+    M("wg-last-tile-index", "implicit_gemm.cu",
+      "if (!wg_last_arrival(arrivals, blockIdx.x + gridDim.x * blockIdx.y, reinterpret_cast<int*>(bs))) return;\n"
+      "  constexpr int ROW_STEP = THREADS / BN",
+      "if (!wg_last_arrival(arrivals, blockIdx.y, reinterpret_cast<int*>(bs))) return;\n"
+      "  constexpr int ROW_STEP = THREADS / BN", WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wg-finish-bias-tile", "implicit_gemm.cu", "  if (has_bias && n0 == 0 && tid < BM) {", "  if (has_bias && n0 == 64 && tid < BM) {",
+      WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wgg-finish-layout", "implicit_gemm.cu", "grad_weight + first + (I)cc * taps + tap, (I)ROWS_APART * N,",
+      "grad_weight + first + (I)tap * CG + cc, (I)ROWS_APART * N,", WGG, "wgg: last block"),
+    M("wgg-finish-taps-past-the-last", "implicit_gemm.cu", "const int count = tap < taps && rows > 0 ?",
+      "const int count = rows > 0 ?", WGG, "wgg: last block"),
+    M("emu-fence-ignored", EMU_RUNTIME, "void threadfence() { engine.current->fenced_at = engine.current->barriers; }",
+      "void threadfence() {}", "tests/test_emulator.py -k 'last_block or unfenced'", "emulator: fences"),
+    M("emu-fence-epoch", EMU_RUNTIME, "if (g->fenced_at < f->barriers - 1) {", "if (g->fenced_at < f->barriers - 2) {",
+      "tests/test_emulator.py -k 'last_block or unfenced'", "emulator: fences"),
 
     # -- mma.cuh: compiled for a GPU only (the emulator has its own mma.sync) -------------------------------------
     M("mma-a-registers-swapped", "mma.cuh", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])',

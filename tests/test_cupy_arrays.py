@@ -379,10 +379,11 @@ def test_dask_with_cupy_chunks(device):
 
 def test_the_device_is_cuda_device_with_real_cupy_arrays(device):
     """CudaDevice's launch, GEMM and matmul run unchanged; what it overrides is memory, kernels, cuBLAS, device
-    properties and the per-call device scope (CuPy's Device context and the stream-capture query need a driver)."""
+    properties, the per-call device scope and the stream key (CuPy's Device context, its current stream and the
+    stream-capture query need a driver)."""
     own = {name for name in vars(CupyHostDevice) if not name.startswith("__")}
     assert own == {"name", "compute_capability", "empty", "asarray", "asnumpy", "host", "_source", "copyto", "add",
-                   "sum", "function", "cublas", "total_memory", "timed", "key", "scope", "clock_rate"}
+                   "sum", "function", "cublas", "total_memory", "timed", "key", "scope", "clock_rate", "stream_key"}
     for name in ("launch", "gemm_strided_batched", "matmul_strided"):
         assert getattr(CupyHostDevice, name) is getattr(_device.CudaDevice, name)
     a = device.empty((3, 4), numpy.float32)

@@ -19,7 +19,8 @@ KERNELS = ["record_indices", "take_ticket", "block_sum<float>", "block_sum<doubl
            "dynamic_shared_past_end", "big_static_shared", "copy_strided", "int_index_overflow",
            "local_array_past_end", "mma_16816<__half>", "mma_16816<__nv_bfloat16>", "mma_1688_tf32",
            "mma_divergent", "vector_copy<float2>", "vector_copy<float4>", "vector_copy<int4>", "vector_copy<uint2>",
-           "half_pair_shared", "vector_dynamic_shared", "bounded", "shared_in_helpers", "too_much_shared_in_helpers"]
+           "half_pair_shared", "vector_dynamic_shared", "bounded", "shared_in_helpers", "too_much_shared_in_helpers",
+           "last_block_sum<0>", "last_block_sum<1>", "last_block_sum<2>"]
 INSTANTIATIONS = [(SOURCE, k) for k in KERNELS]
 ORDERS = ("forward", "reverse")
 
@@ -649,3 +650,37 @@ def test_mma_needs_every_lane_of_the_warp():
         launch("forward", "mma_divergent", 1, 64, [d, numpy.int32(16)])
     with pytest.raises(KernelFailure, match=r"mma.sync .* in a warp of 16 threads; it needs all 32 lanes"):
         launch("forward", "mma_divergent", 1, 16, [d, numpy.int32(32)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fences: a block's global stores reach the block that sees its atomic count only through each storing thread's
+# __threadfence() (the last block of a split-K, raw_kernels/implicit_gemm.cu's wg_last_arrival)
+
+LAST_BLOCK_ORDERS = {"forward": None, "reverse": None, "shuffled": lambda g: [(2, 0, 0), (4, 0, 0), (0, 0, 0),
+                                                                              (3, 0, 0), (1, 0, 0)]}
+
+
+@pytest.mark.parametrize("order", LAST_BLOCK_ORDERS)
+def test_last_block_to_arrive_sums_every_block(order):
+    """With every thread fenced, the last block to arrive -- the highest, the lowest or a middle index, as the
+    blocks run -- reads every block's values and sets the count back to 0."""
+    blocks = LAST_BLOCK_ORDERS[order]
+    d = (EmulatedDevice("reverse" if order == "reverse" else "forward", kernel_dir=SELFTEST_KERNEL_DIR,
+                        instantiations=INSTANTIATIONS, blocks=blocks))
+    partial, out = d.empty((5, 64), numpy.float32), d.empty((64,), numpy.float32)
+    arrivals, last = numpy.zeros(1, numpy.int32), numpy.full(1, -1, numpy.int32)
+    d.launch(SOURCE, "last_block_sum<1>", 5, 64, [partial, arrivals, out, last])
+    assert last[0] == {"forward": 4, "reverse": 0, "shuffled": 1}[order]
+    assert arrivals[0] == 0
+    numpy.testing.assert_array_equal(out, sum(b * 1000 + numpy.arange(64, dtype=numpy.float32) for b in range(5)))
+
+
+@pytest.mark.parametrize("fence, thread", [(0, r"\(0,0,0\)"), (2, r"\(1,0,0\)")])
+def test_atomic_after_unfenced_stores_fails(fence, thread):
+    """No fence, or a fence in thread 0 only: the count would publish stores a GPU may not show the last block."""
+    d = device()
+    partial, out = d.empty((3, 32), numpy.float32), d.empty((32,), numpy.float32)
+    with pytest.raises(KernelFailure, match=rf"block \(0,0,0\): thread \(0,0,0\): atomic after a barrier, but thread "
+                                            rf"{thread} did not __threadfence\(\) .*selftest.cu:\d+"):
+        d.launch(SOURCE, f"last_block_sum<{fence}>", 3, 32, [partial, numpy.zeros(1, numpy.int32), out,
+                                                             numpy.zeros(1, numpy.int32)])

@@ -232,13 +232,13 @@ def test_tensor_core_work_and_pass_macs():
     # the generic forward and input gradient (this file's fixture); the weight gradient on the channels-last kernel,
     # whose operand copies (channels_last_copies) carry no MACs; the bias gradient comes with the weight's
     forward, grad_input, grad_weight = [s for s in rec.steps if s.kernel in predict.TENSOR_CORE_KERNELS]
-    finish = rec.steps[-1]
+    last = rec.steps[-1]   # the weight gradient itself: its splits are finished in the kernel, no final pass
     # the forward tiles exactly: 784 blocks of 128 x 64 over 18 chunks of 32 = the useful MACs
     assert predict.tensor_core_macs(forward) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
     assert predict.hmma_macs(forward) == 16 * 8 * 16
     macs = predict.pass_macs(rec.steps, case)
     assert sorted(macs.values()) == [cases.flops(case) / 2] * 3 and len(macs) == 3
-    assert grad_weight.kernel == "conv_bwd_weight_igemm" and finish.kernel == "conv_bwd_weight_igemm_finish"
+    assert grad_weight.kernel == last.kernel == "conv_bwd_weight_igemm"
     assert predict.tensor_core_macs(grad_weight) >= cases.flops(case) // 2
     assert predict.tensor_core_macs(grad_weight) == 9 * 56 * 64 * 64 * 56 * 32  # 3136 chunks in 56 splits of 56
 
@@ -561,3 +561,42 @@ def test_counters_of_copies_in_one_launch_are_sampled_per_job(monkeypatch):
             if name in got[kind]:
                 want_total = sum(w[kind][name] for w in want)
                 assert got[kind][name] == pytest.approx(want_total, rel=0.05), (kind, name, got[kind][name])
+
+
+def test_the_last_block_of_each_tile_is_counted_and_its_tail_timed():
+    """conv_bwd_weight_igemm finishes its splits in the kernel (the last block of each tile to arrive reads every
+    split's sums of the tile): the counters run its sample twice, every count at 0 (blocks that are not last) and at
+    splits - 1 (each sampled block is its tile's last: main loop and tail), and weight them (splits - 1) / splits
+    and 1 / splits, so the tail counts once per tile.  `finish_tail` times the tails after the last wave: per tile
+    the larger of a load's latency per split and the tile's bytes at one SM's share of L2."""
+    launch = next(s for s in launches.record(BY_LABEL["r50-64-gpu16"], True).steps
+                  if getattr(s, "kernel", None) == "conv_bwd_weight_igemm")
+    splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
+    assert splits == 56 and tiles == 9
+    assert predict.arrival_strata(launch) == [(0, 55 / 56), (55, 1 / 56)]
+    seen = []
+
+    class Tail(_FakeCounterDevice):   # 4 last blocks add 7 requests of 32 sectors to the same load site
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            super().launch(source, name, grid, block, args, shared_mem)
+            arrivals = args[list(launch.args).index("arrivals")]
+            seen.append(int(arrivals.max()))
+            if arrivals.max() == splits - 1:
+                self.profile[-1].sites[0].requests += 7
+                self.profile[-1].sites[0].sectors += 7 * 32
+    counters = predict.emulated_counters(launch, device_factory=Tail)
+    assert seen == [0, splits - 1]
+    load = counters["kinds"]["global_load"]
+    per_block = predict.COUNTER_BLOCKS   # the fake's counts are the sample's, 4 blocks
+    assert load["requests"] == pytest.approx((10 * launch.blocks + 7 * tiles) / per_block)
+    assert load["sectors"] == pytest.approx((30 * launch.blocks + 7 * 32 * tiles) / per_block)
+    # the tail: 56 splits of a 64 x 64 tile of float sums (917,504 bytes) on one SM
+    gpu = predict.GPUS["h100"]
+    tail = predict.finish_tail(launch, gpu)
+    tile_bytes = 56 * 64 * 64 * 4
+    assert launch.args["partial"].nbytes == tile_bytes * tiles
+    low = max(56 * 300, tile_bytes / 64) / (gpu["clock_ghz"][1] * 1e9) * 1e6
+    high = max(56 * 700, tile_bytes / 32) / (gpu["clock_ghz"][0] * 1e9) * 1e6
+    assert (tail.low, tail.high) == (pytest.approx(low), pytest.approx(high))
+    forward = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[-1]
+    assert predict.finish_tail(forward, gpu) is None and predict.arrival_strata(forward) == [(None, 1.0)]

@@ -243,3 +243,33 @@ def test_an_emptied_cache_is_a_new_generation_the_fast_path_sees(device, counted
         y = cupyconv.conv2d(*arrays, padding=1, groups=2)
     assert counted == {"recorded": 3, "replayed": 1}
     ref.assert_close(device.asnumpy(y), cupyconv.conv2d(x, w, b, padding=1, groups=2), "float32", "conv2d")
+
+
+def test_a_replayed_weight_gradient_counts_in_its_own_streams_array(device, counted, monkeypatch):
+    """The tensor-core weight gradient's arrival counts (`Device.arrival_counters`, one array per stream) are a
+    step of the program, not a recorded array: a replay on another stream asks that stream's array, so replays in
+    flight on two streams never share a count.  Several splits (their last block finishes each tile): the same
+    results as the CPU path on every stream, and every count back at 0."""
+    from cupyconv.ops import implicit_gemm as igemm
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 10**6)
+    monkeypatch.setattr(igemm, "TC_SPLIT_CHUNKS", 1)
+    stream = {"key": "a"}
+    monkeypatch.setattr(device, "stream_key", lambda: stream["key"])
+    monkeypatch.setattr(device, "_arrivals", {}, raising=False)
+    rng = numpy.random.default_rng(41)
+    for key in ("a", "b", "a"):
+        stream["key"] = key
+        x, w = rng.standard_normal((2, 16, 9, 8)).astype(numpy.float16), rng.standard_normal((8, 16, 3, 3))
+        gy = rng.standard_normal((2, 8, 9, 8)).astype(numpy.float16)
+        w = w.astype(numpy.float16)
+        with _device.use_device(device):
+            _, grad_w, grad_b = cupyconv.conv2d_backward(device.asarray(gy), device.asarray(x), device.asarray(w),
+                                                         padding=1, needs=("weight", "bias"),
+                                                         algorithm="implicit_gemm")
+        want = cupyconv.conv2d_backward(gy.astype(numpy.float64), x.astype(numpy.float64), w.astype(numpy.float64),
+                                        padding=1, needs=("weight", "bias"))
+        ref.assert_close(device.asnumpy(grad_w), want[1], "float16", f"stream {key}")
+        ref.assert_close(device.asnumpy(grad_b), want[2], "float16", f"stream {key}")
+        assert set(device._arrivals) == ({"a"} if key == "a" and counted["replayed"] == 0 else {"a", "b"})
+    assert counted == {"recorded": 1, "replayed": 2}
+    assert all(not device.asnumpy(a).any() for a in device._arrivals.values())

@@ -85,7 +85,8 @@ class SweepSpec:
     def kernels(self) -> list[str]:
         """The tensor-core kernels of the forward, input gradient and weight gradient, in launch order."""
         weight = (["conv_bwd_weight_igemm_groups" if self.several_groups_a_block("weight") else "conv_bwd_weight_igemm",
-                   "conv_bwd_weight_igemm_finish"] if self.vectorised else ["conv_bwd_weight_tc"])
+                   *([] if igemm.weight_igemm_plan(self.spec, DTYPES[self.dtype])[2] else
+                     ["conv_bwd_weight_igemm_finish"])] if self.vectorised else ["conv_bwd_weight_tc"])
         return [*(self.igemm_kernels("forward") if self.fast("forward") else ["conv_fwd_tc"]),
                 *(self.igemm_kernels("input") if self.fast("input") else ["conv_bwd_input_tc"]), *weight]
 

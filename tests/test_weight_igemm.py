@@ -80,7 +80,7 @@ def test_matches_cpu_path(monkeypatch, case, dtype):
     assert plan.tile == {"wg_tile_edges": (64, 64), "wg_groups_stride_dilation": (32, 64),
                          "wg_wide_rows": (128, 64), "wg_wide_tile": (128, 128)}[case.name]
     names = [name.split("<")[0] for name in device.launches]
-    assert names.count("conv_bwd_weight_igemm") == 1 and names.count("conv_bwd_weight_igemm_finish") == 1
+    assert names.count("conv_bwd_weight_igemm") == 1 and "conv_bwd_weight_igemm_finish" not in names  # finished in it
     assert "conv_bwd_weight_tc" not in names and "conv_bgrad" not in names  # the bias came with the weight
     assert grad_w.dtype == grad_b.dtype == DTYPES[dtype] and grad_w.shape == case.weight
     assert_close(grad_w, want_w, dtype, "grad_weight")
@@ -198,8 +198,9 @@ def test_main_loop_counters():
     assert len(ldmatrix) == 2 and sum(s.requests for s in ldmatrix) == (9 + 7) * warps * 2 * 4
     for s in shared:  # the fewest wavefronts a warp's request can take: 16-byte accesses by quarter warps
         assert s.wavefronts_per_request == (4.0 if s.width == 16 else 1.0), s
-    copies = [s for s in profile.sites if s.kind == "global_load"]
-    assert len(copies) == 2 and all(s.width == 16 for s in copies)
+    copies = [s for s in profile.sites if s.kind == "global_load" and s.width == 16]
+    assert len(copies) == 2  # (the other global load: the arrival count's atomic, 4 bytes once per block)
+    assert [s.width for s in profile.sites if s.kind == "global_load" and s.width != 16] == [4]
     for s in copies:
         assert s.sector_efficiency >= 0.95, s
 
@@ -300,7 +301,8 @@ def test_a_channels_last_grad_output_is_read_in_place(monkeypatch, layout):
         grad_output = numpy.ascontiguousarray(grad_output.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     device = Recorder("reverse")
     copies = []
-    monkeypatch.setattr(device, "copyto", lambda out, a: (copies.append(a.shape), EmulatedDevice.copyto(device, out, a)))
+    monkeypatch.setattr(device, "copyto", lambda out, a: (copies.append(numpy.shape(a)),   # (a fill: ())
+                                                          EmulatedDevice.copyto(device, out, a)))
     with _device.use_device(device):
         grad_x, grad_w, _ = cupyconv.conv2d_backward(grad_output, x, weight, needs=("input", "weight"),
                                                      algorithm="implicit_gemm", **case.kwargs)
@@ -354,3 +356,176 @@ def test_copies_in_one_launch_keep_the_bits(monkeypatch, case, dtype):
     for g, w, what in zip(got, want, ("y", "grad_x", "grad_weight", "grad_bias")):
         assert g.dtype == w.dtype and g.shape == w.shape, what
         numpy.testing.assert_array_equal(g.view(numpy.uint8), w.view(numpy.uint8), err_msg=what)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The splits finished in the kernel (issue 24, deliverable 5): the last block of each tile to arrive adds the splits
+# in order (implicit_gemm.cu's wg_last_arrival), with the bits of the separate final pass it replaced
+
+
+class SeparateFinish(Recorder):
+    """After each weight-gradient launch, the separate final pass (conv_bwd_weight_igemm_finish, which finished the
+    splits before) runs on the same partial sums into arrays of its own: `finished` [(grad_weight, grad_bias)]."""
+
+    WEIGHT_KERNELS = ("conv_bwd_weight_igemm<", "conv_bwd_weight_igemm_groups<")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.finished, self.arrival_arrays = [], []
+
+    def launch(self, source, name, grid, block, args, shared_mem=0):
+        super().launch(source, name, grid, block, args, shared_mem)
+        if not name.startswith(self.WEIGHT_KERNELS):
+            return
+        partial, bias_partial, grad_w, grad_b, arrivals = args[3:8]
+        self.arrival_arrays.append(arrivals)
+        weight, bias = self.empty(grad_w.shape, grad_w.dtype), self.empty(grad_b.shape, grad_b.dtype)
+        has_bias = int(args[-1])
+        igemm.KERNELS.launch(self, "conv_bwd_weight_igemm_finish", dtype=grad_w.dtype,
+                             index="long long" if ", long long," in name else "int", grid=3, block=64,
+                             partial=partial, bias_partial=bias_partial, grad_weight=weight,
+                             grad_bias=bias if has_bias else weight, splits=grid[2], out_channels=grad_w.shape[0],
+                             channels_per_group=grad_w.shape[1], taps=grad_w.shape[2] * grad_w.shape[3],
+                             has_bias=has_bias, **igemm.IN_PLACE)
+        self.finished.append((weight, bias if has_bias else None))
+
+
+def shuffled_blocks(seed):
+    """`blocks=` running every block in a shuffled order: the last split of a tile to arrive is any split."""
+    def blocks(grid):
+        every = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        numpy.random.default_rng(seed).shuffle(every)
+        return every
+    return blocks
+
+
+FINISH_CASES = [CASE_BY_NAME["wg_tile_edges"], CASE_BY_NAME["wg_wide_tile"],
+                C("wg_groups_of_16", (2, 64, 9, 7), (64, 16, 3, 3), padding=((2, 0), (1, 1)), groups=4)]
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
+@pytest.mark.parametrize("chunks", [None, 1, 3])
+@pytest.mark.parametrize("case, dtype", [(FINISH_CASES[0], "float16"), (FINISH_CASES[0], "float32"),
+                                         (FINISH_CASES[1], "bfloat16"), (FINISH_CASES[2], "float16"),
+                                         (FINISH_CASES[2], "float32")], ids=str)
+def test_splits_finished_in_the_kernel_keep_the_separate_pass_bits(monkeypatch, case, dtype, chunks, order):
+    """One split (chunks None: the default plan of these small problems) or splits of 1 and 3 chunks; blocks in
+    forward, reverse (the last to arrive is split 0) and shuffled order: grad_weight and grad_bias are the bits of
+    the separate final pass on the same partial sums, match the float64 reference, and the arrival counts are
+    back at 0 (no final pass launched).  Groups of 16 run conv_bwd_weight_igemm_groups."""
+    if chunks is not None:
+        several_splits(monkeypatch, chunks)
+    device = SeparateFinish("reverse" if order == "reverse" else "forward",
+                            blocks=shuffled_blocks(chunks or 0) if order == "shuffled" else None)
+    (_, grad_w, grad_b), (_, want_w, want_b) = backward(device, case, dtype, seed=31)
+    names = [name.split("<")[0] for name in device.launches]
+    assert names.count("conv_bwd_weight_igemm_finish") == 1 and len(device.finished) == 1, names   # (ours)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+    several = igemm.groups_igemm_refusal(spec, DTYPES[dtype]) is None
+    assert several == (case is FINISH_CASES[2])
+    plan = (igemm.plan_weight_igemm_groups if several else igemm.plan_weight_igemm)(spec, DTYPES[dtype])
+    assert plan.splits == 1 if chunks is None else plan.splits > 1 or chunks == 3, plan
+    finished_w, finished_b = device.finished[0]
+    assert grad_w.tobytes() == finished_w.tobytes() and grad_b.tobytes() == finished_b.tobytes()
+    assert not device.arrival_arrays[0].any()
+    assert_close(grad_w, want_w, dtype, "grad_weight")
+    assert_close(grad_b, want_b, dtype, "grad_bias")
+
+
+@pytest.mark.parametrize("kernel_case", [FINISH_CASES[0], FINISH_CASES[2]], ids=str)
+def test_arrival_counts_are_reused_and_left_at_zero(monkeypatch, kernel_case):
+    """Two calls on one device count in its one kept array (made once), both finish their tiles (a count not set
+    back to 0 would leave the second call's weight unwritten: NaN) with the same bits, weight only and with bias."""
+    several_splits(monkeypatch, 2)
+    device = SeparateFinish()
+    made = []
+    zeros = device.zeros
+    monkeypatch.setattr(device, "zeros", lambda shape, dtype: made.append(shape) or zeros(shape, dtype))
+    runs = []
+    for needs in (("weight", "bias"), ("weight",), ("weight", "bias")):
+        x, weight, _, grad_output = kernel_case.inputs(numpy.random.default_rng(32), numpy.float16)
+        runs.append(on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, needs=needs,
+                                algorithm="implicit_gemm", **kernel_case.kwargs))
+    assert len({id(a) for a in device.arrival_arrays}) == 1 and made.count((_device.ARRIVALS_LEAST,)) == 1
+    assert not device.arrival_arrays[0].any()
+    assert runs[0][1].tobytes() == runs[1][1].tobytes() == runs[2][1].tobytes()
+    assert runs[0][2].tobytes() == runs[2][2].tobytes() and runs[1][2] is None
+    assert not numpy.isnan(numpy.asarray(runs[1][1], numpy.float64)).any()
+
+
+def test_arrival_counts_are_kept_per_stream():
+    """Each stream (`stream_key`) gets its own counts, so two launches in flight on different streams never count
+    in one array; a larger request replaces the stream's array."""
+    class Streams(EmulatedDevice):
+        stream = 0
+
+        def stream_key(self):
+            return self.stream
+
+    device = Streams()
+    first = device.arrival_counters(10)
+    assert first.dtype == numpy.int32 and first.size == _device.ARRIVALS_LEAST and not first.any()
+    assert device.arrival_counters(5) is first
+    device.stream = 1
+    other = device.arrival_counters(10)
+    assert other is not first
+    device.stream = 0
+    assert device.arrival_counters(10) is first
+    bigger = device.arrival_counters(_device.ARRIVALS_LEAST + 1)
+    assert bigger.size == _device.ARRIVALS_LEAST + 1 and not bigger.any() and device.arrival_counters(3) is bigger
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_one_long_split_with_bias(monkeypatch, dtype):
+    """One split of 50 chunks (one block per tile) summing the bias: the bias warps issue more tensor-core steps per
+    chunk than the others, so without wg_pipeline's barrier per chunk the others run chunks ahead and read stages
+    the bias warps' threads have not refilled yet (the emulator keeps warps in step only at warp operations)."""
+    monkeypatch.setattr(igemm, "TC_SPLIT_BLOCKS", 1)
+    case = C("wg_long_split", (1, 16, 40, 40), (16, 16, 3, 3), padding=1)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+    plan = igemm.plan_weight_igemm(spec, DTYPES[dtype])
+    assert plan.splits == 1 and plan.chunks_per_split >= 50, plan
+    (_, grad_w, grad_b), (_, want_w, want_b) = backward(Recorder(), case, dtype, seed=33)
+    assert_close(grad_w, want_w, dtype, "grad_weight")
+    assert_close(grad_b, want_b, dtype, "grad_bias")
+
+
+@pytest.mark.parametrize("case, dtype", [(FINISH_CASES[0], "float16"), (FINISH_CASES[2], "float32")], ids=str)
+def test_a_long_last_read_keeps_the_final_pass(monkeypatch, case, dtype):
+    """Splits whose last block would read more than WG_FINISH_BYTES of sums (here: any) leave them to
+    conv_bwd_weight_igemm_finish: the kernel writes its sums and returns (no count taken), the final pass runs,
+    and the bits are those of the finish in the kernel."""
+    several_splits(monkeypatch, 1)
+    runs = []
+    for limit in (igemm.WG_FINISH_BYTES, 0):
+        monkeypatch.setattr(igemm, "WG_FINISH_BYTES", limit)
+        device = SeparateFinish("reverse")
+        (_, grad_w, grad_b), (_, want_w, want_b) = backward(device, case, dtype, seed=34)
+        names = [name.split("<")[0] for name in device.launches]
+        assert names.count("conv_bwd_weight_igemm_finish") == (2 if limit == 0 else 1), names   # (+ ours)
+        assert not device.arrival_arrays[0].any()
+        runs.append((grad_w.tobytes(), grad_b.tobytes()))
+        assert_close(grad_w, want_w, dtype, "grad_weight")
+        assert_close(grad_b, want_b, dtype, "grad_bias")
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+    assert igemm.weight_igemm_plan(spec, DTYPES[dtype])[1].splits > 1
+    assert runs[0] == runs[1]
+
+
+def test_which_shapes_finish_in_the_kernel():
+    """The rule of `weight_igemm_plan`: r50-64's 3 x 3 layer (56 splits of 64 x 64: 896 KiB) finishes in the kernel,
+    r50-128's 16-bit one (56 splits of 128 x 128: 3.5 MiB) keeps the final pass; one split always finishes."""
+    def plan(n, c, hw, dtype):
+        x = numpy.empty((n, c, hw, hw), dtype)
+        spec = cupyconv.ops.conv.ConvSpec.for_conv("t", x, numpy.empty((c, c, 3, 3), dtype), None, stride=1,
+                                                   padding=1, dilation=1, groups=1)
+        return igemm.weight_igemm_plan(spec, dtype)
+    several, r50_64, finish = plan(32, 64, 56, numpy.float16)
+    assert not several and r50_64.tile == (64, 64) and r50_64.splits == 56 and finish
+    _, r50_128, finish = plan(32, 128, 28, numpy.float16)
+    assert r50_128.tile == (128, 128) and r50_128.splits * 128 * 128 * 4 > igemm.WG_FINISH_BYTES and not finish
+    _, small, finish = plan(1, 64, 4, numpy.float16)
+    assert small.splits == 1 and finish

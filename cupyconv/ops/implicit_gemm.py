@@ -809,8 +809,10 @@ def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = 
 # --- weight gradient, channels-last -------------------------------------------------------------------------
 # conv_bwd_weight_igemm (the end of implicit_gemm.cu): grad_weight as D / G rows by (tap, c) columns, reduced over
 # the output pixels from channels-last copies of x and grad_output, 16-byte cp.async into XOR-swizzled stages,
-# ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; then a final pass that adds the splits
-# in order and permutes (tap, c) -> (c, tap).  TF32 operands are rounded once, by the channels-last copies; the
+# ldmatrix, WG_STAGES stages; the bias gradient summed by the same blocks; the last split of each output tile to
+# finish (counted in `Device.arrival_counters`, one kept int32 array per stream, left at zero by the kernel) adds
+# the splits in order and permutes (tap, c) -> (c, tap): one launch, where a separate final pass
+# (conv_bwd_weight_igemm_finish, still the forward's) cost a launch of host time and a latency-bound kernel.  TF32 operands are rounded once, by the channels-last copies; the
 # fused bias sum adds grad_output's tf32 remainder (`channels_last_with_rest`), keeping float's bits.  Eligible when every 16 bytes of a pixel's channels are one group's.
 
 WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
@@ -819,6 +821,14 @@ WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
 WG_WIDE_COLUMNS = 256   # 16-bit groups of 128+ output channels take 128 columns from this many (tap, c) columns
 WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the pixels of a K chunk
 WG_FINISH_BLOCK = 256
+# The last split of each tile to arrive finishes the tile in the kernel (`weight_igemm_plan`) while it reads at most
+# this many bytes of float sums (splits x the tile): one SM reads them after the last wave, at ~32-64 bytes a clock
+# and a load's latency per split (benchmarks.predict's `finish_tail`), where the separate final pass spreads
+# them over every SM but costs a launch (1.5-4 us of GPU time, ~30 us of host time).  PREDICTED (H100): up to
+# 1 MiB (r50-64's 56 splits of 64 x 64: 8.5-22.3 us against the final pass's 7.2-22.9) the tail costs about the GPU
+# time the final pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
+# would cost up to 2-3 times the final pass's, which stays.
+WG_FINISH_BYTES = 1 << 20
 
 
 def weight_igemm_instantiations():
@@ -868,7 +878,7 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
 # conv_fwd_igemm_groups takes (`groups_igemm_refusal`), 128 bytes of their channels (in and out) by WGG_TAPS taps a
 # block, each warp on its own group's block-diagonal columns: no MMA on padding, where conv_bwd_weight_igemm's
 # 32 x 64 tile runs half its rows (groups of 16) and a quarter of its columns (3 x 3: 144 of 192) on zeros.  Its
-# partial sums are conv_bwd_weight_igemm's, added by the same final pass.  PREDICTED (H100): benchmarks/RESULTS.md,
+# partial sums are conv_bwd_weight_igemm's, finished the same way in the kernel.  PREDICTED (H100): benchmarks/RESULTS.md,
 # "Small groups, several a block: the weight gradient".
 WGG_TAPS = 2   # implicit_gemm.cu's WGG_TAPS: taps a block
 
@@ -885,9 +895,20 @@ def plan_weight_igemm_groups(spec: ConvSpec, dtype) -> TensorCorePlan:
     return TensorCorePlan((spec.channels_per_group,), (*blocks, splits), per_split)
 
 
+def weight_igemm_plan(spec: ConvSpec, dtype) -> tuple[bool, TensorCorePlan, bool]:
+    """(several: conv_bwd_weight_igemm_groups, else conv_bwd_weight_igemm; its plan; whether the last split of each
+    tile adds the splits in the kernel (one split: always) or conv_bwd_weight_igemm_finish does after it).  In the
+    kernel while the last block's read, splits x the tile's float sums, is within WG_FINISH_BYTES: the shapes
+    only decide it, and both give the same bits."""
+    several = groups_igemm_refusal(spec, dtype) is None   # small groups, several a block
+    plan = (plan_weight_igemm_groups if several else plan_weight_igemm)(spec, dtype)
+    tile = (igemm_groups_channels(dtype) * WGG_TAPS * spec.channels_per_group if several
+            else plan.tile[0] * plan.tile[1])
+    return several, plan, plan.splits == 1 or plan.splits * tile * 4 <= WG_FINISH_BYTES
+
+
 def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
-    several = groups_igemm_refusal(spec, xv.dtype) is None   # small groups, several a block
-    plan = (plan_weight_igemm_groups if several else plan_weight_igemm)(spec, xv.dtype)
+    several, plan, finish = weight_igemm_plan(spec, xv.dtype)
     oh, ow = spec.out_size
     x_cl = channels_last(device, xv)
     gy4 = gy.reshape(spec.n, spec.out_channels, oh, ow)
@@ -899,9 +920,15 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
     cols = spec.taps * spec.channels_per_group
     partial = device.empty((plan.splits, spec.out_channels, cols), numpy.float32)
     bias_partial = device.empty((plan.splits, spec.out_channels), numpy.float32)
+    grad_w = device.empty(spec.weight_shape, xv.dtype)
+    grad_b = device.empty((spec.out_channels,), xv.dtype) if with_bias else grad_w
+    # the last split of each output tile to finish adds the splits in order and writes grad_w and grad_b
+    # (`wg_last_arrival`): one count per tile, in the stream's kept array; or the final pass after it
+    arrivals = device.arrival_counters(plan.grid[0] * plan.grid[1])
     index = index_type(x_cl.size, gy_cl.size, partial.size)
     common = dict(dtype=xv.dtype, index=index, grid=plan.grid, window=spec, x_cl=x_cl, gy_cl=gy_cl, gy_rest=gy_rest,
-                  partial=partial, bias_partial=bias_partial, n=spec.n, groups=spec.groups,
+                  partial=partial, bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b,
+                  arrivals=arrivals, finish=finish, n=spec.n, groups=spec.groups,
                   chunks_per_split=plan.chunks_per_split, has_bias=with_bias)
     if several:
         KERNELS.launch(device, "conv_bwd_weight_igemm_groups", plan.tile, block=IG_THREADS, **common)
@@ -909,13 +936,12 @@ def _grad_weight_igemm(device, xv, gy, spec: ConvSpec, with_bias: bool):
         KERNELS.launch(device, "conv_bwd_weight_igemm", plan.tile, block=weight_igemm_threads(plan.tile),
                        channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group,
                        **common)
-    grad_w = device.empty(spec.weight_shape, xv.dtype)
-    grad_b = device.empty((spec.out_channels,), xv.dtype) if with_bias else grad_w
-    KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xv.dtype, index=index,
-                   grid=capped_grid(ceil_div(grad_w.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
-                   partial=partial, bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b,
-                   splits=plan.splits, out_channels=spec.out_channels, channels_per_group=spec.channels_per_group,
-                   taps=spec.taps, has_bias=with_bias, **IN_PLACE)
+    if not finish:
+        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xv.dtype, index=index,
+                       grid=capped_grid(ceil_div(grad_w.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                       partial=partial, bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b,
+                       splits=plan.splits, out_channels=spec.out_channels, channels_per_group=spec.channels_per_group,
+                       taps=spec.taps, has_bias=with_bias, **IN_PLACE)
     return grad_w, (grad_b if with_bias else None)
 
 

@@ -185,3 +185,6 @@ class CupyHostDevice(cupyconv_device.CudaDevice):
 
     def key(self):
         return (self.name, id(self))
+
+    def stream_key(self):
+        return None   # one stream (CuPy's current stream needs a driver); CudaDevice.stream_key: tests/test_gpu_context.py

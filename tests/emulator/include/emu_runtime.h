@@ -84,6 +84,8 @@ struct Fiber {
   unsigned long long value;
   unsigned long long* result;
   void* fake_stack;  // ASan's bookkeeping for this fiber's stack
+  int barriers;      // __syncthreads() this thread has passed in its block
+  int fenced_at;     // `barriers` at its last __threadfence(), -1 before the first
 };
 
 struct Engine {
@@ -99,6 +101,8 @@ struct Engine {
   long long only_count = -1;                         // -1: every block of the grid
   const void* scheduler_stack = nullptr;  // reported by ASan when a fiber starts
   size_t scheduler_stack_bytes = 0;
+  const unsigned char* shared_begin = nullptr;  // the running grid's shared memory, [begin, end)
+  const unsigned char* shared_end = nullptr;
   char message[4096];
 };
 static Engine engine;
@@ -224,6 +228,8 @@ static void start_fiber(Fiber* f) {
   f->context.uc_stack.ss_size = 0;
 #endif
   f->state = RUNNABLE;
+  f->barriers = 0;
+  f->fenced_at = -1;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -309,6 +315,33 @@ void syncthreads(const char* file, int line) {
   f->file = file;
   f->line = line;
   yield_to_scheduler(false);
+  ++f->barriers;
+}
+
+// Memory fences and the atomics that publish a block's work (prelude.h).  On a GPU a thread's global stores
+// reach another block in order with its later accesses only through the thread's own __threadfence(); a block
+// that stores, fences, passes a barrier and then counts itself with an atomic (the last block of a split-K then
+// reads everyone's sums) needs the fence in EVERY storing thread.  The emulator does not see plain stores, so
+// it takes every thread of the block for a writer: an integer atomic on global memory made after a barrier
+// fails unless each thread of the block fenced after the barrier before the atomic's (or later).  An atomic
+// before any barrier (a ticket, a counter) publishes nothing and is not checked.
+void threadfence() { engine.current->fenced_at = engine.current->barriers; }
+
+void publishing_atomic(const void* address, const char* file, int line) {
+  const Fiber* f = engine.current;
+  const unsigned char* p = (const unsigned char*)address;
+  if (f->barriers == 0 || (p >= engine.shared_begin && p < engine.shared_end)) return;
+  const int n = (int)(blockDim.x * blockDim.y * blockDim.z);
+  for (int i = 0; i < n; ++i) {
+    const Fiber* g = &engine.fibers[i];
+    if (g->fenced_at < f->barriers - 1) {
+      char what[320];
+      snprintf(what, sizeof what, "atomic after a barrier, but thread (%u,%u,%u) did not __threadfence() since the "
+               "barrier before it: its global stores may not be visible to the block that sees this count",
+               EMU_THREAD(g));
+      thread_failure(file, line, what);
+    }
+  }
 }
 
 void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned long long value, int src_lane,
@@ -656,6 +689,8 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   blockDim = dim3(block[0], block[1], block[2]);
   const SharedMemory shared = locate_shared();
   counters::set_shared(shared.begin, shared.end);
+  engine.shared_begin = shared.begin;
+  engine.shared_end = shared.end;
   async_copy_set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);

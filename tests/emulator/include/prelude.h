@@ -81,7 +81,11 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin
 // Integer intrinsics.
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 
-inline void __threadfence() {}
+namespace emu {
+void threadfence();  // emu_runtime.h: the rule of fences and publishing atomics
+void publishing_atomic(const void* address, const char* file, int line);
+}  // namespace emu
+inline void __threadfence() { emu::threadfence(); }
 inline void __threadfence_block() {}
 
 // Warp shuffles and votes: exchange points among the fibers of one warp (32 consecutive threads of the block).
@@ -155,8 +159,16 @@ inline long long clock64() {
 // ---------------------------------------------------------------------------------------------------------
 // Atomics: fibers never preempt each other, so a plain read-modify-write is atomic.
 template <typename T> inline T emu_atomic_add(T* address, T value) { T old = *address; *address = old + value; return old; }
-inline int atomicAdd(int* a, int v) { return emu_atomic_add(a, v); }
-inline unsigned int atomicAdd(unsigned int* a, unsigned int v) { return emu_atomic_add(a, v); }
+// An integer atomicAdd after a barrier publishes the block's work: emu::publishing_atomic checks the fences.
+inline int atomicAdd(int* a, int v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  emu::publishing_atomic(a, file, line);
+  return emu_atomic_add(a, v);
+}
+inline unsigned int atomicAdd(unsigned int* a, unsigned int v, const char* file = __builtin_FILE(),
+                              int line = __builtin_LINE()) {
+  emu::publishing_atomic(a, file, line);
+  return emu_atomic_add(a, v);
+}
 inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) { return emu_atomic_add(a, v); }
 inline float atomicAdd(float* a, float v) { return emu_atomic_add(a, v); }
 inline double atomicAdd(double* a, double v) { return emu_atomic_add(a, v); }
@@ -168,6 +180,7 @@ template <typename T> inline T atomicMin(T* a, T v) { T old = *a; if (v < old) *
 // ---------------------------------------------------------------------------------------------------------
 // Loads and math.
 template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }  // (L2 only on a GPU: no stale L1 line)
 
 template <typename A, typename B> inline typename std::common_type<A, B>::type min(A a, B b) {
   typedef typename std::common_type<A, B>::type C;

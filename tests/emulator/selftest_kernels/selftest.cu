@@ -151,6 +151,30 @@ __global__ void atomics(int* counter, float* fsum, double* dsum, unsigned* usum)
   atomicAdd(usum, 2u);
 }
 
+// Split-K finished by the last block to arrive: each block writes its values, its threads fence (FENCE 1; 0:
+// none, BUG; 2: thread 0 only, BUG), it counts itself; the last sums every block's values in block order and
+// says which block it was.
+template <int FENCE>
+__global__ void last_block_sum(float* partial, int* arrivals, float* out, int* last_block) {
+  __shared__ int last;
+  partial[blockIdx.x * blockDim.x + threadIdx.x] = (float)(blockIdx.x * 1000 + threadIdx.x);
+  if (FENCE == 1 || (FENCE == 2 && threadIdx.x == 0)) __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(arrivals, 1) == (int)gridDim.x - 1;
+    if (last) {
+      __threadfence();
+      *arrivals = 0;
+      *last_block = (int)blockIdx.x;
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  float sum = 0.0f;
+  for (unsigned b = 0; b < gridDim.x; ++b) sum += __ldcg(partial + b * blockDim.x + threadIdx.x);
+  out[threadIdx.x] = sum;
+}
+
 // BUG: writes one element past the end of out (n elements) from the last thread.
 __global__ void write_past_end(float* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
