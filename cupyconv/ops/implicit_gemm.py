@@ -774,13 +774,21 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
                    vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
                    partial=partial, chunks_per_split=plan.chunks_per_split, **placement)
     if plan.splits > 1:
-        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index=index,
-                       grid=capped_grid(ceil_div(partial.size // plan.splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
-                       partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
-                       splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
-                       taps=1, has_bias=False,
-                       **(IN_PLACE if phase is None else dict(placement, phase_width=spec.out_size[1])))
+        _add_forward_splits(device, partial, memory, spec, index,
+                            IN_PLACE if phase is None else dict(placement, phase_width=spec.out_size[1]))
     return out
+
+
+def _add_forward_splits(device, partial, memory, spec: ConvSpec, index: str, placement: dict):
+    """A split forward's float32 sums, partial (splits, *its output pixels), added in split order and rounded once
+    into memory (the array the forward kernel writes) by the weight gradient's final pass with one tap: out's own
+    layout (`IN_PLACE`), or a phase's pixels placed in grad_input (`PhasePlacement.arguments` and phase_width)."""
+    splits = partial.shape[0]
+    KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=memory.dtype, index=index,
+                   grid=capped_grid(ceil_div(partial.size // splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
+                   partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory, splits=splits,
+                   out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels, taps=1,
+                   has_bias=False, **placement)
 
 
 def implicit_gemm_grad_weight(device, xv, gy, spec: ConvSpec, with_bias: bool = False):
@@ -1051,9 +1059,5 @@ def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):
                    vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=nhwc,
                    partial=partial, chunks_per_split=plan.chunks_per_split)
     if plan.splits > 1:
-        KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=xl.dtype, index="int",
-                       grid=capped_grid(ceil_div(partial.size // plan.splits, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK,
-                       partial=partial, bias_partial=partial, grad_weight=memory, grad_bias=memory,
-                       splits=plan.splits, out_channels=spec.n * spec.out_channels, channels_per_group=spec.out_pixels,
-                       taps=1, has_bias=False, **IN_PLACE)
+        _add_forward_splits(device, partial, memory, spec, "int", IN_PLACE)
     return out
