@@ -678,10 +678,10 @@ __device__ __forceinline__ void ig_forward(
     const bool k_inside = r < kernel_h;
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
-      bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                    (unsigned)(a_x[i] + dx) < (unsigned)width;
-      if constexpr (DEPTH) inside = (d3.rows & 1u << i) && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                                    (unsigned)(a_x[i] + dx) < (unsigned)width;  // (r < kernel_h always: q carries)
+      bool tap_inside = k_inside;
+      if constexpr (DEPTH) tap_inside = d3.rows & 1u << i;  // its depth tap's bit (r < kernel_h always: q carries)
+      const bool inside = tap_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                          (unsigned)(a_x[i] + dx) < (unsigned)width;
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
       cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }

@@ -404,7 +404,7 @@ MUTATIONS = [
       "if (r == kernel_h) {  // q + 1, r = 0\n", IG3D, "ig3d: depth carry"),
     M("ig3d-carry-step", "implicit_gemm.cu", "tap_offset += ((U)dilation_d * (U)height - (U)kernel_h * (U)dilation_h)",
       "tap_offset += ((U)dilation_d * (U)height - (U)kernel_h)", IG3D, "ig3d: depth carry"),
-    M("ig3d-depth-mask-off", "implicit_gemm.cu", "inside = (d3.rows & 1u << i) &&", "inside = true &&", IG3D,
+    M("ig3d-depth-mask-off", "implicit_gemm.cu", "tap_inside = d3.rows & 1u << i;", "tap_inside = true;", IG3D,
       "ig3d: depth padding"),
     M("ig3d-depth-bits-row", "implicit_gemm.cu", "d3.inside |= 1u << (t * A_ROWS + i);", "d3.inside |= 1u << (t * A_ROWS);",
       IG3D, "ig3d: depth padding"),
