@@ -16,7 +16,8 @@ one still runs:
              machine has an NVIDIA GPU (asked of the driver, not of CuPy), fewer tests run than `-m gpu` collected
              (skipped ones: a failing GPU probe, say) fail the step
   sanitizer  compute-sanitizer memcheck, racecheck and synccheck on SANITIZER_TESTS, a few small GPU tests that
-             launch every kernel family of raw_kernels/conv.cu, depthwise.cu, patch.cu and unfold.cu
+             launch every kernel family of raw_kernels/conv.cu, depthwise.cu, patch.cu, unfold.cu, simt_gemm.cu and
+             the 3-D tensor-core forward
   large      one fp16 case per op with more than 2^31 elements in its input or output (the 64-bit index
              instantiations), each output checked on sampled positions against a float64 sum computed from the
              inputs themselves
@@ -110,6 +111,10 @@ SANITIZER_TESTS = (
     "tests/test_patch_kernels.py::test_gpu_forward_backward[groups2_per_side_padding-fused]",
     "tests/test_patch_kernels.py::test_gpu_dtypes[seed_like_4x4_k3_p1_odd_n-fused-float16]",
     "tests/test_tensor_core_kernels.py::test_gpu_patch_conv2d_seed_like[float16]",
+    # simt_gemm.cu: strict fp32 forward, input and weight gradients, its cp.async zero-fill at per-side padding
+    "tests/test_simt_gemm_kernels.py::test_gpu_matches_cpu_path[groups2_stride_dilation_per_axis]",
+    # implicit_gemm.cu's conv_fwd_igemm_3d: the 3-D forward and stride-1 input gradient
+    "tests/test_igemm_3d.py::test_gpu_forward_and_gradients_match_cpu_path[plain-float16]",
 )
 # Under a sanitizer every allocation must be its own cudaMalloc: inside a pool block, a read past an array's end
 # is a valid address and memcheck cannot see it.

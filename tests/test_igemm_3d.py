@@ -210,3 +210,26 @@ def test_cudnn_drop_in_backward_data_3d():
     run(device, cudnn.convolution_backward_data, w, gy, None, gx, (1, 1, 1), (1, 1, 1), None, 1)
     assert device.count("conv_fwd_igemm_3d") == 1 and device.count("depth_fold") == 0, device.launches
     assert_close(gx, torch_gradients(x, w, gy, padding=1)[0], "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_gpu_forward_and_gradients_match_cpu_path(case, dtype):
+    """The native 3-D forward and stride-1 input gradient on a real GPU (CuPy arrays), against the CPU path in
+    float64; the weight gradient rides along (the lift's)."""
+    import cupy
+    name, x_shape, w_shape, kwargs = case
+    kwargs = dict(kwargs)
+    x, w, b = problem(numpy.random.default_rng(5), DTYPES[dtype], x_shape, w_shape, kwargs.pop("bias", True))
+    want = cupyconv.conv3d(*as64(x, w, b), **kwargs)
+    gy = numpy.random.default_rng(6).standard_normal(want.shape).astype(DTYPES[dtype])
+    with settings.allow_tf32(True):
+        got = cupyconv.conv3d(*(None if a is None else cupy.asarray(a) for a in (x, w, b)),
+                              algorithm="implicit_gemm", **kwargs)
+        grads = cupyconv.conv3d_backward(cupy.asarray(gy), cupy.asarray(x), cupy.asarray(w),
+                                         needs=("input", "weight"), algorithm="implicit_gemm", **kwargs)
+    assert_close(cupy.asnumpy(got), want, dtype, f"{name} forward")
+    want_grads = cupyconv.conv3d_backward(*as64(gy, x, w), needs=("input", "weight"), **kwargs)
+    for what, g, wg in zip(("grad_input", "grad_weight"), grads, want_grads):
+        assert_close(cupy.asnumpy(g), wg, dtype, f"{name} {what}")

@@ -516,3 +516,32 @@ def test_patch_backward_sums_the_bias_in_the_weight_gradient(monkeypatch):
     _, _, grad_b = on_emulator(Recorder(), cupyconv.patch_conv2d_backward, grad_output, x, weight, padding=1,
                                needs=("bias",))
     assert_close(grad_b, want[2], "grad_bias alone")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same cases on a real GPU: CuPy arrays against the CPU path in float64 (no GPU test ran the FMA kernels
+# before the first H100 run; gpu_check's sanitizers run the first of these)
+
+
+def on_gpu(fn, *arrays, **kwargs):
+    """fn on CuPy copies of the NumPy arrays (None stays None) with TF32 off; results back as NumPy arrays."""
+    import cupy
+    with settings.allow_tf32(False):
+        result = fn(*(None if a is None else cupy.asarray(a) for a in arrays), **kwargs)
+    if isinstance(result, tuple):
+        return tuple(None if r is None else cupy.asnumpy(r) for r in result)
+    return cupy.asnumpy(result)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*CASES, *TALL_CASES.values()], ids=str)
+def test_gpu_matches_cpu_path(case):
+    x, weight, bias, grad_output = inputs(case, 2)
+    out = on_gpu(cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+    assert out.dtype == x.dtype and out.shape == case.output_shape
+    assert_close(out, expected_forward(x, weight, bias, **case.kwargs), f"{case.name} forward")
+    got = on_gpu(cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm", **case.kwargs)
+    want = expected_backward(grad_output, x, weight, **case.kwargs)
+    for name, g, w in zip(("grad_input", "grad_weight", "grad_bias"), got, want):
+        assert g.dtype == x.dtype and g.shape == w.shape, name
+        assert_close(g, w, f"{case.name} {name}")

@@ -434,17 +434,27 @@ def test_gpu_memory_comes_from_and_returns_to_torch(case):
 def test_gpu_eager_calls_equal_the_custom_ops(case, monkeypatch):
     """On CUDA tensors in plain eager mode cupyconv.torch runs its ops without torch's dispatcher (`_custom_ops.call`)
     and repeats on the fast path for torch tensors; the same step through the custom ops gives the same forward,
-    gradient and double-backward gradient."""
+    gradients and double-backward gradients.  The weight is a leaf that needs a gradient: a convolution's gx does
+    not depend on x (torch too finds x unused in it), so only with gw = dB(x, .)* in the graph does a second
+    derivative reach x, and one through gx reach the weight."""
     from cupyconv import _fastpath
     from cupyconv.torch import _custom_ops
-    _, ours, _ = case
+    name = case[0]
+    with_weight = {"conv2d": (16, lambda x, w: cct.conv2d(x, w)),
+                   "depthwise_conv2d": (1, lambda x, w: cct.depthwise_conv2d(x, w, padding=1)),
+                   "patch_conv2d": (16, lambda x, w: cct.patch_conv2d(x[:, None], w, padding=1)[:, 0])}
 
     def step():
         x = (torch.randn(4, 16, 20, 20, generator=torch.Generator().manual_seed(1)) / 4).cuda().requires_grad_(True)
-        y = ours(x)
-        (gx,) = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
-        (ggx,) = torch.autograd.grad((gx * gx).sum(), x) if gx.requires_grad else (torch.zeros_like(x),)
-        return [t.detach() for t in (y, gx, ggx)]
+        if name not in with_weight:
+            y = case[1](x)
+            return [t.detach() for t in (y, *torch.autograd.grad(y, x, torch.ones_like(y)))]
+        channels, call = with_weight[name]
+        w = _gpu_weight(x, 16, channels).requires_grad_(True)
+        y = call(x, w)
+        gx, gw = torch.autograd.grad(y, (x, w), torch.ones_like(y), create_graph=True)
+        ggx, ggw = torch.autograd.grad((gx * gx).sum() + (gw * gw).sum(), (x, w))
+        return [t.detach() for t in (y, gx, gw, ggx, ggw)]
 
     for _ in range(2):
         eager = step()
@@ -452,6 +462,7 @@ def test_gpu_eager_calls_equal_the_custom_ops(case, monkeypatch):
     monkeypatch.setattr(_custom_ops, "_plain_eager", lambda tensors: False)
     dispatched = step()
     for a, b in zip(eager, dispatched):
+        assert a.abs().sum() > 0   # (a zero second derivative would compare equal whatever the paths did)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
