@@ -219,3 +219,27 @@ def test_pytest_counts_reads_the_junit_xml(tmp_path):
                    'devices"/></testcase></testsuite></testsuites>')
     assert pytest_counts(xml) == {"tests": 3, "failures": 0, "errors": 0, "skipped": 2, "hardware_skips": 1}
     assert pytest_counts(tmp_path / "missing.xml") is None
+
+
+def test_bench_order_puts_the_cases_no_gpu_has_measured_first(tmp_path):
+    """A lease's benchmark step reaches only part of the GPU cases: those no earlier run measured go first, the
+    issue-11 ones first within each part, and every GPU case once."""
+    from benchmarks import cases
+    from benchmarks.gpu_check import bench_order, measured_labels
+    gpu = [c.label for c in cases.select([], ("gpu",))]
+    issue11 = {c.label for c in cases.select([], ("gpu",)) if "issue11" in c.tags}
+    measured = {gpu[0], gpu[-1], *sorted(issue11)[:1]}
+    order = bench_order(measured)
+    assert sorted(order) == sorted(gpu)
+    unmeasured = order[:len(gpu) - len(measured)]
+    assert measured.isdisjoint(unmeasured) and set(order[len(unmeasured):]) == measured
+    for part in (unmeasured, order[len(unmeasured):]):
+        flags = [label in issue11 for label in part]
+        assert flags == sorted(flags, reverse=True), part
+    run = tmp_path / "gpu-x"
+    run.mkdir()
+    (run / "bench.json").write_text(json.dumps({"results": [{"case": gpu[3]}, {"case": gpu[3]}]}))
+    (tmp_path / "gpu-broken").mkdir()
+    (tmp_path / "gpu-broken" / "bench.json").write_text("{")
+    assert measured_labels(tmp_path) == {gpu[3]}
+    assert measured_labels() & set(gpu)   # the recorded runs of benchmarks/results
