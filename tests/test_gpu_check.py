@@ -57,6 +57,13 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert "### Kernels: MEASURED GPU time" in summary and "| profile | r50-64-gpu16 | fwd | conv_fwd_igemm | 1 |" \
         in summary and "no prediction" not in summary and "(predicted, not measured)" not in summary
     assert "MEASURED wall us (host + GPU)" in summary
+    # ... and again with autotuning on for a few cases, apart from the calibration's profile, with its picks (none on
+    # the NumPy path of a dry run) and a table of its figures next to the autotune-off ones
+    from benchmarks.gpu_check import PROFILE_AUTOTUNE_CASES
+    assert set(bench["profile_autotune"]) == {f"{c}-{p}" for c in PROFILE_AUTOTUNE_CASES for p in ("fwd", "fwdbwd")}
+    assert all(r.get("dry_run") and r["autotune_picks"] == [] for r in bench["profile_autotune"].values())
+    assert bench["profile_settings"]["autotune_on_cases"] == list(PROFILE_AUTOTUNE_CASES)
+    assert "host_profile, autotuning off -> on" in summary and "| r50-64-gpu16-fwd |" in summary
 
 
 def test_calibration_puts_predicted_next_to_measured(tmp_path):
