@@ -876,8 +876,10 @@ def summary_bench(data, plotted: bool) -> list[str]:
 
 
 def _other_picks(picks) -> str:
-    """The passes where autotuning kept another algorithm than the heuristic's pick ("-": none)."""
-    other = [f"{p['pass']} {p['algorithm']} (not {p['heuristic']})" for p in picks or []
+    """The passes where autotuning kept another algorithm than the heuristic's pick ("-": none; an error as it came)."""
+    if not isinstance(picks, list):
+        return str(picks or "-")[:80]
+    other = [f"{p['pass']} {p['algorithm']} (not {p['heuristic']})" for p in picks
              if p.get("algorithm") != p.get("heuristic")]
     return ", ".join(other) or "-"
 

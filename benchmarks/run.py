@@ -409,7 +409,10 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
             continue
         if c.name == cases_mod.AUTOTUNE:   # what autotuning picked in each pass, against the heuristic's pick
             from . import launches
-            entry["picks"] = launches.autotune_picks(fn)
+            try:
+                entry["picks"] = launches.autotune_picks(fn)
+            except Exception as e:   # the picks are a note: the timing goes on without them
+                entry["picks"] = f"error: {type(e).__name__}: {e}"
         if c is baseline:
             reference = outputs
         elif reference is not None:

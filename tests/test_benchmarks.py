@@ -291,3 +291,19 @@ def test_cupyconv_is_timed_as_it_comes_and_its_autotuning_as_a_contender_of_its_
     assert all(p["candidates_us"] is None for p in untuned_picks)
     head = run.format_result({"pass": "fwd", "ratios": {"cupyconv": {}, cases.AUTOTUNE: {}}, "contenders": {}})
     assert head.rstrip().endswith("cupyconv / it cc.autotune / it"), head
+
+
+def test_a_run_records_the_autotune_contenders_picks(monkeypatch):
+    """benchmarks.run notes "picks" on the "cupyconv (autotune)" contender (here stood in on the CPU, whose NumPy
+    path resolves no 'auto' pass: no picks) and times it with the others, a ratio of its own."""
+    from benchmarks import cases
+    case = cases.smoke(cases.select(["i"], ("cpu",))[0])
+    stand_in = cases.Contender(cases.AUTOTUNE, (case.op,), ("cpu",), "cupy",
+                               lambda c, inputs, backward: cases.autotuned(cases.build_cupyconv(c, inputs, backward)),
+                               ours=True)
+    real = cases.contenders_for
+    monkeypatch.setattr(cases, "contenders_for", lambda c: [*real(c), stand_in])
+    result = run._measure(case, False, "smoke", None, None)
+    entry = result["contenders"][cases.AUTOTUNE]
+    assert entry["status"] == "ok" and entry["picks"] == [] and entry["median_ms"] > 0
+    assert set(result["ratios"]) == {"cupyconv", cases.AUTOTUNE}

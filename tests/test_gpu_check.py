@@ -226,3 +226,30 @@ def test_pytest_counts_reads_the_junit_xml(tmp_path):
                    'devices"/></testcase></testsuite></testsuites>')
     assert pytest_counts(xml) == {"tests": 3, "failures": 0, "errors": 0, "skipped": 2, "hardware_skips": 1}
     assert pytest_counts(tmp_path / "missing.xml") is None
+
+
+def test_summary_puts_autotuning_on_next_to_off():
+    """summary.md's autotune tables: the benchmark's "cupyconv (autotune)" against "cupyconv" (the default) with the
+    passes where autotuning kept another algorithm than the heuristic's, and host_profile's off -> on figures."""
+    from benchmarks import gpu_check
+    from benchmarks.cases import AUTOTUNE
+    picks = [{"pass": "forward", "algorithm": "implicit_gemm", "heuristic": "implicit_gemm"},
+             {"pass": "grad_weight", "algorithm": "im2col_gemm", "heuristic": "implicit_gemm"}]
+    bench = {"results": [
+        {"case": "r50-64-gpu16", "pass": "fwd+bwd", "contenders": {
+            "cupyconv": {"median_ms": 0.26}, AUTOTUNE: {"median_ms": 0.39, "picks": picks}}},
+        {"case": "r50-64-gpu16", "pass": "fwd", "contenders": {
+            "cupyconv": {"median_ms": 0.133}, AUTOTUNE: {"median_ms": 0.133, "picks": "error: KeyError: x"}}},
+        {"case": "iii-gpu32", "pass": "fwd", "contenders": {"cupyconv": {"median_ms": 0.04}}}],
+        "profile": {"r50-64-gpu16-fwd": {"host_us": 129.8, "wall_us": 133.0, "kernel_us": 48.7}},
+        "profile_autotune": {"r50-64-gpu16-fwd": {"host_us": 130.1, "wall_us": 133.4, "kernel_us": 48.6,
+                                                  "autotune_picks": picks[:1]},
+                             "r50-256-gpu16-fwd": {"error": "RuntimeError: boom"}}}
+    text = "\n".join(gpu_check.summary_autotune(bench))
+    assert "(2 case-passes, the 12 where it costs most)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| r50-")]
+    assert rows[0] == ("| r50-64-gpu16 | fwd+bwd | 0.260 | 0.390 | 1.50 | grad_weight im2col_gemm (not implicit_gemm) |")
+    assert rows[1] == "| r50-64-gpu16 | fwd | 0.133 | 0.133 | 1.00 | error: KeyError: x |"
+    assert rows[2] == "| r50-64-gpu16-fwd | 129.8 -> 130.1 | 133.0 -> 133.4 | 48.7 -> 48.6 | - |"
+    assert rows[3] == "| r50-256-gpu16-fwd | - -> - | - -> - | - -> - | RuntimeError: boom |"
+    assert gpu_check.summary_autotune({"results": []}) == []
