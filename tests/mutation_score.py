@@ -1026,6 +1026,8 @@ MUTATIONS = [
       AT, "wrong margin"),
     M("autotune-heuristic-not-first", AT_PY, "for candidate in (preferred, *[c for c in candidates if c != preferred]):",
       "for candidate in candidates:", AT, "wrong order"),
+    M("autotune-no-second-timing", AT_PY, "    if again[0] < timings[preferred][0]:", "    if False:", AT,
+      "wrong choice"),
     M("autotune-preferred-first-candidate", AT_PY, "return heuristic if heuristic in candidates else candidates[0]",
       "return candidates[0]", AT, "wrong choice"),
 ]
