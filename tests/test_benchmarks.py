@@ -307,3 +307,13 @@ def test_a_run_records_the_autotune_contenders_picks(monkeypatch):
     entry = result["contenders"][cases.AUTOTUNE]
     assert entry["status"] == "ok" and entry["picks"] == [] and entry["median_ms"] > 0
     assert set(result["ratios"]) == {"cupyconv", cases.AUTOTUNE}
+
+
+def test_report_lists_cupyconv_with_autotuning_among_the_others():
+    from benchmarks.cases import AUTOTUNE
+    path = RESULTS / "gpu-2026-11-26-h100" / "bench.json"
+    data = json.loads(path.read_text())
+    first = data["results"][0]
+    first["contenders"][AUTOTUNE] = {**first["contenders"]["cupyconv"], "median_ms": 0.2}
+    text = report.report(path, data)
+    assert text.count(f"{AUTOTUNE}: 0.2") == 1, text[:3000]
