@@ -3,10 +3,10 @@
 An op hands `resolve` its candidates for one pass, the heuristic's pick and a function that runs a named
 algorithm.  With `settings.get_autotune()` on (and `settings.get_deterministic()` off), the first call of each
 (pass, geometry, dtype, device) runs every candidate once to compile and warm up, then times it with
-`Device.timed` (the heuristic's pick first and again last), and the one kept is remembered in CACHE for the rest of the process:
-the heuristic's pick, unless another candidate took at least TIE_MARGIN less time (`keep`).  The heuristic's plan
-is the one the model predicts and the one the library runs by default; a candidate that only ties it, within
-timing noise, would make the autotuned plan differ from both for nothing.
+`Device.timed` (the heuristic's pick first and again last), and the one kept is remembered in CACHE for the rest
+of the process: the heuristic's pick, unless another candidate took at least TIE_MARGIN less time (`keep`).  The
+heuristic's plan is the one the model predicts and the one the library runs by default; a candidate that only
+ties it, within timing noise, would make the autotuned plan differ from both for nothing.
 
 On a GPU, `Device.timed` is `gpu_time`: the GPU's time for the candidate's work alone, whatever the host spends
 enqueuing it.  CUDA events around a call on an idle stream would time the host as well (the GPU reaches the
