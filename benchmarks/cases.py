@@ -530,6 +530,25 @@ def build_cupyconv(case: Case, inputs: dict, backward: bool):
     return _cupyconv_call(case, arrays, backward)
 
 
+AUTOTUNE = "cupyconv (autotune)"
+
+
+def autotuned(run):
+    """run() with cupyconv's autotuning on for the calls (this thread only: `settings.autotune`)."""
+    import cupyconv as cc
+
+    def tuned():
+        with cc.settings.autotune(True):
+            return run()
+    return tuned
+
+
+def build_cupyconv_autotune(case: Case, inputs: dict, backward: bool):
+    """The "cupyconv" contender's calls with autotuning on, cupyconv's counterpart of cudnn.benchmark: its first
+    call times every candidate of each pass (`cupyconv._autotune`), the later ones run the kept one."""
+    return autotuned(build_cupyconv(case, inputs, backward))
+
+
 def build_cupyconv_torch(case: Case, inputs: dict, backward: bool):
     """What a torch user runs: cupyconv.torch's functional ops on torch tensors, gradients by torch.autograd
     (which calls cupyconv's manual backward); CUDA work goes to torch's current stream and allocator."""
@@ -689,6 +708,9 @@ CONTENDERS = [
               build_cupyconv, ours=True),
     Contender("cupyconv.torch (autograd)", ("patch", "conv2d", "depthwise", "unfold"), ("gpu",), "torch",
               build_cupyconv_torch, ours=True),
+    # "cupyconv" runs as it comes (autotuning off: the heuristic's plan, what benchmarks.predict models); this one
+    # with autotuning on, for the ops whose 'auto' autotunes (conv2d's passes, and the N-d ops' lifted ones)
+    Contender(AUTOTUNE, ("conv2d", *ND_OPS), ("gpu",), "cupy", build_cupyconv_autotune, ours=True),
     # The first non-cupyconv contender of an op is its baseline (the target ratio refers to it).
     Contender("torch F.conv2d", ("conv2d", "depthwise"), ("cpu", "gpu"), "torch", build_torch_conv),
     Contender("torch F.conv2d, patches rolled into batch", ("patch",), ("cpu", "gpu"), "torch", build_torch_conv),

@@ -22,7 +22,8 @@ one still runs:
              instantiations), each output checked on sampled positions against a float64 sum computed from the
              inputs themselves
   profile    `benchmarks.host_profile` on PROFILE_CASES with autotuning off (the model's plan): host time per
-             call, and each kernel's GPU time per call from torch.profiler's CUPTI trace
+             call, and each kernel's GPU time per call from torch.profiler's CUPTI trace; then the same with
+             autotuning on for PROFILE_AUTOTUNE_CASES, with what autotuning picked (bench.json "profile_autotune")
   bench      the GPU benchmark suite (benchmarks.run --device gpu --quick), the issue-11 cases first, in what
              is left of the budget
 
@@ -87,6 +88,10 @@ STEPS = ("env", "precompile", "pytest", "sanitizer", "large", "profile", "bench"
 PROFILE_CASES = ("r50-64-gpu16", "p-seed-gpu16", "iii-gpu32", "dw-480-14-gpu16", "iv-gpu16", "r50-64-gpu32",
                  "dw-1152-7k5-gpu16", "dw-672-14k5-gpu32")
 PROFILE_CALLS = 10
+# ... and these again with autotuning on (benchmarks.run's "cupyconv (autotune)" contender), in a second process
+# within the step's limit (the first H100 run's profile took 12.7 of its 55 s): host and kernel time per call
+# next to the autotune-off figures of the same step, and what autotuning picked (bench.json "profile_autotune")
+PROFILE_AUTOTUNE_CASES = ("r50-64-gpu16", "r50-64-gpu32", "r50-256-gpu16")
 SANITIZER_SHARE = {"memcheck": 0.3, "racecheck": 0.4, "synccheck": 0.3}   # racecheck is the slowest tool
 INTERRUPT_GRACE_S = 15   # after a step's limit: SIGINT (pytest still writes its XML), then SIGKILL
 
@@ -360,19 +365,27 @@ def step_large(check: Check, limit: float) -> dict:
     return {**run, "status": status_of(run, check.path("large.json").exists())}
 
 
-def profile_json(check: Check) -> Path:
-    """Where the profile step's JSON waits (outside --out, which keeps to its 8 files) until `calibrate` folds it
-    into bench.json."""
-    return Path(tempfile.gettempdir()) / f"cupyconv-gpu-check-{os.getpid()}-profile.json"
+def profile_json(check: Check, autotune: bool = False) -> Path:
+    """Where the profile step's JSON (autotune off, or on) waits (outside --out, which keeps to its 8 files) until
+    `calibrate` folds it into bench.json."""
+    return Path(tempfile.gettempdir()) / f"cupyconv-gpu-check-{os.getpid()}-profile{'-autotune' * autotune}.json"
 
 
 def step_profile(check: Check, limit: float) -> dict:
-    target = profile_json(check)
-    target.unlink(missing_ok=True)
-    args = ["--json", target, "--no-cprofile", "--autotune", "off", "--cases", ",".join(PROFILE_CASES),
-            "--calls", str(PROFILE_CALLS), *(["--dry-run"] if check.dry_run else [])]
-    run = run_process(check.python("-m", "benchmarks.host_profile", *args), check.path("run.log"), limit)
-    return {**run, "status": status_of(run, target.exists())}
+    """host_profile with autotuning off on PROFILE_CASES, then on for PROFILE_AUTOTUNE_CASES in what is left of the
+    limit; the step's status is the first run's (the calibration's), the second's is its "autotune" entry."""
+    t0 = time.perf_counter()
+    runs = []
+    for autotune, cases in ((False, PROFILE_CASES), (True, PROFILE_AUTOTUNE_CASES)):
+        target = profile_json(check, autotune)
+        target.unlink(missing_ok=True)
+        args = ["--json", target, "--no-cprofile", "--autotune", "on" if autotune else "off", "--cases",
+                ",".join(cases), "--calls", str(PROFILE_CALLS), *(["--dry-run"] if check.dry_run else [])]
+        run = run_process(check.python("-m", "benchmarks.host_profile", *args), check.path("run.log"),
+                          limit - (time.perf_counter() - t0))
+        runs.append({**run, "status": status_of(run, target.exists())})
+    status = runs[0]["status"] + ("" if runs[1]["status"] == "ok" else f"; autotune on: {runs[1]['status']}")
+    return {**runs[0], "status": status, "seconds": round(time.perf_counter() - t0, 1), "autotune": runs[1]}
 
 
 def measured_labels(results: Path = ROOT / "benchmarks" / "results") -> set[str]:
@@ -872,9 +885,50 @@ def summary_bench(data, plotted: bool) -> list[str]:
             t, ours = r["target_check"], r["contenders"].get("cupyconv", {})
             lines.append(f"| {r['case']} | {r['pass']} | {ours.get('median_ms', float('nan')):.3f} | {t['vs']} | "
                          f"{t['ratio']:.2f}x | {t['target']:.3g}x {'met' if t['met'] else '**missed**'} |")
+    lines += summary_autotune(data)
     lines.append("All figures: `python -m benchmarks.report bench.json`; " + (
         "plotted in bench.png." if plotted else "no bench.png (no matplotlib here, or the step was cut short; see "
                                                 "run.log): `python -m benchmarks.report --plot bench.json` draws it."))
+    return lines
+
+
+def _other_picks(picks) -> str:
+    """The passes where autotuning kept another algorithm than the heuristic's pick ("-": none; an error as it came)."""
+    if not isinstance(picks, list):
+        return str(picks or "-")[:80]
+    other = [f"{p['pass']} {p['algorithm']} (not {p['heuristic']})" for p in picks
+             if p.get("algorithm") != p.get("heuristic")]
+    return ", ".join(other) or "-"
+
+
+def summary_autotune(data: dict) -> list[str]:
+    """Autotuning on against off: benchmarks.run's "cupyconv (autotune)" against "cupyconv" (the default), and the
+    profile step's host_profile with autotuning on next to its autotune-off figures of the same case-pass."""
+    from .cases import AUTOTUNE
+    lines = []
+    pairs = [(r, r["contenders"].get("cupyconv", {}), r["contenders"][AUTOTUNE])
+             for r in data.get("results", []) if r["contenders"].get(AUTOTUNE, {}).get("median_ms")]
+    pairs = [(r, off, on) for r, off, on in pairs if off.get("median_ms")]
+    if pairs:
+        pairs.sort(key=lambda p: p[2]["median_ms"] / p[1]["median_ms"], reverse=True)
+        lines += ["", f"Autotuning on against off (the default), in the same rounds ({len(pairs)} case-passes, "
+                      "the 12 where it costs most):", "",
+                  "| case | pass | off ms | on ms | on / off | autotune kept, where not the heuristic's pick |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['case']} | {r['pass']} | {off['median_ms']:.3f} | {on['median_ms']:.3f} | "
+                  f"{on['median_ms'] / off['median_ms']:.2f} | {_other_picks(on.get('picks'))} |"
+                  for r, off, on in pairs[:12]]
+    tuned, profile = data.get("profile_autotune") or {}, data.get("profile") or {}
+    if tuned:
+        lines += ["", "host_profile, autotuning off -> on (us per call):", "",
+                  "| case-pass | host | wall | kernels | autotune kept, where not the heuristic's pick |",
+                  "| --- | --- | --- | --- | --- |"]
+        for name, on in tuned.items():
+            off = profile.get(name, {})
+            cells = [" -> ".join(f"{r[k]:.1f}" if k in r else "-" for r in (off, on))
+                     for k in ("host_us", "wall_us", "kernel_us")]
+            lines.append(f"| {name} | {' | '.join(cells)} | "
+                         f"{on['error'] if 'error' in on else _other_picks(on.get('autotune_picks'))} |")
     return lines
 
 
@@ -887,9 +941,14 @@ def calibrate(check: Check) -> dict:
     env, bench = _read_json(check.path("env.json")) or {}, _read_json(check.path("bench.json"))
     profile = _read_json(profile_json(check))
     profile_json(check).unlink(missing_ok=True)
+    autotuned = _read_json(profile_json(check, autotune=True))
+    profile_json(check, autotune=True).unlink(missing_ok=True)
     if profile is not None and bench is None:   # keep it, in the one file every run writes to
         with open(check.path("run.log"), "a") as log:
             log.write(f"host_profile (autotune off, {PROFILE_CALLS} calls): {json.dumps(profile)}\n")
+    if autotuned is not None and bench is None:
+        with open(check.path("run.log"), "a") as log:
+            log.write(f"host_profile (autotune on, {PROFILE_CALLS} calls): {json.dumps(autotuned)}\n")
     device = (env.get("cupy_device") or {}).get("name") or ((env.get("meta") or {}).get("gpu") or {}).get("name")
     gpu = "h100" if check.dry_run else predict.gpu_of(device)
     if bench is None and profile is None:
@@ -908,6 +967,9 @@ def calibrate(check: Check) -> dict:
         bench["profile"] = profile
         bench["profile_settings"] = {"autotune": "off", "calls": PROFILE_CALLS, "cases": list(PROFILE_CASES),
                                      "dry_run": check.dry_run}
+    if autotuned is not None:   # the same with autotuning on, apart: the calibration is of the model's plan
+        bench["profile_autotune"] = autotuned
+        bench.setdefault("profile_settings", {})["autotune_on_cases"] = list(PROFILE_AUTOTUNE_CASES)
     rows = predict.calibration(bench, predictions)
     by_key = {(row["case"], row["pass"]): row for row in rows}
     for result in bench.get("results", []):

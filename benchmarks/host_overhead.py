@@ -19,7 +19,12 @@ For each case and pass it prints
   host_us    wall clock per call on this CPU, best of 3 runs of `calls` calls: a PREDICTION of the trend of the
              GPU host's figure, not of the figure itself (another CPU; no real CuPy launches or allocations)
 
-Autotuning is off (the model's 'auto' choice, the same on every run; with it on, the stubs would time nothing).
+Autotuning is off (the model's 'auto' choice, the same on every run).  --autotune turns it on with every
+candidate timed alike (NullGpu runs nothing to time), so that autotuning keeps the heuristic's pick (ties go to it:
+`cupyconv._autotune.keep`) and the figures are those of the autotuned path once its choice is cached: the first
+call measures, the second records, the third and later take the fast path, as without autotuning.  The first H100
+run (2026-11-26) timed the benchmark's calls (autotune on) 1.3-1.7x above host_profile's (autotune off) on
+cases with and without an autotuned pass alike; here both count the same calls, launches and allocations.
 
 --torch runs the calls a torch user makes instead (`cases.build_cupyconv_torch`, the 'cupyconv.torch (autograd)'
 contender of benchmarks.run: cupyconv.torch's functional ops, torch.no_grad for a forward, torch.autograd.grad for
@@ -126,13 +131,24 @@ def null_inputs(device, case: cases_mod.Case) -> dict:
             for name, key in (("x", "x"), ("w", "w"), ("b", "b"), ("gy", "y"))}
 
 
+def _tie(run):
+    """NullGpu's `timed` under --autotune: every candidate takes the same (no) time."""
+    return 0.0, run()
+
+
 @contextlib.contextmanager
-def on_null_gpu(device, case: cases_mod.Case):
-    """The settings the calls run under: the case's TF32, autotuning off, `device` for CuPy arrays."""
-    from cupyconv import _device, settings
+def on_null_gpu(device, case: cases_mod.Case, autotune: bool = False):
+    """The settings the calls run under: the case's TF32, autotuning off (or on, every candidate timed alike: see
+    --autotune), `device` for CuPy arrays.  The autotuning cache is left as it was found."""
+    from cupyconv import _autotune, _device, settings
+    saved = [(cache, dict(cache)) for cache in (_autotune.CACHE, _autotune.MEASURED)]
+    if autotune:
+        device.timed = _tie
     with contextlib.ExitStack() as stack:
+        for cache, entries in saved:
+            stack.callback(lambda cache=cache, entries=entries: (cache.clear(), cache.update(entries)))
         stack.enter_context(_device.use_device(device))
-        stack.enter_context(settings.autotune(False))
+        stack.enter_context(settings.autotune(autotune))
         stack.enter_context(settings.allow_tf32(case.tf32))
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -322,13 +338,14 @@ def host_us(fn, calls: int) -> float:
 
 
 def measure(case: cases_mod.Case, backward: bool, calls: int = 30, timing: bool = True,
-            choices: dict[str, str] | None = None, torch: bool = False) -> tuple[dict, pstats.Stats]:
+            choices: dict[str, str] | None = None, torch: bool = False,
+            autotune: bool = False) -> tuple[dict, pstats.Stats]:
     """The figures of the module's docstring for one case-pass, and launches and allocations per call (what
     CuPy would be asked for on a GPU); `choices` forces algorithms as `benchmarks.launches.forced_choices` does
-    (an autotuned GPU run's plan); torch: through cupyconv.torch (see --torch)."""
+    (an autotuned GPU run's plan); torch: through cupyconv.torch (see --torch); autotune: see --autotune."""
     from benchmarks import launches
     device, fn = build(case, backward, torch)
-    with on_null_gpu(device, case), launches.forced_choices(choices or {}), \
+    with on_null_gpu(device, case, autotune), launches.forced_choices(choices or {}), \
             (torch_on_null_gpu() if torch else contextlib.nullcontext()):
         for _ in range(3):   # warm: the memoised signatures, plans and kernels
             fn()
@@ -376,20 +393,23 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=0, help="also print cProfile's top N functions by call count")
     parser.add_argument("--torch", action="store_true",
                         help="the calls through cupyconv.torch (autograd) on torch tensors, CUDA faked (see above)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="autotuning on, every candidate timed alike (the heuristic's pick kept, see above)")
     args = parser.parse_args(argv)
     rows = []
     if args.torch:
         print("cupyconv.torch on torch CPU tensors down the CUDA branch; faked, and not counted:")
         print("\n".join(f"- {fake}" for fake in TORCH_FAKES) + "\n")
-    print("| case-pass | calls/call | above the drivers and replay | in cupyconv/ "
+    print("| case-pass | calls/call | above the drivers and replay | in cupyconv/ | launches | allocations "
           "| host us/call (this CPU, prediction) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for case in cases_mod.select(args.cases.split(","), ("gpu",)):
         for backward in (False, True):
-            name = f"{case.label}-{'fwdbwd' if backward else 'fwd'}{'-torch' if args.torch else ''}"
-            figures, stats = measure(case, backward, args.calls, torch=args.torch)
+            name = (f"{case.label}-{'fwdbwd' if backward else 'fwd'}{'-torch' if args.torch else ''}"
+                    f"{'-autotune' if args.autotune else ''}")
+            figures, stats = measure(case, backward, args.calls, torch=args.torch, autotune=args.autotune)
             rows.append(f"| {name} | {figures['calls']:.0f} | {figures['above']:.0f} | {figures['cupyconv']:.0f} | "
-                        f"{figures['host_us']:.0f} |")
+                        f"{figures['launches']:.0f} | {figures['allocations']:.0f} | {figures['host_us']:.0f} |")
             print(rows[-1], flush=True)
             if args.top:
                 stats.sort_stats("ncalls").print_stats(args.top)

@@ -14,7 +14,10 @@ kernels' predicted time, the signature of a host-bound call.  For each case and 
   and a cProfile of the host calls (top functions by own and by cumulative time), all in DIR/cprofile.txt
 
 The per-kernel times are what `benchmarks.calibrate` compares with the model's predictions; `benchmarks.gpu_check`
-runs this (autotuning off: the model's plan) for its calibration table.  --dry-run needs no GPU: the host times
+runs this (autotuning off: the model's plan) for its calibration table, and again with autotuning on for a few
+cases (`gpu_check.PROFILE_AUTOTUNE_CASES`).  With --autotune on each case-pass also records "autotune_picks": what
+'auto' ran in each pass, the heuristic's pick beside it and the candidates' timed GPU times
+(`benchmarks.launches.autotune_picks`).  --dry-run needs no GPU: the host times
 are the NumPy path's on each case's smoke shapes, and the kernels are those the case launches at its real shapes
 (`benchmarks.launches.record`: names and counts, 0 us: nothing ran on a GPU).
 """
@@ -102,6 +105,7 @@ def main(argv=None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     import cupyconv
+    from benchmarks import launches
     from benchmarks import run as run_mod
     if args.dry_run:
         sync = lambda: None   # noqa: E731  (the NumPy path is synchronous)
@@ -125,6 +129,7 @@ def main(argv=None) -> int:
                             fn()
                         sync()
                         host_us, wall_us = min(host_times(fn, args.calls, sync) for _ in range(3))
+                        picks = launches.autotune_picks(fn) if args.autotune == "on" else None
                         kernel_us, kernels = recorded_kernels(case, backward) if args.dry_run else kernel_times(fn, 5)
                         if args.cprofile:
                             profiler = cProfile.Profile()
@@ -141,7 +146,8 @@ def main(argv=None) -> int:
                         with open(args.out / "cprofile.txt", "a") as f:
                             f.write(f"==================== {name}\n{stream.getvalue()}")
                     report[name] = {"host_us": host_us, "wall_us": wall_us, "kernel_us": kernel_us,
-                                    "kernels": kernels, **({"dry_run": True} if args.dry_run else {})}
+                                    "kernels": kernels, **({"dry_run": True} if args.dry_run else {}),
+                                    **({} if picks is None else {"autotune_picks": picks})}
                     rows.append(f"| {name} | {host_us:.1f} | {wall_us:.1f} | {kernel_us:.1f} | "
                                 f"{sum(c for c, _ in kernels.values()):.0f} |")
                 except Exception as e:   # one case failing must not lose the others

@@ -5,8 +5,8 @@
 `record(case, backward)` runs the case's cupyconv calls (`cases._cupyconv_call`, the very calls benchmarks.run
 times) through the GPU path on `RecordingDevice`, a Device whose `launch` and `gemm_strided_batched` record their
 arguments and execute nothing.  The planners see the case's real shapes, dtype and TF32 switch; autotuning is off,
-so every pass runs the 'auto' heuristic's algorithm (benchmarks.run turns autotuning on: on a GPU a measured choice
-may differ).
+so every pass runs the 'auto' heuristic's algorithm, as benchmarks.run's "cupyconv" contender does on a GPU (its
+"cupyconv (autotune)" contender may measure another choice: `autotune_picks` says which).
 
 Arrays are NumPy arrays from `numpy.empty`: a planner reads shapes, strides and dtypes, never values (tests check
 that by recording the same case over NaN and over zeros), so their pages are never touched and the machine gives
@@ -277,6 +277,42 @@ def forced_choices(choices: dict[str, str]):
         yield
     finally:
         _autotune.resolve = original
+
+
+def autotune_picks(fn) -> list[dict]:
+    """What 'auto' ran in each pass of fn's calls, found by running fn once more with its passes resolved again
+    (the launch replay and the fast path off for that call, `CUPYCONV_REPLAY=0`): per pass, in order, {"pass",
+    "algorithm" (what ran), "heuristic" (what 'auto' runs with autotuning off), "candidates_us" (each candidate's
+    timed GPU time where autotuning measured it, else None)}.  Call fn once before, with the settings it is timed
+    under, so that autotuning has made its choices."""
+    import os
+
+    from cupyconv import _autotune, settings
+    original = _autotune.resolve
+    picks: list[dict] = []
+
+    def resolve(device, key, algorithm, candidates, heuristic, run):
+        picks.append({"pass": key[0], "algorithm": _autotune.chosen(device, key, algorithm, candidates, heuristic),
+                      "heuristic": _autotune._preferred(candidates, heuristic)})
+        result = original(device, key, algorithm, candidates, heuristic, run)
+        tuning = algorithm == "auto" and settings.get_autotune() and not settings.get_deterministic()
+        measured = _autotune.MEASURED.get((*key, device.key())) if tuning else None
+        if picks[-1]["algorithm"] is None:   # measured by this very call (fn was not called before)
+            picks[-1]["algorithm"] = _autotune.CACHE.get((*key, device.key()))
+        picks[-1]["candidates_us"] = None if measured is None else {c: s * 1e6 for c, s in measured.items()}
+        return result
+    saved = os.environ.get("CUPYCONV_REPLAY")
+    os.environ["CUPYCONV_REPLAY"] = "0"
+    _autotune.resolve = resolve
+    try:
+        fn()
+    finally:
+        _autotune.resolve = original
+        if saved is None:
+            del os.environ["CUPYCONV_REPLAY"]
+        else:
+            os.environ["CUPYCONV_REPLAY"] = saved
+    return picks
 
 
 def record(case: cases_mod.Case, backward: bool, inputs: dict | None = None,

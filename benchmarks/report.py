@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from . import plot
+from .cases import AUTOTUNE
 
 
 def _fmt_ms(entry: dict) -> str:
@@ -129,8 +130,8 @@ def report(path: Path, data: dict) -> str:
         ratio = res["ratios"].get("cupyconv", {}).get(res["baseline"])
         others = []
         for name, entry in res["contenders"].items():
-            if entry.get("ours") or name == res["baseline"]:
-                continue
+            if (entry.get("ours") and name != AUTOTUNE) or name == res["baseline"]:
+                continue   # (cupyconv with autotuning on is listed among the others, without a ratio)
             r = res["ratios"].get("cupyconv", {}).get(name)
             roof = _fmt_roof(entry)
             others.append(f"{name}: {_fmt_ms(entry)}" + (f", {r['ratio_of_medians']:.2f}x" if r else "")

@@ -190,7 +190,8 @@ def environment(device: str) -> dict:
         }
         if hasattr(cupyconv, "get_allow_tf32"):
             meta["gpu"]["tf32"]["cupyconv"] = cupyconv.get_allow_tf32()
-        meta["gpu"]["cupyconv_autotune"] = hasattr(cupyconv, "set_autotune")
+        meta["gpu"]["cupyconv_autotune"] = {"cupyconv": "off (the library's default)",
+                                            cases_mod.AUTOTUNE: "on (its picks: each result's contender 'picks')"}
         if meta["cupy"]:
             import cupy
             meta["gpu"]["cupy_cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
@@ -199,7 +200,9 @@ def environment(device: str) -> dict:
 
 
 def setup_gpu() -> None:
-    """torch as a user tuning for speed would set it, with strict fp32 (no TF32) on both libraries."""
+    """torch as a user tuning for speed would set it, with strict fp32 (no TF32) on both libraries; cupyconv as it
+    comes (autotuning off: the "cupyconv" contender is the library's default and the model's plan), its autotuning
+    timed apart by the "cupyconv (autotune)" contender (`cases.AUTOTUNE`)."""
     import torch
     if not torch.cuda.is_available():
         sys.exit("benchmarks: --device gpu needs torch with CUDA and a visible GPU")
@@ -208,9 +211,9 @@ def setup_gpu() -> None:
     torch.backends.cudnn.allow_tf32 = False
     os.environ.setdefault("CUPY_TF32", "0")
     import cupyconv
-    # cupyconv's counterpart of cudnn.benchmark, and strict fp32 on its side too.
+    # cupyconv's counterpart of cudnn.benchmark is a contender of its own (cases.AUTOTUNE); strict fp32 on its side
     if hasattr(cupyconv, "set_autotune"):
-        cupyconv.set_autotune(True)
+        cupyconv.set_autotune(False)
     if hasattr(cupyconv, "set_allow_tf32"):
         cupyconv.set_allow_tf32(False)
 
@@ -404,6 +407,12 @@ def _measure(case: cases_mod.Case, backward: bool, mode: str, peaks: dict | None
         except Exception as e:  # recorded, reported, and makes the run exit non-zero
             entry["status"] = f"error: {type(e).__name__}: {e}"
             continue
+        if c.name == cases_mod.AUTOTUNE:   # what autotuning picked in each pass, against the heuristic's pick
+            from . import launches
+            try:
+                entry["picks"] = launches.autotune_picks(fn)
+            except Exception as e:   # the picks are a note: the timing goes on without them
+                entry["picks"] = f"error: {type(e).__name__}: {e}"
         if c is baseline:
             reference = outputs
         elif reference is not None:
@@ -545,7 +554,8 @@ def format_result(res: dict) -> str:
         lines.append(format_roofline(res))
     head = (f"  {'pass':<8} {'contender':<44} {('GPU ms' if gpu else 'median ms'):>10} {'IQR %':>6} {'n':>4} "
             f"{'TFLOP/s':>8} {'% peak':>7} {('latency ms' if gpu else ''):>10}")
-    head += "".join(f" {(o if o == 'cupyconv' else 'cc.torch') + ' / it':>16}" for o in ours)
+    short = {"cupyconv": "cupyconv", cases_mod.AUTOTUNE: "cc.autotune"}
+    head += "".join(f" {short.get(o, 'cc.torch') + ' / it':>16}" for o in ours)
     lines.append(head)
     for name, entry in res["contenders"].items():
         if entry.get("status", "ok") != "ok" and "median_ms" not in entry:

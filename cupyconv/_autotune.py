@@ -3,7 +3,10 @@
 An op hands `resolve` its candidates for one pass, the heuristic's pick and a function that runs a named
 algorithm.  With `settings.get_autotune()` on (and `settings.get_deterministic()` off), the first call of each
 (pass, geometry, dtype, device) runs every candidate once to compile and warm up, then times it with
-`Device.timed`, and the fastest is remembered in CACHE for the rest of the process.
+`Device.timed` (the heuristic's pick first and again last), and the one kept is remembered in CACHE for the rest
+of the process: the heuristic's pick, unless another candidate took at least TIE_MARGIN less time (`keep`).  The
+heuristic's plan is the one the model predicts and the one the library runs by default; a candidate that only
+ties it, within timing noise, would make the autotuned plan differ from both for nothing.
 
 On a GPU, `Device.timed` is `gpu_time`: the GPU's time for the candidate's work alone, whatever the host spends
 enqueuing it.  CUDA events around a call on an idle stream would time the host as well (the GPU reaches the
@@ -25,6 +28,13 @@ from ._kernels import KernelFile, kernel_name
 from ._spec import ConvSpec
 
 CACHE: dict = {}
+#: The candidates' timed seconds by the same keys as CACHE ({candidate: seconds}), for reports
+#: (`benchmarks.run` records them with each case's picks).
+MEASURED: dict = {}
+
+# A candidate replaces the heuristic's pick only if its time is below (1 - TIE_MARGIN) x the pick's: each time is
+# the median of REPEATS repetitions (`gpu_time`), which vary by a few percent on a GPU from run to run.
+TIE_MARGIN = 0.05
 
 KERNELS = KernelFile("timing.cu")
 
@@ -57,13 +67,33 @@ def resolve(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heu
     if choice is not None:
         return run(choice)
     key = (*key, device.key())
+    preferred = _preferred(candidates, heuristic)
     timings = {}
-    for candidate in candidates:
+    for candidate in (preferred, *[c for c in candidates if c != preferred]):
         run(candidate)  # compile and warm up
         timings[candidate] = device.timed(lambda: run(candidate))
-    best = min(candidates, key=lambda c: timings[c][0])
-    CACHE[key] = best
+    # the heuristic's pick again, last: a GPU clock still ramping up, or other work on the GPU, while it was timed
+    # first must not count against it alone (its time is the shorter of the two)
+    again = device.timed(lambda: run(preferred))
+    if again[0] < timings[preferred][0]:
+        timings[preferred] = again
+    seconds = {candidate: timing[0] for candidate, timing in timings.items()}
+    best = CACHE[key] = keep(seconds, preferred)
+    MEASURED[key] = seconds
     return timings[best][1]
+
+
+def keep(seconds: dict, preferred: str) -> str:
+    """The candidate autotuning keeps, from each candidate's timed seconds: the fastest where it beats `preferred`
+    (the heuristic's pick) by TIE_MARGIN of preferred's time, else preferred (ties and near-ties go to it)."""
+    fastest = min(seconds, key=seconds.__getitem__)
+    return fastest if seconds[fastest] < (1 - TIE_MARGIN) * seconds[preferred] else preferred
+
+
+def _preferred(candidates: tuple[str, ...], heuristic: str) -> str:
+    """What 'auto' runs without autotuning: the heuristic's pick, or the first candidate where the pick is not
+    among them (the direct input gradient at a stride other than 1: the heuristic's run falls back to it)."""
+    return heuristic if heuristic in candidates else candidates[0]
 
 
 def chosen(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heuristic: str) -> str | None:
@@ -72,7 +102,7 @@ def chosen(device, key: tuple, algorithm: str, candidates: tuple[str, ...], heur
     if algorithm != "auto":
         return algorithm
     if not settings.get_autotune() or settings.get_deterministic() or len(candidates) == 1:
-        return heuristic if heuristic in candidates else candidates[0]
+        return _preferred(candidates, heuristic)
     return CACHE.get((*key, device.key()))
 
 

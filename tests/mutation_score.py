@@ -70,6 +70,8 @@ DW_FWD = DEPTHWISE + (" -k 'every_digit or steps_through or matches_cpu or align
 DW_PACKED = DEPTHWISE + " -k 'pack_channels'"  # the packed channels of depthwise_persistent on small planes
 DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"  # spread planes (small, narrow)
 DW_PY = "cupyconv/ops/depthwise.py"
+AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
+AT = "tests/test_autotune.py"
 DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
@@ -1017,6 +1019,17 @@ MUTATIONS = [
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",
       "while (clock64() - start < cycles / 64)", "tests/test_autotune.py -k emulator", "short spin"),
+    # -- cupyconv/_autotune.py: the heuristic's pick kept on ties and near-ties, timed first ----------------------
+    M("autotune-no-margin", AT_PY, "seconds[fastest] < (1 - TIE_MARGIN) * seconds[preferred]",
+      "seconds[fastest] < seconds[preferred]", AT, "wrong margin"),
+    M("autotune-margin-sign", AT_PY, "(1 - TIE_MARGIN) * seconds[preferred]", "(1 + TIE_MARGIN) * seconds[preferred]",
+      AT, "wrong margin"),
+    M("autotune-heuristic-not-first", AT_PY, "for candidate in (preferred, *[c for c in candidates if c != preferred]):",
+      "for candidate in candidates:", AT, "wrong order"),
+    M("autotune-no-second-timing", AT_PY, "    if again[0] < timings[preferred][0]:", "    if False:", AT,
+      "wrong choice"),
+    M("autotune-preferred-first-candidate", AT_PY, "return heuristic if heuristic in candidates else candidates[0]",
+      "return candidates[0]", AT, "wrong choice"),
 ]
 
 

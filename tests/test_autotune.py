@@ -102,6 +102,7 @@ def gpu(monkeypatch):
     device = SimulatedGpu()
     monkeypatch.setattr(_autotune, "host_clock", lambda: device.timeline.now)
     monkeypatch.setattr(_autotune, "CACHE", {})
+    monkeypatch.setattr(_autotune, "MEASURED", {})
     return device
 
 
@@ -259,3 +260,91 @@ def test_gpu_autotune_picks_the_implicit_gemm_for_r50_64_fp16(monkeypatch, capsy
         print(f"\nr50-64 fp16 forward: GPU times of the candidates {[round(t * 1e6, 1) for t in timings]} us, "
               f"chose {chosen}")
     assert chosen == "implicit_gemm"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which candidate is kept (`keep`): the heuristic's pick unless another beats it by more than timing noise
+
+
+class ScriptedTimer:
+    """A device whose `timed` gives each candidate's seconds from a script, in the order timed; `order` notes it."""
+
+    def __init__(self, seconds: dict):
+        self.seconds, self.order = seconds, []
+
+    def timed(self, run):
+        result = run()
+        self.order.append(result)
+        return self.seconds[result], result
+
+    def key(self):
+        return ("scripted", id(self))
+
+
+def tuned(seconds: dict, heuristic: str, candidates=None) -> tuple[str, ScriptedTimer]:
+    device = ScriptedTimer(seconds)
+    with settings.autotune(True):
+        result = _autotune.resolve(device, ("case",), "auto", tuple(candidates or seconds), heuristic, lambda a: a)
+    assert _autotune.CACHE[("case", device.key())] == result
+    assert _autotune.MEASURED[("case", device.key())] == {c: seconds[c] for c in device.order}
+    return result, device
+
+
+@pytest.mark.parametrize("others_us", [(50, 50), (48, 60), (47.6, 1000), (50.1, 49.9)])
+def test_a_tie_or_a_near_tie_goes_to_the_heuristic(gpu, others_us):
+    """Within TIE_MARGIN (5%) of the heuristic's 50 us, or slower: the heuristic's pick is kept, whichever order
+    the candidates come in."""
+    seconds = {"im2col_gemm": others_us[0] * US, "direct": others_us[1] * US, "implicit_gemm": 50 * US}
+    result, device = tuned(seconds, "implicit_gemm")
+    assert result == "implicit_gemm"
+    assert device.order[0] == device.order[-1] == "implicit_gemm"   # timed first and last, the others between
+
+
+@pytest.mark.parametrize("fastest_us, kept", [(47.4, "im2col_gemm"), (10, "im2col_gemm"), (47.6, "implicit_gemm")])
+def test_a_candidate_replaces_the_heuristic_only_beyond_the_margin(gpu, fastest_us, kept):
+    seconds = {"im2col_gemm": fastest_us * US, "direct": 49 * US, "implicit_gemm": 50 * US}
+    assert tuned(seconds, "implicit_gemm")[0] == kept
+
+
+def test_a_heuristic_pick_outside_the_candidates_prefers_the_first_as_auto_runs_it(gpu):
+    """The direct input gradient at stride 2 is not a candidate: 'auto' without autotuning runs the first candidate
+    (`chosen`), and autotuning prefers that one on a near-tie."""
+    seconds = {"im2col_gemm": 50 * US, "implicit_gemm": 48 * US}
+    result, device = tuned(seconds, "direct")
+    assert result == "im2col_gemm" and device.order == ["im2col_gemm", "implicit_gemm", "im2col_gemm"]
+    with settings.autotune(False):
+        assert _autotune.chosen(device, ("case",), "auto", tuple(seconds), "direct") == "im2col_gemm"
+
+
+def test_the_kept_candidate_is_never_slower_than_the_heuristic(gpu):
+    """Over random timings: the kept candidate's time is at most the heuristic's, and it is not the heuristic only
+    where it is more than TIE_MARGIN faster."""
+    rng = numpy.random.default_rng(0)
+    names = ("im2col_gemm", "direct", "implicit_gemm")
+    for trial in range(300):
+        seconds = dict(zip(names, rng.uniform(40, 60, 3) * US))
+        heuristic = names[trial % 3]
+        _autotune.CACHE.clear()
+        kept = tuned(seconds, heuristic)[0]
+        assert seconds[kept] <= seconds[heuristic]
+        assert kept == heuristic or seconds[kept] < (1 - _autotune.TIE_MARGIN) * seconds[heuristic]
+        assert kept == heuristic or seconds[kept] == min(seconds.values())
+
+
+def test_the_heuristic_timed_slow_first_is_timed_again_last(gpu):
+    """A GPU whose clock still ramps up while the heuristic's pick is timed first: its second timing, after the
+    others, is the one that counts, and a candidate that only beat the slow first timing is not kept."""
+    times = iter([60 * US, 49 * US, 48 * US])   # implicit_gemm first (slow), im2col_gemm, implicit_gemm again
+
+    class Ramping(ScriptedTimer):
+        def timed(self, run):
+            result = run()
+            self.order.append(result)
+            return next(times), result
+
+    device = Ramping({})
+    with settings.autotune(True):
+        kept = _autotune.resolve(device, ("case",), "auto", ("im2col_gemm", "implicit_gemm"), "implicit_gemm",
+                                 lambda a: a)
+    assert kept == "implicit_gemm" and device.order == ["implicit_gemm", "im2col_gemm", "implicit_gemm"]
+    assert _autotune.MEASURED[("case", device.key())] == {"implicit_gemm": 48 * US, "im2col_gemm": 49 * US}

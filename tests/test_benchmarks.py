@@ -258,3 +258,62 @@ def test_host_profile_dry_run_of_the_torch_path(tmp_path):
     report = json.loads(out.read_text())
     assert set(report) == {"iii-gpu32-fwd-torch", "iii-gpu32-fwdbwd-torch"}
     assert all(r["host_us"] > 0 and r["kernels"] for r in report.values()), report
+
+
+def test_cupyconv_is_timed_as_it_comes_and_its_autotuning_as_a_contender_of_its_own():
+    """benchmarks.run's "cupyconv" is the library's default (autotuning off, the heuristic's plan that
+    benchmarks.predict models); "cupyconv (autotune)" runs the same calls with autotuning on, for the ops whose 'auto'
+    autotunes, and records what it picked (`launches.autotune_picks`).  Here on host_overhead's NullGpu, every
+    candidate timed alike (the heuristic's pick kept)."""
+    pytest.importorskip("cupy")
+    from benchmarks import cases
+    from cupyconv import _autotune, settings
+    names = {label: [c.name for c in cases.contenders_for(cases.select([label], ("gpu",))[0])]
+             for label in ("r50-64-gpu16", "c3d-video-gpu16", "p-seed-gpu16", "dw-480-14-gpu16")}
+    assert all("cupyconv" in n for n in names.values())
+    assert [cases.AUTOTUNE in n for n in names.values()] == [True, True, False, False]
+    assert cases.AUTOTUNE not in [c.name for c in cases.contenders_for(cases.select(["i"], ("cpu",))[0])]
+
+    case = cases.select(["r50-64-gpu16"], ("gpu",))[0]
+    device = host_overhead.null_gpu()
+    device.timed = host_overhead._tie
+    plain = cases._cupyconv_call(case, host_overhead.null_inputs(device, case), True)
+    tuned = cases.autotuned(plain)
+    with host_overhead.on_null_gpu(device, case):
+        plain()
+        assert not _autotune.MEASURED or all(k[-1] != device.key() for k in _autotune.MEASURED)
+        tuned()
+        assert settings.get_autotune() is False   # on for tuned's calls only
+        untuned_picks, picks = launches.autotune_picks(plain), launches.autotune_picks(tuned)
+    assert [p["pass"] for p in picks] == ["forward", "grad_input", "grad_weight"]
+    assert all(p["algorithm"] == p["heuristic"] == "implicit_gemm" for p in picks + untuned_picks)
+    assert all(set(p["candidates_us"]) == {"im2col_gemm", "direct", "implicit_gemm"} for p in picks)
+    assert all(p["candidates_us"] is None for p in untuned_picks)
+    head = run.format_result({"pass": "fwd", "ratios": {"cupyconv": {}, cases.AUTOTUNE: {}}, "contenders": {}})
+    assert head.rstrip().endswith("cupyconv / it cc.autotune / it"), head
+
+
+def test_a_run_records_the_autotune_contenders_picks(monkeypatch):
+    """benchmarks.run notes "picks" on the "cupyconv (autotune)" contender (here stood in on the CPU, whose NumPy
+    path resolves no 'auto' pass: no picks) and times it with the others, a ratio of its own."""
+    from benchmarks import cases
+    case = cases.smoke(cases.select(["i"], ("cpu",))[0])
+    stand_in = cases.Contender(cases.AUTOTUNE, (case.op,), ("cpu",), "cupy",
+                               lambda c, inputs, backward: cases.autotuned(cases.build_cupyconv(c, inputs, backward)),
+                               ours=True)
+    real = cases.contenders_for
+    monkeypatch.setattr(cases, "contenders_for", lambda c: [*real(c), stand_in])
+    result = run._measure(case, False, "smoke", None, None)
+    entry = result["contenders"][cases.AUTOTUNE]
+    assert entry["status"] == "ok" and entry["picks"] == [] and entry["median_ms"] > 0
+    assert set(result["ratios"]) == {"cupyconv", cases.AUTOTUNE}
+
+
+def test_report_lists_cupyconv_with_autotuning_among_the_others():
+    from benchmarks.cases import AUTOTUNE
+    path = RESULTS / "gpu-2026-11-26-h100" / "bench.json"
+    data = json.loads(path.read_text())
+    first = data["results"][0]
+    first["contenders"][AUTOTUNE] = {**first["contenders"]["cupyconv"], "median_ms": 0.2}
+    text = report.report(path, data)
+    assert text.count(f"{AUTOTUNE}: 0.2") == 1, text[:3000]

@@ -57,6 +57,13 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert "### Kernels: MEASURED GPU time" in summary and "| profile | r50-64-gpu16 | fwd | conv_fwd_igemm | 1 |" \
         in summary and "no prediction" not in summary and "(predicted, not measured)" not in summary
     assert "MEASURED wall us (host + GPU)" in summary
+    # ... and again with autotuning on for a few cases, apart from the calibration's profile, with its picks (none on
+    # the NumPy path of a dry run) and a table of its figures next to the autotune-off ones
+    from benchmarks.gpu_check import PROFILE_AUTOTUNE_CASES
+    assert set(bench["profile_autotune"]) == {f"{c}-{p}" for c in PROFILE_AUTOTUNE_CASES for p in ("fwd", "fwdbwd")}
+    assert all(r.get("dry_run") and r["autotune_picks"] == [] for r in bench["profile_autotune"].values())
+    assert bench["profile_settings"]["autotune_on_cases"] == list(PROFILE_AUTOTUNE_CASES)
+    assert "host_profile, autotuning off -> on" in summary and "| r50-64-gpu16-fwd |" in summary
 
 
 def test_calibration_puts_predicted_next_to_measured(tmp_path):
@@ -243,3 +250,30 @@ def test_bench_order_puts_the_cases_no_gpu_has_measured_first(tmp_path):
     (tmp_path / "gpu-broken" / "bench.json").write_text("{")
     assert measured_labels(tmp_path) == {gpu[3]}
     assert measured_labels() & set(gpu)   # the recorded runs of benchmarks/results
+
+
+def test_summary_puts_autotuning_on_next_to_off():
+    """summary.md's autotune tables: the benchmark's "cupyconv (autotune)" against "cupyconv" (the default) with the
+    passes where autotuning kept another algorithm than the heuristic's, and host_profile's off -> on figures."""
+    from benchmarks import gpu_check
+    from benchmarks.cases import AUTOTUNE
+    picks = [{"pass": "forward", "algorithm": "implicit_gemm", "heuristic": "implicit_gemm"},
+             {"pass": "grad_weight", "algorithm": "im2col_gemm", "heuristic": "implicit_gemm"}]
+    bench = {"results": [
+        {"case": "r50-64-gpu16", "pass": "fwd+bwd", "contenders": {
+            "cupyconv": {"median_ms": 0.26}, AUTOTUNE: {"median_ms": 0.39, "picks": picks}}},
+        {"case": "r50-64-gpu16", "pass": "fwd", "contenders": {
+            "cupyconv": {"median_ms": 0.133}, AUTOTUNE: {"median_ms": 0.133, "picks": "error: KeyError: x"}}},
+        {"case": "iii-gpu32", "pass": "fwd", "contenders": {"cupyconv": {"median_ms": 0.04}}}],
+        "profile": {"r50-64-gpu16-fwd": {"host_us": 129.8, "wall_us": 133.0, "kernel_us": 48.7}},
+        "profile_autotune": {"r50-64-gpu16-fwd": {"host_us": 130.1, "wall_us": 133.4, "kernel_us": 48.6,
+                                                  "autotune_picks": picks[:1]},
+                             "r50-256-gpu16-fwd": {"error": "RuntimeError: boom"}}}
+    text = "\n".join(gpu_check.summary_autotune(bench))
+    assert "(2 case-passes, the 12 where it costs most)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| r50-")]
+    assert rows[0] == ("| r50-64-gpu16 | fwd+bwd | 0.260 | 0.390 | 1.50 | grad_weight im2col_gemm (not implicit_gemm) |")
+    assert rows[1] == "| r50-64-gpu16 | fwd | 0.133 | 0.133 | 1.00 | error: KeyError: x |"
+    assert rows[2] == "| r50-64-gpu16-fwd | 129.8 -> 130.1 | 133.0 -> 133.4 | 48.7 -> 48.6 | - |"
+    assert rows[3] == "| r50-256-gpu16-fwd | - -> - | - -> - | - -> - | RuntimeError: boom |"
+    assert gpu_check.summary_autotune({"results": []}) == []
