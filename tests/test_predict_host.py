@@ -73,7 +73,7 @@ def test_a_slower_glue_raises_the_prediction(monkeypatch):
     from cupyconv import _device
     case = cases.select(["r50-64-gpu16"], ("gpu",))[0]
     before = predict.host_prediction(case, False)
-    original = _device.CudaDevice.launch
+    original = _device.CudaDevice.launch_run   # a repeated call's launches are prepared
 
     def busy():
         return None
@@ -83,7 +83,7 @@ def test_a_slower_glue_raises_the_prediction(monkeypatch):
             busy()
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(_device.CudaDevice, "launch", slow_launch)
+    monkeypatch.setattr(_device.CudaDevice, "launch_run", slow_launch)
     after = predict.host_prediction(case, False)
     kernels = after["host_counts"]["launches"]   # all three are raw kernels here (no cuBLAS, no array work)
     assert after["host_counts"]["calls"] == pytest.approx(before["host_counts"]["calls"] + kernels * 41, abs=0.2)
