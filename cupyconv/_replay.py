@@ -8,9 +8,9 @@ strides, dtypes and alignments of its arrays, the spec, the algorithm, the setti
 read no values; benchmarks.launches checks it by planning over NaN and over zeros).
 
 So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
-of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
-`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`,
-`arrival_counters`) to the real
+of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch` (noted
+prepared: `CudaDevice.launch_prepare`, the kernel looked up and its scalars wrapped once), `gemm_strided_batched`
+(noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`, `arrival_counters`) to the real
 device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
 slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
 the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
