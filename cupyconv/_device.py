@@ -631,9 +631,11 @@ def _scalar_wrapper():
     try:
         from cupy._core._scalar import CScalar
         from cupy.cuda.function import CPointer
-    except ImportError:
+        probe = CScalar(numpy.int32(-7))   # CuPy 14's constructor: (value, dtype=None), the value's own dtype
+        usable = isinstance(probe, CPointer) and probe.get_numpy_type() is numpy.int32 and probe.value == -7
+    except (ImportError, TypeError, AttributeError):
         return None
-    return CScalar if issubclass(CScalar, CPointer) else None
+    return CScalar if usable else None
 
 
 def _packed(args) -> tuple:
