@@ -369,3 +369,25 @@ def test_a_prepared_launch_opts_in_to_its_shared_memory():
     prepared, _ = fresh.launch_prepare("implicit_gemm.cu", name, (1,), (128,), (), shared)
     assert prepared[3] == shared
     assert fresh.function("implicit_gemm.cu", name).max_dynamic_shared_size_bytes >= shared
+
+
+def test_a_prepared_launch_takes_the_current_stream_at_each_call(monkeypatch):
+    """A prepared launch names no stream: CuPy's `Function.__call__` then launches on the stream current at that
+    call (`_get_stream(None)`), as `RawKernel.__call__` did -- a program recorded on one stream replays on
+    another's.  Grid and block go as tuples (Function declares them `tuple`)."""
+    calls = []
+
+    class FakeKernel:
+        max_dynamic_shared_size_bytes = _device.DEFAULT_SHARED_LIMIT
+        kernel = staticmethod(lambda *args, **kwargs: calls.append((args, kwargs)))
+
+    fresh = CupyHostDevice()
+    monkeypatch.setattr(fresh, "function", lambda source, name: FakeKernel())
+    prepared, args = fresh.launch_prepare("unfold.cu", "k", [2], [32], [numpy.int32(3)], 0)
+    fresh.launch_run(prepared, args)
+    fresh.launch_run(prepared, args)
+    assert len(calls) == 2
+    for positional, keywords in calls:
+        assert keywords == {} and len(positional) == 4   # (grid, block, args, shared_mem): stream left to CuPy
+        assert positional[0] == (2,) and positional[1] == (32,) and positional[3] == 0
+        assert positional[2] is args and type(args[0]) is _device._scalar_wrapper()
