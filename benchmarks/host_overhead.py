@@ -59,15 +59,35 @@ PACKAGE = str(Path(__file__).resolve().parents[1] / "cupyconv")
 SEAM = (("ops/lift.py", "forward"), ("ops/lift.py", "backward"), ("_replay.py", "run"))
 
 
+# The scalar types CuPy's launch wraps one by one, on every launch (`_device._SCALARS`; exact types: no call to count)
+_WRAPPED = frozenset({bool, int, float, complex, numpy.int8, numpy.int16, numpy.int32, numpy.int64, numpy.uint8,
+                      numpy.uint16, numpy.uint32, numpy.uint64, numpy.float16, numpy.float32, numpy.float64,
+                      numpy.bool_})
+
+
 class _NullKernel:
-    """A compiled kernel as `CudaDevice.launch` uses it (CuPy's RawKernel), whose launch does nothing but count."""
+    """A compiled kernel as `CudaDevice.launch` uses it (CuPy's RawKernel), whose launch does nothing but count
+    "launches" and "scalars" -- the scalar arguments CuPy wraps for the launch, none of a prepared launch's
+    (`_device._packed`) -- and wrap those as CuPy's launch would (`CScalar`, about half a microsecond each on this
+    CPU: its cost shows in host_us; cProfile counts no call for it).  `kernel` is its per-device `Function`, which a
+    prepared launch calls."""
     max_dynamic_shared_size_bytes = 48 * 1024
 
     def __init__(self, counts: dict):
-        self.counts = counts
+        from cupyconv import _device
+        self.counts, self.wrap = counts, _device._scalar_wrapper() or (lambda a: a)
 
-    def __call__(self, grid, block, args, *, shared_mem=0):
-        self.counts["launches"] += 1
+    @property
+    def kernel(self):
+        return self
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        counts, wrap = self.counts, self.wrap
+        counts["launches"] += 1
+        for a in args:
+            if type(a) in _WRAPPED:
+                counts["scalars"] += 1
+                wrap(a)
 
 
 def null_gpu():
@@ -90,7 +110,7 @@ def null_gpu():
 
         def __init__(self):
             super().__init__()
-            self.counts = {"launches": 0, "allocations": 0}
+            self.counts = {"launches": 0, "allocations": 0, "scalars": 0}
             self.blas = NullCublas(self.counts)
             self.kernel = _NullKernel(self.counts)
             self._next = 1 << 40   # fake device addresses, never read: each array its own range

@@ -28,8 +28,9 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
 5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
-   from `benchmarks.host_overhead.counts` on this CPU -- Python calls and launches per call -- and two constants
-   fitted to the H200's measured host times (`HOST_MODEL`, `HOST_PAIRS`, `fit_host`), and the wall time of calls
+   from `benchmarks.host_overhead.counts` on this CPU -- Python calls, launches and the scalar arguments CuPy wraps
+   per call -- and three constants fitted to the H200's and the H100's measured host times (`HOST_MODEL`,
+   `HOST_PAIRS`, `fit_host`, `HOST_PAIRS_H100`, `fit_host_h100`), and the wall time of calls
    queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
@@ -234,9 +235,58 @@ def fit_host(pairs=HOST_PAIRS) -> dict:
             "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
 
 
-# fit_host() of HOST_PAIRS, written out so that a change to the pairs shows in review (tests/test_predict_host.py
-# checks the two agree)
-HOST_MODEL = {"per_call_us": 0.334, "per_launch_us": 28.6, "spread": (0.91, 1.33)}
+# The H100's host times (2026-11-26, commit 98b8efe, after the fast path) split the per-launch term: per call of
+# the fast path there were 15-179 scalar kernel arguments, each wrapped by CuPy's launch on every call (a `CScalar`,
+# cupy/cuda/function.pyx `_pointer`; about half a microsecond each on this CPU), and they, not the launches, were
+# what set r50-64 fp16's forward (2 launches, 75 scalars) at 101-130 us against iii's 37 (1 launch, 15 scalars).
+# So host_us = per_call_us * calls + per_launch_us * launches + per_scalar_us * scalars, per_call_us the H200 fit's
+# (`fit_host`: the H200 pairs, at 200-700 calls a call, pin it; the H100's 50-210 do not) and the other two fitted
+# likewise to the H100 pairs below (`fit_host_h100`).  Scalars and the tensor-core paths' allocations (5 against 1
+# a forward) were collinear there: fitted to allocations instead (10.3 us each) the spread was 0.82-1.58, to
+# scalars 0.80-1.45; with launches alone (per_call_us the same) 0.85-1.85, and the H200 model itself 0.70-1.55.
+# (case, pass, MEASURED H100 host us per call: benchmarks/results/gpu-2026-11-26-h100/bench.json["profile"],
+#  autotune off, 10 calls enqueued with no synchronisation; host_overhead.counts at 98b8efe: calls, launches,
+#  scalars wrapped by CuPy)
+HOST_PAIRS_H100 = (
+    ("r50-64-gpu16", "fwd", 129.8, 80.1, 2, 75),
+    ("r50-64-gpu16", "fwd+bwd", 253.9, 205.1, 5, 169),
+    ("p-seed-gpu16", "fwd", 101.3, 80.1, 2, 75),
+    ("p-seed-gpu16", "fwd+bwd", 263.4, 211.1, 6, 179),
+    ("iii-gpu32", "fwd", 36.7, 55.1, 1, 15),
+    ("iii-gpu32", "fwd+bwd", 125.8, 140.1, 4, 47),
+    ("dw-480-14-gpu16", "fwd", 35.9, 55.1, 1, 15),
+    ("dw-480-14-gpu16", "fwd+bwd", 122.0, 140.1, 4, 47),
+    ("iv-gpu16", "fwd", 34.3, 49.1, 1, 23),
+    ("iv-gpu16", "fwd+bwd", 74.9, 99.1, 2, 41),
+    ("r50-64-gpu32", "fwd", 73.0, 61.1, 2, 23),
+    ("r50-64-gpu32", "fwd+bwd", 276.4, 170.1, 8, 70),
+    ("dw-1152-7k5-gpu16", "fwd", 34.8, 55.1, 1, 15),
+    ("dw-1152-7k5-gpu16", "fwd+bwd", 113.2, 140.1, 4, 47),
+    ("dw-672-14k5-gpu32", "fwd", 36.6, 55.1, 1, 15),
+    ("dw-672-14k5-gpu32", "fwd+bwd", 120.1, 140.1, 4, 47),
+)
+
+
+def fit_host_h100(pairs=HOST_PAIRS_H100, per_call_us: float | None = None) -> dict:
+    """The host model: per_call_us from the H200 pairs (`fit_host`), per_launch_us and per_scalar_us fitted to the
+    H100 pairs given it (least squares on the relative error), and the spread (lowest, highest measured /
+    fitted), rounded outward."""
+    per_call = fit_host()["per_call_us"] if per_call_us is None else per_call_us
+    measured = numpy.array([p[2] for p in pairs])
+    calls = numpy.array([p[3] for p in pairs])
+    counts = numpy.array([[p[4], p[5]] for p in pairs], dtype=float)
+    (per_launch, per_scalar), *_ = numpy.linalg.lstsq(counts / measured[:, None], 1 - per_call * calls / measured,
+                                                      rcond=None)
+    ratios = measured / (per_call * calls + counts @ (per_launch, per_scalar))
+    return {"per_call_us": per_call, "per_launch_us": round(float(per_launch), 1),
+            "per_scalar_us": round(float(per_scalar), 3),
+            "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
+
+
+# fit_host_h100(), written out so that a change to the pairs shows in review (tests/test_predict_host.py checks the
+# two agree).  The H200 fit alone (fit_host(): 0.334 us a call, 28.6 a launch, spread 0.91-1.33) priced a launch's
+# scalars into its launches, and so could not see them go (`_device.CudaDevice.launch_prepare`).
+HOST_MODEL = {"per_call_us": 0.334, "per_launch_us": 11.0, "per_scalar_us": 0.657, "spread": (0.8, 1.45)}
 
 
 def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None = None,
@@ -248,7 +298,8 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
         counts = host_overhead.counts(case, backward, choices)
     except Exception as e:   # the instrument needs tests/emulator; a prediction without it keeps the GPU figures
         return {"host_us": None, "host_why": f"{type(e).__name__}: {e}"}
-    point = model["per_call_us"] * counts["calls"] + model["per_launch_us"] * counts["launches"]
+    point = (model["per_call_us"] * counts["calls"] + model["per_launch_us"] * counts["launches"]
+             + model.get("per_scalar_us", 0.0) * counts.get("scalars", 0))
     low, high = model["spread"]
     return {"host_us": [round(point * low, 1), round(point * high, 1)], "host_counts": counts}
 

@@ -251,6 +251,17 @@ class Device:
         the C order, of the exact C types (`_kernels.KernelFile.arguments` builds them)."""
         raise NotImplementedError
 
+    def launch_prepare(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> tuple:
+        """(prepared, args) of a `launch` for `launch_run`, which a replay (`_replay`) repeats with other arrays in
+        the same places of args: what a launch looks up or converts on every call, done once.  Here nothing:
+        the launch as given."""
+        return (source, name, tuple(grid), tuple(block), shared_mem), tuple(args)
+
+    def launch_run(self, prepared: tuple, args: tuple) -> None:
+        """The `launch_prepare`d launch with these arguments."""
+        source, name, grid, block, shared_mem = prepared
+        self.launch(source, name, grid, block, args, shared_mem)
+
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
                              ldc, stride_c, batch) -> None:
         """cuBLAS's cublasGemmStridedBatchedEx, column-major: for i < batch,
@@ -556,6 +567,30 @@ class CudaDevice(Device):
             opt_in_shared_memory(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
+    def launch_prepare(self, source, name, grid, block, args, shared_mem=0):
+        """The launch as a replay repeats it (`Device.launch_prepare`): the kernel's CuPy `Function` for the current
+        device (what `RawKernel.__call__` looks up through `RawKernel.kernel` on every call, after `function`'s
+        own lookup), opted in to its shared memory once (the attribute stays set on the function), and its scalar
+        arguments wrapped once as CuPy wraps them on every launch (`_packed`).  Followed, in CuPy v14.2.0:
+          cupy/_core/raw.pyx, `RawKernel.__call__`: `self.kernel(grid, block, args,
+            enable_cooperative_groups=self.enable_cooperative_groups, **kwargs)`, `kernel` the `Function` of the
+            current device (`_kernel`: `runtime.getDevice()`, then its per-device cache);
+          cupy/cuda/function.pyx, `_launch`: each argument through `_pointer` -- an ndarray as its CArray, a
+            `CPointer` as it is, any other scalar as a new `_scalar.CScalar(x)` (its dtype and C value, about half a
+            microsecond each on this CPU: 51 per launch of channels_last_copies), then cuLaunchKernel, which copies
+            the argument values before it returns.
+        The prepared launch holds for the device current now: a replay's program is kept per device (its key
+        holds `key()`)."""
+        kernel = self.function(source, name)
+        if shared_mem > DEFAULT_SHARED_LIMIT:
+            opt_in_shared_memory(kernel, shared_mem)
+        return (kernel.kernel, tuple(grid), tuple(block), shared_mem), _packed(args)
+
+    def launch_run(self, prepared, args):
+        """The prepared launch (`launch_prepare`) on CuPy's current stream: `Function.__call__` as RawKernel's."""
+        function, grid, block, shared_mem = prepared
+        function(grid, block, args, shared_mem)
+
     @property
     def clock_rate(self) -> int:
         """The current GPU's SM clock in Hz (cudaDevAttrClockRate: the peak clock, so a spin of N cycles lasts at
@@ -583,6 +618,33 @@ class CudaDevice(Device):
 
     def total_memory(self) -> int:
         return _cuda_total_memory(self.xp.cuda.Device().id)
+
+
+#: The Python scalar types CuPy's launch wraps in a `CScalar` (cupy/cuda/function.pyx `_pointer`'s last case)
+_SCALARS = (numpy.generic, bool, int, float, complex)
+
+
+@functools.lru_cache(maxsize=None)
+def _scalar_wrapper():
+    """CuPy's kernel-argument wrapper of a scalar, `cupy._core._scalar.CScalar` (a `CPointer`, which a launch
+    passes on as it is), or None where this CuPy has none (its launches then wrap the scalars themselves)."""
+    try:
+        from cupy._core._scalar import CScalar
+        from cupy.cuda.function import CPointer
+        probe = CScalar(numpy.int32(-7))   # CuPy 14's constructor: (value, dtype=None), the value's own dtype
+        usable = isinstance(probe, CPointer) and probe.get_numpy_type() is numpy.int32 and probe.value == -7
+    except (ImportError, TypeError, AttributeError):
+        return None
+    return CScalar if usable else None
+
+
+def _packed(args) -> tuple:
+    """args with each scalar wrapped once as CuPy's launch would wrap it on every call (`CudaDevice.launch_prepare`):
+    the same value, C type and bytes; arrays, None and anything else as they are."""
+    wrap = _scalar_wrapper()
+    if wrap is None:
+        return tuple(args)
+    return tuple(wrap(a) if isinstance(a, _SCALARS) else a for a in args)
 
 
 class _CudaScope:

@@ -8,9 +8,9 @@ strides, dtypes and alignments of its arrays, the spec, the algorithm, the setti
 read no values; benchmarks.launches checks it by planning over NaN and over zeros).
 
 So the driver of every op (`lift.forward`, `lift.backward`) runs its GPU path through `replayed`: the first call
-of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch`,
-`gemm_strided_batched` (noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`,
-`arrival_counters`) to the real
+of a signature runs on a `Recorder`, a Device that forwards every primitive of the GPU path (`launch` (noted
+prepared: `CudaDevice.launch_prepare`, the kernel looked up and its scalars wrapped once), `gemm_strided_batched`
+(noted prepared: `CudaDevice.gemm_prepare`), `empty`, `copyto`, `add`, `sum`, `arrival_counters`) to the real
 device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
 slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
 the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
@@ -156,7 +156,10 @@ class Recorder(Device):
 
     # The primitives, noted
     def launch(self, source, name, grid, block, args, shared_mem=0):
-        self._note("launch", (source, name, tuple(grid), tuple(block), tuple(args), shared_mem))
+        # noted prepared (`Device.launch_prepare`): a replay runs the launch without looking its kernel up again or
+        # converting its scalars again
+        prepared, packed = self.device.launch_prepare(source, name, grid, block, args, shared_mem)
+        self._note("launch_run", (prepared, packed))
 
     def gemm_strided_batched(self, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
                              ldc, stride_c, batch):
@@ -221,7 +224,29 @@ class Recorder(Device):
             self.valid = False
         if not self.valid:
             raise Unrecordable("see the recording")
-        return Program(self.steps, outputs, len(self.slots), self.offers)
+        return Program(self._folded(outputs), outputs, len(self.slots), self.offers)
+
+    def _folded(self, outputs) -> list:
+        """The steps as a replay needs them: an array argument without elements (a `Ref` of no slot: a split-K
+        workspace of no split, say) made once here, instead of once per replay, and passed to every replay as it
+        is (it holds no memory, and no kernel or array operation reads or writes an element of it); and an `empty`
+        whose array no step, result or offer refers to (such an argument's own allocation) left out.  Results
+        and offers without elements are still made anew by each replay: a caller may keep them."""
+        made: dict = {}
+
+        def fold(t):
+            if type(t) is Ref and t.slot is None:
+                key = (t.shape, t.strides, t.dtype)
+                if key not in made:
+                    made[key] = self.device.empty(t.shape, t.dtype)
+                return made[key]
+            if type(t) is tuple:
+                return tuple(fold(x) for x in t)
+            return t
+
+        steps = [(method, fold(template), result) for method, template, result in self.steps]
+        read = set(_slots_of((outputs, self.offers, tuple(template for _, template, _ in steps))))
+        return [step for step in steps if not (step[0] == "empty" and step[2] not in read)]
 
     def offered(self, offers: list) -> None:
         """Note the arrays the recorded work offered (`offer`), for the program's replays to offer theirs."""

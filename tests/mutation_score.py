@@ -83,9 +83,24 @@ GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
 EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
 EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 EMU_RUNTIME = "tests/emulator/include/emu_runtime.h"
+REPLAY = "tests/test_replay.py"
+REPLAY_PY = "cupyconv/_replay.py"
+DEVICE_PY = "cupyconv/_device.py"
 M = Mutation
 
 MUTATIONS = [
+    # -- cupyconv/_replay.py and _device.py: a replay's prepared launches and folded arguments (task hostcut) ------
+    M("replay-empty-arg-per-replay", REPLAY_PY, "if type(t) is Ref and t.slot is None:",
+      "if type(t) is Ref and t.slot is None and False:", REPLAY, "argument made per call"),
+    M("replay-dead-empty-kept", REPLAY_PY, 'if not (step[0] == "empty" and step[2] not in read)]',
+      'if True]', REPLAY, "allocation kept"),
+    M("replay-dead-empty-read-dropped", REPLAY_PY, 'if not (step[0] == "empty" and step[2] not in read)]',
+      'if not step[0] == "empty"]', REPLAY, "live allocation dropped"),
+    M("launch-scalars-unwrapped", DEVICE_PY, "return tuple(wrap(a) if isinstance(a, _SCALARS) else a for a in args)",
+      "return tuple(args)", REPLAY, "scalars wrapped per launch"),
+    M("launch-prepare-no-opt-in", DEVICE_PY, """        if shared_mem > DEFAULT_SHARED_LIMIT:
+            opt_in_shared_memory(kernel, shared_mem)
+        return (kernel.kernel""", """        return (kernel.kernel""", REPLAY, "shared memory not opted in"),
     # -- cupyconv/ops/implicit_gemm.py: the strided input gradient's phases (`grad_input_phases`) ---------------
     M("phase-low-padding-off-by-one", IG_PY, "low = (len(taps) - 1) * phase_dilation - (first",
       "low = 1 + (len(taps) - 1) * phase_dilation - (first", IG_PHASES, "off-by-one"),

@@ -384,7 +384,7 @@ def test_the_device_is_cuda_device_with_real_cupy_arrays(device):
     own = {name for name in vars(CupyHostDevice) if not name.startswith("__")}
     assert own == {"name", "compute_capability", "empty", "asarray", "asnumpy", "host", "_source", "copyto", "add",
                    "sum", "function", "cublas", "total_memory", "timed", "key", "scope", "clock_rate", "stream_key"}
-    for name in ("launch", "gemm_strided_batched", "matmul_strided"):
+    for name in ("launch", "launch_prepare", "launch_run", "gemm_strided_batched", "matmul_strided"):
         assert getattr(CupyHostDevice, name) is getattr(_device.CudaDevice, name)
     a = device.empty((3, 4), numpy.float32)
     assert type(a) is cupy.ndarray and a.data.ptr % 256 == 0
@@ -453,6 +453,10 @@ def test_unrouted_places_are_listed():
 CUPY_APIS = [
     ("cupy", "ndarray"), ("cupy", "RawModule"), ("cupy", "RawKernel.max_dynamic_shared_size_bytes"),
     ("cupy", "RawKernel.__call__"), ("cupy", "RawModule.get_function"), ("cupy", "from_dlpack"),
+    # a replay's prepared launch (CudaDevice.launch_prepare): the per-device Function, the scalars wrapped once
+    ("cupy", "RawKernel.kernel"), ("cupy.cuda.function", "Function.__call__"), ("cupy.cuda.function", "CPointer"),
+    ("cupy._core._scalar", "CScalar"), ("cupy._core._scalar", "CScalar.value"),
+    ("cupy._core._scalar", "CScalar.get_numpy_type"),
     ("cupy", "broadcast_to"), ("cupy", "empty"), ("cupy", "copyto"),
     ("cupy", "cuda.Device"), ("cupy", "cuda.Device.compute_capability"), ("cupy", "cuda.Device.id"),
     ("cupy", "cuda.Event"), ("cupy", "cuda.Event.record"), ("cupy", "cuda.Event.synchronize"),

@@ -206,16 +206,16 @@ def test_a_replay_hands_on_whole_arrays_and_views_the_rest(device, counted, monk
     (x2, w2, b2), second = conv2d_arrays(device, 10)
     lines = [[device.asarray(a) for a in tca.inputs(seed, (2, 4, 9), (6, 2, 3))] for seed in (12, 13)]
     seen: list = []
-    launch = device.launch
+    launch_run = device.launch_run
 
-    def noting_launch(source, name, grid, block, args, shared_mem=0):
+    def noting_launch(prepared, args):   # a replay's launches are prepared (`CudaDevice.launch_prepare`)
         seen.extend(args)
-        return launch(source, name, grid, block, args, shared_mem)
+        return launch_run(prepared, args)
 
     with _device.use_device(device):
         cupyconv.conv2d(*first, padding=1, groups=2)
         cupyconv.conv1d(*lines[0], padding=1, groups=2)
-        monkeypatch.setattr(device, "launch", noting_launch)
+        monkeypatch.setattr(device, "launch_run", noting_launch)
         y = cupyconv.conv2d(*second, padding=1, groups=2)
         assert any(a is second[0] for a in seen) and any(a is second[1] for a in seen)
         seen.clear()
@@ -273,3 +273,121 @@ def test_a_replayed_weight_gradient_counts_in_its_own_streams_array(device, coun
         assert set(device._arrivals) == ({"a"} if key == "a" and counted["replayed"] == 0 else {"a", "b"})
     assert counted == {"recorded": 1, "replayed": 2}
     assert all(not device.asnumpy(a).any() for a in device._arrivals.values())
+
+
+def test_a_replay_launches_as_prepared(device, counted, monkeypatch):
+    """A recorded launch is prepared once (`CudaDevice.launch_prepare`): a replay calls the kernel's per-device
+    Function (`RawKernel.kernel`) with the scalars CuPy would wrap on every launch already wrapped, without
+    looking the kernel up (`function`) or wrapping a scalar again -- and its results stay right."""
+    (x2, w2, b2), second = conv2d_arrays(device, 14, "float16", groups=1)
+    _, first = conv2d_arrays(device, 15, "float16", groups=1)
+    wrapped = []
+    packed = _device._packed
+    monkeypatch.setattr(_device, "_packed", lambda args: wrapped.append(len(args)) or packed(args))
+    with _device.use_device(device):
+        cupyconv.conv2d(*first, padding=1)
+        assert wrapped and counted == {"recorded": 1, "replayed": 0}
+        (program,) = filter(None, _replay.CACHE.values())
+        launches = [step for step in program.steps if step[0] == "launch_run"]
+        assert len(launches) == len(wrapped) and not any(step[0] == "launch" for step in program.steps)
+        cscalar = _device._scalar_wrapper()
+        for _, (prepared, args), *_ in launches:
+            assert callable(prepared[0]) and type(prepared[1]) is tuple and type(prepared[2]) is tuple
+            assert not any(isinstance(a, _device._SCALARS) for a in args)   # every scalar wrapped
+            assert any(type(a) is cscalar for a in args)
+        del wrapped[:]
+        looked_up = []
+        monkeypatch.setattr(device, "function", lambda *a: looked_up.append(a))
+        y2 = cupyconv.conv2d(*second, padding=1)
+    assert counted == {"recorded": 1, "replayed": 1} and wrapped == [] and looked_up == []
+    ref.assert_close(device.asnumpy(y2), cupyconv.conv2d(x2, w2, b2, padding=1), "float16", "prepared")
+
+
+def test_wrapped_scalars_hold_the_bytes_cupy_would_pass():
+    """`_device._packed` wraps exactly what CuPy's launch would wrap (a NumPy or Python scalar), as CuPy wraps it:
+    the value's own dtype and bytes (a Python int as int64, a float as float64, a bool as bool); an array, None and
+    an already wrapped scalar are passed as they are."""
+    import ctypes
+    import cupy
+    cscalar = _device._scalar_wrapper()
+    array = cupy.ndarray((2,), numpy.float32, memptr=cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(1 << 40, 8, None, device_id=0), 0))
+    values = (numpy.int32(-5), numpy.uint32(7), numpy.int64(1 << 40), numpy.float32(1.5), numpy.float64(-2.25),
+              numpy.float16(3.0), numpy.bool_(True), 3, 2.5, True)
+    wrapped = _device._packed(values + (None, array))
+    assert type(wrapped) is tuple and wrapped[-2] is None and wrapped[-1] is array
+    for value, w in zip(values, wrapped):
+        assert type(w) is cscalar
+        want = numpy.asarray(value).tobytes()   # a Python int, float, bool: int64, float64, bool, as NumPy makes them
+        assert ctypes.string_at(w.ptr, len(want)) == want, value
+        assert w.get_numpy_type() is numpy.asarray(value).dtype.type
+    assert _device._packed(wrapped[:2]) == wrapped[:2]   # not wrapped twice: CuPy passes a CPointer as it is
+
+
+def test_an_argument_without_elements_is_made_once(device, counted, monkeypatch):
+    """The tensor-core forward's split-K workspace of no split (an array without elements): made once at recording
+    and passed to every replay's launch as it is, its own allocation left out of the program; the replays' other
+    arguments are their own."""
+    def arrays(seed):   # 16 channels: the tensor-core forward (conv_fwd_igemm), no split of K
+        return [device.asarray(a) for a in tca.inputs(seed, (2, 16, 9, 9), (16, 16, 3, 3), (16,), dtype="float16")]
+
+    first = arrays(16)
+    calls = [arrays(seed) for seed in (17, 18)]
+    with _device.use_device(device):
+        cupyconv.conv2d(*first, padding=1)
+        (program,) = filter(None, _replay.CACHE.values())
+        constants = [a for step in program.steps for t in step[1] if type(t) is tuple for a in t
+                     if getattr(a, "size", 1) == 0]
+        assert constants, "expected the forward's split-K workspace of no split"
+        assert not any(type(r) is _replay.Ref and r.slot is None for step in program.steps
+                       for t in step[1] for r in (t if type(t) is tuple else (t,)))
+        assert not any(step[0] == "empty" and 0 in step[1][0] for step in program.steps)
+        seen: list = []
+        launch_run = device.launch_run
+        monkeypatch.setattr(device, "launch_run", lambda prepared, args: seen.append(args) or launch_run(prepared, args))
+        allocations = []
+        empty = device.empty
+        monkeypatch.setattr(device, "empty", lambda shape, dtype: allocations.append(shape) or empty(shape, dtype))
+        for arrays in calls:
+            cupyconv.conv2d(*arrays, padding=1)
+    assert counted["replayed"] == 2
+    assert not any(0 in shape for shape in allocations)
+    empties = [[a for a in args if getattr(a, "size", 1) == 0] for args in seen]
+    half = len(seen) // 2
+    assert all(a is b for first_args, second_args in zip(empties[:half], empties[half:])
+               for a, b in zip(first_args, second_args))
+    for arrays, args in zip(calls, (seen[:half], seen[half:])):   # each replay reads its own input
+        assert arrays[0].data.ptr in {a.data.ptr for launch in args for a in launch if getattr(a, "size", 0)}
+
+
+def test_a_prepared_launch_opts_in_to_its_shared_memory():
+    """Above 48 KiB of dynamic shared memory a launch fails unless its kernel opted in: preparing the launch (the
+    recording's, which every replay then repeats without a check) does it (the emulator models the attribute)."""
+    fresh = CupyHostDevice()
+    name, shared = "conv_fwd_igemm<__half, int, 256, 64, 4>", 81920   # r50-64's forward tile
+    assert fresh.function("implicit_gemm.cu", name).max_dynamic_shared_size_bytes < shared
+    prepared, _ = fresh.launch_prepare("implicit_gemm.cu", name, (1,), (128,), (), shared)
+    assert prepared[3] == shared
+    assert fresh.function("implicit_gemm.cu", name).max_dynamic_shared_size_bytes >= shared
+
+
+def test_a_prepared_launch_takes_the_current_stream_at_each_call(monkeypatch):
+    """A prepared launch names no stream: CuPy's `Function.__call__` then launches on the stream current at that
+    call (`_get_stream(None)`), as `RawKernel.__call__` did -- a program recorded on one stream replays on
+    another's.  Grid and block go as tuples (Function declares them `tuple`)."""
+    calls = []
+
+    class FakeKernel:
+        max_dynamic_shared_size_bytes = _device.DEFAULT_SHARED_LIMIT
+        kernel = staticmethod(lambda *args, **kwargs: calls.append((args, kwargs)))
+
+    fresh = CupyHostDevice()
+    monkeypatch.setattr(fresh, "function", lambda source, name: FakeKernel())
+    prepared, args = fresh.launch_prepare("unfold.cu", "k", [2], [32], [numpy.int32(3)], 0)
+    fresh.launch_run(prepared, args)
+    fresh.launch_run(prepared, args)
+    assert len(calls) == 2
+    for positional, keywords in calls:
+        assert keywords == {} and len(positional) == 4   # (grid, block, args, shared_mem): stream left to CuPy
+        assert positional[0] == (2,) and positional[1] == (32,) and positional[3] == 0
+        assert positional[2] is args and type(args[0]) is _device._scalar_wrapper()

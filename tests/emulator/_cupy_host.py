@@ -39,25 +39,35 @@ _BUFFERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 class _HostKernel:
     """A compiled kernel as `CudaDevice.launch` uses CuPy's RawKernel: its `max_dynamic_shared_size_bytes`
-    (the emulated kernel's) and a call with RawKernel's signature, `kernel(grid, block, args, *, shared_mem=0)`."""
+    (the emulated kernel's), a call with RawKernel's signature, `kernel(grid, block, args, *, shared_mem=0)`, and
+    its `kernel`, the per-device `Function` a prepared launch calls (`CudaDevice.launch_prepare`)."""
 
     def __init__(self, device: "CupyHostDevice", source: str, name: str):
         self.device, self.source, self.name = device, source, name
-        self.kernel = device.emulator.function(source, name)
+        self.emulated = device.emulator.function(source, name)
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
-        return self.kernel.max_dynamic_shared_size_bytes
+        return self.emulated.max_dynamic_shared_size_bytes
 
     @max_dynamic_shared_size_bytes.setter
     def max_dynamic_shared_size_bytes(self, value: int) -> None:
-        self.kernel.max_dynamic_shared_size_bytes = value
+        self.emulated.max_dynamic_shared_size_bytes = value
+
+    @property
+    def kernel(self) -> "_HostFunction":
+        return _HostFunction(self)
 
     def __call__(self, grid, block, args, *, shared_mem=0):
         # RawKernel.__call__ hands grid and block to Function.__call__, which declares them `tuple`; args is
         # iterated as a tuple, each element a cupy.ndarray (passed as its data pointer) or a scalar: a bool,
         # int, float, complex or NumPy scalar (CuPy raises TypeError("Unsupported type ...") for anything else,
         # NumPy arrays included).
+        self.launch(grid, block, args, shared_mem)
+
+    def launch(self, grid, block, args, shared_mem, wrapped=False):
+        """The launch; wrapped: args may hold scalars already wrapped as CuPy's launch wraps them (a `CScalar`,
+        which `Function.__call__` passes on as it is), unwrapped here to their value of their dtype."""
         for what, value in (("grid", grid), ("block", block), ("args", args)):
             if type(value) is not tuple:
                 raise TypeError(f"RawKernel {self.name}: {what} must be a tuple, not {type(value).__name__}")
@@ -67,10 +77,25 @@ class _HostKernel:
                 converted.append(self.device.host(value))
             elif isinstance(value, (bool, int, float, complex, numpy.generic)):
                 converted.append(value)
+            elif wrapped and type(value) is cupyconv_device._scalar_wrapper():
+                converted.append(value.get_numpy_type()(value.value))
             else:
                 raise TypeError(f"RawKernel {self.name}: Unsupported type {type(value)}")
         self.device.launches.append(self.name)
         self.device.emulator.launch(self.source, self.name, grid, block, converted, shared_mem)
+
+
+class _HostFunction:
+    """CuPy's `Function` (what `RawKernel.kernel` returns) of a `_HostKernel`: its call,
+    `function(grid, block, args, shared_mem=0, stream=None)`, takes wrapped scalars (`CScalar`) too."""
+
+    def __init__(self, kernel: _HostKernel):
+        self.raw = kernel
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        if stream is not None:
+            raise TypeError("cupyconv launches on CuPy's current stream (stream=None)")
+        self.raw.launch(grid, block, args, shared_mem, wrapped=True)
 
 
 class CupyHostDevice(cupyconv_device.CudaDevice):
