@@ -551,6 +551,16 @@ def test_one_wave_of_waiting_warps_takes_turns_with_the_memory():
     assert predict.in_sequence_high(times) == pytest.approx(6.0)
     assert predict.in_sequence_high(times, lockstep=True) == pytest.approx(5.8 + 6.0)
 
+
+def test_written_bytes_that_fit_in_l2_leave_the_dram_low_end():
+    """L2 is write-back: a kernel's DRAM low end counts its reads and only the writes beyond L2's size."""
+    gpu = predict.GPUS["h100"]
+    l2 = gpu["l2_mib"] * 2**20
+    assert predict.dram_low_bytes({"compulsory_bytes": 32e6, "written_bytes": 28.9e6}, gpu) == pytest.approx(3.1e6)
+    assert predict.dram_low_bytes({"compulsory_bytes": l2 + 5e6, "written_bytes": l2 + 1e6}, gpu) == \
+        pytest.approx(5e6)
+    assert predict.dram_low_bytes({"compulsory_bytes": 8e6}, gpu) == 8e6
+
 def test_kernel_time_is_the_prediction_less_the_launch_overhead():
     """kernel_us (compared with CUPTI's kernel durations) = the binding resource + kernel_fixed_us; predicted_us
     adds launch_overhead_us; together the 1.5-4 us a launch of the model before 2026-11-26."""
