@@ -184,3 +184,12 @@ def test_the_model_brackets_the_h200s_unfold_and_fold():
     rows = calibrate.calibrate({"h200": profile}, calibrate.retimed(inputs))
     assert [(r["kernel"], r["inside"]) for r in rows] == [("unfold_im2col", True), ("unfold_im2col", True),
                                                            ("fold_col2im", True)]
+
+
+def test_model_inputs_command_line(tmp_path, monkeypatch):
+    """--model-inputs OUT records the first profile's case-passes (`model_inputs`, slow: stubbed here) into OUT."""
+    seen = []
+    monkeypatch.setattr(calibrate, "model_inputs", lambda profile: seen.append(sorted(profile)) or {"gpu": "h100"})
+    out = tmp_path / "inputs.json"
+    assert calibrate.main([str(calibrate.H100_RUN / "bench.json"), "--model-inputs", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"gpu": "h100"} and len(seen[0]) == 16
