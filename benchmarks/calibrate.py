@@ -191,6 +191,58 @@ def markdown(rows: list[dict], classes: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# The model's check against the H100's MEASURED kernel times (tests/test_calibrate.py): the work of each launch of
+# the profiled case-passes (what the SASS and the emulator's counters gave, slow to recount) is recorded once,
+# `model_inputs`; `retimed` puts it through the model's rules of today (`predict.timed`), fast, so that a change of
+# those rules that loses a measured kernel fails the check.  Re-record the inputs when the kernels change.
+H100_RUN = ROOT / "benchmarks" / "results" / "gpu-2026-11-26-h100"
+H100_INPUTS = H100_RUN / "model-inputs.json"
+
+
+def model_inputs(profile: dict, gpu_key: str = "h100") -> dict:
+    """{"gpu", "results": [{case, pass, kernels: [recorded inputs]}]} for every case-pass of a host profile: per
+    launch its launch (arguments included), occupancy and work before timing; a GEMM or array-library operation
+    as predicted (its kernel_us and bound)."""
+    from . import cases as cases_mod
+    from . import predict
+    source = predict.SassSource()
+    results = []
+    for key in profile:
+        label, pass_ = split_case_pass(key)
+        case = next(c for c in cases_mod.ALL_CASES if c.label == label)
+        kernels: list = []
+        predict.predict_case(case, pass_ == "fwd+bwd", gpu_key, source, counters=True, inputs=kernels)
+        results.append({"case": label, "pass": pass_, "kernels": kernels})
+    return {"gpu": gpu_key, "results": results}
+
+
+def retimed(inputs: dict) -> dict:
+    """Predictions (`calibrate`'s format) of recorded inputs (`model_inputs`) under today's model rules."""
+    from types import SimpleNamespace
+
+    from . import launches as launches_mod
+    from . import predict
+    gpu = predict.GPUS[inputs["gpu"]]
+    results = []
+    for r in inputs["results"]:
+        kernels = []
+        for k in r["kernels"]:
+            if "work" not in k:   # a GEMM or array-library operation: as recorded
+                kernels.append({"name": k["name"], "bound": k["bound"], "kernel_us": k["kernel_us"]})
+                continue
+            d = k["launch"]
+            args = {name: launches_mod.ArrayArg(tuple(v["shape"]), v["dtype"], v["nbytes"], v["read_only"])
+                    if isinstance(v, dict) else v for name, v in d["args"].items()}
+            launch = launches_mod.Launch(d["source"], d["name"], tuple(d["grid"]), tuple(d["block"]),
+                                         d["shared_mem"], args)
+            occ = SimpleNamespace(**k["occupancy"]) if k["occupancy"] else None
+            model = predict.timed(predict.KernelModel(launch, None, {}, dict(k["work"]), k["occupancy"]), occ, gpu)
+            kernels.append({"name": k["name"], "bound": model.bound, "kernel_us": model.kernel_time.to_list(),
+                            "work": model.work})
+        results.append({"case": r["case"], "pass": r["pass"], "kernels": kernels})
+    return {"results": results}
+
+
 def load_profile(path: Path) -> dict:
     """A host profile JSON, or the "profile" of a gpu_check run.json that carries one."""
     data = json.loads(path.read_text())
@@ -205,7 +257,13 @@ def main(argv=None) -> int:
                         help="a benchmarks.predict --json file; repeat to merge (default: the H200 predictions of "
                              "record)")
     parser.add_argument("--json", type=Path, help="write {rows, summary} here")
+    parser.add_argument("--model-inputs", type=Path, metavar="OUT",
+                        help="instead: record the model's inputs of the (one) profile's case-passes into OUT "
+                             "(H100; for tests/test_calibrate.py's check, after a kernel change)")
     args = parser.parse_args(argv)
+    if args.model_inputs:
+        args.model_inputs.write_text(json.dumps(model_inputs(load_profile(Path(args.profiles[0]))), indent=0) + "\n")
+        return 0
     read = functools.cache(lambda path: json.loads(Path(path).read_text()))
     default = [read(str(p)) for p in (args.predictions or [DEFAULT_PREDICTIONS])]
     profiles, own = {}, {}

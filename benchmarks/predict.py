@@ -181,9 +181,11 @@ ASSUMPTIONS = {
     "array_work_efficiency": ((0.92, 0.6), "fraction of the HBM peak CuPy's own copies, fills, casts and sums reach "
                                            "(the low end a streaming copy's, on compulsory bytes; the high end on "
                                            "the sectors the operands' strides touch)"),
-    "not_modelled": (None, launches_mod.UNRECORDED + "; L2 residency between kernels; clock throttling beyond "
-                                                     "the clock range; autotuning (benchmarks.run turns it on, this "
-                                                     "model takes the 'auto' heuristic's choice)"),
+    "not_modelled": (None, launches_mod.UNRECORDED + "; L2 residency between kernels (but the written bytes "
+                                                     "that fit in L2 leave DRAM's low end: `dram_low_bytes`); "
+                                                     "clock throttling beyond the clock range; autotuning "
+                                                     "(benchmarks.run turns it on, this model takes the 'auto' "
+                                                     "heuristic's choice)"),
 }
 CUBLAS_FP32_FRACTION = (0.85, 0.6)
 
@@ -986,9 +988,10 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     gap = assumption("cycles_between_independent_fma" if launch.kernel in SIMT_KERNELS
                      else "cycles_between_instructions")
     memory = assumption("global_load_latency_cycles")
-    # A warp of one trip (one_pass) has no next trip to load during this one: its loads' latency comes before
-    # the instructions that use them (load, barrier, compute, store), not beside them.
-    combine = (lambda a, b: a + b) if one_pass(work, launch) else max
+    # A warp of one trip (one_pass), or one that waits for its own loads in every trip (in_turns), has no next
+    # trip's loads in flight during this one: its loads' latency comes before the instructions that use them
+    # (load, barrier, compute, store), not beside them.
+    combine = (lambda a, b: a + b) if in_turns(work, launch) else max
     if work.get("executed"):
         # The executed count (`apply_executed`): each warp runs its own instructions one after another and waits a
         # global load's latency at each of its waits (a block that loads and uses the load), combined as above.
@@ -1032,9 +1035,19 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     dram_high = compulsory * reread[1]
     if work.get("source") == "emulator":
         dram_high = max(compulsory, min(dram_high, l2_high))
+    dram_low = dram_low_bytes(work, gpu)
     bw = gpu["hbm_tbs"] * 1e12
-    times["DRAM"] = Range(compulsory * reread[0] / (bw * dram_eff[0]), dram_high / (bw * dram_eff[1])).scale(us)
+    times["DRAM"] = Range(dram_low * reread[0] / (bw * dram_eff[0]), dram_high / (bw * dram_eff[1])).scale(us)
     return times
+
+
+def dram_low_bytes(work: dict, gpu: dict) -> float:
+    """The bytes that must cross DRAM before the kernel ends, at the low end: its compulsory bytes, less the
+    written bytes that fit in L2.  L2 is write-back, so those are written back during the kernels after it.
+    MEASURED on the H100 (2026-11-26): iv fp16's unfold_im2col read 3.2 MB and wrote 28.9 MB in 9.9 us (8-9
+    without the fixed time), 3.6-4.1 TB/s, above the HBM's 3.35: the writes did not all cross DRAM inside it."""
+    written = work.get("written_bytes", 0)
+    return work["compulsory_bytes"] - written + max(0, written - gpu["l2_mib"] * 2**20)
 
 
 ONE_PASS_TRIPS = 2   # fewer main-loop trips per warp than this: its load, compute and store phases run once
@@ -1048,11 +1061,39 @@ def one_pass(work: dict, launch: launches_mod.Launch) -> bool:
     return bool(trips) and trips[0] / warps < ONE_PASS_TRIPS
 
 
+def in_turns(work: dict, launch: launches_mod.Launch) -> bool:
+    """Whether each warp's loads and compute take turns: a one-pass warp (`one_pass`), or one that waits for a
+    global load of its own (`benchmarks.executed`'s waits: a load its own basic block uses) at least once in
+    every trip of its main loop, so that no trip's loads were issued during the previous trip's compute.  The
+    depthwise kernels that walk several units a block (stage the unit's tiles, barrier, compute, barrier, the
+    next unit) are such: MEASURED on the H100 (2026-11-26), `depthwise_bwd_weight` of dw-672-14k5 fp32 (3-4
+    units a warp) took 216.5 us and dw-480-14 fp16 44.9 us, 1.78x and 1.52x the high end of a model that let
+    each warp's waits hide under its instructions.  Such a warp's waits and instructions add up (the latency
+    term, `kernel_times`), and the SMs and memory take turns as in a one-pass kernel (`in_sequence_high`)."""
+    if one_pass(work, launch):
+        return True
+    trips, executed = work.get("loop_trips"), work.get("executed")
+    if not (trips and executed):
+        return False
+    warps = launch.blocks * math.ceil(launch.threads / 32)
+    return executed["global_waits_per_warp"] >= trips[1] / warps
+
+
 SM_RESOURCES = ("tensor pipe", "FMA pipe", "instruction issue", "shared memory/L1 wavefronts", "latency")
 MEMORY_RESOURCES = ("L2", "DRAM")
 
 
-def in_sequence_high(times: dict[str, Range]) -> float:
+def in_lockstep(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> bool:
+    """Whether every block of the launch runs at once (one wave) and its warps wait for their loads: at a barrier
+    after staging them in shared memory (the kernel has shared wavefronts), or on a load of their own at least
+    once (`benchmarks.executed`'s waits).  Then every warp of the GPU loads, waits and computes at about the same
+    time, and nothing of another wave fills the SMs' waits or the memory's idle time (`in_sequence_high`)."""
+    one_wave = launch.blocks <= gpu["sms"] * (occ.blocks_per_sm if occ else 1)
+    waits = (work.get("executed") or {}).get("global_waits_per_warp", 0)
+    return one_wave and (work["shared_wavefronts"][1] > 0 or waits >= 1)
+
+
+def in_sequence_high(times: dict[str, Range], lockstep: bool = False) -> float:
     """The high end of a one-pass kernel (`one_pass`) whose SMs are busier than its memory: its busiest SM
     resource's time plus its busiest memory level's.  Every warp loads its tile, then computes, then stores, once;
     when the compute is the long phase, it cannot start before the loads and the stores wait for it, so the SMs
@@ -1060,10 +1101,17 @@ def in_sequence_high(times: dict[str, Range]) -> float:
     depthwise kernel took 1.0-1.7x the larger high end (iii fp32 forward 10.9 us: issue 2.6-6.5, DRAM 2.9-4.2).
     A memory-bound one-pass kernel (unfold, the channels-last copy: 0.6-0.8x of the larger high end) keeps the
     larger time: the memory streams the warps' data in turn and each warp's short compute hides behind the
-    others' loads.  The low end keeps full overlap in both."""
+    others' loads.  Not so a kernel in lockstep (`in_lockstep`: one wave, its warps waiting for their loads),
+    even when memory is its larger time: every warp loads at once, waits, then computes at once, and the SMs and
+    the memory take turns either way (with later waves, a block's compute overlaps the loads of blocks that
+    started later, as in the stream).  MEASURED on the H100 (2026-11-26): iii fp32's `depthwise_bwd_input`
+    (512 blocks in one wave, staged) took 12.1 us where its issue (5.8 us) was just under its DRAM time (6.0)
+    and the larger, 8.0 with the fixed cost, was predicted (`depthwise_fwd`, the same staging with its issue
+    just over, 6.7, took 11.1 of its 14.7); iv fp16's `fold_col2im` (one wave, 9 loads in turn a warp, each
+    waited for) took 23.1 us against its DRAM time's 17.0.  The low end keeps full overlap in both."""
     sm = max((times[k].high for k in SM_RESOURCES if k in times), default=0.0)
     memory = max((times[k].high for k in MEMORY_RESOURCES if k in times), default=0.0)
-    return sm + memory if sm >= memory else memory
+    return sm + memory if sm >= memory or lockstep else memory
 
 
 def gemm_times(gemm: launches_mod.Gemm, gpu: dict) -> dict[str, Range]:
@@ -1168,11 +1216,23 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
+    return timed(model, occ, gpu)
+
+
+TIMED_KEYS = ("one_pass", "in_turns", "finish_tail_us")   # what `timed` adds to a launch's work
+
+
+def timed(model: KernelModel, occ, gpu: dict) -> KernelModel:
+    """The model with its times, bound and kernel time set from its launch and work (occ: anything with
+    `blocks_per_sm`, or None): every rule of the model that turns counts into time, and nothing that counts (the
+    SASS, the emulator), so that `benchmarks.calibrate`'s check can re-time recorded work quickly."""
+    launch, work = model.launch, model.work
     model.times = kernel_times(work, launch, occ, gpu)
     model.bound, body = binding(model.times)
-    if one_pass(work, launch):
-        body = Range(body.low, max(body.high, in_sequence_high(model.times)))
-        model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
+    if in_turns(work, launch):
+        body = Range(body.low, max(body.high, in_sequence_high(model.times, in_lockstep(work, launch, occ, gpu))))
+        # its high end: the SM's and memory's times in sequence
+        model.work = {**work, **({"one_pass": True} if one_pass(work, launch) else {"in_turns": True})}
     tail = finish_tail(launch, gpu)
     if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
         body = body + tail
@@ -1197,7 +1257,9 @@ def floor_us(case: cases_mod.Case, backward: bool, gpu: dict) -> tuple[float, st
 
 def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source: SassSource,
                  counters: bool, counter_budget: int = COUNTER_BUDGET, choices: dict[str, str] | None = None,
-                 instructions: str = INSTRUCTIONS) -> dict:
+                 instructions: str = INSTRUCTIONS, inputs: list | None = None) -> dict:
+    """The prediction of one case-pass; `inputs`, where given, receives per kernel what `timed` re-times it from
+    (`benchmarks.calibrate.model_inputs`)."""
     gpu = GPUS[gpu_key]
     recording = launches_mod.record(case, backward, choices=choices)
     sass_source.prefetch(recording.launches)
@@ -1216,6 +1278,10 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
         else:
             model = model_launch(step, macs.get(i, 0.0), sass_source, gpu, counters, counter_budget, instructions)
             time, entry = model.time, model.to_dict()
+        if inputs is not None:
+            inputs.append(entry if "launch" not in entry or "work" not in entry else
+                          {"name": entry["name"], "launch": step.to_dict(), "occupancy": entry["occupancy"],
+                           "work": {k: v for k, v in entry["work"].items() if k not in TIMED_KEYS}})
         kernels.append(entry)
         total = total + time
     floor, floor_bound = floor_us(case, backward, gpu)

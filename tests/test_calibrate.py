@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import calibrate
+from benchmarks import calibrate, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "benchmarks" / "results" / "gpu-2026-11-26" / "host-profile"
@@ -117,3 +117,79 @@ def test_command_line(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "MEASURED" in text and "PREDICTED" in text and "| conv_fwd_igemm | 1 | 38.3 | 30.0-42.9 |" in text
     assert json.loads(out.read_text())["rows"]
+
+
+# The model against the H100's MEASURED kernel times (benchmarks/results/gpu-2026-11-26-h100: bench.json["profile"],
+# CUPTI, autotune off, commit 98b8efe): each profiled launch's recorded work (model-inputs.json, the SASS's and the
+# emulator's counts at that commit) re-timed by today's rules.  Every measured kernel must fall inside its predicted
+# range but these, which the model still misses (named, so that fixing one, or losing another, fails here):
+H100_MISSES = {
+    ("p-seed-gpu16", "fwd", "channels_last_copies"): "above",    # 19.9 us against 10.4-17.7
+    ("r50-64-gpu32", "fwd+bwd", "simt_bwd_weight"): "above",     # 263.9 against 145.6-225.5
+}
+
+
+def _h100_rows():
+    inputs = json.loads(calibrate.H100_INPUTS.read_text())
+    profile = calibrate.load_profile(calibrate.H100_RUN / "bench.json")
+    return calibrate.calibrate({"h100": profile}, calibrate.retimed(inputs))
+
+
+def _misses(rows):
+    return {(r["case"], r["pass"], r["kernel"]): "above" if r["measured_us"] > r["predicted_us"][1] else "below"
+            for r in rows if r.get("inside") is False}
+
+
+def test_the_model_brackets_the_h100s_measured_kernel_times():
+    rows = _h100_rows()
+    assert len(rows) == 41 and not [r for r in rows if "error" in r or r.get("not_measured")]
+    assert all(r["inside"] is not None for r in rows)
+    assert _misses(rows) == H100_MISSES
+    # the four the model missed at the run (issue 25, task dwmodel), now inside
+    got = {(r["case"], r["kernel"]): r["predicted_us"] for r in rows if r["pass"] == "fwd+bwd"}
+    assert got[("dw-672-14k5-gpu32", "depthwise_bwd_weight")] == pytest.approx([78.31, 236.92], abs=0.01)
+    assert got[("dw-480-14-gpu16", "depthwise_bwd_weight")] == pytest.approx([17.94, 66.96], abs=0.01)
+
+
+def test_the_h100_check_fails_under_the_model_before_dwmodel(monkeypatch):
+    """The check can fail: with the rules of before (waits hidden under a multi-trip warp's instructions, memory
+    alone at a memory-bound one-pass kernel's high end, every written byte through DRAM) the six misses of the run
+    come back."""
+    monkeypatch.setattr(predict, "in_turns", predict.one_pass)
+    monkeypatch.setattr(predict, "in_lockstep", lambda *args: False)
+    monkeypatch.setattr(predict, "dram_low_bytes", lambda work, gpu: work["compulsory_bytes"])
+    rows = _h100_rows()
+    assert _misses(rows) == {**H100_MISSES, ("iii-gpu32", "fwd+bwd", "depthwise_bwd_input"): "above",
+                             ("iv-gpu16", "fwd", "unfold_im2col"): "below",
+                             ("iv-gpu16", "fwd+bwd", "unfold_im2col"): "below",
+                             ("dw-480-14-gpu16", "fwd+bwd", "depthwise_bwd_weight"): "above",
+                             ("dw-672-14k5-gpu32", "fwd+bwd", "depthwise_bwd_weight"): "above",
+                             ("iv-gpu16", "fwd+bwd", "fold_col2im"): "above"}
+    got = {(r["case"], r["kernel"]): r["predicted_us"] for r in rows if r["pass"] == "fwd+bwd"}
+    # the figures of the run's summary.md (the model at 98b8efe)
+    assert got[("dw-672-14k5-gpu32", "depthwise_bwd_weight")] == pytest.approx([49.6, 121.7], abs=0.05)
+    assert got[("iv-gpu16", "fold_col2im")] == pytest.approx([11.4, 17.0], abs=0.05)
+
+
+def test_the_model_brackets_the_h200s_unfold_and_fold():
+    """The H200's run (benchmarks/results/gpu-2026-11-26/after-fixes, commit 21e92e1) launched the same unfold.cu
+    kernels with the same plans (neither raw_kernels/unfold.cu nor cupyconv/ops/unfold.py changed up to 98b8efe),
+    so the H100's recorded work re-timed for the H200 stands for them: fold_col2im took 19.2 us there, above the
+    model before (8.3-12.5), inside it now."""
+    inputs = json.loads(calibrate.H100_INPUTS.read_text())
+    inputs = {"gpu": "h200", "results": [r for r in inputs["results"] if r["case"] == "iv-gpu16"]}
+    profile = calibrate.load_profile(ROOT / "benchmarks" / "results" / "gpu-2026-11-26" / "after-fixes" /
+                                     "host_profile.json")
+    profile = {k: v for k, v in profile.items() if k.startswith("iv-gpu16-")}
+    rows = calibrate.calibrate({"h200": profile}, calibrate.retimed(inputs))
+    assert [(r["kernel"], r["inside"]) for r in rows] == [("unfold_im2col", True), ("unfold_im2col", True),
+                                                           ("fold_col2im", True)]
+
+
+def test_model_inputs_command_line(tmp_path, monkeypatch):
+    """--model-inputs OUT records the first profile's case-passes (`model_inputs`, slow: stubbed here) into OUT."""
+    seen = []
+    monkeypatch.setattr(calibrate, "model_inputs", lambda profile: seen.append(sorted(profile)) or {"gpu": "h100"})
+    out = tmp_path / "inputs.json"
+    assert calibrate.main([str(calibrate.H100_RUN / "bench.json"), "--model-inputs", str(out)]) == 0
+    assert json.loads(out.read_text()) == {"gpu": "h100"} and len(seen[0]) == 16

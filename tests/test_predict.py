@@ -327,7 +327,10 @@ def test_work_and_times_of_a_tensor_core_main_loop():
     assert times["tensor pipe"].low == pytest.approx(2 * 784 * 128 * 64 * 576 / (989.4e12 * 0.67) * 1e6 * tail)
     # a warp runs its 18 chunks one after another, at least 395 x 4 cycles each, three waves of blocks
     assert times["latency"].low == pytest.approx(18 * 395 * 4 * 3 / 1.98e9 * 1e6)
-    assert times["DRAM"].low == pytest.approx(work["compulsory_bytes"] / (3.35e12 * 0.92) * 1e6)
+    # DRAM's low end: the reads; the 12.9 MB written fit in L2 (write-back); the high end has them
+    assert work["written_bytes"] < 50 * 2**20
+    assert times["DRAM"].low == pytest.approx(work["read_bytes"] / (3.35e12 * 0.92) * 1e6)
+    assert times["DRAM"].high == pytest.approx(work["compulsory_bytes"] * 1.25 / (3.35e12 * 0.8) * 1e6)
 
 
 def test_ranges_and_binding():
@@ -506,6 +509,60 @@ def test_one_pass_kernels_add_their_sm_and_memory_times_at_the_high_end():
     assert lat_one.low == pytest.approx(0.8 * (500 * gap[0] + memory[0]) / 1.98e9 * 1e6)   # chain + load
     assert lat_many.low == pytest.approx(8.0 * max(500 * gap[0], memory[0]) / 1.98e9 * 1e6)  # overlapped
 
+
+
+def test_warps_that_wait_for_their_loads_every_trip_add_waits_and_instructions():
+    """A warp of several trips that waits for a load of its own at least once a trip (the depthwise kernels that
+    walk several units a block: stage, barrier, compute, barrier) has no loads in flight during its compute: its
+    executed instructions and waits add up, as a one-pass warp's do; one that waits less often than once a trip
+    keeps the larger of the two."""
+    launch = launches.Launch("k.cu", "k<float>", (512,), (256,), 0, {})
+    warps = 512 * 8
+    base = {"loop_trips": (warps * 3.0, warps * 4.0), "loop_instructions": 500, "loop_waits_on_global": True,
+            "warp_instructions": (warps * 3000, warps * 3000), "shared_wavefronts": (0, 0),
+            "compulsory_bytes": 1 << 20, "read_bytes": 1 << 19, "global_requests": 0,
+            "global_bytes_requested": 1 << 20}
+    waiting = {**base, "executed": {"per_warp": 3000.0, "global_waits_per_warp": 4.0, "anchored": 1.0}}
+    hiding = {**base, "executed": {"per_warp": 3000.0, "global_waits_per_warp": 3.9, "anchored": 1.0}}
+    assert not predict.one_pass(waiting, launch)
+    assert predict.in_turns(waiting, launch) and not predict.in_turns(hiding, launch)
+    assert not predict.in_turns(base, launch)   # no executed count: the static per-trip rule
+    occ = sass.occupancy(64, 256, 0)
+    gpu = predict.GPUS["h100"]
+    gap, memory = predict.assumption("cycles_between_instructions"), predict.assumption("global_load_latency_cycles")
+    lat = predict.kernel_times(waiting, launch, occ, gpu)["latency"]
+    assert lat.high == pytest.approx((3000 * gap[1] + 4.0 * memory[1]) / (gpu["clock_ghz"][0] * 1e9) * 1e6)
+    lat = predict.kernel_times(hiding, launch, occ, gpu)["latency"]
+    assert lat.high == pytest.approx(max(3000 * gap[1], 3.9 * memory[1]) / (gpu["clock_ghz"][0] * 1e9) * 1e6)
+
+
+def test_one_wave_of_waiting_warps_takes_turns_with_the_memory():
+    """A launch whose blocks all run at once (one wave) and whose warps wait for their loads (a barrier after
+    staging: shared wavefronts; or a load of their own) is in lockstep: its high end adds its SM and memory times
+    even when the memory's is the larger; more blocks than a wave, or warps that never wait, stream."""
+    gpu = predict.GPUS["h100"]
+    occ = sass.occupancy(64, 256, 0)
+    one_wave = launches.Launch("k.cu", "k<float>", (gpu["sms"] * occ.blocks_per_sm,), (256,), 0, {})
+    two_waves = replace(one_wave, grid=(gpu["sms"] * occ.blocks_per_sm + 1,))
+    staged = {"shared_wavefronts": (10, 10)}
+    waiting = {"shared_wavefronts": (0, 0), "executed": {"per_warp": 100.0, "global_waits_per_warp": 1.0}}
+    streaming = {"shared_wavefronts": (0, 0), "executed": {"per_warp": 100.0, "global_waits_per_warp": 0.5}}
+    assert predict.in_lockstep(staged, one_wave, occ, gpu) and predict.in_lockstep(waiting, one_wave, occ, gpu)
+    assert not predict.in_lockstep(streaming, one_wave, occ, gpu)
+    assert not predict.in_lockstep(staged, two_waves, occ, gpu)
+    times = {"instruction issue": predict.Range(2.0, 5.8), "DRAM": predict.Range(4.2, 6.0)}
+    assert predict.in_sequence_high(times) == pytest.approx(6.0)
+    assert predict.in_sequence_high(times, lockstep=True) == pytest.approx(5.8 + 6.0)
+
+
+def test_written_bytes_that_fit_in_l2_leave_the_dram_low_end():
+    """L2 is write-back: a kernel's DRAM low end counts its reads and only the writes beyond L2's size."""
+    gpu = predict.GPUS["h100"]
+    l2 = gpu["l2_mib"] * 2**20
+    assert predict.dram_low_bytes({"compulsory_bytes": 32e6, "written_bytes": 28.9e6}, gpu) == pytest.approx(3.1e6)
+    assert predict.dram_low_bytes({"compulsory_bytes": l2 + 5e6, "written_bytes": l2 + 1e6}, gpu) == \
+        pytest.approx(5e6)
+    assert predict.dram_low_bytes({"compulsory_bytes": 8e6}, gpu) == 8e6
 
 def test_kernel_time_is_the_prediction_less_the_launch_overhead():
     """kernel_us (compared with CUPTI's kernel durations) = the binding resource + kernel_fixed_us; predicted_us
