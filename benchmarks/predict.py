@@ -28,9 +28,10 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
    fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
 5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
-   from `benchmarks.host_overhead.counts` on this CPU -- Python calls and launches per call -- and two constants
-   fitted to the H200's measured host times (`HOST_MODEL`, `HOST_PAIRS`, `fit_host`), and the wall time of calls
-   queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
+   from `benchmarks.host_overhead.counts` on this CPU -- Python calls, launches and allocations per call -- and
+   constants fitted to each GPU machine's measured host times (`HOST_MODELS`, `HOST_PAIRS`, `HOST_PAIRS_H100`,
+   `fit_host`), and the wall time of calls queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the
+   host's low end is above the GPU's high).
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
 `ASSUMPTIONS`.  Both are written into the JSON's "meta".  Nothing here is measured: `benchmarks.gpu_check`
@@ -197,11 +198,12 @@ def assumption(name: str) -> tuple:
 # Calls enqueued back to back run at max(GPU time, host time) each.  The host's share is predicted from what
 # `benchmarks.host_overhead.counts` finds on the CPU for the case on the current code -- Python function calls
 # per call and launches per call (raw kernels, cuBLAS GEMMs, CuPy's array work), both deterministic -- as
-# host_us = per_call_us * calls + per_launch_us * launches, the two constants fitted (least squares on the
-# relative error) to the H200's measured pairs below; the range is that point times the fit's spread (the
-# lowest and highest measured / fitted of the pairs).  The per-launch term holds what the CPU instrument stubs
-# out: CuPy's launch, its allocations (one to three per launch here: too collinear with launches for a constant
-# of their own -- fitted together they came out at -3.7 us each) and its array work's own Python.
+# host_us = per_call_us * calls + per_launch_us * launches (+ per_allocation_us * allocations on the H100), the
+# constants fitted per GPU (least squares on the relative error) to that machine's measured pairs below: the
+# host is another CPU on each; the range is that point times the fit's spread (the lowest and highest measured
+# / fitted of the pairs).  The per-launch term holds what the CPU instrument stubs out: CuPy's launch, its
+# array work's own Python and, on the H200, its allocations (one to three per launch there: too collinear with
+# launches for a constant of their own -- fitted together they came out at -3.7 us each).
 
 # (case, pass, MEASURED H200 host us per call, the algorithms that run's autotuning chose where the 'auto'
 #  heuristic chooses others, host_overhead.counts at that code: calls, launches).  The host us are
@@ -222,33 +224,80 @@ HOST_PAIRS = (
     ("r50-64-gpu32", "fwd+bwd", 640.2, {"forward": "im2col_gemm", "grad_input": "im2col_gemm"}, 694.1, 9),
 )
 
+# The H100's pairs (case, pass, MEASURED H100 host us per call, choices, host_overhead.counts at 98b8efe: calls,
+# launches, allocations): benchmarks/results/gpu-2026-11-26-h100/bench.json["profile"] (commit 98b8efe, autotune
+# off -- the model's plan --, 10 calls enqueued with no synchronisation, best of 3) and the second run of the same
+# tool in extra/host_profile-p8x8-c3d-r50.json, whose r50-64-gpu16 repeats the first run's: 101.4 us forward
+# against 129.8 (the spread below holds both).  Here the calls and launches alone fit badly (0.75-1.89x): the
+# tensor-core passes (5 allocations a forward, 15 a backward) took 1.3-1.7x the depthwise, unfold and simt ones
+# (one allocation a launch) at the same counts, so the H100's model has a third constant, per allocation
+# (cupy.empty's Python and the pool's, which the CPU instrument stubs out).  Its widest miss is c3d-mri fwd+bwd
+# (565.6 us, 1.58x its point: the 3-D weight gradient's lift, a CuPy copy among its 8 launches).
+HOST_PAIRS_H100 = (
+    ("r50-64-gpu16", "fwd", 129.8, {}, 80.1, 2, 5),
+    ("r50-64-gpu16", "fwd+bwd", 253.9, {}, 205.1, 5, 15),
+    ("p-seed-gpu16", "fwd", 101.3, {}, 80.1, 2, 5),
+    ("p-seed-gpu16", "fwd+bwd", 263.4, {}, 211.1, 6, 15),
+    ("iii-gpu32", "fwd", 36.7, {}, 55.1, 1, 1),
+    ("iii-gpu32", "fwd+bwd", 125.8, {}, 140.1, 4, 4),
+    ("dw-480-14-gpu16", "fwd", 35.9, {}, 55.1, 1, 1),
+    ("dw-480-14-gpu16", "fwd+bwd", 122.0, {}, 140.1, 4, 4),
+    ("iv-gpu16", "fwd", 34.3, {}, 49.1, 1, 1),
+    ("iv-gpu16", "fwd+bwd", 74.9, {}, 99.1, 2, 2),
+    ("r50-64-gpu32", "fwd", 73.0, {}, 61.1, 2, 2),
+    ("r50-64-gpu32", "fwd+bwd", 276.4, {}, 170.1, 8, 8),
+    ("dw-1152-7k5-gpu16", "fwd", 34.8, {}, 55.1, 1, 1),
+    ("dw-1152-7k5-gpu16", "fwd+bwd", 113.2, {}, 140.1, 4, 4),
+    ("dw-672-14k5-gpu32", "fwd", 36.6, {}, 55.1, 1, 1),
+    ("dw-672-14k5-gpu32", "fwd+bwd", 120.1, {}, 140.1, 4, 4),
+    ("p-8x8-gpu16", "fwd", 94.8, {}, 80.1, 2, 5),             # extra/: the second run
+    ("p-8x8-gpu16", "fwd+bwd", 237.8, {}, 211.1, 6, 15),
+    ("c3d-mri-gpu16", "fwd", 108.8, {}, 79.1, 2, 5),
+    ("c3d-mri-gpu16", "fwd+bwd", 565.6, {}, 234.1, 8, 18),
+    ("r50-64-gpu16", "fwd", 101.4, {}, 80.1, 2, 5),
+    ("r50-64-gpu16", "fwd+bwd", 257.1, {}, 205.1, 5, 15),
+)
+
+# A model's constants, each times one of host_overhead.counts' figures; a pair gives as many as it has counts
+HOST_TERMS = (("per_call_us", "calls"), ("per_launch_us", "launches"), ("per_allocation_us", "allocations"))
+
 
 def fit_host(pairs=HOST_PAIRS) -> dict:
-    """The host model's constants from measured pairs: per_call_us and per_launch_us minimising the relative
-    error, and the spread (lowest, highest measured / fitted), rounded outward."""
+    """The host model's constants from measured pairs: one per count the pairs give (calls, launches, and
+    allocations where given), minimising the relative error, and the spread (lowest, highest measured / fitted),
+    rounded outward."""
     measured = numpy.array([p[2] for p in pairs])
-    counts = numpy.array([[p[4], p[5]] for p in pairs], dtype=float)
-    (per_call, per_launch), *_ = numpy.linalg.lstsq(counts / measured[:, None], numpy.ones(len(pairs)), rcond=None)
-    ratios = measured / (counts @ (per_call, per_launch))
-    return {"per_call_us": round(float(per_call), 3), "per_launch_us": round(float(per_launch), 1),
-            "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
+    counts = numpy.array([p[4:] for p in pairs], dtype=float)
+    constants, *_ = numpy.linalg.lstsq(counts / measured[:, None], numpy.ones(len(pairs)), rcond=None)
+    ratios = measured / (counts @ constants)
+    model = {name: round(float(c), 3 if name == "per_call_us" else 1) for (name, _), c in zip(HOST_TERMS, constants)}
+    return {**model, "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
 
 
-# fit_host() of HOST_PAIRS, written out so that a change to the pairs shows in review (tests/test_predict_host.py
-# checks the two agree)
-HOST_MODEL = {"per_call_us": 0.334, "per_launch_us": 28.6, "spread": (0.91, 1.33)}
+# fit_host() of each GPU's pairs, written out so that a change to the pairs shows in review (tests/test_predict_host.py
+# checks they agree).  The H200's host was slower (its pairs at an older commit, with more calls a launch).
+HOST_MODELS = {
+    "h200": {"per_call_us": 0.334, "per_launch_us": 28.6, "spread": (0.91, 1.33)},
+    "h100": {"per_call_us": 0.129, "per_launch_us": 17.8, "per_allocation_us": 10.3, "spread": (0.82, 1.58)},
+}
+
+
+def host_point(model: dict, counts: dict) -> float:
+    """The model's host us for host_overhead.counts' figures (no spread)."""
+    return sum(model[name] * counts[key] for name, key in HOST_TERMS if name in model)
 
 
 def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None = None,
-                    model: dict = HOST_MODEL) -> dict:
+                    gpu_key: str = "h100") -> dict:
     """{"host_us": [low, high], "host_counts": {calls, launches, allocations}} for one case-pass on the current
-    code, or {"host_us": None, "host_why": ...} where the CPU instrument cannot run it."""
+    code and gpu_key's host model, or {"host_us": None, "host_why": ...} where the CPU instrument cannot run it."""
     from . import host_overhead
     try:
         counts = host_overhead.counts(case, backward, choices)
     except Exception as e:   # the instrument needs tests/emulator; a prediction without it keeps the GPU figures
         return {"host_us": None, "host_why": f"{type(e).__name__}: {e}"}
-    point = model["per_call_us"] * counts["calls"] + model["per_launch_us"] * counts["launches"]
+    model = HOST_MODELS[gpu_key]
+    point = host_point(model, counts)
     low, high = model["spread"]
     return {"host_us": [round(point * low, 1), round(point * high, 1)], "host_counts": counts}
 
@@ -1168,7 +1217,7 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
         kernels.append(entry)
         total = total + time
     floor, floor_bound = floor_us(case, backward, gpu)
-    host = host_prediction(case, backward, choices)
+    host = host_prediction(case, backward, choices, gpu_key)
     wall = ([round(max(g, h), 2) for g, h in zip(total.to_list(), host["host_us"])] if host["host_us"] else
             total.to_list())
     heaviest = max(kernels, key=lambda k: math.sqrt(k["predicted_us"][0] * k["predicted_us"][1]), default=None)

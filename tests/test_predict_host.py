@@ -1,6 +1,7 @@
 """benchmarks.predict's host model: every case-pass gets a predicted host time from what benchmarks.host_overhead
-counts on the CPU (Python function calls and launches per call), with two constants fitted to the H200's measured
-host times; its wall time is max(GPU, host), since the H200 found every forward host-bound.  That every case-pass
+counts on the CPU (Python function calls, launches and allocations per call), with constants fitted to each GPU
+machine's measured host times (H200, H100); its wall time is max(GPU, host), since the H200 found every forward
+host-bound.  That every case-pass
 gets a host range is checked with the rest of its prediction (tests/test_predict.py)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytest.importorskip("cupy")
 from benchmarks import cases, host_overhead, predict  # noqa: E402
 
 MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-2026-11-26" / "after-fixes"
+MEASURED_H100 = MEASURED.parents[1] / "gpu-2026-11-26-h100"
 
 
 def test_the_wall_time_is_the_larger_of_gpu_and_host():
@@ -31,7 +33,7 @@ def test_the_wall_time_is_the_larger_of_gpu_and_host():
 
 def test_the_calibration_reproduces_the_measured_h200_pairs():
     """The pairs' measured host times are those of the committed H200 profile; the constants written out in
-    HOST_MODEL are the fit of the pairs; and every measured host time falls inside its predicted range (the
+    HOST_MODELS["h200"] are the fit of the pairs; and every measured host time falls inside its predicted range (the
     spread is the fit's own extremes, so this holds by construction -- what it guards is that a change to the
     constants or the formula that no longer fits the measurements fails here)."""
     measured = json.loads((MEASURED / "host_profile.json").read_text())
@@ -39,11 +41,34 @@ def test_the_calibration_reproduces_the_measured_h200_pairs():
         key = f"{label}-{'fwd' if pass_ == 'fwd' else 'fwdbwd'}"
         assert host_us == pytest.approx(measured[key]["host_us"], abs=0.05), key
     assert len(predict.HOST_PAIRS) == len(measured) == 12
-    assert predict.fit_host() == predict.HOST_MODEL
-    low, high = predict.HOST_MODEL["spread"]
-    assert 0.8 <= low <= 1 <= high <= 1.5, "a wider spread than 0.8-1.5x says the model no longer explains the data"
-    for label, pass_, host_us, _, calls, launches in predict.HOST_PAIRS:
-        point = predict.HOST_MODEL["per_call_us"] * calls + predict.HOST_MODEL["per_launch_us"] * launches
+    _check_fit(predict.HOST_PAIRS, predict.HOST_MODELS["h200"], widest=1.5)
+
+
+def test_the_calibration_reproduces_the_measured_h100_pairs():
+    """The same for the H100 (98b8efe, autotune off): its pairs are every case-pass of the gpu_check profile
+    (bench.json["profile"]) and of the second run in extra/, r50-64-gpu16 in both (101.4 and 129.8 us forward:
+    the run-to-run spread, which the range must hold).  Its fit is wider (0.82-1.58x, c3d-mri fwd+bwd the high
+    end): up to 1.6x is allowed, and every pair must sit inside its predicted range."""
+    results = MEASURED_H100
+    runs = [json.loads((results / "bench.json").read_text())["profile"],
+            json.loads((results / "extra" / "host_profile-p8x8-c3d-r50.json").read_text())]
+    keys = [f"{label}-{'fwd' if pass_ == 'fwd' else 'fwdbwd'}" for label, pass_, *_ in predict.HOST_PAIRS_H100]
+    assert len(keys) == sum(len(run) for run in runs) == 22
+    for (label, pass_, host_us, *_), key in zip(predict.HOST_PAIRS_H100, keys):
+        assert any(key in run and host_us == pytest.approx(run[key]["host_us"], abs=0.05) for run in runs), key
+    _check_fit(predict.HOST_PAIRS_H100, predict.HOST_MODELS["h100"], widest=1.6)
+    # the two runs of r50-64-gpu16's forward, both inside one range
+    case = cases.select(["r50-64-gpu16"], ("gpu",))[0]
+    low, high = predict.host_prediction(case, False, gpu_key="h100")["host_us"]
+    assert low <= 101.4 and 129.8 <= high
+
+
+def _check_fit(pairs, model, widest):
+    assert predict.fit_host(pairs) == model
+    low, high = model["spread"]
+    assert 0.8 <= low <= 1 <= high <= widest, "a wider spread says the model no longer explains the data"
+    for label, pass_, host_us, _, *counts in pairs:
+        point = predict.host_point(model, dict(zip(("calls", "launches", "allocations"), counts)))
         assert point * low <= host_us <= point * high, (label, pass_, host_us, point)
 
 
@@ -67,6 +92,17 @@ def test_the_pairs_counts_are_the_instruments_on_the_measured_plan():
         assert counts["launches"] == launches - shed and counts["calls"] <= calls, (label, pass_, counts)
 
 
+def test_the_h100_pairs_counts_are_the_instruments_at_this_code():
+    """The H100's pairs were counted at the code they measured (98b8efe): launches and allocations are the plan's
+    and must stay as written until a change that sheds some rewrites the pairs (with new measurements or a
+    LAUNCHES_SHED of their own); calls may only fall."""
+    for label, pass_, _, choices, calls, launches, allocations in predict.HOST_PAIRS_H100:
+        case = cases.select([label], ("gpu",))[0]
+        counts = host_overhead.counts(case, pass_ != "fwd", choices)
+        assert (counts["launches"], counts["allocations"]) == (launches, allocations), (label, pass_, counts)
+        assert counts["calls"] <= calls, (label, pass_, counts)
+
+
 def test_a_slower_glue_raises_the_prediction(monkeypatch):
     """Monkeypatched extra work in the glue -- 40 more Python calls per kernel launch -- raises the predicted host
     time by 40 calls' worth per launch; and the iii forward's prediction stays host-bound."""
@@ -87,7 +123,7 @@ def test_a_slower_glue_raises_the_prediction(monkeypatch):
     after = predict.host_prediction(case, False)
     kernels = after["host_counts"]["launches"]   # all three are raw kernels here (no cuBLAS, no array work)
     assert after["host_counts"]["calls"] == pytest.approx(before["host_counts"]["calls"] + kernels * 41, abs=0.2)
-    rise = predict.HOST_MODEL["per_call_us"] * kernels * 41
-    low, high = predict.HOST_MODEL["spread"]
+    rise = predict.HOST_MODELS["h100"]["per_call_us"] * kernels * 41
+    low, high = predict.HOST_MODELS["h100"]["spread"]
     assert after["host_us"][0] == pytest.approx(before["host_us"][0] + rise * low, abs=0.2)
     assert after["host_us"][1] > before["host_us"][1]
