@@ -947,6 +947,18 @@ def analytic_access_summary(work: dict, why: str) -> dict:
 # Times
 
 
+def l1_wavefronts(work: dict) -> tuple[float, float]:
+    """(low, high) wavefronts of the shared memory/L1 data path: the shared accesses' and, counted, one per 128-byte
+    line each global request touches (else the assumed wavefronts per request)."""
+    if work.get("source") == "emulator":
+        global_wavefronts = (work["global_lines"], work["global_lines"])
+    else:
+        per_request = assumption("global_wavefronts_per_request")
+        global_wavefronts = (work["global_requests"] * per_request[0], work["global_requests"] * per_request[1])
+    shared = work["shared_wavefronts"]
+    return shared[0] + global_wavefronts[0], shared[1] + global_wavefronts[1]
+
+
 def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dict[str, Range]:
     """{resource: Range of microseconds} of one launch's work on gpu (occ: its sass.Occupancy, or None)."""
     sms, sched = gpu["sms"], gpu["schedulers_per_sm"]
@@ -1003,13 +1015,7 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
     # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses
     # (counted: a global request takes one wavefront per 128-byte line it touches).
-    if work.get("source") == "emulator":
-        global_wavefronts = (work["global_lines"], work["global_lines"])
-    else:
-        per_request = assumption("global_wavefronts_per_request")
-        global_wavefronts = (work["global_requests"] * per_request[0], work["global_requests"] * per_request[1])
-    shared = work["shared_wavefronts"]
-    l1 = (shared[0] + global_wavefronts[0], shared[1] + global_wavefronts[1])
+    l1 = l1_wavefronts(work)
     if l1[1]:
         times["shared memory/L1 wavefronts"] = Range(l1[0] / (sms * clock_hi), l1[1] / (sms * clock_lo)).scale(
             us * tail)
@@ -1044,6 +1050,20 @@ def one_pass(work: dict, launch: launches_mod.Launch) -> bool:
     trips = work.get("loop_trips")
     warps = launch.blocks * math.ceil(launch.threads / 32)
     return bool(trips) and trips[0] / warps < ONE_PASS_TRIPS
+
+
+def simt_in_sequence_high(work: dict, launch: launches_mod.Launch, gpu: dict) -> float:
+    """The high end (us) of a register-blocked FMA GEMM (simt_fwd, simt_bwd_weight): its busiest SM's instruction
+    issue at full efficiency plus its shared memory/L1 wavefronts, in sequence, at the low clock.  Their register
+    counts leave 2 warps a scheduler, which run each K step's float4 shared loads (20-24 wavefronts a warp) in step
+    after every chunk's barrier: the SM's one wavefront a clock serves them in a burst while the FMAs that need
+    them wait, with no third warp to issue meanwhile.  Measured on the H100 (98b8efe, r50-64-gpu32): simt_bwd_weight
+    <96, 64, 12> 263.9 us, 0.83 of this (issue 156 us + L1 163 us) and 1.17x the issue at 0.7 efficiency that was
+    its high end; simt_fwd <256, 64, 16> 243.7-247.0, 0.87 of this (155 + 124 us; its high end stays the issue's
+    at 0.7 over its partial second wave, 294.7).  The busiest SM runs ceil(blocks / SMs) blocks."""
+    per_sm = math.ceil(launch.blocks / gpu["sms"]) / launch.blocks
+    cycles = per_sm * (work["warp_instructions"][1] / gpu["schedulers_per_sm"] + l1_wavefronts(work)[1])
+    return cycles / (gpu["clock_ghz"][0] * 1e9) * 1e6
 
 
 SM_RESOURCES = ("tensor pipe", "FMA pipe", "instruction issue", "shared memory/L1 wavefronts", "latency")
@@ -1171,6 +1191,10 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     if one_pass(work, launch):
         body = Range(body.low, max(body.high, in_sequence_high(model.times)))
         model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
+    elif launch.kernel in SIMT_KERNELS:   # its high end: issue and shared-memory bursts in sequence
+        sequence = simt_in_sequence_high(work, launch, gpu)
+        body = Range(body.low, max(body.high, sequence))
+        model.work = {**work, "simt_in_sequence_us": round(sequence, 2)}
     tail = finish_tail(launch, gpu)
     if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
         body = body + tail
