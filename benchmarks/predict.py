@@ -1052,15 +1052,19 @@ def one_pass(work: dict, launch: launches_mod.Launch) -> bool:
     return bool(trips) and trips[0] / warps < ONE_PASS_TRIPS
 
 
+SIMT_FEW_WARPS = 2   # warps a scheduler at most, for `simt_in_sequence_high`
+
+
 def simt_in_sequence_high(work: dict, launch: launches_mod.Launch, gpu: dict) -> float:
-    """The high end (us) of a register-blocked FMA GEMM (simt_fwd, simt_bwd_weight): its busiest SM's instruction
-    issue at full efficiency plus its shared memory/L1 wavefronts, in sequence, at the low clock.  Their register
-    counts leave 2 warps a scheduler, which run each K step's float4 shared loads (20-24 wavefronts a warp) in step
-    after every chunk's barrier: the SM's one wavefront a clock serves them in a burst while the FMAs that need
-    them wait, with no third warp to issue meanwhile.  Measured on the H100 (98b8efe, r50-64-gpu32): simt_bwd_weight
-    <96, 64, 12> 263.9 us, 0.83 of this (issue 156 us + L1 163 us) and 1.17x the issue at 0.7 efficiency that was
-    its high end; simt_fwd <256, 64, 16> 243.7-247.0, 0.87 of this (155 + 124 us; its high end stays the issue's
-    at 0.7 over its partial second wave, 294.7).  The busiest SM runs ceil(blocks / SMs) blocks."""
+    """The high end (us) of a register-blocked FMA GEMM (simt_fwd, simt_bwd_weight) whose registers leave at most
+    SIMT_FEW_WARPS warps a scheduler (every tile but simt_fwd's 128 x 64, at 4): its busiest SM's instruction issue
+    at full efficiency plus its shared memory/L1 wavefronts, in sequence, at the low clock.  Those warps run each K
+    step's float4 shared loads (20-24 wavefronts a warp) in step after every chunk's barrier: the SM's one
+    wavefront a clock serves them in a burst while the FMAs that need them wait, with no third warp to issue.
+    Measured on the H100 (98b8efe, r50-64-gpu32): simt_bwd_weight <96, 64, 12> 263.9 us, 0.83 of this (issue 156
+    us + L1 163 us) and 1.17x the issue at 0.7 efficiency that was its high end; simt_fwd <256, 64, 16> 243.7-247.0
+    us, 0.87 of this (155 + 124 us; its high end stays the issue's at 0.7 over its partial second wave, 294.7).
+    The busiest SM runs ceil(blocks / SMs) blocks."""
     per_sm = math.ceil(launch.blocks / gpu["sms"]) / launch.blocks
     cycles = per_sm * (work["warp_instructions"][1] / gpu["schedulers_per_sm"] + l1_wavefronts(work)[1])
     return cycles / (gpu["clock_ghz"][0] * 1e9) * 1e6
@@ -1191,7 +1195,8 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     if one_pass(work, launch):
         body = Range(body.low, max(body.high, in_sequence_high(model.times)))
         model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
-    elif launch.kernel in SIMT_KERNELS:   # its high end: issue and shared-memory bursts in sequence
+    elif launch.kernel in SIMT_KERNELS and occ and occ.warps_per_sm <= SIMT_FEW_WARPS * gpu["schedulers_per_sm"]:
+        # its high end: issue and shared-memory bursts in sequence
         sequence = simt_in_sequence_high(work, launch, gpu)
         body = Range(body.low, max(body.high, sequence))
         model.work = {**work, "simt_in_sequence_us": round(sequence, 2)}
