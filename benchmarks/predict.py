@@ -22,10 +22,11 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in
-   sequence, `in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times), and its
-   launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
-   kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
-   fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
+   sequence, `in_sequence_high`, and the SIMT weight gradient's its issue and shared-memory wavefronts in
+   sequence, `simt_in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times),
+   and its launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its kernels, GEMMs (cuBLAS
+   modelled at a stated fraction of peak) and array-library operations (CuPy's copies, fills and sums between
+   launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
 5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
    from `benchmarks.host_overhead.counts` on this CPU -- Python calls, launches and allocations per call -- and
@@ -1053,18 +1054,21 @@ def one_pass(work: dict, launch: launches_mod.Launch) -> bool:
 
 
 SIMT_FEW_WARPS = 2   # warps a scheduler at most, for `simt_in_sequence_high`
+# The FMA GEMMs whose high end is `simt_in_sequence_high`: the weight gradient's, measured above its issue high end.
+# simt_fwd's two H100 measurements sat inside it (r50-64-gpu32 243.7 us, 0.83 of 294.7; g8-256-gpu32's wall 134.9,
+# 0.92 of 146.2), so it keeps that high end until one does not.
+SIMT_SEQUENCE_KERNELS = ("simt_bwd_weight",)
 
 
 def simt_in_sequence_high(work: dict, launch: launches_mod.Launch, gpu: dict) -> float:
-    """The high end (us) of a register-blocked FMA GEMM (simt_fwd, simt_bwd_weight) whose registers leave at most
-    SIMT_FEW_WARPS warps a scheduler (every tile but simt_fwd's 128 x 64, at 4): its busiest SM's instruction issue
-    at full efficiency plus its shared memory/L1 wavefronts, in sequence, at the low clock.  Those warps run each K
-    step's float4 shared loads (20-24 wavefronts a warp) in step after every chunk's barrier: the SM's one
-    wavefront a clock serves them in a burst while the FMAs that need them wait, with no third warp to issue.
-    Measured on the H100 (98b8efe, r50-64-gpu32): simt_bwd_weight <96, 64, 12> 263.9 us, 0.83 of this (issue 156
-    us + L1 163 us) and 1.17x the issue at 0.7 efficiency that was its high end; simt_fwd <256, 64, 16> 243.7-247.0
-    us, 0.87 of this (155 + 124 us; its high end stays the issue's at 0.7 over its partial second wave, 294.7).
-    The busiest SM runs ceil(blocks / SMs) blocks."""
+    """The high end (us) of simt_bwd_weight, a register-blocked FMA GEMM whose registers leave SIMT_FEW_WARPS
+    warps a scheduler (all its tiles): its busiest SM's instruction issue at full efficiency plus its shared
+    memory/L1 wavefronts, in sequence, at the low clock.  Its loop meets a barrier every 8 k (2 stages, the B
+    operand through registers and stored to shared memory after the FMAs), after which its warps run the next K
+    step's float4 shared loads (20 wavefronts a warp at 96 x 64) in step: the SM's one wavefront a clock serves them
+    in a burst while the FMAs that need them wait, with no third warp to issue.  MEASURED on the H100 (98b8efe,
+    r50-64-gpu32): simt_bwd_weight <96, 64, 12> 263.9 us, 0.83 of this (issue 156 us + L1 163 us) and 1.17x its
+    issue at 0.7 efficiency, the high end before.  The busiest SM runs ceil(blocks / SMs) blocks."""
     per_sm = math.ceil(launch.blocks / gpu["sms"]) / launch.blocks
     cycles = per_sm * (work["warp_instructions"][1] / gpu["schedulers_per_sm"] + l1_wavefronts(work)[1])
     return cycles / (gpu["clock_ghz"][0] * 1e9) * 1e6
@@ -1195,7 +1199,8 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     if one_pass(work, launch):
         body = Range(body.low, max(body.high, in_sequence_high(model.times)))
         model.work = {**work, "one_pass": True}   # its high end: the SM's and memory's times in sequence
-    elif launch.kernel in SIMT_KERNELS and occ and occ.warps_per_sm <= SIMT_FEW_WARPS * gpu["schedulers_per_sm"]:
+    elif (launch.kernel in SIMT_SEQUENCE_KERNELS and occ
+          and occ.warps_per_sm <= SIMT_FEW_WARPS * gpu["schedulers_per_sm"]):
         # its high end: issue and shared-memory bursts in sequence
         sequence = simt_in_sequence_high(work, launch, gpu)
         body = Range(body.low, max(body.high, sequence))
