@@ -4,10 +4,12 @@ bracket every MEASURED per-kernel time (CUPTI, autotuning off: the model's plan)
 within TOLERANCE beyond either end.  A change to the model, or to a kernel, that moves a prediction off its
 measurement fails here; a change that makes a kernel faster should say so with a new measurement.
 
-Covered: the tensor-core GEMMs (conv_fwd_igemm, conv_bwd_weight_igemm and its finish), the strict fp32 FMA GEMMs
-(simt_fwd, simt_bwd_weight: the latter 1.17x above its high end before the in-sequence high end,
-`predict.simt_in_sequence_high`) and CuPy's copies and sums between them.  The depthwise kernels, fold/unfold and
-the channels-last copies are left to tests/test_calibrate.py and their own models' tests."""
+Covered: the strict fp32 case r50-64-gpu32, both passes -- simt_fwd, simt_bwd_weight (1.17x above its high end
+before the in-sequence high end, `predict.simt_in_sequence_high`) and CuPy's copies and sums between them.  About
+40 s of CPU with cold caches (NVRTC, the emulator's counting build).  The tensor-core GEMMs of r50-64-gpu16 and
+p-seed-gpu16 (conv_fwd_igemm, conv_bwd_weight_igemm and its finish: 0.59-0.97 of their high ends in the profile
+step, all inside) would add about 80 s more in CI and are left out; the depthwise kernels, fold/unfold and the
+channels-last copies belong to tests/test_calibrate.py and their own models' tests."""
 import json
 from pathlib import Path
 
@@ -21,14 +23,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-
 # Beyond the predicted range by at most this factor at either end: the clock range and the assumptions' ranges are
 # in the range already; this allows for run-to-run noise (the two runs of r50-64-gpu16's kernels differ <= 1%).
 TOLERANCE = 1.05
-COVERED = ("conv_fwd_igemm", "conv_bwd_weight_igemm", "conv_bwd_weight_igemm_finish", "simt_fwd", "simt_bwd_weight",
-           "CuPy copy", "CuPy sum")
+COVERED = ("simt_fwd", "simt_bwd_weight", "CuPy copy", "CuPy sum")
 # (case, pass) -> the covered kernels measured there, by base name and launches (that the match is complete)
 EXPECTED = {
-    ("r50-64-gpu16", "fwd"): [("conv_fwd_igemm", 1)],
-    ("r50-64-gpu16", "fwd+bwd"): [("conv_fwd_igemm", 2), ("conv_bwd_weight_igemm", 1)],
-    ("p-seed-gpu16", "fwd+bwd"): [("conv_fwd_igemm", 1), ("conv_fwd_igemm", 1), ("conv_bwd_weight_igemm", 1),
-                                  ("conv_bwd_weight_igemm_finish", 1)],
     ("r50-64-gpu32", "fwd"): [("CuPy copy", 1), ("simt_fwd", 1)],
     ("r50-64-gpu32", "fwd+bwd"): [("CuPy copy", 4), ("simt_fwd", 2), ("simt_bwd_weight", 1), ("CuPy sum", 1)],
 }
