@@ -1018,7 +1018,8 @@ def summary_calibration(check: Check, record: dict) -> list[str]:
     host_model = all(r.get("host_us") for r in rows)
     lines += ["Calls queued back to back take max(GPU time, host time) each: the predicted wall time is the larger "
               "of the predicted kernels (GPU) and the predicted host time (Python calls and launches counted on the "
-              "CPU by benchmarks.host_overhead, with constants fitted to the H200's host times)."
+              "CPU by benchmarks.host_overhead, with constants fitted to each GPU machine's measured host times: "
+              "benchmarks.predict HOST_MODELS)."
               + ("" if host_model else " **These predictions have no host model** (made before it): their wall "
                  "time is the GPU's alone, and host-bound calls measure far above it."), "",
               f"{inside} of {len(rows)} measurements inside the predicted wall range; measured / predicted wall "

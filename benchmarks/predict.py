@@ -22,16 +22,17 @@ For each GPU case of benchmarks/cases.py (the N-d cases included) and pass ("fwd
 3. per kernel, the time each resource needs -- tensor pipe, FMA pipe, instruction issue, shared memory/L1
    wavefronts, L2, DRAM, and latency when too few warps are resident -- as a [low, high] range; the kernel
    takes the largest of them (its binding resource; a one-pass kernel's high end the SM's and memory's times in
-   sequence, `in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times), and its
-   launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its
-   kernels, GEMMs (cuBLAS modelled at a stated fraction of peak) and array-library operations (CuPy's copies,
-   fills and sums between launches: their DRAM bytes at `array_work_efficiency`);
+   sequence, `in_sequence_high`, and the SIMT weight gradient's its issue and shared-memory wavefronts in
+   sequence, `simt_in_sequence_high`) plus a fixed time of its own (`kernel_us`, what a CUPTI trace times),
+   and its launch adds a launch overhead (`predicted_us`); a case-pass is the sum of its kernels, GEMMs (cuBLAS
+   modelled at a stated fraction of peak) and array-library operations (CuPy's copies, fills and sums between
+   launches: their DRAM bytes at `array_work_efficiency`);
 4. the case's floor (`cases.roofline` over the data-sheet peaks of `GPUS`) and the prediction as a multiple of it;
 5. the host's time per call (`host_us`: the Python glue and CuPy's launches, which bound every forward on the H200),
-   from `benchmarks.host_overhead.counts` on this CPU -- Python calls, launches and the scalar arguments CuPy wraps
-   per call -- and three constants fitted to the H200's and the H100's measured host times (`HOST_MODEL`,
-   `HOST_PAIRS`, `fit_host`, `HOST_PAIRS_H100`, `fit_host_h100`), and the wall time of calls
-   queued back to back, `wall_us` = max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
+   from `benchmarks.host_overhead.counts` on this CPU -- Python calls, launches, allocations and the scalar
+   arguments CuPy wraps per call -- and constants fitted to each GPU machine's measured host times (`HOST_MODELS`,
+   `HOST_PAIRS`, `HOST_PAIRS_H100`, `fit_host`), and the wall time of calls queued back to back, `wall_us` =
+   max(GPU, host) ("host_bound" where the host's low end is above the GPU's high).
 
 Every constant is in `GPUS` and `SOURCES` (one table, each with its source); every modelling assumption is in
 `ASSUMPTIONS`.  Both are written into the JSON's "meta".  Nothing here is measured: `benchmarks.gpu_check`
@@ -200,11 +201,12 @@ def assumption(name: str) -> tuple:
 # Calls enqueued back to back run at max(GPU time, host time) each.  The host's share is predicted from what
 # `benchmarks.host_overhead.counts` finds on the CPU for the case on the current code -- Python function calls
 # per call and launches per call (raw kernels, cuBLAS GEMMs, CuPy's array work), both deterministic -- as
-# host_us = per_call_us * calls + per_launch_us * launches, the two constants fitted (least squares on the
-# relative error) to the H200's measured pairs below; the range is that point times the fit's spread (the
-# lowest and highest measured / fitted of the pairs).  The per-launch term holds what the CPU instrument stubs
-# out: CuPy's launch, its allocations (one to three per launch here: too collinear with launches for a constant
-# of their own -- fitted together they came out at -3.7 us each) and its array work's own Python.
+# host_us = per_call_us * calls + per_launch_us * launches (+ per_allocation_us * allocations on the H100), the
+# constants fitted per GPU (least squares on the relative error) to that machine's measured pairs below: the
+# host is another CPU on each; the range is that point times the fit's spread (the lowest and highest measured
+# / fitted of the pairs).  The per-launch term holds what the CPU instrument stubs out: CuPy's launch, its
+# array work's own Python and, on the H200, its allocations (one to three per launch there: too collinear with
+# launches for a constant of their own -- fitted together they came out at -3.7 us each).
 
 # (case, pass, MEASURED H200 host us per call, the algorithms that run's autotuning chose where the 'auto'
 #  heuristic chooses others, host_overhead.counts at that code: calls, launches).  The host us are
@@ -225,83 +227,96 @@ HOST_PAIRS = (
     ("r50-64-gpu32", "fwd+bwd", 640.2, {"forward": "im2col_gemm", "grad_input": "im2col_gemm"}, 694.1, 9),
 )
 
-
-def fit_host(pairs=HOST_PAIRS) -> dict:
-    """The host model's constants from measured pairs: per_call_us and per_launch_us minimising the relative
-    error, and the spread (lowest, highest measured / fitted), rounded outward."""
-    measured = numpy.array([p[2] for p in pairs])
-    counts = numpy.array([[p[4], p[5]] for p in pairs], dtype=float)
-    (per_call, per_launch), *_ = numpy.linalg.lstsq(counts / measured[:, None], numpy.ones(len(pairs)), rcond=None)
-    ratios = measured / (counts @ (per_call, per_launch))
-    return {"per_call_us": round(float(per_call), 3), "per_launch_us": round(float(per_launch), 1),
-            "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
-
-
-# The H100's host times (2026-11-26, commit 98b8efe, after the fast path) split the per-launch term: per call of
-# the fast path there were 15-179 scalar kernel arguments, each wrapped by CuPy's launch on every call (a `CScalar`,
-# cupy/cuda/function.pyx `_pointer`; about half a microsecond each on this CPU), and they, not the launches, were
-# what set r50-64 fp16's forward (2 launches, 75 scalars) at 101-130 us against iii's 37 (1 launch, 15 scalars).
-# So host_us = per_call_us * calls + per_launch_us * launches + per_scalar_us * scalars, per_call_us the H200 fit's
-# (`fit_host`: the H200 pairs, at 200-700 calls a call, pin it; the H100's 50-210 do not) and the other two fitted
-# likewise to the H100 pairs below (`fit_host_h100`).  Scalars and the tensor-core paths' allocations (5 against 1
-# a forward) were collinear there: fitted to allocations instead (10.3 us each) the spread was 0.82-1.58, to
-# scalars 0.80-1.45; with launches alone (per_call_us the same) 0.85-1.85, and the H200 model itself 0.70-1.55.
-# (case, pass, MEASURED H100 host us per call: benchmarks/results/gpu-2026-11-26-h100/bench.json["profile"],
-#  autotune off, 10 calls enqueued with no synchronisation; host_overhead.counts at 98b8efe: calls, launches,
-#  scalars wrapped by CuPy)
+# The H100's pairs (case, pass, MEASURED H100 host us per call, choices, host_overhead.counts of the code measured,
+# 98b8efe: calls, launches, allocations, scalars): benchmarks/results/gpu-2026-11-26-h100/bench.json["profile"]
+# (autotune off -- the model's plan --, 10 calls enqueued with no synchronisation, best of 3) and the second run of
+# the same tool in extra/host_profile-p8x8-c3d-r50.json, whose r50-64-gpu16 repeats the first run's: 101.4 us
+# forward against 129.8 (the spread below holds both).  Calls and launches alone fit badly (0.75-1.88x): the
+# tensor-core passes took 1.3-1.7x the depthwise, unfold and simt ones at the same counts.  What they have more of
+# is scalar kernel arguments, which CuPy's launch wraps one by one on every call (a `CScalar`, cupy/cuda/function.pyx
+# `_pointer`, v14.2.0; about 0.56 us each timed on this project's CPU): 75 a r50-64/p-seed fp16 forward against 15
+# a depthwise one -- and allocations (5 against 1), collinear with them.  Fitted with both, a scalar costs 0.57 us
+# (what the CPU timing says) and an allocation 2.9; the per-call constant came out negative (-0.01: 50-230 calls a
+# call here do not pin it, where the H200's 125-700 did) and is left out, its cost in the launches'.  Spreads on
+# these pairs: calls + launches 0.75-1.88, + allocations 0.82-1.58, + scalars 0.86-1.50, all four 0.84-1.52 (0.84-1.53 at the rounded constants).  Since
+# 98b8efe a replay's launches are prepared (`_device.CudaDevice.launch_prepare`: scalars wrapped once), so
+# host_overhead counts no scalars for a repeated call; the scalar counts below are the launches' scalar arguments
+# (host_overhead with CUPYCONV_REPLAY=0), what 98b8efe's fast path wrapped on every call.  The widest miss is
+# c3d-mri fwd+bwd (565.6 us, 1.53x its point: the 3-D weight gradient's lift, a CuPy copy among its 8 launches).
 HOST_PAIRS_H100 = (
-    ("r50-64-gpu16", "fwd", 129.8, 80.1, 2, 75),
-    ("r50-64-gpu16", "fwd+bwd", 253.9, 205.1, 5, 169),
-    ("p-seed-gpu16", "fwd", 101.3, 80.1, 2, 75),
-    ("p-seed-gpu16", "fwd+bwd", 263.4, 211.1, 6, 179),
-    ("iii-gpu32", "fwd", 36.7, 55.1, 1, 15),
-    ("iii-gpu32", "fwd+bwd", 125.8, 140.1, 4, 47),
-    ("dw-480-14-gpu16", "fwd", 35.9, 55.1, 1, 15),
-    ("dw-480-14-gpu16", "fwd+bwd", 122.0, 140.1, 4, 47),
-    ("iv-gpu16", "fwd", 34.3, 49.1, 1, 23),
-    ("iv-gpu16", "fwd+bwd", 74.9, 99.1, 2, 41),
-    ("r50-64-gpu32", "fwd", 73.0, 61.1, 2, 23),
-    ("r50-64-gpu32", "fwd+bwd", 276.4, 170.1, 8, 70),
-    ("dw-1152-7k5-gpu16", "fwd", 34.8, 55.1, 1, 15),
-    ("dw-1152-7k5-gpu16", "fwd+bwd", 113.2, 140.1, 4, 47),
-    ("dw-672-14k5-gpu32", "fwd", 36.6, 55.1, 1, 15),
-    ("dw-672-14k5-gpu32", "fwd+bwd", 120.1, 140.1, 4, 47),
+    ("r50-64-gpu16", "fwd", 129.8, {}, 80.1, 2, 5, 75),
+    ("r50-64-gpu16", "fwd+bwd", 253.9, {}, 205.1, 5, 15, 169),
+    ("p-seed-gpu16", "fwd", 101.3, {}, 80.1, 2, 5, 75),
+    ("p-seed-gpu16", "fwd+bwd", 263.4, {}, 211.1, 6, 15, 179),
+    ("iii-gpu32", "fwd", 36.7, {}, 55.1, 1, 1, 15),
+    ("iii-gpu32", "fwd+bwd", 125.8, {}, 140.1, 4, 4, 47),
+    ("dw-480-14-gpu16", "fwd", 35.9, {}, 55.1, 1, 1, 15),
+    ("dw-480-14-gpu16", "fwd+bwd", 122.0, {}, 140.1, 4, 4, 47),
+    ("iv-gpu16", "fwd", 34.3, {}, 49.1, 1, 1, 23),
+    ("iv-gpu16", "fwd+bwd", 74.9, {}, 99.1, 2, 2, 41),
+    ("r50-64-gpu32", "fwd", 73.0, {}, 61.1, 2, 2, 23),
+    ("r50-64-gpu32", "fwd+bwd", 276.4, {}, 170.1, 8, 8, 70),
+    ("dw-1152-7k5-gpu16", "fwd", 34.8, {}, 55.1, 1, 1, 15),
+    ("dw-1152-7k5-gpu16", "fwd+bwd", 113.2, {}, 140.1, 4, 4, 47),
+    ("dw-672-14k5-gpu32", "fwd", 36.6, {}, 55.1, 1, 1, 15),
+    ("dw-672-14k5-gpu32", "fwd+bwd", 120.1, {}, 140.1, 4, 4, 47),
+    ("p-8x8-gpu16", "fwd", 94.8, {}, 80.1, 2, 5, 75),             # extra/: the second run
+    ("p-8x8-gpu16", "fwd+bwd", 237.8, {}, 211.1, 6, 15, 179),
+    ("c3d-mri-gpu16", "fwd", 108.8, {}, 79.1, 2, 5, 77),
+    ("c3d-mri-gpu16", "fwd+bwd", 565.6, {}, 234.1, 8, 18, 244),
+    ("r50-64-gpu16", "fwd", 101.4, {}, 80.1, 2, 5, 75),
+    ("r50-64-gpu16", "fwd+bwd", 257.1, {}, 205.1, 5, 15, 169),
 )
 
+# A model's constants, each times one of host_overhead.counts' figures; a pair gives as many as it has counts
+HOST_TERMS = (("per_call_us", "calls"), ("per_launch_us", "launches"), ("per_allocation_us", "allocations"),
+              ("per_scalar_us", "scalars"))
 
-def fit_host_h100(pairs=HOST_PAIRS_H100, per_call_us: float | None = None) -> dict:
-    """The host model: per_call_us from the H200 pairs (`fit_host`), per_launch_us and per_scalar_us fitted to the
-    H100 pairs given it (least squares on the relative error), and the spread (lowest, highest measured /
-    fitted), rounded outward."""
-    per_call = fit_host()["per_call_us"] if per_call_us is None else per_call_us
+
+def fit_host(pairs=HOST_PAIRS) -> dict:
+    """The host model's constants from measured pairs: one per count the pairs give (calls, launches, and
+    allocations and scalars where given), minimising the relative error, and the spread (lowest, highest measured
+    / fitted), rounded outward.  A constant that comes out negative is one the pairs cannot tell from the others:
+    it is left out and the rest fitted again."""
     measured = numpy.array([p[2] for p in pairs])
-    calls = numpy.array([p[3] for p in pairs])
-    counts = numpy.array([[p[4], p[5]] for p in pairs], dtype=float)
-    (per_launch, per_scalar), *_ = numpy.linalg.lstsq(counts / measured[:, None], 1 - per_call * calls / measured,
-                                                      rcond=None)
-    ratios = measured / (per_call * calls + counts @ (per_launch, per_scalar))
-    return {"per_call_us": per_call, "per_launch_us": round(float(per_launch), 1),
-            "per_scalar_us": round(float(per_scalar), 3),
-            "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
+    counts = numpy.array([p[4:] for p in pairs], dtype=float)
+    terms = list(range(counts.shape[1]))
+    while True:
+        constants, *_ = numpy.linalg.lstsq(counts[:, terms] / measured[:, None], numpy.ones(len(pairs)), rcond=None)
+        if constants.min() >= 0:
+            break
+        del terms[int(constants.argmin())]
+    model = {HOST_TERMS[t][0]: round(float(c), 3 if HOST_TERMS[t][0] in ("per_call_us", "per_scalar_us") else 1)
+             for t, c in zip(terms, constants)}
+    ratios = measured / (counts[:, terms] @ list(model.values()))   # of the rounded constants, as predictions use
+    return {**model, "spread": (math.floor(ratios.min() * 100) / 100, math.ceil(ratios.max() * 100) / 100)}
 
 
-# fit_host_h100(), written out so that a change to the pairs shows in review (tests/test_predict_host.py checks the
-# two agree).  The H200 fit alone (fit_host(): 0.334 us a call, 28.6 a launch, spread 0.91-1.33) priced a launch's
-# scalars into its launches, and so could not see them go (`_device.CudaDevice.launch_prepare`).
-HOST_MODEL = {"per_call_us": 0.334, "per_launch_us": 11.0, "per_scalar_us": 0.657, "spread": (0.8, 1.45)}
+# fit_host() of each GPU's pairs, written out so that a change to the pairs shows in review (tests/test_predict_host.py
+# checks they agree).  The H200's host was slower (its pairs at an older commit, with more calls a launch); its two
+# constants price a launch's scalars and allocations into the launch, so it cannot see prepared launches shed them.
+HOST_MODELS = {
+    "h200": {"per_call_us": 0.334, "per_launch_us": 28.6, "spread": (0.91, 1.33)},
+    "h100": {"per_launch_us": 22.5, "per_allocation_us": 2.9, "per_scalar_us": 0.572, "spread": (0.84, 1.53)},
+}
+
+
+def host_point(model: dict, counts: dict) -> float:
+    """The model's host us for host_overhead.counts' figures (no spread)."""
+    return sum(model[name] * counts.get(key, 0) for name, key in HOST_TERMS if name in model)
 
 
 def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str] | None = None,
-                    model: dict = HOST_MODEL) -> dict:
+                    gpu_key: str = "h100") -> dict:
     """{"host_us": [low, high], "host_counts": {calls, launches, allocations}} for one case-pass on the current
-    code, or {"host_us": None, "host_why": ...} where the CPU instrument cannot run it."""
+    code and gpu_key's host model, or {"host_us": None, "host_why": ...} where the CPU instrument cannot run it."""
     from . import host_overhead
     try:
         counts = host_overhead.counts(case, backward, choices)
     except Exception as e:   # the instrument needs tests/emulator; a prediction without it keeps the GPU figures
         return {"host_us": None, "host_why": f"{type(e).__name__}: {e}"}
-    point = (model["per_call_us"] * counts["calls"] + model["per_launch_us"] * counts["launches"]
-             + model.get("per_scalar_us", 0.0) * counts.get("scalars", 0))
+    model = HOST_MODELS[gpu_key]
+    point = host_point(model, counts)
     low, high = model["spread"]
     return {"host_us": [round(point * low, 1), round(point * high, 1)], "host_counts": counts}
 
@@ -951,6 +966,18 @@ def analytic_access_summary(work: dict, why: str) -> dict:
 # Times
 
 
+def l1_wavefronts(work: dict) -> tuple[float, float]:
+    """(low, high) wavefronts of the shared memory/L1 data path: the shared accesses' and, counted, one per 128-byte
+    line each global request touches (else the assumed wavefronts per request)."""
+    if work.get("source") == "emulator":
+        global_wavefronts = (work["global_lines"], work["global_lines"])
+    else:
+        per_request = assumption("global_wavefronts_per_request")
+        global_wavefronts = (work["global_requests"] * per_request[0], work["global_requests"] * per_request[1])
+    shared = work["shared_wavefronts"]
+    return shared[0] + global_wavefronts[0], shared[1] + global_wavefronts[1]
+
+
 def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dict[str, Range]:
     """{resource: Range of microseconds} of one launch's work on gpu (occ: its sass.Occupancy, or None)."""
     sms, sched = gpu["sms"], gpu["schedulers_per_sm"]
@@ -1008,13 +1035,7 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
         times["latency"] = Range(cycles[0] / clock_hi, cycles[1] / clock_lo).scale(us)
     # Shared memory and the L1 data path: one wavefront per clock per SM, shared by shared and global accesses
     # (counted: a global request takes one wavefront per 128-byte line it touches).
-    if work.get("source") == "emulator":
-        global_wavefronts = (work["global_lines"], work["global_lines"])
-    else:
-        per_request = assumption("global_wavefronts_per_request")
-        global_wavefronts = (work["global_requests"] * per_request[0], work["global_requests"] * per_request[1])
-    shared = work["shared_wavefronts"]
-    l1 = (shared[0] + global_wavefronts[0], shared[1] + global_wavefronts[1])
+    l1 = l1_wavefronts(work)
     if l1[1]:
         times["shared memory/L1 wavefronts"] = Range(l1[0] / (sms * clock_hi), l1[1] / (sms * clock_lo)).scale(
             us * tail)
@@ -1077,6 +1098,27 @@ def in_turns(work: dict, launch: launches_mod.Launch) -> bool:
         return False
     warps = launch.blocks * math.ceil(launch.threads / 32)
     return executed["global_waits_per_warp"] >= trips[1] / warps
+
+
+SIMT_FEW_WARPS = 2   # warps a scheduler at most, for `simt_in_sequence_high`
+# The FMA GEMMs whose high end is `simt_in_sequence_high`: the weight gradient's, measured above its issue high end.
+# simt_fwd's two H100 measurements sat inside it (r50-64-gpu32 243.7 us, 0.83 of 294.7; g8-256-gpu32's wall 134.9,
+# 0.92 of 146.2), so it keeps that high end until one does not.
+SIMT_SEQUENCE_KERNELS = ("simt_bwd_weight",)
+
+
+def simt_in_sequence_high(work: dict, launch: launches_mod.Launch, gpu: dict) -> float:
+    """The high end (us) of simt_bwd_weight, a register-blocked FMA GEMM whose registers leave SIMT_FEW_WARPS
+    warps a scheduler (all its tiles): its busiest SM's instruction issue at full efficiency plus its shared
+    memory/L1 wavefronts, in sequence, at the low clock.  Its loop meets a barrier every 8 k (2 stages, the B
+    operand through registers and stored to shared memory after the FMAs), after which its warps run the next K
+    step's float4 shared loads (20 wavefronts a warp at 96 x 64) in step: the SM's one wavefront a clock serves them
+    in a burst while the FMAs that need them wait, with no third warp to issue.  MEASURED on the H100 (98b8efe,
+    r50-64-gpu32): simt_bwd_weight <96, 64, 12> 263.9 us, 0.83 of this (issue 156 us + L1 163 us) and 1.17x its
+    issue at 0.7 efficiency, the high end before.  The busiest SM runs ceil(blocks / SMs) blocks."""
+    per_sm = math.ceil(launch.blocks / gpu["sms"]) / launch.blocks
+    cycles = per_sm * (work["warp_instructions"][1] / gpu["schedulers_per_sm"] + l1_wavefronts(work)[1])
+    return cycles / (gpu["clock_ghz"][0] * 1e9) * 1e6
 
 
 SM_RESOURCES = ("tensor pipe", "FMA pipe", "instruction issue", "shared memory/L1 wavefronts", "latency")
@@ -1233,6 +1275,12 @@ def timed(model: KernelModel, occ, gpu: dict) -> KernelModel:
         body = Range(body.low, max(body.high, in_sequence_high(model.times, in_lockstep(work, launch, occ, gpu))))
         # its high end: the SM's and memory's times in sequence
         model.work = {**work, **({"one_pass": True} if one_pass(work, launch) else {"in_turns": True})}
+    elif (launch.kernel in SIMT_SEQUENCE_KERNELS and occ
+          and occ.warps_per_sm <= SIMT_FEW_WARPS * gpu["schedulers_per_sm"]):
+        # its high end: issue and shared-memory bursts in sequence
+        sequence = simt_in_sequence_high(work, launch, gpu)
+        body = Range(body.low, max(body.high, sequence))
+        model.work = {**work, "simt_in_sequence_us": round(sequence, 2)}
     tail = finish_tail(launch, gpu)
     if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
         body = body + tail
@@ -1285,7 +1333,7 @@ def predict_case(case: cases_mod.Case, backward: bool, gpu_key: str, sass_source
         kernels.append(entry)
         total = total + time
     floor, floor_bound = floor_us(case, backward, gpu)
-    host = host_prediction(case, backward, choices)
+    host = host_prediction(case, backward, choices, gpu_key)
     wall = ([round(max(g, h), 2) for g, h in zip(total.to_list(), host["host_us"])] if host["host_us"] else
             total.to_list())
     heaviest = max(kernels, key=lambda k: math.sqrt(k["predicted_us"][0] * k["predicted_us"][1]), default=None)

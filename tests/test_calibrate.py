@@ -125,8 +125,9 @@ def test_command_line(tmp_path, capsys):
 # range but these, which the model still misses (named, so that fixing one, or losing another, fails here):
 H100_MISSES = {
     ("p-seed-gpu16", "fwd", "channels_last_copies"): "above",    # 19.9 us against 10.4-17.7
-    ("r50-64-gpu32", "fwd+bwd", "simt_bwd_weight"): "above",     # 263.9 against 145.6-225.5
 }
+# (r50-64-gpu32's simt_bwd_weight, 263.9 us against 145.6-225.5 at the run, is inside since task calib's
+# `simt_in_sequence_high`: 145.6-321.5)
 
 
 def _h100_rows():
