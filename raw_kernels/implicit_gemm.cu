@@ -1073,10 +1073,13 @@ template <typename V> __device__ __forceinline__ V cl_pick(int job, V a, V b, V 
 // padded to 2^shift{j}: a job with fewer (a grouped layer's weight: 1 against x's 8-16) runs lanes{j} whole lanes
 // of them, each its share of the row tiles, instead of leaving most of its blocks to return at once.  A shift and a
 // mask, not a division (two integer divisions a block, ~30 instructions a warp, put p-seed's copy over its DRAM
-// time); the padding's blocks and those of an incomplete last lane return.  Its arguments are channels_last_copy's,
-// picked once per block (one copy of the loop in the code).  Whole vectors only (the fast path's operands have
-// them); a job with no blocks is never read.
-template <typename T, typename I>
+// time); the padding's blocks and those of an incomplete last lane return.  LANES false (every job one lane: its
+// channel blocks padded to a power of two leave no whole lane beside them) reads y as the channel block and leaves
+// shift{j} and lanes{j} unread: the decode's ~11 instructions a warp put a one-pass copy's issue time past its DRAM
+// time (p-8x8's backward copy on the H200, task lanes2).  Its arguments are channels_last_copy's, picked once per
+// block (one copy of the loop in the code).  Whole vectors only (the fast path's operands have them); a job with
+// no blocks is never read.
+template <typename T, typename I, bool LANES>
 __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
     const T* __restrict__ x0, T* __restrict__ out0, T* __restrict__ rest0, I rows0, I x_inner0, I x_stride_outer0,
     I x_stride_inner0, I x_stride_c0, I x_stride_h0, I x_stride_w0, int channels0, int height0, int width0,
@@ -1092,9 +1095,14 @@ __global__ void __launch_bounds__(CL_THREADS) channels_last_copies(
   __shared__ uint4 tile[CL_ROWS * CL_VECTORS];
   const I block = blockIdx.x;
   const int j = block < block_end0 ? 0 : block < block_end1 ? 1 : 2;
-  const int channels = cl_pick(j, channels0, channels1, channels2), shift = cl_pick(j, shift0, shift1, shift2);
-  const int lanes = cl_pick(j, lanes0, lanes1, lanes2);
-  const int lane = blockIdx.y >> shift, channel_block = blockIdx.y & ((1 << shift) - 1);
+  const int channels = cl_pick(j, channels0, channels1, channels2);
+  int lanes = 1, lane = 0, channel_block = blockIdx.y;
+  if constexpr (LANES) {
+    const int shift = cl_pick(j, shift0, shift1, shift2);
+    lanes = cl_pick(j, lanes0, lanes1, lanes2);
+    lane = blockIdx.y >> shift;
+    channel_block = blockIdx.y & ((1 << shift) - 1);
+  }
   if (lane >= lanes || channel_block * (CL_VECTORS * 16 / (int)sizeof(T)) >= channels) return;   // (see above)
   const I begin = cl_pick<I>(j, 0, block_end0, block_end1), end = cl_pick<I>(j, block_end0, block_end1, gridDim.x);
   const I rows = cl_pick(j, rows0, rows1, rows2);

@@ -347,12 +347,17 @@ MUTATIONS = [
       IG + " -k lanes", "wrong offset"),
     M("clc-lane-tile-step", "implicit_gemm.cu", "(end - begin) * (I)lanes,", "(end - begin) * (I)(lanes + 1),",
       IG + " -k lanes", "grid-stride"),
-    M("clc-lane-decode", "implicit_gemm.cu", "const int lane = blockIdx.y >> shift,",
-      "const int lane = blockIdx.y >> shift + 1,", IG + " -k lanes", "wrong index"),
+    M("clc-lane-decode", "implicit_gemm.cu", "lane = blockIdx.y >> shift;",
+      "lane = blockIdx.y >> shift + 1;", IG + " -k lanes", "wrong index"),
     M("clc-lane-channel-block", "implicit_gemm.cu", "channel_block = blockIdx.y & ((1 << shift) - 1);",
       "channel_block = blockIdx.y & (1 << shift);", IG + " -k lanes", "wrong index"),
     M("clc-lanes-incomplete", IG_PY, "lanes = ((channel_blocks - owns[k]) >> shift) + 1",
       "lanes = ceil_div(channel_blocks, 1 << shift)", IG + " -k lanes", "off-by-one"),
+    # ... the decode compiled out (LANES false) where every job has one lane (task lanes2)
+    M("clc-lanes-flag", IG_PY, 'some_lanes = any(args[f"lanes{j}"] > 1 for j in range(3))',
+      'some_lanes = any(args[f"lanes{j}"] > 2 for j in range(3))', IG + " -k copies", "off-by-one"),
+    # (the decode itself left in or out, `if constexpr (!LANES)`, keeps the bits: test_sass's
+    # channels_last_copy_loop_is_lean checks LANES false is the shorter; this copy has no benchmarks/ to run it)
     M("clc-one-channel-block", IG_PY,
       "channel_blocks = max(owns)", "channel_blocks = 1", IG + " -k copies", "grid-stride"),
     M("clc-backward-rest-not-staged", IG_PY,

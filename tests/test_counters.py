@@ -317,7 +317,7 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
         cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
     transpose, gemm = dev.profile
     assert gemm.name == "conv_fwd_igemm<__half, int, 64, 64, 4>" and gemm.blocks_run == 2
-    assert transpose.name == "channels_last_copies<__half, int>" and transpose.blocks_run == 2
+    assert transpose.name == "channels_last_copies<__half, int, false>" and transpose.blocks_run == 2
     assert_lean_transpose(transpose)
     chunks, mma = 18, 2 * 4 * 18 * 16  # chunks of 32 k; blocks x warps x chunks x mma.sync per chunk
     shared = [s for s in gemm.sites if s.kind.startswith("shared")]
@@ -347,7 +347,7 @@ def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "conv_fwd_igemm<__half, int, 64, 64, 4>" in text and "not GPU measurements" in text
     profiles = json.loads(out.read_text())["profiles"]   # the channels-last copies of x and of the weight first
-    assert profiles[0]["name"] == "channels_last_copies<__half, int>"
+    assert profiles[0]["name"] == "channels_last_copies<__half, int, false>"
     profile = next(p for p in profiles if p["name"].startswith("conv_fwd_igemm<"))   # (batch 1: K unsplit)
     assert profile["blocks_run"] == 1 and {s["kind"] for s in profile["sites"]} == {
         "global_load", "global_store", "shared_load", "shared_store"}

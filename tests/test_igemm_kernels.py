@@ -569,7 +569,9 @@ def test_channels_last_copies_match_separate_copies(dtype, jobs, monkeypatch):
     for order in ("forward", "reverse"):
         device = Recorder(order)
         got = run(device, igemm.channels_last_all, device, [*extra, *arrays, arrays[0]])
-        assert device.launches == [f"channels_last_copies<{_kernels.c_type(DTYPES[dtype])}, int>"], device.launches
+        lanes = "true" if jobs == 3 else "false"   # (three: 72 channels, 2-3 blocks, beside 24: lanes of them)
+        assert device.launches == [f"channels_last_copies<{_kernels.c_type(DTYPES[dtype])}, int, {lanes}>"], \
+            device.launches
         assert got[-1] is got[len(extra)] and all(numpy.shares_memory(g, a) for g, a in zip(got, extra))
         for a, g, w in zip(extra + arrays, got, want):
             assert g.shape == w.shape and g.flags.c_contiguous
@@ -590,14 +592,18 @@ class GridRecorder(Recorder):
 
 # Jobs of channels_last_copies by channel blocks (CL_CHANNEL_BYTES each: 64 halves, 32 floats), as (n, channels in
 # blocks plus vectors, H, W), with the grid expected: the widest job's channel blocks along y; a narrower job padded
-# to 2^shift channel blocks runs ceil(y / 2^shift) lanes of them, its row-tile blocks along x shared among its lanes.
+# to 2^shift channel blocks runs ceil(y / 2^shift) lanes of them, its row-tile blocks along x shared among its lanes;
+# and the instantiation: LANES true where some job has two lanes or more.
 LANES_JOBS = {
     # 16 channel blocks (30 rows: one partial tile) beside 1 (2,000 rows, its last tile of 16, a negative batch
     # stride: 16 lanes) and 3 padded to 4 (105 rows, the last channel block one vector: 4 lanes, every fourth y idle)
-    "16-1-3": ([(2, (16, 0), 3, 5), (125, (0, 1), 4, 4), (5, (2, 1), 7, 3)], (1 + 2 + 1, 16)),
+    "16-1-3": ([(2, (16, 0), 3, 5), (125, (0, 1), 4, 4), (5, (2, 1), 7, 3)], (1 + 2 + 1, 16), True),
     # 3 channel blocks (96 rows: whole tiles) beside 1 (1,085 rows: 3 lanes) and 2 (63 rows: 1 lane, y = 2 idle:
     # a second lane would have no channel block 1)
-    "3-1-2": ([(3, (3, 0), 4, 8), (31, (0, 1), 5, 7), (7, (1, 1), 3, 3)], (2 + 6 + 1, 3)),
+    "3-1-2": ([(3, (3, 0), 4, 8), (31, (0, 1), 5, 7), (7, (1, 1), 3, 3)], (2 + 6 + 1, 3), True),
+    # 5 channel blocks (30 rows) beside 3 (270 rows, the last block one vector) and 4 (64 rows), each padded to 4:
+    # one lane each (LANES false: y is the channel block), y = 3 and 4 idle for the 3, y = 4 for the 4
+    "5-3-4": ([(2, (5, 0), 3, 5), (9, (2, 1), 6, 5), (4, (3, 1), 4, 4)], (1 + 5 + 1, 5), False),
 }
 
 
@@ -608,13 +614,13 @@ def test_channels_last_copies_lanes_of_narrow_jobs(dtype, jobs, cap, monkeypatch
     """Jobs with fewer channel blocks than the launch's y (a grouped layer's weight beside x) run lanes of them, each
     its share of the row tiles: bit for bit channels_last of each alone, on poisoned outputs, with odd planes,
     partial last tiles and channel blocks, lanes without a tile, and (cap 1) one block a job looping over its lane's
-    tiles."""
+    tiles; jobs of one lane each (5-3-4) on the instantiation without the lanes' decode."""
     dtype = DTYPES[dtype]
     if cap is not None:
         monkeypatch.setattr(_kernels, "GRID_CAP", cap)
     rng = numpy.random.default_rng(37)
     per_block, vector = igemm.vector_elements(dtype) * igemm.CL_VECTORS, igemm.vector_elements(dtype)
-    shapes, grid = LANES_JOBS[jobs]
+    shapes, grid, lanes = LANES_JOBS[jobs]
     arrays = [rng.standard_normal((n, blocks * per_block + vectors * vector, h, w)).astype(dtype)
               for n, (blocks, vectors), h, w in shapes]
     arrays[1] = arrays[1][::-1]
@@ -624,7 +630,8 @@ def test_channels_last_copies_lanes_of_narrow_jobs(dtype, jobs, cap, monkeypatch
         want.append(run(alone, igemm.channels_last, alone, a))
     device = GridRecorder("reverse")
     got = run(device, igemm.channels_last_all, device, arrays)
-    assert device.launches == [f"channels_last_copies<{_kernels.c_type(dtype)}, int>"], device.launches
+    assert device.launches == [f"channels_last_copies<{_kernels.c_type(dtype)}, int, {str(lanes).lower()}>"], \
+        device.launches
     assert device.grids == [grid if cap is None else (len(arrays), grid[1])], device.grids
     for a, g, w in zip(arrays, got, want):
         assert g.shape == w.shape and g.flags.c_contiguous
@@ -646,7 +653,7 @@ def test_channels_last_copies_with_rest_and_odd_channels(monkeypatch):
     device = Recorder("reverse")
     with igemm.sharing_channels_last():
         (got_flipped, got_x, got_odd), rest = run(device, igemm._channels_last_all, device, [flipped, x, odd], True, x)
-        assert device.launches == ["channels_last_copy<float, int, false>", "channels_last_copies<float, int>"]
+        assert device.launches == ["channels_last_copy<float, int, false>", "channels_last_copies<float, int, false>"]
         again, (again_x, again_rest) = (run(device, f, device, a) for f, a in ((igemm.channels_last, flipped),
                                                                               (igemm.channels_last_with_rest, x)))
         assert len(device.launches) == 2 and again is got_flipped and again_x is got_x and again_rest is rest

@@ -141,7 +141,7 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
-    assert [launch.name for launch in rec.steps] == ["channels_last_copies<__half, int>",
+    assert [launch.name for launch in rec.steps] == ["channels_last_copies<__half, int, false>",
                                                      "conv_fwd_igemm<__half, int, 256, 64, 4>"]
     assert rec.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and rec.steps[-1].block == (128,)
     # it tiles exactly too: 392 blocks of 256 x 64 over 18 chunks of 32 halves = the useful MACs

@@ -59,7 +59,8 @@ def instantiations():
         names += [kernel_name("conv_fwd_igemm", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
         if index == "int":   # `plan_phases` takes 32-bit indices only
             names += [kernel_name("conv_fwd_igemm_phases", dtype, index, *tile) for tile in tiles + IG_NARROW_TILES]
-            names.append(kernel_name("channels_last_copies", dtype, index))   # (its callers split a 64-bit job off)
+            # (channels_last_copies: its callers split a 64-bit job off)
+            names += [kernel_name("channels_last_copies", dtype, index, lanes) for lanes in (True, False)]
         names += [kernel_name("channels_last_copy", dtype, index, whole) for whole in (True, False)]
     for dtype, tiles in IG_3D_TILES.items():   # 32-bit indices only: a larger 3-D problem takes the lift
         names += [kernel_name("conv_fwd_igemm_3d", dtype, "int", *tile) for tile in tiles + IG_3D_NARROW]
@@ -393,7 +394,8 @@ def _copies_launch(device, jobs, rounds: bool):
     """channels_last_copies of two or three jobs [(position, out, rest, batch view, "int")]: along y the channel
     blocks of the job with most; a job with cb channel blocks reads y as (lane, channel block) with cb padded to
     2^shift and runs the lanes whose cb channel blocks all lie in the grid; its blocks along x (after job j - 1's)
-    are its row-tile blocks (capped, looping) shared among its lanes."""
+    are its row-tile blocks (capped, looping) shared among its lanes.  Where every job has one lane, the
+    instantiation without the lanes' decode (LANES false)."""
     args: dict = {}
     ends: list[int] = []
     owns = [ceil_div(out.shape[-1] * out.itemsize, CL_CHANNEL_BYTES) for _, out, *_ in jobs]   # channel blocks
@@ -407,8 +409,10 @@ def _copies_launch(device, jobs, rounds: bool):
         args.update({f"{name}{j}": value for name, value in {**one, "shift": shift, "lanes": lanes}.items()})
         blocks = capped_grid(ceil_div(ceil_div(one["rows"], CL_ROWS), CL_COPIES_TILES * lanes))
         ends.append((ends[-1] if ends else 0) + (blocks if j < len(jobs) else 0))
-    KERNELS.launch(device, "channels_last_copies", dtype=jobs[0][1].dtype, index="int", grid=(ends[2], channel_blocks),
-                   block=CL_THREADS, block_end0=ends[0], block_end1=ends[1], round_tf32=rounds, **args)
+    some_lanes = any(args[f"lanes{j}"] > 1 for j in range(3))
+    KERNELS.launch(device, "channels_last_copies", (some_lanes,), dtype=jobs[0][1].dtype, index="int",
+                   grid=(ends[2], channel_blocks), block=CL_THREADS, block_end0=ends[0], block_end1=ends[1],
+                   round_tf32=rounds, **args)
 
 
 def is_channels_last(a) -> bool:
