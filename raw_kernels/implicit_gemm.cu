@@ -396,7 +396,9 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // of cp.async writes) fall in 8 different 16-byte bank groups: no bank conflicts without padding.
 // Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight (cp.async, one commit group per chunk) while the
 // tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
-// refilled.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
+// refilled.  conv_fwd_igemm's tiles of up to 128 rows (IG_PAIRS, ig_forward's PAIRS) load two chunks into two
+// neighbouring stages at once, 8 lanes a row reading 128 bytes of it (whole lines: half the L1 wavefronts of the
+// global side), with one commit group, wait and barrier per pair.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
 // (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel;
 // channels-last (`ig_store_channels_last`), untransposed, 16 bytes of consecutive channels of one pixel.
 // Split-K (grids under a wave, `plan_igemm`): block z reduces chunks_per_split chunks of K from chunk z *
@@ -405,7 +407,7 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // number of splits depends on the shapes only, so the bits are the same on every run and GPU.
 #include "async_copy.cuh"
 
-#if !defined(IG_THREADS) || !defined(IG_ROW_BYTES)
+#if !defined(IG_THREADS) || !defined(IG_ROW_BYTES) || !defined(IG_PAIRS)
 #error "implicit_gemm.cu needs the -D options of cupyconv._device.compile_options('implicit_gemm.cu')"
 #endif
 constexpr int IG_VECTOR_BYTES = 16;
@@ -550,7 +552,13 @@ __device__ __forceinline__ void ig_forward(
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);  // elements per vector
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
-  constexpr int A_ROWS = BM * IG_ROW_VECTORS / IG_THREADS, B_ROWS = BN * IG_ROW_VECTORS / IG_THREADS;
+  // PAIRS: one load fills two chunks (two neighbouring stages), 128 bytes of K per row and 8 lanes a row, so that
+  // a warp's cp.async reads 4 whole 128-byte lines instead of 8 half ones (fewer L1 wavefronts per HMMA); each
+  // thread then copies twice the rows.  The 2-D kernels' tiles of up to 128 rows only (256 x 64 would spill).
+  constexpr bool PAIRS = IG_PAIRS && !PHASES && !DEPTH && STAGES % 2 == 0 && BM <= 128;
+  constexpr int STEP = PAIRS ? 2 : 1;                              // chunks per load
+  constexpr int ROWS_PER_PASS = IG_THREADS / (IG_ROW_VECTORS * STEP);  // rows the block copies per vector
+  constexpr int A_ROWS = BM / ROWS_PER_PASS, B_ROWS = BN / ROWS_PER_PASS;
   // Warps: 2 x 2 of (BM / 2) x (BN / 2), or 4 x 1 of (BM / 4) x BN for 256 x 64 (the square warp tile: the fewest
   // ldmatrix per mma.sync) and the narrow tiles of 32 columns (groups of at most 32 channels).
   constexpr int WARPS_N = BM >= 4 * BN ? 1 : 2, WARPS_M = 4 / WARPS_N;
@@ -592,8 +600,11 @@ __device__ __forceinline__ void ig_forward(
   if constexpr (DEPTH) K *= kernel_d;
 
   // --- what this thread copies: vector v of A rows tid / 4 + 32 i and of B rows tid / 4 + 32 i ---------------
-  const int v = tid & 3, row0 = tid >> 2;
-  const int store_offset = ig_swizzle(row0, v);  // + 32 i rows: (r >> 1) & 3 is the same for every i
+  // PAIRS: vector v of chunk `half` of rows row0 + 16 i; a quarter warp (whose 16-byte stores share a wavefront)
+  // writes rows row0, row0 + 1 of one stage, 8 different bank groups as above
+  const int v = tid & 3, half = PAIRS ? (tid >> 3) & 1 : 0;
+  const int row0 = PAIRS ? (tid >> 4) * 2 + ((tid >> 2) & 1) : tid >> 2;
+  const int store_offset = ig_swizzle(row0, v) + half * STAGE_BYTES;  // + 32 i (16 i) rows: the same swizzle
   U a_base[A_ROWS];
   int a_y[A_ROWS], a_x[A_ROWS];
   IgDepth<A_ROWS, DEPTH> d3;
@@ -603,7 +614,7 @@ __device__ __forceinline__ void ig_forward(
   }
 #pragma unroll
   for (int i = 0; i < A_ROWS; ++i) {
-    const I m = m0 + row0 + 32 * i;
+    const I m = m0 + row0 + ROWS_PER_PASS * i;
     a_y[i] = -(1 << 30);  // rows past M read nothing: every y is out of range (the reach is below 2^30)
     a_x[i] = 0;
     a_base[i] = 0;
@@ -628,12 +639,12 @@ __device__ __forceinline__ void ig_forward(
   }
   // The thread's column of A: channel c of tap (r, s), at tap_offset from a window's origin; advanced by
   // increments, chunk by chunk (no division): c grows by BK and carries into s, then r (DEPTH: then q).
-  int c = v * VEC, r = 0, s = 0, dy = 0, dx = 0;
+  int c = v * VEC + half * BK, r = 0, s = 0, dy = 0, dx = 0;
   U tap_offset = (U)c;
   const U step_s = (U)dilation_w * (U)channels - (U)cg;                                       // s + 1, c - cg
   const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * (U)dilation_w * (U)channels;  // r + 1, s = 0
   auto carry = [&]() {
-    while (c >= cg) {  // at most one pass when cg >= BK
+    while (c >= cg) {  // at most one pass when cg >= STEP * BK
       c -= cg;
       tap_offset += step_s;
       dx += dilation_w;
@@ -666,13 +677,14 @@ __device__ __forceinline__ void ig_forward(
   bool b_inside[B_ROWS];
 #pragma unroll
   for (int i = 0; i < B_ROWS; ++i) {
-    const int col = n0 + row0 + 32 * i;
+    const int col = n0 + row0 + ROWS_PER_PASS * i;
     b_inside[i] = col < dg;
-    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC + chunk_begin * BK : (I)0;
+    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC + half * BK + chunk_begin * BK : (I)0;
   }
-  int b_k = v * VEC + chunk_begin * BK;
+  int b_k = v * VEC + half * BK + chunk_begin * BK;
 
-  auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk, then advance to the one after
+  auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk (PAIRS: chunks, from stage on), then
+                                      // advance to the one after
     unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
     unsigned char* b_stage = a_stage + BM * IG_ROW_BYTES;
     const bool k_inside = r < kernel_h;
@@ -683,18 +695,18 @@ __device__ __forceinline__ void ig_forward(
       const bool inside = tap_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
                           (unsigned)(a_x[i] + dx) < (unsigned)width;
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
-      cp_async_cg_16(a_stage + store_offset + 32 * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
+      cp_async_cg_16(a_stage + store_offset + ROWS_PER_PASS * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }
 #pragma unroll
     for (int i = 0; i < B_ROWS; ++i) {
       const bool inside = b_inside[i] && b_k < K;
-      cp_async_cg_16(b_stage + store_offset + 32 * i * IG_ROW_BYTES, inside ? weight + b_offset[i] : weight,
-                     inside ? IG_VECTOR_BYTES : 0);
-      b_offset[i] += BK;
+      cp_async_cg_16(b_stage + store_offset + ROWS_PER_PASS * i * IG_ROW_BYTES,
+                     inside ? weight + b_offset[i] : weight, inside ? IG_VECTOR_BYTES : 0);
+      b_offset[i] += STEP * BK;
     }
-    b_k += BK;
-    c += BK;
-    tap_offset += BK;
+    b_k += STEP * BK;
+    c += STEP * BK;
+    tap_offset += STEP * BK;
     carry();
   };
 
@@ -724,42 +736,48 @@ __device__ __forceinline__ void ig_forward(
   }
 
   // --- the pipeline (over this split's chunks) --------------------------------------------------------------
+  // PAIRS: the same over pairs of chunks (STEP 2), one commit group, wait and barrier per pair; the second chunk
+  // of a split's last pair is loaded but not reduced when chunks is odd, so the sums are the same either way.
 #pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
+  for (int t = 0; t < STAGES - STEP; t += STEP) {
     if (t < chunks) load_chunk(t);
-    cp_async_commit();  // empty groups too: the count of groups in flight stays STAGES - 1
+    cp_async_commit();  // empty groups too: the count of groups in flight stays STAGES / STEP - 1
   }
-  int read_stage = 0, write_stage = STAGES - 1;
-  for (int t = 0; t < chunks; ++t) {
-    cp_async_wait<STAGES - 2>();  // chunk t has landed (this thread's copies) ...
-    __syncthreads();              // ... everyone's, and everyone is done with chunk t - 1's stage
-    if (t + STAGES - 1 < chunks) load_chunk(write_stage);
+  int read_stage = 0, write_stage = STAGES - STEP;
+  for (int t = 0; t < chunks; t += STEP) {
+    cp_async_wait<STAGES / STEP - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();                     // ... everyone's, and everyone is done with chunk t - 1's stage
+    if (t + STAGES - STEP < chunks) load_chunk(write_stage);
     cp_async_commit();
-    const unsigned char* stage = igemm_shared + read_stage * STAGE_BYTES;
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      unsigned a[MI][4], b[NI][2];
-      const unsigned char* a_at = stage + a_frag[ks];  // the warp's mma tiles at immediate offsets from here
-      const unsigned char* b_at = stage + b_frag[ks];
+    for (int h = 0; h < STEP; ++h) {
+      if (PAIRS && t + h >= chunks) break;
+      const unsigned char* stage = igemm_shared + (read_stage + h) * STAGE_BYTES;
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IG_ROW_BYTES);
+      for (int ks = 0; ks < 2; ++ks) {
+        unsigned a[MI][4], b[NI][2];
+        const unsigned char* a_at = stage + a_frag[ks];  // the warp's mma tiles at immediate offsets from here
+        const unsigned char* b_at = stage + b_frag[ks];
 #pragma unroll
-      for (int nj = 0; nj < NI / 2; ++nj) {
-        unsigned q[4];
-        ldmatrix_x4(q, b_at + nj * 16 * IG_ROW_BYTES);
-        b[2 * nj][0] = q[0];
-        b[2 * nj][1] = q[1];
-        b[2 * nj + 1][0] = q[2];
-        b[2 * nj + 1][1] = q[3];
-      }
+        for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IG_ROW_BYTES);
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
+        for (int nj = 0; nj < NI / 2; ++nj) {
+          unsigned q[4];
+          ldmatrix_x4(q, b_at + nj * 16 * IG_ROW_BYTES);
+          b[2 * nj][0] = q[0];
+          b[2 * nj][1] = q[1];
+          b[2 * nj + 1][0] = q[2];
+          b[2 * nj + 1][1] = q[3];
+        }
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+        }
       }
     }
-    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+    read_stage = read_stage == STAGES - STEP ? 0 : read_stage + STEP;
+    write_stage = write_stage == STAGES - STEP ? 0 : write_stage + STEP;
   }
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
   __syncthreads();

@@ -58,6 +58,7 @@ SIMT = "tests/test_simt_gemm_kernels.py"
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
+IG_PAIRS = IG + " -k 'every_tile or split_k_matches or accumulates or forward_matches'"   # ig_forward's PAIRS
 IG3D = "tests/test_igemm_3d.py"
 IG_PY = "cupyconv/ops/implicit_gemm.py"
 IGG = "tests/test_igemm_groups.py"
@@ -297,12 +298,31 @@ MUTATIONS = [
       "a[mi][1] = to_tf32(p[4]);\n    a[mi][2] = to_tf32(p[8 * P]);", TC, "tc: fragment index"),
 
     # -- implicit_gemm.cu: channels-last forward and input gradient (conv_fwd_igemm, channels_last_copy) -----------
-    M("ig-wait-too-weak", "implicit_gemm.cu", "cp_async_wait<STAGES - 2>();  // chunk t", "cp_async_wait<STAGES - 1>();  // chunk t",
-      IG, "removed barrier"),
-    M("ig-barrier-chunk", "implicit_gemm.cu", "    __syncthreads();              // ... everyone's", "    // ... everyone's",
-      IG, "removed barrier"),
-    M("ig-swizzle-store-side", "implicit_gemm.cu", "const int store_offset = ig_swizzle(row0, v);",
-      "const int store_offset = row0 * IG_ROW_BYTES + (v << 4);", IG, "tc: fragment index"),
+    M("ig-wait-too-weak", "implicit_gemm.cu", "cp_async_wait<STAGES / STEP - 2>();  // chunk t",
+      "cp_async_wait<STAGES / STEP - 1>();  // chunk t", IG, "removed barrier"),
+    M("ig-barrier-chunk", "implicit_gemm.cu", "    __syncthreads();                     // ... everyone's",
+      "    // ... everyone's", IG, "removed barrier"),
+    M("ig-swizzle-store-side", "implicit_gemm.cu", "const int store_offset = ig_swizzle(row0, v) + half",
+      "const int store_offset = row0 * IG_ROW_BYTES + (v << 4) + half", IG, "tc: fragment index"),
+    # ig_forward's PAIRS (two K chunks a load, 8 lanes a row): the second chunk's stage and columns, the step, the
+    # rows, the quarter warps' rows (bank conflicts), a split's odd last chunk
+    M("igp-half-stage", "implicit_gemm.cu", "ig_swizzle(row0, v) + half * STAGE_BYTES;", "ig_swizzle(row0, v);",
+      IG_PAIRS, "tc: fragment index"),
+    M("igp-half-column-a", "implicit_gemm.cu", "int c = v * VEC + half * BK, r = 0", "int c = v * VEC, r = 0", IG_PAIRS,
+      "off-by-one"),
+    M("igp-half-column-b", "implicit_gemm.cu", "int b_k = v * VEC + half * BK + chunk_begin * BK;",
+      "int b_k = v * VEC + chunk_begin * BK;", IG_PAIRS, "off-by-one"),
+    M("igp-step-b", "implicit_gemm.cu", "b_offset[i] += STEP * BK;", "b_offset[i] += BK;", IG_PAIRS, "off-by-one"),
+    M("igp-rows-per-pass", "implicit_gemm.cu", "const I m = m0 + row0 + ROWS_PER_PASS * i;",
+      "const I m = m0 + row0 + 32 * i;", IG_PAIRS, "off-by-one"),
+    M("igp-odd-last-chunk", "implicit_gemm.cu", "      if (PAIRS && t + h >= chunks) break;\n", "", IG_PAIRS,
+      "split reduction"),
+    M("igp-off", "implicit_gemm.cu", "constexpr bool PAIRS = IG_PAIRS && !PHASES", "constexpr bool PAIRS = false && !PHASES",
+      "tests/test_counters.py -k channels_last_forward", "performance"),
+    M("igp-quarter-warp-rows", "implicit_gemm.cu",
+      "half = PAIRS ? (tid >> 3) & 1 : 0;\n  const int row0 = PAIRS ? (tid >> 4) * 2 + ((tid >> 2) & 1)",
+      "half = PAIRS ? (tid >> 2) & 1 : 0;\n  const int row0 = PAIRS ? (tid >> 4) * 2 + ((tid >> 3) & 1)",
+      "tests/test_counters.py -k channels_last_forward", "bank conflicts"),
     M("ig-fragment-b-order", "implicit_gemm.cu", "ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));",
       "ig_swizzle(warp_n + (j & 1) * 8 + jr, 2 * ks + (j >> 1));", IG, "tc: fragment index"),
     M("ig-carry-column", "implicit_gemm.cu", "        s = 0;\n        dx = 0;\n", "        s = 0;\n", IG, "off-by-one"),
@@ -380,7 +400,7 @@ MUTATIONS = [
       "tc: split range"),
     M("ig-split-channel-start", "implicit_gemm.cu", "  c += chunk_begin * BK;\n", "", IG + " -k split",
       "tc: split range"),
-    M("ig-split-b-start", "implicit_gemm.cu", "v * VEC + chunk_begin * BK : (I)0;", "v * VEC : (I)0;",
+    M("ig-split-b-start", "implicit_gemm.cu", "half * BK + chunk_begin * BK : (I)0;", "half * BK : (I)0;",
       IG + " -k split", "tc: split range"),
     M("ig-split-same-slice", "implicit_gemm.cu", "partial + (I)split * (n * groups * dg) * plane;", "partial;",
       IG + " -k split", "tc: split range"),

@@ -330,6 +330,9 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
     assert sum(s.requests for s in landings) == 2 * 4 * chunks * 4   # per chunk and lane: 2 A and 2 B vectors
     loads = [s for s in gemm.sites if s.kind == "global_load"]
     assert len(loads) == 2 and all(s.width == 16 and s.sector_efficiency >= 0.95 for s in loads), loads
+    # ig_forward's PAIRS (this 64 x 64 tile): a warp request reads 128 bytes of 4 rows, 4 whole lines (8 half
+    # ones with a chunk a load): the L1 wavefronts of the global side halve
+    assert all(s.lines_per_request <= 4.0 for s in loads), loads
     stores = [s for s in gemm.sites if s.kind == "global_store"]
     assert len(stores) == 1 and stores[0].width == 16 and stores[0].sector_efficiency == 1.0
 

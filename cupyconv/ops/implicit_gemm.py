@@ -47,8 +47,10 @@ CL_THREADS, CL_CHANNEL_BYTES = CL_ROWS * CL_VECTORS, CL_VECTORS * 16
 # channels_last_copies' blocks take this many row tiles each (at least): the pick of a block's job and its arguments
 # (about 50 instructions a warp, once per block) is paid per two tiles, not per tile (one 16-byte vector a thread)
 CL_COPIES_TILES = 2
+# IG_PAIRS: conv_fwd_igemm's tiles of up to 128 rows load two K chunks at once, 128 bytes a row (ig_forward's PAIRS)
 KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
-                                                  "IG_ROW_BYTES": 64, "CL_ROWS": CL_ROWS, "CL_VECTORS": CL_VECTORS})
+                                                  "IG_ROW_BYTES": 64, "IG_PAIRS": 1, "CL_ROWS": CL_ROWS,
+                                                  "CL_VECTORS": CL_VECTORS})
 
 
 def instantiations():
