@@ -360,11 +360,15 @@ def test_an_argument_without_elements_is_made_once(device, counted, monkeypatch)
         assert arrays[0].data.ptr in {a.data.ptr for launch in args for a in launch if getattr(a, "size", 0)}
 
 
-def test_a_prepared_launch_opts_in_to_its_shared_memory():
+def test_a_prepared_launch_opts_in_to_its_shared_memory(monkeypatch):
     """Above 48 KiB of dynamic shared memory a launch fails unless its kernel opted in: preparing the launch (the
-    recording's, which every replay then repeats without a check) does it (the emulator models the attribute)."""
+    recording's, which every replay then repeats without a check) does it (the emulator models the attribute).
+    The compiled kernel is the process's (another test may have opted it in already): its attribute is set back to
+    the default for this test and restored after it."""
     fresh = CupyHostDevice()
     name, shared = "conv_fwd_igemm<__half, int, 256, 64, 4>", 81920   # r50-64's forward tile
+    monkeypatch.setattr(fresh.function("implicit_gemm.cu", name), "max_dynamic_shared_size_bytes",
+                        _device.DEFAULT_SHARED_LIMIT)
     assert fresh.function("implicit_gemm.cu", name).max_dynamic_shared_size_bytes < shared
     prepared, _ = fresh.launch_prepare("implicit_gemm.cu", name, (1,), (128,), (), shared)
     assert prepared[3] == shared
