@@ -886,6 +886,7 @@ def summary_bench(data, plotted: bool) -> list[str]:
             lines.append(f"| {r['case']} | {r['pass']} | {ours.get('median_ms', float('nan')):.3f} | {t['vs']} | "
                          f"{t['ratio']:.2f}x | {t['target']:.3g}x {'met' if t['met'] else '**missed**'} |")
     lines += summary_autotune(data)
+    lines += summary_timers(data)
     lines.append("All figures: `python -m benchmarks.report bench.json`; " + (
         "plotted in bench.png." if plotted else "no bench.png (no matplotlib here, or the step was cut short; see "
                                                 "run.log): `python -m benchmarks.report --plot bench.json` draws it."))
@@ -929,6 +930,23 @@ def summary_autotune(data: dict) -> list[str]:
                      for k in ("host_us", "wall_us", "kernel_us")]
             lines.append(f"| {name} | {' | '.join(cells)} | "
                          f"{on['error'] if 'error' in on else _other_picks(on.get('autotune_picks'))} |")
+    return lines
+
+
+def summary_timers(data: dict) -> list[str]:
+    """host_profile's figures beside the benchmark's own timer on the same call (`host_profile.benchmark_timer_us`):
+    the first H100 run had r50-64 fp16 fwd at 186.6 us in the benchmark and 133.0 us wall in host_profile."""
+    rows = [(name, r) for name, r in (data.get("profile") or {}).items() if "benchmark_timer" in r]
+    if not rows:
+        return []
+    lines = ["", "The benchmark's timer (CUDA events around 20 queued calls) on host_profile's calls, alone and "
+                 "interleaved with the baseline's turns (us per call, autotuning off):", "",
+             "| case-pass | host (no sync) | wall (sync at end) | benchmark timer, alone | interleaved |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, r in rows:
+        t = r["benchmark_timer"]
+        lines.append(f"| {name} | {r['host_us']:.1f} | {r['wall_us']:.1f} | {t['alone_us']:.1f} | "
+                     f"{t['interleaved_us']:.1f} ({t['baseline']}) |")
     return lines
 
 

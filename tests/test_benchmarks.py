@@ -258,6 +258,9 @@ def test_host_profile_dry_run_of_the_torch_path(tmp_path):
     report = json.loads(out.read_text())
     assert set(report) == {"iii-gpu32-fwd-torch", "iii-gpu32-fwdbwd-torch"}
     assert all(r["host_us"] > 0 and r["kernels"] for r in report.values()), report
+    # the benchmark's timer beside host_profile's, alone and interleaved with the baseline's turns
+    timers = [r["benchmark_timer"] for r in report.values()]
+    assert all(t["alone_us"] > 0 and t["interleaved_us"] > 0 and t["baseline"] == "torch F.conv2d" for t in timers)
 
 
 def test_cupyconv_is_timed_as_it_comes_and_its_autotuning_as_a_contender_of_its_own():

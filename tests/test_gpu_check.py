@@ -64,6 +64,9 @@ def test_dry_run_writes_the_files_of_a_gpu_run(tmp_path):
     assert all(r.get("dry_run") and r["autotune_picks"] == [] for r in bench["profile_autotune"].values())
     assert bench["profile_settings"]["autotune_on_cases"] == list(PROFILE_AUTOTUNE_CASES)
     assert "host_profile, autotuning off -> on" in summary and "| r50-64-gpu16-fwd |" in summary
+    # the benchmark's own timer on the profiled calls, alone and interleaved, for the benchmark-vs-profile gap
+    assert "The benchmark's timer (CUDA events around 20 queued calls)" in summary
+    assert all(r["benchmark_timer"]["alone_us"] > 0 for r in profile.values())
 
 
 def test_calibration_puts_predicted_next_to_measured(tmp_path):
