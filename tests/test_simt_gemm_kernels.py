@@ -358,12 +358,14 @@ def test_64_bit_indices_past_2_31():
         [f"{kernel}<float", "long long"] for kernel in ("simt_fwd", "simt_fwd", "simt_bwd_weight")]
 
 
-def test_64_bit_channel_offsets_within_a_group():
+@pytest.mark.parametrize("fit_cost, forward_tile", [(9.0, "256, 64, 16"), (0.0, "192, 64, 12")])
+def test_64_bit_channel_offsets_within_a_group(fit_cost, forward_tile, monkeypatch):
     """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
     in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
     an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
-    256 pixels of the last row: the forward's tall tile, 40 columns, and the input gradient's tall 32-column
-    tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    256 or 192 pixels of the last row: the forward's tall tiles, 40 columns, by SIMT_TALL_FIT_COST, and the input
+    gradient's tall 32-column tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", fit_cost)
     rng = numpy.random.default_rng(23)
     side = 12000
     x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
@@ -380,7 +382,7 @@ def test_64_bit_channel_offsets_within_a_group():
                                  needs="input", algorithm="implicit_gemm")
     want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
     bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
-    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "256, 32, 16")], \
+    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in (forward_tile, "256, 32, 16")], \
         device.launches
 
 
