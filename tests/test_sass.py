@@ -486,7 +486,8 @@ LDS_SLACK = 2
 # per element, no bounds arithmetic or decoding in the loop) and copies each element by a 4-byte cp.async (no
 # staging register, store or zeroing) in K chunks of 16 for 256 x 64 and 128 x 32 (task simtcp): 128 x 64 1.32,
 # 256 x 64 1.18, 192 x 64 x 12 1.21 (task simtfwd), 128 x 32 1.40, 256 x 32 1.32, 128 x 128 1.19, 256 x 128 1.16
-# (register-staged in chunks of 8: 1.34, 1.23, 1.50, 1.36, 1.20, 1.17; with per-element compares before that 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
+# (register-staged in chunks of 8: 1.34, 1.23, 1.50, 1.36, 1.20, 1.17; with per-element compares before that
+# 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
 # about 6% above that of 2026-11-25 for simt_bwd_weight (128 x 64 1.52, 96 x 64 1.46, 128 x 32 1.67, 64 x 32 1.75,
 # 128 x 128 1.32, with the bias gradient as column sums of the staged grad_out, not a row of ones selected per
 # element of A).
