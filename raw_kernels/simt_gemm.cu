@@ -15,7 +15,7 @@
 // rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
 // memory (no bank conflict: a quarter warp reads one float4 of A and 8 consecutive of B).  Every float a thread
 // reads from shared memory feeds TM (or 8) FMAs, so TM = 16 needs 24 loads per 128 FMAs, not 16 per 64.  K goes in
-// chunks of SIMT_BK (simt_fwd_chunk: 16 for two forward tiles), staged k-major ([k][row], rows padded by 4 floats
+// chunks of SIMT_BK (simt_fwd_chunk: 16 for three forward tiles), staged k-major ([k][row], rows padded by 4 floats
 // so that stores along k hit distinct banks).  On sm_70 both kernels stage through registers in two stages: the
 // global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage after them, one
 // barrier per chunk; the weight gradient's B always does (its column sums are taken there).  On sm_80+ the forward
@@ -40,13 +40,14 @@
 constexpr int SIMT_BK = 8;   // the K chunk
 constexpr int SIMT_PAD = 4;  // floats after each staged row of a chunk: keeps float4 alignment, spreads banks
 constexpr int SIMT_ASYNC_STAGES = 3;  // the cp.async pipeline's: two chunks in flight while the FMAs read a third
-// The forward's chunk and stages with cp.async: K chunks of 16 for the 256 x 64 and 128 x 32 tiles (the loop's
-// per-chunk upkeep -- barrier, wait, stage addresses, loop -- paid per 2,048 FFMA of a thread, not 1,024), in two
-// stages (the same bytes as three of 8, within 48 KiB of static shared memory).  The other tiles gained nothing or
-// spilled (256 x 32) or lost an occupancy step (128 x 64: 128 -> 167 registers).  Mirrored by
-// cupyconv/ops/simt_gemm.py simt_fwd_chunk.
+// The forward's chunk and stages with cp.async: K chunks of 16 for the 256 x 64, 192 x 64 and 128 x 32 tiles (the
+// loop's per-chunk upkeep -- barrier, wait, stage addresses, loop -- paid per 2,048 FFMA of a thread at 256 x 64,
+// not 1,024; 192 x 64 x 12: 1.213 loop instructions a FFMA, not 1.237, 209 registers), in two stages (the same
+// bytes as three of 8, within 48 KiB of static shared memory).  The other tiles gained nothing or spilled
+// (256 x 32) or lost an occupancy step (128 x 64: 128 -> 167 registers).  Mirrored by cupyconv/ops/simt_gemm.py
+// simt_fwd_chunk.
 __host__ __device__ constexpr int simt_fwd_chunk(bool async, int bm, int bn) {
-  return async && ((bm == 256 && bn == 64) || (bm == 128 && bn == 32)) ? 16 : SIMT_BK;
+  return async && ((bm == 256 && bn == 64) || (bm == 192 && bn == 64) || (bm == 128 && bn == 32)) ? 16 : SIMT_BK;
 }
 
 // Which elements of an R x SIMT_BK operand chunk a thread loads, the same for every chunk: ROW_SLOTS rows by
@@ -79,7 +80,7 @@ template <typename I> struct SimtPixel {
 };
 
 // The GEMM of one block tile: rows m0.., columns n0.., k from k_begin to k_end (k_begin a multiple of BK, the
-// Gather's chunk: SIMT_BK, or 16 for two of the forward's tiles with cp.async).
+// Gather's chunk: SIMT_BK, or 16 for three of the forward's tiles with cp.async).
 // `Gather` supplies the operands and takes the results:
 //   typedefs LoadA, LoadB (SimtLoad layouts), ACursor, BCursor; M, N;
 //   BK, STAGES, ASYNC (static): the K chunk, the stages of shared memory, whether operands go by cp.async

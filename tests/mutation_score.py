@@ -55,6 +55,8 @@ CONV = "tests/test_conv_kernels.py"
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
+SIMT_PY = "cupyconv/ops/simt_gemm.py"
+SIMT_RULE = SIMT + " -k 'rule_of_the_shapes or tall_tile'"   # simt_tall_rows: 256 x 64 x 16 or 192 x 64 x 12
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
@@ -572,6 +574,16 @@ MUTATIONS = [
       "return to_acc(bias[n]); }", SIMT, "groups"),
     M("simt-fwd-bias-column", "simt_gemm.cu", "add[j] = gather.has_bias && n < gather.N ? gather.column_bias(n) : -0.0f;",
       "add[j] = gather.has_bias && n < gather.N ? gather.column_bias(n0) : -0.0f;", SIMT, "bias per column"),
+    M("simt-tall-fit-waves-unrounded", SIMT_PY,
+      "waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, SIMT_TALL_WAVE_BLOCKS)",
+      "waves = ceil_div(rows, tile[0]) * column_blocks / SIMT_TALL_WAVE_BLOCKS", SIMT_RULE, "tile rule: waves"),
+    M("simt-tall-fit-groups-dropped", SIMT_PY, "ceil_div(rows, tile[0]) * column_blocks,",
+      "ceil_div(rows, tile[0]),", SIMT_RULE, "tile rule: groups"),
+    M("simt-tall-fit-cost-dropped", SIMT_PY, "cost(SIMT_TALL_FIT, SIMT_TALL_FIT_COST) < cost(SIMT_TALL, 1.0)",
+      "cost(SIMT_TALL_FIT, 1.0) < cost(SIMT_TALL, 1.0)", SIMT_RULE, "tile rule: loop cost"),
+    M("simt-tall-fit-never", SIMT_PY, "return SIMT_TALL_WIDE if cols > 64 else simt_tall_rows(rows, groups * ",
+      "return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL or simt_tall_rows(rows, groups * ", SIMT_RULE,
+      "tile rule"),
 
     # -- implicit_gemm.cu: the channels-last weight gradient (conv_bwd_weight_igemm and its final pass) ---------
     M("wg-swizzle-half", "implicit_gemm.cu", "return CH >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);",

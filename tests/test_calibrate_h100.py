@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from benchmarks import calibrate, cases, predict  # noqa: E402
+from cupyconv.ops import simt_gemm  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-2026-11-26-h100"
 # Beyond the predicted range by at most this factor at either end: the clock range and the assumptions' ranges are
@@ -38,7 +39,11 @@ def rows():
     out = []
     for (label, pass_) in EXPECTED:
         case = cases.select([label], ("gpu",))[0]
-        result = predict.predict_case(case, pass_ != "fwd", "h100", sass, counters=True)
+        # the plan that ran at 98b8efe: simt_fwd's 256 x 64 x 16 tile (r50-64 takes 192 x 64 x 12 since task
+        # simtfwd, not measured yet; that tile's own code is unchanged)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", float("inf"))
+            result = predict.predict_case(case, pass_ != "fwd", "h100", sass, counters=True)
         if sass.error:   # the NVRTC wheels missing: the model falls back to estimates this guard does not cover
             pytest.skip(f"the model's SASS is unavailable here: {sass.error}")
         measured = profile[f"{label}-{'fwd' if pass_ == 'fwd' else 'fwdbwd'}"]["kernels"]

@@ -153,12 +153,12 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     assert launch.name == "conv_fwd_tc<__half, int, 128, 64>" and launch.grid == (32 * 56 * 56 // 128, 1, 1)
     assert launch.block == (256,) and launch.args["channels_per_group"] == 64
     assert launch.args["x"].read_only and not launch.args["out"].read_only
-    # strict fp32 takes the FMA implicit GEMM: one simt_fwd of the 256 x 64 tile, 16 x 8 per thread, no GEMM
+    # strict fp32 takes the FMA implicit GEMM: one simt_fwd of the 192 x 64 tile, 12 x 8 per thread, no GEMM
     # (r50-512's 7x7 planes, 52 blocks, keep im2col + cuBLAS: a GEMM m = 49, n = 512, k = 4608 per image, no TF32)
     rec = launches.record(BY_LABEL["r50-64-gpu32"], False)
     (launch,) = rec.launches
     assert [(w.kind, w.elements) for w in rec.steps[:1]] == [("copy", 64 * 64 * 9)]   # the weight, arranged
-    assert launch.name == "simt_fwd<float, int, 256, 64, 16>" and launch.grid == (32 * 56 * 56 // 256, 1, 1)
+    assert launch.name == "simt_fwd<float, int, 192, 64, 12>" and launch.grid == (523, 1, 1)
     assert launch.block == (128,) and not rec.gemms
     gemms = launches.record(BY_LABEL["r50-512-gpu32"], False).gemms
     assert [(g.m, g.n, g.k, g.batch, g.compute) for g in gemms] == [(49, 512, 4608, 32, "CUBLAS_COMPUTE_32F")]

@@ -485,8 +485,9 @@ LDS_SLACK = 2
 # NVRTC 13.0's code of 2026-11-26 for simt_fwd, whose gather keeps per-pixel window masks and a tap table (one AND
 # per element, no bounds arithmetic or decoding in the loop) and copies each element by a 4-byte cp.async (no
 # staging register, store or zeroing) in K chunks of 16 for 256 x 64 and 128 x 32 (task simtcp): 128 x 64 1.32,
-# 256 x 64 1.18, 128 x 32 1.40, 256 x 32 1.32, 128 x 128 1.19, 256 x 128 1.16 (register-staged in chunks of 8: 1.34,
-# 1.23, 1.50, 1.36, 1.20, 1.17; with per-element compares before that 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
+# 256 x 64 1.18, 192 x 64 x 12 1.21 (task simtfwd), 128 x 32 1.40, 256 x 32 1.32, 128 x 128 1.19, 256 x 128 1.16
+# (register-staged in chunks of 8: 1.34, 1.23, 1.50, 1.36, 1.20, 1.17; with per-element compares before that
+# 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
 # about 6% above that of 2026-11-25 for simt_bwd_weight (128 x 64 1.52, 96 x 64 1.46, 128 x 32 1.67, 64 x 32 1.75,
 # 128 x 128 1.32, with the bias gradient as column sums of the staged grad_out, not a row of ones selected per
 # element of A).
@@ -494,7 +495,7 @@ LDS_SLACK = 2
 # columns.
 FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
     ("simt_fwd", 128, 64): 1.37, ("simt_fwd", 256, 64): 1.23, ("simt_fwd", 128, 32): 1.46,
-    ("simt_fwd", 256, 32): 1.37,
+    ("simt_fwd", 256, 32): 1.37, ("simt_fwd", 192, 64): 1.26,
     ("simt_fwd", 128, 128): 1.24, ("simt_fwd", 256, 128): 1.2,
     ("simt_bwd_weight", 128, 64): 1.61, ("simt_bwd_weight", 96, 64): 1.55, ("simt_bwd_weight", 128, 32): 1.77,
     ("simt_bwd_weight", 64, 32): 1.86, ("simt_bwd_weight", 128, 128): 1.4,

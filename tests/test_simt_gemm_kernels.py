@@ -113,10 +113,14 @@ def test_backward_matches_cpu_path(case):
 
 TALL_CASES = {"256, 64, 16": C("tall", (2, 36, 9, 7), (40, 36, 3, 3), padding=1),
               "256, 32, 16": C("tall_narrow", (2, 20, 9, 7), (27, 20, 3, 3), padding=((0, 1), (2, 1))),
-              "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1)))}
+              "256, 128, 16": C("tall_wide", (2, 66, 9, 7), (70, 66, 3, 3), padding=((1, 0), (2, 1))),
+              # 9 x 12 planes (float4 epilogue): 324 rows, 192 + 132; the input gradient's 360, 192 + 168
+              "192, 64, 12": C("tall_fit", (3, 36, 10, 12), (50, 36, 3, 3), padding=((1, 0), (0, 2)))}
 
 
 @pytest.mark.parametrize("tile, order, index", [("256, 64, 16", "forward", "int"), ("256, 64, 16", "reverse", "int"),
+                                                ("192, 64, 12", "forward", "int"),
+                                                ("192, 64, 12", "reverse", "long long"),
                                                 ("256, 128, 16", "forward", "long long"),
                                                 ("256, 128, 16", "reverse", "int"),
                                                 ("256, 32, 16", "reverse", "int"),
@@ -125,8 +129,10 @@ def test_tall_tile(tile, order, index, monkeypatch):
     """SIMT_TALL_ROWS 1: the forward and the stride-1 input gradient take the tall tiles, 16 rows per thread (its
     four row groups 64 apart), on 126 rows (and 124 for the input gradient): 256 x 64 with 40 or 36 columns (33 to
     64: fewer take the 32-column tile), 256 x 128 with 70 or 66 (all 256 threads, one k slot of A a thread),
-    256 x 32 with 27 or 20 (64 threads: four k slots of A a thread)."""
+    256 x 32 with 27 or 20 (64 threads: four k slots of A a thread); 192 x 64 x 12 (three row groups, two k slots
+    of 16 a chunk of 16, 50 or 36 columns) where SIMT_TALL_FIT_COST makes it the cheaper (0: always; 9: never)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", 0.0 if tile == "192, 64, 12" else 9.0)
     if index == "long long":
         monkeypatch.setattr(_kernels, "INT32_MAX", -1)
     case = TALL_CASES[tile]
@@ -138,6 +144,22 @@ def test_tall_tile(tile, order, index, monkeypatch):
     assert device.launches == [f"simt_fwd<float, {index}, {tile}>"] * 2, device.launches
     assert_close(out, expected_forward(x, weight, bias, **case.kwargs), "forward")
     assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
+
+
+def test_tall_tiles_give_the_same_bits(monkeypatch):
+    """simt_tall_rows may pick 192 x 64 x 12 or 256 x 64 x 16 by the waves they make: both sum each output over k in
+    the same order (chunks in turn, k in order within one), so the result is the same to the bit either way."""
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
+    case = TALL_CASES["192, 64, 12"]
+    x, weight, bias, _ = inputs(case, 5)
+    outs = []
+    for cost, tile in ((0.0, "192, 64, 12"), (9.0, "256, 64, 16")):
+        monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", cost)
+        device = Recorder("forward")
+        outs.append(numpy.asarray(on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm",
+                                              **case.kwargs)))
+        assert device.launches == [f"simt_fwd<float, int, {tile}>"], device.launches
+    assert outs[0].tobytes() == outs[1].tobytes()
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
@@ -336,12 +358,14 @@ def test_64_bit_indices_past_2_31():
         [f"{kernel}<float", "long long"] for kernel in ("simt_fwd", "simt_fwd", "simt_bwd_weight")]
 
 
-def test_64_bit_channel_offsets_within_a_group():
+@pytest.mark.parametrize("fit_cost, forward_tile", [(9.0, "256, 64, 16"), (0.0, "192, 64, 12")])
+def test_64_bit_channel_offsets_within_a_group(fit_cost, forward_tile, monkeypatch):
     """The other way past 2^31 (and 2^32): 32 channels of a 12000 x 12000 plane in one group, so a channel's offset
     in x passes 2^31 at c = 15 and the last pixels lie past 2^32: an `int` product of a channel and its stride, or
     an offset kept in 32 unsigned bits, reads the wrong place.  Only the last block of each launch runs (the last
-    256 pixels of the last row: the forward's tall tile, 40 columns, and the input gradient's tall 32-column
-    tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    256 or 192 pixels of the last row: the forward's tall tiles, 40 columns, by SIMT_TALL_FIT_COST, and the input
+    gradient's tall 32-column tile), and matches the CPU path on the 2 x 257 corner that feeds it."""
+    monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", fit_cost)
     rng = numpy.random.default_rng(23)
     side = 12000
     x = bug_classes.sparse_zeros((1, 32, side, side), numpy.float32)
@@ -358,7 +382,7 @@ def test_64_bit_channel_offsets_within_a_group():
                                  needs="input", algorithm="implicit_gemm")
     want = expected_backward(corner[1], corner[0], weight, padding=1)[0][0, -1, -1, 1:]
     bug_classes.assert_tail_written(grad_x, want, numpy.float32, 64, "grad_input")
-    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in ("256, 64, 16", "256, 32, 16")], \
+    assert device.launches == [f"simt_fwd<float, long long, {t}>" for t in (forward_tile, "256, 32, 16")], \
         device.launches
 
 
@@ -476,8 +500,9 @@ def test_tiles_are_a_rule_of_the_shapes():
     """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
     32-column tiles (no FMA on padding columns), the weight gradient's 288 rows (32 x 9; its bias is no GEMM row)
     64-row tiles (320 rows, not 384), with 33-64 columns 96-row ones where they pad no more rows than 128-row ones
-    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile (256 x 64 x 16 from SIMT_TALL_ROWS rows), more the
-    128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
+    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile (from SIMT_TALL_ROWS rows 256 x 64 x 16, or 192 x 64 x
+    12 where its waves of 264 blocks pad less: r50-64's 392 blocks of 256 rows are 1.48 waves, 523 of 192 1.98),
+    more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
     def plans(c, h, g):
         spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
                                          numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
@@ -488,7 +513,12 @@ def test_tiles_are_a_rule_of_the_shapes():
     pixels = 32 * 28 * 28
     assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 288 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
-    assert plans(64, 56, 1) == [(tall, (32 * 56 * 56 // 256, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    fit = (192, 64, 12)
+    assert plans(64, 56, 1) == [(fit, (523, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    assert plans(64, 64, 1)[0] == (tall, (512, 1))   # 2 waves of 256 rows, not 3 of 192
+    assert plans(128, 56, 2)[0] == (tall, (392, 2))  # two groups: 784 blocks (2.97 waves), not 1046 (3.96)
+    assert plans(64, 112, 1)[0] == (tall, (1568, 1))   # 6 waves of 256 rows, 8 of 192: the loop's cost decides
+    assert plans(64, 160, 1)[0] == (tall, (3200, 1))   # 13 x 256 rows a slot against 17 x 192 (3,264 x 1.03)
     assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (9, 1))]      # r50-128: 1152 rows
     assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(short_64, (6, 16))]   # 64 per group, 1568 rows: not tall
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows

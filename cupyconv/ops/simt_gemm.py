@@ -33,11 +33,20 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
 # 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
-# The order of each tuple is the instantiations' and the tests', not a preference: `simt_tile` is the rule.
+# From SIMT_TALL_ROWS rows with 33-64 columns the forward also has 192 x 64 x 12 (SIMT_TALL_FIT), taken where its
+# waves pad less (`simt_tall_rows`).  The order of each tuple is the instantiations' and the tests', not a
+# preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
 SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
-SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW),
+SIMT_TALL_FIT = (192, 64, 12)
+SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW,
+                          SIMT_TALL_FIT),
               "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
+# The waves of the tall 64-column tiles: both run 2 blocks of 128 threads an SM (251 and 209 registers), so a
+# 132-SM H100 (or H200) runs 264 at once, a shape-only constant like SIMT_MIN_BLOCKS.  r50-64's 100,352 rows make
+# 392 blocks of 256: 1.48 waves, the second half empty (the model's tail 1.35); 523 blocks of 192 are 1.98 waves.
+# SIMT_TALL_FIT_COST: 192 x 64 x 12's loop issues 1.213 instructions a FFMA (sm_90) to 256 x 64 x 16's 1.180.
+SIMT_TALL_WAVE_BLOCKS, SIMT_TALL_FIT_COST = 264, 1.03
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
@@ -45,7 +54,7 @@ SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 # simt_fwd's chunk on sm_80+ (its operands by cp.async), simt_gemm.cu simt_fwd_chunk: 16 for these tiles (the loop's
 # per-chunk upkeep paid per 2,048 FFMA of a thread), SIMT_CHUNK for the others and on sm_70 (register-staged).
-SIMT_LONG_CHUNK, SIMT_LONG_CHUNK_TILES = 16, (SIMT_TALL, SIMT_NARROW)
+SIMT_LONG_CHUNK, SIMT_LONG_CHUNK_TILES = 16, (SIMT_TALL, SIMT_NARROW, SIMT_TALL_FIT)
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
@@ -160,9 +169,20 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
     return {"forward": (out_pixels, dg, cg * taps), "weight": (cg * taps, dg, out_pixels)}[pass_]
 
 
-def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
-    """The block tile of a GEMM of `rows` x `cols` per group ('forward' or 'weight'): a plain rule of the shapes
-    (see SIMT_TILES)."""
+def simt_tall_rows(rows: int, column_blocks: int) -> tuple[int, int, int]:
+    """The forward's tall 64-column tile for `rows` (per group) and `column_blocks` (groups x column tiles): 256 x 64
+    x 16, or 192 x 64 x 12 where its waves of SIMT_TALL_WAVE_BLOCKS, times its rows and loop cost, come less: a
+    partial last wave leaves SMs idle, and smaller blocks fill it (the sums run in k order on either tile: the same
+    bits)."""
+    def cost(tile, weight):
+        waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, SIMT_TALL_WAVE_BLOCKS)
+        return waves * tile[0] * weight
+    return SIMT_TALL_FIT if cost(SIMT_TALL_FIT, SIMT_TALL_FIT_COST) < cost(SIMT_TALL, 1.0) else SIMT_TALL
+
+
+def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, int, int]:
+    """The block tile of a GEMM of `rows` x `cols` per group, `groups` of them ('forward' or 'weight'): a plain
+    rule of the shapes (see SIMT_TILES)."""
     if pass_ == "weight":
         if cols > 64:
             return SIMT_WIDE
@@ -172,7 +192,7 @@ def simt_tile(pass_: str, rows: int, cols: int) -> tuple[int, int, int]:
     if cols <= SIMT_NARROW_COLUMNS:
         return SIMT_TALL_NARROW if rows >= SIMT_TALL_ROWS else SIMT_NARROW
     if rows >= SIMT_TALL_ROWS:
-        return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL
+        return SIMT_TALL_WIDE if cols > 64 else simt_tall_rows(rows, groups * ceil_div(cols, 64))
     return SIMT_WIDE if cols > 64 else SIMT_TILE
 
 
@@ -181,7 +201,7 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
     workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
-    tile = simt_tile(pass_, rows, cols)
+    tile = simt_tile(pass_, rows, cols, spec.groups)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
