@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 from dataclasses import dataclass
 
@@ -224,7 +225,8 @@ class Recorder(Device):
             self.valid = False
         if not self.valid:
             raise Unrecordable("see the recording")
-        return Program(self._folded(outputs), outputs, len(self.slots), self.offers)
+        steps, slots = _pooled(self._folded(outputs), set(_slots_of((outputs, self.offers))), len(self.slots))
+        return Program(steps, outputs, slots, self.offers)
 
     def _folded(self, outputs) -> list:
         """The steps as a replay needs them: an array argument without elements (a `Ref` of no slot: a split-K
@@ -292,7 +294,7 @@ class Program:
                     values[j] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
                                  ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
                 args[i] = tuple(values)
-            out = getattr(device, method)(*args)
+            out = args[0] if method == "part" else getattr(device, method)(*args)
             if result is not None:
                 buffers[result] = out
             for dead in drops:
@@ -307,6 +309,90 @@ class Program:
         if offers is not None:
             offers.extend(view(ref) for ref in self.offers)
         return _materialise(self.outputs, view)
+
+
+def _pooled(steps: list, keep: set, slots: int) -> tuple[list, int]:
+    """(steps, slot count) with the call's scratch arrays -- each made by an `empty` step and read by later steps
+    of the call only: not a result, not offered -- taken from one allocation (an "arena": a uint8 `empty` step) in
+    groups, as views of it at 256-byte aligned offsets ("part" steps), instead of one allocation each: CuPy's pool
+    costs a few microseconds a malloc and its free (the H100's host model: 2.9 us an allocation), and a tensor-core
+    backward makes four such arrays (the channels-last copies of x and grad_output, split-K partials and sums).
+
+    An arena is made where its first member was and lives until the last reader of any member, which may hold a
+    member earlier or longer than before: a member joins a group only where the call's peak of the memory its
+    steps allocate does not rise (`_peak`), so pooling never costs memory.  The kernels read and write the same
+    bytes: a part has the shape, strides and dtype recorded, an alignment of 256 bytes as the pool's, and memory no
+    other live array holds.  Nothing is kept across calls: each replay makes its own arena from CuPy's pool, on its
+    own stream."""
+    scratch = [i for i, (method, template, result) in enumerate(steps)
+               if method == "empty" and result not in keep and _nbytes(*template)
+               and any(result in _slots_of(t) for _, t, _ in steps[i + 1:])]
+    peak = _peak(steps, keep)
+    groups: list[list[int]] = []
+    for i in scratch:
+        for group in groups:
+            trial = [g + [i] if g is group else g for g in groups]
+            if _peak(_arenas(steps, trial, slots)[0], keep) <= peak:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return _arenas(steps, groups, slots)
+
+
+def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int]:
+    """(steps, slot count) with each group of two or more `empty` steps (their indices) made as parts of one arena."""
+    first, parts = {}, {}
+    for group in groups:
+        if len(group) < 2:
+            continue
+        size = 0
+        for i in group:
+            parts[i] = (slots, size)
+            size += _nbytes(*steps[i][1], rounded=True)
+        first[group[0]] = ("empty", (size, numpy.dtype(numpy.uint8)), slots)
+        slots += 1
+    pooled = []
+    for i, (method, template, result) in enumerate(steps):
+        if i in first:
+            pooled.append(first[i])
+        if i in parts:
+            shape, dtype = template
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            dtype = numpy.dtype(dtype)
+            strides = tuple(math.prod(shape[k + 1:]) * dtype.itemsize for k in range(len(shape)))
+            pooled.append(("part", (Ref(*parts[i], shape, strides, dtype),), result))
+        else:
+            pooled.append((method, template, result))
+    return pooled, slots
+
+
+def _nbytes(shape, dtype, rounded: bool = False) -> int:
+    """Bytes of an `empty` step's array; rounded: up to whole 256-byte blocks, as a pool hands them out."""
+    size = math.prod((shape,) if isinstance(shape, int) else shape) * numpy.dtype(dtype).itemsize
+    return -(-size // ALIGNMENT) * ALIGNMENT if rounded else size
+
+
+def _peak(steps: list, keep: set) -> int:
+    """The most bytes that the arrays of the `empty` steps hold at once (each in whole 256-byte blocks, as the pool
+    hands them out), each freed after the last reader of it or of a part of it (the kept ones never)."""
+    base: dict = {}     # a part's slot -> its arena's
+    last: dict = {}
+    for i, (method, template, result) in enumerate(steps):
+        if method == "part":
+            base[result] = template[0].slot
+        for slot in _slots_of(template):
+            last[base.get(slot, slot)] = i
+    live = peak = 0
+    sizes: dict = {}
+    for i, (method, template, result) in enumerate(steps):
+        if method == "empty":
+            sizes[result] = _nbytes(*template, rounded=True)
+            live += sizes[result]
+            peak = max(peak, live)
+        for slot in [s for s in sizes if last.get(s) == i and s not in keep]:
+            live -= sizes.pop(slot)
+    return peak
 
 
 def _fields(i: int, ref: Ref) -> tuple:
