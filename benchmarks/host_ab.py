@@ -5,10 +5,10 @@
 `benchmarks.host_overhead`'s best-of-three wall clock swings by 2x on a CPU shared with other jobs, so that one
 run before and one after cannot show a change of 10%.  This tool exports the base revision (`git archive`) next
 to the working tree and, in each round, runs every case-pass of both trees in fresh processes, one tree after the
-other, each call timed alone on NullGpu (`host_overhead.build`: CuPy arrays, no GPU) after a warm-up, the cyclic
-collector off; a process reports each case-pass's median per call, and the table gives the median over rounds of
-those, with the counts of `host_overhead.counts` (calls, launches, allocations) of each tree.  Load that varies
-between rounds then falls on both trees alike.  The figures are this CPU's, with no real CuPy launch or pool
+other (the order alternating), each call timed alone on NullGpu (`host_overhead.build`: CuPy arrays, no GPU) after
+a warm-up, the cyclic collector off; a process reports each case-pass's median per call, and the table gives the
+least and the median over rounds of those, with the counts of `host_overhead.counts` (calls, launches,
+allocations) of each tree.  The figures are this CPU's, with no real CuPy launch or pool
 allocation under them: a trend for the GPU host's, not its value (`benchmarks.predict`'s host model gives that).
 """
 from __future__ import annotations
@@ -71,17 +71,20 @@ def main(argv=None) -> int:
         archive = subprocess.run(["git", "archive", args.base], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         rounds: dict = {"base": [], "head": []}
-        for _ in range(args.rounds):
-            for name, tree in (("base", base), ("head", ROOT)):
+        for turn in range(args.rounds):   # the order alternates: a trend in the load falls on both alike
+            for name, tree in (("base", base), ("head", ROOT))[::1 if turn % 2 == 0 else -1]:
                 rounds[name].append(run_tree(tree, args.cases, args.calls))
-    print(f"base {args.base} -> head (working tree); median over {args.rounds} rounds of each round's median of "
-          f"{args.calls} calls (us per call, this CPU, NullGpu)\n")
-    print("| case-pass | us per call | change | calls | launches | allocations |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"base {args.base} -> head (working tree): each round's median of {args.calls} calls, the least over "
+          f"{args.rounds} rounds (other jobs only add time) and their median (us per call, this CPU, NullGpu)\n")
+    print("| case-pass | least of the rounds | change | median of the rounds | change | calls | launches | "
+          "allocations |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for key in rounds["base"][0]:
-        before, after = (statistics.median(r[key]["us"] for r in rounds[name]) for name in ("base", "head"))
+        least = [min(r[key]["us"] for r in rounds[name]) for name in ("base", "head")]
+        middle = [statistics.median(r[key]["us"] for r in rounds[name]) for name in ("base", "head")]
         b, h = rounds["base"][0][key], rounds["head"][0][key]
-        print(f"| {key} | {before:.1f} -> {after:.1f} | {(after / before - 1) * 100:+.0f}% | {b['calls']:g} -> "
+        print(f"| {key} | {least[0]:.1f} -> {least[1]:.1f} | {(least[1] / least[0] - 1) * 100:+.0f}% | "
+              f"{middle[0]:.1f} -> {middle[1]:.1f} | {(middle[1] / middle[0] - 1) * 100:+.0f}% | {b['calls']:g} -> "
               f"{h['calls']:g} | {b['launches']:g} -> {h['launches']:g} | {b['allocations']:g} -> "
               f"{h['allocations']:g} |")
     return 0

@@ -76,8 +76,34 @@ def offer(a) -> None:
         offers.append(a)
 
 
-def enabled() -> bool:
-    return os.environ.get("CUPYCONV_REPLAY", "1") != "0"
+def _reads_environ(environ=os.environ):
+    """enabled(): whether CUPYCONV_REPLAY is not "0" in `environ` now, asked on every repeated call
+    (`_fastpath.lookup`).
+
+    `os.environ.get` of a variable that is not set costs 1-2 us on this project's CPU (10 under load): CPython's
+    `_Environ.__getitem__` encodes the key and raises KeyError, which `Mapping.get` catches -- a few percent of a
+    depthwise forward's host time.  CPython keeps the variables in `os.environ._data`, keyed by
+    `os.environ.encodekey(name)`, and every change through os.environ (pytest's monkeypatch.setenv included) goes
+    there: read directly, 0.2 us.  Private: probed here, against `environ.get`, which is the fallback."""
+    name = "CUPYCONV_REPLAY"
+    try:
+        data, key, off = environ._data, environ.encodekey(name), environ.encodevalue("0")
+        value = environ.get(name)
+        usable = type(data) is dict and data.get(key) == (None if value is None else environ.encodevalue(value))
+    except (TypeError, AttributeError):
+        usable = False
+    if not usable:
+        def enabled() -> bool:
+            return environ.get(name, "1") != "0"
+        return enabled
+    get = data.get
+
+    def enabled() -> bool:
+        return get(key) != off
+    return enabled
+
+
+enabled = _reads_environ()
 
 
 @dataclass(frozen=True)
@@ -225,7 +251,9 @@ class Recorder(Device):
             self.valid = False
         if not self.valid:
             raise Unrecordable("see the recording")
-        steps, slots = _pooled(self._folded(outputs), set(_slots_of((outputs, self.offers))), len(self.slots))
+        offered = set(_slots_of(self.offers))
+        results = frozenset(set(_slots_of(outputs)) - offered)
+        steps, slots = _pooled(self._folded(outputs), results | offered, len(self.slots), results)
         return Program(steps, outputs, slots, self.offers)
 
     def _folded(self, outputs) -> list:
@@ -311,7 +339,11 @@ class Program:
         return _materialise(self.outputs, view)
 
 
-def _pooled(steps: list, keep: set, slots: int) -> tuple[list, int]:
+#: A result's allocation may carry scratch arrays of the call of up to this fraction of its own bytes (`_pooled`)
+RESULT_SHARE = 64
+
+
+def _pooled(steps: list, keep: set, slots: int, results: frozenset = frozenset()) -> tuple[list, int]:
     """(steps, slot count) with the call's scratch arrays -- each made by an `empty` step and read by later steps
     of the call only: not a result, not offered -- taken from one allocation (an "arena": a uint8 `empty` step) in
     groups, as views of it at 256-byte aligned offsets ("part" steps), instead of one allocation each: CuPy's pool
@@ -319,11 +351,16 @@ def _pooled(steps: list, keep: set, slots: int) -> tuple[list, int]:
     backward makes four such arrays (the channels-last copies of x and grad_output, split-K partials and sums).
 
     An arena is made where its first member was and lives until the last reader of any member, which may hold a
-    member earlier or longer than before: a member joins a group only where the call's peak of the memory its
-    steps allocate does not rise (`_peak`), so pooling never costs memory.  The kernels read and write the same
-    bytes: a part has the shape, strides and dtype recorded, an alignment of 256 bytes as the pool's, and memory no
-    other live array holds.  Nothing is kept across calls: each replay makes its own arena from CuPy's pool, on its
-    own stream."""
+    member earlier or longer than before: a scratch array joins a group of others only where the call's peak of
+    the memory its steps allocate does not rise (`_peak`).  Failing that, it may join a result's allocation (one
+    made by an `empty` step, in `results`: not an offer), placed after the result (which stays at the arena's
+    start), while the scratch so carried is at most 1/RESULT_SHARE of the result's bytes: the tensor-core forward's
+    one scratch array, the weight in channels-last order (r50-64: 73 KB beside a 12.8 MB output), which no other
+    array of its call could take.  Those bytes stay held as long as the result is, and the call's peak may rise by
+    them: that is the price, bounded, of one allocation fewer a call.  The kernels read and write the same bytes:
+    a part has the shape, strides and dtype recorded, an alignment of 256 bytes as the pool's, and memory no other
+    live array holds.  Nothing is kept across calls: each replay makes its own arena from CuPy's pool, on its own
+    stream."""
     scratch = [i for i, (method, template, result) in enumerate(steps)
                if method == "empty" and result not in keep and _nbytes(*template)
                and any(result in _slots_of(t) for _, t, _ in steps[i + 1:])]
@@ -337,11 +374,26 @@ def _pooled(steps: list, keep: set, slots: int) -> tuple[list, int]:
                 break
         else:
             groups.append([i])
+    # The scratch arrays left alone, each into a result's allocation where its share allows
+    budget = {i: _nbytes(*template, rounded=True) // RESULT_SHARE for i, (method, template, result) in enumerate(steps)
+              if method == "empty" and result in results}
+    carried = 0
+    for alone in [g for g in groups if len(g) == 1]:
+        nbytes = _nbytes(*steps[alone[0]][1], rounded=True)
+        for host in budget:
+            if budget[host] < nbytes:
+                continue
+            group = next((g for g in groups if g[0] == host), None)
+            trial = [g for g in groups if g is not alone and g is not group] + [(group or [host]) + alone]
+            if _peak(_arenas(steps, trial, slots)[0], keep) <= peak + carried + nbytes:
+                groups, budget[host], carried = trial, budget[host] - nbytes, carried + nbytes
+                break
     return _arenas(steps, groups, slots)
 
 
 def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int]:
-    """(steps, slot count) with each group of two or more `empty` steps (their indices) made as parts of one arena."""
+    """(steps, slot count) with each group of two or more `empty` steps (their indices) made as parts of one arena,
+    in the group's order, the arena where the first of them was."""
     first, parts = {}, {}
     for group in groups:
         if len(group) < 2:
@@ -350,7 +402,7 @@ def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int
         for i in group:
             parts[i] = (slots, size)
             size += _nbytes(*steps[i][1], rounded=True)
-        first[group[0]] = ("empty", (size, numpy.dtype(numpy.uint8)), slots)
+        first[min(group)] = ("empty", (size, numpy.dtype(numpy.uint8)), slots)
         slots += 1
     pooled = []
     for i, (method, template, result) in enumerate(steps):
@@ -378,9 +430,12 @@ def _peak(steps: list, keep: set) -> int:
     hands them out), each freed after the last reader of it or of a part of it (the kept ones never)."""
     base: dict = {}     # a part's slot -> its arena's
     last: dict = {}
+    keep = set(keep)
     for i, (method, template, result) in enumerate(steps):
         if method == "part":
             base[result] = template[0].slot
+            if result in keep:   # a result's arena: held as long as the result
+                keep.add(template[0].slot)
         for slot in _slots_of(template):
             last[base.get(slot, slot)] = i
     live = peak = 0

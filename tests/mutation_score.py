@@ -86,7 +86,7 @@ EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 EMU_RUNTIME = "tests/emulator/include/emu_runtime.h"
 REPLAY = "tests/test_replay.py"
 REPLAY_PY = "cupyconv/_replay.py"
-REPLAY_SCRATCH = REPLAY + " -k scratch"
+REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
 DEVICE_PY = "cupyconv/_device.py"
 M = Mutation
 
@@ -112,6 +112,10 @@ MUTATIONS = [
       "if True:", REPLAY_SCRATCH, "memory held longer"),
     M("replay-scratch-results-pooled", REPLAY_PY, 'if method == "empty" and result not in keep and',
       'if method == "empty" and', REPLAY_SCRATCH, "result in an arena"),
+    M("replay-switch-read-once", REPLAY_PY, "        return get(key) != off", "        return True", REPLAY + " -k switch",
+      "setting ignored"),
+    M("replay-results-share-unbounded", REPLAY_PY, "if budget[host] < nbytes:", "if False:", REPLAY_SCRATCH,
+      "result carries too much"),
     # -- cupyconv/ops/implicit_gemm.py: the strided input gradient's phases (`grad_input_phases`) ---------------
     M("phase-low-padding-off-by-one", IG_PY, "low = (len(taps) - 1) * phase_dilation - (first",
       "low = 1 + (len(taps) - 1) * phase_dilation - (first", IG_PHASES, "off-by-one"),

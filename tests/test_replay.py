@@ -467,3 +467,60 @@ def test_scratch_is_pooled_only_where_the_peak_does_not_rise():
     assert _replay._peak(pooled, {3}) == _replay._peak(steps, {3})
     # a result (kept) is never a part, however it overlaps
     assert _replay._pooled(steps, keep={1, 3}, slots=4) == (steps, 4)
+
+
+def test_a_scratch_array_left_alone_rides_in_a_results_allocation():
+    """A scratch array no other could take joins a result's allocation, after it, while it is at most
+    1/RESULT_SHARE of the result's bytes (in whole 256-byte blocks); an offer (not in `results`) never carries one,
+    nor does a result too small."""
+    steps = _steps(("empty", (64 * 128,), 3), ("empty", (100,), 5), ("empty", (1000,), 4),
+                   ("launch_run", (0, 4, 5), None), ("launch_run", (4, 5, 3), None))
+    pooled, slots = _replay._pooled(steps, keep={3, 4}, slots=6, results=frozenset({3}))
+    assert slots == 7 and [s[0] for s in pooled] == ["empty", "part", "part", "empty", "launch_run", "launch_run"]
+    assert pooled[0][1] == (32768 + 512, numpy.dtype(numpy.uint8))
+    assert [(p[1][0].offset, p[2]) for p in pooled[1:3]] == [(0, 3), (32768, 5)]   # the result first
+    assert _replay._peak(pooled, {3, 4}) <= _replay._peak(steps, {3, 4}) + 512
+    assert _replay._pooled(steps, keep={3, 4}, slots=6) == (steps, 6)   # no result named: an offer, say
+    small = _steps(("empty", (63 * 128,), 3), *[(m, s, r) for m, s, r in [("empty", (100,), 5),
+                   ("empty", (1000,), 4), ("launch_run", (0, 4, 5), None), ("launch_run", (4, 5, 3), None)]])
+    assert _replay._pooled(small, keep={3, 4}, slots=6, results=frozenset({3})) == (small, 6)
+
+
+def test_a_forwards_weight_copy_rides_in_its_output(device, counted, monkeypatch):
+    """The tensor-core forward's scratch (the weight in channels-last order) in the output's allocation (its share
+    allowed here at any size): the output at the start of it, right on every replay, one allocation fewer."""
+    monkeypatch.setattr(_replay, "RESULT_SHARE", 1)
+    allocations: list = []
+    empty = device.empty
+    monkeypatch.setattr(device, "empty", lambda shape, dtype: allocations.append(shape) or empty(shape, dtype))
+    with _device.use_device(device):
+        for seed in (40, 41, 42):
+            host = tca.inputs(seed, (2, 16, 12, 12), (16, 16, 3, 3), (16,), dtype="float16")   # y as big as w
+            arrays = [device.asarray(a) for a in host]
+            del allocations[:]
+            y = cupyconv.conv2d(*arrays, padding=1, algorithm="implicit_gemm")
+            want = cupyconv.conv2d(*(a.astype(numpy.float64) for a in host), padding=1)
+            ref.assert_close(device.asnumpy(y), want, "float16", "replayed, the weight copy in the output's memory")
+            if seed > 40:
+                (program,) = filter(None, _replay.CACHE.values())
+                assert len(allocations) == sum(step[0] == "empty" for step in program.steps)
+                assert y.data.ptr == y.data.mem.ptr and y.data.mem.size > y.nbytes
+    parts = [step for step in program.steps if step[0] == "part"]
+    assert len(parts) == 2 and parts[0][1][0].offset == 0 and parts[1][1][0].offset >= y.nbytes
+    assert counted["replayed"] == 2
+
+
+def test_the_replay_switch_reads_the_environment_at_each_call(monkeypatch):
+    """`enabled` reads os.environ's own dict (probed once): a change made through os.environ shows at the next call;
+    an environ without that dict (another Python) is read through its `get`."""
+    monkeypatch.delenv("CUPYCONV_REPLAY", raising=False)
+    assert _replay.enabled()
+    monkeypatch.setenv("CUPYCONV_REPLAY", "0")
+    assert not _replay.enabled()
+    monkeypatch.setenv("CUPYCONV_REPLAY", "1")
+    assert _replay.enabled()
+    plain = {"CUPYCONV_REPLAY": "0"}
+    enabled = _replay._reads_environ(plain)
+    assert not enabled()
+    plain["CUPYCONV_REPLAY"] = "yes"
+    assert enabled()
