@@ -14,7 +14,9 @@ prepared: `CudaDevice.launch_prepare`, the kernel looked up and its scalars wrap
 device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
 slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
 the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
-on new buffers, each freed after its last use.  The results are views of the slots as recorded.
+on new buffers, each freed after its last use.  The results are views of the slots as recorded.  The buffers a call
+makes for its own steps only (scratch) are taken as parts of fewer allocations (`_pooled`): CuPy's pool costs a
+few microseconds a malloc and free.
 
 A recording is not kept (the call still runs, unreplayed, every time) when it could be ambiguous: input arrays
 whose memory overlaps (which one an argument lies in would be a guess), an array argument in memory that no slot
@@ -253,7 +255,7 @@ class Recorder(Device):
             raise Unrecordable("see the recording")
         offered = set(_slots_of(self.offers))
         results = frozenset(set(_slots_of(outputs)) - offered)
-        steps, slots = _pooled(self._folded(outputs), results | offered, len(self.slots), results)
+        steps, slots = _pooled(self._folded(outputs), set(results | offered), len(self.slots), results)
         return Program(steps, outputs, slots, self.offers)
 
     def _folded(self, outputs) -> list:
@@ -362,7 +364,7 @@ def _pooled(steps: list, keep: set, slots: int, results: frozenset = frozenset()
     live array holds.  Nothing is kept across calls: each replay makes its own arena from CuPy's pool, on its own
     stream."""
     scratch = [i for i, (method, template, result) in enumerate(steps)
-               if method == "empty" and result not in keep and _nbytes(*template)
+               if method == "empty" and result not in keep and _nbytes(template)
                and any(result in _slots_of(t) for _, t, _ in steps[i + 1:])]
     peak = _peak(steps, keep)
     groups: list[list[int]] = []
@@ -375,16 +377,16 @@ def _pooled(steps: list, keep: set, slots: int, results: frozenset = frozenset()
         else:
             groups.append([i])
     # The scratch arrays left alone, each into a result's allocation where its share allows
-    budget = {i: _nbytes(*template, rounded=True) // RESULT_SHARE for i, (method, template, result) in enumerate(steps)
+    budget = {i: _nbytes(template, rounded=True) // RESULT_SHARE for i, (method, template, result) in enumerate(steps)
               if method == "empty" and result in results}
     carried = 0
     for alone in [g for g in groups if len(g) == 1]:
-        nbytes = _nbytes(*steps[alone[0]][1], rounded=True)
+        nbytes = _nbytes(steps[alone[0]][1], rounded=True)
         for host in budget:
             if budget[host] < nbytes:
                 continue
-            group = next((g for g in groups if g[0] == host), None)
-            trial = [g for g in groups if g is not alone and g is not group] + [(group or [host]) + alone]
+            hosted: list[int] | None = next((g for g in groups if g[0] == host), None)
+            trial = [g for g in groups if g is not alone and g is not hosted] + [(hosted or [host]) + alone]
             if _peak(_arenas(steps, trial, slots)[0], keep) <= peak + carried + nbytes:
                 groups, budget[host], carried = trial, budget[host] - nbytes, carried + nbytes
                 break
@@ -401,10 +403,10 @@ def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int
         size = 0
         for i in group:
             parts[i] = (slots, size)
-            size += _nbytes(*steps[i][1], rounded=True)
+            size += _nbytes(steps[i][1], rounded=True)
         first[min(group)] = ("empty", (size, numpy.dtype(numpy.uint8)), slots)
         slots += 1
-    pooled = []
+    pooled: list[tuple] = []
     for i, (method, template, result) in enumerate(steps):
         if i in first:
             pooled.append(first[i])
@@ -419,8 +421,10 @@ def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int
     return pooled, slots
 
 
-def _nbytes(shape, dtype, rounded: bool = False) -> int:
-    """Bytes of an `empty` step's array; rounded: up to whole 256-byte blocks, as a pool hands them out."""
+def _nbytes(template: tuple, rounded: bool = False) -> int:
+    """Bytes of the array of an `empty` step of arguments `template` (shape, dtype); rounded: up to whole 256-byte
+    blocks, as a pool hands them out."""
+    shape, dtype = template
     size = math.prod((shape,) if isinstance(shape, int) else shape) * numpy.dtype(dtype).itemsize
     return -(-size // ALIGNMENT) * ALIGNMENT if rounded else size
 
@@ -442,7 +446,7 @@ def _peak(steps: list, keep: set) -> int:
     sizes: dict = {}
     for i, (method, template, result) in enumerate(steps):
         if method == "empty":
-            sizes[result] = _nbytes(*template, rounded=True)
+            sizes[result] = _nbytes(template, rounded=True)
             live += sizes[result]
             peak = max(peak, live)
         for slot in [s for s in sizes if last.get(s) == i and s not in keep]:

@@ -104,8 +104,8 @@ MUTATIONS = [
             opt_in_shared_memory(kernel, shared_mem)
         return (kernel.kernel""", """        return (kernel.kernel""", REPLAY, "shared memory not opted in"),
     # a call's scratch arrays as parts of one allocation (`_replay._pooled`, task hostlaunch)
-    M("replay-scratch-parts-unaligned", REPLAY_PY, "size += _nbytes(*steps[i][1], rounded=True)",
-      "size += _nbytes(*steps[i][1])", REPLAY_SCRATCH, "part misaligned"),
+    M("replay-scratch-parts-unaligned", REPLAY_PY, "size += _nbytes(steps[i][1], rounded=True)",
+      "size += _nbytes(steps[i][1])", REPLAY_SCRATCH, "part misaligned"),
     M("replay-scratch-parts-overlap", REPLAY_PY, "parts[i] = (slots, size)", "parts[i] = (slots, 0)", REPLAY_SCRATCH,
       "parts overlap"),
     M("replay-scratch-peak-ignored", REPLAY_PY, "if _peak(_arenas(steps, trial, slots)[0], keep) <= peak:",
