@@ -14,7 +14,9 @@ prepared: `CudaDevice.launch_prepare`, the kernel looked up and its scalars wrap
 device and notes it, each array argument as a reference `Ref` (slot, byte offset, shape, strides, dtype) into a
 slot -- one of the call's input arrays, or an array a primitive made; the later calls of that signature replay
 the notes (a `Program`) on their own arrays: the same kernels, grids and scalars, the same GEMMs and array work,
-on new buffers, each freed after its last use.  The results are views of the slots as recorded.
+on new buffers, each freed after its last use.  The results are views of the slots as recorded.  The buffers a call
+makes for its own steps only (scratch) are taken as parts of fewer allocations (`_pooled`): CuPy's pool costs a
+few microseconds a malloc and free.
 
 A recording is not kept (the call still runs, unreplayed, every time) when it could be ambiguous: input arrays
 whose memory overlaps (which one an argument lies in would be a guess), an array argument in memory that no slot
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 from dataclasses import dataclass
 
@@ -75,8 +78,34 @@ def offer(a) -> None:
         offers.append(a)
 
 
-def enabled() -> bool:
-    return os.environ.get("CUPYCONV_REPLAY", "1") != "0"
+def _reads_environ(environ=os.environ):
+    """enabled(): whether CUPYCONV_REPLAY is not "0" in `environ` now, asked on every repeated call
+    (`_fastpath.lookup`).
+
+    `os.environ.get` of a variable that is not set costs 1-2 us on this project's CPU (10 under load): CPython's
+    `_Environ.__getitem__` encodes the key and raises KeyError, which `Mapping.get` catches -- a few percent of a
+    depthwise forward's host time.  CPython keeps the variables in `os.environ._data`, keyed by
+    `os.environ.encodekey(name)`, and every change through os.environ (pytest's monkeypatch.setenv included) goes
+    there: read directly, 0.2 us.  Private: probed here, against `environ.get`, which is the fallback."""
+    name = "CUPYCONV_REPLAY"
+    try:
+        data, key, off = environ._data, environ.encodekey(name), environ.encodevalue("0")
+        value = environ.get(name)
+        usable = type(data) is dict and data.get(key) == (None if value is None else environ.encodevalue(value))
+    except (TypeError, AttributeError):
+        usable = False
+    if not usable:
+        def enabled() -> bool:
+            return environ.get(name, "1") != "0"
+        return enabled
+    get = data.get
+
+    def enabled() -> bool:
+        return get(key) != off
+    return enabled
+
+
+enabled = _reads_environ()
 
 
 @dataclass(frozen=True)
@@ -224,7 +253,10 @@ class Recorder(Device):
             self.valid = False
         if not self.valid:
             raise Unrecordable("see the recording")
-        return Program(self._folded(outputs), outputs, len(self.slots), self.offers)
+        offered = set(_slots_of(self.offers))
+        results = frozenset(set(_slots_of(outputs)) - offered)
+        steps, slots = _pooled(self._folded(outputs), set(results | offered), len(self.slots), results)
+        return Program(steps, outputs, slots, self.offers)
 
     def _folded(self, outputs) -> list:
         """The steps as a replay needs them: an array argument without elements (a `Ref` of no slot: a split-K
@@ -292,7 +324,7 @@ class Program:
                     values[j] = (buffers[slot] if whole else empty(shape, dtype) if slot is None else
                                  ndarray(shape, dtype, memptr=buffers[slot].data + offset, strides=strides))
                 args[i] = tuple(values)
-            out = getattr(device, method)(*args)
+            out = args[0] if method == "part" else getattr(device, method)(*args)
             if result is not None:
                 buffers[result] = out
             for dead in drops:
@@ -307,6 +339,119 @@ class Program:
         if offers is not None:
             offers.extend(view(ref) for ref in self.offers)
         return _materialise(self.outputs, view)
+
+
+#: A result's allocation may carry scratch arrays of the call of up to this fraction of its own bytes (`_pooled`)
+RESULT_SHARE = 64
+
+
+def _pooled(steps: list, keep: set, slots: int, results: frozenset = frozenset()) -> tuple[list, int]:
+    """(steps, slot count) with the call's scratch arrays -- each made by an `empty` step and read by later steps
+    of the call only: not a result, not offered -- taken from one allocation (an "arena": a uint8 `empty` step) in
+    groups, as views of it at 256-byte aligned offsets ("part" steps), instead of one allocation each: CuPy's pool
+    costs a few microseconds a malloc and its free (the H100's host model: 2.9 us an allocation), and a tensor-core
+    backward makes four such arrays (the channels-last copies of x and grad_output, split-K partials and sums).
+
+    An arena is made where its first member was and lives until the last reader of any member, which may hold a
+    member earlier or longer than before: a scratch array joins a group of others only where the call's peak of
+    the memory its steps allocate does not rise (`_peak`).  Failing that, it may join a result's allocation (one
+    made by an `empty` step, in `results`: not an offer), placed after the result (which stays at the arena's
+    start), while the scratch so carried is at most 1/RESULT_SHARE of the result's bytes: the tensor-core forward's
+    one scratch array, the weight in channels-last order (r50-64: 73 KB beside a 12.8 MB output), which no other
+    array of its call could take.  Those bytes stay held as long as the result is, and the call's peak may rise by
+    them: that is the price, bounded, of one allocation fewer a call.  The kernels read and write the same bytes:
+    a part has the shape, strides and dtype recorded, an alignment of 256 bytes as the pool's, and memory no other
+    live array holds.  Nothing is kept across calls: each replay makes its own arena from CuPy's pool, on its own
+    stream."""
+    scratch = [i for i, (method, template, result) in enumerate(steps)
+               if method == "empty" and result not in keep and _nbytes(template)
+               and any(result in _slots_of(t) for _, t, _ in steps[i + 1:])]
+    peak = _peak(steps, keep)
+    groups: list[list[int]] = []
+    for i in scratch:
+        for group in groups:
+            trial = [g + [i] if g is group else g for g in groups]
+            if _peak(_arenas(steps, trial, slots)[0], keep) <= peak:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    # The scratch arrays left alone, each into a result's allocation where its share allows
+    budget = {i: _nbytes(template, rounded=True) // RESULT_SHARE for i, (method, template, result) in enumerate(steps)
+              if method == "empty" and result in results}
+    carried = 0
+    for alone in [g for g in groups if len(g) == 1]:
+        nbytes = _nbytes(steps[alone[0]][1], rounded=True)
+        for host in budget:
+            if budget[host] < nbytes:
+                continue
+            hosted: list[int] | None = next((g for g in groups if g[0] == host), None)
+            trial = [g for g in groups if g is not alone and g is not hosted] + [(hosted or [host]) + alone]
+            if _peak(_arenas(steps, trial, slots)[0], keep) <= peak + carried + nbytes:
+                groups, budget[host], carried = trial, budget[host] - nbytes, carried + nbytes
+                break
+    return _arenas(steps, groups, slots)
+
+
+def _arenas(steps: list, groups: list[list[int]], slots: int) -> tuple[list, int]:
+    """(steps, slot count) with each group of two or more `empty` steps (their indices) made as parts of one arena,
+    in the group's order, the arena where the first of them was."""
+    first, parts = {}, {}
+    for group in groups:
+        if len(group) < 2:
+            continue
+        size = 0
+        for i in group:
+            parts[i] = (slots, size)
+            size += _nbytes(steps[i][1], rounded=True)
+        first[min(group)] = ("empty", (size, numpy.dtype(numpy.uint8)), slots)
+        slots += 1
+    pooled: list[tuple] = []
+    for i, (method, template, result) in enumerate(steps):
+        if i in first:
+            pooled.append(first[i])
+        if i in parts:
+            shape, dtype = template
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            dtype = numpy.dtype(dtype)
+            strides = tuple(math.prod(shape[k + 1:]) * dtype.itemsize for k in range(len(shape)))
+            pooled.append(("part", (Ref(*parts[i], shape, strides, dtype),), result))
+        else:
+            pooled.append((method, template, result))
+    return pooled, slots
+
+
+def _nbytes(template: tuple, rounded: bool = False) -> int:
+    """Bytes of the array of an `empty` step of arguments `template` (shape, dtype); rounded: up to whole 256-byte
+    blocks, as a pool hands them out."""
+    shape, dtype = template
+    size = math.prod((shape,) if isinstance(shape, int) else shape) * numpy.dtype(dtype).itemsize
+    return -(-size // ALIGNMENT) * ALIGNMENT if rounded else size
+
+
+def _peak(steps: list, keep: set) -> int:
+    """The most bytes that the arrays of the `empty` steps hold at once (each in whole 256-byte blocks, as the pool
+    hands them out), each freed after the last reader of it or of a part of it (the kept ones never)."""
+    base: dict = {}     # a part's slot -> its arena's
+    last: dict = {}
+    keep = set(keep)
+    for i, (method, template, result) in enumerate(steps):
+        if method == "part":
+            base[result] = template[0].slot
+            if result in keep:   # a result's arena: held as long as the result
+                keep.add(template[0].slot)
+        for slot in _slots_of(template):
+            last[base.get(slot, slot)] = i
+    live = peak = 0
+    sizes: dict = {}
+    for i, (method, template, result) in enumerate(steps):
+        if method == "empty":
+            sizes[result] = _nbytes(template, rounded=True)
+            live += sizes[result]
+            peak = max(peak, live)
+        for slot in [s for s in sizes if last.get(s) == i and s not in keep]:
+            live -= sizes.pop(slot)
+    return peak
 
 
 def _fields(i: int, ref: Ref) -> tuple:

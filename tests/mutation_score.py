@@ -88,6 +88,7 @@ EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 EMU_RUNTIME = "tests/emulator/include/emu_runtime.h"
 REPLAY = "tests/test_replay.py"
 REPLAY_PY = "cupyconv/_replay.py"
+REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
 DEVICE_PY = "cupyconv/_device.py"
 M = Mutation
 
@@ -104,6 +105,19 @@ MUTATIONS = [
     M("launch-prepare-no-opt-in", DEVICE_PY, """        if shared_mem > DEFAULT_SHARED_LIMIT:
             opt_in_shared_memory(kernel, shared_mem)
         return (kernel.kernel""", """        return (kernel.kernel""", REPLAY, "shared memory not opted in"),
+    # a call's scratch arrays as parts of one allocation (`_replay._pooled`, task hostlaunch)
+    M("replay-scratch-parts-unaligned", REPLAY_PY, "size += _nbytes(steps[i][1], rounded=True)",
+      "size += _nbytes(steps[i][1])", REPLAY_SCRATCH, "part misaligned"),
+    M("replay-scratch-parts-overlap", REPLAY_PY, "parts[i] = (slots, size)", "parts[i] = (slots, 0)", REPLAY_SCRATCH,
+      "parts overlap"),
+    M("replay-scratch-peak-ignored", REPLAY_PY, "if _peak(_arenas(steps, trial, slots)[0], keep) <= peak:",
+      "if True:", REPLAY_SCRATCH, "memory held longer"),
+    M("replay-scratch-results-pooled", REPLAY_PY, 'if method == "empty" and result not in keep and',
+      'if method == "empty" and', REPLAY_SCRATCH, "result in an arena"),
+    M("replay-switch-read-once", REPLAY_PY, "        return get(key) != off", "        return True", REPLAY + " -k switch",
+      "setting ignored"),
+    M("replay-results-share-unbounded", REPLAY_PY, "if budget[host] < nbytes:", "if False:", REPLAY_SCRATCH,
+      "result carries too much"),
     # -- cupyconv/ops/implicit_gemm.py: the strided input gradient's phases (`grad_input_phases`) ---------------
     M("phase-low-padding-off-by-one", IG_PY, "low = (len(taps) - 1) * phase_dilation - (first",
       "low = 1 + (len(taps) - 1) * phase_dilation - (first", IG_PHASES, "off-by-one"),

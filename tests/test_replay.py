@@ -7,6 +7,8 @@ touch.
 """
 from __future__ import annotations
 
+import math
+
 import numpy
 import pytest
 
@@ -395,3 +397,130 @@ def test_a_prepared_launch_takes_the_current_stream_at_each_call(monkeypatch):
         assert keywords == {} and len(positional) == 4   # (grid, block, args, shared_mem): stream left to CuPy
         assert positional[0] == (2,) and positional[1] == (32,) and positional[3] == 0
         assert positional[2] is args and type(args[0]) is _device._scalar_wrapper()
+
+
+def test_a_calls_scratch_arrays_are_parts_of_one_allocation(device, counted, monkeypatch):
+    """The tensor-core backward's scratch arrays (channels-last copies of x and grad_output, the weight gradient's
+    split-K partials and sums: read by the call's own steps only) are taken from one allocation per group
+    (`_replay._pooled`): each part with its recorded shape, strides and dtype, 256-byte aligned, none overlapping a
+    live one; the replays allocate less than the recording, run the same launches and stay right."""
+    def arrays(seed):
+        host = tca.inputs(seed, (2, 16, 9, 7), (16, 16, 3, 3), (2, 16, 9, 7), dtype="float16")
+        return host, [device.asarray(a) for a in host]
+
+    allocations: list = []
+    empty = device.empty
+    monkeypatch.setattr(device, "empty", lambda shape, dtype: allocations.append(shape) or empty(shape, dtype))
+    with _device.use_device(device):
+        _, (x, w, gy) = arrays(30)
+        cupyconv.conv2d_backward(gy, x, w, padding=1, algorithm="implicit_gemm")
+        (program,) = filter(None, _replay.CACHE.values())
+        parts = [step for step in program.steps if step[0] == "part"]
+        assert len(parts) >= 2, "expected the backward's scratch arrays pooled"
+        check_drops(program)
+        for host, (x, w, gy) in (arrays(seed) for seed in (31, 32)):
+            del allocations[:]
+            got = cupyconv.conv2d_backward(gy, x, w, padding=1, algorithm="implicit_gemm")
+            # one allocation per `empty` step: the arenas' and the arrays' left out of them, fewer than one per array
+            assert len(allocations) == sum(step[0] == "empty" for step in program.steps)
+            assert len({step[1][0].slot for step in parts}) < len(parts)
+            want = cupyconv.conv2d_backward(*(a.astype(numpy.float64) for a in (host[2], host[0], host[1])),
+                                            padding=1)
+            for g, r in zip(got, want):
+                ref.assert_close(device.asnumpy(g), r, "float16", "replayed, scratch pooled")
+    assert counted["replayed"] == 2
+    arenas: dict = {}
+    for _, template, *_ in parts:
+        part = template[0]
+        assert part.offset % _replay.ALIGNMENT == 0
+        arenas.setdefault(part.slot, []).append(
+            (part.offset, part.offset + math.prod(part.shape) * part.dtype.itemsize))
+    for spans in arenas.values():
+        spans.sort()
+        assert all(high <= low for (_, high), (low, _) in zip(spans, spans[1:])), "parts overlap"
+
+
+def _steps(*steps):
+    """A program's steps from (method, slots read or the shape of an `empty`, result) for `_replay._pooled`."""
+    return [("empty", (shape, numpy.float32), result) if method == "empty" else
+            (method, tuple(_replay.Ref(s, 0, (1,), (4,), numpy.dtype(numpy.float32), True) for s in shape), result)
+            for method, shape, result in steps]
+
+
+def test_scratch_is_pooled_only_where_the_peak_does_not_rise():
+    """Two scratch arrays alive together share an allocation; one whose pooling would hold its memory over a later
+    allocation it did not overlap (raising the call's peak) keeps its own; results and offers are never pooled."""
+    steps = _steps(("empty", (100,), 1), ("empty", (10,), 2), ("launch_run", (0, 1, 2), None),
+                   ("empty", (1000,), 3), ("launch_run", (1, 3), None))
+    # slot 2 dies at the first launch, before slot 3 is made: pooled with slot 1 (alive until the second launch)
+    # its 10 floats would be held over slot 3's allocation
+    pooled, slots = _replay._pooled(steps, keep={3}, slots=4)
+    assert (pooled, slots) == (steps, 4)
+    # both read by the last launch: pooled
+    steps = _steps(("empty", (100,), 1), ("empty", (10,), 2), ("launch_run", (0, 1, 2), None),
+                   ("empty", (1000,), 3), ("launch_run", (1, 2, 3), None))
+    pooled, slots = _replay._pooled(steps, keep={3}, slots=4)
+    assert slots == 5 and [s[0] for s in pooled] == ["empty", "part", "part", "launch_run", "empty", "launch_run"]
+    assert pooled[0][1] == (512 + 256, numpy.dtype(numpy.uint8)) and pooled[0][2] == 4
+    assert [(p[1][0].slot, p[1][0].offset, p[1][0].shape, p[2]) for p in pooled[1:3]] == [(4, 0, (100,), 1),
+                                                                                       (4, 512, (10,), 2)]
+    assert _replay._peak(pooled, {3}) == _replay._peak(steps, {3})
+    # a result (kept) is never a part, however it overlaps
+    assert _replay._pooled(steps, keep={1, 3}, slots=4) == (steps, 4)
+
+
+def test_a_scratch_array_left_alone_rides_in_a_results_allocation():
+    """A scratch array no other could take joins a result's allocation, after it, while it is at most
+    1/RESULT_SHARE of the result's bytes (in whole 256-byte blocks); an offer (not in `results`) never carries one,
+    nor does a result too small."""
+    steps = _steps(("empty", (64 * 128,), 3), ("empty", (100,), 5), ("empty", (1000,), 4),
+                   ("launch_run", (0, 4, 5), None), ("launch_run", (4, 5, 3), None))
+    pooled, slots = _replay._pooled(steps, keep={3, 4}, slots=6, results=frozenset({3}))
+    assert slots == 7 and [s[0] for s in pooled] == ["empty", "part", "part", "empty", "launch_run", "launch_run"]
+    assert pooled[0][1] == (32768 + 512, numpy.dtype(numpy.uint8))
+    assert [(p[1][0].offset, p[2]) for p in pooled[1:3]] == [(0, 3), (32768, 5)]   # the result first
+    assert _replay._peak(pooled, {3, 4}) <= _replay._peak(steps, {3, 4}) + 512
+    assert _replay._pooled(steps, keep={3, 4}, slots=6) == (steps, 6)   # no result named: an offer, say
+    small = _steps(("empty", (63 * 128,), 3), *[(m, s, r) for m, s, r in [("empty", (100,), 5),
+                   ("empty", (1000,), 4), ("launch_run", (0, 4, 5), None), ("launch_run", (4, 5, 3), None)]])
+    assert _replay._pooled(small, keep={3, 4}, slots=6, results=frozenset({3})) == (small, 6)
+
+
+def test_a_forwards_weight_copy_rides_in_its_output(device, counted, monkeypatch):
+    """The tensor-core forward's scratch (the weight in channels-last order) in the output's allocation (its share
+    allowed here at any size): the output at the start of it, right on every replay, one allocation fewer."""
+    monkeypatch.setattr(_replay, "RESULT_SHARE", 1)
+    allocations: list = []
+    empty = device.empty
+    monkeypatch.setattr(device, "empty", lambda shape, dtype: allocations.append(shape) or empty(shape, dtype))
+    with _device.use_device(device):
+        for seed in (40, 41, 42):
+            host = tca.inputs(seed, (2, 16, 12, 12), (16, 16, 3, 3), (16,), dtype="float16")   # y as big as w
+            arrays = [device.asarray(a) for a in host]
+            del allocations[:]
+            y = cupyconv.conv2d(*arrays, padding=1, algorithm="implicit_gemm")
+            want = cupyconv.conv2d(*(a.astype(numpy.float64) for a in host), padding=1)
+            ref.assert_close(device.asnumpy(y), want, "float16", "replayed, the weight copy in the output's memory")
+            if seed > 40:
+                (program,) = filter(None, _replay.CACHE.values())
+                assert len(allocations) == sum(step[0] == "empty" for step in program.steps)
+                assert y.data.ptr == y.data.mem.ptr and y.data.mem.size > y.nbytes
+    parts = [step for step in program.steps if step[0] == "part"]
+    assert len(parts) == 2 and parts[0][1][0].offset == 0 and parts[1][1][0].offset >= y.nbytes
+    assert counted["replayed"] == 2
+
+
+def test_the_replay_switch_reads_the_environment_at_each_call(monkeypatch):
+    """`enabled` reads os.environ's own dict (probed once): a change made through os.environ shows at the next call;
+    an environ without that dict (another Python) is read through its `get`."""
+    monkeypatch.delenv("CUPYCONV_REPLAY", raising=False)
+    assert _replay.enabled()
+    monkeypatch.setenv("CUPYCONV_REPLAY", "0")
+    assert not _replay.enabled()
+    monkeypatch.setenv("CUPYCONV_REPLAY", "1")
+    assert _replay.enabled()
+    plain = {"CUPYCONV_REPLAY": "0"}
+    enabled = _replay._reads_environ(plain)
+    assert not enabled()
+    plain["CUPYCONV_REPLAY"] = "yes"
+    assert enabled()
