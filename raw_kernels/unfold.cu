@@ -263,10 +263,11 @@ __device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __
 // once, so a warp waits once a kernel row (3 times for 3 x 3), not once a tap.
 constexpr int FOLD_TAPS = 3;
 
-// col2im with 16-byte loads and stores (host-checked in ops/unfold.py: stride 1 along x, width and out_w multiples of
-// V = 16 / sizeof(T), cols and out 16-byte aligned).  One thread per run of V positions x0 .. x0 + V - 1
-// of one row y of one plane (image, channel): consecutive threads take consecutive runs, so a warp stores 512
-// contiguous bytes.  Tap (i, j) reads them from output pixels ox = x0 + pad_left - j * dilation_w + k (k < V) of
+// col2im with 16-byte loads and stores, instantiated for the 16-bit types only (in float32 the gather's 8 planes a
+// thread cost fewer instructions a position: ops/unfold.py's fold_run), where ops/unfold.py checks that it can
+// run: stride 1 along x, width and out_w multiples of V = 16 / sizeof(T), cols and out 16-byte aligned.  One thread
+// per run of V positions x0 .. x0 + V - 1 of one row y of one plane (image, channel): consecutive threads take
+// consecutive runs, so a warp stores 512 contiguous bytes.  Tap (i, j) reads them from output pixels ox = x0 + pad_left - j * dilation_w + k (k < V) of
 // output row oy, V consecutive elements of the tap's cols row: two aligned 16-byte loads and a funnel shift, as in
 // `unfold_runs` (out_w is a multiple of V, so each aligned vector lies wholly inside the row or wholly outside it:
 // zeros).  A kernel row that reads no window's row (a stride's remainder, oy past the end) is skipped.  Every position

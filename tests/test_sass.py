@@ -948,9 +948,8 @@ def test_async_copy_header_compiles_to_ldgsts_and_ldsm(arch):
 # vector loads kept from tap to tap and the RUN scalar loads of a row's padded ends).  NVRTC 13.0's code for the
 # issue-25 rewrite: 17 (int) and 21 (long long) a tap for unfold, 85-137 a vector tap, 9-11 per load for fold;
 # before the rewrite, fold's tap loop took 53-55 a load around a division by each stride.  fold_col2im's vector
-# instantiations (task foldcopy) count per 16-byte load: their loop loads FOLD_TAPS taps of V positions, two
-# aligned vectors each, then shifts and adds them (30-47 a load, 8 positions a tap in fp16).  Some slack for other
-# compilers.
+# instantiations (16-bit types, task foldcopy) count per 16-byte load: their loop loads FOLD_TAPS taps of 8
+# positions, two aligned vectors each, then shifts and adds them (45-47 a load).  Some slack for other compilers.
 TAP_LOOP_LIMIT = {"unfold_im2col": 22, "unfold_im2col vector": 150, "fold_col2im": 12, "fold_col2im vector": 52}
 # Opcodes of a run-time integer division on sm_80/sm_90: the reciprocal that 32-bit division starts from, and the
 # call of the 64-bit division subroutine.  (The compiler may divide once before a loop, to count its trips.)
