@@ -202,18 +202,19 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
   }
 }
 
-// Gather form of col2im: one thread per output position (y, x) of FOLD_PLANES consecutive planes (image,
+// Gather form of col2im (RUN = 1, `fold_col2im`'s any-shape path): one thread per output position (y, x) of FOLD_PLANES consecutive planes (image,
 // channel) sums, for each plane, the taps that read it, in acc_t (float for the 16-bit types).  The planes share
 // every coordinate, so the index arithmetic of a tap is paid once for FOLD_PLANES loads.  No atomics, so the result
 // is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x)
 // from output pixel (oy, ox) when y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions
 // by the strides are fast ones.
 template <typename T, typename I>
-__global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
-                            int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
-                            int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
-                            int out_w, unsigned int width_magic, unsigned int height_magic,
-                            unsigned int stride_h_magic, unsigned int stride_w_magic) {
+__device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+                                               int height, int width, int kernel_h, int kernel_w, int stride_h,
+                                               int stride_w, int pad_top, int pad_left, int dilation_h,
+                                               int dilation_w, int out_h, int out_w, unsigned int width_magic,
+                                               unsigned int height_magic, unsigned int stride_h_magic,
+                                               unsigned int stride_w_magic) {
   const I pixels = (I)out_h * out_w;
   const I plane_size = (I)height * width;
   const I planes = n * channels;
@@ -255,5 +256,99 @@ __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n
     for (int p = 0; p < FOLD_PLANES; ++p) {
       if (p < count) dst[p * plane_size] = from_acc<T>(sum[p]);
     }
+  }
+}
+
+// The taps of a kernel row whose loads a thread of `fold_runs` issues before it adds any of them: a 3-wide row at
+// once, so a warp waits once a kernel row (3 times for 3 x 3), not once a tap.
+constexpr int FOLD_TAPS = 3;
+
+// col2im with 16-byte loads and stores, instantiated for the 16-bit types only (in float32 the gather's 8 planes a
+// thread cost fewer instructions a position: ops/unfold.py's fold_run), where ops/unfold.py checks that it can
+// run: stride 1 along x, width and out_w multiples of V = 16 / sizeof(T), cols and out 16-byte aligned.  One thread
+// per run of V positions x0 .. x0 + V - 1 of one row y of one plane (image, channel): consecutive threads take
+// consecutive runs, so a warp stores 512 contiguous bytes.  Tap (i, j) reads them from output pixels ox = x0 + pad_left - j * dilation_w + k (k < V) of
+// output row oy, V consecutive elements of the tap's cols row: two aligned 16-byte loads and a funnel shift, as in
+// `unfold_runs` (out_w is a multiple of V, so each aligned vector lies wholly inside the row or wholly outside it:
+// zeros).  A kernel row that reads no window's row (a stride's remainder, oy past the end) is skipped.  Every position
+// sums its taps in the order (i, j) in acc_t, as `fold_positions` does, so both give the same bits (an added +0.0
+// changes no sum, and a sum from +0.0 is never -0.0).
+template <typename T, typename I>
+__device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+                                          int height, int width, int kernel_h, int kernel_w, int stride_h,
+                                          int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
+                                          int out_w, unsigned int runs_magic, unsigned int height_magic,
+                                          unsigned int stride_h_magic) {
+  typedef typename BitsOf<sizeof(T)>::type E;
+  constexpr int V = 16 / sizeof(T);
+  const int runs_per_row = width / V, taps = kernel_h * kernel_w;
+  const I pixels = (I)out_h * out_w;
+  const I units = n * channels * height * runs_per_row;
+  const FastDivmod by_runs(runs_per_row, runs_magic), by_height(height, height_magic);
+  const FastDivmod by_stride_h(stride_h, stride_h_magic);
+  for (I index = grid_start<I>(); index < units; index += grid_stride<I>()) {
+    int run, y;
+    const I row = index_divmod<I>(index, by_runs, run);   // plane * height + y
+    const I plane = index_divmod<I>(row, by_height, y);
+    const int x0 = run * V;
+    const E* plane_cols = reinterpret_cast<const E*>(cols) + plane * taps * pixels;
+    acc_t<T> sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0;
+    int ty = y + pad_top;  // = oy * stride_h for the windows whose tap row i reads row y
+#pragma unroll 1
+    for (int i = 0; i < kernel_h && ty >= 0; ++i, ty -= dilation_h) {
+      int ry;
+      const int oy = by_stride_h.divmod(ty, ry);
+      if (ry != 0 || oy >= out_h) continue;  // no window's tap row i reads row y: nothing to add
+      const E* tap_row = plane_cols + (I)i * kernel_w * pixels + (I)oy * out_w;  // tap (i, 0)'s cols row oy
+      int tx = x0 + pad_left;  // = ox for tap (i, j) and position x0
+#pragma unroll 1
+      for (int j0 = 0; j0 < kernel_w; j0 += FOLD_TAPS) {
+        uint4 lo[FOLD_TAPS], hi[FOLD_TAPS];
+        int offset[FOLD_TAPS];
+#pragma unroll
+        for (int k = 0; k < FOLD_TAPS; ++k, tx -= dilation_w, tap_row += pixels) {  // the loads first
+          const int start = tx & ~(V - 1);  // the aligned vector holding ox = tx (tx may be negative)
+          offset[k] = tx - start;
+          if (j0 + k < kernel_w) {
+            lo[k] = load_or_zero(tap_row, start, out_w);
+            hi[k] = offset[k] ? load_or_zero(tap_row, start + V, out_w) : lo[k];  // (at offset 0 window16 takes lo)
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < FOLD_TAPS && j0 + k < kernel_w; ++k) {  // then the adds, in tap order
+          const uint4 v = window16(lo[k], hi[k], offset[k] * (int)sizeof(T));
+          const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+          for (int q = 0; q < V; ++q) sum[q] += to_acc(e[q]);
+        }
+      }
+    }
+    uint4 packed;
+    T* e = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int q = 0; q < V; ++q) e[q] = from_acc<T>(sum[q]);
+    *reinterpret_cast<uint4*>(out + row * width + x0) = packed;
+  }
+}
+
+// col2im: RUN = 1, one thread per position of FOLD_PLANES planes (`fold_positions`, any window), or
+// RUN = 16 / sizeof(T), one thread per run of RUN positions with 16-byte accesses (`fold_runs`, the shapes
+// ops/unfold.py checks it can take).  width_magic is the FastDivmod multiplier of width / RUN, the units of a row.
+template <typename T, typename I, int RUN>
+__global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+                            int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
+                            int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
+                            int out_w, unsigned int width_magic, unsigned int height_magic,
+                            unsigned int stride_h_magic, unsigned int stride_w_magic) {
+  static_assert(RUN == 1 || RUN * sizeof(T) == 16, "RUN is 1 or a 16-byte vector of T");
+  if constexpr (RUN == 1) {
+    fold_positions<T, I>(cols, out, n, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top,
+                         pad_left, dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic,
+                         stride_w_magic);
+  } else {
+    fold_runs<T, I>(cols, out, n, channels, height, width, kernel_h, kernel_w, stride_h, pad_top, pad_left,
+                    dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic);
   }
 }

@@ -138,6 +138,89 @@ def test_vector_path_matches_cpu_path(dtype):
         numpy.testing.assert_array_equal(cols.view(numpy.uint8), cols_ref.view(numpy.uint8), err_msg=str(width))
 
 
+#: fold's vector path (16 x 16 planes, stride 1 along x): VECTOR_WINDOWS, and output rows wider than the plane
+#: (24 and 32 pixels from padding: every run's taps read whole vectors of padding on both sides) or as wide through a
+#: 9-wide kernel.
+FOLD_VECTOR_WINDOWS = VECTOR_WINDOWS + [((1, 1), 1, ((0, 1), (4, 4)), 1), ((3, 1), (1, 1), ((1, 1), (0, 16)), 1)]
+
+
+def _fold_scalar(monkeypatch, c, size, kernel, kw):
+    """fold of c through fold_col2im<T, I, 1> (one thread per position), the vector path's reference."""
+    from cupyconv.ops import unfold
+    device = RecordingDevice()
+    with monkeypatch.context() as m:
+        m.setattr(unfold, "fold_run", lambda dtype: 1)
+        with _device.use_device(device):
+            out = cupyconv.fold(c, size, kernel, **kw)
+    assert device.launches[-1][0].endswith(", 1>")
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fold_vector_path_matches_scalar_kernel(dtype, monkeypatch):
+    """fold_col2im's vector instantiation (RUN = 8 in the 16-bit types: 16-byte loads and stores, the loads of 3
+    taps issued before their adds) gives the one-position-a-thread kernel's bits, in both types, forward and reverse
+    order, on fresh random cols into poisoned outputs, and the CPU path's sums within one rounding; the launches
+    show it ran."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    run = 8
+    for k, (kernel, dilation, padding, stride) in enumerate(FOLD_VECTOR_WINDOWS):
+        kw = dict(dilation=dilation, padding=padding, stride=stride)
+        cols_shape = cupyconv.unfold(numpy.zeros((2, 3, 16, 16), numpy.float32), kernel, **kw).shape
+        c = _random(cols_shape, dtype, seed=20 + k)
+        device = RecordingDevice(order="reverse" if k % 2 else "forward")
+        with _device.use_device(device):
+            out = cupyconv.fold(c, (16, 16), kernel, **kw)
+        assert [name for name, _ in device.launches] == [_kernels.kernel_name("fold_col2im", dtype, "int", run)]
+        expected = _fold_scalar(monkeypatch, c, (16, 16), kernel, kw)
+        numpy.testing.assert_array_equal(out.view(numpy.uint8), expected.view(numpy.uint8), err_msg=str(kernel))
+        exact = cupyconv.fold(c.astype(numpy.float64), (16, 16), kernel, **kw)
+        numpy.testing.assert_allclose(out.astype(numpy.float64), exact, rtol=1e-2, atol=1e-2, err_msg=str(kernel))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fold_vector_path_adds_taps_in_order(dtype, monkeypatch):
+    """Each position sums its taps in the order (i, j), as the gather does: with a 1 x 3 kernel whose taps hold 2048,
+    -2048 and 2^-14 everywhere, float32 keeps 2^-14 only where the first two cancel first ((c + b) + a is 0)."""
+    cols = numpy.empty((2, 3 * 3, 16 * 16), numpy.float32)
+    cols[:, 0::3], cols[:, 1::3], cols[:, 2::3] = 2048.0, -2048.0, 2.0**-14
+    c = cols.astype(dtype)
+    device = RecordingDevice()
+    with _device.use_device(device):
+        out = cupyconv.fold(c, (16, 16), (1, 3), padding=(0, 1))
+    assert device.launches[-1][0].endswith(", 8>")
+    numpy.testing.assert_array_equal(out[..., 1:-1].astype(numpy.float64), 2.0**-14)   # every tap read: all three
+    expected = _fold_scalar(monkeypatch, c, (16, 16), (1, 3), dict(padding=(0, 1)))
+    numpy.testing.assert_array_equal(out.view(numpy.uint8), expected.view(numpy.uint8))
+
+
+def test_fold_vector_path_needs_alignment(monkeypatch):
+    """float16: planes 14 wide, output rows of 14 from planes of 16, a stride of 2 along x, cols one element into its
+    buffer take the scalar kernel, with the same result, and so do float32's (no vector fold); 64-bit indices take
+    the vector one too."""
+    def fold(c, size, kernel, **kw):
+        device = RecordingDevice()
+        with _device.use_device(device):
+            out = cupyconv.fold(c, size, kernel, **kw)
+        numpy.testing.assert_allclose(out, cupyconv.fold(c, size, kernel, **kw), rtol=1e-2, atol=1e-2)
+        return [name for name, _ in device.launches]
+
+    c = _random((2, 27, 16 * 14), numpy.float16)
+    assert fold(c, (16, 14), 3, padding=1) == ["fold_col2im<__half, int, 1>"]
+    assert fold(c, (16, 16), 3, padding=((1, 1), (0, 0))) == ["fold_col2im<__half, int, 1>"]
+    c = _random((2, 27, 16 * 8), numpy.float16)
+    assert fold(c, (16, 16), 3, padding=1, stride=(1, 2)) == ["fold_col2im<__half, int, 1>"]
+    c = _random((2, 27, 16 * 16), numpy.float16)
+    shifted = _random((c.size + 1,), numpy.float16)[1:].reshape(c.shape)
+    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 1>"]
+    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 8>"]
+    assert fold(c.astype(numpy.float32), (16, 16), 3, padding=1) == ["fold_col2im<float, int, 1>"]
+    monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 8>"]
+    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 1>"]
+
+
 def test_vector_path_needs_alignment():
     """A view that starts one element into its buffer (every stride a multiple of 4 floats), rows of 17, or output
     rows of 13 take the scalar kernel (a 16-byte access there faults on a GPU, and fails the emulator's alignment
@@ -179,7 +262,7 @@ def test_64_bit_index_variants(monkeypatch):
         cols = cupyconv.unfold(x, kernel, **kw)
         out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
     assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long, 1>",
-                                                     "fold_col2im<double, long long>"]
+                                                     "fold_col2im<double, long long, 1>"]
     numpy.testing.assert_array_equal(cols, cupyconv.unfold(x, kernel, **kw))
     numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
 
@@ -238,6 +321,8 @@ def test_kernels_are_clean_under_address_sanitizer():
         "    out = cupyconv.fold(cols, (5, 7), (2, 3), **kw)\n"
         "    v = numpy.random.default_rng(1).standard_normal((2, 3, 5, 16)).astype(numpy.float16)\n"
         "    cols_v = cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1)))\n"   # the vector kernel, both row ends
+        "    out_v = cupyconv.fold(cols_v, (5, 16), (2, 3), padding=((1, 0), (1, 1)))\n"   # the vector fold
+        "assert numpy.allclose(out_v, cupyconv.fold(cols_v, (5, 16), (2, 3), padding=((1, 0), (1, 1))), atol=1e-2)\n"
         "assert numpy.array_equal(cols_v, cupyconv.unfold(v, (2, 3), padding=((1, 0), (1, 1))))\n"
         "assert numpy.array_equal(cols, cupyconv.unfold(x, (2, 3), **kw))\n"
         "assert numpy.allclose(out, cupyconv.fold(cols, (5, 7), (2, 3), **kw))\n"
@@ -305,6 +390,12 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     numpy.testing.assert_array_equal(cols, cols_ref)
     (name, _), (_, blocks, units) = device.launches[-1], loops.launches[-1]
     assert name == "unfold_im2col<double, int, 2>" and 1 < blocks < units, loops.launches
+    device = RecordingDevice()   # the vector fold: 2 x 3 x 16 x 2 runs of 8 positions
+    c = cols_ref.astype(numpy.float16)
+    out, out_ref = _both_paths(lambda: cupyconv.fold(c, (16, 16), 3, padding=1), loops.device(device))
+    numpy.testing.assert_allclose(out.astype(numpy.float64), out_ref.astype(numpy.float64), rtol=1e-2, atol=1e-2)
+    (name, _), (_, blocks, units) = device.launches[-1], loops.launches[-1]
+    assert name == "fold_col2im<__half, int, 8>" and 1 < blocks < units, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
@@ -354,10 +445,11 @@ def test_64_bit_indices_past_2_31(monkeypatch):
         out = cupyconv.fold(cols, (1, 1), kernel, **kw)
     bug_classes.assert_tail_written(out, cupyconv.fold(cols[:, -1024:], (1, 1), kernel, **kw), numpy.float16, 256,
                                     "fold, channels")
-    # output rows of 60000 pixels (16-byte aligned) take the vector instantiation, of 59999 and 1 pixels the scalar one
+    # output rows of 60000 pixels (16-byte aligned) take the vector instantiations, of 59999 and 1 pixels the scalar
+    # ones
     assert device.launches == ["unfold_im2col<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
-                               "fold_col2im<__half, long long>", "unfold_im2col<__half, long long, 1>",
-                               "fold_col2im<__half, long long>"]
+                               "fold_col2im<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long, 1>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):

@@ -6,9 +6,10 @@ CPU path: im2col is a strided view over the padded input and col2im a loop over 
 vectorised add); conv, depthwise and patch build on these primitives.
 GPU path: raw_kernels/unfold.cu, one thread per window for im2col (`unfold_gpu`, also the column builder of
 conv and patch), or per run of 16 bytes of output pixels with 16-byte loads and stores where the layout allows
-(`unfold_im2col<T, I, RUN>`, RUN = `vector_run`), and a deterministic gather for col2im (`fold_gpu`), one thread per
-position of FOLD_PLANES planes; both loop over their units on at most UNFOLD_BLOCKS blocks and split indices by
-FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
+(`unfold_im2col<T, I, RUN>`, RUN = `vector_run`), and a deterministic gather for col2im (`fold_gpu`,
+`fold_col2im<T, I, RUN>`), one thread per position of FOLD_PLANES planes, or in the 16-bit types per run of 16 bytes
+of positions with 16-byte loads and stores where the window and layout allow (stride 1 along x, `fold_run`); both loop over their units on at
+most UNFOLD_BLOCKS blocks and split indices by FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
 """
 from __future__ import annotations
 
@@ -114,10 +115,20 @@ def vector_run(dtype) -> int:
     return 16 // (itemsize or numpy.dtype(dtype).itemsize)
 
 
+def fold_run(dtype) -> int:
+    """The RUN of fold_col2im's vector instantiation for `dtype`, 1 where it has none: 16-bit types only.  In
+    float32 (4 positions a 16-byte vector) the gather of FOLD_PLANES planes a thread is the leaner (9-11 SASS
+    instructions a load and a position against about 16 a position and tap), and the model put the vector fold of
+    c1d-audio, c3d-mri and g2-256 10-12% higher at its high end (task foldcopy)."""
+    run = vector_run(dtype)
+    return run if run == 8 else 1   # (8 elements in 16 bytes: a 2-byte type)
+
+
 def instantiations():
     return [*(kernel_name("unfold_im2col", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
               for run in (1, vector_run(d))),
-            *(kernel_name("fold_col2im", d, i) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES))]
+            *(kernel_name("fold_col2im", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
+              for run in sorted({1, fold_run(d)}))]
 
 
 def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
@@ -155,18 +166,25 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
 
 def fold_gpu(device, cols, spec: ConvSpec, out=None):
     """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather; into out where given
-    (C-contiguous, that shape, cols' dtype: a chunk of a larger result, written in place, no copy)."""
+    (C-contiguous, that shape, cols' dtype: a chunk of a larger result, written in place, no copy).  Both
+    instantiations sum each position's taps in the same order, so the vector one (RUN > 1) gives the same bits."""
     c, (h, w) = spec.in_channels, spec.in_size
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     if out is None:
         out = device.empty((spec.n, c, h, w), cols.dtype)
     if out.size:
-        grid, block = _launch(ceil_div(spec.n * c, FOLD_PLANES) * h * w)
-        (sh, sw) = spec.stride
-        KERNELS.launch(device, "fold_col2im", dtype=cols.dtype, index=index_type(cols.size, out.size), grid=grid,
-                       block=block, window=spec, cols=cols, out=out, n=spec.n, channels=c,
-                       width_magic=fast_divmod_magic(w), height_magic=fast_divmod_magic(h),
-                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw))
+        (sh, sw), ow, index = spec.stride, spec.out_size[1], index_type(cols.size, out.size)
+        # 16-byte accesses need rows of cols and of out that start on 16-byte boundaries, and the V positions of a
+        # run to read V consecutive elements of a cols row (stride 1 along x): else one thread per position.
+        vector = fold_run(cols.dtype)
+        run = vector if (vector > 1 and sw == 1 and w % vector == 0 and ow % vector == 0
+                         and _address(cols) % 16 == 0 and _address(out) % 16 == 0) else 1
+        units = spec.n * c * h * w // run if run > 1 else ceil_div(spec.n * c, FOLD_PLANES) * h * w
+        grid, block = _launch(units)
+        KERNELS.launch(device, "fold_col2im", (run,), dtype=cols.dtype, index=index, grid=grid, block=block,
+                       window=spec, cols=cols, out=out, n=spec.n, channels=c, width_magic=fast_divmod_magic(w // run),
+                       height_magic=fast_divmod_magic(h), stride_h_magic=fast_divmod_magic(sh),
+                       stride_w_magic=fast_divmod_magic(sw))
     return out
 
 
