@@ -726,21 +726,56 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 // elements apart).  The split of e is worked out once per block (the divisions), then stepped by blockDim.x with
 // one carry per digit.
 struct RunWalk {
-  int x = 0, y = 0, cell = 0, dx = 0, dy = 0, dcell = 0;
+  int x = 0, y = 0, q = 0, cell = 0, dx = 0, dy = 0, dq = 0, dcell = 0;  // q: the element's plane of the run
   RunWalk() = default;  // kernels without FLAT (whose planes may be too large for an int product)
   __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left) {
     const int size = w * h, e = (int)threadIdx.x, step = (int)blockDim.x;
-    y = e % size / w, x = e % w;
-    cell = e / size * plane + (y + top) * pitch + x + left;
-    dy = step % size / w, dx = step % w;
-    dcell = step / size * plane + dy * pitch + dx;
+    y = e % size / w, x = e % w, q = e / size;
+    cell = q * plane + (y + top) * pitch + x + left;
+    dy = step % size / w, dx = step % w, dq = step / size;
+    dcell = dq * plane + dy * pitch + dx;
   }
   __device__ __forceinline__ void next(int w, int h, int pitch, int plane) {
-    x += dx, y += dy, cell += dcell;
+    x += dx, y += dy, q += dq, cell += dcell;
     if (x >= w) x -= w, ++y, cell += pitch - w;
-    if (y >= h) y -= h, cell += plane - h * pitch;
+    if (y >= h) y -= h, ++q, cell += plane - h * pitch;
   }
 };
+
+// Stage elements [0, count) of a RunWalk's run into the tiles at their cells (those inside in_h x in_w staged rows
+// and columns; the others, and the halo, are left as they are): element e is load(e, at), at its walk.  A thread
+// issues the loads of B elements before it stores any, the values kept in T and converted at the store, so that
+// nothing waits on a load before the last of the batch is issued: one wait on global memory a batch.
+template <int B, typename T, typename Load>
+__device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count, int w, int h, int pitch, int plane,
+                                          int top, int left, int in_h, int in_w, Load load) {
+  for (int e = (int)threadIdx.x; e < count;) {
+    T v[B];
+    int cell[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b, e += (int)blockDim.x, at.next(w, h, pitch, plane)) {
+      const int row = at.y + top, col = at.x + left;
+      const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;
+      cell[b] = inside ? at.cell : -1;
+      if (inside) v[b] = load(e, at);
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
+    }
+  }
+}
+
+// tile[0, count) = 0 by the whole block, 16 bytes a store (count: a multiple of 16 bytes' elements).
+template <typename A>
+__device__ __forceinline__ void zero_tiles(A* tile, int count) {
+  constexpr int C = 16 / sizeof(A);
+  Pack<A, C> zeros;
+#pragma unroll
+  for (int e = 0; e < C; ++e) zeros.v[e] = A(0);
+  for (int e = (int)threadIdx.x * C; e < count; e += (int)blockDim.x * C)
+    *reinterpret_cast<Pack<A, C>*>(tile + e) = zeros;
+}
 
 // Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
 // persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
@@ -826,31 +861,11 @@ __device__ __forceinline__ void depthwise_persistent(
     if (flat_run) {
       // Zeros everywhere (the halo; the planes of the items from `valid` on), then the run's elements that fall
       // inside the tiles (a large padding may leave rows or columns of the plane outside them).
-      constexpr int C = AlignedStaging<T, I, SPREAD>::C;  // in_h * pitch is a multiple of C
-      Pack<A, C> zeros;
-#pragma unroll
-      for (int e = 0; e < C; ++e) zeros.v[e] = A(0);
-      for (int e = (int)threadIdx.x * C; e < per_block * terms * staging.plane; e += (int)blockDim.x * C)
-        *reinterpret_cast<Pack<A, C>*>(tile + e) = zeros;
+      zero_tiles(tile, per_block * terms * staging.plane);  // in_h * pitch is a multiple of 16 bytes
       __syncthreads();
       const T* run = src + base * src_plane;
-      RunWalk at = walk;
-      const int count = valid * terms * (int)src_plane;
-      for (int e = (int)threadIdx.x; e < count;) {  // batch loads, then their stores
-        T v[batch];  // converted at the store, so that nothing waits on a load before the last is issued
-        int cell[batch];
-#pragma unroll
-        for (int b = 0; b < batch; ++b, e += (int)blockDim.x, at.next(src_w, src_h, pitch, staging.plane)) {
-          const int row = at.y + pad_top, col = at.x + pad_left;
-          const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;
-          cell[b] = inside ? at.cell : -1;
-          if (inside) v[b] = run[e];
-        }
-#pragma unroll
-        for (int b = 0; b < batch; ++b) {
-          if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
-        }
-      }
+      stage_run<batch, T>(tile, walk, valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top,
+                          pad_left, in_h, in_w, [&](int e, const RunWalk&) { return run[e]; });
     } else {
       staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
                     [&](int q) -> const T* {
@@ -1491,6 +1506,22 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   const bool rows_aligned = out_w % U == 0 &&
                             (reinterpret_cast<unsigned long long>(grad_out) % (U * sizeof(T))) == 0;
   const int tiles = tiles_x * tiles_y;
+  // FLAT (the SPREAD instantiations of 32- and 64-bit data) on whole-plane tiles whose rows are not whole 16-byte
+  // chunks (7x7, 14x14): a unit's per_block planes (images image0 .. of channel c) are staged flat, as
+  // depthwise_persistent's packed runs, `batch` loads before their stores, instead of row by row, a wait each row
+  // (PREDICTED dw-672-14k5 fp32: 150 -> 49 waits a warp, 78-237 -> 56-173 us).  Only plane cells are written, the
+  // same ones every unit, so the halo is zeroed once a block; the planes of images past the batch keep stale values,
+  // read by no active item.
+  // Not 16-bit data: there the executed count saw most of the loads still waited one by one (dw-1152-7k5 fp16: 118 ->
+  // 34 waits a warp, but 32 more registers, 10 -> 8 blocks an SM: PREDICTED 16% slower), and PAIRS (3x3) stayed
+  // 69 -> 57 waits for 47% more instructions.
+  constexpr bool FLAT = SPREAD && sizeof(T) >= 4;
+  const bool flat_run = FLAT && tiles == 1 && !staging.rows_aligned;
+  constexpr int batch = 2;  // 4 or 8 (the forward's STAGE_BATCH) cost 18-32 registers: 10 -> 8 blocks an SM (5x5)
+  if (flat_run) {
+    zero_tiles(tile, per_block * staging.plane);
+    __syncthreads();
+  }
   const WeightRows<I> rows(images, per_block, tiles, units_per_block);
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
     const int co = (int)(b % out_channels), c = co / multiplier;
@@ -1504,10 +1535,28 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     for (I e = 0; e < count; ++e) {
       const I image0 = g * per_block, n = image0 + p;
       const int oy0 = ty * tile_h, ox0 = tx * tile_w;
-      staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width, [&](int q) -> const T* {
-        const I image = image0 + q;
-        return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
-      });
+      if (flat_run) {
+        const I plane_size = (I)height * width, plane_step = channels * plane_size;
+        const T* first_plane = x + (image0 * channels + c) * plane_size;
+        const int valid = (int)min((I)per_block, images - image0);
+        // The walk is the same every unit, but kept over the unit loop it cost 32 registers (NVRTC 13, sm_90: 96 ->
+        // 128 for the 5x5): worked out again each unit (its divisions), from a width the compiler cannot hoist.
+        int w = width;
+#ifndef __CUPYCONV_EMULATOR__
+        asm volatile("" : "+r"(w));
+#endif
+        const RunWalk walk(w, height, pitch, staging.plane, pad_top, pad_left);
+        stage_run<batch, T>(tile, walk, valid * (int)plane_size, width, height, pitch, staging.plane, pad_top,
+                            pad_left, in_h, in_w, [&](int, const RunWalk& at) {
+                              return first_plane[at.q * plane_step + at.y * width + at.x];
+                            });
+      } else {
+        staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width,
+                      [&](int q) -> const T* {
+                        const I image = image0 + q;
+                        return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
+                      });
+      }
       const int ox = ox0 + ox_l, oy = oy0 + s * V;
       const bool active = item.valid && n < images && ox < out_w;
       A gv[V][U];  // zeros past the plane: those outputs add nothing

@@ -76,6 +76,7 @@ DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
 DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
+DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
@@ -917,9 +918,11 @@ MUTATIONS = [
     # the 3x3 packed kernels' flat staging (RunWalk) and paired output stores (issue 25, small planes)
     M("dw-flat-row-skip", "depthwise.cu", "if (x >= w) x -= w, ++y, cell += pitch - w;", "if (x >= w) x -= w, ++y;",
       DW_PACKED, "wrong index"),
-    M("dw-flat-plane-skip", "depthwise.cu", "if (y >= h) y -= h, cell += plane - h * pitch;", "if (y >= h) y -= h;",
+    M("dw-flat-plane-skip", "depthwise.cu", "if (y >= h) y -= h, ++q, cell += plane - h * pitch;",
+      "if (y >= h) y -= h, ++q;",
       DW_PACKED, "wrong plane stride"),
-    M("dw-flat-zero-barrier", "depthwise.cu", "= zeros;\n      __syncthreads();", "= zeros;", DW_PACKED,
+    M("dw-flat-zero-barrier", "depthwise.cu", "staging.plane);  // in_h * pitch is a multiple of 16 bytes\n"
+      "      __syncthreads();", "staging.plane);", DW_PACKED,
       "removed barrier"),
     M("dw-flat-tile-bounds", "depthwise.cu", "inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;",
       "inside = e < count && row < in_h && col < in_w;", DW_PACKED, "tile bound"),
@@ -930,10 +933,27 @@ MUTATIONS = [
     # the packed kernels' batched flat staging, every PACK instantiation (issue 25, latency: loads before stores)
     M("dw-flat-batch-skipped", "depthwise.cu", "if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);",
       "tile[max(cell[b], 0)] = to_acc(v[b]);", DW_PACKED, "tile bound"),
-    M("dw-flat-batch-walk", "depthwise.cu", "++b, e += (int)blockDim.x, at.next(src_w, src_h, pitch, staging.plane)) {",
+    M("dw-flat-batch-walk", "depthwise.cu", "++b, e += (int)blockDim.x, at.next(w, h, pitch, plane)) {",
       "++b, e += (int)blockDim.x) {", DW_PACKED, "wrong index"),
     M("dw-flat-batch-inside", "depthwise.cu", "cell[b] = inside ? at.cell : -1;", "cell[b] = at.cell;", DW_PACKED,
       "tile bound"),
+    # depthwise_bwd_weight's FLAT staging of whole small planes, 32- and 64-bit data (task dwwg3, issue 25: waits)
+    M("dw-wflat-plane-carry", "depthwise.cu", "if (y >= h) y -= h, ++q, cell", "if (y >= h) y -= h, cell", DW_WFLAT,
+      "wrong plane stride"),
+    M("dw-wflat-plane-step", "depthwise.cu", "plane_step = channels * plane_size;", "plane_step = plane_size;",
+      DW_WFLAT, "wrong plane stride"),
+    M("dw-wflat-channel", "depthwise.cu", "x + (image0 * channels + c) * plane_size;",
+      "x + (image0 * channels) * plane_size;", DW_WFLAT, "wrong index"),
+    M("dw-wflat-row", "depthwise.cu", "first_plane[at.q * plane_step + at.y * width + at.x]",
+      "first_plane[at.q * plane_step + at.y * pitch + at.x]", DW_WFLAT, "wrong index"),
+    M("dw-wflat-zero-barrier", "depthwise.cu", "zero_tiles(tile, per_block * staging.plane);\n    __syncthreads();",
+      "zero_tiles(tile, per_block * staging.plane);", DW_WFLAT, "removed barrier"),
+    M("dw-wflat-zero-count", "depthwise.cu", "zero_tiles(tile, per_block * staging.plane);",
+      "zero_tiles(tile, (per_block - 1) * staging.plane);", DW_WFLAT, "tile bound"),
+    M("dw-wflat-one-tile", "depthwise.cu", "const bool flat_run = FLAT && tiles == 1 && !staging.rows_aligned;",
+      "const bool flat_run = FLAT && !staging.rows_aligned;", DW_WFLAT, "wrong index"),
+    M("dw-wflat-64bit", "depthwise.cu", "const I plane_size = (I)height * width,",
+      "const int plane_size = height * width,", DW_WFLAT, "int overflow"),
     M("dw-spread-plane", "depthwise.cu", "(span - in_h * pitch) & (BANK_ROW - 1)",
       "(span - in_h * pitch + C) & (BANK_ROW - 1)", DW_SPREAD, "bank conflict"),
     M("dw-spread-layout", "depthwise.cu", "p = (int)threadIdx.x / groups_x % per_block;\n      s = (int)threadIdx.x / "

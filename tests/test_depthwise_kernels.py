@@ -605,7 +605,15 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     tile or misses one.  Small planes take the SPREAD instantiation (planes first in the thread layout, staged
     planes padded): an item mapped to the wrong plane or strip, or a plane staged at the wrong offset, shows too."""
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
-    rng = numpy.random.default_rng(stage1_blocks + 200)
+    device = _weight_gradients_match(numpy.random.default_rng(stage1_blocks + 200), shape, m, k, stride, padding, dtype)
+    name = short(device.launches[0][0]).replace(", false, true>", ">").replace(", true, true>", ", true>")  # PAIRS
+    assert name == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
+    assert device.launches[0][1][-2] > 1, "units per block"
+
+
+def _weight_gradients_match(rng, shape, m, k, stride, padding, dtype) -> Recorder:
+    """The weight and bias gradients of fresh N(0, 1) data (blocks run in reverse) against the float64 CPU path;
+    returns the device, whose launches the caller checks."""
     x = rng.standard_normal(shape).astype(dtype)
     weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(dtype)
     out_shape = cupyconv.depthwise_conv2d(x, weight, stride=stride, padding=padding).shape
@@ -614,14 +622,12 @@ def test_weight_gradient_steps_through_its_units(monkeypatch, stage1_blocks, sha
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, stride=stride, padding=padding,
                                                                needs=("weight", "bias"))
-    name = short(device.launches[0][0]).replace(", false, true>", ">").replace(", true, true>", ", true>")  # PAIRS
-    assert name == f"depthwise_bwd_weight<{k}, {stride}{', true' if spread else ''}>"
-    assert device.launches[0][1][-2] > 1, "units per block"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, stride=stride, padding=padding,
                                                            needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
+    return device
 
 
 @pytest.mark.parametrize("shape, k, padding, dtype, units", [
@@ -678,6 +684,54 @@ def test_weight_gradient_stages_even_rows_by_pairs(shape, k, padding, dtype, ker
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(_dtype(dtype)), dtype, "weight")
     assert_matches(grad_b, want_b.astype(_dtype(dtype)), dtype, "bias")
+
+
+# depthwise_bwd_weight's FLAT staging (SPREAD, 32- and 64-bit data, whole-plane tiles whose rows are not whole
+# 16-byte chunks): (shape, multiplier, kernel, stride, padding, dtype), each with a short last image group.
+FLAT_WEIGHT_CASES = [
+    ((70, 2, 14, 14), 1, 5, 1, 2, "float32"),   # dw-672-14k5's launch: 8 images a unit, 8 x 8 + 6
+    ((37, 3, 7, 7), 2, 5, 1, 2, "float32"),     # 7x7 planes, multiplier 2 (two output channels read one x plane)
+    ((23, 2, 13, 14), 1, 5, 1, 0, "float32"),   # no padding, rectangular: the plane's last rows past the outputs'
+    ((21, 2, 14, 14), 1, 5, 2, 2, "float32"),   # stride 2
+    ((19, 2, 13, 14), 2, 7, 1, 3, "float64"),   # 7x7 kernel, double
+    ((29, 2, 7, 7), 1, 5, 1, 4, "float32"),     # padding 4: staged rows and columns past the plane on both sides
+]
+
+
+@pytest.mark.parametrize("stage1_blocks", [1, 4096])
+@pytest.mark.parametrize("shape, m, k, stride, padding, dtype", FLAT_WEIGHT_CASES)
+def test_weight_gradient_stages_small_planes_flat(monkeypatch, stage1_blocks, shape, m, k, stride, padding, dtype):
+    """depthwise_bwd_weight<K, S, true> on whole-plane tiles of 7- and 14-wide rows stages a unit's planes flat, the
+    halo zeroed once a block: a block of several units (STAGE1_BLOCKS 1: every unit of a channel; the last one
+    short, its planes past the batch stale from the unit before) or of one, against float64."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+    monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
+    rng = numpy.random.default_rng(stage1_blocks + shape[0])
+    (stage1, args), _ = _weight_gradients_match(rng, shape, m, k, stride, padding, dtype).launches
+    assert short(stage1) == f"depthwise_bwd_weight<{k}, {stride}, true>"
+    assert list(args[-5:-3]) == [1, 1], "one tile a plane"
+
+
+def test_flat_weight_gradient_past_2_31(monkeypatch):
+    """The FLAT staging's plane offsets in the `long long` instantiation: two 14x14 images of enough channels that
+    the second image's planes start past 2^31 (sparse memory; only the last block runs: bug_classes.SparseDevice).
+    The last channel's weight gradient matches the CPU path on that channel alone."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(61)
+    channels = 2**31 // 196 + 64
+    x = bug_classes.sparse_zeros((2, channels, 14, 14), numpy.float32)
+    x[:, -1] = rng.standard_normal((2, 14, 14))
+    weight = bug_classes.sparse_zeros((channels, 1, 5, 5), numpy.float32)
+    grad_output = bug_classes.sparse_zeros((2, channels, 14, 14), numpy.float32)
+    grad_output[:, -1] = rng.standard_normal((2, 14, 14))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        grad_w = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=2, needs="weight")[1]
+    assert short(device.launches[0].replace(", long long", ", int")) == "depthwise_bwd_weight<5, 1, true>"
+    assert ", long long" in device.launches[0]
+    want = cupyconv.depthwise_conv2d_backward(grad_output[:, -1:], x[:, -1:], numpy.array(weight[-1:]), padding=2,
+                                              needs="weight")[1]
+    bug_classes.assert_tail_written(grad_w, want, numpy.float32, 25, "weight gradient, last channel")
 
 
 # The kernels the two memory-counter tests below launch (float32, 32-bit indices).  Their profile build (every access
