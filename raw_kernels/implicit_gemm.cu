@@ -396,7 +396,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_input_tc(
 // of cp.async writes) fall in 8 different 16-byte bank groups: no bank conflicts without padding.
 // Pipeline: chunks t + 1 .. t + STAGES - 1 are in flight (cp.async, one commit group per chunk) while the
 // tensor cores work on chunk t; one wait + barrier per chunk, after which the stage read in the previous chunk is
-// refilled.  conv_fwd_igemm's tiles of up to 128 rows (IG_PAIRS, ig_forward's PAIRS) load two chunks into two
+// refilled.  conv_fwd_igemm's tiles (IG_PAIRS, ig_forward's PAIRS; 256 rows with 32-bit indices only, their rows'
+// y and x packed in halves of one register: PACKED) load two chunks into two
 // neighbouring stages at once, 8 lanes a row reading 128 bytes of it (whole lines: half the L1 wavefronts of the
 // global side), with one commit group, wait and barrier per pair.  Epilogue: the accumulators (+ bias, rounded once to T) go through shared memory transposed to
 // (column, row), from where each thread stores 16 bytes of 8 (or 4) consecutive output pixels of one channel;
@@ -554,8 +555,15 @@ __device__ __forceinline__ void ig_forward(
   constexpr int BK = IG_ROW_VECTORS * VEC;                // elements of K per chunk
   // PAIRS: one load fills two chunks (two neighbouring stages), 128 bytes of K per row and 8 lanes a row, so that
   // a warp's cp.async reads 4 whole 128-byte lines instead of 8 half ones (fewer L1 wavefronts per HMMA); each
-  // thread then copies twice the rows.  The 2-D kernels' tiles of up to 128 rows only (256 x 64 would spill).
-  constexpr bool PAIRS = IG_PAIRS && !PHASES && !DEPTH && STAGES % 2 == 0 && BM <= 128;
+  // thread then copies twice the rows.  The 2-D kernels' tiles; 256 rows with 32-bit indices only (PACKED below:
+  // with 64-bit ones, 16 rows' bases of two registers would spill).
+  constexpr bool PAIRS = IG_PAIRS && !PHASES && !DEPTH && STAGES % 2 == 0 && (BM <= 128 || sizeof(I) == 4);
+  // PACKED (the 256-row tile's pairs: 16 A rows a thread): a row's window origin y, x as the 16-bit halves of one
+  // register, ((y << 16) + x + 2^15), so that the rows fit in registers without spills.  One add of the tap's
+  // (dy << 16) + dx gives both coordinates at once, and each test stays one compare (as y + dy and x + dx do):
+  // the planner keeps every y + dy, x + dx within (-2^14, 2^15) and the image within 2^14 (`ig_fits_halves`), so
+  // the low half never carries into the high one.
+  constexpr bool PACKED = PAIRS && BM > 128;
   constexpr int STEP = PAIRS ? 2 : 1;                              // chunks per load
   constexpr int ROWS_PER_PASS = IG_THREADS / (IG_ROW_VECTORS * STEP);  // rows the block copies per vector
   constexpr int A_ROWS = BM / ROWS_PER_PASS, B_ROWS = BN / ROWS_PER_PASS;
@@ -607,6 +615,7 @@ __device__ __forceinline__ void ig_forward(
   const int store_offset = ig_swizzle(row0, v) + half * STAGE_BYTES;  // + 32 i (16 i) rows: the same swizzle
   U a_base[A_ROWS];
   int a_y[A_ROWS], a_x[A_ROWS];
+  unsigned a_yx[PACKED ? A_ROWS : 1];  // PACKED: a_y, a_x as halves (a_y and a_x themselves then go unused)
   IgDepth<A_ROWS, DEPTH> d3;
   if constexpr (DEPTH) {
     d3.inside = 0;
@@ -636,6 +645,8 @@ __device__ __forceinline__ void ig_forward(
       a_base[i] = (U)(image * height * width * channels + (I)g * cg) +
                   ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
     }
+    // rows past M: y = -2^15, below 0 for every tap (dy < 2^15)
+    if constexpr (PACKED) a_yx[i] = m < M ? ((unsigned)a_y[i] << 16) + (unsigned)(a_x[i] + 0x8000) : 0x80008000u;
   }
   // The thread's column of A: channel c of tap (r, s), at tap_offset from a window's origin; advanced by
   // increments, chunk by chunk (no division): c grows by BK and carries into s, then r (DEPTH: then q).
@@ -688,12 +699,22 @@ __device__ __forceinline__ void ig_forward(
     unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
     unsigned char* b_stage = a_stage + BM * IG_ROW_BYTES;
     const bool k_inside = r < kernel_h;
+    const unsigned dyx = ((unsigned)dy << 16) + (unsigned)dx;  // PACKED: the tap's offset in the same halves
 #pragma unroll
     for (int i = 0; i < A_ROWS; ++i) {
       bool tap_inside = k_inside;
       if constexpr (DEPTH) tap_inside = d3.rows & 1u << i;  // its depth tap's bit (r < kernel_h always: q carries)
-      const bool inside = tap_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      bool inside;
+      if constexpr (PACKED) {  // yx = ((y + dy) << 16) + x + dx + 2^15, the low half in [0, 2^16): y + dy in
+                               // [0, height) as yx < height << 16 (a negative one wraps above it); x + dx in [0,
+                               // width) as the low half shifted up, signed, below -2^31 + (width << 16)
+        const unsigned yx = a_yx[i] + dyx;
+        inside = tap_inside && yx < (unsigned)height << 16 &&
+                 (int)(yx << 16) < (int)(0x80000000u + ((unsigned)width << 16));
+      } else {
+        inside = tap_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                 (unsigned)(a_x[i] + dx) < (unsigned)width;
+      }
       const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
       cp_async_cg_16(a_stage + store_offset + ROWS_PER_PASS * i * IG_ROW_BYTES, src, inside ? IG_VECTOR_BYTES : 0);
     }

@@ -62,6 +62,7 @@ IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
 IG_PAIRS = IG + " -k 'every_tile or split_k_matches or accumulates or forward_matches'"   # ig_forward's PAIRS
 IG3D = "tests/test_igemm_3d.py"
+IG_PACKED = IG + " -k 'halves or every_tile'"   # ig_forward's PACKED (the 256-row tiles' y, x in halves)
 IG_PY = "cupyconv/ops/implicit_gemm.py"
 IGG = "tests/test_igemm_groups.py"
 WGG = IGG + " -k weight_gradient"
@@ -358,6 +359,20 @@ MUTATIONS = [
       "half = PAIRS ? (tid >> 3) & 1 : 0;\n  const int row0 = PAIRS ? (tid >> 4) * 2 + ((tid >> 2) & 1)",
       "half = PAIRS ? (tid >> 2) & 1 : 0;\n  const int row0 = PAIRS ? (tid >> 4) * 2 + ((tid >> 3) & 1)",
       "tests/test_counters.py -k channels_last_forward", "bank conflicts"),
+    # ig_forward's PACKED (the 256-row tiles' pairs: a row's y, x in 16-bit halves of one register): each half's
+    # bounds test, the bias that keeps the low half from borrowing, the tap's offset, the rows past M, the planner
+    M("igpk-x-bound", "implicit_gemm.cu", "(int)(0x80000000u + ((unsigned)width << 16))",
+      "(int)(0x80000000u + ((unsigned)(width + 1) << 16))", IG_PACKED, "off-by-one"),
+    M("igpk-y-bound", "implicit_gemm.cu", "yx < (unsigned)height << 16", "yx < (unsigned)(height + 1) << 16",
+      IG_PACKED, "off-by-one"),
+    M("igpk-low-bias", "implicit_gemm.cu", "(unsigned)(a_x[i] + 0x8000) : 0x80008000u",
+      "(unsigned)a_x[i] : 0x80008000u", IG_PACKED, "tc: fragment index"),
+    M("igpk-tap-halves", "implicit_gemm.cu", "const unsigned dyx = ((unsigned)dy << 16) + (unsigned)dx;",
+      "const unsigned dyx = ((unsigned)dx << 16) + (unsigned)dy;", IG_PACKED, "tc: fragment index"),
+    M("igpk-rows-past-m", "implicit_gemm.cu", ": 0x80008000u;", ": 0x8000u;",
+      "tests/test_counters.py -k 256_rows", "performance"),
+    M("igpk-planner-unguarded", IG_PY, "if table is None and not ig_fits_halves(spec):", "if False:",
+      IG + " -k halves", "missing guard"),
     M("ig-fragment-b-order", "implicit_gemm.cu", "ig_swizzle(warp_n + (j >> 1) * 8 + jr, 2 * ks + (j & 1));",
       "ig_swizzle(warp_n + (j & 1) * 8 + jr, 2 * ks + (j >> 1));", IG, "tc: fragment index"),
     M("ig-carry-column", "implicit_gemm.cu", "        s = 0;\n        dx = 0;\n", "        s = 0;\n", IG, "off-by-one"),

@@ -4,6 +4,7 @@ warp request, shared-memory wavefronts under the bank rules, requests grouped pe
 `test_each_rule_is_needed` rebuilds the counters with one rule broken at a time and sees these checks fail."""
 from __future__ import annotations
 
+import itertools
 import shutil
 
 import numpy
@@ -335,6 +336,52 @@ def test_channels_last_forward_at_the_r50_64_shape(monkeypatch):
     assert all(s.lines_per_request <= 4.0 for s in loads), loads
     stores = [s for s in gemm.sites if s.kind == "global_store"]
     assert len(stores) == 1 and stores[0].width == 16 and stores[0].sector_efficiency == 1.0
+
+
+def test_channels_last_forward_256_rows_in_pairs(monkeypatch):
+    """conv_fwd_igemm's 256 x 64 tile (r50-64's, p-seed's) loads two K chunks at once too (ig_forward's PAIRS, with
+    the rows' y, x packed in halves: PACKED): every warp request of x and the weight reads 4 whole lines (8 half ones
+    a chunk at a time), the cp.async landings and ldmatrix reads are conflict-free, the sums match float64 (the
+    last block's rows partly past M, the padding on every side)."""
+    import cupyconv
+    from cupyconv import _device as cupyconv_device
+
+    from cupyconv.ops import implicit_gemm
+
+    monkeypatch.setattr(implicit_gemm, "IG_WAVE_BLOCKS", 1)        # the largest tile of at most 64 columns
+    monkeypatch.setattr(implicit_gemm, "IG_SPLIT_CHUNKS", 10**6)   # no split-K
+    rng = numpy.random.default_rng(1)
+    x = rng.standard_normal((1, 64, 24, 25)).astype(numpy.float16)   # 600 rows: the third block's 88
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(numpy.float16)
+
+    def blocks(grid):   # the GEMM's blocks 1 and 2 (of 3), every block of the copies before it
+        if tuple(grid) == (3, 1, 1):
+            return [(1, 0, 0), (2, 0, 0)]
+        return list(itertools.product(*(range(g) for g in grid)))
+
+    dev = EmulatedDevice(counters=True, blocks=blocks)
+    with cupyconv_device.use_device(dev):
+        out = cupyconv.conv2d(x, w, None, padding=1, algorithm="implicit_gemm")
+    (gemm,) = [p for p in dev.profile if p.name.startswith("conv_fwd_igemm")]
+    assert gemm.name == "conv_fwd_igemm<__half, int, 256, 64, 4>" and gemm.blocks_run == 2
+    want = cupyconv.conv2d(x.astype(numpy.float64), w.astype(numpy.float64), None, padding=1)
+    got = numpy.asarray(out, numpy.float64).transpose(0, 2, 3, 1).reshape(-1, 64)[256:]   # blocks 1 and 2's rows
+    numpy.testing.assert_allclose(got, want.transpose(0, 2, 3, 1).reshape(-1, 64)[256:], atol=2e-3 * abs(want).max())
+    pairs = 9   # 18 chunks of 32 k
+    epilogue = {s.site for s in gemm.sites if s.kind == "global_store"}   # its read of the tile: the last block's
+    shared = [s for s in gemm.sites if s.kind.startswith("shared") and s.site not in epilogue]   # lanes part-idle
+    assert all(s.wavefronts_per_request == max(1, s.width // 4) for s in shared), shared
+    landings = [s for s in shared if s.kind == "shared_store" and s.width == 16]
+    assert sum(s.requests for s in landings) == 2 * 4 * pairs * (16 + 4)   # per pair and lane: 16 A, 4 B vectors
+    loads = [s for s in gemm.sites if s.kind == "global_load"]
+    assert len(loads) == 2 and all(s.width == 16 and s.sector_efficiency >= 0.95 for s in loads), loads
+    assert all(s.lines_per_request <= 4.0 for s in loads), loads   # 4.0 where every row is inside
+    # x's vectors read: 8 (64 channels) per tap inside the image of each row of M (none past M: `a_yx`'s rows
+    # past M below 0 for every tap), the weight's 4 a row and chunk
+    taps = [sum(0 <= m // 25 + r - 1 < 24 and 0 <= m % 25 + s - 1 < 25 for r in range(3) for s in range(3))
+            for m in range(256, 600)]
+    a_load, b_load = sorted(loads, key=lambda s: s.lane_accesses, reverse=True)
+    assert (a_load.lane_accesses, b_load.lane_accesses) == (8 * sum(taps), 2 * 64 * 18 * 4), loads
 
 
 def test_command_line_profiles_a_benchmark_case(tmp_path, capsys, monkeypatch):

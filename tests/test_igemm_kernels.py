@@ -391,6 +391,80 @@ def test_split_k_on_the_largest_tile(dtype, monkeypatch):
     assert_close(got, want, dtype, "input gradient split on the largest tile")
 
 
+def window_spec(size, kernel, padding=0, dilation=1, stride=1, channels=16, outputs=40):
+    return cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((1, channels, *size)),
+                                               numpy.empty((outputs, channels, *kernel)), None, stride=stride,
+                                               padding=padding, dilation=dilation, groups=1)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_256_rows_only_for_windows_in_16_bit_halves(axis, monkeypatch):
+    """conv_fwd_igemm's 256-row tiles pack a row's y, x in 16-bit halves (ig_forward's PACKED): the planner takes
+    them only where on each axis the image, the padding before it, stride x (out - 1) and dilation x (kernel - 1)
+    stay below 2^14 (`ig_fits_halves`), else 128 rows (the 3-D kernel, unpacked, keeps its 256)."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 1)   # the largest tile wherever it may run
+
+    def along(value, other=3):
+        return (value, other) if axis == 0 else (other, value)
+
+    def rows(spec):
+        assert igemm.ig_fits_halves(spec) == (igemm.plan_igemm(spec, numpy.float16).tile[0] == 256)
+        return igemm.plan_igemm(spec, numpy.float16).tile[0]
+
+    limit = igemm.IG_HALF_LIMIT
+    assert rows(window_spec(along(limit - 1), (3, 3), padding=1)) == 256
+    assert rows(window_spec(along(limit), (3, 3), padding=1)) == 128            # the image
+    # the padding before (the window's reach brings the outputs back under the limit)
+    assert rows(window_spec(along(8), along(2, 1), dilation=along(limit - 1, 1),
+                            padding=along((limit - 1, 0), (0, 0)))) == 256
+    assert rows(window_spec(along(8), along(2, 1), dilation=along(limit - 1, 1),
+                            padding=along((limit, 0), (0, 0)))) == 128
+    assert rows(window_spec(along(8), along(3, 1), dilation=along(limit // 2, 1),   # the kernel's reach
+                            padding=along((limit // 2, limit // 2), (0, 0)))) == 128
+    assert rows(window_spec(along(8), along(3, 1), dilation=along(limit // 2 - 1, 1),
+                            padding=along((limit // 2, limit // 2), (0, 0)))) == 256
+    # the outputs' reach (past the image on the padding after it)
+    assert rows(window_spec(along(8), along(1, 1), padding=along((0, limit - 7), (0, 0)))) == 128
+    assert rows(window_spec(along(8), along(1, 1), padding=along((0, limit - 8), (0, 0)))) == 256
+    assert rows(window_spec(along(limit), (3, 3), padding=1, outputs=16)) == 128   # the narrow 256 x 32 too
+    assert rows(window_spec(along(limit - 1), (3, 3), padding=1, outputs=16)) == 256
+    # the 3-D kernel's 256 x 64 unpacked: unaffected
+    spec3 = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((1, 16, 2, 3, 2 * limit)),
+                                                numpy.empty((40, 16, 1, 3, 3)), None, stride=1, padding=1,
+                                                dilation=1, groups=1, nd=3)
+    assert igemm.plan_igemm_3d(spec3, numpy.float16).tile[0] == 256
+
+
+@pytest.mark.parametrize("outputs", [40, 16], ids=["256x64", "256x32"])
+def test_256_rows_at_the_edge_of_the_halves(outputs, monkeypatch):
+    """An image 2^14 - 1 pixels wide on the 256-row tiles (PACKED halves at their widest: x + dx reaches
+    2^14 on the right padding): the first, a middle and the last block (its rows partly past M) against float64;
+    the other blocks are not run."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 1)
+    width = igemm.IG_HALF_LIMIT - 1
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal((1, 16, 3, width)).astype(numpy.float16)
+    weight = (rng.standard_normal((outputs, 16, 3, 3)) / 12).astype(numpy.float16)
+    bias = rng.standard_normal(outputs).astype(numpy.float16)
+    blocks_m = ceil_div(3 * width, 256)   # 192, the last with 253 rows
+    chosen = (0, blocks_m // 3, blocks_m - 1)
+
+    def blocks(grid):   # the GEMM's chosen blocks, every block of the copies
+        if tuple(grid) == (blocks_m, 1, 1):
+            return [(b, 0, 0) for b in chosen]
+        return [(bx, by, bz) for bx in range(grid[0]) for by in range(grid[1]) for bz in range(grid[2])]
+
+    device = Recorder(blocks=blocks)
+    out = run(device, cupyconv.conv2d, x, weight, bias, padding=1, algorithm="implicit_gemm")
+    assert _kernels.kernel_name("conv_fwd_igemm", "float16", "int", 256, 64 if outputs > 32 else 32, 4) in \
+        device.launches, device.launches
+    want = cupyconv.conv2d(*as64(x, weight, bias), padding=1).reshape(outputs, -1)
+    got = numpy.asarray(out, numpy.float64).reshape(outputs, -1)
+    for b in chosen:
+        rows = slice(256 * b, min(256 * (b + 1), 3 * width))
+        assert_close(got[:, rows], want[:, rows], "float16", f"block {b}")
+
+
 def test_64_bit_index_variant(monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
     case = CASE_BY_NAME["ig_groups_stride_dilation"]

@@ -414,8 +414,10 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
                      if n.startswith(("conv_fwd_igemm<", "conv_fwd_igemm_phases<", "conv_fwd_igemm_3d<"))]
     for name in channels_last:   # a (BM / 2) x (BN / 2) warp tile: BM * BN / 512 mma tiles, two k-steps per chunk
         rows, columns, stages = (int(part) for part in name.rstrip(">").split(",")[2:5])
-        # ig_forward's PAIRS (conv_fwd_igemm's tiles of up to 128 rows, an even number of stages): two chunks a trip
-        pairs = 2 if name.startswith("conv_fwd_igemm<") and rows <= 128 and stages % 2 == 0 else 1
+        # ig_forward's PAIRS (conv_fwd_igemm's tiles of up to 128 rows, of 256 with 32-bit indices; an even number
+        # of stages): two chunks a trip
+        pairs = 2 if (name.startswith("conv_fwd_igemm<") and (rows <= 128 or ", int," in name)
+                      and stages % 2 == 0) else 1
         assert opcodes[name]["HMMA"] == pairs * rows * columns // 256, (name, opcodes[name]["HMMA"])
     several_groups = [n for n in listed if n.startswith("conv_fwd_igemm_groups<")]
     assert not complete or len(several_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))

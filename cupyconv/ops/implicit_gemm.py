@@ -47,7 +47,8 @@ CL_THREADS, CL_CHANNEL_BYTES = CL_ROWS * CL_VECTORS, CL_VECTORS * 16
 # channels_last_copies' blocks take this many row tiles each (at least): the pick of a block's job and its arguments
 # (about 50 instructions a warp, once per block) is paid per two tiles, not per tile (one 16-byte vector a thread)
 CL_COPIES_TILES = 2
-# IG_PAIRS: conv_fwd_igemm's tiles of up to 128 rows load two K chunks at once, 128 bytes a row (ig_forward's PAIRS)
+# IG_PAIRS: conv_fwd_igemm's tiles load two K chunks at once, 128 bytes a row (ig_forward's PAIRS; 256 rows with
+# 32-bit indices only, where the window fits 16-bit halves: `ig_fits_halves`)
 KERNELS = KernelFile("implicit_gemm.cu", defines={"TC_MAX_THREADS": TC_MAX_THREADS, "IG_THREADS": 128,
                                                   "IG_ROW_BYTES": 64, "IG_PAIRS": 1, "CL_ROWS": CL_ROWS,
                                                   "CL_VECTORS": CL_VECTORS})
@@ -650,6 +651,20 @@ class IgemmPlan:
         return self.grid[2]
 
 
+IG_HALF_LIMIT = 2**14   # `ig_fits_halves`
+
+
+def ig_fits_halves(spec: ConvSpec) -> bool:
+    """Whether conv_fwd_igemm's 256 x 64 tile (ig_forward's PACKED: a row's window origin y, x as the 16-bit
+    halves of one register) can run spec's window: on each axis the image, the padding before it, the reach of the
+    outputs (stride x (out - 1)) and of the kernel (dilation x (kernel - 1)) below 2^14, so that every y + dy and
+    x + dx lies in (-2^14, 2^15) and the low half never carries into the high one.  Else the planner takes 128 rows."""
+    return all(size < IG_HALF_LIMIT and pad[0] < IG_HALF_LIMIT and s * (out - 1) < IG_HALF_LIMIT and
+               d * (k - 1) < IG_HALF_LIMIT
+               for size, pad, s, out, d, k in zip(spec.in_size, spec.padding, spec.stride, spec.out_size, spec.dilation,
+                                                  spec.kernel_size))
+
+
 def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple = IG_NARROW_TILES) -> IgemmPlan:
     """The tile and split of K of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed
     spec), by the shapes only (never the SM count), from IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32
@@ -662,8 +677,10 @@ def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple =
     tiles for 16-bit types: half the ldmatrix per mma.sync of the 64 x 64 tile's 32 x 32) rather than on the
     smallest one, and a short K unsplit.  (table, narrow: the 3-D kernel's tiles, IG_3D_TILES and IG_3D_NARROW.)"""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
-    table = IG_TILES if table is None else table
-    tiles = narrow if cols <= 32 else [t for t in table[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    tiles = IG_TILES if table is None else table
+    tiles = narrow if cols <= 32 else [t for t in tiles[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    if table is None and not ig_fits_halves(spec):   # conv_fwd_igemm's 256 x 64 packs a row's y, x in halves
+        tiles = [t for t in tiles if t[0] <= 128]
     itemsize = numpy.dtype(dtype).itemsize
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
     plans = []   # (tile, grid, splits, chunks per split), largest tile first
