@@ -1467,23 +1467,34 @@ __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* fl
 
 // The last block's sums of its tile: this thread's first `count` (<= ELEMS) elements, element e at from + e * step
 // in split 0's sums (each split's `slice` further on) and at to + e * step in grad_weight (or grad_bias).  The
-// splits are read one after the other with every element's load of a split in flight at once: a round trip per
-// split, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
-// time).  The addresses advance by `step` from one pointer (no pointer a load kept in registers: the tail stays
-// within the main loop's registers).  Each element adds split 0, 1, ... to 0 in order: the bits of
+// splits are read WG_FINISH_SPLITS<ELEMS> at a time with every element's load of those splits in flight at once:
+// a round trip per that many splits, not per element and split (a block alone sums a tile's splits: its memory
+// parallelism is the tail's time; the 64 x 64 and 32 x 64 tiles' 32 elements a thread read two splits a trip,
+// 64 loads in flight, where one split left half the tail's registers idle).  The addresses advance by `step`
+// from one pointer (no pointer a load kept in registers: the tail stays within the main loop's registers).  Each
+// element adds split 0, 1, ... to 0 in order, whatever the splits a trip: the bits of
 // conv_bwd_weight_igemm_finish.
+template <int ELEMS> constexpr int WG_FINISH_SPLITS = ELEMS >= 64 ? 1 : 64 / ELEMS < 8 ? 64 / ELEMS : 8;
 template <int ELEMS, typename T, typename I>
 __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I slice, int splits, int count) {
+  constexpr int P = WG_FINISH_SPLITS<ELEMS>;
   float sum[ELEMS];
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e) sum[e] = 0.0f;
-  for (int z = 0; z < splits; ++z, from += slice) {
-    float v[ELEMS];
-    const float* at = from;
+  for (int z = 0; z < splits; z += P, from += P * slice) {
+    float v[P][ELEMS];
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e, at += step) v[e] = e < count ? __ldcg(at) : 0.0f;
+    for (int p = 0; p < P; ++p) {
+      const float* at = from + p * slice;
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e) sum[e] += v[e];
+      for (int e = 0; e < ELEMS; ++e, at += step) v[p][e] = e < count && z + p < splits ? __ldcg(at) : 0.0f;
+    }
+    // (past the last split v is +0.0, whose add leaves every sum's bits: a sum that starts at +0.0 is never -0.0)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int e = 0; e < ELEMS; ++e) sum[e] += v[p][e];
+    }
   }
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e, to += step) {
