@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy
 
-from cupyconv.ops.implicit_gemm import weight_finish_elements, weight_finish_splits
+from cupyconv.ops.implicit_gemm import weight_finish_splits
 from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
 from . import _emulator
@@ -1259,8 +1259,8 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     work = apply_executed(work, sass, accesses, launch) if instructions == "executed" else \
         {**work, "instructions_source": "static", "instructions_why": "--instructions static"}
     if finishes_in_kernel(launch):   # the source's splits a trip of `wg_finish` (recorded: a re-timing keeps it)
-        elements = weight_finish_elements(launch.kernel, launch.template_args, launch.threads)
-        work = {**work, "finish_splits_a_trip": weight_finish_splits(elements)}
+        work = {**work, "finish_splits_a_trip": weight_finish_splits(launch.kernel, launch.template_args,
+                                                                     launch.threads)}
     model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})

@@ -650,7 +650,7 @@ def test_the_last_block_of_each_tile_is_counted_and_its_tail_timed():
     assert load["sectors"] == pytest.approx((30 * launch.blocks + 7 * 32 * tiles) / per_block)
     # the tail: 56 splits of a 64 x 64 tile of float sums (917,504 bytes) on one SM, in 28 trips of two splits
     gpu = predict.GPUS["h100"]
-    assert predict.weight_finish_splits(predict.weight_finish_elements(launch.kernel, launch.template_args, 128)) == 2
+    assert predict.weight_finish_splits(launch.kernel, launch.template_args, 128) == 2
     assert launch.block[0] == 128 and predict.finish_tail(launch, gpu).high > predict.finish_tail(launch, gpu, 2).high
     tail = predict.finish_tail(launch, gpu, 2)
     tile_bytes = 56 * 64 * 64 * 4

@@ -433,21 +433,19 @@ def test_splits_finished_in_the_kernel_keep_the_separate_pass_bits(monkeypatch, 
     assert_close(grad_b, want_b, dtype, "grad_bias")
 
 
-@pytest.mark.parametrize("case, dtype, chunks", [(FINISH_CASES[0], "float16", 2), (FINISH_CASES[0], "float32", 4),
-                                                 (FINISH_CASES[2], "float16", 2)], ids=str)
+@pytest.mark.parametrize("case, dtype, chunks", [(FINISH_CASES[0], "float16", 2), (FINISH_CASES[0], "float32", 4)],
+                         ids=str)
 def test_a_short_last_trip_of_splits_keeps_the_bits(monkeypatch, case, dtype, chunks):
-    """The last block reads `weight_finish_splits` splits a trip (`wg_finish`: 2 for the 64 x 64 tile's 32 elements
-    a thread, 4 for conv_bwd_weight_igemm_groups' 16, 8 for the bias's 1): split counts that are no multiple of
-    the tile's, so that the last trip reads fewer (none past the last split), keep the separate pass's bits."""
+    """The last block of the 64 x 64 tile reads two splits a trip (`wg_finish`, `weight_finish_splits`: 32
+    elements a thread): an odd split count, whose last trip reads one (none past the last split), keeps the
+    separate pass's bits."""
     several_splits(monkeypatch, chunks)
     spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
                                                None, **case.kwargs)
     several, plan, finish = igemm.weight_igemm_plan(spec, DTYPES[dtype])
-    name = "conv_bwd_weight_igemm_groups" if several else "conv_bwd_weight_igemm"
     args = ["float" if dtype == "float32" else "__half", "int", *map(str, plan.tile)]
-    threads = igemm.IG_THREADS if several else igemm.weight_igemm_threads(plan.tile)
-    trip = igemm.weight_finish_splits(igemm.weight_finish_elements(name, args, threads))
-    assert finish and trip > 1 and plan.splits > 1 and plan.splits % trip, (plan, trip)
+    trip = igemm.weight_finish_splits("conv_bwd_weight_igemm", args, igemm.weight_igemm_threads(plan.tile))
+    assert not several and finish and trip == 2 and plan.splits % 2 == 1 and plan.splits > 1, (plan, trip)
     test_splits_finished_in_the_kernel_keep_the_separate_pass_bits(monkeypatch, case, dtype, chunks, "shuffled")
 
 

@@ -844,22 +844,15 @@ WG_FINISH_BLOCK = 256
 # pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
 # would cost up to 2-3 times the final pass's, which stays.
 WG_FINISH_BYTES = 1 << 20
-WG_FINISH_LOADS = 64   # implicit_gemm.cu's WG_FINISH_SPLITS: the last block's loads in flight a thread (at most 8 splits)
 
 
-def weight_finish_splits(elements: int) -> int:
-    """The splits the last block of a tile reads a trip (`wg_finish`, WG_FINISH_SPLITS): as many as keep
-    WG_FINISH_LOADS loads a thread in flight, `elements` a split (1 to 8)."""
-    return max(1, min(8, WG_FINISH_LOADS // elements))
-
-
-def weight_finish_elements(kernel: str, template_args: list[str], threads: int) -> int:
-    """The elements a thread of a finishing block adds (`wg_finish`'s ELEMS): its tile over its threads, the tile
-    conv_bwd_weight_igemm's BM x BN or conv_bwd_weight_igemm_groups' block of channels x WGG_TAPS x CG."""
-    if kernel == "conv_bwd_weight_igemm_groups":
-        channels = IGG_ROW_BYTES // (4 if template_args[0] == "float" else 2)
-        return channels * WGG_TAPS * int(template_args[2]) // threads
-    return int(template_args[2]) * int(template_args[3]) // threads
+def weight_finish_splits(kernel: str, template_args: list[str], threads: int) -> int:
+    """The splits the last block of a tile reads a trip (`wg_finish`'s P, implicit_gemm.cu's WG_FINISH_SPLITS):
+    two where conv_bwd_weight_igemm's threads add 32 elements each (its tile BM x BN over its threads: the 64 x 64
+    and 32 x 64 tiles), else one (its 128-row tiles, conv_bwd_weight_igemm_groups)."""
+    if kernel != "conv_bwd_weight_igemm":
+        return 1
+    return 2 if int(template_args[2]) * int(template_args[3]) // threads == 32 else 1
 
 
 def weight_igemm_instantiations():
