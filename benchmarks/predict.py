@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy
 
+from cupyconv.ops.implicit_gemm import weight_finish_splits
 from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
 from . import _emulator
@@ -852,20 +853,22 @@ def arrivals_at(launch: launches_mod.Launch, arrived: int | None) -> list:
     return args
 
 
-def finish_tail(launch: launches_mod.Launch, gpu: dict) -> Range | None:
+def finish_tail(launch: launches_mod.Launch, gpu: dict, splits_a_trip: int = 1) -> Range | None:
     """The time a finishing launch (`finishes_in_kernel`) spends after its main loops: the last block of
     each tile reads its splits' sums of the tile (`wg_finish`: a split after the other, every element's load of a
     split in flight at once) and writes the tile.  The grid runs in linear order, the last split's blocks last, so
     these tails follow the last wave, one SM per tile (more tiles than SMs: in turns), and add to the kernel's
-    time in sequence: per tile the larger of a global load's latency per split and its bytes at one SM's share
-    of L2 (`l2_bytes_per_sm_clock`).  None for other launches."""
+    time in sequence: per tile the larger of a global load's latency per trip of `splits_a_trip` splits (the
+    work's "finish_splits_a_trip", `weight_finish_splits`; 1 in work recorded before wg_finish read several) and
+    its bytes at one SM's share of L2 (`l2_bytes_per_sm_clock`).  None for other launches."""
     if not finishes_in_kernel(launch):
         return None
     splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
     tile_bytes = launch.args["partial"].nbytes / tiles   # every split's sums of one tile (on average)
     turns = math.ceil(tiles / gpu["sms"])
+    trips = math.ceil(splits / splits_a_trip)
     latency, per_clock = assumption("global_load_latency_cycles"), assumption("l2_bytes_per_sm_clock")
-    cycles = [max(splits * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
+    cycles = [max(trips * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
     return Range(cycles[0] / (gpu["clock_ghz"][1] * 1e9), cycles[1] / (gpu["clock_ghz"][0] * 1e9)).scale(1e6)
 
 
@@ -1255,6 +1258,9 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         work, accesses = apply_counters(work, emulated), emulated
     work = apply_executed(work, sass, accesses, launch) if instructions == "executed" else \
         {**work, "instructions_source": "static", "instructions_why": "--instructions static"}
+    if finishes_in_kernel(launch):   # the source's splits a trip of `wg_finish` (recorded: a re-timing keeps it)
+        work = {**work, "finish_splits_a_trip": weight_finish_splits(launch.kernel, launch.template_args,
+                                                                     launch.threads)}
     model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
@@ -1281,7 +1287,7 @@ def timed(model: KernelModel, occ, gpu: dict) -> KernelModel:
         sequence = simt_in_sequence_high(work, launch, gpu)
         body = Range(body.low, max(body.high, sequence))
         model.work = {**work, "simt_in_sequence_us": round(sequence, 2)}
-    tail = finish_tail(launch, gpu)
+    tail = finish_tail(launch, gpu, work.get("finish_splits_a_trip", 1))
     if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
         body = body + tail
         model.work = {**model.work, "finish_tail_us": tail.to_list()}

@@ -1488,23 +1488,35 @@ __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* fl
 
 // The last block's sums of its tile: this thread's first `count` (<= ELEMS) elements, element e at from + e * step
 // in split 0's sums (each split's `slice` further on) and at to + e * step in grad_weight (or grad_bias).  The
-// splits are read one after the other with every element's load of a split in flight at once: a round trip per
-// split, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
-// time).  The addresses advance by `step` from one pointer (no pointer a load kept in registers: the tail stays
-// within the main loop's registers).  Each element adds split 0, 1, ... to 0 in order: the bits of
+// splits are read P at a time with every element's load of those splits in flight at once: a round trip per P
+// splits, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
+// time).  conv_bwd_weight_igemm's 64 x 64 and 32 x 64 tiles (32 elements a thread) read two splits a trip
+// (WG_FINISH_SPLITS): 64 loads in flight, in registers the main loop's accumulators leave free (97 -> 119 on
+// sm_90, still 4 blocks of 128 a SM); the groups kernel and the bias keep one (more splits a trip cost them
+// occupancy or instructions the model charges more than their tails gain).  The addresses advance by `step`
+// from one pointer (no pointer a load kept in registers: the tail stays within the main loop's registers).  Each
+// element adds split 0, 1, ... to 0 in order, whatever the splits a trip: the bits of
 // conv_bwd_weight_igemm_finish.
-template <int ELEMS, typename T, typename I>
+template <int ELEMS> constexpr int WG_FINISH_SPLITS = ELEMS == 32 ? 2 : 1;
+template <int ELEMS, typename T, typename I, int P = 1>
 __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I slice, int splits, int count) {
   float sum[ELEMS];
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e) sum[e] = 0.0f;
-  for (int z = 0; z < splits; ++z, from += slice) {
-    float v[ELEMS];
-    const float* at = from;
+  for (int z = 0; z < splits; z += P, from += P * slice) {
+    float v[P][ELEMS];
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e, at += step) v[e] = e < count ? __ldcg(at) : 0.0f;
+    for (int p = 0; p < P; ++p) {
+      const float* at = from + p * slice;
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e) sum[e] += v[e];
+      for (int e = 0; e < ELEMS; ++e, at += step) v[p][e] = e < count && z + p < splits ? __ldcg(at) : 0.0f;
+    }
+    // (past the last split v is +0.0, whose add leaves every sum's bits: a sum that starts at +0.0 is never -0.0)
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int e = 0; e < ELEMS; ++e) sum[e] += v[p][e];
+    }
   }
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e, to += step) {
@@ -1664,8 +1676,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const int count = nn < N && rows > 0 ? min((rows + ROW_STEP - 1) / ROW_STEP, ELEMS) : 0;
   const int t = nn / channels_per_group, cc = nn - t * channels_per_group;
   const I first = (I)(g * outputs_per_group + m0 + row) * N;
-  wg_finish<ELEMS>(partial + first + nn, grad_weight + first + (I)cc * taps + t, (I)ROW_STEP * N, (I)D * N,
-                   (int)gridDim.z, count);
+  wg_finish<ELEMS, T, I, WG_FINISH_SPLITS<ELEMS>>(partial + first + nn, grad_weight + first + (I)cc * taps + t,
+                                                  (I)ROW_STEP * N, (I)D * N, (int)gridDim.z, count);
   if (has_bias && n0 == 0 && tid < BM) {
     const int d = g * outputs_per_group + m0 + tid;
     wg_finish<1>(bias_partial + d, grad_bias + d, (I)0, (I)D, (int)gridDim.z, m0 + tid < M);

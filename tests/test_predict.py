@@ -625,7 +625,8 @@ def test_the_last_block_of_each_tile_is_counted_and_its_tail_timed():
     split's sums of the tile): the counters run its sample twice, every count at 0 (blocks that are not last) and at
     splits - 1 (each sampled block is its tile's last: main loop and tail), and weight them (splits - 1) / splits
     and 1 / splits, so the tail counts once per tile.  `finish_tail` times the tails after the last wave: per tile
-    the larger of a load's latency per split and the tile's bytes at one SM's share of L2."""
+    the larger of a load's latency per trip (two splits of the 64 x 64 tile's 32 elements a thread: 64 loads in
+    flight, `weight_finish_splits`) and the tile's bytes at one SM's share of L2."""
     launch = next(s for s in launches.record(BY_LABEL["r50-64-gpu16"], True).steps
                   if getattr(s, "kernel", None) == "conv_bwd_weight_igemm")
     splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
@@ -647,13 +648,15 @@ def test_the_last_block_of_each_tile_is_counted_and_its_tail_timed():
     per_block = predict.COUNTER_BLOCKS   # the fake's counts are the sample's, 4 blocks
     assert load["requests"] == pytest.approx((10 * launch.blocks + 7 * tiles) / per_block)
     assert load["sectors"] == pytest.approx((30 * launch.blocks + 7 * 32 * tiles) / per_block)
-    # the tail: 56 splits of a 64 x 64 tile of float sums (917,504 bytes) on one SM
+    # the tail: 56 splits of a 64 x 64 tile of float sums (917,504 bytes) on one SM, in 28 trips of two splits
     gpu = predict.GPUS["h100"]
-    tail = predict.finish_tail(launch, gpu)
+    assert predict.weight_finish_splits(launch.kernel, launch.template_args, 128) == 2
+    assert launch.block[0] == 128 and predict.finish_tail(launch, gpu).high > predict.finish_tail(launch, gpu, 2).high
+    tail = predict.finish_tail(launch, gpu, 2)
     tile_bytes = 56 * 64 * 64 * 4
     assert launch.args["partial"].nbytes == tile_bytes * tiles
-    low = max(56 * 300, tile_bytes / 64) / (gpu["clock_ghz"][1] * 1e9) * 1e6
-    high = max(56 * 700, tile_bytes / 32) / (gpu["clock_ghz"][0] * 1e9) * 1e6
+    low = max(28 * 300, tile_bytes / 64) / (gpu["clock_ghz"][1] * 1e9) * 1e6
+    high = max(28 * 700, tile_bytes / 32) / (gpu["clock_ghz"][0] * 1e9) * 1e6
     assert (tail.low, tail.high) == (pytest.approx(low), pytest.approx(high))
     forward = launches.record(BY_LABEL["r50-64-gpu16"], False).steps[-1]
     assert predict.finish_tail(forward, gpu) is None and predict.arrival_strata(forward) == [(None, 1.0)]

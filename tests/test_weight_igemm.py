@@ -433,6 +433,22 @@ def test_splits_finished_in_the_kernel_keep_the_separate_pass_bits(monkeypatch, 
     assert_close(grad_b, want_b, dtype, "grad_bias")
 
 
+@pytest.mark.parametrize("case, dtype, chunks", [(FINISH_CASES[0], "float16", 2), (FINISH_CASES[0], "float32", 4)],
+                         ids=str)
+def test_a_short_last_trip_of_splits_keeps_the_bits(monkeypatch, case, dtype, chunks):
+    """The last block of the 64 x 64 tile reads two splits a trip (`wg_finish`, `weight_finish_splits`: 32
+    elements a thread): an odd split count, whose last trip reads one (none past the last split), keeps the
+    separate pass's bits."""
+    several_splits(monkeypatch, chunks)
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(case.x, numpy.float16), numpy.empty(case.weight),
+                                               None, **case.kwargs)
+    several, plan, finish = igemm.weight_igemm_plan(spec, DTYPES[dtype])
+    args = ["float" if dtype == "float32" else "__half", "int", *map(str, plan.tile)]
+    trip = igemm.weight_finish_splits("conv_bwd_weight_igemm", args, igemm.weight_igemm_threads(plan.tile))
+    assert not several and finish and trip == 2 and plan.splits % 2 == 1 and plan.splits > 1, (plan, trip)
+    test_splits_finished_in_the_kernel_keep_the_separate_pass_bits(monkeypatch, case, dtype, chunks, "shuffled")
+
+
 @pytest.mark.parametrize("kernel_case", [FINISH_CASES[0], FINISH_CASES[2]], ids=str)
 def test_arrival_counts_are_reused_and_left_at_zero(monkeypatch, kernel_case):
     """Two calls on one device count in its one kept array (made once), both finish their tiles (a count not set

@@ -856,10 +856,20 @@ WG_FINISH_BLOCK = 256
 # this many bytes of float sums (splits x the tile): one SM reads them after the last wave, at ~32-64 bytes a clock
 # and a load's latency per split (benchmarks.predict's `finish_tail`), where the separate final pass spreads
 # them over every SM but costs a launch (1.5-4 us of GPU time, ~30 us of host time).  PREDICTED (H100): up to
-# 1 MiB (r50-64's 56 splits of 64 x 64: 8.5-22.3 us against the final pass's 7.2-22.9) the tail costs about the GPU
-# time the final pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
+# 1 MiB (r50-64's 56 splits of 64 x 64: 8.5-22.3 us against the final pass's 7.2-22.9; 7.2-16.3 since the 64 x 64
+# tile's last block reads two splits a trip, `weight_finish_splits`) the tail costs about the GPU time the final
+# pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
 # would cost up to 2-3 times the final pass's, which stays.
 WG_FINISH_BYTES = 1 << 20
+
+
+def weight_finish_splits(kernel: str, template_args: list[str], threads: int) -> int:
+    """The splits the last block of a tile reads a trip (`wg_finish`'s P, implicit_gemm.cu's WG_FINISH_SPLITS):
+    two where conv_bwd_weight_igemm's threads add 32 elements each (its tile BM x BN over its threads: the 64 x 64
+    and 32 x 64 tiles), else one (its 128-row tiles, conv_bwd_weight_igemm_groups)."""
+    if kernel != "conv_bwd_weight_igemm":
+        return 1
+    return 2 if int(template_args[2]) * int(template_args[3]) // threads == 32 else 1
 
 
 def weight_igemm_instantiations():
