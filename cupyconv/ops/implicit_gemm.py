@@ -677,8 +677,8 @@ def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple =
     tiles for 16-bit types: half the ldmatrix per mma.sync of the 64 x 64 tile's 32 x 32) rather than on the
     smallest one, and a short K unsplit.  (table, narrow: the 3-D kernel's tiles, IG_3D_TILES and IG_3D_NARROW.)"""
     rows, cols = spec.n * spec.out_pixels, spec.outputs_per_group
-    tiles = IG_TILES if table is None else table
-    tiles = narrow if cols <= 32 else [t for t in tiles[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
+    by_dtype = IG_TILES if table is None else table
+    tiles = narrow if cols <= 32 else [t for t in by_dtype[numpy.dtype(dtype).name] if t[1] <= 64 or cols > 64]
     if table is None and not ig_fits_halves(spec):   # conv_fwd_igemm's 256 x 64 packs a row's y, x in halves
         tiles = [t for t in tiles if t[0] <= 128]
     itemsize = numpy.dtype(dtype).itemsize
