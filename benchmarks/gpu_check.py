@@ -939,7 +939,8 @@ def summary_timers(data: dict) -> list[str]:
     rows = [(name, r) for name, r in (data.get("profile") or {}).items() if "benchmark_timer" in r]
     if not rows:
         return []
-    lines = ["", "The benchmark's timer (CUDA events around 20 queued calls) on host_profile's calls, alone and "
+    queued = rows[0][1]["benchmark_timer"]["queued_calls"]
+    lines = ["", f"The benchmark's timer (CUDA events around {queued} queued calls) on host_profile's calls, alone and "
                  "interleaved with the baseline's turns (us per call, autotuning off):", "",
              "| case-pass | host (no sync) | wall (sync at end) | benchmark timer, alone | interleaved |",
              "| --- | --- | --- | --- | --- |"]

@@ -76,25 +76,27 @@ def benchmark_timer_us(case, timed_case, inputs, backward: bool, fn, dry_run: bo
 
     The first H100 run measured r50-64 fp16 fwd at 186.6 us a call in benchmarks.run and 133.0 us wall here (the
     same commit; autotuning was ruled out on the CPU): this splits that gap between the timer (CUDA events around
-    QUEUED calls enqueued back to back) and the interleaving with another library's turns (caches, allocators),
-    measured in the same process on the same fn.  Dry run: the CPU timer, so that the code runs anywhere."""
+    calls enqueued back to back, as many as its quick mode queues) and the interleaving with another library's
+    turns (caches, allocators), measured in the same process on the same fn.  Dry run: the CPU timer, so that the code runs anywhere."""
+    from benchmarks.run import SETTINGS
     from benchmarks.timing import CudaTimer, time_cpu
+    queued = SETTINGS["gpu"]["quick"]["max_burst"]   # the calls a turn of the benchmark's quick mode queues at most
     timer = time_cpu if dry_run else CudaTimer("cupy")
     baseline = cases_mod.baseline_for(case)
     other = baseline.build(timed_case, inputs, backward)
     other_timer = time_cpu if dry_run else CudaTimer(baseline.library)
     other()
-    alone = [timer(fn, QUEUED)["s"] for _ in range(TIMER_SAMPLES)]
+    alone = [timer(fn, queued)["s"] for _ in range(TIMER_SAMPLES)]
     interleaved = []
     for _ in range(TIMER_SAMPLES):
-        other_timer(other, QUEUED)
-        interleaved.append(timer(fn, QUEUED)["s"])
-    return {"queued_calls": QUEUED, "baseline": baseline.name,
+        other_timer(other, queued)
+        interleaved.append(timer(fn, queued)["s"])
+    return {"queued_calls": queued, "baseline": baseline.name,
             "alone_us": statistics.median(alone) * 1e6, "interleaved_us": statistics.median(interleaved) * 1e6}
 
 
-#: The benchmark's GPU burst in --quick mode (calls queued between the events) and the samples of each figure.
-QUEUED, TIMER_SAMPLES = 20, 5
+#: The samples of each of `benchmark_timer_us`'s figures.
+TIMER_SAMPLES = 5
 
 
 def recorded_kernels(case, backward: bool) -> tuple[float, dict]:
