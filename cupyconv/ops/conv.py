@@ -239,7 +239,8 @@ DIRECT_THREADS = 256
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
 WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
-KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
+KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "DIRECT_THREADS": DIRECT_THREADS,
+                                         "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
                                          "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
