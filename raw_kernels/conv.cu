@@ -30,7 +30,10 @@ extern __shared__ __align__(16) double conv_shared[];
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 constexpr int DIRECT_SLIDE_KH = 3;   // the kernel rows of the sliding path (known when compiled: no guards)
-constexpr int DIRECT_BATCH = 4;     // global loads a thread issues before it stores them to shared memory
+constexpr int DIRECT_BATCH = 4;     // pairs of global loads a thread issues before it stores them to shared memory
+// Two adjacent columns of a staged tile: one 8-byte (16-byte for double) store.  The tile starts at a multiple of
+// 2 * DPT values from the 16-byte aligned conv_shared, so every pair is aligned.
+template <typename A> struct alignas(2 * sizeof(A)) DirectPair { A v[2]; };
 
 // DPT accumulator-typed values from shared memory (weights; grad_output for the weight gradient), float in 16-byte
 // vectors where DPT % 4 == 0: w is then 16-byte aligned (the layouts keep every DPT values at a multiple of 16 bytes
@@ -133,33 +136,34 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
         __syncthreads();  // the previous slab's readers are done with shared memory
         // A thread issues DIRECT_BATCH loads before it stores any: one wait on memory a batch, not one an element.
         if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
-          // Flat: element e = tid, tid + threads, ... of the slab is tile[e], column e % tile_in_w of tile row
-          // e / tile_in_w % tile_in_h of channel e / tile_elems, consecutive elements on consecutive threads (no lane
-          // idles on a halo column).  The walk keeps e's column, row and offset in x (from the slab's first channel)
-          // and steps them by `threads` elements, with a carry out of a tile row and one out of a channel.
-          const int count = channels * tile_elems;
-          const int step_x = threads % tile_in_w, step_y = threads / tile_in_w % tile_in_h;
-          int x_at = tid % tile_in_w, y_at = tid / tile_in_w % tile_in_h;
-          I at = (I)(tid / tile_elems) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
-          const I step = (I)(threads / tile_elems) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
+          // Flat, by pairs of columns: pair e = tid, tid + threads, ... of the slab is tile[2e], tile[2e + 1], columns
+          // x, x + 1 (x = 2 (e % pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h)
+          // (tile_in_w is even: the planner rounds it up), consecutive pairs on consecutive threads (no lane idles
+          // on a halo column).  The walk keeps x, the row and x's offset in x from the slab's first channel, stepped
+          // by `threads` pairs, with a carry out of a tile row and one out of a channel: its cost is paid a pair.
+          const int pairs_w = tile_in_w / 2, pairs = tile_elems / 2, count = channels * pairs;
+          const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
+          int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
+          I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
+          const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
           const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
           const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
           const T* x_slab = x_group + (I)c0 * x_stride_c;
           for (int e0 = tid; e0 < count; e0 += DIRECT_BATCH * threads) {
-            A v[DIRECT_BATCH];
+            DirectPair<A> v[DIRECT_BATCH];
 #pragma unroll
             for (int b = 0; b < DIRECT_BATCH; ++b) {
               // unsigned: a row or column of padding before the image wraps to a large number
-              const bool inside = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height &&
-                                  (unsigned)(ix0 + x_at) < (unsigned)width;
-              v[b] = inside ? to_acc(x_slab[at]) : A(0);
+              const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
+              v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
+              v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
               x_at += step_x, y_at += step_y, at += step;
               if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
               if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
             }
 #pragma unroll
             for (int b = 0; b < DIRECT_BATCH; ++b) {
-              if (e0 + b * threads < count) tile[e0 + b * threads] = v[b];
+              if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
             }
           }
         }
@@ -186,6 +190,7 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
           const A* in = tile + c * tile_elems + ty * DIRECT_ROWS * row_step + tx * stride_w;
           const A* w = wslab + c * taps * DPT;
           if (slide) {
+#pragma unroll 1  // one kernel column a trip: unrolled further, the DPT 2 loop costs registers, no instructions
             for (int j = 0; j < kernel_w; ++j) {
               A wt[DIRECT_SLIDE_KH][DPT];
 #pragma unroll

@@ -231,7 +231,7 @@ DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many
 DIRECT_WEIGHT_MAX_CHANNELS = 4
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
-DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
+DIRECT_ROWS = 7                 # output rows per thread (registers): each staged weight feeds this many FMAs
 DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
 DIRECT_THREADS = 256
 # conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
@@ -294,7 +294,8 @@ def plan_direct(spec: ConvSpec, dtype):
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     bx = 32 if ow > 16 else _pow2_at_least(ow)   # a warp on one row: conflict-free shared reads
     by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
-    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
+    tile_w = (bx - 1) * sw + (kw - 1) * dw + 1
+    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, tile_w + tile_w % 2)   # even: staged by pairs
     acc_bytes = compute_dtype(dtype).itemsize
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
