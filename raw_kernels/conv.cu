@@ -24,8 +24,11 @@ extern __shared__ __align__(16) double conv_shared[];
 // `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted once;
 // when one slab holds every channel of the group (the planner's aim) it is staged once per item and every block
 // of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its weights
-// [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding (negative
-// padding too: grad_input reuses this kernel); bias is fused.
+// [slab channel][tap][DPT], read as 16-byte vectors.  Both are staged flat, x by pairs of columns, a thread
+// issuing DIRECT_BATCH (pairs of) loads before it stores any: by rows, one load and one wait at a time, the
+// staging took as many instructions as the multiply-adds and its waits bound the kernel (benchmarks.predict,
+// rx-128: 49 waits a warp, now 5).  Any kernel size, stride, dilation and padding (negative padding too:
+// grad_input reuses this kernel); bias is fused.
 #if !defined(DIRECT_ROWS) || !defined(DIRECT_THREADS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif

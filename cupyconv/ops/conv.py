@@ -231,9 +231,13 @@ DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many
 DIRECT_WEIGHT_MAX_CHANNELS = 4
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
-DIRECT_ROWS = 7                 # output rows per thread (registers): each staged weight feeds this many FMAs
+# Output rows per thread (registers): each staged weight feeds this many FMAs.  7, not 8: the planes of 224-pixel
+# networks (112, 56, 28, 14, 7) are multiples of 7, so no thread computes rows past the output (8 rows left 4 of 32
+# idle on 28 x 28 and 2 of 16 on 14 x 14: PREDICTED H100 rx-256 fp16 fwd 39.2-89.0 -> 35.4-80.5 us); a plane of
+# 32 or 64 rows now pads 3 or 6 (9%).
+DIRECT_ROWS = 7
 DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
-DIRECT_THREADS = 256
+DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (its __launch_bounds__)
 # conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
 # channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
