@@ -24,12 +24,19 @@ extern __shared__ __align__(16) double conv_shared[];
 // `slab` channels, the tile plus halo (tile_in_h x tile_in_w, zero outside the image) as acc_t, converted once;
 // when one slab holds every channel of the group (the planner's aim) it is staged once per item and every block
 // of output channels reads it, so x is read from memory once.  Each (block of outputs, slab) stages its weights
-// [slab channel][tap][DPT], read as 16-byte vectors.  Any kernel size, stride, dilation and padding (negative
-// padding too: grad_input reuses this kernel); bias is fused.
-#if !defined(DIRECT_ROWS)
+// [slab channel][tap][DPT], read as 16-byte vectors.  Both are staged flat, x by pairs of columns, a thread
+// issuing DIRECT_BATCH (pairs of) loads before it stores any: by rows, one load and one wait at a time, the
+// staging took as many instructions as the multiply-adds and its waits bound the kernel (benchmarks.predict,
+// rx-128: 49 waits a warp, now 5).  Any kernel size, stride, dilation and padding (negative padding too:
+// grad_input reuses this kernel); bias is fused.
+#if !defined(DIRECT_ROWS) || !defined(DIRECT_THREADS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 constexpr int DIRECT_SLIDE_KH = 3;   // the kernel rows of the sliding path (known when compiled: no guards)
+constexpr int DIRECT_BATCH = 4;     // pairs of global loads a thread issues before it stores them to shared memory
+// Two adjacent columns of a staged tile: one 8-byte (16-byte for double) store.  The tile starts at a multiple of
+// 2 * DPT values from the 16-byte aligned conv_shared, so every pair is aligned.
+template <typename A> struct alignas(2 * sizeof(A)) DirectPair { A v[2]; };
 
 // DPT accumulator-typed values from shared memory (weights; grad_output for the weight gradient), float in 16-byte
 // vectors where DPT % 4 == 0: w is then 16-byte aligned (the layouts keep every DPT values at a multiple of 16 bytes
@@ -67,8 +74,15 @@ template <int DPT> __device__ __forceinline__ void store_vector(double* w, const
   for (int d = 0; d < DPT; ++d) w[d] = in[d];
 }
 
+// Blocks an SM must hold at DIRECT_THREADS threads (the register cap): 64 (DPT 8), 32 (DPT 4) and 16 (DPT 2) float
+// sums a thread fit in 128, 80 and 64 registers without spilling, which keeps four 4-warp and three 7-warp blocks
+// an SM (ResNeXt's 28 x 28 and 56 x 56 planes); double sums are left to the compiler.
+template <typename T, int DPT>
+constexpr int direct_min_blocks = sizeof(acc_t<T>) == 8 ? 1 : DPT == 8 ? 2 : DPT == 4 ? 3 : 4;
+
 template <typename T, typename I, int DPT>
-__global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
+__global__ void __launch_bounds__(DIRECT_THREADS, direct_min_blocks<T, DPT>)
+conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
                                 const T* __restrict__ bias, T* __restrict__ out, I n,
                                 I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
                                 int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
@@ -91,9 +105,9 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
   const int tiles_y = (out_h + tile_h - 1) / tile_h;
   const int d_items = (outputs_per_group + outputs_per_item - 1) / outputs_per_item;
   const I items = n * groups * d_items * tiles_y * tiles_x;
-  // Staging: each row of threads copies rows of the tile, consecutive columns on consecutive threads
-  // (coalesced), one division per row.
-  const int lanes = bx, lane = tx, row_group = ty, row_groups = by;
+  // Staging walks the slab's tile flat: element e = tid, tid + threads, ... is tile[e] (column e % tile_in_w of
+  // tile row e / tile_in_w % tile_in_h of slab channel e / tile_elems), consecutive elements on consecutive threads
+  // (coalesced, no lane idle on a halo column), split once here and stepped by `threads` with a carry per digit.
   const int row_step = stride_h * tile_in_w;   // from one of a thread's rows to the next in the tile
   const bool slide = stride_h == 1 && dilation_h == 1 && kernel_h == DIRECT_SLIDE_KH;
 
@@ -123,27 +137,55 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
       for (int c0 = 0; c0 < channels_per_group; c0 += slab) {
         const int channels = min(slab, channels_per_group - c0);
         __syncthreads();  // the previous slab's readers are done with shared memory
+        // A thread issues DIRECT_BATCH loads before it stores any: one wait on memory a batch, not one an element.
         if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
-          for (int row = row_group; row < channels * tile_in_h; row += row_groups) {
-            const int c = row / tile_in_h;
-            const int y = iy0 + row - c * tile_in_h;
-            const bool inside = y >= 0 && y < height;
-            const T* x_row = inside ? x_group + (I)(c0 + c) * x_stride_c + (I)y * x_stride_h : x_group;
-            A* t_row = tile + row * tile_in_w;
-            for (int col = lane; col < tile_in_w; col += lanes) {
-              const int xx = ix0 + col;
-              t_row[col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+          // Flat, by pairs of columns: pair e = tid, tid + threads, ... of the slab is tile[2e], tile[2e + 1], columns
+          // x, x + 1 (x = 2 (e % pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h)
+          // (tile_in_w is even: the planner rounds it up), consecutive pairs on consecutive threads (no lane idles
+          // on a halo column).  The walk keeps x, the row and x's offset in x from the slab's first channel, stepped
+          // by `threads` pairs, with a carry out of a tile row and one out of a channel: its cost is paid a pair.
+          const int pairs_w = tile_in_w / 2, pairs = tile_elems / 2, count = channels * pairs;
+          const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
+          int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
+          I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
+          const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
+          const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
+          const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
+          const T* x_slab = x_group + (I)c0 * x_stride_c;
+          for (int e0 = tid; e0 < count; e0 += DIRECT_BATCH * threads) {
+            DirectPair<A> v[DIRECT_BATCH];
+#pragma unroll
+            for (int b = 0; b < DIRECT_BATCH; ++b) {
+              // unsigned: a row or column of padding before the image wraps to a large number
+              const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
+              v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
+              v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
+              x_at += step_x, y_at += step_y, at += step;
+              if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
+              if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
+            }
+#pragma unroll
+            for (int b = 0; b < DIRECT_BATCH; ++b) {
+              if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
             }
           }
         }
-        for (int e = tid; e < channels * taps * DPT; e += threads) {
-          const int d = e % DPT;
-          const int ct = e / DPT;  // c * taps + t
-          A value = 0;
-          if (d0 + d < d_end) {
-            value = to_acc(weight[(I)(g * outputs_per_group + d0 + d) * channels_per_group * taps + c0 * taps + ct]);
+        const int w_count = channels * taps * DPT;
+        for (int e0 = tid; e0 < w_count; e0 += DIRECT_BATCH * threads) {
+          A v[DIRECT_BATCH];
+#pragma unroll
+          for (int b = 0; b < DIRECT_BATCH; ++b) {
+            const int e = e0 + b * threads;
+            const int d = e % DPT;
+            const int ct = e / DPT;  // c * taps + t
+            v[b] = e < w_count && d0 + d < d_end
+                       ? to_acc(weight[(I)(g * outputs_per_group + d0 + d) * channels_per_group * taps + c0 * taps + ct])
+                       : A(0);
           }
-          wslab[e] = value;
+#pragma unroll
+          for (int b = 0; b < DIRECT_BATCH; ++b) {
+            if (e0 + b * threads < w_count) wslab[e0 + b * threads] = v[b];
+          }
         }
         __syncthreads();
         // Rows past out_h and columns past out_w compute on staged zeros and are not stored: no branch here.
@@ -151,6 +193,7 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
           const A* in = tile + c * tile_elems + ty * DIRECT_ROWS * row_step + tx * stride_w;
           const A* w = wslab + c * taps * DPT;
           if (slide) {
+#pragma unroll 1  // one kernel column a trip: unrolled further, the DPT 2 loop costs registers, no instructions
             for (int j = 0; j < kernel_w; ++j) {
               A wt[DIRECT_SLIDE_KH][DPT];
 #pragma unroll
@@ -177,8 +220,11 @@ __global__ void conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ w
             // most FMAs, the one benchmarks.sass reads as the kernel's main loop); this one keeps its code small.
 #pragma unroll 2
             for (int j = 0; j < kernel_w; ++j) {
+              // The tap's weights read on lines of their own, not load_vector's: benchmarks.executed shares a source
+              // line's counted reads among all its inlined copies, and would charge the sliding path's to this loop.
               A wt[DPT];
-              load_vector(wt, w + (i * kernel_w + j) * DPT);
+#pragma unroll
+              for (int d = 0; d < DPT; ++d) wt[d] = w[(i * kernel_w + j) * DPT + d];
               const A* tap = in + i * dilation_h * tile_in_w + j * dilation_w;
 #pragma unroll
               for (int r = 0; r < DIRECT_ROWS; ++r) {

@@ -1004,12 +1004,16 @@ def test_unfold_tap_loops_stay_lean(kernel_programs, sass_tools):
 
 
 # conv.cu's direct kernels for few channels per group (sm_90, int, 16- and 32-bit): the most instructions their
-# main loops issue per FFMA, about 6% above NVRTC 13.0's code of 2026-11-26 (conv_fwd_direct's 3 x 3 stride-1
-# sliding loop, 8 rows x DPT outputs over one kernel column: DPT 2 1.69, 4 1.34, 8 1.21; the general loop before it,
-# one pixel a thread, had 2 shared loads and ~3 address instructions per 4 FFMA; conv_bwd_weight_direct's 3 x 3
-# sliding row loop, 4 x 9 FFMA a lane: 1.53, its general loop 1.97).
-DIRECT_LOOP_INSTRUCTIONS_PER_FFMA = {("conv_fwd_direct", 2): 1.8, ("conv_fwd_direct", 4): 1.43,
-                                     ("conv_fwd_direct", 8): 1.29, ("conv_bwd_weight_direct", 0): 1.63}
+# main loops issue per FFMA, about 6% above NVRTC 13.0's code (conv_fwd_direct's 3 x 3 stride-1 sliding loop,
+# DIRECT_ROWS x DPT outputs over one kernel column: 8 rows on 2026-11-26, DPT 2 1.69, 4 1.34, 8 1.21; 7 rows on
+# 2026-11-27, 1.71, 1.42, 1.23; the general loop before it, one pixel a thread, had 2 shared loads and ~3 address
+# instructions per 4 FFMA; conv_bwd_weight_direct's 3 x 3 sliding row loop, 4 x 9 FFMA a lane: 1.53, its general
+# loop 1.97).
+DIRECT_LOOP_INSTRUCTIONS_PER_FFMA = {("conv_fwd_direct", 2): 1.81, ("conv_fwd_direct", 4): 1.5,
+                                     ("conv_fwd_direct", 8): 1.3, ("conv_bwd_weight_direct", 0): 1.63}
+# conv_fwd_direct's registers a thread at most (its __launch_bounds__, direct_min_blocks): what keeps three 7- or
+# 8-warp blocks (DPT 4) and four 4-warp blocks (DPT 8) on an SM, the occupancy its plans are predicted with.
+DIRECT_FWD_REGISTERS = {2: 64, 4: 80, 8: 128}
 
 
 @pytest.mark.slow
@@ -1019,7 +1023,8 @@ def test_direct_conv_loops_stay_lean(kernel_programs):
     column read once: DIRECT_ROWS + 2 shared loads, and the weights of 3 taps in 16-byte vectors, or 8-byte ones for
     DPT 2), conv_bwd_weight_direct's its 3 x 3 sliding row loop (WGRAD_DPT x WGRAD_KT FFMA, a new row of 3 x
     values and one grad_output vector: 4 shared loads), each within DIRECT_LOOP_INSTRUCTIONS_PER_FFMA, and
-    neither spills: a load or an address computation per FMA back in the loop fails here."""
+    neither spills (conv_fwd_direct within DIRECT_FWD_REGISTERS): a load or an address computation per FMA back
+    in the loop, or the register cap gone, fails here."""
     from cupyconv.ops import conv
     program = kernel_programs("conv.cu", "sm_90")
     code, usage = sass.disassemble(program), resource_usage(program, "sm_90")
@@ -1040,4 +1045,6 @@ def test_direct_conv_loops_stay_lean(kernel_programs):
                             f"LDS (want {loads_wanted})")
         if usage[name].local or usage[name].stack:
             problems.append(f"{name}: {usage[name].stack} bytes of stack, {usage[name].local} of local memory")
+        if dpt and usage[name].registers > DIRECT_FWD_REGISTERS[dpt]:
+            problems.append(f"{name}: {usage[name].registers} registers (at most {DIRECT_FWD_REGISTERS[dpt]})")
     assert not problems and usage, "\n".join(problems)

@@ -231,15 +231,20 @@ DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many
 DIRECT_WEIGHT_MAX_CHANNELS = 4
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
-DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
+# Output rows per thread (registers): each staged weight feeds this many FMAs.  7, not 8: the planes of 224-pixel
+# networks (112, 56, 28, 14, 7) are multiples of 7, so no thread computes rows past the output (8 rows left 4 of 32
+# idle on 28 x 28 and 2 of 16 on 14 x 14: PREDICTED H100 rx-256 fp16 fwd 39.2-89.0 -> 35.4-80.5 us); a plane of
+# 32 or 64 rows now pads 3 or 6 (9%).
+DIRECT_ROWS = 7
 DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several blocks per SM)
-DIRECT_THREADS = 256
+DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (its __launch_bounds__)
 # conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
 # channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
 WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
-KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
+KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "DIRECT_THREADS": DIRECT_THREADS,
+                                         "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
                                          "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
@@ -293,7 +298,8 @@ def plan_direct(spec: ConvSpec, dtype):
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     bx = 32 if ow > 16 else _pow2_at_least(ow)   # a warp on one row: conflict-free shared reads
     by = _balanced(ceil_div(oh, DIRECT_ROWS), max(1, DIRECT_THREADS // bx))
-    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, (bx - 1) * sw + (kw - 1) * dw + 1)
+    tile_w = (bx - 1) * sw + (kw - 1) * dw + 1
+    tile_in = ((by * DIRECT_ROWS - 1) * sh + (kh - 1) * dh + 1, tile_w + tile_w % 2)   # even: staged by pairs
     acc_bytes = compute_dtype(dtype).itemsize
     per_channel = (tile_in[0] * tile_in[1] + spec.taps * _direct_outputs(spec.outputs_per_group)) * acc_bytes
     if per_channel > DEFAULT_SHARED_LIMIT:
