@@ -239,8 +239,9 @@ DIRECT_THREADS = 256
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
 WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+WGRAD_INFO = WGRAD_KT + 2       # ints of shared memory a warp keeps its output block in (column offsets, d0, k0)
 KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
-                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
+                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS, "WGRAD_INFO": WGRAD_INFO})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
@@ -343,7 +344,7 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
     def tiles(rows):
         tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
-        return tile_in, shared
+        return tile_in, shared + warps * WGRAD_INFO * 4
     rows = ceil_div(min(WGRAD_ROWS, oh), step) * step
     while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
         rows -= step
