@@ -225,10 +225,11 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
-# ... and its weight gradient up to this many input channels per group: the executed-instruction model predicts
-# conv_bwd_weight_direct latency-bound and behind im2col + GEMM at 8 and 16 (rx-256 fp16 107-242 us against
-# 96-158 for the whole im2col weight pass, rx-512 fp32 133-300 against 96-133), ahead at 4 (rx-128, g64-256)
-DIRECT_WEIGHT_MAX_CHANNELS = 4
+# ... and its weight gradient up to this many input channels per group: PREDICTED (H100, executed-instruction
+# model, task grpwgrad) conv_bwd_weight_direct ahead of the im2col and FMA-GEMM weight passes at 4 and 8 (rx-256
+# fp16 fwd+bwd 258.5-670.8 -> see RESULTS.md's grpwgrad section), behind at 16 (rx-512 fp32: 16 a group make 4 x 9
+# blocks of 144 columns whose x tile every warp rereads; the FMA GEMM keeps it)
+DIRECT_WEIGHT_MAX_CHANNELS = 8
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
 DIRECT_ROWS = 8                 # output rows per thread (registers): each staged weight feeds this many FMAs
@@ -345,7 +346,8 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
         tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
         return tile_in, shared + warps * WGRAD_INFO * 4
-    rows = ceil_div(min(WGRAD_ROWS, oh), step) * step
+    # balanced over the output (56 rows: 4 tiles of 14, not 16 + 16 + 16 + 8 whose last 8 rows are zeros summed)
+    rows = ceil_div(_balanced(oh, WGRAD_ROWS), step) * step
     while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
         rows -= step
     tile_in, shared = tiles(rows)
