@@ -263,16 +263,29 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
 // chunk * (blockDim.x / 32) + w: WGRAD_DPT output channels x WGRAD_KT columns (c, tap), decoded once into offsets
 // in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
 // (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
-// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  At the end a fixed shuffle tree adds
+// grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  The 4-byte-sum instantiations fit
+// 64 registers (8 blocks of 4 warps an SM, where 98 registers let 4 in: the warps take turns at barriers and
+// staging loads): a warp's output block and column offsets wait in shared memory and its lane indices are worked
+// out again each unit, rather than held beside the 36 sums.  At the end a fixed shuffle tree adds
 // the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
 // conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
 // dilation and padding.
-#if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS)
+#if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS) || !defined(WGRAD_INFO)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 
+// x tile elements a thread loads before it stores them (loads in flight; registers)
+constexpr int WGRAD_X_BATCH = 4;
+// WGRAD_INFO (from ops/conv.py, which sizes the shared memory): the ints of shared memory a warp keeps its output
+// block in: WGRAD_KT column offsets, d0 (-1: no block), k0
+static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0 and k0");
+// Blocks of WGRAD_MAX_THREADS an SM must hold: 4 (64 registers a thread, so 32 warps an SM for 4-warp blocks: the
+// kernel's warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte
+// and the indices int; the double and long long instantiations keep their registers (they would spill).
+template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 4 : 1;
+
 template <typename T, typename I>
-__global__ void __launch_bounds__(WGRAD_MAX_THREADS)
+__global__ void __launch_bounds__(WGRAD_MAX_THREADS, wgrad_min_blocks<T, I>)
 conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_output, acc_t<T>* __restrict__ partial,
                        I n, I x_stride_n, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
                        int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
@@ -284,35 +297,41 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const int columns = channels_per_group * taps;  // K
   const int d_blocks = (outputs_per_group + WGRAD_DPT - 1) / WGRAD_DPT;
   const int k_blocks = (columns + WGRAD_KT - 1) / WGRAD_KT;
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
   const int chunks = (d_blocks * k_blocks + warps - 1) / warps;
   const int g = blockIdx.y / chunks;
-  const int block = (blockIdx.y % chunks) * warps + warp;  // this warp's output block, d_block * k_blocks + k_block
   const int splits = gridDim.x, s = blockIdx.x;
   const int tile_elems = tile_in_h * tile_in_w;
   // A warp step covers `steps` = 32 / lane_columns tile rows; tile_rows is a multiple of them.
-  const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
   const int row_steps = 32 / lane_columns, steps = tile_rows / row_steps;
   // grad_output goes first, at the aligned start: [d_block][tile pixel][WGRAD_DPT], 16-byte vectors, a warp step's
-  // 32 pixels consecutive
+  // 32 pixels consecutive; then x [channel][tile_in_h][tile_in_w]; then each warp's WGRAD_INFO ints (below).
   A* gy_tile = reinterpret_cast<A*>(conv_shared);
-  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;  // [channel][tile_in_h][tile_in_w]
-
-  // This warp's columns as offsets in the x tile (from the lane's first pixel); past K they read offset 0
-  // and their sums are never written.
-  const bool computes = block < d_blocks * k_blocks;
+  A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;
+  int* info = reinterpret_cast<int*>(x_tile + channels_per_group * tile_elems);
   // The sliding path: a 3 x 3 kernel (so that a warp's WGRAD_KT columns are one channel's taps), stride equal to
   // dilation down, and a warp step of one row (32 columns a lane row).
   static_assert(WGRAD_KT == 9, "the sliding path takes a warp's columns as one channel's 3 x 3");
   const bool slide = kernel_h == 3 && kernel_w == 3 && stride_h == dilation_h && lane_columns == 32;
-  const int d0 = computes ? block / k_blocks * WGRAD_DPT : 0;
-  const int k0 = computes ? block % k_blocks * WGRAD_KT : 0;
-  int offset[WGRAD_KT];
-#pragma unroll
-  for (int kk = 0; kk < WGRAD_KT; ++kk) {
-    const int k = k0 + kk;
-    const int c = k / taps, t = k % taps;
-    offset[kk] = k < columns ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
+
+  // Each warp's output block (d0, k0) and its columns as offsets in the x tile (from the lane's first pixel; past
+  // K offset 0, whose sums are never written) wait in shared memory, info[warp * WGRAD_INFO ...], written once by
+  // the warp's first lanes and visible after the unit loop's first barrier; they and every lane index are read or
+  // worked out again each unit, so that the sums' 36 registers and the loops' own fit 64 a thread.
+  {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int block = (blockIdx.y % chunks) * warps + warp;  // d_block * k_blocks + k_block
+    const bool computes = block < d_blocks * k_blocks;
+    const int d0 = computes ? block / k_blocks * WGRAD_DPT : -1, k0 = computes ? block % k_blocks * WGRAD_KT : 0;
+    const int k = k0 + lane, c = k / taps, t = k % taps;
+    if (lane < WGRAD_KT) {
+      info[warp * WGRAD_INFO + lane] = k < columns
+          ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
+    } else if (lane == WGRAD_KT) {
+      info[warp * WGRAD_INFO + lane] = d0;   // -1: a warp past the output blocks (it stages, never sums)
+    } else if (lane == WGRAD_KT + 1) {
+      info[warp * WGRAD_INFO + lane] = k0;
+    }
   }
   A sum[WGRAD_DPT][WGRAD_KT];
 #pragma unroll
@@ -326,28 +345,53 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const I unit_begin = (I)s * units_per_split;
   const I unit_end = min(units, unit_begin + units_per_split);
   const I plane = (I)out_h * out_w;
+  const int x_elems = channels_per_group * tile_elems;
+  const T zero = from_acc<T>(A(0));
   for (I unit = unit_begin; unit < unit_end; ++unit) {
     const int tile_x = (int)(unit % tiles_x);
     const int tile_y = (int)((unit / tiles_x) % tiles_y);
     const I image = unit / ((I)tiles_x * tiles_y);
-    const int oy0 = tile_y * tile_rows, ox = tile_x * lane_columns + lane_column;
+    const int oy0 = tile_y * tile_rows;
     const int iy0 = oy0 * stride_h - pad_top, ix0 = tile_x * lane_columns * stride_w - pad_left;
+    // The thread's indices, worked out again each unit: the empty asm hides that they are the same every unit,
+    // or the compiler keeps them across the sums (spilled at 64 registers).
+    int thread = threadIdx.x;
+    asm volatile("" : "+r"(thread));
     __syncthreads();  // the previous unit's readers are done with shared memory
-    // x: rows of the tile across the warps, consecutive columns on consecutive lanes (coalesced)
+    // x: the group's tile as one flat run of channels x rows x columns (x_tile's own layout), element e on thread
+    // e % blockDim.x: consecutive columns on consecutive threads (coalesced), no thread idle at a row's end (a
+    // 34-wide row on a warp took two trips, the second for 2 lanes), (channel, row, column) advanced by adding,
+    // and WGRAD_X_BATCH loads issued before the first store, so that a thread waits once per batch.
     const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
-    for (int row = warp; row < channels_per_group * tile_in_h; row += warps) {
-      const int c = row / tile_in_h;
-      const int y = iy0 + row - c * tile_in_h;
-      const bool inside = y >= 0 && y < height;
-      const T* x_row = inside ? x_group + (I)c * x_stride_c + (I)y * x_stride_h : x_group;
-      for (int col = lane; col < tile_in_w; col += 32) {
-        const int xx = ix0 + col;
-        x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ? to_acc(x_row[(I)xx * x_stride_w]) : A(0);
+    int x_row = thread / tile_in_w, x_col = thread - x_row * tile_in_w, x_c = 0;
+    while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
+    const int x_row_step = blockDim.x / tile_in_w, x_col_step = blockDim.x % tile_in_w;
+    for (int e0 = thread; e0 < x_elems; e0 += WGRAD_X_BATCH * blockDim.x) {
+      T loaded[WGRAD_X_BATCH];
+#pragma unroll
+      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
+        const int y = iy0 + x_row, xx = ix0 + x_col;
+        loaded[b] = zero;
+        if (x_c < channels_per_group && y >= 0 && y < height && xx >= 0 && xx < width) {
+          loaded[b] = x_group[(I)x_c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
+        }
+        x_col += x_col_step;
+        x_row += x_row_step;
+        if (x_col >= tile_in_w) { x_col -= tile_in_w; ++x_row; }
+        while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
+      }
+#pragma unroll
+      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
+        const int e = e0 + b * blockDim.x;
+        if (e < x_elems) x_tile[e] = to_acc(loaded[b]);
       }
     }
     // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
     // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
+    const int warp = thread / 32, lane = thread % 32;
+    const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
     const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
+    const int ox = tile_x * lane_columns + lane_column;
     for (int step = warp; step < d_blocks * steps; step += warps) {
       const int db = step / steps;
       const int y = oy0 + (step - db * steps) * row_steps + lane_row;
@@ -361,9 +405,12 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
       store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
+    const int* warp_info = info + warp * WGRAD_INFO;
+    const int d0 = warp_info[WGRAD_KT], k0 = warp_info[WGRAD_KT + 1];
+    if (d0 < 0) continue;
     const A* x_lane = x_tile + lane_row * stride_h * tile_in_w + lane_column * stride_w;
     const A* gy_lane = gy_tile + (d0 / WGRAD_DPT * steps * 32 + lane) * WGRAD_DPT;
-    if (computes && slide) {
+    if (slide) {
       // One channel's 3 x 3, a lane per column of the tile rows in turn: the window of row step + 1 is that of
       // row step moved down one kernel row (stride = dilation down), so each step reads one new row of 3 values
       // and keeps the other 6 in registers.
@@ -375,6 +422,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
 #pragma unroll
         for (int j = 0; j < 3; ++j) xv[i][j] = column[i * row + j * dilation_w];
       }
+      // two rows a trip: 96 instructions per 72 FFMA on sm_90 against 55 per 36 (four spill at 64 registers)
+#pragma unroll 2
       for (int step = 0; step < steps; ++step) {
         A gv[WGRAD_DPT];
         load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
@@ -394,10 +443,17 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
           xv[1][j] = xv[2][j];
         }
       }
-    } else if (computes) {
+    } else {
+      int offset[WGRAD_KT];
+#pragma unroll
+      for (int kk = 0; kk < WGRAD_KT; ++kk) offset[kk] = warp_info[kk];
       for (int step = 0; step < steps; ++step) {
+        // grad_output read here on its own line (not load_vector's, which the sliding loop uses), 16-byte
+        // aligned as there: the model's executed count anchors each loop to its own loads
+        const A* gy_step = static_cast<const A*>(__builtin_assume_aligned(gy_lane + step * 32 * WGRAD_DPT, 16));
         A gv[WGRAD_DPT];
-        load_vector(gv, gy_lane + step * 32 * WGRAD_DPT);
+#pragma unroll
+        for (int d = 0; d < WGRAD_DPT; ++d) gv[d] = gy_step[d];
         const A* x_row = x_lane + step * row_steps * stride_h * tile_in_w;
 #pragma unroll
         for (int kk = 0; kk < WGRAD_KT; ++kk) {
@@ -409,7 +465,10 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     }
   }
 
-  if (!computes) return;
+  const int lane = threadIdx.x % 32;
+  const int* warp_info = info + threadIdx.x / 32 * WGRAD_INFO;
+  const int d0 = warp_info[WGRAD_KT], k0 = warp_info[WGRAD_KT + 1];
+  if (d0 < 0) return;
 #pragma unroll
   for (int d = 0; d < WGRAD_DPT; ++d) {
 #pragma unroll

@@ -52,6 +52,7 @@ class Mutation(NamedTuple):
 UNFOLD = "tests/test_unfold_kernels.py"
 LIFT = "tests/test_lift_kernels.py"
 CONV = "tests/test_conv_kernels.py"
+CONV_WG = CONV + " -k 'small_groups_against or ragged_last_split or weight_gradient_64_bit'"   # conv_bwd_weight_direct
 TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
@@ -247,12 +248,25 @@ MUTATIONS = [
     M("conv-direct-pair-stride", "conv.cu", "to_acc(x_slab[at + x_stride_w])", "to_acc(x_slab[at + 1])", CONV,
       "dropped stride"),
     M("conv-direct-pair-even-width", "cupyconv/ops/conv.py", "tile_w + tile_w % 2)", "tile_w)", CONV, "odd pitch"),
-    M("conv-wgrad-col-bound", "conv.cu", "x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx < width ?",
-      "x_tile[row * tile_in_w + col] = inside && xx >= 0 && xx <= width ?", CONV, "off-by-one"),
+    # conv_bwd_weight_direct's flat x staging, its warps' info in shared memory (task grpwgrad)
+    M("conv-wgrad-x-col-bound", "conv.cu", "y >= 0 && y < height && xx >= 0 && xx < width) {",
+      "y >= 0 && y < height && xx >= 0 && xx <= width) {", CONV_WG, "off-by-one"),
+    M("conv-wgrad-x-row-bound", "conv.cu", "y >= 0 && y < height && xx >= 0 && xx < width) {",
+      "y >= 0 && y <= height && xx >= 0 && xx < width) {", CONV_WG, "off-by-one"),
+    M("conv-wgrad-x-col-wrap", "conv.cu", "if (x_col >= tile_in_w) { x_col -= tile_in_w; ++x_row; }",
+      "if (x_col > tile_in_w) { x_col -= tile_in_w; ++x_row; }", CONV_WG, "off-by-one"),
+    M("conv-wgrad-x-channel-wrap", "conv.cu", "++x_row; }\n        while (x_row >= tile_in_h)",
+      "++x_row; }\n        while (x_row > tile_in_h)", CONV_WG, "off-by-one"),
+    M("conv-wgrad-info-offsets", "conv.cu", "++kk) offset[kk] = warp_info[kk];", "++kk) offset[kk] = warp_info[0];",
+      CONV_WG, "one column for all"),
+    M("conv-wgrad-info-k0", "conv.cu", "info[warp * WGRAD_INFO + lane] = k0;", "info[warp * WGRAD_INFO + lane] = 0;",
+      CONV_WG, "wrong block"),
+    M("conv-wgrad-info-shared", "cupyconv/ops/conv.py", "return tile_in, shared + warps * WGRAD_INFO * 4",
+      "return tile_in, shared", CONV + " -k asan", "shared memory overrun"),   # ASan sees shared memory's end
     M("conv-wgrad-barrier-unit", "conv.cu", "__syncthreads();  // the previous unit's readers",
       "// the previous unit's readers", CONV, "removed barrier"),
-    M("conv-wgrad-barrier-staged", "conv.cu", "    __syncthreads();\n    const A* x_lane = x_tile",
-      "    const A* x_lane = x_tile", CONV, "removed barrier"),
+    M("conv-wgrad-barrier-staged", "conv.cu", "    __syncthreads();\n    const int* warp_info = info + warp",
+      "    const int* warp_info = info + warp", CONV, "removed barrier"),
     M("conv-wgrad-grad-output-bound", "conv.cu", "value[dd] = d < outputs_per_group && y < out_h && ox < out_w",
       "value[dd] = d < outputs_per_group && y <= out_h && ox < out_w", CONV, "off-by-one"),
     M("conv-wgrad-split-end", "conv.cu", "const I unit_end = min(units, unit_begin + units_per_split);",

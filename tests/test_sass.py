@@ -1007,10 +1007,11 @@ def test_unfold_tap_loops_stay_lean(kernel_programs, sass_tools):
 # main loops issue per FFMA, about 6% above NVRTC 13.0's code (conv_fwd_direct's 3 x 3 stride-1 sliding loop,
 # DIRECT_ROWS x DPT outputs over one kernel column: 8 rows on 2026-11-26, DPT 2 1.69, 4 1.34, 8 1.21; 7 rows on
 # 2026-11-27, 1.71, 1.42, 1.23; the general loop before it, one pixel a thread, had 2 shared loads and ~3 address
-# instructions per 4 FFMA; conv_bwd_weight_direct's 3 x 3 sliding row loop, 4 x 9 FFMA a lane: 1.53, its general
-# loop 1.97).
+# instructions per 4 FFMA; conv_bwd_weight_direct's 3 x 3 sliding row loop, two rows a trip (WGRAD_SLIDE_UNROLL) of
+# 4 x 9 FFMA a lane: 1.33, one row a trip 1.53, its general loop 1.97).
+WGRAD_SLIDE_UNROLL = 2
 DIRECT_LOOP_INSTRUCTIONS_PER_FFMA = {("conv_fwd_direct", 2): 1.81, ("conv_fwd_direct", 4): 1.5,
-                                     ("conv_fwd_direct", 8): 1.3, ("conv_bwd_weight_direct", 0): 1.63}
+                                     ("conv_fwd_direct", 8): 1.3, ("conv_bwd_weight_direct", 0): 1.41}
 # conv_fwd_direct's registers a thread at most (its __launch_bounds__, direct_min_blocks): what keeps three 7- or
 # 8-warp blocks (DPT 4) and four 4-warp blocks (DPT 8) on an SM, the occupancy its plans are predicted with.
 DIRECT_FWD_REGISTERS = {2: 64, 4: 80, 8: 128}
@@ -1021,10 +1022,10 @@ DIRECT_FWD_REGISTERS = {2: 64, 4: 80, 8: 128}
 def test_direct_conv_loops_stay_lean(kernel_programs):
     """conv_fwd_direct's main loop is its sliding 3 x 3 loop (DIRECT_ROWS x 3 x DPT FFMA, each input value of the
     column read once: DIRECT_ROWS + 2 shared loads, and the weights of 3 taps in 16-byte vectors, or 8-byte ones for
-    DPT 2), conv_bwd_weight_direct's its 3 x 3 sliding row loop (WGRAD_DPT x WGRAD_KT FFMA, a new row of 3 x
-    values and one grad_output vector: 4 shared loads), each within DIRECT_LOOP_INSTRUCTIONS_PER_FFMA, and
-    neither spills (conv_fwd_direct within DIRECT_FWD_REGISTERS): a load or an address computation per FMA back
-    in the loop, or the register cap gone, fails here."""
+    DPT 2), conv_bwd_weight_direct's its 3 x 3 sliding row loop (WGRAD_DPT x WGRAD_KT FFMA a row, a new row of 3
+    x values and one grad_output vector: 4 shared loads; two rows a trip), each within
+    DIRECT_LOOP_INSTRUCTIONS_PER_FFMA, and neither spills (conv_fwd_direct within DIRECT_FWD_REGISTERS): a load
+    or an address computation per FMA back in the loop, or the register cap gone, fails here."""
     from cupyconv.ops import conv
     program = kernel_programs("conv.cu", "sm_90")
     code, usage = sass.disassemble(program), resource_usage(program, "sm_90")
@@ -1035,8 +1036,8 @@ def test_direct_conv_loops_stay_lean(kernel_programs):
         if kernel not in ("conv_fwd_direct", "conv_bwd_weight_direct") or args[0] == "double" or args[1] != "int":
             continue
         dpt = int(args[2]) if kernel == "conv_fwd_direct" else 0
-        ffma_wanted = conv.DIRECT_ROWS * 3 * dpt if dpt else conv.WGRAD_DPT * conv.WGRAD_KT
-        loads_wanted = conv.DIRECT_ROWS + 2 + 3 * max(1, dpt // 4) if dpt else 3 + 1   # 16-byte vectors
+        ffma_wanted = conv.DIRECT_ROWS * 3 * dpt if dpt else conv.WGRAD_DPT * conv.WGRAD_KT * WGRAD_SLIDE_UNROLL
+        loads_wanted = conv.DIRECT_ROWS + 2 + 3 * max(1, dpt // 4) if dpt else (3 + 1) * WGRAD_SLIDE_UNROLL
         rule, loop = sass.main_loop(code[name])
         ffma, lds, total = loop["FFMA"], loop["LDS"], sum(loop.values())
         if rule != "fma" or ffma != ffma_wanted or lds != loads_wanted \

@@ -225,10 +225,11 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 # Peak memory is inputs + outputs + the workspace budget (+ weight-sized temporaries).
 
 DIRECT_MAX_CHANNELS = 16        # 'auto' picks the direct kernel up to this many channels per group, in and out
-# ... and its weight gradient up to this many input channels per group: the executed-instruction model predicts
-# conv_bwd_weight_direct latency-bound and behind im2col + GEMM at 8 and 16 (rx-256 fp16 107-242 us against
-# 96-158 for the whole im2col weight pass, rx-512 fp32 133-300 against 96-133), ahead at 4 (rx-128, g64-256)
-DIRECT_WEIGHT_MAX_CHANNELS = 4
+# ... and its weight gradient up to this many input channels per group: PREDICTED (H100, executed-instruction
+# model, task grpwgrad) conv_bwd_weight_direct ahead of the im2col and FMA-GEMM weight passes at 4 and 8 (rx-256
+# fp16 fwd+bwd 258.5-670.8 -> see RESULTS.md's grpwgrad section), behind at 16 (rx-512 fp32: 16 a group make 4 x 9
+# blocks of 144 columns whose x tile every warp rereads; the FMA GEMM keeps it)
+DIRECT_WEIGHT_MAX_CHANNELS = 8
 DIRECT_OUTPUTS = (2, 4, 8)      # conv_fwd_direct specialisations: output channels per thread (registers); more
                                 # output channels a group take several blocks of 8 over the same staged tile
 # Output rows per thread (registers): each staged weight feeds this many FMAs.  7, not 8: the planes of 224-pixel
@@ -243,9 +244,10 @@ DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
 WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+WGRAD_INFO = WGRAD_KT + 2       # ints of shared memory a warp keeps its output block in (column offsets, d0, k0)
 KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "DIRECT_THREADS": DIRECT_THREADS,
                                          "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
-                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS})
+                                         "WGRAD_MAX_THREADS": WGRAD_MAX_THREADS, "WGRAD_INFO": WGRAD_INFO})
 ALGORITHMS = ("auto", "im2col_gemm", "direct", "implicit_gemm")
 REDUCE_BLOCK = 256              # conv_bgrad block size (a power of two: fixed reduction tree)
 BIAS_BLOCKS = 512               # conv_bgrad's grid aims at this many blocks (a few waves on any GPU); a constant,
@@ -349,8 +351,9 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
     def tiles(rows):
         tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
-        return tile_in, shared
-    rows = ceil_div(min(WGRAD_ROWS, oh), step) * step
+        return tile_in, shared + warps * WGRAD_INFO * 4
+    # balanced over the output (56 rows: 4 tiles of 14, not 16 + 16 + 16 + 8 whose last 8 rows are zeros summed)
+    rows = ceil_div(_balanced(oh, WGRAD_ROWS), step) * step
     while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
         rows -= step
     tile_in, shared = tiles(rows)
