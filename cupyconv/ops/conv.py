@@ -491,13 +491,15 @@ def grad_input_bytes(spec: ConvSpec, itemsize: int) -> tuple[int, int, int]:
             (c * spec.taps * ow + stride * c * w) * itemsize)
 
 
-def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
-    """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im."""
+def _gemm_grad_input(device, gy, weight, spec: ConvSpec, bias=None):
+    """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im, which adds
+    bias (C,) where given (conv_transpose's forward; after the GEMM where there is no col2im, or several bands)."""
     n, g, dg, k, L = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps, spec.out_pixels
     wt = weight.reshape(g, dg, k).transpose(0, 2, 1)  # a view: the GEMM reads it transposed ('T'), no copy
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
-        return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
+        return lift.add_channel_bias(device, device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:]),
+                                     bias)
     per_sample, fixed, row = grad_input_bytes(spec, gy.itemsize)
     if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
         grad_x = device.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
@@ -506,15 +508,16 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
                                                                                         gy.dtype))
             device.add(grad_x[images, :, rows], fold_gpu(device, cols, piece))   # bands overlap where their windows do
             del cols
-        return grad_x
+        return lift.add_channel_bias(device, grad_x, bias)
     chunks = batch_chunks(n, per_sample)
     cols = device.empty((max((c.stop - c.start for c in chunks), default=0), g, k, L), gy.dtype)  # reused
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
-        return fold_gpu(device, device.matmul_strided(wt, gy, cols), spec)
+        return fold_gpu(device, device.matmul_strided(wt, gy, cols), spec, bias=bias)
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
         m = chunk.stop - chunk.start
-        fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m), out=grad_x[chunk])
+        fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m), out=grad_x[chunk],
+                 bias=bias)
     return grad_x
 
 
@@ -626,7 +629,7 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
             if algo == "direct" and "direct" in candidates:
                 gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
                 return lift.add_channel_bias(device, _direct_grad_input(device, gy4, weight, spec), input_bias)
-            return lift.add_channel_bias(device, _gemm_grad_input(device, contiguous(), weight, spec), input_bias)
+            return _gemm_grad_input(device, contiguous(), weight, spec, input_bias)
         grad_x = _autotune.resolve(device, input_key, algorithm, candidates, heuristic, grad_input)
     fused_bias: dict = {}   # a grad_bias summed by a weight-gradient kernel, with the grad_weight it came with
     if "weight" in needs:
