@@ -209,12 +209,13 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
 // from output pixel (oy, ox) when y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions
 // by the strides are fast ones.
 template <typename T, typename I>
-__device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+__device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __restrict__ out,
+                                               const T* __restrict__ bias, int has_bias, I n, int channels,
                                                int height, int width, int kernel_h, int kernel_w, int stride_h,
                                                int stride_w, int pad_top, int pad_left, int dilation_h,
                                                int dilation_w, int out_h, int out_w, unsigned int width_magic,
                                                unsigned int height_magic, unsigned int stride_h_magic,
-                                               unsigned int stride_w_magic) {
+                                               unsigned int stride_w_magic, unsigned int channels_magic) {
   const I pixels = (I)out_h * out_w;
   const I plane_size = (I)height * width;
   const I planes = n * channels;
@@ -222,6 +223,7 @@ __device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __
   const I cols_plane = kernel_h * kernel_w * pixels;                       // cols elements of one plane
   const FastDivmod by_width(width, width_magic), by_height(height, height_magic);
   const FastDivmod by_stride_h(stride_h, stride_h_magic), by_stride_w(stride_w, stride_w_magic);
+  const FastDivmod by_channels(channels, channels_magic);  // (the bias's channel of a plane)
   for (I index = grid_start<I>(); index < total; index += grid_stride<I>()) {
     int x, y;
     const I row = index_divmod<I>(index, by_width, x);       // plane group * height + y
@@ -251,6 +253,12 @@ __device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __
         }
       }
     }
+    if (has_bias) {  // conv_transpose's bias, after the taps, before the one rounding: plane p's channel
+      int c;
+      index_divmod<I>(first, by_channels, c);
+#pragma unroll
+      for (int p = 0; p < FOLD_PLANES; ++p, c = c + 1 == channels ? 0 : c + 1) sum[p] += to_acc(bias[c]);
+    }
     T* dst = out + first * plane_size + (I)y * width + x;
 #pragma unroll
     for (int p = 0; p < FOLD_PLANES; ++p) {
@@ -274,18 +282,19 @@ constexpr int FOLD_TAPS = 3;
 // sums its taps in the order (i, j) in acc_t, as `fold_positions` does, so both give the same bits (an added +0.0
 // changes no sum, and a sum from +0.0 is never -0.0).
 template <typename T, typename I>
-__device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+__device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restrict__ out,
+                                          const T* __restrict__ bias, int has_bias, I n, int channels,
                                           int height, int width, int kernel_h, int kernel_w, int stride_h,
                                           int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
                                           int out_w, unsigned int runs_magic, unsigned int height_magic,
-                                          unsigned int stride_h_magic) {
+                                          unsigned int stride_h_magic, unsigned int channels_magic) {
   typedef typename BitsOf<sizeof(T)>::type E;
   constexpr int V = 16 / sizeof(T);
   const int runs_per_row = width / V, taps = kernel_h * kernel_w;
   const I pixels = (I)out_h * out_w;
   const I units = n * channels * height * runs_per_row;
   const FastDivmod by_runs(runs_per_row, runs_magic), by_height(height, height_magic);
-  const FastDivmod by_stride_h(stride_h, stride_h_magic);
+  const FastDivmod by_stride_h(stride_h, stride_h_magic), by_channels(channels, channels_magic);
   for (I index = grid_start<I>(); index < units; index += grid_stride<I>()) {
     int run, y;
     const I row = index_divmod<I>(index, by_runs, run);   // plane * height + y
@@ -325,6 +334,13 @@ __device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restr
         }
       }
     }
+    if (has_bias) {  // conv_transpose's bias, after the taps, before the one rounding
+      int c;
+      index_divmod<I>(plane, by_channels, c);
+      const acc_t<T> add = to_acc(bias[c]);
+#pragma unroll
+      for (int q = 0; q < V; ++q) sum[q] += add;
+    }
     uint4 packed;
     T* e = reinterpret_cast<T*>(&packed);
 #pragma unroll
@@ -336,19 +352,23 @@ __device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restr
 // col2im: RUN = 1, one thread per position of FOLD_PLANES planes (`fold_positions`, any window), or
 // RUN = 16 / sizeof(T), one thread per run of RUN positions with 16-byte accesses (`fold_runs`, the shapes
 // ops/unfold.py checks it can take).  width_magic is the FastDivmod multiplier of width / RUN, the units of a row.
+// has_bias: bias[channel] is added to every position's sum before it is rounded (conv_transpose's forward through
+// the GEMM and col2im: its bias in the fold, not in a pass of its own).
 template <typename T, typename I, int RUN>
-__global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, I n, int channels,
+__global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, const T* __restrict__ bias,
+                            int has_bias, I n, int channels,
                             int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
                             int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
                             int out_w, unsigned int width_magic, unsigned int height_magic,
-                            unsigned int stride_h_magic, unsigned int stride_w_magic) {
+                            unsigned int stride_h_magic, unsigned int stride_w_magic, unsigned int channels_magic) {
   static_assert(RUN == 1 || RUN * sizeof(T) == 16, "RUN is 1 or a 16-byte vector of T");
   if constexpr (RUN == 1) {
-    fold_positions<T, I>(cols, out, n, channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top,
-                         pad_left, dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic,
-                         stride_w_magic);
+    fold_positions<T, I>(cols, out, bias, has_bias, n, channels, height, width, kernel_h, kernel_w, stride_h,
+                         stride_w, pad_top, pad_left, dilation_h, dilation_w, out_h, out_w, width_magic,
+                         height_magic, stride_h_magic, stride_w_magic, channels_magic);
   } else {
-    fold_runs<T, I>(cols, out, n, channels, height, width, kernel_h, kernel_w, stride_h, pad_top, pad_left,
-                    dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic);
+    fold_runs<T, I>(cols, out, bias, has_bias, n, channels, height, width, kernel_h, kernel_w, stride_h, pad_top,
+                    pad_left, dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic,
+                    channels_magic);
   }
 }

@@ -233,3 +233,27 @@ def test_gpu_forward_and_gradients_match_cpu_path(case, dtype):
     want_grads = cupyconv.conv3d_backward(*as64(gy, x, w), needs=("input", "weight"), **kwargs)
     for what, g, wg in zip(("grad_input", "grad_weight"), grads, want_grads):
         assert_close(cupy.asnumpy(g), wg, dtype, f"{name} {what}")
+
+
+@pytest.mark.parametrize("nd, stride, native", [(3, 1, True), (3, 2, False), (1, 2, False)],
+                         ids=["3d_stride_1_native", "3d_strided_lifted", "1d_strided"])
+def test_conv_transpose_bias_on_every_rank(nd, stride, native):
+    """conv_transpose's bias (`lift.backward`'s input_bias) in 3-D and 1-D: conv_fwd_igemm_3d's epilogue adds it
+    at stride 1 (no array work onto the output); the lifted 3-D input gradient gets it after the depth fold; 1-D
+    runs the 2-D phases with it.  Against torch in float64; outputs poisoned."""
+    rng = numpy.random.default_rng(24)
+    x = rng.standard_normal((2, 32, *(4, 5, 3)[-nd:])).astype(numpy.float16)
+    w = (rng.standard_normal((32, 16, *(2, 3, 4)[-nd:])) / 8).astype(numpy.float16)
+    b = (rng.standard_normal(16) * 4).astype(numpy.float16)
+    device = Recorder("reverse")
+    adds = []
+    device.add = lambda dst, src: (adds.append(dst.shape), Recorder.add(device, dst, src))
+    fn = {1: cupyconv.conv_transpose1d, 3: cupyconv.conv_transpose3d}[nd]
+    got = run(device, fn, x, w, b, stride=stride, padding=1, algorithm="implicit_gemm")
+    assert (device.count("conv_fwd_igemm_3d") == 1) == native, device.launches
+    assert (adds == []) == (nd == 1 or native), adds
+    torch = pytest.importorskip("torch")
+    tfn = {1: torch.nn.functional.conv_transpose1d, 3: torch.nn.functional.conv_transpose3d}[nd]
+    want = tfn(*(torch.from_numpy(a) for a in as64(x, w, b)), stride=stride, padding=1).numpy()
+    assert got.shape == want.shape and got.dtype == x.dtype
+    assert_close(got, want, "float16", f"{nd}-D stride {stride}")

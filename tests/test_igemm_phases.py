@@ -320,3 +320,82 @@ def test_phase_placement_arguments_and_vector_stores():
     assert not igemm.PhasePlacement((0, 1), (2, 1), (4, 17)).vector_store(16, 8)   # first pixel unaligned
     assert igemm.PhasePlacement((0, 0), (3, 1), (5, 20)).vector_store(20, 4)         # floats: 4 a vector
     assert not igemm.PhasePlacement((0, 0), (3, 1), (5, 20)).vector_store(20, 8)     # row step 60 halves
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, weight_shape, kwargs, kernels, fills", [
+    # all phases in one launch (ct2d-k4s2's geometry, odd sizes)
+    ((2, 32, 5, 7), (32, 16, 4, 4), dict(stride=2, padding=1), ["conv_fwd_igemm_phases"], 0),
+    # one launch at stride 3, dilation 3: the phases without taps write the bias alone
+    ((1, 16, 3, 4), (16, 16, 2, 3), dict(stride=3, dilation=3, padding=(1, 2), output_padding=(2, 1)),
+     ["conv_fwd_igemm_phases"], 0),
+    # a launch per phase (k 1 at stride 3 along rows: rows 1 and 2 of every 3 have no tap: 4 phases filled with the
+    # bias)
+    ((1, 32, 3, 4), (32, 16, 1, 2), dict(stride=(3, 2), output_padding=(2, 0)), ["conv_fwd_igemm"] * 2, 4),
+    # stride 1: one conv_fwd_igemm of the transposed window; with groups 2 of 16 channels, the groups kernel
+    ((2, 32, 5, 6), (32, 16, 3, 3), dict(padding=1), ["conv_fwd_igemm"], 0),
+    ((2, 32, 5, 6), (32, 16, 3, 3), dict(padding=1, groups=2), ["conv_fwd_igemm_groups"], 0),
+], ids=["one_launch", "one_launch_empty_phases", "per_phase_empty_phases", "stride_1", "stride_1_groups"])
+def test_conv_transpose2d_adds_its_bias_in_the_epilogue(x_shape, weight_shape, kwargs, kernels, fills, dtype):
+    """conv_transpose2d's bias goes into the input gradient's kernels (`input_bias`): their epilogue adds it before
+    the one rounding, pixels no tap reaches (phases without taps) get the bias alone; no array work adds it after,
+    nor fills the output (poisoned: every element written); the convolution's input is a view, not a fill."""
+    rng = numpy.random.default_rng(21)
+    x = rng.standard_normal(x_shape).astype(DTYPES[dtype])
+    weight = (rng.standard_normal(weight_shape) / 8).astype(DTYPES[dtype])
+    bias = (rng.standard_normal(weight_shape[1] * kwargs.get("groups", 1)) * 4).astype(DTYPES[dtype])
+    device = Recorder("reverse")
+    work = recording_array_work(device)
+    got = run(device, cupyconv.conv_transpose2d, x, weight, bias, algorithm="implicit_gemm", **kwargs)
+    names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_cop")]
+    assert names == kernels, device.launches
+    assert [kind for dst, kind in work if numpy.shares_memory(dst, got)] == ["copy"] * fills, work
+    assert not any(kind == "fill" for _, kind in work), work
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)),
+                                                **kwargs).numpy()
+    assert got.shape == want.shape and got.dtype == x.dtype
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all(), "a poisoned element was not written"
+    assert_close(got, want, dtype, str(kwargs))
+
+
+def test_conv_transpose2d_bias_with_split_k(monkeypatch):
+    """K split in the one launch: the bias rides in split 0's float sums, the finish pass rounds once; the phases
+    without taps (dilation 2) finish to the bias alone."""
+    monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 2)
+    rng = numpy.random.default_rng(22)
+    x = rng.standard_normal((1, 64, 3, 4)).astype(numpy.float16)
+    weight = (rng.standard_normal((64, 16, 3, 4)) / 8).astype(numpy.float16)
+    bias = (rng.standard_normal(16) * 4).astype(numpy.float16)
+    kwargs = dict(stride=2, dilation=2, padding=2, output_padding=1)
+    device = Recorder("reverse")
+    work = recording_array_work(device)
+    got = run(device, cupyconv.conv_transpose2d, x, weight, bias, algorithm="implicit_gemm", **kwargs)
+    names = [name.split("<")[0] for name in device.launches if not name.startswith("channels_last_cop")]
+    assert names == ["conv_fwd_igemm_phases", "conv_bwd_weight_igemm_finish"], device.launches
+    assert array_work_into(work, got) == []
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)),
+                                                **kwargs).numpy()
+    assert numpy.isfinite(numpy.asarray(got, numpy.float64)).all()
+    assert_close(got, want, "float16")
+
+
+@pytest.mark.parametrize("algorithm", ["implicit_gemm", "im2col_gemm"])
+def test_conv_transpose2d_bias_after_kernels_without_it(algorithm):
+    """Where the input gradient's kernel takes no bias (conv_bwd_input_tc: D / G of 12 halves, not whole vectors),
+    it is added after it, once; the GEMM's col2im (fold_col2im) adds it itself."""
+    rng = numpy.random.default_rng(23)
+    x = rng.standard_normal((1, 12, 4, 5)).astype(numpy.float16)
+    weight = (rng.standard_normal((12, 16, 3, 3)) / 8).astype(numpy.float16)
+    bias = (rng.standard_normal(16) * 4).astype(numpy.float16)
+    device = Recorder()
+    work = recording_array_work(device)
+    got = run(device, cupyconv.conv_transpose2d, x, weight, bias, stride=2, padding=1, algorithm=algorithm)
+    fused = algorithm == "im2col_gemm"
+    assert device.count("conv_bwd_input_tc" if not fused else "fold_col2im") == 1, device.launches
+    assert [kind for _, kind in work].count("add") == (0 if fused else 1), work
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a) for a in as64(x, weight, bias)), stride=2,
+                                                padding=1).numpy()
+    assert_close(got, want, "float16")

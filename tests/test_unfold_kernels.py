@@ -513,3 +513,60 @@ def test_gpu_reads_strided_views_and_torch_tensors():
     got = cupyconv.unfold(t, 3, padding=1)
     assert isinstance(got, torch.Tensor) and got.device == t.device
     torch.testing.assert_close(got, torch.nn.functional.unfold(t, 3, padding=1))
+
+
+@pytest.mark.parametrize("dtype, x_shape, kwargs, run", [
+    # float32: the gather, 3 channels, so that a thread's 8 planes wrap across channels and images (planes 9)
+    ("float32", (3, 5, 4, 3), dict(stride=2, padding=1, output_padding=1), 1),
+    # float16, 16 x 16 planes from 16 x 16 at stride 1: the vector fold (runs of 8), 3 channels
+    ("float16", (2, 5, 16, 16), dict(padding=1), 8),
+    # float16, planes 15 wide: the gather in a 16-bit type
+    ("float16", (2, 5, 7, 7), dict(stride=2, padding=1), 1),
+], ids=["gather_float32", "vector_float16", "gather_float16"])
+def test_fold_adds_conv_transpose_bias(dtype, x_shape, kwargs, run):
+    """conv_transpose2d through the GEMM and fold_col2im: the fold adds the bias (has_bias) to each position's
+    sum before its rounding, plane p's channel p % C, in both instantiations; no array work adds it after.  In
+    float32 the bits are those of the fold without bias plus the bias (one float32 add, as before it was fused);
+    in float16 within a rounding of torch in float64.  Outputs poisoned."""
+    rng = numpy.random.default_rng(31)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    weight = (rng.standard_normal((x_shape[1], 3, 3, 3)) / 4).astype(dtype)
+    bias = (rng.standard_normal(3) * 4).astype(dtype)
+    outs = []
+    for b in (bias, None):
+        device = RecordingDevice(order="reverse")
+        device.add = lambda dst, src: pytest.fail("the bias was added after the fold")
+        with _device.use_device(device):
+            outs.append(cupyconv.conv_transpose2d(x, weight, b, algorithm="im2col_gemm", **kwargs))
+        folds = [name for name, _ in device.launches if name.startswith("fold_col2im")]
+        assert folds == [_kernels.kernel_name("fold_col2im", dtype, "int", run)], device.launches
+    got, plain = outs
+    assert numpy.isfinite(got.astype(numpy.float64)).all()
+    if dtype == "float32":
+        numpy.testing.assert_array_equal(got, plain + bias[:, None, None])
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv_transpose2d(*(torch.from_numpy(a.astype(numpy.float64)) for a in (x, weight, bias)),
+                                                **kwargs).numpy()
+    numpy.testing.assert_allclose(got.astype(numpy.float64), want, rtol=2e-3, atol=2e-3 * numpy.abs(want).max())
+
+
+def test_fold_bias_in_batch_chunks_and_bands():
+    """The GEMM input gradient in batch chunks (each fold writes its images of the output, with the bias) and in
+    bands of output rows (summed after the folds: the bias added once, after them), float32 bits as unfused."""
+    from cupyconv import settings
+    rng = numpy.random.default_rng(32)
+    x = rng.standard_normal((3, 4, 6, 5)).astype(numpy.float32)
+    weight = (rng.standard_normal((4, 3, 3, 3)) / 4).astype(numpy.float32)
+    bias = (rng.standard_normal(3) * 4).astype(numpy.float32)
+    for limit, adds in ((9000, 0), (400, 1)):   # two images' workspace per chunk; less than one image's: bands
+        added, outs = [], []
+        for b in (bias, None):
+            device = RecordingDevice()
+            added.append(0)
+            device.add = lambda dst, src, device=device: (added.__setitem__(-1, added[-1] + 1),
+                                                          EmulatedDevice.add(device, dst, src))
+            with _device.use_device(device), settings.workspace_limit(limit):
+                outs.append(cupyconv.conv_transpose2d(x, weight, b, stride=2, padding=1, algorithm="im2col_gemm"))
+            assert sum(name.startswith("fold_col2im") for name, _ in device.launches) > 1, device.launches
+        assert added[0] - added[1] == adds and (added[1] == 0) == (adds == 0), (limit, added)   # bands: summed
+        numpy.testing.assert_array_equal(outs[0], outs[1] + bias[:, None, None])

@@ -500,13 +500,15 @@ def grad_input_bytes(spec: ConvSpec, itemsize: int) -> tuple[int, int, int]:
             (c * spec.taps * ow + stride * c * w) * itemsize)
 
 
-def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
-    """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im."""
+def _gemm_grad_input(device, gy, weight, spec: ConvSpec, bias=None):
+    """gy (n, G, D / G, L) contiguous -> grad_input (n, C, H, W): cols = weight^T @ gy, then col2im, which adds
+    bias (C,) where given (conv_transpose's forward; after the GEMM where there is no col2im, or several bands)."""
     n, g, dg, k, L = spec.n, spec.groups, spec.outputs_per_group, spec.channels_per_group * spec.taps, spec.out_pixels
     wt = weight.reshape(g, dg, k).transpose(0, 2, 1)  # a view: the GEMM reads it transposed ('T'), no copy
     if _is_pointwise(spec):  # col2im is the identity: the GEMM writes grad_input itself
         grad_x = device.empty((n, g, k, L), gy.dtype)
-        return device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:])
+        return lift.add_channel_bias(device, device.matmul_strided(wt, gy, grad_x).reshape(n, *spec.input_shape[1:]),
+                                     bias)
     per_sample, fixed, row = grad_input_bytes(spec, gy.itemsize)
     if per_sample > settings.get_workspace_limit():   # bands of one image's output rows: their columns and the
         grad_x = device.zeros((n, *spec.input_shape[1:]), gy.dtype)   # gradient of the input rows they read
@@ -515,15 +517,16 @@ def _gemm_grad_input(device, gy, weight, spec: ConvSpec):
                                                                                         gy.dtype))
             device.add(grad_x[images, :, rows], fold_gpu(device, cols, piece))   # bands overlap where their windows do
             del cols
-        return grad_x
+        return lift.add_channel_bias(device, grad_x, bias)
     chunks = batch_chunks(n, per_sample)
     cols = device.empty((max((c.stop - c.start for c in chunks), default=0), g, k, L), gy.dtype)  # reused
     if len(chunks) == 1:  # the common case: col2im's output is grad_input, no copy
-        return fold_gpu(device, device.matmul_strided(wt, gy, cols), spec)
+        return fold_gpu(device, device.matmul_strided(wt, gy, cols), spec, bias=bias)
     grad_x = device.empty((n, *spec.input_shape[1:]), gy.dtype)
     for chunk in chunks:
         m = chunk.stop - chunk.start
-        fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m), out=grad_x[chunk])
+        fold_gpu(device, device.matmul_strided(wt, gy[chunk], cols[:m]), spec.with_batch(m), out=grad_x[chunk],
+                 bias=bias)
     return grad_x
 
 
@@ -592,9 +595,12 @@ def conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "auto")
                              forward_candidates(spec, x.dtype, device), choose_algorithm(spec, x.dtype, device), run)
 
 
-def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
-    """Backward on the GPU path.  grad_input: any algorithm ('direct' for stride 1 only, else im2col + GEMM);
-    grad_weight: 'implicit_gemm' or im2col + GEMM (what 'direct' runs there too)."""
+def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto",
+                        input_bias=None):
+    """Backward on the GPU path.  grad_input: any algorithm ('direct' for stride 1 only, else im2col + GEMM), plus
+    input_bias (C,) per channel where given (conv_transpose's forward: the tensor cores' epilogue adds it, the
+    other algorithms after their kernels); grad_weight: 'implicit_gemm' or im2col + GEMM (what 'direct' runs there
+    too)."""
     n, g, dg, L = spec.n, spec.groups, spec.outputs_per_group, spec.out_pixels
     # The tensor cores take grad_output in its own layout (their channels-last copy reads any strides, and a
     # channels-last grad_output -- the forward's output for channels-last x -- is a view there, not a copy back
@@ -624,14 +630,15 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
         def grad_input(algo):
             if algo == "implicit_gemm" and simt_runs(spec, x.dtype, "input"):
                 out = device.empty(spec.input_shape, x.dtype)
-                return simt_gemm_grad_input(device, contiguous(), weight, spec, transposed_spec(spec), out)
+                return lift.add_channel_bias(device, simt_gemm_grad_input(device, contiguous(), weight, spec,
+                                                                          transposed_spec(spec), out), input_bias)
             if algo == "implicit_gemm" and not simt_runs(spec, x.dtype):
                 out = device.empty(spec.input_shape, x.dtype)
-                return implicit_gemm_grad_input(device, grad_output, weight, spec, out)
+                return implicit_gemm_grad_input(device, grad_output, weight, spec, out, input_bias)
             if algo == "direct" and "direct" in candidates:
                 gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
-                return _direct_grad_input(device, gy4, weight, spec)
-            return _gemm_grad_input(device, contiguous(), weight, spec)
+                return lift.add_channel_bias(device, _direct_grad_input(device, gy4, weight, spec), input_bias)
+            return _gemm_grad_input(device, contiguous(), weight, spec, input_bias)
         grad_x = _autotune.resolve(device, input_key, algorithm, candidates, heuristic, grad_input)
     fused_bias: dict = {}   # a grad_bias summed by a weight-gradient kernel, with the grad_weight it came with
     if "weight" in needs:
@@ -700,17 +707,22 @@ def native_3d(pass_: str, device, spec: ConvSpec, dtype, algorithm: str):
     return implicit_gemm_3d if pass_ == "forward" else implicit_gemm_grad_input_3d
 
 
-def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto"):
-    """The gradients of `conv2d_run`."""
+def conv2d_backward_run(device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto",
+                        input_bias=None):
+    """The gradients of `conv2d_run`; input_bias (C,) or None added per channel to the input gradient
+    (conv_transpose's forward: in the compute dtype, rounded once; in the tensor cores' epilogue where they run)."""
     arrays = (grad_output, x, weight, spec, needs)
+    if device is not None and not _routes_to_depthwise(spec):
+        with sharing_channels_last():   # both gradients read one channels-last copy of grad_output
+            return conv2d_backward_gpu(device, *arrays, algorithm, input_bias)
     if _routes_to_depthwise(spec):
-        if device is None:
-            return depthwise_conv2d_backward_cpu(*arrays)
-        return depthwise_conv2d_backward_gpu(device, *arrays)
-    if device is None:
-        return conv2d_backward_cpu(*arrays)
-    with sharing_channels_last():   # both gradients read one channels-last copy of grad_output
-        return conv2d_backward_gpu(device, *arrays, algorithm)
+        grads = (depthwise_conv2d_backward_cpu(*arrays) if device is None
+                 else depthwise_conv2d_backward_gpu(device, *arrays))
+    else:
+        grads = conv2d_backward_cpu(*arrays)
+    if input_bias is None or grads[0] is None:
+        return grads
+    return (lift.add_channel_bias(device, grads[0], input_bias), *grads[1:])
 
 
 ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (the CPU path always runs im2col + GEMM): "

@@ -83,16 +83,14 @@ def _crop(a, shape):
 
 
 def _forward(device, x, weight, bias, spec: ConvSpec, extension: tuple, algorithm: str):
-    """The forward on device (None: the CPU path): conv's input gradient of x (zero-extended), plus the bias."""
+    """The forward on device (None: the CPU path): conv's input gradient of x (zero-extended), plus the bias (in
+    the compute dtype, rounded once: by the tensor cores' epilogue where they run, `lift.backward`'s input_bias).
+    The convolution's input, whose values an input gradient never reads, is a view of x's first element broadcast
+    (no fill)."""
     gy = _extend(device, x, extension)
-    z = lift.placeholder(device, spec.input_shape, x.dtype)
+    z = lift.placeholder(device, spec.input_shape, x.dtype, like=x)
     out, _, _ = lift.backward(conv2d_backward_run, device, gy, z, weight, spec, frozenset({"input"}), algorithm,
-                              native_3d)
-    if bias is not None:   # added in the compute dtype, rounded once (in place where that is out's dtype)
-        ops = lift.arrays(device)
-        total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
-        ops.add(total, bias.reshape(-1, *(1,) * spec.nd))
-        out = ops.astype(total, out.dtype)
+                              native_3d, input_bias=bias)
     return out
 
 

@@ -22,6 +22,7 @@ from .._device import _address
 from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
                         fast_divmod_magic, index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
+from .lift import add_channel_bias
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
 # general, 128 x 64 for 16-bit inputs with many rows (half the B traffic per row; its float stages would pass the
@@ -191,9 +192,10 @@ def stage_backward_copies(device, gy, xv, weight, spec: ConvSpec, needs: frozens
     _channels_last_all(device, arrays, True, rest_of)
 
 
-def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
+def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out, bias=None):
     """grad_input into out (n, C, H, W) contiguous from gy (n, D, oH, oW), any strides, and weight (D, C / G, kH,
-    kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.
+    kW) contiguous; a gather over the transposed window (no atomics).  Also patch's.  bias (C,) or None: added
+    per channel (conv_transpose's forward), by conv_fwd_igemm's epilogue (one rounding), else after the kernel.
     With D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel conv_fwd_igemm: at
     stride 1 on the transposed convolution, at larger strides on each phase's (`grad_input_phases`; a
     channels-last gy is read in place); else the generic conv_bwd_input_tc (gy made contiguous)."""
@@ -203,10 +205,10 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
         # gy4 and the weight arranged (C, kH flipped, kW flipped, D / G) channels-last, copied by one launch
         gy_cl, arranged = channels_last_all(device, (gy4, weight_view(device, weight, spec, "input")))
         if spec.stride == (1, 1):
-            return igemm_forward(device, gy_cl, arranged, None, transposed_spec(spec), out)
+            return igemm_forward(device, gy_cl, arranged, bias, transposed_spec(spec), out)
         out4 = device.reshape(out, (spec.n, spec.in_channels, *spec.in_size))
-        if not _grad_input_one_launch(device, gy_cl, arranged, spec, out4):
-            _grad_input_phased(device, gy_cl, arranged, spec, out4)
+        if not _grad_input_one_launch(device, gy_cl, arranged, spec, out4, bias):
+            _grad_input_phased(device, gy_cl, arranged, spec, out4, bias)
         return out
     gy = device.ascontiguous(gy4)
     plan = plan_tensor_cores(spec, gy.dtype, "input")
@@ -214,7 +216,7 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out):
                    index=index_type(gy.size, out.size, weight.size), grid=plan.grid, block=plan.threads,
                    window=spec, grad_out=gy, weight=weight, grad_x=out, n=spec.n, groups=spec.groups,
                    channels_per_group=spec.channels_per_group, outputs_per_group=spec.outputs_per_group)
-    return out
+    return add_channel_bias(device, out, bias)   # (conv_bwd_input_tc has no bias)
 
 
 # --- forward and input gradient, channels-last (the fast path) ----------------------------------------------
@@ -551,12 +553,13 @@ def plan_phases(spec: ConvSpec, dtype) -> PhasesPlan | None:
     return PhasesPlan(gemm, plan, grid, counts, steps)
 
 
-def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out) -> bool:
+def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out, bias=None) -> bool:
     """out (n, C, H, W) contiguous by ONE conv_fwd_igemm_phases over all the phases (`plan_phases`; blockIdx.z:
     split and phase, each block deriving its phase's padding, size, place in out and weight: `ig_axis_phase`), phases
     without taps included (their blocks reduce nothing and write zeros), from gy_cl, grad_output channels-last, and
     one phase-major weight (steps_h, steps_w, C, taps_h, taps_w, D / G); split sums (in out's layout) finished by
-    one pass.  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
+    one pass; bias (C,) or None added per channel before the one rounding, phases without taps included (their
+    pixels are the bias alone).  False (nothing done) where `plan_phases` refuses, for `_grad_input_phased`."""
     phases_plan = plan_phases(spec, gy_cl.dtype)
     if phases_plan is None:
         return False
@@ -575,9 +578,10 @@ def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out) -> bool
     (pad_top, _), (pad_left, _) = spec.padding
     KERNELS.launch(device, "conv_fwd_igemm_phases", plan.tile, dtype=gy_cl.dtype, index=index,
                    grid=phases_plan.grid,
-                   block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk, bias=wk, out=out,
+                   block=IG_THREADS, shared_mem=plan.shared_mem, window=gemm, x=gy_cl, weight=wk,
+                   bias=wk if bias is None else device.ascontiguous(bias), out=out,
                    n=spec.n, groups=spec.groups, channels_per_group=gemm.channels_per_group,
-                   outputs_per_group=gemm.outputs_per_group, has_bias=False,
+                   outputs_per_group=gemm.outputs_per_group, has_bias=bias is not None,
                    vector_store=whole_vectors and _address(out) % IG_VECTOR_BYTES == 0, channels_last_out=False,
                    partial=partial, chunks_per_split=plan.chunks_per_split, **placement, phases_h=counts[0],
                    phases_w=counts[1], grad_stride_h=spec.stride[0], grad_stride_w=spec.stride[1],
@@ -593,11 +597,12 @@ def _grad_input_one_launch(device, gy_cl, arranged, spec: ConvSpec, out) -> bool
     return True
 
 
-def _grad_input_phased(device, gy_cl, arranged, spec: ConvSpec, out):
+def _grad_input_phased(device, gy_cl, arranged, spec: ConvSpec, out, bias=None):
     """out (n, C, H, W) contiguous: each phase with taps by conv_fwd_igemm from gy_cl (grad_output channels-last) and
     its slice of the weight arranged once (flipped, so a phase's taps are every t-th from the far end), its
     epilogue (or its split sums' final pass) writing the phase's pixels of out in place (`PhasePlacement`: no
-    buffer, no copy); phases without taps are zero-filled, after the launches."""
+    buffer, no copy), with bias (C,) when given; phases without taps are filled with zeros (or the bias), after
+    the launches."""
     empties = []
     for phase in grad_input_phases(spec):
         if not all(p.taps for p in phase):
@@ -605,10 +610,10 @@ def _grad_input_phased(device, gy_cl, arranged, spec: ConvSpec, out):
             continue
         flipped = tuple(slice(k - 1 - p.taps[-1], k - p.taps[0], p.taps.step) for k, p in zip(spec.kernel_size, phase))
         placement = PhasePlacement((phase[0].first, phase[1].first), spec.stride, spec.in_size)
-        igemm_forward(device, gy_cl, device.ascontiguous(arranged[:, flipped[0], flipped[1]]), None,
+        igemm_forward(device, gy_cl, device.ascontiguous(arranged[:, flipped[0], flipped[1]]), bias,
                       phase_spec(spec, phase), out, placement)
     for pixels in empties:
-        device.copyto(pixels, 0)
+        device.copyto(pixels, 0 if bias is None else bias.reshape(-1, 1, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1061,10 +1066,10 @@ def implicit_gemm_3d(device, x, weight, bias, spec: ConvSpec):
     return igemm_forward_3d(device, xl, wk, bias, spec, out)
 
 
-def implicit_gemm_grad_input_3d(device, gy, weight, spec: ConvSpec):
+def implicit_gemm_grad_input_3d(device, gy, weight, spec: ConvSpec, bias=None):
     """conv3d's input gradient at stride 1 (`igemm_3d_refusal(..., 'input')` None), (n, C, D, H, W) C-contiguous:
     conv_fwd_igemm_3d over the transposed window with the weight arranged (C, flipped taps, O / G), as the 2-D
-    `weight_view` arranges it."""
+    `weight_view` arranges it; bias (C,) or None added in its epilogue (conv_transpose3d's forward)."""
     g, dg, cg = spec.groups, spec.outputs_per_group, spec.channels_per_group
     kd, kh, kw = spec.kernel_size
     flipped = device.reshape(weight, (g, dg, cg, kd, kh, kw))[..., ::-1, ::-1, ::-1].transpose(0, 2, 1, 3, 4, 5)
@@ -1072,7 +1077,7 @@ def implicit_gemm_grad_input_3d(device, gy, weight, spec: ConvSpec):
     gy5 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     gy_cl, wk = channels_last_all(device, (_as_planes(device, gy5), arranged))
     out = device.empty(spec.input_shape, gy.dtype)
-    return igemm_forward_3d(device, gy_cl, wk, None, transposed_spec(spec), out)
+    return igemm_forward_3d(device, gy_cl, wk, bias, transposed_spec(spec), out)
 
 
 def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):

@@ -70,11 +70,25 @@ def empty(device, shape, dtype):
     return arrays(device).empty(shape, dtype)
 
 
-def placeholder(device, shape, dtype):
-    """A read-only array of zeros of `shape` without its memory (one element, broadcast): for an argument whose
-    values a computation does not read (x of an input gradient, which only needs its shape)."""
+def placeholder(device, shape, dtype, like=None):
+    """A read-only array of `shape` without its memory (one element, broadcast): for an argument whose values a
+    computation does not read (x of an input gradient, which only needs its shape).  The element is the first of
+    `like` (a non-empty array of dtype, as a view: no fill launched, no allocation), else a zero."""
     ops = arrays(device)
+    if like is not None and like.size and like.dtype == dtype:
+        return ops.xp.broadcast_to(like[(0,) * like.ndim], shape)
     return ops.xp.broadcast_to(ops.zeros((), dtype), shape)
+
+
+def add_channel_bias(device, out, bias):
+    """out (n, C, *spatial) + bias (C,) per channel, added in the compute dtype and rounded once (in place where
+    that is out's dtype): the bias of a result whose kernels could not add it in their epilogue."""
+    if bias is None:
+        return out
+    ops = arrays(device)
+    total = out if compute_dtype(out.dtype) == out.dtype else ops.astype(out, compute_dtype(out.dtype))
+    ops.add(total, bias.reshape(-1, *(1,) * (out.ndim - 2)))
+    return ops.astype(total, out.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -376,30 +390,46 @@ def _depth_chunk_backward(run, device, gy, x, weight2, spec: ConvSpec, depths: r
 
 
 def backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str = "auto",
-             native=None):
+             native=None, input_bias=None):
     """run's gradients `needs` of spec on any rank; on the GPU path replayed for a signature seen before.
-    native: as `forward`'s; its 'input' runner, native(...)(device, grad_output, weight, spec), gives a 3-D input
-    gradient without the depth windows, the other gradients still lifted."""
-    return _replay.replayed(device, ("backward", run, spec, needs, algorithm, native), (grad_output, x, weight),
+    native: as `forward`'s; its 'input' runner, native(...)(device, grad_output, weight, spec, bias), gives a 3-D
+    input gradient without the depth windows, the other gradients still lifted.
+    input_bias: None, or (C,) added per channel to the input gradient (conv_transpose's forward: its bias), by the
+    kernels' epilogue where run takes it (`run(..., input_bias=)`: conv2d_backward_run), else after them
+    (`add_channel_bias`); either way in the compute dtype, rounded once."""
+    if input_bias is None:
+        return _replay.replayed(device, ("backward", run, spec, needs, algorithm, native), (grad_output, x, weight),
+                                lambda device: _backward(run, device, grad_output, x, weight, spec, needs, algorithm,
+                                                         native))
+    return _replay.replayed(device, ("backward", run, spec, needs, algorithm, native, "input_bias"),
+                            (grad_output, x, weight, input_bias),
                             lambda device: _backward(run, device, grad_output, x, weight, spec, needs, algorithm,
-                                                     native))
+                                                     native, input_bias))
 
 
-def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str, native=None):
+def _backward(run, device, grad_output, x, weight, spec: ConvSpec, needs: frozenset, algorithm: str, native=None,
+              input_bias=None):
     shapes = (spec.input_shape, spec.weight_shape, (spec.out_channels,))   # of the gradients, in NEEDS order
     spec = prepare(device, spec, x.dtype, [s for name, s in zip(NEEDS, shapes) if name in needs])
+    biased = {} if input_bias is None else {"input_bias": input_bias}
     if spec.empty:
-        return _empty_backward(device, grad_output, spec, needs, x.dtype)
+        grad_x, grad_w, grad_b = _empty_backward(device, grad_output, spec, needs, x.dtype)
+        if grad_x is not None:
+            grad_x = add_channel_bias(device, grad_x, input_bias)
+        return grad_x, grad_w, grad_b
     if spec.nd == 2:
-        return run(device, grad_output, x, weight, spec, needs, algorithm)
+        return run(device, grad_output, x, weight, spec, needs, algorithm, **biased)
     if spec.nd == 1:
         grads = run(device, with_unit_height(grad_output), with_unit_height(x), with_unit_height(weight),
-                    unit_height(spec), needs, algorithm)
+                    unit_height(spec), needs, algorithm, **biased)
         return tuple(None if g is None else g.reshape(s) for g, s in zip(grads, shapes))
     runner = None if native is None or "input" not in needs else native("input", device, spec, x.dtype, algorithm)
     if runner is None:
-        return _lifted_backward(run, device, grad_output, x, weight, spec, needs, algorithm)
-    grad_x = runner(device, grad_output, weight, spec).reshape(spec.input_shape)   # 3-D natively
+        grad_x, grad_w, grad_b = _lifted_backward(run, device, grad_output, x, weight, spec, needs, algorithm)
+        if grad_x is not None:
+            grad_x = add_channel_bias(device, grad_x, input_bias)
+        return grad_x, grad_w, grad_b
+    grad_x = runner(device, grad_output, weight, spec, input_bias).reshape(spec.input_shape)   # 3-D natively
     rest = needs - {"input"}
     _, grad_w, grad_b = (_lifted_backward(run, device, grad_output, x, weight, spec, rest, algorithm) if rest
                          else (None, None, None))

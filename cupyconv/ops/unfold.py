@@ -164,10 +164,11 @@ def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
     return cols
 
 
-def fold_gpu(device, cols, spec: ConvSpec, out=None):
+def fold_gpu(device, cols, spec: ConvSpec, out=None, bias=None):
     """Fold contiguous cols (n, C * kH * kW, L) into (n, C, H, W) by a deterministic gather; into out where given
     (C-contiguous, that shape, cols' dtype: a chunk of a larger result, written in place, no copy).  Both
-    instantiations sum each position's taps in the same order, so the vector one (RUN > 1) gives the same bits."""
+    instantiations sum each position's taps in the same order, so the vector one (RUN > 1) gives the same bits.
+    bias (C,) or None: added to each position's sum before its rounding (conv_transpose's forward)."""
     c, (h, w) = spec.in_channels, spec.in_size
     cols = device.ascontiguous(device.reshape(cols, (spec.n, c * spec.taps, spec.out_pixels)))
     if out is None:
@@ -182,9 +183,10 @@ def fold_gpu(device, cols, spec: ConvSpec, out=None):
         units = spec.n * c * h * w // run if run > 1 else ceil_div(spec.n * c, FOLD_PLANES) * h * w
         grid, block = _launch(units)
         KERNELS.launch(device, "fold_col2im", (run,), dtype=cols.dtype, index=index, grid=grid, block=block,
-                       window=spec, cols=cols, out=out, n=spec.n, channels=c, width_magic=fast_divmod_magic(w // run),
+                       window=spec, cols=cols, out=out, bias=cols if bias is None else device.ascontiguous(bias),
+                       has_bias=bias is not None, n=spec.n, channels=c, width_magic=fast_divmod_magic(w // run),
                        height_magic=fast_divmod_magic(h), stride_h_magic=fast_divmod_magic(sh),
-                       stride_w_magic=fast_divmod_magic(sw))
+                       stride_w_magic=fast_divmod_magic(sw), channels_magic=fast_divmod_magic(c))
     return out
 
 
