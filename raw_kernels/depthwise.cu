@@ -58,13 +58,16 @@
 //   GENERIC_STRIP     the same for the generic kernels;
 //   TAP_CHUNK         taps accumulated in registers per pass of the generic weight-gradient kernel;
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
+//   LARGE_ROWS, LARGE_COLUMNS  output rows and columns per thread item of depthwise_fwd_large and
+//                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
-    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) ||            \
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
+    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
     !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
@@ -1041,6 +1044,170 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                     out_w, height, width, kernel_h, kernel_w, 1, 1, dilation_h, dilation_w,
                                     (kernel_h - 1) * dilation_h - pad_top, (kernel_w - 1) * dilation_w - pad_left,
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
+}
+
+// Large kernels at stride 1, dilation 1 (the planner's LARGE_MIN_K and up: RepLKNet's 31x31 on 14x14 planes), whole
+// planes: the forward (TRANSPOSED false) and the stride-1 input gradient (TRANSPOSED true, the flipped kernels, the
+// m grad_out planes of a channel), src -> dst as in depthwise_tiled.  The generic kernels run ~10 instructions a
+// multiply-add there (a tap's weight, its window's shift, its loop), issue-bound at 2.4-5x the FMA floor.  Here a
+// thread item is LARGE_ROWS (Q) x LARGE_COLUMNS (R) outputs of one dst plane, and it runs over the kernel rows and
+// the R-column chunks of src that its window reaches rather than over single taps: per kernel row and chunk, the
+// 2R - 1 weights that pair the chunk with the R output columns (broadcast 16-byte loads) are read once for the Q
+// output rows, each of which reads its R src values (16-byte loads) for R * R FMAs, every index known at compile
+// time.  Kernel rows are staged zero-padded by 2(R - 1) on each side (and src rows with zeros to a multiple of R),
+// so that pairs outside the kernel or the plane add zeros and the chunk loop needs no bounds; a src row outside the
+// plane is skipped (a branch the whole warp takes).  On 14x14 planes padded 15: 15 x 16 x 16 products per 2 x 16
+// outputs where 14 x 14 each count, 71% of the FMAs, with 31 shared-memory wavefronts a warp per 128 FMAs.
+// A unit is per_block images of one dst channel, thread items image fastest: a warp's lanes are images at one
+// item, whose weights are one broadcast address; the staged planes are pitched to 16 bytes past a multiple of a
+// 128-byte bank row (large_plane), so that the 8 lanes of a quarter warp read 8 different 16-byte bank groups.
+// The planner's plan_large mirrors the shared memory.
+template <typename A>
+__device__ __forceinline__ int large_plane(int rows, int row_pitch) {  // elements between staged planes
+  constexpr int C = 16 / sizeof(A), BANK_ROW = 128 / sizeof(A);
+  const int size = rows * row_pitch;
+  return size + ((C - size) % BANK_ROW + BANK_ROW) % BANK_ROW;
+}
+
+template <typename T, typename I, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_large(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h, int kernel_w,
+    int pad_top, int pad_left, int per_block, int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int Q = LARGE_ROWS, R = LARGE_COLUMNS, C = 16 / sizeof(A);
+  static_assert(R % C == 0, "LARGE_COLUMNS must be whole 16-byte chunks of double");
+  const int taps = kernel_h * kernel_w;
+  const int terms = TRANSPOSED ? multiplier : 1;  // kernels (and staged planes per image) summed into one output
+  const int row_pitch = (src_w + R - 1) / R * R;  // staged src rows: zeros from src_w on
+  const int plane = large_plane<A>(src_h, row_pitch);
+  // Weight (i, j) of a kernel at column j + w_off of its staged row: w_off leaves 2(R - 1) zeros before tap 0 and
+  // makes the first weight an item reads (j = pad_left - (R - 1) - ox0 + a chunk's first column) 16-byte aligned.
+  const int w_off = 2 * (R - 1) + ((-(R - 1 + pad_left)) % C + C) % C;
+  const int w_pitch = (w_off + kernel_w + 2 * (R - 1) + C - 1) / C * C;
+  A* xs = reinterpret_cast<A*>(depthwise_smem);
+  A* ws = xs + per_block * terms * plane;
+  const int src_channels = TRANSPOSED ? channels * multiplier : channels;
+  const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
+  const int groups = (dst_w + R - 1) / R;  // items per Q dst rows
+  const int items = per_block * ((dst_h + Q - 1) / Q) * groups;
+  const I units = (images + per_block - 1) / per_block * dst_channels;
+  // Staging: lanes along a staged row (coalesced), rows over the rest of the block, stepped without division.
+  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
+  const int w_lanes = min(w_pitch, (int)blockDim.x), w_rows = (int)blockDim.x / w_lanes;
+
+  for (I unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int d = (int)(unit % dst_channels);  // the dst plane's channel
+    const I image0 = unit / dst_channels * per_block;
+    const int kernel0 = TRANSPOSED ? d * multiplier : d;  // its first kernel
+    const int channel0 = TRANSPOSED ? kernel0 : d / multiplier;  // its first src channel
+    if ((int)threadIdx.x < x_rows * x_lanes) {
+      int q = 0, y = (int)threadIdx.x / x_lanes;  // staged plane q (image q / terms, term q % terms), row y
+      while (y >= src_h) { y -= src_h; ++q; }
+      while (q < per_block * terms) {
+        const I image = image0 + q / terms;
+        const T* row = image < images ?
+            src + ((image * src_channels + channel0 + q % terms) * src_h + y) * (I)src_w : nullptr;
+        A* to = xs + q * plane + y * row_pitch;
+        for (int x = (int)threadIdx.x % x_lanes; x < row_pitch; x += x_lanes)
+          to[x] = row != nullptr && x < src_w ? to_acc(row[x]) : A(0);
+        y += x_rows;
+        while (y >= src_h) { y -= src_h; ++q; }
+      }
+    }
+    if ((int)threadIdx.x < w_rows * w_lanes) {
+      int k = 0, i = (int)threadIdx.x / w_lanes;  // kernel k's row i
+      while (i >= kernel_h) { i -= kernel_h; ++k; }
+      while (k < terms) {
+        const T* wk = weight + ((I)kernel0 + k) * taps;
+        A* to = ws + (k * kernel_h + i) * w_pitch;
+        for (int jj = (int)threadIdx.x % w_lanes; jj < w_pitch; jj += w_lanes) {
+          const int j = jj - w_off;
+          to[jj] = j >= 0 && j < kernel_w ?
+              to_acc(wk[TRANSPOSED ? (kernel_h - 1 - i) * kernel_w + kernel_w - 1 - j : i * kernel_w + j]) : A(0);
+        }
+        i += w_rows;
+        while (i >= kernel_h) { i -= kernel_h; ++k; }
+      }
+    }
+    __syncthreads();
+
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+      const int p = item % per_block, g = item / per_block % groups, oy0 = item / per_block / groups * Q;
+      const I n = image0 + p;
+      if (n >= images) continue;
+      const int ox0 = g * R;
+      A acc[Q][R];
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[v][r] = init;
+      }
+      // The kernel rows and src columns some output of the item reaches: output (oy, ox) reads src row
+      // oy - pad_top + i and column ox - pad_left + j.
+      const int i_lo = max(0, pad_top - oy0 - Q + 1), i_hi = min(kernel_h, pad_top - oy0 + src_h);
+      const int x_lo = max(0, ox0 - pad_left), x_hi = min(src_w, ox0 + R - 1 - pad_left + kernel_w);
+      const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
+      for (int k = 0; k < terms; ++k) {
+        const A* xp = xs + (p * terms + k) * plane;
+        // output column ox0 + r pairs src column x with weight column x - ox0 - r + pad_left
+        const A* wk = ws + k * kernel_h * w_pitch + w_off + pad_left - (R - 1) - ox0;
+        for (int i = i_lo; i < i_hi; ++i) {
+          const int y0 = oy0 - pad_top + i;  // the src row of output row oy0
+          for (int c = c_lo; c < c_hi; c += R) {
+            A w[2 * R - 1];
+            load_row<A, 2 * R - 1>(wk + i * w_pitch + c, w);  // w[R - 1 + e - r]: src column c + e, output ox0 + r
+#pragma unroll
+            for (int v = 0; v < Q; ++v) {
+              if ((unsigned)(y0 + v) < (unsigned)src_h) {
+                A in[R];
+                load_row<A, R>(xp + (y0 + v) * row_pitch + c, in);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+#pragma unroll
+                  for (int e = 0; e < R; ++e) acc[v][r] += w[R - 1 + e - r] * in[e];
+                }
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+        if (oy0 + v < dst_h) {
+          T* out = dst + ((n * dst_channels + d) * dst_h + oy0 + v) * (I)dst_w + ox0;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (ox0 + r < dst_w) out[r] = from_acc<T>(acc[v][r]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next unit overwrites the planes
+  }
+}
+
+// Forward of a large kernel at stride 1, dilation 1, whole planes (depthwise_large).
+template <typename T, typename I>
+__global__ void depthwise_fwd_large(const T* __restrict__ x, const T* __restrict__ weight,
+                                    const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                    int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                    int kernel_w, int pad_top, int pad_left, int per_block, int has_bias) {
+  depthwise_large<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
+                               kernel_h, kernel_w, pad_top, pad_left, per_block, has_bias);
+}
+
+// Input gradient of the same windows (depthwise_large over grad_out, the kernels flipped).  pad_top/pad_left: the
+// forward's.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_large(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                          T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
+                                          int width, int out_h, int out_w, int kernel_h, int kernel_w, int pad_top,
+                                          int pad_left, int per_block) {
+  depthwise_large<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
+                              width, kernel_h, kernel_w, kernel_h - 1 - pad_top, kernel_w - 1 - pad_left, per_block,
+                              0);
 }
 
 // Input gradient of tiny planes at stride 1 (depthwise_planes), any kernel size and dilation.  pad_top/pad_left:

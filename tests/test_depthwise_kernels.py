@@ -51,6 +51,7 @@ GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_
 PLANES_1 = ("depthwise_fwd_planes", "depthwise_bwd_input_planes", "depthwise_bwd_weight_generic")
 PLANES_K4 = ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes<4>", "depthwise_bwd_weight_planes<4>")
 LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
+WIDE_1 = ("depthwise_fwd_large", "depthwise_bwd_input_large", "depthwise_bwd_weight_large")  # LARGE_MIN_K and up
 DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
 
 # Odd sizes throughout (never multiples of a tile, a strip or a warp).
@@ -98,7 +99,16 @@ CASES = [
     C("dilation2_stride2", (1, 2, 11, 9), 1, 3, GENERIC_S, stride=2, padding=2, dilation=2),
     C("rect_per_side_stride21", (2, 2, 9, 10), 1, (3, 5), GENERIC_S, stride=(2, 1), padding=((1, 0), (2, 1))),
     C("same_even_stride2", (2, 3, 10, 9), 1, 4, GENERIC_S, stride=2, padding="same"),
-    C("k31", (1, 2, 9, 8), 1, 31, LARGE_1, padding=15),
+    C("k31", (1, 2, 9, 8), 1, 31, WIDE_1, padding=15),
+    # depthwise_fwd_large / _bwd_input_large: the input gradient's two terms, per-side padding; a valid window (the
+    # correlation padded past the kernel's edge); padding past the kernel (a negative correlation padding); a plane
+    # wider than two chunks; 37 images (a full unit of LARGE_LANES and a short one); a rectangle
+    C("k13_multiplier2_per_side", (3, 2, 14, 13), 2, 13, WIDE_1, padding=((6, 5), (3, 8))),
+    C("k15x13_valid", (2, 3, 20, 19), 1, (15, 13), WIDE_1, bias=False),
+    C("k13_padding_past_kernel", (1, 2, 9, 10), 1, 13, WIDE_1, padding=((14, 0), (1, 13))),
+    C("k13_wide_plane", (2, 1, 5, 37), 1, 13, WIDE_1, padding=(6, 9)),
+    C("k13_37_images", (37, 2, 9, 8), 1, (13, 14), WIDE_1, padding=(6, 7)),
+    C("k13x9_generic", (2, 2, 9, 10), 1, (13, 9), LARGE_1, padding=(6, 4)),  # below LARGE_MIN_K on one side
     C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
     C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
                                                              "depthwise_bwd_weight_large"),
@@ -225,7 +235,7 @@ def test_every_specialisation_is_covered():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("name", ["k3s1_packed_images", "k5s2_per_side", "tiny_4x4_k4_same",
-                                  "aligned_rows_no_bias"])
+                                  "aligned_rows_no_bias", "k13_multiplier2_per_side"])
 def test_dtypes(name, dtype):
     out, grads = run_case(EmulatedDevice(), CASE_BY_NAME[name], dtype)
     assert out.dtype == _dtype(dtype) and all(g.dtype == _dtype(dtype) for g in grads)
@@ -864,6 +874,7 @@ PATHS = [
                                  "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
     ("planes", 3, 1, 2, 2, 2, PLANES_1),
     ("planes_k4", 4, 1, 1, 1, 2, PLANES_K4),
+    ("wide", 13, 1, 1, 2, 6, WIDE_1),
 ]
 PATH_IDS = [p[0] for p in PATHS]
 
@@ -955,6 +966,7 @@ LOOP_CASES = [
     path_case(PATHS[10], ((30, 30), (30, 30)), low=(9, 9), channels=2, name="loops"),  # 81 pixels: not tiny planes
     path_case(PATHS[11], ((1, 2), (2, 0)), low=(5, 6), images=20, channels=7, name="loops"),
     path_case(PATHS[12], ((1, 2), (3, 0)), low=(5, 6), images=20, channels=7, name="loops"),
+    path_case(PATHS[13], ((6, 5), (7, 6)), low=(9, 8), images=37, channels=3, name="loops"),
 ]
 
 
@@ -1057,6 +1069,8 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
     if label.startswith("planes"):  # the huge plane's unit cannot fit: the tiled generic kernels
         kernels = (*kernels, *GENERIC_1)
+    if label == "wide":  # nor its whole plane (the one-pixel planes of the channels take the large kernels)
+        kernels = (*kernels, *LARGE_1[:2])
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 
