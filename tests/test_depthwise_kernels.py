@@ -753,7 +753,8 @@ COUNTED = [("depthwise.cu", f"{name}>") for name in (
     "depthwise_bwd_weight<float, int, 5, 1, true", "depthwise_fwd<float, int, 3, 1, false, true",
     "depthwise_fwd<float, int, 3, 1", "depthwise_bwd_input<float, int, 3, false, true",
     "depthwise_bwd_input<float, int, 3", "depthwise_bwd_weight<float, int, 3, 1, true",
-    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int")]
+    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int", "depthwise_fwd_large<float, int",
+    "depthwise_bwd_input_large<float, int")]
 
 
 def counting_device(blocks) -> EmulatedDevice:
@@ -797,6 +798,29 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     assert any(s.width == 16 for s in loads), loads
     for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
         assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
+
+
+@pytest.mark.parametrize("pass_", ["forward", "input"])
+def test_large_kernels_read_shared_memory_without_bank_conflicts(pass_):
+    """depthwise_fwd_large / _bwd_input_large on dw-384-14k31's planes (31x31 padded 15 on 14x14, 32 images a unit):
+    a warp's lanes are 32 images, whose 16-byte loads of their own planes take 4 wavefronts (the planes pitched 16
+    bytes past a bank row: large_plane) and whose weight loads are one broadcast address (4, 2 and 1 wavefronts for
+    16, 8 and 4 bytes)."""
+    rng = numpy.random.default_rng(42)
+    x = rng.standard_normal((32, 2, 14, 14)).astype(numpy.float32)
+    w = rng.standard_normal((2, 1, 31, 31)).astype(numpy.float32)
+    device = counting_device(lambda grid: [(0, 0, 0)])
+    with _device.use_device(device):
+        if pass_ == "forward":
+            cupyconv.depthwise_conv2d(x, w, padding=15)
+        else:
+            cupyconv.depthwise_conv2d_backward(x, x, w, padding=15, needs=pass_)
+    name = f"depthwise_{'fwd' if pass_ == 'forward' else 'bwd_input'}_large<float, int>"
+    profile = next(p for p in device.profile if p.name == name)
+    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    assert {s.width for s in loads} == {4, 8, 16}, loads
+    for s in loads:
+        assert s.wavefronts_per_request <= s.width / 4, s
 
 
 @pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
