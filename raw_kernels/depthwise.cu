@@ -23,9 +23,11 @@
 //   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
 //   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
 //   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
-// * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
-//   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
-//   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
+// * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
+//   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
+//   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
+//   depthwise_fwd_large / depthwise_bwd_input_large instead: items of 2 x 8 outputs, lanes over images, a staged
+//   kernel row's broadcast weights against 8-column chunks of src, 64 FMAs per pair of 16-byte loads.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
 //   thread per plane, a block's consecutive planes staged and written back as contiguous runs; their <T, I, K>
 //   instantiations (and depthwise_bwd_weight_planes) unroll a K x K window at stride 1 over zero-padded planes.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a

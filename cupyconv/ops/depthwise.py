@@ -135,12 +135,14 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
 #                  other windows that overlap (extent > stride): tiny planes     -> depthwise_fwd_planes
 #                                                  (<T, I, K> for a TINY_KERNELS window: `_tiny_kernel`)
+#                                  LARGE_MIN_K and larger a side, stride 1, dilation 1 -> depthwise_fwd_large
+#                                                  (whole planes, `plan_large`)
 #                                                                  others          -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
 #                  (depthwise_bwd_input<T, I, K[, true]> for square 3/5/7, dilation 1: the forward's persistent
 #                  kernel on FORWARD_BLOCKS blocks; tiny planes: _planes, <T, I, K> as the forward's at
-#                  multiplier 1; else _generic);
+#                  multiplier 1; the forward's large windows: _large; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
 #                  unrolled; both persistent on FORWARD_BLOCKS blocks)
