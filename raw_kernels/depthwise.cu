@@ -40,8 +40,9 @@
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
 //   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
-//   maps the threads over taps instead; depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32
-//   consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
+//   maps the threads over taps instead; depthwise_bwd_weight_lanes, for the windows of depthwise_fwd_large, runs
+//   its correlation with grad_out's plane as the kernel, a lane per image, and adds the lanes by shuffles;
+//   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
 //   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
@@ -1897,6 +1898,139 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
       partial[r * row_length + (e < taps ? (I)co * taps + e : (I)out_channels * taps + co)] = total;
     }
     __syncthreads();
+  }
+}
+
+// Weight (and bias) gradient, stage 1, of the windows depthwise_fwd_large takes (LARGE_MIN_K and up a side, stride 1,
+// dilation 1, whole planes).  grad_w[co][i][j] = sum over images and outputs (oy, ox) of
+// g[oy][ox] * x[i + oy - pad_top][j + ox - pad_left]: the forward's correlation (depthwise_large) with the kernel
+// plane as its dst, x as its src and grad_out's plane as its weights, once per image.  So a thread item is the
+// same LARGE_ROWS x LARGE_COLUMNS block, of taps, run over the grad_out rows and the chunks of x columns it reaches,
+// 15 grad_out values (its kernel row, staged zero-padded as depthwise_large stages its weights) against the 8 x
+// values of each of its 2 rows, 128 FMAs.  Here each lane has its own image's grad_out, so a unit's per_block
+// images (a power of two, 8 at most) are the lanes of one item, every staged plane pitched as large_plane pitches
+// them (a quarter warp's 16-byte loads: 8 images, 8 bank groups).  A thread takes one item in every unit of its
+// block (the planner launches per_block threads an item) and keeps its sums in registers over the block's units;
+// then the per_block lanes of an item add theirs in a fixed butterfly (shuffles) and partial row r gets the total,
+// partial[r][co * taps + tap] (and the bias's, partial[r][C * m * taps + co], summed by the lanes of item 0 from
+// the staged grad_out).  Deterministic: the same order whatever the scheduling.
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                           acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                           int pad_top, int pad_left, int per_block, I units_per_block,
+                                           int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int Q = LARGE_ROWS, R = LARGE_COLUMNS, C = 16 / sizeof(A);
+  const int taps = kernel_h * kernel_w;
+  const int row_pitch = (width + R - 1) / R * R;  // staged x rows: zeros from width on
+  const int plane = large_plane<A>(height, row_pitch);
+  // grad_out column ox of an image's staged plane at ox + g_off (depthwise_large's w_off, with out_w for kernel_w)
+  const int g_off = 2 * (R - 1) + ((-(R - 1 + pad_left)) % C + C) % C;
+  const int g_pitch = (g_off + out_w + 2 * (R - 1) + C - 1) / C * C;
+  const int g_plane = large_plane<A>(out_h, g_pitch);
+  A* xs = reinterpret_cast<A*>(depthwise_smem);
+  A* gs = xs + per_block * plane;
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (taps + has_bias);
+  const int groups = (kernel_w + R - 1) / R;  // items per Q kernel rows
+  const int p = (int)threadIdx.x % per_block, item = (int)threadIdx.x / per_block;
+  const int i0 = item / groups * Q, j0 = item % groups * R;  // the item's first tap
+  // The grad_out rows and x columns some tap of the item reaches.
+  const int oy_lo = max(0, pad_top - i0 - Q + 1), oy_hi = min(out_h, pad_top - i0 + height);
+  const int x_lo = max(0, j0 - pad_left), x_hi = min(width, j0 + R - 1 - pad_left + out_w);
+  const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
+  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
+  const int g_lanes = min(g_pitch, (int)blockDim.x), g_rows = (int)blockDim.x / g_lanes;
+  const WeightRows<I> rows(images, per_block, 1, units_per_block);
+
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels, unit_end = rows.end(r);
+    A acc[Q][R], bias_sum = A(0);
+#pragma unroll
+    for (int v = 0; v < Q; ++v) {
+#pragma unroll
+      for (int u = 0; u < R; ++u) acc[v][u] = A(0);
+    }
+    for (I unit = rows.begin(r); unit < unit_end; ++unit) {
+      const I image0 = unit * per_block;
+      if ((int)threadIdx.x < x_rows * x_lanes) {  // x planes: lanes along a row, as depthwise_large stages src
+        int q = 0, y = (int)threadIdx.x / x_lanes;
+        while (y >= height) { y -= height; ++q; }
+        while (q < per_block) {
+          const T* row = image0 + q < images ? x + (((image0 + q) * channels + c) * height + y) * (I)width : nullptr;
+          A* to = xs + q * plane + y * row_pitch;
+          for (int e = (int)threadIdx.x % x_lanes; e < row_pitch; e += x_lanes)
+            to[e] = row != nullptr && e < width ? to_acc(row[e]) : A(0);
+          y += x_rows;
+          while (y >= height) { y -= height; ++q; }
+        }
+      }
+      if ((int)threadIdx.x < g_rows * g_lanes) {  // grad_out planes, rows zero-padded
+        int q = 0, y = (int)threadIdx.x / g_lanes;
+        while (y >= out_h) { y -= out_h; ++q; }
+        while (q < per_block) {
+          const T* row = image0 + q < images ?
+              grad_out + (((image0 + q) * out_channels + co) * out_h + y) * (I)out_w : nullptr;
+          A* to = gs + q * g_plane + y * g_pitch;
+          for (int e = (int)threadIdx.x % g_lanes; e < g_pitch; e += g_lanes) {
+            const int ox = e - g_off;
+            to[e] = row != nullptr && ox >= 0 && ox < out_w ? to_acc(row[ox]) : A(0);
+          }
+          y += g_rows;
+          while (y >= out_h) { y -= out_h; ++q; }
+        }
+      }
+      __syncthreads();
+      const A* xp = xs + p * plane;
+      // tap column j0 + u pairs x column e with grad_out column e - j0 - u + pad_left
+      const A* gp = gs + p * g_plane + g_off + pad_left - (R - 1) - j0;
+      for (int oy = oy_lo; oy < oy_hi; ++oy) {
+        const int y0 = i0 - pad_top + oy;  // the x row of tap row i0
+        for (int cc = c_lo; cc < c_hi; cc += R) {
+          A w[2 * R - 1];
+          load_row<A, 2 * R - 1>(gp + oy * g_pitch + cc, w);  // w[R - 1 + e - u]: x column cc + e, tap j0 + u
+#pragma unroll
+          for (int v = 0; v < Q; ++v) {
+            if ((unsigned)(y0 + v) < (unsigned)height) {
+              A in[R];
+              load_row<A, R>(xp + (y0 + v) * row_pitch + cc, in);
+#pragma unroll
+              for (int u = 0; u < R; ++u) {
+#pragma unroll
+                for (int e = 0; e < R; ++e) acc[v][u] += w[R - 1 + e - u] * in[e];
+              }
+            }
+          }
+        }
+      }
+      if (has_bias && item == 0) {  // lane p sums its image's grad_out plane
+        for (int y = 0; y < out_h; ++y)
+          for (int ox = 0; ox < out_w; ++ox) bias_sum += gs[p * g_plane + y * g_pitch + g_off + ox];
+      }
+      __syncthreads();  // the next unit overwrites the planes
+    }
+    // The per_block lanes of an item (aligned within a warp) add their images' sums: a fixed butterfly.
+    for (int offset = per_block / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) acc[v][u] += __shfl_xor_sync(0xffffffffu, acc[v][u], offset);
+      }
+      bias_sum += __shfl_xor_sync(0xffffffffu, bias_sum, offset);
+    }
+    if (p == 0 && i0 < kernel_h) {
+      A* row = partial + r * row_length;
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+          if (i0 + v < kernel_h && j0 + u < kernel_w) row[(I)co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];
+        }
+      }
+      if (has_bias && item == 0) row[(I)out_channels * taps + co] = bias_sum;
+    }
   }
 }
 

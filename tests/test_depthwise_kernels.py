@@ -51,7 +51,7 @@ GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_
 PLANES_1 = ("depthwise_fwd_planes", "depthwise_bwd_input_planes", "depthwise_bwd_weight_generic")
 PLANES_K4 = ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes<4>", "depthwise_bwd_weight_planes<4>")
 LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
-WIDE_1 = ("depthwise_fwd_large", "depthwise_bwd_input_large", "depthwise_bwd_weight_large")  # LARGE_MIN_K and up
+WIDE_1 = ("depthwise_fwd_large", "depthwise_bwd_input_large", "depthwise_bwd_weight_lanes")  # LARGE_MIN_K and up
 DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
 
 # Odd sizes throughout (never multiples of a tile, a strip or a warp).
@@ -256,8 +256,9 @@ def test_needs_subsets(name, needs):
 @pytest.mark.parametrize("case", [C("tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
                                   C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1),
                                   C("generic", (40, 2, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
-                                  C("large", (5, 2, 9, 8), 1, 31, LARGE_1, padding=15)],
-                         ids=["tiles", "tiny", "generic", "large"])
+                                  C("large", (5, 2, 9, 8), 1, (31, 9), LARGE_1, padding=(15, 4)),
+                                  C("wide", (20, 2, 9, 8), 1, 31, WIDE_1, padding=15)],
+                         ids=["tiles", "tiny", "generic", "large", "wide"])
 def test_weight_gradient_is_deterministic(case):
     """Bits equal across runs and in reverse thread (and block) order; several partial rows and warps."""
     x, weight, _, grad_output = make(case, "float32")
@@ -670,6 +671,28 @@ def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, paddin
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
 
 
+@pytest.mark.parametrize("images, rows", [(37, 2), (37, 5), (3, 1)])
+def test_lanes_weight_gradient_blocks_take_several_units(monkeypatch, images, rows):
+    """depthwise_bwd_weight_lanes with several units (8 images each) a block: a thread keeps its item's sums over the
+    block's units (the planes restaged between them), then the lanes add them; 37 images (a short last unit) in 2 or 5
+    partial rows, and 3 images (4 lanes an item, one image past the batch).  Bits equal in reverse block order."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", rows * 3)  # 3 channels: `rows` partial rows
+    case = C("lanes_units", (images, 3, 9, 8), 1, (13, 15), WIDE_1, padding=((6, 5), (8, 7)))
+    x, weight, _, grad_output = make(case, "float32", seed=images + rows)
+    results = []
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        with _device.use_device(device):
+            results.append(cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"),
+                                                              **case.window))
+        (stage1, args), (_, reduce_args) = device.launches
+        assert short(stage1) == "depthwise_bwd_weight_lanes" and reduce_args[-2] == rows, (stage1, reduce_args)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1:], results[1][1:]))
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
+    assert_matches(results[0][1], expected[1], "float32", "weight")
+    assert_matches(results[0][2], expected[2], "float32", "bias")
+
+
 @pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
     ((40, 2, 14, 14), 3, 1, "float16", "depthwise_bwd_weight<3, 1, false, true>"),  # from column -1: odd
     ((40, 2, 14, 14), 5, 2, "bfloat16", "depthwise_bwd_weight<5, 1, true, true>"),  # from column -2: even
@@ -754,7 +777,7 @@ COUNTED = [("depthwise.cu", f"{name}>") for name in (
     "depthwise_fwd<float, int, 3, 1", "depthwise_bwd_input<float, int, 3, false, true",
     "depthwise_bwd_input<float, int, 3", "depthwise_bwd_weight<float, int, 3, 1, true",
     "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int", "depthwise_fwd_large<float, int",
-    "depthwise_bwd_input_large<float, int")]
+    "depthwise_bwd_input_large<float, int", "depthwise_bwd_weight_lanes<float, int")]
 
 
 def counting_device(blocks) -> EmulatedDevice:
@@ -800,12 +823,13 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
         assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
 
 
-@pytest.mark.parametrize("pass_", ["forward", "input"])
+@pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
 def test_large_kernels_read_shared_memory_without_bank_conflicts(pass_):
     """depthwise_fwd_large / _bwd_input_large on dw-384-14k31's planes (31x31 padded 15 on 14x14, 32 images a unit):
     a warp's lanes are 32 images, whose 16-byte loads of their own planes take 4 wavefronts (the planes pitched 16
     bytes past a bank row: large_plane) and whose weight loads are one broadcast address (4, 2 and 1 wavefronts for
-    16, 8 and 4 bytes)."""
+    16, 8 and 4 bytes).  depthwise_bwd_weight_lanes: a quarter warp is the 8 images of one item, every 16-byte load 4
+    wavefronts (its narrower loads serve two or four items, whose grad_out columns are 8 apart: up to 3 a pair)."""
     rng = numpy.random.default_rng(42)
     x = rng.standard_normal((32, 2, 14, 14)).astype(numpy.float32)
     w = rng.standard_normal((2, 1, 31, 31)).astype(numpy.float32)
@@ -815,12 +839,13 @@ def test_large_kernels_read_shared_memory_without_bank_conflicts(pass_):
             cupyconv.depthwise_conv2d(x, w, padding=15)
         else:
             cupyconv.depthwise_conv2d_backward(x, x, w, padding=15, needs=pass_)
-    name = f"depthwise_{'fwd' if pass_ == 'forward' else 'bwd_input'}_large<float, int>"
+    name = {"forward": "depthwise_fwd_large", "input": "depthwise_bwd_input_large",
+            "weight": "depthwise_bwd_weight_lanes"}[pass_] + "<float, int>"
     profile = next(p for p in device.profile if p.name == name)
     loads = [s for s in profile.sites if s.kind == "shared_load"]
     assert {s.width for s in loads} == {4, 8, 16}, loads
     for s in loads:
-        assert s.wavefronts_per_request <= s.width / 4, s
+        assert s.wavefronts_per_request <= (s.width / 4 if pass_ != "weight" or s.width == 16 else 3), s
 
 
 @pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
@@ -1094,7 +1119,7 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     if label.startswith("planes"):  # the huge plane's unit cannot fit: the tiled generic kernels
         kernels = (*kernels, *GENERIC_1)
     if label == "wide":  # nor its whole plane (the one-pixel planes of the channels take the large kernels)
-        kernels = (*kernels, *LARGE_1[:2])
+        kernels = (*kernels, *LARGE_1)
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 

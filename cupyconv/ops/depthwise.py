@@ -151,6 +151,7 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  other overlapping windows, tiny planes             -> depthwise_bwd_weight_generic, a lane per
 #                                                  channel (plan_weight_planes: its plane_channels > 0); with a
 #                                                  TINY_KERNELS window depthwise_bwd_weight_planes<T, I, K>
+#                  the forward's large windows (plan_weight_large)    -> depthwise_bwd_weight_lanes
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
 #                  other overlapping windows                          -> depthwise_bwd_weight_generic
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
@@ -163,10 +164,11 @@ SPECIALISED_STRIDES = (1, 2)
 GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_fwd_large", "depthwise_fwd_direct",
                    "depthwise_bwd_input_generic", "depthwise_bwd_input_planes", "depthwise_bwd_input_large",
                    "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
-                   "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
+                   "depthwise_bwd_weight_large", "depthwise_bwd_weight_lanes", "depthwise_bwd_weight_direct",
                    "depthwise_bwd_bias", "depthwise_bwd_reduce")
 PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")  # one thread per dst plane
-LARGE_KERNELS = ("depthwise_fwd_large", "depthwise_bwd_input_large")  # whole planes, per_block images a unit
+LARGE_KERNELS = ("depthwise_fwd_large", "depthwise_bwd_input_large",  # whole planes, per_block images a unit
+                 "depthwise_bwd_weight_lanes")
 
 # Shared with depthwise.cu (compiled in through KERNELS.defines; the file says what each one does there).
 STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisations: 8 for 5x5 and 7x7, where
@@ -186,6 +188,8 @@ LARGE_MIN_K = 13       # the smallest kernel side those take (stride 1, dilation
                        # run ~kw + 2 * (LARGE_COLUMNS - 1) columns an output where kw count, so below ~13 the generic
                        # kernels' tap loops waste about as much
 LARGE_LANES = 32       # images per unit of those at most: a warp's lanes are images, its weights one broadcast
+LARGE_WEIGHT_LANES = 8  # images per unit of depthwise_bwd_weight_lanes at most (a power of two): the lanes of an item,
+                        # whose staged x and grad_out planes (3.6 KB each on 14x14) must fit 8 to a block
 LARGE_THREADS = 256    # their most threads a block (each takes the same number of the unit's items): blocks of ~64
                        # registers a thread, 4 to an H100 SM, so that 384 units (dw-384-14k31) run in one wave of 3
                        # a SM (448 threads: 2 a SM, a second wave for the last 120 of them)
@@ -608,6 +612,9 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
         planes = plan_weight_planes(spec, acc)
         if planes:
             return planes
+        large = plan_weight_large(spec, acc)
+        if large:
+            return large
         tiling = None
         tasks = spec.kernel_size[0] * ceil_div(spec.kernel_size[1], LARGE_RUN)
         if spec.taps > 2 * TAP_CHUNK and tasks <= BLOCK_ITEMS:
@@ -626,6 +633,31 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
         if tiling:
             return Plan(kernel, (), tiling)
     return Plan("depthwise_bwd_weight_direct")
+
+
+def plan_weight_large(spec: ConvSpec, acc: int) -> Plan | None:
+    """depthwise_bwd_weight_lanes for the windows plan_large takes: per_block images a unit (the lanes of an item, a
+    power of two up to LARGE_WEIGHT_LANES, halved until an item's lanes fit in a block of 1024 threads and the unit in
+    the default limit), one thread per lane of an item (of LARGE_ROWS x LARGE_COLUMNS taps); None where that does not
+    apply.  Shared memory mirrors the kernel: per image, its x plane and its grad_out plane, rows zero-padded as
+    depthwise_large pads src rows and kernel rows, planes pitched by its large_plane."""
+    (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
+    if min(kh, kw) < LARGE_MIN_K or spec.stride != (1, 1) or spec.dilation != (1, 1):
+        return None
+    (h, w), (oh, ow) = spec.in_size, spec.out_size
+
+    def plane(rows, pitch):
+        return round_up(rows * pitch - c, 128 // acc) + c
+    g_off = 2 * (r - 1) + (-(r - 1 + spec.padding[1][0])) % c
+    per_image = plane(h, round_up(w, r)) + plane(oh, round_up(g_off + ow + 2 * (r - 1), c))
+    items = ceil_div(kh, LARGE_ROWS) * ceil_div(kw, r)
+    per = min(LARGE_WEIGHT_LANES, 1 << (spec.n - 1).bit_length())
+    while per > 1 and (per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT):
+        per //= 2
+    if per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT:
+        return None
+    return Plan("depthwise_bwd_weight_lanes", (), Tiling(kh, kw, 1, 1, per, round_up(per * items, 32),
+                                                         per * per_image * acc))
 
 
 def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
