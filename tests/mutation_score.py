@@ -82,7 +82,8 @@ DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
 DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
-DW_WIDE = DEPTHWISE + " -k 'k31 or k13 or k15 or wide or large_kernels or lanes_weight'"  # depthwise_fwd_large, _bwd_input_large
+# depthwise_fwd_large, _bwd_input_large and depthwise_bwd_weight_lanes (task dwlarge)
+DW_WIDE = DEPTHWISE + " -k 'k31 or k13 or k15 or wide or large_kernels or lanes_weight'"
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
