@@ -1072,6 +1072,30 @@ __device__ __forceinline__ int large_plane(int rows, int row_pitch) {  // elemen
   return size + ((C - size) % BANK_ROW + BANK_ROW) % BANK_ROW;
 }
 
+// One kernel row of depthwise_large (one grad_out row of depthwise_bwd_weight_lanes) against the item's Q src rows
+// y0 .. y0 + Q - 1 (those inside the `rows` of the plane): over the chunks c of [c_lo, c_hi),
+// acc[v][r] += w[c + R - 1 + e - r] * src[(y0 + v) * pitch + c + e], e < R.  w and every src row 16-byte aligned.
+template <typename A, int Q, int R>
+__device__ __forceinline__ void large_row(const A* w_row, const A* src, int y0, int rows, int pitch, int c_lo,
+                                          int c_hi, A (&acc)[Q][R]) {
+  for (int c = c_lo; c < c_hi; c += R) {
+    A w[2 * R - 1];
+    load_row<A, 2 * R - 1>(w_row + c, w);  // w[R - 1 + e - r]: src column c + e, output (or tap) column r
+#pragma unroll
+    for (int v = 0; v < Q; ++v) {
+      if ((unsigned)(y0 + v) < (unsigned)rows) {
+        A in[R];
+        load_row<A, R>(src + (y0 + v) * pitch + c, in);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int e = 0; e < R; ++e) acc[v][r] += w[R - 1 + e - r] * in[e];
+        }
+      }
+    }
+  }
+}
+
 template <typename T, typename I, bool TRANSPOSED>
 __device__ __forceinline__ void depthwise_large(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
@@ -1156,25 +1180,8 @@ __device__ __forceinline__ void depthwise_large(
         const A* xp = xs + (p * terms + k) * plane;
         // output column ox0 + r pairs src column x with weight column x - ox0 - r + pad_left
         const A* wk = ws + k * kernel_h * w_pitch + w_off + pad_left - (R - 1) - ox0;
-        for (int i = i_lo; i < i_hi; ++i) {
-          const int y0 = oy0 - pad_top + i;  // the src row of output row oy0
-          for (int c = c_lo; c < c_hi; c += R) {
-            A w[2 * R - 1];
-            load_row<A, 2 * R - 1>(wk + i * w_pitch + c, w);  // w[R - 1 + e - r]: src column c + e, output ox0 + r
-#pragma unroll
-            for (int v = 0; v < Q; ++v) {
-              if ((unsigned)(y0 + v) < (unsigned)src_h) {
-                A in[R];
-                load_row<A, R>(xp + (y0 + v) * row_pitch + c, in);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-#pragma unroll
-                  for (int e = 0; e < R; ++e) acc[v][r] += w[R - 1 + e - r] * in[e];
-                }
-              }
-            }
-          }
-        }
+        for (int i = i_lo; i < i_hi; ++i)  // src row oy0 - pad_top + i: output row oy0's
+          large_row<A, Q, R>(wk + i * w_pitch, xp, oy0 - pad_top + i, src_h, row_pitch, c_lo, c_hi, acc);
       }
 #pragma unroll
       for (int v = 0; v < Q; ++v) {
@@ -1986,25 +1993,8 @@ __global__ void depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __r
       const A* xp = xs + p * plane;
       // tap column j0 + u pairs x column e with grad_out column e - j0 - u + pad_left
       const A* gp = gs + p * g_plane + g_off + pad_left - (R - 1) - j0;
-      for (int oy = oy_lo; oy < oy_hi; ++oy) {
-        const int y0 = i0 - pad_top + oy;  // the x row of tap row i0
-        for (int cc = c_lo; cc < c_hi; cc += R) {
-          A w[2 * R - 1];
-          load_row<A, 2 * R - 1>(gp + oy * g_pitch + cc, w);  // w[R - 1 + e - u]: x column cc + e, tap j0 + u
-#pragma unroll
-          for (int v = 0; v < Q; ++v) {
-            if ((unsigned)(y0 + v) < (unsigned)height) {
-              A in[R];
-              load_row<A, R>(xp + (y0 + v) * row_pitch + cc, in);
-#pragma unroll
-              for (int u = 0; u < R; ++u) {
-#pragma unroll
-                for (int e = 0; e < R; ++e) acc[v][u] += w[R - 1 + e - u] * in[e];
-              }
-            }
-          }
-        }
-      }
+      for (int oy = oy_lo; oy < oy_hi; ++oy)  // x row i0 - pad_top + oy: tap row i0's
+        large_row<A, Q, R>(gp + oy * g_pitch, xp, i0 - pad_top + oy, height, row_pitch, c_lo, c_hi, acc);
       if (has_bias && item == 0) {  // lane p sums its image's grad_out plane
         for (int y = 0; y < out_h; ++y)
           for (int ox = 0; ox < out_w; ++ox) bias_sum += gs[p * g_plane + y * g_pitch + g_off + ox];

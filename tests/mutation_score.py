@@ -966,7 +966,7 @@ MUTATIONS = [
       DW_WIDE, "tap range"),
     M("dw-large-columns-right", "depthwise.cu", "x_hi = min(src_w, ox0 + R - 1 - pad_left + kernel_w)",
       "x_hi = min(src_w, ox0 - pad_left + kernel_w)", DW_WIDE, "tap range"),
-    M("dw-large-row-outside", "depthwise.cu", "if ((unsigned)(y0 + v) < (unsigned)src_h)", "if (y0 + v < src_h)",
+    M("dw-large-row-outside", "depthwise.cu", "if ((unsigned)(y0 + v) < (unsigned)rows)", "if (y0 + v < rows)",
       DW_WIDE, "tile bound"),
     M("dw-large-row-zeros", "depthwise.cu", "to[x] = row != nullptr && x < src_w ?", "to[x] = row != nullptr ?",
       DW_WIDE, "tile bound"),

@@ -784,6 +784,19 @@ def counting_device(blocks) -> EmulatedDevice:
     return EmulatedDevice(counters=True, blocks=blocks, instantiations=COUNTED)
 
 
+def shared_loads(pass_, kernel, x, w, blocks, padding):
+    """The shared-memory load sites of `kernel` when one pass ("forward", "input", "weight") runs counted on `blocks`
+    (grad_output: x, same-size planes)."""
+    device = counting_device(blocks)
+    with _device.use_device(device):
+        if pass_ == "forward":
+            cupyconv.depthwise_conv2d(x, w, padding=padding)
+        else:
+            cupyconv.depthwise_conv2d_backward(x, x, w, padding=padding, needs=pass_)
+    profile = next(p for p in device.profile if p.name == kernel)
+    return [s for s in profile.sites if s.kind == "shared_load"]
+
+
 def test_stage1_rows_keep_enough_blocks():
     """The split of stage 1 (planning only): STAGE1_MIN_UNITS units a block where that leaves STAGE1_FILL_BLOCKS blocks
     or more, else STAGE1_BLOCKS' split; the kernels without the minimum (least 1) keep STAGE1_BLOCKS' split."""
@@ -807,17 +820,9 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     rng = numpy.random.default_rng(41)
     x = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
     w = rng.standard_normal((24, 1, 5, 5)).astype(numpy.float32)
-    gy = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
-    device = counting_device(lambda grid: [(0, 0, 0), (1, 0, 0)])
-    with _device.use_device(device):
-        if pass_ == "forward":
-            cupyconv.depthwise_conv2d(x, w, padding=2)
-        else:
-            cupyconv.depthwise_conv2d_backward(gy, x, w, padding=2, needs=pass_)
     expected = {"forward": "depthwise_fwd<float, int, 5, 1, true>", "input": "depthwise_bwd_input<float, int, 5, true>",
                 "weight": "depthwise_bwd_weight<float, int, 5, 1, true>"}[pass_]
-    profile = next(p for p in device.profile if p.name == expected)
-    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    loads = shared_loads(pass_, expected, x, w, lambda grid: [(0, 0, 0), (1, 0, 0)], 2)
     assert any(s.width == 16 for s in loads), loads
     for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
         assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
@@ -833,16 +838,9 @@ def test_large_kernels_read_shared_memory_without_bank_conflicts(pass_):
     rng = numpy.random.default_rng(42)
     x = rng.standard_normal((32, 2, 14, 14)).astype(numpy.float32)
     w = rng.standard_normal((2, 1, 31, 31)).astype(numpy.float32)
-    device = counting_device(lambda grid: [(0, 0, 0)])
-    with _device.use_device(device):
-        if pass_ == "forward":
-            cupyconv.depthwise_conv2d(x, w, padding=15)
-        else:
-            cupyconv.depthwise_conv2d_backward(x, x, w, padding=15, needs=pass_)
     name = {"forward": "depthwise_fwd_large", "input": "depthwise_bwd_input_large",
             "weight": "depthwise_bwd_weight_lanes"}[pass_] + "<float, int>"
-    profile = next(p for p in device.profile if p.name == name)
-    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    loads = shared_loads(pass_, name, x, w, lambda grid: [(0, 0, 0)], 15)
     assert {s.width for s in loads} == {4, 8, 16}, loads
     for s in loads:
         assert s.wavefronts_per_request <= (s.width / 4 if pass_ != "weight" or s.width == 16 else 3), s
