@@ -27,9 +27,10 @@
 //   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
 //   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
 //   depthwise_fwd_large / depthwise_bwd_input_large instead: items of 2 x 8 outputs, lanes over images, a staged
-//   kernel row's broadcast weights against 8-column chunks of src, 64 FMAs per pair of 16-byte loads.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
-//   thread per plane, a block's consecutive planes staged and written back as contiguous runs; their <T, I, K>
-//   instantiations (and depthwise_bwd_weight_planes) unroll a K x K window at stride 1 over zero-padded planes.
+//   kernel row's broadcast weights against 8-column chunks of src, 64 FMAs per pair of 16-byte loads.  Tiny
+//   planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one thread per plane, a block's consecutive planes
+//   staged and written back as contiguous runs; their <T, I, K> instantiations (and depthwise_bwd_weight_planes)
+//   unroll a K x K window at stride 1 over zero-padded planes.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
@@ -42,8 +43,9 @@
 //   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
 //   maps the threads over taps instead; depthwise_bwd_weight_lanes, for the windows of depthwise_fwd_large, runs
 //   its correlation with grad_out's plane as the kernel, a lane per image, and adds the lanes by shuffles;
-//   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
-//   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
+//   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few
+//   images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed order.  No float atomics anywhere,
+//   so every run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and

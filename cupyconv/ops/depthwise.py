@@ -206,7 +206,8 @@ KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
-    "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS, "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH})
+    "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS, "SPREAD_MIN_K": SPREAD_MIN_K,
+    "PLANE_BATCH": PLANE_BATCH})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -512,7 +513,8 @@ def plan_large(kernel: str, spec: ConvSpec, src_size, dst_size, terms: int, acc:
     if smem > DEFAULT_SHARED_LIMIT:
         return None
     rounds = ceil_div(per * items, LARGE_THREADS)  # items a thread
-    return Plan(kernel, (), Tiling(*dst_size, 1, 1, per, round_up(ceil_div(per * items, rounds), 32), smem))
+    return Plan(kernel, (), Tiling(dst_size[0], dst_size[1], 1, 1, per, round_up(ceil_div(per * items, rounds), 32),
+                                   smem))
 
 
 def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
