@@ -397,7 +397,8 @@ def test_empty_batch():
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
                "huge_dilation", "planes_units_wrap_multiplier2", "planes_k4_multiplier2_per_side",
-               "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
+               "k7s1", "k5s1_multiplier2",  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
+               "k13_37_images"]  # the large kernels: two units a channel
 
 
 def run_every_kernel(device):
