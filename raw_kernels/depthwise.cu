@@ -23,11 +23,14 @@
 //   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
 //   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
 //   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
-// * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
-//   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
-//   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one
-//   thread per plane, a block's consecutive planes staged and written back as contiguous runs; their <T, I, K>
-//   instantiations (and depthwise_bwd_weight_planes) unroll a K x K window at stride 1 over zero-padded planes.
+// * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
+//   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
+//   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
+//   depthwise_fwd_large / depthwise_bwd_input_large instead: items of 2 x 8 outputs, lanes over images, a staged
+//   kernel row's broadcast weights against 8-column chunks of src, 64 FMAs per pair of 16-byte loads.  Tiny
+//   planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one thread per plane, a block's consecutive planes
+//   staged and written back as contiguous runs; their <T, I, K> instantiations (and depthwise_bwd_weight_planes)
+//   unroll a K x K window at stride 1 over zero-padded planes.
 // * The input gradient at stride 1 is the same tiled convolution over grad_output with the kernel flipped (a
 //   gather: no atomics); at other strides one thread per input pixel gathers exactly the outputs that read it
 //   from a staged grad_output tile (depthwise_bwd_input_strided, the fold_col2im scheme of unfold.cu with the
@@ -38,9 +41,11 @@
 //   depthwise_bwd_bias) maps threads over (image, pixel) items of one output channel, accumulates per tap in
 //   registers over a fixed range of units, reduces over the block in a fixed shuffle/warp order and writes one
 //   partial row per block (depthwise_bwd_weight_large, for kernels with more taps than a block has lanes,
-//   maps the threads over taps instead; depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32
-//   consecutive channels of a few images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed
-//   order.  No float atomics anywhere, so every run gives the same bits, whatever the scheduling.
+//   maps the threads over taps instead; depthwise_bwd_weight_lanes, for the windows of depthwise_fwd_large, runs
+//   its correlation with grad_out's plane as the kernel, a lane per image, and adds the lanes by shuffles;
+//   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few
+//   images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed order.  No float atomics anywhere,
+//   so every run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
@@ -58,13 +63,16 @@
 //   GENERIC_STRIP     the same for the generic kernels;
 //   TAP_CHUNK         taps accumulated in registers per pass of the generic weight-gradient kernel;
 //   LARGE_RUN         consecutive taps of one kernel row per thread in depthwise_bwd_weight_large;
+//   LARGE_ROWS, LARGE_COLUMNS  output rows and columns per thread item of depthwise_fwd_large and
+//                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
-    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(STRIDED_ROWS) ||            \
+    !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
+    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
     !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
@@ -1043,6 +1051,177 @@ __global__ void depthwise_bwd_input_generic(const T* __restrict__ grad_out, cons
                                     tile_h, tile_w, tiles_x, tiles_y, per_block, 0);
 }
 
+// Large kernels at stride 1, dilation 1 (the planner's LARGE_MIN_K and up: RepLKNet's 31x31 on 14x14 planes), whole
+// planes: the forward (TRANSPOSED false) and the stride-1 input gradient (TRANSPOSED true, the flipped kernels, the
+// m grad_out planes of a channel), src -> dst as in depthwise_tiled.  The generic kernels run ~10 instructions a
+// multiply-add there (a tap's weight, its window's shift, its loop), issue-bound at 2.4-5x the FMA floor.  Here a
+// thread item is LARGE_ROWS (Q) x LARGE_COLUMNS (R) outputs of one dst plane, and it runs over the kernel rows and
+// the R-column chunks of src that its window reaches rather than over single taps: per kernel row and chunk, the
+// 2R - 1 weights that pair the chunk with the R output columns (broadcast 16-byte loads) are read once for the Q
+// output rows, each of which reads its R src values (16-byte loads) for R * R FMAs, every index known at compile
+// time.  Kernel rows are staged zero-padded by 2(R - 1) on each side (and src rows with zeros to a multiple of R),
+// so that pairs outside the kernel or the plane add zeros and the chunk loop needs no bounds; a src row outside the
+// plane is skipped (a branch the whole warp takes).  On 14x14 planes padded 15: 15 x 16 x 16 products per 2 x 16
+// outputs where 14 x 14 each count, 71% of the FMAs, with 31 shared-memory wavefronts a warp per 128 FMAs.
+// A unit is per_block images of one dst channel, thread items image fastest: a warp's lanes are images at one
+// item, whose weights are one broadcast address; the staged planes are pitched to 16 bytes past a multiple of a
+// 128-byte bank row (large_plane), so that the 8 lanes of a quarter warp read 8 different 16-byte bank groups.
+// The planner's plan_large mirrors the shared memory.
+template <typename A>
+__device__ __forceinline__ int large_plane(int rows, int row_pitch) {  // elements between staged planes
+  constexpr int C = 16 / sizeof(A), BANK_ROW = 128 / sizeof(A);
+  const int size = rows * row_pitch;
+  return size + ((C - size) % BANK_ROW + BANK_ROW) % BANK_ROW;
+}
+
+// One kernel row of depthwise_large (one grad_out row of depthwise_bwd_weight_lanes) against the item's Q src rows
+// y0 .. y0 + Q - 1 (those inside the `rows` of the plane): over the chunks c of [c_lo, c_hi),
+// acc[v][r] += w[c + R - 1 + e - r] * src[(y0 + v) * pitch + c + e], e < R.  w and every src row 16-byte aligned.
+template <typename A, int Q, int R>
+__device__ __forceinline__ void large_row(const A* w_row, const A* src, int y0, int rows, int pitch, int c_lo,
+                                          int c_hi, A (&acc)[Q][R]) {
+  for (int c = c_lo; c < c_hi; c += R) {
+    A w[2 * R - 1];
+    load_row<A, 2 * R - 1>(w_row + c, w);  // w[R - 1 + e - r]: src column c + e, output (or tap) column r
+#pragma unroll
+    for (int v = 0; v < Q; ++v) {
+      if ((unsigned)(y0 + v) < (unsigned)rows) {
+        A in[R];
+        load_row<A, R>(src + (y0 + v) * pitch + c, in);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int e = 0; e < R; ++e) acc[v][r] += w[R - 1 + e - r] * in[e];
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename I, bool TRANSPOSED>
+__device__ __forceinline__ void depthwise_large(
+    const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
+    I images, int channels, int multiplier, int src_h, int src_w, int dst_h, int dst_w, int kernel_h, int kernel_w,
+    int pad_top, int pad_left, int per_block, int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int Q = LARGE_ROWS, R = LARGE_COLUMNS, C = 16 / sizeof(A);
+  static_assert(R % C == 0, "LARGE_COLUMNS must be whole 16-byte chunks of double");
+  const int taps = kernel_h * kernel_w;
+  const int terms = TRANSPOSED ? multiplier : 1;  // kernels (and staged planes per image) summed into one output
+  const int row_pitch = (src_w + R - 1) / R * R;  // staged src rows: zeros from src_w on
+  const int plane = large_plane<A>(src_h, row_pitch);
+  // Weight (i, j) of a kernel at column j + w_off of its staged row: w_off leaves 2(R - 1) zeros before tap 0 and
+  // makes the first weight an item reads (j = pad_left - (R - 1) - ox0 + a chunk's first column) 16-byte aligned.
+  const int w_off = 2 * (R - 1) + ((-(R - 1 + pad_left)) % C + C) % C;
+  const int w_pitch = (w_off + kernel_w + 2 * (R - 1) + C - 1) / C * C;
+  A* xs = reinterpret_cast<A*>(depthwise_smem);
+  A* ws = xs + per_block * terms * plane;
+  const int src_channels = TRANSPOSED ? channels * multiplier : channels;
+  const int dst_channels = TRANSPOSED ? channels : channels * multiplier;
+  const int groups = (dst_w + R - 1) / R;  // items per Q dst rows
+  const int items = per_block * ((dst_h + Q - 1) / Q) * groups;
+  const I units = (images + per_block - 1) / per_block * dst_channels;
+  // Staging: lanes along a staged row (coalesced), rows over the rest of the block, stepped without division.
+  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
+  const int w_lanes = min(w_pitch, (int)blockDim.x), w_rows = (int)blockDim.x / w_lanes;
+
+  for (I unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int d = (int)(unit % dst_channels);  // the dst plane's channel
+    const I image0 = unit / dst_channels * per_block;
+    const int kernel0 = TRANSPOSED ? d * multiplier : d;  // its first kernel
+    const int channel0 = TRANSPOSED ? kernel0 : d / multiplier;  // its first src channel
+    if ((int)threadIdx.x < x_rows * x_lanes) {
+      int q = 0, y = (int)threadIdx.x / x_lanes;  // staged plane q (image q / terms, term q % terms), row y
+      while (y >= src_h) { y -= src_h; ++q; }
+      while (q < per_block * terms) {
+        const I image = image0 + q / terms;
+        const T* row = image < images ?
+            src + ((image * src_channels + channel0 + q % terms) * src_h + y) * (I)src_w : nullptr;
+        A* to = xs + q * plane + y * row_pitch;
+        for (int x = (int)threadIdx.x % x_lanes; x < row_pitch; x += x_lanes)
+          to[x] = row != nullptr && x < src_w ? to_acc(row[x]) : A(0);
+        y += x_rows;
+        while (y >= src_h) { y -= src_h; ++q; }
+      }
+    }
+    if ((int)threadIdx.x < w_rows * w_lanes) {
+      int k = 0, i = (int)threadIdx.x / w_lanes;  // kernel k's row i
+      while (i >= kernel_h) { i -= kernel_h; ++k; }
+      while (k < terms) {
+        const T* wk = weight + ((I)kernel0 + k) * taps;
+        A* to = ws + (k * kernel_h + i) * w_pitch;
+        for (int jj = (int)threadIdx.x % w_lanes; jj < w_pitch; jj += w_lanes) {
+          const int j = jj - w_off;
+          to[jj] = j >= 0 && j < kernel_w ?
+              to_acc(wk[TRANSPOSED ? (kernel_h - 1 - i) * kernel_w + kernel_w - 1 - j : i * kernel_w + j]) : A(0);
+        }
+        i += w_rows;
+        while (i >= kernel_h) { i -= kernel_h; ++k; }
+      }
+    }
+    __syncthreads();
+
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+      const int p = item % per_block, g = item / per_block % groups, oy0 = item / per_block / groups * Q;
+      const I n = image0 + p;
+      if (n >= images) continue;
+      const int ox0 = g * R;
+      A acc[Q][R];
+      const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[v][r] = init;
+      }
+      // The kernel rows and src columns some output of the item reaches: output (oy, ox) reads src row
+      // oy - pad_top + i and column ox - pad_left + j.
+      const int i_lo = max(0, pad_top - oy0 - Q + 1), i_hi = min(kernel_h, pad_top - oy0 + src_h);
+      const int x_lo = max(0, ox0 - pad_left), x_hi = min(src_w, ox0 + R - 1 - pad_left + kernel_w);
+      const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
+      for (int k = 0; k < terms; ++k) {
+        const A* xp = xs + (p * terms + k) * plane;
+        // output column ox0 + r pairs src column x with weight column x - ox0 - r + pad_left
+        const A* wk = ws + k * kernel_h * w_pitch + w_off + pad_left - (R - 1) - ox0;
+        for (int i = i_lo; i < i_hi; ++i)  // src row oy0 - pad_top + i: output row oy0's
+          large_row<A, Q, R>(wk + i * w_pitch, xp, oy0 - pad_top + i, src_h, row_pitch, c_lo, c_hi, acc);
+      }
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+        if (oy0 + v < dst_h) {
+          T* out = dst + ((n * dst_channels + d) * dst_h + oy0 + v) * (I)dst_w + ox0;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (ox0 + r < dst_w) out[r] = from_acc<T>(acc[v][r]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next unit overwrites the planes
+  }
+}
+
+// Forward of a large kernel at stride 1, dilation 1, whole planes (depthwise_large).
+template <typename T, typename I>
+__global__ void depthwise_fwd_large(const T* __restrict__ x, const T* __restrict__ weight,
+                                    const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                                    int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                                    int kernel_w, int pad_top, int pad_left, int per_block, int has_bias) {
+  depthwise_large<T, I, false>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
+                               kernel_h, kernel_w, pad_top, pad_left, per_block, has_bias);
+}
+
+// Input gradient of the same windows (depthwise_large over grad_out, the kernels flipped).  pad_top/pad_left: the
+// forward's.
+template <typename T, typename I>
+__global__ void depthwise_bwd_input_large(const T* __restrict__ grad_out, const T* __restrict__ weight,
+                                          T* __restrict__ grad_x, I images, int channels, int multiplier, int height,
+                                          int width, int out_h, int out_w, int kernel_h, int kernel_w, int pad_top,
+                                          int pad_left, int per_block) {
+  depthwise_large<T, I, true>(grad_out, weight, weight, grad_x, images, channels, multiplier, out_h, out_w, height,
+                              width, kernel_h, kernel_w, kernel_h - 1 - pad_top, kernel_w - 1 - pad_left, per_block,
+                              0);
+}
+
 // Input gradient of tiny planes at stride 1 (depthwise_planes), any kernel size and dilation.  pad_top/pad_left:
 // the forward's.  K > 0: as in depthwise_fwd_planes.
 template <typename T, typename I, int K = 0>
@@ -1728,6 +1907,122 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
       partial[r * row_length + (e < taps ? (I)co * taps + e : (I)out_channels * taps + co)] = total;
     }
     __syncthreads();
+  }
+}
+
+// Weight (and bias) gradient, stage 1, of the windows depthwise_fwd_large takes (LARGE_MIN_K and up a side, stride 1,
+// dilation 1, whole planes).  grad_w[co][i][j] = sum over images and outputs (oy, ox) of
+// g[oy][ox] * x[i + oy - pad_top][j + ox - pad_left]: the forward's correlation (depthwise_large) with the kernel
+// plane as its dst, x as its src and grad_out's plane as its weights, once per image.  So a thread item is the
+// same LARGE_ROWS x LARGE_COLUMNS block, of taps, run over the grad_out rows and the chunks of x columns it reaches,
+// 15 grad_out values (its kernel row, staged zero-padded as depthwise_large stages its weights) against the 8 x
+// values of each of its 2 rows, 128 FMAs.  Here each lane has its own image's grad_out, so a unit's per_block
+// images (a power of two, 8 at most) are the lanes of one item, every staged plane pitched as large_plane pitches
+// them (a quarter warp's 16-byte loads: 8 images, 8 bank groups).  A thread takes one item in every unit of its
+// block (the planner launches per_block threads an item) and keeps its sums in registers over the block's units;
+// then the per_block lanes of an item add theirs in a fixed butterfly (shuffles) and partial row r gets the total,
+// partial[r][co * taps + tap] (and the bias's, partial[r][C * m * taps + co], summed by the lanes of item 0 from
+// the staged grad_out).  Deterministic: the same order whatever the scheduling.
+template <typename T, typename I>
+__global__ void depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                           acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                           int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                           int pad_top, int pad_left, int per_block, I units_per_block,
+                                           int has_bias) {
+  typedef acc_t<T> A;
+  constexpr int Q = LARGE_ROWS, R = LARGE_COLUMNS, C = 16 / sizeof(A);
+  const int taps = kernel_h * kernel_w;
+  const int row_pitch = (width + R - 1) / R * R;  // staged x rows: zeros from width on
+  const int plane = large_plane<A>(height, row_pitch);
+  // grad_out column ox of an image's staged plane at ox + g_off (depthwise_large's w_off, with out_w for kernel_w)
+  const int g_off = 2 * (R - 1) + ((-(R - 1 + pad_left)) % C + C) % C;
+  const int g_pitch = (g_off + out_w + 2 * (R - 1) + C - 1) / C * C;
+  const int g_plane = large_plane<A>(out_h, g_pitch);
+  A* xs = reinterpret_cast<A*>(depthwise_smem);
+  A* gs = xs + per_block * plane;
+  const int out_channels = channels * multiplier;
+  const I row_length = (I)out_channels * (taps + has_bias);
+  const int groups = (kernel_w + R - 1) / R;  // items per Q kernel rows
+  const int p = (int)threadIdx.x % per_block, item = (int)threadIdx.x / per_block;
+  const int i0 = item / groups * Q, j0 = item % groups * R;  // the item's first tap
+  // The grad_out rows and x columns some tap of the item reaches.
+  const int oy_lo = max(0, pad_top - i0 - Q + 1), oy_hi = min(out_h, pad_top - i0 + height);
+  const int x_lo = max(0, j0 - pad_left), x_hi = min(width, j0 + R - 1 - pad_left + out_w);
+  const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
+  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
+  const int g_lanes = min(g_pitch, (int)blockDim.x), g_rows = (int)blockDim.x / g_lanes;
+  const WeightRows<I> rows(images, per_block, 1, units_per_block);
+
+  for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
+    const int co = (int)(b % out_channels), c = co / multiplier;
+    const I r = b / out_channels, unit_end = rows.end(r);
+    A acc[Q][R], bias_sum = A(0);
+#pragma unroll
+    for (int v = 0; v < Q; ++v) {
+#pragma unroll
+      for (int u = 0; u < R; ++u) acc[v][u] = A(0);
+    }
+    for (I unit = rows.begin(r); unit < unit_end; ++unit) {
+      const I image0 = unit * per_block;
+      if ((int)threadIdx.x < x_rows * x_lanes) {  // x planes: lanes along a row, as depthwise_large stages src
+        int q = 0, y = (int)threadIdx.x / x_lanes;
+        while (y >= height) { y -= height; ++q; }
+        while (q < per_block) {
+          const T* row = image0 + q < images ? x + (((image0 + q) * channels + c) * height + y) * (I)width : nullptr;
+          A* to = xs + q * plane + y * row_pitch;
+          for (int e = (int)threadIdx.x % x_lanes; e < row_pitch; e += x_lanes)
+            to[e] = row != nullptr && e < width ? to_acc(row[e]) : A(0);
+          y += x_rows;
+          while (y >= height) { y -= height; ++q; }
+        }
+      }
+      if ((int)threadIdx.x < g_rows * g_lanes) {  // grad_out planes, rows zero-padded
+        int q = 0, y = (int)threadIdx.x / g_lanes;
+        while (y >= out_h) { y -= out_h; ++q; }
+        while (q < per_block) {
+          const T* row = image0 + q < images ?
+              grad_out + (((image0 + q) * out_channels + co) * out_h + y) * (I)out_w : nullptr;
+          A* to = gs + q * g_plane + y * g_pitch;
+          for (int e = (int)threadIdx.x % g_lanes; e < g_pitch; e += g_lanes) {
+            const int ox = e - g_off;
+            to[e] = row != nullptr && ox >= 0 && ox < out_w ? to_acc(row[ox]) : A(0);
+          }
+          y += g_rows;
+          while (y >= out_h) { y -= out_h; ++q; }
+        }
+      }
+      __syncthreads();
+      const A* xp = xs + p * plane;
+      // tap column j0 + u pairs x column e with grad_out column e - j0 - u + pad_left
+      const A* gp = gs + p * g_plane + g_off + pad_left - (R - 1) - j0;
+      for (int oy = oy_lo; oy < oy_hi; ++oy)  // x row i0 - pad_top + oy: tap row i0's
+        large_row<A, Q, R>(gp + oy * g_pitch, xp, i0 - pad_top + oy, height, row_pitch, c_lo, c_hi, acc);
+      if (has_bias && item == 0) {  // lane p sums its image's grad_out plane
+        for (int y = 0; y < out_h; ++y)
+          for (int ox = 0; ox < out_w; ++ox) bias_sum += gs[p * g_plane + y * g_pitch + g_off + ox];
+      }
+      __syncthreads();  // the next unit overwrites the planes
+    }
+    // The per_block lanes of an item (aligned within a warp) add their images' sums: a fixed butterfly.
+    for (int offset = per_block / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) acc[v][u] += __shfl_xor_sync(0xffffffffu, acc[v][u], offset);
+      }
+      bias_sum += __shfl_xor_sync(0xffffffffu, bias_sum, offset);
+    }
+    if (p == 0 && i0 < kernel_h) {
+      A* row = partial + r * row_length;
+#pragma unroll
+      for (int v = 0; v < Q; ++v) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+          if (i0 + v < kernel_h && j0 + u < kernel_w) row[(I)co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];
+        }
+      }
+      if (has_bias && item == 0) row[(I)out_channels * taps + co] = bias_sum;
+    }
   }
 }
 

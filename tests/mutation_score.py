@@ -83,6 +83,8 @@ DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
 DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
+# depthwise_fwd_large, _bwd_input_large and depthwise_bwd_weight_lanes (task dwlarge)
+DW_WIDE = DEPTHWISE + " -k 'k31 or k13 or k15 or wide or large_kernels or lanes_weight'"
 # (DW_FWD: the tests of the persistent forward, input gradient and weight gradient)
 PATCH = "tests/test_patch_kernels.py"
 GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
@@ -1028,6 +1030,36 @@ MUTATIONS = [
     M("dw-flat-batch-inside", "depthwise.cu", "cell[b] = inside ? at.cell : -1;", "cell[b] = at.cell;", DW_PACKED,
       "tile bound"),
     # depthwise_bwd_weight's FLAT staging of whole small planes, 32- and 64-bit data (task dwwg3, issue 25: waits)
+    M("dw-large-plane-pitch", "depthwise.cu", "return size + ((C - size) % BANK_ROW + BANK_ROW) % BANK_ROW;",
+      "return size;", DW_WIDE, "bank conflict"),
+    M("dw-large-rows-above", "depthwise.cu", "i_lo = max(0, pad_top - oy0 - Q + 1)", "i_lo = max(0, pad_top - oy0)",
+      DW_WIDE, "tap range"),
+    M("dw-large-columns-right", "depthwise.cu", "x_hi = min(src_w, ox0 + R - 1 - pad_left + kernel_w)",
+      "x_hi = min(src_w, ox0 - pad_left + kernel_w)", DW_WIDE, "tap range"),
+    M("dw-large-row-outside", "depthwise.cu", "if ((unsigned)(y0 + v) < (unsigned)rows)", "if (y0 + v < rows)",
+      DW_WIDE, "tile bound"),
+    M("dw-large-row-zeros", "depthwise.cu", "to[x] = row != nullptr && x < src_w ?", "to[x] = row != nullptr ?",
+      DW_WIDE, "tile bound"),
+    M("dw-large-flip", "depthwise.cu", "(kernel_h - 1 - i) * kernel_w + kernel_w - 1 - j",
+      "(kernel_h - 1 - i) * kernel_w + j", DW_WIDE, "wrong index"),
+    M("dw-large-weights-64bit", "depthwise.cu", "const T* wk = weight + ((I)kernel0 + k) * taps;",
+      "const T* wk = weight + (kernel0 + k) * taps;", DW_WIDE, "int overflow"),
+    M("dw-large-unit-images", "depthwise.cu", "const I image = image0 + q / terms;", "const I image = image0 + q;",
+      DW_WIDE, "wrong index"),
+    M("dw-lanes-butterfly", "depthwise.cu", "for (int offset = per_block / 2; offset > 0; offset /= 2) {",
+      "for (int offset = per_block / 4; offset > 0; offset /= 2) {", DW_WIDE, "missing sum"),
+    M("dw-lanes-rows-above", "depthwise.cu", "oy_lo = max(0, pad_top - i0 - Q + 1)", "oy_lo = max(0, pad_top - i0)",
+      DW_WIDE, "tap range"),
+    M("dw-lanes-g-zeros", "depthwise.cu", "row != nullptr && ox >= 0 && ox < out_w ?", "row != nullptr && ox >= 0 ?",
+      DW_WIDE, "tile bound"),
+    M("dw-lanes-units", "depthwise.cu", "const I image0 = unit * per_block;", "const I image0 = unit;", DW_WIDE,
+      "wrong index"),
+    M("dw-lanes-bias-item", "depthwise.cu", "if (has_bias && item == 0) {  // lane p sums",
+      "if (has_bias && item == 1) {  // lane p sums", DW_WIDE, "wrong index"),
+    M("dw-lanes-partial-64bit", "depthwise.cu", "row[(I)co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];",
+      "row[co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];", DW_WIDE, "int overflow"),
+    M("dw-lanes-barrier", "depthwise.cu", "__syncthreads();  // the next unit overwrites the planes\n    }\n    // The",
+      "}\n    // The", DW_WIDE, "removed barrier"),
     M("dw-wflat-plane-carry", "depthwise.cu", "if (y >= h) y -= h, ++q, cell", "if (y >= h) y -= h, cell", DW_WFLAT,
       "wrong plane stride"),
     M("dw-wflat-plane-step", "depthwise.cu", "plane_step = channels * plane_size;", "plane_step = plane_size;",

@@ -51,6 +51,7 @@ GENERIC_S = ("depthwise_fwd_generic", "depthwise_bwd_input_strided", "depthwise_
 PLANES_1 = ("depthwise_fwd_planes", "depthwise_bwd_input_planes", "depthwise_bwd_weight_generic")
 PLANES_K4 = ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes<4>", "depthwise_bwd_weight_planes<4>")
 LARGE_1 = ("depthwise_fwd_generic", "depthwise_bwd_input_generic", "depthwise_bwd_weight_large")
+WIDE_1 = ("depthwise_fwd_large", "depthwise_bwd_input_large", "depthwise_bwd_weight_lanes")  # LARGE_MIN_K and up
 DIRECT = ("depthwise_fwd_direct", "depthwise_bwd_input_strided", "depthwise_bwd_weight_direct")
 
 # Odd sizes throughout (never multiples of a tile, a strip or a warp).
@@ -98,7 +99,16 @@ CASES = [
     C("dilation2_stride2", (1, 2, 11, 9), 1, 3, GENERIC_S, stride=2, padding=2, dilation=2),
     C("rect_per_side_stride21", (2, 2, 9, 10), 1, (3, 5), GENERIC_S, stride=(2, 1), padding=((1, 0), (2, 1))),
     C("same_even_stride2", (2, 3, 10, 9), 1, 4, GENERIC_S, stride=2, padding="same"),
-    C("k31", (1, 2, 9, 8), 1, 31, LARGE_1, padding=15),
+    C("k31", (1, 2, 9, 8), 1, 31, WIDE_1, padding=15),
+    # depthwise_fwd_large / _bwd_input_large: the input gradient's two terms, per-side padding; a valid window (the
+    # correlation padded past the kernel's edge); padding past the kernel (a negative correlation padding); a plane
+    # wider than two chunks; 37 images (a full unit of LARGE_LANES and a short one); a rectangle
+    C("k13_multiplier2_per_side", (3, 2, 14, 13), 2, 13, WIDE_1, padding=((6, 5), (3, 8))),
+    C("k15x13_valid", (2, 3, 20, 19), 1, (15, 13), WIDE_1, bias=False),
+    C("k13_padding_past_kernel", (1, 2, 9, 10), 1, 13, WIDE_1, padding=((14, 0), (1, 13))),
+    C("k13_wide_plane", (2, 1, 5, 37), 1, 13, WIDE_1, padding=(6, 9)),
+    C("k13_37_images", (37, 2, 9, 8), 1, (13, 14), WIDE_1, padding=(6, 7)),
+    C("k13x9_generic", (2, 2, 9, 10), 1, (13, 9), LARGE_1, padding=(6, 4)),  # below LARGE_MIN_K on one side
     C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
     C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
                                                              "depthwise_bwd_weight_large"),
@@ -225,7 +235,7 @@ def test_every_specialisation_is_covered():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("name", ["k3s1_packed_images", "k5s2_per_side", "tiny_4x4_k4_same",
-                                  "aligned_rows_no_bias"])
+                                  "aligned_rows_no_bias", "k13_multiplier2_per_side"])
 def test_dtypes(name, dtype):
     out, grads = run_case(EmulatedDevice(), CASE_BY_NAME[name], dtype)
     assert out.dtype == _dtype(dtype) and all(g.dtype == _dtype(dtype) for g in grads)
@@ -246,8 +256,9 @@ def test_needs_subsets(name, needs):
 @pytest.mark.parametrize("case", [C("tiles", (1, 2, 37, 35), 1, 3, SPEC_3_1, padding=1),
                                   C("tiny", (200, 3, 4, 4), 1, 4, GENERIC_1, padding=1),
                                   C("generic", (40, 2, 9, 11), 2, 3, GENERIC_1, padding=2, dilation=2),
-                                  C("large", (5, 2, 9, 8), 1, 31, LARGE_1, padding=15)],
-                         ids=["tiles", "tiny", "generic", "large"])
+                                  C("large", (5, 2, 9, 8), 1, (31, 9), LARGE_1, padding=(15, 4)),
+                                  C("wide", (20, 2, 9, 8), 1, 31, WIDE_1, padding=15)],
+                         ids=["tiles", "tiny", "generic", "large", "wide"])
 def test_weight_gradient_is_deterministic(case):
     """Bits equal across runs and in reverse thread (and block) order; several partial rows and warps."""
     x, weight, _, grad_output = make(case, "float32")
@@ -386,7 +397,8 @@ def test_empty_batch():
 
 ONE_OF_EACH = ["k3s1_packed_images", "rect_per_side_stride21", "k7_dilation2_multiplier2", "k1_multiplier3",
                "huge_dilation", "planes_units_wrap_multiplier2", "planes_k4_multiplier2_per_side",
-               "k7s1", "k5s1_multiplier2"]  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
+               "k7s1", "k5s1_multiplier2",  # small planes from 5x5 on: spread planes, staged weights (SPREAD_MIN_K)
+               "k13_37_images"]  # the large kernels: two units a channel
 
 
 def run_every_kernel(device):
@@ -660,6 +672,28 @@ def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, paddin
     assert_matches(grad_b, want_b.astype(dtype), dtype, "bias")
 
 
+@pytest.mark.parametrize("images, rows", [(37, 2), (37, 5), (3, 1)])
+def test_lanes_weight_gradient_blocks_take_several_units(monkeypatch, images, rows):
+    """depthwise_bwd_weight_lanes with several units (8 images each) a block: a thread keeps its item's sums over the
+    block's units (the planes restaged between them), then the lanes add them; 37 images (a short last unit) in 2 or 5
+    partial rows, and 3 images (4 lanes an item, one image past the batch).  Bits equal in reverse block order."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", rows * 3)  # 3 channels: `rows` partial rows
+    case = C("lanes_units", (images, 3, 9, 8), 1, (13, 15), WIDE_1, padding=((6, 5), (8, 7)))
+    x, weight, _, grad_output = make(case, "float32", seed=images + rows)
+    results = []
+    for order in ("forward", "reverse"):
+        device = Recorder(order)
+        with _device.use_device(device):
+            results.append(cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"),
+                                                              **case.window))
+        (stage1, args), (_, reduce_args) = device.launches
+        assert short(stage1) == "depthwise_bwd_weight_lanes" and reduce_args[-2] == rows, (stage1, reduce_args)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1:], results[1][1:]))
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
+    assert_matches(results[0][1], expected[1], "float32", "weight")
+    assert_matches(results[0][2], expected[2], "float32", "bias")
+
+
 @pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
     ((40, 2, 14, 14), 3, 1, "float16", "depthwise_bwd_weight<3, 1, false, true>"),  # from column -1: odd
     ((40, 2, 14, 14), 5, 2, "bfloat16", "depthwise_bwd_weight<5, 1, true, true>"),  # from column -2: even
@@ -743,11 +777,25 @@ COUNTED = [("depthwise.cu", f"{name}>") for name in (
     "depthwise_bwd_weight<float, int, 5, 1, true", "depthwise_fwd<float, int, 3, 1, false, true",
     "depthwise_fwd<float, int, 3, 1", "depthwise_bwd_input<float, int, 3, false, true",
     "depthwise_bwd_input<float, int, 3", "depthwise_bwd_weight<float, int, 3, 1, true",
-    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int")]
+    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int", "depthwise_fwd_large<float, int",
+    "depthwise_bwd_input_large<float, int", "depthwise_bwd_weight_lanes<float, int")]
 
 
 def counting_device(blocks) -> EmulatedDevice:
     return EmulatedDevice(counters=True, blocks=blocks, instantiations=COUNTED)
+
+
+def shared_loads(pass_, kernel, x, w, blocks, padding):
+    """The shared-memory load sites of `kernel` when one pass ("forward", "input", "weight") runs counted on `blocks`
+    (grad_output: x, same-size planes)."""
+    device = counting_device(blocks)
+    with _device.use_device(device):
+        if pass_ == "forward":
+            cupyconv.depthwise_conv2d(x, w, padding=padding)
+        else:
+            cupyconv.depthwise_conv2d_backward(x, x, w, padding=padding, needs=pass_)
+    profile = next(p for p in device.profile if p.name == kernel)
+    return [s for s in profile.sites if s.kind == "shared_load"]
 
 
 def test_stage1_rows_keep_enough_blocks():
@@ -773,20 +821,30 @@ def test_small_planes_read_shared_memory_without_bank_conflicts(pass_):
     rng = numpy.random.default_rng(41)
     x = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
     w = rng.standard_normal((24, 1, 5, 5)).astype(numpy.float32)
-    gy = rng.standard_normal((2, 24, 14, 14)).astype(numpy.float32)
-    device = counting_device(lambda grid: [(0, 0, 0), (1, 0, 0)])
-    with _device.use_device(device):
-        if pass_ == "forward":
-            cupyconv.depthwise_conv2d(x, w, padding=2)
-        else:
-            cupyconv.depthwise_conv2d_backward(gy, x, w, padding=2, needs=pass_)
     expected = {"forward": "depthwise_fwd<float, int, 5, 1, true>", "input": "depthwise_bwd_input<float, int, 5, true>",
                 "weight": "depthwise_bwd_weight<float, int, 5, 1, true>"}[pass_]
-    profile = next(p for p in device.profile if p.name == expected)
-    loads = [s for s in profile.sites if s.kind == "shared_load"]
+    loads = shared_loads(pass_, expected, x, w, lambda grid: [(0, 0, 0), (1, 0, 0)], 2)
     assert any(s.width == 16 for s in loads), loads
     for s in loads:  # (at most: the copy-out of a partial warp takes fewer)
         assert s.wavefronts_per_request <= (4.0 if s.width == 16 else 1.0), s
+
+
+@pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
+def test_large_kernels_read_shared_memory_without_bank_conflicts(pass_):
+    """depthwise_fwd_large / _bwd_input_large on dw-384-14k31's planes (31x31 padded 15 on 14x14, 32 images a unit):
+    a warp's lanes are 32 images, whose 16-byte loads of their own planes take 4 wavefronts (the planes pitched 16
+    bytes past a bank row: large_plane) and whose weight loads are one broadcast address (4, 2 and 1 wavefronts for
+    16, 8 and 4 bytes).  depthwise_bwd_weight_lanes: a quarter warp is the 8 images of one item, every 16-byte load 4
+    wavefronts (its narrower loads serve two or four items, whose grad_out columns are 8 apart: up to 3 a pair)."""
+    rng = numpy.random.default_rng(42)
+    x = rng.standard_normal((32, 2, 14, 14)).astype(numpy.float32)
+    w = rng.standard_normal((2, 1, 31, 31)).astype(numpy.float32)
+    name = {"forward": "depthwise_fwd_large", "input": "depthwise_bwd_input_large",
+            "weight": "depthwise_bwd_weight_lanes"}[pass_] + "<float, int>"
+    loads = shared_loads(pass_, name, x, w, lambda grid: [(0, 0, 0)], 15)
+    assert {s.width for s in loads} == {4, 8, 16}, loads
+    for s in loads:
+        assert s.wavefronts_per_request <= (s.width / 4 if pass_ != "weight" or s.width == 16 else 3), s
 
 
 @pytest.mark.parametrize("pass_", ["forward", "input", "weight"])
@@ -864,6 +922,7 @@ PATHS = [
                                  "depthwise_bwd_weight_generic")),  # 8 kernels: 8 terms per input pixel
     ("planes", 3, 1, 2, 2, 2, PLANES_1),
     ("planes_k4", 4, 1, 1, 1, 2, PLANES_K4),
+    ("wide", 13, 1, 1, 2, 6, WIDE_1),
 ]
 PATH_IDS = [p[0] for p in PATHS]
 
@@ -955,6 +1014,7 @@ LOOP_CASES = [
     path_case(PATHS[10], ((30, 30), (30, 30)), low=(9, 9), channels=2, name="loops"),  # 81 pixels: not tiny planes
     path_case(PATHS[11], ((1, 2), (2, 0)), low=(5, 6), images=20, channels=7, name="loops"),
     path_case(PATHS[12], ((1, 2), (3, 0)), low=(5, 6), images=20, channels=7, name="loops"),
+    path_case(PATHS[13], ((6, 5), (7, 6)), low=(9, 8), images=37, channels=3, name="loops"),
 ]
 
 
@@ -1057,6 +1117,8 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
     kernels = path[6] if label != "direct" else (path[6][0], "depthwise_bwd_input_gather", path[6][2])  # no tile
     if label.startswith("planes"):  # the huge plane's unit cannot fit: the tiled generic kernels
         kernels = (*kernels, *GENERIC_1)
+    if label == "wide":  # nor its whole plane (the one-pixel planes of the channels take the large kernels)
+        kernels = (*kernels, *LARGE_1)
     assert used == {*kernels, "depthwise_bwd_reduce"}, used
 
 

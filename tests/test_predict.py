@@ -248,11 +248,13 @@ def _in_plane_taps(first, last, stride, pad, dilation, size, k):
     return sum(any(0 <= o * stride - pad + t * dilation < size for o in range(first, last + 1)) for t in range(k))
 
 
-def test_tap_clipped_depthwise_macs():
+def test_tap_clipped_depthwise_macs(monkeypatch):
     """The generic depthwise forward and input gradient count the taps they run, against brute force: the union over
     a strip's rows (GENERIC_STRIP rows, all computed) times the column's taps; one output per item in the _planes
-    kernels.  The 31x31 case runs about a quarter of its taps."""
+    kernels.  The 31x31 case runs about a quarter of its taps (on the generic kernels: the large ones off)."""
+    from cupyconv.ops import depthwise
     from cupyconv.ops.depthwise import GENERIC_STRIP as V
+    monkeypatch.setattr(depthwise, "LARGE_MIN_K", 10**9)
     case = BY_LABEL["dw-384-14k31-gpu32"]
     rec = launches.record(case, True)
     steps = {s.kernel: s for s in rec.steps if isinstance(s, launches.Launch)}
@@ -273,12 +275,15 @@ def test_tap_clipped_depthwise_macs():
     assert predict.depthwise_clipped_macs(tiny) == 3 * 10 * expected
 
 
-def test_tap_clipped_depthwise_weight_macs():
+def test_tap_clipped_depthwise_weight_macs(monkeypatch):
     """The weight gradients that skip taps count what they run, against brute force: the tiny-plane units of
     depthwise_bwd_weight_generic each tap over the outputs that read inside the plane; depthwise_bwd_weight_large each
     warp as long as its longest lane (a tap row over the output rows it reaches, LARGE_RUN taps by a row's outputs),
-    two thirds of the pass's MACs for 31x31 on 14x14 (and the tiled generic kernel none: the pass's share)."""
+    two thirds of the pass's MACs for 31x31 on 14x14 (and the tiled generic kernel none: the pass's share).  (The
+    31x31 case with depthwise_bwd_weight_lanes off.)"""
+    from cupyconv.ops import depthwise
     from cupyconv.ops.depthwise import LARGE_RUN
+    monkeypatch.setattr(depthwise, "LARGE_MIN_K", 10**9)
     tiny = launches.Launch("depthwise.cu", "depthwise_bwd_weight_generic<float, int>", (1,), (64,), 0, dict(
         images=3, channels=5, multiplier=2, height=5, width=4, out_h=3, out_w=2, kernel_h=3, kernel_w=2, stride_h=2,
         stride_w=2, dilation_h=2, dilation_w=3, pad_top=2, pad_left=1, plane_channels=16))

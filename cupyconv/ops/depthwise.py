@@ -135,12 +135,14 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  (<T, I, K, S, true> where one tile covers the plane, multiplier 1: channels packed, `_packed`)
 #                  other windows that overlap (extent > stride): tiny planes     -> depthwise_fwd_planes
 #                                                  (<T, I, K> for a TINY_KERNELS window: `_tiny_kernel`)
+#                                  LARGE_MIN_K and larger a side, stride 1, dilation 1 -> depthwise_fwd_large
+#                                                  (whole planes, `plan_large`)
 #                                                                  others          -> depthwise_fwd_generic
 #                  non-overlapping windows (1x1, stride >= extent) or a tile that cannot fit -> depthwise_fwd_direct
 #   input grad     stride 1: the forward's tiled convolution of grad_output with the flipped kernel
 #                  (depthwise_bwd_input<T, I, K[, true]> for square 3/5/7, dilation 1: the forward's persistent
 #                  kernel on FORWARD_BLOCKS blocks; tiny planes: _planes, <T, I, K> as the forward's at
-#                  multiplier 1; else _generic);
+#                  multiplier 1; the forward's large windows: _large; else _generic);
 #                  other strides, or no overlap                       -> depthwise_bwd_input_strided
 #                  (square 3/5/7 at stride 2, dilation 1: depthwise_bwd_input_phased<T, I, K, S>, its taps
 #                  unrolled; both persistent on FORWARD_BLOCKS blocks)
@@ -149,6 +151,7 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  other overlapping windows, tiny planes             -> depthwise_bwd_weight_generic, a lane per
 #                                                  channel (plan_weight_planes: its plane_channels > 0); with a
 #                                                  TINY_KERNELS window depthwise_bwd_weight_planes<T, I, K>
+#                  the forward's large windows (plan_weight_large)    -> depthwise_bwd_weight_lanes
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
 #                  other overlapping windows                          -> depthwise_bwd_weight_generic
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
@@ -158,12 +161,14 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 
 SPECIALISED_KERNELS = (3, 5, 7)
 SPECIALISED_STRIDES = (1, 2)
-GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_fwd_direct",
-                   "depthwise_bwd_input_generic", "depthwise_bwd_input_planes",
+GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_fwd_large", "depthwise_fwd_direct",
+                   "depthwise_bwd_input_generic", "depthwise_bwd_input_planes", "depthwise_bwd_input_large",
                    "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
-                   "depthwise_bwd_weight_large", "depthwise_bwd_weight_direct",
+                   "depthwise_bwd_weight_large", "depthwise_bwd_weight_lanes", "depthwise_bwd_weight_direct",
                    "depthwise_bwd_bias", "depthwise_bwd_reduce")
 PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")  # one thread per dst plane
+LARGE_KERNELS = ("depthwise_fwd_large", "depthwise_bwd_input_large",  # whole planes, per_block images a unit
+                 "depthwise_bwd_weight_lanes")
 
 # Shared with depthwise.cu (compiled in through KERNELS.defines; the file says what each one does there).
 STRIP_ROWS = {3: 4, 5: 8, 7: 8}  # output rows per thread item of the specialisations: 8 for 5x5 and 7x7, where
@@ -175,6 +180,19 @@ FWD_COLUMNS = 4        # output columns per thread item of the specialised kerne
 GENERIC_STRIP = 4      # the same for the generic kernels
 TAP_CHUNK = 16         # taps per register pass of depthwise_bwd_weight_generic: 4x4 and smaller in one pass
 LARGE_RUN = 8          # consecutive taps of a kernel row per thread of depthwise_bwd_weight_large
+LARGE_ROWS = 2         # output rows per thread item of depthwise_fwd_large / _bwd_input_large (they share its weights)
+LARGE_COLUMNS = 8      # its output columns: each chunk of 8 src values (two 16-byte shared loads of float32) feeds 64
+                       # FMAs against 15 weights (4 broadcast loads, one per LARGE_ROWS rows): 31 wavefronts a warp
+                       # per 128 FMAs, under the FMA pipe's 32 cycles; a multiple of 16 / sizeof(double)
+LARGE_MIN_K = 13       # the smallest kernel side those take (stride 1, dilation 1): their chunks of LARGE_COLUMNS
+                       # run ~kw + 2 * (LARGE_COLUMNS - 1) columns an output where kw count, so below ~13 the generic
+                       # kernels' tap loops waste about as much
+LARGE_LANES = 32       # images per unit of those at most: a warp's lanes are images, its weights one broadcast
+LARGE_WEIGHT_LANES = 8  # images per unit of depthwise_bwd_weight_lanes at most (a power of two): the lanes of an item,
+                        # whose staged x and grad_out planes (3.6 KB each on 14x14) must fit 8 to a block
+LARGE_THREADS = 256    # their most threads a block (each takes the same number of the unit's items): blocks of ~64
+                       # registers a thread, 4 to an H100 SM, so that 384 units (dw-384-14k31) run in one wave of 3
+                       # a SM (448 threads: 2 a SM, a second wave for the last 120 of them)
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
 PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
@@ -187,8 +205,9 @@ PLANE_BATCH = 8        # src elements a thread of the planes kernels' <T, I, K> 
 KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
-    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS,
-    "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH})
+    "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
+    "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS, "SPREAD_MIN_K": SPREAD_MIN_K,
+    "PLANE_BATCH": PLANE_BATCH})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -471,6 +490,33 @@ def plan_planes(kernel: str, spec: ConvSpec, src_size: int, dst_size: int, terms
     return None
 
 
+def plan_large(kernel: str, spec: ConvSpec, src_size, dst_size, terms: int, acc: int) -> Plan | None:
+    """depthwise_fwd_large / _bwd_input_large (LARGE_KERNELS) for windows of at least LARGE_MIN_K a side at stride 1,
+    dilation 1, whole planes: `terms` src planes of src_size (H, W) a dst plane of dst_size, per_block images a unit
+    (LARGE_LANES at most, halved until the unit fits in SMEM_SOFT, then in the default limit), a thread per item of
+    LARGE_COLUMNS outputs; None where that does not apply.  Shared memory mirrors depthwise_large: the src planes,
+    rows zero-padded to whole chunks and planes pitched to 16 bytes past a multiple of 128 (its large_plane), and the
+    `terms` kernels, rows zero-padded by 2 * (LARGE_COLUMNS - 1) plus an alignment of their first read."""
+    (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
+    if min(kh, kw) < LARGE_MIN_K or spec.stride != (1, 1) or spec.dilation != (1, 1):
+        return None
+    row_pitch = round_up(src_size[1], r)
+    plane = round_up(src_size[0] * row_pitch - c, 128 // acc) + c
+    left = spec.padding[1][0] if kernel == LARGE_KERNELS[0] else kw - 1 - spec.padding[1][0]  # the correlation's
+    w_off = 2 * (r - 1) + (-(r - 1 + left)) % c
+    weights = terms * kh * round_up(w_off + kw + 2 * (r - 1), c)
+    items = ceil_div(dst_size[0], LARGE_ROWS) * ceil_div(dst_size[1], r)
+    per = min(spec.n, LARGE_LANES)
+    while per > 1 and (per * terms * plane + weights) * acc > DEFAULT_SHARED_LIMIT:
+        per //= 2
+    smem = (per * terms * plane + weights) * acc
+    if smem > DEFAULT_SHARED_LIMIT:
+        return None
+    rounds = ceil_div(per * items, LARGE_THREADS)  # items a thread
+    return Plan(kernel, (), Tiling(dst_size[0], dst_size[1], 1, 1, per, round_up(ceil_div(per * items, rounds), 32),
+                                   smem))
+
+
 def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     """The forward's kernel and tiling; acc, itemsize: bytes of the accumulation type and of the data type
     (default: acc)."""
@@ -488,7 +534,8 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
             tiling, spread = _spread_planes(tiling, k, spec.stride[0], acc, lambda spread: plan(spec.n, spread))
             return Plan("depthwise_fwd", (k, spec.stride[0], *_packed_constant(tiling), *spread), tiling)
     if _overlaps(spec):
-        planes = plan_planes("depthwise_fwd_planes", spec, math.prod(spec.in_size), spec.out_pixels, 1, acc)
+        planes = plan_planes("depthwise_fwd_planes", spec, math.prod(spec.in_size), spec.out_pixels, 1, acc) or \
+            plan_large(LARGE_KERNELS[0], spec, spec.in_size, spec.out_size, 1, acc)
         if planes:
             return planes
         tiling = plan_tiling(spec.out_size, spec.n, _window_staging(_extent(spec), spec.stride), acc,
@@ -520,7 +567,8 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
             if tiling:
                 tiling, spread = _spread_planes(tiling, k, 1, acc, lambda spread: plan(spec.n, spread))
                 return Plan("depthwise_bwd_input", (k, *_packed_constant(tiling), *spread), tiling)
-        planes = plan_planes("depthwise_bwd_input_planes", spec, spec.out_pixels, math.prod(spec.in_size), m, acc)
+        planes = plan_planes("depthwise_bwd_input_planes", spec, spec.out_pixels, math.prod(spec.in_size), m, acc) or \
+            plan_large(LARGE_KERNELS[1], spec, spec.out_size, spec.in_size, m, acc)
         if planes:
             return planes
         tiling = plan_tiling(spec.in_size, spec.n, _window_staging(_extent(spec), (1, 1), m), acc,
@@ -566,6 +614,9 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
         planes = plan_weight_planes(spec, acc)
         if planes:
             return planes
+        large = plan_weight_large(spec, acc)
+        if large:
+            return large
         tiling = None
         tasks = spec.kernel_size[0] * ceil_div(spec.kernel_size[1], LARGE_RUN)
         if spec.taps > 2 * TAP_CHUNK and tasks <= BLOCK_ITEMS:
@@ -584,6 +635,31 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
         if tiling:
             return Plan(kernel, (), tiling)
     return Plan("depthwise_bwd_weight_direct")
+
+
+def plan_weight_large(spec: ConvSpec, acc: int) -> Plan | None:
+    """depthwise_bwd_weight_lanes for the windows plan_large takes: per_block images a unit (the lanes of an item, a
+    power of two up to LARGE_WEIGHT_LANES, halved until an item's lanes fit in a block of 1024 threads and the unit in
+    the default limit), one thread per lane of an item (of LARGE_ROWS x LARGE_COLUMNS taps); None where that does not
+    apply.  Shared memory mirrors the kernel: per image, its x plane and its grad_out plane, rows zero-padded as
+    depthwise_large pads src rows and kernel rows, planes pitched by its large_plane."""
+    (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
+    if min(kh, kw) < LARGE_MIN_K or spec.stride != (1, 1) or spec.dilation != (1, 1):
+        return None
+    (h, w), (oh, ow) = spec.in_size, spec.out_size
+
+    def plane(rows, pitch):
+        return round_up(rows * pitch - c, 128 // acc) + c
+    g_off = 2 * (r - 1) + (-(r - 1 + spec.padding[1][0])) % c
+    per_image = plane(h, round_up(w, r)) + plane(oh, round_up(g_off + ow + 2 * (r - 1), c))
+    items = ceil_div(kh, LARGE_ROWS) * ceil_div(kw, r)
+    per = min(LARGE_WEIGHT_LANES, 1 << (spec.n - 1).bit_length())
+    while per > 1 and (per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT):
+        per //= 2
+    if per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT:
+        return None
+    return Plan("depthwise_bwd_weight_lanes", (), Tiling(kh, kw, 1, 1, per, round_up(per * items, 32),
+                                                         per * per_image * acc))
 
 
 def plan_weight_planes(spec: ConvSpec, acc: int) -> Plan | None:
@@ -643,7 +719,7 @@ def _launch(device, plan: Plan, dtype, index: str, units: int, spec: ConvSpec, *
         block = plan.tiling.threads
     elif plan.tiling:
         grid, block = capped_grid(units), plan.tiling.threads
-        args.update(plan.tiling.args())
+        args.update(dict(per_block=plan.tiling.per_block) if plan.kernel in LARGE_KERNELS else plan.tiling.args())
     else:
         (grid,), (block,) = elementwise_launch(units)
     KERNELS.launch(device, plan.kernel, plan.constants, dtype=dtype, index=index, grid=grid, block=block,
