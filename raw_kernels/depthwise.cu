@@ -549,6 +549,34 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
   }
 }
 
+// block_fma at S = 2 over de-interleaved rows (AlignedStaging's SPLIT): row r's even columns from base + r * pitch
+// (and a skew for each V * S rows), its odd ones from odd0 further, so output u's tap j reads even[u + j / 2] (j even)
+// or odd[u + j / 2] (j odd); a row is U + (K - 1) / 2 evens and U + (K - 3) / 2 odds, each read with 16-byte loads
+// from a 16-byte boundary.
+template <typename A, int K, int V, int U>
+__device__ __forceinline__ void block_fma_split(const A* base, int pitch, int odd0, int skew, const A (&w)[K][K],
+                                                A (&out)[V][U]) {
+  constexpr int S = 2, LE = U + (K - 1) / 2, LO = U + (K - 3) / 2;
+#pragma unroll
+  for (int r = 0; r < (V - 1) * S + K; ++r) {
+    A even[LE], odd[LO];
+    const A* row = base + r * pitch + r / (V * S) * skew;  // base: the first row of a run of V * S
+    load_row<A, LE>(row, even);
+    load_row<A, LO>(row + odd0, odd);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = r - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * (j % 2 == 0 ? even[u + j / 2] : odd[u + j / 2]);
+        }
+      }
+    }
+  }
+}
+
 // The staging of the persistent kernels (depthwise_persistent, depthwise_bwd_weight<K, S>), worked out once per
 // block.  A tile row is stored from column x0 with a pitch of whole 16-byte chunks of C elements.  Rows that are
 // 16-byte aligned in global memory are staged by chunks: this thread's are chunk0 (+ lanes ...) of the unit's rows
@@ -571,19 +599,31 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // elements, so a thread stages half as many rows of a unit one after another and waits on half as many loads (each
 // load's conversion and store wait for it; 16 14x14 planes on 256 threads: 21 -> 11 rows a thread).  Each slot still
 // stores its two elements one by one (the tile row starts at x0, which may be odd).
-template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct AlignedStaging {
+//
+// SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
+// its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
+// whose outputs read columns 2 apart reads them as consecutive words (block_fma_split), and each run of SPLIT rows
+// starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of groups_x items reads chunk
+// l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take one wavefront (interleaved
+// rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of a 16-byte pitch down, on
+// lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
+template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
   static constexpr int BANK_ROW = 128 / sizeof(A);  // elements per row of the 32 four-byte banks
-  int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  static_assert(!(SPLIT && PAIRS), "SPLIT stages by chunks or elements");
+  int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r, odd0, skew;
   bool stager, rows_aligned, pairs;
 
   __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_, int span)
       : in_h(in_h_), in_w(in_w_) {
-    pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
-    plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0);
+    // the planner's _forward_staging: SPLIT, ceil(in_w / 2) even columns, then floor(in_w / 2) odd ones
+    odd0 = SPLIT ? ((in_w + 1) / 2 + C - 1) / C * C : 0;
+    pitch = SPLIT ? odd0 + (in_w / 2 + C - 1) / C * C : (in_w + C - 1) / C * C;
+    skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;  // span / 2: tile_w
+    plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0) + (SPLIT ? in_h / SPLIT * skew : 0);
     rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
-    chunks = pitch / C;
+    chunks = SPLIT ? (in_w + C - 1) / C : pitch / C;  // SPLIT: those that hold a column below in_w
     pairs = PAIRS && !rows_aligned && width % 2 == 0 &&
             (reinterpret_cast<unsigned long long>(src) % (2 * sizeof(T))) == 0;
     // chunks, or 2-element slots (in_w / 2 + 1 cover a row from any column), or elements, of a row at a time
@@ -598,6 +638,7 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
   // Where row r of staged plane q starts in the tile (the same sum both ways without SPREAD, written as before it,
   // whose code NVRTC 13 compiles 2% shorter in the large-plane kernels).
   __device__ __forceinline__ int offset(int q, int r) const {
+    if (SPLIT) return q * plane + r * pitch + r / SPLIT * skew;
     return SPREAD ? q * plane + r * pitch : (q * in_h + r) * pitch;
   }
 
@@ -630,7 +671,8 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
       } else if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
-          dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+          const A v = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+          dst[SPLIT ? (i & 1 ? odd0 : 0) + (i >> 1) : i] = v;
         }
       }
       for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
@@ -651,10 +693,19 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
             for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
           }
         }
-        Pack<A, C> packed;
+        if constexpr (SPLIT) {  // the chunk's even columns to dst[h ..], its odd ones to dst[odd0 + h ..]
+          Pack<A, C / 2> even, odd;
 #pragma unroll
-        for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
-        *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+          for (int e = 0; e < C / 2; ++e) even.v[e] = to_acc(t[2 * e]), odd.v[e] = to_acc(t[2 * e + 1]);
+          const int h = chunk * (C / 2);  // a half past its end holds only columns from in_w on: not stored
+          if (h < odd0) *reinterpret_cast<Pack<A, C / 2>*>(dst + h) = even;
+          if (h < pitch - odd0) *reinterpret_cast<Pack<A, C / 2>*>(dst + odd0 + h) = odd;
+        } else {
+          Pack<A, C> packed;
+#pragma unroll
+          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+        }
       }
       q += pass_q, r += pass_r;
       if (r >= in_h) r -= in_h, ++q;
@@ -812,7 +863,9 @@ __device__ __forceinline__ void depthwise_persistent(
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   // SPREAD: AlignedStaging<true>, ItemLayout<true> (see the kernels' SPREAD); the packed ones also stage weights.
   constexpr bool spread = SPREAD, stage_weights = PACK && SPREAD;
-  const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
+  // split: the per-image stride-2 forward stages its rows de-interleaved (AlignedStaging's SPLIT, block_fma_split)
+  constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;
+  const AlignedStaging<T, I, spread, false, split ? V * S : 0> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
@@ -905,7 +958,11 @@ __device__ __forceinline__ void depthwise_persistent(
       for (int t = 0; t < terms; ++t) {  // the forward: once
         if (stage_weights) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
-        block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
+        if constexpr (split)
+          block_fma_split<A, K, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l, pitch, staging.odd0,
+                                      staging.skew, w, acc);
+        else
+          block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
       // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).

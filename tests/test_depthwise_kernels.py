@@ -825,6 +825,48 @@ def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
     assert wavefronts[True] < 0.8 * wavefronts[False], wavefronts
 
 
+# The per-image stride-2 forward (depthwise_fwd<K, 2>, neither PACK nor SPREAD) stages its rows de-interleaved
+# (AlignedStaging's SPLIT, block_fma_split): (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks
+# with x0 odd (pad 1) and even (pad 0, 2), 16-bit aligned rows in batches of SPLIT_BATCH rows (the last one partial,
+# two images a unit), rows of an odd width element by element, 2-element chunks (float64), every K, multipliers.
+SPLIT_CASES = [
+    ((2, 2, 75, 72), 1, 3, 1, "float32"),    # 38x36 outputs on 2 x 2 tiles of 20x20, x0 odd
+    ((3, 1, 66, 68), 2, 3, 2, "float32"),    # x0 even (shift 2), multiplier 2
+    ((1, 3, 71, 69), 1, 3, 0, "float16"),    # odd width: element staging, x0 = 0
+    ((2, 2, 76, 80), 1, 3, 1, "float16"),    # aligned 16-bit rows: batches, 82 staged rows of 5 a pass
+    ((1, 2, 45, 48), 2, 5, 2, "float64"),    # 2-element chunks, one tile, multiplier 2
+    ((1, 2, 21, 40), 2, 7, 3, "bfloat16"),   # 7x7, aligned 16-bit rows
+    ((2, 1, 39, 37), 3, 5, (1, 2), "float32"),  # odd width, multiplier 3, rectangular padding
+]
+
+
+@pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
+def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
+    """Every output of the de-interleaved staging against the float64 CPU path (outputs poisoned: one left unwritten
+    or read from the wrong half of a row fails), and the 3x3 one's 16-byte shared loads at no more than 2 wavefronts
+    a quarter warp (interleaved rows, lanes 8 columns apart: up to 3)."""
+    rng = numpy.random.default_rng(sum(shape) + k)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
+    (name, _), = device.launches
+    assert short(name) == f"depthwise_fwd<{k}, 2>", name
+    expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
+                                    bias.astype(numpy.float64), stride=2, padding=padding)
+    assert_matches(out, expected.astype(x.dtype), dtype, str(shape))
+    if dtype == "float32" and k == 3:
+        device = EmulatedDevice(counters=True, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)],
+                                instantiations=[("depthwise.cu", name)])
+        with _device.use_device(device):
+            cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
+        profile = next(p for p in device.profile if p.name == name)
+        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
+        assert loads and sum(s.wavefronts for s in loads) <= 8 * sum(s.requests for s in loads), loads
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long
