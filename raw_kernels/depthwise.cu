@@ -20,9 +20,11 @@
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
-//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
-//   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
-//   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward at S = 2 stages
+//   its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks: AlignedStaging's
+//   SPLIT, block_fma_split).  No division in their loops over units (the forward and the input gradient are one
+//   persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte chunks, outputs written
+//   (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
 //   memory, run only the taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a
 //   register window down each kernel column.  Tiny planes (depthwise_fwd_planes, depthwise_bwd_input_planes): one

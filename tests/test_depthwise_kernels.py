@@ -843,8 +843,9 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
 def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
     """Every output of the de-interleaved staging against the float64 CPU path (outputs poisoned: one left unwritten
-    or read from the wrong half of a row fails), and the 3x3 one's 16-byte shared loads at no more than 2 wavefronts
-    a quarter warp (interleaved rows, lanes 8 columns apart: up to 3)."""
+    or read from the wrong half of a row fails), and the 3x3 one's 16-byte shared loads at one wavefront a quarter
+    warp, the fewest (interleaved rows, lanes 8 columns apart: 6.5 a warp on dw-96-112s2; without the skew of each
+    strip's rows, the 5 items of a row of these 20-wide tiles and the next strip's on the same chunks: two)."""
     rng = numpy.random.default_rng(sum(shape) + k)
     x = rng.standard_normal(shape).astype(_dtype(dtype))
     weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
@@ -864,7 +865,7 @@ def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
             cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
         profile = next(p for p in device.profile if p.name == name)
         loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
-        assert loads and sum(s.wavefronts for s in loads) <= 8 * sum(s.requests for s in loads), loads
+        assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
 
 
 def test_64_bit_index_variants(monkeypatch):
