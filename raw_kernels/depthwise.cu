@@ -22,7 +22,7 @@
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
 //   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward at S = 2 stages
 //   its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks: AlignedStaging's
-//   SPLIT, block_fma_split).  No division in their loops over units (the forward and the input gradient are one
+//   SPLIT, block_fma's).  No division in their loops over units (the forward and the input gradient are one
 //   persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte chunks, outputs written
 //   (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation; 31x31 included) keep the weights in shared
@@ -529,14 +529,28 @@ template <typename A, int L> __device__ __forceinline__ void load_row(const A* s
   if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
 }
 
-// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
-template <typename A, int K, int S, int V, int U>
-__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
+// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.  SPLIT (S = 2,
+// rows staged de-interleaved: AlignedStaging's SPLIT): row r's even columns from base + r * pitch (and a skew for each
+// V * S rows; base: the first row of such a run), its odd ones odd0 further, each half read with 16-byte loads from a
+// 16-byte boundary and put back in column order in registers, so the products and their order are the same.
+template <typename A, int K, int S, int V, int U, bool SPLIT = false>
+__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U], int odd0 = 0,
+                                          int skew = 0) {
   constexpr int L = (U - 1) * S + K;
+  static_assert(!SPLIT || S == 2, "SPLIT rows are de-interleaved by 2");
 #pragma unroll
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
-    load_row<A, L>(base + r * pitch, row);
+    if constexpr (SPLIT) {
+      A even[(L + 1) / 2], odd[L / 2];
+      const A* at = base + r * pitch + r / (V * S) * skew;
+      load_row<A, (L + 1) / 2>(at, even);
+      load_row<A, L / 2>(at + odd0, odd);
+#pragma unroll
+      for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+    } else {
+      load_row<A, L>(base + r * pitch, row);
+    }
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int i = r - v * S;
@@ -545,34 +559,6 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
         for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * row[u * S + j];
-        }
-      }
-    }
-  }
-}
-
-// block_fma at S = 2 over de-interleaved rows (AlignedStaging's SPLIT): row r's even columns from base + r * pitch
-// (and a skew for each V * S rows), its odd ones from odd0 further, so output u's tap j reads even[u + j / 2] (j even)
-// or odd[u + j / 2] (j odd); a row is U + (K - 1) / 2 evens and U + (K - 3) / 2 odds, each read with 16-byte loads
-// from a 16-byte boundary.
-template <typename A, int K, int V, int U>
-__device__ __forceinline__ void block_fma_split(const A* base, int pitch, int odd0, int skew, const A (&w)[K][K],
-                                                A (&out)[V][U]) {
-  constexpr int S = 2, LE = U + (K - 1) / 2, LO = U + (K - 3) / 2;
-#pragma unroll
-  for (int r = 0; r < (V - 1) * S + K; ++r) {
-    A even[LE], odd[LO];
-    const A* row = base + r * pitch + r / (V * S) * skew;  // base: the first row of a run of V * S
-    load_row<A, LE>(row, even);
-    load_row<A, LO>(row + odd0, odd);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int i = r - v * S;
-      if (i >= 0 && i < K) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * (j % 2 == 0 ? even[u + j / 2] : odd[u + j / 2]);
         }
       }
     }
@@ -604,7 +590,7 @@ __device__ __forceinline__ void block_fma_split(const A* base, int pitch, int od
 //
 // SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
 // its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
-// whose outputs read columns 2 apart reads them as consecutive words (block_fma_split), and each run of SPLIT rows
+// whose outputs read columns 2 apart reads them as consecutive words (block_fma's SPLIT), and each run of SPLIT rows
 // starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of groups_x items reads chunk
 // l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take one wavefront (interleaved
 // rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of a 16-byte pitch down, on
@@ -865,7 +851,7 @@ __device__ __forceinline__ void depthwise_persistent(
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   // SPREAD: AlignedStaging<true>, ItemLayout<true> (see the kernels' SPREAD); the packed ones also stage weights.
   constexpr bool spread = SPREAD, stage_weights = PACK && SPREAD;
-  // split: the per-image stride-2 forward stages its rows de-interleaved (AlignedStaging's SPLIT, block_fma_split)
+  // split: the per-image stride-2 forward stages its rows de-interleaved (AlignedStaging's SPLIT, block_fma's)
   constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;
   const AlignedStaging<T, I, spread, false, split ? V * S : 0> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
@@ -960,11 +946,9 @@ __device__ __forceinline__ void depthwise_persistent(
       for (int t = 0; t < terms; ++t) {  // the forward: once
         if (stage_weights) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
-        if constexpr (split)
-          block_fma_split<A, K, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l, pitch, staging.odd0,
-                                      staging.skew, w, acc);
-        else
-          block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
+        // (split: a row's evens and odds each from column ox_l of their half)
+        block_fma<A, K, S, V, U, split>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * (split ? 1 : S),
+                                        pitch, w, acc, staging.odd0, staging.skew);
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
       // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).

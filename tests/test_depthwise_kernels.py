@@ -826,7 +826,7 @@ def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
 
 
 # The per-image stride-2 forward (depthwise_fwd<K, 2>, neither PACK nor SPREAD) stages its rows de-interleaved
-# (AlignedStaging's SPLIT, block_fma_split): (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks
+# (AlignedStaging's SPLIT, block_fma's): (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks
 # with x0 odd (pad 1) and even (pad 0, 2), 16-bit aligned rows in batches of SPLIT_BATCH rows (the last one partial,
 # two images a unit), rows of an odd width element by element, 2-element chunks (float64), every K, multipliers.
 SPLIT_CASES = [
