@@ -850,11 +850,26 @@ def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
     x = rng.standard_normal(shape).astype(_dtype(dtype))
     weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
     bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
-    device = Recorder("reverse")
+    sizes = []
+
+    class SizeRecorder(Recorder):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            sizes.append(shared_mem)
+            super().launch(source, name, grid, block, args, shared_mem)
+
+    device = SizeRecorder("reverse")
     with _device.use_device(device):
         out = cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
-    (name, _), = device.launches
+    (name, args), = device.launches
     assert short(name) == f"depthwise_fwd<{k}, 2>", name
+    # the launch's shared memory is the kernel's layout: per_block planes of in_h rows of ceil(in_w / 2) evens and
+    # floor(in_w / 2) odds, each whole 16-byte chunks, and a skew of tile_w (modulo a bank row) each STRIP_ROWS * 2 rows
+    acc = 8 if dtype == "float64" else 4
+    (tile_h, tile_w), per_block, chunk = args[-6:-4], args[-2], 16 // acc
+    in_h, in_w = 2 * tile_h - 2 + k, 2 * tile_w - 2 + k
+    pitch = -(-(in_w + 1) // 2 // chunk) * chunk + -(-(in_w // 2) // chunk) * chunk
+    skews = in_h // (2 * depthwise_module.STRIP_ROWS[k]) * (tile_w % (128 // acc))
+    assert sizes == [per_block * (in_h * pitch + skews) * acc], (sizes, tile_h, tile_w, per_block)
     expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
                                     bias.astype(numpy.float64), stride=2, padding=padding)
     assert_matches(out, expected.astype(x.dtype), dtype, str(shape))
