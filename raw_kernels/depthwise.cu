@@ -20,9 +20,11 @@
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
-//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs.  No division in their loops over
-//   units (the forward and the input gradient are one persistent kernel, depthwise_persistent; its comment says
-//   how), rows staged in 16-byte chunks, outputs written (grad_out read) with one vector access per row.
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward at S = 2 stages
+//   its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks: AlignedStaging's
+//   SPLIT, block_fma's).  No division in their loops over units (the forward and the input gradient are one
+//   persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte chunks, outputs written
+//   (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
 //   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
 //   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
@@ -535,14 +537,28 @@ template <typename A, int L> __device__ __forceinline__ void load_row(const A* s
   if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
 }
 
-// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
-template <typename A, int K, int S, int V, int U>
-__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
+// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.  SPLIT (S = 2,
+// rows staged de-interleaved: AlignedStaging's SPLIT): row r's even columns from base + r * pitch (and a skew for each
+// V * S rows; base: the first row of such a run), its odd ones odd0 further, each half read with 16-byte loads from a
+// 16-byte boundary and put back in column order in registers, so the products and their order are the same.
+template <typename A, int K, int S, int V, int U, bool SPLIT = false>
+__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U], int odd0 = 0,
+                                          int skew = 0) {
   constexpr int L = (U - 1) * S + K;
+  static_assert(!SPLIT || S == 2, "SPLIT rows are de-interleaved by 2");
 #pragma unroll
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
-    load_row<A, L>(base + r * pitch, row);
+    if constexpr (SPLIT) {
+      A even[(L + 1) / 2], odd[L / 2];
+      const A* at = base + r * pitch + r / (V * S) * skew;
+      load_row<A, (L + 1) / 2>(at, even);
+      load_row<A, L / 2>(at + odd0, odd);
+#pragma unroll
+      for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+    } else {
+      load_row<A, L>(base + r * pitch, row);
+    }
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int i = r - v * S;
@@ -579,19 +595,31 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // elements, so a thread stages half as many rows of a unit one after another and waits on half as many loads (each
 // load's conversion and store wait for it; 16 14x14 planes on 256 threads: 21 -> 11 rows a thread).  Each slot still
 // stores its two elements one by one (the tile row starts at x0, which may be odd).
-template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct AlignedStaging {
+//
+// SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
+// its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
+// whose outputs read columns 2 apart reads them as consecutive words (block_fma's SPLIT), and each run of SPLIT rows
+// starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of groups_x items reads chunk
+// l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take one wavefront (interleaved
+// rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of a 16-byte pitch down, on
+// lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
+template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
   static constexpr int BANK_ROW = 128 / sizeof(A);  // elements per row of the 32 four-byte banks
-  int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r;
+  static_assert(!(SPLIT && PAIRS), "SPLIT stages by chunks or elements");
+  int in_h, in_w, pitch, plane, chunks, lanes, chunk0, q0, r0, pass_q, pass_r, odd0, skew;
   bool stager, rows_aligned, pairs;
 
   __device__ __forceinline__ AlignedStaging(const T* src, int width, int in_h_, int in_w_, int span)
       : in_h(in_h_), in_w(in_w_) {
-    pitch = (in_w + C - 1) / C * C;  // the planner's _forward_staging
-    plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0);
+    // the planner's _forward_staging: SPLIT, ceil(in_w / 2) even columns, then floor(in_w / 2) odd ones
+    odd0 = SPLIT ? ((in_w + 1) / 2 + C - 1) / C * C : 0;
+    pitch = SPLIT ? odd0 + (in_w / 2 + C - 1) / C * C : (in_w + C - 1) / C * C;
+    skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;  // span / 2: tile_w
+    plane = in_h * pitch + (SPREAD ? (span - in_h * pitch) & (BANK_ROW - 1) : 0) + (SPLIT ? in_h / SPLIT * skew : 0);
     rows_aligned = width % C == 0 && (reinterpret_cast<unsigned long long>(src) % (C * sizeof(T))) == 0;
-    chunks = pitch / C;
+    chunks = SPLIT ? (in_w + C - 1) / C : pitch / C;  // SPLIT: those that hold a column below in_w
     pairs = PAIRS && !rows_aligned && width % 2 == 0 &&
             (reinterpret_cast<unsigned long long>(src) % (2 * sizeof(T))) == 0;
     // chunks, or 2-element slots (in_w / 2 + 1 cover a row from any column), or elements, of a row at a time
@@ -606,6 +634,7 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
   // Where row r of staged plane q starts in the tile (the same sum both ways without SPREAD, written as before it,
   // whose code NVRTC 13 compiles 2% shorter in the large-plane kernels).
   __device__ __forceinline__ int offset(int q, int r) const {
+    if (SPLIT) return q * plane + r * pitch + r / SPLIT * skew;
     return SPREAD ? q * plane + r * pitch : (q * in_h + r) * pitch;
   }
 
@@ -638,7 +667,8 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
       } else if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
-          dst[i] = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+          const A v = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
+          dst[SPLIT ? (i & 1 ? odd0 : 0) + (i >> 1) : i] = v;
         }
       }
       for (int chunk = chunk0; rows_aligned && chunk < chunks; chunk += lanes) {
@@ -659,10 +689,19 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false> struct Aligne
             for (int e = 0; e < C; ++e) t[e] = e + m < C ? a.v[e + m] : b.v[e + m - C];
           }
         }
-        Pack<A, C> packed;
+        if constexpr (SPLIT) {  // the chunk's even columns to dst[h ..], its odd ones to dst[odd0 + h ..]
+          Pack<A, C / 2> even, odd;
 #pragma unroll
-        for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
-        *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+          for (int e = 0; e < C / 2; ++e) even.v[e] = to_acc(t[2 * e]), odd.v[e] = to_acc(t[2 * e + 1]);
+          const int h = chunk * (C / 2);  // a half past its end holds only columns from in_w on: not stored
+          if (h < odd0) *reinterpret_cast<Pack<A, C / 2>*>(dst + h) = even;
+          if (h < pitch - odd0) *reinterpret_cast<Pack<A, C / 2>*>(dst + odd0 + h) = odd;
+        } else {
+          Pack<A, C> packed;
+#pragma unroll
+          for (int e = 0; e < C; ++e) packed.v[e] = to_acc(t[e]);
+          *reinterpret_cast<Pack<A, C>*>(dst + chunk * C) = packed;
+        }
       }
       q += pass_q, r += pass_r;
       if (r >= in_h) r -= in_h, ++q;
@@ -820,7 +859,9 @@ __device__ __forceinline__ void depthwise_persistent(
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   // SPREAD: AlignedStaging<true>, ItemLayout<true> (see the kernels' SPREAD); the packed ones also stage weights.
   constexpr bool spread = SPREAD, stage_weights = PACK && SPREAD;
-  const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
+  // split: the per-image stride-2 forward stages its rows de-interleaved (AlignedStaging's SPLIT, block_fma's)
+  constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;
+  const AlignedStaging<T, I, spread, false, split ? V * S : 0> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
@@ -913,7 +954,9 @@ __device__ __forceinline__ void depthwise_persistent(
       for (int t = 0; t < terms; ++t) {  // the forward: once
         if (stage_weights) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
-        block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
+        // (split: a row's evens and odds each from column ox_l of their half)
+        block_fma<A, K, S, V, U, split>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * (split ? 1 : S),
+                                        pitch, w, acc, staging.odd0, staging.skew);
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
       // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).

@@ -79,6 +79,7 @@ AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_
 AT = "tests/test_autotune.py"
 DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
+DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de-interleaved rows (task dws2)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
@@ -953,7 +954,8 @@ MUTATIONS = [
       "off-by-one"),
     M("dw-fwd-last-column", "depthwise.cu", "if (ox + u < dst_w) out[u]", "if (ox + u <= dst_w) out[u]", DW_FWD,
       "off-by-one"),
-    M("dw-fwd-staged-chunks", "depthwise.cu", "chunks = pitch / C;", "chunks = in_w / C;", DW_FWD, "tile bound"),
+    M("dw-fwd-staged-chunks", "depthwise.cu", "chunks = SPLIT ? (in_w + C - 1) / C : pitch / C;",
+      "chunks = SPLIT ? (in_w + C - 1) / C : in_w / C;", DW_FWD, "tile bound"),
     M("dw-fwd-rows-unchecked", "depthwise.cu", "rows_aligned = width % C == 0 && ", "rows_aligned = ", DW_FWD,
       "misaligned pack"),
     M("dw-fwd-slot-past-row", "depthwise.cu", "slot + C >= 0 && slot + C < width)", "slot + C >= 0 && slot + C <= width)",
@@ -997,7 +999,8 @@ MUTATIONS = [
       "e < count - 1; e += (int)blockDim.x) dst[e]", DW_PACKED, "off-by-one"),
     M("dw-packed-item-channel", "depthwise.cu", "const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;",
       "const int d = pack_channels ? d0 : d0;", DW_PACKED, "persistent loop"),
-    M("dw-bwd-input-term-plane", "depthwise.cu", "tile + staging.offset(p * terms + t,", "tile + staging.offset(p + t,",
+    M("dw-bwd-input-term-plane", "depthwise.cu", "block_fma<A, K, S, V, U, split>(tile + staging.offset(p * terms + t,",
+      "block_fma<A, K, S, V, U, split>(tile + staging.offset(p + t,",
       DW_FWD, "persistent loop"),
     # small planes: the PACK kernels' staged weights, the spread planes and thread layout of AlignedStaging<SPREAD>
     # and ItemLayout<true> (issue 25, shared-memory wavefronts)
@@ -1093,6 +1096,25 @@ MUTATIONS = [
       DW_PAIRS, "wrong-side padding"),
     M("dw-stage-pairs-slots", "depthwise.cu", "k < (odd + in_w + 1) / 2; k += lanes)", "k < in_w / 2; k += lanes)",
       DW_PAIRS, "tile bound"),
+    # AlignedStaging's SPLIT and block_fma's (task dws2): the per-image stride-2 forward's de-interleaved rows
+    M("dw-split-odd-half", "depthwise.cu", "odd0 = SPLIT ? ((in_w + 1) / 2 + C - 1) / C * C : 0;",
+      "odd0 = SPLIT ? (in_w / 2 + C - 1) / C * C : 0;", DW_SPLIT, "tile bound"),
+    M("dw-split-element", "depthwise.cu", "dst[SPLIT ? (i & 1 ? odd0 : 0) + (i >> 1) : i] = v;",
+      "dst[SPLIT ? (i & 1 ? odd0 : 0) + ((i + 1) >> 1) : i] = v;", DW_SPLIT, "off-by-one"),
+    M("dw-split-chunk-odd", "depthwise.cu", "odd.v[e] = to_acc(t[2 * e + 1]);", "odd.v[e] = to_acc(t[2 * e]);",
+      DW_SPLIT, "wrong index"),
+    M("dw-split-fma-odd", "depthwise.cu", "load_row<A, L / 2>(at + odd0, odd);",
+      "load_row<A, L / 2>(at + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
+    M("dw-split-fma-order", "depthwise.cu", "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];",
+      "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2 - (e > 2)];", DW_SPLIT, "wrong index"),
+    M("dw-split-skew-rows", "depthwise.cu", "const A* at = base + r * pitch + r / (V * S) * skew;",
+      "const A* at = base + r * pitch + r / V * skew;", DW_SPLIT, "wrong index"),
+    M("dw-split-skew", "depthwise.cu", "skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;", "skew = 0;", DW_SPLIT,
+      "bank conflict"),
+    M("dw-split-kernel-off", "depthwise.cu", "constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;",
+      "constexpr bool split = false;", DW_SPLIT, "bank conflict"),
+    M("dw-split-planner", DW_PY, "split = spec.stride[0] == 2 and not (spread or packed)", "split = False",
+      DW_SPLIT, "tile bound"),
     # depthwise_bwd_weight<K, S>: at least STAGE1_MIN_UNITS units a block (task dwwgrad): the planner's split
     M("dw-stage1-min-units", DW_PY, "fewer = max(1, units // least)", "fewer = max(1, units)",
       DW_STAGE1, "wrong unit split"),

@@ -883,6 +883,64 @@ def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
     assert wavefronts[True] < 0.8 * wavefronts[False], wavefronts
 
 
+# The per-image stride-2 forward (depthwise_fwd<K, 2>, neither PACK nor SPREAD) stages its rows de-interleaved
+# (AlignedStaging's SPLIT, block_fma's): (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks
+# with x0 odd (pad 1) and even (pad 0, 2), 16-bit aligned rows in batches of SPLIT_BATCH rows (the last one partial,
+# two images a unit), rows of an odd width element by element, 2-element chunks (float64), every K, multipliers.
+SPLIT_CASES = [
+    ((2, 2, 75, 72), 1, 3, 1, "float32"),    # 38x36 outputs on 2 x 2 tiles of 20x20, x0 odd
+    ((3, 1, 66, 68), 2, 3, 2, "float32"),    # x0 even (shift 2), multiplier 2
+    ((1, 3, 71, 69), 1, 3, 0, "float16"),    # odd width: element staging, x0 = 0
+    ((2, 2, 76, 80), 1, 3, 1, "float16"),    # aligned 16-bit rows: batches, 82 staged rows of 5 a pass
+    ((1, 2, 45, 48), 2, 5, 2, "float64"),    # 2-element chunks, one tile, multiplier 2
+    ((1, 2, 21, 40), 2, 7, 3, "bfloat16"),   # 7x7, aligned 16-bit rows
+    ((2, 1, 39, 37), 3, 5, (1, 2), "float32"),  # odd width, multiplier 3, rectangular padding
+]
+
+
+@pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
+def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
+    """Every output of the de-interleaved staging against the float64 CPU path (outputs poisoned: one left unwritten
+    or read from the wrong half of a row fails), and the 3x3 one's 16-byte shared loads at one wavefront a quarter
+    warp, the fewest (interleaved rows, lanes 8 columns apart: 6.5 a warp on dw-96-112s2; without the skew of each
+    strip's rows, the 5 items of a row of these 20-wide tiles and the next strip's on the same chunks: two)."""
+    rng = numpy.random.default_rng(sum(shape) + k)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
+    sizes = []
+
+    class SizeRecorder(Recorder):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            sizes.append(shared_mem)
+            super().launch(source, name, grid, block, args, shared_mem)
+
+    device = SizeRecorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
+    (name, args), = device.launches
+    assert short(name) == f"depthwise_fwd<{k}, 2>", name
+    # the launch's shared memory is the kernel's layout: per_block planes of in_h rows of ceil(in_w / 2) evens and
+    # floor(in_w / 2) odds, each whole 16-byte chunks, and a skew of tile_w (modulo a bank row) each STRIP_ROWS * 2 rows
+    acc = 8 if dtype == "float64" else 4
+    (tile_h, tile_w), per_block, chunk = args[-6:-4], args[-2], 16 // acc
+    in_h, in_w = 2 * tile_h - 2 + k, 2 * tile_w - 2 + k
+    pitch = -(-(in_w + 1) // 2 // chunk) * chunk + -(-(in_w // 2) // chunk) * chunk
+    skews = in_h // (2 * depthwise_module.STRIP_ROWS[k]) * (tile_w % (128 // acc))
+    assert sizes == [per_block * (in_h * pitch + skews) * acc], (sizes, tile_h, tile_w, per_block)
+    expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
+                                    bias.astype(numpy.float64), stride=2, padding=padding)
+    assert_matches(out, expected.astype(x.dtype), dtype, str(shape))
+    if dtype == "float32" and k == 3:
+        device = EmulatedDevice(counters=True, asan=False, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)],
+                                instantiations=[("depthwise.cu", name)])  # (the profile build: not under ASan)
+        with _device.use_device(device):
+            cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
+        profile = next(p for p in device.profile if p.name == name)
+        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
+        assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long

@@ -384,15 +384,19 @@ def _strided_staging(spec: ConvSpec):
     return lambda th, tw: _multiplier(spec) * side(th, top, eh, sh) * side(tw, left, ew, sw)
 
 
-def _forward_staging(k: int, stride: int, acc: int, spread: bool = False):
+def _forward_staging(k: int, stride: int, acc: int, spread: bool = False, split: bool = False):
     """staged() of depthwise_fwd<T, I, K, S>: in_h rows of in_w elements, the row pitch rounded up to 16 bytes
     (the kernel's `pitch`, so that its 16-byte shared loads are aligned); spread (the small-plane instantiations,
     AlignedStaging's SPREAD): the plane rounded up to be congruent to tw * stride modulo a 128-byte bank row, so that
-    neighbouring lanes of a quarter warp in neighbouring planes read different banks."""
+    neighbouring lanes of a quarter warp in neighbouring planes read different banks; split (the per-image stride-2
+    forward, AlignedStaging's SPLIT): a row's even and odd columns each rounded up to 16 bytes, and each run of a
+    strip's STRIP_ROWS[k] * stride rows tw (modulo a bank row) elements after the last."""
     n, bank_row = 16 // acc, 128 // acc
 
     def plane(th, tw):
-        size = ((th - 1) * stride + k) * round_up((tw - 1) * stride + k, n)
+        in_h, in_w = (th - 1) * stride + k, (tw - 1) * stride + k
+        pitch = round_up((in_w + 1) // 2, n) + round_up(in_w // 2, n) if split else round_up(in_w, n)
+        size = in_h * pitch + (in_h // (STRIP_ROWS[k] * stride) * (tw % bank_row) if split else 0)
         return size + ((tw * stride - size) % bank_row if spread else 0)
     return plane
 
@@ -522,11 +526,13 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     (default: acc)."""
     k = _specialised(spec)
     if k:
-        def plan(count, spread):
-            return plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc, spread), acc,
+        def plan(count, spread, packed=False):
+            # the kernel stages de-interleaved rows where it neither packs nor spreads, at stride 2 (its `split`)
+            split = spec.stride[0] == 2 and not (spread or packed)
+            return plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc, spread, split), acc,
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
         tiling = _small_planes(
-            lambda count, packed: plan(count, packed and k >= SPREAD_MIN_K),
+            lambda count, packed: plan(count, packed and k >= SPREAD_MIN_K, packed),
             spec.n, spec.out_channels, spec.out_pixels * (itemsize or acc), _staged_kernels(k, 1, acc),
             # the kernel's packed staging reads src channel = dst channel
             can_pack=_multiplier(spec) == 1)
