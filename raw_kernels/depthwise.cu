@@ -740,25 +740,26 @@ struct RunWalk {
 // nothing waits on a load before the last of the batch is issued: one wait on global memory a batch.  E > 1: an
 // element of the run is E consecutive values of one row (the walk's w is the row's width / E), load returns a
 // Pack<T, E>, and it is staged where all E columns are inside (the caller sees that none is cut by the edge).
+template <typename T, int E> struct RunValue { typedef Pack<T, E> type; };  // what stage_run's load returns
+template <typename T> struct RunValue<T, 1> { typedef T type; };
 template <int B, typename T, int E = 1, typename Load>
 __device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count, int w, int h, int pitch, int plane,
                                           int top, int left, int in_h, int in_w, Load load) {
   for (int e = (int)threadIdx.x; e < count;) {
-    Pack<T, E> v[B];
+    typename RunValue<T, E>::type v[B];
     int cell[B];
 #pragma unroll
     for (int b = 0; b < B; ++b, e += (int)blockDim.x, at.next(w, h, pitch, plane)) {
       const int row = at.y + top, col = at.x * E + left;
-      const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col + E <= in_w;
+      const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col + E - 1 < in_w;
       cell[b] = inside ? at.cell + (E - 1) * at.x : -1;
-      if (inside) {
-        if constexpr (E == 1) v[b].v[0] = load(e, at);
-        else v[b] = load(e, at);
-      }
+      if (inside) v[b] = load(e, at);
     }
 #pragma unroll
     for (int b = 0; b < B; ++b) {
-      if (cell[b] >= 0) {
+      if constexpr (E == 1) {
+        if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
+      } else if (cell[b] >= 0) {
 #pragma unroll
         for (int k = 0; k < E; ++k) tile[cell[b] + k] = to_acc(v[b].v[k]);
       }
