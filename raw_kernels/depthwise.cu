@@ -90,6 +90,11 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 // their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
 // kernel-only constant (the planner does not depend on it).
 constexpr int STAGE_BATCH = 8;
+// The same (pairs, one register each) for depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs: as many as
+// keep their registers (NVRTC 13, sm_90: 56 for the 3x3, 4 blocks of 256 threads an SM, and 96 for the 5x5, 10 of 64).
+// bfloat16 takes one: batches of 2-4 cost it 69 (3x3) and 109-113 (5x5) registers.
+template <typename T, int K> struct PairBatch { static constexpr int value = K == 3 ? 2 : 4; };
+template <int K> struct PairBatch<__nv_bfloat16, K> { static constexpr int value = 1; };
 
 // ---------------------------------------------------------------------------------------------------------
 // Shared pieces of the tiled kernels
@@ -591,10 +596,8 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // pitch and plane.
 //
 // PAIRS (depthwise_bwd_weight's small-plane instantiations for 16-bit data, planned where the plane width is even but
-// not whole chunks: 14x14): rows are staged by 2-element slots aligned in memory, one 4-byte load a lane for two
-// elements, so a thread stages half as many rows of a unit one after another and waits on half as many loads (each
-// load's conversion and store wait for it; 16 14x14 planes on 256 threads: 21 -> 11 rows a thread).  Each slot still
-// stores its two elements one by one (the tile row starts at x0, which may be odd).
+// not whole chunks: 14x14): `pairs` says whether the rows are 2-element slots aligned in memory, which the kernel then
+// stages flat by pairs itself (its FLAT); otherwise element by element as above.
 //
 // SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
 // its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
@@ -622,8 +625,7 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0
     chunks = SPLIT ? (in_w + C - 1) / C : pitch / C;  // SPLIT: those that hold a column below in_w
     pairs = PAIRS && !rows_aligned && width % 2 == 0 &&
             (reinterpret_cast<unsigned long long>(src) % (2 * sizeof(T))) == 0;
-    // chunks, or 2-element slots (in_w / 2 + 1 cover a row from any column), or elements, of a row at a time
-    lanes = min(rows_aligned ? chunks : pairs ? in_w / 2 + 1 : in_w, (int)blockDim.x);
+    lanes = min(rows_aligned ? chunks : in_w, (int)blockDim.x);  // chunks, or elements, of a row at a time
     const int rows_per_pass = (int)blockDim.x / lanes;
     stager = (int)threadIdx.x < rows_per_pass * lanes;
     chunk0 = (int)threadIdx.x % lanes;
@@ -654,17 +656,7 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0
         if (row != nullptr) row += yy * (I)width;
       }
       A* dst = tile + offset(q, r);  // dst[i]: column x0 + i
-      if (PAIRS && pairs) {
-        const int odd = x0 & 1;  // slot k holds columns x0 - odd + 2k and the next (the width is even: both or none)
-        for (int k = chunk0; k < (odd + in_w + 1) / 2; k += lanes) {
-          const int i = 2 * k - odd, col = x0 + i;
-          Pack<T, 2> v;
-          v.v[0] = v.v[1] = from_acc<T>(A(0));
-          if (row != nullptr && col >= 0 && col < width) v = *reinterpret_cast<const Pack<T, 2>*>(row + col);
-          if (i >= 0) dst[i] = to_acc(v.v[0]);
-          if (i + 1 < in_w) dst[i + 1] = to_acc(v.v[1]);
-        }
-      } else if (!rows_aligned) {
+      if (!rows_aligned) {
         for (int i = chunk0; i < in_w; i += lanes) {
           const int col = x0 + i;
           const A v = row != nullptr && col >= 0 && col < width ? to_acc(row[col]) : A(0);
@@ -792,23 +784,32 @@ struct RunWalk {
 // Stage elements [0, count) of a RunWalk's run into the tiles at their cells (those inside in_h x in_w staged rows
 // and columns; the others, and the halo, are left as they are): element e is load(e, at), at its walk.  A thread
 // issues the loads of B elements before it stores any, the values kept in T and converted at the store, so that
-// nothing waits on a load before the last of the batch is issued: one wait on global memory a batch.
-template <int B, typename T, typename Load>
+// nothing waits on a load before the last of the batch is issued: one wait on global memory a batch.  E > 1: an
+// element of the run is E consecutive values of one row (the walk's w is the row's width / E), load returns a
+// Pack<T, E>, and it is staged where all E columns are inside (the caller sees that none is cut by the edge).
+template <typename T, int E> struct RunValue { typedef Pack<T, E> type; };  // what stage_run's load returns
+template <typename T> struct RunValue<T, 1> { typedef T type; };
+template <int B, typename T, int E = 1, typename Load>
 __device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count, int w, int h, int pitch, int plane,
                                           int top, int left, int in_h, int in_w, Load load) {
   for (int e = (int)threadIdx.x; e < count;) {
-    T v[B];
+    typename RunValue<T, E>::type v[B];
     int cell[B];
 #pragma unroll
     for (int b = 0; b < B; ++b, e += (int)blockDim.x, at.next(w, h, pitch, plane)) {
-      const int row = at.y + top, col = at.x + left;
-      const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;
-      cell[b] = inside ? at.cell : -1;
+      const int row = at.y + top, col = at.x * E + left;
+      const bool inside = e < count && row >= 0 && row < in_h && col >= 0 && col + E - 1 < in_w;
+      cell[b] = inside ? at.cell + (E - 1) * at.x : -1;
       if (inside) v[b] = load(e, at);
     }
 #pragma unroll
     for (int b = 0; b < B; ++b) {
-      if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
+      if constexpr (E == 1) {
+        if (cell[b] >= 0) tile[cell[b]] = to_acc(v[b]);
+      } else if (cell[b] >= 0) {
+#pragma unroll
+        for (int k = 0; k < E; ++k) tile[cell[b] + k] = to_acc(v[b].v[k]);
+      }
     }
   }
 }
@@ -1705,8 +1706,9 @@ __global__ void depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __
 // row, image group) are stepped by one, without division.  The sums stay in registers over the block's units and
 // are reduced once, in block_reduce's fixed order.  SPREAD: the instantiation for whole-plane tiles (small planes)
 // and for tiles whose row of thread items spans less than a bank row (as depthwise_fwd's SPREAD), thread items and
-// staged planes laid out as AlignedStaging describes.  PAIRS: AlignedStaging's (its own instantiations, so that the
-// other planes keep their code and registers).
+// staged planes laid out as AlignedStaging describes.  PAIRS: 16-bit data on whole-plane tiles of even rows that are
+// not whole 16-byte chunks (14x14), staged flat by pairs (below; its own instantiations, so that the other planes keep
+// their code and registers).
 template <typename T, typename I, int K, int S, bool SPREAD = false, bool PAIRS = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
                                      acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
@@ -1734,12 +1736,17 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   // (PREDICTED dw-672-14k5 fp32: 150 -> 49 waits a warp, 78-237 -> 56-173 us).  Only plane cells are written, the
   // same ones every unit, so the halo is zeroed once a block; the planes of images past the batch keep stale values,
   // read by no active item.
-  // Not 16-bit data: there the executed count saw most of the loads still waited one by one (dw-1152-7k5 fp16: 118 ->
-  // 34 waits a warp, but 32 more registers, 10 -> 8 blocks an SM: PREDICTED 16% slower), and PAIRS (3x3) stayed
-  // 69 -> 57 waits for 47% more instructions.
-  constexpr bool FLAT = SPREAD && sizeof(T) >= 4;
-  const bool flat_run = FLAT && tiles == 1 && !staging.rows_aligned;
-  constexpr int batch = 2;  // 4 or 8 (the forward's STAGE_BATCH) cost 18-32 registers: 10 -> 8 blocks an SM (5x5)
+  // Not other 16-bit data (the 7x7 planes): there the executed count saw most of the element loads still waited one
+  // by one (dw-1152-7k5 fp16: 118 -> 34 waits a warp, but 32 more registers, 10 -> 8 blocks an SM: PREDICTED 16%
+  // slower).  PAIRS: flat by aligned pairs of one row (E = 2 elements a 4-byte load, a lane's batch of pairs in flight
+  // at once: PREDICTED dw-672-14k5 fp16 152 -> 16 waits a warp, by rows of pairs before), where no pair is cut by the
+  // staged columns' edge (padding on the left >= 0 and the plane inside the staged columns: always at stride 1).
+  constexpr bool FLAT = (SPREAD && sizeof(T) >= 4) || PAIRS;
+  constexpr int E = PAIRS ? 2 : 1;
+  const bool flat_run = FLAT && tiles == 1 &&
+                        (PAIRS ? staging.pairs && pad_left >= 0 && pad_left + width <= in_w : !staging.rows_aligned);
+  // 32/64-bit: 4 or 8 (the forward's STAGE_BATCH) cost 18-32 registers: 10 -> 8 blocks an SM (5x5).
+  constexpr int batch = PAIRS ? PairBatch<T, K>::value : 2;
   if (flat_run) {
     zero_tiles(tile, per_block * staging.plane);
     __syncthreads();
@@ -1757,6 +1764,8 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     for (I e = 0; e < count; ++e) {
       const I image0 = g * per_block, n = image0 + p;
       const int oy0 = ty * tile_h, ox0 = tx * tile_w;
+      const int ox = ox0 + ox_l, oy = oy0 + s * V;
+      const bool active = item.valid && n < images && ox < out_w;
       if (flat_run) {
         const I plane_size = (I)height * width, plane_step = channels * plane_size;
         const T* first_plane = x + (image0 * channels + c) * plane_size;
@@ -1767,11 +1776,13 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
 #ifndef __CUPYCONV_EMULATOR__
         asm volatile("" : "+r"(w));
 #endif
-        const RunWalk walk(w, height, pitch, staging.plane, pad_top, pad_left);
-        stage_run<batch, T>(tile, walk, valid * (int)plane_size, width, height, pitch, staging.plane, pad_top,
-                            pad_left, in_h, in_w, [&](int, const RunWalk& at) {
-                              return first_plane[at.q * plane_step + at.y * width + at.x];
-                            });
+        const RunWalk walk(w / E, height, pitch, staging.plane, pad_top, pad_left);
+        stage_run<batch, T, E>(tile, walk, valid * (int)plane_size / E, width / E, height, pitch, staging.plane,
+                               pad_top, pad_left, in_h, in_w, [&](int, const RunWalk& at) {
+                                 if constexpr (E == 1) return first_plane[at.q * plane_step + at.y * width + at.x];
+                                 else return *reinterpret_cast<const Pack<T, E>*>(first_plane + at.q * plane_step +
+                                                                                  at.y * width + E * at.x);
+                               });
       } else {
         staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width,
                       [&](int q) -> const T* {
@@ -1779,21 +1790,44 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
                         return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
                       });
       }
-      const int ox = ox0 + ox_l, oy = oy0 + s * V;
-      const bool active = item.valid && n < images && ox < out_w;
+      // The item's grad_out values: every load issued before any is used, so that the warp waits for them once, not
+      // once a row (each row's conversion next to its load, behind each row's branch: PREDICTED 14 waits a unit on
+      // 14x14 planes, 4 on large ones).  Rows past the plane are zeros.
       A gv[V][U];  // zeros past the plane: those outputs add nothing
       {
         const T* gp = active ? grad_out + ((n * out_channels + co) * out_h + oy) * (I)out_w + ox : grad_out;
-        const bool whole = rows_aligned && ox + U <= out_w;
+        if (rows_aligned && ox + U <= out_w) {
+          Pack<T, U> packed[V];
 #pragma unroll
-        for (int v = 0; v < V; ++v, gp += out_w) {
-          if (active && oy + v < out_h && whole) {
-            const Pack<T, U> packed = *reinterpret_cast<const Pack<T, U>*>(gp);
+          for (int v = 0; v < V; ++v) {
+            // 16-bit data: every row loads, from a clamped address, no branch between the loads and their conversions
+            // (NVRTC 13, sm_90: 96 registers in the 5x5 PAIRS, 117 with a branch a row); wider: a branch a row (96 in
+            // the float 5x5 SPREAD, 115 clamped).
+            const bool inside = active && oy + v < out_h;
 #pragma unroll
-            for (int u = 0; u < U; ++u) gv[v][u] = to_acc(packed.v[u]);
-          } else {
+            for (int u = 0; u < U; ++u) packed[v].v[u] = from_acc<T>(A(0));
+            if (sizeof(T) == 2 || inside)
+              packed[v] = *reinterpret_cast<const Pack<T, U>*>(inside ? gp + v * out_w : grad_out);
+          }
 #pragma unroll
-            for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h && ox + u < out_w ? to_acc(gp[u]) : A(0);
+          for (int v = 0; v < V; ++v) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h ? to_acc(packed[v].v[u]) : A(0);
+          }
+        } else {
+          T raw[V][U];
+#pragma unroll
+          for (int v = 0; v < V; ++v, gp += out_w) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              raw[v][u] = from_acc<T>(A(0));
+              if (active && oy + v < out_h && ox + u < out_w) raw[v][u] = gp[u];
+            }
+          }
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) gv[v][u] = to_acc(raw[v][u]);
           }
         }
       }

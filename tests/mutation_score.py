@@ -77,7 +77,7 @@ DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"
 DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
-DW_PAIRS = DEPTHWISE + " -k 'by_pairs'"  # depthwise_bwd_weight's PAIRS instantiations (task dwwgrad)
+DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de-interleaved rows (task dws2)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
@@ -1019,8 +1019,9 @@ MUTATIONS = [
     M("dw-flat-zero-barrier", "depthwise.cu", "staging.plane);  // in_h * pitch is a multiple of 16 bytes\n"
       "      __syncthreads();", "staging.plane);", DW_PACKED,
       "removed barrier"),
-    M("dw-flat-tile-bounds", "depthwise.cu", "inside = e < count && row >= 0 && row < in_h && col >= 0 && col < in_w;",
-      "inside = e < count && row < in_h && col < in_w;", DW_PACKED, "tile bound"),
+    M("dw-flat-tile-bounds", "depthwise.cu",
+      "inside = e < count && row >= 0 && row < in_h && col >= 0 && col + E - 1 < in_w;",
+      "inside = e < count && row < in_h && col + E - 1 < in_w;", DW_PACKED, "tile bound"),
     M("dw-flat-pair-order", "depthwise.cu", "pair.v[0] = acc[v][u], pair.v[1] = acc[v][u + 1];",
       "pair.v[0] = acc[v][u + 1], pair.v[1] = acc[v][u];", DW_PACKED, "wrong vector element"),
     M("dw-flat-pairs-odd-width", "depthwise.cu", "const bool pairs = flat && !SPREAD && dst_w % 2 == 0;",
@@ -1030,8 +1031,8 @@ MUTATIONS = [
       "tile[max(cell[b], 0)] = to_acc(v[b]);", DW_PACKED, "tile bound"),
     M("dw-flat-batch-walk", "depthwise.cu", "++b, e += (int)blockDim.x, at.next(w, h, pitch, plane)) {",
       "++b, e += (int)blockDim.x) {", DW_PACKED, "wrong index"),
-    M("dw-flat-batch-inside", "depthwise.cu", "cell[b] = inside ? at.cell : -1;", "cell[b] = at.cell;", DW_PACKED,
-      "tile bound"),
+    M("dw-flat-batch-inside", "depthwise.cu", "cell[b] = inside ? at.cell + (E - 1) * at.x : -1;",
+      "cell[b] = at.cell + (E - 1) * at.x;", DW_PACKED, "tile bound"),
     # depthwise_bwd_weight's FLAT staging of whole small planes, 32- and 64-bit data (task dwwg3, issue 25: waits)
     M("dw-large-plane-pitch", "depthwise.cu", "return size + ((C - size) % BANK_ROW + BANK_ROW) % BANK_ROW;",
       "return size;", DW_WIDE, "bank conflict"),
@@ -1075,8 +1076,8 @@ MUTATIONS = [
       "zero_tiles(tile, per_block * staging.plane);", DW_WFLAT, "removed barrier"),
     M("dw-wflat-zero-count", "depthwise.cu", "zero_tiles(tile, per_block * staging.plane);",
       "zero_tiles(tile, (per_block - 1) * staging.plane);", DW_WFLAT, "tile bound"),
-    M("dw-wflat-one-tile", "depthwise.cu", "const bool flat_run = FLAT && tiles == 1 && !staging.rows_aligned;",
-      "const bool flat_run = FLAT && !staging.rows_aligned;", DW_WFLAT, "wrong index"),
+    M("dw-wflat-one-tile", "depthwise.cu", "const bool flat_run = FLAT && tiles == 1 &&",
+      "const bool flat_run = FLAT &&", DW_WFLAT, "wrong index"),
     M("dw-wflat-64bit", "depthwise.cu", "const I plane_size = (I)height * width,",
       "const int plane_size = height * width,", DW_WFLAT, "int overflow"),
     M("dw-spread-plane", "depthwise.cu", "(span - in_h * pitch) & (BANK_ROW - 1)",
@@ -1088,14 +1089,6 @@ MUTATIONS = [
     M("dw-spread-narrow-choice", DW_PY, "span >= 128 or span <= next_strip <= 128 - span:",
       "span >= 128 or True:", DW_SPREAD, "bank conflict"),
     # AlignedStaging's PAIRS (task dwwgrad): depthwise_bwd_weight's even 16-bit rows staged by 2-element slots
-    M("dw-stage-pairs-first", "depthwise.cu", "if (i >= 0) dst[i] = to_acc(v.v[0]);",
-      "if (i > 0) dst[i] = to_acc(v.v[0]);", DW_PAIRS, "off-by-one"),
-    M("dw-stage-pairs-last", "depthwise.cu", "if (i + 1 < in_w) dst[i + 1]", "if (i + 2 < in_w) dst[i + 1]",
-      DW_PAIRS, "tile bound"),
-    M("dw-stage-pairs-parity", "depthwise.cu", "const int odd = x0 & 1;", "const int odd = 0;",
-      DW_PAIRS, "wrong-side padding"),
-    M("dw-stage-pairs-slots", "depthwise.cu", "k < (odd + in_w + 1) / 2; k += lanes)", "k < in_w / 2; k += lanes)",
-      DW_PAIRS, "tile bound"),
     # AlignedStaging's SPLIT and block_fma's (task dws2): the per-image stride-2 forward's de-interleaved rows
     M("dw-split-odd-half", "depthwise.cu", "odd0 = SPLIT ? ((in_w + 1) / 2 + C - 1) / C * C : 0;",
       "odd0 = SPLIT ? (in_w / 2 + C - 1) / C * C : 0;", DW_SPLIT, "tile bound"),
@@ -1115,6 +1108,21 @@ MUTATIONS = [
       "constexpr bool split = false;", DW_SPLIT, "bank conflict"),
     M("dw-split-planner", DW_PY, "split = spec.stride[0] == 2 and not (spread or packed)", "split = False",
       DW_SPLIT, "tile bound"),
+    # depthwise_bwd_weight's PAIRS staged flat by pairs (task dw16wg); stage_run's E-element loads
+    M("dw-pflat-cell", "depthwise.cu", "cell[b] = inside ? at.cell + (E - 1) * at.x : -1;",
+      "cell[b] = inside ? at.cell : -1;", DW_PFLAT, "wrong index"),
+    M("dw-pflat-second", "depthwise.cu", "for (int k = 0; k < E; ++k) tile[cell[b] + k]",
+      "for (int k = 0; k < 1; ++k) tile[cell[b] + k]", DW_PFLAT, "tile bound"),
+    M("dw-pflat-walk", "depthwise.cu", "const RunWalk walk(w / E, height,", "const RunWalk walk(w, height,",
+      DW_PFLAT, "wrong index"),
+    M("dw-pflat-count", "depthwise.cu", "valid * (int)plane_size / E, width / E,",
+      "valid * (int)plane_size / E - 1, width / E,", DW_PFLAT, "tile bound"),
+    M("dw-pflat-source", "depthwise.cu", "at.y * width + E * at.x);", "at.y * width + at.x);", DW_PFLAT,
+      "wrong index"),
+    M("dw-wgrad-rows", "depthwise.cu", "(inside ? gp + v * out_w : grad_out);", "(inside ? gp + v * U : grad_out);",
+      DW_FWD, "wrong index"),
+    M("dw-wgrad-past", "depthwise.cu", "for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h ? to_acc(",
+      "for (int u = 0; u < U; ++u) gv[v][u] = active ? to_acc(", DW_FWD, "tile bound"),
     # depthwise_bwd_weight<K, S>: at least STAGE1_MIN_UNITS units a block (task dwwgrad): the planner's split
     M("dw-stage1-min-units", DW_PY, "fewer = max(1, units // least)", "fewer = max(1, units)",
       DW_STAGE1, "wrong unit split"),
@@ -1137,10 +1145,10 @@ MUTATIONS = [
       "if (++ty == tiles_y) ty = 0;", DW_FWD, "persistent loop"),
     M("dw-wgrad-first-unit", "depthwise.cu", "int tx = (int)(first % tiles), ty = tx / tiles_x;",
       "int tx = 0, ty = 0;", DW_FWD, "persistent loop"),
-    M("dw-wgrad-last-column", "depthwise.cu", "active && oy + v < out_h && ox + u < out_w ? to_acc(gp[u])",
-      "active && oy + v < out_h && ox + u <= out_w ? to_acc(gp[u])", DW_FWD, "off-by-one"),
-    M("dw-wgrad-last-row", "depthwise.cu", "if (active && oy + v < out_h && whole) {", "if (active && whole) {",
-      DW_FWD, "tile bound"),
+    M("dw-wgrad-last-column", "depthwise.cu", "if (active && oy + v < out_h && ox + u < out_w) raw[v][u] = gp[u];",
+      "if (active && oy + v < out_h && ox + u <= out_w) raw[v][u] = gp[u];", DW_FWD, "off-by-one"),
+    M("dw-wgrad-last-row", "depthwise.cu", "const bool inside = active && oy + v < out_h;",
+      "const bool inside = active;", DW_FWD, "tile bound"),
     M("dw-wgrad-loads-unchecked", "depthwise.cu", "const bool rows_aligned = out_w % U == 0 &&\n",
       "const bool rows_aligned =\n", DW_FWD, "misaligned pack"),
     M("dw-wgrad-bias-column", "depthwise.cu", "for (int u = 0; u < U; ++u) acc[R] += gv[v][u];",

@@ -746,26 +746,55 @@ def test_weight_gradient_stages_small_planes_flat(monkeypatch, stage1_blocks, sh
     assert list(args[-5:-3]) == [1, 1], "one tile a plane"
 
 
-def test_flat_weight_gradient_past_2_31(monkeypatch):
+@pytest.mark.parametrize("dtype, k, padding, kernel", [
+    (numpy.float32, 5, 2, "depthwise_bwd_weight<5, 1, true>"),          # FLAT
+    (numpy.float16, 3, 1, "depthwise_bwd_weight<3, 1, false, true>"),   # PAIRS, flat by pairs
+])
+def test_flat_weight_gradient_past_2_31(monkeypatch, dtype, k, padding, kernel):
     """The FLAT staging's plane offsets in the `long long` instantiation: two 14x14 images of enough channels that
     the second image's planes start past 2^31 (sparse memory; only the last block runs: bug_classes.SparseDevice).
     The last channel's weight gradient matches the CPU path on that channel alone."""
     bug_classes.lift_grid_cap(monkeypatch)
     rng = numpy.random.default_rng(61)
     channels = 2**31 // 196 + 64
-    x = bug_classes.sparse_zeros((2, channels, 14, 14), numpy.float32)
+    x = bug_classes.sparse_zeros((2, channels, 14, 14), dtype)
     x[:, -1] = rng.standard_normal((2, 14, 14))
-    weight = bug_classes.sparse_zeros((channels, 1, 5, 5), numpy.float32)
-    grad_output = bug_classes.sparse_zeros((2, channels, 14, 14), numpy.float32)
+    weight = bug_classes.sparse_zeros((channels, 1, k, k), dtype)
+    grad_output = bug_classes.sparse_zeros((2, channels, 14, 14), dtype)
     grad_output[:, -1] = rng.standard_normal((2, 14, 14))
     device = bug_classes.SparseDevice()
     with _device.use_device(device):
-        grad_w = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=2, needs="weight")[1]
-    assert short(device.launches[0].replace(", long long", ", int")) == "depthwise_bwd_weight<5, 1, true>"
+        grad_w = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="weight")[1]
+    assert short(device.launches[0].replace(", long long", ", int")) == kernel
     assert ", long long" in device.launches[0]
-    want = cupyconv.depthwise_conv2d_backward(grad_output[:, -1:], x[:, -1:], numpy.array(weight[-1:]), padding=2,
-                                              needs="weight")[1]
-    bug_classes.assert_tail_written(grad_w, want, numpy.float32, 25, "weight gradient, last channel")
+    want = cupyconv.depthwise_conv2d_backward(grad_output[:, -1:], x[:, -1:], numpy.array(weight[-1:]),
+                                              padding=padding, needs="weight")[1]
+    bug_classes.assert_tail_written(grad_w, want, dtype, k * k, "weight gradient, last channel")
+
+
+# depthwise_bwd_weight's PAIRS instantiations staged flat by pairs (16-bit, whole-plane tiles, even rows that are not
+# whole 16-byte chunks): (shape, multiplier, kernel, padding, dtype), each with a short last image group.
+FLAT_PAIR_CASES = [
+    ((70, 2, 14, 14), 1, 5, 2, "float16"),    # dw-672-14k5's launch: 8 images a unit, 8 x 8 + 6
+    ((37, 2, 14, 14), 1, 3, 1, "bfloat16"),   # dw-480-14's kernel: pairs from column -1 (odd cells)
+    ((23, 3, 13, 10), 2, 5, 0, "float16"),    # no padding, rectangular, multiplier 2
+    ((29, 2, 14, 14), 1, 3, 2, "float16"),    # padding 2 (outputs past the 3x3 window): pairs from column -2
+    ((19, 2, 10, 14), 1, 5, 3, "bfloat16"),   # padding 3 (outputs past the 5x5 window): pairs from column -3
+]
+
+
+@pytest.mark.parametrize("stage1_blocks", [1, 4096])
+@pytest.mark.parametrize("shape, m, k, padding, dtype", FLAT_PAIR_CASES)
+def test_weight_gradient_stages_pairs_flat(monkeypatch, stage1_blocks, shape, m, k, padding, dtype):
+    """depthwise_bwd_weight<K, 1, SPREAD, true> stages a unit's planes flat, two elements a 4-byte load, the halo
+    zeroed once a block: a block of several units (STAGE1_BLOCKS 1: every unit of a channel; the last one short, its
+    planes past the batch stale from the unit before) or of one, against float64."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+    monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
+    rng = numpy.random.default_rng(stage1_blocks + shape[0] + 7)
+    (stage1, args), _ = _weight_gradients_match(rng, shape, m, k, 1, padding, dtype).launches
+    assert short(stage1) == f"depthwise_bwd_weight<{k}, 1, {'true' if k >= 5 else 'false'}, true>"
+    assert list(args[-5:-3]) == [1, 1], "one tile a plane"
 
 
 # The kernels the two memory-counter tests below launch (float32, 32-bit indices).  Their profile build (every access

@@ -831,10 +831,11 @@ GRADIENT_LOOP_PER_OUTPUT = {
     ("depthwise_bwd_weight", "16-bit", 3, 1): 39, ("depthwise_bwd_weight", "16-bit", 3, 2): 39,
     ("depthwise_bwd_weight", "16-bit", 5, 1): 47, ("depthwise_bwd_weight", "16-bit", 5, 2): 49,
     ("depthwise_bwd_weight", "16-bit", 7, 1): 74, ("depthwise_bwd_weight", "16-bit", 7, 2): 76,
-    # the PAIRS instantiations (task dwwgrad, 2026-11-26): AlignedStaging's 2-element slots compiled in beside its
-    # element and chunk paths, so a longer static loop (3x3: 40.6 per output) for fewer executed instructions (the
-    # model's executed count, dw-480-14 fp16: 891 -> 802 a unit); about 10% above
-    ("depthwise_bwd_weight PAIRS", "16-bit", 3, 1): 45, ("depthwise_bwd_weight PAIRS", "16-bit", 5, 1): 47,
+    # the PAIRS instantiations (task dwwgrad, 2026-11-26; task dw16wg, 2026-11-27): their flat staging by pairs
+    # (stage_run's E = 2, 2-4 pairs a lane in flight) compiled in beside the element and chunk paths, so a longer
+    # static loop (float16 3x3: 48.5 per output, 5x5: 53.0) for fewer waits (the model's executed count, dw-672-14k5
+    # fp16: 152 -> 16 waited loads a warp); about 10% above
+    ("depthwise_bwd_weight PAIRS", "16-bit", 3, 1): 53, ("depthwise_bwd_weight PAIRS", "16-bit", 5, 1): 58,
     # the float32 SPREAD instantiations with FLAT (task dwwg3, 2026-11-26): the flat staging of whole small planes
     # compiled in beside the row staging, its walk rebuilt each unit (divisions: kept over the loop it cost 32
     # registers), so a longer static loop (5x5: 45.8 per output) for fewer waits (the model's executed count,

@@ -593,7 +593,7 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
 
 def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int | None = None) -> Plan:
     """The same for stage 1 of the weight (and bias) gradient, or of the bias alone.  PAIRS (the kernel's last
-    constant, AlignedStaging's): whole-plane tiles of 16-bit data at stride 1 whose rows are even but not whole
+    constant: its planes staged flat by aligned pairs): whole-plane tiles of 16-bit data at stride 1 whose rows are even but not whole
     16-byte chunks of the accumulation type (14x14), K in PAIRS_KERNELS."""
     if not need_weight:
         return Plan("depthwise_bwd_bias")
