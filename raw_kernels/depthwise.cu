@@ -636,7 +636,7 @@ template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0
   // Where row r of staged plane q starts in the tile (the same sum both ways without SPREAD, written as before it,
   // whose code NVRTC 13 compiles 2% shorter in the large-plane kernels).
   __device__ __forceinline__ int offset(int q, int r) const {
-    if (SPLIT) return q * plane + r * pitch + r / SPLIT * skew;
+    if constexpr (SPLIT > 0) return q * plane + r * pitch + r / SPLIT * skew;
     return SPREAD ? q * plane + r * pitch : (q * in_h + r) * pitch;
   }
 
