@@ -494,6 +494,19 @@ def plan_planes(kernel: str, spec: ConvSpec, src_size: int, dst_size: int, terms
     return None
 
 
+def _large_plane(rows: int, pitch: int, acc: int) -> int:
+    """Elements a staged plane of the large-window kernels takes (their large_plane): rows x pitch, rounded so the
+    next plane starts 16 bytes past a multiple of 128 (a quarter warp's 16-byte loads in neighbouring planes land on
+    different banks)."""
+    c = 16 // acc
+    return round_up(rows * pitch - c, 128 // acc) + c
+
+
+def _large_applies(spec: ConvSpec) -> bool:
+    """Whether the large-window kernels (LARGE_KERNELS) take spec: LARGE_MIN_K or more a side, stride 1, dilation 1."""
+    return min(spec.kernel_size) >= LARGE_MIN_K and spec.stride == (1, 1) and spec.dilation == (1, 1)
+
+
 def plan_large(kernel: str, spec: ConvSpec, src_size, dst_size, terms: int, acc: int) -> Plan | None:
     """depthwise_fwd_large / _bwd_input_large (LARGE_KERNELS) for windows of at least LARGE_MIN_K a side at stride 1,
     dilation 1, whole planes: `terms` src planes of src_size (H, W) a dst plane of dst_size, per_block images a unit
@@ -502,10 +515,9 @@ def plan_large(kernel: str, spec: ConvSpec, src_size, dst_size, terms: int, acc:
     rows zero-padded to whole chunks and planes pitched to 16 bytes past a multiple of 128 (its large_plane), and the
     `terms` kernels, rows zero-padded by 2 * (LARGE_COLUMNS - 1) plus an alignment of their first read."""
     (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
-    if min(kh, kw) < LARGE_MIN_K or spec.stride != (1, 1) or spec.dilation != (1, 1):
+    if not _large_applies(spec):
         return None
-    row_pitch = round_up(src_size[1], r)
-    plane = round_up(src_size[0] * row_pitch - c, 128 // acc) + c
+    plane = _large_plane(src_size[0], round_up(src_size[1], r), acc)
     left = spec.padding[1][0] if kernel == LARGE_KERNELS[0] else kw - 1 - spec.padding[1][0]  # the correlation's
     w_off = 2 * (r - 1) + (-(r - 1 + left)) % c
     weights = terms * kh * round_up(w_off + kw + 2 * (r - 1), c)
@@ -593,8 +605,8 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
 
 def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int | None = None) -> Plan:
     """The same for stage 1 of the weight (and bias) gradient, or of the bias alone.  PAIRS (the kernel's last
-    constant: its planes staged flat by aligned pairs): whole-plane tiles of 16-bit data at stride 1 whose rows are even but not whole
-    16-byte chunks of the accumulation type (14x14), K in PAIRS_KERNELS."""
+    constant: its planes staged flat by aligned pairs): whole-plane tiles of 16-bit data at stride 1 whose rows
+    are even but not whole 16-byte chunks of the accumulation type (14x14), K in PAIRS_KERNELS."""
     if not need_weight:
         return Plan("depthwise_bwd_bias")
     k = _specialised(spec)
@@ -650,14 +662,12 @@ def plan_weight_large(spec: ConvSpec, acc: int) -> Plan | None:
     apply.  Shared memory mirrors the kernel: per image, its x plane and its grad_out plane, rows zero-padded as
     depthwise_large pads src rows and kernel rows, planes pitched by its large_plane."""
     (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
-    if min(kh, kw) < LARGE_MIN_K or spec.stride != (1, 1) or spec.dilation != (1, 1):
+    if not _large_applies(spec):
         return None
     (h, w), (oh, ow) = spec.in_size, spec.out_size
-
-    def plane(rows, pitch):
-        return round_up(rows * pitch - c, 128 // acc) + c
     g_off = 2 * (r - 1) + (-(r - 1 + spec.padding[1][0])) % c
-    per_image = plane(h, round_up(w, r)) + plane(oh, round_up(g_off + ow + 2 * (r - 1), c))
+    per_image = (_large_plane(h, round_up(w, r), acc)
+                 + _large_plane(oh, round_up(g_off + ow + 2 * (r - 1), c), acc))
     items = ceil_div(kh, LARGE_ROWS) * ceil_div(kw, r)
     per = min(LARGE_WEIGHT_LANES, 1 << (spec.n - 1).bit_length())
     while per > 1 and (per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT):
