@@ -208,9 +208,9 @@ __global__ void unfold_im2col(const T* __restrict__ x, T* __restrict__ cols, I n
 // is bit-identical on every run.  cols is contiguous (n, C * kH * kW, L).  Tap (i, j) reads input position (y, x)
 // from output pixel (oy, ox) when y + pad_top - i * dilation_h = oy * stride_h, and likewise for x: the divisions
 // by the strides are fast ones.
-template <typename T, typename I>
+template <typename T, typename I, bool BIAS>
 __device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __restrict__ out,
-                                               const T* __restrict__ bias, int has_bias, I n, int channels,
+                                               const T* __restrict__ bias, I n, int channels,
                                                int height, int width, int kernel_h, int kernel_w, int stride_h,
                                                int stride_w, int pad_top, int pad_left, int dilation_h,
                                                int dilation_w, int out_h, int out_w, unsigned int width_magic,
@@ -253,7 +253,7 @@ __device__ __forceinline__ void fold_positions(const T* __restrict__ cols, T* __
         }
       }
     }
-    if (has_bias) {  // conv_transpose's bias, after the taps, before the one rounding: plane p's channel
+    if constexpr (BIAS) {  // conv_transpose's bias, after the taps, before the one rounding: plane p's channel
       int c;
       index_divmod<I>(first, by_channels, c);
 #pragma unroll
@@ -281,9 +281,9 @@ constexpr int FOLD_TAPS = 3;
 // zeros).  A kernel row that reads no window's row (a stride's remainder, oy past the end) is skipped.  Every position
 // sums its taps in the order (i, j) in acc_t, as `fold_positions` does, so both give the same bits (an added +0.0
 // changes no sum, and a sum from +0.0 is never -0.0).
-template <typename T, typename I>
+template <typename T, typename I, bool BIAS>
 __device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restrict__ out,
-                                          const T* __restrict__ bias, int has_bias, I n, int channels,
+                                          const T* __restrict__ bias, I n, int channels,
                                           int height, int width, int kernel_h, int kernel_w, int stride_h,
                                           int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
                                           int out_w, unsigned int runs_magic, unsigned int height_magic,
@@ -334,7 +334,7 @@ __device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restr
         }
       }
     }
-    if (has_bias) {  // conv_transpose's bias, after the taps, before the one rounding
+    if constexpr (BIAS) {  // conv_transpose's bias, after the taps, before the one rounding
       int c;
       index_divmod<I>(plane, by_channels, c);
       const acc_t<T> add = to_acc(bias[c]);
@@ -352,22 +352,24 @@ __device__ __forceinline__ void fold_runs(const T* __restrict__ cols, T* __restr
 // col2im: RUN = 1, one thread per position of FOLD_PLANES planes (`fold_positions`, any window), or
 // RUN = 16 / sizeof(T), one thread per run of RUN positions with 16-byte accesses (`fold_runs`, the shapes
 // ops/unfold.py checks it can take).  width_magic is the FastDivmod multiplier of width / RUN, the units of a row.
-// has_bias: bias[channel] is added to every position's sum before it is rounded (conv_transpose's forward through
-// the GEMM and col2im: its bias in the fold, not in a pass of its own).
-template <typename T, typename I, int RUN>
+// BIAS: bias[channel] is added to every position's sum before it is rounded (conv_transpose's forward through
+// the GEMM and col2im: its bias in the fold, not in a pass of its own).  A template flag, not a run-time one: the
+// bias's channel arithmetic and adds cost the unbiased folds (every backward) 3% more executed instructions, which
+// the model put at +37% on the H200's iv fp16 fold, whose issue and DRAM times are within 3% of each other.
+template <typename T, typename I, int RUN, bool BIAS>
 __global__ void fold_col2im(const T* __restrict__ cols, T* __restrict__ out, const T* __restrict__ bias,
-                            int has_bias, I n, int channels,
+                            I n, int channels,
                             int height, int width, int kernel_h, int kernel_w, int stride_h, int stride_w,
                             int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h,
                             int out_w, unsigned int width_magic, unsigned int height_magic,
                             unsigned int stride_h_magic, unsigned int stride_w_magic, unsigned int channels_magic) {
   static_assert(RUN == 1 || RUN * sizeof(T) == 16, "RUN is 1 or a 16-byte vector of T");
   if constexpr (RUN == 1) {
-    fold_positions<T, I>(cols, out, bias, has_bias, n, channels, height, width, kernel_h, kernel_w, stride_h,
+    fold_positions<T, I, BIAS>(cols, out, bias, n, channels, height, width, kernel_h, kernel_w, stride_h,
                          stride_w, pad_top, pad_left, dilation_h, dilation_w, out_h, out_w, width_magic,
                          height_magic, stride_h_magic, stride_w_magic, channels_magic);
   } else {
-    fold_runs<T, I>(cols, out, bias, has_bias, n, channels, height, width, kernel_h, kernel_w, stride_h, pad_top,
+    fold_runs<T, I, BIAS>(cols, out, bias, n, channels, height, width, kernel_h, kernel_w, stride_h, pad_top,
                     pad_left, dilation_h, dilation_w, out_h, out_w, width_magic, height_magic, stride_h_magic,
                     channels_magic);
   }

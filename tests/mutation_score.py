@@ -230,7 +230,7 @@ MUTATIONS = [
       "wrong plane stride"),
     M("fold-vec-tap-order", "unfold.cu", "for (int k = 0; k < FOLD_TAPS && j0 + k < kernel_w; ++k) {",
       "for (int k = FOLD_TAPS - 1; k >= 0; --k) if (j0 + k < kernel_w) {", UNFOLD, "summation order"),
-    # conv_transpose's bias in the input gradient's kernels (task ctglue): fold_col2im's has_bias, the tensor cores'
+    # conv_transpose's bias in the input gradient's kernels (task ctglue): fold_col2im's BIAS, the tensor cores'
     # epilogue through `lift.backward`'s input_bias, and the paths that add it after their kernels
     M("ctb-fold-bias-channel", "unfold.cu", "index_divmod<I>(first, by_channels, c);",
       "c = 0;", UNFOLD + " -k bias", "wrong channel"),
@@ -239,8 +239,8 @@ MUTATIONS = [
     M("ctb-fold-vec-bias-channel", "unfold.cu",
       "      index_divmod<I>(plane, by_channels, c);\n      const acc_t<T> add",
       "      c = 0;\n      const acc_t<T> add", UNFOLD + " -k bias", "wrong channel"),
-    M("ctb-fold-bias-dropped", "cupyconv/ops/unfold.py", "has_bias=bias is not None, n=spec.n", "has_bias=0, n=spec.n",
-      UNFOLD + " -k bias", "dropped bias"),
+    M("ctb-fold-bias-dropped", "cupyconv/ops/unfold.py", '"fold_col2im", (run, bias is not None)',
+      '"fold_col2im", (run, False)', UNFOLD + " -k bias", "dropped bias"),
     M("ctb-fold-chunk-bias-dropped", "cupyconv/ops/conv.py", "out=grad_x[chunk],\n                 bias=bias)",
       "out=grad_x[chunk],\n                 bias=None)", UNFOLD + " -k bias", "dropped bias"),
     M("ctb-fold-bands-bias-dropped", "cupyconv/ops/conv.py",

@@ -407,7 +407,7 @@ def test_every_call_runs_in_the_scope_of_the_arrays_device(device):
 
 def test_a_numpy_array_cannot_reach_a_kernel(device):
     """RawKernel takes CuPy arrays and scalars: a host array is refused, as CuPy's launch refuses it."""
-    kernel = device.function("unfold.cu", "fold_col2im<float, int, 1>")
+    kernel = device.function("unfold.cu", "fold_col2im<float, int, 1, false>")
     with pytest.raises(TypeError, match="Unsupported type"):
         kernel((1,), (32,), (numpy.ones(3, numpy.float32),))
     with pytest.raises(TypeError, match="args must be a tuple"):

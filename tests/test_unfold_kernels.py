@@ -152,7 +152,7 @@ def _fold_scalar(monkeypatch, c, size, kernel, kw):
         m.setattr(unfold, "fold_run", lambda dtype: 1)
         with _device.use_device(device):
             out = cupyconv.fold(c, size, kernel, **kw)
-    assert device.launches[-1][0].endswith(", 1>")
+    assert device.launches[-1][0].endswith(", 1, false>")
     return out
 
 
@@ -172,7 +172,7 @@ def test_fold_vector_path_matches_scalar_kernel(dtype, monkeypatch):
         device = RecordingDevice(order="reverse" if k % 2 else "forward")
         with _device.use_device(device):
             out = cupyconv.fold(c, (16, 16), kernel, **kw)
-        assert [name for name, _ in device.launches] == [_kernels.kernel_name("fold_col2im", dtype, "int", run)]
+        assert [name for name, _ in device.launches] == [_kernels.kernel_name("fold_col2im", dtype, "int", run, False)]
         expected = _fold_scalar(monkeypatch, c, (16, 16), kernel, kw)
         numpy.testing.assert_array_equal(out.view(numpy.uint8), expected.view(numpy.uint8), err_msg=str(kernel))
         exact = cupyconv.fold(c.astype(numpy.float64), (16, 16), kernel, **kw)
@@ -189,7 +189,7 @@ def test_fold_vector_path_adds_taps_in_order(dtype, monkeypatch):
     device = RecordingDevice()
     with _device.use_device(device):
         out = cupyconv.fold(c, (16, 16), (1, 3), padding=(0, 1))
-    assert device.launches[-1][0].endswith(", 8>")
+    assert device.launches[-1][0].endswith(", 8, false>")
     numpy.testing.assert_array_equal(out[..., 1:-1].astype(numpy.float64), 2.0**-14)   # every tap read: all three
     expected = _fold_scalar(monkeypatch, c, (16, 16), (1, 3), dict(padding=(0, 1)))
     numpy.testing.assert_array_equal(out.view(numpy.uint8), expected.view(numpy.uint8))
@@ -207,18 +207,18 @@ def test_fold_vector_path_needs_alignment(monkeypatch):
         return [name for name, _ in device.launches]
 
     c = _random((2, 27, 16 * 14), numpy.float16)
-    assert fold(c, (16, 14), 3, padding=1) == ["fold_col2im<__half, int, 1>"]
-    assert fold(c, (16, 16), 3, padding=((1, 1), (0, 0))) == ["fold_col2im<__half, int, 1>"]
+    assert fold(c, (16, 14), 3, padding=1) == ["fold_col2im<__half, int, 1, false>"]
+    assert fold(c, (16, 16), 3, padding=((1, 1), (0, 0))) == ["fold_col2im<__half, int, 1, false>"]
     c = _random((2, 27, 16 * 8), numpy.float16)
-    assert fold(c, (16, 16), 3, padding=1, stride=(1, 2)) == ["fold_col2im<__half, int, 1>"]
+    assert fold(c, (16, 16), 3, padding=1, stride=(1, 2)) == ["fold_col2im<__half, int, 1, false>"]
     c = _random((2, 27, 16 * 16), numpy.float16)
     shifted = _random((c.size + 1,), numpy.float16)[1:].reshape(c.shape)
-    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 1>"]
-    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 8>"]
-    assert fold(c.astype(numpy.float32), (16, 16), 3, padding=1) == ["fold_col2im<float, int, 1>"]
+    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 1, false>"]
+    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, int, 8, false>"]
+    assert fold(c.astype(numpy.float32), (16, 16), 3, padding=1) == ["fold_col2im<float, int, 1, false>"]
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
-    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 8>"]
-    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 1>"]
+    assert fold(c, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 8, false>"]
+    assert fold(shifted, (16, 16), 3, padding=1) == ["fold_col2im<__half, long long, 1, false>"]
 
 
 def test_vector_path_needs_alignment():
@@ -262,7 +262,7 @@ def test_64_bit_index_variants(monkeypatch):
         cols = cupyconv.unfold(x, kernel, **kw)
         out = cupyconv.fold(cols, shape[-2:], kernel, **kw)
     assert [name for name, _ in device.launches] == ["unfold_im2col<double, long long, 1>",
-                                                     "fold_col2im<double, long long, 1>"]
+                                                     "fold_col2im<double, long long, 1, false>"]
     numpy.testing.assert_array_equal(cols, cupyconv.unfold(x, kernel, **kw))
     numpy.testing.assert_allclose(out, cupyconv.fold(cols, shape[-2:], kernel, **kw), rtol=1e-13)
 
@@ -395,7 +395,7 @@ def test_grid_loops_with_several_blocks(monkeypatch):
     out, out_ref = _both_paths(lambda: cupyconv.fold(c, (16, 16), 3, padding=1), loops.device(device))
     numpy.testing.assert_allclose(out.astype(numpy.float64), out_ref.astype(numpy.float64), rtol=1e-2, atol=1e-2)
     (name, _), (_, blocks, units) = device.launches[-1], loops.launches[-1]
-    assert name == "fold_col2im<__half, int, 8>" and 1 < blocks < units, loops.launches
+    assert name == "fold_col2im<__half, int, 8, false>" and 1 < blocks < units, loops.launches
 
 
 #: A plane whose last rows start past 2^31 ((H - 1) * W > 2^31), and a channel count whose last channel's cols rows
@@ -448,8 +448,8 @@ def test_64_bit_indices_past_2_31(monkeypatch):
     # output rows of 60000 pixels (16-byte aligned) take the vector instantiations, of 59999 and 1 pixels the scalar
     # ones
     assert device.launches == ["unfold_im2col<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
-                               "fold_col2im<__half, long long, 8>", "unfold_im2col<__half, long long, 1>",
-                               "fold_col2im<__half, long long, 1>"]
+                               "fold_col2im<__half, long long, 8, false>", "unfold_im2col<__half, long long, 1>",
+                               "fold_col2im<__half, long long, 1, false>"]
 
 
 def test_64_bit_case_catches_an_int_product(monkeypatch):
@@ -524,9 +524,8 @@ def test_gpu_reads_strided_views_and_torch_tensors():
     ("float16", (2, 5, 7, 7), dict(stride=2, padding=1), 1),
 ], ids=["gather_float32", "vector_float16", "gather_float16"])
 def test_fold_adds_conv_transpose_bias(dtype, x_shape, kwargs, run):
-    """conv_transpose2d through the GEMM and fold_col2im: the fold adds the bias (has_bias) to each position's
-    sum before its rounding, plane p's channel p % C, in both instantiations; no array work adds it after.  In
-    float32 the bits are those of the fold without bias plus the bias (one float32 add, as before it was fused);
+    """conv_transpose2d through the GEMM and fold_col2im: the fold (BIAS true) adds the bias to each position's sum
+    before its rounding, plane p's channel p % C, in both instantiations; no array work adds it after.  In float32 the bits are those of the fold without bias plus the bias (one float32 add, as before it was fused);
     in float16 within a rounding of torch in float64.  Outputs poisoned."""
     rng = numpy.random.default_rng(31)
     x = rng.standard_normal(x_shape).astype(dtype)
@@ -539,7 +538,8 @@ def test_fold_adds_conv_transpose_bias(dtype, x_shape, kwargs, run):
         with _device.use_device(device):
             outs.append(cupyconv.conv_transpose2d(x, weight, b, algorithm="im2col_gemm", **kwargs))
         folds = [name for name, _ in device.launches if name.startswith("fold_col2im")]
-        assert folds == [_kernels.kernel_name("fold_col2im", dtype, "int", run)], device.launches
+        # BIAS a template flag: the unbiased fold is the instantiation every backward runs, its code as before the bias
+        assert folds == [_kernels.kernel_name("fold_col2im", dtype, "int", run, b is not None)], device.launches
     got, plain = outs
     assert numpy.isfinite(got.astype(numpy.float64)).all()
     if dtype == "float32":

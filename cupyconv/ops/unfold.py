@@ -7,9 +7,10 @@ vectorised add); conv, depthwise and patch build on these primitives.
 GPU path: raw_kernels/unfold.cu, one thread per window for im2col (`unfold_gpu`, also the column builder of
 conv and patch), or per run of 16 bytes of output pixels with 16-byte loads and stores where the layout allows
 (`unfold_im2col<T, I, RUN>`, RUN = `vector_run`), and a deterministic gather for col2im (`fold_gpu`,
-`fold_col2im<T, I, RUN>`), one thread per position of FOLD_PLANES planes, or in the 16-bit types per run of 16 bytes
-of positions with 16-byte loads and stores where the window and layout allow (stride 1 along x, `fold_run`); both loop over their units on at
-most UNFOLD_BLOCKS blocks and split indices by FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
+`fold_col2im<T, I, RUN, BIAS>`, BIAS where conv_transpose's bias is added), one thread per position of FOLD_PLANES
+planes, or in the 16-bit types per run of 16 bytes of positions with 16-byte loads and stores where the window and
+layout allow (stride 1 along x, `fold_run`); both loop over their units on at most UNFOLD_BLOCKS blocks and split
+indices by FastDivmod multipliers computed here (`_kernels.fast_divmod_magic`).
 """
 from __future__ import annotations
 
@@ -127,8 +128,8 @@ def fold_run(dtype) -> int:
 def instantiations():
     return [*(kernel_name("unfold_im2col", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
               for run in (1, vector_run(d))),
-            *(kernel_name("fold_col2im", d, i, run) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
-              for run in sorted({1, fold_run(d)}))]
+            *(kernel_name("fold_col2im", d, i, run, bias) for d, i in itertools.product(KERNEL_DTYPES, INDEX_TYPES)
+              for run in sorted({1, fold_run(d)}) for bias in (False, True))]
 
 
 def unfold_gpu(device, x, spec: ConvSpec, rows_first: bool = False):
@@ -182,11 +183,11 @@ def fold_gpu(device, cols, spec: ConvSpec, out=None, bias=None):
                          and _address(cols) % 16 == 0 and _address(out) % 16 == 0) else 1
         units = spec.n * c * h * w // run if run > 1 else ceil_div(spec.n * c, FOLD_PLANES) * h * w
         grid, block = _launch(units)
-        KERNELS.launch(device, "fold_col2im", (run,), dtype=cols.dtype, index=index, grid=grid, block=block,
-                       window=spec, cols=cols, out=out, bias=cols if bias is None else device.ascontiguous(bias),
-                       has_bias=bias is not None, n=spec.n, channels=c, width_magic=fast_divmod_magic(w // run),
-                       height_magic=fast_divmod_magic(h), stride_h_magic=fast_divmod_magic(sh),
-                       stride_w_magic=fast_divmod_magic(sw), channels_magic=fast_divmod_magic(c))
+        KERNELS.launch(device, "fold_col2im", (run, bias is not None), dtype=cols.dtype, index=index, grid=grid,
+                       block=block, window=spec, cols=cols, out=out,
+                       bias=cols if bias is None else device.ascontiguous(bias), n=spec.n, channels=c,
+                       width_magic=fast_divmod_magic(w // run), height_magic=fast_divmod_magic(h),
+                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw), channels_magic=fast_divmod_magic(c))
     return out
 
 
