@@ -524,7 +524,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   for (int d = 0; d < WGRAD_DPT; ++d) {
     A v = bias_sums[d];
 #pragma unroll
-    for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
+    for (int lanes = 16; lanes > 0; lanes /= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);   // the same tree
     if (lane == 0 && d0 + d < outputs_per_group) bias_partial[(I)(g * outputs_per_group + d0 + d) * splits + s] = v;
   }
 }

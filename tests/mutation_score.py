@@ -318,6 +318,8 @@ MUTATIONS = [
       "return reinterpret_cast<A*>(base + (end + 15) / 16 * 16) + thread % 32 * WGRAD_DPT;", CONV_WG, "shared slot"),
     M("conv-wgrad-bias-after-info", "conv.cu", "reinterpret_cast<char*>(info + warps * WGRAD_INFO) - base);",
       "reinterpret_cast<char*>(info) - base);", CONV_WG, "overlapping shared memory"),
+    M("conv-wgrad-bias-lane-tree", "conv.cu", "for (int lanes = 16; lanes > 0; lanes /= 2)",
+      "for (int lanes = 8; lanes > 0; lanes /= 2)", CONV_WG, "dropped lanes"),
     M("conv-bgrad-sum-after", "conv.cu", "grad_after[d - channels] = from_acc<T>(sum);",
       "grad_after[d - channels] = from_acc<T>(partial[(I)d * splits]);", CONV_WG, "dropped splits"),
     M("conv-wgrad-bias-shared", "cupyconv/ops/conv.py", "ceil_div(shared, 16) * 16 + warps * 32 * WGRAD_DPT * acc if",
