@@ -299,8 +299,8 @@ MUTATIONS = [
       CONV_WG, "one column for all"),
     M("conv-wgrad-info-k0", "conv.cu", "info[warp * WGRAD_INFO + lane] = k0;", "info[warp * WGRAD_INFO + lane] = 0;",
       CONV_WG, "wrong block"),
-    M("conv-wgrad-info-shared", "cupyconv/ops/conv.py", "return tile_in, shared + warps * WGRAD_INFO * 4",
-      "return tile_in, shared", CONV + " -k asan", "shared memory overrun"),   # ASan sees shared memory's end
+    M("conv-wgrad-info-shared", "cupyconv/ops/conv.py", "shared += warps * WGRAD_INFO * 4",
+      "shared += 0", CONV + " -k asan", "shared memory overrun"),   # ASan sees shared memory's end
     M("conv-wgrad-barrier-unit", "conv.cu", "__syncthreads();  // the previous unit's readers",
       "// the previous unit's readers", CONV, "removed barrier"),
     M("conv-wgrad-barrier-staged", "conv.cu", "    __syncthreads();\n    const int* warp_info = info + warp",
