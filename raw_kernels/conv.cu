@@ -28,7 +28,8 @@ extern __shared__ __align__(16) double conv_shared[];
 // issuing DIRECT_BATCH (pairs of) loads before it stores any: by rows, one load and one wait at a time, the
 // staging took as many instructions as the multiply-adds and its waits bound the kernel (benchmarks.predict,
 // rx-128: 49 waits a warp, now 5).  Any kernel size, stride, dilation and padding (negative padding too:
-// grad_input reuses this kernel); bias is fused.
+// grad_input reuses this kernel); bias is fused where has_bias (else `bias` is never read: no zero-filled bias for
+// the input gradient).
 #if !defined(DIRECT_ROWS) || !defined(DIRECT_THREADS)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
@@ -88,7 +89,7 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
                                 int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                                 int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left,
                                 int dilation_h, int dilation_w, int out_h, int out_w, int outputs_per_item,
-                                int slab, int tile_in_h, int tile_in_w) {
+                                int slab, int tile_in_h, int tile_in_w, int has_bias) {
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int tile_elems = tile_in_h * tile_in_w;
@@ -130,7 +131,7 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
       A sum[DIRECT_ROWS][DPT];
 #pragma unroll
       for (int d = 0; d < DPT; ++d) {
-        const A b = d0 + d < d_end ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
+        const A b = has_bias && d0 + d < d_end ? to_acc(bias[g * outputs_per_group + d0 + d]) : A(0);
 #pragma unroll
         for (int r = 0; r < DIRECT_ROWS; ++r) sum[r][d] = b;
       }
@@ -269,7 +270,11 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
 // out again each unit, rather than held beside the 36 sums.  At the end a fixed shuffle tree adds
 // the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
 // conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
-// dilation and padding.
+// dilation and padding.  With with_bias, the warps of column block 0 also sum their WGRAD_DPT channels'
+// grad_output (already staged: no second read of it, and no conv_bgrad + conv_bgrad_sum launches): after a unit's
+// products, each lane adds its pixels' values, in step order, to its own slot in shared memory (registers beside
+// the 36 sums would spill), and at the end the same shuffle tree writes grad_bias's split sums after the weight's,
+// partial[(D * K + d) * splits + s], which the one conv_bgrad_sum adds in order with the weight's.
 #if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS) || !defined(WGRAD_INFO)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
@@ -283,6 +288,14 @@ static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0
 // kernel's warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte
 // and the indices int; the double and long long instantiations keep their registers (they would spill).
 template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 4 : 1;
+// Thread `thread`'s WGRAD_DPT bias sums: after the warps' info, at the next 16 bytes (the planner pads to them),
+// worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
+// (An offset from conv_shared, not an address rounded as an integer, which would lose that it is shared memory.)
+template <typename A> __device__ __forceinline__ A* wgrad_bias_sums(int* info, int warps, int thread) {
+  char* base = reinterpret_cast<char*>(conv_shared);
+  const int end = static_cast<int>(reinterpret_cast<char*>(info + warps * WGRAD_INFO) - base);
+  return reinterpret_cast<A*>(base + (end + 15) / 16 * 16) + thread * WGRAD_DPT;
+}
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(WGRAD_MAX_THREADS, wgrad_min_blocks<T, I>)
@@ -291,7 +304,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
                        int channels_per_group, int outputs_per_group, int height, int width, int kernel_h,
                        int kernel_w, int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h,
                        int dilation_w, int out_h, int out_w, int tile_rows, int lane_columns, int tile_in_h,
-                       int tile_in_w, int units_per_split) {
+                       int tile_in_w, int units_per_split, int with_bias) {
   typedef acc_t<T> A;
   const int taps = kernel_h * kernel_w;
   const int columns = channels_per_group * taps;  // K
@@ -305,7 +318,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   // A warp step covers `steps` = 32 / lane_columns tile rows; tile_rows is a multiple of them.
   const int row_steps = 32 / lane_columns, steps = tile_rows / row_steps;
   // grad_output goes first, at the aligned start: [d_block][tile pixel][WGRAD_DPT], 16-byte vectors, a warp step's
-  // 32 pixels consecutive; then x [channel][tile_in_h][tile_in_w]; then each warp's WGRAD_INFO ints (below).
+  // 32 pixels consecutive; then x [channel][tile_in_h][tile_in_w]; then each warp's WGRAD_INFO ints (below); then,
+  // with with_bias, each thread's WGRAD_DPT bias sums (wgrad_bias_sums).
   A* gy_tile = reinterpret_cast<A*>(conv_shared);
   A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;
   int* info = reinterpret_cast<int*>(x_tile + channels_per_group * tile_elems);
@@ -317,13 +331,16 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   // Each warp's output block (d0, k0) and its columns as offsets in the x tile (from the lane's first pixel; past
   // K offset 0, whose sums are never written) wait in shared memory, info[warp * WGRAD_INFO ...], written once by
   // the warp's first lanes and visible after the unit loop's first barrier; they and every lane index are read or
-  // worked out again each unit, so that the sums' 36 registers and the loops' own fit 64 a thread.
+  // worked out again each unit, so that the sums' 36 registers and the loops' own fit 64 a thread.  Whether the
+  // warp sums the bias (with_bias, column block 0) is a predicate, not a register of k0 held through the loops.
+  bool sums_bias;
   {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int block = (blockIdx.y % chunks) * warps + warp;  // d_block * k_blocks + k_block
     const bool computes = block < d_blocks * k_blocks;
     const int d0 = computes ? block / k_blocks * WGRAD_DPT : -1, k0 = computes ? block % k_blocks * WGRAD_KT : 0;
     const int k = k0 + lane, c = k / taps, t = k % taps;
+    sums_bias = with_bias && computes && k0 == 0;
     if (lane < WGRAD_KT) {
       info[warp * WGRAD_INFO + lane] = k < columns
           ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
@@ -338,6 +355,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   for (int d = 0; d < WGRAD_DPT; ++d) {
 #pragma unroll
     for (int kk = 0; kk < WGRAD_KT; ++kk) sum[d][kk] = 0;
+    if (with_bias) wgrad_bias_sums<A>(info, warps, threadIdx.x)[d] = 0;   // this thread's alone: no barrier
   }
 
   const int tiles_x = (out_w + lane_columns - 1) / lane_columns, tiles_y = (out_h + tile_rows - 1) / tile_rows;
@@ -463,6 +481,21 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
         }
       }
     }
+    if (sums_bias) {
+      // the unit's grad_output of the warp's channels, the lane's pixels in step order, onto the lane's slot (read
+      // on lines of their own, not load_vector's: the model's executed count anchors each loop to its own loads)
+      A* bias_sums = wgrad_bias_sums<A>(info, warps, thread);
+      const A* slot = static_cast<const A*>(__builtin_assume_aligned(bias_sums, 16));
+      A b[WGRAD_DPT];
+#pragma unroll
+      for (int d = 0; d < WGRAD_DPT; ++d) b[d] = slot[d];
+      for (int step = 0; step < steps; ++step) {
+        const A* gy_step = static_cast<const A*>(__builtin_assume_aligned(gy_lane + step * 32 * WGRAD_DPT, 16));
+#pragma unroll
+        for (int d = 0; d < WGRAD_DPT; ++d) b[d] += gy_step[d];
+      }
+      store_vector(bias_sums, b);
+    }
   }
 
   const int lane = threadIdx.x % 32;
@@ -481,6 +514,18 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
         partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
       }
     }
+  }
+  if (!sums_bias) return;
+  A* bias_partial = partial + (I)groups * outputs_per_group * columns * splits;
+  int thread = threadIdx.x;   // hidden: else the slot's address from before the loop is kept (spilled) to here
+  asm volatile("" : "+r"(thread));
+  const A* bias_sums = wgrad_bias_sums<A>(info, warps, thread);
+#pragma unroll
+  for (int d = 0; d < WGRAD_DPT; ++d) {
+    A v = bias_sums[d];
+#pragma unroll
+    for (int lanes = 16; lanes > 0; lanes /= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);   // the same tree
+    if (lane == 0 && d0 + d < outputs_per_group) bias_partial[(I)(g * outputs_per_group + d0 + d) * splits + s] = v;
   }
 }
 
@@ -531,12 +576,18 @@ __global__ void conv_bgrad(const T* __restrict__ grad_output, acc_t<T>* __restri
   if (threadIdx.x == 0) partial[(I)d * gridDim.y + s] = tree[0];
 }
 
+// Rows past `channels` go to grad_after: conv_bwd_weight_direct's bias sums after its weight's (one launch for
+// both); other callers pass channels_after 0.
 template <typename T, typename I>
 __global__ void conv_bgrad_sum(const acc_t<T>* __restrict__ partial, T* __restrict__ grad_bias, int channels,
-                               int splits) {
-  for (int d = blockIdx.x * blockDim.x + threadIdx.x; d < channels; d += gridDim.x * blockDim.x) {
+                               T* __restrict__ grad_after, int channels_after, int splits) {
+  for (int d = blockIdx.x * blockDim.x + threadIdx.x; d < channels + channels_after; d += gridDim.x * blockDim.x) {
     acc_t<T> sum = 0;
     for (int s = 0; s < splits; ++s) sum += partial[(I)d * splits + s];
-    grad_bias[d] = from_acc<T>(sum);
+    if (d < channels) {
+      grad_bias[d] = from_acc<T>(sum);
+    } else {
+      grad_after[d - channels] = from_acc<T>(sum);
+    }
   }
 }

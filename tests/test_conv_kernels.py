@@ -226,9 +226,9 @@ def small_group_x(rng, shape, layout):
 @pytest.mark.parametrize("order", ["forward", "reverse"])
 @pytest.mark.parametrize("groups, cg, dg", SMALL_GROUPS, ids=str)
 def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monkeypatch):
-    """Forward, weight gradient and, for stride 1, the input gradient (the forward kernel on the transposed
-    problem) of every window against tests/reference.py's loops, on outputs poisoned by the emulator (NaN until
-    written).  The weight gradient's tiles are 5 rows (several down), and with few splits each walks several
+    """Forward, weight and bias gradients (one kernel) and, for stride 1, the input gradient (the forward kernel on
+    the transposed problem) of every window against tests/reference.py's loops, on outputs poisoned by the emulator
+    (NaN until written).  The weight gradient's tiles are 5 rows (several down), and with few splits each walks several
     (image, tile) units."""
     monkeypatch.setattr(conv_op, "DIRECT_THREADS", 64)       # 2 rows of 32 threads: tiles of 16 rows
     monkeypatch.setattr(conv_op, "WGRAD_ROWS", 5)
@@ -246,12 +246,20 @@ def test_small_groups_against_float64_loops(groups, cg, dg, order, config, monke
         ref.assert_close(out, ref.conv2d(x, weight, bias, groups=groups, **window), err_msg=what)
         grad_output = ref.random(rng, out.shape)
         stride_1 = window.get("stride", 1) == 1
-        needs = ("input", "weight") if stride_1 else ("weight",)
+        needs = ("input", "weight", "bias") if stride_1 else ("weight", "bias")
         grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, groups=groups, needs=needs,
                             algorithm="direct", **window)
         assert device.count("conv_bwd_weight_direct") == 1 and device.count("conv_fwd_direct") == 1 + stride_1
+        # the bias summed by the weight gradient's kernel, both finished by one conv_bgrad_sum, where its bias sums
+        # fit in shared memory beside the tiles (not for 16 channels of double through the dilated windows)
+        spec = conv_op.ConvSpec.for_conv("conv2d", x, weight, None, window.get("stride", 1), window["padding"],
+                                         window.get("dilation", 1), groups)
+        fused = conv_op.plan_weight_direct(spec, x.dtype, bias=True) is not None
+        assert fused or cg == 16, what
+        assert device.count("conv_bgrad") == 1 - fused and device.count("conv_bgrad_sum") == 2 - fused, device.launches
         want = ref.conv2d_grads(grad_output, x, weight, groups=groups, **window)
         ref.assert_close(grads[1], want[1], err_msg=f"grad_weight: {what}")
+        ref.assert_close(grads[2], want[2], err_msg=f"grad_bias: {what}")
         if stride_1:
             ref.assert_close(grads[0], want[0], err_msg=f"grad_input: {what}")
 
@@ -329,7 +337,9 @@ def test_needs_computes_only_what_is_asked(needs, algorithm):
     weight_kernel = "conv_bwd_weight_direct" if algorithm == "direct" else "unfold_im2col"   # im2col + GEMM
     assert (device.count("fold_col2im") > 0) == ("input" in needs)
     assert (device.count(weight_kernel) > 0) == ("weight" in needs)
-    assert (device.count("conv_bgrad") > 0) == ("bias" in needs)
+    fused = algorithm == "direct" and "weight" in needs   # conv_bwd_weight_direct sums the bias too
+    assert (device.count("conv_bgrad") > 0) == ("bias" in needs and not fused)
+    assert device.count("conv_bgrad_sum") == ("bias" in needs and not fused) + fused
     assert device.gemms == ("input" in needs) + ("weight" in needs and algorithm != "direct")
 
 
@@ -454,8 +464,8 @@ def test_accumulates_in_float32(dtype):
     device = Recorder()
     out = kernel_path(device, cupyconv.conv2d, x, weight, bias, algorithm="direct", **case.kwargs)
     grads = kernel_path(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="direct", **case.kwargs)
-    assert device.count("conv_fwd_direct") == 2 and device.count("conv_bgrad") == 1
-    assert device.count("conv_bwd_weight_direct") == 1
+    assert device.count("conv_fwd_direct") == 2 and device.count("conv_bgrad") == 0   # the bias: with the weight
+    assert device.count("conv_bwd_weight_direct") == 1 and device.count("conv_bgrad_sum") == 1
     bug_classes.assert_rounded_once(out, cupyconv.conv2d(*as64[:3], **case.kwargs), dtype, "forward")
     for name, got, want in zip(NEEDS, grads, cupyconv.conv2d_backward(as64[3], *as64[:2], **case.kwargs)):
         bug_classes.assert_rounded_once(got, want, dtype, f"grad {name}")

@@ -208,8 +208,9 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                gather col2im.
 #   grad_weight  'direct': conv_bwd_weight_direct (`plan_weight_direct`), blocks of (split of the (image, tile)
 #                units, group), each staging the group's x and grad_output tiles once per unit, a warp per
-#                WGRAD_DPT x WGRAD_KT of the group's (D / G) x K weight gradient; conv_bgrad_sum then adds the
-#                splits in order (deterministic); workspace: one float32/float64 weight per split.  Where its
+#                WGRAD_DPT x WGRAD_KT of the group's (D / G) x K weight gradient, the warps of column block 0
+#                also summing grad_bias from the staged grad_output; conv_bgrad_sum then adds the splits of both
+#                in order (deterministic); workspace: one float32/float64 weight and bias per split.  Where its
 #                tiles do not fit in shared memory, as 'im2col_gemm':
 #                per chunk ONE GEMM per group (one call batched over the groups), the reduction over n_chunk * L:
 #                grad_output (G, D / G, n_chunk * L) @ cols^T (G, n_chunk * L, K) -> (G, D / G, K); im2col rows first
@@ -218,7 +219,9 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #                to one float32/float64 accumulator (beta = 1), chunks in order: same bits on every run.  (Per-sample
 #                GEMMs would need n_chunk copies of grad_weight, Dg / L times the cols buffer -- 10x at 512@7x7 --
 #                and a reduction of only L per GEMM.)
-#   grad_bias    conv_bgrad: blocks of (channel, split of its images and pixels), fixed-order tree reductions,
+#   grad_bias    with the weight gradient where its kernel sums it (conv_bwd_weight_direct, the tensor cores' and
+#                FMA implicit GEMMs); otherwise
+#                conv_bgrad: blocks of (channel, split of its images and pixels), fixed-order tree reductions,
 #                then conv_bgrad_sum adds each channel's splits in order (`bias_splits`).
 # Workspace per sample (bytes, itemsize s) of 'im2col_gemm': forward C*kH*kW*L*s; grad_input (C*kH*kW*L + C*H*W)*s;
 # grad_weight (C*kH*kW*L + D*L)*s.  'direct' needs none but its weight gradient's split sums (within the budget).
@@ -332,9 +335,11 @@ class WeightDirectPlan:
         return self.grid[0]
 
 
-def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
+def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirectPlan | None:
     """The direct weight gradient's launch, or None where its tiles do not fit in shared memory with a single
     output row (the group's channels and halo: im2col + GEMM then), or its grid or partial sums do not fit.
+    With `bias`, the kernel also sums grad_bias: each thread's WGRAD_DPT bias sums in shared memory too, and a
+    split's partial sums D more.
     Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
     a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
     warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
@@ -351,7 +356,9 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
     def tiles(rows):
         tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
-        return tile_in, shared + warps * WGRAD_INFO * 4
+        shared += warps * WGRAD_INFO * 4
+        # the bias sums at the next 16 bytes (conv_shared is 16-byte aligned)
+        return tile_in, ceil_div(shared, 16) * 16 + warps * 32 * WGRAD_DPT * acc if bias else shared
     # balanced over the output (56 rows: 4 tiles of 14, not 16 + 16 + 16 + 8 whose last 8 rows are zeros summed)
     rows = ceil_div(_balanced(oh, WGRAD_ROWS), step) * step
     while rows > step and tiles(rows)[1] > DEFAULT_SHARED_LIMIT:
@@ -360,7 +367,7 @@ def plan_weight_direct(spec: ConvSpec, dtype) -> WeightDirectPlan | None:
     if shared > DEFAULT_SHARED_LIMIT or spec.groups * chunks > MAX_GRID[1]:
         return None
     units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
-    weight_sums = spec.out_channels * cg * spec.taps * acc     # the partial sums of one split
+    weight_sums = spec.out_channels * (cg * spec.taps + bias) * acc     # the partial sums of one split
     splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
                         settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
     per_split = ceil_div(units, splits)
@@ -415,7 +422,8 @@ def grad_weight_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
 # --- launches ---------------------------------------------------------------------------------------------
 
 def _direct(device, x, weight, bias, spec: ConvSpec):
-    """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None."""
+    """conv_fwd_direct: x (n, C, H, W) any strides, weight (D, C / G, kH, kW), bias (D,) or None (the kernel then
+    reads none: it is passed the weight, no zero-filled array)."""
     dtype = x.dtype
     plan = plan_direct(spec, dtype)
     if plan is None:
@@ -425,7 +433,8 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
     n, g, dg = spec.n, spec.groups, spec.outputs_per_group
     out = device.empty((n, spec.out_channels, *spec.out_size), dtype)
     weight = device.ascontiguous(weight)
-    bias = device.zeros((spec.out_channels,), dtype) if bias is None else device.ascontiguous(bias)
+    has_bias = bias is not None
+    bias = device.ascontiguous(bias) if has_bias else weight
     dpt = _direct_outputs(dg)
     (oh, ow) = spec.out_size
     items = n * g * ceil_div(dg, per_item) * ceil_div(oh, by * DIRECT_ROWS) * ceil_div(ow, bx)
@@ -433,8 +442,7 @@ def _direct(device, x, weight, bias, spec: ConvSpec):
                    grid=capped_grid(items), block=(bx, by), shared_mem=shared, window=spec, x=x, weight=weight,
                    bias=bias, out=out, n=n, **stride_args("x", x, "nchw"), groups=g,
                    channels_per_group=spec.channels_per_group, outputs_per_group=dg, outputs_per_item=per_item,
-                   slab=slab, tile_in_h=tile_h,
-                   tile_in_w=tile_w)
+                   slab=slab, tile_in_h=tile_h, tile_in_w=tile_w, has_bias=int(has_bias))
     return out
 
 
@@ -446,23 +454,28 @@ def _direct_grad_input(device, gy, weight, spec: ConvSpec):
     return _direct(device, gy, wt, None, transposed_spec(spec))
 
 
-def _direct_grad_weight(device, x, gy, spec: ConvSpec, plan: WeightDirectPlan):
-    """grad_weight (D, C / G, kH, kW) in x's dtype by conv_bwd_weight_direct's splits and conv_bgrad_sum's in-order
-    sum of them: x (n, C, H, W) any strides, gy (n, D, oH, oW) contiguous."""
+def _direct_grad_weight(device, x, gy, spec: ConvSpec, plan: WeightDirectPlan, bias: bool = False):
+    """(grad_weight (D, C / G, kH, kW), grad_bias (D,) where `bias` (plan made with it), else None) in x's dtype by
+    conv_bwd_weight_direct's splits and conv_bgrad_sum's in-order sum of them, both in one pass: x (n, C, H, W)
+    any strides, gy (n, D, oH, oW) contiguous."""
     dtype = x.dtype
     weight_size = spec.out_channels * spec.channels_per_group * spec.taps
-    partial = device.empty((weight_size, plan.splits), compute_dtype(dtype))
+    bias_size = spec.out_channels if bias else 0
+    partial = device.empty((weight_size + bias_size, plan.splits), compute_dtype(dtype))
     index = index_type(extent(x), gy.size, partial.size)
     KERNELS.launch(device, "conv_bwd_weight_direct", dtype=dtype, index=index, grid=plan.grid, block=plan.threads,
                    shared_mem=plan.shared, window=spec, x=x, grad_output=gy, partial=partial, n=spec.n,
                    **stride_args("x", x, "nchw"), groups=spec.groups, channels_per_group=spec.channels_per_group,
                    outputs_per_group=spec.outputs_per_group, tile_rows=plan.tile_rows,
                    lane_columns=plan.lane_columns, tile_in_h=plan.tile_in[0],
-                   tile_in_w=plan.tile_in[1], units_per_split=plan.units_per_split)
+                   tile_in_w=plan.tile_in[1], units_per_split=plan.units_per_split, with_bias=int(bias))
     grad_w = device.empty(spec.weight_shape, dtype)
-    KERNELS.launch(device, "conv_bgrad_sum", dtype=dtype, index=index, grid=ceil_div(weight_size, REDUCE_BLOCK),
-                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_w, channels=weight_size, splits=plan.splits)
-    return grad_w
+    grad_b = device.empty((spec.out_channels,), dtype) if bias else grad_w
+    KERNELS.launch(device, "conv_bgrad_sum", dtype=dtype, index=index,
+                   grid=ceil_div(weight_size + bias_size, REDUCE_BLOCK), block=REDUCE_BLOCK, partial=partial,
+                   grad_bias=grad_w, channels=weight_size, grad_after=grad_b, channels_after=bias_size,
+                   splits=plan.splits)
+    return grad_w, grad_b if bias else None
 
 
 def _gemm_forward(device, x, weight, bias, spec: ConvSpec):
@@ -575,7 +588,8 @@ def _grad_bias(device, gy, spec: ConvSpec):
                    n=n, channels=d, pixels=pixels, image_splits=image_splits, pixel_splits=pixel_splits)
     grad_b = device.empty((d,), gy.dtype)
     KERNELS.launch(device, "conv_bgrad_sum", dtype=gy.dtype, index=index, grid=ceil_div(d, REDUCE_BLOCK),
-                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_b, channels=d, splits=splits)
+                   block=REDUCE_BLOCK, partial=partial, grad_bias=grad_b, channels=d, grad_after=grad_b,
+                   channels_after=0, splits=splits)
     return grad_b
 
 
@@ -652,10 +666,13 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                 fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
                     device, batch_view(device, x), grad_output, spec, "bias" in needs)
                 return fused_bias["weight"]
-            direct = plan_weight_direct(spec, x.dtype) if algo == "direct" else None
+            with_bias = "bias" in needs and algo == "direct" and plan_weight_direct(spec, x.dtype, True) is not None
+            direct = plan_weight_direct(spec, x.dtype, with_bias) if algo == "direct" else None
             if direct is not None:
                 gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
-                return _direct_grad_weight(device, x, gy4, spec, direct)
+                fused_bias["weight"], fused_bias["bias"] = _direct_grad_weight(device, x, gy4, spec, direct,
+                                                                               with_bias)
+                return fused_bias["weight"]
             row = (spec.in_channels * spec.taps + spec.out_channels) * spec.out_size[1] * x.dtype.itemsize
             gy = contiguous()
             pieces = ((x[images, :, rows], gy[images, :, :, pixels], piece) for images, pixels, rows, piece
