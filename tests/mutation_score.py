@@ -124,6 +124,17 @@ MUTATIONS = [
       "setting ignored"),
     M("replay-results-share-unbounded", REPLAY_PY, "if budget[host] < nbytes:", "if False:", REPLAY_SCRATCH,
       "result carries too much"),
+    # -- cupyconv/ops/implicit_gemm.py: a split grid's splits within its tile's wave (`wave_splits`, `ig_wave`) --
+    M("ig512-splits-ceiling", IG_PY, "key=lambda s: (ceil_div(blocks * s, wave) * ceil_div(chunks, s), s))",
+      "key=lambda s: (ceil_div(chunks, s) if blocks * (s - 1) < wave else 10**9, -s))", IG + " -k 'wave'",
+      "plan: a partial second wave"),
+    M("ig512-splits-tie-more", IG_PY, "key=lambda s: (ceil_div(blocks * s, wave) * ceil_div(chunks, s), s))",
+      "key=lambda s: (ceil_div(blocks * s, wave) * ceil_div(chunks, s), -s))", IG + " -k 'wave'",
+      "plan: needless splits"),
+    M("ig512-wave-no-residency", IG_PY, "return max(1, IG_WAVE_BLOCKS * IG_BLOCKS_AN_SM[tile] // 2)",
+      "return max(1, IG_WAVE_BLOCKS)", IG + " -k 'wave'", "plan: wrong wave"),
+    M("ig512-fills-any", IG_PY, "fills = ((lambda p, b: b * (p[2] + 1) > ig_wave(p[0])) if table is None",
+      "fills = ((lambda p, b: True) if table is None", IG + " -k 'wave'", "plan: wrong tile"),
     # -- cupyconv/ops/implicit_gemm.py: the strided input gradient's phases (`grad_input_phases`) ---------------
     M("phase-low-padding-off-by-one", IG_PY, "low = (len(taps) - 1) * phase_dilation - (first",
       "low = 1 + (len(taps) - 1) * phase_dilation - (first", IG_PHASES, "off-by-one"),

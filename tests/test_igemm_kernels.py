@@ -335,14 +335,15 @@ def conv_spec(images, channels, outputs, size, kernel=3, groups=1, stride=1):
 
 def test_a_grid_under_a_wave_splits_the_largest_tile_its_splits_fill():
     """`plan_igemm` on the benchmark shapes: a tile that fills IG_WAVE_BLOCKS unsplit wins as before; under a wave,
-    the largest tile whose splits of K (at least IG_SPLIT_CHUNKS chunks each) bring it to IG_WAVE_BLOCKS, not the
-    smallest tile split; a K too short to split leaves the smallest tile unsplit."""
+    the largest tile whose splits of K (at least IG_SPLIT_CHUNKS chunks each) fill its own wave (`ig_wave`: 264
+    blocks of 128 x 128, 528 of float's 128 x 64) and stop short of a second, not the smallest tile split; a K too
+    short to split leaves the smallest tile unsplit."""
     r50_512 = conv_spec(32, 512, 512, 7)   # 1568 rows, K = 9 x 512: 144 chunks of 32 halves, 288 of 16 floats
-    plan = igemm.plan_igemm(r50_512, numpy.float16)   # 128 x 128: 13 x 4 blocks, 6 splits of 24 chunks
-    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 128, 4), (13, 4, 6), 24), plan
-    assert igemm.plan_igemm(r50_512, DTYPES["bfloat16"]).grid == (13, 4, 6)
-    plan = igemm.plan_igemm(r50_512, numpy.float32)   # 128 x 64: 13 x 8 blocks, 3 splits of 96 chunks
-    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 64, 3), (13, 8, 3), 96), plan
+    plan = igemm.plan_igemm(r50_512, numpy.float16)   # 128 x 128: 13 x 4 blocks, 5 splits of 29 chunks (260
+    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 128, 4), (13, 4, 5), 29), plan   # blocks, not 312)
+    assert igemm.plan_igemm(r50_512, DTYPES["bfloat16"]).grid == (13, 4, 5)
+    plan = igemm.plan_igemm(r50_512, numpy.float32)   # 128 x 64: 13 x 8 blocks, 5 splits of 58 chunks (520)
+    assert (plan.tile, plan.grid, plan.chunks_per_split) == ((128, 64, 3), (13, 8, 5), 58), plan
     # the smallest tile's split (the rule before: 25 x 8 blocks of 64 x 64, 2 splits) only where the workspace
     # holds two splits' sums and no more, which bring no larger tile to the wave
     with settings.workspace_limit(2 * 4 * 32 * 512 * 49):
@@ -356,15 +357,39 @@ def test_a_grid_under_a_wave_splits_the_largest_tile_its_splits_fill():
     assert igemm.plan_igemm(conv_spec(32, 256, 256, 14), numpy.float16).grid == (98, 4, 1)
 
 
+def test_wave_splits_stop_short_of_a_second_wave():
+    """`wave_splits`: the fewest waves x chunks a split, the fewer splits on a tie, within IG_SPLIT_CHUNKS chunks a
+    split and the workspace: 52 blocks in a wave of 264 take 5 splits of 144 chunks (6 would be 312 blocks: two
+    waves), not 6; 104 in 528 likewise; a wave one block past the grid gains nothing from a split (each is a wave
+    of its own), nor two grids a wave from a second split of 64 chunks (2 waves x 32): ties keep fewer splits."""
+    assert igemm.wave_splits(144, 52, 264, 4) == (5, 29)
+    assert igemm.wave_splits(144, 104, 528, 4) == (5, 29)
+    assert igemm.wave_splits(144, 52, 53, 4) == (1, 144)
+    assert igemm.wave_splits(64, 100, 100, 4) == (1, 64)
+    with settings.workspace_limit(2 * 4):   # two splits' sums of 4 bytes
+        assert igemm.wave_splits(144, 52, 264, 4) == (2, 72)
+    assert igemm.wave_splits(20, 52, 264, 4) == (1, 20)   # under 2 x IG_SPLIT_CHUNKS: no split
+
+
+@pytest.mark.parametrize("tile", sorted(igemm.IG_BLOCKS_AN_SM))
+def test_every_2d_tile_has_its_blocks_an_sm(tile):
+    """The planner's residency table covers exactly the 2-D tiles (IG_TILES and IG_NARROW_TILES): a tile added
+    without its entry would fail at plan time; test_sass checks the counts against the compiled registers."""
+    tiles = {t for tiles in igemm.IG_TILES.values() for t in tiles} | set(igemm.IG_NARROW_TILES)
+    assert tiles == set(igemm.IG_BLOCKS_AN_SM)
+    assert igemm.ig_wave(tile) == igemm.IG_WAVE_BLOCKS * igemm.IG_BLOCKS_AN_SM[tile] // 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_split_k_on_the_largest_tile(dtype, monkeypatch):
     """The split r50-512 takes (`plan_igemm`: the largest tile, K in several splits of several chunks, the last
-    short) at a small shape, IG_WAVE_BLOCKS 7 and IG_SPLIT_CHUNKS 3, where the smaller tiles stay under the wave:
-    126 rows, 136 columns, K = 9 x 72 in 21 chunks of 32 halves (128 x 128: 2 blocks, 4 splits of 6 + 6 + 6 + 3)
-    or 41 of 16 floats (128 x 64: 3 blocks, 3 splits of 14 + 14 + 13); its input gradient (stride 1: 126 rows,
-    72 columns, K = 9 x 136) likewise, 128 x 128 in 7 splits of 6 (the last 3) or 128 x 64 in 4 of 20 (the last 17).
-    Against the CPU path in float64, the bias added once; then the same bits with the blocks in reverse order."""
-    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 7)
+    short) at a small shape, IG_WAVE_BLOCKS 8 and IG_SPLIT_CHUNKS 3, where the smaller tiles stay under the wave:
+    126 rows, 136 columns, K = 9 x 72 in 21 chunks of 32 halves (128 x 128: 2 blocks in a wave of 8, 4 splits of
+    6 + 6 + 6 + 3) or 41 of 16 floats (128 x 64: 3 blocks in a wave of 16, 5 splits of 9, the last 5); its input
+    gradient (stride 1: 126 rows, 72 columns, K = 9 x 136) likewise, 128 x 128 in 8 splits of 5 (the last 4) or
+    128 x 64 in 8 of 10 (the last 7).  Against the CPU path in float64, the bias added once; then the same bits with
+    the blocks in reverse order."""
+    monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", 8)
     monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 3)
     case = C("ig_split_largest", (2, 72, 7, 9), (136, 72, 3, 3), padding=1)
     x, weight, bias, grad_output = case.inputs(numpy.random.default_rng(11), DTYPES[dtype])
@@ -374,8 +399,8 @@ def test_split_k_on_the_largest_tile(dtype, monkeypatch):
     launches = [_kernels.kernel_name("conv_fwd_igemm", dtype, "int", *largest),
                 _kernels.kernel_name("conv_bwd_weight_igemm_finish", dtype, "int")]
     tf32 = dtype == "float32"
-    for transposed, want in ((False, ((1, 3, 3), 14) if tf32 else ((1, 2, 4), 6)),
-                             (True, ((1, 2, 4), 20) if tf32 else ((1, 1, 7), 6))):
+    for transposed, want in ((False, ((1, 3, 5), 9) if tf32 else ((1, 2, 4), 6)),
+                             (True, ((1, 2, 8), 10) if tf32 else ((1, 1, 8), 5))):
         plan = igemm.plan_igemm(transposed_spec(spec) if transposed else spec, DTYPES[dtype])
         assert (plan.tile, (plan.grid, plan.chunks_per_split)) == (largest, want), plan
     device = Recorder()

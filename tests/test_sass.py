@@ -624,6 +624,31 @@ def test_channels_last_main_loop_is_lean(kernel_programs, sass_tools):
     assert seen == 24 and not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
+@on_program("implicit_gemm.cu", "sm_90")
+def test_channels_last_tiles_blocks_an_sm(kernel_programs, sass_tools):
+    """The planner's `IG_BLOCKS_AN_SM` (each 2-D conv_fwd_igemm tile's resident blocks an SM, from which
+    `wave_splits` sizes a split grid's wave) is what the compiled registers and the tile's shared memory give on
+    sm_90 with 32-bit indices, for every dtype: a tile whose registers change its occupancy fails here, not
+    silently in the plans.  (The 64-bit instantiations hold a block fewer of 64 x 64 and float's 128 x 64; a problem
+    that needs them is planned with the same table, a split grid under a wave being rare at 2^31 elements.)"""
+    from cupyconv.ops import implicit_gemm
+    usage = resource_usage(kernel_programs("implicit_gemm.cu", "sm_90"), "sm_90")
+    items = {"__half": 2, "__nv_bfloat16": 2, "float": 4}
+    problems, seen = [], 0
+    for name in GROUPS["implicit_gemm.cu"]:
+        if not name.startswith("conv_fwd_igemm<") or ", int," not in name:
+            continue
+        seen += 1
+        args = [part.strip() for part in name.split("<", 1)[1].rstrip(">").split(",")]
+        tile = tuple(int(a) for a in args[2:5])
+        blocks = sass.occupancy(usage[name].registers, implicit_gemm.IG_THREADS,
+                                implicit_gemm.ig_shared_bytes(tile, items[args[0]])).blocks_per_sm
+        if blocks != implicit_gemm.IG_BLOCKS_AN_SM[tile]:
+            problems.append(f"{name}: {blocks} blocks an SM, the planner says {implicit_gemm.IG_BLOCKS_AN_SM[tile]}")
+    assert seen == 16 and not problems, "\n".join(problems)
+
+
 # conv_fwd_igemm_3d (ig_forward's DEPTH), by tile: its main loop per HMMA, NVRTC 13.0 of 2026-11-26: 4.3 (256 x 64),
 # 6.3 (128 x 64), 9.3 (64 x 64), 10.3 (128 x 32); the 2-D tiles' plus the carry into the depth tap (its branch lies
 # in the loop: executed once per kernel_h * kernel_w taps) and a bit test a row.  About 8% above those.

@@ -249,6 +249,12 @@ IG_NARROW_TILES = ((256, 32, 4), (128, 32, 4))
 # what the split gains (benchmarks.predict: patch's input gradient, K = 18 chunks).
 IG_WAVE_BLOCKS = 264
 IG_SPLIT_CHUNKS = 16
+# A split grid's splits fill its tile's own wave: IG_WAVE_BLOCKS / 2 SMs x the blocks of the tile an SM holds on
+# sm_90 (NVRTC 13's registers with 32-bit indices; tests/test_sass.py checks them against the SASS).  Constants, so the
+# plan stays shape-only.  A grid one split past its wave runs a second, mostly idle, wave: r50-512's 16-bit 13 x 4
+# blocks of 128 x 128 in 6 splits are 312 blocks on 264 places, in 5 one wave (benchmarks/RESULTS.md, "ig512").
+IG_BLOCKS_AN_SM = {(128, 128, 4): 2, (256, 64, 4): 2, (128, 64, 4): 3, (64, 64, 4): 5, (256, 32, 4): 3,
+                   (128, 32, 4): 4, (128, 64, 3): 4}
 
 
 def vector_elements(dtype) -> int:
@@ -670,14 +676,31 @@ def ig_fits_halves(spec: ConvSpec) -> bool:
                                                   spec.kernel_size))
 
 
+def ig_wave(tile: tuple[int, int, int]) -> int:
+    """The blocks of a 2-D conv_fwd_igemm tile that run at once on IG_WAVE_BLOCKS / 2 SMs (`IG_BLOCKS_AN_SM`)."""
+    return max(1, IG_WAVE_BLOCKS * IG_BLOCKS_AN_SM[tile] // 2)
+
+
+def wave_splits(chunks: int, blocks: int, wave: int, split_bytes: int) -> tuple[int, int]:
+    """(splits, chunks per split) of a grid of `blocks` under its wave: the count, within `split_reduction`'s
+    limits (IG_SPLIT_CHUNKS chunks a split, the workspace), whose waves times chunks a split are fewest, the fewer
+    splits on a tie (less to add after).  Never past the wave by a few blocks: those would run a wave of their own."""
+    most = split_reduction(chunks, 1, MAX_GRID[2], IG_SPLIT_CHUNKS, split_bytes)[0]
+    splits = min(range(1, most + 1), key=lambda s: (ceil_div(blocks * s, wave) * ceil_div(chunks, s), s))
+    per_split = ceil_div(chunks, splits)
+    return ceil_div(chunks, per_split), per_split
+
+
 def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple = IG_NARROW_TILES) -> IgemmPlan:
     """The tile and split of K of conv_fwd_igemm for spec (a forward; the input gradient plans its transposed
     spec), by the shapes only (never the SM count), from IG_TILES[dtype] (IG_NARROW_TILES for groups of at most 32
     columns; 128 columns only for groups of more than 64), largest first:
     - the largest tile that gives IG_WAVE_BLOCKS blocks, unsplit;
-    - else (a grid under a wave) the largest tile whose blocks times splits of K reach IG_WAVE_BLOCKS, else the
-      smallest tile, each split as far as brings it there (`split_reduction`: splits of at least IG_SPLIT_CHUNKS
-      chunks, their float32 sums of out within the workspace limit).
+    - else (a grid under a wave) the largest tile whose splits of K fill its own wave (`ig_wave`: the blocks of
+      that tile an SM holds, `IG_BLOCKS_AN_SM`, on IG_WAVE_BLOCKS / 2 SMs) so that one more split would pass it,
+      else the smallest tile, each split by `wave_splits` (the fewest waves x chunks a split: never a few blocks
+      into a second wave; splits of at least IG_SPLIT_CHUNKS chunks, their float32 sums of out within the
+      workspace limit).  The 3-D tiles (table) keep the rule before: splits that bring the grid to IG_WAVE_BLOCKS.
     So a long K under a wave (few pixels, many channels) runs on the largest tile its splits fill (64 x 64 warp
     tiles for 16-bit types: half the ldmatrix per mma.sync of the 64 x 64 tile's 32 x 32) rather than on the
     smallest one, and a short K unsplit.  (table, narrow: the 3-D kernel's tiles, IG_3D_TILES and IG_3D_NARROW.)"""
@@ -688,20 +711,29 @@ def plan_igemm(spec: ConvSpec, dtype, table: dict | None = None, narrow: tuple =
         tiles = [t for t in tiles if t[0] <= 128]
     itemsize = numpy.dtype(dtype).itemsize
     chunks = max(1, ceil_div(spec.taps * spec.channels_per_group, IG_ROW_BYTES // itemsize))
+    split_bytes = spec.n * spec.out_channels * spec.out_pixels * 4
     plans = []   # (tile, grid, splits, chunks per split), largest tile first
     for tile in tiles:
         grid = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
-        plans.append((tile, grid, *split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
-                                                   spec.n * spec.out_channels * spec.out_pixels * 4)))
+        if table is None and grid[0] * grid[1] < IG_WAVE_BLOCKS:
+            plans.append((tile, grid, *wave_splits(chunks, grid[0] * grid[1], ig_wave(tile), split_bytes)))
+        else:
+            plans.append((tile, grid, *split_reduction(chunks, grid[0] * grid[1], IG_WAVE_BLOCKS, IG_SPLIT_CHUNKS,
+                                                       split_bytes)))
     blocks = [grid[0] * grid[1] for _, grid, _, _ in plans]
+    fills = ((lambda p, b: b * (p[2] + 1) > ig_wave(p[0])) if table is None
+             else (lambda p, b: b * p[2] >= IG_WAVE_BLOCKS))
     tile, grid, splits, per_split = next(
         itertools.chain((p for p, b in zip(plans, blocks) if b >= IG_WAVE_BLOCKS),
-                        (p for p, b in zip(plans, blocks) if b * p[2] >= IG_WAVE_BLOCKS), plans[-1:]))
+                        (p for p, b in zip(plans, blocks) if fills(p, b)), plans[-1:]))
+    return IgemmPlan(tile, (*grid, splits), ig_shared_bytes(tile, itemsize), per_split)
+
+
+def ig_shared_bytes(tile: tuple[int, int, int], itemsize: int) -> int:
+    """conv_fwd_igemm's dynamic shared memory: the pipeline's stages, or the epilogue's tile where larger: NCHW
+    (bn, bm) with 16 bytes of padding a column, channels-last (bm, bn) with 8 elements a row."""
     bm, bn, stages = tile
-    # the pipeline's stages, or the epilogue's tile where larger: NCHW (bn, bm) with 16 bytes of padding a column,
-    # channels-last (bm, bn) with 8 elements a row
-    shared = max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES), bm * (bn + 8) * itemsize)
-    return IgemmPlan(tile, (*grid, splits), shared, per_split)
+    return max(stages * (bm + bn) * IG_ROW_BYTES, bn * (bm * itemsize + IG_VECTOR_BYTES), bm * (bn + 8) * itemsize)
 
 
 # --- small groups, several a block ------------------------------------------------------------------------
