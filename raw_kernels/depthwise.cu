@@ -71,11 +71,12 @@
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
-//   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
+//   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores;
+//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__).
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
     !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
-    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
+    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -2000,8 +2001,15 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
 // then the per_block lanes of an item add theirs in a fixed butterfly (shuffles) and partial row r gets the total,
 // partial[r][co * taps + tap] (and the bias's, partial[r][C * m * taps + co], summed by the lanes of item 0 from
 // the staged grad_out).  Deterministic: the same order whatever the scheduling.
+// Blocks of LANES_THREADS an SM that depthwise_bwd_weight_lanes' registers must allow: 2 (64 registers) where it
+// accumulates in float with int indices (94 registers unbounded, 16 warps an SM); 1 for double and 64-bit indices,
+// which spill at 64.
+template <typename T, typename I> struct LanesBlocks {
+  static constexpr int value = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 2 : 1;
+};
+
 template <typename T, typename I>
-__global__ void depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
+__global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value) depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
                                            acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                            int pad_top, int pad_left, int per_block, I units_per_block,
@@ -2126,12 +2134,28 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
 
 // Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (REDUCE_THREADS / 32 interleaved slices of
 // rows, then the slices in order).  32 consecutive elements per block iteration keep the reads coalesced.
-// blockDim.x == REDUCE_THREADS.
+// Fewer rows than slices (the planner's split of many channels: 4 rows for dw-384-14k31, 11,544 blocks of 32
+// elements whose warps read one value each, half of them none): every thread takes an element, REDUCE_THREADS a
+// block, and adds its rows in order, all loads issued first.  The same sums bit for bit: a slice of one row is that
+// row's value, and the empty slices add zeros.  blockDim.x == REDUCE_THREADS; the planner's grid counts
+// REDUCE_THREADS elements a block where rows < REDUCE_THREADS / 32, else 32.
 template <typename T, typename I>
 __global__ void __launch_bounds__(REDUCE_THREADS) depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial,
                                                                        T* __restrict__ out, I rows, I elements) {
   typedef acc_t<T> A;
   constexpr int SLICES = REDUCE_THREADS / 32;
+  if (rows < SLICES) {
+    for (I e = grid_start<I>(); e < elements; e += grid_stride<I>()) {
+      A v[SLICES - 1];
+#pragma unroll
+      for (int r = 0; r < SLICES - 1; ++r) v[r] = r < rows ? partial[r * elements + e] : A(0);
+      A total = A(0);
+#pragma unroll
+      for (int r = 0; r < SLICES - 1; ++r) total += v[r];
+      out[e] = from_acc<T>(total);
+    }
+    return;
+  }
   __shared__ A slice_sums[REDUCE_THREADS];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {

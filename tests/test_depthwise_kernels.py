@@ -147,10 +147,11 @@ class Recorder(EmulatedDevice):
 
     def __init__(self, order="forward", **options):
         super().__init__(order, **options)
-        self.launches = []
+        self.launches, self.grids = [], []
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         self.launches.append((name, list(args)))
+        self.grids.append((name, grid, list(args)))
         super().launch(source, name, grid, block, args, shared_mem)
 
     def kernels(self, pack=True):
@@ -692,6 +693,52 @@ def test_lanes_weight_gradient_blocks_take_several_units(monkeypatch, images, ro
     expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
     assert_matches(results[0][1], expected[1], "float32", "weight")
     assert_matches(results[0][2], expected[2], "float32", "bias")
+
+
+@pytest.mark.parametrize("rows, blocks", [(1, None), (4, None), (7, None), (7, 2), (8, None), (13, 3)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_reduce_sums_rows_in_order(rows, blocks, dtype):
+    """depthwise_bwd_reduce over `rows` partial rows of 1,000 elements (not a multiple of 32 or 256; outputs
+    poisoned) on the planner's grid (REDUCE_THREADS elements a block below REDUCE_THREADS / 32 rows, else 32) or a
+    grid of `blocks`: the bits of its fixed order, computed in numpy float32.  Fewer rows than slices: each element's
+    rows added in order (the slices path's sums to the bit: a slice holds one row or none); else the slices'
+    interleaved sums, added in slice order.  Mixed magnitudes, so another order would round differently."""
+    slices, elements = depthwise_module.REDUCE_THREADS // 32, 1000
+    rng = numpy.random.default_rng(rows)
+    partial = (rng.standard_normal((rows, elements)) * 10.0 ** rng.integers(-4, 5, (rows, elements))).astype("float32")
+    partial[0, :7] = -0.0
+    want = numpy.zeros(elements, "float32")
+    for k in range(slices):  # slice k: rows k, k + slices, ... from zero, then the slices in order
+        want += numpy.add.accumulate(numpy.vstack([numpy.zeros(elements, "float32"), partial[k::slices]]))[-1]
+    device = EmulatedDevice("reverse")
+    per_block = depthwise_module.REDUCE_THREADS if rows < slices else 32
+    out = device.empty((elements,), dtype)  # poisoned
+    depthwise_module.KERNELS.launch(device, "depthwise_bwd_reduce", dtype=numpy.dtype(dtype), index="int",
+                                    grid=blocks or -(-elements // per_block), block=depthwise_module.REDUCE_THREADS,
+                                    partial=partial, out=out, rows=rows, elements=elements)
+    assert out.tobytes() == want.astype(dtype).tobytes()
+
+
+def test_reduce_grid_counts_the_elements_a_block_takes(monkeypatch):
+    """The planner launches depthwise_bwd_reduce over REDUCE_THREADS elements a block where there are fewer partial
+    rows than the kernel's slices (the kernel's wide path), else 32 (its slices path); both against the CPU path."""
+    slices = depthwise_module.REDUCE_THREADS // 32
+    case = C("reduce_grid", (400, 3, 9, 8), 1, 3, SPEC_3_1, padding=1)
+    x, weight, _, grad_output = make(case, "float32")
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=1)
+    seen = set()
+    for stage1_blocks in (3 * 2, 3 * 1000):  # 3 channels: 2 partial rows, or one a unit
+        monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+        device = Recorder()
+        with _device.use_device(device):
+            got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=1)
+        ((grid,), args), = [(g, a) for name, g, a in device.grids if short(name) == "depthwise_bwd_reduce"]
+        rows, length = args[-2], 3 * (9 + 1)
+        seen.add(rows < slices)
+        assert grid == -(-length // (depthwise_module.REDUCE_THREADS if rows < slices else 32)), (rows, grid)
+        assert_matches(got[1], expected[1], "float32", "weight")
+        assert_matches(got[2], expected[2], "float32", "bias")
+    assert seen == {True, False}
 
 
 @pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
