@@ -1737,15 +1737,19 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   // (PREDICTED dw-672-14k5 fp32: 150 -> 49 waits a warp, 78-237 -> 56-173 us).  Only plane cells are written, the
   // same ones every unit, so the halo is zeroed once a block; the planes of images past the batch keep stale values,
   // read by no active item.
-  // Not other 16-bit data (the 7x7 planes): there the executed count saw most of the element loads still waited one
-  // by one (dw-1152-7k5 fp16: 118 -> 34 waits a warp, but 32 more registers, 10 -> 8 blocks an SM: PREDICTED 16%
-  // slower).  PAIRS: flat by aligned pairs of one row (E = 2 elements a 4-byte load, a lane's batch of pairs in flight
-  // at once: PREDICTED dw-672-14k5 fp16 152 -> 16 waits a warp, by rows of pairs before), where no pair is cut by the
-  // staged columns' edge (padding on the left >= 0 and the plane inside the staged columns: always at stride 1).
-  constexpr bool FLAT = (SPREAD && sizeof(T) >= 4) || PAIRS;
+  // 16-bit data (FLAT16): the stride-1 5x5 and 7x7 SPREAD instantiations with int indices, on planes of odd width
+  // (7x7: no pairs), element by element as 32-bit data, 2 loads in flight (PREDICTED dw-1152-7k5 fp16: 92 -> 26 waits
+  // a warp, 96 registers as before; a batch of 4 or 8 took 113-128 registers, 10 -> 8 blocks an SM; the stride-2, 3x3
+  // and 64-bit instantiations took 3-31 more registers, so they keep the rows).  PAIRS: flat by aligned pairs of one
+  // row (E = 2 elements a 4-byte load, a lane's batch of pairs in flight at once: PREDICTED dw-672-14k5 fp16 152 -> 16
+  // waits a warp, by rows of pairs before), where no pair is cut by the staged columns' edge (padding on the left >= 0
+  // and the plane inside the staged columns: always at stride 1).
+  constexpr bool FLAT16 = S == 1 && K >= SPREAD_MIN_K && sizeof(I) == 4;
+  constexpr bool FLAT = (SPREAD && (sizeof(T) >= 4 || FLAT16)) || PAIRS;
   constexpr int E = PAIRS ? 2 : 1;
   const bool flat_run = FLAT && tiles == 1 &&
-                        (PAIRS ? staging.pairs && pad_left >= 0 && pad_left + width <= in_w : !staging.rows_aligned);
+                        (PAIRS ? staging.pairs && pad_left >= 0 && pad_left + width <= in_w :
+                         !staging.rows_aligned && (sizeof(T) >= 4 || width % 2 == 1));
   // 32/64-bit: 4 or 8 (the forward's STAGE_BATCH) cost 18-32 registers: 10 -> 8 blocks an SM (5x5).
   constexpr int batch = PAIRS ? PairBatch<T, K>::value : 2;
   if (flat_run) {
@@ -2002,10 +2006,14 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
 // partial[r][co * taps + tap] (and the bias's, partial[r][C * m * taps + co], summed by the lanes of item 0 from
 // the staged grad_out).  Deterministic: the same order whatever the scheduling.
 // Blocks of LANES_THREADS an SM that depthwise_bwd_weight_lanes' registers must allow: 2 (64 registers) where it
-// accumulates in float with int indices (94 registers unbounded, 16 warps an SM); 1 for double and 64-bit indices,
-// which spill at 64.
+// accumulates in float with int indices on sm_90 (94 registers unbounded, 16 warps an SM); 1 for double and 64-bit
+// indices, and before sm_90, which spill at 64 (NVRTC 13, sm_80).
 template <typename T, typename I> struct LanesBlocks {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr int value = 1;
+#else
   static constexpr int value = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 2 : 1;
+#endif
 };
 
 template <typename T, typename I>

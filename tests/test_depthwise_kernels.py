@@ -108,6 +108,8 @@ CASES = [
     C("k13_padding_past_kernel", (1, 2, 9, 10), 1, 13, WIDE_1, padding=((14, 0), (1, 13))),
     C("k13_wide_plane", (2, 1, 5, 37), 1, 13, WIDE_1, padding=(6, 9)),
     C("k13_37_images", (37, 2, 9, 8), 1, (13, 14), WIDE_1, padding=(6, 7)),
+    # depthwise_bwd_weight_lanes past LANES_THREADS: 85 items of a 33x33 kernel, 4 lanes each (352 threads), not 8
+    C("k33_wide_lanes_threads", (8, 1, 9, 8), 1, 33, WIDE_1, padding=16),
     C("k13x9_generic", (2, 2, 9, 10), 1, (13, 9), LARGE_1, padding=(6, 4)),  # below LARGE_MIN_K on one side
     C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
     C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
@@ -768,7 +770,8 @@ def test_weight_gradient_stages_even_rows_by_pairs(shape, k, padding, dtype, ker
 
 
 # depthwise_bwd_weight's FLAT staging (SPREAD, 32- and 64-bit data, whole-plane tiles whose rows are not whole
-# 16-byte chunks): (shape, multiplier, kernel, stride, padding, dtype), each with a short last image group.
+# 16-byte chunks; 16-bit data at stride 1 from SPREAD_MIN_K on planes of odd width, FLAT16): (shape, multiplier,
+# kernel, stride, padding, dtype), each with a short last image group.
 FLAT_WEIGHT_CASES = [
     ((70, 2, 14, 14), 1, 5, 1, 2, "float32"),   # dw-672-14k5's launch: 8 images a unit, 8 x 8 + 6
     ((37, 3, 7, 7), 2, 5, 1, 2, "float32"),     # 7x7 planes, multiplier 2 (two output channels read one x plane)
@@ -776,6 +779,9 @@ FLAT_WEIGHT_CASES = [
     ((21, 2, 14, 14), 1, 5, 2, 2, "float32"),   # stride 2
     ((19, 2, 13, 14), 2, 7, 1, 3, "float64"),   # 7x7 kernel, double
     ((29, 2, 7, 7), 1, 5, 1, 4, "float32"),     # padding 4: staged rows and columns past the plane on both sides
+    ((70, 2, 7, 7), 1, 5, 1, 2, "float16"),     # FLAT16: dw-1152-7k5's planes, several units a channel
+    ((37, 3, 7, 7), 2, 5, 1, 4, "bfloat16"),    # FLAT16, multiplier 2, padding 4 (past the plane on both sides)
+    ((23, 2, 9, 7), 1, 7, 1, 3, "float16"),     # FLAT16: 7x7 kernel, rectangular plane of odd width
 ]
 
 
