@@ -725,17 +725,17 @@ def test_reduce_grid_counts_the_elements_a_block_takes(monkeypatch):
     """The planner launches depthwise_bwd_reduce over REDUCE_THREADS elements a block where there are fewer partial
     rows than the kernel's slices (the kernel's wide path), else 32 (its slices path); both against the CPU path."""
     slices = depthwise_module.REDUCE_THREADS // 32
-    case = C("reduce_grid", (400, 3, 9, 8), 1, 3, SPEC_3_1, padding=1)
+    case = C("reduce_grid", (400, 12, 9, 8), 1, 5, SPEC_3_1, padding=2)  # 312 elements: 2 blocks of 256 or 10 of 32
     x, weight, _, grad_output = make(case, "float32")
-    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=1)
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
     seen = set()
-    for stage1_blocks in (3 * 2, 3 * 1000):  # 3 channels: 2 partial rows, or one a unit
+    for stage1_blocks in (12 * 2, 12 * 1000):  # 12 channels: 2 partial rows, or one a unit
         monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
         device = Recorder()
         with _device.use_device(device):
-            got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=1)
+            got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
         ((grid,), args), = [(g, a) for name, g, a in device.grids if short(name) == "depthwise_bwd_reduce"]
-        rows, length = args[-2], 3 * (9 + 1)
+        rows, length = args[-2], 12 * (25 + 1)
         seen.add(rows < slices)
         assert grid == -(-length // (depthwise_module.REDUCE_THREADS if rows < slices else 32)), (rows, grid)
         assert_matches(got[1], expected[1], "float32", "weight")
