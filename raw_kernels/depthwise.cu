@@ -71,11 +71,12 @@
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
-//   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
+//   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores;
+//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__).
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
     !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
-    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
+    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -1736,15 +1737,19 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   // (PREDICTED dw-672-14k5 fp32: 150 -> 49 waits a warp, 78-237 -> 56-173 us).  Only plane cells are written, the
   // same ones every unit, so the halo is zeroed once a block; the planes of images past the batch keep stale values,
   // read by no active item.
-  // Not other 16-bit data (the 7x7 planes): there the executed count saw most of the element loads still waited one
-  // by one (dw-1152-7k5 fp16: 118 -> 34 waits a warp, but 32 more registers, 10 -> 8 blocks an SM: PREDICTED 16%
-  // slower).  PAIRS: flat by aligned pairs of one row (E = 2 elements a 4-byte load, a lane's batch of pairs in flight
-  // at once: PREDICTED dw-672-14k5 fp16 152 -> 16 waits a warp, by rows of pairs before), where no pair is cut by the
-  // staged columns' edge (padding on the left >= 0 and the plane inside the staged columns: always at stride 1).
-  constexpr bool FLAT = (SPREAD && sizeof(T) >= 4) || PAIRS;
+  // 16-bit data (FLAT16): the stride-1 5x5 and 7x7 SPREAD instantiations with int indices, on planes of odd width
+  // (7x7: no pairs), element by element as 32-bit data, 2 loads in flight (PREDICTED dw-1152-7k5 fp16: 92 -> 26 waits
+  // a warp, 96 registers as before; a batch of 4 or 8 took 113-128 registers, 10 -> 8 blocks an SM; the stride-2, 3x3
+  // and 64-bit instantiations took 3-31 more registers, so they keep the rows).  PAIRS: flat by aligned pairs of one
+  // row (E = 2 elements a 4-byte load, a lane's batch of pairs in flight at once: PREDICTED dw-672-14k5 fp16 152 -> 16
+  // waits a warp, by rows of pairs before), where no pair is cut by the staged columns' edge (padding on the left >= 0
+  // and the plane inside the staged columns: always at stride 1).
+  constexpr bool FLAT16 = S == 1 && K >= SPREAD_MIN_K && sizeof(I) == 4;
+  constexpr bool FLAT = (SPREAD && (sizeof(T) >= 4 || FLAT16)) || PAIRS;
   constexpr int E = PAIRS ? 2 : 1;
   const bool flat_run = FLAT && tiles == 1 &&
-                        (PAIRS ? staging.pairs && pad_left >= 0 && pad_left + width <= in_w : !staging.rows_aligned);
+                        (PAIRS ? staging.pairs && pad_left >= 0 && pad_left + width <= in_w :
+                         !staging.rows_aligned && (sizeof(T) >= 4 || width % 2 == 1));
   // 32/64-bit: 4 or 8 (the forward's STAGE_BATCH) cost 18-32 registers: 10 -> 8 blocks an SM (5x5).
   constexpr int batch = PAIRS ? PairBatch<T, K>::value : 2;
   if (flat_run) {
@@ -2000,8 +2005,19 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
 // then the per_block lanes of an item add theirs in a fixed butterfly (shuffles) and partial row r gets the total,
 // partial[r][co * taps + tap] (and the bias's, partial[r][C * m * taps + co], summed by the lanes of item 0 from
 // the staged grad_out).  Deterministic: the same order whatever the scheduling.
+// Blocks of LANES_THREADS an SM that depthwise_bwd_weight_lanes' registers must allow: 2 (64 registers) where it
+// accumulates in float with int indices on sm_90 (94 registers unbounded, 16 warps an SM); 1 for double and 64-bit
+// indices, and before sm_90, which spill at 64 (NVRTC 13, sm_80).
+template <typename T, typename I> struct LanesBlocks {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr int value = 1;
+#else
+  static constexpr int value = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 2 : 1;
+#endif
+};
+
 template <typename T, typename I>
-__global__ void depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
+__global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value) depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out,
                                            acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                            int pad_top, int pad_left, int per_block, I units_per_block,
@@ -2126,12 +2142,28 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
 
 // Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (REDUCE_THREADS / 32 interleaved slices of
 // rows, then the slices in order).  32 consecutive elements per block iteration keep the reads coalesced.
-// blockDim.x == REDUCE_THREADS.
+// Fewer rows than slices (the planner's split of many channels: 4 rows for dw-384-14k31, 11,544 blocks of 32
+// elements whose warps read one value each, half of them none): every thread takes an element, REDUCE_THREADS a
+// block, and adds its rows in order, all loads issued first.  The same sums bit for bit: a slice of one row is that
+// row's value, and the empty slices add zeros.  blockDim.x == REDUCE_THREADS; the planner's grid counts
+// REDUCE_THREADS elements a block where rows < REDUCE_THREADS / 32, else 32.
 template <typename T, typename I>
 __global__ void __launch_bounds__(REDUCE_THREADS) depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial,
                                                                        T* __restrict__ out, I rows, I elements) {
   typedef acc_t<T> A;
   constexpr int SLICES = REDUCE_THREADS / 32;
+  if (rows < SLICES) {
+    for (I e = grid_start<I>(); e < elements; e += grid_stride<I>()) {
+      A v[SLICES - 1];
+#pragma unroll
+      for (int r = 0; r < SLICES - 1; ++r) v[r] = r < rows ? partial[r * elements + e] : A(0);
+      A total = A(0);
+#pragma unroll
+      for (int r = 0; r < SLICES - 1; ++r) total += v[r];
+      out[e] = from_acc<T>(total);
+    }
+    return;
+  }
   __shared__ A slice_sums[REDUCE_THREADS];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {

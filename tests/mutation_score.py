@@ -79,6 +79,7 @@ AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_
 AT = "tests/test_autotune.py"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
+DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
 DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de-interleaved rows (task dws2)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
@@ -1095,6 +1096,17 @@ MUTATIONS = [
       "row[co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];", DW_WIDE, "int overflow"),
     M("dw-lanes-barrier", "depthwise.cu", "__syncthreads();  // the next unit overwrites the planes\n    }\n    // The",
       "}\n    // The", DW_WIDE, "removed barrier"),
+    # depthwise_bwd_reduce's few-row path and its grid, the lanes kernel's block bound (task dwwgt)
+    M("dw-reduce-few-last-row", "depthwise.cu", "v[r] = r < rows ? partial[r * elements + e] : A(0);",
+      "v[r] = r + 1 < rows ? partial[r * elements + e] : A(0);", DW_REDUCE, "missing sum"),
+    M("dw-reduce-few-order", "depthwise.cu", "for (int r = 0; r < SLICES - 1; ++r) total += v[r];",
+      "for (int r = SLICES - 2; r >= 0; --r) total += v[r];", DW_REDUCE, "summation order"),
+    M("dw-reduce-few-threshold", "depthwise.cu", "if (rows < SLICES) {", "if (rows <= SLICES) {", DW_REDUCE,
+      "off-by-one"),
+    M("dw-reduce-grid", DW_PY, "per_block = REDUCE_THREADS if rows < REDUCE_THREADS // 32 else 32",
+      "per_block = 32", DW_REDUCE, "grid"),
+    M("dw-lanes-threads", DW_PY, "while per > 1 and (per * items > LANES_THREADS",
+      "while per > 1 and (per * items > 2 * LANES_THREADS", DW_WIDE, "launch bound"),
     M("dw-wflat-plane-carry", "depthwise.cu", "if (y >= h) y -= h, ++q, cell", "if (y >= h) y -= h, cell", DW_WFLAT,
       "wrong plane stride"),
     M("dw-wflat-plane-step", "depthwise.cu", "plane_step = channels * plane_size;", "plane_step = plane_size;",

@@ -108,6 +108,8 @@ CASES = [
     C("k13_padding_past_kernel", (1, 2, 9, 10), 1, 13, WIDE_1, padding=((14, 0), (1, 13))),
     C("k13_wide_plane", (2, 1, 5, 37), 1, 13, WIDE_1, padding=(6, 9)),
     C("k13_37_images", (37, 2, 9, 8), 1, (13, 14), WIDE_1, padding=(6, 7)),
+    # depthwise_bwd_weight_lanes past LANES_THREADS: 85 items of a 33x33 kernel, 4 lanes each (352 threads), not 8
+    C("k33_wide_lanes_threads", (8, 1, 9, 8), 1, 33, WIDE_1, padding=16),
     C("k13x9_generic", (2, 2, 9, 10), 1, (13, 9), LARGE_1, padding=(6, 4)),  # below LARGE_MIN_K on one side
     C("k7_dilation2_multiplier2", (2, 2, 9, 8), 2, 7, LARGE_1, padding=(5, 6), dilation=2),
     C("k6x9_stride2_dilation2", (3, 2, 11, 13), 1, (6, 9), ("depthwise_fwd_generic", "depthwise_bwd_input_strided",
@@ -147,10 +149,11 @@ class Recorder(EmulatedDevice):
 
     def __init__(self, order="forward", **options):
         super().__init__(order, **options)
-        self.launches = []
+        self.launches, self.grids = [], []
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         self.launches.append((name, list(args)))
+        self.grids.append((name, grid, list(args)))
         super().launch(source, name, grid, block, args, shared_mem)
 
     def kernels(self, pack=True):
@@ -694,6 +697,52 @@ def test_lanes_weight_gradient_blocks_take_several_units(monkeypatch, images, ro
     assert_matches(results[0][2], expected[2], "float32", "bias")
 
 
+@pytest.mark.parametrize("rows, blocks", [(1, None), (4, None), (7, None), (7, 2), (8, None), (13, 3)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_reduce_sums_rows_in_order(rows, blocks, dtype):
+    """depthwise_bwd_reduce over `rows` partial rows of 1,000 elements (not a multiple of 32 or 256; outputs
+    poisoned) on the planner's grid (REDUCE_THREADS elements a block below REDUCE_THREADS / 32 rows, else 32) or a
+    grid of `blocks`: the bits of its fixed order, computed in numpy float32.  Fewer rows than slices: each element's
+    rows added in order (the slices path's sums to the bit: a slice holds one row or none); else the slices'
+    interleaved sums, added in slice order.  Mixed magnitudes, so another order would round differently."""
+    slices, elements = depthwise_module.REDUCE_THREADS // 32, 1000
+    rng = numpy.random.default_rng(rows)
+    partial = (rng.standard_normal((rows, elements)) * 10.0 ** rng.integers(-4, 5, (rows, elements))).astype("float32")
+    partial[0, :7] = -0.0
+    want = numpy.zeros(elements, "float32")
+    for k in range(slices):  # slice k: rows k, k + slices, ... from zero, then the slices in order
+        want += numpy.add.accumulate(numpy.vstack([numpy.zeros(elements, "float32"), partial[k::slices]]))[-1]
+    device = EmulatedDevice("reverse")
+    per_block = depthwise_module.REDUCE_THREADS if rows < slices else 32
+    out = device.empty((elements,), dtype)  # poisoned
+    depthwise_module.KERNELS.launch(device, "depthwise_bwd_reduce", dtype=numpy.dtype(dtype), index="int",
+                                    grid=blocks or -(-elements // per_block), block=depthwise_module.REDUCE_THREADS,
+                                    partial=partial, out=out, rows=rows, elements=elements)
+    assert out.tobytes() == want.astype(dtype).tobytes()
+
+
+def test_reduce_grid_counts_the_elements_a_block_takes(monkeypatch):
+    """The planner launches depthwise_bwd_reduce over REDUCE_THREADS elements a block where there are fewer partial
+    rows than the kernel's slices (the kernel's wide path), else 32 (its slices path); both against the CPU path."""
+    slices = depthwise_module.REDUCE_THREADS // 32
+    case = C("reduce_grid", (400, 12, 9, 8), 1, 5, SPEC_3_1, padding=2)  # 312 elements: 2 blocks of 256 or 10 of 32
+    x, weight, _, grad_output = make(case, "float32")
+    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
+    seen = set()
+    for stage1_blocks in (12 * 2, 12 * 1000):  # 12 channels: 2 partial rows, or one a unit
+        monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+        device = Recorder()
+        with _device.use_device(device):
+            got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
+        ((grid,), args), = [(g, a) for name, g, a in device.grids if short(name) == "depthwise_bwd_reduce"]
+        rows, length = args[-2], 12 * (25 + 1)
+        seen.add(rows < slices)
+        assert grid == -(-length // (depthwise_module.REDUCE_THREADS if rows < slices else 32)), (rows, grid)
+        assert_matches(got[1], expected[1], "float32", "weight")
+        assert_matches(got[2], expected[2], "float32", "bias")
+    assert seen == {True, False}
+
+
 @pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
     ((40, 2, 14, 14), 3, 1, "float16", "depthwise_bwd_weight<3, 1, false, true>"),  # from column -1: odd
     ((40, 2, 14, 14), 5, 2, "bfloat16", "depthwise_bwd_weight<5, 1, true, true>"),  # from column -2: even
@@ -721,7 +770,8 @@ def test_weight_gradient_stages_even_rows_by_pairs(shape, k, padding, dtype, ker
 
 
 # depthwise_bwd_weight's FLAT staging (SPREAD, 32- and 64-bit data, whole-plane tiles whose rows are not whole
-# 16-byte chunks): (shape, multiplier, kernel, stride, padding, dtype), each with a short last image group.
+# 16-byte chunks; 16-bit data at stride 1 from SPREAD_MIN_K on planes of odd width, FLAT16): (shape, multiplier,
+# kernel, stride, padding, dtype), each with a short last image group.
 FLAT_WEIGHT_CASES = [
     ((70, 2, 14, 14), 1, 5, 1, 2, "float32"),   # dw-672-14k5's launch: 8 images a unit, 8 x 8 + 6
     ((37, 3, 7, 7), 2, 5, 1, 2, "float32"),     # 7x7 planes, multiplier 2 (two output channels read one x plane)
@@ -729,6 +779,9 @@ FLAT_WEIGHT_CASES = [
     ((21, 2, 14, 14), 1, 5, 2, 2, "float32"),   # stride 2
     ((19, 2, 13, 14), 2, 7, 1, 3, "float64"),   # 7x7 kernel, double
     ((29, 2, 7, 7), 1, 5, 1, 4, "float32"),     # padding 4: staged rows and columns past the plane on both sides
+    ((70, 2, 7, 7), 1, 5, 1, 2, "float16"),     # FLAT16: dw-1152-7k5's planes, several units a channel
+    ((37, 3, 7, 7), 2, 5, 1, 4, "bfloat16"),    # FLAT16, multiplier 2, padding 4 (past the plane on both sides)
+    ((23, 2, 9, 7), 1, 7, 1, 3, "float16"),     # FLAT16: 7x7 kernel, rectangular plane of odd width
 ]
 
 

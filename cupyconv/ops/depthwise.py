@@ -193,6 +193,9 @@ LARGE_WEIGHT_LANES = 8  # images per unit of depthwise_bwd_weight_lanes at most 
 LARGE_THREADS = 256    # their most threads a block (each takes the same number of the unit's items): blocks of ~64
                        # registers a thread, 4 to an H100 SM, so that 384 units (dw-384-14k31) run in one wave of 3
                        # a SM (448 threads: 2 a SM, a second wave for the last 120 of them)
+LANES_THREADS = 512    # the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__): 31x31's 64 items
+                       # x 8 lanes.  With 2 such blocks an SM its float-accumulating instantiations (int indices) fit
+                       # 64 registers, not 94: 32 warps an SM, not 16 (PREDICTED dw-384-14k31, RESULTS.md "dwwgt")
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
 PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
@@ -207,7 +210,7 @@ KERNELS = KernelFile("depthwise.cu", defines={
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
     "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS, "SPREAD_MIN_K": SPREAD_MIN_K,
-    "PLANE_BATCH": PLANE_BATCH})
+    "PLANE_BATCH": PLANE_BATCH, "LANES_THREADS": LANES_THREADS})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -657,8 +660,8 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
 
 def plan_weight_large(spec: ConvSpec, acc: int) -> Plan | None:
     """depthwise_bwd_weight_lanes for the windows plan_large takes: per_block images a unit (the lanes of an item, a
-    power of two up to LARGE_WEIGHT_LANES, halved until an item's lanes fit in a block of 1024 threads and the unit in
-    the default limit), one thread per lane of an item (of LARGE_ROWS x LARGE_COLUMNS taps); None where that does not
+    power of two up to LARGE_WEIGHT_LANES, halved until an item's lanes fit in a block of LANES_THREADS and the unit
+    in the default limit), one thread per lane of an item (of LARGE_ROWS x LARGE_COLUMNS taps); None where that does not
     apply.  Shared memory mirrors the kernel: per image, its x plane and its grad_out plane, rows zero-padded as
     depthwise_large pads src rows and kernel rows, planes pitched by its large_plane."""
     (kh, kw), r, c = spec.kernel_size, LARGE_COLUMNS, 16 // acc
@@ -670,9 +673,9 @@ def plan_weight_large(spec: ConvSpec, acc: int) -> Plan | None:
                  + _large_plane(oh, round_up(g_off + ow + 2 * (r - 1), c), acc))
     items = ceil_div(kh, LARGE_ROWS) * ceil_div(kw, r)
     per = min(LARGE_WEIGHT_LANES, 1 << (spec.n - 1).bit_length())
-    while per > 1 and (per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT):
+    while per > 1 and (per * items > LANES_THREADS or per * per_image * acc > DEFAULT_SHARED_LIMIT):
         per //= 2
-    if per * items > 1024 or per * per_image * acc > DEFAULT_SHARED_LIMIT:
+    if per * items > LANES_THREADS or per * per_image * acc > DEFAULT_SHARED_LIMIT:
         return None
     return Plan("depthwise_bwd_weight_lanes", (), Tiling(kh, kw, 1, 1, per, round_up(per * items, 32),
                                                          per * per_image * acc))
@@ -802,8 +805,11 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
                 grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
                 multiplier=_multiplier(spec), has_bias=need_bias, **extra)
     out = device.empty((length,), dtype)
-    KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index, grid=capped_grid(ceil_div(length, 32)),
-                   block=REDUCE_THREADS, partial=partial, out=out, rows=rows, elements=length)
+    # elements a block: 32 (its warps' slices of rows), REDUCE_THREADS where there are fewer rows than slices
+    per_block = REDUCE_THREADS if rows < REDUCE_THREADS // 32 else 32
+    KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index,
+                   grid=capped_grid(ceil_div(length, per_block)), block=REDUCE_THREADS, partial=partial, out=out,
+                   rows=rows, elements=length)
     if not need_weight:
         return None, out
     grad_w = out[:cm * taps].reshape(spec.weight_shape)
