@@ -489,6 +489,12 @@ __device__ __forceinline__ void load_kernel(acc_t<T> (&w)[K * K], const T* __res
   for (int tap = 0; tap < K * K; ++tap) w[tap] = k[TRANSPOSED ? K * K - 1 - tap : tap];
 }
 
+// The launch bounds of depthwise_fwd_planes and depthwise_bwd_weight_planes: blocks of at most 256 threads (the
+// planner's), and the <T, I, K> instantiations, whose planes and kernels sit in registers, held to 3 such blocks an SM
+// (80 registers: 24 warps, not 16 at the ~128 they take freely; PREDICTED on dw-tiny-4x4k4 fp16: forward 150 -> 133
+// us, weight gradient 113 -> 55 at the high end).  Not the input gradient's: at 80 registers it executed 50% more
+// instructions (fp32 100 -> 204 us).
+
 template <typename T, typename I, bool TRANSPOSED, int K = 0>
 __device__ __forceinline__ void depthwise_planes(
     const T* __restrict__ src, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ dst,
@@ -1163,13 +1169,14 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
 }
 
 // Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory; K > 0: a K x K window
-// at stride 1 (depthwise_planes says what it requires).
+// at stride 1 (depthwise_planes says what it requires; its launch bounds: above depthwise_planes).
 template <typename T, typename I, int K = 0>
-__global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
-                                     const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
-                                     int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
-                                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
-                                     int pad_top, int pad_left, int has_bias) {
+__global__ void __launch_bounds__(256, K ? 3 : 1)
+    depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
+                         const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                         int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                         int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                         int pad_top, int pad_left, int has_bias) {
   depthwise_planes<T, I, false, K>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
                                    kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
                                    has_bias);
@@ -1840,14 +1847,15 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 }
 
 // Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
-// of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0).
+// of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0); launch bounds as the forward's.
 template <typename T, typename I, int K>
-__global__ void depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                            acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
-                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
-                                            int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
-                                            int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
-                                            int per_block, I units_per_block, int has_bias, int plane_channels) {
+__global__ void __launch_bounds__(256, K ? 3 : 1)
+    depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
+                                int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
+                                int per_block, I units_per_block, int has_bias, int plane_channels) {
   weight_grad_planes<T, I, K>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
                               kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
                               units_per_block, has_bias, plane_channels);
