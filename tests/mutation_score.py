@@ -917,7 +917,6 @@ MUTATIONS = [
       "misaligned access"),
     M("dw-regs-flat-tail", "depthwise.cu", "e < n; e += blockDim.x) dst[e] = run[e];",
       "e < n - 1; e += blockDim.x) dst[e] = run[e];", DW_REGS, "off-by-one"),
-    M("dw-regs-flat-batch", "depthwise.cu", "c0 += B * step) {", "c0 += step) {", DW_REGS, "wrong stride"),
     M("dw-regs-barrier", "depthwise.cu", "    if (!whole) __syncthreads();\n", "\n", DW_REGS, "removed barrier"),
     M("dw-regs-weight-g-slot", "depthwise.cu", "reinterpret_cast<T*>(gs) + slot * Q * g_size",
       "reinterpret_cast<T*>(gs) + slot * g_size", DW_REGS, "wrong index"),
