@@ -372,6 +372,95 @@ __device__ __forceinline__ void fixed_window_plane(const A* x, int pad_w, const 
   }
 }
 
+// The src planes of at most K x K (the 4x4 planes of a 4x4 window: `planes_in_registers`) go to registers, so that
+// the taps read registers at compile-time indices and only the taps that land inside the plane are multiplied (a 4x4
+// plane padded by 1: 100 products for its 3 x 3 outputs, not 144 and 144 shared loads).  Whole K x K planes aligned
+// to 16 bytes skip the staging: a thread loads its own plane in 16-byte loads (each a warp's full sectors); others
+// (the input gradient's 3x3 planes) are staged unpadded by coalesced element loads and read element by element.
+// load_plane: plane (h x w, global or staged) into x, zeros past it; `whole`: K x K in 16-byte loads.
+template <int K, typename T>
+__device__ __forceinline__ void load_plane(acc_t<T> (&x)[K * K], const T* __restrict__ plane, int h, int w,
+                                           bool whole) {
+  constexpr int E = 16 / sizeof(T);  // elements a 16-byte load
+  if constexpr (K * K % E == 0) {
+    if (whole) {
+#pragma unroll
+      for (int c = 0; c < K * K / E; ++c) {
+        const Pack<T, E> p = reinterpret_cast<const Pack<T, E>*>(plane)[c];
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[c * E + e] = to_acc(p.v[e]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < K; ++a) {
+#pragma unroll
+    for (int b = 0; b < K; ++b) x[a * K + b] = a < h && b < w ? to_acc(plane[a * w + b]) : acc_t<T>(0);
+  }
+}
+
+// dst[0, n) = run[0, n), raw: the consecutive planes of a unit copied flat (the planes in registers that are not
+// whole: a thread then reads its own from dst), 16 bytes a load and store where both are 16-byte aligned, else
+// element by element (and the last few elements).  No per-element plane walk or conversion.
+template <typename T>
+__device__ __forceinline__ void stage_flat(T* dst, const T* __restrict__ run, int n) {
+  constexpr int E = 16 / sizeof(T);
+  int done = 0;
+  if ((reinterpret_cast<size_t>(run) | reinterpret_cast<size_t>(dst)) % 16 == 0) {
+    constexpr int B = 4;  // loads a thread issues before its stores: one wait on global memory per 4 (a 64-plane unit
+                          // of 3x3 planes is 2.25 chunks a thread of 64 in fp32)
+    const int chunks = n / E, step = (int)blockDim.x;
+    const Pack<T, E>* from = reinterpret_cast<const Pack<T, E>*>(run);
+    Pack<T, E>* to = reinterpret_cast<Pack<T, E>*>(dst);
+    done = chunks * E;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += B * step) {
+      Pack<T, E> v[B];
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+        if (c0 + b * step < chunks) v[b] = from[c0 + b * step];
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+        if (c0 + b * step < chunks) to[c0 + b * step] = v[b];
+    }
+  }
+  for (int e = done + (int)threadIdx.x; e < n; e += blockDim.x) dst[e] = run[e];
+}
+
+// Whether a thread's src planes (h x w, at src) go to registers (load_plane): at most K x K, and `whole` (16-byte
+// loads) where they are exactly K x K and src is 16-byte aligned (K * K elements a plane keep every plane so).
+template <int K, typename T>
+__device__ __forceinline__ bool planes_in_registers(const T* src, int h, int w, bool& whole) {
+  whole = h == K && w == K && K * K * sizeof(T) % 16 == 0 && reinterpret_cast<size_t>(src) % 16 == 0;
+  return h <= K && w <= K;
+}
+
+// Output (oy, ox) = (u + pad_top, v + pad_left) of a K x K window over a src plane x of at most K x K in registers
+// (zeros past it) reads x at (u + i, v + j): u, v run over [1 - K, K - 1] at compile time, each output row and
+// column kept where it is inside dst (a test the whole block takes alike), and only the taps with u + i and v + j in
+// [0, K) are summed, in the tap order of fixed_window_plane.
+template <typename A, int K>
+__device__ __forceinline__ void register_window_plane(const A (&x)[K * K], const A (&w)[K * K], A* y, int dst_h,
+                                                      int dst_w, int pad_top, int pad_left, A init) {
+#pragma unroll
+  for (int u = 1 - K; u < K; ++u) {
+    const int oy = u + pad_top;
+    if (oy < 0 || oy >= dst_h) continue;
+#pragma unroll
+    for (int v = 1 - K; v < K; ++v) {
+      const int ox = v + pad_left;
+      if (ox < 0 || ox >= dst_w) continue;
+      A acc = init;
+#pragma unroll
+      for (int i = u < 0 ? -u : 0; i < (u > 0 ? K - u : K); ++i) {
+#pragma unroll
+        for (int jj = v < 0 ? -v : 0; jj < (v > 0 ? K - v : K); ++jj) acc += w[i * K + jj] * x[(u + i) * K + v + jj];
+      }
+      y[oy * dst_w + ox] = acc;
+    }
+  }
+}
+
 // Stage a run of n elements, planes of at.size elements, into shared planes `pitch` apart, element r of a plane at
 // offset pad_at[r] (PADDED; else at r), PLANE_BATCH loads a thread at a time: one wait on global memory per batch,
 // not per element (the TINY_KERNELS instantiations).
@@ -390,13 +479,22 @@ __device__ __forceinline__ void stage_batched(acc_t<T>* dst, const T* __restrict
   }
 }
 
-// The K x K kernel of dst channel `channel` (flipped when TRANSPOSED) into registers.
+// The K x K kernel of dst channel `channel` (flipped when TRANSPOSED) into registers: 16-byte loads where the weight
+// is aligned (a thread's kernel is K * K contiguous elements: element loads took 16 requests of a warp's 32 sectors).
 template <typename T, typename I, int K, bool TRANSPOSED>
 __device__ __forceinline__ void load_kernel(acc_t<T> (&w)[K * K], const T* __restrict__ weight, I channel) {
-  const T* kernel = weight + channel * (K * K);
+  acc_t<T> k[K * K];
+  load_plane<K>(k, weight + channel * (K * K), K, K,
+                K * K * sizeof(T) % 16 == 0 && reinterpret_cast<size_t>(weight) % 16 == 0);
 #pragma unroll
-  for (int tap = 0; tap < K * K; ++tap) w[tap] = to_acc(kernel[TRANSPOSED ? K * K - 1 - tap : tap]);
+  for (int tap = 0; tap < K * K; ++tap) w[tap] = k[TRANSPOSED ? K * K - 1 - tap : tap];
 }
+
+// The launch bounds of depthwise_fwd_planes and depthwise_bwd_weight_planes: blocks of at most 256 threads (the
+// planner's), and the <T, I, K> instantiations, whose planes and kernels sit in registers, held to 3 such blocks an SM
+// (80 registers: 24 warps, not 16 at the ~128 they take freely; PREDICTED on dw-tiny-4x4k4 fp16: forward 150 -> 133
+// us, weight gradient 113 -> 55 at the high end).  Not the input gradient's: at 80 registers it executed 50% more
+// instructions (fp32 100 -> 204 us).
 
 template <typename T, typename I, bool TRANSPOSED, int K = 0>
 __device__ __forceinline__ void depthwise_planes(
@@ -422,10 +520,14 @@ __device__ __forceinline__ void depthwise_planes(
   A w[K ? K * K : 1];  // K: the thread's kernel
   const I step = (I)gridDim.x * per_block;
   const bool same_kernel = step % dst_channels == 0 || step >= planes;  // K: every unit of the thread, one kernel
+  bool whole = false;  // K, in registers: 16-byte loads of whole planes
+  const bool in_registers = K > 0 && planes_in_registers<K ? K : 1>(src, src_h, src_w, whole);
   if constexpr (K > 0) {
-    for (int e = threadIdx.x; e < per_block * src_pitch; e += per_block) xs[e] = A(0);
-    for (int e = threadIdx.x; e < src_size; e += per_block)
-      pad_at[e] = (e / src_w + pad_top) * pad_w + e % src_w + pad_left;
+    if (!in_registers) {
+      for (int e = threadIdx.x; e < per_block * src_pitch; e += per_block) xs[e] = A(0);
+      for (int e = threadIdx.x; e < src_size; e += per_block)
+        pad_at[e] = (e / src_w + pad_top) * pad_w + e % src_w + pad_left;
+    }
     if (same_kernel)
       load_kernel<T, I, K, TRANSPOSED>(w, weight, ((I)blockIdx.x * per_block + threadIdx.x) % dst_channels);
     __syncthreads();
@@ -435,11 +537,14 @@ __device__ __forceinline__ void depthwise_planes(
     const int count = (int)min((I)per_block, planes - p0);
     const I s0 = TRANSPOSED ? p0 * terms : p0 / multiplier;  // the unit's first src plane
     const int src_count = TRANSPOSED ? count * terms : (int)((p0 + count - 1) / multiplier - s0 + 1);
-    {
+    if (!whole) {
       const T* run = src + s0 * src_size;
       PlaneWalk at = src_walk;
       if constexpr (K > 0) {
-        stage_batched<true>(xs, run, src_count * src_size, at, src_pitch, pad_at);
+        if (in_registers)
+          stage_flat(reinterpret_cast<T*>(xs), run, src_count * src_size);
+        else
+          stage_batched<true>(xs, run, src_count * src_size, at, src_pitch, pad_at);
       } else {
         for (int e = threadIdx.x; e < src_count * src_size; e += per_block, at.next())
           xs[at.q * src_pitch + at.r] = to_acc(run[e]);
@@ -459,7 +564,7 @@ __device__ __forceinline__ void depthwise_planes(
         ws[at.q * w_pitch + at.r] = to_acc(weight[g]);
       }
     }
-    __syncthreads();
+    if (!whole) __syncthreads();
 
     const int j = (int)threadIdx.x;
     if (j < count) {
@@ -467,7 +572,16 @@ __device__ __forceinline__ void depthwise_planes(
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[(int)(plane % dst_channels)]) : A(0);
       const int q0 = TRANSPOSED ? j * terms : (int)((p0 + j) / multiplier - s0);  // the thread's first src plane
       if constexpr (K > 0) {
-        fixed_window_plane<A, K>(xs + q0 * src_pitch, pad_w, w, ys + j * dst_pitch, dst_h, dst_w, init);
+        if (in_registers) {
+          A x[K * K];
+          if (whole)
+            load_plane<K>(x, src + (s0 + q0) * src_size, K, K, true);
+          else
+            load_plane<K>(x, reinterpret_cast<const T*>(xs) + q0 * src_size, src_h, src_w, false);
+          register_window_plane<A, K>(x, w, ys + j * dst_pitch, dst_h, dst_w, pad_top, pad_left, init);
+        } else {
+          fixed_window_plane<A, K>(xs + q0 * src_pitch, pad_w, w, ys + j * dst_pitch, dst_h, dst_w, init);
+        }
       } else {
         const A* w = ws + j * w_pitch;
         for (int oy = 0; oy < dst_h; ++oy) {
@@ -1056,13 +1170,14 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
 }
 
 // Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory; K > 0: a K x K window
-// at stride 1 (depthwise_planes says what it requires).
+// at stride 1 (depthwise_planes says what it requires; its launch bounds: above depthwise_planes).
 template <typename T, typename I, int K = 0>
-__global__ void depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
-                                     const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
-                                     int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
-                                     int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
-                                     int pad_top, int pad_left, int has_bias) {
+__global__ void __launch_bounds__(256, K ? 3 : 1)
+    depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
+                         const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
+                         int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
+                         int kernel_w, int stride_h, int stride_w, int dilation_h, int dilation_w,
+                         int pad_top, int pad_left, int has_bias) {
   depthwise_planes<T, I, false, K>(x, weight, bias, y, images, channels, multiplier, height, width, out_h, out_w,
                                    kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
                                    has_bias);
@@ -1471,6 +1586,34 @@ template <typename I> struct WeightRows {
 // sums stay in its own shared-memory slots over the block's units (a register array would need the tap loop
 // unrolled, 16 copies of its loops next to the tiled code), and the S images of a channel are added in slot order
 // at the end: a fixed order.  Block b: channel group b % groups, partial row b / groups, units of S images.
+// One image's share of a thread's K x K tap sums and bias sum (acc[K * K]) with its x plane (at most K x K) in
+// registers (weight_grad_planes' in_registers): grad_out's element (u + pad_top, v + pad_left) of the g plane (staged
+// flat, raw) times x at (u + i, v + j), over the taps that land inside x, outputs in row order and taps in order within
+// each, as the padded version sums them (its other taps add products with its zero padding: the sums stay the same).
+template <typename T, int K>
+__device__ __forceinline__ void register_window_grad(acc_t<T> (&acc)[K * K + 1], const acc_t<T> (&x)[K * K],
+                                                     const T* g_plane, int out_h, int out_w, int pad_top,
+                                                     int pad_left) {
+  typedef acc_t<T> A;
+#pragma unroll
+  for (int u = 1 - K; u < K; ++u) {
+    const int oy = u + pad_top;
+    if (oy < 0 || oy >= out_h) continue;
+#pragma unroll
+    for (int v = 1 - K; v < K; ++v) {
+      const int ox = v + pad_left;
+      if (ox < 0 || ox >= out_w) continue;
+      const A g = to_acc(g_plane[oy * out_w + ox]);
+#pragma unroll
+      for (int i = u < 0 ? -u : 0; i < (u > 0 ? K - u : K); ++i) {
+#pragma unroll
+        for (int jj = v < 0 ? -v : 0; jj < (v > 0 ? K - v : K); ++jj) acc[i * K + jj] += g * x[(u + i) * K + v + jj];
+      }
+      acc[K * K] += g;
+    }
+  }
+}
+
 // K > 0 (depthwise_bwd_weight_planes: the forward's TINY_KERNELS window, depthwise_planes): the x planes are staged
 // zero-padded as depthwise_planes stages them, and a thread's K * K sums (and its bias sum) stay in registers over its
 // units: every output adds g * x at the K * K offsets of its window, known at compile time, instead of a box loop a
@@ -1498,10 +1641,14 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
   int* pad_at = reinterpret_cast<int*>(gs + S * Q * g_pitch);  // K: x element -> offset in its staged plane
   A* own = sums + threadIdx.x * (R + 1);                 // R + 1 odd: a warp's slots on 32 banks
   const PlaneWalk x_walk(x_size), g_walk(g_size);
+  bool whole = false;  // K, in registers: 16-byte loads of whole x planes
+  const bool in_registers = K > 0 && planes_in_registers<K ? K : 1>(x, height, width, whole);
   if constexpr (K > 0) {
-    for (int e = threadIdx.x; e < S * Q * x_pitch; e += blockDim.x) xs[e] = A(0);
-    for (int e = threadIdx.x; e < x_size; e += blockDim.x)
-      pad_at[e] = (e / width + pad_top) * pad_w + e % width + pad_left;
+    if (!in_registers) {
+      for (int e = threadIdx.x; e < S * Q * x_pitch; e += blockDim.x) xs[e] = A(0);
+      for (int e = threadIdx.x; e < x_size; e += blockDim.x)
+        pad_at[e] = (e / width + pad_top) * pad_w + e % width + pad_left;
+    }
     __syncthreads();
   }
   const WeightRows<I> rows(images, S, 1, units_per_block);
@@ -1531,9 +1678,14 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
           const T* g_run = grad_out + ((n0 + slot) * out_channels + co0) * (I)g_size;
           A* x_dst = xs + slot * Q * x_pitch;
           A* g_dst = gs + slot * Q * g_pitch;
-          if constexpr (K > 0) {
-            stage_batched<true>(x_dst, x_run, x_count * x_size, x_walk, x_pitch, pad_at);
-            stage_batched<false>(g_dst, g_run, count * g_size, g_walk, g_pitch, pad_at);
+          if constexpr (K > 0) {  // in registers: whole x planes straight from global memory, others flat
+            if (in_registers) {
+              if (!whole) stage_flat(reinterpret_cast<T*>(xs) + slot * Q * x_size, x_run, x_count * x_size);
+              stage_flat(reinterpret_cast<T*>(gs) + slot * Q * g_size, g_run, count * g_size);
+            } else {
+              stage_batched<true>(x_dst, x_run, x_count * x_size, x_walk, x_pitch, pad_at);
+              stage_batched<false>(g_dst, g_run, count * g_size, g_walk, g_pitch, pad_at);
+            }
           } else {
             PlaneWalk at = x_walk;
             for (int e = threadIdx.x; e < x_count * x_size; e += blockDim.x, at.next())
@@ -1548,15 +1700,26 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
           const A* xp = xs + (s * Q + (co0 + q) / multiplier - c0) * x_pitch;
           const A* gp = gs + (s * Q + q) * g_pitch;
           if constexpr (K > 0) {
-            for (int oy = 0; oy < out_h; ++oy) {
-              for (int ox = 0; ox < out_w; ++ox) {
-                const A g = gp[oy * out_w + ox], *window = xp + oy * pad_w + ox;
+            if (in_registers) {
+              const int xq = s * Q + (co0 + q) / multiplier - c0;  // the thread's x plane in the unit
+              A xr[K * K];
+              if (whole)
+                load_plane<K>(xr, x + ((n0 + s) * channels + c0 + xq - s * Q) * (I)x_size, K, K, true);
+              else
+                load_plane<K>(xr, reinterpret_cast<const T*>(xs) + xq * x_size, height, width, false);
+              register_window_grad<T, K>(acc, xr, reinterpret_cast<const T*>(gs) + (s * Q + q) * g_size, out_h,
+                                         out_w, pad_top, pad_left);
+            } else {
+              for (int oy = 0; oy < out_h; ++oy) {
+                for (int ox = 0; ox < out_w; ++ox) {
+                  const A g = gp[oy * out_w + ox], *window = xp + oy * pad_w + ox;
 #pragma unroll
-                for (int i = 0; i < K; ++i) {
+                  for (int i = 0; i < K; ++i) {
 #pragma unroll
-                  for (int jj = 0; jj < K; ++jj) acc[i * K + jj] += g * window[i * pad_w + jj];
+                    for (int jj = 0; jj < K; ++jj) acc[i * K + jj] += g * window[i * pad_w + jj];
+                  }
+                  acc[K * K] += g;
                 }
-                acc[K * K] += g;
               }
             }
           } else {
@@ -1685,14 +1848,15 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 }
 
 // Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
-// of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0).
+// of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0); launch bounds as the forward's.
 template <typename T, typename I, int K>
-__global__ void depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                            acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
-                                            int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
-                                            int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
-                                            int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
-                                            int per_block, I units_per_block, int has_bias, int plane_channels) {
+__global__ void __launch_bounds__(256, K ? 3 : 1)
+    depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
+                                acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
+                                int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
+                                int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
+                                int per_block, I units_per_block, int has_bias, int plane_channels) {
   weight_grad_planes<T, I, K>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
                               kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
                               units_per_block, has_bias, plane_channels);

@@ -84,6 +84,7 @@ DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
+DW_REGS = DEPTHWISE + " -k 'in_registers or planes_k4 or tiny_4x4'"  # ... their planes of at most K x K in registers
 DW_LARGE = DEPTHWISE + " -k 'large or k31 or k7_dilation2 or k6x9 or k9_on'"  # depthwise_bwd_weight_large's cases
 # depthwise_fwd_large, _bwd_input_large and depthwise_bwd_weight_lanes (task dwlarge)
 DW_WIDE = DEPTHWISE + " -k 'k31 or k13 or k15 or wide or large_kernels or lanes_weight'"
@@ -914,7 +915,7 @@ MUTATIONS = [
       "(e / src_w + pad_top) * pad_w + e % src_w + pad_top;", DW_TINYK, "wrong-side padding"),
     M("dw-tinyk-window-row", "depthwise.cu", "acc += w[i * K + jj] * window[i * pad_w + jj];",
       "acc += w[i * K + jj] * window[i * dst_w + jj];", DW_TINYK, "wrong index"),
-    M("dw-tinyk-flip", "depthwise.cu", "to_acc(kernel[TRANSPOSED ? K * K - 1 - tap : tap]);", "to_acc(kernel[tap]);",
+    M("dw-tinyk-flip", "depthwise.cu", "w[tap] = k[TRANSPOSED ? K * K - 1 - tap : tap];", "w[tap] = k[tap];",
       DW_TINYK, "wrong index"),
     M("dw-tinyk-same-kernel", "depthwise.cu", "step % dst_channels == 0 || step >= planes;",
       "step % dst_channels == 0 || step > 0;", DW_TINYK, "wrong condition"),
@@ -928,10 +929,33 @@ MUTATIONS = [
       "acc[i * K + jj] += g * window[i * out_w + jj];", DW_TINYK, "wrong index"),
     M("dw-tinyk-weight-zero", "depthwise.cu", "e < S * Q * x_pitch; e += blockDim.x) xs[e] = A(0);",
       "e < S * Q * x_pitch; e += blockDim.x) xs[e] = xs[e];", DW_TINYK, "missing initialisation"),
-    M("dw-tinyk-weight-bias", "depthwise.cu", "acc[K * K] += g;", "acc[K * K] += g * g;", DW_TINYK,
-      "bias gradient"),
+    M("dw-tinyk-weight-bias", "depthwise.cu", "                  acc[K * K] += g;",
+      "                  acc[K * K] += g * g;", DW_TINYK, "bias gradient"),
     M("dw-tinyk-unit-kernel", "depthwise.cu", "load_kernel<T, I, K, TRANSPOSED>(w, weight, (p0 + threadIdx.x)",
       "load_kernel<T, I, K, TRANSPOSED>(w, weight, (blockIdx.x + threadIdx.x)", DW_TINYK, "wrong index"),
+    # ... their src planes of at most K x K in registers (task dwtiny2): whole aligned planes in 16-byte loads, the
+    # others staged flat; only the taps inside the plane
+    M("dw-regs-index", "depthwise.cu", "acc += w[i * K + jj] * x[(u + i) * K + v + jj];",
+      "acc += w[i * K + jj] * x[(v + i) * K + u + jj];", DW_REGS, "wrong index"),
+    M("dw-regs-first-tap", "depthwise.cu", "for (int jj = v < 0 ? -v : 0; jj < (v > 0 ? K - v : K); ++jj) acc +=",
+      "for (int jj = 0; jj < (v > 0 ? K - v : K); ++jj) acc +=", DW_REGS, "off-by-one"),
+    M("dw-regs-row-side", "depthwise.cu", "if (oy < 0 || oy >= dst_h) continue;",
+      "if (oy < 0 || oy >= dst_w) continue;", DW_REGS, "wrong-side padding"),
+    M("dw-regs-whole-size", "depthwise.cu", "whole = h == K && w == K &&", "whole = h <= K && w == K &&", DW_REGS,
+      "wrong condition"),
+    M("dw-regs-whole-aligned", "depthwise.cu", "reinterpret_cast<size_t>(src) % 16 == 0;", "true;", DW_REGS,
+      "misaligned access"),
+    M("dw-regs-kernel-aligned", "depthwise.cu", "reinterpret_cast<size_t>(weight) % 16 == 0);", "true);", DW_REGS,
+      "misaligned access"),
+    M("dw-regs-flat-tail", "depthwise.cu", "e < n; e += blockDim.x) dst[e] = run[e];",
+      "e < n - 1; e += blockDim.x) dst[e] = run[e];", DW_REGS, "off-by-one"),
+    M("dw-regs-barrier", "depthwise.cu", "    if (!whole) __syncthreads();\n", "\n", DW_REGS, "removed barrier"),
+    M("dw-regs-weight-g-slot", "depthwise.cu", "reinterpret_cast<T*>(gs) + slot * Q * g_size",
+      "reinterpret_cast<T*>(gs) + slot * g_size", DW_REGS, "wrong index"),
+    M("dw-regs-weight-x-plane", "depthwise.cu", "c0 + xq - s * Q) * (I)x_size", "c0 + xq) * (I)x_size", DW_REGS,
+      "wrong index"),
+    M("dw-regs-weight-bias", "depthwise.cu", "      acc[K * K] += g;\n    }", "      acc[K * K] += g * g;\n    }",
+      DW_REGS, "bias gradient"),
     M("dw-tinyk-grid-whole", DW_PY, "whole = dst_channels // math.gcd(dst_channels, threads)",
       "whole = max(1, dst_channels // threads)", DW_TINYK, "wrong arithmetic"),
     M("dw-tinyk-pad-range", DW_PY, "all(0 <= p < kh for pair", "all(0 <= p <= kh for pair", DW_TINYK,

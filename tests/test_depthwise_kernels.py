@@ -313,6 +313,66 @@ def test_tiny_kernel_planes_loop_over_units(monkeypatch, planes_blocks, grid_cap
         assert (step % dst_channels[name] == 0) == same, (name, step)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape, m, padding", [
+    ((37, 5, 4, 4), 1, 1),                   # the torch pathology's 4x4 planes padded by 1: 3x3 outputs
+    ((9, 3, 4, 4), 2, ((0, 3), (2, 1))),     # a multiplier, per-side padding from 0 to K - 1
+    ((11, 4, 3, 4), 1, ((3, 1), (0, 2))),    # 3x4 planes: in registers, not whole (staged flat)
+])
+def test_tiny_planes_in_registers_aligned_and_not(shape, m, padding, dtype):
+    """Planes of at most 4x4 under a 4x4 window go to registers: whole 4x4 planes (and the kernels) in 16-byte loads
+    where the tensor is 16-byte aligned, element by element where it is not, the others staged flat (16-byte copies
+    where the run and its staging are aligned); every output, input gradient and weight and bias gradient matches
+    the CPU path at both alignments (the offset copies hit the planes of a unit, the kernels and the g planes)."""
+    case = C("in_registers", shape, m, 4, PLANES_K4 if m == 1 else
+             ("depthwise_fwd_planes<4>", "depthwise_bwd_input_planes", "depthwise_bwd_weight_planes<4>"),
+             padding=padding)
+    x, weight, bias, grad_output = make(case, dtype, seed=7)
+    expected = cupyconv.depthwise_conv2d(x, weight, bias, **case.window)
+    grads_expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, **case.window)
+    for offset in (0, x.itemsize):
+        xs, ws, gs = (_misaligned(a, offset) for a in (x, weight, grad_output))
+        assert (xs.ctypes.data % 16 == 0) == (offset == 0) and (ws.ctypes.data % 16 == 0) == (offset == 0)
+        device = Recorder()
+        with _device.use_device(device):
+            out = cupyconv.depthwise_conv2d(xs, ws, bias, **case.window)
+            grads = cupyconv.depthwise_conv2d_backward(gs, xs, ws, **case.window)
+        assert device.kernels()[:3] == list(case.kernels[:1]) + list(case.kernels[1:3]), device.kernels()
+        assert_matches(out, expected, dtype, f"offset {offset} forward")
+        for name, got, want in zip(NEEDS, grads, grads_expected):
+            assert_matches(got, want, dtype, f"offset {offset} grad {name}")
+
+
+def test_tiny_planes_in_registers_past_2_31(monkeypatch):
+    """The in-register 4x4 planes in the `long long` instantiations: two images of enough channels that the second
+    image's planes (and the last kernels' weights, c * 16) start past 2^31 elements (sparse memory; only the last block
+    of each launch runs: bug_classes.SparseDevice; one unit a block).  The last channel's output, input gradient and
+    weight gradient match the CPU path on that channel alone."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    monkeypatch.setattr(depthwise_module, "PLANES_BLOCKS", 2**40)  # a block a unit: the last block, the last planes
+    rng, dtype = numpy.random.default_rng(62), numpy.float16
+    channels = 2**31 // 16 + 64
+    x = bug_classes.sparse_zeros((2, channels, 4, 4), dtype)
+    x[:, -1] = rng.standard_normal((2, 4, 4))
+    weight = bug_classes.sparse_zeros((channels, 1, 4, 4), dtype)
+    weight[-1] = rng.standard_normal((1, 4, 4))
+    grad_output = bug_classes.sparse_zeros((2, channels, 3, 3), dtype)
+    grad_output[:, -1] = rng.standard_normal((2, 3, 3))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, padding=1)
+        grad_x, grad_w, _ = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1,
+                                                               needs=("input", "weight"))
+    assert [short(name.replace(", long long", ", int")) for name in device.launches][:3] == list(PLANES_K4)
+    assert all(", long long" in name for name in device.launches[:3]), device.launches
+    last = (x[:, -1:], numpy.array(weight[-1:]), grad_output[:, -1:])
+    bug_classes.assert_tail_written(out, cupyconv.depthwise_conv2d(last[0], last[1], padding=1)[-1], dtype, 1,
+                                    "forward, last plane")
+    want = cupyconv.depthwise_conv2d_backward(last[2], last[0], last[1], padding=1, needs=("input", "weight"))
+    bug_classes.assert_tail_written(grad_x, want[0][-1], dtype, 1, "input gradient, last plane")
+    bug_classes.assert_tail_written(grad_w, want[1], dtype, 16, "weight gradient, last channel")
+
+
 def test_tiny_plane_weight_gradient_spreads_over_blocks():
     """N=2048 C=1024 4x4 k4 (the torch pathology): the tiny-plane units of depthwise_bwd_weight_planes<4>, a lane per
     channel (32 consecutive channels: each warp reads runs of contiguous planes) and a few images per unit, every
