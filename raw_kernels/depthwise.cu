@@ -90,6 +90,11 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 // their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
 // kernel-only constant (the planner does not depend on it).
 constexpr int STAGE_BATCH = 8;
+// Chunks a thread loads before it stores any where the packed 16-bit 5x5 units stage by chunks (stage_chunks): as many
+// as keep 128 registers (NVRTC 13, sm_90: 8 blocks of 64 an SM); float16 at 4 took 152 (6 blocks: a third wave of
+// dw-1152-7k5's 2,048), bfloat16 at 2 took 152.
+template <typename T> struct ChunkBatch { static constexpr int value = 2; };
+template <> struct ChunkBatch<__nv_bfloat16> { static constexpr int value = 1; };
 // The same (pairs, one register each) for depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs: as many as
 // keep their registers (NVRTC 13, sm_90: 56 for the 3x3, 4 blocks of 256 threads an SM, and 96 for the 5x5, 10 of 64).
 // bfloat16 takes one: batches of 2-4 cost it 69 (3x3) and 109-113 (5x5) registers.
@@ -767,8 +772,11 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 struct RunWalk {
   int x = 0, y = 0, q = 0, cell = 0, dx = 0, dy = 0, dq = 0, dcell = 0;  // q: the element's plane of the run
   RunWalk() = default;  // kernels without FLAT (whose planes may be too large for an int product)
-  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left) {
-    const int size = w * h, e = (int)threadIdx.x, step = (int)blockDim.x;
+  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left)
+      : RunWalk(w, h, pitch, plane, top, left, (int)threadIdx.x, (int)blockDim.x) {}
+  // The walk from element e in steps of `step` elements.
+  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left, int e, int step) {
+    const int size = w * h;
     y = e % size / w, x = e % w, q = e / size;
     cell = q * plane + (y + top) * pitch + x + left;
     dy = step % size / w, dx = step % w, dq = step / size;
@@ -809,6 +817,51 @@ __device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count,
       } else if (cell[b] >= 0) {
 #pragma unroll
         for (int k = 0; k < E; ++k) tile[cell[b] + k] = to_acc(v[b].v[k]);
+      }
+    }
+  }
+}
+
+// Stage elements [0, count) of a run of whole w x h planes, consecutive in memory, into the tiles (plane q, row y,
+// column x at q * plane + (y + top) * pitch + x + left; every element lands inside them: the caller checks that the
+// planes fit).  The run is read by 16-byte chunks of C elements from its first 16-byte boundary, a thread issuing
+// the loads of B chunks before it stores any (one wait a batch); each chunk's C elements go to their cells by a walk
+// stepped one element at a time, its start by a RunWalk of C * blockDim.x elements a step.  By elements (stage_run),
+// a 7x7 plane's element cost a warp ~45 instructions (the walk's carries, the in-tile test, its load and store); here
+// ~10 (a 7x7 unit of 32 float16 planes: 196 chunks, 3-4 a thread of 64).  The elements before the first boundary
+// and after the last whole chunk (under C each) take a lane each.
+template <int B, typename T>
+__device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict__ run, int count, int w, int h,
+                                             int pitch, int plane, int top, int left) {
+  constexpr int C = 16 / sizeof(T);
+  const int head = min(count, (int)((16 - (reinterpret_cast<unsigned long long>(run) & 15)) & 15) / (int)sizeof(T));
+  const int chunks = (count - head) / C, tail0 = head + chunks * C;
+  const int t = (int)threadIdx.x, singles = head + count - tail0;
+  if (t < singles) {  // the head and the tail: a division each, under 2 C lanes
+    const int e = t < head ? t : tail0 + t - head, size = w * h, r = e % size;
+    tile[e / size * plane + (r / w + top) * pitch + r % w + left] = to_acc(run[e]);
+  }
+  const Pack<T, C>* src = reinterpret_cast<const Pack<T, C>*>(run + head);
+  RunWalk at(w, h, pitch, plane, top, left, head + t * C, (int)blockDim.x * C);
+  for (int c = t; c < chunks;) {
+    Pack<T, C> v[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (c + b * (int)blockDim.x < chunks) v[b] = src[c + b * (int)blockDim.x];
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b, c += (int)blockDim.x, at.next(w, h, pitch, plane)) {
+      if (c < chunks) {
+        int x = at.x, y = at.y, cell = at.cell;
+#pragma unroll
+        for (int k = 0; k < C; ++k) {
+          tile[cell] = to_acc(v[b].v[k]);
+          ++x, ++cell;
+          if (x == w) {
+            x = 0, ++y, cell += pitch - w;
+            if (y == h) y = 0, cell += plane - h * pitch;
+          }
+        }
       }
     }
   }
@@ -870,7 +923,13 @@ __device__ __forceinline__ void depthwise_persistent(
   // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
   // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
   constexpr bool flat = PACK;
-  const RunWalk walk = flat ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
+  // chunked: the 5x5 SPREAD flat runs by 16-byte chunks (stage_chunks) where every plane element lands inside the
+  // tiles; their other flat runs (a plane cut by the staged rows or columns) walk by elements, the walk set up each
+  // unit.  16-bit 5x5 only: the 7x7 took 128 -> 148-165 registers (8 -> 6 blocks of 64 an SM, input gradient; no
+  // benchmark case), float32 5x5 input gradient 128 -> 147.
+  constexpr bool chunks = SPREAD && K == 5 && sizeof(T) == 2;
+  const bool chunked = chunks && pad_top >= 0 && pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
+  const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
   const bool flat_run = flat && (!SPREAD || !staging.rows_aligned);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;
 
@@ -914,8 +973,14 @@ __device__ __forceinline__ void depthwise_persistent(
       zero_tiles(tile, per_block * terms * staging.plane);  // in_h * pitch is a multiple of 16 bytes
       __syncthreads();
       const T* run = src + base * src_plane;
-      stage_run<batch, T>(tile, walk, valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top,
-                          pad_left, in_h, in_w, [&](int e, const RunWalk&) { return run[e]; });
+      if (chunked) {
+        stage_chunks<ChunkBatch<T>::value, T>(tile, run, valid * terms * (int)src_plane, src_w, src_h, pitch,
+                                              staging.plane, pad_top, pad_left);
+      } else {
+        stage_run<batch, T>(tile, chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : walk,
+                            valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top, pad_left, in_h,
+                            in_w, [&](int e, const RunWalk&) { return run[e]; });
+      }
     } else {
       staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
                     [&](int q) -> const T* {
@@ -934,18 +999,19 @@ __device__ __forceinline__ void depthwise_persistent(
     A w[K][K];
     A* const kernels_staged = tile + per_block * terms * staging.plane;  // stage_weights only (the planner's _packed)
     if constexpr (stage_weights) {
-      // `batch` loads a thread before their stores, as the tiles: one wait a batch, where a weight at a time waited
-      // for each (dw-1152-7k5 fp16: 32 channels' 800 weights on 64 threads, 15.6 of its 20.7 waits a warp).
+      // weight_batch loads a thread before their stores, as the tiles: one wait a batch, where a weight at a time
+      // waited for each (dw-1152-7k5 fp16: 32 channels' 800 weights on 64 threads, 15.6 of its 20.7 waits a warp).
+      constexpr int weight_batch = K == 5 ? STAGE_BATCH : 1;  // (7x7: 128 -> 162 registers, bwd_input float16)
       const T* run = weight + (I)d0 * terms * (K * K);
       const int count = valid * terms * (K * K);
-      for (int e = (int)threadIdx.x; e < count; e += batch * (int)blockDim.x) {
-        T v[batch];
+      for (int e = (int)threadIdx.x; e < count; e += weight_batch * (int)blockDim.x) {
+        T v[weight_batch];
 #pragma unroll
-        for (int b = 0; b < batch; ++b) {
+        for (int b = 0; b < weight_batch; ++b) {
           if (e + b * (int)blockDim.x < count) v[b] = run[e + b * (int)blockDim.x];
         }
 #pragma unroll
-        for (int b = 0; b < batch; ++b) {
+        for (int b = 0; b < weight_batch; ++b) {
           if (e + b * (int)blockDim.x < count) kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);
         }
       }
