@@ -892,7 +892,8 @@ __device__ __forceinline__ void zero_tiles(A* tile, int count) {
 // lane where it is aligned, instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors
 // used).  Launch contract for PACK: tiles_x == tiles_y == 1.
 // FLAT (every PACK instantiation; from 5x5 on (SPREAD) only where the rows are not whole 16-byte chunks: 7x7 and
-// 14x14 planes, not 28x28 ones, which stage by rows with vector loads) stages the src run flat instead of by rows:
+// 14x14 planes, not 28x28 ones, which stage by rows with vector loads; the 16-bit 5x5 where the planes fit in the
+// tiles, by 16-byte chunks: `chunked`) stages the src run flat instead of by rows:
 // lane e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the
 // halo (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into
 // tiles zeroed just before with 16-byte stores.  A thread issues the loads of `batch` elements before it stores any
@@ -923,14 +924,15 @@ __device__ __forceinline__ void depthwise_persistent(
   // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
   // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
   constexpr bool flat = PACK;
-  // chunked: the 5x5 SPREAD flat runs by 16-byte chunks (stage_chunks) where every plane element lands inside the
-  // tiles; their other flat runs (a plane cut by the staged rows or columns) walk by elements, the walk set up each
-  // unit.  16-bit 5x5 only: the 7x7 took 128 -> 148-165 registers (8 -> 6 blocks of 64 an SM, input gradient; no
-  // benchmark case), float32 5x5 input gradient 128 -> 147.
+  // chunked: the 16-bit 5x5 SPREAD runs flat by 16-byte chunks (stage_chunks) where every plane element lands inside
+  // the tiles, also where the rows are whole chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits
+  // a warp on dw-240-28k5 fp16); their runs of planes cut by the staged rows or columns walk by elements (stage_run),
+  // the walk set up each unit.  16-bit 5x5 only: the 7x7 took 128 -> 148-165 registers (8 -> 6 blocks of 64 an SM,
+  // input gradient; no benchmark case), the float32 5x5 input gradient 128 -> 147.
   constexpr bool chunks = SPREAD && K == 5 && sizeof(T) == 2;
   const bool chunked = chunks && pad_top >= 0 && pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
-  const bool flat_run = flat && (!SPREAD || !staging.rows_aligned);
+  const bool flat_run = flat && (!SPREAD || !staging.rows_aligned || chunked);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...

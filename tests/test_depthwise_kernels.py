@@ -567,6 +567,7 @@ CHUNK_CASES = [
     ((2, 11, 7, 7), 1, 5, "float16"),     # padding 5: the input gradient's correlation pads by -1, planes cut by
                                           # the staged rows and columns (by elements); the forward's are inside
     ((3, 9, 6, 5), 1, 0, "float16"),      # no padding: 30-element planes, a 4-element tail
+    ((2, 7, 20, 20), 1, 2, "float16"),    # rows of whole 8-byte slots (by rows before: dw-240-28k5's kernel)
 ]
 
 
