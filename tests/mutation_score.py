@@ -1009,8 +1009,8 @@ MUTATIONS = [
       "kernels_staged + (p + t) * (K * K)", DW_PACKED, "persistent loop"),
     M("dw-packed-kernels-run", "depthwise.cu", "const T* run = weight + (I)d0 * terms * (K * K);",
       "const T* run = weight + (I)d0 * (K * K);", DW_PACKED, "persistent loop"),
-    M("dw-packed-kernels-count", "depthwise.cu", "e < valid * terms * (K * K);", "e < valid * (K * K);", DW_PACKED,
-      "tile bound"),
+    M("dw-packed-kernels-count", "depthwise.cu", "const int count = valid * terms * (K * K);",
+      "const int count = valid * (K * K);", DW_PACKED, "tile bound"),
     # the 3x3 packed kernels' flat staging (RunWalk) and paired output stores (issue 25, small planes)
     M("dw-flat-row-skip", "depthwise.cu", "if (x >= w) x -= w, ++y, cell += pitch - w;", "if (x >= w) x -= w, ++y;",
       DW_PACKED, "wrong index"),
