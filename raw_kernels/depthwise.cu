@@ -91,6 +91,11 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 // their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
 // kernel-only constant (the planner does not depend on it).
 constexpr int STAGE_BATCH = 8;
+// Chunks a thread loads before it stores any where the packed 16-bit 5x5 units stage by chunks (stage_chunks): as many
+// as keep 128 registers (NVRTC 13, sm_90: 8 blocks of 64 an SM); float16 at 4 took 152 (6 blocks: a third wave of
+// dw-1152-7k5's 2,048), bfloat16 at 2 took 152.
+template <typename T> struct ChunkBatch { static constexpr int value = 2; };
+template <> struct ChunkBatch<__nv_bfloat16> { static constexpr int value = 1; };
 // The same (pairs, one register each) for depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs: as many as
 // keep their registers (NVRTC 13, sm_90: 56 for the 3x3, 4 blocks of 256 threads an SM, and 96 for the 5x5, 10 of 64).
 // bfloat16 takes one: batches of 2-4 cost it 69 (3x3) and 109-113 (5x5) registers.
@@ -882,8 +887,11 @@ __device__ __forceinline__ void store_run(T* __restrict__ dst, const acc_t<T>* s
 struct RunWalk {
   int x = 0, y = 0, q = 0, cell = 0, dx = 0, dy = 0, dq = 0, dcell = 0;  // q: the element's plane of the run
   RunWalk() = default;  // kernels without FLAT (whose planes may be too large for an int product)
-  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left) {
-    const int size = w * h, e = (int)threadIdx.x, step = (int)blockDim.x;
+  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left)
+      : RunWalk(w, h, pitch, plane, top, left, (int)threadIdx.x, (int)blockDim.x) {}
+  // The walk from element e in steps of `step` elements.
+  __device__ __forceinline__ RunWalk(int w, int h, int pitch, int plane, int top, int left, int e, int step) {
+    const int size = w * h;
     y = e % size / w, x = e % w, q = e / size;
     cell = q * plane + (y + top) * pitch + x + left;
     dy = step % size / w, dx = step % w, dq = step / size;
@@ -929,6 +937,51 @@ __device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count,
   }
 }
 
+// Stage elements [0, count) of a run of whole w x h planes, consecutive in memory, into the tiles (plane q, row y,
+// column x at q * plane + (y + top) * pitch + x + left; every element lands inside them: the caller checks that the
+// planes fit).  The run is read by 16-byte chunks of C elements from its first 16-byte boundary, a thread issuing
+// the loads of B chunks before it stores any (one wait a batch); each chunk's C elements go to their cells by a walk
+// stepped one element at a time, its start by a RunWalk of C * blockDim.x elements a step.  By elements (stage_run),
+// a 7x7 plane's element cost a warp ~45 instructions (the walk's carries, the in-tile test, its load and store); here
+// ~10 (a 7x7 unit of 32 float16 planes: 196 chunks, 3-4 a thread of 64).  The elements before the first boundary
+// and after the last whole chunk (under C each) take a lane each.
+template <int B, typename T>
+__device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict__ run, int count, int w, int h,
+                                             int pitch, int plane, int top, int left) {
+  constexpr int C = 16 / sizeof(T);
+  const int head = min(count, (int)((16 - (reinterpret_cast<unsigned long long>(run) & 15)) & 15) / (int)sizeof(T));
+  const int chunks = (count - head) / C, tail0 = head + chunks * C;
+  const int t = (int)threadIdx.x, singles = head + count - tail0;
+  if (t < singles) {  // the head and the tail: a division each, under 2 C lanes
+    const int e = t < head ? t : tail0 + t - head, size = w * h, r = e % size;
+    tile[e / size * plane + (r / w + top) * pitch + r % w + left] = to_acc(run[e]);
+  }
+  const Pack<T, C>* src = reinterpret_cast<const Pack<T, C>*>(run + head);
+  RunWalk at(w, h, pitch, plane, top, left, head + t * C, (int)blockDim.x * C);
+  for (int c = t; c < chunks;) {
+    Pack<T, C> v[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (c + b * (int)blockDim.x < chunks) v[b] = src[c + b * (int)blockDim.x];
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b, c += (int)blockDim.x, at.next(w, h, pitch, plane)) {
+      if (c < chunks) {
+        int x = at.x, y = at.y, cell = at.cell;
+#pragma unroll
+        for (int k = 0; k < C; ++k) {
+          tile[cell] = to_acc(v[b].v[k]);
+          ++x, ++cell;
+          if (x == w) {
+            x = 0, ++y, cell += pitch - w;
+            if (y == h) y = 0, cell += plane - h * pitch;
+          }
+        }
+      }
+    }
+  }
+}
+
 // tile[0, count) = 0 by the whole block, 16 bytes a store (count: a multiple of 16 bytes' elements).
 template <typename A>
 __device__ __forceinline__ void zero_tiles(A* tile, int count) {
@@ -954,7 +1007,8 @@ __device__ __forceinline__ void zero_tiles(A* tile, int count) {
 // lane where it is aligned, instead of the scattered V x U items (a 7-wide row: under 10% of each store's sectors
 // used).  Launch contract for PACK: tiles_x == tiles_y == 1.
 // FLAT (every PACK instantiation; from 5x5 on (SPREAD) only where the rows are not whole 16-byte chunks: 7x7 and
-// 14x14 planes, not 28x28 ones, which stage by rows with vector loads) stages the src run flat instead of by rows:
+// 14x14 planes, not 28x28 ones, which stage by rows with vector loads; the 16-bit 5x5 where the planes fit in the
+// tiles, by 16-byte chunks: `chunked`) stages the src run flat instead of by rows:
 // lane e mod 32 reads element e (RunWalk), so a warp reads 32 consecutive elements, whole sectors and no lane on the
 // halo (by rows, 18 lanes a row of which 14 read: 14x14 float16 planes used 59% of the bytes of their sectors), into
 // tiles zeroed just before with 16-byte stores.  A thread issues the loads of `batch` elements before it stores any
@@ -985,8 +1039,15 @@ __device__ __forceinline__ void depthwise_persistent(
   // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
   // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
   constexpr bool flat = PACK;
-  const RunWalk walk = flat ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
-  const bool flat_run = flat && (!SPREAD || !staging.rows_aligned);
+  // chunked: the 16-bit 5x5 SPREAD runs flat by 16-byte chunks (stage_chunks) where every plane element lands inside
+  // the tiles, also where the rows are whole chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits
+  // a warp on dw-240-28k5 fp16); their runs of planes cut by the staged rows or columns walk by elements (stage_run),
+  // the walk set up each unit.  16-bit 5x5 only: the 7x7 took 128 -> 148-165 registers (8 -> 6 blocks of 64 an SM,
+  // input gradient; no benchmark case), the float32 5x5 input gradient 128 -> 147.
+  constexpr bool chunks = SPREAD && K == 5 && sizeof(T) == 2;
+  const bool chunked = chunks && pad_top >= 0 && pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
+  const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
+  const bool flat_run = flat && (!SPREAD || !staging.rows_aligned || chunked);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
@@ -1029,8 +1090,14 @@ __device__ __forceinline__ void depthwise_persistent(
       zero_tiles(tile, per_block * terms * staging.plane);  // in_h * pitch is a multiple of 16 bytes
       __syncthreads();
       const T* run = src + base * src_plane;
-      stage_run<batch, T>(tile, walk, valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top,
-                          pad_left, in_h, in_w, [&](int e, const RunWalk&) { return run[e]; });
+      if (chunked) {
+        stage_chunks<ChunkBatch<T>::value, T>(tile, run, valid * terms * (int)src_plane, src_w, src_h, pitch,
+                                              staging.plane, pad_top, pad_left);
+      } else {
+        stage_run<batch, T>(tile, chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : walk,
+                            valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top, pad_left, in_h,
+                            in_w, [&](int e, const RunWalk&) { return run[e]; });
+      }
     } else {
       staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
                     [&](int q) -> const T* {
@@ -1049,9 +1116,22 @@ __device__ __forceinline__ void depthwise_persistent(
     A w[K][K];
     A* const kernels_staged = tile + per_block * terms * staging.plane;  // stage_weights only (the planner's _packed)
     if constexpr (stage_weights) {
+      // weight_batch loads a thread before their stores, as the tiles: one wait a batch, where a weight at a time
+      // waited for each (dw-1152-7k5 fp16: 32 channels' 800 weights on 64 threads, 15.6 of its 20.7 waits a warp).
+      constexpr int weight_batch = K == 5 ? STAGE_BATCH : 1;  // (7x7: 128 -> 162 registers, bwd_input float16)
       const T* run = weight + (I)d0 * terms * (K * K);
-      for (int e = (int)threadIdx.x; e < valid * terms * (K * K); e += (int)blockDim.x)
-        kernels_staged[e] = to_acc(run[e]);
+      const int count = valid * terms * (K * K);
+      for (int e = (int)threadIdx.x; e < count; e += weight_batch * (int)blockDim.x) {
+        T v[weight_batch];
+#pragma unroll
+        for (int b = 0; b < weight_batch; ++b) {
+          if (e + b * (int)blockDim.x < count) v[b] = run[e + b * (int)blockDim.x];
+        }
+#pragma unroll
+        for (int b = 0; b < weight_batch; ++b) {
+          if (e + b * (int)blockDim.x < count) kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);
+        }
+      }
     } else {
       load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     }

@@ -77,6 +77,7 @@ DW_SPREAD = DEPTHWISE + " -k 'bank_conflicts or pack_channels or steps_through'"
 DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
+DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
@@ -1064,8 +1065,8 @@ MUTATIONS = [
       "kernels_staged + (p + t) * (K * K)", DW_PACKED, "persistent loop"),
     M("dw-packed-kernels-run", "depthwise.cu", "const T* run = weight + (I)d0 * terms * (K * K);",
       "const T* run = weight + (I)d0 * (K * K);", DW_PACKED, "persistent loop"),
-    M("dw-packed-kernels-count", "depthwise.cu", "e < valid * terms * (K * K);", "e < valid * (K * K);", DW_PACKED,
-      "tile bound"),
+    M("dw-packed-kernels-count", "depthwise.cu", "const int count = valid * terms * (K * K);",
+      "const int count = valid * (K * K);", DW_PACKED, "tile bound"),
     # the 3x3 packed kernels' flat staging (RunWalk) and paired output stores (issue 25, small planes)
     M("dw-flat-row-skip", "depthwise.cu", "if (x >= w) x -= w, ++y, cell += pitch - w;", "if (x >= w) x -= w, ++y;",
       DW_PACKED, "wrong index"),
@@ -1186,6 +1187,21 @@ MUTATIONS = [
       "valid * (int)plane_size / E - 1, width / E,", DW_PFLAT, "tile bound"),
     M("dw-pflat-source", "depthwise.cu", "at.y * width + E * at.x);", "at.y * width + at.x);", DW_PFLAT,
       "wrong index"),
+    # the packed 16-bit 5x5 forward and input gradient stage by 16-byte chunks (stage_chunks, task dwk5)
+    M("dw-chunks-head", "depthwise.cu", "(16 - (reinterpret_cast<unsigned long long>(run) & 15)) & 15) / (int)sizeof(T)",
+      "0) / (int)sizeof(T)", DW_CHUNKS, "alignment"),
+    M("dw-chunks-tail", "depthwise.cu", "const int e = t < head ? t : tail0 + t - head,",
+      "const int e = t < head ? t : tail0 + t - head - 1,", DW_CHUNKS, "off-by-one"),
+    M("dw-chunks-row-carry", "depthwise.cu", "x = 0, ++y, cell += pitch - w;", "x = 0, ++y, cell += pitch;", DW_CHUNKS,
+      "wrong index"),
+    M("dw-chunks-plane-carry", "depthwise.cu", "if (y == h) y = 0, cell += plane - h * pitch;",
+      "if (y == h) y = 0, cell += plane - (h - 1) * pitch;", DW_CHUNKS, "wrong index"),
+    M("dw-chunks-step", "depthwise.cu", "head + t * C, (int)blockDim.x * C);", "head + t * C, (int)blockDim.x);",
+      DW_CHUNKS, "wrong index"),
+    M("dw-chunks-inside", "depthwise.cu", "chunks && pad_top >= 0 && pad_left >= 0 && ", "chunks && ", DW_CHUNKS,
+      "tile bound"),
+    M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
+      "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
     M("dw-wgrad-rows", "depthwise.cu", "(inside ? gp + v * out_w : grad_out);", "(inside ? gp + v * U : grad_out);",
       DW_FWD, "wrong index"),
     M("dw-wgrad-past", "depthwise.cu", "for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h ? to_acc(",

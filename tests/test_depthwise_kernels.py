@@ -619,6 +619,69 @@ def test_small_planes_pack_channels(monkeypatch, blocks, shape, m, k, stride, pa
         assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
+# The packed 16-bit 5x5 units stage their src run by 16-byte chunks (stage_chunks: the elements before the run's first
+# 16-byte boundary and after its last whole chunk one a lane, each chunk's elements walked to their cells) where every
+# plane element lands inside the tiles, else by elements: (shape, multiplier, padding, dtype).
+CHUNK_CASES = [
+    ((3, 37, 7, 7), 1, 2, "float16"),     # dw-1152-7k5's kernel: groups of 32 and 5 planes, runs whose starts are
+                                          # 16-byte aligned in image 0 only (37 x 49 elements an image: odd)
+    ((2, 21, 14, 14), 1, 2, "bfloat16"),  # dw-480-14k5's kernel (one chunk a batch for bfloat16)
+    ((2, 13, 9, 11), 2, 1, "float16"),    # multiplier 2: the input gradient's 2 planes a channel; a rectangle
+    ((2, 11, 7, 7), 1, 5, "float16"),     # padding 5: the input gradient's correlation pads by -1, planes cut by
+                                          # the staged rows and columns (by elements); the forward's are inside
+    ((3, 9, 6, 5), 1, 0, "float16"),      # no padding: 30-element planes, a 4-element tail
+    ((2, 7, 20, 20), 1, 2, "float16"),    # rows of whole 8-byte slots (by rows before: dw-240-28k5's kernel)
+]
+
+
+@pytest.mark.parametrize("blocks", [3, 2048])
+@pytest.mark.parametrize("shape, m, padding, dtype", CHUNK_CASES)
+def test_packed_16_bit_5x5_stages_chunks(monkeypatch, blocks, shape, m, padding, dtype):
+    """depthwise_fwd<5, 1, true> and depthwise_bwd_input<5, true> in 16 bits against float64 references, outputs
+    poisoned, on a grid smaller and one larger than the units: a chunk's element walked to a wrong cell (a row or
+    plane carry), a head or tail element lost or doubled, or a chunk read past the run shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 31 * padding)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, 5, 5)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
+    spec = ConvSpec.for_depthwise("test", x, weight, bias, 1, padding, 1)
+    grad_output = rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, padding=padding)
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    launched = device.kernels()
+    assert launched[0] in (["depthwise_fwd<5, 1, true>"] if m == 1 else
+                           ["depthwise_fwd<5, 1>", "depthwise_fwd<5, 1, false, true>"])
+    assert launched[1] == "depthwise_bwd_input<5, true>"
+    x64, w64, b64, g64 = (a.astype(numpy.float64) for a in (x, weight, bias, grad_output))
+    expected = ref.depthwise_conv2d(x64, w64, b64, padding=padding)
+    assert_matches(out, expected.astype(x.dtype), dtype, "forward")
+    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
+    assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
+
+
+def test_packed_chunks_past_2_31(monkeypatch):
+    """stage_chunks' run in the `long long` instantiation: two 7x7 float16 images of enough channels that the second
+    image's planes start past 2^31 elements (sparse memory; only the last block runs: bug_classes.SparseDevice).  The
+    last channel's outputs match the CPU path on that channel alone."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(62)
+    channels = 2**31 // 49 + 64
+    x = bug_classes.sparse_zeros((2, channels, 7, 7), numpy.float16)
+    x[:, -1] = rng.standard_normal((2, 7, 7))
+    weight = bug_classes.sparse_zeros((channels, 1, 5, 5), numpy.float16)
+    weight[-1] = rng.standard_normal((1, 5, 5))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, None, padding=2)
+    assert short(device.launches[0].replace(", long long", ", int")) == "depthwise_fwd<5, 1, true>"
+    assert ", long long" in device.launches[0]
+    want = cupyconv.depthwise_conv2d(numpy.array(x[:, -1:]), numpy.array(weight[-1:]), None, padding=2)
+    bug_classes.assert_tail_written(out, want[1:], numpy.float16, 49, "forward, last channel of the last image")
+
+
 # The strided input gradients (depthwise_bwd_input_phased<K, 2>, depthwise_bwd_input_strided) on fewer blocks
 # than units: (shape, multiplier, kernel, stride, dilation, padding, dtype, kernel launched).
 STRIDED_UNIT_CASES = [
