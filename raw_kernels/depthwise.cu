@@ -52,7 +52,8 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided and _phased: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; _phased: both of
+// S * PHASED_CELLS; the specialised
 // kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
@@ -68,13 +69,14 @@
 //   LARGE_ROWS, LARGE_COLUMNS  output rows and columns per thread item of depthwise_fwd_large and
 //                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
+//   PHASED_CELLS      cells (S x S input pixels) per side of a thread item of depthwise_bwd_input_phased;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
-    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
+    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) || !defined(PHASED_CELLS) ||                                    \
     !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
@@ -1289,11 +1291,42 @@ __global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 __device__ __forceinline__ int ceil_div(int a, int b) { return -floor_div(-a, b); }
 
+// depthwise_bwd_input_phased's item (stride S, dilation 1): the B x B input pixels (B = S * PHASED_CELLS) of a block
+// whose first row and column are multiples of B in the tile, with pad = S * P + O on each side (OY, OX: pad_top and
+// pad_left mod S).  Pixel (r, c) of the block takes tap (ky, kx) where r + OY - ky and c + OX - kx are multiples of
+// S, from staged grad_out row (r + OY - ky) / S - LO_Y of the block's window (LO: the least such offset,
+// ceil((O - (K - 1)) / S)), column likewise.  All of it is known at compile time, so the block reads its window
+// into registers once and each cell of S x S pixels costs K x K FMAs: no index arithmetic or predicate per tap.
+template <typename A, int K, int S, int OY, int OX>
+__device__ __forceinline__ void phased_block(const A* src, int pitch, const A (&w)[K][K],
+                                             A (&acc)[S * PHASED_CELLS][S * PHASED_CELLS]) {
+  constexpr int B = S * PHASED_CELLS;
+  constexpr int LO_Y = -((K - 1 - OY) / S), LO_X = -((K - 1 - OX) / S);
+  constexpr int ROWS = (B - 1 + OY) / S - LO_Y + 1, COLS = (B - 1 + OX) / S - LO_X + 1;
+  A win[ROWS][COLS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) win[i][j] = src[i * pitch + j];
+  }
+#pragma unroll
+  for (int r = 0; r < B; ++r) {
+#pragma unroll
+    for (int c = 0; c < B; ++c) {
+#pragma unroll
+      for (int ky = (r + OY) % S; ky < K; ky += S) {
+#pragma unroll
+        for (int kx = (c + OX) % S; kx < K; kx += S)
+          acc[r][c] += w[ky][kx] * win[(r + OY - ky) / S - LO_Y][(c + OX - kx) / S - LO_X];
+      }
+    }
+  }
+}
+
 // The body of both strided kernels.  K = 0: any kernel size, stride and dilation (run-time loops over the rows and
-// columns each pixel reads).  K > 0 (depthwise_bwd_input_phased: K x K, stride S, dilation 1): a pixel's phase
-// (y mod S, x mod S) is the same in every unit and for its Q pixels, so the thread's taps are fixed: per unit and
-// kernel it reads its (at most ceil(K / S))^2 weights into registers once and the Q pixels' unrolled sums are a
-// shared load and an FMA per tap (taps past the thread's row and column counts are predicated off).  Both are
+// columns each pixel reads).  K > 0 (depthwise_bwd_input_phased: K x K, stride S, dilation 1): a thread item is a
+// block of B x B pixels (phased_block: every pixel's taps fixed by its phase, the block's grad_out window in
+// registers, K x K FMAs per cell of S x S pixels), written a row at a time with one B-element store.  Both are
 // persistent (grid capped at FORWARD_BLOCKS by the planner): the unit's digits (tile column, tile row, channel,
 // image group) are stepped by the digits of gridDim.x, as in depthwise_persistent, so no division per unit.
 template <typename T, typename I, int K, int S>
@@ -1318,10 +1351,13 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
   // This thread's pixels: rows y_l + q * pitch_y (q < Q), column x_l, of image p.  For the first, the staged
   // rows read are row_lo..row_hi, the first at kernel row offset dy_lo (tap row dy / dilation where divisible;
   // dy falls by stride_h per row); pixel q reads the rows q * pitch_y / stride_h further down.  Columns alike.
+  // (K > 0: the B x B pixels from row y_l, column x_l, of image p; phased_block below.)
+  constexpr int B = K > 0 ? S * PHASED_CELLS : 1;
   const int pitch_y = tile_h / Q;
-  const int x_l = (int)threadIdx.x % tile_w;
-  const int y_l = (int)threadIdx.x / tile_w % pitch_y;
-  const int p = (int)threadIdx.x / (tile_w * pitch_y);
+  const int item_w = tile_w / B, item_rows = K > 0 ? tile_h / B : pitch_y;
+  const int x_l = (int)threadIdx.x % item_w * B;
+  const int y_l = (int)threadIdx.x / item_w % item_rows * B;
+  const int p = (int)threadIdx.x / (item_w * item_rows);
   const int row_lo = ceil_div(y_l + pad_top - (kernel_h - 1) * dilation_h, stride_h) - first_y;
   const int row_hi = floor_div(y_l + pad_top, stride_h) - first_y;
   const int dy_lo = y_l + pad_top - (row_lo + first_y) * stride_h;
@@ -1329,6 +1365,9 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
   const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;
   const int dx_lo = x_l + pad_left - (col_lo + first_x) * stride_w;
   const int q_rows = pitch_y / stride_h;  // staged rows between two of the thread's pixels
+  static_assert(K == 0 || S == 2, "phased_block's phases are dispatched for stride 2");
+  const int phase = pad_top % stride_h * 2 + pad_left % stride_w;  // K > 0: (pad_top, pad_left) mod S
+  const bool out_aligned = width % B == 0 && reinterpret_cast<unsigned long long>(grad_x) % (B * sizeof(T)) == 0;
 
   // The digits of the first unit and of the step (unit = ((g * channels + c) * tiles_y + ty) * tiles_x + tx).
   int tx, ty, c, tx_step, ty_step, c_step;
@@ -1355,35 +1394,41 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
     if (p < per_block && n < images && x < width) {
       T* out = grad_x + (n * channels + c) * (I)height * width + x;
       if constexpr (K > 0) {
-        constexpr int R = (K + S - 1) / S;  // the most rows (columns) of taps one pixel reads
-        const int rows = row_hi - row_lo + 1, cols = col_hi - col_lo + 1;
-        A acc[Q];
+        A acc[B][B];
 #pragma unroll
-        for (int q = 0; q < Q; ++q) acc[q] = A(0);
+        for (int r = 0; r < B; ++r) {
+#pragma unroll
+          for (int col = 0; col < B; ++col) acc[r][col] = A(0);
+        }
         for (int k = 0; k < multiplier; ++k) {
-          const A* wk = wshared + k * (K * K) + dy_lo * K + dx_lo;
-          A w[R][R];  // w[i][j]: the tap read from staged row row_lo + i, column col_lo + j
+          A w[K][K];
 #pragma unroll
-          for (int i = 0; i < R; ++i) {
-#pragma unroll
-            for (int j = 0; j < R; ++j) w[i][j] = i < rows && j < cols ? wk[-(i * S) * K - j * S] : A(0);
-          }
-          const A* plane = tile + ((p * multiplier + k) * in_h + row_lo) * in_w + col_lo;
-#pragma unroll
-          for (int q = 0; q < Q; ++q) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-#pragma unroll
-              for (int j = 0; j < R; ++j) {
-                if (i < rows && j < cols) acc[q] += w[i][j] * plane[(q * q_rows + i) * in_w + j];
-              }
-            }
+          for (int i = 0; i < K * K; ++i) w[i / K][i % K] = wshared[k * (K * K) + i];
+          // the block's window: from staged row y_l / S, column x_l / S (phased_block's offsets are relative to them)
+          const A* plane = tile + ((p * multiplier + k) * in_h + y_l / S) * in_w + x_l / S;
+          switch (phase) {  // the same for every thread of the launch
+            case 0: phased_block<A, K, S, 0, 0>(plane, in_w, w, acc); break;
+            case 1: phased_block<A, K, S, 0, 1>(plane, in_w, w, acc); break;
+            case 2: phased_block<A, K, S, 1, 0>(plane, in_w, w, acc); break;
+            default: phased_block<A, K, S, 1, 1>(plane, in_w, w, acc);
           }
         }
+        // (x is a multiple of B below width, so a width that is one too leaves the block whole)
 #pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const int y = ty * tile_h + y_l + q * pitch_y;
-          if (y < height) out[(I)y * width] = from_acc<T>(acc[q]);
+        for (int r = 0, y0 = ty * tile_h + y_l; r < B; ++r) {
+          if (y0 + r >= height) break;
+          T* row = out + (I)(y0 + r) * width;
+          if (out_aligned) {
+            Pack<T, B> packed;
+#pragma unroll
+            for (int col = 0; col < B; ++col) packed.v[col] = from_acc<T>(acc[r][col]);
+            *reinterpret_cast<Pack<T, B>*>(row) = packed;
+          } else {
+#pragma unroll
+            for (int col = 0; col < B; ++col) {
+              if (x + col < width) row[col] = from_acc<T>(acc[r][col]);
+            }
+          }
         }
       } else {
 #pragma unroll

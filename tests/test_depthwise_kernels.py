@@ -63,6 +63,12 @@ CASES = [
                                       "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
     C("k3s2_several_tiles", (1, 2, 37, 35), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
                                                    "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
+    # depthwise_bwd_input_phased's four phases (pad_top, pad_left mod 2): (0, 1) with 4-element row stores (20
+    # columns), (1, 0) element by element
+    C("k3s2_phase_columns", (2, 2, 13, 20), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
+                                                   "depthwise_bwd_weight<3, 2>"), stride=2, padding=((2, 0), (1, 1))),
+    C("k7s2_phase_rows", (1, 2, 17, 14), 1, 7, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_phased<7, 2>",
+                                                "depthwise_bwd_weight<7, 2>"), stride=2, padding=((3, 2), (2, 5))),
     C("k5s1_multiplier2", (2, 2, 9, 10), 2, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
                                                 "depthwise_bwd_weight<5, 1>"), padding=2),
     C("k5s2_per_side", (1, 3, 13, 11), 1, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_phased<5, 2>",
@@ -589,6 +595,22 @@ def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks
     assert short(name) == kernel
     expected = ref.depthwise_conv2d_grads(*(a.astype(numpy.float64) for a in (grad_output, x, weight)), **window)[0]
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
+
+
+@pytest.mark.parametrize("shape, k, padding", [((64, 96, 112, 112), 3, 1), ((3, 5, 37, 35), 5, 2),
+                                               ((2, 3, 19, 24), 7, 3)])
+def test_phased_items_cover_the_tile(shape, k, padding):
+    """depthwise_bwd_input_phased's plan (the kernel's items: blocks of B x B pixels, B = 2 * PHASED_CELLS): tiles
+    of whole blocks, and a thread for each block of the unit's images, no more than a warp of them idle
+    (planning only)."""
+    x = numpy.broadcast_to(numpy.float32(0), shape)
+    weight = numpy.broadcast_to(numpy.float32(0), (shape[1], 1, k, k))
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 2, padding, 1)
+    plan = depthwise_module.plan_input_grad(spec, 4, 4)
+    t, side = plan.tiling, 2 * depthwise_module.PHASED_CELLS
+    assert plan.kernel == "depthwise_bwd_input_phased" and t.tile_h % side == 0 and t.tile_w % side == 0
+    items = t.per_block * (t.tile_h // side) * (t.tile_w // side)
+    assert items <= t.threads < items + 32
 
 
 # depthwise_bwd_weight<K, S[, SPREAD]>'s blocks over several consecutive units: (shape, multiplier, kernel, stride,
