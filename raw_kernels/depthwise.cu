@@ -20,11 +20,11 @@
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
-//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward at S = 2 stages
-//   its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks: AlignedStaging's
-//   SPLIT, block_fma's).  No division in their loops over units (the forward and the input gradient are one
-//   persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte chunks, outputs written
-//   (grad_out read) with one vector access per row.
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward and weight
+//   gradient at S = 2 stage their rows de-interleaved, even columns then odd, so that those loads are on consecutive
+//   chunks: AlignedStaging's SPLIT, load_split_row).  No division in their loops over units (the forward and the
+//   input gradient are one persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte
+//   chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
 //   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
 //   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
@@ -544,6 +544,17 @@ template <typename A, int L> __device__ __forceinline__ void load_row(const A* s
   if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
 }
 
+// row[0..L) = columns 0..L of a row staged de-interleaved (AlignedStaging's SPLIT): the evens from src, the odds from
+// src + odd0, each half with load_row's 16-byte loads, put back in column order in registers.
+template <typename A, int L>
+__device__ __forceinline__ void load_split_row(const A* src, int odd0, A (&row)[L]) {
+  A even[(L + 1) / 2], odd[L / 2];
+  load_row<A, (L + 1) / 2>(src, even);
+  load_row<A, L / 2>(src + odd0, odd);
+#pragma unroll
+  for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+}
+
 // out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.  SPLIT (S = 2,
 // rows staged de-interleaved: AlignedStaging's SPLIT): row r's even columns from base + r * pitch (and a skew for each
 // V * S rows; base: the first row of such a run), its odd ones odd0 further, each half read with 16-byte loads from a
@@ -557,12 +568,8 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
     if constexpr (SPLIT) {
-      A even[(L + 1) / 2], odd[L / 2];
       const A* at = base + r * pitch + r / (V * S) * skew;
-      load_row<A, (L + 1) / 2>(at, even);
-      load_row<A, L / 2>(at + odd0, odd);
-#pragma unroll
-      for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+      load_split_row<A, L>(at, odd0, row);
     } else {
       load_row<A, L>(base + r * pitch, row);
     }
@@ -601,13 +608,13 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // not whole chunks: 14x14): `pairs` says whether the rows are 2-element slots aligned in memory, which the kernel then
 // stages flat by pairs itself (its FLAT); otherwise element by element as above.
 //
-// SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
-// its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
-// whose outputs read columns 2 apart reads them as consecutive words (block_fma's SPLIT), and each run of SPLIT rows
-// starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of groups_x items reads chunk
-// l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take one wavefront (interleaved
-// rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of a 16-byte pitch down, on
-// lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
+// SPLIT > 0 (the per-image stride-2 forward and weight gradient, SPLIT = their strips' V * S rows): each staged row is
+// stored de-interleaved, its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole
+// chunks), so that a thread whose outputs read columns 2 apart reads them as consecutive words (load_split_row), and
+// each run of SPLIT rows starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of
+// groups_x items reads chunk l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take
+// one wavefront (interleaved rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of
+// a 16-byte pitch down, on lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
 template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
@@ -1329,7 +1336,7 @@ __device__ __forceinline__ void phased_block(const A* src, int pitch, const A (&
 // registers, K x K FMAs per cell of S x S pixels), written a row at a time with one B-element store.  Both are
 // persistent (grid capped at FORWARD_BLOCKS by the planner): the unit's digits (tile column, tile row, channel,
 // image group) are stepped by the digits of gridDim.x, as in depthwise_persistent, so no division per unit.
-template <typename T, typename I, int K, int S>
+template <typename T, typename I, int K, int S, int PHASE = 0>
 __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                                T* __restrict__ grad_x, I images, int channels, int multiplier,
                                                int height, int width, int out_h, int out_w, int kernel_h,
@@ -1365,8 +1372,6 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
   const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;
   const int dx_lo = x_l + pad_left - (col_lo + first_x) * stride_w;
   const int q_rows = pitch_y / stride_h;  // staged rows between two of the thread's pixels
-  static_assert(K == 0 || S == 2, "phased_block's phases are dispatched for stride 2");
-  const int phase = pad_top % stride_h * 2 + pad_left % stride_w;  // K > 0: (pad_top, pad_left) mod S
   const bool out_aligned = width % B == 0 && reinterpret_cast<unsigned long long>(grad_x) % (B * sizeof(T)) == 0;
 
   // The digits of the first unit and of the step (unit = ((g * channels + c) * tiles_y + ty) * tiles_x + tx).
@@ -1406,12 +1411,7 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
           for (int i = 0; i < K * K; ++i) w[i / K][i % K] = wshared[k * (K * K) + i];
           // the block's window: from staged row y_l / S, column x_l / S (phased_block's offsets are relative to them)
           const A* plane = tile + ((p * multiplier + k) * in_h + y_l / S) * in_w + x_l / S;
-          switch (phase) {  // the same for every thread of the launch
-            case 0: phased_block<A, K, S, 0, 0>(plane, in_w, w, acc); break;
-            case 1: phased_block<A, K, S, 0, 1>(plane, in_w, w, acc); break;
-            case 2: phased_block<A, K, S, 1, 0>(plane, in_w, w, acc); break;
-            default: phased_block<A, K, S, 1, 1>(plane, in_w, w, acc);
-          }
+          phased_block<A, K, S, PHASE / 2, PHASE % 2>(plane, in_w, w, acc);
         }
         // (x is a multiple of B below width, so a width that is one too leaves the block whole)
 #pragma unroll
@@ -1474,14 +1474,27 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
                              tile_h, tile_w, tiles_x, tiles_y, per_block);
 }
 
-// The same for a K x K kernel (K = 3, 5, 7) at stride S (2) in both dimensions, dilation 1.
+// The same for a K x K kernel (K = 3, 5, 7) at stride S (2) in both dimensions, dilation 1.  PHASE = (pad_top mod 2)
+// * 2 + pad_left mod 2, phased_block's OY and OX: one copy of the loop over units each, chosen once (a switch in the
+// loop left the four blocks of FMAs without a load of their own: the compiler shares the same-address window loads
+// before it, and the executed-instruction model then charged every block with them, 4x the FMAs).
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                            int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block) {
-  strided_gather<T, I, K, S>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h, out_w,
-                             K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block);
+  static_assert(S == 2, "the phases are dispatched for stride 2");
+#define PHASED_CASE(PHASE)                                                                                          \
+  strided_gather<T, I, K, S, PHASE>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h,  \
+                                    out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,   \
+                                    per_block)
+  switch (pad_top % S * 2 + pad_left % S) {
+    case 0: PHASED_CASE(0); break;
+    case 1: PHASED_CASE(1); break;
+    case 2: PHASED_CASE(2); break;
+    default: PHASED_CASE(3);
+  }
+#undef PHASED_CASE
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1763,7 +1776,10 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I, SPREAD, PAIRS> staging(x, width, in_h, in_w, tile_w * S);
+  // SPLIT: per-image tiles at stride 2 stage their rows de-interleaved, as the forward's (AlignedStaging says why;
+  // PREDICTED dw-96-112s2 shared wavefronts a 16-byte load 6.5 -> 3.5, the forward's)
+  constexpr int SPLIT = S == 2 && !SPREAD && !PAIRS ? V * S : 0;
+  const AlignedStaging<T, I, SPREAD, PAIRS, SPLIT> staging(x, width, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   A* scratch = tile + staging.offset(per_block, 0);
@@ -1878,11 +1894,14 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
       __syncthreads();
       if (active) {
-        const A* base = tile + staging.offset(p, s * V * S) + ox_l * S;
+        const A* base = tile + staging.offset(p, s * V * S) + ox_l * (SPLIT ? 1 : S);
 #pragma unroll
         for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
           A row[L];
-          load_row<A, L>(base + rr * pitch, row);
+          if constexpr (SPLIT > 0)
+            load_split_row<A, L>(base + rr * pitch + rr / SPLIT * staging.skew, staging.odd0, row);
+          else
+            load_row<A, L>(base + rr * pitch, row);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
             const int i = rr - v * S;

@@ -79,7 +79,7 @@ AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_
 AT = "tests/test_autotune.py"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
-DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de-interleaved rows (task dws2)
+DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's and weight gradient's de-interleaved rows
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
@@ -927,10 +927,10 @@ MUTATIONS = [
       "for (int kx = (c + OY) % S; kx < K; kx += S)", DW_STRIDED, "swapped sides"),
     M("dw-phased-window-column", "depthwise.cu", "[(c + OX - kx) / S - LO_X]", "[(c + OX - kx) / S]", DW_STRIDED,
       "wrong tap"),
-    M("dw-phased-phase-cases", "depthwise.cu", "case 1: phased_block<A, K, S, 0, 1>",
-      "case 1: phased_block<A, K, S, 1, 0>", DW_STRIDED, "swapped sides"),
-    M("dw-phased-phase-side", "depthwise.cu", "const int phase = pad_top % stride_h * 2 + pad_left % stride_w;",
-      "const int phase = pad_top % stride_h * 2 + pad_top % stride_w;", DW_STRIDED, "wrong-side padding"),
+    M("dw-phased-phase-cases", "depthwise.cu", "case 1: PHASED_CASE(1);", "case 1: PHASED_CASE(2);", DW_STRIDED,
+      "swapped sides"),
+    M("dw-phased-phase-side", "depthwise.cu", "switch (pad_top % S * 2 + pad_left % S)",
+      "switch (pad_top % S * 2 + pad_top % S)", DW_STRIDED, "wrong-side padding"),
     M("dw-phased-term-kernel", "depthwise.cu", "wshared[k * (K * K) + i]", "wshared[i]", DW_STRIDED,
       "persistent loop"),
     M("dw-phased-window-row", "depthwise.cu", "* in_h + y_l / S) * in_w + x_l / S;", "* in_h + y_l) * in_w + x_l / S;",
@@ -1111,12 +1111,17 @@ MUTATIONS = [
       "dst[SPLIT ? (i & 1 ? odd0 : 0) + ((i + 1) >> 1) : i] = v;", DW_SPLIT, "off-by-one"),
     M("dw-split-chunk-odd", "depthwise.cu", "odd.v[e] = to_acc(t[2 * e + 1]);", "odd.v[e] = to_acc(t[2 * e]);",
       DW_SPLIT, "wrong index"),
-    M("dw-split-fma-odd", "depthwise.cu", "load_row<A, L / 2>(at + odd0, odd);",
-      "load_row<A, L / 2>(at + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
+    M("dw-split-fma-odd", "depthwise.cu", "load_row<A, L / 2>(src + odd0, odd);",
+      "load_row<A, L / 2>(src + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
     M("dw-split-fma-order", "depthwise.cu", "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];",
       "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2 - (e > 2)];", DW_SPLIT, "wrong index"),
     M("dw-split-skew-rows", "depthwise.cu", "const A* at = base + r * pitch + r / (V * S) * skew;",
       "const A* at = base + r * pitch + r / V * skew;", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-skew-rows", "depthwise.cu", "base + rr * pitch + rr / SPLIT * staging.skew",
+      "base + rr * pitch + rr / V * staging.skew", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-columns", "depthwise.cu", "+ ox_l * (SPLIT ? 1 : S);", "+ ox_l * S;", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-planner", "cupyconv/ops/depthwise.py", "split = spec.stride[0] == 2 and not spread  #",
+      "split = False  #", DW_SPLIT, "planner mirror"),
     M("dw-split-skew", "depthwise.cu", "skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;", "skew = 0;", DW_SPLIT,
       "bank conflict"),
     M("dw-split-kernel-off", "depthwise.cu", "constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;",

@@ -992,6 +992,53 @@ def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
         assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
 
 
+@pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
+def test_stride2_weight_gradient_stages_split_rows(shape, m, k, padding, dtype):
+    """The same de-interleaved staging in the per-image stride-2 weight gradient (depthwise_bwd_weight<K, 2>, its
+    SPLIT): every tap against the float64 CPU path, the launch's shared memory the kernel's layout plus the block
+    reduction's scratch, and the 3x3 one's 16-byte shared loads at one wavefront a quarter warp."""
+    rng = numpy.random.default_rng(sum(shape) + k + 1)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
+    out_shape = ref.depthwise_conv2d(x[:1, :1].astype(numpy.float64), weight[:1].astype(numpy.float64), None,
+                                     stride=2, padding=padding).shape[2:]
+    gy = rng.standard_normal((shape[0], shape[1] * m, *out_shape)).astype(x.dtype)
+    sizes = []
+
+    class SizeRecorder(Recorder):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            sizes.append((block[0], shared_mem))
+            super().launch(source, name, grid, block, args, shared_mem)
+
+    device = SizeRecorder("reverse")
+    with _device.use_device(device):
+        got = cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")[1]
+    (name, args), (reduce, _) = device.launches
+    expected = ref.depthwise_conv2d_grads(*(a.astype(numpy.float64) for a in (gy, x, weight)), stride=2,
+                                          padding=padding)[1]
+    assert_matches(got, expected.astype(x.dtype), dtype, str(shape))
+    if list(args[-5:-3]) == [1, 1] and k >= depthwise_module.SPREAD_MIN_K:  # one tile: the SPREAD instantiation
+        assert short(name) == f"depthwise_bwd_weight<{k}, 2, true>", name
+        return
+    assert short(name) == f"depthwise_bwd_weight<{k}, 2>", name
+    acc = 8 if dtype == "float64" else 4
+    (tile_h, tile_w), per_block, chunk = args[-7:-5], args[-3], 16 // acc
+    in_h, in_w = 2 * tile_h - 2 + k, 2 * tile_w - 2 + k
+    pitch = -(-(in_w + 1) // 2 // chunk) * chunk + -(-(in_w // 2) // chunk) * chunk
+    skews = in_h // (2 * depthwise_module.STRIP_ROWS[k]) * (tile_w % (128 // acc))
+    threads = sizes[0][0]
+    assert sizes[0][1] == (per_block * (in_h * pitch + skews) + threads // 32 * (k * k + 1)) * acc, sizes
+    if dtype == "float32" and k == 3:
+        first_two = lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))]  # noqa: E731
+        device = EmulatedDevice(counters=True, asan=False, blocks=first_two,
+                                instantiations=[("depthwise.cu", name), ("depthwise.cu", reduce)])
+        with _device.use_device(device):  # (the profile build: not under ASan)
+            cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")
+        profile = next(p for p in device.profile if p.name == name)
+        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
+        assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
+
+
 def test_64_bit_index_variants(monkeypatch):
     """Force the `long long` instantiations (chosen by extents above 2^31) so that each is executed once."""
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)  # every extent "passes 2^31": long long

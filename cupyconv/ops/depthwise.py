@@ -622,7 +622,8 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
              and width % (16 // acc) != 0)
     if k:
         def plan(spread):
-            return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread), acc,
+            split = spec.stride[0] == 2 and not spread  # the kernel's SPLIT, as the forward's
+            return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread, split), acc,
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
                                extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
         # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
