@@ -20,11 +20,11 @@
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
-//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward at S = 2 stages
-//   its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks: AlignedStaging's
-//   SPLIT, block_fma's).  No division in their loops over units (the forward and the input gradient are one
-//   persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte chunks, outputs written
-//   (grad_out read) with one vector access per row.
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward and weight
+//   gradient at S = 2 stage their rows de-interleaved, even columns then odd, so that those loads are on consecutive
+//   chunks: AlignedStaging's SPLIT, load_split_row).  No division in their loops over units (the forward and the
+//   input gradient are one persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte
+//   chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
 //   taps that read inside the plane (tap_range) and, when stride == dilation along H, slide a register window down
 //   each kernel column.  Large kernels at stride 1, dilation 1 (31x31) whose planes fit whole take
@@ -52,7 +52,8 @@
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
 // covers every item of a unit (depthwise_bwd_weight_large: every (tap run, slice)); tile_h is a multiple of V
-// (depthwise_bwd_input_strided and _phased: of STRIDED_ROWS times the stride, and tile_w of the stride; the specialised
+// (depthwise_bwd_input_strided: of STRIDED_ROWS times the stride, and tile_w of the stride; _phased: both of
+// S * PHASED_CELLS; the specialised
 // kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
@@ -68,6 +69,7 @@
 //   LARGE_ROWS, LARGE_COLUMNS  output rows and columns per thread item of depthwise_fwd_large and
 //                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
+//   PHASED_CELLS      cells (S x S input pixels) per side of a thread item of depthwise_bwd_input_phased;
 //   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
@@ -75,7 +77,7 @@
 //   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__).
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
-    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) ||                                                              \
+    !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) || !defined(PHASED_CELLS) ||                                    \
     !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
@@ -662,6 +664,17 @@ template <typename A, int L> __device__ __forceinline__ void load_row(const A* s
   if constexpr (REST % 2 == 1) row[L - 1] = src[L - 1];
 }
 
+// row[0..L) = columns 0..L of a row staged de-interleaved (AlignedStaging's SPLIT): the evens from src, the odds from
+// src + odd0, each half with load_row's 16-byte loads, put back in column order in registers.
+template <typename A, int L>
+__device__ __forceinline__ void load_split_row(const A* src, int odd0, A (&row)[L]) {
+  A even[(L + 1) / 2], odd[L / 2];
+  load_row<A, (L + 1) / 2>(src, even);
+  load_row<A, L / 2>(src + odd0, odd);
+#pragma unroll
+  for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+}
+
 // out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.  SPLIT (S = 2,
 // rows staged de-interleaved: AlignedStaging's SPLIT): row r's even columns from base + r * pitch (and a skew for each
 // V * S rows; base: the first row of such a run), its odd ones odd0 further, each half read with 16-byte loads from a
@@ -675,12 +688,8 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
     if constexpr (SPLIT) {
-      A even[(L + 1) / 2], odd[L / 2];
       const A* at = base + r * pitch + r / (V * S) * skew;
-      load_row<A, (L + 1) / 2>(at, even);
-      load_row<A, L / 2>(at + odd0, odd);
-#pragma unroll
-      for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
+      load_split_row<A, L>(at, odd0, row);
     } else {
       load_row<A, L>(base + r * pitch, row);
     }
@@ -719,13 +728,13 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // not whole chunks: 14x14): `pairs` says whether the rows are 2-element slots aligned in memory, which the kernel then
 // stages flat by pairs itself (its FLAT); otherwise element by element as above.
 //
-// SPLIT > 0 (the per-image stride-2 forward, SPLIT = its strips' V * S rows): each staged row is stored de-interleaved,
-// its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole chunks), so that a thread
-// whose outputs read columns 2 apart reads them as consecutive words (block_fma's SPLIT), and each run of SPLIT rows
-// starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of groups_x items reads chunk
-// l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take one wavefront (interleaved
-// rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of a 16-byte pitch down, on
-// lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
+// SPLIT > 0 (the per-image stride-2 forward and weight gradient, SPLIT = their strips' V * S rows): each staged row is
+// stored de-interleaved, its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole
+// chunks), so that a thread whose outputs read columns 2 apart reads them as consecutive words (load_split_row), and
+// each run of SPLIT rows starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of
+// groups_x items reads chunk l mod 8 of a bank row whichever strip it is in, so a quarter warp's 16-byte loads take
+// one wavefront (interleaved rows put neighbouring lanes 8 columns, 2 chunks, apart, and the next strip, V * S rows of
+// a 16-byte pitch down, on lane 0's banks: 6.5 wavefronts a warp's load on dw-96-112s2).
 template <typename T, typename I, bool SPREAD, bool PAIRS = false, int SPLIT = 0> struct AlignedStaging {
   typedef acc_t<T> A;
   static constexpr int C = 16 / sizeof(A);  // elements per 16-byte shared access, and per staged chunk
@@ -1485,14 +1494,45 @@ __global__ void depthwise_bwd_input_planes(const T* __restrict__ grad_out, const
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 __device__ __forceinline__ int ceil_div(int a, int b) { return -floor_div(-a, b); }
 
+// depthwise_bwd_input_phased's item (stride S, dilation 1): the B x B input pixels (B = S * PHASED_CELLS) of a block
+// whose first row and column are multiples of B in the tile, with pad = S * P + O on each side (OY, OX: pad_top and
+// pad_left mod S).  Pixel (r, c) of the block takes tap (ky, kx) where r + OY - ky and c + OX - kx are multiples of
+// S, from staged grad_out row (r + OY - ky) / S - LO_Y of the block's window (LO: the least such offset,
+// ceil((O - (K - 1)) / S)), column likewise.  All of it is known at compile time, so the block reads its window
+// into registers once and each cell of S x S pixels costs K x K FMAs: no index arithmetic or predicate per tap.
+template <typename A, int K, int S, int OY, int OX>
+__device__ __forceinline__ void phased_block(const A* src, int pitch, const A (&w)[K][K],
+                                             A (&acc)[S * PHASED_CELLS][S * PHASED_CELLS]) {
+  constexpr int B = S * PHASED_CELLS;
+  constexpr int LO_Y = -((K - 1 - OY) / S), LO_X = -((K - 1 - OX) / S);
+  constexpr int ROWS = (B - 1 + OY) / S - LO_Y + 1, COLS = (B - 1 + OX) / S - LO_X + 1;
+  A win[ROWS][COLS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) win[i][j] = src[i * pitch + j];
+  }
+#pragma unroll
+  for (int r = 0; r < B; ++r) {
+#pragma unroll
+    for (int c = 0; c < B; ++c) {
+#pragma unroll
+      for (int ky = (r + OY) % S; ky < K; ky += S) {
+#pragma unroll
+        for (int kx = (c + OX) % S; kx < K; kx += S)
+          acc[r][c] += w[ky][kx] * win[(r + OY - ky) / S - LO_Y][(c + OX - kx) / S - LO_X];
+      }
+    }
+  }
+}
+
 // The body of both strided kernels.  K = 0: any kernel size, stride and dilation (run-time loops over the rows and
-// columns each pixel reads).  K > 0 (depthwise_bwd_input_phased: K x K, stride S, dilation 1): a pixel's phase
-// (y mod S, x mod S) is the same in every unit and for its Q pixels, so the thread's taps are fixed: per unit and
-// kernel it reads its (at most ceil(K / S))^2 weights into registers once and the Q pixels' unrolled sums are a
-// shared load and an FMA per tap (taps past the thread's row and column counts are predicated off).  Both are
+// columns each pixel reads).  K > 0 (depthwise_bwd_input_phased: K x K, stride S, dilation 1): a thread item is a
+// block of B x B pixels (phased_block: every pixel's taps fixed by its phase, the block's grad_out window in
+// registers, K x K FMAs per cell of S x S pixels), written a row at a time with one B-element store.  Both are
 // persistent (grid capped at FORWARD_BLOCKS by the planner): the unit's digits (tile column, tile row, channel,
 // image group) are stepped by the digits of gridDim.x, as in depthwise_persistent, so no division per unit.
-template <typename T, typename I, int K, int S>
+template <typename T, typename I, int K, int S, int PHASE = 0>
 __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                                T* __restrict__ grad_x, I images, int channels, int multiplier,
                                                int height, int width, int out_h, int out_w, int kernel_h,
@@ -1514,10 +1554,13 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
   // This thread's pixels: rows y_l + q * pitch_y (q < Q), column x_l, of image p.  For the first, the staged
   // rows read are row_lo..row_hi, the first at kernel row offset dy_lo (tap row dy / dilation where divisible;
   // dy falls by stride_h per row); pixel q reads the rows q * pitch_y / stride_h further down.  Columns alike.
+  // (K > 0: the B x B pixels from row y_l, column x_l, of image p; phased_block below.)
+  constexpr int B = K > 0 ? S * PHASED_CELLS : 1;
   const int pitch_y = tile_h / Q;
-  const int x_l = (int)threadIdx.x % tile_w;
-  const int y_l = (int)threadIdx.x / tile_w % pitch_y;
-  const int p = (int)threadIdx.x / (tile_w * pitch_y);
+  const int item_w = tile_w / B, item_rows = K > 0 ? tile_h / B : pitch_y;
+  const int x_l = (int)threadIdx.x % item_w * B;
+  const int y_l = (int)threadIdx.x / item_w % item_rows * B;
+  const int p = (int)threadIdx.x / (item_w * item_rows);
   const int row_lo = ceil_div(y_l + pad_top - (kernel_h - 1) * dilation_h, stride_h) - first_y;
   const int row_hi = floor_div(y_l + pad_top, stride_h) - first_y;
   const int dy_lo = y_l + pad_top - (row_lo + first_y) * stride_h;
@@ -1525,6 +1568,7 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
   const int col_hi = floor_div(x_l + pad_left, stride_w) - first_x;
   const int dx_lo = x_l + pad_left - (col_lo + first_x) * stride_w;
   const int q_rows = pitch_y / stride_h;  // staged rows between two of the thread's pixels
+  const bool out_aligned = width % B == 0 && reinterpret_cast<unsigned long long>(grad_x) % (B * sizeof(T)) == 0;
 
   // The digits of the first unit and of the step (unit = ((g * channels + c) * tiles_y + ty) * tiles_x + tx).
   int tx, ty, c, tx_step, ty_step, c_step;
@@ -1551,35 +1595,36 @@ __device__ __forceinline__ void strided_gather(const T* __restrict__ grad_out, c
     if (p < per_block && n < images && x < width) {
       T* out = grad_x + (n * channels + c) * (I)height * width + x;
       if constexpr (K > 0) {
-        constexpr int R = (K + S - 1) / S;  // the most rows (columns) of taps one pixel reads
-        const int rows = row_hi - row_lo + 1, cols = col_hi - col_lo + 1;
-        A acc[Q];
+        A acc[B][B];
 #pragma unroll
-        for (int q = 0; q < Q; ++q) acc[q] = A(0);
+        for (int r = 0; r < B; ++r) {
+#pragma unroll
+          for (int col = 0; col < B; ++col) acc[r][col] = A(0);
+        }
         for (int k = 0; k < multiplier; ++k) {
-          const A* wk = wshared + k * (K * K) + dy_lo * K + dx_lo;
-          A w[R][R];  // w[i][j]: the tap read from staged row row_lo + i, column col_lo + j
+          A w[K][K];
 #pragma unroll
-          for (int i = 0; i < R; ++i) {
+          for (int i = 0; i < K * K; ++i) w[i / K][i % K] = wshared[k * (K * K) + i];
+          // the block's window: from staged row y_l / S, column x_l / S (phased_block's offsets are relative to them)
+          const A* plane = tile + ((p * multiplier + k) * in_h + y_l / S) * in_w + x_l / S;
+          phased_block<A, K, S, PHASE / 2, PHASE % 2>(plane, in_w, w, acc);
+        }
+        // (x is a multiple of B below width, so a width that is one too leaves the block whole)
 #pragma unroll
-            for (int j = 0; j < R; ++j) w[i][j] = i < rows && j < cols ? wk[-(i * S) * K - j * S] : A(0);
-          }
-          const A* plane = tile + ((p * multiplier + k) * in_h + row_lo) * in_w + col_lo;
+        for (int r = 0, y0 = ty * tile_h + y_l; r < B; ++r) {
+          if (y0 + r >= height) break;
+          T* row = out + (I)(y0 + r) * width;
+          if (out_aligned) {
+            Pack<T, B> packed;
 #pragma unroll
-          for (int q = 0; q < Q; ++q) {
+            for (int col = 0; col < B; ++col) packed.v[col] = from_acc<T>(acc[r][col]);
+            *reinterpret_cast<Pack<T, B>*>(row) = packed;
+          } else {
 #pragma unroll
-            for (int i = 0; i < R; ++i) {
-#pragma unroll
-              for (int j = 0; j < R; ++j) {
-                if (i < rows && j < cols) acc[q] += w[i][j] * plane[(q * q_rows + i) * in_w + j];
-              }
+            for (int col = 0; col < B; ++col) {
+              if (x + col < width) row[col] = from_acc<T>(acc[r][col]);
             }
           }
-        }
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const int y = ty * tile_h + y_l + q * pitch_y;
-          if (y < height) out[(I)y * width] = from_acc<T>(acc[q]);
         }
       } else {
 #pragma unroll
@@ -1625,14 +1670,27 @@ __global__ void depthwise_bwd_input_strided(const T* __restrict__ grad_out, cons
                              tile_h, tile_w, tiles_x, tiles_y, per_block);
 }
 
-// The same for a K x K kernel (K = 3, 5, 7) at stride S (2) in both dimensions, dilation 1.
+// The same for a K x K kernel (K = 3, 5, 7) at stride S (2) in both dimensions, dilation 1.  PHASE = (pad_top mod 2)
+// * 2 + pad_left mod 2, phased_block's OY and OX: one copy of the loop over units each, chosen once (a switch in the
+// loop left the four blocks of FMAs without a load of their own: the compiler shares the same-address window loads
+// before it, and the executed-instruction model then charged every block with them, 4x the FMAs).
 template <typename T, typename I, int K, int S>
 __global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const T* __restrict__ weight,
                                            T* __restrict__ grad_x, I images, int channels, int multiplier,
                                            int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                            int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block) {
-  strided_gather<T, I, K, S>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h, out_w,
-                             K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y, per_block);
+  static_assert(S == 2, "the phases are dispatched for stride 2");
+#define PHASED_CASE(PHASE)                                                                                          \
+  strided_gather<T, I, K, S, PHASE>(grad_out, weight, grad_x, images, channels, multiplier, height, width, out_h,  \
+                                    out_w, K, K, S, S, 1, 1, pad_top, pad_left, tile_h, tile_w, tiles_x, tiles_y,   \
+                                    per_block)
+  switch (pad_top % S * 2 + pad_left % S) {
+    case 0: PHASED_CASE(0); break;
+    case 1: PHASED_CASE(1); break;
+    case 2: PHASED_CASE(2); break;
+    default: PHASED_CASE(3);
+  }
+#undef PHASED_CASE
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1963,7 +2021,10 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
   typedef acc_t<T> A;
   constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, R = K * K, L = (U - 1) * S + K;
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
-  const AlignedStaging<T, I, SPREAD, PAIRS> staging(x, width, in_h, in_w, tile_w * S);
+  // SPLIT: per-image tiles at stride 2 stage their rows de-interleaved, as the forward's (AlignedStaging says why;
+  // PREDICTED dw-96-112s2 shared wavefronts a 16-byte load 6.5 -> 3.5, the forward's)
+  constexpr int SPLIT = S == 2 && !SPREAD && !PAIRS ? V * S : 0;
+  const AlignedStaging<T, I, SPREAD, PAIRS, SPLIT> staging(x, width, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   A* scratch = tile + staging.offset(per_block, 0);
@@ -2082,11 +2143,14 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
       __syncthreads();
       if (active) {
-        const A* base = tile + staging.offset(p, s * V * S) + ox_l * S;
+        const A* base = tile + staging.offset(p, s * V * S) + ox_l * (SPLIT ? 1 : S);
 #pragma unroll
         for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
           A row[L];
-          load_row<A, L>(base + rr * pitch, row);
+          if constexpr (SPLIT > 0)
+            load_split_row<A, L>(base + rr * pitch + rr / SPLIT * staging.skew, staging.odd0, row);
+          else
+            load_row<A, L>(base + rr * pitch, row);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
             const int i = rr - v * S;

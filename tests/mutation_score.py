@@ -81,7 +81,7 @@ DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the p
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
-DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's de-interleaved rows (task dws2)
+DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's and weight gradient's de-interleaved rows
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
@@ -979,12 +979,27 @@ MUTATIONS = [
       "next_digit(ty, tx_step, tiles_y, carry);", DW_STRIDED, "persistent loop"),
     M("dw-strided-pixel-rows", "depthwise.cu", "const int q_rows = pitch_y / stride_h;",
       "const int q_rows = pitch_y;", DW_STRIDED, "swapped stride"),
-    M("dw-phased-tap-step", "depthwise.cu", "wk[-(i * S) * K - j * S]", "wk[-(i * S) * K - j]", DW_STRIDED,
+    # depthwise_bwd_input_phased's blocks of B x B pixels (phased_block, its phases and its row stores)
+    M("dw-phased-tap-phase", "depthwise.cu", "for (int kx = (c + OX) % S; kx < K; kx += S)",
+      "for (int kx = (c + OY) % S; kx < K; kx += S)", DW_STRIDED, "swapped sides"),
+    M("dw-phased-window-column", "depthwise.cu", "[(c + OX - kx) / S - LO_X]", "[(c + OX - kx) / S]", DW_STRIDED,
       "wrong tap"),
-    M("dw-phased-term-kernel", "depthwise.cu", "wshared + k * (K * K) + dy_lo * K + dx_lo;",
-      "wshared + dy_lo * K + dx_lo;", DW_STRIDED, "persistent loop"),
-    M("dw-phased-last-row", "depthwise.cu", "if (y < height) out[(I)y * width] = from_acc<T>(acc[q]);",
-      "if (y <= height) out[(I)y * width] = from_acc<T>(acc[q]);", DW_STRIDED, "off-by-one"),
+    M("dw-phased-phase-cases", "depthwise.cu", "case 1: PHASED_CASE(1);", "case 1: PHASED_CASE(2);", DW_STRIDED,
+      "swapped sides"),
+    M("dw-phased-phase-side", "depthwise.cu", "switch (pad_top % S * 2 + pad_left % S)",
+      "switch (pad_top % S * 2 + pad_top % S)", DW_STRIDED, "wrong-side padding"),
+    M("dw-phased-term-kernel", "depthwise.cu", "wshared[k * (K * K) + i]", "wshared[i]", DW_STRIDED,
+      "persistent loop"),
+    M("dw-phased-window-row", "depthwise.cu", "* in_h + y_l / S) * in_w + x_l / S;", "* in_h + y_l) * in_w + x_l / S;",
+      DW_STRIDED, "swapped stride"),
+    M("dw-phased-last-row", "depthwise.cu", "if (y0 + r >= height) break;", "if (y0 + r > height) break;",
+      DW_STRIDED, "off-by-one"),
+    M("dw-phased-last-column", "depthwise.cu", "if (x + col < width) row[col]", "if (x + col <= width) row[col]",
+      DW_STRIDED, "off-by-one"),
+    M("dw-phased-plan-columns", "cupyconv/ops/depthwise.py", "strip=side, columns=side,", "strip=side, columns=1,",
+      DEPTHWISE + " -k phased_items", "planner mirror"),
+    M("dw-phased-row-store", "depthwise.cu", "const bool out_aligned = width % B == 0 && ",
+      "const bool out_aligned = ", DW_STRIDED, "vector width"),
     M("dw-direct-half-sum", "depthwise.cu", "acc_t<T> sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);",
       "T sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);", DEPTHWISE, "half accumulation"),
     M("dw-reduce-half-sum", "depthwise.cu", "A sum = A(0);\n    if (e < elements)",
@@ -1164,12 +1179,17 @@ MUTATIONS = [
       "dst[SPLIT ? (i & 1 ? odd0 : 0) + ((i + 1) >> 1) : i] = v;", DW_SPLIT, "off-by-one"),
     M("dw-split-chunk-odd", "depthwise.cu", "odd.v[e] = to_acc(t[2 * e + 1]);", "odd.v[e] = to_acc(t[2 * e]);",
       DW_SPLIT, "wrong index"),
-    M("dw-split-fma-odd", "depthwise.cu", "load_row<A, L / 2>(at + odd0, odd);",
-      "load_row<A, L / 2>(at + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
+    M("dw-split-fma-odd", "depthwise.cu", "load_row<A, L / 2>(src + odd0, odd);",
+      "load_row<A, L / 2>(src + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
     M("dw-split-fma-order", "depthwise.cu", "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];",
       "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2 - (e > 2)];", DW_SPLIT, "wrong index"),
     M("dw-split-skew-rows", "depthwise.cu", "const A* at = base + r * pitch + r / (V * S) * skew;",
       "const A* at = base + r * pitch + r / V * skew;", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-skew-rows", "depthwise.cu", "base + rr * pitch + rr / SPLIT * staging.skew",
+      "base + rr * pitch + rr / V * staging.skew", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-columns", "depthwise.cu", "+ ox_l * (SPLIT ? 1 : S);", "+ ox_l * S;", DW_SPLIT, "wrong index"),
+    M("dw-split-weight-planner", "cupyconv/ops/depthwise.py", "split = spec.stride[0] == 2 and not spread  #",
+      "split = False  #", DW_SPLIT, "planner mirror"),
     M("dw-split-skew", "depthwise.cu", "skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;", "skew = 0;", DW_SPLIT,
       "bank conflict"),
     M("dw-split-kernel-off", "depthwise.cu", "constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;",

@@ -63,6 +63,12 @@ CASES = [
                                       "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
     C("k3s2_several_tiles", (1, 2, 37, 35), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
                                                    "depthwise_bwd_weight<3, 2>"), stride=2, padding=1),
+    # depthwise_bwd_input_phased's four phases (pad_top, pad_left mod 2): (0, 1) with 4-element row stores (20
+    # columns), (1, 0) element by element
+    C("k3s2_phase_columns", (2, 2, 13, 20), 1, 3, ("depthwise_fwd<3, 2>", "depthwise_bwd_input_phased<3, 2>",
+                                                   "depthwise_bwd_weight<3, 2>"), stride=2, padding=((2, 0), (1, 1))),
+    C("k7s2_phase_rows", (1, 2, 17, 14), 1, 7, ("depthwise_fwd<7, 2>", "depthwise_bwd_input_phased<7, 2>",
+                                                "depthwise_bwd_weight<7, 2>"), stride=2, padding=((3, 2), (2, 5))),
     C("k5s1_multiplier2", (2, 2, 9, 10), 2, 5, ("depthwise_fwd<5, 1>", "depthwise_bwd_input<5>",
                                                 "depthwise_bwd_weight<5, 1>"), padding=2),
     C("k5s2_per_side", (1, 3, 13, 11), 1, 5, ("depthwise_fwd<5, 2>", "depthwise_bwd_input_phased<5, 2>",
@@ -717,6 +723,22 @@ def test_strided_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
+@pytest.mark.parametrize("shape, k, padding", [((64, 96, 112, 112), 3, 1), ((3, 5, 37, 35), 5, 2),
+                                               ((2, 3, 19, 24), 7, 3)])
+def test_phased_items_cover_the_tile(shape, k, padding):
+    """depthwise_bwd_input_phased's plan (the kernel's items: blocks of B x B pixels, B = 2 * PHASED_CELLS): tiles
+    of whole blocks, and a thread for each block of the unit's images, no more than a warp of them idle
+    (planning only)."""
+    x = numpy.broadcast_to(numpy.float32(0), shape)
+    weight = numpy.broadcast_to(numpy.float32(0), (shape[1], 1, k, k))
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 2, padding, 1)
+    plan = depthwise_module.plan_input_grad(spec, 4, 4)
+    t, side = plan.tiling, 2 * depthwise_module.PHASED_CELLS
+    assert plan.kernel == "depthwise_bwd_input_phased" and t.tile_h % side == 0 and t.tile_w % side == 0
+    items = t.per_block * (t.tile_h // side) * (t.tile_w // side)
+    assert items <= t.threads < items + 32
+
+
 # depthwise_bwd_weight<K, S[, SPREAD]>'s blocks over several consecutive units: (shape, multiplier, kernel, stride,
 # padding, dtype, SPREAD: the whole-plane instantiation, and narrow tiles' (`_spread_planes`)) with (tile columns x
 # rows x image groups) units per channel.
@@ -1141,6 +1163,53 @@ def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
                                 instantiations=[("depthwise.cu", name)])  # (the profile build: not under ASan)
         with _device.use_device(device):
             cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
+        profile = next(p for p in device.profile if p.name == name)
+        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
+        assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
+
+
+@pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
+def test_stride2_weight_gradient_stages_split_rows(shape, m, k, padding, dtype):
+    """The same de-interleaved staging in the per-image stride-2 weight gradient (depthwise_bwd_weight<K, 2>, its
+    SPLIT): every tap against the float64 CPU path, the launch's shared memory the kernel's layout plus the block
+    reduction's scratch, and the 3x3 one's 16-byte shared loads at one wavefront a quarter warp."""
+    rng = numpy.random.default_rng(sum(shape) + k + 1)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
+    out_shape = ref.depthwise_conv2d(x[:1, :1].astype(numpy.float64), weight[:1].astype(numpy.float64), None,
+                                     stride=2, padding=padding).shape[2:]
+    gy = rng.standard_normal((shape[0], shape[1] * m, *out_shape)).astype(x.dtype)
+    sizes = []
+
+    class SizeRecorder(Recorder):
+        def launch(self, source, name, grid, block, args, shared_mem=0):
+            sizes.append((block[0], shared_mem))
+            super().launch(source, name, grid, block, args, shared_mem)
+
+    device = SizeRecorder("reverse")
+    with _device.use_device(device):
+        got = cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")[1]
+    (name, args), (reduce, _) = device.launches
+    expected = ref.depthwise_conv2d_grads(*(a.astype(numpy.float64) for a in (gy, x, weight)), stride=2,
+                                          padding=padding)[1]
+    assert_matches(got, expected.astype(x.dtype), dtype, str(shape))
+    if list(args[-5:-3]) == [1, 1] and k >= depthwise_module.SPREAD_MIN_K:  # one tile: the SPREAD instantiation
+        assert short(name) == f"depthwise_bwd_weight<{k}, 2, true>", name
+        return
+    assert short(name) == f"depthwise_bwd_weight<{k}, 2>", name
+    acc = 8 if dtype == "float64" else 4
+    (tile_h, tile_w), per_block, chunk = args[-7:-5], args[-3], 16 // acc
+    in_h, in_w = 2 * tile_h - 2 + k, 2 * tile_w - 2 + k
+    pitch = -(-(in_w + 1) // 2 // chunk) * chunk + -(-(in_w // 2) // chunk) * chunk
+    skews = in_h // (2 * depthwise_module.STRIP_ROWS[k]) * (tile_w % (128 // acc))
+    threads = sizes[0][0]
+    assert sizes[0][1] == (per_block * (in_h * pitch + skews) + threads // 32 * (k * k + 1)) * acc, sizes
+    if dtype == "float32" and k == 3:
+        first_two = lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))]  # noqa: E731
+        device = EmulatedDevice(counters=True, asan=False, blocks=first_two,
+                                instantiations=[("depthwise.cu", name), ("depthwise.cu", reduce)])
+        with _device.use_device(device):  # (the profile build: not under ASan)
+            cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")
         profile = next(p for p in device.profile if p.name == name)
         loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
         assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads

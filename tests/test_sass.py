@@ -856,7 +856,7 @@ GRADIENT_LOOP_PER_OUTPUT = {
     ("depthwise_bwd_input", "16-bit", 5, 1): 80, ("depthwise_bwd_input", "16-bit", 7, 1): 85,
     ("depthwise_bwd_weight", "float", 3, 1): 35, ("depthwise_bwd_weight", "float", 3, 2): 36,
     ("depthwise_bwd_weight", "float", 5, 1): 44, ("depthwise_bwd_weight", "float", 5, 2): 46,
-    ("depthwise_bwd_weight", "float", 7, 1): 70, ("depthwise_bwd_weight", "float", 7, 2): 72,
+    ("depthwise_bwd_weight", "float", 7, 1): 70, ("depthwise_bwd_weight", "float", 7, 2): 73,
     ("depthwise_bwd_weight", "16-bit", 3, 1): 39, ("depthwise_bwd_weight", "16-bit", 3, 2): 39,
     ("depthwise_bwd_weight", "16-bit", 5, 1): 47, ("depthwise_bwd_weight", "16-bit", 5, 2): 49,
     ("depthwise_bwd_weight", "16-bit", 7, 1): 74, ("depthwise_bwd_weight", "16-bit", 7, 2): 76,

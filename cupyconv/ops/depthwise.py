@@ -197,6 +197,9 @@ LANES_THREADS = 512    # the most threads a block of depthwise_bwd_weight_lanes 
                        # x 8 lanes.  With 2 such blocks an SM its float-accumulating instantiations (int indices) fit
                        # 64 registers, not 94: 32 warps an SM, not 16 (PREDICTED dw-384-14k31, RESULTS.md "dwwgt")
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
+PHASED_CELLS = 2       # cells of S x S input pixels per side of a thread item of depthwise_bwd_input_phased: 4 x 4
+                       # pixels at stride 2, whose 3x3 taps read a 3 x 3 grad_output window (9 shared loads for 36
+                       # FMAs; one cell a side: 2 x 2 loads for 9) and whose rows are one 4-element store each
 REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
 PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
 SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
@@ -209,8 +212,8 @@ KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
-    "STRIDED_ROWS": STRIDED_ROWS, "REDUCE_THREADS": REDUCE_THREADS, "SPREAD_MIN_K": SPREAD_MIN_K,
-    "PLANE_BATCH": PLANE_BATCH, "LANES_THREADS": LANES_THREADS})
+    "STRIDED_ROWS": STRIDED_ROWS, "PHASED_CELLS": PHASED_CELLS, "REDUCE_THREADS": REDUCE_THREADS,
+    "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH, "LANES_THREADS": LANES_THREADS})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
 BLOCK_ITEMS = 256      # thread items per block the planner aims for (small planes: images packed to reach it)
@@ -596,12 +599,16 @@ def plan_input_grad(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Pl
                              strip=GENERIC_STRIP, align=(GENERIC_STRIP, 1), extra_bytes=weights)
         if tiling:
             return Plan("depthwise_bwd_input_generic", (), tiling)
+    k = _specialised(spec)
+    if k and spec.stride != (1, 1):  # items of B x B pixels (the kernel's phased_block)
+        side = PHASED_CELLS * spec.stride[0]
+        tiling = plan_tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=side, columns=side,
+                             align=(side, side), extra_bytes=weights)
+        if tiling:
+            return Plan("depthwise_bwd_input_phased", (k, spec.stride[0]), tiling)
     tiling = plan_tiling(spec.in_size, spec.n, _strided_staging(spec), acc, strip=STRIDED_ROWS,
                          align=(STRIDED_ROWS * spec.stride[0], spec.stride[1]), extra_bytes=weights)
     if tiling:
-        k = _specialised(spec)
-        if k and spec.stride != (1, 1):
-            return Plan("depthwise_bwd_input_phased", (k, spec.stride[0]), tiling)
         return Plan("depthwise_bwd_input_strided", (), tiling)
     return Plan("depthwise_bwd_input_gather")
 
@@ -618,7 +625,8 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
              and width % (16 // acc) != 0)
     if k:
         def plan(spread):
-            return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread), acc,
+            split = spec.stride[0] == 2 and not spread  # the kernel's SPLIT, as the forward's
+            return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread, split), acc,
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
                                extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
         # whole-plane tiles (small planes): the SPREAD instantiation, its planes spread over the banks
