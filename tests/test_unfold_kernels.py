@@ -525,8 +525,9 @@ def test_gpu_reads_strided_views_and_torch_tensors():
 ], ids=["gather_float32", "vector_float16", "gather_float16"])
 def test_fold_adds_conv_transpose_bias(dtype, x_shape, kwargs, run):
     """conv_transpose2d through the GEMM and fold_col2im: the fold (BIAS true) adds the bias to each position's sum
-    before its rounding, plane p's channel p % C, in both instantiations; no array work adds it after.  In float32 the bits are those of the fold without bias plus the bias (one float32 add, as before it was fused);
-    in float16 within a rounding of torch in float64.  Outputs poisoned."""
+    before its rounding, plane p's channel p % C, in both instantiations; no array work adds it after.  In float32
+    the bits are those of the fold without bias plus the bias (one float32 add, as before it was fused); in float16
+    within a rounding of torch in float64.  Outputs poisoned."""
     rng = numpy.random.default_rng(31)
     x = rng.standard_normal(x_shape).astype(dtype)
     weight = (rng.standard_normal((x_shape[1], 3, 3, 3)) / 4).astype(dtype)

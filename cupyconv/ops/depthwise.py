@@ -193,9 +193,10 @@ LARGE_WEIGHT_LANES = 8  # images per unit of depthwise_bwd_weight_lanes at most 
 LARGE_THREADS = 256    # their most threads a block (each takes the same number of the unit's items): blocks of ~64
                        # registers a thread, 4 to an H100 SM, so that 384 units (dw-384-14k31) run in one wave of 3
                        # a SM (448 threads: 2 a SM, a second wave for the last 120 of them)
-LANES_THREADS = 512    # the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__): 31x31's 64 items
-                       # x 8 lanes.  With 2 such blocks an SM its float-accumulating instantiations (int indices) fit
-                       # 64 registers, not 94: 32 warps an SM, not 16 (PREDICTED dw-384-14k31, RESULTS.md "dwwgt")
+LANES_THREADS = 512    # the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__): 31x31's
+                       # 64 items x 8 lanes.  With 2 such blocks an SM its float-accumulating instantiations (int
+                       # indices) fit 64 registers, not 94: 32 warps an SM, not 16 (PREDICTED dw-384-14k31, RESULTS.md
+                       # "dwwgt")
 STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 PHASED_CELLS = 2       # cells of S x S input pixels per side of a thread item of depthwise_bwd_input_phased: 4 x 4
                        # pixels at stride 2, whose 3x3 taps read a 3 x 3 grad_output window (9 shared loads for 36

@@ -187,7 +187,8 @@ def fold_gpu(device, cols, spec: ConvSpec, out=None, bias=None):
                        block=block, window=spec, cols=cols, out=out,
                        bias=cols if bias is None else device.ascontiguous(bias), n=spec.n, channels=c,
                        width_magic=fast_divmod_magic(w // run), height_magic=fast_divmod_magic(h),
-                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw), channels_magic=fast_divmod_magic(c))
+                       stride_h_magic=fast_divmod_magic(sh), stride_w_magic=fast_divmod_magic(sw),
+                       channels_magic=fast_divmod_magic(c))
     return out
 
 
