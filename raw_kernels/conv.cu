@@ -286,8 +286,13 @@ constexpr int WGRAD_X_BATCH = 4;
 static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0 and k0");
 // Blocks of WGRAD_MAX_THREADS an SM must hold: 4 (64 registers a thread, so 32 warps an SM for 4-warp blocks: the
 // kernel's warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte
-// and the indices int; the double and long long instantiations keep their registers (they would spill).
+// and the indices int; the double and long long instantiations keep their registers (they would spill).  Before
+// sm_90, 3 (85 registers): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 3 : 1;
+#else
 template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 4 : 1;
+#endif
 // Thread `thread`'s WGRAD_DPT bias sums: after the warps' info, at the next 16 bytes (the planner pads to them),
 // worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
 // (An offset from conv_shared, not an address rounded as an integer, which would lose that it is shared memory.)
