@@ -502,6 +502,8 @@ __device__ __forceinline__ void load_kernel(acc_t<T> (&w)[K * K], const T* __res
 // (80 registers: 24 warps, not 16 at the ~128 they take freely; PREDICTED on dw-tiny-4x4k4 fp16: forward 150 -> 133
 // us, weight gradient 113 -> 55 at the high end).  Not the input gradient's: at 80 registers it executed 50% more
 // instructions (fp32 100 -> 204 us).  Nor the 64-bit-index instantiations: at 80 registers they spilled 8-56 bytes.
+// (A named constant: cupyconv/_kernels.py reads the launch bounds' parentheses without nesting.)
+template <typename I, int K> constexpr int planes_min_blocks = K && sizeof(I) == 4 ? 3 : 1;
 
 template <typename T, typename I, bool TRANSPOSED, int K = 0>
 __device__ __forceinline__ void depthwise_planes(
@@ -1261,7 +1263,7 @@ __global__ void depthwise_fwd_generic(const T* __restrict__ x, const T* __restri
 // Forward of tiny planes (depthwise_planes), any geometry whose unit fits in shared memory; K > 0: a K x K window
 // at stride 1 (depthwise_planes says what it requires; its launch bounds: above depthwise_planes).
 template <typename T, typename I, int K = 0>
-__global__ void __launch_bounds__(256, K && sizeof(I) == 4 ? 3 : 1)
+__global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
     depthwise_fwd_planes(const T* __restrict__ x, const T* __restrict__ weight,
                          const T* __restrict__ bias, T* __restrict__ y, I images, int channels,
                          int multiplier, int height, int width, int out_h, int out_w, int kernel_h,
@@ -1988,7 +1990,7 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 // Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
 // of depthwise_bwd_weight_generic, its tiling arguments unused (plane_channels > 0); launch bounds as the forward's.
 template <typename T, typename I, int K>
-__global__ void __launch_bounds__(256, K && sizeof(I) == 4 ? 3 : 1)
+__global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
     depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
                                 acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
                                 int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
