@@ -296,6 +296,13 @@ template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<
 // Thread `thread`'s WGRAD_DPT bias sums: after the warps' info, at the next 16 bytes (the planner pads to them),
 // worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
 // (An offset from conv_shared, not an address rounded as an integer, which would lose that it is shared memory.)
+// v summed over the warp's 32 lanes by a fixed xor butterfly (16, 8, 4, 2, 1): the same bits on every lane and run,
+// for the weight's sums and the bias's alike.
+template <typename A> __device__ __forceinline__ A warp_tree_sum(A v) {
+#pragma unroll
+  for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
+  return v;
+}
 template <typename A> __device__ __forceinline__ A* wgrad_bias_sums(int* info, int warps, int thread) {
   char* base = reinterpret_cast<char*>(conv_shared);
   const int end = static_cast<int>(reinterpret_cast<char*>(info + warps * WGRAD_INFO) - base);
@@ -511,9 +518,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   for (int d = 0; d < WGRAD_DPT; ++d) {
 #pragma unroll
     for (int kk = 0; kk < WGRAD_KT; ++kk) {
-      A v = sum[d][kk];
-#pragma unroll
-      for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
+      const A v = warp_tree_sum(sum[d][kk]);
       const int k = k0 + kk;
       if (lane == 0 && d0 + d < outputs_per_group && k < columns) {
         partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
@@ -527,9 +532,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const A* bias_sums = wgrad_bias_sums<A>(info, warps, thread);
 #pragma unroll
   for (int d = 0; d < WGRAD_DPT; ++d) {
-    A v = bias_sums[d];
-#pragma unroll
-    for (int lanes = 16; lanes > 0; lanes /= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);   // the same tree
+    const A v = warp_tree_sum(bias_sums[d]);
     if (lane == 0 && d0 + d < outputs_per_group) bias_partial[(I)(g * outputs_per_group + d0 + d) * splits + s] = v;
   }
 }

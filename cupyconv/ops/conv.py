@@ -666,8 +666,10 @@ def conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, needs: f
                 fused_bias["weight"], fused_bias["bias"] = implicit_gemm_grad_weight(
                     device, batch_view(device, x), grad_output, spec, "bias" in needs)
                 return fused_bias["weight"]
-            with_bias = "bias" in needs and algo == "direct" and plan_weight_direct(spec, x.dtype, True) is not None
+            with_bias = "bias" in needs and algo == "direct"
             direct = plan_weight_direct(spec, x.dtype, with_bias) if algo == "direct" else None
+            if direct is None and with_bias:   # the bias sums do not fit: the weight alone, the bias by conv_bgrad
+                with_bias, direct = False, plan_weight_direct(spec, x.dtype)
             if direct is not None:
                 gy4 = contiguous().reshape(n, spec.out_channels, *spec.out_size)
                 fused_bias["weight"], fused_bias["bias"] = _direct_grad_weight(device, x, gy4, spec, direct,
