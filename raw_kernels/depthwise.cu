@@ -442,30 +442,42 @@ __device__ __forceinline__ bool planes_in_registers(const T* src, int h, int w, 
   return h <= K && w <= K;
 }
 
-// Output (oy, ox) = (u + pad_top, v + pad_left) of a K x K window over a src plane x of at most K x K in registers
-// (zeros past it) reads x at (u + i, v + j): u, v run over [1 - K, K - 1] at compile time, each output row and
-// column kept where it is inside dst (a test the whole block takes alike), and only the taps with u + i and v + j in
-// [0, K) are summed, in the tap order of fixed_window_plane.
-template <typename A, int K>
-__device__ __forceinline__ void register_window_plane(const A (&x)[K * K], const A (&w)[K * K], A* y, int dst_h,
-                                                      int dst_w, int pad_top, int pad_left, A init) {
+// The outputs of a K x K window over a plane x of at most K x K in registers (zeros past it), and the taps that read
+// inside x, at compile-time indices: output (oy, ox) = (u + pad_top, v + pad_left) reads x at (u + i, v + j), u and
+// v over [1 - K, K - 1], each output kept where it is inside the out_h x out_w plane (a test the whole block takes
+// alike).  in_plane_outputs calls output(oy, ox, u, v) in row order; in_plane_taps calls tap(i * K + j,
+// (u + i) * K + v + j) for the taps with u + i and v + j in [0, K), in tap order (fixed_window_plane's).
+template <int K, typename Output>
+__device__ __forceinline__ void in_plane_outputs(int out_h, int out_w, int pad_top, int pad_left, Output output) {
 #pragma unroll
   for (int u = 1 - K; u < K; ++u) {
     const int oy = u + pad_top;
-    if (oy < 0 || oy >= dst_h) continue;
+    if (oy < 0 || oy >= out_h) continue;
 #pragma unroll
     for (int v = 1 - K; v < K; ++v) {
       const int ox = v + pad_left;
-      if (ox < 0 || ox >= dst_w) continue;
-      A acc = init;
-#pragma unroll
-      for (int i = u < 0 ? -u : 0; i < (u > 0 ? K - u : K); ++i) {
-#pragma unroll
-        for (int jj = v < 0 ? -v : 0; jj < (v > 0 ? K - v : K); ++jj) acc += w[i * K + jj] * x[(u + i) * K + v + jj];
-      }
-      y[oy * dst_w + ox] = acc;
+      if (ox >= 0 && ox < out_w) output(oy, ox, u, v);
     }
   }
+}
+
+template <int K, typename Tap> __device__ __forceinline__ void in_plane_taps(int u, int v, Tap tap) {
+#pragma unroll
+  for (int i = u < 0 ? -u : 0; i < (u > 0 ? K - u : K); ++i) {
+#pragma unroll
+    for (int j = v < 0 ? -v : 0; j < (v > 0 ? K - v : K); ++j) tap(i * K + j, (u + i) * K + v + j);
+  }
+}
+
+// The forward of such a plane into y (dst_h x dst_w), each output from `init`.
+template <typename A, int K>
+__device__ __forceinline__ void register_window_plane(const A (&x)[K * K], const A (&w)[K * K], A* y, int dst_h,
+                                                      int dst_w, int pad_top, int pad_left, A init) {
+  in_plane_outputs<K>(dst_h, dst_w, pad_top, pad_left, [&](int oy, int ox, int u, int v) {
+    A acc = init;
+    in_plane_taps<K>(u, v, [&](int tap, int at) { acc += w[tap] * x[at]; });
+    y[oy * dst_w + ox] = acc;
+  });
 }
 
 // Stage a run of n elements, planes of at.size elements, into shared planes `pitch` apart, element r of a plane at
@@ -1735,23 +1747,11 @@ __device__ __forceinline__ void register_window_grad(acc_t<T> (&acc)[K * K + 1],
                                                      const T* g_plane, int out_h, int out_w, int pad_top,
                                                      int pad_left) {
   typedef acc_t<T> A;
-#pragma unroll
-  for (int u = 1 - K; u < K; ++u) {
-    const int oy = u + pad_top;
-    if (oy < 0 || oy >= out_h) continue;
-#pragma unroll
-    for (int v = 1 - K; v < K; ++v) {
-      const int ox = v + pad_left;
-      if (ox < 0 || ox >= out_w) continue;
-      const A g = to_acc(g_plane[oy * out_w + ox]);
-#pragma unroll
-      for (int i = u < 0 ? -u : 0; i < (u > 0 ? K - u : K); ++i) {
-#pragma unroll
-        for (int jj = v < 0 ? -v : 0; jj < (v > 0 ? K - v : K); ++jj) acc[i * K + jj] += g * x[(u + i) * K + v + jj];
-      }
-      acc[K * K] += g;
-    }
-  }
+  in_plane_outputs<K>(out_h, out_w, pad_top, pad_left, [&](int oy, int ox, int u, int v) {
+    const A g = to_acc(g_plane[oy * out_w + ox]);
+    in_plane_taps<K>(u, v, [&](int tap, int at) { acc[tap] += g * x[at]; });
+    acc[K * K] += g;
+  });
 }
 
 // K > 0 (depthwise_bwd_weight_planes: the forward's TINY_KERNELS window, depthwise_planes): the x planes are staged
