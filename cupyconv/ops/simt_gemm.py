@@ -34,7 +34,8 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
 # 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
 # From SIMT_TALL_ROWS rows with 33-64 columns the forward also has 192 x 64 x 12 (SIMT_TALL_FIT), taken where its
-# waves pad less (`simt_tall_rows`).  The order of each tuple is the instantiations' and the tests', not a
+# waves pad less (`simt_tall_rows`); with at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW), or 128 x 32 x 8 where
+# its waves pad less (the same rule).  The order of each tuple is the instantiations' and the tests', not a
 # preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
 SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
