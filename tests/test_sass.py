@@ -544,6 +544,27 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
+@on_program("simt_gemm.cu", "sm_90")
+def test_fma_gemm_tall_tiles_blocks_an_sm(kernel_programs, sass_tools):
+    """simt_tall_rows picks between two forward tiles by their waves of SIMT_TALL_WAVE_BLOCKS (256 x 64 x 16, 192 x
+    64 x 12) or SIMT_NARROW_WAVE_BLOCKS (256 x 32 x 16, 128 x 32 x 8) blocks: each pair's resident blocks an SM on
+    sm_90 (int) times a 132-SM H100's SMs must be that constant, so that a tile whose registers change its
+    occupancy fails here, not silently in the plans."""
+    from cupyconv.ops import simt_gemm
+    usage = resource_usage(kernel_programs("simt_gemm.cu", "sm_90"), "sm_90")
+    problems = []
+    for wave, tiles in ((simt_gemm.SIMT_TALL_WAVE_BLOCKS, (simt_gemm.SIMT_TALL, simt_gemm.SIMT_TALL_FIT)),
+                        (simt_gemm.SIMT_NARROW_WAVE_BLOCKS, (simt_gemm.SIMT_TALL_NARROW, simt_gemm.SIMT_NARROW))):
+        for tile in tiles:
+            name = f"simt_fwd<float, int, {tile[0]}, {tile[1]}, {tile[2]}>"
+            threads = tile[0] * tile[1] // (8 * tile[2])
+            blocks = sass.occupancy(usage[name].registers, threads, usage[name].shared).blocks_per_sm
+            if blocks * 132 != wave:
+                problems.append(f"{name}: {blocks} blocks an SM x 132 SMs, the planner's waves are {wave}")
+    assert not problems, "\n".join(problems)
+
+
 # conv_bwd_weight_igemm's main loop (sm_90, int): the most instructions a warp issues per HMMA of the GEMM (the
 # bias gradient's HMMA, a fifth of the loop's, a third for TF32, counted as instructions), by tile.  NVRTC 13.0
 # on 2026-11-25: 128 x 128 5.5, 128 x 64 5.9, 64 x 64 9.0, 32 x 64 12.4 for 16-bit; TF32 13.6 and 17.1 (its

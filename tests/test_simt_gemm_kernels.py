@@ -38,6 +38,8 @@ CASES = [
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
     # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
     C("rows_in_fours_forward", (3, 6, 8, 6), (70, 6, 3, 3), padding=1),
+    # 136 columns: two 128-column tiles (n0 = 128 for the second) in the forward and the weight gradient
+    C("two_column_tiles", (2, 3, 5, 4), (136, 3, 3, 3), padding=((1, 0), (0, 1))),
 ]
 CASE_BY_NAME = {case.name: case for case in CASES}
 
@@ -133,6 +135,7 @@ def test_tall_tile(tile, order, index, monkeypatch):
     of 16 a chunk of 16, 50 or 36 columns) where SIMT_TALL_FIT_COST makes it the cheaper (0: always; 9: never)."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", 0.0 if tile == "192, 64, 12" else 9.0)
+    monkeypatch.setattr(simt_gemm, "SIMT_NARROW_FIT_COST", 9.0)   # 256 x 32 x 16, not 128 x 32 x 8's one block
     if index == "long long":
         monkeypatch.setattr(_kernels, "INT32_MAX", -1)
     case = TALL_CASES[tile]
@@ -146,15 +149,19 @@ def test_tall_tile(tile, order, index, monkeypatch):
     assert_close(grad_x, expected_backward(grad_output, x, weight, **case.kwargs)[0], "grad_input")
 
 
-def test_tall_tiles_give_the_same_bits(monkeypatch):
-    """simt_tall_rows may pick 192 x 64 x 12 or 256 x 64 x 16 by the waves they make: both sum each output over k in
-    the same order (chunks in turn, k in order within one), so the result is the same to the bit either way."""
+@pytest.mark.parametrize("case, constant, tiles", [
+    ("192, 64, 12", "SIMT_TALL_FIT_COST", ("192, 64, 12", "256, 64, 16")),
+    ("256, 32, 16", "SIMT_NARROW_FIT_COST", ("128, 32, 8", "256, 32, 16"))])
+def test_tall_tiles_give_the_same_bits(case, constant, tiles, monkeypatch):
+    """simt_tall_rows may pick 192 x 64 x 12 or 256 x 64 x 16 (at most 32 columns: 128 x 32 x 8 or 256 x 32 x 16,
+    chunks of 16 and 8) by the waves they make: both sum each output over k in the same order (chunks in turn, k in
+    order within one), so the result is the same to the bit either way."""
     monkeypatch.setattr(simt_gemm, "SIMT_TALL_ROWS", 1)
-    case = TALL_CASES["192, 64, 12"]
+    case = TALL_CASES[case]
     x, weight, bias, _ = inputs(case, 5)
     outs = []
-    for cost, tile in ((0.0, "192, 64, 12"), (9.0, "256, 64, 16")):
-        monkeypatch.setattr(simt_gemm, "SIMT_TALL_FIT_COST", cost)
+    for cost, tile in zip((0.0, 9.0), tiles):
+        monkeypatch.setattr(simt_gemm, constant, cost)
         device = Recorder("forward")
         outs.append(numpy.asarray(on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm",
                                               **case.kwargs)))
@@ -524,6 +531,24 @@ def test_tiles_are_a_rule_of_the_shapes():
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
     assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192
+
+
+def test_narrow_tall_tile_by_its_waves():
+    """Over SIMT_TALL_ROWS rows, at most 32 columns take 256 x 32 x 16 or 128 x 32 x 8 (both 4 blocks an SM: 528 at
+    once) by their waves times rows and loop cost: the patch seed's input gradient (20,480 4x4 patches, 32 input
+    channels: 327,680 rows) 2,560 blocks of 128 (4.85 waves) rather than 1,280 of 256 (2.42: 3 waves of 256 rows a
+    slot against 5 of 128 x 1.06); p-8x8's 1,310,720 rows 10 waves of 256 against 20 of 128, and 1,126,400 rows 9
+    against 17 x 1.06 (2,304 rows a slot against 2,306.6: the loop's cost decides); two groups of them
+    twice the blocks (p-seed's rows: 4.85 waves of 256 rows against 9.70 of 128)."""
+    tall_narrow, narrow = (256, 32, 16), (128, 32, 8)
+    assert simt_gemm.simt_tile("forward", 20480 * 16, 32) == narrow
+    assert simt_gemm.plan_simt(conv_op.transposed_spec(conv_op.ConvSpec.for_conv(
+        "t", numpy.empty((20480, 32, 4, 4), numpy.float32), numpy.empty((64, 32, 3, 3), numpy.float32), None, 1, 1,
+        1, 1)), "forward") == simt_gemm.SimtPlan(narrow, (2560, 1, 1))
+    assert simt_gemm.simt_tile("forward", 20480 * 64, 32) == tall_narrow
+    assert simt_gemm.simt_tile("forward", 4400 * 256, 32) == tall_narrow   # 9 waves of 256 rows, 17 of 128 x 1.06
+    assert simt_gemm.simt_tile("forward", 20480 * 16, 32, groups=2) == tall_narrow
+    assert simt_gemm.simt_tile("forward", 20480 * 16, 64) == (256, 64, 16)   # the 64-column rule is its own
 
 
 def test_patch_backward_sums_the_bias_in_the_weight_gradient(monkeypatch):

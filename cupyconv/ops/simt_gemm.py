@@ -34,7 +34,8 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
 # 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
 # From SIMT_TALL_ROWS rows with 33-64 columns the forward also has 192 x 64 x 12 (SIMT_TALL_FIT), taken where its
-# waves pad less (`simt_tall_rows`).  The order of each tuple is the instantiations' and the tests', not a
+# waves pad less (`simt_tall_rows`); with at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW), or 128 x 32 x 8 where
+# its waves pad less (the same rule).  The order of each tuple is the instantiations' and the tests', not a
 # preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
 SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
@@ -47,6 +48,12 @@ SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIM
 # 392 blocks of 256: 1.48 waves, the second half empty (the model's tail 1.35); 523 blocks of 192 are 1.98 waves.
 # SIMT_TALL_FIT_COST: 192 x 64 x 12's loop issues 1.213 instructions a FFMA (sm_90) to 256 x 64 x 16's 1.180.
 SIMT_TALL_WAVE_BLOCKS, SIMT_TALL_FIT_COST = 264, 1.03
+# The same choice for at most 32 columns: 256 x 32 x 16 (241 registers) and 128 x 32 x 8 (211) both run 4 blocks of 64
+# threads an SM, 528 at once on 132 SMs.  p-seed's input gradient (327,680 rows, 32 input channels) made 1,280
+# blocks of 256 rows: 2.42 waves, its last with 58% of the SMs idle, so that it took longer than the forward's
+# 256 x 64 for the same FLOPs; 2,560 blocks of 128 are 4.85 waves.  SIMT_NARROW_FIT_COST: 128 x 32 x 8's loop issues
+# 1.399 instructions a FFMA (sm_90) to 256 x 32 x 16's 1.315.
+SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST = 528, 1.06
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
@@ -169,15 +176,19 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
     return {"forward": (out_pixels, dg, cg * taps), "weight": (cg * taps, dg, out_pixels)}[pass_]
 
 
-def simt_tall_rows(rows: int, column_blocks: int) -> tuple[int, int, int]:
-    """The forward's tall 64-column tile for `rows` (per group) and `column_blocks` (groups x column tiles): 256 x 64
-    x 16, or 192 x 64 x 12 where its waves of SIMT_TALL_WAVE_BLOCKS, times its rows and loop cost, come less: a
-    partial last wave leaves SMs idle, and smaller blocks fill it (the sums run in k order on either tile: the same
-    bits)."""
+def simt_tall_rows(rows: int, column_blocks: int, narrow: bool = False) -> tuple[int, int, int]:
+    """The forward's tall tile for `rows` (per group) and `column_blocks` (groups x column tiles): 256 x 64 x 16, or
+    192 x 64 x 12 where its waves of SIMT_TALL_WAVE_BLOCKS, times its rows and loop cost, come less; `narrow` (at
+    most 32 columns): 256 x 32 x 16, or 128 x 32 x 8 by its waves of SIMT_NARROW_WAVE_BLOCKS.  A partial last wave
+    leaves SMs idle, and smaller blocks fill it (the sums run in k order on every tile: the same bits)."""
+    tall, fit, wave_blocks, fit_cost = ((SIMT_TALL_NARROW, SIMT_NARROW, SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST)
+                                        if narrow else (SIMT_TALL, SIMT_TALL_FIT, SIMT_TALL_WAVE_BLOCKS,
+                                                        SIMT_TALL_FIT_COST))
+
     def cost(tile, weight):
-        waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, SIMT_TALL_WAVE_BLOCKS)
+        waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, wave_blocks)
         return waves * tile[0] * weight
-    return SIMT_TALL_FIT if cost(SIMT_TALL_FIT, SIMT_TALL_FIT_COST) < cost(SIMT_TALL, 1.0) else SIMT_TALL
+    return fit if cost(fit, fit_cost) < cost(tall, 1.0) else tall
 
 
 def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, int, int]:
@@ -190,7 +201,7 @@ def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, i
             return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
         return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
     if cols <= SIMT_NARROW_COLUMNS:
-        return SIMT_TALL_NARROW if rows >= SIMT_TALL_ROWS else SIMT_NARROW
+        return simt_tall_rows(rows, groups, narrow=True) if rows >= SIMT_TALL_ROWS else SIMT_NARROW
     if rows >= SIMT_TALL_ROWS:
         return SIMT_TALL_WIDE if cols > 64 else simt_tall_rows(rows, groups * ceil_div(cols, 64))
     return SIMT_WIDE if cols > 64 else SIMT_TILE
