@@ -75,6 +75,45 @@ template <int DPT> __device__ __forceinline__ void store_vector(double* w, const
   for (int d = 0; d < DPT; ++d) w[d] = in[d];
 }
 
+// Stages `channels` channels of x's window (tile_in_h x tile_in_w values a channel, input row iy0 and column ix0 at
+// its top left, zero outside the height x width image) into tile [channel][tile_in_h][tile_in_w] as acc_t, flat, by
+// pairs of columns: pair e = tid, tid + threads, ... is tile[2e], tile[2e + 1], columns x, x + 1 (x = 2 (e %
+// pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h) (tile_in_w is even: the
+// planners round it up; tile 2 * sizeof(A)-aligned), consecutive pairs on consecutive threads (coalesced, no lane
+// idles on a halo column).  The walk keeps x, the row and x's offset in x_slab, stepped by `threads` pairs, with a
+// carry out of a tile row and one out of a channel: its cost is paid a pair.  A thread issues BATCH pairs of loads
+// before it stores any: one wait on memory a batch.  Both direct kernels stage x so (conv_fwd_direct a slab,
+// conv_bwd_weight_direct the group a unit).
+template <int BATCH, typename A, typename T, typename I>
+__device__ __forceinline__ void stage_pairs(A* tile, const T* x_slab, int channels, int tile_in_h, int tile_in_w,
+                                            int iy0, int ix0, int height, int width, I x_stride_c, I x_stride_h,
+                                            I x_stride_w, int tid, int threads) {
+  const int pairs_w = tile_in_w / 2, pairs = pairs_w * tile_in_h, count = channels * pairs;
+  const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
+  int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
+  I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
+  const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
+  const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
+  const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
+  for (int e0 = tid; e0 < count; e0 += BATCH * threads) {
+    DirectPair<A> v[BATCH];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      // unsigned: a row or column of padding before the image wraps to a large number
+      const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
+      v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
+      v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
+      x_at += step_x, y_at += step_y, at += step;
+      if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
+      if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
+    }
+  }
+}
+
 // Blocks an SM must hold at DIRECT_THREADS threads (the register cap): 64 (DPT 8), 32 (DPT 4) and 16 (DPT 2) float
 // sums a thread fit in 128, 80 and 64 registers without spilling, which keeps four 4-warp and three 7-warp blocks
 // an SM (ResNeXt's 28 x 28 and 56 x 56 planes); double sums are left to the compiler.
@@ -140,36 +179,8 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
         __syncthreads();  // the previous slab's readers are done with shared memory
         // A thread issues DIRECT_BATCH loads before it stores any: one wait on memory a batch, not one an element.
         if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
-          // Flat, by pairs of columns: pair e = tid, tid + threads, ... of the slab is tile[2e], tile[2e + 1], columns
-          // x, x + 1 (x = 2 (e % pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h)
-          // (tile_in_w is even: the planner rounds it up), consecutive pairs on consecutive threads (no lane idles
-          // on a halo column).  The walk keeps x, the row and x's offset in x from the slab's first channel, stepped
-          // by `threads` pairs, with a carry out of a tile row and one out of a channel: its cost is paid a pair.
-          const int pairs_w = tile_in_w / 2, pairs = tile_elems / 2, count = channels * pairs;
-          const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
-          int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
-          I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
-          const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
-          const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
-          const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
-          const T* x_slab = x_group + (I)c0 * x_stride_c;
-          for (int e0 = tid; e0 < count; e0 += DIRECT_BATCH * threads) {
-            DirectPair<A> v[DIRECT_BATCH];
-#pragma unroll
-            for (int b = 0; b < DIRECT_BATCH; ++b) {
-              // unsigned: a row or column of padding before the image wraps to a large number
-              const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
-              v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
-              v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
-              x_at += step_x, y_at += step_y, at += step;
-              if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
-              if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
-            }
-#pragma unroll
-            for (int b = 0; b < DIRECT_BATCH; ++b) {
-              if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
-            }
-          }
+          stage_pairs<DIRECT_BATCH>(tile, x_group + (I)c0 * x_stride_c, channels, tile_in_h, tile_in_w, iy0, ix0,
+                                    height, width, x_stride_c, x_stride_h, x_stride_w, tid, threads);
         }
         const int w_count = channels * taps * DPT;
         for (int e0 = tid; e0 < w_count; e0 += DIRECT_BATCH * threads) {
@@ -279,7 +290,7 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 
-// x tile elements a thread loads before it stores them (loads in flight; registers)
+// pairs of x tile elements a thread loads before it stores them (loads in flight; registers)
 constexpr int WGRAD_X_BATCH = 4;
 // WGRAD_INFO (from ops/conv.py, which sizes the shared memory): the ints of shared memory a warp keeps its output
 // block in: WGRAD_KT column offsets, d0 (-1: no block), k0
@@ -289,9 +300,9 @@ static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0
 // and the indices int; the double and long long instantiations keep their registers (they would spill).  Before
 // sm_90, 3 (85 registers): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 3 : 1;
+template <typename T, typename I> constexpr int wgrad_min_blocks = 1;
 #else
-template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 4 : 1;
+template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 2 : 1;
 #endif
 // Thread `thread`'s WGRAD_DPT bias sums: after the warps' info, at the next 16 bytes (the planner pads to them),
 // worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
@@ -375,8 +386,6 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const I unit_begin = (I)s * units_per_split;
   const I unit_end = min(units, unit_begin + units_per_split);
   const I plane = (I)out_h * out_w;
-  const int x_elems = channels_per_group * tile_elems;
-  const T zero = from_acc<T>(A(0));
   for (I unit = unit_begin; unit < unit_end; ++unit) {
     const int tile_x = (int)(unit % tiles_x);
     const int tile_y = (int)((unit / tiles_x) % tiles_y);
@@ -388,34 +397,12 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     int thread = threadIdx.x;
     asm volatile("" : "+r"(thread));
     __syncthreads();  // the previous unit's readers are done with shared memory
-    // x: the group's tile as one flat run of channels x rows x columns (x_tile's own layout), element e on thread
-    // e % blockDim.x: consecutive columns on consecutive threads (coalesced), no thread idle at a row's end (a
-    // 34-wide row on a warp took two trips, the second for 2 lanes), (channel, row, column) advanced by adding,
-    // and WGRAD_X_BATCH loads issued before the first store, so that a thread waits once per batch.
-    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
-    int x_row = thread / tile_in_w, x_col = thread - x_row * tile_in_w, x_c = 0;
-    while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
-    const int x_row_step = blockDim.x / tile_in_w, x_col_step = blockDim.x % tile_in_w;
-    for (int e0 = thread; e0 < x_elems; e0 += WGRAD_X_BATCH * blockDim.x) {
-      T loaded[WGRAD_X_BATCH];
-#pragma unroll
-      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
-        const int y = iy0 + x_row, xx = ix0 + x_col;
-        loaded[b] = zero;
-        if (x_c < channels_per_group && y >= 0 && y < height && xx >= 0 && xx < width) {
-          loaded[b] = x_group[(I)x_c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
-        }
-        x_col += x_col_step;
-        x_row += x_row_step;
-        if (x_col >= tile_in_w) { x_col -= tile_in_w; ++x_row; }
-        while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
-      }
-#pragma unroll
-      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
-        const int e = e0 + b * blockDim.x;
-        if (e < x_elems) x_tile[e] = to_acc(loaded[b]);
-      }
-    }
+    // x: the group's tile, channels x rows x columns (x_tile's own layout), flat by pairs of columns as the
+    // forward's (stage_pairs): consecutive pairs on consecutive threads, WGRAD_X_BATCH pairs of loads a thread in
+    // flight; by elements its walk had cost about 40 instructions a value (rx-256: a third of the kernel's).
+    stage_pairs<WGRAD_X_BATCH>(x_tile, x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c,
+                               channels_per_group, tile_in_h, tile_in_w, iy0, ix0, height, width, x_stride_c,
+                               x_stride_h, x_stride_w, thread, (int)blockDim.x);
     // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
     // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
     const int warp = thread / 32, lane = thread % 32;

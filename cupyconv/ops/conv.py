@@ -246,7 +246,7 @@ DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (
 # channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
 # at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
-WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 512, 16, 1024
 WGRAD_INFO = WGRAD_KT + 2       # ints of shared memory a warp keeps its output block in (column offsets, d0, k0)
 KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "DIRECT_THREADS": DIRECT_THREADS,
                                          "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
@@ -354,7 +354,8 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
     step = 32 // columns     # rows a warp covers at once
 
     def tiles(rows):
-        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
+        tile_w = (columns - 1) * sw + (kw - 1) * dw + 1
+        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, tile_w + tile_w % 2)   # even: staged by pairs
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
         shared += warps * WGRAD_INFO * 4
         # the bias sums at the next 16 bytes (conv_shared is 16-byte aligned)
@@ -368,7 +369,10 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
         return None
     units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
     weight_sums = spec.out_channels * (cg * spec.taps + bias) * acc     # the partial sums of one split
-    splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
+    # WGRAD_BLOCKS blocks of up to 8 warps: a block of 16 (rx-256's 16 output blocks, its x and grad_output tiles
+    # staged once, not by two blocks of 8) counts as two, so that the warps' units stay as many
+    blocks = WGRAD_BLOCKS * 8 // max(warps, 8)
+    splits = max(1, min(ceil_div(blocks, spec.groups * chunks), units,
                         settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
     per_split = ceil_div(units, splits)
     return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, columns, tile_in,
