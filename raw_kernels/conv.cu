@@ -314,6 +314,33 @@ template <typename A> __device__ __forceinline__ A warp_tree_sum(A v) {
   for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
   return v;
 }
+// A warp's WGRAD_DPT * WGRAD_KT sums v, each added over the 32 lanes by halves: at xor distance 16, 8, 4, 2, 1 a
+// lane keeps the lower half of its n values (the upper where its lane bit is set; n odd: the halves are h = (n + 1)
+// / 2 and n - h, the short one padded with a zero) and adds its partner's copy of the same half, sending the
+// other: 36 -> 18 -> 9 -> 5 -> 3 -> 2 values, 37 shuffles and adds where a tree a sum takes 180.  Lane l ends
+// holding v[first], ..., v[first + held - 1] (held <= WGRAD_HELD) summed over the lanes, in v[0 ...]: a fixed
+// order, so the same bits on every run.
+__host__ __device__ constexpr int wgrad_halves(int n, int step) { return step == 0 ? n : wgrad_halves((n + 1) / 2, step / 2); }
+constexpr int WGRAD_HELD = wgrad_halves(WGRAD_DPT * WGRAD_KT, 16);
+template <int N, int STEP, typename A>
+__device__ __forceinline__ void wgrad_lane_halves(A* v, int lane, int& first, int& held) {
+  if constexpr (STEP > 0) {
+    constexpr int h = (N + 1) / 2;
+    const bool upper = lane & STEP;
+#pragma unroll
+    for (int i = 0; i < h; ++i) {
+      const A high = i + h < N ? v[i + h] : A(0);
+      const A kept = upper ? high : v[i], sent = upper ? v[i] : high;
+      v[i] = kept + __shfl_xor_sync(0xffffffffu, sent, STEP);
+    }
+    if (upper) {
+      first += h, held -= h;
+    } else {
+      held = min(held, h);
+    }
+    wgrad_lane_halves<h, STEP / 2>(v, lane, first, held);
+  }
+}
 template <typename A> __device__ __forceinline__ A* wgrad_bias_sums(int* info, int warps, int thread) {
   char* base = reinterpret_cast<char*>(conv_shared);
   const int end = static_cast<int>(reinterpret_cast<char*>(info + warps * WGRAD_INFO) - base);
@@ -409,17 +436,19 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
     const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
     const int ox = tile_x * lane_columns + lane_column;
-    for (int step = warp; step < d_blocks * steps; step += warps) {
-      const int db = step / steps;
-      const int y = oy0 + (step - db * steps) * row_steps + lane_row;
-      A value[WGRAD_DPT];
+    // (by block of channels, then steps: a flat walk of both divided by `steps` each trip, 12% of rx-128's count)
+    for (int db = 0; db < d_blocks; ++db) {
+      for (int step = warp; step < steps; step += warps) {
+        const int y = oy0 + step * row_steps + lane_row;
+        A value[WGRAD_DPT];
 #pragma unroll
-      for (int dd = 0; dd < WGRAD_DPT; ++dd) {
-        const int d = db * WGRAD_DPT + dd;
-        value[dd] = d < outputs_per_group && y < out_h && ox < out_w ? to_acc(gy_group[d * plane + (I)y * out_w + ox])
-                                                                     : A(0);
+        for (int dd = 0; dd < WGRAD_DPT; ++dd) {
+          const int d = db * WGRAD_DPT + dd;
+          value[dd] = d < outputs_per_group && y < out_h && ox < out_w
+                          ? to_acc(gy_group[d * plane + (I)y * out_w + ox]) : A(0);
+        }
+        store_vector(gy_tile + ((db * steps + step) * 32 + lane) * WGRAD_DPT, value);
       }
-      store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
     const int* warp_info = info + warp * WGRAD_INFO;
@@ -501,15 +530,16 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const int* warp_info = info + threadIdx.x / 32 * WGRAD_INFO;
   const int d0 = warp_info[WGRAD_KT], k0 = warp_info[WGRAD_KT + 1];
   if (d0 < 0) return;
+  // The warp's sums over its 32 lanes by halves (wgrad_lane_halves): each lane ends with WGRAD_HELD of them, one
+  // store each, where a tree a sum (5 shuffles and 5 adds, then lane 0's store) took 36 trees and 36 stores.
+  A* flat = &sum[0][0];
+  int first = 0, held = WGRAD_DPT * WGRAD_KT;
+  wgrad_lane_halves<WGRAD_DPT * WGRAD_KT, 16>(flat, lane, first, held);
 #pragma unroll
-  for (int d = 0; d < WGRAD_DPT; ++d) {
-#pragma unroll
-    for (int kk = 0; kk < WGRAD_KT; ++kk) {
-      const A v = warp_tree_sum(sum[d][kk]);
-      const int k = k0 + kk;
-      if (lane == 0 && d0 + d < outputs_per_group && k < columns) {
-        partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
-      }
+  for (int i = 0; i < WGRAD_HELD; ++i) {
+    const int o = first + i, d = o / WGRAD_KT, k = k0 + o % WGRAD_KT;
+    if (i < held && d0 + d < outputs_per_group && k < columns) {
+      partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = flat[i];
     }
   }
   if (!sums_bias) return;

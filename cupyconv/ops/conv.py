@@ -369,9 +369,10 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
         return None
     units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
     weight_sums = spec.out_channels * (cg * spec.taps + bias) * acc     # the partial sums of one split
-    # WGRAD_BLOCKS blocks of up to 8 warps: a block of 16 (rx-256's 16 output blocks, its x and grad_output tiles
-    # staged once, not by two blocks of 8) counts as two, so that the warps' units stay as many
-    blocks = WGRAD_BLOCKS * 8 // max(warps, 8)
+    # WGRAD_BLOCKS blocks of up to 4 warps, fewer of more: WGRAD_BLOCKS * 4 warps in all (PREDICTED H100 rx-256
+    # fp16, 16 warps a block: 256 blocks of 8 units fwd+bwd 119.9-241.3 us, 512 of 4 124.7-249.5, 128 of 16
+    # 117.7-268.9 latency-bound)
+    blocks = WGRAD_BLOCKS * 4 // max(warps, 4)
     splits = max(1, min(ceil_div(blocks, spec.groups * chunks), units,
                         settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
     per_split = ceil_div(units, splits)
