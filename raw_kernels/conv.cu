@@ -84,15 +84,22 @@ template <int DPT> __device__ __forceinline__ void store_vector(double* w, const
 // carry out of a tile row and one out of a channel: its cost is paid a pair.  A thread issues BATCH pairs of loads
 // before it stores any: one wait on memory a batch.  Both direct kernels stage x so (conv_fwd_direct a slab,
 // conv_bwd_weight_direct the group a unit).
+// (The walk's start, pair_at(tid), and step, pair_at(threads), come from the caller: conv_bwd_weight_direct keeps
+// them in shared memory rather than dividing again each unit.)
+struct PairAt { int x, y, c; };   // a pair's first column (even), tile row and channel
+__device__ __forceinline__ PairAt pair_at(int e, int tile_in_w, int tile_in_h) {
+  const int pairs_w = tile_in_w / 2;
+  return {e % pairs_w * 2, e / pairs_w % tile_in_h, e / (pairs_w * tile_in_h)};
+}
 template <int BATCH, typename A, typename T, typename I>
 __device__ __forceinline__ void stage_pairs(A* tile, const T* x_slab, int channels, int tile_in_h, int tile_in_w,
                                             int iy0, int ix0, int height, int width, I x_stride_c, I x_stride_h,
-                                            I x_stride_w, int tid, int threads) {
-  const int pairs_w = tile_in_w / 2, pairs = pairs_w * tile_in_h, count = channels * pairs;
-  const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
-  int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
-  I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
-  const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
+                                            I x_stride_w, int tid, int threads, PairAt start, PairAt by) {
+  const int count = channels * (tile_in_w / 2) * tile_in_h;
+  const int step_x = by.x, step_y = by.y;
+  int x_at = start.x, y_at = start.y;
+  I at = (I)start.c * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
+  const I step = (I)by.c * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
   const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
   const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
   for (int e0 = tid; e0 < count; e0 += BATCH * threads) {
@@ -180,7 +187,8 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
         // A thread issues DIRECT_BATCH loads before it stores any: one wait on memory a batch, not one an element.
         if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
           stage_pairs<DIRECT_BATCH>(tile, x_group + (I)c0 * x_stride_c, channels, tile_in_h, tile_in_w, iy0, ix0,
-                                    height, width, x_stride_c, x_stride_h, x_stride_w, tid, threads);
+                                    height, width, x_stride_c, x_stride_h, x_stride_w, tid, threads,
+                                    pair_at(tid, tile_in_w, tile_in_h), pair_at(threads, tile_in_w, tile_in_h));
         }
         const int w_count = channels * taps * DPT;
         for (int e0 = tid; e0 < w_count; e0 += DIRECT_BATCH * threads) {
@@ -372,7 +380,9 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   // with with_bias, each thread's WGRAD_DPT bias sums (wgrad_bias_sums).
   A* gy_tile = reinterpret_cast<A*>(conv_shared);
   A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;
-  int* info = reinterpret_cast<int*>(x_tile + channels_per_group * tile_elems);
+  // the x staging's walk: [0] its step, [1 + t] thread t's first pair (pair_at: divisions done once, not a unit)
+  PairAt* walk = reinterpret_cast<PairAt*>(x_tile + channels_per_group * tile_elems);
+  int* info = reinterpret_cast<int*>(walk + 1 + blockDim.x);
   // The sliding path: a 3 x 3 kernel (so that a warp's WGRAD_KT columns are one channel's taps), stride equal to
   // dilation down, and a warp step of one row (32 columns a lane row).
   static_assert(WGRAD_KT == 9, "the sliding path takes a warp's columns as one channel's 3 x 3");
@@ -391,6 +401,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     const int d0 = computes ? block / k_blocks * WGRAD_DPT : -1, k0 = computes ? block % k_blocks * WGRAD_KT : 0;
     const int k = k0 + lane, c = k / taps, t = k % taps;
     sums_bias = with_bias && computes && k0 == 0;
+    walk[1 + threadIdx.x] = pair_at(threadIdx.x, tile_in_w, tile_in_h);
+    if (threadIdx.x == 0) walk[0] = pair_at(blockDim.x, tile_in_w, tile_in_h);
     if (lane < WGRAD_KT) {
       info[warp * WGRAD_INFO + lane] = k < columns
           ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
@@ -429,7 +441,7 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     // flight; by elements its walk had cost about 40 instructions a value (rx-256: a third of the kernel's).
     stage_pairs<WGRAD_X_BATCH>(x_tile, x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c,
                                channels_per_group, tile_in_h, tile_in_w, iy0, ix0, height, width, x_stride_c,
-                               x_stride_h, x_stride_w, thread, (int)blockDim.x);
+                               x_stride_h, x_stride_w, thread, (int)blockDim.x, walk[1 + thread], walk[0]);
     // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
     // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
     const int warp = thread / 32, lane = thread % 32;
@@ -514,15 +526,14 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
       // on lines of their own, not load_vector's: the model's executed count anchors each loop to its own loads)
       A* bias_sums = wgrad_bias_sums<A>(info, warps, thread);
       const A* slot = static_cast<const A*>(__builtin_assume_aligned(bias_sums, 16));
-      A b[WGRAD_DPT];
-#pragma unroll
-      for (int d = 0; d < WGRAD_DPT; ++d) b[d] = slot[d];
+      // added into the slot step by step (4 sums held through the loop beside the 36 spilled the slot's address)
       for (int step = 0; step < steps; ++step) {
         const A* gy_step = static_cast<const A*>(__builtin_assume_aligned(gy_lane + step * 32 * WGRAD_DPT, 16));
+        A b[WGRAD_DPT];
 #pragma unroll
-        for (int d = 0; d < WGRAD_DPT; ++d) b[d] += gy_step[d];
+        for (int d = 0; d < WGRAD_DPT; ++d) b[d] = slot[d] + gy_step[d];
+        store_vector(bias_sums, b);
       }
-      store_vector(bias_sums, b);
     }
   }
 

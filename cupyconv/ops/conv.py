@@ -343,11 +343,20 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
     Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
     a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
     warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
-    workspace limit."""
+    workspace limit.  A block is a warp per output block, up to WGRAD_MAX_THREADS, fewer where their shared memory
+    (info, the staging walk, bias sums: some per thread) would leave no room for the tiles."""
+    out_blocks = ceil_div(spec.outputs_per_group, WGRAD_DPT) * ceil_div(spec.channels_per_group * spec.taps, WGRAD_KT)
+    for most in (WGRAD_MAX_THREADS // 32, 8, 4, 2, 1):
+        plan = _plan_weight_direct(spec, dtype, bias, min(out_blocks, most))
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan_weight_direct(spec: ConvSpec, dtype, bias: bool, warps: int) -> WeightDirectPlan | None:
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
     out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
-    warps = min(out_blocks, WGRAD_MAX_THREADS // 32)
     chunks = ceil_div(out_blocks, warps)
 
     columns = 32 if ow > 16 else 16 if ow > 8 else 8
@@ -358,6 +367,7 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
         tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, tile_w + tile_w % 2)   # even: staged by pairs
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
         shared += warps * WGRAD_INFO * 4
+        shared += (1 + warps * 32) * 3 * 4   # the x staging walk's step and each thread's start (3 ints each)
         # the bias sums at the next 16 bytes (conv_shared is 16-byte aligned)
         return tile_in, ceil_div(shared, 16) * 16 + warps * 32 * WGRAD_DPT * acc if bias else shared
     # balanced over the output (56 rows: 4 tiles of 14, not 16 + 16 + 16 + 8 whose last 8 rows are zeros summed)
