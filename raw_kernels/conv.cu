@@ -284,15 +284,16 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
 // in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
 // (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
 // grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  The 4-byte-sum instantiations fit
-// 64 registers (8 blocks of 4 warps an SM, where 98 registers let 4 in: the warps take turns at barriers and
-// staging loads): a warp's output block and column offsets wait in shared memory and its lane indices are worked
-// out again each unit, rather than held beside the 36 sums.  At the end a fixed shuffle tree adds
-// the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
-// conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
+// 64 registers (32 warps an SM, where 98 registers let 16 in: the warps take turns at barriers and staging
+// loads): a warp's output block and column offsets, and the x staging walk's start and step, wait in shared
+// memory and its lane indices are worked out again each unit, rather than held beside the 36 sums.  At the end
+// the lanes' sums are added by halves (wgrad_lane_halves) and each lane writes the ones it holds to
+// partial[o * splits + s] (o the flat index of the weight); conv_bgrad_sum adds the splits in order: the same
+// bits on every run, no atomics.  Any kernel size, stride,
 // dilation and padding.  With with_bias, the warps of column block 0 also sum their WGRAD_DPT channels'
 // grad_output (already staged: no second read of it, and no conv_bgrad + conv_bgrad_sum launches): after a unit's
 // products, each lane adds its pixels' values, in step order, to its own slot in shared memory (registers beside
-// the 36 sums would spill), and at the end the same shuffle tree writes grad_bias's split sums after the weight's,
+// the 36 sums would spill), and at the end a shuffle tree a channel writes grad_bias's split sums after the weight's,
 // partial[(D * K + d) * splits + s], which the one conv_bgrad_sum adds in order with the weight's.
 #if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS) || !defined(WGRAD_INFO)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
@@ -303,10 +304,11 @@ constexpr int WGRAD_X_BATCH = 4;
 // WGRAD_INFO (from ops/conv.py, which sizes the shared memory): the ints of shared memory a warp keeps its output
 // block in: WGRAD_KT column offsets, d0 (-1: no block), k0
 static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0 and k0");
-// Blocks of WGRAD_MAX_THREADS an SM must hold: 4 (64 registers a thread, so 32 warps an SM for 4-warp blocks: the
-// kernel's warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte
-// and the indices int; the double and long long instantiations keep their registers (they would spill).  Before
-// sm_90, 3 (85 registers): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64.
+// Blocks of WGRAD_MAX_THREADS (512) an SM must hold: 2 (64 registers a thread, so 32 warps an SM: the kernel's
+// warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte and the
+// indices int; the double and long long instantiations keep their registers (they would spill).  Before sm_90, 1
+// (the compiler's choice, up to 128): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64,
+// and 85 registers (3 blocks of 256 before task grpdir) is no whole number of 512-thread blocks.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 template <typename T, typename I> constexpr int wgrad_min_blocks = 1;
 #else
@@ -316,7 +318,7 @@ template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<
 // worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
 // (An offset from conv_shared, not an address rounded as an integer, which would lose that it is shared memory.)
 // v summed over the warp's 32 lanes by a fixed xor butterfly (16, 8, 4, 2, 1): the same bits on every lane and run,
-// for the weight's sums and the bias's alike.
+// for the fused bias sums (the weight's use wgrad_lane_halves).
 template <typename A> __device__ __forceinline__ A warp_tree_sum(A v) {
 #pragma unroll
   for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
@@ -328,7 +330,9 @@ template <typename A> __device__ __forceinline__ A warp_tree_sum(A v) {
 // other: 36 -> 18 -> 9 -> 5 -> 3 -> 2 values, 37 shuffles and adds where a tree a sum takes 180.  Lane l ends
 // holding v[first], ..., v[first + held - 1] (held <= WGRAD_HELD) summed over the lanes, in v[0 ...]: a fixed
 // order, so the same bits on every run.
-__host__ __device__ constexpr int wgrad_halves(int n, int step) { return step == 0 ? n : wgrad_halves((n + 1) / 2, step / 2); }
+__host__ __device__ constexpr int wgrad_halves(int n, int step) {
+  return step == 0 ? n : wgrad_halves((n + 1) / 2, step / 2);
+}
 constexpr int WGRAD_HELD = wgrad_halves(WGRAD_DPT * WGRAD_KT, 16);
 template <int N, int STEP, typename A>
 __device__ __forceinline__ void wgrad_lane_halves(A* v, int lane, int& first, int& held) {

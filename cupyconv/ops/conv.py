@@ -244,7 +244,7 @@ DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several b
 DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (its __launch_bounds__)
 # conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
 # channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
-# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
+# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS x 4 warps (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
 WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 512, 16, 1024
 WGRAD_INFO = WGRAD_KT + 2       # ints of shared memory a warp keeps its output block in (column offsets, d0, k0)
@@ -342,7 +342,7 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
     split's partial sums D more.
     Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
     a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
-    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
+    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS x 4 warps run, within the
     workspace limit.  A block is a warp per output block, up to WGRAD_MAX_THREADS, fewer where their shared memory
     (info, the staging walk, bias sums: some per thread) would leave no room for the tiles."""
     out_blocks = ceil_div(spec.outputs_per_group, WGRAD_DPT) * ceil_div(spec.channels_per_group * spec.taps, WGRAD_KT)
