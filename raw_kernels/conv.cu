@@ -75,6 +75,52 @@ template <int DPT> __device__ __forceinline__ void store_vector(double* w, const
   for (int d = 0; d < DPT; ++d) w[d] = in[d];
 }
 
+// Stages `channels` channels of x's window (tile_in_h x tile_in_w values a channel, input row iy0 and column ix0 at
+// its top left, zero outside the height x width image) into tile [channel][tile_in_h][tile_in_w] as acc_t, flat, by
+// pairs of columns: pair e = tid, tid + threads, ... is tile[2e], tile[2e + 1], columns x, x + 1 (x = 2 (e %
+// pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h) (tile_in_w is even: the
+// planners round it up; tile 2 * sizeof(A)-aligned), consecutive pairs on consecutive threads (coalesced, no lane
+// idles on a halo column).  The walk keeps x, the row and x's offset in x_slab, stepped by `threads` pairs, with a
+// carry out of a tile row and one out of a channel: its cost is paid a pair.  A thread issues BATCH pairs of loads
+// before it stores any: one wait on memory a batch.  Both direct kernels stage x so (conv_fwd_direct a slab,
+// conv_bwd_weight_direct the group a unit).
+// (The walk's start, pair_at(tid), and step, pair_at(threads), come from the caller: conv_bwd_weight_direct keeps
+// them in shared memory rather than dividing again each unit.)
+struct PairAt { int x, y, c; };   // a pair's first column (even), tile row and channel
+__device__ __forceinline__ PairAt pair_at(int e, int tile_in_w, int tile_in_h) {
+  const int pairs_w = tile_in_w / 2;
+  return {e % pairs_w * 2, e / pairs_w % tile_in_h, e / (pairs_w * tile_in_h)};
+}
+template <int BATCH, typename A, typename T, typename I>
+__device__ __forceinline__ void stage_pairs(A* tile, const T* x_slab, int channels, int tile_in_h, int tile_in_w,
+                                            int iy0, int ix0, int height, int width, I x_stride_c, I x_stride_h,
+                                            I x_stride_w, int tid, int threads, PairAt start, PairAt by) {
+  const int count = channels * (tile_in_w / 2) * tile_in_h;
+  const int step_x = by.x, step_y = by.y;
+  int x_at = start.x, y_at = start.y;
+  I at = (I)start.c * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
+  const I step = (I)by.c * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
+  const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
+  const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
+  for (int e0 = tid; e0 < count; e0 += BATCH * threads) {
+    DirectPair<A> v[BATCH];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      // unsigned: a row or column of padding before the image wraps to a large number
+      const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
+      v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
+      v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
+      x_at += step_x, y_at += step_y, at += step;
+      if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
+      if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
+    }
+  }
+}
+
 // Blocks an SM must hold at DIRECT_THREADS threads (the register cap): 64 (DPT 8), 32 (DPT 4) and 16 (DPT 2) float
 // sums a thread fit in 128, 80 and 64 registers without spilling, which keeps four 4-warp and three 7-warp blocks
 // an SM (ResNeXt's 28 x 28 and 56 x 56 planes); double sums are left to the compiler.
@@ -140,36 +186,9 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
         __syncthreads();  // the previous slab's readers are done with shared memory
         // A thread issues DIRECT_BATCH loads before it stores any: one wait on memory a batch, not one an element.
         if (d0 == d_begin || slab < channels_per_group) {  // one slab of every channel: staged once per item
-          // Flat, by pairs of columns: pair e = tid, tid + threads, ... of the slab is tile[2e], tile[2e + 1], columns
-          // x, x + 1 (x = 2 (e % pairs_w)) of tile row e / pairs_w % tile_in_h of channel e / (pairs_w * tile_in_h)
-          // (tile_in_w is even: the planner rounds it up), consecutive pairs on consecutive threads (no lane idles
-          // on a halo column).  The walk keeps x, the row and x's offset in x from the slab's first channel, stepped
-          // by `threads` pairs, with a carry out of a tile row and one out of a channel: its cost is paid a pair.
-          const int pairs_w = tile_in_w / 2, pairs = tile_elems / 2, count = channels * pairs;
-          const int step_x = threads % pairs_w * 2, step_y = threads / pairs_w % tile_in_h;
-          int x_at = tid % pairs_w * 2, y_at = tid / pairs_w % tile_in_h;
-          I at = (I)(tid / pairs) * x_stride_c + (I)(iy0 + y_at) * x_stride_h + (I)(ix0 + x_at) * x_stride_w;
-          const I step = (I)(threads / pairs) * x_stride_c + (I)step_y * x_stride_h + (I)step_x * x_stride_w;
-          const I row_carry = x_stride_h - (I)tile_in_w * x_stride_w;
-          const I channel_carry = x_stride_c - (I)tile_in_h * x_stride_h;
-          const T* x_slab = x_group + (I)c0 * x_stride_c;
-          for (int e0 = tid; e0 < count; e0 += DIRECT_BATCH * threads) {
-            DirectPair<A> v[DIRECT_BATCH];
-#pragma unroll
-            for (int b = 0; b < DIRECT_BATCH; ++b) {
-              // unsigned: a row or column of padding before the image wraps to a large number
-              const bool row = e0 + b * threads < count && (unsigned)(iy0 + y_at) < (unsigned)height;
-              v[b].v[0] = row && (unsigned)(ix0 + x_at) < (unsigned)width ? to_acc(x_slab[at]) : A(0);
-              v[b].v[1] = row && (unsigned)(ix0 + x_at + 1) < (unsigned)width ? to_acc(x_slab[at + x_stride_w]) : A(0);
-              x_at += step_x, y_at += step_y, at += step;
-              if (x_at >= tile_in_w) x_at -= tile_in_w, ++y_at, at += row_carry;
-              if (y_at >= tile_in_h) y_at -= tile_in_h, at += channel_carry;
-            }
-#pragma unroll
-            for (int b = 0; b < DIRECT_BATCH; ++b) {
-              if (e0 + b * threads < count) reinterpret_cast<DirectPair<A>*>(tile)[e0 + b * threads] = v[b];
-            }
-          }
+          stage_pairs<DIRECT_BATCH>(tile, x_group + (I)c0 * x_stride_c, channels, tile_in_h, tile_in_w, iy0, ix0,
+                                    height, width, x_stride_c, x_stride_h, x_stride_w, tid, threads,
+                                    pair_at(tid, tile_in_w, tile_in_h), pair_at(threads, tile_in_w, tile_in_h));
         }
         const int w_count = channels * taps * DPT;
         for (int e0 = tid; e0 < w_count; e0 += DIRECT_BATCH * threads) {
@@ -265,43 +284,74 @@ conv_fwd_direct(const T* __restrict__ x, const T* __restrict__ weight,
 // in the x tile; lane l sums column l % lane_columns of the tile rows l / lane_columns + k * 32 / lane_columns
 // (lane_columns 32, or 16 or 8 on narrow outputs, so that no lane idles for want of columns), each staged
 // grad_output vector (16 bytes) feeding WGRAD_KT x WGRAD_DPT multiply-adds.  The 4-byte-sum instantiations fit
-// 64 registers (8 blocks of 4 warps an SM, where 98 registers let 4 in: the warps take turns at barriers and
-// staging loads): a warp's output block and column offsets wait in shared memory and its lane indices are worked
-// out again each unit, rather than held beside the 36 sums.  At the end a fixed shuffle tree adds
-// the 32 lanes and lane 0 writes the block's sums to partial[o * splits + s] (o the flat index of the weight);
-// conv_bgrad_sum adds the splits in order: the same bits on every run, no atomics.  Any kernel size, stride,
+// 64 registers (32 warps an SM, where 98 registers let 16 in: the warps take turns at barriers and staging
+// loads): a warp's output block and column offsets, and the x staging walk's start and step, wait in shared
+// memory and its lane indices are worked out again each unit, rather than held beside the 36 sums.  At the end
+// the lanes' sums are added by halves (wgrad_lane_halves) and each lane writes the ones it holds to
+// partial[o * splits + s] (o the flat index of the weight); conv_bgrad_sum adds the splits in order: the same
+// bits on every run, no atomics.  Any kernel size, stride,
 // dilation and padding.  With with_bias, the warps of column block 0 also sum their WGRAD_DPT channels'
 // grad_output (already staged: no second read of it, and no conv_bgrad + conv_bgrad_sum launches): after a unit's
 // products, each lane adds its pixels' values, in step order, to its own slot in shared memory (registers beside
-// the 36 sums would spill), and at the end the same shuffle tree writes grad_bias's split sums after the weight's,
+// the 36 sums would spill), and at the end a shuffle tree a channel writes grad_bias's split sums after the weight's,
 // partial[(D * K + d) * splits + s], which the one conv_bgrad_sum adds in order with the weight's.
 #if !defined(WGRAD_DPT) || !defined(WGRAD_KT) || !defined(WGRAD_MAX_THREADS) || !defined(WGRAD_INFO)
 #error "conv.cu needs the -D options of cupyconv._device.compile_options('conv.cu')"
 #endif
 
-// x tile elements a thread loads before it stores them (loads in flight; registers)
+// pairs of x tile elements a thread loads before it stores them (loads in flight; registers)
 constexpr int WGRAD_X_BATCH = 4;
 // WGRAD_INFO (from ops/conv.py, which sizes the shared memory): the ints of shared memory a warp keeps its output
 // block in: WGRAD_KT column offsets, d0 (-1: no block), k0
 static_assert(WGRAD_INFO == WGRAD_KT + 2, "a warp's info: its column offsets, d0 and k0");
-// Blocks of WGRAD_MAX_THREADS an SM must hold: 4 (64 registers a thread, so 32 warps an SM for 4-warp blocks: the
-// kernel's warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte
-// and the indices int; the double and long long instantiations keep their registers (they would spill).  Before
-// sm_90, 3 (85 registers): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64.
+// Blocks of WGRAD_MAX_THREADS (512) an SM must hold: 2 (64 registers a thread, so 32 warps an SM: the kernel's
+// warps wait on barriers and staging loads, and 98 registers had let 16 in) where the sums are 4-byte and the
+// indices int; the double and long long instantiations keep their registers (they would spill).  Before sm_90, 1
+// (the compiler's choice, up to 128): with the fused bias sums (task grpbias) sm_80's code spilled 16 bytes at 64,
+// and 85 registers (3 blocks of 256 before task grpdir) is no whole number of 512-thread blocks.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 3 : 1;
+template <typename T, typename I> constexpr int wgrad_min_blocks = 1;
 #else
-template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 4 : 1;
+template <typename T, typename I> constexpr int wgrad_min_blocks = sizeof(acc_t<T>) == 4 && sizeof(I) == 4 ? 2 : 1;
 #endif
 // Thread `thread`'s WGRAD_DPT bias sums: after the warps' info, at the next 16 bytes (the planner pads to them),
 // worked out where used rather than held in a register through the unit loop (64 registers: it spilled).
 // (An offset from conv_shared, not an address rounded as an integer, which would lose that it is shared memory.)
 // v summed over the warp's 32 lanes by a fixed xor butterfly (16, 8, 4, 2, 1): the same bits on every lane and run,
-// for the weight's sums and the bias's alike.
+// for the fused bias sums (the weight's use wgrad_lane_halves).
 template <typename A> __device__ __forceinline__ A warp_tree_sum(A v) {
 #pragma unroll
   for (int step = 16; step > 0; step /= 2) v += __shfl_xor_sync(0xffffffffu, v, step);
   return v;
+}
+// A warp's WGRAD_DPT * WGRAD_KT sums v, each added over the 32 lanes by halves: at xor distance 16, 8, 4, 2, 1 a
+// lane keeps the lower half of its n values (the upper where its lane bit is set; n odd: the halves are h = (n + 1)
+// / 2 and n - h, the short one padded with a zero) and adds its partner's copy of the same half, sending the
+// other: 36 -> 18 -> 9 -> 5 -> 3 -> 2 values, 37 shuffles and adds where a tree a sum takes 180.  Lane l ends
+// holding v[first], ..., v[first + held - 1] (held <= WGRAD_HELD) summed over the lanes, in v[0 ...]: a fixed
+// order, so the same bits on every run.
+__host__ __device__ constexpr int wgrad_halves(int n, int step) {
+  return step == 0 ? n : wgrad_halves((n + 1) / 2, step / 2);
+}
+constexpr int WGRAD_HELD = wgrad_halves(WGRAD_DPT * WGRAD_KT, 16);
+template <int N, int STEP, typename A>
+__device__ __forceinline__ void wgrad_lane_halves(A* v, int lane, int& first, int& held) {
+  if constexpr (STEP > 0) {
+    constexpr int h = (N + 1) / 2;
+    const bool upper = lane & STEP;
+#pragma unroll
+    for (int i = 0; i < h; ++i) {
+      const A high = i + h < N ? v[i + h] : A(0);
+      const A kept = upper ? high : v[i], sent = upper ? v[i] : high;
+      v[i] = kept + __shfl_xor_sync(0xffffffffu, sent, STEP);
+    }
+    if (upper) {
+      first += h, held -= h;
+    } else {
+      held = min(held, h);
+    }
+    wgrad_lane_halves<h, STEP / 2>(v, lane, first, held);
+  }
 }
 template <typename A> __device__ __forceinline__ A* wgrad_bias_sums(int* info, int warps, int thread) {
   char* base = reinterpret_cast<char*>(conv_shared);
@@ -334,7 +384,9 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   // with with_bias, each thread's WGRAD_DPT bias sums (wgrad_bias_sums).
   A* gy_tile = reinterpret_cast<A*>(conv_shared);
   A* x_tile = gy_tile + d_blocks * WGRAD_DPT * tile_rows * lane_columns;
-  int* info = reinterpret_cast<int*>(x_tile + channels_per_group * tile_elems);
+  // the x staging's walk: [0] its step, [1 + t] thread t's first pair (pair_at: divisions done once, not a unit)
+  PairAt* walk = reinterpret_cast<PairAt*>(x_tile + channels_per_group * tile_elems);
+  int* info = reinterpret_cast<int*>(walk + 1 + blockDim.x);
   // The sliding path: a 3 x 3 kernel (so that a warp's WGRAD_KT columns are one channel's taps), stride equal to
   // dilation down, and a warp step of one row (32 columns a lane row).
   static_assert(WGRAD_KT == 9, "the sliding path takes a warp's columns as one channel's 3 x 3");
@@ -353,6 +405,8 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     const int d0 = computes ? block / k_blocks * WGRAD_DPT : -1, k0 = computes ? block % k_blocks * WGRAD_KT : 0;
     const int k = k0 + lane, c = k / taps, t = k % taps;
     sums_bias = with_bias && computes && k0 == 0;
+    walk[1 + threadIdx.x] = pair_at(threadIdx.x, tile_in_w, tile_in_h);
+    if (threadIdx.x == 0) walk[0] = pair_at(blockDim.x, tile_in_w, tile_in_h);
     if (lane < WGRAD_KT) {
       info[warp * WGRAD_INFO + lane] = k < columns
           ? c * tile_elems + t / kernel_w * dilation_h * tile_in_w + t % kernel_w * dilation_w : 0;
@@ -375,8 +429,6 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const I unit_begin = (I)s * units_per_split;
   const I unit_end = min(units, unit_begin + units_per_split);
   const I plane = (I)out_h * out_w;
-  const int x_elems = channels_per_group * tile_elems;
-  const T zero = from_acc<T>(A(0));
   for (I unit = unit_begin; unit < unit_end; ++unit) {
     const int tile_x = (int)(unit % tiles_x);
     const int tile_y = (int)((unit / tiles_x) % tiles_y);
@@ -388,51 +440,31 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
     int thread = threadIdx.x;
     asm volatile("" : "+r"(thread));
     __syncthreads();  // the previous unit's readers are done with shared memory
-    // x: the group's tile as one flat run of channels x rows x columns (x_tile's own layout), element e on thread
-    // e % blockDim.x: consecutive columns on consecutive threads (coalesced), no thread idle at a row's end (a
-    // 34-wide row on a warp took two trips, the second for 2 lanes), (channel, row, column) advanced by adding,
-    // and WGRAD_X_BATCH loads issued before the first store, so that a thread waits once per batch.
-    const T* x_group = x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c;
-    int x_row = thread / tile_in_w, x_col = thread - x_row * tile_in_w, x_c = 0;
-    while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
-    const int x_row_step = blockDim.x / tile_in_w, x_col_step = blockDim.x % tile_in_w;
-    for (int e0 = thread; e0 < x_elems; e0 += WGRAD_X_BATCH * blockDim.x) {
-      T loaded[WGRAD_X_BATCH];
-#pragma unroll
-      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
-        const int y = iy0 + x_row, xx = ix0 + x_col;
-        loaded[b] = zero;
-        if (x_c < channels_per_group && y >= 0 && y < height && xx >= 0 && xx < width) {
-          loaded[b] = x_group[(I)x_c * x_stride_c + (I)y * x_stride_h + (I)xx * x_stride_w];
-        }
-        x_col += x_col_step;
-        x_row += x_row_step;
-        if (x_col >= tile_in_w) { x_col -= tile_in_w; ++x_row; }
-        while (x_row >= tile_in_h) { x_row -= tile_in_h; ++x_c; }
-      }
-#pragma unroll
-      for (int b = 0; b < WGRAD_X_BATCH; ++b) {
-        const int e = e0 + b * blockDim.x;
-        if (e < x_elems) x_tile[e] = to_acc(loaded[b]);
-      }
-    }
+    // x: the group's tile, channels x rows x columns (x_tile's own layout), flat by pairs of columns as the
+    // forward's (stage_pairs): consecutive pairs on consecutive threads, WGRAD_X_BATCH pairs of loads a thread in
+    // flight; by elements its walk had cost about 40 instructions a value (rx-256: a third of the kernel's).
+    stage_pairs<WGRAD_X_BATCH>(x_tile, x + image * x_stride_n + (I)(g * channels_per_group) * x_stride_c,
+                               channels_per_group, tile_in_h, tile_in_w, iy0, ix0, height, width, x_stride_c,
+                               x_stride_h, x_stride_w, thread, (int)blockDim.x, walk[1 + thread], walk[0]);
     // grad_output: one warp step of one block of WGRAD_DPT output channels per warp at a time, a lane's pixel as
     // in the sums below (a coalesced load per channel), the lane's WGRAD_DPT values stored as one vector
     const int warp = thread / 32, lane = thread % 32;
     const int lane_row = lane / lane_columns, lane_column = lane % lane_columns;
     const T* gy_group = grad_output + (image * groups + g) * outputs_per_group * plane;
     const int ox = tile_x * lane_columns + lane_column;
-    for (int step = warp; step < d_blocks * steps; step += warps) {
-      const int db = step / steps;
-      const int y = oy0 + (step - db * steps) * row_steps + lane_row;
-      A value[WGRAD_DPT];
+    // (by block of channels, then steps: a flat walk of both divided by `steps` each trip, 12% of rx-128's count)
+    for (int db = 0; db < d_blocks; ++db) {
+      for (int step = warp; step < steps; step += warps) {
+        const int y = oy0 + step * row_steps + lane_row;
+        A value[WGRAD_DPT];
 #pragma unroll
-      for (int dd = 0; dd < WGRAD_DPT; ++dd) {
-        const int d = db * WGRAD_DPT + dd;
-        value[dd] = d < outputs_per_group && y < out_h && ox < out_w ? to_acc(gy_group[d * plane + (I)y * out_w + ox])
-                                                                     : A(0);
+        for (int dd = 0; dd < WGRAD_DPT; ++dd) {
+          const int d = db * WGRAD_DPT + dd;
+          value[dd] = d < outputs_per_group && y < out_h && ox < out_w
+                          ? to_acc(gy_group[d * plane + (I)y * out_w + ox]) : A(0);
+        }
+        store_vector(gy_tile + ((db * steps + step) * 32 + lane) * WGRAD_DPT, value);
       }
-      store_vector(gy_tile + (step * 32 + lane) * WGRAD_DPT, value);
     }
     __syncthreads();
     const int* warp_info = info + warp * WGRAD_INFO;
@@ -498,15 +530,14 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
       // on lines of their own, not load_vector's: the model's executed count anchors each loop to its own loads)
       A* bias_sums = wgrad_bias_sums<A>(info, warps, thread);
       const A* slot = static_cast<const A*>(__builtin_assume_aligned(bias_sums, 16));
-      A b[WGRAD_DPT];
-#pragma unroll
-      for (int d = 0; d < WGRAD_DPT; ++d) b[d] = slot[d];
+      // added into the slot step by step (4 sums held through the loop beside the 36 spilled the slot's address)
       for (int step = 0; step < steps; ++step) {
         const A* gy_step = static_cast<const A*>(__builtin_assume_aligned(gy_lane + step * 32 * WGRAD_DPT, 16));
+        A b[WGRAD_DPT];
 #pragma unroll
-        for (int d = 0; d < WGRAD_DPT; ++d) b[d] += gy_step[d];
+        for (int d = 0; d < WGRAD_DPT; ++d) b[d] = slot[d] + gy_step[d];
+        store_vector(bias_sums, b);
       }
-      store_vector(bias_sums, b);
     }
   }
 
@@ -514,15 +545,16 @@ conv_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_outpu
   const int* warp_info = info + threadIdx.x / 32 * WGRAD_INFO;
   const int d0 = warp_info[WGRAD_KT], k0 = warp_info[WGRAD_KT + 1];
   if (d0 < 0) return;
+  // The warp's sums over its 32 lanes by halves (wgrad_lane_halves): each lane ends with WGRAD_HELD of them, one
+  // store each, where a tree a sum (5 shuffles and 5 adds, then lane 0's store) took 36 trees and 36 stores.
+  A* flat = &sum[0][0];
+  int first = 0, held = WGRAD_DPT * WGRAD_KT;
+  wgrad_lane_halves<WGRAD_DPT * WGRAD_KT, 16>(flat, lane, first, held);
 #pragma unroll
-  for (int d = 0; d < WGRAD_DPT; ++d) {
-#pragma unroll
-    for (int kk = 0; kk < WGRAD_KT; ++kk) {
-      const A v = warp_tree_sum(sum[d][kk]);
-      const int k = k0 + kk;
-      if (lane == 0 && d0 + d < outputs_per_group && k < columns) {
-        partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = v;
-      }
+  for (int i = 0; i < WGRAD_HELD; ++i) {
+    const int o = first + i, d = o / WGRAD_KT, k = k0 + o % WGRAD_KT;
+    if (i < held && d0 + d < outputs_per_group && k < columns) {
+      partial[((I)(g * outputs_per_group + d0 + d) * columns + k) * splits + s] = flat[i];
     }
   }
   if (!sums_bias) return;

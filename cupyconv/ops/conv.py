@@ -244,9 +244,9 @@ DIRECT_SHARED_TARGET = 32 * 1024  # shared bytes per block we aim for (several b
 DIRECT_THREADS = 256            # the most threads a conv_fwd_direct block has (its __launch_bounds__)
 # conv_bwd_weight_direct: a warp sums WGRAD_DPT output channels x WGRAD_KT columns (input channel, tap: one
 # channel's 3 x 3) of the weight gradient; a block is at most WGRAD_MAX_THREADS (its __launch_bounds__), its tiles
-# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS blocks (a shape-only number: the bits do not
+# at most WGRAD_ROWS output rows of 32 columns; about WGRAD_BLOCKS x 4 warps (a shape-only number: the bits do not
 # depend on the GPU), in splits of the (image, tile) units that conv_bgrad_sum adds in order.
-WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 256, 16, 1024
+WGRAD_DPT, WGRAD_KT, WGRAD_MAX_THREADS, WGRAD_ROWS, WGRAD_BLOCKS = 4, 9, 512, 16, 1024
 WGRAD_INFO = WGRAD_KT + 2       # ints of shared memory a warp keeps its output block in (column offsets, d0, k0)
 KERNELS = KernelFile("conv.cu", defines={"DIRECT_ROWS": DIRECT_ROWS, "DIRECT_THREADS": DIRECT_THREADS,
                                          "WGRAD_DPT": WGRAD_DPT, "WGRAD_KT": WGRAD_KT,
@@ -342,21 +342,32 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
     split's partial sums D more.
     Tiles are WGRAD_ROWS output rows (fewer for short outputs or where they would not fit DEFAULT_SHARED_LIMIT;
     a multiple of the rows a warp covers at once) of 32 columns, or 16 or 8 where the output is that narrow (a
-    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS blocks run, within the
-    workspace limit."""
+    warp then covers 2 or 4 rows at once); the units are split until about WGRAD_BLOCKS x 4 warps run, within the
+    workspace limit.  A block is a warp per output block, up to WGRAD_MAX_THREADS, fewer where their shared memory
+    (info, the staging walk, bias sums: some per thread) would leave no room for the tiles."""
+    out_blocks = ceil_div(spec.outputs_per_group, WGRAD_DPT) * ceil_div(spec.channels_per_group * spec.taps, WGRAD_KT)
+    for most in (WGRAD_MAX_THREADS // 32, 8, 4, 2, 1):
+        plan = _plan_weight_direct(spec, dtype, bias, min(out_blocks, most))
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan_weight_direct(spec: ConvSpec, dtype, bias: bool, warps: int) -> WeightDirectPlan | None:
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
     out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
-    warps = min(out_blocks, WGRAD_MAX_THREADS // 32)
     chunks = ceil_div(out_blocks, warps)
 
     columns = 32 if ow > 16 else 16 if ow > 8 else 8
     step = 32 // columns     # rows a warp covers at once
 
     def tiles(rows):
-        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, (columns - 1) * sw + (kw - 1) * dw + 1)
+        tile_w = (columns - 1) * sw + (kw - 1) * dw + 1
+        tile_in = ((rows - 1) * sh + (kh - 1) * dh + 1, tile_w + tile_w % 2)   # even: staged by pairs
         shared = (ceil_div(dg, WGRAD_DPT) * WGRAD_DPT * rows * columns + cg * tile_in[0] * tile_in[1]) * acc
         shared += warps * WGRAD_INFO * 4
+        shared += (1 + warps * 32) * 3 * 4   # the x staging walk's step and each thread's start (3 ints each)
         # the bias sums at the next 16 bytes (conv_shared is 16-byte aligned)
         return tile_in, ceil_div(shared, 16) * 16 + warps * 32 * WGRAD_DPT * acc if bias else shared
     # balanced over the output (56 rows: 4 tiles of 14, not 16 + 16 + 16 + 8 whose last 8 rows are zeros summed)
@@ -368,7 +379,11 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
         return None
     units = spec.n * ceil_div(oh, rows) * ceil_div(ow, columns)
     weight_sums = spec.out_channels * (cg * spec.taps + bias) * acc     # the partial sums of one split
-    splits = max(1, min(ceil_div(WGRAD_BLOCKS, spec.groups * chunks), units,
+    # WGRAD_BLOCKS blocks of up to 4 warps, fewer of more: WGRAD_BLOCKS * 4 warps in all (PREDICTED H100 rx-256
+    # fp16, 16 warps a block: 256 blocks of 8 units fwd+bwd 119.9-241.3 us, 512 of 4 124.7-249.5, 128 of 16
+    # 117.7-268.9 latency-bound)
+    blocks = WGRAD_BLOCKS * 4 // max(warps, 4)
+    splits = max(1, min(ceil_div(blocks, spec.groups * chunks), units,
                         settings.get_workspace_limit() // weight_sums, MAX_GRID[0]))
     per_split = ceil_div(units, splits)
     return WeightDirectPlan(warps * 32, (ceil_div(units, per_split), spec.groups * chunks), rows, columns, tile_in,
