@@ -1535,6 +1535,13 @@ __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I sl
   }
 }
 
+// A thread's two neighbouring float sums of an mma fragment (columns 2 q, 2 q + 1) in one 8-byte store, at an even
+// column of rows of an even count of floats: a warp's 8 rows x 4 pairs write 8 whole 32-byte sectors, each once
+// (as two 4-byte stores, every sector twice, half each time: 1024 -> 512 L1 wavefronts a 64 x 64 block).
+__device__ __forceinline__ void wg_store_sums(float* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+}
+
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
@@ -1665,11 +1672,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
       if (m >= M) continue;
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int nn = n0 + wn + ni * 8 + 2 * q + j;
-          if (nn < N) out[(I)m * N + nn] = acc[mi][ni][2 * half + j];
-        }
+        const int nn = n0 + wn + ni * 8 + 2 * q;  // (N is a multiple of 4: nn + 1 < N where nn < N)
+        if (nn < N) wg_store_sums(out + (I)m * N + nn, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       }
       if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m] = bias_acc[mi][2 * half];
     }
@@ -2222,8 +2226,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
         float* row = out + (I)d * N + (tap0 + first_tap + k * WARPS_PER_GROUP) * CG;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
-          row[ni * 8 + 2 * q] = acc[k][mi][ni][2 * h];
-          row[ni * 8 + 2 * q + 1] = acc[k][mi][ni][2 * h + 1];
+          wg_store_sums(row + ni * 8 + 2 * q, acc[k][mi][ni][2 * h], acc[k][mi][ni][2 * h + 1]);
         }
       }
       if (sum_bias && q == 0 && g < groups) bias_partial[(I)blockIdx.z * C + g * CG + d] = bias_acc[mi][2 * h];

@@ -787,14 +787,22 @@ MUTATIONS = [
       "wg: last block"),
     M("wg-finish-trip-past-the-last", "implicit_gemm.cu", "v[p][e] = e < count && p < left ? __ldcg(at)",
       "v[p][e] = e < count ? __ldcg(at)", WG + " -k short_last_trip", "wg: last block"),
-    # the final pass's whole trips of WG_PASS_SPLITS splits (task wgfin)
-    M("wg-pass-whole-past-the-last", "implicit_gemm.cu", "if (WHOLE && z + P <= splits) {",
-      "if (WHOLE && z < splits) {", WG + " -k many_splits", "wg: final pass"),
-    M("wg-pass-last-trip-whole", "implicit_gemm.cu", "wg_trip(v, from, step, slice, splits - z, count);",
-      "wg_trip(v, from, step, slice, P, count);", WG + " -k many_splits", "wg: final pass"),
-    M("wg-pass-whole-trip-step", "implicit_gemm.cu", "for (int p = 0; p < P; ++p) {\n    const float* at = from + p * slice;",
-      "for (int p = 0; p < P; ++p) {\n    const float* at = from + (p & 7) * slice;", WG + " -k many_splits",
-      "wg: final pass"),
+    # the final pass's whole trips of WG_PASS_SPLITS splits (task wgfin): a trip past the last split, a last trip
+    # read whole, the splits of a trip read from the wrong slices (P 16: splits 0-7 twice)
+    *(M(name, "implicit_gemm.cu", original, mutant, WG + " -k many_splits", "wg: final pass")
+      for name, original, mutant in (
+        ("wg-pass-whole-past-the-last", "if (WHOLE && z + P <= splits) {", "if (WHOLE && z < splits) {"),
+        ("wg-pass-last-trip-whole", "wg_trip(v, from, step, slice, splits - z, count);",
+         "wg_trip(v, from, step, slice, P, count);"),
+        ("wg-pass-whole-trip-step", "for (int p = 0; p < P; ++p) {\n    const float* at = from + p * slice;",
+         "for (int p = 0; p < P; ++p) {\n    const float* at = from + (p & 7) * slice;"))),
+    # the split's float sums as 8-byte pairs (wg_store_sums, task wgfin): pair swapped, the groups kernel's column
+    M("wg-sums-pair-swapped", "implicit_gemm.cu",
+      "void wg_store_sums(float* at, float lo, float hi) {\n  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);",
+      "void wg_store_sums(float* at, float lo, float hi) {\n  *reinterpret_cast<float2*>(at) = make_float2(hi, lo);",
+      WG + " -k 'matches_cpu_path and wg_tile_edges'", "wg: partial sums"),
+    M("wg-sums-groups-column", "implicit_gemm.cu", "wg_store_sums(row + ni * 8 + 2 * q,", "wg_store_sums(row + ni * 8 + q,",
+      WG + " -k 'finished_in_the_kernel and groups_of_16'", "wg: partial sums"),
     M("wg-finish-trip-step", "implicit_gemm.cu", "for (int z = 0; z < splits; z += P, from += P * slice) {",
       "for (int z = 0; z < splits; z += P, from += slice) {", WG + " -k short_last_trip", "wg: last block"),
     M("wg-finish-trip-count", "implicit_gemm.cu", "for (int z = 0; z < splits; z += P, from += P * slice) {",
