@@ -1496,20 +1496,31 @@ __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* fl
 // occupancy or instructions the model charges more than their tails gain).  The addresses advance by `step`
 // from one pointer (no pointer a load kept in registers: the tail stays within the main loop's registers).  Each
 // element adds split 0, 1, ... to 0 in order, whatever the splits a trip: the bits of
-// conv_bwd_weight_igemm_finish.
+// conv_bwd_weight_igemm_finish.  WHOLE (the final pass's): a trip of P splits before the last reads them without
+// asking each load whether its split is past the last (the final pass is a chain of these loads: their tests were
+// a third of its instructions), the last trip with the tests.
 template <int ELEMS> constexpr int WG_FINISH_SPLITS = ELEMS == 32 ? 2 : 1;
-template <int ELEMS, typename T, typename I, int P = 1>
+template <int ELEMS, int P, typename I>
+__device__ __forceinline__ void wg_trip(float (&v)[P][ELEMS], const float* from, I step, I slice, int left,
+                                        int count) {  // left: the splits from this trip's first on
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const float* at = from + p * slice;
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e, at += step) v[p][e] = e < count && p < left ? __ldcg(at) : 0.0f;
+  }
+}
+template <int ELEMS, typename T, typename I, int P = 1, bool WHOLE = false>
 __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I slice, int splits, int count) {
   float sum[ELEMS];
 #pragma unroll
   for (int e = 0; e < ELEMS; ++e) sum[e] = 0.0f;
   for (int z = 0; z < splits; z += P, from += P * slice) {
     float v[P][ELEMS];
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const float* at = from + p * slice;
-#pragma unroll
-      for (int e = 0; e < ELEMS; ++e, at += step) v[p][e] = e < count && z + p < splits ? __ldcg(at) : 0.0f;
+    if (WHOLE && z + P <= splits) {
+      wg_trip(v, from, step, slice, P, count);  // (p < P: the compiler drops the test)
+    } else {
+      wg_trip(v, from, step, slice, splits - z, count);
     }
     // (past the last split v is +0.0, whose add leaves every sum's bits: a sum that starts at +0.0 is never -0.0)
 #pragma unroll
@@ -1522,6 +1533,13 @@ __device__ __forceinline__ void wg_finish(const float* from, T* to, I step, I sl
   for (int e = 0; e < ELEMS; ++e, to += step) {
     if (e < count) *to = from_acc<T>(sum[e]);
   }
+}
+
+// A thread's two neighbouring float sums of an mma fragment (columns 2 q, 2 q + 1) in one 8-byte store, at an even
+// column of rows of an even count of floats: a warp's 8 rows x 4 pairs write 8 whole 32-byte sectors, each once
+// (as two 4-byte stores, every sector twice, half each time: 1024 -> 512 L1 wavefronts a 64 x 64 block).
+__device__ __forceinline__ void wg_store_sums(float* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
 }
 
 template <typename T, typename I, int BM, int BN>
@@ -1654,11 +1672,8 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
       if (m >= M) continue;
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int nn = n0 + wn + ni * 8 + 2 * q + j;
-          if (nn < N) out[(I)m * N + nn] = acc[mi][ni][2 * half + j];
-        }
+        const int nn = n0 + wn + ni * 8 + 2 * q;  // (N is a multiple of 4: nn + 1 < N where nn < N)
+        if (nn < N) wg_store_sums(out + (I)m * N + nn, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       }
       if (sum_bias && q == 0) bias_partial[(I)blockIdx.z * D + g * outputs_per_group + m] = bias_acc[mi][2 * half];
     }
@@ -1685,33 +1700,34 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
 }
 
 // The final pass: grad_weight[d][c][tap] = sum over the splits, in order, of partial[z][d][tap * C/G + c],
-// rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the weight's elements.
-// (The weight gradients themselves finish in their kernels, `wg_finish`, to these bits; the tests hold them to it.)
+// rounded once to T; and grad_bias[d] from bias_partial alike.  A grid-stride loop over the sums' elements in
+// their own order (d, tap, c), so that a warp's loads of a split are 128 consecutive bytes and only the stores
+// (2-4 bytes an element, splits x fewer than the loads) scatter by the permutation.  The pass is a stream of
+// splits x size floats that a thread cannot hide by others (one element a thread): it reads WG_PASS_SPLITS
+// splits a trip, their loads in flight at once (`wg_finish`), a round trip per 16 splits instead of per split
+// and element.  (The weight gradients themselves finish in their kernels, `wg_finish`, to these bits: every
+// element adds split 0, 1, ... in order whatever the splits a trip; the tests hold them to it.)
 // Also conv_fwd_igemm's (taps 1: an elementwise sum in out's layout, phase_width 0), and a phase's of the strided
 // input gradient (phase_width > 0: its pixels written to their places in grad_input, `ig_phase_pixel`).
+constexpr int WG_PASS_SPLITS = 16;
 template <typename T, typename I>
 __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, const float* __restrict__ bias_partial,
                                              T* __restrict__ grad_weight, T* __restrict__ grad_bias, int splits,
                                              int out_channels, int channels_per_group, int taps, int has_bias,
                                              I out_plane, I phase_first, I phase_row_step, int phase_column_step,
                                              int phase_width) {
-  const I N = (I)taps * channels_per_group, size = out_channels * N, slice = size;
+  const I N = (I)taps * channels_per_group, size = out_channels * N;
   for (I i = grid_start<I>(); i < size; i += grid_stride<I>()) {
     const I d = i / N;
-    const int rest = (int)(i - d * N), c = rest / taps, tap = rest - c * taps;
-    const I from = d * N + (I)tap * channels_per_group + c;
-    float sum = 0.0f;
-    for (int z = 0; z < splits; ++z) sum += partial[z * slice + from];
+    const int rest = (int)(i - d * N), tap = rest / channels_per_group, c = rest - tap * channels_per_group;
     // phase_width > 0: conv_fwd_igemm's splits of a phase (taps 1, no bias, NCHW; channels_per_group: the phase's
     // pixels): plane d's pixel `rest` goes to its pixel of grad_input's plane d
     const I to = phase_width > 0 ? d * out_plane + ig_phase_pixel((I)rest, phase_width, phase_first, phase_row_step,
                                                                   phase_column_step)
-                                 : i;
-    grad_weight[to] = from_acc<T>(sum);
+                                 : d * N + (I)c * taps + tap;
+    wg_finish<1, T, I, WG_PASS_SPLITS, true>(partial + i, grad_weight + to, (I)0, size, splits, 1);
     if (has_bias && i < out_channels) {
-      float b = 0.0f;
-      for (int z = 0; z < splits; ++z) b += bias_partial[(I)z * out_channels + i];
-      grad_bias[i] = from_acc<T>(b);
+      wg_finish<1, T, I, WG_PASS_SPLITS, true>(bias_partial + i, grad_bias + i, (I)0, (I)out_channels, splits, 1);
     }
   }
 }
@@ -2210,8 +2226,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
         float* row = out + (I)d * N + (tap0 + first_tap + k * WARPS_PER_GROUP) * CG;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
-          row[ni * 8 + 2 * q] = acc[k][mi][ni][2 * h];
-          row[ni * 8 + 2 * q + 1] = acc[k][mi][ni][2 * h + 1];
+          wg_store_sums(row + ni * 8 + 2 * q, acc[k][mi][ni][2 * h], acc[k][mi][ni][2 * h + 1]);
         }
       }
       if (sum_bias && q == 0 && g < groups) bias_partial[(I)blockIdx.z * C + g * CG + d] = bias_acc[mi][2 * h];

@@ -789,8 +789,10 @@ MUTATIONS = [
       "px.x + dx < width;", WG, "wg: padding"),
     M("wg-split-end", "implicit_gemm.cu", "b_inside && b_row + r * B_ROWS_PER_PASS < remaining &&",
       "b_inside &&", WG, "wg: split range"),
-    M("wg-finish-permutation", "implicit_gemm.cu", "const I from = d * N + (I)tap * channels_per_group + c;",
-      "const I from = d * N + (I)c * taps + tap;", WG, "wg: weight layout"),
+    M("wg-finish-permutation", "implicit_gemm.cu", ": d * N + (I)c * taps + tap;",
+      ": d * N + (I)tap * channels_per_group + c;", WG + " -k 'long_last_read or many_splits'", "wg: weight layout"),
+    M("wg-pass-decode", "implicit_gemm.cu", "tap = rest / channels_per_group, c = rest - tap * channels_per_group;",
+      "tap = rest % taps, c = rest / taps;", WG + " -k 'long_last_read or many_splits'", "wg: weight layout"),
     M("wg-bias-tf32-no-remainder", "implicit_gemm.cu", "      mma_m16n8k8_tf32(bias_acc[mi], rest, ones);\n", "",
       WG + " -k tf32_bias", "wg: bias gradient"),
     # TF32 rounded once, by the channels-last copies: grad_output's remainder staged for the fused bias sum
@@ -817,8 +819,24 @@ MUTATIONS = [
     M("wg-split-order", "implicit_gemm.cu", "const float* at = from + p * slice;",
       "const float* at = from + (P - 1 - p) * slice;", WG + " -k 'finished_in_the_kernel or short_last_trip'",
       "wg: last block"),
-    M("wg-finish-trip-past-the-last", "implicit_gemm.cu", "v[p][e] = e < count && z + p < splits ? __ldcg(at)",
+    M("wg-finish-trip-past-the-last", "implicit_gemm.cu", "v[p][e] = e < count && p < left ? __ldcg(at)",
       "v[p][e] = e < count ? __ldcg(at)", WG + " -k short_last_trip", "wg: last block"),
+    # the final pass's whole trips of WG_PASS_SPLITS splits (task wgfin): a trip past the last split, a last trip
+    # read whole, the splits of a trip read from the wrong slices (P 16: splits 0-7 twice)
+    *(M(name, "implicit_gemm.cu", original, mutant, WG + " -k many_splits", "wg: final pass")
+      for name, original, mutant in (
+        ("wg-pass-whole-past-the-last", "if (WHOLE && z + P <= splits) {", "if (WHOLE && z < splits) {"),
+        ("wg-pass-last-trip-whole", "wg_trip(v, from, step, slice, splits - z, count);",
+         "wg_trip(v, from, step, slice, P, count);"),
+        ("wg-pass-whole-trip-step", "for (int p = 0; p < P; ++p) {\n    const float* at = from + p * slice;",
+         "for (int p = 0; p < P; ++p) {\n    const float* at = from + (p & 7) * slice;"))),
+    # the split's float sums as 8-byte pairs (wg_store_sums, task wgfin): pair swapped, the groups kernel's column
+    M("wg-sums-pair-swapped", "implicit_gemm.cu",
+      "void wg_store_sums(float* at, float lo, float hi) {\n  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);",
+      "void wg_store_sums(float* at, float lo, float hi) {\n  *reinterpret_cast<float2*>(at) = make_float2(hi, lo);",
+      WG + " -k 'matches_cpu_path and wg_tile_edges'", "wg: partial sums"),
+    M("wg-sums-groups-column", "implicit_gemm.cu", "wg_store_sums(row + ni * 8 + 2 * q,", "wg_store_sums(row + ni * 8 + q,",
+      WG + " -k 'finished_in_the_kernel and groups_of_16'", "wg: partial sums"),
     M("wg-finish-trip-step", "implicit_gemm.cu", "for (int z = 0; z < splits; z += P, from += P * slice) {",
       "for (int z = 0; z < splits; z += P, from += slice) {", WG + " -k short_last_trip", "wg: last block"),
     M("wg-finish-trip-count", "implicit_gemm.cu", "for (int z = 0; z < splits; z += P, from += P * slice) {",

@@ -531,6 +531,24 @@ def test_a_long_last_read_keeps_the_final_pass(monkeypatch, case, dtype):
     assert runs[0] == runs[1]
 
 
+# 720 pixels: 23 splits of one 32-pixel chunk (16-bit), 45 of 16 (float32): the final pass's whole trips of
+# WG_PASS_SPLITS = 16 splits and a short last one
+MANY_SPLITS = C("wg_many_splits", (2, 16, 20, 18), (24, 16, 3, 3), padding=((1, 1), (1, 1)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_final_pass_of_many_splits_keeps_the_bits(monkeypatch, dtype):
+    """conv_bwd_weight_igemm_finish reads 16 splits a trip without testing each against the last, then the rest with
+    the tests: with more than 16 splits, not a multiple of 16, its bits are those of the finish in the kernel (two
+    splits a trip) and of the separate pass, and grad_weight matches the float64 reference."""
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty(MANY_SPLITS.x, numpy.float16),
+                                               numpy.empty(MANY_SPLITS.weight), None, **MANY_SPLITS.kwargs)
+    several_splits(monkeypatch, 1)
+    splits = igemm.weight_igemm_plan(spec, DTYPES[dtype])[1].splits
+    assert splits > 16 and splits % 16, splits
+    test_a_long_last_read_keeps_the_final_pass(monkeypatch, MANY_SPLITS, dtype)
+
+
 def test_which_shapes_finish_in_the_kernel():
     """The rule of `weight_igemm_plan`: r50-64's 3 x 3 layer (56 splits of 64 x 64: 896 KiB) finishes in the kernel,
     r50-128's 16-bit one (56 splits of 128 x 128: 3.5 MiB) keeps the final pass; one split always finishes."""

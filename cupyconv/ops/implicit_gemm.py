@@ -896,7 +896,9 @@ WG_FINISH_BLOCK = 256
 # 1 MiB (r50-64's 56 splits of 64 x 64: 8.5-22.3 us against the final pass's 7.2-22.9; 7.2-16.3 since the 64 x 64
 # tile's last block reads two splits a trip, `weight_finish_splits`) the tail costs about the GPU time the final
 # pass did; above it (128 x 128 tiles of 22-56 splits, 64 x 64 ones of 80-103: 1.3-3.5 MiB) it
-# would cost up to 2-3 times the final pass's, which stays.
+# would cost up to 2-3 times the final pass's, which stays.  That pass (a thread an element of the sums, 16 splits
+# a trip: implicit_gemm.cu's WG_PASS_SPLITS) is PREDICTED (H100) at 4.0-10.7 us for i-gpu16's 103 splits of 64 x 288
+# (11.8-33.8 when it read a split a trip, its loads strided by the permutation).
 WG_FINISH_BYTES = 1 << 20
 
 
