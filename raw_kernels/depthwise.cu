@@ -1011,8 +1011,9 @@ __device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict
 // pad_left = H = (K - 1) / 2 and the rows are whole 16-byte chunks (FAST), a row's L = 2U + K - 2 columns are its 2U
 // own ones from 2 ox (ox a multiple of U: 16-byte aligned, so 16-byte loads, each chunk wholly inside or past the row)
 // and a halo of H columns before them and H - 1 after, which are its neighbouring lanes' own columns: taken by
-// shuffles (`left`, `right`: the lane beside it holds the item beside it), else loaded singly (a warp's halo loads,
-// one a lane 2U elements apart, requested as many sectors as its chunks: fp32 35.3M -> 23.5M sectors on dw-96-112s2).
+// shuffles (`left`, `right`: the lane beside it holds the item beside it), else loaded singly (loaded singly
+// everywhere, a warp's halo loads, one a lane 2U elements apart, requested as many sectors as its chunk loads: fp32
+// 35.3M sectors on dw-96-112s2 where the shuffles leave 26.1M).
 // Other paddings and rows load their L columns element by element.  Rows are loaded in batches of DirectBatch rows
 // before any is used: one wait on global memory a batch.  Every lane of a warp runs it (the shuffles): a thread
 // without an item passes plane = nullptr, and reads zeros.
