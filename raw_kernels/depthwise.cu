@@ -20,9 +20,10 @@
 // * Specialised kernels (template K = 3, 5, 7 and S = 1, 2, dilation 1: depthwise_fwd<T, I, K, S>,
 //   depthwise_bwd_input<T, I, K> at stride 1, depthwise_bwd_weight<T, I, K, S>) keep the K x K weights (or tap
 //   sums) in registers and slide a register window down an item of V x 4 outputs: each staged row segment is read
-//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image forward and weight
-//   gradient at S = 2 stage their rows de-interleaved, even columns then odd, so that those loads are on consecutive
-//   chunks: AlignedStaging's SPLIT, load_split_row).  No division in their loops over units (the forward and the
+//   once, with 16-byte shared loads, and feeds up to 4 * ceil(K / S) outputs (the per-image weight gradient at S = 2
+//   stages its rows de-interleaved, even columns then odd, so that those loads are on consecutive chunks:
+//   AlignedStaging's SPLIT, load_split_row; the per-image forward at S = 2 stages nothing, its rows read from global
+//   memory into registers, direct_fma).  No division in their loops over units (the forward and the
 //   input gradient are one persistent kernel, depthwise_persistent; its comment says how), rows staged in 16-byte
 //   chunks, outputs written (grad_out read) with one vector access per row.
 // * Generic kernels (K = 0: any kernel size, stride, dilation) keep the weights in shared memory, run only the
@@ -689,35 +690,32 @@ __device__ __forceinline__ void load_split_row(const A* src, int odd0, A (&row)[
   for (int e = 0; e < L; ++e) row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];
 }
 
-// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.  SPLIT (S = 2,
-// rows staged de-interleaved: AlignedStaging's SPLIT): row r's even columns from base + r * pitch (and a skew for each
-// V * S rows; base: the first row of such a run), its odd ones odd0 further, each half read with 16-byte loads from a
-// 16-byte boundary and put back in column order in registers, so the products and their order are the same.
-template <typename A, int K, int S, int V, int U, bool SPLIT = false>
-__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U], int odd0 = 0,
-                                          int skew = 0) {
+// out[v][u] += w[i][j] * row[u * S + j] for the outputs of a V x U block whose tap row i = r - v * S is row r (r:
+// a constant once unrolled).
+template <typename A, int K, int S, int V, int U, int L>
+__device__ __forceinline__ void row_fma(int r, const A (&row)[L], const A (&w)[K][K], A (&out)[V][U]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = r - v * S;
+    if (i >= 0 && i < K) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * row[u * S + j];
+      }
+    }
+  }
+}
+
+// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
+template <typename A, int K, int S, int V, int U>
+__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
   constexpr int L = (U - 1) * S + K;
-  static_assert(!SPLIT || S == 2, "SPLIT rows are de-interleaved by 2");
 #pragma unroll
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
-    if constexpr (SPLIT) {
-      const A* at = base + r * pitch + r / (V * S) * skew;
-      load_split_row<A, L>(at, odd0, row);
-    } else {
-      load_row<A, L>(base + r * pitch, row);
-    }
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int i = r - v * S;
-      if (i >= 0 && i < K) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < K; ++j) out[v][u] += w[i][j] * row[u * S + j];
-        }
-      }
-    }
+    load_row<A, L>(base + r * pitch, row);
+    row_fma<A, K, S, V, U>(r, row, w, out);
   }
 }
 
@@ -742,7 +740,7 @@ __device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)
 // not whole chunks: 14x14): `pairs` says whether the rows are 2-element slots aligned in memory, which the kernel then
 // stages flat by pairs itself (its FLAT); otherwise element by element as above.
 //
-// SPLIT > 0 (the per-image stride-2 forward and weight gradient, SPLIT = their strips' V * S rows): each staged row is
+// SPLIT > 0 (the per-image stride-2 weight gradient, SPLIT = its strips' V * S rows): each staged row is
 // stored de-interleaved, its even columns (relative to x0) first and its odd ones from `odd0` on (each half whole
 // chunks), so that a thread whose outputs read columns 2 apart reads them as consecutive words (load_split_row), and
 // each run of SPLIT rows starts `skew` = tile_w (modulo a bank row) elements after the last: lane l of a row of
@@ -1005,6 +1003,92 @@ __device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict
   }
 }
 
+// The per-image stride-2 forward (depthwise_fwd<T, I, K, 2>, neither PACK nor SPREAD) stages nothing: a stride-2
+// row feeds each output once per tap row, so staging it only moved it through shared memory (a row's loads waited
+// before its stores, 183 waits a warp on dw-96-112s2 fp16).  A thread reads its rows straight from global memory
+// into registers instead: out[v][u] += w[i][j] * x[iy0 + 2v + i][ix0 + 2u + j] for a V x U block of outputs
+// (iy0 = 2 oy - pad_top, ix0 = 2 ox - pad_left), the same products in the same order as block_fma.  Where
+// pad_left = H = (K - 1) / 2 and the rows are whole 16-byte chunks (FAST), a row's L = 2U + K - 2 columns are its 2U
+// own ones from 2 ox (ox a multiple of U: 16-byte aligned, so 16-byte loads, each chunk wholly inside or past the row)
+// and a halo of H columns before them and H - 1 after, which are its neighbouring lanes' own columns: taken by
+// shuffles (`left`, `right`: the lane beside it holds the item beside it), else loaded singly (loaded singly
+// everywhere, a warp's halo loads, one a lane 2U elements apart, requested as many sectors as its chunk loads: fp32
+// 35.3M sectors on dw-96-112s2 where the shuffles leave 26.1M).
+// Other paddings and rows load their L columns element by element.  Rows are loaded in batches of DirectBatch rows
+// before any is used: one wait on global memory a batch.  Every lane of a warp runs it (the shuffles): a thread
+// without an item passes plane = nullptr, and reads zeros.
+template <typename T, int K> struct DirectBatch {  // rows a batch: about 48 registers of raw data
+  static constexpr int L = 2 * FWD_COLUMNS + K - 2, R = 2 * StripRows<K>::value + K - 2;
+  static constexpr int value = R < 192 / (L * (int)sizeof(T)) ? R : 192 / (L * (int)sizeof(T));
+};
+template <bool FAST, typename T, int L>
+__device__ __forceinline__ void direct_row(const T* __restrict__ row, int ix0, int width, bool left, bool right,
+                                           T (&x)[L]) {
+  constexpr int C = 16 / sizeof(T), H = FAST ? (L - 2 * FWD_COLUMNS + 1) / 2 : 0;
+  const T zero = from_acc<T>(acc_t<T>(0));
+  if constexpr (FAST) {
+#pragma unroll
+    for (int e = 0; e < H; ++e) {
+      x[e] = row != nullptr && !left && ix0 + e >= 0 && ix0 + e < width ? row[ix0 + e] : zero;
+    }
+#pragma unroll
+    for (int c = 0; c < 2 * FWD_COLUMNS; c += C) {
+      Pack<T, C> p;
+#pragma unroll
+      for (int e = 0; e < C; ++e) p.v[e] = zero;
+      if (row != nullptr && ix0 + H + c < width) p = *reinterpret_cast<const Pack<T, C>*>(row + ix0 + H + c);
+#pragma unroll
+      for (int e = 0; e < C; ++e) x[H + c + e] = p.v[e];
+    }
+#pragma unroll
+    for (int e = H + 2 * FWD_COLUMNS; e < L; ++e) {
+      x[e] = row != nullptr && !right && ix0 + e < width ? row[ix0 + e] : zero;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < L; ++e) {
+      const int col = ix0 + e;
+      x[e] = row != nullptr && col >= 0 && col < width ? row[col] : zero;
+    }
+  }
+}
+
+template <bool FAST, typename T, typename I, int K, int V, int U>
+__device__ __forceinline__ void direct_fma(const T* __restrict__ plane, int height, int width, int iy0, int ix0,
+                                           bool left, bool right, const acc_t<T> (&w)[K][K], acc_t<T> (&out)[V][U]) {
+  constexpr int L = 2 * (U - 1) + K, R = 2 * (V - 1) + K, B = DirectBatch<T, K>::value, H = (K - 1) / 2;
+  static_assert(U == FWD_COLUMNS && 2 * U % (16 / sizeof(T)) == 0, "a row's own columns are whole 16-byte chunks");
+#pragma unroll
+  for (int r0 = 0; r0 < R; r0 += B) {
+    T x[B][L];
+#pragma unroll
+    for (int b = 0; b < B && r0 + b < R; ++b) {
+      const int iy = iy0 + r0 + b;
+      direct_row<FAST>(plane != nullptr && iy >= 0 && iy < height ? plane + iy * (I)width : nullptr, ix0, width,
+                       left, right, x[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < B && r0 + b < R; ++b) {
+      acc_t<T> row[L];
+#pragma unroll
+      for (int e = 0; e < L; ++e) row[e] = to_acc(x[b][e]);
+      if constexpr (FAST) {  // the halo: the left lane's last H own columns, the right lane's first H - 1
+#pragma unroll
+        for (int e = 0; e < H; ++e) {
+          const acc_t<T> v = __shfl_up_sync(0xffffffffu, row[2 * U + e], 1);
+          if (left) row[e] = v;
+        }
+#pragma unroll
+        for (int e = 0; e < H - 1; ++e) {
+          const acc_t<T> v = __shfl_down_sync(0xffffffffu, row[H + e], 1);
+          if (right) row[H + 2 * U + e] = v;
+        }
+      }
+      row_fma<acc_t<T>, K, 2, V, U>(r0 + b, row, w, out);
+    }
+  }
+}
+
 // tile[0, count) = 0 by the whole block, 16 bytes a store (count: a multiple of 16 bytes' elements).
 template <typename A>
 __device__ __forceinline__ void zero_tiles(A* tile, int count) {
@@ -1052,9 +1136,12 @@ __device__ __forceinline__ void depthwise_persistent(
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
   // SPREAD: AlignedStaging<true>, ItemLayout<true> (see the kernels' SPREAD); the packed ones also stage weights.
   constexpr bool spread = SPREAD, stage_weights = PACK && SPREAD;
-  // split: the per-image stride-2 forward stages its rows de-interleaved (AlignedStaging's SPLIT, block_fma's)
-  constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;
-  const AlignedStaging<T, I, spread, false, split ? V * S : 0> staging(src, src_w, in_h, in_w, tile_w * S);
+  // direct: the per-image stride-2 forward reads its rows from global memory, no staging (direct_fma; the planner's
+  // _forward_staging gives it no shared memory); fast: its paddings and rows that direct_row's FAST loads take
+  constexpr bool direct = S == 2 && !PACK && !SPREAD && !TRANSPOSED;
+  const bool fast = direct && pad_left == (K - 1) / 2 && src_w % (16 / sizeof(T)) == 0 &&
+                    reinterpret_cast<unsigned long long>(src) % 16 == 0;
+  const AlignedStaging<T, I, spread> staging(src, src_w, in_h, in_w, tile_w * S);
   const int pitch = staging.pitch;
   A* tile = reinterpret_cast<A*>(depthwise_smem);
   const int dst_channels = channels * kernels, src_channels = channels * terms;
@@ -1121,7 +1208,7 @@ __device__ __forceinline__ void depthwise_persistent(
                             valid * terms * (int)src_plane, src_w, src_h, pitch, staging.plane, pad_top, pad_left, in_h,
                             in_w, [&](int e, const RunWalk&) { return run[e]; });
       }
-    } else {
+    } else if (!direct) {
       staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
                     [&](int q) -> const T* {
                       const int j = q / terms;
@@ -1158,12 +1245,12 @@ __device__ __forceinline__ void depthwise_persistent(
     } else {
       load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     }
-    __syncthreads();
+    if (!direct) __syncthreads();
 
     const int ox = ox0 + ox_l, oy = oy0 + s * V;
     const bool active = item.valid && (pack_channels ? d0 + p < dst_channels : n < images) && ox < dst_w;
     A acc[V][U];
-    if (active) {
+    if (active || direct) {  // direct: every lane (direct_fma's shuffles)
       const A init = !TRANSPOSED && has_bias ? to_acc(bias[d]) : A(0);
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -1173,13 +1260,20 @@ __device__ __forceinline__ void depthwise_persistent(
       for (int t = 0; t < terms; ++t) {  // the forward: once
         if (stage_weights) load_kernel<K, TRANSPOSED>(kernels_staged + (p * terms + t) * (K * K), w);
         else if (t > 0) load_kernel<K, TRANSPOSED>(weight + ((I)kernel0 + t) * (K * K), w);
-        // (split: a row's evens and odds each from column ox_l of their half)
-        block_fma<A, K, S, V, U, split>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * (split ? 1 : S),
-                                        pitch, w, acc, staging.odd0, staging.skew);
+        if constexpr (direct) {
+          // an item past dst_w loads too (its columns are its left neighbour's halo); the forward: terms = 1
+          const T* plane = item.valid && n < images ? src + (base + (I)p * stride) * src_plane : nullptr;
+          const int lane = (int)threadIdx.x % 32, iy0 = oy * S - pad_top, ix0 = ox * S - pad_left;
+          const bool left = lane > 0 && ox_l > 0, right = lane < 31 && ox_l + U < tile_w;
+          if (fast) direct_fma<true, T, I, K, V, U>(plane, src_h, src_w, iy0, ix0, left, right, w, acc);
+          else direct_fma<false, T, I, K, V, U>(plane, src_h, src_w, iy0, ix0, left, right, w, acc);
+        } else {
+          block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
+        }
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
       // under the same test, cost up to 28 more registers: NVRTC 13, sm_90).
-      if constexpr (!PACK) {
+      if (!PACK && (!direct || active)) {
         T* out = dst + ((n * dst_channels + d) * dst_h + oy) * (I)dst_w + ox;
         const bool whole = out_aligned && ox + U <= dst_w;
 #pragma unroll
@@ -1232,7 +1326,7 @@ __device__ __forceinline__ void depthwise_persistent(
       __syncthreads();
       store_run<T, I>(dst + (image0 * dst_channels + d0) * dst_plane, tile, valid * (int)dst_plane);
     }
-    __syncthreads();  // the next unit overwrites the tile
+    if (!direct) __syncthreads();  // the next unit overwrites the tile
 
     int carry = 0;
     next_digit(tx, step_tx, tiles_x, carry);

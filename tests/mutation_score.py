@@ -81,7 +81,8 @@ DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the p
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
-DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 forward's and weight gradient's de-interleaved rows
+DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 weight gradient's de-interleaved rows
+DW_DIRECT = DEPTHWISE + " -k 'rows_directly or direct_past'"  # the per-image stride-2 forward's rows (direct_fma)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
 DW_PLANES = DEPTHWISE + " -k 'tiny or planes or rect_stride1_multiplier3'"  # depthwise_bwd_weight_generic's planes
 DW_TINYK = DEPTHWISE + " -k 'planes_k4 or tiny_4x4 or tiny_kernel'"  # the planes kernels' <T, I, K> instantiations
@@ -1070,7 +1071,7 @@ MUTATIONS = [
       "index += grid_stride<I>()) {\n    const int ox = (int)(index % out_w);", DEPTHWISE, "grid-stride"),
     # depthwise_persistent (the forward and the stride-1 input gradient) and AlignedStaging (issue 25)
     M("dw-fwd-barrier-staged", "depthwise.cu",
-      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    }\n    __syncthreads();",
+      "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    }\n    if (!direct) __syncthreads();",
       "load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);\n    }", DW_FWD, "removed barrier"),
     M("dw-fwd-barrier-next-unit", "depthwise.cu", "__syncthreads();  // the next unit overwrites the tile\n\n",
       "// the next unit overwrites the tile\n\n", DW_FWD, "removed barrier"),
@@ -1123,8 +1124,8 @@ MUTATIONS = [
       "e < count - 1; e += (int)blockDim.x) dst[e]", DW_PACKED, "off-by-one"),
     M("dw-packed-item-channel", "depthwise.cu", "const int d = pack_channels ? min(d0 + p, dst_channels - 1) : d0;",
       "const int d = pack_channels ? d0 : d0;", DW_PACKED, "persistent loop"),
-    M("dw-bwd-input-term-plane", "depthwise.cu", "block_fma<A, K, S, V, U, split>(tile + staging.offset(p * terms + t,",
-      "block_fma<A, K, S, V, U, split>(tile + staging.offset(p + t,",
+    M("dw-bwd-input-term-plane", "depthwise.cu", "block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t,",
+      "block_fma<A, K, S, V, U>(tile + staging.offset(p + t,",
       DW_FWD, "persistent loop"),
     # small planes: the PACK kernels' staged weights, the spread planes and thread layout of AlignedStaging<SPREAD>
     # and ItemLayout<true> (issue 25, shared-memory wavefronts)
@@ -1235,8 +1236,6 @@ MUTATIONS = [
       "load_row<A, L / 2>(src + odd0 + 4, odd);", DW_SPLIT, "wrong index"),
     M("dw-split-fma-order", "depthwise.cu", "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2];",
       "row[e] = e % 2 == 0 ? even[e / 2] : odd[e / 2 - (e > 2)];", DW_SPLIT, "wrong index"),
-    M("dw-split-skew-rows", "depthwise.cu", "const A* at = base + r * pitch + r / (V * S) * skew;",
-      "const A* at = base + r * pitch + r / V * skew;", DW_SPLIT, "wrong index"),
     M("dw-split-weight-skew-rows", "depthwise.cu", "base + rr * pitch + rr / SPLIT * staging.skew",
       "base + rr * pitch + rr / V * staging.skew", DW_SPLIT, "wrong index"),
     M("dw-split-weight-columns", "depthwise.cu", "+ ox_l * (SPLIT ? 1 : S);", "+ ox_l * S;", DW_SPLIT, "wrong index"),
@@ -1244,10 +1243,27 @@ MUTATIONS = [
       "split = False  #", DW_SPLIT, "planner mirror"),
     M("dw-split-skew", "depthwise.cu", "skew = SPLIT ? (span / 2) & (BANK_ROW - 1) : 0;", "skew = 0;", DW_SPLIT,
       "bank conflict"),
-    M("dw-split-kernel-off", "depthwise.cu", "constexpr bool split = S == 2 && !PACK && !SPREAD && !TRANSPOSED;",
-      "constexpr bool split = false;", DW_SPLIT, "bank conflict"),
-    M("dw-split-planner", DW_PY, "split = spec.stride[0] == 2 and not (spread or packed)", "split = False",
-      DW_SPLIT, "tile bound"),
+    # direct_fma (task dws2f): the per-image stride-2 forward's rows from global memory, halos by shuffles
+    M("dw-direct-planner", DW_PY, "direct = spec.stride[0] == 2 and not (spread or packed)", "direct = False",
+      DW_DIRECT, "planner mirror"),
+    M("dw-direct-fast-pad", "depthwise.cu", "const bool fast = direct && pad_left == (K - 1) / 2 &&",
+      "const bool fast = direct &&", DW_DIRECT, "wrong index"),
+    M("dw-direct-chunk-bound", "depthwise.cu", "if (row != nullptr && ix0 + H + c < width) p =",
+      "if (row != nullptr && ix0 + H + c <= width) p =", DW_DIRECT, "tile bound"),
+    M("dw-direct-batch-row", "depthwise.cu", "const int iy = iy0 + r0 + b;", "const int iy = iy0 + b;", DW_DIRECT,
+      "wrong index"),
+    M("dw-direct-halo-left", "depthwise.cu", "__shfl_up_sync(0xffffffffu, row[2 * U + e], 1)",
+      "__shfl_up_sync(0xffffffffu, row[2 * U + e - 1], 1)", DW_DIRECT, "wrong index"),
+    M("dw-direct-halo-right", "depthwise.cu", "__shfl_down_sync(0xffffffffu, row[H + e], 1)",
+      "__shfl_down_sync(0xffffffffu, row[H + e + 1], 1)", DW_DIRECT, "wrong index"),
+    M("dw-direct-left-lane", "depthwise.cu", "const bool left = lane > 0 && ox_l > 0,", "const bool left = ox_l > 0,",
+      DW_DIRECT, "warp edge"),
+    M("dw-direct-right-item", "depthwise.cu", "right = lane < 31 && ox_l + U < tile_w;", "right = lane < 31;",
+      DW_DIRECT, "tile bound"),
+    M("dw-direct-past-items", "depthwise.cu", "const T* plane = item.valid && n < images ?",
+      "const T* plane = active ?", DW_DIRECT, "tile bound"),
+    M("dw-direct-store-active", "depthwise.cu", "if (!PACK && (!direct || active)) {", "if (!PACK) {", DW_DIRECT,
+      "tile bound"),
     # depthwise_bwd_weight's PAIRS staged flat by pairs (task dw16wg); stage_run's E-element loads
     M("dw-pflat-cell", "depthwise.cu", "cell[b] = inside ? at.cell + (E - 1) * at.x : -1;",
       "cell[b] = inside ? at.cell : -1;", DW_PFLAT, "wrong index"),

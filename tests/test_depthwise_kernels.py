@@ -1110,27 +1110,29 @@ def test_narrow_tiles_spread_planes_against_bank_conflicts(pass_, monkeypatch):
     assert wavefronts[True] < 0.8 * wavefronts[False], wavefronts
 
 
-# The per-image stride-2 forward (depthwise_fwd<K, 2>, neither PACK nor SPREAD) stages its rows de-interleaved
-# (AlignedStaging's SPLIT, block_fma's): (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks
-# with x0 odd (pad 1) and even (pad 0, 2), 16-bit aligned rows in batches of SPLIT_BATCH rows (the last one partial,
-# two images a unit), rows of an odd width element by element, 2-element chunks (float64), every K, multipliers.
-SPLIT_CASES = [
-    ((2, 2, 75, 72), 1, 3, 1, "float32"),    # 38x36 outputs on 2 x 2 tiles of 20x20, x0 odd
-    ((3, 1, 66, 68), 2, 3, 2, "float32"),    # x0 even (shift 2), multiplier 2
-    ((1, 3, 71, 69), 1, 3, 0, "float16"),    # odd width: element staging, x0 = 0
-    ((2, 2, 76, 80), 1, 3, 1, "float16"),    # aligned 16-bit rows: batches, 82 staged rows of 5 a pass
-    ((1, 2, 45, 48), 2, 5, 2, "float64"),    # 2-element chunks, one tile, multiplier 2
-    ((1, 2, 21, 40), 2, 7, 3, "bfloat16"),   # 7x7, aligned 16-bit rows
-    ((2, 1, 39, 37), 3, 5, (1, 2), "float32"),  # odd width, multiplier 3, rectangular padding
+# The per-image stride-2 forward (depthwise_fwd<K, 2>, neither PACK nor SPREAD) reads its rows straight from global
+# memory (direct_fma): (shape, multiplier, kernel, padding, dtype).  FAST rows (pad_left = (K - 1) / 2, rows whole
+# 16-byte chunks) in every element size and K; element loads for other left paddings (0, 2, and 1 for 5x5) and odd
+# widths; a right padding that puts outputs' own columns past the row; multipliers; several tiles and images.
+DIRECT_CASES = [
+    ((2, 2, 75, 72), 1, 3, 1, "float32"),    # FAST: 38x36 outputs on 2 x 2 tiles, 2-chunk rows, 1 halo column
+    ((3, 1, 66, 68), 2, 3, 2, "float32"),    # element loads (pad_left 2), multiplier 2
+    ((1, 3, 71, 69), 1, 3, 0, "float16"),    # element loads: odd width, pad_left 0
+    ((2, 2, 76, 80), 1, 3, 1, "float16"),    # FAST 16-bit: one 16-byte chunk a row
+    ((1, 2, 45, 48), 2, 5, 2, "float64"),    # FAST, 4 chunks a row, halo 2 + 1, multiplier 2
+    ((1, 2, 21, 40), 2, 7, 3, "bfloat16"),   # FAST 7x7, halo 3 + 2
+    ((2, 1, 39, 37), 3, 5, (1, 2), "float32"),  # element loads: odd width, multiplier 3, rectangular padding
+    ((2, 1, 33, 32), 2, 5, ((2, 1), (1, 1)), "float16"),  # 5x5 at pad_left 1: element loads, 16-bit
+    ((1, 2, 19, 24), 2, 3, ((1, 1), (1, 9)), "float16"),  # FAST, right padding 9: outputs whose columns are past
+    ((1, 2, 23, 74), 1, 5, ((2, 2), (2, 0)), "float64"),  # FAST 5x5, 36 columns on 2 tiles of 20: the item past
+                                                          # dst_w holds column 72, its left neighbour's right halo
 ]
 
 
-@pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)
-def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
-    """Every output of the de-interleaved staging against the float64 CPU path (outputs poisoned: one left unwritten
-    or read from the wrong half of a row fails), and the 3x3 one's 16-byte shared loads at one wavefront a quarter
-    warp, the fewest (interleaved rows, lanes 8 columns apart: 6.5 a warp on dw-96-112s2; without the skew of each
-    strip's rows, the 5 items of a row of these 20-wide tiles and the next strip's on the same chunks: two)."""
+@pytest.mark.parametrize("shape, m, k, padding, dtype", DIRECT_CASES)
+def test_stride2_forward_reads_rows_directly(shape, m, k, padding, dtype):
+    """Every output of the direct stride-2 forward against the float64 CPU path (outputs poisoned: one left unwritten,
+    or a halo or chunk column taken from the wrong place, fails); no shared memory."""
     rng = numpy.random.default_rng(sum(shape) + k)
     x = rng.standard_normal(shape).astype(_dtype(dtype))
     weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
@@ -1147,25 +1149,38 @@ def test_stride2_forward_stages_split_rows(shape, m, k, padding, dtype):
         out = cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
     (name, args), = device.launches
     assert short(name) == f"depthwise_fwd<{k}, 2>", name
-    # the launch's shared memory is the kernel's layout: per_block planes of in_h rows of ceil(in_w / 2) evens and
-    # floor(in_w / 2) odds, each whole 16-byte chunks, and a skew of tile_w (modulo a bank row) each STRIP_ROWS * 2 rows
-    acc = 8 if dtype == "float64" else 4
-    (tile_h, tile_w), per_block, chunk = args[-6:-4], args[-2], 16 // acc
-    in_h, in_w = 2 * tile_h - 2 + k, 2 * tile_w - 2 + k
-    pitch = -(-(in_w + 1) // 2 // chunk) * chunk + -(-(in_w // 2) // chunk) * chunk
-    skews = in_h // (2 * depthwise_module.STRIP_ROWS[k]) * (tile_w % (128 // acc))
-    assert sizes == [per_block * (in_h * pitch + skews) * acc], (sizes, tile_h, tile_w, per_block)
+    assert sizes == [0], sizes
     expected = ref.depthwise_conv2d(x.astype(numpy.float64), weight.astype(numpy.float64),
                                     bias.astype(numpy.float64), stride=2, padding=padding)
     assert_matches(out, expected.astype(x.dtype), dtype, str(shape))
-    if dtype == "float32" and k == 3:
-        device = EmulatedDevice(counters=True, asan=False, blocks=lambda grid: [(0, 0, 0), (1, 0, 0)],
-                                instantiations=[("depthwise.cu", name)])  # (the profile build: not under ASan)
-        with _device.use_device(device):
-            cupyconv.depthwise_conv2d(x, weight, bias, stride=2, padding=padding)
-        profile = next(p for p in device.profile if p.name == name)
-        loads = [s for s in profile.sites if s.kind == "shared_load" and s.width == 16]
-        assert loads and sum(s.wavefronts for s in loads) <= 4 * sum(s.requests for s in loads), loads
+
+
+def test_stride2_forward_direct_past_2_31(monkeypatch):
+    """direct_fma's rows in the `long long` instantiation: two 40x40 float16 images of enough channels (multiplier 2:
+    per-image units; 20-wide tiles, not SPREAD) that the second image's planes start past 2^31 elements (sparse
+    memory; only the last block runs: bug_classes.SparseDevice).  The last dst channel's outputs match the CPU path
+    on that channel alone."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(63)
+    channels = 2**31 // 1600 + 64
+    x = bug_classes.sparse_zeros((2, channels, 40, 40), numpy.float16)
+    x[:, -1] = rng.standard_normal((2, 40, 40))
+    weight = bug_classes.sparse_zeros((2 * channels, 1, 3, 3), numpy.float16)
+    weight[-2:] = rng.standard_normal((2, 1, 3, 3))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, None, stride=2, padding=1)
+    assert short(device.launches[0].replace(", long long", ", int")) == "depthwise_fwd<3, 2>"
+    assert ", long long" in device.launches[0]
+    want = cupyconv.depthwise_conv2d(numpy.array(x[:, -1:]), numpy.array(weight[-2:]), None, stride=2, padding=1)
+    bug_classes.assert_tail_written(out, want[1:, 1:], numpy.float16, 400, "forward, last channel of the last image")
+
+
+# The weight gradient's per-image tiles at stride 2 stage their rows de-interleaved (AlignedStaging's SPLIT,
+# load_split_row), as the forward did: (shape, multiplier, kernel, padding, dtype).  Aligned rows by chunks with x0
+# odd (pad 1) and even (pad 0, 2), 16-bit aligned rows, rows of an odd width element by element, 2-element chunks
+# (float64), every K, multipliers.
+SPLIT_CASES = DIRECT_CASES[:7]
 
 
 @pytest.mark.parametrize("shape, m, k, padding, dtype", SPLIT_CASES)

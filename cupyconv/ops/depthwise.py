@@ -396,8 +396,9 @@ def _forward_staging(k: int, stride: int, acc: int, spread: bool = False, split:
     (the kernel's `pitch`, so that its 16-byte shared loads are aligned); spread (the small-plane instantiations,
     AlignedStaging's SPREAD): the plane rounded up to be congruent to tw * stride modulo a 128-byte bank row, so that
     neighbouring lanes of a quarter warp in neighbouring planes read different banks; split (the per-image stride-2
-    forward, AlignedStaging's SPLIT): a row's even and odd columns each rounded up to 16 bytes, and each run of a
-    strip's STRIP_ROWS[k] * stride rows tw (modulo a bank row) elements after the last."""
+    weight gradient, AlignedStaging's SPLIT; the forward there stages nothing): a row's even and odd columns each
+    rounded up to 16 bytes, and each run of a strip's STRIP_ROWS[k] * stride rows tw (modulo a bank row) elements after
+    the last."""
     n, bank_row = 16 // acc, 128 // acc
 
     def plane(th, tw):
@@ -546,9 +547,11 @@ def plan_forward(spec: ConvSpec, acc: int, itemsize: int | None = None) -> Plan:
     k = _specialised(spec)
     if k:
         def plan(count, spread, packed=False):
-            # the kernel stages de-interleaved rows where it neither packs nor spreads, at stride 2 (its `split`)
-            split = spec.stride[0] == 2 and not (spread or packed)
-            return plan_tiling(spec.out_size, count, _forward_staging(k, spec.stride[0], acc, spread, split), acc,
+            # where it neither packs nor spreads, at stride 2, the kernel reads its rows from global memory and stages
+            # nothing (its `direct`)
+            direct = spec.stride[0] == 2 and not (spread or packed)
+            staged = (lambda th, tw: 0) if direct else _forward_staging(k, spec.stride[0], acc, spread)
+            return plan_tiling(spec.out_size, count, staged, acc,
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS))
         tiling = _small_planes(
             lambda count, packed: plan(count, packed and k >= SPREAD_MIN_K, packed),
@@ -626,7 +629,7 @@ def plan_weight_grad(spec: ConvSpec, need_weight: bool, acc: int, itemsize: int 
              and width % (16 // acc) != 0)
     if k:
         def plan(spread):
-            split = spec.stride[0] == 2 and not spread  # the kernel's SPLIT, as the forward's
+            split = spec.stride[0] == 2 and not spread  # the kernel's SPLIT
             return plan_tiling(spec.out_size, spec.n, _forward_staging(k, spec.stride[0], acc, spread, split), acc,
                                strip=STRIP_ROWS[k], columns=FWD_COLUMNS, align=(STRIP_ROWS[k], FWD_COLUMNS),
                                extra_bytes=lambda threads: threads // 32 * (k * k + 1) * acc)
