@@ -78,7 +78,8 @@ DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
 DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
-DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches'"  # the 16-bit 3x3 stride-1 per-image rows (stage_rows16, dw3s1)
+# the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
+DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
