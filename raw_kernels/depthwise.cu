@@ -94,6 +94,9 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 // their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
 // kernel-only constant (the planner does not depend on it).
 constexpr int STAGE_BATCH = 8;
+// Rows a thread loads before it stores any where the 16-bit 3x3 stride-1 per-image units stage by rows
+// (stage_rows16).  A kernel-only constant.
+constexpr int ROWS16_BATCH = 2;
 // Chunks a thread loads before it stores any where the packed 16-bit 5x5 units stage by chunks (stage_chunks): as many
 // as keep 128 registers (NVRTC 13, sm_90: 8 blocks of 64 an SM); float16 at 4 took 152 (6 blocks: a third wave of
 // dw-1152-7k5's 2,048), bfloat16 at 2 took 152.
@@ -1100,6 +1103,72 @@ __device__ __forceinline__ void zero_tiles(A* tile, int count) {
     *reinterpret_cast<Pack<A, C>*>(tile + e) = zeros;
 }
 
+// A 16-bit value from its bits (the low 16 of u).
+template <typename T> __device__ __forceinline__ T half_bits(unsigned u);
+template <> __device__ __forceinline__ __half half_bits<__half>(unsigned u) {
+  return __ushort_as_half((unsigned short)u);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 half_bits<__nv_bfloat16>(unsigned u) {
+  return __ushort_as_bfloat16((unsigned short)u);
+}
+
+// AlignedStaging::stage for 16-bit rows of whole aligned 4-element slots (rows_aligned) where a thread stages one
+// chunk of each of its rows (lanes == chunks): the 3x3 stride-1 per-image forward and input gradient.  Staged plane
+// q = j * terms + t is src plane run + (j * stride + t) planes (none from j = valid on: zeros), as
+// depthwise_persistent maps them.  The chunk's column, its two 8-byte slots and whether each is inside the plane are
+// the same on every row of the thread, so they are worked out once; the row's plane and src offset are stepped with
+// the staging's pass (stage divides q by terms a row: ~20 instructions in the input gradient); a thread issues the
+// loads of B rows before it stores any (one wait on global memory a batch, where stage waits once a row); and the
+// chunk is cut from its slots' words by x0 mod 4 elements with a select of three words and two funnel shifts, where
+// stage picks each element among four (~19 instructions a chunk).  Same values, same cells.
+template <int B, typename T, typename I, bool SPREAD>
+__device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>& st, float* tile, int planes, int y0,
+                                             int x0, int height, int width, const T* run, int terms, int stride,
+                                             int valid, I src_plane) {
+  static_assert(sizeof(T) == 2, "16-bit values staged as float");
+  typedef Pack<unsigned, 2> Slot;  // 4 values, 2 a word, the lower column in the lower half
+  if (!st.stager) return;
+  const int shift = x0 & 3, slot = x0 + st.chunk0 * 4 - shift;
+  const bool a_in = slot >= 0 && slot < width, b_in = slot + 4 >= 0 && slot + 4 < width;
+  const bool high = shift >= 2;         // the chunk starts in the first slot's second word
+  const int bits = shift & 1 ? 16 : 0;  // and a value into it
+  // The pass's step in j and t of q = j * terms + t and in the row's src offset (+ a row's carry into the next plane,
+  // + t's into the next j), so that a row costs no division and no 64-bit product.
+  const int pass_j = st.pass_q / terms, pass_t = st.pass_q % terms;
+  const I src_step = ((I)pass_j * stride + pass_t) * src_plane + (I)st.pass_r * width;
+  const I src_carry = src_plane - (I)st.in_h * width, src_wrap = (I)(stride - terms) * src_plane;
+  int q = st.q0, r = st.r0, j = st.q0 / terms, t = st.q0 % terms;
+  I at_src = ((I)j * stride + t) * src_plane + (I)(y0 + r) * width + slot;  // column slot of the row (run + at_src)
+  while (q < planes) {
+    Slot a[B], b[B];
+    int at[B];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {  // no branch: the loads and the cell predicated, the steps past the end harmless
+      a[k].v[0] = a[k].v[1] = b[k].v[0] = b[k].v[1] = 0u;  // zeros: +0.0 in both types
+      const int yy = y0 + r;
+      const bool load = q < planes && yy >= 0 && yy < height && j < valid;
+      if (load && a_in) a[k] = *reinterpret_cast<const Slot*>(run + at_src);
+      if (load && b_in) b[k] = *reinterpret_cast<const Slot*>(run + at_src + 4);
+      at[k] = q < planes ? st.offset(q, r) + st.chunk0 * 4 : -1;
+      q += st.pass_q, r += st.pass_r, j += pass_j, t += pass_t, at_src += src_step;
+      if (r >= st.in_h) r -= st.in_h, ++q, ++t, at_src += src_carry;
+      if (t >= terms) t -= terms, ++j, at_src += src_wrap;
+    }
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      if (at[k] < 0) continue;
+      const unsigned w0 = high ? a[k].v[1] : a[k].v[0], w1 = high ? b[k].v[0] : a[k].v[1];
+      const unsigned w2 = high ? b[k].v[1] : b[k].v[0];
+      const unsigned lo = (unsigned)((((unsigned long long)w1 << 32) | w0) >> bits);
+      const unsigned hi = (unsigned)((((unsigned long long)w2 << 32) | w1) >> bits);
+      Pack<float, 4> packed;
+      packed.v[0] = to_acc(half_bits<T>(lo)), packed.v[1] = to_acc(half_bits<T>(lo >> 16));
+      packed.v[2] = to_acc(half_bits<T>(hi)), packed.v[3] = to_acc(half_bits<T>(hi >> 16));
+      *reinterpret_cast<Pack<float, 4>*>(tile + at[k]) = packed;
+    }
+  }
+}
+
 // Forward (TRANSPOSED false) and stride-1 input gradient (TRANSPOSED true, S = 1) of a K x K kernel: the
 // persistent tiled convolution from `src` planes to `dst` planes, as depthwise_tiled describes them: forward,
 // src = x (C channels), dst = y (C * m), a unit is one output channel d = c * m + k; input gradient, src =
@@ -1159,6 +1228,8 @@ __device__ __forceinline__ void depthwise_persistent(
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
   const bool flat_run = flat && (!SPREAD || !staging.rows_aligned || chunked);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;
+  // rows16: the 16-bit 3x3 stride-1 per-image units stage their aligned rows with stage_rows16.
+  constexpr bool rows16 = sizeof(T) == 2 && K == 3 && S == 1 && !PACK;
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
   const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
@@ -1209,11 +1280,20 @@ __device__ __forceinline__ void depthwise_persistent(
                             in_w, [&](int e, const RunWalk&) { return run[e]; });
       }
     } else if (!direct) {
-      staging.stage(tile, per_block * terms, oy0 * S - pad_top, ox0 * S - pad_left, src_h, src_w,
-                    [&](int q) -> const T* {
-                      const int j = q / terms;
-                      return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
-                    });
+      const auto plane_of = [&](int q) -> const T* {
+        const int j = q / terms;
+        return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
+      };
+      const int y_0 = oy0 * S - pad_top, x_0 = ox0 * S - pad_left;
+      bool staged = false;
+      if constexpr (rows16) {
+        staged = staging.rows_aligned && staging.lanes == staging.chunks;
+        if (staged) {
+          stage_rows16<ROWS16_BATCH>(staging, tile, per_block * terms, y_0, x_0, src_h, src_w, src + base * src_plane,
+                                     terms, stride, valid, src_plane);
+        }
+      }
+      if (!staged) staging.stage(tile, per_block * terms, y_0, x_0, src_h, src_w, plane_of);
     }
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds

@@ -78,6 +78,8 @@ DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
 DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
+# the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
+DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
@@ -1288,6 +1290,16 @@ MUTATIONS = [
       DW_CHUNKS, "wrong index"),
     M("dw-chunks-inside", "depthwise.cu", "chunks && pad_top >= 0 && pad_left >= 0 && ", "chunks && ", DW_CHUNKS,
       "tile bound"),
+    M("dw-rows16-high", "depthwise.cu", "const bool high = shift >= 2;", "const bool high = shift > 2;", DW_ROWS16,
+      "wrong index"),
+    M("dw-rows16-bits", "depthwise.cu", "const int bits = shift & 1 ? 16 : 0;", "const int bits = shift & 2 ? 16 : 0;",
+      DW_ROWS16, "wrong index"),
+    M("dw-rows16-b-in", "depthwise.cu", "b_in = slot + 4 >= 0 && slot + 4 < width;",
+      "b_in = slot + 4 >= 0 && slot + 4 <= width;", DW_ROWS16, "off-by-one"),
+    M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
+    M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
+    M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && j < valid;",
+      "yy >= 0 && yy <= height && j < valid;", DW_ROWS16, "off-by-one"),
     M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
       "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
     M("dw-wgrad-rows", "depthwise.cu", "(inside ? gp + v * out_w : grad_out);", "(inside ? gp + v * U : grad_out);",

@@ -544,6 +544,49 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
+# The 16-bit 3x3 stride-1 per-image units stage rows of whole aligned 4-element slots with stage_rows16 (one chunk a row a
+# thread, B rows loaded before any is stored, the chunk cut from two slots by x0 mod 4 = -pad_left mod 4 elements).
+# Left paddings 0..3 take every cut; widths of 56 two 28-wide tiles (SPREAD) and of 24, 36 one tile (the per-image
+# instantiation without SPREAD); heights that leave a partial strip and partial batches of rows; images past a partial
+# group (rows of no plane: zeros); the unaligned base falls back to AlignedStaging::stage.
+ROWS16_CASES = [  # (shape, multiplier, padding)
+    ((3, 2, 13, 56), 1, ((1, 1), (1, 1))),
+    ((2, 3, 9, 24), 2, ((0, 2), (0, 0))),
+    ((2, 2, 11, 36), 1, ((2, 0), (2, 1))),
+    ((3, 1, 7, 56), 3, ((1, 2), (3, 3))),
+]
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 2048])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape, m, padding", ROWS16_CASES)
+def test_16_bit_3x3_rows_staged_in_batches(monkeypatch, blocks, shape, m, padding, dtype):
+    """The forward and input gradient against float64 references (outputs poisoned), on aligned and unaligned
+    bases: a chunk cut at the wrong offset, a slot outside the plane read or not zeroed, a row of a batch staged
+    into the wrong cell or skipped shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + shape[-1] + m)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, 3, 3)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1] * m).astype(x.dtype)
+    out_shape = ref.depthwise_conv2d(x[:1].astype(numpy.float64), weight.astype(numpy.float64),
+                                     padding=padding).shape
+    grad_output = rng.standard_normal((shape[0], *out_shape[1:])).astype(x.dtype)
+    as64 = [a.astype(numpy.float64) for a in (x, weight, bias, grad_output)]
+    expected = ref.depthwise_conv2d(*as64[:3], padding=padding).astype(x.dtype)
+    grad_expected = cupyconv.depthwise_conv2d_backward(as64[3], as64[0], as64[1], padding=padding,
+                                                       needs="input")[0].astype(x.dtype)
+    for offset in (0, x.itemsize):
+        xs, gs = _misaligned(x, offset), _misaligned(grad_output, offset)
+        device = Recorder("reverse")
+        with _device.use_device(device):
+            out = cupyconv.depthwise_conv2d(xs, weight, bias, padding=padding)
+            grad_x = cupyconv.depthwise_conv2d_backward(gs, xs, weight, padding=padding, needs="input")[0]
+        assert device.kernels(pack=False) == ["depthwise_fwd<3, 1>", "depthwise_bwd_input<3>"], device.kernels()
+        assert_matches(out, expected, dtype, f"forward, offset {offset}")
+        assert_matches(grad_x, grad_expected, dtype, f"input gradient, offset {offset}")
+
+
 # Small planes (one tile covers the plane): the persistent forward and stride-1 input gradient pack consecutive
 # channels of one image per unit (pack_channels) and write the unit's planes as one run through shared memory.
 # Channel counts that leave the last group of each image partial; multipliers whose groups straddle input
