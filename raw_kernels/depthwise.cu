@@ -2067,7 +2067,7 @@ __device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned o
   for (int k = 0; k < WORDS; ++k) w[k] = at[k];
 #pragma unroll
   for (int k = 0; k < (L + 1) / 2; ++k) {
-    const unsigned pair = __byte_perm(w[k], w[k + 1], odd);
+    const unsigned pair = __byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);  // odd L: the last half alone
     T h[2];
     memcpy(h, &pair, sizeof(pair));
     row[2 * k] = to_acc(h[0]);
@@ -2136,11 +2136,11 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     zero_tiles(tile, per_block * staging.plane);
     __syncthreads();
   }
-  constexpr bool RAW16 = sizeof(T) == 2 && K == 3 && S == 1 && !PAIRS && CUPYCONV_HAS_CP_ASYNC;
-  const RawStaging<T, I, SPREAD> raw(pad_left, in_h, in_w, tile_w);
+  constexpr bool RAW16 = sizeof(T) == 2 && K == 3 && !PAIRS && CUPYCONV_HAS_CP_ASYNC;
+  const RawStaging<T, I, SPREAD> raw(pad_left, in_h, in_w, tile_w * S);
   T* raw_tile = reinterpret_cast<T*>(tile);
   // the raw tiles in the float tiles' space (sizeof(A) / sizeof(T) halves a float), from whole slots
-  const bool raw_run = RAW16 && staging.rows_aligned && tile_w % raw.SLOT == 0 &&
+  const bool raw_run = RAW16 && staging.rows_aligned && tile_w * S % raw.SLOT == 0 &&
                        per_block * raw.plane <= staging.offset(per_block, 0) * (int)(sizeof(A) / sizeof(T));
   const WeightRows<I> rows(images, per_block, tiles, units_per_block);
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
@@ -2181,7 +2181,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
         };
         if constexpr (RAW16) {
           if (raw_run) {
-            raw.stage(raw_tile, per_block, in_h, oy0 - pad_top, ox0 - pad_left, height, width, x, plane_of);
+            raw.stage(raw_tile, per_block, in_h, oy0 * S - pad_top, ox0 * S - pad_left, height, width, x, plane_of);
             cp_async_commit();
           }
         }
@@ -2263,7 +2263,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
         };
         if constexpr (RAW16) {
           if (raw_run) {
-            const T* at = raw_tile + p * raw.plane + s * V * raw.pitch + ox_l;
+            const T* at = raw_tile + p * raw.plane + s * V * S * raw.pitch + ox_l * S;
             const unsigned odd = raw.shift & 1 ? 0x5432u : 0x3210u;
             products([&](int rr, A(&row)[L]) { load_raw_row(at + rr * raw.pitch, raw.shift, odd, row); });
           } else {

@@ -996,29 +996,32 @@ def test_weight_gradient_stages_pairs_flat(monkeypatch, stage1_blocks, shape, m,
 
 
 
-# depthwise_bwd_weight<3, 1[, true]>'s RAW16 staging (16-bit, rows of whole 8-byte slots: x copied raw by cp.async, read
-# `shift` = -pad_left mod 4 halves into its staged rows): (shape, multiplier, padding, dtype), every shift, tiles
-# several a plane and whole-plane ones, short last image groups.
+# depthwise_bwd_weight<3, S[, true]>'s RAW16 staging (16-bit, rows of whole 8-byte slots: x copied raw by cp.async, read
+# `shift` = -pad_left mod 4 halves into its staged rows): (shape, multiplier, stride, padding, dtype), every shift at
+# both strides, tiles several a plane and whole-plane ones, short last image groups.
 RAW_WEIGHT_CASES = [
-    ((9, 2, 56, 56), 1, 1, "float16"),           # dw-256-56's tiles (28 x 28, 5 images a unit): shift 3
-    ((7, 2, 37, 36), 1, 0, "bfloat16"),          # no padding: shift 0; 37 rows (the last tile row short)
-    ((5, 3, 20, 44), 2, 2, "float16"),           # padding 2: shift 2, multiplier 2, 44 = 11 slots a row
-    ((6, 2, 12, 12), 1, 3, "float16"),           # padding 3: shift 1, outputs past the 3x3 window, whole planes
-    ((4, 2, 30, 40), 1, ((2, 1), (1, 2)), "bfloat16"),  # per side: the right padding past the last slot
+    ((9, 2, 56, 56), 1, 1, 1, "float16"),           # dw-256-56's tiles (28 x 28, 5 images a unit): shift 3
+    ((7, 2, 37, 36), 1, 1, 0, "bfloat16"),          # no padding: shift 0; 37 rows (the last tile row short)
+    ((5, 3, 20, 44), 2, 1, 2, "float16"),           # padding 2: shift 2, multiplier 2, 44 = 11 slots a row
+    ((6, 2, 12, 12), 1, 1, 3, "float16"),           # padding 3: shift 1, outputs past the 3x3 window, whole planes
+    ((4, 2, 30, 40), 1, 1, ((2, 1), (1, 2)), "bfloat16"),  # per side: the right padding past the last slot
+    ((3, 2, 112, 112), 1, 2, 1, "float16"),         # dw-96-112s2's tiles (28 x 28 outputs, 57 x 57 staged): shift 3
+    ((2, 3, 45, 68), 2, 2, 0, "bfloat16"),          # stride 2, no padding: shift 0, odd rows, multiplier 2
+    ((3, 2, 24, 36), 1, 2, ((1, 2), (2, 3)), "float16"),  # stride 2, per side: shift 2
 ]
 
 
 @pytest.mark.parametrize("stage1_blocks", [1, 4096])
-@pytest.mark.parametrize("shape, m, padding, dtype", RAW_WEIGHT_CASES)
-def test_weight_gradient_stages_raw_16_bit_rows(monkeypatch, stage1_blocks, shape, m, padding, dtype):
-    """depthwise_bwd_weight<3, 1[, true]> on 16-bit planes whose rows are whole 8-byte slots stages x as it is in
+@pytest.mark.parametrize("shape, m, stride, padding, dtype", RAW_WEIGHT_CASES)
+def test_weight_gradient_stages_raw_16_bit_rows(monkeypatch, stage1_blocks, shape, m, stride, padding, dtype):
+    """depthwise_bwd_weight<3, S[, true]> on 16-bit planes whose rows are whole 8-byte slots stages x as it is in
     memory (RAW16: 8-byte cp.async copies, slots outside the plane zero-filled) and reads each item's halves from
     `shift` halves in; a block of several units (STAGE1_BLOCKS 1) or of one, blocks in reverse, against float64."""
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
     rng = numpy.random.default_rng(stage1_blocks + shape[0] + 11)
-    (stage1, _), _ = _weight_gradients_match(rng, shape, m, 3, 1, padding, dtype).launches
-    assert short(stage1).startswith("depthwise_bwd_weight<3, 1") and "false, true" not in stage1, stage1  # not PAIRS
+    (stage1, _), _ = _weight_gradients_match(rng, shape, m, 3, stride, padding, dtype).launches
+    assert short(stage1).startswith(f"depthwise_bwd_weight<3, {stride}") and "false, true" not in stage1, stage1
 
 
 def test_raw_weight_gradient_past_2_31(monkeypatch):
