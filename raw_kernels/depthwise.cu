@@ -2075,6 +2075,29 @@ __device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned o
   }
 }
 
+// acc[i * K + j] += g[v][u] * x[v * S + i][u * S + j] over an item's V x U outputs, the staged rows read in order by
+// load_rows(rr, row) (whatever the staging: the same products in the same order)
+template <int K, int S, typename A, int V, int U, typename LoadRows>
+__device__ __forceinline__ void weight_products(A (&acc)[K * K + 1], const A (&gv)[V][U], LoadRows load_rows) {
+  constexpr int L = (U - 1) * S + K;
+#pragma unroll
+  for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
+    A row[L];
+    load_rows(rr, row);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = rr - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
+        }
+      }
+    }
+  }
+}
+
 // Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
 // units and partial rows of depthwise_bwd_weight_generic with the forward's thread items and staging.  A thread owns a
 // V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
@@ -2233,28 +2256,9 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
       __syncthreads();
       if (active) {
-        // the products of the item's staged rows, read by load_rows(rr, row), in the same order on every path
-        const auto products = [&](auto load_rows) {
-#pragma unroll
-          for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
-            A row[L];
-            load_rows(rr, row);
-#pragma unroll
-            for (int v = 0; v < V; ++v) {
-              const int i = rr - v * S;
-              if (i >= 0 && i < K) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-#pragma unroll
-                  for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
-                }
-              }
-            }
-          }
-        };
         const auto staged_products = [&]() {
           const A* base = tile + staging.offset(p, s * V * S) + ox_l * (SPLIT ? 1 : S);
-          products([&](int rr, A(&row)[L]) {
+          weight_products<K, S>(acc, gv, [&](int rr, A(&row)[L]) {
             if constexpr (SPLIT > 0)
               load_split_row<A, L>(base + rr * pitch + rr / SPLIT * staging.skew, staging.odd0, row);
             else
@@ -2265,7 +2269,8 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
           if (raw_run) {
             const T* at = raw_tile + p * raw.plane + s * V * S * raw.pitch + ox_l * S;
             const unsigned odd = raw.shift & 1 ? 0x5432u : 0x3210u;
-            products([&](int rr, A(&row)[L]) { load_raw_row(at + rr * raw.pitch, raw.shift, odd, row); });
+            weight_products<K, S>(acc, gv,
+                                  [&](int rr, A(&row)[L]) { load_raw_row(at + rr * raw.pitch, raw.shift, odd, row); });
           } else {
             staged_products();
           }
