@@ -58,6 +58,7 @@
 // kernels: tile_w a multiple of FWD_COLUMNS, shared rows pitched to 16 bytes); dynamic shared
 // memory holds the staged tiles plus weights or reduction scratch.  Every kernel loops over its units, so any grid size is correct.
 #include "common.cuh"
+#include "async_copy.cuh"
 
 // Constants shared with the planner: cupyconv/ops/depthwise.py defines them (KERNELS.defines) and every
 // compiler of this file gets them as -D options, so they exist once.
@@ -2176,6 +2177,101 @@ __global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
                               units_per_block, has_bias, plane_channels);
 }
 
+// RAW16: the 16-bit 3x3 weight gradient at stride 1 on rows of whole 8-byte slots (depthwise_bwd_weight's
+// instantiations for __half and __nv_bfloat16, sm_80 and newer) stages x as it is in memory, 16-bit, by 8-byte
+// cp.async copies straight to shared memory: no register, no conversion, no wait a chunk.  AlignedStaging's chunks cost
+// a warp ~42 instructions each (two 8-byte loads, each waited before its store, the run-time shift's selects, 4
+// conversions) and 18 of its 22 waits a warp (PREDICTED dw-256-56 fp16, the executed count by source line); here a
+// slot is one copy, and the unit waits once, for its copies and its grad_out loads together.  A staged row starts at
+// the slot that holds column x0 = ox0 - pad_left, so its data sit `shift` = x0 mod 4 halves in (the same for every
+// tile: tile_w is a multiple of FWD_COLUMNS); the items read their halves from there (load_raw_row) and convert each
+// where it sits.  Planes `plane` halves apart, spread over the banks as AlignedStaging's SPREAD (in halves).  Where
+// the raw tiles would not fit in the float tiles' space (the planner sizes those), on unaligned rows, and before
+// sm_80, the kernel stages as before.  The same products in the same order: the same bits.
+template <typename T, typename I, bool SPREAD> struct RawStaging {
+  static constexpr int SLOT = 4, BANK_ROW = 64;  // halves per copy, per row of the 32 four-byte banks
+  int shift, pitch, plane, slots, lanes, slot0, q0, r0, pass_q, pass_r;
+  bool stager;
+  __device__ __forceinline__ RawStaging(int pad_left, int in_h, int in_w, int span) {
+    shift = -pad_left & (SLOT - 1);
+    pitch = (shift + in_w + SLOT - 1) / SLOT * SLOT;
+    plane = in_h * pitch;
+    if (SPREAD) plane += (span - plane) & (BANK_ROW - 1);
+    slots = pitch / SLOT;
+    lanes = min(slots, (int)blockDim.x);
+    const int rows_per_pass = (int)blockDim.x / lanes;
+    stager = (int)threadIdx.x < rows_per_pass * lanes;
+    slot0 = (int)threadIdx.x % lanes;
+    q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+    pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  }
+
+  // Copy `planes` tiles of rows [y0, y0 + in_h), the slots from column x0 - shift, of the planes plane_of(q) points at
+  // (nullptr: none); slots outside the plane are zero-filled (src-size 0, nothing read).  The caller commits and waits.
+  template <typename PlaneOf>
+  __device__ __forceinline__ void stage(T* tile, int planes, int in_h, int y0, int x0, int height, int width,
+                                        const T* any, PlaneOf plane_of) const {
+    if (!stager) return;
+    const int first = x0 - shift;  // a multiple of SLOT
+    for (int q = q0, r = r0; q < planes;) {
+      const int yy = y0 + r;
+      const T* row = yy >= 0 && yy < height ? plane_of(q) : nullptr;
+      T* dst = tile + q * plane + r * pitch;
+      for (int k = slot0; k < slots; k += lanes) {
+        const int col = first + k * SLOT;
+        const bool inside = row != nullptr && col >= 0 && col < width;
+        cp_async_ca_8(dst + k * SLOT, inside ? row + yy * (I)width + col : any, inside ? 8 : 0);
+      }
+      q += pass_q, r += pass_r;
+      if (r >= in_h) r -= in_h, ++q;
+    }
+  }
+};
+
+// row[0..L) = the halves shift .. shift + L - 1 from src (4-byte aligned) as acc_t: 4-byte shared loads from the
+// half pair that holds half `shift`, an odd shift's halves funnelled by byte permutes (its selector `odd` = 0x5432, an
+// even one's 0x3210: the same code for every shift, so the products are compiled once), each half converted from
+// where it sits in its register.
+template <typename T, typename A, int L>
+__device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned odd, A (&row)[L]) {
+  constexpr int WORDS = L / 2 + 1;  // the pairs that hold L halves from an odd one
+  const unsigned* at = reinterpret_cast<const unsigned*>(src + (shift & ~1));
+  unsigned w[WORDS];
+#pragma unroll
+  for (int k = 0; k < WORDS; ++k) w[k] = at[k];
+#pragma unroll
+  for (int k = 0; k < (L + 1) / 2; ++k) {
+    const unsigned pair = __byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);  // odd L: the last half alone
+    T h[2];
+    memcpy(h, &pair, sizeof(pair));
+    row[2 * k] = to_acc(h[0]);
+    if (2 * k + 1 < L) row[2 * k + 1] = to_acc(h[1]);
+  }
+}
+
+// acc[i * K + j] += g[v][u] * x[v * S + i][u * S + j] over an item's V x U outputs, the staged rows read in order by
+// load_rows(rr, row) (whatever the staging: the same products in the same order)
+template <int K, int S, typename A, int V, int U, typename LoadRows>
+__device__ __forceinline__ void weight_products(A (&acc)[K * K + 1], const A (&gv)[V][U], LoadRows load_rows) {
+  constexpr int L = (U - 1) * S + K;
+#pragma unroll
+  for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
+    A row[L];
+    load_rows(rr, row);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int i = rr - v * S;
+      if (i >= 0 && i < K) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
+        }
+      }
+    }
+  }
+}
+
 // Weight (and bias) gradient, stage 1, K x K kernel (K = 3, 5, 7), stride S (1, 2), dilation 1: the blocks,
 // units and partial rows of depthwise_bwd_weight_generic with the forward's thread items and staging.  A thread owns a
 // V x U block of outputs (V = STRIP_ROWS_K, U = FWD_COLUMNS): per unit it reads their grad_out values (one
@@ -2237,6 +2333,12 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
     zero_tiles(tile, per_block * staging.plane);
     __syncthreads();
   }
+  constexpr bool RAW16 = sizeof(T) == 2 && K == 3 && !PAIRS && CUPYCONV_HAS_CP_ASYNC;
+  const RawStaging<T, I, SPREAD> raw(pad_left, in_h, in_w, tile_w * S);
+  T* raw_tile = reinterpret_cast<T*>(tile);
+  // the raw tiles in the float tiles' space (sizeof(A) / sizeof(T) halves a float), from whole slots
+  const bool raw_run = RAW16 && staging.rows_aligned && tile_w * S % raw.SLOT == 0 &&
+                       per_block * raw.plane <= staging.offset(per_block, 0) * (int)(sizeof(A) / sizeof(T));
   const WeightRows<I> rows(images, per_block, tiles, units_per_block);
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
     const int co = (int)(b % out_channels), c = co / multiplier;
@@ -2270,11 +2372,17 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
                                                                                   at.y * width + E * at.x);
                                });
       } else {
-        staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width,
-                      [&](int q) -> const T* {
-                        const I image = image0 + q;
-                        return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
-                      });
+        const auto plane_of = [&](int q) -> const T* {
+          const I image = image0 + q;
+          return image < images ? x + (image * channels + c) * (I)height * width : nullptr;
+        };
+        if constexpr (RAW16) {
+          if (raw_run) {
+            raw.stage(raw_tile, per_block, in_h, oy0 * S - pad_top, ox0 * S - pad_left, height, width, x, plane_of);
+            cp_async_commit();
+          }
+        }
+        if (!raw_run) staging.stage(tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width, plane_of);
       }
       // The item's grad_out values: every load issued before any is used, so that the warp waits for them once, not
       // once a row (each row's conversion next to its load, behind each row's branch: PREDICTED 14 waits a unit on
@@ -2317,27 +2425,31 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
           }
         }
       }
+      if constexpr (RAW16) {
+        if (raw_run) cp_async_wait<0>();
+      }
       __syncthreads();
       if (active) {
-        const A* base = tile + staging.offset(p, s * V * S) + ox_l * (SPLIT ? 1 : S);
-#pragma unroll
-        for (int rr = 0; rr < (V - 1) * S + K; ++rr) {
-          A row[L];
-          if constexpr (SPLIT > 0)
-            load_split_row<A, L>(base + rr * pitch + rr / SPLIT * staging.skew, staging.odd0, row);
-          else
-            load_row<A, L>(base + rr * pitch, row);
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            const int i = rr - v * S;
-            if (i >= 0 && i < K) {
-#pragma unroll
-              for (int u = 0; u < U; ++u) {
-#pragma unroll
-                for (int j = 0; j < K; ++j) acc[i * K + j] += gv[v][u] * row[u * S + j];
-              }
-            }
+        const auto staged_products = [&]() {
+          const A* base = tile + staging.offset(p, s * V * S) + ox_l * (SPLIT ? 1 : S);
+          weight_products<K, S>(acc, gv, [&](int rr, A(&row)[L]) {
+            if constexpr (SPLIT > 0)
+              load_split_row<A, L>(base + rr * pitch + rr / SPLIT * staging.skew, staging.odd0, row);
+            else
+              load_row<A, L>(base + rr * pitch, row);
+          });
+        };
+        if constexpr (RAW16) {
+          if (raw_run) {
+            const T* at = raw_tile + p * raw.plane + s * V * S * raw.pitch + ox_l * S;
+            const unsigned odd = raw.shift & 1 ? 0x5432u : 0x3210u;
+            weight_products<K, S>(acc, gv,
+                                  [&](int rr, A(&row)[L]) { load_raw_row(at + rr * raw.pitch, raw.shift, odd, row); });
+          } else {
+            staged_products();
           }
+        } else {
+          staged_products();
         }
 #pragma unroll
         for (int v = 0; v < V; ++v) {

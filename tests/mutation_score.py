@@ -82,6 +82,7 @@ DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the p
 DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
+DW_RAW = DEPTHWISE + " -k 'raw_16_bit or raw_weight'"  # depthwise_bwd_weight's RAW16 staging (task dwwg3, 21st)
 DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
 DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 weight gradient's de-interleaved rows
 DW_DIRECT = DEPTHWISE + " -k 'rows_directly or direct_past'"  # the per-image stride-2 forward's rows (direct_fma)
@@ -1302,6 +1303,22 @@ MUTATIONS = [
       "yy >= 0 && yy <= height && j < valid;", DW_ROWS16, "off-by-one"),
     M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
       "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
+    # depthwise_bwd_weight's RAW16: 16-bit 3x3 rows copied raw by cp.async, read `shift` halves in (task dwwg3, 21st)
+    M("dw-raw-shift", "depthwise.cu", "shift = -pad_left & (SLOT - 1);", "shift = pad_left & (SLOT - 1);", DW_RAW,
+      "wrong index"),
+    M("dw-raw-odd", "depthwise.cu", "raw.shift & 1 ? 0x5432u : 0x3210u", "0x3210u", DW_RAW, "wrong index"),
+    M("dw-raw-zero-fill", "depthwise.cu", "inside ? row + yy * (I)width + col : any, inside ? 8 : 0);",
+      "inside ? row + yy * (I)width + col : any, 8);", DW_RAW, "tile bound"),
+    M("dw-raw-left-edge", "depthwise.cu", "row != nullptr && col >= 0 && col < width;",
+      "row != nullptr && col < width;", DW_RAW, "tile bound"),
+    M("dw-raw-wait", "depthwise.cu", "if (raw_run) cp_async_wait<0>();", "if (!raw_run) cp_async_wait<0>();", DW_RAW,
+      "removed barrier"),
+    M("dw-raw-row", "depthwise.cu", "T* dst = tile + q * plane + r * pitch;", "T* dst = tile + q * plane + r * slots;",
+      DW_RAW, "wrong index"),
+    M("dw-raw-pair", "depthwise.cu", "__byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);",
+      "__byte_perm(w[k], w[k], odd);", DW_RAW, "wrong index"),
+    M("dw-raw-stride", "depthwise.cu", "s * V * S * raw.pitch + ox_l * S;", "s * V * S * raw.pitch + ox_l;", DW_RAW,
+      "wrong index"),
     M("dw-wgrad-rows", "depthwise.cu", "(inside ? gp + v * out_w : grad_out);", "(inside ? gp + v * U : grad_out);",
       DW_FWD, "wrong index"),
     M("dw-wgrad-past", "depthwise.cu", "for (int u = 0; u < U; ++u) gv[v][u] = active && oy + v < out_h ? to_acc(",

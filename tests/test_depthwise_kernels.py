@@ -1038,6 +1038,55 @@ def test_weight_gradient_stages_pairs_flat(monkeypatch, stage1_blocks, shape, m,
     assert list(args[-5:-3]) == [1, 1], "one tile a plane"
 
 
+
+# depthwise_bwd_weight<3, S[, true]>'s RAW16 staging (16-bit, rows of whole 8-byte slots: x copied raw by cp.async, read
+# `shift` = -pad_left mod 4 halves into its staged rows): (shape, multiplier, stride, padding, dtype), every shift at
+# both strides, tiles several a plane and whole-plane ones, short last image groups.
+RAW_WEIGHT_CASES = [
+    ((9, 2, 56, 56), 1, 1, 1, "float16"),           # dw-256-56's tiles (28 x 28, 5 images a unit): shift 3
+    ((7, 2, 37, 36), 1, 1, 0, "bfloat16"),          # no padding: shift 0; 37 rows (the last tile row short)
+    ((5, 3, 20, 44), 2, 1, 2, "float16"),           # padding 2: shift 2, multiplier 2, 44 = 11 slots a row
+    ((6, 2, 12, 12), 1, 1, 3, "float16"),           # padding 3: shift 1, outputs past the 3x3 window, whole planes
+    ((4, 2, 30, 40), 1, 1, ((2, 1), (1, 2)), "bfloat16"),  # per side: the right padding past the last slot
+    ((3, 2, 112, 112), 1, 2, 1, "float16"),         # dw-96-112s2's tiles (28 x 28 outputs, 57 x 57 staged): shift 3
+    ((2, 3, 45, 68), 2, 2, 0, "bfloat16"),          # stride 2, no padding: shift 0, odd rows, multiplier 2
+    ((3, 2, 24, 36), 1, 2, ((1, 2), (2, 3)), "float16"),  # stride 2, per side: shift 2
+]
+
+
+@pytest.mark.parametrize("stage1_blocks", [1, 4096])
+@pytest.mark.parametrize("shape, m, stride, padding, dtype", RAW_WEIGHT_CASES)
+def test_weight_gradient_stages_raw_16_bit_rows(monkeypatch, stage1_blocks, shape, m, stride, padding, dtype):
+    """depthwise_bwd_weight<3, S[, true]> on 16-bit planes whose rows are whole 8-byte slots stages x as it is in
+    memory (RAW16: 8-byte cp.async copies, slots outside the plane zero-filled) and reads each item's halves from
+    `shift` halves in; a block of several units (STAGE1_BLOCKS 1) or of one, blocks in reverse, against float64."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
+    monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
+    rng = numpy.random.default_rng(stage1_blocks + shape[0] + 11)
+    (stage1, _), _ = _weight_gradients_match(rng, shape, m, 3, stride, padding, dtype).launches
+    assert short(stage1).startswith(f"depthwise_bwd_weight<3, {stride}") and "false, true" not in stage1, stage1
+
+
+def test_raw_weight_gradient_past_2_31(monkeypatch):
+    """RAW16's plane offsets in the `long long` instantiation: two 56x56 float16 images of enough channels that the
+    second image's planes start past 2^31 (sparse memory; only the last block runs); the last channel matches."""
+    bug_classes.lift_grid_cap(monkeypatch)
+    rng = numpy.random.default_rng(67)
+    channels = 2**31 // (56 * 56) + 64
+    x = bug_classes.sparse_zeros((2, channels, 56, 56), numpy.float16)
+    x[:, -1] = rng.standard_normal((2, 56, 56))
+    weight = bug_classes.sparse_zeros((channels, 1, 3, 3), numpy.float16)
+    grad_output = bug_classes.sparse_zeros((2, channels, 56, 56), numpy.float16)
+    grad_output[:, -1] = rng.standard_normal((2, 56, 56))
+    device = bug_classes.SparseDevice()
+    with _device.use_device(device):
+        grad_w = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1, needs="weight")[1]
+    assert short(device.launches[0].replace(", long long", ", int")).startswith("depthwise_bwd_weight<3, 1")
+    assert ", long long" in device.launches[0]
+    want = cupyconv.depthwise_conv2d_backward(grad_output[:, -1:], x[:, -1:], numpy.array(weight[-1:]),
+                                              padding=1, needs="weight")[1]
+    bug_classes.assert_tail_written(grad_w, want, numpy.float16, 9, "weight gradient, last channel")
+
 # The kernels the two memory-counter tests below launch (float32, 32-bit indices).  Their profile build (every access
 # instrumented, -g) compiles these alone, not the file's 432 instantiations (~45 s of g++ on CI's two cores, of work
 # no other test needed); the counters and the kernels are the same, and a launch outside the list fails loudly

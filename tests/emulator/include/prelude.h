@@ -210,6 +210,13 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// Byte n of the result is byte (s >> 4n) & 7 of the 8 bytes b:a (a the low four); CUDA's __byte_perm.
+inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
+  const unsigned long long x = (unsigned long long)b << 32 | a;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= (unsigned)(x >> 8 * ((s >> 4 * n) & 7) & 0xff) << 8 * n;
+  return r;
+}
 
 // Vector types (kernels may pun global memory through them: -fno-strict-aliasing keeps that well defined).
 struct alignas(8) float2 { float x, y; };
