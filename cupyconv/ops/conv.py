@@ -347,16 +347,15 @@ def plan_weight_direct(spec: ConvSpec, dtype, bias: bool = False) -> WeightDirec
     (info, the staging walk, bias sums: some per thread) would leave no room for the tiles."""
     out_blocks = ceil_div(spec.outputs_per_group, WGRAD_DPT) * ceil_div(spec.channels_per_group * spec.taps, WGRAD_KT)
     for most in (WGRAD_MAX_THREADS // 32, 8, 4, 2, 1):
-        plan = _plan_weight_direct(spec, dtype, bias, min(out_blocks, most))
+        plan = _plan_weight_direct(spec, dtype, bias, min(out_blocks, most), out_blocks)
         if plan is not None:
             return plan
     return None
 
 
-def _plan_weight_direct(spec: ConvSpec, dtype, bias: bool, warps: int) -> WeightDirectPlan | None:
+def _plan_weight_direct(spec: ConvSpec, dtype, bias: bool, warps: int, out_blocks: int) -> WeightDirectPlan | None:
     (oh, ow), (kh, kw), (sh, sw), (dh, dw) = spec.out_size, spec.kernel_size, spec.stride, spec.dilation
     cg, dg, acc = spec.channels_per_group, spec.outputs_per_group, compute_dtype(dtype).itemsize
-    out_blocks = ceil_div(dg, WGRAD_DPT) * ceil_div(cg * spec.taps, WGRAD_KT)
     chunks = ceil_div(out_blocks, warps)
 
     columns = 32 if ow > 16 else 16 if ow > 8 else 8
