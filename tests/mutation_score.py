@@ -57,7 +57,7 @@ TC = "tests/test_tensor_core_kernels.py"
 TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
 SIMT_PY = "cupyconv/ops/simt_gemm.py"
-SIMT_RULE = SIMT + " -k 'rule_of_the_shapes or tall_tile'"   # simt_tall_rows: 256 x 64 x 16 or 192 x 64 x 12
+SIMT_RULE = SIMT + " -k 'rule_of_the_shapes or tall_tile or grid_y or auto_rule'"   # simt_fwd_tile, simt_preferred
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
@@ -759,24 +759,33 @@ MUTATIONS = [
     M("simt-wg-b-place-column", "simt_gemm.cu", "(U)(n0 + LoadB::row(0)) * (U)out_pixels",
       "(U)LoadB::row(0) * (U)out_pixels", SIMT, "weight gradient: B's column tile"),
     M("simt-tall-fit-waves-unrounded", SIMT_PY,
-      "waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, wave_blocks)",
-      "waves = ceil_div(rows, tile[0]) * column_blocks / wave_blocks", SIMT_RULE, "tile rule: waves"),
-    M("simt-tall-fit-groups-dropped", SIMT_PY, "ceil_div(rows, tile[0]) * column_blocks,",
-      "ceil_div(rows, tile[0]),", SIMT_RULE, "tile rule: groups"),
-    M("simt-tall-fit-cost-dropped", SIMT_PY, "return fit if cost(fit, fit_cost) < cost(tall, 1.0) else tall",
-      "return fit if cost(fit, 1.0) < cost(tall, 1.0) else tall", SIMT_RULE, "tile rule: loop cost"),
-    M("simt-narrow-fit-never", SIMT_PY,
-      "return simt_tall_rows(rows, groups, narrow=True) if rows >= SIMT_TALL_ROWS else SIMT_NARROW",
-      "return SIMT_TALL_NARROW if rows >= SIMT_TALL_ROWS else SIMT_NARROW", SIMT_RULE, "narrow tile rule"),
-    M("simt-narrow-groups-dropped", SIMT_PY, "return simt_tall_rows(rows, groups, narrow=True)",
-      "return simt_tall_rows(rows, 1, narrow=True)", SIMT_RULE, "narrow tile rule: groups"),
-    M("simt-narrow-wave-blocks", SIMT_PY, "SIMT_NARROW, SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST)",
-      "SIMT_NARROW, SIMT_TALL_WAVE_BLOCKS, SIMT_NARROW_FIT_COST)", SIMT_RULE, "narrow tile rule: 4 blocks an SM"),
-    M("simt-narrow-fit-cost", SIMT_PY, "SIMT_NARROW, SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST)",
-      "SIMT_NARROW, SIMT_NARROW_WAVE_BLOCKS, 1.0)", SIMT_RULE, "narrow tile rule: loop cost"),
-    M("simt-tall-fit-never", SIMT_PY, "return SIMT_TALL_WIDE if cols > 64 else simt_tall_rows(rows, groups * ",
-      "return SIMT_TALL_WIDE if cols > 64 else SIMT_TALL or simt_tall_rows(rows, groups * ", SIMT_RULE,
-      "tile rule"),
+      "return ceil_div(blocks, SIMT_SMS * resident) * resident * tile[0] * tile[1] * cost",
+      "return blocks / (SIMT_SMS * resident) * resident * tile[0] * tile[1] * cost", SIMT_RULE, "tile rule: waves"),
+    M("simt-fit-resident-all", SIMT_PY, "resident = min(SIMT_BLOCKS_AN_SM[tile], ceil_div(blocks, SIMT_SMS))",
+      "resident = SIMT_BLOCKS_AN_SM[tile]", SIMT_RULE, "tile rule: blocks resident"),
+    M("simt-tall-fit-groups-dropped", SIMT_PY, "ceil_div(rows, choice[0][0]) * groups * ceil_div(cols, choice[0][1])",
+      "ceil_div(rows, choice[0][0]) * ceil_div(cols, choice[0][1])", SIMT_RULE, "tile rule: groups"),
+    M("simt-fit-columns-dropped", SIMT_PY, "ceil_div(rows, choice[0][0]) * groups * ceil_div(cols, choice[0][1])",
+      "ceil_div(rows, choice[0][0]) * groups", SIMT_RULE, "tile rule: column tiles"),
+    M("simt-tall-fit-cost-dropped", SIMT_PY, "(SIMT_TALL_FIT, SIMT_TALL_FIT_COST)", "(SIMT_TALL_FIT, 1.0)", SIMT_RULE,
+      "tile rule: loop cost"),
+    M("simt-narrow-fit-never", SIMT_PY, "[(SIMT_TALL_NARROW, 1.0), (SIMT_NARROW, SIMT_NARROW_FIT_COST)] if tall",
+      "[(SIMT_TALL_NARROW, 1.0)] if tall", SIMT_RULE, "narrow tile rule"),
+    M("simt-narrow-wave-blocks", SIMT_PY, "SIMT_TALL_NARROW: 4, SIMT_NARROW: 4}", "SIMT_TALL_NARROW: 4, SIMT_NARROW: 2}",
+      SIMT_RULE, "narrow tile rule: 4 blocks an SM"),
+    M("simt-narrow-fit-cost", SIMT_PY, "(SIMT_NARROW, SIMT_NARROW_FIT_COST)", "(SIMT_NARROW, 1.0)", SIMT_RULE,
+      "narrow tile rule: loop cost"),
+    M("simt-tall-fit-never", SIMT_PY, "choices = [(SIMT_TALL, 1.0), (SIMT_TALL_FIT, SIMT_TALL_FIT_COST)]",
+      "choices = [(SIMT_TALL, 1.0)]", SIMT_RULE, "tile rule"),
+    M("simt-split-never", SIMT_PY,
+      "[(SIMT_TILE, 1.0)] + ([(SIMT_NARROW, SIMT_SPLIT_COST)] if 2 * groups <= MAX_GRID[1] else [])",
+      "[(SIMT_TILE, 1.0)]", SIMT_RULE, "64 columns in two tiles of 32"),
+    M("simt-split-cost", SIMT_PY, "(SIMT_NARROW, SIMT_SPLIT_COST)", "(SIMT_NARROW, 1.0)", SIMT_RULE,
+      "64 columns in two tiles: loop cost"),
+    M("simt-split-grid-y", SIMT_PY, "if 2 * groups <= MAX_GRID[1] else", "if groups <= MAX_GRID[1] else", SIMT_RULE,
+      "64 columns in two tiles: grid.y"),
+    M("simt-preferred-groups", SIMT_PY, "blocks = ceil_div(rows, SIMT_TILE[0]) * spec.groups",
+      "blocks = ceil_div(rows, SIMT_TILE[0])", SIMT_RULE, "auto: blocks of every group"),
 
     # -- implicit_gemm.cu: the channels-last weight gradient (conv_bwd_weight_igemm and its final pass) ---------
     M("wg-swizzle-half", "implicit_gemm.cu", "return CH >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);",
