@@ -38,6 +38,9 @@ CASES = [
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
     # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
     C("rows_in_fours_forward", (3, 6, 8, 6), (70, 6, 3, 3), padding=1),
+    # windows wholly in the padding (top, bottom, left, right) and wider than the plane (kW 3 over 2 columns: both
+    # ends of a window outside): simt_fwd's masks of dilation 1 (`simt_inside_run`) at every clip
+    C("windows_in_padding", (2, 34, 3, 2), (37, 34, 2, 3), padding=((3, 4), (5, 2))),
     # 136 columns: two 128-column tiles (n0 = 128 for the second) in the forward and the weight gradient
     C("two_column_tiles", (2, 3, 5, 4), (136, 3, 3, 3), padding=((1, 0), (0, 1))),
 ]
