@@ -324,6 +324,17 @@ template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (
   unsigned bits;                      // 1 << j | 1 << (kW + i)
 };
 
+// The positions t < k of a window at start + t (dilation 1) that lie inside [0, extent), as bits 1 << t: the run
+// from -start to extent - start, the end clipped to k (a start past k ends the run empty).  Unsigned differences:
+// start may lie 2^30 before the plane (rows past M) while extent nears 2^31.  Per row slot about 10 instructions an
+// axis, where the loops over the window's taps ran kH + kW trips (p-seed forward: 47,412 -> 47,104 warp
+// instructions a warp).
+__device__ __forceinline__ unsigned simt_inside_run(int start, int extent, int k) {
+  const unsigned lo = start >= 0 ? 0u : 0u - (unsigned)start;
+  const unsigned hi = start >= extent ? 0u : min((unsigned)k, (unsigned)extent - (unsigned)start);
+  return lo < hi ? (1u << hi) - (1u << lo) : 0u;
+}
+
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForward {
   static constexpr bool ASYNC = CUPYCONV_HAS_CP_ASYNC;  // operands by cp.async (sm_80+), else register-staged
   static constexpr int BK = simt_fwd_chunk(ASYNC, BM, BN);
@@ -432,9 +443,13 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
                                            (I)(f.g * channels_per_group) * x_stride_c, out_w, stride_h, stride_w,
                                            pad_top, pad_left, x_stride_h, x_stride_w);
     unsigned inside = 0;  // rows past M: none (window_row puts them 2^30 rows above the image)
-    for (int j = 0; j < kernel_w; ++j) inside |= (unsigned)(row.x + j * dilation_w) < (unsigned)width ? 1u << j : 0u;
-    for (int i = 0; i < kernel_h; ++i) {
-      inside |= (unsigned)(row.y + i * dilation_h) < (unsigned)height ? 1u << (kernel_w + i) : 0u;
+    if (dilation_h == 1 && dilation_w == 1) {  // runs of positions, no loop over the window's
+      inside = simt_inside_run(row.x, width, kernel_w) | simt_inside_run(row.y, height, kernel_h) << kernel_w;
+    } else {
+      for (int j = 0; j < kernel_w; ++j) inside |= (unsigned)(row.x + j * dilation_w) < (unsigned)width ? 1u << j : 0u;
+      for (int i = 0; i < kernel_h; ++i) {
+        inside |= (unsigned)(row.y + i * dilation_h) < (unsigned)height ? 1u << (kernel_w + i) : 0u;
+      }
     }
     f.row_origin[r] = (I)row.origin;  // the sum with a k slot's offset is the element's, exactly
     f.row_outside[r] = ~inside;

@@ -547,21 +547,30 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
 @pytest.mark.slow
 @on_program("simt_gemm.cu", "sm_90")
 def test_fma_gemm_tall_tiles_blocks_an_sm(kernel_programs, sass_tools):
-    """simt_tall_rows picks between two forward tiles by their waves of SIMT_TALL_WAVE_BLOCKS (256 x 64 x 16, 192 x
-    64 x 12) or SIMT_NARROW_WAVE_BLOCKS (256 x 32 x 16, 128 x 32 x 8) blocks: each pair's resident blocks an SM on
-    sm_90 (int) times a 132-SM H100's SMs must be that constant, so that a tile whose registers change its
-    occupancy fails here, not silently in the plans."""
+    """simt_fwd_tile weighs the forward's tiles by the busiest SM's work (`simt_sm_work`), which counts each tile's
+    SIMT_BLOCKS_AN_SM resident blocks: each must be the tile's occupancy on sm_90 (int), so that a tile whose
+    registers change its occupancy fails here, not silently in the plans."""
     from cupyconv.ops import simt_gemm
     usage = resource_usage(kernel_programs("simt_gemm.cu", "sm_90"), "sm_90")
     problems = []
-    for wave, tiles in ((simt_gemm.SIMT_TALL_WAVE_BLOCKS, (simt_gemm.SIMT_TALL, simt_gemm.SIMT_TALL_FIT)),
-                        (simt_gemm.SIMT_NARROW_WAVE_BLOCKS, (simt_gemm.SIMT_TALL_NARROW, simt_gemm.SIMT_NARROW))):
-        for tile in tiles:
-            name = f"simt_fwd<float, int, {tile[0]}, {tile[1]}, {tile[2]}>"
-            threads = tile[0] * tile[1] // (8 * tile[2])
-            blocks = sass.occupancy(usage[name].registers, threads, usage[name].shared).blocks_per_sm
-            if blocks * 132 != wave:
-                problems.append(f"{name}: {blocks} blocks an SM x 132 SMs, the planner's waves are {wave}")
+    for tile, want in simt_gemm.SIMT_BLOCKS_AN_SM.items():
+        name = f"simt_fwd<float, int, {tile[0]}, {tile[1]}, {tile[2]}>"
+        threads = tile[0] * tile[1] // (8 * tile[2])
+        blocks = sass.occupancy(usage[name].registers, threads, usage[name].shared).blocks_per_sm
+        if blocks != want:
+            problems.append(f"{name}: {blocks} blocks an SM, the planner counts {want}")
+    # and its loop costs: the ratios of the tiles' main-loop instructions a FFMA, within 2%
+    code = sass.disassemble(kernel_programs("simt_gemm.cu", "sm_90"))
+
+    def per_ffma(tile):
+        loop = sass.main_loop(code[f"simt_fwd<float, int, {tile[0]}, {tile[1]}, {tile[2]}>"])[1]
+        return sum(loop.values()) / loop["FFMA"]
+    for cost, tile, other in (("SIMT_TALL_FIT_COST", simt_gemm.SIMT_TALL_FIT, simt_gemm.SIMT_TALL),
+                              ("SIMT_NARROW_FIT_COST", simt_gemm.SIMT_NARROW, simt_gemm.SIMT_TALL_NARROW),
+                              ("SIMT_SPLIT_COST", simt_gemm.SIMT_NARROW, simt_gemm.SIMT_TILE)):
+        ratio = per_ffma(tile) / per_ffma(other)
+        if abs(ratio - getattr(simt_gemm, cost)) > 0.02:
+            problems.append(f"{cost} {getattr(simt_gemm, cost)}: {tile} issues {ratio:.3f}x {other}'s a FFMA")
     assert not problems, "\n".join(problems)
 
 

@@ -38,6 +38,9 @@ CASES = [
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
     # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
     C("rows_in_fours_forward", (3, 6, 8, 6), (70, 6, 3, 3), padding=1),
+    # windows wholly in the padding (top, bottom, left, right) and wider than the plane (kW 3 over 2 columns: both
+    # ends of a window outside): simt_fwd's masks of dilation 1 (`simt_inside_run`) at every clip
+    C("windows_in_padding", (2, 34, 3, 2), (37, 34, 2, 3), padding=((3, 4), (5, 2))),
     # 136 columns: two 128-column tiles (n0 = 128 for the second) in the forward and the weight gradient
     C("two_column_tiles", (2, 3, 5, 4), (136, 3, 3, 3), padding=((1, 0), (0, 1))),
 ]
@@ -46,12 +49,16 @@ CASE_BY_NAME = {case.name: case for case in CASES}
 
 def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
     """The tile plan_simt should take for one group's GEMM (rows C / G x taps for the weight gradient: its bias is
-    no GEMM row), written out independently of simt_gemm.simt_tile (small problems: never the tall tile)."""
+    no GEMM row), written out independently of simt_gemm.simt_tile (small problems: never the tall tile; the
+    forward's 33-64 columns two 128 x 32 tiles, not one 128 x 64: a block or two an SM either way, and the busiest
+    SM's 32 columns x 1.06 loop cost are less than 64)."""
     if columns > 64:
         return "128, 128, 16"
     if columns <= 32:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
-    return "96, 64, 12" if weight and -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
+    if not weight:
+        return "128, 32, 8"
+    return "96, 64, 12" if -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
 
 
 def tiles_of(case):
@@ -167,6 +174,33 @@ def test_tall_tiles_give_the_same_bits(case, constant, tiles, monkeypatch):
                                               **case.kwargs)))
         assert device.launches == [f"simt_fwd<float, int, {tile}>"], device.launches
     assert outs[0].tobytes() == outs[1].tobytes()
+
+
+@pytest.mark.parametrize("order, index", [("forward", "int"), ("reverse", "long long")])
+def test_64_columns_on_one_tile_or_two(order, index, monkeypatch):
+    """33-64 columns below SIMT_TALL_ROWS rows take 128 x 64 x 8 or two column tiles of 128 x 32 x 8 (simt_fwd_tile
+    by the busiest SM's work; SIMT_SPLIT_COST 9: never split, 0: always): the forward (44 columns: the second tile's
+    n0 = 32, 12 of its 32 columns past N) and the stride-1 input gradient (36) match the CPU path on both, 168 and
+    189 rows in two row tiles, and the two give the same bits (each output summed over k in the same order: chunks
+    of 8 in three stages, or of 16 in two)."""
+    if index == "long long":
+        monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = C("split_columns", (3, 36, 9, 7), (44, 36, 3, 3), padding=((1, 0), (0, 2)))
+    x, weight, bias, grad_output = inputs(case, 6)
+    want = expected_forward(x, weight, bias, **case.kwargs), expected_backward(grad_output, x, weight,
+                                                                               **case.kwargs)[0]
+    outs = []
+    for cost, tile in ((9.0, "128, 64, 8"), (0.0, "128, 32, 8")):
+        monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_COST", cost)
+        device = Recorder(order)
+        out = on_emulator(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
+        grad_x, _, _ = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight,
+                                   algorithm="implicit_gemm", needs="input", **case.kwargs)
+        assert device.launches == [f"simt_fwd<float, {index}, {tile}>"] * 2, device.launches
+        for got, expected, what in zip((out, grad_x), want, ("forward", "grad_input")):
+            assert_close(got, expected, f"{tile} {what}")
+        outs.append(numpy.asarray(out).tobytes() + numpy.asarray(grad_x).tobytes())
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
@@ -297,10 +331,10 @@ def test_batch_view_read_in_place():
     assert_close(grad_w, expected_backward(out, x.reshape(-1, 6, 7, 7), weight, padding=1)[1], "batch view grad")
 
 
-@pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 64, 8",) * 2),
+@pytest.mark.parametrize("name, tiles", [("strided_uncovered_rows", ("128, 32, 8", "128, 64, 8")),
                                          ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
                                          ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
-                                         ("weight_96_row_tiles", ("128, 64, 8", "96, 64, 12")),
+                                         ("weight_96_row_tiles", ("128, 32, 8", "96, 64, 12")),
                                          ("plain", ("128, 32, 8", "64, 32, 8"))])
 def test_64_bit_index_variant(name, tiles, monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -432,12 +466,13 @@ def _r50(channels, size, groups=1, kernel=3, stride=1, padding=1, outputs=None):
     (_r50(256, 14), ["im2col_gemm"] * 3),                    # weight 36 tiles
     (_r50(512, 7), ["im2col_gemm"] * 3),                     # 13 x 4 blocks forward and input: too few
     (_r50(256, 28, groups=8), ["implicit_gemm"] * 3),         # 32 columns a group: the narrow tiles
+    (_r50(512, 14, groups=16), ["implicit_gemm"] * 3),        # 49 blocks a group, 784 in all: SIMT_MIN_BLOCKS
     # 128 columns: cuBLAS forward and input; the weight (2 x 9 tiles) by the FMA GEMM (SIMT_WEIGHT_MAX_COLUMNS)
     (_r50(256, 28, groups=2), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),
     (_r50(64, 56, kernel=1, padding=0), ["im2col_gemm", "im2col_gemm", "implicit_gemm"]),   # pointwise
     # forward: 196 blocks, from SIMT_MIN_BLOCKS; input gradient: 256 columns; weight: 64 columns, 18 tiles
     (_r50(256, 28, outputs=64), ["implicit_gemm", "im2col_gemm", "implicit_gemm"]),
-], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g2-256", "pointwise", "256-to-64"])
+], ids=["r50-64", "r50-128", "r50-256", "r50-512", "g8-256", "g16-512", "g2-256", "pointwise", "256-to-64"])
 def test_auto_rule(spec, expected):
     """'auto' for strict float32 (`simt_preferred`), pass by pass: the FMA GEMM for the forward and input gradient
     with at most 64 columns a group and SIMT_MIN_BLOCKS blocks where the columns outgrow the input; for the weight
@@ -507,9 +542,11 @@ def test_tiles_are_a_rule_of_the_shapes():
     """plan_simt's tile, pinned on the benchmark problems (N = 32, 3x3 pad 1): groups of at most 32 columns take the
     32-column tiles (no FMA on padding columns), the weight gradient's 288 rows (32 x 9; its bias is no GEMM row)
     64-row tiles (320 rows, not 384), with 33-64 columns 96-row ones where they pad no more rows than 128-row ones
-    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile (from SIMT_TALL_ROWS rows 256 x 64 x 16, or 192 x 64 x
-    12 where its waves of 264 blocks pad less: r50-64's 392 blocks of 256 rows are 1.48 waves, 523 of 192 1.98),
-    more the 128 x 128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
+    (576: 6 exactly, not 640); 64 columns the 128 x 64 tile, or two column tiles of 128 x 32 where the busiest SM
+    works less (ii's 196 blocks of 128 x 64: 2 x 64 columns on the busiest SM, against 3 x 32 x 1.06 in 392 of 128 x
+    32; i's 256: 2 x 64 against 4 x 32 x 1.06), from SIMT_TALL_ROWS rows 256 x 64 x 16, or 192 x 64 x 12 where its
+    waves of 264 blocks pad less (r50-64's 392 blocks of 256 rows are 1.48 waves, 523 of 192 1.98); more the 128 x
+    128 x 16 (256 x 128 x 16 from SIMT_TALL_ROWS rows)."""
     def plans(c, h, g):
         spec = conv_op.ConvSpec.for_conv("t", numpy.empty((32, c, h, h), numpy.float32),
                                          numpy.empty((c, c // g, 3, 3), numpy.float32), None, 1, 1, 1, g)
@@ -531,6 +568,22 @@ def test_tiles_are_a_rule_of_the_shapes():
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
     assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192
+    assert simt_gemm.simt_tile("forward", 8 * 56 * 56, 64) == narrow         # ii: 196 blocks of 128 x 64
+    assert simt_gemm.simt_tile("forward", 1280 * 16, 64) == narrow           # p-1280: 160 (2 x 64 against 3 x 32)
+    assert simt_gemm.simt_tile("forward", 2048 * 16, 64) == tile             # i: 256 (2 x 64 against 4 x 32 x 1.06)
+    assert simt_gemm.simt_tile("forward", 100 * 128, 40) == tile   # 100: 1 x 64 against 200 blocks, 2 x 32 x 1.06
+    assert simt_gemm.simt_tile("forward", 60 * 128, 40) == narrow  # 60: 1 x 64 against 120 blocks, 1 x 32 x 1.06
+    # 100 groups of 5,504 rows, 4,300 blocks: 9 waves x 4 x 64 against 17 x 4 x 32 x 1.06 (2,304 against 2,306.6):
+    # the loop's cost decides
+    assert simt_gemm.simt_tile("forward", 43 * 128, 64, groups=100) == tile
+
+
+def test_two_column_tiles_only_within_grid_y(monkeypatch):
+    """SIMT_SPLIT_COST 0 (two 128 x 32 tiles always cheaper): still 128 x 64 x 8 where groups x 2 column tiles would
+    pass grid.y's 65,535 (simt_refusal admits groups x 64-column tiles up to it)."""
+    monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_COST", 0.0)
+    assert simt_gemm.simt_tile("forward", 128, 64, groups=_kernels.MAX_GRID[1] // 2) == (128, 32, 8)
+    assert simt_gemm.simt_tile("forward", 128, 64, groups=_kernels.MAX_GRID[1] // 2 + 1) == (128, 64, 8)
 
 
 def test_narrow_tall_tile_by_its_waves():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 
 import numpy
 
@@ -33,27 +32,34 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
 # 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
-# From SIMT_TALL_ROWS rows with 33-64 columns the forward also has 192 x 64 x 12 (SIMT_TALL_FIT), taken where its
-# waves pad less (`simt_tall_rows`); with at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW), or 128 x 32 x 8 where
-# its waves pad less (the same rule).  The order of each tuple is the instantiations' and the tests', not a
-# preference: `simt_tile` is the rule.
+# The forward weighs two tiles for at most 64 columns (`simt_fwd_tile`): below SIMT_TALL_ROWS rows 33-64 columns
+# take 128 x 64 x 8 or two column tiles of 128 x 32 x 8; from SIMT_TALL_ROWS rows 256 x 64 x 16 or 192 x 64 x 12
+# (SIMT_TALL_FIT), and at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW) or 128 x 32 x 8.  The order of each tuple
+# is the instantiations' and the tests', not a preference: `simt_tile` is the rule.
 SIMT_TILE, SIMT_TALL, SIMT_WIDE, SIMT_TALL_WIDE = (128, 64, 8), (256, 64, 16), (128, 128, 16), (256, 128, 16)
 SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64, 32, 8), (96, 64, 12), (256, 32, 16)
 SIMT_TALL_FIT = (192, 64, 12)
 SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW,
                           SIMT_TALL_FIT),
               "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
-# The waves of the tall 64-column tiles: both run 2 blocks of 128 threads an SM (251 and 209 registers), so a
-# 132-SM H100 (or H200) runs 264 at once, a shape-only constant like SIMT_MIN_BLOCKS.  r50-64's 100,352 rows make
-# 392 blocks of 256: 1.48 waves, the second half empty (the model's tail 1.35); 523 blocks of 192 are 1.98 waves.
-# SIMT_TALL_FIT_COST: 192 x 64 x 12's loop issues 1.213 instructions a FFMA (sm_90) to 256 x 64 x 16's 1.180.
-SIMT_TALL_WAVE_BLOCKS, SIMT_TALL_FIT_COST = 264, 1.03
-# The same choice for at most 32 columns: 256 x 32 x 16 (241 registers) and 128 x 32 x 8 (211) both run 4 blocks of 64
-# threads an SM, 528 at once on 132 SMs.  p-seed's input gradient (327,680 rows, 32 input channels) made 1,280
-# blocks of 256 rows: 2.42 waves, its last with 58% of the SMs idle, so that it took longer than the forward's
-# 256 x 64 for the same FLOPs; 2,560 blocks of 128 are 4.85 waves.  SIMT_NARROW_FIT_COST: 128 x 32 x 8's loop issues
-# 1.399 instructions a FFMA (sm_90) to 256 x 32 x 16's 1.315.
-SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST = 528, 1.06
+# `simt_fwd_tile` weighs the forward's tiles that fit a GEMM's columns against each other by the busiest SM's work
+# as benchmarks.predict times it (`simt_sm_work`): a partial last wave, or too few blocks for every SM, leaves SMs
+# idle.  SIMT_SMS: a 132-SM H100 (or H200), a shape-only constant like SIMT_MIN_BLOCKS.  SIMT_BLOCKS_AN_SM: each
+# tile's resident blocks an SM (sm_90, int; tests/test_sass.py holds them to the compiled occupancy): 256 x 64 x 16
+# and 192 x 64 x 12 2 of 128 threads (251 and 209 registers), 128 x 64 x 8 4 of 128 (128), 256 x 32 x 16 and
+# 128 x 32 x 8 4 of 64 (241 and 211).  The costs are a tile's main-loop instructions a FFMA (sm_90, NVRTC 13)
+# relative to the other candidate's:
+# - SIMT_TALL_FIT_COST: 192 x 64 x 12 1.213 to 256 x 64 x 16's 1.180.  r50-64's 100,352 rows make 392 blocks of 256:
+#   1.48 waves, the second half empty (the model's tail 1.35); 523 blocks of 192 are 1.98 waves;
+# - SIMT_NARROW_FIT_COST: 128 x 32 x 8 1.399 to 256 x 32 x 16's 1.315.  p-seed's input gradient (327,680 rows, 32
+#   input channels) made 1,280 blocks of 256 rows: 2.42 waves, its last with 58% of the SMs idle; 2,560 of 128 are
+#   4.85 waves;
+# - SIMT_SPLIT_COST: 128 x 32 x 8 1.399 to 128 x 64 x 8's 1.320, for 33-64 columns in two column tiles of 32 below
+#   SIMT_TALL_ROWS rows.  ii's 25,088 rows made 196 blocks of 128 x 64, two on 64 SMs and one on 68 (2 x 64 columns
+#   on the busiest), 392 of 128 x 32 are 3 x 32 x 1.06; i's 256 blocks keep 128 x 64 (2 x 64 against 4 x 32 x 1.06).
+SIMT_SMS = 132
+SIMT_BLOCKS_AN_SM = {SIMT_TALL: 2, SIMT_TALL_FIT: 2, SIMT_TILE: 4, SIMT_TALL_NARROW: 4, SIMT_NARROW: 4}
+SIMT_TALL_FIT_COST, SIMT_NARROW_FIT_COST, SIMT_SPLIT_COST = 1.03, 1.06, 1.06
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
 SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
@@ -145,10 +151,12 @@ def simt_preferred(spec: ConvSpec, dtype, pass_: str = "forward") -> bool:
         rows, cols = spec.channels_per_group * spec.taps, spec.outputs_per_group
         gemm_tiles = spec.groups * ceil_div(rows, 128) * ceil_div(cols, 128)
         return (columns_outgrow_input and cols <= SIMT_WEIGHT_MAX_COLUMNS) or gemm_tiles < SIMT_FEW_GEMM_TILES
-    if pass_ == "input":   # the forward of the transposed problem: rows are input pixels, columns C / G
-        cols, blocks = spec.channels_per_group, math.prod(plan_simt(transposed_spec(spec), "forward").grid)
-    else:
-        cols, blocks = spec.outputs_per_group, math.prod(plan_simt(spec, "forward").grid)
+    # the forward of the transposed problem for the input gradient: rows are input pixels, columns C / G
+    rows, cols, _ = simt_gemm_shape(transposed_spec(spec) if pass_ == "input" else spec, "forward")
+    # Blocks of 128 rows a group (the count SIMT_MIN_BLOCKS was fitted to: the tile of every plan of at most 64
+    # columns below SIMT_TALL_ROWS rows until `simt_fwd_tile` split 33-64 columns in two; from SIMT_TALL_ROWS rows
+    # there are at least 256 blocks either way), so that the choice of tile does not move 'auto'.
+    blocks = ceil_div(rows, SIMT_TILE[0]) * spec.groups
     return columns_outgrow_input and cols <= SIMT_MAX_COLUMNS and blocks >= SIMT_MIN_BLOCKS
 
 
@@ -176,35 +184,44 @@ def simt_gemm_shape(spec: ConvSpec, pass_: str) -> tuple[int, int, int]:
     return {"forward": (out_pixels, dg, cg * taps), "weight": (cg * taps, dg, out_pixels)}[pass_]
 
 
-def simt_tall_rows(rows: int, column_blocks: int, narrow: bool = False) -> tuple[int, int, int]:
-    """The forward's tall tile for `rows` (per group) and `column_blocks` (groups x column tiles): 256 x 64 x 16, or
-    192 x 64 x 12 where its waves of SIMT_TALL_WAVE_BLOCKS, times its rows and loop cost, come less; `narrow` (at
-    most 32 columns): 256 x 32 x 16, or 128 x 32 x 8 by its waves of SIMT_NARROW_WAVE_BLOCKS.  A partial last wave
-    leaves SMs idle, and smaller blocks fill it (the sums run in k order on every tile: the same bits)."""
-    tall, fit, wave_blocks, fit_cost = ((SIMT_TALL_NARROW, SIMT_NARROW, SIMT_NARROW_WAVE_BLOCKS, SIMT_NARROW_FIT_COST)
-                                        if narrow else (SIMT_TALL, SIMT_TALL_FIT, SIMT_TALL_WAVE_BLOCKS,
-                                                        SIMT_TALL_FIT_COST))
+def simt_sm_work(tile: tuple[int, int, int], blocks: int, cost: float = 1.0) -> float:
+    """The busiest SM's work in a launch of `blocks` blocks of `tile` (a forward tile of SIMT_BLOCKS_AN_SM), as
+    benchmarks.predict times it: the blocks resident on an SM at once, times their waves counted whole (a partial
+    last wave, like too few blocks for every SM, leaves SMs idle), times a block's rows x columns x `cost` (its
+    loop's instructions a FFMA, relative)."""
+    resident = min(SIMT_BLOCKS_AN_SM[tile], ceil_div(blocks, SIMT_SMS))
+    return ceil_div(blocks, SIMT_SMS * resident) * resident * tile[0] * tile[1] * cost
 
-    def cost(tile, weight):
-        waves = ceil_div(ceil_div(rows, tile[0]) * column_blocks, wave_blocks)
-        return waves * tile[0] * weight
-    return fit if cost(fit, fit_cost) < cost(tall, 1.0) else tall
+
+def simt_fwd_tile(rows: int, cols: int, groups: int = 1) -> tuple[int, int, int]:
+    """The forward's tile for `groups` GEMMs of `rows` x `cols`: over 64 columns 128 x 128 x 16 (256 x 128 x 16 from
+    SIMT_TALL_ROWS rows); else of the two tiles that fit the columns, the one whose busiest SM works less
+    (`simt_sm_work`; on a tie the first): at most 32 columns 128 x 32 x 8, from SIMT_TALL_ROWS rows 256 x 32 x 16 or
+    128 x 32 x 8; 33-64 columns 128 x 64 x 8 or 128 x 32 x 8 in two column tiles, from SIMT_TALL_ROWS rows 256 x 64 x
+    16 or 192 x 64 x 12.  Each output is summed over k in the same order on every tile: the same bits whichever."""
+    tall = rows >= SIMT_TALL_ROWS
+    if cols > 64:
+        return SIMT_TALL_WIDE if tall else SIMT_WIDE
+    if cols <= SIMT_NARROW_COLUMNS:
+        choices = [(SIMT_TALL_NARROW, 1.0), (SIMT_NARROW, SIMT_NARROW_FIT_COST)] if tall else [(SIMT_NARROW, 1.0)]
+    elif tall:
+        choices = [(SIMT_TALL, 1.0), (SIMT_TALL_FIT, SIMT_TALL_FIT_COST)]
+    else:   # two 32-column tiles a group only where grid.y takes them
+        choices = [(SIMT_TILE, 1.0)] + ([(SIMT_NARROW, SIMT_SPLIT_COST)] if 2 * groups <= MAX_GRID[1] else [])
+    return min(choices, key=lambda choice: simt_sm_work(
+        choice[0], ceil_div(rows, choice[0][0]) * groups * ceil_div(cols, choice[0][1]), choice[1]))[0]
 
 
 def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, int, int]:
     """The block tile of a GEMM of `rows` x `cols` per group, `groups` of them ('forward' or 'weight'): a plain
     rule of the shapes (see SIMT_TILES)."""
-    if pass_ == "weight":
-        if cols > 64:
-            return SIMT_WIDE
-        if cols <= SIMT_NARROW_COLUMNS:
-            return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
-        return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
+    if pass_ != "weight":
+        return simt_fwd_tile(rows, cols, groups)
+    if cols > 64:
+        return SIMT_WIDE
     if cols <= SIMT_NARROW_COLUMNS:
-        return simt_tall_rows(rows, groups, narrow=True) if rows >= SIMT_TALL_ROWS else SIMT_NARROW
-    if rows >= SIMT_TALL_ROWS:
-        return SIMT_TALL_WIDE if cols > 64 else simt_tall_rows(rows, groups * ceil_div(cols, 64))
-    return SIMT_WIDE if cols > 64 else SIMT_TILE
+        return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
+    return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
 
 
 def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
