@@ -915,6 +915,8 @@ MUTATIONS = [
       "double sum = !c0.accumulate ? 0.0 : d[reg];", EMU_WGMMA_TESTS, "emulator: wgmma chaining"),
     M("emu-wgmma-not-poisoned", EMU_RUNTIME, "std::memset(call[t]->d, 0xFF, sizeof(float) * op.regs);  // until",
       "(void)0;  // until", EMU_WGMMA_TESTS, "emulator: wgmma poison"),
+    M("emu-wgmma-younger-writer-ignored", EMU_RUNTIME, "if (!wgmma_writer(wg, t, op.d[t], k + 1)) std::memcpy",
+      "if (true) std::memcpy", EMU_WGMMA_TESTS, "emulator: wgmma poison"),
     M("emu-wgmma-fence-unchecked", EMU_RUNTIME, "if (!wg.fenced) {", "if (false) {", EMU_WGMMA_TESTS,
       "emulator: wgmma rules"),
     M("emu-wgmma-fence-outlives-wait", EMU_RUNTIME, "  wg.count -= retiring;\n  wg.fenced = false;",

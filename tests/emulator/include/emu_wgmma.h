@@ -11,13 +11,14 @@
 //   for the fence again only where a thread touched the registers: the emulator cannot see register accesses).
 // - wgmma_m64k16: fails unless the warpgroup fenced, every thread gave the same descriptors, shape and scale-d,
 //   and every thread of the block ran wgmma_fence_shared() since the barrier before the last one (the emulator
-//   does not see shared stores, so it takes every thread for a writer, like __threadfence in emu_runtime.h).  A
-//   and B are read through the descriptors (emu_runtime.h wgmma_row_chunk: interleaved core matrices or the 32/64/128-byte
-//   swizzles, the XOR taken from the shared-window address, counted here from the block's shared memory rounded
-//   down to 1024 bytes so that a variable's alignment keeps the pattern); a byte a cp.async still has in flight, a swizzled start off
-//   its pattern, a nonzero base offset or a read outside shared memory fails.  The product is formed then
-//   (exact products, summed with C in double, rounded to float once per instruction: emu_mma.h's idealisation),
-//   the read bytes are kept, and each thread's accumulators are poisoned (all bits set: NaN) until the wait.
+//   does not see shared stores, so it takes every thread for a writer, like __threadfence in emu_runtime.h).
+//   A and B are read through the descriptors (emu_runtime.h, wgmma_row_chunk: interleaved core matrices or the
+//   32/64/128-byte swizzles, the XOR taken from the shared-window address, counted here from the block's shared
+//   memory rounded down to 1024 bytes so that a variable's alignment keeps the pattern); a byte a cp.async still
+//   has in flight, a swizzled start off its pattern, a nonzero base offset or a read outside shared memory fails.
+//   The product is formed then (exact products, summed with C in double, rounded to float once per instruction:
+//   emu_mma.h's idealisation), the read bytes are kept, and each thread's accumulators are poisoned (all bits
+//   set: NaN) until the wait.
 // - wgmma_commit: closes the warpgroup's open group.  wgmma_wait<N>: retires the groups older than the N most
 //   recent: fails if a shared byte a retiring wgmma read has changed since, or if a thread wrote its accumulators
 //   while they were in flight; then hands each thread its D (unless a younger wgmma still in flight writes the

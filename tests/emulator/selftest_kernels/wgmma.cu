@@ -22,6 +22,7 @@ enum Bug {
   READ_EARLY = 9,           // stores d before the last wait (then waits): poison in c
   OFF_PATTERN = 10,         // a swizzled A descriptor 128 bytes into its pattern
   CP_ASYNC = 11,            // thread 0 has a cp.async into A's first row in flight at the first wgmma
+  READ_AFTER_WAIT_ONE = 12, // stores d after wgmma.wait_group 1 (the last k step, on the same d, still in flight)
 };
 
 constexpr int kMaxSteps = 4;  // k steps of 16
@@ -96,7 +97,11 @@ __global__ void wgmma_gemm(const T* a, const T* b, float* c, int steps, int swiz
   if (bug == WRITE_OPERAND && tid == 0) a_tile[tile_offset(0, K - 1, 64, swizzle, false)] ^= 1;
   if (bug == WRITE_ACCUMULATOR) d[0] = 0.f;
   if (bug == READ_EARLY) store();
+  if (bug == READ_AFTER_WAIT_ONE) {
+    wgmma_wait<1>();
+    store();
+  }
   if (bug == WAIT_TOO_FEW) wgmma_wait<1>(); else wgmma_wait<0>();
   wgmma_fence_operand(d);
-  if (bug != READ_EARLY) store();
+  if (bug != READ_EARLY && bug != READ_AFTER_WAIT_ONE) store();
 }
