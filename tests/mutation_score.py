@@ -924,6 +924,8 @@ MUTATIONS = [
     M("emu-wgmma-proxy-fence-unchecked", EMU_RUNTIME,
       "if (g->proxy_fenced_at < 0 || g->proxy_fenced_at < first->barriers - 1)", "if (false)", EMU_WGMMA_TESTS,
       "emulator: wgmma rules"),
+    M("emu-wgmma-landing-after-fence-unchecked", EMU_RUNTIME, "if (g->proxy_seq < g->landed_seq) {", "if (false) {",
+      EMU_WGMMA_TESTS, "emulator: wgmma rules"),
     M("emu-wgmma-operand-change-unchecked", EMU_RUNTIME, "if (std::memcmp(op.chunk[i], op.bytes[i], 16)) {",
       "if (false) {", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
     M("emu-wgmma-wait-one-group-early", EMU_RUNTIME, "const long long below = wg.open_group - wait;",

@@ -34,7 +34,7 @@ BUILT = ["wgmma_gemm<__half, 8>", "wgmma_gemm<__nv_bfloat16, 64>", "wgmma_gemm<_
 SWIZZLES = {"interleave": 0, "128B": 1, "64B": 2, "32B": 3}  # raw_kernels/wgmma.cuh WgmmaSwizzle
 # wgmma.cu's Bug
 CORRECT, NO_FENCE, NO_FENCE_AFTER_WAIT, WAIT_TOO_FEW, WRITE_OPERAND, WRITE_ACCUMULATOR, NO_PROXY_FENCE, \
-    OTHER_DESCRIPTOR, PARTIAL, READ_EARLY, OFF_PATTERN, CP_ASYNC, READ_AFTER_WAIT_ONE = range(13)
+    OTHER_DESCRIPTOR, PARTIAL, READ_EARLY, OFF_PATTERN, CP_ASYNC, READ_AFTER_WAIT_ONE, FENCE_BEFORE_LANDING = range(14)
 STEPS = 4  # k steps of 16: K = 64
 
 
@@ -127,6 +127,7 @@ BROKEN = {
                  r"on a 1024-byte boundary",
     CP_ASYNC: r"row 0 of A is at 0x[0-9a-f]+, which a cp.async of thread 0 \(at \S*wgmma.cu:\d+\) still has in "
               r"flight",
+    FENCE_BEFORE_LANDING: r"cp.async copies of thread \(0,0,0\) landed after its last wgmma_fence_shared\(\)",
 }
 
 

@@ -88,6 +88,7 @@ struct Fiber {
   int barriers;      // __syncthreads() this thread has passed in its block
   int fenced_at;     // `barriers` at its last __threadfence(), -1 before the first
   int proxy_fenced_at;  // `barriers` at its last wgmma_fence_shared() (fence.proxy.async), -1 before the first
+  long long proxy_seq, landed_seq;  // engine.events at its last proxy fence, at its last cp.async landing
 };
 
 struct Engine {
@@ -105,6 +106,7 @@ struct Engine {
   size_t scheduler_stack_bytes = 0;
   const unsigned char* shared_begin = nullptr;  // the running grid's shared memory, [begin, end)
   const unsigned char* shared_end = nullptr;
+  long long events = 0;  // orders proxy fences and cp.async landings
   char message[4096];
 };
 static Engine engine;
@@ -233,6 +235,7 @@ static void start_fiber(Fiber* f) {
   f->barriers = 0;
   f->fenced_at = -1;
   f->proxy_fenced_at = -1;
+  f->proxy_seq = f->landed_seq = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -330,7 +333,12 @@ void syncthreads(const char* file, int line) {
 // before any barrier (a ticket, a counter) publishes nothing and is not checked.
 void threadfence() { engine.current->fenced_at = engine.current->barriers; }
 
-void proxy_fence() { engine.current->proxy_fenced_at = engine.current->barriers; }
+void proxy_fence() {
+  engine.current->proxy_fenced_at = engine.current->barriers;
+  engine.current->proxy_seq = ++engine.events;
+}
+
+void copies_landed() { engine.current->landed_seq = ++engine.events; }
 
 void publishing_atomic(const void* address, const char* file, int line) {
   const Fiber* f = engine.current;
@@ -593,6 +601,12 @@ static bool wgmma_issue(WarpgroupState& wg, const WgmmaCall* const* call, int ba
     if (g->proxy_fenced_at < 0 || g->proxy_fenced_at < first->barriers - 1) {
       fail("wgmma at %s:%d: thread (%u,%u,%u) did not wgmma_fence_shared() (fence.proxy.async) since the barrier "
            "before the last one: its shared stores may be invisible to the wgmma's operand reads", first->file,
+           first->line, EMU_THREAD(g));
+      return false;
+    }
+    if (g->proxy_seq < g->landed_seq) {
+      fail("wgmma at %s:%d: cp.async copies of thread (%u,%u,%u) landed after its last wgmma_fence_shared() "
+           "(fence.proxy.async orders only the writes before it): the wgmma may not see them", first->file,
            first->line, EMU_THREAD(g));
       return false;
     }

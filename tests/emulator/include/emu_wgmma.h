@@ -11,7 +11,8 @@
 //   for the fence again only where a thread touched the registers: the emulator cannot see register accesses).
 // - wgmma_m64k16: fails unless the warpgroup fenced, every thread gave the same descriptors, shape and scale-d,
 //   and every thread of the block ran wgmma_fence_shared() since the barrier before the last one (the emulator
-//   does not see shared stores, so it takes every thread for a writer, like __threadfence in emu_runtime.h).
+//   does not see shared stores, so it takes every thread for a writer, like __threadfence in emu_runtime.h) and
+//   after its last cp.async landing (cp_async_wait: the copies are generic-proxy writes too).
 //   A and B are read through the descriptors (emu_runtime.h, wgmma_row_chunk: interleaved core matrices or the
 //   32/64/128-byte swizzles, the XOR taken from the shared-window address, counted here from the block's shared
 //   memory rounded down to 1024 bytes so that a variable's alignment keeps the pattern); a byte a cp.async still

@@ -23,6 +23,7 @@ enum Bug {
   OFF_PATTERN = 10,         // a swizzled A descriptor 128 bytes into its pattern
   CP_ASYNC = 11,            // thread 0 has a cp.async into A's first row in flight at the first wgmma
   READ_AFTER_WAIT_ONE = 12, // stores d after wgmma.wait_group 1 (the last k step, on the same d, still in flight)
+  FENCE_BEFORE_LANDING = 13,  // thread 0 copies A's first row again, fences, and only then waits for the copy
 };
 
 constexpr int kMaxSteps = 4;  // k steps of 16
@@ -65,7 +66,12 @@ __global__ void wgmma_gemm(const T* a, const T* b, float* c, int steps, int swiz
     *(T*)(a_tile + tile_offset(i / K, i % K, 64, swizzle, false)) = a[i];
   for (int i = tid; i < N * K; i += threads)
     *(T*)(b_tile + tile_offset(i / K, i % K, N, swizzle, true)) = b[i];
+  if (bug == FENCE_BEFORE_LANDING && tid == 0) {
+    cp_async_cg_16(a_tile + tile_offset(0, 0, 64, swizzle, false), a, 16);
+    cp_async_commit();
+  }
   if (!(bug == NO_PROXY_FENCE && tid == 7)) wgmma_fence_shared();
+  if (bug == FENCE_BEFORE_LANDING && tid == 0) cp_async_wait<0>();
   __syncthreads();
   if (bug == CP_ASYNC && tid == 0) {
     cp_async_cg_16(a_tile + tile_offset(0, 0, 64, swizzle, false), a, 16);
