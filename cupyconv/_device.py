@@ -73,12 +73,13 @@ def kernel_files() -> dict:
     return {module.KERNELS.filename: module.KERNELS for module in _op_modules()}
 
 
-def compile_options(filename: str) -> tuple[str, ...]:
+def compile_options(filename: str, capability: int | None = None) -> tuple[str, ...]:
     """The options every compiler of raw_kernels/<filename> gets (CuPy, the NVRTC check, the emulator): the
-    C++ standard and the file's shared constants (`KernelFile.defines`, as -D options)."""
+    C++ standard and the file's shared constants (`KernelFile.defines`, as -D options); with the compute
+    capability of the GPU CuPy compiles for, -arch=sm_90a where the file needs it (`KernelFile.arch_options`)."""
     kernels = kernel_files().get(filename)
     fast_math = ("--use_fast_math",) if os.environ.get("CUPYCONV_FAST_MATH") else ()
-    return ("-std=c++17", *fast_math, *(kernels.options() if kernels else ()))
+    return ("-std=c++17", *fast_math, *(kernels.options() + kernels.arch_options(capability) if kernels else ()))
 
 
 def all_instantiations() -> list[tuple[str, str]]:
@@ -767,7 +768,9 @@ def _cuda_clock_rate(device_id: int) -> int:
 def _cuda_function_on(device_id: int, source: str, name: str):
     import cupy
     check_cupy_toolkit()
-    module = cupy.RawModule(code=kernel_source(source), options=compile_options(source), name_expressions=(name,))
+    capability = int(cupy.cuda.Device(device_id).compute_capability)
+    module = cupy.RawModule(code=kernel_source(source), options=compile_options(source, capability),
+                            name_expressions=(name,))
     return module.get_function(name)
 
 

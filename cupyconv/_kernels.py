@@ -252,13 +252,26 @@ def _scalar(c_type_: str, value, where: str):
 
 @dataclass(frozen=True)
 class KernelFile:
-    """One raw_kernels/ file: its name and the compile-time constants it shares with the Python planner."""
+    """One raw_kernels/ file: its name, the compile-time constants it shares with the Python planner, and whether
+    it uses instructions of sm_90a only (wgmma, raw_kernels/wgmma.cuh)."""
     filename: str
     defines: dict = field(default_factory=dict, hash=False)
+    sm90a: bool = False
 
     def options(self) -> tuple[str, ...]:
         """The -D options that define this file's shared constants (part of every compile of it)."""
         return tuple(f"-D{name}={value}" for name, value in sorted(self.defines.items()))
+
+    def arch_options(self, capability: int | None) -> tuple[str, ...]:
+        """("-arch=sm_90a",) for an `sm90a` file compiled for a GPU of compute capability `capability` 90, else ().
+
+        CuPy 14 appends its own -arch=sm_90 after these options (cupy/cuda/compiler.py,
+        `_get_arch_for_options_for_nvrtc`, which reads the architecture as an int and cannot name sm_90a itself);
+        NVRTC 12.9 and 13 take -arch=sm_90a with a later -arch=sm_90 for sm_90a, silently, so the file's
+        `__CUDA_ARCH_FEAT_SM90_ALL` code is compiled, and CuPy's cache key holds the options, so that binary is an
+        entry of its own.  Other capabilities keep CuPy's flag alone: an sm_90a binary runs on 9.0 GPUs only, and
+        with two different architectures NVRTC warns and takes the last, CuPy's (tests/test_wgmma.py)."""
+        return ("-arch=sm_90a",) if self.sm90a and capability == 90 else ()
 
     @functools.cached_property
     def signatures(self) -> dict[str, tuple[Param, ...]]:

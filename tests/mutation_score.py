@@ -99,6 +99,8 @@ GPU_TC = "tests/test_tensor_core_kernels.py -m gpu"
 EMU_ASYNC = "tests/emulator/include/emu_async_copy.h"
 EMU_ASYNC_TESTS = "tests/test_emulator_async_copy.py"
 EMU_RUNTIME = "tests/emulator/include/emu_runtime.h"
+EMU_WGMMA_TESTS = "tests/test_wgmma.py -k 'not builds'"   # the emulated self-tests (the NVRTC builds: seconds)
+GPU_WGMMA = "tests/test_wgmma.py -m gpu"
 REPLAY = "tests/test_replay.py"
 REPLAY_PY = "cupyconv/_replay.py"
 REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
@@ -917,6 +919,52 @@ MUTATIONS = [
       "if (const AsyncCopy* c = async_copy_in_flight(row, 16, &owner, &at))",
       "if (const AsyncCopy* c = true ? nullptr : async_copy_in_flight(row, 16, &owner, &at))",
       EMU_ASYNC_TESTS, "emulator: ldmatrix"),
+
+    # -- the emulator's wgmma (emu_runtime.h, wgmma_*) and raw_kernels/wgmma.cuh: the self-tests of wgmma.cu --------
+    M("emu-wgmma-no-swizzle", EMU_RUNTIME, "address = logical ^ ((logical >> 7 & (width / 16 - 1)) << 4);",
+      "address = logical;", EMU_WGMMA_TESTS, "emulator: wgmma layout"),
+    M("emu-wgmma-leading-ignored", EMU_RUNTIME, "(unsigned)c * leading + (unsigned)(r % 8) * 16;",
+      "(unsigned)c * 128 + (unsigned)(r % 8) * 16;", EMU_WGMMA_TESTS, "emulator: wgmma layout"),
+    M("emu-wgmma-stride-ignored", EMU_RUNTIME, "address = start + (unsigned)(r / 8) * stride +",
+      "address = start + (unsigned)(r / 8) * 128 +", EMU_WGMMA_TESTS, "emulator: wgmma layout"),
+    M("emu-wgmma-fragment-transposed", EMU_RUNTIME, "g + 8 * (reg >> 1 & 1), col = 8 * (reg / 4) + 2 * q + (reg & 1);",
+      "g + 8 * (reg & 1), col = 8 * (reg / 4) + 2 * q + (reg >> 1 & 1);", EMU_WGMMA_TESTS, "emulator: wgmma layout"),
+    M("emu-wgmma-chain-reads-poison", EMU_RUNTIME,
+      "double sum = !c0.accumulate ? 0.0 : earlier ? earlier->result[t][reg] : d[reg];",
+      "double sum = !c0.accumulate ? 0.0 : d[reg];", EMU_WGMMA_TESTS, "emulator: wgmma chaining"),
+    M("emu-wgmma-not-poisoned", EMU_RUNTIME, "std::memset(call[t]->d, 0xFF, sizeof(float) * op.regs);  // until",
+      "(void)0;  // until", EMU_WGMMA_TESTS, "emulator: wgmma poison"),
+    M("emu-wgmma-younger-writer-ignored", EMU_RUNTIME, "if (!wgmma_writer(wg, t, op.d[t], k + 1)) std::memcpy",
+      "if (true) std::memcpy", EMU_WGMMA_TESTS, "emulator: wgmma poison"),
+    M("emu-wgmma-fence-unchecked", EMU_RUNTIME, "if (!wg.fenced) {", "if (false) {", EMU_WGMMA_TESTS,
+      "emulator: wgmma rules"),
+    M("emu-wgmma-fence-outlives-wait", EMU_RUNTIME, "  wg.count -= retiring;\n  wg.fenced = false;",
+      "  wg.count -= retiring;", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-proxy-fence-unchecked", EMU_RUNTIME,
+      "if (g->proxy_fenced_at < 0 || g->proxy_fenced_at < first->barriers - 1)", "if (false)", EMU_WGMMA_TESTS,
+      "emulator: wgmma rules"),
+    M("emu-wgmma-landing-after-fence-unchecked", EMU_RUNTIME, "if (g->proxy_seq < g->landed_seq) {", "if (false) {",
+      EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-operand-change-unchecked", EMU_RUNTIME, "if (std::memcmp(op.chunk[i], op.bytes[i], 16)) {",
+      "if (false) {", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-wait-one-group-early", EMU_RUNTIME, "const long long below = wg.open_group - wait;",
+      "const long long below = wg.open_group - wait + 1;", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-descriptors-unchecked", EMU_RUNTIME, "c.desc_a != c0.desc_a || ", "", EMU_WGMMA_TESTS,
+      "emulator: wgmma rules"),
+    M("emu-wgmma-exit-in-flight", EMU_RUNTIME, "    if (wg.count) {\n      fail(\"the block ended",
+      "    if (false) {\n      fail(\"the block ended", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-pattern-unchecked", EMU_RUNTIME, "if (start % (8 * width) >= width || stride % (8 * width)) {",
+      "if (false) {", EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("emu-wgmma-cp-async-unchecked", EMU_RUNTIME,
+      "if (const AsyncCopy* copy = async_copy_in_flight((const void*)host, 16, &owner, &at)) {",
+      "if (const AsyncCopy* copy = true ? nullptr : async_copy_in_flight((const void*)host, 16, &owner, &at)) {",
+      EMU_WGMMA_TESTS, "emulator: wgmma rules"),
+    M("wgmma-desc-swizzle-bit", "wgmma.cuh", "(unsigned long long)(swizzle & 3) << 62",
+      "(unsigned long long)(swizzle & 3) << 61", EMU_WGMMA_TESTS, "wgmma: descriptor"),
+    M("wgmma-desc-leading-shift", "wgmma.cuh", "(unsigned long long)((leading_bytes >> 4) & 0x3FFFu) << 16",
+      "(unsigned long long)((leading_bytes >> 4) & 0x3FFFu) << 17", EMU_WGMMA_TESTS, "wgmma: descriptor"),
+    M("wgmma-scale-d-inverted", "wgmma.cuh", "setp.ne.b32 p, %34, 0;", "setp.eq.b32 p, %34, 0;", GPU_WGMMA,
+      "wgmma: scale-d"),
 
     # -- depthwise.cu -----------------------------------------------------------------------------------------
     M("dw-tiled-barrier-staged", "depthwise.cu", "__syncthreads();\n\n    const I n = image0 + p;\n    const int ox",

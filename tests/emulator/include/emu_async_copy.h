@@ -25,6 +25,8 @@
 namespace emu {
 // emu_runtime.h: stops the calling thread and fails the launch with `what`, the thread and file:line.
 void thread_failure(const char* file, int line, const char* what);
+// emu_runtime.h: the calling thread's copies landed (generic-proxy writes a wgmma sees only after a proxy fence).
+void copies_landed();
 
 constexpr int kAsyncWord = 4;  // the smallest cp.async: the in-flight map's granule
 
@@ -204,6 +206,7 @@ template <int N> inline void cp_async_wait() {
   for (int i = 0; i < t.count; ++i) {
     emu::AsyncCopy& c = t.items[i];
     if (c.group < landed_below) {
+      if (kept == i) emu::copies_landed();  // once a wait (kept == i until the first copy lands)
       if (c.size == 16) {  // a constant size each: the landing is one store of the copy's width
         std::memcpy(c.dst, c.data, 16);
       } else if (c.size == 8) {

@@ -12,6 +12,7 @@
 #include "cuda_fp16.h"
 #include "emu_mma.h"
 #include "emu_async_copy.h"
+#include "emu_wgmma_call.h"
 
 // Defined in the second translation unit (dyn_shared.cpp), with every `extern __shared__` name aliased to it.
 extern thread_local unsigned char emu_dynamic_shared[];
@@ -78,7 +79,7 @@ struct Fiber {
   int state;
   const char* file;  // where the fiber waits
   int line;
-  int kind;  // warp operation: WARP_SYNC, WARP_SHFL, WARP_BALLOT, WARP_MMA
+  int kind;  // warp operation: WARP_SYNC, WARP_SHFL, WARP_BALLOT, WARP_MMA, WARP_GROUP (a wgmma call)
   unsigned mask;
   int src_lane;
   unsigned long long value;
@@ -86,6 +87,8 @@ struct Fiber {
   void* fake_stack;  // ASan's bookkeeping for this fiber's stack
   int barriers;      // __syncthreads() this thread has passed in its block
   int fenced_at;     // `barriers` at its last __threadfence(), -1 before the first
+  int proxy_fenced_at;  // `barriers` at its last wgmma_fence_shared() (fence.proxy.async), -1 before the first
+  long long proxy_seq, landed_seq;  // engine.events at its last proxy fence, at its last cp.async landing
 };
 
 struct Engine {
@@ -103,6 +106,7 @@ struct Engine {
   size_t scheduler_stack_bytes = 0;
   const unsigned char* shared_begin = nullptr;  // the running grid's shared memory, [begin, end)
   const unsigned char* shared_end = nullptr;
+  long long events = 0;  // orders proxy fences and cp.async landings
   char message[4096];
 };
 static Engine engine;
@@ -230,6 +234,8 @@ static void start_fiber(Fiber* f) {
   f->state = RUNNABLE;
   f->barriers = 0;
   f->fenced_at = -1;
+  f->proxy_fenced_at = -1;
+  f->proxy_seq = f->landed_seq = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -327,6 +333,13 @@ void syncthreads(const char* file, int line) {
 // before any barrier (a ticket, a counter) publishes nothing and is not checked.
 void threadfence() { engine.current->fenced_at = engine.current->barriers; }
 
+void proxy_fence() {
+  engine.current->proxy_fenced_at = engine.current->barriers;
+  engine.current->proxy_seq = ++engine.events;
+}
+
+void copies_landed() { engine.current->landed_seq = ++engine.events; }
+
 void publishing_atomic(const void* address, const char* file, int line) {
   const Fiber* f = engine.current;
   const unsigned char* p = (const unsigned char*)address;
@@ -362,6 +375,10 @@ int lane_id() { return engine.current->lane; }
 
 void warp_mma(const char* file, int line, const MmaOperands* operands) {
   warp_exchange(file, line, WARP_MMA, 0xffffffffu, (unsigned long long)(uintptr_t)operands, lane_id(), nullptr);
+}
+
+void warpgroup_call(const char* file, int line, const WgmmaCall* call) {
+  warp_exchange(file, line, WARP_GROUP, 0xffffffffu, (unsigned long long)(uintptr_t)call, lane_id(), nullptr);
 }
 
 // One mma.sync of the warp whose lane 0 is fiber `base`: A, B, C assembled from the 32 lanes' fragments in the
@@ -441,38 +458,297 @@ static bool mma_collective(int base, int n) {
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// wgmma (emu_wgmma.h): the warpgroup collectives, with all 128 threads' calls in hand.
+
+constexpr int kWarpgroup = 128;
+constexpr int kWgmmaInFlight = 16;              // per warpgroup: more fails the launch (an emulator limit)
+constexpr int kWgmmaMaxRegs = 64;               // m64n128k16's accumulators a thread
+constexpr int kWgmmaMaxChunks = 2 * (64 + 128); // 16-byte chunks of A (64 rows) and B (up to 128 rows)
+
+struct WgmmaInFlight {
+  long long group;
+  int regs;
+  const char* file;
+  int line;
+  float* d[kWarpgroup];
+  float result[kWarpgroup][kWgmmaMaxRegs];
+  int chunks;
+  const unsigned char* chunk[kWgmmaMaxChunks];  // the shared bytes read, and their values then
+  unsigned char bytes[kWgmmaMaxChunks][16];
+};
+struct WarpgroupState {
+  bool fenced;
+  long long open_group;
+  int count;
+  WgmmaInFlight ops[kWgmmaInFlight];  // in issue order
+};
+static WarpgroupState warpgroups[1024 / kWarpgroup];
+
+static uintptr_t shared_window_base() { return (uintptr_t)engine.shared_begin & ~(uintptr_t)1023; }
+
+unsigned shared_window_address(const void* p) { return (unsigned)((uintptr_t)p - shared_window_base()); }
+
+static void wgmma_begin_block() {
+  for (WarpgroupState& wg : warpgroups) {
+    wg.fenced = false;
+    wg.open_group = 0;
+    wg.count = 0;
+  }
+}
+
+// 0, or -1 with engine.message set when a warpgroup of the finished block left a wgmma in flight.
+static int wgmma_end_block() {
+  for (const WarpgroupState& wg : warpgroups) {
+    if (wg.count) {
+      fail("the block ended with the wgmma at %s:%d in flight: no wgmma.wait_group retired it (its accumulators "
+           "are never written)", wg.ops[0].file, wg.ops[0].line);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+// The host address of 16-byte chunk c (K elements 8 c .. 8 c + 7) of row r of the K-major tile that `desc`
+// describes (emu_wgmma.h), or nullptr after reporting why it cannot be read.
+static const unsigned char* wgmma_row_chunk(unsigned long long desc, int r, int c, const char* operand,
+                                            const Fiber* first) {
+  const unsigned start = (unsigned)(desc & 0x3FFFu) << 4;
+  const unsigned leading = (unsigned)(desc >> 16 & 0x3FFFu) << 4;
+  const unsigned stride = (unsigned)(desc >> 32 & 0x3FFFu) << 4;
+  const int swizzle = (int)(desc >> 62);
+  if (desc >> 49 & 7) {
+    fail("wgmma at %s:%d: %s's descriptor has a matrix base offset, which the emulator does not model", first->file,
+         first->line, operand);
+    return nullptr;
+  }
+  unsigned address;
+  if (swizzle == 0) {  // interleaved 8 x 16-byte core matrices: rows 16 bytes apart
+    address = start + (unsigned)(r / 8) * stride + (unsigned)c * leading + (unsigned)(r % 8) * 16;
+  } else {
+    const unsigned width = swizzle == 1 ? 128 : swizzle == 2 ? 64 : 32;  // a row of the swizzle pattern
+    if (start % (8 * width) >= width || stride % (8 * width)) {
+      fail("wgmma at %s:%d: %s's %u-byte swizzle starts at shared byte %u with a stride of %u: an 8-row group "
+           "must start on a %u-byte boundary (plus the K offset within its row)", first->file, first->line,
+           operand, width, start, stride, 8 * width);
+      return nullptr;
+    }
+    const unsigned logical = start + (unsigned)(r / 8) * stride + (unsigned)(r % 8) * width + 16u * (unsigned)c;
+    address = logical ^ ((logical >> 7 & (width / 16 - 1)) << 4);
+  }
+  const uintptr_t host = shared_window_base() + address;
+  if (address > 0x3FFFFu - 15 || host < (uintptr_t)engine.shared_begin || host + 16 > (uintptr_t)engine.shared_end) {
+    fail("wgmma at %s:%d: row %d of %s is at shared byte %u, outside the block's shared memory", first->file,
+         first->line, r, operand, address);
+    return nullptr;
+  }
+  int owner;
+  const void* at;
+  if (const AsyncCopy* copy = async_copy_in_flight((const void*)host, 16, &owner, &at)) {
+    fail("wgmma at %s:%d: row %d of %s is at %p, which a cp.async of thread %d (at %s:%d) still has in flight",
+         first->file, first->line, r, operand, at, owner, copy->file, copy->line);
+    return nullptr;
+  }
+  return (const unsigned char*)host;
+}
+
+// Reads `rows` x 16 elements of a K-major operand into m, keeping the chunks read in op; false after a report.
+static bool wgmma_read(unsigned long long desc, int rows, bool bf16, const char* operand, const Fiber* first,
+                       WgmmaInFlight* op, double (*m)[16]) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < 2; ++c) {
+      const unsigned char* p = wgmma_row_chunk(desc, r, c, operand, first);
+      if (!p) return false;
+      op->chunk[op->chunks] = p;
+      std::memcpy(op->bytes[op->chunks++], p, 16);
+      for (int e = 0; e < 8; ++e) {
+        unsigned short bits;
+        std::memcpy(&bits, p + 2 * e, 2);
+        m[r][8 * c + e] = bf16 ? (double)__ushort_as_bfloat16(bits) : (double)__ushort_as_half(bits);
+      }
+    }
+  }
+  return true;
+}
+
+// The latest wgmma in flight that writes thread t's accumulators d, or nullptr.
+static const WgmmaInFlight* wgmma_writer(const WarpgroupState& wg, int t, const float* d, int from = 0) {
+  for (int k = wg.count - 1; k >= from; --k)
+    if (wg.ops[k].d[t] == d) return &wg.ops[k];
+  return nullptr;
+}
+
+static bool wgmma_issue(WarpgroupState& wg, const WgmmaCall* const* call, int base, int n) {
+  const Fiber* first = &engine.fibers[base];
+  const WgmmaCall& c0 = *call[0];
+  for (int t = 1; t < kWarpgroup; ++t) {
+    const WgmmaCall& c = *call[t];
+    if (c.n != c0.n || c.bf16 != c0.bf16 || c.desc_a != c0.desc_a || c.desc_b != c0.desc_b ||
+        c.accumulate != c0.accumulate) {
+      fail("wgmma at %s:%d: thread (%u,%u,%u) gives other descriptors, shape or scale-d than thread (%u,%u,%u) of "
+           "its warpgroup (.sync.aligned: they must agree)", first->file, first->line,
+           EMU_THREAD(&engine.fibers[base + t]), EMU_THREAD(first));
+      return false;
+    }
+  }
+  if (!wg.fenced) {
+    fail("wgmma at %s:%d: no wgmma.fence since the warpgroup's last wgmma.wait_group (or its start): the "
+         "accumulator registers are not ordered with the wgmma", first->file, first->line);
+    return false;
+  }
+  for (int j = 0; j < n; ++j) {
+    const Fiber* g = &engine.fibers[j];
+    if (g->proxy_fenced_at < 0 || g->proxy_fenced_at < first->barriers - 1) {
+      fail("wgmma at %s:%d: thread (%u,%u,%u) did not wgmma_fence_shared() (fence.proxy.async) since the barrier "
+           "before the last one: its shared stores may be invisible to the wgmma's operand reads", first->file,
+           first->line, EMU_THREAD(g));
+      return false;
+    }
+    if (g->proxy_seq < g->landed_seq) {
+      fail("wgmma at %s:%d: cp.async copies of thread (%u,%u,%u) landed after its last wgmma_fence_shared() "
+           "(fence.proxy.async orders only the writes before it): the wgmma may not see them", first->file,
+           first->line, EMU_THREAD(g));
+      return false;
+    }
+  }
+  if (wg.count == kWgmmaInFlight) {
+    fail("wgmma at %s:%d: more than %d wgmmas in flight in one warpgroup (the emulator's limit)", first->file,
+         first->line, kWgmmaInFlight);
+    return false;
+  }
+  WgmmaInFlight& op = wg.ops[wg.count];
+  op.chunks = 0;
+  static double A[64][16], B[128][16];
+  if (!wgmma_read(c0.desc_a, 64, c0.bf16, "A", first, &op, A) ||
+      !wgmma_read(c0.desc_b, c0.n, c0.bf16, "B", first, &op, B))
+    return false;
+  op.group = wg.open_group;
+  op.regs = c0.n / 2;
+  op.file = first->file;
+  op.line = first->line;
+  for (int t = 0; t < kWarpgroup; ++t) {
+    float* d = call[t]->d;
+    const WgmmaInFlight* earlier = wgmma_writer(wg, t, d);  // the same registers, still in flight: its D is C
+    const int w = t / 32, g = t % 32 / 4, q = t % 4;
+    for (int reg = 0; reg < op.regs; ++reg) {
+      const int row = 16 * w + g + 8 * (reg >> 1 & 1), col = 8 * (reg / 4) + 2 * q + (reg & 1);
+      double sum = !c0.accumulate ? 0.0 : earlier ? earlier->result[t][reg] : d[reg];
+      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[col][k];
+      op.result[t][reg] = (float)sum;
+    }
+    op.d[t] = d;
+  }
+  for (int t = 0; t < kWarpgroup; ++t) std::memset(call[t]->d, 0xFF, sizeof(float) * op.regs);  // until the wait
+  ++wg.count;
+  return true;
+}
+
+static bool wgmma_retire(WarpgroupState& wg, int wait, int base) {
+  const long long below = wg.open_group - wait;  // committed groups older than the `wait` most recent
+  int retiring = 0;
+  while (retiring < wg.count && wg.ops[retiring].group < below) ++retiring;  // groups are in issue order
+  for (int k = 0; k < retiring; ++k) {
+    const WgmmaInFlight& op = wg.ops[k];
+    for (int i = 0; i < op.chunks; ++i) {
+      if (std::memcmp(op.chunk[i], op.bytes[i], 16)) {
+        fail("wgmma at %s:%d: shared memory at %p that it reads changed before the wgmma.wait_group that retires "
+             "it (the tensor cores may read it at any time until then)", op.file, op.line, op.chunk[i]);
+        return false;
+      }
+    }
+    for (int t = 0; t < kWarpgroup; ++t) {
+      for (int reg = 0; reg < op.regs; ++reg) {
+        unsigned bits;
+        std::memcpy(&bits, &op.d[t][reg], 4);
+        if (bits != 0xFFFFFFFFu) {
+          fail("wgmma at %s:%d: thread (%u,%u,%u) wrote its accumulator %d while the wgmma was in flight", op.file,
+               op.line, EMU_THREAD(&engine.fibers[base + t]), reg);
+          return false;
+        }
+      }
+    }
+  }
+  for (int k = 0; k < retiring; ++k) {  // then each thread's registers get the D of the last wgmma writing them,
+    const WgmmaInFlight& op = wg.ops[k];  // unless that one is still in flight
+    for (int t = 0; t < kWarpgroup; ++t)
+      if (!wgmma_writer(wg, t, op.d[t], k + 1)) std::memcpy(op.d[t], op.result[t], sizeof(float) * op.regs);
+  }
+  for (int k = retiring; k < wg.count; ++k) wg.ops[k - retiring] = wg.ops[k];
+  wg.count -= retiring;
+  wg.fenced = false;
+  return true;
+}
+
+// One wgmma call of the warpgroup whose first thread is fiber `base`.  Returns false after reporting a misuse.
+static bool wgmma_collective(int base, int n) {
+  const Fiber* first = &engine.fibers[base];
+  const WgmmaCall* call[kWarpgroup];
+  for (int t = 0; t < kWarpgroup; ++t) call[t] = (const WgmmaCall*)(uintptr_t)engine.fibers[base + t].value;
+  WarpgroupState& wg = warpgroups[base / kWarpgroup];
+  switch (call[0]->op) {
+    case WGMMA_FENCE: wg.fenced = true; return true;
+    case WGMMA_COMMIT: ++wg.open_group; return true;
+    case WGMMA_MMA: return wgmma_issue(wg, call, base, n);
+    default:
+      for (int t = 1; t < kWarpgroup; ++t) {
+        if (call[t]->wait != call[0]->wait) {
+          fail("wgmma.wait_group at %s:%d: threads of one warpgroup wait for different counts", first->file,
+               first->line);
+          return false;
+        }
+      }
+      return wgmma_retire(wg, call[0]->wait, base);
+  }
+}
+
 static bool same_site(const Fiber* a, const Fiber* b) {
   return a->line == b->line && (a->file == b->file || std::strcmp(a->file, b->file) == 0);
 }
 
-// Releases every warp group whose lanes (those named in the mask that exist in this block) all wait at the same
-// warp operation with the same mask.  Returns how many groups went on, or -1 after reporting a misuse.
+// The group a warp operation of fiber i (f) synchronises: its warp's lanes named in the mask, or for a wgmma call
+// (WARP_GROUP) all 128 threads of its aligned warpgroup.  base: the group's first fiber; member m: fiber base + m.
+static int group_base(int i, const Fiber* f) { return f->kind == WARP_GROUP ? i - i % kWarpgroup : i - f->lane; }
+static int group_size(const Fiber* f) { return f->kind == WARP_GROUP ? kWarpgroup : 32; }
+static bool in_group(const Fiber* f, int m) { return f->kind == WARP_GROUP || (f->mask >> m & 1u); }
+static bool waits_with(const Fiber* f, const Fiber* g) {
+  return g->state == AT_WARP && same_site(f, g) && g->mask == f->mask && g->kind == f->kind;
+}
+
+// Releases every warp group whose lanes (those named in the mask that exist in this block; for a wgmma call the
+// 128 threads of the warpgroup) all wait at the same warp operation with the same mask.  Returns how many groups
+// went on, or -1 after reporting a misuse.
 static int release_warps(int n) {
   int released = 0;
   for (int i = 0; i < n; ++i) {
     Fiber* f = &engine.fibers[i];
     if (f->state != AT_WARP) continue;
-    const int base = i - f->lane;
+    const int base = group_base(i, f), size = group_size(f);
     if (!(f->mask >> f->lane & 1u)) {
       fail("thread (%u,%u,%u) calls a warp operation at %s:%d with mask 0x%08x, which does not include its own "
            "lane %d", EMU_THREAD(f), f->file, f->line, f->mask, f->lane);
       return -1;
     }
-    bool ready = true;
-    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
-      const Fiber* g = &engine.fibers[base + lane];
-      if ((f->mask >> lane & 1u) && !(g->state == AT_WARP && same_site(f, g) && g->mask == f->mask)) ready = false;
+    if (base + size > n) {
+      if (f->kind == WARP_GROUP) {
+        fail("thread (%u,%u,%u) calls a wgmma operation at %s:%d in a warpgroup of %d threads; it needs all 128",
+             EMU_THREAD(f), f->file, f->line, n - base);
+        return -1;
+      }
     }
+    bool ready = true;
+    for (int m = 0; m < size && base + m < n; ++m)
+      if (in_group(f, m) && !waits_with(f, &engine.fibers[base + m])) ready = false;
     if (!ready) continue;
     if (f->kind == WARP_MMA && !mma_collective(base, n)) return -1;
+    if (f->kind == WARP_GROUP && !wgmma_collective(base, n)) return -1;
     unsigned long long ballot = 0;
-    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
+    for (int lane = 0; lane < 32 && base + lane < n && size == 32; ++lane) {
       const Fiber* g = &engine.fibers[base + lane];
       if ((f->mask >> lane & 1u) && g->value) ballot |= 1ull << lane;
     }
-    for (int lane = 0; lane < 32 && base + lane < n; ++lane) {
-      Fiber* g = &engine.fibers[base + lane];
-      if (!(f->mask >> lane & 1u)) continue;
+    for (int m = 0; m < size && base + m < n; ++m) {
+      Fiber* g = &engine.fibers[base + m];
+      if (!in_group(f, m)) continue;
       if (g->kind == WARP_SHFL) {
         const int src = g->src_lane;
         const bool valid = src >= 0 && src < 32 && base + src < n && (f->mask >> src & 1u);
@@ -518,17 +794,14 @@ static int run_block(int n) {
       if (f->state == AT_BARRIER && !barrier) barrier = f;
       if (f->state == AT_WARP && !warp) warp = f;
     }
-    if (done == n) return 0;
+    if (done == n) return wgmma_end_block();
     if (warp) {
-      const Fiber* other = nullptr;  // a lane of warp's group that is somewhere else
-      const int base = (int)(warp - engine.fibers) - warp->lane;
-      for (int lane = 0; lane < 32 && base + lane < n && !other; ++lane) {
-        const Fiber* g = &engine.fibers[base + lane];
-        if ((warp->mask >> lane & 1u) && !(g->state == AT_WARP && same_site(warp, g) && g->mask == warp->mask))
-          other = g;
-      }
-      fail("deadlock: thread (%u,%u,%u) %s, but thread (%u,%u,%u) of its warp %s", EMU_THREAD(warp),
-           where(warp, a, sizeof a), EMU_THREAD(other), where(other, b, sizeof b));
+      const Fiber* other = warp;  // a member of warp's group that is somewhere else
+      const int base = group_base((int)(warp - engine.fibers), warp), size = group_size(warp);
+      for (int m = 0; m < size && base + m < n && other == warp; ++m)
+        if (in_group(warp, m) && !waits_with(warp, &engine.fibers[base + m])) other = &engine.fibers[base + m];
+      fail("deadlock: thread (%u,%u,%u) %s, but thread (%u,%u,%u) of its %s %s", EMU_THREAD(warp),
+           where(warp, a, sizeof a), EMU_THREAD(other), size == 32 ? "warp" : "warpgroup", where(other, b, sizeof b));
       return -1;
     }
     if (exited) {
@@ -710,6 +983,7 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
     blockIdx = uint3{(unsigned)(b % grid[0]), (unsigned)(b / grid[0] % grid[1]), (unsigned)(b / grid[0] / grid[1])};
     poison_shared(shared, dynamic_bytes);
     async_copy_begin_block();
+    wgmma_begin_block();
     status = run_block(n);
     counters::end_block(status == 0);
     if (status != 0) {

@@ -67,7 +67,7 @@ namespace emu {
 void syncthreads(const char* file, int line);
 void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned long long value, int src_lane,
                    unsigned long long* result);
-enum { WARP_SYNC = 0, WARP_SHFL = 1, WARP_BALLOT = 2, WARP_MMA = 3 };
+enum { WARP_SYNC = 0, WARP_SHFL = 1, WARP_BALLOT = 2, WARP_MMA = 3, WARP_GROUP = 4 };  // WARP_GROUP: 128 threads
 int lane_id();
 }  // namespace emu
 
