@@ -420,12 +420,15 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
                       and stages % 2 == 0) else 1
         assert opcodes[name]["HMMA"] == pairs * rows * columns // 256, (name, opcodes[name]["HMMA"])
     several_groups = [n for n in listed if n.startswith("conv_fwd_igemm_groups<")]
-    assert not complete or len(several_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
-    for name in several_groups:   # per tap, every warp: its rows x CG columns, a k-step per 32 bytes of CG
+    assert not complete or len(several_groups) == index_types * sum(map(len, implicit_gemm.IGG_FORWARD_CHANNELS.values()))
+    for name in several_groups:   # per chunk, every warp: its rows x its groups' columns, a k-step per 32 bytes of K
         rows, channels = (int(part) for part in name.rstrip(">").split(",")[2:4])
         itemsize = 4 if "<float," in name else 2
-        groups = 128 // itemsize // channels   # a block's (4 warps: 4 / groups a group, splitting its rows)
-        expected = rows // (4 // groups) // 16 * (channels // 8) * (channels * itemsize // 32)
+        # a block's groups (4 warps: 4 / groups a group, splitting its rows; 8 groups: two a warp), and its chunk's
+        # taps (two for a group of one 16-byte vector)
+        groups, chunk_taps = 128 // itemsize // channels, 2 if channels * itemsize == 16 else 1
+        warp_rows, warp_groups = rows // max(1, 4 // groups), max(1, groups // 4)
+        expected = warp_rows // 16 * warp_groups * (channels // 8) * (chunk_taps * channels * itemsize // 32)
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
     weight_groups = [n for n in listed if n.startswith("conv_bwd_weight_igemm_groups<")]
     assert not complete or len(weight_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
