@@ -224,7 +224,7 @@ def test_eligibility_and_plan():
 
 def test_few_channels_reach_the_tensor_cores_for_forward_and_stride_1_input_gradient():
     """8 channels a group of a 16-bit type in and out: 'implicit_gemm' runs conv_fwd_igemm_groups for the forward and
-    the stride-1 input gradient, and 'auto' takes it from IGG_FEW_MIN_MACS multiply-adds (rx-256 from a batch of 42;
+    the stride-1 input gradient, and 'auto' takes it from IGG_FEW_MIN_MACS multiply-adds (rx-256 from a batch of 77;
     at 32 the channels-last copy's launch costs more wall time than the kernel saves); the weight gradient, strided
     input gradients, float32, 4 channels a group, unequal groups and 3-D keep the old rule (at least
     TC_MIN_CHANNELS: the direct kernels or im2col)."""
@@ -238,23 +238,24 @@ def test_few_channels_reach_the_tensor_cores_for_forward_and_stride_1_input_grad
                                       shaped(outputs * groups, channels, *(3,) * dims), None, stride=stride,
                                       padding=1, dilation=1, groups=groups, nd=dims)
     fp16 = numpy.float16
-    rx32, rx48 = spec(8, 8, 32, batch=32, size=28), spec(8, 8, 32, batch=48, size=28)
-    assert igemm.few_channels_preferred(rx48) and not igemm.few_channels_preferred(rx32)
+    rx32, rx80 = spec(8, 8, 32, batch=32, size=28), spec(8, 8, 32, batch=80, size=28)
+    assert igemm.few_channels_preferred(rx80) and not igemm.few_channels_preferred(rx32)
+    assert not igemm.few_channels_preferred(spec(8, 8, 32, batch=76, size=28))
     for pass_ in ("forward", "input"):
         assert igemm.tensor_core_refusal(rx32, fp16, device, pass_) is None
         assert conv.choose_algorithm(rx32, fp16, device, pass_) == "direct"
-        assert conv.choose_algorithm(rx48, fp16, device, pass_) == "implicit_gemm"
+        assert conv.choose_algorithm(rx80, fp16, device, pass_) == "implicit_gemm"
     assert "implicit_gemm" in conv.forward_candidates(rx32, fp16, device)   # (autotune may take it)
-    assert conv.choose_algorithm(rx48, fp16, device, "weight") == "direct"
-    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx48, fp16, device)
-    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx48, fp16, device, "weight")
+    assert conv.choose_algorithm(rx80, fp16, device, "weight") == "direct"
+    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx80, fp16, device)
+    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx80, fp16, device, "weight")
     strided = spec(8, 8, 32, stride=2)
     assert "at least 16 input channels" in igemm.tensor_core_refusal(strided, fp16, device, "input")
     assert igemm.tensor_core_refusal(strided, fp16, device, "forward") is None
     allow_tf32 = cupyconv.settings.get_allow_tf32()
     try:
         cupyconv.settings.set_allow_tf32(True)
-        assert "at least 16" in igemm.tensor_core_refusal(rx48, numpy.float32, device, "forward")
+        assert "at least 16" in igemm.tensor_core_refusal(rx80, numpy.float32, device, "forward")
     finally:
         cupyconv.settings.set_allow_tf32(allow_tf32)
     for refused in (spec(4, 4, 32), spec(8, 16, 8), spec(8, 8, 8, dims=3)):

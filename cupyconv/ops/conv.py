@@ -28,7 +28,8 @@ from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward
                         depthwise_conv2d_gpu)
 from .implicit_gemm import (TC_MIN_CHANNELS, few_channels_preferred, forward_output, igemm_3d_refusal,
                             implicit_gemm_3d, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_input_3d,
-                            implicit_gemm_grad_weight, sharing_channels_last, stage_backward_copies, tensor_core_refusal)
+                            implicit_gemm_grad_weight, sharing_channels_last, stage_backward_copies,
+                            tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -192,13 +193,15 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #   'implicit_gemm' the tensor cores (mma.sync, sm_80+): raw_kernels/implicit_gemm.cu conv_fwd_tc,
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
-#                  channels per group (8 of a 16-bit type for the forward and stride-1 input gradient: conv_fwd_igemm_groups,
-#                  `few_channels_groups`).  No workspace but the weight gradient's float32 split sums.
+#                  channels per group (8 of a 16-bit type for the forward and stride-1 input gradient:
+#                  conv_fwd_igemm_groups, `few_channels_groups`).  No workspace but the weight gradient's float32
+#                  split sums.
 #                  float32 with TF32 off: the FMA units instead (raw_kernels/simt_gemm.cu, ops/simt_gemm.py:
 #                  `simt_runs`), strict IEEE float32, any channel count; the input gradient for stride 1 only
 #                  (strided: im2col + GEMM + col2im).
 #   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run (fewer than TC_MIN_CHANNELS
-#                  channels a group: from IGG_FEW_MIN_MACS multiply-adds, `few_channels_preferred`), else 'direct' when both
+#                  channels a group: from IGG_FEW_MIN_MACS multiply-adds, `few_channels_preferred`), else 'direct'
+#                  when both
 #                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and
 #                  the column matrix would cost cuBLAS more than the FMA GEMM's slower loop (`simt_preferred`, pass
 #                  by pass), else 'im2col_gemm' (or the measured winner when autotuning is on:

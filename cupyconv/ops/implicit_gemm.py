@@ -798,10 +798,11 @@ def few_channels_groups(spec: ConvSpec, dtype, pass_: str | None) -> bool:
 # 'auto' (`few_channels_preferred`) takes conv_fwd_igemm_groups for 8 channels a group from this many
 # multiply-adds a pass.  It saves GPU time at any size (PREDICTED H100 rx-256, N 32: the forward's conv_fwd_direct
 # 32.6-74.1 us -> channels_last_copies 6.3-13.6 + conv_fwd_igemm_groups 16.5-28.8) but launches the copy of x (or
-# grad_output) besides, and the host's ~25 us a launch leave it slower in wall time below about 1.3x that layer's
-# 462M (rx-256 N 32: 42.7-77.7 us host-bound vs 32.6-74.1; N 48, 693M: 42.7-77.7 vs 48.1-109.2): see RESULTS.md,
-# "8 channels a group on the tensor cores".
-IGG_FEW_MIN_MACS = 600_000_000
+# grad_output) besides, and the host's 25-30 us a launch leave its wall time host-bound: slower than the direct
+# kernel's at rx-256 N 32 (462M) on both models, faster at both ends from N 42 on the H100's and from about N 70 on
+# the H200's (N 80, 1.16G: H100 fwd 79.2-179.2 -> 53.5-94.1 us, H200 79.2-179.2 -> 70.6-103.2; N 64: H200's low end
+# 63.6 -> 70.6): see RESULTS.md, "8 channels a group on the tensor cores".
+IGG_FEW_MIN_MACS = 1_100_000_000
 
 
 def few_channels_preferred(spec: ConvSpec) -> bool:
