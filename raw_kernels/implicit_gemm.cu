@@ -1755,6 +1755,12 @@ __global__ void conv_bwd_weight_igemm_finish(const float* __restrict__ partial, 
 // T(acc + bias) through shared memory, then 16-byte stores of 8 pixels of one channel (NCHW; where vector_store is
 // 0, scalar stores, a warp's along 32 consecutive pixels) or, channels_last_out, of 8 channels of one pixel, a
 // pixel's 128 bytes on 8 lanes.
+// 8 channels of a 16-bit type a group (ResNeXt's rx-256; forward and stride-1 input gradient only): GROUPS = 8, a
+// group's channels one 16-byte vector, half a k16 step.  A chunk is then two taps, each staged as above (A: two
+// BM-row tiles, B: rows (tap, d)), and its k step the group's vector of either tap: k lo from the first, k hi from
+// the second; a tap past the last (odd tap counts: 9 taps, 5 chunks) is zeros in A and B.  Each warp computes two
+// groups over all BM rows (one n tile each), so still no MMA on the zero blocks, and the ldmatrix_x4 of B gives
+// both groups' n tiles.
 // No split of K: K is taps chunks, and the grids of the layers this serves fill the GPU (`plan_igemm_groups`).
 constexpr int IGG_ROW_BYTES = 128;                    // a staged row, a block's channels: 8 vectors of 16 bytes
 constexpr int IGG_ROW_VECTORS = IGG_ROW_BYTES / IG_VECTOR_BYTES;
@@ -1771,15 +1777,25 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   typedef typename Unsigned<I>::type U;
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
   constexpr int CHANNELS = IGG_ROW_BYTES / (int)sizeof(T);  // of a block, in and out: 64 halves, 32 floats
-  constexpr int GROUPS = CHANNELS / CG, WARPS_PER_GROUP = 4 / GROUPS;
-  constexpr int WM = BM / WARPS_PER_GROUP, MI = WM / 16, NI = CG / 8, K_STEPS = CG / (2 * VEC);
+  constexpr int GROUPS = CHANNELS / CG, GROUP_VECTORS = CG / VEC;
+  // a group of one vector (8 channels of a 16-bit type) is half a k16 step: a chunk is two taps, the k step
+  // their two vectors (the second zero past the last tap: 9 taps, 5 chunks)
+  constexpr int CHUNK_TAPS = GROUP_VECTORS == 1 ? 2 : 1;
+  constexpr int WARPS_PER_GROUP = GROUPS < 4 ? 4 / GROUPS : 1, GROUPS_PER_WARP = GROUPS > 4 ? GROUPS / 4 : 1;
+  constexpr int WM = BM / WARPS_PER_GROUP, MI = WM / 16, NI = CG / 8, NT = GROUPS_PER_WARP * NI;
+  constexpr int K_STEPS = CHUNK_TAPS * GROUP_VECTORS / 2;
   constexpr int ROW_STEP = IG_THREADS / IGG_ROW_VECTORS;  // rows of one pass of the block's copies
-  constexpr int A_ROWS = BM / ROW_STEP, B_ROWS = CG / ROW_STEP;
-  constexpr int STAGE_BYTES = (BM + CG) * IGG_ROW_BYTES;
-  static_assert(GROUPS >= 2 && 4 % GROUPS == 0 && K_STEPS >= 1 && WM % 16 == 0 && BM % ROW_STEP == 0, "tile shape");
+  constexpr int A_TAP_BYTES = BM * IGG_ROW_BYTES, B_STAGE_ROWS = CHUNK_TAPS * CG;  // B rows (tap u, channel d)
+  constexpr int A_ROWS = BM / ROW_STEP, B_ROWS = B_STAGE_ROWS / ROW_STEP;
+  constexpr int STAGE_BYTES = CHUNK_TAPS * A_TAP_BYTES + B_STAGE_ROWS * IGG_ROW_BYTES;
+  static_assert(GROUPS >= 2 && (4 % GROUPS == 0 || GROUPS % 4 == 0) && CG % VEC == 0 && K_STEPS >= 1 &&
+                    WM % 16 == 0 && BM % ROW_STEP == 0 && B_STAGE_ROWS % ROW_STEP == 0 && NT % 2 == 0 &&
+                    (GROUPS_PER_WARP == 1 || NT == 2),
+                "tile shape");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int channels = groups * CG, taps = kernel_h * kernel_w, K = taps * CG;
+  const int chunks = (taps + CHUNK_TAPS - 1) / CHUNK_TAPS;
   const int c0 = (int)blockIdx.y * CHANNELS;  // the block's first channel, in and out (group c0 / CG)
   const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
 
@@ -1804,92 +1820,106 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
                   ((U)a_y[i] * (U)width + (U)a_x[i]) * (U)channels;
     }
   }
-  // B row d, vector v: output channel d of the vector's group, its channels (v VEC) % CG, tap 0; + CG a tap
+  // B row u CG + d, vector v: output channel d of the vector's group, its channels (v VEC) % CG, tap u of the
+  // chunk (u = 0 but for two-tap chunks); + CHUNK_TAPS CG a chunk
   I b_offset[B_ROWS];
 #pragma unroll
   for (int i = 0; i < B_ROWS; ++i) {
-    const int d = row0 + ROW_STEP * i, group_first = c0 + v * VEC / CG * CG;
-    b_offset[i] = v_inside ? (I)(group_first + d) * K + v * VEC % CG : (I)0;
+    const int d = (row0 + ROW_STEP * i) % CG, u = (row0 + ROW_STEP * i) / CG, group_first = c0 + v * VEC / CG * CG;
+    b_offset[i] = v_inside ? (I)(group_first + d) * K + v * VEC % CG + u * CG : (I)0;
   }
-  // The tap (r, s) of the next chunk, at tap_offset from a window's origin, advanced by increments
-  int s = 0, dy = 0, dx = 0;
+  // The tap (r, s) of the next chunk's first tap, at tap_offset from a window's origin, advanced by increments
+  int tap = 0, s = 0, tap_dy = 0, tap_dx = 0;
   U tap_offset = 0;
   const U step_s = (U)dilation_w * (U)channels;                                        // s + 1
   const U step_r = (U)dilation_h * (U)width * (U)channels - (U)kernel_w * step_s;       // r + 1, s = 0
 
-  auto load_chunk = [&](int stage) {  // the thread's vectors of the next tap, then advance to the one after
+  auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk's taps, then advance past them
     unsigned char* a_stage = igemm_shared + stage * STAGE_BYTES;
-    unsigned char* b_stage = a_stage + BM * IGG_ROW_BYTES;
+    unsigned char* b_stage = a_stage + CHUNK_TAPS * A_TAP_BYTES;
 #pragma unroll
-    for (int i = 0; i < A_ROWS; ++i) {
-      const bool inside = v_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
-                          (unsigned)(a_x[i] + dx) < (unsigned)width;
-      const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
-      const int bytes = inside ? IG_VECTOR_BYTES : 0;
-      cp_async_cg_16(a_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, src, bytes);
+    for (int u = 0; u < CHUNK_TAPS; ++u) {
+      // a tap past the last (an odd count in two-tap chunks): zeros in A and B, never stale values (0 x inf)
+      const bool tap_inside = CHUNK_TAPS == 1 || tap + u < taps;
+#pragma unroll
+      for (int i = 0; i < A_ROWS; ++i) {
+        const bool inside = tap_inside && v_inside && (unsigned)(a_y[i] + tap_dy) < (unsigned)height &&
+                            (unsigned)(a_x[i] + tap_dx) < (unsigned)width;
+        const T* src = inside ? x + (I)(a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
+        const int bytes = inside ? IG_VECTOR_BYTES : 0;
+        cp_async_cg_16(a_stage + u * A_TAP_BYTES + store_offset + ROW_STEP * i * IGG_ROW_BYTES, src, bytes);
+      }
+      tap_offset += step_s;
+      tap_dx += dilation_w;
+      if (++s == kernel_w) {
+        s = 0;
+        tap_dx = 0;
+        tap_dy += dilation_h;
+        tap_offset += step_r;
+      }
     }
 #pragma unroll
     for (int i = 0; i < B_ROWS; ++i) {
-      cp_async_cg_16(b_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, v_inside ? weight + b_offset[i] : weight,
-                     v_inside ? IG_VECTOR_BYTES : 0);
-      b_offset[i] += CG;
+      const bool inside = v_inside && (CHUNK_TAPS == 1 || tap + (row0 + ROW_STEP * i) / CG < taps);
+      cp_async_cg_16(b_stage + store_offset + ROW_STEP * i * IGG_ROW_BYTES, inside ? weight + b_offset[i] : weight,
+                     inside ? IG_VECTOR_BYTES : 0);
+      b_offset[i] += CHUNK_TAPS * CG;
     }
-    tap_offset += step_s;
-    dx += dilation_w;
-    if (++s == kernel_w) {
-      s = 0;
-      dx = 0;
-      dy += dilation_h;
-      tap_offset += step_r;
-    }
+    tap += CHUNK_TAPS;
   };
 
-  // --- fragments: the warp's group and rows; the row addresses this lane gives ldmatrix -----------------------
-  const int block_group = warp / WARPS_PER_GROUP, warp_m = warp % WARPS_PER_GROUP * WM;
-  const int j = lane >> 3, jr = lane & 7, first_vector = block_group * CG / VEC;
-  int a_frag[K_STEPS], b_frag[K_STEPS];
+  // --- fragments: the warp's groups and rows; the row addresses this lane gives ldmatrix ----------------------
+  // The warp's columns: GROUPS_PER_WARP groups from warp_col (8 channels a group: 2 groups of one n tile each)
+  const int warp_col = warp / WARPS_PER_GROUP * GROUPS_PER_WARP * CG, warp_m = warp % WARPS_PER_GROUP * WM;
+  const int j = lane >> 3, jr = lane & 7;
+  // k vector kv of a group's chunk (two a k step): tap kv / GROUP_VECTORS of the chunk, vector kv % GROUP_VECTORS
+  int a_frag[GROUPS_PER_WARP * K_STEPS], b_frag[K_STEPS];
 #pragma unroll
   for (int ks = 0; ks < K_STEPS; ++ks) {
-    // A: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) = a[0..3]
-    a_frag[ks] = igg_swizzle(warp_m + (j & 1) * 8 + jr, first_vector + 2 * ks + (j >> 1));
-    // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
-    b_frag[ks] = BM * IGG_ROW_BYTES + igg_swizzle((j >> 1) * 8 + jr, first_vector + 2 * ks + (j & 1));
+    // A: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) = a[0..3], of each group
+    const int ka = 2 * ks + (j >> 1);
+#pragma unroll
+    for (int gw = 0; gw < GROUPS_PER_WARP; ++gw)
+      a_frag[gw * K_STEPS + ks] = igg_swizzle(ka / GROUP_VECTORS * BM + warp_m + (j & 1) * 8 + jr,
+                                              (warp_col + gw * CG) / VEC + ka % GROUP_VECTORS);
+    // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles (8
+    // channels a group: n tile t is group t's 8 rows); n tiles 2 nj.. lie 16 nj rows further on
+    const int kb = 2 * ks + (j & 1), column = warp_col + (j >> 1) * 8;
+    b_frag[ks] = CHUNK_TAPS * A_TAP_BYTES + igg_swizzle(kb / GROUP_VECTORS * CG + column % CG + jr,
+                                                        column / CG * GROUP_VECTORS + kb % GROUP_VECTORS);
   }
   ig_keep_in_register(a_frag);
   ig_keep_in_register(b_frag);
 
-  float acc[MI][NI][4];
+  float acc[MI][NT][4];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
+    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
     }
   }
 
-  // --- the pipeline: chunk t is tap t -------------------------------------------------------------------------
+  // --- the pipeline: chunk t is tap t (taps 2 t, 2 t + 1 in two-tap chunks) ------------------------------------
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < taps) load_chunk(t);
+    if (t < chunks) load_chunk(t);
     cp_async_commit();  // empty groups too: the count of groups in flight stays STAGES - 1
   }
   int read_stage = 0, write_stage = STAGES - 1;
-  for (int t = 0; t < taps; ++t) {
-    cp_async_wait<STAGES - 2>();  // tap t has landed (this thread's copies) ...
-    __syncthreads();              // ... every thread's, and every warp is done with tap t - 1's stage
-    if (t + STAGES - 1 < taps) load_chunk(write_stage);
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<STAGES - 2>();  // chunk t has landed (this thread's copies) ...
+    __syncthreads();              // ... every thread's, and every warp is done with chunk t - 1's stage
+    if (t + STAGES - 1 < chunks) load_chunk(write_stage);
     cp_async_commit();
     const unsigned char* stage = igemm_shared + read_stage * STAGE_BYTES;
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks) {
-      unsigned a[MI][4], b[NI][2];
-      const unsigned char* a_at = stage + a_frag[ks];
+      unsigned b[NT][2];
       const unsigned char* b_at = stage + b_frag[ks];
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IGG_ROW_BYTES);
-#pragma unroll
-      for (int nj = 0; nj < NI / 2; ++nj) {
+      for (int nj = 0; nj < NT / 2; ++nj) {
         unsigned q[4];
         ldmatrix_x4(q, b_at + nj * 16 * IGG_ROW_BYTES);
         b[2 * nj][0] = q[0];
@@ -1898,9 +1928,16 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
         b[2 * nj + 1][1] = q[3];
       }
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
+      for (int gw = 0; gw < GROUPS_PER_WARP; ++gw) {
+        unsigned a[MI][4];
+        const unsigned char* a_at = stage + a_frag[gw * K_STEPS + ks];
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+        for (int mi = 0; mi < MI; ++mi) ldmatrix_x4(a[mi], a_at + mi * 16 * IGG_ROW_BYTES);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) ig_mma<T>(acc[mi][gw * NI + ni], a[mi], b[gw * NI + ni]);
+        }
       }
     }
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
@@ -1914,8 +1951,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   if (channels_last_out) {  // tile[row][column], rows 64 + 8 elements apart (the pair stores hit 32 banks)
     constexpr int PITCH = (CHANNELS + 8) * (int)sizeof(T);
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int col = block_group * CG + ni * 8 + 2 * qq, c = c0 + col;
+    for (int nt = 0; nt < NT; ++nt) {
+      const int col = warp_col + nt * 8 + 2 * qq, c = c0 + col;
       const float add0 = has_bias && c < channels ? to_acc(bias[c]) : 0.0f;
       const float add1 = has_bias && c + 1 < channels ? to_acc(bias[c + 1]) : 0.0f;
 #pragma unroll
@@ -1923,8 +1960,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = warp_m + mi * 16 + gq + 8 * h;
-          ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
-                           acc[mi][ni][2 * h + 1] + add1);
+          ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][nt][2 * h] + add0,
+                           acc[mi][nt][2 * h + 1] + add1);
         }
       }
     }
@@ -1942,16 +1979,16 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
   // NCHW: tile[column][row], columns BM elements + 16 bytes apart, then runs of VEC pixels of one channel
   constexpr int PITCH = BM * (int)sizeof(T) + 16;
 #pragma unroll
-  for (int ni = 0; ni < NI; ++ni) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = block_group * CG + ni * 8 + 2 * qq + e;
+      const int col = warp_col + nt * 8 + 2 * qq + e;
       const float bias_c = has_bias && c0 + col < channels ? to_acc(bias[c0 + col]) : 0.0f;
       T* column = reinterpret_cast<T*>(igemm_shared + col * PITCH);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
-        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][ni][e] + bias_c);
-        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][ni][2 + e] + bias_c);
+        column[warp_m + mi * 16 + gq] = from_acc<T>(acc[mi][nt][e] + bias_c);
+        column[warp_m + mi * 16 + gq + 8] = from_acc<T>(acc[mi][nt][2 + e] + bias_c);
       }
     }
   }

@@ -21,6 +21,7 @@ from cupyconv import _kernels
 from cupyconv.ops import implicit_gemm as igemm
 import bug_classes
 from bug_classes import Recorder
+from emulator import EmulatedDevice
 from reference import ConvCase
 from test_igemm_kernels import as64, assert_close, run   # the same checks as conv_fwd_igemm's tests
 
@@ -42,7 +43,23 @@ CASES = [
     # 6 groups of 32 (three full blocks), 1 x 3
     C("igg_32_three_blocks", (1, 192, 5, 7), (192, 32, 1, 3), padding=(0, 1), groups=6),
 ]
-CASE_BY_NAME = {case.name: case for case in CASES}
+# 8 channels a group (16-bit only; forward and stride-1 input gradient, the weight gradient stays on the direct
+# kernel): 8 groups a block, a K chunk of two taps, each warp on two groups' columns.  Odd tap counts leave the
+# last chunk's second tap past the end (zeros in A and B); groups that leave the last block part empty
+CASES8 = [
+    # 11 groups of 8: the second block with 3 of 8 groups; 3 x 3 (9 taps: 5 chunks, the last half zeros);
+    # 2 x 9 x 7 = 126 pixels (a partial tile, scalar stores); padding per side, stride and dilation per axis
+    C("igg_8_partial_block", (2, 88, 11, 13), (88, 8, 3, 3), stride=(1, 2), padding=((2, 0), (1, 2)),
+      dilation=(2, 1), groups=11),
+    # 8 groups of 8, 2 x 3 (6 taps: 3 whole chunks), stride (2, 1), dilation (1, 2); no bias
+    C("igg_8_even_taps", (1, 64, 12, 9), (64, 8, 2, 3), stride=(2, 1), padding=((0, 1), (2, 2)),
+      dilation=(1, 2), groups=8, bias=False),
+    # 16 groups of 8, 8 x 8 pixels an image: the NCHW vector stores; 3 images: 192 pixels, two row tiles
+    C("igg_8_vector_stores", (3, 128, 8, 8), (128, 8, 3, 3), padding=1, groups=16),
+    # 3 groups of 8, 1 x 1: one chunk, its second tap past the end; 3 x 10 x 9 = 270 pixels, three row tiles
+    C("igg_8_pointwise", (3, 24, 10, 9), (24, 8, 1, 1), groups=3),
+]
+CASE_BY_NAME = {case.name: case for case in CASES + CASES8}
 
 
 def nhwc(a):
@@ -54,7 +71,7 @@ def groups_kernel(case, dtype, index="int"):
     """The kernel the case's forward runs: conv_fwd_igemm_groups, or (float32 with groups of 32: one group would
     fill a block of 32 floats) conv_fwd_igemm's narrow tile, named up to its tile."""
     cg = case.weight[1]
-    if cg not in igemm.IGG_GROUP_CHANNELS[dtype]:
+    if cg not in igemm.IGG_FORWARD_CHANNELS[dtype]:
         return "conv_fwd_igemm<"
     return _kernels.kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm.igemm_groups_tile(cg))
 
@@ -65,8 +82,13 @@ def launched(device):
             for name in device.launches if name.startswith("conv_fwd_igemm")]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=str)
+def forward_cases():
+    """(case, dtype) of the forward tests: every case in every dtype, those of 8 channels a group in 16 bits."""
+    return [(case, dtype) for case in CASES for dtype in DTYPES] + [
+        (case, dtype) for case in CASES8 for dtype in DTYPES if dtype != "float32"]
+
+
+@pytest.mark.parametrize("case, dtype", forward_cases(), ids=str)
 def test_forward_matches_cpu_path(case, dtype):
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(0), DTYPES[dtype])
     want = cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs)
@@ -78,8 +100,7 @@ def test_forward_matches_cpu_path(case, dtype):
         assert_close(out, want, dtype, f"{case.name} {order}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case, dtype", forward_cases(), ids=str)
 def test_channels_last_input_gives_channels_last_output(case, dtype):
     """x in channels-last memory, read in place: out channels-last too, a pixel's 64 channels of a block written as
     8 vectors (the last block's past the end not at all)."""
@@ -96,8 +117,7 @@ def test_channels_last_input_gives_channels_last_output(case, dtype):
         assert_close(out, want, dtype, f"{case.name} {order}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case, dtype", forward_cases(), ids=str)
 def test_input_gradient_at_stride_1(case, dtype):
     """grad_input at stride 1 is the forward of the transposed problem (C / G and D / G swap: still equal), so it runs
     on the same kernel; dilation and padding that crops included."""
@@ -112,9 +132,10 @@ def test_input_gradient_at_stride_1(case, dtype):
     assert_close(got, want, dtype, case.name)
 
 
-def test_64_bit_index_variant(monkeypatch):
+@pytest.mark.parametrize("name", ["igg_16_partial_block", "igg_8_partial_block"])
+def test_64_bit_index_variant(monkeypatch, name):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
-    case = CASE_BY_NAME["igg_16_partial_block"]
+    case = CASE_BY_NAME[name]
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(3), numpy.float16)
     device = Recorder()
     out = run(device, cupyconv.conv2d, x, weight, bias, algorithm="implicit_gemm", **case.kwargs)
@@ -122,13 +143,14 @@ def test_64_bit_index_variant(monkeypatch):
     assert_close(out, cupyconv.conv2d(*as64(x, weight, bias), **case.kwargs), "float16")
 
 
-def test_offsets_past_2_32():
+@pytest.mark.parametrize("g", [4, 8])
+def test_offsets_past_2_32(g):
     """Channels-last x (1, 8200, 8200, 64) over sparse memory: its last pixels lie 4.30e9 elements in, past 2^32
     (an unsigned 32-bit offset would wrap silently).  1 x 1 (the weight in place: the sparse device runs only the
     last block of every launch, and a weight copy would be left unwritten): the last block, 64 pixels (a partial
-    tile) x the 64 channels of 4 groups of 16, against the CPU path on those pixels."""
+    tile) x the 64 channels of 4 groups of 16 (8 of 8), against the CPU path on those pixels."""
     rng = numpy.random.default_rng(5)
-    side, c, g = 8200, 64, 4
+    side, c = 8200, 64
     x_cl = bug_classes.sparse_zeros((1, side, side, c), numpy.float16)
     x_cl[0, -1, -64:] = rng.standard_normal((64, c))
     x = x_cl.transpose(0, 3, 1, 2)
@@ -136,12 +158,32 @@ def test_offsets_past_2_32():
     bias = rng.standard_normal(c).astype(numpy.float16)
     device = bug_classes.SparseDevice(tail=64 * c)
     out = run(device, cupyconv.conv2d, x, weight, bias, groups=g, algorithm="implicit_gemm")
-    assert device.launches == ["conv_fwd_igemm_groups<__half, long long, 128, 16, 3>"], device.launches
+    assert device.launches == [f"conv_fwd_igemm_groups<__half, long long, 128, {c // g}, 3>"], device.launches
     corner = numpy.asarray(x[:, :, -1:, -64:], numpy.float64)
     want = cupyconv.conv2d(corner, *as64(weight, bias), groups=g)   # (1, 64, 1, 64)
     assert igemm.is_channels_last(out)
     bug_classes.assert_tail_written(out.transpose(0, 2, 3, 1), want.transpose(0, 2, 3, 1), numpy.float16, 64 * c,
                                     "forward")
+
+
+@pytest.mark.parametrize("kernel", [(1, 1), (3, 3)])
+def test_tap_past_the_last_reads_nothing(kernel):
+    """8 channels a group, an odd tap count: the last chunk's second tap (one row below the last real tap: 1 x 1's
+    tap 1, 3 x 3's tap 9) must be zeros in A as well as in B, or an inf there makes 0 x inf = NaN in outputs whose
+    window never reaches it.  x is inf on its last row; the outputs whose window stays above it must be finite and
+    match the CPU path."""
+    rng = numpy.random.default_rng(7)
+    pad = kernel[0] // 2
+    x = rng.standard_normal((2, 64, 7, 9)).astype(numpy.float16)
+    x[:, :, -1, :] = numpy.inf
+    weight = (rng.standard_normal((64, 8, *kernel)) / 4).astype(numpy.float16)
+    device = Recorder()
+    out = run(device, cupyconv.conv2d, x, weight, None, padding=pad, groups=8, algorithm="implicit_gemm")
+    assert launched(device) == [_kernels.kernel_name("conv_fwd_igemm_groups", "float16", "int", 128, 8, 3)]
+    clean = 7 - 1 - (kernel[0] - 1 - pad)   # output rows whose window ends above the inf row
+    want = cupyconv.conv2d(*as64(x[:, :, :-1], weight), padding=pad, groups=8)[:, :, :clean]
+    assert numpy.isfinite(numpy.asarray(out[:, :, :clean], numpy.float64)).all()
+    assert_close(out[:, :, :clean], want, "float16", f"{kernel} above the inf row")
 
 
 def test_eligibility_and_plan():
@@ -156,18 +198,68 @@ def test_eligibility_and_plan():
     assert igemm.groups_igemm_refusal(spec(32, 32, 3), DTYPES["bfloat16"]) is None
     assert igemm.groups_igemm_refusal(spec(16, 16, 32), numpy.float32) is None
     assert "groups of 16 channels in float32" in igemm.groups_igemm_refusal(spec(32, 32, 4), numpy.float32)
-    for channels, outputs, groups in ((16, 16, 1), (24, 24, 4), (64, 64, 2), (8, 8, 8)):
-        assert "groups of 16 or 32" in igemm.groups_igemm_refusal(spec(channels, outputs, groups), numpy.float16)
+    assert igemm.groups_igemm_refusal(spec(8, 8, 32, size=28), DTYPES["bfloat16"]) is None
+    assert "groups of 16 channels in float32" in igemm.groups_igemm_refusal(spec(8, 8, 8), numpy.float32)
+    for channels, outputs, groups in ((16, 16, 1), (24, 24, 4), (64, 64, 2), (4, 4, 8)):
+        assert "groups of 8, 16 or 32" in igemm.groups_igemm_refusal(spec(channels, outputs, groups), numpy.float16)
     assert "as many output channels" in igemm.groups_igemm_refusal(spec(16, 32, 4), numpy.float16)
+    assert "as many output channels" in igemm.groups_igemm_refusal(spec(8, 16, 4), numpy.float16)
+    # the weight gradient's kernel: 16 or 32 only
+    assert "groups of 16 or 32" in igemm.groups_igemm_refusal(spec(8, 8, 8), numpy.float16, igemm.IGG_GROUP_CHANNELS)
+    rx256 = igemm.plan_igemm_groups(spec(8, 8, 32, size=28), numpy.float16)   # 25088 pixels, 256 channels
+    # 3 stages of two taps of (128 + 8) rows; 9 taps in 5 chunks
+    assert rx256.tile == (128, 8, 3) and rx256.grid == (196, 4, 1) and rx256.shared_mem == 3 * 2 * 136 * 128
+    assert rx256.chunks_per_split == 5
     rx512 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float16)   # 6272 pixels, 512 channels
     assert rx512.tile == (128, 16, 3) and rx512.grid == (49, 8, 1) and rx512.splits == 1
     rx1024 = igemm.plan_igemm_groups(spec(32, 32, 32, size=7), numpy.float16)   # 1568 pixels, 1024 channels
     assert rx1024.tile == (128, 32, 3) and rx1024.grid == (13, 16, 1)
     # 3 stages of (128 + 32) rows of 128 bytes; the epilogue's tiles (17 and 18 KiB) fit in them
     assert rx1024.shared_mem == 3 * 160 * 128 and rx512.shared_mem == 3 * 144 * 128
+    assert rx512.chunks_per_split == 9   # a tap a chunk
     assert igemm.plan_igemm_groups(spec(16, 16, 5), numpy.float16).grid[1] == 2   # 80 channels: a partial block
     tf32 = igemm.plan_igemm_groups(spec(16, 16, 32), numpy.float32)   # 32 floats a block: 2 groups
     assert tf32.grid == (49, 16, 1) and tf32.shared_mem == 3 * 144 * 128
+
+
+def test_few_channels_reach_the_tensor_cores_for_forward_and_stride_1_input_gradient():
+    """8 channels a group of a 16-bit type in and out: 'implicit_gemm' runs conv_fwd_igemm_groups for the forward and
+    the stride-1 input gradient, and 'auto' takes it from IGG_FEW_MIN_MACS multiply-adds (rx-256 from a batch of 77;
+    at 32 the channels-last copy's launch costs more wall time than the kernel saves); the weight gradient, strided
+    input gradients, float32, 4 channels a group, unequal groups and 3-D keep the old rule (at least
+    TC_MIN_CHANNELS: the direct kernels or im2col)."""
+    from cupyconv.ops import conv
+    device = EmulatedDevice()
+
+    def spec(channels, outputs, groups, stride=1, dims=2, batch=2, size=9):
+        def shaped(*shape):   # (no memory: the spec reads shapes only)
+            return numpy.broadcast_to(numpy.empty(1, numpy.float16), shape)
+        return conv.ConvSpec.for_conv("t", shaped(batch, channels * groups, *(size,) * dims),
+                                      shaped(outputs * groups, channels, *(3,) * dims), None, stride=stride,
+                                      padding=1, dilation=1, groups=groups, nd=dims)
+    fp16 = numpy.float16
+    rx32, rx80 = spec(8, 8, 32, batch=32, size=28), spec(8, 8, 32, batch=80, size=28)
+    assert igemm.few_channels_preferred(rx80) and not igemm.few_channels_preferred(rx32)
+    assert not igemm.few_channels_preferred(spec(8, 8, 32, batch=76, size=28))
+    for pass_ in ("forward", "input"):
+        assert igemm.tensor_core_refusal(rx32, fp16, device, pass_) is None
+        assert conv.choose_algorithm(rx32, fp16, device, pass_) == "direct"
+        assert conv.choose_algorithm(rx80, fp16, device, pass_) == "implicit_gemm"
+    assert "implicit_gemm" in conv.forward_candidates(rx32, fp16, device)   # (autotune may take it)
+    assert conv.choose_algorithm(rx80, fp16, device, "weight") == "direct"
+    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx80, fp16, device)
+    assert "at least 16 input channels" in igemm.tensor_core_refusal(rx80, fp16, device, "weight")
+    strided = spec(8, 8, 32, stride=2)
+    assert "at least 16 input channels" in igemm.tensor_core_refusal(strided, fp16, device, "input")
+    assert igemm.tensor_core_refusal(strided, fp16, device, "forward") is None
+    allow_tf32 = cupyconv.settings.get_allow_tf32()
+    try:
+        cupyconv.settings.set_allow_tf32(True)
+        assert "at least 16" in igemm.tensor_core_refusal(rx80, numpy.float32, device, "forward")
+    finally:
+        cupyconv.settings.set_allow_tf32(allow_tf32)
+    for refused in (spec(4, 4, 32), spec(8, 16, 8), spec(8, 8, 8, dims=3)):
+        assert "at least 16 input channels" in igemm.tensor_core_refusal(refused, fp16, device, "forward")
 
 
 # --- the weight gradient: conv_bwd_weight_igemm_groups ----------------------------------------------------------

@@ -183,7 +183,7 @@ def narrow_tile(wave, monkeypatch):
     monkeypatch.setattr(igemm, "IG_WAVE_BLOCKS", wave)
     monkeypatch.setattr(igemm, "IG_SPLIT_CHUNKS", 10**6)   # the split has its own tests
     # groups of 16 or 32 channels in and out run several a block by default (tests/test_igemm_groups.py)
-    monkeypatch.setattr(igemm, "groups_igemm_refusal", lambda spec, dtype: "the narrow tiles under test")
+    monkeypatch.setattr(igemm, "groups_igemm_refusal", lambda spec, dtype, *table: "the narrow tiles under test")
     return igemm.IG_NARROW_TILES[0 if wave == 1 else -1]
 
 

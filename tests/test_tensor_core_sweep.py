@@ -114,7 +114,8 @@ class SweepSpec:
         """Whether pass_ ('forward' or 'input') runs conv_fwd_igemm_groups (the input gradient: at stride 1 only), or
         ('weight') conv_bwd_weight_igemm_groups."""
         if pass_ == "weight":
-            return self.vectorised and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype]) is None
+            return self.vectorised and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype],
+                                                                  igemm.IGG_GROUP_CHANNELS) is None
         return (self.fast(pass_) and (pass_ == "forward" or self.case.stride == (1, 1))
                 and igemm.groups_igemm_refusal(self.spec, DTYPES[self.dtype]) is None)
 

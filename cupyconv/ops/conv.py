@@ -26,9 +26,10 @@ from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
 from . import lift
 from .depthwise import (depthwise_conv2d_backward_cpu, depthwise_conv2d_backward_gpu, depthwise_conv2d_cpu,
                         depthwise_conv2d_gpu)
-from .implicit_gemm import (TC_MIN_CHANNELS, forward_output, igemm_3d_refusal, implicit_gemm_3d, implicit_gemm_gpu,
-                            implicit_gemm_grad_input, implicit_gemm_grad_input_3d, implicit_gemm_grad_weight,
-                            sharing_channels_last, stage_backward_copies, tensor_core_refusal)
+from .implicit_gemm import (TC_MIN_CHANNELS, few_channels_preferred, forward_output, igemm_3d_refusal,
+                            implicit_gemm_3d, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_input_3d,
+                            implicit_gemm_grad_weight, sharing_channels_last, stage_backward_copies,
+                            tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_preferred, simt_runs
 from .unfold import col2im_cpu, fold_gpu, pad_cpu, unfold_gpu, windows_cpu
 
@@ -192,11 +193,15 @@ def conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs: frozenset
 #   'implicit_gemm' the tensor cores (mma.sync, sm_80+): raw_kernels/implicit_gemm.cu conv_fwd_tc,
 #                  conv_bwd_input_tc and conv_bwd_weight_tc, one implicit GEMM per pass (the table in that file), tile
 #                  and grid from `plan_tensor_cores` (ops/implicit_gemm.py); float16/bfloat16, float32 as TF32 when allowed, >= TC_MIN_CHANNELS
-#                  channels per group.  No workspace but the weight gradient's float32 split sums.
+#                  channels per group (8 of a 16-bit type for the forward and stride-1 input gradient:
+#                  conv_fwd_igemm_groups, `few_channels_groups`).  No workspace but the weight gradient's float32
+#                  split sums.
 #                  float32 with TF32 off: the FMA units instead (raw_kernels/simt_gemm.cu, ops/simt_gemm.py:
 #                  `simt_runs`), strict IEEE float32, any channel count; the input gradient for stride 1 only
 #                  (strided: im2col + GEMM + col2im).
-#   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run, else 'direct' when both
+#   'auto'         `choose_algorithm`: 'implicit_gemm' where the tensor cores can run (fewer than TC_MIN_CHANNELS
+#                  channels a group: from IGG_FEW_MIN_MACS multiply-adds, `few_channels_preferred`), else 'direct'
+#                  when both
 #                  channels per group are <= DIRECT_MAX_CHANNELS, else the FMA implicit GEMM where it runs and
 #                  the column matrix would cost cuBLAS more than the FMA GEMM's slower loop (`simt_preferred`, pass
 #                  by pass), else 'im2col_gemm' (or the measured winner when autotuning is on:
@@ -400,9 +405,11 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
     (9x the input for 3x3 stride 1), would cost cuBLAS more than the FMA GEMM's slower loop costs it
     (`simt_preferred`: few columns a group, or a weight gradient too small for cuBLAS to fill the GPU); otherwise
     'im2col_gemm' (cuBLAS at full speed on large per-group GEMMs).  `pass_` ('forward', 'input', 'weight')
-    matters to the FMA rule only: each pass is ranked on its own."""
-    if device is not None and tensor_core_refusal(spec, dtype, device) is None:
-        return "implicit_gemm"
+    matters to the FMA rule and to 8 channels a group (the tensor cores for the forward and the stride-1 input
+    gradient, from IGG_FEW_MIN_MACS multiply-adds: `few_channels_preferred`): each pass is ranked on its own."""
+    if device is not None and tensor_core_refusal(spec, dtype, device, pass_) is None and (
+            spec.channels_per_group >= TC_MIN_CHANNELS or few_channels_preferred(spec)):
+        return "implicit_gemm"   # (fewer channels a group: conv_fwd_igemm_groups, where it outweighs its copy)
     if (spec.channels_per_group <= DIRECT_MAX_CHANNELS and spec.outputs_per_group <= DIRECT_MAX_CHANNELS
             and plan_direct(spec, dtype) is not None
             and (pass_ != "weight" or spec.channels_per_group <= DIRECT_WEIGHT_MAX_CHANNELS)):
@@ -412,7 +419,7 @@ def choose_algorithm(spec: ConvSpec, dtype, device=None, pass_: str = "forward")
 
 def _implicit_gemm_runs(spec: ConvSpec, dtype, device, pass_: str) -> bool:
     """Whether 'implicit_gemm' can run this pass: on the tensor cores, or in strict float32 on the FMA units."""
-    return tensor_core_refusal(spec, dtype, device) is None or simt_runs(spec, dtype, pass_)
+    return tensor_core_refusal(spec, dtype, device, pass_) is None or simt_runs(spec, dtype, pass_)
 
 
 def forward_candidates(spec: ConvSpec, dtype, device) -> tuple[str, ...]:
@@ -762,7 +769,8 @@ ALGORITHM_DOC = ("str", "The GPU algorithm, for CuPy arrays and CUDA tensors (th
                  "'im2col_gemm'; 'direct' (direct kernels for few channels per group: forward, weight gradient, "
                  "and the input gradient at stride 1); 'implicit_gemm', the tensor cores (compute capability 8.0 "
                  "and newer; float16, bfloat16, and float32 as TF32 while `cupyconv.settings` allow_tf32 is on; at least "
-                 f"{TC_MIN_CHANNELS} input channels per group), and for float32 with TF32 off strict float32 on the "
+                 f"{TC_MIN_CHANNELS} input channels per group, or 8 in and out in 16 bits for the forward and "
+                 "the stride-1 input gradient), and for float32 with TF32 off strict float32 on the "
                  "FMA units; or 'auto' (the default): 'implicit_gemm' where the tensor cores can run, else 'direct' "
                  f"with at most {DIRECT_MAX_CHANNELS} channels per group in and out, else the float32 FMA "
                  "'implicit_gemm' where the column matrix it saves costs more than its slower loop (few channels a "

@@ -69,15 +69,18 @@ def instantiations():
     for dtype, tiles in IG_3D_TILES.items():   # 32-bit indices only: a larger 3-D problem takes the lift
         names += [kernel_name("conv_fwd_igemm_3d", dtype, "int", *tile) for tile in tiles + IG_3D_NARROW]
     for (dtype, channels), index in itertools.product(IGG_GROUP_CHANNELS.items(), INDEX_TYPES):
-        names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg)) for cg in channels]
+        names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg))
+                  for cg in IGG_FORWARD_CHANNELS[dtype]]
         names += [kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg) for cg in channels]
     return names + weight_igemm_instantiations()
 
 
 # --- plans ------------------------------------------------------------------------------------------------
 
-def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
-    """Why the tensor-core implicit GEMMs cannot run this problem (any pass), or None when they can."""
+def tensor_core_refusal(spec: ConvSpec, dtype, device, pass_: str | None = None) -> str | None:
+    """Why the tensor-core implicit GEMMs cannot run this problem (any pass; pass_ 'forward' or 'input': that
+    pass, which conv_fwd_igemm_groups also runs for 8 channels a group, `few_channels_groups`), or None when they
+    can."""
     name = numpy.dtype(dtype).name
     if name not in TC_DTYPES:
         return f"the tensor cores take float16, bfloat16 and (as TF32) float32, not {name}"
@@ -89,7 +92,7 @@ def tensor_core_refusal(spec: ConvSpec, dtype, device) -> str | None:
     reach = max(d * (k - 1) for k, d in zip(spec.kernel_size, spec.dilation))
     if reach >= TC_MAX_REACH:
         return f"they take a kernel reach, dilation x (kernel size - 1), below 2^30 pixels, not {reach}"
-    if spec.channels_per_group < TC_MIN_CHANNELS:
+    if spec.channels_per_group < TC_MIN_CHANNELS and not few_channels_groups(spec, dtype, pass_):
         return f"it needs at least {TC_MIN_CHANNELS} input channels per group, not {spec.channels_per_group}"
     if not device.tensor_cores:
         return "this GPU has no mma.sync (it needs compute capability 8.0 or newer)"
@@ -144,8 +147,8 @@ def plan_tensor_cores(spec: ConvSpec, dtype, pass_: str) -> TensorCorePlan:
 
 # --- launches ---------------------------------------------------------------------------------------------
 
-def _check_tensor_cores(spec: ConvSpec, dtype, device):
-    refusal = tensor_core_refusal(spec, dtype, device)
+def _check_tensor_cores(spec: ConvSpec, dtype, device, pass_: str | None = None):
+    refusal = tensor_core_refusal(spec, dtype, device, pass_)
     if refusal:
         raise ValueError(f"{spec.op}: algorithm='implicit_gemm' cannot run: {refusal}")
 
@@ -153,7 +156,7 @@ def _check_tensor_cores(spec: ConvSpec, dtype, device):
 def implicit_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """conv_fwd_tc: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW) contiguous, bias (D,) or None.  Also patch_conv2d's."""
-    _check_tensor_cores(spec, xv.dtype, device)
+    _check_tensor_cores(spec, xv.dtype, device, "forward")
     if igemm_refusal(spec, xv.dtype, "forward") is None:
         xl, wk = channels_last_all(device, (xv, weight_view(device, weight, spec, "forward")))
         if xv.dtype != numpy.float32 and not _shares_memory(xl, xv):
@@ -179,7 +182,9 @@ def stage_backward_copies(device, gy, xv, weight, spec: ConvSpec, needs: frozens
     (contiguous): the channels-last copies they will ask for (grad_output, the weight arranged for the input
     gradient, x; grad_output's TF32 remainder for the fused bias sum), made by one launch instead of one each."""
     dtype = xv.dtype
-    if _shared_copies.get() is None or tensor_core_refusal(spec, dtype, device) is not None:
+    # (pass "input" alone: what conv_fwd_igemm_groups also takes at 8 channels a group, the weight gradient not)
+    if _shared_copies.get() is None or tensor_core_refusal(
+            spec, dtype, device, "input" if needs == {"input"} else None) is not None:
         return
     gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     arrays = []
@@ -199,7 +204,7 @@ def implicit_gemm_grad_input(device, gy, weight, spec: ConvSpec, out, bias=None)
     With D / G a multiple of a vector (`igemm_refusal`) it is the channels-last forward kernel conv_fwd_igemm: at
     stride 1 on the transposed convolution, at larger strides on each phase's (`grad_input_phases`; a
     channels-last gy is read in place); else the generic conv_bwd_input_tc (gy made contiguous)."""
-    _check_tensor_cores(spec, gy.dtype, device)
+    _check_tensor_cores(spec, gy.dtype, device, "input")
     gy4 = device.reshape(gy, (spec.n, spec.out_channels, *spec.out_size))
     if igemm_refusal(spec, gy.dtype, "input") is None:
         # gy4 and the weight arranged (C, kH flipped, kW flipped, D / G) channels-last, copied by one launch
@@ -438,7 +443,7 @@ def forward_output(device, x, weight, spec: ConvSpec):
     is channels-last and conv_fwd_igemm runs (its epilogue writes either layout) with whole 16-byte vectors of
     output channels per group (its channels-last stores are 16 bytes only), as torch's convolutions answer
     channels-last inputs; else C-contiguous.  The other kernels and the CPU path write NCHW."""
-    if (is_channels_last(x) and tensor_core_refusal(spec, x.dtype, device) is None
+    if (is_channels_last(x) and tensor_core_refusal(spec, x.dtype, device, "forward") is None
             and igemm_refusal(spec, x.dtype, "forward") is None
             and spec.outputs_per_group % vector_elements(x.dtype) == 0):
         out = device.empty((spec.n, *spec.out_size, spec.out_channels), x.dtype)
@@ -745,8 +750,11 @@ def ig_shared_bytes(tile: tuple[int, int, int], itemsize: int) -> int:
 # PREDICTED (H100): see benchmarks/RESULTS.md, "Small groups, several a block".
 
 IGG_ROW_BYTES = 128                 # implicit_gemm.cu's IGG_ROW_BYTES: a block's channels (in and out) per pixel
-# channels per group (in = out) of its instantiations: at least two groups a block (float32: 32 channels, so 16)
+# channels per group (in = out) of its instantiations: at least two groups a block (float32: 32 channels, so 16);
+# IGG_GROUP_CHANNELS for both kernels, conv_fwd_igemm_groups alone also 8 of a 16-bit type (8 groups a block, a
+# K chunk of two taps: see its section), the forward and stride-1 input gradient of ResNeXt's rx-256
 IGG_GROUP_CHANNELS = {"float16": (16, 32), "bfloat16": (16, 32), "float32": (16,)}
+IGG_FORWARD_CHANNELS = {"float16": (8, 16, 32), "bfloat16": (8, 16, 32), "float32": (16,)}
 IGG_ROWS, IGG_STAGES = 128, 3       # pixels of a block; pipeline stages (a K chunk is one tap)
 
 
@@ -760,17 +768,49 @@ def igemm_groups_tile(channels_per_group: int) -> tuple[int, int, int]:
     return IGG_ROWS, channels_per_group, IGG_STAGES
 
 
-def groups_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
+def groups_igemm_refusal(spec: ConvSpec, dtype, table=None) -> str | None:
     """Why conv_fwd_igemm_groups cannot run this forward (or the transposed spec of a stride-1 input gradient), or
-    None.  Call where `igemm_refusal` said yes."""
-    channels = IGG_GROUP_CHANNELS[numpy.dtype(dtype).name]   # (a tensor-core dtype: `tensor_core_refusal`)
+    None; table IGG_GROUP_CHANNELS: why conv_bwd_weight_igemm_groups cannot run its weight gradient.  Call where
+    `igemm_refusal` said yes."""
+    # (a tensor-core dtype: `tensor_core_refusal`)
+    channels = (IGG_FORWARD_CHANNELS if table is None else table)[numpy.dtype(dtype).name]
     if spec.groups < 2 or spec.channels_per_group not in channels:
-        return (f"it takes groups of {' or '.join(map(str, channels))} channels in {numpy.dtype(dtype).name}, not "
+        counts = " or ".join(filter(None, (", ".join(map(str, channels[:-1])), str(channels[-1]))))
+        return (f"it takes groups of {counts} channels in {numpy.dtype(dtype).name}, not "
                 f"{spec.groups} of {spec.channels_per_group}")
     if spec.outputs_per_group != spec.channels_per_group:
         return (f"it takes as many output channels per group as input ones, not {spec.outputs_per_group} from "
                 f"{spec.channels_per_group}")
     return None
+
+
+def few_channels_groups(spec: ConvSpec, dtype, pass_: str | None) -> bool:
+    """Whether pass_ ('forward', or 'input' at stride 1: the forward of `transposed_spec`) of a 2-D spec with fewer
+    than TC_MIN_CHANNELS channels a group runs on conv_fwd_igemm_groups (8 of a 16-bit type in and out)."""
+    if pass_ not in ("forward", "input") or len(spec.kernel_size) != 2 or numpy.dtype(dtype).name not in TC_DTYPES:
+        return False
+    if pass_ == "input" and tuple(spec.stride) != (1, 1):
+        return False
+    gemm = spec if pass_ == "forward" else transposed_spec(spec)
+    return igemm_refusal(spec, dtype, pass_) is None and groups_igemm_refusal(gemm, dtype) is None
+
+
+# 'auto' (`few_channels_preferred`) takes conv_fwd_igemm_groups for 8 channels a group from this many
+# multiply-adds a pass.  It saves GPU time at any size (PREDICTED H100 rx-256, N 32: the forward's conv_fwd_direct
+# 32.6-74.1 us -> channels_last_copies 6.3-13.6 + conv_fwd_igemm_groups 16.5-28.8) but launches the copy of x (or
+# grad_output) besides, and the host's 25-30 us a launch leave its wall time host-bound: slower than the direct
+# kernel's at rx-256 N 32 (462M) on both models, faster at both ends from N 42 on the H100's and from about N 70 on
+# the H200's (N 80, 1.16G: H100 fwd 79.2-179.2 -> 53.5-94.1 us, H200 79.2-179.2 -> 70.6-103.2; N 64: H200's low end
+# 63.6 -> 70.6): see RESULTS.md, "8 channels a group on the tensor cores".
+IGG_FEW_MIN_MACS = 1_100_000_000
+
+
+def few_channels_preferred(spec: ConvSpec) -> bool:
+    """Whether 'auto' runs the forward or stride-1 input gradient (the same multiply-adds) of a spec with fewer than
+    TC_MIN_CHANNELS channels a group on the tensor cores where `few_channels_groups` says they can: only where the
+    work outweighs the channels-last copy's launch."""
+    macs = spec.n * spec.out_pixels * spec.out_channels * spec.channels_per_group * spec.taps
+    return macs >= IGG_FEW_MIN_MACS
 
 
 def plan_igemm_groups(spec: ConvSpec, dtype) -> IgemmPlan:
@@ -779,10 +819,11 @@ def plan_igemm_groups(spec: ConvSpec, dtype) -> IgemmPlan:
     of IGG_ROWS elements + 16 bytes a channel; channels-last: IGG_ROWS rows of the channels + 8 elements)."""
     bm, cg, stages = igemm_groups_tile(spec.channels_per_group)
     itemsize, channels = numpy.dtype(dtype).itemsize, igemm_groups_channels(dtype)
-    shared = max(stages * (bm + cg) * IGG_ROW_BYTES, channels * (bm * itemsize + IG_VECTOR_BYTES),
+    chunk_taps = 2 if cg * itemsize == IG_VECTOR_BYTES else 1   # a group of one vector: two taps a chunk
+    shared = max(stages * chunk_taps * (bm + cg) * IGG_ROW_BYTES, channels * (bm * itemsize + IG_VECTOR_BYTES),
                  bm * (channels + 8) * itemsize)
     grid = (ceil_div(spec.n * spec.out_pixels, bm), ceil_div(spec.in_channels, channels), 1)
-    return IgemmPlan((bm, cg, stages), grid, shared, spec.taps)
+    return IgemmPlan((bm, cg, stages), grid, shared, ceil_div(spec.taps, chunk_taps))
 
 
 def _igemm_groups_forward(device, xl, wk, bias, spec: ConvSpec, out):
@@ -980,7 +1021,7 @@ def weight_igemm_plan(spec: ConvSpec, dtype) -> tuple[bool, TensorCorePlan, bool
     tile adds the splits in the kernel (one split: always) or conv_bwd_weight_igemm_finish does after it).  In the
     kernel while the last block's read, splits x the tile's float sums, is within WG_FINISH_BYTES: the shapes
     only decide it, and both give the same bits."""
-    several = groups_igemm_refusal(spec, dtype) is None   # small groups, several a block
+    several = groups_igemm_refusal(spec, dtype, IGG_GROUP_CHANNELS) is None   # small groups, several a block
     plan = (plan_weight_igemm_groups if several else plan_weight_igemm)(spec, dtype)
     tile = (igemm_groups_channels(dtype) * WGG_TAPS * spec.channels_per_group if several
             else plan.tile[0] * plan.tile[1])
