@@ -98,6 +98,9 @@ constexpr int STAGE_BATCH = 8;
 // Rows a thread loads before it stores any where the 16-bit 3x3 stride-1 per-image units stage by rows
 // (stage_rows16).  A kernel-only constant.
 constexpr int ROWS16_BATCH = 2;
+// 16-byte chunks of weights a thread loads before it stores any (stage_weight_chunks): a 32-channel 5x5 unit's 800
+// float16 weights are 100 chunks, float32 200, on 64 threads.
+constexpr int WEIGHT_CHUNK_BATCH = 2;
 // Chunks a thread loads before it stores any where the packed 16-bit 5x5 units stage by chunks (stage_chunks): as many
 // as keep 128 registers (NVRTC 13, sm_90: 8 blocks of 64 an SM); float16 at 4 took 152 (6 blocks: a third wave of
 // dw-1152-7k5's 2,048), bfloat16 at 2 took 152.
@@ -962,19 +965,25 @@ __device__ __forceinline__ void stage_run(acc_t<T>* tile, RunWalk at, int count,
   }
 }
 
+// Elements of run[0, count) before its first 16-byte boundary (the chunked stagings' head).
+template <typename T> __device__ __forceinline__ int run_head(const T* run, int count) {
+  return min(count, (int)((16 - (reinterpret_cast<unsigned long long>(run) & 15)) & 15) / (int)sizeof(T));
+}
+
 // Stage elements [0, count) of a run of whole w x h planes, consecutive in memory, into the tiles (plane q, row y,
 // column x at q * plane + (y + top) * pitch + x + left; every element lands inside them: the caller checks that the
 // planes fit).  The run is read by 16-byte chunks of C elements from its first 16-byte boundary, a thread issuing
-// the loads of B chunks before it stores any (one wait a batch); each chunk's C elements go to their cells by a walk
-// stepped one element at a time, its start by a RunWalk of C * blockDim.x elements a step.  By elements (stage_run),
-// a 7x7 plane's element cost a warp ~45 instructions (the walk's carries, the in-tile test, its load and store); here
-// ~10 (a 7x7 unit of 32 float16 planes: 196 chunks, 3-4 a thread of 64).  The elements before the first boundary
-// and after the last whole chunk (under C each) take a lane each.
+// the loads of B chunks before it stores any (one wait a batch); each chunk's C elements go to their cells from a
+// pointer that jumps after the elements that end a row or a plane (bit masks worked out once a chunk: 4-6 instructions
+// an element, where stepping a row and plane carry an element took ~10), the chunk's start by a RunWalk of
+// C * blockDim.x elements a step.  By elements (stage_run), a 7x7 plane's element cost a warp ~45 instructions (the
+// walk's carries, the in-tile test, its load and store).  (A 7x7 unit of 32 float16 planes: 196 chunks, 3-4 a thread
+// of 64.)  The elements before the first boundary and after the last whole chunk (under C each) take a lane each.
 template <int B, typename T>
 __device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict__ run, int count, int w, int h,
                                              int pitch, int plane, int top, int left) {
   constexpr int C = 16 / sizeof(T);
-  const int head = min(count, (int)((16 - (reinterpret_cast<unsigned long long>(run) & 15)) & 15) / (int)sizeof(T));
+  const int head = run_head(run, count);
   const int chunks = (count - head) / C, tail0 = head + chunks * C;
   const int t = (int)threadIdx.x, singles = head + count - tail0;
   if (t < singles) {  // the head and the tail: a division each, under 2 C lanes
@@ -983,6 +992,13 @@ __device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict
   }
   const Pack<T, C>* src = reinterpret_cast<const Pack<T, C>*>(run + head);
   RunWalk at(w, h, pitch, plane, top, left, head + t * C, (int)blockDim.x * C);
+  const int row_jump = pitch - w, plane_jump = plane - h * pitch;  // past a row's last element, a plane's (more)
+  // Rows or planes shorter than a chunk end more than once in it: bits n - 1, 2n - 1, ... (under 32) of a pattern
+  // that a chunk shifts by its first element's place in the row (plane).
+  const int size = w * h;
+  unsigned row_pattern = 0, plane_pattern = 0;
+  for (int k = w - 1; w < C && k < 32; k += w) row_pattern |= 1u << k;
+  for (int k = size - 1; size < C && k < 32; k += size) plane_pattern |= 1u << k;
   for (int c = t; c < chunks;) {
     Pack<T, C> v[B];
 #pragma unroll
@@ -992,15 +1008,16 @@ __device__ __forceinline__ void stage_chunks(acc_t<T>* tile, const T* __restrict
 #pragma unroll
     for (int b = 0; b < B; ++b, c += (int)blockDim.x, at.next(w, h, pitch, plane)) {
       if (c < chunks) {
-        int x = at.x, y = at.y, cell = at.cell;
+        // Bit k of row_ends (plane_ends): element k is the last of its row (plane); the cell pointer jumps there.
+        const int row_end = w - 1 - at.x, at_plane = at.y * w + at.x, plane_end = size - 1 - at_plane;  // the first
+        const unsigned row_ends = w < C ? row_pattern >> at.x : row_end < C ? 1u << row_end : 0u;
+        const unsigned plane_ends = size < C ? plane_pattern >> at_plane : plane_end < C ? 1u << plane_end : 0u;
+        acc_t<T>* cell = tile + at.cell;
 #pragma unroll
         for (int k = 0; k < C; ++k) {
-          tile[cell] = to_acc(v[b].v[k]);
-          ++x, ++cell;
-          if (x == w) {
-            x = 0, ++y, cell += pitch - w;
-            if (y == h) y = 0, cell += plane - h * pitch;
-          }
+          cell[k] = to_acc(v[b].v[k]);
+          if (row_ends >> k & 1) cell += row_jump;
+          if (plane_ends >> k & 1) cell += plane_jump;
         }
       }
     }
@@ -1089,6 +1106,53 @@ __device__ __forceinline__ void direct_fma(const T* __restrict__ plane, int heig
         }
       }
       row_fma<acc_t<T>, K, 2, V, U>(r0 + b, row, w, out);
+    }
+  }
+}
+
+// dst[0, count) = run[0, count) converted to acc_t<T>, by the whole block (the packed 5x5 units' weights, one
+// contiguous run): 16-byte loads from the run's first 16-byte boundary, a thread issuing B of them before it stores
+// any (one wait a batch), each chunk stored by 16-byte shared stores where its place in dst is 16-byte aligned (the
+// packed units' kernels_staged is, after their spread planes; a lane a chunk, so element stores would take C-way bank
+// conflicts: L1 9.3 -> 11.2 us on dw-1152-7k5 fp16), else element by element; the elements before the boundary and
+// after the last whole chunk (under C each) take a lane each.  Element loads took ~136 instructions a warp for a
+// 32-channel unit's 800 float16 weights (dw-1152-7k5).
+template <int B, typename T>
+__device__ __forceinline__ void stage_weight_chunks(acc_t<T>* dst, const T* __restrict__ run, int count) {
+  typedef acc_t<T> A;
+  constexpr int C = 16 / sizeof(T), CA = 16 / sizeof(A);  // elements a 16-byte global load, shared store
+  const int head = run_head(run, count);
+  const int chunks = (count - head) / C, tail0 = head + chunks * C;
+  const int t = (int)threadIdx.x;
+  if (t < head + count - tail0) {
+    const int e = t < head ? t : tail0 + t - head;
+    dst[e] = to_acc(run[e]);
+  }
+  const bool wide = (reinterpret_cast<unsigned long long>(dst + head) & 15) == 0;
+  const Pack<T, C>* src = reinterpret_cast<const Pack<T, C>*>(run + head);
+  for (int c = t; c < chunks; c += B * (int)blockDim.x) {
+    Pack<T, C> v[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (c + b * (int)blockDim.x < chunks) v[b] = src[c + b * (int)blockDim.x];
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (c + b * (int)blockDim.x < chunks) {
+        A* out = dst + head + (c + b * (int)blockDim.x) * C;
+        if (wide) {
+#pragma unroll
+          for (int h = 0; h < C; h += CA) {
+            Pack<A, CA> packed;
+#pragma unroll
+            for (int k = 0; k < CA; ++k) packed.v[k] = to_acc(v[b].v[h + k]);
+            *reinterpret_cast<Pack<A, CA>*>(out + h) = packed;
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < C; ++k) out[k] = to_acc(v[b].v[k]);
+        }
+      }
     }
   }
 }
@@ -1307,21 +1371,16 @@ __device__ __forceinline__ void depthwise_persistent(
     A w[K][K];
     A* const kernels_staged = tile + per_block * terms * staging.plane;  // stage_weights only (the planner's _packed)
     if constexpr (stage_weights) {
-      // weight_batch loads a thread before their stores, as the tiles: one wait a batch, where a weight at a time
-      // waited for each (dw-1152-7k5 fp16: 32 channels' 800 weights on 64 threads, 15.6 of its 20.7 waits a warp).
-      constexpr int weight_batch = K == 5 ? STAGE_BATCH : 1;  // (7x7: 128 -> 162 registers, bwd_input float16)
+      // The 5x5: 16-byte chunks, two loads a thread before their stores (stage_weight_chunks; a weight at a time
+      // waited for each: dw-1152-7k5 fp16, 32 channels' 800 weights on 64 threads, 15.6 of its 20.7 waits a warp;
+      // batches of 8 element loads then took ~136 instructions a warp a unit).  The 7x7: a weight at a time (batches
+      // of 8 took its float16 input gradient from 128 to 162 registers).
       const T* run = weight + (I)d0 * terms * (K * K);
       const int count = valid * terms * (K * K);
-      for (int e = (int)threadIdx.x; e < count; e += weight_batch * (int)blockDim.x) {
-        T v[weight_batch];
-#pragma unroll
-        for (int b = 0; b < weight_batch; ++b) {
-          if (e + b * (int)blockDim.x < count) v[b] = run[e + b * (int)blockDim.x];
-        }
-#pragma unroll
-        for (int b = 0; b < weight_batch; ++b) {
-          if (e + b * (int)blockDim.x < count) kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);
-        }
+      if constexpr (K == 5) {
+        stage_weight_chunks<WEIGHT_CHUNK_BATCH, T>(kernels_staged, run, count);
+      } else {
+        for (int e = (int)threadIdx.x; e < count; e += (int)blockDim.x) kernels_staged[e] = to_acc(run[e]);
       }
     } else {
       load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);

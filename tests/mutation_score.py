@@ -78,6 +78,7 @@ DW_PY = "cupyconv/ops/depthwise.py"
 AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_preferred`)
 AT = "tests/test_autotune.py"
 DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
+DW_WCHUNKS = DEPTHWISE + " -k 'weights_by_chunks'"  # the packed 5x5 weights by 16-byte chunks (dwsmall, 22nd)
 # the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
 DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
@@ -1350,10 +1351,19 @@ MUTATIONS = [
       "0) / (int)sizeof(T)", DW_CHUNKS, "alignment"),
     M("dw-chunks-tail", "depthwise.cu", "const int e = t < head ? t : tail0 + t - head,",
       "const int e = t < head ? t : tail0 + t - head - 1,", DW_CHUNKS, "off-by-one"),
-    M("dw-chunks-row-carry", "depthwise.cu", "x = 0, ++y, cell += pitch - w;", "x = 0, ++y, cell += pitch;", DW_CHUNKS,
+    M("dw-chunks-row-carry", "depthwise.cu", "const int row_jump = pitch - w,", "const int row_jump = pitch,",
+      DW_CHUNKS, "wrong index"),
+    M("dw-chunks-plane-carry", "depthwise.cu", "plane_jump = plane - h * pitch;",
+      "plane_jump = plane - (h - 1) * pitch;", DW_CHUNKS, "wrong index"),
+    # ... each chunk's row and plane ends as bit masks (task dwsmall, 22nd session)
+    M("dw-chunks-row-pattern", "depthwise.cu", "w < C && k < 32; k += w)", "w < C && k < 32; k += w + 1)", DW_CHUNKS,
       "wrong index"),
-    M("dw-chunks-plane-carry", "depthwise.cu", "if (y == h) y = 0, cell += plane - h * pitch;",
-      "if (y == h) y = 0, cell += plane - (h - 1) * pitch;", DW_CHUNKS, "wrong index"),
+    M("dw-chunks-plane-pattern", "depthwise.cu", "size < C && k < 32; k += size)",
+      "size < C && k < 32; k += size + 1)", DW_CHUNKS, "wrong index"),
+    M("dw-chunks-short-rows", "depthwise.cu", "w < C ? row_pattern >> at.x", "w <= C ? row_pattern >> at.x", DW_WCHUNKS,
+      "off-by-one"),
+    M("dw-chunks-row-end", "depthwise.cu", "const int row_end = w - 1 - at.x,", "const int row_end = w - at.x,",
+      DW_CHUNKS, "off-by-one"),
     M("dw-chunks-step", "depthwise.cu", "head + t * C, (int)blockDim.x * C);", "head + t * C, (int)blockDim.x);",
       DW_CHUNKS, "wrong index"),
     M("dw-chunks-inside", "depthwise.cu", "chunks && pad_top >= 0 && pad_left >= 0 && ", "chunks && ", DW_CHUNKS,
@@ -1368,8 +1378,15 @@ MUTATIONS = [
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
     M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && j < valid;",
       "yy >= 0 && yy <= height && j < valid;", DW_ROWS16, "off-by-one"),
-    M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
-      "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
+    # the packed 5x5 units' weights by 16-byte chunks (stage_weight_chunks, task dwsmall, 22nd session)
+    M("dw-wchunks-head", "depthwise.cu", "A* out = dst + head + (c + b * (int)blockDim.x) * C;",
+      "A* out = dst + (c + b * (int)blockDim.x) * C;", DW_WCHUNKS, "wrong index"),
+    M("dw-wchunks-singles", "depthwise.cu", "if (t < head + count - tail0) {", "if (t < head) {", DW_WCHUNKS,
+      "tile bound"),
+    M("dw-wchunks-wide", "depthwise.cu", "*reinterpret_cast<Pack<A, CA>*>(out + h) = packed;",
+      "*reinterpret_cast<Pack<A, CA>*>(out) = packed;", DW_WCHUNKS, "wrong index"),
+    M("dw-wchunks-narrow", "depthwise.cu", "for (int k = 0; k < C; ++k) out[k] = to_acc(v[b].v[k]);",
+      "for (int k = 0; k < C; ++k) out[k] = to_acc(v[b].v[0]);", DW_WCHUNKS, "wrong index"),
     # depthwise_bwd_weight's RAW16: 16-bit 3x3 rows copied raw by cp.async, read `shift` halves in (task dwwg3, 21st)
     M("dw-raw-shift", "depthwise.cu", "shift = -pad_left & (SLOT - 1);", "shift = pad_left & (SLOT - 1);", DW_RAW,
       "wrong index"),

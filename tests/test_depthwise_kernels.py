@@ -711,6 +711,47 @@ def test_packed_16_bit_5x5_stages_chunks(monkeypatch, blocks, shape, m, padding,
     assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
+# The packed 5x5 units stage their weights (one run, `terms` kernels a plane) by 16-byte chunks (stage_weight_chunks):
+# the weights before the run's first 16-byte boundary and after its last whole chunk one a lane, each chunk stored by
+# 16-byte shared stores where its place is 16-byte aligned, else by elements.  (shape, multiplier, dtype, bytes the
+# weight's data starts past a 16-byte boundary.)
+WEIGHT_CHUNK_CASES = [
+    ((3, 37, 7, 7), 1, "float16", 0),    # groups of 32 and 5 planes: runs 1,600 and 250 bytes long, heads 0 and 3
+    ((3, 37, 7, 7), 1, "float16", 2),    # odd heads (7): element stores; a 250-byte partial group's tail
+    ((2, 21, 14, 14), 1, "bfloat16", 8),  # heads of 4: 16-byte stores after the head
+    ((2, 19, 9, 11), 2, "float32", 4),   # multiplier 2 (the input gradient's 2 kernels a plane); heads 1-3
+    ((3, 9, 6, 5), 1, "float32", 0),     # aligned float32: 16-byte stores throughout, a tail of 1-3
+    ((2, 5, 7, 7), 1, "float64", 8),     # double: 2 a chunk, heads 0 and 1
+    ((2, 11, 8, 8), 1, "bfloat16", 2),   # rows of a chunk each (stage_chunks' row ends one a chunk, at w = C)
+]
+
+
+@pytest.mark.parametrize("blocks", [2, 2048])
+@pytest.mark.parametrize("shape, m, dtype, offset", WEIGHT_CHUNK_CASES)
+def test_packed_5x5_weights_by_chunks(monkeypatch, blocks, shape, m, dtype, offset):
+    """depthwise_fwd<5, 1, true> and depthwise_bwd_input<5, true> with their weights staged by chunks, against
+    float64 references, outputs poisoned: a weight lost, doubled or stored to the wrong place (head, tail, a chunk's
+    16-byte store) shows in every output of its plane."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 7 * offset + shape[1])
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = _misaligned(rng.standard_normal((shape[1] * m, 1, 5, 5)).astype(x.dtype), offset)
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, 2, 1)
+    grad_output = rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, None, padding=2) if m == 1 else None
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=2, needs="input")[0]
+    launched = device.kernels()
+    assert launched[-1] == "depthwise_bwd_input<5, true>"
+    x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
+    if m == 1:
+        assert launched[0] == "depthwise_fwd<5, 1, true>"
+        assert_matches(out, ref.depthwise_conv2d(x64, w64, None, padding=2).astype(x.dtype), dtype, "forward")
+    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=2)[0]
+    assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
+
+
 def test_packed_chunks_past_2_31(monkeypatch):
     """stage_chunks' run in the `long long` instantiation: two 7x7 float16 images of enough channels that the second
     image's planes start past 2^31 elements (sparse memory; only the last block runs: bug_classes.SparseDevice).  The
