@@ -2250,3 +2250,209 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
     wg_finish<1>(bias_partial + c0 + tid, grad_bias + c0 + tid, (I)0, (I)C, (int)gridDim.z, c0 + tid < C);
   }
 }
+
+// =================================================================================================================
+// Whole patches a block (issue 24): the 16-bit forward of patch_conv2d at stride 1, x read in its own layout
+// =================================================================================================================
+//
+// patch_fwd_igemm: the forward's GEMM (rows = output pixels, columns = output channels, K = (tap, channel)) for
+// x (n, C, H, W) and out (n, D, oH, oW) both C-contiguous, weight (D, C, kH, kW) as the caller has it; stride 1,
+// dilation 1, one group, C a multiple of 16 and D of 16 (ops/implicit_gemm.py `patch_igemm_refusal`).  A block
+// takes `patches` whole patches at a time (its rows: patches x oH x oW <= PT_ROWS) and loops over the groups of
+// patches (persistent blocks, grid-stride), keeping in shared memory:
+//
+//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (a transpose of 16-byte
+//           vectors by 8 scalar loads each); rows an odd number of 16-byte vectors apart, so that the 8 rows of an
+//           ldmatrix phase fall in 8 different bank groups without a swizzle;
+//   raw     two buffers of a group's x, copied as it lies (patches x C x H x W contiguous: 16-byte cp.async, no
+//           masks); the next group's lands while this group's MMAs run;
+//   tile    the group's pixels as rows of C channels (one row a pixel, an odd number of vectors apart as above),
+//           transposed from raw once per group, and one row of zeros after them;
+//   rows    per tap, the byte offset in tile of every GEMM row's input pixel (the zero row where the tap falls
+//           in the patch's padding, or past the block's rows), laid out so that a lane reads its 4 rows with one
+//           16-byte load: [tap][warp row][lane row (16)][mi (4)];
+//   out     the epilogue's tile in out's own layout [patch][channel][pixel] (+ bias, rounded once to T), stored
+//           by 16-byte vectors: a patch's channels of the block are contiguous in out.
+//
+// Every tap reads the same staged tile: a tap is only which rows the lanes point ldmatrix at.  The main loop
+// runs over K in steps of one tap x 16 channels (one m16n8k16 a 16 x 8 tile), 4 warps in 2 x 2 of 64 x 32;
+// output channels past 64 take further passes over the same tile.
+constexpr int PT_ROWS = 128;  // GEMM rows (output pixels) a block: whole patches
+constexpr int PT_COLS = 64;   // output channels a pass
+constexpr int PT_MI = PT_ROWS / 2 / 16, PT_NI = PT_COLS / 2 / 8;  // a warp's mma tiles: 4 x 4
+
+// Bytes between two rows of `vectors` 16-byte vectors: an odd number of vectors (the bank-group spread above).
+__device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG_VECTOR_BYTES; }
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int channels, int out_channels, int height, int width, int kernel_h, int kernel_w, int pad_top, int pad_left,
+    int out_h, int out_w, int patches, int has_bias) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int C = channels, D = out_channels, taps = kernel_h * kernel_w, plane = height * width;
+  const int out_plane = out_h * out_w, rows = patches * plane, cv_count = C / VEC;
+  const int w_pitch = pt_pitch(taps * cv_count), a_pitch = pt_pitch(cv_count);
+  const int raw_bytes = patches * C * plane * (int)sizeof(T);
+  // shared memory: weight | rows table | tile (rows + the zero row) | raw x 2 | out
+  unsigned char* w_s = igemm_shared;
+  int* rows_s = reinterpret_cast<int*>(w_s + D * w_pitch);
+  unsigned char* tile_s = reinterpret_cast<unsigned char*>(rows_s + taps * PT_ROWS);
+  unsigned char* raw_s = tile_s + (rows + 1) * a_pitch;
+  unsigned char* out_s = raw_s + 2 * raw_bytes;
+  const I groups = (n + patches - 1) / patches;
+
+  // --- once per block: the zero row, the rows table, the weight ---------------------------------------------
+  for (int v = tid; v < a_pitch / IG_VECTOR_BYTES; v += IG_THREADS)
+    *reinterpret_cast<uint4*>(tile_s + rows * a_pitch + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
+    const int tap = e / PT_ROWS, s = e % PT_ROWS;
+    const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
+    int offset = rows * a_pitch;                                 // the zero row
+    if (m < patches * out_plane) {
+      const int p = m / out_plane, pixel = m % out_plane;
+      const int iy = pixel / out_w - pad_top + tap / kernel_w, ix = pixel % out_w - pad_left + tap % kernel_w;
+      if ((unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width)
+        offset = (p * plane + iy * width + ix) * a_pitch;
+    }
+    rows_s[e] = offset;
+  }
+  typedef typename ClBits<T>::type Bits;
+  const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
+  for (int e = tid; e < D * taps * cv_count; e += IG_THREADS) {  // vector (d, tap, cv): 8 channels of one tap
+    const int d = e / (taps * cv_count), k = e % (taps * cv_count), tap = k / cv_count, cv = k % cv_count;
+    Bits b[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) b[i] = w_bits[((I)d * C + cv * VEC + i) * taps + tap];
+    *reinterpret_cast<uint4*>(w_s + d * w_pitch + k * IG_VECTOR_BYTES) = cl_pack(b);
+  }
+
+  // A group's x, as it lies: its whole patches (the last group's fewer) are one contiguous run of 16-byte vectors.
+  auto load_group = [&](I group, int buffer) {
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches;
+    const int vectors = count * C * plane / VEC;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(x + first * C * plane);
+    unsigned char* dst = raw_s + buffer * raw_bytes;
+    for (int v = tid; v < vectors; v += IG_THREADS)
+      cp_async_cg_16(dst + v * IG_VECTOR_BYTES, src + (I)v * IG_VECTOR_BYTES, IG_VECTOR_BYTES);
+  };
+  if ((I)blockIdx.x < groups) load_group(blockIdx.x, 0);
+  cp_async_commit();
+
+  // --- the lane's fragments: ldmatrix rows (matrix j = lane / 8, its row lane % 8) and epilogue places ---------
+  const int warp_m = warp >> 1, warp_n = (warp & 1) * (PT_COLS / 2), j = lane >> 3, jr = lane & 7;
+  const int gq = lane >> 2, qq = lane & 3;
+  // A: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi): the lane's row of
+  // rows_s and its k vector (j >> 1) of a 16-channel step
+  const int a_table = (warp_m * 16 + (j & 1) * 8 + jr) * 4, a_k = (j >> 1) * IG_VECTOR_BYTES;
+  // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
+  const int b_row = warp_n + (j >> 1) * 8 + jr, b_k = (j & 1) * IG_VECTOR_BYTES;
+  int out_at[PT_MI][2];  // the element of out_s (channel 0) of each of the thread's accumulator rows, -1: none
+#pragma unroll
+  for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = warp_m * 64 + mi * 16 + gq + 8 * h;
+      out_at[mi][h] = m < patches * out_plane ? m / out_plane * PT_COLS * out_plane + m % out_plane : -1;
+    }
+  }
+  const int steps = taps * (C / 16);  // the main loop's trips: one tap x 16 channels each
+
+  int buffer = 0;
+  for (I group = blockIdx.x; group < groups; group += gridDim.x, buffer ^= 1) {
+    cp_async_wait<0>();  // this group's x has landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's; the previous group's tile and out are done with
+    {  // raw [patch][channel][pixel] -> tile [patch pixel][channel]: vector cv of row r, rows along the lanes
+      const Bits* raw = reinterpret_cast<const Bits*>(raw_s + buffer * raw_bytes);
+      for (int e = tid; e < rows * cv_count; e += IG_THREADS) {
+        const int cv = e / rows, r = e % rows, p = r / plane, pixel = r % plane;
+        const Bits* from = raw + (p * C + cv * VEC) * plane + pixel;
+        Bits b[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];
+        *reinterpret_cast<uint4*>(tile_s + r * a_pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
+      }
+    }
+    if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);
+    cp_async_commit();
+    __syncthreads();  // the tile is complete
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches;
+
+    for (int n0 = 0; n0 < D; n0 += PT_COLS) {
+      const int cols = D - n0 < PT_COLS ? D - n0 : PT_COLS;
+      // B rows past D read row D - 1 (their columns are not stored)
+      const int b0 = n0 + b_row < D ? n0 + b_row : D - 1, b1 = n0 + b_row + 16 < D ? n0 + b_row + 16 : D - 1;
+      const unsigned char* b_at0 = w_s + b0 * w_pitch + b_k;
+      const unsigned char* b_at1 = w_s + b1 * w_pitch + b_k;
+      float acc[PT_MI][PT_NI][4];
+#pragma unroll
+      for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < PT_NI; ++ni) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+        }
+      }
+      // --- the main loop: K in steps of one tap x 16 channels ------------------------------------------------
+      int table = a_table, k_bytes = 0;  // this step's tap (its rows of rows_s) and channel bytes within the tap
+#pragma unroll 1
+      for (int step = 0; step < steps; ++step) {
+        const int4 at = *reinterpret_cast<const int4*>(rows_s + table);
+        const int a_off[PT_MI] = {at.x, at.y, at.z, at.w};
+        unsigned a[PT_MI][4], b[PT_NI][2];
+#pragma unroll
+        for (int mi = 0; mi < PT_MI; ++mi) ldmatrix_x4(a[mi], tile_s + a_off[mi] + k_bytes + a_k);
+#pragma unroll
+        for (int nj = 0; nj < PT_NI / 2; ++nj) {
+          unsigned q[4];
+          ldmatrix_x4(q, (nj ? b_at1 : b_at0) + step * 2 * IG_VECTOR_BYTES);
+          b[2 * nj][0] = q[0];
+          b[2 * nj][1] = q[1];
+          b[2 * nj + 1][0] = q[2];
+          b[2 * nj + 1][1] = q[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < PT_NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+        }
+        k_bytes += 2 * IG_VECTOR_BYTES;
+        if (k_bytes == C * (int)sizeof(T)) {  // the next tap
+          k_bytes = 0;
+          table += PT_ROWS;
+        }
+      }
+      // --- epilogue: out_s [patch][channel][pixel] = T(acc + bias), then 16-byte stores of whole patches -------
+      T* out_t = reinterpret_cast<T*>(out_s);
+#pragma unroll
+      for (int ni = 0; ni < PT_NI; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = warp_n + ni * 8 + 2 * qq + e;
+          const float add = has_bias && n0 + col < D ? to_acc(bias[n0 + col]) : 0.0f;
+#pragma unroll
+          for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (out_at[mi][h] >= 0)
+                out_t[out_at[mi][h] + col * out_plane] = from_acc<T>(acc[mi][ni][2 * h + e] + add);
+            }
+          }
+        }
+      }
+      __syncthreads();
+      // patch p's channels n0 .. n0 + cols - 1 are cols x out_plane contiguous elements of out
+      const int patch_vectors = cols * out_plane / VEC;
+      for (int v = tid; v < count * patch_vectors; v += IG_THREADS) {
+        const int p = v / patch_vectors, w = v % patch_vectors;
+        *reinterpret_cast<uint4*>(out + ((first + p) * D + n0) * out_plane + (I)w * VEC) =
+            *reinterpret_cast<const uint4*>(out_s + (p * PT_COLS * out_plane + w * VEC) * (int)sizeof(T));
+      }
+      __syncthreads();  // out_s is free for the next pass
+    }
+  }
+  cp_async_wait<0>();
+}
