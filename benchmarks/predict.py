@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy
 
-from cupyconv.ops.implicit_gemm import PT_COLS, PT_ROWS, weight_finish_splits
+from cupyconv.ops.implicit_gemm import PT_COLS, PT_ROWS, PT_STEP, weight_finish_splits
 from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
 from . import _emulator
@@ -454,7 +454,8 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     if launch.kernel == "patch_fwd_igemm":   # every group of patches: PT_ROWS rows x passes of PT_COLS columns x K
         groups = math.ceil(a["n"] / a["patches"])
         passes = math.ceil(a["out_channels"] / PT_COLS)
-        return int(groups * PT_ROWS * passes * PT_COLS * a["kernel_h"] * a["kernel_w"] * a["channels"])
+        padded = math.ceil(a["channels"] / PT_STEP) * PT_STEP   # a tap's channels, padded to its K step
+        return int(groups * PT_ROWS * passes * PT_COLS * a["kernel_h"] * a["kernel_w"] * padded)
     rows, cols = launch.template_args[2:4]
     if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d"):   # K = taps x channels
         # per group, in chunks of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block

@@ -45,8 +45,9 @@ class Case:
 CASES = [
     Case("seed-like-odd-n", (11, 32, 4, 4), 64),                        # 8 patches a group: 11 = 8 + 3
     Case("8x8-no-bias", (2, 3, 32, 8, 8), 64, bias=False),              # 2 patches a group, 6 patches
-    Case("1d-patches", (7, 16, 1, 24), 48, kernel=(1, 3)),              # 5 patches of 24 a group
-    Case("padding-per-side", (5, 16, 5, 6), 32, padding=((0, 2), (2, 1))),   # 20 output pixels: 6 patches a group
+    Case("1d-patches", (7, 16, 1, 24), 48, kernel=(1, 3), padding=(0, 1)),   # 5 patches of 24 a group
+    Case("padding-per-side", (5, 16, 5, 6), 32, padding=((0, 2), (2, 1))),   # 5 x 7 outputs (odd): 3 a group
+    Case("odd-pixels", (7, 48, 5, 5), 32),                               # 25 pixels in and out: 5 a group
     Case("d-past-one-pass", (9, 16, 4, 4), 80),                         # 80 channels: 64 + a pass of 16
     Case("grid-loops", (37, 16, 4, 4), 32, blocks=2),                   # 5 groups on 2 blocks, the last partial
     Case("no-padding", (6, 32, 6, 6), 16, padding=0, bias=False),        # 4 x 4 outputs of 6 x 6 patches
@@ -87,7 +88,7 @@ def test_forward_matches_cpu_path(case, dtype, monkeypatch):
 
 def test_grid_loops_cover_every_group(monkeypatch):
     """The plan of the grid-loop case: fewer blocks than groups, so that blocks take several (the last partial)."""
-    case = CASES[5]
+    case = next(c for c in CASES if c.blocks)
     spec = ConvSpec.for_conv("patch_conv2d", numpy.empty(case.x, numpy.float16),
                              numpy.empty((case.out_channels, case.x[1], 3, 3), numpy.float16), None, 1, 1, 1, 1,
                              leading_dims=True)

@@ -1154,6 +1154,10 @@ PT_SHARED_LIMIT = 96 * 1024
 PT_MIN_GROUPS = 2 * PT_BLOCKS
 
 
+PT_STEP = 32          # implicit_gemm.cu's PT_STEP: a tap's channels a main-loop step (staged padded to a multiple)
+PT_ZERO_ROWS = 8
+
+
 def _odd_vectors(elements: int) -> int:
     """Bytes of implicit_gemm.cu's `pt_pitch`: 16-bit elements in 16-byte vectors, an odd number of them."""
     return ((elements // 8) | 1) * IG_VECTOR_BYTES
@@ -1161,10 +1165,12 @@ def _odd_vectors(elements: int) -> int:
 
 def patch_igemm_shared(spec: ConvSpec, patches: int) -> int:
     """patch_fwd_igemm's dynamic shared memory (2-byte elements): weight rows, the rows table, the tile and its zero
-    row, two raw buffers, the epilogue's tile."""
+    rows (a tap's channels padded to PT_STEP in both), two raw buffers (a patch's x and 32 bytes), the epilogue's
+    tile."""
     c, d, taps, plane = spec.in_channels, spec.out_channels, spec.taps, spec.in_size[0] * spec.in_size[1]
-    return (d * _odd_vectors(taps * c) + taps * PT_ROWS * 4 + (patches * plane + 1) * _odd_vectors(c)
-            + 2 * patches * c * plane * 2 + patches * PT_COLS * spec.out_pixels * 2)
+    padded = ceil_div(c, PT_STEP) * PT_STEP
+    return (d * _odd_vectors(taps * padded) + taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(padded)
+            + 2 * patches * (c * plane * 2 + 32) + patches * PT_COLS * spec.out_pixels * 2)
 
 
 def patch_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
