@@ -12,7 +12,9 @@ GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`
   and reduces the slices in a fixed order, so it gives the same bits on every run.
 - 'implicit_gemm' (what 'auto' picks, forward and backward, in float16/bfloat16, and float32 with TF32 allowed,
   with at least 16 channels per group, on sm_80+): conv2d's tensor-core kernels, which read the patches through
-  the same batch view (grad_output is made contiguous first).
+  the same batch view (grad_output is made contiguous first); the 16-bit forward of many C-contiguous patches at
+  stride 1 runs ops/implicit_gemm.py's patch_fwd_igemm instead (whole patches a block, x read as it lies:
+  `_whole_patches`).
 - 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
   budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
   that writes the output straight into its (..., D, oH, oW) layout.
