@@ -2370,6 +2370,14 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
     }
   }
   const int steps = taps * (padded / PT_STEP);  // the main loop's trips: one tap x PT_STEP channels each
+  // The epilogue tile's swizzle, where a channel's row of out_plane pixels is a power of two of 16-byte chunks:
+  // chunk k of channel col lies at k ^ pt_swizzle, so that the pair stores of a warp (columns 2 q and 2 q + 1 of 4
+  // q, rows 32 or 128 bytes apart for 4x4 and 8x8 patches) fall in 32 different banks; elsewhere none.
+  const int out_chunks = out_plane / VEC;
+  const bool swizzled = out_plane % VEC == 0 && (out_chunks & (out_chunks - 1)) == 0;
+  const int swizzle_mask = swizzled ? (out_chunks < 8 ? out_chunks : 8) - 1 : 0;
+  const int swizzle_shift = swizzled && out_chunks < 8 ? 3 - __ffs(out_chunks) + 1 : 0;  // log2(8 / out_chunks)
+  auto pt_swizzle = [&](int col) { return ((col >> swizzle_shift) & swizzle_mask) * VEC; };  // in elements
 
   int buffer = 0;
   for (I group = blockIdx.x; group < groups; group += gridDim.x, buffer ^= 1) {
@@ -2382,7 +2390,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
         const int pairs = rows / 2;
         for (int e = tid; e < pairs * cv_count; e += IG_THREADS) {
           const int cv = e / pairs, r = e % pairs * 2, p = r / plane, pixel = r % plane;
-          const unsigned* from = reinterpret_cast<const unsigned*>(raw + p * raw_patch) + (cv * VEC * plane + pixel) / 2;
+          const unsigned* from =
+              reinterpret_cast<const unsigned*>(raw + p * raw_patch) + (cv * VEC * plane + pixel) / 2;
           unsigned w[VEC];
 #pragma unroll
           for (int i = 0; i < VEC; ++i) w[i] = from[i * plane / 2];
@@ -2483,8 +2492,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
               const unsigned mine = pack2<T>(lo, hi), other = __shfl_xor_sync(0xffffffffu, mine, 4);
               const unsigned pair = odd_row ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
               if (at >= 0)
-                *reinterpret_cast<unsigned*>(out_t + (odd_row ? at - 1 + (col + 1) * out_plane : at + col * out_plane)) =
-                    pair;
+                *reinterpret_cast<unsigned*>(out_t + (odd_row ? ((at - 1) ^ pt_swizzle(col + 1)) + (col + 1) * out_plane
+                                                              : (at ^ pt_swizzle(col)) + col * out_plane)) = pair;
             } else if (at >= 0) {
               out_t[at + col * out_plane] = lo;
               out_t[at + (col + 1) * out_plane] = hi;
@@ -2493,12 +2502,14 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
         }
       }
       __syncthreads();
-      // patch p's channels n0 .. n0 + cols - 1 are cols x out_plane contiguous elements of out
+      // patch p's channels n0 .. n0 + cols - 1 are cols x out_plane contiguous elements of out (its vector w is
+      // chunk w % out_chunks of channel w / out_chunks: swizzled in out_s where the swizzle applies)
       const int patch_vectors = cols * out_plane / VEC;
       for (int v = tid; v < count * patch_vectors; v += IG_THREADS) {
         const int p = v / patch_vectors, w = v % patch_vectors;
+        const int at = swizzled ? w * VEC ^ pt_swizzle(w / out_chunks) : w * VEC;
         *reinterpret_cast<uint4*>(out + ((first + p) * D + n0) * out_plane + (I)w * VEC) =
-            *reinterpret_cast<const uint4*>(out_s + (p * PT_COLS * out_plane + w * VEC) * (int)sizeof(T));
+            *reinterpret_cast<const uint4*>(out_s + (p * PT_COLS * out_plane + at) * (int)sizeof(T));
       }
       __syncthreads();  // out_s is free for the next pass
     }

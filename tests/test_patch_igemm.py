@@ -138,3 +138,16 @@ def test_asan():
     output shows: the rows of missing patches are never stored)."""
     assert_clean_under_asan(pytest_under_asan(
         "tests/test_patch_igemm.py::test_forward_matches_cpu_path[seed-like-odd-n-float16]"))
+
+
+def test_seed_shape_records_one_launch_and_its_macs():
+    """p-seed fp16's forward is one patch_fwd_igemm launch (no copy): 264 persistent blocks over 2,560 groups of 8
+    patches, whose MACs in benchmarks.predict are exactly the convolution's (C = 32 fills the 32-channel steps)."""
+    from benchmarks import cases, launches, predict
+    case = next(c for c in cases.CASES if c.label == "p-seed-gpu16")
+    rec = launches.record(case, False)
+    (launch,) = rec.steps
+    assert launch.kernel == "patch_fwd_igemm" and launch.grid == (264,) and launch.args["patches"] == 8
+    assert launch.shared_mem == 86656 and launch.block == (128,)   # weight 37,888, table 4,608, tile 10,880, raw
+                                                                    # 16,896, out 16,384: two blocks an SM on sm_90
+    assert predict.tensor_core_macs(launch) == 2560 * 128 * 64 * 9 * 32 == cases.flops(case) // 2
