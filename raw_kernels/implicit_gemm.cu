@@ -2287,3 +2287,269 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
     wg_finish<1>(bias_partial + c0 + tid, grad_bias + c0 + tid, (I)0, (I)C, (int)gridDim.z, c0 + tid < C);
   }
 }
+
+// =================================================================================================================
+// Whole patches a block (issue 24): the 16-bit forward of patch_conv2d at stride 1, x read in its own layout
+// =================================================================================================================
+//
+// patch_fwd_igemm: the forward's GEMM (rows = output pixels, columns = output channels, K = (tap, channel)) for
+// x (n, C, H, W) and out (n, D, oH, oW) both C-contiguous, weight (D, C, kH, kW) as the caller has it; stride 1,
+// dilation 1, one group, C a multiple of 16 and D of 16 (ops/implicit_gemm.py `patch_igemm_refusal`).  A block
+// takes `patches` whole patches at a time (its rows: patches x oH x oW <= PT_ROWS) and loops over the groups of
+// patches (persistent blocks, grid-stride), keeping in shared memory:
+//
+//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (a transpose of 16-byte
+//           vectors by 8 scalar loads each), each tap's channels padded with zeros to a multiple of PT_STEP;
+//           rows an odd number of 16-byte vectors apart, so that the 8 rows of an ldmatrix phase fall in 8
+//           different bank groups without a swizzle;
+//   raw     two buffers of a group's x, copied as it lies (patches x C x H x W contiguous: 16-byte cp.async, no
+//           masks); the next group's lands while this group's MMAs run;
+//   tile    the group's pixels as rows of C channels (one row a pixel, padded to PT_STEP channels with zeros, an
+//           odd number of vectors apart as above), transposed from raw once per group, and 8 rows of zeros after
+//           them: a row in the padding reads the zero row of its own residue mod 8, so that the 8 rows of an
+//           ldmatrix phase (8 consecutive pixel rows but for those in the padding) still fall in 8 bank groups;
+//   rows    per tap, the byte offset in tile of every GEMM row's input pixel (a zero row where the tap falls in
+//           the patch's padding, or past the block's rows), laid out so that a lane reads its 4 rows with one
+//           16-byte load: [tap][warp row][lane row (16)][mi (4)];
+//   out     the epilogue's tile in out's own layout [patch][channel][pixel] (+ bias, rounded once to T), stored
+//           by 16-byte vectors: a patch's channels of the block are contiguous in out.
+//
+// Every tap reads the same staged tile: a tap is only which rows the lanes point ldmatrix at.  The main loop
+// runs over K in steps of one tap x PT_STEP channels (two m16n8k16 a 16 x 8 tile: one load of the rows table
+// per 32 mma.sync), 4 warps in 2 x 2 of 64 x 32; output channels past 64 take further passes over the same tile.
+constexpr int PT_ROWS = 128;  // GEMM rows (output pixels) a block: whole patches
+constexpr int PT_COLS = 64;   // output channels a pass
+constexpr int PT_MI = PT_ROWS / 2 / 16, PT_NI = PT_COLS / 2 / 8;  // a warp's mma tiles: 4 x 4
+constexpr int PT_STEP = 32;   // channels of one tap a main-loop step: two k16 mma steps
+constexpr int PT_ZERO_ROWS = 8;
+
+// Bytes between two rows of `vectors` 16-byte vectors: an odd number of vectors (the bank-group spread above).
+__device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG_VECTOR_BYTES; }
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int channels, int out_channels, int height, int width, int kernel_h, int kernel_w, int pad_top, int pad_left,
+    int out_h, int out_w, int patches, int has_bias) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int C = channels, D = out_channels, taps = kernel_h * kernel_w, plane = height * width;
+  const int out_plane = out_h * out_w, rows = patches * plane, cv_count = C / VEC;
+  const int padded = (C + PT_STEP - 1) / PT_STEP * PT_STEP, pv_count = padded / VEC;  // a tap's channels staged
+  const int w_pitch = pt_pitch(taps * pv_count), a_pitch = pt_pitch(pv_count);
+  // a patch's x in raw, 32 bytes apart from the next one's: a warp's 4-byte loads over the pixels of 4 patches
+  // of 16 pixels (whose channel planes lie 1 KiB apart for 32 channels) fall in 32 different banks
+  const int raw_patch = C * plane * (int)sizeof(T) + 32, raw_bytes = patches * raw_patch;
+  // shared memory: weight | rows table | tile (rows + the zero rows) | raw x 2 | out
+  unsigned char* w_s = igemm_shared;
+  int* rows_s = reinterpret_cast<int*>(w_s + D * w_pitch);
+  unsigned char* tile_s = reinterpret_cast<unsigned char*>(rows_s + taps * PT_ROWS);
+  unsigned char* raw_s = tile_s + (rows + PT_ZERO_ROWS) * a_pitch;
+  unsigned char* out_s = raw_s + 2 * raw_bytes;
+  const I groups = (n + patches - 1) / patches;
+
+  // --- once per block: the tile zeroed (its zero rows and every row's padding), the rows table, the weight ----
+  for (int v = tid; v < (rows + PT_ZERO_ROWS) * a_pitch / IG_VECTOR_BYTES; v += IG_THREADS)
+    *reinterpret_cast<uint4*>(tile_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
+    const int tap = e / PT_ROWS, s = e % PT_ROWS;
+    const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
+    int row = rows + (m & 7);  // past the block's rows: a zero row
+    if (m < patches * out_plane) {
+      const int p = m / out_plane, pixel = m % out_plane;
+      const int iy = pixel / out_w - pad_top + tap / kernel_w, ix = pixel % out_w - pad_left + tap % kernel_w;
+      row = p * plane + iy * width + ix;  // in the padding: the zero row of the same residue mod 8
+      if ((unsigned)iy >= (unsigned)height || (unsigned)ix >= (unsigned)width) row = rows + (row & 7);
+    }
+    rows_s[e] = row * a_pitch;
+  }
+  typedef typename ClBits<T>::type Bits;
+  const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
+  for (int e = tid; e < D * taps * pv_count; e += IG_THREADS) {  // vector (d, tap, cv): 8 channels of one tap
+    const int d = e / (taps * pv_count), k = e % (taps * pv_count), tap = k / pv_count, cv = k % pv_count;
+    Bits b[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) b[i] = cv < cv_count ? w_bits[((I)d * C + cv * VEC + i) * taps + tap] : Bits(0);
+    *reinterpret_cast<uint4*>(w_s + d * w_pitch + k * IG_VECTOR_BYTES) = cl_pack(b);
+  }
+
+  // A group's x, as it lies: its whole patches (the last group's fewer) are one contiguous run of 16-byte vectors.
+  auto load_group = [&](I group, int buffer) {
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches;
+    const int patch_vectors = C * plane / VEC;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(x + first * C * plane);
+    unsigned char* dst = raw_s + buffer * raw_bytes;
+    for (int v = tid; v < count * patch_vectors; v += IG_THREADS) {
+      const int p = v / patch_vectors;
+      cp_async_cg_16(dst + p * raw_patch + (v - p * patch_vectors) * IG_VECTOR_BYTES, src + (I)v * IG_VECTOR_BYTES,
+                     IG_VECTOR_BYTES);
+    }
+  };
+  if ((I)blockIdx.x < groups) load_group(blockIdx.x, 0);
+  cp_async_commit();
+
+  // --- the lane's fragments: ldmatrix rows (matrix j = lane / 8, its row lane % 8) and epilogue places ---------
+  const int warp_m = warp >> 1, warp_n = (warp & 1) * (PT_COLS / 2), j = lane >> 3, jr = lane & 7;
+  const int gq = lane >> 2, qq = lane & 3;
+  // A: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi): the lane's row of
+  // rows_s and its k vector (j >> 1) of a 16-channel step
+  const int a_table = (warp_m * 16 + (j & 1) * 8 + jr) * 4, a_k = (j >> 1) * IG_VECTOR_BYTES;
+  // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
+  const int b_row = warp_n + (j >> 1) * 8 + jr, b_k = (j & 1) * IG_VECTOR_BYTES;
+  int out_at[PT_MI][2];  // the element of out_s (channel 0) of each of the thread's accumulator rows, -1: none
+#pragma unroll
+  for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = warp_m * 64 + mi * 16 + gq + 8 * h;
+      out_at[mi][h] = m < patches * out_plane ? m / out_plane * PT_COLS * out_plane + m % out_plane : -1;
+    }
+  }
+  const int steps = taps * (padded / PT_STEP);  // the main loop's trips: one tap x PT_STEP channels each
+  // The epilogue tile's swizzle, where a channel's row of out_plane pixels is a power of two of 16-byte chunks:
+  // chunk k of channel col lies at k ^ pt_swizzle, so that the pair stores of a warp (columns 2 q and 2 q + 1 of 4
+  // q, rows 32 or 128 bytes apart for 4x4 and 8x8 patches) fall in 32 different banks; elsewhere none.
+  const int out_chunks = out_plane / VEC;
+  const bool swizzled = out_plane % VEC == 0 && (out_chunks & (out_chunks - 1)) == 0;
+  const int swizzle_mask = swizzled ? (out_chunks < 8 ? out_chunks : 8) - 1 : 0;
+  const int swizzle_shift = swizzled && out_chunks < 8 ? 3 - __ffs(out_chunks) + 1 : 0;  // log2(8 / out_chunks)
+  auto pt_swizzle = [&](int col) { return ((col >> swizzle_shift) & swizzle_mask) * VEC; };  // in elements
+
+  int buffer = 0;
+  for (I group = blockIdx.x; group < groups; group += gridDim.x, buffer ^= 1) {
+    cp_async_wait<0>();  // this group's x has landed (this thread's copies) ...
+    __syncthreads();     // ... everyone's; the previous group's tile and out are done with
+    {  // raw [patch][channel][pixel] -> tile [patch pixel][channel]: vector cv of rows r, r + 1 (an even number
+       // of pixels a patch: a pair of pixels a 4-byte load, the pairs along the lanes), else of row r alone
+      const unsigned char* raw = raw_s + buffer * raw_bytes;
+      if (plane % 2 == 0) {
+        const int pairs = rows / 2;
+        for (int e = tid; e < pairs * cv_count; e += IG_THREADS) {
+          const int cv = e / pairs, r = e % pairs * 2, p = r / plane, pixel = r % plane;
+          const unsigned* from =
+              reinterpret_cast<const unsigned*>(raw + p * raw_patch) + (cv * VEC * plane + pixel) / 2;
+          unsigned w[VEC];
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) w[i] = from[i * plane / 2];
+          uint4 lo, hi;  // row r: the low halves of the pairs; row r + 1: the high ones
+          lo.x = __byte_perm(w[0], w[1], 0x5410), hi.x = __byte_perm(w[0], w[1], 0x7632);
+          lo.y = __byte_perm(w[2], w[3], 0x5410), hi.y = __byte_perm(w[2], w[3], 0x7632);
+          lo.z = __byte_perm(w[4], w[5], 0x5410), hi.z = __byte_perm(w[4], w[5], 0x7632);
+          lo.w = __byte_perm(w[6], w[7], 0x5410), hi.w = __byte_perm(w[6], w[7], 0x7632);
+          // lanes 4-7 of each 8 store row r + 1 first: the 8 rows of a store phase, r0 + {0, 2, 4, 6, 9, 11, 13,
+          // 15}, fall in 8 different bank groups at an odd pitch (rows r0 + 2 i alone would meet in pairs)
+          const bool second = (lane >> 2) & 1;
+          *reinterpret_cast<uint4*>(tile_s + (r + second) * a_pitch + cv * IG_VECTOR_BYTES) = second ? hi : lo;
+          *reinterpret_cast<uint4*>(tile_s + (r + !second) * a_pitch + cv * IG_VECTOR_BYTES) = second ? lo : hi;
+        }
+      } else {
+        for (int e = tid; e < rows * cv_count; e += IG_THREADS) {
+          const int cv = e / rows, r = e % rows, p = r / plane, pixel = r % plane;
+          const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
+          Bits b[VEC];
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];
+          *reinterpret_cast<uint4*>(tile_s + r * a_pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
+        }
+      }
+    }
+    if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);
+    cp_async_commit();
+    __syncthreads();  // the tile is complete
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches;
+
+    for (int n0 = 0; n0 < D; n0 += PT_COLS) {
+      const int cols = D - n0 < PT_COLS ? D - n0 : PT_COLS;
+      // B rows past D read row D - 1 (their columns are not stored)
+      const int b0 = n0 + b_row < D ? n0 + b_row : D - 1, b1 = n0 + b_row + 16 < D ? n0 + b_row + 16 : D - 1;
+      const unsigned char* b_at0 = w_s + b0 * w_pitch + b_k;
+      const unsigned char* b_at1 = w_s + b1 * w_pitch + b_k;
+      float acc[PT_MI][PT_NI][4];
+#pragma unroll
+      for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < PT_NI; ++ni) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+        }
+      }
+      // --- the main loop: K in steps of one tap x PT_STEP channels ------------------------------------------
+      int table = a_table, k_bytes = 0;  // this step's tap (its rows of rows_s) and channel bytes within the tap
+#pragma unroll 1
+      for (int step = 0; step < steps; ++step) {
+        const int4 at = *reinterpret_cast<const int4*>(rows_s + table);
+        const int a_off[PT_MI] = {at.x, at.y, at.z, at.w};
+#pragma unroll
+        for (int ks = 0; ks < PT_STEP / 16; ++ks) {  // k16 step ks: 2 vectors of 16 bytes
+          unsigned a[PT_MI][4], b[PT_NI][2];
+#pragma unroll
+          for (int mi = 0; mi < PT_MI; ++mi)
+            ldmatrix_x4(a[mi], tile_s + a_off[mi] + k_bytes + ks * 2 * IG_VECTOR_BYTES + a_k);
+#pragma unroll
+          for (int nj = 0; nj < PT_NI / 2; ++nj) {
+            unsigned q[4];
+            ldmatrix_x4(q, (nj ? b_at1 : b_at0) + (step * PT_STEP / 16 + ks) * 2 * IG_VECTOR_BYTES);
+            b[2 * nj][0] = q[0];
+            b[2 * nj][1] = q[1];
+            b[2 * nj + 1][0] = q[2];
+            b[2 * nj + 1][1] = q[3];
+          }
+#pragma unroll
+          for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < PT_NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
+          }
+        }
+        k_bytes += PT_STEP * (int)sizeof(T);
+        if (k_bytes == padded * (int)sizeof(T)) {  // the next tap
+          k_bytes = 0;
+          table += PT_ROWS;
+        }
+      }
+      // --- epilogue: out_s [patch][channel][pixel] = T(acc + bias), then 16-byte stores of whole patches -------
+      // A thread's pair (columns col, col + 1 of row m) is rounded and packed; with an even out_plane the lanes
+      // of rows gq and gq ^ 1 swap halves (one shuffle), so that each stores a pair of pixels (m, m + 1) of one
+      // column as 4 bytes: the even row's lane column col, the odd row's column col + 1.
+      T* out_t = reinterpret_cast<T*>(out_s);
+      const bool pixel_pairs = (out_plane & 1) == 0, odd_row = gq & 1;
+#pragma unroll
+      for (int ni = 0; ni < PT_NI; ++ni) {
+        const int col = warp_n + ni * 8 + 2 * qq;
+        const float add0 = has_bias && n0 + col < D ? to_acc(bias[n0 + col]) : 0.0f;
+        const float add1 = has_bias && n0 + col + 1 < D ? to_acc(bias[n0 + col + 1]) : 0.0f;
+#pragma unroll
+        for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const T lo = from_acc<T>(acc[mi][ni][2 * h] + add0), hi = from_acc<T>(acc[mi][ni][2 * h + 1] + add1);
+            const int at = out_at[mi][h];
+            if (pixel_pairs) {
+              const unsigned mine = pack2<T>(lo, hi), other = __shfl_xor_sync(0xffffffffu, mine, 4);
+              const unsigned pair = odd_row ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
+              if (at >= 0)
+                *reinterpret_cast<unsigned*>(out_t + (odd_row ? ((at - 1) ^ pt_swizzle(col + 1)) + (col + 1) * out_plane
+                                                              : (at ^ pt_swizzle(col)) + col * out_plane)) = pair;
+            } else if (at >= 0) {
+              out_t[at + col * out_plane] = lo;
+              out_t[at + (col + 1) * out_plane] = hi;
+            }
+          }
+        }
+      }
+      __syncthreads();
+      // patch p's channels n0 .. n0 + cols - 1 are cols x out_plane contiguous elements of out (its vector w is
+      // chunk w % out_chunks of channel w / out_chunks: swizzled in out_s where the swizzle applies)
+      const int patch_vectors = cols * out_plane / VEC;
+      for (int v = tid; v < count * patch_vectors; v += IG_THREADS) {
+        const int p = v / patch_vectors, w = v % patch_vectors;
+        const int at = swizzled ? w * VEC ^ pt_swizzle(w / out_chunks) : w * VEC;
+        *reinterpret_cast<uint4*>(out + ((first + p) * D + n0) * out_plane + (I)w * VEC) =
+            *reinterpret_cast<const uint4*>(out_s + (p * PT_COLS * out_plane + at) * (int)sizeof(T));
+      }
+      __syncthreads();  // out_s is free for the next pass
+    }
+  }
+  cp_async_wait<0>();
+}

@@ -106,6 +106,7 @@ REPLAY = "tests/test_replay.py"
 REPLAY_PY = "cupyconv/_replay.py"
 REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
 DEVICE_PY = "cupyconv/_device.py"
+PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
 M = Mutation
 
 MUTATIONS = [
@@ -1581,6 +1582,48 @@ MUTATIONS = [
     M("wgg-planner-blocks", IG_PY, "ceil_div(spec.in_channels, igemm_groups_channels(dtype)))",
       "spec.in_channels // igemm_groups_channels(dtype))", WGG, "off-by-one"),
 
+    # -- implicit_gemm.cu: patch_fwd_igemm, whole patches a block (task tcpatch) ---------------------------------
+    M("pt-tap-column-as-row", "implicit_gemm.cu", "ix = pixel % out_w - pad_left + tap % kernel_w;",
+      "ix = pixel % out_w - pad_left + tap / kernel_w;", PT, "wrong index"),
+    M("pt-padding-side", "implicit_gemm.cu", "iy = pixel / out_w - pad_top + tap / kernel_w,",
+      "iy = pixel / out_w + pad_top + tap / kernel_w,", PT, "wrong-side padding"),
+    M("pt-no-column-padding", "implicit_gemm.cu",
+      "if ((unsigned)iy >= (unsigned)height || (unsigned)ix >= (unsigned)width) row",
+      "if ((unsigned)iy >= (unsigned)height) row", PT, "wrong-side padding"),
+    M("pt-weight-padding-not-zero", "implicit_gemm.cu", "b[i] = cv < cv_count ? w_bits", "b[i] = true ? w_bits", PT,
+      "tile bound"),
+    M("pt-table-lane-order", "implicit_gemm.cu", "(s & 3) * 16 + (s >> 2) % 16;", "(s >> 2) % 16 * 4 + (s & 3);",
+      PT, "tc: fragment index"),
+    M("pt-weight-tap-stride", "implicit_gemm.cu", "w_bits[((I)d * C + cv * VEC + i) * taps + tap]",
+      "w_bits[((I)d * C + cv * VEC + i) + tap]", PT, "swapped stride"),
+    M("pt-transpose-plane", "implicit_gemm.cu", "for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];",
+      "for (int i = 0; i < VEC; ++i) b[i] = from[i];", PT, "swapped stride"),
+    M("pt-last-group-full", "implicit_gemm.cu",
+      "const int count = n - first < (I)patches ? (int)(n - first) : patches;\n    const int patch_vectors",
+      "const int count = patches;\n    const int patch_vectors", "tests/test_patch_igemm.py -k asan", "tile bound"),
+    M("pt-no-barrier-after-transpose", "implicit_gemm.cu", "    __syncthreads();  // the tile is complete\n", "\n",
+      PT, "removed barrier"),
+    M("pt-next-tap-off-by-one", "implicit_gemm.cu", "if (k_bytes == padded * (int)sizeof(T)) {",
+      "if (k_bytes == padded * (int)sizeof(T) + PT_STEP * (int)sizeof(T)) {", PT, "off-by-one"),
+    M("pt-b-clamp", "implicit_gemm.cu", "b1 = n0 + b_row + 16 < D ? n0 + b_row + 16 : D - 1;",
+      "b1 = n0 + b_row + 16;", PT, "tile bound"),
+    M("pt-grid-stride", "implicit_gemm.cu", "group < groups; group += gridDim.x, buffer ^= 1)",
+      "group < groups; group += 1, buffer ^= 1)", PT, "persistent loop"),
+    M("pt-no-bias", "implicit_gemm.cu", "from_acc<T>(acc[mi][ni][2 * h] + add0)", "from_acc<T>(acc[mi][ni][2 * h])",
+      PT, "dropped bias"),
+    M("pt-epilogue-patch-stride", "implicit_gemm.cu", "m / out_plane * PT_COLS * out_plane + m % out_plane",
+      "m / out_plane * out_plane + m % out_plane", PT, "wrong plane stride"),
+    M("pt-pixel-pair-halves", "implicit_gemm.cu", "odd_row ? __byte_perm(other, mine, 0x7632)",
+      "odd_row ? __byte_perm(other, mine, 0x5410)", PT, "wrong vector element"),
+    M("pt-transpose-pair-rows", "implicit_gemm.cu", "hi.y = __byte_perm(w[2], w[3], 0x7632);",
+      "hi.y = __byte_perm(w[2], w[3], 0x5410);", PT, "wrong vector element"),
+    M("pt-raw-patch-gap", "implicit_gemm.cu", "cp_async_cg_16(dst + p * raw_patch + (v - p * patch_vectors)",
+      "cp_async_cg_16(dst + (v - p * patch_vectors)", PT, "wrong plane stride"),
+    M("pt-swizzle-copy-out", "implicit_gemm.cu",
+      "const int at = swizzled ? w * VEC ^ pt_swizzle(w / out_chunks) : w * VEC;", "const int at = w * VEC;", PT,
+      "wrong index"),
+    M("pt-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_igemm(spec).patches) >= PT_MIN_GROUPS",
+      "return True", "tests/test_patch_igemm.py -k few_groups", "wrong choice"),
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",
       "while (clock64() - start < cycles / 64)", "tests/test_autotune.py -k emulator", "short spin"),

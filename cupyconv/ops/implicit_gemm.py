@@ -72,6 +72,7 @@ def instantiations():
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg))
                   for cg in IGG_FORWARD_CHANNELS[dtype]]
         names += [kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg) for cg in channels]
+    names += [kernel_name("patch_fwd_igemm", dtype, "int") for dtype in PT_DTYPES]
     return names + weight_igemm_instantiations()
 
 
@@ -1173,4 +1174,95 @@ def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):
                    partial=partial, chunks_per_split=plan.chunks_per_split)
     if plan.splits > 1:
         _add_forward_splits(device, partial, memory, spec, "int", IN_PLACE)
+    return out
+
+
+# --- whole patches a block (patch_conv2d's 16-bit forward) -----------------------------------------------------
+# patch_fwd_igemm (the section of that name at the end of implicit_gemm.cu): x (n, C, H, W) read as it lies, a
+# block's whole patches at a time, each input element staged once for every tap; the weight staged once per
+# persistent block.  ops/patch.py routes the 16-bit forward to it wherever `patch_igemm_refusal` allows.
+
+PT_DTYPES = ("float16", "bfloat16")   # its instantiations: one per dtype, 32-bit indices
+PT_ROWS, PT_COLS = 128, 64            # implicit_gemm.cu's PT_ROWS (output pixels a block), PT_COLS (channels a pass)
+PT_BLOCKS = IG_WAVE_BLOCKS            # persistent blocks at most (2 an SM of a 132-SM H100; shape-only, as above)
+# Its dynamic shared memory at most: two blocks an SM on sm_90 (228 KiB an SM), one on sm_80 / sm_86 (99 KiB a
+# block opted in on sm_86 and sm_89)
+PT_SHARED_LIMIT = 96 * 1024
+# ops/patch.py routes a forward to it only with at least this many groups of patches (two a persistent block): each
+# block stages the whole weight once (37 KiB for 32 -> 64 channels 3x3), which one group a block does not repay.
+# benchmarks.predict (H100): i-gpu16 (2,048 4x4 patches, 256 groups) fwd 9.3-22.2 us on conv_fwd_igemm and its
+# copy, 9.9-13.5 here (its low end +6%); p-1280-gpu16 (160 groups) 7.7-18.5 against 9.9-13.5.
+PT_MIN_GROUPS = 2 * PT_BLOCKS
+
+
+PT_STEP = 32          # implicit_gemm.cu's PT_STEP: a tap's channels a main-loop step (staged padded to a multiple)
+PT_ZERO_ROWS = 8
+
+
+def _odd_vectors(elements: int) -> int:
+    """Bytes of implicit_gemm.cu's `pt_pitch`: 16-bit elements in 16-byte vectors, an odd number of them."""
+    return ((elements // 8) | 1) * IG_VECTOR_BYTES
+
+
+def patch_igemm_shared(spec: ConvSpec, patches: int) -> int:
+    """patch_fwd_igemm's dynamic shared memory (2-byte elements): weight rows, the rows table, the tile and its zero
+    rows (a tap's channels padded to PT_STEP in both), two raw buffers (a patch's x and 32 bytes), the epilogue's
+    tile."""
+    c, d, taps, plane = spec.in_channels, spec.out_channels, spec.taps, spec.in_size[0] * spec.in_size[1]
+    padded = ceil_div(c, PT_STEP) * PT_STEP
+    return (d * _odd_vectors(taps * padded) + taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(padded)
+            + 2 * patches * (c * plane * 2 + 32) + patches * PT_COLS * spec.out_pixels * 2)
+
+
+def patch_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
+    """Why patch_fwd_igemm cannot run this forward, or None when it can: 16-bit, stride 1, dilation 1, one group,
+    C and D multiples of 16, a patch's output pixels at most PT_ROWS, its shared memory within PT_SHARED_LIMIT and
+    32-bit indices."""
+    if numpy.dtype(dtype).name not in PT_DTYPES:
+        return f"it takes float16 and bfloat16, not {numpy.dtype(dtype).name}"
+    if spec.nd != 2 or spec.stride != (1, 1) or spec.dilation != (1, 1) or spec.groups != 1:
+        return "it takes 2-D windows of stride 1, dilation 1 and one group"
+    if spec.in_channels % 16 or spec.out_channels % 16:
+        return f"it needs channels in multiples of 16, not {spec.in_channels} -> {spec.out_channels}"
+    if not 0 < spec.out_pixels <= PT_ROWS:
+        return f"it takes patches of at most {PT_ROWS} output pixels, not {spec.out_pixels}"
+    if patch_igemm_shared(spec, 1) > PT_SHARED_LIMIT:
+        return f"its shared memory would pass {PT_SHARED_LIMIT} bytes"
+    plane = spec.in_size[0] * spec.in_size[1]
+    if max(spec.n * spec.in_channels * plane, spec.n * spec.out_channels * spec.out_pixels) > INT32_MAX:
+        return "it indexes in 32 bits"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchPlan:
+    """One patch_fwd_igemm launch: patches a block takes at a time, persistent blocks, dynamic shared memory."""
+    patches: int
+    blocks: int
+    shared_mem: int
+
+
+def patch_igemm_pays(spec: ConvSpec) -> bool:
+    """Whether the forward has the PT_MIN_GROUPS groups of patches from which patch_fwd_igemm is the faster."""
+    return ceil_div(spec.n, plan_patch_igemm(spec).patches) >= PT_MIN_GROUPS
+
+
+def plan_patch_igemm(spec: ConvSpec) -> PatchPlan:
+    """As many whole patches as PT_ROWS output pixels hold (fewer where the shared memory would pass its limit),
+    and one block per group of them up to PT_BLOCKS, each looping over its share of the groups."""
+    patches = PT_ROWS // spec.out_pixels
+    while patches > 1 and patch_igemm_shared(spec, patches) > PT_SHARED_LIMIT:
+        patches -= 1
+    return PatchPlan(patches, max(1, min(PT_BLOCKS, ceil_div(spec.n, patches))), patch_igemm_shared(spec, patches))
+
+
+def patch_igemm_forward(device, x, weight, bias, spec: ConvSpec, out):
+    """out (n, D, oH, oW) C-contiguous from x (..., C, H, W) C-contiguous and 16-byte aligned, weight (D, C, kH, kW)
+    C-contiguous, bias (D,) or None: patch_fwd_igemm, one launch (no copy of x or of the weight)."""
+    plan = plan_patch_igemm(spec)
+    KERNELS.launch(device, "patch_fwd_igemm", dtype=x.dtype, index="int", grid=plan.blocks, block=IG_THREADS,
+                   shared_mem=plan.shared_mem, window=spec, x=x, weight=weight,
+                   bias=weight if bias is None else device.ascontiguous(bias), out=out, n=spec.n,
+                   channels=spec.in_channels, out_channels=spec.out_channels, patches=plan.patches,
+                   has_bias=bias is not None)
     return out

@@ -12,7 +12,9 @@ GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`
   and reduces the slices in a fixed order, so it gives the same bits on every run.
 - 'implicit_gemm' (what 'auto' picks, forward and backward, in float16/bfloat16, and float32 with TF32 allowed,
   with at least 16 channels per group, on sm_80+): conv2d's tensor-core kernels, which read the patches through
-  the same batch view (grad_output is made contiguous first).
+  the same batch view (grad_output is made contiguous first); the 16-bit forward of many C-contiguous patches at
+  stride 1 runs ops/implicit_gemm.py's patch_fwd_igemm instead (whole patches a block, x read as it lies:
+  `_whole_patches`).
 - 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
   budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
   that writes the output straight into its (..., D, oH, oW) layout.
@@ -28,7 +30,7 @@ import itertools
 import math
 
 from .._arrays import Call, compute_dtype, on_arrays_device
-from .._device import DEFAULT_SHARED_LIMIT
+from .._device import DEFAULT_SHARED_LIMIT, _address
 from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
                         extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_output, check_needs)
@@ -38,8 +40,9 @@ from .. import settings
 from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_cpu, gemm_weight_grad,
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
-from .implicit_gemm import (implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            sharing_channels_last, stage_backward_copies, tensor_core_refusal)
+from .implicit_gemm import (IG_VECTOR_BYTES, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
+                            patch_igemm_forward, patch_igemm_pays, patch_igemm_refusal, sharing_channels_last, stage_backward_copies,
+                            tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
@@ -222,6 +225,16 @@ def _use_tensor_cores(device, spec: ConvSpec, dtype, algorithm: str) -> bool:
     return algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, dtype, device) is None)
 
 
+def _whole_patches(x, spec: ConvSpec) -> bool:
+    """Whether the tensor-core forward runs patch_fwd_igemm (ops/implicit_gemm.py: whole patches a block, x read in
+    place, no channels-last copy): where `patch_igemm_refusal` allows, x is C-contiguous and 16-byte aligned, and
+    there are enough patches for its persistent blocks to repay their staging of the weight (`patch_igemm_pays`):
+    there benchmarks.predict ranks it faster than conv_fwd_igemm and its copy (benchmarks/RESULTS.md, "Whole
+    patches a block")."""
+    return (patch_igemm_refusal(spec, x.dtype) is None and x.flags.c_contiguous
+            and _address(x) % IG_VECTOR_BYTES == 0 and patch_igemm_pays(spec))
+
+
 def _use_simt(spec: ConvSpec, dtype, algorithm: str) -> bool:
     """Whether a pass runs conv2d's strict float32 FMA kernels (ops/simt_gemm.py): what 'implicit_gemm' means for
     float32 with TF32 off, and 'auto''s pick there unless both channels per group are at most
@@ -260,6 +273,8 @@ def patch_conv2d_gpu(device, x, weight, bias, spec: ConvSpec, algorithm: str = "
     if _use_simt(spec, x.dtype, algorithm):
         return simt_gemm_gpu(device, xv, weight, bias, spec, out)
     if _use_tensor_cores(device, spec, x.dtype, algorithm):
+        if _whole_patches(x, spec):
+            return patch_igemm_forward(device, x, weight, bias, spec, out)
         return implicit_gemm_gpu(device, xv, weight, bias, spec, out)
     plan = plan_tile(spec, x.dtype, transposed=False)
     if not _use_fused("patch_conv2d", algorithm, spec, plan) or plan is None:  # None: _use_fused said no
