@@ -225,8 +225,8 @@ def copy_runs(code: list[list], nests: list[frozenset], request_bytes: dict, war
     (unknown without one: the equal share).  The requests such a copy cannot have made go to the copies in the
     loop.  Exact where the prologue ran once per warp; where some warps skipped it (fewer chunks than the
     prologue issues, an early return) the prologue is over-counted and the loop under-counted by as much: the
-    site's total stays right either way (the equal share put 1 + trips runs on each copy of p-seed's simt_fwd:
-    6.33 runs a warp of the prologue's copy block, and of the loop's, instead of 1 and 17)."""
+    site's total stays right either way (p-seed's simt_fwd: the equal share ran its prologue's copy blocks and its
+    loop's 6.33 times a warp each, instead of 1 and 17)."""
     copies: dict = defaultdict(list)   # (site, kind) -> [(instruction, bytes per lane)]
     for i, (opcode, site, *_rest) in enumerate(code):
         kind = ANCHOR_KIND.get(mnemonic(opcode))
