@@ -11,10 +11,13 @@ launch never takes, is counted wrong.  This module counts what the launch runs i
    access (a GPU issues an access for the warp when any lane makes it).  A site that the compiler made into m
    SASS instructions (unrolled copies, inlined calls) has its requests shared equally among them, by bytes: each
    copy ran (requests x bytes per lane) / (the copies' bytes per lane) times, so that four 4-byte reads the
-   compiler merged into one LDS.128 count once.  The split between copies may be wrong (an unrolled-by-4 loop and its remainder), but the
-   site's total is right, and so is the total of code that runs as often as its copies.  Only plain loads and
-   stores anchor (LDG, STG, LDS, STS, RED, ATOM): the counters do not see ldmatrix or cp.async the way SASS does.
-   A site the counters never saw ran 0 times (the branch not taken).
+   compiler merged into one LDS.128 count once.  A copy outside a loop that another copy of its site is in (a
+   pipeline's prologue and main loop calling one load helper) runs at most as often as its own nest (once per
+   warp outside every loop), and the rest goes to the loop's copies (`copy_runs`).  The split between copies may
+   be wrong (an unrolled-by-4 loop and its remainder), but the site's total is right, and so is the total of
+   code that runs as often as its copies.  Only plain loads and stores anchor (LDG, STG, LDS, STS, RED, ATOM):
+   the counters do not see ldmatrix or cp.async the way SASS does.  A site the counters never saw ran 0 times
+   (the branch not taken).
 3. **Blocks.**  A basic block runs as often as its most-run anchor (a predicated copy is issued whenever its
    block runs, even where the emulator's lanes skipped it), and so do the blocks of its straight run (joined by
    edges without a branch: the only way out of one, the only way into the next).  A block without anchors takes,
@@ -214,6 +217,52 @@ def site_request_bytes(sites: list[dict]) -> dict[tuple[str, str], float]:
     return dict(request_bytes)
 
 
+def copy_runs(code: list[list], nests: list[frozenset], request_bytes: dict, warps: int) -> dict[int, float]:
+    """{instruction: runs} of every anchor: its site's request bytes shared among the site's SASS copies, equally
+    by bytes, except that a copy outside a loop that another copy of the same site is in (the first chunk that a
+    pipeline's prologue issues, by the helper its loop calls too) runs at most as often as its own nest runs: once
+    per warp outside every loop, else as often as the most-run anchor of a site whose copies all share that nest
+    (unknown without one: the equal share).  The requests such a copy cannot have made go to the copies in the
+    loop.  Exact where the prologue ran once per warp; where some warps skipped it (fewer chunks than the
+    prologue issues, an early return) the prologue is over-counted and the loop under-counted by as much: the
+    site's total stays right either way (p-seed's simt_fwd: the equal share ran its prologue's copy blocks and its
+    loop's 6.33 times a warp each, instead of 1 and 17)."""
+    copies: dict = defaultdict(list)   # (site, kind) -> [(instruction, bytes per lane)]
+    for i, (opcode, site, *_rest) in enumerate(code):
+        kind = ANCHOR_KIND.get(mnemonic(opcode))
+        if kind and site:
+            copies[site, kind].append((i, access_bytes(opcode)))
+
+    def equal(key) -> float:
+        return request_bytes.get(key, 0.0) / sum(b for _i, b in copies[key])
+    # How often each loop nest runs, from the sites whose copies all lie in it (their equal share is right).
+    nest_runs: dict[frozenset, float] = {frozenset(): float(warps)}
+    for key, held in copies.items():
+        held_nests = {nests[i] for i, _b in held}
+        if len(held_nests) == 1 and key in request_bytes:
+            nest, = held_nests
+            if nest:
+                nest_runs[nest] = max(nest_runs.get(nest, 0.0), equal(key))
+    runs: dict[int, float] = {}
+    for key, held in copies.items():
+        total = request_bytes.get(key, 0.0)
+        # outer copies: a nest strictly inside another copy's (a subset of its loops), with a known run count
+        caps = {i: nest_runs[nests[i]] for i, _b in held if nests[i] in nest_runs
+                and any(nests[i] < nests[j] for j, _b in held)}
+        capped: dict[int, float] = {}
+        while True:   # the caps below the share hold; the rest share what is left (the share only rises)
+            rest = [(i, b) for i, b in held if i not in capped]
+            left = total - sum(capped[i] * b for i, b in held if i in capped)
+            each = left / sum(b for _i, b in rest) if rest else 0.0
+            over = {i: caps[i] for i, _b in rest if i in caps and caps[i] < each}
+            if not over or len(over) == len(rest):
+                break
+            capped.update(over)
+        for i, _b in held:
+            runs[i] = capped.get(i, each)
+    return runs
+
+
 def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
     """Executed instructions of the sampled blocks (`warps` warps) from the kernel's `code` and the counters'
     `sites` of the same blocks: {"instructions", "mix": {class: executed}, "global_waits", "blocks": [(first,
@@ -223,27 +272,19 @@ def estimate(code: list[list], sites: list[dict], warps: int) -> dict | None:
         return None
     request_bytes = site_request_bytes(sites)
     counted_lines = {site for site, _kind in request_bytes}
-    copy_bytes: Counter = Counter()   # (site, kind) -> bytes per lane of all its SASS copies
-    copies: Counter = Counter()
+    copies: Counter = Counter()   # (site, kind) -> its SASS copies
     for opcode, site, *_rest in code:
         kind = ANCHOR_KIND.get(mnemonic(opcode))
         if kind and site:
-            copy_bytes[site, kind] += access_bytes(opcode)
             copies[site, kind] += 1
     if not copies or not any(key in request_bytes for key in copies):
         return None
 
-    def runs(i: int) -> float | None:
-        """How many times anchor instruction i ran: its site's request bytes over its copies' bytes."""
-        opcode, site = code[i][0], code[i][1]
-        kind = ANCHOR_KIND.get(mnemonic(opcode))
-        if not (kind and site):
-            return None
-        return request_bytes.get((site, kind), 0.0) / copy_bytes[site, kind]
-
     blocks = basic_blocks(code)
     nests = loop_nests(code, blocks)
     group = straight_runs(code, blocks)
+    runs = copy_runs(code, nests, request_bytes, warps).get   # anchor instruction -> its runs, else None
+
     counts: list[float | None] = [None] * len(blocks)
     for k, (first, last) in enumerate(blocks):
         anchors = [r for r in map(runs, range(first, last + 1)) if r is not None]

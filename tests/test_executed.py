@@ -1,7 +1,7 @@
 """benchmarks.executed: the instructions a launch executes, from its SASS (NVRTC -lineinfo) and the emulator's
 per-site warp requests, on self-test kernels whose executed counts are known from their SASS
 (tests/emulator/selftest_kernels/executed.cu): a loop with a run-time trip count, a branch no thread takes, a loop
-unrolled by 4 with its remainder."""
+unrolled by 4 with its remainder, a pipeline whose prologue and loop share a load site."""
 from __future__ import annotations
 
 import numpy
@@ -11,7 +11,7 @@ from benchmarks import executed, predict, sass
 from emulator import SELFTEST_KERNEL_DIR, EmulatedDevice
 
 SOURCE = "executed.cu"
-KERNELS = ["executed_loop", "executed_unrolled"]
+KERNELS = ["executed_loop", "executed_unrolled", "executed_pipeline"]
 WARPS = 2   # one block of 64 threads
 
 
@@ -81,6 +81,26 @@ def test_unrolled_copies_share_their_sites_requests(codes):
               for trips in (16, 32)}
     exact = WARPS * (32 - 16) // 4 * (main[1] - main[0] + 1)
     assert 0.9 * exact <= counts[32] - counts[16] <= 1.3 * exact
+
+
+def test_a_prologue_and_its_loop_sharing_a_site_run_once_and_trips_times(codes):
+    """executed_pipeline: one helper stages x in shared memory before the loop and inside it, so its load and store
+    have a SASS copy outside the loop and one in it.  The prologue's copy ran once per warp and the loop's `trips`
+    times (an equal share of the site's requests put (1 + trips) / 2 on each: the prologue charged 4.5 and 8.5
+    times a warp, as simt_fwd's cp.async prologue was); the whole count is exact, from the SASS's one loop."""
+    code = codes["executed_pipeline"]
+    (first, last), = sass.loops([{"opcode": c[0], "operands": hex(16 * c[3])} for c in code])
+    loop = last - first + 1
+    line = f"executed.cu:{line_of('pipeline')}"
+    where = [i for i, c in enumerate(code) if c[1] == line and c[0].startswith(("LDG", "STS"))]
+    assert [first <= i <= last for i in where] == [False, False, True, True]   # load, store: prologue, then loop
+    for trips in (8, 16):
+        sites = counted_sites("executed_pipeline", trips)
+        assert {s["requests"] for s in sites if s["site"] == line} == {WARPS * (1 + trips)}
+        estimate = executed.estimate(code, sites, WARPS)
+        runs = {start: count for start, _end, count in estimate["blocks"]}
+        assert runs[first] == WARPS * trips and runs[0] == WARPS
+        assert estimate["instructions"] == WARPS * (len(code) - loop + trips * loop)
 
 
 def test_lineinfo_leaves_the_instructions_unchanged(codes):
@@ -202,3 +222,39 @@ def test_a_loop_is_seen_from_outside_as_its_most_run_block():
             ["EXIT", "a.cu:4", 0, -1, 0]]
     sites = load(4) + [{"site": "a.cu:7", "kind": "global_load", "width": 4, "requests": 1}]
     assert block_runs(executed.estimate(code, sites, 8)) == [8, 4, 4, 1, 1, 4]
+
+
+def prologue_and_loop(extra: list[list] | None = None) -> list[list]:
+    """One load site (a.cu:1) with a copy before a loop (block 0) and one in it (block 1); `extra`: more of the
+    loop's body."""
+    return [["S2R", "a.cu:2", 0, -1, 0], ["LDG.E", "a.cu:1", 0, -1, 0], ["IMAD", "a.cu:2", 0, -1, 0],
+            ["LDG.E", "a.cu:1", 0, -1, 0], *(extra or []), ["FADD", "a.cu:3", 0, -1, 0],
+            ["BRA", "a.cu:3", 1, 3, 0],
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+
+
+def test_a_site_of_a_prologue_and_its_loop_puts_the_requests_past_once_a_warp_in_the_loop():
+    """8 warps, 1 + 5 requests a warp of one site: the prologue's copy once a warp, the loop's 5 times (the equal
+    share: 3 and 3).  Where the site made at most once a warp a copy, the share stays equal (nothing says which copy
+    the warps skipped); a wider prologue copy (LDG.64) takes its bytes' share."""
+    code = prologue_and_loop()
+    assert block_runs(executed.estimate(code, load(8 * 6), 8)) == [8, 40, 8]
+    assert block_runs(executed.estimate(code, load(8 * 1.5), 8)) == [6, 6, 6]
+    wide = [["LDG.E.64", "a.cu:1", 0, -1, 0] if i == 1 else c for i, c in enumerate(code)]
+    sites = [{"site": "a.cu:1", "kind": "global_load", "width": 4, "requests": 8 * (2 + 5)}]   # 8 + 4 bytes a trip
+    assert block_runs(executed.estimate(wide, sites, 8)) == [8, 40, 8]
+
+
+def test_a_site_of_an_inner_loops_prologue_is_capped_by_its_outer_loop():
+    """An outer loop (blocks 1-3) runs 4 times a warp (its own load, a.cu:5, says so); in it an inner loop's
+    prologue (block 1) and the inner loop (block 2) share a.cu:1: 4 + 4 x 6 requests a warp go 4 and 24, not 14
+    and 14.  Without the outer loop's own count the share stays equal."""
+    code = [["S2R", "a.cu:2", 0, -1, 0],
+            ["LDG.E", "a.cu:5", 0, -1, 0], ["LDG.E", "a.cu:1", 0, -1, 0],      # block 1: outer trip, prologue
+            ["LDG.E", "a.cu:1", 0, -1, 0], ["BRA", "a.cu:3", 1, 3, 0],         # block 2: the inner loop
+            ["IADD3", "a.cu:6", 0, -1, 0], ["BRA", "a.cu:6", 1, 1, 0],         # block 3: the outer loop's latch
+            ["EXIT", "a.cu:4", 0, -1, 0]]
+    sites = load(2 * 28) + [{"site": "a.cu:5", "kind": "global_load", "width": 4, "requests": 2 * 4}]
+    assert block_runs(executed.estimate(code, sites, 2)) == [2, 8, 48, 8, 2]
+    blind = [["IMAD", "a.cu:5", 0, -1, 0] if i == 1 else c for i, c in enumerate(code)]
+    assert block_runs(executed.estimate(blind, load(2 * 28), 2)) == [2, 28, 28, 28, 2]

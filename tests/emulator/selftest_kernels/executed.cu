@@ -28,3 +28,22 @@ __global__ void executed_unrolled(const float* x, float* y, int trips) {
   for (int i = 0; i < trips; ++i) s = s * 0.5f + x[i * 64 + t];  // @unrolled
   y[t] = s;
 }
+
+// A pipeline of two stages: one helper stages an element of x in shared memory, inlined for the first trip's
+// element before the loop (the prologue) and for the next trip's inside it: one source line, SASS copies that run
+// once and `trips` times a thread (an equal share of the site's requests would charge each (1 + trips) / 2).
+__global__ void executed_pipeline(const float* x, float* y, int trips) {
+  __shared__ float stage[2][64];
+  const int t = threadIdx.x;
+  auto issue = [&](int i) { stage[i & 1][t] = x[i * 64 + t]; };  // @pipeline
+  issue(0);
+  float s = 0.0f;
+#pragma unroll 1
+  for (int i = 0; i < trips; ++i) {
+    __syncthreads();
+    issue(i + 1);
+    s = s * 0.5f + stage[i & 1][t];  // @use
+    __syncthreads();
+  }
+  y[t] = s;
+}
