@@ -1299,8 +1299,15 @@ MUTATIONS = [
       "b_in = slot + 4 >= 0 && slot + 4 <= width;", DW_ROWS16, "off-by-one"),
     M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
-    M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && j < valid;",
-      "yy >= 0 && yy <= height && j < valid;", DW_ROWS16, "off-by-one"),
+    M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;",
+      "yy >= 0 && yy <= height && (ONE_TERM ? q : j) < valid;", DW_ROWS16, "off-by-one"),
+    # stage_rows16's digits without a division a unit, the forward's rows stepped without t (task dwbin, 22nd)
+    M("dw-rows16-divmod-one", "depthwise.cu", "j = d == 1 ? q : 0, t = d == 1 ? 0 : q;",
+      "j = d == 1 ? q : 0, t = q;", DW_ROWS16, "wrong index"),
+    M("dw-rows16-one-carry", "depthwise.cu", "++q, at_src += src_carry + src_wrap;", "++q, at_src += src_carry;",
+      DW_ROWS16, "wrong index"),
+    M("dw-rows16-one-valid", "depthwise.cu", "(ONE_TERM ? q : j) < valid;", "(ONE_TERM ? j : j) < valid;", DW_ROWS16,
+      "tile bound"),
     M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
       "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
     # depthwise_bwd_weight's RAW16: 16-bit 3x3 rows copied raw by cp.async, read `shift` halves in (task dwwg3, 21st)
