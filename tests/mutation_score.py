@@ -1306,8 +1306,6 @@ MUTATIONS = [
       "j = d == 1 ? q : 0, t = q;", DW_ROWS16, "wrong index"),
     M("dw-rows16-one-carry", "depthwise.cu", "++q, at_src += src_carry + src_wrap;", "++q, at_src += src_carry;",
       DW_ROWS16, "wrong index"),
-    M("dw-rows16-one-valid", "depthwise.cu", "(ONE_TERM ? q : j) < valid;", "(ONE_TERM ? j : j) < valid;", DW_ROWS16,
-      "tile bound"),
     M("dw-weights-batch", "depthwise.cu", "kernels_staged[e + b * (int)blockDim.x] = to_acc(v[b]);",
       "kernels_staged[e + b] = to_acc(v[b]);", DW_CHUNKS, "wrong index"),
     # depthwise_bwd_weight's RAW16: 16-bit 3x3 rows copied raw by cp.async, read `shift` halves in (task dwwg3, 21st)
