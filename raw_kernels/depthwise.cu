@@ -1177,6 +1177,16 @@ template <> __device__ __forceinline__ __nv_bfloat16 half_bits<__nv_bfloat16>(un
   return __ushort_as_bfloat16((unsigned short)u);
 }
 
+// q = j * d + t (q >= 0, d > 0) by subtraction: for the small q of stage_rows16 (a thread's first staged plane of a
+// unit and the planes of a pass: under 256 / in_h), where a division by the input gradient's run-time multiplier
+// cost ~25 instructions a unit (kept once per block instead, its 4 registers took the kernel to 72: 3 blocks an SM).
+// d = 1 (a multiplier of 1) skips the loop.  The forward (terms = 1 at compile time) does not call it: with it, even
+// folded away, its SASS grew (NVRTC 13: 56 -> 60 registers, +74 instructions a warp on dw-256-56 fp16).
+__device__ __forceinline__ void small_divmod(int q, int d, int& j, int& t) {
+  j = d == 1 ? q : 0, t = d == 1 ? 0 : q;
+  while (t >= d) t -= d, ++j;
+}
+
 // AlignedStaging::stage for 16-bit rows of whole aligned 4-element slots (rows_aligned) where a thread stages one
 // chunk of each of its rows (lanes == chunks): the 3x3 stride-1 per-image forward and input gradient.  Staged plane
 // q = j * terms + t is src plane run + (j * stride + t) planes (none from j = valid on: zeros), as
@@ -1185,8 +1195,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 half_bits<__nv_bfloat16>(un
 // the staging's pass (stage divides q by terms a row: ~20 instructions in the input gradient); a thread issues the
 // loads of B rows before it stores any (one wait on global memory a batch, where stage waits once a row); and the
 // chunk is cut from its slots' words by x0 mod 4 elements with a select of three words and two funnel shifts, where
-// stage picks each element among four (~19 instructions a chunk).  Same values, same cells.
-template <int B, typename T, typename I, bool SPREAD>
+// stage picks each element among four (~19 instructions a chunk).  ONE_TERM (the forward: terms = 1 at compile time):
+// j = q and t = 0, so only q, r and the offset are stepped (the t carry's compare and selects gone: -64 instructions a
+// warp on dw-256-56 fp16).  Same values, same cells.
+template <int B, bool ONE_TERM, typename T, typename I, bool SPREAD>
 __device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>& st, float* tile, int planes, int y0,
                                              int x0, int height, int width, const T* run, int terms, int stride,
                                              int valid, I src_plane) {
@@ -1199,10 +1211,14 @@ __device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>&
   const int bits = shift & 1 ? 16 : 0;  // and a value into it
   // The pass's step in j and t of q = j * terms + t and in the row's src offset (+ a row's carry into the next plane,
   // + t's into the next j), so that a row costs no division and no 64-bit product.
-  const int pass_j = st.pass_q / terms, pass_t = st.pass_q % terms;
+  int pass_j = st.pass_q, pass_t = 0, j = st.q0, t = 0;  // ONE_TERM: q = j
+  if constexpr (!ONE_TERM) {
+    small_divmod(st.pass_q, terms, pass_j, pass_t);
+    small_divmod(st.q0, terms, j, t);
+  }
   const I src_step = ((I)pass_j * stride + pass_t) * src_plane + (I)st.pass_r * width;
   const I src_carry = src_plane - (I)st.in_h * width, src_wrap = (I)(stride - terms) * src_plane;
-  int q = st.q0, r = st.r0, j = st.q0 / terms, t = st.q0 % terms;
+  int q = st.q0, r = st.r0;
   I at_src = ((I)j * stride + t) * src_plane + (I)(y0 + r) * width + slot;  // column slot of the row (run + at_src)
   while (q < planes) {
     Slot a[B], b[B];
@@ -1211,13 +1227,18 @@ __device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>&
     for (int k = 0; k < B; ++k) {  // no branch: the loads and the cell predicated, the steps past the end harmless
       a[k].v[0] = a[k].v[1] = b[k].v[0] = b[k].v[1] = 0u;  // zeros: +0.0 in both types
       const int yy = y0 + r;
-      const bool load = q < planes && yy >= 0 && yy < height && j < valid;
+      const bool load = q < planes && yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;
       if (load && a_in) a[k] = *reinterpret_cast<const Slot*>(run + at_src);
       if (load && b_in) b[k] = *reinterpret_cast<const Slot*>(run + at_src + 4);
       at[k] = q < planes ? st.offset(q, r) + st.chunk0 * 4 : -1;
-      q += st.pass_q, r += st.pass_r, j += pass_j, t += pass_t, at_src += src_step;
-      if (r >= st.in_h) r -= st.in_h, ++q, ++t, at_src += src_carry;
-      if (t >= terms) t -= terms, ++j, at_src += src_wrap;
+      if constexpr (ONE_TERM) {  // j = q, t = 0: a row's carry into the next plane is one into the next j too
+        q += st.pass_q, r += st.pass_r, at_src += src_step;
+        if (r >= st.in_h) r -= st.in_h, ++q, at_src += src_carry + src_wrap;
+      } else {
+        q += st.pass_q, r += st.pass_r, j += pass_j, t += pass_t, at_src += src_step;
+        if (r >= st.in_h) r -= st.in_h, ++q, ++t, at_src += src_carry;
+        if (t >= terms) t -= terms, ++j, at_src += src_wrap;
+      }
     }
 #pragma unroll
     for (int k = 0; k < B; ++k) {
@@ -1354,8 +1375,8 @@ __device__ __forceinline__ void depthwise_persistent(
       if constexpr (rows16) {
         staged = staging.rows_aligned && staging.lanes == staging.chunks;
         if (staged) {
-          stage_rows16<ROWS16_BATCH>(staging, tile, per_block * terms, y_0, x_0, src_h, src_w, src + base * src_plane,
-                                     terms, stride, valid, src_plane);
+          stage_rows16<ROWS16_BATCH, !TRANSPOSED>(staging, tile, per_block * terms, y_0, x_0, src_h, src_w,
+                                                  src + base * src_plane, terms, stride, valid, src_plane);
         }
       }
       if (!staged) staging.stage(tile, per_block * terms, y_0, x_0, src_h, src_w, plane_of);
@@ -2301,10 +2322,8 @@ __device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned o
 #pragma unroll
   for (int k = 0; k < (L + 1) / 2; ++k) {
     const unsigned pair = __byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);  // odd L: the last half alone
-    T h[2];
-    memcpy(h, &pair, sizeof(pair));
-    row[2 * k] = to_acc(h[0]);
-    if (2 * k + 1 < L) row[2 * k + 1] = to_acc(h[1]);
+    row[2 * k] = to_acc(half_bits<T>(pair));
+    if (2 * k + 1 < L) row[2 * k + 1] = to_acc(half_bits<T>(pair >> 16));
   }
 }
 

@@ -1377,8 +1377,13 @@ MUTATIONS = [
       "b_in = slot + 4 >= 0 && slot + 4 <= width;", DW_ROWS16, "off-by-one"),
     M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
-    M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && j < valid;",
-      "yy >= 0 && yy <= height && j < valid;", DW_ROWS16, "off-by-one"),
+    M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;",
+      "yy >= 0 && yy <= height && (ONE_TERM ? q : j) < valid;", DW_ROWS16, "off-by-one"),
+    # stage_rows16's digits without a division a unit, the forward's rows stepped without t (task dwbin, 22nd)
+    M("dw-rows16-divmod-one", "depthwise.cu", "j = d == 1 ? q : 0, t = d == 1 ? 0 : q;",
+      "j = d == 1 ? q : 0, t = q;", DW_ROWS16, "wrong index"),
+    M("dw-rows16-one-carry", "depthwise.cu", "++q, at_src += src_carry + src_wrap;", "++q, at_src += src_carry;",
+      DW_ROWS16, "wrong index"),
     # the packed 5x5 units' weights by 16-byte chunks (stage_weight_chunks, task dwsmall, 22nd session)
     M("dw-wchunks-head", "depthwise.cu", "A* out = dst + head + (c + b * (int)blockDim.x) * C;",
       "A* out = dst + (c + b * (int)blockDim.x) * C;", DW_WCHUNKS, "wrong index"),

@@ -548,12 +548,17 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
 # thread, B rows loaded before any is stored, the chunk cut from two slots by x0 mod 4 = -pad_left mod 4 elements).
 # Left paddings 0..3 take every cut; widths of 56 two 28-wide tiles (SPREAD) and of 24, 36 one tile (the per-image
 # instantiation without SPREAD); heights that leave a partial strip and partial batches of rows; images past a partial
-# group (rows of no plane: zeros); the unaligned base falls back to AlignedStaging::stage.
+# group (rows of no plane: zeros); the unaligned base falls back to AlignedStaging::stage.  Multipliers 1 (the
+# forward's ONE_TERM rows and the input gradient's) to 3; 3-high planes of 8 images (64 threads, 6 staged rows a
+# plane) whose staging pass steps a whole plane, at multipliers 1 and 2 (the pass's j and t from small_divmod; the
+# taller cases' blocks pass less than a plane).  (Multiplier 2 on one-tile planes packs.)
 ROWS16_CASES = [  # (shape, multiplier, padding)
     ((3, 2, 13, 56), 1, ((1, 1), (1, 1))),
     ((2, 3, 9, 24), 2, ((0, 2), (0, 0))),
     ((2, 2, 11, 36), 1, ((2, 0), (2, 1))),
     ((3, 1, 7, 56), 3, ((1, 2), (3, 3))),
+    ((8, 2, 3, 56), 1, ((1, 1), (0, 2))),  # per-image input gradients whose pass steps a plane (pass_q = 1) ...
+    ((8, 2, 3, 56), 2, ((1, 1), (0, 2))),  # ... multiplier 1 and 2 (small_divmod's digits, the t carry)
 ]
 
 
