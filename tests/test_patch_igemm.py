@@ -122,6 +122,23 @@ def test_a_transposed_view_takes_the_old_path():
     assert_close(out, want, "float16", "view")
 
 
+def test_a_gpu_without_mma_sync_never_launches_it(monkeypatch):
+    """Before sm_80 the kernel is a trap: 'implicit_gemm' asked for is a ValueError naming why (as conv_fwd_igemm's
+    path says), and 'auto' takes a path of its own."""
+    rng = numpy.random.default_rng(2)
+    x = rng.standard_normal((11, 32, 4, 4)).astype(numpy.float16)
+    weight = rng.standard_normal((64, 32, 3, 3)).astype(numpy.float16)
+    device = Recorder()
+    monkeypatch.setattr(device, "tensor_cores", False, raising=False)
+    with _device.use_device(device):
+        with pytest.raises(ValueError, match=r"patch_conv2d: algorithm='implicit_gemm' cannot run: .*mma\.sync"):
+            cupyconv.patch_conv2d(x, weight, padding=1, algorithm="implicit_gemm")
+        out = cupyconv.patch_conv2d(x, weight, padding=1)
+    assert not [n for n in device.launches if "igemm" in n], device.launches
+    want = cupyconv.patch_conv2d(numpy.asarray(x, numpy.float64), numpy.asarray(weight, numpy.float64), padding=1)
+    assert_close(out, want, "float16", "auto without tensor cores")
+
+
 def test_few_groups_take_the_old_path(monkeypatch):
     """Under PT_MIN_GROUPS groups of patches the forward stays on conv_fwd_igemm (the weight staging would not pay)."""
     monkeypatch.setattr(igemm, "PT_MIN_GROUPS", 3)   # 11 patches: 2 groups of 8

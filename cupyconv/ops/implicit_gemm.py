@@ -1259,6 +1259,7 @@ def plan_patch_igemm(spec: ConvSpec) -> PatchPlan:
 def patch_igemm_forward(device, x, weight, bias, spec: ConvSpec, out):
     """out (n, D, oH, oW) C-contiguous from x (..., C, H, W) C-contiguous and 16-byte aligned, weight (D, C, kH, kW)
     C-contiguous, bias (D,) or None: patch_fwd_igemm, one launch (no copy of x or of the weight)."""
+    _check_tensor_cores(spec, x.dtype, device, "forward")   # the GPU's: patch_igemm_refusal looks at the problem only
     plan = plan_patch_igemm(spec)
     KERNELS.launch(device, "patch_fwd_igemm", dtype=x.dtype, index="int", grid=plan.blocks, block=IG_THREADS,
                    shared_mem=plan.shared_mem, window=spec, x=x, weight=weight,

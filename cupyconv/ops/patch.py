@@ -41,8 +41,8 @@ from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import (IG_VECTOR_BYTES, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            patch_igemm_forward, patch_igemm_pays, patch_igemm_refusal, sharing_channels_last, stage_backward_copies,
-                            tensor_core_refusal)
+                            patch_igemm_forward, patch_igemm_pays, patch_igemm_refusal, sharing_channels_last,
+                            stage_backward_copies, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
