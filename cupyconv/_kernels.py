@@ -40,6 +40,9 @@ INT32_MAX = 2**31 - 1
 # most GRID_CAP blocks, enough to fill any current GPU; CUDA's own limits are MAX_GRID.
 GRID_CAP = 65536
 MAX_GRID = (2**31 - 1, 65535, 65535)
+# The SMs the planners size waves of blocks for: a 132-SM H100 (the H200 has as many).  A shape-only constant, so
+# that a plan never depends on the GPU it runs on; one place for every planner that counts waves.
+PLAN_SMS = 132
 ELEMENTWISE_BLOCK = 256
 
 _C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double"}

@@ -19,8 +19,8 @@ import numpy
 
 from .. import _replay, settings
 from .._device import _address
-from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, capped_grid, extent,
-                        fast_divmod_magic, index_type, kernel_name, split_reduction)
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, PLAN_SMS, KernelFile, batch_args, batch_view, capped_grid,
+                        extent, fast_divmod_magic, index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 from .lift import add_channel_bias
 
@@ -253,7 +253,7 @@ IG_NARROW_TILES = ((256, 32, 4), (128, 32, 4))
 # as bring it to IG_WAVE_BLOCKS blocks, each at least IG_SPLIT_CHUNKS chunks of K, within the workspace limit (float
 # sums of out per split).  16 chunks: a shorter split's finish pass (a read of every split's sums) costs about
 # what the split gains (benchmarks.predict: patch's input gradient, K = 18 chunks).
-IG_WAVE_BLOCKS = 264
+IG_WAVE_BLOCKS = 2 * PLAN_SMS
 IG_SPLIT_CHUNKS = 16
 # A split grid's splits fill its tile's own wave: IG_WAVE_BLOCKS / 2 SMs x the blocks of the tile an SM holds on
 # sm_90 (NVRTC 13's registers with 32-bit indices; tests/test_sass.py checks them against the SASS).  Constants, so the

@@ -31,8 +31,8 @@ import math
 
 from .._arrays import Call, compute_dtype, on_arrays_device
 from .._device import DEFAULT_SHARED_LIMIT, _address
-from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, KernelFile, batch_args, batch_view, elementwise_launch,
-                        extent, index_type, kernel_name)
+from .._kernels import (INDEX_TYPES, KERNEL_DTYPES, MAX_GRID, PLAN_SMS, KernelFile, batch_args, batch_view,
+                        elementwise_launch, extent, index_type, kernel_name)
 from .._spec import (NEEDS, ConvSpec, ceil_div, check_algorithm, check_grad_output, check_needs)
 from .._docs import GRADIENTS, SAME_KIND, numpy_doc
 from .._typing import ArrayT, Gradients, IntOrTuple, Needs, Padding
@@ -71,7 +71,7 @@ KERNELS = KernelFile("patch.cu", defines={
 
 FUSED_MAX_PIXELS = 256     # 'auto' runs the fused kernels on patches of at most this many pixels (H * W)
 TARGET_THREADS = 256       # threads per block the tile kernels aim for when the patches allow
-MIN_BLOCKS = 264           # fewer patches per block below this many blocks (2 per SM of a 132-SM H100)
+MIN_BLOCKS = 2 * PLAN_SMS  # fewer patches per block below this many blocks (2 per SM)
 WEIGHT_MAX_THREADS = 256   # patch_bwd_weight: two blocks of 128-register threads per SM
 WEIGHT_BLOCKS = 512        # blocks patch_bwd_weight aims for (slices x weight tiles); fixed, so the slicing
                            # and hence the bits of grad weight depend on the shape only, not on the GPU

@@ -15,8 +15,8 @@ import itertools
 import numpy
 
 from .. import settings
-from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, KernelFile, batch_args, batch_view, extent, index_type,
-                        kernel_name, split_reduction)
+from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, PLAN_SMS, KernelFile, batch_args, batch_view, extent,
+                        index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
@@ -57,7 +57,7 @@ SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIM
 # - SIMT_SPLIT_COST: 128 x 32 x 8 1.399 to 128 x 64 x 8's 1.320, for 33-64 columns in two column tiles of 32 below
 #   SIMT_TALL_ROWS rows.  ii's 25,088 rows made 196 blocks of 128 x 64, two on 64 SMs and one on 68 (2 x 64 columns
 #   on the busiest), 392 of 128 x 32 are 3 x 32 x 1.06; i's 256 blocks keep 128 x 64 (2 x 64 against 4 x 32 x 1.06).
-SIMT_SMS = 132
+SIMT_SMS = PLAN_SMS
 SIMT_BLOCKS_AN_SM = {SIMT_TALL: 2, SIMT_TALL_FIT: 2, SIMT_TILE: 4, SIMT_TALL_NARROW: 4, SIMT_NARROW: 4}
 SIMT_TALL_FIT_COST, SIMT_NARROW_FIT_COST, SIMT_SPLIT_COST = 1.03, 1.06, 1.06
 SIMT_NARROW_COLUMNS = 32
