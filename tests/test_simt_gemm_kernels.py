@@ -33,7 +33,9 @@ CASES = [
     C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
-    C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
+    C("weight_96_row_tiles", (3, 30, 7, 6), (40, 30, 3, 3), padding=((1, 0), (0, 1))),  # 270 of 288 rows, 40 of 64
+    # 378 rows: two 192-row tiles (378 of 384; 96-row tiles pad as many), 40 of 64 columns, four warps
+    C("weight_192_row_tiles", (2, 42, 6, 7), (40, 42, 3, 3), padding=((0, 1), (1, 0))),
     C("pointwise_taps_1", (2, 19, 5, 6), (13, 19, 1, 1), stride=(1, 2)),              # a k slot: channels only
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
     # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
@@ -58,7 +60,9 @@ def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
     if not weight:
         return "128, 32, 8"
-    return "96, 64, 12" if -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
+    if -(-rows // 96) * 96 > -(-rows // 128) * 128:
+        return "128, 64, 8"
+    return "192, 64, 12" if -(-rows // 96) % 2 == 0 else "96, 64, 12"
 
 
 def tiles_of(case):
@@ -290,6 +294,18 @@ def test_weight_gradient_splits_within_the_workspace_limit():
         assert simt_gemm.plan_simt(spec, "weight").splits == 3
 
 
+def test_weight_192_row_tiles_split_as_their_96_row_pairs(monkeypatch):
+    """r50-64's 576 weight-gradient rows take three 192 x 64 x 12 tiles (the pairs of six 96-row tiles), and split
+    the pixels as the six would: SIMT_SPLIT_BLOCKS / 2 blocks of twice the threads, the same splits and waves."""
+    spec = conv_op.ConvSpec.for_conv("t", numpy.empty((64, 64, 56, 56), numpy.float32),
+                                     numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+    plan = simt_gemm.plan_simt(spec, "weight")
+    assert plan.tile == simt_gemm.SIMT_TALL_FIT and plan.grid == (3, 1, 86) and plan.threads == 128
+    monkeypatch.setattr(simt_gemm, "simt_tile", lambda *args: simt_gemm.SIMT_SHORT)
+    pairs = simt_gemm.plan_simt(spec, "weight")
+    assert pairs.grid == (6, 1, plan.splits) and pairs.chunks_per_split == plan.chunks_per_split
+
+
 def test_negative_strides():
     """x viewed with negative strides (flipped rows and columns, channels, images) reaches simt_fwd as it is: window
     origins and tap offsets are signed, so an origin below x's first element (a flipped axis) still adds up to the
@@ -335,6 +351,7 @@ def test_batch_view_read_in_place():
                                          ("wide_tile_many_row_blocks", ("128, 128, 16",) * 2),
                                          ("groups2_stride_dilation_per_axis", ("128, 32, 8",) * 2),
                                          ("weight_96_row_tiles", ("128, 32, 8", "96, 64, 12")),
+                                         ("weight_192_row_tiles", ("128, 32, 8", "192, 64, 12")),
                                          ("plain", ("128, 32, 8", "64, 32, 8"))])
 def test_64_bit_index_variant(name, tiles, monkeypatch):
     monkeypatch.setattr(_kernels, "INT32_MAX", -1)
@@ -553,18 +570,18 @@ def test_tiles_are_a_rule_of_the_shapes():
         return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
                 for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
     narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
-    tall_wide, short_64 = (256, 128, 16), (96, 64, 12)
+    tall_wide = (256, 128, 16)
     pixels = 32 * 28 * 28
     assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 288 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
     fit = (192, 64, 12)
-    assert plans(64, 56, 1) == [(fit, (523, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    assert plans(64, 56, 1) == [(fit, (523, 1))] * 2 + [(fit, (3, 1))]   # r50-64: 576 rows
     assert plans(64, 64, 1)[0] == (tall, (512, 1))   # 2 waves of 256 rows, not 3 of 192
     assert plans(128, 56, 2)[0] == (tall, (392, 2))  # two groups: 784 blocks (2.97 waves), not 1046 (3.96)
     assert plans(64, 112, 1)[0] == (tall, (1568, 1))   # 6 waves of 256 rows, 8 of 192: the loop's cost decides
     assert plans(64, 160, 1)[0] == (tall, (3200, 1))   # 13 x 256 rows a slot against 17 x 192 (3,264 x 1.03)
     assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (9, 1))]      # r50-128: 1152 rows
-    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(short_64, (6, 16))]   # 64 per group, 1568 rows: not tall
+    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(fit, (3, 16))]   # 64 per group, 1568 rows: not tall
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
     assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192

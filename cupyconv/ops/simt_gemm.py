@@ -31,7 +31,11 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (288 = 32 x 9: 320 rows,
 # not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
-# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
+# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps);
+# where the 96-row tiles come in pairs (576 rows: r50-64, ii) each pair is one 192 x 64 x 12 tile (128 threads, the
+# forward's SIMT_TALL_FIT): every grad_out element a block loads feeds 192 rows, not 96, so a block loads, sums
+# and stores half the B elements a FFMA and reads half the 128-byte lines of grad_out (sm_90: 1,053 loop
+# instructions a 768 FFMA, not 1,084; PREDICTED H100 r50-64's weight gradient 146.1-322.2 -> 133.7-301.9 us).
 # The forward weighs two tiles for at most 64 columns (`simt_fwd_tile`): below SIMT_TALL_ROWS rows 33-64 columns
 # take 128 x 64 x 8 or two column tiles of 128 x 32 x 8; from SIMT_TALL_ROWS rows 256 x 64 x 16 or 192 x 64 x 12
 # (SIMT_TALL_FIT), and at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW) or 128 x 32 x 8.  The order of each tuple
@@ -41,7 +45,7 @@ SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64
 SIMT_TALL_FIT = (192, 64, 12)
 SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW,
                           SIMT_TALL_FIT),
-              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
+              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT, SIMT_TALL_FIT)}
 # `simt_fwd_tile` weighs the forward's tiles that fit a GEMM's columns against each other by the busiest SM's work
 # as benchmarks.predict times it (`simt_sm_work`): a partial last wave, or too few blocks for every SM, leaves SMs
 # idle.  SIMT_SMS: a 132-SM H100 (or H200), a shape-only constant like SIMT_MIN_BLOCKS.  SIMT_BLOCKS_AN_SM: each
@@ -221,7 +225,9 @@ def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, i
         return SIMT_WIDE
     if cols <= SIMT_NARROW_COLUMNS:
         return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
-    return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
+    if ceil_div(rows, 96) * 96 > ceil_div(rows, 128) * 128:
+        return SIMT_TILE
+    return SIMT_TALL_FIT if ceil_div(rows, 96) % 2 == 0 else SIMT_SHORT
 
 
 def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
@@ -233,8 +239,11 @@ def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
-    splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1],
-                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * (rows + 1) * 4)
+    # 192 x 64 x 12 splits as its two 96 x 64 x 12 row tiles would: the same splits, half the blocks (of twice the
+    # threads), so the same waves
+    target = SIMT_SPLIT_BLOCKS // 2 if tile == SIMT_TALL_FIT else SIMT_SPLIT_BLOCKS
+    splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1], target,
+                                        SIMT_SPLIT_CHUNKS, spec.out_channels * (rows + 1) * 4)
     return SimtPlan(tile, (*blocks, splits), per_split)
 
 
