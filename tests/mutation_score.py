@@ -805,9 +805,6 @@ MUTATIONS = [
       "target = SIMT_SPLIT_BLOCKS", SIMT + " -k 'weight_192'", "weight tile 192 x 64: three blocks an SM"),
     M("simt-weight-fit-no-fallback", SIMT_PY, "if splits * blocks[0] * blocks[1] >= target:", "if True:",
       SIMT + " -k 'weight_192'", "weight tile 192 x 64: 96-row tiles where its splits cannot fill"),
-    M("simt-weight-fit-min-blocks", "simt_gemm.cu",
-      "sizeof(I) == 4 && BM == 192 && BN == 64 && TM == 12 ? 3 : 1;", "sizeof(I) == 4 && BM == 192 && BN == 64 && TM == 12 ? 1 : 1;",
-      "tests/test_sass.py -m 'slow or not slow' -k 'fma_gemm_tall_tiles'", "weight tile 192 x 64: 168 registers"),
     M("simt-preferred-groups", SIMT_PY, "blocks = ceil_div(rows, SIMT_TILE[0]) * spec.groups",
       "blocks = ceil_div(rows, SIMT_TILE[0])", SIMT_RULE, "auto: blocks of every group"),
 
