@@ -555,10 +555,12 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
 // simt_bwd_weight's threads (its tiles' most: 128) and the blocks an SM must hold: 192 x 64 x 12 with int
 // indices three, 12 warps (168 registers, none spilled, 9 more loop instructions than at 201), which its plans
 // launch in waves of three an SM (SIMT_FIT_WEIGHT_BLOCKS), so that each scheduler has a third warp to issue while
-// two wait for the shared loads that follow a barrier; its 64-bit twin would spill there and keeps two.
+// two wait for the shared loads that follow a barrier; its 64-bit twin would spill there and keeps two, and so
+// does sm_70, whose A goes through 12 more staging registers.
 constexpr int SIMT_WEIGHT_THREADS = 128;
 template <typename I, int BM, int BN, int TM>
-constexpr int simt_weight_min_blocks = sizeof(I) == 4 && BM == 192 && BN == 64 && TM == 12 ? 3 : 1;
+constexpr int simt_weight_min_blocks =
+    CUPYCONV_HAS_CP_ASYNC && sizeof(I) == 4 && BM == 192 && BN == 64 && TM == 12 ? 3 : 1;
 
 template <typename T, typename I, int BM, int BN, int TM>
 __global__ void __launch_bounds__(SIMT_WEIGHT_THREADS, simt_weight_min_blocks<I, BM, BN, TM>) simt_bwd_weight(
