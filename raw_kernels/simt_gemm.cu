@@ -506,7 +506,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   __device__ void a_advance(ACursor& cursor) const {
     const I image = cursor.at.image;
     cursor.at.advance((int)out_pixels);
-    if (cursor.at.image != image) {  // a new image: its start, from the previous one's without a division
+    if (cursor.at.image != image) {  // a new image: its start (a division, once an image)
       cursor.image_start = cursor.at.image < n ? view.image(cursor.at.image) + group_base : (I)0;
     }
     a_place(cursor);

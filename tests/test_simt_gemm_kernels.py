@@ -3,7 +3,7 @@ by cupyconv/ops/simt_gemm.py) against the CPU path in float64: conv2d forward, s
 the transposed problem) and weight gradient (split reduction), with TF32 off.
 
 Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64, 96 x 64,
-128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
+192 x 64, 128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
 pixel cursor carry over several images per chunk, and each side's padding, stride and dilation differ per axis.
 The bug classes of issue 12 (per-side padding and the last row and column, loops over several blocks, 64-bit
 indices past 2^31 on the sparse-memory device) are covered for both kernels.
