@@ -506,7 +506,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   __device__ void a_advance(ACursor& cursor) const {
     const I image = cursor.at.image;
     cursor.at.advance((int)out_pixels);
-    if (cursor.at.image != image) {  // a new image: its start, from the previous one's without a division
+    if (cursor.at.image != image) {  // a new image: its start (a division, once an image)
       cursor.image_start = cursor.at.image < n ? view.image(cursor.at.image) + group_base : (I)0;
     }
     a_place(cursor);
@@ -552,8 +552,18 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
 };
 
+// simt_bwd_weight's threads (its tiles' most: 128) and the blocks an SM must hold: 192 x 64 x 12 with int
+// indices three, 12 warps (168 registers, none spilled, 9 more loop instructions than at 201), which its plans
+// launch in waves of three an SM (SIMT_FIT_WEIGHT_BLOCKS), so that each scheduler has a third warp to issue while
+// two wait for the shared loads that follow a barrier; its 64-bit twin would spill there and keeps two, and so
+// does sm_70, whose A goes through 12 more staging registers.
+constexpr int SIMT_WEIGHT_THREADS = 128;
+template <typename I, int BM, int BN, int TM>
+constexpr int simt_weight_min_blocks =
+    CUPYCONV_HAS_CP_ASYNC && sizeof(I) == 4 && BM == 192 && BN == 64 && TM == 12 ? 3 : 1;
+
 template <typename T, typename I, int BM, int BN, int TM>
-__global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_bwd_weight(
+__global__ void __launch_bounds__(SIMT_WEIGHT_THREADS, simt_weight_min_blocks<I, BM, BN, TM>) simt_bwd_weight(
     const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial, I n, I x_inner,
     I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,

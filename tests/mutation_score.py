@@ -798,6 +798,13 @@ MUTATIONS = [
       "64 columns in two tiles: loop cost"),
     M("simt-split-grid-y", SIMT_PY, "if 2 * groups <= MAX_GRID[1] else", "if groups <= MAX_GRID[1] else", SIMT_RULE,
       "64 columns in two tiles: grid.y"),
+    M("simt-weight-fit-pairs", SIMT_PY, "return SIMT_TALL_FIT if ceil_div(rows, 96) % 2 == 0 else SIMT_SHORT",
+      "return SIMT_TALL_FIT if ceil_div(rows, 96) % 2 == 1 else SIMT_SHORT",
+      SIMT + " -k 'rule_of_the_shapes or weight_192 or weight_96'", "weight tile: 192 rows for pairs of 96"),
+    M("simt-weight-fit-split-target", SIMT_PY, "target = SIMT_SPLIT_BLOCKS * SIMT_FIT_WEIGHT_BLOCKS // 4",
+      "target = SIMT_SPLIT_BLOCKS", SIMT + " -k 'weight_192'", "weight tile 192 x 64: three blocks an SM"),
+    M("simt-weight-fit-no-fallback", SIMT_PY, "if splits * blocks[0] * blocks[1] >= target:", "if True:",
+      SIMT + " -k 'weight_192'", "weight tile 192 x 64: 96-row tiles where its splits cannot fill"),
     M("simt-preferred-groups", SIMT_PY, "blocks = ceil_div(rows, SIMT_TILE[0]) * spec.groups",
       "blocks = ceil_div(rows, SIMT_TILE[0])", SIMT_RULE, "auto: blocks of every group"),
 

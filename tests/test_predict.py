@@ -205,14 +205,15 @@ def test_recording_of_the_c3d_mri_fp32_backward():
     """c3d-mri in strict fp32 under the default 256 MiB limit: an image's backward workspace (depth windows, their
     gradient, the grad_output copy: 224 MiB) passes half the limit, so the 3-D driver runs slabs of output depths
     (2 of 16 an image) whose 2-D runs keep the rest of the limit, and the FMA weight gradient splits each slab's
-    pixels until SIMT_SPLIT_BLOCKS blocks run (29 splits of 18 output tiles of 96 x 64).  Under the 1-byte limit
-    that whole images left it (707d6e2) it could not split: 14 blocks, 2.7-8.0 ms a launch by the model instead of
-    0.09-0.27 (PREDICTIONS).  'auto' gives this weight gradient to the FMA kernel again (`simt_preferred`: 64
+    pixels until SIMT_SPLIT_BLOCKS blocks of 64 threads run (29 splits of 9 output tiles of 192 x 64, 128 threads
+    each).  Under the 1-byte limit that whole images left it (707d6e2) it could not split: 14 blocks, 2.7-8.0 ms a
+    launch by the model instead of 0.09-0.27 (PREDICTIONS).  'auto' gives this weight gradient to the FMA kernel again (`simt_preferred`: 64
     columns, since the 96 x 64 x 12 tile) after a time with cuBLAS (14 GEMM tiles of 128 x 128)."""
     rec = launches.record(BY_LABEL["c3d-mri-gpu32"], True)
     weights = [s for s in rec.launches if s.kernel == "simt_bwd_weight"]
     assert len(weights) == 2 * 2
-    assert all(s.grid[2] > 1 and math.prod(s.grid) >= simt_gemm.SIMT_SPLIT_BLOCKS for s in weights), weights
+    assert all(s.grid[2] > 1 and math.prod(s.grid) * s.threads >= simt_gemm.SIMT_SPLIT_BLOCKS * 64
+               for s in weights), weights
 
 
 # ---------------------------------------------------------------------------------------------------------

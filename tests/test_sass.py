@@ -508,7 +508,7 @@ LDS_SLACK = 2
 # 1.40, 1.29, 1.62, 1.49, 1.23, 1.19);
 # about 6% above that of 2026-11-25 for simt_bwd_weight (128 x 64 1.52, 96 x 64 1.46, 128 x 32 1.67, 64 x 32 1.75,
 # 128 x 128 1.32, with the bias gradient as column sums of the staged grad_out, not a row of ones selected per
-# element of A).
+# element of A; 192 x 64 x 12 1.38 of 2026-11-27 at 168 registers, task simtdw).
 # The 32-column tiles pay more per FFMA (each gathered element of A feeds 32 FMAs, not 64) but none on padding
 # columns.
 FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
@@ -516,7 +516,7 @@ FMA_LOOP_INSTRUCTIONS_PER_FFMA = {
     ("simt_fwd", 256, 32): 1.37, ("simt_fwd", 192, 64): 1.26,
     ("simt_fwd", 128, 128): 1.24, ("simt_fwd", 256, 128): 1.2,
     ("simt_bwd_weight", 128, 64): 1.61, ("simt_bwd_weight", 96, 64): 1.55, ("simt_bwd_weight", 128, 32): 1.77,
-    ("simt_bwd_weight", 64, 32): 1.86, ("simt_bwd_weight", 128, 128): 1.4,
+    ("simt_bwd_weight", 64, 32): 1.86, ("simt_bwd_weight", 128, 128): 1.4, ("simt_bwd_weight", 192, 64): 1.44,
 }
 
 
@@ -565,7 +565,8 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
 def test_fma_gemm_tall_tiles_blocks_an_sm(kernel_programs, sass_tools):
     """simt_fwd_tile weighs the forward's tiles by the busiest SM's work (`simt_sm_work`), which counts each tile's
     SIMT_BLOCKS_AN_SM resident blocks: each must be the tile's occupancy on sm_90 (int), so that a tile whose
-    registers change its occupancy fails here, not silently in the plans."""
+    registers change its occupancy fails here, not silently in the plans (and so must the weight gradient's
+    192 x 64 x 12, SIMT_FIT_WEIGHT_BLOCKS)."""
     from cupyconv.ops import simt_gemm
     usage = resource_usage(kernel_programs("simt_gemm.cu", "sm_90"), "sm_90")
     problems = []
@@ -575,6 +576,11 @@ def test_fma_gemm_tall_tiles_blocks_an_sm(kernel_programs, sass_tools):
         blocks = sass.occupancy(usage[name].registers, threads, usage[name].shared).blocks_per_sm
         if blocks != want:
             problems.append(f"{name}: {blocks} blocks an SM, the planner counts {want}")
+    # the weight gradient's 192 x 64 x 12, whose plans split for SIMT_FIT_WEIGHT_BLOCKS an SM (12 warps)
+    name = "simt_bwd_weight<float, int, 192, 64, 12>"
+    blocks = sass.occupancy(usage[name].registers, 128, usage[name].shared).blocks_per_sm
+    if blocks != simt_gemm.SIMT_FIT_WEIGHT_BLOCKS:
+        problems.append(f"{name}: {blocks} blocks an SM, the planner counts {simt_gemm.SIMT_FIT_WEIGHT_BLOCKS}")
     # and its loop costs: the ratios of the tiles' main-loop instructions a FFMA, within 2%
     code = sass.disassemble(kernel_programs("simt_gemm.cu", "sm_90"))
 

@@ -3,7 +3,7 @@ by cupyconv/ops/simt_gemm.py) against the CPU path in float64: conv2d forward, s
 the transposed problem) and weight gradient (split reduction), with TF32 off.
 
 Problems are odd on purpose: rows, columns and K of every GEMM are never multiples of the block tiles (128 x 64, 96 x 64,
-128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
+192 x 64, 128 x 128, 128 x 32, 64 x 32, K chunks of 8), several blocks run along each, planes smaller than a chunk make the weight gradient's
 pixel cursor carry over several images per chunk, and each side's padding, stride and dilation differ per axis.
 The bug classes of issue 12 (per-side padding and the last row and column, loops over several blocks, 64-bit
 indices past 2^31 on the sparse-memory device) are covered for both kernels.
@@ -33,7 +33,10 @@ CASES = [
     C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
     C("tiny_planes_carry", (5, 24, 2, 3), (66, 24, 2, 2)),                              # 2 pixels an image
     C("strided_uncovered_rows", (2, 12, 12, 13), (36, 12, 3, 3), stride=(2, 3), padding=((1, 0), (0, 2))),
-    C("weight_96_row_tiles", (3, 21, 7, 6), (40, 21, 3, 3), padding=((1, 0), (0, 1))),  # 189 of 192 rows, 40 of 64
+    C("weight_96_row_tiles", (3, 30, 7, 6), (40, 30, 3, 3), padding=((1, 0), (0, 1))),  # 270 of 288 rows, 40 of 64
+    # 378 rows: two 192-row tiles where the pixels split into enough blocks (test_weight_192_row_tiles), else four
+    # of 96 (378 of 384), 40 of 64 columns
+    C("weight_192_row_tiles", (2, 42, 6, 7), (40, 42, 3, 3), padding=((0, 1), (1, 0))),
     C("pointwise_taps_1", (2, 19, 5, 6), (13, 19, 1, 1), stride=(1, 2)),              # a k slot: channels only
     C("mask_bits_31", (1, 2, 9, 11), (5, 2, 15, 16), padding=((7, 6), (9, 5)), dilation=(1, 1)),  # kH + kW = 31
     # the forward's float4 epilogue: planes of 48 pixels, M 144 over 128-row tiles, N 70 over 128 columns
@@ -58,6 +61,7 @@ def expected_tile(rows: int, columns: int, weight: bool = False) -> str:
         return "64, 32, 8" if weight and -(-rows // 64) * 64 < -(-rows // 128) * 128 else "128, 32, 8"
     if not weight:
         return "128, 32, 8"
+    # (192 x 64 x 12 for pairs of 96-row tiles only where the pixels split into a wave of it: never here)
     return "96, 64, 12" if -(-rows // 96) * 96 <= -(-rows // 128) * 128 else "128, 64, 8"
 
 
@@ -288,6 +292,42 @@ def test_weight_gradient_splits_within_the_workspace_limit():
     assert plan.splits > 1 and plan.splits * plan.chunks_per_split * simt_gemm.SIMT_CHUNK >= 64 * 56 * 56
     with settings.workspace_limit(3 * 64 * 577 * 4):   # room for three float32 slices of grad_weight and bias
         assert simt_gemm.plan_simt(spec, "weight").splits == 3
+
+
+def test_weight_192_row_tiles_plan():
+    """576 weight-gradient rows (64 channels, 3 x 3) take three 192 x 64 x 12 tiles (the pairs of six 96-row tiles)
+    in SIMT_SPLIT_BLOCKS x 3 / 4 blocks of 128 threads, three an SM (r50-64: 128 splits); where SIMT_SPLIT_CHUNKS holds
+    the splits below that (ii's 8 images: 98 at most, 294 blocks), six 96 x 64 x 12 tiles in 85 splits."""
+    def plan(images):
+        spec = conv_op.ConvSpec.for_conv("t", numpy.empty((images, 64, 56, 56), numpy.float32),
+                                         numpy.empty((64, 64, 3, 3), numpy.float32), None, 1, 1, 1, 1)
+        return simt_gemm.plan_simt(spec, "weight")
+    r50 = plan(32)
+    assert (r50.tile, r50.grid, r50.threads, r50.chunks_per_split) == ((192, 64, 12), (3, 1, 128), 128, 98)
+    assert (plan(8).tile, plan(8).grid) == ((96, 64, 12), (6, 1, 85))
+
+
+@pytest.mark.parametrize("order, index", [("forward", "int"), ("reverse", "int"), ("reverse", "long long")])
+def test_weight_192_row_tiles(order, index, monkeypatch):
+    """simt_bwd_weight<192, 64, 12> (128 threads, each loading one k of 12 rows of x and of 4 columns of grad_out a
+    chunk; int: 168 registers, three blocks an SM) on 378 rows in two row tiles (378 of 384), 40 of 64 columns, its
+    84 pixels split in 2 (SIMT_SPLIT_BLOCKS 4 and SIMT_SPLIT_CHUNKS 1 let so few split), with the bias gradient's
+    column sums, against the CPU path in float64; both thread orders, and the 64-bit twin."""
+    monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_BLOCKS", 4)
+    monkeypatch.setattr(simt_gemm, "SIMT_SPLIT_CHUNKS", 1)
+    if index == "long long":
+        monkeypatch.setattr(_kernels, "INT32_MAX", -1)
+    case = CASE_BY_NAME["weight_192_row_tiles"]
+    x, weight, _, grad_output = inputs(case, 13)
+    device = Recorder(order)
+    got = on_emulator(device, cupyconv.conv2d_backward, grad_output, x, weight, algorithm="implicit_gemm",
+                      needs=("weight", "bias"), **case.kwargs)
+    assert device.launches == [f"simt_bwd_weight<float, {index}, 192, 64, 12>"], device.launches
+    spec = conv_op.ConvSpec.for_conv("t", x, weight, None, **case.kwargs)
+    assert simt_gemm.plan_simt(spec, "weight").grid == (2, 1, 2)
+    want = expected_backward(grad_output, x, weight, needs=("weight", "bias"), **case.kwargs)
+    assert_close(got[1], want[1], "grad_weight")
+    assert_close(got[2], want[2], "grad_bias")
 
 
 def test_negative_strides():
@@ -553,18 +593,19 @@ def test_tiles_are_a_rule_of_the_shapes():
         return [(simt_gemm.plan_simt(s, p).tile, simt_gemm.plan_simt(s, p).grid[:2])
                 for s, p in ((spec, "forward"), (conv_op.transposed_spec(spec), "forward"), (spec, "weight"))]
     narrow, short, tile, tall, wide = (128, 32, 8), (64, 32, 8), (128, 64, 8), (256, 64, 16), (128, 128, 16)
-    tall_wide, short_64 = (256, 128, 16), (96, 64, 12)
+    tall_wide = (256, 128, 16)
     pixels = 32 * 28 * 28
     assert plans(256, 28, 8) == [(narrow, (pixels // 128, 8))] * 2 + [(short, (5, 8))]     # g8-256: 288 rows
     assert plans(1024, 7, 32) == [(narrow, (-(-32 * 49 // 128), 32))] * 2 + [(short, (5, 32))]   # rx-1024
     fit = (192, 64, 12)
-    assert plans(64, 56, 1) == [(fit, (523, 1))] * 2 + [(short_64, (6, 1))]   # r50-64: 576 rows
+    assert plans(64, 56, 1) == [(fit, (523, 1))] * 2 + [(fit, (3, 1))]   # r50-64: 576 rows
     assert plans(64, 64, 1)[0] == (tall, (512, 1))   # 2 waves of 256 rows, not 3 of 192
     assert plans(128, 56, 2)[0] == (tall, (392, 2))  # two groups: 784 blocks (2.97 waves), not 1046 (3.96)
     assert plans(64, 112, 1)[0] == (tall, (1568, 1))   # 6 waves of 256 rows, 8 of 192: the loop's cost decides
     assert plans(64, 160, 1)[0] == (tall, (3200, 1))   # 13 x 256 rows a slot against 17 x 192 (3,264 x 1.03)
     assert plans(128, 28, 1) == [(wide, (pixels // 128, 1))] * 2 + [(wide, (9, 1))]      # r50-128: 1152 rows
-    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [(short_64, (6, 16))]   # 64 per group, 1568 rows: not tall
+    # 64 per group, 1568 rows: not tall; 576 weight rows, but 6 splits of 32 chunks make 288 blocks of 192 x 64 x 12
+    assert plans(1024, 7, 16) == [(tile, (13, 16))] * 2 + [((96, 64, 12), (6, 16))]
     assert plans(256, 64, 1) == [(tall_wide, (32 * 64 * 64 // 256, 2))] * 2 + [(wide, (18, 2))]  # 2304 rows
     assert plans(56, 28, 1)[2] == (tile, (4, 1))   # 504 rows: 576 in 96-row tiles, 512 in 128-row ones
     assert plans(512, 7, 32) == [(narrow, (13, 32))] * 2 + [(short, (3, 32))]   # 16 per group: 144 rows, 192

@@ -31,7 +31,12 @@ from .._spec import ConvSpec, ceil_div, transposed_spec
 # the weight gradient's 64 x 32 x 8 where 64-row tiles pad fewer rows than 128-row ones (288 = 32 x 9: 320 rows,
 # not 384).  The weight gradient's 33-64 columns take 96 x 64 x 12 (TM = 12: 1.49 loop instructions a FFMA, not
 # 1.55) unless 96-row tiles pad more rows than 128-row ones: 288 and 576 rows (32 and 64 channels x 3 x 3) fill
-# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps).
+# 96-row tiles exactly, 128-row ones pad 33% and 11% (its bias gradient is no GEMM row, so rows are C / G x taps);
+# where the 96-row tiles come in pairs (576 rows: r50-64, c3d-*) each pair is one 192 x 64 x 12 tile (128 threads,
+# the forward's SIMT_TALL_FIT), if the pixels split into SIMT_FIT_WEIGHT_BLOCKS blocks an SM (`plan_simt`): every
+# grad_out element a block loads feeds 192 rows, not 96, so it loads, sums and stores half the B elements a FFMA
+# and reads half the 128-byte lines of grad_out, and at 168 registers (int; 201 for 96 x 64 x 12) an SM runs 12 of
+# its warps, not 8, so a scheduler has a third warp to issue while two wait for the shared loads after a barrier.
 # The forward weighs two tiles for at most 64 columns (`simt_fwd_tile`): below SIMT_TALL_ROWS rows 33-64 columns
 # take 128 x 64 x 8 or two column tiles of 128 x 32 x 8; from SIMT_TALL_ROWS rows 256 x 64 x 16 or 192 x 64 x 12
 # (SIMT_TALL_FIT), and at most 32 columns 256 x 32 x 16 (SIMT_TALL_NARROW) or 128 x 32 x 8.  The order of each tuple
@@ -41,7 +46,7 @@ SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_SHORT, SIMT_TALL_NARROW = (128, 32, 8), (64
 SIMT_TALL_FIT = (192, 64, 12)
 SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIMT_WIDE, SIMT_TALL_NARROW,
                           SIMT_TALL_FIT),
-              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT)}
+              "weight": (SIMT_TILE, SIMT_NARROW, SIMT_NARROW_SHORT, SIMT_WIDE, SIMT_SHORT, SIMT_TALL_FIT)}
 # `simt_fwd_tile` weighs the forward's tiles that fit a GEMM's columns against each other by the busiest SM's work
 # as benchmarks.predict times it (`simt_sm_work`): a partial last wave, or too few blocks for every SM, leaves SMs
 # idle.  SIMT_SMS: a 132-SM H100 (or H200), a shape-only constant like SIMT_MIN_BLOCKS.  SIMT_BLOCKS_AN_SM: each
@@ -62,7 +67,7 @@ SIMT_BLOCKS_AN_SM = {SIMT_TALL: 2, SIMT_TALL_FIT: 2, SIMT_TILE: 4, SIMT_TALL_NAR
 SIMT_TALL_FIT_COST, SIMT_NARROW_FIT_COST, SIMT_SPLIT_COST = 1.03, 1.06, 1.06
 SIMT_NARROW_COLUMNS = 32
 SIMT_TALL_ROWS = 64 * 1024
-SIMT_MAX_THREADS = 256     # their __launch_bounds__: the largest tile's threads
+SIMT_MAX_THREADS = 256     # simt_fwd's __launch_bounds__: its largest tile's threads (simt_bwd_weight's: 128)
 SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input gradient runs simt_fwd
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 # simt_fwd's chunk on sm_80+ (its operands by cp.async), simt_gemm.cu simt_fwd_chunk: 16 for these tiles (the loop's
@@ -72,6 +77,9 @@ SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the i
 SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
 SIMT_SPLIT_BLOCKS = 512    # the weight gradient splits its pixels until about this many blocks run (a fixed
 SIMT_SPLIT_CHUNKS = 32     # number, not the SM count, so the bits depend on the shapes only), each this many chunks
+# 192 x 64 x 12's blocks an SM in the weight gradient (simt_gemm.cu simt_weight_min_blocks: 168 registers, int;
+# `plan_simt` splits for them)
+SIMT_FIT_WEIGHT_BLOCKS = 3
 # 'auto' (`simt_preferred`): the forward and input gradient run here from SIMT_MIN_BLOCKS blocks with at most
 # SIMT_MAX_COLUMNS columns a group; the weight gradient with at most SIMT_WEIGHT_MAX_COLUMNS, or where cuBLAS's GEMM
 # would have fewer than SIMT_FEW_GEMM_TILES output tiles.  SIMT_MIN_BLOCKS is a shape-only constant: since the
@@ -221,20 +229,32 @@ def simt_tile(pass_: str, rows: int, cols: int, groups: int = 1) -> tuple[int, i
         return SIMT_WIDE
     if cols <= SIMT_NARROW_COLUMNS:
         return SIMT_NARROW_SHORT if ceil_div(rows, 64) * 64 < ceil_div(rows, 128) * 128 else SIMT_NARROW
-    return SIMT_SHORT if ceil_div(rows, 96) * 96 <= ceil_div(rows, 128) * 128 else SIMT_TILE
+    if ceil_div(rows, 96) * 96 > ceil_div(rows, 128) * 128:
+        return SIMT_TILE
+    return SIMT_TALL_FIT if ceil_div(rows, 96) % 2 == 0 else SIMT_SHORT
 
 
 def plan_simt(spec: ConvSpec, pass_: str) -> SimtPlan:
     """The tile and grid of simt_fwd ('forward') or simt_bwd_weight ('weight').  The weight gradient's few output
     tiles share its long reduction in splits (each written to its own float32 slice of a workspace within the
-    workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run."""
+    workspace limit, added up in order afterwards) until about SIMT_SPLIT_BLOCKS blocks run; 192 x 64 x 12 until
+    SIMT_FIT_WEIGHT_BLOCKS / 4 of them (three blocks an SM where the others run four), and only where they do: its 12
+    warps an SM need that many blocks, and fewer leave its busiest SMs more work than the 96-row tiles' (ii: 294
+    blocks, the splits held to SIMT_SPLIT_CHUNKS chunks), which the GEMM takes instead."""
     rows, cols, reduction = simt_gemm_shape(spec, pass_)
     tile = simt_tile(pass_, rows, cols, spec.groups)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
     if pass_ != "weight":
         return SimtPlan(tile, (*blocks, 1))
-    splits, per_split = split_reduction(max(1, ceil_div(reduction, SIMT_CHUNK)), blocks[0] * blocks[1],
-                                        SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS, spec.out_channels * (rows + 1) * 4)
+    chunks, split_bytes = max(1, ceil_div(reduction, SIMT_CHUNK)), spec.out_channels * (rows + 1) * 4
+    if tile == SIMT_TALL_FIT:
+        target = SIMT_SPLIT_BLOCKS * SIMT_FIT_WEIGHT_BLOCKS // 4
+        splits, per_split = split_reduction(chunks, blocks[0] * blocks[1], target, SIMT_SPLIT_CHUNKS, split_bytes)
+        if splits * blocks[0] * blocks[1] >= target:
+            return SimtPlan(tile, (*blocks, splits), per_split)
+        tile, blocks = SIMT_SHORT, (ceil_div(rows, SIMT_SHORT[0]), blocks[1])
+    splits, per_split = split_reduction(chunks, blocks[0] * blocks[1], SIMT_SPLIT_BLOCKS, SIMT_SPLIT_CHUNKS,
+                                        split_bytes)
     return SimtPlan(tile, (*blocks, splits), per_split)
 
 
