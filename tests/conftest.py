@@ -5,8 +5,16 @@ path), or on the NumPy path alone for a test marked `numpy_cpu_path` (one that w
 Where no GPU is seen, every `gpu` test is skipped with the probe's reason (CuPy missing, no driver, no device, the
 exception CuPy raised), so a skipped GPU run says why; benchmarks/gpu_check.py fails its pytest step when a
 machine with a GPU runs fewer GPU tests than it collected.
+
+Under `--dist loadgroup` (README.md's test command) the tests of one `xdist_group` run on one worker, the groups
+first, costliest first (`GroupScheduling`).
 """
 import functools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +36,8 @@ def gpu_probe() -> tuple[bool, str]:
 
 
 def pytest_configure(config):
+    if config.getoption("dist", None) == "loadgroup" and not hasattr(config, "workerinput"):
+        os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="cupyconv-xdist-groups-")   # the workers inherit it
     config.addinivalue_line("markers", "gpu: runs the GPU path on a real CUDA GPU with CuPy (skipped without one)")
     config.addinivalue_line("markers", "numpy_cpu_path: a torch test that runs on cupyconv's NumPy CPU path only")
 
@@ -49,7 +59,85 @@ def cpu_path(request):
         yield request.param
 
 
+def pytest_unconfigure(config):
+    if config.getoption("dist", None) == "loadgroup" and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(GROUPS_DIR, ""), ignore_errors=True)
+
+
+# pytest-xdist's loadgroup tells the controller a test's group by appending "@group" to its node id on the workers
+# (item._nodeid); pytest 9 keeps node ids elsewhere, so there (xdist 3.8, the newest) every test became a unit of its
+# own: the tests of one NVRTC program ran on both workers, one waiting on the other's compile, and the longest
+# compile (depthwise.cu for sm_90) started last.  So the workers write {node id: [group, cost]} to a file at
+# collection (`record_groups`), and the controller's scheduler reads it: the groups go first, by descending cost (the
+# `cost` of an xdist_group mark: test_nvrtc.on_program gives a program's instantiations), then every other test in
+# collection order, each a unit of its own as before.
+GROUPS_DIR = "CUPYCONV_XDIST_GROUPS"
+
+
+@pytest.hookimpl(trylast=True)   # after xdist's own hook, so that a node id here is the one the controller sees
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput") and os.environ.get(GROUPS_DIR):
+        record_groups(Path(os.environ[GROUPS_DIR]) / f"{config.workerinput['workerid']}.json", items)
+    skip_gpu_tests_without_a_gpu(items)
+
+
+def record_groups(path: Path, items) -> None:
+    groups = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = [str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")),
+                                   mark.kwargs.get("cost", 0)]
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(groups))
+    partial.replace(path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist", None) == "loadgroup":
+        return group_scheduling()(config, log)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def group_scheduling():
+    """The class, made on first use: pytest-xdist is imported only where it runs."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class GroupScheduling(LoadGroupScheduling):
+        """LoadGroupScheduling with the groups the workers recorded (`record_groups`) and the costliest started
+        first.  A node id without a record keeps LoadGroupScheduling's reading ("@group" where xdist appended it)."""
+
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid):
+            if self.groups is None:
+                self.groups = read_groups(Path(os.environ.get(GROUPS_DIR, "")))
+            return self.groups[nodeid][0] if nodeid in self.groups else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node):
+            # The first assignment finds the whole queue built (in collection order, or by size): order it by cost,
+            # stably, so the tests outside groups keep their order behind them.
+            if not getattr(self, "ordered", False):
+                cost = {group: c for group, c in (self.groups or {}).values()}
+                self.workqueue = type(self.workqueue)(sorted(self.workqueue.items(),
+                                                             key=lambda unit: -cost.get(unit[0], 0)))
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return GroupScheduling
+
+
+def read_groups(directory: Path) -> dict:
+    """{node id: [group, cost]} of every worker's record (they collect the same tests); {} without any."""
+    groups: dict = {}
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        groups.update(json.loads(path.read_text()))
+    return groups
+
+
+def skip_gpu_tests_without_a_gpu(items):
     if not any("gpu" in item.keywords for item in items):
         return   # no GPU test selected: no need to import CuPy
     available, reason = gpu_probe()

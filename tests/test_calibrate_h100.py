@@ -20,6 +20,9 @@ pytest.importorskip("cupy")
 from benchmarks import calibrate, cases, predict  # noqa: E402
 from cupyconv.ops import simt_gemm  # noqa: E402
 
+# One worker runs the module: its `rows` (~30 s of CPU: NVRTC, the emulator's counting build) is built once.
+pytestmark = pytest.mark.xdist_group("module:test_calibrate_h100")
+
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-2026-11-26-h100"
 # Beyond the predicted range by at most this factor at either end: the clock range and the assumptions' ranges are
 # in the range already; this allows for run-to-run noise (the two runs of r50-64-gpu16's kernels differ <= 1%).

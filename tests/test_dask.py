@@ -22,6 +22,8 @@ from cupyconv import _dask  # noqa: E402
 from cupyconv._spec import ConvSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker runs the module: its `cluster_client` (a LocalCluster of two processes) starts once.
+pytestmark = pytest.mark.xdist_group("module:test_dask")
 
 
 @dataclass(frozen=True)

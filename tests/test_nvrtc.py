@@ -220,9 +220,16 @@ def kernel_programs(tmp_path_factory):
 def on_program(filename: str, arch: str):
     """The pytest-xdist group of the tests that read kernel_programs(filename, arch).  Under `--dist loadgroup`
     (README.md's test command) a group runs on one worker, one test after another: no worker sits idle on the lock
-    of a whole-file compile that another holds (up to a minute or two each), and the groups, pytest-xdist's largest
-    work units, start first."""
-    return pytest.mark.xdist_group(f"nvrtc:{filename}:{arch}")
+    of a whole-file compile that another holds (up to a few minutes each), and the groups start first, the costliest
+    first (tests/conftest.py's scheduler orders them by `compile_cost`)."""
+    return pytest.mark.xdist_group(f"nvrtc:{filename}:{arch}", cost=compile_cost(filename, arch))
+
+
+def compile_cost(filename: str, arch: str) -> float:
+    """Roughly the CPU time of a file's programs for arch, in fully optimised instantiations: those of `sass_names`,
+    plus an eighth of one for each that only FAST_COMPILE compiles (its comment has the ratio)."""
+    fast = len(names_for(filename, arch)) if arch not in FULL_ARCHES else 0
+    return len(sass_names(filename, arch)) + fast / 8
 
 
 def program_params(arches) -> list:

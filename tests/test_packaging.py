@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# One worker runs the module: its `wheel` (pip building the project) is built once.
+pytestmark = pytest.mark.xdist_group("module:test_packaging")
 KERNELS = sorted(p.name for p in (ROOT / "raw_kernels").iterdir() if p.suffix in (".cu", ".cuh"))
 
 
