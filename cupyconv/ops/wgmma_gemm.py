@@ -23,10 +23,13 @@ KERNELS = KernelFile("wgmma_conv.cu", defines={"WGC_THREADS": 256, "WGC_ROW_BYTE
 WGC_THREADS = KERNELS.defines["WGC_THREADS"]
 WGC_ROW_BYTES = KERNELS.defines["WGC_ROW_BYTES"]
 WGC_ALIGN = KERNELS.defines["WGC_ALIGN"]
-# (rows, columns, stages): 64 columns for groups of at most 64 output channels (ResNet's first stage), 128 above.
+# (rows, columns, stages), `wgmma_tile` picks.
 WGC_TILES = ((128, 128, 4), (128, 64, 4))
 WGC_DTYPES = ("float16", "bfloat16")
 WGC_VECTOR = 8   # elements of a 16-byte cp.async
+# 'auto' hands a forward to conv_fwd_wgmma from this many blocks: it has no split of K, so a grid under two waves of
+# 132 SMs (conv_fwd_igemm's IG_WAVE_BLOCKS, where that kernel splits K to fill them) stays on conv_fwd_igemm.
+WGC_MIN_BLOCKS = 2 * PLAN_SMS
 
 
 def instantiations():
@@ -35,7 +38,13 @@ def instantiations():
 
 
 def wgmma_tile(spec: ConvSpec) -> tuple[int, int, int]:
-    return WGC_TILES[1] if spec.outputs_per_group <= 64 else WGC_TILES[0]
+    """128 columns for groups of more than 64 output channels whose grid still fills WGC_MIN_BLOCKS, else 64."""
+    wide = spec.outputs_per_group > 64 and _blocks(spec, WGC_TILES[0]) >= WGC_MIN_BLOCKS
+    return WGC_TILES[0] if wide else WGC_TILES[1]
+
+
+def _blocks(spec: ConvSpec, tile: tuple[int, int, int]) -> int:
+    return ceil_div(spec.n * spec.out_pixels, tile[0]) * spec.groups * ceil_div(spec.outputs_per_group, tile[1])
 
 
 def wgmma_shared_bytes(tile: tuple[int, int, int]) -> int:
@@ -49,16 +58,11 @@ def wgmma_grid(spec: ConvSpec) -> tuple[int, int, int]:
     return ceil_div(spec.n * spec.out_pixels, bm), spec.groups * ceil_div(spec.outputs_per_group, bn), 1
 
 
-# 'auto' hands a forward to conv_fwd_wgmma from this many blocks: it has no split of K, so a grid under two waves of
-# 132 SMs (conv_fwd_igemm's IG_WAVE_BLOCKS, where that kernel splits K to fill them) stays on conv_fwd_igemm.
-WGC_MIN_BLOCKS = 2 * PLAN_SMS
-
 
 def wgmma_preferred(spec: ConvSpec) -> bool:
     """Whether a 16-bit forward that conv_fwd_wgmma can run (`wgmma_refusal`) runs there on a wgmma device: where
     its unsplit grid fills the GPU (`WGC_MIN_BLOCKS`)."""
-    grid = wgmma_grid(spec)
-    return grid[0] * grid[1] >= WGC_MIN_BLOCKS
+    return _blocks(spec, wgmma_tile(spec)) >= WGC_MIN_BLOCKS
 
 
 def wgmma_refusal(spec: ConvSpec, dtype, x_size: int, out_size: int, weight_size: int,
