@@ -8,6 +8,8 @@ kernels it checks).  Each result must lie within one rounding of the exact convo
 one unit in the last place of T at |exact| plus the float32 sums' own error bound (K roundings of float32 on the
 sum of |products|), so a wrong tap, channel, row, column or bias fails, and so does a sum taken in T.
 """
+import re
+
 import numpy
 import pytest
 from optional_deps import BFLOAT16, Dtypes
@@ -158,3 +160,34 @@ def test_cuda_device_claims_wgmma_on_9_0_only():
             return self.capability
 
     assert Fake(90).wgmma and not Fake(80).wgmma and not Fake(100).wgmma and not Fake(120).wgmma
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Built for sm_90a as CuPy builds it on a 9.0 GPU (`compile_options(filename, 90)`)
+
+
+@pytest.mark.parametrize("major", (12, 13))
+def test_nvrtc_builds_hgmma_unserialised(major):
+    """CUDA 12.9's NVRTC (cupy-cuda12x's) and 13's: no warning, no serialised wgmma (ptxas info C7520, which it
+    gives where the accumulators are touched on a path the whole warpgroup does not take), 4 HGMMA a kernel (one a
+    k16 step of a 64-element chunk), no spills (NVRTC 13, cuobjdump)."""
+    sass = pytest.importorskip("benchmarks.sass")
+    try:
+        nvrtc = sass.nvrtc(major)
+    except sass.ToolMissing as e:
+        pytest.skip(str(e))
+    options = [*_device.compile_options(wg.KERNELS.filename, 90), "--gpu-architecture=sm_90", f"-I{nvrtc.include}"]
+    assert "-arch=sm_90a" in options
+    program = nvrtc.compile(_device.kernel_source(wg.KERNELS.filename), wg.KERNELS.filename, wg.instantiations(),
+                            options)
+    assert program.ok and "C7520" not in program.log, program.log
+    assert not re.sub(r"^ptxas info\s*: \(C7519\) .*$\n?", "", program.log, flags=re.M).strip(), program.log
+    if major == 13:
+        try:
+            kernels = sass._disassemble_cubin(program.cubin)
+            usage = sass.resource_usage(program, "sm_90")
+        except sass.ToolMissing as e:
+            pytest.skip(str(e))
+        counts = [sum(i["opcode"].startswith("HGMMA") for i in code) for code in kernels.values()]
+        assert counts == [4] * len(wg.instantiations()), counts
+        assert all(u.local == 0 and u.registers * wg.WGC_THREADS <= 65536 for u in usage.values()), usage
