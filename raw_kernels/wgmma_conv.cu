@@ -139,24 +139,32 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     if (t < chunks) load_chunk(t);
     cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
   }
+  // The descriptors of the warpgroup's A rows and of B in stage 0, k16 step 0; another stage or step adds its
+  // byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
+  // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
+  // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
+  const unsigned desc_a = (unsigned)wgmma_desc(stages + warpgroup * 64 * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B, 16,
+                                               8 * WGC_ROW_BYTES);
+  const unsigned desc_b = (unsigned)wgmma_desc(stages + A_BYTES, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
+  const unsigned long long desc_high = wgmma_desc_bits(0, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
+  int read_stage = 0, write_stage = STAGES - 2;
   for (int t = 0; t < chunks; ++t) {
     cp_async_wait<STAGES - 3>();  // chunk t has landed (this thread's copies) ...
     wgmma_fence_shared();         // ... visible to wgmma's reads (the async proxy) ...
     __syncthreads();              // ... everyone's; and both warpgroups retired chunk t - 2's wgmmas
-    if (t + STAGES - 2 < chunks) load_chunk((t + STAGES - 2) % STAGES);
+    if (t + STAGES - 2 < chunks) load_chunk(write_stage);
     cp_async_commit();
-    const unsigned char* a_stage = stages + (t % STAGES) * STAGE_BYTES;
-    const unsigned char* a_rows = a_stage + warpgroup * 64 * WGC_ROW_BYTES;
-    const unsigned char* b_rows = a_stage + A_BYTES;
+    const unsigned stage16 = (unsigned)(read_stage * STAGE_BYTES) >> 4;
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      wgmma_m64k16<T, BN>(d, wgmma_desc(a_rows + 32 * ks, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES),
-                          wgmma_desc(b_rows + 32 * ks, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES), t > 0 || ks > 0);
-    }
+    for (int ks = 0; ks < BK / 16; ++ks)
+      wgmma_m64k16<T, BN>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
+                          t > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<1>();  // chunk t - 1's group retired: its stage may be refilled after the next barrier
     wgmma_fence_operand(d);
+    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
   wgmma_wait<0>();
   wgmma_fence_operand(d);
