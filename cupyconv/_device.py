@@ -246,10 +246,9 @@ class Device:
     xp = numpy
     name = "abstract"
     tensor_cores = True  # whether mma.sync runs here (sm_80 and newer); the emulator executes it
-    # whether the forward may run on wgmma (ops/wgmma_gemm.py, sm_90a: compute capability 9.0 only).  Claimed by
-    # no device yet: conv_fwd_wgmma has run on the emulator only (tests/test_wgmma_conv.py sets it there), never on
-    # an H100, and the predictions of record do not rank it.  CudaDevice claims it once both are done (a property
-    # `self.compute_capability == 90`: sm_90a code runs on 9.0 GPUs only).
+    # whether the 16-bit forward may run on wgmma (ops/wgmma_gemm.py; sm_90a code runs on 9.0 GPUs only):
+    # CudaDevice on a 9.0 GPU; the emulator executes it but claims it only where a test sets it
+    # (tests/test_wgmma_conv.py), so that every other test keeps the mma.sync kernels it checks
     wgmma = False
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
@@ -487,6 +486,10 @@ class CudaDevice(Device):
     @property
     def tensor_cores(self) -> bool:
         return self.compute_capability >= 80
+
+    @property
+    def wgmma(self) -> bool:
+        return self.compute_capability == 90
 
     def function(self, source: str, name: str):
         """The compiled kernel `name` of raw_kernels/`source` for the current device: the RawKernel that

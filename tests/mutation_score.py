@@ -950,6 +950,8 @@ MUTATIONS = [
       "column[row + 8] = from_acc<T>(d[4 * j + e] + add);", WGC, "wrong fragment"),
     M("wgc-tile-always-wide", WGC_PY, "return WGC_TILES[0] if wide else WGC_TILES[1]", "return WGC_TILES[0]",
       "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    M("wgc-routed-off-9-0", DEVICE_PY, "return self.compute_capability == 90",
+      "return self.compute_capability >= 90", "tests/test_wgmma_conv.py -k claims", "wgmma off sm_90a"),
     # -- the emulator's wgmma (emu_runtime.h, wgmma_*) and raw_kernels/wgmma.cuh: the self-tests of wgmma.cu --------
     M("emu-wgmma-no-swizzle", EMU_RUNTIME, "address = logical ^ ((logical >> 7 & (width / 16 - 1)) << 4);",
       "address = logical;", EMU_WGMMA_TESTS, "emulator: wgmma layout"),

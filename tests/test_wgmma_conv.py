@@ -150,9 +150,34 @@ def test_only_a_wgmma_device_takes_it():
     assert device.count("conv_fwd_wgmma") == 0 and device.count("conv_fwd_igemm") == 1
 
 
-def test_no_real_device_claims_it_yet():
-    """Not before the -m gpu checks have run on an H100 and the model ranks it (cupyconv/_device.py)."""
-    assert _device.Device.wgmma is False and "wgmma" not in vars(_device.CudaDevice)
+def test_cuda_device_claims_wgmma_on_9_0_only():
+    """sm_90a binaries run on compute capability 9.0 only (not 8.x, not 10.0 or 12.0)."""
+    class Fake(_device.CudaDevice):
+        def __init__(self, capability):
+            self.capability = capability
+
+        @property
+        def compute_capability(self):
+            return self.capability
+
+    assert Fake(90).wgmma and not any(Fake(c).wgmma for c in (80, 89, 100, 120))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_forward_within_one_rounding(case, dtype):
+    """On an H100/H200 (9.0): conv_fwd_wgmma itself, built for sm_90a, within one rounding of float64 -- the
+    check of the emulator's reading of wgmma on this kernel, which nothing here can do."""
+    import cupy
+    if int(cupy.cuda.Device().compute_capability) != 90:
+        pytest.skip("wgmma needs a compute capability 9.0 GPU (sm_90a)")
+    x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), DTYPES[dtype])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wg, "WGC_MIN_BLOCKS", 0)
+        out = cupyconv.conv2d(*(None if a is None else cupy.asarray(a) for a in (x, weight, bias)),
+                              algorithm="implicit_gemm", **case.kwargs)
+    assert_one_rounding(cupy.asnumpy(out), x, weight, bias, case, dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------
