@@ -938,7 +938,8 @@ MUTATIONS = [
     M("wgc-k-step-offset", "wgmma_conv.cu", "desc_b + stage16 + 2 * ks", "desc_b + stage16 + ks", WGC,
       "wrong layout"),
     M("wgc-stage-offset", "wgmma_conv.cu", "(unsigned)(read_stage * STAGE_BYTES) >> 4", "0u", WGC, "wrong stage"),
-    M("wgc-first-accumulates", "wgmma_conv.cu", "t > 0 || ks > 0", "true", WGC, "accumulator not cleared"),
+    # (scale-d true from the first wgmma on would be equivalent: d starts at zero)
+    M("wgc-restarts-each-chunk", "wgmma_conv.cu", "t > 0 || ks > 0", "ks > 0", WGC, "accumulation restarted"),
     M("wgc-warpgroup-rows", "wgmma_conv.cu", "wgmma_desc(stages + warpgroup * 64 * WGC_ROW_BYTES,",
       "wgmma_desc(stages,", WGC, "wrong rows"),
     M("wgc-padding-unmasked", "wgmma_conv.cu", "(unsigned)(a_x[i] + dx) < (unsigned)width;", "true;", WGC,
