@@ -949,8 +949,10 @@ MUTATIONS = [
     M("wgc-bias-column", "wgmma_conv.cu", "to_acc(bias[g * dg + nn])", "to_acc(bias[nn])", WGC, "wrong bias"),
     M("wgc-epilogue-row-half", "wgmma_conv.cu", "column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);",
       "column[row + 8] = from_acc<T>(d[4 * j + e] + add);", WGC, "wrong fragment"),
-    M("wgc-tile-always-wide", WGC_PY, "return WGC_TILES[0] if wide else WGC_TILES[1]", "return WGC_TILES[0]",
-      "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    M("wgc-tile-always-wide", WGC_PY, "return WGC_TILES[0] if spec.outputs_per_group > 64 else WGC_TILES[1]",
+      "return WGC_TILES[0]", "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    M("wgc-half-tiles-routed", WGC_PY, "bn // 2 < spec.outputs_per_group <= bn", "spec.outputs_per_group <= bn",
+      "tests/test_wgmma_conv.py -k routing", "routed where predicted slower"),
     M("wgc-routed-off-9-0", DEVICE_PY, "return self.compute_capability == 90",
       "return self.compute_capability >= 90", "tests/test_wgmma_conv.py -k claims", "wgmma off sm_90a"),
     # -- the emulator's wgmma (emu_runtime.h, wgmma_*) and raw_kernels/wgmma.cuh: the self-tests of wgmma.cu --------

@@ -38,13 +38,8 @@ def instantiations():
 
 
 def wgmma_tile(spec: ConvSpec) -> tuple[int, int, int]:
-    """128 columns for groups of more than 64 output channels whose grid still fills WGC_MIN_BLOCKS, else 64."""
-    wide = spec.outputs_per_group > 64 and _blocks(spec, WGC_TILES[0]) >= WGC_MIN_BLOCKS
-    return WGC_TILES[0] if wide else WGC_TILES[1]
-
-
-def _blocks(spec: ConvSpec, tile: tuple[int, int, int]) -> int:
-    return ceil_div(spec.n * spec.out_pixels, tile[0]) * spec.groups * ceil_div(spec.outputs_per_group, tile[1])
+    """128 columns for groups of more than 64 output channels, else 64."""
+    return WGC_TILES[0] if spec.outputs_per_group > 64 else WGC_TILES[1]
 
 
 def wgmma_shared_bytes(tile: tuple[int, int, int]) -> int:
@@ -58,11 +53,15 @@ def wgmma_grid(spec: ConvSpec) -> tuple[int, int, int]:
     return ceil_div(spec.n * spec.out_pixels, bm), spec.groups * ceil_div(spec.outputs_per_group, bn), 1
 
 
-
 def wgmma_preferred(spec: ConvSpec) -> bool:
     """Whether a 16-bit forward that conv_fwd_wgmma can run (`wgmma_refusal`) runs there on a wgmma device: where
-    its unsplit grid fills the GPU (`WGC_MIN_BLOCKS`)."""
-    return _blocks(spec, wgmma_tile(spec)) >= WGC_MIN_BLOCKS
+    the model ranks it faster than conv_fwd_igemm (benchmarks/RESULTS.md, "conv_fwd_wgmma"): its unsplit grid
+    fills two waves (`WGC_MIN_BLOCKS`) and a group's output channels are one column tile more than half used.
+    PREDICTED (H100) slower elsewhere: r50-128's 196 blocks of 128 x 128 (or 392 of 128 x 64, x read twice) and
+    the patch input gradient's 32 of 64 columns (p-seed fwd+bwd 159.4-251.0 -> 162.2-261.7 us)."""
+    bm, bn, _ = wgmma_tile(spec)
+    blocks = ceil_div(spec.n * spec.out_pixels, bm) * spec.groups
+    return blocks >= WGC_MIN_BLOCKS and bn // 2 < spec.outputs_per_group <= bn
 
 
 def wgmma_refusal(spec: ConvSpec, dtype, x_size: int, out_size: int, weight_size: int,
