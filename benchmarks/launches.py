@@ -196,6 +196,7 @@ class RecordingDevice:
             name = "recording"
             xp = numpy
             tensor_cores = True   # sm_90 has mma.sync
+            wgmma = True          # H100 and H200 are 9.0 GPUs: sm_90a (ops/wgmma_gemm.py)
 
             def __init__(self):
                 self.steps: list = []

@@ -122,11 +122,19 @@ SOURCES = {
         "Shah et al., 'FlashAttention-3' (2024): on H100, mma.sync reaches about 2/3 of the tensor cores' peak, "
         "which needs wgmma; Luo et al., 'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture' (2024) "
         "compare mma and wgmma throughput on Hopper; the range 0.5-0.67 of the dense peak is taken for mma.sync",
+    "wgmma_fraction":
+        "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): the dense FP16/BF16 peak is the warpgroup MMA's "
+        "(wgmma, 'asynchronous' tensor cores reading shared memory); Shah et al., 'FlashAttention-3' (2024): about "
+        "75% of that peak in attention's GEMMs on wgmma; CUTLASS 3.x's Hopper GEMM figures (NVIDIA developer blog "
+        "'CUTLASS 3.x', 2023) put large fp16 GEMMs at 80-90% of it.  A model parameter, not a measurement: the "
+        "range 0.6-0.85 of the dense peak is taken for conv_fwd_wgmma's m64nNk16 with cp.async operands",
 }
 
 # Modelling assumptions (ranges: the first value gives the low time, the second the high time).
 ASSUMPTIONS = {
     "mma_sync_fraction": ((0.67, 0.5), "fraction of the dense tensor peak mma.sync (HMMA) can reach on sm_90"),
+    "wgmma_fraction": ((0.85, 0.6), "fraction of the dense tensor peak wgmma (HGMMA, sm_90a) can reach: "
+                                    "conv_fwd_wgmma"),
     "issue_efficiency": ((1.0, 0.7), "fraction of cycles each scheduler issues an instruction when enough warps "
                                      "are resident (1.0: never stalls)"),
     "cycles_between_instructions": ((4, 8), "average cycles between two instructions of one warp running alone "
@@ -331,13 +339,16 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
 MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm\w*|conv_bwd_weight_igemm|"
                          r"conv_bwd_weight_igemm_groups|conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
-                         r"patch_bwd_weight|patch_fwd_igemm|simt_fwd|simt_bwd_weight)$")
+                         r"patch_bwd_weight|patch_fwd_igemm|conv_fwd_wgmma|simt_fwd|simt_bwd_weight)$")
 # The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d", "conv_bwd_weight_igemm",
-                       "conv_bwd_weight_igemm_groups", "patch_fwd_igemm")
+                       "conv_bwd_weight_igemm_groups", "patch_fwd_igemm", "conv_fwd_wgmma")
+# Kernels on wgmma (HGMMA, sm_90a): the tensor pipe at `wgmma_fraction` of the peak, one HGMMA m64nNk16 a k16 step
+WGMMA_KERNELS = ("conv_fwd_wgmma",)
+WGMMA_CHUNK = 64   # conv_fwd_wgmma's K chunk: 128 bytes of a 16-bit type (wgmma_gemm.py WGC_ROW_BYTES)
 IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
 IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
@@ -465,6 +476,9 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         taps = a["kernel_h"] * a["kernel_w"] * a.get("kernel_d", 1)
         chunks = math.ceil(a["channels_per_group"] * taps / chunk) / splits
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
+    if launch.kernel in WGMMA_KERNELS:   # every block its tile over all of K in chunks of 64 (no split)
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / WGMMA_CHUNK)
+        return int(launch.blocks * int(rows) * int(cols) * chunks * WGMMA_CHUNK)
     if launch.kernel == "conv_fwd_igemm_groups":   # BM x 64 outputs, each over its group's CG channels per tap
         taps = a["kernel_h"] * a["kernel_w"]
         channels = IGEMM_GROUPS_ROW_BYTES // (4 if launch.template_args[0] == "float" else 2)
@@ -585,7 +599,10 @@ def depthwise_weight_macs(launch: launches_mod.Launch) -> float | None:
 
 
 def hmma_macs(launch: launches_mod.Launch) -> int:
-    """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32."""
+    """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; of one HGMMA, m64nNk16 (N the tile's
+    columns)."""
+    if launch.kernel in WGMMA_KERNELS:   # each of the warpgroup's 4 warps issues it: a quarter each
+        return 64 * int(launch.template_args[3]) * 16 // 4
     return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
 
 
@@ -622,6 +639,17 @@ def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
     return result
 
 
+def matrix_opcode(launch: launches_mod.Launch) -> str:
+    return "HGMMA" if launch.kernel in WGMMA_KERNELS else "HMMA"
+
+
+def wgmma_operand_wavefronts(launch: launches_mod.Launch, hgmma: float) -> float:
+    """Shared-memory wavefronts of the operands wgmma reads by descriptor (no LDSM, and the emulator's counters do
+    not see them): A 64 x 16 and B N x 16 of 2 bytes an HGMMA (a warp's quarter of the warpgroup's), 128 bytes a
+    wavefront."""
+    return hgmma * (64 + int(launch.template_args[3])) * 16 * 2 / 4 / 128
+
+
 def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: float) -> dict:
     """The work of one launch from its SASS main loop (`sass`, a KernelSass dict; None: no SASS) and its
     multiply-adds: warp instructions, HMMA and FMA instructions, global and shared requests, bytes and wavefronts,
@@ -648,7 +676,7 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     if rule == "matrix":
         share = {"conv_bwd_weight_igemm": WG_GEMM_HMMA_SHARE,
                  "conv_bwd_weight_igemm_groups": WGG_GEMM_HMMA_SHARE}.get(launch.kernel)
-        gemm_hmma = loop.get("HMMA", 1) * (share[launch.template_args[0]] if share else 1)
+        gemm_hmma = loop.get(matrix_opcode(launch), 1) * (share[launch.template_args[0]] if share else 1)
         trips = out["tensor_macs"] / hmma_macs(launch) / gemm_hmma
     elif rule == "fma" and macs:
         lane_macs = loop.get("FFMA", 0) + loop.get("DFMA", 0) + 2 * loop.get("HFMA2", 0)
@@ -665,7 +693,7 @@ def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: floa
     out["loop_instructions"] = loop_instructions
     out["loop_waits_on_global"] = rule != "matrix" and any(op.startswith("LDG") for op in memory)
     out["warp_instructions"] = tuple(t * loop_instructions + warps * outside * s for t, s in zip(trips_range, share))
-    out["hmma"] = trips * loop.get("HMMA", 0)
+    out["hmma"] = trips * loop.get(matrix_opcode(launch), 0)
     out["fma_instructions"] = trips * (loop.get("FFMA", 0) + loop.get("HFMA2", 0))
     out["dfma_instructions"] = trips * loop.get("DFMA", 0)
     global_ops = {op: n for op, n in memory.items() if op.startswith(("LDG", "STG", "RED", "ATOM", "LDGSTS"))}
@@ -1001,7 +1029,7 @@ def kernel_times(work: dict, launch: launches_mod.Launch, occ, gpu: dict) -> dic
     if "tensor_macs" in work:
         dtype = {"__half": "float16", "__nv_bfloat16": "bfloat16", "float": "tf32"}[launch.template_args[0]]
         peak = gpu["tensor_tflops"][dtype] * 1e12
-        fraction = assumption("mma_sync_fraction")
+        fraction = assumption("wgmma_fraction" if launch.kernel in WGMMA_KERNELS else "mma_sync_fraction")
         flops = 2 * work["tensor_macs"]
         times["tensor pipe"] = Range(flops / (peak * fraction[0]), flops / (peak * fraction[1])).scale(us * tail)
     fma = work.get("fma_instructions", 0)
@@ -1261,6 +1289,9 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
         accesses = analytic_access_summary(work, emulated["error"])
     else:
         work, accesses = apply_counters(work, emulated), emulated
+    if launch.kernel in WGMMA_KERNELS:
+        extra = wgmma_operand_wavefronts(launch, work["hmma"])
+        work = {**work, "shared_wavefronts": tuple(w + extra for w in work["shared_wavefronts"])}
     work = apply_executed(work, sass, accesses, launch) if instructions == "executed" else \
         {**work, "instructions_source": "static", "instructions_why": "--instructions static"}
     if finishes_in_kernel(launch):   # the source's splits a trip of `wg_finish` (recorded: a re-timing keeps it)

@@ -138,7 +138,8 @@ def nvrtc(major: int) -> Nvrtc:
 def options_for(arch: str, filename: str) -> list[str]:
     """The options of raw_kernels/<filename> (`_device.compile_options`, as CuPy gets them) for arch."""
     from cupyconv import _device
-    return [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{nvrtc(ARCHES[arch]).include}"]
+    return [*_device.compile_options(filename, int(arch[3:])), f"--gpu-architecture={arch}",
+            f"-I{nvrtc(ARCHES[arch]).include}"]
 
 
 def tool(name: str) -> Path:

@@ -29,7 +29,7 @@ from . import settings
 
 OPS = ("unfold", "conv", "depthwise", "patch")
 # Modules of cupyconv/ops that own a kernel file without being an op (the ops share them): planners and launches.
-ENGINES = ("implicit_gemm", "simt_gemm", "lift")
+ENGINES = ("implicit_gemm", "wgmma_gemm", "simt_gemm", "lift")
 # Modules outside cupyconv/ops that own a kernel file: autotuning's timing kernel (raw_kernels/timing.cu).
 TOOLS = ("cupyconv._autotune",)
 DEFAULT_SHARED_LIMIT = 48 * 1024  # static + dynamic shared memory a block gets without opting in
@@ -246,6 +246,10 @@ class Device:
     xp = numpy
     name = "abstract"
     tensor_cores = True  # whether mma.sync runs here (sm_80 and newer); the emulator executes it
+    # whether the 16-bit forward may run on wgmma (ops/wgmma_gemm.py; sm_90a code runs on 9.0 GPUs only):
+    # CudaDevice on a 9.0 GPU; the emulator executes it but claims it only where a test sets it
+    # (tests/test_wgmma_conv.py), so that every other test keeps the mma.sync kernels it checks
+    wgmma = False
 
     def launch(self, source: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
         """Launch kernel `name` (a name expression) of raw_kernels/`source` on the current stream; args are in
@@ -482,6 +486,10 @@ class CudaDevice(Device):
     @property
     def tensor_cores(self) -> bool:
         return self.compute_capability >= 80
+
+    @property
+    def wgmma(self) -> bool:
+        return self.compute_capability == 90
 
     def function(self, source: str, name: str):
         """The compiled kernel `name` of raw_kernels/`source` for the current device: the RawKernel that

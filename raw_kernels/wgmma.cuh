@@ -1,7 +1,7 @@
 // Warpgroup matrix multiply-accumulate (wgmma, sm_90a only): the four warps of an aligned warpgroup (threads
 // 128 g .. 128 g + 127 of the block) multiply a 64 x 16 tile of A by a 16 x N tile of B, both read by the tensor
 // cores straight from shared memory through 64-bit matrix descriptors, into N / 2 float accumulators a thread.
-// Groundwork for issue 24 item 10: no shipped kernel uses it yet (docs/architecture.md, "wgmma").
+// Used by conv_fwd_wgmma (raw_kernels/wgmma_conv.cu, issue 24 item 10; docs/architecture.md, "wgmma on sm_90a").
 //
 //   wgmma_desc(smem, swizzle, leading_bytes, stride_bytes)
 //        the descriptor of a K-major tile at smem (the PTX ISA's "matrix descriptor": start address >> 4 in

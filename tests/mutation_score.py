@@ -106,6 +106,8 @@ REPLAY = "tests/test_replay.py"
 REPLAY_PY = "cupyconv/_replay.py"
 REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
 DEVICE_PY = "cupyconv/_device.py"
+WGC = "tests/test_wgmma_conv.py -k 'one_rounding and float16'"   # conv_fwd_wgmma (task wgmma)
+WGC_PY = "cupyconv/ops/wgmma_gemm.py"
 PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
 M = Mutation
 
@@ -929,6 +931,37 @@ MUTATIONS = [
       "if (const AsyncCopy* c = true ? nullptr : async_copy_in_flight(row, 16, &owner, &at))",
       EMU_ASYNC_TESTS, "emulator: ldmatrix"),
 
+    # -- raw_kernels/wgmma_conv.cu: conv_fwd_wgmma, the forward on wgmma (task wgmma) ---------------------------
+    M("wgc-no-fence", "wgmma_conv.cu", "    wgmma_fence();\n#pragma unroll", "#pragma unroll", WGC, "wgmma rule"),
+    M("wgc-no-proxy-fence", "wgmma_conv.cu", "    wgmma_fence_shared();         // ...", "    // ...", WGC,
+      "wgmma rule"),
+    M("wgc-wait-none", "wgmma_conv.cu", "    wgmma_wait<1>();  // chunk t - 1", "    // chunk t - 1", WGC,
+      "operand stage refilled in flight"),
+    M("wgc-no-final-wait", "wgmma_conv.cu", "  wgmma_wait<0>();\n  wgmma_fence_operand(d);\n  cp_async_wait<0>();",
+      "  wgmma_fence_operand(d);\n  cp_async_wait<0>();", WGC, "accumulators read in flight"),
+    M("wgc-refill-in-flight-stage", "wgmma_conv.cu", "write_stage = STAGES - 2;", "write_stage = STAGES - 1;", WGC,
+      "operand stage refilled in flight"),
+    M("wgc-swizzle-unswizzled", "wgmma_conv.cu", "((v ^ (row0 & 7)) << 4)", "(v << 4)", WGC, "wrong layout"),
+    M("wgc-k-step-offset", "wgmma_conv.cu", "desc_b + stage16 + 2 * ks", "desc_b + stage16 + ks", WGC,
+      "wrong layout"),
+    M("wgc-stage-offset", "wgmma_conv.cu", "(unsigned)(read_stage * STAGE_BYTES) >> 4", "0u", WGC, "wrong stage"),
+    # (scale-d true from the first wgmma on would be equivalent: d starts at zero)
+    M("wgc-restarts-each-chunk", "wgmma_conv.cu", "t > 0 || ks > 0", "ks > 0", WGC, "accumulation restarted"),
+    M("wgc-warpgroup-rows", "wgmma_conv.cu", "wgmma_desc(stages + warpgroup * 64 * WGC_ROW_BYTES,",
+      "wgmma_desc(stages,", WGC, "wrong rows"),
+    M("wgc-padding-unmasked", "wgmma_conv.cu", "(unsigned)(a_x[i] + dx) < (unsigned)width;", "true;", WGC,
+      "padding read"),
+    M("wgc-k-tail-unmasked", "wgmma_conv.cu", "const bool inside = b_inside[i] && k_inside;",
+      "const bool inside = b_inside[i];", WGC, "K tail read"),
+    M("wgc-bias-column", "wgmma_conv.cu", "to_acc(bias[g * dg + nn])", "to_acc(bias[nn])", WGC, "wrong bias"),
+    M("wgc-epilogue-row-half", "wgmma_conv.cu", "column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);",
+      "column[row + 8] = from_acc<T>(d[4 * j + e] + add);", WGC, "wrong fragment"),
+    M("wgc-tile-always-wide", WGC_PY, "return WGC_TILES[0] if spec.outputs_per_group > 64 else WGC_TILES[1]",
+      "return WGC_TILES[0]", "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    M("wgc-half-tiles-routed", WGC_PY, "bn // 2 < spec.outputs_per_group <= bn", "spec.outputs_per_group <= bn",
+      "tests/test_wgmma_conv.py -k routing", "routed where predicted slower"),
+    M("wgc-routed-off-9-0", DEVICE_PY, "return self.compute_capability == 90",
+      "return self.compute_capability >= 90", "tests/test_wgmma_conv.py -k claims", "wgmma off sm_90a"),
     # -- the emulator's wgmma (emu_runtime.h, wgmma_*) and raw_kernels/wgmma.cuh: the self-tests of wgmma.cu --------
     M("emu-wgmma-no-swizzle", EMU_RUNTIME, "address = logical ^ ((logical >> 7 & (width / 16 - 1)) << 4);",
       "address = logical;", EMU_WGMMA_TESTS, "emulator: wgmma layout"),

@@ -62,7 +62,8 @@ TOOLKIT_NOTICE = re.compile(r"^nvrtc: warning: Architectures prior to '<compute/
 
 
 def options_for(arch: str, filename: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [*_device.compile_options(filename), f"--gpu-architecture={arch}", f"-I{nvrtc(ARCHES[arch]).include}",
+    return [*_device.compile_options(filename, int(arch[3:])), f"--gpu-architecture={arch}",
+            f"-I{nvrtc(ARCHES[arch]).include}",
             *extra]
 
 

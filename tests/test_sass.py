@@ -107,6 +107,7 @@ class RecordingDevice(_device.Device):
     name = "recording"
     xp = numpy
     tensor_cores = True  # sm_80 and sm_90 both have mma.sync
+    wgmma = True  # as an H100/H200 (sm_90a): the benchmark cases' large 16-bit forwards launch conv_fwd_wgmma
 
     def __init__(self):
         self.launches: dict[Launch, str] = {}  # launch -> the first case that made it
@@ -277,8 +278,9 @@ def record(calls, dtypes, indices=("int",)) -> dict[Launch, str]:
 
 
 # Kernels instantiated for 32-bit indices only, whose planners refuse a problem that needs 64 (the old path runs it
-# instead, and its own launches are recorded): patch_fwd_igemm (ops/implicit_gemm.py `patch_igemm_refusal`).
-INT_ONLY = ("patch_fwd_igemm<",)
+# instead, and its own launches are recorded): patch_fwd_igemm (ops/implicit_gemm.py `patch_igemm_refusal`) and
+# conv_fwd_wgmma (ops/wgmma_gemm.py `wgmma_refusal`: conv_fwd_igemm takes those).
+INT_ONLY = ("patch_fwd_igemm<", "conv_fwd_wgmma<")
 
 
 def index_twin(launch: Launch) -> Launch | None:

@@ -23,6 +23,7 @@ from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, PLAN_SMS, KernelFile, 
                         extent, fast_divmod_magic, index_type, kernel_name, split_reduction)
 from .._spec import ConvSpec, ceil_div, transposed_spec
 from .lift import add_channel_bias
+from . import wgmma_gemm
 
 # Tensor-core block tiles (rows x columns of C, warps of 32 x 32; implicit_gemm.cu): 64 x 64 in
 # general, 128 x 64 for 16-bit inputs with many rows (half the B traffic per row; its float stages would pass the
@@ -853,6 +854,9 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
     phase's rows are contiguous runs of whole vectors, `PhasePlacement.vector_store`; scalar stores otherwise)."""
     if phase is None and groups_igemm_refusal(spec, xl.dtype) is None:   # small groups: several a block
         return _igemm_groups_forward(device, xl, wk, bias, spec, out)
+    if phase is None and device.wgmma and wgmma_gemm.wgmma_preferred(spec) and \
+            wgmma_gemm.wgmma_refusal(spec, xl.dtype, xl.size, out.size, wk.size, is_channels_last(out)) is None:
+        return wgmma_gemm.wgmma_forward(device, xl, wk, bias, spec, out)   # Hopper: the same GEMM on wgmma
     plan = plan_igemm(spec, xl.dtype)
     vector = vector_elements(xl.dtype)
     nhwc = phase is None and is_channels_last(out)

@@ -1,0 +1,217 @@
+// The 16-bit convolution forward on Hopper's warpgroup MMA (wgmma, sm_90a only: KernelFile(..., sm90a=True) in
+// cupyconv/ops/wgmma_gemm.py; on every other architecture wgmma.cuh compiles to a trap and the planner never
+// launches it).  Issue 24 item 10.
+//
+// The GEMM of conv_fwd_igemm (implicit_gemm.cu, "forward and input gradient, channels-last"): rows = output
+// pixels, columns = output channels of group g, K ordered (tap, channel) over
+//   x       (n, H, W, C) contiguous, 16-byte aligned (ops/implicit_gemm.py `channels_last`, the same copy);
+//   weight  (D, taps, C / G) contiguous (`weight_view`, arranged once per call);
+//   out     (n, D, oH, oW) contiguous (NCHW); bias (D,) added in float before the one rounding.
+// C / G and D / G are multiples of 8 (`igemm_refusal`), so a 16-byte vector never straddles a tap or a group.
+//
+// Block: WGC_THREADS = 2 warpgroups, BM = 128 rows (64 a warpgroup) x BN = 64 or 128 columns,
+// one wgmma.m64nBNk16 a warpgroup per k16 step, f32 accumulators (BN / 2 a thread).  K in chunks of
+// 64 elements (128 bytes a row), STAGES = 4 stages of A (BM rows) and B (BN rows) in the 128-byte
+// swizzle wgmma reads by descriptor: row r of a stage at 128 r, its 16-byte vector v at v ^ (r % 8), each stage
+// 1024-byte aligned (the pattern is taken from the address: the dynamic shared memory is rounded up by hand),
+// descriptors of stride 1024 (8 rows), the k16 steps 32 bytes apart.  Each thread copies vector tid % 8 of
+// rows tid / 8 + 32 i by 16-byte cp.async, zero-filled in the padding, past M, past D / G and past K.
+// Pipeline: chunks t + 1 and t + 2 in flight while the tensor cores work on chunk t (and still on t - 1: the
+// wait retires all but the newest group); one cp.async wait, proxy fence and barrier a chunk; the stage refilled
+// in chunk t is that of chunk t - 2, whose wgmmas both warpgroups retired before the barrier.
+// Epilogue: accumulators + bias, rounded once, to shared memory as (column, row), then 16-byte stores of 8
+// consecutive output pixels of one channel where vector_store says they are whole and aligned, else scalar ones.
+// 32-bit indices only (ops/wgmma_gemm.py refuses larger problems: they stay on conv_fwd_igemm).  No split of K.
+// The window rows' set-up, the tap carry and the NCHW epilogue are ig_forward's (implicit_gemm.cu) written again
+// for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the next step.
+#include "common.cuh"
+#include "async_copy.cuh"
+#include "wgmma.cuh"
+
+// WGC_THREADS (two warpgroups), WGC_ROW_BYTES (a row of a stage: one 128-byte swizzle row) and WGC_ALIGN (a
+// stage's 8-row swizzle pattern, the shared memory the planner adds for the rounding up) come from
+// cupyconv/ops/wgmma_gemm.py (KERNELS' definitions), which sizes the launch.
+#if !defined(WGC_THREADS) || !defined(WGC_ROW_BYTES) || !defined(WGC_ALIGN)
+#error "wgmma_conv.cu needs the -D options of cupyconv._device.compile_options('wgmma_conv.cu')"
+#endif
+static_assert(WGC_THREADS == 256 && WGC_ROW_BYTES == 128 && WGC_ALIGN == 1024, "two warpgroups, 128-byte swizzle");
+extern __shared__ __align__(16) unsigned char wgmma_shared[];
+
+template <typename T, typename I, int BM, int BN, int STAGES>
+__global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
+    const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
+    int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
+    int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
+    int has_bias, int vector_store) {
+  static_assert(sizeof(T) == 2 && BM == 128 && (BN == 64 || BN == 128) && STAGES >= 3, "the tiles built");
+  constexpr int VEC = 16 / (int)sizeof(T), BK = WGC_ROW_BYTES / (int)sizeof(T);  // 8 and 64 elements
+  constexpr int ROWS_PER_PASS = WGC_THREADS / (WGC_ROW_BYTES / 16);               // 32
+  constexpr int A_ROWS = BM / ROWS_PER_PASS, B_ROWS = BN / ROWS_PER_PASS;
+  constexpr int A_BYTES = BM * WGC_ROW_BYTES, STAGE_BYTES = (BM + BN) * WGC_ROW_BYTES;
+  static_assert(STAGE_BYTES % WGC_ALIGN == 0, "every stage on the swizzle pattern");
+
+  // The stages from the first 1024-byte boundary of the dynamic shared memory (the planner adds WGC_ALIGN bytes);
+  // the descriptor's address bits are the shared-window address (the emulator's too).
+  const unsigned window = (unsigned)(wgmma_desc(wgmma_shared, 0, 0, 0) & 0x3FFFu) << 4;
+  unsigned char* const stages = wgmma_shared + ((WGC_ALIGN - window % WGC_ALIGN) % WGC_ALIGN);
+
+  const int tid = threadIdx.x;
+  const int cg = channels_per_group, dg = outputs_per_group, channels = groups * cg;
+  const int n_tiles = (dg + BN - 1) / BN, g = blockIdx.y / n_tiles, n0 = blockIdx.y % n_tiles * BN;
+  const I pixels = (I)out_h * out_w, M = n * pixels, m0 = (I)blockIdx.x * BM;
+  const int K = kernel_h * kernel_w * cg, chunks = (K + BK - 1) / BK;
+
+  // --- what this thread copies: vector v of rows row0 + 32 i of A and B ------------------------------------------
+  const int v = tid % (WGC_ROW_BYTES / 16), row0 = tid / (WGC_ROW_BYTES / 16);
+  const int store_offset = row0 * WGC_ROW_BYTES + ((v ^ (row0 & 7)) << 4);  // + 32 i rows: the same swizzle
+  I a_base[A_ROWS];
+  int a_y[A_ROWS], a_x[A_ROWS];
+#pragma unroll
+  for (int i = 0; i < A_ROWS; ++i) {
+    const I m = m0 + row0 + ROWS_PER_PASS * i;
+    a_y[i] = -(1 << 30);  // rows past M: every y out of range (the reach is below 2^30)
+    a_x[i] = 0;
+    a_base[i] = 0;
+    if (m < M) {
+      const I image = m / pixels;
+      const int p = (int)(m - image * pixels), oy = p / out_w, ox = p - oy * out_w;
+      a_y[i] = oy * stride_h - pad_top;
+      a_x[i] = ox * stride_w - pad_left;
+      a_base[i] = image * height * width * channels + (I)g * cg + ((I)a_y[i] * width + a_x[i]) * channels;
+    }
+  }
+  I b_offset[B_ROWS];
+  bool b_inside[B_ROWS];
+#pragma unroll
+  for (int i = 0; i < B_ROWS; ++i) {
+    const int col = n0 + row0 + ROWS_PER_PASS * i;
+    b_inside[i] = col < dg;
+    b_offset[i] = b_inside[i] ? (I)(g * dg + col) * K + v * VEC : (I)0;
+  }
+  // The thread's column of A: channel c of tap (r, s) at tap_offset from a window's origin, advanced by BK a
+  // chunk and carried into s, then r (no division).
+  int k = v * VEC, c = k, r = 0, s = 0, dy = 0, dx = 0;
+  I tap_offset = c;
+  auto carry = [&]() {
+    while (c >= cg) {
+      c -= cg;
+      tap_offset += (I)dilation_w * channels - cg;
+      dx += dilation_w;
+      if (++s == kernel_w) {
+        s = 0;
+        dx = 0;
+        ++r;
+        dy += dilation_h;
+        tap_offset += (I)dilation_h * width * channels - (I)kernel_w * dilation_w * channels;
+      }
+    }
+  };
+  carry();
+  auto load_chunk = [&](int stage) {  // the thread's vectors of the next chunk, then advance to the one after
+    unsigned char* a_stage = stages + stage * STAGE_BYTES;
+    unsigned char* b_stage = a_stage + A_BYTES;
+    const bool k_inside = k < K;
+#pragma unroll
+    for (int i = 0; i < A_ROWS; ++i) {
+      const bool inside = k_inside && (unsigned)(a_y[i] + dy) < (unsigned)height &&
+                          (unsigned)(a_x[i] + dx) < (unsigned)width;
+      const T* src = inside ? x + (a_base[i] + tap_offset) : x;  // padding: zero-fill, x itself not read
+      cp_async_cg_16(a_stage + store_offset + ROWS_PER_PASS * i * WGC_ROW_BYTES, src, inside ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < B_ROWS; ++i) {
+      const bool inside = b_inside[i] && k_inside;
+      cp_async_cg_16(b_stage + store_offset + ROWS_PER_PASS * i * WGC_ROW_BYTES,
+                     inside ? weight + b_offset[i] : weight, inside ? 16 : 0);
+      b_offset[i] += BK;
+    }
+    k += BK;
+    c += BK;
+    tap_offset += BK;
+    carry();
+  };
+
+  // --- the pipeline ---------------------------------------------------------------------------------------------
+  const int warpgroup = tid / 128;
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;  // (chunk 0's first wgmma ignores them: no chunks, no wgmma)
+#pragma unroll
+  for (int t = 0; t < STAGES - 2; ++t) {
+    if (t < chunks) load_chunk(t);
+    cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
+  }
+  // The descriptors of the warpgroup's A rows and of B in stage 0, k16 step 0; another stage or step adds its
+  // byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
+  // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
+  // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
+  const unsigned desc_a = (unsigned)wgmma_desc(stages + warpgroup * 64 * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B, 16,
+                                               8 * WGC_ROW_BYTES);
+  const unsigned desc_b = (unsigned)wgmma_desc(stages + A_BYTES, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
+  const unsigned long long desc_high = wgmma_desc_bits(0, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
+  int read_stage = 0, write_stage = STAGES - 2;
+  for (int t = 0; t < chunks; ++t) {
+    cp_async_wait<STAGES - 3>();  // chunk t has landed (this thread's copies) ...
+    wgmma_fence_shared();         // ... visible to wgmma's reads (the async proxy) ...
+    __syncthreads();              // ... everyone's; and both warpgroups retired chunk t - 2's wgmmas
+    if (t + STAGES - 2 < chunks) load_chunk(write_stage);
+    cp_async_commit();
+    const unsigned stage16 = (unsigned)(read_stage * STAGE_BYTES) >> 4;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks)
+      wgmma_m64k16<T, BN>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
+                          t > 0 || ks > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // chunk t - 1's group retired: its stage may be refilled after the next barrier
+    wgmma_fence_operand(d);
+    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+  }
+  wgmma_wait<0>();
+  wgmma_fence_operand(d);
+  cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
+  __syncthreads();
+
+  // --- epilogue: tile[column][row] = T(acc + bias), then stores along the output pixels --------------------------
+  // Accumulator j of thread t of its warpgroup (wgmma.cuh): row 16 w + g (+ 8), column 8 (j / 4) + 2 q (+ 1).
+  constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes a column; + 16: a warp's writes spread over the banks
+  const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
+  const int row = warpgroup * 64 + 16 * w + gq;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * q + e, nn = n0 + col;
+      const float add = has_bias && nn < dg ? to_acc(bias[g * dg + nn]) : 0.0f;
+      T* column = reinterpret_cast<T*>(wgmma_shared + col * PITCH);
+      column[row] = from_acc<T>(d[4 * j + e] + add);
+      column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);
+    }
+  }
+  __syncthreads();
+  // Thread: the vector of rows m0 + mv * VEC .. + VEC - 1 of columns tid / (BM / VEC) + COLUMN_STEP i.
+  constexpr int ROW_VECTORS = BM / VEC, COLUMN_STEP = WGC_THREADS / ROW_VECTORS;
+  const int mv = tid % ROW_VECTORS;
+  I out_row[VEC];  // where each of the thread's pixels lies in out (channel 0 of the group), or -1 past M
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const I m = m0 + mv * VEC + e, image = m / pixels;
+    out_row[e] = m < M ? (image * groups * dg + (I)g * dg) * pixels + (m - image * pixels) : (I)-1;
+  }
+  for (int col = tid / ROW_VECTORS; col < BN; col += COLUMN_STEP) {
+    const int nn = n0 + col;
+    if (nn >= dg) break;
+    const unsigned char* src = wgmma_shared + col * PITCH + mv * 16;
+    if (vector_store) {  // pixels % VEC == 0 and out 16-byte aligned: a vector never straddles two images
+      if (out_row[0] >= 0)
+        *reinterpret_cast<uint4*>(out + out_row[0] + (I)nn * pixels) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      const T* values = reinterpret_cast<const T*>(src);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        if (out_row[e] >= 0) out[out_row[e] + (I)nn * pixels] = values[e];
+      }
+    }
+  }
+}
