@@ -2595,17 +2595,30 @@ __device__ __forceinline__ void pt_rows_of(const unsigned char* raw, int raw_pat
   for (int e = threadIdx.x; e < rows_to * vectors; e += blockDim.x) {
     const int cv = e / rows_to, r = e - cv * rows_to;
     Bits b[VEC];
-    if (r < rows) {
+    if (r < rows) {  // the vector's channels lie a plane apart in raw
       const int p = r / plane, pixel = r - p * plane;
       const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];
+      for (int i = 0; i < VEC; ++i, from += plane) b[i] = *from;
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) b[i] = Bits(0);
     }
     *reinterpret_cast<uint4*>(tile + r * pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
   }
+}
+
+// The x tile's row that output pixel k of a group (`patches` patches of `plane` input pixels in the tile, then the
+// zero rows) reads at `tap`: in the padding, or past the group's output pixels, the zero row of its residue mod 8
+// (the 8 rows of an ldmatrix phase stay in 8 bank groups, as patch_fwd_igemm's table has it).
+__device__ __forceinline__ int pt_tap_row(int k, int tap, int patches, int plane, int height, int width, int kernel_w,
+                                          int pad_top, int pad_left, int out_w, int out_plane) {
+  const int zero = patches * plane;
+  if (k >= patches * out_plane) return zero + (k & 7);
+  const int p = k / out_plane, pixel = k - p * out_plane;
+  const int y = pixel / out_w + tap / kernel_w - pad_top, x = pixel % out_w + tap % kernel_w - pad_left;
+  const int row = p * plane + y * width + x;
+  return (unsigned)y < (unsigned)height && (unsigned)x < (unsigned)width ? row : zero + (row & 7);
 }
 
 template <typename T, typename I>
@@ -2637,14 +2650,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     *reinterpret_cast<uint4*>(dy_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
   for (int e = tid; e < taps * PW_K_ROWS; e += IG_THREADS) {  // [tap][output pixel of the group]
     const int tap = e / PW_K_ROWS, k = e % PW_K_ROWS;
-    int row = x_rows + (k & 7);  // past the group's pixels: a zero row
-    if (k < patches * out_plane) {
-      const int p = k / out_plane, pixel = k % out_plane;
-      const int iy = pixel / out_w - pad_top + tap / kernel_w, ix = pixel % out_w - pad_left + tap % kernel_w;
-      row = p * plane + iy * width + ix;  // in the padding: the zero row of the same residue mod 8
-      if ((unsigned)iy >= (unsigned)height || (unsigned)ix >= (unsigned)width) row = x_rows + (row & 7);
-    }
-    rows_s[e] = row * x_pitch;
+    rows_s[e] = pt_tap_row(k, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
+                x_pitch;
   }
 
   // A group's patches: their staged channels of x and output channels of grad_output, each a contiguous run of
@@ -2699,11 +2706,12 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   const unsigned ones[2] = {pack2<T>(one, one), pack2<T>(one, one)};
 
   int buffer = 0;
-  for (I group = blockIdx.x; group < groups; group += gridDim.x, buffer ^= 1) {
+  for (I group = blockIdx.x, next; group < groups; group = next, buffer ^= 1) {
     cp_async_wait<0>();  // this group's copies have landed (this thread's) ...
     __syncthreads();     // ... everyone's; the previous group's tiles are no longer read
-    if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);  // (its buffers were read before
-    cp_async_commit();                                                       // the last group's barrier)
+    next = group + gridDim.x;  // (the next group's buffers were last read before the previous group's barrier)
+    if (next < groups) load_group(next, buffer ^ 1);
+    cp_async_commit();
     const I first = group * patches;
     const int count = n - first < (I)patches ? (int)(n - first) : patches, k_rows = count * out_plane;
     const int steps = (k_rows + 15) / 16;

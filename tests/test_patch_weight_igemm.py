@@ -52,7 +52,8 @@ CASES = [
     Case("6x6-kernel-1", (7, 128, 6, 6), 16, kernel=(1, 1), padding=0),    # 8 channel slices in one tile
     Case("7x7-d-two-tiles", (5, 32, 7, 7), 80, bias=False),                # 49 pixels: 2 patches; d tiles 64 + 16
     Case("8x8-wide", (3, 48, 8, 8), 128, kernel=(5, 5), padding=2),        # 75 units over 10 tiles; 2 d tiles
-    Case("padding-per-side", (5, 16, 4, 6), 32, padding=((0, 2), (2, 1))),  # 5 x 7 outputs (odd): 3 a group
+    Case("padding-per-side", (5, 16, 4, 6), 32, padding=((0, 2), (2, 1)), blocks=2),  # 5 x 7 outputs: 3 patches
+    # a group (105 K rows), each block both groups: the short one's 70 rows leave 10 of its last step to zeros
     Case("grid-loops", (37, 16, 4, 4), 32, blocks=2),                      # 5 groups on 1 split, the last short
 ]
 
@@ -156,6 +157,14 @@ def test_refusals(kwargs, why):
                              numpy.empty((32, c, k, k), dtype), None, kwargs.get("stride", 1), padding,
                              kwargs.get("dilation", 1), 1, leading_dims=True)
     assert why in igemm.patch_weight_refusal(spec, dtype)
+
+
+def test_refuses_sums_past_32_bits():
+    """264 splits of a 1024 x 1024 x 3 x 3 grad_weight (2.5 G floats) would overflow the kernel's int offsets."""
+    spec = ConvSpec.for_conv("patch_conv2d", numpy.empty((3, 1024, 4, 4), numpy.float16),
+                             numpy.empty((1024, 1024, 3, 3), numpy.float16), None, 1, 1, 1, 1, leading_dims=True)
+    assert igemm.patch_igemm_refusal(spec, numpy.float16, shared=False) is None
+    assert "32 bits" in igemm.patch_weight_refusal(spec, numpy.float16)
 
 
 def test_a_transposed_view_takes_the_old_path():

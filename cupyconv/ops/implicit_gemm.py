@@ -1317,10 +1317,13 @@ def _patch_weight_patches(spec: ConvSpec, tile_units: int) -> int:
 
 def patch_weight_refusal(spec: ConvSpec, dtype) -> str | None:
     """Why patch_bwd_weight_igemm cannot run this weight gradient, or None: the forward's conditions
-    (`patch_igemm_refusal`) but its own shared memory within PT_SHARED_LIMIT."""
+    (`patch_igemm_refusal`) but its own shared memory within PT_SHARED_LIMIT, and its float sums (up to PW_BLOCKS
+    splits of grad_weight) indexed in 32 bits."""
     why = patch_igemm_refusal(spec, dtype, shared=False)
     if why is None and patch_weight_shared(spec, 1, _patch_weight_tiles(spec)[0]) > PT_SHARED_LIMIT:
         return f"its weight gradient's shared memory would pass {PT_SHARED_LIMIT} bytes"
+    if why is None and PW_BLOCKS * spec.out_channels * spec.in_channels * spec.taps > INT32_MAX:
+        return "its weight gradient's sums index in 32 bits"
     return why
 
 
