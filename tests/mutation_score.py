@@ -1660,7 +1660,7 @@ MUTATIONS = [
       "const int count = n - first < (I)patches ? (int)(n - first) : patches;\n    const int xv",
       "const int count = patches;\n    const int xv", "tests/test_patch_weight_igemm.py -k asan", "tile bound"),
     M("pw-shared-one-slice", IG_PY, "x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)",
-      "x_channels, rows_d = 16, min(PW_ROWS, spec.out_channels)", PW, "tile bound"),
+      "x_channels, rows_d = 16, min(PW_ROWS, spec.out_channels)", PW_PY, "tile bound"),
     M("pw-splits-ignore-tiles", IG_PY, "min(ceil_div(spec.n, patches), PW_BLOCKS // tiles))",
       "min(ceil_div(spec.n, patches), PW_BLOCKS))", PW_PY, "wrong plan"),
     M("pw-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_weight(spec).patches) >= PW_MIN_GROUPS",
