@@ -11,7 +11,6 @@ import dataclasses
 
 import numpy
 import pytest
-from optional_deps import BFLOAT16, Dtypes
 
 import cupyconv
 from cupyconv import _device
@@ -19,9 +18,8 @@ from cupyconv._spec import ConvSpec
 from cupyconv.ops import implicit_gemm as igemm
 from bug_classes import Recorder
 from emulator import assert_clean_under_asan, pytest_under_asan
-
-DTYPES = Dtypes({"float16": numpy.float16, "bfloat16": BFLOAT16})
-TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}   # as tests/test_patch_igemm.py: one rounding of a float sum
+# the forward's cases (a case's `blocks` is PW_BLOCKS here), dtypes and tolerance check: one rounding of a float sum
+from test_patch_igemm import DTYPES, Case, assert_close
 
 
 @pytest.fixture(autouse=True)
@@ -29,20 +27,6 @@ def small_problems_take_it(monkeypatch):
     """The cases here are small: the kernel runs them all the same (ops/patch.py routes it from PW_MIN_GROUPS
     groups of patches on; `test_few_groups_take_the_old_path` checks that rule)."""
     monkeypatch.setattr(igemm, "PW_MIN_GROUPS", 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    x: tuple            # (..., C, H, W)
-    out_channels: int
-    kernel: tuple = (3, 3)
-    padding: object = 1
-    bias: bool = True
-    blocks: int = 0     # PW_BLOCKS for the run (0: the planner's): fewer splits, several groups a block
-
-    def __str__(self):
-        return self.name
 
 
 CASES = [
@@ -78,13 +62,6 @@ def run_backward(case, dtype, monkeypatch, device=None, seed=0):
     want = cupyconv.patch_conv2d_backward(*(numpy.asarray(a, numpy.float64) for a in (gy, x, weight)),
                                           padding=case.padding, needs=needs)
     return device, got, want
-
-
-def assert_close(got, want, dtype, what):
-    got = numpy.asarray(got, numpy.float64)
-    scale = float(numpy.abs(want).max())
-    err = float(numpy.abs(got - want).max())   # NaN (a poisoned element never written) fails too
-    assert err <= TOLERANCE[dtype] * scale, f"{what}: max error {err:.3g} vs max |value| {scale:.3g}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
