@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy
 
-from cupyconv.ops.implicit_gemm import PT_COLS, PT_ROWS, PT_STEP, weight_finish_splits
+from cupyconv.ops.implicit_gemm import PT_COLS, PT_ROWS, PT_STEP, PW_ROWS, weight_finish_splits
 from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
 from . import _emulator
@@ -339,13 +339,13 @@ def host_prediction(case: cases_mod.Case, backward: bool, choices: dict[str, str
 MAC_KERNELS = re.compile(r"^(conv_fwd_tc|conv_bwd_input_tc|conv_bwd_weight_tc|conv_fwd_igemm\w*|conv_bwd_weight_igemm|"
                          r"conv_bwd_weight_igemm_groups|conv_fwd_direct|conv_bwd_weight_direct|depthwise_fwd\w*|"
                          r"depthwise_bwd_input\w*|depthwise_bwd_weight\w*|patch_fwd|patch_bwd_input|"
-                         r"patch_bwd_weight|patch_fwd_igemm|conv_fwd_wgmma|simt_fwd|simt_bwd_weight)$")
+                         r"patch_bwd_weight|patch_fwd_igemm|patch_bwd_weight_igemm|conv_fwd_wgmma|simt_fwd|simt_bwd_weight)$")
 # The FMA implicit GEMM (simt_gemm.cu): its launches' multiply-adds come from their own arguments (`simt_macs`), not
 # from a share of the pass: a 3-D backward interleaves its launches with others, and its tiles pad the GEMM.
 SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d", "conv_bwd_weight_igemm",
-                       "conv_bwd_weight_igemm_groups", "patch_fwd_igemm", "conv_fwd_wgmma")
+                       "conv_bwd_weight_igemm_groups", "patch_fwd_igemm", "patch_bwd_weight_igemm", "conv_fwd_wgmma")
 # Kernels on wgmma (HGMMA, sm_90a): the tensor pipe at `wgmma_fraction` of the peak, one HGMMA m64nNk16 a k16 step
 WGMMA_KERNELS = ("conv_fwd_wgmma",)
 WGMMA_CHUNK = 64   # conv_fwd_wgmma's K chunk: 128 bytes of a 16-bit type (wgmma_gemm.py WGC_ROW_BYTES)
@@ -467,6 +467,13 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         passes = math.ceil(a["out_channels"] / PT_COLS)
         padded = math.ceil(a["channels"] / PT_STEP) * PT_STEP   # a tap's channels, padded to its K step
         return int(groups * PT_ROWS * passes * PT_COLS * a["kernel_h"] * a["kernel_w"] * padded)
+    if launch.kernel == "patch_bwd_weight_igemm":   # every group, every d tile: PW_ROWS rows x every unit's 16
+        # columns x the group's pixels in steps of 16, and the bias's HMMA (8 columns) in the first unit tile
+        out_plane, full = a["out_h"] * a["out_w"], a["n"] // a["patches"]
+        k = full * math.ceil(a["patches"] * out_plane / 16) * 16
+        k += math.ceil((a["n"] - full * a["patches"]) * out_plane / 16) * 16
+        columns = a["channels"] // 16 * a["kernel_h"] * a["kernel_w"] * 16 + (8 if a["has_bias"] else 0)
+        return int(math.ceil(a["out_channels"] / PW_ROWS) * PW_ROWS * columns * k)
     rows, cols = launch.template_args[2:4]
     if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d"):   # K = taps x channels
         # per group, in chunks of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block

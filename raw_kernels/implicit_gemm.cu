@@ -2553,3 +2553,218 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   }
   cp_async_wait<0>();
 }
+
+// =================================================================================================================
+// Whole patches a block, the weight gradient (issue 24, deliverable 5): the 16-bit grad_weight of patch_conv2d
+// =================================================================================================================
+//
+// patch_bwd_weight_igemm: grad_weight as the GEMM rows = output channels d, columns = units of one tap x 16
+// channels, K = every output pixel, with x (n, C, H, W) and grad_output (n, D, oH, oW) both C-contiguous and read
+// as they lie: no channels-last copy of either.  The conditions are the forward's (`patch_igemm_refusal`: stride 1,
+// dilation 1, one group, C and D multiples of 16, 32-bit indices).  Unit u is (channel slice u / taps, tap u % taps),
+// so that a block's units need only one or two slices of x's channels where taps >= 8 (3x3: 9 units a slice).
+//
+// A block owns one tile of grad_weight: PW_ROWS output channels x `tile_units` units (at most PW_UNITS), blockIdx.y
+// (d tile, unit tile), and one split of the groups of `patches` whole patches, blockIdx.x: groups x, x + gridDim.x,
+// ... (a shape-only assignment, `plan_patch_weight`).  Per group it copies, as they lie (16-byte cp.async, double
+// buffered as in patch_fwd_igemm: the next group's lands during this one's MMAs), its patches' channels of x and its
+// output channels of grad_output, and transposes both once into rows of a pixel (`pt_rows_of`):
+//   x tile   a row per input pixel of the staged channels, 8 zero rows after them, an odd number of vectors apart
+//            (pt_pitch); a tap reads it through the rows table as the forward does (the same layout: padding and
+//            rows past the group read a zero row of their own residue mod 8);
+//   dy tile  a row per output pixel (K) of the tile's PW_ROWS channels, rows past the group's pixels zero up to a
+//            multiple of 16.
+// The MMAs run over the group's pixels in steps of 16: A (d x pixels) by ldmatrix .trans of the dy tile, B (pixels
+// x channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at; 4 warps in 2 x 2 of 32 d x 4
+// units.  The bias gradient (has_bias) is A times a column of ones, summed by the first warp column of the blocks
+// of the first unit tile.  Each block writes its float sums once, to its split's slice of partial (splits, D, taps
+// x C, (tap, c) order) and bias_partial (splits, D); conv_bwd_weight_igemm_finish adds the splits in order and
+// rounds once (the same bits on every run).
+constexpr int PW_ROWS = 64;                   // output channels a block
+constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
+constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the dy tile's rows)
+
+// raw [patch][channel][pixel] (patches raw_patch bytes apart, `vectors` x 16 bytes of channels a pixel) -> tile
+// [patch pixel][channel], rows `pitch` bytes apart: rows [0, rows) from raw, [rows, rows_to) zeros (the rows past a
+// short group: an MMA must not meet a stale value there).
+template <typename T>
+__device__ __forceinline__ void pt_rows_of(const unsigned char* raw, int raw_patch, int plane, int vectors, int rows,
+                                           int rows_to, unsigned char* tile, int pitch) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  typedef typename ClBits<T>::type Bits;
+  for (int e = threadIdx.x; e < rows_to * vectors; e += blockDim.x) {
+    const int cv = e / rows_to, r = e - cv * rows_to;
+    Bits b[VEC];
+    if (r < rows) {  // the vector's channels lie a plane apart in raw
+      const int p = r / plane, pixel = r - p * plane;
+      const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i, from += plane) b[i] = *from;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = Bits(0);
+    }
+    *reinterpret_cast<uint4*>(tile + r * pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
+  }
+}
+
+// The x tile's row that output pixel k of a group (`patches` patches of `plane` input pixels in the tile, then the
+// zero rows) reads at `tap`: in the padding, or past the group's output pixels, the zero row of its residue mod 8
+// (the 8 rows of an ldmatrix phase stay in 8 bank groups, as patch_fwd_igemm's table has it).
+__device__ __forceinline__ int pt_tap_row(int k, int tap, int patches, int plane, int height, int width, int kernel_w,
+                                          int pad_top, int pad_left, int out_w, int out_plane) {
+  const int zero = patches * plane;
+  if (k >= patches * out_plane) return zero + (k & 7);
+  const int p = k / out_plane, pixel = k - p * out_plane;
+  const int y = pixel / out_w + tap / kernel_w - pad_top, x = pixel % out_w + tap % kernel_w - pad_left;
+  const int row = p * plane + y * width + x;
+  return (unsigned)y < (unsigned)height && (unsigned)x < (unsigned)width ? row : zero + (row & 7);
+}
+
+template <typename T, typename I>
+__global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
+    const T* __restrict__ x, const T* __restrict__ grad_out, float* __restrict__ partial,
+    float* __restrict__ bias_partial, I n, int channels, int out_channels, int height, int width, int kernel_h,
+    int kernel_w, int pad_top, int pad_left, int out_h, int out_w, int patches, int tile_units, int has_bias) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int C = channels, D = out_channels, taps = kernel_h * kernel_w, plane = height * width;
+  const int out_plane = out_h * out_w, units = C / 16 * taps, unit_tiles = (units + tile_units - 1) / tile_units;
+  const int u0 = blockIdx.y % unit_tiles * tile_units, u_end = min(u0 + tile_units, units);
+  const int m0 = blockIdx.y / unit_tiles * PW_ROWS, rows_d = min(PW_ROWS, D - m0);
+  const int slice0 = u0 / taps, x_channels = ((u_end - 1) / taps + 1 - slice0) * 16;  // the channels staged
+  const int x_vectors = x_channels / VEC, x_pitch = pt_pitch(x_vectors), dy_pitch = pt_pitch(PW_ROWS / VEC);
+  const int x_rows = patches * plane;
+  // raw buffers: a patch's staged channels (or output channels), 32 bytes apart from the next one's (as the forward)
+  const int x_patch = x_channels * plane * (int)sizeof(T) + 32, dy_patch = rows_d * out_plane * (int)sizeof(T) + 32;
+  // shared memory: rows table | dy tile | x tile (rows + the zero rows) | raw x 2 | raw dy 2
+  int* rows_s = reinterpret_cast<int*>(igemm_shared);
+  unsigned char* dy_s = reinterpret_cast<unsigned char*>(rows_s + taps * PW_K_ROWS);
+  unsigned char* x_s = dy_s + PW_K_ROWS * dy_pitch;
+  unsigned char* x_raw = x_s + (x_rows + PT_ZERO_ROWS) * x_pitch;
+  unsigned char* dy_raw = x_raw + 2 * patches * x_patch;
+  const I groups = (n + patches - 1) / patches;
+
+  // --- once per block: both tiles zeroed (the zero rows, the dy columns past D), the rows table -----------------
+  for (int v = tid; v < (PW_K_ROWS * dy_pitch + (x_rows + PT_ZERO_ROWS) * x_pitch) / IG_VECTOR_BYTES; v += IG_THREADS)
+    *reinterpret_cast<uint4*>(dy_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  for (int e = tid; e < taps * PW_K_ROWS; e += IG_THREADS) {  // [tap][output pixel of the group]
+    const int tap = e / PW_K_ROWS, k = e % PW_K_ROWS;
+    rows_s[e] = pt_tap_row(k, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
+                x_pitch;
+  }
+
+  // A group's patches: their staged channels of x and output channels of grad_output, each a contiguous run of
+  // 16-byte vectors a patch.
+  auto load_group = [&](I group, int buffer) {
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches;
+    const int xv = x_channels * plane / VEC, dv = rows_d * out_plane / VEC;
+    for (int v = tid; v < count * xv; v += IG_THREADS) {
+      const int p = v / xv;
+      cp_async_cg_16(x_raw + (buffer * patches + p) * x_patch + (v - p * xv) * IG_VECTOR_BYTES,
+                     x + ((first + p) * C + slice0 * 16) * plane + (I)(v - p * xv) * VEC, IG_VECTOR_BYTES);
+    }
+    for (int v = tid; v < count * dv; v += IG_THREADS) {
+      const int p = v / dv;
+      cp_async_cg_16(dy_raw + (buffer * patches + p) * dy_patch + (v - p * dv) * IG_VECTOR_BYTES,
+                     grad_out + ((first + p) * D + m0) * out_plane + (I)(v - p * dv) * VEC, IG_VECTOR_BYTES);
+    }
+  };
+  if ((I)blockIdx.x < groups) load_group(blockIdx.x, 0);
+  cp_async_commit();
+
+  // --- the lane's fragments (ldmatrix: matrix j = lane / 8, its row lane % 8) ----------------------------------
+  const int wm = (warp >> 1) * 32, wu = (warp & 1) * (PW_UNITS / 2), j = lane >> 3, jr = lane & 7;
+  // A (.trans of [pixel][d]): matrices (k 0-7, d 0-7), (k 0-7, d 8-15), (k 8-15, d 0-7), (k 8-15, d 8-15)
+  const unsigned char* a_at = dy_s + ((j >> 1) * 8 + jr) * dy_pitch + (wm + (j & 1) * 8) * (int)sizeof(T);
+  // B (.trans of [pixel][channel]): (k 0-7, c 0-7), (k 8-15, c 0-7), (k 0-7, c 8-15), (k 8-15, c 8-15): the b of
+  // the unit's two n tiles.  Per unit: its tap's rows (this lane's row of each 16) and its channels' bytes.
+  const int* b_rows[PW_UNITS / 2];
+  int b_bytes[PW_UNITS / 2];
+  bool b_unit[PW_UNITS / 2];
+#pragma unroll
+  for (int t = 0; t < PW_UNITS / 2; ++t) {
+    const int u = u0 + wu + t;
+    b_unit[t] = wu + t < tile_units && u < u_end;
+    const int tap = b_unit[t] ? u % taps : 0;
+    b_rows[t] = rows_s + tap * PW_K_ROWS + (j & 1) * 8 + jr;
+    b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T) + (j >> 1) * IG_VECTOR_BYTES;
+  }
+  const bool sum_bias = has_bias && u0 == 0 && wu == 0;  // block- and warp-uniform
+  float acc[2][PW_UNITS][4], bias_acc[2][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bias_acc[mi][e] = 0.0f;
+#pragma unroll
+      for (int ni = 0; ni < PW_UNITS; ++ni) acc[mi][ni][e] = 0.0f;
+    }
+  }
+  const T one = T(1.0f);
+  const unsigned ones[2] = {pack2<T>(one, one), pack2<T>(one, one)};
+
+  int buffer = 0;
+  for (I group = blockIdx.x, next; group < groups; group = next, buffer ^= 1) {
+    cp_async_wait<0>();  // this group's copies have landed (this thread's) ...
+    __syncthreads();     // ... everyone's; the previous group's tiles are no longer read
+    next = group + gridDim.x;  // (the next group's buffers were last read before the previous group's barrier)
+    if (next < groups) load_group(next, buffer ^ 1);
+    cp_async_commit();
+    const I first = group * patches;
+    const int count = n - first < (I)patches ? (int)(n - first) : patches, k_rows = count * out_plane;
+    const int steps = (k_rows + 15) / 16;
+    pt_rows_of<T>(x_raw + buffer * patches * x_patch, x_patch, plane, x_vectors, count * plane, x_rows, x_s, x_pitch);
+    pt_rows_of<T>(dy_raw + buffer * patches * dy_patch, dy_patch, out_plane, rows_d / VEC, k_rows, steps * 16, dy_s,
+                  dy_pitch);
+    __syncthreads();  // the tiles are complete
+#pragma unroll 1
+    for (int step = 0; step < steps; ++step) {
+      unsigned a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4_trans(a[mi], a_at + step * 16 * dy_pitch + mi * 16 * (int)sizeof(T));
+#pragma unroll
+      for (int t = 0; t < PW_UNITS / 2; ++t) {
+        if (!b_unit[t]) continue;
+        unsigned q[4];
+        ldmatrix_x4_trans(q, x_s + b_rows[t][step * 16] + b_bytes[t]);
+        const unsigned b0[2] = {q[0], q[1]}, b1[2] = {q[2], q[3]};
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_m16n8k16<T>(acc[mi][2 * t], a[mi], b0);
+          mma_m16n8k16<T>(acc[mi][2 * t + 1], a[mi], b1);
+        }
+      }
+      if (sum_bias) {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) mma_m16n8k16<T>(bias_acc[mi], a[mi], ones);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // --- the split's float sums: (d, (tap, c)) at partial[z][d][tap C + c], d at bias_partial[z][d] -----------------
+  const int gq = lane >> 2, qq = lane & 3, N = taps * C;
+  float* out = partial + (I)blockIdx.x * D * N;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int d = wm + mi * 16 + gq + 8 * h;
+      if (d >= rows_d) continue;
+#pragma unroll
+      for (int t = 0; t < PW_UNITS / 2; ++t) {
+        if (!b_unit[t]) continue;
+        const int u = u0 + wu + t, column = u % taps * C + u / taps * 16 + 2 * qq;
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni) {
+          wg_store_sums(out + (I)(m0 + d) * N + column + ni * 8, acc[mi][2 * t + ni][2 * h],
+                        acc[mi][2 * t + ni][2 * h + 1]);
+        }
+      }
+      if (sum_bias && qq == 0) bias_partial[(I)blockIdx.x * D + m0 + d] = bias_acc[mi][2 * h];
+    }
+  }
+}

@@ -109,6 +109,8 @@ DEVICE_PY = "cupyconv/_device.py"
 WGC = "tests/test_wgmma_conv.py -k 'one_rounding and float16'"   # conv_fwd_wgmma (task wgmma)
 WGC_PY = "cupyconv/ops/wgmma_gemm.py"
 PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
+PW = "tests/test_patch_weight_igemm.py -k 'cpu_path and float16'"   # patch_bwd_weight_igemm (task patchdw)
+PW_PY = "tests/test_patch_weight_igemm.py -k 'plans or few_groups'"
 M = Mutation
 
 MUTATIONS = [
@@ -1669,6 +1671,40 @@ MUTATIONS = [
       "wrong index"),
     M("pt-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_igemm(spec).patches) >= PT_MIN_GROUPS",
       "return True", "tests/test_patch_igemm.py -k few_groups", "wrong choice"),
+    # -- implicit_gemm.cu: patch_bwd_weight_igemm, the weight gradient with whole patches a block (task patchdw) -
+    M("pw-tap-column-as-row", "implicit_gemm.cu", "x = pixel % out_w + tap % kernel_w - pad_left;",
+      "x = pixel % out_w + tap / kernel_w - pad_left;", PW, "wrong index"),
+    M("pw-padding-side", "implicit_gemm.cu", "y = pixel / out_w + tap / kernel_w - pad_top,",
+      "y = pixel / out_w + tap / kernel_w + pad_top,", PW, "wrong-side padding"),
+    M("pw-no-column-padding", "implicit_gemm.cu",
+      "(unsigned)y < (unsigned)height && (unsigned)x < (unsigned)width ? row", "(unsigned)y < (unsigned)height ? row",
+      PW, "wrong-side padding"),
+    M("pw-transpose-plane", "implicit_gemm.cu", "for (int i = 0; i < VEC; ++i, from += plane) b[i] = *from;",
+      "for (int i = 0; i < VEC; ++i, from += 1) b[i] = *from;", PW, "swapped stride"),
+    M("pw-short-group-stale-rows", "implicit_gemm.cu", "k_rows, steps * 16, dy_s,", "k_rows, k_rows, dy_s,", PW,
+      "tile bound"),
+    M("pw-no-barrier-after-transpose", "implicit_gemm.cu", "    __syncthreads();  // the tiles are complete\n", "\n",
+      PW, "removed barrier"),
+    M("pw-unit-slice-offset", "implicit_gemm.cu", "b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16",
+      "b_bytes[t] = ((b_unit[t] ? u / taps : slice0)) * 16", PW, "wrong index"),
+    M("pw-sum-column-order", "implicit_gemm.cu", "column = u % taps * C + u / taps * 16 + 2 * qq;",
+      "column = u / taps * 16 * taps + u % taps * 16 + 2 * qq;", PW, "wrong plane stride"),
+    M("pw-no-bias", "implicit_gemm.cu", "for (int mi = 0; mi < 2; ++mi) mma_m16n8k16<T>(bias_acc[mi], a[mi], ones);",
+      "for (int mi = 0; mi < 2; ++mi) bias_acc[mi][0] += 0.0f;", PW, "dropped bias"),
+    M("pw-one-split-slice", "implicit_gemm.cu", "float* out = partial + (I)blockIdx.x * D * N;",
+      "float* out = partial;", PW, "wrong plane stride"),
+    M("pw-grid-stride", "implicit_gemm.cu", "next = group + gridDim.x;", "next = group + 1;", PW, "persistent loop"),
+    M("pw-d-tile-rows", "implicit_gemm.cu", "grad_out + ((first + p) * D + m0) * out_plane",
+      "grad_out + ((first + p) * D) * out_plane", PW, "wrong index"),
+    M("pw-last-group-full", "implicit_gemm.cu",
+      "const int count = n - first < (I)patches ? (int)(n - first) : patches;\n    const int xv",
+      "const int count = patches;\n    const int xv", "tests/test_patch_weight_igemm.py -k asan", "tile bound"),
+    M("pw-shared-one-slice", IG_PY, "x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)",
+      "x_channels, rows_d = 16, min(PW_ROWS, spec.out_channels)", PW_PY, "tile bound"),
+    M("pw-splits-ignore-tiles", IG_PY, "min(ceil_div(spec.n, patches), PW_BLOCKS // tiles))",
+      "min(ceil_div(spec.n, patches), PW_BLOCKS))", PW_PY, "wrong plan"),
+    M("pw-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_weight(spec).patches) >= PW_MIN_GROUPS",
+      "return True", PW_PY, "wrong choice"),
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",
       "while (clock64() - start < cycles / 64)", "tests/test_autotune.py -k emulator", "short spin"),

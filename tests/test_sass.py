@@ -278,9 +278,10 @@ def record(calls, dtypes, indices=("int",)) -> dict[Launch, str]:
 
 
 # Kernels instantiated for 32-bit indices only, whose planners refuse a problem that needs 64 (the old path runs it
-# instead, and its own launches are recorded): patch_fwd_igemm (ops/implicit_gemm.py `patch_igemm_refusal`) and
-# conv_fwd_wgmma (ops/wgmma_gemm.py `wgmma_refusal`: conv_fwd_igemm takes those).
-INT_ONLY = ("patch_fwd_igemm<", "conv_fwd_wgmma<")
+# instead, and its own launches are recorded): patch_fwd_igemm and patch_bwd_weight_igemm (ops/implicit_gemm.py
+# `patch_igemm_refusal`, `patch_weight_refusal`) and conv_fwd_wgmma (ops/wgmma_gemm.py `wgmma_refusal`:
+# conv_fwd_igemm takes those).
+INT_ONLY = ("patch_fwd_igemm<", "patch_bwd_weight_igemm<", "conv_fwd_wgmma<")
 
 
 def index_twin(launch: Launch) -> Launch | None:
@@ -453,7 +454,11 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     assert not complete or len(whole_patches) == len(implicit_gemm.PT_DTYPES)
     for name in whole_patches:   # a main-loop trip, each warp: one tap x PT_STEP channels of its 64 x 32 tile
         assert opcodes[name]["HMMA"] == 64 // 16 * (32 // 8) * (implicit_gemm.PT_STEP // 16), (name, opcodes[name])
-    names += weight_igemm + channels_last + several_groups + weight_groups + whole_patches
+    weight_patches = [n for n in listed if n.startswith("patch_bwd_weight_igemm<")]
+    assert not complete or len(weight_patches) == len(implicit_gemm.PT_DTYPES)
+    for name in weight_patches:   # a K step of 16 pixels, each warp: 2 d tiles x its units' 2 n tiles, + A x ones
+        assert opcodes[name]["HMMA"] == 2 * implicit_gemm.PW_UNITS + 2, (name, opcodes[name])
+    names += weight_igemm + channels_last + several_groups + weight_groups + whole_patches + weight_patches
     assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 
 

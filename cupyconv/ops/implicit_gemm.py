@@ -73,7 +73,8 @@ def instantiations():
         names += [kernel_name("conv_fwd_igemm_groups", dtype, index, *igemm_groups_tile(cg))
                   for cg in IGG_FORWARD_CHANNELS[dtype]]
         names += [kernel_name("conv_bwd_weight_igemm_groups", dtype, index, cg) for cg in channels]
-    names += [kernel_name("patch_fwd_igemm", dtype, "int") for dtype in PT_DTYPES]
+    names += [kernel_name(kernel, dtype, "int") for kernel in ("patch_fwd_igemm", "patch_bwd_weight_igemm")
+              for dtype in PT_DTYPES]
     return names + weight_igemm_instantiations()
 
 
@@ -1218,10 +1219,10 @@ def patch_igemm_shared(spec: ConvSpec, patches: int) -> int:
             + 2 * patches * (c * plane * 2 + 32) + patches * PT_COLS * spec.out_pixels * 2)
 
 
-def patch_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
+def patch_igemm_refusal(spec: ConvSpec, dtype, shared: bool = True) -> str | None:
     """Why patch_fwd_igemm cannot run this forward, or None when it can: 16-bit, stride 1, dilation 1, one group,
-    C and D multiples of 16, a patch's output pixels at most PT_ROWS, its shared memory within PT_SHARED_LIMIT and
-    32-bit indices."""
+    C and D multiples of 16, a patch's output pixels at most PT_ROWS, 32-bit indices and (`shared`: the forward's
+    own) its shared memory within PT_SHARED_LIMIT."""
     if numpy.dtype(dtype).name not in PT_DTYPES:
         return f"it takes float16 and bfloat16, not {numpy.dtype(dtype).name}"
     if spec.nd != 2 or spec.stride != (1, 1) or spec.dilation != (1, 1) or spec.groups != 1:
@@ -1230,11 +1231,11 @@ def patch_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
         return f"it needs channels in multiples of 16, not {spec.in_channels} -> {spec.out_channels}"
     if not 0 < spec.out_pixels <= PT_ROWS:
         return f"it takes patches of at most {PT_ROWS} output pixels, not {spec.out_pixels}"
-    if patch_igemm_shared(spec, 1) > PT_SHARED_LIMIT:
-        return f"its shared memory would pass {PT_SHARED_LIMIT} bytes"
     plane = spec.in_size[0] * spec.in_size[1]
     if max(spec.n * spec.in_channels * plane, spec.n * spec.out_channels * spec.out_pixels) > INT32_MAX:
         return "it indexes in 32 bits"
+    if shared and patch_igemm_shared(spec, 1) > PT_SHARED_LIMIT:
+        return f"its shared memory would pass {PT_SHARED_LIMIT} bytes"
     return None
 
 
@@ -1271,3 +1272,100 @@ def patch_igemm_forward(device, x, weight, bias, spec: ConvSpec, out):
                    channels=spec.in_channels, out_channels=spec.out_channels, patches=plan.patches,
                    has_bias=bias is not None)
     return out
+
+
+# --- whole patches a block, the weight gradient (patch_conv2d's 16-bit grad_weight) -----------------------------
+# patch_bwd_weight_igemm (the section of that name at the end of implicit_gemm.cu): x and grad_output read as they
+# lie (no channels-last copy of either), a block's whole patches a group; each block one tile of grad_weight (PW_ROWS
+# output channels x units of one tap and 16 channels) over a fixed split of the groups, its float sums written once;
+# conv_bwd_weight_igemm_finish adds the splits in order.  ops/patch.py routes the 16-bit weight gradient to it where
+# `patch_weight_refusal` allows and `patch_weight_pays`.
+
+PW_ROWS, PW_UNITS = 64, 8   # implicit_gemm.cu's PW_ROWS (output channels a block), PW_UNITS (units a block at most)
+PW_BLOCKS = PT_BLOCKS       # blocks (tiles x splits) at most: two an SM of PLAN_SMS, shape-only as above
+PW_MIN_GROUPS = PT_MIN_GROUPS   # as the forward: fewer groups than this keep conv_bwd_weight_igemm
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchWeightPlan:
+    """One patch_bwd_weight_igemm launch: patches a group, units a tile, grid (splits, d tiles x unit tiles)."""
+    patches: int
+    tile_units: int
+    grid: tuple[int, int]
+    shared_mem: int
+
+
+def _patch_weight_tiles(spec: ConvSpec) -> tuple[int, int]:
+    """(units a tile, unit tiles): the (channel slice of 16, tap) units spread evenly over tiles of PW_UNITS."""
+    units = spec.in_channels // 16 * spec.taps
+    tile_units = ceil_div(units, ceil_div(units, PW_UNITS))
+    return tile_units, ceil_div(units, tile_units)
+
+
+def patch_weight_shared(spec: ConvSpec, patches: int, tile_units: int) -> int:
+    """patch_bwd_weight_igemm's dynamic shared memory (2-byte elements): the rows table, the dy tile (PT_ROWS rows of
+    PW_ROWS channels), the x tile of a tile's widest channel slices and its zero rows, two raw buffers of each."""
+    taps, plane, units = spec.taps, spec.in_size[0] * spec.in_size[1], spec.in_channels // 16 * spec.taps
+    slices = max((min(u0 + tile_units, units) - 1) // taps + 1 - u0 // taps for u0 in range(0, units, tile_units))
+    x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)
+    return (taps * PT_ROWS * 4 + PT_ROWS * _odd_vectors(PW_ROWS) + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(x_channels)
+            + 2 * patches * (x_channels * plane * 2 + 32) + 2 * patches * (rows_d * spec.out_pixels * 2 + 32))
+
+
+def _patch_weight_patches(spec: ConvSpec, tile_units: int) -> int:
+    patches = PT_ROWS // spec.out_pixels
+    while patches > 1 and patch_weight_shared(spec, patches, tile_units) > PT_SHARED_LIMIT:
+        patches -= 1
+    return patches
+
+
+def patch_weight_refusal(spec: ConvSpec, dtype) -> str | None:
+    """Why patch_bwd_weight_igemm cannot run this weight gradient, or None: the forward's conditions
+    (`patch_igemm_refusal`) but its own shared memory within PT_SHARED_LIMIT, and its float sums (up to PW_BLOCKS
+    splits of grad_weight) indexed in 32 bits."""
+    why = patch_igemm_refusal(spec, dtype, shared=False)
+    if why is None and patch_weight_shared(spec, 1, _patch_weight_tiles(spec)[0]) > PT_SHARED_LIMIT:
+        return f"its weight gradient's shared memory would pass {PT_SHARED_LIMIT} bytes"
+    if why is None and PW_BLOCKS * spec.out_channels * spec.in_channels * spec.taps > INT32_MAX:
+        return "its weight gradient's sums index in 32 bits"
+    return why
+
+
+def plan_patch_weight(spec: ConvSpec) -> PatchWeightPlan:
+    """Whole patches a group as the forward (fewer where the shared memory would pass its limit), and as many
+    splits of the groups as PW_BLOCKS blocks hold beside the tiles (at most one a group): shape-only, so the bits
+    of grad_weight are the same on every GPU."""
+    tile_units, unit_tiles = _patch_weight_tiles(spec)
+    patches = _patch_weight_patches(spec, tile_units)
+    tiles = ceil_div(spec.out_channels, PW_ROWS) * unit_tiles
+    splits = max(1, min(ceil_div(spec.n, patches), PW_BLOCKS // tiles))
+    return PatchWeightPlan(patches, tile_units, (splits, tiles), patch_weight_shared(spec, patches, tile_units))
+
+
+def patch_weight_pays(spec: ConvSpec) -> bool:
+    """Whether the weight gradient has the PW_MIN_GROUPS groups of patches from which benchmarks.predict ranks
+    patch_bwd_weight_igemm faster than conv_bwd_weight_igemm and its copies."""
+    return ceil_div(spec.n, plan_patch_weight(spec).patches) >= PW_MIN_GROUPS
+
+
+def patch_igemm_grad_weight(device, x, gy, spec: ConvSpec, with_bias: bool):
+    """(grad_weight (D, C, kH, kW), grad_bias (D,) or None) in x's dtype from x (n, C, H, W) and gy (n, D, oH, oW),
+    both C-contiguous and 16-byte aligned: patch_bwd_weight_igemm, then conv_bwd_weight_igemm_finish (the splits
+    added in order, rounded once)."""
+    _check_tensor_cores(spec, x.dtype, device, "weight")
+    plan = plan_patch_weight(spec)
+    splits = plan.grid[0]
+    partial = device.empty((splits, spec.out_channels, spec.taps * spec.in_channels), numpy.float32)
+    bias_partial = device.empty((splits, spec.out_channels), numpy.float32)
+    KERNELS.launch(device, "patch_bwd_weight_igemm", dtype=x.dtype, index="int", grid=plan.grid, block=IG_THREADS,
+                   shared_mem=plan.shared_mem, window=spec, x=x, grad_out=gy, partial=partial,
+                   bias_partial=bias_partial, n=spec.n, channels=spec.in_channels, out_channels=spec.out_channels,
+                   patches=plan.patches, tile_units=plan.tile_units, has_bias=with_bias)
+    grad_w = device.empty(spec.weight_shape, x.dtype)
+    grad_b = device.empty((spec.out_channels,), x.dtype) if with_bias else grad_w
+    KERNELS.launch(device, "conv_bwd_weight_igemm_finish", dtype=x.dtype, index="int",
+                   grid=capped_grid(ceil_div(grad_w.size, WG_FINISH_BLOCK)), block=WG_FINISH_BLOCK, partial=partial,
+                   bias_partial=bias_partial, grad_weight=grad_w, grad_bias=grad_b, splits=splits,
+                   out_channels=spec.out_channels, channels_per_group=spec.in_channels, taps=spec.taps,
+                   has_bias=with_bias, **IN_PLACE)
+    return grad_w, (grad_b if with_bias else None)

@@ -41,7 +41,8 @@ from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import (IG_VECTOR_BYTES, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            patch_igemm_forward, patch_igemm_pays, patch_igemm_refusal, sharing_channels_last,
+                            patch_igemm_forward, patch_igemm_grad_weight, patch_igemm_pays, patch_igemm_refusal,
+                            patch_weight_pays, patch_weight_refusal, sharing_channels_last,
                             stage_backward_copies, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
@@ -235,6 +236,17 @@ def _whole_patches(x, spec: ConvSpec) -> bool:
             and _address(x) % IG_VECTOR_BYTES == 0 and patch_igemm_pays(spec))
 
 
+def _whole_patches_weight(x, gy, spec: ConvSpec) -> bool:
+    """Whether the tensor-core weight gradient runs patch_bwd_weight_igemm (ops/implicit_gemm.py: whole patches a
+    block, x and grad_output read in place, no channels-last copies): where `patch_weight_refusal` allows, both are
+    C-contiguous and 16-byte aligned, and there are enough groups of patches (`patch_weight_pays`): there
+    benchmarks.predict ranks it faster than conv_bwd_weight_igemm and its copies (benchmarks/RESULTS.md, "Whole
+    patches a block, the weight gradient")."""
+    return (patch_weight_refusal(spec, x.dtype) is None and x.flags.c_contiguous and gy.flags.c_contiguous
+            and _address(x) % IG_VECTOR_BYTES == 0 and _address(gy) % IG_VECTOR_BYTES == 0
+            and patch_weight_pays(spec))
+
+
 def _use_simt(spec: ConvSpec, dtype, algorithm: str) -> bool:
     """Whether a pass runs conv2d's strict float32 FMA kernels (ops/simt_gemm.py): what 'implicit_gemm' means for
     float32 with TF32 off, and 'auto''s pick there unless both channels per group are at most
@@ -394,10 +406,14 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
             grad_w, grad_b = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
-        stage_backward_copies(device, gy, batch_view(device, x), weight, spec, needs)   # its copies in one launch
+        whole = "weight" in needs and _whole_patches_weight(x, gy, spec)   # then no copy of x or gy for it
+        stage_backward_copies(device, gy, batch_view(device, x), weight, spec,
+                              needs - {"weight"} if whole else needs)   # its copies in one launch
         if "input" in needs:
             grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
-        if "weight" in needs:
+        if whole:
+            grad_w, grad_b = patch_igemm_grad_weight(device, x, gy, spec, "bias" in needs)
+        elif "weight" in needs:
             grad_w, grad_b = implicit_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     else:
         if "input" in needs:
