@@ -95,9 +95,6 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 // their planes flat (depthwise_persistent's FLAT): one wait on global memory per batch, not per element.  A
 // kernel-only constant (the planner does not depend on it).
 constexpr int STAGE_BATCH = 8;
-// Rows a thread loads before it stores any where the 16-bit 3x3 stride-1 per-image units stage by rows
-// (stage_rows16).  A kernel-only constant.
-constexpr int ROWS16_BATCH = 2;
 // 16-byte chunks of weights a thread loads before it stores any (stage_weight_chunks): a 32-channel 5x5 unit's 800
 // float16 weights are 100 chunks, float32 200, on 64 threads.
 constexpr int WEIGHT_CHUNK_BATCH = 2;
@@ -714,14 +711,15 @@ __device__ __forceinline__ void row_fma(int r, const A (&row)[L], const A (&w)[K
   }
 }
 
-// out[v][u] += sum_{i,j} w[i][j] * base[(v * S + i) * pitch + u * S + j] for a V x U block of outputs.
-template <typename A, int K, int S, int V, int U>
-__device__ __forceinline__ void block_fma(const A* base, int pitch, const A (&w)[K][K], A (&out)[V][U]) {
+// out[v][u] += sum_{i,j} w[i][j] * x[v * S + i][u * S + j] for a V x U block of outputs, the rows of x read in order
+// by load_rows(r, row) (whatever the staging: the same products in the same order).
+template <typename A, int K, int S, int V, int U, typename LoadRows>
+__device__ __forceinline__ void block_fma(const A (&w)[K][K], A (&out)[V][U], LoadRows load_rows) {
   constexpr int L = (U - 1) * S + K;
 #pragma unroll
   for (int r = 0; r < (V - 1) * S + K; ++r) {
     A row[L];
-    load_row<A, L>(base + r * pitch, row);
+    load_rows(r, row);
     row_fma<A, K, S, V, U>(r, row, w, out);
   }
 }
@@ -1177,6 +1175,79 @@ template <> __device__ __forceinline__ __nv_bfloat16 half_bits<__nv_bfloat16>(un
   return __ushort_as_bfloat16((unsigned short)u);
 }
 
+// RAW16: 16-bit 3x3 rows of whole 8-byte slots staged as they are in memory, 16-bit, by 8-byte cp.async copies
+// straight to shared memory (sm_80 and newer): no register, no conversion, no wait a chunk; the unit waits once for its
+// copies.  The weight gradient at stride 1 and 2 (depthwise_bwd_weight's instantiations for __half and __nv_bfloat16:
+// AlignedStaging's chunks cost a warp ~42 instructions each, two 8-byte loads each waited before its store, the
+// run-time shift's selects, 4 conversions, and 18 of its 22 waits a warp, PREDICTED dw-256-56 fp16) and the stride-1
+// forward and input gradient (depthwise_persistent's rows16, copied by stage_rows16).  A staged row starts at the slot
+// that holds column x0 = ox0 - pad_left, so its data sit `shift` = x0 mod 4 halves in (the same for every tile:
+// tile_w is a multiple of FWD_COLUMNS); the items read their halves from there (load_raw_row) and convert each where
+// it sits.  Planes `plane` halves apart, spread over the banks as AlignedStaging's SPREAD (in halves).  Where the raw
+// tiles would not fit in the float tiles' space (the planner sizes those), on unaligned rows, and before sm_80, the
+// kernels stage with AlignedStaging.  The same products in the same order: the same bits.
+template <typename T, typename I, bool SPREAD> struct RawStaging {
+  static constexpr int SLOT = 4, BANK_ROW = 64;  // halves per copy, per row of the 32 four-byte banks
+  int shift, pitch, plane, slots, lanes, slot0, in_h, q0, r0, pass_q, pass_r;
+  bool stager;
+  __device__ __forceinline__ RawStaging(int pad_left, int in_h_, int in_w, int span) : in_h(in_h_) {
+    shift = -pad_left & (SLOT - 1);
+    pitch = (shift + in_w + SLOT - 1) / SLOT * SLOT;
+    plane = in_h * pitch;
+    if (SPREAD) plane += (span - plane) & (BANK_ROW - 1);
+    slots = pitch / SLOT;
+    lanes = min(slots, (int)blockDim.x);
+    const int rows_per_pass = (int)blockDim.x / lanes;
+    stager = (int)threadIdx.x < rows_per_pass * lanes;
+    slot0 = (int)threadIdx.x % lanes;
+    q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
+    pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
+  }
+
+  // Where row r of staged plane q starts in the tile (halves).
+  __device__ __forceinline__ int offset(int q, int r) const { return q * plane + r * pitch; }
+
+  // Copy `planes` tiles of rows [y0, y0 + in_h), the slots from column x0 - shift, of the planes plane_of(q) points at
+  // (nullptr: none); slots outside the plane are zero-filled (src-size 0, nothing read).  The caller commits and waits.
+  template <typename PlaneOf>
+  __device__ __forceinline__ void stage(T* tile, int planes, int y0, int x0, int height, int width, const T* any,
+                                        PlaneOf plane_of) const {
+    if (!stager) return;
+    const int first = x0 - shift;  // a multiple of SLOT
+    for (int q = q0, r = r0; q < planes;) {
+      const int yy = y0 + r;
+      const T* row = yy >= 0 && yy < height ? plane_of(q) : nullptr;
+      T* dst = tile + offset(q, r);
+      for (int k = slot0; k < slots; k += lanes) {
+        const int col = first + k * SLOT;
+        const bool inside = row != nullptr && col >= 0 && col < width;
+        cp_async_ca_8(dst + k * SLOT, inside ? row + yy * (I)width + col : any, inside ? 8 : 0);
+      }
+      q += pass_q, r += pass_r;
+      if (r >= in_h) r -= in_h, ++q;
+    }
+  }
+};
+
+// row[0..L) = the halves shift .. shift + L - 1 from src (4-byte aligned) as acc_t: 4-byte shared loads from the
+// half pair that holds half `shift`, an odd shift's halves funnelled by byte permutes (its selector `odd` = 0x5432, an
+// even one's 0x3210: the same code for every shift, so the products are compiled once), each half converted from
+// where it sits in its register.
+template <typename T, typename A, int L>
+__device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned odd, A (&row)[L]) {
+  constexpr int WORDS = L / 2 + 1;  // the pairs that hold L halves from an odd one
+  const unsigned* at = reinterpret_cast<const unsigned*>(src + (shift & ~1));
+  unsigned w[WORDS];
+#pragma unroll
+  for (int k = 0; k < WORDS; ++k) w[k] = at[k];
+#pragma unroll
+  for (int k = 0; k < (L + 1) / 2; ++k) {
+    const unsigned pair = __byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);  // odd L: the last half alone
+    row[2 * k] = to_acc(half_bits<T>(pair));
+    if (2 * k + 1 < L) row[2 * k + 1] = to_acc(half_bits<T>(pair >> 16));
+  }
+}
+
 // q = j * d + t (q >= 0, d > 0) by subtraction: for the small q of stage_rows16 (a thread's first staged plane of a
 // unit and the planes of a pass: under 256 / in_h), where a division by the input gradient's run-time multiplier
 // cost ~25 instructions a unit (kept once per block instead, its 4 registers took the kernel to 72: 3 blocks an SM).
@@ -1187,30 +1258,25 @@ __device__ __forceinline__ void small_divmod(int q, int d, int& j, int& t) {
   while (t >= d) t -= d, ++j;
 }
 
-// AlignedStaging::stage for 16-bit rows of whole aligned 4-element slots (rows_aligned) where a thread stages one
-// chunk of each of its rows (lanes == chunks): the 3x3 stride-1 per-image forward and input gradient.  Staged plane
-// q = j * terms + t is src plane run + (j * stride + t) planes (none from j = valid on: zeros), as
-// depthwise_persistent maps them.  The chunk's column, its two 8-byte slots and whether each is inside the plane are
+// RawStaging::stage for the 3x3 stride-1 per-image forward and input gradient, where a thread copies one slot of each
+// of its rows (lanes == slots).  Staged plane q = j * terms + t is src plane run + (j * stride + t) planes (none from
+// j = valid on: zeros), as depthwise_persistent maps them.  The slot's column and whether it is inside the plane are
 // the same on every row of the thread, so they are worked out once; the row's plane and src offset are stepped with
-// the staging's pass (stage divides q by terms a row: ~20 instructions in the input gradient); a thread issues the
-// loads of B rows before it stores any (one wait on global memory a batch, where stage waits once a row); and the
-// chunk is cut from its slots' words by x0 mod 4 elements with a select of three words and two funnel shifts, where
-// stage picks each element among four (~19 instructions a chunk).  ONE_TERM (the forward: terms = 1 at compile time):
-// j = q and t = 0, so only q, r and the offset are stepped (the t carry's compare and selects gone: -64 instructions a
-// warp on dw-256-56 fp16).  Same values, same cells.
-template <int B, bool ONE_TERM, typename T, typename I, bool SPREAD>
-__device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>& st, float* tile, int planes, int y0,
-                                             int x0, int height, int width, const T* run, int terms, int stride,
-                                             int valid, I src_plane) {
-  static_assert(sizeof(T) == 2, "16-bit values staged as float");
-  typedef Pack<unsigned, 2> Slot;  // 4 values, 2 a word, the lower column in the lower half
+// the staging's pass (plane_of divides q by terms a row: ~20 instructions in the input gradient), a row's carry into
+// the next plane (and t's into the next j) included, so that a row costs no division and no 64-bit product: a copy
+// and its steps.  ONE_TERM (the forward: terms = 1 at compile time): j = q and t = 0, so only q, r and the offset are
+// stepped.  Rows that are not whole aligned slots (`aligned` false: a width that is not a multiple of 4, an unaligned
+// base) take the same slots element by element, each of the 4 loaded where it is inside the plane, into the same raw
+// layout (one 8-byte shared store), so that the items read one layout.  (By AlignedStaging's float chunks, each cut
+// from two waited 8-byte loads by x0 mod 4 and converted, a row cost ~40 instructions: ~1,290 of the forward's 4,471
+// a warp, PREDICTED dw-256-56 fp16.)
+template <bool ONE_TERM, typename T, typename I, bool SPREAD>
+__device__ __forceinline__ void stage_rows16(const RawStaging<T, I, SPREAD>& st, T* tile, int planes, int y0, int x0,
+                                             int height, int width, const T* run, int terms, int stride, int valid,
+                                             I src_plane, bool aligned) {
   if (!st.stager) return;
-  const int shift = x0 & 3, slot = x0 + st.chunk0 * 4 - shift;
-  const bool a_in = slot >= 0 && slot < width, b_in = slot + 4 >= 0 && slot + 4 < width;
-  const bool high = shift >= 2;         // the chunk starts in the first slot's second word
-  const int bits = shift & 1 ? 16 : 0;  // and a value into it
-  // The pass's step in j and t of q = j * terms + t and in the row's src offset (+ a row's carry into the next plane,
-  // + t's into the next j), so that a row costs no division and no 64-bit product.
+  const int slot = x0 - st.shift + st.slot0 * st.SLOT;
+  const bool slot_in = slot >= 0 && slot < width;
   int pass_j = st.pass_q, pass_t = 0, j = st.q0, t = 0;  // ONE_TERM: q = j
   if constexpr (!ONE_TERM) {
     small_divmod(st.pass_q, terms, pass_j, pass_t);
@@ -1220,37 +1286,29 @@ __device__ __forceinline__ void stage_rows16(const AlignedStaging<T, I, SPREAD>&
   const I src_carry = src_plane - (I)st.in_h * width, src_wrap = (I)(stride - terms) * src_plane;
   int q = st.q0, r = st.r0;
   I at_src = ((I)j * stride + t) * src_plane + (I)(y0 + r) * width + slot;  // column slot of the row (run + at_src)
+  T* const dst = tile + st.slot0 * st.SLOT;
   while (q < planes) {
-    Slot a[B], b[B];
-    int at[B];
+    const int yy = y0 + r;
+    const bool row_in = yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;
+    if (aligned) {
+      const bool load = slot_in && row_in;
+      cp_async_ca_8(dst + st.offset(q, r), load ? run + at_src : run, load ? 8 : 0);  // else zeros, nothing read
+    } else {
+      Pack<T, 4> v;
 #pragma unroll
-    for (int k = 0; k < B; ++k) {  // no branch: the loads and the cell predicated, the steps past the end harmless
-      a[k].v[0] = a[k].v[1] = b[k].v[0] = b[k].v[1] = 0u;  // zeros: +0.0 in both types
-      const int yy = y0 + r;
-      const bool load = q < planes && yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;
-      if (load && a_in) a[k] = *reinterpret_cast<const Slot*>(run + at_src);
-      if (load && b_in) b[k] = *reinterpret_cast<const Slot*>(run + at_src + 4);
-      at[k] = q < planes ? st.offset(q, r) + st.chunk0 * 4 : -1;
-      if constexpr (ONE_TERM) {  // j = q, t = 0: a row's carry into the next plane is one into the next j too
-        q += st.pass_q, r += st.pass_r, at_src += src_step;
-        if (r >= st.in_h) r -= st.in_h, ++q, at_src += src_carry + src_wrap;
-      } else {
-        q += st.pass_q, r += st.pass_r, j += pass_j, t += pass_t, at_src += src_step;
-        if (r >= st.in_h) r -= st.in_h, ++q, ++t, at_src += src_carry;
-        if (t >= terms) t -= terms, ++j, at_src += src_wrap;
+      for (int e = 0; e < 4; ++e) {
+        v.v[e] = from_acc<T>(0.0f);
+        if (row_in && slot + e >= 0 && slot + e < width) v.v[e] = run[at_src + e];
       }
+      *reinterpret_cast<Pack<T, 4>*>(dst + st.offset(q, r)) = v;
     }
-#pragma unroll
-    for (int k = 0; k < B; ++k) {
-      if (at[k] < 0) continue;
-      const unsigned w0 = high ? a[k].v[1] : a[k].v[0], w1 = high ? b[k].v[0] : a[k].v[1];
-      const unsigned w2 = high ? b[k].v[1] : b[k].v[0];
-      const unsigned lo = (unsigned)((((unsigned long long)w1 << 32) | w0) >> bits);
-      const unsigned hi = (unsigned)((((unsigned long long)w2 << 32) | w1) >> bits);
-      Pack<float, 4> packed;
-      packed.v[0] = to_acc(half_bits<T>(lo)), packed.v[1] = to_acc(half_bits<T>(lo >> 16));
-      packed.v[2] = to_acc(half_bits<T>(hi)), packed.v[3] = to_acc(half_bits<T>(hi >> 16));
-      *reinterpret_cast<Pack<float, 4>*>(tile + at[k]) = packed;
+    if constexpr (ONE_TERM) {  // j = q, t = 0: a row's carry into the next plane is one into the next j too
+      q += st.pass_q, r += st.pass_r, at_src += src_step;
+      if (r >= st.in_h) r -= st.in_h, ++q, at_src += src_carry + src_wrap;
+    } else {
+      q += st.pass_q, r += st.pass_r, j += pass_j, t += pass_t, at_src += src_step;
+      if (r >= st.in_h) r -= st.in_h, ++q, ++t, at_src += src_carry;
+      if (t >= terms) t -= terms, ++j, at_src += src_wrap;
     }
   }
 }
@@ -1285,7 +1343,7 @@ __device__ __forceinline__ void depthwise_persistent(
     int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block, int has_bias) {
   constexpr bool pack_channels = PACK;
   typedef acc_t<T> A;
-  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS;
+  constexpr int V = StripRows<K>::value, U = FWD_COLUMNS, L = (U - 1) * S + K;  // L: a row's columns an item reads
   const int terms = TRANSPOSED ? multiplier : 1;    // staged planes (and kernels) per image and output plane
   const int kernels = TRANSPOSED ? 1 : multiplier;  // output planes per input channel
   const int in_h = (tile_h - 1) * S + K, in_w = (tile_w - 1) * S + K;
@@ -1314,8 +1372,16 @@ __device__ __forceinline__ void depthwise_persistent(
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
   const bool flat_run = flat && (!SPREAD || !staging.rows_aligned || chunked);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;
-  // rows16: the 16-bit 3x3 stride-1 per-image units stage their aligned rows with stage_rows16.
-  constexpr bool rows16 = sizeof(T) == 2 && K == 3 && S == 1 && !PACK;
+  // rows16: the 16-bit 3x3 stride-1 per-image units (sm_80 and newer) stage their rows raw (RAW16: stage_rows16,
+  // load_raw_row), in the float tiles' space the planner sizes: its tiles are at most TILE_MAX = 32 columns wide, a
+  // multiple of FWD_COLUMNS (so x0 mod 4 = -pad_left mod 4, and a row's slots, at most 9, fit any block), and there
+  // a raw plane takes less than a float plane's bytes, with a word to spare (an item's last row read at shift 2 takes
+  // a word past its row, unused).  Only its products are compiled in: one copy of them a kernel (with the float
+  // rows' copy beside it, NVRTC 13 took the forward from 59 to 48 registers, sinking the weights' loads past the
+  // barrier: 13 waits a warp, not 6.5).
+  constexpr bool rows16 = sizeof(T) == 2 && K == 3 && S == 1 && !PACK && CUPYCONV_HAS_CP_ASYNC;
+  const RawStaging<T, I, spread> raw(pad_left, in_h, in_w, tile_w * S);
+  T* const raw_tile = reinterpret_cast<T*>(depthwise_smem);
 
   // Once per block: this thread's output item (columns ox_l..ox_l + U - 1 of strip s of plane p of the unit) ...
   const ItemLayout<spread> item(tile_w, tile_h, U, V, per_block);
@@ -1366,20 +1432,17 @@ __device__ __forceinline__ void depthwise_persistent(
                             in_w, [&](int e, const RunWalk&) { return run[e]; });
       }
     } else if (!direct) {
-      const auto plane_of = [&](int q) -> const T* {
-        const int j = q / terms;
-        return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
-      };
       const int y_0 = oy0 * S - pad_top, x_0 = ox0 * S - pad_left;
-      bool staged = false;
       if constexpr (rows16) {
-        staged = staging.rows_aligned && staging.lanes == staging.chunks;
-        if (staged) {
-          stage_rows16<ROWS16_BATCH, !TRANSPOSED>(staging, tile, per_block * terms, y_0, x_0, src_h, src_w,
-                                                  src + base * src_plane, terms, stride, valid, src_plane);
-        }
+        stage_rows16<!TRANSPOSED>(raw, raw_tile, per_block * terms, y_0, x_0, src_h, src_w, src + base * src_plane,
+                                  terms, stride, valid, src_plane, staging.rows_aligned);
+        cp_async_commit();
+      } else {
+        staging.stage(tile, per_block * terms, y_0, x_0, src_h, src_w, [&](int q) -> const T* {
+          const int j = q / terms;
+          return j < valid ? src + (base + (I)j * stride + q % terms) * src_plane : nullptr;
+        });
       }
-      if (!staged) staging.stage(tile, per_block * terms, y_0, x_0, src_h, src_w, plane_of);
     }
     // The item's (first) weights, issued before the barrier so that they arrive during it (cached: the threads of
     // a plane and its other units read the same K x K).  Keeping them across units while the channel holds
@@ -1406,6 +1469,7 @@ __device__ __forceinline__ void depthwise_persistent(
     } else {
       load_kernel<K, TRANSPOSED>(weight + (I)kernel0 * (K * K), w);
     }
+    if constexpr (rows16) cp_async_wait<0>();
     if (!direct) __syncthreads();
 
     const int ox = ox0 + ox_l, oy = oy0 + s * V;
@@ -1428,8 +1492,14 @@ __device__ __forceinline__ void depthwise_persistent(
           const bool left = lane > 0 && ox_l > 0, right = lane < 31 && ox_l + U < tile_w;
           if (fast) direct_fma<true, T, I, K, V, U>(plane, src_h, src_w, iy0, ix0, left, right, w, acc);
           else direct_fma<false, T, I, K, V, U>(plane, src_h, src_w, iy0, ix0, left, right, w, acc);
+        } else if constexpr (rows16) {
+          const T* at = raw_tile + raw.offset(p * terms + t, s * V) + ox_l;
+          const unsigned odd = raw.shift & 1 ? 0x5432u : 0x3210u;
+          block_fma<A, K, S, V, U>(w, acc,
+                                   [&](int r, A(&row)[L]) { load_raw_row(at + r * raw.pitch, raw.shift, odd, row); });
         } else {
-          block_fma<A, K, S, V, U>(tile + staging.offset(p * terms + t, s * V * S) + ox_l * S, pitch, w, acc);
+          const A* at = tile + staging.offset(p * terms + t, s * V * S) + ox_l * S;
+          block_fma<A, K, S, V, U>(w, acc, [&](int r, A(&row)[L]) { load_row<A, L>(at + r * pitch, row); });
         }
       }
       // Per-image units: the item's outputs straight to dst, inside this block (the same store after the block,
@@ -2257,76 +2327,6 @@ __global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
                               units_per_block, has_bias, plane_channels);
 }
 
-// RAW16: the 16-bit 3x3 weight gradient at stride 1 on rows of whole 8-byte slots (depthwise_bwd_weight's
-// instantiations for __half and __nv_bfloat16, sm_80 and newer) stages x as it is in memory, 16-bit, by 8-byte
-// cp.async copies straight to shared memory: no register, no conversion, no wait a chunk.  AlignedStaging's chunks cost
-// a warp ~42 instructions each (two 8-byte loads, each waited before its store, the run-time shift's selects, 4
-// conversions) and 18 of its 22 waits a warp (PREDICTED dw-256-56 fp16, the executed count by source line); here a
-// slot is one copy, and the unit waits once, for its copies and its grad_out loads together.  A staged row starts at
-// the slot that holds column x0 = ox0 - pad_left, so its data sit `shift` = x0 mod 4 halves in (the same for every
-// tile: tile_w is a multiple of FWD_COLUMNS); the items read their halves from there (load_raw_row) and convert each
-// where it sits.  Planes `plane` halves apart, spread over the banks as AlignedStaging's SPREAD (in halves).  Where
-// the raw tiles would not fit in the float tiles' space (the planner sizes those), on unaligned rows, and before
-// sm_80, the kernel stages as before.  The same products in the same order: the same bits.
-template <typename T, typename I, bool SPREAD> struct RawStaging {
-  static constexpr int SLOT = 4, BANK_ROW = 64;  // halves per copy, per row of the 32 four-byte banks
-  int shift, pitch, plane, slots, lanes, slot0, q0, r0, pass_q, pass_r;
-  bool stager;
-  __device__ __forceinline__ RawStaging(int pad_left, int in_h, int in_w, int span) {
-    shift = -pad_left & (SLOT - 1);
-    pitch = (shift + in_w + SLOT - 1) / SLOT * SLOT;
-    plane = in_h * pitch;
-    if (SPREAD) plane += (span - plane) & (BANK_ROW - 1);
-    slots = pitch / SLOT;
-    lanes = min(slots, (int)blockDim.x);
-    const int rows_per_pass = (int)blockDim.x / lanes;
-    stager = (int)threadIdx.x < rows_per_pass * lanes;
-    slot0 = (int)threadIdx.x % lanes;
-    q0 = (int)threadIdx.x / lanes / in_h, r0 = (int)threadIdx.x / lanes % in_h;
-    pass_q = rows_per_pass / in_h, pass_r = rows_per_pass % in_h;
-  }
-
-  // Copy `planes` tiles of rows [y0, y0 + in_h), the slots from column x0 - shift, of the planes plane_of(q) points at
-  // (nullptr: none); slots outside the plane are zero-filled (src-size 0, nothing read).  The caller commits and waits.
-  template <typename PlaneOf>
-  __device__ __forceinline__ void stage(T* tile, int planes, int in_h, int y0, int x0, int height, int width,
-                                        const T* any, PlaneOf plane_of) const {
-    if (!stager) return;
-    const int first = x0 - shift;  // a multiple of SLOT
-    for (int q = q0, r = r0; q < planes;) {
-      const int yy = y0 + r;
-      const T* row = yy >= 0 && yy < height ? plane_of(q) : nullptr;
-      T* dst = tile + q * plane + r * pitch;
-      for (int k = slot0; k < slots; k += lanes) {
-        const int col = first + k * SLOT;
-        const bool inside = row != nullptr && col >= 0 && col < width;
-        cp_async_ca_8(dst + k * SLOT, inside ? row + yy * (I)width + col : any, inside ? 8 : 0);
-      }
-      q += pass_q, r += pass_r;
-      if (r >= in_h) r -= in_h, ++q;
-    }
-  }
-};
-
-// row[0..L) = the halves shift .. shift + L - 1 from src (4-byte aligned) as acc_t: 4-byte shared loads from the
-// half pair that holds half `shift`, an odd shift's halves funnelled by byte permutes (its selector `odd` = 0x5432, an
-// even one's 0x3210: the same code for every shift, so the products are compiled once), each half converted from
-// where it sits in its register.
-template <typename T, typename A, int L>
-__device__ __forceinline__ void load_raw_row(const T* src, int shift, unsigned odd, A (&row)[L]) {
-  constexpr int WORDS = L / 2 + 1;  // the pairs that hold L halves from an odd one
-  const unsigned* at = reinterpret_cast<const unsigned*>(src + (shift & ~1));
-  unsigned w[WORDS];
-#pragma unroll
-  for (int k = 0; k < WORDS; ++k) w[k] = at[k];
-#pragma unroll
-  for (int k = 0; k < (L + 1) / 2; ++k) {
-    const unsigned pair = __byte_perm(w[k], w[k + 1 < WORDS ? k + 1 : k], odd);  // odd L: the last half alone
-    row[2 * k] = to_acc(half_bits<T>(pair));
-    if (2 * k + 1 < L) row[2 * k + 1] = to_acc(half_bits<T>(pair >> 16));
-  }
-}
-
 // acc[i * K + j] += g[v][u] * x[v * S + i][u * S + j] over an item's V x U outputs, the staged rows read in order by
 // load_rows(rr, row) (whatever the staging: the same products in the same order)
 template <int K, int S, typename A, int V, int U, typename LoadRows>
@@ -2456,7 +2456,7 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
         };
         if constexpr (RAW16) {
           if (raw_run) {
-            raw.stage(raw_tile, per_block, in_h, oy0 * S - pad_top, ox0 * S - pad_left, height, width, x, plane_of);
+            raw.stage(raw_tile, per_block, oy0 * S - pad_top, ox0 * S - pad_left, height, width, x, plane_of);
             cp_async_commit();
           }
         }

@@ -544,14 +544,15 @@ def test_input_gradient_blocks_loop_over_every_digit(monkeypatch, blocks, shape,
     assert_matches(grad_x, expected.astype(dtype), dtype, f"{blocks} blocks")
 
 
-# The 16-bit 3x3 stride-1 per-image units stage rows of whole aligned 4-element slots with stage_rows16 (one chunk a row a
-# thread, B rows loaded before any is stored, the chunk cut from two slots by x0 mod 4 = -pad_left mod 4 elements).
-# Left paddings 0..3 take every cut; widths of 56 two 28-wide tiles (SPREAD) and of 24, 36 one tile (the per-image
-# instantiation without SPREAD); heights that leave a partial strip and partial batches of rows; images past a partial
-# group (rows of no plane: zeros); the unaligned base falls back to AlignedStaging::stage.  Multipliers 1 (the
-# forward's ONE_TERM rows and the input gradient's) to 3; 3-high planes of 8 images (64 threads, 6 staged rows a
-# plane) whose staging pass steps a whole plane, at multipliers 1 and 2 (the pass's j and t from small_divmod; the
-# taller cases' blocks pass less than a plane).  (Multiplier 2 on one-tile planes packs.)
+# The 16-bit 3x3 stride-1 per-image units copy rows of whole aligned 4-element slots raw with stage_rows16 (one 8-byte
+# cp.async a row a thread, slots outside the plane zero-filled), and the items read their halves x0 mod 4 =
+# -pad_left mod 4 halves into a row (load_raw_row).  Left paddings 0..3 take every shift; widths of 56 two 28-wide
+# tiles (SPREAD) and of 24, 36 one tile (the per-image instantiation without SPREAD); heights that leave a partial
+# strip; images past a partial group (rows of no plane: zeros); the unaligned base takes the same slots by element
+# loads (the same raw layout).  Multipliers 1 (the forward's ONE_TERM rows and the input gradient's) to 3; 3-high
+# planes of 8 images (64 threads, 6 staged rows a plane) whose staging pass steps a whole plane, at multipliers 1
+# and 2 (the pass's j and t from small_divmod; the taller cases' blocks pass less than a plane).  (Multiplier 2 on
+# one-tile planes packs.)
 ROWS16_CASES = [  # (shape, multiplier, padding)
     ((3, 2, 13, 56), 1, ((1, 1), (1, 1))),
     ((2, 3, 9, 24), 2, ((0, 2), (0, 0))),
@@ -567,8 +568,8 @@ ROWS16_CASES = [  # (shape, multiplier, padding)
 @pytest.mark.parametrize("shape, m, padding", ROWS16_CASES)
 def test_16_bit_3x3_rows_staged_in_batches(monkeypatch, blocks, shape, m, padding, dtype):
     """The forward and input gradient against float64 references (outputs poisoned), on aligned and unaligned
-    bases: a chunk cut at the wrong offset, a slot outside the plane read or not zeroed, a row of a batch staged
-    into the wrong cell or skipped shows here."""
+    bases: halves read at the wrong shift, a slot outside the plane read or not zeroed, a row copied into the wrong
+    cell or skipped, a copy read before its wait shows here."""
     monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
     rng = numpy.random.default_rng(blocks + shape[-1] + m)
     x = rng.standard_normal(shape).astype(_dtype(dtype))
