@@ -68,6 +68,9 @@ from pathlib import Path
 import numpy
 
 ROOT = Path(__file__).resolve().parents[1]
+# cupyconv._device.WGMMA_ENV, set for every step: this run is where conv_fwd_wgmma, opt-in until a GPU has run it,
+# meets the hardware (its -m gpu tests) and is timed (tests/test_gpu_check.py checks the two names agree)
+WGMMA_ENV = "CUPYCONV_WGMMA"
 OUTPUT_FILES = ("env.json", "pytest.xml", "pytest.log", "large.json", "bench.json", "bench.png", "run.log",
                 "summary.md")
 DEFAULT_BUDGET_S = 540   # a 10-minute command, less the machine's start-up and the copies back
@@ -138,7 +141,7 @@ def run_process(cmd, log: Path, timeout: float, *, mode: str = "a", env: dict | 
     """Run cmd in its own process group with stdout and stderr appended to log; after `timeout` seconds send the
     group SIGINT (pytest and the benchmarks still write what they have), then SIGKILL.  Returns rc, seconds,
     timed_out."""
-    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", WGMMA_ENV: "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     t0 = time.perf_counter()
     with open(log, mode) as out:

@@ -154,8 +154,10 @@ def test_only_a_wgmma_device_takes_it():
     assert device.count("conv_fwd_wgmma") == 0 and device.count("conv_fwd_igemm") == 1
 
 
-def test_cuda_device_claims_wgmma_on_9_0_only():
-    """sm_90a binaries run on compute capability 9.0 only (not 8.x, not 10.0 or 12.0)."""
+@pytest.mark.parametrize("opt_in, claims", [(None, False), ("0", False), ("1", True)])
+def test_cuda_device_claims_wgmma_on_9_0_only_and_only_opted_in(monkeypatch, opt_in, claims):
+    """sm_90a binaries run on compute capability 9.0 only (not 8.x, not 10.0 or 12.0); and until a GPU run has
+    verified conv_fwd_wgmma, only with CUPYCONV_WGMMA=1 (which benchmarks.gpu_check sets for its steps)."""
     class Fake(_device.CudaDevice):
         def __init__(self, capability):
             self.capability = capability
@@ -164,7 +166,11 @@ def test_cuda_device_claims_wgmma_on_9_0_only():
         def compute_capability(self):
             return self.capability
 
-    assert Fake(90).wgmma and not any(Fake(c).wgmma for c in (80, 89, 100, 120))
+    if opt_in is None:
+        monkeypatch.delenv(_device.WGMMA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_device.WGMMA_ENV, opt_in)
+    assert Fake(90).wgmma is claims and not any(Fake(c).wgmma for c in (80, 89, 100, 120))
 
 
 @pytest.mark.gpu
@@ -178,6 +184,7 @@ def test_gpu_forward_within_one_rounding(case, dtype):
         pytest.skip("wgmma needs a compute capability 9.0 GPU (sm_90a)")
     x, weight, bias, _ = case.inputs(numpy.random.default_rng(4), DTYPES[dtype])
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(_device.WGMMA_ENV, "1")   # opt-in until this test has passed on a GPU (CudaDevice.wgmma)
         patch.setattr(wg, "wgmma_preferred", lambda spec: True)
         out = cupyconv.conv2d(*(None if a is None else cupy.asarray(a) for a in (x, weight, bias)),
                               algorithm="implicit_gemm", **case.kwargs)
@@ -213,3 +220,8 @@ def test_nvrtc_builds_hgmma_unserialised(major):
         counts = [sum(i["opcode"].startswith("HGMMA") for i in code) for code in kernels.values()]
         assert counts == [4] * len(wg.instantiations()), counts
         assert all(u.local == 0 and u.registers * wg.WGC_THREADS <= 65536 for u in usage.values()), usage
+
+
+def test_the_gpu_check_turns_wgmma_on_for_its_steps():
+    from benchmarks import gpu_check
+    assert gpu_check.WGMMA_ENV == _device.WGMMA_ENV
