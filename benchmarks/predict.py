@@ -453,9 +453,11 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         return int(launch.grid[1] * launch.grid[2] * channels * int(launch.template_args[2]) * taps * chunks * chunk)
     if launch.kernel == "patch_fwd_igemm":   # every group of patches: PT_ROWS rows x passes of PT_COLS columns x K
         groups = math.ceil(a["n"] / a["patches"])
-        passes = math.ceil(a["out_channels"] / PT_COLS)
+        # (a pass of at most PT_COLS / 2 columns splits K over its warps, each over PT_COLS / 2 columns)
+        columns = sum(PT_COLS if a["out_channels"] - n0 > PT_COLS // 2 else PT_COLS // 2
+                      for n0 in range(0, a["out_channels"], PT_COLS))
         padded = math.ceil(a["channels"] / PT_STEP) * PT_STEP   # a tap's channels, padded to its K step
-        return int(groups * PT_ROWS * passes * PT_COLS * a["kernel_h"] * a["kernel_w"] * padded)
+        return int(groups * PT_ROWS * columns * a["kernel_h"] * a["kernel_w"] * padded)
     rows, cols = launch.template_args[2:4]
     if launch.kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d"):   # K = taps x channels
         # per group, in chunks of 64 bytes, split over z (conv_fwd_igemm_phases: z is splits x phases; every block
