@@ -284,10 +284,12 @@ def test_input_grad_asan():
 
 def test_seed_input_grad_is_one_launch_and_its_macs():
     """p-seed fp16's input gradient is one patch_fwd_igemm launch (64 -> 32 channels: K split over the warp row,
-    so benchmarks.predict's MACs are exactly the pass's, no padding columns)."""
+    so benchmarks.predict's MACs are exactly the pass's, no padding columns), 8 patches a block within 96 KiB (its
+    out tile in the group's raw buffer: 16 KiB more would leave 6)."""
     from benchmarks import cases, launches, predict
     case = next(c for c in cases.CASES if c.label == "p-seed-gpu16")
     rec = launches.record(case, True)
     (launch,) = [s for s in rec.steps if s.kernel == "patch_fwd_igemm" and s.args["flipped"]]
     assert launch.grid == (264,) and launch.args["patches"] == 8 and launch.args["channels"] == 64
+    assert launch.shared_mem == 94848   # weight 37,376, table 4,608, tile 19,584, raw 33,280; out in the raw buffer
     assert predict.tensor_core_macs(launch) == 2560 * 128 * 32 * 9 * 64 == cases.flops(case) // 2
