@@ -2496,8 +2496,16 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
       const int tap_bytes = padded * (int)sizeof(T), step_bytes = PT_STEP * (int)sizeof(T);
       const int step0 = odd_warp ? 1 : 0, stride = split ? 2 : 1;
       int table = a_table, k_bytes = 0;  // this step's tap (its rows of rows_s) and channel bytes within the tap
-      auto advance = [&](int by) {       // by steps: into the next tap (two with one step a tap) as they run out
-        for (k_bytes += by * step_bytes; k_bytes >= tap_bytes; k_bytes -= tap_bytes) table += PT_ROWS;
+      auto advance = [&](int by) {  // by (1 or 2) steps on: into the next tap where this one's run out (twice: two
+                                    // steps over taps of one step), no loop in the main loop
+        k_bytes += by * step_bytes;
+#pragma unroll
+        for (int wrap = 0; wrap < 2; ++wrap) {
+          if (k_bytes >= tap_bytes) {
+            k_bytes -= tap_bytes;
+            table += PT_ROWS;
+          }
+        }
       };
       advance(step0);
 #pragma unroll 1
