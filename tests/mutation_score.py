@@ -1657,6 +1657,8 @@ MUTATIONS = [
     M("pt-input-judged-as-forward", "cupyconv/ops/patch.py",
       "refusal, gemm = patch_igemm_input_refusal(spec, x.dtype), transposed_spec(spec)",
       "refusal, gemm = patch_igemm_refusal(spec, x.dtype), transposed_spec(spec)", PTI, "wrong choice"),
+    M("pt-input-no-gpu-check", IG_PY, '_check_tensor_cores(spec, gy.dtype, device, "input")\n    tspec',
+      "tspec", "tests/test_patch_igemm.py -k without_mma", "missing check"),
     M("pt-input-copies-staged", "cupyconv/ops/patch.py", 'needs - {"input"} if whole else needs)', "needs)", PTI,
       "wasted copy"),
     M("pt-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_igemm(spec).patches) >= PT_MIN_GROUPS",

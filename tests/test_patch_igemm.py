@@ -276,6 +276,25 @@ def test_input_grad_with_few_groups_takes_the_old_path(monkeypatch):
     assert [n for n in device.launches if "patch_fwd_igemm" in n], device.launches
 
 
+def test_input_grad_on_a_gpu_without_mma_sync(monkeypatch):
+    """Before sm_80: 'implicit_gemm' is the ValueError of the tensor-core paths, 'auto' launches no tensor-core
+    kernel and gives the same gradient."""
+    rng = numpy.random.default_rng(5)
+    x = rng.standard_normal((11, 32, 4, 4)).astype(numpy.float16)
+    weight = rng.standard_normal((64, 32, 3, 3)).astype(numpy.float16)
+    grad_output = rng.standard_normal((11, 64, 4, 4)).astype(numpy.float16)
+    device = Recorder()
+    monkeypatch.setattr(device, "tensor_cores", False, raising=False)
+    with _device.use_device(device):
+        with pytest.raises(ValueError, match=r"patch_conv2d_backward: algorithm='implicit_gemm' cannot run: .*mma"):
+            cupyconv.patch_conv2d_backward(grad_output, x, weight, padding=1, needs="input", algorithm="implicit_gemm")
+        grad_x, _, _ = cupyconv.patch_conv2d_backward(grad_output, x, weight, padding=1, needs="input")
+    assert not [n for n in device.launches if "igemm" in n], device.launches
+    want = reference.patch_conv2d_grads(*(numpy.asarray(a, numpy.float64) for a in (grad_output, x, weight)),
+                                        padding=1)[0]
+    assert_close(grad_x, want, "float16", "auto without tensor cores")
+
+
 def test_input_grad_asan():
     """The input gradient's split passes and partial last group stay within their arrays and shared memory."""
     assert_clean_under_asan(pytest_under_asan(

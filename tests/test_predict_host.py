@@ -84,9 +84,10 @@ def _check_fit(pairs, model, widest):
 # as it lies (task tcpatch: p-seed's forward 2 launches -> 1, in both passes).
 LAUNCHES_SHED = {("r50-64-gpu16", "fwd"): 1, ("r50-64-gpu16", "fwd+bwd"): 4, ("p-seed-gpu16", "fwd"): 2,
                  ("p-seed-gpu16", "fwd+bwd"): 4}
-# Scalar arguments of plans changed since 98b8efe: p-seed's forward is one patch_fwd_igemm launch (13 scalars) where
-# the measured plan's copies and conv_fwd_igemm had 75 (forward+backward 179 -> 117).
-SCALARS_NOW = {("p-seed-gpu16", "fwd"): 13, ("p-seed-gpu16", "fwd+bwd"): 117}
+# Scalar arguments of plans changed since 98b8efe: p-seed's forward is one patch_fwd_igemm launch (14 scalars: 13 and
+# task patchdx's `flipped`) where the measured plan's copies and conv_fwd_igemm had 75 (forward+backward 179 -> 117;
+# -> 108 with the input gradient on patch_fwd_igemm too instead of conv_fwd_igemm, task patchdx).
+SCALARS_NOW = {("p-seed-gpu16", "fwd"): 14, ("p-seed-gpu16", "fwd+bwd"): 108}
 
 
 def test_the_pairs_counts_are_the_instruments_on_the_measured_plan():
