@@ -2315,7 +2315,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 //           the patch's padding, or past the block's rows), laid out so that a lane reads its 4 rows with one
 //           16-byte load: [tap][warp row][lane row (16)][mi (4)];
 //   out     the epilogue's tile in out's own layout [patch][channel][pixel] (+ bias, rounded once to T), stored
-//           by 16-byte vectors: a patch's channels of the block are contiguous in out.
+//           by 16-byte vectors: a patch's channels of the block are contiguous in out (in the group's own raw
+//           buffer where a patch's raw x holds its PT_COLS channels of out: the input gradient's).
 //
 // Every tap reads the same staged tile: a tap is only which rows the lanes point ldmatrix at.  The main loop
 // runs over K in steps of one tap x PT_STEP channels (two m16n8k16 a 16 x 8 tile: one load of the rows table
