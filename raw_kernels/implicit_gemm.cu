@@ -2540,36 +2540,30 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
                     // columns (128 bytes, within out_s's rows) in 16-byte chunks at chunk ^ 2 (m % 4), so that a
                     // half warp's 8-byte accesses (rows gq 0-3 or 4-7, columns 2 q) fall in 32 different banks
         float* sums = reinterpret_cast<float*>(out_s);
-        auto sum_at = [&](int mi, int h, int ni) {
-          const int m = warp_m * 64 + mi * 16 + gq + 8 * h, col = ni * 8 + 2 * qq;
-          return sums + m * (PT_COLS / 2) + (((col >> 2) ^ ((m & 3) << 1)) << 2) + (col & 3);
-        };
+        auto hand_over = [&](bool receive) {  // the odd warp's sums out, or the even one's in
 #pragma unroll
-        for (int mi = 0; mi < PT_MI; ++mi) {
+          for (int mi = 0; mi < PT_MI; ++mi) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < 2; ++h) {
+              const int m = warp_m * 64 + mi * 16 + gq + 8 * h;
 #pragma unroll
-            for (int ni = 0; ni < PT_NI; ++ni) {
-              if (odd_warp && out_at[mi][h] >= 0)
-                *reinterpret_cast<float2*>(sum_at(mi, h, ni)) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-            }
-          }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int mi = 0; mi < PT_MI; ++mi) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int ni = 0; ni < PT_NI; ++ni) {
-              if (!odd_warp && out_at[mi][h] >= 0) {
-                const float2 other = *reinterpret_cast<const float2*>(sum_at(mi, h, ni));
-                acc[mi][ni][2 * h] += other.x;
-                acc[mi][ni][2 * h + 1] += other.y;
+              for (int ni = 0; ni < PT_NI; ++ni) {
+                const int col = ni * 8 + 2 * qq, chunk = (col >> 2) ^ ((m & 3) << 1);  // swizzled as above
+                float2* at = reinterpret_cast<float2*>(sums + m * (PT_COLS / 2) + chunk * 4 + (col & 3));
+                if (out_at[mi][h] < 0) continue;  // a row past the group's: neither stored nor in out_s
+                if (receive) {
+                  acc[mi][ni][2 * h] += at->x;
+                  acc[mi][ni][2 * h + 1] += at->y;
+                } else {
+                  *at = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                }
               }
             }
           }
-        }
+        };
+        if (odd_warp) hand_over(false);
+        __syncthreads();
+        if (!odd_warp) hand_over(true);
         __syncthreads();  // out_s is the epilogue's again
       }
       // --- epilogue: out_s [patch][channel][pixel] = T(acc + bias), then 16-byte stores of whole patches -------

@@ -1638,16 +1638,11 @@ MUTATIONS = [
       PT + " or input_grad_matches", "double count"),
     M("pt-split-stride", "implicit_gemm.cu", "stride = split ? 2 : 1;", "stride = 1;",
       PT + " or input_grad_matches", "double count"),
-    M("pt-split-sums-dropped", "implicit_gemm.cu", "acc[mi][ni][2 * h + 1] += other.y;", "", PTI, "dropped term"),
-    M("pt-split-no-barrier", "implicit_gemm.cu",
-      "        __syncthreads();\n#pragma unroll\n        for (int mi = 0; mi < PT_MI; ++mi) {\n#pragma unroll\n"
-      "          for (int h = 0; h < 2; ++h) {\n#pragma unroll\n            for (int ni = 0; ni < PT_NI; ++ni) {\n"
-      "              if (!odd_warp",
-      "#pragma unroll\n        for (int mi = 0; mi < PT_MI; ++mi) {\n#pragma unroll\n"
-      "          for (int h = 0; h < 2; ++h) {\n#pragma unroll\n            for (int ni = 0; ni < PT_NI; ++ni) {\n"
-      "              if (!odd_warp", PTI, "removed barrier"),
-    M("pt-split-sums-swizzle", "implicit_gemm.cu", "(((col >> 2) ^ ((m & 3) << 1)) << 2)",
-      "(((col >> 2) ^ ((m & 7) << 1)) << 2)", PTI, "wrong index"),
+    M("pt-split-sums-dropped", "implicit_gemm.cu", "acc[mi][ni][2 * h + 1] += at->y;", "", PTI, "dropped term"),
+    M("pt-split-no-barrier", "implicit_gemm.cu", "if (odd_warp) hand_over(false);\n        __syncthreads();\n",
+      "if (odd_warp) hand_over(false);\n", PTI, "removed barrier"),
+    M("pt-split-sums-swizzle", "implicit_gemm.cu", "chunk = (col >> 2) ^ ((m & 3) << 1);",
+      "chunk = (col >> 2) ^ ((m & 7) << 1);", PTI, "wrong index"),
     M("pt-out-in-raw-next-buffer", "implicit_gemm.cu", "raw_s + (out_in_raw ? buffer : 2) * raw_bytes;",
       "raw_s + (out_in_raw ? buffer ^ 1 : 2) * raw_bytes;", PTI, "wrong buffer"),
     M("pt-out-in-raw-shared", IG_PY, "(0 if raw_patch >= out_patch else patches * out_patch)",
