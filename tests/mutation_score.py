@@ -109,6 +109,7 @@ DEVICE_PY = "cupyconv/_device.py"
 PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
 PTI = "tests/test_patch_igemm.py -k input_grad_matches"   # its input gradient, split K (task patchdx)
 PT_SEED = "tests/test_patch_igemm.py -k seed_input_grad"
+PT_BOTH = "tests/test_patch_igemm.py -k 'forward_matches or input_grad_matches'"   # split K runs in both
 M = Mutation
 
 MUTATIONS = [
@@ -1635,9 +1636,9 @@ MUTATIONS = [
     M("pt-flip-not-transposed", "implicit_gemm.cu", "w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]",
       "w_bits[((I)d * D + c) * taps + (taps - 1 - tap)]", PTI, "swapped stride"),
     M("pt-split-same-steps", "implicit_gemm.cu", "const int step0 = odd_warp ? 1 : 0,", "const int step0 = 0,",
-      PT + " or input_grad_matches", "double count"),
+      PT_BOTH, "double count"),
     M("pt-split-stride", "implicit_gemm.cu", "stride = split ? 2 : 1;", "stride = 1;",
-      PT + " or input_grad_matches", "double count"),
+      PT_BOTH, "double count"),
     M("pt-split-sums-dropped", "implicit_gemm.cu", "acc[mi][ni][2 * h + 1] += at->y;", "", PTI, "dropped term"),
     M("pt-split-no-barrier", "implicit_gemm.cu", "if (odd_warp) hand_over(false);\n        __syncthreads();\n",
       "if (odd_warp) hand_over(false);\n", PTI, "removed barrier"),
