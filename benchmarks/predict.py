@@ -464,9 +464,11 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         return int(launch.grid[1] * launch.grid[2] * channels * int(launch.template_args[2]) * taps * chunks * chunk)
     if launch.kernel == "patch_fwd_igemm":   # every group of patches: PT_ROWS rows x passes of PT_COLS columns x K
         groups = math.ceil(a["n"] / a["patches"])
-        passes = math.ceil(a["out_channels"] / PT_COLS)
+        # (a pass of at most PT_COLS / 2 columns splits K over its warps, each over PT_COLS / 2 columns)
+        columns = sum(PT_COLS if a["out_channels"] - n0 > PT_COLS // 2 else PT_COLS // 2
+                      for n0 in range(0, a["out_channels"], PT_COLS))
         padded = math.ceil(a["channels"] / PT_STEP) * PT_STEP   # a tap's channels, padded to its K step
-        return int(groups * PT_ROWS * passes * PT_COLS * a["kernel_h"] * a["kernel_w"] * padded)
+        return int(groups * PT_ROWS * columns * a["kernel_h"] * a["kernel_w"] * padded)
     if launch.kernel == "patch_bwd_weight_igemm":   # every group, every d tile: PW_ROWS rows x every unit's 16
         # columns x the group's pixels in steps of 16, and the bias's HMMA (8 columns) in the first unit tile
         out_plane, full = a["out_h"] * a["out_w"], a["n"] // a["patches"]

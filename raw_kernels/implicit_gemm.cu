@@ -2294,7 +2294,10 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 //
 // patch_fwd_igemm: the forward's GEMM (rows = output pixels, columns = output channels, K = (tap, channel)) for
 // x (n, C, H, W) and out (n, D, oH, oW) both C-contiguous, weight (D, C, kH, kW) as the caller has it; stride 1,
-// dilation 1, one group, C a multiple of 16 and D of 16 (ops/implicit_gemm.py `patch_igemm_refusal`).  A block
+// dilation 1, one group, C a multiple of 16 and D of 16 (ops/implicit_gemm.py `patch_igemm_refusal`).  With
+// `flipped` set, weight is instead the (C, D, kH, kW) weight of the convolution whose input gradient this is: the
+// kernel stages it transposed and with its taps reversed, so that the input gradient at stride 1 (x = grad_output,
+// out = grad_input, padding k - 1 - p) runs here with no copy of either (`patch_igemm_grad_input`).  A block
 // takes `patches` whole patches at a time (its rows: patches x oH x oW <= PT_ROWS) and loops over the groups of
 // patches (persistent blocks, grid-stride), keeping in shared memory:
 //
@@ -2312,11 +2315,15 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 //           the patch's padding, or past the block's rows), laid out so that a lane reads its 4 rows with one
 //           16-byte load: [tap][warp row][lane row (16)][mi (4)];
 //   out     the epilogue's tile in out's own layout [patch][channel][pixel] (+ bias, rounded once to T), stored
-//           by 16-byte vectors: a patch's channels of the block are contiguous in out.
+//           by 16-byte vectors: a patch's channels of the block are contiguous in out (in the group's own raw
+//           buffer where a patch's raw x holds its PT_COLS channels of out: the input gradient's).
 //
 // Every tap reads the same staged tile: a tap is only which rows the lanes point ldmatrix at.  The main loop
 // runs over K in steps of one tap x PT_STEP channels (two m16n8k16 a 16 x 8 tile: one load of the rows table
 // per 32 mma.sync), 4 warps in 2 x 2 of 64 x 32; output channels past 64 take further passes over the same tile.
+// A pass of at most 32 channels (the input gradient of 32 -> 64 channels, the last pass of 80) would leave half
+// the MMAs on padding: there the two warps of a warp row split K instead (even and odd steps), each over all 32
+// columns, and the odd warp hands its sums to the even one through out_s before the epilogue.
 constexpr int PT_ROWS = 128;  // GEMM rows (output pixels) a block: whole patches
 constexpr int PT_COLS = 64;   // output channels a pass
 constexpr int PT_MI = PT_ROWS / 2 / 16, PT_NI = PT_COLS / 2 / 8;  // a warp's mma tiles: 4 x 4
@@ -2330,7 +2337,7 @@ template <typename T, typename I>
 __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
     int channels, int out_channels, int height, int width, int kernel_h, int kernel_w, int pad_top, int pad_left,
-    int out_h, int out_w, int patches, int has_bias) {
+    int out_h, int out_w, int patches, int has_bias, int flipped) {
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int C = channels, D = out_channels, taps = kernel_h * kernel_w, plane = height * width;
@@ -2340,12 +2347,14 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   // a patch's x in raw, 32 bytes apart from the next one's: a warp's 4-byte loads over the pixels of 4 patches
   // of 16 pixels (whose channel planes lie 1 KiB apart for 32 channels) fall in 32 different banks
   const int raw_patch = C * plane * (int)sizeof(T) + 32, raw_bytes = patches * raw_patch;
-  // shared memory: weight | rows table | tile (rows + the zero rows) | raw x 2 | out
+  // shared memory: weight | rows table | tile (rows + the zero rows) | raw x 2 | out, where out has room of its
+  // own: where a patch's raw x holds its out tile (the input gradient's many channels in, few out), out is the
+  // group's own raw buffer instead, free once transposed (the next group's x lands in the other one)
   unsigned char* w_s = igemm_shared;
   int* rows_s = reinterpret_cast<int*>(w_s + D * w_pitch);
   unsigned char* tile_s = reinterpret_cast<unsigned char*>(rows_s + taps * PT_ROWS);
   unsigned char* raw_s = tile_s + (rows + PT_ZERO_ROWS) * a_pitch;
-  unsigned char* out_s = raw_s + 2 * raw_bytes;
+  const bool out_in_raw = raw_patch >= PT_COLS * out_plane * (int)sizeof(T);
   const I groups = (n + patches - 1) / patches;
 
   // --- once per block: the tile zeroed (its zero rows and every row's padding), the rows table, the weight ----
@@ -2369,7 +2378,12 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
     const int d = e / (taps * pv_count), k = e % (taps * pv_count), tap = k / pv_count, cv = k % pv_count;
     Bits b[VEC];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) b[i] = cv < cv_count ? w_bits[((I)d * C + cv * VEC + i) * taps + tap] : Bits(0);
+    for (int i = 0; i < VEC; ++i) {
+      const int c = cv * VEC + i;  // flipped: weight (C, D, taps) read at (c, d, the mirrored tap)
+      b[i] = cv >= cv_count ? Bits(0)
+             : flipped      ? w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]
+                            : w_bits[((I)d * C + c) * taps + tap];
+    }
     *reinterpret_cast<uint4*>(w_s + d * w_pitch + k * IG_VECTOR_BYTES) = cl_pack(b);
   }
 
@@ -2396,7 +2410,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   // rows_s and its k vector (j >> 1) of a 16-channel step
   const int a_table = (warp_m * 16 + (j & 1) * 8 + jr) * 4, a_k = (j >> 1) * IG_VECTOR_BYTES;
   // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
-  const int b_row = warp_n + (j >> 1) * 8 + jr, b_k = (j & 1) * IG_VECTOR_BYTES;
+  const int b_row = (j >> 1) * 8 + jr, b_k = (j & 1) * IG_VECTOR_BYTES;  // from the warp's first column
   int out_at[PT_MI][2];  // the element of out_s (channel 0) of each of the thread's accumulator rows, -1: none
 #pragma unroll
   for (int mi = 0; mi < PT_MI; ++mi) {
@@ -2455,6 +2469,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
       }
     }
     if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);
+    unsigned char* out_s = raw_s + (out_in_raw ? buffer : 2) * raw_bytes;
     cp_async_commit();
     __syncthreads();  // the tile is complete
     const I first = group * patches;
@@ -2462,8 +2477,11 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 
     for (int n0 = 0; n0 < D; n0 += PT_COLS) {
       const int cols = D - n0 < PT_COLS ? D - n0 : PT_COLS;
+      // at most 32 columns: the warp row's two warps split K (even, odd steps), each over columns 0-31
+      const bool split = cols <= PT_COLS / 2, odd_warp = split && (warp & 1);
+      const int col0 = n0 + (split ? 0 : warp_n);  // the warp's first column
       // B rows past D read row D - 1 (their columns are not stored)
-      const int b0 = n0 + b_row < D ? n0 + b_row : D - 1, b1 = n0 + b_row + 16 < D ? n0 + b_row + 16 : D - 1;
+      const int b0 = col0 + b_row < D ? col0 + b_row : D - 1, b1 = col0 + b_row + 16 < D ? col0 + b_row + 16 : D - 1;
       const unsigned char* b_at0 = w_s + b0 * w_pitch + b_k;
       const unsigned char* b_at1 = w_s + b1 * w_pitch + b_k;
       float acc[PT_MI][PT_NI][4];
@@ -2476,9 +2494,23 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
         }
       }
       // --- the main loop: K in steps of one tap x PT_STEP channels ------------------------------------------
+      const int tap_bytes = padded * (int)sizeof(T), step_bytes = PT_STEP * (int)sizeof(T);
+      const int step0 = odd_warp ? 1 : 0, stride = split ? 2 : 1;
       int table = a_table, k_bytes = 0;  // this step's tap (its rows of rows_s) and channel bytes within the tap
+      auto advance = [&](int by) {  // by (1 or 2) steps on: into the next tap where this one's run out (twice: two
+                                    // steps over taps of one step), no loop in the main loop
+        k_bytes += by * step_bytes;
+#pragma unroll
+        for (int wrap = 0; wrap < 2; ++wrap) {
+          if (k_bytes >= tap_bytes) {
+            k_bytes -= tap_bytes;
+            table += PT_ROWS;
+          }
+        }
+      };
+      advance(step0);
 #pragma unroll 1
-      for (int step = 0; step < steps; ++step) {
+      for (int step = step0; step < steps; step += stride) {
         const int4 at = *reinterpret_cast<const int4*>(rows_s + table);
         const int a_off[PT_MI] = {at.x, at.y, at.z, at.w};
 #pragma unroll
@@ -2502,11 +2534,37 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
             for (int ni = 0; ni < PT_NI; ++ni) ig_mma<T>(acc[mi][ni], a[mi], b[ni]);
           }
         }
-        k_bytes += PT_STEP * (int)sizeof(T);
-        if (k_bytes == padded * (int)sizeof(T)) {  // the next tap
-          k_bytes = 0;
-          table += PT_ROWS;
-        }
+        advance(stride);
+      }
+      if (split) {  // the odd warp's sums to the even one of its warp row, through out_s as floats: row m's 32
+                    // columns (128 bytes, within out_s's rows) in 16-byte chunks at chunk ^ 2 (m % 4), so that a
+                    // half warp's 8-byte accesses (rows gq 0-3 or 4-7, columns 2 q) fall in 32 different banks
+        float* sums = reinterpret_cast<float*>(out_s);
+        auto hand_over = [&](bool receive) {  // the odd warp's sums out, or the even one's in
+#pragma unroll
+          for (int mi = 0; mi < PT_MI; ++mi) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int m = warp_m * 64 + mi * 16 + gq + 8 * h;
+#pragma unroll
+              for (int ni = 0; ni < PT_NI; ++ni) {
+                const int col = ni * 8 + 2 * qq, chunk = (col >> 2) ^ ((m & 3) << 1);  // swizzled as above
+                float2* at = reinterpret_cast<float2*>(sums + m * (PT_COLS / 2) + chunk * 4 + (col & 3));
+                if (out_at[mi][h] < 0) continue;  // a row past the group's: neither stored nor in out_s
+                if (receive) {
+                  acc[mi][ni][2 * h] += at->x;
+                  acc[mi][ni][2 * h + 1] += at->y;
+                } else {
+                  *at = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                }
+              }
+            }
+          }
+        };
+        if (odd_warp) hand_over(false);
+        __syncthreads();
+        if (!odd_warp) hand_over(true);
+        __syncthreads();  // out_s is the epilogue's again
       }
       // --- epilogue: out_s [patch][channel][pixel] = T(acc + bias), then 16-byte stores of whole patches -------
       // A thread's pair (columns col, col + 1 of row m) is rounded and packed; with an even out_plane the lanes
@@ -2514,26 +2572,28 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
       // column as 4 bytes: the even row's lane column col, the odd row's column col + 1.
       T* out_t = reinterpret_cast<T*>(out_s);
       const bool pixel_pairs = (out_plane & 1) == 0, odd_row = gq & 1;
+      if (!odd_warp) {  // (the odd warp's sums are in the even one's)
 #pragma unroll
-      for (int ni = 0; ni < PT_NI; ++ni) {
-        const int col = warp_n + ni * 8 + 2 * qq;
-        const float add0 = has_bias && n0 + col < D ? to_acc(bias[n0 + col]) : 0.0f;
-        const float add1 = has_bias && n0 + col + 1 < D ? to_acc(bias[n0 + col + 1]) : 0.0f;
+        for (int ni = 0; ni < PT_NI; ++ni) {
+          const int col = col0 - n0 + ni * 8 + 2 * qq;
+          const float add0 = has_bias && n0 + col < D ? to_acc(bias[n0 + col]) : 0.0f;
+          const float add1 = has_bias && n0 + col + 1 < D ? to_acc(bias[n0 + col + 1]) : 0.0f;
 #pragma unroll
-        for (int mi = 0; mi < PT_MI; ++mi) {
+          for (int mi = 0; mi < PT_MI; ++mi) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const T lo = from_acc<T>(acc[mi][ni][2 * h] + add0), hi = from_acc<T>(acc[mi][ni][2 * h + 1] + add1);
-            const int at = out_at[mi][h];
-            if (pixel_pairs) {
-              const unsigned mine = pack2<T>(lo, hi), other = __shfl_xor_sync(0xffffffffu, mine, 4);
-              const unsigned pair = odd_row ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
-              if (at >= 0)
-                *reinterpret_cast<unsigned*>(out_t + (odd_row ? ((at - 1) ^ pt_swizzle(col + 1)) + (col + 1) * out_plane
-                                                              : (at ^ pt_swizzle(col)) + col * out_plane)) = pair;
-            } else if (at >= 0) {
-              out_t[at + col * out_plane] = lo;
-              out_t[at + (col + 1) * out_plane] = hi;
+            for (int h = 0; h < 2; ++h) {
+              const T lo = from_acc<T>(acc[mi][ni][2 * h] + add0), hi = from_acc<T>(acc[mi][ni][2 * h + 1] + add1);
+              const int at = out_at[mi][h];
+              if (pixel_pairs) {
+                const unsigned mine = pack2<T>(lo, hi), other = __shfl_xor_sync(0xffffffffu, mine, 4);
+                const unsigned pair = odd_row ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
+                if (at >= 0)
+                  *reinterpret_cast<unsigned*>(out_t + (odd_row ? ((at - 1) ^ pt_swizzle(col + 1)) + (col + 1) * out_plane
+                                                                : (at ^ pt_swizzle(col)) + col * out_plane)) = pair;
+              } else if (at >= 0) {
+                out_t[at + col * out_plane] = lo;
+                out_t[at + (col + 1) * out_plane] = hi;
+              }
             }
           }
         }

@@ -111,6 +111,9 @@ WGC_PY = "cupyconv/ops/wgmma_gemm.py"
 PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
 PW = "tests/test_patch_weight_igemm.py -k 'cpu_path and float16'"   # patch_bwd_weight_igemm (task patchdw)
 PW_PY = "tests/test_patch_weight_igemm.py -k 'plans or few_groups'"
+PTI = "tests/test_patch_igemm.py -k input_grad_matches"   # its input gradient, split K (task patchdx)
+PT_SEED = "tests/test_patch_igemm.py -k seed_input_grad"
+PT_BOTH = "tests/test_patch_igemm.py -k 'forward_matches or input_grad_matches'"   # split K runs in both
 M = Mutation
 
 MUTATIONS = [
@@ -1648,12 +1651,12 @@ MUTATIONS = [
     M("pt-no-column-padding", "implicit_gemm.cu",
       "if ((unsigned)iy >= (unsigned)height || (unsigned)ix >= (unsigned)width) row",
       "if ((unsigned)iy >= (unsigned)height) row", PT, "wrong-side padding"),
-    M("pt-weight-padding-not-zero", "implicit_gemm.cu", "b[i] = cv < cv_count ? w_bits", "b[i] = true ? w_bits", PT,
-      "tile bound"),
+    M("pt-weight-padding-not-zero", "implicit_gemm.cu", "b[i] = cv >= cv_count ? Bits(0)", "b[i] = false ? Bits(0)",
+      PT, "tile bound"),
     M("pt-table-lane-order", "implicit_gemm.cu", "(s & 3) * 16 + (s >> 2) % 16;", "(s >> 2) % 16 * 4 + (s & 3);",
       PT, "tc: fragment index"),
-    M("pt-weight-tap-stride", "implicit_gemm.cu", "w_bits[((I)d * C + cv * VEC + i) * taps + tap]",
-      "w_bits[((I)d * C + cv * VEC + i) + tap]", PT, "swapped stride"),
+    M("pt-weight-tap-stride", "implicit_gemm.cu", "w_bits[((I)d * C + c) * taps + tap]",
+      "w_bits[((I)d * C + c) + tap]", PT, "swapped stride"),
     M("pt-transpose-plane", "implicit_gemm.cu", "for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];",
       "for (int i = 0; i < VEC; ++i) b[i] = from[i];", PT, "swapped stride"),
     M("pt-last-group-full", "implicit_gemm.cu",
@@ -1661,10 +1664,10 @@ MUTATIONS = [
       "const int count = patches;\n    const int patch_vectors", "tests/test_patch_igemm.py -k asan", "tile bound"),
     M("pt-no-barrier-after-transpose", "implicit_gemm.cu", "    __syncthreads();  // the tile is complete\n", "\n",
       PT, "removed barrier"),
-    M("pt-next-tap-off-by-one", "implicit_gemm.cu", "if (k_bytes == padded * (int)sizeof(T)) {",
-      "if (k_bytes == padded * (int)sizeof(T) + PT_STEP * (int)sizeof(T)) {", PT, "off-by-one"),
-    M("pt-b-clamp", "implicit_gemm.cu", "b1 = n0 + b_row + 16 < D ? n0 + b_row + 16 : D - 1;",
-      "b1 = n0 + b_row + 16;", PT, "tile bound"),
+    M("pt-next-tap-off-by-one", "implicit_gemm.cu", "if (k_bytes >= tap_bytes) {",
+      "if (k_bytes > tap_bytes) {", PT, "off-by-one"),
+    M("pt-b-clamp", "implicit_gemm.cu", "b1 = col0 + b_row + 16 < D ? col0 + b_row + 16 : D - 1;",
+      "b1 = col0 + b_row + 16;", PT, "tile bound"),
     M("pt-grid-stride", "implicit_gemm.cu", "group < groups; group += gridDim.x, buffer ^= 1)",
       "group < groups; group += 1, buffer ^= 1)", PT, "persistent loop"),
     M("pt-no-bias", "implicit_gemm.cu", "from_acc<T>(acc[mi][ni][2 * h] + add0)", "from_acc<T>(acc[mi][ni][2 * h])",
@@ -1680,6 +1683,33 @@ MUTATIONS = [
     M("pt-swizzle-copy-out", "implicit_gemm.cu",
       "const int at = swizzled ? w * VEC ^ pt_swizzle(w / out_chunks) : w * VEC;", "const int at = w * VEC;", PT,
       "wrong index"),
+    # -- its input gradient (task patchdx): the weight flipped as staged, split K, out in the raw buffer ----------
+    M("pt-flip-no-mirror", "implicit_gemm.cu", "w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]",
+      "w_bits[((I)c * D + d) * taps + tap]", PTI, "wrong index"),
+    M("pt-flip-not-transposed", "implicit_gemm.cu", "w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]",
+      "w_bits[((I)d * D + c) * taps + (taps - 1 - tap)]", PTI, "swapped stride"),
+    M("pt-split-same-steps", "implicit_gemm.cu", "const int step0 = odd_warp ? 1 : 0,", "const int step0 = 0,",
+      PT_BOTH, "double count"),
+    M("pt-split-stride", "implicit_gemm.cu", "stride = split ? 2 : 1;", "stride = 1;",
+      PT_BOTH, "double count"),
+    M("pt-split-sums-dropped", "implicit_gemm.cu", "acc[mi][ni][2 * h + 1] += at->y;", "", PTI, "dropped term"),
+    M("pt-split-no-barrier", "implicit_gemm.cu", "if (odd_warp) hand_over(false);\n        __syncthreads();\n",
+      "if (odd_warp) hand_over(false);\n", PTI, "removed barrier"),
+    M("pt-split-sums-swizzle", "implicit_gemm.cu", "chunk = (col >> 2) ^ ((m & 3) << 1);",
+      "chunk = (col >> 2) ^ ((m & 7) << 1);", PTI, "wrong index"),
+    M("pt-out-in-raw-next-buffer", "implicit_gemm.cu", "raw_s + (out_in_raw ? buffer : 2) * raw_bytes;",
+      "raw_s + (out_in_raw ? buffer ^ 1 : 2) * raw_bytes;", PTI, "wrong buffer"),
+    M("pt-out-in-raw-shared", IG_PY, "(0 if raw_patch >= out_patch else patches * out_patch)",
+      "patches * out_patch", PT_SEED, "wrong size"),
+    M("pt-input-any-stride", IG_PY, 'if spec.stride != (1,) * spec.nd:\n        return "it takes the input',
+      'if False:\n        return "it takes the input', "tests/test_patch_igemm.py -k 'refuse'", "wrong choice"),
+    M("pt-input-judged-as-forward", "cupyconv/ops/patch.py",
+      "refusal, gemm = patch_igemm_input_refusal(spec, x.dtype), transposed_spec(spec)",
+      "refusal, gemm = patch_igemm_refusal(spec, x.dtype), transposed_spec(spec)", PTI, "wrong choice"),
+    M("pt-input-no-gpu-check", IG_PY, '_check_tensor_cores(spec, gy.dtype, device, "input")\n    tspec',
+      "tspec", "tests/test_patch_igemm.py -k without_mma", "missing check"),
+    M("pt-input-copies-staged", "cupyconv/ops/patch.py", 'needs - {"input"} if whole else needs)', "needs)", PTI,
+      "wasted copy"),
     M("pt-min-groups-ignored", IG_PY, "return ceil_div(spec.n, plan_patch_igemm(spec).patches) >= PT_MIN_GROUPS",
       "return True", "tests/test_patch_igemm.py -k few_groups", "wrong choice"),
     # -- implicit_gemm.cu: patch_bwd_weight_igemm, the weight gradient with whole patches a block (task patchdw) -

@@ -1185,7 +1185,9 @@ def igemm_forward_3d(device, xl, wk, bias, spec: ConvSpec, out):
 # --- whole patches a block (patch_conv2d's 16-bit forward) -----------------------------------------------------
 # patch_fwd_igemm (the section of that name at the end of implicit_gemm.cu): x (n, C, H, W) read as it lies, a
 # block's whole patches at a time, each input element staged once for every tap; the weight staged once per
-# persistent block.  ops/patch.py routes the 16-bit forward to it wherever `patch_igemm_refusal` allows.
+# persistent block.  ops/patch.py routes the 16-bit forward to it wherever `patch_igemm_refusal` allows, and the
+# input gradient at stride 1 wherever `patch_igemm_input_refusal` does (the forward of the transposed convolution:
+# grad_output read as it lies, the weight transposed and flipped by the kernel as it stages it).
 
 PT_DTYPES = ("float16", "bfloat16")   # its instantiations: one per dtype, 32-bit indices
 PT_ROWS, PT_COLS = 128, 64            # implicit_gemm.cu's PT_ROWS (output pixels a block), PT_COLS (channels a pass)
@@ -1212,11 +1214,12 @@ def _odd_vectors(elements: int) -> int:
 def patch_igemm_shared(spec: ConvSpec, patches: int) -> int:
     """patch_fwd_igemm's dynamic shared memory (2-byte elements): weight rows, the rows table, the tile and its zero
     rows (a tap's channels padded to PT_STEP in both), two raw buffers (a patch's x and 32 bytes), the epilogue's
-    tile."""
+    tile (none of its own where a patch's raw buffer holds it: the kernel's `out_in_raw`)."""
     c, d, taps, plane = spec.in_channels, spec.out_channels, spec.taps, spec.in_size[0] * spec.in_size[1]
     padded = ceil_div(c, PT_STEP) * PT_STEP
+    raw_patch, out_patch = c * plane * 2 + 32, PT_COLS * spec.out_pixels * 2
     return (d * _odd_vectors(taps * padded) + taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(padded)
-            + 2 * patches * (c * plane * 2 + 32) + patches * PT_COLS * spec.out_pixels * 2)
+            + 2 * patches * raw_patch + (0 if raw_patch >= out_patch else patches * out_patch))
 
 
 def patch_igemm_refusal(spec: ConvSpec, dtype, shared: bool = True) -> str | None:
@@ -1270,7 +1273,30 @@ def patch_igemm_forward(device, x, weight, bias, spec: ConvSpec, out):
                    shared_mem=plan.shared_mem, window=spec, x=x, weight=weight,
                    bias=weight if bias is None else device.ascontiguous(bias), out=out, n=spec.n,
                    channels=spec.in_channels, out_channels=spec.out_channels, patches=plan.patches,
-                   has_bias=bias is not None)
+                   has_bias=bias is not None, flipped=False)
+    return out
+
+
+def patch_igemm_input_refusal(spec: ConvSpec, dtype) -> str | None:
+    """Why patch_fwd_igemm cannot run the input gradient of the forward spec, or None when it can: stride 1 (the
+    gradient is then the stride-1 forward of `transposed_spec`, padded k - 1 - p, which `patch_igemm_refusal`
+    judges: grad_output's D channels in, grad_input's C channels and H x W pixels out)."""
+    if spec.stride != (1,) * spec.nd:
+        return "it takes the input gradient at stride 1"
+    return patch_igemm_refusal(transposed_spec(spec), dtype)
+
+
+def patch_igemm_grad_input(device, gy, weight, spec: ConvSpec, out):
+    """grad_input into out (n, C, H, W) C-contiguous from gy (n, D, oH, oW) C-contiguous and 16-byte aligned and the
+    forward's weight (D, C, kH, kW) C-contiguous (`patch_igemm_input_refusal` None): patch_fwd_igemm on the transposed
+    convolution, the weight transposed and flipped as it is staged; one launch, no copy of gy or of the weight."""
+    _check_tensor_cores(spec, gy.dtype, device, "input")
+    tspec = transposed_spec(spec)
+    plan = plan_patch_igemm(tspec)
+    KERNELS.launch(device, "patch_fwd_igemm", dtype=gy.dtype, index="int", grid=plan.blocks, block=IG_THREADS,
+                   shared_mem=plan.shared_mem, window=tspec, x=gy, weight=weight, bias=weight, out=out, n=spec.n,
+                   channels=tspec.in_channels, out_channels=tspec.out_channels, patches=plan.patches,
+                   has_bias=False, flipped=True)
     return out
 
 

@@ -13,8 +13,8 @@ GPU path (raw_kernels/patch.cu): two algorithms, chosen per pass by `algorithm=`
 - 'implicit_gemm' (what 'auto' picks, forward and backward, in float16/bfloat16, and float32 with TF32 allowed,
   with at least 16 channels per group, on sm_80+): conv2d's tensor-core kernels, which read the patches through
   the same batch view (grad_output is made contiguous first); the 16-bit forward of many C-contiguous patches at
-  stride 1 runs ops/implicit_gemm.py's patch_fwd_igemm instead (whole patches a block, x read as it lies:
-  `_whole_patches`).
+  stride 1, and the input gradient of many patches at stride 1, run ops/implicit_gemm.py's patch_fwd_igemm instead
+  (whole patches a block, x or grad_output read as it lies: `_whole_patches`).
 - 'im2col_gemm' (larger patches): the im2col kernel of ops/unfold.py per chunk of patches (within the workspace
   budget) and one batched GEMM with the weight broadcast over the patches (cupy.matmul: one cuBLAS batched call)
   that writes the output straight into its (..., D, oH, oW) layout.
@@ -41,9 +41,9 @@ from .conv import (DIRECT_MAX_CHANNELS, WEIGHT_DOC, conv2d_backward_cpu, conv2d_
                    grad_input_bytes, transposed_spec, weight_grad_bytes, work_pieces, workspace_scope)
 from . import lift
 from .implicit_gemm import (IG_VECTOR_BYTES, implicit_gemm_gpu, implicit_gemm_grad_input, implicit_gemm_grad_weight,
-                            patch_igemm_forward, patch_igemm_grad_weight, patch_igemm_pays, patch_igemm_refusal,
-                            patch_weight_pays, patch_weight_refusal, sharing_channels_last,
-                            stage_backward_copies, tensor_core_refusal)
+                            patch_igemm_forward, patch_igemm_grad_input, patch_igemm_grad_weight,
+                            patch_igemm_input_refusal, patch_igemm_pays, patch_igemm_refusal, patch_weight_pays,
+                            patch_weight_refusal, sharing_channels_last, stage_backward_copies, tensor_core_refusal)
 from .simt_gemm import simt_gemm_gpu, simt_gemm_grad_input, simt_gemm_grad_weight, simt_runs
 from .unfold import fold_gpu, unfold_gpu
 
@@ -226,14 +226,18 @@ def _use_tensor_cores(device, spec: ConvSpec, dtype, algorithm: str) -> bool:
     return algorithm == "implicit_gemm" or (algorithm == "auto" and tensor_core_refusal(spec, dtype, device) is None)
 
 
-def _whole_patches(x, spec: ConvSpec) -> bool:
-    """Whether the tensor-core forward runs patch_fwd_igemm (ops/implicit_gemm.py: whole patches a block, x read in
-    place, no channels-last copy): where `patch_igemm_refusal` allows, x is C-contiguous and 16-byte aligned, and
-    there are enough patches for its persistent blocks to repay their staging of the weight (`patch_igemm_pays`):
-    there benchmarks.predict ranks it faster than conv_fwd_igemm and its copy (benchmarks/RESULTS.md, "Whole
-    patches a block")."""
-    return (patch_igemm_refusal(spec, x.dtype) is None and x.flags.c_contiguous
-            and _address(x) % IG_VECTOR_BYTES == 0 and patch_igemm_pays(spec))
+def _whole_patches(x, spec: ConvSpec, pass_: str = "forward") -> bool:
+    """Whether the tensor-core pass_ ('forward', or 'input' with x the contiguous grad_output) runs patch_fwd_igemm
+    (ops/implicit_gemm.py: whole patches a block, x read in place, no channels-last copy): where
+    `patch_igemm_refusal` (`patch_igemm_input_refusal`) allows, x is C-contiguous and 16-byte aligned, and there are
+    enough patches for its persistent blocks to repay their staging of the weight (`patch_igemm_pays`, of the
+    transposed convolution for the input gradient): there benchmarks.predict ranks it faster than conv_fwd_igemm and
+    its copy (benchmarks/RESULTS.md, "Whole patches a block" and "The input gradient with whole patches a block")."""
+    if pass_ == "forward":
+        refusal, gemm = patch_igemm_refusal(spec, x.dtype), spec
+    else:
+        refusal, gemm = patch_igemm_input_refusal(spec, x.dtype), transposed_spec(spec)
+    return refusal is None and x.flags.c_contiguous and _address(x) % IG_VECTOR_BYTES == 0 and patch_igemm_pays(gemm)
 
 
 def _whole_patches_weight(x, gy, spec: ConvSpec) -> bool:
@@ -406,12 +410,15 @@ def patch_conv2d_backward_gpu(device, grad_output, x, weight, spec: ConvSpec, ne
             grad_w, grad_b = simt_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
     elif _use_tensor_cores(device, spec, x.dtype, algorithm):
         gy = device.ascontiguous(grad_output).reshape(spec.n, spec.out_channels, spec.out_pixels)
-        whole = "weight" in needs and _whole_patches_weight(x, gy, spec)   # then no copy of x or gy for it
-        stage_backward_copies(device, gy, batch_view(device, x), weight, spec,
-                              needs - {"weight"} if whole else needs)   # its copies in one launch
+        # the whole-patch kernels read gy, x and the weight as they lie: no copies of their own to stage
+        whole_input = "input" in needs and _whole_patches(gy, spec, "input")
+        whole_weight = "weight" in needs and _whole_patches_weight(x, gy, spec)
+        staged = needs - ({"input"} if whole_input else set()) - ({"weight"} if whole_weight else set())
+        stage_backward_copies(device, gy, batch_view(device, x), weight, spec, staged)   # their copies in one launch
         if "input" in needs:
-            grad_x = implicit_gemm_grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
-        if whole:
+            grad_input = patch_igemm_grad_input if whole_input else implicit_gemm_grad_input
+            grad_x = grad_input(device, gy, weight, spec, device.empty(spec.input_shape, x.dtype))
+        if whole_weight:
             grad_w, grad_b = patch_igemm_grad_weight(device, x, gy, spec, "bias" in needs)
         elif "weight" in needs:
             grad_w, grad_b = implicit_gemm_grad_weight(device, batch_view(device, x), gy, spec, "bias" in needs)
