@@ -107,6 +107,7 @@ def null_gpu():
 
     class NullGpu(emulator.CupyHostDevice):
         name = "null-gpu"
+        wgmma = True   # the plans benchmarks.launches records for an H100/H200 (conv_fwd_wgmma opted in)
 
         def __init__(self):
             super().__init__()
