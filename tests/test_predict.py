@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the ch
     sys.path.append(str(ROOT))
 
 from benchmarks import _emulator, cases, launches, predict, sass  # noqa: E402
-from cupyconv.ops import implicit_gemm, simt_gemm  # noqa: E402
+from cupyconv.ops import implicit_gemm, simt_gemm, wgmma_gemm  # noqa: E402
 
 BY_LABEL = {c.label: c for c in cases.ALL_CASES}
 CHANNELS_LAST_REFUSAL = implicit_gemm.igemm_refusal
@@ -137,15 +137,22 @@ def test_recording_reads_no_data(label):
 def test_recording_of_the_r50_64_forward(monkeypatch):
     """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed by one launch,
     then one conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over
-    32 x 56 x 56 pixels."""
+    32 x 56 x 56 pixels.  The recorder claims wgmma as an H100 does (with CUPYCONV_WGMMA=1): there the same copy
+    feeds one conv_fwd_wgmma of the 128 x 64 tile; without it (any GPU but a 9.0 one), conv_fwd_igemm."""
+    case = BY_LABEL["r50-64-gpu16"]
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
-        rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
+        wgmma = launches.record(case, False)
+        patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec: False)
+        rec = launches.record(case, False)
+    assert [launch.name for launch in wgmma.steps] == ["channels_last_copies<__half, int, false>",
+                                                       "conv_fwd_wgmma<__half, int, 128, 64, 4>"]
+    assert wgmma.steps[-1].grid == (32 * 56 * 56 // 128, 1, 1) and wgmma.steps[-1].block == (256,)
+    assert predict.pass_macs(wgmma.steps, case) == {1: cases.flops(case) / 2}
     assert [launch.name for launch in rec.steps] == ["channels_last_copies<__half, int, false>",
                                                      "conv_fwd_igemm<__half, int, 256, 64, 4>"]
     assert rec.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and rec.steps[-1].block == (128,)
     # it tiles exactly too: 392 blocks of 256 x 64 over 18 chunks of 32 halves = the useful MACs
-    case = BY_LABEL["r50-64-gpu16"]
     assert predict.tensor_core_macs(rec.steps[-1]) == 392 * 256 * 64 * 18 * 32 == cases.flops(case) // 2
     assert predict.pass_macs(rec.steps, case) == {1: cases.flops(case) / 2}
     rec = launches.record(BY_LABEL["r50-64-gpu16"], False)
