@@ -5,7 +5,8 @@ descriptor, with no ldmatrix.
 
 Not an op of its own: `implicit_gemm_gpu` (ops/implicit_gemm.py) calls `igemm_forward`, which hands a forward to
 `wgmma_forward` where `wgmma_refusal` allows and the device runs wgmma (`Device.wgmma`: a compute capability 9.0
-GPU, for which CudaDevice compiles this file with -arch=sm_90a).
+GPU, for which CudaDevice compiles this file with -arch=sm_90a; opted in by CUPYCONV_WGMMA=1 until a GPU has run
+the kernel).
 """
 from __future__ import annotations
 
