@@ -2333,6 +2333,43 @@ constexpr int PT_ZERO_ROWS = 8;
 // Bytes between two rows of `vectors` 16-byte vectors: an odd number of vectors (the bank-group spread above).
 __device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG_VECTOR_BYTES; }
 
+// raw [patch][channel][pixel] (patches raw_patch bytes apart, `vectors` x 16 bytes of channels a pixel) -> tile
+// [patch pixel][channel], rows `pitch` bytes apart: rows [0, rows) from raw, [rows, rows_to) zeros (the rows past a
+// short group: an MMA must not meet a stale value there).
+template <typename T>
+__device__ __forceinline__ void pt_rows_of(const unsigned char* raw, int raw_patch, int plane, int vectors, int rows,
+                                           int rows_to, unsigned char* tile, int pitch) {
+  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
+  typedef typename ClBits<T>::type Bits;
+  for (int e = threadIdx.x; e < rows_to * vectors; e += blockDim.x) {
+    const int cv = e / rows_to, r = e - cv * rows_to;
+    Bits b[VEC];
+    if (r < rows) {  // the vector's channels lie a plane apart in raw
+      const int p = r / plane, pixel = r - p * plane;
+      const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i, from += plane) b[i] = *from;
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = Bits(0);
+    }
+    *reinterpret_cast<uint4*>(tile + r * pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
+  }
+}
+
+// The x tile's row that output pixel k of a group (`patches` patches of `plane` input pixels in the tile, then the
+// zero rows) reads at `tap`: in the padding, or past the group's output pixels, the zero row of its residue mod 8
+// (the 8 rows of an ldmatrix phase stay in 8 bank groups).  patch_fwd_igemm's table and patch_bwd_weight_igemm's.
+__device__ __forceinline__ int pt_tap_row(int k, int tap, int patches, int plane, int height, int width, int kernel_w,
+                                          int pad_top, int pad_left, int out_w, int out_plane) {
+  const int zero = patches * plane;
+  if (k >= patches * out_plane) return zero + (k & 7);
+  const int p = k / out_plane, pixel = k - p * out_plane;
+  const int y = pixel / out_w + tap / kernel_w - pad_top, x = pixel % out_w + tap % kernel_w - pad_left;
+  const int row = p * plane + y * width + x;
+  return (unsigned)y < (unsigned)height && (unsigned)x < (unsigned)width ? row : zero + (row & 7);
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
@@ -2363,14 +2400,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
     const int tap = e / PT_ROWS, s = e % PT_ROWS;
     const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
-    int row = rows + (m & 7);  // past the block's rows: a zero row
-    if (m < patches * out_plane) {
-      const int p = m / out_plane, pixel = m % out_plane;
-      const int iy = pixel / out_w - pad_top + tap / kernel_w, ix = pixel % out_w - pad_left + tap % kernel_w;
-      row = p * plane + iy * width + ix;  // in the padding: the zero row of the same residue mod 8
-      if ((unsigned)iy >= (unsigned)height || (unsigned)ix >= (unsigned)width) row = rows + (row & 7);
-    }
-    rows_s[e] = row * a_pitch;
+    rows_s[e] = pt_tap_row(m, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
+                a_pitch;
   }
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
@@ -2458,14 +2489,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
           *reinterpret_cast<uint4*>(tile_s + (r + !second) * a_pitch + cv * IG_VECTOR_BYTES) = second ? lo : hi;
         }
       } else {
-        for (int e = tid; e < rows * cv_count; e += IG_THREADS) {
-          const int cv = e / rows, r = e % rows, p = r / plane, pixel = r % plane;
-          const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
-          Bits b[VEC];
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) b[i] = from[i * plane];
-          *reinterpret_cast<uint4*>(tile_s + r * a_pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
-        }
+        pt_rows_of<T>(raw, raw_patch, plane, cv_count, rows, rows, tile_s, a_pitch);
       }
     }
     if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);
@@ -2643,43 +2667,6 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 constexpr int PW_ROWS = 64;                   // output channels a block
 constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
 constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the dy tile's rows)
-
-// raw [patch][channel][pixel] (patches raw_patch bytes apart, `vectors` x 16 bytes of channels a pixel) -> tile
-// [patch pixel][channel], rows `pitch` bytes apart: rows [0, rows) from raw, [rows, rows_to) zeros (the rows past a
-// short group: an MMA must not meet a stale value there).
-template <typename T>
-__device__ __forceinline__ void pt_rows_of(const unsigned char* raw, int raw_patch, int plane, int vectors, int rows,
-                                           int rows_to, unsigned char* tile, int pitch) {
-  constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
-  typedef typename ClBits<T>::type Bits;
-  for (int e = threadIdx.x; e < rows_to * vectors; e += blockDim.x) {
-    const int cv = e / rows_to, r = e - cv * rows_to;
-    Bits b[VEC];
-    if (r < rows) {  // the vector's channels lie a plane apart in raw
-      const int p = r / plane, pixel = r - p * plane;
-      const Bits* from = reinterpret_cast<const Bits*>(raw + p * raw_patch) + cv * VEC * plane + pixel;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i, from += plane) b[i] = *from;
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) b[i] = Bits(0);
-    }
-    *reinterpret_cast<uint4*>(tile + r * pitch + cv * IG_VECTOR_BYTES) = cl_pack(b);
-  }
-}
-
-// The x tile's row that output pixel k of a group (`patches` patches of `plane` input pixels in the tile, then the
-// zero rows) reads at `tap`: in the padding, or past the group's output pixels, the zero row of its residue mod 8
-// (the 8 rows of an ldmatrix phase stay in 8 bank groups, as patch_fwd_igemm's table has it).
-__device__ __forceinline__ int pt_tap_row(int k, int tap, int patches, int plane, int height, int width, int kernel_w,
-                                          int pad_top, int pad_left, int out_w, int out_plane) {
-  const int zero = patches * plane;
-  if (k >= patches * out_plane) return zero + (k & 7);
-  const int p = k / out_plane, pixel = k - p * out_plane;
-  const int y = pixel / out_w + tap / kernel_w - pad_top, x = pixel % out_w + tap % kernel_w - pad_left;
-  const int row = p * plane + y * width + x;
-  return (unsigned)y < (unsigned)height && (unsigned)x < (unsigned)width ? row : zero + (row & 7);
-}
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
