@@ -143,7 +143,7 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         wgmma = launches.record(case, False)
-        patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec: False)
+        patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec, dtype: False)
         rec = launches.record(case, False)
     assert [launch.name for launch in wgmma.steps] == ["channels_last_copies<__half, int, false>",
                                                        "conv_fwd_wgmma<__half, int, 128, 64, 4>"]
