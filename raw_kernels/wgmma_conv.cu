@@ -172,6 +172,10 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
+  // The block's BN biases, one a thread, staged in shared memory beside the epilogue's tile: read by every warp
+  // from there rather than 8 times over from global memory (16 loads a thread, a sector each)
+  const int bias_col = n0 + tid;
+  const float bias_value = tid < BN && has_bias && bias_col < dg ? to_acc(bias[g * dg + bias_col]) : 0.0f;
   wgmma_wait<0>();
   wgmma_fence_operand(d);
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
@@ -180,14 +184,18 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
   // --- epilogue: tile[column][row] = T(acc + bias), then stores along the output pixels --------------------------
   // Accumulator j of thread t of its warpgroup (wgmma.cuh): row 16 w + g (+ 8), column 8 (j / 4) + 2 q (+ 1).
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes a column; + 16: a warp's writes spread over the banks
+  static_assert(BN * PITCH + BN * 4 <= STAGES * STAGE_BYTES, "the tile and the biases within the stages' bytes");
+  float* const bias_tile = reinterpret_cast<float*>(wgmma_shared + BN * PITCH);
+  if (tid < BN) bias_tile[tid] = bias_value;
+  __syncthreads();
   const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
   const int row = warpgroup * 64 + 16 * w + gq;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * q + e, nn = n0 + col;
-      const float add = has_bias && nn < dg ? to_acc(bias[g * dg + nn]) : 0.0f;
+      const int col = 8 * j + 2 * q + e;
+      const float add = bias_tile[col];
       T* column = reinterpret_cast<T*>(wgmma_shared + col * PITCH);
       column[row] = from_acc<T>(d[4 * j + e] + add);
       column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);
