@@ -186,8 +186,10 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes a column; + 16: a warp's writes spread over the banks
   static_assert(BN * PITCH + BN * 4 <= STAGES * STAGE_BYTES, "the tile and the biases within the stages' bytes");
   float* const bias_tile = reinterpret_cast<float*>(wgmma_shared + BN * PITCH);
-  if (tid < BN) bias_tile[tid] = bias_value;
-  __syncthreads();
+  if (has_bias) {  // (the same for the whole block; none for the input gradient)
+    if (tid < BN) bias_tile[tid] = bias_value;
+    __syncthreads();
+  }
   const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
   const int row = warpgroup * 64 + 16 * w + gq;
 #pragma unroll
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = 8 * j + 2 * q + e;
-      const float add = bias_tile[col];
+      const float add = has_bias ? bias_tile[col] : 0.0f;
       T* column = reinterpret_cast<T*>(wgmma_shared + col * PITCH);
       column[row] = from_acc<T>(d[4 * j + e] + add);
       column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);
