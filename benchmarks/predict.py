@@ -127,14 +127,17 @@ SOURCES = {
         "(wgmma, 'asynchronous' tensor cores reading shared memory); Shah et al., 'FlashAttention-3' (2024): about "
         "75% of that peak in attention's GEMMs on wgmma; CUTLASS 3.x's Hopper GEMM figures (NVIDIA developer blog "
         "'CUTLASS 3.x', 2023) put large fp16 GEMMs at 80-90% of it.  A model parameter, not a measurement: the "
-        "range 0.6-0.85 of the dense peak is taken for conv_fwd_wgmma's m64nNk16 with cp.async operands",
+        "range 0.6-0.85 of the dense peak is taken for conv_fwd_wgmma's m64nNk16 with cp.async operands.  TF32 "
+        "(m64nNk8 .tf32, the same 32 bytes of K an instruction): the same range of the TF32 dense peak (494.7 "
+        "TFLOPS: the datasheet's 989 with sparsity, 'tensor_tflops'), the whitepaper giving TF32 half the FP16 "
+        "rate on the same warpgroup MMA; no published TF32 wgmma efficiency was found, so this is an assumption",
 }
 
 # Modelling assumptions (ranges: the first value gives the low time, the second the high time).
 ASSUMPTIONS = {
     "mma_sync_fraction": ((0.67, 0.5), "fraction of the dense tensor peak mma.sync (HMMA) can reach on sm_90"),
-    "wgmma_fraction": ((0.85, 0.6), "fraction of the dense tensor peak wgmma (HGMMA, sm_90a) can reach: "
-                                    "conv_fwd_wgmma"),
+    "wgmma_fraction": ((0.85, 0.6), "fraction of the dense tensor peak (the dtype's: TF32's for float) wgmma "
+                                    "(HGMMA, sm_90a) can reach: conv_fwd_wgmma"),
     "issue_efficiency": ((1.0, 0.7), "fraction of cycles each scheduler issues an instruction when enough warps "
                                      "are resident (1.0: never stalls)"),
     "cycles_between_instructions": ((4, 8), "average cycles between two instructions of one warp running alone "
@@ -346,9 +349,10 @@ SIMT_KERNELS = ("simt_fwd", "simt_bwd_weight")
 TENSOR_CORE_KERNELS = ("conv_fwd_tc", "conv_bwd_input_tc", "conv_bwd_weight_tc", "conv_fwd_igemm",
                        "conv_fwd_igemm_groups", "conv_fwd_igemm_phases", "conv_fwd_igemm_3d", "conv_bwd_weight_igemm",
                        "conv_bwd_weight_igemm_groups", "patch_fwd_igemm", "patch_bwd_weight_igemm", "conv_fwd_wgmma")
-# Kernels on wgmma (HGMMA, sm_90a): the tensor pipe at `wgmma_fraction` of the peak, one HGMMA m64nNk16 a k16 step
+# Kernels on wgmma (HGMMA, sm_90a): the tensor pipe at `wgmma_fraction` of the dtype's dense peak (TF32's for
+# float), one HGMMA a 32-byte k step (m64nNk16 of a 16-bit type, m64nNk8 of tf32)
 WGMMA_KERNELS = ("conv_fwd_wgmma",)
-WGMMA_CHUNK = 64   # conv_fwd_wgmma's K chunk: 128 bytes of a 16-bit type (wgmma_gemm.py WGC_ROW_BYTES)
+WGMMA_CHUNK_BYTES = 128   # conv_fwd_wgmma's K chunk: 64 halves, 32 floats (wgmma_gemm.py WGC_ROW_BYTES)
 IGEMM_GROUPS_ROW_BYTES = 128   # conv_fwd_igemm_groups: a block's channels in bytes (implicit_gemm.py IGG_ROW_BYTES)
 TC_CHUNK = 32
 IGEMM_CHUNK_BYTES = 64   # conv_fwd_igemm's K chunk: 64 bytes of channels (32 halves, 16 floats; IG_ROW_BYTES)
@@ -485,9 +489,10 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
         taps = a["kernel_h"] * a["kernel_w"] * a.get("kernel_d", 1)
         chunks = math.ceil(a["channels_per_group"] * taps / chunk) / splits
         return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
-    if launch.kernel in WGMMA_KERNELS:   # every block its tile over all of K in chunks of 64 (no split)
-        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / WGMMA_CHUNK)
-        return int(launch.blocks * int(rows) * int(cols) * chunks * WGMMA_CHUNK)
+    if launch.kernel in WGMMA_KERNELS:   # every block its tile over all of K in chunks of 128 bytes (no split)
+        chunk = WGMMA_CHUNK_BYTES // (4 if launch.template_args[0] == "float" else 2)
+        chunks = math.ceil(a["channels_per_group"] * a["kernel_h"] * a["kernel_w"] / chunk)
+        return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_fwd_igemm_groups":   # BM x 64 outputs, each over its group's CG channels per tap
         taps = a["kernel_h"] * a["kernel_w"]
         channels = IGEMM_GROUPS_ROW_BYTES // (4 if launch.template_args[0] == "float" else 2)
@@ -608,11 +613,12 @@ def depthwise_weight_macs(launch: launches_mod.Launch) -> float | None:
 
 
 def hmma_macs(launch: launches_mod.Launch) -> int:
-    """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; of one HGMMA, m64nNk16 (N the tile's
-    columns)."""
+    """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; of one HGMMA, m64nNk16 or, TF32, m64nNk8
+    (N the tile's columns)."""
+    k = 8 if launch.template_args[0] == "float" else 16
     if launch.kernel in WGMMA_KERNELS:   # each of the warpgroup's 4 warps issues it: a quarter each
-        return 64 * int(launch.template_args[3]) * 16 // 4
-    return 16 * 8 * (8 if launch.template_args[0] == "float" else 16)
+        return 64 * int(launch.template_args[3]) * k // 4
+    return 16 * 8 * k
 
 
 def pass_macs(steps: list, case: cases_mod.Case) -> dict[int, float]:
@@ -654,9 +660,9 @@ def matrix_opcode(launch: launches_mod.Launch) -> str:
 
 def wgmma_operand_wavefronts(launch: launches_mod.Launch, hgmma: float) -> float:
     """Shared-memory wavefronts of the operands wgmma reads by descriptor (no LDSM, and the emulator's counters do
-    not see them): A 64 x 16 and B N x 16 of 2 bytes an HGMMA (a warp's quarter of the warpgroup's), 128 bytes a
-    wavefront."""
-    return hgmma * (64 + int(launch.template_args[3])) * 16 * 2 / 4 / 128
+    not see them): A 64 rows and B N rows of a 32-byte k step an HGMMA (16 elements of 2 bytes, 8 of tf32's 4; a
+    warp's quarter of the warpgroup's), 128 bytes a wavefront."""
+    return hgmma * (64 + int(launch.template_args[3])) * 32 / 4 / 128
 
 
 def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: float) -> dict:

@@ -237,8 +237,8 @@ def total_memory(device) -> int | None:
     return host_memory() if device is None else device.total_memory()
 
 
-# "1": CudaDevice runs the 16-bit forward on wgmma where ops/wgmma_gemm.py prefers it (9.0 GPUs only): off by
-# default until a GPU run has verified conv_fwd_wgmma (`CudaDevice.wgmma`).
+# "1": CudaDevice runs the 16-bit and TF32 forward on wgmma where ops/wgmma_gemm.py prefers it (9.0 GPUs only):
+# off by default until a GPU run has verified conv_fwd_wgmma (`CudaDevice.wgmma`).
 WGMMA_ENV = "CUPYCONV_WGMMA"
 ARRIVALS_LEAST = 1024   # `Device.arrival_counters`' smallest array (4 KiB): most launches never grow it
 
@@ -249,7 +249,7 @@ class Device:
     xp = numpy
     name = "abstract"
     tensor_cores = True  # whether mma.sync runs here (sm_80 and newer); the emulator executes it
-    # whether the 16-bit forward may run on wgmma (ops/wgmma_gemm.py; sm_90a code runs on 9.0 GPUs only):
+    # whether the 16-bit and TF32 forward may run on wgmma (ops/wgmma_gemm.py; sm_90a code runs on 9.0 GPUs only):
     # CudaDevice on a 9.0 GPU; the emulator executes it but claims it only where a test sets it
     # (tests/test_wgmma_conv.py), so that every other test keeps the mma.sync kernels it checks
     wgmma = False

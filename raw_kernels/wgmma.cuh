@@ -1,6 +1,7 @@
 // Warpgroup matrix multiply-accumulate (wgmma, sm_90a only): the four warps of an aligned warpgroup (threads
-// 128 g .. 128 g + 127 of the block) multiply a 64 x 16 tile of A by a 16 x N tile of B, both read by the tensor
-// cores straight from shared memory through 64-bit matrix descriptors, into N / 2 float accumulators a thread.
+// 128 g .. 128 g + 127 of the block) multiply a 64 x k tile of A by a k x N tile of B, k the elements of 32 bytes
+// (16 of a 16-bit type, 8 of tf32), both read by the tensor cores straight from shared memory through 64-bit
+// matrix descriptors, into N / 2 float accumulators a thread.
 // Used by conv_fwd_wgmma (raw_kernels/wgmma_conv.cu, issue 24 item 10; docs/architecture.md, "wgmma on sm_90a").
 //
 //   wgmma_desc(smem, swizzle, leading_bytes, stride_bytes)
@@ -12,24 +13,27 @@
 //        after the first.  WGMMA_SWIZZLE_{32,64,128}B: row r of a group is at r W (W = 32, 64, 128), its 16-byte
 //        chunk c stored at chunk c ^ ((address >> 7) & (W / 16 - 1)) of the row, the XOR taken from the
 //        absolute shared address (so a group must start on a W * 8-byte boundary, plus the K offset within the
-//        row: the next k16 step of a 64- or 128-byte row is the same descriptor 32 bytes further);
-//        `leading_bytes` is not used (one k16 step never leaves the row).
+//        row: the next 32-byte k step of a 64- or 128-byte row is the same descriptor 32 bytes further);
+//        `leading_bytes` is not used (one k step never leaves the row).
 //   wgmma_fence()           wgmma.fence: before the first wgmma of a batch, and again after every wait below
 //                           (and after any access to the accumulators outside a wgmma).
 //   wgmma_fence_shared()    fence.proxy.async.shared::cta: a thread's ordinary shared stores (and its landed
 //                           cp.async copies) become visible to wgmma's operand reads; then __syncthreads().
-//   wgmma_m64k16<T, N>(d, desc_a, desc_b, accumulate)
-//                           wgmma.mma_async m64nNk16, f32 += T x T (T = __half or __nv_bfloat16, N = 8, 64 or
-//                           128), A and B from shared memory, both K-major, no negation; accumulate = false
-//                           ignores d's old values.  Asynchronous: d is not to be read or written until the wait
-//                           that retires its group, nor A's and B's shared bytes written.
+//   wgmma_step<T, N>(d, desc_a, desc_b, accumulate)
+//                           one k step of 32 bytes: wgmma.mma_async m64nNk16, f32 += T x T for T = __half or
+//                           __nv_bfloat16, m64nNk8 .tf32 for T = float (N = 8, 64 or 128), A and B from shared
+//                           memory, both K-major (tf32 has no transposed form), no negation; accumulate = false
+//                           ignores d's old values.  tf32 operands are 32-bit floats of which the tensor cores
+//                           read the top 19 bits (the 13 low mantissa bits ignored, not rounded: round first, as
+//                           channels_last_copy does).  Asynchronous: d is not to be read or written until the
+//                           wait that retires its group, nor A's and B's shared bytes written.
 //   wgmma_commit()          wgmma.commit_group: the warpgroup's wgmmas since the last commit form one group.
 //   wgmma_wait<N>()         wgmma.wait_group N: waits until at most N committed groups are in flight.
 //   wgmma_fence_operand(d)  keeps the compiler from moving accesses to d across the wait (an empty asm on d).
 //
 // All 128 threads of the warpgroup call each of these but the descriptor and the proxy fence together
-// (.sync.aligned), with the same descriptors.  Accumulators (the PTX ISA's m64nNk16 D fragment): thread t of the
-// warpgroup, w = t / 32, g = (t % 32) / 4, q = t % 4, holds for j = 0 .. N / 8 - 1
+// (.sync.aligned), with the same descriptors.  Accumulators (the PTX ISA's m64nN D fragment, the same for k16 and
+// k8): thread t of the warpgroup, w = t / 32, g = (t % 32) / 4, q = t % 4, holds for j = 0 .. N / 8 - 1
 //   d[4 j] = D[16 w + g][8 j + 2 q]        d[4 j + 1] = D[16 w + g][8 j + 2 q + 1]
 //   d[4 j + 2] = D[16 w + g + 8][8 j + 2 q]  d[4 j + 3] = D[16 w + g + 8][8 j + 2 q + 1]
 // (mma.sync's m16n8 layout, warp w taking rows 16 w .. 16 w + 15).
@@ -54,6 +58,12 @@ __host__ __device__ constexpr unsigned long long wgmma_desc_bits(unsigned addres
          (unsigned long long)((leading_bytes >> 4) & 0x3FFFu) << 16 |
          (unsigned long long)((stride_bytes >> 4) & 0x3FFFu) << 32 | (unsigned long long)(swizzle & 3) << 62;
 }
+
+// The PTX operand type of T: 0 f16, 1 bf16, 2 tf32 (the emulator's WgmmaCall::type too).
+template <typename T> struct WgmmaType;
+template <> struct WgmmaType<__half> { static constexpr int type = 0; };
+template <> struct WgmmaType<__nv_bfloat16> { static constexpr int type = 1; };
+template <> struct WgmmaType<float> { static constexpr int type = 2; };
 
 #ifdef __CUPYCONV_EMULATOR__
 #include <emu_wgmma.h>  // tests/emulator/include: angle brackets, so kernel_source() does not inline it
@@ -106,22 +116,23 @@ template <int R> __device__ __forceinline__ void wgmma_fence_operand(float (&d)[
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// One wgmma.mma_async m64n<N>k16 of 16-bit `type` ("f16" or "bf16"), D (f32) = A * B + (accumulate ? D : 0);
-// scale-d is a predicate, the immediates are scale-a = scale-b = 1 and trans-a = trans-b = 0 (K-major).
-#define CUPYCONV_WGMMA_N8(type) \
+// One wgmma.mma_async m64n<N><k> of `type` ("f16", "bf16": k = "k16", trans = ", 0, 0"; "tf32": "k8", ""), D (f32)
+// = A * B + (accumulate ? D : 0); scale-d is a predicate, the immediates are scale-a = scale-b = 1 and, for the
+// 16-bit types, trans-a = trans-b = 0 (K-major; the tf32 form takes no transpose immediates).
+#define CUPYCONV_WGMMA_N8(k, type, trans) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n8k16.f32." type "." type " {" \
+               "wgmma.mma_async.sync.aligned.m64n8" k ".f32." type "." type " {" \
                "%0, %1, %2, %3" \
-               "}, %4, %5, p, 1, 1, 0, 0;\n}\n" \
+               "}, %4, %5, p, 1, 1" trans ";\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
                : "l"(desc_a), "l"(desc_b), "r"((int)accumulate))
 
-#define CUPYCONV_WGMMA_N64(type) \
+#define CUPYCONV_WGMMA_N64(k, type, trans) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." type "." type " {" \
+               "wgmma.mma_async.sync.aligned.m64n64" k ".f32." type "." type " {" \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               "}, %32, %33, p, 1, 1" trans ";\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
                  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
                  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
@@ -129,14 +140,14 @@ template <int R> __device__ __forceinline__ void wgmma_fence_operand(float (&d)[
                  "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                : "l"(desc_a), "l"(desc_b), "r"((int)accumulate))
 
-#define CUPYCONV_WGMMA_N128(type) \
+#define CUPYCONV_WGMMA_N128(k, type, trans) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {" \
+               "wgmma.mma_async.sync.aligned.m64n128" k ".f32." type "." type " {" \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+               "}, %64, %65, p, 1, 1" trans ";\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
                  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
                  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
@@ -149,27 +160,29 @@ template <int R> __device__ __forceinline__ void wgmma_fence_operand(float (&d)[
                  "+f"(d[63]) \
                : "l"(desc_a), "l"(desc_b), "r"((int)accumulate))
 
-template <typename T> struct WgmmaType;
-template <> struct WgmmaType<__half> { static constexpr bool bf16 = false; };
-template <> struct WgmmaType<__nv_bfloat16> { static constexpr bool bf16 = true; };
+#define CUPYCONV_WGMMA_TYPES(SHAPE) \
+  if constexpr (WgmmaType<T>::type == 0) SHAPE("k16", "f16", ", 0, 0"); \
+  else if constexpr (WgmmaType<T>::type == 1) SHAPE("k16", "bf16", ", 0, 0"); \
+  else SHAPE("k8", "tf32", "")
 
 template <typename T, int N>
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
-                                             bool accumulate) {
-  static_assert(N == 8 || N == 64 || N == 128, "wgmma_m64k16 is written out for N = 8, 64 and 128");
+__device__ __forceinline__ void wgmma_step(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
+                                           bool accumulate) {
+  static_assert(N == 8 || N == 64 || N == 128, "wgmma_step is written out for N = 8, 64 and 128");
 #ifdef CUPYCONV_WGMMA
   if constexpr (N == 8) {
-    if constexpr (WgmmaType<T>::bf16) CUPYCONV_WGMMA_N8("bf16"); else CUPYCONV_WGMMA_N8("f16");
+    CUPYCONV_WGMMA_TYPES(CUPYCONV_WGMMA_N8);
   } else if constexpr (N == 64) {
-    if constexpr (WgmmaType<T>::bf16) CUPYCONV_WGMMA_N64("bf16"); else CUPYCONV_WGMMA_N64("f16");
+    CUPYCONV_WGMMA_TYPES(CUPYCONV_WGMMA_N64);
   } else {
-    if constexpr (WgmmaType<T>::bf16) CUPYCONV_WGMMA_N128("bf16"); else CUPYCONV_WGMMA_N128("f16");
+    CUPYCONV_WGMMA_TYPES(CUPYCONV_WGMMA_N128);
   }
 #else
   (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
   __trap();
 #endif
 }
+#undef CUPYCONV_WGMMA_TYPES
 #undef CUPYCONV_WGMMA_N8
 #undef CUPYCONV_WGMMA_N64
 #undef CUPYCONV_WGMMA_N128

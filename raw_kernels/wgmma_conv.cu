@@ -1,26 +1,29 @@
-// The 16-bit convolution forward on Hopper's warpgroup MMA (wgmma, sm_90a only: KernelFile(..., sm90a=True) in
-// cupyconv/ops/wgmma_gemm.py; on every other architecture wgmma.cuh compiles to a trap and the planner never
-// launches it).  Issue 24 item 10.
+// The 16-bit and TF32 convolution forward on Hopper's warpgroup MMA (wgmma, sm_90a only: KernelFile(...,
+// sm90a=True) in cupyconv/ops/wgmma_gemm.py; on every other architecture wgmma.cuh compiles to a trap and the
+// planner never launches it).  Issue 24 item 10.
 //
 // The GEMM of conv_fwd_igemm (implicit_gemm.cu, "forward and input gradient, channels-last"): rows = output
 // pixels, columns = output channels of group g, K ordered (tap, channel) over
 //   x       (n, H, W, C) contiguous, 16-byte aligned (ops/implicit_gemm.py `channels_last`, the same copy);
 //   weight  (D, taps, C / G) contiguous (`weight_view`, arranged once per call);
+//   (float: both already rounded to tf32 by that copy, the one rounding; the tensor cores read them as tf32)
 //   out     (n, D, oH, oW) contiguous (NCHW); bias (D,) added in float before the one rounding.
-// C / G and D / G are multiples of 8 (`igemm_refusal`), so a 16-byte vector never straddles a tap or a group.
+// C / G is a multiple of a 16-byte vector (8 elements, 4 floats: `igemm_refusal`), so a vector never straddles a
+// tap or a group.
 //
 // Block: WGC_THREADS = 2 warpgroups, BM = 128 rows (64 a warpgroup) x BN = 64 or 128 columns,
-// one wgmma.m64nBNk16 a warpgroup per k16 step, f32 accumulators (BN / 2 a thread).  K in chunks of
-// 64 elements (128 bytes a row), STAGES = 4 stages of A (BM rows) and B (BN rows) in the 128-byte
+// one wgmma a warpgroup per 32-byte k step (m64nBNk16 of a 16-bit type, m64nBNk8 of tf32: wgmma_step), f32
+// accumulators (BN / 2 a thread).  K in chunks of 128 bytes a row (64 elements, 32 floats: 4 k steps),
+// STAGES = 4 stages of A (BM rows) and B (BN rows) in the 128-byte
 // swizzle wgmma reads by descriptor: row r of a stage at 128 r, its 16-byte vector v at v ^ (r % 8), each stage
 // 1024-byte aligned (the pattern is taken from the address: the dynamic shared memory is rounded up by hand),
-// descriptors of stride 1024 (8 rows), the k16 steps 32 bytes apart.  Each thread copies vector tid % 8 of
+// descriptors of stride 1024 (8 rows), the k steps 32 bytes apart.  Each thread copies vector tid % 8 of
 // rows tid / 8 + 32 i by 16-byte cp.async, zero-filled in the padding, past M, past D / G and past K.
 // Pipeline: chunks t + 1 and t + 2 in flight while the tensor cores work on chunk t (and still on t - 1: the
 // wait retires all but the newest group); one cp.async wait, proxy fence and barrier a chunk; the stage refilled
 // in chunk t is that of chunk t - 2, whose wgmmas both warpgroups retired before the barrier.
-// Epilogue: accumulators + bias, rounded once, to shared memory as (column, row), then 16-byte stores of 8
-// consecutive output pixels of one channel where vector_store says they are whole and aligned, else scalar ones.
+// Epilogue: accumulators + bias, rounded once, to shared memory as (column, row), then 16-byte stores of a vector
+// of consecutive output pixels of one channel where vector_store says they are whole and aligned, else scalar ones.
 // 32-bit indices only (ops/wgmma_gemm.py refuses larger problems: they stay on conv_fwd_igemm).  No split of K.
 // The window rows' set-up, the tap carry and the NCHW epilogue are ig_forward's (implicit_gemm.cu) written again
 // for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the next step.
@@ -43,8 +46,9 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     int has_bias, int vector_store) {
-  static_assert(sizeof(T) == 2 && BM == 128 && (BN == 64 || BN == 128) && STAGES >= 3, "the tiles built");
-  constexpr int VEC = 16 / (int)sizeof(T), BK = WGC_ROW_BYTES / (int)sizeof(T);  // 8 and 64 elements
+  static_assert(WgmmaType<T>::type >= 0 && BM == 128 && (BN == 64 || BN == 128) && STAGES >= 3, "the tiles built");
+  constexpr int VEC = 16 / (int)sizeof(T), BK = WGC_ROW_BYTES / (int)sizeof(T);  // 8 and 64 elements (float 4, 32)
+  constexpr int K_STEPS = WGC_ROW_BYTES / 32;                                     // wgmma_step: 32 bytes of K
   constexpr int ROWS_PER_PASS = WGC_THREADS / (WGC_ROW_BYTES / 16);               // 32
   constexpr int A_ROWS = BM / ROWS_PER_PASS, B_ROWS = BN / ROWS_PER_PASS;
   constexpr int A_BYTES = BM * WGC_ROW_BYTES, STAGE_BYTES = (BM + BN) * WGC_ROW_BYTES;
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     if (t < chunks) load_chunk(t);
     cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
   }
-  // The descriptors of the warpgroup's A rows and of B in stage 0, k16 step 0; another stage or step adds its
+  // The descriptors of the warpgroup's A rows and of B in stage 0, k step 0; another stage or step adds its
   // byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
   // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
   // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
@@ -159,8 +163,8 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     const unsigned stage16 = (unsigned)(read_stage * STAGE_BYTES) >> 4;
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks)
-      wgmma_m64k16<T, BN>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
+    for (int ks = 0; ks < K_STEPS; ++ks)
+      wgmma_step<T, BN>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
                           t > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<1>();  // chunk t - 1's group retired: its stage may be refilled after the next barrier
@@ -168,6 +172,10 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
+  // The block's BN biases, one a thread, staged in shared memory beside the epilogue's tile: read by every warp
+  // from there rather than 8 times over from global memory (16 loads a thread, a sector each)
+  const int bias_col = n0 + tid;
+  const float bias_value = tid < BN && has_bias && bias_col < dg ? to_acc(bias[g * dg + bias_col]) : 0.0f;
   wgmma_wait<0>();
   wgmma_fence_operand(d);
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
@@ -176,14 +184,20 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
   // --- epilogue: tile[column][row] = T(acc + bias), then stores along the output pixels --------------------------
   // Accumulator j of thread t of its warpgroup (wgmma.cuh): row 16 w + g (+ 8), column 8 (j / 4) + 2 q (+ 1).
   constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes a column; + 16: a warp's writes spread over the banks
+  static_assert(BN * PITCH + BN * 4 <= STAGES * STAGE_BYTES, "the tile and the biases within the stages' bytes");
+  float* const bias_tile = reinterpret_cast<float*>(wgmma_shared + BN * PITCH);
+  if (has_bias) {  // (the same for the whole block; none for the input gradient)
+    if (tid < BN) bias_tile[tid] = bias_value;
+    __syncthreads();
+  }
   const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
   const int row = warpgroup * 64 + 16 * w + gq;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * q + e, nn = n0 + col;
-      const float add = has_bias && nn < dg ? to_acc(bias[g * dg + nn]) : 0.0f;
+      const int col = 8 * j + 2 * q + e;
+      const float add = has_bias ? bias_tile[col] : 0.0f;
       T* column = reinterpret_cast<T*>(wgmma_shared + col * PITCH);
       column[row] = from_acc<T>(d[4 * j + e] + add);
       column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);

@@ -108,6 +108,8 @@ REPLAY_SCRATCH = REPLAY + " -k 'scratch or rides'"
 DEVICE_PY = "cupyconv/_device.py"
 WGC = "tests/test_wgmma_conv.py -k 'one_rounding and float16'"   # conv_fwd_wgmma (task wgmma)
 WGC_PY = "cupyconv/ops/wgmma_gemm.py"
+WGC_TF32 = "tests/test_wgmma_conv.py -k 'one_rounding and float32'"   # conv_fwd_wgmma<float> as TF32 (task wgtf32)
+EMU_WGMMA_TF32 = "tests/test_wgmma.py -k 'not builds and float'"
 PT = "tests/test_patch_igemm.py -k forward_matches"   # patch_fwd_igemm: whole patches a block (task tcpatch)
 PW = "tests/test_patch_weight_igemm.py -k 'cpu_path and float16'"   # patch_bwd_weight_igemm (task patchdw)
 PW_PY = "tests/test_patch_weight_igemm.py -k 'plans or few_groups'"
@@ -958,11 +960,27 @@ MUTATIONS = [
       "padding read"),
     M("wgc-k-tail-unmasked", "wgmma_conv.cu", "const bool inside = b_inside[i] && k_inside;",
       "const bool inside = b_inside[i];", WGC, "K tail read"),
-    M("wgc-bias-column", "wgmma_conv.cu", "to_acc(bias[g * dg + nn])", "to_acc(bias[nn])", WGC, "wrong bias"),
+    M("wgc-bias-column", "wgmma_conv.cu", "to_acc(bias[g * dg + bias_col])", "to_acc(bias[bias_col])", WGC,
+      "wrong bias"),
+    M("wgc-bias-staged-in-part", "wgmma_conv.cu", "    if (tid < BN) bias_tile[tid] = bias_value;",
+      "    if (tid < 32) bias_tile[tid] = bias_value;", WGC, "wrong bias"),
     M("wgc-epilogue-row-half", "wgmma_conv.cu", "column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);",
       "column[row + 8] = from_acc<T>(d[4 * j + e] + add);", WGC, "wrong fragment"),
-    M("wgc-tile-always-wide", WGC_PY, "return WGC_TILES[0] if spec.outputs_per_group > 64 else WGC_TILES[1]",
-      "return WGC_TILES[0]", "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    M("wgc-tile-always-wide", WGC_PY, "return tiles[0] if spec.outputs_per_group > 64 else tiles[-1]",
+      "return tiles[0]", "tests/test_wgmma_conv.py -k 'routing or one_rounding'", "wrong tile"),
+    # -- conv_fwd_wgmma<float>: TF32 on wgmma (task wgtf32) --------------------------------------------------------
+    M("wgc-tf32-k-steps-by-elements", "wgmma_conv.cu", "constexpr int K_STEPS = WGC_ROW_BYTES / 32;",
+      "constexpr int K_STEPS = BK / 16;", WGC_TF32, "K chunk half done"),
+    M("wgc-tf32-vector-of-halves", WGC_PY, "vector = WGC_VECTOR_BYTES // numpy.dtype(dtype).itemsize",
+      "vector = WGC_VECTOR_BYTES // 2", "tests/test_wgmma_conv.py -k refusals", "refused where it runs"),
+    M("wgc-tf32-wide-tile", WGC_PY, '"float32": ((128, 64, 4),)}', '"float32": ((128, 128, 4), (128, 64, 4))}',
+      "tests/test_wgmma_conv.py -k 'routing or instantiations'", "an instantiation no case needs"),
+    M("emu-wgmma-tf32-read-whole", EMU_RUNTIME, "static double tf32_operand(unsigned bits) {\n  bits &= ~0x1fffu;",
+      "static double tf32_operand(unsigned bits) {", EMU_WGMMA_TF32, "emulator: tf32 operand"),
+    M("emu-wgmma-tf32-as-16-elements", EMU_RUNTIME, "static int wgmma_k(int type) { return type == 2 ? 8 : 16; }",
+      "static int wgmma_k(int type) { return 16; }", EMU_WGMMA_TF32, "emulator: tf32 k step"),
+    M("emu-wgmma-tf32-as-half", EMU_RUNTIME, "        if (type == 2) {\n          unsigned bits;",
+      "        if (false) {\n          unsigned bits;", EMU_WGMMA_TF32, "emulator: tf32 operand"),
     M("wgc-half-tiles-routed", WGC_PY, "bn // 2 < spec.outputs_per_group <= bn", "spec.outputs_per_group <= bn",
       "tests/test_wgmma_conv.py -k routing", "routed where predicted slower"),
     M("wgc-routed-off-9-0", DEVICE_PY, "return self.compute_capability == 90",

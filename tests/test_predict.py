@@ -143,7 +143,7 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
         wgmma = launches.record(case, False)
-        patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec: False)
+        patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec, dtype: False)
         rec = launches.record(case, False)
     assert [launch.name for launch in wgmma.steps] == ["channels_last_copies<__half, int, false>",
                                                        "conv_fwd_wgmma<__half, int, 128, 64, 4>"]
@@ -169,6 +169,25 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     assert launch.block == (128,) and not rec.gemms
     gemms = launches.record(BY_LABEL["r50-512-gpu32"], False).gemms
     assert [(g.m, g.n, g.k, g.batch, g.compute) for g in gemms] == [(49, 512, 4608, 32, "CUBLAS_COMPUTE_32F")]
+
+
+def test_recording_of_the_r50_64_tf32_forward_and_backward(monkeypatch):
+    """TF32 r50-64 where the recorder claims wgmma (an H100 with CUPYCONV_WGMMA=1): the forward's copy (rounding x
+    and the weight to tf32) feeds one conv_fwd_wgmma<float> of the 128 x 64 tile, and the backward's stride-1
+    input gradient, the transposed window's forward, one more; each tiles the pass's MACs exactly (18 chunks of
+    32 floats, 4 HGMMA.64x64x8 each)."""
+    monkeypatch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
+    case = BY_LABEL["r50-64-gputf32"]
+    name = "conv_fwd_wgmma<float, int, 128, 64, 4>"
+    forward = launches.record(case, False)
+    assert [launch.name for launch in forward.launches][-1] == name, [s.name for s in forward.launches]
+    launch = forward.launches[-1]
+    assert launch.grid == (32 * 56 * 56 // 128, 1, 1) and launch.block == (256,)
+    assert predict.tensor_core_macs(launch) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
+    # HGMMA warp instructions: 2 warpgroups x 18 chunks x 4 k steps x 4 warps a block
+    assert predict.tensor_core_macs(launch) / predict.hmma_macs(launch) == 784 * 2 * 18 * 4 * 4
+    backward = launches.record(case, True)
+    assert [launch.name for launch in backward.launches].count(name) == 2, [s.name for s in backward.launches]
 
 
 def test_array_library_work_is_recorded_and_modelled(monkeypatch):

@@ -8,9 +8,11 @@ compile-and-cache function (cupy/cuda/compiler.py `_compile_with_cache_cuda`, wi
 module load replaced, since there is no GPU here): the options CuPy hands NVRTC, the cache entry apart from the
 plain sm_90 one, HGMMA in the SASS.  Also with CUDA 12.9's NVRTC, the one cupy-cuda12x uses on a GPU machine.
 
-Emulating: C = A B^T compared with NumPy for N = 8, 64, 128, both 16-bit types, every descriptor layout (the
-interleaved core matrices and the 32-, 64- and 128-byte swizzles), two warpgroups a block, both thread orders; then
-each rule broken once: the launch fails (or, for accumulators read before the wait, holds poison).
+Emulating: C = A B^T compared with NumPy for N = 8, 64, 128, both 16-bit types and tf32 (float operands, k8 steps of
+the same 32 bytes), every descriptor layout (the interleaved core matrices and the 32-, 64- and 128-byte swizzles),
+two warpgroups a block, both thread orders; tf32 operands read as the tensor cores read them (a float's 13 low
+mantissa bits ignored); then each rule broken once: the launch fails (or, for accumulators read before the wait,
+holds poison).
 """
 from __future__ import annotations
 
@@ -25,17 +27,22 @@ from cupyconv._kernels import KernelFile
 from emulator import SELFTEST_KERNEL_DIR, EmulatedDevice, KernelFailure, LaunchConfigError
 
 SOURCE = "wgmma.cu"
-TYPES = {"__half": numpy.float16, "__nv_bfloat16": "bfloat16"}
+TYPES = {"__half": numpy.float16, "__nv_bfloat16": "bfloat16", "float": numpy.float32}   # float: tf32
 NS = (8, 64, 128)
 NAMES = [f"wgmma_gemm<{t}, {n}>" for t in TYPES for n in NS]
 INSTANTIATIONS = [(SOURCE, name) for name in NAMES]
 # What NVRTC compiles (CI time: a second or two each): every N and both types once, or one of them.
-BUILT = ["wgmma_gemm<__half, 8>", "wgmma_gemm<__nv_bfloat16, 64>", "wgmma_gemm<__half, 128>"]
+BUILT = ["wgmma_gemm<__half, 8>", "wgmma_gemm<__nv_bfloat16, 64>", "wgmma_gemm<__half, 128>", "wgmma_gemm<float, 64>"]
 SWIZZLES = {"interleave": 0, "128B": 1, "64B": 2, "32B": 3}  # raw_kernels/wgmma.cuh WgmmaSwizzle
 # wgmma.cu's Bug
 CORRECT, NO_FENCE, NO_FENCE_AFTER_WAIT, WAIT_TOO_FEW, WRITE_OPERAND, WRITE_ACCUMULATOR, NO_PROXY_FENCE, \
     OTHER_DESCRIPTOR, PARTIAL, READ_EARLY, OFF_PATTERN, CP_ASYNC, READ_AFTER_WAIT_ONE, FENCE_BEFORE_LANDING = range(14)
-STEPS = 4  # k steps of 16: K = 64
+STEPS = 4  # k steps of 32 bytes: K = 64 (16-bit types), 32 (tf32)
+TF32_IGNORED = 0x1FFF   # the low mantissa bits of a float that the tensor cores do not read as tf32
+
+
+def k_step(dtype: str) -> int:
+    return 8 if dtype == "float" else 16
 
 
 def bf16_bits(x: numpy.ndarray) -> numpy.ndarray:
@@ -44,10 +51,11 @@ def bf16_bits(x: numpy.ndarray) -> numpy.ndarray:
 
 
 def operands(dtype: str, n: int, seed: int, exact: bool):
-    """(a as passed, b as passed, a and b in float64): 64 x K and n x K.  exact: multiples of 1/8 in [-4, 4), whose
-    products and sums float32 holds exactly, so that any order of summation gives the same bits."""
+    """(a as passed, b as passed, a and b in float64 as the tensor cores read them): 64 x K and n x K.  exact:
+    multiples of 1/8 in [-4, 4), whose products and sums float32 holds exactly, so that any order of summation gives
+    the same bits; tf32 ones with random low mantissa bits besides, which the tensor cores must ignore."""
     rng = numpy.random.default_rng(seed)
-    shape_a, shape_b = (64, 16 * STEPS), (n, 16 * STEPS)
+    shape_a, shape_b = (64, k_step(dtype) * STEPS), (n, k_step(dtype) * STEPS)
     if exact:
         a, b = (rng.integers(-32, 32, s) / 8 for s in (shape_a, shape_b))
     else:
@@ -55,6 +63,13 @@ def operands(dtype: str, n: int, seed: int, exact: bool):
     if dtype == "__half":
         a, b = a.astype(numpy.float16), b.astype(numpy.float16)
         return a, b, a.astype(numpy.float64), b.astype(numpy.float64)
+    if dtype == "float":
+        a, b = a.astype(numpy.float32), b.astype(numpy.float32)
+        if exact:   # exact values and any low bits: the same tf32
+            a, b = ((x.view(numpy.uint32) | rng.integers(0, TF32_IGNORED + 1, x.shape, numpy.uint32)).view(
+                numpy.float32) for x in (a, b))
+        read = ((x.view(numpy.uint32) & ~numpy.uint32(TF32_IGNORED)).view(numpy.float32) for x in (a, b))
+        return a, b, *(x.astype(numpy.float64) for x in read)
     a32, b32 = (bf16_bits(x.astype(numpy.float32)).astype(numpy.uint32) << 16 for x in (a, b))
     a64, b64 = (x.view(numpy.float32).astype(numpy.float64) for x in (a32, b32))
     return bf16_bits(a64), bf16_bits(b64), a64, b64
@@ -63,8 +78,9 @@ def operands(dtype: str, n: int, seed: int, exact: bool):
 def expected(a64, b64) -> numpy.ndarray:
     """C as the kernel forms it: one wgmma a k step, each rounding its sum (with the previous D) to float once."""
     c = numpy.zeros((a64.shape[0], b64.shape[0]), numpy.float32)
+    step = a64.shape[1] // STEPS
     for s in range(STEPS):
-        k = slice(16 * s, 16 * s + 16)
+        k = slice(step * s, step * s + step)
         c = (c.astype(numpy.float64) + a64[:, k] @ b64[:, k].T).astype(numpy.float32)
     return c
 

@@ -855,7 +855,7 @@ def igemm_forward(device, xl, wk, bias, spec: ConvSpec, out, phase: PhasePlaceme
     phase's rows are contiguous runs of whole vectors, `PhasePlacement.vector_store`; scalar stores otherwise)."""
     if phase is None and groups_igemm_refusal(spec, xl.dtype) is None:   # small groups: several a block
         return _igemm_groups_forward(device, xl, wk, bias, spec, out)
-    if phase is None and device.wgmma and wgmma_gemm.wgmma_preferred(spec) and \
+    if phase is None and device.wgmma and wgmma_gemm.wgmma_preferred(spec, xl.dtype) and \
             wgmma_gemm.wgmma_refusal(spec, xl.dtype, xl.size, out.size, wk.size, is_channels_last(out)) is None:
         return wgmma_gemm.wgmma_forward(device, xl, wk, bias, spec, out)   # Hopper: the same GEMM on wgmma
     plan = plan_igemm(spec, xl.dtype)

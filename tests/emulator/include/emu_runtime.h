@@ -381,6 +381,15 @@ void warpgroup_call(const char* file, int line, const WgmmaCall* call) {
   warp_exchange(file, line, WARP_GROUP, 0xffffffffu, (unsigned long long)(uintptr_t)call, lane_id(), nullptr);
 }
 
+// A tf32 operand's value as the tensor cores read its 32 bits (mma.sync and wgmma alike): sign, exponent and the
+// top 10 mantissa bits, the 13 low bits ignored (a float not rounded to tf32 first is truncated).
+static double tf32_operand(unsigned bits) {
+  bits &= ~0x1fffu;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 // One mma.sync of the warp whose lane 0 is fiber `base`: A, B, C assembled from the 32 lanes' fragments in the
 // documented layouts (raw_kernels/mma.cuh), D = A * B + C handed back.  Returns false after reporting a misuse.
 static bool mma_collective(int base, int n) {
@@ -403,24 +412,18 @@ static bool mma_collective(int base, int n) {
     if (shape == MMA_M16N8K16_BF16) return (double)__ushort_as_bfloat16((unsigned short)bits);
     return (double)__ushort_as_half((unsigned short)bits);
   };
-  auto tf32_value = [](unsigned bits) -> double {
-    bits &= ~0x1fffu;  // the tensor cores read 10 mantissa bits
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  };
   double A[16][16] = {}, B[16][8] = {}, C[16][8];
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane >> 2, q = lane & 3;
     const unsigned* a = op[lane]->a;
     const unsigned* b = op[lane]->b;
     if (shape == MMA_M16N8K8_TF32) {
-      A[g][q] = tf32_value(a[0]);
-      A[g + 8][q] = tf32_value(a[1]);
-      A[g][q + 4] = tf32_value(a[2]);
-      A[g + 8][q + 4] = tf32_value(a[3]);
-      B[q][g] = tf32_value(b[0]);
-      B[q + 4][g] = tf32_value(b[1]);
+      A[g][q] = tf32_operand(a[0]);
+      A[g + 8][q] = tf32_operand(a[1]);
+      A[g][q + 4] = tf32_operand(a[2]);
+      A[g + 8][q + 4] = tf32_operand(a[3]);
+      B[q][g] = tf32_operand(b[0]);
+      B[q + 4][g] = tf32_operand(b[1]);
     } else {
       for (int r = 0; r < 4; ++r) {
         const int row = g + 8 * (r & 1), col = 2 * q + 8 * (r >> 1);
@@ -552,19 +555,31 @@ static const unsigned char* wgmma_row_chunk(unsigned long long desc, int r, int 
   return (const unsigned char*)host;
 }
 
-// Reads `rows` x 16 elements of a K-major operand into m, keeping the chunks read in op; false after a report.
-static bool wgmma_read(unsigned long long desc, int rows, bool bf16, const char* operand, const Fiber* first,
+// Elements of a wgmma k step (32 bytes of a row) of operand type `type` (WgmmaCall::type): 16, or 8 of tf32.
+static int wgmma_k(int type) { return type == 2 ? 8 : 16; }
+
+// Reads `rows` x wgmma_k(type) elements of a K-major operand into m (two 16-byte chunks a row), keeping the chunks
+// read in op; false after a report.
+static bool wgmma_read(unsigned long long desc, int rows, int type, const char* operand, const Fiber* first,
                        WgmmaInFlight* op, double (*m)[16]) {
+  const int per_chunk = wgmma_k(type) / 2;
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < 2; ++c) {
       const unsigned char* p = wgmma_row_chunk(desc, r, c, operand, first);
       if (!p) return false;
       op->chunk[op->chunks] = p;
       std::memcpy(op->bytes[op->chunks++], p, 16);
-      for (int e = 0; e < 8; ++e) {
-        unsigned short bits;
-        std::memcpy(&bits, p + 2 * e, 2);
-        m[r][8 * c + e] = bf16 ? (double)__ushort_as_bfloat16(bits) : (double)__ushort_as_half(bits);
+      for (int e = 0; e < per_chunk; ++e) {
+        double& value = m[r][per_chunk * c + e];
+        if (type == 2) {
+          unsigned bits;
+          std::memcpy(&bits, p + 4 * e, 4);
+          value = tf32_operand(bits);
+        } else {
+          unsigned short bits;
+          std::memcpy(&bits, p + 2 * e, 2);
+          value = type == 1 ? (double)__ushort_as_bfloat16(bits) : (double)__ushort_as_half(bits);
+        }
       }
     }
   }
@@ -583,7 +598,7 @@ static bool wgmma_issue(WarpgroupState& wg, const WgmmaCall* const* call, int ba
   const WgmmaCall& c0 = *call[0];
   for (int t = 1; t < kWarpgroup; ++t) {
     const WgmmaCall& c = *call[t];
-    if (c.n != c0.n || c.bf16 != c0.bf16 || c.desc_a != c0.desc_a || c.desc_b != c0.desc_b ||
+    if (c.n != c0.n || c.type != c0.type || c.desc_a != c0.desc_a || c.desc_b != c0.desc_b ||
         c.accumulate != c0.accumulate) {
       fail("wgmma at %s:%d: thread (%u,%u,%u) gives other descriptors, shape or scale-d than thread (%u,%u,%u) of "
            "its warpgroup (.sync.aligned: they must agree)", first->file, first->line,
@@ -619,9 +634,10 @@ static bool wgmma_issue(WarpgroupState& wg, const WgmmaCall* const* call, int ba
   WgmmaInFlight& op = wg.ops[wg.count];
   op.chunks = 0;
   static double A[64][16], B[128][16];
-  if (!wgmma_read(c0.desc_a, 64, c0.bf16, "A", first, &op, A) ||
-      !wgmma_read(c0.desc_b, c0.n, c0.bf16, "B", first, &op, B))
+  if (!wgmma_read(c0.desc_a, 64, c0.type, "A", first, &op, A) ||
+      !wgmma_read(c0.desc_b, c0.n, c0.type, "B", first, &op, B))
     return false;
+  const int k_size = wgmma_k(c0.type);
   op.group = wg.open_group;
   op.regs = c0.n / 2;
   op.file = first->file;
@@ -633,7 +649,7 @@ static bool wgmma_issue(WarpgroupState& wg, const WgmmaCall* const* call, int ba
     for (int reg = 0; reg < op.regs; ++reg) {
       const int row = 16 * w + g + 8 * (reg >> 1 & 1), col = 8 * (reg / 4) + 2 * q + (reg & 1);
       double sum = !c0.accumulate ? 0.0 : earlier ? earlier->result[t][reg] : d[reg];
-      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[col][k];
+      for (int k = 0; k < k_size; ++k) sum += A[row][k] * B[col][k];
       op.result[t][reg] = (float)sum;
     }
     op.d[t] = d;

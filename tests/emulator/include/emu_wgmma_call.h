@@ -6,8 +6,8 @@ namespace emu {
 enum WgmmaOp { WGMMA_FENCE = 1, WGMMA_MMA = 2, WGMMA_COMMIT = 3, WGMMA_WAIT = 4 };
 struct WgmmaCall {
   int op;
-  int n;     // mma: N of m64nNk16
-  int bf16;  // mma: 1 for __nv_bfloat16 operands, 0 for __half
+  int n;     // mma: N of m64nNk16 (m64nNk8 for tf32)
+  int type;  // mma: WgmmaType<T>::type (raw_kernels/wgmma.cuh): 0 __half, 1 __nv_bfloat16, 2 float as tf32
   unsigned long long desc_a, desc_b;
   float* d;  // mma: the N / 2 accumulators
   int accumulate;

@@ -26,23 +26,22 @@ enum Bug {
   FENCE_BEFORE_LANDING = 13,  // thread 0 copies A's first row again, fences, and only then waits for the copy
 };
 
-constexpr int kMaxSteps = 4;  // k steps of 16
+constexpr int kMaxSteps = 4;  // k steps of 32 bytes (16 elements of a 16-bit type, 8 of tf32)
 
-// Byte offset of element (row, k) of a K-major operand of `rows` rows in its shared region (1024-byte aligned),
-// and the descriptor of k step s.  WGMMA_INTERLEAVE: 8 x 16-byte core matrices, k step after k step; A
-// (`by_group` false) puts a step's two K halves `rows` x 16 bytes apart (leading 16 rows, stride 128), B (true)
-// each 8-row group's two halves side by side (leading 128, stride 256).  Swizzles of W bytes: rows of W / 2
-// elements of K, 8-row groups 8 W apart (stride), K beyond W / 2 in the next `rows` x W bytes; the 16-byte chunk
-// of a row XORed with bits 7.. of the address as the pattern has it.
-__device__ int tile_offset(int row, int k, int rows, int swizzle, bool by_group) {
+// Byte offset of the element at byte kb of K of row `row` of a K-major operand of `rows` rows in its shared region
+// (1024-byte aligned), and the descriptor of k step s.  WGMMA_INTERLEAVE: 8 x 16-byte core matrices, k step after k
+// step; A (`by_group` false) puts a step's two 16-byte K halves `rows` x 16 bytes apart (leading 16 rows, stride
+// 128), B (true) each 8-row group's two halves side by side (leading 128, stride 256).  Swizzles of W bytes: rows of
+// W bytes of K, 8-row groups 8 W apart (stride), K beyond W bytes in the next `rows` x W bytes; the 16-byte chunk of
+// a row XORed with bits 7.. of the address as the pattern has it.
+__device__ int tile_offset(int row, int kb, int rows, int swizzle, bool by_group) {
   if (swizzle == WGMMA_INTERLEAVE) {
-    const int step = k / 16, half = k % 16 / 8;
+    const int step = kb / 32, half = kb % 32 / 16;
     const int core = by_group ? (row / 8) * 2 + half : half * (rows / 8) + row / 8;
-    return step * rows * 32 + core * 128 + (row % 8) * 16 + (k % 8) * 2;
+    return step * rows * 32 + core * 128 + (row % 8) * 16 + kb % 16;
   }
   const int width = swizzle == WGMMA_SWIZZLE_128B ? 128 : swizzle == WGMMA_SWIZZLE_64B ? 64 : 32;
-  const int per_row = width / 2;
-  const int logical = (k / per_row) * rows * width + row * width + (k % per_row) * 2;
+  const int logical = (kb / width) * rows * width + row * width + kb % width;
   return logical ^ ((logical >> 7 & (width / 16 - 1)) << 4);
 }
 
@@ -50,8 +49,8 @@ __device__ unsigned long long tile_desc(const unsigned char* region, int step, i
   if (swizzle == WGMMA_INTERLEAVE)
     return wgmma_desc(region + step * rows * 32, swizzle, by_group ? 128 : rows * 16, by_group ? 256 : 128);
   const int width = swizzle == WGMMA_SWIZZLE_128B ? 128 : swizzle == WGMMA_SWIZZLE_64B ? 64 : 32;
-  const int k = 16 * step, per_row = width / 2;
-  return wgmma_desc(region + (k / per_row) * rows * width + (k % per_row) * 2, swizzle, 16, 8 * width);
+  const int kb = 32 * step;
+  return wgmma_desc(region + (kb / width) * rows * width + kb % width, swizzle, 16, 8 * width);
 }
 
 template <typename T, int N>
@@ -61,11 +60,12 @@ __global__ void wgmma_gemm(const T* a, const T* b, float* c, int steps, int swiz
 #ifdef WGMMA_SELFTEST_CLEAN
   bug = CORRECT;  // no bug branches: ptxas then has no divergent path to inject warpgroup.arrive into
 #endif
-  const int tid = threadIdx.x, threads = blockDim.x, K = 16 * steps;
+  constexpr int E = (int)sizeof(T);  // bytes an element
+  const int tid = threadIdx.x, threads = blockDim.x, K = 32 / E * steps;
   for (int i = tid; i < 64 * K; i += threads)
-    *(T*)(a_tile + tile_offset(i / K, i % K, 64, swizzle, false)) = a[i];
+    *(T*)(a_tile + tile_offset(i / K, i % K * E, 64, swizzle, false)) = a[i];
   for (int i = tid; i < N * K; i += threads)
-    *(T*)(b_tile + tile_offset(i / K, i % K, N, swizzle, true)) = b[i];
+    *(T*)(b_tile + tile_offset(i / K, i % K * E, N, swizzle, true)) = b[i];
   if (bug == FENCE_BEFORE_LANDING && tid == 0) {
     cp_async_cg_16(a_tile + tile_offset(0, 0, 64, swizzle, false), a, 16);
     cp_async_commit();
@@ -90,17 +90,17 @@ __global__ void wgmma_gemm(const T* a, const T* b, float* c, int steps, int swiz
   };
   const bool partial = bug == PARTIAL && w == 3;
   if (bug != NO_FENCE && !partial) wgmma_fence();
-  wgmma_m64k16<T, N>(d, bug == OTHER_DESCRIPTOR && t == 5 ? desc_a(steps - 1) : desc_a(0),
+  wgmma_step<T, N>(d, bug == OTHER_DESCRIPTOR && t == 5 ? desc_a(steps - 1) : desc_a(0),
                      tile_desc(b_tile, 0, N, swizzle, true), false);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operand(d);
   if (bug != NO_FENCE_AFTER_WAIT) wgmma_fence();
   for (int s = 1; s < steps; ++s) {  // one group each, chained on d
-    wgmma_m64k16<T, N>(d, desc_a(s), tile_desc(b_tile, s, N, swizzle, true), true);
+    wgmma_step<T, N>(d, desc_a(s), tile_desc(b_tile, s, N, swizzle, true), true);
     wgmma_commit();
   }
-  if (bug == WRITE_OPERAND && tid == 0) a_tile[tile_offset(0, K - 1, 64, swizzle, false)] ^= 1;
+  if (bug == WRITE_OPERAND && tid == 0) a_tile[tile_offset(0, (K - 1) * E, 64, swizzle, false)] ^= 1;
   if (bug == WRITE_ACCUMULATOR) d[0] = 0.f;
   if (bug == READ_EARLY) store();
   if (bug == READ_AFTER_WAIT_ONE) {
