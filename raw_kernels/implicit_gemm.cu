@@ -2673,7 +2673,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 // rounds once (the same bits on every run).
 constexpr int PW_ROWS = 64;                   // output channels a block
 constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
-constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the dy tile's rows)
+constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the rows table's, a tap)
 constexpr int PW_CHUNK = 8;                   // output pixels a chunk of the dy tile: 16 bytes
 
 // Bytes between two chunk rows of the dy tile: PW_ROWS chunks and a pad, so that both its writers and ldmatrix meet
