@@ -2335,12 +2335,40 @@ __device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG
 
 // raw [patch][channel][pixel] (patches raw_patch bytes apart, `vectors` x 16 bytes of channels a pixel) -> tile
 // [patch pixel][channel], rows `pitch` bytes apart: rows [0, rows) from raw, [rows, rows_to) zeros (the rows past a
-// short group: an MMA must not meet a stale value there).
+// short group: an MMA must not meet a stale value there).  With an even plane (rows and rows_to even) a 4-byte load
+// takes a pair of pixels (the pairs along the lanes) and one element pass fills two rows: half the loads of a row
+// at a time.
 template <typename T>
 __device__ __forceinline__ void pt_rows_of(const unsigned char* raw, int raw_patch, int plane, int vectors, int rows,
                                            int rows_to, unsigned char* tile, int pitch) {
   constexpr int VEC = IG_VECTOR_BYTES / (int)sizeof(T);
   typedef typename ClBits<T>::type Bits;
+  if (plane % 2 == 0) {
+    const int pairs = rows_to / 2, lane = threadIdx.x & 31;
+    for (int e = threadIdx.x; e < pairs * vectors; e += blockDim.x) {
+      const int cv = e / pairs, r = e % pairs * 2, p = r / plane, pixel = r % plane;
+      unsigned w[VEC];
+      if (r < rows) {  // the vector's channels lie a plane apart in raw
+        const unsigned* from = reinterpret_cast<const unsigned*>(raw + p * raw_patch) + (cv * VEC * plane + pixel) / 2;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) w[i] = from[i * plane / 2];
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) w[i] = 0u;
+      }
+      uint4 lo, hi;  // row r: the low halves of the pairs; row r + 1: the high ones
+      lo.x = __byte_perm(w[0], w[1], 0x5410), hi.x = __byte_perm(w[0], w[1], 0x7632);
+      lo.y = __byte_perm(w[2], w[3], 0x5410), hi.y = __byte_perm(w[2], w[3], 0x7632);
+      lo.z = __byte_perm(w[4], w[5], 0x5410), hi.z = __byte_perm(w[4], w[5], 0x7632);
+      lo.w = __byte_perm(w[6], w[7], 0x5410), hi.w = __byte_perm(w[6], w[7], 0x7632);
+      // lanes 4-7 of each 8 store row r + 1 first: the 8 rows of a store phase, r0 + {0, 2, 4, 6, 9, 11, 13, 15},
+      // fall in 8 different bank groups at an odd pitch (rows r0 + 2 i alone would meet in pairs)
+      const bool second = (lane >> 2) & 1;
+      *reinterpret_cast<uint4*>(tile + (r + second) * pitch + cv * IG_VECTOR_BYTES) = second ? hi : lo;
+      *reinterpret_cast<uint4*>(tile + (r + !second) * pitch + cv * IG_VECTOR_BYTES) = second ? lo : hi;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < rows_to * vectors; e += blockDim.x) {
     const int cv = e / rows_to, r = e - cv * rows_to;
     Bits b[VEC];
@@ -2465,33 +2493,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   for (I group = blockIdx.x; group < groups; group += gridDim.x, buffer ^= 1) {
     cp_async_wait<0>();  // this group's x has landed (this thread's copies) ...
     __syncthreads();     // ... everyone's; the previous group's tile and out are done with
-    {  // raw [patch][channel][pixel] -> tile [patch pixel][channel]: vector cv of rows r, r + 1 (an even number
-       // of pixels a patch: a pair of pixels a 4-byte load, the pairs along the lanes), else of row r alone
-      const unsigned char* raw = raw_s + buffer * raw_bytes;
-      if (plane % 2 == 0) {
-        const int pairs = rows / 2;
-        for (int e = tid; e < pairs * cv_count; e += IG_THREADS) {
-          const int cv = e / pairs, r = e % pairs * 2, p = r / plane, pixel = r % plane;
-          const unsigned* from =
-              reinterpret_cast<const unsigned*>(raw + p * raw_patch) + (cv * VEC * plane + pixel) / 2;
-          unsigned w[VEC];
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) w[i] = from[i * plane / 2];
-          uint4 lo, hi;  // row r: the low halves of the pairs; row r + 1: the high ones
-          lo.x = __byte_perm(w[0], w[1], 0x5410), hi.x = __byte_perm(w[0], w[1], 0x7632);
-          lo.y = __byte_perm(w[2], w[3], 0x5410), hi.y = __byte_perm(w[2], w[3], 0x7632);
-          lo.z = __byte_perm(w[4], w[5], 0x5410), hi.z = __byte_perm(w[4], w[5], 0x7632);
-          lo.w = __byte_perm(w[6], w[7], 0x5410), hi.w = __byte_perm(w[6], w[7], 0x7632);
-          // lanes 4-7 of each 8 store row r + 1 first: the 8 rows of a store phase, r0 + {0, 2, 4, 6, 9, 11, 13,
-          // 15}, fall in 8 different bank groups at an odd pitch (rows r0 + 2 i alone would meet in pairs)
-          const bool second = (lane >> 2) & 1;
-          *reinterpret_cast<uint4*>(tile_s + (r + second) * a_pitch + cv * IG_VECTOR_BYTES) = second ? hi : lo;
-          *reinterpret_cast<uint4*>(tile_s + (r + !second) * a_pitch + cv * IG_VECTOR_BYTES) = second ? lo : hi;
-        }
-      } else {
-        pt_rows_of<T>(raw, raw_patch, plane, cv_count, rows, rows, tile_s, a_pitch);
-      }
-    }
+    pt_rows_of<T>(raw_s + buffer * raw_bytes, raw_patch, plane, cv_count, rows, rows, tile_s, a_pitch);
     if (group + gridDim.x < groups) load_group(group + gridDim.x, buffer ^ 1);
     unsigned char* out_s = raw_s + (out_in_raw ? buffer : 2) * raw_bytes;
     cp_async_commit();
@@ -2652,21 +2654,58 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 // (d tile, unit tile), and one split of the groups of `patches` whole patches, blockIdx.x: groups x, x + gridDim.x,
 // ... (a shape-only assignment, `plan_patch_weight`).  Per group it copies, as they lie (16-byte cp.async, double
 // buffered as in patch_fwd_igemm: the next group's lands during this one's MMAs), its patches' channels of x and its
-// output channels of grad_output, and transposes both once into rows of a pixel (`pt_rows_of`):
-//   x tile   a row per input pixel of the staged channels, 8 zero rows after them, an odd number of vectors apart
-//            (pt_pitch); a tap reads it through the rows table as the forward does (the same layout: padding and
-//            rows past the group read a zero row of their own residue mod 8);
-//   dy tile  a row per output pixel (K) of the tile's PW_ROWS channels, rows past the group's pixels zero up to a
-//            multiple of 16.
-// The MMAs run over the group's pixels in steps of 16: A (d x pixels) by ldmatrix .trans of the dy tile, B (pixels
-// x channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at; 4 warps in 2 x 2 of 32 d x 4
+// output channels of grad_output:
+//   x tile   a row per input pixel of the staged channels (transposed from the raw copy once a group by
+//            `pt_rows_of`), 8 zero rows after them, an odd number of vectors apart (pt_pitch); a tap reads it
+//            through the rows table as the forward does (the same layout: padding and rows past the group read a
+//            zero row of their own residue mod 8);
+//   dy tile  grad_output in chunks of 8 output pixels (K) of one output channel d, the chunk rows (K / 8) PW_ROWS
+//            chunks wide (`pw_dy_pitch` apart): A's rows as ldmatrix reads them without a transpose.  Where a
+//            patch's output pixels are whole chunks (oH oW a multiple of 8) cp.async copies each chunk of
+//            grad_output straight to its place (two tiles, double buffered; no transpose); else into raw buffers as
+//            x, and `pw_chunks_of` gathers the chunks into one tile.  Chunks past the group's pixels, and the
+//            channels past D, are zeros.
+// The MMAs run over the group's pixels in steps of 16: A (d x pixels) by ldmatrix of the dy tile, B (pixels x
+// channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at; 4 warps in 2 x 2 of 32 d x 4
 // units.  The bias gradient (has_bias) is A times a column of ones, summed by the first warp column of the blocks
 // of the first unit tile.  Each block writes its float sums once, to its split's slice of partial (splits, D, taps
 // x C, (tap, c) order) and bias_partial (splits, D); conv_bwd_weight_igemm_finish adds the splits in order and
 // rounds once (the same bits on every run).
 constexpr int PW_ROWS = 64;                   // output channels a block
 constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
-constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the dy tile's rows)
+constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the rows table's, a tap)
+constexpr int PW_CHUNK = 8;                   // output pixels a chunk of the dy tile: 16 bytes
+
+// Bytes between two chunk rows of the dy tile: PW_ROWS chunks and a pad, so that both its writers and ldmatrix meet
+// 8 bank groups in each 8 chunks they touch.  ldmatrix reads 8 channels of one chunk row (any pad); cp.async writes
+// 8 consecutive chunks of grad_output, channel d's chunks c, c + 1, ... of a patch (c < oc = oH oW / 8) and then
+// d + 1's: at chunk row c, column d, in bank group (c pad + d) mod 8, all 8 different for a pad of 8 / oc (oc = 1,
+// 2, 4) or an odd one (oc a multiple of 8); other oc meet in some pairs.
+__device__ __forceinline__ int pw_dy_pitch(int out_plane) {
+  const int oc = out_plane / PW_CHUNK;
+  const bool spread = out_plane % PW_CHUNK == 0 && oc < 8 && (oc & (oc - 1)) == 0;
+  return (PW_ROWS + (spread ? 8 / oc : 1)) * IG_VECTOR_BYTES;
+}
+
+// raw [patch][channel d][pixel] (patches raw_patch bytes apart, `plane` pixels a patch) -> the dy tile's chunks
+// (chunk row kc, channel d: output pixels 8 kc .. 8 kc + 7 of the group, across patches) for chunk rows [0,
+// chunks_to) and channels [0, channels): pixels past k_rows zeros.  The oH oW that is not whole chunks only.
+template <typename T>
+__device__ __forceinline__ void pw_chunks_of(const unsigned char* raw, int raw_patch, int plane, int channels,
+                                             int k_rows, int chunks_to, unsigned char* tile, int pitch) {
+  typedef typename ClBits<T>::type Bits;
+  for (int e = threadIdx.x; e < chunks_to * channels; e += blockDim.x) {
+    const int kc = e / channels, d = e - kc * channels, k0 = kc * PW_CHUNK;
+    int p = k0 / plane, pixel = k0 - p * plane;
+    Bits b[PW_CHUNK];
+#pragma unroll
+    for (int i = 0; i < PW_CHUNK; ++i) {
+      b[i] = k0 + i < k_rows ? reinterpret_cast<const Bits*>(raw + p * raw_patch)[d * plane + pixel] : Bits(0);
+      if (++pixel == plane) pixel = 0, ++p;
+    }
+    *reinterpret_cast<uint4*>(tile + kc * pitch + d * IG_VECTOR_BYTES) = cl_pack(b);
+  }
+}
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
@@ -2680,26 +2719,34 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   const int u0 = blockIdx.y % unit_tiles * tile_units, u_end = min(u0 + tile_units, units);
   const int m0 = blockIdx.y / unit_tiles * PW_ROWS, rows_d = min(PW_ROWS, D - m0);
   const int slice0 = u0 / taps, x_channels = ((u_end - 1) / taps + 1 - slice0) * 16;  // the channels staged
-  const int x_vectors = x_channels / VEC, x_pitch = pt_pitch(x_vectors), dy_pitch = pt_pitch(PW_ROWS / VEC);
+  const int x_vectors = x_channels / VEC, x_pitch = pt_pitch(x_vectors);
   const int x_rows = patches * plane;
+  // the dy tile: chunk rows for the group's output pixels rounded up to whole K steps of 16; copied to directly
+  // where a patch's output pixels are whole chunks (oc of them), else gathered from raw buffers
+  const bool direct = out_plane % PW_CHUNK == 0;
+  const int oc = out_plane / PW_CHUNK, dy_pitch = pw_dy_pitch(out_plane);
+  const int dy_tile = (patches * out_plane + 15) / 16 * 2 * dy_pitch;
   // raw buffers: a patch's staged channels (or output channels), 32 bytes apart from the next one's (as the forward)
   const int x_patch = x_channels * plane * (int)sizeof(T) + 32, dy_patch = rows_d * out_plane * (int)sizeof(T) + 32;
-  // shared memory: rows table | dy tile | x tile (rows + the zero rows) | raw x 2 | raw dy 2
+  // shared memory: rows table | x tile (rows + the zero rows) | dy tile (2 if direct) | raw x 2 | raw dy 2 (if not)
   int* rows_s = reinterpret_cast<int*>(igemm_shared);
-  unsigned char* dy_s = reinterpret_cast<unsigned char*>(rows_s + taps * PW_K_ROWS);
-  unsigned char* x_s = dy_s + PW_K_ROWS * dy_pitch;
-  unsigned char* x_raw = x_s + (x_rows + PT_ZERO_ROWS) * x_pitch;
+  unsigned char* x_s = reinterpret_cast<unsigned char*>(rows_s + taps * PW_K_ROWS);
+  unsigned char* dy_s = x_s + (x_rows + PT_ZERO_ROWS) * x_pitch;
+  unsigned char* x_raw = dy_s + (direct ? 2 : 1) * dy_tile;
   unsigned char* dy_raw = x_raw + 2 * patches * x_patch;
   const I groups = (n + patches - 1) / patches;
 
-  // --- once per block: both tiles zeroed (the zero rows, the dy columns past D), the rows table -----------------
-  for (int v = tid; v < (PW_K_ROWS * dy_pitch + (x_rows + PT_ZERO_ROWS) * x_pitch) / IG_VECTOR_BYTES; v += IG_THREADS)
-    *reinterpret_cast<uint4*>(dy_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
-  for (int e = tid; e < taps * PW_K_ROWS; e += IG_THREADS) {  // [tap][output pixel of the group]
-    const int tap = e / PW_K_ROWS, k = e % PW_K_ROWS;
+  // --- once per block: both tiles zeroed (the zero rows, the dy channels past D), the rows table ----------------
+  for (int v = tid; v < ((x_rows + PT_ZERO_ROWS) * x_pitch + (direct ? 2 : 1) * dy_tile) / IG_VECTOR_BYTES;
+       v += IG_THREADS)
+    *reinterpret_cast<uint4*>(x_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  // [tap][quad of K steps][lane row (16)][step of the quad (4)]: a lane reads its row of 4 steps with one 16-byte load
+  for (int e = tid; e < taps * PW_K_ROWS; e += IG_THREADS) {
+    const int tap = e / PW_K_ROWS, i = e % PW_K_ROWS, k = (i / 64 * 4 + i % 4) * 16 + i / 4 % 16;
     rows_s[e] = pt_tap_row(k, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
                 x_pitch;
   }
+  __syncthreads();  // the dy tiles are zero before cp.async writes into them
 
   // A group's patches: their staged channels of x and output channels of grad_output, each a contiguous run of
   // 16-byte vectors a patch.
@@ -2713,9 +2760,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
                      x + ((first + p) * C + slice0 * 16) * plane + (I)(v - p * xv) * VEC, IG_VECTOR_BYTES);
     }
     for (int v = tid; v < count * dv; v += IG_THREADS) {
-      const int p = v / dv;
-      cp_async_cg_16(dy_raw + (buffer * patches + p) * dy_patch + (v - p * dv) * IG_VECTOR_BYTES,
-                     grad_out + ((first + p) * D + m0) * out_plane + (I)(v - p * dv) * VEC, IG_VECTOR_BYTES);
+      const int p = v / dv, w = v - p * dv, d = direct ? w / oc : 0;  // (d, chunk w - d oc) of patch p
+      cp_async_cg_16(direct ? dy_s + buffer * dy_tile + (p * oc + w - d * oc) * dy_pitch + d * IG_VECTOR_BYTES
+                            : dy_raw + (buffer * patches + p) * dy_patch + w * IG_VECTOR_BYTES,
+                     grad_out + ((first + p) * D + m0) * out_plane + (I)w * VEC, IG_VECTOR_BYTES);
     }
   };
   if ((I)blockIdx.x < groups) load_group(blockIdx.x, 0);
@@ -2723,8 +2771,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
 
   // --- the lane's fragments (ldmatrix: matrix j = lane / 8, its row lane % 8) ----------------------------------
   const int wm = (warp >> 1) * 32, wu = (warp & 1) * (PW_UNITS / 2), j = lane >> 3, jr = lane & 7;
-  // A (.trans of [pixel][d]): matrices (k 0-7, d 0-7), (k 0-7, d 8-15), (k 8-15, d 0-7), (k 8-15, d 8-15)
-  const unsigned char* a_at = dy_s + ((j >> 1) * 8 + jr) * dy_pitch + (wm + (j & 1) * 8) * (int)sizeof(T);
+  // A (d x pixels from the chunks): matrices (d 0-7, k 0-7), (d 8-15, k 0-7), (d 0-7, k 8-15), (d 8-15, k 8-15)
+  const int a_at = (j >> 1) * dy_pitch + (wm + (j & 1) * 8 + jr) * IG_VECTOR_BYTES;
   // B (.trans of [pixel][channel]): (k 0-7, c 0-7), (k 8-15, c 0-7), (k 0-7, c 8-15), (k 8-15, c 8-15): the b of
   // the unit's two n tiles.  Per unit: its tap's rows (this lane's row of each 16) and its channels' bytes.
   const int* b_rows[PW_UNITS / 2];
@@ -2735,7 +2783,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     const int u = u0 + wu + t;
     b_unit[t] = wu + t < tile_units && u < u_end;
     const int tap = b_unit[t] ? u % taps : 0;
-    b_rows[t] = rows_s + tap * PW_K_ROWS + (j & 1) * 8 + jr;
+    b_rows[t] = rows_s + tap * PW_K_ROWS + ((j & 1) * 8 + jr) * 4;
     b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T) + (j >> 1) * IG_VECTOR_BYTES;
   }
   const bool sum_bias = has_bias && u0 == 0 && wu == 0;  // block- and warp-uniform
@@ -2763,30 +2811,49 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     const int count = n - first < (I)patches ? (int)(n - first) : patches, k_rows = count * out_plane;
     const int steps = (k_rows + 15) / 16;
     pt_rows_of<T>(x_raw + buffer * patches * x_patch, x_patch, plane, x_vectors, count * plane, x_rows, x_s, x_pitch);
-    pt_rows_of<T>(dy_raw + buffer * patches * dy_patch, dy_patch, out_plane, rows_d / VEC, k_rows, steps * 16, dy_s,
-                  dy_pitch);
+    const unsigned char* a_tile = dy_s + (direct ? buffer : 0) * dy_tile;
+    if (!direct) {
+      pw_chunks_of<T>(dy_raw + buffer * patches * dy_patch, dy_patch, out_plane, rows_d, k_rows, steps * 2, dy_s,
+                      dy_pitch);
+    } else if (count * oc % 2) {  // the last step's second chunk row: past the group's pixels (a short group)
+      for (int d = tid; d < rows_d; d += IG_THREADS)
+        *reinterpret_cast<uint4*>(dy_s + buffer * dy_tile + count * oc * dy_pitch + d * IG_VECTOR_BYTES) =
+            make_uint4(0, 0, 0, 0);
+    }
     __syncthreads();  // the tiles are complete
 #pragma unroll 1
-    for (int step = 0; step < steps; ++step) {
-      unsigned a[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-        ldmatrix_x4_trans(a[mi], a_at + step * 16 * dy_pitch + mi * 16 * (int)sizeof(T));
+    for (int quad = 0; quad * 4 < steps; ++quad) {  // 4 K steps a trip: a unit's rows of them in one load
+      int rows[PW_UNITS / 2][4];
 #pragma unroll
       for (int t = 0; t < PW_UNITS / 2; ++t) {
         if (!b_unit[t]) continue;
-        unsigned q[4];
-        ldmatrix_x4_trans(q, x_s + b_rows[t][step * 16] + b_bytes[t]);
-        const unsigned b0[2] = {q[0], q[1]}, b1[2] = {q[2], q[3]};
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          mma_m16n8k16<T>(acc[mi][2 * t], a[mi], b0);
-          mma_m16n8k16<T>(acc[mi][2 * t + 1], a[mi], b1);
-        }
+        const int4 r = *reinterpret_cast<const int4*>(b_rows[t] + quad * 64);
+        rows[t][0] = r.x, rows[t][1] = r.y, rows[t][2] = r.z, rows[t][3] = r.w;
       }
-      if (sum_bias) {
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) mma_m16n8k16<T>(bias_acc[mi], a[mi], ones);
+      for (int s = 0; s < 4; ++s) {
+        const int step = quad * 4 + s;
+        if (step >= steps) break;
+        unsigned a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+          ldmatrix_x4(a[mi], a_tile + a_at + step * 2 * dy_pitch + mi * 16 * IG_VECTOR_BYTES);
+#pragma unroll
+        for (int t = 0; t < PW_UNITS / 2; ++t) {
+          if (!b_unit[t]) continue;
+          unsigned q[4];
+          ldmatrix_x4_trans(q, x_s + rows[t][s] + b_bytes[t]);
+          const unsigned b0[2] = {q[0], q[1]}, b1[2] = {q[2], q[3]};
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_m16n8k16<T>(acc[mi][2 * t], a[mi], b0);
+            mma_m16n8k16<T>(acc[mi][2 * t + 1], a[mi], b1);
+          }
+        }
+        if (sum_bias) {
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) mma_m16n8k16<T>(bias_acc[mi], a[mi], ones);
+        }
       }
     }
   }

@@ -39,6 +39,9 @@ CASES = [
     Case("padding-per-side", (5, 16, 4, 6), 32, padding=((0, 2), (2, 1)), blocks=2),  # 5 x 7 outputs: 3 patches
     # a group (105 K rows), each block both groups: the short one's 70 rows leave 10 of its last step to zeros
     Case("grid-loops", (37, 16, 4, 4), 32, blocks=2),                      # 5 groups on 1 split, the last short
+    # 2 x 4 outputs: one chunk of 8 pixels a patch (oc = 1), 16 patches a group; 21 = 16 + 5 leaves an odd chunk
+    # row in the short group's last step
+    Case("one-chunk-odd-rows", (21, 32, 2, 4), 16),
 ]
 
 
@@ -108,6 +111,27 @@ def test_same_bits_in_either_block_order(monkeypatch):
             assert numpy.asarray(run[i]).tobytes() == numpy.asarray(runs[0][i]).tobytes()
 
 
+def test_short_group_meets_no_stale_chunk(monkeypatch):
+    """grad_output copied straight to the dy tile (oH oW whole chunks): the short last group's last K step reads a
+    chunk row past its pixels, which still holds a patch of the group two before (the same buffer).  Those rows
+    multiply zero rows of x, so only a non-finite stale value shows: an inf there would make inf x 0 = NaN in
+    grad_weight, where the sums are +inf (x positive, 1x1 kernel: no padding)."""
+    case = Case("stale", (37, 16, 2, 4), 16, kernel=(1, 1), padding=0, bias=False, blocks=1)  # 3 groups of 16
+    x, weight, gy = inputs(case, "float16")
+    x = (numpy.abs(x) + 1).astype(numpy.float16)
+    gy[5, 0, 0, 0] = numpy.inf   # the first group's patch 5: chunk row 5 of buffer 0, the third group's (5 patches)
+    monkeypatch.setattr(igemm, "PW_BLOCKS", 1)
+    device = Recorder()
+    with _device.use_device(device):
+        got = cupyconv.patch_conv2d_backward(gy, x, weight, padding=0, needs=("weight",))[1]
+    assert device.count("patch_bwd_weight_igemm") == 1, device.launches
+    got = numpy.asarray(got, numpy.float64)
+    assert numpy.all(got[0] == numpy.inf), got[0]
+    want = cupyconv.patch_conv2d_backward(*(numpy.asarray(a, numpy.float64) for a in (gy, x, weight)), padding=0,
+                                          needs=("weight",))[1]
+    assert_close(got[1:], want[1:], "float16", "finite channels")
+
+
 def test_plans():
     """The seed shape's plan (8 patches a group, 18 units as 3 tiles of 6, 88 splits of 2,560 groups) and the
     loop case's (one split: each block takes every group)."""
@@ -117,8 +141,8 @@ def test_plans():
     seed = dataclasses.replace(CASES[0], x=(1, 20480, 32, 4, 4))
     plan = igemm.plan_patch_weight(spec_of(seed))
     assert (plan.patches, plan.tile_units, plan.grid) == (8, 6, (88, 3)), plan
-    assert plan.shared_mem == 84096   # rows table 4,608, dy tile 18,432, x tile 10,880 (two slices: 32 channels),
-                                      # raw x 16,896, raw dy 33,280: two blocks an SM on sm_90
+    assert plan.shared_mem == 67200   # rows table 4,608, x tile 10,880 (two slices: 32 channels), two dy tiles
+                                      # 34,816 (16 chunk rows of 68 chunks), raw x 16,896: three blocks an SM fit
     wide = igemm.plan_patch_weight(spec_of(CASES[5]))
     assert (wide.patches, wide.tile_units, wide.grid) == (2, 8, (2, 20)), wide   # 75 units: 10 tiles, x 2 d tiles
 

@@ -1308,6 +1308,7 @@ def patch_igemm_grad_input(device, gy, weight, spec: ConvSpec, out):
 # `patch_weight_refusal` allows and `patch_weight_pays`.
 
 PW_ROWS, PW_UNITS = 64, 8   # implicit_gemm.cu's PW_ROWS (output channels a block), PW_UNITS (units a block at most)
+PW_CHUNK = 8                # implicit_gemm.cu's PW_CHUNK: output pixels a 16-byte chunk of the dy tile
 PW_BLOCKS = PT_BLOCKS       # blocks (tiles x splits) at most: two an SM of PLAN_SMS, shape-only as above
 PW_MIN_GROUPS = PT_MIN_GROUPS   # as the forward: fewer groups than this keep conv_bwd_weight_igemm
 
@@ -1328,14 +1329,26 @@ def _patch_weight_tiles(spec: ConvSpec) -> tuple[int, int]:
     return tile_units, ceil_div(units, tile_units)
 
 
+def _pw_dy_pitch(out_pixels: int) -> int:
+    """Bytes of implicit_gemm.cu's `pw_dy_pitch`: PW_ROWS 16-byte chunks and the pad that spreads cp.async's."""
+    oc = out_pixels // PW_CHUNK
+    spread = out_pixels % PW_CHUNK == 0 and oc < 8 and oc & (oc - 1) == 0
+    return (PW_ROWS + (8 // oc if spread else 1)) * IG_VECTOR_BYTES
+
+
 def patch_weight_shared(spec: ConvSpec, patches: int, tile_units: int) -> int:
-    """patch_bwd_weight_igemm's dynamic shared memory (2-byte elements): the rows table, the dy tile (PT_ROWS rows of
-    PW_ROWS channels), the x tile of a tile's widest channel slices and its zero rows, two raw buffers of each."""
+    """patch_bwd_weight_igemm's dynamic shared memory (2-byte elements): the rows table, the x tile of a tile's
+    widest channel slices and its zero rows, the dy tile (the group's output pixels in chunks of PW_CHUNK, whole K
+    steps, PW_ROWS channels), two raw buffers of x; where the output pixels are whole chunks two dy tiles (cp.async
+    fills them), else one and two raw buffers of grad_output."""
     taps, plane, units = spec.taps, spec.in_size[0] * spec.in_size[1], spec.in_channels // 16 * spec.taps
     slices = max((min(u0 + tile_units, units) - 1) // taps + 1 - u0 // taps for u0 in range(0, units, tile_units))
     x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)
-    return (taps * PT_ROWS * 4 + PT_ROWS * _odd_vectors(PW_ROWS) + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(x_channels)
-            + 2 * patches * (x_channels * plane * 2 + 32) + 2 * patches * (rows_d * spec.out_pixels * 2 + 32))
+    dy_tile = ceil_div(patches * spec.out_pixels, 16) * 2 * _pw_dy_pitch(spec.out_pixels)
+    direct = spec.out_pixels % PW_CHUNK == 0
+    return (taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(x_channels)
+            + (2 if direct else 1) * dy_tile + 2 * patches * (x_channels * plane * 2 + 32)
+            + (0 if direct else 2 * patches * (rows_d * spec.out_pixels * 2 + 32)))
 
 
 def _patch_weight_patches(spec: ConvSpec, tile_units: int) -> int:
