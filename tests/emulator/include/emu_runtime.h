@@ -106,6 +106,9 @@ struct Engine {
   size_t scheduler_stack_bytes = 0;
   const unsigned char* shared_begin = nullptr;  // the running grid's shared memory, [begin, end)
   const unsigned char* shared_end = nullptr;
+  // The dynamic buffer's bytes past the launch's size: [dynamic_end, dynamic_capacity_end) (shared_access)
+  const unsigned char* dynamic_end = nullptr;
+  const unsigned char* dynamic_capacity_end = nullptr;
   long long events = 0;  // orders proxy fences and cp.async landings
   char message[4096];
 };
@@ -964,6 +967,8 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   counters::set_shared(shared.begin, shared.end);
   engine.shared_begin = shared.begin;
   engine.shared_end = shared.end;
+  engine.dynamic_end = shared.dynamic + dynamic_bytes;
+  engine.dynamic_capacity_end = shared.dynamic + kDynamicSharedCapacity;
   async_copy_set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
@@ -1065,7 +1070,122 @@ int launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, un
   return status;
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Generic shared-memory accesses (ld.shared, st.shared: every load and store of kernel code) against two rules
+// of the hardware, in every build but ASan's.  The plain and profile builds are compiled with ThreadSanitizer's
+// instrumentation (tests/emulator/_build.py), which calls a hook below before each load and store; a hook
+// returns after one comparison unless the address is in this library's shared memory while a fiber runs.
+//   - Bytes that a cp.async of the block still has in flight (emu_async_copy.h's map) may be neither read nor
+//     written: the PTX ISA's cp.async "is treated as a weak memory operation" whose completion only
+//     cp.async.wait_group / wait_all (or an mbarrier) guarantees, so such an access races with the copy's write
+//     (which may land before or after it).  Here the copy lands at its wait, so without this rule the access
+//     would see a fixed order that no GPU promises.
+//   - The dynamic shared memory ends at the launch's size: an access past it (into the rest of the emulator's
+//     227 KiB buffer) is outside the block's shared memory, an illegal address on a GPU.
+// The access's place is its return address in this library, "@pc:0x<offset>", which Python turns into file:line
+// with addr2line (_device.py); the plain build has -g1 for it.
+
+// Whether any of the `bytes` bytes at p is in the dynamic shared buffer past the launch's size (emu_async_copy.h
+// asks it of cp.async destinations and ldmatrix rows too).
+__attribute__((no_sanitize_thread)) bool past_the_launch(const void* p, int bytes) {
+  return (const unsigned char*)p + bytes > engine.dynamic_end && (const unsigned char*)p < engine.dynamic_capacity_end;
+}
+
+__attribute__((no_sanitize_thread)) static void shared_access_failure(uintptr_t pc, const char* what) {
+  static char where[64];
+  Dl_info info;
+  snprintf(where, sizeof where, "@pc:0x%llx",
+           (unsigned long long)(dladdr((void*)pc, &info) ? pc - (uintptr_t)info.dli_fbase : pc));
+  thread_failure(where, 0, what);
+}
+
+// Not instrumented itself (its reads of the engine would call the hooks again).
+__attribute__((no_sanitize_thread)) static void shared_access(uintptr_t pc, uintptr_t address, unsigned width,
+                                                              bool write) {
+  if (address - (uintptr_t)engine.shared_begin >= (uintptr_t)(engine.shared_end - engine.shared_begin) ||
+      !engine.current)
+    return;  // not shared memory (global memory, a fiber's stack, the engine's data), or the engine itself
+  char what[512];
+  const uintptr_t end = address + width;
+  if (past_the_launch((const void*)address, (int)width)) {
+    snprintf(what, sizeof what, "shared %s of %u bytes at byte %llu of the dynamic shared memory, past the %llu "
+             "bytes the launch asked for (a GPU faults: illegal address)", write ? "store" : "load", width,
+             (unsigned long long)(address - (uintptr_t)emu_dynamic_shared),
+             (unsigned long long)(engine.dynamic_end - emu_dynamic_shared));
+    shared_access_failure(pc, what);
+  }
+  const uintptr_t first = address & ~(uintptr_t)(kAsyncWord - 1);  // the whole words the access touches
+  int owner;
+  const void* at;
+  if (const AsyncCopy* c = async_copy_in_flight((const void*)first, (int)(end - first + kAsyncWord - 1) /
+                                                kAsyncWord * kAsyncWord, &owner, &at)) {
+    snprintf(what, sizeof what, "shared %s of %u bytes at %p, whose word %p a cp.async of thread %d (at %s:%d) still "
+             "has in flight: no cp.async.wait_group has landed it, so the copy's write races with this access",
+             write ? "store" : "load", width, (void*)address, at, owner, c->file, c->line);
+    shared_access_failure(pc, what);
+  }
+}
+
 }  // namespace emu
+
+#ifdef __SANITIZE_THREAD__
+// The instrumentation's entry points (ThreadSanitizer's ABI), in place of its runtime: the rules above, then, in
+// the profile build, the memory counters (emu_counters.h).
+#define EMU_TSAN_HOOK extern "C" __attribute__((visibility("hidden"), no_sanitize_thread, noinline)) void
+#define EMU_TSAN_ACCESS(name, width, write)                                   \
+  EMU_TSAN_HOOK name(void* address) {                                         \
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);              \
+    emu::shared_access(pc, (uintptr_t)address, width, write);                 \
+    emu::counters::record(pc, (uintptr_t)address, width, write);              \
+  }
+EMU_TSAN_ACCESS(__tsan_read1, 1, false)
+EMU_TSAN_ACCESS(__tsan_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_write1, 1, true)
+EMU_TSAN_ACCESS(__tsan_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_write16, 16, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write16, 16, true)
+EMU_TSAN_ACCESS(__tsan_volatile_read1, 1, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_volatile_write1, 1, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write16, 16, true)
+#undef EMU_TSAN_ACCESS
+// An aggregate of another size (a 12-byte struct copy): one access of its size.
+#define EMU_TSAN_RANGE(name, write)                                                \
+  EMU_TSAN_HOOK name(void* address, unsigned long size) {                          \
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);                   \
+    emu::shared_access(pc, (uintptr_t)address, (unsigned)size, write);             \
+    emu::counters::record(pc, (uintptr_t)address, (unsigned)size, write);          \
+  }
+EMU_TSAN_RANGE(__tsan_read_range, false)
+EMU_TSAN_RANGE(__tsan_write_range, true)
+#undef EMU_TSAN_RANGE
+#ifdef EMU_PROFILE  // the plain build is compiled without them (--param=tsan-instrument-func-entry-exit=0)
+EMU_TSAN_HOOK __tsan_func_entry(void* caller) { emu::counters::push_frame((uintptr_t)caller); }
+EMU_TSAN_HOOK __tsan_func_exit() { emu::counters::pop_frame(); }
+#endif
+EMU_TSAN_HOOK __tsan_init() {}
+EMU_TSAN_HOOK __tsan_vptr_update(void**, void*) {}
+EMU_TSAN_HOOK __tsan_vptr_read(void**) {}
+#undef EMU_TSAN_HOOK
+#endif  // __SANITIZE_THREAD__
 
 extern "C" {
 void emu_set_order(int reverse) { emu::engine.reverse = reverse != 0; }
