@@ -939,7 +939,7 @@ MUTATIONS = [
     M("emu-past-the-launch-unchecked", EMU_RUNTIME,
       "return (const unsigned char*)p + bytes > engine.dynamic_end &&",
       "return (const unsigned char*)p + bytes > engine.dynamic_capacity_end &&",
-      "tests/test_emulator.py " + EMU_ASYNC_TESTS + " -k past_the_launch",
+      EMU_ASYNC_TESTS + " -k past_the_launch",
       "emulator: shared memory bound"),
     M("emu-ldmatrix-in-flight-unchecked", EMU_ASYNC,
       "if (const AsyncCopy* c = async_copy_in_flight(row, 16, &owner, &at))",

@@ -288,7 +288,7 @@ def test_copies_into_dynamic_shared_memory_within_the_launch():
     data = rng.integers(0, 255, (32, 16), dtype=numpy.uint8)
     d = device()
     out = d.empty((32, 16), numpy.uint8)
-    d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, out], shared_mem=32 * 16)
+    d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, out, i32(0)], shared_mem=32 * 16)
     numpy.testing.assert_array_equal(out, data)
 
 
@@ -298,4 +298,21 @@ def test_a_copy_past_the_launchs_dynamic_shared_memory_fails():
     with pytest.raises(KernelFailure, match=r"thread \(31,0,0\): cp.async to 0x[0-9a-f]+, past the dynamic shared "
                        r"memory the launch asked for .* at \S*async_copy.cu:\d+"):
         d.launch(SOURCE, "async_copy_dynamic", 1, 32, [numpy.zeros((32, 16), numpy.uint8),
-                                                       d.empty((32, 16), numpy.uint8)], shared_mem=31 * 16)
+                                                       d.empty((32, 16), numpy.uint8), i32(0)], shared_mem=31 * 16)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_load_past_the_launchs_dynamic_shared_memory_fails(order):
+    """Each thread reads the row after its own: thread 31 reads byte 512 of a launch of 512 bytes, outside the
+    block's shared memory on a GPU (an illegal address) though the emulator's buffer goes on.  The plain build of a
+    file that uses cp.async checks every shared access against the launch's size (the ASan build poisons the rest
+    instead: tests/test_emulator.py's test_out_of_bounds_access_fails_under_asan); 16 more bytes make it fit."""
+    d = device(order)
+    data = numpy.zeros((32, 16), numpy.uint8)
+    with pytest.raises(KernelFailure, match=r"thread \(31,0,0\): shared load of 1 bytes at byte 512 of the dynamic "
+                       r"shared memory, past the 512 bytes the launch asked for \(a GPU faults: illegal address\) "
+                       r"at async_copy.cu:\d+"):
+        d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, d.empty((32, 16), numpy.uint8), i32(16)],
+                 shared_mem=32 * 16)
+    d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, d.empty((32, 16), numpy.uint8), i32(16)],
+             shared_mem=33 * 16)

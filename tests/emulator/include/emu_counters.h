@@ -2,8 +2,8 @@
 //
 // The kernel file is compiled with g++'s -fsanitize=thread instrumentation, which calls __tsan_read<N>(addr) or
 // __tsan_write<N>(addr) before every load and store of memory and __tsan_func_entry/exit around every function,
-// but the library is linked WITHOUT the ThreadSanitizer runtime: the hooks are emu_runtime.h's (the plain build has
-// them too, for its shared-memory rules), and in this build they call record() here.  It keeps an access when a
+// but the library is linked WITHOUT the ThreadSanitizer runtime: the hooks are emu_runtime.h's (the plain build of
+// a file that uses cp.async has them too, for its shared-memory rules), and in this build they call record() here.  It keeps an access when a
 // fiber (a CUDA thread) runs and the address lies in shared memory (this library's TLS block, see __shared__ in
 // prelude.h) or in the span of a pointer argument (global memory); everything else (the fiber's stack, i.e.
 // registers and local memory, and the engine's own data) is ignored, so the runtime's accesses and the kernel's

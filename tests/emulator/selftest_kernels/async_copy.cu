@@ -112,14 +112,14 @@ __global__ void async_copy_ldmatrix(const unsigned short* in, unsigned* out, int
   cp_async_wait<0>();
 }
 
-// `rows` rows of 16 bytes copied by cp.async into dynamic shared memory (a row per thread), landed, then read back:
-// the launch must give at least 16 x rows bytes.
-__global__ void async_copy_dynamic(const unsigned char* in, unsigned char* out) {
+// A row of 16 bytes a thread copied by cp.async into dynamic shared memory, landed, then read back from `shift`
+// bytes further (0: its own row): the launch must give at least 16 x blockDim.x + shift bytes.
+__global__ void async_copy_dynamic(const unsigned char* in, unsigned char* out, int shift) {
   extern __shared__ __align__(16) unsigned char rows_s[];
   const int tid = threadIdx.x;
   cp_async_cg_16(rows_s + 16 * tid, in + 16 * tid, 16);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int b = 0; b < 16; ++b) out[16 * tid + b] = rows_s[16 * tid + b];
+  for (int b = 0; b < 16; ++b) out[16 * tid + b] = rows_s[16 * tid + b + shift];
 }
