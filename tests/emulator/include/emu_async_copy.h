@@ -9,7 +9,9 @@
 // thread whose group is committed and older than its N most recent committed groups.  Copies of groups never
 // committed, or never waited for, never land.  So a missing or too weak wait leaves poison where the data should
 // be (a float read there is a NaN), a read of it by ldmatrix fails the launch, naming the copy that is still in
-// flight, and a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
+// flight, and a new copy into bytes that another copy still has in flight fails too (the hardware orders neither),
+// as does any plain load or store of them in the plain build of a file that uses cp.async (emu_runtime.h's
+// shared_access; the ASan build has only the poison).
 //
 // Memory counters (EmulatedDevice(counters=True)): a full copy's source is read by one typed access of its size
 // (a global load of its cp.async call's line), its landing is a shared store of its size at the wait's line, and
