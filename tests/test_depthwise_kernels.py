@@ -758,6 +758,30 @@ def test_packed_5x5_weights_by_chunks(monkeypatch, blocks, shape, m, dtype, offs
     assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
+@pytest.mark.parametrize("offset", [2, 10])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_packed_chunks_across_rows_of_a_chunk(monkeypatch, dtype, offset):
+    """stage_chunks on rows of exactly one chunk (8 elements of 16 bits: w = C), its run starting `offset` bytes past
+    a 16-byte boundary: every chunk then ends one row and starts the next (its elements after the row's last jump
+    to the next row), which planes of whole chunks from an aligned run never do (their chunks are whole rows, whose
+    row end is a chunk's last element).  Forward and input gradient against float64, outputs poisoned."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", 3)
+    rng = numpy.random.default_rng(offset)
+    x = _misaligned(rng.standard_normal((2, 11, 8, 8)).astype(_dtype(dtype)), offset)
+    weight = rng.standard_normal((11, 1, 5, 5)).astype(x.dtype)
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, 2, 1)
+    grad_output = rng.standard_normal((2, *spec.output_shape[1:])).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, None, padding=2)
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=2, needs="input")[0]
+    assert device.kernels() == ["depthwise_fwd<5, 1, true>", "depthwise_bwd_input<5, true>"]
+    x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
+    assert_matches(out, ref.depthwise_conv2d(x64, w64, None, padding=2).astype(x.dtype), dtype, "forward")
+    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=2)[0]
+    assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
+
+
 def test_packed_chunks_past_2_31(monkeypatch):
     """stage_chunks' run in the `long long` instantiation: two 7x7 float16 images of enough channels that the second
     image's planes start past 2^31 elements (sparse memory; only the last block runs: bug_classes.SparseDevice).  The

@@ -1,9 +1,9 @@
 """The emulator's cp.async and ldmatrix (raw_kernels/async_copy.cuh, tests/emulator/include/emu_async_copy.h) on
 self-test kernels (tests/emulator/selftest_kernels/async_copy.cu): correct use gives exact results, in both
 thread orders, and each rule broken fails, for copies of 16 (.cg), 8 and 4 bytes (.ca): a missing or too weak
-cp.async.wait_group or a missing commit (poison where the data should be; a failed launch where ldmatrix reads
-it), addresses not aligned to the copy's size, a src-size past the copy or past the input, a partial or divergent
-warp at ldmatrix.  ldmatrix's lane mapping is checked against the PTX ISA's description,
+cp.async.wait_group or a missing commit (a plain load or ldmatrix of bytes still in flight fails the launch, and so
+does a plain store into them), addresses not aligned to the copy's size, a src-size past the copy or past the input,
+a destination past the launch's dynamic shared memory, a partial or divergent warp at ldmatrix.  ldmatrix's lane mapping is checked against the PTX ISA's description,
 written out independently here (`expected_ldmatrix`)."""
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from emulator import (SELFTEST_KERNEL_DIR, EmulatedDevice, KernelFailure, assert
 from emulator._asan import libasan_path
 
 SOURCE = "async_copy.cu"
-INSTANTIATIONS = [(SOURCE, k) for k in ("async_copy_stages", "ldmatrix_rows", "async_copy_ldmatrix")]
+INSTANTIATIONS = [(SOURCE, k) for k in ("async_copy_stages", "ldmatrix_rows", "async_copy_ldmatrix",
+                                         "async_copy_dynamic")]
 ORDERS = ("forward", "reverse")
 # async_copy.cu's Bug
 CORRECT, NO_WAIT, WAIT_TOO_FEW, MISALIGNED_SMEM, MISALIGNED_GMEM, SRC_BYTES_17, FULL_ROW_PAST_END, NO_COMMIT, \
-    REISSUE, NOT_SHARED, INTO_TAIL = range(11)
+    REISSUE, NOT_SHARED, INTO_TAIL, STORE_IN_FLIGHT = range(12)
 POISON = 0xFF
 SIZES = (16, 8, 4)  # cp_async_cg_16, cp_async_ca_8, cp_async_ca_4
 
@@ -62,21 +63,28 @@ def test_pipeline_copies_and_zero_fills(order, size):
 @pytest.mark.parametrize("bug", [NO_WAIT, WAIT_TOO_FEW, NO_COMMIT], ids=["no_wait", "wait_too_few", "no_commit"])
 @pytest.mark.parametrize("order", ORDERS)
 def test_data_lands_only_at_its_wait(bug, order, size):
-    """Until the wait that retires its group, a copy's destination holds poison: a read there gets 0xFF bytes.
-    wait_group 2 in the three-stage pipeline lands every step's rows one step late: all of them read poison.
-    Without a wait (or a commit) nothing lands; with one step only, the kernel reads the poison and ends."""
-    data, out = copy_stages(order, bug, steps=4 if bug == WAIT_TOO_FEW else 1, size=size)
-    assert (out == POISON).all(), out
+    """Until the wait that retires its group, a copy is in flight: a plain load of its bytes races with the copy's
+    write on a GPU (either may come first), so it fails the launch, naming the load's line and the copy's thread and
+    line.  wait_group 2 in the three-stage pipeline leaves every step's rows in flight one step too long; without a
+    wait (or a commit) nothing lands.  The first load of the kernel is a neighbour's row: thread (tid + 1) % 32's."""
+    neighbour = "1" if order == "forward" else "0"  # the first reader is thread 0 (forward) or 31 (reverse)
+    with pytest.raises(KernelFailure, match=r"shared load of 1 bytes at 0x[0-9a-f]+, whose word 0x[0-9a-f]+ a "
+                       rf"cp.async of thread {neighbour} \(at \S*async_copy.cu:\d+\) still has in flight: no "
+                       r"cp.async.wait_group has landed it, so the copy's write races with this access at "
+                       r"async_copy.cu:\d+"):
+        copy_stages(order, bug, steps=4 if bug == WAIT_TOO_FEW else 1, size=size)
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("bug", [NO_WAIT, NO_COMMIT], ids=["no_wait", "no_commit"])
-def test_reusing_a_stage_still_in_flight_fails(bug, size):
-    """With four steps, step 3's copy goes to step 0's stage, whose copy never landed: two copies in flight to the
-    same bytes, which the hardware does not order."""
-    with pytest.raises(KernelFailure, match=rf"cp.async into {size} bytes of shared memory at 0x[0-9a-f]+ that a "
-                       r"cp.async of thread (\d+) \(at \S*async_copy.cu:\d+\) still has in flight"):
-        copy_stages("forward", bug, steps=4, size=size)
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_plain_store_into_a_copy_in_flight_fails(order, size):
+    """Thread 7 writes a byte of the next step's stage (row 12, copied by thread 12) while that step's copies are in
+    flight: the store and the copy's write are unordered on a GPU (patch_fwd_igemm writing its out tile into the
+    raw buffer of the next group's x would be this race: mutation pt-out-in-raw-next-buffer)."""
+    with pytest.raises(KernelFailure, match=r"thread \(7,0,0\): shared store of 1 bytes at 0x[0-9a-f]+, whose word "
+                       r"0x[0-9a-f]+ a cp.async of thread 12 \(at \S*async_copy.cu:\d+\) still has in flight.* at "
+                       r"async_copy.cu:\d+"):
+        copy_stages(order, STORE_IN_FLIGHT, size=size)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -134,6 +142,20 @@ print("not caught")
         assert "not caught" not in process.stdout
         report = sanitizer_report(process)
         assert report is not None and "heap-buffer-overflow" in report, process.stderr[-3000:]
+
+
+@needs_asan
+@pytest.mark.parametrize("bug", [NO_WAIT, NO_COMMIT], ids=["no_wait", "no_commit"])
+def test_poison_until_the_wait_under_asan(bug):
+    """The ASan build has no hooks on plain accesses (g++ refuses address and thread together): there a load of
+    bytes in flight reads the poison the copy left in its destination until its wait, so the missing wait still
+    shows as 0xFF bytes (NaN in a float)."""
+    process = run_under_asan(ASAN_SETUP + f"""
+d.launch("async_copy.cu", "async_copy_stages", 1, 32, [data, out, i(75), i(16), i(1), i({bug}), i(16)])
+print("poisoned" if (out[:32] == 0xFF).all() else "landed")
+""")
+    assert_clean_under_asan(process)
+    assert "poisoned" in process.stdout, process.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -255,3 +277,42 @@ def test_ldmatrix_of_copies_in_flight_fails(wait, thread, order):
                        rf"thread {thread} \(at \S*async_copy.cu:\d+\) still has in flight"):
         d.launch(SOURCE, "async_copy_ldmatrix", 1, 32, [numpy.zeros(256, numpy.uint16), d.empty((32, 4),
                                                         numpy.uint32), i32(wait)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dynamic shared memory ends at the launch's size
+
+
+def test_copies_into_dynamic_shared_memory_within_the_launch():
+    rng = numpy.random.default_rng(3)
+    data = rng.integers(0, 255, (32, 16), dtype=numpy.uint8)
+    d = device()
+    out = d.empty((32, 16), numpy.uint8)
+    d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, out, i32(0)], shared_mem=32 * 16)
+    numpy.testing.assert_array_equal(out, data)
+
+
+def test_a_copy_past_the_launchs_dynamic_shared_memory_fails():
+    """Rows 0-30 of 31 x 16 bytes fit; thread 31's row lies past them, outside the block's shared memory on a GPU."""
+    d = device()
+    with pytest.raises(KernelFailure, match=r"thread \(31,0,0\): cp.async to 0x[0-9a-f]+, past the dynamic shared "
+                       r"memory the launch asked for .* at \S*async_copy.cu:\d+"):
+        d.launch(SOURCE, "async_copy_dynamic", 1, 32, [numpy.zeros((32, 16), numpy.uint8),
+                                                       d.empty((32, 16), numpy.uint8), i32(0)], shared_mem=31 * 16)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_load_past_the_launchs_dynamic_shared_memory_fails(order):
+    """Each thread reads the row after its own: thread 31 reads byte 512 of a launch of 512 bytes, outside the
+    block's shared memory on a GPU (an illegal address) though the emulator's buffer goes on.  The plain build of a
+    file that uses cp.async checks every shared access against the launch's size (the ASan build poisons the rest
+    instead: tests/test_emulator.py's test_out_of_bounds_access_fails_under_asan); 16 more bytes make it fit."""
+    d = device(order)
+    data = numpy.zeros((32, 16), numpy.uint8)
+    with pytest.raises(KernelFailure, match=r"thread \(31,0,0\): shared load of 1 bytes at byte 512 of the dynamic "
+                       r"shared memory, past the 512 bytes the launch asked for \(a GPU faults: illegal address\) "
+                       r"at async_copy.cu:\d+"):
+        d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, d.empty((32, 16), numpy.uint8), i32(16)],
+                 shared_mem=32 * 16)
+    d.launch(SOURCE, "async_copy_dynamic", 1, 32, [data, d.empty((32, 16), numpy.uint8), i32(16)],
+             shared_mem=33 * 16)

@@ -44,6 +44,13 @@ BASE_FLAGS = ("-std=c++17", OPT_LEVEL, "-fno-strict-aliasing", "-fPIC", "-ffunct
               "-shared",
               "-Wl,-z,defs", f"-DEMU_DYNAMIC_SHARED_CAPACITY={DYNAMIC_SHARED_CAPACITY}")
 PLAIN_FLAGS = (f"-fsanitize={UB_CHECKS}",)
+# The plain build of a file that uses cp.async: ThreadSanitizer's instrumentation, linked without its runtime, calls
+# emu_runtime.h's hooks before every load and store (not around every call, unlike the profile build), which check
+# generic shared-memory accesses against the cp.async copies in flight and the launch's dynamic size; -g1 (line
+# tables) lets a failure name its file:line (_device.py, with addr2line).  It costs about a fifth more g++ time and
+# a quarter to a third more run time (implicit_gemm.cu: 23 -> 28 CPU s to compile; tests/test_patch_igemm.py
+# 9-11 -> 12.5-13.5 CPU s in the test process), so files without cp.async keep the plain flags.
+CHECKED_FLAGS = (f"-fsanitize=thread,{UB_CHECKS}", "--param=tsan-instrument-func-entry-exit=0", "-g1")
 # ASan for global memory (arguments copied to exact-size heap buffers) and dynamic shared memory (poisoned
 # past the launch's size); -g1 gives its reports file:line.
 ASAN_FLAGS = (f"-fsanitize=address,{UB_CHECKS}", "-fno-omit-frame-pointer", "-g1")
@@ -224,10 +231,11 @@ def build(kernel_dir: Path, source: str, names: list[str], asan: bool, defines=(
     launcher = launcher_source(source, names, launch_bounds(text))
     dynamic = dynamic_shared_source(dynamic_shared_names(text))
     mode = "profile" if profile else "asan" if asan else "plain"
-    flags = list(BASE_FLAGS) + list({"profile": PROFILE_FLAGS, "asan": ASAN_FLAGS, "plain": PLAIN_FLAGS}[mode])
+    plain = CHECKED_FLAGS if re.search(r"\bcp_async_", _strip_comments(text)) else PLAIN_FLAGS
+    flags = list(BASE_FLAGS) + list({"profile": PROFILE_FLAGS, "asan": ASAN_FLAGS, "plain": plain}[mode])
     flags += list(defines)
-    # The profile build links without ThreadSanitizer's runtime: include/emu_counters.h defines its hooks.
-    link_flags = list(BASE_FLAGS) + list(PLAIN_FLAGS) if profile else flags
+    # The plain and profile builds link without ThreadSanitizer's runtime: include/emu_runtime.h defines its hooks.
+    link_flags = flags if asan else list(BASE_FLAGS) + list(PLAIN_FLAGS)
     digest = hashlib.sha256()
     for part in (FORMAT, str(kernel_dir), source, text, launcher, dynamic, " ".join(flags), " ".join(link_flags),
                  compiler_version()):

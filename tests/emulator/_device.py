@@ -14,7 +14,7 @@ from cupyconv._kernels import argument_error
 
 from ._asan import asan_preloaded
 from ._build import DYNAMIC_SHARED_CAPACITY, build
-from ._profile import LaunchProfile, read_sites
+from ._profile import LaunchProfile, name_places, read_sites
 
 STATIC_SHARED_LIMIT = cupyconv_device.DEFAULT_SHARED_LIMIT  # static + dynamic without opt-in (every architecture)
 OPT_IN_SHARED_LIMIT = DYNAMIC_SHARED_CAPACITY  # sm_90's opt-in maximum per block (sm_80: 163 KiB)
@@ -281,6 +281,7 @@ class EmulatedDevice(cupyconv_device.Device):
                 if self.counters:
                     library.cdll.emu_profile_end()
             message = library.cdll.emu_error().decode(errors="replace") if status else ""
+            message = name_places(message, library.path, self.kernel_dir) if "@pc:" in message else message
             if self.counters and not status:
                 self.profile.append(LaunchProfile(source, name, grid, block, shared_mem,
                                                   library.cdll.emu_profile_blocks(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,6 +141,17 @@ def _site_name(chain: list, kernel_dir: Path) -> str | None:
             name = p.name
         return f"{name}:{line}"
     return None
+
+
+def name_places(message: str, library: Path, kernel_dir: Path) -> str:
+    """`message` with each "@pc:0x<offset>:0" (emu_runtime.h's shared_access: an access's return address in the
+    library) replaced by its file:line, or by the library offset where addr2line cannot tell."""
+    def place(match: re.Match) -> str:
+        offset = int(match.group(1), 16)
+        chain = _locations(str(library), (offset,)).get(offset) or []
+        name = _site_name(chain, kernel_dir) or (f"{Path(chain[0][0]).name}:{chain[0][1]}" if chain else None)
+        return name or f"{library.name}+{hex(offset)}"
+    return re.sub(r"@pc:0x([0-9a-f]+):0", place, message)
 
 
 def read_sites(cdll, library: Path, kernel_dir: Path) -> list[SiteCounters]:

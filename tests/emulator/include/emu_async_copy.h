@@ -9,7 +9,9 @@
 // thread whose group is committed and older than its N most recent committed groups.  Copies of groups never
 // committed, or never waited for, never land.  So a missing or too weak wait leaves poison where the data should
 // be (a float read there is a NaN), a read of it by ldmatrix fails the launch, naming the copy that is still in
-// flight, and a new copy into bytes that another copy still has in flight fails too (the hardware orders neither).
+// flight, and a new copy into bytes that another copy still has in flight fails too (the hardware orders neither),
+// as does any plain load or store of them in the plain build of a file that uses cp.async (emu_runtime.h's
+// shared_access; the ASan build has only the poison).
 //
 // Memory counters (EmulatedDevice(counters=True)): a full copy's source is read by one typed access of its size
 // (a global load of its cp.async call's line), its landing is a shared store of its size at the wait's line, and
@@ -25,6 +27,8 @@
 namespace emu {
 // emu_runtime.h: stops the calling thread and fails the launch with `what`, the thread and file:line.
 void thread_failure(const char* file, int line, const char* what);
+// emu_runtime.h: whether any of the bytes at p lies in the dynamic shared memory past the launch's size.
+bool past_the_launch(const void* p, int bytes);
 // emu_runtime.h: the calling thread's copies landed (generic-proxy writes a wgmma sees only after a proxy fence).
 void copies_landed();
 
@@ -142,6 +146,9 @@ inline void async_copy(void* smem, const void* gmem, int size, int src_bytes, co
   if (!in_flight_entry(dst) || !in_flight_entry(dst + size - 1))
     async_copy_failure(file, line, "cp.async to %p, which is not shared memory (cp.async.shared.global writes "
                        "shared memory only)", smem);
+  if (past_the_launch(dst, size))
+    async_copy_failure(file, line, "cp.async to %p, past the dynamic shared memory the launch asked for (a GPU "
+                       "faults: illegal address)", smem);
   int owner;
   const void* at;
   if (const AsyncCopy* c = async_copy_in_flight(dst, size, &owner, &at)) {
@@ -207,6 +214,7 @@ template <int N> inline void cp_async_wait() {
     emu::AsyncCopy& c = t.items[i];
     if (c.group < landed_below) {
       if (kept == i) emu::copies_landed();  // once a wait (kept == i until the first copy lands)
+      emu::mark_in_flight(c, 0);  // first: the landing's store below is not an access to bytes in flight
       if (c.size == 16) {  // a constant size each: the landing is one store of the copy's width
         std::memcpy(c.dst, c.data, 16);
       } else if (c.size == 8) {
@@ -214,7 +222,6 @@ template <int N> inline void cp_async_wait() {
       } else {
         std::memcpy(c.dst, c.data, 4);
       }
-      emu::mark_in_flight(c, 0);
     } else {
       t.items[kept++] = c;
     }
@@ -237,6 +244,9 @@ inline void ldmatrix(unsigned* r, int count, bool trans, const void* row, const 
     if ((uintptr_t)row % 16)
       async_copy_failure(file, line, "ldmatrix row address %p of lane %d is not 16-byte aligned (a GPU faults: "
                          "misaligned address)", row, lane);
+    if (past_the_launch(row, 16))
+      async_copy_failure(file, line, "ldmatrix row address %p of lane %d is past the dynamic shared memory the "
+                         "launch asked for (a GPU faults: illegal address)", row, lane);
     int owner;
     const void* at;
     if (const AsyncCopy* c = async_copy_in_flight(row, 16, &owner, &at))

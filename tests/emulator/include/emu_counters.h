@@ -2,11 +2,12 @@
 //
 // The kernel file is compiled with g++'s -fsanitize=thread instrumentation, which calls __tsan_read<N>(addr) or
 // __tsan_write<N>(addr) before every load and store of memory and __tsan_func_entry/exit around every function,
-// but the library is linked WITHOUT the ThreadSanitizer runtime: those hooks are defined here.  A hook keeps an
-// access when a fiber (a CUDA thread) runs and the address lies in shared memory (this library's TLS block, see
-// __shared__ in prelude.h) or in the span of a pointer argument (global memory); everything else (the fiber's
-// stack, i.e. registers and local memory, and the engine's own data) is ignored, so the runtime's accesses and
-// the kernel's locals never count.
+// but the library is linked WITHOUT the ThreadSanitizer runtime: the hooks are emu_runtime.h's (the plain build of
+// a file that uses cp.async has them too, for its shared-memory rules), and in this build they call record() here.  It keeps an access when a
+// fiber (a CUDA thread) runs and the address lies in shared memory (this library's TLS block, see __shared__ in
+// prelude.h) or in the span of a pointer argument (global memory); everything else (the fiber's stack, i.e.
+// registers and local memory, and the engine's own data) is ignored, so the runtime's accesses and the kernel's
+// locals never count.
 //
 // A site is the address of the access (the hook's return address) with the three innermost call sites of the
 // fiber's shadow call stack (kept from func_entry/exit): Python maps them to the innermost file:line outside
@@ -371,6 +372,7 @@ EMU_UNINSTRUMENTED static void set_shared(const void* begin, const void* end) {
 }
 
 #else  // not the profile build: the engine's hooks do nothing
+static inline void record(uintptr_t, uintptr_t, unsigned, bool) {}
 static inline void start_block(int) {}
 static inline void synchronised(int) {}
 static inline void end_block(bool) {}
@@ -381,55 +383,6 @@ static inline void set_shared(const void*, const void*) {}
 }  // namespace emu
 
 #ifdef EMU_PROFILE
-// The instrumentation's entry points (ThreadSanitizer's ABI), in place of its runtime.
-#define EMU_TSAN_HOOK extern "C" __attribute__((visibility("hidden"), no_sanitize_thread, noinline)) void
-#define EMU_TSAN_ACCESS(name, width, write)                                                     \
-  EMU_TSAN_HOOK name(void* address) {                                                           \
-    emu::counters::record((uintptr_t)__builtin_return_address(0), (uintptr_t)address, width, write); \
-  }
-EMU_TSAN_ACCESS(__tsan_read1, 1, false)
-EMU_TSAN_ACCESS(__tsan_read2, 2, false)
-EMU_TSAN_ACCESS(__tsan_read4, 4, false)
-EMU_TSAN_ACCESS(__tsan_read8, 8, false)
-EMU_TSAN_ACCESS(__tsan_read16, 16, false)
-EMU_TSAN_ACCESS(__tsan_write1, 1, true)
-EMU_TSAN_ACCESS(__tsan_write2, 2, true)
-EMU_TSAN_ACCESS(__tsan_write4, 4, true)
-EMU_TSAN_ACCESS(__tsan_write8, 8, true)
-EMU_TSAN_ACCESS(__tsan_write16, 16, true)
-EMU_TSAN_ACCESS(__tsan_unaligned_read2, 2, false)
-EMU_TSAN_ACCESS(__tsan_unaligned_read4, 4, false)
-EMU_TSAN_ACCESS(__tsan_unaligned_read8, 8, false)
-EMU_TSAN_ACCESS(__tsan_unaligned_read16, 16, false)
-EMU_TSAN_ACCESS(__tsan_unaligned_write2, 2, true)
-EMU_TSAN_ACCESS(__tsan_unaligned_write4, 4, true)
-EMU_TSAN_ACCESS(__tsan_unaligned_write8, 8, true)
-EMU_TSAN_ACCESS(__tsan_unaligned_write16, 16, true)
-EMU_TSAN_ACCESS(__tsan_volatile_read1, 1, false)
-EMU_TSAN_ACCESS(__tsan_volatile_read2, 2, false)
-EMU_TSAN_ACCESS(__tsan_volatile_read4, 4, false)
-EMU_TSAN_ACCESS(__tsan_volatile_read8, 8, false)
-EMU_TSAN_ACCESS(__tsan_volatile_read16, 16, false)
-EMU_TSAN_ACCESS(__tsan_volatile_write1, 1, true)
-EMU_TSAN_ACCESS(__tsan_volatile_write2, 2, true)
-EMU_TSAN_ACCESS(__tsan_volatile_write4, 4, true)
-EMU_TSAN_ACCESS(__tsan_volatile_write8, 8, true)
-EMU_TSAN_ACCESS(__tsan_volatile_write16, 16, true)
-#undef EMU_TSAN_ACCESS
-// An aggregate of another size (a 12-byte struct copy): one access of its size.
-EMU_TSAN_HOOK __tsan_read_range(void* address, unsigned long size) {
-  emu::counters::record((uintptr_t)__builtin_return_address(0), (uintptr_t)address, (unsigned)size, false);
-}
-EMU_TSAN_HOOK __tsan_write_range(void* address, unsigned long size) {
-  emu::counters::record((uintptr_t)__builtin_return_address(0), (uintptr_t)address, (unsigned)size, true);
-}
-EMU_TSAN_HOOK __tsan_func_entry(void* caller) { emu::counters::push_frame((uintptr_t)caller); }
-EMU_TSAN_HOOK __tsan_func_exit() { emu::counters::pop_frame(); }
-EMU_TSAN_HOOK __tsan_init() {}
-EMU_TSAN_HOOK __tsan_vptr_update(void**, void*) {}
-EMU_TSAN_HOOK __tsan_vptr_read(void**) {}
-#undef EMU_TSAN_HOOK
-
 extern "C" {
 // Start counting (and forget earlier counts): spans[3 i .. 3 i + 2] = low, high (one past the last byte) and
 // allocation start of pointer argument i; guards[2 j], guards[2 j + 1]: offset and size in the TLS block of an

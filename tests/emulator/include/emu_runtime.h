@@ -106,6 +106,9 @@ struct Engine {
   size_t scheduler_stack_bytes = 0;
   const unsigned char* shared_begin = nullptr;  // the running grid's shared memory, [begin, end)
   const unsigned char* shared_end = nullptr;
+  // The dynamic buffer's bytes past the launch's size: [dynamic_end, dynamic_capacity_end) (shared_access)
+  const unsigned char* dynamic_end = nullptr;
+  const unsigned char* dynamic_capacity_end = nullptr;
   long long events = 0;  // orders proxy fences and cp.async landings
   char message[4096];
 };
@@ -114,6 +117,16 @@ static Engine engine;
 }  // namespace emu
 #include "emu_counters.h"  // the profile build's memory counters (no-ops in the other builds)
 namespace emu {
+
+// The scheduler's hot functions, which touch no memory of a kernel, are left out of the plain build's
+// instrumentation (the hooks at the end of this file): tests/test_patch_igemm.py took 15.6 CPU s in its process with
+// them instrumented, 12.5-13.4 without (9-11 before the hooks).  The
+// profile build keeps them instrumented, so that its shadow call stacks stay as they were.
+#if defined(__SANITIZE_THREAD__) && !defined(EMU_PROFILE)
+#define EMU_ENGINE __attribute__((no_sanitize_thread))
+#else
+#define EMU_ENGINE
+#endif
 
 static void fail(const char* format, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char* format, ...) {
@@ -139,7 +152,7 @@ static const char* where(const Fiber* f, char* text, size_t size) {
 // Fiber switching (see EMU_STACK_SWITCH).  The sanitizer hooks tell ASan which stack is live, or it reports false
 // stack errors.
 
-static void yield_to_scheduler(bool finished) {
+EMU_ENGINE static void yield_to_scheduler(bool finished) {
   Fiber* f = engine.current;
 #ifdef __SANITIZE_ADDRESS__
   __sanitizer_start_switch_fiber(finished ? nullptr : &f->fake_stack, engine.scheduler_stack,
@@ -167,7 +180,7 @@ static void fiber_main() {
   abort();  // a finished fiber is never resumed
 }
 
-static void resume(Fiber* f) {
+EMU_ENGINE static void resume(Fiber* f) {
   engine.current = f;
   threadIdx = f->tid;
 #ifdef __SANITIZE_ADDRESS__
@@ -315,7 +328,7 @@ namespace emu {
 // ---------------------------------------------------------------------------------------------------------
 // Synchronisation points (called from kernel code, i.e. inside a fiber).
 
-void syncthreads(const char* file, int line) {
+EMU_ENGINE void syncthreads(const char* file, int line) {
   Fiber* f = engine.current;
   f->state = AT_BARRIER;
   f->file = file;
@@ -357,8 +370,8 @@ void publishing_atomic(const void* address, const char* file, int line) {
   }
 }
 
-void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned long long value, int src_lane,
-                   unsigned long long* result) {
+EMU_ENGINE void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned long long value,
+                              int src_lane, unsigned long long* result) {
   Fiber* f = engine.current;
   f->state = AT_WARP;
   f->file = file;
@@ -371,7 +384,7 @@ void warp_exchange(const char* file, int line, int kind, unsigned mask, unsigned
   yield_to_scheduler(false);
 }
 
-int lane_id() { return engine.current->lane; }
+EMU_ENGINE int lane_id() { return engine.current->lane; }
 
 void warp_mma(const char* file, int line, const MmaOperands* operands) {
   warp_exchange(file, line, WARP_MMA, 0xffffffffu, (unsigned long long)(uintptr_t)operands, lane_id(), nullptr);
@@ -392,7 +405,7 @@ static double tf32_operand(unsigned bits) {
 
 // One mma.sync of the warp whose lane 0 is fiber `base`: A, B, C assembled from the 32 lanes' fragments in the
 // documented layouts (raw_kernels/mma.cuh), D = A * B + C handed back.  Returns false after reporting a misuse.
-static bool mma_collective(int base, int n) {
+EMU_ENGINE static bool mma_collective(int base, int n) {
   const Fiber* first = &engine.fibers[base];
   if (base + 32 > n) {
     fail("thread (%u,%u,%u) calls mma.sync at %s:%d in a warp of %d threads; it needs all 32 lanes",
@@ -696,7 +709,7 @@ static bool wgmma_retire(WarpgroupState& wg, int wait, int base) {
 }
 
 // One wgmma call of the warpgroup whose first thread is fiber `base`.  Returns false after reporting a misuse.
-static bool wgmma_collective(int base, int n) {
+EMU_ENGINE static bool wgmma_collective(int base, int n) {
   const Fiber* first = &engine.fibers[base];
   const WgmmaCall* call[kWarpgroup];
   for (int t = 0; t < kWarpgroup; ++t) call[t] = (const WgmmaCall*)(uintptr_t)engine.fibers[base + t].value;
@@ -717,23 +730,25 @@ static bool wgmma_collective(int base, int n) {
   }
 }
 
-static bool same_site(const Fiber* a, const Fiber* b) {
+EMU_ENGINE static bool same_site(const Fiber* a, const Fiber* b) {
   return a->line == b->line && (a->file == b->file || std::strcmp(a->file, b->file) == 0);
 }
 
 // The group a warp operation of fiber i (f) synchronises: its warp's lanes named in the mask, or for a wgmma call
 // (WARP_GROUP) all 128 threads of its aligned warpgroup.  base: the group's first fiber; member m: fiber base + m.
-static int group_base(int i, const Fiber* f) { return f->kind == WARP_GROUP ? i - i % kWarpgroup : i - f->lane; }
-static int group_size(const Fiber* f) { return f->kind == WARP_GROUP ? kWarpgroup : 32; }
-static bool in_group(const Fiber* f, int m) { return f->kind == WARP_GROUP || (f->mask >> m & 1u); }
-static bool waits_with(const Fiber* f, const Fiber* g) {
+EMU_ENGINE static int group_base(int i, const Fiber* f) {
+  return f->kind == WARP_GROUP ? i - i % kWarpgroup : i - f->lane;
+}
+EMU_ENGINE static int group_size(const Fiber* f) { return f->kind == WARP_GROUP ? kWarpgroup : 32; }
+EMU_ENGINE static bool in_group(const Fiber* f, int m) { return f->kind == WARP_GROUP || (f->mask >> m & 1u); }
+EMU_ENGINE static bool waits_with(const Fiber* f, const Fiber* g) {
   return g->state == AT_WARP && same_site(f, g) && g->mask == f->mask && g->kind == f->kind;
 }
 
 // Releases every warp group whose lanes (those named in the mask that exist in this block; for a wgmma call the
 // 128 threads of the warpgroup) all wait at the same warp operation with the same mask.  Returns how many groups
 // went on, or -1 after reporting a misuse.
-static int release_warps(int n) {
+EMU_ENGINE static int release_warps(int n) {
   int released = 0;
   for (int i = 0; i < n; ++i) {
     Fiber* f = &engine.fibers[i];
@@ -780,7 +795,7 @@ static int release_warps(int n) {
 }
 
 // Runs the n fibers of the current block to completion; returns 0, or -1 with engine.message set.
-static int run_block(int n) {
+EMU_ENGINE static int run_block(int n) {
   for (int i = 0; i < n; ++i) {
     Fiber* f = &engine.fibers[i];
     f->tid = uint3{i % blockDim.x, i / blockDim.x % blockDim.y, i / (blockDim.x * blockDim.y)};
@@ -980,6 +995,8 @@ static int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
   counters::set_shared(shared.begin, shared.end);
   engine.shared_begin = shared.begin;
   engine.shared_end = shared.end;
+  engine.dynamic_end = shared.dynamic + dynamic_bytes;
+  engine.dynamic_capacity_end = shared.dynamic + kDynamicSharedCapacity;
   async_copy_set_shared(shared.begin, shared.end);
 #ifdef __SANITIZE_ADDRESS__
   __asan_poison_memory_region(shared.dynamic + dynamic_bytes, kDynamicSharedCapacity - dynamic_bytes);
@@ -1081,7 +1098,132 @@ int launch(void (*kernel)(A...), const unsigned* grid, const unsigned* block, un
   return status;
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Generic shared-memory accesses (ld.shared, st.shared: every load and store of kernel code) against two rules
+// of the hardware, in the plain build of a file that uses cp.async and in the profile build: both are compiled with
+// ThreadSanitizer's instrumentation (tests/emulator/_build.py), which calls a hook below before each load and
+// store; a hook returns after one comparison unless the address is in this library's shared memory.
+//   - Bytes that a cp.async of the block still has in flight (emu_async_copy.h's map) may be neither read nor
+//     written: the PTX ISA's cp.async "is treated as a weak memory operation" whose completion only
+//     cp.async.wait_group / wait_all (or an mbarrier) guarantees, so such an access races with the copy's write
+//     (which may land before or after it).  Here the copy lands at its wait, so without this rule the access
+//     would see a fixed order that no GPU promises.
+//   - The dynamic shared memory ends at the launch's size: an access past it (into the rest of the emulator's
+//     227 KiB buffer) is outside the block's shared memory, an illegal address on a GPU.
+// The access's place is its return address in this library, "@pc:0x<offset>", which Python turns into file:line
+// with addr2line (_device.py); the checked plain build has -g1 for it.
+
+// Whether any of the `bytes` bytes at p is in the dynamic shared buffer past the launch's size (emu_async_copy.h
+// asks it of cp.async destinations and ldmatrix rows too).
+__attribute__((no_sanitize_thread)) bool past_the_launch(const void* p, int bytes) {
+  return (const unsigned char*)p + bytes > engine.dynamic_end && (const unsigned char*)p < engine.dynamic_capacity_end;
+}
+
+__attribute__((no_sanitize_thread)) static void shared_access_failure(uintptr_t pc, const char* what) {
+  static char where[64];
+  Dl_info info;
+  snprintf(where, sizeof where, "@pc:0x%llx",
+           (unsigned long long)(dladdr((void*)pc, &info) ? pc - (uintptr_t)info.dli_fbase : pc));
+  thread_failure(where, 0, what);
+}
+
+// The checks of an access in shared memory (the hooks test that first).  Not instrumented itself (its reads of the
+// engine would call the hooks again).
+__attribute__((no_sanitize_thread, noinline)) static void shared_access(uintptr_t pc, uintptr_t address,
+                                                                        unsigned width, bool write) {
+  if (!engine.current) return;  // the engine's own accesses (the wgmma collective's operand reads)
+  char what[512];
+  const uintptr_t end = address + width;
+  if (past_the_launch((const void*)address, (int)width)) {
+    snprintf(what, sizeof what, "shared %s of %u bytes at byte %llu of the dynamic shared memory, past the %llu "
+             "bytes the launch asked for (a GPU faults: illegal address)", write ? "store" : "load", width,
+             (unsigned long long)(address - (uintptr_t)emu_dynamic_shared),
+             (unsigned long long)(engine.dynamic_end - emu_dynamic_shared));
+    shared_access_failure(pc, what);
+  }
+  const uintptr_t first = address & ~(uintptr_t)(kAsyncWord - 1);  // the whole words the access touches
+  int owner;
+  const void* at;
+  if (const AsyncCopy* c = async_copy_in_flight((const void*)first, (int)(end - first + kAsyncWord - 1) /
+                                                kAsyncWord * kAsyncWord, &owner, &at)) {
+    snprintf(what, sizeof what, "shared %s of %u bytes at %p, whose word %p a cp.async of thread %d (at %s:%d) still "
+             "has in flight: no cp.async.wait_group has landed it, so the copy's write races with this access",
+             write ? "store" : "load", width, (void*)address, at, owner, c->file, c->line);
+    shared_access_failure(pc, what);
+  }
+}
+
 }  // namespace emu
+
+#ifdef __SANITIZE_THREAD__
+// The instrumentation's entry points (ThreadSanitizer's ABI), in place of its runtime: the rules above, then, in
+// the profile build, the memory counters (emu_counters.h).  Every load and store of the library calls one, so
+// the hooks are compiled with -O2 whatever the build's level, and most return after one comparison: the address
+// is not in shared memory (global memory, a fiber's stack, the engine's data).
+#define EMU_TSAN_HOOK \
+  extern "C" __attribute__((visibility("hidden"), no_sanitize_thread, noinline, optimize("O2"))) void
+#ifdef EMU_PROFILE
+#define EMU_COUNT(pc, address, width, write) emu::counters::record(pc, address, width, write)
+#else
+#define EMU_COUNT(pc, address, width, write) (void)0
+#endif
+#define EMU_CHECKED_ACCESS(address, width, write)                                                         \
+  do {                                                                                                    \
+    const uintptr_t pc = (uintptr_t)__builtin_return_address(0);                                          \
+    if ((uintptr_t)(address) - (uintptr_t)emu::engine.shared_begin <                                      \
+        (uintptr_t)(emu::engine.shared_end - emu::engine.shared_begin))                                   \
+      emu::shared_access(pc, (uintptr_t)(address), width, write);                                         \
+    EMU_COUNT(pc, (uintptr_t)(address), width, write);                                                    \
+  } while (0)
+#define EMU_TSAN_ACCESS(name, width, write) \
+  EMU_TSAN_HOOK name(void* address) { EMU_CHECKED_ACCESS(address, width, write); }
+EMU_TSAN_ACCESS(__tsan_read1, 1, false)
+EMU_TSAN_ACCESS(__tsan_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_write1, 1, true)
+EMU_TSAN_ACCESS(__tsan_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_write16, 16, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_unaligned_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_unaligned_write16, 16, true)
+EMU_TSAN_ACCESS(__tsan_volatile_read1, 1, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read2, 2, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read4, 4, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read8, 8, false)
+EMU_TSAN_ACCESS(__tsan_volatile_read16, 16, false)
+EMU_TSAN_ACCESS(__tsan_volatile_write1, 1, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write2, 2, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write4, 4, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write8, 8, true)
+EMU_TSAN_ACCESS(__tsan_volatile_write16, 16, true)
+#undef EMU_TSAN_ACCESS
+// An aggregate of another size (a 12-byte struct copy): one access of its size.
+EMU_TSAN_HOOK __tsan_read_range(void* address, unsigned long size) {
+  EMU_CHECKED_ACCESS(address, (unsigned)size, false);
+}
+EMU_TSAN_HOOK __tsan_write_range(void* address, unsigned long size) {
+  EMU_CHECKED_ACCESS(address, (unsigned)size, true);
+}
+#undef EMU_CHECKED_ACCESS
+#undef EMU_COUNT
+#ifdef EMU_PROFILE  // the plain build is compiled without them (--param=tsan-instrument-func-entry-exit=0)
+EMU_TSAN_HOOK __tsan_func_entry(void* caller) { emu::counters::push_frame((uintptr_t)caller); }
+EMU_TSAN_HOOK __tsan_func_exit() { emu::counters::pop_frame(); }
+#endif
+EMU_TSAN_HOOK __tsan_init() {}
+EMU_TSAN_HOOK __tsan_vptr_update(void**, void*) {}
+EMU_TSAN_HOOK __tsan_vptr_read(void**) {}
+#undef EMU_TSAN_HOOK
+#endif  // __SANITIZE_THREAD__
 
 extern "C" {
 void emu_set_order(int reverse) { emu::engine.reverse = reverse != 0; }

@@ -15,6 +15,7 @@ enum Bug {
   REISSUE = 8,           // a second copy into bytes still in flight
   NOT_SHARED = 9,        // a destination in the thread's local memory, not in shared memory
   INTO_TAIL = 10,        // a 4-byte copy into the last word of a larger copy still in flight
+  STORE_IN_FLIGHT = 11,  // a plain store into the next step's stage, whose copies are in flight
 };
 
 // rows x 16 bytes from `in` to `out` through three stages of shared memory, 32 rows (one per thread) a step, the
@@ -59,6 +60,7 @@ __global__ void async_copy_stages(const unsigned char* in, unsigned char* out, i
     __syncthreads();
     const int neighbour = (tid + 1) % 32;
     for (int b = 0; b < 16; ++b) out[16 * (t * 32 + neighbour) + b] = stage[t % 3][neighbour][b];
+    if (bug == STORE_IN_FLIGHT && t + 1 < steps && tid == 7) stage[(t + 1) % 3][12][size - 1] = 0;
     __syncthreads();  // every read of stage t % 3 before step t + 3 is copied into it
     issue(t + 2);
   }
@@ -108,4 +110,16 @@ __global__ void async_copy_ldmatrix(const unsigned short* in, unsigned* out, int
   ldmatrix_x4(r, tile + 8 * lane);
   for (int j = 0; j < 4; ++j) out[4 * lane + j] = r[j];
   cp_async_wait<0>();
+}
+
+// A row of 16 bytes a thread copied by cp.async into dynamic shared memory, landed, then read back from `shift`
+// bytes further (0: its own row): the launch must give at least 16 x blockDim.x + shift bytes.
+__global__ void async_copy_dynamic(const unsigned char* in, unsigned char* out, int shift) {
+  extern __shared__ __align__(16) unsigned char rows_s[];
+  const int tid = threadIdx.x;
+  cp_async_cg_16(rows_s + 16 * tid, in + 16 * tid, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int b = 0; b < 16; ++b) out[16 * tid + b] = rows_s[16 * tid + b + shift];
 }
