@@ -1362,13 +1362,18 @@ __device__ __forceinline__ void depthwise_persistent(
   // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
   // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
   constexpr bool flat = PACK;
-  // chunked: the 16-bit 5x5 SPREAD runs flat by 16-byte chunks (stage_chunks) where every plane element lands inside
-  // the tiles, also where the rows are whole chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits
-  // a warp on dw-240-28k5 fp16); their runs of planes cut by the staged rows or columns walk by elements (stage_run),
-  // the walk set up each unit.  16-bit 5x5 only: the 7x7 took 128 -> 148-165 registers (8 -> 6 blocks of 64 an SM,
-  // input gradient; no benchmark case), the float32 5x5 input gradient 128 -> 147.
-  constexpr bool chunks = SPREAD && K == 5 && sizeof(T) == 2;
-  const bool chunked = chunks && pad_top >= 0 && pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
+  // chunked: the packed forward (3x3, 5x5) and the 16-bit 5x5 SPREAD input gradient run flat by 16-byte chunks
+  // (stage_chunks) where every plane element lands inside the tiles, the 16-bit 5x5 also where the rows are whole
+  // chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits a warp on dw-240-28k5 fp16; float32's
+  // whole-chunk rows stay by rows, whose 16-byte shared stores take a quarter of the chunks' wavefronts); their runs
+  // of planes cut by the staged rows or columns walk by elements (stage_run), the walk set up each unit.  By elements
+  // (stage_run) the packed forward's walk took ~27 instructions an element, a third of a warp's (PREDICTED, RESULTS.md
+  // "dwsmall": dw-480-14k5 fp32 4065 -> 2962 instructions a warp; dw-480-14 3x3 1267 -> 682, for 56 -> 80 registers,
+  // 32 -> 24 warps an SM).  Not the 7x7 (128 -> 148-165 registers, 8 -> 6 blocks of 64 an SM, input gradient; no
+  // benchmark case) nor the float32 5x5 input gradient (128 -> 147).
+  constexpr bool chunks = PACK && !TRANSPOSED ? K == 3 || K == 5 : SPREAD && K == 5 && sizeof(T) == 2;
+  const bool chunked = chunks && (!SPREAD || sizeof(T) == 2 || !staging.rows_aligned) && pad_top >= 0 &&
+                       pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
   const bool flat_run = flat && (!SPREAD || !staging.rows_aligned || chunked);
   constexpr int batch = SPREAD ? STAGE_BATCH : 2;

@@ -79,6 +79,7 @@ AT_PY = "cupyconv/_autotune.py"   # which candidate autotuning keeps (`keep`, `_
 AT = "tests/test_autotune.py"
 DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
 DW_WCHUNKS = DEPTHWISE + " -k 'weights_by_chunks'"  # the packed 5x5 weights by 16-byte chunks (dwsmall, 22nd)
+DW_FCHUNKS = DEPTHWISE + " -k 'packed_forward_stages_chunks'"  # the packed forward by chunks (dwsmall, 24th)
 # the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
 DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
@@ -1433,15 +1434,21 @@ MUTATIONS = [
       "wrong index"),
     M("dw-chunks-plane-pattern", "depthwise.cu", "size < C && k < 32; k += size)",
       "size < C && k < 32; k += size + 1)", DW_CHUNKS, "wrong index"),
-    # (rows of exactly a chunk matter only where chunks straddle rows: a run off a 16-byte boundary, task emurules)
+    # (rows of exactly a chunk matter only where chunks straddle rows: a run off a 16-byte boundary, tasks emurules and
+    # dwsmall each wrote a test that kills it)
     M("dw-chunks-short-rows", "depthwise.cu", "w < C ? row_pattern >> at.x", "w <= C ? row_pattern >> at.x",
-      DEPTHWISE + " -k 'chunks_across_rows'", "off-by-one"),
+      DEPTHWISE + " -k 'chunks_across_rows or packed_forward_stages_chunks'", "off-by-one"),
+    # the packed forward (3x3, 5x5 in every dtype) stages by chunks too (task dwsmall, 24th session)
+    M("dw-fchunks-row-carry", "depthwise.cu", "const int row_jump = pitch - w,", "const int row_jump = pitch - w + 1,",
+      DW_FCHUNKS, "wrong index"),
+    M("dw-fchunks-singles", "depthwise.cu", "if (t < singles) {", "if (t < singles - 1) {", DW_FCHUNKS,
+      "off-by-one"),
     M("dw-chunks-row-end", "depthwise.cu", "const int row_end = w - 1 - at.x,", "const int row_end = w - at.x,",
       DW_CHUNKS, "off-by-one"),
     M("dw-chunks-step", "depthwise.cu", "head + t * C, (int)blockDim.x * C);", "head + t * C, (int)blockDim.x);",
       DW_CHUNKS, "wrong index"),
-    M("dw-chunks-inside", "depthwise.cu", "chunks && pad_top >= 0 && pad_left >= 0 && ", "chunks && ", DW_CHUNKS,
-      "tile bound"),
+    M("dw-chunks-inside", "depthwise.cu", "pad_top >= 0 &&\n                       pad_left >= 0 && pad_top",
+      "true &&\n                       true && pad_top", DW_CHUNKS, "tile bound"),
     M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
     M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;",

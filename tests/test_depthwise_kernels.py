@@ -717,6 +717,40 @@ def test_packed_16_bit_5x5_stages_chunks(monkeypatch, blocks, shape, m, padding,
     assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
+# The packed forward (3x3 and 5x5, every dtype; float32 5x5 only where its rows are not whole 16-byte chunks) stages
+# its src run by 16-byte chunks too (task dwsmall, 24th session): (shape, kernel, stride, padding, dtype, bytes x's
+# data starts past a 16-byte boundary).
+FORWARD_CHUNK_CASES = [
+    ((2, 37, 14, 14), 5, 1, 2, "float32", 0),  # dw-480-14k5's kernel in float32: 56-byte rows, runs aligned or not
+    ((3, 19, 7, 7), 5, 1, 2, "float32", 4),    # dw-1152-7k5's in float32, x misaligned: a head of 3
+    ((2, 21, 14, 14), 3, 1, 1, "float16", 6),  # dw-480-14's 3x3 packed units, a head of 5
+    ((3, 9, 5, 4), 3, 1, 1, "float32", 8),     # rows of a chunk each, cut by chunks that start mid-row (w = C)
+    ((2, 11, 5, 8), 3, 1, 1, "bfloat16", 4),   # the same in 16 bits
+    ((2, 13, 9, 11), 3, 2, 1, "float64", 8),   # stride 2, double (2 a chunk), a rectangle
+    ((2, 7, 6, 5), 3, 1, 3, "float32", 0),     # padding 3: a halo wider than the kernel's
+]
+
+
+@pytest.mark.parametrize("blocks", [3, 2048])
+@pytest.mark.parametrize("shape, k, stride, padding, dtype, offset", FORWARD_CHUNK_CASES)
+def test_packed_forward_stages_chunks(monkeypatch, blocks, shape, k, stride, padding, dtype, offset):
+    """depthwise_fwd<K, S, true> with its src run staged by chunks, against a float64 reference, outputs poisoned, on a
+    grid smaller and one larger than the units: an element walked to a wrong cell, a head or tail element lost or
+    doubled shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 13 * offset + shape[1])
+    x = _misaligned(rng.standard_normal(shape).astype(_dtype(dtype)), offset)
+    weight = rng.standard_normal((shape[1], 1, k, k)).astype(x.dtype)
+    bias = rng.standard_normal(shape[1]).astype(x.dtype)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        out = cupyconv.depthwise_conv2d(x, weight, bias, stride=stride, padding=padding)
+    assert device.kernels() == [f"depthwise_fwd<{k}, {stride}, true>"]
+    x64, w64, b64 = (a.astype(numpy.float64) for a in (x, weight, bias))
+    expected = ref.depthwise_conv2d(x64, w64, b64, stride=stride, padding=padding)
+    assert_matches(out, expected.astype(x.dtype), dtype, "forward")
+
+
 # The packed 5x5 units stage their weights (one run, `terms` kernels a plane) by 16-byte chunks (stage_weight_chunks):
 # the weights before the run's first 16-byte boundary and after its last whole chunk one a lane, each chunk stored by
 # 16-byte shared stores where its place is 16-byte aligned, else by elements.  (shape, multiplier, dtype, bytes the
