@@ -1544,11 +1544,18 @@ __device__ __forceinline__ void wg_store_sums(float* at, float lo, float hi) {
   *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
 }
 
-// The blocks an SM must hold (`__launch_bounds__`): the 128 x 128 tile with 32-bit indices two, at most 128
-// registers, which its main loop fits without spilling at 200 instructions a chunk instead of 175 (one block of 8
-// warps an SM left its grids latency-bound); with 64-bit indices it would spill there and keeps one.  The other
-// tiles' registers hold 3-8 blocks an SM: `WG_BLOCKS_AN_SM` in ops/implicit_gemm.py, checked by tests/test_sass.py.
-template <typename I, int BM, int BN> constexpr int WG_MIN_BLOCKS = sizeof(I) == 4 && BM * BN >= 128 * 128 ? 2 : 1;
+// The blocks an SM must hold (`__launch_bounds__`): on sm_90 the 128 x 128 tile with 32-bit indices two, at most
+// 128 registers, which its main loop fits without spilling at 200 instructions a chunk instead of 175 (one block
+// of 8 warps an SM left its grids latency-bound); with 64-bit indices, or on sm_80, it would spill there and keeps
+// one.  The other tiles' registers hold 3-8 blocks an SM: `WG_BLOCKS_AN_SM` in ops/implicit_gemm.py (sm_90),
+// checked by tests/test_sass.py.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int WG_WIDE_MIN_BLOCKS = 2;
+#else
+constexpr int WG_WIDE_MIN_BLOCKS = 1;
+#endif
+template <typename I, int BM, int BN>
+constexpr int WG_MIN_BLOCKS = sizeof(I) == 4 && BM * BN >= 128 * 128 ? WG_WIDE_MIN_BLOCKS : 1;
 template <typename T, typename I, int BM, int BN>
 __global__ void __launch_bounds__(TC_MAX_THREADS, WG_MIN_BLOCKS<I, BM, BN>) conv_bwd_weight_igemm(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
