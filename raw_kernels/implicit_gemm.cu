@@ -1492,8 +1492,10 @@ __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* fl
 // splits, not per element and split (a block alone sums a tile's splits: its memory parallelism is the tail's
 // time).  conv_bwd_weight_igemm's 64 x 64 and 32 x 64 tiles (32 elements a thread) read two splits a trip
 // (WG_FINISH_SPLITS): 64 loads in flight, in registers the main loop's accumulators leave free (97 -> 119 on
-// sm_90, still 4 blocks of 128 a SM); the groups kernel and the bias keep one (more splits a trip cost them
-// occupancy or instructions the model charges more than their tails gain).  The addresses advance by `step`
+// sm_90, still 4 blocks of 128 a SM); its 128-row tiles (64 elements a thread) do the same in two passes of 32
+// elements (64 sums and 64 loads at once did not fit the 128 x 128 tile's 128 registers); the groups kernel and
+// the bias keep one (more splits a trip cost them occupancy or instructions the model charges more than their
+// tails gain).  The addresses advance by `step`
 // from one pointer (no pointer a load kept in registers: the tail stays within the main loop's registers).  Each
 // element adds split 0, 1, ... to 0 in order, whatever the splits a trip: the bits of
 // conv_bwd_weight_igemm_finish.  WHOLE (the final pass's): a trip of P splits before the last reads them without
@@ -1542,8 +1544,20 @@ __device__ __forceinline__ void wg_store_sums(float* at, float lo, float hi) {
   *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
 }
 
+// The blocks an SM must hold (`__launch_bounds__`): on sm_90 the 128 x 128 tile with 32-bit indices two, at most
+// 128 registers, which its main loop fits without spilling at 200 instructions a chunk instead of 175 (one block
+// of 8 warps an SM left its grids latency-bound); with 64-bit indices, or on sm_80, it would spill there and keeps
+// one.  The other tiles' registers hold 3-8 blocks an SM: `WG_BLOCKS_AN_SM` in ops/implicit_gemm.py (sm_90),
+// checked by tests/test_sass.py.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int WG_WIDE_MIN_BLOCKS = 2;
+#else
+constexpr int WG_WIDE_MIN_BLOCKS = 1;
+#endif
+template <typename I, int BM, int BN>
+constexpr int WG_MIN_BLOCKS = sizeof(I) == 4 && BM * BN >= 128 * 128 ? WG_WIDE_MIN_BLOCKS : 1;
 template <typename T, typename I, int BM, int BN>
-__global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
+__global__ void __launch_bounds__(TC_MAX_THREADS, WG_MIN_BLOCKS<I, BM, BN>) conv_bwd_weight_igemm(
     const T* __restrict__ x_cl, const T* __restrict__ gy_cl, const T* __restrict__ gy_rest,
     float* __restrict__ partial, float* __restrict__ bias_partial, T* __restrict__ grad_weight,
     T* __restrict__ grad_bias, int* __restrict__ arrivals, int finish, I n, int groups, int channels_per_group,
@@ -1691,8 +1705,17 @@ __global__ void __launch_bounds__(TC_MAX_THREADS) conv_bwd_weight_igemm(
   const int count = nn < N && rows > 0 ? min((rows + ROW_STEP - 1) / ROW_STEP, ELEMS) : 0;
   const int t = nn / channels_per_group, cc = nn - t * channels_per_group;
   const I first = (I)(g * outputs_per_group + m0 + row) * N;
-  wg_finish<ELEMS, T, I, WG_FINISH_SPLITS<ELEMS>>(partial + first + nn, grad_weight + first + (I)cc * taps + t,
-                                                  (I)ROW_STEP * N, (I)D * N, (int)gridDim.z, count);
+  // At most 32 elements a pass (`wg_finish`: the 128-row tiles' 64 in two passes of two splits a trip, as many
+  // round trips as one pass of one split a trip)
+  constexpr int PASS = ELEMS < 32 ? ELEMS : 32;
+  wg_finish<PASS, T, I, WG_FINISH_SPLITS<PASS>>(partial + first + nn, grad_weight + first + (I)cc * taps + t,
+                                                (I)ROW_STEP * N, (I)D * N, (int)gridDim.z, min(count, PASS));
+  if (ELEMS > PASS && count > PASS) {
+    const I half = (I)PASS * ROW_STEP * N;
+    wg_finish<PASS, T, I, WG_FINISH_SPLITS<PASS>>(partial + first + nn + half,
+                                                  grad_weight + first + (I)cc * taps + t + half, (I)ROW_STEP * N,
+                                                  (I)D * N, (int)gridDim.z, count - PASS);
+  }
   if (has_bias && n0 == 0 && tid < BM) {
     const int d = g * outputs_per_group + m0 + tid;
     wg_finish<1>(bias_partial + d, grad_bias + d, (I)0, (I)D, (int)gridDim.z, m0 + tid < M);

@@ -563,3 +563,30 @@ def test_which_shapes_finish_in_the_kernel():
     assert r50_128.tile == (128, 128) and r50_128.splits * 128 * 128 * 4 > igemm.WG_FINISH_BYTES and not finish
     _, small, finish = plan(1, 64, 4, numpy.float16)
     assert small.splits == 1 and finish
+
+
+# ResNet-50's 3x3 layers at batch 32 (benchmarks/cases.py r50-*): (channels, size, dtype) -> the grid `plan_weight_igemm`
+# takes.  Each is at most the splits that bring the grid to about TC_SPLIT_BLOCKS blocks, and of those the count
+# whose waves of the tile (PLAN_SMS x WG_BLOCKS_AN_SM) times chunks a split are fewest: r50-128's TF32 36 tiles
+# in 14 splits (504 blocks, one wave of 4 an SM; 15 were 540: a second wave of 12 blocks), its 16-bit 9 tiles of
+# 128 x 128 in 28 (252 blocks, one wave of 2 an SM; 56 were four).
+WAVE_PLANS = {(64, 56, "float16"): (1, 9, 56), (64, 56, "float32"): (1, 9, 57), (128, 28, "float16"): (1, 9, 28),
+              (128, 28, "float32"): (2, 18, 14), (256, 14, "float16"): (2, 18, 7), (256, 14, "float32"): (4, 36, 3),
+              (512, 7, "float16"): (4, 36, 3), (512, 7, "float32"): (8, 72, 1)}
+
+
+@pytest.mark.parametrize("shape", sorted(WAVE_PLANS), ids=str)
+def test_splits_never_run_a_few_blocks_past_a_wave(shape):
+    """`plan_weight_igemm` on ResNet-50's layers: the grids of WAVE_PLANS, within today's splits."""
+    channels, size, dtype = shape
+    spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float16),
+                                               numpy.empty((channels, channels, 3, 3)), None, stride=1, padding=1,
+                                               dilation=1, groups=1)
+    plan = igemm.plan_weight_igemm(spec, DTYPES[dtype])
+    assert plan.grid == WAVE_PLANS[shape], plan
+    tiles = plan.grid[0] * plan.grid[1]
+    chunks = igemm.ceil_div(spec.n * spec.out_pixels, igemm.WG_CHUNK[dtype])
+    most = _kernels.split_reduction(chunks, tiles, igemm.TC_SPLIT_BLOCKS, igemm.TC_SPLIT_CHUNKS,
+                                    spec.out_channels * (spec.taps * spec.channels_per_group + 1) * 4)[0]
+    assert plan.splits <= most and plan.chunks_per_split * plan.splits >= chunks > plan.chunks_per_split * (
+        plan.splits - 1)

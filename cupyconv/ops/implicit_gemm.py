@@ -693,7 +693,13 @@ def wave_splits(chunks: int, blocks: int, wave: int, split_bytes: int) -> tuple[
     """(splits, chunks per split) of a grid of `blocks` under its wave: the count, within `split_reduction`'s
     limits (IG_SPLIT_CHUNKS chunks a split, the workspace), whose waves times chunks a split are fewest, the fewer
     splits on a tie (less to add after).  Never past the wave by a few blocks: those would run a wave of their own."""
-    most = split_reduction(chunks, 1, MAX_GRID[2], IG_SPLIT_CHUNKS, split_bytes)[0]
+    return fewest_wave_chunks(chunks, blocks, wave, split_reduction(chunks, 1, MAX_GRID[2], IG_SPLIT_CHUNKS,
+                                                                    split_bytes)[0])
+
+
+def fewest_wave_chunks(chunks: int, blocks: int, wave: int, most: int) -> tuple[int, int]:
+    """(splits, chunks per split), at most `most` splits, of `chunks` over a grid of `blocks` a split whose waves
+    (`wave` blocks each) times chunks a split are fewest; the fewer splits on a tie."""
     splits = min(range(1, most + 1), key=lambda s: (ceil_div(blocks * s, wave) * ceil_div(chunks, s), s))
     per_split = ceil_div(chunks, splits)
     return ceil_div(chunks, per_split), per_split
@@ -936,6 +942,13 @@ WG_TILES = {"float16": ((64, 64), (128, 64), (128, 128), (32, 64)),
 WG_WIDE_COLUMNS = 256   # 16-bit groups of 128+ output channels take 128 columns from this many (tap, c) columns
 WG_CHUNK = {"float16": 32, "bfloat16": 32, "float32": 16}   # WgTile<T>::BK: the pixels of a K chunk
 WG_FINISH_BLOCK = 256
+# The blocks of each conv_bwd_weight_igemm tile an SM holds on sm_90 (NVRTC 13's registers with 32-bit indices;
+# tests/test_sass.py checks them against the SASS), by element kind: the waves `plan_weight_igemm` splits for.
+# The 128 x 128 tile is held to 128 registers (two blocks of 8 warps, its `__launch_bounds__`): at 157 an SM
+# held one, and its latency-bound grids (r50-128/256/512, c1d-audio, g2-256) ran 4-5 waves of one block.
+WG_KIND = {"float16": "16-bit", "bfloat16": "16-bit", "float32": "tf32"}
+WG_BLOCKS_AN_SM = {("16-bit", (64, 64)): 4, ("16-bit", (128, 64)): 3, ("16-bit", (128, 128)): 2,
+                   ("16-bit", (32, 64)): 8, ("tf32", (64, 64)): 4, ("tf32", (32, 64)): 6}
 # The last split of each tile to arrive finishes the tile in the kernel (`weight_igemm_plan`) while it reads at most
 # this many bytes of float sums (splits x the tile): one SM reads them after the last wave, at ~32-64 bytes a clock
 # and a load's latency per split (benchmarks.predict's `finish_tail`), where the separate final pass spreads
@@ -952,7 +965,8 @@ WG_FINISH_BYTES = 1 << 20
 def weight_finish_splits(kernel: str, template_args: list[str], threads: int) -> int:
     """The splits the last block of a tile reads a trip (`wg_finish`'s P, implicit_gemm.cu's WG_FINISH_SPLITS):
     two where conv_bwd_weight_igemm's threads add 32 elements each (its tile BM x BN over its threads: the 64 x 64
-    and 32 x 64 tiles), else one (its 128-row tiles, conv_bwd_weight_igemm_groups)."""
+    and 32 x 64 tiles), else one (conv_bwd_weight_igemm_groups; and its 128-row tiles, whose 64 elements a thread
+    take two passes of 32 at two splits a trip: as many round trips)."""
     if kernel != "conv_bwd_weight_igemm":
         return 1
     return 2 if int(template_args[2]) * int(template_args[3]) // threads == 32 else 1
@@ -984,8 +998,11 @@ def weight_igemm_refusal(spec: ConvSpec, dtype) -> str | None:
 
 def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     """Tile and grid of conv_bwd_weight_igemm: rows d (BM 32 for at most 32 output channels per group, 128 for
-    16-bit groups of 128 or more), columns (tap, c) by 64; the pixels split, as `plan_tensor_cores` does, by
-    the shapes only (never the SM count), so that the bits are the same on every run and every GPU."""
+    16-bit groups of 128 or more), columns (tap, c) by 64; the pixels split by the shapes only (never the SM
+    count), so that the bits are the same on every run and every GPU: at most as many splits as
+    `plan_tensor_cores` takes (about TC_SPLIT_BLOCKS blocks), and of those the count whose waves of the tile
+    (PLAN_SMS x `WG_BLOCKS_AN_SM`) times chunks a split are fewest (`fewest_wave_chunks`): never a few blocks
+    past a wave, which would run a second, mostly idle, one."""
     name = numpy.dtype(dtype).name
     rows, cols = spec.outputs_per_group, spec.taps * spec.channels_per_group
     if rows <= 32:
@@ -995,9 +1012,11 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     else:
         tile = (64, 64)
     blocks = (ceil_div(rows, tile[0]), spec.groups * ceil_div(cols, tile[1]))
-    splits, per_split = split_reduction(max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name])),
-                                        blocks[0] * blocks[1], TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS,
-                                        spec.out_channels * (cols + 1) * 4)
+    chunks = max(1, ceil_div(spec.n * spec.out_pixels, WG_CHUNK[name]))
+    most = split_reduction(chunks, blocks[0] * blocks[1], TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS,
+                           spec.out_channels * (cols + 1) * 4)[0]
+    wave = PLAN_SMS * WG_BLOCKS_AN_SM[WG_KIND[name], tile]
+    splits, per_split = fewest_wave_chunks(chunks, blocks[0] * blocks[1], wave, most)
     return TensorCorePlan(tile, (*blocks, splits), per_split)
 
 
