@@ -73,6 +73,7 @@ SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 # simt_fwd's chunk on sm_80+ (its operands by cp.async), simt_gemm.cu simt_fwd_chunk: 16 for these tiles (the loop's
 # per-chunk upkeep paid per 2,048 FFMA of a thread), SIMT_CHUNK for the others and on sm_70 (register-staged).
+# SIMT_LONG_CHUNK is also simt_gemm.cu's SIMT_WEIGHT_K_ALIGN: `simt_weight_t` pads K to a multiple of every chunk.
 SIMT_LONG_CHUNK, SIMT_LONG_CHUNK_TILES = 16, (SIMT_TALL, SIMT_NARROW, SIMT_TALL_FIT)
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
