@@ -4,8 +4,9 @@ Every instantiation with 32-bit indices and a representative subset of their 64-
 (CUDA 13) to a cubin for sm_90, and a representative subset of those with 32-bit indices for sm_80
 (test_nvrtc.sass_names) -- the very programs tests/test_nvrtc.py checks, compiled once per session
 (`kernel_programs`) -- and `cuobjdump -res-usage` reads each kernel's registers, static shared memory, stack frame
-and local memory (of the others, compiled fast, their static shared memory only: `register_bound`).  The launches come from running the public ops on `RecordingDevice`, a Device that records every launch (kernel, block, dynamic shared memory) and executes
-nothing, over the GPU benchmark cases of benchmarks/cases.py and the emulator tests' cases, forward and
+and local memory (of the others, compiled fast, their static shared memory only: `register_bound`); the loop checks
+read the optimised ones.  The launches come from running the public ops on `RecordingDevice`, a Device that records
+every launch (kernel, block, dynamic shared memory) and executes nothing, over the GPU benchmark cases of benchmarks/cases.py and the emulator tests' cases, forward and
 backward, in every dtype, with every algorithm, for both index types.  Each launch must fit the hardware
 (`launch_problems`):
 
@@ -500,7 +501,7 @@ def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
     """(name, instructions, opcodes) of each compiled tensor-core instantiation's main loop, in GROUPS order."""
     from cupyconv.ops import implicit_gemm
     loops = main_loop_opcodes(program)
-    return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["implicit_gemm.cu"]
+    return [(name, sum(loops[name].values()), loops[name]) for name in sass_names("implicit_gemm.cu", "sm_90")
             if name.split("<")[0] in implicit_gemm.TC_PASSES.values() and name in program.lowered]
 
 
@@ -563,9 +564,9 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     from cupyconv.ops import simt_gemm
     program = kernel_programs("simt_gemm.cu", "sm_90")
     opcodes, code = opcodes_of("simt_gemm.cu", "sm_90", kernel_programs), sass.disassemble(program)
-    assert not [n for n in GROUPS["simt_gemm.cu"] if opcodes[n]["HMMA"]]
+    assert not [n for n in sass_names("simt_gemm.cu", "sm_90") if opcodes[n]["HMMA"]]
     problems = []
-    for name in GROUPS["simt_gemm.cu"]:
+    for name in sass_names("simt_gemm.cu", "sm_90"):
         bm, bn, tm = (int(part) for part in name.rstrip(">").split(",")[-3:])
         rule, loop = sass.main_loop(code[name])
         assert rule == "fma", (name, rule)
@@ -636,7 +637,7 @@ def test_weight_igemm_main_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, usage = main_loop_opcodes(program), resource_usage(program, "sm_90")
     problems = []
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm<"):
             continue
         ops, tf32 = loops[name], "<float," in name
@@ -673,7 +674,7 @@ def channels_last_loop_problems(kernels: tuple, bounds: dict, programs) -> tuple
     places before a chunk's LDGSTS (ordering fences that load nothing)."""
     loops = main_loop_opcodes(programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         kernel, dtype = name.split(",")[0].split("<")
         if kernel not in kernels or ", int," not in name or dtype == "float":
             continue
@@ -711,7 +712,7 @@ def test_channels_last_tiles_blocks_an_sm(kernel_programs, sass_tools):
     usage = resource_usage(kernel_programs("implicit_gemm.cu", "sm_90"), "sm_90")
     items = {"__half": 2, "__nv_bfloat16": 2, "float": 4}
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_fwd_igemm<") or ", int," not in name:
             continue
         seen += 1
@@ -735,7 +736,7 @@ def test_weight_igemm_tiles_blocks_an_sm(kernel_programs, sass_tools):
     usage = resource_usage(kernel_programs("implicit_gemm.cu", "sm_90"), "sm_90")
     kinds = {"__half": "16-bit", "__nv_bfloat16": "16-bit", "float": "tf32"}
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm<") or ", int," not in name:
             continue
         seen += 1
@@ -781,7 +782,7 @@ def test_several_groups_main_loop_is_lean(kernel_programs, sass_tools):
     LDGSTS and LDSM only (no LDG; the LDS are NVRTC's three `LDS RZ, [RZ]` fences a staged tap)."""
     loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_fwd_igemm_groups<") or ", int," not in name:
             continue
         seen += 1
@@ -814,7 +815,7 @@ def test_weight_groups_main_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, usage = main_loop_opcodes(program), resource_usage(program, "sm_90")
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm_groups<"):
             continue
         loop, tf32 = loops[name], "<float," in name
@@ -871,7 +872,7 @@ def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, whole = unit_loop_opcodes(program), sass_opcodes(program)
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")
                 or name.startswith("channels_last_copies<")):
             continue
@@ -934,7 +935,7 @@ def depthwise_loop_table(program, kernels=PERSISTENT_DEPTHWISE) -> list[tuple[st
     from cupyconv.ops import depthwise
     loops = unit_loop_opcodes(program)
     rows = []
-    for name in GROUPS["depthwise.cu"]:
+    for name in sass_names("depthwise.cu", "sm_90"):
         kernel, rest = name.split("<")
         if kernel not in kernels or name not in loops:
             continue
@@ -1193,7 +1194,7 @@ def test_direct_conv_loops_stay_lean(kernel_programs):
     program = kernel_programs("conv.cu", "sm_90")
     code, usage = sass.disassemble(program), resource_usage(program, "sm_90")
     problems = []
-    for name in GROUPS["conv.cu"]:
+    for name in sass_names("conv.cu", "sm_90"):
         kernel, rest = name.split("<")
         args = [part.strip() for part in rest.rstrip(">").split(",")]
         if kernel not in ("conv_fwd_direct", "conv_bwd_weight_direct") or args[0] == "double" or args[1] != "int":
