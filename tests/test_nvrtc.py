@@ -4,9 +4,11 @@ sm_70 and sm_80 (`names_for`), cleanly.
 No GPU and no driver are needed: NVRTC is a library.  One program per kernel file holds all of that file's name
 expressions (as CuPy's RawModule does, from the same inlined source and options as CudaDevice), compiled to
 SASS so ptxas runs too.  Any error, any warning (a non-empty log) or a name expression that does not resolve
-fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.  sm_90 is compiled as CuPy
-compiles it; sm_70 and sm_80 with --Ofast-compile=max (`FAST_COMPILE`), and sm_80 once more, fully optimised,
-for a representative subset whose SASS tests/test_sass.py reads (`sass_names`).
+fails.  CUDA 13's NVRTC no longer targets Volta, so sm_70 is compiled by CUDA 12's.  Each (file, architecture) is
+at most two programs: the one tests/test_sass.py reads, fully optimised as CuPy compiles it (`sass_names`: on sm_90
+every 32-bit-index instantiation and representatives of their 64-bit twins, on sm_80 representatives of the 32-bit
+ones), and one of the rest with --Ofast-compile=max (`fast_names`: sm_90's other twins, every instantiation of
+sm_70 and sm_80).
 
 Each (kernel file, architecture) is compiled once per test session (`kernel_programs`) and the resulting cubin is
 kept: tests/test_sass.py reads the same binaries' resource use and instructions.
@@ -85,7 +87,8 @@ def check_compiles(arch: str, filename: str, source: str, names: list[str]) -> P
 
 GROUPS = grouped_instantiations()
 
-# The architecture every instantiation is compiled for (tests/test_sass.py reads all of its SASS).
+# The architecture every instantiation is compiled for, those with 32-bit indices fully optimised (tests/test_sass.py
+# reads all of their SASS), with representatives of their 64-bit twins (`sass_names`).
 FULL_ARCHES = ("sm_90",)
 
 
@@ -95,29 +98,45 @@ def index_type(name: str) -> str:
     return name.split("<", 1)[1].rstrip(">").split(",")[1].strip()
 
 
-# sm_70 and sm_80 compile every instantiation of `names_for` with NVRTC's fastest optimisation level: the C++ front
-# end (templates, the architecture's intrinsics and `#if __CUDA_ARCH__` branches) and ptxas (every inline PTX
-# instruction must exist on the architecture) still see each of them, the optimiser hardly runs, and nothing reads
-# these binaries' registers or instructions.  A whole-file compile then takes about an eighth of the CPU time
-# (depthwise.cu for sm_80: 11 s, not ~110 s), which was most of CI's run time.
+# `fast_names` (sm_70's and sm_80's instantiations, sm_90's 64-bit twins outside `sass_names`) are compiled with NVRTC's
+# fastest optimisation level: the C++ front end (templates, the architecture's intrinsics and `#if __CUDA_ARCH__`
+# branches) and ptxas (every inline PTX instruction must exist on the architecture) still see each of them, the
+# optimiser hardly runs, and nothing reads these binaries' registers or instructions (test_sass reads their static
+# shared memory only).  A whole-file compile then takes about an eighth of the CPU time (depthwise.cu for sm_80: 11 s,
+# not ~110 s), which was most of CI's run time; sm_90's 140 twins of depthwise.cu: 25 s, not ~100 s.
 FAST_COMPILE = ("--Ofast-compile=max",)
 FAST_COMPILE_FROM = (12, 8)   # the first NVRTC with the option; older ones compile these fully optimised
 # The architectures whose SASS tests/test_sass.py reads from a representative subset (`sass_names`), compiled again
 # fully optimised, as CuPy would compile it.
 SUBSET_ARCHES = ("sm_80",)
 # A subset program leaves some of a file's constexpr helpers unused (EDG's warning 177, "declared but never
-# referenced"); the whole-file program of the same architecture is the one that must have no warning at all.
+# referenced"); the fast program of the same architecture (every instantiation) is the one that must have no warning
+# at all.  On FULL_ARCHES the roles swap: the optimised program holds every 32-bit-index instantiation and must have
+# no warning, the fast one (some 64-bit twins) is the subset.
 SUBSET_OPTIONS = ("--diag-suppress=177",)
 
 
 def names_for(filename: str, arch: str) -> list[str]:
     """The name expressions of raw_kernels/<filename> compiled for arch: all of them for FULL_ARCHES; for sm_70 and
     sm_80 those with 32-bit indices.  Their 64-bit twins differ in the width of integer arithmetic only, which every
-    architecture has, and sm_90 compiles them (with their registers and spills checked by test_sass); every kernel
-    size, tile, type and variant is still compiled for Volta and Ampere, at half the NVRTC time (whole-file compiles
-    are most of CI's run time: depthwise.cu's 488 instantiations take some 320-420 s of CPU on sm_90)."""
+    architecture has, and sm_90 compiles them (the representatives' registers and spills checked by test_sass); every
+    kernel size, tile, type and variant is still compiled for Volta and Ampere, at half the NVRTC time (whole-file
+    compiles are most of CI's run time: depthwise.cu's 488 instantiations took some 320-420 s of CPU on sm_90 when
+    all were fully optimised)."""
     names = GROUPS[filename]
     return names if arch in FULL_ARCHES else [n for n in names if index_type(n) == "int"]
+
+
+def template_args(name: str) -> list[str]:
+    """'depthwise_fwd<float, int, 7, 2, true>' -> ['float', 'int', '7', '2', 'true']."""
+    return [a.strip() for a in name.split("<", 1)[1].rstrip(">").split(",")]
+
+
+def variant(name: str) -> tuple:
+    """What `representatives` groups by, whatever the index type: the kernel template, its element type and its
+    non-numeric arguments ('depthwise_fwd<float, int, 7, 2, true>' -> ('depthwise_fwd', 'float', ('true',)))."""
+    args = template_args(name)
+    return name.split("<", 1)[0], args[0], tuple(a for a in args[2:] if not a.isdigit())
 
 
 def representatives(names: list[str]) -> list[str]:
@@ -127,10 +146,7 @@ def representatives(names: list[str]) -> list[str]:
     K = 3, 5, 7 and stride 1, 2 instantiations of its variant.  In the order of `names`."""
     best: dict[tuple, tuple] = {}
     for name in names:
-        template, rest = name.split("<", 1)
-        args = [a.strip() for a in rest.rstrip(">").split(",")]
-        numbers = tuple(int(a) for a in args[2:] if a.isdigit())
-        key = (template, args[0], tuple(a for a in args[2:] if not a.isdigit()))
+        key, numbers = variant(name), tuple(int(a) for a in template_args(name)[2:] if a.isdigit())
         size = (math.prod(numbers), numbers)
         if key not in best or size > best[key][0]:
             best[key] = (size, name)
@@ -139,24 +155,43 @@ def representatives(names: list[str]) -> list[str]:
 
 
 def sass_names(filename: str, arch: str) -> list[str]:
-    """The instantiations whose optimised SASS `kernel_programs(filename, arch)` holds: every one of `names_for`
-    on FULL_ARCHES; on SUBSET_ARCHES their `representatives` (test_sass's checks of registers, spills, shared
-    memory and matrix instructions on sm_80 then cover each kernel template, element type and variant at its
-    largest size, and sm_90 every instantiation); none elsewhere."""
+    """The instantiations whose optimised SASS `kernel_programs(filename, arch)` holds: on FULL_ARCHES every one with
+    32-bit indices and the `representatives` of their 64-bit twins; on SUBSET_ARCHES the representatives of
+    `names_for`; none elsewhere.  test_sass's checks of registers, spills, shared memory and instructions then cover
+    every 32-bit-index instantiation on sm_90, and each kernel template, element type and variant at its largest size
+    with 64-bit indices on sm_90 and with 32-bit ones on sm_80.
+
+    Why a representative stands for its 64-bit twins: a twin is its 32-bit instantiation with wider index arithmetic
+    (the same code, tiles, loops and shared memory), and within a template, type and variant the largest kernel size
+    or tile holds the most live values, so the most registers and the first spill; test_sass bounds the registers of
+    the others by those of their template, type and variant (`register_bound`).  Compiling those others fully
+    optimised took some 110 s of CI's CPU for depthwise.cu alone; they are compiled fast (`fast_names`)."""
+    names = names_for(filename, arch)
     if arch in FULL_ARCHES:
-        return names_for(filename, arch)
-    return representatives(names_for(filename, arch)) if arch in SUBSET_ARCHES else []
+        wide = representatives([n for n in names if index_type(n) != "int"])
+        return [n for n in names if index_type(n) == "int" or n in wide]
+    return representatives(names) if arch in SUBSET_ARCHES else []
+
+
+def fast_names(filename: str, arch: str) -> list[str]:
+    """The instantiations of `names_for` that the fast program compiles (FAST_COMPILE): on FULL_ARCHES those outside
+    `sass_names` (the 64-bit twins that are no representative), elsewhere all of them.  With the optimised program,
+    every instantiation of `names_for` is compiled."""
+    names = names_for(filename, arch)
+    if arch in FULL_ARCHES:
+        optimised = set(sass_names(filename, arch))
+        return [n for n in names if n not in optimised]
+    return names
 
 
 def program_spec(filename: str, arch: str, sass: bool) -> tuple[list[str], list[str]]:
     """(names, options) of a program: sass=True the optimised one test_sass reads (`sass_names`), sass=False the
-    one that compiles every instantiation of `names_for` (the same program on FULL_ARCHES)."""
-    if arch in FULL_ARCHES:
-        return names_for(filename, arch), options_for(arch, filename)
+    fast one (`fast_names`)."""
+    whole = arch in FULL_ARCHES   # the optimised program holds every 32-bit-index instantiation, the fast one not
     if sass:
-        return sass_names(filename, arch), options_for(arch, filename, SUBSET_OPTIONS)
+        return sass_names(filename, arch), options_for(arch, filename, () if whole else SUBSET_OPTIONS)
     fast = FAST_COMPILE if nvrtc(ARCHES[arch]).version >= FAST_COMPILE_FROM else ()
-    return names_for(filename, arch), options_for(arch, filename, fast)
+    return fast_names(filename, arch), options_for(arch, filename, fast + (SUBSET_OPTIONS if whole else ()))
 
 
 @contextlib.contextmanager
@@ -177,9 +212,8 @@ def _file_lock(path: Path):
 
 def compile_file(filename: str, arch: str, shared_dir: str | None = None, sass: bool = True) -> Program:
     """Instantiations of raw_kernels/<filename> in one program for arch (`program_spec`): sass=True the optimised
-    program test_sass reads, sass=False the program of every instantiation test_every_instantiation_compiles checks.
-    The same program for both on FULL_ARCHES, compiled once."""
-    return _compile_file(filename, arch, shared_dir, sass or arch in FULL_ARCHES)
+    program test_sass reads, sass=False the fast one of the others (test_every_instantiation_compiles checks both)."""
+    return _compile_file(filename, arch, shared_dir, sass)
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,8 +263,7 @@ def on_program(filename: str, arch: str):
 def compile_cost(filename: str, arch: str) -> float:
     """Roughly the CPU time of a file's programs for arch, in fully optimised instantiations: those of `sass_names`,
     plus an eighth of one for each that only FAST_COMPILE compiles (its comment has the ratio)."""
-    fast = len(names_for(filename, arch)) if arch not in FULL_ARCHES else 0
-    return len(sass_names(filename, arch)) + fast / 8
+    return len(sass_names(filename, arch)) + len(fast_names(filename, arch)) / 8
 
 
 def program_params(arches) -> list:
@@ -241,8 +274,10 @@ def program_params(arches) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("filename, arch", program_params(ARCHES))
 def test_every_instantiation_compiles(filename, arch, kernel_programs):
-    check_program(kernel_programs(filename, arch, sass=False), arch, filename, names_for(filename, arch))
-    if arch in SUBSET_ARCHES:   # the optimised program test_sass reads
+    assert set(sass_names(filename, arch)) | set(fast_names(filename, arch)) == set(names_for(filename, arch))
+    if fast_names(filename, arch):
+        check_program(kernel_programs(filename, arch, sass=False), arch, filename, fast_names(filename, arch))
+    if sass_names(filename, arch):   # the optimised program test_sass reads
         check_program(kernel_programs(filename, arch), arch, filename, sass_names(filename, arch))
 
 
@@ -327,7 +362,10 @@ def test_representatives_take_each_variant_at_its_largest():
              "k<__half, int, 3, 1>", "t<float, int, 64, 64, 4>", "t<float, int, 128, 64, 4>", "j<float, int>"]
     assert representatives(names) == ["k<float, int, 7, 2>", "k<float, int, 3, 1, true>", "k<__half, int, 3, 1>",
                                       "t<float, int, 128, 64, 4>", "j<float, int>"]
-    assert sass_names("depthwise.cu", "sm_90") == GROUPS["depthwise.cu"] and not sass_names("conv.cu", "sm_70")
+    full = sass_names("depthwise.cu", "sm_90")
+    assert "depthwise_fwd<float, int, 3, 1, true>" in full and "depthwise_fwd<float, long long, 7, 2, true>" in full
+    assert "depthwise_fwd<float, long long, 3, 1, true>" in fast_names("depthwise.cu", "sm_90")
+    assert not set(full) & set(fast_names("depthwise.cu", "sm_90")) and not sass_names("conv.cu", "sm_70")
     subset = sass_names("depthwise.cu", "sm_80")
     assert "depthwise_fwd<float, int, 7, 2, true>" in subset and set(subset) < set(names_for("depthwise.cu", "sm_80"))
 

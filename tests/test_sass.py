@@ -1,10 +1,12 @@
 """The kernels' resource use, read from their SASS, against the launches the planners make; no GPU needed.
 
-Every instantiation is compiled by NVRTC (CUDA 13) to a cubin for sm_90, and a representative subset of those with
-32-bit indices for sm_80 (test_nvrtc.sass_names) -- the very programs tests/test_nvrtc.py checks, compiled once per
-session (`kernel_programs`) -- and `cuobjdump -res-usage` reads each kernel's registers, static shared memory,
-stack frame and local memory.  The launches come from running the public ops on `RecordingDevice`, a Device that records every launch (kernel, block, dynamic shared memory) and executes
-nothing, over the GPU benchmark cases of benchmarks/cases.py and the emulator tests' cases, forward and
+Every instantiation with 32-bit indices and a representative subset of their 64-bit twins are compiled by NVRTC
+(CUDA 13) to a cubin for sm_90, and a representative subset of those with 32-bit indices for sm_80
+(test_nvrtc.sass_names) -- the very programs tests/test_nvrtc.py checks, compiled once per session
+(`kernel_programs`) -- and `cuobjdump -res-usage` reads each kernel's registers, static shared memory, stack frame
+and local memory (of the others, compiled fast, their static shared memory only: `register_bound`); the loop checks
+read the optimised ones.  The launches come from running the public ops on `RecordingDevice`, a Device that records
+every launch (kernel, block, dynamic shared memory) and executes nothing, over the GPU benchmark cases of benchmarks/cases.py and the emulator tests' cases, forward and
 backward, in every dtype, with every algorithm, for both index types.  Each launch must fit the hardware
 (`launch_problems`):
 
@@ -45,7 +47,7 @@ from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
 # kernel_programs: the session's compiled programs (a fixture); on_program: their pytest-xdist groups
 from test_nvrtc import (GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
-                        FULL_ARCHES, index_type, on_program, program_params, sass_names)
+                        FULL_ARCHES, fast_names, index_type, on_program, program_params, sass_names, variant)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
@@ -377,6 +379,13 @@ def test_64bit_indices_change_no_plan():
     assert set(wide) == {index_twin(launch) for launch in narrow}
 
 
+def register_bound(optimised: dict[str, Usage], name: str) -> int:
+    """The registers assumed for an instantiation without optimised SASS: the most of the optimised instantiations of
+    its kernel template, element type and variant (test_nvrtc.variant), of either index type: its representative,
+    the largest size, where registers peak (test_nvrtc.sass_names says why), and on sm_90 its own 32-bit twin."""
+    return max(u.registers for n, u in optimised.items() if variant(n) == variant(name))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("filename, arch", program_params(SASS_ARCHES))
 def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sass_tools):
@@ -384,14 +393,16 @@ def test_resources_fit_every_planned_launch(filename, arch, kernel_programs, sas
     missing = sorted(set(sass_names(filename, arch)) - set(usage))
     assert not missing, f"cuobjdump -res-usage lists no resources for {missing}"
     problems = spill_problems(usage)
-    if arch not in FULL_ARCHES:
-        # The launches of instantiations outside sm_80's optimised subset still meet its shared memory limits, read
-        # from the program of every instantiation (test_nvrtc.FAST_COMPILE): the same declared __shared__ arrays
-        # (checked on the subset, compiled both ways), but registers of barely optimised code, so none of them.
+    if fast_names(filename, arch):
+        # The launches of the instantiations outside the optimised program (test_nvrtc.fast_names: sm_80's outside
+        # its representatives, sm_90's 64-bit twins outside theirs) still meet the limits: their static shared memory
+        # read from the fast program (the same declared __shared__ arrays: checked equal on sm_80's representatives,
+        # compiled both ways), their registers, barely optimised there, bounded by `register_bound`.
         whole = resource_usage(kernel_programs(filename, arch, sass=False), arch)
-        differ = {n: (whole[n].shared, u.shared) for n, u in usage.items() if whole[n].shared != u.shared}
+        differ = {n: (whole[n].shared, u.shared) for n, u in usage.items()
+                  if n in whole and whole[n].shared != u.shared}
         assert not differ, f"static shared memory (fast compile, optimised) differs: {differ}"
-        usage = {**{n: Usage(0, 0, u.shared, 0) for n, u in whole.items()}, **usage}
+        usage = {**{n: Usage(register_bound(usage, n), 0, u.shared, 0) for n, u in whole.items()}, **usage}
     for launch, case in sorted(recorded_launches().items(), key=lambda item: (item[0].name, item[0].block)):
         if launch.source == filename and launch.name in usage:   # (sm_80 has no 64-bit-index twins compiled)
             problems += [f"{launch.name}, block {launch.block}, {launch.shared_mem} bytes of dynamic shared memory "
@@ -408,16 +419,20 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
     from cupyconv.ops import implicit_gemm
     opcodes = opcodes_of("implicit_gemm.cu", arch, kernel_programs)
     listed = sass_names("implicit_gemm.cu", arch)
-    complete = arch == "sm_90"   # sm_80: each pass, type and variant at its largest tile (test_nvrtc.sass_names)
-    index_types = len({index_type(n) for n in listed})
+    # sm_90: every instantiation with 32-bit indices (`narrow`, counted here), and each pass, type and variant at its
+    # largest tile with 64-bit ones, as sm_80 with 32-bit ones (test_nvrtc.sass_names)
+    complete = arch in FULL_ARCHES
+
+    def narrow(names: list[str]) -> list[str]:
+        return [n for n in names if index_type(n) == "int"]
     names = [n for n in listed if n.split("<")[0] in implicit_gemm.TC_PASSES.values()]
     tiles = sum(len(tiles) for tiles in implicit_gemm.TC_TILES.values())
-    assert not complete or len(names) == len(implicit_gemm.TC_PASSES) * index_types * tiles
+    assert not complete or len(narrow(names)) == len(implicit_gemm.TC_PASSES) * tiles
     for name in names:
         expected = 32 if "<float," in name else 16
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
     weight_igemm = [n for n in listed if n.startswith("conv_bwd_weight_igemm<")]
-    assert not complete or len(weight_igemm) == index_types * sum(map(len, implicit_gemm.WG_TILES.values()))
+    assert not complete or len(narrow(weight_igemm)) == sum(map(len, implicit_gemm.WG_TILES.values()))
     for name in weight_igemm:  # + the bias gradient's: A times a column of ones (TF32: twice, A and its remainder)
         expected = 24 if "<float," in name else 40 if ", 128, " in name else 20
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
@@ -432,7 +447,7 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         assert opcodes[name]["HMMA"] == pairs * rows * columns // 256, (name, opcodes[name]["HMMA"])
     several_groups = [n for n in listed if n.startswith("conv_fwd_igemm_groups<")]
     forward_channels = implicit_gemm.IGG_FORWARD_CHANNELS.values()
-    assert not complete or len(several_groups) == index_types * sum(map(len, forward_channels))
+    assert not complete or len(narrow(several_groups)) == sum(map(len, forward_channels))
     for name in several_groups:   # per chunk, every warp: its rows x its groups' columns, a k-step per 32 bytes of K
         rows, channels = (int(part) for part in name.rstrip(">").split(",")[2:4])
         itemsize = 4 if "<float," in name else 2
@@ -443,7 +458,7 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         expected = warp_rows // 16 * warp_groups * (channels // 8) * (chunk_taps * channels * itemsize // 32)
         assert opcodes[name]["HMMA"] == expected, (name, opcodes[name]["HMMA"])
     weight_groups = [n for n in listed if n.startswith("conv_bwd_weight_igemm_groups<")]
-    assert not complete or len(weight_groups) == index_types * sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
+    assert not complete or len(narrow(weight_groups)) == sum(map(len, implicit_gemm.IGG_GROUP_CHANNELS.values()))
     for name in weight_groups:   # two k-steps a chunk, each warp: its taps x CG x CG, + A x ones (TF32: twice)
         channels, tf32 = int(name.rstrip(">").split(",")[2]), "<float," in name
         groups = (32 if tf32 else 64) // channels   # a block's (4 warps: 4 / groups a group, splitting its taps)
@@ -486,7 +501,7 @@ def tensor_core_loop_table(program) -> list[tuple[str, int, Counter]]:
     """(name, instructions, opcodes) of each compiled tensor-core instantiation's main loop, in GROUPS order."""
     from cupyconv.ops import implicit_gemm
     loops = main_loop_opcodes(program)
-    return [(name, sum(loops[name].values()), loops[name]) for name in GROUPS["implicit_gemm.cu"]
+    return [(name, sum(loops[name].values()), loops[name]) for name in sass_names("implicit_gemm.cu", "sm_90")
             if name.split("<")[0] in implicit_gemm.TC_PASSES.values() and name in program.lowered]
 
 
@@ -550,9 +565,9 @@ def test_fma_gemm_main_loops_are_fma_bound(kernel_programs, sass_tools):
     from cupyconv.ops import simt_gemm
     program = kernel_programs("simt_gemm.cu", "sm_90")
     opcodes, code = opcodes_of("simt_gemm.cu", "sm_90", kernel_programs), sass.disassemble(program)
-    assert not [n for n in GROUPS["simt_gemm.cu"] if opcodes[n]["HMMA"]]
+    assert not [n for n in sass_names("simt_gemm.cu", "sm_90") if opcodes[n]["HMMA"]]
     problems = []
-    for name in GROUPS["simt_gemm.cu"]:
+    for name in sass_names("simt_gemm.cu", "sm_90"):
         bm, bn, tm = (int(part) for part in name.rstrip(">").split(",")[-3:])
         rule, loop = sass.main_loop(code[name])
         assert rule == "fma", (name, rule)
@@ -623,7 +638,7 @@ def test_weight_igemm_main_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, usage = main_loop_opcodes(program), resource_usage(program, "sm_90")
     problems = []
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm<"):
             continue
         ops, tf32 = loops[name], "<float," in name
@@ -660,7 +675,7 @@ def channels_last_loop_problems(kernels: tuple, bounds: dict, programs) -> tuple
     places before a chunk's LDGSTS (ordering fences that load nothing)."""
     loops = main_loop_opcodes(programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         kernel, dtype = name.split(",")[0].split("<")
         if kernel not in kernels or ", int," not in name or dtype == "float":
             continue
@@ -698,7 +713,7 @@ def test_channels_last_tiles_blocks_an_sm(kernel_programs, sass_tools):
     usage = resource_usage(kernel_programs("implicit_gemm.cu", "sm_90"), "sm_90")
     items = {"__half": 2, "__nv_bfloat16": 2, "float": 4}
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_fwd_igemm<") or ", int," not in name:
             continue
         seen += 1
@@ -722,7 +737,7 @@ def test_weight_igemm_tiles_blocks_an_sm(kernel_programs, sass_tools):
     usage = resource_usage(kernel_programs("implicit_gemm.cu", "sm_90"), "sm_90")
     kinds = {"__half": "16-bit", "__nv_bfloat16": "16-bit", "float": "tf32"}
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm<") or ", int," not in name:
             continue
         seen += 1
@@ -768,7 +783,7 @@ def test_several_groups_main_loop_is_lean(kernel_programs, sass_tools):
     LDGSTS and LDSM only (no LDG; the LDS are NVRTC's three `LDS RZ, [RZ]` fences a staged tap)."""
     loops = main_loop_opcodes(kernel_programs("implicit_gemm.cu", "sm_90"))
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_fwd_igemm_groups<") or ", int," not in name:
             continue
         seen += 1
@@ -801,7 +816,7 @@ def test_weight_groups_main_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, usage = main_loop_opcodes(program), resource_usage(program, "sm_90")
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not name.startswith("conv_bwd_weight_igemm_groups<"):
             continue
         loop, tf32 = loops[name], "<float," in name
@@ -858,7 +873,7 @@ def test_channels_last_copy_loop_is_lean(kernel_programs, sass_tools):
     program = kernel_programs("implicit_gemm.cu", "sm_90")
     loops, whole = unit_loop_opcodes(program), sass_opcodes(program)
     problems, seen = [], 0
-    for name in GROUPS["implicit_gemm.cu"]:
+    for name in sass_names("implicit_gemm.cu", "sm_90"):
         if not (name.startswith("channels_last_copy<") and name.endswith(", int, true>")
                 or name.startswith("channels_last_copies<")):
             continue
@@ -921,7 +936,7 @@ def depthwise_loop_table(program, kernels=PERSISTENT_DEPTHWISE) -> list[tuple[st
     from cupyconv.ops import depthwise
     loops = unit_loop_opcodes(program)
     rows = []
-    for name in GROUPS["depthwise.cu"]:
+    for name in sass_names("depthwise.cu", "sm_90"):
         kernel, rest = name.split("<")
         if kernel not in kernels or name not in loops:
             continue
@@ -1180,7 +1195,7 @@ def test_direct_conv_loops_stay_lean(kernel_programs):
     program = kernel_programs("conv.cu", "sm_90")
     code, usage = sass.disassemble(program), resource_usage(program, "sm_90")
     problems = []
-    for name in GROUPS["conv.cu"]:
+    for name in sass_names("conv.cu", "sm_90"):
         kernel, rest = name.split("<")
         args = [part.strip() for part in rest.rstrip(">").split(",")]
         if kernel not in ("conv_fwd_direct", "conv_bwd_weight_direct") or args[0] == "double" or args[1] != "int":

@@ -304,11 +304,13 @@ class EmulatedDevice(cupyconv_device.Device):
         return names
 
     def _part(self, required: str | None) -> str | None:
-        """An ASan build of a cupyconv kernel file is two libraries, of its 32-bit-index instantiations ("int") and
-        of their 64-bit twins ("long long"), each compiled when a launch first needs it: most ASan runs launch the
-        former only, and g++ under ASan takes ~75 s of CI's cores for depthwise.cu's whole file.  Other builds hold
-        every instantiation in one library."""
-        if not (self.asan and self._package):
+        """An ASan or profile (counters) build of a cupyconv kernel file is two libraries, of its 32-bit-index
+        instantiations ("int") and of their 64-bit twins ("long long"), each compiled when a launch first needs it:
+        most ASan and counter runs launch the former only, and g++ under ASan takes ~75 s of CI's cores for
+        depthwise.cu's whole file (the profile build of implicit_gemm.cu, which tests/test_counters.py makes, held
+        71 twins no counter test launches).  The plain builds hold every instantiation in one library: the emulator
+        tests launch both index types of every file."""
+        if not ((self.asan or self.counters) and self._package):
             return None
         return "long long" if required is not None and ", long long" in required else "int"
 
