@@ -569,19 +569,19 @@ def test_which_shapes_finish_in_the_kernel():
 # takes.  Each is at most the splits that bring the grid to about TC_SPLIT_BLOCKS blocks, and of those the count
 # whose waves of the tile (PLAN_SMS x WG_BLOCKS_AN_SM) times chunks a split are fewest: r50-128's TF32 36 tiles
 # in 14 splits (504 blocks, one wave of 4 an SM; 15 were 540: a second wave of 12 blocks), its 16-bit 9 tiles of
-# 128 x 128 in 28 (252 blocks, one wave of 2 an SM; 56 were four).  Then, of at most those splits and waves, the
-# count whose busiest SM runs the fewest chunks (`busiest_sm_chunks`): r50-64's 9 tiles in 44 splits (396 blocks,
-# 3 an SM of 72 chunks: 216; 56 put 4 of 56 on most SMs: 224), r50-128's TF32 36 tiles in 11 (396: 3 of 72
-# chunks, 14 put 4 of 56 on most).
-WAVE_PLANS = {(64, 56, "float16"): (1, 9, 44), (64, 56, "float32"): (1, 9, 44), (128, 28, "float16"): (1, 9, 28),
-              (128, 28, "float32"): (2, 18, 11), (256, 14, "float16"): (2, 18, 7), (256, 14, "float32"): (4, 36, 3),
+# 128 x 128 in 28 (252 blocks, one wave of 2 an SM; 56 were four).  Then (16-bit), of at most those splits, the
+# count whose busiest SM runs the fewest chunks with 3 blocks or more (`busiest_sm_chunks`): r50-64's 9 tiles in
+# 44 splits (396 blocks, 3 an SM of 72 chunks: 216; 56 put 4 of 56 on most SMs: 224).
+WAVE_PLANS = {(64, 56, "float16"): (1, 9, 44), (64, 56, "float32"): (1, 9, 57), (128, 28, "float16"): (1, 9, 28),
+              (128, 28, "float32"): (2, 18, 14), (256, 14, "float16"): (2, 18, 7), (256, 14, "float32"): (4, 36, 3),
               (512, 7, "float16"): (4, 36, 3), (512, 7, "float32"): (8, 72, 1)}
 
 
 @pytest.mark.parametrize("shape", sorted(WAVE_PLANS), ids=str)
 def test_splits_never_run_a_few_blocks_past_a_wave(shape):
     """`plan_weight_igemm` on ResNet-50's layers: the grids of WAVE_PLANS, within today's splits; no split count
-    runs fewer chunks on its busiest SM within the wave rule's splits (`busiest_sm_chunks`)."""
+    runs fewer chunks on its busiest SM (3 blocks or more) within the wave rule's splits (16-bit,
+    `busiest_sm_chunks`)."""
     channels, size, dtype = shape
     spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float16),
                                                numpy.empty((channels, channels, 3, 3)), None, stride=1, padding=1,
@@ -596,7 +596,21 @@ def test_splits_never_run_a_few_blocks_past_a_wave(shape):
         plan.splits - 1)
     wave = igemm.PLAN_SMS * igemm.WG_BLOCKS_AN_SM[igemm.WG_KIND[dtype], plan.tile]
     wave_splits = igemm.fewest_wave_chunks(chunks, tiles, wave, most)[0]
+    if dtype == "float32":   # TF32 keeps the wave rule
+        assert plan.splits == wave_splits
+        return
     busiest = -(-tiles * plan.splits // igemm.PLAN_SMS) * plan.chunks_per_split
     assert plan.splits <= wave_splits
-    for s in range(1, wave_splits + 1):   # (an independent count: SMs' blocks x chunks a split)
-        assert -(-tiles * s // igemm.PLAN_SMS) * -(-chunks // s) >= busiest, (s, plan)
+    for s in range(1, wave_splits + 1):   # (an independent count: SMs' blocks x chunks a split, 3 blocks or more)
+        if -(-tiles * s // igemm.PLAN_SMS) >= 3:
+            assert -(-tiles * s // igemm.PLAN_SMS) * -(-chunks // s) >= busiest, (s, plan)
+
+
+def test_the_busiest_sm_keeps_three_blocks_and_a_tie_takes_more_splits():
+    """`busiest_sm_chunks` (16-bit splits): 12 tiles of two blocks an SM over 1000 chunks keep the wave rule's 22
+    splits (264 blocks, 2 x 46 chunks on the busiest SM) although 11 (one block of 91 chunks an SM) would run fewer
+    there: one block an SM is latency-bound.  9 tiles over 1013 chunks: 57 splits (4 blocks of 18 on the busiest
+    SM) and 43 (3 of 24) tie at 72 chunks; the more splits win (more blocks to hide latency)."""
+    assert igemm.fewest_wave_chunks(1000, 12, 264, 22)[0] == 22
+    assert igemm.busiest_sm_chunks(1000, 12, 264, 22) == (22, 46)
+    assert igemm.busiest_sm_chunks(1013, 9, 528, 60) == (57, 18)
