@@ -9,7 +9,8 @@
 //
 // x is read through a batch view (image q at (q / x_inner) * x_stride_outer + (q % x_inner) * x_stride_inner,
 // then c, h, w strides); out and grad_out are contiguous (images, D, oH, oW); weight_t is the weight transposed
-// per group, contiguous (G, C / G * taps, D / G), so that a warp reads B along n in whole 128-byte lines.
+// per group, contiguous (G, C / G * taps, D / G) but zero-padded to (G, K rounded up to SIMT_WEIGHT_K_ALIGN, D / G
+// rounded up to the column tile) and 16-byte aligned, so that a warp reads B along n in whole 128-byte lines.
 //
 // A block of BM * BN / (TM * 8) threads computes a BM x BN tile of C, each thread TM x 8 of it in registers:
 // rows 4 tm.. + q BM / (TM / 4) for q < TM / 4, columns 4 tn.. and BN / 2 + 4 tn.., read as float4 from shared
@@ -19,9 +20,10 @@
 // so that stores along k hit distinct banks).  On sm_70 both kernels stage through registers in two stages: the
 // global loads of chunk t + 1 go to registers before the FMAs of chunk t and to the other stage after them, one
 // barrier per chunk; the weight gradient's B always does (its column sums are taken there).  On sm_80+ the forward
-// copies each element global -> shared by a 4-byte cp.async (zero-filled outside the problem: no register, store
-// or zeroing) into SIMT_ASYNC_STAGES stages (two with chunks of 16), one wait and one barrier per chunk, and the
-// weight gradient its A into the other of its two stages.  Each operand is loaded with the lanes of a warp
+// copies each element of A global -> shared by a 4-byte cp.async (zero-filled outside the problem: no register,
+// store or zeroing), and B, its weight_t zero-padded to whole chunks and column tiles, by unpredicated 16-byte ones,
+// into SIMT_ASYNC_STAGES stages (two with chunks of 16), one wait and one barrier per chunk, and the weight gradient
+// its A into the other of its two stages.  Each operand is loaded with the lanes of a warp
 // along its rows (the forward: pixels of x, columns n of weight_t) or along k (the weight gradient's pixels),
 // whichever runs along memory. The main loop decodes nothing by division: a k slot's tap comes from FastDivmod, a
 // pixel cursor advances by SIMT_BK with carries; the divisions of the prologue and epilogue are paid once per row.
@@ -39,7 +41,8 @@
 #endif
 constexpr int SIMT_BK = 8;   // the K chunk
 constexpr int SIMT_PAD = 4;  // floats after each staged row of a chunk: keeps float4 alignment, spreads banks
-constexpr int SIMT_ASYNC_STAGES = 3;  // the cp.async pipeline's: two chunks in flight while the FMAs read a third
+constexpr int SIMT_ASYNC_STAGES = 3;
+constexpr int SIMT_WEIGHT_K_ALIGN = 16;  // simt_fwd's weight_t rows: K padded to a multiple of every chunk  // the cp.async pipeline's: two chunks in flight while the FMAs read a third
 // The forward's chunk and stages with cp.async: K chunks of 16 for the 256 x 64, 192 x 64 and 128 x 32 tiles (the
 // loop's per-chunk upkeep -- barrier, wait, stage addresses, loop -- paid per 2,048 FFMA of a thread at 256 x 64,
 // not 1,024; 192 x 64 x 12: 1.213 loop instructions a FFMA, not 1.237, 209 registers), in two stages (the same
@@ -84,7 +87,8 @@ template <typename I> struct SimtPixel {
 // `Gather` supplies the operands and takes the results:
 //   typedefs LoadA, LoadB (SimtLoad layouts), ACursor, BCursor; M, N;
 //   BK, STAGES, ASYNC (static): the K chunk, the stages of shared memory, whether operands go by cp.async
-//     (a_copy/b_copy: a(at, rs)/b(at, rs) into shared memory) or through registers (a/b, then a store);
+//     (a_copy: a(at, rs) into shared memory; B's whole chunk by b_copy_chunk(stage, rows) from
+//     b_chunk_start(k), moved on by b_chunk_advance) or through registers (a/b, then a store);
 //   ACursor a_start(I k), a_advance(ACursor&) (k += BK); the same for B: what GEMM index k means for the
 //     operand, decoded once per chunk and k slot for all of the thread's rows;
 //   float a(const ACursor&, int rs), b(const BCursor&, int rs): the element at the cursor and the thread's row
@@ -194,15 +198,11 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
     // (no staging register, no store, no zeroing), SIMT_ASYNC_STAGES - 1 chunks in flight.  Chunk t + S - 1 goes
     // to the stage chunk t - 1 was read from: every thread finished that before the barrier of iteration t.
     constexpr int S = Gather::STAGES;
+    auto b_chunk = gather.b_chunk_start(k_begin);  // B by whole 16-byte copies (b_copy_chunk)
     auto issue_chunk = [&](int stage) {  // the chunk at the cursors into `stage`, then the cursors move on
       copy_a(stage);
-#pragma unroll
-      for (int ks = 0; ks < LB::K_SLOTS; ++ks) {
-#pragma unroll
-        for (int rs = 0; rs < LB::ROW_SLOTS; ++rs)
-          gather.b_copy(bs + (stage * BK + LB::k(ks)) * PB + LB::row(rs), b_at[ks], rs);
-        gather.b_advance(b_at[ks]);
-      }
+      gather.b_copy_chunk(bs + stage * BK * PB, b_chunk);
+      gather.b_chunk_advance(b_chunk);
     };
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
@@ -349,6 +349,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   I M, pixels;
   U x_stride_c, channel_step;  // channel_step: BK / taps channels
   int N, K, taps, tap_step, g, n0, groups;  // tap_step: BK % taps
+  int b_rows, b_stride;  // weight_t's padded rows (K to SIMT_WEIGHT_K_ALIGN) and columns (N to whole tiles)
   bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
   I row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin,
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
@@ -386,18 +387,31 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
     const bool inside = (at.bits & row_outside[rs]) == 0;
     cp_async_ca_4(dst, at.x + row_origin[rs], inside ? 4 : 0);
   }
-  struct BCursor { const T* row; int k; };  // weight_t's row k at the thread's first column
-  __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * K + k) * N + n0 + LoadB::row(0), (int)k}; }
-  __device__ void b_advance(BCursor& at) const {
-    at.row += (I)BK * N;
-    at.k += BK;
-  }
-  __device__ float b(const BCursor& at, int rs) const {
-    return n0 + LoadB::row(rs) < N && at.k < K ? to_acc(at.row[32 * rs]) : 0.0f;  // row(rs) = row(0) + 32 rs
-  }
-  __device__ void b_copy(float* dst, const BCursor& at, int rs) const {
-    const bool inside = n0 + LoadB::row(rs) < N && at.k < K;
-    cp_async_ca_4(dst, at.row + 32 * rs, inside ? 4 : 0);
+  // B: weight_t is zero-padded to whole K chunks and column tiles (b_rows x b_stride a group, 16-byte aligned:
+  // cupyconv/ops/simt_gemm.py `simt_weight_t`), so no load of it is predicated; the zeros past K meet A's zeros
+  // there and those past N feed columns never stored: the same sums.
+  struct BCursor { const T* row; };  // weight_t's row k at the thread's first column
+  __device__ BCursor b_start(I k) const { return {weight_t + ((I)g * b_rows + k) * b_stride + n0 + LoadB::row(0)}; }
+  __device__ void b_advance(BCursor& at) const { at.row += (I)BK * b_stride; }
+  __device__ float b(const BCursor& at, int rs) const { return to_acc(at.row[32 * rs]); }  // row(rs) = row(0) + 32 rs
+  // With cp.async, a chunk of B (BK rows of BN) goes by B_VECS 16-byte copies a thread, none predicated, not
+  // BK * BN / THREADS 4-byte ones with a predicate each (sm_90 192 x 64 x 12: 8 -> 2 LDGSTS a chunk of 16): the
+  // lanes along n, the thread's first at row b_k() and column b_c() of the chunk, its others B_K_STEP rows further
+  // each.  Its cursor is the index of that first element (b_chunk_start): an index, not a pointer, is one register
+  // fewer (int), which kept 128 x 64 x 8 at 128 registers (127; 130 with a pointer).
+  static constexpr int B_VECS = BK * BN / (4 * THREADS), B_K_STEP = 4 * THREADS / BN;
+  static_assert(B_VECS >= 1 && 4 * THREADS % BN == 0, "whole 16-byte copies of B's chunk, rows by whole passes");
+  __device__ static int b_k() { return threadIdx.x / (BN / 4); }
+  __device__ static int b_c() { return 4 * (threadIdx.x % (BN / 4)); }
+  __device__ I b_chunk_start(I k) const { return ((I)g * b_rows + k + b_k()) * b_stride + n0 + b_c(); }
+  __device__ void b_chunk_advance(I& at) const { at += (I)BK * b_stride; }
+  __device__ void b_copy_chunk(float* stage, I at) const {  // at: b_chunk_start's index, moved on
+    float* dst = stage + b_k() * (BN + SIMT_PAD) + b_c();
+    const T* src = weight_t + at;
+#pragma unroll
+    for (int v = 0; v < B_VECS; ++v) {
+      cp_async_cg_16(dst + v * B_K_STEP * (BN + SIMT_PAD), src + v * B_K_STEP * b_stride, 16);
+    }
   }
   __device__ I out_row(I m) const {  // where row m = (image, pixel) of group g starts in out (n, groups * N, pixels)
     const I image = m / pixels;
@@ -410,8 +424,13 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   }
 };
 
+// 128 x 64 x 8 runs four blocks of 128 threads an SM (cupyconv/ops/simt_gemm.py SIMT_BLOCKS_AN_SM, held by
+// tests/test_sass.py): at most 128 registers, which ptxas kept by itself until B went by 16-byte copies (151 at
+// sm_90 without this bound).  Two blocks of the bound's SIMT_MAX_THREADS are the same 512 threads an SM.
+template <int BM, int BN, int TM>
+constexpr int simt_fwd_min_blocks = BM == 128 && BN == 64 && TM == 8 ? 512 / SIMT_MAX_THREADS : 1;
 template <typename T, typename I, int BM, int BN, int TM>
-__global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
+__global__ void __launch_bounds__(SIMT_MAX_THREADS, simt_fwd_min_blocks<BM, BN, TM>) simt_fwd(
     const T* __restrict__ x, const T* __restrict__ weight_t, const T* __restrict__ bias, T* __restrict__ out, I n,
     I x_inner, I x_stride_outer, I x_stride_inner, I x_stride_c, I x_stride_h, I x_stride_w, int groups,
     int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w, int stride_h,
@@ -431,6 +450,7 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS) simt_fwd(
   f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.tap_table = tap_table;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
   f.taps = taps; f.K = channels_per_group * taps;
+  f.b_rows = (f.K + SIMT_WEIGHT_K_ALIGN - 1) / SIMT_WEIGHT_K_ALIGN * SIMT_WEIGHT_K_ALIGN; f.b_stride = n_tiles * BN;
   f.tap_step = F::BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(F::BK / taps) * (U)x_stride_c;
   f.groups = groups; f.has_bias = has_bias;
   f.rows_in_fours = f.pixels % 4 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;

@@ -58,6 +58,7 @@ TC_SWEEP = "tests/test_tensor_core_sweep.py"
 SIMT = "tests/test_simt_gemm_kernels.py"
 SIMT_PY = "cupyconv/ops/simt_gemm.py"
 SIMT_RULE = SIMT + " -k 'rule_of_the_shapes or tall_tile or grid_y or auto_rule'"   # simt_fwd_tile, simt_preferred
+SIMT_B = SIMT + " -k 'matches_cpu_path or weight_t'"   # simt_fwd's B: weight_t padded, copied 16 bytes at a time
 WG = "tests/test_weight_igemm.py"
 IG = "tests/test_igemm_kernels.py"
 IG_PHASES = "tests/test_igemm_phases.py"
@@ -741,8 +742,24 @@ MUTATIONS = [
       "(a_stage + k * PA + (q & 1) * ROW_SPAN);", SIMT, "register tile"),
     M("simt-fragment-b-half", "simt_gemm.cu", "(b_stage + k * PB + BN / 2);", "(b_stage + k * PB + BN / 4);", SIMT,
       "register tile"),
-    M("simt-fwd-int-weight-row", "simt_gemm.cu", "return {weight_t + ((I)g * K + k) * N + n0",
-      "return {weight_t + (g * K + (int)k) * N + n0", SIMT, "32-bit index"),
+    M("simt-fwd-int-weight-row", "simt_gemm.cu", "__device__ I b_chunk_start(I k) const { return ((I)g * b_rows + k",
+      "__device__ I b_chunk_start(I k) const { return (g * b_rows + (int)k", SIMT, "32-bit index"),
+    M("simt-fwd-b-stride-unpadded", "simt_gemm.cu", "f.b_stride = n_tiles * BN;", "f.b_stride = f.N;", SIMT_B,
+      "forward: weight_t's padded row stride"),
+    M("simt-fwd-b-rows-unpadded", "simt_gemm.cu", "f.b_rows = (f.K + SIMT_WEIGHT_K_ALIGN - 1)",
+      "f.b_rows = (f.K + 0)", SIMT_B, "forward: weight_t's padded rows a group"),
+    M("simt-fwd-b-copy-column", "simt_gemm.cu", "return 4 * (threadIdx.x % (BN / 4)); }",
+      "return threadIdx.x % (BN / 4); }", SIMT_B, "forward: B's 16-byte copies"),
+    M("simt-fwd-b-copy-row-step", "simt_gemm.cu", "B_K_STEP = 4 * THREADS / BN;", "B_K_STEP = 2 * THREADS / BN;",
+      SIMT_B, "forward: B's 16-byte copies"),
+    M("simt-fwd-b-chunk-advance", "simt_gemm.cu", "at += (I)BK * b_stride; }", "at += (I)SIMT_BK * b_stride; }",
+      SIMT_B, "forward: B's chunk cursor"),
+    M("simt-weight-t-pad-poison", SIMT_PY, "out = device.zeros((g, rows, cols), weight_t.dtype) if",
+      "out = device.empty((g, rows, cols), weight_t.dtype) if", SIMT_B, "forward: weight_t's zero padding"),
+    M("simt-weight-t-pad-k", SIMT_PY, "rows, cols = ceil_div(k, SIMT_LONG_CHUNK) * SIMT_LONG_CHUNK,",
+      "rows, cols = k,", SIMT_B, "forward: weight_t's padding"),
+    M("simt-weight-t-unaligned", SIMT_PY, "if _address(out) % 16 == 0:", "if True:",
+      SIMT_B, "forward: weight_t's alignment"),
     M("simt-bwd-weight-unit-column-stride", "simt_gemm.cu", "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0 * (U)x_stride_w;",
       "(U)cursor.y0 * (U)x_stride_h + (U)cursor.x0;", SIMT, "strided x"),
     M("simt-bias-sum-last-chunk-only", "simt_gemm.cu", "if constexpr (Gather::SUMS_B) b_sum[ks][rs] += b_next[ks][rs];",

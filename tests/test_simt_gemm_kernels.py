@@ -27,7 +27,9 @@ TOLERANCE = 2e-6
 
 CASES = [
     C("plain", (2, 16, 9, 7), (20, 16, 3, 3), padding=1),                              # M 126, N 20, K 144
-    C("groups2_stride_dilation_per_axis", (1, 32, 11, 10), (24, 16, 3, 2), stride=(2, 1),
+    # 15 channels a group: K 90 (72 for the input gradient), not a whole chunk of 16, so the second group's B
+    # starts past the first's zero-padded rows (simt_fwd's weight_t, `simt_weight_t`)
+    C("groups2_stride_dilation_per_axis", (1, 30, 11, 10), (24, 15, 3, 2), stride=(2, 1),
       padding=((2, 0), (0, 3)), dilation=(1, 2), groups=2),
     C("wide_tile_many_row_blocks", (3, 5, 13, 12), (70, 5, 3, 3), padding=((0, 2), (1, 0)), bias=False),  # N 70
     C("long_k_last_row_and_column", (1, 40, 6, 5), (9, 40, 5, 5), padding=((0, 4), (4, 0))),   # K 1000
@@ -391,6 +393,29 @@ def test_64_bit_index_variant(name, tiles, monkeypatch):
 
 #: 65535 groups (the most grid.y takes) of 64 -> 64 channels, 3 x 3: the last group's weights start past 2^31.
 HUGE_GROUPS = 65535
+
+
+def test_weight_t_padded_with_zeros_and_aligned():
+    """simt_fwd's B copies are unpredicated 16-byte cp.async, so `simt_weight_t` must hand it weight_t padded with
+    zeros to whole K chunks of 16 and column tiles, C-contiguous and 16-byte aligned: from a strided 5-D view (the
+    input gradient's flipped weight), from a contiguous but misaligned array (a copy), and an aligned contiguous
+    array as it is."""
+    device, rng = _device.Device(), numpy.random.default_rng(5)
+    flipped = rng.standard_normal((2, 5, 3, 3, 20)).astype(numpy.float32)[:, :, ::-1, ::-1]   # K 45, N 20
+    got = simt_gemm.simt_weight_t(device, flipped, (128, 32, 8))
+    want = numpy.zeros((2, 48, 32), numpy.float32)
+    want[:, :45, :20] = flipped.reshape(2, 45, 20)
+    assert got.flags.c_contiguous and _device._address(got) % 16 == 0
+    numpy.testing.assert_array_equal(got, want)
+    buffer = numpy.zeros(2 * 16 * 64 + 8, numpy.float32)
+    start = -buffer.ctypes.data % 16 // 4   # an aligned first element, then one 4 bytes past it
+    aligned = buffer[start:start + 2 * 16 * 64].reshape(2, 16, 64)
+    aligned[...] = rng.standard_normal(aligned.shape)
+    assert _device._address(simt_gemm.simt_weight_t(device, aligned, (256, 64, 16))) == _device._address(aligned)
+    misaligned = buffer[start + 1:start + 1 + 2 * 16 * 64].reshape(2, 16, 64)
+    got = simt_gemm.simt_weight_t(device, misaligned, (256, 64, 16))
+    assert _device._address(got) % 16 == 0
+    numpy.testing.assert_array_equal(got, misaligned)
 
 
 def test_64_bit_indices_past_2_31():

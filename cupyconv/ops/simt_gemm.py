@@ -17,6 +17,7 @@ import numpy
 from .. import settings
 from .._kernels import (INDEX_TYPES, INT32_MAX, MAX_GRID, PLAN_SMS, KernelFile, batch_args, batch_view, extent,
                         index_type, kernel_name, split_reduction)
+from .._device import _address
 from .._spec import ConvSpec, ceil_div, transposed_spec
 
 # Block tiles (rows, columns of C, rows per thread TM; each thread TM x 8 of C, so BM * BN / (8 TM) threads):
@@ -72,6 +73,7 @@ SIMT_PASSES = {"forward": "simt_fwd", "weight": "simt_bwd_weight"}   # the input
 SIMT_CHUNK = 8             # simt_gemm.cu's SIMT_BK: the K (reduction) chunk
 # simt_fwd's chunk on sm_80+ (its operands by cp.async), simt_gemm.cu simt_fwd_chunk: 16 for these tiles (the loop's
 # per-chunk upkeep paid per 2,048 FFMA of a thread), SIMT_CHUNK for the others and on sm_70 (register-staged).
+# SIMT_LONG_CHUNK is also simt_gemm.cu's SIMT_WEIGHT_K_ALIGN: `simt_weight_t` pads K to a multiple of every chunk.
 SIMT_LONG_CHUNK, SIMT_LONG_CHUNK_TILES = 16, (SIMT_TALL, SIMT_NARROW, SIMT_TALL_FIT)
 SIMT_MAX_REACH = 2**30     # rows past the end of C sit 2^30 pixels before the image (simt_fwd)
 SIMT_MASK_BITS = 31        # simt_fwd's window masks: a bit per kernel row and column, one more for k past K
@@ -270,14 +272,34 @@ def simt_gemm_gpu(device, xv, weight, bias, spec: ConvSpec, out):
     """simt_fwd: out (n, D, oH, oW) contiguous from xv, a batch view (outer, inner, C, H, W) of x
     (`_kernels.batch_view`), weight (D, C / G, kH, kW), bias (D,) or None."""
     g, dg = spec.groups, spec.outputs_per_group
-    weight_t = device.ascontiguous(weight.reshape(g, dg, -1).transpose(0, 2, 1))   # (G, C / G * taps, D / G)
+    weight_t = weight.reshape(g, dg, -1).transpose(0, 2, 1)   # (G, C / G * taps, D / G), a view
     return simt_fwd_launch(device, xv, weight_t, bias, spec, out)
 
 
+def simt_weight_t(device, weight_t, tile: tuple[int, int, int]):
+    """B of simt_fwd from weight_t (G, K..., N), any strides, K the product of the middle axes: C-contiguous
+    (G, K, N) zero-padded to K rounded up to SIMT_LONG_CHUNK and N to whole column tiles of `tile`, 16-byte
+    aligned, so that its copies need no predicate and go 16 bytes at a time (simt_gemm.cu SIMT_WEIGHT_K_ALIGN,
+    `SimtForward::b_copy_chunk`).  One copy, as before, where nothing is padded (the benchmark cases' weights); a
+    fill and a copy where something is."""
+    g, n, k = weight_t.shape[0], weight_t.shape[-1], weight_t.size // max(1, weight_t.shape[0] * weight_t.shape[-1])
+    rows, cols = ceil_div(k, SIMT_LONG_CHUNK) * SIMT_LONG_CHUNK, ceil_div(n, tile[1]) * tile[1]
+    if (rows, cols) == (k, n):
+        out = device.ascontiguous(weight_t).reshape(g, k, n)
+        if _address(out) % 16 == 0:
+            return out
+    out = device.zeros((g, rows, cols), weight_t.dtype) if (rows, cols) != (k, n) else device.empty((g, k, n),
+                                                                                                     weight_t.dtype)
+    device.copyto(out[:, :k, :n].reshape(weight_t.shape), weight_t)
+    return out
+
+
 def simt_fwd_launch(device, xv, weight_t, bias, spec: ConvSpec, out):
-    """simt_fwd with the weight already transposed per group: weight_t (G, C / G * taps, D / G) contiguous."""
+    """simt_fwd with the weight transposed per group: weight_t (G, C / G * taps, D / G), the middle axis possibly
+    split, any strides (`simt_weight_t` makes the kernel's B of it)."""
     _check(spec, xv.dtype, "forward")
     plan = plan_simt(spec, "forward")
+    weight_t = simt_weight_t(device, weight_t, plan.tile)
     KERNELS.launch(device, "simt_fwd", plan.tile, dtype=xv.dtype,
                    index=index_type(extent(xv), out.size, weight_t.size), grid=plan.grid, block=plan.threads,
                    window=spec, x=xv, weight_t=weight_t,
@@ -295,9 +317,8 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
     _check(spec, gy.dtype, "input")
     g, dg, cg, (kh, kw) = spec.groups, spec.outputs_per_group, spec.channels_per_group, spec.kernel_size
     flipped = weight.reshape(g, dg, cg, kh, kw)[:, :, :, ::-1, ::-1].transpose(0, 1, 3, 4, 2)
-    weight_t = device.ascontiguous(flipped).reshape(g, dg * kh * kw, cg)
     gyv = batch_view(device, gy.reshape(spec.n, spec.out_channels, *spec.out_size))
-    return simt_fwd_launch(device, gyv, weight_t, None, transposed, out)
+    return simt_fwd_launch(device, gyv, flipped, None, transposed, out)
 
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
