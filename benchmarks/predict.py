@@ -500,8 +500,8 @@ def tensor_core_macs(launch: launches_mod.Launch) -> int:
     if launch.kernel == "conv_bwd_weight_igemm":
         chunk = WG_CHUNK[launch.template_args[0]]
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / chunk)
-        chunks = split_chunks(launch, total)
-        return int(launch.blocks * int(rows) * int(cols) * chunks * chunk)
+        chunks = split_chunks(launch, total)   # (a mean: round, not truncate, its product back to whole MACs)
+        return round(launch.blocks * int(rows) * int(cols) * chunks * chunk)
     if launch.kernel == "conv_bwd_weight_tc":
         total = math.ceil(a["n"] * a["out_h"] * a["out_w"] / TC_CHUNK)
         chunks = split_chunks(launch, total)

@@ -550,7 +550,7 @@ def test_a_final_pass_of_many_splits_keeps_the_bits(monkeypatch, dtype):
 
 
 def test_which_shapes_finish_in_the_kernel():
-    """The rule of `weight_igemm_plan`: r50-64's 3 x 3 layer (56 splits of 64 x 64: 896 KiB) finishes in the kernel,
+    """The rule of `weight_igemm_plan`: r50-64's 3 x 3 layer (44 splits of 64 x 64: 704 KiB) finishes in the kernel,
     r50-128's 16-bit one (56 splits of 128 x 128: 3.5 MiB) keeps the final pass; one split always finishes."""
     def plan(n, c, hw, dtype):
         x = numpy.empty((n, c, hw, hw), dtype)
@@ -558,7 +558,7 @@ def test_which_shapes_finish_in_the_kernel():
                                                    padding=1, dilation=1, groups=1)
         return igemm.weight_igemm_plan(spec, dtype)
     several, r50_64, finish = plan(32, 64, 56, numpy.float16)
-    assert not several and r50_64.tile == (64, 64) and r50_64.splits == 56 and finish
+    assert not several and r50_64.tile == (64, 64) and r50_64.splits == 44 and finish
     _, r50_128, finish = plan(32, 128, 28, numpy.float16)
     assert r50_128.tile == (128, 128) and r50_128.splits * 128 * 128 * 4 > igemm.WG_FINISH_BYTES and not finish
     _, small, finish = plan(1, 64, 4, numpy.float16)
@@ -569,15 +569,19 @@ def test_which_shapes_finish_in_the_kernel():
 # takes.  Each is at most the splits that bring the grid to about TC_SPLIT_BLOCKS blocks, and of those the count
 # whose waves of the tile (PLAN_SMS x WG_BLOCKS_AN_SM) times chunks a split are fewest: r50-128's TF32 36 tiles
 # in 14 splits (504 blocks, one wave of 4 an SM; 15 were 540: a second wave of 12 blocks), its 16-bit 9 tiles of
-# 128 x 128 in 28 (252 blocks, one wave of 2 an SM; 56 were four).
-WAVE_PLANS = {(64, 56, "float16"): (1, 9, 56), (64, 56, "float32"): (1, 9, 57), (128, 28, "float16"): (1, 9, 28),
+# 128 x 128 in 28 (252 blocks, one wave of 2 an SM; 56 were four).  Then (16-bit), of at most those splits, the
+# count whose busiest SM runs the fewest chunks with 3 blocks or more (`busiest_sm_chunks`): r50-64's 9 tiles in
+# 44 splits (396 blocks, 3 an SM of 72 chunks: 216; 56 put 4 of 56 on most SMs: 224).
+WAVE_PLANS = {(64, 56, "float16"): (1, 9, 44), (64, 56, "float32"): (1, 9, 57), (128, 28, "float16"): (1, 9, 28),
               (128, 28, "float32"): (2, 18, 14), (256, 14, "float16"): (2, 18, 7), (256, 14, "float32"): (4, 36, 3),
               (512, 7, "float16"): (4, 36, 3), (512, 7, "float32"): (8, 72, 1)}
 
 
 @pytest.mark.parametrize("shape", sorted(WAVE_PLANS), ids=str)
 def test_splits_never_run_a_few_blocks_past_a_wave(shape):
-    """`plan_weight_igemm` on ResNet-50's layers: the grids of WAVE_PLANS, within today's splits."""
+    """`plan_weight_igemm` on ResNet-50's layers: the grids of WAVE_PLANS, within today's splits; no split count
+    runs fewer chunks on its busiest SM (3 blocks or more) within the wave rule's splits (16-bit,
+    `busiest_sm_chunks`)."""
     channels, size, dtype = shape
     spec = cupyconv.ops.conv.ConvSpec.for_conv("t", numpy.empty((32, channels, size, size), numpy.float16),
                                                numpy.empty((channels, channels, 3, 3)), None, stride=1, padding=1,
@@ -590,3 +594,23 @@ def test_splits_never_run_a_few_blocks_past_a_wave(shape):
                                     spec.out_channels * (spec.taps * spec.channels_per_group + 1) * 4)[0]
     assert plan.splits <= most and plan.chunks_per_split * plan.splits >= chunks > plan.chunks_per_split * (
         plan.splits - 1)
+    wave = igemm.PLAN_SMS * igemm.WG_BLOCKS_AN_SM[igemm.WG_KIND[dtype], plan.tile]
+    wave_splits = igemm.fewest_wave_chunks(chunks, tiles, wave, most)[0]
+    if dtype == "float32":   # TF32 keeps the wave rule
+        assert plan.splits == wave_splits
+        return
+    busiest = -(-tiles * plan.splits // igemm.PLAN_SMS) * plan.chunks_per_split
+    assert plan.splits <= wave_splits
+    for s in range(1, wave_splits + 1):   # (an independent count: SMs' blocks x chunks a split, 3 blocks or more)
+        if -(-tiles * s // igemm.PLAN_SMS) >= 3:
+            assert -(-tiles * s // igemm.PLAN_SMS) * -(-chunks // s) >= busiest, (s, plan)
+
+
+def test_the_busiest_sm_keeps_three_blocks_and_a_tie_takes_more_splits():
+    """`busiest_sm_chunks` (16-bit splits): 12 tiles of two blocks an SM over 1000 chunks keep the wave rule's 22
+    splits (264 blocks, 2 x 46 chunks on the busiest SM) although 11 (one block of 91 chunks an SM) would run fewer
+    there: one block an SM is latency-bound.  9 tiles over 1013 chunks: 57 splits (4 blocks of 18 on the busiest
+    SM) and 43 (3 of 24) tie at 72 chunks; the more splits win (more blocks to hide latency)."""
+    assert igemm.fewest_wave_chunks(1000, 12, 264, 22)[0] == 22
+    assert igemm.busiest_sm_chunks(1000, 12, 264, 22) == (22, 46)
+    assert igemm.busiest_sm_chunks(1013, 9, 528, 60) == (57, 18)

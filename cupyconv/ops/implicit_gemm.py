@@ -1002,7 +1002,8 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     count), so that the bits are the same on every run and every GPU: at most as many splits as
     `plan_tensor_cores` takes (about TC_SPLIT_BLOCKS blocks), and of those the count whose waves of the tile
     (PLAN_SMS x `WG_BLOCKS_AN_SM`) times chunks a split are fewest (`fewest_wave_chunks`): never a few blocks
-    past a wave, which would run a second, mostly idle, one."""
+    past a wave, which would run a second, mostly idle, one; then, of at most those splits, the count whose
+    busiest SM runs the fewest chunks (`busiest_sm_chunks`)."""
     name = numpy.dtype(dtype).name
     rows, cols = spec.outputs_per_group, spec.taps * spec.channels_per_group
     if rows <= 32:
@@ -1016,8 +1017,30 @@ def plan_weight_igemm(spec: ConvSpec, dtype) -> TensorCorePlan:
     most = split_reduction(chunks, blocks[0] * blocks[1], TC_SPLIT_BLOCKS, TC_SPLIT_CHUNKS,
                            spec.out_channels * (cols + 1) * 4)[0]
     wave = PLAN_SMS * WG_BLOCKS_AN_SM[WG_KIND[name], tile]
-    splits, per_split = fewest_wave_chunks(chunks, blocks[0] * blocks[1], wave, most)
+    rule = busiest_sm_chunks if WG_KIND[name] == "16-bit" else fewest_wave_chunks
+    splits, per_split = rule(chunks, blocks[0] * blocks[1], wave, most)
     return TensorCorePlan(tile, (*blocks, splits), per_split)
+
+
+# `busiest_sm_chunks` keeps at least this many blocks on the busiest SM: PREDICTED (H100) fewer cost more latency
+# than their chunks save (c1d-audio's 128 x 128 tiles at one block an SM instead of two: 447-672 -> 476-843 us
+# fwd+bwd; ct2d-k4s2, ct2d-k2s2 and p-1280 alike).  TF32 keeps the wave rule: its 64 x 64 tile at 3 blocks an SM
+# instead of 4 was slower at the high end (r50-64 183.7-339.8 -> 181.7-367.7, r50-128 and p-seed alike).
+WG_BUSIEST_BLOCKS = 3
+
+
+def busiest_sm_chunks(chunks: int, tiles: int, wave: int, most: int) -> tuple[int, int]:
+    """(splits, chunks per split) of the weight gradient: of at most the splits `fewest_wave_chunks` takes (so no
+    more waves), the count whose busiest SM runs the fewest chunks (its blocks, tiles x splits over PLAN_SMS rounded
+    up, times chunks a split) of those that leave it WG_BUSIEST_BLOCKS blocks or more; the more splits on a tie.
+    16-bit tiles only (`plan_weight_igemm`).  A wave's blocks do not spread evenly: r50-64's 9 tiles x
+    56 splits put 4 blocks of 56 chunks on most SMs (224), 44 splits 3 of 72 (216), and its last block reads 44
+    splits of sums, not 56: never a longer tail, nor a final pass the wave rule avoids."""
+    first = fewest_wave_chunks(chunks, tiles, wave, most)[0]
+    held = [s for s in range(1, first) if ceil_div(tiles * s, PLAN_SMS) >= WG_BUSIEST_BLOCKS]
+    splits = min(held + [first], key=lambda s: (ceil_div(tiles * s, PLAN_SMS) * ceil_div(chunks, s), -s))
+    per_split = ceil_div(chunks, splits)
+    return ceil_div(chunks, per_split), per_split
 
 
 # conv_bwd_weight_igemm_groups (the last section of implicit_gemm.cu): the weight gradient of the groups that
