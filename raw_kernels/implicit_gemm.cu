@@ -2445,9 +2445,14 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   const bool out_in_raw = raw_patch >= PT_COLS * out_plane * (int)sizeof(T);
   const I groups = (n + patches - 1) / patches;
 
-  // --- once per block: the tile zeroed (its zero rows and every row's padding), the rows table, the weight ----
-  for (int v = tid; v < (rows + PT_ZERO_ROWS) * a_pitch / IG_VECTOR_BYTES; v += IG_THREADS)
-    *reinterpret_cast<uint4*>(tile_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  // --- once per block: the tile's zeros (its zero rows, and every row's channels past C: no transpose writes
+  // them; the pitch's odd vector is never read), the rows table, the weight ----------------------------------------
+  const int pad_vectors = pv_count - cv_count;
+  for (int v = tid; v < PT_ZERO_ROWS * pv_count + rows * pad_vectors; v += IG_THREADS) {
+    const int w = v - PT_ZERO_ROWS * pv_count;  // >= 0: a row's padding
+    const int r = w < 0 ? rows + v / pv_count : w / pad_vectors, cv = w < 0 ? v % pv_count : cv_count + w % pad_vectors;
+    *reinterpret_cast<uint4*>(tile_s + r * a_pitch + cv * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  }
   for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
     const int tap = e / PT_ROWS, s = e % PT_ROWS;
     const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
@@ -2600,9 +2605,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
                 const int col = ni * 8 + 2 * qq, chunk = (col >> 2) ^ ((m & 3) << 1);  // swizzled as above
                 float2* at = reinterpret_cast<float2*>(sums + m * (PT_COLS / 2) + chunk * 4 + (col & 3));
                 if (out_at[mi][h] < 0) continue;  // a row past the group's: neither stored nor in out_s
-                if (receive) {
-                  acc[mi][ni][2 * h] += at->x;
-                  acc[mi][ni][2 * h + 1] += at->y;
+                if (receive) {  // one 8-byte load, as the pair was stored (two 4-byte ones: twice the wavefronts)
+                  const float2 sum = *at;
+                  acc[mi][ni][2 * h] += sum.x;
+                  acc[mi][ni][2 * h + 1] += sum.y;
                 } else {
                   *at = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
                 }
@@ -2689,15 +2695,19 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 //            x, and `pw_chunks_of` gathers the chunks into one tile.  Chunks past the group's pixels, and the
 //            channels past D, are zeros.
 // The MMAs run over the group's pixels in steps of 16: A (d x pixels) by ldmatrix of the dy tile, B (pixels x
-// channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at; 4 warps in 2 x 2 of 32 d x 4
-// units.  The bias gradient (has_bias) is A times a column of ones, summed by the first warp column of the blocks
-// of the first unit tile.  Each block writes its float sums once, to its split's slice of partial (splits, D, taps
-// x C, (tap, c) order) and bias_partial (splits, D); conv_bwd_weight_igemm_finish adds the splits in order and
-// rounds once (the same bits on every run).
+// channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at.  4 warps: 2 warp rows of 32 d,
+// each over all the tile's units, the two warps of a row splitting K (every other 4-step trip of the block's,
+// counted across its groups): each A fragment is loaded by one warp only (split by units instead, both warps of a
+// row loaded the same A).  After the last group the odd warp hands its sums to the even one through shared memory
+// (`pw_hand_over`), which adds them to its own and stores.  The bias gradient (has_bias) is A times a column of
+// ones, summed in the same trips by the blocks of the first unit tile.  Each block writes its float sums once, to
+// its split's slice of partial (splits, D, taps x C, (tap, c) order) and bias_partial (splits, D);
+// conv_bwd_weight_igemm_finish adds the splits in order and rounds once (the same bits on every run).
 constexpr int PW_ROWS = 64;                   // output channels a block
-constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
+constexpr int PW_UNITS = 6;                   // units (one tap x 16 channels) a block at most: every warp's
 constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the rows table's, a tap)
 constexpr int PW_CHUNK = 8;                   // output pixels a chunk of the dy tile: 16 bytes
+constexpr int PW_HAND_VALUES = 2 * 4 * (2 * PW_UNITS + 1);  // a lane's sums: acc[2][2 PW_UNITS][4], bias_acc[2][4]
 
 // Bytes between two chunk rows of the dy tile: PW_ROWS chunks and a pad, so that both its writers and ldmatrix meet
 // 8 bank groups in each 8 chunks they touch.  ldmatrix reads 8 channels of one chunk row (any pad); cp.async writes
@@ -2793,37 +2803,37 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   cp_async_commit();
 
   // --- the lane's fragments (ldmatrix: matrix j = lane / 8, its row lane % 8) ----------------------------------
-  const int wm = (warp >> 1) * 32, wu = (warp & 1) * (PW_UNITS / 2), j = lane >> 3, jr = lane & 7;
+  const int wm = (warp >> 1) * 32, odd_warp = warp & 1, j = lane >> 3, jr = lane & 7;
   // A (d x pixels from the chunks): matrices (d 0-7, k 0-7), (d 8-15, k 0-7), (d 0-7, k 8-15), (d 8-15, k 8-15)
   const int a_at = (j >> 1) * dy_pitch + (wm + (j & 1) * 8 + jr) * IG_VECTOR_BYTES;
   // B (.trans of [pixel][channel]): (k 0-7, c 0-7), (k 8-15, c 0-7), (k 0-7, c 8-15), (k 8-15, c 8-15): the b of
   // the unit's two n tiles.  Per unit: its tap's rows (this lane's row of each 16) and its channels' bytes.
-  const int* b_rows[PW_UNITS / 2];
-  int b_bytes[PW_UNITS / 2];
-  bool b_unit[PW_UNITS / 2];
+  const int* b_rows[PW_UNITS];
+  int b_bytes[PW_UNITS];
+  bool b_unit[PW_UNITS];
 #pragma unroll
-  for (int t = 0; t < PW_UNITS / 2; ++t) {
-    const int u = u0 + wu + t;
-    b_unit[t] = wu + t < tile_units && u < u_end;
+  for (int t = 0; t < PW_UNITS; ++t) {
+    const int u = u0 + t;
+    b_unit[t] = u < u_end;
     const int tap = b_unit[t] ? u % taps : 0;
     b_rows[t] = rows_s + tap * PW_K_ROWS + ((j & 1) * 8 + jr) * 4;
     b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T) + (j >> 1) * IG_VECTOR_BYTES;
   }
-  const bool sum_bias = has_bias && u0 == 0 && wu == 0;  // block- and warp-uniform
-  float acc[2][PW_UNITS][4], bias_acc[2][4];
+  const bool sum_bias = has_bias && u0 == 0;  // block-uniform
+  float acc[2][2 * PW_UNITS][4], bias_acc[2][4];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       bias_acc[mi][e] = 0.0f;
 #pragma unroll
-      for (int ni = 0; ni < PW_UNITS; ++ni) acc[mi][ni][e] = 0.0f;
+      for (int ni = 0; ni < 2 * PW_UNITS; ++ni) acc[mi][ni][e] = 0.0f;
     }
   }
   const T one = T(1.0f);
   const unsigned ones[2] = {pack2<T>(one, one), pack2<T>(one, one)};
 
-  int buffer = 0;
+  int buffer = 0, trips = 0;  // trips: the block's 4-step trips so far, over its groups (odd ones: the odd warps')
   for (I group = blockIdx.x, next; group < groups; group = next, buffer ^= 1) {
     cp_async_wait<0>();  // this group's copies have landed (this thread's) ...
     __syncthreads();     // ... everyone's; the previous group's tiles are no longer read
@@ -2846,9 +2856,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     __syncthreads();  // the tiles are complete
 #pragma unroll 1
     for (int quad = 0; quad * 4 < steps; ++quad) {  // 4 K steps a trip: a unit's rows of them in one load
-      int rows[PW_UNITS / 2][4];
+      if ((trips++ & 1) != odd_warp) continue;  // the other warp of the row's trip
+      int rows[PW_UNITS][4];
 #pragma unroll
-      for (int t = 0; t < PW_UNITS / 2; ++t) {
+      for (int t = 0; t < PW_UNITS; ++t) {
         if (!b_unit[t]) continue;
         const int4 r = *reinterpret_cast<const int4*>(b_rows[t] + quad * 64);
         rows[t][0] = r.x, rows[t][1] = r.y, rows[t][2] = r.z, rows[t][3] = r.w;
@@ -2862,7 +2873,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
         for (int mi = 0; mi < 2; ++mi)
           ldmatrix_x4(a[mi], a_tile + a_at + step * 2 * dy_pitch + mi * 16 * IG_VECTOR_BYTES);
 #pragma unroll
-        for (int t = 0; t < PW_UNITS / 2; ++t) {
+        for (int t = 0; t < PW_UNITS; ++t) {
           if (!b_unit[t]) continue;
           unsigned q[4];
           ldmatrix_x4_trans(q, x_s + rows[t][s] + b_bytes[t]);
@@ -2881,6 +2892,30 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     }
   }
   cp_async_wait<0>();
+  // The odd warp's sums (acc, then bias_acc) to the even one of its warp row, over the tiles (no warp reads them
+  // after the first barrier): value e of a lane at hand[warp row][e][lane], each access of a warp 32 consecutive
+  // words (one wavefront): 2 x PW_HAND_VALUES x 32 floats of shared memory (the planner's PW_HAND_BYTES).
+  float* hand = reinterpret_cast<float*>(igemm_shared) + (warp >> 1) * PW_HAND_VALUES * 32 + lane;
+  auto hand_over = [&](bool receive) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+#pragma unroll
+        for (int ni = 0; ni <= 2 * PW_UNITS; ++ni) {  // ni = 2 PW_UNITS: the bias
+          float& value = ni < 2 * PW_UNITS ? acc[mi][ni][e] : bias_acc[mi][e];
+          float* at = hand + ((mi * 4 + e) * (2 * PW_UNITS + 1) + ni) * 32;
+          if (receive) value += *at;
+          else *at = value;
+        }
+      }
+    }
+  };
+  __syncthreads();
+  if (odd_warp) hand_over(false);
+  __syncthreads();
+  if (odd_warp) return;
+  hand_over(true);
 
   // --- the split's float sums: (d, (tap, c)) at partial[z][d][tap C + c], d at bias_partial[z][d] -----------------
   const int gq = lane >> 2, qq = lane & 3, N = taps * C;
@@ -2892,9 +2927,9 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
       const int d = wm + mi * 16 + gq + 8 * h;
       if (d >= rows_d) continue;
 #pragma unroll
-      for (int t = 0; t < PW_UNITS / 2; ++t) {
+      for (int t = 0; t < PW_UNITS; ++t) {
         if (!b_unit[t]) continue;
-        const int u = u0 + wu + t, column = u % taps * C + u / taps * 16 + 2 * qq;
+        const int u = u0 + t, column = u % taps * C + u / taps * 16 + 2 * qq;
 #pragma unroll
         for (int ni = 0; ni < 2; ++ni) {
           wg_store_sums(out + (I)(m0 + d) * N + column + ni * 8, acc[mi][2 * t + ni][2 * h],
