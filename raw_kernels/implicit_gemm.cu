@@ -2459,19 +2459,42 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
     rows_s[e] = pt_tap_row(m, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
                 a_pitch;
   }
+  // The weight, read in its own order (a warp's loads one contiguous run: 16-byte vectors where it is aligned,
+  // else elements; gathering each staged vector's 8 channels a tap apart instead read 8 lines a warp load), each
+  // element stored to its (row d, tap, channel c) place: weight (D, C, taps), or flipped (C, D, taps) with the
+  // taps mirrored.  A tap's channels past C are zeros.
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
-  for (int e = tid; e < D * taps * pv_count; e += IG_THREADS) {  // vector (d, tap, cv): 8 channels of one tap
-    const int d = e / (taps * pv_count), k = e % (taps * pv_count), tap = k / pv_count, cv = k % pv_count;
-    Bits b[VEC];
+  const int w_outer = flipped ? D : C;  // the weight's second dim
+  auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1
+    int row = e / taps, t = e - row * taps, first = row / w_outer, second = row - first * w_outer;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int c = cv * VEC + i;  // flipped: weight (C, D, taps) read at (c, d, the mirrored tap)
-      b[i] = cv >= cv_count ? Bits(0)
-             : flipped      ? w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]
-                            : w_bits[((I)d * C + c) * taps + tap];
+    for (int i = 0; i < count; ++i) {
+      const int d = flipped ? second : first, c = flipped ? first : second, tap = flipped ? taps - 1 - t : t;
+      *reinterpret_cast<Bits*>(w_s + d * w_pitch + (tap * padded + c) * (int)sizeof(T)) = b[i];
+      if (++t == taps) {
+        t = 0;
+        if (++second == w_outer) second = 0, ++first;
+      }
     }
-    *reinterpret_cast<uint4*>(w_s + d * w_pitch + k * IG_VECTOR_BYTES) = cl_pack(b);
+  };
+  const int w_elements = D * C * taps;  // a multiple of VEC (C is of 16)
+  if (reinterpret_cast<size_t>(weight) % IG_VECTOR_BYTES == 0) {
+    for (int v = tid; v < w_elements / VEC; v += IG_THREADS) {
+      const uint4 q = reinterpret_cast<const uint4*>(weight)[v];
+      const unsigned words[4] = {q.x, q.y, q.z, q.w};
+      Bits b[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = Bits(words[i / 2] >> (i % 2 * 16));
+      stage_weight(v * VEC, b, VEC);
+    }
+  } else {
+    for (int e = tid; e < w_elements; e += IG_THREADS) stage_weight(e, w_bits + e, 1);
+  }
+  for (int e = tid; e < D * taps * pad_vectors; e += IG_THREADS) {  // vector (d, tap, cv_count + e % pad_vectors)
+    const int k = e / pad_vectors;
+    *reinterpret_cast<uint4*>(w_s + k / taps * w_pitch + ((k % taps) * pv_count + cv_count + e % pad_vectors) *
+                              IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
   }
 
   // A group's x, as it lies: its whole patches (the last group's fewer) are one contiguous run of 16-byte vectors.
