@@ -2324,8 +2324,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 // takes `patches` whole patches at a time (its rows: patches x oH x oW <= PT_ROWS) and loops over the groups of
 // patches (persistent blocks, grid-stride), keeping in shared memory:
 //
-//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (a transpose of 16-byte
-//           vectors by 8 scalar loads each), each tap's channels padded with zeros to a multiple of PT_STEP;
+//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (read in its own order,
+//           each element stored to its place), each tap's channels padded with zeros to a multiple of PT_STEP;
 //           rows an odd number of 16-byte vectors apart, so that the 8 rows of an ldmatrix phase fall in 8
 //           different bank groups without a swizzle;
 //   raw     two buffers of a group's x, copied as it lies (patches x C x H x W contiguous: 16-byte cp.async, no
@@ -2466,16 +2466,15 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
   const int w_outer = flipped ? D : C;  // the weight's second dim
-  auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1
-    int row = e / taps, t = e - row * taps, first = row / w_outer, second = row - first * w_outer;
+  auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1 (within one `first`:
+                                                               // w_outer taps elements are a multiple of VEC)
+    const int row = e / taps, first = row / w_outer;
+    int t = e - row * taps, second = row - first * w_outer;
 #pragma unroll
     for (int i = 0; i < count; ++i) {
       const int d = flipped ? second : first, c = flipped ? first : second, tap = flipped ? taps - 1 - t : t;
       *reinterpret_cast<Bits*>(w_s + d * w_pitch + (tap * padded + c) * (int)sizeof(T)) = b[i];
-      if (++t == taps) {
-        t = 0;
-        if (++second == w_outer) second = 0, ++first;
-      }
+      if (++t == taps) t = 0, ++second;
     }
   };
   const int w_elements = D * C * taps;  // a multiple of VEC (C is of 16)

@@ -1819,8 +1819,8 @@ MUTATIONS = [
       "cv = w < 0 ? v % pv_count : w % pad_vectors;", PT, "wrong index"),
     M("pt-weight-vector-halves", "implicit_gemm.cu", "b[i] = Bits(words[i / 2] >> (i % 2 * 16));",
       "b[i] = Bits(words[i / 2]);", PT, "wrong index"),
-    M("pt-weight-next-row", "implicit_gemm.cu", "if (++second == w_outer) second = 0, ++first;",
-      "if (++second == w_outer) second = 0;", PT_BOTH, "wrong index"),
+    M("pt-weight-next-row", "implicit_gemm.cu", "if (++t == taps) t = 0, ++second;", "if (++t == taps) t = 0;",
+      PT_BOTH, "wrong index"),
     M("pt-weight-elements-path", "implicit_gemm.cu", "stage_weight(e, w_bits + e, 1);", "stage_weight(e, w_bits, 1);",
       "tests/test_patch_igemm.py -k misaligned", "wrong index"),
     M("pw-split-same-trips", "implicit_gemm.cu", "if ((trips++ & 1) != odd_warp) continue;", "trips++;", PW,
@@ -1831,7 +1831,6 @@ MUTATIONS = [
       "for (int ni = 0; ni < 2 * PW_UNITS; ++ni) {", PW, "dropped bias"),
     M("pw-hand-over-one-row", "implicit_gemm.cu", "+ (warp >> 1) * PW_HAND_VALUES * 32 + lane;", "+ lane;", PW,
       "wrong index"),
-    M("pw-hand-bytes-ignored", IG_PY, "return max(PW_HAND_BYTES, taps", "return max(0, taps", PW, "tile bound"),
     # -- timing.cu: autotuning's spin, which must last its cycles -----------------------------------------------
     M("timing-spin-too-short", "timing.cu", "while (clock64() - start < cycles)",
       "while (clock64() - start < cycles / 64)", "tests/test_autotune.py -k emulator", "short spin"),

@@ -1361,7 +1361,8 @@ def patch_weight_shared(spec: ConvSpec, patches: int, tile_units: int) -> int:
     widest channel slices and its zero rows, the dy tile (the group's output pixels in chunks of PW_CHUNK, whole K
     steps, PW_ROWS channels), two raw buffers of x; where the output pixels are whole chunks two dy tiles (cp.async
     fills them), else one and two raw buffers of grad_output; at least PW_HAND_BYTES, which the odd warps' sums
-    take over all of it once the groups are done."""
+    take over all of it once the groups are done (a bound no shape meets: a dy tile of 128 output pixels and the x
+    tile pass it, so no mutation of it can fail a test)."""
     taps, plane, units = spec.taps, spec.in_size[0] * spec.in_size[1], spec.in_channels // 16 * spec.taps
     slices = max((min(u0 + tile_units, units) - 1) // taps + 1 - u0 // taps for u0 in range(0, units, tile_units))
     x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)
