@@ -2721,12 +2721,12 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 // each over all the tile's units, the two warps of a row splitting K (every other 4-step trip of the block's,
 // counted across its groups): each A fragment is loaded by one warp only (split by units instead, both warps of a
 // row loaded the same A).  After the last group the odd warp hands its sums to the even one through shared memory
-// (`pw_hand_over`), which adds them to its own and stores.  The bias gradient (has_bias) is A times a column of
+// (`hand_over`), which adds them to its own and stores.  The bias gradient (has_bias) is A times a column of
 // ones, summed in the same trips by the blocks of the first unit tile.  Each block writes its float sums once, to
 // its split's slice of partial (splits, D, taps x C, (tap, c) order) and bias_partial (splits, D);
 // conv_bwd_weight_igemm_finish adds the splits in order and rounds once (the same bits on every run).
 constexpr int PW_ROWS = 64;                   // output channels a block
-constexpr int PW_UNITS = 6;                   // units (one tap x 16 channels) a block at most: every warp's
+constexpr int PW_UNITS = 6;                   // units (one tap x 16 channels) a block at most, all in every warp
 constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the rows table's, a tap)
 constexpr int PW_CHUNK = 8;                   // output pixels a chunk of the dy tile: 16 bytes
 constexpr int PW_HAND_VALUES = 2 * 4 * (2 * PW_UNITS + 1);  // a lane's sums: acc[2][2 PW_UNITS][4], bias_acc[2][4]
