@@ -2324,8 +2324,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 // takes `patches` whole patches at a time (its rows: patches x oH x oW <= PT_ROWS) and loops over the groups of
 // patches (persistent blocks, grid-stride), keeping in shared memory:
 //
-//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (a transpose of 16-byte
-//           vectors by 8 scalar loads each), each tap's channels padded with zeros to a multiple of PT_STEP;
+//   weight  D rows of (tap, channel), staged once per block from the (D, C, taps) array (read in its own order,
+//           each element stored to its place), each tap's channels padded with zeros to a multiple of PT_STEP;
 //           rows an odd number of 16-byte vectors apart, so that the 8 rows of an ldmatrix phase fall in 8
 //           different bank groups without a swizzle;
 //   raw     two buffers of a group's x, copied as it lies (patches x C x H x W contiguous: 16-byte cp.async, no
@@ -2445,28 +2445,55 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   const bool out_in_raw = raw_patch >= PT_COLS * out_plane * (int)sizeof(T);
   const I groups = (n + patches - 1) / patches;
 
-  // --- once per block: the tile zeroed (its zero rows and every row's padding), the rows table, the weight ----
-  for (int v = tid; v < (rows + PT_ZERO_ROWS) * a_pitch / IG_VECTOR_BYTES; v += IG_THREADS)
-    *reinterpret_cast<uint4*>(tile_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  // --- once per block: the tile's zeros (its zero rows, and every row's channels past C: no transpose writes
+  // them; the pitch's odd vector is never read), the rows table, the weight ----------------------------------------
+  const int pad_vectors = pv_count - cv_count;
+  for (int v = tid; v < PT_ZERO_ROWS * pv_count + rows * pad_vectors; v += IG_THREADS) {
+    const int w = v - PT_ZERO_ROWS * pv_count;  // >= 0: a row's padding
+    const int r = w < 0 ? rows + v / pv_count : w / pad_vectors, cv = w < 0 ? v % pv_count : cv_count + w % pad_vectors;
+    *reinterpret_cast<uint4*>(tile_s + r * a_pitch + cv * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
+  }
   for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
     const int tap = e / PT_ROWS, s = e % PT_ROWS;
     const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
     rows_s[e] = pt_tap_row(m, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
                 a_pitch;
   }
+  // The weight, read in its own order (a warp's loads one contiguous run: 16-byte vectors where it is aligned,
+  // else elements; gathering each staged vector's 8 channels a tap apart instead read 8 lines a warp load), each
+  // element stored to its (row d, tap, channel c) place: weight (D, C, taps), or flipped (C, D, taps) with the
+  // taps mirrored.  A tap's channels past C are zeros.
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
-  for (int e = tid; e < D * taps * pv_count; e += IG_THREADS) {  // vector (d, tap, cv): 8 channels of one tap
-    const int d = e / (taps * pv_count), k = e % (taps * pv_count), tap = k / pv_count, cv = k % pv_count;
-    Bits b[VEC];
+  const int w_outer = flipped ? D : C;  // the weight's second dim
+  auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1 (within one `first`:
+                                                               // w_outer taps elements are a multiple of VEC)
+    const int row = e / taps, first = row / w_outer;
+    int t = e - row * taps, second = row - first * w_outer;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int c = cv * VEC + i;  // flipped: weight (C, D, taps) read at (c, d, the mirrored tap)
-      b[i] = cv >= cv_count ? Bits(0)
-             : flipped      ? w_bits[((I)c * D + d) * taps + (taps - 1 - tap)]
-                            : w_bits[((I)d * C + c) * taps + tap];
+    for (int i = 0; i < count; ++i) {
+      const int d = flipped ? second : first, c = flipped ? first : second, tap = flipped ? taps - 1 - t : t;
+      *reinterpret_cast<Bits*>(w_s + d * w_pitch + (tap * padded + c) * (int)sizeof(T)) = b[i];
+      if (++t == taps) t = 0, ++second;
     }
-    *reinterpret_cast<uint4*>(w_s + d * w_pitch + k * IG_VECTOR_BYTES) = cl_pack(b);
+  };
+  const int w_elements = D * C * taps;  // a multiple of VEC (C is of 16)
+  if (reinterpret_cast<size_t>(weight) % IG_VECTOR_BYTES == 0) {
+    for (int v = tid; v < w_elements / VEC; v += IG_THREADS) {
+      const uint4 q = reinterpret_cast<const uint4*>(weight)[v];
+      const unsigned words[4] = {q.x, q.y, q.z, q.w};
+      Bits b[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = Bits(words[i / 2] >> (i % 2 * 16));
+      stage_weight(v * VEC, b, VEC);
+    }
+  } else {
+    for (int e = tid; e < w_elements; e += IG_THREADS) stage_weight(e, w_bits + e, 1);
+  }
+  for (int e = tid; e < D * taps * pad_vectors; e += IG_THREADS) {  // vector (d, tap, cv_count + e % pad_vectors)
+    const int k = e / pad_vectors;
+    *reinterpret_cast<uint4*>(w_s + k / taps * w_pitch + ((k % taps) * pv_count + cv_count + e % pad_vectors) *
+                              IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
   }
 
   // A group's x, as it lies: its whole patches (the last group's fewer) are one contiguous run of 16-byte vectors.
@@ -2600,9 +2627,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
                 const int col = ni * 8 + 2 * qq, chunk = (col >> 2) ^ ((m & 3) << 1);  // swizzled as above
                 float2* at = reinterpret_cast<float2*>(sums + m * (PT_COLS / 2) + chunk * 4 + (col & 3));
                 if (out_at[mi][h] < 0) continue;  // a row past the group's: neither stored nor in out_s
-                if (receive) {
-                  acc[mi][ni][2 * h] += at->x;
-                  acc[mi][ni][2 * h + 1] += at->y;
+                if (receive) {  // one 8-byte load, as the pair was stored (two 4-byte ones: twice the wavefronts)
+                  const float2 sum = *at;
+                  acc[mi][ni][2 * h] += sum.x;
+                  acc[mi][ni][2 * h + 1] += sum.y;
                 } else {
                   *at = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
                 }
@@ -2689,15 +2717,19 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
 //            x, and `pw_chunks_of` gathers the chunks into one tile.  Chunks past the group's pixels, and the
 //            channels past D, are zeros.
 // The MMAs run over the group's pixels in steps of 16: A (d x pixels) by ldmatrix of the dy tile, B (pixels x
-// channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at; 4 warps in 2 x 2 of 32 d x 4
-// units.  The bias gradient (has_bias) is A times a column of ones, summed by the first warp column of the blocks
-// of the first unit tile.  Each block writes its float sums once, to its split's slice of partial (splits, D, taps
-// x C, (tap, c) order) and bias_partial (splits, D); conv_bwd_weight_igemm_finish adds the splits in order and
-// rounds once (the same bits on every run).
+// channels of a unit) by ldmatrix .trans of the x rows the unit's tap points at.  4 warps: 2 warp rows of 32 d,
+// each over all the tile's units, the two warps of a row splitting K (every other 4-step trip of the block's,
+// counted across its groups): each A fragment is loaded by one warp only (split by units instead, both warps of a
+// row loaded the same A).  After the last group the odd warp hands its sums to the even one through shared memory
+// (`hand_over`), which adds them to its own and stores.  The bias gradient (has_bias) is A times a column of
+// ones, summed in the same trips by the blocks of the first unit tile.  Each block writes its float sums once, to
+// its split's slice of partial (splits, D, taps x C, (tap, c) order) and bias_partial (splits, D);
+// conv_bwd_weight_igemm_finish adds the splits in order and rounds once (the same bits on every run).
 constexpr int PW_ROWS = 64;                   // output channels a block
-constexpr int PW_UNITS = 8;                   // units (one tap x 16 channels) a block at most: 4 a warp column
+constexpr int PW_UNITS = 6;                   // units (one tap x 16 channels) a block at most, all in every warp
 constexpr int PW_K_ROWS = PT_ROWS;            // output pixels a group at most (the rows table's, a tap)
 constexpr int PW_CHUNK = 8;                   // output pixels a chunk of the dy tile: 16 bytes
+constexpr int PW_HAND_VALUES = 2 * 4 * (2 * PW_UNITS + 1);  // a lane's sums: acc[2][2 PW_UNITS][4], bias_acc[2][4]
 
 // Bytes between two chunk rows of the dy tile: PW_ROWS chunks and a pad, so that both its writers and ldmatrix meet
 // 8 bank groups in each 8 chunks they touch.  ldmatrix reads 8 channels of one chunk row (any pad); cp.async writes
@@ -2793,37 +2825,37 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   cp_async_commit();
 
   // --- the lane's fragments (ldmatrix: matrix j = lane / 8, its row lane % 8) ----------------------------------
-  const int wm = (warp >> 1) * 32, wu = (warp & 1) * (PW_UNITS / 2), j = lane >> 3, jr = lane & 7;
+  const int wm = (warp >> 1) * 32, odd_warp = warp & 1, j = lane >> 3, jr = lane & 7;
   // A (d x pixels from the chunks): matrices (d 0-7, k 0-7), (d 8-15, k 0-7), (d 0-7, k 8-15), (d 8-15, k 8-15)
   const int a_at = (j >> 1) * dy_pitch + (wm + (j & 1) * 8 + jr) * IG_VECTOR_BYTES;
   // B (.trans of [pixel][channel]): (k 0-7, c 0-7), (k 8-15, c 0-7), (k 0-7, c 8-15), (k 8-15, c 8-15): the b of
   // the unit's two n tiles.  Per unit: its tap's rows (this lane's row of each 16) and its channels' bytes.
-  const int* b_rows[PW_UNITS / 2];
-  int b_bytes[PW_UNITS / 2];
-  bool b_unit[PW_UNITS / 2];
+  const int* b_rows[PW_UNITS];
+  int b_bytes[PW_UNITS];
+  bool b_unit[PW_UNITS];
 #pragma unroll
-  for (int t = 0; t < PW_UNITS / 2; ++t) {
-    const int u = u0 + wu + t;
-    b_unit[t] = wu + t < tile_units && u < u_end;
+  for (int t = 0; t < PW_UNITS; ++t) {
+    const int u = u0 + t;
+    b_unit[t] = u < u_end;
     const int tap = b_unit[t] ? u % taps : 0;
     b_rows[t] = rows_s + tap * PW_K_ROWS + ((j & 1) * 8 + jr) * 4;
     b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T) + (j >> 1) * IG_VECTOR_BYTES;
   }
-  const bool sum_bias = has_bias && u0 == 0 && wu == 0;  // block- and warp-uniform
-  float acc[2][PW_UNITS][4], bias_acc[2][4];
+  const bool sum_bias = has_bias && u0 == 0;  // block-uniform
+  float acc[2][2 * PW_UNITS][4], bias_acc[2][4];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       bias_acc[mi][e] = 0.0f;
 #pragma unroll
-      for (int ni = 0; ni < PW_UNITS; ++ni) acc[mi][ni][e] = 0.0f;
+      for (int ni = 0; ni < 2 * PW_UNITS; ++ni) acc[mi][ni][e] = 0.0f;
     }
   }
   const T one = T(1.0f);
   const unsigned ones[2] = {pack2<T>(one, one), pack2<T>(one, one)};
 
-  int buffer = 0;
+  int buffer = 0, trips = 0;  // trips: the block's 4-step trips so far, over its groups (odd ones: the odd warps')
   for (I group = blockIdx.x, next; group < groups; group = next, buffer ^= 1) {
     cp_async_wait<0>();  // this group's copies have landed (this thread's) ...
     __syncthreads();     // ... everyone's; the previous group's tiles are no longer read
@@ -2846,9 +2878,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     __syncthreads();  // the tiles are complete
 #pragma unroll 1
     for (int quad = 0; quad * 4 < steps; ++quad) {  // 4 K steps a trip: a unit's rows of them in one load
-      int rows[PW_UNITS / 2][4];
+      if ((trips++ & 1) != odd_warp) continue;  // the other warp of the row's trip
+      int rows[PW_UNITS][4];
 #pragma unroll
-      for (int t = 0; t < PW_UNITS / 2; ++t) {
+      for (int t = 0; t < PW_UNITS; ++t) {
         if (!b_unit[t]) continue;
         const int4 r = *reinterpret_cast<const int4*>(b_rows[t] + quad * 64);
         rows[t][0] = r.x, rows[t][1] = r.y, rows[t][2] = r.z, rows[t][3] = r.w;
@@ -2862,7 +2895,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
         for (int mi = 0; mi < 2; ++mi)
           ldmatrix_x4(a[mi], a_tile + a_at + step * 2 * dy_pitch + mi * 16 * IG_VECTOR_BYTES);
 #pragma unroll
-        for (int t = 0; t < PW_UNITS / 2; ++t) {
+        for (int t = 0; t < PW_UNITS; ++t) {
           if (!b_unit[t]) continue;
           unsigned q[4];
           ldmatrix_x4_trans(q, x_s + rows[t][s] + b_bytes[t]);
@@ -2881,6 +2914,30 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     }
   }
   cp_async_wait<0>();
+  // The odd warp's sums (acc, then bias_acc) to the even one of its warp row, over the tiles (no warp reads them
+  // after the first barrier): value e of a lane at hand[warp row][e][lane], each access of a warp 32 consecutive
+  // words (one wavefront): 2 x PW_HAND_VALUES x 32 floats of shared memory (the planner's PW_HAND_BYTES).
+  float* hand = reinterpret_cast<float*>(igemm_shared) + (warp >> 1) * PW_HAND_VALUES * 32 + lane;
+  auto hand_over = [&](bool receive) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+#pragma unroll
+        for (int ni = 0; ni <= 2 * PW_UNITS; ++ni) {  // ni = 2 PW_UNITS: the bias
+          float& value = ni < 2 * PW_UNITS ? acc[mi][ni][e] : bias_acc[mi][e];
+          float* at = hand + ((mi * 4 + e) * (2 * PW_UNITS + 1) + ni) * 32;
+          if (receive) value += *at;
+          else *at = value;
+        }
+      }
+    }
+  };
+  __syncthreads();
+  if (odd_warp) hand_over(false);
+  __syncthreads();
+  if (odd_warp) return;
+  hand_over(true);
 
   // --- the split's float sums: (d, (tap, c)) at partial[z][d][tap C + c], d at bias_partial[z][d] -----------------
   const int gq = lane >> 2, qq = lane & 3, N = taps * C;
@@ -2892,9 +2949,9 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
       const int d = wm + mi * 16 + gq + 8 * h;
       if (d >= rows_d) continue;
 #pragma unroll
-      for (int t = 0; t < PW_UNITS / 2; ++t) {
+      for (int t = 0; t < PW_UNITS; ++t) {
         if (!b_unit[t]) continue;
-        const int u = u0 + wu + t, column = u % taps * C + u / taps * 16 + 2 * qq;
+        const int u = u0 + t, column = u % taps * C + u / taps * 16 + 2 * qq;
 #pragma unroll
         for (int ni = 0; ni < 2; ++ni) {
           wg_store_sums(out + (I)(m0 + d) * N + column + ni * 8, acc[mi][2 * t + ni][2 * h],

@@ -56,10 +56,21 @@ CASES = [
 ]
 
 
-def run_forward(case, dtype, monkeypatch, seed=0):
+def misaligned(a):
+    """a's values in a C-contiguous array 2 bytes past a 16-byte boundary: patch_fwd_igemm then stages the weight
+    element by element instead of by 16-byte vectors."""
+    buf = numpy.empty(a.size + 16, a.dtype)
+    start = -buf.ctypes.data % 16 // a.itemsize + 1
+    out = buf[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 16 == 2 and out.flags.c_contiguous
+    return out
+
+
+def run_forward(case, dtype, monkeypatch, seed=0, place=lambda weight: weight):
     rng = numpy.random.default_rng(seed)
     x = rng.standard_normal(case.x).astype(DTYPES[dtype])
-    weight = rng.standard_normal((case.out_channels, case.x[-3], *case.kernel)).astype(DTYPES[dtype])
+    weight = place(rng.standard_normal((case.out_channels, case.x[-3], *case.kernel)).astype(DTYPES[dtype]))
     bias = rng.standard_normal(case.out_channels).astype(DTYPES[dtype]) if case.bias else None
     if case.blocks:
         monkeypatch.setattr(igemm, "PT_BLOCKS", case.blocks)
@@ -86,6 +97,14 @@ def test_forward_matches_cpu_path(case, dtype, monkeypatch):
         name for name in device.launches if "conv_fwd_igemm" in name or "channels_last" in name], device.launches
     assert out.dtype == DTYPES[dtype] and out.shape == want.shape
     assert_close(out, want, dtype, case.name)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=str)
+def test_forward_with_a_misaligned_weight(case, monkeypatch):
+    """A weight off 16-byte alignment is staged by elements (C = 16 pads each tap's channels to 32 with zeros)."""
+    device, out, want = run_forward(case, "float16", monkeypatch, place=misaligned)
+    assert [name for name in device.launches if "patch_fwd_igemm" in name], device.launches
+    assert_close(out, want, "float16", case.name)
 
 
 def test_grid_loops_cover_every_group(monkeypatch):
@@ -192,10 +211,10 @@ INPUT_CASES = [
 ]
 
 
-def run_input_grad(case, dtype, monkeypatch, seed=0, needs=("input",)):
+def run_input_grad(case, dtype, monkeypatch, seed=0, needs=("input",), place=lambda weight: weight):
     rng = numpy.random.default_rng(seed)
     x = rng.standard_normal(case.x).astype(DTYPES[dtype])
-    weight = rng.standard_normal((case.out_channels, case.x[-3], *case.kernel)).astype(DTYPES[dtype])
+    weight = place(rng.standard_normal((case.out_channels, case.x[-3], *case.kernel)).astype(DTYPES[dtype]))
     out_shape = cupyconv.patch_conv2d(numpy.zeros(case.x[-3:], numpy.float32), weight.astype(numpy.float32),
                                       padding=case.padding).shape
     grad_output = rng.standard_normal((*case.x[:-3], *out_shape)).astype(DTYPES[dtype])
@@ -217,6 +236,14 @@ def test_input_grad_matches_reference(case, dtype, monkeypatch):
         n for n in device.launches if "conv_fwd_igemm" in n or "channels_last" in n], device.launches
     assert grad_x.dtype == DTYPES[dtype] and grad_x.shape == want.shape
     assert_close(grad_x, want, dtype, case.name)
+
+
+@pytest.mark.parametrize("case", [INPUT_CASES[0], INPUT_CASES[2]], ids=str)
+def test_input_grad_with_a_misaligned_weight(case, monkeypatch):
+    """The transposed, flipped weight staged by elements where it is off 16-byte alignment."""
+    device, (grad_x, _, _), (want, _, _) = run_input_grad(case, "float16", monkeypatch, place=misaligned)
+    assert [n for n in device.launches if "patch_fwd_igemm" in n], device.launches
+    assert_close(grad_x, want, "float16", case.name)
 
 
 def test_input_grad_beside_the_weight_gradient(monkeypatch):

@@ -471,8 +471,8 @@ def test_tensor_core_kernels_contain_matrix_instructions(arch, kernel_programs, 
         assert opcodes[name]["HMMA"] == 64 // 16 * (32 // 8) * (implicit_gemm.PT_STEP // 16), (name, opcodes[name])
     weight_patches = [n for n in listed if n.startswith("patch_bwd_weight_igemm<")]
     assert not complete or len(weight_patches) == len(implicit_gemm.PT_DTYPES)
-    for name in weight_patches:   # a trip of 4 K steps of 16 pixels, each warp: 2 d tiles x its units' 2 n tiles,
-        assert opcodes[name]["HMMA"] == 4 * (2 * implicit_gemm.PW_UNITS + 2), (name, opcodes[name])   # + A x ones
+    for name in weight_patches:   # a trip of 4 K steps of 16 pixels, each warp: 2 d tiles x all units' 2 n tiles,
+        assert opcodes[name]["HMMA"] == 4 * (2 * 2 * implicit_gemm.PW_UNITS + 2), (name, opcodes[name])   # + A x ones
     names += weight_igemm + channels_last + several_groups + weight_groups + whole_patches + weight_patches
     assert not [n for n in listed if n not in names and opcodes[n]["HMMA"]]
 

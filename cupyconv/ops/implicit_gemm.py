@@ -1349,7 +1349,8 @@ def patch_igemm_grad_input(device, gy, weight, spec: ConvSpec, out):
 # conv_bwd_weight_igemm_finish adds the splits in order.  ops/patch.py routes the 16-bit weight gradient to it where
 # `patch_weight_refusal` allows and `patch_weight_pays`.
 
-PW_ROWS, PW_UNITS = 64, 8   # implicit_gemm.cu's PW_ROWS (output channels a block), PW_UNITS (units a block at most)
+PW_ROWS, PW_UNITS = 64, 6   # implicit_gemm.cu's PW_ROWS (output channels a block), PW_UNITS (units a block at most)
+PW_HAND_BYTES = 2 * 2 * 4 * (2 * PW_UNITS + 1) * 32 * 4   # the odd warps' sums handed over (implicit_gemm.cu)
 PW_CHUNK = 8                # implicit_gemm.cu's PW_CHUNK: output pixels a 16-byte chunk of the dy tile
 PW_BLOCKS = PT_BLOCKS       # blocks (tiles x splits) at most: two an SM of PLAN_SMS, shape-only as above
 PW_MIN_GROUPS = PT_MIN_GROUPS   # as the forward: fewer groups than this keep conv_bwd_weight_igemm
@@ -1382,15 +1383,17 @@ def patch_weight_shared(spec: ConvSpec, patches: int, tile_units: int) -> int:
     """patch_bwd_weight_igemm's dynamic shared memory (2-byte elements): the rows table, the x tile of a tile's
     widest channel slices and its zero rows, the dy tile (the group's output pixels in chunks of PW_CHUNK, whole K
     steps, PW_ROWS channels), two raw buffers of x; where the output pixels are whole chunks two dy tiles (cp.async
-    fills them), else one and two raw buffers of grad_output."""
+    fills them), else one and two raw buffers of grad_output; at least PW_HAND_BYTES, which the odd warps' sums
+    take over all of it once the groups are done (a bound no shape meets: a dy tile of 128 output pixels and the x
+    tile pass it, so no mutation of it can fail a test)."""
     taps, plane, units = spec.taps, spec.in_size[0] * spec.in_size[1], spec.in_channels // 16 * spec.taps
     slices = max((min(u0 + tile_units, units) - 1) // taps + 1 - u0 // taps for u0 in range(0, units, tile_units))
     x_channels, rows_d = 16 * slices, min(PW_ROWS, spec.out_channels)
     dy_tile = ceil_div(patches * spec.out_pixels, 16) * 2 * _pw_dy_pitch(spec.out_pixels)
     direct = spec.out_pixels % PW_CHUNK == 0
-    return (taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(x_channels)
-            + (2 if direct else 1) * dy_tile + 2 * patches * (x_channels * plane * 2 + 32)
-            + (0 if direct else 2 * patches * (rows_d * spec.out_pixels * 2 + 32)))
+    return max(PW_HAND_BYTES, taps * PT_ROWS * 4 + (patches * plane + PT_ZERO_ROWS) * _odd_vectors(x_channels)
+               + (2 if direct else 1) * dy_tile + 2 * patches * (x_channels * plane * 2 + 32)
+               + (0 if direct else 2 * patches * (rows_d * spec.out_pixels * 2 + 32)))
 
 
 def _patch_weight_patches(spec: ConvSpec, tile_units: int) -> int:
