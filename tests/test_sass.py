@@ -1017,34 +1017,6 @@ def test_depthwise_gradient_loops_stay_lean(kernel_programs):
     assert len(problems) == 0 and usage, "\n".join(problems)
 
 
-# The packed 3x3 units (small planes: dw-480-14) run blocks of 256 threads; the input gradient's `__launch_bounds__`
-# (input_min_blocks) holds it to three an SM like the forward (task dw5, 25th session: 95 -> 79 registers, 16 ->
-# 24 warps an SM, PREDICTED dw-480-14 fp16 input gradient 13.9-41.8 -> 13.1-32.4 us).
-PACKED_3X3_BLOCKS_AN_SM = 3
-
-
-@pytest.mark.slow
-@on_program("depthwise.cu", "sm_90")
-def test_depthwise_packed_3x3_blocks_an_sm(kernel_programs):
-    """depthwise_fwd<T, int, 3, 1, true> and depthwise_bwd_input<T, int, 3, true>, every 16- and 32-bit dtype: three
-    blocks of 256 threads an SM on sm_90 and no spills, so that a register rise (or a lost launch bound) fails here."""
-    usage = resource_usage(kernel_programs("depthwise.cu", "sm_90"), "sm_90")
-    problems, seen = [], 0
-    for name in GROUPS["depthwise.cu"]:
-        if name.split(", ")[0] not in ("depthwise_fwd<float", "depthwise_fwd<__half", "depthwise_fwd<__nv_bfloat16",
-                                       "depthwise_bwd_input<float", "depthwise_bwd_input<__half",
-                                       "depthwise_bwd_input<__nv_bfloat16"):
-            continue
-        if not name.endswith((", int, 3, 1, true>", ", int, 3, true>")):
-            continue
-        seen += 1
-        use = usage[name]
-        blocks = sass.occupancy(use.registers, 256, use.shared).blocks_per_sm
-        if blocks < PACKED_3X3_BLOCKS_AN_SM or use.local:
-            problems.append(f"{name}: {blocks} blocks of 256 an SM ({use.registers} registers, {use.local} bytes of "
-                            f"local memory), want {PACKED_3X3_BLOCKS_AN_SM}")
-    assert seen >= 4 and not problems, "\n".join(problems)
-
 def test_check_flags_what_cannot_run():
     float_kernel, double_kernel = "k<float, int>", "k<double, int>"
     fits = Usage(registers=64, stack=0, shared=1024, local=0)
