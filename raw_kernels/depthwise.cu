@@ -1369,9 +1369,10 @@ __device__ __forceinline__ void depthwise_persistent(
   // of planes cut by the staged rows or columns walk by elements (stage_run), the walk set up each unit.  By elements
   // (stage_run) the packed forward's walk took ~27 instructions an element, a third of a warp's (PREDICTED, RESULTS.md
   // "dwsmall": dw-480-14k5 fp32 4065 -> 2962 instructions a warp; dw-480-14 3x3 1267 -> 682, for 56 -> 80 registers,
-  // 32 -> 24 warps an SM).  Not the 7x7 (128 -> 148-165 registers, 8 -> 6 blocks of 64 an SM, input gradient; no
-  // benchmark case) nor the float32 5x5 input gradient (128 -> 147).
-  constexpr bool chunks = PACK && !TRANSPOSED ? K == 3 || K == 5 : SPREAD && K == 5 && sizeof(T) == 2;
+  // 32 -> 24 warps an SM); the packed 3x3 input gradient too (task dw5: dw-480-14 fp16 1,238 -> 642 a warp, 7.1 ->
+  // 1.0 waits, 64 -> 95 registers, 4 -> 2 blocks of 256 an SM).  Not the 7x7 (128 -> 148-165 registers, 8 -> 6
+  // blocks of 64 an SM, input gradient; no benchmark case) nor the float32 5x5 input gradient (128 -> 147).
+  constexpr bool chunks = PACK && (K == 3 || (!TRANSPOSED && K == 5)) || SPREAD && K == 5 && sizeof(T) == 2;
   const bool chunked = chunks && (!SPREAD || sizeof(T) == 2 || !staging.rows_aligned) && pad_top >= 0 &&
                        pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
@@ -1617,7 +1618,10 @@ __global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
 }
 
 // Input gradient at stride 1, K x K kernel (K = 3, 5, 7), dilation 1: the persistent tiled convolution of
-// grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.
+// grad_out with the flipped kernels (grid: FORWARD_BLOCKS).  pad_top/pad_left: the forward's.  (No launch bounds: by
+// chunks the packed 3x3 took 95 registers, 2 blocks of 256 an SM; __launch_bounds__(256, 3) held it at 79, but any
+// bound on this template also moved the 5x5 instantiations' registers: PREDICTED dw-480-14k5 fp32 input gradient
+// 19.9-64.3 -> 30.6-88.8 us, RESULTS.md "dw5".)
 template <typename T, typename I, int K, bool PACK = false,
           bool SPREAD = PACK && K >= SPREAD_MIN_K>  // PACK, SPREAD: as in depthwise_fwd
 __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __restrict__ weight,

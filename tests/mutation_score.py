@@ -81,6 +81,7 @@ AT = "tests/test_autotune.py"
 DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the packed 16-bit 5x5 by chunks (dwk5)
 DW_WCHUNKS = DEPTHWISE + " -k 'weights_by_chunks'"  # the packed 5x5 weights by 16-byte chunks (dwsmall, 22nd)
 DW_FCHUNKS = DEPTHWISE + " -k 'packed_forward_stages_chunks'"  # the packed forward by chunks (dwsmall, 24th)
+DW_ICHUNKS = DEPTHWISE + " -k 'packed_3x3_input_gradient'"  # the packed 3x3 input gradient by chunks (dw5)
 # the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
 DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
@@ -1489,6 +1490,14 @@ MUTATIONS = [
       DW_CHUNKS, "wrong index"),
     M("dw-chunks-inside", "depthwise.cu", "pad_top >= 0 &&\n                       pad_left >= 0 && pad_top",
       "true &&\n                       true && pad_top", DW_CHUNKS, "tile bound"),
+    # the packed 3x3 input gradient stages by chunks too (task dw5, 25th session): its grad_out run, a multiplier's
+    # planes, a correlation padding of -1 that must keep the walk by elements
+    M("dw-ichunks-tail", "depthwise.cu", "const int e = t < head ? t : tail0 + t - head,",
+      "const int e = t < head ? t : tail0 + t - head - 1,", DW_ICHUNKS, "off-by-one"),
+    M("dw-ichunks-plane-carry", "depthwise.cu", "plane_jump = plane - h * pitch;",
+      "plane_jump = plane - (h - 1) * pitch;", DW_ICHUNKS, "wrong index"),
+    M("dw-ichunks-inside", "depthwise.cu", "pad_top >= 0 &&\n                       pad_left >= 0 && pad_top",
+      "true &&\n                       true && pad_top", DW_ICHUNKS, "tile bound"),
     M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
     M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;",

@@ -751,6 +751,40 @@ def test_packed_forward_stages_chunks(monkeypatch, blocks, shape, k, stride, pad
     assert_matches(out, expected.astype(x.dtype), dtype, "forward")
 
 
+# The packed 3x3 input gradient stages its grad_out run by 16-byte chunks like the forward (task dw5, 25th session),
+# where the correlation's padding (2 - the forward's) keeps every plane element inside the tiles, else by elements:
+# (shape, multiplier, padding, dtype, bytes grad_output's data starts past a 16-byte boundary).
+INPUT_GRAD_CHUNK_CASES = [
+    ((2, 21, 14, 14), 1, 1, "float16", 6),   # dw-480-14's packed units, a head of 5
+    ((3, 9, 5, 4), 1, 1, "float32", 8),      # rows of a chunk each, cut by chunks that start mid-row (w = C)
+    ((2, 11, 5, 8), 1, 1, "bfloat16", 4),    # the same in 16 bits
+    ((2, 13, 9, 11), 2, 1, "float64", 8),    # multiplier 2: 2 grad_out planes a channel; double; a rectangle
+    ((2, 7, 6, 5), 1, 0, "float32", 0),      # no padding: the correlation pads by 2
+    ((2, 7, 6, 5), 1, 3, "float32", 4),      # padding 3: the correlation pads by -1, planes cut (by elements)
+]
+
+
+@pytest.mark.parametrize("blocks", [3, 2048])
+@pytest.mark.parametrize("shape, m, padding, dtype, offset", INPUT_GRAD_CHUNK_CASES)
+def test_packed_3x3_input_gradient_stages_chunks(monkeypatch, blocks, shape, m, padding, dtype, offset):
+    """depthwise_bwd_input<3, true> with its grad_out run staged by chunks, against a float64 reference, outputs
+    poisoned, on a grid smaller and one larger than the units: an element walked to a wrong cell, a head or tail
+    element lost or doubled, a plane of the multiplier's terms misplaced shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 11 * offset + shape[1] + padding)
+    x = rng.standard_normal(shape).astype(_dtype(dtype))
+    weight = rng.standard_normal((shape[1] * m, 1, 3, 3)).astype(x.dtype)
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, padding, 1)
+    grad_output = _misaligned(rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype), offset)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    assert device.kernels() == ["depthwise_bwd_input<3, true>"]
+    x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
+    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
+    assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
+
+
 # The packed 5x5 units stage their weights (one run, `terms` kernels a plane) by 16-byte chunks (stage_weight_chunks):
 # the weights before the run's first 16-byte boundary and after its last whole chunk one a lane, each chunk stored by
 # 16-byte shared stores where its place is 16-byte aligned, else by elements.  (shape, multiplier, dtype, bytes the
