@@ -92,10 +92,15 @@ GROUPS = grouped_instantiations()
 FULL_ARCHES = ("sm_90",)
 
 
+def template_args(name: str) -> list[str]:
+    """'depthwise_fwd<float, int, 7, 2, true>' -> ['float', 'int', '7', '2', 'true']."""
+    return [a.strip() for a in name.split("<", 1)[1].rstrip(">").split(",")]
+
+
 def index_type(name: str) -> str:
     """'depthwise_fwd<__half, long long, 3, 1>' -> 'long long': every kernel's second template argument (the
     convention tests/test_sass.py's index_twin relies on too)."""
-    return name.split("<", 1)[1].rstrip(">").split(",")[1].strip()
+    return template_args(name)[1]
 
 
 # `fast_names` (sm_70's and sm_80's instantiations, sm_90's 64-bit twins outside `sass_names`) are compiled with NVRTC's
@@ -125,11 +130,6 @@ def names_for(filename: str, arch: str) -> list[str]:
     all were fully optimised)."""
     names = GROUPS[filename]
     return names if arch in FULL_ARCHES else [n for n in names if index_type(n) == "int"]
-
-
-def template_args(name: str) -> list[str]:
-    """'depthwise_fwd<float, int, 7, 2, true>' -> ['float', 'int', '7', '2', 'true']."""
-    return [a.strip() for a in name.split("<", 1)[1].rstrip(">").split(",")]
 
 
 def variant(name: str) -> tuple:

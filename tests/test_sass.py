@@ -47,7 +47,8 @@ from cupyconv import _device, _kernels, settings
 from reference import NEEDS, NEEDS_SUBSETS
 # kernel_programs: the session's compiled programs (a fixture); on_program: their pytest-xdist groups
 from test_nvrtc import (GROUPS, compile_async_copy_check, kernel_programs,  # noqa: F401
-                        FULL_ARCHES, fast_names, index_type, on_program, program_params, sass_names, variant)
+                        FULL_ARCHES, fast_names, index_type, on_program, program_params, sass_names,
+                        template_args, variant)
 
 from benchmarks import sass
 from benchmarks.sass import Usage, main_loop_opcodes, parse_res_usage, resource_usage, sass_opcodes
@@ -83,7 +84,7 @@ def sass_tools():
 
 def element_type(name: str) -> str:
     """'depthwise_fwd<__half, int, 3, 1>' -> '__half'."""
-    return name.split("<", 1)[1].split(",")[0].strip()
+    return template_args(name)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -717,7 +718,7 @@ def test_channels_last_tiles_blocks_an_sm(kernel_programs, sass_tools):
         if not name.startswith("conv_fwd_igemm<") or ", int," not in name:
             continue
         seen += 1
-        args = [part.strip() for part in name.split("<", 1)[1].rstrip(">").split(",")]
+        args = template_args(name)
         tile = tuple(int(a) for a in args[2:5])
         blocks = sass.occupancy(usage[name].registers, implicit_gemm.IG_THREADS,
                                 implicit_gemm.ig_shared_bytes(tile, items[args[0]])).blocks_per_sm
@@ -741,7 +742,7 @@ def test_weight_igemm_tiles_blocks_an_sm(kernel_programs, sass_tools):
         if not name.startswith("conv_bwd_weight_igemm<") or ", int," not in name:
             continue
         seen += 1
-        args = [part.strip() for part in name.split("<", 1)[1].rstrip(">").split(",")]
+        args = template_args(name)
         tile = (int(args[2]), int(args[3]))
         use = usage[name]
         blocks = sass.occupancy(use.registers, implicit_gemm.weight_igemm_threads(tile), use.shared).blocks_per_sm
