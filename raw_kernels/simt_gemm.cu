@@ -481,9 +481,10 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS, simt_fwd_min_blocks<BM, BN, 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
-// SIMT_BK pixels, written as float to partial (splits, D, C / G * taps + bias_row), the weight's own layout per
-// split.  With bias_row 1, the blocks of row tile 0 also write the column sums of B they loaded, the bias
-// gradient, to the last row (SUMS_B: no GEMM row of ones, no separate pass over grad_out).
+// SIMT_BK pixels, written as float to partial (splits, D * C / G * taps + bias_row * D): per split the weight in its
+// own layout (D, C / G, kH, kW), then with bias_row 1 the bias gradient (D), the column sums of B that the blocks
+// of row tile 0 loaded (SUMS_B: no GEMM row of ones, no separate pass over grad_out).  So the launcher's sum of the
+// splits holds grad_weight and grad_bias each contiguous: views, no copies out of an interleaved bias row.
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
   typedef SimtLoad<BM, THREADS, false> LoadA;
   typedef SimtLoad<BN, THREADS, false> LoadB;
@@ -496,7 +497,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
   int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
-  int row_stride;  // partial's rows a column: M, and the bias row where there is one
+  I bias_base;     // where this split's bias sums of the group start: after the split's D weight rows of M
   bool sums_b;     // this block writes the bias gradient of its columns (row tile 0, with a bias)
   FastDivmod out_w;
   WindowTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
@@ -562,14 +563,14 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     if (n0 + LoadB::row(rs) >= N || cursor.at.image >= n) return 0.0f;
     return to_acc(cursor.row[(I)((U)rs * b_row_step)]);
   }
-  __device__ I out_row(I m) const { return split_base + (I)(g * N) * row_stride + m; }
-  // Scalar stores only: the float4 path (row_stride 4k) cost the 32- and 64-column tiles 28-38 registers, an
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
+  // Scalar stores only: the float4 path (M 4k) cost the 32- and 64-column tiles 28-38 registers, an
   // occupancy step, for an epilogue that is a small part of a weight gradient's long reduction.
   static constexpr bool has_bias = false, rows_in_fours = false;  // (its bias gradient: SUMS_B)
   __device__ float column_bias(int) const { return 0.0f; }
-  __device__ void store(I row, int n, float value) const { partial[row + (I)n * row_stride] = value; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
   __device__ void store4(I, int, float4) const {}
-  __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
+  __device__ void store_b_sum(int n, float sum) const { partial[bias_base + n] = sum; }
 };
 
 // simt_bwd_weight's threads (its tiles' most: 128) and the blocks an SM must hold: 192 x 64 x 12 with int
@@ -600,14 +601,15 @@ __global__ void __launch_bounds__(SIMT_WEIGHT_THREADS, simt_weight_min_blocks<I,
   f.b_row_step = (typename F::U)F::LoadB::PER_PASS * (typename F::U)f.out_pixels;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
   const int taps_rows = channels_per_group * kernel_h * kernel_w;
-  f.M = taps_rows; f.N = outputs_per_group; f.row_stride = taps_rows + bias_row;
+  f.M = taps_rows; f.N = outputs_per_group;
   f.sums_b = bias_row && blockIdx.x == 0;
   f.groups = groups;
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
   f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   f.group_base = (I)(f.g * channels_per_group) * x_stride_c;
-  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.row_stride;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * (taps_rows + bias_row);  // a split's slice
+  f.bias_base = f.split_base + (I)groups * outputs_per_group * taps_rows + f.g * outputs_per_group;
   const int m0 = blockIdx.x * BM;
   const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
 #pragma unroll

@@ -323,13 +323,13 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
     """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
-    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, to each split's
-    extra row (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split
-    order (the same bits on every run)."""
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, after each split's
+    weight (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split order
+    (the same bits on every run), and grad_weight and grad_bias are contiguous views of that sum: no copies."""
     _check(spec, xv.dtype, "weight")
     plan = plan_simt(spec, "weight")
-    taps_rows = spec.channels_per_group * spec.taps
-    partial = device.empty((plan.splits, spec.out_channels, taps_rows + bias), numpy.float32)
+    weight_size = spec.out_channels * spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, weight_size + bias * spec.out_channels), numpy.float32)
     KERNELS.launch(device, "simt_bwd_weight", plan.tile, dtype=xv.dtype,
                    index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
                    window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
@@ -337,7 +337,4 @@ def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
                    outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split,
                    bias_row=int(bias))
     total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
-    if not bias:
-        return total.reshape(spec.weight_shape), None
-    return (device.ascontiguous(total[:, :taps_rows]).reshape(spec.weight_shape),
-            device.ascontiguous(total[:, taps_rows]))
+    return total[:weight_size].reshape(spec.weight_shape), total[weight_size:] if bias else None
