@@ -63,6 +63,10 @@ SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIM
 # - SIMT_SPLIT_COST: 128 x 32 x 8 1.399 to 128 x 64 x 8's 1.320, for 33-64 columns in two column tiles of 32 below
 #   SIMT_TALL_ROWS rows.  ii's 25,088 rows made 196 blocks of 128 x 64, two on 64 SMs and one on 68 (2 x 64 columns
 #   on the busiest), 392 of 128 x 32 are 3 x 32 x 1.06; i's 256 blocks keep 128 x 64 (2 x 64 against 4 x 32 x 1.06).
+# (Those counts are task simt32's. The tap table's next-entry cursor of the tiles of four warps or more, task
+# simtfp, took them to 1.171 for 192 x 64 x 12, 1.157 for 256 x 64 x 16 and 1.285 for 128 x 64 x 8, and 128 x 32 x 8
+# and 256 x 32 x 16 to 1.375 and 1.292: ratios of 1.01, 1.06 and 1.07, which pick the same tiles for every
+# benchmark case; the constants are kept.)
 SIMT_SMS = PLAN_SMS
 SIMT_BLOCKS_AN_SM = {SIMT_TALL: 2, SIMT_TALL_FIT: 2, SIMT_TILE: 4, SIMT_TALL_NARROW: 4, SIMT_NARROW: 4}
 SIMT_TALL_FIT_COST, SIMT_NARROW_FIT_COST, SIMT_SPLIT_COST = 1.03, 1.06, 1.06
