@@ -312,16 +312,27 @@ __device__ __forceinline__ void simt_block(const Gather& gather, float* as, floa
 //   may be negative) and the mask of the window's rows and columns that lie inside x: bit j for column j (j < kW),
 //   bit kW + i for row i;
 // - a k slot = (c, tap) keeps its channel's offset and its entry of the block's tap table (shared memory): the
-//   tap's offset from a window origin and its bits 1 << j | 1 << (kW + i);
-//   moving on by a chunk, BK, adds constants (BK / taps channels, BK % taps entries) with one carry;
+//   tap's offset from a window origin and its bits 1 << j | 1 << (kW + i), and where the slot goes a chunk, BK,
+//   later: the entry of tap (tap + BK) % taps and the channels to add, (tap + BK) / taps, as an offset in x; so
+//   moving on is one load of the entry and one add, no carry (`SimtForward::NEXT_ENTRY`; the two-warp tiles read
+//   the entry's head and add BK % taps entries and BK / taps channels with a carry);
 // - an element is inside x when its tap's bits are all in its pixel's mask: one AND per element, no compare.
 // k past K gets SIMT_PAST_K, a bit no mask has, so kW + kH <= SIMT_MASK_BITS (simt_refusal on the host).
 constexpr int SIMT_MASK_BITS = 31;
 constexpr unsigned SIMT_PAST_K = 1u << SIMT_MASK_BITS;
 constexpr int SIMT_MAX_TAPS = 15 * 16;  // the most taps with kH + kW <= 31
-template <typename I> struct __align__(2 * sizeof(I)) SimtTap {  // one LDS.64 (LDS.128 for long long)
+// An entry's head (SimtTapHead, what the two-warp tiles read: one LDS.64 with int indices), then where its k slot
+// goes next.  One LDS.128 a whole entry with int indices; 24 bytes in three LDS.64 with long long (aligned to 32
+// bytes, the table would not fit beside 256 x 64 x 16's stages in 48 KiB).
+template <typename I> struct __align__(8) SimtTapHead {
   typename Unsigned<I>::type offset;  // the tap's offset from a window origin
   unsigned bits;                      // 1 << j | 1 << (kW + i)
+};
+template <typename I> struct __align__(sizeof(I) == 4 ? 16 : 8) SimtTap {
+  typename Unsigned<I>::type offset;
+  unsigned bits;
+  int next;                           // the entry of tap (tap + BK) % taps, as a byte offset in the table
+  typename Unsigned<I>::type step;    // ((tap + BK) / taps) x_stride_c: to the channel of k + BK
 };
 
 // The positions t < k of a window at start + t (dilation 1) that lie inside [0, extent), as bits 1 << t: the run
@@ -344,38 +355,59 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtForwar
   typedef typename Unsigned<I>::type U;
   static constexpr bool SUMS_B = false, ASYNC_A = false;  // (ASYNC: both operands by cp.async)
   static_assert(sizeof(T) == 4, "4-byte copies of float elements");
+  // Whether a k slot reads its whole entry and moves on by it, or the two-warp tiles' way (128 x 32 x 8,
+  // 256 x 32 x 16: 4-8 slots a thread and chunk, the others 1-4): the head, with a carry.  A whole entry is 4
+  // shared-memory wavefronts to the head's 2, and the model put p-seed's input gradient on 128 x 32 x 8 at 295.7-
+  // 418.3 us with it against 283.7-435.5 (sm_90: 1,356 loop instructions, not 1,415): its low end binds there.
+  static constexpr bool NEXT_ENTRY = THREADS >= 128;
   const T* x; const T* weight_t; const T* bias; T* out;
   const SimtTap<I>* tap_table;  // taps entries, in shared memory
   I M, pixels;
-  U x_stride_c, channel_step;  // channel_step: BK / taps channels
-  int N, K, taps, tap_step, g, n0, groups;  // tap_step: BK % taps
+  U x_stride_c, channel_step;  // channel_step: BK / taps channels (!NEXT_ENTRY)
+  int N, K, taps, g, n0, groups;
+  int entry_step, table_bytes;  // BK % taps entries and taps, in bytes (!NEXT_ENTRY)
   int b_rows, b_stride;  // weight_t's padded rows (K to SIMT_WEIGHT_K_ALIGN) and columns (N to whole tiles)
   bool has_bias, rows_in_fours;  // rows_in_fours: planes of 4k pixels, out 16-byte aligned
   I row_origin[LoadA::ROW_SLOTS];          // this thread's output pixels: their window's origin,
   unsigned row_outside[LoadA::ROW_SLOTS];  // and the complement of their mask (all ones past M)
 
-  // k = (c, tap); channel = c * x_stride_c; x: the element of a window origin 0 (+ row_origin: the pixel's)
-  struct ACursor { int k, tap; U channel; const T* x; unsigned bits; };  // tap: the table's entry
+  // k = (c, tap); x: the element of a window origin 0 (+ row_origin: the pixel's); channel and entry (the table's,
+  // a byte offset) are k's, or with NEXT_ENTRY k + BK's once placed: a_place reads k's entry, which says where the
+  // slot goes next
+  struct ACursor { int k, entry; U channel; const T* x; unsigned bits; };
   __device__ void a_place(ACursor& at) const {
-    const SimtTap<I> tap = tap_table[at.tap];
+    const char* entry = reinterpret_cast<const char*>(tap_table) + at.entry;
+    SimtTap<I> tap;
+    if constexpr (NEXT_ENTRY) {
+      tap = *reinterpret_cast<const SimtTap<I>*>(entry);
+    } else {
+      const SimtTapHead<I> head = *reinterpret_cast<const SimtTapHead<I>*>(entry);
+      tap.offset = head.offset, tap.bits = head.bits;
+    }
     at.x = x + (I)(at.channel + tap.offset);
     at.bits = at.k < K ? tap.bits : SIMT_PAST_K;
+    if constexpr (NEXT_ENTRY) {
+      at.channel += tap.step;
+      at.entry = tap.next;
+    }
   }
   __device__ ACursor a_start(I k) const {  // the division: once per k slot, before the loop
     ACursor at;
     at.k = (int)k;
-    at.tap = at.k % taps;
+    at.entry = at.k % taps * (int)sizeof(SimtTap<I>);
     at.channel = (U)(at.k / taps) * x_stride_c;
     a_place(at);
     return at;
   }
   __device__ void a_advance(ACursor& at) const {
     at.k += BK;
-    at.tap += tap_step;
-    at.channel += channel_step;
-    if (at.tap >= taps) {
-      at.tap -= taps;
-      at.channel += x_stride_c;
+    if constexpr (!NEXT_ENTRY) {
+      at.entry += entry_step;
+      at.channel += channel_step;
+      if (at.entry >= table_bytes) {
+        at.entry -= table_bytes;
+        at.channel += x_stride_c;
+      }
     }
     a_place(at);
   }
@@ -445,13 +477,16 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS, simt_fwd_min_blocks<BM, BN, 
   for (int t = threadIdx.x; t < taps; t += blockDim.x) {
     const int i = t / kernel_w, j = t - i * kernel_w;
     const U offset = (U)(i * dilation_h) * (U)x_stride_h + (U)(j * dilation_w) * (U)x_stride_w;
-    tap_table[t] = {offset, 1u << j | 1u << (kernel_w + i)};
+    const int ahead = t + F::BK;  // the tap BK k further, in this channel or a later one
+    tap_table[t] = {offset, 1u << j | 1u << (kernel_w + i), ahead % taps * (int)sizeof(SimtTap<I>),
+                    (U)(ahead / taps) * (U)x_stride_c};
   }
   f.x = x; f.weight_t = weight_t; f.bias = bias; f.out = out; f.tap_table = tap_table;
   f.pixels = (I)out_h * out_w; f.M = n * f.pixels; f.N = outputs_per_group;
   f.taps = taps; f.K = channels_per_group * taps;
   f.b_rows = (f.K + SIMT_WEIGHT_K_ALIGN - 1) / SIMT_WEIGHT_K_ALIGN * SIMT_WEIGHT_K_ALIGN; f.b_stride = n_tiles * BN;
-  f.tap_step = F::BK % taps; f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(F::BK / taps) * (U)x_stride_c;
+  f.x_stride_c = (U)x_stride_c; f.channel_step = (U)(F::BK / taps) * (U)x_stride_c;
+  f.entry_step = F::BK % taps * (int)sizeof(SimtTap<I>); f.table_bytes = taps * (int)sizeof(SimtTap<I>);
   f.groups = groups; f.has_bias = has_bias;
   f.rows_in_fours = f.pixels % 4 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
@@ -481,9 +516,10 @@ __global__ void __launch_bounds__(SIMT_MAX_THREADS, simt_fwd_min_blocks<BM, BN, 
 // Weight gradient, transposed: C = grad_weight^T of the group, rows (c, tap), columns d, reduced over the output
 // pixels k = (image, p).  A = x gathered per (c, tap) row and B = grad_out rows, both with the lanes on the
 // pixels (coalesced along an output row).  Block z of the grid reduces split z: chunks_per_split chunks of
-// SIMT_BK pixels, written as float to partial (splits, D, C / G * taps + bias_row), the weight's own layout per
-// split.  With bias_row 1, the blocks of row tile 0 also write the column sums of B they loaded, the bias
-// gradient, to the last row (SUMS_B: no GEMM row of ones, no separate pass over grad_out).
+// SIMT_BK pixels, written as float to partial (splits, D * C / G * taps + bias_row * D): per split the weight in its
+// own layout (D, C / G, kH, kW), then with bias_row 1 the bias gradient (D), the column sums of B that the blocks
+// of row tile 0 loaded (SUMS_B: no GEMM row of ones, no separate pass over grad_out).  So the launcher's sum of the
+// splits holds grad_weight and grad_bias each contiguous: views, no copies out of an interleaved bias row.
 template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeightGrad {
   typedef SimtLoad<BM, THREADS, false> LoadA;
   typedef SimtLoad<BN, THREADS, false> LoadB;
@@ -496,7 +532,7 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
   BatchView<I> view;
   I n, out_pixels, x_stride_c, x_stride_h, x_stride_w, split_base, group_base;
   int M, N, n0, g, groups, stride_h, stride_w, pad_top, pad_left, height, width;
-  int row_stride;  // partial's rows a column: M, and the bias row where there is one
+  I bias_base;     // where this split's bias sums of the group start: after the split's D weight rows of M
   bool sums_b;     // this block writes the bias gradient of its columns (row tile 0, with a bias)
   FastDivmod out_w;
   WindowTap<I> rows[LoadA::ROW_SLOTS];  // this thread's rows (c, i, j) of A, decoded once (past M: as row 0)
@@ -562,14 +598,14 @@ template <typename T, typename I, int BM, int BN, int THREADS> struct SimtWeight
     if (n0 + LoadB::row(rs) >= N || cursor.at.image >= n) return 0.0f;
     return to_acc(cursor.row[(I)((U)rs * b_row_step)]);
   }
-  __device__ I out_row(I m) const { return split_base + (I)(g * N) * row_stride + m; }
-  // Scalar stores only: the float4 path (row_stride 4k) cost the 32- and 64-column tiles 28-38 registers, an
+  __device__ I out_row(I m) const { return split_base + (I)(g * N) * M + m; }
+  // Scalar stores only: the float4 path (M 4k) cost the 32- and 64-column tiles 28-38 registers, an
   // occupancy step, for an epilogue that is a small part of a weight gradient's long reduction.
   static constexpr bool has_bias = false, rows_in_fours = false;  // (its bias gradient: SUMS_B)
   __device__ float column_bias(int) const { return 0.0f; }
-  __device__ void store(I row, int n, float value) const { partial[row + (I)n * row_stride] = value; }
+  __device__ void store(I row, int n, float value) const { partial[row + (I)n * M] = value; }
   __device__ void store4(I, int, float4) const {}
-  __device__ void store_b_sum(int n, float sum) const { store(out_row(M), n, sum); }  // the bias row
+  __device__ void store_b_sum(int n, float sum) const { partial[bias_base + n] = sum; }
 };
 
 // simt_bwd_weight's threads (its tiles' most: 128) and the blocks an SM must hold: 192 x 64 x 12 with int
@@ -600,14 +636,15 @@ __global__ void __launch_bounds__(SIMT_WEIGHT_THREADS, simt_weight_min_blocks<I,
   f.b_row_step = (typename F::U)F::LoadB::PER_PASS * (typename F::U)f.out_pixels;
   f.x_stride_c = x_stride_c; f.x_stride_h = x_stride_h; f.x_stride_w = x_stride_w;
   const int taps_rows = channels_per_group * kernel_h * kernel_w;
-  f.M = taps_rows; f.N = outputs_per_group; f.row_stride = taps_rows + bias_row;
+  f.M = taps_rows; f.N = outputs_per_group;
   f.sums_b = bias_row && blockIdx.x == 0;
   f.groups = groups;
   f.stride_h = stride_h; f.stride_w = stride_w; f.pad_top = pad_top; f.pad_left = pad_left;
   f.height = height; f.width = width; f.out_w = FastDivmod(out_w);
   f.g = blockIdx.y / n_tiles; f.n0 = blockIdx.y % n_tiles * BN;
   f.group_base = (I)(f.g * channels_per_group) * x_stride_c;
-  f.split_base = (I)blockIdx.z * groups * outputs_per_group * f.row_stride;
+  f.split_base = (I)blockIdx.z * groups * outputs_per_group * (taps_rows + bias_row);  // a split's slice
+  f.bias_base = f.split_base + (I)groups * outputs_per_group * taps_rows + f.g * outputs_per_group;
   const int m0 = blockIdx.x * BM;
   const FastDivmod taps(kernel_h * kernel_w), kernel_wd(kernel_w);
 #pragma unroll

@@ -33,6 +33,11 @@ EXPECTED = {
     ("r50-64-gpu32", "fwd"): [("CuPy copy", 1), ("simt_fwd", 1)],
     ("r50-64-gpu32", "fwd+bwd"): [("CuPy copy", 4), ("simt_fwd", 2), ("simt_bwd_weight", 1), ("CuPy sum", 1)],
 }
+# Measured launches the code has shed since, per (case, pass, kernel): the weight gradient's copies of grad_weight
+# and grad_bias out of its splits' sum, views of it since task simtfp (2 of the 4 copies; the other two, the
+# weight's for each simt_fwd, stay).  Such a row's measured time covers launches the model no longer predicts, so
+# it is matched but not bracketed (the forward pass's row brackets the same kind of copy).
+SHED = {("r50-64-gpu32", "fwd+bwd", "CuPy copy"): 2}
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +67,14 @@ def test_every_covered_kernel_is_matched(rows):
     for (label, pass_), want in EXPECTED.items():
         got = [(r["kernel"], r["launches"]) for r in rows if (r["case"], r["pass"]) == (label, pass_)]
         assert got == want, (label, pass_, got)
-        assert all(r["predicted_launches"] == r["launches"] for r in rows if r["case"] == label), (label, pass_)
+        assert all(r["predicted_launches"] == r["launches"] - SHED.get((r["case"], r["pass"], r["kernel"]), 0)
+                   for r in rows if r["case"] == label), (label, pass_)
 
 
 def test_the_model_brackets_the_measured_h100_kernels(rows):
     missed = [(r["case"], r["pass"], r["kernel"], r["measured_us"], r["predicted_us"]) for r in rows
-              if not r["predicted_us"][0] / TOLERANCE <= r["measured_us"] <= r["predicted_us"][1] * TOLERANCE]
+              if (r["case"], r["pass"], r["kernel"]) not in SHED
+              and not r["predicted_us"][0] / TOLERANCE <= r["measured_us"] <= r["predicted_us"][1] * TOLERANCE]
     assert not missed, missed
 
 

@@ -82,9 +82,11 @@ def _check_fit(pairs, model, widest):
 # summed in its kernel (conv_bwd_weight_igemm_finish gone: 1 backward, r50-64's; p-seed's tail of sums is over
 # WG_FINISH_BYTES, so it keeps the final pass); and the 16-bit patch forward in one launch of patch_fwd_igemm, x read
 # as it lies (task tcpatch: p-seed's forward 2 launches -> 1, in both passes); and its backward's channels-last copies
-# (tasks patchdx and patchdw: both gradients read grad_output and x as they lie, so p-seed's backward has none).
+# (tasks patchdx and patchdw: both gradients read grad_output and x as they lie, so p-seed's backward has none); and
+# the strict fp32 weight gradient's grad_weight and grad_bias, views of its splits' sum since task simtfp, not two
+# copies out of an interleaved bias row (r50-64-gpu32's pair runs its weight gradient on simt_bwd_weight: 2).
 LAUNCHES_SHED = {("r50-64-gpu16", "fwd"): 1, ("r50-64-gpu16", "fwd+bwd"): 4, ("p-seed-gpu16", "fwd"): 2,
-                 ("p-seed-gpu16", "fwd+bwd"): 5}
+                 ("p-seed-gpu16", "fwd+bwd"): 5, ("r50-64-gpu32", "fwd+bwd"): 2}
 # Scalar arguments of plans changed since 98b8efe: p-seed's forward is one patch_fwd_igemm launch (14 scalars: 13 and
 # task patchdx's `flipped`) where the measured plan's copies and conv_fwd_igemm had 75 (forward+backward 179 -> 117;
 # -> 108 with the input gradient on patch_fwd_igemm too instead of conv_fwd_igemm, task patchdx; its weight gradient

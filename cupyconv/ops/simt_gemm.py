@@ -63,6 +63,10 @@ SIMT_TILES = {"forward": (SIMT_TILE, SIMT_TALL, SIMT_NARROW, SIMT_TALL_WIDE, SIM
 # - SIMT_SPLIT_COST: 128 x 32 x 8 1.399 to 128 x 64 x 8's 1.320, for 33-64 columns in two column tiles of 32 below
 #   SIMT_TALL_ROWS rows.  ii's 25,088 rows made 196 blocks of 128 x 64, two on 64 SMs and one on 68 (2 x 64 columns
 #   on the busiest), 392 of 128 x 32 are 3 x 32 x 1.06; i's 256 blocks keep 128 x 64 (2 x 64 against 4 x 32 x 1.06).
+# (Those counts are task simt32's. The tap table's next-entry cursor of the tiles of four warps or more, task
+# simtfp, took them to 1.171 for 192 x 64 x 12, 1.157 for 256 x 64 x 16 and 1.285 for 128 x 64 x 8, and 128 x 32 x 8
+# and 256 x 32 x 16 to 1.375 and 1.292: ratios of 1.01, 1.06 and 1.07, which pick the same tiles for every
+# benchmark case; the constants are kept.)
 SIMT_SMS = PLAN_SMS
 SIMT_BLOCKS_AN_SM = {SIMT_TALL: 2, SIMT_TALL_FIT: 2, SIMT_TILE: 4, SIMT_TALL_NARROW: 4, SIMT_NARROW: 4}
 SIMT_TALL_FIT_COST, SIMT_NARROW_FIT_COST, SIMT_SPLIT_COST = 1.03, 1.06, 1.06
@@ -323,13 +327,13 @@ def simt_gemm_grad_input(device, gy, weight, spec: ConvSpec, transposed: ConvSpe
 
 def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
     """simt_bwd_weight: (grad_weight (D, C / G, kH, kW), grad_bias (D,) when `bias`, else None), float32, from xv,
-    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, to each split's
-    extra row (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split
-    order (the same bits on every run)."""
+    a batch view of x, and gy (n, D, oH, oW) contiguous.  grad_bias is written by the kernel too, after each split's
+    weight (the column sums of gy its first row tile loaded).  The splits' float32 sums are added in split order
+    (the same bits on every run), and grad_weight and grad_bias are contiguous views of that sum: no copies."""
     _check(spec, xv.dtype, "weight")
     plan = plan_simt(spec, "weight")
-    taps_rows = spec.channels_per_group * spec.taps
-    partial = device.empty((plan.splits, spec.out_channels, taps_rows + bias), numpy.float32)
+    weight_size = spec.out_channels * spec.channels_per_group * spec.taps
+    partial = device.empty((plan.splits, weight_size + bias * spec.out_channels), numpy.float32)
     KERNELS.launch(device, "simt_bwd_weight", plan.tile, dtype=xv.dtype,
                    index=index_type(extent(xv), gy.size, partial.size), grid=plan.grid, block=plan.threads,
                    window=spec, x=xv, grad_out=gy, partial=partial, n=spec.n, **batch_args("x", xv),
@@ -337,7 +341,4 @@ def simt_gemm_grad_weight(device, xv, gy, spec: ConvSpec, bias: bool = False):
                    outputs_per_group=spec.outputs_per_group, chunks_per_split=plan.chunks_per_split,
                    bias_row=int(bias))
     total = partial[0] if plan.splits == 1 else device.sum(partial, 0, numpy.float32)
-    if not bias:
-        return total.reshape(spec.weight_shape), None
-    return (device.ascontiguous(total[:, :taps_rows]).reshape(spec.weight_shape),
-            device.ascontiguous(total[:, taps_rows]))
+    return total[:weight_size].reshape(spec.weight_shape), total[weight_size:] if bias else None
