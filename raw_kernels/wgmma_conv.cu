@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     if (t < chunks) load_chunk(t);
     cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
   }
-  // The descriptors of the warpgroup's weight rows (wgmma's A) and pixel rows (B) in stage 0, k step 0; another stage or step adds its
-  // byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
+  // The descriptors of the warpgroup's weight rows (wgmma's A) and pixel rows (B) in stage 0, k step 0; another
+  // stage or step adds its byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
   // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
   // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
   const unsigned desc_a = (unsigned)wgmma_desc(stages + A_BYTES + wg_channel * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B,
