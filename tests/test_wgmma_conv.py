@@ -156,8 +156,8 @@ def test_refusals():
 
 
 def test_routing_where_the_model_ranks_it_faster():
-    """The shapes of benchmarks/RESULTS.md's "conv_fwd_wgmma" and "TF32 on wgmma" (PREDICTED H100): r50-64 (784
-    blocks of 128 x 64, 16-bit and TF32) and g2-256 (two groups of 128, 16-bit) go to wgmma; r50-128 (196 blocks of
+    """The shapes of benchmarks/RESULTS.md's "conv_fwd_wgmma" and "TF32 on wgmma" (PREDICTED H100): r50-64 (392
+    blocks of 256 x 64 since "The wgmma forward transposed", 16-bit and TF32) and g2-256 (two groups of 128, 16-bit) go to wgmma; r50-128 (196 blocks of
     128 x 128), r50-512 (13 x 4) and 32 channels a group (p-seed's input gradient: half a 64-column tile) stay on
     conv_fwd_igemm; TF32 has the 64-column tile only, so more than 64 channels a group stay there too."""
     f16, f32 = numpy.float16, numpy.float32
