@@ -165,9 +165,9 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
   }
   // The descriptors of the warpgroup's weight rows (wgmma's A) and pixel rows (B) in stage 0, k step 0; another
-  // stage or step adds its byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
-  // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
-  // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
+  // stage or step adds its byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB,
+  // so no carry out), in the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the
+  // same for A and B and in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
   const unsigned desc_a = (unsigned)wgmma_desc(stages + A_BYTES + wg_channel * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B,
                                                16, 8 * WGC_ROW_BYTES);
   const unsigned desc_b = (unsigned)wgmma_desc(stages + wg_pixel * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B, 16,
@@ -192,14 +192,13 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
-  // The thread's two channels' biases (rows g and g + 8 of its warp's 16), added in float before the rounding.
+  // The thread's two channels' biases (rows g and g + 8 of its warp's 16), added in float before the rounding:
+  // lane l loads the bias of the warp's channel l % 16 (one sector a warp), the shuffles hand them out.
   const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
   const int channel = wg_channel + 16 * w + gq;  // and channel + 8
-  float bias_lo = 0.0f, bias_hi = 0.0f;
-  if (has_bias) {  // (none for the input gradient)
-    if (n0 + channel < dg) bias_lo = to_acc(bias[g * dg + n0 + channel]);
-    if (n0 + channel + 8 < dg) bias_hi = to_acc(bias[g * dg + n0 + channel + 8]);
-  }
+  const int bias_channel = n0 + wg_channel + 16 * w + t % 16;
+  const float bias_lane = has_bias && bias_channel < dg ? to_acc(bias[g * dg + bias_channel]) : 0.0f;
+  const float bias_lo = __shfl_sync(0xffffffffu, bias_lane, gq), bias_hi = __shfl_sync(0xffffffffu, bias_lane, gq + 8);
   wgmma_wait<0>();
   wgmma_fence_operand(d);
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
