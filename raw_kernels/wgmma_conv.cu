@@ -44,14 +44,6 @@
 static_assert(WGC_THREADS == 256 && WGC_ROW_BYTES == 128 && WGC_ALIGN == 1024, "two warpgroups, 128-byte swizzle");
 extern __shared__ __align__(16) unsigned char wgmma_shared[];
 
-// Two neighbouring pixels of one channel as one shared-memory store (4 bytes of 16-bit, 8 of float).
-template <typename T> __device__ __forceinline__ void wgc_store_pair(unsigned char* at, float lo, float hi) {
-  *reinterpret_cast<unsigned*>(at) = pack2<T>(from_acc<T>(lo), from_acc<T>(hi));
-}
-template <> __device__ __forceinline__ void wgc_store_pair<float>(unsigned char* at, float lo, float hi) {
-  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
-}
-
 template <typename T, typename I, int BM, int BN, int STAGES>
 __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, I n,
@@ -213,8 +205,8 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
   unsigned char* const lo_row = wgmma_shared + channel * PITCH + (wg_pixel + 2 * q) * (int)sizeof(T);
 #pragma unroll
   for (int j = 0; j < WG_N / 8; ++j) {
-    wgc_store_pair<T>(lo_row + 8 * j * (int)sizeof(T), d[4 * j] + bias_lo, d[4 * j + 1] + bias_lo);
-    wgc_store_pair<T>(lo_row + 8 * PITCH + 8 * j * (int)sizeof(T), d[4 * j + 2] + bias_hi, d[4 * j + 3] + bias_hi);
+    store_pair<T>(lo_row + 8 * j * (int)sizeof(T), d[4 * j] + bias_lo, d[4 * j + 1] + bias_lo);
+    store_pair<T>(lo_row + 8 * PITCH + 8 * j * (int)sizeof(T), d[4 * j + 2] + bias_hi, d[4 * j + 3] + bias_hi);
   }
   __syncthreads();
   // Thread: the vector of pixels m0 + mv * VEC .. + VEC - 1 of channels tid / (BM / VEC) + COLUMN_STEP i.
