@@ -28,8 +28,9 @@
 // 16-byte stores of a vector
 // of consecutive output pixels of one channel where vector_store says they are whole and aligned, else scalar ones.
 // 32-bit indices only (ops/wgmma_gemm.py refuses larger problems: they stay on conv_fwd_igemm).  No split of K.
-// The window rows' set-up, the tap carry and the NCHW epilogue are ig_forward's (implicit_gemm.cu) written again
-// for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the next step.
+// The window rows' set-up, the tap carry and the NCHW epilogue's global stores are ig_forward's (implicit_gemm.cu)
+// written again for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the
+// next step.
 #include "common.cuh"
 #include "async_copy.cuh"
 #include "mma.cuh"
