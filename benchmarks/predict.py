@@ -614,10 +614,10 @@ def depthwise_weight_macs(launch: launches_mod.Launch) -> float | None:
 
 def hmma_macs(launch: launches_mod.Launch) -> int:
     """MACs of one HMMA: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; of one HGMMA, m64nNk16 or, TF32, m64nNk8
-    (N the tile's columns)."""
+    (`wgmma_n`)."""
     k = 8 if launch.template_args[0] == "float" else 16
     if launch.kernel in WGMMA_KERNELS:   # each of the warpgroup's 4 warps issues it: a quarter each
-        return 64 * int(launch.template_args[3]) * k // 4
+        return 64 * wgmma_n(launch) * k // 4
     return 16 * 8 * k
 
 
@@ -658,11 +658,17 @@ def matrix_opcode(launch: launches_mod.Launch) -> str:
     return "HGMMA" if launch.kernel in WGMMA_KERNELS else "HMMA"
 
 
+def wgmma_n(launch: launches_mod.Launch) -> int:
+    """N of conv_fwd_wgmma's HGMMA: its block's rows x columns over its two warpgroups' 64 rows of M each (the
+    channels: raw_kernels/wgmma_conv.cu), 128 for either tile."""
+    return int(launch.template_args[2]) * int(launch.template_args[3]) // (2 * 64)
+
+
 def wgmma_operand_wavefronts(launch: launches_mod.Launch, hgmma: float) -> float:
     """Shared-memory wavefronts of the operands wgmma reads by descriptor (no LDSM, and the emulator's counters do
     not see them): A 64 rows and B N rows of a 32-byte k step an HGMMA (16 elements of 2 bytes, 8 of tf32's 4; a
     warp's quarter of the warpgroup's), 128 bytes a wavefront."""
-    return hgmma * (64 + int(launch.template_args[3])) * 32 / 4 / 128
+    return hgmma * (64 + wgmma_n(launch)) * 32 / 4 / 128
 
 
 def analytic_counters(launch: launches_mod.Launch, sass: dict | None, macs: float) -> dict:

@@ -438,15 +438,6 @@ template <int N> __device__ __forceinline__ void ig_keep_in_register(int (&value
 #endif
 }
 
-// Two neighbouring elements of T as one shared-memory store (4 bytes of 16-bit, 8 of float): the accumulator
-// pair (columns 2 q, 2 q + 1) of a thread.
-template <typename T> __device__ __forceinline__ void ig_store_pair(unsigned char* at, float lo, float hi) {
-  *reinterpret_cast<unsigned*>(at) = pack2<T>(from_acc<T>(lo), from_acc<T>(hi));
-}
-template <> __device__ __forceinline__ void ig_store_pair<float>(unsigned char* at, float lo, float hi) {
-  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
-}
-
 // The channels-last epilogue (out (n, oH, oW, D) contiguous): tile[row][column] = T(acc + bias) in the (drained)
 // pipeline's shared memory, then 16-byte stores of VEC consecutive channels of one output pixel, a row's
 // vectors on consecutive lanes (coalesced along the pixel's channels).  Rows are BN + 8 elements apart: the
@@ -471,7 +462,7 @@ __device__ __forceinline__ void ig_store_channels_last(const float (&acc)[MI][NI
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp_m + mi * 16 + gq + 8 * h;
-        ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
+        store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][ni][2 * h] + add0,
                          acc[mi][ni][2 * h + 1] + add1);
       }
     }
@@ -1983,7 +1974,7 @@ __global__ void __launch_bounds__(IG_THREADS) conv_fwd_igemm_groups(
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = warp_m + mi * 16 + gq + 8 * h;
-          ig_store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][nt][2 * h] + add0,
+          store_pair<T>(igemm_shared + row * PITCH + col * (int)sizeof(T), acc[mi][nt][2 * h] + add0,
                            acc[mi][nt][2 * h + 1] + add1);
         }
       }

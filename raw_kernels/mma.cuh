@@ -79,3 +79,12 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const unsigned (
 #undef CUPYCONV_MMA_SYNC
 
 #endif  // __CUPYCONV_EMULATOR__
+
+// Two neighbouring elements of T as one shared-memory store (4 bytes of 16-bit, 8 of float): an accumulator pair
+// of a thread (columns 2 q, 2 q + 1 of an mma fragment, of wgmma's too) staged for an epilogue.
+template <typename T> __device__ __forceinline__ void store_pair(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<unsigned*>(at) = pack2<T>(from_acc<T>(lo), from_acc<T>(hi));
+}
+template <> __device__ __forceinline__ void store_pair<float>(unsigned char* at, float lo, float hi) {
+  *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
+}

@@ -11,9 +11,11 @@
 // C / G is a multiple of a 16-byte vector (8 elements, 4 floats: `igemm_refusal`), so a vector never straddles a
 // tap or a group.
 //
-// Block: WGC_THREADS = 2 warpgroups, BM = 128 rows (64 a warpgroup) x BN = 64 or 128 columns,
-// one wgmma a warpgroup per 32-byte k step (m64nBNk16 of a 16-bit type, m64nBNk8 of tf32: wgmma_step), f32
-// accumulators (BN / 2 a thread).  K in chunks of 128 bytes a row (64 elements, 32 floats: 4 k steps),
+// Block: WGC_THREADS = 2 warpgroups on BM rows x BN columns, 256 x 64 or 128 x 128 (wgmma_gemm.py WGC_TILES).
+// The tensor cores take the GEMM transposed: wgmma's M = 64 output channels (weight rows), N = 128 pixels (A rows)
+// a warpgroup -- the two warpgroups split the pixels of the 64-column tile, the channels of the 128-column one --
+// one m64n128k16 (m64n128k8 of tf32: wgmma_step) a warpgroup per 32-byte k step, f32 accumulators (64 a thread).
+// K in chunks of 128 bytes a row (64 elements, 32 floats: 4 k steps),
 // STAGES = 4 stages of A (BM rows) and B (BN rows) in the 128-byte
 // swizzle wgmma reads by descriptor: row r of a stage at 128 r, its 16-byte vector v at v ^ (r % 8), each stage
 // 1024-byte aligned (the pattern is taken from the address: the dynamic shared memory is rounded up by hand),
@@ -22,13 +24,16 @@
 // Pipeline: chunks t + 1 and t + 2 in flight while the tensor cores work on chunk t (and still on t - 1: the
 // wait retires all but the newest group); one cp.async wait, proxy fence and barrier a chunk; the stage refilled
 // in chunk t is that of chunk t - 2, whose wgmmas both warpgroups retired before the barrier.
-// Epilogue: accumulators + bias, rounded once, to shared memory as (column, row), then 16-byte stores of a vector
+// Epilogue: accumulators + bias, rounded once, to shared memory as (channel, pixel) by pairs of pixels, then
+// 16-byte stores of a vector
 // of consecutive output pixels of one channel where vector_store says they are whole and aligned, else scalar ones.
 // 32-bit indices only (ops/wgmma_gemm.py refuses larger problems: they stay on conv_fwd_igemm).  No split of K.
-// The window rows' set-up, the tap carry and the NCHW epilogue are ig_forward's (implicit_gemm.cu) written again
-// for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the next step.
+// The window rows' set-up, the tap carry and the NCHW epilogue's global stores are ig_forward's (implicit_gemm.cu)
+// written again for 256 threads: implicit_gemm.cu was being edited beside this task; one header for both is the
+// next step.
 #include "common.cuh"
 #include "async_copy.cuh"
+#include "mma.cuh"
 #include "wgmma.cuh"
 
 // WGC_THREADS (two warpgroups), WGC_ROW_BYTES (a row of a stage: one 128-byte swizzle row) and WGC_ALIGN (a
@@ -46,7 +51,7 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     int groups, int channels_per_group, int outputs_per_group, int height, int width, int kernel_h, int kernel_w,
     int stride_h, int stride_w, int pad_top, int pad_left, int dilation_h, int dilation_w, int out_h, int out_w,
     int has_bias, int vector_store) {
-  static_assert(WgmmaType<T>::type >= 0 && BM == 128 && (BN == 64 || BN == 128) && STAGES >= 3, "the tiles built");
+  static_assert(WgmmaType<T>::type >= 0 && BM * BN == 128 * 128 && STAGES >= 3, "256 x 64 or 128 x 128");
   constexpr int VEC = 16 / (int)sizeof(T), BK = WGC_ROW_BYTES / (int)sizeof(T);  // 8 and 64 elements (float 4, 32)
   constexpr int K_STEPS = WGC_ROW_BYTES / 32;                                     // wgmma_step: 32 bytes of K
   constexpr int ROWS_PER_PASS = WGC_THREADS / (WGC_ROW_BYTES / 16);               // 32
@@ -137,21 +142,29 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
 
   // --- the pipeline ---------------------------------------------------------------------------------------------
   const int warpgroup = tid / 128;
-  float d[BN / 2];
+  // The warpgroup's part of the block's tile: 64 output channels (wgmma's M: the weight rows) by WG_N pixels (N:
+  // the A rows of the stages, all BM of them or half).  Channels as M rather than pixels: with 64 channels a
+  // group, a warpgroup's HGMMA m64n128 reads 64 + 128 operand rows for 64 x 128 outputs where m64n64 read 64 + 64
+  // for 64 x 64 (a quarter fewer shared wavefronts a MAC), and an accumulator pair is two neighbouring pixels of
+  // one channel, which the NCHW epilogue stores whole.
+  constexpr int WG_N = BM * BN / (2 * 64);  // 128 either tile
+  const int wg_channel = BN == 128 ? 64 * warpgroup : 0, wg_pixel = BN == 64 ? WG_N * warpgroup : 0;
+  float d[WG_N / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;  // (chunk 0's first wgmma ignores them: no chunks, no wgmma)
+  for (int i = 0; i < WG_N / 2; ++i) d[i] = 0.0f;  // (chunk 0's first wgmma ignores them: no chunks, no wgmma)
 #pragma unroll
   for (int t = 0; t < STAGES - 2; ++t) {
     if (t < chunks) load_chunk(t);
     cp_async_commit();  // empty groups too: STAGES - 2 groups in flight at every wait below
   }
-  // The descriptors of the warpgroup's A rows and of B in stage 0, k step 0; another stage or step adds its
-  // byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB, so no carry out), in
-  // the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the same for A and B and
-  // in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
-  const unsigned desc_a = (unsigned)wgmma_desc(stages + warpgroup * 64 * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B, 16,
+  // The descriptors of the warpgroup's weight rows (wgmma's A) and pixel rows (B) in stage 0, k step 0; another
+  // stage or step adds its byte offset / 16 to the start address (bits 0-13: the shared window is below 256 KiB,
+  // so no carry out), in the low 32 bits alone (the other fields, leading and stride bytes and swizzle, are the
+  // same for A and B and in desc_high): 64-bit adds of the descriptors cost the loop some 30 instructions (NVRTC 13)
+  const unsigned desc_a = (unsigned)wgmma_desc(stages + A_BYTES + wg_channel * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B,
+                                               16, 8 * WGC_ROW_BYTES);
+  const unsigned desc_b = (unsigned)wgmma_desc(stages + wg_pixel * WGC_ROW_BYTES, WGMMA_SWIZZLE_128B, 16,
                                                8 * WGC_ROW_BYTES);
-  const unsigned desc_b = (unsigned)wgmma_desc(stages + A_BYTES, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
   const unsigned long long desc_high = wgmma_desc_bits(0, WGMMA_SWIZZLE_128B, 16, 8 * WGC_ROW_BYTES);
   int read_stage = 0, write_stage = STAGES - 2;
   for (int t = 0; t < chunks; ++t) {
@@ -164,47 +177,40 @@ __global__ void __launch_bounds__(WGC_THREADS) conv_fwd_wgmma(
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks)
-      wgmma_step<T, BN>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
-                          t > 0 || ks > 0);
+      wgmma_step<T, WG_N>(d, desc_high | (desc_a + stage16 + 2 * ks), desc_high | (desc_b + stage16 + 2 * ks),
+                            t > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<1>();  // chunk t - 1's group retired: its stage may be refilled after the next barrier
     wgmma_fence_operand(d);
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
-  // The block's BN biases, one a thread, staged in shared memory beside the epilogue's tile: read by every warp
-  // from there rather than 8 times over from global memory (16 loads a thread, a sector each)
-  const int bias_col = n0 + tid;
-  const float bias_value = tid < BN && has_bias && bias_col < dg ? to_acc(bias[g * dg + bias_col]) : 0.0f;
+  // The thread's two channels' biases (rows g and g + 8 of its warp's 16), added in float before the rounding:
+  // lane l loads the bias of the warp's channel l % 16 (one sector a warp), the shuffles hand them out.
+  const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
+  const int channel = wg_channel + 16 * w + gq;  // and channel + 8
+  const int bias_channel = n0 + wg_channel + 16 * w + t % 16;
+  const float bias_lane = has_bias && bias_channel < dg ? to_acc(bias[g * dg + bias_channel]) : 0.0f;
+  const float bias_lo = __shfl_sync(0xffffffffu, bias_lane, gq), bias_hi = __shfl_sync(0xffffffffu, bias_lane, gq + 8);
   wgmma_wait<0>();
   wgmma_fence_operand(d);
   cp_async_wait<0>();  // only empty groups are left; the stages become the epilogue's tile
   __syncthreads();
 
-  // --- epilogue: tile[column][row] = T(acc + bias), then stores along the output pixels --------------------------
-  // Accumulator j of thread t of its warpgroup (wgmma.cuh): row 16 w + g (+ 8), column 8 (j / 4) + 2 q (+ 1).
-  constexpr int PITCH = BM * (int)sizeof(T) + 16;  // bytes a column; + 16: a warp's writes spread over the banks
-  static_assert(BN * PITCH + BN * 4 <= STAGES * STAGE_BYTES, "the tile and the biases within the stages' bytes");
-  float* const bias_tile = reinterpret_cast<float*>(wgmma_shared + BN * PITCH);
-  if (has_bias) {  // (the same for the whole block; none for the input gradient)
-    if (tid < BN) bias_tile[tid] = bias_value;
-    __syncthreads();
-  }
-  const int t = tid % 128, w = t / 32, gq = t % 32 / 4, q = t % 4;
-  const int row = warpgroup * 64 + 16 * w + gq;
+  // --- epilogue: tile[channel][pixel] = T(acc + bias), then stores along the output pixels ------------------------
+  // Accumulators 4 j .. 4 j + 3 of a thread (wgmma.cuh): channel 16 w + g, pixels 8 j + 2 q and + 1, then channel
+  // + 8, the same pixels: each pair one store of two elements.  PITCH: a channel's BM elements and 8 more, so
+  // that a warp's 8 channels start 4 (16-bit pairs) or 8 (float pairs) banks apart: no bank conflicts.
+  constexpr int PITCH = (BM + 8) * (int)sizeof(T);
+  static_assert(BN * PITCH <= STAGES * STAGE_BYTES, "the tile within the stages' bytes");
+  unsigned char* const lo_row = wgmma_shared + channel * PITCH + (wg_pixel + 2 * q) * (int)sizeof(T);
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * j + 2 * q + e;
-      const float add = has_bias ? bias_tile[col] : 0.0f;
-      T* column = reinterpret_cast<T*>(wgmma_shared + col * PITCH);
-      column[row] = from_acc<T>(d[4 * j + e] + add);
-      column[row + 8] = from_acc<T>(d[4 * j + 2 + e] + add);
-    }
+  for (int j = 0; j < WG_N / 8; ++j) {
+    store_pair<T>(lo_row + 8 * j * (int)sizeof(T), d[4 * j] + bias_lo, d[4 * j + 1] + bias_lo);
+    store_pair<T>(lo_row + 8 * PITCH + 8 * j * (int)sizeof(T), d[4 * j + 2] + bias_hi, d[4 * j + 3] + bias_hi);
   }
   __syncthreads();
-  // Thread: the vector of rows m0 + mv * VEC .. + VEC - 1 of columns tid / (BM / VEC) + COLUMN_STEP i.
+  // Thread: the vector of pixels m0 + mv * VEC .. + VEC - 1 of channels tid / (BM / VEC) + COLUMN_STEP i.
   constexpr int ROW_VECTORS = BM / VEC, COLUMN_STEP = WGC_THREADS / ROW_VECTORS;
   const int mv = tid % ROW_VECTORS;
   I out_row[VEC];  // where each of the thread's pixels lies in out (channel 0 of the group), or -1 past M

@@ -138,7 +138,7 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
     """ResNet-50's 64-channel 3x3 layer in fp16: the channels-last path (x and the weight transposed by one launch,
     then one conv_fwd_igemm of the 256 x 64 tile); on the generic path, one conv_fwd_tc of the 128 x 64 tile over
     32 x 56 x 56 pixels.  The recorder claims wgmma as an H100 does (with CUPYCONV_WGMMA=1): there the same copy
-    feeds one conv_fwd_wgmma of the 128 x 64 tile; without it (any GPU but a 9.0 one), conv_fwd_igemm."""
+    feeds one conv_fwd_wgmma of the 256 x 64 tile; without it (any GPU but a 9.0 one), conv_fwd_igemm."""
     case = BY_LABEL["r50-64-gpu16"]
     with monkeypatch.context() as patch:
         patch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
@@ -146,8 +146,8 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
         patch.setattr(wgmma_gemm, "wgmma_preferred", lambda spec, dtype: False)
         rec = launches.record(case, False)
     assert [launch.name for launch in wgmma.steps] == ["channels_last_copies<__half, int, false>",
-                                                       "conv_fwd_wgmma<__half, int, 128, 64, 4>"]
-    assert wgmma.steps[-1].grid == (32 * 56 * 56 // 128, 1, 1) and wgmma.steps[-1].block == (256,)
+                                                       "conv_fwd_wgmma<__half, int, 256, 64, 4>"]
+    assert wgmma.steps[-1].grid == (32 * 56 * 56 // 256, 1, 1) and wgmma.steps[-1].block == (256,)
     assert predict.pass_macs(wgmma.steps, case) == {1: cases.flops(case) / 2}
     assert [launch.name for launch in rec.steps] == ["channels_last_copies<__half, int, false>",
                                                      "conv_fwd_igemm<__half, int, 256, 64, 4>"]
@@ -173,19 +173,19 @@ def test_recording_of_the_r50_64_forward(monkeypatch):
 
 def test_recording_of_the_r50_64_tf32_forward_and_backward(monkeypatch):
     """TF32 r50-64 where the recorder claims wgmma (an H100 with CUPYCONV_WGMMA=1): the forward's copy (rounding x
-    and the weight to tf32) feeds one conv_fwd_wgmma<float> of the 128 x 64 tile, and the backward's stride-1
+    and the weight to tf32) feeds one conv_fwd_wgmma<float> of the 256 x 64 tile, and the backward's stride-1
     input gradient, the transposed window's forward, one more; each tiles the pass's MACs exactly (18 chunks of
-    32 floats, 4 HGMMA.64x64x8 each)."""
+    32 floats, 4 HGMMA.64x128x8 a warpgroup each)."""
     monkeypatch.setattr(implicit_gemm, "igemm_refusal", CHANNELS_LAST_REFUSAL)
     case = BY_LABEL["r50-64-gputf32"]
-    name = "conv_fwd_wgmma<float, int, 128, 64, 4>"
+    name = "conv_fwd_wgmma<float, int, 256, 64, 4>"
     forward = launches.record(case, False)
     assert [launch.name for launch in forward.launches][-1] == name, [s.name for s in forward.launches]
     launch = forward.launches[-1]
-    assert launch.grid == (32 * 56 * 56 // 128, 1, 1) and launch.block == (256,)
-    assert predict.tensor_core_macs(launch) == 784 * 128 * 64 * 18 * 32 == cases.flops(case) // 2
+    assert launch.grid == (32 * 56 * 56 // 256, 1, 1) and launch.block == (256,)
+    assert predict.tensor_core_macs(launch) == 392 * 256 * 64 * 18 * 32 == cases.flops(case) // 2
     # HGMMA warp instructions: 2 warpgroups x 18 chunks x 4 k steps x 4 warps a block
-    assert predict.tensor_core_macs(launch) / predict.hmma_macs(launch) == 784 * 2 * 18 * 4 * 4
+    assert predict.tensor_core_macs(launch) / predict.hmma_macs(launch) == 392 * 2 * 18 * 4 * 4
     backward = launches.record(case, True)
     assert [launch.name for launch in backward.launches].count(name) == 2, [s.name for s in backward.launches]
 

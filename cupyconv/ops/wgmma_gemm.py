@@ -24,12 +24,14 @@ KERNELS = KernelFile("wgmma_conv.cu", defines={"WGC_THREADS": 256, "WGC_ROW_BYTE
 WGC_THREADS = KERNELS.defines["WGC_THREADS"]
 WGC_ROW_BYTES = KERNELS.defines["WGC_ROW_BYTES"]
 WGC_ALIGN = KERNELS.defines["WGC_ALIGN"]
-# (rows, columns, stages) by dtype, widest first, `wgmma_tile` picks.  float32 (TF32) has the 64-column tile only:
+# (rows, columns, stages) by dtype, widest first, `wgmma_tile` picks: either tile is 128 pixels by 64 channels a
+# warpgroup (the kernel's m64n128 with the channels as wgmma's M), 256 x 64 with 160 KiB of stages (one block an
+# SM) reading each weight chunk once for 256 pixels.  float32 (TF32) has the 64-column tile only:
 # the TF32 cases it serves (r50-64's forward and input gradient, 64 channels) need no other, and a 128-column one
 # would cost CI its compile for no case.  A 128-byte row is 32 floats, 4 k8 steps: the 16-bit tiles' pipeline and
 # shared memory as they are.
-WGC_TILES = {"float16": ((128, 128, 4), (128, 64, 4)), "bfloat16": ((128, 128, 4), (128, 64, 4)),
-             "float32": ((128, 64, 4),)}
+WGC_TILES = {"float16": ((128, 128, 4), (256, 64, 4)), "bfloat16": ((128, 128, 4), (256, 64, 4)),
+             "float32": ((256, 64, 4),)}
 WGC_VECTOR_BYTES = 16   # a cp.async, and the channels' granule
 # 'auto' hands a forward to conv_fwd_wgmma from this many blocks: it has no split of K, so a grid under two waves of
 # 132 SMs (conv_fwd_igemm's IG_WAVE_BLOCKS, where that kernel splits K to fill them) stays on conv_fwd_igemm.
