@@ -2352,6 +2352,7 @@ constexpr int PT_COLS = 64;   // output channels a pass
 constexpr int PT_MI = PT_ROWS / 2 / 16, PT_NI = PT_COLS / 2 / 8;  // a warp's mma tiles: 4 x 4
 constexpr int PT_STEP = 32;   // channels of one tap a main-loop step: two k16 mma steps
 constexpr int PT_ZERO_ROWS = 8;
+constexpr int PT_W_SPREAD = 4;  // rows of the weight's first dim a warp's vector loads take at once (staging)
 
 // Bytes between two rows of `vectors` 16-byte vectors: an odd number of vectors (the bank-group spread above).
 __device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG_VECTOR_BYTES; }
@@ -2465,7 +2466,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   // taps mirrored.  A tap's channels past C are zeros.
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
-  const int w_outer = flipped ? D : C;  // the weight's second dim
+  const int w_outer = flipped ? D : C, w_first = flipped ? C : D;  // the weight's second and first dims
   auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1 (within one `first`:
                                                                // w_outer taps elements are a multiple of VEC)
     const int row = e / taps, first = row / w_outer;
@@ -2479,7 +2480,16 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   };
   const int w_elements = D * C * taps;  // a multiple of VEC (C is of 16)
   if (reinterpret_cast<size_t>(weight) % IG_VECTOR_BYTES == 0) {
-    for (int v = tid; v < w_elements / VEC; v += IG_THREADS) {
+    // Lane l of a warp takes vector l / PT_W_SPREAD (+ the warp's first) of the run of row first + l % PT_W_SPREAD
+    // of the weight's first dim (a run: its second dim x taps, whole vectors): the lanes that store element i of
+    // their vectors at once then hold PT_W_SPREAD rows' same (second, tap), which lie in different banks of w_s
+    // (flipped: consecutive channels, 4 bytes apart a pair; else d rows an odd number of vectors apart).  Runs of
+    // one row (flipped: the channels' same (d, tap) all in one bank group) stored 6.3 wavefronts a request for
+    // the input gradient of 32 -> 64 channels 3x3, 2.5 for its forward; this 1.8 and 1.9, for 8 KiB rows read
+    // in pieces of 128 bytes (1.6 lines a warp load for 1.0).
+    const int run = w_elements / VEC / w_first;
+    for (int f = tid; f < w_elements / VEC; f += IG_THREADS) {
+      const int v = (f / (PT_W_SPREAD * run) * PT_W_SPREAD + f % PT_W_SPREAD) * run + f / PT_W_SPREAD % run;
       const uint4 q = reinterpret_cast<const uint4*>(weight)[v];
       const unsigned words[4] = {q.x, q.y, q.z, q.w};
       Bits b[VEC];
