@@ -2335,8 +2335,8 @@ __global__ void __launch_bounds__(IG_THREADS) conv_bwd_weight_igemm_groups(
 //           them: a row in the padding reads the zero row of its own residue mod 8, so that the 8 rows of an
 //           ldmatrix phase (8 consecutive pixel rows but for those in the padding) still fall in 8 bank groups;
 //   rows    per tap, the byte offset in tile of every GEMM row's input pixel (a zero row where the tap falls in
-//           the patch's padding, or past the block's rows), laid out so that a lane reads its 2 rows with one
-//           8-byte load: [tap][warp row][lane (32)][half (2)];
+//           the patch's padding, or past the block's rows), laid out so that a lane reads its 4 rows with one
+//           16-byte load: [tap][warp row][lane row (16)][mi (4)];
 //   out     the epilogue's tile in out's own layout [patch][channel][pixel] (+ bias, rounded once to T), stored
 //           by 16-byte vectors: a patch's channels of the block are contiguous in out (in the group's own raw
 //           buffer where a patch's raw x holds its PT_COLS channels of out: the input gradient's).
@@ -2456,7 +2456,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   }
   for (int e = tid; e < taps * PT_ROWS; e += IG_THREADS) {
     const int tap = e / PT_ROWS, s = e % PT_ROWS;
-    const int m = s / 64 * 64 + (s & 1) * 32 + s % 64 / 2;  // [warp row][lane][half]
+    const int m = s / 64 * 64 + (s & 3) * 16 + (s >> 2) % 16;  // [warp row][lane row][mi]
     rows_s[e] = pt_tap_row(m, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
                 a_pitch;
   }
@@ -2525,11 +2525,9 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   // --- the lane's fragments: ldmatrix rows (matrix j = lane / 8, its row lane % 8) and epilogue places ---------
   const int warp_m = warp >> 1, warp_n = (warp & 1) * (PT_COLS / 2), j = lane >> 3, jr = lane & 7;
   const int gq = lane >> 2, qq = lane & 3;
-  // A: per half of the warp's 64 rows, one ldmatrix of the k lo vectors of its rows 0-7, 8-15, 16-23, 24-31 and
-  // one of the k hi vectors: every lane points at a row of its own (the lane's row of each half, a pair in
-  // rows_s: one 8-byte load, 2 wavefronts; a lane row of each mi tile, read with the tiles' (rows 0-7, 8-15) x
-  // (k lo, k hi) matrices, had lanes j and j + 2 load the same rows: 4 wavefronts for 16 bytes)
-  const int a_table = (warp_m * 32 + lane) * 2;
+  // A: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi): the lane's row of
+  // rows_s and its k vector (j >> 1) of a 16-channel step
+  const int a_table = (warp_m * 16 + (j & 1) * 8 + jr) * 4, a_k = (j >> 1) * IG_VECTOR_BYTES;
   // B (n-major rows): (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi) = b of two n tiles
   const int b_row = (j >> 1) * 8 + jr, b_k = (j & 1) * IG_VECTOR_BYTES;  // from the warp's first column
   int out_at[PT_MI][2];  // the element of out_s (channel 0) of each of the thread's accumulator rows, -1: none
@@ -2599,22 +2597,14 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
       advance(step0);
 #pragma unroll 1
       for (int step = step0; step < steps; step += stride) {
-        const int2 at = *reinterpret_cast<const int2*>(rows_s + table);
-        const int a_off[2] = {at.x, at.y};
+        const int4 at = *reinterpret_cast<const int4*>(rows_s + table);
+        const int a_off[PT_MI] = {at.x, at.y, at.z, at.w};
 #pragma unroll
         for (int ks = 0; ks < PT_STEP / 16; ++ks) {  // k16 step ks: 2 vectors of 16 bytes
           unsigned a[PT_MI][4], b[PT_NI][2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {  // mi tiles 2 h (rows 0-15 of the half) and 2 h + 1 (rows 16-31)
-            unsigned lo[4], hi[4];
-            ldmatrix_x4(lo, tile_s + a_off[h] + k_bytes + ks * 2 * IG_VECTOR_BYTES);
-            ldmatrix_x4(hi, tile_s + a_off[h] + k_bytes + ks * 2 * IG_VECTOR_BYTES + IG_VECTOR_BYTES);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              a[2 * h + i][0] = lo[2 * i], a[2 * h + i][1] = lo[2 * i + 1];
-              a[2 * h + i][2] = hi[2 * i], a[2 * h + i][3] = hi[2 * i + 1];
-            }
-          }
+          for (int mi = 0; mi < PT_MI; ++mi)
+            ldmatrix_x4(a[mi], tile_s + a_off[mi] + k_bytes + ks * 2 * IG_VECTOR_BYTES + a_k);
 #pragma unroll
           for (int nj = 0; nj < PT_NI / 2; ++nj) {
             unsigned q[4];

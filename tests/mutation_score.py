@@ -1741,7 +1741,7 @@ MUTATIONS = [
     M("pt-weight-padding-not-zero", "implicit_gemm.cu",
       "for (int e = tid; e < D * taps * pad_vectors; e += IG_THREADS) {", "for (int e = tid; e < 0; e += IG_THREADS) {",
       PT, "tile bound"),
-    M("pt-table-lane-order", "implicit_gemm.cu", "(s & 1) * 32 + s % 64 / 2;", "s % 64 / 2 * 2 + (s & 1);",
+    M("pt-table-lane-order", "implicit_gemm.cu", "(s & 3) * 16 + (s >> 2) % 16;", "(s >> 2) % 16 * 4 + (s & 3);",
       PT, "tc: fragment index"),
     M("pt-weight-tap-stride", "implicit_gemm.cu", "(tap * padded + c) * (int)sizeof(T)) = b[i];",
       "(tap * C + c) * (int)sizeof(T)) = b[i];", PT, "swapped stride"),
@@ -1867,13 +1867,9 @@ MUTATIONS = [
       "for (int ni = 0; ni < 2 * PW_UNITS; ++ni) {", PW, "dropped bias"),
     M("pw-hand-over-one-row", "implicit_gemm.cu", "+ (warp >> 1) * PW_HAND_VALUES * 32 + lane;", "+ lane;", PW,
       "wrong index"),
-    # (task pfin: the weight staged with a warp's lanes over 4 rows; A and B fragments of 32 rows a lane each)
+    # (task pfin: the weight staged with a warp's lanes over 4 rows; B fragments of a pair of K steps)
     M("pt-weight-spread-rows", "implicit_gemm.cu", "* PT_W_SPREAD + f % PT_W_SPREAD) * run", "* PT_W_SPREAD) * run",
       PT_BOTH, "wrong index"),
-    M("pt-a-hi-vector", "implicit_gemm.cu", "ks * 2 * IG_VECTOR_BYTES + IG_VECTOR_BYTES);",
-      "ks * 2 * IG_VECTOR_BYTES);", PT, "wrong vector element"),
-    M("pt-a-second-tiles", "implicit_gemm.cu", "a[2 * h + i][2] = hi[2 * i], a[2 * h + i][3] = hi[2 * i + 1];",
-      "a[2 * h + i][2] = hi[i], a[2 * h + i][3] = hi[i + 1];", PT, "tc: fragment index"),
     M("pw-pair-second-step", "implicit_gemm.cu", "b0[2] = {lo[2 * s], lo[2 * s + 1]}, b1[2] = {hi[2 * s], hi[2 * s + 1]};",
       "b0[2] = {lo[0], lo[1]}, b1[2] = {hi[0], hi[1]};", PW, "tc: fragment index"),
     M("pw-odd-last-step", "implicit_gemm.cu", "const int in_pair = step + 1 < steps ? 2 : 1;",
