@@ -2343,6 +2343,7 @@ constexpr int PT_COLS = 64;   // output channels a pass
 constexpr int PT_MI = PT_ROWS / 2 / 16, PT_NI = PT_COLS / 2 / 8;  // a warp's mma tiles: 4 x 4
 constexpr int PT_STEP = 32;   // channels of one tap a main-loop step: two k16 mma steps
 constexpr int PT_ZERO_ROWS = 8;
+constexpr int PT_W_SPREAD = 4;  // rows of the weight's first dim a warp's vector loads take at once (staging)
 
 // Bytes between two rows of `vectors` 16-byte vectors: an odd number of vectors (the bank-group spread above).
 __device__ __forceinline__ int pt_pitch(int vectors) { return (vectors | 1) * IG_VECTOR_BYTES; }
@@ -2456,7 +2457,7 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   // taps mirrored.  A tap's channels past C are zeros.
   typedef typename ClBits<T>::type Bits;
   const Bits* w_bits = reinterpret_cast<const Bits*>(weight);
-  const int w_outer = flipped ? D : C;  // the weight's second dim
+  const int w_outer = flipped ? D : C, w_first = flipped ? C : D;  // the weight's second and first dims
   auto stage_weight = [&](int e, const Bits* b, int count) {  // elements e .. e + count - 1 (within one `first`:
                                                                // w_outer taps elements are a multiple of VEC)
     const int row = e / taps, first = row / w_outer;
@@ -2470,7 +2471,16 @@ __global__ void __launch_bounds__(IG_THREADS) patch_fwd_igemm(
   };
   const int w_elements = D * C * taps;  // a multiple of VEC (C is of 16)
   if (reinterpret_cast<size_t>(weight) % IG_VECTOR_BYTES == 0) {
-    for (int v = tid; v < w_elements / VEC; v += IG_THREADS) {
+    // Lane l of a warp takes vector l / PT_W_SPREAD (+ the warp's first) of the run of row first + l % PT_W_SPREAD
+    // of the weight's first dim (a run: its second dim x taps, whole vectors): the lanes that store element i of
+    // their vectors at once then hold PT_W_SPREAD rows' same (second, tap), which lie in different banks of w_s
+    // (flipped: consecutive channels, a word a pair; else d rows an odd number of vectors apart).  A warp on one
+    // run (flipped: one channel's (d, tap) for 28 d, all in one bank group of 16 bytes a d) stored 6.3 wavefronts
+    // a request for the input gradient of 32 -> 64 channels 3x3, 2.5 for its forward; this 1.8 and 1.9, for 6.2
+    // lines a warp load instead of 4 (the 64 bytes of 4 runs each).
+    const int run = w_elements / VEC / w_first;
+    for (int f = tid; f < w_elements / VEC; f += IG_THREADS) {
+      const int v = (f / (PT_W_SPREAD * run) * PT_W_SPREAD + f % PT_W_SPREAD) * run + f / PT_W_SPREAD % run;
       const uint4 q = reinterpret_cast<const uint4*>(weight)[v];
       const unsigned words[4] = {q.x, q.y, q.z, q.w};
       Bits b[VEC];
@@ -2786,9 +2796,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   for (int v = tid; v < ((x_rows + PT_ZERO_ROWS) * x_pitch + (direct ? 2 : 1) * dy_tile) / IG_VECTOR_BYTES;
        v += IG_THREADS)
     *reinterpret_cast<uint4*>(x_s + v * IG_VECTOR_BYTES) = make_uint4(0, 0, 0, 0);
-  // [tap][quad of K steps][lane row (16)][step of the quad (4)]: a lane reads its row of 4 steps with one 16-byte load
+  // [tap][quad of K steps][lane (32)][pair of steps of the quad (2)]: a lane reads its row of each pair with one
+  // 8-byte load (2 wavefronts; 16-byte loads of 4 steps' rows, lanes 16-31 the same as 0-15, took 4)
   for (int e = tid; e < taps * PW_K_ROWS; e += IG_THREADS) {
-    const int tap = e / PW_K_ROWS, i = e % PW_K_ROWS, k = (i / 64 * 4 + i % 4) * 16 + i / 4 % 16;
+    const int tap = e / PW_K_ROWS, i = e % PW_K_ROWS, k = i / 64 * 64 + i % 2 * 32 + i % 64 / 2;
     rows_s[e] = pt_tap_row(k, tap, patches, plane, height, width, kernel_w, pad_top, pad_left, out_w, out_plane) *
                 x_pitch;
   }
@@ -2819,8 +2830,10 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
   const int wm = (warp >> 1) * 32, odd_warp = warp & 1, j = lane >> 3, jr = lane & 7;
   // A (d x pixels from the chunks): matrices (d 0-7, k 0-7), (d 8-15, k 0-7), (d 0-7, k 8-15), (d 8-15, k 8-15)
   const int a_at = (j >> 1) * dy_pitch + (wm + (j & 1) * 8 + jr) * IG_VECTOR_BYTES;
-  // B (.trans of [pixel][channel]): (k 0-7, c 0-7), (k 8-15, c 0-7), (k 0-7, c 8-15), (k 8-15, c 8-15): the b of
-  // the unit's two n tiles.  Per unit: its tap's rows (this lane's row of each 16) and its channels' bytes.
+  // B (.trans of [pixel][channel]) of a pair of K steps: one ldmatrix of the unit's channels 0-7 over the pair's
+  // 32 pixel rows (k 0-7, 8-15 of the first step, of the second), one of channels 8-15: the b of the unit's two n
+  // tiles for both steps, every lane on a row of its own.  Per unit: its tap's rows (this lane's row of each pair)
+  // and its channels' bytes.
   const int* b_rows[PW_UNITS];
   int b_bytes[PW_UNITS];
   bool b_unit[PW_UNITS];
@@ -2829,8 +2842,8 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
     const int u = u0 + t;
     b_unit[t] = u < u_end;
     const int tap = b_unit[t] ? u % taps : 0;
-    b_rows[t] = rows_s + tap * PW_K_ROWS + ((j & 1) * 8 + jr) * 4;
-    b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T) + (j >> 1) * IG_VECTOR_BYTES;
+    b_rows[t] = rows_s + tap * PW_K_ROWS + lane * 2;
+    b_bytes[t] = ((b_unit[t] ? u / taps : slice0) - slice0) * 16 * (int)sizeof(T);
   }
   const bool sum_bias = has_bias && u0 == 0;  // block-uniform
   float acc[2][2 * PW_UNITS][4], bias_acc[2][4];
@@ -2870,36 +2883,53 @@ __global__ void __launch_bounds__(IG_THREADS) patch_bwd_weight_igemm(
 #pragma unroll 1
     for (int quad = 0; quad * 4 < steps; ++quad) {  // 4 K steps a trip: a unit's rows of them in one load
       if ((trips++ & 1) != odd_warp) continue;  // the other warp of the row's trip
-      int rows[PW_UNITS][4];
+      int rows[PW_UNITS][2];
 #pragma unroll
       for (int t = 0; t < PW_UNITS; ++t) {
         if (!b_unit[t]) continue;
-        const int4 r = *reinterpret_cast<const int4*>(b_rows[t] + quad * 64);
-        rows[t][0] = r.x, rows[t][1] = r.y, rows[t][2] = r.z, rows[t][3] = r.w;
+        const int2 r = *reinterpret_cast<const int2*>(b_rows[t] + quad * 64);
+        rows[t][0] = r.x, rows[t][1] = r.y;
       }
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int step = quad * 4 + s;
+      for (int pair = 0; pair < 2; ++pair) {
+        const int step = quad * 4 + 2 * pair;
         if (step >= steps) break;
-        unsigned a[2][4];
+        const int in_pair = step + 1 < steps ? 2 : 1;  // (an odd last step: its B loads read the next one's rows,
+                                                       // zero or a short group's, whose MMAs never run)
+        unsigned a[2][2][4];  // [step of the pair][mi]
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-          ldmatrix_x4(a[mi], a_tile + a_at + step * 2 * dy_pitch + mi * 16 * IG_VECTOR_BYTES);
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            if (s < in_pair)
+              ldmatrix_x4(a[s][mi], a_tile + a_at + (step + s) * 2 * dy_pitch + mi * 16 * IG_VECTOR_BYTES);
+          }
+        }
 #pragma unroll
         for (int t = 0; t < PW_UNITS; ++t) {
           if (!b_unit[t]) continue;
-          unsigned q[4];
-          ldmatrix_x4_trans(q, x_s + rows[t][s] + b_bytes[t]);
-          const unsigned b0[2] = {q[0], q[1]}, b1[2] = {q[2], q[3]};
+          unsigned lo[4], hi[4];  // channels 0-7, 8-15: (k 0-7, k 8-15) of the first step, then of the second
+          ldmatrix_x4_trans(lo, x_s + rows[t][pair] + b_bytes[t]);
+          ldmatrix_x4_trans(hi, x_s + rows[t][pair] + b_bytes[t] + IG_VECTOR_BYTES);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mma_m16n8k16<T>(acc[mi][2 * t], a[mi], b0);
-            mma_m16n8k16<T>(acc[mi][2 * t + 1], a[mi], b1);
+          for (int s = 0; s < 2; ++s) {
+            if (s >= in_pair) break;
+            const unsigned b0[2] = {lo[2 * s], lo[2 * s + 1]}, b1[2] = {hi[2 * s], hi[2 * s + 1]};
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              mma_m16n8k16<T>(acc[mi][2 * t], a[s][mi], b0);
+              mma_m16n8k16<T>(acc[mi][2 * t + 1], a[s][mi], b1);
+            }
           }
         }
         if (sum_bias) {
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) mma_m16n8k16<T>(bias_acc[mi], a[mi], ones);
+          for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              if (s < in_pair) mma_m16n8k16<T>(bias_acc[mi], a[s][mi], ones);
+            }
+          }
         }
       }
     }
