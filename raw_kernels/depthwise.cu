@@ -47,8 +47,9 @@
 //   maps the threads over taps instead; depthwise_bwd_weight_lanes, for the windows of depthwise_fwd_large, runs
 //   its correlation with grad_out's plane as the kernel, a lane per image, and adds the lanes by shuffles;
 //   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few
-//   images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed order.  No float atomics anywhere,
-//   so every run gives the same bits, whatever the scheduling.
+//   images).  The last block of a channel to arrive then sums its partial rows in a fixed order, in the same
+//   launch (finish_rows; a channel of one row writes the gradient directly).  No float atomics anywhere, so every
+//   run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
@@ -72,7 +73,6 @@
 //                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   PHASED_CELLS      cells (S x S input pixels) per side of a thread item of depthwise_bwd_input_phased;
-//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores;
@@ -80,7 +80,7 @@
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
     !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) || !defined(PHASED_CELLS) ||                                    \
-    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
+    !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -2047,9 +2047,45 @@ __global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const
 // per_block images).  Threads are mapped over (image, strip, column) items, so even a 4x4 plane keeps every lane
 // busy; each accumulates its taps in registers over all the block's units, then the block reduces them in a
 // fixed order and writes partial row r: partial[r][co * taps + tap], and partial[r][C * m * taps + co] for the
-// bias when has_bias.  depthwise_bwd_weight<K, S> slides the forward's register window over the x tile;
+// bias when has_bias (put_sum; finish_rows adds the rows).  depthwise_bwd_weight<K, S> slides the forward's register
+// window over the x tile;
 // depthwise_bwd_weight_generic takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner
 // sends larger kernels to depthwise_bwd_weight_large).
+// The weight and bias gradients are finished in the launch that sums them (no second launch): a block stores row r of
+// its channel's (or channel group's) sums through put_sum, straight into `out` (converted) where there is one row,
+// else into partial; then finish_rows: the last of the slot's `rows` blocks to arrive (last_arrival, common.cuh:
+// one count a slot in `arrivals`, left at 0) adds rows 0, 1, ... of each of the slot's elements in that order and
+// converts, so the bits are the same whatever block arrives last.  Elements: [first, first + count) of a row and
+// [bias_first, bias_first + bias_count); a thread takes elements blockDim.x apart, FINISH_ROWS rows' loads in flight.
+constexpr int FINISH_ROWS = 8;
+template <typename T, typename I>
+__device__ __forceinline__ void put_sum(acc_t<T>* partial, T* out, I rows, I r, I row_length, I e, acc_t<T> total) {
+  if (rows == 1)
+    out[e] = from_acc<T>(total);
+  else
+    partial[r * row_length + e] = total;
+}
+
+template <typename T, typename I>
+__device__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, int slot, I rows, I row_length, I first,
+                            int count, I bias_first, int bias_count) {
+  typedef acc_t<T> A;
+  __shared__ int last;
+  if (rows == 1 || !last_arrival(arrivals, slot, (int)rows, &last)) return;
+  for (int k = threadIdx.x; k < count + bias_count; k += blockDim.x) {
+    const I e = k < count ? first + k : bias_first + (k - count);
+    A total = A(0);
+    for (I r = 0; r < rows; r += FINISH_ROWS) {
+      A v[FINISH_ROWS];
+#pragma unroll
+      for (int q = 0; q < FINISH_ROWS; ++q) v[q] = r + q < rows ? __ldcg(partial + (r + q) * row_length + e) : A(0);
+#pragma unroll
+      for (int q = 0; q < FINISH_ROWS; ++q) total += v[q];
+    }
+    out[e] = from_acc<T>(total);
+  }
+}
+
 // The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
 // grouped units_per_block to a row; row r covers the units [begin(r), end(r)) of its channel.
 template <typename I> struct WeightRows {
@@ -2094,7 +2130,8 @@ __device__ __forceinline__ void register_window_grad(acc_t<T> (&acc)[K * K + 1],
 // tap; the sums go to the thread's slots after its last unit, for the same slot-order reduction.
 template <typename T, typename I, int K = 0>
 __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                                   acc_t<T>* __restrict__ partial, I images, int channels,
+                                                   acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                                   int* __restrict__ arrivals, I images, int channels,
                                                    int multiplier, int height, int width, int out_h, int out_w,
                                                    int kernel_h, int kernel_w, int stride_h, int stride_w,
                                                    int dilation_h, int dilation_w, int pad_top, int pad_left,
@@ -2229,17 +2266,20 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         if (t < R ? t0 + t >= taps : t0 > 0 || !has_bias) continue;
         A total = A(0);
         for (int slot = 0; slot < S; ++slot) total += sums[(slot * Q + qe) * (R + 1) + t];
-        partial[r * row_length + (t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe)] =
-            total;
+        put_sum<T, I>(partial, out, rows.count, r, row_length,
+                      t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe, total);
       }
       __syncthreads();  // the next pass clears the sums
     }
+    finish_rows<T, I>(partial, out, arrivals, (int)(b % groups), rows.count, row_length, (I)co0 * taps, count * taps,
+                      (I)out_channels * taps + co0, has_bias ? count : 0);
   }
 }
 
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                             acc_t<T>* __restrict__ partial, I images, int channels,
+                                             acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                             int* __restrict__ arrivals, I images, int channels,
                                              int multiplier, int height, int width, int out_h, int out_w,
                                              int kernel_h, int kernel_w, int stride_h, int stride_w,
                                              int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
@@ -2247,9 +2287,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
                                              I units_per_block, int has_bias, int plane_channels) {
   typedef acc_t<T> A;
   if (plane_channels > 0) {
-    weight_grad_planes<T, I>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
-                             kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
-                             units_per_block, has_bias, plane_channels);
+    weight_grad_planes<T, I>(x, grad_out, partial, out, arrivals, images, channels, multiplier, height, width,
+                             out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top,
+                             pad_left, units_per_block, has_bias, plane_channels);
     return;
   }
   constexpr int V = GENERIC_STRIP, R = TAP_CHUNK;  // R: taps per pass, accumulated in registers
@@ -2314,10 +2354,14 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
         __syncthreads();  // the next unit overwrites the tiles
       }
       block_reduce(acc, scratch, [&](int t, A total) {
-        if (t < R && t0 + t < taps) partial[r * row_length + (I)co * taps + t0 + t] = total;
-        if (t == R && t0 == 0 && has_bias) partial[r * row_length + (I)out_channels * taps + co] = total;
+        if (t < R && t0 + t < taps)
+          put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * taps + t0 + t, total);
+        if (t == R && t0 == 0 && has_bias)
+          put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * taps + co, total);
       });
     }
+    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
+                      (I)out_channels * taps + co, has_bias);
   }
 }
 
@@ -2326,14 +2370,15 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 template <typename T, typename I, int K>
 __global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
     depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                acc_t<T>* __restrict__ partial, T* __restrict__ out, int* __restrict__ arrivals,
+                                I images, int channels, int multiplier,
                                 int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                 int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
                                 int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
                                 int per_block, I units_per_block, int has_bias, int plane_channels) {
-  weight_grad_planes<T, I, K>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
-                              kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
-                              units_per_block, has_bias, plane_channels);
+  weight_grad_planes<T, I, K>(x, grad_out, partial, out, arrivals, images, channels, multiplier, height, width,
+                              out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top,
+                              pad_left, units_per_block, has_bias, plane_channels);
 }
 
 // acc[i * K + j] += g[v][u] * x[v * S + i][u * S + j] over an item's V x U outputs, the staged rows read in order by
@@ -2373,7 +2418,8 @@ __device__ __forceinline__ void weight_products(A (&acc)[K * K + 1], const A (&g
 // their code and registers).
 template <typename T, typename I, int K, int S, bool SPREAD = false, bool PAIRS = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                     acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                     acc_t<T>* __restrict__ partial, T* __restrict__ out, int* __restrict__ arrivals,
+                                     I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                      int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block,
                                      I units_per_block, int has_bias) {
@@ -2551,9 +2597,11 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
     }
     block_reduce(acc, scratch, [&](int t, A total) {
-      if (t < R) partial[r * row_length + (I)co * R + t] = total;
-      if (t == R && has_bias) partial[r * row_length + (I)out_channels * R + co] = total;
+      if (t < R) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * R + t, total);
+      if (t == R && has_bias) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * R + co, total);
     });
+    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * R, R, (I)out_channels * R + co,
+                      has_bias);
   }
 }
 
@@ -2573,7 +2621,8 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
 // block reduction per tap.
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                           acc_t<T>* __restrict__ partial, I images, int channels,
+                                           acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                           int* __restrict__ arrivals, I images, int channels,
                                            int multiplier, int height, int width, int out_h, int out_w,
                                            int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h,
                                            int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
@@ -2669,9 +2718,12 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
     for (int e = threadIdx.x; e < taps + has_bias; e += blockDim.x) {
       A total = A(0);
       for (int sl = 0; sl < slices; ++sl) total += sums[sl * (taps + 1) + e];
-      partial[r * row_length + (e < taps ? (I)co * taps + e : (I)out_channels * taps + co)] = total;
+      put_sum<T, I>(partial, out, rows.count, r, row_length, e < taps ? (I)co * taps + e : (I)out_channels * taps + co,
+                    total);
     }
     __syncthreads();
+    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
+                      (I)out_channels * taps + co, has_bias);
   }
 }
 
@@ -2702,7 +2754,8 @@ template <typename T, typename I> struct LanesBlocks {
 template <typename T, typename I>
 __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
     depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial,
-                               I images, int channels, int multiplier, int height, int width, int out_h, int out_w,
+                               T* __restrict__ out, int* __restrict__ arrivals, I images, int channels,
+                               int multiplier, int height, int width, int out_h, int out_w,
                                int kernel_h, int kernel_w, int pad_top, int pad_left, int per_block,
                                I units_per_block, int has_bias) {
   typedef acc_t<T> A;
@@ -2789,24 +2842,29 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
       bias_sum += __shfl_xor_sync(0xffffffffu, bias_sum, offset);
     }
     if (p == 0 && i0 < kernel_h) {
-      A* row = partial + r * row_length;
 #pragma unroll
       for (int v = 0; v < Q; ++v) {
 #pragma unroll
         for (int u = 0; u < R; ++u) {
-          if (i0 + v < kernel_h && j0 + u < kernel_w) row[(I)co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];
+          if (i0 + v < kernel_h && j0 + u < kernel_w)
+            put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * taps + (i0 + v) * kernel_w + j0 + u,
+                          acc[v][u]);
         }
       }
-      if (has_bias && item == 0) row[(I)out_channels * taps + co] = bias_sum;
+      if (has_bias && item == 0)
+        put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * taps + co, bias_sum);
     }
+    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
+                      (I)out_channels * taps + co, has_bias);
   }
 }
 
-// Bias gradient alone, stage 1: block b sums output channel co = b % (C * m) over the images
-// [r * images_per_block, (r + 1) * images_per_block), r = b / (C * m), into partial[r][co].
+// Bias gradient alone: block b sums output channel co = b % (C * m) over the images
+// [r * images_per_block, (r + 1) * images_per_block), r = b / (C * m), into partial[r][co], finished as the weight's.
 template <typename T, typename I>
-__global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
-                                   int out_channels, I pixels, I images_per_block) {
+__global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial,
+                                   T* __restrict__ out, int* __restrict__ arrivals, I images, int out_channels,
+                                   I pixels, I images_per_block) {
   typedef acc_t<T> A;
   __shared__ A scratch[32];
   const I rows = (images + images_per_block - 1) / images_per_block;
@@ -2819,49 +2877,9 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
     // Items (image, pixel) in flat order: consecutive lanes read consecutive pixels of one plane.
     for (I e = threadIdx.x; e < count; e += blockDim.x)
       acc[0] += to_acc(grad_out[((image0 + e / pixels) * out_channels + co) * pixels + e % pixels]);
-    block_reduce(acc, scratch, [&](int, A total) { partial[r * out_channels + co] = total; });
-  }
-}
-
-// Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (REDUCE_THREADS / 32 interleaved slices of
-// rows, then the slices in order).  32 consecutive elements per block iteration keep the reads coalesced.
-// Fewer rows than slices (the planner's split of many channels: 4 rows for dw-384-14k31, 11,544 blocks of 32
-// elements whose warps read one value each, half of them none): every thread takes an element, REDUCE_THREADS a
-// block, and adds its rows in order, all loads issued first.  The same sums bit for bit: a slice of one row is that
-// row's value, and the empty slices add zeros.  blockDim.x == REDUCE_THREADS; the planner's grid counts
-// REDUCE_THREADS elements a block where rows < REDUCE_THREADS / 32, else 32.
-template <typename T, typename I>
-__global__ void __launch_bounds__(REDUCE_THREADS) depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial,
-                                                                       T* __restrict__ out, I rows, I elements) {
-  typedef acc_t<T> A;
-  constexpr int SLICES = REDUCE_THREADS / 32;
-  if (rows < SLICES) {
-    for (I e = grid_start<I>(); e < elements; e += grid_stride<I>()) {
-      A v[SLICES - 1];
-#pragma unroll
-      for (int r = 0; r < SLICES - 1; ++r) v[r] = r < rows ? partial[r * elements + e] : A(0);
-      A total = A(0);
-#pragma unroll
-      for (int r = 0; r < SLICES - 1; ++r) total += v[r];
-      out[e] = from_acc<T>(total);
-    }
-    return;
-  }
-  __shared__ A slice_sums[REDUCE_THREADS];
-  const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
-  for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {
-    const I e = e0 + lane;
-    A sum = A(0);
-    if (e < elements)
-      for (I r = slice; r < rows; r += SLICES) sum += partial[r * elements + e];
-    slice_sums[threadIdx.x] = sum;
-    __syncthreads();
-    if (slice == 0 && e < elements) {
-      A total = A(0);
-      for (int k = 0; k < SLICES; ++k) total += slice_sums[k * 32 + lane];
-      out[e] = from_acc<T>(total);
-    }
-    __syncthreads();
+    block_reduce(acc, scratch,
+                 [&](int, A total) { put_sum<T, I>(partial, out, rows, r, (I)out_channels, (I)co, total); });
+    finish_rows<T, I>(partial, out, arrivals, co, rows, (I)out_channels, (I)co, 1, (I)0, 0);
   }
 }
 
@@ -2937,11 +2955,11 @@ __global__ void depthwise_bwd_input_gather(const T* __restrict__ grad_out, const
   }
 }
 
-// Weight (and bias) gradient, stage 1 without shared memory: one thread per weight element sums over every
-// (image, output pixel) in a fixed order and writes the single partial row (taps, then biases when has_bias).
+// Weight (and bias) gradient without shared memory: one thread per weight element sums over every (image, output
+// pixel) in a fixed order and writes it (taps, then biases when has_bias): one row, nothing to finish.
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                            acc_t<T>* __restrict__ partial, I images, int channels,
+                                            T* __restrict__ out, I images, int channels,
                                             int multiplier, int height, int width, int out_h, int out_w,
                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
                                             int dilation_h, int dilation_w, int pad_top, int pad_left,
@@ -2969,6 +2987,6 @@ __global__ void depthwise_bwd_weight_direct(const T* __restrict__ x, const T* __
         }
       }
     }
-    partial[e] = sum;
+    out[e] = from_acc<T>(sum);
   }
 }
