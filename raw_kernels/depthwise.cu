@@ -76,11 +76,12 @@
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores;
-//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__).
+//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__);
+//   FINISH_ROWS       partial rows a thread of a channel's last block (finish_rows) loads before it adds them.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
     !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) || !defined(PHASED_CELLS) ||                                    \
-    !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
+    !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS) || !defined(FINISH_ROWS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -2053,11 +2054,16 @@ __global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const
 // sends larger kernels to depthwise_bwd_weight_large).
 // The weight and bias gradients are finished in the launch that sums them (no second launch): a block stores row r of
 // its channel's (or channel group's) sums through put_sum, straight into `out` (converted) where there is one row,
-// else into partial; then finish_rows: the last of the slot's `rows` blocks to arrive (last_arrival, common.cuh:
-// one count a slot in `arrivals`, left at 0) adds rows 0, 1, ... of each of the slot's elements in that order and
-// converts, so the bits are the same whatever block arrives last.  Elements: [first, first + count) of a row and
-// [bias_first, bias_first + bias_count); a thread takes elements blockDim.x apart, FINISH_ROWS rows' loads in flight.
-constexpr int FINISH_ROWS = 8;
+// else into partial.  After its loop over blocks b (blockIdx.x, + gridDim.x, ...: b % slots the slot, a channel or
+// a group of `group` channels), the block calls finish_rows, which counts it in at each of its slots (last_arrival,
+// common.cuh: one count a slot in `arrivals`, left at 0); where it is the last of the slot's `rows` blocks, it adds
+// rows 0, 1, ... of each of the slot's elements (its channels' taps, then their biases where has_bias) in that order
+// and converts (finish_slot), so the bits are the same whatever block arrives last.  A thread takes elements
+// blockDim.x apart, the loads of FINISH_ROWS rows in flight.  STORED: the kernel stores even a single row in partial
+// (depthwise_bwd_weight_lanes, whose 16-bit instantiations put_sum's branch cost a stack frame at their 64 registers),
+// which the finish then converts.  Where the finish goes was measured (NVRTC 13, sm_90): in the loop, at the end of a
+// block's pass, it cost the 5x5 weight gradient 15-27 registers (96 -> 111-123, 10 -> 8 blocks an SM); after the
+// loop with finish_slot inlined, 29; as a call, none.
 template <typename T, typename I>
 __device__ __forceinline__ void put_sum(acc_t<T>* partial, T* out, I rows, I r, I row_length, I e, acc_t<T> total) {
   if (rows == 1)
@@ -2066,14 +2072,14 @@ __device__ __forceinline__ void put_sum(acc_t<T>* partial, T* out, I rows, I r, 
     partial[r * row_length + e] = total;
 }
 
+// The last block's sums of channels c0 .. c0 + n - 1.
 template <typename T, typename I>
-__device__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, int slot, I rows, I row_length, I first,
-                            int count, I bias_first, int bias_count) {
+__device__ __noinline__ void finish_slot(const acc_t<T>* partial, T* out, I rows, I row_length, int c0, int n,
+                                         int channels, int taps, int has_bias) {
   typedef acc_t<T> A;
-  __shared__ int last;
-  if (rows == 1 || !last_arrival(arrivals, slot, (int)rows, &last)) return;
-  for (int k = threadIdx.x; k < count + bias_count; k += blockDim.x) {
-    const I e = k < count ? first + k : bias_first + (k - count);
+  const int count = n * taps;
+  for (int k = threadIdx.x; k < count + (has_bias ? n : 0); k += blockDim.x) {
+    const I e = k < count ? (I)c0 * taps + k : (I)channels * taps + c0 + (k - count);
     A total = A(0);
     for (I r = 0; r < rows; r += FINISH_ROWS) {
       A v[FINISH_ROWS];
@@ -2083,6 +2089,19 @@ __device__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, int 
       for (int q = 0; q < FINISH_ROWS; ++q) total += v[q];
     }
     out[e] = from_acc<T>(total);
+  }
+}
+
+template <typename T, typename I, bool STORED = false>
+__device__ __forceinline__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, I rows, I blocks,
+                                            int slots, int group, int channels, int taps, int has_bias) {
+  __shared__ int last;
+  if (rows == 1 && !STORED) return;  // put_sum wrote the gradients
+  for (I b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int slot = (int)(b % slots), c0 = slot * group;
+    if (last_arrival(arrivals, slot, (int)rows, &last))
+      finish_slot<T, I>(partial, out, rows, (I)channels * (taps + has_bias), c0, min(group, channels - c0), channels,
+                        taps, has_bias);
   }
 }
 
@@ -2271,9 +2290,8 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
       }
       __syncthreads();  // the next pass clears the sums
     }
-    finish_rows<T, I>(partial, out, arrivals, (int)(b % groups), rows.count, row_length, (I)co0 * taps, count * taps,
-                      (I)out_channels * taps + co0, has_bias ? count : 0);
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * groups, groups, Q, out_channels, taps, has_bias);
 }
 
 template <typename T, typename I>
@@ -2360,9 +2378,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
           put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * taps + co, total);
       });
     }
-    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
-                      (I)out_channels * taps + co, has_bias);
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, taps,
+                    has_bias);
 }
 
 // Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
@@ -2600,9 +2618,9 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       if (t < R) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * R + t, total);
       if (t == R && has_bias) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * R + co, total);
     });
-    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * R, R, (I)out_channels * R + co,
-                      has_bias);
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, R,
+                    has_bias);
 }
 
 // Weight (and bias) gradient, stage 1, for large kernels (31x31): the same blocks, units and partial rows as
@@ -2722,9 +2740,9 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
                     total);
     }
     __syncthreads();
-    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
-                      (I)out_channels * taps + co, has_bias);
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, taps,
+                    has_bias);
 }
 
 // Weight (and bias) gradient, stage 1, of the windows depthwise_fwd_large takes (LARGE_MIN_K and up a side, stride 1,
@@ -2778,8 +2796,6 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
   const int oy_lo = max(0, pad_top - i0 - Q + 1), oy_hi = min(out_h, pad_top - i0 + height);
   const int x_lo = max(0, j0 - pad_left), x_hi = min(width, j0 + R - 1 - pad_left + out_w);
   const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
-  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
-  const int g_lanes = min(g_pitch, (int)blockDim.x), g_rows = (int)blockDim.x / g_lanes;
   const WeightRows<I> rows(images, per_block, 1, units_per_block);
 
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
@@ -2793,6 +2809,14 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
     }
     for (I unit = rows.begin(r); unit < unit_end; ++unit) {
       const I image0 = unit * per_block;
+      // The staging lanes worked out again each unit, from a block size the compiler cannot hoist: kept over the
+      // loop, they cost the float instantiation a spill at its 64 registers once the finish followed (NVRTC 13, sm_90)
+      int threads = (int)blockDim.x;
+#ifndef __CUPYCONV_EMULATOR__
+      asm volatile("" : "+r"(threads));
+#endif
+      const int x_lanes = min(row_pitch, threads), x_rows = threads / x_lanes;
+      const int g_lanes = min(g_pitch, threads), g_rows = threads / g_lanes;
       if ((int)threadIdx.x < x_rows * x_lanes) {  // x planes: lanes along a row, as depthwise_large stages src
         int q = 0, y = (int)threadIdx.x / x_lanes;
         while (y >= height) { y -= height; ++q; }
@@ -2841,22 +2865,20 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
       }
       bias_sum += __shfl_xor_sync(0xffffffffu, bias_sum, offset);
     }
-    if (p == 0 && i0 < kernel_h) {
+    if (p == 0 && i0 < kernel_h) {  // a partial row even where it is the only one (finish_rows' STORED)
+      A* row = partial + r * row_length;
 #pragma unroll
       for (int v = 0; v < Q; ++v) {
 #pragma unroll
         for (int u = 0; u < R; ++u) {
-          if (i0 + v < kernel_h && j0 + u < kernel_w)
-            put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * taps + (i0 + v) * kernel_w + j0 + u,
-                          acc[v][u]);
+          if (i0 + v < kernel_h && j0 + u < kernel_w) row[(I)co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];
         }
       }
-      if (has_bias && item == 0)
-        put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * taps + co, bias_sum);
+      if (has_bias && item == 0) row[(I)out_channels * taps + co] = bias_sum;
     }
-    finish_rows<T, I>(partial, out, arrivals, co, rows.count, row_length, (I)co * taps, taps,
-                      (I)out_channels * taps + co, has_bias);
   }
+  finish_rows<T, I, true>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels,
+                          taps, has_bias);
 }
 
 // Bias gradient alone: block b sums output channel co = b % (C * m) over the images
@@ -2879,8 +2901,8 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
       acc[0] += to_acc(grad_out[((image0 + e / pixels) * out_channels + co) * pixels + e % pixels]);
     block_reduce(acc, scratch,
                  [&](int, A total) { put_sum<T, I>(partial, out, rows, r, (I)out_channels, (I)co, total); });
-    finish_rows<T, I>(partial, out, arrivals, co, rows, (I)out_channels, (I)co, 1, (I)0, 0);
   }
+  finish_rows<T, I>(partial, out, arrivals, rows, rows * out_channels, out_channels, 1, out_channels, 0, 1);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -203,6 +203,8 @@ PHASED_CELLS = 2       # cells of S x S input pixels per side of a thread item o
                        # pixels at stride 2, whose 3x3 taps read a 3 x 3 grad_output window (9 shared loads for 36
                        # FMAs; one cell a side: 2 x 2 loads for 9) and whose rows are one 4-element store each
 BIAS_THREADS = 256     # the block of depthwise_bwd_bias
+FINISH_ROWS = 8        # partial rows whose loads a thread of a weight or bias gradient's last block (finish_rows) has
+                       # in flight at once: one round trip to L2 for the 2-8 rows of most channels
 PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
 SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
                        # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
@@ -214,7 +216,7 @@ KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
-    "STRIDED_ROWS": STRIDED_ROWS, "PHASED_CELLS": PHASED_CELLS,
+    "STRIDED_ROWS": STRIDED_ROWS, "PHASED_CELLS": PHASED_CELLS, "FINISH_ROWS": FINISH_ROWS,
     "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH, "LANES_THREADS": LANES_THREADS})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
@@ -807,8 +809,10 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
     else:
         rows, step = 1, 1
     out = device.empty((length,), dtype)
-    # one row: written straight to out (the partial buffer is never read; a placeholder of one element)
-    partial = device.empty((rows, length) if rows > 1 else (1,), acc_dtype)
+    # one row: written straight to out, the partial buffer a placeholder of one element; but
+    # depthwise_bwd_weight_lanes stores even one row there and converts it (depthwise.cu's finish_rows, STORED)
+    stored = rows > 1 or plan.kernel == "depthwise_bwd_weight_lanes"
+    partial = device.empty((rows, length) if stored else (1,), acc_dtype)
     index = index_type(x.size, grad_output.size, rows * length)
     finish = dict(partial=partial, out=out, arrivals=device.arrival_counters(groups))
     if not need_weight:
