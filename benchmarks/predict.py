@@ -887,7 +887,8 @@ def finish_splits(launch: launches_mod.Launch) -> tuple[int, int] | None:
     args = launch.args
     if launch.kernel in FINISHING_KERNELS:
         return (launch.grid[2], launch.grid[0] * launch.grid[1]) if launch.grid[2] > 1 and args.get("finish") else None
-    if launch.kernel not in DEPTHWISE_FINISHING or len(args["partial"].shape) < 2 or args["partial"].shape[0] < 2:
+    if (launch.kernel not in DEPTHWISE_FINISHING or "arrivals" not in args   # (records from before: a reduce launch)
+            or len(args["partial"].shape) < 2 or args["partial"].shape[0] < 2):
         return None
     channels = args["out_channels"] if "out_channels" in args else args["channels"] * args["multiplier"]
     group = args.get("plane_channels", 0)
