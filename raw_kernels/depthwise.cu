@@ -2092,17 +2092,25 @@ __device__ __noinline__ void finish_slot(const acc_t<T>* partial, T* out, I rows
   }
 }
 
+// finish_rows_at: last_arrival's verdict in `flag` (depthwise_bwd_bias: a word of its block_reduce scratch, whose
+// static shared memory a variable of its own would pad differently in the fast and the optimised compiles).
+template <typename T, typename I, bool STORED = false>
+__device__ __forceinline__ void finish_rows_at(int* flag, const acc_t<T>* partial, T* out, int* arrivals, I rows,
+                                               I blocks, int slots, int group, int channels, int taps, int has_bias) {
+  if (rows == 1 && !STORED) return;  // put_sum wrote the gradients
+  for (I b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int slot = (int)(b % slots), c0 = slot * group;
+    if (last_arrival(arrivals, slot, (int)rows, flag))
+      finish_slot<T, I>(partial, out, rows, (I)channels * (taps + has_bias), c0, min(group, channels - c0), channels,
+                        taps, has_bias);
+  }
+}
+
 template <typename T, typename I, bool STORED = false>
 __device__ __forceinline__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, I rows, I blocks,
                                             int slots, int group, int channels, int taps, int has_bias) {
   __shared__ int last;
-  if (rows == 1 && !STORED) return;  // put_sum wrote the gradients
-  for (I b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const int slot = (int)(b % slots), c0 = slot * group;
-    if (last_arrival(arrivals, slot, (int)rows, &last))
-      finish_slot<T, I>(partial, out, rows, (I)channels * (taps + has_bias), c0, min(group, channels - c0), channels,
-                        taps, has_bias);
-  }
+  finish_rows_at<T, I, STORED>(&last, partial, out, arrivals, rows, blocks, slots, group, channels, taps, has_bias);
 }
 
 // The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
@@ -2902,7 +2910,8 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
     block_reduce(acc, scratch,
                  [&](int, A total) { put_sum<T, I>(partial, out, rows, r, (I)out_channels, (I)co, total); });
   }
-  finish_rows<T, I>(partial, out, arrivals, rows, rows * out_channels, out_channels, 1, out_channels, 0, 1);
+  finish_rows_at<T, I>(reinterpret_cast<int*>(scratch), partial, out, arrivals, rows, rows * out_channels, out_channels,
+                       1, out_channels, 0, 1);
 }
 
 // ---------------------------------------------------------------------------------------------------------
