@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy
 
+from cupyconv.ops.depthwise import FINISH_ROWS
 from cupyconv.ops.implicit_gemm import PT_COLS, PT_ROWS, PT_STEP, PW_ROWS, weight_finish_splits
 from cupyconv.ops.simt_gemm import SIMT_CHUNK, simt_fwd_chunk
 
@@ -772,7 +773,7 @@ def counter_cache_file() -> Path:
     """Where counter runs are kept between commands (the h200 prediction reuses the h100 one's), named by a hash
     of what decides the counts: the kernels as compiled, the emulator's sources and this adapter."""
     emulator_dir = _emulator.TESTS / "emulator"
-    adapter = "".join(inspect.getsource(f) for f in (emulated_counters, arrival_strata, arrivals_at, finishes_in_kernel))
+    adapter = "".join(inspect.getsource(f) for f in (emulated_counters, arrival_strata, arrivals_at, finish_splits))
     text = kernels_hash() + adapter + "".join(
         p.read_text(errors="replace") for p in sorted(emulator_dir.rglob("*")) if p.suffix in (".py", ".h", ".cpp"))
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -879,20 +880,39 @@ def counter_strata(launch: launches_mod.Launch) -> list[range]:
 # twice: with every count at 0 (the blocks that arrive before the last: all but one split of each tile) and with
 # every count at splits - 1 (each sampled block is its tile's last: the main loop and the tail), weighted by the
 # share of the grid's blocks each stands for.
+# So do the depthwise weight and bias gradients (depthwise.cu's finish_rows, task dwwg): their splits are the partial
+# rows (`partial`'s first dimension; a one-element placeholder where there is one row, written straight), the tiles
+# the channels (the tiny-plane units': groups of plane_channels) whose last block adds them, FINISH_ROWS rows a trip.
 FINISHING_KERNELS = ("conv_bwd_weight_igemm", "conv_bwd_weight_igemm_groups")
+DEPTHWISE_FINISHING = ("depthwise_bwd_weight", "depthwise_bwd_weight_generic", "depthwise_bwd_weight_planes",
+                       "depthwise_bwd_weight_large", "depthwise_bwd_weight_lanes", "depthwise_bwd_bias")
+
+
+def finish_splits(launch: launches_mod.Launch) -> tuple[int, int] | None:
+    """(splits, tiles) of a launch whose last blocks finish its splits in the kernel (several splits), else None."""
+    args = launch.args
+    if launch.kernel in FINISHING_KERNELS:
+        return (launch.grid[2], launch.grid[0] * launch.grid[1]) if launch.grid[2] > 1 and args.get("finish") else None
+    if (launch.kernel not in DEPTHWISE_FINISHING or "arrivals" not in args   # (records from before: a reduce launch)
+            or len(args["partial"].shape) < 2 or args["partial"].shape[0] < 2):
+        return None
+    channels = args["out_channels"] if "out_channels" in args else args["channels"] * args["multiplier"]
+    group = args.get("plane_channels", 0)
+    return args["partial"].shape[0], -(-channels // group) if group > 0 else channels
 
 
 def finishes_in_kernel(launch: launches_mod.Launch) -> bool:
-    """Whether the launch is a weight gradient's whose splits its last blocks finish (`finish` set, several splits)."""
-    return launch.kernel in FINISHING_KERNELS and launch.grid[2] > 1 and bool(launch.args.get("finish"))
+    """Whether the launch is a weight gradient's whose splits its last blocks finish (`finish_splits`)."""
+    return finish_splits(launch) is not None
 
 
 def arrival_strata(launch: launches_mod.Launch) -> list[tuple[int | None, float]]:
     """[(the arrival counts a counter run starts from (None: as recorded), the share of the blocks it stands for)]:
     for a finishing kernel with splits, (0, (splits - 1) / splits) and (splits - 1, 1 / splits)."""
-    if not finishes_in_kernel(launch):
+    finishing = finish_splits(launch)
+    if finishing is None:
         return [(None, 1.0)]
-    splits = launch.grid[2]
+    splits = finishing[0]
     return [(0, (splits - 1) / splits), (splits - 1, 1 / splits)]
 
 
@@ -907,19 +927,22 @@ def arrivals_at(launch: launches_mod.Launch, arrived: int | None) -> list:
     return args
 
 
-def finish_tail(launch: launches_mod.Launch, gpu: dict, splits_a_trip: int = 1) -> Range | None:
+def finish_tail(launch: launches_mod.Launch, gpu: dict, splits_a_trip: int = 1, resident: int = 1) -> Range | None:
     """The time a finishing launch (`finishes_in_kernel`) spends after its main loops: the last block of
     each tile reads its splits' sums of the tile (`wg_finish`: a split after the other, every element's load of a
     split in flight at once) and writes the tile.  The grid runs in linear order, the last split's blocks last, so
     these tails follow the last wave, one SM per tile (more tiles than SMs: in turns), and add to the kernel's
     time in sequence: per tile the larger of a global load's latency per trip of `splits_a_trip` splits (the
     work's "finish_splits_a_trip", `weight_finish_splits`; 1 in work recorded before wg_finish read several) and
-    its bytes at one SM's share of L2 (`l2_bytes_per_sm_clock`).  None for other launches."""
-    if not finishes_in_kernel(launch):
+    its bytes at one SM's share of L2 (`l2_bytes_per_sm_clock`).  `resident`: the last blocks an SM runs at once
+    whose tails overlap (the depthwise gradients' small blocks, a channel's last row each: `timed` passes their
+    blocks an SM).  None for other launches."""
+    finishing = finish_splits(launch)
+    if finishing is None:
         return None
-    splits, tiles = launch.grid[2], launch.grid[0] * launch.grid[1]
+    splits, tiles = finishing
     tile_bytes = launch.args["partial"].nbytes / tiles   # every split's sums of one tile (on average)
-    turns = math.ceil(tiles / gpu["sms"])
+    turns = math.ceil(tiles / (gpu["sms"] * max(1, resident)))
     trips = math.ceil(splits / splits_a_trip)
     latency, per_clock = assumption("global_load_latency_cycles"), assumption("l2_bytes_per_sm_clock")
     cycles = [max(trips * m, tile_bytes / b) * turns for m, b in zip(latency, per_clock)]
@@ -1316,8 +1339,8 @@ def model_launch(launch, macs: float, sass_source: SassSource, gpu: dict, counte
     work = apply_executed(work, sass, accesses, launch) if instructions == "executed" else \
         {**work, "instructions_source": "static", "instructions_why": "--instructions static"}
     if finishes_in_kernel(launch):   # the source's splits a trip of `wg_finish` (recorded: a re-timing keeps it)
-        work = {**work, "finish_splits_a_trip": weight_finish_splits(launch.kernel, launch.template_args,
-                                                                     launch.threads)}
+        work = {**work, "finish_splits_a_trip": FINISH_ROWS if launch.kernel in DEPTHWISE_FINISHING else
+                weight_finish_splits(launch.kernel, launch.template_args, launch.threads)}
     model = KernelModel(launch, sass, accesses, work, None if occ is None else {
         "blocks_per_sm": occ.blocks_per_sm, "warps_per_sm": occ.warps_per_sm, "limited_by": occ.limited_by,
         "fraction": round(occ.fraction, 3)})
@@ -1344,7 +1367,8 @@ def timed(model: KernelModel, occ, gpu: dict) -> KernelModel:
         sequence = simt_in_sequence_high(work, launch, gpu)
         body = Range(body.low, max(body.high, sequence))
         model.work = {**work, "simt_in_sequence_us": round(sequence, 2)}
-    tail = finish_tail(launch, gpu, work.get("finish_splits_a_trip", 1))
+    resident = occ.blocks_per_sm if occ and launch.kernel in DEPTHWISE_FINISHING else 1
+    tail = finish_tail(launch, gpu, work.get("finish_splits_a_trip", 1), resident)
     if tail is not None:   # after the last wave (`finish_tail`): in sequence with the body
         body = body + tail
         model.work = {**model.work, "finish_tail_us": tail.to_list()}

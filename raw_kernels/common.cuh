@@ -35,6 +35,33 @@ template <typename I> __device__ __forceinline__ I grid_start() {
 }
 template <typename I> __device__ __forceinline__ I grid_stride() { return (I)gridDim.x * (I)blockDim.x; }
 
+// Whether this block is the last of the `splits` blocks that count at arrivals[slot] (a block of a split reduction
+// that has written its partial sums; with one split, every block is).  Release: every thread fences its own stores
+// of the sums (a thread's fence orders its stores only), the barrier gathers the block, then one thread counts it in
+// arrivals[slot]; the one that sees splits - 1 before it knows every other split's sums are visible, fences once more
+// (acquire) and sets the count back to 0 for the next launch (or the next pass of a looping block).  Its readers
+// load the sums with __ldcg (L2: another SM wrote them).  Every thread of the block must call it, after its last read
+// of shared memory it shares with `flag` (the verdict, one word of shared memory).  Users: implicit_gemm.cu's
+// `wg_last_arrival`, depthwise.cu's `finish_rows`.
+__device__ __forceinline__ bool last_arrival(int* arrivals, int slot, int splits, int* flag) {
+  if (splits == 1) {
+    __syncthreads();  // (the block's own stores are visible to the block after a barrier)
+    return true;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(arrivals + slot, 1) == splits - 1;
+    if (last) {
+      __threadfence();
+      arrivals[slot] = 0;
+    }
+    *flag = last;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
 // q = n / d and r = n % d for 0 <= n < 2^31 by a multiply-high, for divisors fixed for a whole kernel (a kernel
 // size, a stride) that a kernel divides by in its inner loops, where a division by a run-time int costs ~20
 // instructions.  Granlund and Montgomery's round-up method: with l = ceil(log2 d) and

@@ -47,8 +47,9 @@
 //   maps the threads over taps instead; depthwise_bwd_weight_lanes, for the windows of depthwise_fwd_large, runs
 //   its correlation with grad_out's plane as the kernel, a lane per image, and adds the lanes by shuffles;
 //   depthwise_bwd_weight_generic's tiny-plane units, a lane over each of 32 consecutive channels of a few
-//   images).  Stage 2 (depthwise_bwd_reduce) sums the partial rows in a fixed order.  No float atomics anywhere,
-//   so every run gives the same bits, whatever the scheduling.
+//   images).  The last block of a channel to arrive then sums its partial rows in a fixed order, in the same
+//   launch (finish_rows; a channel of one row writes the gradient directly).  No float atomics anywhere, so every
+//   run gives the same bits, whatever the scheduling.
 // * *_direct kernels (no shared memory) cover windows that do not overlap and tiles that would not fit.
 //
 // Launch contract of the tiled kernels (cupyconv/ops/depthwise.py plans it): blockDim.x is a multiple of 32 and
@@ -72,15 +73,15 @@
 //                     depthwise_bwd_input_large (columns: a multiple of 16 / sizeof(double), for 16-byte shared loads);
 //   STRIDED_ROWS      input pixels per thread of depthwise_bwd_input_strided;
 //   PHASED_CELLS      cells (S x S input pixels) per side of a thread item of depthwise_bwd_input_phased;
-//   REDUCE_THREADS    the block size of depthwise_bwd_reduce (a multiple of 32);
 //   SPREAD_MIN_K      the smallest K whose small-plane instantiations spread their planes over the banks
 //                     (AlignedStaging<SPREAD>, ItemLayout<true>);
 //   PLANE_BATCH       src elements a thread of the planes kernels' <T, I, K> instantiations loads before it stores;
-//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__).
+//   LANES_THREADS     the most threads a block of depthwise_bwd_weight_lanes (its __launch_bounds__);
+//   FINISH_ROWS       partial rows a thread of a channel's last block (finish_rows) loads before it adds them.
 #if !defined(FWD_COLUMNS) || !defined(STRIP_ROWS_3) || !defined(STRIP_ROWS_5) || !defined(STRIP_ROWS_7) || \
     !defined(GENERIC_STRIP) || !defined(TAP_CHUNK) || !defined(LARGE_RUN) || !defined(LARGE_COLUMNS) ||           \
     !defined(LARGE_ROWS) || !defined(STRIDED_ROWS) || !defined(PHASED_CELLS) ||                                    \
-    !defined(REDUCE_THREADS) || !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS)
+    !defined(SPREAD_MIN_K) || !defined(PLANE_BATCH) || !defined(LANES_THREADS) || !defined(FINISH_ROWS)
 #error "depthwise.cu needs the -D options of cupyconv._device.compile_options('depthwise.cu')"
 #endif
 template <int K> struct StripRows {
@@ -2047,9 +2048,71 @@ __global__ void depthwise_bwd_input_phased(const T* __restrict__ grad_out, const
 // per_block images).  Threads are mapped over (image, strip, column) items, so even a 4x4 plane keeps every lane
 // busy; each accumulates its taps in registers over all the block's units, then the block reduces them in a
 // fixed order and writes partial row r: partial[r][co * taps + tap], and partial[r][C * m * taps + co] for the
-// bias when has_bias.  depthwise_bwd_weight<K, S> slides the forward's register window over the x tile;
+// bias when has_bias (put_sum; finish_rows adds the rows).  depthwise_bwd_weight<K, S> slides the forward's register
+// window over the x tile;
 // depthwise_bwd_weight_generic takes the taps in passes of TAP_CHUNK (one pass up to 4x4, at most two: the planner
 // sends larger kernels to depthwise_bwd_weight_large).
+// The weight and bias gradients are finished in the launch that sums them (no second launch): a block stores row r of
+// its channel's (or channel group's) sums through put_sum, straight into `out` (converted) where there is one row,
+// else into partial.  After its loop over blocks b (blockIdx.x, + gridDim.x, ...: b % slots the slot, a channel or
+// a group of `group` channels), the block calls finish_rows, which counts it in at each of its slots (last_arrival,
+// common.cuh: one count a slot in `arrivals`, left at 0); where it is the last of the slot's `rows` blocks, it adds
+// rows 0, 1, ... of each of the slot's elements (its channels' taps, then their biases where has_bias) in that order
+// and converts (finish_slot), so the bits are the same whatever block arrives last.  A thread takes elements
+// blockDim.x apart, the loads of FINISH_ROWS rows in flight.  STORED: the kernel stores even a single row in partial
+// (depthwise_bwd_weight_lanes, whose 16-bit instantiations put_sum's branch cost a stack frame at their 64 registers),
+// which the finish then converts.  Where the finish goes was measured (NVRTC 13, sm_90): in the loop, at the end of a
+// block's pass, it cost the 5x5 weight gradient 15-27 registers (96 -> 111-123, 10 -> 8 blocks an SM); after the
+// loop with finish_slot inlined, 29; as a call, none.
+template <typename T, typename I>
+__device__ __forceinline__ void put_sum(acc_t<T>* partial, T* out, I rows, I r, I row_length, I e, acc_t<T> total) {
+  if (rows == 1)
+    out[e] = from_acc<T>(total);
+  else
+    partial[r * row_length + e] = total;
+}
+
+// The last block's sums of channels c0 .. c0 + n - 1.
+template <typename T, typename I>
+__device__ __noinline__ void finish_slot(const acc_t<T>* partial, T* out, I rows, I row_length, int c0, int n,
+                                         int channels, int taps, int has_bias) {
+  typedef acc_t<T> A;
+  const int count = n * taps;
+  for (int k = threadIdx.x; k < count + (has_bias ? n : 0); k += blockDim.x) {
+    const I e = k < count ? (I)c0 * taps + k : (I)channels * taps + c0 + (k - count);
+    A total = A(0);
+    for (I r = 0; r < rows; r += FINISH_ROWS) {
+      A v[FINISH_ROWS];
+#pragma unroll
+      for (int q = 0; q < FINISH_ROWS; ++q) v[q] = r + q < rows ? __ldcg(partial + (r + q) * row_length + e) : A(0);
+#pragma unroll
+      for (int q = 0; q < FINISH_ROWS; ++q) total += v[q];
+    }
+    out[e] = from_acc<T>(total);
+  }
+}
+
+// finish_rows_at: last_arrival's verdict in `flag` (depthwise_bwd_bias: a word of its block_reduce scratch, whose
+// static shared memory a variable of its own would pad differently in the fast and the optimised compiles).
+template <typename T, typename I, bool STORED = false>
+__device__ __forceinline__ void finish_rows_at(int* flag, const acc_t<T>* partial, T* out, int* arrivals, I rows,
+                                               I blocks, int slots, int group, int channels, int taps, int has_bias) {
+  if (rows == 1 && !STORED) return;  // put_sum wrote the gradients
+  for (I b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int slot = (int)(b % slots), c0 = slot * group;
+    if (last_arrival(arrivals, slot, (int)rows, flag))
+      finish_slot<T, I>(partial, out, rows, (I)channels * (taps + has_bias), c0, min(group, channels - c0), channels,
+                        taps, has_bias);
+  }
+}
+
+template <typename T, typename I, bool STORED = false>
+__device__ __forceinline__ void finish_rows(const acc_t<T>* partial, T* out, int* arrivals, I rows, I blocks,
+                                            int slots, int group, int channels, int taps, int has_bias) {
+  __shared__ int last;
+  finish_rows_at<T, I, STORED>(&last, partial, out, arrivals, rows, blocks, slots, group, channels, taps, has_bias);
+}
+
 // The partial rows of a stage 1 over tiled units: `units` per output channel (ceil(images / per_block) * tiles),
 // grouped units_per_block to a row; row r covers the units [begin(r), end(r)) of its channel.
 template <typename I> struct WeightRows {
@@ -2094,7 +2157,8 @@ __device__ __forceinline__ void register_window_grad(acc_t<T> (&acc)[K * K + 1],
 // tap; the sums go to the thread's slots after its last unit, for the same slot-order reduction.
 template <typename T, typename I, int K = 0>
 __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                                   acc_t<T>* __restrict__ partial, I images, int channels,
+                                                   acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                                   int* __restrict__ arrivals, I images, int channels,
                                                    int multiplier, int height, int width, int out_h, int out_w,
                                                    int kernel_h, int kernel_w, int stride_h, int stride_w,
                                                    int dilation_h, int dilation_w, int pad_top, int pad_left,
@@ -2229,17 +2293,19 @@ __device__ __forceinline__ void weight_grad_planes(const T* __restrict__ x, cons
         if (t < R ? t0 + t >= taps : t0 > 0 || !has_bias) continue;
         A total = A(0);
         for (int slot = 0; slot < S; ++slot) total += sums[(slot * Q + qe) * (R + 1) + t];
-        partial[r * row_length + (t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe)] =
-            total;
+        put_sum<T, I>(partial, out, rows.count, r, row_length,
+                      t < R ? (I)(co0 + qe) * taps + t0 + t : (I)out_channels * taps + co0 + qe, total);
       }
       __syncthreads();  // the next pass clears the sums
     }
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * groups, groups, Q, out_channels, taps, has_bias);
 }
 
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                             acc_t<T>* __restrict__ partial, I images, int channels,
+                                             acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                             int* __restrict__ arrivals, I images, int channels,
                                              int multiplier, int height, int width, int out_h, int out_w,
                                              int kernel_h, int kernel_w, int stride_h, int stride_w,
                                              int dilation_h, int dilation_w, int pad_top, int pad_left, int tile_h,
@@ -2247,9 +2313,9 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
                                              I units_per_block, int has_bias, int plane_channels) {
   typedef acc_t<T> A;
   if (plane_channels > 0) {
-    weight_grad_planes<T, I>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
-                             kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
-                             units_per_block, has_bias, plane_channels);
+    weight_grad_planes<T, I>(x, grad_out, partial, out, arrivals, images, channels, multiplier, height, width,
+                             out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top,
+                             pad_left, units_per_block, has_bias, plane_channels);
     return;
   }
   constexpr int V = GENERIC_STRIP, R = TAP_CHUNK;  // R: taps per pass, accumulated in registers
@@ -2314,11 +2380,15 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
         __syncthreads();  // the next unit overwrites the tiles
       }
       block_reduce(acc, scratch, [&](int t, A total) {
-        if (t < R && t0 + t < taps) partial[r * row_length + (I)co * taps + t0 + t] = total;
-        if (t == R && t0 == 0 && has_bias) partial[r * row_length + (I)out_channels * taps + co] = total;
+        if (t < R && t0 + t < taps)
+          put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * taps + t0 + t, total);
+        if (t == R && t0 == 0 && has_bias)
+          put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * taps + co, total);
       });
     }
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, taps,
+                    has_bias);
 }
 
 // Weight gradient of tiny planes with the forward's TINY_KERNELS window (weight_grad_planes' K > 0): the parameters
@@ -2326,14 +2396,15 @@ __global__ void depthwise_bwd_weight_generic(const T* __restrict__ x, const T* _
 template <typename T, typename I, int K>
 __global__ void __launch_bounds__(256, planes_min_blocks<I, K>)
     depthwise_bwd_weight_planes(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                acc_t<T>* __restrict__ partial, T* __restrict__ out, int* __restrict__ arrivals,
+                                I images, int channels, int multiplier,
                                 int height, int width, int out_h, int out_w, int kernel_h, int kernel_w,
                                 int stride_h, int stride_w, int dilation_h, int dilation_w, int pad_top,
                                 int pad_left, int tile_h, int tile_w, int tiles_x, int tiles_y,
                                 int per_block, I units_per_block, int has_bias, int plane_channels) {
-  weight_grad_planes<T, I, K>(x, grad_out, partial, images, channels, multiplier, height, width, out_h, out_w,
-                              kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left,
-                              units_per_block, has_bias, plane_channels);
+  weight_grad_planes<T, I, K>(x, grad_out, partial, out, arrivals, images, channels, multiplier, height, width,
+                              out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top,
+                              pad_left, units_per_block, has_bias, plane_channels);
 }
 
 // acc[i * K + j] += g[v][u] * x[v * S + i][u * S + j] over an item's V x U outputs, the staged rows read in order by
@@ -2373,7 +2444,8 @@ __device__ __forceinline__ void weight_products(A (&acc)[K * K + 1], const A (&g
 // their code and registers).
 template <typename T, typename I, int K, int S, bool SPREAD = false, bool PAIRS = false>
 __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                     acc_t<T>* __restrict__ partial, I images, int channels, int multiplier,
+                                     acc_t<T>* __restrict__ partial, T* __restrict__ out, int* __restrict__ arrivals,
+                                     I images, int channels, int multiplier,
                                      int height, int width, int out_h, int out_w, int pad_top, int pad_left,
                                      int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block,
                                      I units_per_block, int has_bias) {
@@ -2551,10 +2623,12 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
       }
     }
     block_reduce(acc, scratch, [&](int t, A total) {
-      if (t < R) partial[r * row_length + (I)co * R + t] = total;
-      if (t == R && has_bias) partial[r * row_length + (I)out_channels * R + co] = total;
+      if (t < R) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)co * R + t, total);
+      if (t == R && has_bias) put_sum<T, I>(partial, out, rows.count, r, row_length, (I)out_channels * R + co, total);
     });
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, R,
+                    has_bias);
 }
 
 // Weight (and bias) gradient, stage 1, for large kernels (31x31): the same blocks, units and partial rows as
@@ -2573,7 +2647,8 @@ __global__ void depthwise_bwd_weight(const T* __restrict__ x, const T* __restric
 // block reduction per tap.
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                           acc_t<T>* __restrict__ partial, I images, int channels,
+                                           acc_t<T>* __restrict__ partial, T* __restrict__ out,
+                                           int* __restrict__ arrivals, I images, int channels,
                                            int multiplier, int height, int width, int out_h, int out_w,
                                            int kernel_h, int kernel_w, int stride_h, int stride_w, int dilation_h,
                                            int dilation_w, int pad_top, int pad_left, int tile_h, int tile_w,
@@ -2669,10 +2744,13 @@ __global__ void depthwise_bwd_weight_large(const T* __restrict__ x, const T* __r
     for (int e = threadIdx.x; e < taps + has_bias; e += blockDim.x) {
       A total = A(0);
       for (int sl = 0; sl < slices; ++sl) total += sums[sl * (taps + 1) + e];
-      partial[r * row_length + (e < taps ? (I)co * taps + e : (I)out_channels * taps + co)] = total;
+      put_sum<T, I>(partial, out, rows.count, r, row_length, e < taps ? (I)co * taps + e : (I)out_channels * taps + co,
+                    total);
     }
     __syncthreads();
   }
+  finish_rows<T, I>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels, taps,
+                    has_bias);
 }
 
 // Weight (and bias) gradient, stage 1, of the windows depthwise_fwd_large takes (LARGE_MIN_K and up a side, stride 1,
@@ -2702,7 +2780,8 @@ template <typename T, typename I> struct LanesBlocks {
 template <typename T, typename I>
 __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
     depthwise_bwd_weight_lanes(const T* __restrict__ x, const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial,
-                               I images, int channels, int multiplier, int height, int width, int out_h, int out_w,
+                               T* __restrict__ out, int* __restrict__ arrivals, I images, int channels,
+                               int multiplier, int height, int width, int out_h, int out_w,
                                int kernel_h, int kernel_w, int pad_top, int pad_left, int per_block,
                                I units_per_block, int has_bias) {
   typedef acc_t<T> A;
@@ -2725,8 +2804,6 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
   const int oy_lo = max(0, pad_top - i0 - Q + 1), oy_hi = min(out_h, pad_top - i0 + height);
   const int x_lo = max(0, j0 - pad_left), x_hi = min(width, j0 + R - 1 - pad_left + out_w);
   const int c_lo = x_lo / R * R, c_hi = x_hi <= x_lo ? c_lo : x_hi;
-  const int x_lanes = min(row_pitch, (int)blockDim.x), x_rows = (int)blockDim.x / x_lanes;
-  const int g_lanes = min(g_pitch, (int)blockDim.x), g_rows = (int)blockDim.x / g_lanes;
   const WeightRows<I> rows(images, per_block, 1, units_per_block);
 
   for (I b = blockIdx.x; b < rows.count * out_channels; b += gridDim.x) {
@@ -2740,6 +2817,14 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
     }
     for (I unit = rows.begin(r); unit < unit_end; ++unit) {
       const I image0 = unit * per_block;
+      // The staging lanes worked out again each unit, from a block size the compiler cannot hoist: kept over the
+      // loop, they cost the float instantiation a spill at its 64 registers once the finish followed (NVRTC 13, sm_90)
+      int threads = (int)blockDim.x;
+#ifndef __CUPYCONV_EMULATOR__
+      asm volatile("" : "+r"(threads));
+#endif
+      const int x_lanes = min(row_pitch, threads), x_rows = threads / x_lanes;
+      const int g_lanes = min(g_pitch, threads), g_rows = threads / g_lanes;
       if ((int)threadIdx.x < x_rows * x_lanes) {  // x planes: lanes along a row, as depthwise_large stages src
         int q = 0, y = (int)threadIdx.x / x_lanes;
         while (y >= height) { y -= height; ++q; }
@@ -2788,7 +2873,7 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
       }
       bias_sum += __shfl_xor_sync(0xffffffffu, bias_sum, offset);
     }
-    if (p == 0 && i0 < kernel_h) {
+    if (p == 0 && i0 < kernel_h) {  // a partial row even where it is the only one (finish_rows' STORED)
       A* row = partial + r * row_length;
 #pragma unroll
       for (int v = 0; v < Q; ++v) {
@@ -2800,13 +2885,16 @@ __global__ void __launch_bounds__(LANES_THREADS, LanesBlocks<T, I>::value)
       if (has_bias && item == 0) row[(I)out_channels * taps + co] = bias_sum;
     }
   }
+  finish_rows<T, I, true>(partial, out, arrivals, rows.count, rows.count * out_channels, out_channels, 1, out_channels,
+                          taps, has_bias);
 }
 
-// Bias gradient alone, stage 1: block b sums output channel co = b % (C * m) over the images
-// [r * images_per_block, (r + 1) * images_per_block), r = b / (C * m), into partial[r][co].
+// Bias gradient alone: block b sums output channel co = b % (C * m) over the images
+// [r * images_per_block, (r + 1) * images_per_block), r = b / (C * m), into partial[r][co], finished as the weight's.
 template <typename T, typename I>
-__global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial, I images,
-                                   int out_channels, I pixels, I images_per_block) {
+__global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __restrict__ partial,
+                                   T* __restrict__ out, int* __restrict__ arrivals, I images, int out_channels,
+                                   I pixels, I images_per_block) {
   typedef acc_t<T> A;
   __shared__ A scratch[32];
   const I rows = (images + images_per_block - 1) / images_per_block;
@@ -2819,50 +2907,11 @@ __global__ void depthwise_bwd_bias(const T* __restrict__ grad_out, acc_t<T>* __r
     // Items (image, pixel) in flat order: consecutive lanes read consecutive pixels of one plane.
     for (I e = threadIdx.x; e < count; e += blockDim.x)
       acc[0] += to_acc(grad_out[((image0 + e / pixels) * out_channels + co) * pixels + e % pixels]);
-    block_reduce(acc, scratch, [&](int, A total) { partial[r * out_channels + co] = total; });
+    block_reduce(acc, scratch,
+                 [&](int, A total) { put_sum<T, I>(partial, out, rows, r, (I)out_channels, (I)co, total); });
   }
-}
-
-// Stage 2: out[e] = sum over r of partial[r][e], in a fixed order (REDUCE_THREADS / 32 interleaved slices of
-// rows, then the slices in order).  32 consecutive elements per block iteration keep the reads coalesced.
-// Fewer rows than slices (the planner's split of many channels: 4 rows for dw-384-14k31, 11,544 blocks of 32
-// elements whose warps read one value each, half of them none): every thread takes an element, REDUCE_THREADS a
-// block, and adds its rows in order, all loads issued first.  The same sums bit for bit: a slice of one row is that
-// row's value, and the empty slices add zeros.  blockDim.x == REDUCE_THREADS; the planner's grid counts
-// REDUCE_THREADS elements a block where rows < REDUCE_THREADS / 32, else 32.
-template <typename T, typename I>
-__global__ void __launch_bounds__(REDUCE_THREADS) depthwise_bwd_reduce(const acc_t<T>* __restrict__ partial,
-                                                                       T* __restrict__ out, I rows, I elements) {
-  typedef acc_t<T> A;
-  constexpr int SLICES = REDUCE_THREADS / 32;
-  if (rows < SLICES) {
-    for (I e = grid_start<I>(); e < elements; e += grid_stride<I>()) {
-      A v[SLICES - 1];
-#pragma unroll
-      for (int r = 0; r < SLICES - 1; ++r) v[r] = r < rows ? partial[r * elements + e] : A(0);
-      A total = A(0);
-#pragma unroll
-      for (int r = 0; r < SLICES - 1; ++r) total += v[r];
-      out[e] = from_acc<T>(total);
-    }
-    return;
-  }
-  __shared__ A slice_sums[REDUCE_THREADS];
-  const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
-  for (I e0 = (I)blockIdx.x * 32; e0 < elements; e0 += (I)gridDim.x * 32) {
-    const I e = e0 + lane;
-    A sum = A(0);
-    if (e < elements)
-      for (I r = slice; r < rows; r += SLICES) sum += partial[r * elements + e];
-    slice_sums[threadIdx.x] = sum;
-    __syncthreads();
-    if (slice == 0 && e < elements) {
-      A total = A(0);
-      for (int k = 0; k < SLICES; ++k) total += slice_sums[k * 32 + lane];
-      out[e] = from_acc<T>(total);
-    }
-    __syncthreads();
-  }
+  finish_rows_at<T, I>(reinterpret_cast<int*>(scratch), partial, out, arrivals, rows, rows * out_channels, out_channels,
+                       1, out_channels, 0, 1);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -2937,11 +2986,11 @@ __global__ void depthwise_bwd_input_gather(const T* __restrict__ grad_out, const
   }
 }
 
-// Weight (and bias) gradient, stage 1 without shared memory: one thread per weight element sums over every
-// (image, output pixel) in a fixed order and writes the single partial row (taps, then biases when has_bias).
+// Weight (and bias) gradient without shared memory: one thread per weight element sums over every (image, output
+// pixel) in a fixed order and writes it (taps, then biases when has_bias): one row, nothing to finish.
 template <typename T, typename I>
 __global__ void depthwise_bwd_weight_direct(const T* __restrict__ x, const T* __restrict__ grad_out,
-                                            acc_t<T>* __restrict__ partial, I images, int channels,
+                                            T* __restrict__ out, I images, int channels,
                                             int multiplier, int height, int width, int out_h, int out_w,
                                             int kernel_h, int kernel_w, int stride_h, int stride_w,
                                             int dilation_h, int dilation_w, int pad_top, int pad_left,
@@ -2969,6 +3018,6 @@ __global__ void depthwise_bwd_weight_direct(const T* __restrict__ x, const T* __
         }
       }
     }
-    partial[e] = sum;
+    out[e] = from_acc<T>(sum);
   }
 }

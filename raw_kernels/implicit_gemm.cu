@@ -1450,31 +1450,12 @@ __device__ __forceinline__ void wg_pipeline(int chunks, Load& load_chunk, const 
   cp_async_wait<0>();  // (only empty groups are left: nothing lands after the block ends)
 }
 
-// Whether this block is the last of its tile's gridDim.z splits to have written its partial sums (every block
-// of a launch without splits is).  Release: every thread fences its own stores of the sums (a thread's fence
-// orders its stores only), the barrier gathers the block, then one thread counts it in arrivals[tile]; the one
-// that sees splits - 1 before it knows every other split's sums are visible, fences once more (acquire) and
-// sets the count back to 0 for the next launch (no block of this tile counts again in this one).  Its readers
-// load the sums with __ldcg (L2: another SM wrote them).  Every thread of the block must call it, after its last
-// read of shared memory: the verdict goes through `flag`, a word of the pipeline's stages (the 128 x 128 16-bit
-// stages fill the 48 KiB of static shared memory; a variable of its own would pass it).
+// Whether this block is the last of its tile's gridDim.z splits to have written its partial sums (`last_arrival`,
+// common.cuh; every block of a launch without splits is).  The verdict goes through `flag`, a word of the
+// pipeline's stages (the 128 x 128 16-bit stages fill the 48 KiB of static shared memory; a variable of its own
+// would pass it).
 __device__ __forceinline__ bool wg_last_arrival(int* arrivals, int tile, int* flag) {
-  if (gridDim.z == 1) {
-    __syncthreads();  // (the block's own stores are visible to the block after a barrier)
-    return true;
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 1;
-    if (last) {
-      __threadfence();
-      arrivals[tile] = 0;
-    }
-    *flag = last;
-  }
-  __syncthreads();
-  return *flag != 0;
+  return last_arrival(arrivals, tile, (int)gridDim.z, flag);
 }
 
 // The last block's sums of its tile: this thread's first `count` (<= ELEMS) elements, element e at from + e * step

@@ -87,7 +87,7 @@ DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
 DW_WFLAT = DEPTHWISE + " -k 'flat or steps_through'"  # depthwise_bwd_weight's FLAT staging (task dwwg3)
 DW_RAW = DEPTHWISE + " -k 'raw_16_bit or raw_weight'"  # depthwise_bwd_weight's RAW16 staging (task dwwg3, 21st)
-DW_REDUCE = DEPTHWISE + " -k 'reduce_'"  # depthwise_bwd_reduce's two paths and the planner's grid (task dwwgt)
+DW_FINISH = DEPTHWISE + " -k 'finish_ or deterministic'"  # the weight gradients' in-launch finish (task dwwg)
 DW_SPLIT = DEPTHWISE + " -k 'split_rows'"  # the per-image stride-2 weight gradient's de-interleaved rows
 DW_DIRECT = DEPTHWISE + " -k 'rows_directly or direct_past'"  # the per-image stride-2 forward's rows (direct_fma)
 DW_STAGE1 = DEPTHWISE + " -k 'several_units or stage1_rows'"  # its split of the units over blocks
@@ -884,12 +884,12 @@ MUTATIONS = [
       "    __syncthreads();                 // ... everyone's, and stage (t - 1) % STAGES is no longer read\n", "",
       WG + " -k long_split", "wg: pipeline"),
     # the splits finished in the kernel by the last block of each tile (wg_last_arrival, issue 24 deliverable 5)
-    M("wg-fence-removed", "implicit_gemm.cu", "  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {",
+    M("wg-fence-removed", "common.cuh", "  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {",
       "  __syncthreads();\n  if (threadIdx.x == 0) {", WG + " -k finished_in_the_kernel", "wg: last block"),
-    M("wg-count-not-reset", "implicit_gemm.cu", "      arrivals[tile] = 0;\n", "", WG + " -k arrival",
+    M("wg-count-not-reset", "common.cuh", "      arrivals[slot] = 0;\n", "", WG + " -k arrival",
       "wg: last block"),
-    M("wg-last-off-by-one", "implicit_gemm.cu", "atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 1;",
-      "atomicAdd(arrivals + tile, 1) == (int)gridDim.z - 2;", WG + " -k finished_in_the_kernel", "wg: last block"),
+    M("wg-last-off-by-one", "common.cuh", "atomicAdd(arrivals + slot, 1) == splits - 1;",
+      "atomicAdd(arrivals + slot, 1) == splits - 2;", WG + " -k finished_in_the_kernel", "wg: last block"),
     M("wg-split-order", "implicit_gemm.cu", "const float* at = from + p * slice;",
       "const float* at = from + (P - 1 - p) * slice;", WG + " -k 'finished_in_the_kernel or short_last_trip'",
       "wg: last block"),
@@ -1105,8 +1105,6 @@ MUTATIONS = [
     # -- depthwise.cu -----------------------------------------------------------------------------------------
     M("dw-tiled-barrier-staged", "depthwise.cu", "__syncthreads();\n\n    const I n = image0 + p;\n    const int ox",
       "\n    const I n = image0 + p;\n    const int ox", DEPTHWISE, "removed barrier"),
-    M("dw-reduce-barrier", "depthwise.cu", "slice_sums[threadIdx.x] = sum;\n    __syncthreads();",
-      "slice_sums[threadIdx.x] = sum;", DEPTHWISE, "removed barrier"),
     M("dw-block-reduce-barrier", "depthwise.cu", "__syncthreads();\n  for (int i = threadIdx.x; i < R;",
       "for (int i = threadIdx.x; i < R;", DEPTHWISE, "removed barrier"),
     M("dw-tap-range-last", "depthwise.cu", "min(k, after / dilation + 1);", "min(k, after / dilation);", DEPTHWISE,
@@ -1261,8 +1259,6 @@ MUTATIONS = [
       "const bool out_aligned = ", DW_STRIDED, "vector width"),
     M("dw-direct-half-sum", "depthwise.cu", "acc_t<T> sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);",
       "T sum = has_bias ? to_acc(bias[co]) : acc_t<T>(0);", DEPTHWISE, "half accumulation"),
-    M("dw-reduce-half-sum", "depthwise.cu", "A sum = A(0);\n    if (e < elements)",
-      "T sum = A(0);\n    if (e < elements)", DEPTHWISE, "half accumulation"),
     M("dw-direct-int-pixel", "depthwise.cu", "to_acc(w[i * kernel_w + j]) * to_acc(src[(I)yy * width + xx])",
       "to_acc(w[i * kernel_w + j]) * to_acc(src[yy * width + xx])",
       DEPTHWISE, "32-bit index"),
@@ -1394,15 +1390,21 @@ MUTATIONS = [
       "row[co * taps + (i0 + v) * kernel_w + j0 + u] = acc[v][u];", DW_WIDE, "int overflow"),
     M("dw-lanes-barrier", "depthwise.cu", "__syncthreads();  // the next unit overwrites the planes\n    }\n    // The",
       "}\n    // The", DW_WIDE, "removed barrier"),
-    # depthwise_bwd_reduce's few-row path and its grid, the lanes kernel's block bound (task dwwgt)
-    M("dw-reduce-few-last-row", "depthwise.cu", "v[r] = r < rows ? partial[r * elements + e] : A(0);",
-      "v[r] = r + 1 < rows ? partial[r * elements + e] : A(0);", DW_REDUCE, "missing sum"),
-    M("dw-reduce-few-order", "depthwise.cu", "for (int r = 0; r < SLICES - 1; ++r) total += v[r];",
-      "for (int r = SLICES - 2; r >= 0; --r) total += v[r];", DW_REDUCE, "summation order"),
-    M("dw-reduce-few-threshold", "depthwise.cu", "if (rows < SLICES) {", "if (rows <= SLICES) {", DW_REDUCE,
-      "off-by-one"),
-    M("dw-reduce-grid", DW_PY, "per_block = REDUCE_THREADS if rows < REDUCE_THREADS // 32 else 32",
-      "per_block = 32", DW_REDUCE, "grid"),
+    # the weight gradients' partial rows finished by the last block of a channel to arrive (finish_rows, task dwwg)
+    M("dw-finish-order", "depthwise.cu", "for (int q = 0; q < FINISH_ROWS; ++q) total += v[q];",
+      "for (int q = FINISH_ROWS - 1; q >= 0; --q) total += v[q];", DW_FINISH, "summation order"),
+    M("dw-finish-last-row", "depthwise.cu", "v[q] = r + q < rows ? __ldcg(", "v[q] = r + q + 1 < rows ? __ldcg(",
+      DW_FINISH, "missing sum"),
+    M("dw-finish-trip-step", "depthwise.cu", "for (I r = 0; r < rows; r += FINISH_ROWS) {",
+      "for (I r = 0; r < rows; r += FINISH_ROWS - 1) {", DW_FINISH, "summation order"),
+    M("dw-finish-one-row", "depthwise.cu", "  if (rows == 1)\n    out[e] = from_acc<T>(total);",
+      "  if (rows == 2)\n    out[e] = from_acc<T>(total);", DW_FINISH, "off-by-one"),
+    M("dw-finish-slot", "depthwise.cu", "const int slot = (int)(b % slots), c0 = slot * group;",
+      "const int slot = (int)(b / slots), c0 = slot * group;", DW_FINISH, "wrong index"),
+    M("dw-finish-group-bias", "depthwise.cu", "k < count + (has_bias ? n : 0); k += blockDim.x",
+      "k < count + (has_bias ? 1 : 0); k += blockDim.x", DW_FINISH, "missing sum"),
+    M("dw-finish-planes-group", "depthwise.cu", "rows.count * groups, groups, Q, out_channels, taps, has_bias);",
+      "rows.count * groups, groups, 1, out_channels, taps, has_bias);", DW_FINISH, "wrong index"),
     M("dw-lanes-threads", DW_PY, "while per > 1 and (per * items > LANES_THREADS",
       "while per > 1 and (per * items > 2 * LANES_THREADS", DW_WIDE, "launch bound"),
     M("dw-wflat-plane-carry", "depthwise.cu", "if (y >= h) y -= h, ++q, cell", "if (y >= h) y -= h, cell", DW_WFLAT,

@@ -228,7 +228,7 @@ def test_matches_cpu_path(case, order):
     run_case(device, case)
     used = device.kernels(pack=False)
     assert used[0] == case.kernels[0]
-    assert set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:])
+    assert set(case.kernels[1:]) == set(used[1:])
 
 
 def test_every_specialisation_is_covered():
@@ -237,7 +237,7 @@ def test_every_specialisation_is_covered():
         assert f"depthwise_bwd_input<{k}>" in used
         for s in depthwise_module.SPECIALISED_STRIDES:
             assert {f"depthwise_fwd<{k}, {s}>", f"depthwise_bwd_weight<{k}, {s}>"} <= used
-    assert set(depthwise_module.GENERIC_KERNELS) - {"depthwise_bwd_bias", "depthwise_bwd_reduce"} <= used
+    assert set(depthwise_module.GENERIC_KERNELS) - {"depthwise_bwd_bias"} <= used
     tiny = depthwise_module.TINY_KERNELS
     assert {f"{kernel}<{k}>" for kernel in depthwise_module.PLANE_KERNELS for k in tiny} <= used
 
@@ -277,9 +277,10 @@ def test_weight_gradient_is_deterministic(case):
         with _device.use_device(device):
             results.append(cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"),
                                                               **case.window)[1:])
-        (reduce_args,) = [args for name, args in device.launches if short(name) == "depthwise_bwd_reduce"]
-        assert reduce_args[2] > 1, "the case should produce several partial rows"
         launched = {short(name): args for name, args in device.launches}
+        (partial,) = [args[2] for name, args in launched.items() if name.startswith("depthwise_bwd_weight")]
+        assert partial.ndim == 2 and partial.shape[0] > 1, "the case should produce several partial rows"
+        assert not device.arrival_counters(1).any(), "the counts are left at 0 for the next launch"
         stage1 = launched.get("depthwise_bwd_weight_generic", launched.get("depthwise_bwd_weight_planes<4>"))
         if stage1:  # its last argument, plane_channels: the tiny-plane units (> 0) or the tiled ones
             assert (stage1[-1] > 0) == (case.name == "tiny"), stage1
@@ -992,10 +993,10 @@ def test_weight_gradient_blocks_take_several_units(monkeypatch, shape, k, paddin
     with _device.use_device(device):
         _, grad_w, grad_b = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding,
                                                                needs=("weight", "bias"))
-    (stage1, args), (stage2, reduce_args) = device.launches
-    assert short(stage1).startswith(f"depthwise_bwd_weight<{k}, 1") and short(stage2) == "depthwise_bwd_reduce"
+    (stage1, args), = device.launches  # no second launch: one row, written straight to the gradients
+    assert short(stage1).startswith(f"depthwise_bwd_weight<{k}, 1")
     assert args[-2] == units, "units per block"
-    assert reduce_args[-2] == 1, "partial rows"
+    assert args[2].shape == (1,), "one partial row: no partial buffer"
     as64 = [a.astype(numpy.float64) for a in (grad_output, x, weight)]
     _, want_w, want_b = cupyconv.depthwise_conv2d_backward(*as64, padding=padding, needs=("weight", "bias"))
     assert_matches(grad_w, want_w.astype(dtype), dtype, "weight")
@@ -1016,58 +1017,38 @@ def test_lanes_weight_gradient_blocks_take_several_units(monkeypatch, images, ro
         with _device.use_device(device):
             results.append(cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"),
                                                               **case.window))
-        (stage1, args), (_, reduce_args) = device.launches
-        assert short(stage1) == "depthwise_bwd_weight_lanes" and reduce_args[-2] == rows, (stage1, reduce_args)
+        (stage1, args), = device.launches
+        assert short(stage1) == "depthwise_bwd_weight_lanes" and len(args[2]) == rows, (stage1, args[2].shape)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(results[0][1:], results[1][1:]))
     expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), **case.window)
     assert_matches(results[0][1], expected[1], "float32", "weight")
     assert_matches(results[0][2], expected[2], "float32", "bias")
 
 
-@pytest.mark.parametrize("rows, blocks", [(1, None), (4, None), (7, None), (7, 2), (8, None), (13, 3)])
+@pytest.mark.parametrize("rows", [1, 4, 8, 13, 17])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_reduce_sums_rows_in_order(rows, blocks, dtype):
-    """depthwise_bwd_reduce over `rows` partial rows of 1,000 elements (not a multiple of 32 or 256; outputs
-    poisoned) on the planner's grid (REDUCE_THREADS elements a block below REDUCE_THREADS / 32 rows, else 32) or a
-    grid of `blocks`: the bits of its fixed order, computed in numpy float32.  Fewer rows than slices: each element's
-    rows added in order (the slices path's sums to the bit: a slice holds one row or none); else the slices'
-    interleaved sums, added in slice order.  Mixed magnitudes, so another order would round differently."""
-    slices, elements = depthwise_module.REDUCE_THREADS // 32, 1000
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_finish_sums_rows_in_order(monkeypatch, rows, dtype, order):
+    """The last block of a channel to arrive (depthwise.cu's finish_rows) adds its `rows` partial rows in row order,
+    FINISH_ROWS loads at a time, whichever block arrives last: the bias gradient alone with an image a row, each
+    image's plane one value of mixed magnitude (its block sum exact), so the result is the bits of numpy's float32
+    sum of the rows from 0 in order (another order rounds differently); one row: written straight, converted."""
+    monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", rows * 3)  # 3 channels: an image a row
     rng = numpy.random.default_rng(rows)
-    partial = (rng.standard_normal((rows, elements)) * 10.0 ** rng.integers(-4, 5, (rows, elements))).astype("float32")
-    partial[0, :7] = -0.0
-    want = numpy.zeros(elements, "float32")
-    for k in range(slices):  # slice k: rows k, k + slices, ... from zero, then the slices in order
-        want += numpy.add.accumulate(numpy.vstack([numpy.zeros(elements, "float32"), partial[k::slices]]))[-1]
-    device = EmulatedDevice("reverse")
-    per_block = depthwise_module.REDUCE_THREADS if rows < slices else 32
-    out = device.empty((elements,), dtype)  # poisoned
-    depthwise_module.KERNELS.launch(device, "depthwise_bwd_reduce", dtype=numpy.dtype(dtype), index="int",
-                                    grid=blocks or -(-elements // per_block), block=depthwise_module.REDUCE_THREADS,
-                                    partial=partial, out=out, rows=rows, elements=elements)
-    assert out.tobytes() == want.astype(dtype).tobytes()
-
-
-def test_reduce_grid_counts_the_elements_a_block_takes(monkeypatch):
-    """The planner launches depthwise_bwd_reduce over REDUCE_THREADS elements a block where there are fewer partial
-    rows than the kernel's slices (the kernel's wide path), else 32 (its slices path); both against the CPU path."""
-    slices = depthwise_module.REDUCE_THREADS // 32
-    case = C("reduce_grid", (400, 12, 9, 8), 1, 5, SPEC_3_1, padding=2)  # 312 elements: 2 blocks of 256 or 10 of 32
-    x, weight, _, grad_output = make(case, "float32")
-    expected = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
-    seen = set()
-    for stage1_blocks in (12 * 2, 12 * 1000):  # 12 channels: 2 partial rows, or one a unit
-        monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
-        device = Recorder()
+    values = (rng.standard_normal((rows, 3)) * 10.0 ** rng.integers(-4, 5, (rows, 3))).astype("float16")
+    grad_output = numpy.zeros((rows, 3, 5, 4), dtype)
+    grad_output[:, :, 2, 1] = values
+    want = numpy.zeros(3, "float32")
+    for r in range(rows):
+        want += values[r].astype("float32")
+    device = Recorder(order)
+    x, weight = numpy.zeros((rows, 3, 5, 4), dtype), numpy.zeros((3, 1, 3, 3), dtype)
+    for _ in range(2):  # the second launch counts from the counts the first left (0)
         with _device.use_device(device):
-            got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, needs=("weight", "bias"), padding=2)
-        ((grid,), args), = [(g, a) for name, g, a in device.grids if short(name) == "depthwise_bwd_reduce"]
-        rows, length = args[-2], 12 * (25 + 1)
-        seen.add(rows < slices)
-        assert grid == -(-length // (depthwise_module.REDUCE_THREADS if rows < slices else 32)), (rows, grid)
-        assert_matches(got[1], expected[1], "float32", "weight")
-        assert_matches(got[2], expected[2], "float32", "bias")
-    assert seen == {True, False}
+            _, _, got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1, needs="bias")
+        assert got.tobytes() == want.astype(dtype).tobytes()
+    assert [len(args[1]) for _, args in device.launches] == [rows] * 2, "partial rows"
+    assert not device.arrival_counters(3).any(), "the counts are left at 0"
 
 
 @pytest.mark.parametrize("shape, k, padding, dtype, kernel", [
@@ -1235,7 +1216,7 @@ COUNTED = [("depthwise.cu", f"{name}>") for name in (
     "depthwise_bwd_weight<float, int, 5, 1, true", "depthwise_fwd<float, int, 3, 1, false, true",
     "depthwise_fwd<float, int, 3, 1", "depthwise_bwd_input<float, int, 3, false, true",
     "depthwise_bwd_input<float, int, 3", "depthwise_bwd_weight<float, int, 3, 1, true",
-    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_bwd_reduce<float, int", "depthwise_fwd_large<float, int",
+    "depthwise_bwd_weight<float, int, 3, 1", "depthwise_fwd_large<float, int",
     "depthwise_bwd_input_large<float, int", "depthwise_bwd_weight_lanes<float, int")]
 
 
@@ -1435,7 +1416,7 @@ def test_stride2_weight_gradient_stages_split_rows(shape, m, k, padding, dtype):
     device = SizeRecorder("reverse")
     with _device.use_device(device):
         got = cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")[1]
-    (name, args), (reduce, _) = device.launches
+    (name, args), = device.launches
     expected = ref.depthwise_conv2d_grads(*(a.astype(numpy.float64) for a in (gy, x, weight)), stride=2,
                                           padding=padding)[1]
     assert_matches(got, expected.astype(x.dtype), dtype, str(shape))
@@ -1453,7 +1434,7 @@ def test_stride2_weight_gradient_stages_split_rows(shape, m, k, padding, dtype):
     if dtype == "float32" and k == 3:
         first_two = lambda grid: [(b, 0, 0) for b in range(min(2, grid[0]))]  # noqa: E731
         device = EmulatedDevice(counters=True, asan=False, blocks=first_two,
-                                instantiations=[("depthwise.cu", name), ("depthwise.cu", reduce)])
+                                instantiations=[("depthwise.cu", name)])
         with _device.use_device(device):  # (the profile build: not under ASan)
             cupyconv.depthwise_conv2d_backward(gy, x, weight, stride=2, padding=padding, needs="weight")
         profile = next(p for p in device.profile if p.name == name)
@@ -1533,7 +1514,7 @@ def test_padding_per_side_and_last_row_and_column(path, monkeypatch):
         # planes_k4 in float32: the float64 weight-gradient unit of these planes (padded to 12 x 10) does not fit
         run_case(device, case, "float32" if path[0] == "planes_k4" else "float64")
         used = device.kernels(pack=False)
-        assert used[0] == case.kernels[0] and set(case.kernels[1:]) | {"depthwise_bwd_reduce"} == set(used[1:]), \
+        assert used[0] == case.kernels[0] and set(case.kernels[1:]) == set(used[1:]), \
             (case.name, used)
 
 
@@ -1572,12 +1553,12 @@ def test_bias_gradient_accumulates_in_float32():
     for dtype in ("float16", "bfloat16"):
         x = numpy.zeros((1, 3, 40, 40), bug_classes.numpy_dtype(dtype))
         weight = numpy.zeros((3, 1, 3, 3), x.dtype)
-        grad_output = numpy.stack([bug_classes.strided_sum_terms(1600, depthwise_module.REDUCE_THREADS, dtype)
+        grad_output = numpy.stack([bug_classes.strided_sum_terms(1600, depthwise_module.BIAS_THREADS, dtype)
                                    .reshape(40, 40)] * 3)[None]
         device = Recorder()
         with _device.use_device(device):
             _, _, got = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=1, needs="bias")
-        (name, args), _ = device.launches
+        (name, args), = device.launches
         assert short(name) == "depthwise_bwd_bias" and args[-1] == 1, "one image per block"
         bug_classes.assert_rounded_once(got, grad_output.astype(numpy.float64).sum(axis=(0, 2, 3)), dtype, dtype)
 
@@ -1697,7 +1678,7 @@ def test_64_bit_indices_past_2_31(path, monkeypatch):
         kernels = (*kernels, *GENERIC_1)
     if label == "wide":  # nor its whole plane (the one-pixel planes of the channels take the large kernels)
         kernels = (*kernels, *LARGE_1)
-    assert used == {*kernels, "depthwise_bwd_reduce"}, used
+    assert used == {*kernels}, used
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -467,7 +467,6 @@ def test_shipped_kernels_launch_bounds_and_static_shared_memory():
         assert bounds[("implicit_gemm.cu", kernel)] == int(defines["implicit_gemm.cu"]["TC_MAX_THREADS"])
     for kernel in ("conv_fwd_igemm", "conv_fwd_igemm_phases"):
         assert bounds[("implicit_gemm.cu", kernel)] == int(defines["implicit_gemm.cu"]["IG_THREADS"])
-    assert bounds[("depthwise.cu", "depthwise_bwd_reduce")] == int(defines["depthwise.cu"]["REDUCE_THREADS"])
     assert bounds[("patch.cu", "patch_fwd")] == int(defines["patch.cu"]["PATCH_MAX_THREADS"])
     assert bounds[("unfold.cu", "unfold_im2col")] == 0  # none declared
     # two stages of BM + BN rows of 40 halves or 36 floats (implicit_gemm.cu's TcTile); __half arrays' init guards not counted

@@ -602,8 +602,9 @@ def test_written_bytes_that_fit_in_l2_leave_the_dram_low_end():
     assert predict.dram_low_bytes({"compulsory_bytes": 8e6}, gpu) == 8e6
 
 def test_kernel_time_is_the_prediction_less_the_launch_overhead():
-    """kernel_us (compared with CUPTI's kernel durations) = the binding resource + kernel_fixed_us; predicted_us
-    adds launch_overhead_us; together the 1.5-4 us a launch of the model before 2026-11-26."""
+    """kernel_us (compared with CUPTI's kernel durations) = the binding resource + kernel_fixed_us (+ the finish's
+    tail of a weight gradient that adds its partial rows in the launch: iii's depthwise_bwd_weight, `finish_tail`);
+    predicted_us adds launch_overhead_us; together the 1.5-4 us a launch of the model before 2026-11-26."""
     fixed, overhead = predict.assumption("kernel_fixed_us"), predict.assumption("launch_overhead_us")
     assert (fixed[0] + overhead[0], fixed[1] + overhead[1]) == (1.5, 4.0)
     result = predict.predict_case(BY_LABEL["iii-gpu32"], True, "h200", predict.SassSource(enabled=False),
@@ -612,7 +613,19 @@ def test_kernel_time_is_the_prediction_less_the_launch_overhead():
         assert k["predicted_us"] == pytest.approx([k["kernel_us"][0] + overhead[0], k["kernel_us"][1] + overhead[1]],
                                                   abs=0.02)
         busiest = max(low for low, _ in k["resources_us"].values())
-        assert k["kernel_us"][0] == pytest.approx(busiest + fixed[0], abs=0.02)
+        tail = k["work"].get("finish_tail_us", [0.0, 0.0])[0]
+        assert k["kernel_us"][0] == pytest.approx(busiest + fixed[0] + tail, abs=0.02)
+
+
+def test_depthwise_weight_gradient_finishes_in_its_launch():
+    """iii's weight gradient adds its partial rows in its own launch (depthwise.cu's finish_rows, `finish_splits`):
+    no second launch, a finish tail of FINISH_ROWS rows a trip after its last wave."""
+    from cupyconv.ops.depthwise import FINISH_ROWS
+    result = predict.predict_case(BY_LABEL["iii-gpu32"], True, "h100", predict.SassSource(enabled=False),
+                                  counters=False)
+    assert not any("reduce" in k["name"] for k in result["kernels"])
+    (weight,) = [k for k in result["kernels"] if k["name"].startswith("depthwise_bwd_weight<")]
+    assert weight["work"]["finish_splits_a_trip"] == FINISH_ROWS and weight["work"]["finish_tail_us"][0] > 0
 
 
 def test_choices_record_an_autotuned_plan():

@@ -155,8 +155,9 @@ def depthwise_conv2d_backward_cpu(grad_output, x, weight, spec: ConvSpec, needs:
 #                  other overlapping windows, more than 32 taps       -> depthwise_bwd_weight_large
 #                  other overlapping windows                          -> depthwise_bwd_weight_generic
 #                  no overlap or no fit                               -> depthwise_bwd_weight_direct
-#                  then depthwise_bwd_reduce (fixed order), which also finishes the bias gradient; the bias
-#                  alone goes through depthwise_bwd_bias.
+#                  each (but _direct) writes partial rows, and the last block of a channel to arrive sums them in
+#                  a fixed order (finish_rows, the same launch), the bias gradient's too; the bias alone goes
+#                  through depthwise_bwd_bias, finished alike.
 # The tile planner (`plan_tiling`) picks the output tile and the images per block for every tiled kernel.
 
 SPECIALISED_KERNELS = (3, 5, 7)
@@ -165,7 +166,7 @@ GENERIC_KERNELS = ("depthwise_fwd_generic", "depthwise_fwd_planes", "depthwise_f
                    "depthwise_bwd_input_generic", "depthwise_bwd_input_planes", "depthwise_bwd_input_large",
                    "depthwise_bwd_input_strided", "depthwise_bwd_input_gather", "depthwise_bwd_weight_generic",
                    "depthwise_bwd_weight_large", "depthwise_bwd_weight_lanes", "depthwise_bwd_weight_direct",
-                   "depthwise_bwd_bias", "depthwise_bwd_reduce")
+                   "depthwise_bwd_bias")
 PLANE_KERNELS = ("depthwise_fwd_planes", "depthwise_bwd_input_planes")  # one thread per dst plane
 LARGE_KERNELS = ("depthwise_fwd_large", "depthwise_bwd_input_large",  # whole planes, per_block images a unit
                  "depthwise_bwd_weight_lanes")
@@ -201,7 +202,9 @@ STRIDED_ROWS = 4       # input pixels per thread of depthwise_bwd_input_strided
 PHASED_CELLS = 2       # cells of S x S input pixels per side of a thread item of depthwise_bwd_input_phased: 4 x 4
                        # pixels at stride 2, whose 3x3 taps read a 3 x 3 grad_output window (9 shared loads for 36
                        # FMAs; one cell a side: 2 x 2 loads for 9) and whose rows are one 4-element store each
-REDUCE_THREADS = 256   # the block of depthwise_bwd_reduce (and of depthwise_bwd_bias)
+BIAS_THREADS = 256     # the block of depthwise_bwd_bias
+FINISH_ROWS = 8        # partial rows whose loads a thread of a weight or bias gradient's last block (finish_rows) has
+                       # in flight at once: one round trip to L2 for the 2-8 rows of most channels
 PAIRS_KERNELS = (3, 5)  # the K of depthwise_bwd_weight's PAIRS instantiations (16-bit, stride 1; plan_weight_grad)
 SPREAD_MIN_K = 5       # the smallest K whose small-plane instantiations (the PACK forward and input gradient, the weight
                        # gradient's SPREAD) spread their staged planes over the shared-memory banks (AlignedStaging): 3x3
@@ -213,7 +216,7 @@ KERNELS = KernelFile("depthwise.cu", defines={
     **{f"STRIP_ROWS_{k}": rows for k, rows in STRIP_ROWS.items()}, "FWD_COLUMNS": FWD_COLUMNS,
     "GENERIC_STRIP": GENERIC_STRIP,
     "TAP_CHUNK": TAP_CHUNK, "LARGE_RUN": LARGE_RUN, "LARGE_ROWS": LARGE_ROWS, "LARGE_COLUMNS": LARGE_COLUMNS,
-    "STRIDED_ROWS": STRIDED_ROWS, "PHASED_CELLS": PHASED_CELLS, "REDUCE_THREADS": REDUCE_THREADS,
+    "STRIDED_ROWS": STRIDED_ROWS, "PHASED_CELLS": PHASED_CELLS, "FINISH_ROWS": FINISH_ROWS,
     "SPREAD_MIN_K": SPREAD_MIN_K, "PLANE_BATCH": PLANE_BATCH, "LANES_THREADS": LANES_THREADS})
 
 TILE_MAX = 32          # output tile side: 32 x 32 outputs (+ halo) per unit on large planes
@@ -788,7 +791,9 @@ def _input_grad_gpu(device, grad_output, weight, spec: ConvSpec):
 
 
 def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, need_bias: bool):
-    """(grad_weight, grad_bias): stage 1 writes partial rows in the accumulation type, stage 2 sums them."""
+    """(grad_weight, grad_bias) in one launch: its blocks write partial rows in the accumulation type, and the last
+    block of each channel (group) to arrive sums that channel's rows in order (depthwise.cu's `finish_rows`, its
+    counts in `Device.arrival_counters`); one row is written converted, straight to the result."""
     n, cm, taps = spec.n, spec.out_channels, spec.taps
     dtype, acc_dtype = grad_output.dtype, compute_dtype(grad_output.dtype)
     length = cm * (taps + need_bias) if need_weight else cm  # one partial row: weight taps, then biases
@@ -803,25 +808,26 @@ def _param_grads_gpu(device, grad_output, x, spec: ConvSpec, need_weight: bool, 
         rows, step = stage1_rows(plan.tiling.units(n), groups, least)  # step: units per block
     else:
         rows, step = 1, 1
-    partial = device.empty((rows, length), acc_dtype)
-    index = index_type(x.size, grad_output.size, partial.size)
+    out = device.empty((length,), dtype)
+    # one row: written straight to out, the partial buffer a placeholder of one element; but
+    # depthwise_bwd_weight_lanes stores even one row there and converts it (depthwise.cu's finish_rows, STORED)
+    stored = rows > 1 or plan.kernel == "depthwise_bwd_weight_lanes"
+    partial = device.empty((rows, length) if stored else (1,), acc_dtype)
+    index = index_type(x.size, grad_output.size, rows * length)
+    finish = dict(partial=partial, out=out, arrivals=device.arrival_counters(groups))
     if not need_weight:
         KERNELS.launch(device, plan.kernel, dtype=dtype, index=index, grid=capped_grid(rows * cm),
-                       block=REDUCE_THREADS, grad_out=grad_output, partial=partial, images=n, out_channels=cm,
-                       pixels=spec.out_pixels, images_per_block=step)
-    else:
-        extra = dict(units_per_block=step) if plan.tiling else {}
-        if plan.kernel in ("depthwise_bwd_weight_generic", "depthwise_bwd_weight_planes") and plan.tiling:
+                       block=BIAS_THREADS, grad_out=grad_output, images=n, out_channels=cm,
+                       pixels=spec.out_pixels, images_per_block=step, **finish)
+    elif plan.tiling:
+        extra = dict(units_per_block=step)
+        if plan.kernel in ("depthwise_bwd_weight_generic", "depthwise_bwd_weight_planes"):
             extra["plane_channels"] = plan.tiling.plane_channels
-        _launch(device, plan, dtype, index, rows * groups if plan.tiling else length, spec, x=x,
-                grad_out=grad_output, partial=partial, images=n, channels=spec.in_channels,
-                multiplier=_multiplier(spec), has_bias=need_bias, **extra)
-    out = device.empty((length,), dtype)
-    # elements a block: 32 (its warps' slices of rows), REDUCE_THREADS where there are fewer rows than slices
-    per_block = REDUCE_THREADS if rows < REDUCE_THREADS // 32 else 32
-    KERNELS.launch(device, "depthwise_bwd_reduce", dtype=dtype, index=index,
-                   grid=capped_grid(ceil_div(length, per_block)), block=REDUCE_THREADS, partial=partial, out=out,
-                   rows=rows, elements=length)
+        _launch(device, plan, dtype, index, rows * groups, spec, x=x, grad_out=grad_output, images=n,
+                channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=need_bias, **finish, **extra)
+    else:  # depthwise_bwd_weight_direct: a thread an element, one row
+        _launch(device, plan, dtype, index, length, spec, x=x, grad_out=grad_output, out=out, images=n,
+                channels=spec.in_channels, multiplier=_multiplier(spec), has_bias=need_bias)
     if not need_weight:
         return None, out
     grad_w = out[:cm * taps].reshape(spec.weight_shape)
