@@ -1398,9 +1398,13 @@ __device__ __forceinline__ void depthwise_persistent(
   const int ox_l = item.ox_l, s = item.s, p = item.p;
   const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step: (tile column, tile row, kernel of the channel, channel,
-  // image group), or with pack_channels (1, 1, 1, channel group, image): radixes of 1 known at compile time, whose
-  // divisions vanish (PACK's tiles_x and tiles_y, 1 by the launch contract, took a warp ~55 instructions, dw-1152-7k5).
-  const int radix_x = pack_channels ? 1 : tiles_x, radix_y = pack_channels ? 1 : tiles_y;
+  // image group), or with pack_channels (1, 1, 1, channel group, image): PACK's tiles_x and tiles_y are 1 by the
+  // launch contract, radixes known at compile time whose divisions vanish (~55 instructions a warp, dw-1152-7k5).
+  // Not the packed 3x3 forward: it then took 64 registers, not 80, and its 4 blocks of 256 an SM made 3.64 waves of
+  // 2,048, whose partial last wave cost it more than the 16 instructions a warp it saved (PREDICTED dw-480-14 fp32
+  // 13.30 -> 14.09 us at the low end; RESULTS.md "dwk5").
+  constexpr bool fixed_tiles = pack_channels && (K != 3 || TRANSPOSED);
+  const int radix_x = fixed_tiles ? 1 : tiles_x, radix_y = fixed_tiles ? 1 : tiles_y;
   const int radix_k = pack_channels ? 1 : kernels;
   const int radix_c = pack_channels ? (dst_channels + per_block - 1) / per_block : channels;
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
