@@ -1363,17 +1363,21 @@ __device__ __forceinline__ void depthwise_persistent(
   // FLAT's walk over the src run; the only tile is at (0, 0), so src row y is staged row y + pad_top.  flat_run:
   // this launch stages flat (SPREAD's aligned rows stage by rows).  batch: loads issued before their stores.
   constexpr bool flat = PACK;
-  // chunked: the packed forward (3x3, 5x5) and the 16-bit 5x5 SPREAD input gradient run flat by 16-byte chunks
-  // (stage_chunks) where every plane element lands inside the tiles, the 16-bit 5x5 also where the rows are whole
-  // chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits a warp on dw-240-28k5 fp16; float32's
-  // whole-chunk rows stay by rows, whose 16-byte shared stores take a quarter of the chunks' wavefronts); their runs
-  // of planes cut by the staged rows or columns walk by elements (stage_run), the walk set up each unit.  By elements
-  // (stage_run) the packed forward's walk took ~27 instructions an element, a third of a warp's (PREDICTED, RESULTS.md
-  // "dwsmall": dw-480-14k5 fp32 4065 -> 2962 instructions a warp; dw-480-14 3x3 1267 -> 682, for 56 -> 80 registers,
-  // 32 -> 24 warps an SM); the packed 3x3 input gradient too (task dw5: dw-480-14 fp16 1,238 -> 642 a warp, 7.1 ->
-  // 1.0 waits, 64 -> 95 registers, 4 -> 2 blocks of 256 an SM).  Not the 7x7 (128 -> 148-165 registers, 8 -> 6
-  // blocks of 64 an SM, input gradient; no benchmark case) nor the float32 5x5 input gradient (128 -> 147).
-  constexpr bool chunks = PACK && (K == 3 || (!TRANSPOSED && K == 5)) || SPREAD && K == 5 && sizeof(T) == 2;
+  // chunked: the packed forward (3x3, 5x5), the packed float32 5x5 input gradient and the 16-bit 5x5 SPREAD input
+  // gradient run flat by 16-byte chunks (stage_chunks) where every plane element lands inside the tiles, the 16-bit 5x5
+  // also where the rows are whole chunks (28x28: by rows, two waited 8-byte loads a chunk, 14.2 -> 2.0 waits a warp on
+  // dw-240-28k5 fp16; float32's whole-chunk rows stay by rows, whose 16-byte shared stores take a quarter of the
+  // chunks' wavefronts); their runs of planes cut by the staged rows or columns walk by elements (stage_run), the walk
+  // set up each unit.  By elements (stage_run) the packed forward's walk took ~27 instructions an element, a third of a
+  // warp's (PREDICTED, RESULTS.md "dwsmall": dw-480-14k5 fp32 4065 -> 2962 instructions a warp; dw-480-14 3x3 1267 ->
+  // 682, for 56 -> 80 registers, 32 -> 24 warps an SM); the packed 3x3 input gradient too (task dw5: dw-480-14 fp16
+  // 1,238 -> 642 a warp, 7.1 -> 1.0 waits, 64 -> 95 registers, 4 -> 2 blocks of 256 an SM).  Not the 7x7 (128 ->
+  // 148-165 registers, 8 -> 6 blocks of 64 an SM, input gradient; no benchmark case).  The float32 5x5 input gradient
+  // took 126 -> 147 registers by chunks: its packed instantiations are held to 128 (depthwise_bwd_input's
+  // specialisations; task dwk5: 6.0-8.9 -> 0 waits a warp, dw-672-14k5 5,753 -> 4,272 instructions a warp, PREDICTED).
+  // Not float64 (204 registers already).
+  constexpr bool chunks =
+      PACK && (K == 3 || K == 5 && (!TRANSPOSED || sizeof(T) == 4)) || SPREAD && K == 5 && sizeof(T) == 2;
   const bool chunked = chunks && (!SPREAD || sizeof(T) == 2 || !staging.rows_aligned) && pad_top >= 0 &&
                        pad_left >= 0 && pad_top + src_h <= in_h && pad_left + src_w <= in_w;
   const RunWalk walk = flat && !chunks ? RunWalk(src_w, src_h, pitch, staging.plane, pad_top, pad_left) : RunWalk();
@@ -1395,15 +1399,21 @@ __device__ __forceinline__ void depthwise_persistent(
   const int ox_l = item.ox_l, s = item.s, p = item.p;
   const bool out_aligned = dst_w % U == 0 && (reinterpret_cast<unsigned long long>(dst) % (U * sizeof(T))) == 0;
   // ... and the digits of the first unit and of the step: (tile column, tile row, kernel of the channel, channel,
-  // image group), or with pack_channels (1, 1, 1, channel group, image).
+  // image group), or with pack_channels (1, 1, 1, channel group, image): PACK's tiles_x and tiles_y are 1 by the
+  // launch contract, radixes known at compile time whose divisions vanish (~55 instructions a warp, dw-1152-7k5).
+  // Not the packed 3x3 forward: it then took 64 registers, not 80, and its 4 blocks of 256 an SM made 3.64 waves of
+  // 2,048, whose partial last wave cost it more than the 16 instructions a warp it saved (PREDICTED dw-480-14 fp32
+  // 13.30 -> 14.09 us at the low end; RESULTS.md "dwk5").
+  constexpr bool fixed_tiles = pack_channels && (K != 3 || TRANSPOSED);
+  const int radix_x = fixed_tiles ? 1 : tiles_x, radix_y = fixed_tiles ? 1 : tiles_y;
   const int radix_k = pack_channels ? 1 : kernels;
   const int radix_c = pack_channels ? (dst_channels + per_block - 1) / per_block : channels;
   int tx, ty, k, c, step_tx, step_ty, step_k, step_c;
   I g, step_g;
   {
     int u = (int)blockIdx.x, v = (int)gridDim.x;
-    tx = u % tiles_x, u /= tiles_x, step_tx = v % tiles_x, v /= tiles_x;
-    ty = u % tiles_y, u /= tiles_y, step_ty = v % tiles_y, v /= tiles_y;
+    tx = u % radix_x, u /= radix_x, step_tx = v % radix_x, v /= radix_x;
+    ty = u % radix_y, u /= radix_y, step_ty = v % radix_y, v /= radix_y;
     k = u % radix_k, u /= radix_k, step_k = v % radix_k, v /= radix_k;
     c = u % radix_c, u /= radix_c, step_c = v % radix_c, v /= radix_c;
     g = u, step_g = v;
@@ -1567,8 +1577,8 @@ __device__ __forceinline__ void depthwise_persistent(
     if (!direct) __syncthreads();  // the next unit overwrites the tile
 
     int carry = 0;
-    next_digit(tx, step_tx, tiles_x, carry);
-    next_digit(ty, step_ty, tiles_y, carry);
+    next_digit(tx, step_tx, radix_x, carry);
+    next_digit(ty, step_ty, radix_y, carry);
     next_digit(k, step_k, radix_k, carry);
     next_digit(c, step_c, radix_c, carry);
     g += step_g + carry;
@@ -1634,6 +1644,26 @@ __global__ void depthwise_bwd_input(const T* __restrict__ grad_out, const T* __r
                                                        multiplier, out_h, out_w, height, width, top, left, tile_h,
                                                        tile_w, tiles_x, tiles_y, per_block, 0);
 }
+
+// The packed 5x5 float32 input gradient stages by chunks (depthwise_persistent's `chunks`), which left free took it
+// from 126 to 147-148 registers (6 blocks of 64 an SM, not 8); held to 128 here (__launch_bounds__(256, 2): no
+// spills, NVRTC 13, sm_90), it waits on global memory 6-9 times a warp less (PREDICTED, RESULTS.md "dwk5").  Explicit
+// specialisations, so that no other instantiation gets a bound (any bound moved the others' registers: the per-image
+// float32 ones from 64-72 to 89-136).
+#define DEPTHWISE_BWD_INPUT_HELD(I)                                                                                 \
+  template <>                                                                                                       \
+  __global__ void __launch_bounds__(256, 2) depthwise_bwd_input<float, I, 5, true, true>(                           \
+      const float* __restrict__ grad_out, const float* __restrict__ weight, float* __restrict__ grad_x, I images,   \
+      int channels, int multiplier, int height, int width, int out_h, int out_w, int pad_top, int pad_left,          \
+      int tile_h, int tile_w, int tiles_x, int tiles_y, int per_block) {                                            \
+    depthwise_persistent<float, I, 5, 1, true, true, true>(grad_out, weight, weight, grad_x, images, channels,       \
+                                                           multiplier, out_h, out_w, height, width, 4 - pad_top,    \
+                                                           4 - pad_left, tile_h, tile_w, tiles_x, tiles_y,          \
+                                                           per_block, 0);                                          \
+  }
+DEPTHWISE_BWD_INPUT_HELD(int)
+DEPTHWISE_BWD_INPUT_HELD(long long)
+#undef DEPTHWISE_BWD_INPUT_HELD
 
 // Input gradient at stride 1, any kernel size and dilation.  pad_top/pad_left: the forward's.
 template <typename T, typename I>

@@ -82,6 +82,7 @@ DW_CHUNKS = DEPTHWISE + " -k 'packed_16_bit_5x5 or packed_chunks_past'"  # the p
 DW_WCHUNKS = DEPTHWISE + " -k 'weights_by_chunks'"  # the packed 5x5 weights by 16-byte chunks (dwsmall, 22nd)
 DW_FCHUNKS = DEPTHWISE + " -k 'packed_forward_stages_chunks'"  # the packed forward by chunks (dwsmall, 24th)
 DW_ICHUNKS = DEPTHWISE + " -k 'packed_3x3_input_gradient'"  # the packed 3x3 input gradient by chunks (dw5)
+DW_F5CHUNKS = DEPTHWISE + " -k 'float32_5x5_input_gradient'"  # the float32 5x5 one's specialisations (dwk5)
 # the 16-bit 3x3 stride-1 per-image rows staged in batches (stage_rows16, task dw3s1)
 DW_ROWS16 = DEPTHWISE + " -k 'rows_staged_in_batches and 2048'"
 DW_PFLAT = DEPTHWISE + " -k 'pairs'"  # depthwise_bwd_weight's PAIRS instantiations, staged flat by pairs (dw16wg)
@@ -1519,6 +1520,9 @@ MUTATIONS = [
       "plane_jump = plane - (h - 1) * pitch;", DW_ICHUNKS, "wrong index"),
     M("dw-ichunks-inside", "depthwise.cu", "pad_top >= 0 &&\n                       pad_left >= 0 && pad_top",
       "true &&\n                       true && pad_top", DW_ICHUNKS, "tile bound"),
+    M("dwk5-held-padding", "depthwise.cu", "width, 4 - pad_top,", "width, 3 - pad_top,", DW_F5CHUNKS, "off-by-one"),
+    M("dwk5-pack-radix", "depthwise.cu", "radix_y = fixed_tiles ? 1 : tiles_y;",
+      "radix_y = fixed_tiles ? 2 : tiles_y;", DW_F5CHUNKS, "wrong index"),
     M("dw-rows16-carry", "depthwise.cu", "++q, ++t, at_src += src_carry;", "++q, ++t;", DW_ROWS16, "wrong index"),
     M("dw-rows16-wrap", "depthwise.cu", "++j, at_src += src_wrap;", "++j;", DW_ROWS16, "wrong index"),
     M("dw-rows16-height", "depthwise.cu", "yy >= 0 && yy < height && (ONE_TERM ? q : j) < valid;",

@@ -786,6 +786,40 @@ def test_packed_3x3_input_gradient_stages_chunks(monkeypatch, blocks, shape, m, 
     assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
 
 
+# The packed float32 5x5 input gradient stages its grad_out run by 16-byte chunks too (task dwk5, 26th session; the
+# 16-bit ones already did), held to 128 registers by its explicit specialisations: (shape, multiplier, padding, bytes
+# grad_output's data starts past a 16-byte boundary).
+FLOAT_5X5_INPUT_GRAD_CASES = [
+    ((3, 19, 7, 7), 1, 2, 4),     # dw-1152-7k5's planes, a head of 3: groups of 16 and 3 planes (49 elements: odd)
+    ((2, 37, 14, 14), 1, 2, 0),   # dw-480-14k5's: 56-byte rows, runs aligned or not
+    ((2, 13, 9, 11), 2, 1, 8),    # multiplier 2: 2 grad_out planes a channel (the correlation pads by 3); a rectangle
+    ((3, 9, 6, 5), 1, 0, 12),     # no padding (the correlation pads by 4): 30-element planes, a tail
+    ((2, 11, 7, 7), 1, 5, 0),     # padding 5: the correlation pads by -1, planes cut (by elements)
+    ((2, 7, 20, 20), 1, 2, 0),    # rows of whole 16-byte chunks: by rows (float32 only)
+]
+
+
+@pytest.mark.parametrize("blocks", [3, 2048])
+@pytest.mark.parametrize("shape, m, padding, offset", FLOAT_5X5_INPUT_GRAD_CASES)
+def test_packed_float32_5x5_input_gradient_stages_chunks(monkeypatch, blocks, shape, m, padding, offset):
+    """depthwise_bwd_input<float, 5, true> (its int specialisation) with its grad_out run staged by chunks, against a
+    float64 reference, outputs poisoned, on a grid smaller and one larger than the units: an element walked to a
+    wrong cell, a head or tail element lost or doubled, a plane of the multiplier's terms misplaced shows here."""
+    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
+    rng = numpy.random.default_rng(blocks + 7 * offset + shape[1] + padding)
+    x = rng.standard_normal(shape).astype(numpy.float32)
+    weight = rng.standard_normal((shape[1] * m, 1, 5, 5)).astype(x.dtype)
+    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, padding, 1)
+    grad_output = _misaligned(rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype), offset)
+    device = Recorder("reverse")
+    with _device.use_device(device):
+        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
+    assert device.kernels() == ["depthwise_bwd_input<5, true>"]
+    x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
+    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
+    assert_matches(grad_x, expected.astype(x.dtype), "float32", "input gradient")
+
+
 # The packed 5x5 units stage their weights (one run, `terms` kernels a plane) by 16-byte chunks (stage_weight_chunks):
 # the weights before the run's first 16-byte boundary and after its last whole chunk one a lane, each chunk stored by
 # 16-byte shared stores where its place is 16-byte aligned, else by elements.  (shape, multiplier, dtype, bytes the
