@@ -768,19 +768,24 @@ INPUT_GRAD_CHUNK_CASES = [
 @pytest.mark.parametrize("blocks", [3, 2048])
 @pytest.mark.parametrize("shape, m, padding, dtype, offset", INPUT_GRAD_CHUNK_CASES)
 def test_packed_3x3_input_gradient_stages_chunks(monkeypatch, blocks, shape, m, padding, dtype, offset):
-    """depthwise_bwd_input<3, true> with its grad_out run staged by chunks, against a float64 reference, outputs
-    poisoned, on a grid smaller and one larger than the units: an element walked to a wrong cell, a head or tail
-    element lost or doubled, a plane of the multiplier's terms misplaced shows here."""
+    """depthwise_bwd_input<3, true> with its grad_out run staged by chunks."""
+    _check_packed_input_gradient(monkeypatch, blocks, 3, shape, m, padding, dtype, offset)
+
+
+def _check_packed_input_gradient(monkeypatch, blocks, k, shape, m, padding, dtype, offset):
+    """depthwise_bwd_input<k, true> against a float64 reference, outputs poisoned, on a grid smaller and one larger
+    than the units: an element walked to a wrong cell, a head or tail element lost or doubled, a plane of the
+    multiplier's terms misplaced shows here."""
     monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
-    rng = numpy.random.default_rng(blocks + 11 * offset + shape[1] + padding)
+    rng = numpy.random.default_rng(blocks + 11 * offset + shape[1] + padding + k)
     x = rng.standard_normal(shape).astype(_dtype(dtype))
-    weight = rng.standard_normal((shape[1] * m, 1, 3, 3)).astype(x.dtype)
+    weight = rng.standard_normal((shape[1] * m, 1, k, k)).astype(x.dtype)
     spec = ConvSpec.for_depthwise("test", x, weight, None, 1, padding, 1)
     grad_output = _misaligned(rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype), offset)
     device = Recorder("reverse")
     with _device.use_device(device):
         grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
-    assert device.kernels() == ["depthwise_bwd_input<3, true>"]
+    assert device.kernels() == [f"depthwise_bwd_input<{k}, true>"]
     x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
     expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
     assert_matches(grad_x, expected.astype(x.dtype), dtype, "input gradient")
@@ -802,22 +807,8 @@ FLOAT_5X5_INPUT_GRAD_CASES = [
 @pytest.mark.parametrize("blocks", [3, 2048])
 @pytest.mark.parametrize("shape, m, padding, offset", FLOAT_5X5_INPUT_GRAD_CASES)
 def test_packed_float32_5x5_input_gradient_stages_chunks(monkeypatch, blocks, shape, m, padding, offset):
-    """depthwise_bwd_input<float, 5, true> (its int specialisation) with its grad_out run staged by chunks, against a
-    float64 reference, outputs poisoned, on a grid smaller and one larger than the units: an element walked to a
-    wrong cell, a head or tail element lost or doubled, a plane of the multiplier's terms misplaced shows here."""
-    monkeypatch.setattr(depthwise_module, "FORWARD_BLOCKS", blocks)
-    rng = numpy.random.default_rng(blocks + 7 * offset + shape[1] + padding)
-    x = rng.standard_normal(shape).astype(numpy.float32)
-    weight = rng.standard_normal((shape[1] * m, 1, 5, 5)).astype(x.dtype)
-    spec = ConvSpec.for_depthwise("test", x, weight, None, 1, padding, 1)
-    grad_output = _misaligned(rng.standard_normal((shape[0], *spec.output_shape[1:])).astype(x.dtype), offset)
-    device = Recorder("reverse")
-    with _device.use_device(device):
-        grad_x = cupyconv.depthwise_conv2d_backward(grad_output, x, weight, padding=padding, needs="input")[0]
-    assert device.kernels() == ["depthwise_bwd_input<5, true>"]
-    x64, w64, g64 = (a.astype(numpy.float64) for a in (x, weight, grad_output))
-    expected = ref.depthwise_conv2d_grads(g64, x64, w64, padding=padding)[0]
-    assert_matches(grad_x, expected.astype(x.dtype), "float32", "input gradient")
+    """depthwise_bwd_input<float, 5, true> (its int specialisation) with its grad_out run staged by chunks."""
+    _check_packed_input_gradient(monkeypatch, blocks, 5, shape, m, padding, "float32", offset)
 
 
 # The packed 5x5 units stage their weights (one run, `terms` kernels a plane) by 16-byte chunks (stage_weight_chunks):
