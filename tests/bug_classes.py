@@ -228,6 +228,13 @@ def lift_grid_cap(monkeypatch):
     monkeypatch.setattr(unfold, "UNFOLD_BLOCKS", _kernels.MAX_GRID[0])
 
 
+def splits_of(grid, partial) -> int:
+    """How many blocks count in at each arrival slot of a launch (common.cuh's last_arrival): implicit_gemm.cu's
+    weight gradients split K over gridDim.z; depthwise.cu's weight gradients write `rows` partial rows a channel
+    (their partial buffer's first dimension: the argument two before `arrivals`, after `out`)."""
+    return grid[2] if len(grid) == 3 else (partial.shape[0] if partial.ndim == 2 else 1)
+
+
 class SparseDevice(EmulatedDevice):
     """The GPU path on problems past 2^31 elements, in moments and megabytes: only the last block of every
     launch runs (the one with the highest indices, with lift_grid_cap), and outputs of more than SMALL elements
@@ -253,9 +260,9 @@ class SparseDevice(EmulatedDevice):
 
     def launch(self, source, name, grid, block, args, shared_mem=0):
         self.launches.append(name)
-        for a in args:   # the blocks before the last have all arrived: each tile's count stands at its splits less
-            if a is getattr(self, "arrivals", None):   # one, so the last split finishes (implicit_gemm.cu)
-                a[...] = grid[2] - 1
+        for i, a in enumerate(args):   # the blocks before the last have all arrived: each count stands at its
+            if a is getattr(self, "arrivals", None):   # splits less one, so the last split finishes
+                a[...] = splits_of(grid, args[i - 2]) - 1
         super().launch(source, name, grid, block, args, shared_mem)
 
     def total_memory(self):

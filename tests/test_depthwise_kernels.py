@@ -1127,7 +1127,7 @@ def test_weight_gradient_stages_small_planes_flat(monkeypatch, stage1_blocks, sh
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
     rng = numpy.random.default_rng(stage1_blocks + shape[0])
-    (stage1, args), _ = _weight_gradients_match(rng, shape, m, k, stride, padding, dtype).launches
+    (stage1, args), = _weight_gradients_match(rng, shape, m, k, stride, padding, dtype).launches
     assert short(stage1) == f"depthwise_bwd_weight<{k}, {stride}, true>"
     assert list(args[-5:-3]) == [1, 1], "one tile a plane"
 
@@ -1178,7 +1178,7 @@ def test_weight_gradient_stages_pairs_flat(monkeypatch, stage1_blocks, shape, m,
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
     rng = numpy.random.default_rng(stage1_blocks + shape[0] + 7)
-    (stage1, args), _ = _weight_gradients_match(rng, shape, m, k, 1, padding, dtype).launches
+    (stage1, args), = _weight_gradients_match(rng, shape, m, k, 1, padding, dtype).launches
     assert short(stage1) == f"depthwise_bwd_weight<{k}, 1, {'true' if k >= 5 else 'false'}, true>"
     assert list(args[-5:-3]) == [1, 1], "one tile a plane"
 
@@ -1208,7 +1208,7 @@ def test_weight_gradient_stages_raw_16_bit_rows(monkeypatch, stage1_blocks, shap
     monkeypatch.setattr(depthwise_module, "STAGE1_BLOCKS", stage1_blocks)
     monkeypatch.setattr(depthwise_module, "STAGE1_FILL_BLOCKS", 1)
     rng = numpy.random.default_rng(stage1_blocks + shape[0] + 11)
-    (stage1, _), _ = _weight_gradients_match(rng, shape, m, 3, stride, padding, dtype).launches
+    (stage1, _), = _weight_gradients_match(rng, shape, m, 3, stride, padding, dtype).launches
     assert short(stage1).startswith(f"depthwise_bwd_weight<3, {stride}") and "false, true" not in stage1, stage1
 
 
