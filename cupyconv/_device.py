@@ -380,11 +380,12 @@ class Device:
         return out
 
     def arrival_counters(self, size: int):
-        """An int32 array of at least `size` zeros in which the blocks of one launch count their arrivals (the
-        tensor-core weight gradient's split-K, finished by the last block of each tile: implicit_gemm.cu's
-        `wg_last_arrival`).  The kernels leave every count they take back at 0, so one array per stream
-        (`stream_key`) is made and zeroed once and serves every launch on that stream after it: no fill per call,
-        and launches in flight on two streams never share a count."""
+        """An int32 array of at least `size` zeros in which the blocks of one launch count their arrivals
+        (common.cuh's `last_arrival`: the tensor-core weight gradient's split-K, finished by the last block of each
+        tile, and the depthwise weight and bias gradients' partial rows, by the last block of each channel).  The
+        kernels leave every count they take back at 0, so one array per stream (`stream_key`) is made and zeroed
+        once and serves every launch on that stream after it: no fill per call, and launches in flight on two
+        streams never share a count."""
         kept = self.__dict__.setdefault("_arrivals", {})
         key = self.stream_key()
         counters = kept.get(key)
